@@ -1,0 +1,120 @@
+/* queue.c: spin-then-block hand-offs between threads (see common.h for why). */
+#include <sched.h>
+#include <string.h>
+
+#include "common/common.h"
+
+uint64_t common_spin_ns(void) {
+  static atomic_uint_fast64_t cached = UINT64_MAX;
+  uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v != UINT64_MAX) return v;
+  v = 200000;
+  const char *env = getenv("FLINT_SPIN_US");
+  if (env && *env) {
+    char *end;
+    unsigned long long us = strtoull(env, &end, 10);
+    if (*end == '\0' && us < 10000000) v = (uint64_t)us * 1000;
+  }
+  atomic_store(&cached, v);
+  return v;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins until `ready()` or spin_ns pass. With more threads than cores a pure spin would
+ * starve the thread we wait for, so every few rounds the core is offered to others. */
+#define SPIN_UNTIL(ready_expr, spin_ns)                                                      \
+  do {                                                                                       \
+    uint64_t spin_deadline_ = 0;                                                             \
+    for (unsigned spin_i_ = 0; !(ready_expr); spin_i_++) {                                   \
+      if ((spin_i_ & 63) == 63) {                                                            \
+        uint64_t now_ = common_now_ns();                                                     \
+        if (!spin_deadline_) spin_deadline_ = now_ + (spin_ns);                              \
+        else if (now_ >= spin_deadline_) break;                                              \
+        sched_yield();                                                                       \
+      } else {                                                                               \
+        cpu_relax();                                                                         \
+      }                                                                                      \
+    }                                                                                        \
+  } while (0)
+
+void common_queue_init(common_queue *q) {
+  memset(q, 0, sizeof *q);
+  FL_PCHECK(pthread_mutex_init(&q->lock, NULL));
+  FL_PCHECK(pthread_cond_init(&q->cond, NULL));
+}
+
+void common_queue_destroy(common_queue *q) {
+  pthread_mutex_destroy(&q->lock);
+  pthread_cond_destroy(&q->cond);
+}
+
+void common_queue_push(common_queue *q, common_qnode *node) {
+  node->next = NULL;
+  FL_PCHECK(pthread_mutex_lock(&q->lock));
+  if (q->tail)
+    q->tail->next = node;
+  else
+    q->head = node;
+  q->tail = node;
+  atomic_fetch_add_explicit(&q->depth, 1, memory_order_release);
+  if (q->sleepers) pthread_cond_signal(&q->cond);
+  FL_PCHECK(pthread_mutex_unlock(&q->lock));
+}
+
+common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns) {
+  SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
+  FL_PCHECK(pthread_mutex_lock(&q->lock));
+  while (!q->head && !q->closed) {
+    q->sleepers++;
+    pthread_cond_wait(&q->cond, &q->lock);
+    q->sleepers--;
+  }
+  common_qnode *node = q->head;
+  if (node) {
+    q->head = node->next;
+    if (!q->head) q->tail = NULL;
+    atomic_fetch_sub_explicit(&q->depth, 1, memory_order_relaxed);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&q->lock));
+  return node;
+}
+
+void common_queue_close(common_queue *q) {
+  FL_PCHECK(pthread_mutex_lock(&q->lock));
+  q->closed = true;
+  pthread_cond_broadcast(&q->cond);
+  FL_PCHECK(pthread_mutex_unlock(&q->lock));
+}
+
+void common_event_init(common_event *e) {
+  FL_PCHECK(pthread_mutex_init(&e->lock, NULL));
+  FL_PCHECK(pthread_cond_init(&e->cond, NULL));
+  atomic_init(&e->set, false);
+}
+
+void common_event_destroy(common_event *e) {
+  pthread_mutex_destroy(&e->lock);
+  pthread_cond_destroy(&e->cond);
+}
+
+void common_event_set(common_event *e) {
+  FL_PCHECK(pthread_mutex_lock(&e->lock));
+  atomic_store_explicit(&e->set, true, memory_order_release);
+  pthread_cond_broadcast(&e->cond);
+  FL_PCHECK(pthread_mutex_unlock(&e->lock));
+}
+
+void common_event_wait(common_event *e, uint64_t spin_ns) {
+  SPIN_UNTIL(atomic_load_explicit(&e->set, memory_order_acquire), spin_ns);
+  FL_PCHECK(pthread_mutex_lock(&e->lock));
+  while (!atomic_load_explicit(&e->set, memory_order_acquire))
+    pthread_cond_wait(&e->cond, &e->lock);
+  FL_PCHECK(pthread_mutex_unlock(&e->lock));
+}

@@ -1,0 +1,232 @@
+/* util.c: allocator, buffers, pairs, time, random numbers, sizes, symbols and files. */
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/common.h"
+
+/* ---- allocator ------------------------------------------------------------------------- */
+
+/* -1: never fail. Otherwise the number of allocations that still succeed. */
+static atomic_long fail_after = -1;
+
+void flint_test_fail_alloc_after(long n) { atomic_store(&fail_after, n); }
+
+static bool alloc_should_fail(void) {
+  long n = atomic_load_explicit(&fail_after, memory_order_relaxed);
+  if (n < 0) return false;
+  while (n >= 0) {
+    if (n == 0) return true;
+    if (atomic_compare_exchange_weak(&fail_after, &n, n - 1)) return false;
+  }
+  return false;
+}
+
+void *common_malloc(size_t size) { return alloc_should_fail() ? NULL : malloc(size ? size : 1); }
+void *common_calloc(size_t count, size_t size) {
+  return alloc_should_fail() ? NULL : calloc(count ? count : 1, size ? size : 1);
+}
+void *common_realloc(void *p, size_t size) {
+  return alloc_should_fail() ? NULL : realloc(p, size ? size : 1);
+}
+void common_free(void *p) { free(p); }
+
+char *common_strdup(const char *s) { return common_memdup(s, strlen(s) + 1); }
+
+void *common_memdup(const void *p, size_t len) {
+  void *q = common_malloc(len);
+  if (q && len) memcpy(q, p, len);
+  return q;
+}
+
+/* ---- buffers and pairs ----------------------------------------------------------------- */
+
+fl_status fl_buf_reserve(fl_buf *buf, size_t extra) {
+  if (!buf) return fl_set_error(FL_EINVAL, "fl_buf_reserve: buf is NULL");
+  if (buf->cap - buf->len >= extra) return FL_OK;
+  if (extra > SIZE_MAX / 2 - buf->len)
+    return fl_set_error(FL_ELIMIT, "buffer of %zu bytes cannot grow by %zu", buf->len, extra);
+  size_t cap = buf->cap ? buf->cap : 64;
+  while (cap < buf->len + extra) cap *= 2;
+  uint8_t *data = common_realloc(buf->data, cap);
+  if (!data) return fl_set_error(FL_ENOMEM, "buffer: cannot allocate %zu bytes", cap);
+  buf->data = data;
+  buf->cap = cap;
+  return FL_OK;
+}
+
+void fl_buf_free(fl_buf *buf) {
+  if (!buf) return;
+  common_free(buf->data);
+  buf->data = NULL;
+  buf->len = buf->cap = 0;
+}
+
+fl_status fl_buf_put_pair(fl_buf *buf, fl_bytes key, fl_bytes value) {
+  if (!buf) return fl_set_error(FL_EINVAL, "fl_buf_put_pair: buf is NULL");
+  uint8_t head[COMMON_VARINT_MAX];
+  size_t n = common_varint_put(head, key.len);
+  fl_status s = fl_buf_reserve(buf, n + key.len + value.len);
+  if (s != FL_OK) return s;
+  fl_buf_append(buf, head, n);
+  fl_buf_append(buf, key.data, key.len);
+  fl_buf_append(buf, value.data, value.len);
+  return FL_OK;
+}
+
+fl_status fl_pair(fl_bytes rec, fl_bytes *key, fl_bytes *value) {
+  if (!key || !value) return fl_set_error(FL_EINVAL, "fl_pair: key and value must not be NULL");
+  uint64_t klen;
+  size_t n = common_varint_get(rec.data, rec.data + rec.len, &klen);
+  if (n == 0 || klen > rec.len - n)
+    return fl_set_error(FL_EFORMAT, "record of %zu bytes is not a pair (bad key length)",
+                        rec.len);
+  key->data = rec.data + n;
+  key->len = klen;
+  value->data = rec.data + n + klen;
+  value->len = rec.len - n - klen;
+  return FL_OK;
+}
+
+/* ---- time and random numbers ----------------------------------------------------------- */
+
+uint64_t common_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t common_hash64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void common_rng_seed(common_rng *rng, uint64_t seed) {
+  for (int i = 0; i < 4; i++) {
+    seed = common_hash64(seed);
+    rng->s[i] = seed;
+  }
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t common_rng_next(common_rng *rng) {
+  uint64_t *s = rng->s;
+  uint64_t result = rotl(s[1] * 5, 7) * 9;
+  uint64_t t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return result;
+}
+
+double common_rng_uniform(common_rng *rng) {
+  return (double)(common_rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+uint32_t common_rng_poisson(common_rng *rng, double mean) {
+  if (mean <= 0) return 0;
+  if (mean > 30) {
+    /* Box-Muller normal approximation, rounded and clamped at 0. */
+    double u1 = common_rng_uniform(rng), u2 = common_rng_uniform(rng);
+    double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2 * M_PI * u2);
+    double v = floor(mean + sqrt(mean) * z + 0.5);
+    return v < 0 ? 0 : (uint32_t)v;
+  }
+  double limit = exp(-mean), p = common_rng_uniform(rng);
+  uint32_t k = 0;
+  double cum = limit;
+  while (p > cum && k < 1000) {
+    k++;
+    limit *= mean / k;
+    cum += limit;
+  }
+  return k;
+}
+
+/* ---- machine, sizes, symbols, files ---------------------------------------------------- */
+
+uint32_t common_cores(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : (uint32_t)n;
+}
+
+bool common_parse_size(const char *s, uint64_t *out) {
+  if (!s || !*s) return false;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *s == '-') return false;
+  uint64_t mult = 1;
+  switch (*end) {
+  case '\0': break;
+  case 'k': case 'K': mult = 1ull << 10; end++; break;
+  case 'm': case 'M': mult = 1ull << 20; end++; break;
+  case 'g': case 'G': mult = 1ull << 30; end++; break;
+  case 't': case 'T': mult = 1ull << 40; end++; break;
+  default: return false;
+  }
+  if (*end == 'b' || *end == 'B') end++;
+  if (*end != '\0' || v > UINT64_MAX / mult) return false;
+  *out = v * mult;
+  return true;
+}
+
+const char *common_symbol_name(const void *fn, char *buf, size_t len) {
+  Dl_info info;
+  /* dladdr needs a data pointer; a function pointer converts through uintptr_t. */
+  void *addr = (void *)(uintptr_t)fn;
+  if (dladdr(addr, &info) && info.dli_sname && info.dli_saddr == addr)
+    snprintf(buf, len, "%s", info.dli_sname);
+  else
+    snprintf(buf, len, "%p", addr);
+  return buf;
+}
+
+fl_status common_mkdirs(const char *path) {
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
+    return FL_ERR(FL_EINVAL, "path too long: %s", path);
+  for (char *p = tmp + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+      return FL_ERR(FL_EIO, "cannot create folder %s: %s", tmp, strerror(errno));
+    *p = '/';
+  }
+  if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+    return FL_ERR(FL_EIO, "cannot create folder %s: %s", tmp, strerror(errno));
+  return FL_OK;
+}
+
+void common_remove_tree(const char *path) {
+  DIR *d = opendir(path);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      char child[4096];
+      snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+      struct stat st;
+      if (lstat(child, &st) == 0 && S_ISDIR(st.st_mode))
+        common_remove_tree(child);
+      else
+        unlink(child);
+    }
+    closedir(d);
+    rmdir(path);
+  } else {
+    unlink(path);
+  }
+}

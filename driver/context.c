@@ -1,0 +1,156 @@
+/*
+ * context.c: fl_context_open/close. A local context is one process: the scheduler, the
+ * local backend's task threads, a block manager and the shared-variable registry.
+ *
+ * Tunables read from the environment (declared here only):
+ *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 1 GiB
+ *   FLINT_WORK_DIR  where the context's folder for disk blocks is made; $TMPDIR or /tmp
+ *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200
+ */
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "driver/driver.h"
+
+#define DEFAULT_MEMORY (1ull << 30)
+#define DEFAULT_MAX_ATTEMPTS 4
+/* More task threads than this is a typo, not a machine. */
+#define MAX_LOCAL_THREADS 4096
+
+typedef struct context_impl {
+  fl_context pub; /* first, so the rdd layer's fl_context * is this struct */
+  scheduler *sched;
+  block_manager *blocks;
+  char *work_dir;
+} context_impl;
+
+static fl_status context_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                                 const rdd_action *action, fl_buf *results) {
+  return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, results);
+}
+
+static const rdd_runtime_ops local_runtime = {context_run_job};
+
+/* "local" -> 1, "local[N]" -> N, "local[*]" -> cores. */
+static fl_status parse_master(const char *master, uint32_t *threads) {
+  if (strcmp(master, "local") == 0) {
+    *threads = 1;
+    return FL_OK;
+  }
+  if (strcmp(master, "local[*]") == 0) {
+    *threads = common_cores();
+    return FL_OK;
+  }
+  unsigned long n;
+  char close_bracket, extra;
+  if (sscanf(master, "local[%lu%c%c", &n, &close_bracket, &extra) == 2 && close_bracket == ']' &&
+      strchr(master, '-') == NULL) {
+    if (n < 1 || n > MAX_LOCAL_THREADS)
+      return FL_ERR(FL_EINVAL, "master '%s': the thread count must be 1 to %d", master,
+                    MAX_LOCAL_THREADS);
+    *threads = (uint32_t)n;
+    return FL_OK;
+  }
+  return FL_ERR(FL_EINVAL, "unknown master '%s': expected local, local[N] or local[*]", master);
+}
+
+static fl_status resolve_memory(const fl_options *opts, uint64_t *out) {
+  if (opts && opts->memory_limit) {
+    *out = opts->memory_limit;
+    return FL_OK;
+  }
+  const char *env = getenv("FLINT_MEMORY");
+  if (!env || !*env) {
+    *out = DEFAULT_MEMORY;
+    return FL_OK;
+  }
+  if (!common_parse_size(env, out))
+    return FL_ERR(FL_EINVAL, "FLINT_MEMORY='%s' is not a size (examples: 512m, 2g)", env);
+  return FL_OK;
+}
+
+static fl_status make_work_dir(const fl_options *opts, char **out) {
+  const char *base = opts && opts->work_dir ? opts->work_dir : getenv("FLINT_WORK_DIR");
+  if (!base || !*base) base = getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  fl_status s = common_mkdirs(base);
+  if (s != FL_OK) return s;
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof path, "%s/flint-XXXXXX", base) >= (int)sizeof path)
+    return FL_ERR(FL_EINVAL, "work dir path too long: %s", base);
+  if (!mkdtemp(path)) return FL_ERR(FL_EIO, "cannot create a work folder in %s: %s", base, strerror(errno));
+  if (!(*out = common_strdup(path))) {
+    rmdir(path);
+    return FL_ERR(FL_ENOMEM, "out of memory");
+  }
+  return FL_OK;
+}
+
+fl_status fl_context_open(const char *master, const fl_options *options, fl_context **out) {
+  common_error_clear();
+  if (!master || !out) return FL_ERR(FL_EINVAL, "fl_context_open: master and out must not be NULL");
+  uint32_t threads = 0;
+  uint64_t memory = 0;
+  fl_status status = parse_master(master, &threads);
+  if (status != FL_OK) return status;
+  if ((status = resolve_memory(options, &memory)) != FL_OK) return status;
+
+  context_impl *c = common_calloc(1, sizeof *c);
+  if (!c) return FL_ERR(FL_ENOMEM, "cannot allocate a context");
+  backend *b = NULL;
+  FL_CHECK(make_work_dir(options, &c->work_dir));
+  FL_CHECK(block_manager_create(memory, c->work_dir, &c->blocks));
+  FL_CHECK(rdd_shared_create(&c->pub.shared));
+  FL_CHECK(scheduler_create(options && options->max_task_attempts ? options->max_task_attempts
+                                                                  : DEFAULT_MAX_ATTEMPTS,
+                            &c->sched));
+  FL_CHECK(local_backend_create(c->sched, threads, &b));
+  scheduler_set_backend(c->sched, b);
+  c->pub.runtime = &local_runtime;
+  c->pub.runtime_impl = c;
+  c->pub.cache = &block_manager_cache_ops;
+  c->pub.cache_impl = c->blocks;
+  c->pub.cores = threads;
+  c->pub.default_parallelism =
+      options && options->default_parallelism ? options->default_parallelism : threads;
+  atomic_init(&c->pub.next_rdd_id, 1);
+  *out = &c->pub;
+  return FL_OK;
+cleanup:
+  fl_context_close(&c->pub);
+  return status;
+}
+
+void fl_context_close(fl_context *ctx) {
+  if (!ctx) return;
+  context_impl *c = (context_impl *)ctx;
+  scheduler_destroy(c->sched);
+  block_manager_destroy(c->blocks);
+  rdd_shared_destroy(c->pub.shared);
+  if (c->work_dir) common_remove_tree(c->work_dir);
+  common_free(c->work_dir);
+  common_free(c);
+}
+
+uint32_t fl_context_cores(const fl_context *ctx) { return ctx ? ctx->cores : 0; }
+
+fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out) {
+  common_error_clear();
+  if (!ctx || !out) return FL_ERR(FL_EINVAL, "fl_context_stats_get: NULL argument");
+  context_impl *c = (context_impl *)ctx;
+  scheduler_stats ss;
+  block_manager_stats bs;
+  scheduler_stats_get(c->sched, &ss);
+  block_manager_stats_get(c->blocks, &bs);
+  out->jobs_run = ss.jobs_run;
+  out->jobs_failed = ss.jobs_failed;
+  out->tasks_run = ss.tasks_run;
+  out->tasks_failed = ss.tasks_failed;
+  out->blocks_evicted = bs.evictions;
+  out->memory_used = bs.memory_used;
+  return FL_OK;
+}

@@ -1,0 +1,130 @@
+/*
+ * driver.h: the scheduler and its executor backends.
+ *
+ * Design (as Spark's): an action becomes a job. The DAG scheduler cuts the job's lineage
+ * into stages at shuffle dependencies and makes one task per partition of a stage; the task
+ * scheduler places tasks on the free slots that the backend offers, retries failed ones and
+ * ends the job. A backend runs tasks somewhere: on threads of this process (local), or on
+ * executor processes (the cluster backend, later).
+ *
+ * Threading: the scheduler is one event loop on its own thread, fed by typed events (job
+ * submitted, task ended, stop) through a spin-then-block queue. Only that thread touches
+ * jobs, stages and tasks while they run; callers block on their job's done event, and
+ * backends post task ends from their threads.
+ */
+#ifndef FLINT_DRIVER_H
+#define FLINT_DRIVER_H
+
+#include "executor/executor.h"
+
+typedef struct scheduler scheduler;
+typedef struct sched_job sched_job;
+
+typedef enum sched_event_type { EV_JOB_SUBMITTED, EV_TASK_ENDED, EV_STOP } sched_event_type;
+
+typedef struct sched_event {
+  common_qnode node;
+  sched_event_type type;
+} sched_event;
+
+/* One task of a stage: partition parts[index] of the stage's rdd. Reused across attempts. */
+typedef struct sched_task {
+  sched_event ended;   /* posted by the backend when an attempt ends */
+  task_pool_work work; /* the local backend's queue entry */
+  sched_job *job;
+  uint32_t index;
+  uint32_t failures;
+  rdd_task rt; /* the attempt: partition, attempt number, status, accumulator updates */
+  fl_buf result;
+  struct sched_task *pending_next;
+} sched_task;
+
+/* ---- backends -------------------------------------------------------------------------- */
+typedef struct backend backend;
+
+typedef struct backend_ops {
+  const char *name;
+  /* Starts a task attempt; never blocks. The backend posts the attempt's end with
+   * scheduler_post_task_end exactly once. */
+  void (*launch)(backend *b, sched_task *task);
+  /* Ends the backend's threads after their current tasks; blocks. Frees the backend. */
+  void (*destroy)(backend *b);
+} backend_ops;
+
+struct backend {
+  const backend_ops *ops;
+  scheduler *sched;
+  uint32_t slots; /* tasks it can run at once */
+};
+
+/* The in-process backend: a pool of `threads` task threads. */
+FL_INTERNAL fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out);
+
+/* ---- scheduler ------------------------------------------------------------------------- */
+typedef struct scheduler_stats {
+  uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed;
+} scheduler_stats;
+
+/* Starts the event loop. max_attempts: tries of a task before its job fails. */
+FL_INTERNAL fl_status scheduler_create(uint32_t max_attempts, scheduler **out);
+/* Gives the scheduler its backend (owned from now on). */
+FL_INTERNAL void scheduler_set_backend(scheduler *s, backend *b);
+/* Stops the loop, destroys the backend and frees the scheduler. No job may be running. */
+FL_INTERNAL void scheduler_destroy(scheduler *s);
+/* Runs a job and blocks until it ends; results[i] receives the result of parts[i]. */
+FL_INTERNAL fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts,
+                                        uint32_t num_parts, const rdd_action *action,
+                                        fl_buf *results);
+/* From backend threads: the attempt in task->rt has ended (its status says how). */
+FL_INTERNAL void scheduler_post_task_end(scheduler *s, sched_task *task);
+FL_INTERNAL void scheduler_stats_get(scheduler *s, scheduler_stats *out);
+
+/* ---- inside the scheduler (scheduler.c, dag_scheduler.c, task_scheduler.c) ------------- */
+struct sched_job {
+  sched_event submitted;
+  scheduler *sched;
+  uint64_t id;
+  rdd *rdd;
+  const rdd_action *action;
+  const uint32_t *parts;
+  uint32_t num_parts;
+  fl_buf *results;
+  sched_task *tasks;
+  uint32_t remaining; /* tasks not yet succeeded */
+  uint32_t running;   /* attempts launched and not ended */
+  atomic_bool cancelled;
+  fl_status status;
+  char *error;
+  common_event done;
+};
+
+struct scheduler {
+  common_queue events;
+  pthread_t thread;
+  backend *backend;
+  uint32_t max_attempts;
+  uint32_t free_slots;
+  sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
+  atomic_uint_fast64_t next_job_id;
+  _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed;
+};
+
+/* DAG scheduler: turns a submitted job into its stage's tasks and hands them over. */
+FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
+/* DAG scheduler: a task of `job` succeeded, or the job failed; finishes the job when no
+ * attempt of it is still running. */
+FL_INTERNAL void dag_scheduler_task_succeeded(scheduler *s, sched_task *task);
+FL_INTERNAL void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status,
+                                          const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+FL_INTERNAL void dag_scheduler_maybe_finish(scheduler *s, sched_job *job);
+
+/* Task scheduler. */
+FL_INTERNAL void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count);
+FL_INTERNAL void task_scheduler_task_ended(scheduler *s, sched_task *task);
+/* Launches pending tasks while slots are free. */
+FL_INTERNAL void task_scheduler_offer(scheduler *s);
+/* Forgets the pending tasks of a job. */
+FL_INTERNAL void task_scheduler_drop_job(scheduler *s, sched_job *job);
+
+#endif /* FLINT_DRIVER_H */

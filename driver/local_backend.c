@@ -1,0 +1,43 @@
+/* local_backend.c: the in-process executor backend: tasks run on a pool of threads of this
+ * process, against the context's own block manager. */
+#include "driver/driver.h"
+
+typedef struct local_backend {
+  backend base;
+  task_pool *pool;
+} local_backend;
+
+static void local_run(task_pool_work *work) {
+  sched_task *t = (sched_task *)((char *)work - offsetof(sched_task, work));
+  sched_job *job = t->job;
+  rdd_task_run(&t->rt, job->rdd, job->action, &t->result);
+  scheduler_post_task_end(job->sched, t);
+}
+
+static void local_launch(backend *b, sched_task *t) {
+  t->work.run = local_run;
+  task_pool_submit(((local_backend *)b)->pool, &t->work);
+}
+
+static void local_destroy(backend *b) {
+  local_backend *lb = (local_backend *)b;
+  task_pool_destroy(lb->pool);
+  common_free(lb);
+}
+
+static const backend_ops local_ops = {"local", local_launch, local_destroy};
+
+fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out) {
+  local_backend *lb = common_calloc(1, sizeof *lb);
+  if (!lb) return FL_ERR(FL_ENOMEM, "cannot allocate the local backend");
+  fl_status s = task_pool_create(threads, &lb->pool);
+  if (s != FL_OK) {
+    common_free(lb);
+    return s;
+  }
+  lb->base.ops = &local_ops;
+  lb->base.sched = sched;
+  lb->base.slots = threads;
+  *out = &lb->base;
+  return FL_OK;
+}

@@ -1,0 +1,103 @@
+/* scheduler.c: the scheduler's event loop and its entry points (see driver.h). */
+#include <string.h>
+
+#include "driver/driver.h"
+
+static void *scheduler_main(void *p) {
+  scheduler *s = p;
+  uint64_t spin = common_spin_ns();
+  for (;;) {
+    sched_event *ev = (sched_event *)common_queue_pop(&s->events, spin);
+    if (!ev) return NULL;
+    switch (ev->type) {
+    case EV_JOB_SUBMITTED:
+      dag_scheduler_job_submitted(s, (sched_job *)ev);
+      break;
+    case EV_TASK_ENDED:
+      task_scheduler_task_ended(s, (sched_task *)ev);
+      break;
+    case EV_STOP:
+      return NULL;
+    }
+    task_scheduler_offer(s);
+  }
+}
+
+fl_status scheduler_create(uint32_t max_attempts, scheduler **out) {
+  scheduler *s = common_calloc(1, sizeof *s);
+  if (!s) return FL_ERR(FL_ENOMEM, "cannot allocate the scheduler");
+  common_queue_init(&s->events);
+  s->max_attempts = max_attempts;
+  atomic_init(&s->next_job_id, 1);
+  if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
+    common_queue_destroy(&s->events);
+    common_free(s);
+    return FL_ERR(FL_ENOMEM, "cannot start the scheduler thread");
+  }
+  *out = s;
+  return FL_OK;
+}
+
+void scheduler_set_backend(scheduler *s, backend *b) {
+  /* Set before any job runs, so the loop thread sees it through the queue's lock. */
+  s->backend = b;
+  s->free_slots = b->slots;
+}
+
+void scheduler_destroy(scheduler *s) {
+  if (!s) return;
+  sched_event stop = {.type = EV_STOP};
+  common_queue_push(&s->events, &stop.node);
+  pthread_join(s->thread, NULL);
+  if (s->backend) s->backend->ops->destroy(s->backend);
+  common_queue_destroy(&s->events);
+  common_free(s);
+}
+
+void scheduler_post_task_end(scheduler *s, sched_task *task) {
+  task->ended.type = EV_TASK_ENDED;
+  common_queue_push(&s->events, &task->ended.node);
+}
+
+fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                            const rdd_action *action, fl_buf *results) {
+  if (num_parts == 0) return FL_OK;
+  for (uint32_t i = 0; i < num_parts; i++)
+    if (parts[i] >= r->num_partitions)
+      return FL_ERR(FL_EINVAL, "partition %u of a dataset with %u partitions", parts[i],
+                    r->num_partitions);
+  sched_job job;
+  memset(&job, 0, sizeof job);
+  job.tasks = common_calloc(num_parts, sizeof *job.tasks);
+  if (!job.tasks) return FL_ERR(FL_ENOMEM, "cannot allocate %u tasks", num_parts);
+  job.submitted.type = EV_JOB_SUBMITTED;
+  job.sched = s;
+  job.id = atomic_fetch_add(&s->next_job_id, 1);
+  job.rdd = r;
+  job.action = action;
+  job.parts = parts;
+  job.num_parts = num_parts;
+  job.results = results;
+  atomic_init(&job.cancelled, false);
+  common_event_init(&job.done);
+  rdd_retain(r); /* the lineage must outlive every attempt, even a cancelled one */
+
+  common_queue_push(&s->events, &job.submitted.node);
+  common_event_wait(&job.done, common_spin_ns());
+
+  fl_status status = job.status;
+  if (status != FL_OK) fl_set_error(status, "%s", job.error ? job.error : fl_strerror(status));
+  for (uint32_t i = 0; i < num_parts; i++) fl_buf_free(&job.tasks[i].result);
+  common_free(job.tasks);
+  common_free(job.error);
+  common_event_destroy(&job.done);
+  rdd_release(r);
+  return status;
+}
+
+void scheduler_stats_get(scheduler *s, scheduler_stats *out) {
+  out->jobs_run = atomic_load(&s->jobs_run);
+  out->jobs_failed = atomic_load(&s->jobs_failed);
+  out->tasks_run = atomic_load(&s->tasks_run);
+  out->tasks_failed = atomic_load(&s->tasks_failed);
+}

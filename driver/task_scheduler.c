@@ -1,0 +1,74 @@
+/*
+ * task_scheduler.c: tasks onto the backend's free slots, in submission order; failed
+ * attempts retried up to max_attempts, after which the job fails with the last cause.
+ * Runs on the scheduler thread only.
+ */
+#include "driver/driver.h"
+
+static void pending_push(scheduler *s, sched_task *t) {
+  t->pending_next = NULL;
+  if (s->pending_tail) s->pending_tail->pending_next = t; else s->pending_head = t;
+  s->pending_tail = t;
+}
+
+void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count) {
+  for (uint32_t i = 0; i < count; i++) pending_push(s, &tasks[i]);
+}
+
+void task_scheduler_offer(scheduler *s) {
+  while (s->free_slots > 0 && s->pending_head) {
+    sched_task *t = s->pending_head;
+    s->pending_head = t->pending_next;
+    if (!s->pending_head) s->pending_tail = NULL;
+    s->free_slots--;
+    t->job->running++;
+    t->rt.attempt++;
+    atomic_fetch_add(&s->tasks_run, 1);
+    s->backend->ops->launch(s->backend, t);
+  }
+}
+
+void task_scheduler_drop_job(scheduler *s, sched_job *job) {
+  sched_task **p = &s->pending_head, *last = NULL;
+  while (*p) {
+    if ((*p)->job == job) {
+      *p = (*p)->pending_next;
+    } else {
+      last = *p;
+      p = &(*p)->pending_next;
+    }
+  }
+  s->pending_tail = last;
+}
+
+void task_scheduler_task_ended(scheduler *s, sched_task *t) {
+  sched_job *job = t->job;
+  s->free_slots++;
+  job->running--;
+  rdd_task *rt = &t->rt;
+  if (job->status != FL_OK) { /* the job already failed: this attempt no longer matters */
+    rdd_task_clear(rt);
+    dag_scheduler_maybe_finish(s, job);
+    return;
+  }
+  if (rt->status == FL_OK) {
+    rdd_task_commit_accumulators(rt);
+    rdd_task_clear(rt);
+    dag_scheduler_task_succeeded(s, t);
+    return;
+  }
+  atomic_fetch_add(&s->tasks_failed, 1);
+  t->failures++;
+  if (t->failures < s->max_attempts && rt->status != FL_ECANCELLED) {
+    rdd_task_clear(rt);
+    pending_push(s, t);
+    return;
+  }
+  dag_scheduler_job_failed(s, job, FL_EJOB,
+                           "job %llu failed: partition %u of dataset %llu (%s) failed %u times "
+                           "on executor '%s'; last error: %s",
+                           (unsigned long long)job->id, rt->partition,
+                           (unsigned long long)job->rdd->id, job->rdd->ops->name, t->failures,
+                           s->backend->ops->name, rt->error ? rt->error : fl_strerror(rt->status));
+  rdd_task_clear(rt);
+}

@@ -1,0 +1,87 @@
+/* block_codec.c: record batches as LZ4 frames with a content checksum.
+ *
+ * Layout: "FLB1", record count (u64 LE), raw length (u64 LE), then one LZ4 frame of the
+ * batch's bytes. Decoding checks the magic, the frame (its checksum included), the raw
+ * length and every record's length prefix before the batch is used. */
+#include <lz4frame.h>
+#include <string.h>
+
+#include "executor/executor.h"
+
+#define CODEC_MAGIC "FLB1"
+#define CODEC_HEADER 20
+/* A decoded block larger than this is taken as a corrupt header, not a request for memory. */
+#define CODEC_MAX_RAW (1ull << 40)
+
+fl_status block_codec_encode(const rdd_batch *batch, fl_buf *out) {
+  LZ4F_preferences_t prefs;
+  memset(&prefs, 0, sizeof prefs);
+  prefs.frameInfo.contentChecksumFlag = LZ4F_contentChecksumEnabled;
+  prefs.frameInfo.contentSize = batch->buf.len;
+  size_t bound = LZ4F_compressFrameBound(batch->buf.len, &prefs);
+  out->len = 0;
+  fl_status s = fl_buf_reserve(out, CODEC_HEADER + bound);
+  if (s != FL_OK) return s;
+  uint64_t count = batch->count, raw = batch->buf.len;
+  memcpy(out->data, CODEC_MAGIC, 4);
+  memcpy(out->data + 4, &count, 8);
+  memcpy(out->data + 12, &raw, 8);
+  size_t n = LZ4F_compressFrame(out->data + CODEC_HEADER, bound, batch->buf.data, batch->buf.len, &prefs);
+  if (LZ4F_isError(n)) return FL_ERR(FL_EINTERNAL, "LZ4 compression failed: %s", LZ4F_getErrorName(n));
+  out->len = CODEC_HEADER + n;
+  return FL_OK;
+}
+
+fl_status block_codec_decode(fl_bytes in, const char *what, rdd_batch *out) {
+  if (in.len < CODEC_HEADER || memcmp(in.data, CODEC_MAGIC, 4) != 0)
+    return FL_ERR(FL_ECORRUPT, "%s: not a flint block (bad header)", what);
+  uint64_t count, raw;
+  memcpy(&count, in.data + 4, 8);
+  memcpy(&raw, in.data + 12, 8);
+  if (raw > CODEC_MAX_RAW || count > raw)
+    return FL_ERR(FL_ECORRUPT, "%s: implausible block header (%llu records, %llu bytes)", what,
+                  (unsigned long long)count, (unsigned long long)raw);
+  rdd_batch batch = {FL_BUF_INIT, 0};
+  fl_status status = fl_buf_reserve(&batch.buf, (size_t)raw);
+  if (status != FL_OK) return status;
+  LZ4F_dctx *dctx;
+  if (LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION))) {
+    rdd_batch_free(&batch);
+    return FL_ERR(FL_ENOMEM, "%s: cannot create an LZ4 context", what);
+  }
+  const uint8_t *src = in.data + CODEC_HEADER;
+  size_t src_left = in.len - CODEC_HEADER, dst_len = 0;
+  size_t hint = 1;
+  while (hint != 0) {
+    size_t src_size = src_left, dst_size = (size_t)raw - dst_len;
+    hint = LZ4F_decompress(dctx, batch.buf.data + dst_len, &dst_size, src, &src_size, NULL);
+    if (LZ4F_isError(hint)) {
+      status = FL_ERR(FL_ECORRUPT, "%s: bad LZ4 frame: %s", what, LZ4F_getErrorName(hint));
+      goto cleanup;
+    }
+    src += src_size;
+    src_left -= src_size;
+    dst_len += dst_size;
+    if (hint != 0 && src_size == 0 && dst_size == 0) {
+      status = FL_ERR(FL_ECORRUPT, "%s: truncated LZ4 frame", what);
+      goto cleanup;
+    }
+  }
+  if (src_left != 0 || dst_len != raw) {
+    status = FL_ERR(FL_ECORRUPT, "%s: block holds %zu bytes, header says %llu", what, dst_len,
+                    (unsigned long long)raw);
+    goto cleanup;
+  }
+  batch.buf.len = dst_len;
+  batch.count = count;
+  if (!rdd_batch_valid(batch.buf.data, batch.buf.len, count)) {
+    status = FL_ERR(FL_ECORRUPT, "%s: records do not match the header", what);
+    goto cleanup;
+  }
+  *out = batch;
+  batch = (rdd_batch){FL_BUF_INIT, 0};
+cleanup:
+  LZ4F_freeDecompressionContext(dctx);
+  rdd_batch_free(&batch);
+  return status;
+}

@@ -1,0 +1,455 @@
+/* block_manager.c: cached partitions in memory and on local disk (see executor.h). */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "executor/executor.h"
+
+typedef enum block_where { IN_MEMORY, IN_MEMORY_SER, ON_DISK } block_where;
+
+typedef struct block {
+  rdd_block_key key;
+  fl_storage_level level;
+  block_where where;
+  rdd_batch batch;     /* IN_MEMORY */
+  fl_buf ser;          /* IN_MEMORY_SER: the encoded block */
+  uint64_t mem_bytes;  /* counted against the limit */
+  uint64_t disk_bytes; /* ON_DISK: size of the file */
+  int pins;            /* readers of `batch` right now */
+  bool removed;        /* unlinked from the tables while pinned: freed by the last reader */
+  struct block *lru_prev, *lru_next; /* memory blocks only; head is most recent */
+  struct block *hash_next;
+} block;
+
+struct block_manager {
+  pthread_mutex_t lock;
+  char *dir;
+  uint64_t memory_limit, memory_used, disk_used, evictions;
+  uint64_t blocks_in_memory, blocks_on_disk;
+  block **buckets;
+  size_t num_buckets, count;
+  block *lru_head, *lru_tail;
+};
+
+/* What a reader holds: a pinned memory block, or a private decoded copy. */
+typedef struct read_handle {
+  block *pinned;
+  rdd_batch priv;
+} read_handle;
+
+/* ---- tables ---------------------------------------------------------------------------- */
+
+static size_t bucket_of(const block_manager *bm, rdd_block_key key) {
+  return common_hash64(key.rdd_id * 0x100000001b3ull ^ key.partition) & (bm->num_buckets - 1);
+}
+
+static block *find(block_manager *bm, rdd_block_key key) {
+  for (block *b = bm->buckets[bucket_of(bm, key)]; b; b = b->hash_next)
+    if (b->key.rdd_id == key.rdd_id && b->key.partition == key.partition) return b;
+  return NULL;
+}
+
+static void hash_insert(block_manager *bm, block *b) {
+  if (bm->count >= bm->num_buckets) {
+    size_t n = bm->num_buckets * 2;
+    block **grown = common_calloc(n, sizeof *grown);
+    if (grown) { /* without room the chains just get longer */
+      for (size_t i = 0; i < bm->num_buckets; i++) {
+        block *c = bm->buckets[i];
+        while (c) {
+          block *next = c->hash_next;
+          size_t j = common_hash64(c->key.rdd_id * 0x100000001b3ull ^ c->key.partition) & (n - 1);
+          c->hash_next = grown[j];
+          grown[j] = c;
+          c = next;
+        }
+      }
+      common_free(bm->buckets);
+      bm->buckets = grown;
+      bm->num_buckets = n;
+    }
+  }
+  size_t i = bucket_of(bm, b->key);
+  b->hash_next = bm->buckets[i];
+  bm->buckets[i] = b;
+  bm->count++;
+}
+
+static void hash_remove(block_manager *bm, block *b) {
+  block **p = &bm->buckets[bucket_of(bm, b->key)];
+  while (*p != b) p = &(*p)->hash_next;
+  *p = b->hash_next;
+  bm->count--;
+}
+
+static void lru_unlink(block_manager *bm, block *b) {
+  if (b->lru_prev) b->lru_prev->lru_next = b->lru_next; else bm->lru_head = b->lru_next;
+  if (b->lru_next) b->lru_next->lru_prev = b->lru_prev; else bm->lru_tail = b->lru_prev;
+  b->lru_prev = b->lru_next = NULL;
+}
+
+static void lru_push_front(block_manager *bm, block *b) {
+  b->lru_prev = NULL;
+  b->lru_next = bm->lru_head;
+  if (bm->lru_head) bm->lru_head->lru_prev = b; else bm->lru_tail = b;
+  bm->lru_head = b;
+}
+
+static void disk_path(const block_manager *bm, rdd_block_key key, char *buf, size_t len) {
+  snprintf(buf, len, "%s/rdd_%llu_%u.blk", bm->dir, (unsigned long long)key.rdd_id, key.partition);
+}
+
+/* Gives up a block's memory (it stays in the tables if it went to disk). */
+static void release_memory(block_manager *bm, block *b) {
+  if (b->where == IN_MEMORY || b->where == IN_MEMORY_SER) {
+    lru_unlink(bm, b);
+    bm->memory_used -= b->mem_bytes;
+    bm->blocks_in_memory--;
+    b->mem_bytes = 0;
+  }
+}
+
+static void block_free(block *b) {
+  if (!b) return;
+  rdd_batch_free(&b->batch);
+  fl_buf_free(&b->ser);
+  common_free(b);
+}
+
+/* Takes a block out of the tables; frees it unless readers hold it. */
+static void drop_block(block_manager *bm, block *b) {
+  release_memory(bm, b);
+  if (b->where == ON_DISK) {
+    char path[4096];
+    disk_path(bm, b->key, path, sizeof path);
+    unlink(path);
+    bm->disk_used -= b->disk_bytes;
+    bm->blocks_on_disk--;
+  }
+  hash_remove(bm, b);
+  if (b->pins > 0)
+    b->removed = true;
+  else
+    block_free(b);
+}
+
+/* ---- disk ------------------------------------------------------------------------------ */
+
+static fl_status write_file(const char *path, const fl_buf *data) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return FL_ERR(FL_EIO, "cannot create %s: %s", path, strerror(errno));
+  size_t off = 0;
+  while (off < data->len) {
+    ssize_t n = write(fd, data->data + off, data->len - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      close(fd);
+      unlink(path);
+      return FL_ERR(FL_EIO, "cannot write %s: %s", path, strerror(e));
+    }
+    off += (size_t)n;
+  }
+  if (close(fd) != 0) {
+    unlink(path);
+    return FL_ERR(FL_EIO, "cannot write %s: %s", path, strerror(errno));
+  }
+  return FL_OK;
+}
+
+static fl_status read_file(const char *path, fl_buf *out) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return FL_ERR(FL_EIO, "cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  fl_status s = FL_OK;
+  if (fstat(fd, &st) != 0) {
+    s = FL_ERR(FL_EIO, "cannot stat %s: %s", path, strerror(errno));
+  } else if ((s = fl_buf_reserve(out, (size_t)st.st_size)) == FL_OK) {
+    while (out->len < (size_t)st.st_size) {
+      ssize_t n = read(fd, out->data + out->len, (size_t)st.st_size - out->len);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        s = FL_ERR(FL_EIO, "cannot read %s: %s", path, n < 0 ? strerror(errno) : "file shrank");
+        break;
+      }
+      out->len += (size_t)n;
+    }
+  }
+  close(fd);
+  return s;
+}
+
+/* Writes a batch to the block's file and marks it ON_DISK. */
+static fl_status spill(block_manager *bm, block *b, const rdd_batch *batch) {
+  fl_buf ser = FL_BUF_INIT;
+  char path[4096];
+  disk_path(bm, b->key, path, sizeof path);
+  fl_status s = block_codec_encode(batch, &ser);
+  if (s == FL_OK) s = write_file(path, &ser);
+  if (s == FL_OK) {
+    b->where = ON_DISK;
+    b->disk_bytes = ser.len;
+    bm->disk_used += ser.len;
+    bm->blocks_on_disk++;
+  }
+  fl_buf_free(&ser);
+  return s;
+}
+
+/* ---- eviction -------------------------------------------------------------------------- */
+
+/* Makes room for `need` bytes by evicting least recently used, unpinned memory blocks of
+ * other rdds (evicting a dataset's own blocks to cache its next one would only thrash, as
+ * Spark's MemoryStore also refuses). Returns whether the room is there now. */
+static bool make_room(block_manager *bm, uint64_t need, uint64_t for_rdd) {
+  if (need > bm->memory_limit) return false;
+  uint64_t freeable = 0;
+  for (block *b = bm->lru_tail; b && bm->memory_used - freeable + need > bm->memory_limit; b = b->lru_prev)
+    if (b->pins == 0 && b->key.rdd_id != for_rdd) freeable += b->mem_bytes;
+  if (bm->memory_used - freeable + need > bm->memory_limit) return false;
+  block *b = bm->lru_tail;
+  while (b && bm->memory_used + need > bm->memory_limit) {
+    block *prev = b->lru_prev;
+    if (b->pins == 0 && b->key.rdd_id != for_rdd) {
+      bm->evictions++;
+      if (b->level == FL_MEMORY_AND_DISK && b->where == IN_MEMORY) {
+        rdd_batch batch = b->batch;
+        b->batch = (rdd_batch){FL_BUF_INIT, 0};
+        release_memory(bm, b);
+        if (spill(bm, b, &batch) != FL_OK) {
+          fprintf(stderr, "flint: dropping cached block instead of spilling it: %s\n", fl_last_error());
+          b->where = IN_MEMORY; /* so drop_block does not look for a file */
+          drop_block(bm, b);
+        }
+        rdd_batch_free(&batch);
+      } else {
+        drop_block(bm, b);
+      }
+    }
+    b = prev;
+  }
+  return true;
+}
+
+/* ---- the cache interface --------------------------------------------------------------- */
+
+static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void **handle) {
+  block_manager *bm = impl;
+  read_handle *h = common_calloc(1, sizeof *h);
+  if (!h) return false; /* a miss: the partition is recomputed */
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  block *b = find(bm, key);
+  if (!b) goto miss;
+  if (b->where == IN_MEMORY) {
+    b->pins++;
+    lru_unlink(bm, b);
+    lru_push_front(bm, b);
+    h->pinned = b;
+    *batch = &b->batch;
+    *handle = h;
+    FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+    return true;
+  }
+  fl_buf file = FL_BUF_INIT;
+  fl_bytes encoded;
+  char what[4096];
+  disk_path(bm, key, what, sizeof what);
+  fl_status s;
+  if (b->where == IN_MEMORY_SER) {
+    lru_unlink(bm, b);
+    lru_push_front(bm, b);
+    encoded = fl_buf_bytes(&b->ser);
+    snprintf(what, sizeof what, "cached block rdd_%llu_%u", (unsigned long long)key.rdd_id, key.partition);
+    s = block_codec_decode(encoded, what, &h->priv);
+  } else {
+    s = read_file(what, &file);
+    if (s == FL_OK) s = block_codec_decode(fl_buf_bytes(&file), what, &h->priv);
+    fl_buf_free(&file);
+  }
+  if (s != FL_OK) {
+    /* A damaged block is never returned: drop it, and lineage recomputes the partition. */
+    fprintf(stderr, "flint: dropping a damaged cached block: %s\n", fl_last_error());
+    drop_block(bm, b);
+    goto miss;
+  }
+  *batch = &h->priv;
+  *handle = h;
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+  return true;
+miss:
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+  common_free(h);
+  return false;
+}
+
+static void bm_release(void *impl, void *handle) {
+  block_manager *bm = impl;
+  read_handle *h = handle;
+  if (h->pinned) {
+    FL_PCHECK(pthread_mutex_lock(&bm->lock));
+    block *b = h->pinned;
+    if (--b->pins == 0 && b->removed) block_free(b);
+    FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+  }
+  rdd_batch_free(&h->priv);
+  common_free(h);
+}
+
+static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
+                        rdd_batch *batch, const rdd_batch **stored, void **handle) {
+  block_manager *bm = impl;
+  read_handle *h = common_calloc(1, sizeof *h);
+  block *b = common_calloc(1, sizeof *b);
+  if (!h || !b) {
+    common_free(h);
+    common_free(b);
+    return FL_ERR(FL_ENOMEM, "cannot allocate a block");
+  }
+  b->key = key;
+  b->level = level;
+  /* Hold exactly the bytes of the records, not the growth slack of the buffer. */
+  if (batch->buf.cap > batch->buf.len && batch->buf.len > 0) {
+    uint8_t *shrunk = common_realloc(batch->buf.data, batch->buf.len);
+    if (shrunk) {
+      batch->buf.data = shrunk;
+      batch->buf.cap = batch->buf.len;
+    }
+  }
+  fl_status s = FL_OK;
+  if (level == FL_MEMORY_SER && (s = block_codec_encode(batch, &b->ser)) != FL_OK) {
+    common_free(h);
+    block_free(b);
+    return s;
+  }
+
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  bool keep_private = true; /* the reader gets the caller's batch */
+  if (find(bm, key)) {
+    /* Another task cached it first; this copy is only read. */
+    block_free(b);
+    b = NULL;
+  } else if (level == FL_MEMORY_ONLY || level == FL_MEMORY_AND_DISK || level == FL_MEMORY_SER) {
+    uint64_t need = level == FL_MEMORY_SER ? b->ser.cap : batch->buf.cap;
+    if (make_room(bm, need, key.rdd_id)) {
+      b->mem_bytes = need;
+      if (level == FL_MEMORY_SER) {
+        b->where = IN_MEMORY_SER;
+      } else {
+        b->where = IN_MEMORY;
+        b->batch = *batch;
+        *batch = (rdd_batch){FL_BUF_INIT, 0};
+        b->pins = 1;
+        h->pinned = b;
+        keep_private = false;
+      }
+      bm->memory_used += need;
+      bm->blocks_in_memory++;
+      lru_push_front(bm, b);
+      hash_insert(bm, b);
+    } else if (level == FL_MEMORY_AND_DISK) {
+      s = spill(bm, b, batch);
+      if (s == FL_OK) hash_insert(bm, b);
+    } else {
+      block_free(b); /* does not fit: not cached, recomputed next time (as Spark) */
+    }
+  } else { /* FL_DISK_ONLY */
+    s = spill(bm, b, batch);
+    if (s == FL_OK) hash_insert(bm, b);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+  if (s != FL_OK) {
+    block_free(b);
+    common_free(h);
+    return s;
+  }
+  if (keep_private) {
+    h->priv = *batch;
+    *batch = (rdd_batch){FL_BUF_INIT, 0};
+    *stored = &h->priv;
+  } else {
+    *stored = &h->pinned->batch;
+  }
+  *handle = h;
+  return FL_OK;
+}
+
+static void bm_remove_rdd(void *impl, uint64_t rdd_id) {
+  block_manager *bm = impl;
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  for (size_t i = 0; i < bm->num_buckets; i++) {
+    block *b = bm->buckets[i];
+    while (b) {
+      block *next = b->hash_next;
+      if (b->key.rdd_id == rdd_id) drop_block(bm, b);
+      b = next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+}
+
+static void bm_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {
+  block_manager *bm = impl;
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  for (size_t i = 0; i < bm->num_buckets; i++)
+    for (block *b = bm->buckets[i]; b; b = b->hash_next) {
+      if (b->key.rdd_id != rdd_id) continue;
+      out->cached_partitions++;
+      out->memory_bytes += b->mem_bytes;
+      out->disk_bytes += b->where == ON_DISK ? b->disk_bytes : 0;
+    }
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+}
+
+const rdd_cache_ops block_manager_cache_ops = {bm_get, bm_put, bm_release, bm_remove_rdd, bm_info};
+
+/* ---- lifetime -------------------------------------------------------------------------- */
+
+fl_status block_manager_create(uint64_t memory_limit, const char *dir, block_manager **out) {
+  block_manager *bm = common_calloc(1, sizeof *bm);
+  if (!bm) return FL_ERR(FL_ENOMEM, "cannot allocate a block manager");
+  bm->num_buckets = 64;
+  bm->buckets = common_calloc(bm->num_buckets, sizeof *bm->buckets);
+  bm->dir = common_strdup(dir);
+  if (!bm->buckets || !bm->dir) {
+    common_free(bm->buckets);
+    common_free(bm->dir);
+    common_free(bm);
+    return FL_ERR(FL_ENOMEM, "cannot allocate a block manager");
+  }
+  FL_PCHECK(pthread_mutex_init(&bm->lock, NULL));
+  bm->memory_limit = memory_limit;
+  *out = bm;
+  return FL_OK;
+}
+
+void block_manager_destroy(block_manager *bm) {
+  if (!bm) return;
+  for (size_t i = 0; i < bm->num_buckets; i++) {
+    block *b = bm->buckets[i];
+    while (b) {
+      block *next = b->hash_next;
+      FL_ASSERT(b->pins == 0);
+      drop_block(bm, b);
+      b = next;
+    }
+  }
+  pthread_mutex_destroy(&bm->lock);
+  common_free(bm->buckets);
+  common_free(bm->dir);
+  common_free(bm);
+}
+
+void block_manager_stats_get(block_manager *bm, block_manager_stats *out) {
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  out->memory_used = bm->memory_used;
+  out->memory_limit = bm->memory_limit;
+  out->disk_used = bm->disk_used;
+  out->blocks_in_memory = bm->blocks_in_memory;
+  out->blocks_on_disk = bm->blocks_on_disk;
+  out->evictions = bm->evictions;
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+}

@@ -1,0 +1,55 @@
+/*
+ * executor.h: what an executor is made of, for the layers above: the block manager that
+ * keeps cached partitions, and the pool of task threads.
+ */
+#ifndef FLINT_EXECUTOR_H
+#define FLINT_EXECUTOR_H
+
+#include "rdd/rdd.h"
+
+/* ---- block manager --------------------------------------------------------------------- */
+/*
+ * Cached partitions under a memory limit. Memory blocks sit on an LRU list; when a new block
+ * needs room, the least recently used unpinned blocks of other datasets are evicted: dropped
+ * (memory levels, recomputed from lineage later) or written to disk (memory-and-disk).
+ * Serialized and disk blocks are record batches in an LZ4 frame with a content checksum; a
+ * block that fails its checks is dropped and recomputed, never returned.
+ * Threading: every entry point may be called from any thread; a mutex guards the tables.
+ * Disk I/O of eviction happens under it (simple, and only on the memory-and-disk path).
+ */
+typedef struct block_manager block_manager;
+
+typedef struct block_manager_stats {
+  uint64_t memory_used, memory_limit, disk_used;
+  uint64_t blocks_in_memory, blocks_on_disk, evictions;
+} block_manager_stats;
+
+/* `dir` is the folder for disk blocks (must exist; owned by the caller). */
+FL_INTERNAL fl_status block_manager_create(uint64_t memory_limit, const char *dir,
+                                           block_manager **out);
+/* Frees every block and deletes its disk files. No reader may hold a block. */
+FL_INTERNAL void block_manager_destroy(block_manager *bm);
+FL_INTERNAL void block_manager_stats_get(block_manager *bm, block_manager_stats *out);
+/* The rdd_cache_ops over a block manager (impl is the block_manager). */
+FL_INTERNAL extern const rdd_cache_ops block_manager_cache_ops;
+
+/* Serialized form of a batch: a header (magic, count, raw length) and an LZ4 frame with a
+ * content checksum. decode checks everything and fails with FL_ECORRUPT naming `what`. */
+FL_INTERNAL fl_status block_codec_encode(const rdd_batch *batch, fl_buf *out);
+FL_INTERNAL fl_status block_codec_decode(fl_bytes in, const char *what, rdd_batch *out);
+
+/* ---- task pool ------------------------------------------------------------------------- */
+typedef struct task_pool task_pool;
+
+typedef struct task_pool_work {
+  common_qnode node;
+  void (*run)(struct task_pool_work *work); /* runs on a pool thread */
+} task_pool_work;
+
+FL_INTERNAL fl_status task_pool_create(uint32_t threads, task_pool **out);
+/* Queues work; never blocks. The work item stays the caller's; run() gets it back. */
+FL_INTERNAL void task_pool_submit(task_pool *pool, task_pool_work *work);
+/* Runs what is queued, then joins the threads and frees the pool. NULL does nothing. */
+FL_INTERNAL void task_pool_destroy(task_pool *pool);
+
+#endif /* FLINT_EXECUTOR_H */

@@ -1,0 +1,372 @@
+/*
+ * flint.h: the public C API of flint, a dataflow engine for machine learning.
+ *
+ * A program opens a context, builds partitioned datasets from memory or files, transforms
+ * them with plain C functions, caches them, and runs actions that return results at once:
+ *
+ *     fl_context *ctx;
+ *     fl_dataset *nums, *squares;
+ *     uint64_t n;
+ *     fl_context_open("local[4]", NULL, &ctx);
+ *     fl_range(ctx, 0, 1000, 1, 8, &nums);
+ *     fl_map(nums, square, NULL, 0, &squares);
+ *     fl_count(squares, &n);
+ *
+ * Conventions (every function keeps them):
+ * - A call that can fail returns fl_status: FL_OK (0) is success; anything else leaves the
+ *   out-parameters untouched, and fl_last_error() gives a message naming the cause.
+ * - Out-parameters come last. Handles are opaque and come in pairs (open/close,
+ *   create/destroy, ..._free); passing NULL to a destroy function does nothing.
+ * - A context is thread-safe: several threads may build datasets and run actions on it at
+ *   once. Each action blocks its calling thread until the job ends.
+ * - User functions run on task threads, any number at once: they must not keep state in
+ *   globals without locking. Their `arg` is a copy of the blob given when the dataset was
+ *   made (the C stand-in for a closure); it stays valid for the dataset's life.
+ */
+#ifndef FLINT_FLINT_H
+#define FLINT_FLINT_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FLINT_BUILDING)
+#define FL_API __attribute__((visibility("default")))
+#else
+#define FL_API
+#endif
+
+#define FL_VERSION_MAJOR 0
+#define FL_VERSION_MINOR 1
+#define FL_VERSION_PATCH 0
+#define FL_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------------------------------
+ * Errors. One table: each entry is (NAME, value, description).
+ * ------------------------------------------------------------------------------------- */
+#define FL_STATUS_TABLE(X)                                                                   \
+  X(OK, 0, "success")                                                                        \
+  X(EINVAL, 1, "invalid argument")                                                           \
+  X(ENOMEM, 2, "out of memory")                                                              \
+  X(EIO, 3, "input/output error")                                                            \
+  X(ENOENT, 4, "no such file or object")                                                     \
+  X(EFORMAT, 5, "malformed input")                                                           \
+  X(EEMPTY, 6, "empty dataset")                                                              \
+  X(EUSER, 7, "user function failed")                                                        \
+  X(EJOB, 8, "job failed")                                                                   \
+  X(ECORRUPT, 9, "corrupt data (checksum or frame)")                                         \
+  X(ECANCELLED, 10, "cancelled")                                                             \
+  X(ESTATE, 11, "operation not valid in this state")                                         \
+  X(EEXIST, 12, "already exists")                                                            \
+  X(ELIMIT, 13, "size or count limit exceeded")                                              \
+  X(EINTERNAL, 14, "internal error")
+
+typedef enum fl_status {
+#define FL_STATUS_ENUM_(name, value, text) FL_##name = value,
+  FL_STATUS_TABLE(FL_STATUS_ENUM_)
+#undef FL_STATUS_ENUM_
+} fl_status;
+
+/* The description of a code ("invalid argument"); never NULL. */
+FL_API const char *fl_strerror(fl_status status);
+/* The name of a code ("FL_EINVAL"); never NULL. */
+FL_API const char *fl_status_name(fl_status status);
+/* The calling thread's message for its last failed call. Valid until the thread's next
+ * flint call; never NULL ("" when there is none). */
+FL_API const char *fl_last_error(void);
+/* Sets the calling thread's message and returns `status`, so that a user function can
+ * write `return fl_set_error(FL_EFORMAT, "bad number '%s'", s);`. */
+FL_API fl_status fl_set_error(fl_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------------------------------
+ * Bytes and buffers. A record is a byte string; a pair is two (see fl_pair_*).
+ * ------------------------------------------------------------------------------------- */
+
+/* A view of bytes owned by someone else; valid as long as the owner says. */
+typedef struct fl_bytes {
+  const uint8_t *data;
+  size_t len;
+} fl_bytes;
+
+/* A growable byte buffer. Zero-initialise it (FL_BUF_INIT); free it with fl_buf_free. The
+ * engine hands user functions a cleared buffer to write their output into. */
+typedef struct fl_buf {
+  uint8_t *data;
+  size_t len;
+  size_t cap;
+} fl_buf;
+#define FL_BUF_INIT {NULL, 0, 0}
+
+/* Makes room for `extra` more bytes. Returns FL_ENOMEM (buffer unchanged) on failure. */
+FL_API fl_status fl_buf_reserve(fl_buf *buf, size_t extra);
+/* Frees the buffer's memory and resets it to empty. */
+FL_API void fl_buf_free(fl_buf *buf);
+
+static inline fl_status fl_buf_append(fl_buf *buf, const void *data, size_t len) {
+  if (buf->cap - buf->len < len) {
+    fl_status s = fl_buf_reserve(buf, len);
+    if (s != FL_OK) return s;
+  }
+  if (len) memcpy(buf->data + buf->len, data, len);
+  buf->len += len;
+  return FL_OK;
+}
+
+static inline fl_bytes fl_bytes_of(const void *data, size_t len) {
+  fl_bytes b = {(const uint8_t *)data, len};
+  return b;
+}
+static inline fl_bytes fl_bytes_str(const char *s) { return fl_bytes_of(s, strlen(s)); }
+static inline fl_bytes fl_buf_bytes(const fl_buf *buf) { return fl_bytes_of(buf->data, buf->len); }
+
+/* Typed records: int64 and double are 8 bytes, little-endian (the host order on every
+ * platform flint supports). The getters read the first 8 bytes; a shorter record reads 0. */
+static inline int64_t fl_i64(fl_bytes rec) {
+  int64_t v = 0;
+  if (rec.len >= 8) memcpy(&v, rec.data, 8);
+  return v;
+}
+static inline double fl_f64(fl_bytes rec) {
+  double v = 0;
+  if (rec.len >= 8) memcpy(&v, rec.data, 8);
+  return v;
+}
+static inline fl_status fl_buf_put_i64(fl_buf *buf, int64_t v) { return fl_buf_append(buf, &v, 8); }
+static inline fl_status fl_buf_put_f64(fl_buf *buf, double v) { return fl_buf_append(buf, &v, 8); }
+
+/* Pairs: a record holding a key and a value (a varint key length, the key, the value). */
+FL_API fl_status fl_buf_put_pair(fl_buf *buf, fl_bytes key, fl_bytes value);
+/* Splits a pair record into views of its key and value. FL_EFORMAT if `rec` is no pair. */
+FL_API fl_status fl_pair(fl_bytes rec, fl_bytes *key, fl_bytes *value);
+
+/* ---------------------------------------------------------------------------------------
+ * Context.
+ * ------------------------------------------------------------------------------------- */
+typedef struct fl_context fl_context;
+
+typedef enum fl_storage_level {
+  FL_STORAGE_NONE = 0,
+  FL_MEMORY_ONLY,     /* record batches in memory; evicted partitions are recomputed */
+  FL_MEMORY_SER,      /* LZ4-compressed batches in memory; evicted ones are recomputed */
+  FL_MEMORY_AND_DISK, /* in memory; evicted partitions are written to local disk */
+  FL_DISK_ONLY,       /* LZ4-compressed batches on local disk only */
+} fl_storage_level;
+
+typedef struct fl_options {
+  /* Bytes of cached blocks kept in memory before the least recently used are evicted.
+   * 0: FLINT_MEMORY from the environment, else 1 GiB. */
+  uint64_t memory_limit;
+  /* Partitions used when a call is given 0. 0: the number of task threads. */
+  uint32_t default_parallelism;
+  /* Attempts of a task before its job fails. 0: 4 (as Spark's spark.task.maxFailures). */
+  uint32_t max_task_attempts;
+  /* Folder for disk blocks; a fresh folder under it is made and removed on close.
+   * NULL: FLINT_WORK_DIR from the environment, else $TMPDIR or /tmp. */
+  const char *work_dir;
+} fl_options;
+#define FL_OPTIONS_INIT {0, 0, 0, NULL}
+
+/* Opens a context. `master`: "local" (one task thread), "local[N]" (N threads) or
+ * "local[*]" (one per core). `options` may be NULL (all defaults). */
+FL_API fl_status fl_context_open(const char *master, const fl_options *options,
+                                 fl_context **out);
+/* Waits for running jobs, drops every cached block and frees the context. Datasets,
+ * broadcasts and accumulators of the context must be freed before; NULL does nothing. */
+FL_API void fl_context_close(fl_context *ctx);
+/* Number of task threads (the slots tasks run in). */
+FL_API uint32_t fl_context_cores(const fl_context *ctx);
+
+typedef struct fl_context_stats {
+  uint64_t jobs_run, jobs_failed;
+  uint64_t tasks_run, tasks_failed; /* every attempt counts in tasks_run */
+  uint64_t blocks_evicted;          /* cached partitions dropped or spilled for memory */
+  uint64_t memory_used;             /* bytes of cached blocks in memory now */
+} fl_context_stats;
+FL_API fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out);
+
+/* ---------------------------------------------------------------------------------------
+ * User functions. Each returns FL_OK, or an error code (ideally through fl_set_error, so
+ * that the job's message says why). A failed task is retried; see fl_options.
+ * ------------------------------------------------------------------------------------- */
+typedef struct fl_iter fl_iter;       /* a partition's records, in order */
+typedef struct fl_emitter fl_emitter; /* where a function puts its output records */
+
+/* Next record into *rec (valid until the next call); false at the end or after an error
+ * upstream (the engine then reports that error). */
+FL_API bool fl_iter_next(fl_iter *it, fl_bytes *rec);
+/* Emits one record (copied). Returns non-FL_OK when the function should stop and return it. */
+FL_API fl_status fl_emit(fl_emitter *out, const void *data, size_t len);
+
+/* map, key_by, map_values: writes one output record into `out` (given cleared). */
+typedef fl_status (*fl_map_fn)(fl_bytes rec, fl_buf *out, const void *arg);
+/* flat_map: emits zero or more records per input record. */
+typedef fl_status (*fl_flat_map_fn)(fl_bytes rec, fl_emitter *out, const void *arg);
+/* filter: sets *keep. */
+typedef fl_status (*fl_filter_fn)(fl_bytes rec, bool *keep, const void *arg);
+/* map_partitions: reads the whole partition and emits its output. */
+typedef fl_status (*fl_map_partitions_fn)(uint32_t partition, fl_iter *in, fl_emitter *out,
+                                          const void *arg);
+/* reduce, fold, aggregate: combines `a` and `b` into `out` (given cleared; never aliases
+ * a or b). Reduce and fold need an associative and commutative function. */
+typedef fl_status (*fl_reduce_fn)(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
+/* foreach. */
+typedef fl_status (*fl_foreach_fn)(fl_bytes rec, const void *arg);
+
+/* ---------------------------------------------------------------------------------------
+ * Datasets: immutable, partitioned, lazily computed from their lineage. A dataset holds
+ * references to its parents, so freeing a parent handle never breaks a child.
+ * ------------------------------------------------------------------------------------- */
+typedef struct fl_dataset fl_dataset;
+
+/* Releases the caller's reference; the dataset (and its cached blocks) goes when the last
+ * child that uses it goes. NULL does nothing. */
+FL_API void fl_dataset_free(fl_dataset *ds);
+FL_API uint32_t fl_dataset_partitions(const fl_dataset *ds);
+/* A short description of the lineage, one line per dataset ("map <- range"). The caller
+ * frees it with free(). */
+FL_API char *fl_dataset_lineage(const fl_dataset *ds);
+
+/* Sources. num_partitions (or min_partitions) 0 means the default parallelism. */
+FL_API fl_status fl_parallelize(fl_context *ctx, const fl_bytes *records, size_t count,
+                                uint32_t num_partitions, fl_dataset **out);
+/* int64 records start, start+step, ... below end (above end for a negative step). */
+FL_API fl_status fl_range(fl_context *ctx, int64_t start, int64_t end, int64_t step,
+                          uint32_t num_partitions, fl_dataset **out);
+/* Lines of text (without their '\n' or "\r\n") from a file, the files of a folder (names
+ * starting with '.' or '_' skipped) or a glob. Files ending in .gz are read through zlib,
+ * one partition each; other files are split into about min_partitions parts. Files that
+ * are missing or unreadable are reported now. */
+FL_API fl_status fl_text_file(fl_context *ctx, const char *path, uint32_t min_partitions,
+                              fl_dataset **out);
+/* Fixed-size binary records of record_len bytes, from a file, folder or glob. A file whose
+ * size is not a multiple of record_len is an error. */
+FL_API fl_status fl_binary_records(fl_context *ctx, const char *path, size_t record_len,
+                                   fl_dataset **out);
+
+/* Narrow transformations (no data moves between partitions). `arg` (arg_len bytes, may be
+ * NULL/0) is copied and passed to every call of `fn`. */
+FL_API fl_status fl_map(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
+                        fl_dataset **out);
+FL_API fl_status fl_flat_map(fl_dataset *in, fl_flat_map_fn fn, const void *arg,
+                             size_t arg_len, fl_dataset **out);
+FL_API fl_status fl_filter(fl_dataset *in, fl_filter_fn fn, const void *arg, size_t arg_len,
+                           fl_dataset **out);
+/* The output of `fn` for one partition is buffered before the next step reads it. */
+FL_API fl_status fl_map_partitions(fl_dataset *in, fl_map_partitions_fn fn, const void *arg,
+                                   size_t arg_len, fl_dataset **out);
+/* A seeded sample: each record kept with probability `fraction` (without replacement), or
+ * repeated a Poisson(fraction) number of times (with replacement). The same seed gives the
+ * same sample. */
+FL_API fl_status fl_sample(fl_dataset *in, bool with_replacement, double fraction,
+                           uint64_t seed, fl_dataset **out);
+/* The partitions of `a`, then those of `b`. Both must come from the same context. */
+FL_API fl_status fl_union(fl_dataset *a, fl_dataset *b, fl_dataset **out);
+/* At most num_partitions partitions, each a run of neighbouring parent partitions. */
+FL_API fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out);
+/* Pairs (record, index as int64) with indexes 0.. in partition order. Runs a job now to
+ * count the partitions, as Spark's zipWithIndex does. */
+FL_API fl_status fl_zip_with_index(fl_dataset *in, fl_dataset **out);
+/* Pairs (fn(record), record). */
+FL_API fl_status fl_key_by(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
+                           fl_dataset **out);
+/* For pair records: (key, fn(value)). A record that is no pair fails the task. */
+FL_API fl_status fl_map_values(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
+                               fl_dataset **out);
+
+/* Persistence: the first action that computes a partition keeps it at `level`; later
+ * actions read it. Blocks stay until unpersisted, the dataset is freed or the context
+ * closes; memory pressure evicts the least recently used (see fl_storage_level). Changing
+ * the level of a persisted dataset is FL_ESTATE (unpersist first, as in Spark). */
+FL_API fl_status fl_persist(fl_dataset *ds, fl_storage_level level);
+FL_API fl_status fl_cache(fl_dataset *ds); /* fl_persist(ds, FL_MEMORY_ONLY) */
+FL_API fl_status fl_unpersist(fl_dataset *ds);
+
+typedef struct fl_storage_info {
+  fl_storage_level level;
+  uint32_t partitions, cached_partitions;
+  uint64_t memory_bytes, disk_bytes;
+} fl_storage_info;
+FL_API fl_status fl_storage_info_get(fl_dataset *ds, fl_storage_info *out);
+
+/* ---------------------------------------------------------------------------------------
+ * Actions: each runs a job now and blocks until it ends.
+ * ------------------------------------------------------------------------------------- */
+typedef struct fl_records fl_records; /* records returned by collect and take */
+FL_API size_t fl_records_count(const fl_records *r);
+/* The i-th record, valid until fl_records_free. i must be below fl_records_count. */
+FL_API fl_bytes fl_records_get(const fl_records *r, size_t i);
+FL_API void fl_records_free(fl_records *r);
+
+FL_API fl_status fl_count(fl_dataset *ds, uint64_t *out);
+FL_API fl_status fl_collect(fl_dataset *ds, fl_records **out);
+/* The first n records in partition order, computing as few partitions as it can. */
+FL_API fl_status fl_take(fl_dataset *ds, size_t n, fl_records **out);
+/* The first record into *out (replacing its contents); FL_EEMPTY when there is none. */
+FL_API fl_status fl_first(fl_dataset *ds, fl_buf *out);
+/* Combines all records with fn; FL_EEMPTY for an empty dataset. */
+FL_API fl_status fl_reduce(fl_dataset *ds, fl_reduce_fn fn, const void *arg, size_t arg_len,
+                           fl_buf *out);
+/* As reduce, starting each partition and the final merge from `zero`. */
+FL_API fl_status fl_fold(fl_dataset *ds, fl_bytes zero, fl_reduce_fn fn, const void *arg,
+                         size_t arg_len, fl_buf *out);
+/* seq(acc, record) within partitions, comb(acc, acc) across them, both from `zero`. */
+FL_API fl_status fl_aggregate(fl_dataset *ds, fl_bytes zero, fl_reduce_fn seq,
+                              fl_reduce_fn comb, const void *arg, size_t arg_len, fl_buf *out);
+/* As aggregate, but partition results are combined in a tree of `depth` levels (>= 1),
+ * so that no single combine step reads more than about partitions^(1/depth) inputs. */
+FL_API fl_status fl_tree_aggregate(fl_dataset *ds, fl_bytes zero, fl_reduce_fn seq,
+                                   fl_reduce_fn comb, const void *arg, size_t arg_len,
+                                   uint32_t depth, fl_buf *out);
+FL_API fl_status fl_foreach(fl_dataset *ds, fl_foreach_fn fn, const void *arg, size_t arg_len);
+/* Writes a folder `path` with one file per partition (part-00000 ...), each record a line,
+ * and an empty _SUCCESS file. FL_EEXIST if `path` exists. */
+FL_API fl_status fl_save_as_text_file(fl_dataset *ds, const char *path);
+
+/* ---------------------------------------------------------------------------------------
+ * Shared variables. Functions refer to them by id (put the id in the arg blob).
+ * ------------------------------------------------------------------------------------- */
+typedef struct fl_broadcast fl_broadcast;
+/* Copies `data` once; tasks read it with fl_broadcast_value. */
+FL_API fl_status fl_broadcast_create(fl_context *ctx, const void *data, size_t len,
+                                     fl_broadcast **out);
+FL_API uint64_t fl_broadcast_id(const fl_broadcast *b);
+/* In a task: a view of the broadcast's bytes, valid until the task's function returns.
+ * FL_ENOENT for an unknown or destroyed id; FL_ESTATE outside a task. */
+FL_API fl_status fl_broadcast_value(uint64_t id, fl_bytes *out);
+FL_API void fl_broadcast_destroy(fl_broadcast *b);
+
+typedef struct fl_accumulator fl_accumulator;
+/* Sums of int64 or double, or values merged by a user function from `zero`. A task's
+ * additions count once, when the task succeeds; failed attempts add nothing. */
+FL_API fl_status fl_accumulator_create_i64(fl_context *ctx, fl_accumulator **out);
+FL_API fl_status fl_accumulator_create_f64(fl_context *ctx, fl_accumulator **out);
+FL_API fl_status fl_accumulator_create(fl_context *ctx, fl_bytes zero, fl_reduce_fn merge,
+                                       const void *arg, size_t arg_len, fl_accumulator **out);
+FL_API uint64_t fl_accumulator_id(const fl_accumulator *acc);
+/* In a task. FL_EINVAL when the id's kind does not match; FL_ESTATE outside a task. */
+FL_API fl_status fl_accumulator_add_i64(uint64_t id, int64_t v);
+FL_API fl_status fl_accumulator_add_f64(uint64_t id, double v);
+FL_API fl_status fl_accumulator_add(uint64_t id, fl_bytes value);
+/* On the caller's side: the value merged from every successful task so far. */
+FL_API fl_status fl_accumulator_value_i64(fl_accumulator *acc, int64_t *out);
+FL_API fl_status fl_accumulator_value_f64(fl_accumulator *acc, double *out);
+FL_API fl_status fl_accumulator_value(fl_accumulator *acc, fl_buf *out);
+FL_API void fl_accumulator_destroy(fl_accumulator *acc);
+
+/* ---------------------------------------------------------------------------------------
+ * Job binaries: a shared library exporting this symbol, run by `flint submit`.
+ * ------------------------------------------------------------------------------------- */
+typedef int (*fl_main_fn)(fl_context *ctx, int argc, char **argv);
+#define FL_MAIN_SYMBOL "flint_main"
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLINT_FLINT_H */

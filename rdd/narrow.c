@@ -1,0 +1,466 @@
+/* narrow.c: transformations whose partitions depend on one parent partition (or a run of
+ * them): map, flat_map, filter, map_partitions, sample, union, coalesce, zip_with_index,
+ * key_by, map_values. Each is an iterator that pulls from its parent's. */
+#include <string.h>
+
+#include "rdd/rdd.h"
+
+struct fl_emitter {
+  rdd_batch batch;
+};
+
+fl_status fl_emit(fl_emitter *out, const void *data, size_t len) {
+  if (!out || (len && !data)) return fl_set_error(FL_EINVAL, "fl_emit: NULL argument");
+  return rdd_batch_append(&out->batch, data, len);
+}
+
+/* Validates the common arguments of a transformation and makes its rdd. */
+static fl_status make_narrow(const char *what, fl_dataset *in, const rdd_ops *ops,
+                             void (*fn)(void), const void *arg, size_t arg_len,
+                             fl_dataset **out) {
+  common_error_clear();
+  if (!in || !out) return FL_ERR(FL_EINVAL, "%s: NULL dataset or out", what);
+  if (!fn) return FL_ERR(FL_EINVAL, "%s: function is NULL", what);
+  if (arg_len && !arg) return FL_ERR(FL_EINVAL, "%s: arg_len is %zu but arg is NULL", what, arg_len);
+  return rdd_create(in->ctx, ops, in->num_partitions, &in, 1, fn, ops->name, arg, arg_len, out);
+}
+
+/* ---- map, key_by, map_values ----------------------------------------------------------- */
+
+typedef struct map_iter {
+  fl_iter base;
+  fl_iter *in;
+  rdd *r;
+  fl_buf out, scratch;
+} map_iter;
+
+static void map_close(fl_iter *it) {
+  fl_buf_free(&((map_iter *)it)->out);
+  fl_buf_free(&((map_iter *)it)->scratch);
+}
+
+static bool map_next(fl_iter *it, fl_bytes *rec) {
+  map_iter *m = (map_iter *)it;
+  fl_bytes in;
+  if (!m->in->next(m->in, &in)) return false;
+  m->out.len = 0;
+  fl_status s = ((fl_map_fn)m->r->fn)(in, &m->out, m->r->arg);
+  if (s != FL_OK) {
+    rdd_task_fn_failed(it->task, m->r, s);
+    return false;
+  }
+  *rec = fl_buf_bytes(&m->out);
+  return true;
+}
+
+static bool key_by_next(fl_iter *it, fl_bytes *rec) {
+  map_iter *m = (map_iter *)it;
+  fl_bytes in;
+  if (!m->in->next(m->in, &in)) return false;
+  m->scratch.len = m->out.len = 0;
+  fl_status s = ((fl_map_fn)m->r->fn)(in, &m->scratch, m->r->arg);
+  if (s != FL_OK) {
+    rdd_task_fn_failed(it->task, m->r, s);
+    return false;
+  }
+  if ((s = fl_buf_put_pair(&m->out, fl_buf_bytes(&m->scratch), in)) != FL_OK) {
+    rdd_task_fail(it->task, s);
+    return false;
+  }
+  *rec = fl_buf_bytes(&m->out);
+  return true;
+}
+
+static bool map_values_next(fl_iter *it, fl_bytes *rec) {
+  map_iter *m = (map_iter *)it;
+  fl_bytes in, key, value;
+  if (!m->in->next(m->in, &in)) return false;
+  fl_status s = fl_pair(in, &key, &value);
+  if (s != FL_OK) {
+    common_error_wrap(s, "map_values on partition %u: ", it->task->partition);
+    rdd_task_fail(it->task, s);
+    return false;
+  }
+  m->scratch.len = m->out.len = 0;
+  if ((s = ((fl_map_fn)m->r->fn)(value, &m->scratch, m->r->arg)) != FL_OK) {
+    rdd_task_fn_failed(it->task, m->r, s);
+    return false;
+  }
+  if ((s = fl_buf_put_pair(&m->out, key, fl_buf_bytes(&m->scratch))) != FL_OK) {
+    rdd_task_fail(it->task, s);
+    return false;
+  }
+  *rec = fl_buf_bytes(&m->out);
+  return true;
+}
+
+static fl_status open_map_like(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
+                               bool (*next)(fl_iter *, fl_bytes *)) {
+  fl_iter *in;
+  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
+  if (s != FL_OK) return s;
+  map_iter *it = rdd_iter_new(task, sizeof *it, next, map_close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->in = in;
+  it->r = r;
+  *out = &it->base;
+  return FL_OK;
+}
+
+static fl_status map_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
+  return open_map_like(r, p, t, o, map_next);
+}
+static fl_status key_by_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
+  return open_map_like(r, p, t, o, key_by_next);
+}
+static fl_status map_values_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
+  return open_map_like(r, p, t, o, map_values_next);
+}
+
+static const rdd_ops map_ops = {"map", map_open, NULL};
+static const rdd_ops key_by_ops = {"key_by", key_by_open, NULL};
+static const rdd_ops map_values_ops = {"map_values", map_values_open, NULL};
+
+fl_status fl_map(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
+                 fl_dataset **out) {
+  return make_narrow("fl_map", in, &map_ops, (void (*)(void))fn, arg, arg_len, out);
+}
+fl_status fl_key_by(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
+                    fl_dataset **out) {
+  return make_narrow("fl_key_by", in, &key_by_ops, (void (*)(void))fn, arg, arg_len, out);
+}
+fl_status fl_map_values(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
+                        fl_dataset **out) {
+  return make_narrow("fl_map_values", in, &map_values_ops, (void (*)(void))fn, arg, arg_len,
+                     out);
+}
+
+/* ---- filter ---------------------------------------------------------------------------- */
+
+typedef struct filter_iter {
+  fl_iter base;
+  fl_iter *in;
+  rdd *r;
+} filter_iter;
+
+static bool filter_next(fl_iter *it, fl_bytes *rec) {
+  filter_iter *f = (filter_iter *)it;
+  fl_filter_fn fn = (fl_filter_fn)f->r->fn;
+  while (f->in->next(f->in, rec)) {
+    bool keep = false;
+    fl_status s = fn(*rec, &keep, f->r->arg);
+    if (s != FL_OK) {
+      rdd_task_fn_failed(it->task, f->r, s);
+      return false;
+    }
+    if (keep) return true;
+  }
+  return false;
+}
+
+static fl_status filter_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  fl_iter *in;
+  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
+  if (s != FL_OK) return s;
+  filter_iter *it = rdd_iter_new(task, sizeof *it, filter_next, NULL);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->in = in;
+  it->r = r;
+  *out = &it->base;
+  return FL_OK;
+}
+
+static const rdd_ops filter_ops = {"filter", filter_open, NULL};
+
+fl_status fl_filter(fl_dataset *in, fl_filter_fn fn, const void *arg, size_t arg_len,
+                    fl_dataset **out) {
+  return make_narrow("fl_filter", in, &filter_ops, (void (*)(void))fn, arg, arg_len, out);
+}
+
+/* ---- flat_map and map_partitions: output emitted into a batch, then served ------------- */
+
+typedef struct emit_iter {
+  fl_iter base;
+  fl_iter *in;
+  rdd *r;
+  uint32_t partition;
+  fl_emitter emitter;
+  rdd_cursor cursor;
+  bool done; /* map_partitions: ran already */
+} emit_iter;
+
+static void emit_close(fl_iter *it) { rdd_batch_free(&((emit_iter *)it)->emitter.batch); }
+
+static void emit_serve(emit_iter *e) {
+  e->cursor.p = e->emitter.batch.buf.data;
+  e->cursor.end = e->emitter.batch.buf.data + e->emitter.batch.buf.len;
+}
+
+static bool flat_map_next(fl_iter *it, fl_bytes *rec) {
+  emit_iter *e = (emit_iter *)it;
+  fl_flat_map_fn fn = (fl_flat_map_fn)e->r->fn;
+  while (!rdd_cursor_next(&e->cursor, rec)) {
+    fl_bytes in;
+    if (!e->in->next(e->in, &in)) return false;
+    e->emitter.batch.buf.len = 0;
+    e->emitter.batch.count = 0;
+    fl_status s = fn(in, &e->emitter, e->r->arg);
+    if (s != FL_OK) {
+      rdd_task_fn_failed(it->task, e->r, s);
+      return false;
+    }
+    emit_serve(e);
+  }
+  return true;
+}
+
+static bool map_partitions_next(fl_iter *it, fl_bytes *rec) {
+  emit_iter *e = (emit_iter *)it;
+  if (!e->done) {
+    e->done = true;
+    fl_status s = ((fl_map_partitions_fn)e->r->fn)(e->partition, e->in, &e->emitter, e->r->arg);
+    if (it->task->status != FL_OK) return false; /* an upstream failure wins */
+    if (s != FL_OK) {
+      rdd_task_fn_failed(it->task, e->r, s);
+      return false;
+    }
+    emit_serve(e);
+  }
+  return rdd_cursor_next(&e->cursor, rec);
+}
+
+static fl_status open_emitting(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
+                               bool (*next)(fl_iter *, fl_bytes *)) {
+  fl_iter *in;
+  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
+  if (s != FL_OK) return s;
+  emit_iter *it = rdd_iter_new(task, sizeof *it, next, emit_close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->in = in;
+  it->r = r;
+  it->partition = p;
+  *out = &it->base;
+  return FL_OK;
+}
+
+static fl_status flat_map_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
+  return open_emitting(r, p, t, o, flat_map_next);
+}
+static fl_status map_partitions_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
+  return open_emitting(r, p, t, o, map_partitions_next);
+}
+
+static const rdd_ops flat_map_ops = {"flat_map", flat_map_open, NULL};
+static const rdd_ops map_partitions_ops = {"map_partitions", map_partitions_open, NULL};
+
+fl_status fl_flat_map(fl_dataset *in, fl_flat_map_fn fn, const void *arg, size_t arg_len,
+                      fl_dataset **out) {
+  return make_narrow("fl_flat_map", in, &flat_map_ops, (void (*)(void))fn, arg, arg_len, out);
+}
+fl_status fl_map_partitions(fl_dataset *in, fl_map_partitions_fn fn, const void *arg,
+                            size_t arg_len, fl_dataset **out) {
+  return make_narrow("fl_map_partitions", in, &map_partitions_ops, (void (*)(void))fn, arg,
+                     arg_len, out);
+}
+
+/* ---- sample ---------------------------------------------------------------------------- */
+
+typedef struct sample_args {
+  bool with_replacement;
+  double fraction;
+  uint64_t seed;
+} sample_args;
+
+typedef struct sample_iter {
+  fl_iter base;
+  fl_iter *in;
+  sample_args args;
+  common_rng rng;
+  fl_bytes repeat; /* with replacement: the record being repeated */
+  uint32_t repeats_left;
+} sample_iter;
+
+static bool sample_next(fl_iter *it, fl_bytes *rec) {
+  sample_iter *s = (sample_iter *)it;
+  if (s->repeats_left > 0) {
+    s->repeats_left--;
+    *rec = s->repeat;
+    return true;
+  }
+  while (s->in->next(s->in, rec)) {
+    if (!s->args.with_replacement) {
+      if (common_rng_uniform(&s->rng) < s->args.fraction) return true;
+      continue;
+    }
+    uint32_t k = common_rng_poisson(&s->rng, s->args.fraction);
+    if (k == 0) continue;
+    s->repeat = *rec;
+    s->repeats_left = k - 1;
+    return true;
+  }
+  return false;
+}
+
+static fl_status sample_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  fl_iter *in;
+  fl_status st = rdd_iterate(r->parents[0], p, task, &in);
+  if (st != FL_OK) return st;
+  sample_iter *it = rdd_iter_new(task, sizeof *it, sample_next, NULL);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->in = in;
+  memcpy(&it->args, r->arg, sizeof it->args);
+  /* One stream per partition, so a retried or recomputed partition samples the same. */
+  common_rng_seed(&it->rng, common_hash64(it->args.seed) ^ common_hash64(p + 1));
+  *out = &it->base;
+  return FL_OK;
+}
+
+static const rdd_ops sample_ops = {"sample", sample_open, NULL};
+
+fl_status fl_sample(fl_dataset *in, bool with_replacement, double fraction, uint64_t seed,
+                    fl_dataset **out) {
+  common_error_clear();
+  if (!(fraction >= 0) || (!with_replacement && fraction > 1))
+    return FL_ERR(FL_EINVAL, "fl_sample: fraction %g must be in [0, 1] (or >= 0 with replacement)",
+                  fraction);
+  if (!in || !out) return FL_ERR(FL_EINVAL, "fl_sample: NULL dataset or out");
+  sample_args args = {with_replacement, fraction, seed};
+  return rdd_create(in->ctx, &sample_ops, in->num_partitions, &in, 1, NULL, "sample", &args,
+                    sizeof args, out);
+}
+
+/* ---- union and coalesce: partitions mapped onto parent partitions ---------------------- */
+
+static fl_status union_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  rdd *a = r->parents[0];
+  if (p < a->num_partitions) return rdd_iterate(a, p, task, out);
+  return rdd_iterate(r->parents[1], p - a->num_partitions, task, out);
+}
+
+static const rdd_ops union_ops = {"union", union_open, NULL};
+
+fl_status fl_union(fl_dataset *a, fl_dataset *b, fl_dataset **out) {
+  common_error_clear();
+  if (!a || !b || !out) return FL_ERR(FL_EINVAL, "fl_union: NULL argument");
+  if (a->ctx != b->ctx) return FL_ERR(FL_EINVAL, "fl_union: datasets of different contexts");
+  if ((uint64_t)a->num_partitions + b->num_partitions > UINT32_MAX)
+    return FL_ERR(FL_ELIMIT, "fl_union: too many partitions");
+  rdd *parents[2] = {a, b};
+  return rdd_create(a->ctx, &union_ops, a->num_partitions + b->num_partitions, parents, 2, NULL,
+                    "union", NULL, 0, out);
+}
+
+/* Coalesced partition p reads parent partitions [lo(p), lo(p+1)) one after another. */
+typedef struct coalesce_iter {
+  fl_iter base;
+  rdd *parent;
+  uint32_t next_part, end_part;
+  fl_iter *in;
+} coalesce_iter;
+
+static uint32_t coalesce_lo(uint32_t parent_parts, uint32_t parts, uint32_t p) {
+  return (uint32_t)((uint64_t)parent_parts * p / parts);
+}
+
+static bool coalesce_next(fl_iter *it, fl_bytes *rec) {
+  coalesce_iter *c = (coalesce_iter *)it;
+  for (;;) {
+    if (c->in && c->in->next(c->in, rec)) return true;
+    if (it->task->status != FL_OK || c->next_part >= c->end_part) return false;
+    if (rdd_iterate(c->parent, c->next_part++, it->task, &c->in) != FL_OK) return false;
+  }
+}
+
+static fl_status coalesce_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  coalesce_iter *it = rdd_iter_new(task, sizeof *it, coalesce_next, NULL);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->parent = r->parents[0];
+  it->next_part = coalesce_lo(it->parent->num_partitions, r->num_partitions, p);
+  it->end_part = coalesce_lo(it->parent->num_partitions, r->num_partitions, p + 1);
+  *out = &it->base;
+  return FL_OK;
+}
+
+static const rdd_ops coalesce_ops = {"coalesce", coalesce_open, NULL};
+
+fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out) {
+  common_error_clear();
+  if (!in || !out) return FL_ERR(FL_EINVAL, "fl_coalesce: NULL argument");
+  if (num_partitions == 0) return FL_ERR(FL_EINVAL, "fl_coalesce: num_partitions must be > 0");
+  /* Without a shuffle a coalesce can only merge partitions, as in Spark. */
+  uint32_t parts = num_partitions < in->num_partitions ? num_partitions : in->num_partitions;
+  return rdd_create(in->ctx, &coalesce_ops, parts, &in, 1, NULL, "coalesce", NULL, 0, out);
+}
+
+/* ---- zip_with_index -------------------------------------------------------------------- */
+
+typedef struct zip_iter {
+  fl_iter base;
+  fl_iter *in;
+  int64_t index;
+  fl_buf out;
+} zip_iter;
+
+static bool zip_next(fl_iter *it, fl_bytes *rec) {
+  zip_iter *z = (zip_iter *)it;
+  fl_bytes in;
+  if (!z->in->next(z->in, &in)) return false;
+  z->out.len = 0;
+  int64_t index = z->index++;
+  fl_status s = fl_buf_put_pair(&z->out, in, fl_bytes_of(&index, 8));
+  if (s != FL_OK) {
+    rdd_task_fail(it->task, s);
+    return false;
+  }
+  *rec = fl_buf_bytes(&z->out);
+  return true;
+}
+
+static void zip_close(fl_iter *it) { fl_buf_free(&((zip_iter *)it)->out); }
+
+static fl_status zip_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  fl_iter *in;
+  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
+  if (s != FL_OK) return s;
+  zip_iter *it = rdd_iter_new(task, sizeof *it, zip_next, zip_close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->in = in;
+  it->index = ((const int64_t *)r->state)[p];
+  *out = &it->base;
+  return FL_OK;
+}
+
+static void zip_destroy(rdd *r) { common_free(r->state); }
+
+static const rdd_ops zip_ops = {"zip_with_index", zip_open, zip_destroy};
+
+fl_status fl_zip_with_index(fl_dataset *in, fl_dataset **out) {
+  common_error_clear();
+  if (!in || !out) return FL_ERR(FL_EINVAL, "fl_zip_with_index: NULL argument");
+  uint32_t n = in->num_partitions;
+  fl_buf *counts = common_calloc(n ? n : 1, sizeof *counts);
+  int64_t *starts = common_calloc(n ? n : 1, sizeof *starts);
+  fl_status status = FL_OK;
+  if (!counts || !starts) {
+    status = FL_ERR(FL_ENOMEM, "fl_zip_with_index: out of memory");
+    goto cleanup;
+  }
+  rdd_action count = {.kind = RDD_ACTION_COUNT};
+  if (n) FL_CHECK(rdd_run_job(in, NULL, n, &count, counts));
+  int64_t sum = 0;
+  for (uint32_t p = 0; p < n; p++) {
+    starts[p] = sum;
+    sum += (int64_t)fl_i64(fl_buf_bytes(&counts[p]));
+  }
+  rdd *r;
+  FL_CHECK(rdd_create(in->ctx, &zip_ops, n, &in, 1, NULL, "zip_with_index", NULL, 0, &r));
+  r->state = starts;
+  starts = NULL;
+  *out = r;
+cleanup:
+  if (counts)
+    for (uint32_t p = 0; p < n; p++) fl_buf_free(&counts[p]);
+  common_free(counts);
+  common_free(starts);
+  return status;
+}

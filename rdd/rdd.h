@@ -1,0 +1,221 @@
+/*
+ * rdd.h: the dataset engine's internal header: lineage graph, record batches, iterators,
+ * tasks and actions. The layers above (executor, driver) use only what is here.
+ *
+ * Design. A dataset (struct fl_dataset, called an rdd here) is a node of the lineage graph:
+ * an operation, its parents, its function and argument blob, and its persistence level. A
+ * task computes one partition of one rdd by opening a chain of pull iterators, one per rdd
+ * down to a source or a cached block; records flow through the chain one at a time, so a
+ * map -> filter -> reduce chain holds no intermediate data. Only two things materialize a
+ * partition: caching it (the block is the record batch) and map_partitions (its output).
+ *
+ * rdd knows nothing of threads or schedulers: it reaches the job runner (the driver) and the
+ * block store (the executor) through the two small vtables in struct fl_context.
+ */
+#ifndef FLINT_RDD_H
+#define FLINT_RDD_H
+
+#include "common/common.h"
+
+typedef struct fl_dataset rdd;
+typedef struct rdd_task rdd_task;
+
+/* ---- record batches: varint-length-prefixed records in one contiguous buffer ----------- */
+typedef struct rdd_batch {
+  fl_buf buf;
+  uint64_t count;
+} rdd_batch;
+
+static inline fl_status rdd_batch_append(rdd_batch *b, const void *data, size_t len) {
+  uint8_t head[COMMON_VARINT_MAX];
+  size_t n = common_varint_put(head, len);
+  if (b->buf.cap - b->buf.len < n + len) {
+    fl_status s = fl_buf_reserve(&b->buf, n + len);
+    if (s != FL_OK) return s;
+  }
+  memcpy(b->buf.data + b->buf.len, head, n);
+  if (len) memcpy(b->buf.data + b->buf.len + n, data, len);
+  b->buf.len += n + len;
+  b->count++;
+  return FL_OK;
+}
+FL_INTERNAL void rdd_batch_free(rdd_batch *b);
+/* Checks that `data` holds exactly `count` well-formed records. */
+FL_INTERNAL bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count);
+
+/* A cursor over a batch's bytes. */
+typedef struct rdd_cursor {
+  const uint8_t *p, *end;
+} rdd_cursor;
+static inline bool rdd_cursor_next(rdd_cursor *c, fl_bytes *out) {
+  uint64_t len;
+  size_t n = common_varint_get(c->p, c->end, &len);
+  if (n == 0 || len > (uint64_t)(c->end - c->p) - n) return false;
+  out->data = c->p + n;
+  out->len = len;
+  c->p += n + len;
+  return true;
+}
+
+/* ---- iterators ------------------------------------------------------------------------- */
+/*
+ * next() returns false at the end of the partition or when the task failed (task->status
+ * says which). Iterators are allocated through rdd_iter_new and closed by the task when it
+ * ends, in reverse order of opening.
+ */
+struct fl_iter {
+  bool (*next)(fl_iter *it, fl_bytes *out);
+  void (*close)(fl_iter *it); /* may be NULL */
+  rdd_task *task;
+  fl_iter *opened_before;
+};
+/* Allocates a zeroed iterator of `size` bytes (a struct whose first member is fl_iter). */
+FL_INTERNAL void *rdd_iter_new(rdd_task *task, size_t size,
+                               bool (*next)(fl_iter *, fl_bytes *), void (*close)(fl_iter *));
+/* An iterator over a batch that stays valid for the task's life. `release` (may be NULL)
+ * is called with `handle` when the iterator closes. */
+FL_INTERNAL fl_status rdd_iter_batch(rdd_task *task, const rdd_batch *batch,
+                                     void (*release)(void *handle), void *handle,
+                                     fl_iter **out);
+
+/* ---- the lineage graph ----------------------------------------------------------------- */
+typedef struct rdd_ops {
+  const char *name;
+  /* Opens an iterator over partition p. Runs on a task thread; may block on files. */
+  fl_status (*open)(rdd *r, uint32_t p, rdd_task *task, fl_iter **out);
+  /* Frees r->state. */
+  void (*destroy)(rdd *r);
+} rdd_ops;
+
+struct fl_dataset {
+  atomic_int refs;
+  uint64_t id;
+  fl_context *ctx;
+  const rdd_ops *ops;
+  uint32_t num_partitions;
+  rdd *parents[2]; /* narrow dependencies; union has two */
+  uint32_t num_parents;
+  void (*fn)(void);    /* the user function, cast back by the operation */
+  const char *fn_kind; /* "map", "filter", ... for error messages */
+  void *arg;           /* copy of the argument blob */
+  size_t arg_len;
+  void *state; /* operation-specific */
+  _Atomic fl_storage_level level;
+};
+
+/* Makes an rdd with one reference, taking a reference on each parent. `arg` is copied. */
+FL_INTERNAL fl_status rdd_create(fl_context *ctx, const rdd_ops *ops, uint32_t num_partitions,
+                                 rdd *const *parents, uint32_t num_parents, void (*fn)(void),
+                                 const char *fn_kind, const void *arg, size_t arg_len,
+                                 rdd **out);
+FL_INTERNAL void rdd_retain(rdd *r);
+FL_INTERNAL void rdd_release(rdd *r);
+/* Opens partition p of r for a task: from the cache when r is persisted and the block is
+ * there, else computed (and then stored when r is persisted). */
+FL_INTERNAL fl_status rdd_iterate(rdd *r, uint32_t p, rdd_task *task, fl_iter **out);
+
+/* ---- tasks ----------------------------------------------------------------------------- */
+typedef enum rdd_action_kind {
+  RDD_ACTION_COUNT,     /* result: uint64 */
+  RDD_ACTION_COLLECT,   /* result: varint count, then the records as a batch */
+  RDD_ACTION_AGGREGATE, /* result: one byte (1: has a value), then the value */
+  RDD_ACTION_FOREACH,   /* result: empty */
+  RDD_ACTION_SAVE_TEXT, /* result: empty */
+} rdd_action_kind;
+
+typedef struct rdd_action {
+  rdd_action_kind kind;
+  uint64_t limit;    /* collect: at most this many records per partition; 0: all */
+  fl_reduce_fn seq;  /* aggregate: acc = seq(acc, record) */
+  fl_bytes zero;     /* aggregate: the start value, when has_zero */
+  bool has_zero;     /* false: reduce (start from the first record) */
+  fl_foreach_fn foreach_fn;
+  const void *arg;   /* for seq or foreach_fn */
+  const char *path;  /* save: the output folder */
+} rdd_action;
+
+typedef struct rdd_acc_update {
+  uint64_t id;
+  fl_buf value; /* i64 or f64 sums as 8 bytes; custom values merged in the task */
+} rdd_acc_update;
+
+struct rdd_task {
+  fl_context *ctx;
+  uint64_t job_id;
+  uint32_t partition, attempt;
+  const atomic_bool *cancelled; /* set when the job is abandoned; may be NULL */
+  fl_status status;             /* first failure */
+  char *error;                  /* its message (owned) */
+  fl_iter *opened;              /* iterators to close, newest first */
+  rdd_acc_update *acc_updates;
+  uint32_t num_acc_updates, cap_acc_updates;
+};
+
+/* Computes `action` over partition `partition` of r into *result. On failure returns the
+ * status and leaves the message in task->error. Runs on a task thread. */
+FL_INTERNAL fl_status rdd_task_run(rdd_task *task, rdd *r, const rdd_action *action,
+                                   fl_buf *result);
+/* Frees what the task holds (error, accumulator updates); the task struct is the caller's. */
+FL_INTERNAL void rdd_task_clear(rdd_task *task);
+/* Records a failure of the task (the first one wins) with the thread's current message. */
+FL_INTERNAL fl_status rdd_task_fail(rdd_task *task, fl_status status);
+/* As rdd_task_fail, naming the user function that returned `status`. */
+FL_INTERNAL fl_status rdd_task_fn_failed(rdd_task *task, const rdd *r, fl_status status);
+/* The task running on this thread, or NULL. */
+FL_INTERNAL rdd_task *rdd_task_current(void);
+/* Merges a successful task's accumulator updates into the context (driver side). */
+FL_INTERNAL void rdd_task_commit_accumulators(rdd_task *task);
+
+/* ---- the context as rdd sees it -------------------------------------------------------- */
+
+/* The job runner: driver/ implements it (scheduler plus executor backend). */
+typedef struct rdd_runtime_ops {
+  /* Runs `action` over the listed partitions of r; results[i] receives the result for
+   * parts[i]. Blocks the caller until the job ends. On failure the message says what
+   * failed, where and how often. */
+  fl_status (*run_job)(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                       const rdd_action *action, fl_buf *results);
+} rdd_runtime_ops;
+
+typedef struct rdd_block_key {
+  uint64_t rdd_id;
+  uint32_t partition;
+} rdd_block_key;
+
+/* The block store for cached partitions: executor/ implements it. */
+typedef struct rdd_cache_ops {
+  /* Finds a cached block. On a hit sets *batch (readable until release(handle)) and
+   * returns true. May read from disk (blocks the task thread). */
+  bool (*get)(void *impl, rdd_block_key key, const rdd_batch **batch, void **handle);
+  /* Stores a computed partition, taking *batch (emptied). Sets *stored and *handle to a batch
+   * the caller may read until release, which is the stored one or, when it could not be
+   * kept in memory, a private one. */
+  fl_status (*put)(void *impl, rdd_block_key key, fl_storage_level level, rdd_batch *batch,
+                   const rdd_batch **stored, void **handle);
+  void (*release)(void *impl, void *handle);
+  /* Drops every block of an rdd (unpersist). Never blocks on a reader. */
+  void (*remove_rdd)(void *impl, uint64_t rdd_id);
+  /* Fills the cached-partition counts and bytes of an rdd. */
+  void (*info)(void *impl, uint64_t rdd_id, fl_storage_info *out);
+} rdd_cache_ops;
+
+typedef struct rdd_shared rdd_shared; /* broadcasts and accumulators, rdd/shared.c */
+
+struct fl_context {
+  const rdd_runtime_ops *runtime;
+  void *runtime_impl;
+  const rdd_cache_ops *cache;
+  void *cache_impl;
+  rdd_shared *shared;
+  uint32_t cores, default_parallelism;
+  atomic_uint_fast64_t next_rdd_id;
+};
+
+FL_INTERNAL fl_status rdd_shared_create(rdd_shared **out);
+FL_INTERNAL void rdd_shared_destroy(rdd_shared *s);
+
+/* Runs `action` over every partition (or the listed ones) and returns the results. */
+FL_INTERNAL fl_status rdd_run_job(rdd *r, const uint32_t *parts, uint32_t num_parts,
+                                  const rdd_action *action, fl_buf *results);
+
+#endif /* FLINT_RDD_H */

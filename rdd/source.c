@@ -1,0 +1,573 @@
+/* source.c: datasets read from memory or files: parallelize, range, text files, binary
+ * records. File sources list and check their files when the dataset is made (so a REPL user
+ * hears of a missing file at once) and read them in the task. */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "rdd/rdd.h"
+
+static uint32_t partitions_or_default(fl_context *ctx, uint32_t n) {
+  return n ? n : ctx->default_parallelism;
+}
+
+/* ---- parallelize: records copied into one batch per partition --------------------------- */
+
+typedef struct memory_state {
+  rdd_batch *batches;
+  uint32_t count;
+} memory_state;
+
+static fl_status memory_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  memory_state *st = r->state;
+  return rdd_iter_batch(task, &st->batches[p], NULL, NULL, out);
+}
+
+static void memory_destroy(rdd *r) {
+  memory_state *st = r->state;
+  if (!st) return;
+  for (uint32_t i = 0; i < st->count; i++) rdd_batch_free(&st->batches[i]);
+  common_free(st->batches);
+  common_free(st);
+}
+
+static const rdd_ops memory_ops = {"parallelize", memory_open, memory_destroy};
+
+fl_status fl_parallelize(fl_context *ctx, const fl_bytes *records, size_t count,
+                         uint32_t num_partitions, fl_dataset **out) {
+  common_error_clear();
+  if (!ctx || !out || (count && !records))
+    return FL_ERR(FL_EINVAL, "fl_parallelize: NULL argument");
+  uint32_t parts = partitions_or_default(ctx, num_partitions);
+  fl_status status = FL_OK;
+  rdd *r = NULL;
+  memory_state *st = common_calloc(1, sizeof *st);
+  if (!st) return FL_ERR(FL_ENOMEM, "fl_parallelize: out of memory");
+  st->batches = common_calloc(parts, sizeof *st->batches);
+  if (!st->batches) {
+    common_free(st);
+    return FL_ERR(FL_ENOMEM, "fl_parallelize: out of memory");
+  }
+  st->count = parts;
+  for (uint32_t p = 0; p < parts; p++) {
+    size_t lo = (size_t)((unsigned __int128)count * p / parts);
+    size_t hi = (size_t)((unsigned __int128)count * (p + 1) / parts);
+    for (size_t i = lo; i < hi; i++) {
+      if (records[i].len && !records[i].data) {
+        status = FL_ERR(FL_EINVAL, "fl_parallelize: record %zu has length %zu but no data", i,
+                        records[i].len);
+        goto cleanup;
+      }
+      FL_CHECK(rdd_batch_append(&st->batches[p], records[i].data, records[i].len));
+    }
+  }
+  FL_CHECK(rdd_create(ctx, &memory_ops, parts, NULL, 0, NULL, "parallelize", NULL, 0, &r));
+  r->state = st;
+  *out = r;
+  return FL_OK;
+cleanup:
+  for (uint32_t i = 0; i < st->count; i++) rdd_batch_free(&st->batches[i]);
+  common_free(st->batches);
+  common_free(st);
+  return status;
+}
+
+/* ---- range: int64 values made on the fly ------------------------------------------------ */
+
+typedef struct range_state {
+  int64_t start, step;
+  uint64_t total;
+} range_state;
+
+typedef struct range_iter {
+  fl_iter base;
+  int64_t value, step;
+  uint64_t left;
+  int64_t out;
+} range_iter;
+
+static bool range_next(fl_iter *it, fl_bytes *rec) {
+  range_iter *r = (range_iter *)it;
+  if (r->left == 0) return false;
+  r->out = r->value;
+  r->value = (int64_t)((uint64_t)r->value + (uint64_t)r->step);
+  r->left--;
+  rec->data = (const uint8_t *)&r->out;
+  rec->len = 8;
+  return true;
+}
+
+static fl_status range_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  range_state *st = r->state;
+  uint64_t lo = (uint64_t)((unsigned __int128)st->total * p / r->num_partitions);
+  uint64_t hi = (uint64_t)((unsigned __int128)st->total * (p + 1) / r->num_partitions);
+  range_iter *it = rdd_iter_new(task, sizeof *it, range_next, NULL);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->value = (int64_t)((uint64_t)st->start + lo * (uint64_t)st->step);
+  it->step = st->step;
+  it->left = hi - lo;
+  *out = &it->base;
+  return FL_OK;
+}
+
+static void range_destroy(rdd *r) { common_free(r->state); }
+
+static const rdd_ops range_ops = {"range", range_open, range_destroy};
+
+fl_status fl_range(fl_context *ctx, int64_t start, int64_t end, int64_t step,
+                   uint32_t num_partitions, fl_dataset **out) {
+  common_error_clear();
+  if (!ctx || !out) return FL_ERR(FL_EINVAL, "fl_range: NULL argument");
+  if (step == 0) return FL_ERR(FL_EINVAL, "fl_range: step must not be 0");
+  __int128 span = (__int128)end - start;
+  uint64_t total = 0;
+  if (step > 0 && span > 0) total = (uint64_t)((span + step - 1) / step);
+  if (step < 0 && span < 0) total = (uint64_t)((-span + (-(__int128)step) - 1) / -(__int128)step);
+  range_state *st = common_malloc(sizeof *st);
+  if (!st) return FL_ERR(FL_ENOMEM, "fl_range: out of memory");
+  st->start = start;
+  st->step = step;
+  st->total = total;
+  rdd *r;
+  fl_status status = rdd_create(ctx, &range_ops, partitions_or_default(ctx, num_partitions),
+                                NULL, 0, NULL, "range", NULL, 0, &r);
+  if (status != FL_OK) {
+    common_free(st);
+    return status;
+  }
+  r->state = st;
+  *out = r;
+  return FL_OK;
+}
+
+/* ---- file listing ---------------------------------------------------------------------- */
+
+typedef struct file_list {
+  char **paths;
+  uint64_t *sizes;
+  size_t count, cap;
+} file_list;
+
+static void file_list_free(file_list *l) {
+  for (size_t i = 0; i < l->count; i++) common_free(l->paths[i]);
+  common_free(l->paths);
+  common_free(l->sizes);
+  memset(l, 0, sizeof *l);
+}
+
+static fl_status file_list_add(file_list *l, const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return FL_ERR(FL_ENOENT, "cannot read %s: %s", path, strerror(errno));
+  if (!S_ISREG(st.st_mode)) return FL_OK; /* folders inside folders and globs: skipped */
+  if (access(path, R_OK) != 0)
+    return FL_ERR(FL_EIO, "cannot read %s: %s", path, strerror(errno));
+  if (l->count == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 8;
+    char **paths = common_realloc(l->paths, cap * sizeof *paths);
+    if (!paths) return FL_ERR(FL_ENOMEM, "out of memory listing files");
+    l->paths = paths;
+    uint64_t *sizes = common_realloc(l->sizes, cap * sizeof *sizes);
+    if (!sizes) return FL_ERR(FL_ENOMEM, "out of memory listing files");
+    l->sizes = sizes;
+    l->cap = cap;
+  }
+  char *copy = common_strdup(path);
+  if (!copy) return FL_ERR(FL_ENOMEM, "out of memory listing files");
+  l->paths[l->count] = copy;
+  l->sizes[l->count++] = (uint64_t)st.st_size;
+  return FL_OK;
+}
+
+static int compare_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A file, the visible files of a folder (sorted), or the files matching a glob (sorted). */
+static fl_status list_files(const char *path, file_list *out) {
+  struct stat st;
+  fl_status status = FL_OK;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    DIR *d = opendir(path);
+    if (!d) return FL_ERR(FL_EIO, "cannot open folder %s: %s", path, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      if (e->d_name[0] == '.' || e->d_name[0] == '_') continue;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 16;
+        char **grown = common_realloc(names, cap * sizeof *names);
+        if (!grown) {
+          status = FL_ERR(FL_ENOMEM, "out of memory listing %s", path);
+          break;
+        }
+        names = grown;
+      }
+      size_t len = strlen(path) + strlen(e->d_name) + 2;
+      if (!(names[n] = common_malloc(len))) {
+        status = FL_ERR(FL_ENOMEM, "out of memory listing %s", path);
+        break;
+      }
+      snprintf(names[n++], len, "%s/%s", path, e->d_name);
+    }
+    closedir(d);
+    if (status == FL_OK) qsort(names, n, sizeof *names, compare_names);
+    for (size_t i = 0; i < n; i++) {
+      if (status == FL_OK) status = file_list_add(out, names[i]);
+      common_free(names[i]);
+    }
+    common_free(names);
+    return status;
+  }
+  if (strpbrk(path, "*?[")) {
+    glob_t g;
+    int rc = glob(path, GLOB_ERR, NULL, &g);
+    if (rc == GLOB_NOMATCH) return FL_ERR(FL_ENOENT, "no files match %s", path);
+    if (rc != 0) return FL_ERR(FL_EIO, "cannot expand %s", path);
+    for (size_t i = 0; i < g.gl_pathc && status == FL_OK; i++)
+      status = file_list_add(out, g.gl_pathv[i]);
+    globfree(&g);
+    return status;
+  }
+  return file_list_add(out, path);
+}
+
+static bool is_gzip_name(const char *path) {
+  size_t n = strlen(path);
+  return n > 3 && strcmp(path + n - 3, ".gz") == 0;
+}
+
+/* A split: bytes [start, end) of one file. */
+typedef struct file_split {
+  uint32_t file;
+  uint64_t start, end;
+} file_split;
+
+typedef struct file_state {
+  file_list files;
+  file_split *splits;
+  size_t record_len; /* binary records; 0 for text */
+} file_state;
+
+static void file_state_destroy(rdd *r) {
+  file_state *st = r->state;
+  if (!st) return;
+  file_list_free(&st->files);
+  common_free(st->splits);
+  common_free(st);
+}
+
+/* Builds the dataset once files and splits are known; takes `st` in every case. */
+static fl_status file_dataset(fl_context *ctx, const rdd_ops *ops, file_state *st,
+                              uint32_t num_splits, fl_dataset **out) {
+  rdd *r;
+  fl_status status = rdd_create(ctx, ops, num_splits, NULL, 0, NULL, ops->name, NULL, 0, &r);
+  if (status != FL_OK) {
+    file_list_free(&st->files);
+    common_free(st->splits);
+    common_free(st);
+    return status;
+  }
+  r->state = st;
+  *out = r;
+  return FL_OK;
+}
+
+/* ---- text files ------------------------------------------------------------------------ */
+
+#define READ_CHUNK (1u << 20)
+#define MAX_LINE (256u << 20)
+
+/*
+ * A line belongs to the split in which it starts (as in Hadoop's LineRecordReader): a
+ * split that does not start at 0 skips the line in progress, and the last line of a split
+ * is read to its end even past the split.
+ */
+typedef struct line_iter {
+  fl_iter base;
+  const char *path;
+  int fd;
+  gzFile gz;
+  uint64_t file_pos; /* file offset of buf[0] */
+  uint64_t end;      /* lines starting at or after this offset belong to the next split */
+  uint64_t line_no;  /* for messages: lines read so far in this split */
+  char *buf;
+  size_t len, off, cap;
+  bool eof;
+} line_iter;
+
+static fl_status line_fill(line_iter *it) {
+  if (it->off > 0) {
+    memmove(it->buf, it->buf + it->off, it->len - it->off);
+    it->file_pos += it->off;
+    it->len -= it->off;
+    it->off = 0;
+  }
+  if (it->cap - it->len < READ_CHUNK / 2) {
+    if (it->cap >= MAX_LINE)
+      return FL_ERR(FL_ELIMIT, "%s: line %llu of the split is longer than %u bytes", it->path,
+                    (unsigned long long)it->line_no + 1, MAX_LINE);
+    size_t cap = it->cap ? it->cap * 2 : READ_CHUNK;
+    char *buf = common_realloc(it->buf, cap);
+    if (!buf) return FL_ERR(FL_ENOMEM, "%s: cannot allocate a %zu-byte line buffer", it->path, cap);
+    it->buf = buf;
+    it->cap = cap;
+  }
+  ssize_t n;
+  if (it->gz) {
+    int got = gzread(it->gz, it->buf + it->len, (unsigned)(it->cap - it->len));
+    if (got < 0) {
+      int err;
+      const char *msg = gzerror(it->gz, &err);
+      return FL_ERR(FL_ECORRUPT, "%s: bad gzip data: %s", it->path, msg);
+    }
+    n = got;
+  } else {
+    do {
+      n = pread(it->fd, it->buf + it->len, it->cap - it->len, (off_t)(it->file_pos + it->len));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return FL_ERR(FL_EIO, "%s: read failed: %s", it->path, strerror(errno));
+  }
+  if (n == 0) {
+    if (it->gz && !gzeof(it->gz)) return FL_ERR(FL_ECORRUPT, "%s: truncated gzip data", it->path);
+    it->eof = true;
+  }
+  it->len += (size_t)n;
+  return FL_OK;
+}
+
+static bool line_next(fl_iter *base, fl_bytes *rec) {
+  line_iter *it = (line_iter *)base;
+  for (;;) {
+    if (it->file_pos + it->off >= it->end) return false;
+    char *start = it->buf + it->off;
+    char *nl = it->len > it->off ? memchr(start, '\n', it->len - it->off) : NULL;
+    if (nl || (it->eof && it->off < it->len)) {
+      size_t n = nl ? (size_t)(nl - start) : it->len - it->off;
+      it->off += n + (nl ? 1 : 0);
+      if (n > 0 && start[n - 1] == '\r') n--;
+      rec->data = (const uint8_t *)start;
+      rec->len = n;
+      it->line_no++;
+      return true;
+    }
+    if (it->eof) return false;
+    fl_status s = line_fill(it);
+    if (s != FL_OK) {
+      rdd_task_fail(base->task, s);
+      return false;
+    }
+  }
+}
+
+static void line_close(fl_iter *base) {
+  line_iter *it = (line_iter *)base;
+  if (it->gz) gzclose(it->gz);
+  if (it->fd >= 0) close(it->fd);
+  common_free(it->buf);
+}
+
+static fl_status text_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  file_state *st = r->state;
+  const file_split *sp = &st->splits[p];
+  line_iter *it = rdd_iter_new(task, sizeof *it, line_next, line_close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->path = st->files.paths[sp->file];
+  it->fd = open(it->path, O_RDONLY | O_CLOEXEC);
+  if (it->fd < 0)
+    return rdd_task_fail(task, FL_ERR(FL_EIO, "cannot open %s: %s", it->path, strerror(errno)));
+  it->end = sp->end;
+  if (is_gzip_name(it->path)) {
+    it->gz = gzdopen(it->fd, "rb");
+    if (!it->gz) return rdd_task_fail(task, FL_ERR(FL_ENOMEM, "%s: cannot start gzip reader", it->path));
+    it->fd = -1; /* now owned by gz */
+    it->end = UINT64_MAX;
+  } else if (sp->start > 0) {
+    /* Skip the line in progress: start one byte early so a split that begins exactly at a
+     * line start keeps that line. */
+    it->file_pos = sp->start - 1;
+    for (;;) {
+      fl_status s = line_fill(it);
+      if (s != FL_OK) return rdd_task_fail(task, s);
+      char *nl = memchr(it->buf + it->off, '\n', it->len - it->off);
+      if (nl) {
+        it->off = (size_t)(nl - it->buf) + 1;
+        break;
+      }
+      if (it->eof) {
+        it->off = it->len;
+        break;
+      }
+      it->off = it->len;
+    }
+  }
+  *out = &it->base;
+  return FL_OK;
+}
+
+static const rdd_ops text_ops = {"text_file", text_open, file_state_destroy};
+
+/* Largest split of a plain file: keeps tasks small enough to balance and to retry. */
+#define MAX_SPLIT (32ull << 20)
+
+fl_status fl_text_file(fl_context *ctx, const char *path, uint32_t min_partitions,
+                       fl_dataset **out) {
+  common_error_clear();
+  if (!ctx || !path || !out) return FL_ERR(FL_EINVAL, "fl_text_file: NULL argument");
+  fl_status status;
+  file_state *st = common_calloc(1, sizeof *st);
+  if (!st) return FL_ERR(FL_ENOMEM, "fl_text_file: out of memory");
+  FL_CHECK(list_files(path, &st->files));
+  uint64_t total = 0;
+  for (size_t i = 0; i < st->files.count; i++)
+    if (!is_gzip_name(st->files.paths[i])) total += st->files.sizes[i];
+  uint64_t goal = total / partitions_or_default(ctx, min_partitions);
+  uint64_t split = goal < 1 ? 1 : goal > MAX_SPLIT ? MAX_SPLIT : goal;
+  size_t n = 0, cap = 0;
+  for (size_t i = 0; i < st->files.count; i++) {
+    uint64_t size = st->files.sizes[i];
+    bool whole = is_gzip_name(st->files.paths[i]) || size == 0;
+    uint64_t pieces = whole ? 1 : (size + split - 1) / split;
+    if (n + pieces > UINT32_MAX) {
+      status = FL_ERR(FL_ELIMIT, "fl_text_file: %s needs too many splits", path);
+      goto cleanup;
+    }
+    if (n + pieces > cap) {
+      cap = (n + pieces) * 2;
+      file_split *grown = common_realloc(st->splits, cap * sizeof *grown);
+      if (!grown) {
+        status = FL_ERR(FL_ENOMEM, "fl_text_file: out of memory");
+        goto cleanup;
+      }
+      st->splits = grown;
+    }
+    for (uint64_t k = 0; k < pieces; k++) {
+      uint64_t lo = whole ? 0 : k * split, hi = whole ? size : (k + 1 == pieces ? size : lo + split);
+      st->splits[n++] = (file_split){(uint32_t)i, lo, hi};
+    }
+  }
+  return file_dataset(ctx, &text_ops, st, (uint32_t)n, out);
+cleanup:
+  file_list_free(&st->files);
+  common_free(st->splits);
+  common_free(st);
+  return status;
+}
+
+/* ---- fixed-size binary records ---------------------------------------------------------- */
+
+typedef struct binary_iter {
+  fl_iter base;
+  const char *path;
+  int fd;
+  size_t record_len;
+  uint64_t pos, end; /* next file offset to read, split end */
+  uint8_t *buf;
+  size_t len, off, cap;
+} binary_iter;
+
+static bool binary_next(fl_iter *base, fl_bytes *rec) {
+  binary_iter *it = (binary_iter *)base;
+  if (it->len - it->off < it->record_len) {
+    if (it->pos >= it->end) return false;
+    uint64_t want = it->end - it->pos;
+    if (want > it->cap) want = it->cap;
+    ssize_t n;
+    do n = pread(it->fd, it->buf, (size_t)want, (off_t)it->pos);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 || (uint64_t)n < want) {
+      rdd_task_fail(base->task,
+                    n < 0 ? FL_ERR(FL_EIO, "%s: read failed: %s", it->path, strerror(errno))
+                          : FL_ERR(FL_EIO, "%s: file shrank while being read (offset %llu)",
+                                   it->path, (unsigned long long)(it->pos + (uint64_t)n)));
+      return false;
+    }
+    it->pos += want;
+    it->len = (size_t)want;
+    it->off = 0;
+  }
+  rec->data = it->buf + it->off;
+  rec->len = it->record_len;
+  it->off += it->record_len;
+  return true;
+}
+
+static void binary_close(fl_iter *base) {
+  binary_iter *it = (binary_iter *)base;
+  if (it->fd >= 0) close(it->fd);
+  common_free(it->buf);
+}
+
+static fl_status binary_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  file_state *st = r->state;
+  const file_split *sp = &st->splits[p];
+  binary_iter *it = rdd_iter_new(task, sizeof *it, binary_next, binary_close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->path = st->files.paths[sp->file];
+  it->record_len = st->record_len;
+  it->pos = sp->start;
+  it->end = sp->end;
+  it->cap = READ_CHUNK < st->record_len ? st->record_len : READ_CHUNK / st->record_len * st->record_len;
+  it->fd = open(it->path, O_RDONLY | O_CLOEXEC);
+  if (it->fd < 0)
+    return rdd_task_fail(task, FL_ERR(FL_EIO, "cannot open %s: %s", it->path, strerror(errno)));
+  if (!(it->buf = common_malloc(it->cap)))
+    return rdd_task_fail(task, FL_ERR(FL_ENOMEM, "%s: cannot allocate a read buffer", it->path));
+  *out = &it->base;
+  return FL_OK;
+}
+
+static const rdd_ops binary_ops = {"binary_records", binary_open, file_state_destroy};
+
+fl_status fl_binary_records(fl_context *ctx, const char *path, size_t record_len,
+                            fl_dataset **out) {
+  common_error_clear();
+  if (!ctx || !path || !out) return FL_ERR(FL_EINVAL, "fl_binary_records: NULL argument");
+  if (record_len == 0) return FL_ERR(FL_EINVAL, "fl_binary_records: record_len must be > 0");
+  fl_status status;
+  file_state *st = common_calloc(1, sizeof *st);
+  if (!st) return FL_ERR(FL_ENOMEM, "fl_binary_records: out of memory");
+  st->record_len = record_len;
+  FL_CHECK(list_files(path, &st->files));
+  uint64_t total = 0;
+  for (size_t i = 0; i < st->files.count; i++) {
+    if (st->files.sizes[i] % record_len != 0) {
+      status = FL_ERR(FL_EFORMAT,
+                      "%s: size %llu is not a multiple of the record length %zu",
+                      st->files.paths[i], (unsigned long long)st->files.sizes[i], record_len);
+      goto cleanup;
+    }
+    total += st->files.sizes[i];
+  }
+  /* Splits of whole records, about default_parallelism of them in all. */
+  uint64_t records_per_split = total / record_len / ctx->default_parallelism;
+  if (records_per_split == 0) records_per_split = 1;
+  if (records_per_split * record_len > MAX_SPLIT) records_per_split = MAX_SPLIT / record_len + 1;
+  uint64_t split = records_per_split * record_len;
+  size_t n = 0;
+  for (size_t i = 0; i < st->files.count; i++)
+    n += (size_t)((st->files.sizes[i] + split - 1) / split);
+  st->splits = common_calloc(n ? n : 1, sizeof *st->splits);
+  if (!st->splits) {
+    status = FL_ERR(FL_ENOMEM, "fl_binary_records: out of memory");
+    goto cleanup;
+  }
+  n = 0;
+  for (size_t i = 0; i < st->files.count; i++)
+    for (uint64_t lo = 0; lo < st->files.sizes[i]; lo += split) {
+      uint64_t hi = lo + split < st->files.sizes[i] ? lo + split : st->files.sizes[i];
+      st->splits[n++] = (file_split){(uint32_t)i, lo, hi};
+    }
+  return file_dataset(ctx, &binary_ops, st, (uint32_t)n, out);
+cleanup:
+  file_list_free(&st->files);
+  common_free(st->splits);
+  common_free(st);
+  return status;
+}
