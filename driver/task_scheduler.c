@@ -41,6 +41,8 @@ void task_scheduler_drop_job(scheduler *s, sched_job *job) {
   s->pending_tail = last;
 }
 
+/* Whatever may finish the job (task_succeeded, job_failed, maybe_finish) comes last: once
+ * the job is finished its caller owns (and frees) the job and its tasks. */
 void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   sched_job *job = t->job;
   s->free_slots++;
@@ -64,11 +66,18 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
     pending_push(s, t);
     return;
   }
+  /* Failing the job may hand it back to its caller, who frees the tasks: take what the
+   * message needs and clear the task first. */
+  char *cause = rt->error;
+  fl_status cause_status = rt->status;
+  uint32_t partition = rt->partition;
+  rt->error = NULL;
+  rdd_task_clear(rt);
   dag_scheduler_job_failed(s, job, FL_EJOB,
                            "job %llu failed: partition %u of dataset %llu (%s) failed %u times "
                            "on executor '%s'; last error: %s",
-                           (unsigned long long)job->id, rt->partition,
+                           (unsigned long long)job->id, partition,
                            (unsigned long long)job->rdd->id, job->rdd->ops->name, t->failures,
-                           s->backend->ops->name, rt->error ? rt->error : fl_strerror(rt->status));
-  rdd_task_clear(rt);
+                           s->backend->ops->name, cause ? cause : fl_strerror(cause_status));
+  common_free(cause);
 }

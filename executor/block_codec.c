@@ -29,6 +29,13 @@ fl_status block_codec_encode(const rdd_batch *batch, fl_buf *out) {
   size_t n = LZ4F_compressFrame(out->data + CODEC_HEADER, bound, batch->buf.data, batch->buf.len, &prefs);
   if (LZ4F_isError(n)) return FL_ERR(FL_EINTERNAL, "LZ4 compression failed: %s", LZ4F_getErrorName(n));
   out->len = CODEC_HEADER + n;
+  /* The bound is far above what LZ4 needs on compressible data: keep only what is used,
+   * since cached serialized blocks are counted by their capacity. */
+  uint8_t *shrunk = common_realloc(out->data, out->len);
+  if (shrunk) {
+    out->data = shrunk;
+    out->cap = out->len;
+  }
   return FL_OK;
 }
 

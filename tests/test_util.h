@@ -1,0 +1,60 @@
+/* test_util.h: helpers shared by the CMocka tests: temporary folders and files. */
+#ifndef FLINT_TEST_UTIL_H
+#define FLINT_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "flint/flint.h"
+
+/* Test hook of libflint (common/util.c): the allocation after n more fails; -1: never. */
+void flint_test_fail_alloc_after(long n);
+
+/* A fresh folder under $TMPDIR (or /tmp), written into buf. */
+static inline void test_tmpdir(char *buf, size_t len) {
+  const char *base = getenv("TMPDIR");
+  snprintf(buf, len, "%s/flint-test-XXXXXX", base && *base ? base : "/tmp");
+  assert_non_null(mkdtemp(buf));
+}
+
+static inline void test_write_file(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, len, f), len);
+  assert_int_equal(fclose(f), 0);
+}
+
+static inline void test_rmtree(const char *path) {
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* Asserts that a call succeeded, printing flint's message when it did not. */
+#define assert_ok(call)                                                                      \
+  do {                                                                                       \
+    fl_status s_ = (call);                                                                   \
+    if (s_ != FL_OK) fprintf(stderr, "%s failed: %s: %s\n", #call, fl_status_name(s_), fl_last_error()); \
+    assert_int_equal(s_, FL_OK);                                                             \
+  } while (0)
+
+/* Asserts a failure with the given code whose message contains `needle`. */
+#define assert_fails_with(call, code, needle)                                                \
+  do {                                                                                       \
+    fl_status s_ = (call);                                                                   \
+    assert_int_equal(s_, (code));                                                            \
+    if (!strstr(fl_last_error(), (needle)))                                                  \
+      fprintf(stderr, "message '%s' lacks '%s'\n", fl_last_error(), (needle));              \
+    assert_non_null(strstr(fl_last_error(), (needle)));                                      \
+  } while (0)
+
+#endif
