@@ -33,20 +33,6 @@ static int usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
-static bool parse_size(const char *s, uint64_t *out) {
-  char *end;
-  if (!*s || *s == '-') return false;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (end == s) return false;
-  uint64_t mult = 1;
-  if (*end == 'k' || *end == 'K') mult = 1ull << 10, end++;
-  else if (*end == 'm' || *end == 'M') mult = 1ull << 20, end++;
-  else if (*end == 'g' || *end == 'G') mult = 1ull << 30, end++;
-  if (*end != '\0' || v == 0 || v > UINT64_MAX / mult) return false;
-  *out = v * mult;
-  return true;
-}
-
 static int cmd_submit(int argc, char **argv) {
   const char *master = "local[*]";
   fl_options opts = FL_OPTIONS_INIT;
@@ -60,7 +46,7 @@ static int cmd_submit(int argc, char **argv) {
       if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
       if (strcmp(argv[i], "--master") == 0) {
         master = argv[++i];
-      } else if (!parse_size(argv[++i], &opts.memory_limit)) {
+      } else if (fl_parse_size(argv[++i], &opts.memory_limit) != FL_OK || opts.memory_limit == 0) {
         return usage_error("--memory '%s' is not a size (examples: 512m, 2g)", argv[i]);
       }
       continue;

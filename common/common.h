@@ -20,8 +20,9 @@
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Sets the thread's message with the source position of the failure in front
- * ("rdd/source.c:120: ..."), and returns `status`. */
+/* Sets the thread's message and returns `status`. Failures that are not the user's to fix
+ * (FL_ENOMEM, FL_EINTERNAL) get the source position in front ("rdd/source.c:120: ...");
+ * messages about input, files and state read as plain sentences that name the cause. */
 #define FL_ERR(status, ...) common_error_at(__FILE__, __LINE__, (status), __VA_ARGS__)
 FL_INTERNAL fl_status common_error_at(const char *file, int line, fl_status status,
                                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -150,8 +151,6 @@ FL_INTERNAL uint64_t common_spin_ns(void);
 /* ---- misc ------------------------------------------------------------------------------ */
 /* Number of online cores (at least 1). */
 FL_INTERNAL uint32_t common_cores(void);
-/* Parses sizes like "512m", "2G", "1048576" (bytes). false on bad input. */
-FL_INTERNAL bool common_parse_size(const char *s, uint64_t *out);
 /* Name of the function at `fn` ("parse_line" or "0x7f..." when it has no symbol). Writes
  * into buf and returns it. */
 FL_INTERNAL const char *common_symbol_name(const void *fn, char *buf, size_t len);

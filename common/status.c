@@ -51,8 +51,11 @@ fl_status common_error_at(const char *file, int line, fl_status status, const ch
                         strncmp(p + 1, "executor/", 9) == 0 || strncmp(p + 1, "cli/", 4) == 0))
       short_file = p + 1;
   }
-  int n = snprintf(last_error, sizeof last_error, "%s:%d: ", short_file, line);
-  if (n < 0 || (size_t)n >= sizeof last_error) n = 0;
+  int n = 0;
+  if (status == FL_ENOMEM || status == FL_EINTERNAL) {
+    n = snprintf(last_error, sizeof last_error, "%s:%d: ", short_file, line);
+    if (n < 0 || (size_t)n >= sizeof last_error) n = 0;
+  }
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);

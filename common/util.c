@@ -162,12 +162,13 @@ uint32_t common_cores(void) {
   return n < 1 ? 1 : (uint32_t)n;
 }
 
-bool common_parse_size(const char *s, uint64_t *out) {
-  if (!s || !*s) return false;
+static bool parse_size(const char *s, uint64_t *out) {
+  /* strtoull would skip spaces and accept a sign: only plain digits are a size. */
+  if (!s || *s < '0' || *s > '9') return false;
   errno = 0;
   char *end;
   unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s || *s == '-') return false;
+  if (errno || end == s) return false;
   uint64_t mult = 1;
   switch (*end) {
   case '\0': break;
@@ -183,14 +184,30 @@ bool common_parse_size(const char *s, uint64_t *out) {
   return true;
 }
 
+fl_status fl_parse_size(const char *text, uint64_t *out) {
+  if (!out) return fl_set_error(FL_EINVAL, "fl_parse_size: out is NULL");
+  if (!parse_size(text, out))
+    return fl_set_error(FL_EINVAL, "'%s' is not a size (examples: 512m, 2g, 1048576)",
+                        text ? text : "(null)");
+  return FL_OK;
+}
+
 const char *common_symbol_name(const void *fn, char *buf, size_t len) {
   Dl_info info;
   /* dladdr needs a data pointer; a function pointer converts through uintptr_t. */
   void *addr = (void *)(uintptr_t)fn;
-  if (dladdr(addr, &info) && info.dli_sname && info.dli_saddr == addr)
+  bool found = dladdr(addr, &info) != 0;
+  if (found && info.dli_sname && info.dli_saddr == addr) {
     snprintf(buf, len, "%s", info.dli_sname);
-  else
+  } else if (found && info.dli_fname && info.dli_fbase) {
+    /* A static or hidden function has no dynamic symbol: name its library and offset,
+     * which addr2line turns into a source line, and say how to get the name. */
+    const char *base = strrchr(info.dli_fname, '/');
+    snprintf(buf, len, "%s+0x%lx (not exported; make it non-static with default visibility to see its name)",
+             base ? base + 1 : info.dli_fname, (unsigned long)((uintptr_t)addr - (uintptr_t)info.dli_fbase));
+  } else {
     snprintf(buf, len, "%p", addr);
+  }
   return buf;
 }
 

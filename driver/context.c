@@ -68,8 +68,8 @@ static fl_status resolve_memory(const fl_options *opts, uint64_t *out) {
     *out = DEFAULT_MEMORY;
     return FL_OK;
   }
-  if (!common_parse_size(env, out))
-    return FL_ERR(FL_EINVAL, "FLINT_MEMORY='%s' is not a size (examples: 512m, 2g)", env);
+  if (fl_parse_size(env, out) != FL_OK)
+    return common_error_wrap(FL_EINVAL, "FLINT_MEMORY: ");
   return FL_OK;
 }
 

@@ -54,7 +54,7 @@ typedef struct backend_ops {
 struct backend {
   const backend_ops *ops;
   scheduler *sched;
-  uint32_t slots; /* tasks it can run at once */
+  uint32_t slots; /* tasks it takes at once (running or queued at the executor) */
 };
 
 /* The in-process backend: a pool of `threads` task threads. */

@@ -45,7 +45,10 @@ fl_status block_codec_decode(fl_bytes in, const char *what, rdd_batch *out) {
   uint64_t count, raw;
   memcpy(&count, in.data + 4, 8);
   memcpy(&raw, in.data + 12, 8);
-  if (raw > CODEC_MAX_RAW || count > raw)
+  /* LZ4 expands at most 255-fold, so a header claiming more than that of the frame is
+   * corrupt; checking before allocating keeps a flipped bit from asking for terabytes. */
+  uint64_t frame = in.len - CODEC_HEADER;
+  if (raw > CODEC_MAX_RAW || count > raw || raw > frame * 255 + 64)
     return FL_ERR(FL_ECORRUPT, "%s: implausible block header (%llu records, %llu bytes)", what,
                   (unsigned long long)count, (unsigned long long)raw);
   rdd_batch batch = {FL_BUF_INIT, 0};

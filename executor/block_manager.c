@@ -221,9 +221,10 @@ static bool make_room(block_manager *bm, uint64_t need, uint64_t for_rdd) {
         b->batch = (rdd_batch){FL_BUF_INIT, 0};
         release_memory(bm, b);
         if (spill(bm, b, &batch) != FL_OK) {
+          /* Its memory is already given back and it has no file: only unlink it. */
           fprintf(stderr, "flint: dropping cached block instead of spilling it: %s\n", fl_last_error());
-          b->where = IN_MEMORY; /* so drop_block does not look for a file */
-          drop_block(bm, b);
+          hash_remove(bm, b);
+          block_free(b); /* unpinned: eviction only takes unpinned blocks */
         }
         rdd_batch_free(&batch);
       } else {

@@ -193,7 +193,7 @@ static fl_status combine(const char *what, fl_reduce_fn fn, const void *arg, fl_
   scratch->len = 0;
   fl_status s = fn(fl_buf_bytes(acc), b, scratch, arg);
   if (s != FL_OK) {
-    char name[128];
+    char name[256];
     common_symbol_name((const void *)fn, name, sizeof name);
     return common_error_wrap(s, "%s function '%s' failed merging partition results: ", what, name);
   }

@@ -25,77 +25,107 @@ static fl_status make_narrow(const char *what, fl_dataset *in, const rdd_ops *op
   return rdd_create(in->ctx, ops, in->num_partitions, &in, 1, fn, ops->name, arg, arg_len, out);
 }
 
-/* ---- map, key_by, map_values ----------------------------------------------------------- */
+/* ---- map, key_by, map_values, zip_with_index ------------------------------------------ */
 
+/* Each slot of a batch has its own output buffer, so no output is copied; the buffers are
+ * reused from batch to batch. */
 typedef struct map_iter {
   fl_iter base;
   fl_iter *in;
   rdd *r;
-  fl_buf out, scratch;
+  int64_t index; /* zip_with_index: the next record's index */
+  fl_bytes views[RDD_ITER_BATCH];
+  fl_buf outs[RDD_ITER_BATCH];
+  fl_buf scratch;
 } map_iter;
 
 static void map_close(fl_iter *it) {
-  fl_buf_free(&((map_iter *)it)->out);
-  fl_buf_free(&((map_iter *)it)->scratch);
+  map_iter *m = (map_iter *)it;
+  for (uint32_t i = 0; i < RDD_ITER_BATCH; i++) fl_buf_free(&m->outs[i]);
+  fl_buf_free(&m->scratch);
 }
 
-static bool map_next(fl_iter *it, fl_bytes *rec) {
+static uint32_t map_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   map_iter *m = (map_iter *)it;
-  fl_bytes in;
-  if (!m->in->next(m->in, &in)) return false;
-  m->out.len = 0;
-  fl_status s = ((fl_map_fn)m->r->fn)(in, &m->out, m->r->arg);
-  if (s != FL_OK) {
-    rdd_task_fn_failed(it->task, m->r, s);
-    return false;
+  uint32_t n = m->in->next(m->in, m->views, max);
+  fl_map_fn fn = (fl_map_fn)m->r->fn;
+  const void *arg = m->r->arg;
+  for (uint32_t i = 0; i < n; i++) {
+    fl_buf *o = &m->outs[i];
+    o->len = 0;
+    fl_status s = fn(m->views[i], o, arg);
+    if (s != FL_OK) {
+      rdd_task_fn_failed(it->task, m->r, s);
+      return 0;
+    }
+    out[i].data = o->data;
+    out[i].len = o->len;
   }
-  *rec = fl_buf_bytes(&m->out);
-  return true;
+  return n;
 }
 
-static bool key_by_next(fl_iter *it, fl_bytes *rec) {
+static uint32_t key_by_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   map_iter *m = (map_iter *)it;
-  fl_bytes in;
-  if (!m->in->next(m->in, &in)) return false;
-  m->scratch.len = m->out.len = 0;
-  fl_status s = ((fl_map_fn)m->r->fn)(in, &m->scratch, m->r->arg);
-  if (s != FL_OK) {
-    rdd_task_fn_failed(it->task, m->r, s);
-    return false;
+  uint32_t n = m->in->next(m->in, m->views, max);
+  for (uint32_t i = 0; i < n; i++) {
+    m->scratch.len = m->outs[i].len = 0;
+    fl_status s = ((fl_map_fn)m->r->fn)(m->views[i], &m->scratch, m->r->arg);
+    if (s != FL_OK) {
+      rdd_task_fn_failed(it->task, m->r, s);
+      return 0;
+    }
+    if ((s = fl_buf_put_pair(&m->outs[i], fl_buf_bytes(&m->scratch), m->views[i])) != FL_OK) {
+      rdd_task_fail(it->task, s);
+      return 0;
+    }
+    out[i] = fl_buf_bytes(&m->outs[i]);
   }
-  if ((s = fl_buf_put_pair(&m->out, fl_buf_bytes(&m->scratch), in)) != FL_OK) {
-    rdd_task_fail(it->task, s);
-    return false;
-  }
-  *rec = fl_buf_bytes(&m->out);
-  return true;
+  return n;
 }
 
-static bool map_values_next(fl_iter *it, fl_bytes *rec) {
+static uint32_t map_values_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   map_iter *m = (map_iter *)it;
-  fl_bytes in, key, value;
-  if (!m->in->next(m->in, &in)) return false;
-  fl_status s = fl_pair(in, &key, &value);
-  if (s != FL_OK) {
-    common_error_wrap(s, "map_values on partition %u: ", it->task->partition);
-    rdd_task_fail(it->task, s);
-    return false;
+  uint32_t n = m->in->next(m->in, m->views, max);
+  for (uint32_t i = 0; i < n; i++) {
+    fl_bytes key, value;
+    fl_status s = fl_pair(m->views[i], &key, &value);
+    if (s != FL_OK) {
+      common_error_wrap(s, "map_values on partition %u: ", it->task->partition);
+      rdd_task_fail(it->task, s);
+      return 0;
+    }
+    m->scratch.len = m->outs[i].len = 0;
+    if ((s = ((fl_map_fn)m->r->fn)(value, &m->scratch, m->r->arg)) != FL_OK) {
+      rdd_task_fn_failed(it->task, m->r, s);
+      return 0;
+    }
+    if ((s = fl_buf_put_pair(&m->outs[i], key, fl_buf_bytes(&m->scratch))) != FL_OK) {
+      rdd_task_fail(it->task, s);
+      return 0;
+    }
+    out[i] = fl_buf_bytes(&m->outs[i]);
   }
-  m->scratch.len = m->out.len = 0;
-  if ((s = ((fl_map_fn)m->r->fn)(value, &m->scratch, m->r->arg)) != FL_OK) {
-    rdd_task_fn_failed(it->task, m->r, s);
-    return false;
+  return n;
+}
+
+static uint32_t zip_next(fl_iter *it, fl_bytes *out, uint32_t max) {
+  map_iter *m = (map_iter *)it;
+  uint32_t n = m->in->next(m->in, m->views, max);
+  for (uint32_t i = 0; i < n; i++) {
+    m->outs[i].len = 0;
+    int64_t index = m->index++;
+    fl_status s = fl_buf_put_pair(&m->outs[i], m->views[i], fl_bytes_of(&index, 8));
+    if (s != FL_OK) {
+      rdd_task_fail(it->task, s);
+      return 0;
+    }
+    out[i] = fl_buf_bytes(&m->outs[i]);
   }
-  if ((s = fl_buf_put_pair(&m->out, key, fl_buf_bytes(&m->scratch))) != FL_OK) {
-    rdd_task_fail(it->task, s);
-    return false;
-  }
-  *rec = fl_buf_bytes(&m->out);
-  return true;
+  return n;
 }
 
 static fl_status open_map_like(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
-                               bool (*next)(fl_iter *, fl_bytes *)) {
+                               uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t)) {
   fl_iter *in;
   fl_status s = rdd_iterate(r->parents[0], p, task, &in);
   if (s != FL_OK) return s;
@@ -143,19 +173,25 @@ typedef struct filter_iter {
   rdd *r;
 } filter_iter;
 
-static bool filter_next(fl_iter *it, fl_bytes *rec) {
+/* Keeps the kept views of the parent's batch in place; they stay valid until the parent's
+ * next call, which only our own next call makes. */
+static uint32_t filter_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   filter_iter *f = (filter_iter *)it;
   fl_filter_fn fn = (fl_filter_fn)f->r->fn;
-  while (f->in->next(f->in, rec)) {
-    bool keep = false;
-    fl_status s = fn(*rec, &keep, f->r->arg);
-    if (s != FL_OK) {
-      rdd_task_fn_failed(it->task, f->r, s);
-      return false;
+  for (;;) {
+    uint32_t n = f->in->next(f->in, out, max), kept = 0;
+    if (n == 0) return 0;
+    for (uint32_t i = 0; i < n; i++) {
+      bool keep = false;
+      fl_status s = fn(out[i], &keep, f->r->arg);
+      if (s != FL_OK) {
+        rdd_task_fn_failed(it->task, f->r, s);
+        return 0;
+      }
+      if (keep) out[kept++] = out[i];
     }
-    if (keep) return true;
+    if (kept > 0) return kept;
   }
-  return false;
 }
 
 static fl_status filter_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
@@ -185,52 +221,65 @@ typedef struct emit_iter {
   rdd *r;
   uint32_t partition;
   fl_emitter emitter;
-  rdd_cursor cursor;
-  bool done; /* map_partitions: ran already */
+  rdd_cursor cursor; /* over the emitter's records not yet handed out */
+  bool done;         /* map_partitions: ran already */
+  fl_bytes views[RDD_ITER_BATCH];
+  uint32_t in_pos, in_len; /* flat_map: input records not yet mapped */
 } emit_iter;
 
 static void emit_close(fl_iter *it) { rdd_batch_free(&((emit_iter *)it)->emitter.batch); }
 
-static void emit_serve(emit_iter *e) {
-  e->cursor.p = e->emitter.batch.buf.data;
-  e->cursor.end = e->emitter.batch.buf.data + e->emitter.batch.buf.len;
+static uint32_t emit_serve(emit_iter *e, fl_bytes *out, uint32_t max) {
+  uint32_t n = 0;
+  while (n < max && rdd_cursor_next(&e->cursor, &out[n])) n++;
+  return n;
 }
 
-static bool flat_map_next(fl_iter *it, fl_bytes *rec) {
+/* Maps input records until about `max` outputs are buffered, then hands them out. */
+static uint32_t flat_map_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   emit_iter *e = (emit_iter *)it;
   fl_flat_map_fn fn = (fl_flat_map_fn)e->r->fn;
-  while (!rdd_cursor_next(&e->cursor, rec)) {
-    fl_bytes in;
-    if (!e->in->next(e->in, &in)) return false;
+  for (;;) {
+    uint32_t n = emit_serve(e, out, max);
+    if (n > 0) return n;
     e->emitter.batch.buf.len = 0;
     e->emitter.batch.count = 0;
-    fl_status s = fn(in, &e->emitter, e->r->arg);
-    if (s != FL_OK) {
-      rdd_task_fn_failed(it->task, e->r, s);
-      return false;
+    while (e->emitter.batch.count < max) {
+      if (e->in_pos == e->in_len) {
+        e->in_pos = 0;
+        e->in_len = e->in->next(e->in, e->views, RDD_ITER_BATCH);
+        if (e->in_len == 0) break;
+      }
+      fl_status s = fn(e->views[e->in_pos++], &e->emitter, e->r->arg);
+      if (s != FL_OK) {
+        rdd_task_fn_failed(it->task, e->r, s);
+        return 0;
+      }
     }
-    emit_serve(e);
+    if (e->emitter.batch.count == 0) return 0;
+    e->cursor.p = e->emitter.batch.buf.data;
+    e->cursor.end = e->emitter.batch.buf.data + e->emitter.batch.buf.len;
   }
-  return true;
 }
 
-static bool map_partitions_next(fl_iter *it, fl_bytes *rec) {
+static uint32_t map_partitions_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   emit_iter *e = (emit_iter *)it;
   if (!e->done) {
     e->done = true;
     fl_status s = ((fl_map_partitions_fn)e->r->fn)(e->partition, e->in, &e->emitter, e->r->arg);
-    if (it->task->status != FL_OK) return false; /* an upstream failure wins */
+    if (it->task->status != FL_OK) return 0; /* an upstream failure wins */
     if (s != FL_OK) {
       rdd_task_fn_failed(it->task, e->r, s);
-      return false;
+      return 0;
     }
-    emit_serve(e);
+    e->cursor.p = e->emitter.batch.buf.data;
+    e->cursor.end = e->emitter.batch.buf.data + e->emitter.batch.buf.len;
   }
-  return rdd_cursor_next(&e->cursor, rec);
+  return emit_serve(e, out, max);
 }
 
 static fl_status open_emitting(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
-                               bool (*next)(fl_iter *, fl_bytes *)) {
+                               uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t)) {
   fl_iter *in;
   fl_status s = rdd_iterate(r->parents[0], p, task, &in);
   if (s != FL_OK) return s;
@@ -276,29 +325,35 @@ typedef struct sample_iter {
   fl_iter *in;
   sample_args args;
   common_rng rng;
-  fl_bytes repeat; /* with replacement: the record being repeated */
-  uint32_t repeats_left;
+  fl_bytes views[RDD_ITER_BATCH];
+  uint32_t in_pos, in_len;
+  uint32_t repeats_left; /* with replacement: copies of views[in_pos - 1] still owed */
 } sample_iter;
 
-static bool sample_next(fl_iter *it, fl_bytes *rec) {
+static uint32_t sample_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   sample_iter *s = (sample_iter *)it;
-  if (s->repeats_left > 0) {
-    s->repeats_left--;
-    *rec = s->repeat;
-    return true;
-  }
-  while (s->in->next(s->in, rec)) {
-    if (!s->args.with_replacement) {
-      if (common_rng_uniform(&s->rng) < s->args.fraction) return true;
+  uint32_t n = 0;
+  while (n < max) {
+    if (s->repeats_left > 0) {
+      out[n++] = s->views[s->in_pos - 1];
+      s->repeats_left--;
       continue;
     }
-    uint32_t k = common_rng_poisson(&s->rng, s->args.fraction);
-    if (k == 0) continue;
-    s->repeat = *rec;
-    s->repeats_left = k - 1;
-    return true;
+    if (s->in_pos == s->in_len) {
+      /* Refilling invalidates the views handed out in this call: stop here if any were. */
+      if (n > 0) break;
+      s->in_pos = 0;
+      s->in_len = s->in->next(s->in, s->views, RDD_ITER_BATCH);
+      if (s->in_len == 0) break;
+    }
+    fl_bytes rec = s->views[s->in_pos++];
+    if (!s->args.with_replacement) {
+      if (common_rng_uniform(&s->rng) < s->args.fraction) out[n++] = rec;
+    } else {
+      s->repeats_left = common_rng_poisson(&s->rng, s->args.fraction);
+    }
   }
-  return false;
+  return n;
 }
 
 static fl_status sample_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
@@ -362,12 +417,15 @@ static uint32_t coalesce_lo(uint32_t parent_parts, uint32_t parts, uint32_t p) {
   return (uint32_t)((uint64_t)parent_parts * p / parts);
 }
 
-static bool coalesce_next(fl_iter *it, fl_bytes *rec) {
+static uint32_t coalesce_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   coalesce_iter *c = (coalesce_iter *)it;
   for (;;) {
-    if (c->in && c->in->next(c->in, rec)) return true;
-    if (it->task->status != FL_OK || c->next_part >= c->end_part) return false;
-    if (rdd_iterate(c->parent, c->next_part++, it->task, &c->in) != FL_OK) return false;
+    if (c->in) {
+      uint32_t n = c->in->next(c->in, out, max);
+      if (n > 0) return n;
+    }
+    if (it->task->status != FL_OK || c->next_part >= c->end_part) return 0;
+    if (rdd_iterate(c->parent, c->next_part++, it->task, &c->in) != FL_OK) return 0;
   }
 }
 
@@ -394,37 +452,14 @@ fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out)
 
 /* ---- zip_with_index -------------------------------------------------------------------- */
 
-typedef struct zip_iter {
-  fl_iter base;
-  fl_iter *in;
-  int64_t index;
-  fl_buf out;
-} zip_iter;
-
-static bool zip_next(fl_iter *it, fl_bytes *rec) {
-  zip_iter *z = (zip_iter *)it;
-  fl_bytes in;
-  if (!z->in->next(z->in, &in)) return false;
-  z->out.len = 0;
-  int64_t index = z->index++;
-  fl_status s = fl_buf_put_pair(&z->out, in, fl_bytes_of(&index, 8));
-  if (s != FL_OK) {
-    rdd_task_fail(it->task, s);
-    return false;
-  }
-  *rec = fl_buf_bytes(&z->out);
-  return true;
-}
-
-static void zip_close(fl_iter *it) { fl_buf_free(&((zip_iter *)it)->out); }
-
 static fl_status zip_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   fl_iter *in;
   fl_status s = rdd_iterate(r->parents[0], p, task, &in);
   if (s != FL_OK) return s;
-  zip_iter *it = rdd_iter_new(task, sizeof *it, zip_next, zip_close);
+  map_iter *it = rdd_iter_new(task, sizeof *it, zip_next, map_close);
   if (!it) return rdd_task_fail(task, FL_ENOMEM);
   it->in = in;
+  it->r = r;
   it->index = ((const int64_t *)r->state)[p];
   *out = &it->base;
   return FL_OK;

@@ -85,7 +85,7 @@ char *fl_dataset_lineage(const fl_dataset *ds) {
 
 /* ---- iterators ------------------------------------------------------------------------- */
 
-void *rdd_iter_new(rdd_task *task, size_t size, bool (*next)(fl_iter *, fl_bytes *),
+void *rdd_iter_new(rdd_task *task, size_t size, uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t),
                    void (*close)(fl_iter *)) {
   fl_iter *it = common_calloc(1, size);
   if (!it) {
@@ -100,17 +100,40 @@ void *rdd_iter_new(rdd_task *task, size_t size, bool (*next)(fl_iter *, fl_bytes
   return it;
 }
 
-bool fl_iter_next(fl_iter *it, fl_bytes *rec) { return it && rec && it->next(it, rec); }
+bool fl_iter_next(fl_iter *it, fl_bytes *rec) {
+  if (!it || !rec) return false;
+  if (it->ahead_pos == it->ahead_len) {
+    if (!it->ahead && !(it->ahead = common_malloc(RDD_ITER_BATCH * sizeof *it->ahead))) {
+      rdd_task_fail(it->task, FL_ERR(FL_ENOMEM, "cannot allocate an iterator buffer"));
+      return false;
+    }
+    it->ahead_pos = 0;
+    it->ahead_len = it->next(it, it->ahead, RDD_ITER_BATCH);
+    if (it->ahead_len == 0) return false;
+  }
+  *rec = it->ahead[it->ahead_pos++];
+  return true;
+}
 
 typedef struct batch_iter {
   fl_iter base;
   rdd_cursor cursor;
+  uint64_t left;
   void (*release)(void *handle);
   void *handle;
 } batch_iter;
 
-static bool batch_iter_next(fl_iter *it, fl_bytes *out) {
-  return rdd_cursor_next(&((batch_iter *)it)->cursor, out);
+static uint32_t batch_iter_next(fl_iter *it, fl_bytes *out, uint32_t max) {
+  batch_iter *b = (batch_iter *)it;
+  uint32_t n = 0;
+  while (n < max && rdd_cursor_next(&b->cursor, &out[n])) n++;
+  b->left -= n;
+  return n;
+}
+
+static bool batch_iter_count(fl_iter *it, uint64_t *left) {
+  *left = ((batch_iter *)it)->left;
+  return true;
 }
 
 static void batch_iter_close(fl_iter *it) {
@@ -125,8 +148,10 @@ fl_status rdd_iter_batch(rdd_task *task, const rdd_batch *batch, void (*release)
     if (release) release(handle);
     return rdd_task_fail(task, FL_ENOMEM);
   }
+  it->base.count = batch_iter_count;
   it->cursor.p = batch->buf.data;
   it->cursor.end = batch->buf.data + batch->buf.len;
+  it->left = batch->count;
   it->release = release;
   it->handle = handle;
   *out = &it->base;
@@ -191,11 +216,14 @@ fl_status rdd_iterate(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   fl_status status = r->ops->open(r, p, task, &in);
   if (status != FL_OK) return status;
   rdd_batch batch = {FL_BUF_INIT, 0};
-  fl_bytes rec;
-  while (in->next(in, &rec)) {
-    if ((status = rdd_batch_append(&batch, rec.data, rec.len)) != FL_OK) {
-      rdd_batch_free(&batch);
-      return rdd_task_fail(task, status);
+  fl_bytes recs[RDD_ITER_BATCH];
+  uint32_t n;
+  while ((n = in->next(in, recs, RDD_ITER_BATCH)) > 0) {
+    for (uint32_t i = 0; i < n; i++) {
+      if ((status = rdd_batch_append(&batch, recs[i].data, recs[i].len)) != FL_OK) {
+        rdd_batch_free(&batch);
+        return rdd_task_fail(task, status);
+      }
     }
   }
   if (task->status != FL_OK) {

@@ -59,24 +59,37 @@ static inline bool rdd_cursor_next(rdd_cursor *c, fl_bytes *out) {
 
 /* ---- iterators ------------------------------------------------------------------------- */
 /*
- * next() returns false at the end of the partition or when the task failed (task->status
- * says which). Iterators are allocated through rdd_iter_new and closed by the task when it
- * ends, in reverse order of opening.
+ * Iterators hand over records in batches of views, so that a chain of them costs one
+ * indirect call per batch rather than per record and only the user's functions are called
+ * per record. next() fills out[0..n) with 1 <= n <= max records and returns n; it returns 0
+ * at the end of the partition or when the task failed (task->status says which). The views
+ * stay valid until the next call of next() on the same iterator. Iterators are allocated
+ * through rdd_iter_new and closed by the task when it ends, in reverse order of opening.
  */
+#define RDD_ITER_BATCH 256u
+
 struct fl_iter {
-  bool (*next)(fl_iter *it, fl_bytes *out);
+  uint32_t (*next)(fl_iter *it, fl_bytes *out, uint32_t max);
+  /* Optional: the number of records left, when known without reading them; else NULL. */
+  bool (*count)(fl_iter *it, uint64_t *left);
   void (*close)(fl_iter *it); /* may be NULL */
   rdd_task *task;
   fl_iter *opened_before;
+  /* fl_iter_next (one record at a time, for user functions) reads ahead into this. */
+  fl_bytes *ahead;
+  uint32_t ahead_pos, ahead_len;
 };
 /* Allocates a zeroed iterator of `size` bytes (a struct whose first member is fl_iter). */
 FL_INTERNAL void *rdd_iter_new(rdd_task *task, size_t size,
-                               bool (*next)(fl_iter *, fl_bytes *), void (*close)(fl_iter *));
+                               uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t),
+                               void (*close)(fl_iter *));
 /* An iterator over a batch that stays valid for the task's life. `release` (may be NULL)
  * is called with `handle` when the iterator closes. */
 FL_INTERNAL fl_status rdd_iter_batch(rdd_task *task, const rdd_batch *batch,
                                      void (*release)(void *handle), void *handle,
                                      fl_iter **out);
+/* Whether the task's job was abandoned (checked once per batch by the terminal loops). */
+FL_INTERNAL bool rdd_task_cancelled(const rdd_task *task);
 
 /* ---- the lineage graph ----------------------------------------------------------------- */
 typedef struct rdd_ops {

@@ -195,7 +195,7 @@ static fl_status acc_merge(acc_kind kind, fl_reduce_fn merge, const void *arg, f
   fl_status s = merge(fl_buf_bytes(into), add, &out, arg);
   if (s != FL_OK) {
     fl_buf_free(&out);
-    char name[128];
+    char name[256];
     common_symbol_name((const void *)merge, name, sizeof name);
     return common_error_wrap(s, "accumulator merge function '%s' failed: ", name);
   }

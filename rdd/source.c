@@ -89,17 +89,25 @@ typedef struct range_iter {
   fl_iter base;
   int64_t value, step;
   uint64_t left;
-  int64_t out;
+  int64_t values[RDD_ITER_BATCH];
 } range_iter;
 
-static bool range_next(fl_iter *it, fl_bytes *rec) {
+static uint32_t range_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   range_iter *r = (range_iter *)it;
-  if (r->left == 0) return false;
-  r->out = r->value;
-  r->value = (int64_t)((uint64_t)r->value + (uint64_t)r->step);
-  r->left--;
-  rec->data = (const uint8_t *)&r->out;
-  rec->len = 8;
+  uint32_t n = r->left < max ? (uint32_t)r->left : max;
+  uint64_t v = (uint64_t)r->value, step = (uint64_t)r->step; /* wrapping, like the values */
+  for (uint32_t i = 0; i < n; i++, v += step) {
+    r->values[i] = (int64_t)v;
+    out[i].data = (const uint8_t *)&r->values[i];
+    out[i].len = 8;
+  }
+  r->value = (int64_t)v;
+  r->left -= n;
+  return n;
+}
+
+static bool range_count(fl_iter *it, uint64_t *left) {
+  *left = ((range_iter *)it)->left;
   return true;
 }
 
@@ -109,6 +117,7 @@ static fl_status range_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   uint64_t hi = (uint64_t)((unsigned __int128)st->total * (p + 1) / r->num_partitions);
   range_iter *it = rdd_iter_new(task, sizeof *it, range_next, NULL);
   if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->base.count = range_count;
   it->value = (int64_t)((uint64_t)st->start + lo * (uint64_t)st->step);
   it->step = st->step;
   it->left = hi - lo;
@@ -342,28 +351,32 @@ static fl_status line_fill(line_iter *it) {
   return FL_OK;
 }
 
-static bool line_next(fl_iter *base, fl_bytes *rec) {
+/* Lines are views into the read buffer, and refilling it moves its bytes: so a batch ends
+ * where the buffer needs a refill, unless it is still empty. */
+static uint32_t line_next(fl_iter *base, fl_bytes *out, uint32_t max) {
   line_iter *it = (line_iter *)base;
-  for (;;) {
-    if (it->file_pos + it->off >= it->end) return false;
+  uint32_t n = 0;
+  while (n < max) {
+    if (it->file_pos + it->off >= it->end) break;
     char *start = it->buf + it->off;
     char *nl = it->len > it->off ? memchr(start, '\n', it->len - it->off) : NULL;
     if (nl || (it->eof && it->off < it->len)) {
-      size_t n = nl ? (size_t)(nl - start) : it->len - it->off;
-      it->off += n + (nl ? 1 : 0);
-      if (n > 0 && start[n - 1] == '\r') n--;
-      rec->data = (const uint8_t *)start;
-      rec->len = n;
+      size_t len = nl ? (size_t)(nl - start) : it->len - it->off;
+      it->off += len + (nl ? 1 : 0);
+      if (len > 0 && start[len - 1] == '\r') len--;
+      out[n].data = (const uint8_t *)start;
+      out[n++].len = len;
       it->line_no++;
-      return true;
+      continue;
     }
-    if (it->eof) return false;
+    if (it->eof || n > 0) break;
     fl_status s = line_fill(it);
     if (s != FL_OK) {
       rdd_task_fail(base->task, s);
-      return false;
+      return 0;
     }
   }
+  return n;
 }
 
 static void line_close(fl_iter *base) {
@@ -472,10 +485,10 @@ typedef struct binary_iter {
   size_t len, off, cap;
 } binary_iter;
 
-static bool binary_next(fl_iter *base, fl_bytes *rec) {
+static uint32_t binary_next(fl_iter *base, fl_bytes *out, uint32_t max) {
   binary_iter *it = (binary_iter *)base;
   if (it->len - it->off < it->record_len) {
-    if (it->pos >= it->end) return false;
+    if (it->pos >= it->end) return 0;
     uint64_t want = it->end - it->pos;
     if (want > it->cap) want = it->cap;
     ssize_t n;
@@ -486,16 +499,19 @@ static bool binary_next(fl_iter *base, fl_bytes *rec) {
                     n < 0 ? FL_ERR(FL_EIO, "%s: read failed: %s", it->path, strerror(errno))
                           : FL_ERR(FL_EIO, "%s: file shrank while being read (offset %llu)",
                                    it->path, (unsigned long long)(it->pos + (uint64_t)n)));
-      return false;
+      return 0;
     }
     it->pos += want;
     it->len = (size_t)want;
     it->off = 0;
   }
-  rec->data = it->buf + it->off;
-  rec->len = it->record_len;
-  it->off += it->record_len;
-  return true;
+  uint32_t n = 0;
+  while (n < max && it->len - it->off >= it->record_len) {
+    out[n].data = it->buf + it->off;
+    out[n++].len = it->record_len;
+    it->off += it->record_len;
+  }
+  return n;
 }
 
 static void binary_close(fl_iter *base) {

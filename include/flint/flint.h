@@ -141,6 +141,10 @@ static inline double fl_f64(fl_bytes rec) {
 static inline fl_status fl_buf_put_i64(fl_buf *buf, int64_t v) { return fl_buf_append(buf, &v, 8); }
 static inline fl_status fl_buf_put_f64(fl_buf *buf, double v) { return fl_buf_append(buf, &v, 8); }
 
+/* Parses a size: digits with an optional k, m, g or t suffix (powers of 1024) and an
+ * optional b ("512m", "2GB", "1048576"). FL_EINVAL, naming the text, for anything else. */
+FL_API fl_status fl_parse_size(const char *text, uint64_t *out);
+
 /* Pairs: a record holding a key and a value (a varint key length, the key, the value). */
 FL_API fl_status fl_buf_put_pair(fl_buf *buf, fl_bytes key, fl_bytes value);
 /* Splits a pair record into views of its key and value. FL_EFORMAT if `rec` is no pair. */

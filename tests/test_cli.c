@@ -1,0 +1,395 @@
+/*
+ * test_cli: the flint command, run as a child process the way a user runs it.
+ *
+ * The binary and the job libraries (pi.so, iterative.so, job_*.so) are taken from
+ * $FLINT_BIN (ctest sets it to <build>/bin), else from this test's own folder. Each run
+ * captures stdout and stderr separately and is bounded: the child has alarm(60) (kept
+ * across exec), and the parent kills it if its output pipes stay open past 90 seconds.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "test_util.h"
+
+#define CHILD_ALARM_S 60
+#define PARENT_LIMIT_S 90
+#define MAX_ARGS 32
+#define OUT_CAP (256 * 1024)
+
+static char bin_dir[PATH_MAX];
+static char flint_path[PATH_MAX + 16];
+
+typedef struct run_result {
+  int status; /* exit status; 128 + signal when killed by one */
+  char out[OUT_CAP];
+  size_t out_len;
+  char err[OUT_CAP];
+  size_t err_len;
+} run_result;
+
+/* Path of a file in the binary folder, in a small rotating set of static buffers so that
+ * a test can hold a few at once. */
+static const char *bin_file(const char *name) {
+  static char bufs[4][PATH_MAX + 64];
+  static int next;
+  char *b = bufs[next++ % 4];
+  snprintf(b, sizeof bufs[0], "%s/%s", bin_dir, name);
+  return b;
+}
+
+static void drain(int *fd, char *buf, size_t *len) {
+  char tmp[4096];
+  ssize_t n = read(*fd, tmp, sizeof tmp);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    close(*fd);
+    *fd = -1;
+    return;
+  }
+  size_t room = OUT_CAP - 1 - *len;
+  size_t take = (size_t)n < room ? (size_t)n : room;
+  memcpy(buf + *len, tmp, take);
+  *len += take;
+  buf[*len] = '\0';
+}
+
+/* Runs `flint ARGS...` (argv NULL-terminated, without "flint") in folder `cwd` (NULL: this
+ * process's folder) and returns its result; the caller frees it. */
+static run_result *run_flint_in(const char *cwd, const char *const *args) {
+  run_result *r = calloc(1, sizeof *r);
+  assert_non_null(r);
+  const char *argv[MAX_ARGS + 2];
+  int argc = 0;
+  argv[argc++] = flint_path;
+  for (; args[argc - 1]; argc++) {
+    assert_true(argc <= MAX_ARGS);
+    argv[argc] = args[argc - 1];
+  }
+  argv[argc] = NULL;
+
+  int out_pipe[2], err_pipe[2];
+  assert_int_equal(pipe2(out_pipe, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(err_pipe, O_CLOEXEC), 0);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    if (cwd && chdir(cwd) != 0) _exit(126);
+    alarm(CHILD_ALARM_S);
+    execv(flint_path, (char *const *)argv);
+    fprintf(stderr, "test_cli: cannot run %s: %s\n", flint_path, strerror(errno));
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+
+  int fds[2] = {out_pipe[0], err_pipe[0]};
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  bool killed = false;
+  while (fds[0] >= 0 || fds[1] >= 0) {
+    struct pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+    int n = poll(p, 2, 1000);
+    if (n < 0 && errno != EINTR) fail_msg("poll: %s", strerror(errno));
+    if (n > 0) {
+      if (fds[0] >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[0], r->out, &r->out_len);
+      if (fds[1] >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[1], r->err, &r->err_len);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!killed && now.tv_sec - start.tv_sec > PARENT_LIMIT_S) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+  }
+  int wstatus;
+  while (waitpid(pid, &wstatus, 0) < 0) assert_int_equal(errno, EINTR);
+  if (WIFEXITED(wstatus)) {
+    r->status = WEXITSTATUS(wstatus);
+  } else {
+    r->status = 128 + WTERMSIG(wstatus);
+    fprintf(stderr, "flint %s ... was killed by signal %d%s\n", argc > 1 ? argv[1] : "",
+            WTERMSIG(wstatus), killed || WTERMSIG(wstatus) == SIGALRM ? " (time limit)" : "");
+  }
+  return r;
+}
+
+#define RUN_FLINT(...) run_flint_in(NULL, (const char *const[]){__VA_ARGS__, NULL})
+#define RUN_FLINT_IN(cwd, ...) run_flint_in((cwd), (const char *const[]){__VA_ARGS__, NULL})
+
+static void dump(const run_result *r) {
+  fprintf(stderr, "exit status %d\n--- stdout ---\n%s--- stderr ---\n%s--------------\n",
+          r->status, r->out, r->err);
+}
+
+static void expect_status(const run_result *r, int status) {
+  if (r->status != status) {
+    fprintf(stderr, "expected exit status %d\n", status);
+    dump(r);
+  }
+  assert_int_equal(r->status, status);
+}
+
+/* Asserts that `text` (stdout or stderr of r) contains `needle`. */
+static void expect_contains(const run_result *r, const char *text, const char *which,
+                            const char *needle) {
+  if (!strstr(text, needle)) {
+    fprintf(stderr, "%s lacks '%s'\n", which, needle);
+    dump(r);
+  }
+  assert_non_null(strstr(text, needle));
+}
+#define EXPECT_OUT(r, needle) expect_contains((r), (r)->out, "stdout", (needle))
+#define EXPECT_ERR(r, needle) expect_contains((r), (r)->err, "stderr", (needle))
+
+/* ---- top-level command --------------------------------------------------------------- */
+
+static void test_help(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("--help");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "usage: flint");
+  EXPECT_OUT(r, "submit");
+  EXPECT_OUT(r, "--master");
+  assert_int_equal(r->err_len, 0);
+  free(r);
+}
+
+static void test_version(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("--version");
+  expect_status(r, 0);
+  assert_string_equal(r->out, "flint 0.1.0\n");
+  assert_string_equal(r->out, "flint " FL_VERSION_STRING "\n");
+  free(r);
+}
+
+static void test_no_arguments(void **state) {
+  (void)state;
+  run_result *r = run_flint_in(NULL, (const char *const[]){NULL});
+  expect_status(r, 2);
+  EXPECT_ERR(r, "no command");
+  EXPECT_ERR(r, "flint --help");
+  assert_int_equal(r->out_len, 0);
+  free(r);
+}
+
+static void test_unknown_command(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("frobnicate", "x");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "unknown command");
+  EXPECT_ERR(r, "frobnicate");
+  free(r);
+}
+
+/* ---- submit: usage errors (exit 2) --------------------------------------------------- */
+
+static void test_submit_help(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--help");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submit");
+  EXPECT_OUT(r, "flint_main");
+  free(r);
+}
+
+static void test_submit_no_job(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "no job");
+  free(r);
+
+  r = RUN_FLINT("submit", "--master", "local[2]");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "no job");
+  free(r);
+}
+
+static void test_submit_master_without_value(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--master");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "--master");
+  EXPECT_ERR(r, "needs a value");
+  free(r);
+
+  r = RUN_FLINT("submit", "--memory");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "--memory");
+  free(r);
+}
+
+static void test_submit_bad_memory(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--memory", "12x", bin_file("job_exit3.so"));
+  expect_status(r, 2);
+  EXPECT_ERR(r, "12x");
+  assert_null(strstr(r->out, "job_exit3")); /* the job never ran */
+  free(r);
+
+  r = RUN_FLINT("submit", "--memory", "-5m", bin_file("job_exit3.so"));
+  expect_status(r, 2);
+  EXPECT_ERR(r, "-5m");
+  free(r);
+}
+
+static void test_submit_unknown_option(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--frobnicate", bin_file("job_exit3.so"));
+  expect_status(r, 2);
+  EXPECT_ERR(r, "--frobnicate");
+  free(r);
+}
+
+/* ---- submit: the job cannot start (exit 1) ------------------------------------------- */
+
+static void test_submit_bad_master(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--master", "spark://x", bin_file("job_exit3.so"));
+  expect_status(r, 1);
+  EXPECT_ERR(r, "spark://x");
+  assert_null(strstr(r->out, "job_exit3"));
+  free(r);
+
+  r = RUN_FLINT("submit", "--master", "local[0]", bin_file("job_exit3.so"));
+  expect_status(r, 1);
+  EXPECT_ERR(r, "local[0]");
+  free(r);
+}
+
+static void test_submit_missing_job_file(void **state) {
+  (void)state;
+  const char *missing = bin_file("no_such_job.so");
+  run_result *r = RUN_FLINT("submit", "--master", "local[2]", missing);
+  expect_status(r, 1);
+  EXPECT_ERR(r, missing);
+  EXPECT_ERR(r, "cannot load job");
+  free(r);
+}
+
+static void test_submit_job_without_flint_main(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--master", "local[2]", bin_file("job_no_main.so"));
+  expect_status(r, 1);
+  EXPECT_ERR(r, "flint_main");
+  EXPECT_ERR(r, "job_no_main.so");
+  free(r);
+}
+
+/* ---- submit: the job's own status ---------------------------------------------------- */
+
+static void test_submit_passes_args_and_exit_status(void **state) {
+  (void)state;
+  const char *job = bin_file("job_exit3.so");
+  run_result *r = RUN_FLINT("submit", "--master", "local[2]", "--memory", "64m", job, "a", "b");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_exit3 args: a b\n");
+  EXPECT_OUT(r, "job_exit3 count: 10\n");
+  char argv0[PATH_MAX + 64];
+  snprintf(argv0, sizeof argv0, "job_exit3 argv[0]: %s\n", job);
+  EXPECT_OUT(r, argv0); /* the job sees its own path as argv[0], as a program would */
+  free(r);
+
+  /* Options after the job belong to the job, not to flint. */
+  r = RUN_FLINT("submit", job, "--master", "x");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_exit3 args: --master x\n");
+  free(r);
+}
+
+static void test_submit_bare_name_in_current_folder(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT_IN(bin_dir, "submit", "--master", "local", "job_exit3.so", "c");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_exit3 args: c\n");
+  EXPECT_OUT(r, "job_exit3 count: 10\n");
+  free(r);
+}
+
+static void test_submit_failing_job(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--master", "local[2]", bin_file("job_fails.so"));
+  expect_status(r, 4);
+  EXPECT_ERR(r, "fail_every_record"); /* the engine names the user function that failed */
+  EXPECT_ERR(r, "bad record");
+  free(r);
+}
+
+static void test_submit_pi(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--master", "local[2]", bin_file("pi.so"), "100000");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "pi is roughly 3.1");
+  EXPECT_OUT(r, "100000 samples");
+  free(r);
+}
+
+static void test_submit_iterative(void **state) {
+  (void)state;
+  run_result *r =
+      RUN_FLINT("submit", "--master", "local[2]", bin_file("iterative.so"), "5000", "4", "5", "4");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "5000 points, 4 features, 4 partitions, 2 threads");
+  EXPECT_OUT(r, "step  5");
+  EXPECT_OUT(r, "distance from the true weights");
+  free(r);
+}
+
+static void find_binaries(void) {
+  const char *env = getenv("FLINT_BIN");
+  if (env && *env) {
+    snprintf(bin_dir, sizeof bin_dir, "%s", env);
+  } else { /* this test's own folder: the build puts the binaries there too */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+      fprintf(stderr, "test_cli: set FLINT_BIN to the folder of the flint binary\n");
+      exit(1);
+    }
+    self[n] = '\0';
+    snprintf(bin_dir, sizeof bin_dir, "%s", dirname(self));
+  }
+  snprintf(flint_path, sizeof flint_path, "%s/flint", bin_dir);
+  if (access(flint_path, X_OK) != 0) {
+    fprintf(stderr, "test_cli: no flint binary at %s (set FLINT_BIN)\n", flint_path);
+    exit(1);
+  }
+}
+
+int main(void) {
+  find_binaries();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help),
+      cmocka_unit_test(test_version),
+      cmocka_unit_test(test_no_arguments),
+      cmocka_unit_test(test_unknown_command),
+      cmocka_unit_test(test_submit_help),
+      cmocka_unit_test(test_submit_no_job),
+      cmocka_unit_test(test_submit_master_without_value),
+      cmocka_unit_test(test_submit_bad_memory),
+      cmocka_unit_test(test_submit_unknown_option),
+      cmocka_unit_test(test_submit_bad_master),
+      cmocka_unit_test(test_submit_missing_job_file),
+      cmocka_unit_test(test_submit_job_without_flint_main),
+      cmocka_unit_test(test_submit_passes_args_and_exit_status),
+      cmocka_unit_test(test_submit_bare_name_in_current_folder),
+      cmocka_unit_test(test_submit_failing_job),
+      cmocka_unit_test(test_submit_pi),
+      cmocka_unit_test(test_submit_iterative),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
