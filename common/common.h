@@ -104,6 +104,8 @@ FL_INTERNAL double common_rng_uniform(common_rng *rng);
 /* Poisson(mean) by inversion for small means, normal approximation above 30. */
 FL_INTERNAL uint32_t common_rng_poisson(common_rng *rng, double mean);
 FL_INTERNAL uint64_t common_hash64(uint64_t x);
+/* A 64-bit hash of a byte string (8 bytes a step through common_hash64). */
+FL_INTERNAL uint64_t common_hash_bytes(const void *data, size_t len);
 
 /* ---- queue: an intrusive FIFO with a spin-then-block pop ------------------------------- */
 /*

@@ -109,6 +109,21 @@ uint64_t common_hash64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+uint64_t common_hash_bytes(const void *data, size_t len) {
+  const uint8_t *p = data;
+  uint64_t h = 0x243f6a8885a308d3ull ^ len;
+  while (len >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = common_hash64(h ^ w);
+    p += 8;
+    len -= 8;
+  }
+  uint64_t tail = 0;
+  memcpy(&tail, p, len);
+  return common_hash64(h ^ tail ^ ((uint64_t)len << 56));
+}
+
 void common_rng_seed(common_rng *rng, uint64_t seed) {
   for (int i = 0; i < 4; i++) {
     seed = common_hash64(seed);

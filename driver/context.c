@@ -5,6 +5,7 @@
  * Tunables read from the environment (declared here only):
  *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 1 GiB
  *   FLINT_WORK_DIR  where the context's folder for disk blocks is made; $TMPDIR or /tmp
+ *   FLINT_SHUFFLE_MEMORY  bytes a task sorts or aggregates before it spills; 64 MiB
  *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200
  */
 
@@ -15,8 +16,10 @@
 #include <unistd.h>
 
 #include "driver/driver.h"
+#include "shuffle/shuffle.h"
 
 #define DEFAULT_MEMORY (1ull << 30)
+#define DEFAULT_SHUFFLE_MEMORY (64ull << 20)
 #define DEFAULT_MAX_ATTEMPTS 4
 /* More task threads than this is a typo, not a machine. */
 #define MAX_LOCAL_THREADS 4096
@@ -58,18 +61,18 @@ static fl_status parse_master(const char *master, uint32_t *threads) {
   return FL_ERR(FL_EINVAL, "unknown master '%s': expected local, local[N] or local[*]", master);
 }
 
-static fl_status resolve_memory(const fl_options *opts, uint64_t *out) {
-  if (opts && opts->memory_limit) {
-    *out = opts->memory_limit;
+/* An option's value, else the environment's, else the default. */
+static fl_status resolve_size(uint64_t option, const char *env_name, uint64_t def, uint64_t *out) {
+  if (option) {
+    *out = option;
     return FL_OK;
   }
-  const char *env = getenv("FLINT_MEMORY");
+  const char *env = getenv(env_name);
   if (!env || !*env) {
-    *out = DEFAULT_MEMORY;
+    *out = def;
     return FL_OK;
   }
-  if (fl_parse_size(env, out) != FL_OK)
-    return common_error_wrap(FL_EINVAL, "FLINT_MEMORY: ");
+  if (fl_parse_size(env, out) != FL_OK) return common_error_wrap(FL_EINVAL, "%s: ", env_name);
   return FL_OK;
 }
 
@@ -94,10 +97,14 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
   common_error_clear();
   if (!master || !out) return FL_ERR(FL_EINVAL, "fl_context_open: master and out must not be NULL");
   uint32_t threads = 0;
-  uint64_t memory = 0;
+  uint64_t memory = 0, shuffle_memory = 0;
   fl_status status = parse_master(master, &threads);
   if (status != FL_OK) return status;
-  if ((status = resolve_memory(options, &memory)) != FL_OK) return status;
+  if ((status = resolve_size(options ? options->memory_limit : 0, "FLINT_MEMORY", DEFAULT_MEMORY,
+                             &memory)) != FL_OK ||
+      (status = resolve_size(options ? options->shuffle_memory : 0, "FLINT_SHUFFLE_MEMORY",
+                             DEFAULT_SHUFFLE_MEMORY, &shuffle_memory)) != FL_OK)
+    return status;
 
   context_impl *c = common_calloc(1, sizeof *c);
   if (!c) return FL_ERR(FL_ENOMEM, "cannot allocate a context");
@@ -105,6 +112,7 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
   FL_CHECK(make_work_dir(options, &c->work_dir));
   FL_CHECK(block_manager_create(memory, c->work_dir, &c->blocks));
   FL_CHECK(rdd_shared_create(&c->pub.shared));
+  FL_CHECK(map_output_table_create(&c->pub.map_outputs));
   FL_CHECK(scheduler_create(options && options->max_task_attempts ? options->max_task_attempts
                                                                   : DEFAULT_MAX_ATTEMPTS,
                             &c->sched));
@@ -115,6 +123,8 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
   c->pub.cache = &block_manager_cache_ops;
   c->pub.cache_impl = c->blocks;
   c->pub.cores = threads;
+  c->pub.shuffle_memory = shuffle_memory;
+  c->pub.work_dir = c->work_dir;
   c->pub.default_parallelism =
       options && options->default_parallelism ? options->default_parallelism : threads;
   atomic_init(&c->pub.next_rdd_id, 1);
@@ -131,6 +141,7 @@ void fl_context_close(fl_context *ctx) {
   scheduler_destroy(c->sched);
   block_manager_destroy(c->blocks);
   rdd_shared_destroy(c->pub.shared);
+  map_output_table_destroy(c->pub.map_outputs);
   if (c->work_dir) common_remove_tree(c->work_dir);
   common_free(c->work_dir);
   common_free(c);

@@ -1,32 +1,163 @@
 /*
  * dag_scheduler.c: jobs into stages into tasks, and the end of jobs.
  *
- * Every dependency in the lineage is narrow for now, so a job is one result stage whose
- * tasks pipeline the whole chain; shuffle dependencies will cut the lineage into parent
- * stages that run first. Runs on the scheduler thread only.
+ * A job's result stage computes the job's partitions of its rdd. Walking the lineage from
+ * there through narrow dependencies, every shuffle dependency whose map output is not all
+ * registered in the map-output table becomes a map stage (found the same way from the
+ * shuffle's parent), with tasks for its missing map partitions only. A stage is submitted
+ * once its parents have finished; so a second action on a shuffled dataset, or a job over
+ * a dataset whose partitions are all cached, runs no map stage again. Runs on the scheduler
+ * thread only.
  */
 #include <stdarg.h>
 #include <stdio.h>
 
 #include "driver/driver.h"
+#include "shuffle/shuffle.h"
+
+static void init_task(sched_task *t, sched_job *job, sched_stage *stage, uint32_t index,
+                      uint32_t partition) {
+  t->job = job;
+  t->stage = stage;
+  t->index = index;
+  t->rt.ctx = job->rdd->ctx;
+  t->rt.job_id = job->id;
+  t->rt.partition = partition;
+  t->rt.cancelled = &job->cancelled;
+}
+
+static sched_stage *stage_new(sched_job *job, rdd *r, const rdd_shuffle_dep *dep) {
+  sched_stage *st = common_calloc(1, sizeof *st);
+  if (!st) return NULL;
+  st->id = job->next_stage_id++;
+  st->rdd = r;
+  st->dep = dep;
+  st->next = job->stages;
+  job->stages = st;
+  return st;
+}
+
+static bool stage_add_parent(sched_stage *st, sched_stage *parent) {
+  for (uint32_t i = 0; i < st->num_parents; i++)
+    if (st->parents[i] == parent) return true;
+  sched_stage **grown = common_realloc(st->parents, (st->num_parents + 1) * sizeof *grown);
+  if (!grown) return false;
+  st->parents = grown;
+  st->parents[st->num_parents++] = parent;
+  return true;
+}
+
+/* Whether every partition of r is in the cache (then nothing below it needs to run). */
+static bool fully_cached(rdd *r) {
+  if (atomic_load(&r->level) == FL_STORAGE_NONE) return false;
+  fl_storage_info info = {0};
+  r->ctx->cache->info(r->ctx->cache_impl, r->id, &info);
+  return info.cached_partitions == r->num_partitions;
+}
+
+static fl_status add_missing_parents(scheduler *s, sched_job *job, sched_stage *stage, rdd *r);
+
+/* The map stage of a shuffle within this job, made (with its own parents) when new. */
+static fl_status map_stage_for(scheduler *s, sched_job *job, const rdd_shuffle_dep *dep,
+                               sched_stage **out) {
+  for (sched_stage *st = job->stages; st; st = st->next)
+    if (st->dep == dep) {
+      *out = st;
+      return FL_OK;
+    }
+  sched_stage *st = stage_new(job, dep->parent, dep);
+  if (!st) return FL_ERR(FL_ENOMEM, "cannot allocate a stage");
+  map_output_table *table = job->rdd->ctx->map_outputs;
+  uint32_t maps = dep->parent->num_partitions, missing = 0;
+  for (uint32_t m = 0; m < maps; m++) missing += !map_output_has(table, dep->shuffle_id, m);
+  st->tasks = common_calloc(missing ? missing : 1, sizeof *st->tasks);
+  if (!st->tasks) return FL_ERR(FL_ENOMEM, "cannot allocate %u map tasks", missing);
+  st->write = (rdd_action){.kind = RDD_ACTION_SHUFFLE_WRITE, .dep = dep};
+  st->action = &st->write;
+  for (uint32_t m = 0; m < maps; m++)
+    if (!map_output_has(table, dep->shuffle_id, m)) {
+      init_task(&st->tasks[st->num_tasks], job, st, st->num_tasks, m);
+      st->num_tasks++;
+    }
+  st->remaining = st->num_tasks;
+  *out = st;
+  return add_missing_parents(s, job, st, dep->parent);
+}
+
+/* Walks r's narrow lineage and makes the stage depend on the map stages of every shuffle
+ * whose output is not complete. */
+static fl_status add_missing_parents(scheduler *s, sched_job *job, sched_stage *stage, rdd *r) {
+  rdd *stack[512];
+  int top = 0;
+  stack[top++] = r;
+  while (top > 0) {
+    rdd *cur = stack[--top];
+    if (fully_cached(cur)) continue;
+    for (uint32_t i = 0; i < cur->num_shuffle_deps; i++) {
+      const rdd_shuffle_dep *dep = cur->shuffle_deps[i];
+      if (dep->parent->num_partitions == 0 ||
+          map_output_complete(cur->ctx->map_outputs, dep->shuffle_id))
+        continue;
+      sched_stage *parent = NULL;
+      fl_status st = map_stage_for(s, job, dep, &parent);
+      if (st != FL_OK) return st;
+      if (!stage_add_parent(stage, parent)) return FL_ERR(FL_ENOMEM, "cannot link stages");
+    }
+    for (uint32_t i = 0; i < cur->num_parents; i++) {
+      if (top == 512) return FL_ERR(FL_ELIMIT, "lineage wider than 512 datasets at one level");
+      stack[top++] = cur->parents[i];
+    }
+  }
+  return FL_OK;
+}
+
+/* Submits the stage's tasks when its parents are done; else submits the parents. */
+static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
+  if (st->submitted) return;
+  bool ready = true;
+  for (uint32_t i = 0; i < st->num_parents; i++)
+    if (!st->parents[i]->finished) {
+      ready = false;
+      submit_stage(s, job, st->parents[i]);
+    }
+  if (!ready) return;
+  st->submitted = true;
+  if (st->num_tasks == 0) {
+    st->finished = true;
+    return;
+  }
+  task_scheduler_submit(s, st->tasks, st->num_tasks);
+}
+
+/* After a stage finished: submit the stages that were waiting for it. */
+static void submit_waiting(scheduler *s, sched_job *job) {
+  for (sched_stage *st = job->stages; st; st = st->next)
+    if (!st->submitted) submit_stage(s, job, st);
+}
 
 void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   atomic_fetch_add(&s->jobs_run, 1);
-  for (uint32_t i = 0; i < job->num_parts; i++) {
-    sched_task *t = &job->tasks[i];
-    t->job = job;
-    t->index = i;
-    t->rt.ctx = job->rdd->ctx;
-    t->rt.job_id = job->id;
-    t->rt.partition = job->parts[i];
-    t->rt.cancelled = &job->cancelled;
+  sched_stage *result = stage_new(job, job->rdd, NULL);
+  if (!result) {
+    dag_scheduler_job_failed(s, job, FL_ENOMEM, "job %llu: cannot allocate its stages", (unsigned long long)job->id);
+    return;
   }
+  result->action = job->action;
+  result->tasks = job->tasks;
+  result->num_tasks = job->num_parts;
+  for (uint32_t i = 0; i < job->num_parts; i++) init_task(&job->tasks[i], job, result, i, job->parts[i]);
   job->remaining = job->num_parts;
-  task_scheduler_submit(s, job->tasks, job->num_parts);
+  fl_status st = add_missing_parents(s, job, result, job->rdd);
+  if (st != FL_OK) {
+    dag_scheduler_job_failed(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+    return;
+  }
+  submit_stage(s, job, result);
+  /* Stages with nothing to run finish at once; their children may be ready now. */
+  submit_waiting(s, job);
 }
 
 void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
-  (void)s;
   bool failed = job->status != FL_OK;
   if (job->running > 0 || (!failed && job->remaining > 0)) return;
   if (failed) atomic_fetch_add(&s->jobs_failed, 1);
@@ -36,6 +167,21 @@ void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
 
 void dag_scheduler_task_succeeded(scheduler *s, sched_task *task) {
   sched_job *job = task->job;
+  sched_stage *st = task->stage;
+  if (st->dep) {
+    fl_status rs = map_output_register(job->rdd->ctx->map_outputs, st->dep->shuffle_id,
+                                       st->dep->parent->num_partitions, task->rt.partition,
+                                       fl_buf_bytes(&task->result));
+    if (rs != FL_OK) {
+      dag_scheduler_job_failed(s, job, rs, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+      return;
+    }
+    if (--st->remaining == 0) {
+      st->finished = true;
+      submit_waiting(s, job);
+    }
+    return;
+  }
   fl_buf t = job->results[task->index];
   job->results[task->index] = task->result;
   task->result = t;
@@ -55,4 +201,22 @@ void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status, co
   atomic_store(&job->cancelled, true);
   task_scheduler_drop_job(s, job);
   dag_scheduler_maybe_finish(s, job);
+}
+
+void dag_scheduler_free_stages(sched_job *job) {
+  sched_stage *st = job->stages;
+  while (st) {
+    sched_stage *next = st->next;
+    if (st->dep) {
+      for (uint32_t i = 0; i < st->num_tasks; i++) {
+        fl_buf_free(&st->tasks[i].result);
+        rdd_task_clear(&st->tasks[i].rt);
+      }
+      common_free(st->tasks);
+    }
+    common_free(st->parents);
+    common_free(st);
+    st = next;
+  }
+  job->stages = NULL;
 }

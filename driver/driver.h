@@ -27,12 +27,15 @@ typedef struct sched_event {
   sched_event_type type;
 } sched_event;
 
-/* One task of a stage: partition parts[index] of the stage's rdd. Reused across attempts. */
+typedef struct sched_stage sched_stage;
+
+/* One task of a stage: a partition of the stage's rdd. Reused across attempts. */
 typedef struct sched_task {
   sched_event ended;   /* posted by the backend when an attempt ends */
   task_pool_work work; /* the local backend's queue entry */
   sched_job *job;
-  uint32_t index;
+  sched_stage *stage;
+  uint32_t index; /* in the stage's tasks (for the result stage: in the job's partitions) */
   uint32_t failures;
   rdd_task rt; /* the attempt: partition, attempt number, status, accumulator updates */
   fl_buf result;
@@ -80,6 +83,23 @@ FL_INTERNAL void scheduler_post_task_end(scheduler *s, sched_task *task);
 FL_INTERNAL void scheduler_stats_get(scheduler *s, scheduler_stats *out);
 
 /* ---- inside the scheduler (scheduler.c, dag_scheduler.c, task_scheduler.c) ------------- */
+
+/* A stage: tasks that each compute one partition of `rdd` through its narrow lineage. A map
+ * stage writes the output of shuffle `dep`; the result stage runs the job's action. */
+struct sched_stage {
+  uint32_t id;
+  rdd *rdd;
+  const rdd_shuffle_dep *dep; /* NULL for the result stage */
+  const rdd_action *action;
+  rdd_action write;           /* map stages: the SHUFFLE_WRITE action */
+  sched_task *tasks;          /* map stages own theirs; the result stage uses the job's */
+  uint32_t num_tasks, remaining;
+  sched_stage **parents;
+  uint32_t num_parents;
+  bool submitted, finished;
+  sched_stage *next; /* in the job's list */
+};
+
 struct sched_job {
   sched_event submitted;
   scheduler *sched;
@@ -89,8 +109,10 @@ struct sched_job {
   const uint32_t *parts;
   uint32_t num_parts;
   fl_buf *results;
-  sched_task *tasks;
-  uint32_t remaining; /* tasks not yet succeeded */
+  sched_task *tasks;  /* of the result stage */
+  sched_stage *stages; /* every stage of the job, the result stage first */
+  uint32_t next_stage_id;
+  uint32_t remaining; /* result tasks not yet succeeded */
   uint32_t running;   /* attempts launched and not ended */
   atomic_bool cancelled;
   fl_status status;
@@ -109,8 +131,10 @@ struct scheduler {
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed;
 };
 
-/* DAG scheduler: turns a submitted job into its stage's tasks and hands them over. */
+/* DAG scheduler: cuts a submitted job into stages and submits those that can run. */
 FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
+/* Frees a finished job's stages (the caller's thread, after the job is handed back). */
+FL_INTERNAL void dag_scheduler_free_stages(sched_job *job);
 /* DAG scheduler: a task of `job` succeeded, or the job failed; finishes the job when no
  * attempt of it is still running. */
 FL_INTERNAL void dag_scheduler_task_succeeded(scheduler *s, sched_task *task);

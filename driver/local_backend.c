@@ -15,9 +15,8 @@ typedef struct local_backend {
 
 static void local_run(task_pool_work *work) {
   sched_task *t = (sched_task *)((char *)work - offsetof(sched_task, work));
-  sched_job *job = t->job;
-  rdd_task_run(&t->rt, job->rdd, job->action, &t->result);
-  scheduler_post_task_end(job->sched, t);
+  rdd_task_run(&t->rt, t->stage->rdd, t->stage->action, &t->result);
+  scheduler_post_task_end(t->job->sched, t);
 }
 
 static void local_launch(backend *b, sched_task *t) {

@@ -89,6 +89,7 @@ fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_
   if (status != FL_OK) fl_set_error(status, "%s", job.error ? job.error : fl_strerror(status));
   for (uint32_t i = 0; i < num_parts; i++) fl_buf_free(&job.tasks[i].result);
   common_free(job.tasks);
+  dag_scheduler_free_stages(&job);
   common_free(job.error);
   common_event_destroy(&job.done);
   rdd_release(r);

@@ -3,6 +3,8 @@
  * attempts retried up to max_attempts, after which the job fails with the last cause.
  * Runs on the scheduler thread only.
  */
+#include <stdio.h>
+
 #include "driver/driver.h"
 
 static void pending_push(scheduler *s, sched_task *t) {
@@ -73,11 +75,14 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   uint32_t partition = rt->partition;
   rt->error = NULL;
   rdd_task_clear(rt);
+  const sched_stage *st = t->stage;
+  char where[96] = "";
+  if (st->dep) snprintf(where, sizeof where, " (a map task of shuffle %llu)", (unsigned long long)st->dep->shuffle_id);
   dag_scheduler_job_failed(s, job, FL_EJOB,
-                           "job %llu failed: partition %u of dataset %llu (%s) failed %u times "
+                           "job %llu failed: partition %u of dataset %llu (%s)%s failed %u times "
                            "on executor '%s'; last error: %s",
-                           (unsigned long long)job->id, partition,
-                           (unsigned long long)job->rdd->id, job->rdd->ops->name, t->failures,
-                           s->backend->ops->name, cause ? cause : fl_strerror(cause_status));
+                           (unsigned long long)job->id, partition, (unsigned long long)st->rdd->id,
+                           st->rdd->ops->name, where, t->failures, s->backend->ops->name,
+                           cause ? cause : fl_strerror(cause_status));
   common_free(cause);
 }

@@ -188,7 +188,7 @@ static fl_status spill(block_manager *bm, block *b, const rdd_batch *batch) {
   fl_buf ser = FL_BUF_INIT;
   char path[4096];
   disk_path(bm, b->key, path, sizeof path);
-  fl_status s = block_codec_encode(batch, &ser);
+  fl_status s = rdd_batch_encode(batch, &ser);
   if (s == FL_OK) s = write_file(path, &ser);
   if (s == FL_OK) {
     b->where = ON_DISK;
@@ -265,10 +265,10 @@ static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void 
     lru_push_front(bm, b);
     encoded = fl_buf_bytes(&b->ser);
     snprintf(what, sizeof what, "cached block rdd_%llu_%u", (unsigned long long)key.rdd_id, key.partition);
-    s = block_codec_decode(encoded, what, &h->priv);
+    s = rdd_batch_decode(encoded, what, &h->priv);
   } else {
     s = read_file(what, &file);
-    if (s == FL_OK) s = block_codec_decode(fl_buf_bytes(&file), what, &h->priv);
+    if (s == FL_OK) s = rdd_batch_decode(fl_buf_bytes(&file), what, &h->priv);
     fl_buf_free(&file);
   }
   if (s != FL_OK) {
@@ -321,7 +321,7 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
     }
   }
   fl_status s = FL_OK;
-  if (level == FL_MEMORY_SER && (s = block_codec_encode(batch, &b->ser)) != FL_OK) {
+  if (level == FL_MEMORY_SER && (s = rdd_batch_encode(batch, &b->ser)) != FL_OK) {
     common_free(h);
     block_free(b);
     return s;
@@ -405,7 +405,67 @@ static void bm_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {
   FL_PCHECK(pthread_mutex_unlock(&bm->lock));
 }
 
-const rdd_cache_ops block_manager_cache_ops = {bm_get, bm_put, bm_release, bm_remove_rdd, bm_info};
+/* ---- shuffle files: one data file per map task, with an index of R + 1 offsets --------- */
+
+static void bm_shuffle_path(void *impl, uint64_t shuffle_id, uint32_t map, char *path, size_t len) {
+  block_manager *bm = impl;
+  snprintf(path, len, "%s/shuffle_%llu_%u.data", bm->dir, (unsigned long long)shuffle_id, map);
+}
+
+static fl_status bm_shuffle_fetch(void *impl, uint64_t shuffle_id, uint32_t map, uint32_t reduce,
+                                  fl_buf *out) {
+  char data[4096], index[4200];
+  bm_shuffle_path(impl, shuffle_id, map, data, sizeof data);
+  snprintf(index, sizeof index, "%s.index", data);
+  const char *what = "shuffle %llu, map %u, reduce %u: %s";
+  fl_status st = FL_OK;
+  int ifd = open(index, O_RDONLY | O_CLOEXEC), dfd = -1;
+  uint64_t range[2];
+  if (ifd < 0 || pread(ifd, range, sizeof range, (off_t)reduce * 8) != (ssize_t)sizeof range) {
+    st = FL_ERR(FL_EFETCH, what, (unsigned long long)shuffle_id, map, reduce,
+                ifd < 0 ? "map output is missing" : "index file is truncated");
+    goto done;
+  }
+  if (range[1] < range[0] || range[1] - range[0] > (1ull << 36)) {
+    st = FL_ERR(FL_EFETCH, what, (unsigned long long)shuffle_id, map, reduce, "index file is corrupt");
+    goto done;
+  }
+  size_t len = (size_t)(range[1] - range[0]);
+  out->len = 0;
+  if ((st = fl_buf_reserve(out, len)) != FL_OK) goto done;
+  if ((dfd = open(data, O_RDONLY | O_CLOEXEC)) < 0) {
+    st = FL_ERR(FL_EFETCH, what, (unsigned long long)shuffle_id, map, reduce, "data file is missing");
+    goto done;
+  }
+  while (out->len < len) {
+    ssize_t n = pread(dfd, out->data + out->len, len - out->len, (off_t)(range[0] + out->len));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      st = FL_ERR(FL_EFETCH, what, (unsigned long long)shuffle_id, map, reduce,
+                  n < 0 ? strerror(errno) : "data file is truncated");
+      goto done;
+    }
+    out->len += (size_t)n;
+  }
+done:
+  if (ifd >= 0) close(ifd);
+  if (dfd >= 0) close(dfd);
+  return st;
+}
+
+static void bm_shuffle_remove(void *impl, uint64_t shuffle_id, uint32_t num_maps) {
+  char data[4096], index[4200];
+  for (uint32_t m = 0; m < num_maps; m++) {
+    bm_shuffle_path(impl, shuffle_id, m, data, sizeof data);
+    snprintf(index, sizeof index, "%s.index", data);
+    unlink(data);
+    unlink(index);
+  }
+}
+
+const rdd_cache_ops block_manager_cache_ops = {bm_get,  bm_put,          bm_release,
+                                               bm_remove_rdd, bm_info, bm_shuffle_path,
+                                               bm_shuffle_fetch, bm_shuffle_remove};
 
 /* ---- lifetime -------------------------------------------------------------------------- */
 

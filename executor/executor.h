@@ -33,11 +33,6 @@ FL_INTERNAL void block_manager_stats_get(block_manager *bm, block_manager_stats 
 /* The rdd_cache_ops over a block manager (impl is the block_manager). */
 FL_INTERNAL extern const rdd_cache_ops block_manager_cache_ops;
 
-/* Serialized form of a batch: a header (magic, count, raw length) and an LZ4 frame with a
- * content checksum. decode checks everything and fails with FL_ECORRUPT naming `what`. */
-FL_INTERNAL fl_status block_codec_encode(const rdd_batch *batch, fl_buf *out);
-FL_INTERNAL fl_status block_codec_decode(fl_bytes in, const char *what, rdd_batch *out);
-
 /* ---- task pool ------------------------------------------------------------------------- */
 typedef struct task_pool task_pool;
 

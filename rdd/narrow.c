@@ -159,10 +159,20 @@ fl_status fl_key_by(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_le
                     fl_dataset **out) {
   return make_narrow("fl_key_by", in, &key_by_ops, (void (*)(void))fn, arg, arg_len, out);
 }
+/* Keys stay where they were: the result keeps the parent's partitioner. */
+static fl_status keep_partitioner(fl_status s, fl_dataset *in, fl_dataset **out) {
+  if (s == FL_OK && in->partitioner) {
+    rdd_partitioner_retain(in->partitioner);
+    (*out)->partitioner = in->partitioner;
+  }
+  return s;
+}
+
 fl_status fl_map_values(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
                         fl_dataset **out) {
-  return make_narrow("fl_map_values", in, &map_values_ops, (void (*)(void))fn, arg, arg_len,
-                     out);
+  return keep_partitioner(
+      make_narrow("fl_map_values", in, &map_values_ops, (void (*)(void))fn, arg, arg_len, out),
+      in, out);
 }
 
 /* ---- filter ---------------------------------------------------------------------------- */
@@ -210,7 +220,8 @@ static const rdd_ops filter_ops = {"filter", filter_open, NULL};
 
 fl_status fl_filter(fl_dataset *in, fl_filter_fn fn, const void *arg, size_t arg_len,
                     fl_dataset **out) {
-  return make_narrow("fl_filter", in, &filter_ops, (void (*)(void))fn, arg, arg_len, out);
+  return keep_partitioner(
+      make_narrow("fl_filter", in, &filter_ops, (void (*)(void))fn, arg, arg_len, out), in, out);
 }
 
 /* ---- flat_map and map_partitions: output emitted into a batch, then served ------------- */

@@ -41,6 +41,7 @@ void rdd_release(rdd *r) {
   while (r && atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1) {
     if (atomic_load(&r->level) != FL_STORAGE_NONE) r->ctx->cache->remove_rdd(r->ctx->cache_impl, r->id);
     if (r->ops->destroy) r->ops->destroy(r);
+    if (r->partitioner) rdd_partitioner_release(r->partitioner);
     rdd *next = r->parents[0];
     if (r->num_parents > 1) rdd_release(r->parents[1]);
     common_free(r->arg);
@@ -68,9 +69,14 @@ char *fl_dataset_lineage(const fl_dataset *ds) {
     int d = depth[top];
     fl_storage_level level = atomic_load(&r->level);
     int n = snprintf(line, sizeof line, "%*s(%u) %s [%llu]%s\n", 2 * d, "", r->num_partitions,
-                     r->ops->name, (unsigned long long)r->id,
+                     r->fn_kind ? r->fn_kind : r->ops->name,
+                     (unsigned long long)r->id,
                      level != FL_STORAGE_NONE ? " cached" : "");
     if (fl_buf_append(&out, line, (size_t)n) != FL_OK) break;
+    for (int i = (int)r->num_shuffle_deps - 1; i >= 0 && top < 256; i--) {
+      stack[top] = r->shuffle_deps[i]->parent;
+      depth[top++] = d + 1;
+    }
     for (int i = (int)r->num_parents - 1; i >= 0 && top < 256; i--) {
       stack[top] = r->parents[i];
       depth[top++] = d + 1;

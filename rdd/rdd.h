@@ -43,6 +43,12 @@ FL_INTERNAL void rdd_batch_free(rdd_batch *b);
 /* Checks that `data` holds exactly `count` well-formed records. */
 FL_INTERNAL bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count);
 
+/* Serialized form of a batch (rdd/batch_codec.c): a header (magic, count, raw length) and
+ * an LZ4 frame with a content checksum, for cached blocks, shuffle blocks and spilled runs.
+ * decode checks everything and fails with FL_ECORRUPT naming `what`. */
+FL_INTERNAL fl_status rdd_batch_encode(const rdd_batch *batch, fl_buf *out);
+FL_INTERNAL fl_status rdd_batch_decode(fl_bytes in, const char *what, rdd_batch *out);
+
 /* A cursor over a batch's bytes. */
 typedef struct rdd_cursor {
   const uint8_t *p, *end;
@@ -91,6 +97,63 @@ FL_INTERNAL fl_status rdd_iter_batch(rdd_task *task, const rdd_batch *batch,
 /* Whether the task's job was abandoned (checked once per batch by the terminal loops). */
 FL_INTERNAL bool rdd_task_cancelled(const rdd_task *task);
 
+/* ---- partitioners (rdd/partitioner.c) --------------------------------------------------- */
+typedef enum rdd_partitioner_kind { PARTITIONER_HASH, PARTITIONER_RANGE, PARTITIONER_CUSTOM } rdd_partitioner_kind;
+
+struct fl_partitioner {
+  atomic_int refs;
+  rdd_partitioner_kind kind;
+  uint32_t num_partitions;
+  fl_partition_fn fn;    /* custom */
+  fl_compare_fn compare; /* range; NULL: bytewise */
+  bool ascending;        /* range */
+  void *arg;             /* custom or range: copy of the argument blob */
+  size_t arg_len;
+  rdd_batch bounds;      /* range: num_partitions - 1 upper bounds, in order */
+  fl_bytes *bound_views;
+};
+
+FL_INTERNAL void rdd_partitioner_retain(const fl_partitioner *p);
+FL_INTERNAL void rdd_partitioner_release(const fl_partitioner *p);
+/* Equal partitioners place every key in the same partition. */
+FL_INTERNAL bool rdd_partitioner_equal(const fl_partitioner *a, const fl_partitioner *b);
+/* The partition of a key. */
+FL_INTERNAL uint32_t rdd_partitioner_place(const fl_partitioner *p, fl_bytes key);
+/* Key order: the compare function (with its arg), or bytewise when it is NULL. */
+static inline int rdd_compare_keys(fl_compare_fn cmp, const void *arg, fl_bytes a, fl_bytes b) {
+  if (cmp) return cmp(a, b, arg);
+  size_t n = a.len < b.len ? a.len : b.len;
+  int c = n ? memcmp(a.data, b.data, n) : 0;
+  return c ? c : (a.len > b.len) - (a.len < b.len);
+}
+
+/* ---- shuffle dependencies -------------------------------------------------------------- */
+typedef struct rdd_shuffle_dep rdd_shuffle_dep;
+
+/* How values of a key are combined (combine_by_key and its family). */
+typedef struct rdd_aggregator {
+  fl_map_fn create;            /* NULL: the combiner starts as merge_value(zero, v) or v */
+  fl_reduce_fn merge_value;    /* combiner, value -> combiner */
+  fl_reduce_fn merge_combiners;
+  fl_bytes zero;               /* fold/aggregate: the start of every combiner */
+  bool has_zero;
+  const void *arg;             /* the user's argument blob */
+} rdd_aggregator;
+
+/* The parent's records are pairs, placed by a partitioner into the output of map tasks
+ * (one per parent partition) and read by the reduce side. Owned by the shuffled rdd. */
+struct rdd_shuffle_dep {
+  uint64_t shuffle_id;
+  rdd *parent;
+  const fl_partitioner *partitioner;
+  const rdd_aggregator *map_combine; /* combine values map-side, or NULL */
+  fl_compare_fn key_order;           /* sort keys map-side (sort_by_key), or NULL */
+  const void *key_order_arg;
+  /* The body of a map task: writes the partition's records as this shuffle's output and
+   * puts the map status (one uint64 byte count per reduce partition) into *status. */
+  fl_status (*write)(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep, fl_buf *status);
+};
+
 /* ---- the lineage graph ----------------------------------------------------------------- */
 typedef struct rdd_ops {
   const char *name;
@@ -114,6 +177,9 @@ struct fl_dataset {
   size_t arg_len;
   void *state; /* operation-specific */
   _Atomic fl_storage_level level;
+  const fl_partitioner *partitioner; /* how its pairs are placed, when known (retained) */
+  rdd_shuffle_dep *shuffle_deps[2];  /* wide dependencies (owned by the shuffle layer) */
+  uint32_t num_shuffle_deps;
 };
 
 /* Makes an rdd with one reference, taking a reference on each parent. `arg` is copied. */
@@ -134,6 +200,7 @@ typedef enum rdd_action_kind {
   RDD_ACTION_AGGREGATE, /* result: one byte (1: has a value), then the value */
   RDD_ACTION_FOREACH,   /* result: empty */
   RDD_ACTION_SAVE_TEXT, /* result: empty */
+  RDD_ACTION_SHUFFLE_WRITE, /* a map task; result: the map status (dep->write) */
 } rdd_action_kind;
 
 typedef struct rdd_action {
@@ -145,6 +212,7 @@ typedef struct rdd_action {
   fl_foreach_fn foreach_fn;
   const void *arg;   /* for seq or foreach_fn */
   const char *path;  /* save: the output folder */
+  const rdd_shuffle_dep *dep; /* shuffle write */
 } rdd_action;
 
 typedef struct rdd_acc_update {
@@ -210,6 +278,14 @@ typedef struct rdd_cache_ops {
   void (*remove_rdd)(void *impl, uint64_t rdd_id);
   /* Fills the cached-partition counts and bytes of an rdd. */
   void (*info)(void *impl, uint64_t rdd_id, fl_storage_info *out);
+  /* Shuffle output: the path of a map task's data file (its index is path + ".index"). */
+  void (*shuffle_path)(void *impl, uint64_t shuffle_id, uint32_t map, char *path, size_t len);
+  /* The encoded block of one reduce partition of one map task, into *out. FL_EFETCH,
+   * naming shuffle, map and reduce, when it is missing or unreadable. May block on disk. */
+  fl_status (*shuffle_fetch)(void *impl, uint64_t shuffle_id, uint32_t map, uint32_t reduce,
+                             fl_buf *out);
+  /* Deletes the output of every map task of a shuffle. */
+  void (*shuffle_remove)(void *impl, uint64_t shuffle_id, uint32_t num_maps);
 } rdd_cache_ops;
 
 typedef struct rdd_shared rdd_shared; /* broadcasts and accumulators, rdd/shared.c */
@@ -220,7 +296,10 @@ struct fl_context {
   const rdd_cache_ops *cache;
   void *cache_impl;
   rdd_shared *shared;
+  struct map_output_table *map_outputs; /* shuffle/map_output.c */
   uint32_t cores, default_parallelism;
+  uint64_t shuffle_memory; /* bytes a task may sort or aggregate before it spills */
+  const char *work_dir;    /* where tasks put their spill files */
   atomic_uint_fast64_t next_rdd_id;
 };
 

@@ -170,11 +170,11 @@ static int count_files(const char *dir) {
 
 static void codec_round_trip(const rdd_batch *in) {
   fl_buf enc = FL_BUF_INIT;
-  assert_ok(block_codec_encode(in, &enc));
+  assert_ok(rdd_batch_encode(in, &enc));
   assert_true(enc.len >= 20);
   assert_memory_equal(enc.data, "FLB1", 4);
   rdd_batch out = {FL_BUF_INIT, 0};
-  assert_ok(block_codec_decode(fl_buf_bytes(&enc), "round trip", &out));
+  assert_ok(rdd_batch_decode(fl_buf_bytes(&enc), "round trip", &out));
   assert_batch_equal(&out, in);
   rdd_batch_free(&out);
   fl_buf_free(&enc);
@@ -224,7 +224,7 @@ static void test_codec_compresses_repetitive_data(void **state) {
   rdd_batch b = {FL_BUF_INIT, 0};
   for (int i = 0; i < 5000; i++) assert_ok(rdd_batch_append(&b, "the same record again", 21));
   fl_buf enc = FL_BUF_INIT;
-  assert_ok(block_codec_encode(&b, &enc));
+  assert_ok(rdd_batch_encode(&b, &enc));
   assert_true(enc.len < b.buf.len / 10);
   fl_buf_free(&enc);
   rdd_batch_free(&b);
@@ -235,8 +235,8 @@ static void test_codec_compresses_repetitive_data(void **state) {
 /* Decoding `in` must fail with FL_ECORRUPT naming `what`, and leave *out alone. */
 static void expect_corrupt(fl_bytes in, const char *needle) {
   rdd_batch out = {{(uint8_t *)0x1, 7, 7}, 5}; /* sentinel: must stay as is */
-  assert_fails_with(block_codec_decode(in, "blk-under-test", &out), FL_ECORRUPT, "blk-under-test");
-  if (needle) assert_fails_with(block_codec_decode(in, "blk-under-test", &out), FL_ECORRUPT, needle);
+  assert_fails_with(rdd_batch_decode(in, "blk-under-test", &out), FL_ECORRUPT, "blk-under-test");
+  if (needle) assert_fails_with(rdd_batch_decode(in, "blk-under-test", &out), FL_ECORRUPT, needle);
   assert_ptr_equal(out.buf.data, (uint8_t *)0x1);
   assert_int_equal(out.buf.len, 7);
   assert_int_equal(out.count, 5);
@@ -245,7 +245,7 @@ static void expect_corrupt(fl_bytes in, const char *needle) {
 static void encode_sample(fl_buf *enc, rdd_batch *b) {
   make_batch(b, 500, 9, 100);
   *enc = (fl_buf)FL_BUF_INIT;
-  assert_ok(block_codec_encode(b, enc));
+  assert_ok(rdd_batch_encode(b, enc));
 }
 
 static void test_codec_decode_bad_magic(void **state) {
@@ -281,7 +281,7 @@ static void test_codec_decode_flipped_payload_byte_fails_checksum(void **state) 
   rdd_batch b;
   make_random_batch(&b, 4, 1000, 5); /* stored as is in the frame: a flip changes content only */
   fl_buf enc = FL_BUF_INIT;
-  assert_ok(block_codec_encode(&b, &enc));
+  assert_ok(rdd_batch_encode(&b, &enc));
   size_t mid = 20 + (enc.len - 20) / 2;
   enc.data[mid] ^= 0x01;
   expect_corrupt(fl_buf_bytes(&enc), "hecksum");
@@ -302,7 +302,7 @@ static void test_codec_decode_any_flipped_byte_fails_or_is_harmless(void **state
     if (i >= 12 && i < 20) continue; /* the raw length: see test_codec_decode_huge_raw_length */
     enc.data[i] ^= 0xff;
     rdd_batch out = {FL_BUF_INIT, 0};
-    fl_status s = block_codec_decode(fl_buf_bytes(&enc), "flip", &out);
+    fl_status s = rdd_batch_decode(fl_buf_bytes(&enc), "flip", &out);
     if (s == FL_OK) {
       if (out.count != b.count || out.buf.len != b.buf.len ||
           memcmp(out.buf.data, b.buf.data, b.buf.len) != 0)

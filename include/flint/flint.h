@@ -65,7 +65,8 @@ extern "C" {
   X(ESTATE, 11, "operation not valid in this state")                                         \
   X(EEXIST, 12, "already exists")                                                            \
   X(ELIMIT, 13, "size or count limit exceeded")                                              \
-  X(EINTERNAL, 14, "internal error")
+  X(EINTERNAL, 14, "internal error")                                                        \
+  X(EFETCH, 15, "shuffle output could not be fetched (missing or corrupt)")
 
 typedef enum fl_status {
 #define FL_STATUS_ENUM_(name, value, text) FL_##name = value,
@@ -171,11 +172,14 @@ typedef struct fl_options {
   uint32_t default_parallelism;
   /* Attempts of a task before its job fails. 0: 4 (as Spark's spark.task.maxFailures). */
   uint32_t max_task_attempts;
+  /* Bytes that one task may hold while it sorts or aggregates shuffle data before it spills
+   * sorted runs to disk. 0: FLINT_SHUFFLE_MEMORY from the environment, else 64 MiB. */
+  uint64_t shuffle_memory;
   /* Folder for disk blocks; a fresh folder under it is made and removed on close.
    * NULL: FLINT_WORK_DIR from the environment, else $TMPDIR or /tmp. */
   const char *work_dir;
 } fl_options;
-#define FL_OPTIONS_INIT {0, 0, 0, NULL}
+#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL}
 
 /* Opens a context. `master`: "local" (one task thread), "local[N]" (N threads) or
  * "local[*]" (one per core). `options` may be NULL (all defaults). */
@@ -228,6 +232,7 @@ typedef fl_status (*fl_foreach_fn)(fl_bytes rec, const void *arg);
  * references to its parents, so freeing a parent handle never breaks a child.
  * ------------------------------------------------------------------------------------- */
 typedef struct fl_dataset fl_dataset;
+typedef struct fl_records fl_records; /* records returned by collect and take */
 
 /* Releases the caller's reference; the dataset (and its cached blocks) goes when the last
  * child that uses it goes. NULL does nothing. */
@@ -284,6 +289,88 @@ FL_API fl_status fl_key_by(fl_dataset *in, fl_map_fn fn, const void *arg, size_t
 FL_API fl_status fl_map_values(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
                                fl_dataset **out);
 
+/* ---------------------------------------------------------------------------------------
+ * Pairs across partitions: partitioners and wide transformations (a shuffle). Records are
+ * pairs (fl_buf_put_pair); keys are equal when their bytes are. Each function that takes
+ * `partitioner` may be given NULL: a hash partitioner over num_partitions partitions (0:
+ * the parent's count). A dataset already partitioned by an equal partitioner is combined
+ * without a new shuffle.
+ * ------------------------------------------------------------------------------------- */
+typedef struct fl_partitioner fl_partitioner;
+/* A user partition function: which of num_partitions partitions a key goes to. */
+typedef uint32_t (*fl_partition_fn)(fl_bytes key, uint32_t num_partitions, const void *arg);
+/* Orders keys: < 0, 0 or > 0, as memcmp. NULL everywhere means bytewise order. */
+typedef int (*fl_compare_fn)(fl_bytes a, fl_bytes b, const void *arg);
+
+/* Hash of the key's bytes modulo num_partitions. */
+FL_API fl_status fl_partitioner_hash(uint32_t num_partitions, fl_partitioner **out);
+/* Ranges of keys in (ascending or descending) order, with boundaries sampled from `pairs`
+ * now (a job runs), so that partitions hold about equal numbers of records. */
+FL_API fl_status fl_partitioner_range(fl_dataset *pairs, uint32_t num_partitions,
+                                      bool ascending, fl_compare_fn compare, const void *arg,
+                                      size_t arg_len, fl_partitioner **out);
+FL_API fl_status fl_partitioner_custom(uint32_t num_partitions, fl_partition_fn fn,
+                                       const void *arg, size_t arg_len, fl_partitioner **out);
+FL_API uint32_t fl_partitioner_partitions(const fl_partitioner *p);
+/* Datasets keep what they need of a partitioner: free it whenever. NULL does nothing. */
+FL_API void fl_partitioner_free(fl_partitioner *p);
+
+/* Values per key: combine_by_key turns each key's first value into a combiner with
+ * `create`, folds further values in with `merge_value`, and merges combiners with
+ * `merge_combiners` (map-side first when map_side_combine, then after the shuffle). */
+FL_API fl_status fl_combine_by_key(fl_dataset *pairs, fl_map_fn create, fl_reduce_fn merge_value,
+                                   fl_reduce_fn merge_combiners, const void *arg,
+                                   size_t arg_len, const fl_partitioner *partitioner,
+                                   uint32_t num_partitions, bool map_side_combine,
+                                   fl_dataset **out);
+FL_API fl_status fl_reduce_by_key(fl_dataset *pairs, fl_reduce_fn fn, const void *arg,
+                                  size_t arg_len, const fl_partitioner *partitioner,
+                                  uint32_t num_partitions, fl_dataset **out);
+/* As reduce_by_key, each key's fold starting from `zero` (once per key per partition). */
+FL_API fl_status fl_fold_by_key(fl_dataset *pairs, fl_bytes zero, fl_reduce_fn fn,
+                                const void *arg, size_t arg_len,
+                                const fl_partitioner *partitioner, uint32_t num_partitions,
+                                fl_dataset **out);
+FL_API fl_status fl_aggregate_by_key(fl_dataset *pairs, fl_bytes zero, fl_reduce_fn seq,
+                                     fl_reduce_fn comb, const void *arg, size_t arg_len,
+                                     const fl_partitioner *partitioner, uint32_t num_partitions,
+                                     fl_dataset **out);
+/* (key, group): the group holds the key's values; read them with fl_group_next. */
+FL_API fl_status fl_group_by_key(fl_dataset *pairs, const fl_partitioner *partitioner,
+                                 uint32_t num_partitions, fl_dataset **out);
+/* Walks a group: *pos starts at 0; false after the last value. */
+FL_API bool fl_group_next(fl_bytes group, size_t *pos, fl_bytes *value);
+/* Action: (key, int64 count) for every key, in key order. */
+FL_API fl_status fl_count_by_key(fl_dataset *pairs, fl_records **out);
+/* Each distinct record once (records need not be pairs). */
+FL_API fl_status fl_distinct(fl_dataset *ds, uint32_t num_partitions, fl_dataset **out);
+/* Pairs in key order across partitions (a range partitioner sampled from the data). */
+FL_API fl_status fl_sort_by_key(fl_dataset *pairs, bool ascending, fl_compare_fn compare,
+                                const void *arg, size_t arg_len, uint32_t num_partitions,
+                                fl_dataset **out);
+/* (key, cogroup) with the key's values from a and from b; read with fl_cogroup_get. */
+FL_API fl_status fl_cogroup(fl_dataset *a, fl_dataset *b, const fl_partitioner *partitioner,
+                            uint32_t num_partitions, fl_dataset **out);
+FL_API fl_status fl_cogroup_get(fl_bytes cogroup, fl_bytes *group_a, fl_bytes *group_b);
+
+typedef enum fl_join_kind { FL_JOIN_INNER, FL_JOIN_LEFT, FL_JOIN_RIGHT, FL_JOIN_FULL } fl_join_kind;
+/* (key, joined) for every pair of values of a key (outer joins: with a missing side);
+ * read the two sides with fl_joined_get. */
+FL_API fl_status fl_join(fl_dataset *a, fl_dataset *b, fl_join_kind kind,
+                         const fl_partitioner *partitioner, uint32_t num_partitions,
+                         fl_dataset **out);
+FL_API fl_status fl_joined_get(fl_bytes joined, bool *has_a, fl_bytes *a, bool *has_b,
+                               fl_bytes *b);
+/* Pairs of a whose key is not in b. */
+FL_API fl_status fl_subtract_by_key(fl_dataset *a, fl_dataset *b,
+                                    const fl_partitioner *partitioner, uint32_t num_partitions,
+                                    fl_dataset **out);
+/* The same pairs, placed by `partitioner` (a no-op when already so partitioned). */
+FL_API fl_status fl_partition_by(fl_dataset *pairs, const fl_partitioner *partitioner,
+                                 fl_dataset **out);
+/* Any records, spread evenly over num_partitions partitions by a shuffle. */
+FL_API fl_status fl_repartition(fl_dataset *ds, uint32_t num_partitions, fl_dataset **out);
+
 /* Persistence: the first action that computes a partition keeps it at `level`; later
  * actions read it. Blocks stay until unpersisted, the dataset is freed or the context
  * closes; memory pressure evicts the least recently used (see fl_storage_level). Changing
@@ -302,7 +389,6 @@ FL_API fl_status fl_storage_info_get(fl_dataset *ds, fl_storage_info *out);
 /* ---------------------------------------------------------------------------------------
  * Actions: each runs a job now and blocks until it ends.
  * ------------------------------------------------------------------------------------- */
-typedef struct fl_records fl_records; /* records returned by collect and take */
 FL_API size_t fl_records_count(const fl_records *r);
 /* The i-th record, valid until fl_records_free. i must be below fl_records_count. */
 FL_API fl_bytes fl_records_get(const fl_records *r, size_t i);

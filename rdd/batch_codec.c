@@ -1,4 +1,4 @@
-/* block_codec.c: record batches as LZ4 frames with a content checksum.
+/* batch_codec.c: record batches as LZ4 frames with a content checksum.
  *
  * Layout: "FLB1", record count (u64 LE), raw length (u64 LE), then one LZ4 frame of the
  * batch's bytes. Decoding checks the magic, the frame (its checksum included), the raw
@@ -6,14 +6,14 @@
 #include <lz4frame.h>
 #include <string.h>
 
-#include "executor/executor.h"
+#include "rdd/rdd.h"
 
 #define CODEC_MAGIC "FLB1"
 #define CODEC_HEADER 20
 /* A decoded block larger than this is taken as a corrupt header, not a request for memory. */
 #define CODEC_MAX_RAW (1ull << 40)
 
-fl_status block_codec_encode(const rdd_batch *batch, fl_buf *out) {
+fl_status rdd_batch_encode(const rdd_batch *batch, fl_buf *out) {
   LZ4F_preferences_t prefs;
   memset(&prefs, 0, sizeof prefs);
   prefs.frameInfo.contentChecksumFlag = LZ4F_contentChecksumEnabled;
@@ -39,7 +39,7 @@ fl_status block_codec_encode(const rdd_batch *batch, fl_buf *out) {
   return FL_OK;
 }
 
-fl_status block_codec_decode(fl_bytes in, const char *what, rdd_batch *out) {
+fl_status rdd_batch_decode(fl_bytes in, const char *what, rdd_batch *out) {
   if (in.len < CODEC_HEADER || memcmp(in.data, CODEC_MAGIC, 4) != 0)
     return FL_ERR(FL_ECORRUPT, "%s: not a flint block (bad header)", what);
   uint64_t count, raw;

@@ -1,0 +1,293 @@
+/*
+ * reader.c: the reduce side. A shuffled dataset's partition p reads, from each of its
+ * inputs, either the block of p from every map task of a shuffle or (when the input is
+ * already partitioned the same way) the parent's partition p itself, and then:
+ *   plain      hands the pairs on as they come (partition_by, repartition);
+ *   aggregate  combines the values of each key (combine_by_key and its family);
+ *   group      gathers each key's values into one group (group_by_key);
+ *   sort       orders the pairs by key (sort_by_key);
+ *   cogroup    gathers each key's values from both inputs (cogroup, join, subtract).
+ * All but plain go through the external sorter, so memory stays within the budget.
+ * A block that is missing or fails its checks fails the task with FL_EFETCH, naming the
+ * shuffle, the map and the reduce partition.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "shuffle/shuffle.h"
+
+/* ---- fetching -------------------------------------------------------------------------- */
+
+/* The pairs of map task `map` for reduce partition p, decoded and checked, into *block. */
+static fl_status fetch_block(rdd_task *task, const rdd_shuffle_dep *dep, uint32_t map, uint32_t p,
+                             rdd_batch *block) {
+  fl_context *ctx = task->ctx;
+  fl_buf enc = FL_BUF_INIT;
+  char what[128];
+  snprintf(what, sizeof what, "shuffle %llu, map %u, reduce %u", (unsigned long long)dep->shuffle_id,
+           map, p);
+  fl_status st = ctx->cache->shuffle_fetch(ctx->cache_impl, dep->shuffle_id, map, p, &enc);
+  if (st == FL_OK) {
+    rdd_batch_free(block);
+    st = rdd_batch_decode(fl_buf_bytes(&enc), what, block);
+    if (st != FL_OK) st = common_error_wrap(FL_EFETCH, "fetch failed: ");
+  }
+  fl_buf_free(&enc);
+  return st;
+}
+
+/* Calls fn for every pair of input `side` for partition p. */
+typedef fl_status (*pair_fn)(void *ctx, uint32_t side, fl_bytes key, fl_bytes value);
+
+static fl_status for_each_input_pair(rdd_task *task, const shuffled_state *st, uint32_t p,
+                                     pair_fn fn, void *fn_ctx) {
+  fl_status s = FL_OK;
+  rdd_batch block = {FL_BUF_INIT, 0};
+  for (uint32_t side = 0; side < st->num_inputs && s == FL_OK; side++) {
+    const shuffle_input *input = &st->inputs[side];
+    if (input->dep) {
+      uint32_t maps = input->dep->parent->num_partitions;
+      for (uint32_t m = 0; m < maps && s == FL_OK; m++) {
+        if ((s = fetch_block(task, input->dep, m, p, &block)) != FL_OK) break;
+        rdd_cursor c = {block.buf.data, block.buf.data + block.buf.len};
+        fl_bytes rec, key, value;
+        while (s == FL_OK && rdd_cursor_next(&c, &rec))
+          if ((s = fl_pair(rec, &key, &value)) == FL_OK) s = fn(fn_ctx, side, key, value);
+        if (rdd_task_cancelled(task)) s = FL_ERR(FL_ECANCELLED, "job cancelled");
+      }
+    } else {
+      fl_iter *in;
+      if ((s = rdd_iterate(input->parent, p, task, &in)) != FL_OK) break;
+      fl_bytes recs[RDD_ITER_BATCH];
+      uint32_t got;
+      while (s == FL_OK && (got = in->next(in, recs, RDD_ITER_BATCH)) > 0)
+        for (uint32_t i = 0; i < got && s == FL_OK; i++) {
+          fl_bytes key, value;
+          if ((s = fl_pair(recs[i], &key, &value)) == FL_OK) s = fn(fn_ctx, side, key, value);
+        }
+      if (s == FL_OK) s = task->status;
+    }
+  }
+  rdd_batch_free(&block);
+  return s;
+}
+
+/* ---- the iterator ---------------------------------------------------------------------- */
+
+typedef struct shuffled_iter {
+  fl_iter base;
+  rdd *r;
+  const shuffled_state *st;
+  uint32_t partition;
+  shuffle_sorter *sorter;
+  fl_buf tagged; /* cogroup: [side][value] */
+  /* plain */
+  uint32_t side, map;
+  bool started;
+  rdd_batch block;
+  rdd_cursor cursor;
+  fl_iter *narrow;
+  /* group and cogroup: the first entry of the next key, read ahead */
+  bool pending;
+  fl_buf pending_key, pending_value;
+  rdd_batch groups[2];
+  fl_buf outs[RDD_ITER_BATCH];
+} shuffled_iter;
+
+static void shuffled_close(fl_iter *it) {
+  shuffled_iter *s = (shuffled_iter *)it;
+  shuffle_sorter_destroy(s->sorter);
+  fl_buf_free(&s->tagged);
+  rdd_batch_free(&s->block);
+  fl_buf_free(&s->pending_key);
+  fl_buf_free(&s->pending_value);
+  rdd_batch_free(&s->groups[0]);
+  rdd_batch_free(&s->groups[1]);
+  for (uint32_t i = 0; i < RDD_ITER_BATCH; i++) fl_buf_free(&s->outs[i]);
+}
+
+static fl_status insert_pair(void *ctx, uint32_t side, fl_bytes key, fl_bytes value) {
+  shuffled_iter *s = ctx;
+  if (s->st->mode != SHUFFLED_COGROUP) return shuffle_sorter_insert(s->sorter, 0, key, value);
+  uint8_t tag = (uint8_t)side;
+  s->tagged.len = 0;
+  fl_status st = fl_buf_append(&s->tagged, &tag, 1);
+  if (st == FL_OK) st = fl_buf_append(&s->tagged, value.data, value.len);
+  return st == FL_OK ? shuffle_sorter_insert(s->sorter, 0, key, fl_buf_bytes(&s->tagged)) : st;
+}
+
+/* Plain: the pairs of each input block (or narrow parent) in turn. */
+static uint32_t plain_next(shuffled_iter *s, fl_bytes *out, uint32_t max) {
+  rdd_task *task = s->base.task;
+  for (;;) {
+    if (s->narrow) {
+      uint32_t n = s->narrow->next(s->narrow, out, max);
+      if (n > 0 || task->status != FL_OK) return n;
+      s->narrow = NULL;
+      s->side++;
+      s->map = 0;
+      continue;
+    }
+    uint32_t n = 0;
+    while (n < max && rdd_cursor_next(&s->cursor, &out[n])) n++;
+    if (n > 0) return n;
+    if (s->side >= s->st->num_inputs) return 0;
+    const shuffle_input *input = &s->st->inputs[s->side];
+    if (!input->dep) {
+      if (rdd_iterate(input->parent, s->partition, task, &s->narrow) != FL_OK) return 0;
+      continue;
+    }
+    if (s->map >= input->dep->parent->num_partitions) {
+      s->side++;
+      s->map = 0;
+      continue;
+    }
+    fl_status st = fetch_block(task, input->dep, s->map++, s->partition, &s->block);
+    if (st != FL_OK) {
+      rdd_task_fail(task, st);
+      return 0;
+    }
+    s->cursor.p = s->block.buf.data;
+    s->cursor.end = s->block.buf.data + s->block.buf.len;
+  }
+}
+
+static bool take_entry(shuffled_iter *s, fl_bytes *key, fl_bytes *value) {
+  if (s->pending) {
+    s->pending = false;
+    *key = fl_buf_bytes(&s->pending_key);
+    *value = fl_buf_bytes(&s->pending_value);
+    return true;
+  }
+  uint32_t part;
+  return shuffle_sorter_next(s->sorter, &part, key, value);
+}
+
+/* Group and cogroup: gathers the values of the next key into s->groups; false at the end. */
+static fl_status next_group(shuffled_iter *s, fl_buf *key_out, bool *found) {
+  fl_bytes key, value;
+  *found = false;
+  if (!take_entry(s, &key, &value)) return s->base.task->status;
+  fl_status st;
+  key_out->len = 0;
+  if ((st = fl_buf_append(key_out, key.data, key.len)) != FL_OK) return st;
+  for (int g = 0; g < 2; g++) {
+    s->groups[g].buf.len = 0;
+    s->groups[g].count = 0;
+  }
+  *found = true;
+  for (;;) {
+    uint32_t side = 0;
+    if (s->st->mode == SHUFFLED_COGROUP) {
+      side = value.data[0] ? 1 : 0;
+      value.data++;
+      value.len--;
+    }
+    if ((st = rdd_batch_append(&s->groups[side], value.data, value.len)) != FL_OK) return st;
+    uint32_t part;
+    if (!shuffle_sorter_next(s->sorter, &part, &key, &value)) return s->base.task->status;
+    if (key.len != key_out->len || memcmp(key.data, key_out->data, key.len) != 0) {
+      /* The first entry of the next key: keep it for the next call. */
+      s->pending_key.len = s->pending_value.len = 0;
+      if ((st = fl_buf_append(&s->pending_key, key.data, key.len)) != FL_OK ||
+          (st = fl_buf_append(&s->pending_value, value.data, value.len)) != FL_OK)
+        return st;
+      s->pending = true;
+      return FL_OK;
+    }
+  }
+}
+
+static uint32_t shuffled_next(fl_iter *it, fl_bytes *out, uint32_t max) {
+  shuffled_iter *s = (shuffled_iter *)it;
+  rdd_task *task = it->task;
+  fl_status st;
+  if (s->st->mode == SHUFFLED_PLAIN) return plain_next(s, out, max);
+  if (!s->started) {
+    s->started = true;
+    shuffle_sorter_config cfg = {
+        .memory = task->ctx->shuffle_memory,
+        .dir = task->ctx->work_dir,
+        .order_keys = true,
+        .key_order = s->st->mode == SHUFFLED_SORT ? s->st->key_order : NULL,
+        .key_order_arg = s->r->arg,
+        .descending = s->st->descending,
+        .agg = s->st->mode == SHUFFLED_AGGREGATE ? &s->st->agg : NULL,
+        .values_are_combiners = s->st->values_are_combiners,
+        .task = task,
+        .fn_owner = s->r,
+    };
+    if ((st = shuffle_sorter_create(&cfg, &s->sorter)) != FL_OK ||
+        (st = for_each_input_pair(task, s->st, s->partition, insert_pair, s)) != FL_OK ||
+        (st = shuffle_sorter_finish(s->sorter)) != FL_OK) {
+      rdd_task_fail(task, st);
+      return 0;
+    }
+  }
+  uint32_t n = 0;
+  fl_buf key = FL_BUF_INIT, blob = FL_BUF_INIT;
+  while (n < max) {
+    fl_buf *o = &s->outs[n];
+    o->len = 0;
+    if (s->st->mode == SHUFFLED_AGGREGATE || s->st->mode == SHUFFLED_SORT) {
+      uint32_t part;
+      fl_bytes k, v;
+      if (!shuffle_sorter_next(s->sorter, &part, &k, &v)) break;
+      if ((st = fl_buf_put_pair(o, k, v)) != FL_OK) goto failed;
+    } else {
+      bool found;
+      if ((st = next_group(s, &key, &found)) != FL_OK) goto failed;
+      if (!found) break;
+      blob.len = 0;
+      if (s->st->mode == SHUFFLED_COGROUP) {
+        uint8_t head[COMMON_VARINT_MAX];
+        size_t h = common_varint_put(head, s->groups[0].buf.len);
+        if ((st = fl_buf_append(&blob, head, h)) != FL_OK ||
+            (st = fl_buf_append(&blob, s->groups[0].buf.data, s->groups[0].buf.len)) != FL_OK ||
+            (st = fl_buf_append(&blob, s->groups[1].buf.data, s->groups[1].buf.len)) != FL_OK)
+          goto failed;
+      } else if ((st = fl_buf_append(&blob, s->groups[0].buf.data, s->groups[0].buf.len)) != FL_OK) {
+        goto failed;
+      }
+      if ((st = fl_buf_put_pair(o, fl_buf_bytes(&key), fl_buf_bytes(&blob))) != FL_OK) goto failed;
+    }
+    out[n] = fl_buf_bytes(o);
+    n++;
+  }
+  fl_buf_free(&key);
+  fl_buf_free(&blob);
+  return task->status == FL_OK ? n : 0;
+failed:
+  fl_buf_free(&key);
+  fl_buf_free(&blob);
+  rdd_task_fail(task, st);
+  return 0;
+}
+
+static fl_status shuffled_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
+  shuffled_iter *it = rdd_iter_new(task, sizeof *it, shuffled_next, shuffled_close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->r = r;
+  it->st = r->state;
+  it->partition = p;
+  *out = &it->base;
+  return FL_OK;
+}
+
+static void shuffled_destroy(rdd *r) {
+  shuffled_state *st = r->state;
+  if (!st) return;
+  fl_context *ctx = r->ctx;
+  for (uint32_t i = 0; i < st->num_inputs; i++) {
+    rdd_shuffle_dep *dep = st->inputs[i].dep;
+    if (!dep) continue;
+    ctx->cache->shuffle_remove(ctx->cache_impl, dep->shuffle_id, dep->parent->num_partitions);
+    map_output_forget(ctx->map_outputs, dep->shuffle_id);
+    rdd_partitioner_release(dep->partitioner);
+    rdd_release(dep->parent);
+  }
+  fl_buf_free(&st->zero);
+  common_free(st);
+}
+
+const rdd_ops shuffled_ops = {"shuffled", shuffled_open, shuffled_destroy};
