@@ -413,7 +413,7 @@ static void bm_shuffle_path(void *impl, uint64_t shuffle_id, uint32_t map, char 
 }
 
 static fl_status bm_shuffle_fetch(void *impl, uint64_t shuffle_id, uint32_t map, uint32_t reduce,
-                                  fl_buf *out) {
+                                  uint64_t offset, uint64_t want, fl_buf *out, uint64_t *block_len) {
   char data[4096], index[4200];
   bm_shuffle_path(impl, shuffle_id, map, data, sizeof data);
   snprintf(index, sizeof index, "%s.index", data);
@@ -426,19 +426,21 @@ static fl_status bm_shuffle_fetch(void *impl, uint64_t shuffle_id, uint32_t map,
                 ifd < 0 ? "map output is missing" : "index file is truncated");
     goto done;
   }
-  if (range[1] < range[0] || range[1] - range[0] > (1ull << 36)) {
+  if (range[1] < range[0]) {
     st = FL_ERR(FL_EFETCH, what, (unsigned long long)shuffle_id, map, reduce, "index file is corrupt");
     goto done;
   }
-  size_t len = (size_t)(range[1] - range[0]);
+  *block_len = range[1] - range[0];
   out->len = 0;
+  if (offset >= *block_len || want == 0) goto done;
+  size_t len = (size_t)(want < *block_len - offset ? want : *block_len - offset);
   if ((st = fl_buf_reserve(out, len)) != FL_OK) goto done;
   if ((dfd = open(data, O_RDONLY | O_CLOEXEC)) < 0) {
     st = FL_ERR(FL_EFETCH, what, (unsigned long long)shuffle_id, map, reduce, "data file is missing");
     goto done;
   }
   while (out->len < len) {
-    ssize_t n = pread(dfd, out->data + out->len, len - out->len, (off_t)(range[0] + out->len));
+    ssize_t n = pread(dfd, out->data + out->len, len - out->len, (off_t)(range[0] + offset + out->len));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       st = FL_ERR(FL_EFETCH, what, (unsigned long long)shuffle_id, map, reduce,

@@ -280,10 +280,11 @@ typedef struct rdd_cache_ops {
   void (*info)(void *impl, uint64_t rdd_id, fl_storage_info *out);
   /* Shuffle output: the path of a map task's data file (its index is path + ".index"). */
   void (*shuffle_path)(void *impl, uint64_t shuffle_id, uint32_t map, char *path, size_t len);
-  /* The encoded block of one reduce partition of one map task, into *out. FL_EFETCH,
+  /* Bytes [offset, offset + len) of the block of one reduce partition of one map task into
+   * *out (fewer at the block's end), and the block's whole length into *block_len. FL_EFETCH,
    * naming shuffle, map and reduce, when it is missing or unreadable. May block on disk. */
   fl_status (*shuffle_fetch)(void *impl, uint64_t shuffle_id, uint32_t map, uint32_t reduce,
-                             fl_buf *out);
+                             uint64_t offset, uint64_t len, fl_buf *out, uint64_t *block_len);
   /* Deletes the output of every map task of a shuffle. */
   void (*shuffle_remove)(void *impl, uint64_t shuffle_id, uint32_t num_maps);
 } rdd_cache_ops;

@@ -18,22 +18,57 @@
 
 /* ---- fetching -------------------------------------------------------------------------- */
 
-/* The pairs of map task `map` for reduce partition p, decoded and checked, into *block. */
-static fl_status fetch_block(rdd_task *task, const rdd_shuffle_dep *dep, uint32_t map, uint32_t p,
-                             rdd_batch *block) {
+/* A block read chunk by chunk (see shuffle.h), so that a reader holds one chunk at a time. */
+typedef struct block_stream {
+  const rdd_shuffle_dep *dep;
+  uint32_t map, reduce;
+  uint64_t pos, len;
+  bool started;
+  fl_buf enc;
+} block_stream;
+
+static void block_stream_start(block_stream *b, const rdd_shuffle_dep *dep, uint32_t map,
+                               uint32_t reduce) {
+  b->dep = dep;
+  b->map = map;
+  b->reduce = reduce;
+  b->pos = b->len = 0;
+  b->started = false;
+}
+
+static fl_status stream_error(const block_stream *b, const char *why) {
+  return FL_ERR(FL_EFETCH, "fetch failed: shuffle %llu, map %u, reduce %u: %s",
+                (unsigned long long)b->dep->shuffle_id, b->map, b->reduce, why);
+}
+
+/* The next chunk of the block, decoded and checked, into *chunk; *got is false at the end. */
+static fl_status block_stream_next(rdd_task *task, block_stream *b, rdd_batch *chunk, bool *got) {
   fl_context *ctx = task->ctx;
-  fl_buf enc = FL_BUF_INIT;
+  *got = false;
+  if (b->started && b->pos >= b->len) return FL_OK;
+  uint64_t id = b->dep->shuffle_id;
+  fl_status st = ctx->cache->shuffle_fetch(ctx->cache_impl, id, b->map, b->reduce, b->pos, 4,
+                                           &b->enc, &b->len);
+  if (st != FL_OK) return st;
+  b->started = true;
+  if (b->pos >= b->len) return FL_OK;
+  if (b->enc.len != 4) return stream_error(b, "block is truncated");
+  uint32_t chunk_len;
+  memcpy(&chunk_len, b->enc.data, 4);
+  if (chunk_len > b->len - b->pos - 4) return stream_error(b, "chunk runs past the block");
+  uint64_t block_len;
+  st = ctx->cache->shuffle_fetch(ctx->cache_impl, id, b->map, b->reduce, b->pos + 4, chunk_len,
+                                 &b->enc, &block_len);
+  if (st != FL_OK) return st;
+  if (b->enc.len != chunk_len) return stream_error(b, "block is truncated");
   char what[128];
-  snprintf(what, sizeof what, "shuffle %llu, map %u, reduce %u", (unsigned long long)dep->shuffle_id,
-           map, p);
-  fl_status st = ctx->cache->shuffle_fetch(ctx->cache_impl, dep->shuffle_id, map, p, &enc);
-  if (st == FL_OK) {
-    rdd_batch_free(block);
-    st = rdd_batch_decode(fl_buf_bytes(&enc), what, block);
-    if (st != FL_OK) st = common_error_wrap(FL_EFETCH, "fetch failed: ");
-  }
-  fl_buf_free(&enc);
-  return st;
+  snprintf(what, sizeof what, "shuffle %llu, map %u, reduce %u", (unsigned long long)id, b->map, b->reduce);
+  rdd_batch_free(chunk);
+  if ((st = rdd_batch_decode(fl_buf_bytes(&b->enc), what, chunk)) != FL_OK)
+    return common_error_wrap(FL_EFETCH, "fetch failed: ");
+  b->pos += 4 + (uint64_t)chunk_len;
+  *got = true;
+  return FL_OK;
 }
 
 /* Calls fn for every pair of input `side` for partition p. */
@@ -42,18 +77,22 @@ typedef fl_status (*pair_fn)(void *ctx, uint32_t side, fl_bytes key, fl_bytes va
 static fl_status for_each_input_pair(rdd_task *task, const shuffled_state *st, uint32_t p,
                                      pair_fn fn, void *fn_ctx) {
   fl_status s = FL_OK;
-  rdd_batch block = {FL_BUF_INIT, 0};
+  rdd_batch chunk = {FL_BUF_INIT, 0};
+  block_stream b = {0};
   for (uint32_t side = 0; side < st->num_inputs && s == FL_OK; side++) {
     const shuffle_input *input = &st->inputs[side];
     if (input->dep) {
       uint32_t maps = input->dep->parent->num_partitions;
       for (uint32_t m = 0; m < maps && s == FL_OK; m++) {
-        if ((s = fetch_block(task, input->dep, m, p, &block)) != FL_OK) break;
-        rdd_cursor c = {block.buf.data, block.buf.data + block.buf.len};
-        fl_bytes rec, key, value;
-        while (s == FL_OK && rdd_cursor_next(&c, &rec))
-          if ((s = fl_pair(rec, &key, &value)) == FL_OK) s = fn(fn_ctx, side, key, value);
-        if (rdd_task_cancelled(task)) s = FL_ERR(FL_ECANCELLED, "job cancelled");
+        block_stream_start(&b, input->dep, m, p);
+        bool got;
+        while (s == FL_OK && (s = block_stream_next(task, &b, &chunk, &got)) == FL_OK && got) {
+          rdd_cursor c = {chunk.buf.data, chunk.buf.data + chunk.buf.len};
+          fl_bytes rec, key, value;
+          while (s == FL_OK && rdd_cursor_next(&c, &rec))
+            if ((s = fl_pair(rec, &key, &value)) == FL_OK) s = fn(fn_ctx, side, key, value);
+        }
+        if (s == FL_OK && rdd_task_cancelled(task)) s = FL_ERR(FL_ECANCELLED, "job cancelled");
       }
     } else {
       fl_iter *in;
@@ -68,7 +107,8 @@ static fl_status for_each_input_pair(rdd_task *task, const shuffled_state *st, u
       if (s == FL_OK) s = task->status;
     }
   }
-  rdd_batch_free(&block);
+  rdd_batch_free(&chunk);
+  fl_buf_free(&b.enc);
   return s;
 }
 
@@ -83,7 +123,8 @@ typedef struct shuffled_iter {
   fl_buf tagged; /* cogroup: [side][value] */
   /* plain */
   uint32_t side, map;
-  bool started;
+  bool started, in_block;
+  block_stream stream;
   rdd_batch block;
   rdd_cursor cursor;
   fl_iter *narrow;
@@ -98,6 +139,7 @@ static void shuffled_close(fl_iter *it) {
   shuffled_iter *s = (shuffled_iter *)it;
   shuffle_sorter_destroy(s->sorter);
   fl_buf_free(&s->tagged);
+  fl_buf_free(&s->stream.enc);
   rdd_batch_free(&s->block);
   fl_buf_free(&s->pending_key);
   fl_buf_free(&s->pending_value);
@@ -137,15 +179,24 @@ static uint32_t plain_next(shuffled_iter *s, fl_bytes *out, uint32_t max) {
       if (rdd_iterate(input->parent, s->partition, task, &s->narrow) != FL_OK) return 0;
       continue;
     }
-    if (s->map >= input->dep->parent->num_partitions) {
-      s->side++;
-      s->map = 0;
-      continue;
+    if (!s->in_block) {
+      if (s->map >= input->dep->parent->num_partitions) {
+        s->side++;
+        s->map = 0;
+        continue;
+      }
+      block_stream_start(&s->stream, input->dep, s->map++, s->partition);
+      s->in_block = true;
     }
-    fl_status st = fetch_block(task, input->dep, s->map++, s->partition, &s->block);
+    bool got;
+    fl_status st = block_stream_next(task, &s->stream, &s->block, &got);
     if (st != FL_OK) {
       rdd_task_fail(task, st);
       return 0;
+    }
+    if (!got) {
+      s->in_block = false;
+      continue;
     }
     s->cursor.p = s->block.buf.data;
     s->cursor.end = s->block.buf.data + s->block.buf.len;

@@ -42,6 +42,12 @@ FL_INTERNAL uint32_t shuffle_sorter_spills(const shuffle_sorter *s);
 /* Frees memory and deletes the spill files. NULL does nothing. */
 FL_INTERNAL void shuffle_sorter_destroy(shuffle_sorter *s);
 
+/* ---- blocks ---------------------------------------------------------------------------- */
+/* The block of one reduce partition in a map task's data file is a run of chunks: a uint32
+ * length, then an encoded batch of at most SHUFFLE_CHUNK raw bytes of pairs, so that both
+ * sides hold one chunk at a time whatever the size of the block. */
+#define SHUFFLE_CHUNK (1u << 20)
+
 /* ---- map side -------------------------------------------------------------------------- */
 /* The write hook of every shuffle dependency (rdd_shuffle_dep.write). */
 FL_INTERNAL fl_status shuffle_write(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep,

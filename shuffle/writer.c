@@ -2,8 +2,9 @@
  * writer.c: the body of a map task. Each pair of the partition goes to the reduce partition
  * its key is placed in; pairs are sorted by partition (and combined map-side when the
  * dependency says so) through the external sorter, then written as one data file per map
- * task: for every reduce partition in turn, one encoded batch of pairs (an LZ4 frame with a
- * checksum), possibly empty. An index file beside it holds the R + 1 offsets. Both are
+ * task: for every reduce partition in turn, its block: chunks of encoded pairs (LZ4 frames
+ * with a checksum, see shuffle.h), none for an empty partition. An index file beside it
+ * holds the R + 1 offsets. Both are
  * written under attempt names and renamed into place, so a retried or failed attempt never
  * leaves half a file for a reader.
  */
@@ -34,23 +35,30 @@ static fl_status write_file(const char *path, const void *data, size_t len) {
   return FL_OK;
 }
 
-/* Appends the encoded block of one reduce partition to the data file. */
-static fl_status flush_block(int fd, const char *path, rdd_batch *block, fl_buf *enc,
+/* Appends the pending pairs as one chunk ([uint32 length][encoded batch]) to the data file. */
+static fl_status flush_chunk(int fd, const char *path, rdd_batch *chunk, fl_buf *enc,
                              uint64_t *offset) {
-  fl_status st = rdd_batch_encode(block, enc);
+  if (chunk->count == 0) return FL_OK;
+  fl_status st = rdd_batch_encode(chunk, enc);
   if (st != FL_OK) return st;
-  const uint8_t *p = enc->data;
-  size_t len = enc->len;
-  while (len > 0) {
-    ssize_t n = write(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return FL_ERR(FL_EIO, "cannot write %s: %s", path, strerror(errno));
-    p += n;
-    len -= (size_t)n;
+  if (enc->len > UINT32_MAX) return FL_ERR(FL_ELIMIT, "shuffle chunk of %zu bytes", enc->len);
+  uint32_t head = (uint32_t)enc->len;
+  const uint8_t *parts[2] = {(const uint8_t *)&head, enc->data};
+  size_t lens[2] = {4, enc->len};
+  for (int i = 0; i < 2; i++) {
+    const uint8_t *p = parts[i];
+    size_t len = lens[i];
+    while (len > 0) {
+      ssize_t n = write(fd, p, len);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return FL_ERR(FL_EIO, "cannot write %s: %s", path, strerror(errno));
+      p += n;
+      len -= (size_t)n;
+    }
   }
-  *offset += enc->len;
-  block->buf.len = 0;
-  block->count = 0;
+  *offset += 4 + enc->len;
+  chunk->buf.len = 0;
+  chunk->count = 0;
   return FL_OK;
 }
 
@@ -110,22 +118,22 @@ fl_status shuffle_write(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep,
   fl_bytes key, value;
   uint64_t offset = 0;
   while (shuffle_sorter_next(sorter, &part, &key, &value)) {
-    while (current < part) { /* close the blocks of partitions up to this one */
-      offsets[current] = offset;
-      if ((st = flush_block(fd, tmp_data, &block, &enc, &offset)) != FL_OK) goto cleanup;
-      current++;
+    while (current < part) { /* end the blocks of the partitions before this one */
+      if ((st = flush_chunk(fd, tmp_data, &block, &enc, &offset)) != FL_OK) goto cleanup;
+      offsets[++current] = offset;
     }
     pair.len = 0;
     if ((st = fl_buf_put_pair(&pair, key, value)) != FL_OK ||
         (st = rdd_batch_append(&block, pair.data, pair.len)) != FL_OK)
       goto cleanup;
+    if (block.buf.len >= SHUFFLE_CHUNK && (st = flush_chunk(fd, tmp_data, &block, &enc, &offset)) != FL_OK)
+      goto cleanup;
   }
   if ((st = task->status) != FL_OK) goto cleanup;
-  for (; current < reduces; current++) {
-    offsets[current] = offset;
-    if ((st = flush_block(fd, tmp_data, &block, &enc, &offset)) != FL_OK) goto cleanup;
+  while (current < reduces) {
+    if ((st = flush_chunk(fd, tmp_data, &block, &enc, &offset)) != FL_OK) goto cleanup;
+    offsets[++current] = offset;
   }
-  offsets[reduces] = offset;
   if (close(fd) != 0) {
     fd = -1;
     st = FL_ERR(FL_EIO, "cannot write %s: %s", tmp_data, strerror(errno));
