@@ -71,14 +71,26 @@ static fl_status block_stream_next(rdd_task *task, block_stream *b, rdd_batch *c
   return FL_OK;
 }
 
-/* Calls fn for every pair of input `side` for partition p. */
-typedef fl_status (*pair_fn)(void *ctx, uint32_t side, fl_bytes key, fl_bytes value);
+/* Called with the pairs of input `side` for partition p, a batch at a time. */
+typedef fl_status (*pairs_fn)(void *ctx, uint32_t side, uint32_t n, const fl_bytes *keys,
+                              const fl_bytes *values);
+
+/* Splits records into keys and values and hands them to fn, a batch at a time. */
+static fl_status pass_pairs(uint32_t side, uint32_t n, const fl_bytes *recs, fl_bytes *keys,
+                            fl_bytes *values, pairs_fn fn, void *fn_ctx) {
+  for (uint32_t i = 0; i < n; i++) {
+    fl_status s = fl_pair(recs[i], &keys[i], &values[i]);
+    if (s != FL_OK) return s;
+  }
+  return n ? fn(fn_ctx, side, n, keys, values) : FL_OK;
+}
 
 static fl_status for_each_input_pair(rdd_task *task, const shuffled_state *st, uint32_t p,
-                                     pair_fn fn, void *fn_ctx) {
+                                     pairs_fn fn, void *fn_ctx) {
   fl_status s = FL_OK;
   rdd_batch chunk = {FL_BUF_INIT, 0};
   block_stream b = {0};
+  fl_bytes recs[RDD_ITER_BATCH], keys[RDD_ITER_BATCH], values[RDD_ITER_BATCH];
   for (uint32_t side = 0; side < st->num_inputs && s == FL_OK; side++) {
     const shuffle_input *input = &st->inputs[side];
     if (input->dep) {
@@ -88,22 +100,20 @@ static fl_status for_each_input_pair(rdd_task *task, const shuffled_state *st, u
         bool got;
         while (s == FL_OK && (s = block_stream_next(task, &b, &chunk, &got)) == FL_OK && got) {
           rdd_cursor c = {chunk.buf.data, chunk.buf.data + chunk.buf.len};
-          fl_bytes rec, key, value;
-          while (s == FL_OK && rdd_cursor_next(&c, &rec))
-            if ((s = fl_pair(rec, &key, &value)) == FL_OK) s = fn(fn_ctx, side, key, value);
+          uint32_t n;
+          do {
+            for (n = 0; n < RDD_ITER_BATCH && rdd_cursor_next(&c, &recs[n]); n++) {}
+            s = pass_pairs(side, n, recs, keys, values, fn, fn_ctx);
+          } while (s == FL_OK && n == RDD_ITER_BATCH);
         }
         if (s == FL_OK && rdd_task_cancelled(task)) s = FL_ERR(FL_ECANCELLED, "job cancelled");
       }
     } else {
       fl_iter *in;
       if ((s = rdd_iterate(input->parent, p, task, &in)) != FL_OK) break;
-      fl_bytes recs[RDD_ITER_BATCH];
       uint32_t got;
       while (s == FL_OK && (got = in->next(in, recs, RDD_ITER_BATCH)) > 0)
-        for (uint32_t i = 0; i < got && s == FL_OK; i++) {
-          fl_bytes key, value;
-          if ((s = fl_pair(recs[i], &key, &value)) == FL_OK) s = fn(fn_ctx, side, key, value);
-        }
+        s = pass_pairs(side, got, recs, keys, values, fn, fn_ctx);
       if (s == FL_OK) s = task->status;
     }
   }
@@ -148,14 +158,23 @@ static void shuffled_close(fl_iter *it) {
   for (uint32_t i = 0; i < RDD_ITER_BATCH; i++) fl_buf_free(&s->outs[i]);
 }
 
-static fl_status insert_pair(void *ctx, uint32_t side, fl_bytes key, fl_bytes value) {
+static fl_status insert_pairs(void *ctx, uint32_t side, uint32_t n, const fl_bytes *keys,
+                              const fl_bytes *values) {
   shuffled_iter *s = ctx;
-  if (s->st->mode != SHUFFLED_COGROUP) return shuffle_sorter_insert(s->sorter, 0, key, value);
+  if (s->st->mode != SHUFFLED_COGROUP) {
+    static const uint32_t zeros[RDD_ITER_BATCH];
+    return shuffle_sorter_insert_batch(s->sorter, n, zeros, keys, values);
+  }
+  /* Cogroup: each value carries its side in front. */
   uint8_t tag = (uint8_t)side;
-  s->tagged.len = 0;
-  fl_status st = fl_buf_append(&s->tagged, &tag, 1);
-  if (st == FL_OK) st = fl_buf_append(&s->tagged, value.data, value.len);
-  return st == FL_OK ? shuffle_sorter_insert(s->sorter, 0, key, fl_buf_bytes(&s->tagged)) : st;
+  fl_status st = FL_OK;
+  for (uint32_t i = 0; i < n && st == FL_OK; i++) {
+    s->tagged.len = 0;
+    st = fl_buf_append(&s->tagged, &tag, 1);
+    if (st == FL_OK) st = fl_buf_append(&s->tagged, values[i].data, values[i].len);
+    if (st == FL_OK) st = shuffle_sorter_insert(s->sorter, 0, keys[i], fl_buf_bytes(&s->tagged));
+  }
+  return st;
 }
 
 /* Plain: the pairs of each input block (or narrow parent) in turn. */
@@ -259,7 +278,8 @@ static uint32_t shuffled_next(fl_iter *it, fl_bytes *out, uint32_t max) {
     shuffle_sorter_config cfg = {
         .memory = task->ctx->shuffle_memory,
         .dir = task->ctx->work_dir,
-        .order_keys = true,
+        /* Groups need equal keys adjacent and sorts need order; aggregation needs neither. */
+        .order_keys = s->st->mode != SHUFFLED_AGGREGATE,
         .key_order = s->st->mode == SHUFFLED_SORT ? s->st->key_order : NULL,
         .key_order_arg = s->r->arg,
         .descending = s->st->descending,
@@ -269,7 +289,7 @@ static uint32_t shuffled_next(fl_iter *it, fl_bytes *out, uint32_t max) {
         .fn_owner = s->r,
     };
     if ((st = shuffle_sorter_create(&cfg, &s->sorter)) != FL_OK ||
-        (st = for_each_input_pair(task, s->st, s->partition, insert_pair, s)) != FL_OK ||
+        (st = for_each_input_pair(task, s->st, s->partition, insert_pairs, s)) != FL_OK ||
         (st = shuffle_sorter_finish(s->sorter)) != FL_OK) {
       rdd_task_fail(task, st);
       return 0;

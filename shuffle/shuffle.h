@@ -18,7 +18,8 @@ typedef struct shuffle_sorter shuffle_sorter;
 typedef struct shuffle_sorter_config {
   uint64_t memory;      /* bytes of entries held before a sorted run is spilled */
   const char *dir;      /* where runs go */
-  bool order_keys;      /* order by key within a partition (else by partition only) */
+  bool order_keys;      /* output in key order within a partition (else partition order only;
+                           the values of a key are combined either way when aggregating) */
   fl_compare_fn key_order; /* NULL: bytewise */
   const void *key_order_arg;
   bool descending;
@@ -31,6 +32,10 @@ typedef struct shuffle_sorter_config {
 FL_INTERNAL fl_status shuffle_sorter_create(const shuffle_sorter_config *cfg, shuffle_sorter **out);
 FL_INTERNAL fl_status shuffle_sorter_insert(shuffle_sorter *s, uint32_t part, fl_bytes key,
                                             fl_bytes value);
+/* As n inserts; faster when aggregating (the table slots of the keys are prefetched). */
+FL_INTERNAL fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n,
+                                                  const uint32_t *parts, const fl_bytes *keys,
+                                                  const fl_bytes *values);
 /* Ends the input. Afterwards next() yields every entry in (partition, key) order, the
  * values of equal keys combined when aggregating. */
 FL_INTERNAL fl_status shuffle_sorter_finish(shuffle_sorter *s);

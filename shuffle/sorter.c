@@ -2,22 +2,29 @@
  * sorter.c: an external sorter of (partition, key, value) entries with optional
  * aggregation, the one engine behind both sides of a shuffle (as Spark's ExternalSorter).
  *
- * Entries live in one arena: a 12-byte header (partition, key length, value length), the
- * key, the value. When aggregating, a hash table on (partition, key) finds the entry of a
- * key, and its combiner is replaced in place when the new one has the same length (numbers,
- * vectors: no garbage) or appended otherwise. Past the memory budget the entries are
- * sorted and written to disk as a run of LZ4-framed chunks; at the end the runs (and what
- * is still in memory) are merged through a heap, combining equal keys across runs.
+ * Entries live in one arena: a 16-byte header (partition, key length, value length, index
+ * of the entry), the key, the value. When aggregating, a hash table on (partition, key)
+ * whose slots hold the entry's arena offset finds the entry of a key in two dependent
+ * memory reads (slots for a batch of keys are prefetched first), and its combiner is
+ * replaced in place when the new one has the same length (numbers, vectors: no garbage) or
+ * appended otherwise. Past the memory budget the entries are sorted and written to disk as
+ * a run of LZ4-framed chunks; at the end the runs (and what is still in memory) are merged
+ * through a heap, combining equal keys across runs. With no runs, output needs only
+ * partition order unless key order was asked for: a counting sort, not a comparison sort.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "shuffle/shuffle.h"
 
-#define ENTRY_HEADER 12
+#define ENTRY_HEADER 16
+/* A slot: the tag (high bits of the hash) above the entry's arena offset + 1 (0: empty). */
+#define SLOT_OFFSET_BITS 40
+#define SLOT_OFFSET_MASK ((1ull << SLOT_OFFSET_BITS) - 1)
 #define RUN_CHUNK (1u << 20) /* raw bytes of entries per encoded chunk of a run */
 
 typedef struct run_reader {
@@ -33,8 +40,10 @@ struct shuffle_sorter {
   fl_buf arena;
   uint64_t *offsets;
   size_t count, cap;
-  uint64_t *table; /* agg: (hash tag << 32) | (entry index + 1); 0 is empty */
+  uint64_t *table; /* agg: see SLOT_OFFSET_BITS */
   size_t table_cap;
+  bool runs_by_key; /* runs are sorted by key too (key order asked for, or aggregating) */
+  uint32_t max_part;
   fl_buf scratch;
   char **runs;
   uint32_t num_runs, cap_runs;
@@ -52,7 +61,7 @@ static atomic_uint_fast64_t run_counter;
 
 static inline void entry_read(const uint8_t *p, uint32_t *part, fl_bytes *key, fl_bytes *value) {
   uint32_t h[3];
-  memcpy(h, p, ENTRY_HEADER);
+  memcpy(h, p, sizeof h);
   *part = h[0];
   key->data = p + ENTRY_HEADER;
   key->len = h[1];
@@ -66,7 +75,7 @@ static int compare_entries(const shuffle_sorter *s, const uint8_t *a, const uint
   entry_read(a, &pa, &ka, &va);
   entry_read(b, &pb, &kb, &vb);
   if (pa != pb) return pa < pb ? -1 : 1;
-  if (!s->cfg.order_keys) return 0;
+  if (!s->runs_by_key) return 0;
   int c = rdd_compare_keys(s->cfg.key_order, s->cfg.key_order_arg, ka, kb);
   return s->cfg.descending ? -c : c;
 }
@@ -76,8 +85,30 @@ static int compare_offsets(const void *a, const void *b, void *ctx) {
   return compare_entries(s, s->arena.data + *(const uint64_t *)a, s->arena.data + *(const uint64_t *)b);
 }
 
+/* The arena is reserved at the budget's size up front (see reserve_arena), so its used
+ * bytes, not its capacity, are what counts. */
 static uint64_t memory_used(const shuffle_sorter *s) {
-  return s->arena.cap + s->cap * sizeof *s->offsets + s->table_cap * sizeof *s->table;
+  return s->arena.len + s->cap * sizeof *s->offsets + s->table_cap * sizeof *s->table;
+}
+
+/* Advises huge pages for a large block that will be touched all over (a hint only). */
+static void advise_huge(void *p, size_t bytes) {
+  if (bytes < (4u << 20)) return;
+  uintptr_t lo = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, hi = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
+  if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+}
+
+/* Reserves the arena once at the budget's size: growing it by doubling would copy it again
+ * and again, and untouched pages cost nothing. */
+static fl_status reserve_arena(shuffle_sorter *s, size_t need) {
+  if (s->arena.cap == 0) {
+    uint64_t want = s->cfg.memory < (1ull << 30) ? s->cfg.memory : (1ull << 30);
+    if (want > need) need = (size_t)want;
+    fl_status st = fl_buf_reserve(&s->arena, need);
+    if (st == FL_OK) advise_huge(s->arena.data, s->arena.cap);
+    return st;
+  }
+  return fl_buf_reserve(&s->arena, need);
 }
 
 static fl_status user_failed(shuffle_sorter *s, const void *fn, const char *what, fl_status st) {
@@ -101,14 +132,17 @@ static fl_status append_entry(shuffle_sorter *s, uint32_t part, fl_bytes key, fl
     s->offsets = grown;
     s->cap = cap;
   }
-  fl_status st = fl_buf_reserve(&s->arena, ENTRY_HEADER + key.len + value.len);
+  fl_status st = reserve_arena(s, ENTRY_HEADER + key.len + value.len);
   if (st != FL_OK) return st;
-  uint32_t h[3] = {part, (uint32_t)key.len, (uint32_t)value.len};
+  if (s->arena.len + ENTRY_HEADER + key.len + value.len > SLOT_OFFSET_MASK)
+    return FL_ERR(FL_ELIMIT, "shuffle: more than 1 TiB of entries in memory");
+  uint32_t h[4] = {part, (uint32_t)key.len, (uint32_t)value.len, (uint32_t)s->count};
   *offset = s->arena.len;
   fl_buf_append(&s->arena, h, ENTRY_HEADER);
   fl_buf_append(&s->arena, key.data, key.len);
   fl_buf_append(&s->arena, value.data, value.len);
   s->offsets[s->count++] = *offset;
+  if (part > s->max_part) s->max_part = part;
   return FL_OK;
 }
 
@@ -116,16 +150,20 @@ static uint64_t entry_hash(uint32_t part, fl_bytes key) {
   return common_hash_bytes(key.data, key.len) ^ common_hash64(part);
 }
 
+static inline uint64_t slot_tag(uint64_t hash) { return hash >> SLOT_OFFSET_BITS; }
+
 static fl_status table_grow(shuffle_sorter *s) {
   size_t cap = s->table_cap ? s->table_cap * 2 : 4096;
   uint64_t *t = common_calloc(cap, sizeof *t);
   if (!t) return FL_ERR(FL_ENOMEM, "shuffle: cannot grow the aggregation table");
+  /* A large table is touched at random: huge pages spare a fault and a TLB miss per 4 KiB. */
+  advise_huge(t, cap * sizeof *t);
   for (size_t i = 0; i < s->table_cap; i++) {
     uint64_t slot = s->table[i];
     if (!slot) continue;
     uint32_t part;
     fl_bytes k, v;
-    entry_read(s->arena.data + s->offsets[(uint32_t)slot - 1], &part, &k, &v);
+    entry_read(s->arena.data + (slot & SLOT_OFFSET_MASK) - 1, &part, &k, &v);
     size_t j = entry_hash(part, k) & (cap - 1);
     while (t[j]) j = (j + 1) & (cap - 1);
     t[j] = slot;
@@ -155,55 +193,99 @@ static fl_status make_combiner(shuffle_sorter *s, fl_bytes value, fl_bytes *out)
 
 static fl_status spill(shuffle_sorter *s);
 
-fl_status shuffle_sorter_insert(shuffle_sorter *s, uint32_t part, fl_bytes key, fl_bytes value) {
+/* Combines `value` into the entry of (part, key), or adds the entry. */
+static fl_status insert_hashed(shuffle_sorter *s, uint32_t part, fl_bytes key, fl_bytes value,
+                               uint64_t h) {
+  const rdd_aggregator *a = s->cfg.agg;
   fl_status st;
   uint64_t offset;
-  const rdd_aggregator *a = s->cfg.agg;
-  if (!a) {
-    if ((st = append_entry(s, part, key, value, &offset)) != FL_OK) return st;
-  } else {
-    if (s->count * 2 >= s->table_cap && (st = table_grow(s)) != FL_OK) return st;
-    uint64_t h = entry_hash(part, key);
-    uint64_t tag = h >> 32;
-    size_t i = h & (s->table_cap - 1);
-    for (;;) {
-      uint64_t slot = s->table[i];
-      if (!slot) break;
-      if ((slot >> 32) == tag) {
-        uint64_t off = s->offsets[(uint32_t)slot - 1];
-        uint32_t p;
-        fl_bytes k, v;
-        entry_read(s->arena.data + off, &p, &k, &v);
-        if (p == part && k.len == key.len && memcmp(k.data, key.data, key.len) == 0) {
-          fl_reduce_fn merge = s->cfg.values_are_combiners ? a->merge_combiners : a->merge_value;
-          s->scratch.len = 0;
-          if ((st = merge(v, value, &s->scratch, a->arg)) != FL_OK)
-            return user_failed(s, (const void *)merge, "merge", st);
-          if (s->scratch.len == v.len) {
-            memcpy((uint8_t *)v.data, s->scratch.data, v.len);
-          } else {
-            /* Append a new entry; the key is copied first since the arena may move. */
-            fl_buf keycopy = FL_BUF_INIT;
-            if ((st = fl_buf_append(&keycopy, key.data, key.len)) != FL_OK) return st;
-            st = append_entry(s, part, fl_buf_bytes(&keycopy), fl_buf_bytes(&s->scratch), &offset);
-            fl_buf_free(&keycopy);
-            if (st != FL_OK) return st;
-            s->count--; /* the old entry's index is reused for the new bytes */
-            s->offsets[(uint32_t)slot - 1] = offset;
-          }
-          goto maybe_spill;
+  if (s->count * 2 >= s->table_cap && (st = table_grow(s)) != FL_OK) return st;
+  uint64_t tag = slot_tag(h);
+  size_t i = h & (s->table_cap - 1);
+  for (;;) {
+    uint64_t slot = s->table[i];
+    if (!slot) break;
+    if ((slot >> SLOT_OFFSET_BITS) == tag) {
+      uint8_t *e = s->arena.data + (slot & SLOT_OFFSET_MASK) - 1;
+      uint32_t p;
+      fl_bytes k, v;
+      entry_read(e, &p, &k, &v);
+      if (p == part && k.len == key.len && memcmp(k.data, key.data, key.len) == 0) {
+        fl_reduce_fn merge = s->cfg.values_are_combiners ? a->merge_combiners : a->merge_value;
+        s->scratch.len = 0;
+        if ((st = merge(v, value, &s->scratch, a->arg)) != FL_OK)
+          return user_failed(s, (const void *)merge, "merge", st);
+        if (s->scratch.len == v.len) {
+          memcpy((uint8_t *)v.data, s->scratch.data, v.len);
+          return FL_OK;
         }
+        /* A combiner of another length: a new copy of the entry, under the same index. */
+        uint32_t index;
+        memcpy(&index, e + 12, 4);
+        fl_buf keycopy = FL_BUF_INIT; /* the arena may move while it grows */
+        if ((st = fl_buf_append(&keycopy, key.data, key.len)) != FL_OK) return st;
+        st = append_entry(s, part, fl_buf_bytes(&keycopy), fl_buf_bytes(&s->scratch), &offset);
+        fl_buf_free(&keycopy);
+        if (st != FL_OK) return st;
+        s->count--;
+        s->offsets[index] = offset;
+        memcpy(s->arena.data + offset + 12, &index, 4);
+        s->table[i] = (tag << SLOT_OFFSET_BITS) | (offset + 1);
+        return FL_OK;
       }
-      i = (i + 1) & (s->table_cap - 1);
     }
-    fl_bytes combiner;
-    if ((st = make_combiner(s, value, &combiner)) != FL_OK) return st;
-    if ((st = append_entry(s, part, key, combiner, &offset)) != FL_OK) return st;
-    s->table[i] = (tag << 32) | (uint64_t)s->count;
+    i = (i + 1) & (s->table_cap - 1);
   }
-maybe_spill:
-  if (memory_used(s) > s->cfg.memory && s->count > 0) return spill(s);
+  fl_bytes combiner;
+  if ((st = make_combiner(s, value, &combiner)) != FL_OK) return st;
+  if ((st = append_entry(s, part, key, combiner, &offset)) != FL_OK) return st;
+  s->table[i] = (tag << SLOT_OFFSET_BITS) | (offset + 1);
   return FL_OK;
+}
+
+fl_status shuffle_sorter_insert(shuffle_sorter *s, uint32_t part, fl_bytes key, fl_bytes value) {
+  fl_status st;
+  if (s->cfg.agg) {
+    st = insert_hashed(s, part, key, value, entry_hash(part, key));
+  } else {
+    uint64_t offset;
+    st = append_entry(s, part, key, value, &offset);
+  }
+  if (st == FL_OK && memory_used(s) > s->cfg.memory && s->count > 0) st = spill(s);
+  return st;
+}
+
+/* Keys hashed ahead of the one being inserted: its slot is prefetched SLOT_AHEAD keys
+ * before, and the entry that slot points at ENTRY_AHEAD keys before, so the two dependent
+ * misses of a lookup overlap the work on other keys. */
+#define SLOT_AHEAD 16
+#define ENTRY_AHEAD 8
+
+fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n, const uint32_t *parts,
+                                      const fl_bytes *keys, const fl_bytes *values) {
+  fl_status st = FL_OK;
+  if (!s->cfg.agg) {
+    for (uint32_t i = 0; i < n && st == FL_OK; i++) st = shuffle_sorter_insert(s, parts[i], keys[i], values[i]);
+    return st;
+  }
+  uint64_t hashes[RDD_ITER_BATCH];
+  if (n > RDD_ITER_BATCH) return FL_ERR(FL_EINTERNAL, "shuffle: batch of %u keys", n);
+  for (uint32_t i = 0; i < n + SLOT_AHEAD && st == FL_OK; i++) {
+    if (i < n) {
+      hashes[i] = entry_hash(parts[i], keys[i]);
+      if (s->table) __builtin_prefetch(&s->table[hashes[i] & (s->table_cap - 1)]);
+    }
+    if (i >= SLOT_AHEAD - ENTRY_AHEAD && i - (SLOT_AHEAD - ENTRY_AHEAD) < n && s->table) {
+      uint64_t slot = s->table[hashes[i - (SLOT_AHEAD - ENTRY_AHEAD)] & (s->table_cap - 1)];
+      if (slot) __builtin_prefetch(s->arena.data + (slot & SLOT_OFFSET_MASK) - 1);
+    }
+    if (i >= SLOT_AHEAD) {
+      uint32_t k = i - SLOT_AHEAD;
+      st = insert_hashed(s, parts[k], keys[k], values[k], hashes[k]);
+      if (st == FL_OK && memory_used(s) > s->cfg.memory && s->count > 0) st = spill(s);
+    }
+  }
+  return st;
 }
 
 /* ---- runs ------------------------------------------------------------------------------ */
@@ -257,7 +339,7 @@ static fl_status spill(shuffle_sorter *s) {
   fl_status st = FL_OK;
   for (size_t i = 0; i < s->count && st == FL_OK; i++) {
     const uint8_t *e = s->arena.data + s->offsets[i];
-    uint32_t h[3];
+    uint32_t h[4];
     memcpy(h, e, ENTRY_HEADER);
     st = rdd_batch_append(&chunk, e, ENTRY_HEADER + (size_t)h[1] + h[2]);
     if (st == FL_OK && chunk.buf.len >= RUN_CHUNK) st = write_chunk(fd, &chunk, &enc, path);
@@ -333,10 +415,43 @@ static fl_status heap_pop_advance(shuffle_sorter *s) {
   return FL_OK;
 }
 
+/* Orders the entries by partition alone, keeping their order within a partition. */
+static fl_status sort_by_partition(shuffle_sorter *s) {
+  if (s->max_part == 0) return FL_OK;
+  size_t parts = (size_t)s->max_part + 1;
+  uint64_t *starts = common_calloc(parts + 1, sizeof *starts);
+  uint64_t *sorted = common_malloc((s->count ? s->count : 1) * sizeof *sorted);
+  if (!starts || !sorted) {
+    common_free(starts);
+    common_free(sorted);
+    return FL_ERR(FL_ENOMEM, "shuffle: cannot order %zu entries", s->count);
+  }
+  for (size_t i = 0; i < s->count; i++) {
+    uint32_t part;
+    memcpy(&part, s->arena.data + s->offsets[i], 4);
+    starts[part + 1]++;
+  }
+  for (size_t p = 1; p <= parts; p++) starts[p] += starts[p - 1];
+  for (size_t i = 0; i < s->count; i++) {
+    uint32_t part;
+    memcpy(&part, s->arena.data + s->offsets[i], 4);
+    sorted[starts[part]++] = s->offsets[i];
+  }
+  common_free(starts);
+  common_free(s->offsets);
+  s->offsets = sorted;
+  s->cap = s->count ? s->count : 1;
+  return FL_OK;
+}
+
 fl_status shuffle_sorter_finish(shuffle_sorter *s) {
   fl_status st;
   if (s->num_runs == 0) {
-    qsort_r(s->offsets, s->count, sizeof *s->offsets, compare_offsets, s);
+    if (s->cfg.order_keys) {
+      qsort_r(s->offsets, s->count, sizeof *s->offsets, compare_offsets, s);
+    } else if ((st = sort_by_partition(s)) != FL_OK) {
+      return st;
+    }
     s->phase = PHASE_MEMORY;
     s->pos = 0;
     return FL_OK;
@@ -410,7 +525,8 @@ fl_status shuffle_sorter_create(const shuffle_sorter_config *cfg, shuffle_sorter
   shuffle_sorter *s = common_calloc(1, sizeof *s);
   if (!s) return FL_ERR(FL_ENOMEM, "cannot allocate a shuffle sorter");
   s->cfg = *cfg;
-  if (s->cfg.agg) s->cfg.order_keys = true; /* merging runs combines adjacent equal keys */
+  /* Merging runs combines equal keys, which must then be adjacent. */
+  s->runs_by_key = cfg->order_keys || cfg->agg;
   *out = s;
   return FL_OK;
 }

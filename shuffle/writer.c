@@ -84,19 +84,19 @@ fl_status shuffle_write(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep,
   if (!offsets) return rdd_task_fail(task, FL_ERR(FL_ENOMEM, "shuffle: out of memory"));
   if ((st = shuffle_sorter_create(&cfg, &sorter)) != FL_OK) goto cleanup;
 
-  fl_bytes recs[RDD_ITER_BATCH];
+  fl_bytes recs[RDD_ITER_BATCH], keys[RDD_ITER_BATCH], values[RDD_ITER_BATCH];
+  uint32_t parts[RDD_ITER_BATCH];
   uint32_t got;
   while ((got = in->next(in, recs, RDD_ITER_BATCH)) > 0) {
     for (uint32_t i = 0; i < got; i++) {
-      fl_bytes key, value;
-      if ((st = fl_pair(recs[i], &key, &value)) != FL_OK) {
+      if ((st = fl_pair(recs[i], &keys[i], &values[i])) != FL_OK) {
         common_error_wrap(st, "shuffle %llu, map %u: ", (unsigned long long)dep->shuffle_id,
                           task->partition);
         goto cleanup;
       }
-      uint32_t part = rdd_partitioner_place(dep->partitioner, key);
-      if ((st = shuffle_sorter_insert(sorter, part, key, value)) != FL_OK) goto cleanup;
+      parts[i] = rdd_partitioner_place(dep->partitioner, keys[i]);
     }
+    if ((st = shuffle_sorter_insert_batch(sorter, got, parts, keys, values)) != FL_OK) goto cleanup;
     if (rdd_task_cancelled(task)) {
       st = FL_ERR(FL_ECANCELLED, "job cancelled");
       goto cleanup;
