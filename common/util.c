@@ -120,7 +120,7 @@ uint64_t common_hash_bytes(const void *data, size_t len) {
     len -= 8;
   }
   uint64_t tail = 0;
-  memcpy(&tail, p, len);
+  if (len) memcpy(&tail, p, len);
   return common_hash64(h ^ tail ^ ((uint64_t)len << 56));
 }
 

@@ -62,7 +62,7 @@ fl_status fl_partitioner_range(fl_dataset *pairs, uint32_t num_partitions, bool 
   common_error_clear();
   if (!pairs || !out || num_partitions == 0 || (arg_len && !arg))
     return FL_ERR(FL_EINVAL, "fl_partitioner_range: needs a dataset and num_partitions > 0");
-  fl_status status;
+  fl_status status = FL_OK;
   fl_partitioner *p = partitioner_new(PARTITIONER_RANGE, num_partitions, arg, arg_len);
   fl_dataset *sample = NULL;
   fl_records *keys = NULL;
@@ -157,9 +157,13 @@ bool rdd_partitioner_equal(const fl_partitioner *a, const fl_partitioner *b) {
 }
 
 uint32_t rdd_partitioner_place(const fl_partitioner *p, fl_bytes key) {
+  return rdd_partitioner_place_hashed(p, key, p->kind == PARTITIONER_HASH ? common_hash_bytes(key.data, key.len) : 0);
+}
+
+uint32_t rdd_partitioner_place_hashed(const fl_partitioner *p, fl_bytes key, uint64_t key_hash) {
   switch (p->kind) {
   case PARTITIONER_HASH:
-    return (uint32_t)(common_hash_bytes(key.data, key.len) % p->num_partitions);
+    return (uint32_t)(key_hash % p->num_partitions);
   case PARTITIONER_CUSTOM: {
     uint32_t i = p->fn(key, p->num_partitions, p->arg);
     /* A user function that answers out of range is reduced into range, not trusted. */

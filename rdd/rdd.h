@@ -119,6 +119,9 @@ FL_INTERNAL void rdd_partitioner_release(const fl_partitioner *p);
 FL_INTERNAL bool rdd_partitioner_equal(const fl_partitioner *a, const fl_partitioner *b);
 /* The partition of a key. */
 FL_INTERNAL uint32_t rdd_partitioner_place(const fl_partitioner *p, fl_bytes key);
+/* The same, given the key's common_hash_bytes (which a hash partitioner would compute). */
+FL_INTERNAL uint32_t rdd_partitioner_place_hashed(const fl_partitioner *p, fl_bytes key,
+                                                  uint64_t key_hash);
 /* Key order: the compare function (with its arg), or bytewise when it is NULL. */
 static inline int rdd_compare_keys(fl_compare_fn cmp, const void *arg, fl_bytes a, fl_bytes b) {
   if (cmp) return cmp(a, b, arg);

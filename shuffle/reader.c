@@ -49,7 +49,7 @@ static fl_status block_stream_next(rdd_task *task, block_stream *b, rdd_batch *c
   uint64_t id = b->dep->shuffle_id;
   fl_status st = ctx->cache->shuffle_fetch(ctx->cache_impl, id, b->map, b->reduce, b->pos, 4,
                                            &b->enc, &b->len);
-  if (st != FL_OK) return st;
+  if (st != FL_OK) return common_error_wrap(FL_EFETCH, "fetch failed: ");
   b->started = true;
   if (b->pos >= b->len) return FL_OK;
   if (b->enc.len != 4) return stream_error(b, "block is truncated");
@@ -59,7 +59,7 @@ static fl_status block_stream_next(rdd_task *task, block_stream *b, rdd_batch *c
   uint64_t block_len;
   st = ctx->cache->shuffle_fetch(ctx->cache_impl, id, b->map, b->reduce, b->pos + 4, chunk_len,
                                  &b->enc, &block_len);
-  if (st != FL_OK) return st;
+  if (st != FL_OK) return common_error_wrap(FL_EFETCH, "fetch failed: ");
   if (b->enc.len != chunk_len) return stream_error(b, "block is truncated");
   char what[128];
   snprintf(what, sizeof what, "shuffle %llu, map %u, reduce %u", (unsigned long long)id, b->map, b->reduce);
@@ -163,7 +163,7 @@ static fl_status insert_pairs(void *ctx, uint32_t side, uint32_t n, const fl_byt
   shuffled_iter *s = ctx;
   if (s->st->mode != SHUFFLED_COGROUP) {
     static const uint32_t zeros[RDD_ITER_BATCH];
-    return shuffle_sorter_insert_batch(s->sorter, n, zeros, keys, values);
+    return shuffle_sorter_insert_batch(s->sorter, n, zeros, keys, values, NULL);
   }
   /* Cogroup: each value carries its side in front. */
   uint8_t tag = (uint8_t)side;
@@ -256,7 +256,7 @@ static fl_status next_group(shuffled_iter *s, fl_buf *key_out, bool *found) {
     if ((st = rdd_batch_append(&s->groups[side], value.data, value.len)) != FL_OK) return st;
     uint32_t part;
     if (!shuffle_sorter_next(s->sorter, &part, &key, &value)) return s->base.task->status;
-    if (key.len != key_out->len || memcmp(key.data, key_out->data, key.len) != 0) {
+    if (key.len != key_out->len || (key.len && memcmp(key.data, key_out->data, key.len) != 0)) {
       /* The first entry of the next key: keep it for the next call. */
       s->pending_key.len = s->pending_value.len = 0;
       if ((st = fl_buf_append(&s->pending_key, key.data, key.len)) != FL_OK ||

@@ -32,10 +32,12 @@ typedef struct shuffle_sorter_config {
 FL_INTERNAL fl_status shuffle_sorter_create(const shuffle_sorter_config *cfg, shuffle_sorter **out);
 FL_INTERNAL fl_status shuffle_sorter_insert(shuffle_sorter *s, uint32_t part, fl_bytes key,
                                             fl_bytes value);
-/* As n inserts; faster when aggregating (the table slots of the keys are prefetched). */
+/* As n inserts; faster when aggregating (the table slots of the keys are prefetched).
+ * key_hashes: each key's common_hash_bytes when the caller has them, else NULL. */
 FL_INTERNAL fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n,
                                                   const uint32_t *parts, const fl_bytes *keys,
-                                                  const fl_bytes *values);
+                                                  const fl_bytes *values,
+                                                  const uint64_t *key_hashes);
 /* Ends the input. Afterwards next() yields every entry in (partition, key) order, the
  * values of equal keys combined when aggregating. */
 FL_INTERNAL fl_status shuffle_sorter_finish(shuffle_sorter *s);
@@ -43,6 +45,7 @@ FL_INTERNAL fl_status shuffle_sorter_finish(shuffle_sorter *s);
  * the status is on the task). */
 FL_INTERNAL bool shuffle_sorter_next(shuffle_sorter *s, uint32_t *part, fl_bytes *key,
                                      fl_bytes *value);
+/* How many times the entries in memory were spilled to disk as a run. */
 FL_INTERNAL uint32_t shuffle_sorter_spills(const shuffle_sorter *s);
 /* Frees memory and deletes the spill files. NULL does nothing. */
 FL_INTERNAL void shuffle_sorter_destroy(shuffle_sorter *s);

@@ -26,6 +26,8 @@
 #define SLOT_OFFSET_BITS 40
 #define SLOT_OFFSET_MASK ((1ull << SLOT_OFFSET_BITS) - 1)
 #define RUN_CHUNK (1u << 20) /* raw bytes of entries per encoded chunk of a run */
+#define MAX_RUNS 64           /* runs merged into one past this (each is an open file) */
+#define MIN_MEMORY (16u << 10) /* below this the sorter's own tables would spill every entry */
 
 typedef struct run_reader {
   int fd;
@@ -47,10 +49,12 @@ struct shuffle_sorter {
   fl_buf scratch;
   char **runs;
   uint32_t num_runs, cap_runs;
+  uint32_t spills; /* runs written from memory in all (compaction merges some of them) */
   /* iteration */
   enum { PHASE_INPUT, PHASE_MEMORY, PHASE_MERGE } phase;
   size_t pos;
-  run_reader *readers;
+  run_reader *readers; /* one per run being merged */
+  uint32_t num_readers;
   uint32_t *heap, heap_len;
   fl_buf cur_key, cur_val;
 };
@@ -146,14 +150,18 @@ static fl_status append_entry(shuffle_sorter *s, uint32_t part, fl_bytes key, fl
   return FL_OK;
 }
 
+static inline uint64_t entry_hash_of(uint32_t part, uint64_t key_hash) {
+  return key_hash ^ common_hash64(part);
+}
+
 static uint64_t entry_hash(uint32_t part, fl_bytes key) {
-  return common_hash_bytes(key.data, key.len) ^ common_hash64(part);
+  return entry_hash_of(part, common_hash_bytes(key.data, key.len));
 }
 
 static inline uint64_t slot_tag(uint64_t hash) { return hash >> SLOT_OFFSET_BITS; }
 
 static fl_status table_grow(shuffle_sorter *s) {
-  size_t cap = s->table_cap ? s->table_cap * 2 : 4096;
+  size_t cap = s->table_cap ? s->table_cap * 2 : 512;
   uint64_t *t = common_calloc(cap, sizeof *t);
   if (!t) return FL_ERR(FL_ENOMEM, "shuffle: cannot grow the aggregation table");
   /* A large table is touched at random: huge pages spare a fault and a TLB miss per 4 KiB. */
@@ -210,13 +218,13 @@ static fl_status insert_hashed(shuffle_sorter *s, uint32_t part, fl_bytes key, f
       uint32_t p;
       fl_bytes k, v;
       entry_read(e, &p, &k, &v);
-      if (p == part && k.len == key.len && memcmp(k.data, key.data, key.len) == 0) {
+      if (p == part && k.len == key.len && (key.len == 0 || memcmp(k.data, key.data, key.len) == 0)) {
         fl_reduce_fn merge = s->cfg.values_are_combiners ? a->merge_combiners : a->merge_value;
         s->scratch.len = 0;
         if ((st = merge(v, value, &s->scratch, a->arg)) != FL_OK)
           return user_failed(s, (const void *)merge, "merge", st);
         if (s->scratch.len == v.len) {
-          memcpy((uint8_t *)v.data, s->scratch.data, v.len);
+          if (v.len) memcpy((uint8_t *)v.data, s->scratch.data, v.len);
           return FL_OK;
         }
         /* A combiner of another length: a new copy of the entry, under the same index. */
@@ -262,7 +270,8 @@ fl_status shuffle_sorter_insert(shuffle_sorter *s, uint32_t part, fl_bytes key, 
 #define ENTRY_AHEAD 8
 
 fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n, const uint32_t *parts,
-                                      const fl_bytes *keys, const fl_bytes *values) {
+                                      const fl_bytes *keys, const fl_bytes *values,
+                                      const uint64_t *key_hashes) {
   fl_status st = FL_OK;
   if (!s->cfg.agg) {
     for (uint32_t i = 0; i < n && st == FL_OK; i++) st = shuffle_sorter_insert(s, parts[i], keys[i], values[i]);
@@ -272,7 +281,7 @@ fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n, const uint3
   if (n > RDD_ITER_BATCH) return FL_ERR(FL_EINTERNAL, "shuffle: batch of %u keys", n);
   for (uint32_t i = 0; i < n + SLOT_AHEAD && st == FL_OK; i++) {
     if (i < n) {
-      hashes[i] = entry_hash(parts[i], keys[i]);
+      hashes[i] = key_hashes ? entry_hash_of(parts[i], key_hashes[i]) : entry_hash(parts[i], keys[i]);
       if (s->table) __builtin_prefetch(&s->table[hashes[i] & (s->table_cap - 1)]);
     }
     if (i >= SLOT_AHEAD - ENTRY_AHEAD && i - (SLOT_AHEAD - ENTRY_AHEAD) < n && s->table) {
@@ -313,9 +322,8 @@ static fl_status write_chunk(int fd, rdd_batch *chunk, fl_buf *enc, const char *
   return FL_OK;
 }
 
-/* Sorts the entries in memory and writes them as a new run, then forgets them. */
-static fl_status spill(shuffle_sorter *s) {
-  qsort_r(s->offsets, s->count, sizeof *s->offsets, compare_offsets, s);
+/* Creates a new run file and records it (destroy deletes it from then on). */
+static fl_status new_run(shuffle_sorter *s, int *fd, const char **path_out) {
   char path[4096];
   snprintf(path, sizeof path, "%s/spill-%d-%llu.run", s->cfg.dir, (int)getpid(),
            (unsigned long long)atomic_fetch_add(&run_counter, 1));
@@ -328,21 +336,41 @@ static fl_status spill(shuffle_sorter *s) {
   }
   char *copy = common_strdup(path);
   if (!copy) return FL_ERR(FL_ENOMEM, "shuffle: cannot record a spill");
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  *fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (*fd < 0) {
     common_free(copy);
     return FL_ERR(FL_EIO, "cannot create spill file %s: %s", path, strerror(errno));
   }
-  s->runs[s->num_runs++] = copy; /* from now on destroy deletes it */
+  s->runs[s->num_runs++] = copy;
+  *path_out = copy;
+  return FL_OK;
+}
+
+/* Appends one entry to a run's pending chunk, writing the chunk when it is full. */
+static fl_status run_append(int fd, const char *path, rdd_batch *chunk, fl_buf *enc,
+                            const uint8_t *entry, size_t len) {
+  fl_status st = rdd_batch_append(chunk, entry, len);
+  if (st == FL_OK && chunk->buf.len >= RUN_CHUNK) st = write_chunk(fd, chunk, enc, path);
+  return st;
+}
+
+static fl_status compact(shuffle_sorter *s);
+
+/* Sorts the entries in memory and writes them as a new run, then forgets them. Past
+ * MAX_RUNS runs, the runs are merged into one, so that open files stay bounded. */
+static fl_status spill(shuffle_sorter *s) {
+  if (s->count > 1) qsort_r(s->offsets, s->count, sizeof *s->offsets, compare_offsets, s);
+  int fd;
+  const char *path;
+  fl_status st = new_run(s, &fd, &path);
+  if (st != FL_OK) return st;
   rdd_batch chunk = {FL_BUF_INIT, 0};
   fl_buf enc = FL_BUF_INIT;
-  fl_status st = FL_OK;
   for (size_t i = 0; i < s->count && st == FL_OK; i++) {
     const uint8_t *e = s->arena.data + s->offsets[i];
     uint32_t h[4];
     memcpy(h, e, ENTRY_HEADER);
-    st = rdd_batch_append(&chunk, e, ENTRY_HEADER + (size_t)h[1] + h[2]);
-    if (st == FL_OK && chunk.buf.len >= RUN_CHUNK) st = write_chunk(fd, &chunk, &enc, path);
+    st = run_append(fd, path, &chunk, &enc, e, ENTRY_HEADER + (size_t)h[1] + h[2]);
   }
   if (st == FL_OK && chunk.count > 0) st = write_chunk(fd, &chunk, &enc, path);
   if (close(fd) != 0 && st == FL_OK) st = FL_ERR(FL_EIO, "cannot write spill file %s: %s", path, strerror(errno));
@@ -350,7 +378,19 @@ static fl_status spill(shuffle_sorter *s) {
   fl_buf_free(&enc);
   s->arena.len = 0;
   s->count = 0;
-  if (s->table) memset(s->table, 0, s->table_cap * sizeof *s->table);
+  s->max_part = 0;
+  if (memory_used(s) > s->cfg.memory / 2) {
+    /* Tables grown past the budget would make every later insert spill: start them small. */
+    common_free(s->table);
+    common_free(s->offsets);
+    s->table = NULL;
+    s->offsets = NULL;
+    s->table_cap = s->cap = 0;
+  } else if (s->table) {
+    memset(s->table, 0, s->table_cap * sizeof *s->table);
+  }
+  s->spills++;
+  if (st == FL_OK && s->num_runs >= MAX_RUNS) st = compact(s);
   return st;
 }
 
@@ -444,11 +484,110 @@ static fl_status sort_by_partition(shuffle_sorter *s) {
   return FL_OK;
 }
 
+/* Opens every run and puts its first entry on the heap. */
+static fl_status merge_open(shuffle_sorter *s) {
+  s->readers = common_calloc(s->num_runs, sizeof *s->readers);
+  s->heap = common_calloc(s->num_runs, sizeof *s->heap);
+  if (!s->readers || !s->heap) return FL_ERR(FL_ENOMEM, "shuffle: cannot merge %u runs", s->num_runs);
+  s->heap_len = 0;
+  s->num_readers = s->num_runs;
+  for (uint32_t i = 0; i < s->num_runs; i++) s->readers[i].fd = -1;
+  for (uint32_t i = 0; i < s->num_runs; i++) {
+    run_reader *r = &s->readers[i];
+    r->path = s->runs[i];
+    r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0) return FL_ERR(FL_EIO, "cannot open spill file %s: %s", r->path, strerror(errno));
+    fl_status st = FL_OK;
+    if (run_advance(r, &st)) s->heap[s->heap_len++] = i;
+    else if (st != FL_OK) return st;
+  }
+  for (uint32_t i = s->heap_len; i-- > 0;) heap_down(s, i);
+  return FL_OK;
+}
+
+/* Closes the runs' readers (the run files stay). */
+static void merge_close(shuffle_sorter *s) {
+  for (uint32_t i = 0; s->readers && i < s->num_readers; i++) {
+    if (s->readers[i].fd >= 0) close(s->readers[i].fd);
+    rdd_batch_free(&s->readers[i].chunk);
+  }
+  common_free(s->readers);
+  common_free(s->heap);
+  s->readers = NULL;
+  s->heap = NULL;
+  s->heap_len = s->num_readers = 0;
+}
+
+/* The next merged entry into cur_key/cur_val, equal keys combined when aggregating; false
+ * at the end, or on failure with *st set. */
+static bool merge_next(shuffle_sorter *s, uint32_t *part, fl_status *st) {
+  if (s->heap_len == 0) return false;
+  fl_bytes k, v;
+  entry_read(s->readers[s->heap[0]].head.data, part, &k, &v);
+  s->cur_key.len = s->cur_val.len = 0;
+  if ((*st = fl_buf_append(&s->cur_key, k.data, k.len)) != FL_OK ||
+      (*st = fl_buf_append(&s->cur_val, v.data, v.len)) != FL_OK || (*st = heap_pop_advance(s)) != FL_OK)
+    return false;
+  /* Equal keys from other runs: combine their combiners (they are adjacent in the merge). */
+  const rdd_aggregator *a = s->cfg.agg;
+  while (a && s->heap_len > 0) {
+    uint32_t p2;
+    entry_read(s->readers[s->heap[0]].head.data, &p2, &k, &v);
+    if (p2 != *part || k.len != s->cur_key.len || (k.len && memcmp(k.data, s->cur_key.data, k.len) != 0)) break;
+    s->scratch.len = 0;
+    if ((*st = a->merge_combiners(fl_buf_bytes(&s->cur_val), v, &s->scratch, a->arg)) != FL_OK) {
+      user_failed(s, (const void *)a->merge_combiners, "merge", *st);
+      return false;
+    }
+    fl_buf t = s->cur_val;
+    s->cur_val = s->scratch;
+    s->scratch = t;
+    if ((*st = heap_pop_advance(s)) != FL_OK) return false;
+  }
+  return true;
+}
+
+/* Merges every run into one new run (combining equal keys when aggregating). */
+static fl_status compact(shuffle_sorter *s) {
+  uint32_t old_runs = s->num_runs;
+  fl_status st = merge_open(s);
+  int fd = -1;
+  const char *path;
+  rdd_batch chunk = {FL_BUF_INIT, 0};
+  fl_buf enc = FL_BUF_INIT, entry = FL_BUF_INIT;
+  if (st == FL_OK) st = new_run(s, &fd, &path);
+  uint32_t part;
+  while (st == FL_OK && merge_next(s, &part, &st)) {
+    uint32_t h[4] = {part, (uint32_t)s->cur_key.len, (uint32_t)s->cur_val.len, 0};
+    entry.len = 0;
+    if ((st = fl_buf_append(&entry, h, ENTRY_HEADER)) == FL_OK &&
+        (st = fl_buf_append(&entry, s->cur_key.data, s->cur_key.len)) == FL_OK &&
+        (st = fl_buf_append(&entry, s->cur_val.data, s->cur_val.len)) == FL_OK)
+      st = run_append(fd, path, &chunk, &enc, entry.data, entry.len);
+  }
+  if (st == FL_OK && chunk.count > 0) st = write_chunk(fd, &chunk, &enc, path);
+  if (fd >= 0 && close(fd) != 0 && st == FL_OK)
+    st = FL_ERR(FL_EIO, "cannot write spill file %s: %s", path, strerror(errno));
+  merge_close(s);
+  rdd_batch_free(&chunk);
+  fl_buf_free(&enc);
+  fl_buf_free(&entry);
+  if (st != FL_OK) return st;
+  /* The merged run replaces the old ones. */
+  for (uint32_t i = 0; i < old_runs; i++) {
+    unlink(s->runs[i]);
+    common_free(s->runs[i]);
+  }
+  s->runs[0] = s->runs[old_runs];
+  s->num_runs = 1;
+  return FL_OK;
+}
+
 fl_status shuffle_sorter_finish(shuffle_sorter *s) {
   fl_status st;
   if (s->num_runs == 0) {
     if (s->cfg.order_keys) {
-      qsort_r(s->offsets, s->count, sizeof *s->offsets, compare_offsets, s);
+      if (s->count > 1) qsort_r(s->offsets, s->count, sizeof *s->offsets, compare_offsets, s);
     } else if ((st = sort_by_partition(s)) != FL_OK) {
       return st;
     }
@@ -462,20 +601,7 @@ fl_status shuffle_sorter_finish(shuffle_sorter *s) {
   common_free(s->table);
   s->table = NULL;
   s->table_cap = 0;
-  s->readers = common_calloc(s->num_runs, sizeof *s->readers);
-  s->heap = common_calloc(s->num_runs, sizeof *s->heap);
-  if (!s->readers || !s->heap) return FL_ERR(FL_ENOMEM, "shuffle: cannot merge %u runs", s->num_runs);
-  for (uint32_t i = 0; i < s->num_runs; i++) s->readers[i].fd = -1;
-  for (uint32_t i = 0; i < s->num_runs; i++) {
-    run_reader *r = &s->readers[i];
-    r->path = s->runs[i];
-    r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0) return FL_ERR(FL_EIO, "cannot open spill file %s: %s", r->path, strerror(errno));
-    st = FL_OK;
-    if (run_advance(r, &st)) s->heap[s->heap_len++] = i;
-    else if (st != FL_OK) return st;
-  }
-  for (uint32_t i = s->heap_len; i-- > 0;) heap_down(s, i);
+  if ((st = merge_open(s)) != FL_OK) return st;
   s->phase = PHASE_MERGE;
   return FL_OK;
 }
@@ -486,37 +612,18 @@ bool shuffle_sorter_next(shuffle_sorter *s, uint32_t *part, fl_bytes *key, fl_by
     entry_read(s->arena.data + s->offsets[s->pos++], part, key, value);
     return true;
   }
-  if (s->phase != PHASE_MERGE || s->heap_len == 0) return false;
-  fl_status st;
-  fl_bytes k, v;
-  entry_read(s->readers[s->heap[0]].head.data, part, &k, &v);
-  s->cur_key.len = s->cur_val.len = 0;
-  if ((st = fl_buf_append(&s->cur_key, k.data, k.len)) != FL_OK ||
-      (st = fl_buf_append(&s->cur_val, v.data, v.len)) != FL_OK || (st = heap_pop_advance(s)) != FL_OK)
-    goto failed;
-  /* Equal keys from other runs: combine their combiners (they are adjacent in the merge). */
-  const rdd_aggregator *a = s->cfg.agg;
-  while (a && s->heap_len > 0) {
-    uint32_t p2;
-    entry_read(s->readers[s->heap[0]].head.data, &p2, &k, &v);
-    if (p2 != *part || k.len != s->cur_key.len || memcmp(k.data, s->cur_key.data, k.len) != 0) break;
-    s->scratch.len = 0;
-    if ((st = a->merge_combiners(fl_buf_bytes(&s->cur_val), v, &s->scratch, a->arg)) != FL_OK) {
-      user_failed(s, (const void *)a->merge_combiners, "merge", st);
-      goto failed;
+  if (s->phase != PHASE_MERGE) return false;
+  fl_status st = FL_OK;
+  if (!merge_next(s, part, &st)) {
+    if (st != FL_OK) {
+      rdd_task_fail(s->cfg.task, st);
+      s->heap_len = 0;
     }
-    fl_buf t = s->cur_val;
-    s->cur_val = s->scratch;
-    s->scratch = t;
-    if ((st = heap_pop_advance(s)) != FL_OK) goto failed;
+    return false;
   }
   *key = fl_buf_bytes(&s->cur_key);
   *value = fl_buf_bytes(&s->cur_val);
   return true;
-failed:
-  rdd_task_fail(s->cfg.task, st);
-  s->heap_len = 0;
-  return false;
 }
 
 /* ---- lifetime -------------------------------------------------------------------------- */
@@ -525,27 +632,23 @@ fl_status shuffle_sorter_create(const shuffle_sorter_config *cfg, shuffle_sorter
   shuffle_sorter *s = common_calloc(1, sizeof *s);
   if (!s) return FL_ERR(FL_ENOMEM, "cannot allocate a shuffle sorter");
   s->cfg = *cfg;
+  if (s->cfg.memory < MIN_MEMORY) s->cfg.memory = MIN_MEMORY;
   /* Merging runs combines equal keys, which must then be adjacent. */
   s->runs_by_key = cfg->order_keys || cfg->agg;
   *out = s;
   return FL_OK;
 }
 
-uint32_t shuffle_sorter_spills(const shuffle_sorter *s) { return s->num_runs; }
+uint32_t shuffle_sorter_spills(const shuffle_sorter *s) { return s->spills; }
 
 void shuffle_sorter_destroy(shuffle_sorter *s) {
   if (!s) return;
+  merge_close(s);
   for (uint32_t i = 0; i < s->num_runs; i++) {
-    if (s->readers) {
-      if (s->readers[i].fd >= 0) close(s->readers[i].fd);
-      rdd_batch_free(&s->readers[i].chunk);
-    }
     unlink(s->runs[i]);
     common_free(s->runs[i]);
   }
   common_free(s->runs);
-  common_free(s->readers);
-  common_free(s->heap);
   fl_buf_free(&s->arena);
   common_free(s->offsets);
   common_free(s->table);

@@ -86,6 +86,7 @@ fl_status shuffle_write(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep,
 
   fl_bytes recs[RDD_ITER_BATCH], keys[RDD_ITER_BATCH], values[RDD_ITER_BATCH];
   uint32_t parts[RDD_ITER_BATCH];
+  uint64_t hashes[RDD_ITER_BATCH]; /* each key hashed once, for its partition and the sorter */
   uint32_t got;
   while ((got = in->next(in, recs, RDD_ITER_BATCH)) > 0) {
     for (uint32_t i = 0; i < got; i++) {
@@ -94,9 +95,10 @@ fl_status shuffle_write(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep,
                           task->partition);
         goto cleanup;
       }
-      parts[i] = rdd_partitioner_place(dep->partitioner, keys[i]);
+      hashes[i] = common_hash_bytes(keys[i].data, keys[i].len);
+      parts[i] = rdd_partitioner_place_hashed(dep->partitioner, keys[i], hashes[i]);
     }
-    if ((st = shuffle_sorter_insert_batch(sorter, got, parts, keys, values)) != FL_OK) goto cleanup;
+    if ((st = shuffle_sorter_insert_batch(sorter, got, parts, keys, values, hashes)) != FL_OK) goto cleanup;
     if (rdd_task_cancelled(task)) {
       st = FL_ERR(FL_ECANCELLED, "job cancelled");
       goto cleanup;

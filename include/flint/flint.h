@@ -326,7 +326,9 @@ FL_API fl_status fl_combine_by_key(fl_dataset *pairs, fl_map_fn create, fl_reduc
 FL_API fl_status fl_reduce_by_key(fl_dataset *pairs, fl_reduce_fn fn, const void *arg,
                                   size_t arg_len, const fl_partitioner *partitioner,
                                   uint32_t num_partitions, fl_dataset **out);
-/* As reduce_by_key, each key's fold starting from `zero` (once per key per partition). */
+/* As reduce_by_key, each key's fold starting from `zero`. As in Spark, the zero may be
+ * used more than once per key (per map partition, and again when a partition spills), so
+ * it should be the function's neutral element. aggregate_by_key likewise. */
 FL_API fl_status fl_fold_by_key(fl_dataset *pairs, fl_bytes zero, fl_reduce_fn fn,
                                 const void *arg, size_t arg_len,
                                 const fl_partitioner *partitioner, uint32_t num_partitions,
