@@ -712,10 +712,13 @@ static void test_spill_files_removed_by_destroy(void **state) {
       for (size_t i = 0; i < in.n; i++)
         assert_ok(shuffle_sorter_insert(s, in.v[i].part, kb(&in.v[i]), vb(&in.v[i])));
       assert_true(shuffle_sorter_spills(s) > 0);
-      assert_int_equal(count_files(), shuffle_sorter_spills(s));
+      /* A file per run on disk, at most 64 (more are merged into one). */
+      size_t files = count_files();
+      assert_true(files >= 1 && files <= 64 && files <= shuffle_sorter_spills(s));
       if (stage >= 1) { /* finished, then partly read */
         assert_ok(shuffle_sorter_finish(s));
-        assert_int_equal(count_files(), shuffle_sorter_spills(s));
+        files = count_files();
+        assert_true(files >= 1 && files <= 64);
         uint32_t part;
         fl_bytes k, v;
         for (int i = 0; i < (stage == 1 ? 3 : 1000000); i++)
