@@ -419,6 +419,7 @@ fl_status shuffle_sorter_insert(shuffle_sorter *s, uint32_t part, fl_bytes key, 
  * misses of a lookup overlap the work on other keys. */
 #define SLOT_AHEAD 12
 #define ENTRY_AHEAD 6
+#define COMPACT_AHEAD 6 /* compact mode: one miss per key, prefetched this many keys ahead */
 
 fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n, const uint32_t *parts,
                                       const fl_bytes *keys, const fl_bytes *values,
@@ -433,9 +434,10 @@ fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n, const uint3
   for (uint32_t i = 0; i < n + SLOT_AHEAD && st == FL_OK; i++) {
     if (i < n) {
       hashes[i] = key_hashes ? entry_hash_of(parts[i], key_hashes[i]) : entry_hash(parts[i], keys[i]);
-      if (s->compact && s->cslots) __builtin_prefetch(&s->cslots[hashes[i] & (s->ccap - 1)]);
-      else if (s->table) __builtin_prefetch(&s->table[hashes[i] & (s->table_cap - 1)]);
+      if (!s->compact && s->table) __builtin_prefetch(&s->table[hashes[i] & (s->table_cap - 1)]);
     }
+    if (s->compact && s->cslots && i >= SLOT_AHEAD - COMPACT_AHEAD && i - (SLOT_AHEAD - COMPACT_AHEAD) < n)
+      __builtin_prefetch(&s->cslots[hashes[i - (SLOT_AHEAD - COMPACT_AHEAD)] & (s->ccap - 1)]);
     if (!s->compact && i >= SLOT_AHEAD - ENTRY_AHEAD && i - (SLOT_AHEAD - ENTRY_AHEAD) < n && s->table) {
       uint64_t slot = s->table[hashes[i - (SLOT_AHEAD - ENTRY_AHEAD)] & (s->table_cap - 1)];
       if (slot) __builtin_prefetch(s->arena.data + (slot & SLOT_OFFSET_MASK) - 1);
