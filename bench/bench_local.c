@@ -62,6 +62,9 @@
 
 #include "flint/flint.h"
 
+#define BENCH_NAME "bench_local"
+#include "bench_util.h"
+
 #define MASTER "local[2]"
 #define LATENCY_RECORDS 16000
 #define LATENCY_PARTITIONS 16
@@ -75,15 +78,6 @@ typedef struct options {
   uint64_t iterations;
 } options;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void fail_flint(const char *what) {
-  fprintf(stderr, "bench_local: %s failed: %s\n", what, fl_last_error());
-}
 
 /* ---- count_cached_latency ------------------------------------------------------------ */
 
@@ -447,15 +441,6 @@ static int usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
-static bool parse_count(const char *s, uint64_t *out) {
-  char *end;
-  if (!*s || *s == '-' || *s == '+') return false;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end != '\0' || v == 0 || v > (unsigned long long)INT64_MAX) return false;
-  *out = v;
-  return true;
-}
 
 int main(int argc, char **argv) {
   options o = {false, 100000000ull, 2000};
@@ -471,7 +456,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--records") == 0 || strcmp(argv[i], "--iterations") == 0) {
       if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
       uint64_t *dst = strcmp(argv[i], "--records") == 0 ? &o.records : &o.iterations;
-      if (!parse_count(argv[i + 1], dst)) {
+      if (!parse_count(argv[i + 1], INT64_MAX, dst)) {
         fprintf(stderr, "bench_local: %s '%s' is not a positive whole number\n%s", argv[i],
                 argv[i + 1], usage_text);
         return 2;

@@ -92,6 +92,9 @@
 
 #include "flint/flint.h"
 
+#define BENCH_NAME "bench_shuffle"
+#include "bench_util.h"
+
 #define MASTER "local[2]"
 #define TASK_THREADS 2
 #define RBK_KEYS 1000000u
@@ -112,15 +115,6 @@ typedef struct options {
   uint64_t sort_mb;
 } options;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void fail_flint(const char *what) {
-  fprintf(stderr, "bench_shuffle: %s failed: %s\n", what, fl_last_error());
-}
 
 static inline uint64_t splitmix(uint64_t x) {
   uint64_t z = x + 0x9e3779b97f4a7c15u;
@@ -777,15 +771,6 @@ static const char usage_text[] =
     "                  the dataset is 4 x 2 x B MiB\n"
     "  --help          this text\n";
 
-static bool parse_count(const char *s, uint64_t max, uint64_t *out) {
-  char *end;
-  if (!*s || *s == '-' || *s == '+') return false;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end != '\0' || v == 0 || v > max) return false;
-  *out = v;
-  return true;
-}
 
 int main(int argc, char **argv) {
   options o = {false, 50000000ull, 32};
