@@ -1602,9 +1602,9 @@ static void test_bad_input_and_errors(void **state) {
   fl_records *recs = NULL;
   assert_fails_with(fl_count_by_key(b, &recs), FL_EJOB, "not a pair");
   assert_null(recs);
-  /* sort_by_key samples its keys first (a small input: all of them) and says so then. */
+  /* sort_by_key samples its keys first, in a job, and fails there like any wide operation. */
   out = NULL;
-  assert_fails_with(fl_sort_by_key(b, true, NULL, NULL, 0, 2, &out), FL_EFORMAT, "not a pair");
+  assert_fails_with(fl_sort_by_key(b, true, NULL, NULL, 0, 2, &out), FL_EJOB, "not a pair");
   assert_null(out);
   /* repartition takes any records (distinct too: see test_distinct_and_count_by_key). */
   assert_ok(fl_repartition(b, 3, &out));
