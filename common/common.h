@@ -20,6 +20,14 @@
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
+/* Logging for the long-running processes (driver, executor): one line on stderr with the
+ * time, the process's role ("driver", "executor 3", set once by common_log_set_role) and the
+ * message. Levels below FLINT_LOG (error, warn, info, debug; default info) are dropped. */
+typedef enum common_log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG } common_log_level;
+FL_INTERNAL void common_log(common_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+FL_INTERNAL void common_log_set_role(const char *role);
+
 /* Sets the thread's message and returns `status`. Failures that are not the user's to fix
  * (FL_ENOMEM, FL_EINTERNAL) get the source position in front ("rdd/source.c:120: ...");
  * messages about input, files and state read as plain sentences that name the cause. */

@@ -66,7 +66,11 @@ extern "C" {
   X(EEXIST, 12, "already exists")                                                            \
   X(ELIMIT, 13, "size or count limit exceeded")                                              \
   X(EINTERNAL, 14, "internal error")                                                        \
-  X(EFETCH, 15, "shuffle output could not be fetched (missing or corrupt)")
+  X(EFETCH, 15, "shuffle output could not be fetched (missing or corrupt)")                  \
+  X(ENET, 16, "network error (peer unreachable or connection lost)")                        \
+  X(EAUTH, 17, "authentication failed (missing or wrong shared secret)")                    \
+  X(ETIMEDOUT, 18, "timed out")                                                             \
+  X(EPROTO, 19, "malformed or oversized message")
 
 typedef enum fl_status {
 #define FL_STATUS_ENUM_(name, value, text) FL_##name = value,

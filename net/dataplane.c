@@ -1,0 +1,1 @@
+/* dataplane.c: being written. */
