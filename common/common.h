@@ -141,6 +141,9 @@ FL_INTERNAL void common_queue_destroy(common_queue *q);
 FL_INTERNAL void common_queue_push(common_queue *q, common_qnode *node);
 /* Waits for an item; NULL once the queue is closed and empty. spin_ns: how long to spin. */
 FL_INTERNAL common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns);
+/* As pop, but returns NULL at deadline_ns (common_now_ns time) when nothing came. */
+FL_INTERNAL common_qnode *common_queue_pop_until(common_queue *q, uint64_t spin_ns,
+                                                 uint64_t deadline_ns);
 /* Wakes every waiter; later pops return what is left, then NULL. */
 FL_INTERNAL void common_queue_close(common_queue *q);
 

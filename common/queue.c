@@ -1,5 +1,7 @@
 /* queue.c: spin-then-block hand-offs between threads (see common.h for why). */
+#include <errno.h>
 #include <sched.h>
+#include <time.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -47,7 +49,12 @@ static inline void cpu_relax(void) {
 void common_queue_init(common_queue *q) {
   memset(q, 0, sizeof *q);
   FL_PCHECK(pthread_mutex_init(&q->lock, NULL));
-  FL_PCHECK(pthread_cond_init(&q->cond, NULL));
+  /* The monotonic clock (as common_now_ns), for common_queue_pop_until's deadline. */
+  pthread_condattr_t attr;
+  FL_PCHECK(pthread_condattr_init(&attr));
+  FL_PCHECK(pthread_condattr_setclock(&attr, CLOCK_MONOTONIC));
+  FL_PCHECK(pthread_cond_init(&q->cond, &attr));
+  pthread_condattr_destroy(&attr);
 }
 
 void common_queue_destroy(common_queue *q) {
@@ -75,6 +82,29 @@ common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns) {
     q->sleepers++;
     pthread_cond_wait(&q->cond, &q->lock);
     q->sleepers--;
+  }
+  common_qnode *node = q->head;
+  if (node) {
+    q->head = node->next;
+    if (!q->head) q->tail = NULL;
+    atomic_fetch_sub_explicit(&q->depth, 1, memory_order_relaxed);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&q->lock));
+  return node;
+}
+
+common_qnode *common_queue_pop_until(common_queue *q, uint64_t spin_ns, uint64_t deadline_ns) {
+  uint64_t now = common_now_ns();
+  if (deadline_ns <= now) spin_ns = 0;
+  else if (deadline_ns - now < spin_ns) spin_ns = deadline_ns - now;
+  SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
+  struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+  FL_PCHECK(pthread_mutex_lock(&q->lock));
+  while (!q->head && !q->closed) {
+    q->sleepers++;
+    int rc = pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+    q->sleepers--;
+    if (rc == ETIMEDOUT) break;
   }
   common_qnode *node = q->head;
   if (node) {

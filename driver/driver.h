@@ -20,7 +20,7 @@
 typedef struct scheduler scheduler;
 typedef struct sched_job sched_job;
 
-typedef enum sched_event_type { EV_JOB_SUBMITTED, EV_TASK_ENDED, EV_STOP } sched_event_type;
+typedef enum sched_event_type { EV_JOB_SUBMITTED, EV_TASK_ENDED, EV_CALL, EV_STOP } sched_event_type;
 
 typedef struct sched_event {
   common_qnode node;
@@ -40,16 +40,29 @@ typedef struct sched_task {
   rdd_task rt; /* the attempt: partition, attempt number, status, accumulator updates */
   fl_buf result;
   struct sched_task *pending_next;
+  /* Cluster backend: the attempt's driver-wide key and the executor it was placed on. */
+  uint64_t key;
+  void *placement;
+  uint64_t pending_since_ns; /* when it became pending (locality wait) */
 } sched_task;
 
 /* ---- backends -------------------------------------------------------------------------- */
 typedef struct backend backend;
 
+/* Every slot but destroy runs on the scheduler thread and never blocks. */
 typedef struct backend_ops {
   const char *name;
-  /* Starts a task attempt; never blocks. The backend posts the attempt's end with
-   * scheduler_post_task_end exactly once. */
+  /* Optional (NULL: any task runs at once on a free slot). Decides where `task` runs and
+   * returns true, or returns false to keep it pending (waiting for the executor that caches
+   * its partition) and sets *retry_at_ns to when it should be asked again. */
+  bool (*place)(backend *b, sched_task *task, uint64_t now_ns, uint64_t *retry_at_ns);
+  /* Starts a task attempt. The backend posts the attempt's end with scheduler_post_task_end
+   * exactly once. */
   void (*launch)(backend *b, sched_task *task);
+  /* Optional: sends what launch batched, after each round of launches. */
+  void (*flush)(backend *b);
+  /* Optional: an attempt ended; called before the scheduler handles the end. */
+  void (*ended)(backend *b, sched_task *task);
   /* Ends the backend's threads after their current tasks; blocks. Frees the backend. */
   void (*destroy)(backend *b);
 } backend_ops;
@@ -81,6 +94,11 @@ FL_INTERNAL fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *pa
 /* From backend threads: the attempt in task->rt has ended (its status says how). */
 FL_INTERNAL void scheduler_post_task_end(scheduler *s, sched_task *task);
 FL_INTERNAL void scheduler_stats_get(scheduler *s, scheduler_stats *out);
+/* From any thread: runs fn(s, arg) on the scheduler thread (backends changing their slots,
+ * executors joining). Never blocks. */
+FL_INTERNAL fl_status scheduler_post_call(scheduler *s, void (*fn)(scheduler *, void *), void *arg);
+/* On the scheduler thread: the backend gained (delta > 0) or lost slots. */
+FL_INTERNAL void scheduler_add_slots(scheduler *s, int64_t delta);
 
 /* ---- inside the scheduler (scheduler.c, dag_scheduler.c, task_scheduler.c) ------------- */
 
@@ -125,7 +143,8 @@ struct scheduler {
   pthread_t thread;
   backend *backend;
   uint32_t max_attempts;
-  uint32_t free_slots;
+  int64_t free_slots;
+  uint64_t retry_at_ns; /* the earliest locality wait to end; 0: none */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
   atomic_uint_fast64_t next_job_id;
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed;

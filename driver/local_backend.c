@@ -30,7 +30,7 @@ static void local_destroy(backend *b) {
   common_free(lb);
 }
 
-static const backend_ops local_ops = {"local", local_launch, local_destroy};
+static const backend_ops local_ops = {.name = "local", .launch = local_launch, .destroy = local_destroy};
 
 fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out) {
   local_backend *lb = common_calloc(1, sizeof *lb);

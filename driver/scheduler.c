@@ -3,12 +3,38 @@
 
 #include "driver/driver.h"
 
+typedef struct sched_call {
+  sched_event base;
+  void (*fn)(scheduler *, void *);
+  void *arg;
+} sched_call;
+
+fl_status scheduler_post_call(scheduler *s, void (*fn)(scheduler *, void *), void *arg) {
+  sched_call *call = common_calloc(1, sizeof *call);
+  if (!call) return FL_ERR(FL_ENOMEM, "out of memory");
+  call->base.type = EV_CALL;
+  call->fn = fn;
+  call->arg = arg;
+  common_queue_push(&s->events, &call->base.node);
+  return FL_OK;
+}
+
+void scheduler_add_slots(scheduler *s, int64_t delta) { s->free_slots += delta; }
+
 static void *scheduler_main(void *p) {
   scheduler *s = p;
   uint64_t spin = common_spin_ns();
   for (;;) {
-    sched_event *ev = (sched_event *)common_queue_pop(&s->events, spin);
-    if (!ev) return NULL;
+    sched_event *ev;
+    if (s->retry_at_ns) {
+      ev = (sched_event *)common_queue_pop_until(&s->events, spin, s->retry_at_ns);
+      if (!ev) { /* a locality wait ended: offer again */
+        task_scheduler_offer(s);
+        continue;
+      }
+    } else if (!(ev = (sched_event *)common_queue_pop(&s->events, spin))) {
+      return NULL;
+    }
     switch (ev->type) {
     case EV_JOB_SUBMITTED:
       dag_scheduler_job_submitted(s, (sched_job *)ev);
@@ -16,6 +42,12 @@ static void *scheduler_main(void *p) {
     case EV_TASK_ENDED:
       task_scheduler_task_ended(s, (sched_task *)ev);
       break;
+    case EV_CALL: {
+      sched_call *call = (sched_call *)ev;
+      call->fn(s, call->arg);
+      common_free(call);
+      break;
+    }
     case EV_STOP:
       return NULL;
     }
@@ -41,7 +73,7 @@ fl_status scheduler_create(uint32_t max_attempts, scheduler **out) {
 void scheduler_set_backend(scheduler *s, backend *b) {
   /* Set before any job runs, so the loop thread sees it through the queue's lock. */
   s->backend = b;
-  s->free_slots = b->slots;
+  s->free_slots = (int64_t)b->slots;
 }
 
 void scheduler_destroy(scheduler *s) {

@@ -9,6 +9,7 @@
 
 static void pending_push(scheduler *s, sched_task *t) {
   t->pending_next = NULL;
+  t->pending_since_ns = common_now_ns();
   if (s->pending_tail) s->pending_tail->pending_next = t; else s->pending_head = t;
   s->pending_tail = t;
 }
@@ -17,17 +18,34 @@ void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count) {
   for (uint32_t i = 0; i < count; i++) pending_push(s, &tasks[i]);
 }
 
+/* Tasks launch in submission order; one that waits for its preferred executor (delay
+ * scheduling, decided by the backend's place) stays pending while later ones go ahead. */
 void task_scheduler_offer(scheduler *s) {
-  while (s->free_slots > 0 && s->pending_head) {
-    sched_task *t = s->pending_head;
-    s->pending_head = t->pending_next;
-    if (!s->pending_head) s->pending_tail = NULL;
+  const backend_ops *ops = s->backend->ops;
+  uint64_t now = ops->place ? common_now_ns() : 0;
+  s->retry_at_ns = 0;
+  sched_task **link = &s->pending_head, *last = NULL;
+  bool launched = false;
+  while (s->free_slots > 0 && *link) {
+    sched_task *t = *link;
+    uint64_t retry_at = 0;
+    if (ops->place && !ops->place(s->backend, t, now, &retry_at)) {
+      if (retry_at && (!s->retry_at_ns || retry_at < s->retry_at_ns)) s->retry_at_ns = retry_at;
+      last = t;
+      link = &t->pending_next;
+      continue;
+    }
+    *link = t->pending_next;
     s->free_slots--;
     t->job->running++;
     t->rt.attempt++;
     atomic_fetch_add(&s->tasks_run, 1);
-    s->backend->ops->launch(s->backend, t);
+    ops->launch(s->backend, t);
+    launched = true;
   }
+  /* The tail may have moved if the last tasks were taken. */
+  if (!*link) s->pending_tail = last;
+  if (launched && ops->flush) ops->flush(s->backend);
 }
 
 void task_scheduler_drop_job(scheduler *s, sched_job *job) {
@@ -47,6 +65,7 @@ void task_scheduler_drop_job(scheduler *s, sched_job *job) {
  * the job is finished its caller owns (and frees) the job and its tasks. */
 void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   sched_job *job = t->job;
+  if (s->backend->ops->ended) s->backend->ops->ended(s->backend, t);
   s->free_slots++;
   job->running--;
   rdd_task *rt = &t->rt;
