@@ -36,7 +36,7 @@ static fl_status context_run_job(void *impl, rdd *r, const uint32_t *parts, uint
   return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, results);
 }
 
-static const rdd_runtime_ops local_runtime = {context_run_job};
+static const rdd_runtime_ops local_runtime = {.run_job = context_run_job};
 
 /* "local" -> 1, "local[N]" -> N, "local[*]" -> cores. */
 static fl_status parse_master(const char *master, uint32_t *threads) {

@@ -40,6 +40,7 @@ void rdd_release(rdd *r) {
   /* Iterative rather than recursive: long lineages (many iterations) must not overflow. */
   while (r && atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1) {
     if (atomic_load(&r->level) != FL_STORAGE_NONE) r->ctx->cache->remove_rdd(r->ctx->cache_impl, r->id);
+    if (r->ctx->runtime->rdd_destroyed) r->ctx->runtime->rdd_destroyed(r->ctx->runtime_impl, r->id);
     if (r->ops->destroy) r->ops->destroy(r);
     if (r->partitioner) rdd_partitioner_release(r->partitioner);
     rdd *next = r->parents[0];

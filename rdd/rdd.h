@@ -259,6 +259,12 @@ typedef struct rdd_runtime_ops {
    * failed, where and how often. */
   fl_status (*run_job)(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                        const rdd_action *action, fl_buf *results);
+  /* Optional hooks of a context whose tasks run in other processes (cluster mode): a
+   * broadcast to ship, a broadcast and a dataset that are gone. May block on the network;
+   * called on the thread that made the change. */
+  fl_status (*broadcast_created)(void *impl, uint64_t id, fl_bytes value);
+  void (*broadcast_destroyed)(void *impl, uint64_t id);
+  void (*rdd_destroyed)(void *impl, uint64_t id);
 } rdd_runtime_ops;
 
 typedef struct rdd_block_key {
@@ -309,6 +315,16 @@ struct fl_context {
 
 FL_INTERNAL fl_status rdd_shared_create(rdd_shared **out);
 FL_INTERNAL void rdd_shared_destroy(rdd_shared *s);
+/* Makes the registry of a context in an executor process, where broadcasts and accumulators
+ * were made by a client elsewhere: a broadcast missing here is fetched once with `fetch`
+ * (which may block on the network) and kept; adds to an accumulator unknown here are kept
+ * as the task's update, custom values as a list of length-prefixed values (their merge
+ * function lives with the client), for rdd_shared_merge_update to fold in there. */
+FL_INTERNAL void rdd_shared_set_remote(rdd_shared *s,
+                                       fl_status (*fetch)(void *arg, uint64_t id, fl_buf *out),
+                                       void *arg);
+/* Client side: merges an accumulator update that a task in an executor process produced. */
+FL_INTERNAL fl_status rdd_shared_merge_update(rdd_shared *s, uint64_t id, fl_bytes update);
 
 /* Runs `action` over every partition (or the listed ones) and returns the results. */
 FL_INTERNAL fl_status rdd_run_job(rdd *r, const uint32_t *parts, uint32_t num_parts,

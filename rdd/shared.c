@@ -22,6 +22,9 @@ typedef struct shared_entry {
 
 struct rdd_shared {
   pthread_mutex_t lock;
+  /* An executor's registry: broadcasts are fetched on first use (rdd_shared_set_remote). */
+  fl_status (*fetch)(void *arg, uint64_t id, fl_buf *out);
+  void *fetch_arg;
   shared_entry **entries; /* by id - 1; NULL once destroyed */
   uint64_t count, cap;
 };
@@ -77,6 +80,38 @@ unlock:
   return id;
 }
 
+/* Puts an entry (taken) at a given id, growing the table; false when out of memory or the
+ * id is taken (then the entry is freed). */
+static bool shared_put_at(rdd_shared *s, uint64_t id, shared_entry *e) {
+  bool ok = false;
+  FL_PCHECK(pthread_mutex_lock(&s->lock));
+  if (id == 0 || id > (UINT32_MAX)) goto unlock;
+  if (id > s->cap) {
+    uint64_t cap = s->cap ? s->cap : 16;
+    while (cap < id) cap *= 2;
+    shared_entry **grown = common_realloc(s->entries, cap * sizeof *grown);
+    if (!grown) goto unlock;
+    s->entries = grown;
+    s->cap = cap;
+  }
+  while (s->count < id) s->entries[s->count++] = NULL;
+  if (!s->entries[id - 1]) {
+    s->entries[id - 1] = e;
+    e = NULL;
+    ok = true;
+  }
+unlock:
+  FL_PCHECK(pthread_mutex_unlock(&s->lock));
+  entry_free(e);
+  return ok;
+}
+
+void rdd_shared_set_remote(rdd_shared *s, fl_status (*fetch)(void *, uint64_t, fl_buf *),
+                           void *arg) {
+  s->fetch = fetch;
+  s->fetch_arg = arg;
+}
+
 /* Looks an entry up under the lock (held on return when found). */
 static shared_entry *shared_lock_entry(rdd_shared *s, uint64_t id, int type) {
   FL_PCHECK(pthread_mutex_lock(&s->lock));
@@ -105,6 +140,14 @@ fl_status fl_broadcast_create(fl_context *ctx, const void *data, size_t len, fl_
   e->type = ENTRY_BROADCAST;
   b->ctx = ctx;
   if (!(b->id = shared_add(ctx->shared, e))) goto oom;
+  if (ctx->runtime->broadcast_created) {
+    fl_status st = ctx->runtime->broadcast_created(ctx->runtime_impl, b->id, fl_bytes_of(data, len));
+    if (st != FL_OK) {
+      shared_remove(ctx->shared, b->id);
+      common_free(b);
+      return st;
+    }
+  }
   *out = b;
   return FL_OK;
 oom:
@@ -119,7 +162,21 @@ fl_status fl_broadcast_value(uint64_t id, fl_bytes *out) {
   if (!out) return fl_set_error(FL_EINVAL, "fl_broadcast_value: out is NULL");
   rdd_task *task = rdd_task_current();
   if (!task) return fl_set_error(FL_ESTATE, "fl_broadcast_value: called outside a task");
-  shared_entry *e = shared_lock_entry(task->ctx->shared, id, ENTRY_BROADCAST);
+  rdd_shared *s = task->ctx->shared;
+  shared_entry *e = shared_lock_entry(s, id, ENTRY_BROADCAST);
+  if (!e && s->fetch) {
+    /* First use in this executor: fetch it once (two tasks racing both fetch; one keeps). */
+    shared_entry *fetched = common_calloc(1, sizeof *fetched);
+    if (!fetched) return fl_set_error(FL_ENOMEM, "out of memory");
+    fetched->type = ENTRY_BROADCAST;
+    fl_status st = s->fetch(s->fetch_arg, id, &fetched->value);
+    if (st != FL_OK) {
+      entry_free(fetched);
+      return common_error_wrap(st, "broadcast %llu: ", (unsigned long long)id);
+    }
+    shared_put_at(s, id, fetched);
+    e = shared_lock_entry(s, id, ENTRY_BROADCAST);
+  }
   if (!e) return fl_set_error(FL_ENOENT, "no broadcast with id %llu", (unsigned long long)id);
   *out = fl_buf_bytes(&e->value);
   FL_PCHECK(pthread_mutex_unlock(&task->ctx->shared->lock));
@@ -128,6 +185,8 @@ fl_status fl_broadcast_value(uint64_t id, fl_bytes *out) {
 
 void fl_broadcast_destroy(fl_broadcast *b) {
   if (!b) return;
+  if (b->ctx->runtime->broadcast_destroyed)
+    b->ctx->runtime->broadcast_destroyed(b->ctx->runtime_impl, b->id);
   shared_remove(b->ctx->shared, b->id);
   common_free(b);
 }
@@ -208,18 +267,34 @@ static fl_status accumulator_add(uint64_t id, acc_kind want, fl_bytes value) {
   rdd_task *task = rdd_task_current();
   if (!task) return fl_set_error(FL_ESTATE, "accumulator %llu: add called outside a task",
                                  (unsigned long long)id);
-  shared_entry *e = shared_lock_entry(task->ctx->shared, id, ENTRY_ACCUMULATOR);
-  if (!e) return fl_set_error(FL_ENOENT, "no accumulator with id %llu", (unsigned long long)id);
-  acc_kind kind = e->kind;
-  fl_reduce_fn merge = e->merge;
-  const void *arg = e->arg;
-  FL_PCHECK(pthread_mutex_unlock(&task->ctx->shared->lock));
+  rdd_shared *s = task->ctx->shared;
+  shared_entry *e = shared_lock_entry(s, id, ENTRY_ACCUMULATOR);
+  acc_kind kind = want;
+  fl_reduce_fn merge = NULL;
+  const void *arg = NULL;
+  bool as_list = false; /* custom values kept for the client to merge */
+  if (e) {
+    kind = e->kind;
+    merge = e->merge;
+    arg = e->arg;
+    FL_PCHECK(pthread_mutex_unlock(&s->lock));
+  } else if (s->fetch) {
+    as_list = want == ACC_CUSTOM;
+  } else {
+    return fl_set_error(FL_ENOENT, "no accumulator with id %llu", (unsigned long long)id);
+  }
   if (kind != want)
     return fl_set_error(FL_EINVAL, "accumulator %llu is of another kind", (unsigned long long)id);
+  uint8_t head[COMMON_VARINT_MAX];
+  size_t head_len = as_list ? common_varint_put(head, value.len) : 0;
 
   for (uint32_t i = 0; i < task->num_acc_updates; i++)
-    if (task->acc_updates[i].id == id)
-      return acc_merge(kind, merge, arg, &task->acc_updates[i].value, value);
+    if (task->acc_updates[i].id == id) {
+      fl_buf *v = &task->acc_updates[i].value;
+      if (!as_list) return acc_merge(kind, merge, arg, v, value);
+      fl_status st = fl_buf_append(v, head, head_len);
+      return st == FL_OK ? fl_buf_append(v, value.data, value.len) : st;
+    }
   if (task->num_acc_updates == task->cap_acc_updates) {
     uint32_t cap = task->cap_acc_updates ? task->cap_acc_updates * 2 : 4;
     rdd_acc_update *grown = common_realloc(task->acc_updates, cap * sizeof *grown);
@@ -230,9 +305,11 @@ static fl_status accumulator_add(uint64_t id, acc_kind want, fl_bytes value) {
   rdd_acc_update *u = &task->acc_updates[task->num_acc_updates];
   u->id = id;
   u->value = (fl_buf)FL_BUF_INIT;
-  fl_status s = fl_buf_append(&u->value, value.data, value.len);
-  if (s == FL_OK) task->num_acc_updates++;
-  return s;
+  fl_status st = fl_buf_append(&u->value, head, head_len);
+  if (st == FL_OK) st = fl_buf_append(&u->value, value.data, value.len);
+  if (st == FL_OK) task->num_acc_updates++;
+  else fl_buf_free(&u->value);
+  return st;
 }
 
 fl_status fl_accumulator_add_i64(uint64_t id, int64_t v) {
@@ -259,6 +336,27 @@ void rdd_task_commit_accumulators(rdd_task *task) {
       fprintf(stderr, "flint: %s\n", fl_last_error());
     FL_PCHECK(pthread_mutex_unlock(&s->lock));
   }
+}
+
+fl_status rdd_shared_merge_update(rdd_shared *s, uint64_t id, fl_bytes update) {
+  shared_entry *e = shared_lock_entry(s, id, ENTRY_ACCUMULATOR);
+  if (!e) return FL_OK; /* destroyed meanwhile: nobody can read it any more */
+  fl_status st = FL_OK;
+  if (e->kind != ACC_CUSTOM) {
+    if (update.len != 8) st = FL_ERR(FL_EPROTO, "accumulator %llu: update of %zu bytes, not 8",
+                                     (unsigned long long)id, update.len);
+    else st = acc_merge(e->kind, NULL, NULL, &e->value, update);
+  } else { /* a list of values, merged in order */
+    rdd_cursor c = {update.data, update.data + update.len};
+    fl_bytes v;
+    while (st == FL_OK && c.p < c.end) {
+      if (!rdd_cursor_next(&c, &v))
+        st = FL_ERR(FL_EPROTO, "accumulator %llu: malformed update", (unsigned long long)id);
+      else st = acc_merge(e->kind, e->merge, e->arg, &e->value, v);
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&s->lock));
+  return st;
 }
 
 static fl_status accumulator_read(fl_accumulator *acc, acc_kind want, fl_buf *out) {
