@@ -67,8 +67,9 @@ FL_INTERNAL fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server 
 /* The TCP port the server listens on (the one picked when cfg->listen asked for port 0). */
 FL_INTERNAL int rpc_server_port(const rpc_server *s);
 
-/* Stops accepting calls, cancels those in flight (their clients get FL_ENET and their
- * handlers see *cancelled), waits for every handler to return, then frees the server.
+/* Stops accepting calls, cancels those in flight (their clients get FL_ENET, their running
+ * handlers see *cancelled, and calls still waiting for a handler thread never run), waits
+ * for every handler to return, then frees the server.
  * Blocks until all of that is done, so a handler that ignores *cancelled blocks it too.
  * Must not be called from a handler. NULL does nothing. */
 FL_INTERNAL void rpc_server_stop(rpc_server *s);

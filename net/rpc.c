@@ -359,7 +359,9 @@ static void rpc_server_handle(rpc_server *s, rpc_server_call *c) {
   fl_status status = FL_OK;
   grpc_slice body = grpc_empty_slice();
   grpc_byte_buffer_reader reader;
-  if (atomic_load(&c->cancelled)) {
+  /* A stopping server runs no new handler, even for a call whose cancellation (which
+   * rpc_server_stop has started) the queue's thread has not seen yet. */
+  if (atomic_load(&c->cancelled) || atomic_load(&s->stopping)) {
     status = FL_ERR(FL_ECANCELLED, "cancelled before a handler was free");
   } else if (!grpc_byte_buffer_reader_init(&reader, c->request_bb)) {
     status = FL_ERR(FL_EPROTO, "the request cannot be decoded");
@@ -606,14 +608,17 @@ static fl_status rpc_call_failure(const rpc_channel *c, const char *method, int6
     return FL_ERR(FL_ENET, "cannot reach %s (calling %s): %.*s", c->target, method, details_len,
                   text);
   case GRPC_STATUS_DEADLINE_EXCEEDED:
+    if (timeout_ms <= 0) /* a deadline that a proxy or the server set */
+      return FL_ERR(FL_ETIMEDOUT, "%s on %s: deadline exceeded: %.*s", method, c->target,
+                    details_len, text);
     return FL_ERR(FL_ETIMEDOUT, "%s on %s: no reply within %lld ms", method, c->target,
                   (long long)timeout_ms);
   case GRPC_STATUS_UNAUTHENTICATED:
     return FL_ERR(FL_EAUTH, "%s on %s: %.*s", method, c->target, details_len, text);
   case GRPC_STATUS_RESOURCE_EXHAUSTED:
     /* gRPC's own refusal of a message over a limit, on either side. */
-    return FL_ERR(FL_EPROTO, "%s on %s: message over the size limit (%.*s)", method, c->target,
-                  details_len, text);
+    return FL_ERR(FL_EPROTO, "%s on %s: the request or reply is over a size limit (gRPC: %.*s)",
+                  method, c->target, details_len, text);
   default:
     return FL_ERR(FL_EPROTO, "%s on %s: the peer failed the call with gRPC status %d: %.*s",
                   method, c->target, (int)code, details_len, text);
@@ -705,7 +710,10 @@ fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t
 
 cleanup:
   if (call) grpc_call_unref(call);
-  if (cq) grpc_completion_queue_destroy(cq);
+  if (cq) {
+    grpc_completion_queue_shutdown(cq); /* nothing is pending: the one batch has completed */
+    grpc_completion_queue_destroy(cq);
+  }
   if (send_bb) grpc_byte_buffer_destroy(send_bb);
   if (recv_bb) grpc_byte_buffer_destroy(recv_bb);
   grpc_slice_unref(details);
