@@ -238,6 +238,16 @@ static bool rpc_server_start_recv(rpc_server_call *c, grpc_op *op, enum rpc_op k
   return false;
 }
 
+/* A copy of text from the network that is safe to log: printable ASCII, at most len - 1
+ * bytes, so that a peer cannot forge or break log lines. */
+static const char *rpc_printable(const char *text, char *buf, size_t len) {
+  size_t n = 0;
+  for (; text && text[n] && n + 1 < len; n++)
+    buf[n] = text[n] >= 0x20 && text[n] <= 0x7e ? text[n] : '?';
+  buf[n] = '\0';
+  return buf;
+}
+
 /* Why the call's metadata does not carry the server's secret, or NULL when it does. */
 static const char *rpc_server_auth_failure(const rpc_server *s, const grpc_metadata_array *md) {
   if (!s->secret) return NULL;
@@ -275,8 +285,10 @@ static void rpc_server_on_new(rpc_server_call *c, bool ok) {
   }
   const char *auth = rpc_server_auth_failure(s, &c->request_md);
   if (auth) {
-    common_log(LOG_WARN, "rpc: refused %s from %s: authentication failed: %s", c->method,
-               c->peer ? c->peer : "unknown peer", auth);
+    char method[128], peer[128];
+    common_log(LOG_WARN, "rpc: refused %s from %s: authentication failed: %s",
+               rpc_printable(c->method, method, sizeof method),
+               rpc_printable(c->peer ? c->peer : "unknown peer", peer, sizeof peer), auth);
     char message[64];
     snprintf(message, sizeof message, "authentication failed: %s", auth);
     rpc_server_reply(c, FL_EAUTH, message, NULL);

@@ -6,6 +6,11 @@
 #include <sched.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include "net/net.h"
 
 /* ---- a test server: one handler with a few methods -------------------------------------- */
@@ -33,8 +38,11 @@ static double now_ms(void) { return (double)common_now_ns() / 1e6; }
 static fl_status test_handler(void *arg, const rpc_request *req, fl_buf *response) {
   test_server *t = arg;
   atomic_fetch_add(&t->calls, 1);
-  if (strcmp(req->method, "/test/Echo") == 0)
+  if (strcmp(req->method, "/test/Echo") == 0) {
+    if (strncmp(req->peer, "ipv4:127.0.0.1:", 15) != 0)
+      return fl_set_error(FL_EINTERNAL, "unexpected peer %s", req->peer);
     return fl_buf_append(response, req->body.data, req->body.len);
+  }
   if (strcmp(req->method, "/test/Fail") == 0) {
     int32_t code;
     if (req->body.len < 4) return fl_set_error(FL_EINVAL, "short Fail request");
@@ -298,6 +306,44 @@ static void test_unreachable_port_fails_fast(void **state) {
   rpc_channel_destroy(ch);
 }
 
+/* Bytes that are not HTTP/2, and an HTTP/2 preface followed by garbage frames, then a
+ * close: the server drops those connections and keeps serving. */
+static void test_garbage_on_the_port_is_harmless(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 1);
+  const char *junk[] = {
+      "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\xff\xff\xff\x01\x00\x00\x00\x00\x01garbage",
+      "\x00\x01\x02\x03\x04\x05\x06\x07",
+  };
+  for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)rpc_server_port(t.server))};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    size_t len = i == 1 ? 24 + 9 + 7 : strlen(junk[i]);
+    if (i == 2) len = 8;
+    assert_int_equal(send(fd, junk[i], len, MSG_NOSIGNAL), (ssize_t)len);
+    char buf[256];
+    struct timeval tv = {2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    (void)!recv(fd, buf, sizeof buf, 0); /* whatever the server answers, if anything */
+    close(fd);
+  }
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("fine"), 5000, &out));
+  assert_int_equal(out.len, 4);
+  assert_int_equal(atomic_load(&t.calls), 1);
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
 typedef struct hammer_arg {
   rpc_channel *ch;
   uint32_t id;
@@ -463,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_oversized_messages_refused_and_server_keeps_serving),
       cmocka_unit_test(test_timeout_cancels_blocked_handler),
       cmocka_unit_test(test_unreachable_port_fails_fast),
+      cmocka_unit_test(test_garbage_on_the_port_is_harmless),
       cmocka_unit_test(test_concurrent_calls_on_one_channel),
       cmocka_unit_test(test_stop_cancels_blocked_handlers),
       cmocka_unit_test(test_bad_arguments),
