@@ -709,8 +709,10 @@ fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t
   if (!grpc_byte_buffer_reader_init(&reader, recv_bb))
     FL_CHECK(FL_ERR(FL_EPROTO, "%s on %s: the reply cannot be decoded", method, c->target));
   size_t len = grpc_byte_buffer_length(recv_bb);
+  size_t old_len = response->len;
   response->len = 0;
   status = fl_buf_reserve(response, len);
+  if (status != FL_OK) response->len = old_len; /* untouched on failure, as promised */
   grpc_slice slice;
   while (status == FL_OK && grpc_byte_buffer_reader_next(&reader, &slice)) {
     fl_buf_append(response, GRPC_SLICE_START_PTR(slice), GRPC_SLICE_LENGTH(slice));
