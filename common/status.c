@@ -48,7 +48,8 @@ fl_status common_error_at(const char *file, int line, fl_status status, const ch
   for (const char *p = file; *p; p++) {
     if (p[0] == '/' && (strncmp(p + 1, "common/", 7) == 0 || strncmp(p + 1, "rdd/", 4) == 0 ||
                         strncmp(p + 1, "driver/", 7) == 0 ||
-                        strncmp(p + 1, "executor/", 9) == 0 || strncmp(p + 1, "cli/", 4) == 0))
+                        strncmp(p + 1, "executor/", 9) == 0 || strncmp(p + 1, "cli/", 4) == 0 ||
+                        strncmp(p + 1, "net/", 4) == 0))
       short_file = p + 1;
   }
   int n = 0;

@@ -1,0 +1,519 @@
+/* test_rpc.c: unit tests of net/rpc.c: unary calls between a server and channels in one
+ * process, all on 127.0.0.1 with a port picked by the system. Every wait is bounded. */
+#include "test_util.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include "net/net.h"
+
+/* ---- a test server: one handler with a few methods -------------------------------------- */
+
+typedef struct test_server {
+  rpc_server *server;
+  char target[64];
+  atomic_int calls;           /* handler runs, every method */
+  atomic_int blocked;         /* /test/Block handlers that have started */
+  atomic_int saw_cancelled;   /* /test/Block handlers that saw *cancelled */
+} test_server;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static double now_ms(void) { return (double)common_now_ns() / 1e6; }
+
+/* Methods:
+ *   /test/Echo   replies with the request.
+ *   /test/Fail   the request is a 4-byte status and a message; fails with them.
+ *   /test/Grow   the request is a 4-byte length; replies with that many bytes.
+ *   /test/Block  waits (at most 10 s) until the call is cancelled, then fails. */
+static fl_status test_handler(void *arg, const rpc_request *req, fl_buf *response) {
+  test_server *t = arg;
+  atomic_fetch_add(&t->calls, 1);
+  if (strcmp(req->method, "/test/Echo") == 0) {
+    if (strncmp(req->peer, "ipv4:127.0.0.1:", 15) != 0)
+      return fl_set_error(FL_EINTERNAL, "unexpected peer %s", req->peer);
+    return fl_buf_append(response, req->body.data, req->body.len);
+  }
+  if (strcmp(req->method, "/test/Fail") == 0) {
+    int32_t code;
+    if (req->body.len < 4) return fl_set_error(FL_EINVAL, "short Fail request");
+    memcpy(&code, req->body.data, 4);
+    if (req->body.len == 4) return (fl_status)code; /* with no message */
+    return fl_set_error((fl_status)code, "%.*s", (int)(req->body.len - 4),
+                        (const char *)req->body.data + 4);
+  }
+  if (strcmp(req->method, "/test/Grow") == 0) {
+    uint32_t len;
+    if (req->body.len != 4) return fl_set_error(FL_EINVAL, "bad Grow request");
+    memcpy(&len, req->body.data, 4);
+    fl_status s = fl_buf_reserve(response, len);
+    if (s != FL_OK) return s;
+    memset(response->data, 'g', len);
+    response->len = len;
+    return FL_OK;
+  }
+  if (strcmp(req->method, "/test/Block") == 0) {
+    atomic_fetch_add(&t->blocked, 1);
+    for (int i = 0; i < 10000 && !atomic_load(req->cancelled); i++) sleep_ms(1);
+    if (!atomic_load(req->cancelled)) return fl_set_error(FL_EINTERNAL, "never cancelled");
+    atomic_fetch_add(&t->saw_cancelled, 1);
+    return fl_set_error(FL_ECANCELLED, "blocked call cancelled");
+  }
+  return fl_set_error(FL_ENOENT, "no method %s", req->method);
+}
+
+static void server_start(test_server *t, const char *secret, size_t max_message,
+                         uint32_t threads) {
+  memset(t, 0, sizeof *t);
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  cfg.listen = "127.0.0.1:0";
+  cfg.secret = secret;
+  cfg.max_message = max_message;
+  cfg.handler_threads = threads;
+  cfg.handler = test_handler;
+  cfg.handler_arg = t;
+  assert_ok(rpc_server_start(&cfg, &t->server));
+  assert_true(rpc_server_port(t->server) > 0);
+  snprintf(t->target, sizeof t->target, "127.0.0.1:%d", rpc_server_port(t->server));
+}
+
+static void server_stop(test_server *t) {
+  rpc_server_stop(t->server);
+  t->server = NULL;
+}
+
+/* Waits (at most 5 s) until *counter reaches `want`. */
+static void wait_for(atomic_int *counter, int want) {
+  for (int i = 0; i < 5000 && atomic_load(counter) < want; i++) sleep_ms(1);
+  assert_int_equal(atomic_load(counter), want);
+}
+
+static void fill_pattern(uint8_t *p, size_t len, uint32_t seed) {
+  for (size_t i = 0; i < len; i++) p[i] = (uint8_t)(i * 131 + seed * 7 + (i >> 8));
+}
+
+static fl_status call_fail(rpc_channel *ch, fl_status code, const char *message) {
+  uint8_t req[256];
+  int32_t c = (int32_t)code;
+  memcpy(req, &c, 4);
+  size_t len = message ? strlen(message) : 0;
+  memcpy(req + 4, message ? message : "", len);
+  fl_buf out = FL_BUF_INIT;
+  fl_status s = rpc_call(ch, "/test/Fail", fl_bytes_of(req, 4 + len), 5000, &out);
+  assert_int_equal(out.len, 0); /* untouched on failure */
+  fl_buf_free(&out);
+  return s;
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static void test_echo_round_trip_sizes(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 0);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  size_t sizes[] = {0, 1, 7, 4097, 1 << 20, (1 << 20) + 13};
+  uint8_t *data = malloc((1 << 20) + 13);
+  assert_non_null(data);
+  fl_buf out = FL_BUF_INIT;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    fill_pattern(data, sizes[i], (uint32_t)i);
+    assert_ok(fl_buf_append(&out, "stale", 5)); /* replaced by the reply */
+    assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_of(data, sizes[i]), 10000, &out));
+    assert_int_equal(out.len, sizes[i]);
+    if (sizes[i]) assert_memory_equal(out.data, data, sizes[i]);
+  }
+  assert_int_equal(atomic_load(&t.calls), (int)(sizeof sizes / sizeof sizes[0]));
+  fl_buf_free(&out);
+  free(data);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
+static void test_handler_error_propagates_exactly(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 2);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  char want[256];
+  /* Every failure code, including those that also name network failures: the handler's
+   * own status wins over the gRPC code it travels as. */
+  fl_status codes[] = {FL_EINVAL, FL_ENOMEM, FL_EIO,     FL_ENOENT,    FL_EFORMAT,
+                       FL_EEMPTY, FL_EUSER,  FL_EJOB,    FL_ECORRUPT,  FL_ECANCELLED,
+                       FL_ESTATE, FL_EEXIST, FL_ELIMIT,  FL_EINTERNAL, FL_EFETCH,
+                       FL_ENET,   FL_EAUTH,  FL_ETIMEDOUT, FL_EPROTO};
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+    char message[64];
+    snprintf(message, sizeof message, "stage %zu failed: boom \"%%\" ü", i);
+    assert_int_equal(call_fail(ch, codes[i], message), codes[i]);
+    snprintf(want, sizeof want, "/test/Fail on %s: %s", t.target, message);
+    assert_string_equal(fl_last_error(), want);
+  }
+  /* No message: the code's description. */
+  assert_int_equal(call_fail(ch, FL_EJOB, NULL), FL_EJOB);
+  snprintf(want, sizeof want, "/test/Fail on %s: %s", t.target, fl_strerror(FL_EJOB));
+  assert_string_equal(fl_last_error(), want);
+  /* A status outside the table is the handler's bug. */
+  assert_fails_with(call_fail(ch, (fl_status)999, "x"), FL_EINTERNAL, "unknown status 999");
+  /* An unknown method reaches the handler, which says so. */
+  fl_buf out = FL_BUF_INIT;
+  assert_fails_with(rpc_call(ch, "/test/Nope", fl_bytes_str("x"), 5000, &out), FL_ENOENT,
+                    "no method /test/Nope");
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
+static void test_auth_refuses_missing_and_wrong_secret(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, "s3cret-token", 0, 2);
+  rpc_channel *none, *wrong, *prefix, *longer, *right;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &none));
+  assert_ok(rpc_channel_create(t.target, "wrong-token!", 0, &wrong));
+  assert_ok(rpc_channel_create(t.target, "s3cret", 0, &prefix));
+  assert_ok(rpc_channel_create(t.target, "s3cret-token2", 0, &longer));
+  assert_ok(rpc_channel_create(t.target, "s3cret-token", 0, &right));
+  fl_buf out = FL_BUF_INIT;
+  for (int i = 0; i < 2; i++) { /* refused again on the same connection */
+    assert_fails_with(rpc_call(none, "/test/Echo", fl_bytes_str("hi"), 5000, &out), FL_EAUTH,
+                      "authentication failed: missing shared secret");
+    assert_fails_with(rpc_call(wrong, "/test/Echo", fl_bytes_str("hi"), 5000, &out), FL_EAUTH,
+                      "authentication failed: wrong shared secret");
+    assert_fails_with(rpc_call(prefix, "/test/Echo", fl_bytes_str("hi"), 5000, &out), FL_EAUTH,
+                      "wrong shared secret");
+    assert_fails_with(rpc_call(longer, "/test/Echo", fl_bytes_str("hi"), 5000, &out), FL_EAUTH,
+                      "wrong shared secret");
+  }
+  /* A large request that is refused without being read. */
+  size_t big_len = 3 << 20;
+  uint8_t *big = calloc(1, big_len);
+  assert_non_null(big);
+  assert_fails_with(rpc_call(wrong, "/test/Echo", fl_bytes_of(big, big_len), 5000, &out),
+                    FL_EAUTH, "wrong shared secret");
+  free(big);
+  assert_int_equal(out.len, 0);
+  assert_int_equal(atomic_load(&t.calls), 0); /* the handler never ran */
+  assert_ok(rpc_call(right, "/test/Echo", fl_bytes_str("hi"), 5000, &out));
+  assert_int_equal(out.len, 2);
+  assert_int_equal(atomic_load(&t.calls), 1);
+  fl_buf_free(&out);
+  rpc_channel_destroy(none);
+  rpc_channel_destroy(wrong);
+  rpc_channel_destroy(prefix);
+  rpc_channel_destroy(longer);
+  rpc_channel_destroy(right);
+  server_stop(&t);
+
+  /* A server without a secret ignores one sent. */
+  server_start(&t, "", 0, 1);
+  assert_ok(rpc_channel_create(t.target, "anything", 0, &right));
+  assert_ok(rpc_call(right, "/test/Echo", fl_bytes_str("hi"), 5000, &out));
+  fl_buf_free(&out);
+  rpc_channel_destroy(right);
+  server_stop(&t);
+}
+
+static void test_oversized_messages_refused_and_server_keeps_serving(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 1 << 20, 2);
+  rpc_channel *ch, *small;
+  assert_ok(rpc_channel_create(t.target, NULL, 8 << 20, &ch));
+  assert_ok(rpc_channel_create(t.target, NULL, 64 << 10, &small));
+  size_t big_len = 2 << 20;
+  uint8_t *big = malloc(big_len);
+  assert_non_null(big);
+  fill_pattern(big, big_len, 3);
+  fl_buf out = FL_BUF_INIT;
+  /* Over the server's limit: gRPC refuses it there. */
+  assert_fails_with(rpc_call(ch, "/test/Echo", fl_bytes_of(big, big_len), 5000, &out), FL_EPROTO,
+                    "size limit");
+  assert_int_equal(atomic_load(&t.calls), 0);
+  /* Over the channel's own limit: refused before it is sent. */
+  assert_fails_with(rpc_call(small, "/test/Echo", fl_bytes_of(big, 100 << 10), 5000, &out),
+                    FL_EPROTO, "over the limit of 65536 bytes");
+  /* A reply over the server's limit. */
+  uint32_t grow = (1 << 20) + 1;
+  assert_fails_with(rpc_call(ch, "/test/Grow", fl_bytes_of(&grow, 4), 5000, &out), FL_EPROTO,
+                    "reply of 1048577 bytes is over the limit of 1048576 bytes");
+  /* A reply over the channel's limit. */
+  grow = 100 << 10;
+  assert_fails_with(rpc_call(small, "/test/Grow", fl_bytes_of(&grow, 4), 5000, &out), FL_EPROTO,
+                    "size limit");
+  /* Exactly at the limit passes, and the server still serves everyone. */
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_of(big, 1 << 20), 5000, &out));
+  assert_int_equal(out.len, 1 << 20);
+  assert_memory_equal(out.data, big, 1 << 20);
+  assert_ok(rpc_call(small, "/test/Echo", fl_bytes_str("still here"), 5000, &out));
+  assert_int_equal(out.len, 10);
+  fl_buf_free(&out);
+  free(big);
+  rpc_channel_destroy(ch);
+  rpc_channel_destroy(small);
+  server_stop(&t);
+}
+
+static void test_timeout_cancels_blocked_handler(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 2);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("warm"), 5000, &out)); /* connect first */
+  double t0 = now_ms();
+  assert_fails_with(rpc_call(ch, "/test/Block", fl_bytes_str(""), 150, &out), FL_ETIMEDOUT,
+                    "no reply within 150 ms");
+  double took = now_ms() - t0;
+  assert_true(took >= 140 && took < 3000);
+  wait_for(&t.blocked, 1);
+  wait_for(&t.saw_cancelled, 1);
+  /* The handler thread is free again. */
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("after"), 5000, &out));
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
+static void test_unreachable_port_fails_fast(void **state) {
+  (void)state;
+  /* A port that was just free: start a server to learn one, then stop it. */
+  test_server t;
+  server_start(&t, NULL, 0, 1);
+  char target[64];
+  snprintf(target, sizeof target, "%s", t.target);
+  server_stop(&t);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  for (int i = 0; i < 2; i++) {
+    double t0 = now_ms();
+    assert_fails_with(rpc_call(ch, "/test/Echo", fl_bytes_str("x"), 3000, &out), FL_ENET,
+                      "cannot reach 127.0.0.1:");
+    assert_true(now_ms() - t0 < 2000);
+  }
+  rpc_channel_destroy(ch);
+}
+
+/* Bytes that are not HTTP/2, and an HTTP/2 preface followed by garbage frames, then a
+ * close: the server drops those connections and keeps serving. */
+static void test_garbage_on_the_port_is_harmless(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 1);
+  const char *junk[] = {
+      "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\xff\xff\xff\x01\x00\x00\x00\x00\x01garbage",
+      "\x00\x01\x02\x03\x04\x05\x06\x07",
+  };
+  for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)rpc_server_port(t.server))};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    size_t len = i == 1 ? 24 + 9 + 7 : strlen(junk[i]);
+    if (i == 2) len = 8;
+    assert_int_equal(send(fd, junk[i], len, MSG_NOSIGNAL), (ssize_t)len);
+    char buf[256];
+    struct timeval tv = {2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    (void)!recv(fd, buf, sizeof buf, 0); /* whatever the server answers, if anything */
+    close(fd);
+  }
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("fine"), 5000, &out));
+  assert_int_equal(out.len, 4);
+  assert_int_equal(atomic_load(&t.calls), 1);
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
+typedef struct hammer_arg {
+  rpc_channel *ch;
+  uint32_t id;
+  int failures;
+} hammer_arg;
+
+static void *hammer_main(void *p) {
+  hammer_arg *a = p;
+  fl_buf out = FL_BUF_INIT;
+  uint8_t req[300];
+  for (uint32_t i = 0; i < 200; i++) {
+    size_t len = (a->id * 37 + i * 11) % sizeof req;
+    fill_pattern(req, len, a->id * 1000 + i);
+    if (rpc_call(a->ch, "/test/Echo", fl_bytes_of(req, len), 10000, &out) != FL_OK ||
+        out.len != len || (len && memcmp(out.data, req, len) != 0))
+      a->failures++;
+  }
+  fl_buf_free(&out);
+  return NULL;
+}
+
+static void test_concurrent_calls_on_one_channel(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, "k", 0, 4);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, "k", 0, &ch));
+  pthread_t threads[8];
+  hammer_arg args[8];
+  for (uint32_t i = 0; i < 8; i++) {
+    args[i] = (hammer_arg){ch, i, 0};
+    assert_int_equal(pthread_create(&threads[i], NULL, hammer_main, &args[i]), 0);
+  }
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(pthread_join(threads[i], NULL), 0);
+    assert_int_equal(args[i].failures, 0);
+  }
+  assert_int_equal(atomic_load(&t.calls), 8 * 200);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
+typedef struct blocked_call {
+  rpc_channel *ch;
+  fl_status status;
+  char message[512];
+} blocked_call;
+
+static void *blocked_call_main(void *p) {
+  blocked_call *b = p;
+  fl_buf out = FL_BUF_INIT;
+  b->status = rpc_call(b->ch, "/test/Block", fl_bytes_str(""), 0, &out); /* no deadline */
+  snprintf(b->message, sizeof b->message, "%s", fl_last_error());
+  fl_buf_free(&out);
+  return NULL;
+}
+
+static void test_stop_cancels_blocked_handlers(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 2);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  /* Three calls on two handler threads: one waits its turn in the queue. */
+  blocked_call calls[3];
+  pthread_t threads[3];
+  for (int i = 0; i < 3; i++) {
+    calls[i] = (blocked_call){ch, FL_OK, ""};
+    assert_int_equal(pthread_create(&threads[i], NULL, blocked_call_main, &calls[i]), 0);
+  }
+  wait_for(&t.blocked, 2);
+  sleep_ms(50); /* the third reaches the server */
+  double t0 = now_ms();
+  server_stop(&t);
+  assert_true(now_ms() - t0 < 3000);
+  assert_int_equal(atomic_load(&t.saw_cancelled), 2);
+  assert_int_equal(atomic_load(&t.blocked), 2); /* the queued call never ran */
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(pthread_join(threads[i], NULL), 0);
+    if (calls[i].status != FL_ENET) fprintf(stderr, "call %d: %s\n", i, calls[i].message);
+    assert_int_equal(calls[i].status, FL_ENET);
+  }
+  rpc_channel_destroy(ch);
+}
+
+static void test_bad_arguments(void **state) {
+  (void)state;
+  rpc_server *s = NULL;
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  assert_int_equal(rpc_server_start(&cfg, &s), FL_EINVAL); /* no address */
+  cfg.listen = "127.0.0.1:0";
+  assert_int_equal(rpc_server_start(&cfg, &s), FL_EINVAL); /* no handler */
+  cfg.handler = test_handler;
+  cfg.secret = "tab\there";
+  assert_fails_with(rpc_server_start(&cfg, &s), FL_EINVAL, "printable ASCII");
+  cfg.secret = NULL;
+  cfg.listen = "not an address";
+  assert_fails_with(rpc_server_start(&cfg, &s), FL_ENET, "cannot listen on not an address");
+  assert_null(s);
+
+  /* A port in use is refused, not shared. */
+  test_server t;
+  server_start(&t, NULL, 0, 1);
+  cfg.listen = t.target;
+  cfg.handler_arg = &t;
+  assert_fails_with(rpc_server_start(&cfg, &s), FL_ENET, "cannot listen on 127.0.0.1:");
+  assert_null(s);
+
+  rpc_channel *ch = NULL;
+  assert_int_equal(rpc_channel_create(NULL, NULL, 0, &ch), FL_EINVAL);
+  assert_fails_with(rpc_channel_create(t.target, "bad\nsecret", 0, &ch), FL_EINVAL,
+                    "printable ASCII");
+  assert_null(ch);
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  assert_int_equal(rpc_call(ch, "no-slash", fl_bytes_str("x"), 1000, &out), FL_EINVAL);
+  assert_int_equal(rpc_call(ch, "/test/Echo", fl_bytes_str("x"), 1000, NULL), FL_EINVAL);
+  assert_int_equal(rpc_call(NULL, "/test/Echo", fl_bytes_str("x"), 1000, &out), FL_EINVAL);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+  rpc_channel_destroy(NULL);
+  rpc_server_stop(NULL);
+}
+
+static int compare_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void test_latency_p50(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, "secret", 0, 0);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, "secret", 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  uint8_t req[64];
+  fill_pattern(req, sizeof req, 1);
+  for (int i = 0; i < 200; i++) /* connect and warm up */
+    assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_of(req, sizeof req), 5000, &out));
+  enum { N = 2000 };
+  static double us[N];
+  for (int i = 0; i < N; i++) {
+    uint64_t t0 = common_now_ns();
+    assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_of(req, sizeof req), 5000, &out));
+    us[i] = (double)(common_now_ns() - t0) / 1e3;
+  }
+  qsort(us, N, sizeof us[0], compare_double);
+  printf("rpc: %d unary calls of 64 bytes over loopback: p50 %.0f us, p90 %.0f us, p99 %.0f us\n",
+         N, us[N / 2], us[N * 9 / 10], us[N * 99 / 100]);
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
+int main(void) {
+  /* A hung call must not hang ctest's whole run: every test here ends within seconds. */
+  alarm(100);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_echo_round_trip_sizes),
+      cmocka_unit_test(test_handler_error_propagates_exactly),
+      cmocka_unit_test(test_auth_refuses_missing_and_wrong_secret),
+      cmocka_unit_test(test_oversized_messages_refused_and_server_keeps_serving),
+      cmocka_unit_test(test_timeout_cancels_blocked_handler),
+      cmocka_unit_test(test_unreachable_port_fails_fast),
+      cmocka_unit_test(test_garbage_on_the_port_is_harmless),
+      cmocka_unit_test(test_concurrent_calls_on_one_channel),
+      cmocka_unit_test(test_stop_cancels_blocked_handlers),
+      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_latency_p50),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
