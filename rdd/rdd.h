@@ -130,6 +130,20 @@ static inline int rdd_compare_keys(fl_compare_fn cmp, const void *arg, fl_bytes 
   return c ? c : (a.len > b.len) - (a.len < b.len);
 }
 
+/* ---- builtins: flint's own functions that datasets carry ---------------------------------- */
+/* Functions of flint itself that a dataset may hold as its function (the helpers of
+ * distinct, join, repartition ...). They are hidden, so dladdr cannot name them: a plan
+ * names them by a stable name instead, and they need no shipping. Each module lists its own
+ * in a table; rdd/plan.c looks through every table. */
+typedef struct rdd_builtin {
+  const char *name;   /* stable across versions: "shuffle.join_emit" */
+  void (*fn)(void);
+  /* Whether a decoded argument blob is one the function can read safely; NULL: any. */
+  bool (*arg_ok)(const void *arg, size_t len);
+} rdd_builtin;
+FL_INTERNAL extern const rdd_builtin rdd_partitioner_builtins[];
+FL_INTERNAL extern const size_t rdd_partitioner_num_builtins;
+
 /* ---- shuffle dependencies -------------------------------------------------------------- */
 typedef struct rdd_shuffle_dep rdd_shuffle_dep;
 
@@ -183,6 +197,8 @@ struct fl_dataset {
   const fl_partitioner *partitioner; /* how its pairs are placed, when known (retained) */
   rdd_shuffle_dep *shuffle_deps[2];  /* wide dependencies (owned by the shuffle layer) */
   uint32_t num_shuffle_deps;
+  fl_buf plan_node; /* decoded datasets: the plan node they came from (rdd_plan_add), which
+                       rdd_plan_encode_stored sends on as it came; else empty */
 };
 
 /* Makes an rdd with one reference, taking a reference on each parent. `arg` is copied. */
@@ -190,6 +206,11 @@ FL_INTERNAL fl_status rdd_create(fl_context *ctx, const rdd_ops *ops, uint32_t n
                                  rdd *const *parents, uint32_t num_parents, void (*fn)(void),
                                  const char *fn_kind, const void *arg, size_t arg_len,
                                  rdd **out);
+/* The same, with a given id (a dataset decoded from a plan keeps the id it was made with). */
+FL_INTERNAL fl_status rdd_create_id(fl_context *ctx, uint64_t id, const rdd_ops *ops,
+                                    uint32_t num_partitions, rdd *const *parents,
+                                    uint32_t num_parents, void (*fn)(void), const char *fn_kind,
+                                    const void *arg, size_t arg_len, rdd **out);
 FL_INTERNAL void rdd_retain(rdd *r);
 FL_INTERNAL void rdd_release(rdd *r);
 /* Opens partition p of r for a task: from the cache when r is persisted and the block is
