@@ -35,15 +35,26 @@
 
 /* ---- protobuf-c through flint's allocator ------------------------------------------------ */
 
+/* protobuf-c answers NULL both for bad input and for no memory: this tells them apart. */
+static _Thread_local bool pb_out_of_memory;
+
 static void *pb_alloc(void *data, size_t size) {
   (void)data;
-  return common_malloc(size ? size : 1);
+  void *p = common_malloc(size ? size : 1);
+  if (!p) pb_out_of_memory = true;
+  return p;
 }
 static void pb_free(void *data, void *p) {
   (void)data;
   common_free(p);
 }
 static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
+
+/* The status of an unpack that returned NULL, with its message. */
+static fl_status unpack_failed(const char *what, size_t len) {
+  if (pb_out_of_memory) return FL_ERR(FL_ENOMEM, "out of memory decoding %s (%zu bytes)", what, len);
+  return fl_set_error(FL_EPROTO, "bad plan: %s (%zu bytes) is not well-formed", what, len);
+}
 
 /* ---- an id -> index map (open addressing; rebuilt rather than deleted from) --------------- */
 
@@ -1098,10 +1109,11 @@ fl_status rdd_plan_add(rdd_plan *p, fl_bytes encoded) {
   fl_status status = FL_OK;
   size_t first = p->count;
   Flint__PlanNode *node = NULL;
+  pb_out_of_memory = false;
   Flint__Plan *plan = flint__plan__unpack(&pb_allocator, encoded.len, encoded.data);
   uint64_t max_id = 0;
   if (!plan) {
-    status = fl_set_error(FL_EPROTO, "bad plan: not a well-formed Plan message (%zu bytes)", encoded.len);
+    status = unpack_failed("the Plan message", encoded.len);
     goto cleanup;
   }
   for (size_t i = 0; i < plan->n_nodes; i++) {
@@ -1110,7 +1122,8 @@ fl_status rdd_plan_add(rdd_plan *p, fl_bytes encoded) {
     d.what = d.what_buf;
     node = flint__plan_node__unpack(&pb_allocator, plan->nodes[i].len, plan->nodes[i].data);
     if (!node) {
-      status = fl_set_error(FL_EPROTO, "bad plan: node %zu is not a well-formed PlanNode", i);
+      snprintf(d.what_buf, sizeof d.what_buf, "PlanNode %zu", i);
+      status = unpack_failed(d.what_buf, plan->nodes[i].len);
       goto cleanup;
     }
     if (rdd_plan_find(p, node->id)) {
@@ -1207,8 +1220,9 @@ fl_status rdd_action_encode(const rdd_action *a, const rdd_fn_codec *codec, fl_b
 fl_status rdd_action_decode(rdd_plan *p, fl_bytes in, rdd_action *out) {
   if (!p || !out || (in.len && !in.data)) return FL_ERR(FL_EINVAL, "rdd_action_decode: NULL argument");
   dec d = {p, 0, "action", {0}};
+  pb_out_of_memory = false;
   Flint__PlanAction *m = flint__plan_action__unpack(&pb_allocator, in.len, in.data);
-  if (!m) return fl_set_error(FL_EPROTO, "bad plan: not a well-formed PlanAction (%zu bytes)", in.len);
+  if (!m) return unpack_failed("the PlanAction", in.len);
   rdd_action a = {0};
   fl_status status = FL_OK;
   void (*seq)(void) = NULL, (*foreach_fn)(void) = NULL;

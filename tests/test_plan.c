@@ -663,14 +663,16 @@ static void test_truncated_and_random(void **state) {
   common_rng rng;
   common_rng_seed(&rng, 1234);
   uint8_t junk[512];
-  for (int i = 0; i < 500; i++) {
+  for (int i = 0; i < 300; i++) {
     size_t len = common_rng_next(&rng) % sizeof junk;
     for (size_t k = 0; k < len; k++) junk[k] = (uint8_t)common_rng_next(&rng);
     try_add(f, fl_bytes_of(junk, len));
   }
-  /* Flipped bytes in a valid plan: anything but a crash or a leak. */
+  /* Flipped bytes in a valid plan: anything but a crash or a leak. FLINT_PLAN_FUZZ raises
+   * the number of rounds for a longer run by hand. */
+  int flip_rounds = getenv("FLINT_PLAN_FUZZ") ? atoi(getenv("FLINT_PLAN_FUZZ")) : 1000;
   uint8_t *copy = malloc(good.len);
-  for (int i = 0; i < 2000; i++) {
+  for (int i = 0; i < flip_rounds; i++) {
     memcpy(copy, good.data, good.len);
     int flips = 1 + (int)(common_rng_next(&rng) % 3);
     for (int k = 0; k < flips; k++) copy[common_rng_next(&rng) % good.len] ^= (uint8_t)(1u << (common_rng_next(&rng) % 8));
@@ -814,6 +816,26 @@ static void test_malformed_nodes(void **state) {
   fl_buf_free(&bad);
 }
 
+/* Every allocation of a decode failing in turn: FL_ENOMEM, the plan as it was, no leak. */
+static void test_out_of_memory(void **state) {
+  fixture *f = *state;
+  fl_buf good = FL_BUF_INIT;
+  sample_plan(f, &good);
+  bool succeeded = false;
+  for (long n = 0; !succeeded && n < 100000; n++) {
+    rdd_plan *p;
+    assert_ok(rdd_plan_create(f->b, &codec, &p));
+    flint_test_fail_alloc_after(n);
+    fl_status s = rdd_plan_add(p, fl_buf_bytes(&good));
+    flint_test_fail_alloc_after(-1);
+    if (s == FL_OK) succeeded = true;
+    else assert_int_equal(s, FL_ENOMEM);
+    rdd_plan_destroy(p);
+  }
+  assert_true(succeeded);
+  fl_buf_free(&good);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_sources, setup, teardown),
@@ -827,6 +849,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unresolved, setup, teardown),
       cmocka_unit_test_setup_teardown(test_truncated_and_random, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_nodes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_out_of_memory, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
