@@ -405,8 +405,9 @@ FL_INTERNAL const rdd_shuffle_dep *rdd_plan_find_shuffle(rdd_plan *p, uint64_t s
 FL_INTERNAL fl_status rdd_plan_encode_stored(rdd_plan *p, uint64_t id,
                                              bool (*known)(void *arg, uint64_t id),
                                              void *known_arg, fl_buf *out);
-/* Drops the plan's hold on dataset `id` (the client released it). Its ancestors that held
- * datasets still depend on stay; the others are dropped too. Unknown ids are ignored. */
+/* Marks dataset `id` released (the client freed it) and drops from the plan every released
+ * dataset that no unreleased one depends on: `id` itself stays while an unreleased dataset
+ * of the plan depends on it. Unknown ids are ignored. */
 FL_INTERNAL void rdd_plan_release(rdd_plan *p, uint64_t id);
 
 /* Appends the encoding of an action (not RDD_ACTION_SHUFFLE_WRITE: a map task's dependency
