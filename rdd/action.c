@@ -210,8 +210,8 @@ static fl_status combine(const char *what, fl_reduce_fn fn, const void *arg, fl_
  */
 static fl_status aggregate(const char *what, fl_dataset *ds, const fl_bytes *zero,
                            fl_reduce_fn seq, fl_reduce_fn comb, const void *arg,
-                           uint32_t depth, fl_buf *out) {
-  rdd_action a = {.kind = RDD_ACTION_AGGREGATE, .seq = seq, .arg = arg};
+                           size_t arg_len, uint32_t depth, fl_buf *out) {
+  rdd_action a = {.kind = RDD_ACTION_AGGREGATE, .seq = seq, .arg = arg, .arg_len = arg_len};
   if (zero) {
     a.zero = *zero;
     a.has_zero = true;
@@ -282,20 +282,20 @@ cleanup:
 fl_status fl_reduce(fl_dataset *ds, fl_reduce_fn fn, const void *arg, size_t arg_len,
                     fl_buf *out) {
   CHECK_AGG_ARGS("fl_reduce", ds, fn, arg, arg_len, out);
-  return aggregate("reduce", ds, NULL, fn, fn, arg, 1, out);
+  return aggregate("reduce", ds, NULL, fn, fn, arg, arg_len, 1, out);
 }
 
 fl_status fl_fold(fl_dataset *ds, fl_bytes zero, fl_reduce_fn fn, const void *arg,
                   size_t arg_len, fl_buf *out) {
   CHECK_AGG_ARGS("fl_fold", ds, fn, arg, arg_len, out);
-  return aggregate("fold", ds, &zero, fn, fn, arg, 1, out);
+  return aggregate("fold", ds, &zero, fn, fn, arg, arg_len, 1, out);
 }
 
 fl_status fl_aggregate(fl_dataset *ds, fl_bytes zero, fl_reduce_fn seq, fl_reduce_fn comb,
                        const void *arg, size_t arg_len, fl_buf *out) {
   CHECK_AGG_ARGS("fl_aggregate", ds, seq, arg, arg_len, out);
   if (!comb) return FL_ERR(FL_EINVAL, "fl_aggregate: comb is NULL");
-  return aggregate("aggregate", ds, &zero, seq, comb, arg, 1, out);
+  return aggregate("aggregate", ds, &zero, seq, comb, arg, arg_len, 1, out);
 }
 
 fl_status fl_tree_aggregate(fl_dataset *ds, fl_bytes zero, fl_reduce_fn seq,
@@ -304,14 +304,14 @@ fl_status fl_tree_aggregate(fl_dataset *ds, fl_bytes zero, fl_reduce_fn seq,
   CHECK_AGG_ARGS("fl_tree_aggregate", ds, seq, arg, arg_len, out);
   if (!comb) return FL_ERR(FL_EINVAL, "fl_tree_aggregate: comb is NULL");
   if (depth < 1) return FL_ERR(FL_EINVAL, "fl_tree_aggregate: depth must be >= 1");
-  return aggregate("tree_aggregate", ds, &zero, seq, comb, arg, depth, out);
+  return aggregate("tree_aggregate", ds, &zero, seq, comb, arg, arg_len, depth, out);
 }
 
 fl_status fl_foreach(fl_dataset *ds, fl_foreach_fn fn, const void *arg, size_t arg_len) {
   common_error_clear();
   if (!ds || !fn) return FL_ERR(FL_EINVAL, "fl_foreach: NULL argument");
   if (arg_len && !arg) return FL_ERR(FL_EINVAL, "fl_foreach: arg_len without arg");
-  rdd_action a = {.kind = RDD_ACTION_FOREACH, .foreach_fn = fn, .arg = arg};
+  rdd_action a = {.kind = RDD_ACTION_FOREACH, .foreach_fn = fn, .arg = arg, .arg_len = arg_len};
   fl_buf *res;
   fl_status s = run_all(ds, &a, &res);
   if (s == FL_OK) free_results(res, ds->num_partitions);

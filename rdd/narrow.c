@@ -3,7 +3,7 @@
  * key_by, map_values. Each is an iterator that pulls from its parent's. */
 #include <string.h>
 
-#include "rdd/rdd.h"
+#include "rdd/op_state.h"
 
 struct fl_emitter {
   rdd_batch batch;
@@ -147,17 +147,17 @@ static fl_status map_values_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
   return open_map_like(r, p, t, o, map_values_next);
 }
 
-static const rdd_ops map_ops = {"map", map_open, NULL};
-static const rdd_ops key_by_ops = {"key_by", key_by_open, NULL};
-static const rdd_ops map_values_ops = {"map_values", map_values_open, NULL};
+const rdd_ops rdd_map_ops = {"map", map_open, NULL};
+const rdd_ops rdd_key_by_ops = {"key_by", key_by_open, NULL};
+const rdd_ops rdd_map_values_ops = {"map_values", map_values_open, NULL};
 
 fl_status fl_map(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
                  fl_dataset **out) {
-  return make_narrow("fl_map", in, &map_ops, (void (*)(void))fn, arg, arg_len, out);
+  return make_narrow("fl_map", in, &rdd_map_ops, (void (*)(void))fn, arg, arg_len, out);
 }
 fl_status fl_key_by(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
                     fl_dataset **out) {
-  return make_narrow("fl_key_by", in, &key_by_ops, (void (*)(void))fn, arg, arg_len, out);
+  return make_narrow("fl_key_by", in, &rdd_key_by_ops, (void (*)(void))fn, arg, arg_len, out);
 }
 /* Keys stay where they were: the result keeps the parent's partitioner. */
 static fl_status keep_partitioner(fl_status s, fl_dataset *in, fl_dataset **out) {
@@ -171,7 +171,7 @@ static fl_status keep_partitioner(fl_status s, fl_dataset *in, fl_dataset **out)
 fl_status fl_map_values(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
                         fl_dataset **out) {
   return keep_partitioner(
-      make_narrow("fl_map_values", in, &map_values_ops, (void (*)(void))fn, arg, arg_len, out),
+      make_narrow("fl_map_values", in, &rdd_map_values_ops, (void (*)(void))fn, arg, arg_len, out),
       in, out);
 }
 
@@ -216,12 +216,12 @@ static fl_status filter_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) 
   return FL_OK;
 }
 
-static const rdd_ops filter_ops = {"filter", filter_open, NULL};
+const rdd_ops rdd_filter_ops = {"filter", filter_open, NULL};
 
 fl_status fl_filter(fl_dataset *in, fl_filter_fn fn, const void *arg, size_t arg_len,
                     fl_dataset **out) {
   return keep_partitioner(
-      make_narrow("fl_filter", in, &filter_ops, (void (*)(void))fn, arg, arg_len, out), in, out);
+      make_narrow("fl_filter", in, &rdd_filter_ops, (void (*)(void))fn, arg, arg_len, out), in, out);
 }
 
 /* ---- flat_map and map_partitions: output emitted into a batch, then served ------------- */
@@ -310,26 +310,20 @@ static fl_status map_partitions_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **
   return open_emitting(r, p, t, o, map_partitions_next);
 }
 
-static const rdd_ops flat_map_ops = {"flat_map", flat_map_open, NULL};
-static const rdd_ops map_partitions_ops = {"map_partitions", map_partitions_open, NULL};
+const rdd_ops rdd_flat_map_ops = {"flat_map", flat_map_open, NULL};
+const rdd_ops rdd_map_partitions_ops = {"map_partitions", map_partitions_open, NULL};
 
 fl_status fl_flat_map(fl_dataset *in, fl_flat_map_fn fn, const void *arg, size_t arg_len,
                       fl_dataset **out) {
-  return make_narrow("fl_flat_map", in, &flat_map_ops, (void (*)(void))fn, arg, arg_len, out);
+  return make_narrow("fl_flat_map", in, &rdd_flat_map_ops, (void (*)(void))fn, arg, arg_len, out);
 }
 fl_status fl_map_partitions(fl_dataset *in, fl_map_partitions_fn fn, const void *arg,
                             size_t arg_len, fl_dataset **out) {
-  return make_narrow("fl_map_partitions", in, &map_partitions_ops, (void (*)(void))fn, arg,
+  return make_narrow("fl_map_partitions", in, &rdd_map_partitions_ops, (void (*)(void))fn, arg,
                      arg_len, out);
 }
 
 /* ---- sample ---------------------------------------------------------------------------- */
-
-typedef struct sample_args {
-  bool with_replacement;
-  double fraction;
-  uint64_t seed;
-} sample_args;
 
 typedef struct sample_iter {
   fl_iter base;
@@ -381,7 +375,7 @@ static fl_status sample_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) 
   return FL_OK;
 }
 
-static const rdd_ops sample_ops = {"sample", sample_open, NULL};
+const rdd_ops rdd_sample_ops = {"sample", sample_open, NULL};
 
 fl_status fl_sample(fl_dataset *in, bool with_replacement, double fraction, uint64_t seed,
                     fl_dataset **out) {
@@ -391,7 +385,7 @@ fl_status fl_sample(fl_dataset *in, bool with_replacement, double fraction, uint
                   fraction);
   if (!in || !out) return FL_ERR(FL_EINVAL, "fl_sample: NULL dataset or out");
   sample_args args = {with_replacement, fraction, seed};
-  return rdd_create(in->ctx, &sample_ops, in->num_partitions, &in, 1, NULL, "sample", &args,
+  return rdd_create(in->ctx, &rdd_sample_ops, in->num_partitions, &in, 1, NULL, "sample", &args,
                     sizeof args, out);
 }
 
@@ -403,7 +397,7 @@ static fl_status union_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   return rdd_iterate(r->parents[1], p - a->num_partitions, task, out);
 }
 
-static const rdd_ops union_ops = {"union", union_open, NULL};
+const rdd_ops rdd_union_ops = {"union", union_open, NULL};
 
 fl_status fl_union(fl_dataset *a, fl_dataset *b, fl_dataset **out) {
   common_error_clear();
@@ -412,7 +406,7 @@ fl_status fl_union(fl_dataset *a, fl_dataset *b, fl_dataset **out) {
   if ((uint64_t)a->num_partitions + b->num_partitions > UINT32_MAX)
     return FL_ERR(FL_ELIMIT, "fl_union: too many partitions");
   rdd *parents[2] = {a, b};
-  return rdd_create(a->ctx, &union_ops, a->num_partitions + b->num_partitions, parents, 2, NULL,
+  return rdd_create(a->ctx, &rdd_union_ops, a->num_partitions + b->num_partitions, parents, 2, NULL,
                     "union", NULL, 0, out);
 }
 
@@ -450,7 +444,7 @@ static fl_status coalesce_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out
   return FL_OK;
 }
 
-static const rdd_ops coalesce_ops = {"coalesce", coalesce_open, NULL};
+const rdd_ops rdd_coalesce_ops = {"coalesce", coalesce_open, NULL};
 
 fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out) {
   common_error_clear();
@@ -458,7 +452,7 @@ fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out)
   if (num_partitions == 0) return FL_ERR(FL_EINVAL, "fl_coalesce: num_partitions must be > 0");
   /* Without a shuffle a coalesce can only merge partitions, as in Spark. */
   uint32_t parts = num_partitions < in->num_partitions ? num_partitions : in->num_partitions;
-  return rdd_create(in->ctx, &coalesce_ops, parts, &in, 1, NULL, "coalesce", NULL, 0, out);
+  return rdd_create(in->ctx, &rdd_coalesce_ops, parts, &in, 1, NULL, "coalesce", NULL, 0, out);
 }
 
 /* ---- zip_with_index -------------------------------------------------------------------- */
@@ -478,7 +472,7 @@ static fl_status zip_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
 
 static void zip_destroy(rdd *r) { common_free(r->state); }
 
-static const rdd_ops zip_ops = {"zip_with_index", zip_open, zip_destroy};
+const rdd_ops rdd_zip_with_index_ops = {"zip_with_index", zip_open, zip_destroy};
 
 fl_status fl_zip_with_index(fl_dataset *in, fl_dataset **out) {
   common_error_clear();
@@ -499,7 +493,7 @@ fl_status fl_zip_with_index(fl_dataset *in, fl_dataset **out) {
     sum += (int64_t)fl_i64(fl_buf_bytes(&counts[p]));
   }
   rdd *r;
-  FL_CHECK(rdd_create(in->ctx, &zip_ops, n, &in, 1, NULL, "zip_with_index", NULL, 0, &r));
+  FL_CHECK(rdd_create(in->ctx, &rdd_zip_with_index_ops, n, &in, 1, NULL, "zip_with_index", NULL, 0, &r));
   r->state = starts;
   starts = NULL;
   *out = r;

@@ -87,6 +87,16 @@ static fl_status reservoir_sample(uint32_t partition, fl_iter *in, fl_emitter *o
   return st;
 }
 
+static bool reservoir_arg_ok(const void *arg, size_t len) {
+  (void)arg;
+  return len == sizeof(reservoir_args);
+}
+
+const rdd_builtin rdd_partitioner_builtins[] = {
+    {"rdd.reservoir_sample", (void (*)(void))reservoir_sample, reservoir_arg_ok},
+};
+const size_t rdd_partitioner_num_builtins = sizeof rdd_partitioner_builtins / sizeof *rdd_partitioner_builtins;
+
 typedef struct weighted_key {
   fl_bytes key;
   double weight; /* records of its partition per sampled key */

@@ -6,6 +6,14 @@
 fl_status rdd_create(fl_context *ctx, const rdd_ops *ops, uint32_t num_partitions,
                      rdd *const *parents, uint32_t num_parents, void (*fn)(void),
                      const char *fn_kind, const void *arg, size_t arg_len, rdd **out) {
+  return rdd_create_id(ctx, atomic_fetch_add(&ctx->next_rdd_id, 1), ops, num_partitions, parents,
+                       num_parents, fn, fn_kind, arg, arg_len, out);
+}
+
+fl_status rdd_create_id(fl_context *ctx, uint64_t id, const rdd_ops *ops,
+                        uint32_t num_partitions, rdd *const *parents, uint32_t num_parents,
+                        void (*fn)(void), const char *fn_kind, const void *arg, size_t arg_len,
+                        rdd **out) {
   FL_ASSERT(num_parents <= 2);
   rdd *r = common_calloc(1, sizeof *r);
   if (!r) return FL_ERR(FL_ENOMEM, "cannot allocate a dataset");
@@ -18,7 +26,7 @@ fl_status rdd_create(fl_context *ctx, const rdd_ops *ops, uint32_t num_partition
     r->arg_len = arg_len;
   }
   atomic_init(&r->refs, 1);
-  r->id = atomic_fetch_add(&ctx->next_rdd_id, 1);
+  r->id = id;
   r->ctx = ctx;
   r->ops = ops;
   r->num_partitions = num_partitions;
@@ -46,6 +54,7 @@ void rdd_release(rdd *r) {
     rdd *next = r->parents[0];
     if (r->num_parents > 1) rdd_release(r->parents[1]);
     common_free(r->arg);
+    fl_buf_free(&r->plan_node);
     common_free(r);
     r = next;
   }

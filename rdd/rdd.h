@@ -130,6 +130,20 @@ static inline int rdd_compare_keys(fl_compare_fn cmp, const void *arg, fl_bytes 
   return c ? c : (a.len > b.len) - (a.len < b.len);
 }
 
+/* ---- builtins: flint's own functions that datasets carry ---------------------------------- */
+/* Functions of flint itself that a dataset may hold as its function (the helpers of
+ * distinct, join, repartition ...). They are hidden, so dladdr cannot name them: a plan
+ * names them by a stable name instead, and they need no shipping. Each module lists its own
+ * in a table; rdd/plan.c looks through every table. */
+typedef struct rdd_builtin {
+  const char *name;   /* stable across versions: "shuffle.join_emit" */
+  void (*fn)(void);
+  /* Whether a decoded argument blob is one the function can read safely; NULL: any. */
+  bool (*arg_ok)(const void *arg, size_t len);
+} rdd_builtin;
+FL_INTERNAL extern const rdd_builtin rdd_partitioner_builtins[];
+FL_INTERNAL extern const size_t rdd_partitioner_num_builtins;
+
 /* ---- shuffle dependencies -------------------------------------------------------------- */
 typedef struct rdd_shuffle_dep rdd_shuffle_dep;
 
@@ -183,6 +197,8 @@ struct fl_dataset {
   const fl_partitioner *partitioner; /* how its pairs are placed, when known (retained) */
   rdd_shuffle_dep *shuffle_deps[2];  /* wide dependencies (owned by the shuffle layer) */
   uint32_t num_shuffle_deps;
+  fl_buf plan_node; /* decoded datasets: the plan node they came from (rdd_plan_add), which
+                       rdd_plan_encode_stored sends on as it came; else empty */
 };
 
 /* Makes an rdd with one reference, taking a reference on each parent. `arg` is copied. */
@@ -190,6 +206,11 @@ FL_INTERNAL fl_status rdd_create(fl_context *ctx, const rdd_ops *ops, uint32_t n
                                  rdd *const *parents, uint32_t num_parents, void (*fn)(void),
                                  const char *fn_kind, const void *arg, size_t arg_len,
                                  rdd **out);
+/* The same, with a given id (a dataset decoded from a plan keeps the id it was made with). */
+FL_INTERNAL fl_status rdd_create_id(fl_context *ctx, uint64_t id, const rdd_ops *ops,
+                                    uint32_t num_partitions, rdd *const *parents,
+                                    uint32_t num_parents, void (*fn)(void), const char *fn_kind,
+                                    const void *arg, size_t arg_len, rdd **out);
 FL_INTERNAL void rdd_retain(rdd *r);
 FL_INTERNAL void rdd_release(rdd *r);
 /* Opens partition p of r for a task: from the cache when r is persisted and the block is
@@ -214,6 +235,7 @@ typedef struct rdd_action {
   bool has_zero;     /* false: reduce (start from the first record) */
   fl_foreach_fn foreach_fn;
   const void *arg;   /* for seq or foreach_fn */
+  size_t arg_len;    /* its length (plans carry the blob) */
   const char *path;  /* save: the output folder */
   const rdd_shuffle_dep *dep; /* shuffle write */
 } rdd_action;
@@ -329,5 +351,90 @@ FL_INTERNAL fl_status rdd_shared_merge_update(rdd_shared *s, uint64_t id, fl_byt
 /* Runs `action` over every partition (or the listed ones) and returns the results. */
 FL_INTERNAL fl_status rdd_run_job(rdd *r, const uint32_t *parts, uint32_t num_parts,
                                   const rdd_action *action, fl_buf *results);
+
+/* ---- plans (rdd/plan.c, proto/plan.proto) ------------------------------------------------ */
+/*
+ * Lineage and actions as bytes, for a client that builds datasets in one process and a
+ * driver and executors that schedule and run them in others (as Spark Connect). A plan is a
+ * list of nodes, parents first, one per dataset, each with the dataset's original id (and
+ * its shuffles' ids); functions travel as a builtin's name (rdd_builtin) or as (library id,
+ * symbol), found with dladdr() when encoding and resolved through the codec when decoding.
+ * Decoding treats its input as untrusted: every field is checked, and a bad plan is
+ * FL_EPROTO with a message naming the node and the field.
+ *
+ * Threads: encoding only reads the lineage (safe while jobs run on it). An rdd_plan is not
+ * thread-safe: its owner calls it from one thread at a time; the datasets it hands out are
+ * ordinary datasets of its context, usable by any thread while the plan holds them.
+ */
+typedef struct rdd_fn_codec {
+  /* Encoding: writes into id (a NUL-terminated string of at most id_len - 1 bytes) the id
+   * under which the library at `path` travels (the client uploads it once, content-
+   * addressed). in_main_program: the function lives in the main executable rather than a
+   * shared library; a codec may refuse it (cluster mode does) with a message. NULL slot:
+   * only builtins can be encoded. */
+  fl_status (*library_id)(void *arg, const char *path, bool in_main_program, char *id,
+                          size_t id_len);
+  /* Decoding: the function `symbol` of library `id` into *fn. NULL slot (or NULL codec):
+   * functions stay unresolved, as on the driver, which schedules but never runs user code;
+   * they get a placeholder that aborts if it is ever called. */
+  fl_status (*resolve)(void *arg, const char *id, const char *symbol, void (**fn)(void));
+  void *arg;
+} rdd_fn_codec;
+
+/* The datasets decoded so far into one context, by id. */
+typedef struct rdd_plan rdd_plan;
+
+/* Most partitions (of a dataset or a partitioner) a decoded plan may ask for. */
+#define RDD_PLAN_MAX_PARTITIONS (1u << 24)
+
+/* Makes an empty plan whose datasets will belong to ctx; the codec (copied; may be NULL) is
+ * used by rdd_plan_add and rdd_action_decode. */
+FL_INTERNAL fl_status rdd_plan_create(fl_context *ctx, const rdd_fn_codec *codec, rdd_plan **out);
+/* Releases the plan's references to its datasets (datasets still referenced elsewhere stay);
+ * NULL does nothing. */
+FL_INTERNAL void rdd_plan_destroy(rdd_plan *p);
+
+/* Appends to *out the nodes of r and of its ancestors (through narrow parents and through
+ * shuffle dependencies' parents), parents first, each once. A dataset for which
+ * known(known_arg, id) is true is skipped together with its ancestors (the receiver has
+ * them); known may be NULL. Fails with FL_EINVAL naming the function, its kind and the
+ * dataset when a function cannot be named (not exported, or refused by the codec), and
+ * then *out may hold part of a plan (truncate it). Appending two encodings gives one plan
+ * with the nodes of both. */
+FL_INTERNAL fl_status rdd_plan_encode(rdd *r, bool (*known)(void *arg, uint64_t id),
+                                      void *known_arg, const rdd_fn_codec *codec, fl_buf *out);
+/* Decodes the nodes of `encoded` into the plan, skipping ids it already holds (they keep
+ * their state). A node's parents must be in the plan or earlier in `encoded`. On failure
+ * (FL_EPROTO for a malformed plan; the codec's status, wrapped, for a function it cannot
+ * resolve; FL_ENOMEM) the plan is as it was before the call. Raises the context's next id
+ * above every decoded id, so that datasets made there later do not collide with them. */
+FL_INTERNAL fl_status rdd_plan_add(rdd_plan *p, fl_bytes encoded);
+/* The dataset `id`, or NULL. Borrowed: valid while the plan holds it (until it is released
+ * and no held dataset depends on it); retain it to keep it longer. */
+FL_INTERNAL rdd *rdd_plan_find(rdd_plan *p, uint64_t id);
+/* The shuffle dependency `shuffle_id` of a held dataset (for map tasks), or NULL. Borrowed,
+ * as rdd_plan_find. */
+FL_INTERNAL const rdd_shuffle_dep *rdd_plan_find_shuffle(rdd_plan *p, uint64_t shuffle_id);
+/* As rdd_plan_encode for dataset `id` of the plan, but appends the node bytes as they were
+ * decoded, without looking at functions: the driver forwards plan parts to executors so.
+ * FL_ENOENT when the plan does not hold `id`. */
+FL_INTERNAL fl_status rdd_plan_encode_stored(rdd_plan *p, uint64_t id,
+                                             bool (*known)(void *arg, uint64_t id),
+                                             void *known_arg, fl_buf *out);
+/* Marks dataset `id` released (the client freed it) and drops from the plan every released
+ * dataset that no unreleased one depends on: `id` itself stays while an unreleased dataset
+ * of the plan depends on it. Unknown ids are ignored. */
+FL_INTERNAL void rdd_plan_release(rdd_plan *p, uint64_t id);
+
+/* Appends the encoding of an action (not RDD_ACTION_SHUFFLE_WRITE: a map task's dependency
+ * is found with rdd_plan_find_shuffle) to *out. Errors as rdd_plan_encode. */
+FL_INTERNAL fl_status rdd_action_encode(const rdd_action *a, const rdd_fn_codec *codec,
+                                        fl_buf *out);
+/* Decodes an action, resolving its functions through the plan's codec. The zero, arg and
+ * path of *out are owned copies: free them with rdd_action_clear. On failure *out is
+ * untouched. */
+FL_INTERNAL fl_status rdd_action_decode(rdd_plan *p, fl_bytes in, rdd_action *out);
+/* Frees what rdd_action_decode allocated and zeroes *a. Only for decoded actions. */
+FL_INTERNAL void rdd_action_clear(rdd_action *a);
 
 #endif /* FLINT_RDD_H */

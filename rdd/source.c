@@ -11,18 +11,13 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "rdd/rdd.h"
+#include "rdd/op_state.h"
 
 static uint32_t partitions_or_default(fl_context *ctx, uint32_t n) {
   return n ? n : ctx->default_parallelism;
 }
 
 /* ---- parallelize: records copied into one batch per partition --------------------------- */
-
-typedef struct memory_state {
-  rdd_batch *batches;
-  uint32_t count;
-} memory_state;
 
 static fl_status memory_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   memory_state *st = r->state;
@@ -37,7 +32,7 @@ static void memory_destroy(rdd *r) {
   common_free(st);
 }
 
-static const rdd_ops memory_ops = {"parallelize", memory_open, memory_destroy};
+const rdd_ops rdd_parallelize_ops = {"parallelize", memory_open, memory_destroy};
 
 fl_status fl_parallelize(fl_context *ctx, const fl_bytes *records, size_t count,
                          uint32_t num_partitions, fl_dataset **out) {
@@ -67,7 +62,7 @@ fl_status fl_parallelize(fl_context *ctx, const fl_bytes *records, size_t count,
       FL_CHECK(rdd_batch_append(&st->batches[p], records[i].data, records[i].len));
     }
   }
-  FL_CHECK(rdd_create(ctx, &memory_ops, parts, NULL, 0, NULL, "parallelize", NULL, 0, &r));
+  FL_CHECK(rdd_create(ctx, &rdd_parallelize_ops, parts, NULL, 0, NULL, "parallelize", NULL, 0, &r));
   r->state = st;
   *out = r;
   return FL_OK;
@@ -79,11 +74,6 @@ cleanup:
 }
 
 /* ---- range: int64 values made on the fly ------------------------------------------------ */
-
-typedef struct range_state {
-  int64_t start, step;
-  uint64_t total;
-} range_state;
 
 typedef struct range_iter {
   fl_iter base;
@@ -127,7 +117,7 @@ static fl_status range_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
 
 static void range_destroy(rdd *r) { common_free(r->state); }
 
-static const rdd_ops range_ops = {"range", range_open, range_destroy};
+const rdd_ops rdd_range_ops = {"range", range_open, range_destroy};
 
 fl_status fl_range(fl_context *ctx, int64_t start, int64_t end, int64_t step,
                    uint32_t num_partitions, fl_dataset **out) {
@@ -144,7 +134,7 @@ fl_status fl_range(fl_context *ctx, int64_t start, int64_t end, int64_t step,
   st->step = step;
   st->total = total;
   rdd *r;
-  fl_status status = rdd_create(ctx, &range_ops, partitions_or_default(ctx, num_partitions),
+  fl_status status = rdd_create(ctx, &rdd_range_ops, partitions_or_default(ctx, num_partitions),
                                 NULL, 0, NULL, "range", NULL, 0, &r);
   if (status != FL_OK) {
     common_free(st);
@@ -156,12 +146,6 @@ fl_status fl_range(fl_context *ctx, int64_t start, int64_t end, int64_t step,
 }
 
 /* ---- file listing ---------------------------------------------------------------------- */
-
-typedef struct file_list {
-  char **paths;
-  uint64_t *sizes;
-  size_t count, cap;
-} file_list;
 
 static void file_list_free(file_list *l) {
   for (size_t i = 0; i < l->count; i++) common_free(l->paths[i]);
@@ -251,18 +235,6 @@ static bool is_gzip_name(const char *path) {
   size_t n = strlen(path);
   return n > 3 && strcmp(path + n - 3, ".gz") == 0;
 }
-
-/* A split: bytes [start, end) of one file. */
-typedef struct file_split {
-  uint32_t file;
-  uint64_t start, end;
-} file_split;
-
-typedef struct file_state {
-  file_list files;
-  file_split *splits;
-  size_t record_len; /* binary records; 0 for text */
-} file_state;
 
 static void file_state_destroy(rdd *r) {
   file_state *st = r->state;
@@ -424,7 +396,7 @@ static fl_status text_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   return FL_OK;
 }
 
-static const rdd_ops text_ops = {"text_file", text_open, file_state_destroy};
+const rdd_ops rdd_text_file_ops = {"text_file", text_open, file_state_destroy};
 
 /* Largest split of a plain file: keeps tasks small enough to balance and to retry. */
 #define MAX_SPLIT (32ull << 20)
@@ -465,7 +437,7 @@ fl_status fl_text_file(fl_context *ctx, const char *path, uint32_t min_partition
       st->splits[n++] = (file_split){(uint32_t)i, lo, hi};
     }
   }
-  return file_dataset(ctx, &text_ops, st, (uint32_t)n, out);
+  return file_dataset(ctx, &rdd_text_file_ops, st, (uint32_t)n, out);
 cleanup:
   file_list_free(&st->files);
   common_free(st->splits);
@@ -539,7 +511,7 @@ static fl_status binary_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) 
   return FL_OK;
 }
 
-static const rdd_ops binary_ops = {"binary_records", binary_open, file_state_destroy};
+const rdd_ops rdd_binary_records_ops = {"binary_records", binary_open, file_state_destroy};
 
 fl_status fl_binary_records(fl_context *ctx, const char *path, size_t record_len,
                             fl_dataset **out) {
@@ -580,7 +552,7 @@ fl_status fl_binary_records(fl_context *ctx, const char *path, size_t record_len
       uint64_t hi = lo + split < st->files.sizes[i] ? lo + split : st->files.sizes[i];
       st->splits[n++] = (file_split){(uint32_t)i, lo, hi};
     }
-  return file_dataset(ctx, &binary_ops, st, (uint32_t)n, out);
+  return file_dataset(ctx, &rdd_binary_records_ops, st, (uint32_t)n, out);
 cleanup:
   file_list_free(&st->files);
   common_free(st->splits);

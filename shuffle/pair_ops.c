@@ -469,3 +469,34 @@ fl_status fl_repartition(fl_dataset *ds, uint32_t num_partitions, fl_dataset **o
   fl_dataset_free(keyed);
   return s;
 }
+
+/* ---- the functions above, by name, for plans ------------------------------------------- */
+
+static bool join_arg_ok(const void *arg, size_t len) {
+  if (len != sizeof(fl_join_kind)) return false;
+  fl_join_kind kind;
+  memcpy(&kind, arg, sizeof kind);
+  return kind >= FL_JOIN_INNER && kind <= FL_JOIN_FULL;
+}
+
+static bool round_robin_arg_ok(const void *arg, size_t len) {
+  uint32_t n;
+  if (len != sizeof n) return false;
+  memcpy(&n, arg, sizeof n);
+  return n > 0;
+}
+
+/* The names are part of the plan format: never rename one, only add. */
+const rdd_builtin shuffle_builtins[] = {
+    {"shuffle.join_emit", (void (*)(void))join_emit, join_arg_ok},
+    {"shuffle.subtract_emit", (void (*)(void))subtract_emit, NULL},
+    {"shuffle.record_to_key", (void (*)(void))record_to_key, NULL},
+    {"shuffle.keep_first", (void (*)(void))keep_first, NULL},
+    {"shuffle.pair_key", (void (*)(void))pair_key, NULL},
+    {"shuffle.pair_value", (void (*)(void))pair_value, NULL},
+    {"shuffle.one_i64", (void (*)(void))one_i64, NULL},
+    {"shuffle.add_i64", (void (*)(void))add_i64, NULL},
+    {"shuffle.round_robin_keys", (void (*)(void))round_robin_keys, round_robin_arg_ok},
+    {"shuffle.identity_partition", (void (*)(void))identity_partition, NULL},
+};
+const size_t shuffle_num_builtins = sizeof shuffle_builtins / sizeof *shuffle_builtins;

@@ -90,6 +90,10 @@ typedef struct shuffled_state {
 
 FL_INTERNAL extern const rdd_ops shuffled_ops;
 
+/* flint's own functions used by the compositions of pair_ops.c (see rdd_builtin). */
+FL_INTERNAL extern const rdd_builtin shuffle_builtins[];
+FL_INTERNAL extern const size_t shuffle_num_builtins;
+
 /* ---- map-output table ------------------------------------------------------------------ */
 /* Which map tasks of each shuffle have written their output, and its size per reduce
  * partition, so that a later job reuses a shuffle instead of running its map stage again.
