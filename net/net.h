@@ -24,7 +24,9 @@
  * A hello's payload is the shared secret (at most DP_SECRET_MAX bytes). A request's payload is
  * DP_REQUEST_WIRE_SIZE bytes: u8 kind, 7 zero bytes, u64 key[4], u64 offset, u64 len,
  * u64 max_len (the largest payload the client accepts). A response's payload is the bytes
- * asked for (status 0) or the error message (status != 0, at most DP_MESSAGE_MAX bytes).
+ * asked for (status 0) or the error message (status != 0, at most DP_MESSAGE_MAX bytes). A
+ * successful response has CRC field 0 and a 4-byte trailer after its payload: the payload's
+ * CRC32C, so that the server can send a large payload while it is still checksumming it.
  */
 #define DP_FRAME_MAGIC 0x50444c46u /* "FLDP" in memory */
 #define DP_FRAME_VERSION 1
