@@ -17,7 +17,7 @@
  *    blocking recv() into a pre-faulted buffer; no framing, no checksum, no copy on the
  *    sending side beyond the kernel's. Timed from the moment both threads are ready (the
  *    connection is set up before) to the last byte received.
- * Each side runs --runs times (default 5), alternating, and the best time of each is
+ * Each side runs --runs times (default 10), alternating, and the best time of each is
  * reported, with MB/s (10^6 bytes per second) and the ratio dataplane / tcp (target >= 0.7).
  * After every run the received bytes are compared with the object; a difference is exit 1.
  *
@@ -170,11 +170,11 @@ static const char usage_text[] =
     "  --json        one JSON object per row instead of a table\n"
     "  --mb N        object size in MB (10^6 bytes; default 100)\n"
     "  --chunk-mb N  bytes per request in MiB (default 4)\n"
-    "  --runs N      timed runs of each side (default 5)\n"
+    "  --runs N      timed runs of each side (default 10)\n"
     "  --help        this text\n";
 
 int main(int argc, char **argv) {
-  options o = {false, 100, 4, 5};
+  options o = {false, 100, 4, 10};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(usage_text, stdout);

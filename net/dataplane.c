@@ -437,6 +437,7 @@ static bool sconn_respond(dp_sconn *c, dp_job *job) {
   header_encode(head, &h);
   uint8_t trailer[4];
   put_u32(trailer, job->crc);
+  bool streamed = job->streamed; /* the job may be gone below */
   if (evbuffer_add(output, head, sizeof head) != 0) {
     job_unref(job);
     goto fail;
@@ -449,7 +450,7 @@ static bool sconn_respond(dp_sconn *c, dp_job *job) {
     job_unref(job);
     goto fail;
   }
-  if (!job->streamed && evbuffer_add(output, trailer, sizeof trailer) != 0) goto fail;
+  if (!streamed && evbuffer_add(output, trailer, sizeof trailer) != 0) goto fail;
   return true;
 fail:
   common_log(LOG_WARN, "data plane: out of memory writing a response to %s", c->peer);
