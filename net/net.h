@@ -104,4 +104,132 @@ FL_INTERNAL fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes requ
                                int64_t timeout_ms, fl_buf *response);
 /* ---- rpc ---- */
 
+/* ---- dataplane ---- */
+/*
+ * The data plane moves bytes between processes: every executor (and the driver) runs a block
+ * server, and task threads fetch shuffle blocks, cached blocks, broadcast values, libraries
+ * and results from peers through a client. Both sides run one libevent loop thread that owns
+ * every socket; the server runs serve callbacks on a few worker threads, and dp_fetch blocks
+ * its calling thread while the client's loop does the I/O. See net/dataplane.c for the
+ * design and threading notes.
+ *
+ * Wire format (all integers little-endian). Every frame is a 32-byte header and a payload:
+ *   0 u32 magic DP_FRAME_MAGIC    4 u8 version DP_FRAME_VERSION   5 u8 type (dp_frame_type)
+ *   6 u16 status (responses: an fl_status, 0 = success; 0 otherwise)
+ *   8 u64 payload length         16 u64 total (responses: the object's whole length)
+ *  24 u32 CRC32C of the payload  28 u32 CRC32C of header bytes 0..27
+ * A hello's payload is the shared secret (at most DP_SECRET_MAX bytes). A request's payload is
+ * DP_REQUEST_WIRE_SIZE bytes: u8 kind, 7 zero bytes, u64 key[4], u64 offset, u64 len,
+ * u64 max_len (the largest payload the client accepts). A response's payload is the bytes
+ * asked for (status 0) or the error message (status != 0, at most DP_MESSAGE_MAX bytes). A
+ * successful response has CRC field 0 and a 4-byte trailer after its payload: the payload's
+ * CRC32C, so that the server can send a large payload while it is still checksumming it.
+ */
+#define DP_FRAME_MAGIC 0x50444c46u /* "FLDP" in memory */
+#define DP_FRAME_VERSION 1
+#define DP_FRAME_HEADER_SIZE 32
+#define DP_REQUEST_WIRE_SIZE 64
+#define DP_SECRET_MAX 256
+#define DP_MESSAGE_MAX 1000
+/* The largest response payload a client accepts unless told otherwise (dp_client_set_max_payload). */
+#define DP_MAX_PAYLOAD_DEFAULT ((uint64_t)256 << 20)
+/* Connections a client keeps open to one peer at most; more fetches wait for a free one. */
+#define DP_CONNECTIONS_PER_PEER 8
+/* dp_fetch's timeout when it is given one <= 0. */
+#define DP_TIMEOUT_DEFAULT_MS 30000
+
+typedef enum dp_frame_type { DP_FRAME_HELLO = 1, DP_FRAME_REQUEST = 2, DP_FRAME_RESPONSE = 3 } dp_frame_type;
+
+/* What a request asks for. The data plane only checks the range; the server's serve callback
+ * gives each kind (and its key) a meaning. */
+typedef enum dp_kind {
+  DP_SHUFFLE = 1, /* key: app, shuffle, map, reduce */
+  DP_BLOCK,       /* a cached block: key: app, rdd, partition */
+  DP_BROADCAST,   /* key: app, broadcast id */
+  DP_LIBRARY,     /* a job library by content: key: the first 32 bytes of its digest */
+  DP_RESULT,      /* a task's result kept on its executor: key: app, job, task */
+} dp_kind;
+#define DP_KIND_LAST DP_RESULT
+
+typedef struct dp_request {
+  uint8_t kind;         /* a dp_kind */
+  uint64_t key[4];      /* kind-specific */
+  uint64_t offset, len; /* the byte range wanted; len 0: to the end of the object */
+} dp_request;
+
+/* Serves one request: appends the bytes asked for to *out (empty on entry) and sets *total to
+ * the object's whole length, returning FL_OK; or returns a status and sets its message
+ * (FL_ERR / fl_set_error: FL_ENOENT, FL_EFETCH ...), which the client receives as the same
+ * status and message. Runs on one of the server's worker threads, never on the event-loop
+ * thread, and may block on disk; several run at once, so it must be thread-safe. */
+typedef fl_status (*dp_serve_fn)(void *arg, const dp_request *req, fl_buf *out, uint64_t *total);
+
+typedef struct dp_server dp_server;
+
+/* Starts a block server listening on host:port (host NULL: every interface; port 0: a free
+ * port, see dp_server_port). With a secret (NULL or "": none; at most DP_SECRET_MAX bytes),
+ * each connection must open with a hello carrying it. Starts the event-loop thread and the
+ * worker threads. Returns FL_OK and the server in *out; FL_EINVAL (bad arguments), FL_ENET
+ * (cannot resolve or bind; the message names host and port), FL_ENOMEM. Does not block
+ * beyond starting the threads. */
+FL_INTERNAL fl_status dp_server_start(const char *host, int port, const char *secret,
+                                      dp_serve_fn serve, void *arg, dp_server **out);
+/* The port the server listens on. Any thread. */
+FL_INTERNAL int dp_server_port(const dp_server *s);
+
+typedef struct dp_server_stats {
+  uint64_t accepted;  /* connections accepted */
+  uint64_t requests;  /* requests handed to the serve callback */
+  uint64_t dropped;   /* connections closed for a malformed frame or failed authentication */
+} dp_server_stats;
+/* A snapshot of the counters. Any thread. */
+FL_INTERNAL dp_server_stats dp_server_stats_get(const dp_server *s);
+
+/* Closes the listener and every connection (responses not yet written are dropped), waits
+ * for running serve callbacks to return (callbacks still queued are not run), joins the
+ * threads and frees the server. Blocks. Must not be called from a serve callback. NULL: no-op. */
+FL_INTERNAL void dp_server_stop(dp_server *s);
+
+typedef struct dp_client dp_client;
+
+/* Creates a client with its event-loop thread. secret: sent in a hello on every new
+ * connection (NULL or "": none; at most DP_SECRET_MAX bytes). Returns FL_OK and the client in
+ * *out; FL_EINVAL, FL_ENOMEM. */
+FL_INTERNAL fl_status dp_client_create(const char *secret, dp_client **out);
+/* The largest response payload accepted from a server (default DP_MAX_PAYLOAD_DEFAULT); a
+ * larger one fails its fetch with FL_EPROTO (the server refuses with FL_ELIMIT when it knows
+ * beforehand). Any thread; applies to fetches that start afterwards. */
+FL_INTERNAL void dp_client_set_max_payload(dp_client *c, uint64_t bytes);
+
+typedef struct dp_client_stats {
+  uint64_t connects; /* connections opened (successful or not) */
+  uint64_t fetches;  /* fetches handed to the loop */
+} dp_client_stats;
+FL_INTERNAL dp_client_stats dp_client_stats_get(const dp_client *c);
+
+/* Closes every connection, fails fetches still in progress with FL_ECANCELLED, joins the
+ * loop thread and frees the client. Blocks until the loop thread has stopped. No dp_fetch may
+ * start once this is called. NULL: no-op. */
+FL_INTERNAL void dp_client_destroy(dp_client *c);
+
+/* Fetches req from the peer "HOST:PORT" (a name, an IPv4 address or a bracketed IPv6
+ * address). Blocks the calling thread, which may be any thread except the client's loop; the
+ * sockets are the loop's, and connections to a peer are reused (up to
+ * DP_CONNECTIONS_PER_PEER at once). On success appends the payload to *out (which the loop
+ * thread fills while the caller waits, so the caller must not touch it meanwhile), sets
+ * *total (may be NULL) to the object's whole length and returns FL_OK. On failure *out keeps
+ * its old length (its capacity may have grown) and the status is: the server's status and
+ * message; FL_ENET naming the peer when it cannot be resolved or reached or the connection
+ * drops; FL_ECORRUPT on a checksum mismatch; FL_EAUTH when the server refused the secret;
+ * FL_EPROTO on a malformed or oversized frame; FL_ETIMEDOUT after timeout_ms (<= 0:
+ * DP_TIMEOUT_DEFAULT_MS); FL_ECANCELLED when the client is destroyed meanwhile; FL_EINVAL
+ * for bad arguments; FL_ENOMEM. */
+FL_INTERNAL fl_status dp_fetch(dp_client *c, const char *peer, const dp_request *req,
+                               int64_t timeout_ms, fl_buf *out, uint64_t *total);
+
+/* CRC32C (Castagnoli) of data, continuing from crc (0 to start), as used on the wire. Uses
+ * the SSE4.2 instruction when the CPU has it and a table otherwise. Any thread. */
+FL_INTERNAL uint32_t dp_crc32c(uint32_t crc, const void *data, size_t len);
+/* ---- dataplane ---- */
+
 #endif /* FLINT_NET_H */

@@ -1,0 +1,629 @@
+/* test_dataplane.c: unit tests of net/dataplane.c: round trips, ranges, errors, concurrency and
+ * connection reuse, authentication, hostile and dying peers, timeouts and shutdown, all on
+ * 127.0.0.1 with servers on free ports. */
+#include "test_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "net/net.h"
+
+/* ---- a test block store ----------------------------------------------------------------- */
+/* DP_BLOCK objects are synthetic: key[0] bytes, byte i = pattern(key[1], i). key[0] ==
+ * UINT64_MAX is a missing block. DP_SHUFFLE fails with FL_EFETCH. DP_RESULT sleeps key[0] ms
+ * and then serves 16 bytes. */
+static atomic_int serve_calls;
+
+static inline uint8_t pattern(uint64_t seed, uint64_t i) { return (uint8_t)(i * 131 + seed * 7 + (i >> 11)); }
+
+static fl_status test_serve(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+  atomic_fetch_add(&serve_calls, 1);
+  if (req->kind == DP_SHUFFLE)
+    return fl_set_error(FL_EFETCH, "shuffle %llu map %llu: output file lost",
+                        (unsigned long long)req->key[1], (unsigned long long)req->key[2]);
+  uint64_t size = req->key[0];
+  if (req->kind == DP_RESULT) {
+    struct timespec ts = {(time_t)(size / 1000), (long)(size % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+    size = 16;
+  } else if (size == UINT64_MAX) {
+    return fl_set_error(FL_ENOENT, "block %llu not found", (unsigned long long)req->key[1]);
+  }
+  if (req->offset > size)
+    return fl_set_error(FL_EINVAL, "offset %llu beyond the object's %llu bytes",
+                        (unsigned long long)req->offset, (unsigned long long)size);
+  uint64_t len = req->len ? req->len : size - req->offset;
+  if (len > size - req->offset) len = size - req->offset;
+  fl_status s = fl_buf_reserve(out, len);
+  if (s != FL_OK) return s;
+  for (uint64_t i = 0; i < len; i++) out->data[out->len + i] = pattern(req->key[1], req->offset + i);
+  out->len += len;
+  *total = size;
+  return FL_OK;
+}
+
+static void check_pattern(const uint8_t *p, uint64_t seed, uint64_t offset, uint64_t len) {
+  for (uint64_t i = 0; i < len; i++) {
+    if (p[i] != pattern(seed, offset + i)) {
+      fprintf(stderr, "byte %llu differs\n", (unsigned long long)i);
+      fail();
+    }
+  }
+}
+
+static void peer_of(const dp_server *s, char *buf, size_t len) {
+  snprintf(buf, len, "127.0.0.1:%d", dp_server_port(s));
+}
+
+static dp_request block_req(uint64_t size, uint64_t seed, uint64_t offset, uint64_t len) {
+  dp_request r = {.kind = DP_BLOCK, .key = {size, seed, 0, 0}, .offset = offset, .len = len};
+  return r;
+}
+
+/* A port that nobody listens on: bound, then closed. */
+static int dead_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  socklen_t len = sizeof a;
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  return fd;
+}
+
+/* Waits (at most 5 s) for the peer to close: true if it did. Reads and discards any reply. */
+static bool closed_by_peer(int fd, uint8_t *reply, size_t *reply_len) {
+  size_t got = 0;
+  for (int i = 0; i < 500; i++) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 10) <= 0) continue;
+    uint8_t buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      if (reply_len) *reply_len = got;
+      return true;
+    }
+    if (reply && got + (size_t)n <= 4096) memcpy(reply + got, buf, (size_t)n);
+    got += (size_t)n;
+  }
+  return false;
+}
+
+static void frame_header(uint8_t h[DP_FRAME_HEADER_SIZE], uint8_t type, uint64_t len,
+                         uint32_t crc) {
+  memset(h, 0, DP_FRAME_HEADER_SIZE);
+  uint32_t magic = DP_FRAME_MAGIC;
+  memcpy(h, &magic, 4);
+  h[4] = DP_FRAME_VERSION;
+  h[5] = type;
+  memcpy(h + 8, &len, 8);
+  memcpy(h + 24, &crc, 4);
+  uint32_t hcrc = dp_crc32c(0, h, 28);
+  memcpy(h + 28, &hcrc, 4);
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static uint32_t crc32c_bitwise(const uint8_t *p, size_t n) {
+  uint32_t c = ~0u;
+  for (size_t i = 0; i < n; i++) {
+    c ^= p[i];
+    for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+  }
+  return ~c;
+}
+
+static void test_crc32c(void **state) {
+  assert_int_equal(dp_crc32c(0, "123456789", 9), 0xe3069283u);
+  assert_int_equal(dp_crc32c(0, NULL, 0), 0);
+  size_t n = 3 * 8192 * 3 + 77;
+  uint8_t *buf = malloc(n);
+  assert_non_null(buf);
+  for (size_t i = 0; i < n; i++) buf[i] = pattern(3, i);
+  size_t lens[] = {1, 7, 8, 63, 4095, 24575, 24576, 24577, 3 * 8192 * 2 + 5, n};
+  for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+    /* Unaligned starts too. */
+    assert_int_equal(dp_crc32c(0, buf + 1, lens[i] - 1), crc32c_bitwise(buf + 1, lens[i] - 1));
+    assert_int_equal(dp_crc32c(0, buf, lens[i]), crc32c_bitwise(buf, lens[i]));
+  }
+  uint32_t chained = dp_crc32c(dp_crc32c(0, buf, 1000), buf + 1000, n - 1000);
+  assert_int_equal(chained, crc32c_bitwise(buf, n));
+  free(buf);
+}
+
+static void test_round_trip_sizes(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_true(dp_server_port(s) > 0);
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  uint64_t sizes[] = {0, 1, 4095, 8 << 20};
+  for (size_t i = 0; i < 4; i++) {
+    fl_buf out = FL_BUF_INIT;
+    assert_ok(fl_buf_append(&out, "xyz", 3)); /* the payload is appended */
+    uint64_t total = 12345;
+    dp_request r = block_req(sizes[i], i, 0, 0);
+    assert_ok(dp_fetch(c, peer, &r, 10000, &out, &total));
+    assert_int_equal(total, sizes[i]);
+    assert_int_equal(out.len, 3 + sizes[i]);
+    assert_memory_equal(out.data, "xyz", 3);
+    check_pattern(out.data + 3, i, 0, sizes[i]);
+    fl_buf_free(&out);
+  }
+  /* One connection carried them all. */
+  assert_int_equal(dp_client_stats_get(c).connects, 1);
+  assert_int_equal(dp_server_stats_get(s).accepted, 1);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+static void test_ranged_reads(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  const uint64_t size = 1000003;
+  struct { uint64_t off, len, want; } cases[] = {
+      {0, 10, 10}, {999999, 0, 4}, {500000, 4096, 4096}, {size, 0, 0}, {123, 1, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    fl_buf out = FL_BUF_INIT;
+    uint64_t total = 0;
+    dp_request r = block_req(size, 9, cases[i].off, cases[i].len);
+    assert_ok(dp_fetch(c, peer, &r, 0, &out, &total));
+    assert_int_equal(total, size);
+    assert_int_equal(out.len, cases[i].want);
+    check_pattern(out.data, 9, cases[i].off, cases[i].want);
+    fl_buf_free(&out);
+  }
+  /* Chunks of a larger object, as a reader streams it. */
+  fl_buf all = FL_BUF_INIT;
+  for (uint64_t off = 0; off < size; off += 65536) {
+    dp_request r = block_req(size, 5, off, 65536);
+    assert_ok(dp_fetch(c, peer, &r, 0, &all, NULL));
+  }
+  assert_int_equal(all.len, size);
+  check_pattern(all.data, 5, 0, size);
+  fl_buf_free(&all);
+  /* A range past the end is the server's error. */
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(size, 9, size + 1, 0);
+  assert_fails_with(dp_fetch(c, peer, &r, 0, &out, NULL), FL_EINVAL, "beyond");
+  assert_int_equal(out.len, 0);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+static void test_server_errors_propagate(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  assert_ok(fl_buf_append(&out, "keep", 4));
+  dp_request r = block_req(UINT64_MAX, 77, 0, 0);
+  assert_fails_with(dp_fetch(c, peer, &r, 0, &out, NULL), FL_ENOENT, "block 77 not found");
+  assert_int_equal(out.len, 4);
+  dp_request sh = {.kind = DP_SHUFFLE, .key = {1, 2, 3, 4}};
+  assert_fails_with(dp_fetch(c, peer, &sh, 0, &out, NULL), FL_EFETCH,
+                    "shuffle 2 map 3: output file lost");
+  assert_int_equal(out.len, 4);
+  /* Errors leave the connection usable. */
+  r = block_req(100, 1, 0, 0);
+  assert_ok(dp_fetch(c, peer, &r, 0, &out, NULL));
+  assert_int_equal(out.len, 104);
+  assert_int_equal(dp_client_stats_get(c).connects, 1);
+  /* Bad arguments. */
+  dp_request bad = {.kind = 0};
+  assert_fails_with(dp_fetch(c, peer, &bad, 0, &out, NULL), FL_EINVAL, "kind");
+  assert_fails_with(dp_fetch(c, "no-port", &r, 0, &out, NULL), FL_EINVAL, "HOST:PORT");
+  assert_fails_with(dp_fetch(c, "127.0.0.1:99999", &r, 0, &out, NULL), FL_EINVAL, "port");
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+typedef struct fetch_thread {
+  pthread_t th;
+  dp_client *c;
+  const char *peer;
+  int id;
+  int failures;
+} fetch_thread;
+
+#define THREAD_FETCHES 25
+
+static void *fetch_thread_main(void *arg) {
+  fetch_thread *t = arg;
+  for (int i = 0; i < THREAD_FETCHES; i++) {
+    uint64_t size = (uint64_t)((t->id * 7919 + i * 104729) % 300000);
+    uint64_t seed = (uint64_t)(t->id * 100 + i);
+    fl_buf out = FL_BUF_INIT;
+    uint64_t total;
+    dp_request r = block_req(size, seed, 0, 0);
+    if (dp_fetch(t->c, t->peer, &r, 20000, &out, &total) != FL_OK || out.len != size ||
+        total != size) {
+      fprintf(stderr, "thread %d fetch %d: %s\n", t->id, i, fl_last_error());
+      t->failures++;
+    } else {
+      for (uint64_t j = 0; j < size; j++)
+        if (out.data[j] != pattern(seed, j)) {
+          t->failures++;
+          break;
+        }
+    }
+    fl_buf_free(&out);
+  }
+  return NULL;
+}
+
+static void test_concurrent_fetches_reuse_connections(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  fetch_thread t[8];
+  for (int i = 0; i < 8; i++) {
+    t[i] = (fetch_thread){.c = c, .peer = peer, .id = i};
+    assert_int_equal(pthread_create(&t[i].th, NULL, fetch_thread_main, &t[i]), 0);
+  }
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(pthread_join(t[i].th, NULL), 0);
+    assert_int_equal(t[i].failures, 0);
+  }
+  dp_client_stats cs = dp_client_stats_get(c);
+  dp_server_stats ss = dp_server_stats_get(s);
+  assert_int_equal(cs.fetches, 8 * THREAD_FETCHES);
+  assert_int_equal(ss.requests, 8 * THREAD_FETCHES);
+  assert_true(cs.connects >= 1 && cs.connects <= DP_CONNECTIONS_PER_PEER);
+  assert_int_equal(ss.accepted, cs.connects);
+  /* Later fetches reuse the pool. */
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(10, 1, 0, 0);
+  for (int i = 0; i < 20; i++) assert_ok(dp_fetch(c, peer, &r, 0, &out, NULL));
+  assert_int_equal(dp_client_stats_get(c).connects, cs.connects);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+static void test_auth(void **state) {
+  dp_server *s;
+  dp_client *good, *none, *wrong;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, "s3cret-token", test_serve, NULL, &s));
+  assert_ok(dp_client_create("s3cret-token", &good));
+  assert_ok(dp_client_create(NULL, &none));
+  assert_ok(dp_client_create("s3cret-tokex", &wrong));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(5000, 2, 0, 0);
+  int calls = atomic_load(&serve_calls);
+  assert_fails_with(dp_fetch(none, peer, &r, 0, &out, NULL), FL_EAUTH, "authentication failed");
+  assert_fails_with(dp_fetch(wrong, peer, &r, 0, &out, NULL), FL_EAUTH,
+                    "authentication failed: wrong shared secret");
+  assert_int_equal(atomic_load(&serve_calls), calls); /* nothing was served */
+  assert_int_equal(out.len, 0);
+  assert_ok(dp_fetch(good, peer, &r, 0, &out, NULL));
+  assert_int_equal(out.len, 5000);
+  assert_ok(dp_fetch(good, peer, &r, 0, &out, NULL));
+  assert_int_equal(dp_client_stats_get(good).connects, 1);
+  /* Refused again on a fresh connection each time. */
+  assert_fails_with(dp_fetch(wrong, peer, &r, 0, &out, NULL), FL_EAUTH, "authentication");
+  assert_true(dp_server_stats_get(s).dropped >= 3);
+  fl_buf_free(&out);
+  dp_client_destroy(good);
+  dp_client_destroy(none);
+  dp_client_destroy(wrong);
+  dp_server_stop(s);
+}
+
+static void test_garbage_clients_are_dropped(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  int port = dp_server_port(s);
+
+  /* Junk bytes. */
+  int fd = raw_connect(port);
+  uint8_t junk[64];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
+  assert_int_equal(send(fd, junk, sizeof junk, 0), (ssize_t)sizeof junk);
+  assert_true(closed_by_peer(fd, NULL, NULL));
+  close(fd);
+
+  /* A well-formed header announcing an oversized request. */
+  fd = raw_connect(port);
+  uint8_t h[DP_FRAME_HEADER_SIZE];
+  frame_header(h, DP_FRAME_REQUEST, (uint64_t)1 << 40, 0);
+  assert_int_equal(send(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+  assert_true(closed_by_peer(fd, NULL, NULL));
+  close(fd);
+
+  /* An oversized hello. */
+  fd = raw_connect(port);
+  frame_header(h, DP_FRAME_HELLO, DP_SECRET_MAX + 1, 0);
+  assert_int_equal(send(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+  assert_true(closed_by_peer(fd, NULL, NULL));
+  close(fd);
+
+  /* A valid frame with an unknown kind gets an FL_EPROTO reply, then the close. */
+  fd = raw_connect(port);
+  uint8_t req[DP_REQUEST_WIRE_SIZE] = {99};
+  frame_header(h, DP_FRAME_REQUEST, sizeof req, dp_crc32c(0, req, sizeof req));
+  assert_int_equal(send(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+  assert_int_equal(send(fd, req, sizeof req, 0), (ssize_t)sizeof req);
+  uint8_t reply[4096];
+  size_t reply_len = 0;
+  assert_true(closed_by_peer(fd, reply, &reply_len));
+  assert_true(reply_len > DP_FRAME_HEADER_SIZE);
+  uint16_t status;
+  memcpy(&status, reply + 6, 2);
+  assert_int_equal(status, FL_EPROTO);
+  close(fd);
+
+  /* A payload checksum mismatch. */
+  fd = raw_connect(port);
+  req[0] = DP_BLOCK;
+  frame_header(h, DP_FRAME_REQUEST, sizeof req, dp_crc32c(0, req, sizeof req) ^ 1);
+  assert_int_equal(send(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+  assert_int_equal(send(fd, req, sizeof req, 0), (ssize_t)sizeof req);
+  assert_true(closed_by_peer(fd, NULL, NULL));
+  close(fd);
+
+  assert_true(dp_server_stats_get(s).dropped >= 5);
+  /* Everyone else is still served. */
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(70000, 4, 0, 0);
+  assert_ok(dp_fetch(c, peer, &r, 0, &out, NULL));
+  check_pattern(out.data, 4, 0, 70000);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+static void test_unreachable_peer(void **state) {
+  dp_client *c;
+  assert_ok(dp_client_create(NULL, &c));
+  char peer[64];
+  snprintf(peer, sizeof peer, "127.0.0.1:%d", dead_port());
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(10, 1, 0, 0);
+  assert_fails_with(dp_fetch(c, peer, &r, 5000, &out, NULL), FL_ENET, peer);
+  assert_fails_with(dp_fetch(c, peer, &r, 5000, &out, NULL), FL_ENET, "cannot connect");
+  assert_fails_with(dp_fetch(c, "no-such-host.invalid:80", &r, 5000, &out, NULL), FL_ENET,
+                    "no-such-host.invalid");
+  assert_int_equal(out.len, 0);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+}
+
+/* ---- a proxy that breaks the response stream ---------------------------------------------- */
+typedef struct proxy {
+  int listen_fd, port, target_port;
+  uint64_t cut_after; /* close both sides after this many response bytes (0: never) */
+  int64_t flip_at;    /* flip one bit of this response byte (-1: none) */
+  pthread_t th;
+} proxy;
+
+static void *proxy_main(void *arg) {
+  proxy *p = arg;
+  int cfd = accept(p->listen_fd, NULL, NULL);
+  if (cfd < 0) return NULL;
+  int sfd = raw_connect(p->target_port);
+  uint64_t forwarded = 0;
+  uint8_t buf[65536];
+  for (;;) {
+    struct pollfd fds[2] = {{cfd, POLLIN, 0}, {sfd, POLLIN, 0}};
+    if (poll(fds, 2, 5000) <= 0) break;
+    if (fds[0].revents) {
+      ssize_t n = recv(cfd, buf, sizeof buf, 0);
+      if (n <= 0 || send(sfd, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
+    }
+    if (fds[1].revents) {
+      ssize_t n = recv(sfd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      if (p->cut_after && forwarded + (uint64_t)n > p->cut_after) n = (ssize_t)(p->cut_after - forwarded);
+      if (p->flip_at >= 0 && (uint64_t)p->flip_at >= forwarded && (uint64_t)p->flip_at < forwarded + (uint64_t)n)
+        buf[p->flip_at - (int64_t)forwarded] ^= 0x10;
+      if (n > 0 && send(cfd, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
+      forwarded += (uint64_t)n;
+      if (p->cut_after && forwarded >= p->cut_after) break;
+    }
+  }
+  close(cfd);
+  close(sfd);
+  return NULL;
+}
+
+static void proxy_start(proxy *p, int target_port, uint64_t cut_after, int64_t flip_at) {
+  p->target_port = target_port;
+  p->cut_after = cut_after;
+  p->flip_at = flip_at;
+  p->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(p->listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(p->listen_fd, 4), 0);
+  socklen_t len = sizeof a;
+  assert_int_equal(getsockname(p->listen_fd, (struct sockaddr *)&a, &len), 0);
+  p->port = ntohs(a.sin_port);
+  assert_int_equal(pthread_create(&p->th, NULL, proxy_main, p), 0);
+}
+
+static void proxy_stop(proxy *p) {
+  assert_int_equal(pthread_join(p->th, NULL), 0);
+  close(p->listen_fd);
+}
+
+static void test_peer_dies_mid_transfer(void **state) {
+  dp_server *s;
+  dp_client *c;
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  proxy p;
+  proxy_start(&p, dp_server_port(s), 100000, -1);
+  char peer[64];
+  snprintf(peer, sizeof peer, "127.0.0.1:%d", p.port);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(8 << 20, 3, 0, 0);
+  assert_fails_with(dp_fetch(c, peer, &r, 10000, &out, NULL), FL_ENET, peer);
+  assert_non_null(strstr(fl_last_error(), "mid-response"));
+  assert_int_equal(out.len, 0);
+  proxy_stop(&p);
+  /* The server itself is fine. */
+  char direct[64];
+  peer_of(s, direct, sizeof direct);
+  assert_ok(dp_fetch(c, direct, &r, 10000, &out, NULL));
+  assert_int_equal(out.len, 8 << 20);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+static void test_corrupt_payload(void **state) {
+  dp_server *s;
+  dp_client *c;
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  proxy p;
+  proxy_start(&p, dp_server_port(s), 0, DP_FRAME_HEADER_SIZE + 5000);
+  char peer[64];
+  snprintf(peer, sizeof peer, "127.0.0.1:%d", p.port);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(20000, 3, 0, 0);
+  assert_fails_with(dp_fetch(c, peer, &r, 10000, &out, NULL), FL_ECORRUPT, "checksum");
+  assert_int_equal(out.len, 0);
+  fl_buf_free(&out);
+  dp_client_destroy(c); /* closes the connection, so the proxy ends */
+  proxy_stop(&p);
+  dp_server_stop(s);
+}
+
+static void test_timeout_and_limit(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request slow = {.kind = DP_RESULT, .key = {600}};
+  uint64_t t0 = common_now_ns();
+  assert_fails_with(dp_fetch(c, peer, &slow, 100, &out, NULL), FL_ETIMEDOUT, "timed out");
+  assert_true(common_now_ns() - t0 < 550000000ull);
+  dp_request quick = {.kind = DP_RESULT, .key = {0}};
+  assert_ok(dp_fetch(c, peer, &quick, 0, &out, NULL));
+  assert_int_equal(out.len, 16);
+  /* The server refuses what exceeds the client's limit. */
+  dp_client_set_max_payload(c, 1 << 20);
+  dp_request big = block_req((1 << 20) + 1, 1, 0, 0);
+  assert_fails_with(dp_fetch(c, peer, &big, 0, &out, NULL), FL_ELIMIT, "limit");
+  assert_int_equal(out.len, 16);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+static void test_server_stop_with_connections_open(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(1000, 1, 0, 0);
+  assert_ok(dp_fetch(c, peer, &r, 0, &out, NULL)); /* leaves an idle pooled connection */
+  int raw = raw_connect(dp_server_port(s));       /* and one that never says anything */
+  uint8_t h[DP_FRAME_HEADER_SIZE];
+  frame_header(h, DP_FRAME_REQUEST, DP_REQUEST_WIRE_SIZE, 0);
+  assert_int_equal(send(raw, h, 10, 0), 10); /* half a header */
+  dp_server_stop(s);
+  assert_true(closed_by_peer(raw, NULL, NULL));
+  close(raw);
+  assert_fails_with(dp_fetch(c, peer, &r, 5000, &out, NULL), FL_ENET, peer);
+  assert_int_equal(out.len, 1000);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+}
+
+typedef struct pending_fetch {
+  dp_client *c;
+  const char *peer;
+  fl_status status;
+} pending_fetch;
+
+static void *pending_fetch_main(void *arg) {
+  pending_fetch *p = arg;
+  fl_buf out = FL_BUF_INIT;
+  dp_request slow = {.kind = DP_RESULT, .key = {400}};
+  p->status = dp_fetch(p->c, p->peer, &slow, 10000, &out, NULL);
+  fl_buf_free(&out);
+  return NULL;
+}
+
+static void test_client_destroy_cancels(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  pending_fetch p = {c, peer, FL_OK};
+  uint64_t before = dp_server_stats_get(s).requests;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, pending_fetch_main, &p), 0);
+  for (int i = 0; i < 500 && dp_server_stats_get(s).requests == before; i++) usleep(2000);
+  assert_true(dp_server_stats_get(s).requests > before);
+  dp_client_destroy(c);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(p.status, FL_ECANCELLED);
+  dp_server_stop(s);
+  dp_client_destroy(NULL);
+  dp_server_stop(NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_crc32c),
+      cmocka_unit_test(test_round_trip_sizes),
+      cmocka_unit_test(test_ranged_reads),
+      cmocka_unit_test(test_server_errors_propagate),
+      cmocka_unit_test(test_concurrent_fetches_reuse_connections),
+      cmocka_unit_test(test_auth),
+      cmocka_unit_test(test_garbage_clients_are_dropped),
+      cmocka_unit_test(test_unreachable_peer),
+      cmocka_unit_test(test_peer_dies_mid_transfer),
+      cmocka_unit_test(test_corrupt_payload),
+      cmocka_unit_test(test_timeout_and_limit),
+      cmocka_unit_test(test_server_stop_with_connections_open),
+      cmocka_unit_test(test_client_destroy_cancels),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
