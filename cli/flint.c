@@ -1,30 +1,63 @@
 /*
- * flint.c: the flint command. For now: `flint submit --master local[N] job.so [args...]`,
- * which runs a job binary in this process, plus --help and --version.
+ * flint.c: the flint command: driver, executor, submit and status.
  *
- * Exit status: the job's own status; 2 for a usage error; 1 when the job could not be
- * started (missing library, missing flint_main, bad master).
+ * Exit status: the job's own status for submit; 2 for a usage error; 1 when something could
+ * not be started (missing library, missing flint_main, bad master, unreachable driver).
  */
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "flint/cluster.h"
 #include "flint/flint.h"
 
 static const char usage_text[] =
     "usage: flint <command> [options]\n"
     "\n"
     "commands:\n"
-    "  submit [--master MASTER] [--memory SIZE] JOB.so [ARGS...]\n"
+    "  submit [--master MASTER] [--memory SIZE] [--detach] JOB.so [ARGS...]\n"
     "      Runs a job binary: a shared library exporting\n"
     "      int flint_main(fl_context *ctx, int argc, char **argv).\n"
-    "      MASTER: local, local[N] or local[*] (default local[*]).\n"
+    "      MASTER: local, local[N], local[*] (default), local-cluster[E,C,MB]\n"
+    "      (starts a driver and E executors of C cores and MB megabytes here), or\n"
+    "      flint://HOST:PORT: the driver runs the job, its output streams back here\n"
+    "      and its exit status is flint's; --detach prints its id and returns.\n"
     "      SIZE: memory for cached blocks, e.g. 512m or 2g (default 1g).\n"
+    "  driver --listen HOST:PORT [--work-dir DIR] [--port-file FILE]\n"
+    "      Runs a driver until SIGINT or SIGTERM.\n"
+    "  executor --driver HOST:PORT --cores N --memory SIZE [--work-dir DIR] [--host HOST]\n"
+    "      Runs an executor for that driver until SIGINT or SIGTERM.\n"
+    "  status --master flint://HOST:PORT\n"
+    "      Lists the driver's executors, applications and jobs.\n"
     "\n"
     "options:\n"
-    "  --help     this text\n"
-    "  --version  the version\n";
+    "  --help     this text (also after a command)\n"
+    "  --version  the version\n"
+    "\n"
+    "environment: FLINT_SECRET or FLINT_SECRET_FILE (a shared secret that every process\n"
+    "and client must present), FLINT_LOG (error, warn, info, debug).\n";
+
+static volatile sig_atomic_t stop_requested;
+static void on_stop(int sig) { stop_requested = 1; }
+
+static void handle_stop_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+/* Matches "--name VALUE" at argv[*i]; sets *value and advances. -1: the value is missing. */
+static int option(int argc, char **argv, int *i, const char *name, const char **value) {
+  if (strcmp(argv[*i], name) != 0) return 0;
+  if (*i + 1 >= argc) return -1;
+  *value = argv[++*i];
+  return 1;
+}
 
 static int usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "flint: ");
@@ -36,11 +69,21 @@ static int usage_error(const char *fmt, const char *arg) {
 static int cmd_submit(int argc, char **argv) {
   const char *master = "local[*]";
   fl_options opts = FL_OPTIONS_INIT;
+  bool detach = false, in_process = false;
   int i = 0;
   for (; i < argc && argv[i][0] == '-'; i++) {
     if (strcmp(argv[i], "--help") == 0) {
       fputs(usage_text, stdout);
       return 0;
+    }
+    if (strcmp(argv[i], "--detach") == 0) {
+      detach = true;
+      continue;
+    }
+    /* The driver runs a job binary as `flint submit --in-process --master flint://...`. */
+    if (strcmp(argv[i], "--in-process") == 0) {
+      in_process = true;
+      continue;
     }
     if (strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--memory") == 0) {
       if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
@@ -56,6 +99,17 @@ static int cmd_submit(int argc, char **argv) {
   if (i >= argc) return usage_error("submit: %s", "no job library given");
 
   const char *job = argv[i];
+  if (strncmp(master, "flint://", 8) == 0 && !in_process) {
+    uint64_t id = 0;
+    int code = 1;
+    if (fl_submit(master, job, argc - i - 1, argv + i + 1, detach, &id, &code) != FL_OK) {
+      fprintf(stderr, "flint submit: %s\n", fl_last_error());
+      return 1;
+    }
+    if (detach) printf("submitted job binary %llu\n", (unsigned long long)id);
+    return detach ? 0 : code;
+  }
+  if (detach) return usage_error("submit: %s", "--detach needs a flint://HOST:PORT master");
   /* dlopen searches the library path for a bare name; a job is a file, so make it a path. */
   char path[4096];
   snprintf(path, sizeof path, "%s%s", strchr(job, '/') ? "" : "./", job);
@@ -85,6 +139,87 @@ static int cmd_submit(int argc, char **argv) {
   return rc;
 }
 
+static int cmd_driver(int argc, char **argv) {
+  fl_driver_options o = {0};
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0) {
+      fputs(usage_text, stdout);
+      return 0;
+    }
+    int r;
+    if ((r = option(argc, argv, &i, "--listen", &o.listen)) ||
+        (r = option(argc, argv, &i, "--work-dir", &o.work_dir)) ||
+        (r = option(argc, argv, &i, "--port-file", &o.port_file))) {
+      if (r < 0) return usage_error("driver: %s needs a value", argv[i]);
+      continue;
+    }
+    return usage_error("driver: unknown option '%s'", argv[i]);
+  }
+  if (!o.listen) return usage_error("driver: %s", "--listen HOST:PORT is required");
+  handle_stop_signals();
+  if (fl_driver_serve(&o, &stop_requested) != FL_OK) {
+    fprintf(stderr, "flint driver: %s\n", fl_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+static int cmd_executor(int argc, char **argv) {
+  fl_executor_options o = {0};
+  const char *cores = NULL, *memory = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0) {
+      fputs(usage_text, stdout);
+      return 0;
+    }
+    int r;
+    if ((r = option(argc, argv, &i, "--driver", &o.driver)) ||
+        (r = option(argc, argv, &i, "--cores", &cores)) ||
+        (r = option(argc, argv, &i, "--memory", &memory)) ||
+        (r = option(argc, argv, &i, "--work-dir", &o.work_dir)) ||
+        (r = option(argc, argv, &i, "--host", &o.host))) {
+      if (r < 0) return usage_error("executor: %s needs a value", argv[i]);
+      continue;
+    }
+    return usage_error("executor: unknown option '%s'", argv[i]);
+  }
+  if (!o.driver) return usage_error("executor: %s", "--driver HOST:PORT is required");
+  if (!cores) return usage_error("executor: %s", "--cores N is required");
+  if (!memory) return usage_error("executor: %s", "--memory SIZE is required");
+  char *end;
+  unsigned long n = strtoul(cores, &end, 10);
+  if (*end || n < 1 || n > 1024) return usage_error("executor: --cores '%s' must be 1 to 1024", cores);
+  o.cores = (uint32_t)n;
+  if (fl_parse_size(memory, &o.memory) != FL_OK || o.memory < (1u << 20))
+    return usage_error("executor: --memory '%s' is not a size of at least 1m (examples: 512m, 2g)", memory);
+  handle_stop_signals();
+  if (fl_executor_serve(&o, &stop_requested) != FL_OK) {
+    fprintf(stderr, "flint executor: %s\n", fl_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+static int cmd_status(int argc, char **argv) {
+  const char *master = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0) {
+      fputs(usage_text, stdout);
+      return 0;
+    }
+    int r = option(argc, argv, &i, "--master", &master);
+    if (r < 0) return usage_error("status: %s needs a value", argv[i]);
+    if (r) continue;
+    return usage_error("status: unknown option '%s'", argv[i]);
+  }
+  if (!master) return usage_error("status: %s", "--master flint://HOST:PORT is required");
+  if (fl_print_status(master, stdout) != FL_OK) {
+    fprintf(stderr, "flint status: %s\n", fl_last_error());
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return usage_error("%s", "no command given");
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
@@ -96,5 +231,8 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(argv[1], "submit") == 0) return cmd_submit(argc - 2, argv + 2);
+  if (strcmp(argv[1], "driver") == 0) return cmd_driver(argc - 2, argv + 2);
+  if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2);
+  if (strcmp(argv[1], "status") == 0) return cmd_status(argc - 2, argv + 2);
   return usage_error("unknown command '%s'", argv[1]);
 }

@@ -36,6 +36,9 @@ static fl_status context_run_job(void *impl, rdd *r, const uint32_t *parts, uint
   return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, results);
 }
 
+static void local_close(fl_context *ctx);
+static fl_status local_stats(fl_context *ctx, fl_context_stats *out);
+
 static const rdd_runtime_ops local_runtime = {.run_job = context_run_job};
 
 /* "local" -> 1, "local[N]" -> N, "local[*]" -> cores. */
@@ -58,7 +61,10 @@ static fl_status parse_master(const char *master, uint32_t *threads) {
     *threads = (uint32_t)n;
     return FL_OK;
   }
-  return FL_ERR(FL_EINVAL, "unknown master '%s': expected local, local[N] or local[*]", master);
+  return FL_ERR(FL_EINVAL,
+                "unknown master '%s': expected local, local[N], local[*], "
+                "local-cluster[EXECUTORS,CORES,MEGABYTES] or flint://HOST:PORT",
+                master);
 }
 
 /* An option's value, else the environment's, else the default. */
@@ -96,6 +102,8 @@ static fl_status make_work_dir(const fl_options *opts, char **out) {
 fl_status fl_context_open(const char *master, const fl_options *options, fl_context **out) {
   common_error_clear();
   if (!master || !out) return FL_ERR(FL_EINVAL, "fl_context_open: master and out must not be NULL");
+  if (strncmp(master, "flint://", 8) == 0 || strncmp(master, "local-cluster[", 14) == 0)
+    return client_context_open(master, options, out);
   uint32_t threads = 0;
   uint64_t memory = 0, shuffle_memory = 0;
   fl_status status = parse_master(master, &threads);
@@ -128,15 +136,20 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
   c->pub.default_parallelism =
       options && options->default_parallelism ? options->default_parallelism : threads;
   atomic_init(&c->pub.next_rdd_id, 1);
+  c->pub.close = local_close;
+  c->pub.stats = local_stats;
   *out = &c->pub;
   return FL_OK;
 cleanup:
-  fl_context_close(&c->pub);
+  local_close(&c->pub);
   return status;
 }
 
 void fl_context_close(fl_context *ctx) {
-  if (!ctx) return;
+  if (ctx) ctx->close(ctx);
+}
+
+static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
   scheduler_destroy(c->sched);
   block_manager_destroy(c->blocks);
@@ -152,6 +165,10 @@ uint32_t fl_context_cores(const fl_context *ctx) { return ctx ? ctx->cores : 0; 
 fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out) {
   common_error_clear();
   if (!ctx || !out) return FL_ERR(FL_EINVAL, "fl_context_stats_get: NULL argument");
+  return ctx->stats(ctx, out);
+}
+
+static fl_status local_stats(fl_context *ctx, fl_context_stats *out) {
   context_impl *c = (context_impl *)ctx;
   scheduler_stats ss;
   block_manager_stats bs;

@@ -16,6 +16,7 @@
 #define FLINT_DRIVER_H
 
 #include "executor/executor.h"
+#include "net/net.h"
 
 typedef struct scheduler scheduler;
 typedef struct sched_job sched_job;
@@ -169,5 +170,89 @@ FL_INTERNAL void task_scheduler_task_ended(scheduler *s, sched_task *task);
 FL_INTERNAL void task_scheduler_offer(scheduler *s);
 /* Forgets the pending tasks of a job. */
 FL_INTERNAL void task_scheduler_drop_job(scheduler *s, sched_job *job);
+
+/* ---- the driver process (server.c) and its cluster backend (cluster_backend.c) --------- */
+typedef struct cluster_backend cluster_backend;
+typedef struct location_table location_table;
+
+/* In the driver, a job's action is the first member of this, so that the cluster backend
+ * can send the bytes the client encoded (the driver never resolves user functions). */
+typedef struct driver_action {
+  rdd_action action;
+  fl_bytes encoded;
+} driver_action;
+
+/* An application: a client's datasets, decoded from its plans, in a context of their own. */
+typedef struct driver_app {
+  fl_context ctx; /* first: the datasets' ctx is this struct */
+  uint64_t id;
+  char name[128];
+  cluster_backend *cluster;
+  pthread_mutex_t lock; /* everything below */
+  rdd_plan *plan;
+  char **libraries; /* content ids of its libraries */
+  size_t num_libraries;
+  location_table *maps;   /* (shuffle, map) -> executor */
+  location_table *blocks; /* (dataset, partition) -> executor, for cached datasets */
+  fl_buf accumulators;    /* updates of successful tasks not yet sent to the client */
+} driver_app;
+
+/* Where map outputs and cached blocks are (a small table of (id, index) -> executor). */
+FL_INTERNAL fl_status location_table_create(location_table **out);
+FL_INTERNAL void location_table_destroy(location_table *t);
+FL_INTERNAL fl_status location_set(location_table *t, uint64_t id, uint32_t index, uint64_t executor);
+/* 0 when unknown. */
+FL_INTERNAL uint64_t location_get(const location_table *t, uint64_t id, uint32_t index);
+FL_INTERNAL void location_forget_id(location_table *t, uint64_t id);
+FL_INTERNAL void location_forget_executor(location_table *t, uint64_t executor);
+/* Calls fn for every (index, executor) of id. */
+FL_INTERNAL void location_each(const location_table *t, uint64_t id,
+                               void (*fn)(void *arg, uint32_t index, uint64_t executor), void *arg);
+
+typedef struct cluster_config {
+  const char *secret;
+  uint64_t locality_wait_ns; /* how long a task waits for the executor caching its input */
+  uint32_t slots_per_core;   /* tasks launched per core at once (queued at the executor) */
+} cluster_config;
+
+FL_INTERNAL fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg,
+                                             cluster_backend **out);
+/* The backend_ops view (handed to scheduler_set_backend). */
+FL_INTERNAL backend *cluster_backend_base(cluster_backend *cb);
+/* RPC handlers' entry points; any thread, may block briefly. */
+FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
+                                       uint32_t data_port, uint32_t cores, uint64_t memory,
+                                       uint64_t *id);
+/* False when the executor is unknown (it should register again). */
+FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t cached_bytes,
+                                   uint64_t tasks_run, uint64_t tasks_failed);
+/* A StatusUpdateRequest's body: the ends of task attempts. */
+FL_INTERNAL fl_status cluster_status_update(cluster_backend *cb, fl_bytes body);
+/* Tells every executor to drop blocks of an application (asynchronously). */
+FL_INTERNAL void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids,
+                                size_t num_rdds, const uint64_t *shuffle_ids, size_t num_shuffles,
+                                bool whole_application);
+/* The block-server address of an executor into buf; false when unknown. */
+FL_INTERNAL bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf, size_t len);
+/* Fills a StatusReply's executors (Flint__ExecutorInfo, allocated with common_calloc). */
+FL_INTERNAL fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count);
+FL_INTERNAL uint32_t cluster_cores(cluster_backend *cb);
+
+typedef struct driver_config {
+  const char *listen;    /* HOST:PORT; port 0 picks one */
+  const char *secret;    /* NULL: none */
+  const char *work_dir;  /* NULL: $TMPDIR or /tmp */
+  const char *port_file; /* when set, the chosen port is written there once listening */
+} driver_config;
+
+/* ---- clients (client.c) ---------------------------------------------------------------- */
+/* A context for flint://HOST:PORT or local-cluster[E,C,MB] (which starts the processes). */
+FL_INTERNAL fl_status client_context_open(const char *master, const fl_options *options,
+                                          fl_context **out);
+/* The shared secret from FLINT_SECRET or FLINT_SECRET_FILE into *out (NULL when none). */
+FL_INTERNAL fl_status client_secret(char **out);
+
+/* Serves as the driver until *stop becomes nonzero. Blocks. */
+FL_INTERNAL fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop);
 
 #endif /* FLINT_DRIVER_H */

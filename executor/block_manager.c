@@ -1,5 +1,6 @@
 /* block_manager.c: cached partitions in memory and on local disk (see executor.h). */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -390,6 +391,28 @@ static void bm_remove_rdd(void *impl, uint64_t rdd_id) {
     }
   }
   FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+}
+
+void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi) {
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  for (size_t i = 0; i < bm->num_buckets; i++) {
+    block *b = bm->buckets[i];
+    while (b) {
+      block *next = b->hash_next;
+      if (b->key.rdd_id >= lo && b->key.rdd_id < hi) drop_block(bm, b);
+      b = next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+  /* Shuffle files are named by id (bm_shuffle_path). */
+  DIR *d = opendir(bm->dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    unsigned long long id;
+    if (sscanf(e->d_name, "shuffle_%llu_", &id) == 1 && id >= lo && id < hi) unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
 }
 
 static void bm_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {

@@ -5,6 +5,8 @@
 #ifndef FLINT_EXECUTOR_H
 #define FLINT_EXECUTOR_H
 
+#include <signal.h>
+
 #include "rdd/rdd.h"
 
 /* ---- block manager --------------------------------------------------------------------- */
@@ -30,6 +32,9 @@ FL_INTERNAL fl_status block_manager_create(uint64_t memory_limit, const char *di
 /* Frees every block and deletes its disk files. No reader may hold a block. */
 FL_INTERNAL void block_manager_destroy(block_manager *bm);
 FL_INTERNAL void block_manager_stats_get(block_manager *bm, block_manager_stats *out);
+/* Drops every block, and deletes the shuffle files, whose dataset or shuffle id is in
+ * [lo, hi): all of one application in an executor. */
+FL_INTERNAL void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi);
 /* The rdd_cache_ops over a block manager (impl is the block_manager). */
 FL_INTERNAL extern const rdd_cache_ops block_manager_cache_ops;
 
@@ -46,5 +51,21 @@ FL_INTERNAL fl_status task_pool_create(uint32_t threads, task_pool **out);
 FL_INTERNAL void task_pool_submit(task_pool *pool, task_pool_work *work);
 /* Runs what is queued, then joins the threads and frees the pool. NULL does nothing. */
 FL_INTERNAL void task_pool_destroy(task_pool *pool);
+
+/* ---- the executor process (service.c) ------------------------------------------------- */
+typedef struct executor_config {
+  const char *driver;      /* HOST:PORT of the driver's control plane */
+  const char *host;        /* the address peers reach this executor at; NULL: 127.0.0.1 */
+  uint32_t cores;          /* task threads */
+  uint64_t memory;         /* bytes for cached blocks */
+  uint64_t shuffle_memory; /* bytes a task sorts or aggregates before spilling; 0: 64 MiB */
+  const char *work_dir;    /* where its folder goes; NULL: $TMPDIR or /tmp */
+  const char *secret;      /* shared secret; NULL: none */
+} executor_config;
+
+/* Registers with the driver and serves until *stop becomes nonzero (a signal handler sets
+ * it), then stops its threads and deletes its work folder. Blocks. Fails when the driver
+ * cannot be reached or refuses it. */
+FL_INTERNAL fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop);
 
 #endif /* FLINT_EXECUTOR_H */

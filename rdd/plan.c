@@ -580,6 +580,12 @@ const rdd_shuffle_dep *rdd_plan_find_shuffle(rdd_plan *p, uint64_t shuffle_id) {
   return NULL;
 }
 
+rdd *rdd_plan_shuffle_owner(rdd_plan *p, uint64_t shuffle_id) {
+  uint32_t i;
+  if (!p || !id_map_get(&p->by_shuffle, shuffle_id, &i)) return NULL;
+  return p->entries[i].r;
+}
+
 void rdd_plan_release(rdd_plan *p, uint64_t id) {
   uint32_t i;
   if (!p || !id_map_get(&p->by_id, id, &i)) return;

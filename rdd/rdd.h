@@ -269,6 +269,9 @@ FL_INTERNAL fl_status rdd_task_fail(rdd_task *task, fl_status status);
 FL_INTERNAL fl_status rdd_task_fn_failed(rdd_task *task, const rdd *r, fl_status status);
 /* The task running on this thread, or NULL. */
 FL_INTERNAL rdd_task *rdd_task_current(void);
+/* Records an update as it came from another process (no merging), and forgets them all. */
+FL_INTERNAL fl_status rdd_task_add_accumulator(rdd_task *task, uint64_t id, fl_bytes value);
+FL_INTERNAL void rdd_task_clear_accumulators(rdd_task *task);
 /* Merges a successful task's accumulator updates into the context (driver side). */
 FL_INTERNAL void rdd_task_commit_accumulators(rdd_task *task);
 
@@ -333,6 +336,9 @@ struct fl_context {
   uint64_t shuffle_memory; /* bytes a task may sort or aggregate before it spills */
   const char *work_dir;    /* where tasks put their spill files */
   atomic_uint_fast64_t next_rdd_id;
+  /* How the context ends and reports (driver/context.c: local, driver/client.c: remote). */
+  void (*close)(fl_context *ctx);
+  fl_status (*stats)(fl_context *ctx, fl_context_stats *out);
 };
 
 FL_INTERNAL fl_status rdd_shared_create(rdd_shared **out);
@@ -425,6 +431,8 @@ FL_INTERNAL fl_status rdd_plan_encode_stored(rdd_plan *p, uint64_t id,
  * dataset that no unreleased one depends on: `id` itself stays while an unreleased dataset
  * of the plan depends on it. Unknown ids are ignored. */
 FL_INTERNAL void rdd_plan_release(rdd_plan *p, uint64_t id);
+/* The dataset that reads shuffle `shuffle_id` (whose node carries the dependency), or NULL. */
+FL_INTERNAL rdd *rdd_plan_shuffle_owner(rdd_plan *p, uint64_t shuffle_id);
 
 /* Appends the encoding of an action (not RDD_ACTION_SHUFFLE_WRITE: a map task's dependency
  * is found with rdd_plan_find_shuffle) to *out. Errors as rdd_plan_encode. */

@@ -404,3 +404,24 @@ void fl_accumulator_destroy(fl_accumulator *acc) {
   shared_remove(acc->ctx->shared, acc->id);
   common_free(acc);
 }
+
+fl_status rdd_task_add_accumulator(rdd_task *task, uint64_t id, fl_bytes value) {
+  if (task->num_acc_updates == task->cap_acc_updates) {
+    uint32_t cap = task->cap_acc_updates ? task->cap_acc_updates * 2 : 4;
+    rdd_acc_update *grown = common_realloc(task->acc_updates, cap * sizeof *grown);
+    if (!grown) return FL_ERR(FL_ENOMEM, "cannot record an accumulator update");
+    task->acc_updates = grown;
+    task->cap_acc_updates = cap;
+  }
+  rdd_acc_update *u = &task->acc_updates[task->num_acc_updates];
+  u->id = id;
+  u->value = (fl_buf)FL_BUF_INIT;
+  fl_status st = fl_buf_append(&u->value, value.data, value.len);
+  if (st == FL_OK) task->num_acc_updates++;
+  return st;
+}
+
+void rdd_task_clear_accumulators(rdd_task *task) {
+  for (uint32_t i = 0; i < task->num_acc_updates; i++) fl_buf_free(&task->acc_updates[i].value);
+  task->num_acc_updates = 0;
+}

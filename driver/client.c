@@ -1,0 +1,855 @@
+/*
+ * client.c: contexts whose scheduler is a driver process (masters flint://HOST:PORT and
+ * local-cluster[E,C,MB]), and the flint command's submit and status calls.
+ *
+ * As in Spark Connect, the client builds lineage and sends plans: an action encodes the
+ * datasets the driver has not seen yet (rdd/plan.c) and the action, and waits for the
+ * results; accumulator updates come back with them and are merged here. Functions travel as
+ * (library, symbol): each library is uploaded once per application under its content id.
+ * Freed datasets are told to the driver with the next job, so that it frees them too.
+ *
+ * local-cluster[E,C,MB] starts a driver and E executors as child processes of this one on
+ * 127.0.0.1 and stops them on close; they also end when this process dies (PDEATHSIG).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "driver/driver.h"
+#include "flint/cluster.h"
+#include "proto/flint.pb-c.h"
+#include "shuffle/shuffle.h"
+
+#define RPC_TIMEOUT_MS 30000
+#define BROADCAST_CHUNK (4u << 20)
+#define START_TIMEOUT_MS 30000
+
+typedef struct library_ref {
+  char *path;
+  char id[33];
+} library_ref;
+
+typedef struct remote_context {
+  fl_context pub; /* first */
+  rpc_channel *driver;
+  char *secret;
+  uint64_t app_id;
+  pthread_mutex_t lock; /* everything below */
+  uint8_t *shipped;     /* bitmap by dataset id: the driver has its plan node */
+  size_t shipped_bytes;
+  uint64_t *released;
+  size_t num_released, cap_released;
+  library_ref *libraries;
+  size_t num_libraries;
+  uint64_t jobs_run, jobs_failed;
+  /* local-cluster */
+  pid_t *children;
+  uint32_t num_children;
+  char *cluster_dir;
+} remote_context;
+
+/* ---- secrets --------------------------------------------------------------------------- */
+
+fl_status client_secret(char **out) {
+  *out = NULL;
+  const char *env = getenv("FLINT_SECRET");
+  if (env && *env) {
+    if (!(*out = common_strdup(env))) return FL_ERR(FL_ENOMEM, "out of memory");
+    return FL_OK;
+  }
+  const char *file = getenv("FLINT_SECRET_FILE");
+  if (!file || !*file) return FL_OK;
+  FILE *f = fopen(file, "r");
+  if (!f) return FL_ERR(FL_EAUTH, "cannot read the secret file %s: %s", file, strerror(errno));
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) n--;
+  buf[n] = 0;
+  if (n == 0) return FL_ERR(FL_EAUTH, "the secret file %s is empty", file);
+  if (!(*out = common_strdup(buf))) return FL_ERR(FL_ENOMEM, "out of memory");
+  return FL_OK;
+}
+
+/* ---- calls ----------------------------------------------------------------------------- */
+
+static fl_status call(rpc_channel *ch, const char *method, const ProtobufCMessage *msg,
+                      int64_t timeout_ms, fl_buf *reply) {
+  fl_buf body = FL_BUF_INIT;
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  fl_status st = fl_buf_reserve(&body, n ? n : 1);
+  if (st == FL_OK) {
+    body.len = protobuf_c_message_pack(msg, body.data);
+    reply->len = 0;
+    st = rpc_call(ch, method, fl_buf_bytes(&body), timeout_ms, reply);
+  }
+  fl_buf_free(&body);
+  return st;
+}
+
+/* ---- libraries ------------------------------------------------------------------------- */
+
+static fl_status read_file(const char *path, fl_buf *out) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return FL_ERR(FL_ENOENT, "cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  fl_status s = FL_OK;
+  if (fstat(fd, &st) != 0 || (s = fl_buf_reserve(out, (size_t)st.st_size + 1)) != FL_OK) {
+    close(fd);
+    return s != FL_OK ? s : FL_ERR(FL_EIO, "cannot stat %s", path);
+  }
+  while (out->len < (size_t)st.st_size) {
+    ssize_t n = read(fd, out->data + out->len, (size_t)st.st_size - out->len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      close(fd);
+      return FL_ERR(FL_EIO, "cannot read %s", path);
+    }
+    out->len += (size_t)n;
+  }
+  close(fd);
+  return FL_OK;
+}
+
+/* A content id: two independent 64-bit hashes, as 32 hex digits. Libraries are not trusted
+ * by their id (the driver stores what it is sent); the id only avoids sending one twice. */
+static void content_id(fl_bytes data, char id[33]) {
+  uint64_t fnv = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < data.len; i++) fnv = (fnv ^ data.data[i]) * 0x100000001b3ull;
+  snprintf(id, 33, "%016llx%016llx", (unsigned long long)common_hash_bytes(data.data, data.len),
+           (unsigned long long)(fnv ^ data.len));
+}
+
+static fl_status library_id(void *arg, const char *path, bool in_main_program, char *id, size_t len) {
+  remote_context *c = arg;
+  if (in_main_program)
+    return FL_ERR(FL_EINVAL,
+                  "it lives in the main program (%s), which is not a shared library: in cluster "
+                  "mode user functions must be in a shared library (build the job as a .so and "
+                  "run it with flint submit, or move the functions into a library)",
+                  path);
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  for (size_t i = 0; i < c->num_libraries; i++)
+    if (strcmp(c->libraries[i].path, path) == 0) {
+      snprintf(id, len, "%s", c->libraries[i].id);
+      FL_PCHECK(pthread_mutex_unlock(&c->lock));
+      return FL_OK;
+    }
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+
+  fl_buf content = FL_BUF_INIT, reply = FL_BUF_INIT;
+  char cid[33];
+  fl_status st = read_file(path, &content);
+  if (st != FL_OK) goto done;
+  content_id(fl_buf_bytes(&content), cid);
+  Flint__HasLibraryRequest has = FLINT__HAS_LIBRARY_REQUEST__INIT;
+  has.app_id = c->app_id;
+  has.id = cid;
+  if ((st = call(c->driver, "/flint.Driver/HasLibrary", &has.base, RPC_TIMEOUT_MS, &reply)) != FL_OK)
+    goto done;
+  Flint__HasLibraryReply *r = flint__has_library_reply__unpack(NULL, reply.len, reply.data);
+  bool present = r && r->present;
+  if (r) flint__has_library_reply__free_unpacked(r, NULL);
+  if (!present) {
+    Flint__UploadLibraryRequest up = FLINT__UPLOAD_LIBRARY_REQUEST__INIT;
+    up.app_id = c->app_id;
+    up.id = cid;
+    up.name = (char *)path;
+    up.content = (ProtobufCBinaryData){content.len, content.data};
+    if ((st = call(c->driver, "/flint.Driver/UploadLibrary", &up.base, RPC_TIMEOUT_MS, &reply)) != FL_OK)
+      goto done;
+  }
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  library_ref *grown = common_realloc(c->libraries, (c->num_libraries + 1) * sizeof *grown);
+  char *p = common_strdup(path);
+  if (grown) c->libraries = grown;
+  if (grown && p) {
+    c->libraries[c->num_libraries].path = p;
+    memcpy(c->libraries[c->num_libraries].id, cid, 33);
+    c->num_libraries++;
+  } else {
+    common_free(p);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  snprintf(id, len, "%s", cid);
+done:
+  fl_buf_free(&content);
+  fl_buf_free(&reply);
+  return st;
+}
+
+/* ---- shipped datasets ------------------------------------------------------------------ */
+
+static bool shipped_has(remote_context *c, uint64_t id) {
+  return id / 8 < c->shipped_bytes && (c->shipped[id / 8] >> (id % 8) & 1);
+}
+
+static void shipped_mark(remote_context *c, uint64_t id) {
+  if (id / 8 >= c->shipped_bytes) {
+    size_t n = c->shipped_bytes ? c->shipped_bytes : 64;
+    while (n <= id / 8) n *= 2;
+    uint8_t *grown = common_realloc(c->shipped, n);
+    if (!grown) return; /* sent again next time: the driver skips nodes it has */
+    memset(grown + c->shipped_bytes, 0, n - c->shipped_bytes);
+    c->shipped = grown;
+    c->shipped_bytes = n;
+  }
+  c->shipped[id / 8] |= (uint8_t)(1u << (id % 8));
+}
+
+typedef struct encode_ctx {
+  remote_context *c;
+  uint64_t *sent;
+  size_t count, cap;
+} encode_ctx;
+
+static bool known_or_note(void *arg, uint64_t id) {
+  encode_ctx *e = arg;
+  FL_PCHECK(pthread_mutex_lock(&e->c->lock));
+  bool shipped = shipped_has(e->c, id);
+  FL_PCHECK(pthread_mutex_unlock(&e->c->lock));
+  if (shipped) return true;
+  if (e->count == e->cap) {
+    size_t cap = e->cap ? e->cap * 2 : 16;
+    uint64_t *grown = common_realloc(e->sent, cap * sizeof *grown);
+    if (!grown) return false;
+    e->sent = grown;
+    e->cap = cap;
+  }
+  e->sent[e->count++] = id;
+  return false;
+}
+
+/* Storage levels of every persisted dataset of the lineage. */
+static void collect_levels(const rdd *r, Flint__Level **levels, size_t *n, size_t cap,
+                           const rdd ***seen, size_t *num_seen, size_t *cap_seen) {
+  if (!r) return;
+  for (size_t i = 0; i < *num_seen; i++)
+    if ((*seen)[i] == r) return;
+  if (*num_seen == *cap_seen) {
+    size_t c = *cap_seen ? *cap_seen * 2 : 32;
+    const rdd **grown = common_realloc(*seen, c * sizeof *grown);
+    if (!grown) return;
+    *seen = grown;
+    *cap_seen = c;
+  }
+  (*seen)[(*num_seen)++] = r;
+  fl_storage_level level = atomic_load(&r->level);
+  if (level != FL_STORAGE_NONE && *n < cap) {
+    Flint__Level *l = common_calloc(1, sizeof *l);
+    if (l) {
+      flint__level__init(l);
+      l->rdd_id = r->id;
+      l->level = level;
+      levels[(*n)++] = l;
+    }
+  }
+  for (uint32_t i = 0; i < r->num_parents; i++) collect_levels(r->parents[i], levels, n, cap, seen, num_seen, cap_seen);
+  for (uint32_t i = 0; i < r->num_shuffle_deps; i++)
+    collect_levels(r->shuffle_deps[i]->parent, levels, n, cap, seen, num_seen, cap_seen);
+}
+
+/* ---- the runtime ----------------------------------------------------------------------- */
+
+static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                                const rdd_action *action, fl_buf *results) {
+  remote_context *c = impl;
+  rdd_fn_codec codec = {.library_id = library_id, .arg = c};
+  encode_ctx enc = {c, NULL, 0, 0};
+  fl_buf plan = FL_BUF_INIT, act = FL_BUF_INIT, reply = FL_BUF_INIT;
+  Flint__Level *levels[256];
+  size_t num_levels = 0;
+  const rdd **seen = NULL;
+  size_t num_seen = 0, cap_seen = 0;
+  uint64_t *released = NULL;
+  size_t num_released = 0;
+  fl_status st;
+  st = rdd_plan_encode(r, known_or_note, &enc, &codec, &plan);
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  released = c->released;
+  num_released = c->num_released;
+  c->released = NULL;
+  c->num_released = c->cap_released = 0;
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  if (st != FL_OK) goto done;
+  if ((st = rdd_action_encode(action, &codec, &act)) != FL_OK) goto done;
+  collect_levels(r, levels, &num_levels, 256, &seen, &num_seen, &cap_seen);
+
+  Flint__RunJobRequest req = FLINT__RUN_JOB_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.plan = (ProtobufCBinaryData){plan.len, plan.data};
+  req.rdd_id = r->id;
+  req.n_partitions = num_parts;
+  req.partitions = (uint32_t *)parts;
+  req.action = (ProtobufCBinaryData){act.len, act.data};
+  req.n_levels = num_levels;
+  req.levels = levels;
+  req.n_released = num_released;
+  req.released = released;
+  st = call(c->driver, "/flint.Driver/RunJob", &req.base, 0, &reply);
+  if (st == FL_OK) {
+    num_released = 0; /* the driver has them */
+    FL_PCHECK(pthread_mutex_lock(&c->lock));
+    for (size_t i = 0; i < enc.count; i++) shipped_mark(c, enc.sent[i]);
+    c->jobs_run++;
+    FL_PCHECK(pthread_mutex_unlock(&c->lock));
+    Flint__RunJobReply *rep = flint__run_job_reply__unpack(NULL, reply.len, reply.data);
+    if (!rep || rep->n_results != num_parts) {
+      st = FL_ERR(FL_EPROTO, "RunJob: malformed reply from the driver");
+    } else {
+      for (uint32_t i = 0; i < num_parts && st == FL_OK; i++) {
+        results[i].len = 0;
+        st = fl_buf_append(&results[i], rep->results[i].data, rep->results[i].len);
+      }
+      for (size_t i = 0; i < rep->n_acc_updates; i++) {
+        fl_status as = rdd_shared_merge_update(c->pub.shared, rep->acc_updates[i]->id,
+                                               (fl_bytes){rep->acc_updates[i]->value.data,
+                                                          rep->acc_updates[i]->value.len});
+        if (as != FL_OK) fprintf(stderr, "flint: %s\n", fl_last_error());
+      }
+    }
+    if (rep) flint__run_job_reply__free_unpacked(rep, NULL);
+  } else {
+    FL_PCHECK(pthread_mutex_lock(&c->lock));
+    c->jobs_failed++;
+    FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  }
+done:
+  if (num_released) { /* not delivered: keep them for the next job */
+    FL_PCHECK(pthread_mutex_lock(&c->lock));
+    for (size_t i = 0; i < num_released; i++) {
+      if (c->num_released == c->cap_released) {
+        size_t cap = c->cap_released ? c->cap_released * 2 : 16;
+        uint64_t *grown = common_realloc(c->released, cap * sizeof *grown);
+        if (!grown) break;
+        c->released = grown;
+        c->cap_released = cap;
+      }
+      c->released[c->num_released++] = released[i];
+    }
+    FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  }
+  for (size_t i = 0; i < num_levels; i++) common_free(levels[i]);
+  common_free(seen);
+  common_free(released);
+  common_free(enc.sent);
+  fl_buf_free(&plan);
+  fl_buf_free(&act);
+  fl_buf_free(&reply);
+  return st;
+}
+
+static fl_status remote_broadcast_created(void *impl, uint64_t id, fl_bytes value) {
+  remote_context *c = impl;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = FL_OK;
+  size_t off = 0;
+  do {
+    size_t n = value.len - off < BROADCAST_CHUNK ? value.len - off : BROADCAST_CHUNK;
+    Flint__BroadcastPutRequest req = FLINT__BROADCAST_PUT_REQUEST__INIT;
+    req.app_id = c->app_id;
+    req.broadcast_id = id;
+    req.total = value.len;
+    req.offset = off;
+    req.chunk = (ProtobufCBinaryData){n, (uint8_t *)value.data + off};
+    st = call(c->driver, "/flint.Driver/BroadcastPut", &req.base, RPC_TIMEOUT_MS, &reply);
+    off += n;
+  } while (st == FL_OK && off < value.len);
+  fl_buf_free(&reply);
+  return st;
+}
+
+static void remote_broadcast_destroyed(void *impl, uint64_t id) {
+  remote_context *c = impl;
+  Flint__BroadcastRemoveRequest req = FLINT__BROADCAST_REMOVE_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.broadcast_id = id;
+  fl_buf reply = FL_BUF_INIT;
+  if (call(c->driver, "/flint.Driver/BroadcastRemove", &req.base, RPC_TIMEOUT_MS, &reply) != FL_OK)
+    fprintf(stderr, "flint: cannot remove broadcast %llu on the driver: %s\n", (unsigned long long)id,
+            fl_last_error());
+  fl_buf_free(&reply);
+}
+
+static void remote_rdd_destroyed(void *impl, uint64_t id) {
+  remote_context *c = impl;
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  if (shipped_has(c, id)) {
+    c->shipped[id / 8] &= (uint8_t)~(1u << (id % 8));
+    if (c->num_released == c->cap_released) {
+      size_t cap = c->cap_released ? c->cap_released * 2 : 16;
+      uint64_t *grown = common_realloc(c->released, cap * sizeof *grown);
+      if (grown) {
+        c->released = grown;
+        c->cap_released = cap;
+      }
+    }
+    if (c->num_released < c->cap_released) c->released[c->num_released++] = id;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+}
+
+static const rdd_runtime_ops remote_runtime = {.run_job = remote_run_job,
+                                               .broadcast_created = remote_broadcast_created,
+                                               .broadcast_destroyed = remote_broadcast_destroyed,
+                                               .rdd_destroyed = remote_rdd_destroyed};
+
+/* ---- the cache, as a client sees it: the driver knows ---------------------------------- */
+
+static bool rc_get(void *impl, rdd_block_key key, const rdd_batch **b, void **h) { return false; }
+static fl_status rc_put(void *impl, rdd_block_key key, fl_storage_level level, rdd_batch *batch,
+                        const rdd_batch **stored, void **handle) {
+  return FL_ERR(FL_ESTATE, "a client stores no blocks");
+}
+static void rc_release(void *impl, void *handle) {}
+static void rc_remove_rdd(void *impl, uint64_t rdd_id) {
+  remote_context *c = impl;
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  bool shipped = shipped_has(c, rdd_id);
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  if (!shipped) return;
+  Flint__UnpersistRequest req = FLINT__UNPERSIST_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.rdd_id = rdd_id;
+  fl_buf reply = FL_BUF_INIT;
+  if (call(c->driver, "/flint.Driver/Unpersist", &req.base, RPC_TIMEOUT_MS, &reply) != FL_OK)
+    fprintf(stderr, "flint: unpersist of dataset %llu on the driver failed: %s\n",
+            (unsigned long long)rdd_id, fl_last_error());
+  fl_buf_free(&reply);
+}
+static void rc_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {
+  remote_context *c = impl;
+  Flint__StorageInfoRequest req = FLINT__STORAGE_INFO_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.rdd_id = rdd_id;
+  fl_buf reply = FL_BUF_INIT;
+  if (call(c->driver, "/flint.Driver/StorageInfo", &req.base, RPC_TIMEOUT_MS, &reply) == FL_OK) {
+    Flint__StorageInfoReply *r = flint__storage_info_reply__unpack(NULL, reply.len, reply.data);
+    if (r) {
+      out->cached_partitions = r->cached_partitions;
+      out->memory_bytes = r->memory_bytes;
+      out->disk_bytes = r->disk_bytes;
+      flint__storage_info_reply__free_unpacked(r, NULL);
+    }
+  }
+  fl_buf_free(&reply);
+}
+static void rc_shuffle_path(void *impl, uint64_t s, uint32_t m, char *path, size_t len) {
+  snprintf(path, len, "/nonexistent");
+}
+static fl_status rc_shuffle_fetch(void *impl, uint64_t s, uint32_t m, uint32_t r, uint64_t off,
+                                  uint64_t len, fl_buf *out, uint64_t *block_len) {
+  return FL_ERR(FL_ESTATE, "a client holds no shuffle output");
+}
+/* The driver removes a shuffle's output when it frees the dataset. */
+static void rc_shuffle_remove(void *impl, uint64_t shuffle_id, uint32_t num_maps) {}
+
+static const rdd_cache_ops remote_cache = {rc_get,        rc_put,          rc_release,
+                                           rc_remove_rdd, rc_info,         rc_shuffle_path,
+                                           rc_shuffle_fetch, rc_shuffle_remove};
+
+/* ---- local-cluster --------------------------------------------------------------------- */
+
+/* The flint command next to this library (or the one FLINT_EXECUTABLE names). */
+static fl_status flint_executable(char *out, size_t len) {
+  const char *env = getenv("FLINT_EXECUTABLE");
+  if (env && *env) {
+    snprintf(out, len, "%s", env);
+    return access(out, X_OK) == 0 ? FL_OK : FL_ERR(FL_ENOENT, "FLINT_EXECUTABLE=%s is not executable", env);
+  }
+  Dl_info info;
+  char dir[PATH_MAX - 32];
+  if (dladdr((void *)fl_context_open, &info) && info.dli_fname) {
+    snprintf(dir, sizeof dir, "%s", info.dli_fname);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    const char *tries[] = {"%s/flint", "%s/../bin/flint"};
+    for (int i = 0; i < 2; i++) {
+      snprintf(out, len, tries[i], dir);
+      if (access(out, X_OK) == 0) return FL_OK;
+    }
+  }
+  const char *bin = getenv("FLINT_BIN");
+  if (bin && *bin) {
+    snprintf(out, len, "%s/flint", bin);
+    if (access(out, X_OK) == 0) return FL_OK;
+  }
+  return FL_ERR(FL_ENOENT, "cannot find the flint command to start a local cluster: set FLINT_EXECUTABLE");
+}
+
+static pid_t spawn(char *const argv[]) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    /* End with the program that started the cluster, also when it exits on an error. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+static void stop_children(remote_context *c) {
+  for (uint32_t i = c->num_children; i-- > 0;)
+    if (c->children[i] > 0) kill(c->children[i], SIGTERM);
+  uint64_t deadline = common_now_ns() + 10000000000ull;
+  for (uint32_t i = 0; i < c->num_children; i++) {
+    if (c->children[i] <= 0) continue;
+    for (;;) {
+      pid_t r = waitpid(c->children[i], NULL, WNOHANG);
+      if (r == c->children[i] || (r < 0 && errno != EINTR)) break;
+      if (common_now_ns() > deadline) {
+        kill(c->children[i], SIGKILL);
+        waitpid(c->children[i], NULL, 0);
+        break;
+      }
+      usleep(5000);
+    }
+    c->children[i] = 0;
+  }
+}
+
+static fl_status parse_local_cluster(const char *master, uint32_t *e, uint32_t *cores, uint32_t *mb) {
+  unsigned long a, b, m;
+  char close_bracket, extra;
+  if (sscanf(master, "local-cluster[%lu,%lu,%lu%c%c", &a, &b, &m, &close_bracket, &extra) != 4 ||
+      close_bracket != ']')
+    return FL_ERR(FL_EINVAL, "master '%s': expected local-cluster[EXECUTORS,CORES,MEGABYTES]", master);
+  if (a < 1 || a > 64 || b < 1 || b > 1024 || m < 16 || m > (1ul << 22))
+    return FL_ERR(FL_EINVAL,
+                  "master '%s': 1 to 64 executors, 1 to 1024 cores each and 16 to 4194304 MB each",
+                  master);
+  *e = (uint32_t)a;
+  *cores = (uint32_t)b;
+  *mb = (uint32_t)m;
+  return FL_OK;
+}
+
+/* Starts the driver and executors; sets addr to the driver's HOST:PORT. */
+static fl_status start_local_cluster(remote_context *c, const char *master, char *addr, size_t len,
+                                     uint32_t *executors) {
+  uint32_t n = 0, cores = 0, mb = 0;
+  fl_status st = parse_local_cluster(master, &n, &cores, &mb);
+  if (st != FL_OK) return st;
+  char exe[PATH_MAX];
+  if ((st = flint_executable(exe, sizeof exe)) != FL_OK) return st;
+  const char *base = getenv("FLINT_WORK_DIR");
+  if (!base || !*base) base = getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/flint-cluster-XXXXXX", base);
+  if (!mkdtemp(dir)) return FL_ERR(FL_EIO, "cannot create a folder in %s: %s", base, strerror(errno));
+  if (!(c->cluster_dir = common_strdup(dir))) return FL_ERR(FL_ENOMEM, "out of memory");
+  if (!(c->children = common_calloc(n + 1, sizeof *c->children))) return FL_ERR(FL_ENOMEM, "out of memory");
+  char port_file[PATH_MAX + 16];
+  snprintf(port_file, sizeof port_file, "%s/driver.port", dir);
+  char *dargv[] = {exe, "driver", "--listen", "127.0.0.1:0", "--port-file", port_file, "--work-dir", dir, NULL};
+  if ((c->children[c->num_children++] = spawn(dargv)) < 0)
+    return FL_ERR(FL_EIO, "cannot start the driver: %s", strerror(errno));
+  uint64_t deadline = common_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
+  int port = 0;
+  while (!port) {
+    FILE *f = fopen(port_file, "r");
+    if (f) {
+      if (fscanf(f, "%d", &port) != 1) port = 0;
+      fclose(f);
+    }
+    if (port) break;
+    if (waitpid(c->children[0], NULL, WNOHANG) == c->children[0]) {
+      c->children[0] = 0;
+      return FL_ERR(FL_EIO, "the local cluster's driver exited at start (its log is above)");
+    }
+    if (common_now_ns() > deadline) return FL_ERR(FL_ETIMEDOUT, "the local cluster's driver did not start");
+    usleep(5000);
+  }
+  snprintf(addr, len, "127.0.0.1:%d", port);
+  char cores_s[16], mem_s[32];
+  snprintf(cores_s, sizeof cores_s, "%u", cores);
+  snprintf(mem_s, sizeof mem_s, "%um", mb);
+  for (uint32_t i = 0; i < n; i++) {
+    char *eargv[] = {exe, "executor", "--driver", addr, "--cores", cores_s, "--memory", mem_s,
+                     "--work-dir", dir, NULL};
+    if ((c->children[c->num_children++] = spawn(eargv)) < 0)
+      return FL_ERR(FL_EIO, "cannot start an executor: %s", strerror(errno));
+  }
+  *executors = n;
+  return FL_OK;
+}
+
+/* Waits until the driver lists `want` executors. */
+static fl_status wait_for_executors(remote_context *c, uint32_t want) {
+  uint64_t deadline = common_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = FL_OK;
+  for (;;) {
+    Flint__Empty req = FLINT__EMPTY__INIT;
+    if ((st = call(c->driver, "/flint.Driver/Status", &req.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) break;
+    Flint__StatusReply *r = flint__status_reply__unpack(NULL, reply.len, reply.data);
+    size_t have = r ? r->n_executors : 0;
+    if (r) flint__status_reply__free_unpacked(r, NULL);
+    if (have >= want) break;
+    for (uint32_t i = 1; i < c->num_children; i++)
+      if (c->children[i] > 0 && waitpid(c->children[i], NULL, WNOHANG) == c->children[i]) {
+        c->children[i] = 0;
+        st = FL_ERR(FL_EIO, "an executor of the local cluster exited at start (its log is above)");
+      }
+    if (st != FL_OK) break;
+    if (common_now_ns() > deadline) {
+      st = FL_ERR(FL_ETIMEDOUT, "only %zu of %u executors registered in %d s", have, want,
+                  START_TIMEOUT_MS / 1000);
+      break;
+    }
+    usleep(5000);
+  }
+  fl_buf_free(&reply);
+  return st;
+}
+
+/* ---- open and close -------------------------------------------------------------------- */
+
+static void remote_close(fl_context *ctx) {
+  remote_context *c = (remote_context *)ctx;
+  if (c->app_id) {
+    Flint__AppRequest req = FLINT__APP_REQUEST__INIT;
+    req.app_id = c->app_id;
+    fl_buf reply = FL_BUF_INIT;
+    call(c->driver, "/flint.Driver/CloseApplication", &req.base, RPC_TIMEOUT_MS, &reply);
+    fl_buf_free(&reply);
+  }
+  rpc_channel_destroy(c->driver);
+  if (c->num_children) stop_children(c);
+  if (c->cluster_dir) common_remove_tree(c->cluster_dir);
+  common_free(c->cluster_dir);
+  common_free(c->children);
+  rdd_shared_destroy(c->pub.shared);
+  map_output_table_destroy(c->pub.map_outputs);
+  for (size_t i = 0; i < c->num_libraries; i++) common_free(c->libraries[i].path);
+  common_free(c->libraries);
+  common_free(c->shipped);
+  common_free(c->released);
+  common_free(c->secret);
+  pthread_mutex_destroy(&c->lock);
+  common_free(c);
+}
+
+static fl_status remote_stats(fl_context *ctx, fl_context_stats *out) {
+  remote_context *c = (remote_context *)ctx;
+  memset(out, 0, sizeof *out);
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  out->jobs_run = c->jobs_run;
+  out->jobs_failed = c->jobs_failed;
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  return FL_OK;
+}
+
+fl_status client_context_open(const char *master, const fl_options *options, fl_context **out) {
+  remote_context *c = common_calloc(1, sizeof *c);
+  if (!c) return FL_ERR(FL_ENOMEM, "cannot allocate a context");
+  FL_PCHECK(pthread_mutex_init(&c->lock, NULL));
+  fl_status status = FL_OK;
+  char addr[256];
+  uint32_t executors = 0;
+  FL_CHECK(rdd_shared_create(&c->pub.shared));
+  FL_CHECK(map_output_table_create(&c->pub.map_outputs));
+  FL_CHECK(client_secret(&c->secret));
+  if (strncmp(master, "flint://", 8) == 0) {
+    const char *hostport = master + 8;
+    const char *colon = strrchr(hostport, ':');
+    if (!colon || colon == hostport || !colon[1] || strlen(hostport) >= sizeof addr) {
+      status = FL_ERR(FL_EINVAL, "master '%s': expected flint://HOST:PORT", master);
+      goto cleanup;
+    }
+    snprintf(addr, sizeof addr, "%s", hostport);
+  } else {
+    FL_CHECK(start_local_cluster(c, master, addr, sizeof addr, &executors));
+  }
+  FL_CHECK(rpc_channel_create(addr, c->secret, 0, &c->driver));
+  if (executors) FL_CHECK(wait_for_executors(c, executors));
+
+  Flint__OpenApplicationRequest req = FLINT__OPEN_APPLICATION_REQUEST__INIT;
+  const char *name = getenv("FLINT_APP_NAME");
+  req.name = (char *)(name && *name ? name : program_invocation_short_name);
+  req.pid = (uint32_t)getpid();
+  fl_buf reply = FL_BUF_INIT;
+  status = call(c->driver, "/flint.Driver/OpenApplication", &req.base, RPC_TIMEOUT_MS, &reply);
+  if (status != FL_OK) {
+    fl_buf_free(&reply);
+    common_error_wrap(status, "cannot open an application on the driver at %s: ", addr);
+    goto cleanup;
+  }
+  Flint__OpenApplicationReply *r = flint__open_application_reply__unpack(NULL, reply.len, reply.data);
+  fl_buf_free(&reply);
+  if (!r || r->app_id == 0) {
+    if (r) flint__open_application_reply__free_unpacked(r, NULL);
+    status = FL_ERR(FL_EPROTO, "OpenApplication: malformed reply from %s", addr);
+    goto cleanup;
+  }
+  c->app_id = r->app_id;
+  uint32_t cores = r->cores ? r->cores : 1;
+  flint__open_application_reply__free_unpacked(r, NULL);
+
+  c->pub.runtime = &remote_runtime;
+  c->pub.runtime_impl = c;
+  c->pub.cache = &remote_cache;
+  c->pub.cache_impl = c;
+  c->pub.cores = cores;
+  c->pub.default_parallelism =
+      options && options->default_parallelism ? options->default_parallelism : cores;
+  c->pub.shuffle_memory = options && options->shuffle_memory ? options->shuffle_memory : 64u << 20;
+  c->pub.work_dir = "/nonexistent"; /* no task runs here */
+  c->pub.close = remote_close;
+  c->pub.stats = remote_stats;
+  atomic_init(&c->pub.next_rdd_id, 1);
+  *out = &c->pub;
+  return FL_OK;
+cleanup:
+  remote_close(&c->pub);
+  return status;
+}
+
+/* ---- flint submit and flint status ----------------------------------------------------- */
+
+static fl_status connect_master(const char *master, rpc_channel **ch) {
+  if (!master || strncmp(master, "flint://", 8) != 0 || !strchr(master + 8, ':'))
+    return FL_ERR(FL_EINVAL, "master '%s': expected flint://HOST:PORT", master ? master : "");
+  char *secret = NULL;
+  fl_status st = client_secret(&secret);
+  if (st == FL_OK) st = rpc_channel_create(master + 8, secret, 0, ch);
+  common_free(secret);
+  return st;
+}
+
+fl_status fl_submit(const char *master, const char *path, int argc, char **argv, bool detach,
+                    uint64_t *submission, int *exit_code) {
+  common_error_clear();
+  if (!path || (argc && !argv)) return FL_ERR(FL_EINVAL, "fl_submit: NULL argument");
+  rpc_channel *ch = NULL;
+  fl_buf lib = FL_BUF_INIT, reply = FL_BUF_INIT;
+  fl_status st = connect_master(master, &ch);
+  if (st != FL_OK) goto done;
+  if ((st = read_file(path, &lib)) != FL_OK) goto done;
+  Flint__SubmitRequest req = FLINT__SUBMIT_REQUEST__INIT;
+  const char *slash = strrchr(path, '/');
+  req.name = (char *)(slash ? slash + 1 : path);
+  req.library = (ProtobufCBinaryData){lib.len, lib.data};
+  req.n_args = (size_t)argc;
+  req.args = argv;
+  if ((st = call(ch, "/flint.Driver/Submit", &req.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+  Flint__SubmitReply *sr = flint__submit_reply__unpack(NULL, reply.len, reply.data);
+  if (!sr) {
+    st = FL_ERR(FL_EPROTO, "Submit: malformed reply");
+    goto done;
+  }
+  uint64_t id = sr->submission_id;
+  flint__submit_reply__free_unpacked(sr, NULL);
+  if (submission) *submission = id;
+  if (detach) goto done;
+  uint64_t out_off = 0, err_off = 0;
+  for (;;) {
+    Flint__OutputRequest oreq = FLINT__OUTPUT_REQUEST__INIT;
+    oreq.submission_id = id;
+    oreq.stdout_offset = out_off;
+    oreq.stderr_offset = err_off;
+    oreq.wait_ms = 5000;
+    if ((st = call(ch, "/flint.Driver/Output", &oreq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+    Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
+    if (!o) {
+      st = FL_ERR(FL_EPROTO, "Output: malformed reply");
+      goto done;
+    }
+    fwrite(o->stdout_data.data, 1, o->stdout_data.len, stdout);
+    fwrite(o->stderr_data.data, 1, o->stderr_data.len, stderr);
+    fflush(stdout);
+    fflush(stderr);
+    out_off += o->stdout_data.len;
+    err_off += o->stderr_data.len;
+    bool exited = o->exited && !o->stdout_data.len && !o->stderr_data.len;
+    int code = o->signal ? 128 + o->signal : o->exit_code;
+    int sig = o->signal;
+    flint__output_reply__free_unpacked(o, NULL);
+    if (exited) {
+      if (sig) fprintf(stderr, "flint: the job was killed by signal %d (%s)\n", sig, strsignal(sig));
+      if (exit_code) *exit_code = code;
+      break;
+    }
+  }
+done:
+  fl_buf_free(&lib);
+  fl_buf_free(&reply);
+  rpc_channel_destroy(ch);
+  return st;
+}
+
+fl_status fl_print_status(const char *master, FILE *out) {
+  common_error_clear();
+  rpc_channel *ch = NULL;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = connect_master(master, &ch);
+  if (st != FL_OK) goto done;
+  Flint__Empty req = FLINT__EMPTY__INIT;
+  if ((st = call(ch, "/flint.Driver/Status", &req.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+  Flint__StatusReply *r = flint__status_reply__unpack(NULL, reply.len, reply.data);
+  if (!r) {
+    st = FL_ERR(FL_EPROTO, "Status: malformed reply");
+    goto done;
+  }
+  fprintf(out, "executors: %zu\n", r->n_executors);
+  fprintf(out, "  %-4s %-22s %5s %10s %12s %10s %8s\n", "id", "address", "cores", "memory",
+          "cached", "tasks", "failed");
+  for (size_t i = 0; i < r->n_executors; i++) {
+    Flint__ExecutorInfo *e = r->executors[i];
+    fprintf(out, "  %-4llu %-22s %5u %8lluMi %10lluKi %10llu %8llu\n", (unsigned long long)e->id,
+            e->address, e->cores, (unsigned long long)(e->memory >> 20),
+            (unsigned long long)(e->cached_bytes >> 10), (unsigned long long)e->tasks_run,
+            (unsigned long long)e->tasks_failed);
+  }
+  fprintf(out, "applications: %zu\n", r->n_applications);
+  for (size_t i = 0; i < r->n_applications; i++) {
+    Flint__AppInfo *a = r->applications[i];
+    fprintf(out, "  %llu %s (%s), %zu recent jobs\n", (unsigned long long)a->id, a->name, a->state,
+            a->n_jobs);
+    for (size_t j = 0; j < a->n_jobs; j++)
+      fprintf(out, "    job %llu: %s, %u tasks%s%s\n", (unsigned long long)a->jobs[j]->id,
+              a->jobs[j]->state, a->jobs[j]->tasks, a->jobs[j]->error[0] ? ": " : "",
+              a->jobs[j]->error);
+  }
+  flint__status_reply__free_unpacked(r, NULL);
+done:
+  fl_buf_free(&reply);
+  rpc_channel_destroy(ch);
+  return st;
+}
+
+fl_status fl_driver_serve(const fl_driver_options *o, volatile sig_atomic_t *stop) {
+  common_error_clear();
+  if (!o || !stop) return FL_ERR(FL_EINVAL, "fl_driver_serve: NULL argument");
+  char *secret = NULL;
+  fl_status st = client_secret(&secret);
+  if (st != FL_OK) return st;
+  driver_config cfg = {.listen = o->listen, .secret = secret, .work_dir = o->work_dir, .port_file = o->port_file};
+  st = driver_serve(&cfg, stop);
+  common_free(secret);
+  return st;
+}
+
+fl_status fl_executor_serve(const fl_executor_options *o, volatile sig_atomic_t *stop) {
+  common_error_clear();
+  if (!o || !stop) return FL_ERR(FL_EINVAL, "fl_executor_serve: NULL argument");
+  char *secret = NULL;
+  fl_status st = client_secret(&secret);
+  if (st != FL_OK) return st;
+  executor_config cfg = {.driver = o->driver, .host = o->host, .cores = o->cores, .memory = o->memory,
+                         .work_dir = o->work_dir, .secret = secret};
+  st = executor_serve(&cfg, stop);
+  common_free(secret);
+  return st;
+}

@@ -1,0 +1,717 @@
+/*
+ * cluster_backend.c: the executor backend of the driver process. Tasks run on executor
+ * processes that registered over the control plane.
+ *
+ * Design. The scheduler thread places each task (place: the executor caching its partition
+ * when it has room, waiting up to the locality wait for it, else the least busy executor),
+ * launches it into that executor's batch, and after each round flushes every batch as one
+ * LaunchTasks call per (executor, application). A batch carries what the executor lacks to
+ * run it: the plan nodes it has not seen (each executor's known set), storage levels, where
+ * the map outputs of the shuffles it reads are, and the tasks. Sending happens on one sender
+ * thread per executor, so the scheduler thread never blocks on the network. Executors report
+ * task ends in batches (cluster_status_update, on gRPC handler threads): each end is matched
+ * to its attempt by the task key and posted to the scheduler as an ordinary task end.
+ *
+ * Threading: executors, in-flight attempts and stats are under cb->lock; batches, known sets
+ * and placement counts are the scheduler thread's.
+ */
+#include <string.h>
+
+#include "driver/driver.h"
+#include "proto/flint.pb-c.h"
+#include "shuffle/shuffle.h"
+
+#define LAUNCH_TIMEOUT_MS 30000
+
+typedef struct outgoing {
+  fl_buf body;
+  const char *method;
+  sched_task **tasks; /* launches: the attempts in it, failed if the call fails */
+  size_t num_tasks;
+  struct outgoing *next;
+} outgoing;
+
+typedef struct executor_ref {
+  uint64_t id;
+  char host[64];
+  char rpc_address[96], data_address[96];
+  uint32_t cores, slots;
+  uint64_t memory;
+  rpc_channel *channel;
+  /* stats from heartbeats (cb->lock) */
+  uint64_t cached_bytes, tasks_run, tasks_failed, last_heartbeat_ns;
+  /* scheduler thread */
+  uint32_t running;
+  sched_task **batch;
+  size_t batch_len, batch_cap;
+  uint64_t *known; /* (app << 40 | dataset id) whose plan nodes it has */
+  size_t num_known, cap_known;
+  /* the sender */
+  pthread_t sender;
+  outgoing *out_head, *out_tail;
+  bool stopping;
+  struct executor_ref *next;
+} executor_ref;
+
+struct cluster_backend {
+  backend base;
+  cluster_config cfg;
+  pthread_mutex_t lock;
+  pthread_cond_t wake; /* senders */
+  executor_ref *executors;
+  uint64_t next_executor_id;
+  sched_task **inflight; /* launched attempts whose end has not come */
+  size_t num_inflight, cap_inflight;
+  uint64_t next_key; /* scheduler thread */
+};
+
+backend *cluster_backend_base(cluster_backend *cb) { return &cb->base; }
+
+static cluster_backend *of(backend *b) { return (cluster_backend *)b; }
+static driver_app *app_of(const sched_task *t) { return (driver_app *)t->stage->rdd->ctx; }
+
+/* ---- lineage walks ---------------------------------------------------------------------- */
+
+/* The persisted dataset whose partition p this task reads first: the stage's dataset or one
+ * below it through one-to-one narrow parents. 0 when there is none. */
+static uint64_t cached_input(const rdd *r) {
+  while (r) {
+    if (atomic_load(&r->level) != FL_STORAGE_NONE) return r->id;
+    if (r->num_parents != 1 || r->num_shuffle_deps ||
+        r->parents[0]->num_partitions != r->num_partitions)
+      return 0;
+    r = r->parents[0];
+  }
+  return 0;
+}
+
+typedef struct walk {
+  const rdd **seen;
+  size_t count, cap;
+} walk;
+
+static bool walk_visit(walk *w, const rdd *r) {
+  for (size_t i = 0; i < w->count; i++)
+    if (w->seen[i] == r) return false;
+  if (w->count == w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 32;
+    const rdd **grown = common_realloc(w->seen, cap * sizeof *grown);
+    if (!grown) return false;
+    w->seen = grown;
+    w->cap = cap;
+  }
+  w->seen[w->count++] = r;
+  return true;
+}
+
+/* Every dataset of the lineage (through shuffle dependencies too), each once. */
+static void walk_lineage(walk *w, const rdd *r, bool cross_shuffles) {
+  if (!r || !walk_visit(w, r)) return;
+  for (uint32_t i = 0; i < r->num_parents; i++) walk_lineage(w, r->parents[i], cross_shuffles);
+  if (cross_shuffles)
+    for (uint32_t i = 0; i < r->num_shuffle_deps; i++) walk_lineage(w, r->shuffle_deps[i]->parent, true);
+}
+
+/* ---- placement ------------------------------------------------------------------------- */
+
+static executor_ref *find_executor(cluster_backend *cb, uint64_t id) {
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (e->id == id) return e;
+  return NULL;
+}
+
+static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *retry_at) {
+  cluster_backend *cb = of(b);
+  driver_app *app = app_of(t);
+  executor_ref *preferred = NULL;
+  uint64_t cached = cached_input(t->stage->rdd);
+  if (cached) {
+    FL_PCHECK(pthread_mutex_lock(&app->lock));
+    uint64_t where = location_get(app->blocks, cached, t->rt.partition);
+    FL_PCHECK(pthread_mutex_unlock(&app->lock));
+    if (where) preferred = find_executor(cb, where);
+  }
+  if (preferred && preferred->running < preferred->slots) {
+    t->placement = preferred;
+    return true;
+  }
+  if (preferred && now < t->pending_since_ns + cb->cfg.locality_wait_ns) {
+    *retry_at = t->pending_since_ns + cb->cfg.locality_wait_ns;
+    return false;
+  }
+  executor_ref *best = NULL;
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (e->running < e->slots && (!best || e->slots - e->running > best->slots - best->running))
+      best = e;
+  if (!best) return false;
+  t->placement = best;
+  return true;
+}
+
+static void cluster_launch(backend *b, sched_task *t) {
+  cluster_backend *cb = of(b);
+  executor_ref *e = t->placement;
+  t->key = ++cb->next_key;
+  e->running++;
+  if (e->batch_len == e->batch_cap) {
+    size_t cap = e->batch_cap ? e->batch_cap * 2 : 16;
+    sched_task **grown = common_realloc(e->batch, cap * sizeof *grown);
+    FL_ASSERT(grown); /* a few pointers; out of memory here has no way back */
+    e->batch = grown;
+    e->batch_cap = cap;
+  }
+  e->batch[e->batch_len++] = t;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  if (cb->num_inflight == cb->cap_inflight) {
+    size_t cap = cb->cap_inflight ? cb->cap_inflight * 2 : 64;
+    sched_task **grown = common_realloc(cb->inflight, cap * sizeof *grown);
+    FL_ASSERT(grown);
+    cb->inflight = grown;
+    cb->cap_inflight = cap;
+  }
+  cb->inflight[cb->num_inflight++] = t;
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+}
+
+/* Takes attempt `key` out of the in-flight list; NULL when it is not there (it ended). */
+static sched_task *inflight_take(cluster_backend *cb, uint64_t key) {
+  for (size_t i = 0; i < cb->num_inflight; i++)
+    if (cb->inflight[i]->key == key) {
+      sched_task *t = cb->inflight[i];
+      cb->inflight[i] = cb->inflight[--cb->num_inflight];
+      return t;
+    }
+  return NULL;
+}
+
+/* Ends an attempt that never reached its executor. */
+static void fail_attempt(cluster_backend *cb, sched_task *t, fl_status status, const char *msg) {
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  bool mine = inflight_take(cb, t->key) == t;
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  if (!mine) return;
+  t->rt.status = status;
+  t->rt.error = common_strdup(msg);
+  scheduler_post_task_end(cb->base.sched, t);
+}
+
+/* ---- batches --------------------------------------------------------------------------- */
+
+static bool known_has(executor_ref *e, uint64_t key) {
+  for (size_t i = 0; i < e->num_known; i++)
+    if (e->known[i] == key) return true;
+  return false;
+}
+
+typedef struct known_ctx {
+  executor_ref *e;
+  uint64_t app;
+} known_ctx;
+
+/* Asked of every node the plan encoder visits: known ones are skipped; the others are sent
+ * now, so they count as known from here on. */
+static bool known_or_mark(void *arg, uint64_t id) {
+  known_ctx *k = arg;
+  uint64_t key = k->app << 40 | id;
+  if (known_has(k->e, key)) return true;
+  if (k->e->num_known == k->e->cap_known) {
+    size_t cap = k->e->cap_known ? k->e->cap_known * 2 : 64;
+    uint64_t *grown = common_realloc(k->e->known, cap * sizeof *grown);
+    if (!grown) return false;
+    k->e->known = grown;
+    k->e->cap_known = cap;
+  }
+  k->e->known[k->e->num_known++] = key;
+  return false;
+}
+
+typedef struct shuffle_loc_ctx {
+  Flint__ShuffleLocations *sl;
+  Flint__MapLocation *items;
+  cluster_backend *cb;
+} shuffle_loc_ctx;
+
+static void add_map_location(void *arg, uint32_t map, uint64_t executor) {
+  shuffle_loc_ctx *c = arg;
+  executor_ref *e = find_executor(c->cb, executor);
+  if (!e || c->sl->n_maps >= c->sl->num_maps) return;
+  Flint__MapLocation *m = &c->items[c->sl->n_maps];
+  flint__map_location__init(m);
+  m->map = map;
+  m->address = e->data_address;
+  c->sl->maps[c->sl->n_maps++] = m;
+}
+
+/* Encodes one LaunchTasks call for the tasks of one application in e's batch. */
+static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app *app,
+                               sched_task **tasks, size_t n, fl_buf *out) {
+  fl_status status = FL_OK;
+  fl_buf plan = FL_BUF_INIT;
+  walk lineage = {0}, stage_part = {0};
+  known_ctx known = {e, app->id};
+  Flint__TaskDescription *descs = common_calloc(n, sizeof *descs);
+  Flint__TaskDescription **desc_ptrs = common_calloc(n, sizeof *desc_ptrs);
+  Flint__Level *levels = NULL, **level_ptrs = NULL;
+  Flint__ShuffleLocations *shuffles = NULL, **shuffle_ptrs = NULL;
+  Flint__MapLocation **map_items = NULL;
+  size_t num_levels = 0, num_shuffles = 0;
+  if (!descs || !desc_ptrs) {
+    status = FL_ERR(FL_ENOMEM, "out of memory");
+    goto cleanup;
+  }
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  for (size_t i = 0; i < n && status == FL_OK; i++) {
+    const rdd *r = tasks[i]->stage->rdd;
+    /* A map task needs the node that holds its shuffle dependency: the reading dataset. */
+    const rdd *owner = tasks[i]->stage->dep ? rdd_plan_shuffle_owner(app->plan, tasks[i]->stage->dep->shuffle_id) : r;
+    if (!owner) {
+      status = FL_ERR(FL_EINTERNAL, "no dataset reads shuffle %llu", (unsigned long long)tasks[i]->stage->dep->shuffle_id);
+      break;
+    }
+    status = rdd_plan_encode_stored(app->plan, owner->id, known_or_mark, &known, &plan);
+    walk_lineage(&lineage, r, true);
+    walk_lineage(&stage_part, r, false);
+  }
+  if (status != FL_OK) {
+    FL_PCHECK(pthread_mutex_unlock(&app->lock));
+    goto cleanup;
+  }
+  /* Storage levels of the lineage's persisted datasets. */
+  levels = common_calloc(lineage.count + 1, sizeof *levels);
+  level_ptrs = common_calloc(lineage.count + 1, sizeof *level_ptrs);
+  /* Map outputs of the shuffles that the stage reads. */
+  shuffles = common_calloc(2 * stage_part.count + 1, sizeof *shuffles);
+  shuffle_ptrs = common_calloc(2 * stage_part.count + 1, sizeof *shuffle_ptrs);
+  map_items = common_calloc(2 * stage_part.count + 1, sizeof *map_items);
+  if (!levels || !level_ptrs || !shuffles || !shuffle_ptrs || !map_items) {
+    FL_PCHECK(pthread_mutex_unlock(&app->lock));
+    status = FL_ERR(FL_ENOMEM, "out of memory");
+    goto cleanup;
+  }
+  for (size_t i = 0; i < lineage.count; i++) {
+    fl_storage_level level = atomic_load(&lineage.seen[i]->level);
+    if (level == FL_STORAGE_NONE) continue;
+    flint__level__init(&levels[num_levels]);
+    levels[num_levels].rdd_id = lineage.seen[i]->id;
+    levels[num_levels].level = level;
+    level_ptrs[num_levels] = &levels[num_levels];
+    num_levels++;
+  }
+  for (size_t i = 0; i < stage_part.count && status == FL_OK; i++) {
+    const rdd *r = stage_part.seen[i];
+    for (uint32_t d = 0; d < r->num_shuffle_deps; d++) {
+      const rdd_shuffle_dep *dep = r->shuffle_deps[d];
+      Flint__ShuffleLocations *sl = &shuffles[num_shuffles];
+      flint__shuffle_locations__init(sl);
+      sl->shuffle_id = dep->shuffle_id;
+      sl->num_maps = dep->parent->num_partitions;
+      Flint__MapLocation *items = common_calloc(sl->num_maps + 1, sizeof *items);
+      sl->maps = common_calloc(sl->num_maps + 1, sizeof *sl->maps);
+      map_items[num_shuffles] = items;
+      shuffle_ptrs[num_shuffles++] = sl;
+      if (!items || !sl->maps) {
+        status = FL_ERR(FL_ENOMEM, "out of memory");
+        break;
+      }
+      shuffle_loc_ctx c = {sl, items, cb};
+      location_each(app->maps, dep->shuffle_id, add_map_location, &c);
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  if (status != FL_OK) goto cleanup;
+
+  for (size_t i = 0; i < n; i++) {
+    sched_task *t = tasks[i];
+    Flint__TaskDescription *d = &descs[i];
+    flint__task_description__init(d);
+    d->task_key = t->key;
+    d->rdd_id = t->stage->rdd->id;
+    d->partition = t->rt.partition;
+    d->attempt = t->rt.attempt;
+    d->job_id = t->job->id;
+    if (t->stage->dep) {
+      d->shuffle_id = t->stage->dep->shuffle_id;
+    } else {
+      const driver_action *a = (const driver_action *)t->stage->action;
+      d->action.data = (uint8_t *)a->encoded.data;
+      d->action.len = a->encoded.len;
+    }
+    desc_ptrs[i] = d;
+  }
+  Flint__LaunchTasksRequest req = FLINT__LAUNCH_TASKS_REQUEST__INIT;
+  req.app_id = app->id;
+  req.plan.data = plan.data;
+  req.plan.len = plan.len;
+  req.n_levels = num_levels;
+  req.levels = level_ptrs;
+  req.n_shuffles = num_shuffles;
+  req.shuffles = shuffle_ptrs;
+  req.n_tasks = n;
+  req.tasks = desc_ptrs;
+  size_t size = flint__launch_tasks_request__get_packed_size(&req);
+  if ((status = fl_buf_reserve(out, size ? size : 1)) == FL_OK)
+    out->len = flint__launch_tasks_request__pack(&req, out->data);
+cleanup:
+  if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */
+    for (size_t i = 0; i < e->num_known;) {
+      if (e->known[i] >> 40 == app->id) e->known[i] = e->known[--e->num_known];
+      else i++;
+    }
+  for (size_t i = 0; i < num_shuffles; i++) {
+    common_free(shuffles[i].maps);
+    common_free(map_items[i]);
+  }
+  common_free(map_items);
+  common_free(shuffles);
+  common_free(shuffle_ptrs);
+  common_free(levels);
+  common_free(level_ptrs);
+  common_free(descs);
+  common_free(desc_ptrs);
+  common_free(lineage.seen);
+  common_free(stage_part.seen);
+  fl_buf_free(&plan);
+  return status;
+}
+
+static void sender_push(cluster_backend *cb, executor_ref *e, outgoing *o) {
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  o->next = NULL;
+  if (e->out_tail) e->out_tail->next = o;
+  else e->out_head = o;
+  e->out_tail = o;
+  pthread_cond_broadcast(&cb->wake);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+}
+
+static void cluster_flush(backend *b) {
+  cluster_backend *cb = of(b);
+  for (executor_ref *e = cb->executors; e; e = e->next) {
+    while (e->batch_len) {
+      /* The tasks of the first task's application go in one call. */
+      driver_app *app = app_of(e->batch[0]);
+      size_t n = 0;
+      for (size_t i = 0; i < e->batch_len; i++)
+        if (app_of(e->batch[i]) == app) n++;
+      outgoing *o = common_calloc(1, sizeof *o);
+      sched_task **tasks = common_calloc(n, sizeof *tasks);
+      size_t k = 0, kept = 0;
+      for (size_t i = 0; i < e->batch_len; i++) {
+        if (app_of(e->batch[i]) == app) {
+          if (tasks) tasks[k++] = e->batch[i];
+        } else {
+          e->batch[kept++] = e->batch[i];
+        }
+      }
+      size_t taken = e->batch_len - kept;
+      e->batch_len = kept;
+      fl_status st = o && tasks ? encode_launch(cb, e, app, tasks, n, &o->body)
+                                : FL_ERR(FL_ENOMEM, "out of memory");
+      if (st != FL_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "cannot launch on executor %llu: %s", (unsigned long long)e->id,
+                 fl_last_error());
+        for (size_t i = 0; tasks && i < n; i++) fail_attempt(cb, tasks[i], st, msg);
+        if (o) fl_buf_free(&o->body);
+        common_free(o);
+        common_free(tasks);
+        (void)taken;
+        continue;
+      }
+      o->method = "/flint.Executor/LaunchTasks";
+      o->tasks = tasks;
+      o->num_tasks = n;
+      sender_push(cb, e, o);
+    }
+  }
+}
+
+typedef struct sender_args {
+  cluster_backend *cb;
+  executor_ref *e;
+} sender_args;
+
+static void *sender_loop(void *p) {
+  sender_args args = *(sender_args *)p;
+  common_free(p);
+  cluster_backend *cb = args.cb;
+  executor_ref *e = args.e;
+  for (;;) {
+    FL_PCHECK(pthread_mutex_lock(&cb->lock));
+    while (!e->out_head && !e->stopping) pthread_cond_wait(&cb->wake, &cb->lock);
+    outgoing *o = e->out_head;
+    if (o) {
+      e->out_head = o->next;
+      if (!e->out_head) e->out_tail = NULL;
+    }
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    if (!o) return NULL;
+    fl_buf reply = FL_BUF_INIT;
+    fl_status st = rpc_call(e->channel, o->method, fl_buf_bytes(&o->body), LAUNCH_TIMEOUT_MS, &reply);
+    fl_buf_free(&reply);
+    if (st != FL_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
+               e->rpc_address, fl_last_error());
+      common_log(LOG_WARN, "%s", msg);
+      for (size_t i = 0; i < o->num_tasks; i++) fail_attempt(cb, o->tasks[i], st, msg);
+    }
+    fl_buf_free(&o->body);
+    common_free(o->tasks);
+    common_free(o);
+  }
+}
+
+/* ---- task ends ------------------------------------------------------------------------- */
+
+static void record_block(void *arg, const rdd *r, uint32_t p, uint64_t executor) {
+  driver_app *app = arg;
+  for (const rdd *c = r; c; c = c->num_parents == 1 && !c->num_shuffle_deps ? c->parents[0] : NULL) {
+    if (atomic_load(&c->level) != FL_STORAGE_NONE) location_set(app->blocks, c->id, p, executor);
+    if (c->num_parents == 1 && c->parents[0]->num_partitions != c->num_partitions) break;
+  }
+}
+
+static void cluster_ended(backend *b, sched_task *t) {
+  executor_ref *e = t->placement;
+  if (e) e->running--;
+  if (t->rt.status != FL_OK || t->job->status != FL_OK || !e) return;
+  driver_app *app = app_of(t);
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  if (t->stage->dep) location_set(app->maps, t->stage->dep->shuffle_id, t->rt.partition, e->id);
+  /* The executor now caches the partition of every persisted dataset on the way. */
+  record_block(app, t->stage->rdd, t->rt.partition, e->id);
+  /* Accumulator updates go to the client with the job's results. */
+  for (uint32_t i = 0; i < t->rt.num_acc_updates; i++) {
+    rdd_acc_update *u = &t->rt.acc_updates[i];
+    uint8_t head[2 * COMMON_VARINT_MAX];
+    size_t h = common_varint_put(head, u->id);
+    h += common_varint_put(head + h, u->value.len);
+    if (fl_buf_append(&app->accumulators, head, h) != FL_OK ||
+        fl_buf_append(&app->accumulators, u->value.data, u->value.len) != FL_OK)
+      common_log(LOG_ERROR, "out of memory: an accumulator update of application %llu is lost",
+                 (unsigned long long)app->id);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  /* Committed once, here: the scheduler's commit finds no updates. */
+  rdd_task_clear_accumulators(&t->rt);
+}
+
+fl_status cluster_status_update(cluster_backend *cb, fl_bytes body) {
+  Flint__StatusUpdateRequest *req = flint__status_update_request__unpack(NULL, body.len, body.data);
+  if (!req) return FL_ERR(FL_EPROTO, "StatusUpdate: malformed message");
+  for (size_t i = 0; i < req->n_statuses; i++) {
+    const Flint__TaskStatus *s = req->statuses[i];
+    FL_PCHECK(pthread_mutex_lock(&cb->lock));
+    sched_task *t = inflight_take(cb, s->task_key);
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    if (!t) continue; /* killed or already failed: its end no longer matters */
+    executor_ref *e = t->placement;
+    bool known_status = s->status >= 0 && s->status <= FL_EPROTO;
+    t->rt.status = known_status ? (fl_status)s->status : FL_EINTERNAL;
+    if (t->rt.status != FL_OK) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s (on executor %llu)", s->error && *s->error ? s->error : fl_strerror(t->rt.status),
+               e ? (unsigned long long)e->id : 0ull);
+      t->rt.error = common_strdup(msg);
+    } else {
+      t->result.len = 0;
+      if (fl_buf_append(&t->result, s->result.data, s->result.len) != FL_OK) {
+        t->rt.status = FL_ENOMEM;
+        t->rt.error = common_strdup("out of memory for a task result");
+      }
+      for (size_t k = 0; k < s->n_acc_updates && t->rt.status == FL_OK; k++)
+        if (rdd_task_add_accumulator(&t->rt, s->acc_updates[k]->id,
+                                     (fl_bytes){s->acc_updates[k]->value.data,
+                                                s->acc_updates[k]->value.len}) != FL_OK) {
+          t->rt.status = FL_ENOMEM;
+          t->rt.error = common_strdup("out of memory for accumulator updates");
+        }
+    }
+    scheduler_post_task_end(cb->base.sched, t);
+  }
+  flint__status_update_request__free_unpacked(req, NULL);
+  return FL_OK;
+}
+
+/* ---- executors ------------------------------------------------------------------------- */
+
+/* On the scheduler thread: the executor's slots become usable. */
+static void executor_joined(scheduler *s, void *arg) {
+  executor_ref *e = arg;
+  scheduler_add_slots(s, e->slots);
+}
+
+fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
+                           uint32_t data_port, uint32_t cores, uint64_t memory, uint64_t *id) {
+  if (!host || !*host || strlen(host) > 60 || rpc_port == 0 || rpc_port > 65535 || data_port == 0 ||
+      data_port > 65535 || cores == 0 || cores > 1024)
+    return FL_ERR(FL_EPROTO, "RegisterExecutor: invalid host, ports or cores");
+  executor_ref *e = common_calloc(1, sizeof *e);
+  if (!e) return FL_ERR(FL_ENOMEM, "out of memory");
+  snprintf(e->host, sizeof e->host, "%s", host);
+  snprintf(e->rpc_address, sizeof e->rpc_address, "%s:%u", host, rpc_port);
+  snprintf(e->data_address, sizeof e->data_address, "%s:%u", host, data_port);
+  e->cores = cores;
+  e->slots = cores * cb->cfg.slots_per_core;
+  e->memory = memory;
+  e->last_heartbeat_ns = common_now_ns();
+  fl_status st = rpc_channel_create(e->rpc_address, cb->cfg.secret, 0, &e->channel);
+  if (st != FL_OK) {
+    common_free(e);
+    return st;
+  }
+  sender_args *args = common_malloc(sizeof *args);
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  e->id = ++cb->next_executor_id;
+  if (args) *args = (sender_args){cb, e};
+  if (!args || pthread_create(&e->sender, NULL, sender_loop, args) != 0) {
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    common_free(args);
+    rpc_channel_destroy(e->channel);
+    common_free(e);
+    return FL_ERR(FL_ENOMEM, "cannot start a sender thread");
+  }
+  e->next = cb->executors;
+  cb->executors = e;
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  *id = e->id;
+  common_log(LOG_INFO, "executor %llu registered: %s, %u cores, %llu MiB", (unsigned long long)e->id,
+             e->rpc_address, cores, (unsigned long long)(memory >> 20));
+  return scheduler_post_call(cb->base.sched, executor_joined, e);
+}
+
+bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t cached_bytes,
+                       uint64_t tasks_run, uint64_t tasks_failed) {
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  executor_ref *e = find_executor(cb, executor);
+  if (e) {
+    e->cached_bytes = cached_bytes;
+    e->tasks_run = tasks_run;
+    e->tasks_failed = tasks_failed;
+    e->last_heartbeat_ns = common_now_ns();
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  return e != NULL;
+}
+
+bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf, size_t len) {
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  executor_ref *e = find_executor(cb, executor);
+  if (e) snprintf(buf, len, "%s", e->data_address);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  return e != NULL;
+}
+
+uint32_t cluster_cores(cluster_backend *cb) {
+  uint32_t n = 0;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (executor_ref *e = cb->executors; e; e = e->next) n += e->cores;
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  return n;
+}
+
+fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count) {
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  size_t n = 0;
+  for (executor_ref *e = cb->executors; e; e = e->next) n++;
+  Flint__ExecutorInfo **out = common_calloc(n + 1, sizeof *out);
+  size_t k = 0;
+  for (executor_ref *e = cb->executors; out && e; e = e->next) {
+    Flint__ExecutorInfo *x = common_calloc(1, sizeof *x);
+    if (!x) break;
+    flint__executor_info__init(x);
+    x->id = e->id;
+    x->address = common_strdup(e->rpc_address);
+    x->cores = e->cores;
+    x->memory = e->memory;
+    x->cached_bytes = e->cached_bytes;
+    x->tasks_run = e->tasks_run;
+    x->tasks_failed = e->tasks_failed;
+    x->alive = true;
+    out[k++] = x;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  if (!out) return FL_ERR(FL_ENOMEM, "out of memory");
+  *infos = (void **)out;
+  *count = k;
+  return FL_OK;
+}
+
+void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids, size_t num_rdds,
+                    const uint64_t *shuffle_ids, size_t num_shuffles, bool whole_application) {
+  Flint__RemoveRequest req = FLINT__REMOVE_REQUEST__INIT;
+  req.app_id = app;
+  req.n_rdd_ids = num_rdds;
+  req.rdd_ids = (uint64_t *)rdd_ids;
+  req.n_shuffle_ids = num_shuffles;
+  req.shuffle_ids = (uint64_t *)shuffle_ids;
+  req.whole_application = whole_application;
+  size_t size = flint__remove_request__get_packed_size(&req);
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (executor_ref *e = cb->executors; e; e = e->next) {
+    outgoing *o = common_calloc(1, sizeof *o);
+    if (!o || fl_buf_reserve(&o->body, size ? size : 1) != FL_OK) {
+      common_free(o);
+      continue; /* best effort: the blocks go when the application or executor ends */
+    }
+    o->body.len = flint__remove_request__pack(&req, o->body.data);
+    o->method = "/flint.Executor/Remove";
+    if (e->out_tail) e->out_tail->next = o;
+    else e->out_head = o;
+    e->out_tail = o;
+  }
+  pthread_cond_broadcast(&cb->wake);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+}
+
+/* ---- lifetime -------------------------------------------------------------------------- */
+
+static void cluster_destroy(backend *b) {
+  cluster_backend *cb = of(b);
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (executor_ref *e = cb->executors; e; e = e->next) e->stopping = true;
+  pthread_cond_broadcast(&cb->wake);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  while (cb->executors) {
+    executor_ref *e = cb->executors;
+    cb->executors = e->next;
+    pthread_join(e->sender, NULL);
+    while (e->out_head) { /* calls never sent: their attempts end with the driver */
+      outgoing *o = e->out_head;
+      e->out_head = o->next;
+      fl_buf_free(&o->body);
+      common_free(o->tasks);
+      common_free(o);
+    }
+    rpc_channel_destroy(e->channel);
+    common_free(e->batch);
+    common_free(e->known);
+    common_free(e);
+  }
+  common_free(cb->inflight);
+  pthread_cond_destroy(&cb->wake);
+  pthread_mutex_destroy(&cb->lock);
+  common_free(cb);
+}
+
+static const backend_ops cluster_ops = {.name = "cluster",
+                                        .place = cluster_place,
+                                        .launch = cluster_launch,
+                                        .flush = cluster_flush,
+                                        .ended = cluster_ended,
+                                        .destroy = cluster_destroy};
+
+fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cluster_backend **out) {
+  cluster_backend *cb = common_calloc(1, sizeof *cb);
+  if (!cb) return FL_ERR(FL_ENOMEM, "cannot allocate the cluster backend");
+  FL_PCHECK(pthread_mutex_init(&cb->lock, NULL));
+  FL_PCHECK(pthread_cond_init(&cb->wake, NULL));
+  cb->cfg = *cfg;
+  if (!cb->cfg.slots_per_core) cb->cfg.slots_per_core = 2;
+  cb->base.ops = &cluster_ops;
+  cb->base.sched = sched;
+  cb->base.slots = 0; /* executors bring theirs */
+  *out = cb;
+  return FL_OK;
+}

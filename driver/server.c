@@ -1,0 +1,991 @@
+/*
+ * server.c: the driver process (`flint driver`). One scheduler with the cluster backend
+ * serves every application: clients (programs using the C API with a flint:// master, and
+ * job binaries that the driver runs in supervised child processes) open an application,
+ * upload their libraries and broadcasts, and send plans and actions; executors register,
+ * heartbeat and report task ends. A block server hands out libraries and broadcast values.
+ *
+ * Threads: gRPC's (handlers may block: a RunJob handler waits for its job), the scheduler's
+ * event loop, the block server's, and one supervisor per job binary that reads its output.
+ * Applications and submissions are under d->lock; each application's datasets under its own.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "driver/driver.h"
+#include "proto/flint.pb-c.h"
+#include "shuffle/shuffle.h"
+
+#define HEARTBEAT_MS 1000
+#define MAX_APPS_KEPT 64          /* finished applications kept for status */
+#define MAX_JOB_OUTPUT (64u << 20) /* bytes of a job binary's stdout or stderr kept */
+#define MAX_WAIT_MS 10000
+
+typedef struct job_record {
+  uint64_t id;
+  fl_status status;
+  uint32_t tasks;
+  bool running;
+  char error[256];
+} job_record;
+
+typedef struct app_entry {
+  driver_app *app; /* NULL once finished */
+  uint64_t id;
+  char name[128];
+  job_record jobs[16]; /* the last ones, a ring */
+  uint64_t num_jobs;
+  struct broadcast_entry *broadcasts;
+  struct app_entry *next;
+} app_entry;
+
+typedef struct broadcast_entry {
+  uint64_t id, total;
+  fl_buf value;
+  struct broadcast_entry *next;
+} broadcast_entry;
+
+typedef struct submission {
+  uint64_t id;
+  pid_t pid;
+  int out_fd, err_fd;
+  fl_buf out, err;
+  bool exited;
+  int exit_code, signal;
+  pthread_t supervisor;
+  struct submission *next;
+} submission;
+
+typedef struct driver_state {
+  driver_config cfg;
+  char address[96];   /* HOST:PORT of the control plane, as clients reach it */
+  char work_dir[PATH_MAX];
+  scheduler *sched;
+  cluster_backend *cluster;
+  rpc_server *server;
+  dp_server *blocks;
+  pthread_mutex_t lock;
+  pthread_cond_t changed; /* submissions' output */
+  app_entry *apps;
+  uint64_t next_app_id, next_submission_id;
+  submission *submissions;
+} driver_state;
+
+static fl_status pack(const ProtobufCMessage *msg, fl_buf *out) {
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  fl_status st = fl_buf_reserve(out, n ? n : 1);
+  if (st != FL_OK) return st;
+  out->len = protobuf_c_message_pack(msg, out->data);
+  return FL_OK;
+}
+
+static fl_status empty_reply(fl_buf *out) {
+  Flint__Empty e = FLINT__EMPTY__INIT;
+  return pack(&e.base, out);
+}
+
+/* Unpacks a request or fails the call with FL_EPROTO naming the message. */
+#define UNPACK(type, var, body, what)                                                        \
+  type *var = (type *)protobuf_c_message_unpack(&type##_descriptor_, NULL, (body).len,      \
+                                                  (body).data);                              \
+  if (!var) return FL_ERR(FL_EPROTO, "%s: malformed message", what)
+
+/* protobuf-c names descriptors flint__x__descriptor; map the type names onto them. */
+#define Flint__RegisterExecutorRequest_descriptor_ flint__register_executor_request__descriptor
+#define Flint__HeartbeatRequest_descriptor_ flint__heartbeat_request__descriptor
+#define Flint__OpenApplicationRequest_descriptor_ flint__open_application_request__descriptor
+#define Flint__AppRequest_descriptor_ flint__app_request__descriptor
+#define Flint__HasLibraryRequest_descriptor_ flint__has_library_request__descriptor
+#define Flint__UploadLibraryRequest_descriptor_ flint__upload_library_request__descriptor
+#define Flint__BroadcastPutRequest_descriptor_ flint__broadcast_put_request__descriptor
+#define Flint__BroadcastRemoveRequest_descriptor_ flint__broadcast_remove_request__descriptor
+#define Flint__RunJobRequest_descriptor_ flint__run_job_request__descriptor
+#define Flint__StorageInfoRequest_descriptor_ flint__storage_info_request__descriptor
+#define Flint__UnpersistRequest_descriptor_ flint__unpersist_request__descriptor
+#define Flint__SubmitRequest_descriptor_ flint__submit_request__descriptor
+#define Flint__OutputRequest_descriptor_ flint__output_request__descriptor
+
+/* ---- an application's context in the driver -------------------------------------------- */
+
+static fl_status app_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t n,
+                             const rdd_action *action, fl_buf *results) {
+  return FL_ERR(FL_ESTATE, "the driver runs jobs only for clients");
+}
+static const rdd_runtime_ops app_runtime = {.run_job = app_run_job};
+
+static bool app_cache_get(void *impl, rdd_block_key key, const rdd_batch **b, void **h) { return false; }
+static fl_status app_cache_put(void *impl, rdd_block_key key, fl_storage_level level, rdd_batch *batch,
+                               const rdd_batch **stored, void **handle) {
+  return FL_ERR(FL_ESTATE, "the driver stores no blocks");
+}
+static void app_cache_release(void *impl, void *handle) {}
+static void app_cache_remove_rdd(void *impl, uint64_t rdd_id) {
+  driver_app *app = impl;
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  location_forget_id(app->blocks, rdd_id);
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  cluster_remove(app->cluster, app->id, &rdd_id, 1, NULL, 0, false);
+}
+typedef struct info_ctx {
+  fl_storage_info *out;
+} info_ctx;
+static void count_block(void *arg, uint32_t index, uint64_t executor) {
+  ((info_ctx *)arg)->out->cached_partitions++;
+}
+static void app_cache_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {
+  driver_app *app = impl;
+  info_ctx c = {out};
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  location_each(app->blocks, rdd_id, count_block, &c);
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+}
+static void app_shuffle_path(void *impl, uint64_t s, uint32_t m, char *path, size_t len) {
+  snprintf(path, len, "/nonexistent");
+}
+static fl_status app_shuffle_fetch(void *impl, uint64_t s, uint32_t m, uint32_t r, uint64_t off,
+                                   uint64_t len, fl_buf *out, uint64_t *block_len) {
+  return FL_ERR(FL_ESTATE, "the driver holds no shuffle output");
+}
+/* Called when a shuffled dataset is freed here: its output goes everywhere. The driver's
+ * dataset lock is held by the caller (a plan release). */
+static void app_shuffle_remove(void *impl, uint64_t shuffle_id, uint32_t num_maps) {
+  driver_app *app = impl;
+  location_forget_id(app->maps, shuffle_id);
+  cluster_remove(app->cluster, app->id, NULL, 0, &shuffle_id, 1, false);
+}
+static const rdd_cache_ops app_cache = {app_cache_get,      app_cache_put,     app_cache_release,
+                                        app_cache_remove_rdd, app_cache_info,    app_shuffle_path,
+                                        app_shuffle_fetch,  app_shuffle_remove};
+
+static void app_free(driver_app *app) {
+  if (!app) return;
+  rdd_plan_destroy(app->plan);
+  for (size_t i = 0; i < app->num_libraries; i++) common_free(app->libraries[i]);
+  common_free(app->libraries);
+  location_table_destroy(app->maps);
+  location_table_destroy(app->blocks);
+  fl_buf_free(&app->accumulators);
+  rdd_shared_destroy(app->ctx.shared);
+  map_output_table_destroy(app->ctx.map_outputs);
+  pthread_mutex_destroy(&app->lock);
+  common_free(app);
+}
+
+static fl_status app_new(driver_state *d, uint64_t id, const char *name, driver_app **out) {
+  driver_app *app = common_calloc(1, sizeof *app);
+  if (!app) return FL_ERR(FL_ENOMEM, "out of memory");
+  FL_PCHECK(pthread_mutex_init(&app->lock, NULL));
+  app->id = id;
+  snprintf(app->name, sizeof app->name, "%s", name && *name ? name : "unnamed");
+  app->cluster = d->cluster;
+  fl_status status = FL_OK;
+  FL_CHECK(location_table_create(&app->maps));
+  FL_CHECK(location_table_create(&app->blocks));
+  FL_CHECK(rdd_shared_create(&app->ctx.shared));
+  FL_CHECK(map_output_table_create(&app->ctx.map_outputs));
+  app->ctx.runtime = &app_runtime;
+  app->ctx.runtime_impl = app;
+  app->ctx.cache = &app_cache;
+  app->ctx.cache_impl = app;
+  app->ctx.work_dir = d->work_dir;
+  atomic_init(&app->ctx.next_rdd_id, 1);
+  rdd_fn_codec codec = {0}; /* the driver never resolves user functions */
+  FL_CHECK(rdd_plan_create(&app->ctx, &codec, &app->plan));
+  *out = app;
+  return FL_OK;
+cleanup:
+  app_free(app);
+  return status;
+}
+
+/* The running application `id` (d->lock held by the caller). */
+static app_entry *app_find(driver_state *d, uint64_t id) {
+  for (app_entry *a = d->apps; a; a = a->next)
+    if (a->id == id) return a;
+  return NULL;
+}
+
+static fl_status app_lookup(driver_state *d, uint64_t id, driver_app **out) {
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  app_entry *a = app_find(d, id);
+  *out = a ? a->app : NULL;
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  if (!*out)
+    return FL_ERR(FL_ENOENT, "no running application %llu on this driver", (unsigned long long)id);
+  return FL_OK;
+}
+
+/* ---- client calls ---------------------------------------------------------------------- */
+
+static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__OpenApplicationRequest, req, body, "OpenApplication");
+  app_entry *e = common_calloc(1, sizeof *e);
+  fl_status status = e ? FL_OK : FL_ERR(FL_ENOMEM, "out of memory");
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  uint64_t id = ++d->next_app_id;
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  if (status == FL_OK) status = app_new(d, id, req->name, &e->app);
+  if (status == FL_OK) {
+    e->id = id;
+    snprintf(e->name, sizeof e->name, "%s", e->app->name);
+    FL_PCHECK(pthread_mutex_lock(&d->lock));
+    e->next = d->apps;
+    d->apps = e;
+    /* Bounded history: forget the oldest finished applications. */
+    size_t finished = 0;
+    for (app_entry **p = &d->apps; *p;) {
+      if (!(*p)->app && ++finished > MAX_APPS_KEPT) {
+        app_entry *old = *p;
+        *p = old->next;
+        common_free(old);
+      } else {
+        p = &(*p)->next;
+      }
+    }
+    FL_PCHECK(pthread_mutex_unlock(&d->lock));
+    common_log(LOG_INFO, "application %llu (%s) opened", (unsigned long long)id, e->name);
+    Flint__OpenApplicationReply reply = FLINT__OPEN_APPLICATION_REPLY__INIT;
+    reply.app_id = id;
+    reply.cores = cluster_cores(d->cluster);
+    status = pack(&reply.base, response);
+  } else {
+    common_free(e);
+  }
+  flint__open_application_request__free_unpacked(req, NULL);
+  return status;
+}
+
+static void broadcasts_free(broadcast_entry *b) {
+  while (b) {
+    broadcast_entry *next = b->next;
+    fl_buf_free(&b->value);
+    common_free(b);
+    b = next;
+  }
+}
+
+static fl_status handle_close(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__AppRequest, req, body, "CloseApplication");
+  uint64_t id = req->app_id;
+  flint__app_request__free_unpacked(req, NULL);
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  app_entry *e = app_find(d, id);
+  driver_app *app = e ? e->app : NULL;
+  broadcast_entry *bcasts = e ? e->broadcasts : NULL;
+  if (e) {
+    e->app = NULL;
+    e->broadcasts = NULL;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  if (!app) return FL_ERR(FL_ENOENT, "no running application %llu", (unsigned long long)id);
+  cluster_remove(d->cluster, id, NULL, 0, NULL, 0, true);
+  app_free(app);
+  broadcasts_free(bcasts);
+  common_log(LOG_INFO, "application %llu closed", (unsigned long long)id);
+  return empty_reply(response);
+}
+
+/* Library ids are 32 lowercase hex digits (rdd/plan.c's content ids). */
+static bool library_id_valid(const char *id) {
+  if (!id || strlen(id) != 32) return false;
+  for (const char *p = id; *p; p++)
+    if (!strchr("0123456789abcdef", *p)) return false;
+  return true;
+}
+
+static void library_path(driver_state *d, const char *id, char *path, size_t len) {
+  snprintf(path, len, "%s/lib/%s.so", d->work_dir, id);
+}
+
+static fl_status app_add_library(driver_app *app, const char *id) {
+  fl_status st = FL_OK;
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  bool have = false;
+  for (size_t i = 0; i < app->num_libraries; i++) have |= strcmp(app->libraries[i], id) == 0;
+  if (!have) {
+    char **grown = common_realloc(app->libraries, (app->num_libraries + 1) * sizeof *grown);
+    char *copy = common_strdup(id);
+    if (grown) app->libraries = grown;
+    if (!grown || !copy) {
+      common_free(copy);
+      st = FL_ERR(FL_ENOMEM, "out of memory");
+    } else {
+      app->libraries[app->num_libraries++] = copy;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  return st;
+}
+
+static fl_status handle_has_library(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__HasLibraryRequest, req, body, "HasLibrary");
+  driver_app *app;
+  fl_status st = app_lookup(d, req->app_id, &app);
+  if (st == FL_OK && !library_id_valid(req->id)) st = FL_ERR(FL_EPROTO, "HasLibrary: malformed library id");
+  if (st == FL_OK) {
+    char path[PATH_MAX + 64];
+    library_path(d, req->id, path, sizeof path);
+    Flint__HasLibraryReply reply = FLINT__HAS_LIBRARY_REPLY__INIT;
+    reply.present = access(path, R_OK) == 0;
+    if (reply.present) st = app_add_library(app, req->id);
+    if (st == FL_OK) st = pack(&reply.base, response);
+  }
+  flint__has_library_request__free_unpacked(req, NULL);
+  return st;
+}
+
+static fl_status handle_upload_library(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__UploadLibraryRequest, req, body, "UploadLibrary");
+  driver_app *app;
+  fl_status st = app_lookup(d, req->app_id, &app);
+  if (st == FL_OK && !library_id_valid(req->id)) st = FL_ERR(FL_EPROTO, "UploadLibrary: malformed library id");
+  if (st == FL_OK) {
+    char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
+    library_path(d, req->id, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)gettid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write(fd, req->content.data, req->content.len) == (ssize_t)req->content.len;
+    if (fd >= 0) close(fd);
+    if (!ok || rename(tmp, path) != 0) {
+      unlink(tmp);
+      st = FL_ERR(FL_EIO, "cannot store library %s: %s", req->name, strerror(errno));
+    } else {
+      st = app_add_library(app, req->id);
+    }
+  }
+  if (st == FL_OK) st = empty_reply(response);
+  flint__upload_library_request__free_unpacked(req, NULL);
+  return st;
+}
+
+static fl_status handle_broadcast_put(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__BroadcastPutRequest, req, body, "BroadcastPut");
+  fl_status st = FL_OK;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  app_entry *e = app_find(d, req->app_id);
+  broadcast_entry *b = NULL;
+  if (!e || !e->app) {
+    st = FL_ERR(FL_ENOENT, "no running application %llu", (unsigned long long)req->app_id);
+    goto unlock;
+  }
+  for (b = e->broadcasts; b && b->id != req->broadcast_id; b = b->next) {
+  }
+  if (!b) {
+    if (req->offset != 0 || req->total > (4ull << 30)) {
+      st = FL_ERR(FL_EPROTO, "BroadcastPut: first chunk at offset %llu of %llu bytes",
+                  (unsigned long long)req->offset, (unsigned long long)req->total);
+      goto unlock;
+    }
+    if (!(b = common_calloc(1, sizeof *b))) {
+      st = FL_ERR(FL_ENOMEM, "out of memory");
+      goto unlock;
+    }
+    b->id = req->broadcast_id;
+    b->total = req->total;
+    b->next = e->broadcasts;
+    e->broadcasts = b;
+  }
+  if (req->offset != b->value.len || req->total != b->total || req->chunk.len > b->total - b->value.len) {
+    st = FL_ERR(FL_EPROTO, "BroadcastPut: chunk at %llu does not continue broadcast %llu",
+                (unsigned long long)req->offset, (unsigned long long)b->id);
+    goto unlock;
+  }
+  st = fl_buf_append(&b->value, req->chunk.data, req->chunk.len);
+unlock:
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  flint__broadcast_put_request__free_unpacked(req, NULL);
+  return st == FL_OK ? empty_reply(response) : st;
+}
+
+static fl_status handle_broadcast_remove(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__BroadcastRemoveRequest, req, body, "BroadcastRemove");
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  app_entry *e = app_find(d, req->app_id);
+  for (broadcast_entry **p = e ? &e->broadcasts : NULL; p && *p; p = &(*p)->next)
+    if ((*p)->id == req->broadcast_id) {
+      broadcast_entry *b = *p;
+      *p = b->next;
+      b->next = NULL;
+      broadcasts_free(b);
+      break;
+    }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  flint__broadcast_remove_request__free_unpacked(req, NULL);
+  return empty_reply(response);
+}
+
+static void job_note(driver_state *d, uint64_t app_id, uint64_t job_id, uint32_t tasks,
+                     bool running, fl_status status, const char *error) {
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  app_entry *e = app_find(d, app_id);
+  if (e) {
+    job_record *j = NULL;
+    for (uint64_t i = 0; i < 16 && i < e->num_jobs; i++)
+      if (e->jobs[i].id == job_id) j = &e->jobs[i];
+    if (!j) j = &e->jobs[e->num_jobs++ % 16];
+    j->id = job_id;
+    j->tasks = tasks;
+    j->running = running;
+    j->status = status;
+    snprintf(j->error, sizeof j->error, "%s", error ? error : "");
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+}
+
+static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__RunJobRequest, req, body, "RunJob");
+  driver_app *app;
+  driver_action action;
+  memset(&action, 0, sizeof action);
+  bool have_action = false;
+  fl_buf *results = NULL;
+  rdd *r = NULL;
+  fl_status status = app_lookup(d, req->app_id, &app);
+  if (status != FL_OK) goto cleanup;
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
+  for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
+    rdd *x = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
+    if (x && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&x->level, req->levels[i]->level);
+  }
+  if (status == FL_OK && !(r = rdd_plan_find(app->plan, req->rdd_id)))
+    status = FL_ERR(FL_EPROTO, "RunJob: unknown dataset %llu", (unsigned long long)req->rdd_id);
+  if (status == FL_OK) {
+    rdd_retain(r);
+    status = rdd_action_decode(app->plan, (fl_bytes){req->action.data, req->action.len}, &action.action);
+    have_action = status == FL_OK;
+    action.encoded = (fl_bytes){req->action.data, req->action.len};
+  }
+  for (size_t i = 0; status == FL_OK && i < req->n_partitions; i++)
+    if (req->partitions[i] >= r->num_partitions)
+      status = FL_ERR(FL_EPROTO, "RunJob: partition %u of a dataset with %u", req->partitions[i],
+                      r->num_partitions);
+  /* Datasets the client freed (their cached blocks and shuffles go with them). */
+  for (size_t i = 0; status == FL_OK && i < req->n_released; i++) rdd_plan_release(app->plan, req->released[i]);
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  if (status != FL_OK) goto cleanup;
+
+  results = common_calloc(req->n_partitions ? req->n_partitions : 1, sizeof *results);
+  if (!results) {
+    status = FL_ERR(FL_ENOMEM, "out of memory");
+    goto cleanup;
+  }
+  job_note(d, app->id, 0, (uint32_t)req->n_partitions, true, FL_OK, NULL);
+  status = scheduler_run_job(d->sched, r, req->partitions, (uint32_t)req->n_partitions,
+                             &action.action, results);
+  job_note(d, app->id, 0, (uint32_t)req->n_partitions, false, status, status ? fl_last_error() : NULL);
+  if (status != FL_OK) goto cleanup;
+
+  Flint__RunJobReply reply = FLINT__RUN_JOB_REPLY__INIT;
+  ProtobufCBinaryData *bins = common_calloc(req->n_partitions + 1, sizeof *bins);
+  /* Accumulator updates: taken from the application now, sent as one list. */
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  fl_buf accs = app->accumulators;
+  app->accumulators = (fl_buf)FL_BUF_INIT;
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  size_t n_accs = 0;
+  rdd_cursor c = {accs.data, accs.data + accs.len};
+  while (c.p < c.end) {
+    uint64_t id, len;
+    size_t a = common_varint_get(c.p, c.end, &id);
+    size_t b = a ? common_varint_get(c.p + a, c.end, &len) : 0;
+    if (!b) break;
+    c.p += a + b + len;
+    n_accs++;
+  }
+  Flint__AccUpdate *acc_items = common_calloc(n_accs + 1, sizeof *acc_items);
+  Flint__AccUpdate **acc_ptrs = common_calloc(n_accs + 1, sizeof *acc_ptrs);
+  if (!bins || !acc_items || !acc_ptrs) {
+    status = FL_ERR(FL_ENOMEM, "out of memory");
+  } else {
+    for (size_t i = 0; i < req->n_partitions; i++) bins[i] = (ProtobufCBinaryData){results[i].len, results[i].data};
+    reply.n_results = req->n_partitions;
+    reply.results = bins;
+    c = (rdd_cursor){accs.data, accs.data + accs.len};
+    for (size_t i = 0; i < n_accs; i++) {
+      uint64_t id = 0, len = 0;
+      c.p += common_varint_get(c.p, c.end, &id);
+      c.p += common_varint_get(c.p, c.end, &len);
+      flint__acc_update__init(&acc_items[i]);
+      acc_items[i].id = id;
+      acc_items[i].value = (ProtobufCBinaryData){len, (uint8_t *)c.p};
+      acc_ptrs[i] = &acc_items[i];
+      c.p += len;
+    }
+    reply.n_acc_updates = n_accs;
+    reply.acc_updates = acc_ptrs;
+    status = pack(&reply.base, response);
+  }
+  common_free(bins);
+  common_free(acc_items);
+  common_free(acc_ptrs);
+  fl_buf_free(&accs);
+cleanup:
+  if (results)
+    for (size_t i = 0; i < req->n_partitions; i++) fl_buf_free(&results[i]);
+  common_free(results);
+  if (have_action) rdd_action_clear(&action.action);
+  if (r) rdd_release(r);
+  flint__run_job_request__free_unpacked(req, NULL);
+  return status;
+}
+
+static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__StorageInfoRequest, req, body, "StorageInfo");
+  driver_app *app;
+  fl_status st = app_lookup(d, req->app_id, &app);
+  if (st == FL_OK) {
+    fl_storage_info info = {0};
+    app_cache_info(app, req->rdd_id, &info);
+    Flint__StorageInfoReply reply = FLINT__STORAGE_INFO_REPLY__INIT;
+    reply.cached_partitions = info.cached_partitions;
+    st = pack(&reply.base, response);
+  }
+  flint__storage_info_request__free_unpacked(req, NULL);
+  return st;
+}
+
+static fl_status handle_unpersist(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__UnpersistRequest, req, body, "Unpersist");
+  driver_app *app;
+  fl_status st = app_lookup(d, req->app_id, &app);
+  if (st == FL_OK) {
+    FL_PCHECK(pthread_mutex_lock(&app->lock));
+    rdd *r = rdd_plan_find(app->plan, req->rdd_id);
+    if (r) atomic_store(&r->level, FL_STORAGE_NONE);
+    FL_PCHECK(pthread_mutex_unlock(&app->lock));
+    app_cache_remove_rdd(app, req->rdd_id);
+    st = empty_reply(response);
+  }
+  flint__unpersist_request__free_unpacked(req, NULL);
+  return st;
+}
+
+/* ---- job binaries ---------------------------------------------------------------------- */
+
+static void *supervise(void *arg) {
+  void **args = arg;
+  driver_state *d = args[0];
+  submission *s = args[1];
+  common_free(args);
+  struct pollfd fds[2] = {{s->out_fd, POLLIN, 0}, {s->err_fd, POLLIN, 0}};
+  int open_fds = 2;
+  char buf[65536];
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; i++) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      FL_PCHECK(pthread_mutex_lock(&d->lock));
+      if (n > 0) {
+        fl_buf *b = i == 0 ? &s->out : &s->err;
+        if (b->len + (size_t)n <= MAX_JOB_OUTPUT) fl_buf_append(b, buf, (size_t)n);
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        open_fds--;
+      }
+      pthread_cond_broadcast(&d->changed);
+      FL_PCHECK(pthread_mutex_unlock(&d->lock));
+    }
+  }
+  int wstatus = 0;
+  while (waitpid(s->pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  s->exited = true;
+  if (WIFEXITED(wstatus)) s->exit_code = WEXITSTATUS(wstatus);
+  else if (WIFSIGNALED(wstatus)) s->signal = WTERMSIG(wstatus);
+  pthread_cond_broadcast(&d->changed);
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  if (s->signal)
+    common_log(LOG_WARN, "job binary %llu was killed by signal %d (%s)", (unsigned long long)s->id,
+               s->signal, strsignal(s->signal));
+  else
+    common_log(LOG_INFO, "job binary %llu exited with status %d", (unsigned long long)s->id, s->exit_code);
+  return NULL;
+}
+
+static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__SubmitRequest, req, body, "Submit");
+  fl_status status = FL_OK;
+  submission *s = NULL;
+  char path[PATH_MAX + 64];
+  int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+  char **argv = NULL;
+  if (req->library.len == 0) {
+    status = FL_ERR(FL_EINVAL, "Submit: the job library is empty");
+    goto cleanup;
+  }
+  if (req->n_args > 1024) {
+    status = FL_ERR(FL_EPROTO, "Submit: %zu arguments is too many", req->n_args);
+    goto cleanup;
+  }
+  s = common_calloc(1, sizeof *s);
+  argv = common_calloc(req->n_args + 7, sizeof *argv);
+  if (!s || !argv) {
+    status = FL_ERR(FL_ENOMEM, "out of memory");
+    goto cleanup;
+  }
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  s->id = ++d->next_submission_id;
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  snprintf(path, sizeof path, "%s/jobs/job-%llu.so", d->work_dir, (unsigned long long)s->id);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
+  bool ok = fd >= 0 && write(fd, req->library.data, req->library.len) == (ssize_t)req->library.len;
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    status = FL_ERR(FL_EIO, "cannot store the job library %s: %s", path, strerror(errno));
+    goto cleanup;
+  }
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    status = FL_ERR(FL_EIO, "cannot make pipes: %s", strerror(errno));
+    goto cleanup;
+  }
+  /* The child is the flint command itself, as a client of this driver. */
+  char master[128];
+  snprintf(master, sizeof master, "flint://%s", d->address);
+  argv[0] = "flint";
+  argv[1] = "submit";
+  argv[2] = "--in-process";
+  argv[3] = "--master";
+  argv[4] = master;
+  argv[5] = path;
+  for (size_t i = 0; i < req->n_args; i++) argv[6 + i] = req->args[i];
+  pid_t pid = fork();
+  if (pid < 0) {
+    status = FL_ERR(FL_EIO, "cannot start the job: %s", strerror(errno));
+    goto cleanup;
+  }
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    execv("/proc/self/exe", argv);
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  s->pid = pid;
+  s->out_fd = out_pipe[0];
+  s->err_fd = err_pipe[0];
+  out_pipe[0] = out_pipe[1] = err_pipe[0] = err_pipe[1] = -1;
+  void **args = common_malloc(2 * sizeof *args);
+  if (args) {
+    args[0] = d;
+    args[1] = s;
+  }
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  s->next = d->submissions;
+  d->submissions = s;
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  if (!args || pthread_create(&s->supervisor, NULL, supervise, args) != 0) {
+    common_free(args);
+    kill(pid, SIGKILL);
+    status = FL_ERR(FL_ENOMEM, "cannot supervise the job");
+    s = NULL; /* listed: freed with the driver */
+    goto cleanup;
+  }
+  common_log(LOG_INFO, "job binary %llu (%s) started as pid %d", (unsigned long long)s->id, req->name, (int)pid);
+  Flint__SubmitReply reply = FLINT__SUBMIT_REPLY__INIT;
+  reply.submission_id = s->id;
+  s = NULL;
+  status = pack(&reply.base, response);
+cleanup:
+  for (int i = 0; i < 2; i++) {
+    if (out_pipe[i] >= 0) close(out_pipe[i]);
+    if (err_pipe[i] >= 0) close(err_pipe[i]);
+  }
+  common_free(s);
+  common_free(argv);
+  flint__submit_request__free_unpacked(req, NULL);
+  return status;
+}
+
+static fl_status handle_output(driver_state *d, fl_bytes body, fl_buf *response, const rpc_request *call) {
+  UNPACK(Flint__OutputRequest, req, body, "Output");
+  uint32_t wait_ms = req->wait_ms < MAX_WAIT_MS ? req->wait_ms : MAX_WAIT_MS;
+  uint64_t deadline = common_now_ns() + (uint64_t)wait_ms * 1000000u;
+  fl_status st = FL_OK;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  submission *s = d->submissions;
+  while (s && s->id != req->submission_id) s = s->next;
+  if (!s) {
+    st = FL_ERR(FL_ENOENT, "no job binary %llu on this driver", (unsigned long long)req->submission_id);
+  } else {
+    while (!s->exited && s->out.len <= req->stdout_offset && s->err.len <= req->stderr_offset &&
+           common_now_ns() < deadline && !atomic_load(call->cancelled)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 50000000;
+      if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&d->changed, &d->lock, &ts);
+    }
+    Flint__OutputReply reply = FLINT__OUTPUT_REPLY__INIT;
+    if (req->stdout_offset < s->out.len)
+      reply.stdout_data = (ProtobufCBinaryData){s->out.len - req->stdout_offset, s->out.data + req->stdout_offset};
+    if (req->stderr_offset < s->err.len)
+      reply.stderr_data = (ProtobufCBinaryData){s->err.len - req->stderr_offset, s->err.data + req->stderr_offset};
+    /* Exited only once all of the output has been read. */
+    reply.exited = s->exited;
+    reply.exit_code = s->exit_code;
+    reply.signal = s->signal;
+    st = pack(&reply.base, response);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  flint__output_request__free_unpacked(req, NULL);
+  return st;
+}
+
+/* ---- status ---------------------------------------------------------------------------- */
+
+static fl_status handle_status(driver_state *d, fl_buf *response) {
+  Flint__StatusReply reply = FLINT__STATUS_REPLY__INIT;
+  void **execs = NULL;
+  size_t num_execs = 0;
+  fl_status st = cluster_describe(d->cluster, &execs, &num_execs);
+  if (st != FL_OK) return st;
+  reply.n_executors = num_execs;
+  reply.executors = (Flint__ExecutorInfo **)execs;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  size_t n = 0;
+  for (app_entry *a = d->apps; a; a = a->next) n++;
+  Flint__AppInfo *apps = common_calloc(n + 1, sizeof *apps);
+  Flint__AppInfo **app_ptrs = common_calloc(n + 1, sizeof *app_ptrs);
+  Flint__JobInfo *jobs = common_calloc(16 * n + 1, sizeof *jobs);
+  Flint__JobInfo **job_ptrs = common_calloc(16 * n + 1, sizeof *job_ptrs);
+  if (!apps || !app_ptrs || !jobs || !job_ptrs) {
+    st = FL_ERR(FL_ENOMEM, "out of memory");
+  } else {
+    size_t i = 0, k = 0;
+    for (app_entry *a = d->apps; a; a = a->next, i++) {
+      flint__app_info__init(&apps[i]);
+      apps[i].id = a->id;
+      apps[i].name = a->name;
+      apps[i].state = a->app ? "running" : "finished";
+      apps[i].jobs = &job_ptrs[k];
+      uint64_t count = a->num_jobs < 16 ? a->num_jobs : 16;
+      for (uint64_t j = 0; j < count; j++, k++) {
+        job_record *r = &a->jobs[(a->num_jobs - count + j) % 16];
+        flint__job_info__init(&jobs[k]);
+        jobs[k].id = a->num_jobs - count + j + 1;
+        jobs[k].state = r->running ? "running" : r->status == FL_OK ? "succeeded" : "failed";
+        jobs[k].tasks = r->tasks;
+        jobs[k].error = r->error;
+        job_ptrs[k] = &jobs[k];
+        apps[i].n_jobs++;
+      }
+      app_ptrs[i] = &apps[i];
+    }
+    reply.n_applications = n;
+    reply.applications = app_ptrs;
+    st = pack(&reply.base, response);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  for (size_t i = 0; i < num_execs; i++) {
+    Flint__ExecutorInfo *x = execs[i];
+    common_free(x->address);
+    common_free(x);
+  }
+  common_free(execs);
+  common_free(apps);
+  common_free(app_ptrs);
+  common_free(jobs);
+  common_free(job_ptrs);
+  return st;
+}
+
+/* ---- dispatch -------------------------------------------------------------------------- */
+
+static fl_status handle_register(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__RegisterExecutorRequest, req, body, "RegisterExecutor");
+  uint64_t id = 0;
+  fl_status st = cluster_register(d->cluster, req->host, req->rpc_port, req->data_port, req->cores,
+                                  req->memory, &id);
+  flint__register_executor_request__free_unpacked(req, NULL);
+  if (st != FL_OK) return st;
+  Flint__RegisterExecutorReply reply = FLINT__REGISTER_EXECUTOR_REPLY__INIT;
+  reply.executor_id = id;
+  reply.heartbeat_ms = HEARTBEAT_MS;
+  reply.driver_data_port = (uint32_t)dp_server_port(d->blocks);
+  return pack(&reply.base, response);
+}
+
+static fl_status handle_heartbeat(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__HeartbeatRequest, req, body, "Heartbeat");
+  Flint__HeartbeatReply reply = FLINT__HEARTBEAT_REPLY__INIT;
+  reply.unknown = !cluster_heartbeat(d->cluster, req->executor_id, req->cached_bytes, req->tasks_run,
+                                     req->tasks_failed);
+  flint__heartbeat_request__free_unpacked(req, NULL);
+  return pack(&reply.base, response);
+}
+
+static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *response) {
+  driver_state *d = arg;
+  const char *m = call->method;
+  const char *prefix = "/flint.Driver/";
+  if (strncmp(m, prefix, strlen(prefix)) != 0) return FL_ERR(FL_EINVAL, "unknown method %s", m);
+  m += strlen(prefix);
+  fl_bytes b = call->body;
+  if (strcmp(m, "RegisterExecutor") == 0) return handle_register(d, b, response);
+  if (strcmp(m, "Heartbeat") == 0) return handle_heartbeat(d, b, response);
+  if (strcmp(m, "StatusUpdate") == 0) {
+    fl_status st = cluster_status_update(d->cluster, b);
+    return st == FL_OK ? empty_reply(response) : st;
+  }
+  if (strcmp(m, "OpenApplication") == 0) return handle_open(d, b, response);
+  if (strcmp(m, "CloseApplication") == 0) return handle_close(d, b, response);
+  if (strcmp(m, "HasLibrary") == 0) return handle_has_library(d, b, response);
+  if (strcmp(m, "UploadLibrary") == 0) return handle_upload_library(d, b, response);
+  if (strcmp(m, "BroadcastPut") == 0) return handle_broadcast_put(d, b, response);
+  if (strcmp(m, "BroadcastRemove") == 0) return handle_broadcast_remove(d, b, response);
+  if (strcmp(m, "RunJob") == 0) return handle_run_job(d, b, response);
+  if (strcmp(m, "StorageInfo") == 0) return handle_storage_info(d, b, response);
+  if (strcmp(m, "Unpersist") == 0) return handle_unpersist(d, b, response);
+  if (strcmp(m, "Submit") == 0) return handle_submit(d, b, response);
+  if (strcmp(m, "Output") == 0) return handle_output(d, b, response, call);
+  if (strcmp(m, "Status") == 0) return handle_status(d, response);
+  return FL_ERR(FL_EINVAL, "unknown method %s", call->method);
+}
+
+/* The block server: libraries (by content id) and broadcast values (by application). */
+static fl_status serve(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+  driver_state *d = arg;
+  if (req->kind == DP_LIBRARY) {
+    char id[40], path[PATH_MAX + 64];
+    snprintf(id, sizeof id, "%016llx%016llx", (unsigned long long)req->key[0], (unsigned long long)req->key[1]);
+    library_path(d, id, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return FL_ERR(FL_ENOENT, "no library %s on the driver", id);
+    struct stat stbuf;
+    fstat(fd, &stbuf);
+    *total = (uint64_t)stbuf.st_size;
+    uint64_t want = req->offset >= *total ? 0 : *total - req->offset;
+    if (req->len && req->len < want) want = req->len;
+    fl_status st = fl_buf_reserve(out, want);
+    if (st == FL_OK && want && pread(fd, out->data + out->len, want, (off_t)req->offset) != (ssize_t)want)
+      st = FL_ERR(FL_EIO, "cannot read library %s", id);
+    if (st == FL_OK) out->len += want;
+    close(fd);
+    return st;
+  }
+  if (req->kind == DP_BROADCAST) {
+    fl_status st = FL_OK;
+    FL_PCHECK(pthread_mutex_lock(&d->lock));
+    app_entry *e = app_find(d, req->key[0]);
+    broadcast_entry *b = e ? e->broadcasts : NULL;
+    while (b && b->id != req->key[1]) b = b->next;
+    if (!b || b->value.len != b->total) {
+      st = FL_ERR(FL_ENOENT, "no broadcast %llu of application %llu on the driver",
+                  (unsigned long long)req->key[1], (unsigned long long)req->key[0]);
+    } else {
+      *total = b->total;
+      uint64_t want = req->offset >= b->total ? 0 : b->total - req->offset;
+      if (req->len && req->len < want) want = req->len;
+      st = fl_buf_append(out, b->value.data + req->offset, want);
+    }
+    FL_PCHECK(pthread_mutex_unlock(&d->lock));
+    return st;
+  }
+  return FL_ERR(FL_ENOENT, "the driver serves libraries and broadcasts only");
+}
+
+fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
+  driver_state d;
+  memset(&d, 0, sizeof d);
+  d.cfg = *cfg;
+  FL_PCHECK(pthread_mutex_init(&d.lock, NULL));
+  FL_PCHECK(pthread_cond_init(&d.changed, NULL));
+  common_log_set_role("driver");
+  fl_status status = FL_OK;
+  char host[64];
+  const char *colon = cfg->listen ? strrchr(cfg->listen, ':') : NULL;
+  if (!colon || colon == cfg->listen || (size_t)(colon - cfg->listen) >= sizeof host) {
+    status = FL_ERR(FL_EINVAL, "--listen '%s' is not HOST:PORT", cfg->listen ? cfg->listen : "");
+    goto cleanup;
+  }
+  memcpy(host, cfg->listen, (size_t)(colon - cfg->listen));
+  host[colon - cfg->listen] = 0;
+
+  const char *base = cfg->work_dir && *cfg->work_dir ? cfg->work_dir : getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  FL_CHECK(common_mkdirs(base));
+  snprintf(d.work_dir, sizeof d.work_dir, "%s/flint-driver-XXXXXX", base);
+  if (!mkdtemp(d.work_dir)) {
+    d.work_dir[0] = 0;
+    status = FL_ERR(FL_EIO, "cannot create a work folder in %s: %s", base, strerror(errno));
+    goto cleanup;
+  }
+  char sub[PATH_MAX + 16];
+  snprintf(sub, sizeof sub, "%s/lib", d.work_dir);
+  FL_CHECK(common_mkdirs(sub));
+  snprintf(sub, sizeof sub, "%s/jobs", d.work_dir);
+  FL_CHECK(common_mkdirs(sub));
+
+  FL_CHECK(scheduler_create(4, &d.sched));
+  const char *wait = getenv("FLINT_LOCALITY_WAIT_MS");
+  cluster_config cc = {.secret = cfg->secret,
+                       .locality_wait_ns = (wait && *wait ? strtoull(wait, NULL, 10) : 3) * 1000000ull,
+                       .slots_per_core = 2};
+  FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));
+  scheduler_set_backend(d.sched, cluster_backend_base(d.cluster));
+  FL_CHECK(dp_server_start(host, 0, cfg->secret, serve, &d, &d.blocks));
+  rpc_server_config rc = {.listen = cfg->listen, .secret = cfg->secret, .handler = driver_handle,
+                          .handler_arg = &d, .handler_threads = 32};
+  FL_CHECK(rpc_server_start(&rc, &d.server));
+  snprintf(d.address, sizeof d.address, "%s:%d", host, rpc_server_port(d.server));
+  common_log(LOG_INFO, "listening on %s (blocks on port %d)%s", d.address, dp_server_port(d.blocks),
+             cfg->secret && *cfg->secret ? ", shared secret required" : "");
+  if (cfg->port_file) {
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", rpc_server_port(d.server)) < 0 || fclose(f) != 0 ||
+        rename(tmp, cfg->port_file) != 0) {
+      status = FL_ERR(FL_EIO, "cannot write the port file %s: %s", cfg->port_file, strerror(errno));
+      goto cleanup;
+    }
+  }
+  while (!*stop) usleep(20000);
+  common_log(LOG_INFO, "stopping");
+cleanup:
+  rpc_server_stop(d.server);
+  /* Job binaries end with their driver. */
+  for (submission *s = d.submissions; s; s = s->next)
+    if (!s->exited) kill(s->pid, SIGTERM);
+  for (submission *s = d.submissions; s; s = s->next)
+    if (s->supervisor) pthread_join(s->supervisor, NULL);
+  while (d.submissions) {
+    submission *s = d.submissions;
+    d.submissions = s->next;
+    fl_buf_free(&s->out);
+    fl_buf_free(&s->err);
+    common_free(s);
+  }
+  dp_server_stop(d.blocks);
+  while (d.apps) {
+    app_entry *a = d.apps;
+    d.apps = a->next;
+    app_free(a->app);
+    broadcasts_free(a->broadcasts);
+    common_free(a);
+  }
+  scheduler_destroy(d.sched); /* and the cluster backend */
+  if (d.work_dir[0]) common_remove_tree(d.work_dir);
+  pthread_cond_destroy(&d.changed);
+  pthread_mutex_destroy(&d.lock);
+  return status;
+}

@@ -1,0 +1,808 @@
+/*
+ * service.c: an executor process (`flint executor`). It registers with the driver, runs the
+ * tasks the driver launches on a pool of task threads, keeps cached blocks and shuffle output
+ * in one block manager, serves them to peers from a block server, and reports task ends in
+ * batches.
+ *
+ * Design. Each application has its own context here (struct exec_app): the datasets decoded
+ * from the plan parts the driver sends (rdd/plan.c), a shared-variable registry that fetches
+ * broadcasts from the driver on first use, and a cache view onto the executor's one block
+ * manager in which the application's dataset and shuffle ids are prefixed by its id, so that
+ * applications never see each other's blocks. Libraries are content-addressed and kept for the
+ * executor's life: fetched from the driver once, stored in the work dir, dlopen()ed once.
+ *
+ * Threads: gRPC's (the control-plane server and its handlers, which decode launches), the
+ * block server's and the fetch client's event loops, the task threads, one thread sending
+ * status updates (every ended task waiting at that moment goes in one call) and one sending
+ * heartbeats. Task threads never touch sockets: fetches are handed to the fetch client's loop.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "executor/executor.h"
+#include "net/net.h"
+#include "proto/flint.pb-c.h"
+#include "shuffle/shuffle.h"
+
+#define RPC_TIMEOUT_MS 30000
+#define FETCH_TIMEOUT_MS 60000
+#define FETCH_CHUNK (4u << 20)
+/* Applications' ids are put above the ids of their datasets and shuffles in the shared block
+ * manager: 2^40 datasets per application, 2^24 applications per executor life. */
+#define APP_SHIFT 40
+
+typedef struct exec_service exec_service;
+
+/* A library this executor has loaded. */
+typedef struct exec_library {
+  char id[64];
+  void *handle;
+  struct exec_library *next;
+} exec_library;
+
+/* Where one map task's output of a shuffle lives. */
+typedef struct map_location {
+  uint64_t shuffle_id;
+  uint32_t map;
+  char address[64];
+} map_location;
+
+typedef struct exec_app {
+  fl_context ctx; /* first: the datasets' ctx is this struct */
+  exec_service *svc;
+  uint64_t id;
+  rdd_plan *plan;
+  pthread_mutex_t lock; /* plan, locations */
+  map_location *maps;
+  size_t num_maps, cap_maps;
+  char work_dir[PATH_MAX + 32];
+  atomic_int tasks_running;
+  struct exec_app *next;
+} exec_app;
+
+/* One task attempt. */
+typedef struct exec_task {
+  task_pool_work work;
+  exec_app *app;
+  rdd *rdd; /* retained */
+  rdd_action action;
+  bool owns_action;
+  uint64_t key;
+  rdd_task rt;
+  atomic_bool cancelled;
+  fl_buf result;
+  struct exec_task *next; /* running list, then the status queue */
+} exec_task;
+
+struct exec_service {
+  executor_config cfg;
+  uint64_t id;
+  uint32_t heartbeat_ms;
+  char driver_data[96]; /* the driver's block server */
+  rpc_channel *driver;
+  rpc_server *server;
+  dp_server *blocks_server;
+  dp_client *fetcher;
+  block_manager *blocks;
+  task_pool *pool;
+  char work_dir[PATH_MAX];
+  bool own_work_dir;
+
+  pthread_mutex_t lock; /* apps, libraries, running, the status queue */
+  pthread_cond_t wake;
+  exec_app *apps;
+  exec_library *libraries;
+  exec_task *running;
+  exec_task *done_head, *done_tail;
+  bool stopping;
+  atomic_uint_fast64_t tasks_run, tasks_failed;
+  pthread_t status_thread, heartbeat_thread;
+};
+
+/* ---- the application's view of the block manager --------------------------------------- */
+
+static uint64_t app_key(const exec_app *a, uint64_t id) { return (a->id << APP_SHIFT) | id; }
+
+static bool app_get(void *impl, rdd_block_key key, const rdd_batch **batch, void **handle) {
+  exec_app *a = impl;
+  key.rdd_id = app_key(a, key.rdd_id);
+  return block_manager_cache_ops.get(a->svc->blocks, key, batch, handle);
+}
+
+static fl_status app_put(void *impl, rdd_block_key key, fl_storage_level level, rdd_batch *batch,
+                         const rdd_batch **stored, void **handle) {
+  exec_app *a = impl;
+  key.rdd_id = app_key(a, key.rdd_id);
+  return block_manager_cache_ops.put(a->svc->blocks, key, level, batch, stored, handle);
+}
+
+static void app_release(void *impl, void *handle) {
+  block_manager_cache_ops.release(((exec_app *)impl)->svc->blocks, handle);
+}
+
+static void app_remove_rdd(void *impl, uint64_t rdd_id) {
+  exec_app *a = impl;
+  block_manager_cache_ops.remove_rdd(a->svc->blocks, app_key(a, rdd_id));
+}
+
+static void app_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {
+  exec_app *a = impl;
+  block_manager_cache_ops.info(a->svc->blocks, app_key(a, rdd_id), out);
+}
+
+static void app_shuffle_path(void *impl, uint64_t shuffle_id, uint32_t map, char *path, size_t len) {
+  exec_app *a = impl;
+  block_manager_cache_ops.shuffle_path(a->svc->blocks, app_key(a, shuffle_id), map, path, len);
+}
+
+/* The peer holding a map task's output, or NULL when it is this executor (or unknown). */
+static bool map_peer(exec_app *a, uint64_t shuffle_id, uint32_t map, char *peer, size_t len) {
+  bool found = false;
+  FL_PCHECK(pthread_mutex_lock(&a->lock));
+  for (size_t i = 0; i < a->num_maps; i++)
+    if (a->maps[i].shuffle_id == shuffle_id && a->maps[i].map == map) {
+      snprintf(peer, len, "%s", a->maps[i].address);
+      found = true;
+      break;
+    }
+  FL_PCHECK(pthread_mutex_unlock(&a->lock));
+  return found;
+}
+
+static fl_status app_shuffle_fetch(void *impl, uint64_t shuffle_id, uint32_t map, uint32_t reduce,
+                                   uint64_t offset, uint64_t len, fl_buf *out, uint64_t *block_len) {
+  exec_app *a = impl;
+  exec_service *svc = a->svc;
+  char peer[64], self[64];
+  snprintf(self, sizeof self, "%s:%d", svc->cfg.host, dp_server_port(svc->blocks_server));
+  if (!map_peer(a, shuffle_id, map, peer, sizeof peer) || strcmp(peer, self) == 0)
+    return block_manager_cache_ops.shuffle_fetch(svc->blocks, app_key(a, shuffle_id), map, reduce,
+                                                 offset, len, out, block_len);
+  dp_request req = {.kind = DP_SHUFFLE, .key = {a->id, shuffle_id, map, reduce}, .offset = offset,
+                    .len = len};
+  out->len = 0;
+  if (len == 0) { /* only the block's length is wanted: ask for one byte */
+    req.len = 1;
+    fl_buf scratch = FL_BUF_INIT;
+    fl_status st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, &scratch, block_len);
+    fl_buf_free(&scratch);
+    if (st != FL_OK) goto failed;
+    return FL_OK;
+  }
+  fl_status st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, out, block_len);
+  if (st == FL_OK) return FL_OK;
+failed:
+  return common_error_wrap(FL_EFETCH, "fetch failed: shuffle %llu, map %u, reduce %u from %s: ",
+                           (unsigned long long)shuffle_id, map, reduce, peer);
+}
+
+static void app_shuffle_remove(void *impl, uint64_t shuffle_id, uint32_t num_maps) {
+  exec_app *a = impl;
+  block_manager_cache_ops.shuffle_remove(a->svc->blocks, app_key(a, shuffle_id), num_maps);
+}
+
+static const rdd_cache_ops app_cache_ops = {app_get,          app_put,          app_release,
+                                            app_remove_rdd,   app_info,         app_shuffle_path,
+                                            app_shuffle_fetch, app_shuffle_remove};
+
+static fl_status app_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t n,
+                             const rdd_action *action, fl_buf *results) {
+  return FL_ERR(FL_ESTATE, "a task cannot run a job (dataset %llu)", (unsigned long long)r->id);
+}
+
+static const rdd_runtime_ops app_runtime = {.run_job = app_run_job};
+
+/* ---- fetching from the driver ---------------------------------------------------------- */
+
+/* Fetches a whole object from the driver's block server in chunks. */
+static fl_status fetch_from_driver(exec_service *svc, uint8_t kind, const uint64_t key[4],
+                                   fl_buf *out) {
+  dp_request req = {.kind = kind, .key = {key[0], key[1], key[2], key[3]}};
+  uint64_t total = UINT64_MAX;
+  out->len = 0;
+  while (out->len < total) {
+    req.offset = out->len;
+    req.len = FETCH_CHUNK;
+    size_t before = out->len;
+    fl_status st = dp_fetch(svc->fetcher, svc->driver_data, &req, FETCH_TIMEOUT_MS, out, &total);
+    if (st != FL_OK) return st;
+    if (out->len == before && out->len < total)
+      return FL_ERR(FL_EPROTO, "the driver's block server sent no bytes at offset %zu of %llu",
+                    before, (unsigned long long)total);
+  }
+  return FL_OK;
+}
+
+static fl_status fetch_broadcast(void *arg, uint64_t id, fl_buf *out) {
+  exec_app *a = arg;
+  uint64_t key[4] = {a->id, id, 0, 0};
+  return fetch_from_driver(a->svc, DP_BROADCAST, key, out);
+}
+
+/* Library ids are 32 hex digits: two uint64 keys for the block server. */
+static bool library_key(const char *id, uint64_t key[4]) {
+  if (strlen(id) != 32) return false;
+  for (int i = 0; i < 32; i++)
+    if (!strchr("0123456789abcdef", id[i])) return false;
+  char half[17];
+  memcpy(half, id, 16);
+  half[16] = 0;
+  key[0] = strtoull(half, NULL, 16);
+  memcpy(half, id + 16, 16);
+  key[1] = strtoull(half, NULL, 16);
+  key[2] = key[3] = 0;
+  return true;
+}
+
+/* The loaded library `id`, fetched and dlopen()ed on first use. Caller holds svc->lock. */
+static fl_status library_load(exec_service *svc, const char *id, void **handle) {
+  for (exec_library *l = svc->libraries; l; l = l->next)
+    if (strcmp(l->id, id) == 0) {
+      *handle = l->handle;
+      return FL_OK;
+    }
+  uint64_t key[4];
+  if (!library_key(id, key)) return FL_ERR(FL_EPROTO, "malformed library id '%.40s'", id);
+  fl_buf content = FL_BUF_INIT;
+  fl_status st = fetch_from_driver(svc, DP_LIBRARY, key, &content);
+  if (st != FL_OK) {
+    fl_buf_free(&content);
+    return common_error_wrap(st, "library %s: ", id);
+  }
+  char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
+  snprintf(path, sizeof path, "%s/lib/%s.so", svc->work_dir, id);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
+  bool written = fd >= 0 && write(fd, content.data, content.len) == (ssize_t)content.len;
+  if (fd >= 0) close(fd);
+  fl_buf_free(&content);
+  if (!written || rename(tmp, path) != 0) {
+    unlink(tmp);
+    return FL_ERR(FL_EIO, "cannot store library %s in %s: %s", id, path, strerror(errno));
+  }
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return FL_ERR(FL_ENOENT, "cannot load library %s: %s", id, dlerror());
+  exec_library *l = common_calloc(1, sizeof *l);
+  if (!l) return FL_ERR(FL_ENOMEM, "out of memory");
+  snprintf(l->id, sizeof l->id, "%s", id);
+  l->handle = h; /* never closed: decoded datasets keep pointers into it */
+  l->next = svc->libraries;
+  svc->libraries = l;
+  *handle = h;
+  return FL_OK;
+}
+
+static fl_status resolve_fn(void *arg, const char *id, const char *symbol, void (**fn)(void)) {
+  exec_service *svc = arg;
+  void *handle;
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  fl_status st = library_load(svc, id, &handle);
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  if (st != FL_OK) return st;
+  void *p = dlsym(handle, symbol);
+  if (!p) return FL_ERR(FL_ENOENT, "function '%s' is not in library %s", symbol, id);
+  *fn = (void (*)(void))p;
+  return FL_OK;
+}
+
+/* ---- applications ---------------------------------------------------------------------- */
+
+static void app_destroy(exec_app *a) {
+  if (!a) return;
+  rdd_plan_destroy(a->plan);
+  rdd_shared_destroy(a->ctx.shared);
+  map_output_table_destroy(a->ctx.map_outputs);
+  common_free(a->maps);
+  if (a->work_dir[0]) common_remove_tree(a->work_dir);
+  pthread_mutex_destroy(&a->lock);
+  common_free(a);
+}
+
+/* The application's context, made on its first launch. Caller holds svc->lock. */
+static fl_status app_get_or_create(exec_service *svc, uint64_t app_id, exec_app **out) {
+  for (exec_app *a = svc->apps; a; a = a->next)
+    if (a->id == app_id) {
+      *out = a;
+      return FL_OK;
+    }
+  if (app_id == 0 || app_id >= (1ull << (64 - APP_SHIFT)))
+    return FL_ERR(FL_EPROTO, "application id %llu out of range", (unsigned long long)app_id);
+  exec_app *a = common_calloc(1, sizeof *a);
+  if (!a) return FL_ERR(FL_ENOMEM, "out of memory");
+  FL_PCHECK(pthread_mutex_init(&a->lock, NULL));
+  a->svc = svc;
+  a->id = app_id;
+  fl_status status = FL_OK;
+  snprintf(a->work_dir, sizeof a->work_dir, "%s/app-%llu", svc->work_dir, (unsigned long long)app_id);
+  FL_CHECK(common_mkdirs(a->work_dir));
+  FL_CHECK(rdd_shared_create(&a->ctx.shared));
+  rdd_shared_set_remote(a->ctx.shared, fetch_broadcast, a);
+  FL_CHECK(map_output_table_create(&a->ctx.map_outputs));
+  a->ctx.runtime = &app_runtime;
+  a->ctx.runtime_impl = a;
+  a->ctx.cache = &app_cache_ops;
+  a->ctx.cache_impl = a;
+  a->ctx.cores = svc->cfg.cores;
+  a->ctx.default_parallelism = svc->cfg.cores;
+  a->ctx.shuffle_memory = svc->cfg.shuffle_memory;
+  a->ctx.work_dir = a->work_dir;
+  atomic_init(&a->ctx.next_rdd_id, 1);
+  rdd_fn_codec codec = {.resolve = resolve_fn, .arg = svc};
+  FL_CHECK(rdd_plan_create(&a->ctx, &codec, &a->plan));
+  a->next = svc->apps;
+  svc->apps = a;
+  *out = a;
+  return FL_OK;
+cleanup:
+  app_destroy(a);
+  return status;
+}
+
+/* ---- tasks ----------------------------------------------------------------------------- */
+
+static void task_free(exec_task *t) {
+  if (t->owns_action) rdd_action_clear(&t->action);
+  if (t->rdd) rdd_release(t->rdd);
+  rdd_task_clear(&t->rt);
+  fl_buf_free(&t->result);
+  common_free(t);
+}
+
+static void task_run(task_pool_work *work) {
+  exec_task *t = (exec_task *)work;
+  exec_service *svc = t->app->svc;
+  if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
+  else rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "task killed"));
+  atomic_fetch_add(&svc->tasks_run, 1);
+  if (t->rt.status != FL_OK) atomic_fetch_add(&svc->tasks_failed, 1);
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  for (exec_task **p = &svc->running; *p; p = &(*p)->next)
+    if (*p == t) {
+      *p = t->next;
+      break;
+    }
+  t->next = NULL;
+  if (svc->done_tail) svc->done_tail->next = t;
+  else svc->done_head = t;
+  svc->done_tail = t;
+  pthread_cond_broadcast(&svc->wake);
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+}
+
+/* Sends every ended task waiting at the moment in one StatusUpdate call. */
+static void *status_main(void *arg) {
+  exec_service *svc = arg;
+  for (;;) {
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    while (!svc->done_head && !svc->stopping) pthread_cond_wait(&svc->wake, &svc->lock);
+    exec_task *batch = svc->done_head;
+    svc->done_head = svc->done_tail = NULL;
+    bool stopping = svc->stopping;
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (!batch) {
+      if (stopping) return NULL;
+      continue;
+    }
+    size_t n = 0;
+    for (exec_task *t = batch; t; t = t->next) n++;
+    Flint__TaskStatus *statuses = common_calloc(n, sizeof *statuses);
+    Flint__TaskStatus **ptrs = common_calloc(n, sizeof *ptrs);
+    size_t nacc = 0;
+    for (exec_task *t = batch; t; t = t->next) nacc += t->rt.num_acc_updates;
+    Flint__AccUpdate *accs = common_calloc(nacc ? nacc : 1, sizeof *accs);
+    Flint__AccUpdate **acc_ptrs = common_calloc(nacc ? nacc : 1, sizeof *acc_ptrs);
+    if (statuses && ptrs && accs && acc_ptrs) {
+      size_t i = 0, k = 0;
+      for (exec_task *t = batch; t; t = t->next, i++) {
+        Flint__TaskStatus *s = &statuses[i];
+        flint__task_status__init(s);
+        s->task_key = t->key;
+        s->status = t->rt.status;
+        s->error = t->rt.error ? t->rt.error : "";
+        s->result.data = t->result.data;
+        s->result.len = t->result.len;
+        s->acc_updates = &acc_ptrs[k];
+        for (uint32_t j = 0; j < t->rt.num_acc_updates; j++, k++) {
+          flint__acc_update__init(&accs[k]);
+          accs[k].id = t->rt.acc_updates[j].id;
+          accs[k].value.data = t->rt.acc_updates[j].value.data;
+          accs[k].value.len = t->rt.acc_updates[j].value.len;
+          acc_ptrs[k] = &accs[k];
+          s->n_acc_updates++;
+        }
+        ptrs[i] = s;
+      }
+      Flint__StatusUpdateRequest req = FLINT__STATUS_UPDATE_REQUEST__INIT;
+      req.executor_id = svc->id;
+      req.n_statuses = n;
+      req.statuses = ptrs;
+      fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
+      if (fl_buf_reserve(&body, flint__status_update_request__get_packed_size(&req)) == FL_OK) {
+        body.len = flint__status_update_request__pack(&req, body.data);
+        if (rpc_call(svc->driver, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
+                     &reply) != FL_OK)
+          common_log(LOG_WARN, "status update of %zu tasks failed: %s", n, fl_last_error());
+      }
+      fl_buf_free(&body);
+      fl_buf_free(&reply);
+    } else {
+      common_log(LOG_ERROR, "out of memory: %zu task statuses lost", n);
+    }
+    common_free(statuses);
+    common_free(ptrs);
+    common_free(accs);
+    common_free(acc_ptrs);
+    while (batch) {
+      exec_task *next = batch->next;
+      atomic_fetch_sub(&batch->app->tasks_running, 1);
+      task_free(batch);
+      batch = next;
+    }
+  }
+}
+
+/* ---- control-plane handlers ------------------------------------------------------------ */
+
+static fl_status pack_reply(const ProtobufCMessage *msg, fl_buf *out) {
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  fl_status st = fl_buf_reserve(out, n ? n : 1);
+  if (st != FL_OK) return st;
+  out->len = protobuf_c_message_pack(msg, out->data);
+  return FL_OK;
+}
+
+static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
+  Flint__LaunchTasksRequest *req = flint__launch_tasks_request__unpack(NULL, body.len, body.data);
+  if (!req) return FL_ERR(FL_EPROTO, "LaunchTasks: malformed message");
+  fl_status status = FL_OK;
+  exec_app *app = NULL;
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  status = app_get_or_create(svc, req->app_id, &app);
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  if (status != FL_OK) goto cleanup;
+
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
+  for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
+    rdd *r = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
+    if (r && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&r->level, req->levels[i]->level);
+  }
+  for (size_t i = 0; status == FL_OK && i < req->n_shuffles; i++) {
+    const Flint__ShuffleLocations *sl = req->shuffles[i];
+    for (size_t j = 0; j < sl->n_maps; j++) {
+      const Flint__MapLocation *ml = sl->maps[j];
+      size_t k = 0;
+      for (; k < app->num_maps; k++)
+        if (app->maps[k].shuffle_id == sl->shuffle_id && app->maps[k].map == ml->map) break;
+      if (k == app->num_maps) {
+        if (app->num_maps == app->cap_maps) {
+          size_t cap = app->cap_maps ? app->cap_maps * 2 : 64;
+          map_location *grown = common_realloc(app->maps, cap * sizeof *grown);
+          if (!grown) {
+            status = FL_ERR(FL_ENOMEM, "out of memory");
+            break;
+          }
+          app->maps = grown;
+          app->cap_maps = cap;
+        }
+        app->num_maps++;
+      }
+      app->maps[k].shuffle_id = sl->shuffle_id;
+      app->maps[k].map = ml->map;
+      snprintf(app->maps[k].address, sizeof app->maps[k].address, "%s", ml->address);
+    }
+  }
+  /* Decode every task before starting any, so that a bad one refuses the whole batch. */
+  exec_task **tasks = common_calloc(req->n_tasks ? req->n_tasks : 1, sizeof *tasks);
+  if (!tasks && status == FL_OK) status = FL_ERR(FL_ENOMEM, "out of memory");
+  for (size_t i = 0; status == FL_OK && i < req->n_tasks; i++) {
+    const Flint__TaskDescription *d = req->tasks[i];
+    exec_task *t = tasks[i] = common_calloc(1, sizeof *t);
+    if (!t) {
+      status = FL_ERR(FL_ENOMEM, "out of memory");
+      break;
+    }
+    t->app = app;
+    t->key = d->task_key;
+    t->rdd = rdd_plan_find(app->plan, d->rdd_id);
+    if (!t->rdd) {
+      status = FL_ERR(FL_EPROTO, "task %llu: unknown dataset %llu", (unsigned long long)d->task_key,
+                      (unsigned long long)d->rdd_id);
+      break;
+    }
+    rdd_retain(t->rdd);
+    if (d->partition >= t->rdd->num_partitions) {
+      status = FL_ERR(FL_EPROTO, "task %llu: partition %u of a dataset with %u",
+                      (unsigned long long)d->task_key, d->partition, t->rdd->num_partitions);
+      break;
+    }
+    if (d->shuffle_id == 0) { /* a result task (an encoded action may be empty: count) */
+      status = rdd_action_decode(app->plan, (fl_bytes){d->action.data, d->action.len}, &t->action);
+      t->owns_action = status == FL_OK;
+    } else {
+      const rdd_shuffle_dep *dep = rdd_plan_find_shuffle(app->plan, d->shuffle_id);
+      if (!dep || dep->parent != t->rdd)
+        status = FL_ERR(FL_EPROTO, "task %llu: no shuffle %llu over dataset %llu",
+                        (unsigned long long)d->task_key, (unsigned long long)d->shuffle_id,
+                        (unsigned long long)d->rdd_id);
+      t->action.kind = RDD_ACTION_SHUFFLE_WRITE;
+      t->action.dep = dep;
+    }
+    atomic_init(&t->cancelled, false);
+    t->rt.ctx = &app->ctx;
+    t->rt.job_id = d->job_id;
+    t->rt.partition = d->partition;
+    t->rt.attempt = d->attempt;
+    t->rt.cancelled = &t->cancelled;
+    t->work.run = task_run;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  if (status == FL_OK) {
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    for (size_t i = 0; i < req->n_tasks; i++) {
+      tasks[i]->next = svc->running;
+      svc->running = tasks[i];
+      atomic_fetch_add(&app->tasks_running, 1);
+    }
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    for (size_t i = 0; i < req->n_tasks; i++) task_pool_submit(svc->pool, &tasks[i]->work);
+  } else if (tasks) {
+    for (size_t i = 0; i < req->n_tasks; i++)
+      if (tasks[i]) task_free(tasks[i]);
+  }
+  common_free(tasks);
+  if (status == FL_OK) {
+    Flint__Empty empty = FLINT__EMPTY__INIT;
+    status = pack_reply(&empty.base, response);
+  }
+cleanup:
+  flint__launch_tasks_request__free_unpacked(req, NULL);
+  return status;
+}
+
+static fl_status handle_kill(exec_service *svc, fl_bytes body, fl_buf *response) {
+  Flint__KillTasksRequest *req = flint__kill_tasks_request__unpack(NULL, body.len, body.data);
+  if (!req) return FL_ERR(FL_EPROTO, "KillTasks: malformed message");
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  for (exec_task *t = svc->running; t; t = t->next)
+    for (size_t i = 0; i < req->n_task_keys; i++)
+      if (t->key == req->task_keys[i]) atomic_store(&t->cancelled, true);
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  flint__kill_tasks_request__free_unpacked(req, NULL);
+  Flint__Empty empty = FLINT__EMPTY__INIT;
+  return pack_reply(&empty.base, response);
+}
+
+static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *response) {
+  Flint__RemoveRequest *req = flint__remove_request__unpack(NULL, body.len, body.data);
+  if (!req) return FL_ERR(FL_EPROTO, "Remove: malformed message");
+  exec_app *app = NULL;
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  for (exec_app **p = &svc->apps; *p; p = &(*p)->next)
+    if ((*p)->id == req->app_id) {
+      app = *p;
+      /* A finished application's context goes once its last task has reported. */
+      if (req->whole_application && atomic_load(&app->tasks_running) == 0) *p = app->next;
+      break;
+    }
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  if (app) {
+    for (size_t i = 0; i < req->n_rdd_ids; i++) app_remove_rdd(app, req->rdd_ids[i]);
+    FL_PCHECK(pthread_mutex_lock(&app->lock));
+    for (size_t i = 0; i < req->n_shuffle_ids; i++) {
+      rdd_shuffle_dep const *dep = rdd_plan_find_shuffle(app->plan, req->shuffle_ids[i]);
+      if (dep) app_shuffle_remove(app, req->shuffle_ids[i], dep->parent->num_partitions);
+    }
+    FL_PCHECK(pthread_mutex_unlock(&app->lock));
+    if (req->whole_application && atomic_load(&app->tasks_running) == 0) {
+      block_manager_remove_range(svc->blocks, app->id << APP_SHIFT, (app->id + 1) << APP_SHIFT);
+      app_destroy(app);
+    }
+  }
+  flint__remove_request__free_unpacked(req, NULL);
+  Flint__Empty empty = FLINT__EMPTY__INIT;
+  return pack_reply(&empty.base, response);
+}
+
+static fl_status executor_handle(void *arg, const rpc_request *req, fl_buf *response) {
+  exec_service *svc = arg;
+  if (strcmp(req->method, "/flint.Executor/LaunchTasks") == 0) return handle_launch(svc, req->body, response);
+  if (strcmp(req->method, "/flint.Executor/KillTasks") == 0) return handle_kill(svc, req->body, response);
+  if (strcmp(req->method, "/flint.Executor/Remove") == 0) return handle_remove(svc, req->body, response);
+  return FL_ERR(FL_EINVAL, "unknown method %s", req->method);
+}
+
+/* ---- block server ---------------------------------------------------------------------- */
+
+static fl_status serve_block(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+  exec_service *svc = arg;
+  if (req->kind != DP_SHUFFLE) return FL_ERR(FL_ENOENT, "this executor serves shuffle blocks only");
+  uint64_t app = req->key[0], shuffle = req->key[1];
+  if (app == 0 || app >= (1ull << (64 - APP_SHIFT)) || shuffle >= (1ull << APP_SHIFT) ||
+      req->key[2] > UINT32_MAX || req->key[3] > UINT32_MAX)
+    return FL_ERR(FL_EPROTO, "shuffle request out of range");
+  uint64_t len = req->len ? req->len : FETCH_CHUNK;
+  if (len > 64u << 20) len = 64u << 20;
+  return block_manager_cache_ops.shuffle_fetch(svc->blocks, (app << APP_SHIFT) | shuffle,
+                                               (uint32_t)req->key[2], (uint32_t)req->key[3],
+                                               req->offset, len, out, total);
+}
+
+/* ---- registration and heartbeats ------------------------------------------------------- */
+
+static fl_status register_with_driver(exec_service *svc) {
+  Flint__RegisterExecutorRequest req = FLINT__REGISTER_EXECUTOR_REQUEST__INIT;
+  req.host = (char *)svc->cfg.host;
+  req.rpc_port = (uint32_t)rpc_server_port(svc->server);
+  req.data_port = (uint32_t)dp_server_port(svc->blocks_server);
+  req.cores = svc->cfg.cores;
+  req.memory = svc->cfg.memory;
+  req.pid = (uint32_t)getpid();
+  fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
+  fl_status status = pack_reply(&req.base, &body);
+  if (status == FL_OK)
+    status = rpc_call(svc->driver, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body),
+                      RPC_TIMEOUT_MS, &reply);
+  if (status == FL_OK) {
+    Flint__RegisterExecutorReply *r = flint__register_executor_reply__unpack(NULL, reply.len, reply.data);
+    if (!r || r->executor_id == 0 || r->driver_data_port == 0 || r->driver_data_port > 65535) {
+      status = FL_ERR(FL_EPROTO, "RegisterExecutor: malformed reply from the driver");
+    } else {
+      svc->id = r->executor_id;
+      svc->heartbeat_ms = r->heartbeat_ms ? r->heartbeat_ms : 1000;
+      /* The driver's block server is on the driver's host. */
+      char host[64];
+      snprintf(host, sizeof host, "%s", svc->cfg.driver);
+      char *colon = strrchr(host, ':');
+      if (colon) *colon = 0;
+      snprintf(svc->driver_data, sizeof svc->driver_data, "%s:%u", host, r->driver_data_port);
+      char role[48];
+      snprintf(role, sizeof role, "executor %llu", (unsigned long long)svc->id);
+      common_log_set_role(role);
+    }
+    if (r) flint__register_executor_reply__free_unpacked(r, NULL);
+  }
+  fl_buf_free(&body);
+  fl_buf_free(&reply);
+  return status;
+}
+
+static void *heartbeat_main(void *arg) {
+  exec_service *svc = arg;
+  for (;;) {
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)svc->heartbeat_ms * 1000000u;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    while (!svc->stopping && pthread_cond_timedwait(&svc->wake, &svc->lock, &ts) != ETIMEDOUT) {
+    }
+    bool stopping = svc->stopping;
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (stopping) return NULL;
+    block_manager_stats bs;
+    block_manager_stats_get(svc->blocks, &bs);
+    Flint__HeartbeatRequest req = FLINT__HEARTBEAT_REQUEST__INIT;
+    req.executor_id = svc->id;
+    req.cached_bytes = bs.memory_used + bs.disk_used;
+    req.tasks_run = atomic_load(&svc->tasks_run);
+    req.tasks_failed = atomic_load(&svc->tasks_failed);
+    fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
+    if (pack_reply(&req.base, &body) == FL_OK &&
+        rpc_call(svc->driver, "/flint.Driver/Heartbeat", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
+                 &reply) == FL_OK) {
+      Flint__HeartbeatReply *r = flint__heartbeat_reply__unpack(NULL, reply.len, reply.data);
+      if (r && r->unknown) {
+        common_log(LOG_WARN, "the driver does not know this executor: registering again");
+        if (register_with_driver(svc) != FL_OK)
+          common_log(LOG_WARN, "registering again failed: %s", fl_last_error());
+      }
+      if (r) flint__heartbeat_reply__free_unpacked(r, NULL);
+    } else {
+      common_log(LOG_WARN, "heartbeat failed: %s", fl_last_error());
+    }
+    fl_buf_free(&body);
+    fl_buf_free(&reply);
+  }
+}
+
+/* ---- the process ----------------------------------------------------------------------- */
+
+static void service_destroy(exec_service *svc) {
+  if (svc->status_thread || svc->heartbeat_thread) {
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    svc->stopping = true;
+    pthread_cond_broadcast(&svc->wake);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  }
+  rpc_server_stop(svc->server); /* no new launches */
+  if (svc->pool) {
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    for (exec_task *t = svc->running; t; t = t->next) atomic_store(&t->cancelled, true);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    task_pool_destroy(svc->pool);
+  }
+  if (svc->status_thread) pthread_join(svc->status_thread, NULL);
+  if (svc->heartbeat_thread) pthread_join(svc->heartbeat_thread, NULL);
+  dp_server_stop(svc->blocks_server);
+  while (svc->apps) {
+    exec_app *next = svc->apps->next;
+    app_destroy(svc->apps);
+    svc->apps = next;
+  }
+  block_manager_destroy(svc->blocks);
+  dp_client_destroy(svc->fetcher);
+  rpc_channel_destroy(svc->driver);
+  while (svc->libraries) {
+    exec_library *next = svc->libraries->next;
+    common_free(svc->libraries); /* the handles stay loaded until the process ends */
+    svc->libraries = next;
+  }
+  if (svc->own_work_dir) common_remove_tree(svc->work_dir);
+  pthread_cond_destroy(&svc->wake);
+  pthread_mutex_destroy(&svc->lock);
+}
+
+fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop) {
+  if (!cfg->driver || !*cfg->driver) return FL_ERR(FL_EINVAL, "executor: no driver address");
+  if (cfg->cores == 0 || cfg->cores > 1024) return FL_ERR(FL_EINVAL, "executor: --cores must be 1 to 1024");
+  if (cfg->memory < (1u << 20)) return FL_ERR(FL_EINVAL, "executor: --memory must be at least 1m");
+  exec_service svc;
+  memset(&svc, 0, sizeof svc);
+  svc.cfg = *cfg;
+  if (!svc.cfg.host || !*svc.cfg.host) svc.cfg.host = "127.0.0.1";
+  if (!svc.cfg.shuffle_memory) svc.cfg.shuffle_memory = 64u << 20;
+  FL_PCHECK(pthread_mutex_init(&svc.lock, NULL));
+  FL_PCHECK(pthread_cond_init(&svc.wake, NULL));
+  common_log_set_role("executor");
+  fl_status status = FL_OK;
+
+  const char *base = cfg->work_dir && *cfg->work_dir ? cfg->work_dir : getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  FL_CHECK(common_mkdirs(base));
+  snprintf(svc.work_dir, sizeof svc.work_dir, "%s/flint-executor-XXXXXX", base);
+  if (!mkdtemp(svc.work_dir)) {
+    status = FL_ERR(FL_EIO, "cannot create a work folder in %s: %s", base, strerror(errno));
+    goto cleanup;
+  }
+  svc.own_work_dir = true;
+  char sub[PATH_MAX + 16];
+  snprintf(sub, sizeof sub, "%s/lib", svc.work_dir);
+  FL_CHECK(common_mkdirs(sub));
+  snprintf(sub, sizeof sub, "%s/blocks", svc.work_dir);
+  FL_CHECK(common_mkdirs(sub));
+  FL_CHECK(block_manager_create(cfg->memory, sub, &svc.blocks));
+  FL_CHECK(task_pool_create(cfg->cores, &svc.pool));
+  FL_CHECK(dp_client_create(cfg->secret, &svc.fetcher));
+  FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, serve_block, &svc, &svc.blocks_server));
+  char listen[96];
+  snprintf(listen, sizeof listen, "%s:0", svc.cfg.host);
+  rpc_server_config rc = {.listen = listen, .secret = cfg->secret, .handler = executor_handle,
+                          .handler_arg = &svc};
+  FL_CHECK(rpc_server_start(&rc, &svc.server));
+  FL_CHECK(rpc_channel_create(cfg->driver, cfg->secret, 0, &svc.driver));
+  if ((status = register_with_driver(&svc)) != FL_OK) {
+    common_error_wrap(status, "cannot register with the driver at %s: ", cfg->driver);
+    goto cleanup;
+  }
+  common_log(LOG_INFO, "registered with the driver at %s: %u cores, %llu MiB, blocks on port %d",
+             cfg->driver, cfg->cores, (unsigned long long)(cfg->memory >> 20),
+             dp_server_port(svc.blocks_server));
+  if (pthread_create(&svc.status_thread, NULL, status_main, &svc) != 0 ||
+      pthread_create(&svc.heartbeat_thread, NULL, heartbeat_main, &svc) != 0) {
+    status = FL_ERR(FL_ENOMEM, "cannot start the executor's threads");
+    goto cleanup;
+  }
+  while (!*stop) usleep(20000);
+  common_log(LOG_INFO, "stopping");
+cleanup:
+  service_destroy(&svc);
+  return status;
+}

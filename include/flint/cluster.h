@@ -1,0 +1,56 @@
+/*
+ * flint/cluster.h: the processes of a flint cluster, for the flint command and for programs
+ * that embed a driver or an executor.
+ *
+ * Security: when the environment has FLINT_SECRET (the secret itself) or FLINT_SECRET_FILE (a
+ * file holding it), every control-plane call and data-plane connection of these processes,
+ * and of contexts opened with a flint:// or local-cluster master, presents it, and servers
+ * refuse whoever does not.
+ */
+#ifndef FLINT_CLUSTER_H
+#define FLINT_CLUSTER_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include "flint/flint.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_driver_options {
+  const char *listen;    /* HOST:PORT to listen on; port 0 picks a free one */
+  const char *work_dir;  /* where its folder goes; NULL: $TMPDIR or /tmp */
+  const char *port_file; /* NULL, or a file to write the chosen port to once listening */
+} fl_driver_options;
+
+/* Runs a driver until *stop becomes nonzero (set it from a SIGINT/SIGTERM handler), then
+ * stops its job binaries and threads and deletes its folder. Blocks. */
+FL_API fl_status fl_driver_serve(const fl_driver_options *options, volatile sig_atomic_t *stop);
+
+typedef struct fl_executor_options {
+  const char *driver;   /* HOST:PORT of the driver */
+  const char *host;     /* the address peers reach it at; NULL: 127.0.0.1 */
+  uint32_t cores;       /* task threads, 1 to 1024 */
+  uint64_t memory;      /* bytes for cached blocks, at least 1 MiB */
+  const char *work_dir; /* where its folder goes; NULL: $TMPDIR or /tmp */
+} fl_executor_options;
+
+/* Registers with the driver and runs tasks until *stop becomes nonzero. Blocks. */
+FL_API fl_status fl_executor_serve(const fl_executor_options *options, volatile sig_atomic_t *stop);
+
+/* Sends job binary `path` with its arguments to the driver of `master` (flint://HOST:PORT),
+ * which runs it in a child process. Detached: prints nothing, sets *submission and returns
+ * at once. Else streams the job's stdout and stderr to this process's and sets *exit_code to
+ * the job's exit status (128 + N when signal N killed it; the message says which). */
+FL_API fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
+                           bool detach, uint64_t *submission, int *exit_code);
+
+/* Prints the driver's executors, applications and jobs to `out`. */
+FL_API fl_status fl_print_status(const char *master, FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLINT_CLUSTER_H */

@@ -1,0 +1,208 @@
+/* test_cluster.c: cluster mode against local mode. The pipelines of the cluster_pipelines
+ * library (linked in, not dlopened: in cluster mode user functions must live in a shared
+ * library) give byte-identical reports on local[2] and local-cluster[2,1,512]; a function
+ * of this program is refused by name; bad masters fail at once, an unreachable driver
+ * within the connect timeout; and closing a local cluster leaves no child process. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* From tests/jobs/cluster_pipelines.c. */
+int cluster_pipelines_run(fl_context *ctx, fl_buf *report);
+fl_status cp_times(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
+
+#define CLUSTER "local-cluster[2,1,512]"
+#define TEST_BOUND_S 55 /* each test's bound: a hang fails the program instead of ctest's timeout */
+
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "test_cluster: a test ran past its time bound (a hang?)\n";
+  if (write(STDERR_FILENO, msg, sizeof msg - 1)) {
+  }
+  _exit(3);
+}
+
+static int arm_watchdog(void **state) {
+  (void)state;
+  signal(SIGALRM, on_alarm);
+  alarm(TEST_BOUND_S);
+  return 0;
+}
+static int disarm_watchdog(void **state) {
+  (void)state;
+  alarm(0);
+  return 0;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Every child process (a local cluster's driver and executors) has been reaped. */
+static void assert_no_children(void) {
+  errno = 0;
+  pid_t r = waitpid(-1, NULL, WNOHANG);
+  if (r != -1) fprintf(stderr, "a child process remains (waitpid gave %d)\n", (int)r);
+  assert_int_equal(r, -1);
+  assert_int_equal(errno, ECHILD);
+}
+
+/* Runs the pipelines on a fresh context of `master`; the report goes into *report. */
+static void run_pipelines(const char *master, fl_buf *report) {
+  fl_context *ctx;
+  double t0 = now_s();
+  assert_ok(fl_context_open(master, NULL, &ctx));
+  int rc = cluster_pipelines_run(ctx, report);
+  fl_context_close(ctx);
+  fprintf(stderr, "pipelines on %s: %.1f s\n", master, now_s() - t0);
+  if (rc != 0)
+    fprintf(stderr, "cluster_pipelines_run failed on %s; its report:\n%.*s\n", master, (int)report->len,
+            (const char *)report->data);
+  assert_int_equal(rc, 0);
+}
+
+/* The line of `text` that starts at byte `at`, without its '\n'. */
+static int line_len(const fl_buf *text, size_t at) {
+  size_t end = at;
+  while (end < text->len && text->data[end] != '\n') end++;
+  return (int)(end - at);
+}
+
+static void test_cluster_matches_local(void **state) {
+  (void)state;
+  fl_buf local = FL_BUF_INIT, cluster = FL_BUF_INIT;
+  run_pipelines("local[2]", &local);
+  run_pipelines(CLUSTER, &cluster);
+  assert_no_children();
+  assert_true(local.len > 0);
+  bool same = local.len == cluster.len && memcmp(local.data, cluster.data, local.len) == 0;
+  if (!same) {
+    /* Both reports, then the first line where they part, as a unified diff shows it. */
+    fprintf(stderr, "=== local[2] ===\n%.*s=== %s ===\n%.*s", (int)local.len, (const char *)local.data,
+            CLUSTER, (int)cluster.len, (const char *)cluster.data);
+    size_t i = 0, line_start = 0, line = 1;
+    while (i < local.len && i < cluster.len && local.data[i] == cluster.data[i]) {
+      if (local.data[i] == '\n') {
+        line_start = i + 1;
+        line++;
+      }
+      i++;
+    }
+    fprintf(stderr, "--- local[2]\n+++ %s\n@@ line %zu @@\n", CLUSTER, line);
+    if (line_start < local.len)
+      fprintf(stderr, "-%.*s\n", line_len(&local, line_start), (const char *)local.data + line_start);
+    if (line_start < cluster.len)
+      fprintf(stderr, "+%.*s\n", line_len(&cluster, line_start), (const char *)cluster.data + line_start);
+  }
+  fl_buf_free(&cluster);
+  fl_buf_free(&local);
+  assert_true(same);
+}
+
+/* A user function of the main program (exported: the program is linked with -rdynamic),
+ * which a cluster cannot load: executors load functions from shared libraries only. */
+fl_status tc_main_program_map(fl_bytes rec, fl_buf *out, const void *arg) {
+  (void)arg;
+  return fl_buf_put_i64(out, fl_i64(rec) + 1);
+}
+
+static void test_main_program_function_is_refused(void **state) {
+  (void)state;
+  fl_context *ctx;
+  fl_dataset *src, *m = NULL;
+  uint64_t n = 0;
+
+  /* Local mode runs it: nothing ships. */
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  assert_ok(fl_range(ctx, 0, 10, 1, 2, &src));
+  assert_ok(fl_map(src, tc_main_program_map, NULL, 0, &m));
+  assert_ok(fl_count(m, &n));
+  assert_int_equal(n, 10);
+  fl_dataset_free(m);
+  fl_dataset_free(src);
+  fl_context_close(ctx);
+
+  assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+  assert_ok(fl_range(ctx, 0, 10, 1, 2, &src));
+  /* The refusal comes with the action that ships the function (or, were a client to check
+   * early, with fl_map itself): either way a clear message, never a crash on an executor. */
+  m = NULL;
+  fl_status s = fl_map(src, tc_main_program_map, NULL, 0, &m);
+  if (s == FL_OK) s = fl_count(m, &n);
+  char *msg = strdup(fl_last_error());
+  assert_non_null(msg);
+  if (s == FL_OK || !strstr(msg, "tc_main_program_map") || !strstr(msg, "main program"))
+    fprintf(stderr, "status %s, message '%s'\n", fl_status_name(s), msg);
+  assert_int_not_equal(s, FL_OK);
+  assert_non_null(strstr(msg, "tc_main_program_map"));
+  assert_non_null(strstr(msg, "main program"));
+  free(msg);
+  /* The context is still usable for functions it can ship (range has none of ours). */
+  assert_ok(fl_count(src, &n));
+  assert_int_equal(n, 10);
+  fl_dataset_free(m);
+  fl_dataset_free(src);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
+static void test_bad_masters_fail_fast(void **state) {
+  (void)state;
+  fl_context *ctx = NULL;
+  assert_fails_with(fl_context_open("local-cluster[0,1,512]", NULL, &ctx), FL_EINVAL, "local-cluster[0,1,512]");
+  assert_null(ctx);
+  assert_fails_with(fl_context_open("local-cluster[2,x]", NULL, &ctx), FL_EINVAL, "local-cluster[2,x]");
+  assert_fails_with(fl_context_open("local-cluster[2,1,512", NULL, &ctx), FL_EINVAL, "local-cluster");
+  assert_fails_with(fl_context_open("local-cluster[2,1,512]x", NULL, &ctx), FL_EINVAL, "local-cluster");
+  assert_null(ctx);
+  assert_no_children();
+
+  /* Nothing listens on port 1: the open fails (the watchdog catches a hang). */
+  double t0 = now_s();
+  fl_status s = fl_context_open("flint://127.0.0.1:1", NULL, &ctx);
+  fprintf(stderr, "flint://127.0.0.1:1: %s after %.1f s: %s\n", fl_status_name(s), now_s() - t0, fl_last_error());
+  assert_int_not_equal(s, FL_OK);
+  assert_true(fl_last_error()[0] != '\0');
+  assert_null(ctx);
+}
+
+/* One small job with functions of the shared library: the cluster really runs tasks. */
+static void run_small_job(fl_context *ctx) {
+  fl_dataset *ds, *doubled;
+  fl_buf sum = FL_BUF_INIT;
+  int64_t two = 2;
+  assert_ok(fl_range(ctx, 0, 1000, 1, 4, &ds));
+  assert_ok(fl_map(ds, cp_times, &two, sizeof two, &doubled));
+  assert_ok(fl_reduce(doubled, cp_sum, NULL, 0, &sum));
+  assert_int_equal(fl_i64(fl_buf_bytes(&sum)), 999 * 1000);
+  fl_buf_free(&sum);
+  fl_dataset_free(doubled);
+  fl_dataset_free(ds);
+}
+
+static void test_clusters_one_after_another(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    fl_context *ctx;
+    assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+    run_small_job(ctx);
+    fl_context_close(ctx);
+    assert_no_children(); /* the driver and both executors are gone and reaped */
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_cluster_matches_local, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_main_program_function_is_refused, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_bad_masters_fail_fast, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
