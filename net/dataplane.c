@@ -33,6 +33,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -692,6 +693,9 @@ fl_status dp_server_start(const char *host, int port, const char *secret, dp_ser
                           void *arg, dp_server **out) {
   fl_status status = FL_OK;
   dp_server *s = NULL;
+  /* libevent writes with write(2): a peer that has gone must not kill the process. */
+  struct sigaction old_pipe;
+  if (sigaction(SIGPIPE, NULL, &old_pipe) == 0 && old_pipe.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
   if (!serve || !out || port < 0 || port > 65535)
     return FL_ERR(FL_EINVAL, "dp_server_start: serve and out are required, port in 0..65535");
   *out = NULL;
