@@ -18,15 +18,19 @@ static uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+/* The functions handed to flint are exported (non-static, default visibility): in cluster
+ * mode (flint://, local-cluster) executors find them by name in this library. */
+#define PI_EXPORT __attribute__((visibility("default")))
+
 /* Sample index -> 1 if its point falls inside the quarter circle, else 0. */
-static fl_status inside(fl_bytes rec, fl_buf *out, const void *arg) {
+PI_EXPORT fl_status pi_inside(fl_bytes rec, fl_buf *out, const void *arg) {
   (void)arg;
   uint64_t h = mix((uint64_t)fl_i64(rec));
   double x = (double)(h >> 32) / 4294967296.0, y = (double)(h & 0xffffffffu) / 4294967296.0;
   return fl_buf_put_i64(out, x * x + y * y <= 1.0);
 }
 
-static fl_status add(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+PI_EXPORT fl_status pi_add(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   (void)arg;
   return fl_buf_put_i64(out, fl_i64(a) + fl_i64(b));
 }
@@ -42,7 +46,7 @@ __attribute__((visibility("default"))) int flint_main(fl_context *ctx, int argc,
   fl_buf sum = FL_BUF_INIT;
   int rc = 1;
   if (fl_range(ctx, 0, samples, 1, (uint32_t)partitions, &range) != FL_OK ||
-      fl_map(range, inside, NULL, 0, &hits) != FL_OK || fl_reduce(hits, add, NULL, 0, &sum) != FL_OK) {
+      fl_map(range, pi_inside, NULL, 0, &hits) != FL_OK || fl_reduce(hits, pi_add, NULL, 0, &sum) != FL_OK) {
     fprintf(stderr, "pi: %s\n", fl_last_error());
     goto done;
   }

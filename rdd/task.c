@@ -211,7 +211,8 @@ static fl_status run_save_text(rdd_task *task, fl_iter *in, const char *dir) {
   bool ok = true;
   while (ok && (got = in->next(in, recs, RDD_ITER_BATCH)) > 0)
     for (uint32_t i = 0; ok && i < got; i++)
-      ok = fwrite(recs[i].data, 1, recs[i].len, f) == recs[i].len && fputc('\n', f) != EOF;
+      ok = (recs[i].len == 0 || fwrite(recs[i].data, 1, recs[i].len, f) == recs[i].len) &&
+           fputc('\n', f) != EOF;
   if (fclose(f) != 0) ok = false;
   if (task->status != FL_OK) {
     unlink(tmp);
