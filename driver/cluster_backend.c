@@ -242,6 +242,33 @@ static void add_map_location(void *arg, uint32_t map, uint64_t executor) {
   c->sl->maps[c->sl->n_maps++] = m;
 }
 
+typedef struct block_loc_ctx {
+  Flint__BlockLocation ***items;
+  size_t *count, *cap;
+  cluster_backend *cb;
+  uint64_t rdd_id;
+} block_loc_ctx;
+
+static void add_block_location(void *arg, uint32_t partition, uint64_t executor) {
+  block_loc_ctx *c = arg;
+  executor_ref *e = find_executor(c->cb, executor);
+  if (!e) return;
+  if (*c->count == *c->cap) {
+    size_t cap = *c->cap ? *c->cap * 2 : 32;
+    Flint__BlockLocation **grown = common_realloc(*c->items, cap * sizeof *grown);
+    if (!grown) return; /* a hint only: the partition is computed instead */
+    *c->items = grown;
+    *c->cap = cap;
+  }
+  Flint__BlockLocation *b = common_calloc(1, sizeof *b);
+  if (!b) return;
+  flint__block_location__init(b);
+  b->rdd_id = c->rdd_id;
+  b->partition = partition;
+  b->address = e->data_address;
+  (*c->items)[(*c->count)++] = b;
+}
+
 /* Encodes one LaunchTasks call for the tasks of one application in e's batch. */
 static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app *app,
                                sched_task **tasks, size_t n, fl_buf *out) {
@@ -255,6 +282,8 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   Flint__ShuffleLocations *shuffles = NULL, **shuffle_ptrs = NULL;
   Flint__MapLocation **map_items = NULL;
   size_t num_levels = 0, num_shuffles = 0;
+  Flint__BlockLocation **blocks = NULL;
+  size_t num_blocks = 0, cap_blocks = 0;
   if (!descs || !desc_ptrs) {
     status = FL_ERR(FL_ENOMEM, "out of memory");
     goto cleanup;
@@ -317,6 +346,14 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
       location_each(app->maps, dep->shuffle_id, add_map_location, &c);
     }
   }
+  /* Where the stage's cached inputs are, so that a task placed away from its partition reads
+   * it from the executor that has it rather than computing it again. */
+  for (size_t i = 0; i < stage_part.count && status == FL_OK; i++) {
+    const rdd *r = stage_part.seen[i];
+    if (atomic_load(&r->level) == FL_STORAGE_NONE) continue;
+    block_loc_ctx bc = {&blocks, &num_blocks, &cap_blocks, cb, r->id};
+    location_each(app->blocks, r->id, add_block_location, &bc);
+  }
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
   if (status != FL_OK) goto cleanup;
 
@@ -346,6 +383,8 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.levels = level_ptrs;
   req.n_shuffles = num_shuffles;
   req.shuffles = shuffle_ptrs;
+  req.n_blocks = num_blocks;
+  req.blocks = blocks;
   req.n_tasks = n;
   req.tasks = desc_ptrs;
   size_t size = flint__launch_tasks_request__get_packed_size(&req);
@@ -361,6 +400,8 @@ cleanup:
     common_free(shuffles[i].maps);
     common_free(map_items[i]);
   }
+  for (size_t i = 0; i < num_blocks; i++) common_free(blocks[i]);
+  common_free(blocks);
   common_free(map_items);
   common_free(shuffles);
   common_free(shuffle_ptrs);
@@ -467,7 +508,10 @@ static void *sender_loop(void *p) {
 static void record_block(void *arg, const rdd *r, uint32_t p, uint64_t executor) {
   driver_app *app = arg;
   for (const rdd *c = r; c; c = c->num_parents == 1 && !c->num_shuffle_deps ? c->parents[0] : NULL) {
-    if (atomic_load(&c->level) != FL_STORAGE_NONE) location_set(app->blocks, c->id, p, executor);
+    /* The first executor to compute a partition caches it; a later task elsewhere read it
+     * from there rather than caching a copy (executor.c's remote reads). */
+    if (atomic_load(&c->level) != FL_STORAGE_NONE && !location_get(app->blocks, c->id, p))
+      location_set(app->blocks, c->id, p, executor);
     if (c->num_parents == 1 && c->parents[0]->num_partitions != c->num_partitions) break;
   }
 }

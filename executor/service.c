@@ -53,6 +53,13 @@ typedef struct map_location {
   char address[64];
 } map_location;
 
+/* Where a cached partition of another executor is. */
+typedef struct block_location {
+  uint64_t rdd_id;
+  uint32_t partition;
+  char address[64];
+} block_location;
+
 typedef struct exec_app {
   fl_context ctx; /* first: the datasets' ctx is this struct */
   exec_service *svc;
@@ -61,6 +68,8 @@ typedef struct exec_app {
   pthread_mutex_t lock; /* plan, locations */
   map_location *maps;
   size_t num_maps, cap_maps;
+  block_location *blocks;
+  size_t num_blocks, cap_blocks;
   char work_dir[PATH_MAX + 32];
   atomic_int tasks_running;
   struct exec_app *next;
@@ -109,21 +118,78 @@ struct exec_service {
 
 static uint64_t app_key(const exec_app *a, uint64_t id) { return (a->id << APP_SHIFT) | id; }
 
+/* What a reader of the application's cache holds: a block of this executor, or a copy of one
+ * fetched from the executor that caches it. */
+typedef struct app_handle {
+  void *local;
+  rdd_batch remote;
+} app_handle;
+
+static bool self_address(exec_service *svc, const char *address) {
+  char self[64];
+  snprintf(self, sizeof self, "%s:%d", svc->cfg.host, dp_server_port(svc->blocks_server));
+  return strcmp(self, address) == 0;
+}
+
+/* A cached partition held by another executor, decoded; false when there is none. */
+static bool fetch_remote_block(exec_app *a, rdd_block_key key, rdd_batch *out) {
+  char peer[64] = "";
+  FL_PCHECK(pthread_mutex_lock(&a->lock));
+  for (size_t i = 0; i < a->num_blocks; i++)
+    if (a->blocks[i].rdd_id == key.rdd_id && a->blocks[i].partition == key.partition)
+      snprintf(peer, sizeof peer, "%s", a->blocks[i].address);
+  FL_PCHECK(pthread_mutex_unlock(&a->lock));
+  if (!peer[0] || self_address(a->svc, peer)) return false;
+  dp_request req = {.kind = DP_BLOCK, .key = {a->id, key.rdd_id, key.partition, 0}};
+  fl_buf bytes = FL_BUF_INIT;
+  fl_status st = dp_fetch(a->svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, &bytes, NULL);
+  if (st == FL_OK) st = rdd_batch_decode(fl_buf_bytes(&bytes), "a remote cached block", out);
+  fl_buf_free(&bytes);
+  /* Not fatal: the partition is computed from its lineage instead. */
+  if (st != FL_OK)
+    common_log(LOG_DEBUG, "dataset %llu partition %u from %s: %s", (unsigned long long)key.rdd_id,
+               key.partition, peer, fl_last_error());
+  return st == FL_OK;
+}
+
 static bool app_get(void *impl, rdd_block_key key, const rdd_batch **batch, void **handle) {
   exec_app *a = impl;
-  key.rdd_id = app_key(a, key.rdd_id);
-  return block_manager_cache_ops.get(a->svc->blocks, key, batch, handle);
+  app_handle *h = common_calloc(1, sizeof *h);
+  if (!h) return false;
+  rdd_block_key local = {app_key(a, key.rdd_id), key.partition};
+  if (block_manager_cache_ops.get(a->svc->blocks, local, batch, &h->local)) {
+    *handle = h;
+    return true;
+  }
+  if (fetch_remote_block(a, key, &h->remote)) {
+    *batch = &h->remote;
+    *handle = h;
+    return true;
+  }
+  common_free(h);
+  return false;
 }
 
 static fl_status app_put(void *impl, rdd_block_key key, fl_storage_level level, rdd_batch *batch,
                          const rdd_batch **stored, void **handle) {
   exec_app *a = impl;
+  app_handle *h = common_calloc(1, sizeof *h);
+  if (!h) return FL_ERR(FL_ENOMEM, "out of memory");
   key.rdd_id = app_key(a, key.rdd_id);
-  return block_manager_cache_ops.put(a->svc->blocks, key, level, batch, stored, handle);
+  fl_status st = block_manager_cache_ops.put(a->svc->blocks, key, level, batch, stored, &h->local);
+  if (st != FL_OK) {
+    common_free(h);
+    return st;
+  }
+  *handle = h;
+  return FL_OK;
 }
 
 static void app_release(void *impl, void *handle) {
-  block_manager_cache_ops.release(((exec_app *)impl)->svc->blocks, handle);
+  app_handle *h = handle;
+  if (h->local) block_manager_cache_ops.release(((exec_app *)impl)->svc->blocks, h->local);
+  rdd_batch_free(&h->remote);
+  common_free(h);
 }
 
 static void app_remove_rdd(void *impl, uint64_t rdd_id) {
@@ -159,9 +225,8 @@ static fl_status app_shuffle_fetch(void *impl, uint64_t shuffle_id, uint32_t map
                                    uint64_t offset, uint64_t len, fl_buf *out, uint64_t *block_len) {
   exec_app *a = impl;
   exec_service *svc = a->svc;
-  char peer[64], self[64];
-  snprintf(self, sizeof self, "%s:%d", svc->cfg.host, dp_server_port(svc->blocks_server));
-  if (!map_peer(a, shuffle_id, map, peer, sizeof peer) || strcmp(peer, self) == 0)
+  char peer[64];
+  if (!map_peer(a, shuffle_id, map, peer, sizeof peer) || self_address(svc, peer))
     return block_manager_cache_ops.shuffle_fetch(svc->blocks, app_key(a, shuffle_id), map, reduce,
                                                  offset, len, out, block_len);
   dp_request req = {.kind = DP_SHUFFLE, .key = {a->id, shuffle_id, map, reduce}, .offset = offset,
@@ -299,6 +364,7 @@ static void app_destroy(exec_app *a) {
   rdd_shared_destroy(a->ctx.shared);
   map_output_table_destroy(a->ctx.map_outputs);
   common_free(a->maps);
+  common_free(a->blocks);
   if (a->work_dir[0]) common_remove_tree(a->work_dir);
   pthread_mutex_destroy(&a->lock);
   common_free(a);
@@ -498,6 +564,28 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
       snprintf(app->maps[k].address, sizeof app->maps[k].address, "%s", ml->address);
     }
   }
+  for (size_t i = 0; status == FL_OK && i < req->n_blocks; i++) {
+    const Flint__BlockLocation *bl = req->blocks[i];
+    size_t k = 0;
+    for (; k < app->num_blocks; k++)
+      if (app->blocks[k].rdd_id == bl->rdd_id && app->blocks[k].partition == bl->partition) break;
+    if (k == app->num_blocks) {
+      if (app->num_blocks == app->cap_blocks) {
+        size_t cap = app->cap_blocks ? app->cap_blocks * 2 : 64;
+        block_location *grown = common_realloc(app->blocks, cap * sizeof *grown);
+        if (!grown) {
+          status = FL_ERR(FL_ENOMEM, "out of memory");
+          break;
+        }
+        app->blocks = grown;
+        app->cap_blocks = cap;
+      }
+      app->num_blocks++;
+    }
+    app->blocks[k].rdd_id = bl->rdd_id;
+    app->blocks[k].partition = bl->partition;
+    snprintf(app->blocks[k].address, sizeof app->blocks[k].address, "%s", bl->address);
+  }
   /* Decode every task before starting any, so that a bad one refuses the whole batch. */
   exec_task **tasks = common_calloc(req->n_tasks ? req->n_tasks : 1, sizeof *tasks);
   if (!tasks && status == FL_OK) status = FL_ERR(FL_ENOMEM, "out of memory");
@@ -622,7 +710,30 @@ static fl_status executor_handle(void *arg, const rpc_request *req, fl_buf *resp
 
 static fl_status serve_block(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
   exec_service *svc = arg;
-  if (req->kind != DP_SHUFFLE) return FL_ERR(FL_ENOENT, "this executor serves shuffle blocks only");
+  if (req->kind == DP_BLOCK) {
+    if (req->key[0] == 0 || req->key[0] >= (1ull << (64 - APP_SHIFT)) || req->key[1] >= (1ull << APP_SHIFT) ||
+        req->key[2] > UINT32_MAX)
+      return FL_ERR(FL_EPROTO, "block request out of range");
+    rdd_block_key key = {(req->key[0] << APP_SHIFT) | req->key[1], (uint32_t)req->key[2]};
+    const rdd_batch *batch;
+    void *handle;
+    if (!block_manager_cache_ops.get(svc->blocks, key, &batch, &handle))
+      return FL_ERR(FL_ENOENT, "dataset %llu partition %u is not cached here",
+                    (unsigned long long)req->key[1], (unsigned)req->key[2]);
+    fl_buf encoded = FL_BUF_INIT;
+    fl_status st = rdd_batch_encode(batch, &encoded);
+    block_manager_cache_ops.release(svc->blocks, handle);
+    if (st == FL_OK) {
+      *total = encoded.len;
+      uint64_t off = req->offset < encoded.len ? req->offset : encoded.len;
+      uint64_t n = encoded.len - off;
+      if (req->len && req->len < n) n = req->len;
+      st = fl_buf_append(out, encoded.data + off, n);
+    }
+    fl_buf_free(&encoded);
+    return st;
+  }
+  if (req->kind != DP_SHUFFLE) return FL_ERR(FL_ENOENT, "this executor serves shuffle and cached blocks only");
   uint64_t app = req->key[0], shuffle = req->key[1];
   if (app == 0 || app >= (1ull << (64 - APP_SHIFT)) || shuffle >= (1ull << APP_SHIFT) ||
       req->key[2] > UINT32_MAX || req->key[3] > UINT32_MAX)

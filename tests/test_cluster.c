@@ -14,6 +14,7 @@
 int cluster_pipelines_run(fl_context *ctx, fl_buf *report);
 fl_status cp_times(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
+fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg);
 
 #define CLUSTER "local-cluster[2,1,512]"
 #define TEST_BOUND_S 55 /* each test's bound: a hang fails the program instead of ctest's timeout */
@@ -197,12 +198,49 @@ static void test_clusters_one_after_another(void **state) {
   }
 }
 
+/* A cached dataset is computed once, whichever executor its later tasks land on: with no
+ * locality wait, tasks often run away from their partition and read it from the executor
+ * that caches it (the data plane) instead of computing it again. The accumulator counts
+ * computations; counts and sums must not move after the first action. */
+static void test_cached_partitions_read_remotely(void **state) {
+  (void)state;
+  setenv("FLINT_LOCALITY_WAIT_MS", "0", 1); /* read by the driver the context starts */
+  fl_context *ctx;
+  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  unsetenv("FLINT_LOCALITY_WAIT_MS");
+  assert_ok(opened);
+  fl_accumulator *computed;
+  assert_ok(fl_accumulator_create_i64(ctx, &computed));
+  uint64_t id = fl_accumulator_id(computed);
+  fl_dataset *ds, *copied;
+  assert_ok(fl_range(ctx, 0, 16000, 1, 16, &ds));
+  assert_ok(fl_map(ds, cp_counted_copy, &id, sizeof id, &copied));
+  assert_ok(fl_cache(copied));
+  for (int round = 0; round < 6; round++) {
+    uint64_t n = 0;
+    assert_ok(fl_count(copied, &n));
+    assert_int_equal(n, 16000);
+  }
+  int64_t computations = 0;
+  assert_ok(fl_accumulator_value_i64(computed, &computations));
+  assert_int_equal(computations, 16000);
+  fl_storage_info info;
+  assert_ok(fl_storage_info_get(copied, &info));
+  assert_int_equal(info.cached_partitions, 16);
+  fl_dataset_free(copied);
+  fl_dataset_free(ds);
+  fl_accumulator_destroy(computed);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_cluster_matches_local, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_main_program_function_is_refused, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_bad_masters_fail_fast, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -331,6 +331,17 @@ CP_EXPORT fl_status cp_partition_stats(uint32_t partition, fl_iter *in, fl_emitt
   return fl_emit(out, v, sizeof v);
 }
 
+/* Copies a record and counts the call in the i64 accumulator whose id is the arg: how often
+ * a dataset was computed (test_cluster's remote cached reads). */
+CP_EXPORT fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg) {
+  uint64_t id;
+  memcpy(&id, arg, sizeof id);
+  fl_status s = fl_accumulator_add_i64(id, 1);
+  if (s != FL_OK) return s;
+  out->len = 0;
+  return fl_buf_append(out, rec.data, rec.len);
+}
+
 CP_EXPORT fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   (void)arg;
   return fl_buf_put_i64(out, (int64_t)((uint64_t)fl_i64(a) + (uint64_t)fl_i64(b)));
