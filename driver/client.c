@@ -672,7 +672,7 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   } else {
     FL_CHECK(start_local_cluster(c, master, addr, sizeof addr, &executors));
   }
-  FL_CHECK(rpc_channel_create(addr, c->secret, 0, &c->driver));
+  FL_CHECK(rpc_channel_create(addr, c->secret, DRIVER_MAX_MESSAGE, &c->driver));
   if (executors) FL_CHECK(wait_for_executors(c, executors));
 
   Flint__OpenApplicationRequest req = FLINT__OPEN_APPLICATION_REQUEST__INIT;
@@ -723,7 +723,7 @@ static fl_status connect_master(const char *master, rpc_channel **ch) {
     return FL_ERR(FL_EINVAL, "master '%s': expected flint://HOST:PORT", master ? master : "");
   char *secret = NULL;
   fl_status st = client_secret(&secret);
-  if (st == FL_OK) st = rpc_channel_create(master + 8, secret, 0, ch);
+  if (st == FL_OK) st = rpc_channel_create(master + 8, secret, DRIVER_MAX_MESSAGE, ch);
   common_free(secret);
   return st;
 }

@@ -63,6 +63,7 @@ struct cluster_backend {
   sched_task **inflight; /* launched attempts whose end has not come */
   size_t num_inflight, cap_inflight;
   uint64_t next_key; /* scheduler thread */
+  dp_client *fetcher; /* large task results */
 };
 
 backend *cluster_backend_base(cluster_backend *cb) { return &cb->base; }
@@ -541,6 +542,25 @@ static void cluster_ended(backend *b, sched_task *t) {
   rdd_task_clear_accumulators(&t->rt);
 }
 
+/* A large result kept on its executor, fetched in chunks over the data plane. Runs on the
+ * gRPC handler thread of the status update. */
+static fl_status fetch_result(cluster_backend *cb, executor_ref *e, uint64_t key, uint64_t size,
+                              fl_buf *out) {
+  if (size > (4ull << 30)) return FL_ERR(FL_ELIMIT, "a task result of %llu bytes", (unsigned long long)size);
+  out->len = 0;
+  fl_status st = fl_buf_reserve(out, size);
+  uint64_t total = size;
+  while (st == FL_OK && out->len < total) {
+    dp_request req = {.kind = DP_RESULT, .key = {key, 0, 0, 0}, .offset = out->len, .len = 16u << 20};
+    size_t before = out->len;
+    st = dp_fetch(cb->fetcher, e->data_address, &req, 60000, out, &total);
+    if (st == FL_OK && (out->len == before || total != size))
+      st = FL_ERR(FL_EPROTO, "executor %llu sent a result of %llu bytes, announced %llu",
+                  (unsigned long long)e->id, (unsigned long long)total, (unsigned long long)size);
+  }
+  return st;
+}
+
 fl_status cluster_status_update(cluster_backend *cb, fl_bytes body) {
   Flint__StatusUpdateRequest *req = flint__status_update_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "StatusUpdate: malformed message");
@@ -558,6 +578,17 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body) {
       snprintf(msg, sizeof msg, "%s (on executor %llu)", s->error && *s->error ? s->error : fl_strerror(t->rt.status),
                e ? (unsigned long long)e->id : 0ull);
       t->rt.error = common_strdup(msg);
+    } else if (s->result_block_size) {
+      fl_status st = e ? fetch_result(cb, e, s->task_key, s->result_block_size, &t->result)
+                       : FL_ERR(FL_EINTERNAL, "a result from no executor");
+      if (st != FL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "cannot fetch the result of %llu bytes from executor %llu: %s",
+                 (unsigned long long)s->result_block_size, e ? (unsigned long long)e->id : 0ull,
+                 fl_last_error());
+        t->rt.status = st;
+        t->rt.error = common_strdup(msg);
+      }
     } else {
       t->result.len = 0;
       if (fl_buf_append(&t->result, s->result.data, s->result.len) != FL_OK) {
@@ -734,6 +765,7 @@ static void cluster_destroy(backend *b) {
     common_free(e);
   }
   common_free(cb->inflight);
+  dp_client_destroy(cb->fetcher);
   pthread_cond_destroy(&cb->wake);
   pthread_mutex_destroy(&cb->lock);
   common_free(cb);
@@ -752,6 +784,13 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   FL_PCHECK(pthread_mutex_init(&cb->lock, NULL));
   FL_PCHECK(pthread_cond_init(&cb->wake, NULL));
   cb->cfg = *cfg;
+  fl_status st = dp_client_create(cfg->secret, &cb->fetcher);
+  if (st != FL_OK) {
+    pthread_cond_destroy(&cb->wake);
+    pthread_mutex_destroy(&cb->lock);
+    common_free(cb);
+    return st;
+  }
   if (!cb->cfg.slots_per_core) cb->cfg.slots_per_core = 2;
   cb->base.ops = &cluster_ops;
   cb->base.sched = sched;

@@ -238,6 +238,9 @@ FL_INTERNAL bool cluster_executor_address(cluster_backend *cb, uint64_t executor
 FL_INTERNAL fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count);
 FL_INTERNAL uint32_t cluster_cores(cluster_backend *cb);
 
+/* The largest call between a client and the driver (a job's results come in one reply). */
+#define DRIVER_MAX_MESSAGE ((size_t)1 << 30)
+
 typedef struct driver_config {
   const char *listen;    /* HOST:PORT; port 0 picks one */
   const char *secret;    /* NULL: none */

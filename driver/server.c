@@ -943,8 +943,10 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));
   scheduler_set_backend(d.sched, cluster_backend_base(d.cluster));
   FL_CHECK(dp_server_start(host, 0, cfg->secret, serve, &d, &d.blocks));
+  /* Results of a job come back to the client in one reply (collect), hence the size limit. */
   rpc_server_config rc = {.listen = cfg->listen, .secret = cfg->secret, .handler = driver_handle,
-                          .handler_arg = &d, .handler_threads = 32};
+                          .handler_arg = &d, .handler_threads = 32,
+                          .max_message = DRIVER_MAX_MESSAGE};
   FL_CHECK(rpc_server_start(&rc, &d.server));
   snprintf(d.address, sizeof d.address, "%s:%d", host, rpc_server_port(d.server));
   common_log(LOG_INFO, "listening on %s (blocks on port %d)%s", d.address, dp_server_port(d.blocks),

@@ -36,6 +36,9 @@
 /* Applications' ids are put above the ids of their datasets and shuffles in the shared block
  * manager: 2^40 datasets per application, 2^24 applications per executor life. */
 #define APP_SHIFT 40
+/* Task results above this size stay here as blocks for the driver to fetch; smaller ones
+ * travel inline in the status update. */
+#define INLINE_RESULT_MAX (1u << 20)
 
 typedef struct exec_service exec_service;
 
@@ -59,6 +62,13 @@ typedef struct block_location {
   uint32_t partition;
   char address[64];
 } block_location;
+
+/* A large task result waiting for the driver to fetch it. */
+typedef struct result_block {
+  uint64_t task_key;
+  fl_buf bytes;
+  struct result_block *next;
+} result_block;
 
 typedef struct exec_app {
   fl_context ctx; /* first: the datasets' ctx is this struct */
@@ -109,6 +119,7 @@ struct exec_service {
   exec_library *libraries;
   exec_task *running;
   exec_task *done_head, *done_tail;
+  result_block *results;
   bool stopping;
   atomic_uint_fast64_t tasks_run, tasks_failed;
   pthread_t status_thread, heartbeat_thread;
@@ -471,8 +482,25 @@ static void *status_main(void *arg) {
         s->task_key = t->key;
         s->status = t->rt.status;
         s->error = t->rt.error ? t->rt.error : "";
-        s->result.data = t->result.data;
-        s->result.len = t->result.len;
+        if (t->result.len > INLINE_RESULT_MAX) {
+          result_block *rb = common_calloc(1, sizeof *rb);
+          if (rb) {
+            rb->task_key = t->key;
+            rb->bytes = t->result; /* handed over */
+            t->result = (fl_buf)FL_BUF_INIT;
+            s->result_block_size = rb->bytes.len;
+            FL_PCHECK(pthread_mutex_lock(&svc->lock));
+            rb->next = svc->results;
+            svc->results = rb;
+            FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+          } else {
+            s->status = FL_ENOMEM;
+            s->error = "out of memory for a large task result";
+          }
+        } else {
+          s->result.data = t->result.data;
+          s->result.len = t->result.len;
+        }
         s->acc_updates = &acc_ptrs[k];
         for (uint32_t j = 0; j < t->rt.num_acc_updates; j++, k++) {
           flint__acc_update__init(&accs[k]);
@@ -733,7 +761,30 @@ static fl_status serve_block(void *arg, const dp_request *req, fl_buf *out, uint
     fl_buf_free(&encoded);
     return st;
   }
-  if (req->kind != DP_SHUFFLE) return FL_ERR(FL_ENOENT, "this executor serves shuffle and cached blocks only");
+  if (req->kind == DP_RESULT) {
+    fl_status st = FL_OK;
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    result_block **p = &svc->results;
+    while (*p && (*p)->task_key != req->key[0]) p = &(*p)->next;
+    result_block *rb = *p;
+    if (!rb) {
+      st = FL_ERR(FL_ENOENT, "no result of task %llu here", (unsigned long long)req->key[0]);
+    } else {
+      *total = rb->bytes.len;
+      uint64_t off = req->offset < rb->bytes.len ? req->offset : rb->bytes.len;
+      uint64_t n = rb->bytes.len - off;
+      if (req->len && req->len < n) n = req->len;
+      st = fl_buf_append(out, rb->bytes.data + off, n);
+      if (st == FL_OK && off + n == rb->bytes.len) { /* read to its end: the driver has it */
+        *p = rb->next;
+        fl_buf_free(&rb->bytes);
+        common_free(rb);
+      }
+    }
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    return st;
+  }
+  if (req->kind != DP_SHUFFLE) return FL_ERR(FL_ENOENT, "this executor serves shuffle and cached blocks and results only");
   uint64_t app = req->key[0], shuffle = req->key[1];
   if (app == 0 || app >= (1ull << (64 - APP_SHIFT)) || shuffle >= (1ull << APP_SHIFT) ||
       req->key[2] > UINT32_MAX || req->key[3] > UINT32_MAX)
@@ -849,6 +900,12 @@ static void service_destroy(exec_service *svc) {
     svc->apps = next;
   }
   block_manager_destroy(svc->blocks);
+  while (svc->results) {
+    result_block *next = svc->results->next;
+    fl_buf_free(&svc->results->bytes);
+    common_free(svc->results);
+    svc->results = next;
+  }
   dp_client_destroy(svc->fetcher);
   rpc_channel_destroy(svc->driver);
   while (svc->libraries) {

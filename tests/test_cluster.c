@@ -234,6 +234,26 @@ static void test_cached_partitions_read_remotely(void **state) {
   assert_no_children();
 }
 
+/* Results over the inline limit (1 MiB) stay on their executor as blocks that the driver
+ * fetches; the client gets every record. */
+static void test_large_results(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+  fl_dataset *ds;
+  assert_ok(fl_range(ctx, 0, 1000000, 1, 2, &ds)); /* about 4.5 MB per partition */
+  fl_records *recs;
+  assert_ok(fl_collect(ds, &recs));
+  assert_int_equal(fl_records_count(recs), 1000000);
+  int64_t sum = 0;
+  for (size_t i = 0; i < fl_records_count(recs); i++) sum += fl_i64(fl_records_get(recs, i));
+  assert_int_equal(sum, 999999LL * 1000000 / 2);
+  fl_records_free(recs);
+  fl_dataset_free(ds);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_cluster_matches_local, arm_watchdog, disarm_watchdog),
@@ -241,6 +261,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_masters_fail_fast, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
