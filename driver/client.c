@@ -498,11 +498,14 @@ static pid_t spawn(char *const argv[]) {
   return pid;
 }
 
+/* The driver (children[0]) goes first, so that it sends nothing more to executors that are
+ * stopping; then the executors, together. */
 static void stop_children(remote_context *c) {
-  for (uint32_t i = c->num_children; i-- > 0;)
-    if (c->children[i] > 0) kill(c->children[i], SIGTERM);
   uint64_t deadline = common_now_ns() + 10000000000ull;
   for (uint32_t i = 0; i < c->num_children; i++) {
+    if (i <= 1)
+      for (uint32_t j = i; j < (i == 0 ? 1 : c->num_children); j++)
+        if (c->children[j] > 0) kill(c->children[j], SIGTERM);
     if (c->children[i] <= 0) continue;
     for (;;) {
       pid_t r = waitpid(c->children[i], NULL, WNOHANG);

@@ -37,7 +37,7 @@ static uint64_t mix(uint64_t x) {
 static double uniform(uint64_t *state) { return (double)(mix((*state)++) >> 11) / 9007199254740992.0; }
 
 /* Point index -> record of dims features (uniform in [-1, 1]) and the label, as doubles. */
-static fl_status make_point(fl_bytes rec, fl_buf *out, const void *arg) {
+fl_status make_point(fl_bytes rec, fl_buf *out, const void *arg) {
   const gen_args *g = arg;
   uint64_t state = (uint64_t)fl_i64(rec) * 1000003u;
   double row[MAX_DIMS + 1], y = 0;
@@ -50,7 +50,7 @@ static fl_status make_point(fl_bytes rec, fl_buf *out, const void *arg) {
 }
 
 /* acc = [gradient (dims), loss, count] += the point's share. */
-static fl_status add_gradient(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
+fl_status add_gradient(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
   const grad_args *a = arg;
   fl_bytes wb;
   fl_status s = fl_broadcast_value(a->weights, &wb);
@@ -70,7 +70,7 @@ static fl_status add_gradient(fl_bytes acc, fl_bytes rec, fl_buf *out, const voi
   return fl_buf_append(out, g, (a->dims + 2) * sizeof(double));
 }
 
-static fl_status merge_gradients(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+fl_status merge_gradients(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   const grad_args *ga = arg;
   double x[MAX_DIMS + 2], y[MAX_DIMS + 2];
   memcpy(x, a.data, (ga->dims + 2) * sizeof(double));

@@ -46,7 +46,7 @@ static double now_s(void) {
 }
 
 /* Page id -> (page, its out-links as int64s). arg: the number of pages (int64). */
-static fl_status make_links(fl_bytes rec, fl_buf *out, const void *arg) {
+fl_status make_links(fl_bytes rec, fl_buf *out, const void *arg) {
   int64_t pages, page = fl_i64(rec);
   memcpy(&pages, arg, sizeof pages);
   uint64_t h = mix((uint64_t)page);
@@ -64,13 +64,13 @@ static fl_status make_links(fl_bytes rec, fl_buf *out, const void *arg) {
   return fl_buf_put_pair(out, fl_bytes_of(&page, 8), fl_bytes_of(dest, (size_t)n * 8));
 }
 
-static fl_status initial_rank(fl_bytes value, fl_buf *out, const void *arg) {
+fl_status initial_rank(fl_bytes value, fl_buf *out, const void *arg) {
   (void)value, (void)arg;
   return fl_buf_put_f64(out, 1.0);
 }
 
 /* (page, joined(links, rank)) -> (dest, rank / outdegree) for each link. */
-static fl_status contributions(fl_bytes rec, fl_emitter *out, const void *arg) {
+fl_status contributions(fl_bytes rec, fl_emitter *out, const void *arg) {
   (void)arg;
   fl_bytes page, joined, links, rank;
   bool has_links, has_rank;
@@ -91,18 +91,18 @@ static fl_status contributions(fl_bytes rec, fl_emitter *out, const void *arg) {
   return s;
 }
 
-static fl_status add_f64(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+fl_status add_f64(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   (void)arg;
   return fl_buf_put_f64(out, fl_f64(a) + fl_f64(b));
 }
 
-static fl_status damp(fl_bytes sum, fl_buf *out, const void *arg) {
+fl_status damp(fl_bytes sum, fl_buf *out, const void *arg) {
   (void)arg;
   return fl_buf_put_f64(out, 0.15 + 0.85 * fl_f64(sum));
 }
 
 /* aggregate: acc (double) += the rank of a (page, rank) pair. */
-static fl_status add_rank(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
+fl_status add_rank(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
   (void)arg;
   fl_bytes page, rank;
   fl_status s = fl_pair(rec, &page, &rank);
@@ -128,7 +128,7 @@ static void keep_best(ranked *best, size_t *n, ranked r) {
 }
 
 /* map_partitions: a partition's best TOP_PAGES pages, as ranked records. */
-static fl_status partition_top(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+fl_status partition_top(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
   (void)partition, (void)arg;
   ranked best[TOP_PAGES];
   size_t n = 0;

@@ -27,7 +27,7 @@ static bool is_word_byte(uint8_t c) {
 }
 
 /* Line -> (word, int64 1) for every word of the line, lowercased. */
-static fl_status split_words(fl_bytes line, fl_emitter *out, const void *arg) {
+fl_status split_words(fl_bytes line, fl_emitter *out, const void *arg) {
   (void)arg;
   static const int64_t one = 1;
   fl_buf word = FL_BUF_INIT, pair = FL_BUF_INIT;
@@ -51,13 +51,13 @@ static fl_status split_words(fl_bytes line, fl_emitter *out, const void *arg) {
   return s;
 }
 
-static fl_status add_i64(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+fl_status add_i64(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   (void)arg;
   return fl_buf_put_i64(out, (int64_t)((uint64_t)fl_i64(a) + (uint64_t)fl_i64(b)));
 }
 
 /* (word, count) -> (big-endian count + word, word). */
-static fl_status by_count(fl_bytes rec, fl_buf *out, const void *arg) {
+fl_status by_count(fl_bytes rec, fl_buf *out, const void *arg) {
   (void)arg;
   fl_bytes word, count;
   fl_status s = fl_pair(rec, &word, &count);
@@ -81,7 +81,7 @@ static int bytes_cmp(fl_bytes a, fl_bytes b) {
 
 /* Keys are [8-byte big-endian count][word]. Counts compare numerically; equal counts compare
  * their words in reverse, so that the descending sort lists them alphabetically. */
-static int by_count_then_word(fl_bytes a, fl_bytes b, const void *arg) {
+int by_count_then_word(fl_bytes a, fl_bytes b, const void *arg) {
   (void)arg;
   fl_bytes ca = fl_bytes_of(a.data, a.len < 8 ? a.len : 8), cb = fl_bytes_of(b.data, b.len < 8 ? b.len : 8);
   int c = bytes_cmp(ca, cb);
@@ -90,7 +90,7 @@ static int by_count_then_word(fl_bytes a, fl_bytes b, const void *arg) {
 }
 
 /* aggregate: acc (int64) += the count of a (word, count) pair. */
-static fl_status add_count(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
+fl_status add_count(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
   (void)arg;
   fl_bytes word, count;
   fl_status s = fl_pair(rec, &word, &count);
