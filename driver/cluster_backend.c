@@ -713,6 +713,8 @@ fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count) {
   return FL_OK;
 }
 
+static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest *req);
+
 void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids, size_t num_rdds,
                     const uint64_t *shuffle_ids, size_t num_shuffles, bool whole_application) {
   Flint__RemoveRequest req = FLINT__REMOVE_REQUEST__INIT;
@@ -722,6 +724,19 @@ void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids, 
   req.n_shuffle_ids = num_shuffles;
   req.shuffle_ids = (uint64_t *)shuffle_ids;
   req.whole_application = whole_application;
+  remove_on_executors(cb, &req);
+}
+
+void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadcast_id) {
+  Flint__RemoveRequest req = FLINT__REMOVE_REQUEST__INIT;
+  req.app_id = app;
+  req.n_broadcast_ids = 1;
+  req.broadcast_ids = &broadcast_id;
+  remove_on_executors(cb, &req);
+}
+
+static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest *reqp) {
+  Flint__RemoveRequest req = *reqp;
   size_t size = flint__remove_request__get_packed_size(&req);
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   for (executor_ref *e = cb->executors; e; e = e->next) {

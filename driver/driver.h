@@ -232,6 +232,8 @@ FL_INTERNAL fl_status cluster_status_update(cluster_backend *cb, fl_bytes body);
 FL_INTERNAL void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids,
                                 size_t num_rdds, const uint64_t *shuffle_ids, size_t num_shuffles,
                                 bool whole_application);
+/* Tells every executor to drop its copy of a broadcast (asynchronously). */
+FL_INTERNAL void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadcast_id);
 /* The block-server address of an executor into buf; false when unknown. */
 FL_INTERNAL bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf, size_t len);
 /* Fills a StatusReply's executors (Flint__ExecutorInfo, allocated with common_calloc). */

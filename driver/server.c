@@ -27,6 +27,10 @@
 #define MAX_APPS_KEPT 64          /* finished applications kept for status */
 #define MAX_JOB_OUTPUT (64u << 20) /* bytes of a job binary's stdout or stderr kept */
 #define MAX_WAIT_MS 10000
+/* Tasks launched per executor core at once: those beyond the cores wait in the executor's
+ * queue, so a core that finishes a task starts the next without a round trip to the driver
+ * (one launch and one status update cost about a millisecond here). */
+#define DRIVER_SLOTS_PER_CORE 8
 
 typedef struct job_record {
   uint64_t id;
@@ -389,6 +393,11 @@ static fl_status handle_broadcast_put(driver_state *d, fl_bytes body, fl_buf *re
     }
     b->id = req->broadcast_id;
     b->total = req->total;
+    if (fl_buf_reserve(&b->value, b->total) != FL_OK) { /* once: no regrowth per chunk */
+      common_free(b);
+      st = FL_ERR(FL_ENOMEM, "cannot hold a broadcast of %llu bytes", (unsigned long long)req->total);
+      goto unlock;
+    }
     b->next = e->broadcasts;
     e->broadcasts = b;
   }
@@ -417,6 +426,7 @@ static fl_status handle_broadcast_remove(driver_state *d, fl_bytes body, fl_buf 
       break;
     }
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  cluster_remove_broadcast(d->cluster, req->app_id, req->broadcast_id);
   flint__broadcast_remove_request__free_unpacked(req, NULL);
   return empty_reply(response);
 }
@@ -939,7 +949,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   const char *wait = getenv("FLINT_LOCALITY_WAIT_MS");
   cluster_config cc = {.secret = cfg->secret,
                        .locality_wait_ns = (wait && *wait ? strtoull(wait, NULL, 10) : 3) * 1000000ull,
-                       .slots_per_core = 2};
+                       .slots_per_core = DRIVER_SLOTS_PER_CORE};
   FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));
   scheduler_set_backend(d.sched, cluster_backend_base(d.cluster));
   FL_CHECK(dp_server_start(host, 0, cfg->secret, serve, &d, &d.blocks));

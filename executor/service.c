@@ -288,6 +288,10 @@ static fl_status fetch_from_driver(exec_service *svc, uint8_t kind, const uint64
     size_t before = out->len;
     fl_status st = dp_fetch(svc->fetcher, svc->driver_data, &req, FETCH_TIMEOUT_MS, out, &total);
     if (st != FL_OK) return st;
+    /* Now that the size is known, make room once rather than regrowing per chunk. */
+    if (before == 0 && total > out->len && total < (8ull << 30) &&
+        (st = fl_buf_reserve(out, total - out->len)) != FL_OK)
+      return st;
     if (out->len == before && out->len < total)
       return FL_ERR(FL_EPROTO, "the driver's block server sent no bytes at offset %zu of %llu",
                     before, (unsigned long long)total);
@@ -709,6 +713,7 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
     }
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   if (app) {
+    for (size_t i = 0; i < req->n_broadcast_ids; i++) rdd_shared_forget(app->ctx.shared, req->broadcast_ids[i]);
     for (size_t i = 0; i < req->n_rdd_ids; i++) app_remove_rdd(app, req->rdd_ids[i]);
     FL_PCHECK(pthread_mutex_lock(&app->lock));
     for (size_t i = 0; i < req->n_shuffle_ids; i++) {

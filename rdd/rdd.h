@@ -351,6 +351,8 @@ FL_INTERNAL void rdd_shared_destroy(rdd_shared *s);
 FL_INTERNAL void rdd_shared_set_remote(rdd_shared *s,
                                        fl_status (*fetch)(void *arg, uint64_t id, fl_buf *out),
                                        void *arg);
+/* An executor's registry: drops a fetched broadcast (the client destroyed it). */
+FL_INTERNAL void rdd_shared_forget(rdd_shared *s, uint64_t id);
 /* Client side: merges an accumulator update that a task in an executor process produced. */
 FL_INTERNAL fl_status rdd_shared_merge_update(rdd_shared *s, uint64_t id, fl_bytes update);
 

@@ -106,6 +106,15 @@ unlock:
   return ok;
 }
 
+void rdd_shared_forget(rdd_shared *s, uint64_t id) {
+  FL_PCHECK(pthread_mutex_lock(&s->lock));
+  shared_entry *e = id >= 1 && id <= s->count ? s->entries[id - 1] : NULL;
+  if (e && e->type == ENTRY_BROADCAST) s->entries[id - 1] = NULL;
+  else e = NULL;
+  FL_PCHECK(pthread_mutex_unlock(&s->lock));
+  entry_free(e);
+}
+
 void rdd_shared_set_remote(rdd_shared *s, fl_status (*fetch)(void *, uint64_t, fl_buf *),
                            void *arg) {
   s->fetch = fetch;
@@ -136,7 +145,10 @@ fl_status fl_broadcast_create(fl_context *ctx, const void *data, size_t len, fl_
   if (!ctx || !out || (len && !data)) return FL_ERR(FL_EINVAL, "fl_broadcast_create: NULL argument");
   fl_broadcast *b = common_malloc(sizeof *b);
   shared_entry *e = common_calloc(1, sizeof *e);
-  if (!b || !e || fl_buf_append(&e->value, data, len) != FL_OK) goto oom;
+  if (!b || !e) goto oom;
+  /* With tasks in other processes the value lives with the driver and the executors; a copy
+   * here would only cost memory (and page faults) for nothing. */
+  if (!ctx->runtime->broadcast_created && fl_buf_append(&e->value, data, len) != FL_OK) goto oom;
   e->type = ENTRY_BROADCAST;
   b->ctx = ctx;
   if (!(b->id = shared_add(ctx->shared, e))) goto oom;

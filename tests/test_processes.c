@@ -1,0 +1,1151 @@
+/*
+ * test_processes: integration tests with real processes on 127.0.0.1. A `flint driver` and
+ * `flint executor`s run as a user runs them; `flint submit` and `flint status` talk to them;
+ * and raw control-plane calls (net/rpc.c) send the driver hand-made bytes: garbage, oversized
+ * and ill-formed messages, and calls without the shared secret.
+ *
+ * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint, pi.so, job_echo.so and
+ * job_crash.so; else this test's own folder.
+ *
+ * Bounds and cleanup: each test has an alarm() watchdog (TEST_BOUND_S) that kills every
+ * process the test started, removes the test's folder and ends the program. Every wait (the
+ * port file, registrations, a command, an exit after a signal) has its own deadline, and a
+ * command also has alarm(CMD_LIMIT_S) of its own (kept across exec). Long-running processes
+ * get PR_SET_PDEATHSIG, so that they die with this program. A failed test's teardown kills
+ * what is left, prints the processes' logs and removes the folder. The children's TMPDIR is
+ * the test's folder, so that nothing they leave behind escapes it, and tests check that
+ * processes that end leave nothing behind.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "test_util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include "net/net.h"
+#include "proto/flint.pb-c.h"
+
+#define TEST_BOUND_S 55  /* each test's bound: a hang fails the program, not ctest's timeout */
+#define CMD_LIMIT_S 40   /* one flint command (submit, status, a failing executor) */
+#define START_LIMIT_S 30 /* the driver's port file; executors registered */
+#define STOP_LIMIT_S 20  /* a process's exit after SIGTERM or SIGINT */
+#define RPC_TIMEOUT_MS 20000
+#define MAX_PROCS 8
+#define MAX_CHANNELS 8
+#define MAX_ARGS 32
+#define OUT_CAP (256 * 1024)
+#define SECRET "s3cret"
+
+extern char **environ;
+
+static char bin_dir[PATH_MAX];
+static char flint_path[PATH_MAX + 16];
+
+/* A long-running process of a test: a driver or an executor. */
+typedef struct proc {
+  pid_t pid; /* 0 once reaped */
+  char name[32];
+  char log[PATH_MAX + 64];  /* its stdout and stderr */
+  char work[PATH_MAX + 64]; /* its --work-dir */
+} proc;
+
+/* What the running test has started; the watchdog and the teardown clean it up. */
+typedef struct fixture {
+  char dir[PATH_MAX]; /* logs, port file, work folders; the children's TMPDIR */
+  proc procs[MAX_PROCS];
+  int num_procs;
+  volatile pid_t command; /* a flint command running now, or 0 */
+  rpc_channel *channels[MAX_CHANNELS];
+  int num_channels;
+  int port;
+  char target[64]; /* 127.0.0.1:PORT */
+  char master[80]; /* flint://127.0.0.1:PORT */
+  bool passed;     /* set by the test's last line: the teardown prints logs when unset */
+} fixture;
+
+static fixture fx;
+
+typedef struct run_result {
+  int status;     /* exit status; 128 + signal when killed by one */
+  double seconds; /* how long it ran */
+  char out[OUT_CAP];
+  size_t out_len;
+  char err[OUT_CAP];
+  size_t err_len;
+} run_result;
+
+/* ---- time, files and folders ----------------------------------------------------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* Path of a file in the binary folder, in a small rotating set of static buffers so that a
+ * test can hold a few at once. */
+static const char *bin_file(const char *name) {
+  static char bufs[4][PATH_MAX + 64];
+  static int next;
+  char *b = bufs[next++ % 4];
+  snprintf(b, sizeof bufs[0], "%s/%s", bin_dir, name);
+  return b;
+}
+
+/* Path of a file in the test's folder, in rotating static buffers as bin_file. */
+static const char *test_file(const char *name) {
+  static char bufs[4][PATH_MAX + 64];
+  static int next;
+  char *b = bufs[next++ % 4];
+  snprintf(b, sizeof bufs[0], "%s/%s", fx.dir, name);
+  return b;
+}
+
+/* The whole of a small file (a log), NUL-terminated; the caller frees it. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return strdup("");
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (cap - len < 4096) {
+      char *grown = realloc(buf, cap = cap ? cap * 2 : 8192);
+      if (!grown) break;
+      buf = grown;
+    }
+    size_t n = fread(buf + len, 1, cap - len - 1, f);
+    if (n == 0) break;
+    len += n;
+  }
+  fclose(f);
+  if (!buf) return strdup("");
+  buf[len] = '\0';
+  return buf;
+}
+
+/* Entries of a folder other than . and ..; -1 when it cannot be read. */
+static int count_entries(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+  closedir(d);
+  return n;
+}
+
+/* Entries of the test's folder whose names start with `prefix` (leftover work folders). */
+static int count_prefixed(const char *path, const char *prefix) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  closedir(d);
+  return n;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  remove(path);
+  return 0;
+}
+
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static void make_dir(const char *path) { assert_int_equal(mkdir(path, 0700), 0); }
+
+/* ---- the watchdog ---------------------------------------------------------------------- */
+
+/* Runs on SIGALRM: async-signal-safe calls only (kill, fork, execve, waitpid, write). */
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "test_processes: a test ran past its time bound (a hang?)\n";
+  if (write(STDERR_FILENO, msg, sizeof msg - 1)) {
+  }
+  if (fx.command > 0) kill(fx.command, SIGKILL);
+  for (int i = 0; i < fx.num_procs; i++)
+    if (fx.procs[i].pid > 0) kill(fx.procs[i].pid, SIGKILL);
+  if (fx.dir[0]) {
+    pid_t rm = fork();
+    if (rm == 0) {
+      char *argv[] = {"rm", "-rf", fx.dir, NULL};
+      char *envp[] = {NULL};
+      execve("/bin/rm", argv, envp);
+      _exit(127);
+    }
+    if (rm > 0) waitpid(rm, NULL, 0);
+  }
+  _exit(3);
+}
+
+static int setup(void **state) {
+  (void)state;
+  memset(&fx, 0, sizeof fx);
+  test_tmpdir(fx.dir, sizeof fx.dir);
+  signal(SIGALRM, on_alarm);
+  alarm(TEST_BOUND_S);
+  return 0;
+}
+
+static void print_log(const proc *p) {
+  char *text = slurp(p->log);
+  size_t len = strlen(text);
+  const char *tail = len > 16384 ? text + len - 16384 : text;
+  fprintf(stderr, "--- log of %s (pid %d) ---\n%s-----------------\n", p->name, (int)p->pid, tail);
+  free(text);
+}
+
+/* Kills and reaps what a test left running (the test failed), closes its channels and
+ * removes its folder. */
+static int teardown(void **state) {
+  (void)state;
+  for (int i = 0; i < fx.num_procs; i++) {
+    proc *p = &fx.procs[i];
+    if (!fx.passed) print_log(p);
+    if (p->pid > 0) {
+      kill(p->pid, SIGKILL);
+      while (waitpid(p->pid, NULL, 0) < 0 && errno == EINTR) {
+      }
+      p->pid = 0;
+    }
+  }
+  for (int i = 0; i < fx.num_channels; i++) rpc_channel_destroy(fx.channels[i]);
+  fx.num_channels = 0;
+  remove_tree(fx.dir);
+  alarm(0);
+  return 0;
+}
+
+/* ---- starting processes ---------------------------------------------------------------- */
+
+/* The environment of a child: this process's without FLINT_SECRET, FLINT_SECRET_FILE and
+ * TMPDIR, then TMPDIR=<the test's folder> and `extra` ("NAME=VALUE"s, NULL-terminated; may be
+ * NULL). Built before fork: the child of a threaded process (gRPC's) may only call
+ * async-signal-safe functions before it execs. Static storage, rebuilt by every call. */
+static char **child_env(const char *const *extra) {
+  static char *env[1024];
+  static char tmpdir[PATH_MAX + 16];
+  size_t n = 0;
+  for (char **e = environ; *e && n < 1000; e++)
+    if (strncmp(*e, "FLINT_SECRET=", 13) != 0 && strncmp(*e, "FLINT_SECRET_FILE=", 18) != 0 &&
+        strncmp(*e, "TMPDIR=", 7) != 0)
+      env[n++] = *e;
+  snprintf(tmpdir, sizeof tmpdir, "TMPDIR=%s", fx.dir);
+  env[n++] = tmpdir;
+  for (; extra && *extra && n < 1023; extra++) env[n++] = (char *)*extra;
+  env[n] = NULL;
+  return env;
+}
+
+/* Starts `flint ARGS...` with stdout on out_fd and stderr on err_fd. alarm_s > 0: the child's
+ * own time limit. Returns its pid. */
+static pid_t spawn(const char *const *args, const char *const *extra_env, int out_fd, int err_fd,
+                   int alarm_s) {
+  const char *argv[MAX_ARGS + 2];
+  int argc = 0;
+  argv[argc++] = flint_path;
+  for (; args[argc - 1]; argc++) {
+    assert_true(argc <= MAX_ARGS);
+    argv[argc] = args[argc - 1];
+  }
+  argv[argc] = NULL;
+  char **envp = child_env(extra_env);
+  pid_t parent = getpid();
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(out_fd, STDOUT_FILENO);
+    dup2(err_fd, STDERR_FILENO);
+    /* Dies with this program, even when it dies by the watchdog or a crash. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);
+    if (alarm_s > 0) alarm((unsigned)alarm_s);
+    execve(flint_path, (char *const *)argv, envp);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Waits at most limit_s for `pid` to end; returns its exit status (128 + N for signal N), or
+ * -1 when it is still running. */
+static int wait_exit(pid_t pid, double limit_s) {
+  double deadline = now_s() + limit_s;
+  for (;;) {
+    int wstatus;
+    pid_t r = waitpid(pid, &wstatus, WNOHANG);
+    if (r == pid) return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+    assert_true(r == 0 || errno == EINTR);
+    if (now_s() > deadline) return -1;
+    sleep_ms(10);
+  }
+}
+
+/* Starts a long-running `flint ARGS...` named `name` (its log: <dir>/<name>.log). */
+static proc *start_proc(const char *name, const char *const *extra_env, const char *const *args) {
+  assert_true(fx.num_procs < MAX_PROCS);
+  proc *p = &fx.procs[fx.num_procs];
+  snprintf(p->name, sizeof p->name, "%s", name);
+  char log[PATH_MAX + 64];
+  snprintf(log, sizeof log, "%s/%s.log", fx.dir, name);
+  memcpy(p->log, log, sizeof log);
+  int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  assert_true(fd >= 0);
+  p->pid = spawn(args, extra_env, fd, fd, 0);
+  close(fd);
+  fx.num_procs++;
+  return p;
+}
+
+/* A process that should be running still is; else its log explains. */
+static void expect_running(proc *p) {
+  int st = wait_exit(p->pid, 0);
+  if (st >= 0) {
+    fprintf(stderr, "%s (pid %d) ended with status %d\n", p->name, (int)p->pid, st);
+    p->pid = 0;
+  }
+  assert_int_equal(st, -1);
+}
+
+/* Starts a driver on 127.0.0.1 with a port picked by the system and waits for its port file. */
+static proc *start_driver(const char *const *extra_env) {
+  char work[PATH_MAX + 64], port_file[PATH_MAX + 64];
+  snprintf(work, sizeof work, "%s", test_file("driver-work"));
+  snprintf(port_file, sizeof port_file, "%s", test_file("port"));
+  make_dir(work);
+  proc *p = start_proc("driver", extra_env,
+                       (const char *const[]){"driver", "--listen", "127.0.0.1:0", "--work-dir", work,
+                                             "--port-file", port_file, NULL});
+  snprintf(p->work, sizeof p->work, "%s", work);
+  double deadline = now_s() + START_LIMIT_S;
+  for (;;) {
+    FILE *f = fopen(port_file, "r");
+    int port = 0;
+    if (f) {
+      if (fscanf(f, "%d", &port) != 1) port = 0;
+      fclose(f);
+    }
+    if (port > 0 && port < 65536) {
+      fx.port = port;
+      break;
+    }
+    expect_running(p);
+    if (now_s() > deadline) fail_msg("the driver wrote no port file within %d s", START_LIMIT_S);
+    sleep_ms(20);
+  }
+  snprintf(fx.target, sizeof fx.target, "127.0.0.1:%d", fx.port);
+  snprintf(fx.master, sizeof fx.master, "flint://%s", fx.target);
+  return p;
+}
+
+/* Starts an executor of 1 core and 256 MiB for the driver (it registers by itself). */
+static proc *start_executor(const char *name, const char *const *extra_env) {
+  char work[PATH_MAX + 64];
+  snprintf(work, sizeof work, "%s/%s-work", fx.dir, name);
+  make_dir(work);
+  proc *p = start_proc(name, extra_env,
+                       (const char *const[]){"executor", "--driver", fx.target, "--cores", "1",
+                                             "--memory", "256m", "--work-dir", work, NULL});
+  snprintf(p->work, sizeof p->work, "%s", work);
+  return p;
+}
+
+/* Sends `sig` and waits for the process to end; returns its exit status (-1: it did not end
+ * in time, and was killed). */
+static int stop_proc(proc *p, int sig) {
+  assert_true(p->pid > 0);
+  assert_int_equal(kill(p->pid, sig), 0);
+  int st = wait_exit(p->pid, STOP_LIMIT_S);
+  if (st < 0) {
+    fprintf(stderr, "%s (pid %d) did not end within %d s of signal %d\n", p->name, (int)p->pid,
+            STOP_LIMIT_S, sig);
+    kill(p->pid, SIGKILL);
+    while (waitpid(p->pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+  }
+  p->pid = 0;
+  return st;
+}
+
+/* Stops every process still running with SIGTERM, executors first, and expects each to exit
+ * with status 0 and to have removed its work folder. */
+static void stop_all(void) {
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < fx.num_procs; i++) {
+      proc *p = &fx.procs[i];
+      bool is_driver = strcmp(p->name, "driver") == 0;
+      if (p->pid <= 0 || is_driver != (pass == 1)) continue;
+      int st = stop_proc(p, SIGTERM);
+      if (st != 0) fprintf(stderr, "%s exited with status %d after SIGTERM\n", p->name, st);
+      assert_int_equal(st, 0);
+      if (p->work[0]) assert_int_equal(count_entries(p->work), 0);
+    }
+}
+
+/* ---- commands -------------------------------------------------------------------------- */
+
+static void drain(int *fd, char *buf, size_t *len) {
+  char tmp[4096];
+  ssize_t n = read(*fd, tmp, sizeof tmp);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    close(*fd);
+    *fd = -1;
+    return;
+  }
+  size_t room = OUT_CAP - 1 - *len;
+  size_t take = (size_t)n < room ? (size_t)n : room;
+  memcpy(buf + *len, tmp, take);
+  *len += take;
+  buf[*len] = '\0';
+}
+
+/* Runs `flint ARGS...` to its end (at most CMD_LIMIT_S) with stdout and stderr captured apart;
+ * the caller frees the result. */
+static run_result *run_flint(const char *const *extra_env, const char *const *args) {
+  run_result *r = calloc(1, sizeof *r);
+  assert_non_null(r);
+  int out_pipe[2], err_pipe[2];
+  assert_int_equal(pipe2(out_pipe, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(err_pipe, O_CLOEXEC), 0);
+  double start = now_s();
+  pid_t pid = spawn(args, extra_env, out_pipe[1], err_pipe[1], CMD_LIMIT_S);
+  fx.command = pid;
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  int fds[2] = {out_pipe[0], err_pipe[0]};
+  bool killed = false;
+  while (fds[0] >= 0 || fds[1] >= 0) {
+    struct pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+    int n = poll(p, 2, 500);
+    if (n < 0 && errno != EINTR) fail_msg("poll: %s", strerror(errno));
+    if (n > 0) {
+      if (fds[0] >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[0], r->out, &r->out_len);
+      if (fds[1] >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[1], r->err, &r->err_len);
+    }
+    /* The pipes stay open as long as any process holds them: the child's alarm is the
+     * usual bound, this one is for a child that forked. */
+    if (!killed && now_s() - start > CMD_LIMIT_S + 10) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+  }
+  int wstatus;
+  while (waitpid(pid, &wstatus, 0) < 0) assert_int_equal(errno, EINTR);
+  fx.command = 0;
+  r->seconds = now_s() - start;
+  r->status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  if (WIFSIGNALED(wstatus) && (killed || WTERMSIG(wstatus) == SIGALRM))
+    fprintf(stderr, "flint %s ... ran past its time limit\n", args[0]);
+  return r;
+}
+
+#define FLINT(env, ...) run_flint((env), (const char *const[]){__VA_ARGS__, NULL})
+
+static const char *const with_secret[] = {"FLINT_SECRET=" SECRET, NULL};
+static const char *const wrong_secret[] = {"FLINT_SECRET=not-" SECRET, NULL};
+
+static void dump(const run_result *r) {
+  fprintf(stderr, "exit status %d after %.1f s\n--- stdout ---\n%s--- stderr ---\n%s--------------\n",
+          r->status, r->seconds, r->out, r->err);
+}
+
+static void expect_status(const run_result *r, int status) {
+  if (r->status != status) {
+    fprintf(stderr, "expected exit status %d\n", status);
+    dump(r);
+  }
+  assert_int_equal(r->status, status);
+}
+
+static void expect_contains(const run_result *r, const char *text, const char *which, const char *needle) {
+  if (!strstr(text, needle)) {
+    fprintf(stderr, "%s lacks '%s'\n", which, needle);
+    dump(r);
+  }
+  assert_non_null(strstr(text, needle));
+}
+static void expect_lacks(const run_result *r, const char *text, const char *which, const char *needle) {
+  if (strstr(text, needle)) {
+    fprintf(stderr, "%s has '%s'\n", which, needle);
+    dump(r);
+  }
+  assert_null(strstr(text, needle));
+}
+#define EXPECT_OUT(r, needle) expect_contains((r), (r)->out, "stdout", (needle))
+#define EXPECT_ERR(r, needle) expect_contains((r), (r)->err, "stderr", (needle))
+#define EXPECT_NO_OUT(r, needle) expect_lacks((r), (r)->out, "stdout", (needle))
+#define EXPECT_NO_ERR(r, needle) expect_lacks((r), (r)->err, "stderr", (needle))
+
+/* ---- raw calls ------------------------------------------------------------------------- */
+
+/* A channel to the driver, closed by the teardown. */
+static rpc_channel *channel(const char *secret, size_t max_message) {
+  assert_true(fx.num_channels < MAX_CHANNELS);
+  rpc_channel *c;
+  assert_ok(rpc_channel_create(fx.target, secret, max_message, &c));
+  fx.channels[fx.num_channels++] = c;
+  return c;
+}
+
+static void pack(const ProtobufCMessage *msg, fl_buf *out) {
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  assert_ok(fl_buf_reserve(out, n ? n : 1));
+  out->len = protobuf_c_message_pack(msg, out->data);
+}
+
+/* Calls a driver method with raw bytes; the reply (on success) replaces *reply. */
+static fl_status call_bytes(rpc_channel *c, const char *method, const void *data, size_t len, fl_buf *reply) {
+  return rpc_call(c, method, (fl_bytes){(const uint8_t *)data, len}, RPC_TIMEOUT_MS, reply);
+}
+
+/* Calls a driver method with a message. */
+static fl_status call_msg(rpc_channel *c, const char *method, const ProtobufCMessage *msg, fl_buf *reply) {
+  fl_buf body = FL_BUF_INIT;
+  pack(msg, &body);
+  fl_status st = call_bytes(c, method, body.data, body.len, reply);
+  fl_buf_free(&body);
+  return st;
+}
+
+/* Asserts that a call failed with `code` and a message containing `needle`. */
+static void expect_failure(fl_status st, fl_status code, const char *needle, const char *what) {
+  const char *msg = fl_last_error();
+  if (st != code || !strstr(msg, needle))
+    fprintf(stderr, "%s: expected %s with '%s', got %s: '%s'\n", what, fl_status_name(code), needle,
+            fl_status_name(st), st == FL_OK ? "" : msg);
+  assert_int_equal(st, code);
+  assert_non_null(strstr(msg, needle));
+}
+
+/* The driver's Status, with the number of executors it lists; the caller frees it. */
+static Flint__StatusReply *driver_status(rpc_channel *c) {
+  Flint__Empty e = FLINT__EMPTY__INIT;
+  fl_buf reply = FL_BUF_INIT;
+  assert_ok(call_msg(c, "/flint.Driver/Status", &e.base, &reply));
+  Flint__StatusReply *r = flint__status_reply__unpack(NULL, reply.len, reply.data);
+  fl_buf_free(&reply);
+  assert_non_null(r);
+  return r;
+}
+
+/* Waits until the driver lists `n` live executors (they register by themselves). */
+static void wait_executors(const char *secret, size_t n) {
+  rpc_channel *c = channel(secret, 0);
+  double deadline = now_s() + START_LIMIT_S;
+  for (;;) {
+    Flint__StatusReply *r = driver_status(c);
+    size_t alive = 0;
+    for (size_t i = 0; i < r->n_executors; i++) alive += r->executors[i]->alive;
+    flint__status_reply__free_unpacked(r, NULL);
+    if (alive == n) return;
+    assert_true(alive < n);
+    for (int i = 0; i < fx.num_procs; i++) expect_running(&fx.procs[i]);
+    if (now_s() > deadline) fail_msg("%zu of %zu executors registered within %d s", alive, n, START_LIMIT_S);
+    sleep_ms(50);
+  }
+}
+
+/* Reads a job binary's output through the driver's Output call until it exits; returns its
+ * exit status (128 + N for signal N) and appends its streams to out and err. */
+static int wait_submission(rpc_channel *c, uint64_t id, fl_buf *out, fl_buf *err) {
+  double deadline = now_s() + 30;
+  for (;;) {
+    Flint__OutputRequest req = FLINT__OUTPUT_REQUEST__INIT;
+    req.submission_id = id;
+    req.stdout_offset = out->len;
+    req.stderr_offset = err->len;
+    req.wait_ms = 1000;
+    fl_buf reply = FL_BUF_INIT;
+    assert_ok(call_msg(c, "/flint.Driver/Output", &req.base, &reply));
+    Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
+    fl_buf_free(&reply);
+    assert_non_null(o);
+    assert_ok(fl_buf_append(out, o->stdout_data.data, o->stdout_data.len));
+    assert_ok(fl_buf_append(err, o->stderr_data.data, o->stderr_data.len));
+    bool done = o->exited && !o->stdout_data.len && !o->stderr_data.len;
+    int code = o->signal ? 128 + o->signal : o->exit_code;
+    flint__output_reply__free_unpacked(o, NULL);
+    if (done) return code;
+    if (now_s() > deadline) fail_msg("job binary %llu did not end within 30 s", (unsigned long long)id);
+  }
+}
+
+static bool buf_has(const fl_buf *b, const char *needle) {
+  return memmem(b->data, b->len, needle, strlen(needle)) != NULL;
+}
+
+/* ---- 1. job binaries round trip -------------------------------------------------------- */
+
+static void test_job_binary_round_trip(void **state) {
+  (void)state;
+  start_driver(NULL);
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(NULL, 2);
+
+  /* The job's stdout streams back and its status is flint's. */
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "100000", "4");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "pi is roughly 3.1");
+  EXPECT_OUT(r, "(100000 samples, 4 partitions)");
+  free(r);
+
+  /* Both streams, apart, and the job's own exit status. */
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_echo.so"), "hello", "world");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_echo args: hello world\n");
+  EXPECT_OUT(r, "job_echo count: 10\n");
+  EXPECT_ERR(r, "job_echo: this line goes to stderr\n");
+  EXPECT_NO_OUT(r, "stderr");
+  EXPECT_NO_ERR(r, "job_echo args");
+  EXPECT_NO_ERR(r, "killed");
+  free(r);
+
+  /* Detached: an id at once, while the job (asleep for 5 s) still runs. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--sleep-ms",
+            "5000", "detached");
+  expect_status(r, 0);
+  unsigned long long id = 0;
+  char tail = 0;
+  if (sscanf(r->out, "submitted job binary %llu%c", &id, &tail) != 2 || tail != '\n') dump(r);
+  assert_int_equal(tail, '\n');
+  assert_int_equal(id, 3); /* the third job binary of this driver */
+  if (r->seconds >= 4) dump(r);
+  assert_true(r->seconds < 4);
+  assert_int_equal(r->err_len, 0);
+  free(r);
+
+  rpc_channel *c = channel(NULL, 0);
+  Flint__OutputRequest req = FLINT__OUTPUT_REQUEST__INIT;
+  req.submission_id = id;
+  fl_buf reply = FL_BUF_INIT;
+  assert_ok(call_msg(c, "/flint.Driver/Output", &req.base, &reply));
+  Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
+  assert_non_null(o);
+  assert_false(o->exited); /* submit did not wait for it */
+  flint__output_reply__free_unpacked(o, NULL);
+  fl_buf_free(&reply);
+
+  /* It runs to its end without its submitter. */
+  fl_buf out = FL_BUF_INIT, err = FL_BUF_INIT;
+  assert_int_equal(wait_submission(c, id, &out, &err), 3);
+  assert_true(buf_has(&out, "job_echo args: detached\n"));
+  assert_true(buf_has(&out, "job_echo count: 10\n"));
+  assert_true(buf_has(&err, "job_echo: this line goes to stderr\n"));
+  fl_buf_free(&out);
+  fl_buf_free(&err);
+
+  stop_all();
+  fx.passed = true;
+}
+
+/* ---- 2. a crashing job ----------------------------------------------------------------- */
+
+static void test_crashing_job(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(NULL, 2);
+
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_crash.so"));
+  expect_status(r, 128 + SIGSEGV);
+  EXPECT_OUT(r, "job_crash: about to crash\n");
+  EXPECT_ERR(r, "killed by signal 11");
+  free(r);
+
+  /* The driver outlives its job and still serves. */
+  expect_running(driver);
+  r = FLINT(NULL, "status", "--master", fx.master);
+  expect_status(r, 0);
+  EXPECT_OUT(r, "executors: 2\n");
+  EXPECT_OUT(r, "applications: 1\n"); /* the crashed job's */
+  free(r);
+  char *log = slurp(driver->log);
+  bool logged = strstr(log, "job binary 1 was killed by signal 11") != NULL;
+  if (!logged) fprintf(stderr, "the driver's log does not tell of the crash:\n%s", log);
+  free(log);
+  assert_true(logged);
+
+  /* And runs the next job. */
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "pi is roughly 3.1");
+  free(r);
+
+  stop_all();
+  fx.passed = true;
+}
+
+/* ---- 3. flint status ------------------------------------------------------------------- */
+
+/* The executors' lines of `flint status`: their number, and the sum of their tasks. */
+static size_t parse_executors(const char *text, unsigned long long *tasks, unsigned long long *failed) {
+  *tasks = *failed = 0;
+  size_t n = 0;
+  const char *p = strstr(text, "executors: ");
+  if (!p) return 0;
+  p = strchr(p, '\n'); /* the count */
+  p = p ? strchr(p + 1, '\n') : NULL; /* the header */
+  while (p && strncmp(p + 1, "  ", 2) == 0) {
+    unsigned long long id, mem, cached, t, f;
+    unsigned cores;
+    char addr[64];
+    if (sscanf(p + 1, " %llu %63s %u %lluMi %lluKi %llu %llu", &id, addr, &cores, &mem, &cached, &t, &f) != 7)
+      break;
+    assert_int_equal(strncmp(addr, "127.0.0.1:", 10), 0);
+    assert_int_equal(cores, 1);
+    assert_int_equal(mem, 256);
+    *tasks += t;
+    *failed += f;
+    n++;
+    p = strchr(p + 1, '\n');
+  }
+  return n;
+}
+
+static void test_status_output(void **state) {
+  (void)state;
+  start_driver(NULL);
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(NULL, 2);
+
+  run_result *r = FLINT(NULL, "status", "--master", fx.master);
+  expect_status(r, 0);
+  EXPECT_OUT(r, "executors: 2\n");
+  EXPECT_OUT(r, "applications: 0\n");
+  free(r);
+
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "100000", "4");
+  expect_status(r, 0);
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_echo.so"), "x");
+  expect_status(r, 3);
+  free(r);
+
+  /* Executors report their task counts with their heartbeats (every second). */
+  double deadline = now_s() + 20;
+  unsigned long long tasks = 0, failed = 0;
+  for (;;) {
+    r = FLINT(NULL, "status", "--master", fx.master);
+    expect_status(r, 0);
+    size_t n = parse_executors(r->out, &tasks, &failed);
+    if (n != 2) dump(r);
+    assert_int_equal(n, 2);
+    if (tasks >= 6 || now_s() > deadline) break;
+    free(r);
+    sleep_ms(200);
+  }
+  if (tasks != 6 || failed != 0) dump(r);
+  assert_int_equal(tasks, 6); /* pi's 4 and job_echo's 2 */
+  assert_int_equal(failed, 0);
+  EXPECT_OUT(r, "cores");
+  EXPECT_OUT(r, "memory");
+  EXPECT_OUT(r, "tasks");
+  EXPECT_OUT(r, "applications: 2\n");
+  EXPECT_OUT(r, "  1 flint (finished), 1 recent jobs\n    job 1: succeeded, 4 tasks\n");
+  EXPECT_OUT(r, "  2 flint (finished), 1 recent jobs\n    job 1: succeeded, 2 tasks\n");
+  free(r);
+
+  stop_all();
+  fx.passed = true;
+}
+
+/* ---- 4. authentication ----------------------------------------------------------------- */
+
+/* Whether the log has a WARN line that contains `needle`. */
+static bool log_warns(const char *log, const char *needle) {
+  for (const char *line = log; *line;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), line);
+    if (strstr(buf, " WARN ") && strstr(buf, needle)) return true;
+    line += len + (end ? 1 : 0);
+  }
+  return false;
+}
+
+static void test_authentication(void **state) {
+  (void)state;
+  proc *driver = start_driver(with_secret);
+  start_executor("exec1", with_secret);
+  wait_executors(SECRET, 1);
+
+  /* With the secret, from the environment or a file. */
+  run_result *r = FLINT(with_secret, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "pi is roughly 3.1");
+  free(r);
+  char secret_file[PATH_MAX + 32], file_env[PATH_MAX + 64];
+  snprintf(secret_file, sizeof secret_file, "%s", test_file("secret"));
+  test_write_file(secret_file, SECRET "\n", strlen(SECRET) + 1);
+  snprintf(file_env, sizeof file_env, "FLINT_SECRET_FILE=%s", secret_file);
+  r = FLINT(((const char *const[]){file_env, NULL}), "submit", "--master", fx.master, bin_file("job_echo.so"), "f");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_echo args: f\n");
+  free(r);
+
+  /* Without it, or with another one: refused, and the job never runs. */
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "authentication");
+  EXPECT_NO_OUT(r, "pi is roughly");
+  free(r);
+  r = FLINT(wrong_secret, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "authentication");
+  EXPECT_NO_ERR(r, SECRET); /* neither secret is echoed */
+  free(r);
+  r = FLINT(NULL, "status", "--master", fx.master);
+  expect_status(r, 1);
+  EXPECT_ERR(r, "authentication");
+  free(r);
+
+  /* An executor without the secret cannot register, says why, ends and cleans up. */
+  char work[PATH_MAX + 64];
+  snprintf(work, sizeof work, "%s", test_file("stranger-work"));
+  make_dir(work);
+  r = FLINT(NULL, "executor", "--driver", fx.target, "--cores", "1", "--memory", "64m", "--work-dir", work);
+  if (r->status == 0) dump(r);
+  assert_int_not_equal(r->status, 0);
+  EXPECT_ERR(r, "register");
+  EXPECT_ERR(r, "authentication");
+  assert_true(r->seconds < 30);
+  assert_int_equal(count_entries(work), 0);
+  free(r);
+
+  /* Raw calls: the same refusal, as FL_EAUTH. */
+  fl_buf reply = FL_BUF_INIT;
+  Flint__Empty empty = FLINT__EMPTY__INIT;
+  expect_failure(call_msg(channel(NULL, 0), "/flint.Driver/Status", &empty.base, &reply), FL_EAUTH,
+                 "missing shared secret", "Status without a secret");
+  expect_failure(call_msg(channel("not-" SECRET, 0), "/flint.Driver/Status", &empty.base, &reply), FL_EAUTH,
+                 "wrong shared secret", "Status with a wrong secret");
+  assert_int_equal(reply.len, 0);
+  Flint__StatusReply *st = driver_status(channel(SECRET, 0));
+  assert_int_equal(st->n_executors, 1); /* the stranger is not among them */
+  flint__status_reply__free_unpacked(st, NULL);
+
+  /* The driver logs each refusal as a warning, without the secret. */
+  stop_all();
+  char *log = slurp(driver->log);
+  bool ok = log_warns(log, "refused /flint.Driver/Submit") && log_warns(log, "refused /flint.Driver/RegisterExecutor") &&
+            log_warns(log, "refused /flint.Driver/Status") && log_warns(log, "authentication") &&
+            !strstr(log, SECRET);
+  if (!ok) fprintf(stderr, "the driver's log lacks a warning per refusal, or shows the secret:\n%s", log);
+  free(log);
+  assert_true(ok);
+  fx.passed = true;
+}
+
+/* ---- 5. malformed and oversized messages ----------------------------------------------- */
+
+static void test_malformed_messages(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  wait_executors(NULL, 1);
+  rpc_channel *c = channel(NULL, 0);
+  fl_buf reply = FL_BUF_INIT;
+
+  /* Bytes that no protobuf message decodes from: a field of wire type 7, a varint of 11
+   * bytes, a length past the end. */
+  static const uint8_t bad_wire_type[] = {0x0f, 0x0f, 0x0f};
+  static const uint8_t long_varint[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  static const uint8_t truncated[] = {0x12, 0x7f, 'a', 'b', 'c'};
+  static const struct {
+    const uint8_t *data;
+    size_t len;
+  } garbage[] = {{bad_wire_type, sizeof bad_wire_type}, {long_varint, sizeof long_varint}, {truncated, sizeof truncated}};
+  static const char *const methods[] = {
+      "RunJob",         "RegisterExecutor", "StatusUpdate", "Submit",     "Heartbeat",
+      "OpenApplication", "CloseApplication", "HasLibrary",  "UploadLibrary", "BroadcastPut",
+      "BroadcastRemove", "StorageInfo",     "Unpersist",    "Output"};
+  for (size_t m = 0; m < sizeof methods / sizeof *methods; m++)
+    for (size_t g = 0; g < sizeof garbage / sizeof *garbage; g++) {
+      char method[64], what[96];
+      snprintf(method, sizeof method, "/flint.Driver/%s", methods[m]);
+      snprintf(what, sizeof what, "%s with garbage %zu", methods[m], g);
+      expect_failure(call_bytes(c, method, garbage[g].data, garbage[g].len, &reply), FL_EPROTO, "malformed", what);
+      assert_non_null(strstr(fl_last_error(), methods[m])); /* the message names the call */
+    }
+  assert_int_equal(reply.len, 0);
+
+  /* Empty requests decode as messages with every field unset, which each handler refuses. */
+  expect_failure(call_bytes(c, "/flint.Driver/RunJob", NULL, 0, &reply), FL_ENOENT, "no running application",
+                 "empty RunJob");
+  expect_failure(call_bytes(c, "/flint.Driver/Submit", NULL, 0, &reply), FL_EINVAL, "empty", "empty Submit");
+  expect_failure(call_bytes(c, "/flint.Driver/RegisterExecutor", NULL, 0, &reply), FL_EPROTO, "invalid",
+                 "empty RegisterExecutor");
+
+  /* Methods the driver does not have. */
+  expect_failure(call_bytes(c, "/flint.Driver/NoSuchMethod", "x", 1, &reply), FL_EINVAL, "unknown method",
+                 "unknown method");
+  expect_failure(call_bytes(c, "/flint.Executor/LaunchTasks", "x", 1, &reply), FL_EINVAL, "unknown method",
+                 "executor method");
+  expect_failure(call_bytes(c, "/", NULL, 0, &reply), FL_EINVAL, "unknown method", "method /");
+
+  /* Well-formed but wrong. */
+  Flint__RunJobRequest run = FLINT__RUN_JOB_REQUEST__INIT;
+  uint32_t part0 = 0;
+  run.app_id = 999999;
+  run.rdd_id = 1;
+  run.n_partitions = 1;
+  run.partitions = &part0;
+  expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_ENOENT, "999999", "RunJob of no application");
+  Flint__OutputRequest output = FLINT__OUTPUT_REQUEST__INIT;
+  output.submission_id = 424242;
+  expect_failure(call_msg(c, "/flint.Driver/Output", &output.base, &reply), FL_ENOENT, "424242", "Output of no job");
+
+  Flint__RegisterExecutorRequest reg = FLINT__REGISTER_EXECUTOR_REQUEST__INIT;
+  reg.host = "127.0.0.1";
+  reg.rpc_port = 1;
+  reg.data_port = 2;
+  reg.memory = 256u << 20;
+  reg.cores = 0;
+  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "cores", "cores=0");
+  reg.cores = 5000;
+  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "cores", "cores=5000");
+  reg.cores = 1;
+  reg.rpc_port = 70000;
+  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "ports", "port 70000");
+
+  /* An application of our own: a plan of garbage and a dataset it never sent. */
+  Flint__OpenApplicationRequest open = FLINT__OPEN_APPLICATION_REQUEST__INIT;
+  open.name = "raw";
+  assert_ok(call_msg(c, "/flint.Driver/OpenApplication", &open.base, &reply));
+  Flint__OpenApplicationReply *opened = flint__open_application_reply__unpack(NULL, reply.len, reply.data);
+  assert_non_null(opened);
+  uint64_t app_id = opened->app_id;
+  flint__open_application_reply__free_unpacked(opened, NULL);
+  assert_true(app_id > 0);
+  run.app_id = app_id;
+  run.plan = (ProtobufCBinaryData){sizeof long_varint, (uint8_t *)long_varint};
+  fl_status st = call_msg(c, "/flint.Driver/RunJob", &run.base, &reply);
+  if (st == FL_OK) fprintf(stderr, "RunJob with a plan of garbage succeeded\n");
+  assert_int_not_equal(st, FL_OK);
+  assert_true(fl_last_error()[0] != '\0');
+  run.plan = (ProtobufCBinaryData){0, NULL};
+  run.rdd_id = 424242;
+  expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_EPROTO, "unknown dataset",
+                 "RunJob of an unknown dataset");
+  Flint__AppRequest close_req = FLINT__APP_REQUEST__INIT;
+  close_req.app_id = app_id;
+  assert_ok(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply));
+  expect_failure(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply), FL_ENOENT,
+                 "no running application", "closing twice");
+
+  /* 100 MiB: over the driver's limit (64 MiB), refused by it when the client allows more,
+   * and by the client itself when it does not. */
+  size_t big_len = (size_t)100 << 20;
+  uint8_t *big = malloc(big_len);
+  assert_non_null(big);
+  memset(big, 0x0a, big_len);
+  rpc_channel *wide = channel(NULL, (size_t)128 << 20);
+  double t0 = now_s();
+  expect_failure(call_bytes(wide, "/flint.Driver/Submit", big, big_len, &reply), FL_EPROTO, "limit",
+                 "100 MiB to the driver");
+  expect_failure(call_bytes(c, "/flint.Driver/Submit", big, big_len, &reply), FL_EPROTO, "limit",
+                 "100 MiB on a channel of 64 MiB");
+  free(big);
+  fprintf(stderr, "100 MiB refused twice in %.1f s\n", now_s() - t0);
+
+  /* After all of that the driver is alive, answers, and runs a job. */
+  expect_running(driver);
+  Flint__StatusReply *status = driver_status(c);
+  assert_int_equal(status->n_executors, 1); /* nothing registered by the bad calls */
+  assert_int_equal(status->n_applications, 1);
+  assert_string_equal(status->applications[0]->state, "finished");
+  flint__status_reply__free_unpacked(status, NULL);
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "pi is roughly 3.1");
+  free(r);
+  fl_buf_free(&reply);
+
+  stop_all();
+  fx.passed = true;
+}
+
+/* ---- 6. bad command lines -------------------------------------------------------------- */
+
+/* A TCP port on 127.0.0.1 where nothing listens: bound, not listening, so that nobody else
+ * takes it while the test runs. Returns the socket (close it after). */
+static int dead_port(int *port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  socklen_t len = sizeof a;
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+/* Runs a command line that must fail with `status` and a message on stderr containing each
+ * of the needles (NULL-terminated), and leave no work folder in the children's TMPDIR. */
+static void expect_refused(const char *const *args, int status, const char *const *needles) {
+  run_result *r = run_flint(NULL, args);
+  if (r->status != status) fprintf(stderr, "flint %s ...: ", args[0]);
+  expect_status(r, status);
+  for (; *needles; needles++) EXPECT_ERR(r, *needles);
+  assert_true(r->seconds < 30);
+  assert_int_equal(count_prefixed(fx.dir, "flint-"), 0);
+  free(r);
+}
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void test_bad_command_lines(void **state) {
+  (void)state;
+  int port;
+  int sock = dead_port(&port);
+  char nobody[64], nobody_master[80];
+  snprintf(nobody, sizeof nobody, "127.0.0.1:%d", port);
+  snprintf(nobody_master, sizeof nobody_master, "flint://%s", nobody);
+  const char *pi = bin_file("pi.so");
+
+  expect_refused(ARGS("driver"), 2, ARGS("--listen HOST:PORT is required"));
+  expect_refused(ARGS("driver", "--listen"), 2, ARGS("--listen needs a value"));
+  expect_refused(ARGS("driver", "--listen", "127.0.0.1:0", "--frobnicate"), 2, ARGS("'--frobnicate'"));
+  expect_refused(ARGS("driver", "--listen", "nohost"), 1, ARGS("'nohost'", "HOST:PORT"));
+  expect_refused(ARGS("executor", "--driver", nobody, "--memory", "64m"), 2, ARGS("--cores N is required"));
+  expect_refused(ARGS("executor", "--driver", nobody, "--cores", "0", "--memory", "64m"), 2,
+                 ARGS("--cores '0'", "1 to 1024"));
+  expect_refused(ARGS("executor", "--driver", nobody, "--cores", "2x", "--memory", "64m"), 2, ARGS("--cores '2x'"));
+  expect_refused(ARGS("executor", "--driver", nobody, "--cores", "1", "--memory", "abc"), 2,
+                 ARGS("--memory 'abc'", "not a size"));
+  expect_refused(ARGS("executor", "--driver", nobody, "--cores", "1"), 2, ARGS("--memory SIZE is required"));
+  expect_refused(ARGS("executor", "--cores", "1", "--memory", "64m"), 2, ARGS("--driver HOST:PORT is required"));
+  expect_refused(ARGS("status"), 2, ARGS("--master flint://HOST:PORT is required"));
+  expect_refused(ARGS("status", "--master", "flint://nohost"), 1, ARGS("'flint://nohost'", "HOST:PORT"));
+  expect_refused(ARGS("status", "--master", "local[2]"), 1, ARGS("'local[2]'", "flint://HOST:PORT"));
+  expect_refused(ARGS("submit", "--master", "flint://nohost", pi), 1, ARGS("'flint://nohost'", "HOST:PORT"));
+  expect_refused(ARGS("submit", "--master", "flint://", pi), 1, ARGS("HOST:PORT"));
+
+  /* Nothing listens there: each fails soon, naming the address. */
+  expect_refused(ARGS("executor", "--driver", nobody, "--cores", "1", "--memory", "64m"), 1,
+                 ARGS("cannot register", nobody));
+  expect_refused(ARGS("status", "--master", nobody_master), 1, ARGS("cannot reach", nobody));
+  expect_refused(ARGS("submit", "--master", nobody_master, pi), 1, ARGS("cannot reach", nobody));
+  close(sock);
+  fx.passed = true;
+}
+
+/* ---- 7. stopping by signal ------------------------------------------------------------- */
+
+static void test_signals_stop_cleanly(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  proc *e1 = start_executor("exec1", NULL);
+  proc *e2 = start_executor("exec2", NULL);
+  wait_executors(NULL, 2);
+  /* Each keeps its own folder in its work folder while it runs. */
+  assert_int_equal(count_entries(driver->work), 1);
+  assert_int_equal(count_entries(e1->work), 1);
+  assert_int_equal(count_entries(e2->work), 1);
+
+  /* Some state to clean up: a finished job, and a job binary still running. */
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "100000", "4");
+  expect_status(r, 0);
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--sleep-ms", "30000");
+  expect_status(r, 0);
+  free(r);
+  /* The job binary's pid, from the driver's log. */
+  int job_pid = 0;
+  double deadline = now_s() + 10;
+  while (!job_pid && now_s() < deadline) {
+    char *log = slurp(driver->log);
+    const char *at = strstr(log, "job binary 2 (job_echo.so) started as pid ");
+    if (at) job_pid = atoi(at + strlen("job binary 2 (job_echo.so) started as pid "));
+    free(log);
+    if (!job_pid) sleep_ms(20);
+  }
+  assert_true(job_pid > 0);
+  assert_int_equal(kill(job_pid, 0), 0);
+
+  /* SIGINT stops an executor as SIGTERM does. */
+  assert_int_equal(stop_proc(e2, SIGINT), 0);
+  assert_int_equal(count_entries(e2->work), 0);
+
+  /* The driver goes first: it stops its job binary and removes its folder, library and job
+   * files included. */
+  double t0 = now_s();
+  assert_int_equal(stop_proc(driver, SIGTERM), 0);
+  fprintf(stderr, "the driver stopped in %.1f s\n", now_s() - t0);
+  assert_int_equal(count_entries(driver->work), 0);
+  errno = 0;
+  assert_int_equal(kill(job_pid, 0), -1); /* reaped by the driver, so gone */
+  assert_int_equal(errno, ESRCH);
+
+  /* An executor whose driver has gone still stops cleanly. */
+  assert_int_equal(stop_proc(e1, SIGTERM), 0);
+  assert_int_equal(count_entries(e1->work), 0);
+  assert_int_equal(count_prefixed(fx.dir, "flint-"), 0);
+  fx.passed = true;
+}
+
+static void find_binaries(void) {
+  const char *env = getenv("FLINT_BIN");
+  if (env && *env) {
+    snprintf(bin_dir, sizeof bin_dir, "%s", env);
+  } else { /* this test's own folder: the build puts the binaries there too */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+      fprintf(stderr, "test_processes: set FLINT_BIN to the folder of the flint binary\n");
+      exit(1);
+    }
+    self[n] = '\0';
+    snprintf(bin_dir, sizeof bin_dir, "%s", dirname(self));
+  }
+  snprintf(flint_path, sizeof flint_path, "%s/flint", bin_dir);
+  static const char *const needed[] = {"flint", "pi.so", "job_echo.so", "job_crash.so"};
+  for (size_t i = 0; i < sizeof needed / sizeof *needed; i++)
+    if (access(bin_file(needed[i]), R_OK) != 0) {
+      fprintf(stderr, "test_processes: no %s in %s (set FLINT_BIN)\n", needed[i], bin_dir);
+      exit(1);
+    }
+}
+
+int main(void) {
+  find_binaries();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_job_binary_round_trip, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_crashing_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_command_lines, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_signals_stop_cleanly, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
