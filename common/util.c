@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -294,4 +295,15 @@ void common_log(common_log_level level, const char *fmt, ...) {
   /* One write per line, so lines of concurrent threads do not interleave. */
   fprintf(stderr, "%02d:%02d:%02d.%03ld %s %s: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
           ts.tv_nsec / 1000000, tags[level], log_role, line);
+}
+
+void common_advise_huge(void *p, size_t len) {
+#ifdef MADV_HUGEPAGE
+  const uintptr_t huge = 2u << 20;
+  uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + len) & ~(huge - 1);
+  if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* a hint: failure changes nothing */
+#else
+  (void)p;
+  (void)len;
+#endif
 }

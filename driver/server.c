@@ -398,6 +398,7 @@ static fl_status handle_broadcast_put(driver_state *d, fl_bytes body, fl_buf *re
       st = FL_ERR(FL_ENOMEM, "cannot hold a broadcast of %llu bytes", (unsigned long long)req->total);
       goto unlock;
     }
+    if (b->total >= (8u << 20)) common_advise_huge(b->value.data, b->total);
     b->next = e->broadcasts;
     e->broadcasts = b;
   }

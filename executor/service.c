@@ -292,6 +292,7 @@ static fl_status fetch_from_driver(exec_service *svc, uint8_t kind, const uint64
     if (before == 0 && total > out->len && total < (8ull << 30) &&
         (st = fl_buf_reserve(out, total - out->len)) != FL_OK)
       return st;
+    if (before == 0 && total >= (8u << 20)) common_advise_huge(out->data + out->len, total - out->len);
     if (out->len == before && out->len < total)
       return FL_ERR(FL_EPROTO, "the driver's block server sent no bytes at offset %zu of %llu",
                     before, (unsigned long long)total);

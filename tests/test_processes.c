@@ -38,6 +38,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include "driver/driver.h" /* DRIVER_MAX_MESSAGE */
 #include "net/net.h"
 #include "proto/flint.pb-c.h"
 
@@ -963,17 +964,17 @@ static void test_malformed_messages(void **state) {
   expect_failure(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply), FL_ENOENT,
                  "no running application", "closing twice");
 
-  /* 100 MiB: over the driver's limit (64 MiB), refused by it when the client allows more,
-   * and by the client itself when it does not. */
+  /* 100 MiB, under the driver's limit (DRIVER_MAX_MESSAGE): decoded and refused, like any
+   * garbage; over a channel's own limit (64 MiB by default): refused before it is sent. */
   size_t big_len = (size_t)100 << 20;
   uint8_t *big = malloc(big_len);
   assert_non_null(big);
-  memset(big, 0x0a, big_len);
-  rpc_channel *wide = channel(NULL, (size_t)128 << 20);
+  memset(big, 0x0f, big_len);
+  rpc_channel *wide = channel(NULL, (size_t)INT32_MAX);
   double t0 = now_s();
-  expect_failure(call_bytes(wide, "/flint.Driver/Submit", big, big_len, &reply), FL_EPROTO, "limit",
-                 "100 MiB to the driver");
-  expect_failure(call_bytes(c, "/flint.Driver/Submit", big, big_len, &reply), FL_EPROTO, "limit",
+  expect_failure(call_bytes(wide, "/flint.Driver/Submit", big, big_len, &reply), FL_EPROTO, "malformed",
+                 "100 MiB of garbage");
+  expect_failure(call_bytes(c, "/flint.Driver/Submit", big, big_len, &reply), FL_EPROTO, "over the limit",
                  "100 MiB on a channel of 64 MiB");
   free(big);
   fprintf(stderr, "100 MiB refused twice in %.1f s\n", now_s() - t0);
@@ -991,6 +992,39 @@ static void test_malformed_messages(void **state) {
   free(r);
   fl_buf_free(&reply);
 
+  stop_all();
+  fx.passed = true;
+}
+
+/* A request over the driver's limit: gRPC refuses it (FL_EPROTO) before any handler runs,
+ * and the driver goes on serving. gRPC reads the whole request before it refuses it, so this
+ * moves a little over 1 GiB through the loopback (about 15 s), and gets a test of its own. */
+static void test_oversized_request(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  wait_executors(NULL, 1);
+  size_t len = DRIVER_MAX_MESSAGE + 1;
+  uint8_t *big = calloc(1, len); /* zero pages: nothing resident until gRPC copies it */
+  assert_non_null(big);
+  rpc_channel *wide = channel(NULL, (size_t)INT32_MAX);
+  fl_buf reply = FL_BUF_INIT;
+  double t0 = now_s();
+  expect_failure(call_bytes(wide, "/flint.Driver/Submit", big, len, &reply), FL_EPROTO, "size limit",
+                 "a request over DRIVER_MAX_MESSAGE");
+  fprintf(stderr, "%zu bytes refused in %.1f s\n", len, now_s() - t0);
+  free(big);
+  assert_int_equal(reply.len, 0);
+
+  expect_running(driver);
+  Flint__StatusReply *status = driver_status(wide);
+  assert_int_equal(status->n_executors, 1);
+  assert_int_equal(status->n_applications, 0);
+  flint__status_reply__free_unpacked(status, NULL);
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "pi is roughly 3.1");
+  free(r);
   stop_all();
   fx.passed = true;
 }
@@ -1144,6 +1178,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_oversized_request, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_command_lines, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signals_stop_cleanly, setup, teardown),
   };
