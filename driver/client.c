@@ -769,8 +769,9 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
       st = FL_ERR(FL_EPROTO, "Output: malformed reply");
       goto done;
     }
-    fwrite(o->stdout_data.data, 1, o->stdout_data.len, stdout);
-    fwrite(o->stderr_data.data, 1, o->stderr_data.len, stderr);
+    /* An empty bytes field has NULL data, which fwrite must not get (UBSan). */
+    if (o->stdout_data.len) fwrite(o->stdout_data.data, 1, o->stdout_data.len, stdout);
+    if (o->stderr_data.len) fwrite(o->stderr_data.data, 1, o->stderr_data.len, stderr);
     fflush(stdout);
     fflush(stderr);
     out_off += o->stdout_data.len;

@@ -241,7 +241,7 @@ FL_INTERNAL fl_status cluster_describe(cluster_backend *cb, void ***infos, size_
 FL_INTERNAL uint32_t cluster_cores(cluster_backend *cb);
 
 /* The largest call between a client and the driver (a job's results come in one reply). */
-#define DRIVER_MAX_MESSAGE ((size_t)1 << 30)
+#define DRIVER_MAX_MESSAGE ((size_t)256 << 20)
 
 typedef struct driver_config {
   const char *listen;    /* HOST:PORT; port 0 picks one */

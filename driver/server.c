@@ -47,6 +47,8 @@ typedef struct app_entry {
   job_record jobs[16]; /* the last ones, a ring */
   uint64_t num_jobs;
   struct broadcast_entry *broadcasts;
+  uint32_t users; /* calls using app now (app_lookup); a close waits for them */
+  uint32_t pid;   /* the client's process (job binaries' applications end with it) */
   struct app_entry *next;
 } app_entry;
 
@@ -216,14 +218,26 @@ static app_entry *app_find(driver_state *d, uint64_t id) {
   return NULL;
 }
 
+/* The running application `id`, which a close does not free until app_unpin. */
 static fl_status app_lookup(driver_state *d, uint64_t id, driver_app **out) {
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   app_entry *a = app_find(d, id);
   *out = a ? a->app : NULL;
+  if (*out) a->users++;
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (!*out)
     return FL_ERR(FL_ENOENT, "no running application %llu on this driver", (unsigned long long)id);
   return FL_OK;
+}
+
+static void app_unpin(driver_state *d, driver_app *app) {
+  if (!app) return;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  app_entry *a = app_find(d, app->id);
+  FL_ASSERT(a && a->users > 0);
+  a->users--;
+  pthread_cond_broadcast(&d->changed);
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
 }
 
 /* ---- client calls ---------------------------------------------------------------------- */
@@ -238,6 +252,7 @@ static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
   if (status == FL_OK) status = app_new(d, id, req->name, &e->app);
   if (status == FL_OK) {
     e->id = id;
+    e->pid = req->pid;
     snprintf(e->name, sizeof e->name, "%s", e->app->name);
     FL_PCHECK(pthread_mutex_lock(&d->lock));
     e->next = d->apps;
@@ -245,7 +260,7 @@ static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
     /* Bounded history: forget the oldest finished applications. */
     size_t finished = 0;
     for (app_entry **p = &d->apps; *p;) {
-      if (!(*p)->app && ++finished > MAX_APPS_KEPT) {
+      if (!(*p)->app && !(*p)->users && ++finished > MAX_APPS_KEPT) {
         app_entry *old = *p;
         *p = old->next;
         common_free(old);
@@ -275,25 +290,44 @@ static void broadcasts_free(broadcast_entry *b) {
   }
 }
 
-static fl_status handle_close(driver_state *d, fl_bytes body, fl_buf *response) {
-  UNPACK(Flint__AppRequest, req, body, "CloseApplication");
-  uint64_t id = req->app_id;
-  flint__app_request__free_unpacked(req, NULL);
+/* Ends application `id`: it is hidden from new calls, calls still using it (another
+ * client's RunJob, say) finish first, then its datasets and blocks everywhere go. */
+static fl_status app_close(driver_state *d, uint64_t id) {
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   app_entry *e = app_find(d, id);
   driver_app *app = e ? e->app : NULL;
+  if (e) e->app = NULL; /* no call finds it any more */
+  while (app && e->users > 0) FL_PCHECK(pthread_cond_wait(&d->changed, &d->lock));
   broadcast_entry *bcasts = e ? e->broadcasts : NULL;
-  if (e) {
-    e->app = NULL;
-    e->broadcasts = NULL;
-  }
+  if (e) e->broadcasts = NULL;
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (!app) return FL_ERR(FL_ENOENT, "no running application %llu", (unsigned long long)id);
   cluster_remove(d->cluster, id, NULL, 0, NULL, 0, true);
   app_free(app);
   broadcasts_free(bcasts);
   common_log(LOG_INFO, "application %llu closed", (unsigned long long)id);
-  return empty_reply(response);
+  return FL_OK;
+}
+
+static fl_status handle_close(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__AppRequest, req, body, "CloseApplication");
+  uint64_t id = req->app_id;
+  flint__app_request__free_unpacked(req, NULL);
+  fl_status st = app_close(d, id);
+  return st == FL_OK ? empty_reply(response) : st;
+}
+
+/* A job binary that crashed or exited without closing its context leaves its applications
+ * open: they end with its process. */
+static void close_apps_of(driver_state *d, pid_t pid) {
+  for (;;) {
+    uint64_t id = 0;
+    FL_PCHECK(pthread_mutex_lock(&d->lock));
+    for (app_entry *a = d->apps; a && !id; a = a->next)
+      if (a->app && a->pid == (uint32_t)pid) id = a->id;
+    FL_PCHECK(pthread_mutex_unlock(&d->lock));
+    if (!id || app_close(d, id) != FL_OK) return;
+  }
 }
 
 /* Library ids are 32 lowercase hex digits (rdd/plan.c's content ids). */
@@ -341,6 +375,7 @@ static fl_status handle_has_library(driver_state *d, fl_bytes body, fl_buf *resp
     if (reply.present) st = app_add_library(app, req->id);
     if (st == FL_OK) st = pack(&reply.base, response);
   }
+  app_unpin(d, app);
   flint__has_library_request__free_unpacked(req, NULL);
   return st;
 }
@@ -364,6 +399,7 @@ static fl_status handle_upload_library(driver_state *d, fl_bytes body, fl_buf *r
       st = app_add_library(app, req->id);
     }
   }
+  app_unpin(d, app);
   if (st == FL_OK) st = empty_reply(response);
   flint__upload_library_request__free_unpacked(req, NULL);
   return st;
@@ -544,6 +580,7 @@ cleanup:
   common_free(results);
   if (have_action) rdd_action_clear(&action.action);
   if (r) rdd_release(r);
+  app_unpin(d, app);
   flint__run_job_request__free_unpacked(req, NULL);
   return status;
 }
@@ -559,6 +596,7 @@ static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *res
     reply.cached_partitions = info.cached_partitions;
     st = pack(&reply.base, response);
   }
+  app_unpin(d, app);
   flint__storage_info_request__free_unpacked(req, NULL);
   return st;
 }
@@ -575,6 +613,7 @@ static fl_status handle_unpersist(driver_state *d, fl_bytes body, fl_buf *respon
     app_cache_remove_rdd(app, req->rdd_id);
     st = empty_reply(response);
   }
+  app_unpin(d, app);
   flint__unpersist_request__free_unpacked(req, NULL);
   return st;
 }
@@ -614,6 +653,7 @@ static void *supervise(void *arg) {
   int wstatus = 0;
   while (waitpid(s->pid, &wstatus, 0) < 0 && errno == EINTR) {
   }
+  close_apps_of(d, s->pid);
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   s->exited = true;
   if (WIFEXITED(wstatus)) s->exit_code = WEXITSTATUS(wstatus);

@@ -661,8 +661,13 @@ fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t
                      : gpr_inf_future(GPR_CLOCK_MONOTONIC);
   cq = grpc_completion_queue_create_for_pluck(NULL);
   if (!cq) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a completion queue"));
-  call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                  grpc_slice_from_static_string(method), NULL, deadline, NULL);
+  /* A copy, not a static slice: the connection's HPACK compressor keeps the path of earlier
+   * calls to compare with later ones, after a caller's (non-literal) method string is gone.
+   * The call takes its own reference. */
+  grpc_slice path = grpc_slice_from_copied_string(method);
+  call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL,
+                                  deadline, NULL);
+  grpc_slice_unref(path);
   if (!call) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a call of %s on %s", method, c->target));
   /* A copy: gRPC may still hold the request's slices when the call has failed early (a
    * refused secret), after the caller's bytes are gone. */

@@ -224,6 +224,12 @@ static void print_log(const proc *p) {
  * removes its folder. */
 static int teardown(void **state) {
   (void)state;
+  if (fx.command > 0) { /* a command that an assertion left running */
+    kill(fx.command, SIGKILL);
+    while (waitpid(fx.command, NULL, 0) < 0 && errno == EINTR) {
+    }
+    fx.command = 0;
+  }
   for (int i = 0; i < fx.num_procs; i++) {
     proc *p = &fx.procs[i];
     if (!fx.passed) print_log(p);
@@ -243,18 +249,17 @@ static int teardown(void **state) {
 
 /* ---- starting processes ---------------------------------------------------------------- */
 
-/* The environment of a child: this process's without FLINT_SECRET, FLINT_SECRET_FILE and
- * TMPDIR, then TMPDIR=<the test's folder> and `extra` ("NAME=VALUE"s, NULL-terminated; may be
- * NULL). Built before fork: the child of a threaded process (gRPC's) may only call
+/* The environment of a child: this process's without TMPDIR and flint's own variables
+ * (FLINT_SECRET, FLINT_LOG, FLINT_APP_NAME ... would change what the tests see), then
+ * TMPDIR=<the test's folder> and `extra` ("NAME=VALUE"s, NULL-terminated; may be NULL).
+ * Built before fork: the child of a threaded process (gRPC's) may only call
  * async-signal-safe functions before it execs. Static storage, rebuilt by every call. */
 static char **child_env(const char *const *extra) {
   static char *env[1024];
   static char tmpdir[PATH_MAX + 16];
   size_t n = 0;
   for (char **e = environ; *e && n < 1000; e++)
-    if (strncmp(*e, "FLINT_SECRET=", 13) != 0 && strncmp(*e, "FLINT_SECRET_FILE=", 18) != 0 &&
-        strncmp(*e, "TMPDIR=", 7) != 0)
-      env[n++] = *e;
+    if (strncmp(*e, "FLINT_", 6) != 0 && strncmp(*e, "TMPDIR=", 7) != 0) env[n++] = *e;
   snprintf(tmpdir, sizeof tmpdir, "TMPDIR=%s", fx.dir);
   env[n++] = tmpdir;
   for (; extra && *extra && n < 1023; extra++) env[n++] = (char *)*extra;
@@ -370,8 +375,8 @@ static proc *start_executor(const char *name, const char *const *extra_env) {
   snprintf(work, sizeof work, "%s/%s-work", fx.dir, name);
   make_dir(work);
   proc *p = start_proc(name, extra_env,
-                       (const char *const[]){"executor", "--driver", fx.target, "--cores", "1",
-                                             "--memory", "256m", "--work-dir", work, NULL});
+                       (const char *const[]){"executor", "--driver", fx.target, "--cores", "1", "--memory",
+                                             "256m", "--work-dir", work, NULL});
   snprintf(p->work, sizeof p->work, "%s", work);
   return p;
 }
@@ -383,8 +388,8 @@ static int stop_proc(proc *p, int sig) {
   assert_int_equal(kill(p->pid, sig), 0);
   int st = wait_exit(p->pid, STOP_LIMIT_S);
   if (st < 0) {
-    fprintf(stderr, "%s (pid %d) did not end within %d s of signal %d\n", p->name, (int)p->pid,
-            STOP_LIMIT_S, sig);
+    fprintf(stderr, "%s (pid %d) did not end within %d s of signal %d\n", p->name, (int)p->pid, STOP_LIMIT_S,
+            sig);
     kill(p->pid, SIGKILL);
     while (waitpid(p->pid, NULL, 0) < 0 && errno == EINTR) {
     }
@@ -629,8 +634,8 @@ static void test_job_binary_round_trip(void **state) {
   free(r);
 
   /* Detached: an id at once, while the job (asleep for 5 s) still runs. */
-  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--sleep-ms",
-            "5000", "detached");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--sleep-ms", "5000",
+            "detached");
   expect_status(r, 0);
   unsigned long long id = 0;
   char tail = 0;
@@ -704,6 +709,66 @@ static void test_crashing_job(void **state) {
   fx.passed = true;
 }
 
+/* Another client closes an application while the driver runs its job (application ids are
+ * sequential, so any client can name one): the close waits for the job, which finishes
+ * normally, and the driver lives on. */
+static void test_close_while_a_job_runs(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(NULL, 2);
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"),
+                        "--slow-ms", "3000", "closed");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submitted job binary 1\n");
+  free(r);
+
+  /* Its application's job is running (its first task sleeps 3 s). */
+  rpc_channel *c = channel(NULL, 0);
+  uint64_t app_id = 0;
+  double deadline = now_s() + 20;
+  while (!app_id) {
+    Flint__StatusReply *st = driver_status(c);
+    for (size_t i = 0; i < st->n_applications; i++) {
+      Flint__AppInfo *a = st->applications[i];
+      if (a->n_jobs && strcmp(a->jobs[a->n_jobs - 1]->state, "running") == 0) app_id = a->id;
+    }
+    flint__status_reply__free_unpacked(st, NULL);
+    if (!app_id && now_s() > deadline) fail_msg("no job of the job binary ran within 20 s");
+    if (!app_id) sleep_ms(20);
+  }
+
+  double t0 = now_s();
+  Flint__AppRequest close_req = FLINT__APP_REQUEST__INIT;
+  close_req.app_id = app_id;
+  fl_buf reply = FL_BUF_INIT;
+  assert_ok(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply));
+  fprintf(stderr, "the close returned after %.1f s\n", now_s() - t0);
+  fl_buf_free(&reply);
+
+  /* The job's own close finds it closed, which the job binary does not mind. */
+  fl_buf out = FL_BUF_INIT, err = FL_BUF_INIT;
+  assert_int_equal(wait_submission(c, 1, &out, &err), 3);
+  if (!buf_has(&out, "job_echo count: 10\n"))
+    fprintf(stderr, "stdout:\n%.*s\nstderr:\n%.*s\n", (int)out.len, (char *)out.data, (int)err.len,
+            (char *)err.data);
+  assert_true(buf_has(&out, "job_echo count: 10\n"));
+  fl_buf_free(&out);
+  fl_buf_free(&err);
+
+  expect_running(driver);
+  Flint__StatusReply *st = driver_status(c);
+  assert_int_equal(st->n_applications, 1);
+  assert_string_equal(st->applications[0]->state, "finished");
+  flint__status_reply__free_unpacked(st, NULL);
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 0);
+  free(r);
+  stop_all();
+  fx.passed = true;
+}
+
 /* ---- 3. flint status ------------------------------------------------------------------- */
 
 /* The executors' lines of `flint status`: their number, and the sum of their tasks. */
@@ -712,7 +777,7 @@ static size_t parse_executors(const char *text, unsigned long long *tasks, unsig
   size_t n = 0;
   const char *p = strstr(text, "executors: ");
   if (!p) return 0;
-  p = strchr(p, '\n'); /* the count */
+  p = strchr(p, '\n');                /* the count */
   p = p ? strchr(p + 1, '\n') : NULL; /* the header */
   while (p && strncmp(p + 1, "  ", 2) == 0) {
     unsigned long long id, mem, cached, t, f;
@@ -809,7 +874,8 @@ static void test_authentication(void **state) {
   snprintf(secret_file, sizeof secret_file, "%s", test_file("secret"));
   test_write_file(secret_file, SECRET "\n", strlen(SECRET) + 1);
   snprintf(file_env, sizeof file_env, "FLINT_SECRET_FILE=%s", secret_file);
-  r = FLINT(((const char *const[]){file_env, NULL}), "submit", "--master", fx.master, bin_file("job_echo.so"), "f");
+  r = FLINT(((const char *const[]){file_env, NULL}), "submit", "--master", fx.master, bin_file("job_echo.so"),
+            "f");
   expect_status(r, 3);
   EXPECT_OUT(r, "job_echo args: f\n");
   free(r);
@@ -858,7 +924,8 @@ static void test_authentication(void **state) {
   /* The driver logs each refusal as a warning, without the secret. */
   stop_all();
   char *log = slurp(driver->log);
-  bool ok = log_warns(log, "refused /flint.Driver/Submit") && log_warns(log, "refused /flint.Driver/RegisterExecutor") &&
+  bool ok = log_warns(log, "refused /flint.Driver/Submit") &&
+            log_warns(log, "refused /flint.Driver/RegisterExecutor") &&
             log_warns(log, "refused /flint.Driver/Status") && log_warns(log, "authentication") &&
             !strstr(log, SECRET);
   if (!ok) fprintf(stderr, "the driver's log lacks a warning per refusal, or shows the secret:\n%s", log);
@@ -880,22 +947,26 @@ static void test_malformed_messages(void **state) {
   /* Bytes that no protobuf message decodes from: a field of wire type 7, a varint of 11
    * bytes, a length past the end. */
   static const uint8_t bad_wire_type[] = {0x0f, 0x0f, 0x0f};
-  static const uint8_t long_varint[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  static const uint8_t long_varint[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                        0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
   static const uint8_t truncated[] = {0x12, 0x7f, 'a', 'b', 'c'};
   static const struct {
     const uint8_t *data;
     size_t len;
-  } garbage[] = {{bad_wire_type, sizeof bad_wire_type}, {long_varint, sizeof long_varint}, {truncated, sizeof truncated}};
+  } garbage[] = {{bad_wire_type, sizeof bad_wire_type},
+                 {long_varint, sizeof long_varint},
+                 {truncated, sizeof truncated}};
   static const char *const methods[] = {
-      "RunJob",         "RegisterExecutor", "StatusUpdate", "Submit",     "Heartbeat",
-      "OpenApplication", "CloseApplication", "HasLibrary",  "UploadLibrary", "BroadcastPut",
-      "BroadcastRemove", "StorageInfo",     "Unpersist",    "Output"};
+      "RunJob",          "RegisterExecutor", "StatusUpdate", "Submit",        "Heartbeat",
+      "OpenApplication", "CloseApplication", "HasLibrary",   "UploadLibrary", "BroadcastPut",
+      "BroadcastRemove", "StorageInfo",      "Unpersist",    "Output"};
   for (size_t m = 0; m < sizeof methods / sizeof *methods; m++)
     for (size_t g = 0; g < sizeof garbage / sizeof *garbage; g++) {
       char method[64], what[96];
       snprintf(method, sizeof method, "/flint.Driver/%s", methods[m]);
       snprintf(what, sizeof what, "%s with garbage %zu", methods[m], g);
-      expect_failure(call_bytes(c, method, garbage[g].data, garbage[g].len, &reply), FL_EPROTO, "malformed", what);
+      expect_failure(call_bytes(c, method, garbage[g].data, garbage[g].len, &reply), FL_EPROTO, "malformed",
+                     what);
       assert_non_null(strstr(fl_last_error(), methods[m])); /* the message names the call */
     }
   assert_int_equal(reply.len, 0);
@@ -921,10 +992,12 @@ static void test_malformed_messages(void **state) {
   run.rdd_id = 1;
   run.n_partitions = 1;
   run.partitions = &part0;
-  expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_ENOENT, "999999", "RunJob of no application");
+  expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_ENOENT, "999999",
+                 "RunJob of no application");
   Flint__OutputRequest output = FLINT__OUTPUT_REQUEST__INIT;
   output.submission_id = 424242;
-  expect_failure(call_msg(c, "/flint.Driver/Output", &output.base, &reply), FL_ENOENT, "424242", "Output of no job");
+  expect_failure(call_msg(c, "/flint.Driver/Output", &output.base, &reply), FL_ENOENT, "424242",
+                 "Output of no job");
 
   Flint__RegisterExecutorRequest reg = FLINT__REGISTER_EXECUTOR_REQUEST__INIT;
   reg.host = "127.0.0.1";
@@ -932,12 +1005,15 @@ static void test_malformed_messages(void **state) {
   reg.data_port = 2;
   reg.memory = 256u << 20;
   reg.cores = 0;
-  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "cores", "cores=0");
+  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "cores",
+                 "cores=0");
   reg.cores = 5000;
-  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "cores", "cores=5000");
+  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "cores",
+                 "cores=5000");
   reg.cores = 1;
   reg.rpc_port = 70000;
-  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "ports", "port 70000");
+  expect_failure(call_msg(c, "/flint.Driver/RegisterExecutor", &reg.base, &reply), FL_EPROTO, "ports",
+                 "port 70000");
 
   /* An application of our own: a plan of garbage and a dataset it never sent. */
   Flint__OpenApplicationRequest open = FLINT__OPEN_APPLICATION_REQUEST__INIT;
@@ -998,7 +1074,7 @@ static void test_malformed_messages(void **state) {
 
 /* A request over the driver's limit: gRPC refuses it (FL_EPROTO) before any handler runs,
  * and the driver goes on serving. gRPC reads the whole request before it refuses it, so this
- * moves a little over 1 GiB through the loopback (about 15 s), and gets a test of its own. */
+ * moves a little over DRIVER_MAX_MESSAGE through the loopback, and gets a test of its own. */
 static void test_oversized_request(void **state) {
   (void)state;
   proc *driver = start_driver(NULL);
@@ -1073,11 +1149,13 @@ static void test_bad_command_lines(void **state) {
   expect_refused(ARGS("executor", "--driver", nobody, "--memory", "64m"), 2, ARGS("--cores N is required"));
   expect_refused(ARGS("executor", "--driver", nobody, "--cores", "0", "--memory", "64m"), 2,
                  ARGS("--cores '0'", "1 to 1024"));
-  expect_refused(ARGS("executor", "--driver", nobody, "--cores", "2x", "--memory", "64m"), 2, ARGS("--cores '2x'"));
+  expect_refused(ARGS("executor", "--driver", nobody, "--cores", "2x", "--memory", "64m"), 2,
+                 ARGS("--cores '2x'"));
   expect_refused(ARGS("executor", "--driver", nobody, "--cores", "1", "--memory", "abc"), 2,
                  ARGS("--memory 'abc'", "not a size"));
   expect_refused(ARGS("executor", "--driver", nobody, "--cores", "1"), 2, ARGS("--memory SIZE is required"));
-  expect_refused(ARGS("executor", "--cores", "1", "--memory", "64m"), 2, ARGS("--driver HOST:PORT is required"));
+  expect_refused(ARGS("executor", "--cores", "1", "--memory", "64m"), 2,
+                 ARGS("--driver HOST:PORT is required"));
   expect_refused(ARGS("status"), 2, ARGS("--master flint://HOST:PORT is required"));
   expect_refused(ARGS("status", "--master", "flint://nohost"), 1, ARGS("'flint://nohost'", "HOST:PORT"));
   expect_refused(ARGS("status", "--master", "local[2]"), 1, ARGS("'local[2]'", "flint://HOST:PORT"));
@@ -1110,7 +1188,8 @@ static void test_signals_stop_cleanly(void **state) {
   run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "100000", "4");
   expect_status(r, 0);
   free(r);
-  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--sleep-ms", "30000");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--sleep-ms",
+            "30000");
   expect_status(r, 0);
   free(r);
   /* The job binary's pid, from the driver's log. */
@@ -1175,6 +1254,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_job_binary_round_trip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_crashing_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_close_while_a_job_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),

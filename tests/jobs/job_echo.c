@@ -4,8 +4,11 @@
  * which `flint submit` must pass on as its own exit status, with both streams, also when the
  * job runs on a driver (flint://).
  *
- *   job_echo [--sleep-ms N] ARGS...   (--sleep-ms: sleep N ms before the action, so that a
- *                                       test can see the job still running)
+ *   job_echo [--sleep-ms N | --slow-ms N] ARGS...
+ *
+ * --sleep-ms: sleeps N ms before the action, so that a test can see the job binary still
+ * running; --slow-ms: the action's map function sleeps N ms on one record, so that a test
+ * can act while the driver runs the job.
  *
  * Output:
  *   stdout: job_echo args: ARG1 ARG2 ...
@@ -19,11 +22,26 @@
 
 #include "flint/flint.h"
 
+static void nap(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+/* The map function of --slow-ms: exported, as cluster mode ships functions by name. */
+__attribute__((visibility("default"))) fl_status job_echo_slow(fl_bytes rec, fl_buf *out, const void *arg) {
+  if (fl_i64(rec) == 0) nap(*(const long *)arg);
+  return fl_buf_append(out, rec.data, rec.len);
+}
+
 __attribute__((visibility("default"))) int flint_main(fl_context *ctx, int argc, char **argv) {
   int first = 1;
-  long sleep_ms = 0;
+  long sleep_ms = 0, slow_ms = 0;
   if (argc > 2 && strcmp(argv[1], "--sleep-ms") == 0) {
     sleep_ms = atol(argv[2]);
+    first = 3;
+  } else if (argc > 2 && strcmp(argv[1], "--slow-ms") == 0) {
+    slow_ms = atol(argv[2]);
     first = 3;
   }
   printf("job_echo args:");
@@ -31,18 +49,19 @@ __attribute__((visibility("default"))) int flint_main(fl_context *ctx, int argc,
   printf("\n");
   fflush(stdout);
   fprintf(stderr, "job_echo: this line goes to stderr\n");
-  if (sleep_ms > 0) {
-    struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-  }
+  if (sleep_ms > 0) nap(sleep_ms);
 
-  fl_dataset *ds = NULL;
+  fl_dataset *ds = NULL, *mapped = NULL;
   uint64_t n = 0;
-  if (fl_range(ctx, 0, 10, 1, 2, &ds) != FL_OK || fl_count(ds, &n) != FL_OK) {
+  if (fl_range(ctx, 0, 10, 1, 2, &ds) != FL_OK ||
+      (slow_ms > 0 && fl_map(ds, job_echo_slow, &slow_ms, sizeof slow_ms, &mapped) != FL_OK) ||
+      fl_count(mapped ? mapped : ds, &n) != FL_OK) {
     fprintf(stderr, "job_echo: %s\n", fl_last_error());
+    fl_dataset_free(mapped);
     fl_dataset_free(ds);
     return 1;
   }
+  fl_dataset_free(mapped);
   fl_dataset_free(ds);
   printf("job_echo count: %llu\n", (unsigned long long)n);
   return 3;
