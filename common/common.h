@@ -169,6 +169,9 @@ FL_INTERNAL uint32_t common_cores(void);
 FL_INTERNAL const char *common_symbol_name(const void *fn, char *buf, size_t len);
 /* mkdir -p; rm -rf. */
 FL_INTERNAL fl_status common_mkdirs(const char *path);
+/* Appends a whole file to *out. FL_ENOENT when it is missing, FL_EIO naming it otherwise.
+ * Blocks on disk. */
+FL_INTERNAL fl_status common_read_file(const char *path, fl_buf *out);
 /* Asks for transparent huge pages over the whole pages of [p, p + len): touching fresh
  * memory costs about 2.5 ms per 1 MB in small pages on these machines and a tenth of that in
  * huge ones. For large buffers about to be filled (broadcasts, fetched blocks). */

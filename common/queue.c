@@ -75,14 +75,8 @@ void common_queue_push(common_queue *q, common_qnode *node) {
   FL_PCHECK(pthread_mutex_unlock(&q->lock));
 }
 
-common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns) {
-  SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
-  FL_PCHECK(pthread_mutex_lock(&q->lock));
-  while (!q->head && !q->closed) {
-    q->sleepers++;
-    pthread_cond_wait(&q->cond, &q->lock);
-    q->sleepers--;
-  }
+/* The head, or NULL; releases the lock that the caller holds. */
+static common_qnode *take_and_unlock(common_queue *q) {
   common_qnode *node = q->head;
   if (node) {
     q->head = node->next;
@@ -91,6 +85,17 @@ common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns) {
   }
   FL_PCHECK(pthread_mutex_unlock(&q->lock));
   return node;
+}
+
+common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns) {
+  SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
+  FL_PCHECK(pthread_mutex_lock(&q->lock));
+  while (!q->head && !q->closed) {
+    q->sleepers++;
+    pthread_cond_wait(&q->cond, &q->lock);
+    q->sleepers--;
+  }
+  return take_and_unlock(q);
 }
 
 common_qnode *common_queue_pop_until(common_queue *q, uint64_t spin_ns, uint64_t deadline_ns) {
@@ -106,14 +111,7 @@ common_qnode *common_queue_pop_until(common_queue *q, uint64_t spin_ns, uint64_t
     q->sleepers--;
     if (rc == ETIMEDOUT) break;
   }
-  common_qnode *node = q->head;
-  if (node) {
-    q->head = node->next;
-    if (!q->head) q->tail = NULL;
-    atomic_fetch_sub_explicit(&q->depth, 1, memory_order_relaxed);
-  }
-  FL_PCHECK(pthread_mutex_unlock(&q->lock));
-  return node;
+  return take_and_unlock(q);
 }
 
 void common_queue_close(common_queue *q) {

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
@@ -306,4 +307,27 @@ void common_advise_huge(void *p, size_t len) {
   (void)p;
   (void)len;
 #endif
+}
+
+fl_status common_read_file(const char *path, fl_buf *out) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return FL_ERR(errno == ENOENT ? FL_ENOENT : FL_EIO, "cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  fl_status s = FL_OK;
+  if (fstat(fd, &st) != 0) {
+    s = FL_ERR(FL_EIO, "cannot stat %s: %s", path, strerror(errno));
+  } else if ((s = fl_buf_reserve(out, (size_t)st.st_size)) == FL_OK) {
+    while (out->len < (size_t)st.st_size) {
+      ssize_t n = read(fd, out->data + out->len, (size_t)st.st_size - out->len);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        s = FL_ERR(FL_EIO, "cannot read %s: %s", path, n < 0 ? strerror(errno) : "file shrank");
+        break;
+      }
+      out->len += (size_t)n;
+    }
+  }
+  close(fd);
+  return s;
 }

@@ -25,6 +25,7 @@
 #include "driver/driver.h"
 #include "flint/cluster.h"
 #include "proto/flint.pb-c.h"
+#include "proto/pack.h"
 #include "shuffle/shuffle.h"
 
 #define RPC_TIMEOUT_MS 30000
@@ -83,10 +84,8 @@ fl_status client_secret(char **out) {
 static fl_status call(rpc_channel *ch, const char *method, const ProtobufCMessage *msg,
                       int64_t timeout_ms, fl_buf *reply) {
   fl_buf body = FL_BUF_INIT;
-  size_t n = protobuf_c_message_get_packed_size(msg);
-  fl_status st = fl_buf_reserve(&body, n ? n : 1);
+  fl_status st = proto_pack(msg, &body);
   if (st == FL_OK) {
-    body.len = protobuf_c_message_pack(msg, body.data);
     reply->len = 0;
     st = rpc_call(ch, method, fl_buf_bytes(&body), timeout_ms, reply);
   }
@@ -95,28 +94,6 @@ static fl_status call(rpc_channel *ch, const char *method, const ProtobufCMessag
 }
 
 /* ---- libraries ------------------------------------------------------------------------- */
-
-static fl_status read_file(const char *path, fl_buf *out) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return FL_ERR(FL_ENOENT, "cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  fl_status s = FL_OK;
-  if (fstat(fd, &st) != 0 || (s = fl_buf_reserve(out, (size_t)st.st_size + 1)) != FL_OK) {
-    close(fd);
-    return s != FL_OK ? s : FL_ERR(FL_EIO, "cannot stat %s", path);
-  }
-  while (out->len < (size_t)st.st_size) {
-    ssize_t n = read(fd, out->data + out->len, (size_t)st.st_size - out->len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      close(fd);
-      return FL_ERR(FL_EIO, "cannot read %s", path);
-    }
-    out->len += (size_t)n;
-  }
-  close(fd);
-  return FL_OK;
-}
 
 /* A content id: two independent 64-bit hashes, as 32 hex digits. Libraries are not trusted
  * by their id (the driver stores what it is sent); the id only avoids sending one twice. */
@@ -146,7 +123,7 @@ static fl_status library_id(void *arg, const char *path, bool in_main_program, c
 
   fl_buf content = FL_BUF_INIT, reply = FL_BUF_INIT;
   char cid[33];
-  fl_status st = read_file(path, &content);
+  fl_status st = common_read_file(path, &content);
   if (st != FL_OK) goto done;
   content_id(fl_buf_bytes(&content), cid);
   Flint__HasLibraryRequest has = FLINT__HAS_LIBRARY_REQUEST__INIT;
@@ -739,7 +716,7 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
   fl_buf lib = FL_BUF_INIT, reply = FL_BUF_INIT;
   fl_status st = connect_master(master, &ch);
   if (st != FL_OK) goto done;
-  if ((st = read_file(path, &lib)) != FL_OK) goto done;
+  if ((st = common_read_file(path, &lib)) != FL_OK) goto done;
   Flint__SubmitRequest req = FLINT__SUBMIT_REQUEST__INIT;
   const char *slash = strrchr(path, '/');
   req.name = (char *)(slash ? slash + 1 : path);

@@ -19,6 +19,7 @@
 
 #include "driver/driver.h"
 #include "proto/flint.pb-c.h"
+#include "proto/pack.h"
 #include "shuffle/shuffle.h"
 
 #define LAUNCH_TIMEOUT_MS 30000
@@ -388,9 +389,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.blocks = blocks;
   req.n_tasks = n;
   req.tasks = desc_ptrs;
-  size_t size = flint__launch_tasks_request__get_packed_size(&req);
-  if ((status = fl_buf_reserve(out, size ? size : 1)) == FL_OK)
-    out->len = flint__launch_tasks_request__pack(&req, out->data);
+  status = proto_pack(&req.base, out);
 cleanup:
   if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */
     for (size_t i = 0; i < e->num_known;) {
@@ -416,13 +415,18 @@ cleanup:
   return status;
 }
 
-static void sender_push(cluster_backend *cb, executor_ref *e, outgoing *o) {
-  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+/* Queues a call for e's sender (cb->lock held). */
+static void sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o) {
   o->next = NULL;
   if (e->out_tail) e->out_tail->next = o;
   else e->out_head = o;
   e->out_tail = o;
   pthread_cond_broadcast(&cb->wake);
+}
+
+static void sender_push(cluster_backend *cb, executor_ref *e, outgoing *o) {
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  sender_push_locked(cb, e, o);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
 }
 
@@ -735,24 +739,21 @@ void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadc
   remove_on_executors(cb, &req);
 }
 
-static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest *reqp) {
-  Flint__RemoveRequest req = *reqp;
-  size_t size = flint__remove_request__get_packed_size(&req);
+static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest *req) {
+  fl_buf body = FL_BUF_INIT;
+  if (proto_pack(&req->base, &body) != FL_OK) return; /* best effort, as below */
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   for (executor_ref *e = cb->executors; e; e = e->next) {
     outgoing *o = common_calloc(1, sizeof *o);
-    if (!o || fl_buf_reserve(&o->body, size ? size : 1) != FL_OK) {
+    if (!o || fl_buf_append(&o->body, body.data, body.len) != FL_OK) {
       common_free(o);
       continue; /* best effort: the blocks go when the application or executor ends */
     }
-    o->body.len = flint__remove_request__pack(&req, o->body.data);
     o->method = "/flint.Executor/Remove";
-    if (e->out_tail) e->out_tail->next = o;
-    else e->out_head = o;
-    e->out_tail = o;
+    sender_push_locked(cb, e, o);
   }
-  pthread_cond_broadcast(&cb->wake);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  fl_buf_free(&body);
 }
 
 /* ---- lifetime -------------------------------------------------------------------------- */

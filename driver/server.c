@@ -21,6 +21,7 @@
 
 #include "driver/driver.h"
 #include "proto/flint.pb-c.h"
+#include "proto/pack.h"
 #include "shuffle/shuffle.h"
 
 #define HEARTBEAT_MS 1000
@@ -84,17 +85,9 @@ typedef struct driver_state {
   submission *submissions;
 } driver_state;
 
-static fl_status pack(const ProtobufCMessage *msg, fl_buf *out) {
-  size_t n = protobuf_c_message_get_packed_size(msg);
-  fl_status st = fl_buf_reserve(out, n ? n : 1);
-  if (st != FL_OK) return st;
-  out->len = protobuf_c_message_pack(msg, out->data);
-  return FL_OK;
-}
-
 static fl_status empty_reply(fl_buf *out) {
   Flint__Empty e = FLINT__EMPTY__INIT;
-  return pack(&e.base, out);
+  return proto_pack(&e.base, out);
 }
 
 /* Unpacks a request or fails the call with FL_EPROTO naming the message. */
@@ -273,7 +266,7 @@ static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
     Flint__OpenApplicationReply reply = FLINT__OPEN_APPLICATION_REPLY__INIT;
     reply.app_id = id;
     reply.cores = cluster_cores(d->cluster);
-    status = pack(&reply.base, response);
+    status = proto_pack(&reply.base, response);
   } else {
     common_free(e);
   }
@@ -373,7 +366,7 @@ static fl_status handle_has_library(driver_state *d, fl_bytes body, fl_buf *resp
     Flint__HasLibraryReply reply = FLINT__HAS_LIBRARY_REPLY__INIT;
     reply.present = access(path, R_OK) == 0;
     if (reply.present) st = app_add_library(app, req->id);
-    if (st == FL_OK) st = pack(&reply.base, response);
+    if (st == FL_OK) st = proto_pack(&reply.base, response);
   }
   app_unpin(d, app);
   flint__has_library_request__free_unpacked(req, NULL);
@@ -568,7 +561,7 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
     }
     reply.n_acc_updates = n_accs;
     reply.acc_updates = acc_ptrs;
-    status = pack(&reply.base, response);
+    status = proto_pack(&reply.base, response);
   }
   common_free(bins);
   common_free(acc_items);
@@ -594,7 +587,7 @@ static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *res
     app_cache_info(app, req->rdd_id, &info);
     Flint__StorageInfoReply reply = FLINT__STORAGE_INFO_REPLY__INIT;
     reply.cached_partitions = info.cached_partitions;
-    st = pack(&reply.base, response);
+    st = proto_pack(&reply.base, response);
   }
   app_unpin(d, app);
   flint__storage_info_request__free_unpacked(req, NULL);
@@ -751,7 +744,7 @@ static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response)
   Flint__SubmitReply reply = FLINT__SUBMIT_REPLY__INIT;
   reply.submission_id = s->id;
   s = NULL;
-  status = pack(&reply.base, response);
+  status = proto_pack(&reply.base, response);
 cleanup:
   for (int i = 0; i < 2; i++) {
     if (out_pipe[i] >= 0) close(out_pipe[i]);
@@ -794,7 +787,7 @@ static fl_status handle_output(driver_state *d, fl_bytes body, fl_buf *response,
     reply.exited = s->exited;
     reply.exit_code = s->exit_code;
     reply.signal = s->signal;
-    st = pack(&reply.base, response);
+    st = proto_pack(&reply.base, response);
   }
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   flint__output_request__free_unpacked(req, NULL);
@@ -843,7 +836,7 @@ static fl_status handle_status(driver_state *d, fl_buf *response) {
     }
     reply.n_applications = n;
     reply.applications = app_ptrs;
-    st = pack(&reply.base, response);
+    st = proto_pack(&reply.base, response);
   }
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   for (size_t i = 0; i < num_execs; i++) {
@@ -872,7 +865,7 @@ static fl_status handle_register(driver_state *d, fl_bytes body, fl_buf *respons
   reply.executor_id = id;
   reply.heartbeat_ms = HEARTBEAT_MS;
   reply.driver_data_port = (uint32_t)dp_server_port(d->blocks);
-  return pack(&reply.base, response);
+  return proto_pack(&reply.base, response);
 }
 
 static fl_status handle_heartbeat(driver_state *d, fl_bytes body, fl_buf *response) {
@@ -881,7 +874,7 @@ static fl_status handle_heartbeat(driver_state *d, fl_bytes body, fl_buf *respon
   reply.unknown = !cluster_heartbeat(d->cluster, req->executor_id, req->cached_bytes, req->tasks_run,
                                      req->tasks_failed);
   flint__heartbeat_request__free_unpacked(req, NULL);
-  return pack(&reply.base, response);
+  return proto_pack(&reply.base, response);
 }
 
 static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *response) {

@@ -162,28 +162,6 @@ static fl_status write_file(const char *path, const fl_buf *data) {
   return FL_OK;
 }
 
-static fl_status read_file(const char *path, fl_buf *out) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return FL_ERR(FL_EIO, "cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  fl_status s = FL_OK;
-  if (fstat(fd, &st) != 0) {
-    s = FL_ERR(FL_EIO, "cannot stat %s: %s", path, strerror(errno));
-  } else if ((s = fl_buf_reserve(out, (size_t)st.st_size)) == FL_OK) {
-    while (out->len < (size_t)st.st_size) {
-      ssize_t n = read(fd, out->data + out->len, (size_t)st.st_size - out->len);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        s = FL_ERR(FL_EIO, "cannot read %s: %s", path, n < 0 ? strerror(errno) : "file shrank");
-        break;
-      }
-      out->len += (size_t)n;
-    }
-  }
-  close(fd);
-  return s;
-}
-
 /* Writes a batch to the block's file and marks it ON_DISK. */
 static fl_status spill(block_manager *bm, block *b, const rdd_batch *batch) {
   fl_buf ser = FL_BUF_INIT;
@@ -268,7 +246,7 @@ static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void 
     snprintf(what, sizeof what, "cached block rdd_%llu_%u", (unsigned long long)key.rdd_id, key.partition);
     s = rdd_batch_decode(encoded, what, &h->priv);
   } else {
-    s = read_file(what, &file);
+    s = common_read_file(what, &file);
     if (s == FL_OK) s = rdd_batch_decode(fl_buf_bytes(&file), what, &h->priv);
     fl_buf_free(&file);
   }

@@ -28,6 +28,7 @@
 #include "executor/executor.h"
 #include "net/net.h"
 #include "proto/flint.pb-c.h"
+#include "proto/pack.h"
 #include "shuffle/shuffle.h"
 
 #define RPC_TIMEOUT_MS 30000
@@ -522,8 +523,7 @@ static void *status_main(void *arg) {
       req.n_statuses = n;
       req.statuses = ptrs;
       fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
-      if (fl_buf_reserve(&body, flint__status_update_request__get_packed_size(&req)) == FL_OK) {
-        body.len = flint__status_update_request__pack(&req, body.data);
+      if (proto_pack(&req.base, &body) == FL_OK) {
         if (rpc_call(svc->driver, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
                      &reply) != FL_OK)
           common_log(LOG_WARN, "status update of %zu tasks failed: %s", n, fl_last_error());
@@ -547,14 +547,6 @@ static void *status_main(void *arg) {
 }
 
 /* ---- control-plane handlers ------------------------------------------------------------ */
-
-static fl_status pack_reply(const ProtobufCMessage *msg, fl_buf *out) {
-  size_t n = protobuf_c_message_get_packed_size(msg);
-  fl_status st = fl_buf_reserve(out, n ? n : 1);
-  if (st != FL_OK) return st;
-  out->len = protobuf_c_message_pack(msg, out->data);
-  return FL_OK;
-}
 
 static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__LaunchTasksRequest *req = flint__launch_tasks_request__unpack(NULL, body.len, body.data);
@@ -680,7 +672,7 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
   common_free(tasks);
   if (status == FL_OK) {
     Flint__Empty empty = FLINT__EMPTY__INIT;
-    status = pack_reply(&empty.base, response);
+    status = proto_pack(&empty.base, response);
   }
 cleanup:
   flint__launch_tasks_request__free_unpacked(req, NULL);
@@ -697,7 +689,7 @@ static fl_status handle_kill(exec_service *svc, fl_bytes body, fl_buf *response)
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   flint__kill_tasks_request__free_unpacked(req, NULL);
   Flint__Empty empty = FLINT__EMPTY__INIT;
-  return pack_reply(&empty.base, response);
+  return proto_pack(&empty.base, response);
 }
 
 static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *response) {
@@ -729,7 +721,7 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
   }
   flint__remove_request__free_unpacked(req, NULL);
   Flint__Empty empty = FLINT__EMPTY__INIT;
-  return pack_reply(&empty.base, response);
+  return proto_pack(&empty.base, response);
 }
 
 static fl_status executor_handle(void *arg, const rpc_request *req, fl_buf *response) {
@@ -813,7 +805,7 @@ static fl_status register_with_driver(exec_service *svc) {
   req.memory = svc->cfg.memory;
   req.pid = (uint32_t)getpid();
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
-  fl_status status = pack_reply(&req.base, &body);
+  fl_status status = proto_pack(&req.base, &body);
   if (status == FL_OK)
     status = rpc_call(svc->driver, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body),
                       RPC_TIMEOUT_MS, &reply);
@@ -863,7 +855,7 @@ static void *heartbeat_main(void *arg) {
     req.tasks_run = atomic_load(&svc->tasks_run);
     req.tasks_failed = atomic_load(&svc->tasks_failed);
     fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
-    if (pack_reply(&req.base, &body) == FL_OK &&
+    if (proto_pack(&req.base, &body) == FL_OK &&
         rpc_call(svc->driver, "/flint.Driver/Heartbeat", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
                  &reply) == FL_OK) {
       Flint__HeartbeatReply *r = flint__heartbeat_reply__unpack(NULL, reply.len, reply.data);

@@ -275,6 +275,25 @@ static fl_status acc_merge(acc_kind kind, fl_reduce_fn merge, const void *arg, f
   return FL_OK;
 }
 
+/* A new update of the task: `prefix` (a list's length header, or empty) then `value`. */
+static fl_status task_append_update(rdd_task *task, uint64_t id, fl_bytes prefix, fl_bytes value) {
+  if (task->num_acc_updates == task->cap_acc_updates) {
+    uint32_t cap = task->cap_acc_updates ? task->cap_acc_updates * 2 : 4;
+    rdd_acc_update *grown = common_realloc(task->acc_updates, cap * sizeof *grown);
+    if (!grown) return fl_set_error(FL_ENOMEM, "cannot record an accumulator update");
+    task->acc_updates = grown;
+    task->cap_acc_updates = cap;
+  }
+  rdd_acc_update *u = &task->acc_updates[task->num_acc_updates];
+  u->id = id;
+  u->value = (fl_buf)FL_BUF_INIT;
+  fl_status st = fl_buf_append(&u->value, prefix.data, prefix.len);
+  if (st == FL_OK) st = fl_buf_append(&u->value, value.data, value.len);
+  if (st == FL_OK) task->num_acc_updates++;
+  else fl_buf_free(&u->value);
+  return st;
+}
+
 static fl_status accumulator_add(uint64_t id, acc_kind want, fl_bytes value) {
   rdd_task *task = rdd_task_current();
   if (!task) return fl_set_error(FL_ESTATE, "accumulator %llu: add called outside a task",
@@ -307,21 +326,7 @@ static fl_status accumulator_add(uint64_t id, acc_kind want, fl_bytes value) {
       fl_status st = fl_buf_append(v, head, head_len);
       return st == FL_OK ? fl_buf_append(v, value.data, value.len) : st;
     }
-  if (task->num_acc_updates == task->cap_acc_updates) {
-    uint32_t cap = task->cap_acc_updates ? task->cap_acc_updates * 2 : 4;
-    rdd_acc_update *grown = common_realloc(task->acc_updates, cap * sizeof *grown);
-    if (!grown) return fl_set_error(FL_ENOMEM, "cannot record an accumulator update");
-    task->acc_updates = grown;
-    task->cap_acc_updates = cap;
-  }
-  rdd_acc_update *u = &task->acc_updates[task->num_acc_updates];
-  u->id = id;
-  u->value = (fl_buf)FL_BUF_INIT;
-  fl_status st = fl_buf_append(&u->value, head, head_len);
-  if (st == FL_OK) st = fl_buf_append(&u->value, value.data, value.len);
-  if (st == FL_OK) task->num_acc_updates++;
-  else fl_buf_free(&u->value);
-  return st;
+  return task_append_update(task, id, fl_bytes_of(head, head_len), value);
 }
 
 fl_status fl_accumulator_add_i64(uint64_t id, int64_t v) {
@@ -418,19 +423,7 @@ void fl_accumulator_destroy(fl_accumulator *acc) {
 }
 
 fl_status rdd_task_add_accumulator(rdd_task *task, uint64_t id, fl_bytes value) {
-  if (task->num_acc_updates == task->cap_acc_updates) {
-    uint32_t cap = task->cap_acc_updates ? task->cap_acc_updates * 2 : 4;
-    rdd_acc_update *grown = common_realloc(task->acc_updates, cap * sizeof *grown);
-    if (!grown) return FL_ERR(FL_ENOMEM, "cannot record an accumulator update");
-    task->acc_updates = grown;
-    task->cap_acc_updates = cap;
-  }
-  rdd_acc_update *u = &task->acc_updates[task->num_acc_updates];
-  u->id = id;
-  u->value = (fl_buf)FL_BUF_INIT;
-  fl_status st = fl_buf_append(&u->value, value.data, value.len);
-  if (st == FL_OK) task->num_acc_updates++;
-  return st;
+  return task_append_update(task, id, fl_bytes_of(NULL, 0), value);
 }
 
 void rdd_task_clear_accumulators(rdd_task *task) {
