@@ -157,6 +157,8 @@ FL_INTERNAL void common_event_init(common_event *e);
 FL_INTERNAL void common_event_destroy(common_event *e);
 FL_INTERNAL void common_event_set(common_event *e);
 FL_INTERNAL void common_event_wait(common_event *e, uint64_t spin_ns);
+/* Blocks until the event is set (true) or deadline_ns (common_now_ns time) passes (false). */
+FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
 
 /* How long hot hand-offs spin before they sleep (FLINT_SPIN_US, default 200). */
 FL_INTERNAL uint64_t common_spin_ns(void);

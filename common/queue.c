@@ -123,7 +123,11 @@ void common_queue_close(common_queue *q) {
 
 void common_event_init(common_event *e) {
   FL_PCHECK(pthread_mutex_init(&e->lock, NULL));
-  FL_PCHECK(pthread_cond_init(&e->cond, NULL));
+  pthread_condattr_t attr; /* monotonic, for common_event_wait_until's deadline */
+  FL_PCHECK(pthread_condattr_init(&attr));
+  FL_PCHECK(pthread_condattr_setclock(&attr, CLOCK_MONOTONIC));
+  FL_PCHECK(pthread_cond_init(&e->cond, &attr));
+  pthread_condattr_destroy(&attr);
   atomic_init(&e->set, false);
 }
 
@@ -145,4 +149,14 @@ void common_event_wait(common_event *e, uint64_t spin_ns) {
   while (!atomic_load_explicit(&e->set, memory_order_acquire))
     pthread_cond_wait(&e->cond, &e->lock);
   FL_PCHECK(pthread_mutex_unlock(&e->lock));
+}
+
+bool common_event_wait_until(common_event *e, uint64_t deadline_ns) {
+  struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+  FL_PCHECK(pthread_mutex_lock(&e->lock));
+  while (!atomic_load_explicit(&e->set, memory_order_acquire))
+    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
+  bool set = atomic_load_explicit(&e->set, memory_order_acquire);
+  FL_PCHECK(pthread_mutex_unlock(&e->lock));
+  return set;
 }

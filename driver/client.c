@@ -50,6 +50,7 @@ typedef struct remote_context {
   library_ref *libraries;
   size_t num_libraries;
   uint64_t jobs_run, jobs_failed;
+  atomic_uint_fast64_t next_operation; /* RunJob's operation ids, from 1 */
   /* local-cluster */
   pid_t *children;
   uint32_t num_children;
@@ -235,6 +236,53 @@ static void collect_levels(const rdd *r, Flint__Level **levels, size_t *n, size_
 
 /* ---- the runtime ----------------------------------------------------------------------- */
 
+/* Reads result `index` of an operation, which waits on the driver, into *out in chunks. */
+static fl_status fetch_parked(remote_context *c, uint64_t operation_id, uint32_t index, uint64_t size,
+                              fl_buf *out) {
+  out->len = 0;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = fl_buf_reserve(out, size);
+  while (st == FL_OK && out->len < size) {
+    Flint__FetchResultRequest req = FLINT__FETCH_RESULT_REQUEST__INIT;
+    req.app_id = c->app_id;
+    req.operation_id = operation_id;
+    req.index = index;
+    req.offset = out->len;
+    st = call(c->driver, "/flint.Driver/FetchResult", &req.base, RPC_TIMEOUT_MS, &reply);
+    if (st != FL_OK) break;
+    Flint__FetchResultReply *rep = flint__fetch_result_reply__unpack(NULL, reply.len, reply.data);
+    if (!rep || rep->chunk.len == 0 || rep->chunk.len > size - out->len)
+      st = FL_ERR(FL_EPROTO, "FetchResult: a malformed chunk of result %u from the driver", index);
+    else
+      st = fl_buf_append(out, rep->chunk.data, rep->chunk.len);
+    if (rep) flint__fetch_result_reply__free_unpacked(rep, NULL);
+  }
+  fl_buf_free(&reply);
+  return st;
+}
+
+/* A RunJob reply's results into results[0..num_parts): inline ones copied, the others read
+ * from the driver. */
+static fl_status take_results(remote_context *c, uint64_t operation_id, const Flint__RunJobReply *rep,
+                              uint32_t num_parts, fl_buf *results) {
+  if (rep->n_results != num_parts || rep->n_sizes != num_parts)
+    return FL_ERR(FL_EPROTO, "RunJob: a reply with %zu results for %u partitions", rep->n_results, num_parts);
+  for (uint32_t i = 0; i < num_parts; i++) {
+    const ProtobufCBinaryData *r = &rep->results[i];
+    if (r->len != rep->sizes[i] && r->len != 0)
+      return FL_ERR(FL_EPROTO, "RunJob: result %u of %zu bytes, announced %llu", i, r->len,
+                    (unsigned long long)rep->sizes[i]);
+  }
+  fl_status st = FL_OK;
+  for (uint32_t i = 0; i < num_parts && st == FL_OK; i++) {
+    const ProtobufCBinaryData *r = &rep->results[i];
+    results[i].len = 0;
+    st = r->len == rep->sizes[i] ? fl_buf_append(&results[i], r->data, r->len)
+                                 : fetch_parked(c, operation_id, i, rep->sizes[i], &results[i]);
+  }
+  return st;
+}
+
 static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                                 const rdd_action *action, fl_buf *results) {
   remote_context *c = impl;
@@ -270,6 +318,7 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   req.levels = levels;
   req.n_released = num_released;
   req.released = released;
+  req.operation_id = atomic_fetch_add(&c->next_operation, 1);
   st = call(c->driver, "/flint.Driver/RunJob", &req.base, 0, &reply);
   if (st == FL_OK) {
     num_released = 0; /* the driver has them */
@@ -278,13 +327,10 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
     c->jobs_run++;
     FL_PCHECK(pthread_mutex_unlock(&c->lock));
     Flint__RunJobReply *rep = flint__run_job_reply__unpack(NULL, reply.len, reply.data);
-    if (!rep || rep->n_results != num_parts) {
+    if (!rep) {
       st = FL_ERR(FL_EPROTO, "RunJob: malformed reply from the driver");
     } else {
-      for (uint32_t i = 0; i < num_parts && st == FL_OK; i++) {
-        results[i].len = 0;
-        st = fl_buf_append(&results[i], rep->results[i].data, rep->results[i].len);
-      }
+      st = take_results(c, req.operation_id, rep, num_parts, results);
       for (size_t i = 0; i < rep->n_acc_updates; i++) {
         fl_status as = rdd_shared_merge_update(c->pub.shared, rep->acc_updates[i]->id,
                                                (fl_bytes){rep->acc_updates[i]->value.data,
@@ -621,6 +667,16 @@ static void remote_close(fl_context *ctx) {
   common_free(c);
 }
 
+static fl_status remote_cancel(fl_context *ctx) {
+  remote_context *c = (remote_context *)ctx;
+  Flint__CancelJobsRequest req = FLINT__CANCEL_JOBS_REQUEST__INIT;
+  req.app_id = c->app_id;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = call(c->driver, "/flint.Driver/CancelJobs", &req.base, RPC_TIMEOUT_MS, &reply);
+  fl_buf_free(&reply);
+  return st;
+}
+
 static fl_status remote_stats(fl_context *ctx, fl_context_stats *out) {
   remote_context *c = (remote_context *)ctx;
   memset(out, 0, sizeof *out);
@@ -688,7 +744,9 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   c->pub.work_dir = "/nonexistent"; /* no task runs here */
   c->pub.close = remote_close;
   c->pub.stats = remote_stats;
+  c->pub.cancel = remote_cancel;
   atomic_init(&c->pub.next_rdd_id, 1);
+  atomic_init(&c->next_operation, 1);
   *out = &c->pub;
   return FL_OK;
 cleanup:

@@ -27,8 +27,9 @@
 typedef struct outgoing {
   fl_buf body;
   const char *method;
-  sched_task **tasks; /* launches: the attempts in it, failed if the call fails */
-  size_t num_tasks;
+  uint64_t *keys; /* launches: the attempts in it (by key: a killed one may be freed),
+                     failed if the call fails */
+  size_t num_keys;
   struct outgoing *next;
 } outgoing;
 
@@ -186,12 +187,13 @@ static sched_task *inflight_take(cluster_backend *cb, uint64_t key) {
   return NULL;
 }
 
-/* Ends an attempt that never reached its executor. */
-static void fail_attempt(cluster_backend *cb, sched_task *t, fl_status status, const char *msg) {
+/* Ends attempt `key` if it is still in flight (it never reached its executor, or its job
+ * was killed). */
+static void fail_attempt(cluster_backend *cb, uint64_t key, fl_status status, const char *msg) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  bool mine = inflight_take(cb, t->key) == t;
+  sched_task *t = inflight_take(cb, key);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  if (!mine) return;
+  if (!t) return;
   t->rt.status = status;
   t->rt.error = common_strdup(msg);
   scheduler_post_task_end(cb->base.sched, t);
@@ -441,32 +443,35 @@ static void cluster_flush(backend *b) {
         if (app_of(e->batch[i]) == app) n++;
       outgoing *o = common_calloc(1, sizeof *o);
       sched_task **tasks = common_calloc(n, sizeof *tasks);
+      uint64_t *keys = common_calloc(n, sizeof *keys);
       size_t k = 0, kept = 0;
       for (size_t i = 0; i < e->batch_len; i++) {
         if (app_of(e->batch[i]) == app) {
-          if (tasks) tasks[k++] = e->batch[i];
+          if (tasks && keys) {
+            tasks[k] = e->batch[i];
+            keys[k++] = e->batch[i]->key;
+          }
         } else {
           e->batch[kept++] = e->batch[i];
         }
       }
-      size_t taken = e->batch_len - kept;
       e->batch_len = kept;
-      fl_status st = o && tasks ? encode_launch(cb, e, app, tasks, n, &o->body)
-                                : FL_ERR(FL_ENOMEM, "out of memory");
+      fl_status st = o && tasks && keys ? encode_launch(cb, e, app, tasks, n, &o->body)
+                                        : FL_ERR(FL_ENOMEM, "out of memory");
+      common_free(tasks);
       if (st != FL_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "cannot launch on executor %llu: %s", (unsigned long long)e->id,
                  fl_last_error());
-        for (size_t i = 0; tasks && i < n; i++) fail_attempt(cb, tasks[i], st, msg);
+        for (size_t i = 0; keys && i < n; i++) fail_attempt(cb, keys[i], st, msg);
         if (o) fl_buf_free(&o->body);
         common_free(o);
-        common_free(tasks);
-        (void)taken;
+        common_free(keys);
         continue;
       }
       o->method = "/flint.Executor/LaunchTasks";
-      o->tasks = tasks;
-      o->num_tasks = n;
+      o->keys = keys;
+      o->num_keys = n;
       sender_push(cb, e, o);
     }
   }
@@ -500,10 +505,10 @@ static void *sender_loop(void *p) {
       snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
                e->rpc_address, fl_last_error());
       common_log(LOG_WARN, "%s", msg);
-      for (size_t i = 0; i < o->num_tasks; i++) fail_attempt(cb, o->tasks[i], st, msg);
+      for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], st, msg);
     }
     fl_buf_free(&o->body);
-    common_free(o->tasks);
+    common_free(o->keys);
     common_free(o);
   }
 }
@@ -772,7 +777,7 @@ static void cluster_destroy(backend *b) {
       outgoing *o = e->out_head;
       e->out_head = o->next;
       fl_buf_free(&o->body);
-      common_free(o->tasks);
+      common_free(o->keys);
       common_free(o);
     }
     rpc_channel_destroy(e->channel);
@@ -787,11 +792,62 @@ static void cluster_destroy(backend *b) {
   common_free(cb);
 }
 
+/* Ends the in-flight attempts of `job` now (their executors' reports, when they come, find
+ * nothing), so that a cancelled job returns without waiting for user code, and tells each
+ * executor to stop them with one KillTasks call (through its sender: after the launches
+ * queued before it). */
+static void cluster_kill(backend *b, sched_job *job) {
+  cluster_backend *cb = of(b);
+  sched_task **killed = NULL;
+  uint64_t *keys = NULL;
+  size_t num_killed = 0;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  if (cb->num_inflight) {
+    killed = common_calloc(cb->num_inflight, sizeof *killed);
+    keys = common_calloc(cb->num_inflight, sizeof *keys);
+  }
+  for (executor_ref *e = cb->executors; e && killed && keys; e = e->next) {
+    size_t n = 0;
+    for (size_t i = 0; i < cb->num_inflight;) {
+      sched_task *t = cb->inflight[i];
+      if (t->job != job || t->placement != e) {
+        i++;
+        continue;
+      }
+      keys[n++] = t->key;
+      killed[num_killed++] = t;
+      cb->inflight[i] = cb->inflight[--cb->num_inflight];
+    }
+    if (!n) continue;
+    Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+    req.n_task_keys = n;
+    req.task_keys = keys;
+    outgoing *o = common_calloc(1, sizeof *o);
+    if (!o || proto_pack(&req.base, &o->body) != FL_OK) {
+      common_log(LOG_WARN, "out of memory: tasks of job %llu on executor %llu run to their end",
+                 (unsigned long long)job->id, (unsigned long long)e->id);
+      if (o) fl_buf_free(&o->body);
+      common_free(o);
+      continue;
+    }
+    o->method = "/flint.Executor/KillTasks";
+    sender_push_locked(cb, e, o);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  for (size_t i = 0; i < num_killed; i++) {
+    killed[i]->rt.status = FL_ECANCELLED;
+    scheduler_post_task_end(cb->base.sched, killed[i]);
+  }
+  common_free(killed);
+  common_free(keys);
+}
+
 static const backend_ops cluster_ops = {.name = "cluster",
                                         .place = cluster_place,
                                         .launch = cluster_launch,
                                         .flush = cluster_flush,
                                         .ended = cluster_ended,
+                                        .kill = cluster_kill,
                                         .destroy = cluster_destroy};
 
 fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cluster_backend **out) {

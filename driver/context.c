@@ -33,11 +33,12 @@ typedef struct context_impl {
 
 static fl_status context_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                                  const rdd_action *action, fl_buf *results) {
-  return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, results);
+  return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, NULL, results);
 }
 
 static void local_close(fl_context *ctx);
 static fl_status local_stats(fl_context *ctx, fl_context_stats *out);
+static fl_status local_cancel(fl_context *ctx) { return scheduler_cancel(((context_impl *)ctx)->sched, 0, 0); }
 
 static const rdd_runtime_ops local_runtime = {.run_job = context_run_job};
 
@@ -138,6 +139,7 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
   atomic_init(&c->pub.next_rdd_id, 1);
   c->pub.close = local_close;
   c->pub.stats = local_stats;
+  c->pub.cancel = local_cancel;
   *out = &c->pub;
   return FL_OK;
 cleanup:
@@ -161,6 +163,12 @@ static void local_close(fl_context *ctx) {
 }
 
 uint32_t fl_context_cores(const fl_context *ctx) { return ctx ? ctx->cores : 0; }
+
+fl_status fl_cancel_jobs(fl_context *ctx) {
+  common_error_clear();
+  if (!ctx) return FL_ERR(FL_EINVAL, "fl_cancel_jobs: NULL context");
+  return ctx->cancel(ctx);
+}
 
 fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out) {
   common_error_clear();

@@ -137,6 +137,10 @@ static void submit_waiting(scheduler *s, sched_job *job) {
 
 void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   atomic_fetch_add(&s->jobs_run, 1);
+  job->active_prev = NULL;
+  job->active_next = s->active;
+  if (s->active) s->active->active_prev = job;
+  s->active = job;
   sched_stage *result = stage_new(job, job->rdd, NULL);
   if (!result) {
     dag_scheduler_job_failed(s, job, FL_ENOMEM, "job %llu: cannot allocate its stages", (unsigned long long)job->id);
@@ -161,6 +165,9 @@ void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
   bool failed = job->status != FL_OK;
   if (job->running > 0 || (!failed && job->remaining > 0)) return;
   if (failed) atomic_fetch_add(&s->jobs_failed, 1);
+  if (job->active_prev) job->active_prev->active_next = job->active_next;
+  else s->active = job->active_next;
+  if (job->active_next) job->active_next->active_prev = job->active_prev;
   /* After this the caller owns the job again; the scheduler must not touch it. */
   common_event_set(&job->done);
 }
@@ -200,6 +207,7 @@ void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status, co
   job->error = common_strdup(msg);
   atomic_store(&job->cancelled, true);
   task_scheduler_drop_job(s, job);
+  if (job->running > 0 && s->backend->ops->kill) s->backend->ops->kill(s->backend, job);
   dag_scheduler_maybe_finish(s, job);
 }
 

@@ -64,6 +64,9 @@ typedef struct backend_ops {
   void (*flush)(backend *b);
   /* Optional: an attempt ended; called before the scheduler handles the end. */
   void (*ended)(backend *b, sched_task *task);
+  /* Optional: `job` failed or was cancelled; stops its running attempts early (each still
+   * ends through scheduler_post_task_end). Without it they run to their end. */
+  void (*kill)(backend *b, sched_job *job);
   /* Ends the backend's threads after their current tasks; blocks. Frees the backend. */
   void (*destroy)(backend *b);
 } backend_ops;
@@ -88,10 +91,24 @@ FL_INTERNAL fl_status scheduler_create(uint32_t max_attempts, scheduler **out);
 FL_INTERNAL void scheduler_set_backend(scheduler *s, backend *b);
 /* Stops the loop, destroys the backend and frees the scheduler. No job may be running. */
 FL_INTERNAL void scheduler_destroy(scheduler *s);
-/* Runs a job and blocks until it ends; results[i] receives the result of parts[i]. */
+/* How a job may be cancelled. group: jobs that scheduler_cancel ends together (the driver's
+ * application); tag: one job, or a few, within the group (a client's operation id).
+ * abandoned: when it becomes true while the job runs, the job is cancelled (its caller went
+ * away); may be NULL. */
+typedef struct sched_job_opts {
+  uint64_t group, tag;
+  const atomic_bool *abandoned;
+} sched_job_opts;
+
+/* Runs a job and blocks until it ends; results[i] receives the result of parts[i]. opts may
+ * be NULL (group 0, tag 0). A cancelled job fails with FL_ECANCELLED. */
 FL_INTERNAL fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts,
                                         uint32_t num_parts, const rdd_action *action,
-                                        fl_buf *results);
+                                        const sched_job_opts *opts, fl_buf *results);
+/* From any thread: cancels the running jobs of `group` (tag 0: all of them; else those with
+ * that tag). Their running attempts are killed; their callers get FL_ECANCELLED. Jobs
+ * submitted afterwards are not affected. Never blocks. */
+FL_INTERNAL fl_status scheduler_cancel(scheduler *s, uint64_t group, uint64_t tag);
 /* From backend threads: the attempt in task->rt has ended (its status says how). */
 FL_INTERNAL void scheduler_post_task_end(scheduler *s, sched_task *task);
 FL_INTERNAL void scheduler_stats_get(scheduler *s, scheduler_stats *out);
@@ -133,6 +150,8 @@ struct sched_job {
   uint32_t next_stage_id;
   uint32_t remaining; /* result tasks not yet succeeded */
   uint32_t running;   /* attempts launched and not ended */
+  uint64_t group, tag; /* sched_job_opts */
+  sched_job *active_prev, *active_next; /* the scheduler's running jobs */
   atomic_bool cancelled;
   fl_status status;
   char *error;
@@ -147,6 +166,7 @@ struct scheduler {
   int64_t free_slots;
   uint64_t retry_at_ns; /* the earliest locality wait to end; 0: none */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
+  sched_job *active;                       /* jobs submitted and not finished */
   atomic_uint_fast64_t next_job_id;
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed;
 };
@@ -195,6 +215,7 @@ typedef struct driver_app {
   location_table *maps;   /* (shuffle, map) -> executor */
   location_table *blocks; /* (dataset, partition) -> executor, for cached datasets */
   fl_buf accumulators;    /* updates of successful tasks not yet sent to the client */
+  struct parked_result *parked; /* job results too large to go inline, until read */
 } driver_app;
 
 /* Where map outputs and cached blocks are (a small table of (id, index) -> executor). */
@@ -240,8 +261,13 @@ FL_INTERNAL bool cluster_executor_address(cluster_backend *cb, uint64_t executor
 FL_INTERNAL fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count);
 FL_INTERNAL uint32_t cluster_cores(cluster_backend *cb);
 
-/* The largest call between a client and the driver (a job's results come in one reply). */
+/* The largest call between a client and the driver (libraries and plans; job results come
+ * in chunks of at most DRIVER_RESULT_CHUNK). */
 #define DRIVER_MAX_MESSAGE ((size_t)256 << 20)
+/* A RunJob reply carries results inline up to this many bytes in all; the rest wait on the
+ * driver and are read with FetchResult, this many bytes a call. */
+#define DRIVER_RESULT_INLINE ((size_t)16 << 20)
+#define DRIVER_RESULT_CHUNK ((size_t)32 << 20)
 
 typedef struct driver_config {
   const char *listen;    /* HOST:PORT; port 0 picks one */

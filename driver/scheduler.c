@@ -21,6 +21,33 @@ fl_status scheduler_post_call(scheduler *s, void (*fn)(scheduler *, void *), voi
 
 void scheduler_add_slots(scheduler *s, int64_t delta) { s->free_slots += delta; }
 
+typedef struct cancel_args {
+  uint64_t group, tag;
+} cancel_args;
+
+static void cancel_on_loop(scheduler *s, void *arg) {
+  cancel_args *c = arg;
+  sched_job *job = s->active;
+  while (job) {
+    /* Failing a job may finish it, and its caller then frees it: step first. */
+    sched_job *next = job->active_next;
+    if (job->group == c->group && (c->tag == 0 || job->tag == c->tag))
+      dag_scheduler_job_failed(s, job, FL_ECANCELLED, "job %llu cancelled", (unsigned long long)job->id);
+    job = next;
+  }
+  common_free(c);
+}
+
+fl_status scheduler_cancel(scheduler *s, uint64_t group, uint64_t tag) {
+  cancel_args *c = common_calloc(1, sizeof *c);
+  if (!c) return FL_ERR(FL_ENOMEM, "out of memory");
+  c->group = group;
+  c->tag = tag;
+  fl_status st = scheduler_post_call(s, cancel_on_loop, c);
+  if (st != FL_OK) common_free(c);
+  return st;
+}
+
 static void *scheduler_main(void *p) {
   scheduler *s = p;
   uint64_t spin = common_spin_ns();
@@ -91,8 +118,11 @@ void scheduler_post_task_end(scheduler *s, sched_task *task) {
   common_queue_push(&s->events, &task->ended.node);
 }
 
+/* How often a job whose caller may go away checks for that. */
+#define ABANDON_POLL_NS 20000000u
+
 fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_t num_parts,
-                            const rdd_action *action, fl_buf *results) {
+                            const rdd_action *action, const sched_job_opts *opts, fl_buf *results) {
   if (num_parts == 0) return FL_OK;
   for (uint32_t i = 0; i < num_parts; i++)
     if (parts[i] >= r->num_partitions)
@@ -110,12 +140,24 @@ fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_
   job.parts = parts;
   job.num_parts = num_parts;
   job.results = results;
+  if (opts) {
+    job.group = opts->group;
+    job.tag = opts->tag;
+  }
   atomic_init(&job.cancelled, false);
   common_event_init(&job.done);
   rdd_retain(r); /* the lineage must outlive every attempt, even a cancelled one */
 
   common_queue_push(&s->events, &job.submitted.node);
-  common_event_wait(&job.done, common_spin_ns());
+  if (opts && opts->abandoned) {
+    bool cancel_sent = false;
+    while (!common_event_wait_until(&job.done, common_now_ns() + ABANDON_POLL_NS))
+      if (!cancel_sent && atomic_load(opts->abandoned) &&
+          scheduler_cancel(s, job.group, job.tag) == FL_OK)
+        cancel_sent = true;
+  } else {
+    common_event_wait(&job.done, common_spin_ns());
+  }
 
   fl_status status = job.status;
   if (status != FL_OK) fl_set_error(status, "%s", job.error ? job.error : fl_strerror(status));

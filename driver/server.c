@@ -59,6 +59,14 @@ typedef struct broadcast_entry {
   struct broadcast_entry *next;
 } broadcast_entry;
 
+/* A job result that did not fit in its RunJob reply (driver_app.parked, app->lock). */
+typedef struct parked_result {
+  uint64_t operation_id;
+  uint32_t index;
+  fl_buf data;
+  struct parked_result *next;
+} parked_result;
+
 typedef struct submission {
   uint64_t id;
   pid_t pid;
@@ -110,6 +118,8 @@ static fl_status empty_reply(fl_buf *out) {
 #define Flint__UnpersistRequest_descriptor_ flint__unpersist_request__descriptor
 #define Flint__SubmitRequest_descriptor_ flint__submit_request__descriptor
 #define Flint__OutputRequest_descriptor_ flint__output_request__descriptor
+#define Flint__FetchResultRequest_descriptor_ flint__fetch_result_request__descriptor
+#define Flint__CancelJobsRequest_descriptor_ flint__cancel_jobs_request__descriptor
 
 /* ---- an application's context in the driver -------------------------------------------- */
 
@@ -171,6 +181,12 @@ static void app_free(driver_app *app) {
   location_table_destroy(app->maps);
   location_table_destroy(app->blocks);
   fl_buf_free(&app->accumulators);
+  while (app->parked) {
+    parked_result *p = app->parked;
+    app->parked = p->next;
+    fl_buf_free(&p->data);
+    common_free(p);
+  }
   rdd_shared_destroy(app->ctx.shared);
   map_output_table_destroy(app->ctx.map_outputs);
   pthread_mutex_destroy(&app->lock);
@@ -290,6 +306,7 @@ static fl_status app_close(driver_state *d, uint64_t id) {
   app_entry *e = app_find(d, id);
   driver_app *app = e ? e->app : NULL;
   if (e) e->app = NULL; /* no call finds it any more */
+  if (app) scheduler_cancel(d->sched, id, 0); /* its running jobs end now */
   while (app && e->users > 0) FL_PCHECK(pthread_cond_wait(&d->changed, &d->lock));
   broadcast_entry *bcasts = e ? e->broadcasts : NULL;
   if (e) e->broadcasts = NULL;
@@ -479,8 +496,44 @@ static void job_note(driver_state *d, uint64_t app_id, uint64_t job_id, uint32_t
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
 }
 
-static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response) {
+/* Moves results[i] to the application's parked results; false when out of memory. */
+static bool park_result(driver_app *app, uint64_t operation_id, uint32_t index, fl_buf *result) {
+  parked_result *p = common_calloc(1, sizeof *p);
+  if (!p) return false;
+  p->operation_id = operation_id;
+  p->index = index;
+  p->data = *result;
+  *result = (fl_buf)FL_BUF_INIT;
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  p->next = app->parked;
+  app->parked = p;
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  return true;
+}
+
+/* Drops what a failed reply parked: the client will not ask for it. */
+static void unpark_operation(driver_app *app, uint64_t operation_id) {
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  for (parked_result **p = &app->parked; *p;) {
+    if ((*p)->operation_id == operation_id) {
+      parked_result *gone = *p;
+      *p = gone->next;
+      fl_buf_free(&gone->data);
+      common_free(gone);
+    } else {
+      p = &(*p)->next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+}
+
+static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response,
+                                const rpc_request *call) {
   UNPACK(Flint__RunJobRequest, req, body, "RunJob");
+  if (req->operation_id == 0) {
+    flint__run_job_request__free_unpacked(req, NULL);
+    return FL_ERR(FL_EPROTO, "RunJob: operation id 0");
+  }
   driver_app *app;
   driver_action action;
   memset(&action, 0, sizeof action);
@@ -518,13 +571,16 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
     goto cleanup;
   }
   job_note(d, app->id, 0, (uint32_t)req->n_partitions, true, FL_OK, NULL);
+  /* The client's going away (its connection drops) cancels the job, as does CancelJobs. */
+  sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = call->cancelled};
   status = scheduler_run_job(d->sched, r, req->partitions, (uint32_t)req->n_partitions,
-                             &action.action, results);
+                             &action.action, &opts, results);
   job_note(d, app->id, 0, (uint32_t)req->n_partitions, false, status, status ? fl_last_error() : NULL);
   if (status != FL_OK) goto cleanup;
 
   Flint__RunJobReply reply = FLINT__RUN_JOB_REPLY__INIT;
   ProtobufCBinaryData *bins = common_calloc(req->n_partitions + 1, sizeof *bins);
+  uint64_t *sizes = common_calloc(req->n_partitions + 1, sizeof *sizes);
   /* Accumulator updates: taken from the application now, sent as one list. */
   FL_PCHECK(pthread_mutex_lock(&app->lock));
   fl_buf accs = app->accumulators;
@@ -542,12 +598,28 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
   }
   Flint__AccUpdate *acc_items = common_calloc(n_accs + 1, sizeof *acc_items);
   Flint__AccUpdate **acc_ptrs = common_calloc(n_accs + 1, sizeof *acc_ptrs);
-  if (!bins || !acc_items || !acc_ptrs) {
+  bool parked = false;
+  if (!bins || !sizes || !acc_items || !acc_ptrs) {
     status = FL_ERR(FL_ENOMEM, "out of memory");
   } else {
-    for (size_t i = 0; i < req->n_partitions; i++) bins[i] = (ProtobufCBinaryData){results[i].len, results[i].data};
+    /* Results inline, in order, while they fit; the rest wait for FetchResult. */
+    size_t inline_bytes = 0;
+    for (size_t i = 0; i < req->n_partitions && status == FL_OK; i++) {
+      sizes[i] = results[i].len;
+      if (results[i].len == 0) continue;
+      if (inline_bytes + results[i].len <= DRIVER_RESULT_INLINE) {
+        inline_bytes += results[i].len;
+        bins[i] = (ProtobufCBinaryData){results[i].len, results[i].data};
+      } else if (park_result(app, req->operation_id, (uint32_t)i, &results[i])) {
+        parked = true;
+      } else {
+        status = FL_ERR(FL_ENOMEM, "out of memory");
+      }
+    }
     reply.n_results = req->n_partitions;
     reply.results = bins;
+    reply.n_sizes = req->n_partitions;
+    reply.sizes = sizes;
     c = (rdd_cursor){accs.data, accs.data + accs.len};
     for (size_t i = 0; i < n_accs; i++) {
       uint64_t id = 0, len = 0;
@@ -561,8 +633,10 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
     }
     reply.n_acc_updates = n_accs;
     reply.acc_updates = acc_ptrs;
-    status = proto_pack(&reply.base, response);
+    if (status == FL_OK) status = proto_pack(&reply.base, response);
   }
+  if (status != FL_OK && parked) unpark_operation(app, req->operation_id);
+  common_free(sizes);
   common_free(bins);
   common_free(acc_items);
   common_free(acc_ptrs);
@@ -576,6 +650,55 @@ cleanup:
   app_unpin(d, app);
   flint__run_job_request__free_unpacked(req, NULL);
   return status;
+}
+
+/* A chunk of a parked result; the result goes once its last byte is read. */
+static fl_status handle_fetch_result(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__FetchResultRequest, req, body, "FetchResult");
+  driver_app *app;
+  fl_status status = app_lookup(d, req->app_id, &app);
+  if (status != FL_OK) {
+    flint__fetch_result_request__free_unpacked(req, NULL);
+    return status;
+  }
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  parked_result **p = &app->parked;
+  while (*p && ((*p)->operation_id != req->operation_id || (*p)->index != req->index)) p = &(*p)->next;
+  if (!*p) {
+    status = FL_ERR(FL_ENOENT, "FetchResult: no result %u of operation %llu waits on the driver",
+                    req->index, (unsigned long long)req->operation_id);
+  } else if (req->offset >= (*p)->data.len) {
+    status = FL_ERR(FL_EPROTO, "FetchResult: offset %llu of a result of %zu bytes",
+                    (unsigned long long)req->offset, (*p)->data.len);
+  } else {
+    size_t n = (*p)->data.len - req->offset;
+    if (n > DRIVER_RESULT_CHUNK) n = DRIVER_RESULT_CHUNK;
+    Flint__FetchResultReply reply = FLINT__FETCH_RESULT_REPLY__INIT;
+    reply.chunk = (ProtobufCBinaryData){n, (*p)->data.data + req->offset};
+    status = proto_pack(&reply.base, response);
+    if (status == FL_OK && req->offset + n == (*p)->data.len) {
+      parked_result *done = *p;
+      *p = done->next;
+      fl_buf_free(&done->data);
+      common_free(done);
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  app_unpin(d, app);
+  flint__fetch_result_request__free_unpacked(req, NULL);
+  return status;
+}
+
+static fl_status handle_cancel_jobs(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__CancelJobsRequest, req, body, "CancelJobs");
+  driver_app *app;
+  fl_status status = app_lookup(d, req->app_id, &app);
+  if (status == FL_OK) {
+    status = scheduler_cancel(d->sched, app->id, req->operation_id);
+    app_unpin(d, app);
+  }
+  flint__cancel_jobs_request__free_unpacked(req, NULL);
+  return status == FL_OK ? empty_reply(response) : status;
 }
 
 static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *response) {
@@ -896,7 +1019,9 @@ static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *respo
   if (strcmp(m, "UploadLibrary") == 0) return handle_upload_library(d, b, response);
   if (strcmp(m, "BroadcastPut") == 0) return handle_broadcast_put(d, b, response);
   if (strcmp(m, "BroadcastRemove") == 0) return handle_broadcast_remove(d, b, response);
-  if (strcmp(m, "RunJob") == 0) return handle_run_job(d, b, response);
+  if (strcmp(m, "RunJob") == 0) return handle_run_job(d, b, response, call);
+  if (strcmp(m, "FetchResult") == 0) return handle_fetch_result(d, b, response);
+  if (strcmp(m, "CancelJobs") == 0) return handle_cancel_jobs(d, b, response);
   if (strcmp(m, "StorageInfo") == 0) return handle_storage_info(d, b, response);
   if (strcmp(m, "Unpersist") == 0) return handle_unpersist(d, b, response);
   if (strcmp(m, "Submit") == 0) return handle_submit(d, b, response);

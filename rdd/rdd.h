@@ -339,6 +339,7 @@ struct fl_context {
   /* How the context ends and reports (driver/context.c: local, driver/client.c: remote). */
   void (*close)(fl_context *ctx);
   fl_status (*stats)(fl_context *ctx, fl_context_stats *out);
+  fl_status (*cancel)(fl_context *ctx); /* fl_cancel_jobs */
 };
 
 FL_INTERNAL fl_status rdd_shared_create(rdd_shared **out);

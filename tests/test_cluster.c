@@ -6,6 +6,7 @@
 #include "test_util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -15,6 +16,7 @@ int cluster_pipelines_run(fl_context *ctx, fl_buf *report);
 fl_status cp_times(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
 fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg);
 
 #define CLUSTER "local-cluster[2,1,512]"
 #define TEST_BOUND_S 55 /* each test's bound: a hang fails the program instead of ctest's timeout */
@@ -254,6 +256,86 @@ static void test_large_results(void **state) {
   assert_no_children();
 }
 
+/* Results beyond what a RunJob reply carries inline (16 MiB) wait on the driver and come in
+ * chunks of at most 32 MiB: two partitions of about 36 MB each. */
+static void test_results_beyond_one_reply(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+  const int64_t n = 8000000;
+  fl_dataset *ds;
+  assert_ok(fl_range(ctx, 0, n, 1, 2, &ds));
+  fl_records *recs;
+  assert_ok(fl_collect(ds, &recs));
+  assert_int_equal(fl_records_count(recs), n);
+  int64_t sum = 0;
+  for (size_t i = 0; i < fl_records_count(recs); i++) {
+    int64_t v = fl_i64(fl_records_get(recs, i));
+    if (v != (int64_t)i) fail_msg("record %zu is %lld", i, (long long)v);
+    sum += v;
+  }
+  assert_int_equal(sum, (n - 1) * n / 2);
+  fl_records_free(recs);
+  fl_dataset_free(ds);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
+typedef struct canceller {
+  fl_context *ctx;
+  int delay_ms;
+  fl_status status;
+} canceller;
+
+static void *cancel_later(void *p) {
+  canceller *c = p;
+  usleep((useconds_t)c->delay_ms * 1000);
+  c->status = fl_cancel_jobs(c->ctx);
+  return NULL;
+}
+
+/* fl_cancel_jobs from another thread ends a running job with FL_ECANCELLED long before it
+ * would finish (100 tasks of 200 ms), and the context runs the next job normally. */
+static void cancel_on(const char *master) {
+  fl_context *ctx;
+  assert_ok(fl_context_open(master, NULL, &ctx));
+  fl_dataset *ds, *slow;
+  int64_t nap_ms = 20;
+  assert_ok(fl_range(ctx, 0, 1000, 1, 100, &ds));
+  assert_ok(fl_map(ds, cp_nap, &nap_ms, sizeof nap_ms, &slow));
+  canceller c = {ctx, 500, FL_EINTERNAL};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, cancel_later, &c), 0);
+  double t0 = now_s();
+  uint64_t count = 0;
+  fl_status st = fl_count(slow, &count);
+  double took = now_s() - t0;
+  pthread_join(th, NULL);
+  fprintf(stderr, "%s: the cancelled job returned after %.2f s: %s\n", master, took, fl_last_error());
+  assert_ok(c.status);
+  assert_int_equal(st, FL_ECANCELLED);
+  assert_non_null(strstr(fl_last_error(), "cancelled"));
+  assert_true(took < 5.0);
+  /* Cancelling with nothing running does nothing; the next job runs. */
+  assert_ok(fl_cancel_jobs(ctx));
+  fl_dataset *small;
+  assert_ok(fl_range(ctx, 0, 10, 1, 2, &small));
+  assert_ok(fl_count(small, &count));
+  assert_int_equal(count, 10);
+  fl_dataset_free(small);
+  fl_dataset_free(slow);
+  fl_dataset_free(ds);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
+static void test_cancel_jobs(void **state) {
+  (void)state;
+  cancel_on("local[2]");
+  cancel_on(CLUSTER);
+  assert_int_equal(fl_cancel_jobs(NULL), FL_EINVAL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_cluster_matches_local, arm_watchdog, disarm_watchdog),
@@ -262,6 +344,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_cancel_jobs, arm_watchdog, disarm_watchdog),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -709,9 +709,33 @@ static void test_crashing_job(void **state) {
   fx.passed = true;
 }
 
+/* The application of the newest running job on the driver (0: none), and that job's state
+ * and error of the application `app` when it is given. */
+static uint64_t running_app(rpc_channel *c) {
+  uint64_t app_id = 0;
+  Flint__StatusReply *st = driver_status(c);
+  for (size_t i = 0; i < st->n_applications; i++) {
+    Flint__AppInfo *a = st->applications[i];
+    if (a->n_jobs && strcmp(a->jobs[a->n_jobs - 1]->state, "running") == 0) app_id = a->id;
+  }
+  flint__status_reply__free_unpacked(st, NULL);
+  return app_id;
+}
+
+static uint64_t wait_running_app(rpc_channel *c) {
+  double deadline = now_s() + 20;
+  uint64_t app_id;
+  while (!(app_id = running_app(c))) {
+    if (now_s() > deadline) fail_msg("no job ran within 20 s");
+    sleep_ms(20);
+  }
+  return app_id;
+}
+
 /* Another client closes an application while the driver runs its job (application ids are
- * sequential, so any client can name one): the close waits for the job, which finishes
- * normally, and the driver lives on. */
+ * sequential, so any client can name one): the close cancels the job, whose task would
+ * sleep 10 s, and returns at once; the job binary sees its action cancelled; the driver
+ * lives on and runs the next job. */
 static void test_close_while_a_job_runs(void **state) {
   (void)state;
   proc *driver = start_driver(NULL);
@@ -719,41 +743,30 @@ static void test_close_while_a_job_runs(void **state) {
   start_executor("exec2", NULL);
   wait_executors(NULL, 2);
   run_result *r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"),
-                        "--slow-ms", "3000", "closed");
+                        "--slow-ms", "10000", "closed");
   expect_status(r, 0);
   EXPECT_OUT(r, "submitted job binary 1\n");
   free(r);
 
-  /* Its application's job is running (its first task sleeps 3 s). */
   rpc_channel *c = channel(NULL, 0);
-  uint64_t app_id = 0;
-  double deadline = now_s() + 20;
-  while (!app_id) {
-    Flint__StatusReply *st = driver_status(c);
-    for (size_t i = 0; i < st->n_applications; i++) {
-      Flint__AppInfo *a = st->applications[i];
-      if (a->n_jobs && strcmp(a->jobs[a->n_jobs - 1]->state, "running") == 0) app_id = a->id;
-    }
-    flint__status_reply__free_unpacked(st, NULL);
-    if (!app_id && now_s() > deadline) fail_msg("no job of the job binary ran within 20 s");
-    if (!app_id) sleep_ms(20);
-  }
-
+  uint64_t app_id = wait_running_app(c);
   double t0 = now_s();
   Flint__AppRequest close_req = FLINT__APP_REQUEST__INIT;
   close_req.app_id = app_id;
   fl_buf reply = FL_BUF_INIT;
   assert_ok(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply));
-  fprintf(stderr, "the close returned after %.1f s\n", now_s() - t0);
+  double took = now_s() - t0;
+  fprintf(stderr, "the close returned after %.1f s\n", took);
+  assert_true(took < 5.0);
   fl_buf_free(&reply);
 
-  /* The job's own close finds it closed, which the job binary does not mind. */
   fl_buf out = FL_BUF_INIT, err = FL_BUF_INIT;
-  assert_int_equal(wait_submission(c, 1, &out, &err), 3);
-  if (!buf_has(&out, "job_echo count: 10\n"))
+  assert_int_equal(wait_submission(c, 1, &out, &err), 1);
+  if (!buf_has(&err, "cancelled"))
     fprintf(stderr, "stdout:\n%.*s\nstderr:\n%.*s\n", (int)out.len, (char *)out.data, (int)err.len,
             (char *)err.data);
-  assert_true(buf_has(&out, "job_echo count: 10\n"));
+  assert_true(buf_has(&err, "cancelled"));
+  assert_false(buf_has(&out, "job_echo count"));
   fl_buf_free(&out);
   fl_buf_free(&err);
 
@@ -765,6 +778,45 @@ static void test_close_while_a_job_runs(void **state) {
   r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
   expect_status(r, 0);
   free(r);
+  stop_all();
+  fx.passed = true;
+}
+
+/* A client killed (SIGKILL) while the driver runs its job: the dropped connection cancels
+ * the job, whose task would sleep 20 s; the driver records it as cancelled and lives on. */
+static void test_client_going_away_cancels_its_job(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(NULL, 2);
+  /* An ordinary client process (not one the driver supervises). */
+  proc *client = start_proc("client", NULL,
+                            (const char *const[]){"submit", "--in-process", "--master", fx.master,
+                                                  bin_file("job_echo.so"), "--slow-ms", "20000", "gone",
+                                                  NULL});
+  rpc_channel *c = channel(NULL, 0);
+  uint64_t app_id = wait_running_app(c);
+  assert_int_equal(kill(client->pid, SIGKILL), 0);
+  assert_true(wait_exit(client->pid, STOP_LIMIT_S) >= 0);
+  client->pid = 0;
+
+  double t0 = now_s(), deadline = t0 + 10;
+  bool cancelled = false;
+  while (!cancelled) {
+    Flint__StatusReply *st = driver_status(c);
+    for (size_t i = 0; i < st->n_applications; i++) {
+      Flint__AppInfo *a = st->applications[i];
+      if (a->id != app_id || !a->n_jobs) continue;
+      Flint__JobInfo *j = a->jobs[a->n_jobs - 1];
+      cancelled = strcmp(j->state, "failed") == 0 && strstr(j->error, "cancelled");
+    }
+    flint__status_reply__free_unpacked(st, NULL);
+    if (!cancelled && now_s() > deadline) fail_msg("the job of a killed client still runs after 10 s");
+    if (!cancelled) sleep_ms(50);
+  }
+  fprintf(stderr, "the job was cancelled %.1f s after its client died\n", now_s() - t0);
+  expect_running(driver);
   stop_all();
   fx.passed = true;
 }
@@ -972,8 +1024,14 @@ static void test_malformed_messages(void **state) {
   assert_int_equal(reply.len, 0);
 
   /* Empty requests decode as messages with every field unset, which each handler refuses. */
-  expect_failure(call_bytes(c, "/flint.Driver/RunJob", NULL, 0, &reply), FL_ENOENT, "no running application",
+  expect_failure(call_bytes(c, "/flint.Driver/RunJob", NULL, 0, &reply), FL_EPROTO, "operation id 0",
                  "empty RunJob");
+  expect_failure(call_bytes(c, "/flint.Driver/FetchResult", NULL, 0, &reply), FL_ENOENT,
+                 "no running application", "empty FetchResult");
+  expect_failure(call_bytes(c, "/flint.Driver/CancelJobs", NULL, 0, &reply), FL_ENOENT,
+                 "no running application", "empty CancelJobs");
+  expect_failure(call_bytes(c, "/flint.Driver/CancelJobs", long_varint, sizeof long_varint, &reply),
+                 FL_EPROTO, "CancelJobs: malformed", "CancelJobs of garbage");
   expect_failure(call_bytes(c, "/flint.Driver/Submit", NULL, 0, &reply), FL_EINVAL, "empty", "empty Submit");
   expect_failure(call_bytes(c, "/flint.Driver/RegisterExecutor", NULL, 0, &reply), FL_EPROTO, "invalid",
                  "empty RegisterExecutor");
@@ -989,6 +1047,7 @@ static void test_malformed_messages(void **state) {
   Flint__RunJobRequest run = FLINT__RUN_JOB_REQUEST__INIT;
   uint32_t part0 = 0;
   run.app_id = 999999;
+  run.operation_id = 1;
   run.rdd_id = 1;
   run.n_partitions = 1;
   run.partitions = &part0;
@@ -1034,6 +1093,14 @@ static void test_malformed_messages(void **state) {
   run.rdd_id = 424242;
   expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_EPROTO, "unknown dataset",
                  "RunJob of an unknown dataset");
+  Flint__FetchResultRequest fetch = FLINT__FETCH_RESULT_REQUEST__INIT;
+  fetch.app_id = app_id;
+  fetch.operation_id = 77;
+  expect_failure(call_msg(c, "/flint.Driver/FetchResult", &fetch.base, &reply), FL_ENOENT,
+                 "no result 0 of operation 77", "FetchResult of nothing");
+  Flint__CancelJobsRequest cancel = FLINT__CANCEL_JOBS_REQUEST__INIT;
+  cancel.app_id = app_id;
+  assert_ok(call_msg(c, "/flint.Driver/CancelJobs", &cancel.base, &reply)); /* nothing runs: a no-op */
   Flint__AppRequest close_req = FLINT__APP_REQUEST__INIT;
   close_req.app_id = app_id;
   assert_ok(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply));
@@ -1255,6 +1322,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_job_binary_round_trip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_crashing_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_close_while_a_job_runs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_client_going_away_cancels_its_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),

@@ -194,6 +194,12 @@ FL_API fl_status fl_context_open(const char *master, const fl_options *options,
 FL_API void fl_context_close(fl_context *ctx);
 /* Number of task threads (the slots tasks run in). */
 FL_API uint32_t fl_context_cores(const fl_context *ctx);
+/* Cancels every job of ctx that is running now (as Spark's cancelAllJobs; Spark Connect's
+ * interrupt): their actions return FL_ECANCELLED soon after, their running tasks are
+ * stopped, and nothing the jobs finished is lost (cached blocks and shuffle output stay for
+ * the next job). Jobs started afterwards run normally. Any thread; does not wait. Returns
+ * FL_OK, or FL_ENET when a cluster's driver cannot be told. */
+FL_API fl_status fl_cancel_jobs(fl_context *ctx);
 
 typedef struct fl_context_stats {
   uint64_t jobs_run, jobs_failed;

@@ -342,6 +342,15 @@ CP_EXPORT fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg) 
   return fl_buf_append(out, rec.data, rec.len);
 }
 
+/* Copies a record after sleeping the arg's milliseconds (an int64): a slow job to cancel. */
+CP_EXPORT fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg) {
+  int64_t ms;
+  memcpy(&ms, arg, sizeof ms);
+  usleep((useconds_t)(ms * 1000));
+  out->len = 0;
+  return fl_buf_append(out, rec.data, rec.len);
+}
+
 CP_EXPORT fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   (void)arg;
   return fl_buf_put_i64(out, (int64_t)((uint64_t)fl_i64(a) + (uint64_t)fl_i64(b)));
