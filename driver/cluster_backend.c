@@ -52,6 +52,14 @@ typedef struct executor_ref {
   pthread_t sender;
   outgoing *out_head, *out_tail;
   bool stopping;
+  /* loss (cb->lock) */
+  bool lost;
+  uint64_t ping_sent_ns;
+  /* the scheduler thread */
+  bool removed;              /* lost, and its slots gone */
+  uint32_t failures_in_row;  /* task failures since its last success */
+  uint64_t excluded_until_ns;
+  struct cluster_backend *cb;
   struct executor_ref *next;
 } executor_ref;
 
@@ -66,7 +74,18 @@ struct cluster_backend {
   size_t num_inflight, cap_inflight;
   uint64_t next_key; /* scheduler thread */
   dp_client *fetcher; /* large task results */
+  /* the monitor thread: heartbeats, liveness pings, a cluster with no executor left */
+  pthread_t monitor;
+  pthread_cond_t monitor_wake;
+  bool stopping;
+  uint64_t no_executor_since_ns; /* every executor lost since then; 0: some live */
+  char last_loss[256];
 };
+
+/* Monitor rounds; a silent executor is pinged after this long (heartbeats come every
+ * second), so that a dead process is found in seconds, before its heartbeat timeout. */
+#define MONITOR_PERIOD_NS 200000000ull
+#define PING_AFTER_NS 2500000000ull
 
 backend *cluster_backend_base(cluster_backend *cb) { return &cb->base; }
 
@@ -117,11 +136,14 @@ static void walk_lineage(walk *w, const rdd *r, bool cross_shuffles) {
 
 /* ---- placement ------------------------------------------------------------------------- */
 
+/* A live executor by id (cb->lock, or the scheduler thread). */
 static executor_ref *find_executor(cluster_backend *cb, uint64_t id) {
   for (executor_ref *e = cb->executors; e; e = e->next)
-    if (e->id == id) return e;
+    if (e->id == id && !e->lost) return e;
   return NULL;
 }
+
+static bool excluded(const executor_ref *e, uint64_t now) { return now < e->excluded_until_ns; }
 
 static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *retry_at) {
   cluster_backend *cb = of(b);
@@ -134,6 +156,7 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
     FL_PCHECK(pthread_mutex_unlock(&app->lock));
     if (where) preferred = find_executor(cb, where);
   }
+  if (preferred && (preferred->removed || excluded(preferred, now))) preferred = NULL;
   if (preferred && preferred->running < preferred->slots) {
     t->placement = preferred;
     return true;
@@ -142,9 +165,14 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
     *retry_at = t->pending_since_ns + cb->cfg.locality_wait_ns;
     return false;
   }
+  /* The least busy executor, leaving out excluded ones unless every live one is. */
   executor_ref *best = NULL;
+  bool all_excluded = true;
   for (executor_ref *e = cb->executors; e; e = e->next)
-    if (e->running < e->slots && (!best || e->slots - e->running > best->slots - best->running))
+    if (!e->removed && !excluded(e, now)) all_excluded = false;
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (!e->removed && (all_excluded || !excluded(e, now)) && e->running < e->slots &&
+        (!best || e->slots - e->running > best->slots - best->running))
       best = e;
   if (!best) return false;
   t->placement = best;
@@ -197,6 +225,123 @@ static void fail_attempt(cluster_backend *cb, uint64_t key, fl_status status, co
   t->rt.status = status;
   t->rt.error = common_strdup(msg);
   scheduler_post_task_end(cb->base.sched, t);
+}
+
+/* ---- executor loss --------------------------------------------------------------------- */
+
+static void sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o);
+
+/* On the scheduler thread, before the lost executor's attempts end: its slots go, and the
+ * driver forgets the map outputs and cached blocks it held. */
+static void executor_removed(scheduler *s, void *arg) {
+  executor_ref *e = arg;
+  cluster_backend *cb = e->cb;
+  e->removed = true;
+  e->batch_len = 0; /* launched, not sent: their attempts end below like the others */
+  scheduler_add_slots(s, -(int64_t)e->slots);
+  if (cb->cfg.executor_lost) cb->cfg.executor_lost(cb->cfg.executor_lost_arg, e->id);
+}
+
+/* Declares e lost (once; any thread): its in-flight attempts end with FL_ENET and run again
+ * elsewhere without counting as failures; what it held is computed again when needed. */
+static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why) {
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  if (e->lost) {
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    return;
+  }
+  e->lost = true;
+  e->stopping = true;
+  pthread_cond_broadcast(&cb->wake);
+  size_t n = 0;
+  sched_task **gone = cb->num_inflight ? common_calloc(cb->num_inflight, sizeof *gone) : NULL;
+  for (size_t i = 0; gone && i < cb->num_inflight;) {
+    if (cb->inflight[i]->placement == e) {
+      gone[n++] = cb->inflight[i];
+      cb->inflight[i] = cb->inflight[--cb->num_inflight];
+    } else {
+      i++;
+    }
+  }
+  bool any_live = false;
+  for (executor_ref *x = cb->executors; x; x = x->next) any_live |= !x->lost;
+  if (!any_live) cb->no_executor_since_ns = common_now_ns();
+  snprintf(cb->last_loss, sizeof cb->last_loss, "executor %llu at %s: %s", (unsigned long long)e->id,
+           e->rpc_address, why);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  common_log(LOG_WARN, "executor %llu at %s lost: %s; %zu running tasks run again elsewhere",
+             (unsigned long long)e->id, e->rpc_address, why, n);
+  /* Queued first, so that the scheduler never places the retries on e. */
+  if (scheduler_post_call(cb->base.sched, executor_removed, e) != FL_OK)
+    common_log(LOG_ERROR, "out of memory: executor %llu keeps its slots", (unsigned long long)e->id);
+  char msg[512];
+  snprintf(msg, sizeof msg, "executor %llu at %s lost: %s", (unsigned long long)e->id, e->rpc_address, why);
+  for (size_t i = 0; i < n; i++) {
+    gone[i]->rt.status = FL_ENET;
+    gone[i]->rt.error = common_strdup(msg);
+    gone[i]->executor_lost = true;
+    scheduler_post_task_end(cb->base.sched, gone[i]);
+  }
+  common_free(gone);
+}
+
+/* Sends e a call that does nothing (KillTasks of no task): if e is gone, the sender's
+ * failure declares it lost. cb->lock held. */
+static void ping_locked(cluster_backend *cb, executor_ref *e) {
+  Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+  outgoing *o = common_calloc(1, sizeof *o);
+  if (!o || proto_pack(&req.base, &o->body) != FL_OK) {
+    common_free(o);
+    return;
+  }
+  o->method = "/flint.Executor/KillTasks";
+  e->ping_sent_ns = common_now_ns();
+  sender_push_locked(cb, e, o);
+}
+
+/* On the scheduler thread: jobs cannot wait for executors forever. */
+static void fail_if_no_executor(scheduler *s, void *arg) {
+  cluster_backend *cb = arg;
+  char msg[512];
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  bool none = cb->no_executor_since_ns != 0;
+  snprintf(msg, sizeof msg, "every executor was lost (the last: %s) and none registered within %.0f s",
+           cb->last_loss, (double)cb->cfg.no_executor_timeout_ns / 1e9);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  if (none) dag_scheduler_fail_all(s, FL_ENET, msg);
+}
+
+static void *monitor_loop(void *p) {
+  cluster_backend *cb = p;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  while (!cb->stopping) {
+    uint64_t deadline = common_now_ns() + MONITOR_PERIOD_NS;
+    struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+    pthread_cond_timedwait(&cb->monitor_wake, &cb->lock, &ts);
+    if (cb->stopping) break;
+    uint64_t now = common_now_ns();
+    executor_ref *silent = NULL;
+    for (executor_ref *e = cb->executors; e && !silent; e = e->next) {
+      if (e->lost) continue;
+      uint64_t quiet = now - e->last_heartbeat_ns;
+      if (cb->cfg.executor_timeout_ns && quiet > cb->cfg.executor_timeout_ns) silent = e;
+      else if (quiet > PING_AFTER_NS && now - e->ping_sent_ns > PING_AFTER_NS) ping_locked(cb, e);
+    }
+    bool starved = cb->no_executor_since_ns && cb->cfg.no_executor_timeout_ns &&
+                   now - cb->no_executor_since_ns > cb->cfg.no_executor_timeout_ns;
+    if (starved) cb->no_executor_since_ns = now; /* again after another timeout */
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    if (silent) {
+      char why[96];
+      snprintf(why, sizeof why, "no heartbeat for %.1f s", (double)(now - silent->last_heartbeat_ns) / 1e9);
+      executor_lose(cb, silent, why);
+    }
+    if (starved && scheduler_post_call(cb->base.sched, fail_if_no_executor, cb) != FL_OK)
+      common_log(LOG_ERROR, "out of memory: cannot fail the jobs waiting for executors");
+    FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  return NULL;
 }
 
 /* ---- batches --------------------------------------------------------------------------- */
@@ -504,8 +649,12 @@ static void *sender_loop(void *p) {
       char msg[512];
       snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
                e->rpc_address, fl_last_error());
-      common_log(LOG_WARN, "%s", msg);
-      for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], st, msg);
+      if (st == FL_ENET || st == FL_ETIMEDOUT) {
+        executor_lose(cb, e, fl_last_error()); /* its attempts, these too, run elsewhere */
+      } else {
+        common_log(LOG_WARN, "%s", msg);
+        for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], st, msg);
+      }
     }
     fl_buf_free(&o->body);
     common_free(o->keys);
@@ -526,9 +675,24 @@ static void record_block(void *arg, const rdd *r, uint32_t p, uint64_t executor)
   }
 }
 
+/* Task failures that say nothing about the executor. */
+static bool executor_blameless(const sched_task *t) {
+  return t->executor_lost || t->rt.status == FL_ECANCELLED || t->rt.fetch_failed;
+}
+
 static void cluster_ended(backend *b, sched_task *t) {
+  cluster_backend *cb = of(b);
   executor_ref *e = t->placement;
   if (e) e->running--;
+  if (e && t->rt.status != FL_OK && !executor_blameless(t) && cb->cfg.exclude_failures &&
+      ++e->failures_in_row >= cb->cfg.exclude_failures) {
+    e->failures_in_row = 0;
+    e->excluded_until_ns = common_now_ns() + cb->cfg.exclude_ns;
+    common_log(LOG_WARN, "executor %llu excluded for %.0f s: %u tasks failed on it in a row (the last: %s)",
+               (unsigned long long)e->id, (double)cb->cfg.exclude_ns / 1e9, cb->cfg.exclude_failures,
+               t->rt.error ? t->rt.error : fl_strerror(t->rt.status));
+  }
+  if (e && t->rt.status == FL_OK) e->failures_in_row = 0;
   if (t->rt.status != FL_OK || t->job->status != FL_OK || !e) return;
   driver_app *app = app_of(t);
   FL_PCHECK(pthread_mutex_lock(&app->lock));
@@ -587,6 +751,11 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body) {
       snprintf(msg, sizeof msg, "%s (on executor %llu)", s->error && *s->error ? s->error : fl_strerror(t->rt.status),
                e ? (unsigned long long)e->id : 0ull);
       t->rt.error = common_strdup(msg);
+      if (t->rt.status == FL_EFETCH && s->fetch_failed) {
+        t->rt.fetch_failed = true;
+        t->rt.fetch_shuffle_id = s->fetch_shuffle_id;
+        t->rt.fetch_map = s->fetch_map;
+      }
     } else if (s->result_block_size) {
       fl_status st = e ? fetch_result(cb, e, s->task_key, s->result_block_size, &t->result)
                        : FL_ERR(FL_EINTERNAL, "a result from no executor");
@@ -656,8 +825,10 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
     common_free(e);
     return FL_ERR(FL_ENOMEM, "cannot start a sender thread");
   }
+  e->cb = cb;
   e->next = cb->executors;
   cb->executors = e;
+  cb->no_executor_since_ns = 0;
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   *id = e->id;
   common_log(LOG_INFO, "executor %llu registered: %s, %u cores, %llu MiB", (unsigned long long)e->id,
@@ -690,7 +861,8 @@ bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf,
 uint32_t cluster_cores(cluster_backend *cb) {
   uint32_t n = 0;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  for (executor_ref *e = cb->executors; e; e = e->next) n += e->cores;
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (!e->lost) n += e->cores;
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   return n;
 }
@@ -712,7 +884,7 @@ fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count) {
     x->cached_bytes = e->cached_bytes;
     x->tasks_run = e->tasks_run;
     x->tasks_failed = e->tasks_failed;
-    x->alive = true;
+    x->alive = !e->lost;
     out[k++] = x;
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
@@ -749,6 +921,7 @@ static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest 
   if (proto_pack(&req->base, &body) != FL_OK) return; /* best effort, as below */
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   for (executor_ref *e = cb->executors; e; e = e->next) {
+    if (e->lost) continue;
     outgoing *o = common_calloc(1, sizeof *o);
     if (!o || fl_buf_append(&o->body, body.data, body.len) != FL_OK) {
       common_free(o);
@@ -765,6 +938,11 @@ static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest 
 
 static void cluster_destroy(backend *b) {
   cluster_backend *cb = of(b);
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  cb->stopping = true;
+  pthread_cond_signal(&cb->monitor_wake);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  pthread_join(cb->monitor, NULL);
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   for (executor_ref *e = cb->executors; e; e = e->next) e->stopping = true;
   pthread_cond_broadcast(&cb->wake);
@@ -787,6 +965,7 @@ static void cluster_destroy(backend *b) {
   }
   common_free(cb->inflight);
   dp_client_destroy(cb->fetcher);
+  pthread_cond_destroy(&cb->monitor_wake);
   pthread_cond_destroy(&cb->wake);
   pthread_mutex_destroy(&cb->lock);
   common_free(cb);
@@ -842,12 +1021,27 @@ static void cluster_kill(backend *b, sched_job *job) {
   common_free(keys);
 }
 
+/* A reduce task could not read a map output: if the executor that wrote it is gone, a ping
+ * finds out now (its loss then marks everything it held lost at once). */
+static void cluster_fetch_failed(backend *b, sched_task *t) {
+  cluster_backend *cb = of(b);
+  driver_app *app = app_of(t);
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  uint64_t where = location_get(app->maps, t->rt.fetch_shuffle_id, t->rt.fetch_map);
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  executor_ref *e = where ? find_executor(cb, where) : NULL;
+  if (e) ping_locked(cb, e);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+}
+
 static const backend_ops cluster_ops = {.name = "cluster",
                                         .place = cluster_place,
                                         .launch = cluster_launch,
                                         .flush = cluster_flush,
                                         .ended = cluster_ended,
                                         .kill = cluster_kill,
+                                        .fetch_failed = cluster_fetch_failed,
                                         .destroy = cluster_destroy};
 
 fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cluster_backend **out) {
@@ -855,9 +1049,19 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   if (!cb) return FL_ERR(FL_ENOMEM, "cannot allocate the cluster backend");
   FL_PCHECK(pthread_mutex_init(&cb->lock, NULL));
   FL_PCHECK(pthread_cond_init(&cb->wake, NULL));
+  pthread_condattr_t attr; /* the monitor's deadlines are common_now_ns times */
+  FL_PCHECK(pthread_condattr_init(&attr));
+  FL_PCHECK(pthread_condattr_setclock(&attr, CLOCK_MONOTONIC));
+  FL_PCHECK(pthread_cond_init(&cb->monitor_wake, &attr));
+  pthread_condattr_destroy(&attr);
   cb->cfg = *cfg;
   fl_status st = dp_client_create(cfg->secret, &cb->fetcher);
+  if (st == FL_OK && pthread_create(&cb->monitor, NULL, monitor_loop, cb) != 0) {
+    dp_client_destroy(cb->fetcher);
+    st = FL_ERR(FL_ENOMEM, "cannot start the executor monitor thread");
+  }
   if (st != FL_OK) {
+    pthread_cond_destroy(&cb->monitor_wake);
     pthread_cond_destroy(&cb->wake);
     pthread_mutex_destroy(&cb->lock);
     common_free(cb);

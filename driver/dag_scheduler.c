@@ -57,6 +57,41 @@ static bool fully_cached(rdd *r) {
 
 static fl_status add_missing_parents(scheduler *s, sched_job *job, sched_stage *stage, rdd *r);
 
+typedef struct retired_tasks {
+  sched_task *tasks;
+  uint32_t count;
+  struct retired_tasks *next;
+} retired_tasks;
+
+/* A map stage's tasks: one per map partition without output. Earlier tasks (a rerun) are
+ * kept until the job ends, as a late attempt of them may still report. */
+static fl_status make_map_tasks(sched_job *job, sched_stage *st) {
+  const rdd_shuffle_dep *dep = st->dep;
+  map_output_table *table = job->rdd->ctx->map_outputs;
+  uint32_t maps = dep->parent->num_partitions, missing = 0;
+  for (uint32_t m = 0; m < maps; m++) missing += !map_output_has(table, dep->shuffle_id, m);
+  sched_task *tasks = common_calloc(missing ? missing : 1, sizeof *tasks);
+  if (!tasks) return FL_ERR(FL_ENOMEM, "cannot allocate %u map tasks", missing);
+  if (st->tasks) {
+    retired_tasks *r = common_calloc(1, sizeof *r);
+    if (!r) {
+      common_free(tasks);
+      return FL_ERR(FL_ENOMEM, "out of memory");
+    }
+    *r = (retired_tasks){st->tasks, st->num_tasks, st->retired};
+    st->retired = r;
+  }
+  st->tasks = tasks;
+  st->num_tasks = 0;
+  for (uint32_t m = 0; m < maps; m++)
+    if (!map_output_has(table, dep->shuffle_id, m)) {
+      init_task(&st->tasks[st->num_tasks], job, st, st->num_tasks, m);
+      st->num_tasks++;
+    }
+  st->remaining = st->num_tasks;
+  return FL_OK;
+}
+
 /* The map stage of a shuffle within this job, made (with its own parents) when new. */
 static fl_status map_stage_for(scheduler *s, sched_job *job, const rdd_shuffle_dep *dep,
                                sched_stage **out) {
@@ -67,19 +102,10 @@ static fl_status map_stage_for(scheduler *s, sched_job *job, const rdd_shuffle_d
     }
   sched_stage *st = stage_new(job, dep->parent, dep);
   if (!st) return FL_ERR(FL_ENOMEM, "cannot allocate a stage");
-  map_output_table *table = job->rdd->ctx->map_outputs;
-  uint32_t maps = dep->parent->num_partitions, missing = 0;
-  for (uint32_t m = 0; m < maps; m++) missing += !map_output_has(table, dep->shuffle_id, m);
-  st->tasks = common_calloc(missing ? missing : 1, sizeof *st->tasks);
-  if (!st->tasks) return FL_ERR(FL_ENOMEM, "cannot allocate %u map tasks", missing);
   st->write = (rdd_action){.kind = RDD_ACTION_SHUFFLE_WRITE, .dep = dep};
   st->action = &st->write;
-  for (uint32_t m = 0; m < maps; m++)
-    if (!map_output_has(table, dep->shuffle_id, m)) {
-      init_task(&st->tasks[st->num_tasks], job, st, st->num_tasks, m);
-      st->num_tasks++;
-    }
-  st->remaining = st->num_tasks;
+  fl_status made = make_map_tasks(job, st);
+  if (made != FL_OK) return made;
   *out = st;
   return add_missing_parents(s, job, st, dep->parent);
 }
@@ -130,9 +156,101 @@ static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
 }
 
 /* After a stage finished: submit the stages that were waiting for it. */
+static bool parents_finished(const sched_stage *st) {
+  for (uint32_t i = 0; i < st->num_parents; i++)
+    if (!st->parents[i]->finished) return false;
+  return true;
+}
+
 static void submit_waiting(scheduler *s, sched_job *job) {
-  for (sched_stage *st = job->stages; st; st = st->next)
-    if (!st->submitted) submit_stage(s, job, st);
+  for (sched_stage *st = job->stages; st; st = st->next) {
+    if (!st->submitted) {
+      submit_stage(s, job, st);
+    } else if (st->parked && parents_finished(st)) { /* the lost map output is back */
+      while (st->parked) {
+        sched_task *t = st->parked;
+        st->parked = t->pending_next;
+        task_scheduler_submit(s, t, 1);
+      }
+    }
+  }
+}
+
+/* How long the rerun of lost map output waits, so that the fetch failures of one lost
+ * executor (and its loss itself) are handled in one go; Spark waits 200 ms too. */
+#define DAG_RESUBMIT_DELAY_NS 200000000u
+/* Times a map stage's output may be lost and computed again within one job. */
+#define DAG_MAX_STAGE_ATTEMPTS 4
+
+void dag_scheduler_fetch_failed(scheduler *s, sched_task *task) {
+  sched_job *job = task->job;
+  rdd_task *rt = &task->rt;
+  map_output_unregister(job->rdd->ctx->map_outputs, rt->fetch_shuffle_id, rt->fetch_map);
+  if (s->backend->ops->fetch_failed) s->backend->ops->fetch_failed(s->backend, task);
+  common_log(LOG_WARN, "job %llu: partition %u of dataset %llu could not read map %u of shuffle %llu "
+             "(%s); that map task runs again", (unsigned long long)job->id, rt->partition,
+             (unsigned long long)task->stage->rdd->id, rt->fetch_map,
+             (unsigned long long)rt->fetch_shuffle_id, rt->error ? rt->error : "");
+  rdd_task_clear(rt);
+  task->pending_next = task->stage->parked;
+  task->stage->parked = task;
+  if (!s->resubmit_at_ns) s->resubmit_at_ns = common_now_ns() + DAG_RESUBMIT_DELAY_NS;
+}
+
+/* Reruns, in one job, the lost outputs that its unfinished stages need. */
+static void resubmit_job(scheduler *s, sched_job *job) {
+  fl_status st = FL_OK;
+  /* Stages waiting on lost output depend on the map stages that make it (new ones when the
+   * output came from an earlier job). */
+  for (sched_stage *x = job->stages; x && st == FL_OK; x = x->next)
+    if (x->parked) st = add_missing_parents(s, job, x, x->rdd);
+  /* A finished map stage that an unfinished stage reads, with output lost: run its missing
+   * tasks again; until nothing changes, as rerunning it may need its own parents again. */
+  for (bool changed = true; changed && st == FL_OK;) {
+    changed = false;
+    for (sched_stage *x = job->stages; x && st == FL_OK; x = x->next) {
+      if (x->finished) continue;
+      for (uint32_t i = 0; i < x->num_parents && st == FL_OK; i++) {
+        sched_stage *p = x->parents[i];
+        if (!p->finished || map_output_complete(job->rdd->ctx->map_outputs, p->dep->shuffle_id)) continue;
+        if (++p->attempts >= DAG_MAX_STAGE_ATTEMPTS) {
+          dag_scheduler_job_failed(s, job, FL_EFETCH,
+                                   "job %llu failed: the output of shuffle %llu was lost %u times "
+                                   "(executors lost or map output unreadable)",
+                                   (unsigned long long)job->id, (unsigned long long)p->dep->shuffle_id,
+                                   p->attempts);
+          return;
+        }
+        if ((st = make_map_tasks(job, p)) != FL_OK) break;
+        p->finished = p->submitted = false;
+        changed = true;
+      }
+    }
+  }
+  if (st != FL_OK) {
+    dag_scheduler_job_failed(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+    return;
+  }
+  submit_waiting(s, job);
+}
+
+void dag_scheduler_resubmit(scheduler *s) {
+  s->resubmit_at_ns = 0;
+  sched_job *job = s->active;
+  while (job) {
+    sched_job *next = job->active_next; /* failing may finish (and free) the job */
+    if (job->status == FL_OK) resubmit_job(s, job);
+    job = next;
+  }
+}
+
+void dag_scheduler_fail_all(scheduler *s, fl_status status, const char *msg) {
+  sched_job *job = s->active;
+  while (job) {
+    sched_job *next = job->active_next;
+    dag_scheduler_job_failed(s, job, status, "job %llu failed: %s", (unsigned long long)job->id, msg);
+    job = next;
+  }
 }
 
 void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
@@ -185,6 +303,11 @@ void dag_scheduler_task_succeeded(scheduler *s, sched_task *task) {
     }
     if (--st->remaining == 0) {
       st->finished = true;
+      /* Output lost while the stage ran (its executor went): those maps run again first. */
+      if (!map_output_complete(job->rdd->ctx->map_outputs, st->dep->shuffle_id)) {
+        if (!s->resubmit_at_ns) s->resubmit_at_ns = common_now_ns() + DAG_RESUBMIT_DELAY_NS;
+        return;
+      }
       submit_waiting(s, job);
     }
     return;
@@ -221,6 +344,16 @@ void dag_scheduler_free_stages(sched_job *job) {
         rdd_task_clear(&st->tasks[i].rt);
       }
       common_free(st->tasks);
+    }
+    while (st->retired) {
+      retired_tasks *r = st->retired;
+      st->retired = r->next;
+      for (uint32_t i = 0; i < r->count; i++) {
+        fl_buf_free(&r->tasks[i].result);
+        rdd_task_clear(&r->tasks[i].rt);
+      }
+      common_free(r->tasks);
+      common_free(r);
     }
     common_free(st->parents);
     common_free(st);

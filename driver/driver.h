@@ -45,6 +45,8 @@ typedef struct sched_task {
   uint64_t key;
   void *placement;
   uint64_t pending_since_ns; /* when it became pending (locality wait) */
+  bool executor_lost;        /* the attempt ended because its executor was lost: a retry
+                                that does not count as a failure */
 } sched_task;
 
 /* ---- backends -------------------------------------------------------------------------- */
@@ -67,6 +69,10 @@ typedef struct backend_ops {
   /* Optional: `job` failed or was cancelled; stops its running attempts early (each still
    * ends through scheduler_post_task_end). Without it they run to their end. */
   void (*kill)(backend *b, sched_job *job);
+  /* Optional: `task` could not read map output (task->rt.fetch_shuffle_id, fetch_map); the
+   * scheduler has marked it lost. The backend forgets where it was and checks that its
+   * executor is still alive. */
+  void (*fetch_failed)(backend *b, sched_task *task);
   /* Ends the backend's threads after their current tasks; blocks. Frees the backend. */
   void (*destroy)(backend *b);
 } backend_ops;
@@ -130,6 +136,9 @@ struct sched_stage {
   rdd_action write;           /* map stages: the SHUFFLE_WRITE action */
   sched_task *tasks;          /* map stages own theirs; the result stage uses the job's */
   uint32_t num_tasks, remaining;
+  uint32_t attempts;          /* map stages: times its lost output was computed again */
+  sched_task *parked;         /* tasks that failed to fetch, waiting for parents to rerun */
+  struct retired_tasks *retired; /* earlier attempts' task arrays (freed with the job) */
   sched_stage **parents;
   uint32_t num_parents;
   bool submitted, finished;
@@ -165,6 +174,7 @@ struct scheduler {
   uint32_t max_attempts;
   int64_t free_slots;
   uint64_t retry_at_ns; /* the earliest locality wait to end; 0: none */
+  uint64_t resubmit_at_ns; /* when to rerun the map tasks of lost outputs; 0: none */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
   sched_job *active;                       /* jobs submitted and not finished */
   atomic_uint_fast64_t next_job_id;
@@ -173,6 +183,14 @@ struct scheduler {
 
 /* DAG scheduler: cuts a submitted job into stages and submits those that can run. */
 FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
+/* A task failed to read map output: marks it lost, parks the task until its map task ran
+ * again (the rerun waits DAG_RESUBMIT_DELAY_MS, so that one lost executor's fetch failures
+ * are handled together). */
+FL_INTERNAL void dag_scheduler_fetch_failed(scheduler *s, sched_task *task);
+/* Reruns the map tasks of lost outputs that unfinished stages need (resubmit_at_ns). */
+FL_INTERNAL void dag_scheduler_resubmit(scheduler *s);
+/* Fails every running job (all executors were lost). */
+FL_INTERNAL void dag_scheduler_fail_all(scheduler *s, fl_status status, const char *msg);
 /* Frees a finished job's stages (the caller's thread, after the job is handed back). */
 FL_INTERNAL void dag_scheduler_free_stages(sched_job *job);
 /* DAG scheduler: a task of `job` succeeded, or the job failed; finishes the job when no
@@ -225,7 +243,9 @@ FL_INTERNAL fl_status location_set(location_table *t, uint64_t id, uint32_t inde
 /* 0 when unknown. */
 FL_INTERNAL uint64_t location_get(const location_table *t, uint64_t id, uint32_t index);
 FL_INTERNAL void location_forget_id(location_table *t, uint64_t id);
-FL_INTERNAL void location_forget_executor(location_table *t, uint64_t executor);
+/* Forgets every entry on `executor`, calling gone (may be NULL) for each. */
+FL_INTERNAL void location_forget_executor(location_table *t, uint64_t executor,
+                                          void (*gone)(void *arg, uint64_t id, uint32_t index), void *arg);
 /* Calls fn for every (index, executor) of id. */
 FL_INTERNAL void location_each(const location_table *t, uint64_t id,
                                void (*fn)(void *arg, uint32_t index, uint64_t executor), void *arg);
@@ -234,6 +254,13 @@ typedef struct cluster_config {
   const char *secret;
   uint64_t locality_wait_ns; /* how long a task waits for the executor caching its input */
   uint32_t slots_per_core;   /* tasks launched per core at once (queued at the executor) */
+  uint64_t executor_timeout_ns;    /* an executor silent this long is lost */
+  uint64_t no_executor_timeout_ns; /* jobs fail when every executor is lost this long */
+  uint32_t exclude_failures;       /* task failures on an executor in a row that exclude it */
+  uint64_t exclude_ns;             /* for how long */
+  /* On the scheduler thread, when an executor is lost: the driver forgets what it held. */
+  void (*executor_lost)(void *arg, uint64_t executor);
+  void *executor_lost_arg;
 } cluster_config;
 
 FL_INTERNAL fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg,

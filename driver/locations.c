@@ -48,15 +48,21 @@ uint64_t location_get(const location_table *t, uint64_t id, uint32_t index) {
   return 0;
 }
 
-static void forget_where(location_table *t, bool by_id, uint64_t value) {
+static void forget_where(location_table *t, bool by_id, uint64_t value,
+                         void (*gone)(void *arg, uint64_t id, uint32_t index), void *arg) {
   size_t kept = 0;
-  for (size_t i = 0; i < t->count; i++)
+  for (size_t i = 0; i < t->count; i++) {
     if ((by_id ? t->items[i].id : t->items[i].executor) != value) t->items[kept++] = t->items[i];
+    else if (gone) gone(arg, t->items[i].id, t->items[i].index);
+  }
   t->count = kept;
 }
 
-void location_forget_id(location_table *t, uint64_t id) { forget_where(t, true, id); }
-void location_forget_executor(location_table *t, uint64_t executor) { forget_where(t, false, executor); }
+void location_forget_id(location_table *t, uint64_t id) { forget_where(t, true, id, NULL, NULL); }
+void location_forget_executor(location_table *t, uint64_t executor,
+                              void (*gone)(void *arg, uint64_t id, uint32_t index), void *arg) {
+  forget_where(t, false, executor, gone, arg);
+}
 
 void location_each(const location_table *t, uint64_t id,
                    void (*fn)(void *arg, uint32_t index, uint64_t executor), void *arg) {

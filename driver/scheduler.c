@@ -53,12 +53,16 @@ static void *scheduler_main(void *p) {
   uint64_t spin = common_spin_ns();
   for (;;) {
     sched_event *ev;
-    if (s->retry_at_ns) {
-      ev = (sched_event *)common_queue_pop_until(&s->events, spin, s->retry_at_ns);
-      if (!ev) { /* a locality wait ended: offer again */
+    uint64_t wake = s->retry_at_ns;
+    if (s->resubmit_at_ns && (!wake || s->resubmit_at_ns < wake)) wake = s->resubmit_at_ns;
+    if (wake) {
+      ev = (sched_event *)common_queue_pop_until(&s->events, spin, wake);
+      if (!ev) { /* a locality wait ended, or lost map output is due to run again */
+        if (s->resubmit_at_ns && s->resubmit_at_ns <= common_now_ns()) dag_scheduler_resubmit(s);
         task_scheduler_offer(s);
         continue;
       }
+      if (s->resubmit_at_ns && s->resubmit_at_ns <= common_now_ns()) dag_scheduler_resubmit(s);
     } else if (!(ev = (sched_event *)common_queue_pop(&s->events, spin))) {
       return NULL;
     }

@@ -1000,6 +1000,43 @@ static fl_status handle_heartbeat(driver_state *d, fl_bytes body, fl_buf *respon
   return proto_pack(&reply.base, response);
 }
 
+/* A number from the environment, or def when unset or not a number (with a warning). */
+static uint64_t env_number(const char *name, uint64_t def) {
+  const char *v = getenv(name);
+  if (!v || !*v) return def;
+  char *end = NULL;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (*end || end == v || *v == '-') {
+    common_log(LOG_WARN, "%s=%s is not a number: using %llu", name, v, (unsigned long long)def);
+    return def;
+  }
+  return n;
+}
+
+/* A count of milliseconds from the environment, in nanoseconds. */
+static uint64_t env_ms(const char *name, uint64_t def) { return env_number(name, def) * 1000000ull; }
+
+static void unregister_output(void *table, uint64_t shuffle_id, uint32_t map) {
+  map_output_unregister(table, shuffle_id, map);
+}
+
+/* An executor is lost: its map outputs and cached blocks are gone for every application
+ * (the scheduler runs those map tasks again; cached partitions are recomputed when next
+ * read). On the scheduler thread. */
+static void forget_executor(void *arg, uint64_t executor) {
+  driver_state *d = arg;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  for (app_entry *e = d->apps; e; e = e->next) {
+    driver_app *app = e->app;
+    if (!app) continue;
+    FL_PCHECK(pthread_mutex_lock(&app->lock));
+    location_forget_executor(app->maps, executor, unregister_output, app->ctx.map_outputs);
+    location_forget_executor(app->blocks, executor, NULL, NULL);
+    FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+}
+
 static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *response) {
   driver_state *d = arg;
   const char *m = call->method;
@@ -1105,10 +1142,15 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   FL_CHECK(common_mkdirs(sub));
 
   FL_CHECK(scheduler_create(4, &d.sched));
-  const char *wait = getenv("FLINT_LOCALITY_WAIT_MS");
   cluster_config cc = {.secret = cfg->secret,
-                       .locality_wait_ns = (wait && *wait ? strtoull(wait, NULL, 10) : 3) * 1000000ull,
-                       .slots_per_core = DRIVER_SLOTS_PER_CORE};
+                       .locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
+                       .slots_per_core = DRIVER_SLOTS_PER_CORE,
+                       .executor_timeout_ns = env_ms("FLINT_EXECUTOR_TIMEOUT_MS", 10000),
+                       .no_executor_timeout_ns = env_ms("FLINT_NO_EXECUTOR_TIMEOUT_MS", 30000),
+                       .exclude_failures = (uint32_t)env_number("FLINT_EXCLUDE_FAILURES", 3),
+                       .exclude_ns = env_ms("FLINT_EXCLUDE_MS", 60000),
+                       .executor_lost = forget_executor,
+                       .executor_lost_arg = &d};
   FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));
   scheduler_set_backend(d.sched, cluster_backend_base(d.cluster));
   FL_CHECK(dp_server_start(host, 0, cfg->secret, serve, &d, &d.blocks));

@@ -81,6 +81,16 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
     return;
   }
   atomic_fetch_add(&s->tasks_failed, 1);
+  if (rt->status == FL_EFETCH && rt->fetch_failed) { /* the map output is lost, not the task */
+    dag_scheduler_fetch_failed(s, t);
+    return;
+  }
+  if (t->executor_lost) { /* not the task's fault: it runs again elsewhere */
+    t->executor_lost = false;
+    rdd_task_clear(rt);
+    pending_push(s, t);
+    return;
+  }
   t->failures++;
   if (t->failures < s->max_attempts && rt->status != FL_ECANCELLED) {
     rdd_task_clear(rt);

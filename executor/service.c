@@ -488,6 +488,9 @@ static void *status_main(void *arg) {
         s->task_key = t->key;
         s->status = t->rt.status;
         s->error = t->rt.error ? t->rt.error : "";
+        s->fetch_failed = t->rt.fetch_failed;
+        s->fetch_shuffle_id = t->rt.fetch_shuffle_id;
+        s->fetch_map = t->rt.fetch_map;
         if (t->result.len > INLINE_RESULT_MAX) {
           result_block *rb = common_calloc(1, sizeof *rb);
           if (rb) {

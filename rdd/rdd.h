@@ -255,6 +255,11 @@ struct rdd_task {
   fl_iter *opened;              /* iterators to close, newest first */
   rdd_acc_update *acc_updates;
   uint32_t num_acc_updates, cap_acc_updates;
+  /* Set with an FL_EFETCH failure: the map output that could not be read, which the
+   * scheduler then marks lost and computes again (a fetch failure, not a task failure). */
+  bool fetch_failed;
+  uint64_t fetch_shuffle_id;
+  uint32_t fetch_map;
 };
 
 /* Computes `action` over partition `partition` of r into *result. On failure returns the

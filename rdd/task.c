@@ -38,6 +38,7 @@ void rdd_task_clear(rdd_task *task) {
   common_free(task->acc_updates);
   task->acc_updates = NULL;
   task->num_acc_updates = task->cap_acc_updates = 0;
+  task->fetch_failed = false;
 }
 
 static void close_iterators(rdd_task *task) {

@@ -121,3 +121,13 @@ void map_output_forget(map_output_table *t, uint64_t shuffle_id) {
   }
   FL_PCHECK(pthread_mutex_unlock(&t->lock));
 }
+
+void map_output_unregister(map_output_table *t, uint64_t shuffle_id, uint32_t map) {
+  FL_PCHECK(pthread_mutex_lock(&t->lock));
+  shuffle_outputs *o = find(t, shuffle_id);
+  if (o && map < o->num_maps && o->bytes[map] != UINT64_MAX) {
+    o->bytes[map] = UINT64_MAX;
+    o->present--;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&t->lock));
+}

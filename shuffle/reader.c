@@ -36,9 +36,19 @@ static void block_stream_start(block_stream *b, const rdd_shuffle_dep *dep, uint
   b->started = false;
 }
 
-static fl_status stream_error(const block_stream *b, const char *why) {
-  return FL_ERR(FL_EFETCH, "fetch failed: shuffle %llu, map %u, reduce %u: %s",
-                (unsigned long long)b->dep->shuffle_id, b->map, b->reduce, why);
+/* Notes on the task which map output failed (the scheduler reruns that map task). */
+static fl_status fetch_failed(rdd_task *task, const block_stream *b, fl_status st) {
+  if (st == FL_EFETCH && !task->fetch_failed) {
+    task->fetch_failed = true;
+    task->fetch_shuffle_id = b->dep->shuffle_id;
+    task->fetch_map = b->map;
+  }
+  return st;
+}
+
+static fl_status stream_error(rdd_task *task, const block_stream *b, const char *why) {
+  return fetch_failed(task, b, FL_ERR(FL_EFETCH, "fetch failed: shuffle %llu, map %u, reduce %u: %s",
+                                      (unsigned long long)b->dep->shuffle_id, b->map, b->reduce, why));
 }
 
 /* The next chunk of the block, decoded and checked, into *chunk; *got is false at the end. */
@@ -49,23 +59,23 @@ static fl_status block_stream_next(rdd_task *task, block_stream *b, rdd_batch *c
   uint64_t id = b->dep->shuffle_id;
   fl_status st = ctx->cache->shuffle_fetch(ctx->cache_impl, id, b->map, b->reduce, b->pos, 4,
                                            &b->enc, &b->len);
-  if (st != FL_OK) return common_error_wrap(FL_EFETCH, "fetch failed: ");
+  if (st != FL_OK) return fetch_failed(task, b, common_error_wrap(FL_EFETCH, "fetch failed: "));
   b->started = true;
   if (b->pos >= b->len) return FL_OK;
-  if (b->enc.len != 4) return stream_error(b, "block is truncated");
+  if (b->enc.len != 4) return stream_error(task, b, "block is truncated");
   uint32_t chunk_len;
   memcpy(&chunk_len, b->enc.data, 4);
-  if (chunk_len > b->len - b->pos - 4) return stream_error(b, "chunk runs past the block");
+  if (chunk_len > b->len - b->pos - 4) return stream_error(task, b, "chunk runs past the block");
   uint64_t block_len;
   st = ctx->cache->shuffle_fetch(ctx->cache_impl, id, b->map, b->reduce, b->pos + 4, chunk_len,
                                  &b->enc, &block_len);
-  if (st != FL_OK) return common_error_wrap(FL_EFETCH, "fetch failed: ");
-  if (b->enc.len != chunk_len) return stream_error(b, "block is truncated");
+  if (st != FL_OK) return fetch_failed(task, b, common_error_wrap(FL_EFETCH, "fetch failed: "));
+  if (b->enc.len != chunk_len) return stream_error(task, b, "block is truncated");
   char what[128];
   snprintf(what, sizeof what, "shuffle %llu, map %u, reduce %u", (unsigned long long)id, b->map, b->reduce);
   rdd_batch_free(chunk);
   if ((st = rdd_batch_decode(fl_buf_bytes(&b->enc), what, chunk)) != FL_OK)
-    return common_error_wrap(FL_EFETCH, "fetch failed: ");
+    return fetch_failed(task, b, common_error_wrap(FL_EFETCH, "fetch failed: "));
   b->pos += 4 + (uint64_t)chunk_len;
   *got = true;
   return FL_OK;

@@ -111,5 +111,7 @@ FL_INTERNAL bool map_output_has(map_output_table *t, uint64_t shuffle_id, uint32
 /* Bytes of the shuffle in all (the sum of every map's sizes). */
 FL_INTERNAL uint64_t map_output_bytes(map_output_table *t, uint64_t shuffle_id);
 FL_INTERNAL void map_output_forget(map_output_table *t, uint64_t shuffle_id);
+/* Marks map task `map`'s output lost (its executor is gone, or a fetch of it failed). */
+FL_INTERNAL void map_output_unregister(map_output_table *t, uint64_t shuffle_id, uint32_t map);
 
 #endif /* FLINT_SHUFFLE_H */
