@@ -21,7 +21,8 @@ static atomic_int serve_calls;
 
 static inline uint8_t pattern(uint64_t seed, uint64_t i) { return (uint8_t)(i * 131 + seed * 7 + (i >> 11)); }
 
-static fl_status test_serve(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+static fl_status test_serve(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                             uint64_t *total) {
   atomic_fetch_add(&serve_calls, 1);
   if (req->kind == DP_SHUFFLE)
     return fl_set_error(FL_EFETCH, "shuffle %llu map %llu: output file lost",
