@@ -12,7 +12,8 @@
  * starts a block server in this process that lends the values in the registry
  * (rdd_shared_lend) to the executors, which fetch each once; the driver is only told the
  * broadcast's id, length and this server's address. The address's host is the one this
- * machine uses toward the driver, or FLINT_CLIENT_HOST.
+ * machine uses toward the driver (the server listens there only), or FLINT_CLIENT_HOST (the
+ * server listens on every interface).
  *
  * local-cluster[E,C,MB] starts a driver and E executors as child processes of this one on
  * 127.0.0.1 and stops them on close; they also end when this process dies (PDEATHSIG).
@@ -398,7 +399,10 @@ static fl_status broadcast_server(remote_context *c, char address[DP_ADDRESS_MAX
     } else {
       st = local_host_toward(c->driver_address, host, sizeof host);
     }
-    if (st == FL_OK) st = dp_server_start(host, 0, c->secret, serve_broadcast, c, &c->blocks);
+    /* A host given by name may be one this machine cannot bind (behind a NAT, say): the
+     * server then listens on every interface. */
+    if (st == FL_OK)
+      st = dp_server_start(env && *env ? NULL : host, 0, c->secret, serve_broadcast, c, &c->blocks);
     if (st == FL_OK) {
       int port = dp_server_port(c->blocks);
       bool v6 = strchr(host, ':') != NULL;
