@@ -6,7 +6,7 @@
  *
  * Design. Each application has its own context here (struct exec_app): the datasets decoded
  * from the plan parts the driver sends (rdd/plan.c), a shared-variable registry that fetches
- * broadcasts from the driver on first use, and a cache view onto the executor's one block
+ * broadcasts on first use from the client that made them (its address comes with launches), and a cache view onto the executor's one block
  * manager in which the application's dataset and shuffle ids are prefixed by its id, so that
  * applications never see each other's blocks. Libraries are content-addressed and kept for the
  * executor's life: fetched from the driver once, stored in the work dir, dlopen()ed once.

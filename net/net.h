@@ -106,8 +106,8 @@ FL_INTERNAL fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes requ
 
 /* ---- dataplane ---- */
 /*
- * The data plane moves bytes between processes: every executor (and the driver) runs a block
- * server, and task threads fetch shuffle blocks, cached blocks, broadcast values, libraries
+ * The data plane moves bytes between processes: every executor (and the driver, and a client
+ * once it broadcasts) runs a block server, and task threads fetch shuffle blocks, cached blocks, broadcast values, libraries
  * and results from peers through a client. Both sides run one libevent loop thread that owns
  * every socket; the server runs serve callbacks on a few worker threads, and dp_fetch blocks
  * its calling thread while the client's loop does the I/O. See net/dataplane.c for the
