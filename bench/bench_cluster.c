@@ -38,9 +38,12 @@
  *    its bytes, collected); then the same with the 100 MB value; then the TCP baseline. The
  *    tiny run is the same job with no bytes to move, so big - tiny is the transfer:
  *      upload = create(100 MB) - create(tiny): the client copies the value into its own
- *               registry and sends it to the driver over gRPC (BroadcastPut, 4 MiB a call);
+ *               registry (it serves it from there) and registers it with the driver
+ *               (BroadcastPut: its id, length and the client's block-server address; no
+ *               bytes);
  *      fetch  = job(100 MB) - job(tiny): each executor's task fetches the value from the
- *               driver's block server (data plane, 4 MiB requests), both at once;
+ *               client's block server (data plane: one small request that tells the length,
+ *               then 64 MiB ranges, sent from the client's memory by reference), both at once;
  *      transfer = upload + fetch, from fl_broadcast_create until both executors have read it.
  *    Each of the four timings is the best of --runs runs (default 3), so that transfer is
  *    best(create big) + best(job big) - best(create tiny) - best(job tiny); the median of

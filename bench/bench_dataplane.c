@@ -59,7 +59,8 @@ typedef struct object {
   size_t len;
 } object;
 
-static fl_status serve_object(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+static fl_status serve_object(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                              uint64_t *total) {
   const object *o = arg;
   if (req->offset > o->len) return fl_set_error(FL_EINVAL, "offset beyond the object");
   uint64_t len = req->len ? req->len : o->len - req->offset;

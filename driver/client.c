@@ -8,16 +8,26 @@
  * (library, symbol): each library is uploaded once per application under its content id.
  * Freed datasets are told to the driver with the next job, so that it frees them too.
  *
+ * Broadcasts stay here, as a Spark driver keeps its TorrentBroadcast values: the first one
+ * starts a block server in this process that lends the values in the registry
+ * (rdd_shared_lend) to the executors, which fetch each once; the driver is only told the
+ * broadcast's id, length and this server's address. The address's host is the one this
+ * machine uses toward the driver (the server listens there only), or FLINT_CLIENT_HOST (the
+ * server listens on every interface).
+ *
  * local-cluster[E,C,MB] starts a driver and E executors as child processes of this one on
  * 127.0.0.1 and stops them on close; they also end when this process dies (PDEATHSIG).
  */
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <netdb.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,7 +39,6 @@
 #include "shuffle/shuffle.h"
 
 #define RPC_TIMEOUT_MS 30000
-#define BROADCAST_CHUNK (4u << 20)
 #define START_TIMEOUT_MS 30000
 
 typedef struct library_ref {
@@ -40,6 +49,7 @@ typedef struct library_ref {
 typedef struct remote_context {
   fl_context pub; /* first */
   rpc_channel *driver;
+  char driver_address[256]; /* HOST:PORT */
   char *secret;
   uint64_t app_id;
   pthread_mutex_t lock; /* everything below */
@@ -51,6 +61,8 @@ typedef struct remote_context {
   size_t num_libraries;
   uint64_t jobs_run, jobs_failed;
   atomic_uint_fast64_t next_operation; /* RunJob's operation ids, from 1 */
+  dp_server *blocks; /* serves the broadcasts; started with the first one */
+  char blocks_address[DP_ADDRESS_MAX];
   /* local-cluster */
   pid_t *children;
   uint32_t num_children;
@@ -369,22 +381,103 @@ done:
   return st;
 }
 
-static fl_status remote_broadcast_created(void *impl, uint64_t id, fl_bytes value) {
-  remote_context *c = impl;
-  fl_buf reply = FL_BUF_INIT;
+/* The executors' fetches of this client's broadcasts. Block-server worker threads. */
+static fl_status serve_broadcast(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                                 uint64_t *total) {
+  remote_context *c = arg;
+  if (req->kind != DP_BROADCAST || req->key[0] != c->app_id)
+    return FL_ERR(FL_ENOENT, "this client serves only the broadcasts of application %llu",
+                  (unsigned long long)c->app_id);
+  return rdd_shared_lend(c->pub.shared, req->key[1], req->offset, req->len, loan, total);
+}
+
+/* The address of this machine that packets to `peer` (HOST:PORT) leave from: a UDP socket
+ * connect()ed to it sends nothing, but the kernel picks the route and so the source. */
+static fl_status local_host_toward(const char *peer, char *host, size_t len) {
+  char name[256];
+  const char *colon = strrchr(peer, ':');
+  size_t n = colon ? (size_t)(colon - peer) : 0;
+  const char *h = peer;
+  if (n >= 2 && peer[0] == '[' && colon[-1] == ']') {
+    h++;
+    n -= 2;
+  }
+  if (!colon || n == 0 || n >= sizeof name)
+    return FL_ERR(FL_EINVAL, "the driver's address %s is not HOST:PORT", peer);
+  memcpy(name, h, n);
+  name[n] = 0;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM};
+  struct addrinfo *res = NULL;
+  int rc = getaddrinfo(name, colon + 1, &hints, &res);
+  if (rc != 0 || !res)
+    return FL_ERR(FL_ENET, "cannot resolve the driver's host %s: %s", name, gai_strerror(rc));
+  struct sockaddr_storage local;
+  socklen_t local_len = sizeof local;
+  int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&local, &local_len) == 0;
+  int err = errno;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  if (ok && local.ss_family == AF_INET)
+    ok = inet_ntop(AF_INET, &((struct sockaddr_in *)&local)->sin_addr, host, (socklen_t)len) != NULL;
+  else if (ok && local.ss_family == AF_INET6)
+    ok = inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&local)->sin6_addr, host, (socklen_t)len) != NULL;
+  if (!ok)
+    return FL_ERR(FL_ENET, "cannot find this machine's address toward the driver at %s: %s (set FLINT_CLIENT_HOST)",
+                  peer, strerror(err));
+  return FL_OK;
+}
+
+/* Starts the block server that serves this client's broadcasts, once; copies its address
+ * ("HOST:PORT") into address. */
+static fl_status broadcast_server(remote_context *c, char address[DP_ADDRESS_MAX]) {
   fl_status st = FL_OK;
-  size_t off = 0;
-  do {
-    size_t n = value.len - off < BROADCAST_CHUNK ? value.len - off : BROADCAST_CHUNK;
-    Flint__BroadcastPutRequest req = FLINT__BROADCAST_PUT_REQUEST__INIT;
-    req.app_id = c->app_id;
-    req.broadcast_id = id;
-    req.total = value.len;
-    req.offset = off;
-    req.chunk = (ProtobufCBinaryData){n, (uint8_t *)value.data + off};
-    st = call(c->driver, "/flint.Driver/BroadcastPut", &req.base, RPC_TIMEOUT_MS, &reply);
-    off += n;
-  } while (st == FL_OK && off < value.len);
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  if (!c->blocks) {
+    char host[INET6_ADDRSTRLEN + 64];
+    const char *env = getenv("FLINT_CLIENT_HOST");
+    if (env && *env) {
+      if (strlen(env) >= sizeof host - 2)
+        st = FL_ERR(FL_EINVAL, "FLINT_CLIENT_HOST=%s is too long", env);
+      else
+        snprintf(host, sizeof host, "%s", env);
+    } else {
+      st = local_host_toward(c->driver_address, host, sizeof host);
+    }
+    /* A host given by name may be one this machine cannot bind (behind a NAT, say): the
+     * server then listens on every interface. */
+    if (st == FL_OK)
+      st = dp_server_start(env && *env ? NULL : host, 0, c->secret, serve_broadcast, c, &c->blocks);
+    if (st == FL_OK) {
+      int port = dp_server_port(c->blocks);
+      bool v6 = strchr(host, ':') != NULL;
+      int n = snprintf(c->blocks_address, sizeof c->blocks_address, v6 ? "[%s]:%d" : "%s:%d", host, port);
+      if (n < 0 || (size_t)n >= sizeof c->blocks_address) {
+        st = FL_ERR(FL_EINVAL, "the broadcast server's address %s:%d is too long", host, port);
+        dp_server_stop(c->blocks);
+        c->blocks = NULL;
+      }
+    }
+    if (st != FL_OK) common_error_wrap(st, "cannot serve broadcasts: ");
+  }
+  memcpy(address, c->blocks_address, DP_ADDRESS_MAX);
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  return st;
+}
+
+static fl_status remote_broadcast_created(void *impl, uint64_t id, uint64_t len) {
+  remote_context *c = impl;
+  char address[DP_ADDRESS_MAX];
+  fl_status st = broadcast_server(c, address);
+  if (st != FL_OK) return st;
+  Flint__BroadcastPutRequest req = FLINT__BROADCAST_PUT_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.broadcast_id = id;
+  req.total = len;
+  req.address = address;
+  fl_buf reply = FL_BUF_INIT;
+  st = call(c->driver, "/flint.Driver/BroadcastPut", &req.base, RPC_TIMEOUT_MS, &reply);
   fl_buf_free(&reply);
   return st;
 }
@@ -652,6 +745,7 @@ static void remote_close(fl_context *ctx) {
     fl_buf_free(&reply);
   }
   rpc_channel_destroy(c->driver);
+  dp_server_stop(c->blocks); /* before the registry: it returns every loan */
   if (c->num_children) stop_children(c);
   if (c->cluster_dir) common_remove_tree(c->cluster_dir);
   common_free(c->cluster_dir);
@@ -708,6 +802,7 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   } else {
     FL_CHECK(start_local_cluster(c, master, addr, sizeof addr, &executors));
   }
+  snprintf(c->driver_address, sizeof c->driver_address, "%s", addr);
   FL_CHECK(rpc_channel_create(addr, c->secret, DRIVER_MAX_MESSAGE, &c->driver));
   if (executors) FL_CHECK(wait_for_executors(c, executors));
 

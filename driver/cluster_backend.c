@@ -503,6 +503,8 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
     block_loc_ctx bc = {&blocks, &num_blocks, &cap_blocks, cb, r->id};
     location_each(app->blocks, r->id, add_block_location, &bc);
   }
+  char broadcast_address[DP_ADDRESS_MAX];
+  memcpy(broadcast_address, app->broadcast_address, sizeof broadcast_address);
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
   if (status != FL_OK) goto cleanup;
 
@@ -536,6 +538,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.blocks = blocks;
   req.n_tasks = n;
   req.tasks = desc_ptrs;
+  req.broadcast_address = broadcast_address;
   status = proto_pack(&req.base, out);
 cleanup:
   if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */

@@ -230,6 +230,7 @@ typedef struct driver_app {
   rdd_plan *plan;
   char **libraries; /* content ids of its libraries */
   size_t num_libraries;
+  char broadcast_address[DP_ADDRESS_MAX]; /* the client's block server; "" until known */
   location_table *maps;   /* (shuffle, map) -> executor */
   location_table *blocks; /* (dataset, partition) -> executor, for cached datasets */
   fl_buf accumulators;    /* updates of successful tasks not yet sent to the client */

@@ -2,8 +2,9 @@
  * server.c: the driver process (`flint driver`). One scheduler with the cluster backend
  * serves every application: clients (programs using the C API with a flint:// master, and
  * job binaries that the driver runs in supervised child processes) open an application,
- * upload their libraries and broadcasts, and send plans and actions; executors register,
- * heartbeat and report task ends. A block server hands out libraries and broadcast values.
+ * upload their libraries, register their broadcasts (whose values the clients serve
+ * themselves) and send plans and actions; executors register, heartbeat and report task
+ * ends. A block server hands out libraries.
  *
  * Threads: gRPC's (handlers may block: a RunJob handler waits for its job), the scheduler's
  * event loop, the block server's, and one supervisor per job binary that reads its output.
@@ -47,17 +48,10 @@ typedef struct app_entry {
   char name[128];
   job_record jobs[16]; /* the last ones, a ring */
   uint64_t num_jobs;
-  struct broadcast_entry *broadcasts;
   uint32_t users; /* calls using app now (app_lookup); a close waits for them */
   uint32_t pid;   /* the client's process (job binaries' applications end with it) */
   struct app_entry *next;
 } app_entry;
-
-typedef struct broadcast_entry {
-  uint64_t id, total;
-  fl_buf value;
-  struct broadcast_entry *next;
-} broadcast_entry;
 
 /* A job result that did not fit in its RunJob reply (driver_app.parked, app->lock). */
 typedef struct parked_result {
@@ -290,15 +284,6 @@ static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
   return status;
 }
 
-static void broadcasts_free(broadcast_entry *b) {
-  while (b) {
-    broadcast_entry *next = b->next;
-    fl_buf_free(&b->value);
-    common_free(b);
-    b = next;
-  }
-}
-
 /* Ends application `id`: it is hidden from new calls, calls still using it (another
  * client's RunJob, say) finish first, then its datasets and blocks everywhere go. */
 static fl_status app_close(driver_state *d, uint64_t id) {
@@ -308,13 +293,10 @@ static fl_status app_close(driver_state *d, uint64_t id) {
   if (e) e->app = NULL; /* no call finds it any more */
   if (app) scheduler_cancel(d->sched, id, 0); /* its running jobs end now */
   while (app && e->users > 0) FL_PCHECK(pthread_cond_wait(&d->changed, &d->lock));
-  broadcast_entry *bcasts = e ? e->broadcasts : NULL;
-  if (e) e->broadcasts = NULL;
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (!app) return FL_ERR(FL_ENOENT, "no running application %llu", (unsigned long long)id);
   cluster_remove(d->cluster, id, NULL, 0, NULL, 0, true);
   app_free(app);
-  broadcasts_free(bcasts);
   common_log(LOG_INFO, "application %llu closed", (unsigned long long)id);
   return FL_OK;
 }
@@ -415,64 +397,47 @@ static fl_status handle_upload_library(driver_state *d, fl_bytes body, fl_buf *r
   return st;
 }
 
+/* Whether a client's block-server address is HOST:PORT (or [V6]:PORT) that fits where
+ * executors keep it, with printable characters only. */
+static bool broadcast_address_valid(const char *a) {
+  size_t n = strlen(a);
+  const char *colon = strrchr(a, ':');
+  if (n == 0 || n >= DP_ADDRESS_MAX || !colon || colon == a) return false;
+  for (size_t i = 0; i < n; i++)
+    if (a[i] <= ' ' || a[i] > '~') return false;
+  char *end;
+  errno = 0;
+  long port = strtol(colon + 1, &end, 10);
+  return colon[1] && !*end && !errno && port > 0 && port <= 65535;
+}
+
+/* Records where the client serves its broadcasts: executors fetch them from there. */
 static fl_status handle_broadcast_put(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__BroadcastPutRequest, req, body, "BroadcastPut");
+  driver_app *app = NULL;
   fl_status st = FL_OK;
-  FL_PCHECK(pthread_mutex_lock(&d->lock));
-  app_entry *e = app_find(d, req->app_id);
-  broadcast_entry *b = NULL;
-  if (!e || !e->app) {
-    st = FL_ERR(FL_ENOENT, "no running application %llu", (unsigned long long)req->app_id);
-    goto unlock;
+  if (!broadcast_address_valid(req->address))
+    st = FL_ERR(FL_EPROTO, "BroadcastPut: broadcast %llu has an invalid address \"%.64s\" (want HOST:PORT)",
+                (unsigned long long)req->broadcast_id, req->address);
+  else if (req->broadcast_id == 0 || req->broadcast_id > UINT32_MAX)
+    st = FL_ERR(FL_EPROTO, "BroadcastPut: broadcast id %llu out of range", (unsigned long long)req->broadcast_id);
+  if (st == FL_OK) st = app_lookup(d, req->app_id, &app);
+  if (st == FL_OK) {
+    FL_PCHECK(pthread_mutex_lock(&app->lock));
+    snprintf(app->broadcast_address, sizeof app->broadcast_address, "%s", req->address);
+    FL_PCHECK(pthread_mutex_unlock(&app->lock));
+    common_log(LOG_DEBUG, "application %llu: broadcast %llu of %llu bytes served by %s",
+               (unsigned long long)req->app_id, (unsigned long long)req->broadcast_id,
+               (unsigned long long)req->total, req->address);
+    st = empty_reply(response);
   }
-  for (b = e->broadcasts; b && b->id != req->broadcast_id; b = b->next) {
-  }
-  if (!b) {
-    if (req->offset != 0 || req->total > (4ull << 30)) {
-      st = FL_ERR(FL_EPROTO, "BroadcastPut: first chunk at offset %llu of %llu bytes",
-                  (unsigned long long)req->offset, (unsigned long long)req->total);
-      goto unlock;
-    }
-    if (!(b = common_calloc(1, sizeof *b))) {
-      st = FL_ERR(FL_ENOMEM, "out of memory");
-      goto unlock;
-    }
-    b->id = req->broadcast_id;
-    b->total = req->total;
-    if (fl_buf_reserve(&b->value, b->total) != FL_OK) { /* once: no regrowth per chunk */
-      common_free(b);
-      st = FL_ERR(FL_ENOMEM, "cannot hold a broadcast of %llu bytes", (unsigned long long)req->total);
-      goto unlock;
-    }
-    if (b->total >= (8u << 20)) common_advise_huge(b->value.data, b->total);
-    b->next = e->broadcasts;
-    e->broadcasts = b;
-  }
-  if (req->offset != b->value.len || req->total != b->total || req->chunk.len > b->total - b->value.len) {
-    st = FL_ERR(FL_EPROTO, "BroadcastPut: chunk at %llu does not continue broadcast %llu",
-                (unsigned long long)req->offset, (unsigned long long)b->id);
-    goto unlock;
-  }
-  st = fl_buf_append(&b->value, req->chunk.data, req->chunk.len);
-unlock:
-  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  app_unpin(d, app);
   flint__broadcast_put_request__free_unpacked(req, NULL);
-  return st == FL_OK ? empty_reply(response) : st;
+  return st;
 }
 
 static fl_status handle_broadcast_remove(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__BroadcastRemoveRequest, req, body, "BroadcastRemove");
-  FL_PCHECK(pthread_mutex_lock(&d->lock));
-  app_entry *e = app_find(d, req->app_id);
-  for (broadcast_entry **p = e ? &e->broadcasts : NULL; p && *p; p = &(*p)->next)
-    if ((*p)->id == req->broadcast_id) {
-      broadcast_entry *b = *p;
-      *p = b->next;
-      b->next = NULL;
-      broadcasts_free(b);
-      break;
-    }
-  FL_PCHECK(pthread_mutex_unlock(&d->lock));
   cluster_remove_broadcast(d->cluster, req->app_id, req->broadcast_id);
   flint__broadcast_remove_request__free_unpacked(req, NULL);
   return empty_reply(response);
@@ -1067,8 +1032,9 @@ static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *respo
   return FL_ERR(FL_EINVAL, "unknown method %s", call->method);
 }
 
-/* The block server: libraries (by content id) and broadcast values (by application). */
-static fl_status serve(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+/* The block server: libraries, by content id. */
+static fl_status serve(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                       uint64_t *total) {
   driver_state *d = arg;
   if (req->kind == DP_LIBRARY) {
     char id[40], path[PATH_MAX + 64];
@@ -1088,25 +1054,7 @@ static fl_status serve(void *arg, const dp_request *req, fl_buf *out, uint64_t *
     close(fd);
     return st;
   }
-  if (req->kind == DP_BROADCAST) {
-    fl_status st = FL_OK;
-    FL_PCHECK(pthread_mutex_lock(&d->lock));
-    app_entry *e = app_find(d, req->key[0]);
-    broadcast_entry *b = e ? e->broadcasts : NULL;
-    while (b && b->id != req->key[1]) b = b->next;
-    if (!b || b->value.len != b->total) {
-      st = FL_ERR(FL_ENOENT, "no broadcast %llu of application %llu on the driver",
-                  (unsigned long long)req->key[1], (unsigned long long)req->key[0]);
-    } else {
-      *total = b->total;
-      uint64_t want = req->offset >= b->total ? 0 : b->total - req->offset;
-      if (req->len && req->len < want) want = req->len;
-      st = fl_buf_append(out, b->value.data + req->offset, want);
-    }
-    FL_PCHECK(pthread_mutex_unlock(&d->lock));
-    return st;
-  }
-  return FL_ERR(FL_ENOENT, "the driver serves libraries and broadcasts only");
+  return FL_ERR(FL_ENOENT, "the driver serves libraries only");
 }
 
 fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
@@ -1193,7 +1141,6 @@ cleanup:
     app_entry *a = d.apps;
     d.apps = a->next;
     app_free(a->app);
-    broadcasts_free(a->broadcasts);
     common_free(a);
   }
   scheduler_destroy(d.sched); /* and the cluster backend */

@@ -6,7 +6,7 @@
  *
  * Design. Each application has its own context here (struct exec_app): the datasets decoded
  * from the plan parts the driver sends (rdd/plan.c), a shared-variable registry that fetches
- * broadcasts from the driver on first use, and a cache view onto the executor's one block
+ * broadcasts on first use from the client that made them (its address comes with launches), and a cache view onto the executor's one block
  * manager in which the application's dataset and shuffle ids are prefixed by its id, so that
  * applications never see each other's blocks. Libraries are content-addressed and kept for the
  * executor's life: fetched from the driver once, stored in the work dir, dlopen()ed once.
@@ -33,7 +33,11 @@
 
 #define RPC_TIMEOUT_MS 30000
 #define FETCH_TIMEOUT_MS 60000
-#define FETCH_CHUNK (4u << 20)
+/* Whole objects (libraries, broadcasts) come in a small first request that tells their
+ * length, then in large ranges. */
+#define FETCH_FIRST (1u << 20)
+#define FETCH_CHUNK (64u << 20)
+#define FETCH_MAX (8ull << 30)
 /* Applications' ids are put above the ids of their datasets and shuffles in the shared block
  * manager: 2^40 datasets per application, 2^24 applications per executor life. */
 #define APP_SHIFT 40
@@ -79,6 +83,7 @@ typedef struct exec_app {
   pthread_mutex_t lock; /* plan, locations */
   map_location *maps;
   size_t num_maps, cap_maps;
+  char broadcast_address[DP_ADDRESS_MAX]; /* the client's block server; "" until known */
   block_location *blocks;
   size_t num_blocks, cap_blocks;
   char work_dir[PATH_MAX + 32];
@@ -275,36 +280,51 @@ static fl_status app_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t
 
 static const rdd_runtime_ops app_runtime = {.run_job = app_run_job};
 
-/* ---- fetching from the driver ---------------------------------------------------------- */
+/* ---- fetching whole objects: libraries from the driver, broadcasts from clients ------- */
 
-/* Fetches a whole object from the driver's block server in chunks. */
-static fl_status fetch_from_driver(exec_service *svc, uint8_t kind, const uint64_t key[4],
-                                   fl_buf *out) {
-  dp_request req = {.kind = kind, .key = {key[0], key[1], key[2], key[3]}};
-  uint64_t total = UINT64_MAX;
+/* Fetches a whole object from the block server at `peer`: a first small request learns its
+ * length, then the buffer is made once (in huge pages when large) and the rest comes in
+ * FETCH_CHUNK requests, each a single stream from the server's memory into the buffer. */
+static fl_status fetch_whole(exec_service *svc, const char *peer, uint8_t kind,
+                             const uint64_t key[4], fl_buf *out) {
+  dp_request req = {.kind = kind, .key = {key[0], key[1], key[2], key[3]}, .len = FETCH_FIRST};
+  uint64_t total = 0;
   out->len = 0;
+  fl_status st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, out, &total);
+  if (st != FL_OK) return st;
+  if (total > out->len) {
+    if (total >= FETCH_MAX)
+      return FL_ERR(FL_ELIMIT, "%s offers an object of %llu bytes", peer, (unsigned long long)total);
+    if ((st = fl_buf_reserve(out, total - out->len)) != FL_OK) return st;
+    if (total >= (8u << 20)) common_advise_huge(out->data + out->len, total - out->len);
+  }
   while (out->len < total) {
+    size_t before = out->len;
     req.offset = out->len;
     req.len = FETCH_CHUNK;
-    size_t before = out->len;
-    fl_status st = dp_fetch(svc->fetcher, svc->driver_data, &req, FETCH_TIMEOUT_MS, out, &total);
-    if (st != FL_OK) return st;
-    /* Now that the size is known, make room once rather than regrowing per chunk. */
-    if (before == 0 && total > out->len && total < (8ull << 30) &&
-        (st = fl_buf_reserve(out, total - out->len)) != FL_OK)
-      return st;
-    if (before == 0 && total >= (8u << 20)) common_advise_huge(out->data + out->len, total - out->len);
-    if (out->len == before && out->len < total)
-      return FL_ERR(FL_EPROTO, "the driver's block server sent no bytes at offset %zu of %llu",
-                    before, (unsigned long long)total);
+    if ((st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, out, NULL)) != FL_OK) return st;
+    if (out->len == before)
+      return FL_ERR(FL_EPROTO, "%s sent no bytes at offset %zu of %llu", peer, before,
+                    (unsigned long long)total);
   }
   return FL_OK;
 }
 
+/* A broadcast comes from the block server of the client that made it. */
 static fl_status fetch_broadcast(void *arg, uint64_t id, fl_buf *out) {
   exec_app *a = arg;
   uint64_t key[4] = {a->id, id, 0, 0};
-  return fetch_from_driver(a->svc, DP_BROADCAST, key, out);
+  char peer[DP_ADDRESS_MAX];
+  FL_PCHECK(pthread_mutex_lock(&a->lock));
+  memcpy(peer, a->broadcast_address, sizeof peer);
+  FL_PCHECK(pthread_mutex_unlock(&a->lock));
+  if (!peer[0])
+    return FL_ERR(FL_ENOENT, "application %llu has not said where its broadcasts are",
+                  (unsigned long long)a->id);
+  fl_status st = fetch_whole(a->svc, peer, DP_BROADCAST, key, out);
+  if (st != FL_OK)
+    return common_error_wrap(st, "cannot fetch it from the client's block server at %s: ", peer);
+  return FL_OK;
 }
 
 /* Library ids are 32 hex digits: two uint64 keys for the block server. */
@@ -332,7 +352,7 @@ static fl_status library_load(exec_service *svc, const char *id, void **handle) 
   uint64_t key[4];
   if (!library_key(id, key)) return FL_ERR(FL_EPROTO, "malformed library id '%.40s'", id);
   fl_buf content = FL_BUF_INIT;
-  fl_status st = fetch_from_driver(svc, DP_LIBRARY, key, &content);
+  fl_status st = fetch_whole(svc, svc->driver_data, DP_LIBRARY, key, &content);
   if (st != FL_OK) {
     fl_buf_free(&content);
     return common_error_wrap(st, "library %s: ", id);
@@ -563,6 +583,12 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
 
   FL_PCHECK(pthread_mutex_lock(&app->lock));
   if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
+  if (req->broadcast_address[0]) {
+    if (strlen(req->broadcast_address) >= sizeof app->broadcast_address)
+      status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast address too long");
+    else
+      snprintf(app->broadcast_address, sizeof app->broadcast_address, "%s", req->broadcast_address);
+  }
   for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
     rdd *r = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
     if (r && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&r->level, req->levels[i]->level);
@@ -737,7 +763,8 @@ static fl_status executor_handle(void *arg, const rpc_request *req, fl_buf *resp
 
 /* ---- block server ---------------------------------------------------------------------- */
 
-static fl_status serve_block(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+static fl_status serve_block(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                             uint64_t *total) {
   exec_service *svc = arg;
   if (req->kind == DP_BLOCK) {
     if (req->key[0] == 0 || req->key[0] >= (1ull << (64 - APP_SHIFT)) || req->key[1] >= (1ull << APP_SHIFT) ||

@@ -325,7 +325,8 @@ typedef struct dp_job {
   dp_sconn *conn;
   dp_request req;
   uint64_t max_len;
-  fl_buf out;
+  fl_buf out;    /* the payload the serve callback copied, or */
+  dp_loan loan;  /* the one it lent (loan.release set) */
   uint64_t total;
   fl_status status;
   uint32_t crc;
@@ -405,7 +406,13 @@ static void sconn_reply_error_and_close(dp_sconn *c, fl_status status, const cha
 
 static void job_free(dp_job *job) {
   fl_buf_free(&job->out);
+  if (job->loan.release) job->loan.release(job->loan.arg);
   common_free(job);
+}
+
+/* The response's payload: the lent bytes or the job's own buffer. */
+static fl_bytes job_payload(const dp_job *job) {
+  return job->loan.release ? fl_bytes_of(job->loan.data, job->loan.len) : fl_buf_bytes(&job->out);
 }
 
 /* Loop thread (or dp_server_stop once the loop has ended). */
@@ -433,7 +440,8 @@ static bool sconn_respond(dp_sconn *c, dp_job *job) {
     if (!ok) goto fail;
     return true;
   }
-  h.len = job->out.len;
+  fl_bytes payload = job_payload(job);
+  h.len = payload.len;
   h.total = job->total;
   header_encode(head, &h);
   uint8_t trailer[4];
@@ -443,10 +451,10 @@ static bool sconn_respond(dp_sconn *c, dp_job *job) {
     job_unref(job);
     goto fail;
   }
-  /* The payload leaves from the job's own buffer, which is freed once written. */
-  if (job->out.len == 0) {
+  /* The payload leaves from the job's buffer or the loan, freed or released once written. */
+  if (payload.len == 0) {
     job_unref(job);
-  } else if (evbuffer_add_reference(output, job->out.data, job->out.len, job_payload_written,
+  } else if (evbuffer_add_reference(output, payload.data, payload.len, job_payload_written,
                                     job) != 0) {
     job_unref(job);
     goto fail;
@@ -631,26 +639,31 @@ static void *server_worker_main(void *arg) {
       snprintf(job->message, sizeof job->message, "the block server is stopping");
     } else {
       common_error_clear();
-      job->status = s->serve(s->serve_arg, &job->req, &job->out, &job->total);
-      if (job->status == FL_OK && job->out.len > job->max_len) {
+      job->status = s->serve(s->serve_arg, &job->req, &job->out, &job->loan, &job->total);
+      FL_ASSERT(!job->loan.release || job->out.len == 0); /* one payload or the other */
+      size_t len = job_payload(job).len;
+      if (job->status == FL_OK && len > job->max_len) {
         job->status = FL_ELIMIT;
         snprintf(job->message, sizeof job->message,
-                 "object range of %zu bytes exceeds the client's limit of %llu bytes",
-                 job->out.len, (unsigned long long)job->max_len);
-      } else if (job->status == FL_OK && job->total < job->out.len) {
-        job->total = job->out.len; /* a callback that forgot to set it */
+                 "object range of %zu bytes exceeds the client's limit of %llu bytes", len,
+                 (unsigned long long)job->max_len);
+      } else if (job->status == FL_OK && job->total < len) {
+        job->total = len; /* a callback that forgot to set it */
       } else if (job->status != FL_OK) {
         snprintf(job->message, sizeof job->message, "%s",
                  fl_last_error()[0] ? fl_last_error() : fl_strerror(job->status));
       }
     }
+    fl_bytes payload = job_payload(job);
     if (job->status != FL_OK) {
       fl_buf_free(&job->out);
+      if (job->loan.release) job->loan.release(job->loan.arg);
+      job->loan.release = NULL;
       job->crc = dp_crc32c(0, job->message, strlen(job->message));
       job->refs = 1;
       server_done(s, &job->response);
-    } else if (job->out.len < DP_STREAM_MIN) {
-      job->crc = dp_crc32c(0, job->out.data, job->out.len);
+    } else if (payload.len < DP_STREAM_MIN) {
+      job->crc = dp_crc32c(0, payload.data, payload.len);
       job->refs = 1;
       server_done(s, &job->response);
     } else {
@@ -660,7 +673,7 @@ static void *server_worker_main(void *arg) {
       job->streamed = true;
       job->refs = 2;
       server_done(s, &job->response);
-      job->crc = dp_crc32c(0, job->out.data, job->out.len);
+      job->crc = dp_crc32c(0, payload.data, payload.len);
       server_done(s, &job->trailer);
     }
   }

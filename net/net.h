@@ -106,8 +106,8 @@ FL_INTERNAL fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes requ
 
 /* ---- dataplane ---- */
 /*
- * The data plane moves bytes between processes: every executor (and the driver) runs a block
- * server, and task threads fetch shuffle blocks, cached blocks, broadcast values, libraries
+ * The data plane moves bytes between processes: every executor (and the driver, and a client
+ * once it broadcasts) runs a block server, and task threads fetch shuffle blocks, cached blocks, broadcast values, libraries
  * and results from peers through a client. Both sides run one libevent loop thread that owns
  * every socket; the server runs serve callbacks on a few worker threads, and dp_fetch blocks
  * its calling thread while the client's loop does the I/O. See net/dataplane.c for the
@@ -135,6 +135,8 @@ FL_INTERNAL fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes requ
 #define DP_MAX_PAYLOAD_DEFAULT ((uint64_t)256 << 20)
 /* Connections a client keeps open to one peer at most; more fetches wait for a free one. */
 #define DP_CONNECTIONS_PER_PEER 8
+/* Room for a block server's "HOST:PORT" as flint passes it around, terminating zero included. */
+#define DP_ADDRESS_MAX 64
 /* dp_fetch's timeout when it is given one <= 0. */
 #define DP_TIMEOUT_DEFAULT_MS 30000
 
@@ -157,12 +159,25 @@ typedef struct dp_request {
   uint64_t offset, len; /* the byte range wanted; len 0: to the end of the object */
 } dp_request;
 
-/* Serves one request: appends the bytes asked for to *out (empty on entry) and sets *total to
- * the object's whole length, returning FL_OK; or returns a status and sets its message
- * (FL_ERR / fl_set_error: FL_ENOENT, FL_EFETCH ...), which the client receives as the same
- * status and message. Runs on one of the server's worker threads, never on the event-loop
- * thread, and may block on disk; several run at once, so it must be thread-safe. */
-typedef fl_status (*dp_serve_fn)(void *arg, const dp_request *req, fl_buf *out, uint64_t *total);
+/* Bytes a serve callback lends the server instead of copying them into its buffer: they
+ * must stay valid and unchanged until the server calls release(arg) (exactly once, on any
+ * thread, when the response has been written, dropped or the server stops). */
+typedef struct dp_loan {
+  const void *data;
+  size_t len;
+  void (*release)(void *arg);
+  void *arg;
+} dp_loan;
+
+/* Serves one request: appends the bytes asked for to *out (empty on entry), or lends them
+ * through *loan (zeroed on entry; for large in-memory objects, which then go to the socket
+ * without a copy), and sets *total to the object's whole length, returning FL_OK; or returns
+ * a status and sets its message (FL_ERR / fl_set_error: FL_ENOENT, FL_EFETCH ...), which the
+ * client receives as the same status and message (a loan made anyway is released). Runs on
+ * one of the server's worker threads, never on the event-loop thread, and may block on disk;
+ * several run at once, so it must be thread-safe. */
+typedef fl_status (*dp_serve_fn)(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                                 uint64_t *total);
 
 typedef struct dp_server dp_server;
 

@@ -16,6 +16,7 @@
 #define FLINT_RDD_H
 
 #include "common/common.h"
+#include "net/net.h"
 
 typedef struct fl_dataset rdd;
 typedef struct rdd_task rdd_task;
@@ -290,9 +291,10 @@ typedef struct rdd_runtime_ops {
   fl_status (*run_job)(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                        const rdd_action *action, fl_buf *results);
   /* Optional hooks of a context whose tasks run in other processes (cluster mode): a
-   * broadcast to ship, a broadcast and a dataset that are gone. May block on the network;
-   * called on the thread that made the change. */
-  fl_status (*broadcast_created)(void *impl, uint64_t id, fl_bytes value);
+   * broadcast of `len` bytes to serve (its value is in the registry, see rdd_shared_lend),
+   * a broadcast and a dataset that are gone. May block on the network; called on the thread
+   * that made the change. */
+  fl_status (*broadcast_created)(void *impl, uint64_t id, uint64_t len);
   void (*broadcast_destroyed)(void *impl, uint64_t id);
   void (*rdd_destroyed)(void *impl, uint64_t id);
 } rdd_runtime_ops;
@@ -359,6 +361,14 @@ FL_INTERNAL void rdd_shared_set_remote(rdd_shared *s,
                                        void *arg);
 /* An executor's registry: drops a fetched broadcast (the client destroyed it). */
 FL_INTERNAL void rdd_shared_forget(rdd_shared *s, uint64_t id);
+/* A client's registry, for its block server: lends bytes [offset, offset + len) of broadcast
+ * `id` (len 0: to the end; fewer at the end) without copying them, and sets *total to its
+ * length. The bytes stay valid, even if the broadcast is destroyed meanwhile, until
+ * loan->release(loan->arg) (rdd_shared_return). FL_ENOENT when there is no such broadcast.
+ * Any thread; never blocks beyond the registry's lock. */
+FL_INTERNAL fl_status rdd_shared_lend(rdd_shared *s, uint64_t id, uint64_t offset, uint64_t len,
+                                      dp_loan *loan, uint64_t *total);
+FL_INTERNAL void rdd_shared_return(void *entry);
 /* Client side: merges an accumulator update that a task in an executor process produced. */
 FL_INTERNAL fl_status rdd_shared_merge_update(rdd_shared *s, uint64_t id, fl_bytes update);
 

@@ -14,6 +14,9 @@ typedef enum acc_kind { ACC_I64, ACC_F64, ACC_CUSTOM } acc_kind;
 
 typedef struct shared_entry {
   enum { ENTRY_BROADCAST, ENTRY_ACCUMULATOR } type;
+  /* The registry's reference and one per loan of a broadcast's bytes to the client's block
+   * server (rdd_shared_lend), so that a destroy during a fetch frees nothing in use. */
+  atomic_uint refs;
   fl_buf value; /* the broadcast's bytes, or the accumulator's merged value */
   acc_kind kind;
   fl_reduce_fn merge;
@@ -54,9 +57,22 @@ static void entry_free(shared_entry *e) {
   common_free(e);
 }
 
+static void entry_unref(shared_entry *e) {
+  if (e && atomic_fetch_sub(&e->refs, 1) == 1) entry_free(e);
+}
+
+static shared_entry *entry_new(int type) {
+  shared_entry *e = common_calloc(1, sizeof *e);
+  if (e) {
+    e->type = type;
+    atomic_init(&e->refs, 1);
+  }
+  return e;
+}
+
 void rdd_shared_destroy(rdd_shared *s) {
   if (!s) return;
-  for (uint64_t i = 0; i < s->count; i++) entry_free(s->entries[i]);
+  for (uint64_t i = 0; i < s->count; i++) entry_unref(s->entries[i]);
   common_free(s->entries);
   pthread_mutex_destroy(&s->lock);
   common_free(s);
@@ -102,7 +118,7 @@ static bool shared_put_at(rdd_shared *s, uint64_t id, shared_entry *e) {
   }
 unlock:
   FL_PCHECK(pthread_mutex_unlock(&s->lock));
-  entry_free(e);
+  entry_unref(e);
   return ok;
 }
 
@@ -112,7 +128,7 @@ void rdd_shared_forget(rdd_shared *s, uint64_t id) {
   if (e && e->type == ENTRY_BROADCAST) s->entries[id - 1] = NULL;
   else e = NULL;
   FL_PCHECK(pthread_mutex_unlock(&s->lock));
-  entry_free(e);
+  entry_unref(e);
 }
 
 void rdd_shared_set_remote(rdd_shared *s, fl_status (*fetch)(void *, uint64_t, fl_buf *),
@@ -135,7 +151,7 @@ static void shared_remove(rdd_shared *s, uint64_t id) {
   shared_entry *e = s->entries[id - 1];
   s->entries[id - 1] = NULL;
   FL_PCHECK(pthread_mutex_unlock(&s->lock));
-  entry_free(e);
+  entry_unref(e);
 }
 
 /* ---- broadcasts ------------------------------------------------------------------------ */
@@ -144,16 +160,15 @@ fl_status fl_broadcast_create(fl_context *ctx, const void *data, size_t len, fl_
   common_error_clear();
   if (!ctx || !out || (len && !data)) return FL_ERR(FL_EINVAL, "fl_broadcast_create: NULL argument");
   fl_broadcast *b = common_malloc(sizeof *b);
-  shared_entry *e = common_calloc(1, sizeof *e);
-  if (!b || !e) goto oom;
-  /* With tasks in other processes the value lives with the driver and the executors; a copy
-   * here would only cost memory (and page faults) for nothing. */
-  if (!ctx->runtime->broadcast_created && fl_buf_append(&e->value, data, len) != FL_OK) goto oom;
-  e->type = ENTRY_BROADCAST;
+  shared_entry *e = entry_new(ENTRY_BROADCAST);
+  if (!b || !e || fl_buf_reserve(&e->value, len) != FL_OK) goto oom;
+  /* In cluster mode this copy is what the executors fetch, straight from this process. */
+  if (len >= (8u << 20)) common_advise_huge(e->value.data, len);
+  if (len) fl_buf_append(&e->value, data, len); /* reserved: cannot fail */
   b->ctx = ctx;
   if (!(b->id = shared_add(ctx->shared, e))) goto oom;
   if (ctx->runtime->broadcast_created) {
-    fl_status st = ctx->runtime->broadcast_created(ctx->runtime_impl, b->id, fl_bytes_of(data, len));
+    fl_status st = ctx->runtime->broadcast_created(ctx->runtime_impl, b->id, len);
     if (st != FL_OK) {
       shared_remove(ctx->shared, b->id);
       common_free(b);
@@ -164,7 +179,7 @@ fl_status fl_broadcast_create(fl_context *ctx, const void *data, size_t len, fl_
   return FL_OK;
 oom:
   common_free(b);
-  entry_free(e);
+  entry_unref(e);
   return FL_ERR(FL_ENOMEM, "cannot broadcast %zu bytes", len);
 }
 
@@ -178,12 +193,11 @@ fl_status fl_broadcast_value(uint64_t id, fl_bytes *out) {
   shared_entry *e = shared_lock_entry(s, id, ENTRY_BROADCAST);
   if (!e && s->fetch) {
     /* First use in this executor: fetch it once (two tasks racing both fetch; one keeps). */
-    shared_entry *fetched = common_calloc(1, sizeof *fetched);
+    shared_entry *fetched = entry_new(ENTRY_BROADCAST);
     if (!fetched) return fl_set_error(FL_ENOMEM, "out of memory");
-    fetched->type = ENTRY_BROADCAST;
     fl_status st = s->fetch(s->fetch_arg, id, &fetched->value);
     if (st != FL_OK) {
-      entry_free(fetched);
+      entry_unref(fetched);
       return common_error_wrap(st, "broadcast %llu: ", (unsigned long long)id);
     }
     shared_put_at(s, id, fetched);
@@ -194,6 +208,21 @@ fl_status fl_broadcast_value(uint64_t id, fl_bytes *out) {
   FL_PCHECK(pthread_mutex_unlock(&task->ctx->shared->lock));
   return FL_OK;
 }
+
+fl_status rdd_shared_lend(rdd_shared *s, uint64_t id, uint64_t offset, uint64_t len,
+                          dp_loan *loan, uint64_t *total) {
+  shared_entry *e = shared_lock_entry(s, id, ENTRY_BROADCAST);
+  if (!e) return fl_set_error(FL_ENOENT, "no broadcast %llu (destroyed?)", (unsigned long long)id);
+  atomic_fetch_add(&e->refs, 1);
+  FL_PCHECK(pthread_mutex_unlock(&s->lock));
+  *total = e->value.len;
+  uint64_t want = offset >= e->value.len ? 0 : e->value.len - offset;
+  if (len && len < want) want = len;
+  *loan = (dp_loan){e->value.data + (want ? offset : 0), want, rdd_shared_return, e};
+  return FL_OK;
+}
+
+void rdd_shared_return(void *entry) { entry_unref(entry); }
 
 void fl_broadcast_destroy(fl_broadcast *b) {
   if (!b) return;
@@ -209,10 +238,9 @@ static fl_status accumulator_create(fl_context *ctx, acc_kind kind, fl_bytes zer
                                     fl_reduce_fn merge, const void *arg, size_t arg_len,
                                     fl_accumulator **out) {
   fl_accumulator *a = common_malloc(sizeof *a);
-  shared_entry *e = common_calloc(1, sizeof *e);
+  shared_entry *e = entry_new(ENTRY_ACCUMULATOR);
   if (!a || !e || fl_buf_append(&e->value, zero.data, zero.len) != FL_OK) goto oom;
   if (arg_len && !(e->arg = common_memdup(arg, arg_len))) goto oom;
-  e->type = ENTRY_ACCUMULATOR;
   e->kind = kind;
   e->merge = merge;
   a->ctx = ctx;
@@ -221,7 +249,7 @@ static fl_status accumulator_create(fl_context *ctx, acc_kind kind, fl_bytes zer
   return FL_OK;
 oom:
   common_free(a);
-  entry_free(e);
+  entry_unref(e);
   return FL_ERR(FL_ENOMEM, "cannot create an accumulator");
 }
 

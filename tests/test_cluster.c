@@ -17,6 +17,7 @@ fl_status cp_times(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
 fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_broadcast_lookup(fl_bytes rec, fl_buf *out, const void *arg);
 
 #define CLUSTER "local-cluster[2,1,512]"
 #define TEST_BOUND_S 55 /* each test's bound: a hang fails the program instead of ctest's timeout */
@@ -151,6 +152,44 @@ static void test_main_program_function_is_refused(void **state) {
   assert_int_equal(n, 10);
   fl_dataset_free(m);
   fl_dataset_free(src);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
+/* Executors fetch a broadcast from the client that made it: when they cannot reach it (here
+ * its advertised host does not resolve, as if the client had gone), the task fails with a
+ * message that names the broadcast and the address, and the context stays usable. */
+static void test_unreachable_broadcast_owner(void **state) {
+  (void)state;
+  setenv("FLINT_CLIENT_HOST", "client-gone.invalid", 1);
+  fl_context *ctx;
+  assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+  int64_t table[4] = {1, 2, 3, 4};
+  fl_broadcast *b;
+  fl_status created = fl_broadcast_create(ctx, table, sizeof table, &b); /* reads the variable */
+  unsetenv("FLINT_CLIENT_HOST");
+  assert_ok(created);
+  struct {
+    uint64_t id, len;
+  } args = {fl_broadcast_id(b), sizeof table};
+  fl_dataset *range, *mapped;
+  assert_ok(fl_range(ctx, 0, 4, 1, 2, &range));
+  assert_ok(fl_map(range, cp_broadcast_lookup, &args, sizeof args, &mapped));
+  fl_records *records = NULL;
+  fl_status st = fl_collect(mapped, &records);
+  fprintf(stderr, "collect with an unreachable broadcast owner: %s\n", fl_last_error());
+  assert_int_equal(st, FL_EJOB);
+  char want[64];
+  snprintf(want, sizeof want, "broadcast %llu", (unsigned long long)args.id);
+  assert_non_null(strstr(fl_last_error(), want));
+  assert_non_null(strstr(fl_last_error(), "client-gone.invalid:"));
+  /* Jobs without the broadcast still run. */
+  uint64_t n = 0;
+  assert_ok(fl_count(range, &n));
+  assert_int_equal(n, 4);
+  fl_dataset_free(mapped);
+  fl_dataset_free(range);
+  fl_broadcast_destroy(b);
   fl_context_close(ctx);
   assert_no_children();
 }
@@ -341,6 +380,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cluster_matches_local, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_main_program_function_is_refused, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_bad_masters_fail_fast, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_unreachable_broadcast_owner, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),

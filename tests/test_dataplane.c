@@ -21,7 +21,8 @@ static atomic_int serve_calls;
 
 static inline uint8_t pattern(uint64_t seed, uint64_t i) { return (uint8_t)(i * 131 + seed * 7 + (i >> 11)); }
 
-static fl_status test_serve(void *arg, const dp_request *req, fl_buf *out, uint64_t *total) {
+static fl_status test_serve(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                             uint64_t *total) {
   atomic_fetch_add(&serve_calls, 1);
   if (req->kind == DP_SHUFFLE)
     return fl_set_error(FL_EFETCH, "shuffle %llu map %llu: output file lost",
@@ -172,6 +173,64 @@ static void test_round_trip_sizes(void **state) {
   assert_int_equal(dp_server_stats_get(s).accepted, 1);
   dp_client_destroy(c);
   dp_server_stop(s);
+}
+
+/* A serve callback that lends ranges of one object, counting loans and their returns; a
+ * key[1] of 1 lends and then fails, as a callback that finds an error late would. */
+typedef struct lender {
+  uint8_t *data;
+  size_t len;
+  atomic_int lent, returned;
+} lender;
+
+static void lender_return(void *arg) { atomic_fetch_add(&((lender *)arg)->returned, 1); }
+
+static fl_status lend_serve(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
+                            uint64_t *total) {
+  lender *l = arg;
+  uint64_t off = req->offset < l->len ? req->offset : l->len;
+  uint64_t len = req->len && req->len < l->len - off ? req->len : l->len - off;
+  *loan = (dp_loan){l->data + off, len, lender_return, l};
+  *total = l->len;
+  atomic_fetch_add(&l->lent, 1);
+  if (req->key[1] == 1) return fl_set_error(FL_EIO, "lent, then failed");
+  return FL_OK;
+}
+
+static void test_lent_payloads(void **state) {
+  lender l = {.len = (size_t)9 << 20};
+  l.data = malloc(l.len);
+  assert_non_null(l.data);
+  for (size_t i = 0; i < l.len; i++) l.data[i] = pattern(0, i);
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, lend_serve, &l, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  /* Small (checksummed first) and large (streamed) payloads, whole and in ranges. */
+  uint64_t ranges[][2] = {{0, 0}, {0, 100}, {l.len - 7, 0}, {4 << 20, 3 << 20}, {l.len, 0}};
+  for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
+    fl_buf out = FL_BUF_INIT;
+    uint64_t total = 0;
+    dp_request r = {.kind = DP_BROADCAST, .offset = ranges[i][0], .len = ranges[i][1]};
+    assert_ok(dp_fetch(c, peer, &r, 10000, &out, &total));
+    assert_int_equal(total, l.len);
+    uint64_t want = ranges[i][1] ? ranges[i][1] : l.len - ranges[i][0];
+    assert_int_equal(out.len, want);
+    check_pattern(out.data, 0, ranges[i][0], want);
+    fl_buf_free(&out);
+  }
+  /* A failure after a loan: the client gets the error, the loan is returned. */
+  fl_buf out = FL_BUF_INIT;
+  dp_request bad = {.kind = DP_BROADCAST, .key = {0, 1}};
+  assert_fails_with(dp_fetch(c, peer, &bad, 10000, &out, NULL), FL_EIO, "lent, then failed");
+  dp_client_destroy(c);
+  dp_server_stop(s);
+  /* Every loan came back exactly once, by the time the server stopped. */
+  assert_int_equal(atomic_load(&l.lent), 6);
+  assert_int_equal(atomic_load(&l.returned), 6);
+  free(l.data);
 }
 
 static void test_ranged_reads(void **state) {
@@ -614,6 +673,7 @@ int main(void) {
       cmocka_unit_test(test_crc32c),
       cmocka_unit_test(test_round_trip_sizes),
       cmocka_unit_test(test_ranged_reads),
+      cmocka_unit_test(test_lent_payloads),
       cmocka_unit_test(test_server_errors_propagate),
       cmocka_unit_test(test_concurrent_fetches_reuse_connections),
       cmocka_unit_test(test_auth),

@@ -1101,6 +1101,29 @@ static void test_malformed_messages(void **state) {
   Flint__CancelJobsRequest cancel = FLINT__CANCEL_JOBS_REQUEST__INIT;
   cancel.app_id = app_id;
   assert_ok(call_msg(c, "/flint.Driver/CancelJobs", &cancel.base, &reply)); /* nothing runs: a no-op */
+  /* BroadcastPut carries only where the client serves the value: a missing or invalid
+   * address or id is refused with a message that says so. */
+  Flint__BroadcastPutRequest put = FLINT__BROADCAST_PUT_REQUEST__INIT;
+  put.app_id = app_id;
+  put.broadcast_id = 1;
+  put.total = 1000;
+  static char *const bad_addresses[] = {"", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ":80",
+                                        "host name:80", "127.0.0.1:80x",
+                                        "a-host-name-far-too-long-to-fit-anywhere-flint-keeps-addresses.example:1"};
+  for (size_t i = 0; i < sizeof bad_addresses / sizeof *bad_addresses; i++) {
+    put.address = bad_addresses[i];
+    expect_failure(call_msg(c, "/flint.Driver/BroadcastPut", &put.base, &reply), FL_EPROTO, "invalid address",
+                   bad_addresses[i]);
+  }
+  put.address = "127.0.0.1:4000";
+  put.broadcast_id = 0;
+  expect_failure(call_msg(c, "/flint.Driver/BroadcastPut", &put.base, &reply), FL_EPROTO, "out of range",
+                 "broadcast id 0");
+  put.broadcast_id = 1;
+  assert_ok(call_msg(c, "/flint.Driver/BroadcastPut", &put.base, &reply));
+  put.app_id = 999999;
+  expect_failure(call_msg(c, "/flint.Driver/BroadcastPut", &put.base, &reply), FL_ENOENT, "999999",
+                 "BroadcastPut of no application");
   Flint__AppRequest close_req = FLINT__APP_REQUEST__INIT;
   close_req.app_id = app_id;
   assert_ok(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply));
