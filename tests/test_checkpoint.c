@@ -330,33 +330,22 @@ static void damaged_file_fails(damage_fn damage, const char *needle) {
   fixture_close(&f);
 }
 
-static void test_missing_file(void **state) {
+/* Every kind of damage, each on a fresh checkpoint. */
+static void test_damaged_files(void **state) {
   (void)state;
-  damaged_file_fails(damage_remove, "No such file");
-}
-static void test_truncated_header(void **state) {
-  (void)state;
-  damaged_file_fails(damage_truncate_header, "truncated header");
-}
-static void test_truncated_payload(void **state) {
-  (void)state;
-  damaged_file_fails(damage_truncate_payload, "corrupt");
-}
-static void test_corrupt_payload(void **state) {
-  (void)state;
-  damaged_file_fails(damage_payload, "corrupt");
-}
-static void test_corrupt_magic(void **state) {
-  (void)state;
-  damaged_file_fails(damage_magic, "bad magic");
-}
-static void test_corrupt_crc(void **state) {
-  (void)state;
-  damaged_file_fails(damage_crc, "CRC32C mismatch");
-}
-static void test_corrupt_record_count(void **state) {
-  (void)state;
-  damaged_file_fails(damage_count, "records than its header says");
+  static const struct {
+    damage_fn damage;
+    const char *needle;
+  } cases[] = {
+      {damage_remove, "No such file"},
+      {damage_truncate_header, "truncated header"},
+      {damage_truncate_payload, "corrupt"},
+      {damage_payload, "corrupt"},
+      {damage_magic, "bad magic"},
+      {damage_crc, "CRC32C mismatch"},
+      {damage_count, "records than its header says"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) damaged_file_fails(cases[i].damage, cases[i].needle);
 }
 
 /* An empty dataset and empty partitions make valid (header-only) files. */
@@ -389,13 +378,7 @@ int main(void) {
       cmocka_unit_test(test_persisted_dataset),
       cmocka_unit_test(test_failed_job_leaves_nothing),
       cmocka_unit_test(test_bad_folders),
-      cmocka_unit_test(test_missing_file),
-      cmocka_unit_test(test_truncated_header),
-      cmocka_unit_test(test_truncated_payload),
-      cmocka_unit_test(test_corrupt_payload),
-      cmocka_unit_test(test_corrupt_magic),
-      cmocka_unit_test(test_corrupt_crc),
-      cmocka_unit_test(test_corrupt_record_count),
+      cmocka_unit_test(test_damaged_files),
       cmocka_unit_test(test_empty_partitions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
