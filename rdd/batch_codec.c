@@ -3,9 +3,12 @@
  * Layout: "FLB1", record count (u64 LE), raw length (u64 LE), then one LZ4 frame of the
  * batch's bytes. Decoding checks the magic, the frame (its checksum included), the raw
  * length and every record's length prefix before the batch is used. */
+#include <errno.h>
 #include <lz4frame.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "net/net.h"
 #include "rdd/rdd.h"
 
 #define CODEC_MAGIC "FLB1"
@@ -94,4 +97,31 @@ cleanup:
   LZ4F_freeDecompressionContext(dctx);
   rdd_batch_free(&batch);
   return status;
+}
+
+fl_status rdd_batch_write_chunk(int fd, const char *path, rdd_batch *batch, fl_buf *enc,
+                                uint64_t *offset, uint32_t *crc) {
+  if (batch->count == 0) return FL_OK;
+  fl_status st = rdd_batch_encode(batch, enc);
+  if (st != FL_OK) return st;
+  if (enc->len > UINT32_MAX) return FL_ERR(FL_ELIMIT, "%s: a chunk of %zu bytes", path, enc->len);
+  uint32_t head = (uint32_t)enc->len;
+  const uint8_t *parts[2] = {(const uint8_t *)&head, enc->data};
+  size_t lens[2] = {4, enc->len};
+  for (int i = 0; i < 2; i++) {
+    if (crc) *crc = dp_crc32c(*crc, parts[i], lens[i]);
+    const uint8_t *p = parts[i];
+    size_t len = lens[i];
+    while (len > 0) {
+      ssize_t n = write(fd, p, len);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return FL_ERR(FL_EIO, "cannot write %s: %s", path, n < 0 ? strerror(errno) : "no space");
+      p += n;
+      len -= (size_t)n;
+    }
+  }
+  *offset += 4 + enc->len;
+  batch->buf.len = 0;
+  batch->count = 0;
+  return FL_OK;
 }

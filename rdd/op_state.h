@@ -47,6 +47,11 @@ typedef struct sample_args {
   uint64_t seed;
 } sample_args;
 
+/* checkpoint: the folder of its part files (an absolute path); the dataset has no parents. */
+typedef struct checkpoint_state {
+  char *dir;
+} checkpoint_state;
+
 /* zip_with_index: the state is an int64_t[num_partitions] of each partition's first index. */
 
 FL_INTERNAL extern const rdd_ops rdd_parallelize_ops, rdd_range_ops, rdd_text_file_ops,
@@ -54,5 +59,6 @@ FL_INTERNAL extern const rdd_ops rdd_parallelize_ops, rdd_range_ops, rdd_text_fi
 FL_INTERNAL extern const rdd_ops rdd_map_ops, rdd_key_by_ops, rdd_map_values_ops, rdd_filter_ops,
     rdd_flat_map_ops, rdd_map_partitions_ops, rdd_sample_ops, rdd_union_ops, rdd_coalesce_ops,
     rdd_zip_with_index_ops;
+FL_INTERNAL extern const rdd_ops rdd_checkpoint_ops;
 
 #endif /* FLINT_RDD_OP_STATE_H */

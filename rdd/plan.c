@@ -418,6 +418,8 @@ static fl_status encode_node(enc *e, rdd *r, fl_buf *out) {
     m.starts = r->state;
   } else if (r->ops == &shuffled_ops) {
     if ((s = encode_shuffled(e, r, &m.shuffled)) != FL_OK) return s;
+  } else if (r->ops == &rdd_checkpoint_ops) {
+    m.checkpoint = ((const checkpoint_state *)r->state)->dir;
   } else if (r->ops != &rdd_map_ops && r->ops != &rdd_key_by_ops && r->ops != &rdd_map_values_ops &&
              r->ops != &rdd_filter_ops && r->ops != &rdd_flat_map_ops &&
              r->ops != &rdd_map_partitions_ops && r->ops != &rdd_sample_ops &&
@@ -634,7 +636,7 @@ static const char *const known_kinds[] = {
     "parallelize", "range", "text_file", "binary_records", "map", "key_by", "map_values",
     "filter", "flat_map", "map_partitions", "sample", "union", "coalesce", "zip_with_index",
     "shuffled", "combine_by_key", "reduce_by_key", "fold_by_key", "aggregate_by_key",
-    "group_by_key", "cogroup", "sort_by_key", "partition_by",
+    "group_by_key", "cogroup", "sort_by_key", "partition_by", "checkpoint",
 };
 
 typedef enum op_shape {
@@ -660,7 +662,7 @@ static const op_info *op_by_name(const char *name) {
       {&rdd_flat_map_ops, SHAPE_FN},        {&rdd_map_partitions_ops, SHAPE_FN},
       {&rdd_sample_ops, SHAPE_UNARY},       {&rdd_zip_with_index_ops, SHAPE_UNARY},
       {&rdd_union_ops, SHAPE_UNION},        {&rdd_coalesce_ops, SHAPE_COALESCE},
-      {&shuffled_ops, SHAPE_SHUFFLED},
+      {&shuffled_ops, SHAPE_SHUFFLED},      {&rdd_checkpoint_ops, SHAPE_SOURCE},
   };
   for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
     if (strcmp(ops[i].ops->name, name) == 0) return &ops[i];
@@ -978,8 +980,9 @@ static fl_status decode_node(dec *d, const Flint__PlanNode *m, rdd **out) {
   bool is_memory = op->ops == &rdd_parallelize_ops, is_range = op->ops == &rdd_range_ops;
   bool is_files = op->ops == &rdd_text_file_ops || op->ops == &rdd_binary_records_ops;
   bool is_zip = op->ops == &rdd_zip_with_index_ops, is_shuffled = op->shape == SHAPE_SHUFFLED;
+  bool is_ckpt = op->ops == &rdd_checkpoint_ops;
   if ((!is_memory && m->n_partitions) || (!is_range && m->range) || (!is_files && m->files) ||
-      (!is_zip && m->n_starts) || (!is_shuffled && m->shuffled))
+      (!is_zip && m->n_starts) || (!is_shuffled && m->shuffled) || (!is_ckpt && m->checkpoint[0]))
     return BAD(d, "fields of another operation on a %s node", m->op);
 
   size_t want_parents = op->shape == SHAPE_SOURCE ? 0 : op->shape == SHAPE_UNION ? 2 : 1;
@@ -1027,12 +1030,15 @@ static fl_status decode_node(dec *d, const Flint__PlanNode *m, rdd **out) {
   if (is_memory && m->n_partitions != m->num_partitions)
     return BAD(d, "%zu partitions of data for %u partitions", m->n_partitions, m->num_partitions);
   if (is_range && (!m->range || m->range->step == 0)) return BAD(d, "range without a step");
+  if (is_ckpt && (m->checkpoint[0] != '/' || strlen(m->checkpoint) >= 4096))
+    return BAD(d, "checkpoint folder '%.64s' is not an absolute path of at most 4095 bytes", m->checkpoint);
 
   fl_partitioner *part = NULL;
   memory_state *mem = NULL;
   file_state *files = NULL;
   int64_t *starts = NULL;
   range_state *range = NULL;
+  checkpoint_state *ckpt = NULL;
   rdd *r = NULL;
   fl_status status = FL_OK;
   FL_CHECK(decode_partitioner(d, m->partitioner, &part));
@@ -1070,6 +1076,11 @@ static fl_status decode_node(dec *d, const Flint__PlanNode *m, rdd **out) {
       status = FL_ERR(FL_ENOMEM, "cannot decode zip_with_index");
       goto cleanup;
     }
+  } else if (is_ckpt) {
+    if (!(ckpt = common_calloc(1, sizeof *ckpt)) || !(ckpt->dir = common_strdup(m->checkpoint))) {
+      status = FL_ERR(FL_ENOMEM, "cannot decode a checkpoint");
+      goto cleanup;
+    }
   }
   FL_CHECK(rdd_create_id(p->ctx, m->id, op->ops, m->num_partitions, parents, (uint32_t)m->n_parents,
                          fn, kind, m->arg.data, m->arg.len, &r));
@@ -1089,6 +1100,9 @@ static fl_status decode_node(dec *d, const Flint__PlanNode *m, rdd **out) {
   } else if (is_zip) {
     r->state = starts;
     starts = NULL;
+  } else if (is_ckpt) {
+    r->state = ckpt;
+    ckpt = NULL;
   }
   atomic_store(&r->level, (fl_storage_level)m->level);
   *out = r;
@@ -1100,6 +1114,8 @@ cleanup:
   file_state_free(files);
   common_free(starts);
   common_free(range);
+  if (ckpt) common_free(ckpt->dir);
+  common_free(ckpt);
   return status;
 }
 
@@ -1196,9 +1212,14 @@ fl_status rdd_plan_encode_stored(rdd_plan *p, uint64_t id, bool (*known)(void *,
 
 /* ---- actions --------------------------------------------------------------------------------- */
 
+/* Actions that write into a folder. */
+static bool action_has_path(rdd_action_kind kind) {
+  return kind == RDD_ACTION_SAVE_TEXT || kind == RDD_ACTION_CHECKPOINT;
+}
+
 fl_status rdd_action_encode(const rdd_action *a, const rdd_fn_codec *codec, fl_buf *out) {
   if (!a || !out) return FL_ERR(FL_EINVAL, "rdd_action_encode: NULL argument");
-  if (a->kind > RDD_ACTION_SAVE_TEXT)
+  if (a->kind > RDD_ACTION_CHECKPOINT)
     return FL_ERR(FL_EINVAL, "rdd_action_encode: action kind %d cannot be sent", (int)a->kind);
   if (a->arg_len && !a->arg) return FL_ERR(FL_EINVAL, "rdd_action_encode: arg_len without arg");
   enc e = {codec, 0, NULL, 0, 0};
@@ -1209,7 +1230,7 @@ fl_status rdd_action_encode(const rdd_action *a, const rdd_fn_codec *codec, fl_b
   m.has_zero = a->has_zero;
   if (a->has_zero) m.zero = (ProtobufCBinaryData){a->zero.len, (uint8_t *)a->zero.data};
   m.arg = (ProtobufCBinaryData){a->arg_len, (uint8_t *)a->arg};
-  if (a->kind == RDD_ACTION_SAVE_TEXT) m.path = (char *)(a->path ? a->path : "");
+  if (action_has_path(a->kind)) m.path = (char *)(a->path ? a->path : "");
   const char *seq_kind = a->has_zero ? "aggregate" : "reduce";
   if ((s = encode_fn(&e, (void (*)(void))a->seq, seq_kind, &m.seq)) == FL_OK &&
       (s = encode_fn(&e, (void (*)(void))a->foreach_fn, "foreach", &m.foreach_fn)) == FL_OK) {
@@ -1232,7 +1253,7 @@ fl_status rdd_action_decode(rdd_plan *p, fl_bytes in, rdd_action *out) {
   rdd_action a = {0};
   fl_status status = FL_OK;
   void (*seq)(void) = NULL, (*foreach_fn)(void) = NULL;
-  if (m->kind > RDD_ACTION_SAVE_TEXT) {
+  if (m->kind > RDD_ACTION_CHECKPOINT) {
     status = BAD(&d, "unknown action kind %u", m->kind);
     goto cleanup;
   }
@@ -1243,7 +1264,7 @@ fl_status rdd_action_decode(rdd_plan *p, fl_bytes in, rdd_action *out) {
     status = BAD(&d, "functions do not fit action kind %u", m->kind);
     goto cleanup;
   }
-  if ((a.kind == RDD_ACTION_SAVE_TEXT) != (m->path[0] != '\0') || strlen(m->path) >= 4096) {
+  if (action_has_path(a.kind) != (m->path[0] != '\0') || strlen(m->path) >= 4096) {
     status = BAD(&d, "output path does not fit action kind %u", m->kind);
     goto cleanup;
   }
@@ -1265,7 +1286,7 @@ fl_status rdd_action_decode(rdd_plan *p, fl_bytes in, rdd_action *out) {
     if (!(a.arg = common_memdup(m->arg.data, m->arg.len))) goto nomem;
     a.arg_len = m->arg.len;
   }
-  if (a.kind == RDD_ACTION_SAVE_TEXT && !(a.path = common_strdup(m->path))) goto nomem;
+  if (action_has_path(a.kind) && !(a.path = common_strdup(m->path))) goto nomem;
   *out = a;
   memset(&a, 0, sizeof a);
   goto cleanup;

@@ -49,6 +49,12 @@ FL_INTERNAL bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count
  * decode checks everything and fails with FL_ECORRUPT naming `what`. */
 FL_INTERNAL fl_status rdd_batch_encode(const rdd_batch *batch, fl_buf *out);
 FL_INTERNAL fl_status rdd_batch_decode(fl_bytes in, const char *what, rdd_batch *out);
+/* Appends a non-empty batch to the file `fd` (named `path` in messages) as one chunk: a
+ * uint32 length, then the batch encoded (enc is scratch). Adds the bytes written to
+ * *offset, folds them into *crc (CRC32C) when crc is not NULL, and empties the batch. An
+ * empty batch writes nothing. Blocks on disk. */
+FL_INTERNAL fl_status rdd_batch_write_chunk(int fd, const char *path, rdd_batch *batch,
+                                            fl_buf *enc, uint64_t *offset, uint32_t *crc);
 
 /* A cursor over a batch's bytes. */
 typedef struct rdd_cursor {
@@ -225,6 +231,7 @@ typedef enum rdd_action_kind {
   RDD_ACTION_AGGREGATE, /* result: one byte (1: has a value), then the value */
   RDD_ACTION_FOREACH,   /* result: empty */
   RDD_ACTION_SAVE_TEXT, /* result: empty */
+  RDD_ACTION_CHECKPOINT, /* writes the partition's checkpoint file; result: uint64 records */
   RDD_ACTION_SHUFFLE_WRITE, /* a map task; result: the map status (dep->write) */
 } rdd_action_kind;
 
@@ -237,7 +244,7 @@ typedef struct rdd_action {
   fl_foreach_fn foreach_fn;
   const void *arg;   /* for seq or foreach_fn */
   size_t arg_len;    /* its length (plans carry the blob) */
-  const char *path;  /* save: the output folder */
+  const char *path;  /* save, checkpoint: the output folder */
   const rdd_shuffle_dep *dep; /* shuffle write */
 } rdd_action;
 
@@ -347,6 +354,9 @@ struct fl_context {
   void (*close)(fl_context *ctx);
   fl_status (*stats)(fl_context *ctx, fl_context_stats *out);
   fl_status (*cancel)(fl_context *ctx); /* fl_cancel_jobs */
+  /* The context's folder name under checkpoint folders ("ctx-<pid>-<random>"), made by the
+   * first fl_checkpoint (rdd/checkpoint.c); empty until then. */
+  char checkpoint_name[48];
 };
 
 FL_INTERNAL fl_status rdd_shared_create(rdd_shared **out);
@@ -371,6 +381,12 @@ FL_INTERNAL fl_status rdd_shared_lend(rdd_shared *s, uint64_t id, uint64_t offse
 FL_INTERNAL void rdd_shared_return(void *entry);
 /* Client side: merges an accumulator update that a task in an executor process produced. */
 FL_INTERNAL fl_status rdd_shared_merge_update(rdd_shared *s, uint64_t id, fl_bytes update);
+
+/* The body of a checkpoint task (rdd/checkpoint.c): writes the partition read from `in` to
+ * its file in folder `dir` (temporary name, fsync, rename) and puts its record count (a
+ * uint64) into *result. */
+FL_INTERNAL fl_status rdd_checkpoint_write(rdd_task *task, fl_iter *in, const char *dir,
+                                           fl_buf *result);
 
 /* Runs `action` over every partition (or the listed ones) and returns the results. */
 FL_INTERNAL fl_status rdd_run_job(rdd *r, const uint32_t *parts, uint32_t num_parts,

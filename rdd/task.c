@@ -246,6 +246,7 @@ fl_status rdd_task_run(rdd_task *task, rdd *r, const rdd_action *action, fl_buf 
     case RDD_ACTION_AGGREGATE: status = run_aggregate(task, in, action, result); break;
     case RDD_ACTION_FOREACH: status = run_foreach(task, in, action); break;
     case RDD_ACTION_SAVE_TEXT: status = run_save_text(task, in, action->path); break;
+    case RDD_ACTION_CHECKPOINT: status = rdd_checkpoint_write(task, in, action->path, result); break;
     case RDD_ACTION_SHUFFLE_WRITE: status = action->dep->write(task, in, action->dep, result); break;
     }
   }

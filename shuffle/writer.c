@@ -38,28 +38,7 @@ static fl_status write_file(const char *path, const void *data, size_t len) {
 /* Appends the pending pairs as one chunk ([uint32 length][encoded batch]) to the data file. */
 static fl_status flush_chunk(int fd, const char *path, rdd_batch *chunk, fl_buf *enc,
                              uint64_t *offset) {
-  if (chunk->count == 0) return FL_OK;
-  fl_status st = rdd_batch_encode(chunk, enc);
-  if (st != FL_OK) return st;
-  if (enc->len > UINT32_MAX) return FL_ERR(FL_ELIMIT, "shuffle chunk of %zu bytes", enc->len);
-  uint32_t head = (uint32_t)enc->len;
-  const uint8_t *parts[2] = {(const uint8_t *)&head, enc->data};
-  size_t lens[2] = {4, enc->len};
-  for (int i = 0; i < 2; i++) {
-    const uint8_t *p = parts[i];
-    size_t len = lens[i];
-    while (len > 0) {
-      ssize_t n = write(fd, p, len);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return FL_ERR(FL_EIO, "cannot write %s: %s", path, strerror(errno));
-      p += n;
-      len -= (size_t)n;
-    }
-  }
-  *offset += 4 + enc->len;
-  chunk->buf.len = 0;
-  chunk->count = 0;
-  return FL_OK;
+  return rdd_batch_write_chunk(fd, path, chunk, enc, offset, NULL);
 }
 
 fl_status shuffle_write(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep, fl_buf *status) {

@@ -6,6 +6,7 @@
 #include "test_util.h"
 
 #include <errno.h>
+#include <glob.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -275,6 +276,58 @@ static void test_cached_partitions_read_remotely(void **state) {
   assert_no_children();
 }
 
+/* In cluster mode executors write and read the checkpoint files: after the checkpoint the
+ * counted map upstream never runs again (the dataset is not cached), children read the
+ * files, and a missing part file fails the action naming it instead of being recomputed. */
+static void test_checkpoint(void **state) {
+  (void)state;
+  char dir[256], pattern[512];
+  test_tmpdir(dir, sizeof dir);
+  fl_context *ctx;
+  assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+  fl_accumulator *computed;
+  assert_ok(fl_accumulator_create_i64(ctx, &computed));
+  uint64_t id = fl_accumulator_id(computed);
+  fl_dataset *ds, *copied, *tripled;
+  assert_ok(fl_range(ctx, 0, 16000, 1, 16, &ds));
+  assert_ok(fl_map(ds, cp_counted_copy, &id, sizeof id, &copied));
+  assert_ok(fl_checkpoint(copied, dir));
+  int64_t computations = 0;
+  uint64_t n = 0;
+  for (int round = 0; round < 3; round++) {
+    assert_ok(fl_count(copied, &n));
+    assert_int_equal(n, 16000);
+  }
+  int64_t three = 3;
+  fl_buf sum = FL_BUF_INIT;
+  assert_ok(fl_map(copied, cp_times, &three, sizeof three, &tripled));
+  assert_ok(fl_reduce(tripled, cp_sum, NULL, 0, &sum));
+  assert_int_equal(fl_i64(fl_buf_bytes(&sum)), 3 * (16000LL * 15999 / 2));
+  assert_ok(fl_accumulator_value_i64(computed, &computations));
+  assert_int_equal(computations, 16000);
+
+  snprintf(pattern, sizeof pattern, "%s/ctx-*/rdd-*/part-00003", dir);
+  glob_t g;
+  assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+  assert_int_equal(g.gl_pathc, 1);
+  assert_int_equal(unlink(g.gl_pathv[0]), 0);
+  assert_int_equal(fl_count(tripled, &n), FL_EJOB);
+  if (!strstr(fl_last_error(), g.gl_pathv[0])) fprintf(stderr, "message: %s\n", fl_last_error());
+  assert_non_null(strstr(fl_last_error(), g.gl_pathv[0]));
+  globfree(&g);
+  assert_ok(fl_accumulator_value_i64(computed, &computations));
+  assert_int_equal(computations, 16000);
+
+  fl_buf_free(&sum);
+  fl_dataset_free(tripled);
+  fl_dataset_free(copied);
+  fl_dataset_free(ds);
+  fl_accumulator_destroy(computed);
+  fl_context_close(ctx);
+  assert_no_children();
+  test_rmtree(dir);
+}
+
 /* Results over the inline limit (1 MiB) stay on their executor as blocks that the driver
  * fetches; the client gets every record. */
 static void test_large_results(void **state) {
@@ -383,6 +436,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unreachable_broadcast_owner, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_checkpoint, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cancel_jobs, arm_watchdog, disarm_watchdog),

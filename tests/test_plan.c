@@ -184,6 +184,11 @@ static fl_dataset *pairs(fixture *f, int64_t n, uint32_t parts) {
 
 /* ---- every operation ---------------------------------------------------------------------- */
 
+static void edited(const fl_buf *good, size_t index, void (*edit)(Flint__PlanNode *), fl_buf *out);
+static size_t node_with_op(const fl_buf *good, const char *op);
+static fl_status try_add(fixture *f, fl_bytes bytes);
+static void relative_checkpoint(Flint__PlanNode *n) { n->checkpoint = "relative/dir"; }
+
 static void test_sources(void **state) {
   fixture *f = *state;
   fl_bytes recs[50];
@@ -215,6 +220,24 @@ static void test_sources(void **state) {
   test_write_file(path, bin, sizeof bin);
   assert_ok(fl_binary_records(f->a, path, 16, &ds));
   assert_int_equal(check_roundtrip(f, ds), 100);
+
+  /* A checkpointed dataset travels as its folder (and its partitioner); the receiver reads
+   * the files. A relative folder is refused. */
+  fl_dataset *red, *p = pairs(f, 60, 3);
+  assert_ok(fl_reduce_by_key(p, plan_sum, NULL, 0, NULL, 4, &red));
+  fl_dataset_free(p);
+  assert_ok(fl_checkpoint(red, dir));
+  assert_int_equal(strcmp(red->ops->name, "checkpoint"), 0);
+  fl_buf enc = FL_BUF_INIT, bad = FL_BUF_INIT;
+  assert_ok(rdd_plan_encode(red, NULL, NULL, &codec, &enc));
+  edited(&enc, node_with_op(&enc, "checkpoint"), relative_checkpoint, &bad);
+  assert_fails_with(try_add(f, fl_buf_bytes(&bad)), FL_EPROTO, "not an absolute path");
+  fl_buf_free(&enc);
+  fl_buf_free(&bad);
+  fl_dataset *decoded = send(f, red);
+  assert_non_null(decoded->partitioner);
+  assert_true(rdd_partitioner_equal(decoded->partitioner, red->partitioner));
+  assert_int_equal(check_roundtrip(f, red), 7);
   test_rmtree(dir);
 }
 

@@ -398,6 +398,32 @@ typedef struct fl_storage_info {
 } fl_storage_info;
 FL_API fl_status fl_storage_info_get(fl_dataset *ds, fl_storage_info *out);
 
+/* Checkpoints ds eagerly, as Spark's Dataset.checkpoint(eager = true) (and rdd.checkpoint()
+ * followed by an action): runs one job that computes every partition of ds (from its cached
+ * blocks when it is persisted) and writes each to a file under `dir`, then truncates ds's
+ * lineage in place: ds keeps its handle, partition count, partitioner and storage level,
+ * but from now on its partitions (and so those of its children) are read from the files,
+ * and its parents are released. A checkpoint of a checkpointed dataset does nothing.
+ *
+ * Files: `dir`/<context>/rdd-<id>/part-NNNNN, where <context> is unique to the context
+ * (process id and random bits, so that contexts and applications never collide) and <id> is
+ * the dataset's id at checkpoint time. Each holds a header (magic, version, partition,
+ * record count, payload length, CRC32C of the payload) and the records as LZ4 chunks; it is
+ * written under a temporary name, fsync'd and renamed. In cluster mode executors write and
+ * read them, so `dir` must be a folder that the client and every executor see (a shared
+ * file system; any local folder for local-cluster). As in Spark, the files stay when the
+ * context closes: removing them is the caller's business.
+ *
+ * Returns FL_EINVAL for a NULL dataset or a NULL or empty `dir`, FL_EIO naming the folder
+ * when it cannot be created or written, and the job's error when a partition fails (then no
+ * file of this checkpoint is left and ds is unchanged). Reading a missing, truncated or
+ * corrupt checkpoint file later fails the action with FL_EIO or FL_ECORRUPT naming the file:
+ * the data is never recomputed from the old lineage, which is gone.
+ *
+ * Blocks until the job ends. Do not run actions on ds or its children from other threads
+ * while it runs: the truncation changes ds under them. */
+FL_API fl_status fl_checkpoint(fl_dataset *ds, const char *dir);
+
 /* ---------------------------------------------------------------------------------------
  * Actions: each runs a job now and blocks until it ends.
  * ------------------------------------------------------------------------------------- */

@@ -1224,6 +1224,55 @@ done:
   if (made_dir) remove_tree(dir);
 }
 
+/* Checkpoints: a mapped dataset (children made before and after) and a shuffled one read
+ * back the same records, and the counted map upstream never runs after its checkpoint. */
+static void sec_checkpoint(run *r) {
+  char dir[4096];
+  fl_dataset *base = NULL, *copied = NULL, *before = NULL, *after = NULL, *pairs = NULL;
+  fl_dataset *sums = NULL, *regrouped = NULL;
+  fl_accumulator *calls = NULL;
+  bool made_dir = false;
+  int64_t at_checkpoint = 0, at_end = 0, sum_before = 0, sum_after = 0, three = 3;
+  uint64_t n = 0;
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/flint-cluster-checkpoint-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  EXPECT(mkdtemp(dir) != NULL);
+  made_dir = true;
+  TRY(make_base(r->ctx, &base));
+  TRY(fl_accumulator_create_i64(r->ctx, &calls));
+  uint64_t id = fl_accumulator_id(calls);
+  TRY(fl_map(base, cp_counted_copy, &id, sizeof id, &copied));
+  TRY(fl_map(copied, cp_times, &three, sizeof three, &before));
+  TRY(fl_key_by(copied, cp_key_mod7, NULL, 0, &pairs));
+  TRY(fl_reduce_by_key(pairs, cp_sum, NULL, 0, NULL, 4, &sums));
+  say_collected(r, "checkpoint_sums_before", sums, fmt_ikey_i64, true);
+  TRY(fl_checkpoint(copied, dir));
+  TRY(fl_checkpoint(sums, dir));
+  TRY(fl_accumulator_value_i64(calls, &at_checkpoint));
+  TRY(fl_map(copied, cp_times, &three, sizeof three, &after));
+  TRY(fl_count(copied, &n));
+  TRY(sum_i64(before, &sum_before));
+  TRY(sum_i64(after, &sum_after));
+  say_collected(r, "checkpoint_sums_after", sums, fmt_ikey_i64, true);
+  TRY(fl_reduce_by_key(sums, cp_sum, NULL, 0, NULL, 2, &regrouped));
+  say_collected(r, "checkpoint_regrouped", regrouped, fmt_ikey_i64, true);
+  TRY(fl_accumulator_value_i64(calls, &at_end));
+  say(r, "checkpoint: partitions=%u/%u count=%llu sums=%lld/%lld calls=%lld upstream_calls_after=%lld\n",
+      fl_dataset_partitions(copied), fl_dataset_partitions(sums), (unsigned long long)n,
+      (long long)sum_before, (long long)sum_after, (long long)at_checkpoint,
+      (long long)(at_end - at_checkpoint));
+done:
+  fl_dataset_free(regrouped);
+  fl_dataset_free(sums);
+  fl_dataset_free(pairs);
+  fl_dataset_free(after);
+  fl_dataset_free(before);
+  fl_dataset_free(copied);
+  fl_dataset_free(base);
+  fl_accumulator_destroy(calls);
+  if (made_dir) remove_tree(dir);
+}
+
 static void sec_user_error(run *r) {
   fl_dataset *src = NULL, *bad = NULL;
   uint64_t n = 0;
@@ -1256,6 +1305,7 @@ CP_EXPORT int cluster_pipelines_run(fl_context *ctx, fl_buf *report) {
   sec_joins(&r);
   sec_partitioners(&r);
   sec_text_files(&r);
+  sec_checkpoint(&r);
   sec_user_error(&r);
   return r.rc;
 }
