@@ -129,7 +129,39 @@ struct exec_service {
   bool stopping;
   atomic_uint_fast64_t tasks_run, tasks_failed;
   pthread_t status_thread, heartbeat_thread;
+  /* Fault injection (tests and benchmarks only; see fault_config_read). */
+  uint64_t fault_exit_after; /* tasks after which the process dies; 0: never */
+  double fault_slowdown;     /* every task takes this many times as long; <= 1: as it is */
 };
+
+/* The process's exit status when fault injection kills it. */
+#define FAULT_EXIT_STATUS 86
+
+/* Test-only switches, from the environment:
+ *   FLINT_FAULT_EXIT_AFTER_TASKS=K  the executor dies (_exit 86, no goodbye, as kill -9 would
+ *                                   leave things) as its K-th task ends, before reporting it;
+ *   FLINT_FAULT_SLOWDOWN=F          each task runs F times as long (it sleeps (F - 1) times
+ *                                   its run time afterwards, waking for kills): a slow machine. */
+static void fault_config_read(exec_service *svc) {
+  const char *k = getenv("FLINT_FAULT_EXIT_AFTER_TASKS"), *f = getenv("FLINT_FAULT_SLOWDOWN");
+  if (k && *k) svc->fault_exit_after = strtoull(k, NULL, 10);
+  if (f && *f) svc->fault_slowdown = strtod(f, NULL);
+  if (svc->fault_exit_after || svc->fault_slowdown > 1)
+    common_log(LOG_WARN, "fault injection: exit after %llu tasks, slowdown %.1fx",
+               (unsigned long long)svc->fault_exit_after, svc->fault_slowdown > 1 ? svc->fault_slowdown : 1.0);
+}
+
+/* Sleeps `ns`, waking every 10 ms to see whether the task was killed. */
+static void fault_nap(const rdd_task *rt, uint64_t ns) {
+  uint64_t end = common_now_ns() + ns;
+  while (!rdd_task_cancelled(rt)) {
+    uint64_t now = common_now_ns();
+    if (now >= end) break;
+    uint64_t step = end - now < 10000000u ? end - now : 10000000u;
+    struct timespec ts = {0, (long)step};
+    nanosleep(&ts, NULL);
+  }
+}
 
 /* ---- the application's view of the block manager --------------------------------------- */
 
@@ -460,8 +492,14 @@ static void task_free(exec_task *t) {
 static void task_run(task_pool_work *work) {
   exec_task *t = (exec_task *)work;
   exec_service *svc = t->app->svc;
+  uint64_t t0 = common_now_ns();
   if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
   else rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "task killed"));
+  if (svc->fault_slowdown > 1) fault_nap(&t->rt, (uint64_t)((double)(common_now_ns() - t0) * (svc->fault_slowdown - 1)));
+  if (svc->fault_exit_after && atomic_load(&svc->tasks_run) + 1 >= svc->fault_exit_after) {
+    common_log(LOG_WARN, "fault injection: exiting after %llu tasks", (unsigned long long)svc->fault_exit_after);
+    _exit(FAULT_EXIT_STATUS);
+  }
   atomic_fetch_add(&svc->tasks_run, 1);
   if (t->rt.status != FL_OK) atomic_fetch_add(&svc->tasks_failed, 1);
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
@@ -958,6 +996,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_PCHECK(pthread_mutex_init(&svc.lock, NULL));
   FL_PCHECK(pthread_cond_init(&svc.wake, NULL));
   common_log_set_role("executor");
+  fault_config_read(&svc);
   fl_status status = FL_OK;
 
   const char *base = cfg->work_dir && *cfg->work_dir ? cfg->work_dir : getenv("TMPDIR");
