@@ -54,6 +54,7 @@ typedef struct executor_ref {
   bool stopping;
   /* loss (cb->lock) */
   bool lost;
+  bool sender_done; /* its sender thread returned */
   uint64_t ping_sent_ns;
   /* the scheduler thread */
   bool removed;              /* lost, and its slots gone */
@@ -233,11 +234,55 @@ static void fail_attempt(cluster_backend *cb, uint64_t key, fl_status status, co
 
 static void sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o);
 
+/* Lost executors kept for status; older ones are freed once nothing refers to them. */
+#define MAX_LOST_KEPT 16
+
+static void executor_free(executor_ref *e) {
+  pthread_join(e->sender, NULL);
+  while (e->out_head) { /* calls never sent: their attempts ended with the executor */
+    outgoing *o = e->out_head;
+    e->out_head = o->next;
+    fl_buf_free(&o->body);
+    common_free(o->keys);
+    common_free(o);
+  }
+  rpc_channel_destroy(e->channel);
+  common_free(e->batch);
+  common_free(e->known);
+  common_free(e);
+}
+
+/* On the scheduler thread: frees lost executors beyond the newest MAX_LOST_KEPT whose
+ * attempts have all ended and whose sender has returned, so that a long-running driver
+ * with executors coming and going stays bounded. */
+static void prune_lost(cluster_backend *cb) {
+  executor_ref *gone = NULL;
+  uint32_t lost = 0;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (executor_ref **p = &cb->executors; *p;) {
+    executor_ref *e = *p;
+    if (e->lost && ++lost > MAX_LOST_KEPT && e->removed && e->running == 0 && e->sender_done) {
+      *p = e->next;
+      e->next = gone;
+      gone = e;
+    } else {
+      p = &e->next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  while (gone) {
+    executor_ref *e = gone;
+    gone = e->next;
+    executor_free(e);
+  }
+}
+
 /* On the scheduler thread, before the lost executor's attempts end: its slots go, and the
  * driver forgets the map outputs and cached blocks it held. */
 static void executor_removed(scheduler *s, void *arg) {
   executor_ref *e = arg;
   cluster_backend *cb = e->cb;
+  prune_lost(cb);
   e->removed = true;
   e->batch_len = 0; /* launched, not sent: their attempts end below like the others */
   scheduler_add_slots(s, -(int64_t)e->slots);
@@ -645,6 +690,7 @@ static void *sender_loop(void *p) {
       e->out_head = o->next;
       if (!e->out_head) e->out_tail = NULL;
     }
+    if (!o) e->sender_done = true;
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
     if (!o) return NULL;
     fl_buf reply = FL_BUF_INIT;
@@ -955,18 +1001,7 @@ static void cluster_destroy(backend *b) {
   while (cb->executors) {
     executor_ref *e = cb->executors;
     cb->executors = e->next;
-    pthread_join(e->sender, NULL);
-    while (e->out_head) { /* calls never sent: their attempts end with the driver */
-      outgoing *o = e->out_head;
-      e->out_head = o->next;
-      fl_buf_free(&o->body);
-      common_free(o->keys);
-      common_free(o);
-    }
-    rpc_channel_destroy(e->channel);
-    common_free(e->batch);
-    common_free(e->known);
-    common_free(e);
+    executor_free(e);
   }
   common_free(cb->inflight);
   dp_client_destroy(cb->fetcher);

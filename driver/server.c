@@ -27,6 +27,7 @@
 
 #define HEARTBEAT_MS 1000
 #define MAX_APPS_KEPT 64          /* finished applications kept for status */
+#define MAX_SUBMISSIONS_KEPT 64   /* finished job binaries kept (their output, for Output) */
 #define MAX_JOB_OUTPUT (64u << 20) /* bytes of a job binary's stdout or stderr kept */
 #define MAX_WAIT_MS 10000
 /* Tasks launched per executor core at once: those beyond the cores wait in the executor's
@@ -749,6 +750,36 @@ static void *supervise(void *arg) {
   return NULL;
 }
 
+/* A long-running driver keeps the newest MAX_SUBMISSIONS_KEPT finished job binaries (output
+ * and library); older ones go. */
+static void prune_submissions(driver_state *d) {
+  submission *gone = NULL;
+  uint32_t finished = 0;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  for (submission **p = &d->submissions; *p;) {
+    if ((*p)->exited && ++finished > MAX_SUBMISSIONS_KEPT) {
+      submission *old = *p;
+      *p = old->next;
+      old->next = gone;
+      gone = old;
+    } else {
+      p = &(*p)->next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  while (gone) {
+    submission *old = gone;
+    gone = old->next;
+    pthread_join(old->supervisor, NULL); /* it ended with the job; only its return is left */
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/jobs/job-%llu.so", d->work_dir, (unsigned long long)old->id);
+    unlink(path);
+    fl_buf_free(&old->out);
+    fl_buf_free(&old->err);
+    common_free(old);
+  }
+}
+
 static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__SubmitRequest, req, body, "Submit");
   fl_status status = FL_OK;
@@ -821,6 +852,7 @@ static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response)
   s->next = d->submissions;
   d->submissions = s;
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  prune_submissions(d);
   if (!args || pthread_create(&s->supervisor, NULL, supervise, args) != 0) {
     common_free(args);
     kill(pid, SIGKILL);
