@@ -32,7 +32,6 @@
 #include "shuffle/shuffle.h"
 
 #define RPC_TIMEOUT_MS 30000
-#define FETCH_TIMEOUT_MS 60000
 /* Whole objects (libraries, broadcasts) come in a small first request that tells their
  * length, then in large ranges. */
 #define FETCH_FIRST (1u << 20)
@@ -129,20 +128,26 @@ struct exec_service {
   bool stopping;
   atomic_uint_fast64_t tasks_run, tasks_failed;
   pthread_t status_thread, heartbeat_thread;
-  /* Fault injection (tests and benchmarks only; see fault_config_read). */
+  /* Fault injection (tests and benchmarks only; see settings_read). */
   uint64_t fault_exit_after; /* tasks after which the process dies; 0: never */
   double fault_slowdown;     /* every task takes this many times as long; <= 1: as it is */
 };
 
+/* A data-plane request's deadline (FLINT_FETCH_TIMEOUT_MS, default 60 s): how long a task
+ * waits on a peer that stopped answering (a cut link) before it reports a fetch failure. */
+static int64_t svc_fetch_timeout_ms = 60000;
+
 /* The process's exit status when fault injection kills it. */
 #define FAULT_EXIT_STATUS 86
 
-/* Test-only switches, from the environment:
+/* Settings from the environment: FLINT_FETCH_TIMEOUT_MS (above), and test-only switches:
  *   FLINT_FAULT_EXIT_AFTER_TASKS=K  the executor dies (_exit 86, no goodbye, as kill -9 would
  *                                   leave things) as its K-th task ends, before reporting it;
  *   FLINT_FAULT_SLOWDOWN=F          each task runs F times as long (it sleeps (F - 1) times
  *                                   its run time afterwards, waking for kills): a slow machine. */
-static void fault_config_read(exec_service *svc) {
+static void settings_read(exec_service *svc) {
+  const char *t = getenv("FLINT_FETCH_TIMEOUT_MS");
+  if (t && *t && strtoll(t, NULL, 10) > 0) svc_fetch_timeout_ms = strtoll(t, NULL, 10);
   const char *k = getenv("FLINT_FAULT_EXIT_AFTER_TASKS"), *f = getenv("FLINT_FAULT_SLOWDOWN");
   if (k && *k) svc->fault_exit_after = strtoull(k, NULL, 10);
   if (f && *f) svc->fault_slowdown = strtod(f, NULL);
@@ -191,7 +196,7 @@ static bool fetch_remote_block(exec_app *a, rdd_block_key key, rdd_batch *out) {
   if (!peer[0] || self_address(a->svc, peer)) return false;
   dp_request req = {.kind = DP_BLOCK, .key = {a->id, key.rdd_id, key.partition, 0}};
   fl_buf bytes = FL_BUF_INIT;
-  fl_status st = dp_fetch(a->svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, &bytes, NULL);
+  fl_status st = dp_fetch(a->svc->fetcher, peer, &req, svc_fetch_timeout_ms, &bytes, NULL);
   if (st == FL_OK) st = rdd_batch_decode(fl_buf_bytes(&bytes), "a remote cached block", out);
   fl_buf_free(&bytes);
   /* Not fatal: the partition is computed from its lineage instead. */
@@ -284,12 +289,12 @@ static fl_status app_shuffle_fetch(void *impl, uint64_t shuffle_id, uint32_t map
   if (len == 0) { /* only the block's length is wanted: ask for one byte */
     req.len = 1;
     fl_buf scratch = FL_BUF_INIT;
-    fl_status st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, &scratch, block_len);
+    fl_status st = dp_fetch(svc->fetcher, peer, &req, svc_fetch_timeout_ms, &scratch, block_len);
     fl_buf_free(&scratch);
     if (st != FL_OK) goto failed;
     return FL_OK;
   }
-  fl_status st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, out, block_len);
+  fl_status st = dp_fetch(svc->fetcher, peer, &req, svc_fetch_timeout_ms, out, block_len);
   if (st == FL_OK) return FL_OK;
 failed:
   return common_error_wrap(FL_EFETCH, "fetch failed: shuffle %llu, map %u, reduce %u from %s: ",
@@ -322,7 +327,7 @@ static fl_status fetch_whole(exec_service *svc, const char *peer, uint8_t kind,
   dp_request req = {.kind = kind, .key = {key[0], key[1], key[2], key[3]}, .len = FETCH_FIRST};
   uint64_t total = 0;
   out->len = 0;
-  fl_status st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, out, &total);
+  fl_status st = dp_fetch(svc->fetcher, peer, &req, svc_fetch_timeout_ms, out, &total);
   if (st != FL_OK) return st;
   if (total > out->len) {
     if (total >= FETCH_MAX)
@@ -334,7 +339,7 @@ static fl_status fetch_whole(exec_service *svc, const char *peer, uint8_t kind,
     size_t before = out->len;
     req.offset = out->len;
     req.len = FETCH_CHUNK;
-    if ((st = dp_fetch(svc->fetcher, peer, &req, FETCH_TIMEOUT_MS, out, NULL)) != FL_OK) return st;
+    if ((st = dp_fetch(svc->fetcher, peer, &req, svc_fetch_timeout_ms, out, NULL)) != FL_OK) return st;
     if (out->len == before)
       return FL_ERR(FL_EPROTO, "%s sent no bytes at offset %zu of %llu", peer, before,
                     (unsigned long long)total);
@@ -996,7 +1001,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_PCHECK(pthread_mutex_init(&svc.lock, NULL));
   FL_PCHECK(pthread_cond_init(&svc.wake, NULL));
   common_log_set_role("executor");
-  fault_config_read(&svc);
+  settings_read(&svc);
   fl_status status = FL_OK;
 
   const char *base = cfg->work_dir && *cfg->work_dir ? cfg->work_dir : getenv("TMPDIR");
