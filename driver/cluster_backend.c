@@ -219,20 +219,32 @@ static sched_task *inflight_take(cluster_backend *cb, uint64_t key) {
 }
 
 /* Ends attempt `key` if it is still in flight (it never reached its executor, or its job
- * was killed). */
-static void fail_attempt(cluster_backend *cb, uint64_t key, fl_status status, const char *msg) {
+ * was killed). lost: its executor is gone (a retry that does not count as a failure). */
+static void fail_attempt(cluster_backend *cb, uint64_t key, fl_status status, const char *msg, bool lost) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   sched_task *t = inflight_take(cb, key);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   if (!t) return;
   t->rt.status = status;
   t->rt.error = common_strdup(msg);
+  t->executor_lost = lost;
   scheduler_post_task_end(cb->base.sched, t);
 }
 
 /* ---- executor loss --------------------------------------------------------------------- */
 
-static void sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o);
+static bool sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o);
+
+static void outgoing_free(outgoing *o) {
+  fl_buf_free(&o->body);
+  common_free(o->keys);
+  common_free(o);
+}
+
+/* Queues a call that may be dropped when e is lost (a ping, a kill, a removal). */
+static void sender_push_or_drop_locked(cluster_backend *cb, executor_ref *e, outgoing *o) {
+  if (!sender_push_locked(cb, e, o)) outgoing_free(o);
+}
 
 /* Lost executors kept for status; older ones are freed once nothing refers to them. */
 #define MAX_LOST_KEPT 16
@@ -242,9 +254,7 @@ static void executor_free(executor_ref *e) {
   while (e->out_head) { /* calls never sent: their attempts ended with the executor */
     outgoing *o = e->out_head;
     e->out_head = o->next;
-    fl_buf_free(&o->body);
-    common_free(o->keys);
-    common_free(o);
+    outgoing_free(o);
   }
   rpc_channel_destroy(e->channel);
   common_free(e->batch);
@@ -343,7 +353,7 @@ static void ping_locked(cluster_backend *cb, executor_ref *e) {
   }
   o->method = "/flint.Executor/KillTasks";
   e->ping_sent_ns = common_now_ns();
-  sender_push_locked(cb, e, o);
+  sender_push_or_drop_locked(cb, e, o);
 }
 
 /* On the scheduler thread: jobs cannot wait for executors forever. */
@@ -612,19 +622,23 @@ cleanup:
   return status;
 }
 
-/* Queues a call for e's sender (cb->lock held). */
-static void sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o) {
+/* Queues a call for e's sender (cb->lock held); false when e is lost (nothing is queued:
+ * its sender may have returned). */
+static bool sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o) {
+  if (e->lost) return false;
   o->next = NULL;
   if (e->out_tail) e->out_tail->next = o;
   else e->out_head = o;
   e->out_tail = o;
   pthread_cond_broadcast(&cb->wake);
+  return true;
 }
 
-static void sender_push(cluster_backend *cb, executor_ref *e, outgoing *o) {
+static bool sender_push(cluster_backend *cb, executor_ref *e, outgoing *o) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  sender_push_locked(cb, e, o);
+  bool queued = sender_push_locked(cb, e, o);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  return queued;
 }
 
 static void cluster_flush(backend *b) {
@@ -658,7 +672,7 @@ static void cluster_flush(backend *b) {
         char msg[512];
         snprintf(msg, sizeof msg, "cannot launch on executor %llu: %s", (unsigned long long)e->id,
                  fl_last_error());
-        for (size_t i = 0; keys && i < n; i++) fail_attempt(cb, keys[i], st, msg);
+        for (size_t i = 0; keys && i < n; i++) fail_attempt(cb, keys[i], st, msg, false);
         if (o) fl_buf_free(&o->body);
         common_free(o);
         common_free(keys);
@@ -667,7 +681,13 @@ static void cluster_flush(backend *b) {
       o->method = "/flint.Executor/LaunchTasks";
       o->keys = keys;
       o->num_keys = n;
-      sender_push(cb, e, o);
+      if (!sender_push(cb, e, o)) { /* lost since it was placed there: run them elsewhere */
+        char msg[256];
+        snprintf(msg, sizeof msg, "executor %llu at %s was lost before its launch", (unsigned long long)e->id,
+                 e->rpc_address);
+        for (size_t i = 0; i < n; i++) fail_attempt(cb, keys[i], FL_ENET, msg, true);
+        outgoing_free(o); /* and keys */
+      }
     }
   }
 }
@@ -700,16 +720,13 @@ static void *sender_loop(void *p) {
       char msg[512];
       snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
                e->rpc_address, fl_last_error());
-      if (st == FL_ENET || st == FL_ETIMEDOUT) {
-        executor_lose(cb, e, fl_last_error()); /* its attempts, these too, run elsewhere */
-      } else {
-        common_log(LOG_WARN, "%s", msg);
-        for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], st, msg);
-      }
+      bool lost = st == FL_ENET || st == FL_ETIMEDOUT;
+      if (lost) executor_lose(cb, e, fl_last_error()); /* its attempts run elsewhere */
+      else common_log(LOG_WARN, "%s", msg);
+      /* Launched after the loss swept its attempts, or not a network failure. */
+      for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], st, msg, lost);
     }
-    fl_buf_free(&o->body);
-    common_free(o->keys);
-    common_free(o);
+    outgoing_free(o);
   }
 }
 
@@ -979,7 +996,7 @@ static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest 
       continue; /* best effort: the blocks go when the application or executor ends */
     }
     o->method = "/flint.Executor/Remove";
-    sender_push_locked(cb, e, o);
+    sender_push_or_drop_locked(cb, e, o);
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   fl_buf_free(&body);
@@ -1050,7 +1067,7 @@ static void cluster_kill(backend *b, sched_job *job) {
       continue;
     }
     o->method = "/flint.Executor/KillTasks";
-    sender_push_locked(cb, e, o);
+    sender_push_or_drop_locked(cb, e, o);
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   for (size_t i = 0; i < num_killed; i++) {
@@ -1074,7 +1091,7 @@ static void cluster_kill_attempt(backend *b, sched_task *t) {
     outgoing *o = common_calloc(1, sizeof *o);
     if (o && proto_pack(&req.base, &o->body) == FL_OK) {
       o->method = "/flint.Executor/KillTasks";
-      sender_push_locked(cb, e, o);
+      sender_push_or_drop_locked(cb, e, o);
     } else {
       common_free(o); /* it runs to its end; its report finds nothing */
     }

@@ -964,6 +964,12 @@ static void service_destroy(exec_service *svc) {
   }
   if (svc->status_thread) pthread_join(svc->status_thread, NULL);
   if (svc->heartbeat_thread) pthread_join(svc->heartbeat_thread, NULL);
+  while (svc->done_head) { /* ended after the last status update went out */
+    exec_task *t = svc->done_head;
+    svc->done_head = t->next;
+    task_free(t);
+  }
+  svc->done_tail = NULL;
   dp_server_stop(svc->blocks_server);
   while (svc->apps) {
     exec_app *next = svc->apps->next;
