@@ -156,7 +156,9 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
     FL_PCHECK(pthread_mutex_unlock(&app->lock));
     if (where) preferred = find_executor(cb, where);
   }
-  if (preferred && (preferred->removed || excluded(preferred, now))) preferred = NULL;
+  /* A backup runs away from its original's executor. */
+  const executor_ref *avoid = t->original ? t->original->placement : NULL;
+  if (preferred && (preferred->removed || excluded(preferred, now) || preferred == avoid)) preferred = NULL;
   if (preferred && preferred->running < preferred->slots) {
     t->placement = preferred;
     return true;
@@ -171,7 +173,7 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
   for (executor_ref *e = cb->executors; e; e = e->next)
     if (!e->removed && !excluded(e, now)) all_excluded = false;
   for (executor_ref *e = cb->executors; e; e = e->next)
-    if (!e->removed && (all_excluded || !excluded(e, now)) && e->running < e->slots &&
+    if (!e->removed && e != avoid && (all_excluded || !excluded(e, now)) && e->running < e->slots &&
         (!best || e->slots - e->running > best->slots - best->running))
       best = e;
   if (!best) return false;
@@ -1024,6 +1026,30 @@ static void cluster_kill(backend *b, sched_job *job) {
   common_free(keys);
 }
 
+/* The loser of a task and its backup: ended now, and its executor told to stop it. */
+static void cluster_kill_attempt(backend *b, sched_task *t) {
+  cluster_backend *cb = of(b);
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  bool mine = inflight_take(cb, t->key) == t;
+  executor_ref *e = t->placement;
+  if (mine && e && !e->lost) {
+    Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+    req.n_task_keys = 1;
+    req.task_keys = &t->key;
+    outgoing *o = common_calloc(1, sizeof *o);
+    if (o && proto_pack(&req.base, &o->body) == FL_OK) {
+      o->method = "/flint.Executor/KillTasks";
+      sender_push_locked(cb, e, o);
+    } else {
+      common_free(o); /* it runs to its end; its report finds nothing */
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  if (!mine) return; /* its end is on the way */
+  t->rt.status = FL_ECANCELLED;
+  scheduler_post_task_end(cb->base.sched, t);
+}
+
 /* A reduce task could not read a map output: if the executor that wrote it is gone, a ping
  * finds out now (its loss then marks everything it held lost at once). */
 static void cluster_fetch_failed(backend *b, sched_task *t) {
@@ -1045,6 +1071,7 @@ static const backend_ops cluster_ops = {.name = "cluster",
                                         .ended = cluster_ended,
                                         .kill = cluster_kill,
                                         .fetch_failed = cluster_fetch_failed,
+                                        .kill_attempt = cluster_kill_attempt,
                                         .destroy = cluster_destroy};
 
 fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cluster_backend **out) {

@@ -1090,6 +1090,21 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   FL_CHECK(common_mkdirs(sub));
 
   FL_CHECK(scheduler_create(4, &d.sched));
+  const char *quantile = getenv("FLINT_SPECULATION_QUANTILE"), *multiplier = getenv("FLINT_SPECULATION_MULTIPLIER");
+  sched_speculation spec = {.enabled = env_number("FLINT_SPECULATION", 0) != 0,
+                            .quantile = quantile && *quantile ? strtod(quantile, NULL) : 0.75,
+                            .multiplier = multiplier && *multiplier ? strtod(multiplier, NULL) : 1.5,
+                            .min_ns = env_ms("FLINT_SPECULATION_MIN_MS", 100)};
+  if (!(spec.quantile > 0 && spec.quantile <= 1) || !(spec.multiplier >= 1)) {
+    common_log(LOG_WARN, "FLINT_SPECULATION_QUANTILE must be in (0, 1] and FLINT_SPECULATION_MULTIPLIER "
+               "at least 1: using 0.75 and 1.5");
+    spec.quantile = 0.75;
+    spec.multiplier = 1.5;
+  }
+  scheduler_set_speculation(d.sched, &spec);
+  if (spec.enabled)
+    common_log(LOG_INFO, "speculation on: quantile %.2f, multiplier %.2f, minimum %.0f ms", spec.quantile,
+               spec.multiplier, (double)spec.min_ns / 1e6);
   cluster_config cc = {.secret = cfg->secret,
                        .locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
                        .slots_per_core = DRIVER_SLOTS_PER_CORE,
