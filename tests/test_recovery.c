@@ -4,8 +4,8 @@
  * (fl_context_open on flint://), with its user functions in the cluster_pipelines library.
  * Executors die by kill -9 or by fault injection (FLINT_FAULT_EXIT_AFTER_TASKS) during a map
  * stage, between a shuffle and the reads of its output, and between iterations over a cached
- * dataset; every executor dies during a job; every executor that held a checkpoint dies; and
- * a host's link is cut in network namespaces. Each faulty run's results must equal the same
+ * dataset; one executor is 5 times slower (FLINT_FAULT_SLOWDOWN) and speculation backs its
+ * tasks up; every executor dies during a job; every executor that held a checkpoint dies. Each faulty run's results must equal the same
  * computation without faults (on local[2], or known in closed form).
  *
  * Time: the driver's heartbeat timeout is FAST_TIMEOUT_MS here, so that a loss is noticed
@@ -242,6 +242,34 @@ static void test_kill_between_iterations(void **state) {
   fx.passed = true;
 }
 
+/* ---- a slow executor: speculation ------------------------------------------------------ */
+
+static void test_speculation_on_a_slow_executor(void **state) {
+  (void)state;
+  char *want = reference_sums();
+  proc *driver = start_driver((const char *const[]){FAST_TIMEOUT, "FLINT_SPECULATION=1", NULL});
+  start_executor("exec1", (const char *const[]){"FLINT_FAULT_SLOWDOWN=5", NULL});
+  start_executor("exec2", NULL);
+  wait_registered(driver, 2);
+
+  fl_context *ctx = open_client(fx.master);
+  fl_dataset *sums;
+  keyed_sums(ctx, 100, &sums); /* map tasks of 100 ms on exec2 and 500 ms on exec1 */
+  double t0 = now_s();
+  char *got = collect_text(sums, true);
+  fprintf(stderr, "with a 5x slower executor: %.1f s, %d backup copies\n", now_s() - t0,
+          log_count(driver, "backup copy"));
+  expect_same("speculation", want, got);
+  assert_true(log_count(driver, "backup copy") >= 1);
+  assert_int_equal(log_count(driver, " lost: "), 0);
+  free(got);
+  fl_dataset_free(sums);
+  fl_context_close(ctx);
+  free(want);
+  stop_all();
+  fx.passed = true;
+}
+
 /* ---- every executor lost; then a new one ----------------------------------------------- */
 
 typedef struct action_thread {
@@ -363,6 +391,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_exit_during_map_stage, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_kill_before_reduce_fetches, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_kill_between_iterations, harness_setup, harness_teardown),
+      cmocka_unit_test_setup_teardown(test_speculation_on_a_slow_executor, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_all_executors_lost, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_checkpoint_outlives_executors, harness_setup, harness_teardown),
   };
