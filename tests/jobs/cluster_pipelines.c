@@ -343,6 +343,19 @@ CP_EXPORT fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg) 
   return fl_buf_append(out, rec.data, rec.len);
 }
 
+/* Copies a partition after sleeping the arg's milliseconds (an int64) once: tasks of a known
+ * length whatever their size (test_recovery's jobs, during which executors die). */
+CP_EXPORT fl_status cp_slow_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  int64_t ms;
+  memcpy(&ms, arg, sizeof ms);
+  usleep((useconds_t)(ms * 1000));
+  fl_bytes rec;
+  fl_status s = FL_OK;
+  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
+  return s;
+}
+
 /* Copies a record after sleeping the arg's milliseconds (an int64): a slow job to cancel. */
 CP_EXPORT fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg) {
   int64_t ms;
