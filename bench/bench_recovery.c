@@ -120,6 +120,7 @@
 #define JOBS 3
 #define SLOWDOWN "5"
 #define SPEC_TARGET 1.3
+_Static_assert(JOBS <= ITERATIONS + 1, "runs_summary.ref holds a row's answers");
 
 /* ---- the functions of libbench_recovery_fns (bench_recovery_fns.c) -------------------- */
 
@@ -427,14 +428,60 @@ static int iterate(fl_dataset *ds, uint64_t iter, uint64_t expect, brf_figures *
   return rc;
 }
 
-/* Whether two runs' answers are equal; the first run sets `ref` (have == false). */
-static bool same_answers(brf_figures *ref, bool *have, const brf_figures *got, size_t n) {
-  if (!*have) {
-    memcpy(ref, got, n * sizeof *got);
-    *have = true;
-    return true;
+/* The run with the median ratio among n (the lower median for an even n, the earlier run
+ * among equals), and the smallest and largest ratio. */
+static size_t median_run(const double *ratio, size_t n, double *min, double *max) {
+  size_t median = 0;
+  *min = *max = ratio[0];
+  for (size_t i = 0; i < n; i++) {
+    size_t rank = 0;
+    for (size_t j = 0; j < n; j++) rank += ratio[j] < ratio[i] || (ratio[j] == ratio[i] && j < i);
+    if (rank == (n - 1) / 2) median = i;
+    if (ratio[i] < *min) *min = ratio[i];
+    if (ratio[i] > *max) *max = ratio[i];
   }
-  return memcmp(ref, got, n * sizeof *got) == 0;
+  return median;
+}
+
+/* What a row keeps over its runs: the answers of its first cluster (every later one must
+ * give the same), and which run has the median ratio. */
+typedef struct runs_summary {
+  int runs;
+  size_t median;
+  double ratio_min, ratio_max;
+  bool equal, met;
+  bool have;
+  brf_figures ref[ITERATIONS + 1];
+} runs_summary;
+
+/* A cluster's answers: the first set them, the others must equal them. */
+static void summary_check(runs_summary *s, const brf_figures *got, size_t n) {
+  if (!s->have) memcpy(s->ref, got, n * sizeof *got);
+  else if (memcmp(s->ref, got, n * sizeof *got) != 0) s->equal = false;
+  s->have = true;
+}
+
+/* One run of a row: fills `run` (the row's own run record), checks its clusters' answers
+ * through s and sets *ratio. */
+typedef int (*row_run_fn)(runs_summary *s, void *run, double *ratio);
+
+/* --runs runs of a row into runs[] (records of run_size bytes); the summary says which run
+ * has the median ratio and whether it meets `target` (ratio <= target). */
+static int row_runs(const options *o, row_run_fn fn, void *runs, size_t run_size, double target, runs_summary *s) {
+  memset(s, 0, sizeof *s);
+  s->runs = (int)o->runs;
+  s->equal = true;
+  double *ratios = calloc(o->runs, sizeof *ratios);
+  int rc = 1;
+  if (!ratios) goto done;
+  for (uint64_t r = 0; r < o->runs; r++)
+    if (fn(s, (char *)runs + r * run_size, &ratios[r]) != 0) goto done;
+  s->median = median_run(ratios, o->runs, &s->ratio_min, &s->ratio_max);
+  s->met = ratios[s->median] <= target;
+  rc = 0;
+done:
+  free(ratios);
+  return rc;
 }
 
 /* ---- recovery ---------------------------------------------------------------------------- */
@@ -448,10 +495,8 @@ typedef struct recovery_run {
 } recovery_run;
 
 typedef struct recovery_result {
+  runs_summary s;
   recovery_run median;
-  double ratio_min, ratio_max;
-  int runs;
-  bool equal, met;
 } recovery_result;
 
 /* Which executor (index into c->executors) read each partition of the cached dataset; the
@@ -580,36 +625,23 @@ done:
   return rc;
 }
 
-static int cmp_run_ratio(const void *a, const void *b) {
-  double x = ((const recovery_run *)a)->ratio, y = ((const recovery_run *)b)->ratio;
-  return (x > y) - (x < y);
+/* One run of row 1: the fault-free cluster, then the faulty one. */
+static int recovery_one(runs_summary *s, void *p, double *ratio) {
+  recovery_run *run = p;
+  brf_figures got[ITERATIONS + 1];
+  for (int faulty = 0; faulty < 2; faulty++) {
+    if (recovery_side(faulty, run, got) != 0) return 1;
+    summary_check(s, got, ITERATIONS + 1);
+  }
+  run->extra_s = run->t1_s - run->t0_s;
+  *ratio = run->ratio = run->extra_s / run->recompute_s;
+  return 0;
 }
 
 static int bench_recovery(const options *o, recovery_result *res) {
-  memset(res, 0, sizeof *res);
-  res->runs = (int)o->runs;
-  res->equal = true;
   recovery_run *runs = calloc(o->runs, sizeof *runs);
-  brf_figures ref[ITERATIONS + 1], got[ITERATIONS + 1];
-  bool have = false;
-  int rc = 1;
-  if (!runs) goto done;
-  for (uint64_t r = 0; r < o->runs; r++) {
-    recovery_run *run = &runs[r];
-    if (recovery_side(false, run, got) != 0) goto done;
-    res->equal &= same_answers(ref, &have, got, ITERATIONS + 1);
-    if (recovery_side(true, run, got) != 0) goto done;
-    res->equal &= same_answers(ref, &have, got, ITERATIONS + 1);
-    run->extra_s = run->t1_s - run->t0_s;
-    run->ratio = run->extra_s / run->recompute_s;
-  }
-  qsort(runs, o->runs, sizeof *runs, cmp_run_ratio);
-  res->median = runs[(o->runs - 1) / 2];
-  res->ratio_min = runs[0].ratio;
-  res->ratio_max = runs[o->runs - 1].ratio;
-  res->met = res->median.ratio <= REC_TARGET;
-  rc = 0;
-done:
+  int rc = runs ? row_runs(o, recovery_one, runs, sizeof *runs, REC_TARGET, &res->s) : 1;
+  if (rc == 0) res->median = runs[res->s.median];
   free(runs);
   return rc;
 }
@@ -624,10 +656,8 @@ typedef struct spec_run {
 } spec_run;
 
 typedef struct spec_result {
+  runs_summary s;
   spec_run median;
-  double ratio_min, ratio_max;
-  int runs;
-  bool equal, met;
 } spec_result;
 
 /* One cluster of row 2: an untimed small job, then JOBS timed jobs of SPEC_PARTITIONS tasks. */
@@ -666,35 +696,23 @@ done:
   return rc;
 }
 
-static int cmp_spec_ratio(const void *a, const void *b) {
-  double x = ((const spec_run *)a)->ratio, y = ((const spec_run *)b)->ratio;
-  return (x > y) - (x < y);
+/* One run of row 2: its three clusters. */
+static int spec_one(runs_summary *s, void *p, double *ratio) {
+  spec_run *run = p;
+  brf_figures got[JOBS];
+  for (int k = 0; k < SPEC_CONFIGS; k++) {
+    if (spec_side(k, &run->secs[k], got) != 0) return 1;
+    summary_check(s, got, JOBS);
+  }
+  *ratio = run->ratio = run->secs[SPEC_ON] / run->secs[SPEC_BASELINE];
+  run->ratio_off = run->secs[SPEC_OFF] / run->secs[SPEC_BASELINE];
+  return 0;
 }
 
 static int bench_speculation(const options *o, spec_result *res) {
-  memset(res, 0, sizeof *res);
-  res->runs = (int)o->runs;
-  res->equal = true;
   spec_run *runs = calloc(o->runs, sizeof *runs);
-  brf_figures ref[JOBS], got[JOBS];
-  bool have = false;
-  int rc = 1;
-  if (!runs) goto done;
-  for (uint64_t r = 0; r < o->runs; r++) {
-    for (int k = 0; k < SPEC_CONFIGS; k++) {
-      if (spec_side(k, &runs[r].secs[k], got) != 0) goto done;
-      res->equal &= same_answers(ref, &have, got, JOBS);
-    }
-    runs[r].ratio = runs[r].secs[SPEC_ON] / runs[r].secs[SPEC_BASELINE];
-    runs[r].ratio_off = runs[r].secs[SPEC_OFF] / runs[r].secs[SPEC_BASELINE];
-  }
-  qsort(runs, o->runs, sizeof *runs, cmp_spec_ratio);
-  res->median = runs[(o->runs - 1) / 2];
-  res->ratio_min = runs[0].ratio;
-  res->ratio_max = runs[o->runs - 1].ratio;
-  res->met = res->median.ratio <= SPEC_TARGET;
-  rc = 0;
-done:
+  int rc = runs ? row_runs(o, spec_one, runs, sizeof *runs, SPEC_TARGET, &res->s) : 1;
+  if (rc == 0) res->median = runs[res->s.median];
   free(runs);
   return rc;
 }
@@ -731,16 +749,16 @@ static void print_recovery(const options *o, const recovery_result *r) {
            ", \"ratio_extra_recompute\": %.3f, \"ratio_min\": %.3f, \"ratio_max\": %.3f, \"detect_ms\": %.0f"
            ", \"iteration_s\": %.4f, \"recovery_iteration_s\": %.4f, \"results_equal\": %s"
            ", \"target\": \"ratio_extra_recompute <= %.1f\", \"met\": %s}\n",
-           REC_PARTITIONS, RECORDS, ROUNDS, ITERATIONS, KILL_AFTER, r->runs, m->lost, m->t0_s, m->t1_s, m->extra_s,
-           m->recompute_s, m->ratio, r->ratio_min, r->ratio_max, m->detect_ms, m->iteration_s,
-           m->recovery_iteration_s, r->equal ? "true" : "false", REC_TARGET, r->met ? "true" : "false");
+           REC_PARTITIONS, RECORDS, ROUNDS, ITERATIONS, KILL_AFTER, r->s.runs, m->lost, m->t0_s, m->t1_s, m->extra_s,
+           m->recompute_s, m->ratio, r->s.ratio_min, r->s.ratio_max, m->detect_ms, m->iteration_s,
+           m->recovery_iteration_s, r->s.equal ? "true" : "false", REC_TARGET, r->s.met ? "true" : "false");
     return;
   }
   char v[64], t[32];
   snprintf(v, sizeof v, "%.3f", m->ratio);
   snprintf(t, sizeof t, "<= %.1f", REC_TARGET);
-  bench_print_row(&columns, "recovery", "ratio extra/recompute", v, t, r->met ? "yes" : "NO");
-  snprintf(v, sizeof v, "%.3f / %.3f", r->ratio_min, r->ratio_max);
+  bench_print_row(&columns, "recovery", "ratio extra/recompute", v, t, r->s.met ? "yes" : "NO");
+  snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
   bench_print_row(&columns, "", "ratio min / max", v, "", "");
   snprintf(v, sizeof v, "%.3f", m->extra_s);
   bench_print_row(&columns, "", "extra_s (faulty - fault-free)", v, "", "");
@@ -758,7 +776,7 @@ static void print_recovery(const options *o, const recovery_result *r) {
   bench_print_row(&columns, "", "recovery_iteration_s", v, "", "");
   snprintf(v, sizeof v, "%u of %d", m->lost, REC_PARTITIONS);
   bench_print_row(&columns, "", "lost_partitions", v, "", "");
-  bench_print_row(&columns, "", "answers (faulty = fault-free)", r->equal ? "equal" : "DIFFER", "", r->equal ? "" : "MISMATCH");
+  bench_print_row(&columns, "", "answers (faulty = fault-free)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
 }
 
 static void print_speculation(const options *o, const spec_result *r) {
@@ -769,16 +787,16 @@ static void print_speculation(const options *o, const spec_result *r) {
            ", \"no_speculation_s\": %.4f, \"ratio_speculation_baseline\": %.3f, \"ratio_min\": %.3f"
            ", \"ratio_max\": %.3f, \"ratio_no_speculation_baseline\": %.3f, \"results_equal\": %s"
            ", \"target\": \"ratio_speculation_baseline <= %.1f\", \"met\": %s}\n",
-           SPEC_PARTITIONS, RECORDS, ROUNDS, JOBS, SLOWDOWN, r->runs, m->secs[SPEC_BASELINE], m->secs[SPEC_ON],
-           m->secs[SPEC_OFF], m->ratio, r->ratio_min, r->ratio_max, m->ratio_off, r->equal ? "true" : "false",
-           SPEC_TARGET, r->met ? "true" : "false");
+           SPEC_PARTITIONS, RECORDS, ROUNDS, JOBS, SLOWDOWN, r->s.runs, m->secs[SPEC_BASELINE], m->secs[SPEC_ON],
+           m->secs[SPEC_OFF], m->ratio, r->s.ratio_min, r->s.ratio_max, m->ratio_off, r->s.equal ? "true" : "false",
+           SPEC_TARGET, r->s.met ? "true" : "false");
     return;
   }
   char v[64], t[32];
   snprintf(v, sizeof v, "%.3f", m->ratio);
   snprintf(t, sizeof t, "<= %.1f", SPEC_TARGET);
-  bench_print_row(&columns, "speculation", "ratio speculation/baseline", v, t, r->met ? "yes" : "NO");
-  snprintf(v, sizeof v, "%.3f / %.3f", r->ratio_min, r->ratio_max);
+  bench_print_row(&columns, "speculation", "ratio speculation/baseline", v, t, r->s.met ? "yes" : "NO");
+  snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
   bench_print_row(&columns, "", "ratio min / max", v, "", "");
   snprintf(v, sizeof v, "%.3f", m->secs[SPEC_BASELINE]);
   bench_print_row(&columns, "", "baseline_s (2 executors)", v, "", "");
@@ -788,7 +806,7 @@ static void print_speculation(const options *o, const spec_result *r) {
   bench_print_row(&columns, "", "no_speculation_s (+1 slow)", v, "", "");
   snprintf(v, sizeof v, "%.3f", m->ratio_off);
   bench_print_row(&columns, "", "ratio no_speculation/baseline", v, "(ref)", "-");
-  bench_print_row(&columns, "", "answers (3 clusters)", r->equal ? "equal" : "DIFFER", "", r->equal ? "" : "MISMATCH");
+  bench_print_row(&columns, "", "answers (3 clusters)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
 }
 
 static const char usage_text[] =
@@ -848,7 +866,7 @@ int main(int argc, char **argv) {
     if (!o.skip[ROW_RECOVERY]) print_recovery(&o, &rr);
     if (!o.skip[ROW_SPECULATION]) print_speculation(&o, &sr);
     fflush(stdout);
-    if ((!o.skip[ROW_RECOVERY] && !rr.equal) || (!o.skip[ROW_SPECULATION] && !sr.equal)) {
+    if ((!o.skip[ROW_RECOVERY] && !rr.s.equal) || (!o.skip[ROW_SPECULATION] && !sr.s.equal)) {
       fprintf(stderr, BENCH_NAME ": the answers differ between clusters or runs\n");
       rc = 1;
     }
