@@ -54,6 +54,7 @@ typedef struct executor_ref {
   bool stopping;
   /* loss (cb->lock) */
   bool lost;
+  bool sender_done; /* its sender thread returned */
   uint64_t ping_sent_ns;
   /* the scheduler thread */
   bool removed;              /* lost, and its slots gone */
@@ -156,7 +157,9 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
     FL_PCHECK(pthread_mutex_unlock(&app->lock));
     if (where) preferred = find_executor(cb, where);
   }
-  if (preferred && (preferred->removed || excluded(preferred, now))) preferred = NULL;
+  /* A backup runs away from its original's executor. */
+  const executor_ref *avoid = t->original ? t->original->placement : NULL;
+  if (preferred && (preferred->removed || excluded(preferred, now) || preferred == avoid)) preferred = NULL;
   if (preferred && preferred->running < preferred->slots) {
     t->placement = preferred;
     return true;
@@ -171,7 +174,7 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
   for (executor_ref *e = cb->executors; e; e = e->next)
     if (!e->removed && !excluded(e, now)) all_excluded = false;
   for (executor_ref *e = cb->executors; e; e = e->next)
-    if (!e->removed && (all_excluded || !excluded(e, now)) && e->running < e->slots &&
+    if (!e->removed && e != avoid && (all_excluded || !excluded(e, now)) && e->running < e->slots &&
         (!best || e->slots - e->running > best->slots - best->running))
       best = e;
   if (!best) return false;
@@ -231,11 +234,55 @@ static void fail_attempt(cluster_backend *cb, uint64_t key, fl_status status, co
 
 static void sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o);
 
+/* Lost executors kept for status; older ones are freed once nothing refers to them. */
+#define MAX_LOST_KEPT 16
+
+static void executor_free(executor_ref *e) {
+  pthread_join(e->sender, NULL);
+  while (e->out_head) { /* calls never sent: their attempts ended with the executor */
+    outgoing *o = e->out_head;
+    e->out_head = o->next;
+    fl_buf_free(&o->body);
+    common_free(o->keys);
+    common_free(o);
+  }
+  rpc_channel_destroy(e->channel);
+  common_free(e->batch);
+  common_free(e->known);
+  common_free(e);
+}
+
+/* On the scheduler thread: frees lost executors beyond the newest MAX_LOST_KEPT whose
+ * attempts have all ended and whose sender has returned, so that a long-running driver
+ * with executors coming and going stays bounded. */
+static void prune_lost(cluster_backend *cb) {
+  executor_ref *gone = NULL;
+  uint32_t lost = 0;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (executor_ref **p = &cb->executors; *p;) {
+    executor_ref *e = *p;
+    if (e->lost && ++lost > MAX_LOST_KEPT && e->removed && e->running == 0 && e->sender_done) {
+      *p = e->next;
+      e->next = gone;
+      gone = e;
+    } else {
+      p = &e->next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  while (gone) {
+    executor_ref *e = gone;
+    gone = e->next;
+    executor_free(e);
+  }
+}
+
 /* On the scheduler thread, before the lost executor's attempts end: its slots go, and the
  * driver forgets the map outputs and cached blocks it held. */
 static void executor_removed(scheduler *s, void *arg) {
   executor_ref *e = arg;
   cluster_backend *cb = e->cb;
+  prune_lost(cb);
   e->removed = true;
   e->batch_len = 0; /* launched, not sent: their attempts end below like the others */
   scheduler_add_slots(s, -(int64_t)e->slots);
@@ -643,6 +690,7 @@ static void *sender_loop(void *p) {
       e->out_head = o->next;
       if (!e->out_head) e->out_tail = NULL;
     }
+    if (!o) e->sender_done = true;
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
     if (!o) return NULL;
     fl_buf reply = FL_BUF_INIT;
@@ -953,18 +1001,7 @@ static void cluster_destroy(backend *b) {
   while (cb->executors) {
     executor_ref *e = cb->executors;
     cb->executors = e->next;
-    pthread_join(e->sender, NULL);
-    while (e->out_head) { /* calls never sent: their attempts end with the driver */
-      outgoing *o = e->out_head;
-      e->out_head = o->next;
-      fl_buf_free(&o->body);
-      common_free(o->keys);
-      common_free(o);
-    }
-    rpc_channel_destroy(e->channel);
-    common_free(e->batch);
-    common_free(e->known);
-    common_free(e);
+    executor_free(e);
   }
   common_free(cb->inflight);
   dp_client_destroy(cb->fetcher);
@@ -1024,6 +1061,30 @@ static void cluster_kill(backend *b, sched_job *job) {
   common_free(keys);
 }
 
+/* The loser of a task and its backup: ended now, and its executor told to stop it. */
+static void cluster_kill_attempt(backend *b, sched_task *t) {
+  cluster_backend *cb = of(b);
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  bool mine = inflight_take(cb, t->key) == t;
+  executor_ref *e = t->placement;
+  if (mine && e && !e->lost) {
+    Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+    req.n_task_keys = 1;
+    req.task_keys = &t->key;
+    outgoing *o = common_calloc(1, sizeof *o);
+    if (o && proto_pack(&req.base, &o->body) == FL_OK) {
+      o->method = "/flint.Executor/KillTasks";
+      sender_push_locked(cb, e, o);
+    } else {
+      common_free(o); /* it runs to its end; its report finds nothing */
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  if (!mine) return; /* its end is on the way */
+  t->rt.status = FL_ECANCELLED;
+  scheduler_post_task_end(cb->base.sched, t);
+}
+
 /* A reduce task could not read a map output: if the executor that wrote it is gone, a ping
  * finds out now (its loss then marks everything it held lost at once). */
 static void cluster_fetch_failed(backend *b, sched_task *t) {
@@ -1045,6 +1106,7 @@ static const backend_ops cluster_ops = {.name = "cluster",
                                         .ended = cluster_ended,
                                         .kill = cluster_kill,
                                         .fetch_failed = cluster_fetch_failed,
+                                        .kill_attempt = cluster_kill_attempt,
                                         .destroy = cluster_destroy};
 
 fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cluster_backend **out) {

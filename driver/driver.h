@@ -47,6 +47,12 @@ typedef struct sched_task {
   uint64_t pending_since_ns; /* when it became pending (locality wait) */
   bool executor_lost;        /* the attempt ended because its executor was lost: a retry
                                 that does not count as a failure */
+  /* Speculation: a task may have a second attempt, its backup, a sched_task of its own
+   * whose `original` is the task; the first success counts, the other attempt is killed. */
+  bool running, done;        /* an attempt is out; the task succeeded */
+  uint64_t launched_ns, duration_ns; /* the attempt's launch; the successful one's run time */
+  struct sched_task *original, *backup;
+  struct sched_task *next_copy; /* the job's backups, freed with it */
 } sched_task;
 
 /* ---- backends -------------------------------------------------------------------------- */
@@ -69,6 +75,9 @@ typedef struct backend_ops {
   /* Optional: `job` failed or was cancelled; stops its running attempts early (each still
    * ends through scheduler_post_task_end). Without it they run to their end. */
   void (*kill)(backend *b, sched_job *job);
+  /* Optional: stops one attempt (a backup's loser): ends it now with FL_ECANCELLED through
+   * scheduler_post_task_end unless its end is already on the way. Required for speculation. */
+  void (*kill_attempt)(backend *b, sched_task *task);
   /* Optional: `task` could not read map output (task->rt.fetch_shuffle_id, fetch_map); the
    * scheduler has marked it lost. The backend forgets where it was and checks that its
    * executor is still alive. */
@@ -88,11 +97,23 @@ FL_INTERNAL fl_status local_backend_create(scheduler *sched, uint32_t threads, b
 
 /* ---- scheduler ------------------------------------------------------------------------- */
 typedef struct scheduler_stats {
-  uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed;
+  uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated;
 } scheduler_stats;
+
+/* Speculation (Spark's settings): once `quantile` of a stage's tasks succeeded, a task
+ * running longer than max(multiplier x their median run time, min_ns) gets a backup copy on
+ * another executor; the first to succeed counts, the other is killed. Needs a backend with
+ * place and kill_attempt (the cluster backend). */
+typedef struct sched_speculation {
+  bool enabled;
+  double quantile, multiplier;
+  uint64_t min_ns;
+} sched_speculation;
 
 /* Starts the event loop. max_attempts: tries of a task before its job fails. */
 FL_INTERNAL fl_status scheduler_create(uint32_t max_attempts, scheduler **out);
+/* Before any job: turns speculation on (see sched_speculation). */
+FL_INTERNAL void scheduler_set_speculation(scheduler *s, const sched_speculation *spec);
 /* Gives the scheduler its backend (owned from now on). */
 FL_INTERNAL void scheduler_set_backend(scheduler *s, backend *b);
 /* Stops the loop, destroys the backend and frees the scheduler. No job may be running. */
@@ -159,6 +180,7 @@ struct sched_job {
   uint32_t next_stage_id;
   uint32_t remaining; /* result tasks not yet succeeded */
   uint32_t running;   /* attempts launched and not ended */
+  sched_task *copies; /* backups made for its tasks */
   uint64_t group, tag; /* sched_job_opts */
   sched_job *active_prev, *active_next; /* the scheduler's running jobs */
   atomic_bool cancelled;
@@ -175,10 +197,12 @@ struct scheduler {
   int64_t free_slots;
   uint64_t retry_at_ns; /* the earliest locality wait to end; 0: none */
   uint64_t resubmit_at_ns; /* when to rerun the map tasks of lost outputs; 0: none */
+  sched_speculation speculation;
+  uint64_t speculate_at_ns; /* the next look for slow tasks; 0: none due */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
   sched_job *active;                       /* jobs submitted and not finished */
   atomic_uint_fast64_t next_job_id;
-  _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed;
+  _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated;
 };
 
 /* DAG scheduler: cuts a submitted job into stages and submits those that can run. */
@@ -206,6 +230,8 @@ FL_INTERNAL void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t
 FL_INTERNAL void task_scheduler_task_ended(scheduler *s, sched_task *task);
 /* Launches pending tasks while slots are free. */
 FL_INTERNAL void task_scheduler_offer(scheduler *s);
+/* Gives slow running tasks of running stages a backup copy (speculation). */
+FL_INTERNAL void task_scheduler_speculate(scheduler *s);
 /* Forgets the pending tasks of a job. */
 FL_INTERNAL void task_scheduler_drop_job(scheduler *s, sched_job *job);
 

@@ -48,6 +48,22 @@ fl_status scheduler_cancel(scheduler *s, uint64_t group, uint64_t tag) {
   return st;
 }
 
+/* How often running stages are checked for slow tasks, when speculation is on. */
+#define SPECULATION_PERIOD_NS 100000000u
+
+void scheduler_set_speculation(scheduler *s, const sched_speculation *spec) { s->speculation = *spec; }
+
+/* Timed work due now: lost map output to run again, a look for slow tasks. */
+static void run_timers(scheduler *s) {
+  uint64_t now = common_now_ns();
+  if (s->resubmit_at_ns && s->resubmit_at_ns <= now) dag_scheduler_resubmit(s);
+  if (s->speculate_at_ns && s->speculate_at_ns <= now) {
+    s->speculate_at_ns = 0;
+    task_scheduler_speculate(s);
+  }
+  if (s->speculation.enabled && s->active && !s->speculate_at_ns) s->speculate_at_ns = now + SPECULATION_PERIOD_NS;
+}
+
 static void *scheduler_main(void *p) {
   scheduler *s = p;
   uint64_t spin = common_spin_ns();
@@ -55,14 +71,14 @@ static void *scheduler_main(void *p) {
     sched_event *ev;
     uint64_t wake = s->retry_at_ns;
     if (s->resubmit_at_ns && (!wake || s->resubmit_at_ns < wake)) wake = s->resubmit_at_ns;
+    if (s->speculate_at_ns && (!wake || s->speculate_at_ns < wake)) wake = s->speculate_at_ns;
     if (wake) {
       ev = (sched_event *)common_queue_pop_until(&s->events, spin, wake);
-      if (!ev) { /* a locality wait ended, or lost map output is due to run again */
-        if (s->resubmit_at_ns && s->resubmit_at_ns <= common_now_ns()) dag_scheduler_resubmit(s);
+      if (!ev) { /* a locality wait ended, or a timer's work was due */
+        run_timers(s);
         task_scheduler_offer(s);
         continue;
       }
-      if (s->resubmit_at_ns && s->resubmit_at_ns <= common_now_ns()) dag_scheduler_resubmit(s);
     } else if (!(ev = (sched_event *)common_queue_pop(&s->events, spin))) {
       return NULL;
     }
@@ -82,6 +98,7 @@ static void *scheduler_main(void *p) {
     case EV_STOP:
       return NULL;
     }
+    run_timers(s);
     task_scheduler_offer(s);
   }
 }
@@ -167,6 +184,13 @@ fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_
   if (status != FL_OK) fl_set_error(status, "%s", job.error ? job.error : fl_strerror(status));
   for (uint32_t i = 0; i < num_parts; i++) fl_buf_free(&job.tasks[i].result);
   common_free(job.tasks);
+  while (job.copies) {
+    sched_task *b = job.copies;
+    job.copies = b->next_copy;
+    fl_buf_free(&b->result);
+    rdd_task_clear(&b->rt);
+    common_free(b);
+  }
   dag_scheduler_free_stages(&job);
   common_free(job.error);
   common_event_destroy(&job.done);
@@ -179,4 +203,5 @@ void scheduler_stats_get(scheduler *s, scheduler_stats *out) {
   out->jobs_failed = atomic_load(&s->jobs_failed);
   out->tasks_run = atomic_load(&s->tasks_run);
   out->tasks_failed = atomic_load(&s->tasks_failed);
+  out->tasks_speculated = atomic_load(&s->tasks_speculated);
 }

@@ -27,6 +27,7 @@
 
 #define HEARTBEAT_MS 1000
 #define MAX_APPS_KEPT 64          /* finished applications kept for status */
+#define MAX_SUBMISSIONS_KEPT 64   /* finished job binaries kept (their output, for Output) */
 #define MAX_JOB_OUTPUT (64u << 20) /* bytes of a job binary's stdout or stderr kept */
 #define MAX_WAIT_MS 10000
 /* Tasks launched per executor core at once: those beyond the cores wait in the executor's
@@ -749,6 +750,36 @@ static void *supervise(void *arg) {
   return NULL;
 }
 
+/* A long-running driver keeps the newest MAX_SUBMISSIONS_KEPT finished job binaries (output
+ * and library); older ones go. */
+static void prune_submissions(driver_state *d) {
+  submission *gone = NULL;
+  uint32_t finished = 0;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  for (submission **p = &d->submissions; *p;) {
+    if ((*p)->exited && ++finished > MAX_SUBMISSIONS_KEPT) {
+      submission *old = *p;
+      *p = old->next;
+      old->next = gone;
+      gone = old;
+    } else {
+      p = &(*p)->next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  while (gone) {
+    submission *old = gone;
+    gone = old->next;
+    pthread_join(old->supervisor, NULL); /* it ended with the job; only its return is left */
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/jobs/job-%llu.so", d->work_dir, (unsigned long long)old->id);
+    unlink(path);
+    fl_buf_free(&old->out);
+    fl_buf_free(&old->err);
+    common_free(old);
+  }
+}
+
 static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__SubmitRequest, req, body, "Submit");
   fl_status status = FL_OK;
@@ -821,6 +852,7 @@ static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response)
   s->next = d->submissions;
   d->submissions = s;
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  prune_submissions(d);
   if (!args || pthread_create(&s->supervisor, NULL, supervise, args) != 0) {
     common_free(args);
     kill(pid, SIGKILL);
@@ -1090,6 +1122,21 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   FL_CHECK(common_mkdirs(sub));
 
   FL_CHECK(scheduler_create(4, &d.sched));
+  const char *quantile = getenv("FLINT_SPECULATION_QUANTILE"), *multiplier = getenv("FLINT_SPECULATION_MULTIPLIER");
+  sched_speculation spec = {.enabled = env_number("FLINT_SPECULATION", 0) != 0,
+                            .quantile = quantile && *quantile ? strtod(quantile, NULL) : 0.75,
+                            .multiplier = multiplier && *multiplier ? strtod(multiplier, NULL) : 1.5,
+                            .min_ns = env_ms("FLINT_SPECULATION_MIN_MS", 100)};
+  if (!(spec.quantile > 0 && spec.quantile <= 1) || !(spec.multiplier >= 1)) {
+    common_log(LOG_WARN, "FLINT_SPECULATION_QUANTILE must be in (0, 1] and FLINT_SPECULATION_MULTIPLIER "
+               "at least 1: using 0.75 and 1.5");
+    spec.quantile = 0.75;
+    spec.multiplier = 1.5;
+  }
+  scheduler_set_speculation(d.sched, &spec);
+  if (spec.enabled)
+    common_log(LOG_INFO, "speculation on: quantile %.2f, multiplier %.2f, minimum %.0f ms", spec.quantile,
+               spec.multiplier, (double)spec.min_ns / 1e6);
   cluster_config cc = {.secret = cfg->secret,
                        .locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
                        .slots_per_core = DRIVER_SLOTS_PER_CORE,

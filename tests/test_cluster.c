@@ -18,6 +18,12 @@ fl_status cp_times(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
 fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg);
+typedef struct cp_slow_once_arg {
+  uint64_t accumulator;
+  uint32_t sleep_ms;
+  char marker[200];
+} cp_slow_once_arg;
 fl_status cp_broadcast_lookup(fl_bytes rec, fl_buf *out, const void *arg);
 
 #define CLUSTER "local-cluster[2,1,512]"
@@ -421,6 +427,48 @@ static void cancel_on(const char *master) {
   assert_no_children();
 }
 
+/* Speculation: one task sleeps 8 s; once half the tasks are done, slow ones get a backup on
+ * the other executor, the first success counts and the job ends long before the sleep
+ * would. The accumulator counts every record exactly once. */
+static void test_speculation(void **state) {
+  (void)state;
+  char dir[] = "/tmp/flint-spec-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  setenv("FLINT_SPECULATION", "1", 1);
+  setenv("FLINT_SPECULATION_QUANTILE", "0.5", 1);
+  fl_context *ctx;
+  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  unsetenv("FLINT_SPECULATION");
+  unsetenv("FLINT_SPECULATION_QUANTILE");
+  assert_ok(opened);
+  fl_accumulator *seen;
+  assert_ok(fl_accumulator_create_i64(ctx, &seen));
+  cp_slow_once_arg arg = {.accumulator = fl_accumulator_id(seen), .sleep_ms = 8000};
+  snprintf(arg.marker, sizeof arg.marker, "%s/slow", dir);
+  fl_dataset *ds, *mapped;
+  assert_ok(fl_range(ctx, 0, 16000, 1, 16, &ds));
+  assert_ok(fl_map(ds, cp_slow_once, &arg, sizeof arg, &mapped));
+  double t0 = now_s();
+  uint64_t n = 0;
+  assert_ok(fl_count(mapped, &n));
+  double took = now_s() - t0;
+  fprintf(stderr, "speculation: the job with one 8 s task took %.2f s\n", took);
+  assert_int_equal(n, 16000);
+  int64_t counted = 0;
+  assert_ok(fl_accumulator_value_i64(seen, &counted));
+  assert_int_equal(counted, 16000);
+  assert_true(took < 6.0);
+  fl_dataset_free(mapped);
+  fl_dataset_free(ds);
+  fl_accumulator_destroy(seen);
+  fl_context_close(ctx);
+  assert_no_children();
+  char marker[256];
+  snprintf(marker, sizeof marker, "%s/slow", dir);
+  unlink(marker);
+  rmdir(dir);
+}
+
 static void test_cancel_jobs(void **state) {
   (void)state;
   cancel_on("local[2]");
@@ -440,6 +488,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cancel_jobs, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_speculation, arm_watchdog, disarm_watchdog),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

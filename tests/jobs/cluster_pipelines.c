@@ -14,6 +14,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -347,6 +348,28 @@ CP_EXPORT fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg) {
   int64_t ms;
   memcpy(&ms, arg, sizeof ms);
   usleep((useconds_t)(ms * 1000));
+  out->len = 0;
+  return fl_buf_append(out, rec.data, rec.len);
+}
+
+/* Copies a record and counts it in an i64 accumulator; the first call anywhere (the one
+ * that creates the marker file) sleeps first: one slow task, for speculation. */
+typedef struct cp_slow_once_arg {
+  uint64_t accumulator;
+  uint32_t sleep_ms;
+  char marker[200];
+} cp_slow_once_arg;
+
+CP_EXPORT fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg) {
+  cp_slow_once_arg a;
+  memcpy(&a, arg, sizeof a);
+  int fd = open(a.marker, O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd >= 0) {
+    close(fd);
+    usleep((useconds_t)a.sleep_ms * 1000);
+  }
+  fl_status s = fl_accumulator_add_i64(a.accumulator, 1);
+  if (s != FL_OK) return s;
   out->len = 0;
   return fl_buf_append(out, rec.data, rec.len);
 }
