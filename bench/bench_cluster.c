@@ -569,14 +569,11 @@ done:
 
 #define BENCH_COLUMN 17
 
+static const bench_columns columns = {BENCH_COLUMN, 28, 16, 12};
+
 static void print_row(const char *bench, const char *metric, const char *value, const char *target,
                       const char *met) {
-  char line[256];
-  int n = snprintf(line, sizeof line, "%-*s %-28s %16s  %-12s %s", BENCH_COLUMN, bench, metric, value,
-                   target, met);
-  if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
-  while (n > 0 && line[n - 1] == ' ') line[--n] = '\0';
-  puts(line);
+  bench_print_row(&columns, bench, metric, value, target, met);
 }
 
 static void print_header(const options *o) {
@@ -741,9 +738,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, BENCH_NAME ": --skip needs a row name\n%s", usage_text);
         return 2;
       }
-      int row = -1;
-      for (int r = 0; r < NUM_ROWS; r++)
-        if (strcmp(argv[i + 1], row_names[r]) == 0) row = r;
+      int row = bench_row_index(row_names, NUM_ROWS, argv[i + 1]);
       if (row < 0) {
         fprintf(stderr, BENCH_NAME ": --skip: no row named '%s'\n%s", argv[i + 1], usage_text);
         return 2;

@@ -10,15 +10,9 @@
 #include <unistd.h>
 
 #include "flint/flint.h"
+#include "splitmix.h"
 
 #define BCF_EXPORT __attribute__((visibility("default")))
-
-static inline uint64_t splitmix(uint64_t x) {
-  uint64_t z = x + 0x9e3779b97f4a7c15u;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-  return z ^ (z >> 31);
-}
 
 /* ---- reduce_by_key -------------------------------------------------------------------- */
 

@@ -156,14 +156,11 @@ static double dataplane_fetch(dp_client *c, const char *peer, const object *obj,
 
 /* ---- output ---------------------------------------------------------------------------- */
 
-static void print_row(const char *bench, const char *metric, const char *value,
-                      const char *target, const char *met) {
-  char line[256];
-  int n = snprintf(line, sizeof line, "%-*s %-20s %16s  %-10s %s", BENCH_COLUMN, bench, metric,
-                   value, target, met);
-  if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
-  while (n > 0 && line[n - 1] == ' ') line[--n] = '\0';
-  puts(line);
+static const bench_columns columns = {BENCH_COLUMN, 20, 16, 10};
+
+static void print_row(const char *bench, const char *metric, const char *value, const char *target,
+                      const char *met) {
+  bench_print_row(&columns, bench, metric, value, target, met);
 }
 
 static const char usage_text[] =

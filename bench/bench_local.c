@@ -347,14 +347,11 @@ static void print_table_header(const options *o) {
          "--------------------------------", "----------------------", "------------", "---");
 }
 
-static void print_row(const char *bench, const char *metric, const char *value,
-                      const char *target, const char *met) {
-  char line[256];
-  int n = snprintf(line, sizeof line, "%-*s %-32s %22s  %-12s %s", BENCH_COLUMN, bench, metric,
-                   value, target, met);
-  if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
-  while (n > 0 && line[n - 1] == ' ') line[--n] = '\0'; /* no trailing blanks */
-  puts(line);
+static const bench_columns columns = {BENCH_COLUMN, 32, 22, 12};
+
+static void print_row(const char *bench, const char *metric, const char *value, const char *target,
+                      const char *met) {
+  bench_print_row(&columns, bench, metric, value, target, met);
 }
 
 static void print_latency(const options *o, const latency_result *r) {

@@ -91,6 +91,7 @@
 #include <unistd.h>
 
 #include "flint/flint.h"
+#include "splitmix.h"
 
 #define BENCH_NAME "bench_shuffle"
 #include "bench_util.h"
@@ -114,14 +115,6 @@ typedef struct options {
   uint64_t records;
   uint64_t sort_mb;
 } options;
-
-
-static inline uint64_t splitmix(uint64_t x) {
-  uint64_t z = x + 0x9e3779b97f4a7c15u;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-  return z ^ (z >> 31);
-}
 
 /* ---- work folders ---------------------------------------------------------------------- */
 
@@ -641,14 +634,11 @@ static int bench_sort(const options *o, sort_result *res) {
 
 #define BENCH_COLUMN 18
 
+static const bench_columns columns = {BENCH_COLUMN, 26, 22, 20};
+
 static void print_row(const char *bench, const char *metric, const char *value, const char *target,
                       const char *met) {
-  char line[256];
-  int n = snprintf(line, sizeof line, "%-*s %-26s %22s  %-20s %s", BENCH_COLUMN, bench, metric,
-                   value, target, met);
-  if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
-  while (n > 0 && line[n - 1] == ' ') line[--n] = '\0';
-  puts(line);
+  bench_print_row(&columns, bench, metric, value, target, met);
 }
 
 static void print_header(const options *o) {
@@ -770,7 +760,6 @@ static const char usage_text[] =
     "  --sort-mb B     shuffle memory per task in MiB for sort_by_key_4x (default 32);\n"
     "                  the dataset is 4 x 2 x B MiB\n"
     "  --help          this text\n";
-
 
 int main(int argc, char **argv) {
   options o = {false, 50000000ull, 32};

@@ -1,5 +1,5 @@
 /* bench_util.h: what every benchmark in bench/ shares: a monotonic clock, the report of a
- * failed flint call, and strict parsing of count options. Header-only; each benchmark is one
+ * failed flint call, strict parsing of count and row options, and the lines of the table. Header-only; each benchmark is one
  * program. BENCH_NAME must be defined before including it. */
 #ifndef FLINT_BENCH_UTIL_H
 #define FLINT_BENCH_UTIL_H
@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "flint/flint.h"
@@ -32,6 +33,29 @@ static inline bool parse_count(const char *s, uint64_t max, uint64_t *out) {
   if (errno || *end != '\0' || v == 0 || v > max) return false;
   *out = v;
   return true;
+}
+
+/* The index of row `name` among names[0..n-1], or -1 (for --skip ROW). */
+static inline int bench_row_index(const char *const *names, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(names[i], name) == 0) return i;
+  return -1;
+}
+
+/* The widths of a benchmark's table: bench, metric, value (right-aligned) and target. */
+typedef struct bench_columns {
+  int bench, metric, value, target;
+} bench_columns;
+
+/* One line of the table, without trailing blanks. */
+static inline void bench_print_row(const bench_columns *w, const char *bench, const char *metric,
+                                   const char *value, const char *target, const char *met) {
+  char line[320];
+  int n = snprintf(line, sizeof line, "%-*s %-*s %*s  %-*s %s", w->bench, bench, w->metric, metric, w->value,
+                   value, w->target, target, met);
+  if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+  while (n > 0 && line[n - 1] == ' ') line[--n] = '\0';
+  puts(line);
 }
 
 #endif
