@@ -364,10 +364,8 @@ static void test_checkpoint_outlives_executors(void **state) {
 
   kill9(e1);
   kill9(e2);
-  /* The driver knows both are gone before the new executor joins. (When a new executor
-   * registers while the driver still believes dead ones alive, the job's tasks launched on
-   * the dead ones are not rerun and the action hangs: a scheduler bug, reported apart.) */
-  wait_log(driver, " lost: ", 2, LOSS_LIMIT_S);
+  /* The new executor joins while the driver may still believe the dead ones alive: tasks
+   * placed on them fail to launch and run on the new one. */
   start_executor("exec3", NULL);
   wait_registered(driver, 3);
   char *got = collect_text(copied, false);
