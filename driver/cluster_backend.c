@@ -303,7 +303,7 @@ static void executor_removed(scheduler *s, void *arg) {
  * elsewhere without counting as failures; what it held is computed again when needed. */
 static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  if (e->lost) {
+  if (e->lost || cb->stopping) { /* stopping: the scheduler has stopped, nothing to recover */
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
     return;
   }

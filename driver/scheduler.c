@@ -130,6 +130,10 @@ void scheduler_destroy(scheduler *s) {
   common_queue_push(&s->events, &stop.node);
   pthread_join(s->thread, NULL);
   if (s->backend) s->backend->ops->destroy(s->backend);
+  /* Calls the backend's threads posted while it stopped, never run: freed. */
+  sched_event *ev;
+  while ((ev = (sched_event *)common_queue_pop_until(&s->events, 0, common_now_ns())))
+    if (ev->type == EV_CALL) common_free(ev);
   common_queue_destroy(&s->events);
   common_free(s);
 }
