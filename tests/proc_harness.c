@@ -328,14 +328,16 @@ proc *start_driver(const char *const *extra_env) {
   return p;
 }
 
-/* Starts an executor of 1 core and 256 MiB for the driver (it registers by itself). */
+/* Starts an executor of 1 core and 256 MiB for the driver (it registers by itself), with
+ * --host fx.exec_host when set. */
 proc *start_executor(const char *name, const char *const *extra_env) {
   char work[PATH_MAX + 64];
   snprintf(work, sizeof work, "%s/%s-work", fx.dir, name);
   make_dir(work);
-  proc *p = start_proc(name, extra_env,
-                       (const char *const[]){"executor", "--driver", fx.target, "--cores", "1", "--memory",
-                                             "256m", "--work-dir", work, NULL});
+  const char *args[] = {"executor", "--driver",  fx.target, "--cores", "1",          "--memory",
+                        "256m",     "--work-dir", work,     "--host",  fx.exec_host, NULL};
+  if (!fx.exec_host[0]) args[9] = NULL; /* no --host */
+  proc *p = start_proc(name, extra_env, args);
   snprintf(p->work, sizeof p->work, "%s", work);
   return p;
 }
@@ -487,3 +489,5 @@ void find_binaries(const char *const *needed) {
   for (size_t i = 0; i < sizeof ips / sizeof *ips && !ip_path[0]; i++)
     if (access(ips[i], X_OK) == 0) snprintf(ip_path, sizeof ip_path, "%s", ips[i]);
 }
+
+const char *ip_binary(void) { return ip_path[0] ? ip_path : NULL; }

@@ -37,6 +37,7 @@ typedef struct fixture {
   char master[96]; /* flint://HOST:PORT */
   /* The network namespace that processes started from now on run in; empty: this one. */
   char netns[32];
+  char exec_host[64]; /* the address executors started from now on listen on; empty: theirs */
   /* Run by the watchdog after it killed the processes (async-signal-safe calls only). */
   void (*on_alarm)(void);
   bool passed; /* set by the test's last line: the teardown prints logs when unset */
@@ -56,6 +57,8 @@ typedef struct run_result {
 /* Finds the binaries ($FLINT_BIN, else the program's folder) and checks that each of
  * `needed` (NULL-terminated, "flint" implied) is there; exits the program when one is not. */
 void find_binaries(const char *const *needed);
+/* iproute2's ip (found by find_binaries), or NULL when there is none. */
+const char *ip_binary(void);
 
 /* CMocka setup and teardown of a test: a fresh fx with its folder and watchdog; killing what
  * is left (printing logs unless fx.passed) and removing the folder. */
@@ -83,7 +86,8 @@ proc *start_proc(const char *name, const char *const *extra_env, const char *con
 void expect_running(proc *p);
 /* Starts a driver on fx.host with a port picked by the system and waits for its port file. */
 proc *start_driver(const char *const *extra_env);
-/* Starts an executor of 1 core and 256 MiB for the driver (it registers by itself). */
+/* Starts an executor of 1 core and 256 MiB for the driver (it registers by itself), with
+ * --host fx.exec_host when set. */
 proc *start_executor(const char *name, const char *const *extra_env);
 /* Sends `sig` and waits for the process to end; returns its exit status (-1: it did not end
  * in time, and was killed). */

@@ -5,7 +5,11 @@
  * Executors die by kill -9 or by fault injection (FLINT_FAULT_EXIT_AFTER_TASKS) during a map
  * stage, between a shuffle and the reads of its output, and between iterations over a cached
  * dataset; one executor is 5 times slower (FLINT_FAULT_SLOWDOWN) and speculation backs its
- * tasks up; every executor dies during a job; every executor that held a checkpoint dies. Each faulty run's results must equal the same
+ * tasks up; every executor dies during a job; every executor that held a checkpoint dies.
+ * Multi-host: the driver and two executors run in network namespaces of their own, joined by
+ * veth pairs to a bridge in a fourth (test_host_cut_off, run as root; skipped with a message
+ * otherwise); the client is `flint submit` of job_slow_sums on the driver's host, and one
+ * executor's link goes down mid-job. Each faulty run's results must equal the same
  * computation without faults (on local[2], or known in closed form).
  *
  * Time: the driver's heartbeat timeout is FAST_TIMEOUT_MS here, so that a loss is noticed
@@ -18,6 +22,7 @@
 #include "proc_harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -383,8 +388,232 @@ static void test_checkpoint_outlives_executors(void **state) {
   fx.passed = true;
 }
 
+/* ---- a host cut off: driver and executors in network namespaces ------------------------ */
+
+/* The namespaces of the test (names include the pid): a bridge's, the driver's and two
+ * executors' on 10.77.0.0/24, each joined to the bridge by a veth pair. Deleting them
+ * deletes the links. The argvs are built before anything can fail, so that the watchdog can
+ * delete the namespaces with fork and execve alone. */
+#define NS_BRIDGE 0
+#define NS_DRIVER 1
+#define NS_EXEC1 2
+#define NS_EXEC2 3
+#define NUM_NS 4
+static const char *const ns_tag[NUM_NS] = {"br", "drv", "ex1", "ex2"};
+static const char *const ns_addr[NUM_NS] = {NULL, "10.77.0.1", "10.77.0.2", "10.77.0.3"};
+static char ns_name[NUM_NS][32];
+static bool ns_made[NUM_NS];
+static char *ns_del_argv[NUM_NS][5];
+
+/* Runs `ip ARGS...` (at most 10 s) with its output appended to <dir>/ip.log (/dev/null once
+ * the teardown removed the folder); returns its exit status (-1: it did not end). No cmocka
+ * assertion: the cut runs in a thread. */
+static int ip_run(const char *const *args) {
+  const char *argv[24];
+  int argc = 0;
+  argv[argc++] = ip_binary();
+  for (const char *const *a = args; *a && argc < 23; a++) argv[argc++] = *a;
+  argv[argc] = NULL;
+  int fd = open(test_file("ip.log"), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  for (int i = 0; i < argc; i++) dprintf(fd, "%s%s", i ? " " : "$ ", argv[i]);
+  dprintf(fd, "\n");
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    char *envp[] = {NULL};
+    execve(argv[0], (char *const *)argv, envp);
+    _exit(127);
+  }
+  close(fd);
+  if (pid < 0) return -1;
+  double deadline = now_s() + 10;
+  for (;;) {
+    int wstatus;
+    pid_t r = waitpid(pid, &wstatus, WNOHANG);
+    if (r == pid) return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+    if (r < 0 && errno != EINTR) return -1;
+    if (now_s() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+      return -1;
+    }
+    sleep_ms(10);
+  }
+}
+#define IP(...) ip_run((const char *const[]){__VA_ARGS__, NULL})
+
+static void expect_ip(int status, const char *what) {
+  if (status != 0) {
+    char *log = slurp(test_file("ip.log"));
+    fprintf(stderr, "%s: ip failed with status %d\n--- ip.log ---\n%s--------------\n", what, status, log);
+    free(log);
+  }
+  assert_int_equal(status, 0);
+}
+
+/* The watchdog's cleanup: async-signal-safe (fork, execve, waitpid). */
+static void delete_namespaces_on_alarm(void) {
+  for (int i = NUM_NS - 1; i >= 0; i--) {
+    if (!ns_made[i]) continue;
+    pid_t pid = fork();
+    if (pid == 0) {
+      char *envp[] = {NULL};
+      execve(ns_del_argv[i][0], ns_del_argv[i], envp);
+      _exit(127);
+    }
+    if (pid > 0) waitpid(pid, NULL, 0);
+  }
+}
+
+static int netns_setup(void **state) {
+  harness_setup(state);
+  for (int i = 0; i < NUM_NS; i++) {
+    snprintf(ns_name[i], sizeof ns_name[i], "flint%d%s", (int)getpid(), ns_tag[i]);
+    ns_made[i] = false;
+    ns_del_argv[i][0] = (char *)(ip_binary() ? ip_binary() : "/bin/false");
+    ns_del_argv[i][1] = "netns";
+    ns_del_argv[i][2] = "del";
+    ns_del_argv[i][3] = ns_name[i];
+    ns_del_argv[i][4] = NULL;
+  }
+  fx.on_alarm = delete_namespaces_on_alarm;
+  return 0;
+}
+
+static int netns_teardown(void **state) {
+  harness_teardown(state); /* the processes first: nothing runs in the namespaces then */
+  for (int i = NUM_NS - 1; i >= 0; i--)
+    if (ns_made[i] && ip_run((const char *const[]){"netns", "del", ns_name[i], NULL}) == 0) ns_made[i] = false;
+  for (int i = 0; i < NUM_NS; i++)
+    if (ns_made[i]) fprintf(stderr, "could not delete network namespace %s\n", ns_name[i]);
+  return 0;
+}
+
+/* Creates the namespaces and links; false (with a message) when namespaces cannot be made. */
+static bool make_network(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "skipped: network namespaces need root\n");
+    return false;
+  }
+  if (!ip_binary()) {
+    fprintf(stderr, "skipped: no ip (iproute2) in /usr/sbin, /sbin, /usr/bin or /bin\n");
+    return false;
+  }
+  const char *br = ns_name[NS_BRIDGE];
+  if (IP("netns", "add", br) != 0) {
+    char *log = slurp(test_file("ip.log"));
+    fprintf(stderr, "skipped: cannot create a network namespace:\n%s", log);
+    free(log);
+    return false;
+  }
+  ns_made[NS_BRIDGE] = true;
+  expect_ip(IP("-n", br, "link", "add", "br0", "type", "bridge"), "the bridge");
+  expect_ip(IP("-n", br, "link", "set", "br0", "up"), "the bridge up");
+  for (int i = NS_DRIVER; i < NUM_NS; i++) {
+    const char *ns = ns_name[i], *veth = ns_tag[i]; /* the bridge's end: drv, ex1, ex2 */
+    char cidr[32];
+    snprintf(cidr, sizeof cidr, "%s/24", ns_addr[i]);
+    expect_ip(IP("netns", "add", ns), "a host's namespace");
+    ns_made[i] = true;
+    expect_ip(IP("-n", br, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns), "a veth pair");
+    expect_ip(IP("-n", br, "link", "set", veth, "master", "br0", "up"), "the bridge's end");
+    expect_ip(IP("-n", ns, "addr", "add", cidr, "dev", "eth0"), "an address");
+    expect_ip(IP("-n", ns, "link", "set", "eth0", "up"), "the host's end");
+    expect_ip(IP("-n", ns, "link", "set", "lo", "up"), "loopback");
+  }
+  return true;
+}
+
+/* A line of the log of p that holds both a and b, or false. */
+static bool log_has_line(const proc *p, const char *a, const char *b) {
+  char *log = slurp(p->log);
+  bool found = false;
+  for (char *line = strtok(log, "\n"); line && !found; line = strtok(NULL, "\n"))
+    found = strstr(line, a) && strstr(line, b);
+  free(log);
+  return found;
+}
+
+/* The cut, in a thread while the main one waits for `flint submit`: once the job's
+ * application is open and its first tasks run, exec1's link goes down on the bridge's side. */
+typedef struct cut_thread {
+  const proc *driver;
+  int delay_ms;
+  int status; /* ip's; -2: the job never started */
+  double at;
+} cut_thread;
+
+static void *cut_link(void *arg) {
+  cut_thread *c = arg;
+  c->status = -2;
+  double deadline = now_s() + 20;
+  while (log_count(c->driver, ") opened") < 1) {
+    if (now_s() > deadline) return NULL;
+    sleep_ms(20);
+  }
+  sleep_ms(c->delay_ms);
+  c->status = IP("-n", ns_name[NS_BRIDGE], "link", "set", ns_tag[NS_EXEC1], "down");
+  c->at = now_s();
+  return NULL;
+}
+
+#define CUT_NAP_MS "800" /* per map task: 16 tasks on 2 slots, about 7 s without faults */
+
+static void test_host_cut_off(void **state) {
+  (void)state;
+  if (!make_network()) skip();
+  run_result *ref = FLINT(NULL, "submit", "--master", "local[2]", bin_file("job_slow_sums.so"), "0");
+  expect_status(ref, 0);
+
+  snprintf(fx.host, sizeof fx.host, "%s", ns_addr[NS_DRIVER]);
+  snprintf(fx.netns, sizeof fx.netns, "%s", ns_name[NS_DRIVER]);
+  proc *driver = start_driver((const char *const[]){FAST_TIMEOUT, NULL});
+  const char *fetch_timeout[] = {"FLINT_FETCH_TIMEOUT_MS=3000", NULL};
+  snprintf(fx.netns, sizeof fx.netns, "%s", ns_name[NS_EXEC1]);
+  snprintf(fx.exec_host, sizeof fx.exec_host, "%s", ns_addr[NS_EXEC1]);
+  proc *e1 = start_executor("exec1", fetch_timeout);
+  wait_registered(driver, 1); /* exec1 is executor 1 */
+  snprintf(fx.netns, sizeof fx.netns, "%s", ns_name[NS_EXEC2]);
+  snprintf(fx.exec_host, sizeof fx.exec_host, "%s", ns_addr[NS_EXEC2]);
+  start_executor("exec2", fetch_timeout);
+  wait_registered(driver, 2);
+
+  /* The client runs on the driver's host. */
+  snprintf(fx.netns, sizeof fx.netns, "%s", ns_name[NS_DRIVER]);
+  cut_thread cut = {.driver = driver, .delay_ms = 1200};
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, cut_link, &cut), 0);
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_slow_sums.so"), CUT_NAP_MS);
+  assert_int_equal(pthread_join(thread, NULL), 0);
+  if (cut.status != 0) fprintf(stderr, "the cut: status %d (-2: the job never opened)\n", cut.status);
+  assert_int_equal(cut.status, 0);
+  fprintf(stderr, "a host cut off: the job took %.1f s, %.1f s after the cut\n", r->seconds,
+          now_s() - cut.at);
+  expect_status(r, 0);
+  if (strcmp(ref->out, r->out) != 0) {
+    fprintf(stderr, "results differ from local[2]\n--- want ---\n%s", ref->out);
+    dump(r);
+  }
+  assert_string_equal(ref->out, r->out);
+  /* The driver saw exec1's loss, by its address in exec1's namespace, and no other. */
+  char at[48];
+  snprintf(at, sizeof at, "executor 1 at %s:", ns_addr[NS_EXEC1]);
+  wait_log(driver, " lost: ", 1, LOSS_LIMIT_S);
+  assert_true(log_has_line(driver, at, " lost: "));
+  assert_int_equal(log_count(driver, " lost: "), 1);
+
+  kill9(e1); /* cut off from the driver, it cannot stop cleanly */
+  stop_all();
+  free(r);
+  free(ref);
+  fx.passed = true;
+}
+
 int main(void) {
-  find_binaries((const char *const[]){"iterative.so", NULL});
+  find_binaries((const char *const[]){"iterative.so", "job_slow_sums.so", NULL});
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_exit_during_map_stage, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_kill_before_reduce_fetches, harness_setup, harness_teardown),
@@ -392,6 +621,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_speculation_on_a_slow_executor, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_all_executors_lost, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_checkpoint_outlives_executors, harness_setup, harness_teardown),
+      cmocka_unit_test_setup_teardown(test_host_cut_off, netns_setup, netns_teardown),
   };
   /* TEST_FILTER=test_name (a glob) runs only the matching tests. */
   const char *filter = getenv("TEST_FILTER");
