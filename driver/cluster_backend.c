@@ -44,6 +44,7 @@ typedef struct executor_ref {
   uint64_t cached_bytes, tasks_run, tasks_failed, last_heartbeat_ns;
   /* scheduler thread */
   uint32_t running;
+  uint64_t steal_below_key; /* queued_behind: its attempts with smaller keys remain */
   sched_task **batch;
   size_t batch_len, batch_cap;
   uint64_t *known; /* (app << 40 | dataset id) whose plan nodes it has */
@@ -180,6 +181,54 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
   if (!best) return false;
   t->placement = best;
   return true;
+}
+
+/* How many of e's attempts in flight were launched before `key` (cb->lock). The executor
+ * starts its attempts in launch order on `cores` threads, so a position of at least
+ * e->cores means the attempt is still queued there. */
+static uint32_t launch_position(const cluster_backend *cb, const executor_ref *e, uint64_t key) {
+  uint32_t before = 0;
+  for (size_t i = 0; i < cb->num_inflight; i++) {
+    const sched_task *t = cb->inflight[i];
+    before += t->placement == e && t->key < key;
+  }
+  return before;
+}
+
+/* Queued attempts for idle cores to back up: at most one per idle core, the latest launched
+ * first (they would start last). */
+static size_t cluster_queued_behind(backend *b, uint64_t launched_before_ns, sched_task **out, size_t max) {
+  cluster_backend *cb = of(b);
+  uint64_t now = common_now_ns();
+  size_t idle = 0;
+  for (executor_ref *e = cb->executors; e; e = e->next) {
+    e->steal_below_key = e->running > e->cores ? UINT64_MAX : 0;
+    if (!e->removed && !excluded(e, now) && e->running < e->cores) idle += e->cores - e->running;
+  }
+  if (idle < max) max = idle;
+  size_t n = 0;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  while (n < max) {
+    sched_task *best = NULL;
+    for (size_t i = 0; i < cb->num_inflight; i++) {
+      sched_task *t = cb->inflight[i];
+      const executor_ref *e = t->placement;
+      if (e->removed || t->key >= e->steal_below_key || t->original || t->backup || t->done || !t->running ||
+          t->launched_ns > launched_before_ns)
+        continue;
+      if (!best || t->key > best->key) best = t;
+    }
+    if (!best) break;
+    executor_ref *e = best->placement;
+    if (launch_position(cb, e, best->key) < e->cores) {
+      e->steal_below_key = 0; /* the rest of e's attempts are running */
+      continue;
+    }
+    e->steal_below_key = best->key;
+    out[n++] = best;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  return n;
 }
 
 static void cluster_launch(backend *b, sched_task *t) {
@@ -1124,6 +1173,7 @@ static const backend_ops cluster_ops = {.name = "cluster",
                                         .kill = cluster_kill,
                                         .fetch_failed = cluster_fetch_failed,
                                         .kill_attempt = cluster_kill_attempt,
+                                        .queued_behind = cluster_queued_behind,
                                         .destroy = cluster_destroy};
 
 fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cluster_backend **out) {

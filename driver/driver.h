@@ -78,6 +78,10 @@ typedef struct backend_ops {
   /* Optional: stops one attempt (a backup's loser): ends it now with FL_ECANCELLED through
    * scheduler_post_task_end unless its end is already on the way. Required for speculation. */
   void (*kill_attempt)(backend *b, sched_task *task);
+  /* Optional, for speculation: up to `max` attempts, launched before `launched_before_ns`,
+   * that wait in an executor's queue (by its core count not yet started) while another
+   * executor has an idle core. Neither a backup nor a task that has one is returned. */
+  size_t (*queued_behind)(backend *b, uint64_t launched_before_ns, sched_task **out, size_t max);
   /* Optional: `task` could not read map output (task->rt.fetch_shuffle_id, fetch_map); the
    * scheduler has marked it lost. The backend forgets where it was and checks that its
    * executor is still alive. */

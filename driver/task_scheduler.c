@@ -14,6 +14,8 @@ static void pending_push(scheduler *s, sched_task *t) {
   s->pending_tail = t;
 }
 
+static void back_up_queued(scheduler *s);
+
 void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count) {
   for (uint32_t i = 0; i < count; i++) pending_push(s, &tasks[i]);
 }
@@ -22,6 +24,7 @@ void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count) {
  * scheduling, decided by the backend's place) stays pending while later ones go ahead. */
 void task_scheduler_offer(scheduler *s) {
   const backend_ops *ops = s->backend->ops;
+  back_up_queued(s);
   uint64_t now = ops->place ? common_now_ns() : 0;
   s->retry_at_ns = 0;
   sched_task **link = &s->pending_head, *last = NULL;
@@ -165,6 +168,27 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* A second attempt of running task `t`, pending; it will be placed away from t's executor. */
+static bool back_up(scheduler *s, sched_task *t) {
+  sched_task *b = common_calloc(1, sizeof *b);
+  if (!b) return false;
+  sched_job *job = t->job;
+  b->job = job;
+  b->stage = t->stage;
+  b->index = t->index;
+  b->rt.ctx = t->rt.ctx;
+  b->rt.job_id = t->rt.job_id;
+  b->rt.partition = t->rt.partition;
+  b->rt.cancelled = t->rt.cancelled;
+  b->original = t;
+  t->backup = b;
+  b->next_copy = job->copies;
+  job->copies = b;
+  atomic_fetch_add(&s->tasks_speculated, 1);
+  pending_push(s, b);
+  return true;
+}
+
 /* One stage: once enough of its tasks succeeded, backups for the slow running ones. */
 static void speculate_stage(scheduler *s, sched_job *job, sched_stage *st, uint64_t now) {
   const sched_speculation *sp = &s->speculation;
@@ -183,24 +207,31 @@ static void speculate_stage(scheduler *s, sched_job *job, sched_stage *st, uint6
   for (uint32_t i = 0; i < n; i++) {
     sched_task *t = &st->tasks[i];
     if (t->done || !t->running || t->backup || now - t->launched_ns <= threshold) continue;
-    sched_task *b = common_calloc(1, sizeof *b);
-    if (!b) return;
-    b->job = job;
-    b->stage = st;
-    b->index = t->index;
-    b->rt.ctx = t->rt.ctx;
-    b->rt.job_id = t->rt.job_id;
-    b->rt.partition = t->rt.partition;
-    b->rt.cancelled = t->rt.cancelled;
-    b->original = t;
-    t->backup = b;
-    b->next_copy = job->copies;
-    job->copies = b;
+    if (!back_up(s, t)) return;
     common_log(LOG_INFO, "job %llu: partition %u of dataset %llu has run %.0f ms (median %.0f ms): "
                "a backup copy runs elsewhere", (unsigned long long)job->id, t->rt.partition,
                (unsigned long long)st->rdd->id, (double)(now - t->launched_ns) / 1e6, (double)median / 1e6);
-    atomic_fetch_add(&s->tasks_speculated, 1);
-    pending_push(s, b);
+  }
+}
+
+/* Late binding: tasks were handed to executors ahead of time (slots_per_core), so a slow
+ * executor's queue can hold tasks that a fast, idle one could run now. With nothing pending,
+ * each idle core takes a copy of a task that has waited at least the speculation minimum in
+ * another executor's queue; the first copy to finish wins, as with any backup. */
+static void back_up_queued(scheduler *s) {
+  enum { MAX_AT_ONCE = 16 };
+  const backend_ops *ops = s->backend->ops;
+  if (!s->speculation.enabled || !ops->queued_behind || s->pending_head || !s->active) return;
+  uint64_t now = common_now_ns();
+  sched_task *found[MAX_AT_ONCE];
+  size_t n = ops->queued_behind(s->backend, now - s->speculation.min_ns, found, MAX_AT_ONCE);
+  for (size_t i = 0; i < n; i++) {
+    sched_task *t = found[i];
+    if (t->job->status != FL_OK || !back_up(s, t)) continue;
+    common_log(LOG_INFO, "job %llu: partition %u of dataset %llu has waited %.0f ms in a busy executor's "
+               "queue while another executor is idle: a backup copy runs elsewhere",
+               (unsigned long long)t->job->id, t->rt.partition, (unsigned long long)t->stage->rdd->id,
+               (double)(now - t->launched_ns) / 1e6);
   }
 }
 
