@@ -1,0 +1,273 @@
+/*
+ * flint/ml.h: batch-convex solvers on flint (libflint_ml).
+ *
+ * ml/ is built on flint's public API only, as MLlib on Spark core, plus OpenBLAS and LAPACKE
+ * on whole row blocks. Its task functions live in libflint_ml.so and travel to executors
+ * like any user library.
+ *
+ * Data is a dataset of row blocks: one record holds up to rows_per_block rows (labels,
+ * optional sample weights, and float64 features, dense row-major or CSR), so kernels run
+ * BLAS on whole blocks and a cached dataset holds about the raw bytes. A solver evaluates
+ * its objective as one dataflow stage of many small tasks over the cached blocks (the
+ * Sandblaster pattern): the weights go out as a broadcast, each task computes loss and
+ * gradient over its blocks in one fused pass, and the parts come back through
+ * fl_tree_aggregate; speculation (FLINT_SPECULATION=1) covers stragglers.
+ *
+ * Every call returns fl_status; fl_last_error() names the cause (file and line of bad input,
+ * a singular system, an unknown option).
+ */
+#ifndef FLINT_ML_H
+#define FLINT_ML_H
+
+#include <flint/flint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FLINT_ML_BUILDING)
+#define FL_ML_API __attribute__((visibility("default")))
+#else
+#define FL_ML_API
+#endif
+
+/* ---- row blocks ------------------------------------------------------------------------ */
+
+/* A view of one block record. Dense: x holds rows x cols values, row-major. Sparse (CSR):
+ * row i's values are x[row_ptr[i] .. row_ptr[i+1]) at columns col[...] (0-based, strictly
+ * ascending within a row); cols is the block's width (its largest column + 1 at least). */
+typedef struct fl_ml_block {
+  uint32_t rows, cols;
+  bool sparse;
+  const double *labels;    /* rows */
+  const double *weights;   /* rows, or NULL: every weight is 1 */
+  const double *x;         /* dense: rows * cols; sparse: nnz */
+  const uint64_t *row_ptr; /* sparse: rows + 1 */
+  const uint32_t *col;     /* sparse: nnz */
+  uint64_t nnz;            /* sparse: the number of stored values */
+} fl_ml_block;
+
+/* Reads a block record. The arrays point into `rec` when it is 8-byte aligned (blocks are
+ * laid out so that they are, in cached partitions), else into a copy in `scratch` (owned by
+ * the caller, reused across calls). A malformed record is FL_ECORRUPT. */
+FL_ML_API fl_status fl_ml_block_view(fl_bytes rec, fl_buf *scratch, fl_ml_block *out);
+
+/* Collects rows and emits them as block records of up to rows_per_block rows. */
+typedef struct fl_ml_block_builder fl_ml_block_builder;
+/* cols: dense width (every dense row has it); for sparse rows the widest row sets the
+ * block's width and `cols` is a lower bound (0 is fine). rows_per_block 0: about 1 MiB of
+ * features per block. weighted: rows carry sample weights. */
+FL_ML_API fl_status fl_ml_block_builder_create(uint32_t cols, bool sparse, bool weighted,
+                                               uint32_t rows_per_block, fl_ml_block_builder **out);
+FL_ML_API fl_status fl_ml_block_builder_add_dense(fl_ml_block_builder *b, double label,
+                                                  double weight, const double *x);
+/* idx strictly ascending, 0-based. */
+FL_ML_API fl_status fl_ml_block_builder_add_sparse(fl_ml_block_builder *b, double label,
+                                                   double weight, const uint32_t *idx,
+                                                   const double *values, uint32_t nnz);
+/* Rows added since the last emit. */
+FL_ML_API uint32_t fl_ml_block_builder_rows(const fl_ml_block_builder *b);
+/* True when the next row would not fit: emit first. */
+FL_ML_API bool fl_ml_block_builder_full(const fl_ml_block_builder *b);
+/* Encodes the rows collected so far as one block record into `out` (replacing its
+ * contents) and starts a new block. No rows: out->len = 0. */
+FL_ML_API fl_status fl_ml_block_builder_take(fl_ml_block_builder *b, fl_buf *out);
+FL_ML_API void fl_ml_block_builder_free(fl_ml_block_builder *b);
+
+/* A dataset of row blocks with what solvers need to know about it. */
+typedef struct fl_ml_data {
+  fl_dataset *blocks; /* owned; persisted in memory unless the caller changed it */
+  uint64_t rows;
+  uint32_t cols;
+  bool sparse, weighted;
+  uint64_t skipped; /* bad input lines skipped (only when the loader was asked to) */
+} fl_ml_data;
+FL_ML_API void fl_ml_data_free(fl_ml_data *data);
+
+/* ---- loaders --------------------------------------------------------------------------- */
+typedef enum fl_ml_format { FL_ML_LIBSVM, FL_ML_CSV, FL_ML_IDX } fl_ml_format;
+
+typedef struct fl_ml_load_options {
+  uint32_t partitions;     /* 0: 4 per core of the context */
+  uint32_t rows_per_block; /* 0: about 1 MiB of features per block */
+  /* LIBSVM: indices are 1-based; an index 0 is an error naming file and line unless
+   * zero_based is set. num_features 0: the largest index seen. */
+  bool zero_based;
+  uint32_t num_features;
+  /* CSV: the label's column (0-based; -1: the last), a header line to skip, the delimiter
+   * (0: ','). */
+  int label_column;
+  bool header;
+  char delimiter;
+  /* IDX: path is the images file (idx3-ubyte, optionally .gz), labels_path the labels file
+   * (idx1-ubyte); pixels are multiplied by pixel_scale (0: 1/255). */
+  const char *labels_path;
+  double pixel_scale;
+  /* Bad lines are an error naming file, line and cause; with skip_bad_lines they are
+   * counted in fl_ml_data.skipped (and logged) instead. */
+  bool skip_bad_lines;
+} fl_ml_load_options;
+
+/* Loads `path` into cached row blocks. opt may be NULL (defaults). */
+FL_ML_API fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format format,
+                               const fl_ml_load_options *opt, fl_ml_data **out);
+/* Parses "libsvm", "csv" or "idx". */
+FL_ML_API fl_status fl_ml_format_parse(const char *name, fl_ml_format *out);
+
+/* Seeded synthetic data, made on the executors (no data travels): rows x cols standard
+ * normal features; for FL_ML_SYNTH_LINEAR labels x.w + 0.5 + noise N(0, noise^2), for
+ * FL_ML_SYNTH_LOGISTIC labels drawn from the logistic (classes 2) or softmax model with
+ * weights w ~ N(0, 1/cols). Same seed: same data, whatever the partition count. */
+typedef enum fl_ml_synth_kind { FL_ML_SYNTH_LINEAR, FL_ML_SYNTH_LOGISTIC } fl_ml_synth_kind;
+typedef struct fl_ml_synth_options {
+  fl_ml_synth_kind kind;
+  uint64_t rows;
+  uint32_t cols;
+  uint32_t classes; /* logistic: 2 or more */
+  double noise;     /* linear: label noise sd */
+  uint64_t seed;
+  uint32_t partitions, rows_per_block; /* 0: as fl_ml_load_options */
+} fl_ml_synth_options;
+FL_ML_API fl_status fl_ml_synthetic(fl_context *ctx, const fl_ml_synth_options *opt, fl_ml_data **out);
+
+/* ---- summary statistics and standardization -------------------------------------------- */
+typedef struct fl_ml_summary {
+  uint64_t count;
+  double weight_sum;
+  uint32_t cols;
+  double *mean, *variance, *min, *max; /* cols each (unbiased weighted variance) */
+  double label_min, label_max;
+} fl_ml_summary;
+/* One fl_tree_aggregate over the blocks. */
+FL_ML_API fl_status fl_ml_summarize(const fl_ml_data *data, fl_ml_summary *out);
+FL_ML_API void fl_ml_summary_free(fl_ml_summary *s);
+/* A new cached dataset with x_j -> (x_j - mean_j) / sd_j (with_mean is refused for sparse
+ * data; columns with sd 0 are left unscaled). */
+FL_ML_API fl_status fl_ml_standardize(const fl_ml_data *data, const fl_ml_summary *s, bool with_mean,
+                                      fl_ml_data **out);
+
+/* ---- optimizers (on the driver) -------------------------------------------------------- */
+
+/* The objective: loss and gradient of the smooth part at w (n values). fraction < 1 asks
+ * for a mini-batch estimate over about that fraction of the rows, chosen by seed. */
+typedef fl_status (*fl_ml_objective_fn)(void *arg, const double *w, double fraction, uint64_t seed,
+                                        double *loss, double *grad);
+
+typedef enum fl_ml_method { FL_ML_LBFGS, FL_ML_GD } fl_ml_method;
+
+typedef struct fl_ml_iteration {
+  uint32_t iteration;   /* 1, 2, ... */
+  double loss;          /* objective including the L1 term */
+  double grad_norm;     /* of the (pseudo-)gradient, L2 */
+  double step;          /* the accepted step length */
+  uint32_t evaluations; /* objective evaluations so far */
+  double seconds;       /* since the start */
+} fl_ml_iteration;
+
+typedef struct fl_ml_optim_options {
+  fl_ml_method method;
+  uint32_t max_iterations; /* 0: 100 */
+  double tol;              /* stop when grad_norm <= tol (0: 1e-6) */
+  uint32_t history;        /* L-BFGS memory m (0: 10) */
+  double l1;               /* > 0: L1 penalty l1 * sum |w_i| over penalized i (OWL-QN with
+                              L-BFGS, proximal steps with GD) */
+  const bool *l1_skip;     /* n flags, or NULL: true leaves w_i out of the L1 term (intercepts) */
+  double step;             /* GD: the first step length (0: 1); backtracking halves it */
+  double fraction;         /* GD: mini-batch fraction (0 or 1: full batch) */
+  uint64_t seed;           /* GD mini-batches */
+  /* Called after each iteration; a non-FL_OK return stops with that status. */
+  fl_status (*progress)(void *arg, const fl_ml_iteration *it);
+  void *progress_arg;
+} fl_ml_optim_options;
+
+typedef struct fl_ml_optim_result {
+  uint32_t iterations, evaluations;
+  bool converged; /* grad_norm <= tol */
+  double loss, grad_norm;
+  fl_ml_iteration *history; /* one per iteration; free with fl_ml_optim_result_free */
+  uint32_t num_history;
+} fl_ml_optim_result;
+
+/* Minimizes f + l1 * |w|_1 from w (n values, overwritten with the result). A line search
+ * that finds no step satisfying the strong Wolfe conditions ends the run (converged false)
+ * with the best point so far; an error from f is returned as is. */
+FL_ML_API fl_status fl_ml_minimize(uint32_t n, double *w, fl_ml_objective_fn f, void *arg,
+                                   const fl_ml_optim_options *opt, fl_ml_optim_result *out);
+FL_ML_API void fl_ml_optim_result_free(fl_ml_optim_result *r);
+
+/* ---- models ---------------------------------------------------------------------------- */
+typedef enum fl_ml_model_kind {
+  FL_ML_LINEAR,             /* y = x.w + b */
+  FL_ML_LOGISTIC_BINARY,    /* P(y = 1) = sigmoid(x.w + b); labels 0/1 (or -1/+1) */
+  FL_ML_LOGISTIC_MULTINOMIAL /* P(y = k) = softmax(W x + b)_k; labels 0 .. classes-1 */
+} fl_ml_model_kind;
+
+typedef struct fl_ml_model {
+  fl_ml_model_kind kind;
+  uint32_t cols;    /* features */
+  uint32_t classes; /* 1 for linear, 2 for binary, K for multinomial */
+  uint32_t outputs; /* rows of coef: 1, 1 or K */
+  bool intercept;
+  double *coef;      /* outputs x cols, row-major */
+  double *intercepts;/* outputs */
+  /* the run that made it */
+  fl_ml_iteration *history;
+  uint32_t num_history;
+  bool converged;
+  double train_seconds;
+} fl_ml_model;
+
+FL_ML_API void fl_ml_model_free(fl_ml_model *m);
+/* One row: linear: the prediction; logistic: the most likely class; probs (classes values,
+ * may be NULL) gets each class's probability. x has m->cols values. */
+FL_ML_API double fl_ml_predict(const fl_ml_model *m, const double *x, double *probs);
+/* Writes the model as text (docs/ml.md: "Model files"); reads one back. */
+FL_ML_API fl_status fl_ml_model_save(const fl_ml_model *m, const char *path);
+FL_ML_API fl_status fl_ml_model_load(const char *path, fl_ml_model **out);
+
+typedef struct fl_ml_metrics {
+  uint64_t rows;
+  double weight_sum;
+  /* linear */
+  double rmse, r2;
+  /* logistic */
+  double accuracy, log_loss;
+  double auc; /* binary only (else NaN), from a 4096-bin score histogram */
+} fl_ml_metrics;
+/* One pass over `data`. */
+FL_ML_API fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_metrics *out);
+
+/* ---- solvers --------------------------------------------------------------------------- */
+typedef enum fl_ml_solver { FL_ML_SOLVER_AUTO, FL_ML_SOLVER_NORMAL, FL_ML_SOLVER_LBFGS, FL_ML_SOLVER_GD } fl_ml_solver;
+FL_ML_API fl_status fl_ml_solver_parse(const char *name, fl_ml_solver *out);
+
+typedef struct fl_ml_train_options {
+  fl_ml_solver solver;     /* AUTO: linreg normal equations up to normal_max_features, else
+                              L-BFGS; logreg L-BFGS */
+  double l2;               /* lambda: (l2 / 2) |w|^2, intercepts not penalized */
+  double l1;               /* > 0: OWL-QN (L-BFGS) or proximal GD */
+  bool no_intercept;
+  uint32_t max_iterations; /* 0: 100 */
+  double tol;              /* gradient norm (0: 1e-6) */
+  uint32_t history;        /* L-BFGS m (0: 10) */
+  double step, fraction;   /* GD */
+  uint64_t seed;
+  uint32_t normal_max_features; /* 0: 4096 */
+  uint32_t classes;        /* logreg: 0 = from the labels (max + 1; 2 means binary) */
+  uint32_t tree_depth;     /* gradients' fl_tree_aggregate depth (0: 1 up to 32 partitions, else 2) */
+  fl_status (*progress)(void *arg, const fl_ml_iteration *it);
+  void *progress_arg;
+} fl_ml_train_options;
+
+/* Least squares. solver NORMAL: one pass of sufficient statistics (X'X by dsyrk per block,
+ * X'y, y'y, n, column sums), then Cholesky of (X'X + l2 I) w = X'y on the driver; a
+ * singular system is FL_EINVAL naming the cause. The loss minimized by L-BFGS/GD is
+ * (1 / 2W) sum w_i (y_i - x_i.w - b)^2 + (l2 / 2) |w|^2, whose optimum is the same. */
+FL_ML_API fl_status fl_ml_linreg(const fl_ml_data *data, const fl_ml_train_options *opt, fl_ml_model **out);
+/* Logistic regression: (1 / W) sum w_i logloss_i + (l2 / 2) |w|^2 + l1 |w|_1. */
+FL_ML_API fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, fl_ml_model **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
