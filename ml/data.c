@@ -1,0 +1,67 @@
+/* data.c: facts about block datasets that loaders and generators share. */
+#include "ml/ml.h"
+
+uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested) {
+  if (requested) return requested;
+  uint32_t cores = fl_context_cores(ctx);
+  return (cores ? cores : 1) * ML_PARTITIONS_PER_CORE;
+}
+
+typedef struct shape {
+  uint64_t rows;
+  uint32_t cols;
+  uint8_t sparse, weighted, any;
+} shape;
+
+/* seq: a block into the running shape; comb: two shapes. Both reduce_fn-shaped. */
+FL_ML_KERNEL fl_status ml_shape_seq(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
+  (void)arg;
+  shape s;
+  memcpy(&s, acc.data, sizeof s);
+  fl_buf scratch = FL_BUF_INIT;
+  fl_ml_block b;
+  fl_status st = fl_ml_block_view(rec, &scratch, &b);
+  if (st == FL_OK) {
+    s.rows += b.rows;
+    if (b.cols > s.cols) s.cols = b.cols;
+    s.sparse |= b.sparse;
+    s.weighted |= b.weights != NULL;
+    s.any = 1;
+  }
+  fl_buf_free(&scratch);
+  if (st != FL_OK) return st;
+  out->len = 0;
+  return fl_buf_append(out, &s, sizeof s);
+}
+
+FL_ML_KERNEL fl_status ml_shape_comb(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+  (void)arg;
+  shape x, y;
+  memcpy(&x, a.data, sizeof x);
+  memcpy(&y, b.data, sizeof y);
+  x.rows += y.rows;
+  if (y.cols > x.cols) x.cols = y.cols;
+  x.sparse |= y.sparse;
+  x.weighted |= y.weighted;
+  x.any |= y.any;
+  out->len = 0;
+  return fl_buf_append(out, &x, sizeof x);
+}
+
+fl_status ml_data_describe(fl_ml_data *data) {
+  shape zero = {0};
+  fl_buf out = FL_BUF_INIT;
+  fl_status s = fl_aggregate(data->blocks, (fl_bytes){(const uint8_t *)&zero, sizeof zero}, ml_shape_seq,
+                             ml_shape_comb, NULL, 0, &out);
+  if (s == FL_OK && out.len != sizeof(shape)) s = fl_set_error(FL_EINTERNAL, "shape of %zu bytes", out.len);
+  if (s == FL_OK) {
+    shape r;
+    memcpy(&r, out.data, sizeof r);
+    data->rows = r.rows;
+    if (r.cols > data->cols) data->cols = r.cols;
+    data->sparse = r.sparse;
+    data->weighted = r.weighted;
+  }
+  fl_buf_free(&out);
+  return s;
+}
