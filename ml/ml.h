@@ -26,4 +26,38 @@ uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested);
 /* Counts rows of a block dataset and its width: one job. */
 fl_status ml_data_describe(fl_ml_data *data);
 
+/* A zeroed model (coef and intercepts in one allocation, in that order: the layout of
+ * ml_glm parameters). NULL when out of memory. */
+fl_ml_model *ml_model_new(fl_ml_model_kind kind, uint32_t cols, uint32_t classes, bool intercept);
+
+/* ---- generalized linear objectives (objective.c) ---------------------------------------- */
+typedef enum ml_loss { ML_LOSS_SQUARED, ML_LOSS_LOGISTIC, ML_LOSS_SOFTMAX } ml_loss;
+
+/* One model's objective over a block dataset. Parameters: outputs x cols coefficients
+ * (row-major), then `outputs` intercepts (kept at 0 without an intercept). */
+typedef struct ml_glm {
+  const fl_ml_data *data;
+  ml_loss loss;
+  uint32_t cols, outputs;
+  bool intercept;
+  double l2;
+  bool l2_in_sum_units; /* least squares: (l2 / 2W)|w|^2, so that the optimum solves
+                           (X'X + l2 I) w = X'y; else the mean loss + (l2 / 2)|w|^2 */
+  uint32_t tree_depth;  /* 0: ml_tree_depth's choice */
+  /* filled in */
+  uint64_t evaluations;
+  double weight_sum;
+} ml_glm;
+
+/* Loss (mean over the sample weight, plus the L2 term) and gradient at w: one job.
+ * fraction < 1: over a mini-batch chosen by seed. */
+fl_status ml_glm_eval(ml_glm *p, const double *w, double fraction, uint64_t seed, double *loss, double *grad);
+
+/* The partitions' vectors of n doubles, added up with fl_tree_aggregate. */
+fl_status ml_sum_partitions(fl_dataset *parts, size_t n, uint32_t depth, double *out);
+uint32_t ml_tree_depth(const fl_dataset *ds, uint32_t requested);
+
+/* The labels' smallest and largest value and whether all are integers: one job. */
+fl_status ml_label_range(const fl_ml_data *data, double *min, double *max, bool *integers);
+
 #endif

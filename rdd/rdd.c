@@ -64,6 +64,8 @@ void fl_dataset_free(fl_dataset *ds) { rdd_release(ds); }
 
 uint32_t fl_dataset_partitions(const fl_dataset *ds) { return ds ? ds->num_partitions : 0; }
 
+fl_context *fl_dataset_context(const fl_dataset *ds) { return ds ? ds->ctx : NULL; }
+
 char *fl_dataset_lineage(const fl_dataset *ds) {
   if (!ds) return NULL;
   fl_buf out = FL_BUF_INIT;

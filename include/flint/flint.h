@@ -248,6 +248,8 @@ typedef struct fl_records fl_records; /* records returned by collect and take */
  * child that uses it goes. NULL does nothing. */
 FL_API void fl_dataset_free(fl_dataset *ds);
 FL_API uint32_t fl_dataset_partitions(const fl_dataset *ds);
+/* The context the dataset belongs to (Spark's rdd.context). */
+FL_API fl_context *fl_dataset_context(const fl_dataset *ds);
 /* A short description of the lineage, one line per dataset ("map <- range"). The caller
  * frees it with free(). */
 FL_API char *fl_dataset_lineage(const fl_dataset *ds);

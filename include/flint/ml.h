@@ -237,6 +237,12 @@ typedef struct fl_ml_metrics {
 /* One pass over `data`. */
 FL_ML_API fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_metrics *out);
 
+/* The training objective at the model's parameters and its gradient (outputs x (cols + 1)
+ * values: coefficients, then intercepts): linear (1/2W) sum w_i r_i^2 + (l2/2W)|w|^2,
+ * logistic (1/W) sum w_i logloss_i + (l2/2)|w|^2 (no L1 term). One pass. */
+FL_ML_API fl_status fl_ml_loss_gradient(const fl_ml_model *m, const fl_ml_data *data, double l2, double *loss,
+                                        double *grad);
+
 /* ---- solvers --------------------------------------------------------------------------- */
 typedef enum fl_ml_solver { FL_ML_SOLVER_AUTO, FL_ML_SOLVER_NORMAL, FL_ML_SOLVER_LBFGS, FL_ML_SOLVER_GD } fl_ml_solver;
 FL_ML_API fl_status fl_ml_solver_parse(const char *name, fl_ml_solver *out);

@@ -1,0 +1,327 @@
+/*
+ * model.c: trained models: prediction, evaluation over a dataset (one pass), and the model
+ * file (text, every number with 17 significant digits so that a model reads back exactly;
+ * the format is in docs/ml.md).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "ml/ml.h"
+
+#define AUC_BINS 4096
+
+static const char *const kind_names[] = {"linear", "logistic-binary", "logistic-multinomial"};
+
+fl_ml_model *ml_model_new(fl_ml_model_kind kind, uint32_t cols, uint32_t classes, bool intercept) {
+  fl_ml_model *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->kind = kind;
+  m->cols = cols;
+  m->classes = kind == FL_ML_LINEAR ? 1 : classes;
+  m->outputs = kind == FL_ML_LOGISTIC_MULTINOMIAL ? classes : 1;
+  m->intercept = intercept;
+  m->coef = calloc((size_t)m->outputs * (cols + 1), sizeof *m->coef);
+  if (!m->coef) {
+    free(m);
+    return NULL;
+  }
+  m->intercepts = m->coef + (size_t)m->outputs * cols;
+  return m;
+}
+
+void fl_ml_model_free(fl_ml_model *m) {
+  if (!m) return;
+  free(m->coef); /* intercepts share the allocation */
+  free(m->history);
+  free(m);
+}
+
+/* Margins of one dense row: outputs values. */
+static void margins(const fl_ml_model *m, const double *x, double *z) {
+  for (uint32_t k = 0; k < m->outputs; k++) {
+    double s = m->intercepts[k];
+    const double *w = m->coef + (size_t)k * m->cols;
+    for (uint32_t j = 0; j < m->cols; j++) s += w[j] * x[j];
+    z[k] = s;
+  }
+}
+
+/* From margins to the prediction and, for logistic models, class probabilities. */
+static double from_margins(const fl_ml_model *m, double *z, double *probs) {
+  if (m->kind == FL_ML_LINEAR) return z[0];
+  if (m->kind == FL_ML_LOGISTIC_BINARY) {
+    double p = 1.0 / (1.0 + exp(-z[0]));
+    if (probs) {
+      probs[0] = 1 - p;
+      probs[1] = p;
+    }
+    return p >= 0.5 ? 1.0 : 0.0;
+  }
+  uint32_t best = 0;
+  double top = z[0], sum = 0;
+  for (uint32_t k = 1; k < m->outputs; k++)
+    if (z[k] > top) top = z[best = k];
+  for (uint32_t k = 0; k < m->outputs; k++) sum += exp(z[k] - top);
+  if (probs)
+    for (uint32_t k = 0; k < m->outputs; k++) probs[k] = exp(z[k] - top) / sum;
+  return best;
+}
+
+double fl_ml_predict(const fl_ml_model *m, const double *x, double *probs) {
+  double stack[64], *z = m->outputs <= 64 ? stack : malloc(m->outputs * sizeof *z);
+  if (!z) return NAN;
+  margins(m, x, z);
+  double r = from_margins(m, z, probs);
+  if (z != stack) free(z);
+  return r;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------ */
+
+typedef struct metrics_arg {
+  uint32_t kind, cols, outputs, intercept;
+  uint64_t params_id; /* broadcast: coef then intercepts */
+} metrics_arg;
+
+/* acc: [rows, W, sse, wy, wy2, correct, logloss, pos[AUC_BINS], neg[AUC_BINS]] */
+#define M_HEAD 7
+static size_t metrics_len(void) { return M_HEAD + 2 * AUC_BINS; }
+
+FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  metrics_arg a;
+  memcpy(&a, arg, sizeof a);
+  fl_bytes pv;
+  fl_status s = fl_broadcast_value(a.params_id, &pv);
+  if (s != FL_OK) return s;
+  fl_ml_model m = {.kind = a.kind, .cols = a.cols, .outputs = a.outputs, .intercept = a.intercept};
+  size_t n = (size_t)a.outputs * (a.cols + 1);
+  if (pv.len != n * 8) return fl_set_error(FL_EINTERNAL, "model of %zu bytes", pv.len);
+  double *buf = malloc((n + 2 * (size_t)a.outputs + a.cols + metrics_len()) * sizeof *buf);
+  if (!buf) return fl_set_error(FL_ENOMEM, "out of memory");
+  memcpy(buf, pv.data, n * 8);
+  m.coef = buf;
+  m.intercepts = buf + (size_t)a.outputs * a.cols;
+  double *z = buf + n, *probs = z + a.outputs, *x = probs + a.outputs, *acc = x + a.cols;
+  memset(acc, 0, metrics_len() * sizeof *acc);
+  fl_buf scratch = FL_BUF_INIT;
+  fl_bytes rec;
+  while (s == FL_OK && fl_iter_next(in, &rec)) {
+    fl_ml_block b;
+    if ((s = fl_ml_block_view(rec, &scratch, &b)) != FL_OK) break;
+    if (b.cols > a.cols || (!b.sparse && b.cols != a.cols)) {
+      s = fl_set_error(FL_EINVAL, "a row block has %u features, the model %u", b.cols, a.cols);
+      break;
+    }
+    for (uint32_t i = 0; i < b.rows; i++) {
+      const double *row = b.x + (size_t)i * b.cols;
+      if (b.sparse) {
+        memset(x, 0, a.cols * sizeof *x);
+        for (uint64_t k = b.row_ptr[i]; k < b.row_ptr[i + 1]; k++) x[b.col[k]] = b.x[k];
+        row = x;
+      }
+      margins(&m, row, z);
+      double pred = from_margins(&m, z, probs), y = b.labels[i], w = b.weights ? b.weights[i] : 1.0;
+      acc[0] += 1;
+      acc[1] += w;
+      if (a.kind == FL_ML_LINEAR) {
+        acc[2] += w * (pred - y) * (pred - y);
+        acc[3] += w * y;
+        acc[4] += w * y * y;
+        continue;
+      }
+      if (a.kind == FL_ML_LOGISTIC_BINARY) y = y > 0 ? 1.0 : 0.0; /* -1/+1 labels too */
+      uint32_t cls = (uint32_t)y;
+      if (!(y >= 0 && y < (a.kind == FL_ML_LOGISTIC_BINARY ? 2 : a.outputs) && y == floor(y))) {
+        s = fl_set_error(FL_EINVAL, "label %g is not a class of this model", b.labels[i]);
+        break;
+      }
+      acc[5] += w * (pred == y);
+      acc[6] -= w * log(fmax(probs[cls], 1e-300));
+      if (a.kind == FL_ML_LOGISTIC_BINARY) {
+        uint32_t bin = (uint32_t)(probs[1] * AUC_BINS);
+        if (bin >= AUC_BINS) bin = AUC_BINS - 1;
+        acc[M_HEAD + (cls ? 0 : AUC_BINS) + bin] += w;
+      }
+    }
+  }
+  if (s == FL_OK) s = fl_emit(out, acc, metrics_len() * sizeof *acc);
+  fl_buf_free(&scratch);
+  free(buf);
+  return s;
+}
+
+fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_metrics *out) {
+  if (!m || !data || !data->blocks || !out) return fl_set_error(FL_EINVAL, "fl_ml_evaluate: model, data and out are required");
+  if (data->cols > m->cols) return fl_set_error(FL_EINVAL, "the data has %u features, the model %u", data->cols, m->cols);
+  size_t n = (size_t)m->outputs * (m->cols + 1), len = metrics_len();
+  double *acc = malloc(len * sizeof *acc);
+  if (!acc) return fl_set_error(FL_ENOMEM, "out of memory");
+  fl_broadcast *bc = NULL;
+  fl_dataset *parts = NULL;
+  /* coef and intercepts are one allocation in that order (ml_model_new) */
+  fl_status s = fl_broadcast_create(fl_dataset_context(data->blocks), m->coef, n * 8, &bc);
+  if (s == FL_OK) {
+    metrics_arg a = {.kind = m->kind, .cols = m->cols, .outputs = m->outputs, .intercept = m->intercept,
+                     .params_id = fl_broadcast_id(bc)};
+    s = fl_map_partitions(data->blocks, ml_metrics_partition, &a, sizeof a, &parts);
+  }
+  if (s == FL_OK) s = ml_sum_partitions(parts, len, 0, acc);
+  fl_dataset_free(parts);
+  fl_broadcast_destroy(bc);
+  if (s == FL_OK && acc[1] <= 0) s = fl_set_error(FL_EEMPTY, "no rows (or only rows of weight 0) to evaluate");
+  if (s == FL_OK) {
+    double W = acc[1];
+    *out = (fl_ml_metrics){.rows = (uint64_t)acc[0], .weight_sum = W, .rmse = NAN, .r2 = NAN, .accuracy = NAN,
+                           .log_loss = NAN, .auc = NAN};
+    if (m->kind == FL_ML_LINEAR) {
+      double sst = acc[4] - acc[3] * acc[3] / W;
+      out->rmse = sqrt(acc[2] / W);
+      out->r2 = sst > 0 ? 1 - acc[2] / sst : NAN;
+    } else {
+      out->accuracy = acc[5] / W;
+      out->log_loss = acc[6] / W;
+    }
+    if (m->kind == FL_ML_LOGISTIC_BINARY) { /* P(score of a positive > score of a negative) */
+      const double *pos = acc + M_HEAD, *neg = pos + AUC_BINS;
+      double P = 0, N = 0, below = 0, area = 0;
+      for (int b = 0; b < AUC_BINS; b++) P += pos[b], N += neg[b];
+      for (int b = 0; b < AUC_BINS; b++) {
+        area += pos[b] * (below + 0.5 * neg[b]);
+        below += neg[b];
+      }
+      out->auc = P > 0 && N > 0 ? area / (P * N) : NAN;
+    }
+  }
+  free(acc);
+  return s;
+}
+
+/* ---- model files ----------------------------------------------------------------------- */
+
+fl_status fl_ml_model_save(const fl_ml_model *m, const char *path) {
+  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_ml_model_save: model and path are required");
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return fl_set_error(FL_EINVAL, "path too long: %s", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return fl_set_error(FL_EIO, "cannot write %s: %s", tmp, strerror(errno));
+  fprintf(f, "flint-model 1\nkind %s\ncols %u\nclasses %u\noutputs %u\nintercept %d\n", kind_names[m->kind], m->cols,
+          m->classes, m->outputs, m->intercept ? 1 : 0);
+  fprintf(f, "intercepts");
+  for (uint32_t k = 0; k < m->outputs; k++) fprintf(f, " %.17g", m->intercepts[k]);
+  fprintf(f, "\n");
+  for (uint32_t k = 0; k < m->outputs; k++) {
+    fprintf(f, "coef");
+    for (uint32_t j = 0; j < m->cols; j++) fprintf(f, " %.17g", m->coef[(size_t)k * m->cols + j]);
+    fprintf(f, "\n");
+  }
+  fprintf(f, "end\n");
+  bool ok = !ferror(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
+  ok = fclose(f) == 0 && ok;
+  if (!ok || rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return fl_set_error(FL_EIO, "cannot write %s: %s", path, strerror(e));
+  }
+  return FL_OK;
+}
+
+/* The reader: one line at a time, with its number for messages. */
+typedef struct reader {
+  FILE *f;
+  const char *path;
+  char *line;
+  size_t cap;
+  unsigned number;
+} reader;
+
+static fl_status next_line(reader *r, const char *want) {
+  r->number++;
+  if (getline(&r->line, &r->cap, r->f) < 0)
+    return fl_set_error(FL_EFORMAT, "%s:%u: the file ends where '%s' should be", r->path, r->number, want);
+  r->line[strcspn(r->line, "\n")] = 0;
+  return FL_OK;
+}
+
+static fl_status read_u32(reader *r, const char *key, uint32_t *out) {
+  fl_status s = next_line(r, key);
+  if (s != FL_OK) return s;
+  size_t k = strlen(key);
+  char *end;
+  errno = 0;
+  unsigned long v = strncmp(r->line, key, k) == 0 && r->line[k] == ' ' ? strtoul(r->line + k + 1, &end, 10) : 0;
+  if (strncmp(r->line, key, k) != 0 || r->line[k] != ' ' || errno || *end || v > UINT32_MAX || end == r->line + k + 1)
+    return fl_set_error(FL_EFORMAT, "%s:%u: expected '%s N', found '%.60s'", r->path, r->number, key, r->line);
+  *out = (uint32_t)v;
+  return FL_OK;
+}
+
+static fl_status read_values(reader *r, const char *key, double *out, size_t n) {
+  fl_status s = next_line(r, key);
+  if (s != FL_OK) return s;
+  size_t k = strlen(key);
+  if (strncmp(r->line, key, k) != 0 || (r->line[k] != ' ' && r->line[k] != 0))
+    return fl_set_error(FL_EFORMAT, "%s:%u: expected '%s' values, found '%.60s'", r->path, r->number, key, r->line);
+  char *p = r->line + k;
+  for (size_t i = 0; i < n; i++) {
+    char *end;
+    errno = 0;
+    out[i] = strtod(p, &end);
+    if (end == p || errno || !isfinite(out[i]))
+      return fl_set_error(FL_EFORMAT, "%s:%u: value %zu of %zu is missing or not a finite number", r->path, r->number,
+                          i + 1, n);
+    p = end;
+  }
+  while (*p == ' ') p++;
+  if (*p) return fl_set_error(FL_EFORMAT, "%s:%u: more than %zu values", r->path, r->number, n);
+  return FL_OK;
+}
+
+fl_status fl_ml_model_load(const char *path, fl_ml_model **out) {
+  if (!path || !out) return fl_set_error(FL_EINVAL, "fl_ml_model_load: path and out are required");
+  reader r = {.f = fopen(path, "r"), .path = path};
+  if (!r.f) return fl_set_error(errno == ENOENT ? FL_ENOENT : FL_EIO, "cannot read %s: %s", path, strerror(errno));
+  fl_ml_model *m = NULL;
+  uint32_t cols = 0, classes = 0, outputs = 0, intercept = 0;
+  int kind = -1;
+  fl_status s = next_line(&r, "flint-model 1");
+  if (s == FL_OK && strcmp(r.line, "flint-model 1") != 0)
+    s = fl_set_error(FL_EFORMAT, "%s:1: not a flint model file (version 1)", path);
+  if (s == FL_OK && (s = next_line(&r, "kind")) == FL_OK) {
+    for (int k = 0; k < 3; k++)
+      if (strncmp(r.line, "kind ", 5) == 0 && strcmp(r.line + 5, kind_names[k]) == 0) kind = k;
+    if (kind < 0) s = fl_set_error(FL_EFORMAT, "%s:%u: unknown model kind '%.60s'", path, r.number, r.line);
+  }
+  if (s == FL_OK) s = read_u32(&r, "cols", &cols);
+  if (s == FL_OK) s = read_u32(&r, "classes", &classes);
+  if (s == FL_OK) s = read_u32(&r, "outputs", &outputs);
+  if (s == FL_OK) s = read_u32(&r, "intercept", &intercept);
+  if (s == FL_OK) {
+    uint32_t want_classes = kind == FL_ML_LINEAR ? 1 : kind == FL_ML_LOGISTIC_BINARY ? 2 : classes;
+    uint32_t want_outputs = kind == FL_ML_LOGISTIC_MULTINOMIAL ? classes : 1;
+    if (cols == 0 || cols > (1u << 26) || classes != want_classes || outputs != want_outputs || intercept > 1 ||
+        (kind == FL_ML_LOGISTIC_MULTINOMIAL && (classes < 2 || classes > 65536)) ||
+        (uint64_t)outputs * cols > (1ull << 28))
+      s = fl_set_error(FL_EFORMAT, "%s: inconsistent shape: kind %s, cols %u, classes %u, outputs %u, intercept %u",
+                       path, kind_names[kind], cols, classes, outputs, intercept);
+  }
+  if (s == FL_OK && !(m = ml_model_new((fl_ml_model_kind)kind, cols, classes, intercept)))
+    s = fl_set_error(FL_ENOMEM, "out of memory");
+  if (s == FL_OK) s = read_values(&r, "intercepts", m->intercepts, outputs);
+  for (uint32_t k = 0; s == FL_OK && k < outputs; k++) s = read_values(&r, "coef", m->coef + (size_t)k * cols, cols);
+  if (s == FL_OK && (s = next_line(&r, "end")) == FL_OK && strcmp(r.line, "end") != 0)
+    s = fl_set_error(FL_EFORMAT, "%s:%u: expected 'end'", path, r.number);
+  if (s == FL_OK && getline(&r.line, &r.cap, r.f) >= 0)
+    s = fl_set_error(FL_EFORMAT, "%s:%u: text after 'end'", path, r.number + 1);
+  free(r.line);
+  fclose(r.f);
+  if (s != FL_OK) {
+    fl_ml_model_free(m);
+    return s;
+  }
+  *out = m;
+  return FL_OK;
+}

@@ -1,0 +1,322 @@
+/*
+ * objective.c: loss and gradient of a generalized linear model over cached row blocks, as
+ * one dataflow stage (the Sandblaster pattern).
+ *
+ * The parameters (outputs x cols coefficients, then `outputs` intercepts) go out as a
+ * broadcast; each task runs ml_eval_partition over its blocks and emits one record, [loss
+ * sum, weight sum, gradient sums]; fl_tree_aggregate adds them up. The per-row work is one
+ * fused pass while the row is in cache: margin, loss and the gradient update (binary and
+ * squared losses); the multinomial loss runs two GEMMs per block instead (margins X W', then
+ * dZ' X) while the block is in cache, which is faster than K dot products per row.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "ml/ml.h"
+
+typedef struct eval_arg {
+  uint32_t loss, cols, outputs, intercept;
+  uint64_t params_id; /* broadcast: outputs * (cols + 1) doubles */
+  double fraction;    /* < 1: a mini-batch of about this fraction of the rows */
+  uint64_t seed;
+} eval_arg;
+
+/* ---- row kernels ----------------------------------------------------------------------- */
+
+static inline double dot(const double *restrict x, const double *restrict w, uint32_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (uint32_t j = 0; j < n; j++) s += x[j] * w[j];
+  return s;
+}
+
+static inline void axpy(double a, const double *restrict x, double *restrict g, uint32_t n) {
+#pragma omp simd
+  for (uint32_t j = 0; j < n; j++) g[j] += a * x[j];
+}
+
+/* Loss of one row and its derivative by the margin m. Binary labels are 0/1 here. */
+static inline double row_loss(uint32_t loss, double m, double y, double *dm) {
+  if (loss == ML_LOSS_SQUARED) {
+    double r = m - y;
+    *dm = r;
+    return 0.5 * r * r;
+  }
+  /* logistic: log(1 + e^m) - y m, computed without overflow */
+  double e = exp(-fabs(m));
+  double softplus = (m > 0 ? m : 0) + log1p(e);
+  *dm = (m >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e)) - y;
+  return softplus - y * m;
+}
+
+/* The row's binary label as 0/1: 0/1 and -1/+1 are accepted. */
+static inline bool binary_label(double label, double *y) {
+  if (label == 1.0) *y = 1.0;
+  else if (label == 0.0 || label == -1.0) *y = 0.0;
+  else return false;
+  return true;
+}
+
+static inline bool sampled(const eval_arg *a, uint32_t partition, uint64_t block, uint32_t row) {
+  if (a->fraction >= 1.0) return true;
+  uint64_t z = a->seed ^ ((uint64_t)partition << 40) ^ (block << 20) ^ row;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (double)(z >> 11) * 0x1p-53 < a->fraction;
+}
+
+/* acc: [loss, weight, grad coef (outputs * cols), grad intercepts (outputs)] */
+static fl_status block_scalar(const eval_arg *a, const fl_ml_block *b, const double *w, double *acc, uint32_t partition,
+                              uint64_t block) {
+  const uint32_t d = a->cols;
+  const double bias = a->intercept ? w[d] : 0.0;
+  double *g = acc + 2;
+  for (uint32_t i = 0; i < b->rows; i++) {
+    if (!sampled(a, partition, block, i)) continue;
+    double y = b->labels[i], wt = b->weights ? b->weights[i] : 1.0, dm;
+    if (a->loss == ML_LOSS_LOGISTIC && !binary_label(y, &y))
+      return fl_set_error(FL_EINVAL, "binary logistic regression needs labels 0/1 or -1/+1, not %g", b->labels[i]);
+    if (wt == 0) continue;
+    double m = bias;
+    if (!b->sparse) {
+      const double *x = b->x + (size_t)i * b->cols;
+      m += dot(x, w, b->cols);
+      acc[0] += wt * row_loss(a->loss, m, y, &dm);
+      axpy(wt * dm, x, g, b->cols);
+    } else {
+      uint64_t lo = b->row_ptr[i], hi = b->row_ptr[i + 1];
+      for (uint64_t k = lo; k < hi; k++) m += b->x[k] * w[b->col[k]];
+      acc[0] += wt * row_loss(a->loss, m, y, &dm);
+      for (uint64_t k = lo; k < hi; k++) g[b->col[k]] += wt * dm * b->x[k];
+    }
+    acc[1] += wt;
+    g[d] += wt * dm;
+  }
+  return FL_OK;
+}
+
+/* Softmax over K outputs. Z is scratch of rows x K. */
+static fl_status block_softmax(const eval_arg *a, const fl_ml_block *b, const double *w, double *acc, double *z,
+                               uint32_t partition, uint64_t block) {
+  const uint32_t d = a->cols, K = a->outputs;
+  const double *bias = w + (size_t)K * d;
+  double *g = acc + 2, *gb = g + (size_t)K * d;
+  if (!b->sparse) /* Z = X W' */
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b->rows, (int)K, (int)b->cols, 1.0, b->x, (int)b->cols,
+                w, (int)d, 0.0, z, (int)K);
+  for (uint32_t i = 0; i < b->rows; i++) {
+    double *zi = z + (size_t)i * K, wt = b->weights ? b->weights[i] : 1.0, label = b->labels[i];
+    if (!(label >= 0 && label < K && label == floor(label)))
+      return fl_set_error(FL_EINVAL, "multinomial logistic regression with %u classes needs labels 0..%u, not %g", K,
+                          K - 1, label);
+    if (!sampled(a, partition, block, i) || wt == 0) {
+      for (uint32_t k = 0; k < K; k++) zi[k] = 0; /* no part in the gradient */
+      continue;
+    }
+    if (b->sparse) {
+      for (uint32_t k = 0; k < K; k++) {
+        double m = 0;
+        for (uint64_t p = b->row_ptr[i]; p < b->row_ptr[i + 1]; p++) m += b->x[p] * w[(size_t)k * d + b->col[p]];
+        zi[k] = m;
+      }
+    }
+    double top = -INFINITY, sum = 0;
+    for (uint32_t k = 0; k < K; k++) {
+      zi[k] += a->intercept ? bias[k] : 0.0;
+      if (zi[k] > top) top = zi[k];
+    }
+    for (uint32_t k = 0; k < K; k++) sum += exp(zi[k] - top);
+    uint32_t y = (uint32_t)label;
+    acc[0] += wt * (top + log(sum) - zi[y]);
+    acc[1] += wt;
+    for (uint32_t k = 0; k < K; k++) { /* dZ, weighted */
+      zi[k] = wt * (exp(zi[k] - top) / sum - (k == y));
+      gb[k] += zi[k];
+    }
+    if (b->sparse)
+      for (uint32_t k = 0; k < K; k++)
+        for (uint64_t p = b->row_ptr[i]; p < b->row_ptr[i + 1]; p++) g[(size_t)k * d + b->col[p]] += zi[k] * b->x[p];
+  }
+  if (!b->sparse) /* G += dZ' X */
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)b->cols, (int)b->rows, 1.0, z, (int)K, b->x,
+                (int)b->cols, 1.0, g, (int)d);
+  return FL_OK;
+}
+
+FL_ML_KERNEL fl_status ml_eval_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  eval_arg a;
+  memcpy(&a, arg, sizeof a);
+  size_t n = (size_t)a.outputs * (a.cols + 1);
+  fl_bytes params;
+  fl_status s = fl_broadcast_value(a.params_id, &params);
+  if (s != FL_OK) return s;
+  if (params.len != n * sizeof(double))
+    return fl_set_error(FL_EINTERNAL, "parameters of %zu bytes, expected %zu", params.len, n * sizeof(double));
+  double *w = malloc((n + 2 + n) * sizeof *w); /* an aligned copy of the parameters, then acc */
+  if (!w) return fl_set_error(FL_ENOMEM, "out of memory");
+  memcpy(w, params.data, n * sizeof *w);
+  double *acc = w + n, *z = NULL;
+  memset(acc, 0, (n + 2) * sizeof *acc);
+  size_t z_cap = 0;
+  fl_buf scratch = FL_BUF_INIT;
+  fl_bytes rec;
+  uint64_t block = 0;
+  while (s == FL_OK && fl_iter_next(in, &rec)) {
+    fl_ml_block b;
+    if ((s = fl_ml_block_view(rec, &scratch, &b)) != FL_OK) break;
+    if (b.cols > a.cols) {
+      s = fl_set_error(FL_EINVAL, "a row block has %u features, the model %u", b.cols, a.cols);
+      break;
+    }
+    if (!b.sparse && b.cols != a.cols) {
+      s = fl_set_error(FL_EINVAL, "a dense row block has %u features, the model %u", b.cols, a.cols);
+      break;
+    }
+    if (a.loss == ML_LOSS_SOFTMAX) {
+      if ((size_t)b.rows * a.outputs > z_cap) {
+        free(z);
+        z_cap = (size_t)b.rows * a.outputs;
+        if (!(z = malloc(z_cap * sizeof *z))) {
+          s = fl_set_error(FL_ENOMEM, "out of memory");
+          break;
+        }
+      }
+      s = block_softmax(&a, &b, w, acc, z, partition, block);
+    } else {
+      s = block_scalar(&a, &b, w, acc, partition, block);
+    }
+    block++;
+  }
+  if (s == FL_OK) s = fl_emit(out, acc, (n + 2) * sizeof *acc);
+  fl_buf_free(&scratch);
+  free(z);
+  free(w);
+  return s;
+}
+
+/* Adds two vectors of doubles: the tree_aggregate of the partitions' records. */
+FL_ML_KERNEL fl_status ml_add_f64(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+  (void)arg;
+  if (a.len != b.len || a.len % 8) return fl_set_error(FL_EINTERNAL, "adding vectors of %zu and %zu bytes", a.len, b.len);
+  fl_status s = fl_buf_reserve(out, a.len);
+  if (s != FL_OK) return s;
+  size_t n = a.len / 8;
+  for (size_t i = 0; i < n; i++) {
+    double x, y;
+    memcpy(&x, a.data + 8 * i, 8);
+    memcpy(&y, b.data + 8 * i, 8);
+    x += y;
+    memcpy(out->data + 8 * i, &x, 8);
+  }
+  out->len = a.len;
+  return FL_OK;
+}
+
+uint32_t ml_tree_depth(const fl_dataset *ds, uint32_t requested) {
+  if (requested) return requested;
+  return fl_dataset_partitions(ds) > 32 ? 2 : 1;
+}
+
+fl_status ml_sum_partitions(fl_dataset *parts, size_t n, uint32_t depth, double *out) {
+  double *zero = calloc(n ? n : 1, sizeof *zero);
+  if (!zero) return fl_set_error(FL_ENOMEM, "out of memory");
+  fl_buf sum = FL_BUF_INIT;
+  fl_status s = fl_tree_aggregate(parts, fl_bytes_of(zero, n * 8), ml_add_f64, ml_add_f64, NULL, 0,
+                                  ml_tree_depth(parts, depth), &sum);
+  if (s == FL_OK && sum.len != n * 8) s = fl_set_error(FL_EINTERNAL, "a sum of %zu bytes, expected %zu", sum.len, n * 8);
+  if (s == FL_OK) memcpy(out, sum.data, n * 8);
+  fl_buf_free(&sum);
+  free(zero);
+  return s;
+}
+
+fl_status ml_glm_eval(ml_glm *p, const double *w, double fraction, uint64_t seed, double *loss, double *grad) {
+  const size_t n = (size_t)p->outputs * (p->cols + 1);
+  fl_context *ctx = fl_dataset_context(p->data->blocks);
+  fl_broadcast *bc = NULL;
+  fl_dataset *parts = NULL;
+  double *sums = malloc((n + 2) * sizeof *sums);
+  if (!sums) return fl_set_error(FL_ENOMEM, "out of memory");
+  fl_status s = fl_broadcast_create(ctx, w, n * sizeof *w, &bc);
+  if (s == FL_OK) {
+    eval_arg a = {.loss = p->loss, .cols = p->cols, .outputs = p->outputs, .intercept = p->intercept,
+                  .params_id = fl_broadcast_id(bc), .fraction = fraction > 0 && fraction < 1 ? fraction : 1.0,
+                  .seed = seed};
+    s = fl_map_partitions(p->data->blocks, ml_eval_partition, &a, sizeof a, &parts);
+  }
+  if (s == FL_OK) s = ml_sum_partitions(parts, n + 2, p->tree_depth, sums);
+  fl_dataset_free(parts);
+  fl_broadcast_destroy(bc);
+  p->evaluations++;
+  if (s == FL_OK && !(sums[1] > 0)) s = fl_set_error(FL_EEMPTY, "no rows (or only rows of weight 0) to fit");
+  if (s != FL_OK) {
+    free(sums);
+    return s;
+  }
+  /* mean over the weight, plus (l2 / 2) |coef|^2 in the solver's scale */
+  double W = sums[1], reg = p->l2_in_sum_units ? p->l2 / W : p->l2, sq = 0;
+  const size_t ncoef = (size_t)p->outputs * p->cols;
+  for (size_t i = 0; i < ncoef; i++) {
+    grad[i] = sums[2 + i] / W + reg * w[i];
+    sq += w[i] * w[i];
+  }
+  for (size_t i = ncoef; i < n; i++) grad[i] = p->intercept ? sums[2 + i] / W : 0.0;
+  *loss = sums[0] / W + 0.5 * reg * sq;
+  p->weight_sum = W;
+  free(sums);
+  return FL_OK;
+}
+
+/* ---- label range ------------------------------------------------------------------------ */
+
+FL_ML_KERNEL fl_status ml_labels_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition, (void)arg;
+  double acc[3] = {INFINITY, -INFINITY, 1.0}; /* min, max, all integers */
+  fl_buf scratch = FL_BUF_INIT;
+  fl_bytes rec;
+  fl_status s = FL_OK;
+  while (s == FL_OK && fl_iter_next(in, &rec)) {
+    fl_ml_block b;
+    if ((s = fl_ml_block_view(rec, &scratch, &b)) != FL_OK) break;
+    for (uint32_t i = 0; i < b.rows; i++) {
+      double y = b.labels[i];
+      acc[0] = fmin(acc[0], y);
+      acc[1] = fmax(acc[1], y);
+      if (y != floor(y)) acc[2] = 0;
+    }
+  }
+  fl_buf_free(&scratch);
+  return s == FL_OK ? fl_emit(out, acc, sizeof acc) : s;
+}
+
+FL_ML_KERNEL fl_status ml_labels_merge(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+  (void)arg;
+  double x[3], y[3];
+  if (a.len != sizeof x || b.len != sizeof y) return fl_set_error(FL_EINTERNAL, "label ranges of %zu and %zu bytes", a.len, b.len);
+  memcpy(x, a.data, sizeof x);
+  memcpy(y, b.data, sizeof y);
+  x[0] = fmin(x[0], y[0]);
+  x[1] = fmax(x[1], y[1]);
+  x[2] = fmin(x[2], y[2]);
+  return fl_buf_append(out, x, sizeof x);
+}
+
+fl_status ml_label_range(const fl_ml_data *data, double *min, double *max, bool *integers) {
+  double zero[3] = {INFINITY, -INFINITY, 1.0};
+  fl_dataset *parts = NULL;
+  fl_buf r = FL_BUF_INIT;
+  fl_status s = fl_map_partitions(data->blocks, ml_labels_partition, NULL, 0, &parts);
+  if (s == FL_OK) s = fl_aggregate(parts, fl_bytes_of(zero, sizeof zero), ml_labels_merge, ml_labels_merge, NULL, 0, &r);
+  fl_dataset_free(parts);
+  if (s == FL_OK && r.len != sizeof zero) s = fl_set_error(FL_EINTERNAL, "a label range of %zu bytes", r.len);
+  if (s == FL_OK) {
+    memcpy(zero, r.data, sizeof zero);
+    *min = zero[0];
+    *max = zero[1];
+    *integers = zero[2] != 0;
+  }
+  fl_buf_free(&r);
+  return s;
+}
