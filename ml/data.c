@@ -1,5 +1,11 @@
 /* data.c: facts about block datasets that loaders and generators share. */
+#include <cblas.h>
+
 #include "ml/ml.h"
+
+/* flint runs BLAS single-threaded inside tasks and gets its parallelism from tasks: on tall,
+ * narrow blocks one dsyrk per core is about 2x faster than threaded BLAS (DESIGN.md). */
+__attribute__((constructor)) static void ml_single_threaded_blas(void) { openblas_set_num_threads(1); }
 
 uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested) {
   if (requested) return requested;

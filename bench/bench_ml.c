@@ -1,0 +1,315 @@
+/*
+ * bench_ml: the batch-convex solvers against what the machine can do at best, in the same
+ * run (issue 6). Rows, each in local[2] and in local-cluster[2,1,MB]:
+ *
+ *   gradient  one logistic loss-and-gradient evaluation over n x d cached rows (seeded
+ *             synthetic, n = --rows, d = 100), median of 5, against the memory floor: a plain
+ *             C pass summing the same number of bytes (features and labels) on 2 threads.
+ *             Target: at most 2x.
+ *   lstsq     least squares by the normal equations end to end over 2n x d cached rows,
+ *             against the floor of one single-threaded dsyrk per block (blocks of the engine's
+ *             size) on each of 2 threads. Target: at most 1.2x.
+ *   lbfgs     binary logistic regression by L-BFGS to gradient norm 1e-6 (l2 1e-4):
+ *             iterations, time, and the engine's share of an iteration: (time - evaluations x
+ *             compute) / iterations, where compute is the same fused gradient loop run on 2
+ *             threads over in-process blocks, without the engine. Target: at most 2 ms in
+ *             local-cluster mode (reported for local mode too).
+ *   memory    the cached dataset's bytes against its raw bytes n x (d + 1) x 8. Target: at
+ *             most 1.05x.
+ *   fmnist    Fashion-MNIST (if installed) multinomial logistic regression by L-BFGS, local[2]:
+ *             time to converge (or 100 iterations) and test accuracy. No target.
+ *
+ * Output: a table, or with --json one JSON object per row. Exit 1 on an engine error, 2 on a
+ * bad option; a missed target is reported, not an error.
+ */
+#define BENCH_NAME "bench_ml"
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "flint/ml.h"
+
+#define COLS 100
+#define THREADS 2
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+
+typedef struct options {
+  uint64_t rows;
+  bool json;
+  bool skip_cluster, skip_fmnist;
+} options;
+
+/* ---- floors: the same bytes without the engine -------------------------------------------- */
+
+typedef struct floor_job {
+  double *data; /* blocks of rows x (COLS) features, then labels */
+  size_t blocks, rows_per_block;
+  double result;
+  int kind; /* 0: read pass, 1: dsyrk per block, 2: fused logistic gradient */
+} floor_job;
+
+static void *floor_thread(void *p) {
+  floor_job *j = p;
+  size_t per = j->rows_per_block * (COLS + 1);
+  double s = 0, C[COLS * COLS], g[COLS + 1], w[COLS];
+  memset(g, 0, sizeof g);
+  for (int k = 0; k < COLS; k++) w[k] = 0.01 * k;
+  for (size_t b = 0; b < j->blocks; b++) {
+    const double *x = j->data + b * per, *y = x + j->rows_per_block * COLS;
+    if (j->kind == 0) {
+#pragma omp simd reduction(+ : s)
+      for (size_t i = 0; i < per; i++) s += x[i];
+    } else if (j->kind == 1) {
+      cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, COLS, (int)j->rows_per_block, 1.0, x, COLS, 1.0, C, COLS);
+      s += C[0];
+    } else {
+      for (size_t i = 0; i < j->rows_per_block; i++) {
+        const double *r = x + i * COLS;
+        double m = 0;
+#pragma omp simd reduction(+ : m)
+        for (int k = 0; k < COLS; k++) m += r[k] * w[k];
+        double e = exp(-fabs(m)), dm = (m >= 0 ? 1 / (1 + e) : e / (1 + e)) - y[i];
+        s += (m > 0 ? m : 0) + log1p(e) - y[i] * m;
+#pragma omp simd
+        for (int k = 0; k < COLS; k++) g[k] += dm * r[k];
+        g[COLS] += dm;
+      }
+    }
+  }
+  j->result = s + g[0];
+  return NULL;
+}
+
+/* Seconds for `kind` over rows x COLS on THREADS threads (best of 3). */
+static double floor_time(uint64_t rows, int kind) {
+  size_t rpb = (1u << 20) / (8 * COLS), blocks = (rows + rpb - 1) / rpb, per = rpb * (COLS + 1);
+  double *data = malloc(blocks * per * sizeof *data);
+  if (!data) return NAN;
+  for (size_t i = 0; i < blocks * per; i++) data[i] = (double)((i * 2654435761u) % 1000) * 1e-3;
+  double best = INFINITY;
+  for (int rep = 0; rep < 3; rep++) {
+    floor_job jobs[THREADS];
+    pthread_t th[THREADS];
+    double t0 = now_s();
+    for (int t = 0; t < THREADS; t++) {
+      size_t lo = blocks * t / THREADS, hi = blocks * (t + 1) / THREADS;
+      jobs[t] = (floor_job){.data = data + lo * per, .blocks = hi - lo, .rows_per_block = rpb, .kind = kind};
+      pthread_create(&th[t], NULL, floor_thread, &jobs[t]);
+    }
+    for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+    best = fmin(best, now_s() - t0);
+  }
+  free(data);
+  return best;
+}
+
+/* ---- engine -------------------------------------------------------------------------------- */
+
+typedef struct mode_result {
+  double grad_s, lstsq_s, lbfgs_s, share_ms, memory_ratio;
+  uint32_t iterations, evaluations;
+  bool converged;
+} mode_result;
+
+static int run_mode(const char *master, const options *o, double compute_s, mode_result *r) {
+  fl_context *ctx;
+  if (fl_context_open(master, NULL, &ctx) != FL_OK) {
+    fail_flint("opening the context");
+    return 1;
+  }
+  int rc = 1;
+  fl_ml_data *data = NULL, *lin = NULL;
+  fl_ml_synth_options so = {.kind = FL_ML_SYNTH_LOGISTIC, .rows = o->rows, .cols = COLS, .classes = 2, .seed = 7};
+  if (fl_ml_synthetic(ctx, &so, &data) != FL_OK) {
+    fail_flint("synthetic data");
+    goto done;
+  }
+  fl_storage_info si;
+  if (fl_storage_info_get(data->blocks, &si) != FL_OK) {
+    fail_flint("storage info");
+    goto done;
+  }
+  r->memory_ratio = (double)si.memory_bytes / ((double)o->rows * (COLS + 1) * 8);
+  /* a zero model of the right shape to evaluate at */
+  double coef[COLS + 1] = {0};
+  fl_ml_model m = {.kind = FL_ML_LOGISTIC_BINARY, .cols = COLS, .classes = 2, .outputs = 1, .intercept = true,
+                   .coef = coef, .intercepts = coef + COLS};
+  double loss, grad[COLS + 1], times[5];
+  if (fl_ml_loss_gradient(&m, data, 0, &loss, grad) != FL_OK) { /* warm-up */
+    fail_flint("a gradient");
+    goto done;
+  }
+  for (int i = 0; i < 5; i++) {
+    double t0 = now_s();
+    if (fl_ml_loss_gradient(&m, data, 0, &loss, grad) != FL_OK) {
+      fail_flint("a gradient");
+      goto done;
+    }
+    times[i] = now_s() - t0;
+  }
+  for (int i = 0; i < 5; i++) /* median by a small sort */
+    for (int k = i + 1; k < 5; k++)
+      if (times[k] < times[i]) {
+        double t = times[i];
+        times[i] = times[k];
+        times[k] = t;
+      }
+  r->grad_s = times[2];
+  fl_ml_model *model = NULL;
+  fl_ml_train_options lo = {.l2 = 1e-4, .tol = 1e-6, .max_iterations = 100};
+  double t0 = now_s();
+  if (fl_ml_logreg(data, &lo, &model) != FL_OK) {
+    fail_flint("L-BFGS");
+    goto done;
+  }
+  r->lbfgs_s = now_s() - t0;
+  r->iterations = model->num_history;
+  r->evaluations = model->num_history ? model->history[model->num_history - 1].evaluations : 0;
+  r->converged = model->converged;
+  r->share_ms = r->iterations ? 1e3 * (r->lbfgs_s - r->evaluations * compute_s) / r->iterations : NAN;
+  fl_ml_model_free(model);
+  fl_ml_data_free(data);
+  data = NULL;
+  fl_ml_synth_options ls = {.kind = FL_ML_SYNTH_LINEAR, .rows = 2 * o->rows, .cols = COLS, .noise = 0.1, .seed = 8};
+  if (fl_ml_synthetic(ctx, &ls, &lin) != FL_OK) {
+    fail_flint("synthetic linear data");
+    goto done;
+  }
+  fl_ml_train_options no = {.solver = FL_ML_SOLVER_NORMAL};
+  t0 = now_s();
+  if (fl_ml_linreg(lin, &no, &model) != FL_OK) {
+    fail_flint("least squares");
+    goto done;
+  }
+  r->lstsq_s = now_s() - t0;
+  fl_ml_model_free(model);
+  rc = 0;
+done:
+  fl_ml_data_free(data);
+  fl_ml_data_free(lin);
+  fl_context_close(ctx);
+  return rc;
+}
+
+static int run_fmnist(double *secs, double *accuracy, uint32_t *iterations) {
+  fl_context *ctx;
+  if (fl_context_open("local[2]", NULL, &ctx) != FL_OK) return 1;
+  fl_ml_data *train = NULL, *test = NULL;
+  fl_ml_model *m = NULL;
+  int rc = 1;
+  fl_ml_load_options lo = {.labels_path = FMNIST "/train-labels-idx1-ubyte.gz"};
+  fl_ml_load_options to = {.labels_path = FMNIST "/t10k-labels-idx1-ubyte.gz"};
+  fl_ml_train_options o = {.l2 = 1e-4, .tol = 1e-6, .max_iterations = 100};
+  fl_ml_metrics mt;
+  if (fl_ml_load(ctx, FMNIST "/train-images-idx3-ubyte.gz", FL_ML_IDX, &lo, &train) != FL_OK ||
+      fl_ml_load(ctx, FMNIST "/t10k-images-idx3-ubyte.gz", FL_ML_IDX, &to, &test) != FL_OK) {
+    fail_flint("loading Fashion-MNIST");
+    goto done;
+  }
+  double t0 = now_s();
+  if (fl_ml_logreg(train, &o, &m) != FL_OK) {
+    fail_flint("Fashion-MNIST L-BFGS");
+    goto done;
+  }
+  *secs = now_s() - t0;
+  *iterations = m->num_history;
+  if (fl_ml_evaluate(m, test, &mt) != FL_OK) {
+    fail_flint("Fashion-MNIST evaluation");
+    goto done;
+  }
+  *accuracy = mt.accuracy;
+  rc = 0;
+done:
+  fl_ml_model_free(m);
+  fl_ml_data_free(train);
+  fl_ml_data_free(test);
+  fl_context_close(ctx);
+  return rc;
+}
+
+static void row(const options *o, const bench_columns *c, const char *bench, const char *metric, double value,
+                const char *fmt, const char *target, const char *met) {
+  char v[64];
+  snprintf(v, sizeof v, fmt, value);
+  if (!o->json) bench_print_row(c, bench, metric, v, target, met);
+}
+
+int main(int argc, char **argv) {
+  options o = {.rows = 1000000};
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) o.json = true;
+    else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc && parse_count(argv[i + 1], 100000000, &o.rows)) i++;
+    else if (strcmp(argv[i], "--skip-cluster") == 0) o.skip_cluster = true;
+    else if (strcmp(argv[i], "--skip-fmnist") == 0) o.skip_fmnist = true;
+    else {
+      fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_ml [--json] [--rows N] [--skip-cluster] [--skip-fmnist]\n",
+              argv[i]);
+      return 2;
+    }
+  }
+  double read_s = floor_time(o.rows, 0), dsyrk_s = floor_time(2 * o.rows, 1), compute_s = floor_time(o.rows, 2);
+  const char *masters[2] = {"local[2]", "local-cluster[2,1,3072]"};
+  mode_result res[2] = {{0}};
+  for (int k = 0; k < (o.skip_cluster ? 1 : 2); k++)
+    if (run_mode(masters[k], &o, compute_s, &res[k]) != 0) return 1;
+  double fm_s = NAN, fm_acc = NAN;
+  uint32_t fm_it = 0;
+  bool fm = !o.skip_fmnist && access(FMNIST "/train-images-idx3-ubyte.gz", R_OK) == 0;
+  if (fm && run_fmnist(&fm_s, &fm_acc, &fm_it) != 0) return 1;
+
+  bench_columns c = {10, 40, 14, 12};
+  if (!o.json) {
+    printf("flint bench_ml: %llu x %d rows (least squares %llu), floors on %d threads: read %.4f s, dsyrk %.4f s, "
+           "fused gradient %.4f s\n\n",
+           (unsigned long long)o.rows, COLS, 2 * (unsigned long long)o.rows, THREADS, read_s, dsyrk_s, compute_s);
+    bench_print_row(&c, "bench", "metric", "value", "target", "met");
+    puts("---------- ---------------------------------------- --------------  ------------ ---");
+  }
+  for (int k = 0; k < (o.skip_cluster ? 1 : 2); k++) {
+    const mode_result *r = &res[k];
+    double gr = r->grad_s / read_s, lr = r->lstsq_s / dsyrk_s;
+    char name[48];
+    snprintf(name, sizeof name, "%s", masters[k]);
+    if (o.json) {
+      printf("{\"bench\": \"gradient\", \"master\": \"%s\", \"rows\": %llu, \"cols\": %d, \"gradient_s\": %.5f, "
+             "\"floor_s\": %.5f, \"ratio\": %.3f, \"target\": \"ratio <= 2\", \"met\": %s}\n",
+             name, (unsigned long long)o.rows, COLS, r->grad_s, read_s, gr, gr <= 2 ? "true" : "false");
+      printf("{\"bench\": \"lstsq\", \"master\": \"%s\", \"rows\": %llu, \"cols\": %d, \"lstsq_s\": %.5f, "
+             "\"floor_s\": %.5f, \"ratio\": %.3f, \"target\": \"ratio <= 1.2\", \"met\": %s}\n",
+             name, 2 * (unsigned long long)o.rows, COLS, r->lstsq_s, dsyrk_s, lr, lr <= 1.2 ? "true" : "false");
+      printf("{\"bench\": \"lbfgs\", \"master\": \"%s\", \"iterations\": %u, \"evaluations\": %u, \"converged\": %s, "
+             "\"total_s\": %.4f, \"compute_per_eval_s\": %.5f, \"engine_ms_per_iteration\": %.3f, "
+             "\"target\": \"engine_ms_per_iteration <= 2 (local-cluster)\", \"met\": %s}\n",
+             name, r->iterations, r->evaluations, r->converged ? "true" : "false", r->lbfgs_s, compute_s, r->share_ms,
+             r->share_ms <= 2 ? "true" : "false");
+      printf("{\"bench\": \"memory\", \"master\": \"%s\", \"ratio\": %.4f, \"target\": \"ratio <= 1.05\", \"met\": %s}\n",
+             name, r->memory_ratio, r->memory_ratio <= 1.05 ? "true" : "false");
+      continue;
+    }
+    row(&o, &c, "gradient", name, gr, "%.3f", "<= 2", gr <= 2 ? "yes" : "NO");
+    row(&o, &c, "", "gradient_s", r->grad_s, "%.4f", "", "");
+    row(&o, &c, "lstsq", name, lr, "%.3f", "<= 1.2", lr <= 1.2 ? "yes" : "NO");
+    row(&o, &c, "", "lstsq_s", r->lstsq_s, "%.4f", "", "");
+    row(&o, &c, "lbfgs", "engine ms per iteration", r->share_ms, "%.3f", k ? "<= 2" : "(ref)",
+        k ? (r->share_ms <= 2 ? "yes" : "NO") : "-");
+    row(&o, &c, "", "iterations", r->iterations, "%.0f", "", "");
+    row(&o, &c, "", "evaluations", r->evaluations, "%.0f", "", "");
+    row(&o, &c, "", "total_s", r->lbfgs_s, "%.3f", "", "");
+    row(&o, &c, "", "converged (|g| <= 1e-6)", r->converged, "%.0f", "", "");
+    row(&o, &c, "memory", "cached / raw bytes", r->memory_ratio, "%.4f", "<= 1.05", r->memory_ratio <= 1.05 ? "yes" : "NO");
+  }
+  if (fm) {
+    if (o.json)
+      printf("{\"bench\": \"fmnist\", \"master\": \"local[2]\", \"seconds\": %.3f, \"iterations\": %u, "
+             "\"test_accuracy\": %.4f}\n",
+             fm_s, fm_it, fm_acc);
+    else {
+      row(&o, &c, "fmnist", "train seconds (L-BFGS)", fm_s, "%.2f", "", "");
+      row(&o, &c, "", "iterations", fm_it, "%.0f", "", "");
+      row(&o, &c, "", "test accuracy", fm_acc, "%.4f", "", "");
+    }
+  }
+  return 0;
+}

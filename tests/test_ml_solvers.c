@@ -1,0 +1,550 @@
+/*
+ * test_ml_solvers.c: least squares and logistic regression against references computed
+ * here on the collected data (LAPACKE QR for least squares, Newton's method for binary
+ * logistic regression, plain loops for losses and gradients), the same model from any
+ * partitioning and from local and local-cluster mode, and an executor killed mid-fit.
+ */
+#include <dirent.h>
+#include <lapacke.h>
+#include <math.h>
+#include <signal.h>
+
+#include "flint/ml.h"
+#include "test_util.h"
+
+#define CLUSTER "local-cluster[2,1,512]"
+
+typedef struct dense {
+  double *x, *y;
+  size_t n;
+  uint32_t d;
+} dense;
+
+/* Every row of the data, in order. */
+static void collect(const fl_ml_data *data, dense *out) {
+  fl_records *recs;
+  assert_ok(fl_collect(data->blocks, &recs));
+  out->d = data->cols;
+  out->n = data->rows;
+  out->x = calloc(out->n * out->d + 1, sizeof(double));
+  out->y = calloc(out->n + 1, sizeof(double));
+  fl_buf scratch = FL_BUF_INIT;
+  size_t r = 0;
+  for (size_t i = 0; i < fl_records_count(recs); i++) {
+    fl_ml_block b;
+    assert_ok(fl_ml_block_view(fl_records_get(recs, i), &scratch, &b));
+    assert_false(b.sparse);
+    for (uint32_t k = 0; k < b.rows; k++, r++) {
+      memcpy(out->x + r * out->d, b.x + (size_t)k * b.cols, out->d * sizeof(double));
+      out->y[r] = b.labels[k];
+    }
+  }
+  assert_int_equal(r, out->n);
+  fl_buf_free(&scratch);
+  fl_records_free(recs);
+}
+
+static void dense_free(dense *m) {
+  free(m->x);
+  free(m->y);
+}
+
+static fl_ml_data *synth(fl_context *ctx, fl_ml_synth_kind kind, uint64_t rows, uint32_t cols, uint32_t classes,
+                         uint32_t partitions) {
+  fl_ml_synth_options o = {.kind = kind, .rows = rows, .cols = cols, .classes = classes, .noise = 0.3, .seed = 42,
+                           .partitions = partitions, .rows_per_block = 97};
+  fl_ml_data *data;
+  assert_ok(fl_ml_synthetic(ctx, &o, &data));
+  assert_int_equal(data->rows, rows);
+  assert_int_equal(data->cols, cols);
+  return data;
+}
+
+static double rel_diff(const double *a, const double *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    num = fmax(num, fabs(a[i] - b[i]));
+    den = fmax(den, fabs(b[i]));
+  }
+  return num / (den > 0 ? den : 1);
+}
+
+/* Least squares by QR (dgels) on [X 1] (and sqrt(l2) I rows under X for ridge, which leaves
+ * the intercept unpenalized): a different method from the engine's normal equations. */
+static void reference_lstsq(const dense *m, double l2, bool intercept, double *out) {
+  size_t cols = m->d + (intercept ? 1 : 0), rows = m->n + (l2 > 0 ? m->d : 0);
+  double *A = calloc(rows * cols, sizeof *A), *b = calloc(rows, sizeof *b);
+  for (size_t i = 0; i < m->n; i++) {
+    memcpy(A + i * cols, m->x + i * m->d, m->d * sizeof *A);
+    if (intercept) A[i * cols + m->d] = 1;
+    b[i] = m->y[i];
+  }
+  for (size_t j = 0; l2 > 0 && j < m->d; j++) A[(m->n + j) * cols + j] = sqrt(l2);
+  assert_int_equal(LAPACKE_dgels(LAPACK_ROW_MAJOR, 'N', (lapack_int)rows, (lapack_int)cols, 1, A, (lapack_int)cols, b, 1), 0);
+  memcpy(out, b, cols * sizeof *out);
+  free(A);
+  free(b);
+}
+
+static void check_linreg(fl_ml_data *data, double l2, bool intercept) {
+  dense m;
+  collect(data, &m);
+  fl_ml_train_options o = {.solver = FL_ML_SOLVER_NORMAL, .l2 = l2, .no_intercept = !intercept};
+  fl_ml_model *model;
+  assert_ok(fl_ml_linreg(data, &o, &model));
+  double want[64], got[64];
+  reference_lstsq(&m, l2, intercept, want);
+  memcpy(got, model->coef, m.d * sizeof *got);
+  if (intercept) got[m.d] = model->intercepts[0];
+  else assert_true(model->intercepts[0] == 0);
+  double diff = rel_diff(got, want, m.d + intercept);
+  fprintf(stderr, "least squares (l2 %g, intercept %d): relative difference to QR %.2e\n", l2, intercept, diff);
+  assert_true(diff < 1e-8);
+  fl_ml_model_free(model);
+  dense_free(&m);
+}
+
+static void test_least_squares_matches_qr(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_data *data = synth(ctx, FL_ML_SYNTH_LINEAR, 3000, 7, 0, 5);
+  check_linreg(data, 0, true);
+  check_linreg(data, 5.0, true);
+  check_linreg(data, 0, false);
+  fl_ml_data_free(data);
+  fl_context_close(ctx);
+}
+
+/* L-BFGS and GD minimize (1/2W)|y - Xw - b|^2 + (l2/2W)|w|^2, whose optimum is the normal
+ * equations'. */
+static void test_least_squares_iterative_solvers_agree(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_data *data = synth(ctx, FL_ML_SYNTH_LINEAR, 2000, 5, 0, 4);
+  fl_ml_model *normal, *lbfgs, *gd;
+  fl_ml_train_options o = {.solver = FL_ML_SOLVER_NORMAL, .l2 = 2.0};
+  assert_ok(fl_ml_linreg(data, &o, &normal));
+  o.solver = FL_ML_SOLVER_LBFGS;
+  o.tol = 1e-10;
+  assert_ok(fl_ml_linreg(data, &o, &lbfgs));
+  assert_true(lbfgs->converged);
+  o.solver = FL_ML_SOLVER_GD;
+  o.tol = 1e-7;
+  o.max_iterations = 2000;
+  assert_ok(fl_ml_linreg(data, &o, &gd));
+  double dl = rel_diff(lbfgs->coef, normal->coef, 6), dg = rel_diff(gd->coef, normal->coef, 6);
+  fprintf(stderr, "least squares: L-BFGS %.2e and GD %.2e from the normal equations (%u and %u iterations)\n", dl, dg,
+          lbfgs->num_history, gd->num_history);
+  assert_true(dl < 1e-7);
+  assert_true(dg < 1e-4);
+  /* above the feature limit, auto switches to L-BFGS: it then has more than one iteration */
+  fl_ml_model *autom;
+  fl_ml_train_options a = {.l2 = 2.0, .normal_max_features = 3, .tol = 1e-10};
+  assert_ok(fl_ml_linreg(data, &a, &autom));
+  assert_true(autom->num_history > 1);
+  assert_true(rel_diff(autom->coef, normal->coef, 6) < 1e-7);
+  fl_ml_model_free(autom);
+  fl_ml_model_free(normal);
+  fl_ml_model_free(lbfgs);
+  fl_ml_model_free(gd);
+  fl_ml_data_free(data);
+  fl_context_close(ctx);
+}
+
+/* Two equal columns: X'X is singular without a penalty; with one it is not. */
+static void test_singular_system(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_block_builder *b;
+  assert_ok(fl_ml_block_builder_create(3, false, false, 0, &b));
+  for (int i = 0; i < 50; i++) {
+    double x[3] = {i * 0.1, i * 0.1, sin(i)};
+    assert_ok(fl_ml_block_builder_add_dense(b, 2 * x[0] + x[2], 1, x));
+  }
+  fl_buf rec = FL_BUF_INIT;
+  assert_ok(fl_ml_block_builder_take(b, &rec));
+  fl_ml_block_builder_free(b);
+  fl_bytes one = fl_buf_bytes(&rec);
+  fl_ml_data data = {.rows = 50, .cols = 3};
+  assert_ok(fl_parallelize(ctx, &one, 1, 1, &data.blocks));
+  fl_ml_model *m = NULL;
+  fl_ml_train_options o = {.solver = FL_ML_SOLVER_NORMAL};
+  fl_status s = fl_ml_linreg(&data, &o, &m);
+  fprintf(stderr, "singular: %s\n", fl_last_error());
+  assert_int_equal(s, FL_EINVAL);
+  assert_null(m);
+  assert_non_null(strstr(fl_last_error(), "singular"));
+  assert_non_null(strstr(fl_last_error(), "lambda"));
+  o.l2 = 1e-3;
+  assert_ok(fl_ml_linreg(&data, &o, &m));
+  fl_ml_model_free(m);
+  fl_dataset_free(data.blocks);
+  fl_buf_free(&rec);
+  fl_context_close(ctx);
+}
+
+/* ---- logistic regression --------------------------------------------------------------- */
+
+/* The objective computed here: mean log-loss + (l2/2)|coef|^2, and its gradient. */
+static double reference_logistic(const dense *m, uint32_t K, const double *params, double l2, double *grad) {
+  uint32_t d = m->d, out = K == 2 ? 1 : K;
+  const double *bias = params + (size_t)out * d;
+  size_t n = (size_t)out * (d + 1);
+  memset(grad, 0, n * sizeof *grad);
+  double loss = 0, z[16];
+  for (size_t i = 0; i < m->n; i++) {
+    const double *x = m->x + i * d;
+    for (uint32_t k = 0; k < out; k++) {
+      z[k] = bias[k];
+      for (uint32_t j = 0; j < d; j++) z[k] += params[k * d + j] * x[j];
+    }
+    double dz[16];
+    if (out == 1) {
+      double p = 1 / (1 + exp(-z[0])), y = m->y[i];
+      loss += -(y * log(p) + (1 - y) * log(1 - p));
+      dz[0] = p - y;
+    } else {
+      double top = z[0], sum = 0;
+      for (uint32_t k = 1; k < out; k++) top = fmax(top, z[k]);
+      for (uint32_t k = 0; k < out; k++) sum += exp(z[k] - top);
+      loss += top + log(sum) - z[(int)m->y[i]];
+      for (uint32_t k = 0; k < out; k++) dz[k] = exp(z[k] - top) / sum - (k == (uint32_t)m->y[i]);
+    }
+    for (uint32_t k = 0; k < out; k++) {
+      for (uint32_t j = 0; j < d; j++) grad[k * d + j] += dz[k] * x[j];
+      grad[(size_t)out * d + k] += dz[k];
+    }
+  }
+  double sq = 0;
+  for (size_t i = 0; i < n; i++) grad[i] /= (double)m->n;
+  for (size_t i = 0; i < (size_t)out * d; i++) {
+    grad[i] += l2 * params[i];
+    sq += params[i] * params[i];
+  }
+  return loss / (double)m->n + 0.5 * l2 * sq;
+}
+
+static fl_ml_model *model_with(fl_ml_data *data, uint32_t K, const double *params) {
+  fl_ml_model *m;
+  fl_ml_train_options o = {.max_iterations = 1, .classes = K};
+  assert_ok(fl_ml_logreg(data, &o, &m)); /* a model of the right shape; parameters replaced */
+  size_t n = (size_t)m->outputs * (m->cols + 1);
+  memcpy(m->coef, params, n * sizeof *params); /* coef and intercepts are one array */
+  return m;
+}
+
+static void check_loss_and_gradient(fl_ml_data *data, uint32_t K) {
+  dense m;
+  collect(data, &m);
+  uint32_t out = K == 2 ? 1 : K;
+  size_t n = (size_t)out * (m.d + 1);
+  double params[64], want[64], got[64], fd_grad[64], loss;
+  for (size_t i = 0; i < n; i++) params[i] = 0.3 * sin(1.0 + i);
+  fl_ml_model *model = model_with(data, K, params);
+  const double l2 = 0.05;
+  double ref = reference_logistic(&m, K, params, l2, want);
+  assert_ok(fl_ml_loss_gradient(model, data, l2, &loss, got));
+  assert_true(fabs(loss - ref) < 1e-12 * fabs(ref));
+  assert_true(rel_diff(got, want, n) < 1e-10);
+  /* the gradient by central differences of the engine's loss */
+  for (size_t i = 0; i < n; i++) {
+    double h = 1e-5, lp, lm, g[64];
+    model->coef[i] = params[i] + h;
+    assert_ok(fl_ml_loss_gradient(model, data, l2, &lp, g));
+    model->coef[i] = params[i] - h;
+    assert_ok(fl_ml_loss_gradient(model, data, l2, &lm, g));
+    model->coef[i] = params[i];
+    fd_grad[i] = (lp - lm) / (2 * h);
+  }
+  double diff = rel_diff(fd_grad, got, n);
+  fprintf(stderr, "logistic (K %u): loss %.6f, gradient vs finite differences %.2e\n", K, loss, diff);
+  assert_true(diff < 1e-6);
+  fl_ml_model_free(model);
+  dense_free(&m);
+}
+
+static void test_logistic_loss_and_gradient(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 1500, 5, 2, 3);
+  check_loss_and_gradient(bin, 2);
+  fl_ml_data *multi = synth(ctx, FL_ML_SYNTH_LOGISTIC, 1500, 4, 3, 3);
+  check_loss_and_gradient(multi, 3);
+  fl_ml_data_free(bin);
+  fl_ml_data_free(multi);
+  fl_context_close(ctx);
+}
+
+/* Newton's method on the binary objective, computed here. */
+static void reference_newton(const dense *m, double l2, double *w) {
+  uint32_t d = m->d, n = d + 1;
+  memset(w, 0, n * sizeof *w);
+  for (int it = 0; it < 50; it++) {
+    double g[64], H[64 * 64] = {0};
+    reference_logistic(m, 2, w, l2, g);
+    for (size_t i = 0; i < m->n; i++) {
+      double xa[64], z = w[d];
+      memcpy(xa, m->x + i * d, d * sizeof *xa);
+      xa[d] = 1;
+      for (uint32_t j = 0; j < d; j++) z += w[j] * xa[j];
+      double p = 1 / (1 + exp(-z)), s = p * (1 - p) / (double)m->n;
+      for (uint32_t a = 0; a < n; a++)
+        for (uint32_t b = 0; b < n; b++) H[a * n + b] += s * xa[a] * xa[b];
+    }
+    for (uint32_t j = 0; j < d; j++) H[j * n + j] += l2;
+    assert_int_equal(LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)n, 1, H, (lapack_int)n, g, 1), 0);
+    for (uint32_t j = 0; j < n; j++) w[j] -= g[j];
+  }
+}
+
+static void test_logistic_optimum(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 2000, 5, 2, 4);
+  dense m;
+  collect(bin, &m);
+  double want[8], got[8], g[64];
+  reference_newton(&m, 0.01, want);
+  fl_ml_model *model;
+  fl_ml_train_options o = {.l2 = 0.01, .tol = 1e-8};
+  assert_ok(fl_ml_logreg(bin, &o, &model));
+  assert_int_equal(model->kind, FL_ML_LOGISTIC_BINARY);
+  assert_true(model->converged);
+  memcpy(got, model->coef, 5 * sizeof *got);
+  got[5] = model->intercepts[0];
+  double diff = rel_diff(got, want, 6);
+  fprintf(stderr, "binary logistic: %u iterations, relative difference to Newton %.2e\n", model->num_history, diff);
+  assert_true(diff < 1e-6);
+  /* the history: iterations in order, the loss going down */
+  for (uint32_t i = 1; i < model->num_history; i++) {
+    assert_int_equal(model->history[i].iteration, i + 1);
+    assert_true(model->history[i].loss <= model->history[i - 1].loss + 1e-12);
+  }
+  fl_ml_model_free(model);
+  dense_free(&m);
+
+  /* multinomial: the reference gradient at the engine's optimum is zero */
+  fl_ml_data *multi = synth(ctx, FL_ML_SYNTH_LOGISTIC, 2000, 4, 3, 4);
+  collect(multi, &m);
+  assert_ok(fl_ml_logreg(multi, &o, &model));
+  assert_int_equal(model->kind, FL_ML_LOGISTIC_MULTINOMIAL);
+  assert_int_equal(model->outputs, 3);
+  reference_logistic(&m, 3, model->coef, 0.01, g);
+  double norm = 0;
+  for (int i = 0; i < 15; i++) norm += g[i] * g[i];
+  fprintf(stderr, "multinomial: %u iterations, reference gradient norm at the optimum %.2e\n", model->num_history,
+          sqrt(norm));
+  assert_true(sqrt(norm) < 1e-7);
+  fl_ml_metrics mt;
+  assert_ok(fl_ml_evaluate(model, multi, &mt));
+  assert_true(mt.accuracy > 0.5);
+  fl_ml_model_free(model);
+  dense_free(&m);
+  fl_ml_data_free(bin);
+  fl_ml_data_free(multi);
+  fl_context_close(ctx);
+}
+
+/* L1 through OWL-QN: the optimality conditions of the L1 problem hold, and some
+ * coefficients are exactly zero. */
+static void test_l1_owlqn(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 2000, 12, 2, 4);
+  dense m;
+  collect(bin, &m);
+  const double l1 = 0.03;
+  fl_ml_model *model;
+  fl_ml_train_options o = {.l1 = l1, .tol = 1e-8, .max_iterations = 500};
+  assert_ok(fl_ml_logreg(bin, &o, &model));
+  double params[16], g[16];
+  memcpy(params, model->coef, 13 * sizeof *params);
+  reference_logistic(&m, 2, params, 0, g);
+  int zeros = 0;
+  for (int j = 0; j < 12; j++) {
+    if (params[j] == 0) {
+      zeros++;
+      assert_true(fabs(g[j]) <= l1 + 1e-6);
+    } else {
+      assert_true(fabs(g[j] + l1 * (params[j] > 0 ? 1 : -1)) < 1e-6);
+    }
+  }
+  assert_true(fabs(g[12]) < 1e-6); /* the intercept is not penalized */
+  fprintf(stderr, "L1: %d of 12 coefficients are zero after %u iterations\n", zeros, model->num_history);
+  assert_true(zeros >= 1 && zeros < 12);
+  fl_ml_model_free(model);
+  dense_free(&m);
+  fl_ml_data_free(bin);
+  fl_context_close(ctx);
+}
+
+/* ---- the same model whatever the partitioning or mode ------------------------------------ */
+
+typedef struct fit {
+  double lin[8], log[8];
+} fit;
+
+static void fit_both(const char *master, uint32_t partitions, fit *f) {
+  fl_context *ctx;
+  assert_ok(fl_context_open(master, NULL, &ctx));
+  fl_ml_data *lin = synth(ctx, FL_ML_SYNTH_LINEAR, 3000, 6, 0, partitions);
+  fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 3000, 6, 2, partitions);
+  fl_ml_model *a, *b;
+  fl_ml_train_options o = {.solver = FL_ML_SOLVER_NORMAL, .l2 = 0.5};
+  assert_ok(fl_ml_linreg(lin, &o, &a));
+  fl_ml_train_options lo = {.l2 = 0.1, .tol = 1e-12, .max_iterations = 200};
+  assert_ok(fl_ml_logreg(bin, &lo, &b));
+  memcpy(f->lin, a->coef, 7 * sizeof(double)); /* coef then the intercept */
+  memcpy(f->log, b->coef, 7 * sizeof(double));
+  fl_ml_model_free(a);
+  fl_ml_model_free(b);
+  fl_ml_data_free(lin);
+  fl_ml_data_free(bin);
+  fl_context_close(ctx);
+}
+
+static void test_same_model_any_partitioning_and_mode(void **state) {
+  (void)state;
+  fit one, three, sixteen, cluster;
+  fit_both("local[2]", 1, &one);
+  fit_both("local[2]", 3, &three);
+  fit_both("local[2]", 16, &sixteen);
+  fit_both(CLUSTER, 3, &cluster);
+  const fit *others[] = {&three, &sixteen, &cluster};
+  for (int i = 0; i < 3; i++) {
+    double dl = rel_diff(others[i]->lin, one.lin, 7), dg = rel_diff(others[i]->log, one.log, 7);
+    fprintf(stderr, "run %d: least squares %.2e, logistic %.2e from 1 partition in local mode\n", i, dl, dg);
+    assert_true(dl < 1e-10);
+    /* L-BFGS stops where the loss's rounding noise hides further decrease (|g| about 1e-9 here),
+     * so logistic models from different partitionings agree to that, not to 1e-10 */
+    assert_true(dg < 1e-6);
+  }
+}
+
+/* ---- an executor killed mid-optimization ------------------------------------------------ */
+
+/* The pid of one executor process that this process started (local-cluster's children). */
+static pid_t an_executor(void) {
+  DIR *dir = opendir("/proc");
+  assert_non_null(dir);
+  struct dirent *e;
+  pid_t found = 0, me = getpid();
+  while (!found && (e = readdir(dir))) {
+    char path[300], buf[4096];
+    pid_t pid = (pid_t)atoi(e->d_name);
+    if (pid <= 0) continue;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    int ppid = 0;
+    if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1) ppid = 0;
+    fclose(f);
+    if (ppid != me) continue;
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+    f = fopen(path, "r");
+    if (!f) continue;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < n; i++)
+      if (!buf[i]) buf[i] = ' ';
+    buf[n] = 0;
+    if (strstr(buf, " executor ")) found = pid;
+  }
+  closedir(dir);
+  return found;
+}
+
+static fl_status kill_at_third(void *arg, const fl_ml_iteration *it) {
+  int *killed = arg;
+  if (it->iteration == 3 && !*killed) {
+    pid_t pid = an_executor();
+    if (pid > 0 && kill(pid, SIGKILL) == 0) *killed = 1;
+  }
+  return FL_OK;
+}
+
+static void test_executor_killed_mid_optimization(void **state) {
+  (void)state;
+  double want[8], got[8];
+  for (int run = 0; run < 2; run++) {
+    fl_context *ctx;
+    assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+    fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 4000, 6, 2, 8);
+    int killed = 0;
+    fl_ml_train_options o = {.l2 = 0.1, .tol = 1e-12, .max_iterations = 200};
+    if (run == 1) {
+      o.progress = kill_at_third;
+      o.progress_arg = &killed;
+    }
+    fl_ml_model *m;
+    assert_ok(fl_ml_logreg(bin, &o, &m));
+    memcpy(run ? got : want, m->coef, 7 * sizeof(double));
+    if (run == 1) assert_int_equal(killed, 1);
+    fl_ml_model_free(m);
+    fl_ml_data_free(bin);
+    fl_context_close(ctx);
+  }
+  double diff = rel_diff(got, want, 7);
+  fprintf(stderr, "executor killed at iteration 3: model differs by %.2e\n", diff);
+  assert_true(diff < 1e-6);
+}
+
+/* ---- bad input ---------------------------------------------------------------------------- */
+
+static void test_bad_labels_and_options(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_data *lin = synth(ctx, FL_ML_SYNTH_LINEAR, 200, 3, 0, 2);
+  fl_ml_model *m = NULL;
+  /* real-valued labels are not classes */
+  assert_int_equal(fl_ml_logreg(lin, NULL, &m), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "labels"));
+  assert_null(m);
+  /* a label beyond the classes asked for fails the job with the kernel's message */
+  fl_ml_data *multi = synth(ctx, FL_ML_SYNTH_LOGISTIC, 300, 3, 4, 2);
+  fl_ml_train_options two = {.classes = 3};
+  fl_status s = fl_ml_logreg(multi, &two, &m);
+  assert_int_not_equal(s, FL_OK);
+  assert_non_null(strstr(fl_last_error(), "labels 0..2"));
+  fl_ml_train_options normal = {.solver = FL_ML_SOLVER_NORMAL};
+  assert_int_equal(fl_ml_logreg(multi, &normal, &m), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "normal equations"));
+  fl_ml_train_options l1normal = {.solver = FL_ML_SOLVER_NORMAL, .l1 = 0.1};
+  assert_int_equal(fl_ml_linreg(lin, &l1normal, &m), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "L1"));
+  fl_ml_train_options negative = {.l2 = -1};
+  assert_int_equal(fl_ml_linreg(lin, &negative, &m), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), ">= 0"));
+  fl_ml_solver solver;
+  assert_int_equal(fl_ml_solver_parse("newton", &solver), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "newton"));
+  assert_ok(fl_ml_solver_parse("lbfgs", &solver));
+  assert_int_equal(solver, FL_ML_SOLVER_LBFGS);
+  assert_int_equal(fl_ml_linreg(NULL, NULL, &m), FL_EINVAL);
+  assert_null(m);
+  fl_ml_data_free(lin);
+  fl_ml_data_free(multi);
+  fl_context_close(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_least_squares_matches_qr),
+      cmocka_unit_test(test_least_squares_iterative_solvers_agree),
+      cmocka_unit_test(test_singular_system),
+      cmocka_unit_test(test_logistic_loss_and_gradient),
+      cmocka_unit_test(test_logistic_optimum),
+      cmocka_unit_test(test_l1_owlqn),
+      cmocka_unit_test(test_same_model_any_partitioning_and_mode),
+      cmocka_unit_test(test_executor_killed_mid_optimization),
+      cmocka_unit_test(test_bad_labels_and_options),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
