@@ -1,0 +1,815 @@
+/*
+ * load.c: fl_ml_load. LIBSVM and CSV text is parsed on the executors into row blocks; IDX
+ * (MNIST) files are read on the client and handed out with fl_parallelize.
+ *
+ * Text design. Errors must name the file and the line (1-based, in that file), but a task
+ * sees only its split of the lines. The client therefore lists the input files itself (as
+ * fl_text_file does: a file, a folder's visible files sorted, or a glob's matches sorted),
+ * reads each with its own fl_text_file and joins them with fl_union, so that it knows which
+ * file every partition comes from. One counting job (the pass fl_zip_with_index would run
+ * too) gives the lines of every partition; from them the client knows each partition's first
+ * line number in its file and puts that table, with the file names, into the parse kernel's
+ * argument blob. For CSV the client also reads the first data line (fl_take) to fix the
+ * field count every line must have. The parsed blocks are coalesced to the requested
+ * partition count (never more; fewer where fl_text_file makes fewer, as for .gz files),
+ * persisted, and described by one more job (ml_data_describe).
+ *
+ * Bad lines do not fail tasks: a parse error is deterministic, so retries would only read
+ * the split again (and a cluster would exclude executors that did nothing wrong). The
+ * kernel counts bad lines in an i64 accumulator and keeps the first one's "file:line:
+ * cause" (the smallest file and line) in a second; without skip_bad_lines a partition stops
+ * at its first bad line. After the describing job fl_ml_load returns FL_EFORMAT with that
+ * message, the first bad line of the input whatever the task order, or, with
+ * skip_bad_lines, prints one line to stderr and sets fl_ml_data.skipped.
+ *
+ * Kernels (FL_ML_KERNEL, ml_load_*) are exported so that cluster executors find them by
+ * symbol; their argument blobs hold no pointers.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <glob.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include "ml/ml.h"
+
+#define CAUSE_MAX 256
+
+/* ---- argument blob of the text kernels --------------------------------------------------- */
+
+/* Followed in the blob by: u64 first_line[num_parts] (the 0-based line number, in its file,
+ * of the partition's first line), u32 file_of[num_parts], u32 name_at[num_files] (offsets
+ * of NUL-terminated names in the bytes that follow), then the names. */
+typedef struct ml_load_text_arg {
+  uint32_t format;         /* FL_ML_LIBSVM or FL_ML_CSV */
+  uint32_t rows_per_block; /* 0: the builder's default */
+  uint32_t num_features;   /* LIBSVM: 0 = unbounded */
+  uint32_t fields;         /* CSV: fields per line */
+  uint32_t label_field;    /* CSV: the label's field (0-based) */
+  uint32_t num_parts, num_files;
+  char delimiter;
+  uint8_t zero_based, header, skip_bad_lines;
+  uint64_t bad_acc, first_acc; /* accumulator ids: bad lines, the first bad line */
+} ml_load_text_arg;
+
+/* The first-bad-line accumulator's value: where, then the message (not NUL-terminated). */
+typedef struct bad_line {
+  uint32_t file, zero;
+  uint64_t line;
+} bad_line;
+
+static uint64_t arg_first_line(const ml_load_text_arg *a, uint32_t p) {
+  uint64_t v;
+  memcpy(&v, (const uint8_t *)(a + 1) + (size_t)p * 8, 8);
+  return v;
+}
+
+static uint32_t arg_u32(const ml_load_text_arg *a, size_t index) {
+  uint32_t v;
+  memcpy(&v, (const uint8_t *)(a + 1) + (size_t)a->num_parts * 8 + index * 4, 4);
+  return v;
+}
+
+static uint32_t arg_file_of(const ml_load_text_arg *a, uint32_t p) { return arg_u32(a, p); }
+
+static const char *arg_name(const ml_load_text_arg *a, uint32_t file) {
+  const char *names = (const char *)(a + 1) + (size_t)a->num_parts * 12 + (size_t)a->num_files * 4;
+  return names + arg_u32(a, (size_t)a->num_parts + file);
+}
+
+/* ---- parsing one line -------------------------------------------------------------------- */
+
+/* A whole token as a double. */
+static bool parse_double(const char *s, double *out) {
+  if (!*s || isspace((unsigned char)*s)) return false;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end) return false;
+  *out = v;
+  return true;
+}
+
+static bool is_blank(const char *s) {
+  while (*s && isspace((unsigned char)*s)) s++;
+  return *s == '\0';
+}
+
+typedef struct parse_state {
+  const ml_load_text_arg *arg;
+  fl_buf idx, values; /* u32, f64 of the row being parsed */
+  char cause[CAUSE_MAX];
+} parse_state;
+
+/* Returns FL_OK, FL_EFORMAT with ps->cause set, or FL_ENOMEM. */
+static fl_status parse_libsvm(parse_state *ps, char *line, double *label, uint32_t *nnz) {
+  const ml_load_text_arg *a = ps->arg;
+  ps->idx.len = ps->values.len = 0;
+  char *save = NULL, *tok = strtok_r(line, " \t", &save);
+  if (!parse_double(tok, label)) {
+    snprintf(ps->cause, CAUSE_MAX, "bad label '%.64s'", tok);
+    return FL_EFORMAT;
+  }
+  if (!isfinite(*label)) {
+    snprintf(ps->cause, CAUSE_MAX, "label '%.64s' is not finite", tok);
+    return FL_EFORMAT;
+  }
+  uint32_t n = 0;
+  uint64_t prev = 0;
+  while ((tok = strtok_r(NULL, " \t", &save))) {
+    char *colon = strchr(tok, ':');
+    if (!colon) {
+      snprintf(ps->cause, CAUSE_MAX, "missing ':' in '%.64s' (expected index:value)", tok);
+      return FL_EFORMAT;
+    }
+    *colon = '\0';
+    const char *val = colon + 1;
+    char *end;
+    errno = 0;
+    unsigned long long written = isdigit((unsigned char)tok[0]) ? strtoull(tok, &end, 10) : 0;
+    if (!isdigit((unsigned char)tok[0]) || *end || errno) {
+      snprintf(ps->cause, CAUSE_MAX, "bad index '%.64s'", tok);
+      return FL_EFORMAT;
+    }
+    if (written == 0 && !a->zero_based) {
+      snprintf(ps->cause, CAUSE_MAX, "index 0 in a 1-based file (pass zero_based)");
+      return FL_EFORMAT;
+    }
+    uint64_t index = a->zero_based ? written : written - 1;
+    if (index >= UINT32_MAX) {
+      snprintf(ps->cause, CAUSE_MAX, "index %llu is too large", written);
+      return FL_EFORMAT;
+    }
+    if (a->num_features && index >= a->num_features) {
+      snprintf(ps->cause, CAUSE_MAX, "index %llu beyond num_features %u", written, a->num_features);
+      return FL_EFORMAT;
+    }
+    if (n > 0 && index <= prev) {
+      snprintf(ps->cause, CAUSE_MAX, "indices not ascending (%llu after %llu)", written,
+               (unsigned long long)(a->zero_based ? prev : prev + 1));
+      return FL_EFORMAT;
+    }
+    double v;
+    if (!parse_double(val, &v)) {
+      snprintf(ps->cause, CAUSE_MAX, "bad value '%.64s' of index %llu", val, written);
+      return FL_EFORMAT;
+    }
+    if (!isfinite(v)) {
+      snprintf(ps->cause, CAUSE_MAX, "value '%.64s' of index %llu is not finite", val, written);
+      return FL_EFORMAT;
+    }
+    uint32_t i32 = (uint32_t)index;
+    fl_status s = fl_buf_append(&ps->idx, &i32, 4);
+    if (s == FL_OK) s = fl_buf_append(&ps->values, &v, 8);
+    if (s != FL_OK) return s;
+    prev = index;
+    n++;
+  }
+  *nnz = n;
+  return FL_OK;
+}
+
+/* Splits a CSV line in place into fields (trimmed of blanks that are not the delimiter). */
+static uint32_t split_csv(char *line, char delim, char **fields, uint32_t max) {
+  uint32_t n = 0;
+  char *p = line;
+  for (;;) {
+    char *end = strchr(p, delim);
+    if (end) *end = '\0';
+    while (*p && *p != delim && (*p == ' ' || *p == '\t')) p++;
+    size_t len = strlen(p);
+    while (len && p[len - 1] != delim && (p[len - 1] == ' ' || p[len - 1] == '\t')) p[--len] = '\0';
+    if (n < max) fields[n] = p;
+    n++;
+    if (!end) break;
+    p = end + 1;
+  }
+  return n;
+}
+
+static fl_status parse_csv(parse_state *ps, char *line, double *label) {
+  const ml_load_text_arg *a = ps->arg;
+  ps->values.len = 0;
+  fl_status s = fl_buf_reserve(&ps->values, (size_t)a->fields * (sizeof(char *) + 8));
+  if (s != FL_OK) return s;
+  /* The field pointers live after the row's values in the same buffer. */
+  double *x = (double *)ps->values.data;
+  char **fields = (char **)(ps->values.data + (size_t)a->fields * 8);
+  uint32_t n = split_csv(line, a->delimiter, fields, a->fields);
+  if (n != a->fields) {
+    snprintf(ps->cause, CAUSE_MAX, "expected %u fields, found %u", a->fields, n);
+    return FL_EFORMAT;
+  }
+  uint32_t k = 0;
+  for (uint32_t f = 0; f < n; f++) {
+    double v;
+    if (!*fields[f]) {
+      snprintf(ps->cause, CAUSE_MAX, "field %u is empty", f + 1);
+      return FL_EFORMAT;
+    }
+    if (!parse_double(fields[f], &v)) {
+      snprintf(ps->cause, CAUSE_MAX, "field %u '%.64s' is not a number", f + 1, fields[f]);
+      return FL_EFORMAT;
+    }
+    if (!isfinite(v)) {
+      snprintf(ps->cause, CAUSE_MAX, "field %u '%.64s' is not finite", f + 1, fields[f]);
+      return FL_EFORMAT;
+    }
+    if (f == a->label_field) *label = v;
+    else x[k++] = v;
+  }
+  return FL_OK;
+}
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+/* One int64 record per partition: its number of lines. */
+FL_ML_KERNEL fl_status ml_load_count_lines(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  (void)arg;
+  int64_t n = 0;
+  fl_bytes line;
+  while (fl_iter_next(in, &line)) n++;
+  return fl_emit(out, &n, 8);
+}
+
+/* Keeps the bad line that comes first (file, then line). Values are bad_line + message. */
+FL_ML_KERNEL fl_status ml_load_first_bad_line(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+  (void)arg;
+  bad_line x = {UINT32_MAX, 0, UINT64_MAX}, y = x;
+  if (a.len >= sizeof x) memcpy(&x, a.data, sizeof x);
+  if (b.len >= sizeof y) memcpy(&y, b.data, sizeof y);
+  bool first_a = x.file < y.file || (x.file == y.file && x.line <= y.line);
+  fl_bytes keep = first_a ? a : b;
+  return fl_buf_append(out, keep.data, keep.len);
+}
+
+/* Counts a bad line and offers its message as the first. Counting is best effort: when
+ * a cached partition is recomputed after fl_ml_load has returned, its accumulators are gone,
+ * and that must not fail the task. */
+static fl_status note_bad_line(const ml_load_text_arg *a, uint32_t file, uint64_t line, const char *message) {
+  (void)fl_accumulator_add_i64(a->bad_acc, 1);
+  bad_line where = {file, 0, line};
+  fl_buf v = FL_BUF_INIT;
+  fl_status s = fl_buf_append(&v, &where, sizeof where);
+  if (s == FL_OK) s = fl_buf_append(&v, message, strlen(message));
+  if (s == FL_OK) (void)fl_accumulator_add(a->first_acc, fl_buf_bytes(&v));
+  fl_buf_free(&v);
+  return s;
+}
+
+static fl_status emit_block(fl_ml_block_builder *b, fl_buf *rec, fl_emitter *out) {
+  fl_status s = fl_ml_block_builder_take(b, rec);
+  if (s == FL_OK && rec->len) s = fl_emit(out, rec->data, rec->len);
+  return s;
+}
+
+/* Parses one partition of text lines into row blocks. */
+FL_ML_KERNEL fl_status ml_load_parse_text(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  const ml_load_text_arg *a = arg;
+  if (partition >= a->num_parts)
+    return fl_set_error(FL_EINTERNAL, "ml load: partition %u of %u", partition, a->num_parts);
+  uint32_t file = arg_file_of(a, partition);
+  const char *name = arg_name(a, file);
+  uint64_t line_no = arg_first_line(a, partition);
+  bool libsvm = a->format == FL_ML_LIBSVM, noted = false;
+  fl_ml_block_builder *b = NULL;
+  fl_status s = fl_ml_block_builder_create(libsvm ? a->num_features : a->fields - 1, libsvm, false,
+                                           a->rows_per_block, &b);
+  if (s != FL_OK) return s;
+  parse_state ps = {.arg = a};
+  fl_buf text = FL_BUF_INIT, rec = FL_BUF_INIT;
+  fl_bytes line;
+  while (s == FL_OK && fl_iter_next(in, &line)) {
+    line_no++;
+    if (!libsvm && a->header && line_no == 1) continue;
+    text.len = 0;
+    if ((s = fl_buf_append(&text, line.data, line.len)) != FL_OK || (s = fl_buf_append(&text, "", 1)) != FL_OK) break;
+    char *t = (char *)text.data;
+    if (memchr(t, '\0', line.len)) {
+      snprintf(ps.cause, CAUSE_MAX, "a NUL byte in the line");
+      s = FL_EFORMAT;
+    } else {
+      if (libsvm) {
+        char *hash = strchr(t, '#');
+        if (hash) *hash = '\0';
+      }
+      if (is_blank(t)) continue;
+      double label = 0;
+      uint32_t nnz = 0;
+      s = libsvm ? parse_libsvm(&ps, t, &label, &nnz) : parse_csv(&ps, t, &label);
+      if (s == FL_OK && libsvm)
+        s = fl_ml_block_builder_add_sparse(b, label, 1, (const uint32_t *)ps.idx.data, (const double *)ps.values.data, nnz);
+      else if (s == FL_OK)
+        s = fl_ml_block_builder_add_dense(b, label, 1, (const double *)ps.values.data);
+      if (s == FL_OK && fl_ml_block_builder_full(b)) s = emit_block(b, &rec, out);
+    }
+    if (s == FL_EFORMAT) {
+      if (!noted) { /* lines come in order: a partition's first bad line is its smallest */
+        char message[CAUSE_MAX + 512];
+        snprintf(message, sizeof message, "%s:%llu: %s", name, (unsigned long long)line_no, ps.cause);
+        s = note_bad_line(a, file, line_no, message);
+        noted = true;
+      } else {
+        (void)fl_accumulator_add_i64(a->bad_acc, 1);
+        s = FL_OK;
+      }
+      if (!a->skip_bad_lines) break; /* the load fails: the rest of the partition is moot */
+    }
+  }
+  if (s == FL_OK) s = emit_block(b, &rec, out);
+  fl_buf_free(&rec);
+  fl_buf_free(&text);
+  fl_buf_free(&ps.idx);
+  fl_buf_free(&ps.values);
+  fl_ml_block_builder_free(b);
+  return s;
+}
+
+/* ---- the client's side of text ------------------------------------------------------------ */
+
+typedef struct file_list {
+  char **paths;
+  uint64_t *sizes;
+  uint32_t count, cap;
+} file_list;
+
+static void file_list_free(file_list *l) {
+  for (uint32_t i = 0; i < l->count; i++) free(l->paths[i]);
+  free(l->paths);
+  free(l->sizes);
+  memset(l, 0, sizeof *l);
+}
+
+/* Adds a regular file (others are skipped, as fl_text_file skips them). */
+static fl_status file_list_add(file_list *l, const char *path, bool must_exist) {
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    if (!must_exist) return FL_OK;
+    return fl_set_error(errno == ENOENT ? FL_ENOENT : FL_EIO, "cannot read %s: %s", path, strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return FL_OK;
+  if (l->count == l->cap) {
+    uint32_t cap = l->cap ? l->cap * 2 : 8;
+    char **paths = realloc(l->paths, cap * sizeof *paths);
+    if (!paths) return fl_set_error(FL_ENOMEM, "out of memory listing files");
+    l->paths = paths;
+    uint64_t *sizes = realloc(l->sizes, cap * sizeof *sizes);
+    if (!sizes) return fl_set_error(FL_ENOMEM, "out of memory listing files");
+    l->sizes = sizes;
+    l->cap = cap;
+  }
+  if (!(l->paths[l->count] = strdup(path))) return fl_set_error(FL_ENOMEM, "out of memory listing files");
+  l->sizes[l->count++] = (uint64_t)st.st_size;
+  return FL_OK;
+}
+
+static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The files fl_text_file would read for `path`, in its order. */
+static fl_status list_files(const char *path, file_list *out) {
+  struct stat st;
+  fl_status s = FL_OK;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    DIR *d = opendir(path);
+    if (!d) return fl_set_error(FL_EIO, "cannot open folder %s: %s", path, strerror(errno));
+    struct dirent *e;
+    char full[4096];
+    while (s == FL_OK && (e = readdir(d))) {
+      if (e->d_name[0] == '.' || e->d_name[0] == '_') continue;
+      if ((size_t)snprintf(full, sizeof full, "%s/%s", path, e->d_name) >= sizeof full)
+        s = fl_set_error(FL_ELIMIT, "path %s/%s is too long", path, e->d_name);
+      else
+        s = file_list_add(out, full, false);
+    }
+    closedir(d);
+    if (s == FL_OK && out->count == 0) s = fl_set_error(FL_ENOENT, "no files in folder %s", path);
+    if (s == FL_OK) {
+      /* Sort names and sizes together: sort the names, then look the sizes up again. */
+      qsort(out->paths, out->count, sizeof *out->paths, compare_names);
+      for (uint32_t i = 0; i < out->count; i++)
+        out->sizes[i] = stat(out->paths[i], &st) == 0 ? (uint64_t)st.st_size : 0;
+    }
+    return s;
+  }
+  if (strpbrk(path, "*?[")) {
+    glob_t g;
+    int rc = glob(path, GLOB_ERR, NULL, &g);
+    if (rc == GLOB_NOMATCH) return fl_set_error(FL_ENOENT, "no files match %s", path);
+    if (rc != 0) return fl_set_error(FL_EIO, "cannot expand %s", path);
+    for (size_t i = 0; i < g.gl_pathc && s == FL_OK; i++) s = file_list_add(out, g.gl_pathv[i], false);
+    globfree(&g);
+    if (s == FL_OK && out->count == 0) s = fl_set_error(FL_ENOENT, "no files match %s", path);
+    return s;
+  }
+  return file_list_add(out, path, true);
+}
+
+static bool is_gzip_name(const char *path) {
+  size_t n = strlen(path);
+  return n > 3 && strcmp(path + n - 3, ".gz") == 0;
+}
+
+/* Where the text dataset's lines come from: per partition, its file and first line. */
+typedef struct line_map {
+  uint32_t parts;
+  uint32_t *file_of;
+  uint64_t *first_line, *count;
+} line_map;
+
+static void line_map_free(line_map *m) {
+  free(m->file_of);
+  free(m->first_line);
+  free(m->count);
+  memset(m, 0, sizeof *m);
+}
+
+/* Reads every file with its own fl_text_file, joined by fl_union, and counts the lines of
+ * each partition (one job). */
+static fl_status open_lines(fl_context *ctx, const file_list *files, uint32_t parts, fl_dataset **lines,
+                            line_map *map) {
+  uint64_t plain = 0;
+  for (uint32_t i = 0; i < files->count; i++)
+    if (!is_gzip_name(files->paths[i])) plain += files->sizes[i];
+  fl_status s = FL_OK;
+  fl_dataset *all = NULL, *counts_ds = NULL;
+  fl_records *counts = NULL;
+  uint32_t *file_parts = calloc(files->count, sizeof *file_parts);
+  if (!file_parts) return fl_set_error(FL_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < files->count && s == FL_OK; i++) {
+    uint64_t share = plain ? (uint64_t)parts * files->sizes[i] / plain : 1;
+    fl_dataset *one = NULL, *joined = NULL;
+    s = fl_text_file(ctx, files->paths[i], share ? (uint32_t)share : 1, &one);
+    if (s != FL_OK) break;
+    file_parts[i] = fl_dataset_partitions(one);
+    if (!all) {
+      all = one;
+      continue;
+    }
+    s = fl_union(all, one, &joined);
+    fl_dataset_free(one);
+    fl_dataset_free(all);
+    all = joined;
+  }
+  if (s == FL_OK) s = fl_map_partitions(all, ml_load_count_lines, NULL, 0, &counts_ds);
+  if (s == FL_OK) s = fl_collect(counts_ds, &counts);
+  uint32_t n = all ? fl_dataset_partitions(all) : 0;
+  if (s == FL_OK && fl_records_count(counts) != n)
+    s = fl_set_error(FL_EINTERNAL, "line counts of %zu partitions, expected %u", fl_records_count(counts), n);
+  if (s == FL_OK) {
+    map->parts = n;
+    map->file_of = calloc(n ? n : 1, sizeof *map->file_of);
+    map->first_line = calloc(n ? n : 1, sizeof *map->first_line);
+    map->count = calloc(n ? n : 1, sizeof *map->count);
+    if (!map->file_of || !map->first_line || !map->count) s = fl_set_error(FL_ENOMEM, "out of memory");
+  }
+  if (s == FL_OK) {
+    uint32_t p = 0;
+    for (uint32_t f = 0; f < files->count; f++) {
+      uint64_t line = 0;
+      for (uint32_t k = 0; k < file_parts[f]; k++, p++) {
+        map->file_of[p] = f;
+        map->first_line[p] = line;
+        map->count[p] = (uint64_t)fl_i64(fl_records_get(counts, p));
+        line += map->count[p];
+      }
+    }
+    *lines = all;
+    all = NULL;
+  } else {
+    line_map_free(map);
+  }
+  fl_records_free(counts);
+  fl_dataset_free(counts_ds);
+  fl_dataset_free(all);
+  free(file_parts);
+  return s;
+}
+
+/* CSV: the field count and label field, from the first data line. */
+static fl_status csv_shape(fl_dataset *lines, const line_map *map, const file_list *files, const fl_ml_load_options *o,
+                           char delim, uint32_t *fields, uint32_t *label_field) {
+  uint64_t total = 0;
+  for (uint32_t p = 0; p < map->parts; p++) total += map->count[p];
+  fl_status s = FL_OK;
+  fl_buf text = FL_BUF_INIT;
+  bool found = false;
+  uint64_t want = 16;
+  uint64_t skipped_until = 0; /* lines known to hold no data */
+  while (s == FL_OK && !found && skipped_until < total) {
+    if (want > total) want = total;
+    fl_records *r = NULL;
+    if ((s = fl_take(lines, (size_t)want, &r)) != FL_OK) break;
+    uint32_t p = 0;
+    uint64_t before = 0; /* lines of the partitions before p */
+    for (uint64_t g = 0; g < fl_records_count(r) && !found && s == FL_OK; g++) {
+      while (p < map->parts && g >= before + map->count[p]) before += map->count[p++];
+      uint64_t line_no = map->first_line[p] + (g - before) + 1;
+      if (g < skipped_until || (o->header && line_no == 1)) continue;
+      fl_bytes b = fl_records_get(r, g);
+      text.len = 0;
+      if ((s = fl_buf_append(&text, b.data, b.len)) != FL_OK || (s = fl_buf_append(&text, "", 1)) != FL_OK) break;
+      if (is_blank((char *)text.data)) continue;
+      found = true;
+      uint32_t n = split_csv((char *)text.data, delim, NULL, 0);
+      const char *name = files->paths[map->file_of[p]];
+      if (n < 2)
+        s = fl_set_error(FL_EFORMAT, "%s:%llu: a CSV line needs a label and a feature, found %u field", name,
+                         (unsigned long long)line_no, n);
+      else if (o->label_column >= (int64_t)n)
+        s = fl_set_error(FL_EINVAL, "%s:%llu: label_column %d out of range (the line has %u fields)", name,
+                         (unsigned long long)line_no, o->label_column, n);
+      *fields = n;
+      *label_field = o->label_column < 0 ? n - 1 : (uint32_t)o->label_column;
+    }
+    bool short_take = fl_records_count(r) < want;
+    skipped_until = fl_records_count(r);
+    fl_records_free(r);
+    if (short_take) break;
+    want *= 4;
+  }
+  fl_buf_free(&text);
+  if (s == FL_OK && !found) s = fl_set_error(FL_EEMPTY, "%s: no data lines", files->count ? files->paths[0] : "");
+  return s;
+}
+
+/* The kernel's argument blob (see ml_load_text_arg). */
+static fl_status text_arg(const ml_load_text_arg *head, const line_map *map, const file_list *files, fl_buf *out) {
+  fl_status s = fl_buf_append(out, head, sizeof *head);
+  for (uint32_t p = 0; p < map->parts && s == FL_OK; p++) s = fl_buf_append(out, &map->first_line[p], 8);
+  for (uint32_t p = 0; p < map->parts && s == FL_OK; p++) s = fl_buf_append(out, &map->file_of[p], 4);
+  uint32_t at = 0;
+  for (uint32_t f = 0; f < files->count && s == FL_OK; f++) {
+    s = fl_buf_append(out, &at, 4);
+    at += (uint32_t)strlen(files->paths[f]) + 1;
+  }
+  for (uint32_t f = 0; f < files->count && s == FL_OK; f++)
+    s = fl_buf_append(out, files->paths[f], strlen(files->paths[f]) + 1);
+  return s;
+}
+
+static fl_status load_text(fl_context *ctx, const char *path, fl_ml_format format, const fl_ml_load_options *o,
+                           uint32_t parts, fl_ml_data *data) {
+  file_list files = {0};
+  line_map map = {0};
+  fl_dataset *lines = NULL, *parsed = NULL;
+  fl_accumulator *bad = NULL, *first = NULL;
+  fl_buf arg = FL_BUF_INIT, first_value = FL_BUF_INIT;
+  ml_load_text_arg head = {.format = (uint32_t)format, .rows_per_block = o->rows_per_block,
+                           .num_features = format == FL_ML_LIBSVM ? o->num_features : 0,
+                           .delimiter = o->delimiter ? o->delimiter : ',', .zero_based = o->zero_based,
+                           .header = o->header, .skip_bad_lines = o->skip_bad_lines};
+  fl_status s = list_files(path, &files);
+  if (s == FL_OK) s = open_lines(ctx, &files, parts, &lines, &map);
+  if (s == FL_OK && format == FL_ML_CSV)
+    s = csv_shape(lines, &map, &files, o, head.delimiter, &head.fields, &head.label_field);
+  if (s == FL_OK) {
+    bad_line none = {UINT32_MAX, 0, UINT64_MAX};
+    s = fl_accumulator_create_i64(ctx, &bad);
+    if (s == FL_OK)
+      s = fl_accumulator_create(ctx, fl_bytes_of(&none, sizeof none), ml_load_first_bad_line, NULL, 0, &first);
+    if (s == FL_OK) {
+      head.bad_acc = fl_accumulator_id(bad);
+      head.first_acc = fl_accumulator_id(first);
+    }
+  }
+  if (s == FL_OK) {
+    head.num_parts = map.parts;
+    head.num_files = files.count;
+    s = text_arg(&head, &map, &files, &arg);
+  }
+  if (s == FL_OK) s = fl_map_partitions(lines, ml_load_parse_text, arg.data, arg.len, &parsed);
+  if (s == FL_OK) {
+    if (fl_dataset_partitions(parsed) > parts) {
+      s = fl_coalesce(parsed, parts, &data->blocks);
+    } else {
+      data->blocks = parsed;
+      parsed = NULL;
+    }
+  }
+  data->cols = head.num_features;
+  if (s == FL_OK) s = fl_persist(data->blocks, FL_MEMORY_ONLY);
+  if (s == FL_OK) s = ml_data_describe(data);
+  int64_t bad_lines = 0;
+  if (s == FL_OK) s = fl_accumulator_value_i64(bad, &bad_lines);
+  if (s == FL_OK && bad_lines > 0) s = fl_accumulator_value(first, &first_value);
+  if (s == FL_OK && bad_lines > 0) {
+    const char *message = (const char *)first_value.data + sizeof(bad_line);
+    int len = first_value.len > sizeof(bad_line) ? (int)(first_value.len - sizeof(bad_line)) : 0;
+    if (!o->skip_bad_lines)
+      s = fl_set_error(FL_EFORMAT, "%.*s", len, message);
+    else
+      fprintf(stderr, "flint ml: skipped %lld bad lines of %s (first: %.*s)\n", (long long)bad_lines, path, len,
+              message);
+    data->skipped = (uint64_t)bad_lines;
+  }
+  if (s == FL_OK && data->rows == 0)
+    s = fl_set_error(FL_EEMPTY, "%s: no rows (%llu bad lines skipped)", path, (unsigned long long)data->skipped);
+  fl_buf_free(&first_value);
+  fl_buf_free(&arg);
+  fl_accumulator_destroy(first);
+  fl_accumulator_destroy(bad);
+  fl_dataset_free(parsed);
+  fl_dataset_free(lines);
+  line_map_free(&map);
+  file_list_free(&files);
+  return s;
+}
+
+/* ---- IDX --------------------------------------------------------------------------------- */
+
+/* Reads exactly len bytes; *got says how many came. A zlib error is FL_EIO. */
+static fl_status gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *got) {
+  *got = 0;
+  while (*got < len) {
+    unsigned chunk = len - *got > (1u << 30) ? 1u << 30 : (unsigned)(len - *got);
+    int n = gzread(f, (uint8_t *)buf + *got, chunk);
+    if (n < 0) {
+      int err;
+      const char *msg = gzerror(f, &err);
+      return fl_set_error(FL_EIO, "%s: read error: %s", path, err == Z_ERRNO ? strerror(errno) : msg);
+    }
+    if (n == 0) break;
+    *got += (size_t)n;
+  }
+  return FL_OK;
+}
+
+static uint32_t be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Opens an idx file and reads its header: magic, then `dims` big-endian u32 sizes. */
+static fl_status idx_open(const char *path, uint32_t magic, const char *kind, uint32_t *dims, int ndims, gzFile *out) {
+  errno = 0;
+  gzFile f = gzopen(path, "rb");
+  if (!f)
+    return fl_set_error(errno == ENOENT ? FL_ENOENT : FL_EIO, "cannot open %s: %s", path,
+                        errno ? strerror(errno) : "out of memory");
+  uint8_t head[16];
+  size_t want = 4 + 4 * (size_t)ndims, got;
+  fl_status s = gz_read(f, path, head, want, &got);
+  if (s == FL_OK && got >= 4 && be32(head) != magic)
+    s = fl_set_error(FL_EFORMAT, "%s: bad magic 0x%08x (an %s file starts with 0x%08x)", path, be32(head), kind, magic);
+  if (s == FL_OK && got < want)
+    s = fl_set_error(FL_EFORMAT, "%s: truncated: %zu bytes, shorter than an %s header", path, got, kind);
+  if (s != FL_OK) {
+    gzclose(f);
+    return s;
+  }
+  for (int i = 0; i < ndims; i++) dims[i] = be32(head + 4 + 4 * i);
+  *out = f;
+  return FL_OK;
+}
+
+/* FL_OK when f is at its end, else an error naming what follows `what`. */
+static fl_status idx_expect_end(gzFile f, const char *path, const char *what) {
+  uint8_t extra;
+  size_t got;
+  fl_status s = gz_read(f, path, &extra, 1, &got);
+  if (s == FL_OK && got) s = fl_set_error(FL_EFORMAT, "%s: trailing bytes after %s", path, what);
+  return s;
+}
+
+/* The labels file, whole: n bytes. */
+static fl_status idx_read_labels(const char *path, fl_buf *labels) {
+  uint32_t n;
+  gzFile f;
+  fl_status s = idx_open(path, 0x00000801u, "idx1-ubyte (labels)", &n, 1, &f);
+  if (s != FL_OK) return s;
+  size_t got = 0;
+  char what[64];
+  snprintf(what, sizeof what, "%u labels", n);
+  /* In pieces, so that a corrupt count in the header allocates no more than the file has. */
+  while (s == FL_OK && labels->len < n) {
+    size_t piece = n - labels->len < (1u << 20) ? n - labels->len : 1u << 20, part;
+    if ((s = fl_buf_reserve(labels, piece)) != FL_OK || (s = gz_read(f, path, labels->data + labels->len, piece, &part)) != FL_OK)
+      break;
+    labels->len += part;
+    if (part < piece) break;
+  }
+  got = labels->len;
+  if (s == FL_OK && got < n)
+    s = fl_set_error(FL_EFORMAT, "%s: truncated: label %zu of %u is missing (the header says %u labels)", path, got + 1,
+                     n, n);
+  if (s == FL_OK) s = idx_expect_end(f, path, what);
+  gzclose(f);
+  return s;
+}
+
+static fl_status load_idx(fl_context *ctx, const char *path, const fl_ml_load_options *o, uint32_t parts,
+                          fl_ml_data *data) {
+  if (!o->labels_path)
+    return fl_set_error(FL_EINVAL, "%s: IDX needs labels_path (the idx1-ubyte labels file)", path);
+  fl_buf labels = FL_BUF_INIT, pixels = FL_BUF_INIT, x = FL_BUF_INIT;
+  fl_buf *blocks = NULL;
+  fl_bytes *recs = NULL;
+  size_t num_blocks = 0;
+  fl_ml_block_builder *b = NULL;
+  gzFile f = NULL;
+  uint32_t dims[3] = {0};
+  fl_status s = idx_read_labels(o->labels_path, &labels);
+  if (s == FL_OK) s = idx_open(path, 0x00000803u, "idx3-ubyte (images)", dims, 3, &f);
+  uint32_t n = dims[0];
+  uint64_t size = (uint64_t)dims[1] * dims[2];
+  if (s == FL_OK && n != labels.len)
+    s = fl_set_error(FL_EFORMAT, "%s has %u images but %s has %zu labels", path, n, o->labels_path, labels.len);
+  if (s == FL_OK && (size == 0 || size >= UINT32_MAX))
+    s = fl_set_error(FL_EFORMAT, "%s: images of %u x %u pixels", path, dims[1], dims[2]);
+  uint32_t rows_per_block = o->rows_per_block;
+  if (s == FL_OK && !rows_per_block) {
+    /* The builder's default, made smaller where needed for a block per partition. */
+    uint64_t r = ML_BLOCK_BYTES / (8 * size);
+    uint64_t spread = ((uint64_t)n + parts - 1) / parts;
+    rows_per_block = (uint32_t)(r < 1 ? 1 : r < spread || spread == 0 ? r : spread);
+  }
+  size_t cap = s == FL_OK ? (size_t)(n / rows_per_block + 1) : 0;
+  if (s == FL_OK && (!(blocks = calloc(cap, sizeof *blocks)) || !(recs = calloc(cap, sizeof *recs))))
+    s = fl_set_error(FL_ENOMEM, "out of memory");
+  if (s == FL_OK) s = fl_buf_reserve(&pixels, size);
+  if (s == FL_OK) s = fl_buf_reserve(&x, size * 8);
+  if (s == FL_OK) s = fl_ml_block_builder_create((uint32_t)size, false, false, rows_per_block, &b);
+  double scale = o->pixel_scale != 0 ? o->pixel_scale : 1.0 / 255;
+  double *xs = (double *)x.data;
+  for (uint32_t i = 0; i < n && s == FL_OK; i++) {
+    size_t got;
+    if ((s = gz_read(f, path, pixels.data, size, &got)) != FL_OK) break;
+    if (got < size) {
+      s = fl_set_error(FL_EFORMAT, "%s: image %u: truncated (the header says %u images of %u x %u)", path, i + 1, n,
+                       dims[1], dims[2]);
+      break;
+    }
+    for (size_t k = 0; k < size; k++) xs[k] = pixels.data[k] * scale;
+    s = fl_ml_block_builder_add_dense(b, labels.data[i], 1, xs);
+    if (s == FL_OK && (fl_ml_block_builder_full(b) || i + 1 == n)) {
+      if (num_blocks == cap) {
+        s = fl_set_error(FL_EINTERNAL, "%s: more blocks than %zu", path, cap);
+        break;
+      }
+      s = fl_ml_block_builder_take(b, &blocks[num_blocks]);
+      recs[num_blocks] = fl_buf_bytes(&blocks[num_blocks]);
+      num_blocks++;
+    }
+  }
+  if (s == FL_OK) {
+    char what[64];
+    snprintf(what, sizeof what, "%u images", n);
+    s = idx_expect_end(f, path, what);
+  }
+  if (f) gzclose(f);
+  fl_buf_free(&pixels);
+  fl_buf_free(&x);
+  fl_buf_free(&labels);
+  fl_ml_block_builder_free(b);
+  if (s == FL_OK) s = fl_parallelize(ctx, recs, num_blocks, parts, &data->blocks);
+  for (size_t i = 0; i < cap && blocks; i++) fl_buf_free(&blocks[i]);
+  free(blocks);
+  free(recs);
+  if (s == FL_OK) s = fl_persist(data->blocks, FL_MEMORY_ONLY);
+  if (s == FL_OK) s = ml_data_describe(data);
+  if (s == FL_OK && data->rows == 0) s = fl_set_error(FL_EEMPTY, "%s: no images", path);
+  return s;
+}
+
+/* ---- entry points ------------------------------------------------------------------------ */
+
+fl_status fl_ml_format_parse(const char *name, fl_ml_format *out) {
+  if (!out) return fl_set_error(FL_EINVAL, "fl_ml_format_parse: NULL out");
+  static const struct {
+    const char *name;
+    fl_ml_format format;
+  } formats[] = {{"libsvm", FL_ML_LIBSVM}, {"csv", FL_ML_CSV}, {"idx", FL_ML_IDX}};
+  for (size_t i = 0; name && i < sizeof formats / sizeof formats[0]; i++)
+    if (strcmp(name, formats[i].name) == 0) {
+      *out = formats[i].format;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown data format '%s' (choose libsvm, csv or idx)", name ? name : "(null)");
+}
+
+fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format format, const fl_ml_load_options *opt,
+                     fl_ml_data **out) {
+  if (!ctx || !path || !out) return fl_set_error(FL_EINVAL, "fl_ml_load: NULL %s", !ctx ? "ctx" : !path ? "path" : "out");
+  if (format != FL_ML_LIBSVM && format != FL_ML_CSV && format != FL_ML_IDX)
+    return fl_set_error(FL_EINVAL, "fl_ml_load: unknown format %d (FL_ML_LIBSVM, FL_ML_CSV or FL_ML_IDX)", (int)format);
+  fl_ml_load_options o = {0};
+  if (opt) o = *opt;
+  if (o.label_column < -1)
+    return fl_set_error(FL_EINVAL, "fl_ml_load: label_column %d (a 0-based column, or -1 for the last)", o.label_column);
+  if (o.delimiter && (isdigit((unsigned char)o.delimiter) || strchr(".+-\n\r", o.delimiter)))
+    return fl_set_error(FL_EINVAL, "fl_ml_load: delimiter '%c' would split numbers or lines", o.delimiter);
+  if (!isfinite(o.pixel_scale)) return fl_set_error(FL_EINVAL, "fl_ml_load: pixel_scale is not finite");
+  uint32_t parts = ml_default_partitions(ctx, o.partitions);
+  fl_ml_data *data = calloc(1, sizeof *data);
+  if (!data) return fl_set_error(FL_ENOMEM, "out of memory");
+  fl_status s = format == FL_ML_IDX ? load_idx(ctx, path, &o, parts, data) : load_text(ctx, path, format, &o, parts, data);
+  if (s != FL_OK) {
+    fl_ml_data_free(data);
+    return s;
+  }
+  *out = data;
+  return FL_OK;
+}
