@@ -173,9 +173,13 @@ typedef struct fl_ml_optim_options {
                               L-BFGS, proximal steps with GD) */
   const bool *l1_skip;     /* n flags, or NULL: true leaves w_i out of the L1 term (intercepts) */
   double step;             /* GD: the first step length (0: 1); backtracking halves it */
-  double fraction;         /* GD: mini-batch fraction (0 or 1: full batch) */
-  uint64_t seed;           /* GD mini-batches */
-  /* Called after each iteration; a non-FL_OK return stops with that status. */
+  double fraction;         /* GD: mini-batch fraction (0 or 1: full batch); mini-batches take
+                              no line search, step / sqrt(t) at iteration t, and loss,
+                              grad_norm and the stopping test are mini-batch estimates.
+                              L-BFGS ignores fraction, seed and step (full batch, seed 0) */
+  uint64_t seed;           /* GD mini-batches: iteration t uses seed + t (the start: seed) */
+  /* Called after each iteration, with w holding that iteration's point; a non-FL_OK
+   * return stops with that status. */
   fl_status (*progress)(void *arg, const fl_ml_iteration *it);
   void *progress_arg;
 } fl_ml_optim_options;
@@ -188,11 +192,15 @@ typedef struct fl_ml_optim_result {
   uint32_t num_history;
 } fl_ml_optim_result;
 
-/* Minimizes f + l1 * |w|_1 from w (n values, overwritten with the result). A line search
- * that finds no step satisfying the strong Wolfe conditions ends the run (converged false)
- * with the best point so far; an error from f is returned as is. */
+/* Minimizes f + l1 * |w|_1 from w (n values, overwritten with the result). opt may be NULL
+ * (defaults: L-BFGS). A line search that finds no acceptable step (strong Wolfe for L-BFGS)
+ * ends the run (converged false) with the best point so far; an error from f or from
+ * progress is returned as is, with w the last accepted point. A start point where f's
+ * value or gradient is not finite is FL_EINVAL. `out` is reset first and holds the run so
+ * far after any return: free it with fl_ml_optim_result_free. */
 FL_ML_API fl_status fl_ml_minimize(uint32_t n, double *w, fl_ml_objective_fn f, void *arg,
                                    const fl_ml_optim_options *opt, fl_ml_optim_result *out);
+/* Frees r's history and zeroes *r; NULL or a zeroed result is fine. */
 FL_ML_API void fl_ml_optim_result_free(fl_ml_optim_result *r);
 
 /* ---- models ---------------------------------------------------------------------------- */
