@@ -290,7 +290,7 @@ static const char *write_idx(const char *name, uint32_t magic, const uint32_t *d
   assert_true(4 + 4 * (size_t)ndims + len <= sizeof buf);
   put_be32(buf, magic);
   for (int i = 0; i < ndims; i++) put_be32(buf + 4 + 4 * i, dims[i]);
-  memcpy(buf + 4 + 4 * ndims, data, len);
+  if (len) memcpy(buf + 4 + 4 * ndims, data, len);
   size_t total = 4 + 4 * (size_t)ndims + len;
   if (!gz) {
     test_write_file(p, buf, total);

@@ -94,21 +94,43 @@ typedef struct fl_ml_load_options {
    * zero_based is set. num_features 0: the largest index seen. */
   bool zero_based;
   uint32_t num_features;
-  /* CSV: the label's column (0-based; -1: the last), a header line to skip, the delimiter
-   * (0: ','). */
+  /* CSV: the label's column (0-based; -1: the last; note that 0, the zero-initialised
+   * default, is the first), a header line to skip, the delimiter (0: ','). */
   int label_column;
   bool header;
   char delimiter;
   /* IDX: path is the images file (idx3-ubyte, optionally .gz), labels_path the labels file
-   * (idx1-ubyte); pixels are multiplied by pixel_scale (0: 1/255). */
+   * (idx1-ubyte, optionally .gz; required); pixels are multiplied by pixel_scale (0: 1/255),
+   * labels are the classes as doubles. rows_per_block 0 also caps blocks so that every
+   * partition gets one. */
   const char *labels_path;
   double pixel_scale;
   /* Bad lines are an error naming file, line and cause; with skip_bad_lines they are
-   * counted in fl_ml_data.skipped (and logged) instead. */
+   * counted in fl_ml_data.skipped (and the first one logged to stderr) instead. */
   bool skip_bad_lines;
 } fl_ml_load_options;
 
-/* Loads `path` into cached row blocks. opt may be NULL (defaults). */
+/* Loads `path` into cached row blocks. opt may be NULL (defaults). On success *out is a
+ * malloc'd fl_ml_data (free it with fl_ml_data_free) whose blocks are persisted in memory and
+ * already computed (rows, cols, sparse and weighted come from one job over them).
+ *
+ * LIBSVM and CSV: path is a file, a folder (its visible files, sorted) or a glob, as for
+ * fl_text_file; each file is read by the executors and its lines are numbered from 1 in that
+ * file. Blank lines are ignored; LIBSVM lines may end in a "# comment". CSV fields are plain
+ * numbers (no quoting), blanks around them allowed; every line has the first data line's
+ * field count, and with header the first line of every file is skipped. Two jobs run
+ * before the parse: one counts the lines of each partition, and for CSV one reads the first
+ * data line. The blocks have at most opt->partitions partitions (fewer where the input has
+ * fewer splits, as .gz files, which are one split each).
+ * IDX: both files are read in the calling process and the blocks handed out with
+ * fl_parallelize (which keeps a copy of them for recomputation).
+ *
+ * Errors: FL_EINVAL for NULL arguments, an unknown format or bad options; FL_ENOENT for a
+ * missing input file; FL_EFORMAT for malformed input, naming the file and the line ("x.csv:7:
+ * expected 5 fields, found 4"; the first bad line of the input, whichever task found it) or,
+ * for IDX, the file and the image; FL_EEMPTY when no rows are left; a failed job's status.
+ * With skip_bad_lines, bad lines are counted in skipped and, when there are any, one line
+ * names their count and the first of them on stderr. */
 FL_ML_API fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format format,
                                const fl_ml_load_options *opt, fl_ml_data **out);
 /* Parses "libsvm", "csv" or "idx". */
