@@ -1,5 +1,5 @@
 /*
- * flint.c: the flint command: driver, executor, submit and status.
+ * flint.c: the flint command: driver, executor, submit, status and ml (cli/ml.c).
  *
  * Exit status: the job's own status for submit; 2 for a usage error; 1 when something could
  * not be started (missing library, missing flint_main, bad master, unreachable driver).
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "flint/cluster.h"
 #include "flint/flint.h"
 
@@ -31,6 +32,12 @@ static const char usage_text[] =
     "      Runs an executor for that driver until SIGINT or SIGTERM.\n"
     "  status --master flint://HOST:PORT\n"
     "      Lists the driver's executors, applications and jobs.\n"
+    "  ml linreg|logreg --data PATH --format libsvm|csv|idx [--master MASTER]\n"
+    "      [--labels PATH] [--test PATH [--test-labels PATH]] [--lambda L] [--l1 L]\n"
+    "      [--solver auto|normal|lbfgs|gd] [--iterations N] [--tol T] [--partitions P]\n"
+    "      [--standardize] [--out MODEL]\n"
+    "      Trains least squares or logistic regression (libflint_ml), printing each\n"
+    "      iteration and the metrics; 'flint ml --help' explains the options.\n"
     "\n"
     "options:\n"
     "  --help     this text (also after a command)\n"
@@ -234,5 +241,6 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "driver") == 0) return cmd_driver(argc - 2, argv + 2);
   if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2);
   if (strcmp(argv[1], "status") == 0) return cmd_status(argc - 2, argv + 2);
+  if (strcmp(argv[1], "ml") == 0) return cmd_ml(argc - 2, argv + 2);
   return usage_error("unknown command '%s'", argv[1]);
 }

@@ -1,0 +1,13 @@
+/*
+ * cli/cli.h: the subcommands of the flint command that live in their own files.
+ *
+ * Each takes the arguments after its name and returns the process's exit status: 0 on
+ * success, 2 for a usage error (one line on stderr and a hint), 1 when the work failed.
+ */
+#ifndef FLINT_CLI_H
+#define FLINT_CLI_H
+
+/* flint ml linreg|logreg ... (cli/ml.c): trains a model with libflint_ml. */
+int cmd_ml(int argc, char **argv);
+
+#endif

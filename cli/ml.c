@@ -1,0 +1,315 @@
+/*
+ * ml.c: `flint ml linreg|logreg`: loads a data set into cached row blocks, trains a least
+ * squares or logistic regression model with libflint_ml, prints one line per iteration and
+ * a summary with metrics on the training data (and on --test data), and saves the model.
+ *
+ * Exit status: 0 on success; 2 for a usage error (every argument is checked before the
+ * context opens, numbers strictly: the whole text must be the number); 1 when opening the
+ * context, loading, training, evaluating or saving fails (the message is fl_last_error()).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "flint/ml.h"
+
+/* fl_ml_train_options.normal_max_features when 0 (ml/solvers.c): the CLI states it so that
+ * it can name the solver that "auto" picks. */
+#define NORMAL_MAX_FEATURES 4096
+
+static const char ml_usage_text[] =
+    "usage: flint ml linreg|logreg --data PATH --format libsvm|csv|idx [options]\n"
+    "\n"
+    "Trains a least-squares (linreg) or logistic regression (logreg; two classes or more,\n"
+    "labels 0..K-1, or -1/+1 for two) model with libflint_ml. Prints one line per iteration,\n"
+    "then rows, features, classes, solver, iterations, convergence, training time and the\n"
+    "metrics on the training data (and on --test data): RMSE and R^2 for linreg; accuracy,\n"
+    "log-loss and, for two classes, AUC for logreg.\n"
+    "\n"
+    "options:\n"
+    "  --master M          local[*] (default), local[N], local-cluster[E,C,MB] or\n"
+    "                      flint://HOST:PORT\n"
+    "  --data PATH         the training data (required)\n"
+    "  --format F          libsvm (label idx:value ..., 1-based indices), csv (numbers only,\n"
+    "                      the label first) or idx (idx3-ubyte images, .gz too; with --labels)\n"
+    "  --labels PATH       idx: the labels file (idx1-ubyte) of --data\n"
+    "  --test PATH         data to evaluate the model on, in the same format\n"
+    "  --test-labels PATH  idx: the labels file of --test\n"
+    "  --lambda L          L2 penalty (L/2)|w|^2, L >= 0 (default 0; intercepts are not\n"
+    "                      penalized)\n"
+    "  --l1 L              L1 penalty L |w|_1, L >= 0 (default 0; OWL-QN with lbfgs,\n"
+    "                      proximal steps with gd)\n"
+    "  --solver S          auto (default: linreg normal equations up to 4096 features,\n"
+    "                      else lbfgs), normal (linreg only), lbfgs or gd\n"
+    "  --iterations N      at most N iterations, N >= 1 (default 100)\n"
+    "  --tol T             stop when the gradient norm is <= T, T >= 0 (default 1e-6)\n"
+    "  --partitions P      partitions of the data, P >= 1 (default 4 per core)\n"
+    "  --standardize       scale each feature to unit variance (and centre dense data)\n"
+    "                      before training: the model's coefficients are then in\n"
+    "                      standardized units, and --test data is scaled the same way\n"
+    "  --out MODEL         write the model to the file MODEL (text; docs/ml.md)\n"
+    "  --help              this text\n"
+    "\n"
+    "example:\n"
+    "  flint ml logreg --data train.svm --format libsvm --test test.svm --lambda 1e-4 \\\n"
+    "      --out model.txt\n";
+
+typedef struct ml_args {
+  bool logistic;
+  const char *master, *data, *labels, *test, *test_labels, *out;
+  fl_ml_format format;
+  bool have_format, standardize;
+  uint32_t partitions;
+  fl_ml_train_options train;
+} ml_args;
+
+static int ml_usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "flint ml: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nRun 'flint ml --help' for usage.\n");
+  va_end(ap);
+  return 2;
+}
+
+static int ml_failure(void) {
+  fflush(stdout);
+  fprintf(stderr, "flint ml: %s\n", fl_last_error());
+  return 1;
+}
+
+/* The whole text must be a finite number: no leading space, no trailing text. */
+static bool parse_double(const char *text, double *out) {
+  if (!*text || isspace((unsigned char)*text)) return false;
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (*end || errno == ERANGE || !isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+/* Digits only (strtoul would take a sign and wrap "-1" around). */
+static bool parse_u32(const char *text, uint32_t *out) {
+  if (!isdigit((unsigned char)*text)) return false;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (*end || errno == ERANGE || v > UINT32_MAX) return false;
+  *out = (uint32_t)v;
+  return true;
+}
+
+static int parse_penalty(const char *name, const char *text, double *out) {
+  if (!parse_double(text, out)) return ml_usage_error("%s '%s' is not a number", name, text);
+  if (*out < 0) return ml_usage_error("%s '%s' must be >= 0", name, text);
+  return 0;
+}
+
+/* Fills `a` from argv (after "ml"). Returns 0, 2 for a usage error, or -1 after --help. */
+static int parse_args(int argc, char **argv, ml_args *a) {
+  *a = (ml_args){.master = "local[*]"};
+  if (argc < 1) return ml_usage_error("no model given (linreg or logreg)");
+  if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) return -1;
+  if (strcmp(argv[0], "logreg") == 0) a->logistic = true;
+  else if (strcmp(argv[0], "linreg") != 0) return ml_usage_error("unknown model '%s' (linreg or logreg)", argv[0]);
+  for (int i = 1; i < argc; i++) {
+    const char *opt = argv[i];
+    if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) return -1;
+    if (strcmp(opt, "--standardize") == 0) {
+      a->standardize = true;
+      continue;
+    }
+    static const char *const valued[] = {"--master", "--data",   "--format", "--labels",     "--test",
+                                         "--test-labels", "--lambda", "--l1", "--solver", "--iterations",
+                                         "--tol", "--partitions", "--out"};
+    bool known = false;
+    for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(opt, valued[k]) == 0;
+    if (!known) return ml_usage_error("unknown option '%s'", opt);
+    if (i + 1 >= argc) return ml_usage_error("%s needs a value", opt);
+    const char *v = argv[++i];
+    int rc = 0;
+    if (strcmp(opt, "--master") == 0) {
+      a->master = v;
+    } else if (strcmp(opt, "--data") == 0) {
+      a->data = v;
+    } else if (strcmp(opt, "--labels") == 0) {
+      a->labels = v;
+    } else if (strcmp(opt, "--test") == 0) {
+      a->test = v;
+    } else if (strcmp(opt, "--test-labels") == 0) {
+      a->test_labels = v;
+    } else if (strcmp(opt, "--out") == 0) {
+      a->out = v;
+    } else if (strcmp(opt, "--format") == 0) {
+      if (fl_ml_format_parse(v, &a->format) != FL_OK)
+        return ml_usage_error("unknown format '%s' (libsvm, csv or idx)", v);
+      a->have_format = true;
+    } else if (strcmp(opt, "--solver") == 0) {
+      if (fl_ml_solver_parse(v, &a->train.solver) != FL_OK)
+        return ml_usage_error("unknown solver '%s' (auto, normal, lbfgs or gd)", v);
+    } else if (strcmp(opt, "--lambda") == 0) {
+      rc = parse_penalty(opt, v, &a->train.l2);
+    } else if (strcmp(opt, "--l1") == 0) {
+      rc = parse_penalty(opt, v, &a->train.l1);
+    } else if (strcmp(opt, "--tol") == 0) {
+      if (!parse_double(v, &a->train.tol)) return ml_usage_error("--tol '%s' is not a number", v);
+      if (a->train.tol < 0) return ml_usage_error("--tol '%s' must be >= 0", v);
+    } else if (strcmp(opt, "--iterations") == 0) {
+      if (!parse_u32(v, &a->train.max_iterations) || a->train.max_iterations < 1)
+        return ml_usage_error("--iterations '%s' is not a whole number >= 1", v);
+    } else if (strcmp(opt, "--partitions") == 0) {
+      if (!parse_u32(v, &a->partitions) || a->partitions < 1 || a->partitions > 1000000)
+        return ml_usage_error("--partitions '%s' is not a whole number from 1 to 1000000", v);
+    }
+    if (rc) return rc;
+  }
+  if (!a->data) return ml_usage_error("--data PATH is required");
+  if (!a->have_format) return ml_usage_error("--format is required (libsvm, csv or idx)");
+  bool idx = a->format == FL_ML_IDX;
+  if (idx && !a->labels) return ml_usage_error("--format idx needs --labels PATH (the idx1-ubyte labels of --data)");
+  if (idx && a->test && !a->test_labels)
+    return ml_usage_error("--format idx needs --test-labels PATH with --test (the labels of --test)");
+  if (!idx && (a->labels || a->test_labels))
+    return ml_usage_error("--labels and --test-labels are for --format idx only (libsvm and csv hold the labels)");
+  if (a->test_labels && !a->test) return ml_usage_error("--test-labels needs --test PATH");
+  if (a->logistic && a->train.solver == FL_ML_SOLVER_NORMAL)
+    return ml_usage_error("--solver normal is for linreg only (logreg: lbfgs or gd)");
+  if (!a->logistic && a->train.solver == FL_ML_SOLVER_NORMAL && a->train.l1 > 0)
+    return ml_usage_error("--l1 has no normal equations: use --solver lbfgs or gd");
+  a->train.normal_max_features = NORMAL_MAX_FEATURES;
+  return 0;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One line per iteration, flushed so that it shows at once through a pipe. */
+static fl_status print_iteration(void *arg, const fl_ml_iteration *it) {
+  (void)arg;
+  printf("iter %3u  loss %.10f  |grad| %.3e  step %.2e  evals %u  %.2f s\n", it->iteration, it->loss,
+         it->grad_norm, it->step, it->evaluations, it->seconds);
+  fflush(stdout);
+  return FL_OK;
+}
+
+/* The solver that fl_ml_linreg / fl_ml_logreg run for these options (their AUTO rule). */
+static const char *solver_name(const ml_args *a, const fl_ml_data *d) {
+  fl_ml_solver s = a->train.solver;
+  if (s == FL_ML_SOLVER_AUTO)
+    s = !a->logistic && a->train.l1 == 0 && d->cols <= a->train.normal_max_features ? FL_ML_SOLVER_NORMAL
+                                                                                     : FL_ML_SOLVER_LBFGS;
+  switch (s) {
+  case FL_ML_SOLVER_NORMAL: return "normal equations (Cholesky)";
+  case FL_ML_SOLVER_GD: return a->train.l1 > 0 ? "gd (proximal, L1)" : "gd";
+  default: return a->train.l1 > 0 ? "lbfgs (OWL-QN, L1)" : "lbfgs";
+  }
+}
+
+/* Loads one data set; test data is read with the training data's width. */
+static fl_status load(fl_context *ctx, const ml_args *a, const char *path, const char *labels, uint32_t cols,
+                      fl_ml_data **out) {
+  fl_ml_load_options o = {.partitions = a->partitions, .labels_path = labels, .num_features = cols};
+  double t0 = now_s();
+  fl_status s = fl_ml_load(ctx, path, a->format, &o, out);
+  if (s != FL_OK) return s;
+  const fl_ml_data *d = *out;
+  printf("loaded %s: %llu rows, %u features, %s%s, %u partitions, %.2f s\n", path, (unsigned long long)d->rows,
+         d->cols, d->sparse ? "sparse" : "dense", d->weighted ? ", weighted" : "", fl_dataset_partitions(d->blocks),
+         now_s() - t0);
+  if (d->skipped) printf("skipped %llu bad lines of %s\n", (unsigned long long)d->skipped, path);
+  return FL_OK;
+}
+
+static void print_metrics(const char *what, const fl_ml_model *m, const fl_ml_metrics *mt) {
+  if (m->kind == FL_ML_LINEAR) {
+    printf("%-12s RMSE %.6g  R^2 %.6f  (%llu rows)\n", what, mt->rmse, mt->r2, (unsigned long long)mt->rows);
+  } else if (m->kind == FL_ML_LOGISTIC_BINARY) {
+    printf("%-12s accuracy %.4f  log-loss %.6f  AUC %.4f  (%llu rows)\n", what, mt->accuracy, mt->log_loss, mt->auc,
+           (unsigned long long)mt->rows);
+  } else {
+    printf("%-12s accuracy %.4f  log-loss %.6f  (%llu rows)\n", what, mt->accuracy, mt->log_loss,
+           (unsigned long long)mt->rows);
+  }
+}
+
+int cmd_ml(int argc, char **argv) {
+  ml_args a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc < 0) {
+    fputs(ml_usage_text, stdout);
+    return 0;
+  }
+  if (rc) return rc;
+  a.train.progress = print_iteration;
+
+  fl_context *ctx = NULL;
+  fl_ml_data *data = NULL, *scaled = NULL, *test = NULL, *test_scaled = NULL;
+  fl_ml_summary summary = {0};
+  fl_ml_model *model = NULL;
+  fl_ml_metrics metrics;
+  rc = 1;
+  if (fl_context_open(a.master, NULL, &ctx) != FL_OK) goto fail;
+  if (load(ctx, &a, a.data, a.labels, 0, &data) != FL_OK) goto fail;
+  const fl_ml_data *train = data;
+  if (a.standardize) {
+    double t0 = now_s();
+    if (fl_ml_summarize(data, &summary) != FL_OK ||
+        fl_ml_standardize(data, &summary, !data->sparse, &scaled) != FL_OK)
+      goto fail;
+    train = scaled;
+    printf("standardized %u features (%s), %.2f s; the model is in standardized units\n", data->cols,
+           data->sparse ? "unit variance; sparse data is not centred" : "zero mean, unit variance", now_s() - t0);
+  }
+  printf("training %s: %s\n", a.logistic ? "logistic regression" : "least squares", solver_name(&a, train));
+  fflush(stdout);
+  if ((a.logistic ? fl_ml_logreg : fl_ml_linreg)(train, &a.train, &model) != FL_OK) goto fail;
+
+  printf("rows         %llu\n", (unsigned long long)train->rows);
+  printf("features     %u\n", model->cols);
+  if (model->kind == FL_ML_LINEAR) printf("classes      - (regression)\n");
+  else printf("classes      %u%s\n", model->classes, model->classes == 2 ? " (binary)" : " (multinomial)");
+  printf("solver       %s\n", solver_name(&a, train));
+  printf("iterations   %u\n", model->num_history);
+  printf("converged    %s\n", model->converged ? "yes" : "no");
+  printf("train time   %.2f s\n", model->train_seconds);
+  if (fl_ml_evaluate(model, train, &metrics) != FL_OK) goto fail;
+  print_metrics("train", model, &metrics);
+  if (a.test) {
+    /* libsvm test data gets the training width, so that it fits the model (and the summary) */
+    if (load(ctx, &a, a.test, a.test_labels, a.format == FL_ML_LIBSVM ? data->cols : 0, &test) != FL_OK) goto fail;
+    const fl_ml_data *eval = test;
+    if (a.standardize) {
+      if (fl_ml_standardize(test, &summary, !data->sparse, &test_scaled) != FL_OK) goto fail;
+      eval = test_scaled;
+    }
+    if (fl_ml_evaluate(model, eval, &metrics) != FL_OK) goto fail;
+    print_metrics("test", model, &metrics);
+  }
+  if (a.out) {
+    if (fl_ml_model_save(model, a.out) != FL_OK) goto fail;
+    printf("model        written to %s%s\n", a.out, a.standardize ? " (standardized units)" : "");
+  }
+  fflush(stdout);
+  rc = 0;
+fail:
+  if (rc) ml_failure();
+  fl_ml_model_free(model);
+  fl_ml_data_free(test_scaled);
+  fl_ml_data_free(test);
+  fl_ml_data_free(scaled);
+  fl_ml_summary_free(&summary);
+  fl_ml_data_free(data);
+  fl_context_close(ctx);
+  return rc;
+}

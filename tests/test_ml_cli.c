@@ -1,0 +1,372 @@
+/*
+ * test_ml_cli: `flint ml`, run as a child process the way a user runs it: training on tiny
+ * CSV and LIBSVM files written here, the model file, every usage error (exit 2, one line
+ * on stderr naming the cause, and the hint) and a missing data file (exit 1).
+ *
+ * The binary is $FLINT_BIN/flint (ctest sets FLINT_BIN to <build>/bin). Each run captures
+ * stdout and stderr apart and is bounded: the child has alarm(CHILD_ALARM_S) (kept across
+ * exec), and the parent kills it if its pipes stay open past PARENT_LIMIT_S.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "test_util.h"
+
+#define CHILD_ALARM_S 90
+#define PARENT_LIMIT_S 120
+#define MAX_ARGS 40
+#define OUT_CAP (256 * 1024)
+
+static char flint_path[PATH_MAX];
+static char tmp_dir[PATH_MAX];
+
+typedef struct run_result {
+  int status; /* exit status; 128 + signal when killed by one */
+  char out[OUT_CAP];
+  size_t out_len;
+  char err[OUT_CAP];
+  size_t err_len;
+} run_result;
+
+static void drain(int *fd, char *buf, size_t *len) {
+  char tmp[4096];
+  ssize_t n = read(*fd, tmp, sizeof tmp);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    close(*fd);
+    *fd = -1;
+    return;
+  }
+  size_t room = OUT_CAP - 1 - *len, take = (size_t)n < room ? (size_t)n : room;
+  memcpy(buf + *len, tmp, take);
+  *len += take;
+  buf[*len] = '\0';
+}
+
+/* Runs `flint ARGS...` (NULL-terminated, without "flint"); the caller frees the result. */
+static run_result *run_flint(const char *const *args) {
+  run_result *r = calloc(1, sizeof *r);
+  assert_non_null(r);
+  const char *argv[MAX_ARGS + 2];
+  int argc = 0;
+  argv[argc++] = flint_path;
+  for (; args[argc - 1]; argc++) {
+    assert_true(argc <= MAX_ARGS);
+    argv[argc] = args[argc - 1];
+  }
+  argv[argc] = NULL;
+  int out_pipe[2], err_pipe[2];
+  assert_int_equal(pipe2(out_pipe, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(err_pipe, O_CLOEXEC), 0);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    alarm(CHILD_ALARM_S);
+    execv(flint_path, (char *const *)argv);
+    fprintf(stderr, "test_ml_cli: cannot run %s: %s\n", flint_path, strerror(errno));
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  int fds[2] = {out_pipe[0], err_pipe[0]};
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  bool killed = false;
+  while (fds[0] >= 0 || fds[1] >= 0) {
+    struct pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+    int n = poll(p, 2, 1000);
+    if (n < 0 && errno != EINTR) fail_msg("poll: %s", strerror(errno));
+    if (n > 0) {
+      if (fds[0] >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[0], r->out, &r->out_len);
+      if (fds[1] >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[1], r->err, &r->err_len);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!killed && now.tv_sec - start.tv_sec > PARENT_LIMIT_S) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+  }
+  /* The pipes are closed: the child has exited or is about to (SIGKILL at worst). */
+  int wstatus;
+  while (waitpid(pid, &wstatus, 0) < 0) assert_int_equal(errno, EINTR);
+  if (WIFEXITED(wstatus)) {
+    r->status = WEXITSTATUS(wstatus);
+  } else {
+    r->status = 128 + WTERMSIG(wstatus);
+    fprintf(stderr, "flint was killed by signal %d%s\n", WTERMSIG(wstatus),
+            killed || WTERMSIG(wstatus) == SIGALRM ? " (time limit)" : "");
+  }
+  return r;
+}
+#define RUN_FLINT(...) run_flint((const char *const[]){__VA_ARGS__, NULL})
+
+static void dump(const run_result *r) {
+  fprintf(stderr, "exit status %d\n--- stdout ---\n%s--- stderr ---\n%s--------------\n", r->status, r->out, r->err);
+}
+
+static void expect_status(const run_result *r, int status) {
+  if (r->status != status) {
+    fprintf(stderr, "expected exit status %d\n", status);
+    dump(r);
+  }
+  assert_int_equal(r->status, status);
+}
+
+static void expect_contains(const run_result *r, const char *text, const char *which, const char *needle) {
+  if (!strstr(text, needle)) {
+    fprintf(stderr, "%s lacks '%s'\n", which, needle);
+    dump(r);
+  }
+  assert_non_null(strstr(text, needle));
+}
+#define EXPECT_OUT(r, needle) expect_contains((r), (r)->out, "stdout", (needle))
+#define EXPECT_ERR(r, needle) expect_contains((r), (r)->err, "stderr", (needle))
+
+/* The number after `key` on stdout (NAN when missing). */
+static double number_after(const run_result *r, const char *key) {
+  const char *p = strstr(r->out, key);
+  return p ? strtod(p + strlen(key), NULL) : NAN;
+}
+
+static const char *tmp_file(const char *name) {
+  static char bufs[4][PATH_MAX + 64];
+  static int next;
+  char *b = bufs[next++ % 4];
+  snprintf(b, sizeof bufs[0], "%s/%s", tmp_dir, name);
+  return b;
+}
+
+/* y = 1 + 2 x1 - 3 x2 + 0.5 x3 + a little deterministic noise; the label first. */
+static const char *write_csv(void) {
+  const char *path = tmp_file("tiny.csv");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 200; i++) {
+    double x1 = (i % 17) / 8.0 - 1, x2 = (i % 11) / 5.0 - 1, x3 = (i % 7) / 3.0 - 1;
+    double noise = 0.01 * ((i * 7919) % 13 - 6) / 6.0;
+    fprintf(f, "%.6f,%.6f,%.6f,%.6f\n", 1 + 2 * x1 - 3 * x2 + 0.5 * x3 + noise, x1, x2, x3);
+  }
+  assert_int_equal(fclose(f), 0);
+  return path;
+}
+
+/* Two overlapping classes in 4 sparse features (1-based indices). */
+static const char *write_libsvm(void) {
+  const char *path = tmp_file("tiny.svm");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 300; i++) {
+    int y = i % 2;
+    double a = (i % 23) / 11.0 - 1 + (y ? 0.6 : -0.6), b = (i % 19) / 9.0 - 1;
+    fprintf(f, "%d 1:%.6f %d:%.6f%s\n", y, a, i % 3 == 0 ? 2 : 3, b, i % 5 == 0 ? " 4:1" : "");
+  }
+  assert_int_equal(fclose(f), 0);
+  return path;
+}
+
+/* ---- training --------------------------------------------------------------------------- */
+
+static void test_help(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("ml", "--help");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "usage: flint ml linreg|logreg");
+  EXPECT_OUT(r, "--standardize");
+  free(r);
+  r = RUN_FLINT("--help");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "ml linreg|logreg");
+  free(r);
+}
+
+static void test_linreg_csv_normal(void **state) {
+  (void)state;
+  const char *csv = write_csv();
+  run_result *r = RUN_FLINT("ml", "linreg", "--master", "local[2]", "--data", csv, "--format", "csv", "--solver",
+                            "normal", "--test", csv, "--partitions", "3");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "iter   1  loss ");
+  EXPECT_OUT(r, "rows         200\n");
+  EXPECT_OUT(r, "features     3\n");
+  EXPECT_OUT(r, "classes      ");
+  EXPECT_OUT(r, "solver       normal equations");
+  EXPECT_OUT(r, "iterations   1\n");
+  EXPECT_OUT(r, "converged    yes\n");
+  EXPECT_OUT(r, "train time   ");
+  EXPECT_OUT(r, "RMSE ");
+  double r2 = number_after(r, "R^2 ");
+  if (!(r2 > 0.999)) dump(r);
+  assert_true(r2 > 0.999);
+  EXPECT_OUT(r, "\ntest ");
+  free(r);
+}
+
+static void test_linreg_lbfgs_standardized(void **state) {
+  (void)state;
+  const char *csv = write_csv();
+  run_result *r = RUN_FLINT("ml", "linreg", "--master", "local[2]", "--data", csv, "--format", "csv", "--solver",
+                            "lbfgs", "--standardize", "--iterations", "50", "--tol", "1e-9", "--lambda", "0");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "standardized 3 features");
+  EXPECT_OUT(r, "iter   2  loss ");
+  EXPECT_OUT(r, "solver       lbfgs\n");
+  double r2 = number_after(r, "R^2 ");
+  if (!(r2 > 0.999)) dump(r);
+  assert_true(r2 > 0.999);
+  free(r);
+}
+
+static void test_logreg_libsvm_out(void **state) {
+  (void)state;
+  const char *svm = write_libsvm(), *model = tmp_file("model.txt");
+  run_result *r = RUN_FLINT("ml", "logreg", "--master", "local[2]", "--data", svm, "--format", "libsvm", "--lambda",
+                            "0.01", "--iterations", "30", "--out", model);
+  expect_status(r, 0);
+  EXPECT_OUT(r, "iter   1  loss ");
+  EXPECT_OUT(r, "|grad| ");
+  EXPECT_OUT(r, "rows         300\n");
+  EXPECT_OUT(r, "features     4\n");
+  EXPECT_OUT(r, "classes      2 (binary)\n");
+  EXPECT_OUT(r, "solver       lbfgs\n");
+  EXPECT_OUT(r, "converged    ");
+  EXPECT_OUT(r, "accuracy ");
+  EXPECT_OUT(r, "log-loss ");
+  EXPECT_OUT(r, "AUC ");
+  EXPECT_OUT(r, "written to ");
+  EXPECT_OUT(r, model);
+  double acc = number_after(r, "accuracy ");
+  if (!(acc > 0.6 && acc <= 1)) dump(r);
+  assert_true(acc > 0.6 && acc <= 1);
+  free(r);
+  FILE *f = fopen(model, "r");
+  assert_non_null(f);
+  char line[64] = {0};
+  assert_non_null(fgets(line, sizeof line, f));
+  fclose(f);
+  assert_string_equal(line, "flint-model 1\n");
+}
+
+/* ---- failures --------------------------------------------------------------------------- */
+
+/* Each row: the arguments after "flint ml" (NULL-terminated) and what stderr must name. */
+typedef struct bad_case {
+  const char *args[12];
+  const char *needle;
+} bad_case;
+
+static void test_usage_errors(void **state) {
+  (void)state;
+  static const bad_case cases[] = {
+      {{NULL}, "no model given"},
+      {{"svm", NULL}, "unknown model 'svm'"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--bogus", NULL}, "unknown option '--bogus'"},
+      {{"linreg", "--format", "csv", "--data", NULL}, "--data needs a value"},
+      {{"linreg", "--data", "d.csv", "--format", NULL}, "--format needs a value"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--lambda", NULL}, "--lambda needs a value"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--lambda", "abc", NULL}, "--lambda 'abc' is not a number"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--lambda", "1e-3x", NULL}, "--lambda '1e-3x' is not a number"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--lambda", "", NULL}, "--lambda '' is not a number"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--lambda", "-1", NULL}, "--lambda '-1' must be >= 0"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--l1", "-0.5", NULL}, "--l1 '-0.5' must be >= 0"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--l1", "inf", NULL}, "--l1 'inf' is not a number"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--tol", "nan", NULL}, "--tol 'nan' is not a number"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--tol", "-1e-6", NULL}, "--tol '-1e-6' must be >= 0"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--iterations", "12x", NULL}, "--iterations '12x' is not"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--iterations", "-3", NULL}, "--iterations '-3' is not"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--iterations", "0", NULL}, "--iterations '0' is not"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--iterations", "99999999999", NULL}, "--iterations '99999999999'"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--partitions", "0", NULL}, "--partitions '0' is not"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--partitions", " 4", NULL}, "--partitions ' 4' is not"},
+      {{"linreg", "--data", "d.csv", "--format", "xml", NULL}, "unknown format 'xml'"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--solver", "newton", NULL}, "unknown solver 'newton'"},
+      {{"linreg", "--format", "csv", NULL}, "--data PATH is required"},
+      {{"logreg", "--data", "d.csv", NULL}, "--format is required"},
+      {{"logreg", "--data", "img.gz", "--format", "idx", NULL}, "--format idx needs --labels"},
+      {{"logreg", "--data", "i.gz", "--format", "idx", "--labels", "l.gz", "--test", "t.gz", NULL}, "--test-labels"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--labels", "l.gz", NULL}, "for --format idx only"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "normal", NULL}, "for linreg only"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--solver", "normal", "--l1", "0.1", NULL}, "--l1 has no normal"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const char *argv[16] = {"ml"};
+    int n = 1;
+    for (int k = 0; cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
+    argv[n] = NULL;
+    run_result *r = run_flint(argv);
+    expect_status(r, 2);
+    EXPECT_ERR(r, "flint ml: ");
+    EXPECT_ERR(r, cases[i].needle);
+    EXPECT_ERR(r, "Run 'flint ml --help' for usage.");
+    /* one line of error and the hint: nothing more, nothing on stdout */
+    const char *nl = strchr(r->err, '\n');
+    assert_non_null(nl);
+    assert_string_equal(nl + 1, "Run 'flint ml --help' for usage.\n");
+    assert_int_equal(r->out_len, 0);
+    free(r);
+  }
+}
+
+static void test_missing_data_file(void **state) {
+  (void)state;
+  const char *missing = tmp_file("no-such-file.csv");
+  run_result *r = RUN_FLINT("ml", "linreg", "--master", "local[1]", "--data", missing, "--format", "csv");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "flint ml: ");
+  EXPECT_ERR(r, "no-such-file.csv");
+  free(r);
+}
+
+static void test_bad_master(void **state) {
+  (void)state;
+  const char *csv = write_csv();
+  run_result *r = RUN_FLINT("ml", "linreg", "--master", "local[zz]", "--data", csv, "--format", "csv");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "flint ml: ");
+  EXPECT_ERR(r, "unknown master 'local[zz]'");
+  free(r);
+}
+
+static int setup(void **state) {
+  (void)state;
+  const char *dir = getenv("FLINT_BIN");
+  snprintf(flint_path, sizeof flint_path, "%s/flint", dir && *dir ? dir : ".");
+  if (access(flint_path, X_OK) != 0) {
+    fprintf(stderr, "test_ml_cli: %s is not executable (set FLINT_BIN)\n", flint_path);
+    return -1;
+  }
+  test_tmpdir(tmp_dir, sizeof tmp_dir);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  test_rmtree(tmp_dir);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help),
+      cmocka_unit_test(test_linreg_csv_normal),
+      cmocka_unit_test(test_linreg_lbfgs_standardized),
+      cmocka_unit_test(test_logreg_libsvm_out),
+      cmocka_unit_test(test_usage_errors),
+      cmocka_unit_test(test_missing_data_file),
+      cmocka_unit_test(test_bad_master),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
