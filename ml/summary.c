@@ -198,6 +198,13 @@ fl_status fl_ml_summarize(const fl_ml_data *data, fl_ml_summary *out) {
     out->variance[j] = denom > 0 ? acc[HEAD + d + j] / denom : 0.0;
     out->min[j] = acc[HEAD + 2 * (size_t)d + j];
     out->max[j] = acc[HEAD + 3 * (size_t)d + j];
+    /* A constant column: the rounding of sum / W (0.1 three times over 3 is not 0.1) would
+     * leave a mean a little off and a variance of 1e-33 instead of 0, and standardization
+     * would then scale the column by 1e16 instead of leaving it alone. */
+    if (out->min[j] == out->max[j] && acc[1] > 0) {
+      out->mean[j] = out->min[j];
+      out->variance[j] = 0.0;
+    }
   }
   fl_buf_free(&sum);
   return FL_OK;
