@@ -237,6 +237,10 @@ FL_ML_KERNEL fl_status ml_standardize_partition(uint32_t partition, fl_iter *in,
   while (s == FL_OK && fl_iter_next(in, &rec)) {
     fl_ml_block b;
     if ((s = fl_ml_block_view(rec, &scratch, &b)) != FL_OK) break;
+    if (b.cols > cols || (!b.sparse && b.cols != cols)) { /* shift, scale and row have cols values */
+      s = fl_set_error(FL_EINVAL, "a row block has %u features, the data %u", b.cols, cols);
+      break;
+    }
     if (!bb && (s = fl_ml_block_builder_create(b.sparse ? 0 : cols, b.sparse, b.weights != NULL, b.rows ? b.rows : 1,
                                                &bb)) != FL_OK)
       break;
