@@ -133,12 +133,12 @@ FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_
         acc[4] += w * y * y;
         continue;
       }
-      if (a.kind == FL_ML_LOGISTIC_BINARY) y = y > 0 ? 1.0 : 0.0; /* -1/+1 labels too */
-      uint32_t cls = (uint32_t)y;
+      if (a.kind == FL_ML_LOGISTIC_BINARY && y == -1) y = 0.0; /* -1/+1 labels too */
       if (!(y >= 0 && y < (a.kind == FL_ML_LOGISTIC_BINARY ? 2 : a.outputs) && y == floor(y))) {
         s = fl_set_error(FL_EINVAL, "label %g is not a class of this model", b.labels[i]);
         break;
       }
+      uint32_t cls = (uint32_t)y;
       acc[5] += w * (pred == y);
       acc[6] -= w * log(fmax(probs[cls], 1e-300));
       if (a.kind == FL_ML_LOGISTIC_BINARY) {
