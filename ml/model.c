@@ -270,7 +270,9 @@ static fl_status read_values(reader *r, const char *key, double *out, size_t n) 
     char *end;
     errno = 0;
     out[i] = strtod(p, &end);
-    if (end == p || errno || !isfinite(out[i]))
+    /* ERANGE also flags subnormal results, which are exact and which the writer writes:
+     * only an overflow (an infinity) is no number here. */
+    if (end == p || (errno && errno != ERANGE) || !isfinite(out[i]))
       return fl_set_error(FL_EFORMAT, "%s:%u: value %zu of %zu is missing or not a finite number", r->path, r->number,
                           i + 1, n);
     p = end;
