@@ -100,12 +100,14 @@ FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_
   fl_ml_model m = {.kind = a.kind, .cols = a.cols, .outputs = a.outputs, .intercept = a.intercept};
   size_t n = (size_t)a.outputs * (a.cols + 1);
   if (pv.len != n * 8) return fl_set_error(FL_EINTERNAL, "model of %zu bytes", pv.len);
-  double *buf = malloc((n + 2 * (size_t)a.outputs + a.cols + metrics_len()) * sizeof *buf);
+  /* probs: one per class, which for a binary model (one output) is two */
+  size_t classes = a.kind == FL_ML_LOGISTIC_BINARY ? 2 : a.outputs;
+  double *buf = malloc((n + a.outputs + classes + a.cols + metrics_len()) * sizeof *buf);
   if (!buf) return fl_set_error(FL_ENOMEM, "out of memory");
   memcpy(buf, pv.data, n * 8);
   m.coef = buf;
   m.intercepts = buf + (size_t)a.outputs * a.cols;
-  double *z = buf + n, *probs = z + a.outputs, *x = probs + a.outputs, *acc = x + a.cols;
+  double *z = buf + n, *probs = z + a.outputs, *x = probs + classes, *acc = x + a.cols;
   memset(acc, 0, metrics_len() * sizeof *acc);
   fl_buf scratch = FL_BUF_INIT;
   fl_bytes rec;
