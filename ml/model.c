@@ -100,12 +100,14 @@ FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_
   fl_ml_model m = {.kind = a.kind, .cols = a.cols, .outputs = a.outputs, .intercept = a.intercept};
   size_t n = (size_t)a.outputs * (a.cols + 1);
   if (pv.len != n * 8) return fl_set_error(FL_EINTERNAL, "model of %zu bytes", pv.len);
-  double *buf = malloc((n + 2 * (size_t)a.outputs + a.cols + metrics_len()) * sizeof *buf);
+  /* probs: one per class, which for a binary model (one output) is two */
+  size_t classes = a.kind == FL_ML_LOGISTIC_BINARY ? 2 : a.outputs;
+  double *buf = malloc((n + a.outputs + classes + a.cols + metrics_len()) * sizeof *buf);
   if (!buf) return fl_set_error(FL_ENOMEM, "out of memory");
   memcpy(buf, pv.data, n * 8);
   m.coef = buf;
   m.intercepts = buf + (size_t)a.outputs * a.cols;
-  double *z = buf + n, *probs = z + a.outputs, *x = probs + a.outputs, *acc = x + a.cols;
+  double *z = buf + n, *probs = z + a.outputs, *x = probs + classes, *acc = x + a.cols;
   memset(acc, 0, metrics_len() * sizeof *acc);
   fl_buf scratch = FL_BUF_INIT;
   fl_bytes rec;
@@ -133,12 +135,12 @@ FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_
         acc[4] += w * y * y;
         continue;
       }
-      if (a.kind == FL_ML_LOGISTIC_BINARY) y = y > 0 ? 1.0 : 0.0; /* -1/+1 labels too */
-      uint32_t cls = (uint32_t)y;
+      if (a.kind == FL_ML_LOGISTIC_BINARY && y == -1) y = 0.0; /* -1/+1 labels too */
       if (!(y >= 0 && y < (a.kind == FL_ML_LOGISTIC_BINARY ? 2 : a.outputs) && y == floor(y))) {
         s = fl_set_error(FL_EINVAL, "label %g is not a class of this model", b.labels[i]);
         break;
       }
+      uint32_t cls = (uint32_t)y;
       acc[5] += w * (pred == y);
       acc[6] -= w * log(fmax(probs[cls], 1e-300));
       if (a.kind == FL_ML_LOGISTIC_BINARY) {
@@ -270,7 +272,9 @@ static fl_status read_values(reader *r, const char *key, double *out, size_t n) 
     char *end;
     errno = 0;
     out[i] = strtod(p, &end);
-    if (end == p || errno || !isfinite(out[i]))
+    /* ERANGE also flags subnormal results, which are exact and which the writer writes:
+     * only an overflow (an infinity) is no number here. */
+    if (end == p || (errno && errno != ERANGE) || !isfinite(out[i]))
       return fl_set_error(FL_EFORMAT, "%s:%u: value %zu of %zu is missing or not a finite number", r->path, r->number,
                           i + 1, n);
     p = end;

@@ -198,6 +198,13 @@ fl_status fl_ml_summarize(const fl_ml_data *data, fl_ml_summary *out) {
     out->variance[j] = denom > 0 ? acc[HEAD + d + j] / denom : 0.0;
     out->min[j] = acc[HEAD + 2 * (size_t)d + j];
     out->max[j] = acc[HEAD + 3 * (size_t)d + j];
+    /* A constant column: the rounding of sum / W (0.1 three times over 3 is not 0.1) would
+     * leave a mean a little off and a variance of 1e-33 instead of 0, and standardization
+     * would then scale the column by 1e16 instead of leaving it alone. */
+    if (out->min[j] == out->max[j] && acc[1] > 0) {
+      out->mean[j] = out->min[j];
+      out->variance[j] = 0.0;
+    }
   }
   fl_buf_free(&sum);
   return FL_OK;
@@ -230,6 +237,10 @@ FL_ML_KERNEL fl_status ml_standardize_partition(uint32_t partition, fl_iter *in,
   while (s == FL_OK && fl_iter_next(in, &rec)) {
     fl_ml_block b;
     if ((s = fl_ml_block_view(rec, &scratch, &b)) != FL_OK) break;
+    if (b.cols > cols || (!b.sparse && b.cols != cols)) { /* shift, scale and row have cols values */
+      s = fl_set_error(FL_EINVAL, "a row block has %u features, the data %u", b.cols, cols);
+      break;
+    }
     if (!bb && (s = fl_ml_block_builder_create(b.sparse ? 0 : cols, b.sparse, b.weights != NULL, b.rows ? b.rows : 1,
                                                &bb)) != FL_OK)
       break;

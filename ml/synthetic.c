@@ -28,6 +28,17 @@ static double normal(uint64_t *state) {
   return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
 }
 
+/* Where row r's draws start. splitmix steps its state by 0x9e37...; starting row r at
+ * seed * c + r * 0x9e37... (the step itself) made row r + 1's draws row r's shifted by one,
+ * so that rows were copies of each other shifted by a column. A hash of (seed, r) puts each
+ * row at an unrelated point of the sequence instead. */
+static uint64_t row_stream(uint64_t seed, uint64_t r) {
+  uint64_t key = seed ^ 0x2545f4914f6cdd1dull;
+  key = splitmix(&key);
+  uint64_t st = key + r * 0x9e3779b97f4a7c15ull;
+  return splitmix(&st);
+}
+
 /* The true model: outputs x cols weights and the intercepts, from the seed alone. */
 static void true_model(const synth_arg *a, uint32_t outputs, double *w, double *b) {
   uint64_t st = a->seed ^ 0x5eed5eed5eed5eedull;
@@ -50,7 +61,7 @@ FL_ML_KERNEL fl_status ml_synth_partition(uint32_t partition, fl_iter *in, fl_em
   fl_buf rec = FL_BUF_INIT;
   fl_status s = fl_ml_block_builder_create(a.cols, false, false, a.rows_per_block, &bb);
   for (uint64_t r = lo; s == FL_OK && r < hi; r++) {
-    uint64_t st = a.seed * 0x2545f4914f6cdd1dull + r * 0x9e3779b97f4a7c15ull;
+    uint64_t st = row_stream(a.seed, r);
     for (uint32_t j = 0; j < a.cols; j++) x[j] = normal(&st);
     double label;
     for (uint32_t k = 0; k < outputs; k++) {
