@@ -6,7 +6,7 @@ MASTER ?= local[*]
 .PHONY: run test setup build build-asan bench clean
 
 run: build
-	./build/bin/flint submit --master '$(MASTER)' build/bin/iterative.so
+	./build/bin/flint submit --master '$(MASTER)' build/bin/logreg.so
 
 test: build build-asan
 	cd build && ctest --output-on-failure -j$(JOBS)

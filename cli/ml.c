@@ -35,20 +35,21 @@ static const char ml_usage_text[] =
     "options:\n"
     "  --master M          local[*] (default), local[N], local-cluster[E,C,MB] or\n"
     "                      flint://HOST:PORT\n"
-    "  --data PATH         the training data (required)\n"
+    "  --data PATH         the training data: a file, a folder or a glob (required)\n"
     "  --format F          libsvm (label idx:value ..., 1-based indices), csv (numbers only,\n"
     "                      the label first) or idx (idx3-ubyte images, .gz too; with --labels)\n"
     "  --labels PATH       idx: the labels file (idx1-ubyte) of --data\n"
     "  --test PATH         data to evaluate the model on, in the same format\n"
     "  --test-labels PATH  idx: the labels file of --test\n"
-    "  --lambda L          L2 penalty (L/2)|w|^2, L >= 0 (default 0; intercepts are not\n"
-    "                      penalized)\n"
-    "  --l1 L              L1 penalty L |w|_1, L >= 0 (default 0; OWL-QN with lbfgs,\n"
-    "                      proximal steps with gd)\n"
+    "  --lambda L          L2 penalty, L >= 0 (default 0; intercepts are not penalized):\n"
+    "                      linreg solves (X'X + L I) w = X'y whatever the solver, logreg\n"
+    "                      adds (L/2)|w|^2 to the mean log-loss\n"
+    "  --l1 L              L1 penalty L |w|_1 on the mean loss, L >= 0 (default 0;\n"
+    "                      OWL-QN with lbfgs, proximal steps with gd)\n"
     "  --solver S          auto (default: linreg normal equations up to 4096 features,\n"
     "                      else lbfgs), normal (linreg only), lbfgs or gd\n"
     "  --iterations N      at most N iterations, N >= 1 (default 100)\n"
-    "  --tol T             stop when the gradient norm is <= T, T >= 0 (default 1e-6)\n"
+    "  --tol T             stop when the gradient norm is <= T, T > 0 (default 1e-6)\n"
     "  --partitions P      partitions of the data, P >= 1 (default 4 per core)\n"
     "  --standardize       scale each feature to unit variance (and centre dense data)\n"
     "                      before training: the model's coefficients are then in\n"
@@ -161,7 +162,7 @@ static int parse_args(int argc, char **argv, ml_args *a) {
       rc = parse_penalty(opt, v, &a->train.l1);
     } else if (strcmp(opt, "--tol") == 0) {
       if (!parse_double(v, &a->train.tol)) return ml_usage_error("--tol '%s' is not a number", v);
-      if (a->train.tol < 0) return ml_usage_error("--tol '%s' must be >= 0", v);
+      if (a->train.tol <= 0) return ml_usage_error("--tol '%s' must be > 0", v); /* 0 means the default */
     } else if (strcmp(opt, "--iterations") == 0) {
       if (!parse_u32(v, &a->train.max_iterations) || a->train.max_iterations < 1)
         return ml_usage_error("--iterations '%s' is not a whole number >= 1", v);
@@ -261,11 +262,16 @@ int cmd_ml(int argc, char **argv) {
   rc = 1;
   if (fl_context_open(a.master, NULL, &ctx) != FL_OK) goto fail;
   if (load(ctx, &a, a.data, a.labels, 0, &data) != FL_OK) goto fail;
+  /* Test data is loaded before training, so that a bad file fails before the long part.
+   * libsvm test data gets the training width, so that it fits the model and the summary. */
+  if (a.test && load(ctx, &a, a.test, a.test_labels, a.format == FL_ML_LIBSVM ? data->cols : 0, &test) != FL_OK)
+    goto fail;
   const fl_ml_data *train = data;
   if (a.standardize) {
     double t0 = now_s();
     if (fl_ml_summarize(data, &summary) != FL_OK ||
-        fl_ml_standardize(data, &summary, !data->sparse, &scaled) != FL_OK)
+        fl_ml_standardize(data, &summary, !data->sparse, &scaled) != FL_OK ||
+        (test && fl_ml_standardize(test, &summary, !data->sparse, &test_scaled) != FL_OK))
       goto fail;
     train = scaled;
     printf("standardized %u features (%s), %.2f s; the model is in standardized units\n", data->cols,
@@ -285,15 +291,8 @@ int cmd_ml(int argc, char **argv) {
   printf("train time   %.2f s\n", model->train_seconds);
   if (fl_ml_evaluate(model, train, &metrics) != FL_OK) goto fail;
   print_metrics("train", model, &metrics);
-  if (a.test) {
-    /* libsvm test data gets the training width, so that it fits the model (and the summary) */
-    if (load(ctx, &a, a.test, a.test_labels, a.format == FL_ML_LIBSVM ? data->cols : 0, &test) != FL_OK) goto fail;
-    const fl_ml_data *eval = test;
-    if (a.standardize) {
-      if (fl_ml_standardize(test, &summary, !data->sparse, &test_scaled) != FL_OK) goto fail;
-      eval = test_scaled;
-    }
-    if (fl_ml_evaluate(model, eval, &metrics) != FL_OK) goto fail;
+  if (test) {
+    if (fl_ml_evaluate(model, test_scaled ? test_scaled : test, &metrics) != FL_OK) goto fail;
     print_metrics("test", model, &metrics);
   }
   if (a.out) {
