@@ -244,8 +244,31 @@ fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_met
 
 /* ---- model files ----------------------------------------------------------------------- */
 
+/* Whether a model of this kind (known to be in range) can have this shape; the same rule
+ * for writing and reading, so that every file written reads back. */
+static bool shape_ok(int kind, uint32_t cols, uint32_t classes, uint32_t outputs, uint32_t intercept) {
+  uint32_t want_classes = kind == FL_ML_LINEAR ? 1 : kind == FL_ML_LOGISTIC_BINARY ? 2 : classes;
+  uint32_t want_outputs = kind == FL_ML_LOGISTIC_MULTINOMIAL ? classes : 1;
+  return cols > 0 && cols <= (1u << 26) && classes == want_classes && outputs == want_outputs && intercept <= 1 &&
+         !(kind == FL_ML_LOGISTIC_MULTINOMIAL && (classes < 2 || classes > 65536)) &&
+         (uint64_t)outputs * cols <= (1ull << 28);
+}
+
 fl_status fl_ml_model_save(const fl_ml_model *m, const char *path) {
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_ml_model_save: model and path are required");
+  if (!m || !path || !m->coef || !m->intercepts)
+    return fl_set_error(FL_EINVAL, "fl_ml_model_save: model (with coefficients) and path are required");
+  /* Refuse what fl_ml_model_load would refuse, before a file replaces a good one. */
+  if ((unsigned)m->kind > FL_ML_LOGISTIC_MULTINOMIAL)
+    return fl_set_error(FL_EINVAL, "cannot save %s: unknown model kind %d", path, (int)m->kind);
+  if (!shape_ok(m->kind, m->cols, m->classes, m->outputs, m->intercept))
+    return fl_set_error(FL_EINVAL, "cannot save %s: inconsistent shape: kind %s, cols %u, classes %u, outputs %u", path,
+                        kind_names[m->kind], m->cols, m->classes, m->outputs);
+  for (size_t i = 0; i < (size_t)m->outputs * m->cols; i++)
+    if (!isfinite(m->coef[i]))
+      return fl_set_error(FL_EINVAL, "cannot save %s: coefficient %zu is not finite (%g)", path, i, m->coef[i]);
+  for (uint32_t k = 0; k < m->outputs; k++)
+    if (!isfinite(m->intercepts[k]))
+      return fl_set_error(FL_EINVAL, "cannot save %s: intercept %u is not finite (%g)", path, k, m->intercepts[k]);
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return fl_set_error(FL_EINVAL, "path too long: %s", path);
   FILE *f = fopen(tmp, "w");
@@ -344,11 +367,7 @@ fl_status fl_ml_model_load(const char *path, fl_ml_model **out) {
   if (s == FL_OK) s = read_u32(&r, "outputs", &outputs);
   if (s == FL_OK) s = read_u32(&r, "intercept", &intercept);
   if (s == FL_OK) {
-    uint32_t want_classes = kind == FL_ML_LINEAR ? 1 : kind == FL_ML_LOGISTIC_BINARY ? 2 : classes;
-    uint32_t want_outputs = kind == FL_ML_LOGISTIC_MULTINOMIAL ? classes : 1;
-    if (cols == 0 || cols > (1u << 26) || classes != want_classes || outputs != want_outputs || intercept > 1 ||
-        (kind == FL_ML_LOGISTIC_MULTINOMIAL && (classes < 2 || classes > 65536)) ||
-        (uint64_t)outputs * cols > (1ull << 28))
+    if (!shape_ok(kind, cols, classes, outputs, intercept))
       s = fl_set_error(FL_EFORMAT, "%s: inconsistent shape: kind %s, cols %u, classes %u, outputs %u, intercept %u",
                        path, kind_names[kind], cols, classes, outputs, intercept);
   }
