@@ -126,6 +126,7 @@ fl_status fl_ml_block_builder_create(uint32_t cols, bool sparse, bool weighted, 
 }
 
 static fl_status put(fl_buf *buf, const void *data, size_t len) {
+  if (len == 0) return FL_OK; /* an empty sparse row: data and buf->data may both be NULL */
   fl_status s = fl_buf_reserve(buf, len);
   if (s != FL_OK) return s;
   if (len) memcpy(buf->data + buf->len, data, len); /* an empty row may pass NULL arrays */

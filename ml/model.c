@@ -86,7 +86,10 @@ typedef struct metrics_arg {
   uint64_t params_id; /* broadcast: coef then intercepts */
 } metrics_arg;
 
-/* acc: [rows, W, sse, wy, wy2, correct, logloss, pos[AUC_BINS], neg[AUC_BINS]] */
+/* acc: [rows, W, sse, label mean, label M2 (weighted squared deviations from that mean),
+ *       correct, logloss, pos[AUC_BINS], neg[AUC_BINS]]. The labels' spread is kept as a
+ * mean and M2, updated per row (West) and merged by Chan et al.'s formula, rather than as
+ * sums of y and y^2, whose difference left labels near 1e8 an R^2 of 0.960 for 0.926. */
 #define M_HEAD 7
 static size_t metrics_len(void) { return M_HEAD + 2 * AUC_BINS; }
 
@@ -127,12 +130,17 @@ FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_
       }
       margins(&m, row, z);
       double pred = from_margins(&m, z, probs), y = b.labels[i], w = b.weights ? b.weights[i] : 1.0;
+      double w_before = acc[1];
       acc[0] += 1;
       acc[1] += w;
       if (a.kind == FL_ML_LINEAR) {
         acc[2] += w * (pred - y) * (pred - y);
-        acc[3] += w * y;
-        acc[4] += w * y * y;
+        if (acc[1] > 0) { /* M2 += W_before * delta * r: exactly 0 at the first row, whose
+                             delta is the label itself */
+          double delta = y - acc[3], r = delta * w / acc[1];
+          acc[3] += r;
+          acc[4] += w_before * delta * r;
+        }
         continue;
       }
       if (a.kind == FL_ML_LOGISTIC_BINARY && y == -1) y = 0.0; /* -1/+1 labels too */
@@ -156,6 +164,30 @@ FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_
   return s;
 }
 
+/* Adds two partitions' metrics; the label mean and M2 by Chan et al.'s merge. */
+FL_ML_KERNEL fl_status ml_metrics_merge(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
+  (void)arg;
+  size_t n = metrics_len();
+  if (a.len != n * 8 || b.len != n * 8) return fl_set_error(FL_EINTERNAL, "metrics of %zu and %zu bytes", a.len, b.len);
+  fl_status s = fl_buf_reserve(out, n * 8);
+  if (s != FL_OK) return s;
+  double x[M_HEAD], y[M_HEAD], *acc = (double *)out->data;
+  memcpy(x, a.data, sizeof x);
+  memcpy(y, b.data, sizeof y);
+  for (size_t i = M_HEAD; i < n; i++) { /* the histograms: aligned or not, read by memcpy */
+    double u, v;
+    memcpy(&u, a.data + 8 * i, 8);
+    memcpy(&v, b.data + 8 * i, 8);
+    acc[i] = u + v;
+  }
+  double W = x[1] + y[1], delta = y[3] - x[3];
+  for (int i = 0; i < M_HEAD; i++) acc[i] = x[i] + y[i];
+  acc[3] = W > 0 ? x[3] + delta * y[1] / W : 0.0;
+  acc[4] = x[4] + y[4] + (W > 0 ? delta * delta * x[1] * y[1] / W : 0.0);
+  out->len = n * 8;
+  return FL_OK;
+}
+
 fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_metrics *out) {
   if (!m || !data || !data->blocks || !out) return fl_set_error(FL_EINVAL, "fl_ml_evaluate: model, data and out are required");
   if (data->cols > m->cols) return fl_set_error(FL_EINVAL, "the data has %u features, the model %u", data->cols, m->cols);
@@ -171,7 +203,15 @@ fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_met
                      .params_id = fl_broadcast_id(bc)};
     s = fl_map_partitions(data->blocks, ml_metrics_partition, &a, sizeof a, &parts);
   }
-  if (s == FL_OK) s = ml_sum_partitions(parts, len, 0, acc);
+  if (s == FL_OK) {
+    fl_buf sum = FL_BUF_INIT;
+    memset(acc, 0, len * sizeof *acc);
+    s = fl_tree_aggregate(parts, fl_bytes_of(acc, len * 8), ml_metrics_merge, ml_metrics_merge, NULL, 0,
+                          ml_tree_depth(parts, 0), &sum);
+    if (s == FL_OK && sum.len != len * 8) s = fl_set_error(FL_EINTERNAL, "metrics of %zu bytes", sum.len);
+    if (s == FL_OK) memcpy(acc, sum.data, len * 8);
+    fl_buf_free(&sum);
+  }
   fl_dataset_free(parts);
   fl_broadcast_destroy(bc);
   if (s == FL_OK && acc[1] <= 0) s = fl_set_error(FL_EEMPTY, "no rows (or only rows of weight 0) to evaluate");
@@ -180,7 +220,7 @@ fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_met
     *out = (fl_ml_metrics){.rows = (uint64_t)acc[0], .weight_sum = W, .rmse = NAN, .r2 = NAN, .accuracy = NAN,
                            .log_loss = NAN, .auc = NAN};
     if (m->kind == FL_ML_LINEAR) {
-      double sst = acc[4] - acc[3] * acc[3] / W;
+      double sst = acc[4];
       out->rmse = sqrt(acc[2] / W);
       out->r2 = sst > 0 ? 1 - acc[2] / sst : NAN;
     } else {
@@ -204,8 +244,31 @@ fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_met
 
 /* ---- model files ----------------------------------------------------------------------- */
 
+/* Whether a model of this kind (known to be in range) can have this shape; the same rule
+ * for writing and reading, so that every file written reads back. */
+static bool shape_ok(int kind, uint32_t cols, uint32_t classes, uint32_t outputs, uint32_t intercept) {
+  uint32_t want_classes = kind == FL_ML_LINEAR ? 1 : kind == FL_ML_LOGISTIC_BINARY ? 2 : classes;
+  uint32_t want_outputs = kind == FL_ML_LOGISTIC_MULTINOMIAL ? classes : 1;
+  return cols > 0 && cols <= (1u << 26) && classes == want_classes && outputs == want_outputs && intercept <= 1 &&
+         !(kind == FL_ML_LOGISTIC_MULTINOMIAL && (classes < 2 || classes > 65536)) &&
+         (uint64_t)outputs * cols <= (1ull << 28);
+}
+
 fl_status fl_ml_model_save(const fl_ml_model *m, const char *path) {
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_ml_model_save: model and path are required");
+  if (!m || !path || !m->coef || !m->intercepts)
+    return fl_set_error(FL_EINVAL, "fl_ml_model_save: model (with coefficients) and path are required");
+  /* Refuse what fl_ml_model_load would refuse, before a file replaces a good one. */
+  if ((unsigned)m->kind > FL_ML_LOGISTIC_MULTINOMIAL)
+    return fl_set_error(FL_EINVAL, "cannot save %s: unknown model kind %d", path, (int)m->kind);
+  if (!shape_ok(m->kind, m->cols, m->classes, m->outputs, m->intercept))
+    return fl_set_error(FL_EINVAL, "cannot save %s: inconsistent shape: kind %s, cols %u, classes %u, outputs %u", path,
+                        kind_names[m->kind], m->cols, m->classes, m->outputs);
+  for (size_t i = 0; i < (size_t)m->outputs * m->cols; i++)
+    if (!isfinite(m->coef[i]))
+      return fl_set_error(FL_EINVAL, "cannot save %s: coefficient %zu is not finite (%g)", path, i, m->coef[i]);
+  for (uint32_t k = 0; k < m->outputs; k++)
+    if (!isfinite(m->intercepts[k]))
+      return fl_set_error(FL_EINVAL, "cannot save %s: intercept %u is not finite (%g)", path, k, m->intercepts[k]);
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return fl_set_error(FL_EINVAL, "path too long: %s", path);
   FILE *f = fopen(tmp, "w");
@@ -304,11 +367,7 @@ fl_status fl_ml_model_load(const char *path, fl_ml_model **out) {
   if (s == FL_OK) s = read_u32(&r, "outputs", &outputs);
   if (s == FL_OK) s = read_u32(&r, "intercept", &intercept);
   if (s == FL_OK) {
-    uint32_t want_classes = kind == FL_ML_LINEAR ? 1 : kind == FL_ML_LOGISTIC_BINARY ? 2 : classes;
-    uint32_t want_outputs = kind == FL_ML_LOGISTIC_MULTINOMIAL ? classes : 1;
-    if (cols == 0 || cols > (1u << 26) || classes != want_classes || outputs != want_outputs || intercept > 1 ||
-        (kind == FL_ML_LOGISTIC_MULTINOMIAL && (classes < 2 || classes > 65536)) ||
-        (uint64_t)outputs * cols > (1ull << 28))
+    if (!shape_ok(kind, cols, classes, outputs, intercept))
       s = fl_set_error(FL_EFORMAT, "%s: inconsistent shape: kind %s, cols %u, classes %u, outputs %u, intercept %u",
                        path, kind_names[kind], cols, classes, outputs, intercept);
   }
