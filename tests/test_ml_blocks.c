@@ -16,12 +16,6 @@
 
 #define CLUSTER "local-cluster[2,1,512]"
 
-/* ml/optimize.c (fl_ml_minimize) is written on another branch; until it is in the tree this
- * program defines its symbols (at the end) and cluster mode cannot run (test_cluster). */
-#if !__has_include("../ml/optimize.c")
-#define ML_OPTIMIZER_MISSING 1
-#endif
-
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 static uint64_t rng_next(uint64_t *s) {
@@ -1434,13 +1428,6 @@ static void test_cluster(void **state) {
     fl_status st = fl_ml_summarize(d, &s);
     fl_ml_data_free(d);
     table_free(&t);
-#ifdef ML_OPTIMIZER_MISSING
-    if (st != FL_OK) {
-      fprintf(stderr, "skipped: executors cannot load libflint_ml without ml/optimize.c (%s)\n", fl_last_error());
-      fl_context_close(ctx);
-      skip();
-    }
-#endif
     assert_ok(st);
     fl_ml_summary_free(&s);
   }
@@ -1473,15 +1460,3 @@ int main(void) {
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
-
-/* libflint_ml's solvers call the optimizer of ml/optimize.c, which is being written on
- * another branch. Until it is in the tree, this program (which calls no solver) supplies
- * the symbols so that it links; the definitions go away by themselves when the file lands. */
-#ifdef ML_OPTIMIZER_MISSING
-__attribute__((weak)) fl_status fl_ml_minimize(uint32_t n, double *w, fl_ml_objective_fn f, void *arg,
-                                               const fl_ml_optim_options *opt, fl_ml_optim_result *out) {
-  (void)n, (void)w, (void)f, (void)arg, (void)opt, (void)out;
-  return fl_set_error(FL_EINTERNAL, "fl_ml_minimize is not linked into this test");
-}
-__attribute__((weak)) void fl_ml_optim_result_free(fl_ml_optim_result *r) { (void)r; }
-#endif
