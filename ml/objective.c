@@ -4,16 +4,19 @@
  *
  * The parameters (outputs x cols coefficients, then `outputs` intercepts) go out as a
  * broadcast; each task runs ml_eval_partition over its blocks and emits one record, [loss
- * sum, weight sum, gradient sums]; fl_tree_aggregate adds them up. The per-row work is one
- * fused pass while the row is in cache: margin, loss and the gradient update (binary and
- * squared losses); the multinomial loss runs two GEMMs per block instead (margins X W', then
- * dZ' X) while the block is in cache, which is faster than K dot products per row.
+ * sum, weight sum, gradient sums]; fl_tree_aggregate adds them up. X is read from memory
+ * once: each dense block (about 1 MiB, so it stays in cache) gets its margins by one BLAS
+ * call (X w, or X W' for the multinomial loss), then the rows' losses and derivatives dz,
+ * then the gradient update by a second BLAS call (X' dz, or dZ' X) before the next block.
  */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 
 #include "ml/ml.h"
+
+/* Dense rows per step of the fused gradient: well inside a core's L2. */
+#define ML_CHUNK_BYTES (64u << 10)
 
 typedef struct eval_arg {
   uint32_t loss, cols, outputs, intercept;
@@ -24,40 +27,6 @@ typedef struct eval_arg {
 
 /* ---- row kernels ----------------------------------------------------------------------- */
 
-static inline double dot(const double *restrict x, const double *restrict w, uint32_t n) {
-  double s = 0;
-#pragma omp simd reduction(+ : s)
-  for (uint32_t j = 0; j < n; j++) s += x[j] * w[j];
-  return s;
-}
-
-static inline void axpy(double a, const double *restrict x, double *restrict g, uint32_t n) {
-#pragma omp simd
-  for (uint32_t j = 0; j < n; j++) g[j] += a * x[j];
-}
-
-/* Loss of one row and its derivative by the margin m. Binary labels are 0/1 here. */
-static inline double row_loss(uint32_t loss, double m, double y, double *dm) {
-  if (loss == ML_LOSS_SQUARED) {
-    double r = m - y;
-    *dm = r;
-    return 0.5 * r * r;
-  }
-  /* logistic: log(1 + e^m) - y m, computed without overflow */
-  double e = exp(-fabs(m));
-  double softplus = (m > 0 ? m : 0) + log1p(e);
-  *dm = (m >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e)) - y;
-  return softplus - y * m;
-}
-
-/* The row's binary label as 0/1: 0/1 and -1/+1 are accepted. */
-static inline bool binary_label(double label, double *y) {
-  if (label == 1.0) *y = 1.0;
-  else if (label == 0.0 || label == -1.0) *y = 0.0;
-  else return false;
-  return true;
-}
-
 static inline bool sampled(const eval_arg *a, uint32_t partition, uint64_t block, uint32_t row) {
   if (a->fraction >= 1.0) return true;
   uint64_t z = a->seed ^ ((uint64_t)partition << 40) ^ (block << 20) ^ row;
@@ -67,32 +36,72 @@ static inline bool sampled(const eval_arg *a, uint32_t partition, uint64_t block
   return (double)(z >> 11) * 0x1p-53 < a->fraction;
 }
 
-/* acc: [loss, weight, grad coef (outputs * cols), grad intercepts (outputs)] */
-static fl_status block_scalar(const eval_arg *a, const fl_ml_block *b, const double *w, double *acc, uint32_t partition,
-                              uint64_t block) {
+/* The rows' losses, given their margins in z (without the bias): adds the weighted loss,
+ * weight and derivative sums to acc[0], acc[1] and *dsum, and leaves wt * dloss/dmargin in
+ * z. Branch-free: labels and margin signs are random, and mispredicted branches cost more
+ * than exp and log1p. False at a label the loss does not take (*bad names it). */
+static bool row_losses(const eval_arg *a, const fl_ml_block *b, uint32_t lo, uint32_t hi, double bias,
+                       double *restrict z, double *acc, double *dsum, uint32_t partition, uint64_t block, double *bad) {
+  const double *restrict labels = b->labels, *restrict weights = b->weights;
+  const bool logistic = a->loss == ML_LOSS_LOGISTIC;
+  double L = 0, W = 0, D = 0;
+  bool ok = true;
+  for (uint32_t i = lo; i < hi; i++) {
+    double y = labels[i], wt = weights ? weights[i] : 1.0, m = z[i] + bias, loss, dm;
+    wt = sampled(a, partition, block, i) ? wt : 0.0;
+    if (logistic) { /* log(1 + e^m) - y m without overflow; labels 0/1 or -1/+1 */
+      ok &= (y == 1.0) | (y == 0.0) | (y == -1.0);
+      double y01 = y == 1.0 ? 1.0 : 0.0, e = exp(-fabs(m));
+      loss = fmax(m, 0.0) + log1p(e) - y01 * m;
+      dm = (m >= 0 ? 1.0 : e) / (1.0 + e) - y01;
+    } else {
+      dm = m - y;
+      loss = 0.5 * dm * dm;
+    }
+    L += wt * loss;
+    W += wt;
+    D += wt * dm;
+    z[i] = wt * dm;
+  }
+  if (!ok)
+    for (uint32_t i = lo; i < hi; i++)
+      if (labels[i] != 1.0 && labels[i] != 0.0 && labels[i] != -1.0) *bad = labels[i];
+  acc[0] += L;
+  acc[1] += W;
+  *dsum += D;
+  return ok;
+}
+
+/* acc: [loss, weight, grad coef (cols), grad intercept]. Margins z = X w (one dgemv over a
+ * dense block), the rows' losses, then g += X' dz (a second dgemv while the block is still
+ * in cache). z is scratch of b->rows. */
+static fl_status block_scalar(const eval_arg *a, const fl_ml_block *b, const double *w, double *acc, double *z,
+                              uint32_t partition, uint64_t block) {
   const uint32_t d = a->cols;
   const double bias = a->intercept ? w[d] : 0.0;
-  double *g = acc + 2;
-  for (uint32_t i = 0; i < b->rows; i++) {
-    if (!sampled(a, partition, block, i)) continue;
-    double y = b->labels[i], wt = b->weights ? b->weights[i] : 1.0, dm;
-    if (a->loss == ML_LOSS_LOGISTIC && !binary_label(y, &y))
-      return fl_set_error(FL_EINVAL, "binary logistic regression needs labels 0/1 or -1/+1, not %g", b->labels[i]);
-    if (wt == 0) continue;
-    double m = bias;
-    if (!b->sparse) {
-      const double *x = b->x + (size_t)i * b->cols;
-      m += dot(x, w, b->cols);
-      acc[0] += wt * row_loss(a->loss, m, y, &dm);
-      axpy(wt * dm, x, g, b->cols);
-    } else {
-      uint64_t lo = b->row_ptr[i], hi = b->row_ptr[i + 1];
-      for (uint64_t k = lo; k < hi; k++) m += b->x[k] * w[b->col[k]];
-      acc[0] += wt * row_loss(a->loss, m, y, &dm);
-      for (uint64_t k = lo; k < hi; k++) g[b->col[k]] += wt * dm * b->x[k];
+  double *g = acc + 2, bad = 0;
+  if (b->sparse) {
+    for (uint32_t i = 0; i < b->rows; i++) {
+      double m = 0;
+      for (uint64_t k = b->row_ptr[i]; k < b->row_ptr[i + 1]; k++) m += b->x[k] * w[b->col[k]];
+      z[i] = m;
     }
-    acc[1] += wt;
-    g[d] += wt * dm;
+    if (!row_losses(a, b, 0, b->rows, bias, z, acc, &g[d], partition, block, &bad))
+      return fl_set_error(FL_EINVAL, "binary logistic regression needs labels 0/1 or -1/+1, not %g", bad);
+    for (uint32_t i = 0; i < b->rows; i++)
+      for (uint64_t k = b->row_ptr[i]; k < b->row_ptr[i + 1]; k++) g[b->col[k]] += z[i] * b->x[k];
+    return FL_OK;
+  }
+  /* Dense: chunks of rows small enough to stay in the core's L2 between the two dgemvs */
+  uint32_t chunk = (uint32_t)(ML_CHUNK_BYTES / (8 * (size_t)d));
+  if (chunk == 0) chunk = 1;
+  for (uint32_t lo = 0; lo < b->rows; lo += chunk) {
+    uint32_t n = b->rows - lo < chunk ? b->rows - lo : chunk;
+    const double *x = b->x + (size_t)lo * d;
+    cblas_dgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)d, 1.0, x, (int)d, w, 1, 0.0, z + lo, 1);
+    if (!row_losses(a, b, lo, lo + n, bias, z, acc, &g[d], partition, block, &bad))
+      return fl_set_error(FL_EINVAL, "binary logistic regression needs labels 0/1 or -1/+1, not %g", bad);
+    cblas_dgemv(CblasRowMajor, CblasTrans, (int)n, (int)d, 1.0, x, (int)d, z + lo, 1, 1.0, g, 1);
   }
   return FL_OK;
 }
@@ -174,19 +183,17 @@ FL_ML_KERNEL fl_status ml_eval_partition(uint32_t partition, fl_iter *in, fl_emi
       s = fl_set_error(FL_EINVAL, "a dense row block has %u features, the model %u", b.cols, a.cols);
       break;
     }
-    if (a.loss == ML_LOSS_SOFTMAX) {
-      if ((size_t)b.rows * a.outputs > z_cap) {
-        free(z);
-        z_cap = (size_t)b.rows * a.outputs;
-        if (!(z = malloc(z_cap * sizeof *z))) {
-          s = fl_set_error(FL_ENOMEM, "out of memory");
-          break;
-        }
+    size_t z_need = (size_t)b.rows * (a.loss == ML_LOSS_SOFTMAX ? a.outputs : 1);
+    if (z_need > z_cap) {
+      free(z);
+      z_cap = z_need;
+      if (!(z = malloc(z_cap * sizeof *z))) {
+        s = fl_set_error(FL_ENOMEM, "out of memory");
+        break;
       }
-      s = block_softmax(&a, &b, w, acc, z, partition, block);
-    } else {
-      s = block_scalar(&a, &b, w, acc, partition, block);
     }
+    s = a.loss == ML_LOSS_SOFTMAX ? block_softmax(&a, &b, w, acc, z, partition, block)
+                                  : block_scalar(&a, &b, w, acc, z, partition, block);
     block++;
   }
   if (s == FL_OK) s = fl_emit(out, acc, (n + 2) * sizeof *acc);

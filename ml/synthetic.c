@@ -59,6 +59,7 @@ FL_ML_KERNEL fl_status ml_synth_partition(uint32_t partition, fl_iter *in, fl_em
   true_model(&a, outputs, w, b);
   fl_ml_block_builder *bb = NULL;
   fl_buf rec = FL_BUF_INIT;
+  bool reserved = false;
   fl_status s = fl_ml_block_builder_create(a.cols, false, false, a.rows_per_block, &bb);
   for (uint64_t r = lo; s == FL_OK && r < hi; r++) {
     uint64_t st = row_stream(a.seed, r);
@@ -87,8 +88,14 @@ FL_ML_KERNEL fl_status ml_synth_partition(uint32_t partition, fl_iter *in, fl_em
       }
     }
     s = fl_ml_block_builder_add_dense(bb, label, 1.0, x);
-    if (s == FL_OK && fl_ml_block_builder_full(bb) && (s = fl_ml_block_builder_take(bb, &rec)) == FL_OK)
-      s = fl_emit(out, rec.data, rec.len);
+    if (s == FL_OK && fl_ml_block_builder_full(bb) && (s = fl_ml_block_builder_take(bb, &rec)) == FL_OK) {
+      if (!reserved) { /* the first block: all full ones are this size */
+        uint64_t per = r + 1 - lo, blocks = (hi - lo + per - 1) / per;
+        reserved = true;
+        s = fl_emit_reserve(out, blocks, blocks * rec.len);
+      }
+      if (s == FL_OK) s = fl_emit(out, rec.data, rec.len);
+    }
   }
   if (s == FL_OK && (s = fl_ml_block_builder_take(bb, &rec)) == FL_OK && rec.len) s = fl_emit(out, rec.data, rec.len);
   fl_ml_block_builder_free(bb);

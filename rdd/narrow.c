@@ -14,6 +14,13 @@ fl_status fl_emit(fl_emitter *out, const void *data, size_t len) {
   return rdd_batch_append(&out->batch, data, len);
 }
 
+fl_status fl_emit_reserve(fl_emitter *out, uint64_t records, size_t bytes) {
+  if (!out) return fl_set_error(FL_EINVAL, "fl_emit_reserve: NULL emitter");
+  if (records > (SIZE_MAX - bytes) / COMMON_VARINT_MAX)
+    return fl_set_error(FL_ELIMIT, "fl_emit_reserve: %llu records of %zu bytes", (unsigned long long)records, bytes);
+  return fl_buf_reserve(&out->batch.buf, bytes + records * COMMON_VARINT_MAX);
+}
+
 /* Validates the common arguments of a transformation and makes its rdd. */
 static fl_status make_narrow(const char *what, fl_dataset *in, const rdd_ops *ops,
                              void (*fn)(void), const void *arg, size_t arg_len,
@@ -273,20 +280,35 @@ static uint32_t flat_map_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   }
 }
 
+/* Runs the function over the whole partition once; false after a failure. */
+static bool map_partitions_run(emit_iter *e) {
+  if (e->done) return true;
+  e->done = true;
+  fl_status s = ((fl_map_partitions_fn)e->r->fn)(e->partition, e->in, &e->emitter, e->r->arg);
+  if (e->base.task->status != FL_OK) return false; /* an upstream failure wins */
+  if (s != FL_OK) {
+    rdd_task_fn_failed(e->base.task, e->r, s);
+    return false;
+  }
+  e->cursor.p = e->emitter.batch.buf.data;
+  e->cursor.end = e->emitter.batch.buf.data + e->emitter.batch.buf.len;
+  return true;
+}
+
 static uint32_t map_partitions_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   emit_iter *e = (emit_iter *)it;
-  if (!e->done) {
-    e->done = true;
-    fl_status s = ((fl_map_partitions_fn)e->r->fn)(e->partition, e->in, &e->emitter, e->r->arg);
-    if (it->task->status != FL_OK) return 0; /* an upstream failure wins */
-    if (s != FL_OK) {
-      rdd_task_fn_failed(it->task, e->r, s);
-      return 0;
-    }
-    e->cursor.p = e->emitter.batch.buf.data;
-    e->cursor.end = e->emitter.batch.buf.data + e->emitter.batch.buf.len;
+  return map_partitions_run(e) ? emit_serve(e, out, max) : 0;
+}
+
+static bool map_partitions_take(fl_iter *it, rdd_batch *out) {
+  emit_iter *e = (emit_iter *)it;
+  if (e->done && e->cursor.p != e->emitter.batch.buf.data) return false; /* some were read */
+  if (map_partitions_run(e)) {
+    *out = e->emitter.batch;
+    e->emitter.batch = (rdd_batch){FL_BUF_INIT, 0};
+    e->cursor.p = e->cursor.end = NULL;
   }
-  return emit_serve(e, out, max);
+  return true;
 }
 
 static fl_status open_emitting(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
@@ -307,7 +329,9 @@ static fl_status flat_map_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
   return open_emitting(r, p, t, o, flat_map_next);
 }
 static fl_status map_partitions_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
-  return open_emitting(r, p, t, o, map_partitions_next);
+  fl_status s = open_emitting(r, p, t, o, map_partitions_next);
+  if (s == FL_OK) (*o)->take = map_partitions_take;
+  return s;
 }
 
 const rdd_ops rdd_flat_map_ops = {"flat_map", flat_map_open, NULL};

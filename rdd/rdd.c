@@ -236,7 +236,8 @@ fl_status rdd_iterate(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   rdd_batch batch = {FL_BUF_INIT, 0};
   fl_bytes recs[RDD_ITER_BATCH];
   uint32_t n;
-  while ((n = in->next(in, recs, RDD_ITER_BATCH)) > 0) {
+  bool taken = in->take && in->take(in, &batch); /* the records' own batch, without a copy */
+  while (!taken && (n = in->next(in, recs, RDD_ITER_BATCH)) > 0) {
     for (uint32_t i = 0; i < n; i++) {
       if ((status = rdd_batch_append(&batch, recs[i].data, recs[i].len)) != FL_OK) {
         rdd_batch_free(&batch);

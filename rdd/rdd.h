@@ -85,6 +85,10 @@ struct fl_iter {
   uint32_t (*next)(fl_iter *it, fl_bytes *out, uint32_t max);
   /* Optional: the number of records left, when known without reading them; else NULL. */
   bool (*count)(fl_iter *it, uint64_t *left);
+  /* Optional: moves every record into *out when they are already in one batch and none
+   * was handed out (map_partitions), so that the cache keeps that batch; false otherwise.
+   * After an error it returns true with the task's status set. */
+  bool (*take)(fl_iter *it, rdd_batch *out);
   void (*close)(fl_iter *it); /* may be NULL */
   rdd_task *task;
   fl_iter *opened_before;

@@ -97,6 +97,55 @@ static void test_map_partitions_sees_each_partition(void **state) {
   fl_dataset_free(src);
 }
 
+/* Reserves room for the partition's records, then emits each input value and its square;
+ * arg (when given) makes partition 2 fail after its first record. */
+fl_status reserve_and_square(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  fl_status s = fl_emit_reserve(out, 50, 50 * 8);
+  fl_bytes rec;
+  while (s == FL_OK && fl_iter_next(in, &rec)) {
+    int64_t v = fl_i64(rec), sq = v * v;
+    if ((s = fl_emit(out, &v, 8)) == FL_OK) s = fl_emit(out, &sq, 8);
+    if (arg && partition == 2) return fl_set_error(FL_EINVAL, "partition 2 fails on purpose");
+  }
+  return s;
+}
+
+/* A cached map_partitions dataset keeps the function's own output as its block (no copy):
+ * the records read back are the same, from the cache, and a failure caches nothing. */
+static void test_cached_map_partitions_keeps_its_output(void **state) {
+  (void)state;
+  fl_dataset *src, *mp, *bad;
+  assert_ok(fl_range(ctx, 0, 100, 1, 4, &src));
+  assert_ok(fl_map_partitions(src, reserve_and_square, NULL, 0, &mp));
+  assert_ok(fl_cache(mp));
+  int64_t got[200];
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(collect_i64(mp, got, 200), 200);
+    for (int64_t x = 0; x < 100; x++) {
+      assert_int_equal(got[2 * x], x);
+      assert_int_equal(got[2 * x + 1], x * x);
+    }
+  }
+  fl_storage_info si;
+  assert_ok(fl_storage_info_get(mp, &si));
+  assert_int_equal(si.cached_partitions, 4);
+  assert_true(si.memory_bytes >= 200 * 9 && si.memory_bytes < 200 * 9 + 64); /* no growth slack */
+
+  int one = 1;
+  assert_ok(fl_map_partitions(src, reserve_and_square, &one, sizeof one, &bad));
+  assert_ok(fl_cache(bad));
+  fl_records *r = NULL;
+  assert_int_equal(fl_collect(bad, &r), FL_EJOB); /* after its retries */
+  assert_non_null(strstr(fl_last_error(), "partition 2 fails on purpose"));
+  assert_ok(fl_storage_info_get(bad, &si));
+  assert_true(si.cached_partitions < 4);
+
+  assert_int_equal(fl_emit_reserve(NULL, 1, 8), FL_EINVAL);
+  fl_dataset_free(bad);
+  fl_dataset_free(mp);
+  fl_dataset_free(src);
+}
+
 static void test_sample_is_seeded_and_plausible(void **state) {
   (void)state;
   fl_dataset *src, *a, *b, *c, *w;
@@ -244,6 +293,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_map_filter_flat_map_chain),
       cmocka_unit_test(test_map_partitions_sees_each_partition),
+      cmocka_unit_test(test_cached_map_partitions_keeps_its_output),
       cmocka_unit_test(test_sample_is_seeded_and_plausible),
       cmocka_unit_test(test_union_and_coalesce),
       cmocka_unit_test(test_zip_with_index_key_by_map_values),

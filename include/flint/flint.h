@@ -221,6 +221,10 @@ typedef struct fl_emitter fl_emitter; /* where a function puts its output record
 FL_API bool fl_iter_next(fl_iter *it, fl_bytes *rec);
 /* Emits one record (copied). Returns non-FL_OK when the function should stop and return it. */
 FL_API fl_status fl_emit(fl_emitter *out, const void *data, size_t len);
+/* A hint from a function that knows its output's size: about `records` more records of
+ * `bytes` in all will follow. The output then lives in one allocation written once, which
+ * a cached map_partitions dataset keeps as its block without a copy. */
+FL_API fl_status fl_emit_reserve(fl_emitter *out, uint64_t records, size_t bytes);
 
 /* map, key_by, map_values: writes one output record into `out` (given cleared). */
 typedef fl_status (*fl_map_fn)(fl_bytes rec, fl_buf *out, const void *arg);
