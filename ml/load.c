@@ -1,6 +1,7 @@
 /*
  * load.c: fl_ml_load. LIBSVM and CSV text is parsed on the executors into row blocks; IDX
- * (MNIST) files are read on the client and handed out with fl_parallelize.
+ * (MNIST) headers and labels are checked on the client, and each task reads its range of
+ * images (bad images are reported as bad lines are, below).
  *
  * Text design. Errors must name the file and the line (1-based, in that file), but a task
  * sees only its split of the lines. The client therefore lists the input files itself (as
@@ -29,6 +30,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -700,25 +702,110 @@ static fl_status idx_read_labels(const char *path, fl_buf *labels) {
   return s;
 }
 
+/* The IDX kernel's argument: followed by the images' and the labels' paths, each
+ * NUL-terminated. Partition p reads images [n p / parts, n (p + 1) / parts). */
+typedef struct ml_idx_arg {
+  uint64_t bad_acc, first_acc; /* as ml_load_text_arg's */
+  uint32_t n, parts, size, rows_per_block;
+  uint32_t dims[2];
+  double scale;
+} ml_idx_arg;
+
+/* Offers an IDX error as the load's first bad "line" (the image number), as the text
+ * kernels do, so that fl_ml_load reports it as FL_EFORMAT. */
+static fl_status note_bad_image(const ml_idx_arg *a, uint64_t image, const char *message) {
+  ml_load_text_arg t = {.bad_acc = a->bad_acc, .first_acc = a->first_acc};
+  return note_bad_line(&t, 0, image, message);
+}
+
+/* Reads one partition's images and labels from the files (both seekable through zlib, gzip'd
+ * or not) into row blocks; the last partition also checks that nothing follows. */
+FL_ML_KERNEL fl_status ml_load_idx_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)in;
+  ml_idx_arg a;
+  memcpy(&a, arg, sizeof a);
+  const char *images = (const char *)arg + sizeof a, *labels_path = images + strlen(images) + 1;
+  uint32_t lo = (uint32_t)((uint64_t)a.n * partition / a.parts), hi = (uint32_t)((uint64_t)a.n * (partition + 1) / a.parts);
+  gzFile fi = NULL, fl = NULL;
+  uint32_t dims[3];
+  fl_buf labels = FL_BUF_INIT, pixels = FL_BUF_INIT, x = FL_BUF_INIT, rec = FL_BUF_INIT;
+  fl_ml_block_builder *b = NULL;
+  char cause[CAUSE_MAX] = "";
+  fl_status s = idx_open(images, 0x00000803u, "idx3-ubyte (images)", dims, 3, &fi);
+  if (s == FL_OK) s = idx_open(labels_path, 0x00000801u, "idx1-ubyte (labels)", dims, 1, &fl);
+  if (s == FL_OK && hi > lo && (gzseek(fi, (z_off_t)(16 + (uint64_t)lo * a.size), SEEK_SET) < 0 ||
+                                gzseek(fl, (z_off_t)(8 + (uint64_t)lo), SEEK_SET) < 0))
+    snprintf(cause, sizeof cause, "%s: cannot seek to image %u", images, lo + 1);
+  size_t got;
+  if (s == FL_OK && !*cause && (s = fl_buf_reserve(&labels, hi - lo + 1)) == FL_OK &&
+      (s = gz_read(fl, labels_path, labels.data, hi - lo, &got)) == FL_OK && got < hi - lo)
+    snprintf(cause, sizeof cause, "%s: truncated: label %zu of %u is missing (the header says %u labels)", labels_path,
+             lo + got + 1, a.n, a.n);
+  if (s == FL_OK) s = fl_buf_reserve(&pixels, a.size);
+  if (s == FL_OK) s = fl_buf_reserve(&x, (size_t)a.size * 8);
+  if (s == FL_OK) s = fl_ml_block_builder_create(a.size, false, false, a.rows_per_block, &b);
+  double *xs = (double *)x.data;
+  bool reserved = false;
+  for (uint32_t i = lo; s == FL_OK && !*cause && i < hi; i++) {
+    if ((s = gz_read(fi, images, pixels.data, a.size, &got)) != FL_OK) break;
+    if (got < a.size) {
+      snprintf(cause, sizeof cause, "%s: image %u: truncated (the header says %u images of %u x %u)", images, i + 1, a.n,
+               a.dims[0], a.dims[1]);
+      break;
+    }
+    for (size_t k = 0; k < a.size; k++) xs[k] = pixels.data[k] * a.scale;
+    s = fl_ml_block_builder_add_dense(b, labels.data[i - lo], 1, xs);
+    if (s == FL_OK && (fl_ml_block_builder_full(b) || i + 1 == hi) && (s = fl_ml_block_builder_take(b, &rec)) == FL_OK) {
+      if (!reserved) { /* the first block: the others are this size or smaller */
+        uint64_t per = i + 1 - lo, blocks = (hi - lo + per - 1) / per;
+        reserved = true;
+        s = fl_emit_reserve(out, blocks, blocks * rec.len);
+      }
+      if (s == FL_OK) s = fl_emit(out, rec.data, rec.len);
+    }
+  }
+  if (s == FL_OK && !*cause && partition + 1 == a.parts) {
+    char what[64];
+    snprintf(what, sizeof what, "%u images", a.n);
+    if ((s = idx_expect_end(fi, images, what)) == FL_EFORMAT) snprintf(cause, sizeof cause, "%s", fl_last_error());
+  }
+  if (*cause) s = note_bad_image(&a, lo, cause); /* the load fails with it: the partition is moot */
+  if (fi) gzclose(fi);
+  if (fl) gzclose(fl);
+  fl_ml_block_builder_free(b);
+  fl_buf_free(&labels);
+  fl_buf_free(&pixels);
+  fl_buf_free(&x);
+  fl_buf_free(&rec);
+  return s;
+}
+
+/* IDX: the calling process checks both headers and reads the labels whole (one byte per
+ * image), then each partition's task reads its images from the file, as text files are read:
+ * the path must be readable where the executors run. */
 static fl_status load_idx(fl_context *ctx, const char *path, const fl_ml_load_options *o, uint32_t parts,
                           fl_ml_data *data) {
   if (!o->labels_path)
     return fl_set_error(FL_EINVAL, "%s: IDX needs labels_path (the idx1-ubyte labels file)", path);
-  fl_buf labels = FL_BUF_INIT, pixels = FL_BUF_INIT, x = FL_BUF_INIT;
-  fl_buf *blocks = NULL;
-  fl_bytes *recs = NULL;
-  size_t num_blocks = 0;
-  fl_ml_block_builder *b = NULL;
+  fl_buf labels = FL_BUF_INIT, arg = FL_BUF_INIT, first_value = FL_BUF_INIT;
+  fl_accumulator *bad = NULL, *first = NULL;
+  fl_dataset *seeds = NULL;
   gzFile f = NULL;
   uint32_t dims[3] = {0};
+  char images_abs[PATH_MAX], labels_abs[PATH_MAX];
   fl_status s = idx_read_labels(o->labels_path, &labels);
   if (s == FL_OK) s = idx_open(path, 0x00000803u, "idx3-ubyte (images)", dims, 3, &f);
+  if (f) gzclose(f);
   uint32_t n = dims[0];
   uint64_t size = (uint64_t)dims[1] * dims[2];
   if (s == FL_OK && n != labels.len)
     s = fl_set_error(FL_EFORMAT, "%s has %u images but %s has %zu labels", path, n, o->labels_path, labels.len);
-  if (s == FL_OK && (size == 0 || size >= UINT32_MAX))
+  if (s == FL_OK && (size == 0 || size >= UINT32_MAX / 8))
     s = fl_set_error(FL_EFORMAT, "%s: images of %u x %u pixels", path, dims[1], dims[2]);
+  if (s == FL_OK && (!realpath(path, images_abs) || !realpath(o->labels_path, labels_abs)))
+    s = fl_set_error(FL_EIO, "%s: %s", path, strerror(errno));
+  fl_buf_free(&labels);
+  if (s == FL_OK && n < parts) parts = n ? n : 1;
   uint32_t rows_per_block = o->rows_per_block;
   if (s == FL_OK && !rows_per_block) {
     /* The builder's default, made smaller where needed for a block per partition. */
@@ -726,51 +813,34 @@ static fl_status load_idx(fl_context *ctx, const char *path, const fl_ml_load_op
     uint64_t spread = ((uint64_t)n + parts - 1) / parts;
     rows_per_block = (uint32_t)(r < 1 ? 1 : r < spread || spread == 0 ? r : spread);
   }
-  size_t cap = s == FL_OK ? (size_t)(n / rows_per_block + 1) : 0;
-  if (s == FL_OK && (!(blocks = calloc(cap, sizeof *blocks)) || !(recs = calloc(cap, sizeof *recs))))
-    s = fl_set_error(FL_ENOMEM, "out of memory");
-  if (s == FL_OK) s = fl_buf_reserve(&pixels, size);
-  if (s == FL_OK) s = fl_buf_reserve(&x, size * 8);
-  if (s == FL_OK) s = fl_ml_block_builder_create((uint32_t)size, false, false, rows_per_block, &b);
-  double scale = o->pixel_scale != 0 ? o->pixel_scale : 1.0 / 255;
-  double *xs = (double *)x.data;
-  for (uint32_t i = 0; i < n && s == FL_OK; i++) {
-    size_t got;
-    if ((s = gz_read(f, path, pixels.data, size, &got)) != FL_OK) break;
-    if (got < size) {
-      s = fl_set_error(FL_EFORMAT, "%s: image %u: truncated (the header says %u images of %u x %u)", path, i + 1, n,
-                       dims[1], dims[2]);
-      break;
-    }
-    for (size_t k = 0; k < size; k++) xs[k] = pixels.data[k] * scale;
-    s = fl_ml_block_builder_add_dense(b, labels.data[i], 1, xs);
-    if (s == FL_OK && (fl_ml_block_builder_full(b) || i + 1 == n)) {
-      if (num_blocks == cap) {
-        s = fl_set_error(FL_EINTERNAL, "%s: more blocks than %zu", path, cap);
-        break;
-      }
-      s = fl_ml_block_builder_take(b, &blocks[num_blocks]);
-      recs[num_blocks] = fl_buf_bytes(&blocks[num_blocks]);
-      num_blocks++;
-    }
-  }
+  bad_line none = {UINT32_MAX, 0, UINT64_MAX};
+  if (s == FL_OK) s = fl_accumulator_create_i64(ctx, &bad);
+  if (s == FL_OK) s = fl_accumulator_create(ctx, fl_bytes_of(&none, sizeof none), ml_load_first_bad_line, NULL, 0, &first);
   if (s == FL_OK) {
-    char what[64];
-    snprintf(what, sizeof what, "%u images", n);
-    s = idx_expect_end(f, path, what);
+    ml_idx_arg head = {.bad_acc = fl_accumulator_id(bad), .first_acc = fl_accumulator_id(first), .n = n,
+                       .parts = parts, .size = (uint32_t)size, .rows_per_block = rows_per_block,
+                       .dims = {dims[1], dims[2]}, .scale = o->pixel_scale != 0 ? o->pixel_scale : 1.0 / 255};
+    if ((s = fl_buf_append(&arg, &head, sizeof head)) == FL_OK &&
+        (s = fl_buf_append(&arg, images_abs, strlen(images_abs) + 1)) == FL_OK)
+      s = fl_buf_append(&arg, labels_abs, strlen(labels_abs) + 1);
   }
-  if (f) gzclose(f);
-  fl_buf_free(&pixels);
-  fl_buf_free(&x);
-  fl_buf_free(&labels);
-  fl_ml_block_builder_free(b);
-  if (s == FL_OK) s = fl_parallelize(ctx, recs, num_blocks, parts, &data->blocks);
-  for (size_t i = 0; i < cap && blocks; i++) fl_buf_free(&blocks[i]);
-  free(blocks);
-  free(recs);
+  if (s == FL_OK) s = fl_range(ctx, 0, parts, 1, parts, &seeds);
+  if (s == FL_OK) s = fl_map_partitions(seeds, ml_load_idx_partition, arg.data, arg.len, &data->blocks);
   if (s == FL_OK) s = fl_persist(data->blocks, FL_MEMORY_ONLY);
   if (s == FL_OK) s = ml_data_describe(data);
+  int64_t errors = 0;
+  if (s == FL_OK) s = fl_accumulator_value_i64(bad, &errors);
+  if (s == FL_OK && errors > 0 && (s = fl_accumulator_value(first, &first_value)) == FL_OK) {
+    const char *message = (const char *)first_value.data + sizeof(bad_line);
+    int len = first_value.len > sizeof(bad_line) ? (int)(first_value.len - sizeof(bad_line)) : 0;
+    s = fl_set_error(FL_EFORMAT, "%.*s", len, message);
+  }
   if (s == FL_OK && data->rows == 0) s = fl_set_error(FL_EEMPTY, "%s: no images", path);
+  fl_buf_free(&first_value);
+  fl_buf_free(&arg);
+  fl_accumulator_destroy(first);
+  fl_accumulator_destroy(bad);
+  fl_dataset_free(seeds);
   return s;
 }
 

@@ -590,6 +590,29 @@ static void test_cluster(void **state) {
   assert_int_equal(data->rows, 2);
   assert_int_equal(data->skipped, 1);
   fl_ml_data_free(data);
+  /* IDX is read by the executors: a truncated image is reported as in local mode, and
+   * Fashion-MNIST (376 MB of blocks, more than a plan may carry) loads */
+  const char *images = write_idx("c.idx3", 0x803, (uint32_t[]){3, 2, 3}, 3, pixels, sizeof pixels, false);
+  const char *labels = write_idx("c.idx1", 0x801, (uint32_t[]){3}, 1, classes, sizeof classes, false);
+  fl_ml_load_options io = {.labels_path = labels, .partitions = 3};
+  assert_ok(fl_ml_load(cluster, images, FL_ML_IDX, &io, &data));
+  assert_int_equal(data->rows, 3);
+  assert_int_equal(data->cols, 6);
+  fl_ml_data_free(data);
+  data = NULL;
+  const char *cut = write_idx("cut.idx3", 0x803, (uint32_t[]){3, 2, 3}, 3, pixels, sizeof pixels - 2, true);
+  assert_fails_with(fl_ml_load(cluster, cut, FL_ML_IDX, &io, &data), FL_EFORMAT,
+                    "image 3: truncated (the header says 3 images of 2 x 3)");
+  const char *fm = FASHION "/train-images-idx3-ubyte.gz";
+  fl_ml_load_options fo = {.labels_path = FASHION "/train-labels-idx1-ubyte.gz"};
+  if (access(fm, R_OK) == 0 && access(fo.labels_path, R_OK) == 0) {
+    assert_ok(fl_ml_load(cluster, fm, FL_ML_IDX, &fo, &data));
+    assert_int_equal(data->rows, 60000);
+    assert_int_equal(data->cols, 784);
+    fl_ml_data_free(data);
+  } else {
+    print_message("Fashion-MNIST is not installed: its cluster load is not run\n");
+  }
   fl_context_close(cluster);
 }
 

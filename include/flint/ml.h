@@ -128,8 +128,9 @@ typedef struct fl_ml_load_options {
  * before the parse: one counts the lines of each partition, and for CSV one reads the first
  * data line. The blocks have at most opt->partitions partitions (fewer where the input has
  * fewer splits, as .gz files, which are one split each).
- * IDX: both files are read in the calling process and the blocks handed out with
- * fl_parallelize (which keeps a copy of them for recomputation).
+ * IDX: the calling process checks both headers and the labels; each partition's task then
+ * reads its range of images from the file (so, as for text files, the path must be readable
+ * where the executors run; .gz files are decompressed up to the range).
  *
  * Errors: FL_EINVAL for NULL arguments, an unknown format or bad options; FL_ENOENT for a
  * missing input file; FL_EFORMAT for malformed input, naming the file and the line ("x.csv:7:
