@@ -23,6 +23,7 @@
 #include "shuffle/shuffle.h"
 
 #define LAUNCH_TIMEOUT_MS 30000
+#define INFO_TIMEOUT_MS 5000
 
 typedef struct outgoing {
   fl_buf body;
@@ -56,6 +57,7 @@ typedef struct executor_ref {
   /* loss (cb->lock) */
   bool lost;
   bool sender_done; /* its sender thread returned */
+  uint32_t queries; /* storage-info calls using its channel: it is not freed meanwhile */
   uint64_t ping_sent_ns;
   /* the scheduler thread */
   bool removed;              /* lost, and its slots gone */
@@ -320,7 +322,7 @@ static void prune_lost(cluster_backend *cb) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   for (executor_ref **p = &cb->executors; *p;) {
     executor_ref *e = *p;
-    if (e->lost && ++lost > MAX_LOST_KEPT && e->removed && e->running == 0 && e->sender_done) {
+    if (e->lost && ++lost > MAX_LOST_KEPT && e->removed && e->running == 0 && e->sender_done && e->queries == 0) {
       *p = e->next;
       e->next = gone;
       gone = e;
@@ -1031,6 +1033,51 @@ void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadc
   req.n_broadcast_ids = 1;
   req.broadcast_ids = &broadcast_id;
   remove_on_executors(cb, &req);
+}
+
+/* Asks every live executor what it holds of the dataset (its block manager's figures) and
+ * adds them up. False when none answered. */
+bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out) {
+  Flint__StorageInfoRequest req = FLINT__STORAGE_INFO_REQUEST__INIT;
+  req.app_id = app;
+  req.rdd_id = rdd_id;
+  fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
+  if (proto_pack(&req.base, &body) != FL_OK) return false;
+  executor_ref **asked = NULL;
+  size_t n = 0;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (executor_ref *e = cb->executors; e; e = e->next) n += !e->lost;
+  if (n && (asked = common_calloc(n, sizeof *asked))) {
+    n = 0;
+    for (executor_ref *e = cb->executors; e; e = e->next)
+      if (!e->lost) {
+        e->queries++;
+        asked[n++] = e;
+      }
+  } else {
+    n = 0;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  bool any = false;
+  for (size_t i = 0; i < n; i++) { /* one at a time: a few ms each on a local network */
+    reply.len = 0;
+    if (rpc_call(asked[i]->channel, "/flint.Executor/StorageInfo", fl_buf_bytes(&body), INFO_TIMEOUT_MS, &reply) != FL_OK)
+      continue;
+    Flint__StorageInfoReply *r = flint__storage_info_reply__unpack(NULL, reply.len, reply.data);
+    if (!r) continue;
+    out->cached_partitions += r->cached_partitions;
+    out->memory_bytes += r->memory_bytes;
+    out->disk_bytes += r->disk_bytes;
+    any = true;
+    flint__storage_info_reply__free_unpacked(r, NULL);
+  }
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (size_t i = 0; i < n; i++) asked[i]->queries--;
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  common_free(asked);
+  fl_buf_free(&reply);
+  fl_buf_free(&body);
+  return any;
 }
 
 static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest *req) {

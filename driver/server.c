@@ -672,10 +672,16 @@ static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *res
   driver_app *app;
   fl_status st = app_lookup(d, req->app_id, &app);
   if (st == FL_OK) {
-    fl_storage_info info = {0};
+    /* The executors' own figures, for a dataset the driver knows blocks of (an unpersisted
+     * one is gone at once, whether or not its removal reached the executors yet); the
+     * driver's inferred locations when no executor answers */
+    fl_storage_info info = {0}, asked = {0};
     app_cache_info(app, req->rdd_id, &info);
+    if (info.cached_partitions && cluster_storage_info(app->cluster, app->id, req->rdd_id, &asked)) info = asked;
     Flint__StorageInfoReply reply = FLINT__STORAGE_INFO_REPLY__INIT;
     reply.cached_partitions = info.cached_partitions;
+    reply.memory_bytes = info.memory_bytes;
+    reply.disk_bytes = info.disk_bytes;
     st = proto_pack(&reply.base, response);
   }
   app_unpin(d, app);

@@ -796,11 +796,28 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
   return proto_pack(&empty.base, response);
 }
 
+static fl_status handle_storage_info(exec_service *svc, fl_bytes body, fl_buf *response) {
+  Flint__StorageInfoRequest *req = flint__storage_info_request__unpack(NULL, body.len, body.data);
+  if (!req) return FL_ERR(FL_EPROTO, "StorageInfo: malformed message");
+  fl_storage_info info = {0};
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  for (exec_app *a = svc->apps; a; a = a->next)
+    if (a->id == req->app_id) app_info(a, req->rdd_id, &info); /* the block manager's own lock */
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  flint__storage_info_request__free_unpacked(req, NULL);
+  Flint__StorageInfoReply reply = FLINT__STORAGE_INFO_REPLY__INIT;
+  reply.cached_partitions = info.cached_partitions;
+  reply.memory_bytes = info.memory_bytes;
+  reply.disk_bytes = info.disk_bytes;
+  return proto_pack(&reply.base, response);
+}
+
 static fl_status executor_handle(void *arg, const rpc_request *req, fl_buf *response) {
   exec_service *svc = arg;
   if (strcmp(req->method, "/flint.Executor/LaunchTasks") == 0) return handle_launch(svc, req->body, response);
   if (strcmp(req->method, "/flint.Executor/KillTasks") == 0) return handle_kill(svc, req->body, response);
   if (strcmp(req->method, "/flint.Executor/Remove") == 0) return handle_remove(svc, req->body, response);
+  if (strcmp(req->method, "/flint.Executor/StorageInfo") == 0) return handle_storage_info(svc, req->body, response);
   return FL_ERR(FL_EINVAL, "unknown method %s", req->method);
 }
 

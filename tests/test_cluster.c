@@ -276,6 +276,13 @@ static void test_cached_partitions_read_remotely(void **state) {
   fl_storage_info info;
   assert_ok(fl_storage_info_get(copied, &info));
   assert_int_equal(info.cached_partitions, 16);
+  /* the executors' own figures: 16000 records of 8 bytes and a length byte each */
+  assert_true(info.memory_bytes >= 16000 * 9 && info.memory_bytes <= 16000 * 9 + 16 * 64);
+  assert_int_equal(info.disk_bytes, 0);
+  assert_ok(fl_unpersist(copied));
+  assert_ok(fl_storage_info_get(copied, &info));
+  assert_int_equal(info.cached_partitions, 0);
+  assert_int_equal(info.memory_bytes, 0);
   fl_dataset_free(copied);
   fl_dataset_free(ds);
   fl_accumulator_destroy(computed);
