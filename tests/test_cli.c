@@ -20,22 +20,14 @@
 #include <time.h>
 
 #include "test_util.h"
+#include "run_child.h"
 
 #define CHILD_ALARM_S 60
 #define PARENT_LIMIT_S 90
-#define MAX_ARGS 32
-#define OUT_CAP (256 * 1024)
 
 static char bin_dir[PATH_MAX];
 static char flint_path[PATH_MAX + 16];
 
-typedef struct run_result {
-  int status; /* exit status; 128 + signal when killed by one */
-  char out[OUT_CAP];
-  size_t out_len;
-  char err[OUT_CAP];
-  size_t err_len;
-} run_result;
 
 /* Path of a file in the binary folder, in a small rotating set of static buffers so that
  * a test can hold a few at once. */
@@ -47,97 +39,21 @@ static const char *bin_file(const char *name) {
   return b;
 }
 
-static void drain(int *fd, char *buf, size_t *len) {
-  char tmp[4096];
-  ssize_t n = read(*fd, tmp, sizeof tmp);
-  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-  if (n <= 0) {
-    close(*fd);
-    *fd = -1;
-    return;
-  }
-  size_t room = OUT_CAP - 1 - *len;
-  size_t take = (size_t)n < room ? (size_t)n : room;
-  memcpy(buf + *len, tmp, take);
-  *len += take;
-  buf[*len] = '\0';
-}
 
 /* Runs `flint ARGS...` (argv NULL-terminated, without "flint") in folder `cwd` (NULL: this
- * process's folder) and returns its result; the caller frees it. */
+ * process's folder); the caller frees the result. */
 static run_result *run_flint_in(const char *cwd, const char *const *args) {
-  run_result *r = calloc(1, sizeof *r);
-  assert_non_null(r);
-  const char *argv[MAX_ARGS + 2];
-  int argc = 0;
-  argv[argc++] = flint_path;
-  for (; args[argc - 1]; argc++) {
-    assert_true(argc <= MAX_ARGS);
-    argv[argc] = args[argc - 1];
-  }
-  argv[argc] = NULL;
-
-  int out_pipe[2], err_pipe[2];
-  assert_int_equal(pipe2(out_pipe, O_CLOEXEC), 0);
-  assert_int_equal(pipe2(err_pipe, O_CLOEXEC), 0);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(out_pipe[1], STDOUT_FILENO);
-    dup2(err_pipe[1], STDERR_FILENO);
-    if (cwd && chdir(cwd) != 0) _exit(126);
-    alarm(CHILD_ALARM_S);
-    execv(flint_path, (char *const *)argv);
-    fprintf(stderr, "test_cli: cannot run %s: %s\n", flint_path, strerror(errno));
-    _exit(127);
-  }
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-
-  int fds[2] = {out_pipe[0], err_pipe[0]};
-  struct timespec start, now;
-  clock_gettime(CLOCK_MONOTONIC, &start);
-  bool killed = false;
-  while (fds[0] >= 0 || fds[1] >= 0) {
-    struct pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
-    int n = poll(p, 2, 1000);
-    if (n < 0 && errno != EINTR) fail_msg("poll: %s", strerror(errno));
-    if (n > 0) {
-      if (fds[0] >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[0], r->out, &r->out_len);
-      if (fds[1] >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[1], r->err, &r->err_len);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (!killed && now.tv_sec - start.tv_sec > PARENT_LIMIT_S) {
-      kill(pid, SIGKILL);
-      killed = true;
-    }
-  }
-  int wstatus;
-  while (waitpid(pid, &wstatus, 0) < 0) assert_int_equal(errno, EINTR);
-  if (WIFEXITED(wstatus)) {
-    r->status = WEXITSTATUS(wstatus);
-  } else {
-    r->status = 128 + WTERMSIG(wstatus);
-    fprintf(stderr, "flint %s ... was killed by signal %d%s\n", argc > 1 ? argv[1] : "",
-            WTERMSIG(wstatus), killed || WTERMSIG(wstatus) == SIGALRM ? " (time limit)" : "");
-  }
-  return r;
+  return run_child(flint_path, cwd, args, CHILD_ALARM_S, PARENT_LIMIT_S);
 }
 
 #define RUN_FLINT(...) run_flint_in(NULL, (const char *const[]){__VA_ARGS__, NULL})
 #define RUN_FLINT_IN(cwd, ...) run_flint_in((cwd), (const char *const[]){__VA_ARGS__, NULL})
 
-static void dump(const run_result *r) {
-  fprintf(stderr, "exit status %d\n--- stdout ---\n%s--- stderr ---\n%s--------------\n",
-          r->status, r->out, r->err);
-}
 
 static void expect_status(const run_result *r, int status) {
   if (r->status != status) {
     fprintf(stderr, "expected exit status %d\n", status);
-    dump(r);
+    run_dump(r);
   }
   assert_int_equal(r->status, status);
 }
@@ -147,7 +63,7 @@ static void expect_contains(const run_result *r, const char *text, const char *w
                             const char *needle) {
   if (!strstr(text, needle)) {
     fprintf(stderr, "%s lacks '%s'\n", which, needle);
-    dump(r);
+    run_dump(r);
   }
   assert_non_null(strstr(text, needle));
 }

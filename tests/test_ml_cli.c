@@ -21,107 +21,27 @@
 #include <time.h>
 
 #include "test_util.h"
+#include "run_child.h"
 
 #define CHILD_ALARM_S 90
 #define PARENT_LIMIT_S 120
-#define MAX_ARGS 40
-#define OUT_CAP (256 * 1024)
 
 static char flint_path[PATH_MAX];
 static char tmp_dir[PATH_MAX];
 
-typedef struct run_result {
-  int status; /* exit status; 128 + signal when killed by one */
-  char out[OUT_CAP];
-  size_t out_len;
-  char err[OUT_CAP];
-  size_t err_len;
-} run_result;
 
-static void drain(int *fd, char *buf, size_t *len) {
-  char tmp[4096];
-  ssize_t n = read(*fd, tmp, sizeof tmp);
-  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-  if (n <= 0) {
-    close(*fd);
-    *fd = -1;
-    return;
-  }
-  size_t room = OUT_CAP - 1 - *len, take = (size_t)n < room ? (size_t)n : room;
-  memcpy(buf + *len, tmp, take);
-  *len += take;
-  buf[*len] = '\0';
-}
 
 /* Runs `flint ARGS...` (NULL-terminated, without "flint"); the caller frees the result. */
 static run_result *run_flint(const char *const *args) {
-  run_result *r = calloc(1, sizeof *r);
-  assert_non_null(r);
-  const char *argv[MAX_ARGS + 2];
-  int argc = 0;
-  argv[argc++] = flint_path;
-  for (; args[argc - 1]; argc++) {
-    assert_true(argc <= MAX_ARGS);
-    argv[argc] = args[argc - 1];
-  }
-  argv[argc] = NULL;
-  int out_pipe[2], err_pipe[2];
-  assert_int_equal(pipe2(out_pipe, O_CLOEXEC), 0);
-  assert_int_equal(pipe2(err_pipe, O_CLOEXEC), 0);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(out_pipe[1], STDOUT_FILENO);
-    dup2(err_pipe[1], STDERR_FILENO);
-    alarm(CHILD_ALARM_S);
-    execv(flint_path, (char *const *)argv);
-    fprintf(stderr, "test_ml_cli: cannot run %s: %s\n", flint_path, strerror(errno));
-    _exit(127);
-  }
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  int fds[2] = {out_pipe[0], err_pipe[0]};
-  struct timespec start, now;
-  clock_gettime(CLOCK_MONOTONIC, &start);
-  bool killed = false;
-  while (fds[0] >= 0 || fds[1] >= 0) {
-    struct pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
-    int n = poll(p, 2, 1000);
-    if (n < 0 && errno != EINTR) fail_msg("poll: %s", strerror(errno));
-    if (n > 0) {
-      if (fds[0] >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[0], r->out, &r->out_len);
-      if (fds[1] >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) drain(&fds[1], r->err, &r->err_len);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (!killed && now.tv_sec - start.tv_sec > PARENT_LIMIT_S) {
-      kill(pid, SIGKILL);
-      killed = true;
-    }
-  }
-  /* The pipes are closed: the child has exited or is about to (SIGKILL at worst). */
-  int wstatus;
-  while (waitpid(pid, &wstatus, 0) < 0) assert_int_equal(errno, EINTR);
-  if (WIFEXITED(wstatus)) {
-    r->status = WEXITSTATUS(wstatus);
-  } else {
-    r->status = 128 + WTERMSIG(wstatus);
-    fprintf(stderr, "flint was killed by signal %d%s\n", WTERMSIG(wstatus),
-            killed || WTERMSIG(wstatus) == SIGALRM ? " (time limit)" : "");
-  }
-  return r;
+  return run_child(flint_path, NULL, args, CHILD_ALARM_S, PARENT_LIMIT_S);
 }
 #define RUN_FLINT(...) run_flint((const char *const[]){__VA_ARGS__, NULL})
 
-static void dump(const run_result *r) {
-  fprintf(stderr, "exit status %d\n--- stdout ---\n%s--- stderr ---\n%s--------------\n", r->status, r->out, r->err);
-}
 
 static void expect_status(const run_result *r, int status) {
   if (r->status != status) {
     fprintf(stderr, "expected exit status %d\n", status);
-    dump(r);
+    run_dump(r);
   }
   assert_int_equal(r->status, status);
 }
@@ -129,7 +49,7 @@ static void expect_status(const run_result *r, int status) {
 static void expect_contains(const run_result *r, const char *text, const char *which, const char *needle) {
   if (!strstr(text, needle)) {
     fprintf(stderr, "%s lacks '%s'\n", which, needle);
-    dump(r);
+    run_dump(r);
   }
   assert_non_null(strstr(text, needle));
 }
@@ -209,7 +129,7 @@ static void test_linreg_csv_normal(void **state) {
   EXPECT_OUT(r, "train time   ");
   EXPECT_OUT(r, "RMSE ");
   double r2 = number_after(r, "R^2 ");
-  if (!(r2 > 0.999)) dump(r);
+  if (!(r2 > 0.999)) run_dump(r);
   assert_true(r2 > 0.999);
   EXPECT_OUT(r, "\ntest ");
   free(r);
@@ -225,7 +145,7 @@ static void test_linreg_lbfgs_standardized(void **state) {
   EXPECT_OUT(r, "iter   2  loss ");
   EXPECT_OUT(r, "solver       lbfgs\n");
   double r2 = number_after(r, "R^2 ");
-  if (!(r2 > 0.999)) dump(r);
+  if (!(r2 > 0.999)) run_dump(r);
   assert_true(r2 > 0.999);
   free(r);
 }
@@ -249,7 +169,7 @@ static void test_logreg_libsvm_out(void **state) {
   EXPECT_OUT(r, "written to ");
   EXPECT_OUT(r, model);
   double acc = number_after(r, "accuracy ");
-  if (!(acc > 0.6 && acc <= 1)) dump(r);
+  if (!(acc > 0.6 && acc <= 1)) run_dump(r);
   assert_true(acc > 0.6 && acc <= 1);
   free(r);
   FILE *f = fopen(model, "r");
