@@ -144,9 +144,10 @@ FL_ML_API fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format f
 FL_ML_API fl_status fl_ml_format_parse(const char *name, fl_ml_format *out);
 
 /* Seeded synthetic data, made on the executors (no data travels): rows x cols standard
- * normal features; for FL_ML_SYNTH_LINEAR labels x.w + 0.5 + noise N(0, noise^2), for
- * FL_ML_SYNTH_LOGISTIC labels drawn from the logistic (classes 2) or softmax model with
- * weights w ~ N(0, 1/cols). Same seed: same data, whatever the partition count. */
+ * normal features; for FL_ML_SYNTH_LINEAR labels x.w + 0.5 + noise N(0, noise^2) with
+ * w ~ N(0, 1), for FL_ML_SYNTH_LOGISTIC labels drawn from the logistic (classes 2) or
+ * softmax model with weights w ~ N(0, 4/cols) (margins of standard deviation about 2) and
+ * intercepts N(0, 1/16). Same seed: same data, whatever the partition count. */
 typedef enum fl_ml_synth_kind { FL_ML_SYNTH_LINEAR, FL_ML_SYNTH_LOGISTIC } fl_ml_synth_kind;
 typedef struct fl_ml_synth_options {
   fl_ml_synth_kind kind;
