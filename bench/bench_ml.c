@@ -155,6 +155,24 @@ static double median3(const double *v) {
   return fmax(lo, fmin(hi, v[2]));
 }
 
+/* Median seconds of 3 fits of data (the machine is shared); *model is the last fit's. */
+static int time_fit(fl_status (*fit)(const fl_ml_data *, const fl_ml_train_options *, fl_ml_model **),
+                    const fl_ml_data *data, const fl_ml_train_options *o, fl_ml_model **model, double *out) {
+  double runs[3];
+  for (int i = 0; i < 3; i++) {
+    fl_ml_model_free(*model);
+    *model = NULL;
+    double t0 = now_s();
+    if (fit(data, o, model) != FL_OK) {
+      fail_flint(fit == fl_ml_linreg ? "least squares" : "L-BFGS");
+      return 1;
+    }
+    runs[i] = now_s() - t0;
+  }
+  *out = median3(runs);
+  return 0;
+}
+
 /* Median of 5 loss-and-gradient evaluations of m over data (after one to warm up). */
 static int time_gradient(const fl_ml_model *m, const fl_ml_data *data, double *out) {
   double loss, grad[COLS + 1], times[5];
@@ -199,18 +217,7 @@ static int run_mode(const char *master, const options *o, mode_result *r) {
   }
   r->memory_ratio = (double)si.memory_bytes / ((double)o->rows * (COLS + 1) * 8);
   fl_ml_train_options lo = {.l2 = 1e-4, .tol = 1e-6, .max_iterations = 100};
-  double runs[3];
-  for (int i = 0; i < 3; i++) { /* median of 3 runs: the machine is shared */
-    fl_ml_model_free(model);
-    model = NULL;
-    double t0 = now_s();
-    if (fl_ml_logreg(data, &lo, &model) != FL_OK) {
-      fail_flint("L-BFGS");
-      goto done;
-    }
-    runs[i] = now_s() - t0;
-  }
-  r->lbfgs_s = median3(runs);
+  if (time_fit(fl_ml_logreg, data, &lo, &model, &r->lbfgs_s) != 0) goto done;
   r->iterations = model->num_history;
   r->evaluations = model->num_history ? model->history[model->num_history - 1].evaluations : 0;
   r->converged = model->converged;
@@ -228,17 +235,7 @@ static int run_mode(const char *master, const options *o, mode_result *r) {
     goto done;
   }
   fl_ml_train_options no = {.solver = FL_ML_SOLVER_NORMAL};
-  for (int i = 0; i < 3; i++) {
-    fl_ml_model_free(model);
-    model = NULL;
-    double t0 = now_s();
-    if (fl_ml_linreg(lin, &no, &model) != FL_OK) {
-      fail_flint("least squares");
-      goto done;
-    }
-    runs[i] = now_s() - t0;
-  }
-  r->lstsq_s = median3(runs);
+  if (time_fit(fl_ml_linreg, lin, &no, &model, &r->lstsq_s) != 0) goto done;
   rc = 0;
 done:
   fl_ml_model_free(model);

@@ -226,3 +226,13 @@ void fl_ml_data_free(fl_ml_data *data) {
   fl_dataset_free(data->blocks);
   free(data);
 }
+
+fl_status ml_emit_block(fl_emitter *out, const fl_buf *rec, uint64_t done, uint64_t rows, bool *reserved) {
+  if (!*reserved && done) {
+    uint64_t blocks = (rows + done - 1) / done;
+    *reserved = true;
+    fl_status s = fl_emit_reserve(out, blocks, blocks * rec->len);
+    if (s != FL_OK) return s;
+  }
+  return fl_emit(out, rec->data, rec->len);
+}

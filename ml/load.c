@@ -755,14 +755,8 @@ FL_ML_KERNEL fl_status ml_load_idx_partition(uint32_t partition, fl_iter *in, fl
     }
     for (size_t k = 0; k < a.size; k++) xs[k] = pixels.data[k] * a.scale;
     s = fl_ml_block_builder_add_dense(b, labels.data[i - lo], 1, xs);
-    if (s == FL_OK && (fl_ml_block_builder_full(b) || i + 1 == hi) && (s = fl_ml_block_builder_take(b, &rec)) == FL_OK) {
-      if (!reserved) { /* the first block: the others are this size or smaller */
-        uint64_t per = i + 1 - lo, blocks = (hi - lo + per - 1) / per;
-        reserved = true;
-        s = fl_emit_reserve(out, blocks, blocks * rec.len);
-      }
-      if (s == FL_OK) s = fl_emit(out, rec.data, rec.len);
-    }
+    if (s == FL_OK && (fl_ml_block_builder_full(b) || i + 1 == hi) && (s = fl_ml_block_builder_take(b, &rec)) == FL_OK)
+      s = ml_emit_block(out, &rec, i + 1 - lo, hi - lo, &reserved);
   }
   if (s == FL_OK && !*cause && partition + 1 == a.parts) {
     char what[64];

@@ -23,6 +23,11 @@
 /* fl_ml_load_options.partitions / synthetic partitions when 0. */
 uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested);
 
+/* Emits block record `rec` of a partition of `rows` rows in blocks of this one's size; on
+ * the first call (*reserved false; `done` rows emitted with this block) it first reserves
+ * the whole output, so that it lives in one allocation (fl_emit_reserve). */
+fl_status ml_emit_block(fl_emitter *out, const fl_buf *rec, uint64_t done, uint64_t rows, bool *reserved);
+
 /* Counts rows of a block dataset and its width: one job. */
 fl_status ml_data_describe(fl_ml_data *data);
 

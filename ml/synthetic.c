@@ -88,14 +88,8 @@ FL_ML_KERNEL fl_status ml_synth_partition(uint32_t partition, fl_iter *in, fl_em
       }
     }
     s = fl_ml_block_builder_add_dense(bb, label, 1.0, x);
-    if (s == FL_OK && fl_ml_block_builder_full(bb) && (s = fl_ml_block_builder_take(bb, &rec)) == FL_OK) {
-      if (!reserved) { /* the first block: all full ones are this size */
-        uint64_t per = r + 1 - lo, blocks = (hi - lo + per - 1) / per;
-        reserved = true;
-        s = fl_emit_reserve(out, blocks, blocks * rec.len);
-      }
-      if (s == FL_OK) s = fl_emit(out, rec.data, rec.len);
-    }
+    if (s == FL_OK && fl_ml_block_builder_full(bb) && (s = fl_ml_block_builder_take(bb, &rec)) == FL_OK)
+      s = ml_emit_block(out, &rec, r + 1 - lo, hi - lo, &reserved);
   }
   if (s == FL_OK && (s = fl_ml_block_builder_take(bb, &rec)) == FL_OK && rec.len) s = fl_emit(out, rec.data, rec.len);
   fl_ml_block_builder_free(bb);
