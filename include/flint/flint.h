@@ -70,7 +70,10 @@ extern "C" {
   X(ENET, 16, "network error (peer unreachable or connection lost)")                        \
   X(EAUTH, 17, "authentication failed (missing or wrong shared secret)")                    \
   X(ETIMEDOUT, 18, "timed out")                                                             \
-  X(EPROTO, 19, "malformed or oversized message")
+  X(EPROTO, 19, "malformed or oversized message")                                           \
+  X(EDEVICE, 20, "device error (CUDA, cuBLAS or NCCL)")                                     \
+  X(EPEER, 21, "a peer rank failed or left the group")                                      \
+  X(ESLOTS, 22, "not enough free slots for a barrier stage")
 
 typedef enum fl_status {
 #define FL_STATUS_ENUM_(name, value, text) FL_##name = value,
@@ -462,6 +465,57 @@ FL_API fl_status fl_foreach(fl_dataset *ds, fl_foreach_fn fn, const void *arg, s
 /* Writes a folder `path` with one file per partition (part-00000 ...), each record a line,
  * and an empty _SUCCESS file. FL_EEXIST if `path` exists. */
 FL_API fl_status fl_save_as_text_file(fl_dataset *ds, const char *path);
+
+/* ---------------------------------------------------------------------------------------
+ * Barrier stages (as Spark's barrier mode), for training with collectives. All tasks of a
+ * barrier stage start together or none does; each knows its rank (its partition) and the
+ * world size (the number of partitions), and the tasks can exchange small messages through
+ * the driver to bootstrap a communicator (peer addresses, the NCCL unique id). If one task
+ * fails, the others are stopped and the whole stage is retried (up to max_task_attempts);
+ * when there are fewer free slots than tasks, the action fails at once with FL_ESLOTS.
+ * ------------------------------------------------------------------------------------- */
+typedef struct fl_barrier fl_barrier; /* a running task's view of its stage */
+
+typedef struct fl_barrier_options {
+  /* Place the tasks only on executors started with --gpu (one task per GPU executor); in
+   * local mode, the context's task threads stand in for GPU slots. */
+  bool gpu;
+  /* Called on the client's thread (inside the action) for each message a task sends with
+   * fl_barrier_report, in the order the driver got them. May be NULL. */
+  void (*on_report)(uint32_t rank, fl_bytes message, void *user);
+  void *user;
+} fl_barrier_options;
+#define FL_BARRIER_OPTIONS_INIT {false, NULL, NULL}
+
+/* The body of a barrier task: reads its partition, emits its output; `b` is valid until it
+ * returns. */
+typedef fl_status (*fl_barrier_fn)(fl_barrier *b, fl_iter *in, fl_emitter *out,
+                                   const void *arg);
+
+/* A dataset whose partitions are computed by one barrier stage running fn on the partitions
+ * of `in` (Spark's rdd.barrier().mapPartitions). `options` may be NULL. */
+FL_API fl_status fl_barrier_map_partitions(fl_dataset *in, fl_barrier_fn fn, const void *arg,
+                                           size_t arg_len, const fl_barrier_options *options,
+                                           fl_dataset **out);
+FL_API uint32_t fl_barrier_rank(const fl_barrier *b);
+FL_API uint32_t fl_barrier_world(const fl_barrier *b);
+/* 0 for the stage's first attempt, 1 for its first retry, ... */
+FL_API uint32_t fl_barrier_attempt(const fl_barrier *b);
+/* The GPU of the executor the task runs on (its --gpu ID), or -1. */
+FL_API int fl_barrier_gpu(const fl_barrier *b);
+/* Waits until every task of the stage has called it with its message, then returns all
+ * messages in rank order in *all (world records; free with fl_records_free). A global
+ * barrier when the messages are empty. FL_ECANCELLED when another task of the stage failed;
+ * FL_ETIMEDOUT after timeout_ms (0: 60 s). */
+FL_API fl_status fl_barrier_all_gather(fl_barrier *b, fl_bytes mine, uint32_t timeout_ms,
+                                       fl_records **all);
+/* Sends a small message (at most 64 KiB) to the client's on_report, without waiting. */
+FL_API fl_status fl_barrier_report(fl_barrier *b, fl_bytes message);
+/* State that outlives a failed attempt: the driver keeps the last blob put under the stage
+ * (a checkpoint of weights and optimizer state), and a retried attempt gets it back.
+ * checkpoint_get gives FL_ENOENT when nothing was put. */
+FL_API fl_status fl_barrier_checkpoint_put(fl_barrier *b, fl_bytes state);
+FL_API fl_status fl_barrier_checkpoint_get(fl_barrier *b, fl_buf *out);
 
 /* ---------------------------------------------------------------------------------------
  * Shared variables. Functions refer to them by id (put the id in the arg blob).

@@ -1,0 +1,160 @@
+/*
+ * gpu/device.h: devices and tensors inside gpu/. A device is a small vtable of memory and
+ * math operations (cpu: plain C and OpenBLAS; cuda: cuBLAS plus the kernels in kernels.cu).
+ * Layers, optimizers and collectives are written once against these operations, so every
+ * algorithm runs, and is tested, on the cpu device.
+ *
+ * Conventions for every operation:
+ * - Pointers are device pointers of the same device (host memory for cpu). Shapes are in
+ *   elements; matrices are row-major. Images are NCHW.
+ * - Operations are queued in order on the device's one stream and may return before they
+ *   finish (cuda); copies to the host and synchronize block. An error of an asynchronous
+ *   operation may surface at a later call; it is then kept on the device (sticky).
+ * - Operations that produce parameter gradients ACCUMULATE into them (grad += ...), as
+ *   PyTorch does, so that micro-batches can add up; callers zero gradients per step.
+ *   Operations that produce activations or input gradients OVERWRITE their output unless
+ *   the name says accumulate.
+ * - Returns FL_OK or FL_EDEVICE with fl_last_error() naming the call and the device.
+ */
+#ifndef FLINT_GPU_DEVICE_H
+#define FLINT_GPU_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flint/gpu.h"
+
+typedef struct device_ops device_ops;
+
+struct fl_device {
+  const device_ops *ops;
+  fl_device_kind kind;
+  int ordinal;
+  char name[128];
+  void *impl; /* the backend's state (cuda: stream, cuBLAS handle, allocator) */
+};
+
+struct fl_tensor {
+  fl_device *dev;
+  int ndim;
+  int64_t shape[FL_TENSOR_MAX_DIMS];
+  size_t numel;
+  float *data; /* device memory */
+  bool owns;   /* false for a view into another tensor's memory */
+};
+
+/* Batch-norm per-channel scratch that forward saves for backward. */
+typedef struct bn_saved {
+  float *mean;    /* [C] batch mean */
+  float *inv_std; /* [C] 1 / sqrt(var + eps) */
+} bn_saved;
+
+struct device_ops {
+  const char *name; /* "cpu", "cuda" */
+
+  /* Memory. alloc returns memory the device can use (cuda: from the caching allocator; may
+   * block on cudaMalloc). host_alloc returns pinned host memory on cuda (plain on cpu). */
+  fl_status (*alloc)(fl_device *dev, size_t bytes, void **out);
+  void (*free)(fl_device *dev, void *p);
+  fl_status (*host_alloc)(fl_device *dev, size_t bytes, void **out);
+  void (*host_free)(fl_device *dev, void *p);
+  fl_status (*to_host)(fl_device *dev, void *dst, const void *src, size_t bytes);   /* blocks */
+  fl_status (*from_host)(fl_device *dev, void *dst, const void *src, size_t bytes); /* blocks */
+  fl_status (*copy)(fl_device *dev, void *dst, const void *src, size_t bytes);
+  fl_status (*memset0)(fl_device *dev, void *p, size_t bytes);
+  fl_status (*synchronize)(fl_device *dev);
+  void (*destroy)(fl_device *dev);
+
+  /* BLAS. C[m,n] = alpha * op(A) * op(B) + beta * C, row-major; op(A) is m x k. */
+  fl_status (*gemm)(fl_device *dev, bool trans_a, bool trans_b, int m, int n, int k,
+                    float alpha, const float *a, int lda, const float *b, int ldb, float beta,
+                    float *c, int ldc);
+  /* y = a * x + y */
+  fl_status (*axpy)(fl_device *dev, size_t n, float a, const float *x, float *y);
+  /* x = a * x */
+  fl_status (*scale)(fl_device *dev, size_t n, float a, float *x);
+  fl_status (*fill)(fl_device *dev, size_t n, float value, float *x);
+  /* *out (host) = sum of x[i]^2, in double. Blocks. */
+  fl_status (*sum_squares)(fl_device *dev, size_t n, const float *x, double *out);
+
+  /* Activations. y may alias x in forward; dx may alias dy in backward. */
+  fl_status (*relu_forward)(fl_device *dev, size_t n, const float *x, float *y);
+  /* dx = dy where y > 0, else 0 (y is relu's output). */
+  fl_status (*relu_backward)(fl_device *dev, size_t n, const float *y, const float *dy,
+                             float *dx);
+
+  /* Bias over rows (linear layers): y[r, c] += b[c]; db[c] += sum_r dy[r, c]. */
+  fl_status (*bias_add_rows)(fl_device *dev, int rows, int cols, const float *b, float *y);
+  fl_status (*bias_grad_rows)(fl_device *dev, int rows, int cols, const float *dy, float *db);
+  /* Bias over channels (convolutions, NCHW with hw = H*W): y[n, c, :] += b[c];
+   * db[c] += sum over n and hw of dy[n, c, :]. */
+  fl_status (*bias_add_channels)(fl_device *dev, int n, int c, int hw, const float *b,
+                                 float *y);
+  fl_status (*bias_grad_channels)(fl_device *dev, int n, int c, int hw, const float *dy,
+                                  float *db);
+
+  /* Softmax cross-entropy over logits [n, c] with int32 labels [n] (device memory):
+   * writes dlogits = (softmax - onehot) * grad_scale and adds to stats (device, 2 floats):
+   * stats[0] += sum of the rows' losses, stats[1] += number of rows whose argmax equals the
+   * label. A label outside [0, c) is FL_EINVAL on cpu; kernels clamp nothing and report it
+   * through the sticky error at the next synchronize. */
+  fl_status (*softmax_xent)(fl_device *dev, int n, int c, const float *logits,
+                            const int32_t *labels, float grad_scale, float *dlogits,
+                            float *stats);
+
+  /* Convolution helpers for a batch: x [n, c, h, w] -> col [c*kh*kw, n*oh*ow], with
+   * oh = (h + 2*pad - kh) / stride + 1 (same for ow). col2im ACCUMULATES into dx. */
+  fl_status (*im2col)(fl_device *dev, int n, int c, int h, int w, int kh, int kw, int stride,
+                      int pad, const float *x, float *col);
+  fl_status (*col2im)(fl_device *dev, int n, int c, int h, int w, int kh, int kw, int stride,
+                      int pad, const float *col, float *dx);
+  /* y[b, a, s] = x[a, b, s] for x [a_dim, b_dim, s_dim] (CNHW <-> NCHW). */
+  fl_status (*swap01)(fl_device *dev, int a_dim, int b_dim, int s_dim, const float *x,
+                      float *y);
+
+  /* Pooling over x [n, c, h, w] with a k x k window. Max pooling saves the argmax (index
+   * within the input plane) for backward; backward overwrites dx. */
+  fl_status (*maxpool_forward)(fl_device *dev, int n, int c, int h, int w, int k, int stride,
+                               int pad, const float *x, float *y, int32_t *argmax);
+  fl_status (*maxpool_backward)(fl_device *dev, int n, int c, int h, int w, int k, int stride,
+                                int pad, const float *dy, const int32_t *argmax, float *dx);
+  /* Average pooling counts padding as zeros and divides by k*k (count_include_pad). */
+  fl_status (*avgpool_forward)(fl_device *dev, int n, int c, int h, int w, int k, int stride,
+                               int pad, const float *x, float *y);
+  fl_status (*avgpool_backward)(fl_device *dev, int n, int c, int h, int w, int k, int stride,
+                                int pad, const float *dy, float *dx);
+
+  /* Batch norm over x [n, c, hw] per channel. Training: batch statistics of this rank only
+   * (as Goyal et al.), saved for backward; running mean/var updated with `momentum`
+   * (running = (1 - momentum) * running + momentum * batch, unbiased variance as PyTorch).
+   * Inference (train false): running statistics. y = gamma * xhat + beta. */
+  fl_status (*batchnorm_forward)(fl_device *dev, int n, int c, int hw, const float *x,
+                                 const float *gamma, const float *beta, float *running_mean,
+                                 float *running_var, float momentum, float eps, bool train,
+                                 bn_saved saved, float *y);
+  /* dx overwritten; dgamma, dbeta accumulated. */
+  fl_status (*batchnorm_backward)(fl_device *dev, int n, int c, int hw, const float *x,
+                                  const float *dy, const float *gamma, bn_saved saved,
+                                  float *dx, float *dgamma, float *dbeta);
+
+  /* SGD with momentum and weight decay (PyTorch's rule):
+   *   g = grad + weight_decay * w;  v = momentum * v + g;
+   *   w -= lr * (nesterov ? g + momentum * v : v). */
+  fl_status (*sgd_step)(fl_device *dev, size_t n, float lr, float momentum,
+                        float weight_decay, bool nesterov, const float *grad, float *velocity,
+                        float *w);
+};
+
+/* The backends. cuda_device_init returns FL_EDEVICE when flint was built without CUDA. */
+fl_status cpu_device_init(fl_device *dev);
+fl_status cuda_device_init(fl_device *dev, int ordinal);
+int cuda_device_count(void);
+
+/* Tensors inside gpu/: a view shares memory with its base (owns = false); shape must fit. */
+fl_status tensor_view(fl_tensor *base, size_t offset, int ndim, const int64_t *shape,
+                      fl_tensor *out);
+/* (Re)shapes t to `shape`, reallocating only when it needs more memory than it has. */
+fl_status tensor_ensure(fl_tensor *t, fl_device *dev, int ndim, const int64_t *shape);
+
+#endif /* FLINT_GPU_DEVICE_H */
