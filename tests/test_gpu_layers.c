@@ -7,6 +7,7 @@
 
 #include "common/common.h"
 #include "gpu/device.h"
+#include "gpu/layers.h"
 
 static fl_device *dev;
 
@@ -449,6 +450,310 @@ static void test_sgd_step_matches_pytorch_rule(void **state) {
   }
 }
 
+
+/* ---- layers: gradients against finite differences -------------------------------------- */
+
+/* The loss of a layer test is L = <y, r> for a fixed random r, so dL/dy = r. */
+static double layer_loss(layer *l, const fl_tensor *x, const float *r) {
+  const fl_tensor *y;
+  assert_ok(layer_forward(l, x, true, &y));
+  return dot(y->data, r, y->numel);
+}
+
+/* Compares one analytic derivative with a central difference of `v` (a float the loss reads);
+ * returns whether they agree. */
+static bool fd_agrees(layer *l, const fl_tensor *x, const float *r, float *v, double analytic,
+                      double eps, const char *what, size_t i) {
+  float keep = *v;
+  *v = keep + (float)eps;
+  double lp = layer_loss(l, x, r);
+  *v = keep - (float)eps;
+  double lm = layer_loss(l, x, r);
+  *v = keep;
+  double fd = (lp - lm) / (2 * eps);
+  bool ok = fabs(fd - analytic) <= 5e-3 + 2e-2 * fmax(fabs(fd), fabs(analytic));
+  if (!ok) fprintf(stderr, "%s %s[%zu]: finite difference %.6g, backward %.6g\n", l->name, what, i, fd, analytic);
+  return ok;
+}
+
+/* Index k of `checks` spread over n elements (all of them when n <= checks). */
+static size_t pick(size_t k, size_t n, size_t checks) {
+  if (n <= checks) return k;
+  return (size_t)((double)k * (double)n / (double)checks + (urand() + 1) * 0.5 * ((double)n / (double)checks - 1));
+}
+
+/* Runs forward and backward of a layer on x (shape and values given) and checks the input
+ * gradient and every parameter's gradient by central differences at up to `checks` points
+ * each. Layers with relus inside may cross a kink within eps: `misses` of them are allowed. */
+static void check_layer(layer_store *s, layer *l, int ndim, const int64_t *shape,
+                        const float *xv, double eps, size_t checks, int misses) {
+  fl_tensor x = {0}, dy = {0};
+  assert_ok(tensor_ensure(&x, dev, ndim, shape));
+  memcpy(x.data, xv, x.numel * sizeof(float));
+  const fl_tensor *y, *dx;
+  assert_ok(layer_forward(l, &x, true, &y));
+  assert_ok(tensor_ensure(&dy, dev, y->ndim, y->shape));
+  float *r = rand_buf(y->numel);
+  memcpy(dy.data, r, y->numel * sizeof(float));
+  /* Gradients accumulate: start from a known nonzero value and subtract it after. */
+  float *grads = s->grads.data;
+  for (size_t i = 0; i < s->nvalues; i++) grads[i] = 0.5f;
+  assert_ok(layer_backward(l, &dy, true, &dx));
+  float *dxv = malloc(x.numel * sizeof(float));
+  memcpy(dxv, dx->data, x.numel * sizeof(float));
+  float *g = malloc((s->nvalues ? s->nvalues : 1) * sizeof(float));
+  for (size_t i = 0; i < s->nvalues; i++) g[i] = grads[i] - 0.5f;
+
+  int bad = 0, total = 0;
+  for (size_t k = 0; k < checks && k < x.numel; k++) {
+    size_t i = pick(k, x.numel, checks);
+    bad += !fd_agrees(l, &x, r, &x.data[i], dxv[i], eps, "dx", i);
+    total++;
+  }
+  for (size_t p = l->first_param; p < l->first_param + l->nparams; p++) {
+    nn_param *prm = &s->params[p];
+    for (size_t k = 0; k < checks && k < prm->value.numel; k++) {
+      size_t i = pick(k, prm->value.numel, checks);
+      bad += !fd_agrees(l, &x, r, &prm->value.data[i], g[prm->offset + i], eps, prm->name, i);
+      total++;
+    }
+  }
+  if (bad > misses) {
+    fprintf(stderr, "%s: %d of %d derivatives disagree (%d allowed)\n", l->name, bad, total, misses);
+    fail();
+  }
+  free(r);
+  free(dxv);
+  free(g);
+  tensor_release(&x);
+  tensor_release(&dy);
+}
+
+/* Values kept at least 0.1 away from 0, so that a relu's kink is never within eps. */
+static float *away_from_zero(size_t n) {
+  float *p = rand_buf(n);
+  for (size_t i = 0; i < n; i++) p[i] = p[i] < 0 ? p[i] - 0.1f : p[i] + 0.1f;
+  return p;
+}
+
+/* Distinct values 0.05 apart in random order, so that no pooling window has a near tie. */
+static float *distinct(size_t n) {
+  float *p = malloc(n * sizeof *p);
+  for (size_t i = 0; i < n; i++) p[i] = (float)i * 0.05f - (float)n * 0.025f;
+  for (size_t i = n; i > 1; i--) {
+    size_t j = (size_t)((urand() + 1) * 0.5 * (double)i) % i;
+    float t = p[i - 1];
+    p[i - 1] = p[j];
+    p[j] = t;
+  }
+  return p;
+}
+
+static void finish(layer_store *s) {
+  assert_ok(layer_store_finish(s, 42));
+  /* Zero-initialised biases and batch-norm parameters would hide half of the math. */
+  float *v = s->values.data;
+  for (size_t i = 0; i < s->nvalues; i++) v[i] += 0.3f * urand();
+}
+
+static void test_linear_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *l;
+  assert_ok(layer_linear_create(&s, "fc", 10, 7, &l));
+  finish(&s);
+  assert_int_equal(l->nparams, 2);
+  assert_string_equal(s.params[0].name, "fc.weight");
+  assert_string_equal(s.params[1].name, "fc.bias");
+  int64_t shape[3] = {3, 2, 5}; /* a row of 10 features in any shape */
+  float *x = rand_buf(30);
+  check_layer(&s, l, 3, shape, x, 1e-2, 40, 0);
+  int64_t wrong[2] = {3, 9};
+  fl_tensor bad = {0};
+  assert_ok(tensor_ensure(&bad, dev, 2, wrong));
+  assert_fails_with(layer_forward(l, &bad, true, NULL), FL_EINVAL, "10 features a row");
+  tensor_release(&bad);
+  free(x);
+  layer_destroy(l);
+  layer_store_release(&s);
+}
+
+static void test_relu_and_flatten_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *relu, *flat;
+  assert_ok(layer_relu_create(&s, &relu));
+  assert_ok(layer_flatten_create(&s, &flat));
+  finish(&s);
+  int64_t shape[4] = {2, 3, 2, 3};
+  float *x = away_from_zero(36);
+  check_layer(&s, relu, 4, shape, x, 1e-2, 36, 0);
+  check_layer(&s, flat, 4, shape, x, 1e-2, 36, 0);
+  const fl_tensor *y;
+  fl_tensor xt = {0};
+  assert_ok(tensor_ensure(&xt, dev, 4, shape));
+  assert_ok(layer_forward(flat, &xt, true, &y));
+  assert_int_equal(y->ndim, 2);
+  assert_int_equal(y->shape[1], 18);
+  assert_ptr_equal(y->data, xt.data); /* a view, no copy */
+  tensor_release(&xt);
+  free(x);
+  layer_destroy(relu);
+  layer_destroy(flat);
+  layer_store_release(&s);
+}
+
+static void test_conv2d_gradients(void **state) {
+  (void)state;
+  static const struct {
+    int n, c, h, w, oc, k, stride, pad;
+    bool bias;
+  } cases[] = {
+      {2, 3, 5, 7, 4, 3, 1, 1, true},  {2, 2, 7, 6, 3, 3, 2, 1, false},
+      {3, 3, 5, 5, 2, 1, 2, 0, false}, {1, 2, 9, 8, 3, 5, 2, 2, true},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+    layer_store s;
+    layer_store_init(&s, dev);
+    layer *l;
+    assert_ok(layer_conv2d_create(&s, "conv", cases[t].c, cases[t].oc, cases[t].k,
+                                  cases[t].stride, cases[t].pad, cases[t].bias, &l));
+    finish(&s);
+    assert_int_equal(l->nparams, cases[t].bias ? 2 : 1);
+    int64_t shape[4] = {cases[t].n, cases[t].c, cases[t].h, cases[t].w};
+    size_t n = (size_t)shape[0] * shape[1] * shape[2] * shape[3];
+    float *x = rand_buf(n);
+    check_layer(&s, l, 4, shape, x, 1e-2, 30, 0);
+    const fl_tensor *y;
+    fl_tensor xt = {0};
+    assert_ok(tensor_ensure(&xt, dev, 4, shape));
+    assert_ok(layer_forward(l, &xt, true, &y));
+    assert_int_equal(y->shape[1], cases[t].oc);
+    assert_int_equal(y->shape[2], osz(cases[t].h, cases[t].k, cases[t].stride, cases[t].pad));
+    assert_int_equal(y->shape[3], osz(cases[t].w, cases[t].k, cases[t].stride, cases[t].pad));
+    /* Wrong channel count. */
+    int64_t wrong[4] = {1, cases[t].c + 1, cases[t].h, cases[t].w};
+    assert_ok(tensor_ensure(&xt, dev, 4, wrong));
+    assert_fails_with(layer_forward(l, &xt, true, NULL), FL_EINVAL, "conv2d conv: input [1,");
+    tensor_release(&xt);
+    free(x);
+    layer_destroy(l);
+    layer_store_release(&s);
+  }
+}
+
+static void test_pooling_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *max2, *max3, *avg2, *avg3, *gap;
+  assert_ok(layer_maxpool_create(&s, 2, 2, 0, &max2));
+  assert_ok(layer_maxpool_create(&s, 3, 2, 1, &max3));
+  assert_ok(layer_avgpool_create(&s, 2, 2, 0, &avg2));
+  assert_ok(layer_avgpool_create(&s, 3, 2, 1, &avg3));
+  assert_ok(layer_global_avgpool_create(&s, &gap));
+  assert_fails_with(layer_maxpool_create(&s, 2, 2, 2, &max2), FL_EINVAL, "pad 2");
+  finish(&s);
+  int64_t shape[4] = {2, 2, 5, 7};
+  float *x = distinct(140);
+  check_layer(&s, max2, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, max3, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, avg2, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, avg3, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, gap, 4, shape, x, 1e-2, 60, 0);
+  fl_tensor xt = {0};
+  const fl_tensor *y;
+  assert_ok(tensor_ensure(&xt, dev, 4, shape));
+  memcpy(xt.data, x, 140 * sizeof(float));
+  assert_ok(layer_forward(gap, &xt, true, &y));
+  assert_int_equal(y->ndim, 2);
+  double mean = 0;
+  for (int i = 0; i < 35; i++) mean += x[35 + i];
+  assert_close(y->data[1], mean / 35, 1e-5, "global mean", 1);
+  tensor_release(&xt);
+  free(x);
+  layer_destroy(max2);
+  layer_destroy(max3);
+  layer_destroy(avg2);
+  layer_destroy(avg3);
+  layer_destroy(gap);
+  layer_store_release(&s);
+}
+
+static void test_batchnorm_gradients_in_training(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *bn4, *bn2;
+  assert_ok(layer_batchnorm_create(&s, "bn", 3, &bn4));
+  assert_ok(layer_batchnorm_create(&s, "bn1d", 5, &bn2));
+  finish(&s);
+  assert_int_equal(s.nbuffers, 16); /* running mean and var of both */
+  int64_t shape4[4] = {3, 3, 2, 3}, shape2[2] = {4, 5};
+  float *x = rand_buf(54);
+  for (int i = 0; i < 54; i++) x[i] = x[i] * 2 + 1;
+  check_layer(&s, bn4, 4, shape4, x, 1e-2, 40, 0);
+  check_layer(&s, bn2, 2, shape2, x, 1e-2, 40, 0);
+  /* Backward needs the statistics of a training forward. */
+  fl_tensor xt = {0}, dy = {0};
+  assert_ok(tensor_ensure(&xt, dev, 2, shape2));
+  assert_ok(tensor_ensure(&dy, dev, 2, shape2));
+  assert_ok(layer_forward(bn2, &xt, false, NULL));
+  assert_fails_with(layer_backward(bn2, &dy, true, NULL), FL_ESTATE, "inference forward");
+  tensor_release(&xt);
+  tensor_release(&dy);
+  free(x);
+  layer_destroy(bn4);
+  layer_destroy(bn2);
+  layer_store_release(&s);
+}
+
+static void test_basic_block_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *same, *down;
+  assert_ok(layer_basic_block_create(&s, "layer1.0", 3, 3, 1, &same));
+  assert_ok(layer_basic_block_create(&s, "layer2.0", 3, 4, 2, &down));
+  finish(&s);
+  assert_int_equal(same->nparams, 6);
+  assert_int_equal(down->nparams, 9);
+  assert_string_equal(s.params[same->first_param].name, "layer1.0.conv1.weight");
+  assert_string_equal(s.params[down->first_param + 6].name, "layer2.0.downsample.0.weight");
+  assert_string_equal(s.params[down->first_param + 8].name, "layer2.0.downsample.1.bias");
+  int64_t shape[4] = {2, 3, 5, 5};
+  float *x = rand_buf(150);
+  /* Relus inside: a difference may straddle a kink now and then. */
+  check_layer(&s, same, 4, shape, x, 3e-3, 12, 2);
+  check_layer(&s, down, 4, shape, x, 3e-3, 12, 2);
+  free(x);
+  layer_destroy(same);
+  layer_destroy(down);
+  layer_store_release(&s);
+}
+
+static void test_backward_needs_forward_and_matching_gradient(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *l;
+  assert_ok(layer_linear_create(&s, "fc", 4, 3, &l));
+  finish(&s);
+  fl_tensor x = {0}, dy = {0};
+  int64_t xs[2] = {2, 4}, bad[2] = {2, 4};
+  assert_ok(tensor_ensure(&x, dev, 2, xs));
+  assert_ok(tensor_ensure(&dy, dev, 2, bad));
+  assert_fails_with(layer_backward(l, &dy, true, NULL), FL_ESTATE, "backward without a forward");
+  assert_ok(layer_forward(l, &x, true, NULL));
+  assert_fails_with(layer_backward(l, &dy, true, NULL), FL_ESTATE, "does not match the output [2, 3]");
+  tensor_release(&x);
+  tensor_release(&dy);
+  layer_destroy(l);
+  layer_store_release(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_all_transposes_match_reference),
@@ -462,6 +767,13 @@ int main(void) {
       cmocka_unit_test(test_avgpool_matches_reference_and_backward_is_adjoint),
       cmocka_unit_test(test_batchnorm_forward_matches_reference),
       cmocka_unit_test(test_sgd_step_matches_pytorch_rule),
+      cmocka_unit_test(test_linear_gradients),
+      cmocka_unit_test(test_relu_and_flatten_gradients),
+      cmocka_unit_test(test_conv2d_gradients),
+      cmocka_unit_test(test_pooling_gradients),
+      cmocka_unit_test(test_batchnorm_gradients_in_training),
+      cmocka_unit_test(test_basic_block_gradients),
+      cmocka_unit_test(test_backward_needs_forward_and_matching_gradient),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);
 }
