@@ -240,10 +240,14 @@ fl_status nn_model_backward(nn_model *m, nn_grads_ready_fn ready, void *user) {
   if (!m->have_loss)
     return fl_set_error(FL_ESTATE, "nn_model_backward: no loss since the last forward "
                         "(call nn_model_loss first)");
+  /* Layers before the first one with parameters (a flatten) need no backward at all, and
+   * the first one with parameters needs no input gradient. */
+  size_t first = 0;
+  while (first < m->nlayers && m->layers[first]->nparams == 0) first++;
   const fl_tensor *dy = &m->dlogits;
-  for (size_t i = m->nlayers; i-- > 0;) {
+  for (size_t i = m->nlayers; i-- > first;) {
     layer *l = m->layers[i];
-    fl_status st = layer_backward(l, dy, i > 0, &dy);
+    fl_status st = layer_backward(l, dy, i > first, &dy);
     if (st != FL_OK) return st;
     if (ready && l->nparams) {
       st = ready(l->first_param, l->nparams, user);

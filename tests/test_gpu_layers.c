@@ -99,6 +99,11 @@ static void test_gemm_all_transposes_match_reference(void **state) {
       free(c);
       free(want);
     }
+  float a[4] = {0}, b[4] = {0}, c[4] = {0};
+  assert_fails_with(dev->ops->gemm(dev, false, false, 2, 2, 2, 1, a, 1, b, 2, 0, c, 2), FL_EINVAL,
+                    "lda=1");
+  assert_fails_with(dev->ops->gemm(dev, false, false, -1, 2, 2, 1, a, 2, b, 2, 0, c, 2), FL_EINVAL,
+                    "negative size");
 }
 
 static void test_elementwise_ops_match_reference(void **state) {
