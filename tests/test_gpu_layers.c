@@ -350,6 +350,16 @@ static void test_maxpool_matches_reference(void **state) {
   }
 }
 
+static void test_maxpool_ties_go_to_the_first_in_the_window(void **state) {
+  (void)state;
+  /* All zeros, as after a relu: with pad 1 the first window starts outside the image. */
+  float x[25] = {0}, y[9];
+  int32_t am[9];
+  assert_ok(dev->ops->maxpool_forward(dev, 1, 1, 5, 5, 3, 2, 1, x, y, am));
+  int32_t want[9] = {0, 1, 3, 5, 6, 8, 15, 16, 18};
+  assert_memory_equal(am, want, sizeof want);
+}
+
 static void test_avgpool_matches_reference_and_backward_is_adjoint(void **state) {
   (void)state;
   for (size_t t = 0; t < sizeof pool_cases / sizeof pool_cases[0]; t++) {
@@ -967,6 +977,63 @@ static void test_resnet18_model(void **state) {
   nn_model_destroy(m);
 }
 
+/* One training step's logits and gradients, from a model made fresh. */
+static void fresh_step(const nn_model_spec *sp, batch *b, float *logits_out, float *grads_out) {
+  nn_model *m;
+  assert_ok(nn_model_create(dev, sp, &m));
+  const fl_tensor *logits;
+  assert_ok(nn_model_forward(m, &b->x, true, &logits));
+  memcpy(logits_out, logits->data, logits->numel * sizeof(float));
+  float stats[2] = {0, 0};
+  assert_ok(nn_model_loss(m, b->labels, 1.0f, stats));
+  assert_ok(nn_model_zero_grad(m));
+  assert_ok(nn_model_backward(m, NULL, NULL));
+  memcpy(grads_out, nn_model_grads(m)->data, nn_model_grads(m)->numel * sizeof(float));
+  nn_model_destroy(m);
+}
+
+static void test_models_follow_batches_that_shrink_and_grow(void **state) {
+  (void)state;
+  /* The ImageNet stem (7x7/2 conv, 3x3/2 max pool) above 64 pixels a side, and the CNN's
+   * extra averaging above 28x28, on a batch of 2, then 5, then 2 again. */
+  nn_model_spec specs[2] = {
+      {.kind = NN_RESNET18, .channels = 3, .height = 72, .width = 68, .classes = 3,
+       .width_mult = 2, .seed = 9},
+      {.kind = NN_CNN, .channels = 2, .height = 56, .width = 60, .classes = 4, .seed = 9},
+  };
+  for (int t = 0; t < 2; t++) {
+    nn_model_spec *sp = &specs[t];
+    nn_model *m;
+    assert_ok(nn_model_create(dev, sp, &m));
+    size_t np = nn_model_grads(m)->numel;
+    float *g = malloc(np * sizeof(float)), *g_fresh = malloc(np * sizeof(float));
+    float logits_fresh[5 * 4];
+    int sizes[3] = {2, 5, 2};
+    for (int k = 0; k < 3; k++) {
+      batch b;
+      make_batch(&b, sp, sizes[k]);
+      const fl_tensor *logits;
+      assert_ok(nn_model_forward(m, &b.x, true, &logits));
+      assert_int_equal(logits->shape[0], sizes[k]);
+      float stats[2] = {0, 0};
+      assert_ok(nn_model_loss(m, b.labels, 1.0f, stats));
+      assert_true(isfinite(stats[0]));
+      assert_ok(nn_model_zero_grad(m));
+      assert_ok(nn_model_backward(m, NULL, NULL));
+      memcpy(g, nn_model_grads(m)->data, np * sizeof(float));
+      /* The same as a model that never saw another batch size. */
+      fresh_step(sp, &b, logits_fresh, g_fresh);
+      assert_ok(nn_model_forward(m, &b.x, true, &logits));
+      assert_all_close(logits->data, logits_fresh, logits->numel, 1e-5, "logits");
+      assert_all_close(g, g_fresh, np, 1e-4, "grads");
+      tensor_release(&b.x);
+    }
+    free(g);
+    free(g_fresh);
+    nn_model_destroy(m);
+  }
+}
+
 static void test_models_are_seeded(void **state) {
   (void)state;
   nn_model_spec sp = {.kind = NN_RESNET18, .channels = 3, .height = 8, .width = 8,
@@ -1039,6 +1106,7 @@ int main(void) {
       cmocka_unit_test(test_im2col_matches_reference_and_col2im_is_its_adjoint),
       cmocka_unit_test(test_swap01_transposes_the_outer_axes),
       cmocka_unit_test(test_maxpool_matches_reference),
+      cmocka_unit_test(test_maxpool_ties_go_to_the_first_in_the_window),
       cmocka_unit_test(test_avgpool_matches_reference_and_backward_is_adjoint),
       cmocka_unit_test(test_batchnorm_forward_matches_reference),
       cmocka_unit_test(test_sgd_step_matches_pytorch_rule),
@@ -1052,6 +1120,7 @@ int main(void) {
       cmocka_unit_test(test_mlp_model),
       cmocka_unit_test(test_cnn_model),
       cmocka_unit_test(test_resnet18_model),
+      cmocka_unit_test(test_models_follow_batches_that_shrink_and_grow),
       cmocka_unit_test(test_models_are_seeded),
       cmocka_unit_test(test_model_bad_specs_and_calls),
   };
