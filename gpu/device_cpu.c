@@ -56,6 +56,13 @@ static fl_status cpu_gemm(fl_device *dev, bool trans_a, bool trans_b, int m, int
   (void)dev;
   if (m < 0 || n < 0 || k < 0)
     return fl_set_error(FL_EINVAL, "device cpu: gemm with negative size m=%d n=%d k=%d", m, n, k);
+  /* OpenBLAS only prints bad leading dimensions and skips the call; say it instead. */
+  int min_lda = trans_a ? m : k, min_ldb = trans_b ? k : n;
+  if (lda < (min_lda > 1 ? min_lda : 1) || ldb < (min_ldb > 1 ? min_ldb : 1) ||
+      ldc < (n > 1 ? n : 1))
+    return fl_set_error(FL_EINVAL, "device cpu: gemm leading dimensions lda=%d ldb=%d ldc=%d "
+                        "too small for m=%d n=%d k=%d (trans_a %d, trans_b %d)", lda, ldb, ldc,
+                        m, n, k, trans_a, trans_b);
   if (m == 0 || n == 0) return FL_OK;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -524,8 +531,9 @@ static const device_ops cpu_ops = {
 
 fl_status cpu_device_init(fl_device *dev) {
   /* Training runs one rank per thread, and flint gets its parallelism from ranks and tasks,
-   * not from BLAS (DESIGN.md: single-threaded BLAS per core measured 2x faster here). The
-   * setting is process-wide, as ml/ sets it too. */
+   * not from BLAS. Measured here (2 cores, batch 32 of 28x28): a CNN step takes 16 ms with
+   * one OpenBLAS thread against 21-44 ms with two, ResNet-18 (width 16) 141 against
+   * 194-372 ms. The setting is process-wide, as ml/ sets it too. */
   openblas_set_num_threads(1);
   dev->ops = &cpu_ops;
   dev->kind = FL_DEVICE_CPU;
