@@ -71,7 +71,9 @@ static grpc_status_code rpc_grpc_code(fl_status status) {
   case FL_ENET: return GRPC_STATUS_UNAVAILABLE;
   case FL_EAUTH: return GRPC_STATUS_UNAUTHENTICATED;
   case FL_ETIMEDOUT: return GRPC_STATUS_DEADLINE_EXCEEDED;
-  case FL_EIO: case FL_EINTERNAL: return GRPC_STATUS_INTERNAL;
+  case FL_EIO: case FL_EINTERNAL: case FL_EDEVICE: return GRPC_STATUS_INTERNAL;
+  case FL_EPEER: return GRPC_STATUS_ABORTED;
+  case FL_ESLOTS: return GRPC_STATUS_RESOURCE_EXHAUSTED;
   }
   return GRPC_STATUS_UNKNOWN;
 }
