@@ -956,9 +956,10 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   cb->no_executor_since_ns = 0;
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   *id = e->id;
-  common_log(LOG_INFO, "executor %llu registered: %s, %u cores, %llu MiB%s%.0d", (unsigned long long)e->id,
-             e->rpc_address, cores, (unsigned long long)(memory >> 20), gpu >= 0 ? ", GPU " : "",
-             gpu >= 0 ? gpu : 0);
+  char gpu_s[24] = "";
+  if (gpu >= 0) snprintf(gpu_s, sizeof gpu_s, ", GPU %d", (int)gpu);
+  common_log(LOG_INFO, "executor %llu registered: %s, %u cores, %llu MiB%s", (unsigned long long)e->id,
+             e->rpc_address, cores, (unsigned long long)(memory >> 20), gpu_s);
   return scheduler_post_call(cb->base.sched, executor_joined, e);
 }
 
