@@ -69,7 +69,10 @@ static fl_status run_stage(fl_context *ctx, uint32_t parts, const bf_arg *a, con
 static void check_info(fl_records *r, uint32_t world, int64_t attempt, int64_t gpu) {
   assert_int_equal(fl_records_count(r), world);
   for (uint32_t i = 0; i < world; i++) {
-    const int64_t *v = (const int64_t *)fl_records_get(r, i).data;
+    int64_t v[4];
+    fl_bytes rec = fl_records_get(r, i);
+    assert_int_equal(rec.len, sizeof v);
+    memcpy(v, rec.data, sizeof v); /* records are not aligned */
     assert_int_equal(v[0], i);
     assert_int_equal(v[1], world);
     if (attempt >= 0) assert_int_equal(v[2], attempt);
