@@ -28,7 +28,7 @@ static const char usage_text[] =
     "      SIZE: memory for cached blocks, e.g. 512m or 2g (default 1g).\n"
     "  driver --listen HOST:PORT [--work-dir DIR] [--port-file FILE]\n"
     "      Runs a driver until SIGINT or SIGTERM.\n"
-    "  executor --driver HOST:PORT --cores N --memory SIZE [--work-dir DIR] [--host HOST]\n"
+    "  executor --driver HOST:PORT --cores N --memory SIZE [--work-dir DIR] [--host HOST] [--gpu ID]\n"
     "      Runs an executor for that driver until SIGINT or SIGTERM.\n"
     "  status --master flint://HOST:PORT\n"
     "      Lists the driver's executors, applications and jobs.\n"
@@ -173,7 +173,7 @@ static int cmd_driver(int argc, char **argv) {
 
 static int cmd_executor(int argc, char **argv) {
   fl_executor_options o = {0};
-  const char *cores = NULL, *memory = NULL;
+  const char *cores = NULL, *memory = NULL, *gpu = NULL;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0) {
       fputs(usage_text, stdout);
@@ -184,7 +184,8 @@ static int cmd_executor(int argc, char **argv) {
         (r = option(argc, argv, &i, "--cores", &cores)) ||
         (r = option(argc, argv, &i, "--memory", &memory)) ||
         (r = option(argc, argv, &i, "--work-dir", &o.work_dir)) ||
-        (r = option(argc, argv, &i, "--host", &o.host))) {
+        (r = option(argc, argv, &i, "--host", &o.host)) ||
+        (r = option(argc, argv, &i, "--gpu", &gpu))) {
       if (r < 0) return usage_error("executor: %s needs a value", argv[i]);
       continue;
     }
@@ -197,6 +198,12 @@ static int cmd_executor(int argc, char **argv) {
   unsigned long n = strtoul(cores, &end, 10);
   if (*end || n < 1 || n > 1024) return usage_error("executor: --cores '%s' must be 1 to 1024", cores);
   o.cores = (uint32_t)n;
+  if (gpu) {
+    unsigned long g = strtoul(gpu, &end, 10);
+    if (*end || !*gpu || g > 1023) return usage_error("executor: --gpu '%s' must be a GPU id, 0 to 1023", gpu);
+    o.has_gpu = true;
+    o.gpu = (uint32_t)g;
+  }
   if (fl_parse_size(memory, &o.memory) != FL_OK || o.memory < (1u << 20))
     return usage_error("executor: --memory '%s' is not a size of at least 1m (examples: 512m, 2g)", memory);
   handle_stop_signals();

@@ -295,6 +295,66 @@ static fl_status take_results(remote_context *c, uint64_t operation_id, const Fl
   return st;
 }
 
+/* ---- barrier reports: read while the job runs, delivered on the action's thread ---------- */
+
+static void deliver_report(rdd *r, fl_bytes rec) {
+  uint64_t rdd_id;
+  uint32_t rank;
+  fl_bytes msg;
+  if (rec.len >= 12) {
+    memcpy(&rdd_id, rec.data, 8);
+    memcpy(&rank, rec.data + 8, 4);
+    msg = (fl_bytes){rec.data + 12, rec.len - 12};
+    rdd_barrier_deliver(r, rdd_id, rank, msg);
+  }
+}
+
+typedef struct run_call {
+  remote_context *c;
+  const Flint__RunJobRequest *req;
+  fl_buf *reply;
+  fl_status status;
+  char error[1024];
+  atomic_bool done;
+} run_call;
+
+static void *run_call_main(void *p) {
+  run_call *rc = p;
+  rc->status = call(rc->c->driver, "/flint.Driver/RunJob", &rc->req->base, 0, rc->reply);
+  if (rc->status != FL_OK) snprintf(rc->error, sizeof rc->error, "%s", fl_last_error());
+  atomic_store(&rc->done, true);
+  return NULL;
+}
+
+/* Reports wait in the driver; RunJob blocks until the job ends. So RunJob goes on a thread
+ * of its own while this one reads reports (long polls) and calls on_report; what is left at
+ * the end comes in RunJob's reply. */
+static fl_status run_job_with_reports(remote_context *c, rdd *r, const Flint__RunJobRequest *req, fl_buf *reply) {
+  run_call rc = {.c = c, .req = req, .reply = reply};
+  atomic_init(&rc.done, false);
+  pthread_t th;
+  if (pthread_create(&th, NULL, run_call_main, &rc) != 0) return FL_ERR(FL_ENOMEM, "cannot start a thread");
+  fl_buf got = FL_BUF_INIT;
+  while (!atomic_load(&rc.done)) {
+    Flint__BarrierReportsRequest q = FLINT__BARRIER_REPORTS_REQUEST__INIT;
+    q.app_id = c->app_id;
+    q.operation_id = req->operation_id;
+    q.wait_ms = 200;
+    if (call(c->driver, "/flint.Driver/BarrierReports", &q.base, RPC_TIMEOUT_MS, &got) != FL_OK) {
+      usleep(50000); /* the RunJob call will say what is wrong */
+      continue;
+    }
+    Flint__BarrierReportsReply *rep = flint__barrier_reports_reply__unpack(NULL, got.len, got.data);
+    for (size_t i = 0; rep && i < rep->n_reports; i++)
+      deliver_report(r, (fl_bytes){rep->reports[i].data, rep->reports[i].len});
+    if (rep) flint__barrier_reports_reply__free_unpacked(rep, NULL);
+  }
+  pthread_join(th, NULL);
+  fl_buf_free(&got);
+  if (rc.status != FL_OK) return fl_set_error(rc.status, "%s", rc.error);
+  return FL_OK;
+}
+
 static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                                 const rdd_action *action, fl_buf *results) {
   remote_context *c = impl;
@@ -331,7 +391,9 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   req.n_released = num_released;
   req.released = released;
   req.operation_id = atomic_fetch_add(&c->next_operation, 1);
-  st = call(c->driver, "/flint.Driver/RunJob", &req.base, 0, &reply);
+  bool reports = rdd_barrier_reports_wanted(r);
+  if (reports) st = run_job_with_reports(c, r, &req, &reply);
+  else st = call(c->driver, "/flint.Driver/RunJob", &req.base, 0, &reply);
   if (st == FL_OK) {
     num_released = 0; /* the driver has them */
     FL_PCHECK(pthread_mutex_lock(&c->lock));
@@ -343,6 +405,8 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
       st = FL_ERR(FL_EPROTO, "RunJob: malformed reply from the driver");
     } else {
       st = take_results(c, req.operation_id, rep, num_parts, results);
+      for (size_t i = 0; reports && i < rep->n_barrier_reports; i++)
+        deliver_report(r, (fl_bytes){rep->barrier_reports[i].data, rep->barrier_reports[i].len});
       for (size_t i = 0; i < rep->n_acc_updates; i++) {
         fl_status as = rdd_shared_merge_update(c->pub.shared, rep->acc_updates[i]->id,
                                                (fl_bytes){rep->acc_updates[i]->value.data,
@@ -694,9 +758,20 @@ static fl_status start_local_cluster(remote_context *c, const char *master, char
   char cores_s[16], mem_s[32];
   snprintf(cores_s, sizeof cores_s, "%u", cores);
   snprintf(mem_s, sizeof mem_s, "%um", mb);
+  /* FLINT_LOCAL_CLUSTER_GPUS=G (flint.h): the first G executors get --gpu 0 .. G-1. */
+  unsigned long gpus = 0;
+  const char *gpus_env = getenv("FLINT_LOCAL_CLUSTER_GPUS");
+  if (gpus_env && *gpus_env) {
+    char *end;
+    gpus = strtoul(gpus_env, &end, 10);
+    if (*end || gpus > n)
+      return FL_ERR(FL_EINVAL, "FLINT_LOCAL_CLUSTER_GPUS=%s: a number of at most %u executors", gpus_env, n);
+  }
   for (uint32_t i = 0; i < n; i++) {
+    char gpu_s[16];
+    snprintf(gpu_s, sizeof gpu_s, "%u", i);
     char *eargv[] = {exe, "executor", "--driver", addr, "--cores", cores_s, "--memory", mem_s,
-                     "--work-dir", dir, NULL};
+                     "--work-dir", dir, i < gpus ? "--gpu" : NULL, gpu_s, NULL};
     if ((c->children[c->num_children++] = spawn(eargv)) < 0)
       return FL_ERR(FL_EIO, "cannot start an executor: %s", strerror(errno));
   }
@@ -937,14 +1012,16 @@ fl_status fl_print_status(const char *master, FILE *out) {
     goto done;
   }
   fprintf(out, "executors: %zu\n", r->n_executors);
-  fprintf(out, "  %-4s %-22s %5s %10s %12s %10s %8s\n", "id", "address", "cores", "memory",
-          "cached", "tasks", "failed");
+  fprintf(out, "  %-4s %-22s %5s %10s %12s %10s %8s %4s\n", "id", "address", "cores", "memory",
+          "cached", "tasks", "failed", "gpu");
   for (size_t i = 0; i < r->n_executors; i++) {
     Flint__ExecutorInfo *e = r->executors[i];
-    fprintf(out, "  %-4llu %-22s %5u %8lluMi %10lluKi %10llu %8llu\n", (unsigned long long)e->id,
+    char gpu[16] = "-";
+    if (e->has_gpu) snprintf(gpu, sizeof gpu, "%u", e->gpu);
+    fprintf(out, "  %-4llu %-22s %5u %8lluMi %10lluKi %10llu %8llu %4s\n", (unsigned long long)e->id,
             e->address, e->cores, (unsigned long long)(e->memory >> 20),
             (unsigned long long)(e->cached_bytes >> 10), (unsigned long long)e->tasks_run,
-            (unsigned long long)e->tasks_failed);
+            (unsigned long long)e->tasks_failed, gpu);
   }
   fprintf(out, "applications: %zu\n", r->n_applications);
   for (size_t i = 0; i < r->n_applications; i++) {
@@ -982,7 +1059,7 @@ fl_status fl_executor_serve(const fl_executor_options *o, volatile sig_atomic_t 
   fl_status st = client_secret(&secret);
   if (st != FL_OK) return st;
   executor_config cfg = {.driver = o->driver, .host = o->host, .cores = o->cores, .memory = o->memory,
-                         .work_dir = o->work_dir, .secret = secret};
+                         .work_dir = o->work_dir, .secret = secret, .gpu = o->has_gpu ? (int32_t)o->gpu : -1};
   st = executor_serve(&cfg, stop);
   common_free(secret);
   return st;

@@ -39,6 +39,7 @@ typedef struct executor_ref {
   char host[64];
   char rpc_address[96], data_address[96];
   uint32_t cores, slots;
+  int32_t gpu; /* --gpu, or -1 */
   uint64_t memory;
   rpc_channel *channel;
   /* stats from heartbeats (cb->lock) */
@@ -625,6 +626,10 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
     d->partition = t->rt.partition;
     d->attempt = t->rt.attempt;
     d->job_id = t->job->id;
+    d->barrier = t->rt.barrier.on;
+    d->barrier_stage = t->rt.barrier.stage;
+    d->barrier_attempt = t->rt.barrier.attempt;
+    d->barrier_world = t->rt.barrier.world;
     if (t->stage->dep) {
       d->shuffle_id = t->stage->dep->shuffle_id;
     } else {
@@ -915,7 +920,7 @@ static void executor_joined(scheduler *s, void *arg) {
 }
 
 fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
-                           uint32_t data_port, uint32_t cores, uint64_t memory, uint64_t *id) {
+                           uint32_t data_port, uint32_t cores, uint64_t memory, int32_t gpu, uint64_t *id) {
   if (!host || !*host || strlen(host) > 60 || rpc_port == 0 || rpc_port > 65535 || data_port == 0 ||
       data_port > 65535 || cores == 0 || cores > 1024)
     return FL_ERR(FL_EPROTO, "RegisterExecutor: invalid host, ports or cores");
@@ -925,6 +930,7 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   snprintf(e->rpc_address, sizeof e->rpc_address, "%s:%u", host, rpc_port);
   snprintf(e->data_address, sizeof e->data_address, "%s:%u", host, data_port);
   e->cores = cores;
+  e->gpu = gpu;
   e->slots = cores * cb->cfg.slots_per_core;
   e->memory = memory;
   e->last_heartbeat_ns = common_now_ns();
@@ -950,8 +956,10 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   cb->no_executor_since_ns = 0;
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   *id = e->id;
-  common_log(LOG_INFO, "executor %llu registered: %s, %u cores, %llu MiB", (unsigned long long)e->id,
-             e->rpc_address, cores, (unsigned long long)(memory >> 20));
+  char gpu_s[24] = "";
+  if (gpu >= 0) snprintf(gpu_s, sizeof gpu_s, ", GPU %d", (int)gpu);
+  common_log(LOG_INFO, "executor %llu registered: %s, %u cores, %llu MiB%s", (unsigned long long)e->id,
+             e->rpc_address, cores, (unsigned long long)(memory >> 20), gpu_s);
   return scheduler_post_call(cb->base.sched, executor_joined, e);
 }
 
@@ -1004,6 +1012,8 @@ fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count) {
     x->tasks_run = e->tasks_run;
     x->tasks_failed = e->tasks_failed;
     x->alive = !e->lost;
+    x->has_gpu = e->gpu >= 0;
+    x->gpu = e->gpu >= 0 ? (uint32_t)e->gpu : 0;
     out[k++] = x;
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
@@ -1212,7 +1222,43 @@ static void cluster_fetch_failed(backend *b, sched_task *t) {
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
 }
 
+/* ---- barrier stages ----------------------------------------------------------------------- */
+
+/* Whether e can take barrier tasks (scheduler thread): alive and not excluded. */
+static bool gang_usable(const executor_ref *e, bool gpu, uint64_t now) {
+  return !e->removed && !excluded(e, now) && (!gpu || e->gpu >= 0);
+}
+
+/* Tasks of one gang wait for each other, so each needs a core (a GPU executor: the whole
+ * executor, one GPU) of its own at the same moment. */
+static uint32_t cluster_gang_capacity(backend *b, bool gpu) {
+  uint64_t now = common_now_ns();
+  uint32_t n = 0;
+  for (executor_ref *e = of(b)->executors; e; e = e->next)
+    if (gang_usable(e, gpu, now)) n += gpu ? 1 : e->cores;
+  return n;
+}
+
+static bool cluster_gang_place(backend *b, sched_task *tasks, uint32_t n, bool gpu) {
+  cluster_backend *cb = of(b);
+  uint64_t now = common_now_ns();
+  uint32_t free_now = 0;
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (gang_usable(e, gpu, now) && e->running < e->cores) free_now += gpu ? (e->running == 0) : e->cores - e->running;
+  if (free_now < n) return false;
+  /* Spread over executors, the least busy first; running is raised by launch. */
+  uint32_t i = 0;
+  for (executor_ref *e = cb->executors; e && i < n; e = e->next) {
+    if (!gang_usable(e, gpu, now) || e->running >= e->cores) continue;
+    uint32_t take = gpu ? (e->running == 0) : e->cores - e->running;
+    for (uint32_t k = 0; k < take && i < n; k++) tasks[i++].placement = e;
+  }
+  return i == n;
+}
+
 static const backend_ops cluster_ops = {.name = "cluster",
+                                        .gang_capacity = cluster_gang_capacity,
+                                        .gang_place = cluster_gang_place,
                                         .place = cluster_place,
                                         .launch = cluster_launch,
                                         .flush = cluster_flush,

@@ -31,9 +31,17 @@ typedef struct context_impl {
   char *work_dir;
 } context_impl;
 
+/* Barrier reports reach the on_report of their dataset on the action's thread. */
+static void deliver_report(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes message) {
+  rdd_barrier_deliver(arg, rdd_id, rank, message);
+}
+
 static fl_status context_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                                  const rdd_action *action, fl_buf *results) {
-  return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, NULL, results);
+  if (!rdd_barrier_reports_wanted(r))
+    return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, NULL, results);
+  sched_job_opts opts = {.on_report = deliver_report, .report_arg = r};
+  return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, &opts, results);
 }
 
 static void local_close(fl_context *ctx);
@@ -127,6 +135,8 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
                             &c->sched));
   FL_CHECK(local_backend_create(c->sched, threads, &b));
   scheduler_set_backend(c->sched, b);
+  c->pub.barrier = &barrier_local_ops;
+  c->pub.barrier_impl = c->sched->barriers;
   c->pub.runtime = &local_runtime;
   c->pub.runtime_impl = c;
   c->pub.cache = &block_manager_cache_ops;

@@ -69,7 +69,8 @@ static fl_status make_map_tasks(sched_job *job, sched_stage *st) {
   const rdd_shuffle_dep *dep = st->dep;
   map_output_table *table = job->rdd->ctx->map_outputs;
   uint32_t maps = dep->parent->num_partitions, missing = 0;
-  for (uint32_t m = 0; m < maps; m++) missing += !map_output_has(table, dep->shuffle_id, m);
+  /* A barrier stage always runs whole: every rank takes part. */
+  for (uint32_t m = 0; m < maps; m++) missing += st->barrier || !map_output_has(table, dep->shuffle_id, m);
   sched_task *tasks = common_calloc(missing ? missing : 1, sizeof *tasks);
   if (!tasks) return FL_ERR(FL_ENOMEM, "cannot allocate %u map tasks", missing);
   if (st->tasks) {
@@ -84,7 +85,7 @@ static fl_status make_map_tasks(sched_job *job, sched_stage *st) {
   st->tasks = tasks;
   st->num_tasks = 0;
   for (uint32_t m = 0; m < maps; m++)
-    if (!map_output_has(table, dep->shuffle_id, m)) {
+    if (st->barrier || !map_output_has(table, dep->shuffle_id, m)) {
       init_task(&st->tasks[st->num_tasks], job, st, st->num_tasks, m);
       st->num_tasks++;
     }
@@ -104,6 +105,7 @@ static fl_status map_stage_for(scheduler *s, sched_job *job, const rdd_shuffle_d
   if (!st) return FL_ERR(FL_ENOMEM, "cannot allocate a stage");
   st->write = (rdd_action){.kind = RDD_ACTION_SHUFFLE_WRITE, .dep = dep};
   st->action = &st->write;
+  st->barrier = rdd_barrier_find(dep->parent);
   fl_status made = make_map_tasks(job, st);
   if (made != FL_OK) return made;
   *out = st;
@@ -152,7 +154,8 @@ static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
     st->finished = true;
     return;
   }
-  task_scheduler_submit(s, st->tasks, st->num_tasks);
+  if (st->barrier) task_scheduler_submit_gang(s, st);
+  else task_scheduler_submit(s, st->tasks, st->num_tasks);
 }
 
 /* After a stage finished: submit the stages that were waiting for it. */
@@ -269,6 +272,18 @@ void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   result->num_tasks = job->num_parts;
   for (uint32_t i = 0; i < job->num_parts; i++) init_task(&job->tasks[i], job, result, i, job->parts[i]);
   job->remaining = job->num_parts;
+  if ((result->barrier = rdd_barrier_find(job->rdd))) {
+    bool whole = job->num_parts == job->rdd->num_partitions;
+    for (uint32_t i = 0; whole && i < job->num_parts; i++) whole = job->parts[i] == i;
+    if (!whole) {
+      dag_scheduler_job_failed(s, job, FL_EINVAL,
+                               "job %llu: a job over barrier dataset %llu must compute all its %u partitions, "
+                               "in order (it asked for %u)",
+                               (unsigned long long)job->id, (unsigned long long)result->barrier->id,
+                               job->rdd->num_partitions, job->num_parts);
+      return;
+    }
+  }
   fl_status st = add_missing_parents(s, job, result, job->rdd);
   if (st != FL_OK) {
     dag_scheduler_job_failed(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
@@ -329,6 +344,7 @@ void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status, co
   va_end(ap);
   job->error = common_strdup(msg);
   atomic_store(&job->cancelled, true);
+  barrier_job_abort(s->barriers, job->id);
   task_scheduler_drop_job(s, job);
   if (job->running > 0 && s->backend->ops->kill) s->backend->ops->kill(s->backend, job);
   dag_scheduler_maybe_finish(s, job);
@@ -356,6 +372,7 @@ void dag_scheduler_free_stages(sched_job *job) {
       common_free(r);
     }
     common_free(st->parents);
+    common_free(st->barrier_cause);
     common_free(st);
     st = next;
   }

@@ -53,6 +53,7 @@ typedef struct sched_task {
   uint64_t launched_ns, duration_ns; /* the attempt's launch; the successful one's run time */
   struct sched_task *original, *backup;
   struct sched_task *next_copy; /* the job's backups, freed with it */
+  bool barrier_ok;              /* barrier stages: this attempt succeeded (held until all did) */
 } sched_task;
 
 /* ---- backends -------------------------------------------------------------------------- */
@@ -86,6 +87,13 @@ typedef struct backend_ops {
    * scheduler has marked it lost. The backend forgets where it was and checks that its
    * executor is still alive. */
   void (*fetch_failed)(backend *b, sched_task *task);
+  /* Optional, for barrier stages: how many tasks can run at the same moment in the whole
+   * cluster (gpu: on executors with a GPU, one each). NULL: the backend's slots. */
+  uint32_t (*gang_capacity)(backend *b, bool gpu);
+  /* Optional, for barrier stages: places all n tasks at once, each where it starts at once
+   * (a free core; gpu: an idle GPU executor), setting their placement, or none and returns
+   * false. NULL: any free slots will do. */
+  bool (*gang_place)(backend *b, sched_task *tasks, uint32_t n, bool gpu);
   /* Ends the backend's threads after their current tasks; blocks. Frees the backend. */
   void (*destroy)(backend *b);
 } backend_ops;
@@ -129,6 +137,13 @@ FL_INTERNAL void scheduler_destroy(scheduler *s);
 typedef struct sched_job_opts {
   uint64_t group, tag;
   const atomic_bool *abandoned;
+  /* Reports of barrier tasks (fl_barrier_report): on_report, when set, is called on the
+   * caller's thread while the job runs and before scheduler_run_job returns, in the order
+   * they came; else they wait for barrier_wait_reports and what is left at the end goes to
+   * *reports_left (when not NULL; records as barrier_report_split reads them). */
+  void (*on_report)(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes message);
+  void *report_arg;
+  rdd_batch *reports_left;
 } sched_job_opts;
 
 /* Runs a job and blocks until it ends; results[i] receives the result of parts[i]. opts may
@@ -168,6 +183,17 @@ struct sched_stage {
   uint32_t num_parents;
   bool submitted, finished;
   sched_stage *next; /* in the job's list */
+  /* Barrier stages (gang-scheduled; a failed task retries the whole stage). */
+  rdd *barrier;              /* the barrier dataset its tasks run, or NULL */
+  uint32_t barrier_attempt;  /* the current attempt */
+  uint32_t barrier_failures; /* attempts failed by a task (a lost executor does not count) */
+  uint32_t barrier_running;  /* attempts of the current gang launched and not ended */
+  uint32_t barrier_succeeded;
+  bool barrier_aborted;      /* the current attempt failed: it reruns once every task ended */
+  char *barrier_cause;       /* the failure's message (owned) */
+  fl_status barrier_cause_status;
+  uint32_t barrier_cause_partition;
+  sched_stage *barrier_next; /* the scheduler's gangs waiting for slots */
 };
 
 struct sched_job {
@@ -205,6 +231,8 @@ struct scheduler {
   uint64_t speculate_at_ns; /* the next look for slow tasks; 0: none due */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
   sched_job *active;                       /* jobs submitted and not finished */
+  sched_stage *gangs_head;                 /* barrier stages waiting for slots, in order */
+  struct barrier_table *barriers;          /* barrier stages' rendezvous (any thread) */
   atomic_uint_fast64_t next_job_id;
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated;
 };
@@ -228,6 +256,46 @@ FL_INTERNAL void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_statu
                                           const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 FL_INTERNAL void dag_scheduler_maybe_finish(scheduler *s, sched_job *job);
+
+/* Barrier stages (task_scheduler.c): submits the gang of a barrier stage (fails the job
+ * with FL_ESLOTS when the cluster can never run it), and handles the end of one of its
+ * attempts. */
+FL_INTERNAL void task_scheduler_submit_gang(scheduler *s, sched_stage *st);
+
+/* ---- barrier coordinator (barrier.c) ------------------------------------------------- */
+typedef struct barrier_table barrier_table;
+FL_INTERNAL fl_status barrier_table_create(barrier_table **out);
+FL_INTERNAL void barrier_table_destroy(barrier_table *t);
+/* Scheduler thread: attempt `attempt` of stage `stage` of a job, with `world` tasks, begins
+ * (the job's entry is made on first use; group and tag find its reports). */
+FL_INTERNAL fl_status barrier_stage_start(barrier_table *t, uint64_t job_id, uint64_t group, uint64_t tag,
+                                          uint32_t stage, uint32_t attempt, uint32_t world);
+/* Scheduler thread: the current attempt failed; its gathers end with FL_ECANCELLED. */
+FL_INTERNAL void barrier_stage_abort(barrier_table *t, uint64_t job_id, uint32_t stage);
+/* The job failed: every gather of it ends with FL_ECANCELLED. */
+FL_INTERNAL void barrier_job_abort(barrier_table *t, uint64_t job_id);
+/* The job ended: frees its entry; its reports not taken go to *reports_left (may be NULL). */
+FL_INTERNAL void barrier_job_close(barrier_table *t, uint64_t job_id, rdd_batch *reports_left);
+/* Any thread; blocks until every rank deposited its message of `round`, deadline_ns passes
+ * (FL_ETIMEDOUT), the attempt is abandoned or either cancel flag is set (FL_ECANCELLED).
+ * Appends the messages in rank order to *all. */
+FL_INTERNAL fl_status barrier_gather(barrier_table *t, uint64_t job_id, uint32_t stage, uint32_t attempt,
+                                     uint32_t rank, uint32_t round, fl_bytes mine, uint64_t deadline_ns,
+                                     const atomic_bool *cancel_a, const atomic_bool *cancel_b, rdd_batch *all);
+FL_INTERNAL fl_status barrier_report(barrier_table *t, uint64_t job_id, uint64_t rdd_id, uint32_t rank,
+                                     fl_bytes message);
+/* A report record: (u64 dataset id, u32 rank, message). */
+FL_INTERNAL bool barrier_report_split(fl_bytes rec, uint64_t *rdd_id, uint32_t *rank, fl_bytes *message);
+FL_INTERNAL void barrier_take_reports(barrier_table *t, uint64_t job_id, rdd_batch *out);
+/* Waits until reports of the jobs of (group, tag) are there (then moves them into *out),
+ * deadline_ns passes or *cancel is set. */
+FL_INTERNAL void barrier_wait_reports(barrier_table *t, uint64_t group, uint64_t tag, uint64_t deadline_ns,
+                                      const atomic_bool *cancel, rdd_batch *out);
+FL_INTERNAL fl_status barrier_checkpoint_put(barrier_table *t, uint64_t job_id, uint32_t stage,
+                                             uint32_t attempt, uint64_t rdd_id, fl_bytes state);
+FL_INTERNAL fl_status barrier_checkpoint_get(barrier_table *t, uint64_t job_id, uint64_t rdd_id, fl_buf *out);
+/* The rdd_barrier_ops of a local context (impl: the scheduler's barrier_table). */
+FL_INTERNAL extern const rdd_barrier_ops barrier_local_ops;
 
 /* Task scheduler. */
 FL_INTERNAL void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count);
@@ -301,7 +369,7 @@ FL_INTERNAL backend *cluster_backend_base(cluster_backend *cb);
 /* RPC handlers' entry points; any thread, may block briefly. */
 FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
                                        uint32_t data_port, uint32_t cores, uint64_t memory,
-                                       uint64_t *id);
+                                       int32_t gpu, uint64_t *id);
 /* False when the executor is unknown (it should register again). */
 FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t cached_bytes,
                                    uint64_t tasks_run, uint64_t tasks_failed);

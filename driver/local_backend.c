@@ -11,6 +11,8 @@
 typedef struct local_backend {
   backend base;
   task_pool *pool;
+  uint32_t threads;
+  uint32_t running; /* attempts launched and not ended (scheduler thread) */
 } local_backend;
 
 static void local_run(task_pool_work *work) {
@@ -20,6 +22,7 @@ static void local_run(task_pool_work *work) {
 }
 
 static void local_launch(backend *b, sched_task *t) {
+  ((local_backend *)b)->running++;
   t->work.run = local_run;
   task_pool_submit(((local_backend *)b)->pool, &t->work);
 }
@@ -30,7 +33,31 @@ static void local_destroy(backend *b) {
   common_free(lb);
 }
 
-static const backend_ops local_ops = {.name = "local", .launch = local_launch, .destroy = local_destroy};
+static void local_ended(backend *b, sched_task *t) {
+  (void)t;
+  ((local_backend *)b)->running--;
+}
+
+/* A barrier stage's tasks each need a thread of their own at the same moment (they wait for
+ * each other), so the threads are the gang's slots, GPU or not. */
+static uint32_t local_gang_capacity(backend *b, bool gpu) {
+  (void)gpu;
+  return ((local_backend *)b)->threads;
+}
+
+static bool local_gang_place(backend *b, sched_task *tasks, uint32_t n, bool gpu) {
+  (void)tasks;
+  (void)gpu;
+  local_backend *lb = (local_backend *)b;
+  return lb->running + n <= lb->threads;
+}
+
+static const backend_ops local_ops = {.name = "local",
+                                      .launch = local_launch,
+                                      .ended = local_ended,
+                                      .gang_capacity = local_gang_capacity,
+                                      .gang_place = local_gang_place,
+                                      .destroy = local_destroy};
 
 fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out) {
   local_backend *lb = common_calloc(1, sizeof *lb);
@@ -43,6 +70,7 @@ fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out
   lb->base.ops = &local_ops;
   lb->base.sched = sched;
   lb->base.slots = threads * LOCAL_SLOTS_PER_THREAD;
+  lb->threads = threads;
   *out = &lb->base;
   return FL_OK;
 }

@@ -106,11 +106,16 @@ static void *scheduler_main(void *p) {
 fl_status scheduler_create(uint32_t max_attempts, scheduler **out) {
   scheduler *s = common_calloc(1, sizeof *s);
   if (!s) return FL_ERR(FL_ENOMEM, "cannot allocate the scheduler");
+  if (barrier_table_create(&s->barriers) != FL_OK) {
+    common_free(s);
+    return FL_ERR(FL_ENOMEM, "cannot allocate the scheduler");
+  }
   common_queue_init(&s->events);
   s->max_attempts = max_attempts;
   atomic_init(&s->next_job_id, 1);
   if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
     common_queue_destroy(&s->events);
+    barrier_table_destroy(s->barriers);
     common_free(s);
     return FL_ERR(FL_ENOMEM, "cannot start the scheduler thread");
   }
@@ -135,6 +140,7 @@ void scheduler_destroy(scheduler *s) {
   while ((ev = (sched_event *)common_queue_pop_until(&s->events, 0, common_now_ns())))
     if (ev->type == EV_CALL) common_free(ev);
   common_queue_destroy(&s->events);
+  barrier_table_destroy(s->barriers);
   common_free(s);
 }
 
@@ -145,6 +151,24 @@ void scheduler_post_task_end(scheduler *s, sched_task *task) {
 
 /* How often a job whose caller may go away checks for that. */
 #define ABANDON_POLL_NS 20000000u
+/* How often the caller of a job with barrier reports to deliver looks for them. */
+#define REPORT_POLL_NS 10000000u
+
+static void deliver_batch(rdd_batch *b, const sched_job_opts *opts) {
+  rdd_cursor c = {b->buf.data, b->buf.data + b->buf.len};
+  fl_bytes rec, msg;
+  uint64_t rdd_id;
+  uint32_t rank;
+  while (rdd_cursor_next(&c, &rec))
+    if (barrier_report_split(rec, &rdd_id, &rank, &msg)) opts->on_report(opts->report_arg, rdd_id, rank, msg);
+}
+
+static void deliver_reports(scheduler *s, uint64_t job_id, const sched_job_opts *opts) {
+  rdd_batch b = {FL_BUF_INIT, 0};
+  barrier_take_reports(s->barriers, job_id, &b);
+  if (b.count) deliver_batch(&b, opts);
+  rdd_batch_free(&b);
+}
 
 fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_t num_parts,
                             const rdd_action *action, const sched_job_opts *opts, fl_buf *results) {
@@ -174,7 +198,16 @@ fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_
   rdd_retain(r); /* the lineage must outlive every attempt, even a cancelled one */
 
   common_queue_push(&s->events, &job.submitted.node);
-  if (opts && opts->abandoned) {
+  if (opts && opts->on_report) {
+    bool cancel_sent = false;
+    for (bool done = false; !done;) {
+      done = common_event_wait_until(&job.done, common_now_ns() + REPORT_POLL_NS);
+      deliver_reports(s, job.id, opts);
+      if (!done && !cancel_sent && opts->abandoned && atomic_load(opts->abandoned) &&
+          scheduler_cancel(s, job.group, job.tag) == FL_OK)
+        cancel_sent = true;
+    }
+  } else if (opts && opts->abandoned) {
     bool cancel_sent = false;
     while (!common_event_wait_until(&job.done, common_now_ns() + ABANDON_POLL_NS))
       if (!cancel_sent && atomic_load(opts->abandoned) &&
@@ -182,6 +215,17 @@ fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_
         cancel_sent = true;
   } else {
     common_event_wait(&job.done, common_spin_ns());
+  }
+  {
+    rdd_batch left = {FL_BUF_INIT, 0};
+    barrier_job_close(s->barriers, job.id, &left);
+    if (opts && opts->on_report) {
+      deliver_batch(&left, opts);
+    } else if (opts && opts->reports_left && left.count) {
+      if (fl_buf_append(&opts->reports_left->buf, left.buf.data, left.buf.len) == FL_OK)
+        opts->reports_left->count += left.count;
+    }
+    rdd_batch_free(&left);
   }
 
   fl_status status = job.status;

@@ -115,6 +115,10 @@ static fl_status empty_reply(fl_buf *out) {
 #define Flint__OutputRequest_descriptor_ flint__output_request__descriptor
 #define Flint__FetchResultRequest_descriptor_ flint__fetch_result_request__descriptor
 #define Flint__CancelJobsRequest_descriptor_ flint__cancel_jobs_request__descriptor
+#define Flint__BarrierGatherRequest_descriptor_ flint__barrier_gather_request__descriptor
+#define Flint__BarrierReportRequest_descriptor_ flint__barrier_report_request__descriptor
+#define Flint__BarrierCheckpointRequest_descriptor_ flint__barrier_checkpoint_request__descriptor
+#define Flint__BarrierReportsRequest_descriptor_ flint__barrier_reports_request__descriptor
 
 /* ---- an application's context in the driver -------------------------------------------- */
 
@@ -506,6 +510,8 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
   bool have_action = false;
   fl_buf *results = NULL;
   rdd *r = NULL;
+  rdd_batch reports_left = {FL_BUF_INIT, 0};
+  ProtobufCBinaryData *report_bins = NULL;
   fl_status status = app_lookup(d, req->app_id, &app);
   if (status != FL_OK) goto cleanup;
   FL_PCHECK(pthread_mutex_lock(&app->lock));
@@ -538,7 +544,8 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
   }
   job_note(d, app->id, 0, (uint32_t)req->n_partitions, true, FL_OK, NULL);
   /* The client's going away (its connection drops) cancels the job, as does CancelJobs. */
-  sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = call->cancelled};
+  sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = call->cancelled,
+                         .reports_left = &reports_left};
   status = scheduler_run_job(d->sched, r, req->partitions, (uint32_t)req->n_partitions,
                              &action.action, &opts, results);
   job_note(d, app->id, 0, (uint32_t)req->n_partitions, false, status, status ? fl_last_error() : NULL);
@@ -599,6 +606,13 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
     }
     reply.n_acc_updates = n_accs;
     reply.acc_updates = acc_ptrs;
+    if (reports_left.count && (report_bins = common_calloc(reports_left.count, sizeof *report_bins))) {
+      rdd_cursor rc = {reports_left.buf.data, reports_left.buf.data + reports_left.buf.len};
+      fl_bytes rec;
+      while (reply.n_barrier_reports < reports_left.count && rdd_cursor_next(&rc, &rec))
+        report_bins[reply.n_barrier_reports++] = (ProtobufCBinaryData){rec.len, (uint8_t *)rec.data};
+      reply.barrier_reports = report_bins;
+    }
     if (status == FL_OK) status = proto_pack(&reply.base, response);
   }
   if (status != FL_OK && parked) unpark_operation(app, req->operation_id);
@@ -608,6 +622,8 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
   common_free(acc_ptrs);
   fl_buf_free(&accs);
 cleanup:
+  common_free(report_bins);
+  rdd_batch_free(&reports_left);
   if (results)
     for (size_t i = 0; i < req->n_partitions; i++) fl_buf_free(&results[i]);
   common_free(results);
@@ -978,13 +994,115 @@ static fl_status handle_status(driver_state *d, fl_buf *response) {
   return st;
 }
 
+/* ---- barrier stages (docs/barrier.md) ----------------------------------------------------- */
+
+/* An executor's barrier task waits here (an RPC handler thread) for the other ranks. */
+static fl_status handle_barrier_gather(driver_state *d, fl_bytes body, fl_buf *response, const rpc_request *call) {
+  UNPACK(Flint__BarrierGatherRequest, req, body, "BarrierGather");
+  fl_status st = FL_OK;
+  rdd_batch all = {FL_BUF_INIT, 0};
+  ProtobufCBinaryData *bins = NULL;
+  if (req->message.len > RDD_BARRIER_GATHER_MAX) {
+    st = FL_ERR(FL_ELIMIT, "BarrierGather: a message of %zu bytes", req->message.len);
+    goto done;
+  }
+  uint32_t timeout = req->timeout_ms ? req->timeout_ms : RDD_BARRIER_TIMEOUT_MS;
+  st = barrier_gather(d->sched->barriers, req->job_id, req->stage, req->attempt, req->rank, req->round,
+                      (fl_bytes){req->message.data, req->message.len},
+                      common_now_ns() + (uint64_t)timeout * 1000000u, call->cancelled, NULL, &all);
+  if (st != FL_OK) goto done;
+  Flint__BarrierGatherReply reply = FLINT__BARRIER_GATHER_REPLY__INIT;
+  if (!(bins = common_calloc(all.count + 1, sizeof *bins))) {
+    st = FL_ERR(FL_ENOMEM, "out of memory");
+    goto done;
+  }
+  rdd_cursor c = {all.buf.data, all.buf.data + all.buf.len};
+  fl_bytes rec;
+  while (reply.n_messages < all.count && rdd_cursor_next(&c, &rec))
+    bins[reply.n_messages++] = (ProtobufCBinaryData){rec.len, (uint8_t *)rec.data};
+  reply.messages = bins;
+  st = proto_pack(&reply.base, response);
+done:
+  common_free(bins);
+  rdd_batch_free(&all);
+  flint__barrier_gather_request__free_unpacked(req, NULL);
+  return st;
+}
+
+static fl_status handle_barrier_report(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__BarrierReportRequest, req, body, "BarrierReport");
+  fl_status st = req->message.len > RDD_BARRIER_REPORT_MAX
+                     ? FL_ERR(FL_ELIMIT, "BarrierReport: a message of %zu bytes", req->message.len)
+                     : barrier_report(d->sched->barriers, req->job_id, req->rdd_id, req->rank,
+                                      (fl_bytes){req->message.data, req->message.len});
+  flint__barrier_report_request__free_unpacked(req, NULL);
+  return st == FL_OK ? empty_reply(response) : st;
+}
+
+static fl_status handle_barrier_checkpoint(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__BarrierCheckpointRequest, req, body, "BarrierCheckpoint");
+  fl_status st;
+  if (req->get) {
+    fl_buf state = FL_BUF_INIT;
+    st = barrier_checkpoint_get(d->sched->barriers, req->job_id, req->rdd_id, &state);
+    if (st == FL_OK) {
+      Flint__BarrierCheckpointReply reply = FLINT__BARRIER_CHECKPOINT_REPLY__INIT;
+      reply.state = (ProtobufCBinaryData){state.len, state.data};
+      st = proto_pack(&reply.base, response);
+    }
+    fl_buf_free(&state);
+  } else {
+    st = req->state.len > RDD_BARRIER_CHECKPOINT_MAX
+             ? FL_ERR(FL_ELIMIT, "BarrierCheckpoint: a state of %zu bytes", req->state.len)
+             : barrier_checkpoint_put(d->sched->barriers, req->job_id, req->stage, req->attempt, req->rdd_id,
+                                      (fl_bytes){req->state.data, req->state.len});
+    if (st == FL_OK) st = empty_reply(response);
+  }
+  flint__barrier_checkpoint_request__free_unpacked(req, NULL);
+  return st;
+}
+
+/* A client reads the reports of its running job (long poll). */
+static fl_status handle_barrier_reports(driver_state *d, fl_bytes body, fl_buf *response, const rpc_request *call) {
+  UNPACK(Flint__BarrierReportsRequest, req, body, "BarrierReports");
+  driver_app *app;
+  fl_status st = app_lookup(d, req->app_id, &app);
+  if (st != FL_OK) {
+    flint__barrier_reports_request__free_unpacked(req, NULL);
+    return st;
+  }
+  uint32_t wait = req->wait_ms > MAX_WAIT_MS ? MAX_WAIT_MS : req->wait_ms;
+  rdd_batch got = {FL_BUF_INIT, 0};
+  barrier_wait_reports(d->sched->barriers, app->id, req->operation_id,
+                       common_now_ns() + (uint64_t)wait * 1000000u, call->cancelled, &got);
+  Flint__BarrierReportsReply reply = FLINT__BARRIER_REPORTS_REPLY__INIT;
+  ProtobufCBinaryData *bins = common_calloc(got.count + 1, sizeof *bins);
+  if (!bins) {
+    st = FL_ERR(FL_ENOMEM, "out of memory");
+  } else {
+    rdd_cursor c = {got.buf.data, got.buf.data + got.buf.len};
+    fl_bytes rec;
+    while (reply.n_reports < got.count && rdd_cursor_next(&c, &rec))
+      bins[reply.n_reports++] = (ProtobufCBinaryData){rec.len, (uint8_t *)rec.data};
+    reply.reports = bins;
+    st = proto_pack(&reply.base, response);
+  }
+  common_free(bins);
+  rdd_batch_free(&got);
+  app_unpin(d, app);
+  flint__barrier_reports_request__free_unpacked(req, NULL);
+  return st;
+}
+
 /* ---- dispatch -------------------------------------------------------------------------- */
 
 static fl_status handle_register(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__RegisterExecutorRequest, req, body, "RegisterExecutor");
   uint64_t id = 0;
-  fl_status st = cluster_register(d->cluster, req->host, req->rpc_port, req->data_port, req->cores,
-                                  req->memory, &id);
+  fl_status st = req->has_gpu && req->gpu > 1023
+                     ? FL_ERR(FL_EPROTO, "RegisterExecutor: GPU %u", req->gpu)
+                     : cluster_register(d->cluster, req->host, req->rpc_port, req->data_port, req->cores,
+                                        req->memory, req->has_gpu ? (int32_t)req->gpu : -1, &id);
   flint__register_executor_request__free_unpacked(req, NULL);
   if (st != FL_OK) return st;
   Flint__RegisterExecutorReply reply = FLINT__REGISTER_EXECUTOR_REPLY__INIT;
@@ -1067,6 +1185,10 @@ static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *respo
   if (strcmp(m, "Submit") == 0) return handle_submit(d, b, response);
   if (strcmp(m, "Output") == 0) return handle_output(d, b, response, call);
   if (strcmp(m, "Status") == 0) return handle_status(d, response);
+  if (strcmp(m, "BarrierGather") == 0) return handle_barrier_gather(d, b, response, call);
+  if (strcmp(m, "BarrierReport") == 0) return handle_barrier_report(d, b, response);
+  if (strcmp(m, "BarrierCheckpoint") == 0) return handle_barrier_checkpoint(d, b, response);
+  if (strcmp(m, "BarrierReports") == 0) return handle_barrier_reports(d, b, response, call);
   return FL_ERR(FL_EINVAL, "unknown method %s", call->method);
 }
 
@@ -1157,8 +1279,8 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   FL_CHECK(dp_server_start(host, 0, cfg->secret, serve, &d, &d.blocks));
   /* Results of a job come back to the client in one reply (collect), hence the size limit. */
   rpc_server_config rc = {.listen = cfg->listen, .secret = cfg->secret, .handler = driver_handle,
-                          .handler_arg = &d, .handler_threads = 32,
-                          .max_message = DRIVER_MAX_MESSAGE};
+                          .handler_arg = &d, .handler_threads = 128, /* barrier gathers block one each */
+                          .max_message = RDD_BARRIER_CHECKPOINT_MAX + ((size_t)1 << 20)};
   FL_CHECK(rpc_server_start(&rc, &d.server));
   snprintf(d.address, sizeof d.address, "%s:%d", host, rpc_server_port(d.server));
   common_log(LOG_INFO, "listening on %s (blocks on port %d)%s", d.address, dp_server_port(d.blocks),

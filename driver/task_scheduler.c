@@ -16,6 +16,171 @@ static void pending_push(scheduler *s, sched_task *t) {
 
 static void back_up_queued(scheduler *s);
 
+/* ---- barrier stages: gangs ------------------------------------------------------------- */
+
+static uint32_t gang_capacity(scheduler *s, bool gpu) {
+  const backend_ops *ops = s->backend->ops;
+  return ops->gang_capacity ? ops->gang_capacity(s->backend, gpu) : s->backend->slots;
+}
+
+static bool stage_gpu(const sched_stage *st) {
+  const rdd_barrier_state *bs = st->barrier->state;
+  return bs && bs->gpu;
+}
+
+/* Fails the job of a gang the cluster cannot run at all (too few slots, or none with a
+ * GPU); true when it did. */
+static bool gang_impossible(scheduler *s, sched_stage *st) {
+  bool gpu = stage_gpu(st);
+  uint32_t cap = gang_capacity(s, gpu);
+  if (cap >= st->num_tasks) return false;
+  sched_job *job = st->tasks[0].job;
+  dag_scheduler_job_failed(s, job, FL_ESLOTS,
+                           "job %llu: barrier stage of dataset %llu needs %u %s at once, but the cluster "
+                           "has %u (%s)",
+                           (unsigned long long)job->id, (unsigned long long)st->barrier->id, st->num_tasks,
+                           gpu ? "GPU executors" : "task slots", cap,
+                           gpu ? "executors started with --gpu" : "executors x cores, or local threads");
+  return true;
+}
+
+void task_scheduler_submit_gang(scheduler *s, sched_stage *st) {
+  if (gang_impossible(s, st)) return;
+  sched_job *job = st->tasks[0].job;
+  fl_status rs = barrier_stage_start(s->barriers, job->id, job->group, job->tag, st->id, st->barrier_attempt,
+                                     st->num_tasks);
+  if (rs != FL_OK) {
+    dag_scheduler_job_failed(s, job, rs, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+    return;
+  }
+  for (uint32_t i = 0; i < st->num_tasks; i++) {
+    sched_task *t = &st->tasks[i];
+    t->barrier_ok = false;
+    t->rt.barrier = (rdd_barrier_info){.on = true, .stage = st->id, .attempt = st->barrier_attempt,
+                                       .world = st->num_tasks, .gpu = -1};
+  }
+  st->barrier_succeeded = 0;
+  st->barrier_aborted = false;
+  st->barrier_next = NULL;
+  sched_stage **p = &s->gangs_head;
+  while (*p) p = &(*p)->barrier_next;
+  *p = st;
+}
+
+static void launch(scheduler *s, sched_task *t) {
+  s->free_slots--;
+  t->job->running++;
+  t->rt.attempt++;
+  t->running = true;
+  t->launched_ns = common_now_ns();
+  atomic_fetch_add(&s->tasks_run, 1);
+  s->backend->ops->launch(s->backend, t);
+}
+
+/* Launches every waiting gang that fits now, in order; true when one was launched. */
+static bool offer_gangs(scheduler *s) {
+  const backend_ops *ops = s->backend->ops;
+  bool launched = false;
+  sched_stage **p = &s->gangs_head;
+  while (*p) {
+    sched_stage *st = *p;
+    sched_job *job = st->tasks[0].job;
+    if (job->status != FL_OK) { /* dropped with its job */
+      *p = st->barrier_next;
+      continue;
+    }
+    if (gang_impossible(s, st)) continue; /* the failure dropped it from the list */
+    if (s->free_slots < (int64_t)st->num_tasks ||
+        (ops->gang_place && !ops->gang_place(s->backend, st->tasks, st->num_tasks, stage_gpu(st)))) {
+      p = &st->barrier_next;
+      continue;
+    }
+    *p = st->barrier_next;
+    st->barrier_running = st->num_tasks;
+    for (uint32_t i = 0; i < st->num_tasks; i++) launch(s, &st->tasks[i]);
+    launched = true;
+  }
+  return launched;
+}
+
+/* The current attempt of a barrier stage is over once every task ended: the stage runs
+ * again (attempt + 1), or the job fails after max_attempts failed attempts. */
+static void gang_maybe_retry(scheduler *s, sched_stage *st) {
+  if (st->barrier_running > 0) return;
+  sched_job *job = st->tasks[0].job;
+  for (uint32_t i = 0; i < st->num_tasks; i++) {
+    sched_task *t = &st->tasks[i];
+    rdd_task_clear(&t->rt);
+    t->result.len = 0;
+    t->barrier_ok = false;
+    t->executor_lost = false;
+  }
+  char *cause = st->barrier_cause;
+  st->barrier_cause = NULL;
+  if (st->barrier_failures >= s->max_attempts) {
+    dag_scheduler_job_failed(s, job, FL_EJOB,
+                             "job %llu failed: barrier stage of dataset %llu (%u tasks) failed %u times; last "
+                             "error (partition %u): %s",
+                             (unsigned long long)job->id, (unsigned long long)st->barrier->id, st->num_tasks,
+                             st->barrier_failures, st->barrier_cause_partition,
+                             cause ? cause : fl_strerror(st->barrier_cause_status));
+    common_free(cause);
+    return;
+  }
+  common_log(LOG_WARN, "job %llu: barrier stage of dataset %llu runs again (attempt %u) after partition %u "
+             "failed: %s", (unsigned long long)job->id, (unsigned long long)st->barrier->id,
+             st->barrier_attempt + 1, st->barrier_cause_partition, cause ? cause : "");
+  common_free(cause);
+  st->barrier_attempt++;
+  task_scheduler_submit_gang(s, st);
+}
+
+/* An attempt of a barrier stage's task ended (its job still runs). Successes are held until
+ * every task of the attempt succeeded; a failure abandons the attempt, stops the others and
+ * retries the whole stage once they all ended. */
+static void gang_task_ended(scheduler *s, sched_task *t) {
+  sched_stage *st = t->stage;
+  rdd_task *rt = &t->rt;
+  st->barrier_running--;
+  if (st->barrier_aborted) { /* this attempt is lost already */
+    rdd_task_clear(rt);
+    gang_maybe_retry(s, st);
+    return;
+  }
+  if (rt->status == FL_OK) {
+    t->barrier_ok = true;
+    if (++st->barrier_succeeded < st->num_tasks) return;
+    /* Every task succeeded: commit them all. The last commit may finish (and free) the job. */
+    uint32_t n = st->num_tasks;
+    for (uint32_t i = 0; i < n; i++) {
+      sched_task *x = &st->tasks[i];
+      x->done = true;
+      x->duration_ns = common_now_ns() - x->launched_ns;
+      rdd_task_commit_accumulators(&x->rt);
+      rdd_task_clear(&x->rt);
+    }
+    sched_task *tasks = st->tasks;
+    for (uint32_t i = 0; i < n; i++) dag_scheduler_task_succeeded(s, &tasks[i]);
+    return;
+  }
+  atomic_fetch_add(&s->tasks_failed, 1);
+  sched_job *job = t->job;
+  st->barrier_aborted = true;
+  if (!t->executor_lost) st->barrier_failures++;
+  common_free(st->barrier_cause);
+  st->barrier_cause = rt->error;
+  rt->error = NULL;
+  st->barrier_cause_status = rt->status;
+  st->barrier_cause_partition = rt->partition;
+  rdd_task_clear(rt);
+  barrier_stage_abort(s->barriers, job->id, st->id);
+  const backend_ops *ops = s->backend->ops;
+  if (ops->kill_attempt)
+    for (uint32_t i = 0; i < st->num_tasks; i++)
+      if (st->tasks[i].running) ops->kill_attempt(s->backend, &st->tasks[i]);
+  gang_maybe_retry(s, st);
+}
+
 void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count) {
   for (uint32_t i = 0; i < count; i++) pending_push(s, &tasks[i]);
 }
@@ -27,8 +192,8 @@ void task_scheduler_offer(scheduler *s) {
   back_up_queued(s);
   uint64_t now = ops->place ? common_now_ns() : 0;
   s->retry_at_ns = 0;
+  bool launched = s->gangs_head && offer_gangs(s);
   sched_task **link = &s->pending_head, *last = NULL;
-  bool launched = false;
   while (s->free_slots > 0 && *link) {
     sched_task *t = *link;
     uint64_t retry_at = 0;
@@ -43,13 +208,7 @@ void task_scheduler_offer(scheduler *s) {
       continue;
     }
     *link = t->pending_next;
-    s->free_slots--;
-    t->job->running++;
-    t->rt.attempt++;
-    t->running = true;
-    t->launched_ns = common_now_ns();
-    atomic_fetch_add(&s->tasks_run, 1);
-    ops->launch(s->backend, t);
+    launch(s, t);
     launched = true;
   }
   /* The tail may have moved if the last tasks were taken. */
@@ -58,6 +217,10 @@ void task_scheduler_offer(scheduler *s) {
 }
 
 void task_scheduler_drop_job(scheduler *s, sched_job *job) {
+  for (sched_stage **g = &s->gangs_head; *g;) {
+    if ((*g)->tasks[0].job == job) *g = (*g)->barrier_next;
+    else g = &(*g)->barrier_next;
+  }
   sched_task **p = &s->pending_head, *last = NULL;
   while (*p) {
     if ((*p)->job == job) {
@@ -110,6 +273,10 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   if (job->status != FL_OK || superfluous) { /* this attempt no longer matters */
     rdd_task_clear(rt);
     dag_scheduler_maybe_finish(s, job);
+    return;
+  }
+  if (t->stage->barrier) { /* no backups run for barrier stages */
+    gang_task_ended(s, t);
     return;
   }
   if (rt->status == FL_OK && other_running && s->backend->ops->kill_attempt)
@@ -227,7 +394,7 @@ static void back_up_queued(scheduler *s) {
   size_t n = ops->queued_behind(s->backend, now - s->speculation.min_ns, found, MAX_AT_ONCE);
   for (size_t i = 0; i < n; i++) {
     sched_task *t = found[i];
-    if (t->job->status != FL_OK || !back_up(s, t)) continue;
+    if (t->job->status != FL_OK || t->stage->barrier || !back_up(s, t)) continue;
     common_log(LOG_INFO, "job %llu: partition %u of dataset %llu has waited %.0f ms in a busy executor's "
                "queue while another executor is idle: a backup copy runs elsewhere",
                (unsigned long long)t->job->id, t->rt.partition, (unsigned long long)t->stage->rdd->id,
@@ -240,6 +407,6 @@ void task_scheduler_speculate(scheduler *s) {
   for (sched_job *job = s->active; job; job = job->active_next) {
     if (job->status != FL_OK) continue;
     for (sched_stage *st = job->stages; st; st = st->next)
-      if (st->submitted && !st->finished && st->tasks) speculate_stage(s, job, st, now);
+      if (st->submitted && !st->finished && st->tasks && !st->barrier) speculate_stage(s, job, st, now);
   }
 }

@@ -61,6 +61,7 @@ typedef struct executor_config {
   uint64_t shuffle_memory; /* bytes a task sorts or aggregates before spilling; 0: 64 MiB */
   const char *work_dir;    /* where its folder goes; NULL: $TMPDIR or /tmp */
   const char *secret;      /* shared secret; NULL: none */
+  int32_t gpu;             /* --gpu: the GPU it owns, or -1 */
 } executor_config;
 
 /* Registers with the driver and serves until *stop becomes nonzero (a signal handler sets

@@ -444,6 +444,91 @@ static void app_destroy(exec_app *a) {
   common_free(a);
 }
 
+/* ---- barrier tasks: calls to the driver's coordinator (driver/barrier.c) --------------------- */
+
+/* A barrier RPC's deadline beyond the wait it asks the driver for. */
+#define BARRIER_RPC_SLACK_MS 10000
+
+static fl_status barrier_rpc(exec_service *svc, const char *method, const ProtobufCMessage *msg, int64_t timeout_ms,
+                             fl_buf *reply) {
+  fl_buf body = FL_BUF_INIT;
+  fl_status st = proto_pack(msg, &body);
+  if (st == FL_OK) st = rpc_call(svc->driver, method, fl_buf_bytes(&body), timeout_ms, reply);
+  fl_buf_free(&body);
+  return st;
+}
+
+static fl_status exec_gather(void *impl, const rdd_task *task, uint32_t round, fl_bytes mine, uint32_t timeout_ms,
+                             rdd_batch *all) {
+  exec_service *svc = impl;
+  Flint__BarrierGatherRequest req = FLINT__BARRIER_GATHER_REQUEST__INIT;
+  req.job_id = task->job_id;
+  req.stage = task->barrier.stage;
+  req.attempt = task->barrier.attempt;
+  req.rank = task->partition;
+  req.round = round;
+  req.message = (ProtobufCBinaryData){mine.len, (uint8_t *)mine.data};
+  req.timeout_ms = timeout_ms;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = barrier_rpc(svc, "/flint.Driver/BarrierGather", &req.base, (int64_t)timeout_ms + BARRIER_RPC_SLACK_MS,
+                             &reply);
+  if (st == FL_OK) {
+    Flint__BarrierGatherReply *rep = flint__barrier_gather_reply__unpack(NULL, reply.len, reply.data);
+    if (!rep) st = FL_ERR(FL_EPROTO, "BarrierGather: malformed reply");
+    for (size_t i = 0; rep && st == FL_OK && i < rep->n_messages; i++)
+      st = rdd_batch_append(all, rep->messages[i].data, rep->messages[i].len);
+    if (rep) flint__barrier_gather_reply__free_unpacked(rep, NULL);
+  }
+  fl_buf_free(&reply);
+  return st;
+}
+
+static fl_status exec_report(void *impl, const rdd_task *task, uint64_t rdd_id, fl_bytes message) {
+  Flint__BarrierReportRequest req = FLINT__BARRIER_REPORT_REQUEST__INIT;
+  req.job_id = task->job_id;
+  req.rdd_id = rdd_id;
+  req.rank = task->partition;
+  req.message = (ProtobufCBinaryData){message.len, (uint8_t *)message.data};
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = barrier_rpc(impl, "/flint.Driver/BarrierReport", &req.base, RPC_TIMEOUT_MS, &reply);
+  fl_buf_free(&reply);
+  return st;
+}
+
+static fl_status exec_put(void *impl, const rdd_task *task, uint64_t rdd_id, fl_bytes state) {
+  Flint__BarrierCheckpointRequest req = FLINT__BARRIER_CHECKPOINT_REQUEST__INIT;
+  req.job_id = task->job_id;
+  req.stage = task->barrier.stage;
+  req.attempt = task->barrier.attempt;
+  req.rdd_id = rdd_id;
+  req.state = (ProtobufCBinaryData){state.len, (uint8_t *)state.data};
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = barrier_rpc(impl, "/flint.Driver/BarrierCheckpoint", &req.base, RPC_TIMEOUT_MS * 4, &reply);
+  fl_buf_free(&reply);
+  return st;
+}
+
+static fl_status exec_get(void *impl, const rdd_task *task, uint64_t rdd_id, fl_buf *out) {
+  Flint__BarrierCheckpointRequest req = FLINT__BARRIER_CHECKPOINT_REQUEST__INIT;
+  req.job_id = task->job_id;
+  req.stage = task->barrier.stage;
+  req.attempt = task->barrier.attempt;
+  req.rdd_id = rdd_id;
+  req.get = true;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = barrier_rpc(impl, "/flint.Driver/BarrierCheckpoint", &req.base, RPC_TIMEOUT_MS * 4, &reply);
+  if (st == FL_OK) {
+    Flint__BarrierCheckpointReply *rep = flint__barrier_checkpoint_reply__unpack(NULL, reply.len, reply.data);
+    if (!rep) st = FL_ERR(FL_EPROTO, "BarrierCheckpoint: malformed reply");
+    else st = fl_buf_append(out, rep->state.data, rep->state.len);
+    if (rep) flint__barrier_checkpoint_reply__free_unpacked(rep, NULL);
+  }
+  fl_buf_free(&reply);
+  return st;
+}
+
+static const rdd_barrier_ops exec_barrier_ops = {exec_gather, exec_report, exec_put, exec_get};
+
 /* The application's context, made on its first launch. Caller holds svc->lock. */
 static fl_status app_get_or_create(exec_service *svc, uint64_t app_id, exec_app **out) {
   for (exec_app *a = svc->apps; a; a = a->next)
@@ -465,6 +550,8 @@ static fl_status app_get_or_create(exec_service *svc, uint64_t app_id, exec_app 
   rdd_shared_set_remote(a->ctx.shared, fetch_broadcast, a);
   FL_CHECK(map_output_table_create(&a->ctx.map_outputs));
   a->ctx.runtime = &app_runtime;
+  a->ctx.barrier = &exec_barrier_ops;
+  a->ctx.barrier_impl = svc;
   a->ctx.runtime_impl = a;
   a->ctx.cache = &app_cache_ops;
   a->ctx.cache_impl = a;
@@ -725,6 +812,15 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     t->rt.partition = d->partition;
     t->rt.attempt = d->attempt;
     t->rt.cancelled = &t->cancelled;
+    if (d->barrier) {
+      if (d->barrier_world == 0 || d->partition >= d->barrier_world) {
+        status = FL_ERR(FL_EPROTO, "task %llu: rank %u of a barrier stage of %u", (unsigned long long)d->task_key,
+                        d->partition, d->barrier_world);
+        break;
+      }
+      t->rt.barrier = (rdd_barrier_info){.on = true, .stage = d->barrier_stage, .attempt = d->barrier_attempt,
+                                         .world = d->barrier_world, .gpu = svc->cfg.gpu};
+    }
     t->work.run = task_run;
   }
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
@@ -894,6 +990,8 @@ static fl_status register_with_driver(exec_service *svc) {
   req.cores = svc->cfg.cores;
   req.memory = svc->cfg.memory;
   req.pid = (uint32_t)getpid();
+  req.has_gpu = svc->cfg.gpu >= 0;
+  req.gpu = svc->cfg.gpu >= 0 ? (uint32_t)svc->cfg.gpu : 0;
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
   fl_status status = proto_pack(&req.base, &body);
   if (status == FL_OK)
@@ -1050,7 +1148,8 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   rpc_server_config rc = {.listen = listen, .secret = cfg->secret, .handler = executor_handle,
                           .handler_arg = &svc};
   FL_CHECK(rpc_server_start(&rc, &svc.server));
-  FL_CHECK(rpc_channel_create(cfg->driver, cfg->secret, 0, &svc.driver));
+  /* Large enough for a barrier checkpoint (512 MiB) and its envelope. */
+  FL_CHECK(rpc_channel_create(cfg->driver, cfg->secret, RDD_BARRIER_CHECKPOINT_MAX + ((size_t)1 << 20), &svc.driver));
   if ((status = register_with_driver(&svc)) != FL_OK) {
     common_error_wrap(status, "cannot register with the driver at %s: ", cfg->driver);
     goto cleanup;

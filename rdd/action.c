@@ -30,6 +30,23 @@ void fl_records_free(fl_records *r) {
   common_free(r);
 }
 
+static fl_status records_index(fl_records *r);
+
+fl_status rdd_records_from_batch(rdd_batch *batch, fl_records **out) {
+  fl_records *r = common_calloc(1, sizeof *r);
+  if (!r) return FL_ERR(FL_ENOMEM, "out of memory");
+  r->batch = *batch;
+  *batch = (rdd_batch){FL_BUF_INIT, 0};
+  fl_status s = records_index(r);
+  if (s != FL_OK) {
+    *batch = r->batch;
+    common_free(r);
+    return s;
+  }
+  *out = r;
+  return FL_OK;
+}
+
 fl_status rdd_run_job(rdd *r, const uint32_t *parts, uint32_t num_parts,
                       const rdd_action *action, fl_buf *results) {
   uint32_t *all = NULL;

@@ -284,7 +284,9 @@ static uint32_t flat_map_next(fl_iter *it, fl_bytes *out, uint32_t max) {
 static bool map_partitions_run(emit_iter *e) {
   if (e->done) return true;
   e->done = true;
-  fl_status s = ((fl_map_partitions_fn)e->r->fn)(e->partition, e->in, &e->emitter, e->r->arg);
+  fl_status s = e->r->ops == &rdd_barrier_ops_table
+                    ? rdd_barrier_call(e->r, e->base.task, e->in, &e->emitter)
+                    : ((fl_map_partitions_fn)e->r->fn)(e->partition, e->in, &e->emitter, e->r->arg);
   if (e->base.task->status != FL_OK) return false; /* an upstream failure wins */
   if (s != FL_OK) {
     rdd_task_fn_failed(e->base.task, e->r, s);
@@ -345,6 +347,33 @@ fl_status fl_map_partitions(fl_dataset *in, fl_map_partitions_fn fn, const void 
                             size_t arg_len, fl_dataset **out) {
   return make_narrow("fl_map_partitions", in, &rdd_map_partitions_ops, (void (*)(void))fn, arg,
                      arg_len, out);
+}
+
+/* ---- barrier_map_partitions: map_partitions run by a barrier stage (rdd/barrier.c) ------ */
+
+static void barrier_destroy(rdd *r) { common_free(r->state); }
+
+const rdd_ops rdd_barrier_ops_table = {"barrier_map_partitions", map_partitions_open, barrier_destroy};
+
+fl_status fl_barrier_map_partitions(fl_dataset *in, fl_barrier_fn fn, const void *arg, size_t arg_len,
+                                   const fl_barrier_options *options, fl_dataset **out) {
+  rdd_barrier_state *st = common_calloc(1, sizeof *st);
+  if (!st) return FL_ERR(FL_ENOMEM, "out of memory");
+  if (options) {
+    st->gpu = options->gpu;
+    st->on_report = options->on_report;
+    st->user = options->user;
+  }
+  fl_dataset *made = NULL;
+  fl_status s = make_narrow("fl_barrier_map_partitions", in, &rdd_barrier_ops_table, (void (*)(void))fn, arg,
+                            arg_len, &made);
+  if (s != FL_OK) {
+    common_free(st);
+    return s;
+  }
+  made->state = st;
+  *out = made;
+  return FL_OK;
 }
 
 /* ---- sample ---------------------------------------------------------------------------- */

@@ -61,4 +61,7 @@ FL_INTERNAL extern const rdd_ops rdd_map_ops, rdd_key_by_ops, rdd_map_values_ops
     rdd_zip_with_index_ops;
 FL_INTERNAL extern const rdd_ops rdd_checkpoint_ops;
 
+/* rdd/barrier.c: runs a barrier dataset's function over one partition of a barrier task. */
+FL_INTERNAL fl_status rdd_barrier_call(rdd *r, rdd_task *task, fl_iter *in, fl_emitter *out);
+
 #endif /* FLINT_RDD_OP_STATE_H */

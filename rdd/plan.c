@@ -420,10 +420,13 @@ static fl_status encode_node(enc *e, rdd *r, fl_buf *out) {
     if ((s = encode_shuffled(e, r, &m.shuffled)) != FL_OK) return s;
   } else if (r->ops == &rdd_checkpoint_ops) {
     m.checkpoint = ((const checkpoint_state *)r->state)->dir;
+  } else if (r->ops == &rdd_barrier_ops_table) {
+    m.barrier = true;
+    m.barrier_gpu = r->state && ((const rdd_barrier_state *)r->state)->gpu;
   } else if (r->ops != &rdd_map_ops && r->ops != &rdd_key_by_ops && r->ops != &rdd_map_values_ops &&
              r->ops != &rdd_filter_ops && r->ops != &rdd_flat_map_ops &&
              r->ops != &rdd_map_partitions_ops && r->ops != &rdd_sample_ops &&
-             r->ops != &rdd_union_ops && r->ops != &rdd_coalesce_ops) {
+             r->ops != &rdd_union_ops && r->ops != &rdd_coalesce_ops && r->ops != &rdd_barrier_ops_table) {
     return FL_ERR(FL_EINVAL, "dataset %llu: operation '%s' cannot be sent in a plan",
                   (unsigned long long)r->id, r->ops->name);
   }
@@ -636,7 +639,7 @@ static const char *const known_kinds[] = {
     "parallelize", "range", "text_file", "binary_records", "map", "key_by", "map_values",
     "filter", "flat_map", "map_partitions", "sample", "union", "coalesce", "zip_with_index",
     "shuffled", "combine_by_key", "reduce_by_key", "fold_by_key", "aggregate_by_key",
-    "group_by_key", "cogroup", "sort_by_key", "partition_by", "checkpoint",
+    "group_by_key", "cogroup", "sort_by_key", "partition_by", "checkpoint", "barrier_map_partitions",
 };
 
 typedef enum op_shape {
@@ -663,6 +666,7 @@ static const op_info *op_by_name(const char *name) {
       {&rdd_sample_ops, SHAPE_UNARY},       {&rdd_zip_with_index_ops, SHAPE_UNARY},
       {&rdd_union_ops, SHAPE_UNION},        {&rdd_coalesce_ops, SHAPE_COALESCE},
       {&shuffled_ops, SHAPE_SHUFFLED},      {&rdd_checkpoint_ops, SHAPE_SOURCE},
+      {&rdd_barrier_ops_table, SHAPE_FN},
   };
   for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
     if (strcmp(ops[i].ops->name, name) == 0) return &ops[i];
@@ -980,7 +984,9 @@ static fl_status decode_node(dec *d, const Flint__PlanNode *m, rdd **out) {
   bool is_memory = op->ops == &rdd_parallelize_ops, is_range = op->ops == &rdd_range_ops;
   bool is_files = op->ops == &rdd_text_file_ops || op->ops == &rdd_binary_records_ops;
   bool is_zip = op->ops == &rdd_zip_with_index_ops, is_shuffled = op->shape == SHAPE_SHUFFLED;
-  bool is_ckpt = op->ops == &rdd_checkpoint_ops;
+  bool is_ckpt = op->ops == &rdd_checkpoint_ops, is_barrier = op->ops == &rdd_barrier_ops_table;
+  if (is_barrier != m->barrier || (!is_barrier && m->barrier_gpu))
+    return BAD(d, "barrier fields %s a %s node", is_barrier ? "missing on" : "on", m->op);
   if ((!is_memory && m->n_partitions) || (!is_range && m->range) || (!is_files && m->files) ||
       (!is_zip && m->n_starts) || (!is_shuffled && m->shuffled) || (!is_ckpt && m->checkpoint[0]))
     return BAD(d, "fields of another operation on a %s node", m->op);
@@ -1103,6 +1109,14 @@ static fl_status decode_node(dec *d, const Flint__PlanNode *m, rdd **out) {
   } else if (is_ckpt) {
     r->state = ckpt;
     ckpt = NULL;
+  } else if (is_barrier) {
+    rdd_barrier_state *bs = common_calloc(1, sizeof *bs);
+    if (!bs) {
+      status = FL_ERR(FL_ENOMEM, "cannot decode a barrier dataset");
+      goto cleanup;
+    }
+    bs->gpu = m->barrier_gpu;
+    r->state = bs;
   }
   atomic_store(&r->level, (fl_storage_level)m->level);
   *out = r;

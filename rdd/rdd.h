@@ -257,6 +257,15 @@ typedef struct rdd_acc_update {
   fl_buf value; /* i64 or f64 sums as 8 bytes; custom values merged in the task */
 } rdd_acc_update;
 
+/* What a task of a barrier stage knows of its stage (driver/barrier.c has the protocol):
+ * rank is the task's partition. `stage` names the stage within its job; `attempt` counts
+ * the stage's attempts (not the task's); gpu: the executor's --gpu id, or -1. */
+typedef struct rdd_barrier_info {
+  bool on;
+  uint32_t stage, attempt, world;
+  int32_t gpu;
+} rdd_barrier_info;
+
 struct rdd_task {
   fl_context *ctx;
   uint64_t job_id;
@@ -272,6 +281,7 @@ struct rdd_task {
   bool fetch_failed;
   uint64_t fetch_shuffle_id;
   uint32_t fetch_map;
+  rdd_barrier_info barrier; /* set for the tasks of a barrier stage (not by rdd_task_clear) */
 };
 
 /* Computes `action` over partition `partition` of r into *result. On failure returns the
@@ -343,6 +353,43 @@ typedef struct rdd_cache_ops {
 
 typedef struct rdd_shared rdd_shared; /* broadcasts and accumulators, rdd/shared.c */
 
+/* How a barrier task reaches its stage's coordinator (driver/barrier.c): in-process calls
+ * in local mode, RPCs to the driver in an executor. Every slot runs on the task's thread and
+ * may block (all_gather until every rank arrived); `round` counts the task's all_gather
+ * calls from 0. Each returns a status with its message set. */
+typedef struct rdd_barrier_ops {
+  fl_status (*all_gather)(void *impl, const rdd_task *task, uint32_t round, fl_bytes mine,
+                          uint32_t timeout_ms, rdd_batch *all);
+  fl_status (*report)(void *impl, const rdd_task *task, uint64_t rdd_id, fl_bytes message);
+  fl_status (*checkpoint_put)(void *impl, const rdd_task *task, uint64_t rdd_id, fl_bytes state);
+  fl_status (*checkpoint_get)(void *impl, const rdd_task *task, uint64_t rdd_id, fl_buf *out);
+} rdd_barrier_ops;
+
+/* Limits of the barrier calls (flint.h promises them). */
+#define RDD_BARRIER_GATHER_MAX ((size_t)1 << 20)
+#define RDD_BARRIER_REPORT_MAX ((size_t)64 << 10)
+#define RDD_BARRIER_CHECKPOINT_MAX ((size_t)512 << 20)
+#define RDD_BARRIER_TIMEOUT_MS 60000u
+
+/* The state of a barrier_map_partitions dataset (rdd/narrow.c). on_report and user live
+ * only where the dataset was made (the client): plans carry gpu alone. */
+typedef struct rdd_barrier_state {
+  bool gpu;
+  void (*on_report)(uint32_t rank, fl_bytes message, void *user);
+  void *user;
+} rdd_barrier_state;
+FL_INTERNAL extern const rdd_ops rdd_barrier_ops_table;
+/* The barrier dataset that the tasks of a stage computing r run (r itself or one below it
+ * through narrow parents, not below a fully cached one), or NULL. */
+FL_INTERNAL rdd *rdd_barrier_find(rdd *r);
+/* Calls the on_report of barrier dataset rdd_id, found in root's lineage (across shuffles);
+ * false when it has none. */
+FL_INTERNAL bool rdd_barrier_deliver(rdd *root, uint64_t rdd_id, uint32_t rank, fl_bytes message);
+/* Whether root's lineage holds a barrier dataset with an on_report. */
+FL_INTERNAL bool rdd_barrier_reports_wanted(rdd *root);
+/* Makes an fl_records from a batch (taken). */
+FL_INTERNAL fl_status rdd_records_from_batch(rdd_batch *batch, fl_records **out);
+
 struct fl_context {
   const rdd_runtime_ops *runtime;
   void *runtime_impl;
@@ -358,6 +405,8 @@ struct fl_context {
   void (*close)(fl_context *ctx);
   fl_status (*stats)(fl_context *ctx, fl_context_stats *out);
   fl_status (*cancel)(fl_context *ctx); /* fl_cancel_jobs */
+  const rdd_barrier_ops *barrier;       /* NULL where no task runs (a remote client) */
+  void *barrier_impl;
   /* The context's folder name under checkpoint folders ("ctx-<pid>-<random>"), made by the
    * first fl_checkpoint (rdd/checkpoint.c); empty until then. */
   char checkpoint_name[48];

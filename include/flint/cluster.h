@@ -35,6 +35,10 @@ typedef struct fl_executor_options {
   uint32_t cores;       /* task threads, 1 to 1024 */
   uint64_t memory;      /* bytes for cached blocks, at least 1 MiB */
   const char *work_dir; /* where its folder goes; NULL: $TMPDIR or /tmp */
+  /* --gpu ID: the executor owns GPU `gpu` (when has_gpu), and GPU barrier stages place their
+   * tasks on it (one at a time). Only recorded: the device is opened by the tasks. */
+  bool has_gpu;
+  uint32_t gpu;
 } fl_executor_options;
 
 /* Registers with the driver and runs tasks until *stop becomes nonzero. Blocks. */

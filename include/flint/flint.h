@@ -478,7 +478,9 @@ typedef struct fl_barrier fl_barrier; /* a running task's view of its stage */
 
 typedef struct fl_barrier_options {
   /* Place the tasks only on executors started with --gpu (one task per GPU executor); in
-   * local mode, the context's task threads stand in for GPU slots. */
+   * local mode, the context's task threads stand in for GPU slots (and fl_barrier_gpu is
+   * -1). A local-cluster[E,C,MB] master gives its first G executors --gpu 0 .. G-1 when
+   * FLINT_LOCAL_CLUSTER_GPUS=G is set (no GPU is needed: executors only record the id). */
   bool gpu;
   /* Called on the client's thread (inside the action) for each message a task sends with
    * fl_barrier_report, in the order the driver got them. May be NULL. */
@@ -493,7 +495,11 @@ typedef fl_status (*fl_barrier_fn)(fl_barrier *b, fl_iter *in, fl_emitter *out,
                                    const void *arg);
 
 /* A dataset whose partitions are computed by one barrier stage running fn on the partitions
- * of `in` (Spark's rdd.barrier().mapPartitions). `options` may be NULL. */
+ * of `in` (Spark's rdd.barrier().mapPartitions). `options` may be NULL. FL_EINVAL for a NULL
+ * dataset, fn or out. An action must compute every partition of it (fl_take is refused);
+ * datasets made from it by one-to-one transformations (map, filter ...) run in the same
+ * barrier stage. The task slots counted for FL_ESLOTS are executors x cores (GPU executors
+ * with options.gpu), or local threads. See docs/barrier.md. */
 FL_API fl_status fl_barrier_map_partitions(fl_dataset *in, fl_barrier_fn fn, const void *arg,
                                            size_t arg_len, const fl_barrier_options *options,
                                            fl_dataset **out);
@@ -509,11 +515,13 @@ FL_API int fl_barrier_gpu(const fl_barrier *b);
  * FL_ETIMEDOUT after timeout_ms (0: 60 s). */
 FL_API fl_status fl_barrier_all_gather(fl_barrier *b, fl_bytes mine, uint32_t timeout_ms,
                                        fl_records **all);
-/* Sends a small message (at most 64 KiB) to the client's on_report, without waiting. */
+/* Sends a small message (at most 64 KiB, else FL_ELIMIT) to the client's on_report,
+ * without waiting for it to be delivered. all_gather messages: at most 1 MiB (FL_ELIMIT). */
 FL_API fl_status fl_barrier_report(fl_barrier *b, fl_bytes message);
 /* State that outlives a failed attempt: the driver keeps the last blob put under the stage
- * (a checkpoint of weights and optimizer state), and a retried attempt gets it back.
- * checkpoint_get gives FL_ENOENT when nothing was put. */
+ * (a checkpoint of weights and optimizer state, at most 512 MiB), and a retried attempt
+ * gets it back; it is freed when the job ends. checkpoint_put from an abandoned attempt is
+ * FL_ECANCELLED. checkpoint_get gives FL_ENOENT when nothing was put. */
 FL_API fl_status fl_barrier_checkpoint_put(fl_barrier *b, fl_bytes state);
 FL_API fl_status fl_barrier_checkpoint_get(fl_barrier *b, fl_buf *out);
 
