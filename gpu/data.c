@@ -37,15 +37,21 @@ static double unit_of(uint64_t x) { return (double)(x >> 11) * 0x1.0p-53; }
 static size_t labels_padded(uint32_t count) { return ((size_t)count * 4 + 7) & ~(size_t)7; }
 
 fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, uint32_t width, uint32_t classes,
-                            uint64_t first, const int32_t *labels, const float *images, fl_buf *out) {
+                            data_split split, uint64_t first, const int32_t *labels, const float *images,
+                            fl_buf *out) {
+  if (channels > UINT16_MAX || height > UINT16_MAX || width > UINT16_MAX)
+    return fl_set_error(FL_EINVAL, "image block: images of %u x %u x %u (at most 65535 each)", channels, height, width);
   size_t floats = (size_t)count * channels * height * width;
   size_t total = DATA_BLOCK_HEADER + labels_padded(count) + floats * sizeof(float);
   out->len = 0;
   fl_status s = fl_buf_reserve(out, total);
   if (s != FL_OK) return s;
-  uint32_t head[6] = {DATA_BLOCK_MAGIC, count, channels, height, width, classes};
+  uint32_t head[2] = {DATA_BLOCK_MAGIC, count}, tail[2] = {classes, 0};
+  uint16_t dims[4] = {(uint16_t)channels, (uint16_t)height, (uint16_t)width, (uint16_t)split};
   uint8_t *p = out->data;
-  memcpy(p, head, sizeof head);
+  memcpy(p, head, 8);
+  memcpy(p + 8, dims, 8);
+  memcpy(p + 16, tail, 8);
   memcpy(p + 24, &first, 8);
   memset(p + DATA_BLOCK_HEADER, 0, labels_padded(count));
   if (count) memcpy(p + DATA_BLOCK_HEADER, labels, (size_t)count * 4);
@@ -55,11 +61,16 @@ fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, 
 }
 
 fl_status data_block_view(fl_bytes rec, data_block *out) {
-  uint32_t head[6];
+  uint32_t head[2], classes;
+  uint16_t dims[4];
   if (rec.len < DATA_BLOCK_HEADER) return fl_set_error(FL_ECORRUPT, "image block of %zu bytes (too short)", rec.len);
-  memcpy(head, rec.data, sizeof head);
+  memcpy(head, rec.data, 8);
+  memcpy(dims, rec.data + 8, 8);
+  memcpy(&classes, rec.data + 16, 4);
   if (head[0] != DATA_BLOCK_MAGIC) return fl_set_error(FL_ECORRUPT, "not an image block (magic 0x%08x)", head[0]);
-  data_block b = {.count = head[1], .channels = head[2], .height = head[3], .width = head[4], .classes = head[5]};
+  if (dims[3] > DATA_SPLIT_TEST) return fl_set_error(FL_ECORRUPT, "image block of split %u", dims[3]);
+  data_block b = {.count = head[1], .channels = dims[0], .height = dims[1], .width = dims[2], .classes = classes,
+                  .split = (data_split)dims[3]};
   memcpy(&b.first, rec.data + 24, 8);
   uint64_t per = (uint64_t)b.channels * b.height * b.width;
   if (b.count == 0 || per == 0 || b.classes == 0 || per > (1u << 28))
@@ -85,6 +96,7 @@ fl_status data_block_view(fl_bytes rec, data_block *out) {
 void data_set_free(data_set *d) {
   if (!d) return;
   fl_dataset_free(d->blocks);
+  fl_buf_free(&d->source);
   memset(d, 0, sizeof *d);
 }
 
@@ -92,7 +104,8 @@ void data_set_free(data_set *d) {
 typedef fl_status (*fill_fn)(const void *ctx, uint64_t index, uint32_t count, int32_t *labels, float *images);
 
 static fl_status emit_blocks(fl_emitter *out, uint64_t lo, uint64_t hi, uint32_t block_images, uint32_t c,
-                             uint32_t h, uint32_t w, uint32_t classes, fill_fn fill, const void *ctx) {
+                             uint32_t h, uint32_t w, uint32_t classes, data_split split, fill_fn fill,
+                             const void *ctx) {
   size_t per = (size_t)c * h * w;
   uint64_t n = hi - lo, blocks = (n + block_images - 1) / block_images;
   fl_status s = FL_OK;
@@ -107,13 +120,22 @@ static fl_status emit_blocks(fl_emitter *out, uint64_t lo, uint64_t hi, uint32_t
   for (uint64_t at = lo; s == FL_OK && at < hi; at += block_images) {
     uint32_t count = (uint32_t)(hi - at < block_images ? hi - at : block_images);
     if ((s = fill(ctx, at, count, labels, images)) != FL_OK) break;
-    if ((s = data_block_encode(count, c, h, w, classes, at, labels, images, &rec)) != FL_OK) break;
+    if ((s = data_block_encode(count, c, h, w, classes, split, at, labels, images, &rec)) != FL_OK) break;
     s = fl_emit(out, rec.data, rec.len);
   }
   fl_buf_free(&rec);
   free(images);
   free(labels);
   return s;
+}
+
+/* A data set's source, for data_pair: u32 kind, u32 arg bytes, the partition task's arg. */
+enum { SOURCE_IDX = 1, SOURCE_SYNTHETIC = 2 };
+
+static fl_status source_encode(uint32_t kind, const void *arg, size_t len, fl_buf *out) {
+  uint32_t head[2] = {kind, (uint32_t)len};
+  fl_status s = fl_buf_append(out, head, sizeof head);
+  return s == FL_OK ? fl_buf_append(out, arg, len) : s;
 }
 
 /* ---- IDX -------------------------------------------------------------------------------- */
@@ -209,8 +231,7 @@ static fl_status idx_fill(const void *ctx, uint64_t index, uint32_t count, int32
   return FL_OK;
 }
 
-FL_API fl_status gpu_data_idx_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
-  (void)in;
+static fl_status idx_emit(uint32_t partition, fl_emitter *out, const void *arg, data_split split) {
   idx_arg a;
   memcpy(&a, arg, sizeof a);
   idx_reading r = {.a = &a, .images_path = (const char *)arg + sizeof a};
@@ -225,11 +246,16 @@ FL_API fl_status gpu_data_idx_partition(uint32_t partition, fl_iter *in, fl_emit
                      (unsigned long long)lo + 1);
   if (s == FL_OK && !(r.pixels = malloc((size_t)a.rows * a.cols)))
     s = fl_set_error(FL_ENOMEM, "%s: out of memory", r.images_path);
-  if (s == FL_OK) s = emit_blocks(out, lo, hi, a.block_images, 1, a.rows, a.cols, a.classes, idx_fill, &r);
+  if (s == FL_OK) s = emit_blocks(out, lo, hi, a.block_images, 1, a.rows, a.cols, a.classes, split, idx_fill, &r);
   free(r.pixels);
   if (r.fi) gzclose(r.fi);
   if (r.fl) gzclose(r.fl);
   return s;
+}
+
+FL_API fl_status gpu_data_idx_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)in;
+  return idx_emit(partition, out, arg, DATA_SPLIT_TRAIN);
 }
 
 static uint32_t partitions_for(fl_context *ctx, const data_options *o, uint64_t images) {
@@ -318,14 +344,17 @@ fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *la
   if (s == FL_OK) s = fl_range(ctx, 0, parts, 1, parts, &seeds);
   if (s == FL_OK) s = fl_map_partitions(seeds, gpu_data_idx_partition, arg.data, arg.len, &blocks);
   if (s == FL_OK) s = fl_persist(blocks, FL_MEMORY_ONLY);
+  fl_buf source = FL_BUF_INIT;
+  if (s == FL_OK) s = source_encode(SOURCE_IDX, arg.data, arg.len, &source);
   fl_dataset_free(seeds);
   fl_buf_free(&arg);
   if (s != FL_OK) {
     fl_dataset_free(blocks);
+    fl_buf_free(&source);
     return s;
   }
   *out = (data_set){.blocks = blocks, .images = dims[0], .channels = 1, .height = dims[1], .width = dims[2],
-                    .classes = classes};
+                    .classes = classes, .partitions = parts, .source = source};
   return FL_OK;
 }
 
@@ -389,12 +418,17 @@ static fl_status synth_fill(const void *ctx, uint64_t index, uint32_t count, int
   return FL_OK;
 }
 
-FL_API fl_status gpu_data_synthetic_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
-  (void)in;
+static fl_status synth_emit(uint32_t partition, fl_emitter *out, const void *arg, data_split split) {
   synth_arg a;
   memcpy(&a, arg, sizeof a);
   uint64_t lo = a.first + a.count * partition / a.parts, hi = a.first + a.count * (partition + 1) / a.parts;
-  return emit_blocks(out, lo, hi, a.block_images, IMNET_C, IMNET_S, IMNET_S, DATA_IMAGENET_CLASSES, synth_fill, &a);
+  return emit_blocks(out, lo, hi, a.block_images, IMNET_C, IMNET_S, IMNET_S, DATA_IMAGENET_CLASSES, split,
+                     synth_fill, &a);
+}
+
+FL_API fl_status gpu_data_synthetic_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)in;
+  return synth_emit(partition, out, arg, DATA_SPLIT_TRAIN);
 }
 
 fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first, uint64_t count,
@@ -410,16 +444,64 @@ fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first
   synth_arg a = {.seed = seed, .first = first, .count = count, .parts = parts,
                  .block_images = o.block_images ? o.block_images : 16};
   fl_dataset *seeds = NULL, *blocks = NULL;
+  fl_buf source = FL_BUF_INIT;
   fl_status s = fl_range(ctx, 0, parts, 1, parts, &seeds);
   if (s == FL_OK) s = fl_map_partitions(seeds, gpu_data_synthetic_partition, &a, sizeof a, &blocks);
   if (s == FL_OK) s = fl_persist(blocks, FL_MEMORY_ONLY);
+  if (s == FL_OK) s = source_encode(SOURCE_SYNTHETIC, &a, sizeof a, &source);
   fl_dataset_free(seeds);
   if (s != FL_OK) {
     fl_dataset_free(blocks);
+    fl_buf_free(&source);
     return s;
   }
   *out = (data_set){.blocks = blocks, .images = count, .channels = IMNET_C, .height = IMNET_S, .width = IMNET_S,
-                    .classes = DATA_IMAGENET_CLASSES};
+                    .classes = DATA_IMAGENET_CLASSES, .partitions = parts, .source = source};
+  return FL_OK;
+}
+
+/* ---- train and test in one dataset ------------------------------------------------------ */
+
+/* Emits partition `partition` of the source at *p (advancing *p past it). */
+static fl_status source_emit(uint32_t partition, fl_emitter *out, const uint8_t **p, data_split split) {
+  uint32_t head[2];
+  memcpy(head, *p, 8);
+  const uint8_t *arg = *p + 8;
+  *p = arg + head[1];
+  switch (head[0]) {
+  case SOURCE_IDX: return idx_emit(partition, out, arg, split);
+  case SOURCE_SYNTHETIC: return synth_emit(partition, out, arg, split);
+  default: return fl_set_error(FL_EINTERNAL, "image blocks: unknown source %u", head[0]);
+  }
+}
+
+FL_API fl_status gpu_data_pair_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)in;
+  const uint8_t *p = arg;
+  fl_status s = source_emit(partition, out, &p, DATA_SPLIT_TRAIN);
+  return s == FL_OK ? source_emit(partition, out, &p, DATA_SPLIT_TEST) : s;
+}
+
+fl_status data_pair(fl_context *ctx, const data_set *train, const data_set *test, fl_dataset **out) {
+  if (!ctx || !train || !test || !out) return fl_set_error(FL_EINVAL, "data_pair: NULL argument");
+  if (!train->source.len || !test->source.len) return fl_set_error(FL_EINVAL, "data_pair: a data set without a source");
+  if (train->partitions != test->partitions)
+    return fl_set_error(FL_EINVAL, "data_pair: %u training partitions but %u test partitions", train->partitions,
+                        test->partitions);
+  fl_buf arg = FL_BUF_INIT;
+  fl_dataset *seeds = NULL, *pair = NULL;
+  fl_status s = fl_buf_append(&arg, train->source.data, train->source.len);
+  if (s == FL_OK) s = fl_buf_append(&arg, test->source.data, test->source.len);
+  if (s == FL_OK) s = fl_range(ctx, 0, train->partitions, 1, train->partitions, &seeds);
+  if (s == FL_OK) s = fl_map_partitions(seeds, gpu_data_pair_partition, arg.data, arg.len, &pair);
+  if (s == FL_OK) s = fl_persist(pair, FL_MEMORY_ONLY);
+  fl_dataset_free(seeds);
+  fl_buf_free(&arg);
+  if (s != FL_OK) {
+    fl_dataset_free(pair);
+    return s;
+  }
+  *out = pair;
   return FL_OK;
 }
 
@@ -488,10 +570,14 @@ fl_status data_reader_add_block(data_reader *r, fl_bytes rec) {
   return FL_OK;
 }
 
-fl_status data_reader_add_all(data_reader *r, fl_iter *in) {
+fl_status data_reader_add_all(fl_iter *in, data_reader *train, data_reader *test) {
   fl_bytes rec;
   while (fl_iter_next(in, &rec)) {
-    fl_status s = data_reader_add_block(r, rec);
+    data_block b;
+    fl_status s = data_block_view(rec, &b);
+    if (s == FL_OK && b.split == DATA_SPLIT_TEST && !test)
+      s = fl_set_error(FL_ECORRUPT, "image blocks: a test block where only training blocks were expected");
+    if (s == FL_OK) s = data_reader_add_block(b.split == DATA_SPLIT_TEST ? test : train, rec);
     if (s != FL_OK) return s;
   }
   return FL_OK;

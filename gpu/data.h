@@ -7,13 +7,17 @@
  *   off  size
  *     0     4  magic "FLIB" (DATA_BLOCK_MAGIC)
  *     4     4  count: images in the block (1 .. block_images)
- *     8     4  channels      12  4  height      16  4  width
- *    20     4  classes
+ *     8     2  channels      10  2  height      12  2  width
+ *    14     2  split: DATA_SPLIT_TRAIN (0) or DATA_SPLIT_TEST (1)
+ *    16     4  classes
+ *    20     4  0
  *    24     8  first: the dataset-wide index of the block's first image
  *    32  4*count  labels, int32 in [0, classes)
  *    ..     pad to a multiple of 8 bytes (4 zero bytes when count is odd)
  *    ..  4*count*channels*height*width  images, float32, NCHW, normalized (see data_norm)
- * A partition holds the blocks of a contiguous range of images, in order.
+ * A partition holds the blocks of a contiguous range of images, in order. A training run's
+ * input (data_pair) holds, in partition r, rank r's share of the training set and then its
+ * share of the test set, told apart by `split`.
  *
  * Sources:
  * - Fashion-MNIST (or any IDX pair): idx3-ubyte images and idx1-ubyte labels, gzip'd or not.
@@ -45,6 +49,8 @@
 #define DATA_IMAGENET_SIZE 224
 #define DATA_IMAGENET_CLASSES 1000
 
+typedef enum data_split { DATA_SPLIT_TRAIN = 0, DATA_SPLIT_TEST = 1 } data_split;
+
 typedef enum data_norm {
   DATA_NORM_UNIT = 0, /* pixel / 255, in [0, 1] */
   DATA_NORM_STANDARD, /* (pixel / 255 - mean) / std with the data set's mean and std */
@@ -66,9 +72,17 @@ typedef struct data_set {
   fl_dataset *blocks; /* owned; persisted in memory (FL_MEMORY_ONLY), computed lazily */
   uint64_t images;
   uint32_t channels, height, width, classes;
+  uint32_t partitions;
+  fl_buf source; /* how a task makes a partition (for data_pair); private */
 } data_set;
 /* Frees the dataset handle and resets *d; a zeroed data_set is fine. */
 void data_set_free(data_set *d);
+
+/* One dataset of train.partitions partitions (test must have as many), partition r holding
+ * train's partition r (split DATA_SPLIT_TRAIN) and then test's (DATA_SPLIT_TEST): the input
+ * of a barrier stage whose rank r trains on the first and evaluates on the second. *out is
+ * persisted in memory; free it with fl_dataset_free. FL_EINVAL for unequal partitions. */
+fl_status data_pair(fl_context *ctx, const data_set *train, const data_set *test, fl_dataset **out);
 
 /* An IDX pair into image blocks. classes: labels must be below it (0: 10). */
 fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *labels_path,
@@ -92,6 +106,7 @@ void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *
  * (data_block_label / data_block_image do). */
 typedef struct data_block {
   uint32_t count, channels, height, width, classes;
+  data_split split;
   uint64_t first;
   const uint8_t *labels; /* count int32 */
   const uint8_t *images; /* count * channels * height * width float32 */
@@ -100,8 +115,8 @@ typedef struct data_block {
 fl_status data_block_view(fl_bytes rec, data_block *out);
 /* Encodes a block (replacing out's contents): labels[count], images[count * c*h*w]. */
 fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, uint32_t width,
-                            uint32_t classes, uint64_t first, const int32_t *labels,
-                            const float *images, fl_buf *out);
+                            uint32_t classes, data_split split, uint64_t first,
+                            const int32_t *labels, const float *images, fl_buf *out);
 
 /* ---- the rank's reader ---------------------------------------------------------------- */
 
@@ -115,8 +130,9 @@ fl_status data_reader_create(uint32_t batch, data_reader **out);
 void data_reader_destroy(data_reader *r);
 /* Copies a block into the reader (every block must have the first one's shape). */
 fl_status data_reader_add_block(data_reader *r, fl_bytes rec);
-/* Adds every record of `in` (a partition of image blocks). */
-fl_status data_reader_add_all(data_reader *r, fl_iter *in);
+/* Adds every record of `in` (a partition of image blocks): DATA_SPLIT_TRAIN blocks to
+ * `train`, DATA_SPLIT_TEST blocks to `test` (NULL: an error if there are any). */
+fl_status data_reader_add_all(fl_iter *in, data_reader *train, data_reader *test);
 
 uint64_t data_reader_images(const data_reader *r);
 /* The shape of the images (0 before the first block). */
@@ -146,5 +162,7 @@ FL_API fl_status gpu_data_idx_partition(uint32_t partition, fl_iter *in, fl_emit
                                         const void *arg);
 FL_API fl_status gpu_data_synthetic_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
                                               const void *arg);
+FL_API fl_status gpu_data_pair_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
+                                         const void *arg);
 
 #endif /* FLINT_GPU_DATA_H */
