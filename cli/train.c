@@ -31,7 +31,7 @@ static const char train_usage_text[] =
     "  --data D            fashion-mnist (IDX files, 28x28, 10 classes) or synthetic-imagenet\n"
     "                      (seeded 3x224x224 images, 1000 classes, for throughput) (required)\n"
     "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
-    "  --synthetic-images N  synthetic-imagenet training images per epoch (default 64 x batch)\n"
+    "  --synthetic-images N  synthetic-imagenet training images per epoch (default 4 x batch)\n"
     "  --ranks R           data-parallel ranks, 1 to 1024 (default 1)\n"
     "  --device D          cpu (default) or cuda (each rank on its executor's GPU)\n"
     "  --batch B           the GLOBAL mini-batch, a multiple of R (default 256)\n"

@@ -41,8 +41,9 @@ typedef struct gpu_train_options {
   nn_model_kind model;   /* mlp, cnn, resnet18 */
   gpu_train_dataset data;
   const char *data_dir;  /* Fashion-MNIST's folder (NULL: /usr/share/datasets/fashion-mnist) */
-  uint64_t synthetic_train_images; /* synthetic-imagenet images per epoch (0: 64 * batch) */
-  uint64_t synthetic_test_images;  /* (0: 4 * batch) */
+  uint64_t synthetic_train_images; /* synthetic-imagenet images per epoch (0: 4 * batch) */
+                                   /* (an image is 588 KiB: cached, and copied by its rank) */
+  uint64_t synthetic_test_images;  /* (0: batch) */
   uint32_t ranks;        /* data-parallel ranks, >= 1: one barrier task each */
   fl_device_kind device; /* cpu, or cuda (rank r uses the GPU of its executor, else r mod GPUs) */
   uint32_t batch;        /* the global batch, a multiple of ranks */
