@@ -1,0 +1,779 @@
+/* test_gpu_layers.c: the cpu device's operations against plain reference loops, every layer's
+ * gradients against finite differences, and the models of gpu/nn.h (shapes, gradients, the
+ * grads-ready callback, and loss going down under a few hand-made SGD steps). */
+#include "test_util.h"
+
+#include <math.h>
+
+#include "common/common.h"
+#include "gpu/device.h"
+#include "gpu/layers.h"
+
+static fl_device *dev;
+
+static int setup_device(void **state) {
+  (void)state;
+  return fl_device_open(FL_DEVICE_CPU, 0, &dev) == FL_OK ? 0 : -1;
+}
+
+static int teardown_device(void **state) {
+  (void)state;
+  fl_device_close(dev);
+  dev = NULL;
+  return 0;
+}
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x1234567u;
+
+/* Uniform in [-1, 1): a small xorshift is enough for test data. */
+static float urand(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (float)((double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static float *rand_buf(size_t n) {
+  float *p = malloc((n ? n : 1) * sizeof *p);
+  assert_non_null(p);
+  for (size_t i = 0; i < n; i++) p[i] = urand();
+  return p;
+}
+
+static float *zero_buf(size_t n) {
+  float *p = calloc(n ? n : 1, sizeof *p);
+  assert_non_null(p);
+  return p;
+}
+
+static double dot(const float *a, const float *b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+  return s;
+}
+
+static void assert_close(double got, double want, double tol, const char *what, size_t i) {
+  if (fabs(got - want) > tol * (1 + fabs(want))) {
+    fprintf(stderr, "%s[%zu]: got %.7g, want %.7g\n", what, i, got, want);
+    fail();
+  }
+}
+
+static void assert_all_close(const float *got, const float *want, size_t n, double tol,
+                             const char *what) {
+  for (size_t i = 0; i < n; i++) assert_close(got[i], want[i], tol, what, i);
+}
+
+static int osz(int in, int k, int stride, int pad) { return (in + 2 * pad - k) / stride + 1; }
+
+/* ---- BLAS and elementwise ops ---------------------------------------------------------- */
+
+static void test_gemm_all_transposes_match_reference(void **state) {
+  (void)state;
+  int m = 5, n = 7, k = 3;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      /* Leading dimensions wider than the matrices, so that ld is really used. */
+      int lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 1, ldc = n + 3;
+      float *a = rand_buf((size_t)(ta ? k : m) * lda);
+      float *b = rand_buf((size_t)(tb ? n : k) * ldb);
+      float *c = rand_buf((size_t)m * ldc);
+      float *want = malloc((size_t)m * ldc * sizeof *want);
+      memcpy(want, c, (size_t)m * ldc * sizeof *want);
+      float alpha = 1.5f, beta = 0.5f;
+      for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+          double s = 0;
+          for (int p = 0; p < k; p++)
+            s += (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
+                 (tb ? b[j * ldb + p] : b[p * ldb + j]);
+          want[i * ldc + j] = (float)(alpha * s + beta * want[i * ldc + j]);
+        }
+      assert_ok(dev->ops->gemm(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+      assert_all_close(c, want, (size_t)m * ldc, 1e-5, ta ? (tb ? "gemm TT" : "gemm TN")
+                                                           : (tb ? "gemm NT" : "gemm NN"));
+      free(a);
+      free(b);
+      free(c);
+      free(want);
+    }
+}
+
+static void test_elementwise_ops_match_reference(void **state) {
+  (void)state;
+  size_t n = 37;
+  float *x = rand_buf(n), *y = rand_buf(n), *want = zero_buf(n);
+  for (size_t i = 0; i < n; i++) want[i] = y[i] + 0.25f * x[i];
+  assert_ok(dev->ops->axpy(dev, n, 0.25f, x, y));
+  assert_all_close(y, want, n, 1e-6, "axpy");
+  for (size_t i = 0; i < n; i++) want[i] = y[i] * -3.0f;
+  assert_ok(dev->ops->scale(dev, n, -3.0f, y));
+  assert_all_close(y, want, n, 1e-6, "scale");
+  double ss = 0;
+  for (size_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  double got;
+  assert_ok(dev->ops->sum_squares(dev, n, x, &got));
+  assert_close(got, ss, 1e-12, "sum_squares", 0);
+  assert_ok(dev->ops->fill(dev, n, 2.5f, y));
+  for (size_t i = 0; i < n; i++) assert_true(y[i] == 2.5f);
+
+  /* relu forward in place, then backward passes dy only where y > 0. */
+  float *r = rand_buf(n), *dy = rand_buf(n), *dx = zero_buf(n);
+  memcpy(want, r, n * sizeof *r);
+  assert_ok(dev->ops->relu_forward(dev, n, r, r));
+  for (size_t i = 0; i < n; i++) assert_true(r[i] == (want[i] > 0 ? want[i] : 0));
+  assert_ok(dev->ops->relu_backward(dev, n, r, dy, dx));
+  for (size_t i = 0; i < n; i++) assert_true(dx[i] == (want[i] > 0 ? dy[i] : 0));
+  free(x);
+  free(y);
+  free(want);
+  free(r);
+  free(dy);
+  free(dx);
+}
+
+static void test_bias_ops_add_and_accumulate(void **state) {
+  (void)state;
+  int rows = 4, cols = 5;
+  float *b = rand_buf(cols), *y = rand_buf((size_t)rows * cols), *db = rand_buf(cols);
+  float *want = malloc((size_t)rows * cols * sizeof *want), *db_want = malloc(cols * sizeof *db);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) want[r * cols + c] = y[r * cols + c] + b[c];
+  for (int c = 0; c < cols; c++) {
+    db_want[c] = db[c];
+    for (int r = 0; r < rows; r++) db_want[c] += y[r * cols + c];
+  }
+  assert_ok(dev->ops->bias_grad_rows(dev, rows, cols, y, db));
+  assert_all_close(db, db_want, cols, 1e-6, "bias_grad_rows");
+  assert_ok(dev->ops->bias_add_rows(dev, rows, cols, b, y));
+  assert_all_close(y, want, (size_t)rows * cols, 1e-6, "bias_add_rows");
+  free(b);
+  free(y);
+  free(db);
+  free(want);
+  free(db_want);
+
+  int n = 3, c = 4, hw = 6;
+  size_t len = (size_t)n * c * hw;
+  b = rand_buf(c);
+  y = rand_buf(len);
+  db = rand_buf(c);
+  want = malloc(len * sizeof *want);
+  db_want = malloc(c * sizeof *db_want);
+  for (int ch = 0; ch < c; ch++) db_want[ch] = db[ch];
+  for (int i = 0; i < n; i++)
+    for (int ch = 0; ch < c; ch++)
+      for (int s = 0; s < hw; s++) {
+        size_t at = ((size_t)i * c + ch) * hw + s;
+        want[at] = y[at] + b[ch];
+        db_want[ch] += y[at];
+      }
+  assert_ok(dev->ops->bias_grad_channels(dev, n, c, hw, y, db));
+  assert_all_close(db, db_want, c, 1e-5, "bias_grad_channels");
+  assert_ok(dev->ops->bias_add_channels(dev, n, c, hw, b, y));
+  assert_all_close(y, want, len, 1e-6, "bias_add_channels");
+  free(b);
+  free(y);
+  free(db);
+  free(want);
+  free(db_want);
+}
+
+/* ---- loss ------------------------------------------------------------------------------ */
+
+static void test_softmax_xent_matches_reference_and_is_stable(void **state) {
+  (void)state;
+  int n = 4, c = 5;
+  float *z = rand_buf((size_t)n * c), *d = zero_buf((size_t)n * c);
+  for (int i = 0; i < n * c; i++) z[i] *= 3;
+  z[7] = 1e4f;  /* huge logits: exp() of them overflows without the max subtracted */
+  z[8] = 9e3f;
+  int32_t labels[4] = {0, 2, 4, 1};
+  float stats[2] = {1.0f, 2.0f};
+  float scale = 0.25f;
+  assert_ok(dev->ops->softmax_xent(dev, n, c, z, labels, scale, d, stats));
+  double loss = 0;
+  int correct = 0;
+  for (int r = 0; r < n; r++) {
+    const float *row = z + r * c;
+    double mx = row[0];
+    int arg = 0;
+    for (int j = 1; j < c; j++)
+      if (row[j] > mx) mx = row[j], arg = j;
+    double s = 0;
+    for (int j = 0; j < c; j++) s += exp(row[j] - mx);
+    loss += log(s) + mx - row[labels[r]];
+    correct += arg == labels[r];
+    for (int j = 0; j < c; j++) {
+      double p = exp(row[j] - mx) / s;
+      assert_close(d[r * c + j], (p - (j == labels[r])) * scale, 1e-5, "dlogits", (size_t)(r * c + j));
+      assert_true(isfinite(d[r * c + j]));
+    }
+  }
+  assert_close(stats[0], 1.0 + loss, 1e-5, "loss sum", 0);
+  assert_close(stats[1], 2.0 + correct, 0, "correct", 0);
+  assert_true(isfinite(stats[0]));
+  free(z);
+  free(d);
+}
+
+static void test_softmax_xent_rejects_bad_label(void **state) {
+  (void)state;
+  int n = 3, c = 4;
+  float *z = rand_buf((size_t)n * c), *d = zero_buf((size_t)n * c);
+  float stats[2] = {0, 0};
+  int32_t high[3] = {0, 1, 4}, negative[3] = {-1, 0, 0};
+  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, high, 1, d, stats), FL_EINVAL,
+                    "row 2 has label 4 outside [0, 4)");
+  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, negative, 1, d, stats), FL_EINVAL,
+                    "row 0 has label -1");
+  /* Nothing was written. */
+  for (int i = 0; i < n * c; i++) assert_true(d[i] == 0);
+  assert_true(stats[0] == 0 && stats[1] == 0);
+  free(z);
+  free(d);
+}
+
+/* ---- convolution helpers --------------------------------------------------------------- */
+
+typedef struct conv_case {
+  int n, c, h, w, kh, kw, stride, pad;
+} conv_case;
+
+static const conv_case conv_cases[] = {
+    {2, 3, 5, 7, 3, 3, 1, 1}, {1, 2, 7, 5, 3, 3, 2, 1}, {3, 1, 6, 6, 2, 2, 2, 0},
+    {2, 2, 5, 5, 1, 1, 2, 0}, {1, 3, 9, 8, 7, 7, 2, 3}, {2, 2, 4, 5, 3, 2, 1, 0},
+};
+
+static void test_im2col_matches_reference_and_col2im_is_its_adjoint(void **state) {
+  (void)state;
+  for (size_t t = 0; t < sizeof conv_cases / sizeof conv_cases[0]; t++) {
+    conv_case k = conv_cases[t];
+    int oh = osz(k.h, k.kh, k.stride, k.pad), ow = osz(k.w, k.kw, k.stride, k.pad);
+    size_t xn = (size_t)k.n * k.c * k.h * k.w;
+    size_t rows = (size_t)k.c * k.kh * k.kw, cols = (size_t)k.n * oh * ow;
+    float *x = rand_buf(xn), *col = rand_buf(rows * cols), *want = zero_buf(rows * cols);
+    for (int ci = 0; ci < k.c; ci++)
+      for (int ki = 0; ki < k.kh; ki++)
+        for (int kj = 0; kj < k.kw; kj++)
+          for (int img = 0; img < k.n; img++)
+            for (int oy = 0; oy < oh; oy++)
+              for (int ox = 0; ox < ow; ox++) {
+                int iy = oy * k.stride - k.pad + ki, ix = ox * k.stride - k.pad + kj;
+                size_t r = ((size_t)ci * k.kh + ki) * k.kw + kj;
+                size_t cc = ((size_t)img * oh + oy) * ow + ox;
+                want[r * cols + cc] = iy >= 0 && iy < k.h && ix >= 0 && ix < k.w
+                                          ? x[(((size_t)img * k.c + ci) * k.h + iy) * k.w + ix]
+                                          : 0;
+              }
+    assert_ok(dev->ops->im2col(dev, k.n, k.c, k.h, k.w, k.kh, k.kw, k.stride, k.pad, x, col));
+    assert_all_close(col, want, rows * cols, 0, "im2col");
+    /* <col2im(a), b> = <a, im2col(b)>; col2im accumulates onto what dx held. */
+    float *a = rand_buf(rows * cols), *dx = rand_buf(xn), *dx0 = malloc(xn * sizeof *dx0);
+    memcpy(dx0, dx, xn * sizeof *dx);
+    assert_ok(dev->ops->col2im(dev, k.n, k.c, k.h, k.w, k.kh, k.kw, k.stride, k.pad, a, dx));
+    double lhs = dot(dx, x, xn) - dot(dx0, x, xn), rhs = dot(a, col, rows * cols);
+    assert_close(lhs, rhs, 1e-5, "col2im adjoint", t);
+    free(x);
+    free(col);
+    free(want);
+    free(a);
+    free(dx);
+    free(dx0);
+  }
+}
+
+static void test_swap01_transposes_the_outer_axes(void **state) {
+  (void)state;
+  int A = 3, B = 4, S = 5;
+  float *x = rand_buf((size_t)A * B * S), *y = zero_buf((size_t)A * B * S);
+  assert_ok(dev->ops->swap01(dev, A, B, S, x, y));
+  for (int a = 0; a < A; a++)
+    for (int b = 0; b < B; b++)
+      for (int s = 0; s < S; s++) assert_true(y[(b * A + a) * S + s] == x[(a * B + b) * S + s]);
+  free(x);
+  free(y);
+}
+
+/* ---- pooling --------------------------------------------------------------------------- */
+
+typedef struct pool_case {
+  int n, c, h, w, k, stride, pad;
+} pool_case;
+
+static const pool_case pool_cases[] = {
+    {2, 3, 6, 6, 2, 2, 0}, {1, 2, 7, 5, 3, 2, 1}, {2, 1, 5, 5, 3, 1, 1}, {1, 2, 9, 9, 3, 3, 0},
+};
+
+static void test_maxpool_matches_reference(void **state) {
+  (void)state;
+  for (size_t t = 0; t < sizeof pool_cases / sizeof pool_cases[0]; t++) {
+    pool_case p = pool_cases[t];
+    int oh = osz(p.h, p.k, p.stride, p.pad), ow = osz(p.w, p.k, p.stride, p.pad);
+    size_t xn = (size_t)p.n * p.c * p.h * p.w, yn = (size_t)p.n * p.c * oh * ow;
+    float *x = rand_buf(xn), *y = zero_buf(yn), *dy = rand_buf(yn), *dx = rand_buf(xn);
+    float *dx_want = zero_buf(xn);
+    int32_t *am = calloc(yn, sizeof *am);
+    assert_ok(dev->ops->maxpool_forward(dev, p.n, p.c, p.h, p.w, p.k, p.stride, p.pad, x, y, am));
+    for (int pl = 0; pl < p.n * p.c; pl++)
+      for (int oy = 0; oy < oh; oy++)
+        for (int ox = 0; ox < ow; ox++) {
+          float best = -INFINITY;
+          int at = -1;
+          for (int ki = 0; ki < p.k; ki++)
+            for (int kj = 0; kj < p.k; kj++) {
+              int iy = oy * p.stride - p.pad + ki, ix = ox * p.stride - p.pad + kj;
+              if (iy < 0 || iy >= p.h || ix < 0 || ix >= p.w) continue;
+              float v = x[(size_t)pl * p.h * p.w + iy * p.w + ix];
+              if (v > best) best = v, at = iy * p.w + ix;
+            }
+          size_t o = ((size_t)pl * oh + oy) * ow + ox;
+          assert_true(y[o] == best);
+          assert_int_equal(am[o], at);
+          dx_want[(size_t)pl * p.h * p.w + at] += dy[o];
+        }
+    assert_ok(dev->ops->maxpool_backward(dev, p.n, p.c, p.h, p.w, p.k, p.stride, p.pad, dy, am, dx));
+    assert_all_close(dx, dx_want, xn, 1e-6, "maxpool dx");
+    free(x);
+    free(y);
+    free(dy);
+    free(dx);
+    free(dx_want);
+    free(am);
+  }
+}
+
+static void test_avgpool_matches_reference_and_backward_is_adjoint(void **state) {
+  (void)state;
+  for (size_t t = 0; t < sizeof pool_cases / sizeof pool_cases[0]; t++) {
+    pool_case p = pool_cases[t];
+    int oh = osz(p.h, p.k, p.stride, p.pad), ow = osz(p.w, p.k, p.stride, p.pad);
+    size_t xn = (size_t)p.n * p.c * p.h * p.w, yn = (size_t)p.n * p.c * oh * ow;
+    float *x = rand_buf(xn), *y = zero_buf(yn), *dy = rand_buf(yn), *dx = rand_buf(xn);
+    assert_ok(dev->ops->avgpool_forward(dev, p.n, p.c, p.h, p.w, p.k, p.stride, p.pad, x, y));
+    for (int pl = 0; pl < p.n * p.c; pl++)
+      for (int oy = 0; oy < oh; oy++)
+        for (int ox = 0; ox < ow; ox++) {
+          double s = 0;
+          for (int ki = 0; ki < p.k; ki++)
+            for (int kj = 0; kj < p.k; kj++) {
+              int iy = oy * p.stride - p.pad + ki, ix = ox * p.stride - p.pad + kj;
+              if (iy >= 0 && iy < p.h && ix >= 0 && ix < p.w)
+                s += x[(size_t)pl * p.h * p.w + iy * p.w + ix];
+            }
+          size_t o = ((size_t)pl * oh + oy) * ow + ox;
+          assert_close(y[o], s / (p.k * p.k), 1e-6, "avgpool", o);
+        }
+    /* Backward overwrites dx with the adjoint: <avg(x), dy> = <x, avg_backward(dy)>. */
+    assert_ok(dev->ops->avgpool_backward(dev, p.n, p.c, p.h, p.w, p.k, p.stride, p.pad, dy, dx));
+    assert_close(dot(dx, x, xn), dot(y, dy, yn), 1e-5, "avgpool adjoint", t);
+    free(x);
+    free(y);
+    free(dy);
+    free(dx);
+  }
+}
+
+/* ---- batch norm ------------------------------------------------------------------------ */
+
+static void test_batchnorm_forward_matches_reference(void **state) {
+  (void)state;
+  int n = 3, c = 2, hw = 5;
+  size_t len = (size_t)n * c * hw;
+  float *x = rand_buf(len), *y = zero_buf(len);
+  for (size_t i = 0; i < len; i++) x[i] = x[i] * 2 + 10; /* a large mean */
+  float gamma[2] = {1.5f, -0.5f}, beta[2] = {0.25f, 1}, rmean[2] = {0.5f, 0}, rvar[2] = {2, 1};
+  float mean[2], inv_std[2];
+  bn_saved saved = {mean, inv_std};
+  float mom = 0.1f, eps = 1e-5f;
+  assert_ok(dev->ops->batchnorm_forward(dev, n, c, hw, x, gamma, beta, rmean, rvar, mom, eps,
+                                        true, saved, y));
+  for (int ch = 0; ch < c; ch++) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < hw; j++) s += x[(i * c + ch) * hw + j];
+    double mu = s / (n * hw);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < hw; j++) ss += pow(x[(i * c + ch) * hw + j] - mu, 2);
+    double var = ss / (n * hw);
+    assert_close(mean[ch], mu, 1e-6, "saved mean", ch);
+    assert_close(inv_std[ch], 1 / sqrt(var + eps), 1e-5, "saved inv_std", ch);
+    double rm0 = ch ? 0 : 0.5, rv0 = ch ? 1 : 2;
+    assert_close(rmean[ch], 0.9 * rm0 + 0.1 * mu, 1e-6, "running mean", ch);
+    assert_close(rvar[ch], 0.9 * rv0 + 0.1 * ss / (n * hw - 1), 1e-5, "running var", ch);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < hw; j++) {
+        size_t at = (size_t)(i * c + ch) * hw + j;
+        assert_close(y[at], gamma[ch] * (x[at] - mu) / sqrt(var + eps) + beta[ch], 1e-4, "bn y", at);
+      }
+  }
+  /* Inference uses the running statistics and changes nothing. */
+  float rm[2] = {rmean[0], rmean[1]}, rv[2] = {rvar[0], rvar[1]};
+  assert_ok(dev->ops->batchnorm_forward(dev, n, c, hw, x, gamma, beta, rmean, rvar, mom, eps,
+                                        false, saved, y));
+  assert_true(rmean[0] == rm[0] && rvar[1] == rv[1]);
+  for (int i = 0; i < n; i++)
+    for (int ch = 0; ch < c; ch++)
+      for (int j = 0; j < hw; j++) {
+        size_t at = (size_t)(i * c + ch) * hw + j;
+        assert_close(y[at], gamma[ch] * (x[at] - rm[ch]) / sqrt(rv[ch] + eps) + beta[ch], 1e-5,
+                     "bn eval y", at);
+      }
+  free(x);
+  free(y);
+}
+
+/* ---- optimizer ------------------------------------------------------------------------- */
+
+static void test_sgd_step_matches_pytorch_rule(void **state) {
+  (void)state;
+  size_t n = 9;
+  for (int nesterov = 0; nesterov < 2; nesterov++) {
+    float *g = rand_buf(n), *v = rand_buf(n), *w = rand_buf(n);
+    float *v_want = malloc(n * sizeof *v), *w_want = malloc(n * sizeof *w);
+    float lr = 0.1f, mom = 0.9f, wd = 1e-2f;
+    for (size_t i = 0; i < n; i++) {
+      float gi = g[i] + wd * w[i];
+      v_want[i] = mom * v[i] + gi;
+      w_want[i] = w[i] - lr * (nesterov ? gi + mom * v_want[i] : v_want[i]);
+    }
+    assert_ok(dev->ops->sgd_step(dev, n, lr, mom, wd, nesterov, g, v, w));
+    assert_all_close(v, v_want, n, 1e-6, "velocity");
+    assert_all_close(w, w_want, n, 1e-6, "weights");
+    free(g);
+    free(v);
+    free(w);
+    free(v_want);
+    free(w_want);
+  }
+}
+
+
+/* ---- layers: gradients against finite differences -------------------------------------- */
+
+/* The loss of a layer test is L = <y, r> for a fixed random r, so dL/dy = r. */
+static double layer_loss(layer *l, const fl_tensor *x, const float *r) {
+  const fl_tensor *y;
+  assert_ok(layer_forward(l, x, true, &y));
+  return dot(y->data, r, y->numel);
+}
+
+/* Compares one analytic derivative with a central difference of `v` (a float the loss reads);
+ * returns whether they agree. */
+static bool fd_agrees(layer *l, const fl_tensor *x, const float *r, float *v, double analytic,
+                      double eps, const char *what, size_t i) {
+  float keep = *v;
+  *v = keep + (float)eps;
+  double lp = layer_loss(l, x, r);
+  *v = keep - (float)eps;
+  double lm = layer_loss(l, x, r);
+  *v = keep;
+  double fd = (lp - lm) / (2 * eps);
+  bool ok = fabs(fd - analytic) <= 5e-3 + 2e-2 * fmax(fabs(fd), fabs(analytic));
+  if (!ok) fprintf(stderr, "%s %s[%zu]: finite difference %.6g, backward %.6g\n", l->name, what, i, fd, analytic);
+  return ok;
+}
+
+/* Index k of `checks` spread over n elements (all of them when n <= checks). */
+static size_t pick(size_t k, size_t n, size_t checks) {
+  if (n <= checks) return k;
+  return (size_t)((double)k * (double)n / (double)checks + (urand() + 1) * 0.5 * ((double)n / (double)checks - 1));
+}
+
+/* Runs forward and backward of a layer on x (shape and values given) and checks the input
+ * gradient and every parameter's gradient by central differences at up to `checks` points
+ * each. Layers with relus inside may cross a kink within eps: `misses` of them are allowed. */
+static void check_layer(layer_store *s, layer *l, int ndim, const int64_t *shape,
+                        const float *xv, double eps, size_t checks, int misses) {
+  fl_tensor x = {0}, dy = {0};
+  assert_ok(tensor_ensure(&x, dev, ndim, shape));
+  memcpy(x.data, xv, x.numel * sizeof(float));
+  const fl_tensor *y, *dx;
+  assert_ok(layer_forward(l, &x, true, &y));
+  assert_ok(tensor_ensure(&dy, dev, y->ndim, y->shape));
+  float *r = rand_buf(y->numel);
+  memcpy(dy.data, r, y->numel * sizeof(float));
+  /* Gradients accumulate: start from a known nonzero value and subtract it after. */
+  float *grads = s->grads.data;
+  for (size_t i = 0; i < s->nvalues; i++) grads[i] = 0.5f;
+  assert_ok(layer_backward(l, &dy, true, &dx));
+  float *dxv = malloc(x.numel * sizeof(float));
+  memcpy(dxv, dx->data, x.numel * sizeof(float));
+  float *g = malloc((s->nvalues ? s->nvalues : 1) * sizeof(float));
+  for (size_t i = 0; i < s->nvalues; i++) g[i] = grads[i] - 0.5f;
+
+  int bad = 0, total = 0;
+  for (size_t k = 0; k < checks && k < x.numel; k++) {
+    size_t i = pick(k, x.numel, checks);
+    bad += !fd_agrees(l, &x, r, &x.data[i], dxv[i], eps, "dx", i);
+    total++;
+  }
+  for (size_t p = l->first_param; p < l->first_param + l->nparams; p++) {
+    nn_param *prm = &s->params[p];
+    for (size_t k = 0; k < checks && k < prm->value.numel; k++) {
+      size_t i = pick(k, prm->value.numel, checks);
+      bad += !fd_agrees(l, &x, r, &prm->value.data[i], g[prm->offset + i], eps, prm->name, i);
+      total++;
+    }
+  }
+  if (bad > misses) {
+    fprintf(stderr, "%s: %d of %d derivatives disagree (%d allowed)\n", l->name, bad, total, misses);
+    fail();
+  }
+  free(r);
+  free(dxv);
+  free(g);
+  tensor_release(&x);
+  tensor_release(&dy);
+}
+
+/* Values kept at least 0.1 away from 0, so that a relu's kink is never within eps. */
+static float *away_from_zero(size_t n) {
+  float *p = rand_buf(n);
+  for (size_t i = 0; i < n; i++) p[i] = p[i] < 0 ? p[i] - 0.1f : p[i] + 0.1f;
+  return p;
+}
+
+/* Distinct values 0.05 apart in random order, so that no pooling window has a near tie. */
+static float *distinct(size_t n) {
+  float *p = malloc(n * sizeof *p);
+  for (size_t i = 0; i < n; i++) p[i] = (float)i * 0.05f - (float)n * 0.025f;
+  for (size_t i = n; i > 1; i--) {
+    size_t j = (size_t)((urand() + 1) * 0.5 * (double)i) % i;
+    float t = p[i - 1];
+    p[i - 1] = p[j];
+    p[j] = t;
+  }
+  return p;
+}
+
+static void finish(layer_store *s) {
+  assert_ok(layer_store_finish(s, 42));
+  /* Zero-initialised biases and batch-norm parameters would hide half of the math. */
+  float *v = s->values.data;
+  for (size_t i = 0; i < s->nvalues; i++) v[i] += 0.3f * urand();
+}
+
+static void test_linear_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *l;
+  assert_ok(layer_linear_create(&s, "fc", 10, 7, &l));
+  finish(&s);
+  assert_int_equal(l->nparams, 2);
+  assert_string_equal(s.params[0].name, "fc.weight");
+  assert_string_equal(s.params[1].name, "fc.bias");
+  int64_t shape[3] = {3, 2, 5}; /* a row of 10 features in any shape */
+  float *x = rand_buf(30);
+  check_layer(&s, l, 3, shape, x, 1e-2, 40, 0);
+  int64_t wrong[2] = {3, 9};
+  fl_tensor bad = {0};
+  assert_ok(tensor_ensure(&bad, dev, 2, wrong));
+  assert_fails_with(layer_forward(l, &bad, true, NULL), FL_EINVAL, "10 features a row");
+  tensor_release(&bad);
+  free(x);
+  layer_destroy(l);
+  layer_store_release(&s);
+}
+
+static void test_relu_and_flatten_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *relu, *flat;
+  assert_ok(layer_relu_create(&s, &relu));
+  assert_ok(layer_flatten_create(&s, &flat));
+  finish(&s);
+  int64_t shape[4] = {2, 3, 2, 3};
+  float *x = away_from_zero(36);
+  check_layer(&s, relu, 4, shape, x, 1e-2, 36, 0);
+  check_layer(&s, flat, 4, shape, x, 1e-2, 36, 0);
+  const fl_tensor *y;
+  fl_tensor xt = {0};
+  assert_ok(tensor_ensure(&xt, dev, 4, shape));
+  assert_ok(layer_forward(flat, &xt, true, &y));
+  assert_int_equal(y->ndim, 2);
+  assert_int_equal(y->shape[1], 18);
+  assert_ptr_equal(y->data, xt.data); /* a view, no copy */
+  tensor_release(&xt);
+  free(x);
+  layer_destroy(relu);
+  layer_destroy(flat);
+  layer_store_release(&s);
+}
+
+static void test_conv2d_gradients(void **state) {
+  (void)state;
+  static const struct {
+    int n, c, h, w, oc, k, stride, pad;
+    bool bias;
+  } cases[] = {
+      {2, 3, 5, 7, 4, 3, 1, 1, true},  {2, 2, 7, 6, 3, 3, 2, 1, false},
+      {3, 3, 5, 5, 2, 1, 2, 0, false}, {1, 2, 9, 8, 3, 5, 2, 2, true},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+    layer_store s;
+    layer_store_init(&s, dev);
+    layer *l;
+    assert_ok(layer_conv2d_create(&s, "conv", cases[t].c, cases[t].oc, cases[t].k,
+                                  cases[t].stride, cases[t].pad, cases[t].bias, &l));
+    finish(&s);
+    assert_int_equal(l->nparams, cases[t].bias ? 2 : 1);
+    int64_t shape[4] = {cases[t].n, cases[t].c, cases[t].h, cases[t].w};
+    size_t n = (size_t)shape[0] * shape[1] * shape[2] * shape[3];
+    float *x = rand_buf(n);
+    check_layer(&s, l, 4, shape, x, 1e-2, 30, 0);
+    const fl_tensor *y;
+    fl_tensor xt = {0};
+    assert_ok(tensor_ensure(&xt, dev, 4, shape));
+    assert_ok(layer_forward(l, &xt, true, &y));
+    assert_int_equal(y->shape[1], cases[t].oc);
+    assert_int_equal(y->shape[2], osz(cases[t].h, cases[t].k, cases[t].stride, cases[t].pad));
+    assert_int_equal(y->shape[3], osz(cases[t].w, cases[t].k, cases[t].stride, cases[t].pad));
+    /* Wrong channel count. */
+    int64_t wrong[4] = {1, cases[t].c + 1, cases[t].h, cases[t].w};
+    assert_ok(tensor_ensure(&xt, dev, 4, wrong));
+    assert_fails_with(layer_forward(l, &xt, true, NULL), FL_EINVAL, "conv2d conv: input [1,");
+    tensor_release(&xt);
+    free(x);
+    layer_destroy(l);
+    layer_store_release(&s);
+  }
+}
+
+static void test_pooling_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *max2, *max3, *avg2, *avg3, *gap;
+  assert_ok(layer_maxpool_create(&s, 2, 2, 0, &max2));
+  assert_ok(layer_maxpool_create(&s, 3, 2, 1, &max3));
+  assert_ok(layer_avgpool_create(&s, 2, 2, 0, &avg2));
+  assert_ok(layer_avgpool_create(&s, 3, 2, 1, &avg3));
+  assert_ok(layer_global_avgpool_create(&s, &gap));
+  assert_fails_with(layer_maxpool_create(&s, 2, 2, 2, &max2), FL_EINVAL, "pad 2");
+  finish(&s);
+  int64_t shape[4] = {2, 2, 5, 7};
+  float *x = distinct(140);
+  check_layer(&s, max2, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, max3, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, avg2, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, avg3, 4, shape, x, 1e-2, 60, 0);
+  check_layer(&s, gap, 4, shape, x, 1e-2, 60, 0);
+  fl_tensor xt = {0};
+  const fl_tensor *y;
+  assert_ok(tensor_ensure(&xt, dev, 4, shape));
+  memcpy(xt.data, x, 140 * sizeof(float));
+  assert_ok(layer_forward(gap, &xt, true, &y));
+  assert_int_equal(y->ndim, 2);
+  double mean = 0;
+  for (int i = 0; i < 35; i++) mean += x[35 + i];
+  assert_close(y->data[1], mean / 35, 1e-5, "global mean", 1);
+  tensor_release(&xt);
+  free(x);
+  layer_destroy(max2);
+  layer_destroy(max3);
+  layer_destroy(avg2);
+  layer_destroy(avg3);
+  layer_destroy(gap);
+  layer_store_release(&s);
+}
+
+static void test_batchnorm_gradients_in_training(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *bn4, *bn2;
+  assert_ok(layer_batchnorm_create(&s, "bn", 3, &bn4));
+  assert_ok(layer_batchnorm_create(&s, "bn1d", 5, &bn2));
+  finish(&s);
+  assert_int_equal(s.nbuffers, 16); /* running mean and var of both */
+  int64_t shape4[4] = {3, 3, 2, 3}, shape2[2] = {4, 5};
+  float *x = rand_buf(54);
+  for (int i = 0; i < 54; i++) x[i] = x[i] * 2 + 1;
+  check_layer(&s, bn4, 4, shape4, x, 1e-2, 40, 0);
+  check_layer(&s, bn2, 2, shape2, x, 1e-2, 40, 0);
+  /* Backward needs the statistics of a training forward. */
+  fl_tensor xt = {0}, dy = {0};
+  assert_ok(tensor_ensure(&xt, dev, 2, shape2));
+  assert_ok(tensor_ensure(&dy, dev, 2, shape2));
+  assert_ok(layer_forward(bn2, &xt, false, NULL));
+  assert_fails_with(layer_backward(bn2, &dy, true, NULL), FL_ESTATE, "inference forward");
+  tensor_release(&xt);
+  tensor_release(&dy);
+  free(x);
+  layer_destroy(bn4);
+  layer_destroy(bn2);
+  layer_store_release(&s);
+}
+
+static void test_basic_block_gradients(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *same, *down;
+  assert_ok(layer_basic_block_create(&s, "layer1.0", 3, 3, 1, &same));
+  assert_ok(layer_basic_block_create(&s, "layer2.0", 3, 4, 2, &down));
+  finish(&s);
+  assert_int_equal(same->nparams, 6);
+  assert_int_equal(down->nparams, 9);
+  assert_string_equal(s.params[same->first_param].name, "layer1.0.conv1.weight");
+  assert_string_equal(s.params[down->first_param + 6].name, "layer2.0.downsample.0.weight");
+  assert_string_equal(s.params[down->first_param + 8].name, "layer2.0.downsample.1.bias");
+  int64_t shape[4] = {2, 3, 5, 5};
+  float *x = rand_buf(150);
+  /* Relus inside: a difference may straddle a kink now and then. */
+  check_layer(&s, same, 4, shape, x, 3e-3, 12, 2);
+  check_layer(&s, down, 4, shape, x, 3e-3, 12, 2);
+  free(x);
+  layer_destroy(same);
+  layer_destroy(down);
+  layer_store_release(&s);
+}
+
+static void test_backward_needs_forward_and_matching_gradient(void **state) {
+  (void)state;
+  layer_store s;
+  layer_store_init(&s, dev);
+  layer *l;
+  assert_ok(layer_linear_create(&s, "fc", 4, 3, &l));
+  finish(&s);
+  fl_tensor x = {0}, dy = {0};
+  int64_t xs[2] = {2, 4}, bad[2] = {2, 4};
+  assert_ok(tensor_ensure(&x, dev, 2, xs));
+  assert_ok(tensor_ensure(&dy, dev, 2, bad));
+  assert_fails_with(layer_backward(l, &dy, true, NULL), FL_ESTATE, "backward without a forward");
+  assert_ok(layer_forward(l, &x, true, NULL));
+  assert_fails_with(layer_backward(l, &dy, true, NULL), FL_ESTATE, "does not match the output [2, 3]");
+  tensor_release(&x);
+  tensor_release(&dy);
+  layer_destroy(l);
+  layer_store_release(&s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gemm_all_transposes_match_reference),
+      cmocka_unit_test(test_elementwise_ops_match_reference),
+      cmocka_unit_test(test_bias_ops_add_and_accumulate),
+      cmocka_unit_test(test_softmax_xent_matches_reference_and_is_stable),
+      cmocka_unit_test(test_softmax_xent_rejects_bad_label),
+      cmocka_unit_test(test_im2col_matches_reference_and_col2im_is_its_adjoint),
+      cmocka_unit_test(test_swap01_transposes_the_outer_axes),
+      cmocka_unit_test(test_maxpool_matches_reference),
+      cmocka_unit_test(test_avgpool_matches_reference_and_backward_is_adjoint),
+      cmocka_unit_test(test_batchnorm_forward_matches_reference),
+      cmocka_unit_test(test_sgd_step_matches_pytorch_rule),
+      cmocka_unit_test(test_linear_gradients),
+      cmocka_unit_test(test_relu_and_flatten_gradients),
+      cmocka_unit_test(test_conv2d_gradients),
+      cmocka_unit_test(test_pooling_gradients),
+      cmocka_unit_test(test_batchnorm_gradients_in_training),
+      cmocka_unit_test(test_basic_block_gradients),
+      cmocka_unit_test(test_backward_needs_forward_and_matching_gradient),
+  };
+  return cmocka_run_group_tests(tests, setup_device, teardown_device);
+}
