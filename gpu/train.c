@@ -122,14 +122,18 @@ typedef struct rank_state {
   uint32_t local_batch;
 } rank_state;
 
-/* Joins the ranks: NCCL for cuda with one GPU per rank, else the host backend. */
+/* Joins the ranks: NCCL for cuda, else the host backend. NCCL needs a GPU per rank: where
+ * ranks share GPUs (local mode on one GPU), FLINT_TRAIN_COMM=host picks the host backend,
+ * which stages cuda tensors through host memory. */
 static fl_status rank_connect(rank_state *r) {
   if (r->world == 1) return FL_OK;
   fl_status status = FL_OK;
   fl_records *all = NULL;
   fl_comm_endpoint *ep = NULL;
   const char **addrs = NULL;
-  if (r->a->device == FL_DEVICE_CUDA) {
+  const char *backend = getenv("FLINT_TRAIN_COMM");
+  bool nccl = r->a->device == FL_DEVICE_CUDA && !(backend && strcmp(backend, "host") == 0);
+  if (nccl) {
     uint8_t id[FL_NCCL_ID_BYTES] = {0};
     if (r->rank == 0) FL_CHECK(fl_comm_nccl_unique_id(id));
     FL_CHECK(fl_barrier_all_gather(r->b, fl_bytes_of(id, r->rank == 0 ? sizeof id : 0), 0, &all));

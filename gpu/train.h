@@ -21,6 +21,10 @@
  * Batch semantics: `batch` is the GLOBAL mini-batch (all ranks together), as in Goyal et al.;
  * each rank takes batch / ranks images a step, so batch must be a multiple of ranks. The
  * rate follows the linear scaling rule: peak = lr * batch / 256.
+ *
+ * Environment (read by each rank): FLINT_COMM_HOST, the address a rank's host-backend
+ * endpoint listens on and its peers dial (default 127.0.0.1: one machine); FLINT_TRAIN_COMM=host
+ * to use the host backend for cuda ranks too (NCCL, the default, needs a GPU per rank).
  */
 #ifndef FLINT_GPU_TRAIN_H
 #define FLINT_GPU_TRAIN_H
