@@ -115,7 +115,9 @@ struct device_ops {
                       float *y);
 
   /* Pooling over x [n, c, h, w] with a k x k window. Max pooling saves the argmax (index
-   * within the input plane) for backward; backward overwrites dx. */
+   * within the input plane) for backward; backward overwrites dx. A tie (common after a
+   * relu: all zeros) goes to the first maximum in row-major window order, so that devices
+   * agree on dx. */
   fl_status (*maxpool_forward)(fl_device *dev, int n, int c, int h, int w, int k, int stride,
                                int pad, const float *x, float *y, int32_t *argmax);
   fl_status (*maxpool_backward)(fl_device *dev, int n, int c, int h, int w, int k, int stride,

@@ -99,6 +99,11 @@ static void test_gemm_all_transposes_match_reference(void **state) {
       free(c);
       free(want);
     }
+  float a[4] = {0}, b[4] = {0}, c[4] = {0};
+  assert_fails_with(dev->ops->gemm(dev, false, false, 2, 2, 2, 1, a, 1, b, 2, 0, c, 2), FL_EINVAL,
+                    "lda=1");
+  assert_fails_with(dev->ops->gemm(dev, false, false, -1, 2, 2, 1, a, 2, b, 2, 0, c, 2), FL_EINVAL,
+                    "negative size");
 }
 
 static void test_elementwise_ops_match_reference(void **state) {
@@ -245,6 +250,7 @@ typedef struct conv_case {
 static const conv_case conv_cases[] = {
     {2, 3, 5, 7, 3, 3, 1, 1}, {1, 2, 7, 5, 3, 3, 2, 1}, {3, 1, 6, 6, 2, 2, 2, 0},
     {2, 2, 5, 5, 1, 1, 2, 0}, {1, 3, 9, 8, 7, 7, 2, 3}, {2, 2, 4, 5, 3, 2, 1, 0},
+    {2, 1, 2, 3, 3, 3, 1, 1}, {1, 2, 4, 4, 5, 5, 3, 2}, /* kernels wider than the image */
 };
 
 static void test_im2col_matches_reference_and_col2im_is_its_adjoint(void **state) {
@@ -343,6 +349,16 @@ static void test_maxpool_matches_reference(void **state) {
     free(dx_want);
     free(am);
   }
+}
+
+static void test_maxpool_ties_go_to_the_first_in_the_window(void **state) {
+  (void)state;
+  /* All zeros, as after a relu: with pad 1 the first window starts outside the image. */
+  float x[25] = {0}, y[9];
+  int32_t am[9];
+  assert_ok(dev->ops->maxpool_forward(dev, 1, 1, 5, 5, 3, 2, 1, x, y, am));
+  int32_t want[9] = {0, 1, 3, 5, 6, 8, 15, 16, 18};
+  assert_memory_equal(am, want, sizeof want);
 }
 
 static void test_avgpool_matches_reference_and_backward_is_adjoint(void **state) {
@@ -754,6 +770,333 @@ static void test_backward_needs_forward_and_matching_gradient(void **state) {
   layer_store_release(&s);
 }
 
+/* ---- models ---------------------------------------------------------------------------- */
+
+typedef struct batch {
+  fl_tensor x;
+  int32_t labels[16];
+  int n;
+} batch;
+
+static void make_batch(batch *b, const nn_model_spec *sp, int n) {
+  *b = (batch){0};
+  int64_t shape[4] = {n, sp->channels, sp->height, sp->width};
+  assert_ok(tensor_ensure(&b->x, dev, 4, shape));
+  for (size_t i = 0; i < b->x.numel; i++) b->x.data[i] = urand();
+  b->n = n;
+  for (int i = 0; i < n; i++) b->labels[i] = i % sp->classes;
+}
+
+/* Forward and loss of the batch (sum over rows, as grad_scale 1 makes the gradient). */
+static double model_loss(nn_model *m, batch *b, float grad_scale) {
+  const fl_tensor *logits;
+  assert_ok(nn_model_forward(m, &b->x, true, &logits));
+  float stats[2] = {0, 0};
+  assert_ok(nn_model_loss(m, b->labels, grad_scale, stats));
+  return stats[0];
+}
+
+typedef struct ready_log {
+  nn_model *m;
+  size_t next_end; /* the range reported next must end here */
+  int calls;
+  float *snapshot; /* gradients as they were when reported */
+} ready_log;
+
+static fl_status on_ready(size_t first, size_t count, void *user) {
+  ready_log *r = user;
+  assert_true(count > 0);
+  assert_int_equal(first + count, r->next_end);
+  r->next_end = first;
+  r->calls++;
+  nn_param *p0 = nn_model_param(r->m, first), *pl = nn_model_param(r->m, first + count - 1);
+  size_t from = p0->offset, to = pl->offset + pl->value.numel;
+  memcpy(r->snapshot + from, nn_model_grads(r->m)->data + from, (to - from) * sizeof(float));
+  return FL_OK;
+}
+
+static void check_model(const nn_model_spec *sp, size_t want_params, double eps, double max_rel) {
+  nn_model *m = NULL;
+  assert_ok(nn_model_create(dev, sp, &m));
+  size_t np = nn_model_param_count(m);
+  assert_int_equal(np, want_params);
+  /* Parameters tile the flat buffers in order. */
+  size_t at = 0;
+  for (size_t i = 0; i < np; i++) {
+    nn_param *p = nn_model_param(m, i);
+    assert_int_equal(p->offset, at);
+    assert_ptr_equal(p->value.data, nn_model_values(m)->data + at);
+    assert_ptr_equal(p->grad.data, nn_model_grads(m)->data + at);
+    at += p->value.numel;
+  }
+  assert_int_equal(at, nn_model_values(m)->numel);
+  assert_int_equal(at, nn_model_grads(m)->numel);
+  assert_null(nn_model_param(m, np));
+
+  batch b;
+  make_batch(&b, sp, 4);
+  const fl_tensor *logits;
+  assert_ok(nn_model_forward(m, &b.x, true, &logits));
+  assert_int_equal(logits->ndim, 2);
+  assert_int_equal(logits->shape[0], 4);
+  assert_int_equal(logits->shape[1], sp->classes);
+
+  /* Backward reports every parameter once, last first, each range already final. */
+  assert_ok(nn_model_zero_grad(m));
+  model_loss(m, &b, 1.0f);
+  ready_log r = {m, np, 0, calloc(at, sizeof(float))};
+  assert_ok(nn_model_backward(m, on_ready, &r));
+  assert_int_equal(r.next_end, 0);
+  assert_true(r.calls > 0);
+  float *g = malloc(at * sizeof(float));
+  memcpy(g, nn_model_grads(m)->data, at * sizeof(float));
+  assert_memory_equal(r.snapshot, g, at * sizeof(float));
+  free(r.snapshot);
+
+  /* A second backward of the same loss adds the same gradients again. */
+  assert_ok(nn_model_backward(m, NULL, NULL));
+  for (size_t i = 0; i < at; i += 1 + at / 50)
+    assert_close(nn_model_grads(m)->data[i], 2 * g[i], 1e-5, "accumulated", i);
+
+  /* Finite differences along each parameter's own gradient: moving a parameter by eps in
+   * the direction g/|g| must change the loss by eps |g|. Along a whole tensor, the relu
+   * kinks that a step crosses average out, where single elements of early layers of a deep
+   * net are too noisy to check in float. Every parameter must agree within max_rel, most of
+   * them far closer. */
+  float *w = nn_model_values(m)->data;
+  float *keep = malloc(at * sizeof(float));
+  memcpy(keep, w, at * sizeof(float));
+  double *rels = calloc(np, sizeof(double));
+  size_t checked = 0;
+  for (size_t k = 0; k < np; k++) {
+    nn_param *p = nn_model_param(m, k);
+    const float *gp = g + p->offset;
+    double norm = sqrt(dot(gp, gp, p->value.numel));
+    if (norm < 1e-2) continue; /* too small to tell from rounding */
+    double lp, lm;
+    for (size_t i = 0; i < p->value.numel; i++) w[p->offset + i] = keep[p->offset + i] + (float)(eps * gp[i] / norm);
+    lp = model_loss(m, &b, 1.0f);
+    for (size_t i = 0; i < p->value.numel; i++) w[p->offset + i] = keep[p->offset + i] - (float)(eps * gp[i] / norm);
+    lm = model_loss(m, &b, 1.0f);
+    memcpy(w + p->offset, keep + p->offset, p->value.numel * sizeof(float));
+    double fd = (lp - lm) / (2 * eps), rel = fabs(fd - norm) / norm;
+    if (rel > max_rel)
+      fprintf(stderr, "%s %s: finite difference %.6g, |g| %.6g\n", nn_model_kind_name(sp->kind),
+              p->name, fd, norm);
+    assert_true(rel <= max_rel);
+    rels[checked++] = rel;
+  }
+  assert_true(checked >= np / 2);
+  size_t close = 0;
+  for (size_t k = 0; k < checked; k++) close += rels[k] < 0.02;
+  if (close < checked * 3 / 4) fprintf(stderr, "only %zu of %zu within 2%%\n", close, checked);
+  assert_true(close >= checked * 3 / 4);
+  free(rels);
+  free(keep);
+
+  /* A few steps of plain SGD (w -= lr * g through the device's axpy) lower the loss. */
+  double first = 0, last = 0;
+  for (int step = 0; step < 6; step++) {
+    assert_ok(nn_model_zero_grad(m));
+    double loss = model_loss(m, &b, 1.0f / b.n) / b.n;
+    if (step == 0) first = loss;
+    last = loss;
+    assert_ok(nn_model_backward(m, NULL, NULL));
+    assert_ok(dev->ops->axpy(dev, at, -0.05f, nn_model_grads(m)->data, nn_model_values(m)->data));
+  }
+  if (!(last < first)) fprintf(stderr, "%s: loss %g -> %g\n", nn_model_kind_name(sp->kind), first, last);
+  assert_true(last < first);
+
+  /* Inference works on a smaller batch without reallocation trouble. */
+  batch small;
+  make_batch(&small, sp, 2);
+  assert_ok(nn_model_forward(m, &small.x, false, &logits));
+  assert_int_equal(logits->shape[0], 2);
+  for (size_t i = 0; i < logits->numel; i++) assert_true(isfinite(logits->data[i]));
+  tensor_release(&small.x);
+  tensor_release(&b.x);
+  free(g);
+  nn_model_destroy(m);
+}
+
+static void test_mlp_model(void **state) {
+  (void)state;
+  nn_model_spec sp = {.kind = NN_MLP, .channels = 1, .height = 6, .width = 5, .classes = 4,
+                      .hidden = 16, .seed = 7};
+  check_model(&sp, 6, 1e-3, 0.02);
+  nn_model *m;
+  sp.hidden = 0; /* default 256 */
+  assert_ok(nn_model_create(dev, &sp, &m));
+  assert_int_equal(nn_model_values(m)->numel, 30 * 256 + 256 + 256 * 256 + 256 + 256 * 4 + 4);
+  assert_int_equal(nn_model_buffers(m)->numel, 0);
+  assert_string_equal(nn_model_param(m, 0)->name, "fc1.weight");
+  nn_model_destroy(m);
+}
+
+static void test_cnn_model(void **state) {
+  (void)state;
+  nn_model_spec sp = {.kind = NN_CNN, .channels = 1, .height = 12, .width = 10, .classes = 3,
+                      .seed = 3};
+  check_model(&sp, 8, 1e-3, 0.02);
+  /* Fashion-MNIST: fc1 takes 64 x 7 x 7; 224x224 is averaged down to 7x7 first. */
+  nn_model *m;
+  nn_model_spec fm = {.kind = NN_CNN, .channels = 1, .height = 28, .width = 28, .classes = 10};
+  assert_ok(nn_model_create(dev, &fm, &m));
+  assert_int_equal(nn_model_param(m, 4)->value.shape[1], 64 * 7 * 7);
+  nn_model_destroy(m);
+  nn_model_spec big = {.kind = NN_CNN, .channels = 3, .height = 224, .width = 224, .classes = 10};
+  assert_ok(nn_model_create(dev, &big, &m));
+  assert_string_equal(nn_model_param(m, 4)->name, "fc1.weight");
+  assert_int_equal(nn_model_param(m, 4)->value.shape[1], 64 * 7 * 7);
+  nn_model_destroy(m);
+}
+
+static void test_resnet18_model(void **state) {
+  (void)state;
+  nn_model_spec sp = {.kind = NN_RESNET18, .channels = 1, .height = 16, .width = 16,
+                      .classes = 5, .width_mult = 4, .seed = 11};
+  check_model(&sp, 62, 3e-4, 0.15);
+  /* The ImageNet shape has PyTorch's resnet18 parameter count. */
+  nn_model *m;
+  nn_model_spec in = {.kind = NN_RESNET18, .channels = 3, .height = 224, .width = 224,
+                      .classes = 1000, .seed = 1};
+  assert_ok(nn_model_create(dev, &in, &m));
+  assert_int_equal(nn_model_values(m)->numel, 11689512);
+  assert_int_equal(nn_model_buffers(m)->numel, 2 * 4800);
+  assert_string_equal(nn_model_param(m, 0)->name, "conv1.weight");
+  assert_int_equal(nn_model_param(m, 0)->value.shape[3], 7);
+  assert_string_equal(nn_model_param(m, 61)->name, "fc.bias");
+  bool found = false;
+  for (size_t i = 0; i < nn_model_param_count(m); i++)
+    found |= strcmp(nn_model_param(m, i)->name, "layer3.0.downsample.1.weight") == 0;
+  assert_true(found);
+  /* He init: conv1's weights have std sqrt(2 / (3 * 7 * 7)). */
+  nn_param *c1 = nn_model_param(m, 0);
+  double ss = 0;
+  for (size_t i = 0; i < c1->value.numel; i++) ss += (double)c1->value.data[i] * c1->value.data[i];
+  assert_close(sqrt(ss / c1->value.numel), sqrt(2.0 / 147), 0.05, "he std", 0);
+  nn_model_destroy(m);
+}
+
+/* One training step's logits and gradients, from a model made fresh. */
+static void fresh_step(const nn_model_spec *sp, batch *b, float *logits_out, float *grads_out) {
+  nn_model *m;
+  assert_ok(nn_model_create(dev, sp, &m));
+  const fl_tensor *logits;
+  assert_ok(nn_model_forward(m, &b->x, true, &logits));
+  memcpy(logits_out, logits->data, logits->numel * sizeof(float));
+  float stats[2] = {0, 0};
+  assert_ok(nn_model_loss(m, b->labels, 1.0f, stats));
+  assert_ok(nn_model_zero_grad(m));
+  assert_ok(nn_model_backward(m, NULL, NULL));
+  memcpy(grads_out, nn_model_grads(m)->data, nn_model_grads(m)->numel * sizeof(float));
+  nn_model_destroy(m);
+}
+
+static void test_models_follow_batches_that_shrink_and_grow(void **state) {
+  (void)state;
+  /* The ImageNet stem (7x7/2 conv, 3x3/2 max pool) above 64 pixels a side, and the CNN's
+   * extra averaging above 28x28, on a batch of 2, then 5, then 2 again. */
+  nn_model_spec specs[2] = {
+      {.kind = NN_RESNET18, .channels = 3, .height = 72, .width = 68, .classes = 3,
+       .width_mult = 2, .seed = 9},
+      {.kind = NN_CNN, .channels = 2, .height = 56, .width = 60, .classes = 4, .seed = 9},
+  };
+  for (int t = 0; t < 2; t++) {
+    nn_model_spec *sp = &specs[t];
+    nn_model *m;
+    assert_ok(nn_model_create(dev, sp, &m));
+    size_t np = nn_model_grads(m)->numel;
+    float *g = malloc(np * sizeof(float)), *g_fresh = malloc(np * sizeof(float));
+    float logits_fresh[5 * 4];
+    int sizes[3] = {2, 5, 2};
+    for (int k = 0; k < 3; k++) {
+      batch b;
+      make_batch(&b, sp, sizes[k]);
+      const fl_tensor *logits;
+      assert_ok(nn_model_forward(m, &b.x, true, &logits));
+      assert_int_equal(logits->shape[0], sizes[k]);
+      float stats[2] = {0, 0};
+      assert_ok(nn_model_loss(m, b.labels, 1.0f, stats));
+      assert_true(isfinite(stats[0]));
+      assert_ok(nn_model_zero_grad(m));
+      assert_ok(nn_model_backward(m, NULL, NULL));
+      memcpy(g, nn_model_grads(m)->data, np * sizeof(float));
+      /* The same as a model that never saw another batch size. */
+      fresh_step(sp, &b, logits_fresh, g_fresh);
+      assert_ok(nn_model_forward(m, &b.x, true, &logits));
+      assert_all_close(logits->data, logits_fresh, logits->numel, 1e-5, "logits");
+      assert_all_close(g, g_fresh, np, 1e-4, "grads");
+      tensor_release(&b.x);
+    }
+    free(g);
+    free(g_fresh);
+    nn_model_destroy(m);
+  }
+}
+
+static void test_models_are_seeded(void **state) {
+  (void)state;
+  nn_model_spec sp = {.kind = NN_RESNET18, .channels = 3, .height = 8, .width = 8,
+                      .classes = 2, .width_mult = 2, .seed = 5};
+  nn_model *a, *b, *c;
+  assert_ok(nn_model_create(dev, &sp, &a));
+  assert_ok(nn_model_create(dev, &sp, &b));
+  sp.seed = 6;
+  assert_ok(nn_model_create(dev, &sp, &c));
+  size_t n = nn_model_values(a)->numel;
+  assert_memory_equal(nn_model_values(a)->data, nn_model_values(b)->data, n * sizeof(float));
+  assert_memory_not_equal(nn_model_values(a)->data, nn_model_values(c)->data, n * sizeof(float));
+  /* Running statistics start at mean 0, variance 1 and move in training forwards. */
+  fl_tensor *buf = nn_model_buffers(a);
+  assert_true(buf->data[0] == 0.0f && buf->data[2] == 1.0f);
+  nn_model_destroy(a);
+  nn_model_destroy(b);
+  nn_model_destroy(c);
+}
+
+static void test_model_bad_specs_and_calls(void **state) {
+  (void)state;
+  nn_model *m = NULL;
+  nn_model_spec sp = {.kind = NN_RESNET18, .channels = 1, .height = 6, .width = 28, .classes = 10};
+  assert_fails_with(nn_model_create(dev, &sp, &m), FL_EINVAL, "6x28 image is too small");
+  sp = (nn_model_spec){.kind = NN_CNN, .channels = 1, .height = 3, .width = 3, .classes = 10};
+  assert_fails_with(nn_model_create(dev, &sp, &m), FL_EINVAL, "too small");
+  sp = (nn_model_spec){.kind = NN_MLP, .channels = 1, .height = 3, .width = 3, .classes = 0};
+  assert_fails_with(nn_model_create(dev, &sp, &m), FL_EINVAL, "0 classes");
+  sp.classes = 2;
+  sp.kind = (nn_model_kind)9;
+  assert_fails_with(nn_model_create(dev, &sp, &m), FL_EINVAL, "unknown model kind 9");
+  assert_null(m);
+  nn_model_kind kind;
+  assert_ok(nn_model_kind_parse("resnet18", &kind));
+  assert_int_equal(kind, NN_RESNET18);
+  assert_ok(nn_model_kind_parse("cnn", &kind));
+  assert_int_equal(kind, NN_CNN);
+  assert_fails_with(nn_model_kind_parse("vgg", &kind), FL_EINVAL, "unknown model 'vgg'");
+  assert_string_equal(nn_model_kind_name(NN_MLP), "mlp");
+
+  sp = (nn_model_spec){.kind = NN_MLP, .channels = 1, .height = 3, .width = 3, .classes = 2, .hidden = 4};
+  assert_ok(nn_model_create(dev, &sp, &m));
+  float stats[2] = {0, 0};
+  int32_t labels[2] = {0, 5};
+  assert_fails_with(nn_model_loss(m, labels, 1, stats), FL_ESTATE, "no forward");
+  assert_fails_with(nn_model_backward(m, NULL, NULL), FL_ESTATE, "no loss");
+  batch b;
+  make_batch(&b, &sp, 2);
+  const fl_tensor *logits;
+  assert_ok(nn_model_forward(m, &b.x, true, &logits));
+  assert_fails_with(nn_model_loss(m, labels, 1, stats), FL_EINVAL, "row 1 has label 5");
+  fl_tensor wrong = {0};
+  int64_t ws[4] = {2, 1, 3, 4};
+  assert_ok(tensor_ensure(&wrong, dev, 4, ws));
+  assert_fails_with(nn_model_forward(m, &wrong, true, &logits), FL_EINVAL, "expected [n, 1, 3, 3]");
+  tensor_release(&wrong);
+  tensor_release(&b.x);
+  nn_model_destroy(m);
+  nn_model_destroy(NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_all_transposes_match_reference),
@@ -764,6 +1107,7 @@ int main(void) {
       cmocka_unit_test(test_im2col_matches_reference_and_col2im_is_its_adjoint),
       cmocka_unit_test(test_swap01_transposes_the_outer_axes),
       cmocka_unit_test(test_maxpool_matches_reference),
+      cmocka_unit_test(test_maxpool_ties_go_to_the_first_in_the_window),
       cmocka_unit_test(test_avgpool_matches_reference_and_backward_is_adjoint),
       cmocka_unit_test(test_batchnorm_forward_matches_reference),
       cmocka_unit_test(test_sgd_step_matches_pytorch_rule),
@@ -774,6 +1118,12 @@ int main(void) {
       cmocka_unit_test(test_batchnorm_gradients_in_training),
       cmocka_unit_test(test_basic_block_gradients),
       cmocka_unit_test(test_backward_needs_forward_and_matching_gradient),
+      cmocka_unit_test(test_mlp_model),
+      cmocka_unit_test(test_cnn_model),
+      cmocka_unit_test(test_resnet18_model),
+      cmocka_unit_test(test_models_follow_batches_that_shrink_and_grow),
+      cmocka_unit_test(test_models_are_seeded),
+      cmocka_unit_test(test_model_bad_specs_and_calls),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);
 }
