@@ -13,6 +13,7 @@
 #include "gpu/curves.h"
 #include "gpu/data.h"
 #include "gpu/device.h"
+#include "gpu/nn.h"
 #include "gpu/optim.h"
 #include "gpu/train.h"
 
@@ -709,6 +710,91 @@ static void test_synthetic_imagenet_is_deterministic(void **state) {
   free(b);
 }
 
+
+/* The pieces together on a real model: the reader's batches, the loss, one sgd_step per step
+ * (the loss falls), then a checkpoint restores the weights into a model of another seed,
+ * which then gives the same logits. */
+static void test_model_steps_and_checkpoint(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  data_reader *r = NULL;
+  assert_ok(data_reader_create(8, &r));
+  /* 32 images of 1x4x4 whose class (0..3) sets which quarter is bright. */
+  float px[32 * 16];
+  int32_t lab[32];
+  for (int i = 0; i < 32; i++) {
+    lab[i] = i % 4;
+    for (int k = 0; k < 16; k++) px[i * 16 + k] = (k / 4 == lab[i] ? 1.0f : 0.0f) + 0.01f * (float)((i * 7 + k) % 5);
+  }
+  fl_buf rec = FL_BUF_INIT;
+  assert_ok(data_block_encode(32, 1, 4, 4, 4, DATA_SPLIT_TRAIN, 0, lab, px, &rec));
+  assert_ok(data_reader_add_block(r, fl_buf_bytes(&rec)));
+  fl_buf_free(&rec);
+  nn_model_spec spec = {.kind = NN_MLP, .channels = 1, .height = 4, .width = 4, .classes = 4, .hidden = 16, .seed = 3};
+  nn_model *m = NULL;
+  assert_ok(nn_model_create(dev, &spec, &m));
+  optim_sgd_options o = {.momentum = 0.9f, .weight_decay = 1e-4f};
+  optim_sgd *opt = NULL;
+  assert_ok(optim_sgd_create(dev, fl_tensor_numel(nn_model_values(m)), &o, &opt));
+  int64_t xs[4] = {8, 1, 4, 4};
+  fl_tensor *x = NULL;
+  assert_ok(fl_tensor_create(dev, 4, xs, &x));
+  int32_t *labels_d = NULL;
+  float *stats_d = NULL;
+  assert_ok(dev->ops->alloc(dev, 8 * sizeof(int32_t), (void **)&labels_d));
+  assert_ok(dev->ops->alloc(dev, 2 * sizeof(float), (void **)&stats_d));
+  float xb[8 * 16], first = 0, last = 0;
+  int32_t yb[8];
+  for (uint32_t epoch = 0; epoch < 15; epoch++) {
+    data_reader_start_epoch(r, 5, epoch, true, 0, false);
+    assert_ok(dev->ops->memset0(dev, stats_d, 2 * sizeof(float)));
+    while (data_reader_next(r, xb, yb) == 8) {
+      const fl_tensor *logits;
+      assert_ok(fl_tensor_write(x, xb, 8 * 16));
+      assert_ok(dev->ops->from_host(dev, labels_d, yb, sizeof yb));
+      assert_ok(nn_model_zero_grad(m));
+      assert_ok(nn_model_forward(m, x, true, &logits));
+      assert_ok(nn_model_loss(m, labels_d, 1.0f / 8, stats_d));
+      assert_ok(nn_model_backward(m, NULL, NULL));
+      assert_ok(optim_sgd_step(opt, 0.1f, nn_model_grads(m), nn_model_values(m)));
+    }
+    float st[2];
+    assert_ok(dev->ops->to_host(dev, st, stats_d, sizeof st));
+    if (epoch == 0) first = st[0] / 32;
+    last = st[0] / 32;
+  }
+  assert_true(last < 0.5f * first);
+
+  fl_buf blob = FL_BUF_INIT;
+  checkpoint_state cs = {.epoch = 15, .step = 60, .position = 15, .lr = 0.1};
+  assert_ok(checkpoint_encode(nn_model_values(m), nn_model_buffers(m), opt, &cs, &blob));
+  spec.seed = 99;
+  nn_model *m2 = NULL;
+  optim_sgd *opt2 = NULL;
+  assert_ok(nn_model_create(dev, &spec, &m2));
+  assert_ok(optim_sgd_create(dev, fl_tensor_numel(nn_model_values(m2)), &o, &opt2));
+  checkpoint_state back;
+  assert_ok(checkpoint_decode(fl_buf_bytes(&blob), nn_model_values(m2), nn_model_buffers(m2), opt2, &back));
+  assert_int_equal(back.step, 60);
+  const fl_tensor *l1, *l2;
+  float a[32], b[32];
+  assert_ok(nn_model_forward(m, x, false, &l1));
+  assert_ok(fl_tensor_read(l1, a, 32));
+  assert_ok(nn_model_forward(m2, x, false, &l2));
+  assert_ok(fl_tensor_read(l2, b, 32));
+  assert_memory_equal(a, b, sizeof a);
+  fl_buf_free(&blob);
+  dev->ops->free(dev, labels_d);
+  dev->ops->free(dev, stats_d);
+  fl_tensor_destroy(x);
+  optim_sgd_destroy(opt2);
+  optim_sgd_destroy(opt);
+  nn_model_destroy(m2);
+  nn_model_destroy(m);
+  data_reader_destroy(r);
+  fl_device_close(dev);
+}
+
 /* ---- training options ------------------------------------------------------------------ */
 
 static void test_train_options(void **state) {
@@ -761,6 +847,7 @@ int main(void) {
       cmocka_unit_test(test_curves_csv_svg_progress),
       cmocka_unit_test(test_reader_shuffle_and_batches),
       cmocka_unit_test(test_train_options),
+      cmocka_unit_test(test_model_steps_and_checkpoint),
   };
   const struct CMUnitTest data_tests[] = {
       cmocka_unit_test(test_data_idx_plain_and_gz),
