@@ -9,5 +9,7 @@
 
 /* flint ml linreg|logreg ... (cli/ml.c): trains a model with libflint_ml. */
 int cmd_ml(int argc, char **argv);
+/* flint train --model ... --data ... (cli/train.c): data-parallel SGD with libflint_gpu. */
+int cmd_train(int argc, char **argv);
 
 #endif

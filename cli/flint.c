@@ -1,5 +1,6 @@
 /*
- * flint.c: the flint command: driver, executor, submit, status and ml (cli/ml.c).
+ * flint.c: the flint command: driver, executor, submit, status, ml (cli/ml.c) and train
+ * (cli/train.c).
  *
  * Exit status: the job's own status for submit; 2 for a usage error; 1 when something could
  * not be started (missing library, missing flint_main, bad master, unreachable driver).
@@ -38,6 +39,11 @@ static const char usage_text[] =
     "      [--standardize] [--out MODEL]\n"
     "      Trains least squares or logistic regression (libflint_ml), printing each\n"
     "      iteration and the metrics; 'flint ml --help' explains the options.\n"
+    "  train --model mlp|cnn|resnet18 --data fashion-mnist|synthetic-imagenet [--ranks R]\n"
+    "      [--device cpu|cuda] [--batch B] [--lr LR] [--warmup EPOCHS] [--epochs N]\n"
+    "      [--master M] [--csv PATH] [--svg PATH]\n"
+    "      Synchronous data-parallel SGD (libflint_gpu) with a progress line per epoch\n"
+    "      and the curves as CSV and SVG; 'flint train --help' explains the options.\n"
     "\n"
     "options:\n"
     "  --help     this text (also after a command)\n"
@@ -249,5 +255,6 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2);
   if (strcmp(argv[1], "status") == 0) return cmd_status(argc - 2, argv + 2);
   if (strcmp(argv[1], "ml") == 0) return cmd_ml(argc - 2, argv + 2);
+  if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
   return usage_error("unknown command '%s'", argv[1]);
 }

@@ -212,6 +212,19 @@ static fl_status cpu_softmax_xent(fl_device *dev, int n, int c, const float *log
 
 static int out_size(int in, int k, int stride, int pad) { return (in + 2 * pad - k) / stride + 1; }
 
+/* The output columns ox whose input column ox*stride - pad + kj lies inside [0, w): the
+ * loops then run over [lo, hi) without a bounds test, and stride 1 becomes a plain copy. */
+static void valid_cols(int w, int ow, int stride, int pad, int kj, int *lo, int *hi) {
+  int first = pad - kj; /* ox*stride >= first */
+  int l = first <= 0 ? 0 : (first + stride - 1) / stride;
+  int last = w - 1 + pad - kj; /* ox*stride <= last */
+  int h = last < 0 ? 0 : last / stride + 1;
+  if (h > ow) h = ow;
+  if (l > h) l = h;
+  *lo = l;
+  *hi = h;
+}
+
 /* col row (ci, ki, kj), column (img, oy, ox) reads x[img, ci, oy*stride - pad + ki,
  * ox*stride - pad + kj], zero outside the image. */
 static fl_status cpu_im2col(fl_device *dev, int n, int c, int h, int w, int kh, int kw,
@@ -223,6 +236,8 @@ static fl_status cpu_im2col(fl_device *dev, int n, int c, int h, int w, int kh, 
     for (int ki = 0; ki < kh; ki++)
       for (int kj = 0; kj < kw; kj++) {
         float *row = col + (((size_t)ci * kh + ki) * kw + kj) * cols;
+        int lo, hi;
+        valid_cols(w, ow, stride, pad, kj, &lo, &hi);
         for (int img = 0; img < n; img++) {
           const float *plane = x + ((size_t)img * c + ci) * h * w;
           for (int oy = 0; oy < oh; oy++) {
@@ -232,11 +247,16 @@ static fl_status cpu_im2col(fl_device *dev, int n, int c, int h, int w, int kh, 
               memset(dst, 0, (size_t)ow * sizeof(float));
               continue;
             }
+            /* Offsets, not a shifted pointer: plane - pad would point outside the array. */
             const float *src = plane + (size_t)iy * w;
-            for (int ox = 0; ox < ow; ox++) {
-              int ix = ox * stride - pad + kj;
-              dst[ox] = ix >= 0 && ix < w ? src[ix] : 0;
+            int off = kj - pad;
+            for (int ox = 0; ox < lo; ox++) dst[ox] = 0;
+            if (stride == 1) {
+              if (hi > lo) memcpy(dst + lo, src + lo + off, (size_t)(hi - lo) * sizeof(float));
+            } else {
+              for (int ox = lo; ox < hi; ox++) dst[ox] = src[ox * stride + off];
             }
+            for (int ox = hi; ox < ow; ox++) dst[ox] = 0;
           }
         }
       }
@@ -252,6 +272,8 @@ static fl_status cpu_col2im(fl_device *dev, int n, int c, int h, int w, int kh, 
     for (int ki = 0; ki < kh; ki++)
       for (int kj = 0; kj < kw; kj++) {
         const float *row = col + (((size_t)ci * kh + ki) * kw + kj) * cols;
+        int lo, hi;
+        valid_cols(w, ow, stride, pad, kj, &lo, &hi);
         for (int img = 0; img < n; img++) {
           float *plane = dx + ((size_t)img * c + ci) * h * w;
           for (int oy = 0; oy < oh; oy++) {
@@ -259,9 +281,12 @@ static fl_status cpu_col2im(fl_device *dev, int n, int c, int h, int w, int kh, 
             if (iy < 0 || iy >= h) continue;
             const float *src = row + ((size_t)img * oh + oy) * ow;
             float *dst = plane + (size_t)iy * w;
-            for (int ox = 0; ox < ow; ox++) {
-              int ix = ox * stride - pad + kj;
-              if (ix >= 0 && ix < w) dst[ix] += src[ox];
+            int off = kj - pad;
+            if (stride == 1) {
+#pragma omp simd
+              for (int ox = lo; ox < hi; ox++) dst[ox + off] += src[ox];
+            } else {
+              for (int ox = lo; ox < hi; ox++) dst[ox * stride + off] += src[ox];
             }
           }
         }

@@ -250,6 +250,7 @@ typedef struct conv_case {
 static const conv_case conv_cases[] = {
     {2, 3, 5, 7, 3, 3, 1, 1}, {1, 2, 7, 5, 3, 3, 2, 1}, {3, 1, 6, 6, 2, 2, 2, 0},
     {2, 2, 5, 5, 1, 1, 2, 0}, {1, 3, 9, 8, 7, 7, 2, 3}, {2, 2, 4, 5, 3, 2, 1, 0},
+    {2, 1, 2, 3, 3, 3, 1, 1}, {1, 2, 4, 4, 5, 5, 3, 2}, /* kernels wider than the image */
 };
 
 static void test_im2col_matches_reference_and_col2im_is_its_adjoint(void **state) {

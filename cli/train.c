@@ -1,0 +1,254 @@
+/*
+ * train.c: `flint train`: synchronous data-parallel SGD (gpu/train.h) on Fashion-MNIST or
+ * synthetic-imagenet, with a progress line per epoch and the curves as CSV and SVG.
+ *
+ * Exit status: 0 on success; 2 for a usage error (every option is checked before anything
+ * starts, numbers strictly: the whole text must be the number); 1 when training fails (the
+ * message is fl_last_error()).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "gpu/train.h"
+
+static const char train_usage_text[] =
+    "usage: flint train --model mlp|cnn|resnet18 --data fashion-mnist|synthetic-imagenet [options]\n"
+    "\n"
+    "Trains a network by synchronous data-parallel SGD: R ranks (one barrier task each) read\n"
+    "their share of the cached data set, allreduce gradients in buckets overlapped with the\n"
+    "backward pass and take the same step; the test set is evaluated at each epoch's end.\n"
+    "Prints a progress line per epoch (loss, accuracy, images per second) and writes the\n"
+    "curves as CSV and SVG.\n"
+    "\n"
+    "options:\n"
+    "  --model M           mlp, cnn or resnet18 (required)\n"
+    "  --data D            fashion-mnist (IDX files, 28x28, 10 classes) or synthetic-imagenet\n"
+    "                      (seeded 3x224x224 images, 1000 classes, for throughput) (required)\n"
+    "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
+    "  --synthetic-images N  synthetic-imagenet training images per epoch (default 4 x batch)\n"
+    "  --ranks R           data-parallel ranks, 1 to 1024 (default 1)\n"
+    "  --device D          cpu (default) or cuda (each rank on its executor's GPU)\n"
+    "  --batch B           the GLOBAL mini-batch, a multiple of R (default 256)\n"
+    "  --lr LR             base learning rate for a batch of 256 (default 0.1); the run uses\n"
+    "                      LR x B / 256 (the linear scaling rule)\n"
+    "  --warmup E          gradual warmup over E epochs, E >= 0 and < N (default 0)\n"
+    "  --epochs N          epochs, N >= 1 (default 10)\n"
+    "  --decay D           after warmup: cosine (default, to 0 at the end), step or none\n"
+    "  --milestones E,E..  step decay: x0.1 at these epochs (default 50% and 75% of N)\n"
+    "  --momentum M        0 <= M < 1 (default 0.9)\n"
+    "  --nesterov          Nesterov momentum\n"
+    "  --weight-decay W    L2 on every weight, W >= 0 (default 5e-4)\n"
+    "  --seed S            weights, shuffles and synthetic data (default 1)\n"
+    "  --allreduce A       host backend: auto (default), ring, halving-doubling or tree\n"
+    "  --bucket-mb MB      gradient bucket size in MiB, > 0 (default 4)\n"
+    "  --master M          local[*] (default), local[N], local-cluster[E,C,MB] or\n"
+    "                      flint://HOST:PORT; needs R free task slots (GPU executors for cuda)\n"
+    "  --csv PATH          the curves as CSV (default flint-train.csv)\n"
+    "  --svg PATH          the curves as SVG (default flint-train.svg)\n"
+    "  --checkpoint PATH   write the final weights and optimizer state there\n"
+    "  --quiet             no progress line\n"
+    "  --help              this text\n"
+    "\n"
+    "example (the large-batch check: compare with --batch 256 --warmup 0):\n"
+    "  flint train --model cnn --data fashion-mnist --ranks 8 --batch 8192 --lr 0.1 \\\n"
+    "      --warmup 5 --epochs 30 --csv large.csv --svg large.svg\n";
+
+static int train_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int train_usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "flint train: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nRun 'flint train --help' for usage.\n");
+  va_end(ap);
+  return 2;
+}
+
+/* The whole text must be a finite number: no leading space, no trailing text. */
+static bool parse_double(const char *text, double *out) {
+  if (!*text || isspace((unsigned char)*text)) return false;
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (*end || errno == ERANGE || !isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+/* Digits only (strtoull would take a sign and wrap "-1" around). */
+static bool parse_u64(const char *text, uint64_t max, uint64_t *out) {
+  if (!isdigit((unsigned char)*text)) return false;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (*end || errno == ERANGE || v > max) return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_u32(const char *text, uint32_t *out) {
+  uint64_t v;
+  if (!parse_u64(text, UINT32_MAX, &v)) return false;
+  *out = (uint32_t)v;
+  return true;
+}
+
+/* "10,20,25" into o->milestones. */
+static int parse_milestones(const char *text, gpu_train_options *o) {
+  char buf[256];
+  if (strlen(text) >= sizeof buf) return train_usage_error("--milestones '%s' is too long", text);
+  snprintf(buf, sizeof buf, "%s", text);
+  o->num_milestones = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (o->num_milestones == OPTIM_MAX_MILESTONES)
+      return train_usage_error("--milestones '%s': at most %d epochs", text, OPTIM_MAX_MILESTONES);
+    if (!parse_double(tok, &o->milestones[o->num_milestones]))
+      return train_usage_error("--milestones '%s': '%s' is not a number", text, tok);
+    o->num_milestones++;
+  }
+  if (o->num_milestones == 0) return train_usage_error("--milestones '%s' names no epoch", text);
+  return 0;
+}
+
+/* Fills `o` from argv (after "train"). Returns 0, 2 for a usage error, or -1 after --help. */
+static int parse_args(int argc, char **argv, gpu_train_options *o) {
+  *o = (gpu_train_options)GPU_TRAIN_OPTIONS_INIT;
+  o->master = "local[*]";
+  o->csv_path = "flint-train.csv";
+  o->svg_path = "flint-train.svg";
+  o->progress = stdout;
+  bool have_model = false, have_data = false;
+  for (int i = 0; i < argc; i++) {
+    const char *opt = argv[i];
+    if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) return -1;
+    if (strcmp(opt, "--nesterov") == 0) {
+      o->sgd.nesterov = true;
+      continue;
+    }
+    if (strcmp(opt, "--quiet") == 0) {
+      o->progress = NULL;
+      continue;
+    }
+    static const char *const valued[] = {"--model", "--data", "--data-dir", "--synthetic-images", "--ranks",
+                                         "--device", "--batch", "--lr", "--warmup", "--epochs", "--decay",
+                                         "--milestones", "--momentum", "--weight-decay", "--seed", "--allreduce",
+                                         "--bucket-mb", "--master", "--csv", "--svg", "--checkpoint"};
+    bool known = false;
+    for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(opt, valued[k]) == 0;
+    if (!known) return train_usage_error("unknown option '%s'", opt);
+    if (i + 1 >= argc) return train_usage_error("%s needs a value", opt);
+    const char *v = argv[++i];
+    double d;
+    if (strcmp(opt, "--model") == 0) {
+      if (gpu_train_model_parse(v, &o->model) != FL_OK)
+        return train_usage_error("unknown model '%s' (mlp, cnn or resnet18)", v);
+      have_model = true;
+    } else if (strcmp(opt, "--data") == 0) {
+      if (gpu_train_dataset_parse(v, &o->data) != FL_OK)
+        return train_usage_error("unknown data set '%s' (fashion-mnist or synthetic-imagenet)", v);
+      have_data = true;
+    } else if (strcmp(opt, "--data-dir") == 0) {
+      o->data_dir = v;
+    } else if (strcmp(opt, "--synthetic-images") == 0) {
+      if (!parse_u64(v, 1ull << 40, &o->synthetic_train_images) || o->synthetic_train_images < 1)
+        return train_usage_error("--synthetic-images '%s' is not a whole number >= 1", v);
+    } else if (strcmp(opt, "--ranks") == 0) {
+      if (!parse_u32(v, &o->ranks) || o->ranks < 1 || o->ranks > 1024)
+        return train_usage_error("--ranks '%s' is not a whole number from 1 to 1024", v);
+    } else if (strcmp(opt, "--device") == 0) {
+      if (strcmp(v, "cpu") == 0) o->device = FL_DEVICE_CPU;
+      else if (strcmp(v, "cuda") == 0) o->device = FL_DEVICE_CUDA;
+      else return train_usage_error("unknown device '%s' (cpu or cuda)", v);
+    } else if (strcmp(opt, "--batch") == 0) {
+      if (!parse_u32(v, &o->batch) || o->batch < 1 || o->batch > (1u << 20))
+        return train_usage_error("--batch '%s' is not a whole number from 1 to 1048576", v);
+    } else if (strcmp(opt, "--lr") == 0) {
+      if (!parse_double(v, &o->lr) || o->lr <= 0) return train_usage_error("--lr '%s' is not a number > 0", v);
+    } else if (strcmp(opt, "--warmup") == 0) {
+      if (!parse_double(v, &o->warmup_epochs) || o->warmup_epochs < 0)
+        return train_usage_error("--warmup '%s' is not a number of epochs >= 0", v);
+    } else if (strcmp(opt, "--epochs") == 0) {
+      if (!parse_u32(v, &o->epochs) || o->epochs < 1 || o->epochs > 100000)
+        return train_usage_error("--epochs '%s' is not a whole number from 1 to 100000", v);
+    } else if (strcmp(opt, "--decay") == 0) {
+      if (optim_decay_parse(v, &o->decay) != FL_OK)
+        return train_usage_error("unknown decay '%s' (cosine, step or none)", v);
+    } else if (strcmp(opt, "--milestones") == 0) {
+      int rc = parse_milestones(v, o);
+      if (rc) return rc;
+    } else if (strcmp(opt, "--momentum") == 0) {
+      if (!parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("--momentum '%s' is not a number in [0, 1)", v);
+      o->sgd.momentum = (float)d;
+    } else if (strcmp(opt, "--weight-decay") == 0) {
+      if (!parse_double(v, &d) || d < 0) return train_usage_error("--weight-decay '%s' is not a number >= 0", v);
+      o->sgd.weight_decay = (float)d;
+    } else if (strcmp(opt, "--seed") == 0) {
+      if (!parse_u64(v, UINT64_MAX, &o->seed)) return train_usage_error("--seed '%s' is not a whole number", v);
+    } else if (strcmp(opt, "--allreduce") == 0) {
+      if (fl_allreduce_algo_parse(v, &o->allreduce) != FL_OK)
+        return train_usage_error("unknown allreduce algorithm '%s' (auto, ring, halving-doubling or tree)", v);
+    } else if (strcmp(opt, "--bucket-mb") == 0) {
+      if (!parse_double(v, &d) || d <= 0 || d > 4096) return train_usage_error("--bucket-mb '%s' is not a number in (0, 4096]", v);
+      o->bucket_bytes = (size_t)(d * 1048576);
+      if (o->bucket_bytes < 4) o->bucket_bytes = 4;
+    } else if (strcmp(opt, "--master") == 0) {
+      o->master = v;
+    } else if (strcmp(opt, "--csv") == 0) {
+      o->csv_path = v;
+    } else if (strcmp(opt, "--svg") == 0) {
+      o->svg_path = v;
+    } else if (strcmp(opt, "--checkpoint") == 0) {
+      o->checkpoint_path = v;
+    }
+  }
+  if (!have_model) return train_usage_error("--model is required (mlp, cnn or resnet18)");
+  if (!have_data) return train_usage_error("--data is required (fashion-mnist or synthetic-imagenet)");
+  if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
+  if (o->synthetic_train_images && o->data != GPU_TRAIN_SYNTHETIC_IMAGENET)
+    return train_usage_error("--synthetic-images is for --data synthetic-imagenet");
+  /* The checks across options (batch and ranks, warmup and epochs, milestones) are the
+   * trainer's own, so that C callers get the same ones. */
+  if (gpu_train_options_validate(o) != FL_OK) return train_usage_error("%s", fl_last_error());
+  return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+  gpu_train_options o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc < 0) {
+    fputs(train_usage_text, stdout);
+    return 0;
+  }
+  if (rc) return rc;
+  optim_schedule sched;
+  gpu_train_schedule(&o, &sched);
+  printf("training %s on %s: %u rank%s on %s, global batch %u (%u per rank), lr %g x %u / 256 = %g, warmup %g "
+         "epochs, %s decay, %u epochs\n",
+         nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), o.ranks, o.ranks == 1 ? "" : "s",
+         o.device == FL_DEVICE_CPU ? "cpu" : "cuda", o.batch, o.batch / o.ranks, o.lr, o.batch,
+         optim_schedule_peak_lr(&sched), o.warmup_epochs, optim_decay_name(o.decay), o.epochs);
+  fflush(stdout);
+  gpu_train_result res;
+  if (gpu_train_run(&o, &res) != FL_OK) {
+    fflush(stdout);
+    fprintf(stderr, "flint train: %s\n", fl_last_error());
+    return 1;
+  }
+  printf("epochs       %u (%llu steps, %u attempt%s)\n", res.epochs, (unsigned long long)res.steps, res.attempts,
+         res.attempts == 1 ? "" : "s");
+  printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
+  printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
+  printf("throughput   %.0f images/s over %.1f s\n", res.images_per_s, res.seconds);
+  if (o.csv_path) printf("curves       %s\n", o.csv_path);
+  if (o.svg_path) printf("plot         %s\n", o.svg_path);
+  if (o.checkpoint_path) printf("checkpoint   %s\n", o.checkpoint_path);
+  fflush(stdout);
+  return 0;
+}

@@ -1,0 +1,107 @@
+/*
+ * gpu/train.h: synchronous data-parallel training, the engine behind `flint train`.
+ *
+ * gpu_train_run loads the data set into a cached dataset of image blocks (gpu/data.h) with
+ * one partition per rank and runs ONE barrier stage over it (fl_barrier_map_partitions):
+ * rank r reads partition r into host memory, opens its device, builds the model from the
+ * same seed as every other rank, joins the communicator, and then, for each epoch:
+ *   - takes steps_per_epoch steps (the same count on every rank: the smallest rank's
+ *     full batches), each: forward, loss, backward whose grads-ready callback allreduces
+ *     (averages) buckets of the flat gradient buffer as they become final, then one SGD step
+ *     at the schedule's rate for (epoch + step / steps_per_epoch);
+ *   - evaluates on the test set (each rank its share of the test blocks, sums allreduced);
+ *   - reports the epoch's row to the client (fl_barrier_report) and puts a checkpoint of
+ *     weights, batch-norm buffers, velocity and position (fl_barrier_checkpoint_put).
+ * A retried attempt (fl_barrier_attempt > 0) restores the last checkpoint
+ * (fl_barrier_checkpoint_get) and goes on from the epoch after it.
+ *
+ * On the client, the reports drive the progress line (opts->progress) and the curves, which
+ * are written to opts->csv_path and opts->svg_path at the end.
+ *
+ * Batch semantics: `batch` is the GLOBAL mini-batch (all ranks together), as in Goyal et al.;
+ * each rank takes batch / ranks images a step, so batch must be a multiple of ranks. The
+ * rate follows the linear scaling rule: peak = lr * batch / 256.
+ *
+ * Environment (read by each rank): FLINT_COMM_HOST, the address a rank's host-backend
+ * endpoint listens on and its peers dial (default 127.0.0.1: one machine); FLINT_TRAIN_COMM=host
+ * to use the host backend for cuda ranks too (NCCL, the default, needs a GPU per rank).
+ */
+#ifndef FLINT_GPU_TRAIN_H
+#define FLINT_GPU_TRAIN_H
+
+#include <stdio.h>
+
+#include "flint/gpu.h"
+#include "gpu/nn.h"
+#include "gpu/optim.h"
+
+typedef enum gpu_train_dataset {
+  GPU_TRAIN_FASHION_MNIST = 0,    /* 60000 + 10000 images 1x28x28, 10 classes */
+  GPU_TRAIN_SYNTHETIC_IMAGENET = 1, /* seeded 3x224x224 images, 1000 classes (throughput) */
+} gpu_train_dataset;
+
+typedef struct gpu_train_options {
+  const char *master;    /* the context's master (NULL: "local[*]") */
+  nn_model_kind model;   /* mlp, cnn, resnet18 */
+  gpu_train_dataset data;
+  const char *data_dir;  /* Fashion-MNIST's folder (NULL: /usr/share/datasets/fashion-mnist) */
+  uint64_t synthetic_train_images; /* synthetic-imagenet images per epoch (0: 4 * batch) */
+                                   /* (an image is 588 KiB: cached, and copied by its rank) */
+  uint64_t synthetic_test_images;  /* (0: batch) */
+  uint32_t ranks;        /* data-parallel ranks, >= 1: one barrier task each */
+  fl_device_kind device; /* cpu, or cuda (rank r uses the GPU of its executor, else r mod GPUs) */
+  uint32_t batch;        /* the global batch, a multiple of ranks */
+  double lr;             /* base rate for a batch of 256 (linear scaling), > 0 */
+  double warmup_epochs;  /* gradual warmup, >= 0 and < epochs */
+  uint32_t epochs;       /* >= 1 */
+  optim_decay decay;     /* after warmup: none, step (x0.1 at milestones) or cosine (to 0) */
+  double milestones[OPTIM_MAX_MILESTONES]; /* step decay's epochs (0 of them: 50% and 75%) */
+  int num_milestones;
+  optim_sgd_options sgd; /* momentum, Nesterov, weight decay */
+  uint64_t seed;         /* weights, shuffles and synthetic data */
+  fl_allreduce_algo allreduce; /* host backend's algorithm */
+  size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
+  const char *csv_path;  /* curves as CSV (NULL: not written) */
+  const char *svg_path;  /* curves as SVG (NULL: not written) */
+  const char *checkpoint_path; /* the final checkpoint blob (gpu/optim.h; NULL: not written) */
+  FILE *progress;        /* the per-epoch progress line (NULL: quiet) */
+} gpu_train_options;
+
+#define GPU_TRAIN_OPTIONS_INIT                                                                \
+  {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
+   OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, NULL, NULL, NULL, \
+   NULL}
+
+typedef struct gpu_train_result {
+  uint32_t epochs;        /* epochs completed */
+  uint64_t steps;         /* optimizer steps taken */
+  uint32_t attempts;      /* barrier-stage attempts (1 when nothing failed) */
+  double train_loss, train_acc; /* of the last epoch */
+  double test_loss, test_acc;   /* of the last evaluation */
+  double images_per_s;    /* training images per second over the run (all ranks) */
+  double seconds;         /* wall time of the training stage */
+  double final_lr;        /* the rate of the last step */
+} gpu_train_result;
+
+/* "mlp", "cnn", "resnet18" (the CLI's names, nn_model_kind_name's); FL_EINVAL otherwise. */
+fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
+/* "fashion-mnist", "synthetic-imagenet"; FL_EINVAL otherwise. */
+fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out);
+const char *gpu_train_dataset_name(gpu_train_dataset data);
+/* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
+ * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch
+ * 100 is not a multiple of --ranks 3"). Pure; gpu_train_run calls it first. */
+fl_status gpu_train_options_validate(const gpu_train_options *opts);
+/* The schedule the options make (base rate, global batch, warmup, decay, milestones). */
+void gpu_train_schedule(const gpu_train_options *opts, optim_schedule *out);
+
+/* Trains as described at the top, in a context opened on opts->master (closed before it
+ * returns). *result (may be NULL) is filled on success. Blocks until training ends.
+ * Errors: FL_EINVAL (options), the data set's (FL_ENOENT / FL_EFORMAT naming the file),
+ * FL_ESLOTS (fewer task slots than ranks), FL_EDEVICE, FL_EPEER, the stage's after its
+ * retries, FL_EIO for the output files. */
+fl_status gpu_train_run(const gpu_train_options *opts, gpu_train_result *result);
+/* The same in a context the caller owns (tests, job binaries). */
+fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *opts, gpu_train_result *result);
+
+#endif /* FLINT_GPU_TRAIN_H */

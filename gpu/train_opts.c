@@ -1,0 +1,101 @@
+/*
+ * gpu/train_opts.c: the training options' names, checks and schedule. Pure functions, apart
+ * from gpu/train.c (the trainer), so that the CLI and tests can check options without
+ * running anything.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "gpu/train.h"
+
+static const char *const model_names[] = {"mlp", "cnn", "resnet18"};
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet"};
+
+fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
+  for (int i = 0; i < 3; i++)
+    if (text && strcmp(text, model_names[i]) == 0) {
+      *out = (nn_model_kind)i;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown model '%s' (mlp, cnn or resnet18)", text ? text : "(null)");
+}
+
+fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
+  for (int i = 0; i < 2; i++)
+    if (text && strcmp(text, dataset_names[i]) == 0) {
+      *out = (gpu_train_dataset)i;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist or synthetic-imagenet)",
+                      text ? text : "(null)");
+}
+
+const char *gpu_train_dataset_name(gpu_train_dataset data) {
+  return (unsigned)data < 2 ? dataset_names[data] : "unknown";
+}
+
+/* Step decay without milestones: x0.1 at half and at three quarters of training. */
+static int default_milestones(const gpu_train_options *o, double *m) {
+  m[0] = 0.5 * o->epochs;
+  m[1] = 0.75 * o->epochs;
+  return m[0] > 0 && m[1] > m[0] ? 2 : 0;
+}
+
+void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
+  memset(s, 0, sizeof *s);
+  s->base_lr = o->lr;
+  s->global_batch = o->batch;
+  s->reference_batch = 256;
+  s->warmup_epochs = o->warmup_epochs;
+  s->epochs = o->epochs;
+  s->decay = o->decay;
+  if (o->decay == OPTIM_DECAY_STEP) {
+    if (o->num_milestones > 0 && o->num_milestones <= OPTIM_MAX_MILESTONES) {
+      memcpy(s->milestones, o->milestones, sizeof(double) * (size_t)o->num_milestones);
+      s->num_milestones = o->num_milestones;
+    } else {
+      s->num_milestones = default_milestones(o, s->milestones);
+    }
+  }
+  s->step_factor = 0.1;
+}
+
+fl_status gpu_train_options_validate(const gpu_train_options *o) {
+  if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
+  if ((unsigned)o->model > NN_RESNET18) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
+  if ((unsigned)o->data > GPU_TRAIN_SYNTHETIC_IMAGENET)
+    return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
+  if (o->device != FL_DEVICE_CPU && o->device != FL_DEVICE_CUDA)
+    return fl_set_error(FL_EINVAL, "--device: unknown device kind %d", (int)o->device);
+  if (o->ranks < 1 || o->ranks > 1024) return fl_set_error(FL_EINVAL, "--ranks %u must be 1 to 1024", o->ranks);
+  if (o->batch < 1) return fl_set_error(FL_EINVAL, "--batch must be >= 1");
+  if (o->batch % o->ranks)
+    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --ranks %u (each rank takes batch / ranks "
+                        "images a step)", o->batch, o->ranks);
+  if (o->batch > (1u << 20)) return fl_set_error(FL_EINVAL, "--batch %u is over 1048576", o->batch);
+  if (!(o->lr > 0) || !isfinite(o->lr)) return fl_set_error(FL_EINVAL, "--lr %g must be a number > 0", o->lr);
+  if (o->epochs < 1 || o->epochs > 100000) return fl_set_error(FL_EINVAL, "--epochs %u must be 1 to 100000", o->epochs);
+  if (!(o->warmup_epochs >= 0) || !(o->warmup_epochs < o->epochs))
+    return fl_set_error(FL_EINVAL, "--warmup %g must be >= 0 and less than --epochs %u", o->warmup_epochs, o->epochs);
+  if ((unsigned)o->decay > OPTIM_DECAY_COSINE) return fl_set_error(FL_EINVAL, "--decay: unknown decay %d", (int)o->decay);
+  if (o->num_milestones < 0 || o->num_milestones > OPTIM_MAX_MILESTONES)
+    return fl_set_error(FL_EINVAL, "--milestones: %d of them (at most %d)", o->num_milestones, OPTIM_MAX_MILESTONES);
+  if (o->num_milestones && o->decay != OPTIM_DECAY_STEP)
+    return fl_set_error(FL_EINVAL, "--milestones is for --decay step");
+  for (int i = 0; i < o->num_milestones; i++)
+    if (!(o->milestones[i] > 0) || !(o->milestones[i] < o->epochs) || (i && !(o->milestones[i] > o->milestones[i - 1])))
+      return fl_set_error(FL_EINVAL, "--milestones: %g must be inside (0, --epochs %u) and after the one before",
+                          o->milestones[i], o->epochs);
+  if (!(o->sgd.momentum >= 0 && o->sgd.momentum < 1))
+    return fl_set_error(FL_EINVAL, "--momentum %g must be in [0, 1)", (double)o->sgd.momentum);
+  if (!(o->sgd.weight_decay >= 0) || !isfinite(o->sgd.weight_decay))
+    return fl_set_error(FL_EINVAL, "--weight-decay %g must be a number >= 0", (double)o->sgd.weight_decay);
+  if (o->sgd.nesterov && o->sgd.momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
+  if ((unsigned)o->allreduce > FL_ALLREDUCE_TREE)
+    return fl_set_error(FL_EINVAL, "--allreduce: unknown algorithm %d", (int)o->allreduce);
+  if (o->bucket_bytes && o->bucket_bytes < 4)
+    return fl_set_error(FL_EINVAL, "--bucket-mb: a bucket must hold at least one float");
+  optim_schedule s;
+  gpu_train_schedule(o, &s);
+  return optim_schedule_validate(&s);
+}
