@@ -42,6 +42,7 @@ struct fl_tensor {
   size_t numel;
   float *data; /* device memory */
   bool owns;   /* false for a view into another tensor's memory */
+  size_t capacity; /* elements allocated at data (owned tensors; tensor_ensure grows it) */
 };
 
 /* Batch-norm per-channel scratch that forward saves for backward. */
@@ -154,7 +155,12 @@ int cuda_device_count(void);
 /* Tensors inside gpu/: a view shares memory with its base (owns = false); shape must fit. */
 fl_status tensor_view(fl_tensor *base, size_t offset, int ndim, const int64_t *shape,
                       fl_tensor *out);
-/* (Re)shapes t to `shape`, reallocating only when it needs more memory than it has. */
+/* (Re)shapes t to `shape`, reallocating only when it needs more memory than it has. t is a
+ * tensor embedded by value: zero-initialised before its first use, owned (not a view). The
+ * contents are undefined after a reallocation. */
 fl_status tensor_ensure(fl_tensor *t, fl_device *dev, int ndim, const int64_t *shape);
+/* Frees the memory of a tensor embedded by value (nothing for a view or a zeroed tensor) and
+ * zeroes it. */
+void tensor_release(fl_tensor *t);
 
 #endif /* FLINT_GPU_DEVICE_H */
