@@ -1,0 +1,737 @@
+/*
+ * test_gpu_comm.c: the host collectives, with ranks as threads over loopback. Each rank
+ * listens on 127.0.0.1:0, the addresses are shared through the test (the stand-in for the
+ * barrier-stage bootstrap) and each thread builds its communicator.
+ *
+ * Inputs are small integers held as floats, so every sum is exact in any order and results
+ * are compared bit for bit with the serial sum. The matrix: allreduce algorithms x 1..5 ranks
+ * x sizes from 1 element to 4M floats (16 MB); broadcast from every root, allgather,
+ * reduce-scatter with uneven blocks, send/recv, barrier, split; a device that stages through
+ * host memory (the cuda path, without a GPU); and the failures: bad arguments, a rank that
+ * never connects, a rank that leaves mid-collective, garbage on an endpoint.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#include "flint/gpu.h"
+#include "gpu/comm.h"
+#include "gpu/device.h"
+
+#define MAX_RANKS 8
+
+static fl_device *cpu;
+
+/* ---- ranks as threads -------------------------------------------------------------------- */
+
+typedef struct rank_job rank_job;
+typedef fl_status (*rank_fn)(rank_job *job);
+struct rank_job {
+  int rank, size;
+  fl_comm *comm;
+  void *arg;
+  rank_fn fn;
+  fl_status status;
+  char msg[512];
+};
+
+static void *rank_main(void *p) {
+  rank_job *job = p;
+  job->status = job->fn(job);
+  snprintf(job->msg, sizeof job->msg, "%s", job->status ? fl_last_error() : "");
+  return NULL;
+}
+
+/* Runs fn on `size` threads at once, one per rank; statuses and messages land in jobs. */
+static void run_ranks(int size, fl_comm **comms, rank_fn fn, void *arg, rank_job *jobs) {
+  pthread_t th[MAX_RANKS];
+  for (int r = 0; r < size; r++) {
+    jobs[r] = (rank_job){.rank = r, .size = size, .comm = comms ? comms[r] : NULL, .arg = arg, .fn = fn};
+    assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+  }
+  for (int r = 0; r < size; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+}
+
+static void expect_all_ok(int size, rank_job *jobs) {
+  for (int r = 0; r < size; r++) {
+    if (jobs[r].status != FL_OK)
+      fprintf(stderr, "rank %d of %d: %s: %s\n", r, size, fl_status_name(jobs[r].status), jobs[r].msg);
+    assert_int_equal(jobs[r].status, FL_OK);
+  }
+}
+
+typedef struct group {
+  int size;
+  fl_comm_endpoint *eps[MAX_RANKS];
+  char addrs[MAX_RANKS][96];
+  const char *addr_ptrs[MAX_RANKS];
+  uint32_t timeout_ms;
+  bool skip[MAX_RANKS]; /* ranks that listen but never join */
+  fl_comm *comms[MAX_RANKS];
+} group;
+
+static fl_status create_rank(rank_job *job) {
+  group *g = job->arg;
+  if (g->skip[job->rank]) return FL_OK;
+  fl_comm_endpoint *ep = g->eps[job->rank];
+  g->eps[job->rank] = NULL; /* taken by create, even on failure */
+  return fl_comm_host_create(ep, job->rank, job->size, g->addr_ptrs, g->timeout_ms,
+                             &g->comms[job->rank]);
+}
+
+static void group_listen(group *g, int size) {
+  memset(g, 0, sizeof *g);
+  g->size = size;
+  g->timeout_ms = 10000;
+  for (int r = 0; r < size; r++) {
+    assert_ok(fl_comm_listen("127.0.0.1", &g->eps[r]));
+    snprintf(g->addrs[r], sizeof g->addrs[r], "%s", fl_comm_endpoint_address(g->eps[r]));
+    g->addr_ptrs[r] = g->addrs[r];
+  }
+}
+
+static void group_connect(group *g, rank_job *jobs) { run_ranks(g->size, NULL, create_rank, g, jobs); }
+
+static void group_create(group *g, int size) {
+  rank_job jobs[MAX_RANKS];
+  group_listen(g, size);
+  group_connect(g, jobs);
+  expect_all_ok(size, jobs);
+  for (int r = 0; r < size; r++) {
+    assert_int_equal(fl_comm_rank(g->comms[r]), r);
+    assert_int_equal(fl_comm_size(g->comms[r]), size);
+    assert_string_equal(fl_comm_backend(g->comms[r]), "host");
+  }
+}
+
+static void group_destroy(group *g) {
+  for (int r = 0; r < g->size; r++) {
+    fl_comm_destroy(g->comms[r]);
+    fl_comm_endpoint_destroy(g->eps[r]);
+  }
+}
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+/* Rank r's element i: a small integer in [-16, 16], so sums of a few ranks are exact. */
+static inline float value(int r, size_t i, uint32_t seed) {
+  uint64_t x = (uint64_t)i * 0x9e3779b97f4a7c15ull ^ ((uint64_t)(r + 1) << 40) ^ seed;
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 29;
+  return (float)((int)(x % 33) - 16);
+}
+
+static inline float sum_value(int size, size_t i, uint32_t seed) {
+  float s = 0;
+  for (int r = 0; r < size; r++) s += value(r, i, seed);
+  return s;
+}
+
+static fl_tensor *tensor_on(fl_device *dev, size_t n) {
+  int64_t shape[1] = {(int64_t)n};
+  fl_tensor *t;
+  assert_ok(fl_tensor_create(dev, 1, shape, &t));
+  return t;
+}
+
+static void fill(fl_tensor *t, int r, uint32_t seed) {
+  size_t n = fl_tensor_numel(t);
+  float *buf = malloc(n * sizeof(float) + 4);
+  for (size_t i = 0; i < n; i++) buf[i] = value(r, i, seed);
+  if (n) assert_ok(fl_tensor_write(t, buf, n));
+  free(buf);
+}
+
+/* Reads t and returns the index of the first element that differs from want(i), or -1. */
+static long first_mismatch(const fl_tensor *t, float (*want)(size_t i, void *ctx), void *ctx) {
+  size_t n = fl_tensor_numel(t);
+  float *buf = malloc(n * sizeof(float) + 4);
+  if (n) assert_ok(fl_tensor_read(t, buf, n));
+  long bad = -1;
+  for (size_t i = 0; i < n && bad < 0; i++)
+    if (buf[i] != want(i, ctx)) bad = (long)i;
+  free(buf);
+  return bad;
+}
+
+/* ---- allreduce matrix -------------------------------------------------------------------- */
+
+typedef struct ar_case {
+  fl_device *dev;
+  size_t n;
+  fl_allreduce_algo algo;
+  fl_reduce_op op;
+  uint32_t seed;
+  int size;
+  long bad[MAX_RANKS];
+} ar_case;
+
+static float want_allreduce(size_t i, void *ctx) {
+  ar_case *c = ctx;
+  float s = sum_value(c->size, i, c->seed);
+  return c->op == FL_REDUCE_AVG ? s * (1.0f / (float)c->size) : s;
+}
+
+static fl_status allreduce_rank(rank_job *job) {
+  ar_case *c = job->arg;
+  fl_tensor *t = tensor_on(c->dev, c->n);
+  fill(t, job->rank, c->seed);
+  fl_status st = fl_comm_set_allreduce_algo(job->comm, c->algo);
+  if (st == FL_OK) st = fl_comm_allreduce(job->comm, t, c->op);
+  c->bad[job->rank] = st == FL_OK ? first_mismatch(t, want_allreduce, c) : -1;
+  fl_tensor_destroy(t);
+  return st;
+}
+
+static void check_allreduce(group *g, fl_device *dev, fl_allreduce_algo algo, size_t n,
+                            fl_reduce_op op) {
+  ar_case c = {.dev = dev, .n = n, .algo = algo, .op = op, .seed = (uint32_t)(n * 31 + algo), .size = g->size};
+  rank_job jobs[MAX_RANKS];
+  run_ranks(g->size, g->comms, allreduce_rank, &c, jobs);
+  expect_all_ok(g->size, jobs);
+  for (int r = 0; r < g->size; r++) {
+    if (c.bad[r] >= 0)
+      fprintf(stderr, "allreduce %s, %d ranks, %zu floats: rank %d differs at %ld\n",
+              fl_allreduce_algo_name(algo), g->size, n, r, c.bad[r]);
+    assert_int_equal(c.bad[r], -1);
+  }
+}
+
+static void test_allreduce_matrix(void **state) {
+  (void)state;
+  static const size_t sizes[] = {1, 2, 3, 7, 1000, 65537, 4u << 20};
+  static const fl_allreduce_algo algos[] = {FL_ALLREDUCE_RING, FL_ALLREDUCE_HALVING_DOUBLING,
+                                            FL_ALLREDUCE_TREE, FL_ALLREDUCE_AUTO};
+  for (int p = 1; p <= 5; p++) {
+    group g;
+    group_create(&g, p);
+    for (size_t a = 0; a < sizeof algos / sizeof *algos; a++)
+      for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        check_allreduce(&g, cpu, algos[a], sizes[s], FL_REDUCE_SUM);
+    /* avg, and an empty tensor, once per algorithm */
+    for (size_t a = 0; a < sizeof algos / sizeof *algos; a++) {
+      check_allreduce(&g, cpu, algos[a], 1001, FL_REDUCE_AVG);
+      check_allreduce(&g, cpu, algos[a], 0, FL_REDUCE_SUM);
+    }
+    group_destroy(&g);
+  }
+}
+
+static void test_algo_names(void **state) {
+  (void)state;
+  for (int a = FL_ALLREDUCE_AUTO; a <= FL_ALLREDUCE_TREE; a++) {
+    fl_allreduce_algo back;
+    assert_ok(fl_allreduce_algo_parse(fl_allreduce_algo_name((fl_allreduce_algo)a), &back));
+    assert_int_equal(back, a);
+  }
+  fl_allreduce_algo x;
+  assert_fails_with(fl_allreduce_algo_parse("butterfly", &x), FL_EINVAL, "butterfly");
+  assert_string_equal(fl_allreduce_algo_name(FL_ALLREDUCE_HALVING_DOUBLING), "halving-doubling");
+  /* AUTO: the tree for small messages, the ring for large ones, at every rank count. */
+  for (int p = 1; p <= 16; p++) {
+    assert_int_equal(comm_auto_algo(64, p), FL_ALLREDUCE_TREE);
+    assert_int_equal(comm_auto_algo(64u << 20, p), FL_ALLREDUCE_RING);
+  }
+}
+
+/* ---- broadcast, allgather, reduce-scatter, send/recv, barrier ---------------------------- */
+
+typedef struct coll_case {
+  fl_device *dev;
+  size_t n;
+  int root;
+  uint32_t seed;
+  int size;
+  int rank; /* for the want_* callbacks */
+  long bad[MAX_RANKS];
+} coll_case;
+
+static float want_root(size_t i, void *ctx) {
+  coll_case *c = ctx;
+  return value(c->root, i, c->seed);
+}
+
+static fl_status broadcast_rank(rank_job *job) {
+  coll_case *c = job->arg;
+  fl_tensor *t = tensor_on(c->dev, c->n);
+  if (job->rank == c->root) fill(t, job->rank, c->seed);
+  else fill(t, job->rank, c->seed + 1); /* garbage that must be overwritten */
+  fl_status st = fl_comm_broadcast(job->comm, t, c->root);
+  c->bad[job->rank] = st == FL_OK ? first_mismatch(t, want_root, c) : -1;
+  fl_tensor_destroy(t);
+  return st;
+}
+
+static float want_gathered(size_t i, void *ctx) {
+  coll_case *c = ctx;
+  return value((int)(i / c->n), i % c->n, c->seed);
+}
+
+static fl_status allgather_rank(rank_job *job) {
+  coll_case *c = job->arg;
+  fl_tensor *in = tensor_on(c->dev, c->n), *out = tensor_on(c->dev, c->n * (size_t)job->size);
+  fill(in, job->rank, c->seed);
+  fl_status st = fl_comm_allgather(job->comm, in, out);
+  c->bad[job->rank] = st == FL_OK && c->n ? first_mismatch(out, want_gathered, c) : -1;
+  fl_tensor_destroy(in);
+  fl_tensor_destroy(out);
+  return st;
+}
+
+typedef struct rs_ctx {
+  coll_case *c;
+  int rank;
+} rs_ctx;
+
+static float want_block(size_t i, void *ctx) {
+  rs_ctx *x = ctx;
+  return sum_value(x->c->size, comm_block_offset(x->c->n, x->c->size, x->rank) + i, x->c->seed);
+}
+
+static fl_status reduce_scatter_rank(rank_job *job) {
+  coll_case *c = job->arg;
+  size_t cnt = comm_block_count(c->n, job->size, job->rank);
+  fl_tensor *in = tensor_on(c->dev, c->n), *out = tensor_on(c->dev, cnt);
+  fill(in, job->rank, c->seed);
+  fl_status st = fl_comm_reduce_scatter(job->comm, in, out, FL_REDUCE_SUM);
+  rs_ctx x = {c, job->rank};
+  c->bad[job->rank] = st == FL_OK ? first_mismatch(out, want_block, &x) : -1;
+  fl_tensor_destroy(in);
+  fl_tensor_destroy(out);
+  return st;
+}
+
+static void run_coll(group *g, rank_fn fn, coll_case *c, const char *what) {
+  rank_job jobs[MAX_RANKS];
+  c->size = g->size;
+  for (int r = 0; r < MAX_RANKS; r++) c->bad[r] = -1;
+  run_ranks(g->size, g->comms, fn, c, jobs);
+  expect_all_ok(g->size, jobs);
+  for (int r = 0; r < g->size; r++) {
+    if (c->bad[r] >= 0)
+      fprintf(stderr, "%s, %d ranks, %zu floats, root %d: rank %d differs at %ld\n", what, g->size,
+              c->n, c->root, r, c->bad[r]);
+    assert_int_equal(c->bad[r], -1);
+  }
+}
+
+static void check_collectives(group *g, fl_device *dev, const size_t *sizes, size_t nsizes) {
+  for (size_t s = 0; s < nsizes; s++) {
+    coll_case c = {.dev = dev, .n = sizes[s], .seed = (uint32_t)sizes[s] * 7 + 3};
+    for (int root = 0; root < g->size; root++) {
+      c.root = root;
+      run_coll(g, broadcast_rank, &c, "broadcast");
+    }
+    run_coll(g, allgather_rank, &c, "allgather");
+    run_coll(g, reduce_scatter_rank, &c, "reduce_scatter");
+  }
+}
+
+static void test_collectives(void **state) {
+  (void)state;
+  static const size_t sizes[] = {0, 1, 2, 3, 7, 1000, 65537, 1u << 20};
+  for (int p = 1; p <= 5; p++) {
+    group g;
+    group_create(&g, p);
+    check_collectives(&g, cpu, sizes, sizeof sizes / sizeof *sizes);
+    group_destroy(&g);
+  }
+}
+
+/* Rank 2k sends to 2k+1, which answers with its own message; an odd last rank sends to 0
+ * after the pairs are done (rank 0 receives it last). */
+static float want_peer(size_t i, void *ctx) {
+  coll_case *c = ctx;
+  return value(c->root, i, c->seed);
+}
+
+static fl_status send_recv_rank(rank_job *job) {
+  coll_case *mine = job->arg;
+  coll_case c = *mine;
+  int r = job->rank, p = job->size;
+  fl_tensor *t = tensor_on(c.dev, c.n);
+  fl_status st = FL_OK;
+  long bad = -1;
+  if (r % 2 == 0 && r + 1 < p) {
+    fill(t, r, c.seed);
+    st = fl_comm_send(job->comm, t, r + 1);
+    if (st == FL_OK) st = fl_comm_recv(job->comm, t, r + 1);
+    c.root = r + 1;
+    if (st == FL_OK) bad = first_mismatch(t, want_peer, &c);
+  } else if (r % 2 == 1) {
+    st = fl_comm_recv(job->comm, t, r - 1);
+    c.root = r - 1;
+    if (st == FL_OK) bad = first_mismatch(t, want_peer, &c);
+    fill(t, r, c.seed);
+    if (st == FL_OK) st = fl_comm_send(job->comm, t, r - 1);
+  }
+  if (st == FL_OK && p % 2 == 1 && p > 1 && bad < 0) {
+    if (r == p - 1) {
+      fill(t, r, c.seed);
+      st = fl_comm_send(job->comm, t, 0);
+    } else if (r == 0) {
+      st = fl_comm_recv(job->comm, t, p - 1);
+      c.root = p - 1;
+      if (st == FL_OK) bad = first_mismatch(t, want_peer, &c);
+    }
+  }
+  mine->bad[r] = bad;
+  fl_tensor_destroy(t);
+  return st;
+}
+
+static atomic_int barrier_count;
+
+static fl_status barrier_rank(rank_job *job) {
+  for (int round = 1; round <= 5; round++) {
+    /* Stagger the ranks so that a barrier that lets one through early is seen. */
+    if (job->rank == round % job->size) usleep(2000);
+    atomic_fetch_add(&barrier_count, 1);
+    fl_status st = fl_comm_barrier(job->comm);
+    if (st != FL_OK) return st;
+    if (atomic_load(&barrier_count) < round * job->size)
+      return fl_set_error(FL_EINTERNAL, "rank %d left barrier %d early", job->rank, round);
+    st = fl_comm_barrier(job->comm); /* no rank starts the next round before all checked */
+    if (st != FL_OK) return st;
+  }
+  return FL_OK;
+}
+
+static void test_send_recv_barrier(void **state) {
+  (void)state;
+  for (int p = 1; p <= 5; p++) {
+    group g;
+    group_create(&g, p);
+    static const size_t sizes[] = {1, 7, 65537, 1u << 20};
+    for (size_t s = 0; s < 4; s++) {
+      coll_case c = {.dev = cpu, .n = sizes[s], .seed = 99};
+      run_coll(&g, send_recv_rank, &c, "send/recv");
+    }
+    atomic_store(&barrier_count, 0);
+    rank_job jobs[MAX_RANKS];
+    run_ranks(p, g.comms, barrier_rank, NULL, jobs);
+    expect_all_ok(p, jobs);
+    group_destroy(&g);
+  }
+}
+
+/* ---- split --------------------------------------------------------------------------------- */
+
+typedef struct split_case {
+  fl_comm *sub[MAX_RANKS];
+  long bad[MAX_RANKS];
+} split_case;
+
+static fl_status split_rank(rank_job *job) {
+  split_case *c = job->arg;
+  int color = job->rank == 4 ? -1 : job->rank % 2; /* rank 4 stays out */
+  fl_comm *sub = NULL;
+  fl_status st = fl_comm_split(job->comm, color, -job->rank, &sub);
+  c->sub[job->rank] = sub;
+  c->bad[job->rank] = -1;
+  if (st != FL_OK || !sub) return st;
+  /* Collectives within the sub-group, and on the parent after it. */
+  fl_tensor *t = tensor_on(cpu, 1001);
+  fill(t, job->rank, 5);
+  st = fl_comm_allreduce(sub, t, FL_REDUCE_SUM);
+  int parity = job->rank % 2;
+  if (st == FL_OK) {
+    /* ranks 0,2 (4 is out) and 1,3 */
+    float *buf = malloc(1001 * sizeof(float));
+    assert_ok(fl_tensor_read(t, buf, 1001));
+    for (size_t i = 0; i < 1001 && c->bad[job->rank] < 0; i++) {
+      float want = value(parity, i, 5) + value(parity + 2, i, 5);
+      if (buf[i] != want) c->bad[job->rank] = (long)i;
+    }
+    free(buf);
+  }
+  if (st == FL_OK) st = fl_comm_barrier(sub);
+  fl_tensor_destroy(t);
+  return st;
+}
+
+static fl_status parent_after_split(rank_job *job) { return fl_comm_barrier(job->comm); }
+
+static void test_split(void **state) {
+  (void)state;
+  group g;
+  group_create(&g, 5);
+  split_case c;
+  memset(&c, 0, sizeof c);
+  rank_job jobs[MAX_RANKS];
+  run_ranks(5, g.comms, split_rank, &c, jobs);
+  expect_all_ok(5, jobs);
+  assert_null(c.sub[4]);
+  for (int r = 0; r < 4; r++) {
+    assert_non_null(c.sub[r]);
+    assert_int_equal(fl_comm_size(c.sub[r]), 2);
+    /* key = -rank: the higher parent rank comes first */
+    assert_int_equal(fl_comm_rank(c.sub[r]), r < 2 ? 1 : 0);
+    assert_int_equal(c.bad[r], -1);
+  }
+  run_ranks(5, g.comms, parent_after_split, NULL, jobs);
+  expect_all_ok(5, jobs);
+  for (int r = 0; r < 4; r++) fl_comm_destroy(c.sub[r]);
+  group_destroy(&g);
+}
+
+/* ---- the staging path: a device whose memory is not the host's (cuda without a GPU) ----- */
+
+static device_ops staged_ops;
+static fl_device staged_dev;
+static atomic_int staged_host_allocs, staged_copies;
+
+static fl_status staged_host_alloc(fl_device *dev, size_t bytes, void **out) {
+  atomic_fetch_add(&staged_host_allocs, 1);
+  return cpu->ops->host_alloc(cpu, bytes, out);
+}
+static fl_status staged_to_host(fl_device *dev, void *dst, const void *src, size_t bytes) {
+  atomic_fetch_add(&staged_copies, 1);
+  return cpu->ops->to_host(cpu, dst, src, bytes);
+}
+static fl_status staged_from_host(fl_device *dev, void *dst, const void *src, size_t bytes) {
+  atomic_fetch_add(&staged_copies, 1);
+  return cpu->ops->from_host(cpu, dst, src, bytes);
+}
+
+static void test_staged_device(void **state) {
+  (void)state;
+  staged_ops = *cpu->ops;
+  staged_ops.name = "staged";
+  staged_ops.host_alloc = staged_host_alloc;
+  staged_ops.to_host = staged_to_host;
+  staged_ops.from_host = staged_from_host;
+  staged_dev = *cpu;
+  staged_dev.ops = &staged_ops;
+  staged_dev.kind = FL_DEVICE_CUDA;
+  snprintf(staged_dev.name, sizeof staged_dev.name, "staged (cuda stand-in)");
+  for (int p = 2; p <= 3; p++) {
+    group g;
+    group_create(&g, p);
+    atomic_store(&staged_copies, 0);
+    for (int a = FL_ALLREDUCE_AUTO; a <= FL_ALLREDUCE_TREE; a++)
+      check_allreduce(&g, &staged_dev, (fl_allreduce_algo)a, 65537, FL_REDUCE_SUM);
+    assert_true(atomic_load(&staged_copies) >= 2 * 4 * p); /* in and out, every rank */
+    int allocs = atomic_load(&staged_host_allocs);
+    check_allreduce(&g, &staged_dev, FL_ALLREDUCE_RING, 1000, FL_REDUCE_AVG);
+    assert_int_equal(atomic_load(&staged_host_allocs), allocs); /* pinned buffers are kept */
+    static const size_t sizes[] = {1, 7, 65537};
+    check_collectives(&g, &staged_dev, sizes, 3);
+    group_destroy(&g);
+  }
+}
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+static void test_bad_arguments(void **state) {
+  (void)state;
+  group g;
+  group_create(&g, 1);
+  fl_comm *c = g.comms[0];
+  fl_tensor *t = tensor_on(cpu, 8), *t3 = tensor_on(cpu, 3);
+  assert_fails_with(fl_comm_allreduce(NULL, t, FL_REDUCE_SUM), FL_EINVAL, "comm is NULL");
+  assert_fails_with(fl_comm_allreduce(c, NULL, FL_REDUCE_SUM), FL_EINVAL, "tensor is NULL");
+  assert_fails_with(fl_comm_allreduce(c, t, (fl_reduce_op)7), FL_EINVAL, "reduce op");
+  assert_fails_with(fl_comm_broadcast(c, t, 1), FL_EINVAL, "root 1");
+  assert_fails_with(fl_comm_broadcast(c, t, -1), FL_EINVAL, "root -1");
+  assert_fails_with(fl_comm_allgather(c, t, t3), FL_EINVAL, "out has 3 elements");
+  assert_fails_with(fl_comm_reduce_scatter(c, t, t3, FL_REDUCE_SUM), FL_EINVAL, "out has 3");
+  assert_fails_with(fl_comm_send(c, t, 0), FL_EINVAL, "this rank itself");
+  assert_fails_with(fl_comm_recv(c, t, 3), FL_EINVAL, "peer 3");
+  assert_fails_with(fl_comm_set_allreduce_algo(c, (fl_allreduce_algo)9), FL_EINVAL, "unknown");
+  assert_fails_with(fl_comm_split(c, 0, 0, NULL), FL_EINVAL, "out is NULL");
+  assert_fails_with(fl_comm_barrier(NULL), FL_EINVAL, "comm is NULL");
+  /* Mismatched devices: in on the cpu, out on another device. */
+  staged_ops = *cpu->ops;
+  staged_dev = *cpu;
+  staged_dev.ops = &staged_ops;
+  snprintf(staged_dev.name, sizeof staged_dev.name, "other");
+  fl_tensor *other = tensor_on(&staged_dev, 8);
+  assert_fails_with(fl_comm_allgather(c, t, other), FL_EINVAL, "out on other");
+  fl_tensor_destroy(other);
+  /* Bad arguments leave the communicator usable. */
+  assert_ok(fl_comm_allreduce(c, t, FL_REDUCE_SUM));
+  assert_ok(fl_comm_barrier(c));
+  /* Rank 1 of 1: the endpoint is taken (freed) on failure too; ASan sees a leak otherwise. */
+  fl_comm_endpoint *ep;
+  fl_comm *out;
+  const char *addrs[1] = {"127.0.0.1:1"};
+  assert_ok(fl_comm_listen("127.0.0.1", &ep));
+  assert_fails_with(fl_comm_host_create(ep, 1, 1, addrs, 100, &out), FL_EINVAL, "rank 1");
+  assert_ok(fl_comm_listen("127.0.0.1", &ep));
+  const char *bad[2] = {"no-port-here", NULL};
+  assert_fails_with(fl_comm_host_create(ep, 1, 2, bad, 100, &out), FL_EINVAL, "rank 1 is NULL");
+  assert_ok(fl_comm_listen("127.0.0.1", &ep));
+  const char *bad2[2] = {"no-port-here", "127.0.0.1:1"};
+  assert_fails_with(fl_comm_host_create(ep, 1, 2, bad2, 100, &out), FL_EINVAL, "HOST:PORT");
+#ifndef FLINT_HAVE_CUDA
+  uint8_t id[FL_NCCL_ID_BYTES];
+  assert_fails_with(fl_comm_nccl_unique_id(id), FL_EDEVICE, "without CUDA");
+  assert_fails_with(fl_comm_nccl_create(cpu, 0, 1, id, &out), FL_EDEVICE, "without CUDA");
+#endif
+  fl_tensor_destroy(t);
+  fl_tensor_destroy(t3);
+  group_destroy(&g);
+}
+
+static void test_peer_never_connects(void **state) {
+  (void)state;
+  /* The last rank listens but never joins: the others wait for it to connect. */
+  group g;
+  rank_job jobs[MAX_RANKS];
+  group_listen(&g, 3);
+  g.timeout_ms = 300;
+  g.skip[2] = true;
+  group_connect(&g, jobs);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(jobs[r].status, FL_ETIMEDOUT);
+    assert_non_null(strstr(jobs[r].msg, "rank 2 did not connect"));
+    assert_null(g.comms[r]);
+  }
+  group_destroy(&g);
+  /* Rank 0 never joins: its endpoint accepts in the kernel but never answers the hello. */
+  group_listen(&g, 3);
+  g.timeout_ms = 300;
+  g.skip[0] = true;
+  group_connect(&g, jobs);
+  for (int r = 1; r < 3; r++) {
+    assert_int_equal(jobs[r].status, FL_ETIMEDOUT);
+    if (!strstr(jobs[r].msg, "rank 0")) fprintf(stderr, "rank %d: %s\n", r, jobs[r].msg);
+    assert_non_null(strstr(jobs[r].msg, "rank 0"));
+  }
+  group_destroy(&g);
+}
+
+static fl_status leave_mid_allreduce(rank_job *job) {
+  fl_tensor *t = tensor_on(cpu, 4u << 20);
+  fill(t, job->rank, 1);
+  fl_status st;
+  if (job->rank == 2) {
+    /* Sends part of its first message, then leaves. */
+    comm_host *h = job->comm->impl;
+    st = comm_host_send(h, 3, t->data, 4096);
+    fl_comm_destroy(job->comm);
+    job->comm = NULL;
+  } else {
+    (void)fl_comm_set_allreduce_algo(job->comm, FL_ALLREDUCE_RING);
+    st = fl_comm_allreduce(job->comm, t, FL_REDUCE_SUM);
+    if (st != FL_OK) {
+      fl_status first = st;
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", fl_last_error());
+      /* Sticky: every later call fails the same way, without touching the network. */
+      fl_status again = fl_comm_barrier(job->comm);
+      if (again != first || !strstr(fl_last_error(), "failed earlier")) {
+        fl_set_error(FL_EINTERNAL, "not sticky: %s then %s (%s)", fl_status_name(first),
+                     fl_status_name(again), fl_last_error());
+        st = FL_EINTERNAL;
+      } else {
+        fl_set_error(first, "%s", msg);
+      }
+    }
+  }
+  fl_tensor_destroy(t);
+  return st;
+}
+
+static void test_peer_leaves(void **state) {
+  (void)state;
+  group g;
+  group_create(&g, 4);
+  rank_job jobs[MAX_RANKS];
+  run_ranks(4, g.comms, leave_mid_allreduce, NULL, jobs);
+  g.comms[2] = NULL; /* destroyed by its rank */
+  assert_int_equal(jobs[2].status, FL_OK);
+  for (int r = 0; r < 4; r++) {
+    if (r == 2) continue;
+    if (jobs[r].status != FL_EPEER && jobs[r].status != FL_ENET)
+      fprintf(stderr, "rank %d: %s: %s\n", r, fl_status_name(jobs[r].status), jobs[r].msg);
+    assert_true(jobs[r].status == FL_EPEER || jobs[r].status == FL_ENET);
+  }
+  /* A survivor that saw the leaver first names it (the others may see a neighbour that gave
+   * up first: every failing rank breaks its connections so that nobody waits). */
+  assert_true(strstr(jobs[1].msg, "rank 2") || strstr(jobs[3].msg, "rank 2"));
+  group_destroy(&g);
+}
+
+/* Strangers on rank 0's endpoint: garbage, a wrong group size, a silent connection and one
+ * that closes at once. The mesh forms anyway. */
+static int stranger(const char *address, const void *bytes, size_t len) {
+  char host[64];
+  snprintf(host, sizeof host, "%s", address);
+  char *colon = strrchr(host, ':');
+  *colon = '\0';
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  inet_pton(AF_INET, host, &sa.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  if (len) assert_int_equal(send(fd, bytes, len, 0), (ssize_t)len);
+  return fd;
+}
+
+static void test_garbage_on_endpoint(void **state) {
+  (void)state;
+  group g;
+  group_listen(&g, 3);
+  uint32_t wrong_size[4] = {0x544e4c46u, 1, 1, 7};
+  int fds[4];
+  fds[0] = stranger(g.addrs[0], "GET / HTTP/1.1\r\n\r\n", 18);
+  fds[1] = stranger(g.addrs[0], wrong_size, sizeof wrong_size);
+  fds[2] = stranger(g.addrs[0], NULL, 0); /* silent */
+  fds[3] = stranger(g.addrs[0], NULL, 0);
+  close(fds[3]);
+  rank_job jobs[MAX_RANKS];
+  group_connect(&g, jobs);
+  expect_all_ok(3, jobs);
+  check_allreduce(&g, cpu, FL_ALLREDUCE_AUTO, 1000, FL_REDUCE_SUM);
+  for (int i = 0; i < 3; i++) close(fds[i]);
+  group_destroy(&g);
+  /* Only strangers: the mesh fails clearly, saying that it rejected them. */
+  group_listen(&g, 2);
+  g.timeout_ms = 300;
+  g.skip[1] = true;
+  fds[0] = stranger(g.addrs[0], "garbage garbage!", 16);
+  group_connect(&g, jobs);
+  assert_int_equal(jobs[0].status, FL_ETIMEDOUT);
+  assert_non_null(strstr(jobs[0].msg, "bad hello"));
+  close(fds[0]);
+  group_destroy(&g);
+}
+
+static int setup(void **state) {
+  (void)state;
+  return fl_device_open(FL_DEVICE_CPU, 0, &cpu) == FL_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  fl_device_close(cpu);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_algo_names),
+      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_allreduce_matrix),
+      cmocka_unit_test(test_collectives),
+      cmocka_unit_test(test_send_recv_barrier),
+      cmocka_unit_test(test_split),
+      cmocka_unit_test(test_staged_device),
+      cmocka_unit_test(test_peer_never_connects),
+      cmocka_unit_test(test_peer_leaves),
+      cmocka_unit_test(test_garbage_on_endpoint),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
