@@ -103,7 +103,7 @@ static inline size_t common_varint_get(const uint8_t *p, const uint8_t *end, uin
 }
 
 /* ---- time ------------------------------------------------------------------------------ */
-FL_INTERNAL uint64_t common_now_ns(void);
+FL_SDK uint64_t common_now_ns(void);
 
 /* ---- seeded random numbers (xoshiro256**, seeded through splitmix64) ------------------- */
 typedef struct common_rng {

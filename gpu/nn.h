@@ -37,8 +37,8 @@ typedef struct nn_param {
 typedef struct nn_model nn_model;
 
 /* "mlp", "cnn", "resnet18"; FL_EINVAL otherwise. */
-fl_status nn_model_kind_parse(const char *text, nn_model_kind *out);
-const char *nn_model_kind_name(nn_model_kind kind);
+FL_API fl_status nn_model_kind_parse(const char *text, nn_model_kind *out);
+FL_API const char *nn_model_kind_name(nn_model_kind kind);
 /* Builds the model on dev with seeded weights. FL_EINVAL names a spec that cannot work
  * (an image too small for the network's downsampling, zero classes, ...). */
 fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **out);

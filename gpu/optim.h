@@ -86,13 +86,13 @@ typedef struct optim_schedule {
 } optim_schedule;
 
 /* "none", "step", "cosine"; FL_EINVAL otherwise. */
-fl_status optim_decay_parse(const char *text, optim_decay *out);
-const char *optim_decay_name(optim_decay decay);
+FL_API fl_status optim_decay_parse(const char *text, optim_decay *out);
+FL_API const char *optim_decay_name(optim_decay decay);
 /* FL_EINVAL naming the first bad field (rates that are not finite or not positive, a zero
  * batch, warmup beyond the end, milestones out of order, ...). */
 fl_status optim_schedule_validate(const optim_schedule *s);
 /* The peak rate: base_lr * global_batch / reference_batch. */
-double optim_schedule_peak_lr(const optim_schedule *s);
+FL_API double optim_schedule_peak_lr(const optim_schedule *s);
 /* The rate at `epoch` (a real number: epoch e, step i of n is e + i / n). Epochs before 0
  * read as 0 and after the end as the end. Pure; the schedule must be valid. */
 double optim_lr_at(const optim_schedule *s, double epoch);

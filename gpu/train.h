@@ -84,24 +84,26 @@ typedef struct gpu_train_result {
 } gpu_train_result;
 
 /* "mlp", "cnn", "resnet18" (the CLI's names, nn_model_kind_name's); FL_EINVAL otherwise. */
-fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
+/* The calls marked FL_API are exported from libflint_gpu for the flint command, which must
+ * reach the trainer through the shared library (its barrier function ships by symbol). */
+FL_API fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
 /* "fashion-mnist", "synthetic-imagenet"; FL_EINVAL otherwise. */
-fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out);
-const char *gpu_train_dataset_name(gpu_train_dataset data);
+FL_API fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out);
+FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch
  * 100 is not a multiple of --ranks 3"). Pure; gpu_train_run calls it first. */
-fl_status gpu_train_options_validate(const gpu_train_options *opts);
+FL_API fl_status gpu_train_options_validate(const gpu_train_options *opts);
 /* The schedule the options make (base rate, global batch, warmup, decay, milestones). */
-void gpu_train_schedule(const gpu_train_options *opts, optim_schedule *out);
+FL_API void gpu_train_schedule(const gpu_train_options *opts, optim_schedule *out);
 
 /* Trains as described at the top, in a context opened on opts->master (closed before it
  * returns). *result (may be NULL) is filled on success. Blocks until training ends.
  * Errors: FL_EINVAL (options), the data set's (FL_ENOENT / FL_EFORMAT naming the file),
  * FL_ESLOTS (fewer task slots than ranks), FL_EDEVICE, FL_EPEER, the stage's after its
  * retries, FL_EIO for the output files. */
-fl_status gpu_train_run(const gpu_train_options *opts, gpu_train_result *result);
+FL_API fl_status gpu_train_run(const gpu_train_options *opts, gpu_train_result *result);
 /* The same in a context the caller owns (tests, job binaries). */
-fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *opts, gpu_train_result *result);
+FL_API fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *opts, gpu_train_result *result);
 
 #endif /* FLINT_GPU_TRAIN_H */
