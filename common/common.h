@@ -17,6 +17,10 @@
 #include "flint/flint.h"
 
 #define FL_INTERNAL __attribute__((visibility("hidden")))
+/* Exported for flint's own add-on libraries (libflint_gpu), which are built on the public
+ * API plus these: errors, asserts and the replaceable allocator must be the one copy in
+ * libflint, or a message set in an add-on would be lost to fl_last_error(). Not for users. */
+#define FL_SDK __attribute__((visibility("default")))
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
@@ -24,21 +28,21 @@
  * time, the process's role ("driver", "executor 3", set once by common_log_set_role) and the
  * message. Levels below FLINT_LOG (error, warn, info, debug; default info) are dropped. */
 typedef enum common_log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG } common_log_level;
-FL_INTERNAL void common_log(common_log_level level, const char *fmt, ...)
+FL_SDK void common_log(common_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-FL_INTERNAL void common_log_set_role(const char *role);
+FL_SDK void common_log_set_role(const char *role);
 
 /* Sets the thread's message and returns `status`. Failures that are not the user's to fix
  * (FL_ENOMEM, FL_EINTERNAL) get the source position in front ("rdd/source.c:120: ...");
  * messages about input, files and state read as plain sentences that name the cause. */
 #define FL_ERR(status, ...) common_error_at(__FILE__, __LINE__, (status), __VA_ARGS__)
-FL_INTERNAL fl_status common_error_at(const char *file, int line, fl_status status,
+FL_SDK fl_status common_error_at(const char *file, int line, fl_status status,
                                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Puts `prefix` (formatted) in front of the thread's current message. Returns `status`. */
-FL_INTERNAL fl_status common_error_wrap(fl_status status, const char *fmt, ...)
+FL_SDK fl_status common_error_wrap(fl_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Clears the thread's message (at the start of every public call that can fail). */
-FL_INTERNAL void common_error_clear(void);
+FL_SDK void common_error_clear(void);
 
 /* Runs `call`; on failure stores its status in `status` and jumps to the cleanup label. */
 #define FL_CHECK(call)                                                                       \
@@ -55,18 +59,18 @@ FL_INTERNAL void common_error_clear(void);
   do {                                                                                       \
     if (!(cond)) common_assert_failed(__FILE__, __LINE__, #cond);                            \
   } while (0)
-FL_INTERNAL _Noreturn void common_assert_failed(const char *file, int line, const char *what);
+FL_SDK _Noreturn void common_assert_failed(const char *file, int line, const char *what);
 
 /* pthread calls that cannot fail on a correct program. */
 #define FL_PCHECK(call) FL_ASSERT((call) == 0)
 
 /* ---- memory: every allocation of flint goes through these ------------------------------ */
-FL_INTERNAL void *common_malloc(size_t size);
-FL_INTERNAL void *common_calloc(size_t count, size_t size);
-FL_INTERNAL void *common_realloc(void *p, size_t size);
-FL_INTERNAL void common_free(void *p);
-FL_INTERNAL char *common_strdup(const char *s);
-FL_INTERNAL void *common_memdup(const void *p, size_t len);
+FL_SDK void *common_malloc(size_t size);
+FL_SDK void *common_calloc(size_t count, size_t size);
+FL_SDK void *common_realloc(void *p, size_t size);
+FL_SDK void common_free(void *p);
+FL_SDK char *common_strdup(const char *s);
+FL_SDK void *common_memdup(const void *p, size_t len);
 /* Test hook: the allocation after `n` more successful ones fails (-1: never). */
 FL_API void flint_test_fail_alloc_after(long n);
 
