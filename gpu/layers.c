@@ -340,7 +340,8 @@ static fl_status conv_forward(layer *l, const fl_tensor *x, bool train) {
   if (x->ndim != 4 || x->shape[1] != C->in_c || x->shape[2] + 2 * C->pad < C->k ||
       x->shape[3] + 2 * C->pad < C->k) {
     char want[96];
-    snprintf(want, sizeof want, "[n, %d, h, w] with h, w >= %d", C->in_c, C->k - 2 * C->pad);
+    int least = C->k - 2 * C->pad > 1 ? C->k - 2 * C->pad : 1;
+    snprintf(want, sizeof want, "[n, %d, h, w] with h, w >= %d", C->in_c, least);
     return bad_input(l, x, want);
   }
   C->n = (int)x->shape[0];
@@ -449,7 +450,8 @@ static fl_status pool_forward(layer *l, const fl_tensor *x, bool train) {
   fl_device *dev = l->store->dev;
   if (x->ndim != 4 || x->shape[2] + 2 * P->pad < P->k || x->shape[3] + 2 * P->pad < P->k) {
     char want[64];
-    snprintf(want, sizeof want, "[n, c, h, w] with h, w >= %d", P->k - 2 * P->pad);
+    int least = P->k - 2 * P->pad > 1 ? P->k - 2 * P->pad : 1;
+    snprintf(want, sizeof want, "[n, c, h, w] with h, w >= %d", least);
     return bad_input(l, x, want);
   }
   int n = (int)x->shape[0], c = (int)x->shape[1], h = (int)x->shape[2], w = (int)x->shape[3];

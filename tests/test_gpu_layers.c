@@ -1055,6 +1055,95 @@ static void test_models_are_seeded(void **state) {
   nn_model_destroy(c);
 }
 
+/* |a - b| within tol of the largest |b|: sums in another order differ by rounding only. */
+static void assert_close_to_scale(const float *a, const float *b, size_t n, double tol,
+                                  const char *what) {
+  double scale = 0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+  for (size_t i = 0; i < n; i++)
+    if (fabs((double)a[i] - b[i]) > tol * (scale > 0 ? scale : 1)) {
+      fprintf(stderr, "%s[%zu]: cuda %.7g, cpu %.7g (scale %.3g)\n", what, i, a[i], b[i], scale);
+      fail();
+    }
+}
+
+static float *read_all(const fl_tensor *t) {
+  float *p = malloc((t->numel ? t->numel : 1) * sizeof *p);
+  assert_non_null(p);
+  assert_ok(fl_tensor_read(t, p, t->numel));
+  return p;
+}
+
+/* The layers are written once against the device operations: on a GPU the same models give
+ * the cpu's weights, logits, loss, gradients and running statistics. Skipped without one. */
+static void test_models_match_between_cpu_and_cuda(void **state) {
+  (void)state;
+  if (fl_cuda_device_count() == 0) skip();
+  fl_device *gpu;
+  assert_ok(fl_device_open(FL_DEVICE_CUDA, 0, &gpu));
+  nn_model_spec specs[] = {
+      {.kind = NN_MLP, .channels = 1, .height = 6, .width = 5, .classes = 4, .hidden = 16, .seed = 7},
+      {.kind = NN_CNN, .channels = 2, .height = 28, .width = 28, .classes = 10, .seed = 3},
+      {.kind = NN_RESNET18, .channels = 1, .height = 16, .width = 16, .classes = 5,
+       .width_mult = 4, .seed = 11},
+      {.kind = NN_RESNET18, .channels = 3, .height = 72, .width = 68, .classes = 3,
+       .width_mult = 2, .seed = 9},
+  };
+  for (size_t t = 0; t < sizeof specs / sizeof specs[0]; t++) {
+    const nn_model_spec *sp = &specs[t];
+    const char *name = nn_model_kind_name(sp->kind);
+    nn_model *mc, *mg;
+    assert_ok(nn_model_create(dev, sp, &mc));
+    assert_ok(nn_model_create(gpu, sp, &mg));
+    float *vc = read_all(nn_model_values(mc)), *vg = read_all(nn_model_values(mg));
+    assert_memory_equal(vc, vg, nn_model_values(mc)->numel * sizeof(float));
+
+    batch b;
+    make_batch(&b, sp, 6);
+    fl_tensor *xg;
+    assert_ok(fl_tensor_create(gpu, 4, b.x.shape, &xg));
+    assert_ok(fl_tensor_write(xg, b.x.data, b.x.numel));
+    int32_t *labels_g;
+    float *stats_g;
+    assert_ok(gpu->ops->alloc(gpu, sizeof b.labels, (void **)&labels_g));
+    assert_ok(gpu->ops->from_host(gpu, labels_g, b.labels, sizeof b.labels));
+    assert_ok(gpu->ops->alloc(gpu, 2 * sizeof(float), (void **)&stats_g));
+    assert_ok(gpu->ops->memset0(gpu, stats_g, 2 * sizeof(float)));
+
+    const fl_tensor *lc, *lg;
+    float stats_c[2] = {0, 0}, stats_h[2];
+    assert_ok(nn_model_forward(mc, &b.x, true, &lc));
+    assert_ok(nn_model_forward(mg, xg, true, &lg));
+    float *logits_g = read_all(lg);
+    assert_close_to_scale(logits_g, lc->data, lc->numel, 1e-4, name);
+    assert_ok(nn_model_loss(mc, b.labels, 1.0f / 6, stats_c));
+    assert_ok(nn_model_loss(mg, labels_g, 1.0f / 6, stats_g));
+    assert_ok(nn_model_zero_grad(mc));
+    assert_ok(nn_model_zero_grad(mg));
+    assert_ok(nn_model_backward(mc, NULL, NULL));
+    assert_ok(nn_model_backward(mg, NULL, NULL));
+    assert_ok(gpu->ops->to_host(gpu, stats_h, stats_g, sizeof stats_h));
+    assert_close(stats_h[0], stats_c[0], 1e-4, "loss", t);
+    assert_close(stats_h[1], stats_c[1], 0, "correct", t);
+    float *gg = read_all(nn_model_grads(mg)), *bg = read_all(nn_model_buffers(mg));
+    assert_close_to_scale(gg, nn_model_grads(mc)->data, nn_model_grads(mc)->numel, 1e-3, name);
+    assert_close_to_scale(bg, nn_model_buffers(mc)->data, nn_model_buffers(mc)->numel, 1e-4, name);
+
+    gpu->ops->free(gpu, labels_g);
+    gpu->ops->free(gpu, stats_g);
+    free(vc);
+    free(vg);
+    free(logits_g);
+    free(gg);
+    free(bg);
+    fl_tensor_destroy(xg);
+    tensor_release(&b.x);
+    nn_model_destroy(mc);
+    nn_model_destroy(mg);
+  }
+  fl_device_close(gpu);
+}
+
 static void test_model_bad_specs_and_calls(void **state) {
   (void)state;
   nn_model *m = NULL;
@@ -1124,6 +1213,7 @@ int main(void) {
       cmocka_unit_test(test_models_follow_batches_that_shrink_and_grow),
       cmocka_unit_test(test_models_are_seeded),
       cmocka_unit_test(test_model_bad_specs_and_calls),
+      cmocka_unit_test(test_models_match_between_cpu_and_cuda),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);
 }
