@@ -469,6 +469,7 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
 static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test) {
   data_options dopts = DATA_OPTIONS_INIT;
   dopts.partitions = o->ranks;
+  dopts.norm = DATA_NORM_STANDARD; /* zero-mean inputs: see docs/gpu.md, the large-batch check */
   fl_status s;
   if (o->data == GPU_TRAIN_FASHION_MNIST) {
     s = data_fashion_mnist(ctx, o->data_dir, true, &dopts, train);
