@@ -32,6 +32,10 @@ static const char train_usage_text[] =
     "                      (seeded 3x224x224 images, 1000 classes, for throughput) (required)\n"
     "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
     "  --synthetic-images N  synthetic-imagenet training images per epoch (default 4 x batch)\n"
+    "  --train-images N    fashion-mnist: train on the first N images (default all 60000)\n"
+    "  --test-images N     fashion-mnist: evaluate on the first N images (default all 10000)\n"
+    "  --no-shuffle        keep the images' order every epoch (rank r of R takes images r,\n"
+    "                      r+R, ...: R ranks then take the same global batches as 1 rank)\n"
     "  --ranks R           data-parallel ranks, 1 to 1024 (default 1)\n"
     "  --device D          cpu (default) or cuda (each rank on its executor's GPU)\n"
     "  --batch B           the GLOBAL mini-batch, a multiple of R (default 256)\n"
@@ -136,7 +140,12 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->progress = NULL;
       continue;
     }
-    static const char *const valued[] = {"--model", "--data", "--data-dir", "--synthetic-images", "--ranks",
+    if (strcmp(opt, "--no-shuffle") == 0) {
+      o->shuffle = false;
+      continue;
+    }
+    static const char *const valued[] = {"--model", "--data", "--data-dir", "--synthetic-images",
+                                         "--train-images", "--test-images", "--ranks",
                                          "--device", "--batch", "--lr", "--warmup", "--epochs", "--decay",
                                          "--milestones", "--momentum", "--weight-decay", "--seed", "--allreduce",
                                          "--bucket-mb", "--master", "--csv", "--svg", "--checkpoint"};
@@ -159,6 +168,12 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--synthetic-images") == 0) {
       if (!parse_u64(v, 1ull << 40, &o->synthetic_train_images) || o->synthetic_train_images < 1)
         return train_usage_error("--synthetic-images '%s' is not a whole number >= 1", v);
+    } else if (strcmp(opt, "--train-images") == 0) {
+      if (!parse_u64(v, 1ull << 40, &o->max_train_images) || o->max_train_images < 1)
+        return train_usage_error("--train-images '%s' is not a whole number >= 1", v);
+    } else if (strcmp(opt, "--test-images") == 0) {
+      if (!parse_u64(v, 1ull << 40, &o->max_test_images) || o->max_test_images < 1)
+        return train_usage_error("--test-images '%s' is not a whole number >= 1", v);
     } else if (strcmp(opt, "--ranks") == 0) {
       if (!parse_u32(v, &o->ranks) || o->ranks < 1 || o->ranks > 1024)
         return train_usage_error("--ranks '%s' is not a whole number from 1 to 1024", v);
@@ -241,8 +256,10 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "flint train: %s\n", fl_last_error());
     return 1;
   }
-  printf("epochs       %u (%llu steps, %u attempt%s)\n", res.epochs, (unsigned long long)res.steps, res.attempts,
+  printf("epochs       %u (%llu steps, %u attempt%s", res.epochs, (unsigned long long)res.steps, res.attempts,
          res.attempts == 1 ? "" : "s");
+  if (res.resumed_epoch) printf(", the last resumed after epoch %u", res.resumed_epoch);
+  printf(")\n");
   printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
   printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
   printf("throughput   %.0f images/s over %.1f s\n", res.images_per_s, res.seconds);

@@ -37,8 +37,9 @@ static double unit_of(uint64_t x) { return (double)(x >> 11) * 0x1.0p-53; }
 static size_t labels_padded(uint32_t count) { return ((size_t)count * 4 + 7) & ~(size_t)7; }
 
 fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, uint32_t width, uint32_t classes,
-                            data_split split, uint64_t first, const int32_t *labels, const float *images,
-                            fl_buf *out) {
+                            data_split split, uint64_t first, uint32_t stride, const int32_t *labels,
+                            const float *images, fl_buf *out) {
+  if (stride == 0) return fl_set_error(FL_EINVAL, "image block: stride 0");
   if (channels > UINT16_MAX || height > UINT16_MAX || width > UINT16_MAX)
     return fl_set_error(FL_EINVAL, "image block: images of %u x %u x %u (at most 65535 each)", channels, height, width);
   size_t floats = (size_t)count * channels * height * width;
@@ -46,7 +47,7 @@ fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, 
   out->len = 0;
   fl_status s = fl_buf_reserve(out, total);
   if (s != FL_OK) return s;
-  uint32_t head[2] = {DATA_BLOCK_MAGIC, count}, tail[2] = {classes, 0};
+  uint32_t head[2] = {DATA_BLOCK_MAGIC, count}, tail[2] = {classes, stride};
   uint16_t dims[4] = {(uint16_t)channels, (uint16_t)height, (uint16_t)width, (uint16_t)split};
   uint8_t *p = out->data;
   memcpy(p, head, 8);
@@ -71,6 +72,8 @@ fl_status data_block_view(fl_bytes rec, data_block *out) {
   if (dims[3] > DATA_SPLIT_TEST) return fl_set_error(FL_ECORRUPT, "image block of split %u", dims[3]);
   data_block b = {.count = head[1], .channels = dims[0], .height = dims[1], .width = dims[2], .classes = classes,
                   .split = (data_split)dims[3]};
+  memcpy(&b.stride, rec.data + 20, 4);
+  if (b.stride == 0) b.stride = 1; /* blocks written before the field: consecutive images */
   memcpy(&b.first, rec.data + 24, 8);
   uint64_t per = (uint64_t)b.channels * b.height * b.width;
   if (b.count == 0 || per == 0 || b.classes == 0 || per > (1u << 28))
@@ -100,14 +103,27 @@ void data_set_free(data_set *d) {
   memset(d, 0, sizeof *d);
 }
 
-/* Emits images [lo, hi) (relative to the partition) in blocks, filling each with fill(). */
-typedef fl_status (*fill_fn)(const void *ctx, uint64_t index, uint32_t count, int32_t *labels, float *images);
+/* Fills labels[count] and images with images index, index + stride, ... of the data set. */
+typedef fl_status (*fill_fn)(const void *ctx, uint64_t index, uint32_t stride, uint32_t count, int32_t *labels,
+                             float *images);
 
-static fl_status emit_blocks(fl_emitter *out, uint64_t lo, uint64_t hi, uint32_t block_images, uint32_t c,
-                             uint32_t h, uint32_t w, uint32_t classes, data_split split, fill_fn fill,
-                             const void *ctx) {
+/* A partition's images: n of them, first, first + stride, ... (data_options.interleave). */
+typedef struct part_range {
+  uint64_t first, n;
+  uint32_t stride;
+} part_range;
+
+static part_range partition_range(uint64_t images, uint32_t parts, uint32_t p, bool interleave) {
+  if (interleave) return (part_range){p, p < images ? (images - p + parts - 1) / parts : 0, parts};
+  uint64_t lo = images * p / parts, hi = images * (p + 1) / parts;
+  return (part_range){lo, hi - lo, 1};
+}
+
+/* Emits the range's images in blocks, filling each with fill(). */
+static fl_status emit_blocks(fl_emitter *out, part_range pr, uint32_t block_images, uint32_t c, uint32_t h,
+                             uint32_t w, uint32_t classes, data_split split, fill_fn fill, const void *ctx) {
   size_t per = (size_t)c * h * w;
-  uint64_t n = hi - lo, blocks = (n + block_images - 1) / block_images;
+  uint64_t n = pr.n, blocks = (n + block_images - 1) / block_images;
   fl_status s = FL_OK;
   if (n == 0) return FL_OK;
   /* One allocation for the partition's output (a cached map_partitions keeps it as is). */
@@ -117,10 +133,11 @@ static fl_status emit_blocks(fl_emitter *out, uint64_t lo, uint64_t hi, uint32_t
   float *images = malloc((size_t)block_images * per * sizeof *images);
   fl_buf rec = FL_BUF_INIT;
   if (!labels || !images) s = fl_set_error(FL_ENOMEM, "image blocks: out of memory");
-  for (uint64_t at = lo; s == FL_OK && at < hi; at += block_images) {
-    uint32_t count = (uint32_t)(hi - at < block_images ? hi - at : block_images);
-    if ((s = fill(ctx, at, count, labels, images)) != FL_OK) break;
-    if ((s = data_block_encode(count, c, h, w, classes, split, at, labels, images, &rec)) != FL_OK) break;
+  for (uint64_t done = 0; s == FL_OK && done < n; done += block_images) {
+    uint32_t count = (uint32_t)(n - done < block_images ? n - done : block_images);
+    uint64_t at = pr.first + done * pr.stride;
+    if ((s = fill(ctx, at, pr.stride, count, labels, images)) != FL_OK) break;
+    if ((s = data_block_encode(count, c, h, w, classes, split, at, pr.stride, labels, images, &rec)) != FL_OK) break;
     s = fl_emit(out, rec.data, rec.len);
   }
   fl_buf_free(&rec);
@@ -187,10 +204,12 @@ static fl_status idx_open(const char *path, uint32_t magic, const char *kind, in
 }
 
 /* The task's argument, followed by the images' and labels' paths, each NUL-terminated.
- * Partition p holds images [n p / parts, n (p + 1) / parts). */
+ * n: the images used (the file's first n); partition p holds images [n p / parts,
+ * n (p + 1) / parts), or with interleave p, p + parts, ... below n. */
 typedef struct idx_arg {
   uint32_t n, parts, block_images, rows, cols, classes;
   float offset, scale; /* value = pixel * scale + offset */
+  uint32_t interleave, pad;
 } idx_arg;
 
 typedef struct idx_reading {
@@ -200,9 +219,27 @@ typedef struct idx_reading {
   uint8_t *pixels;
 } idx_reading;
 
-static fl_status idx_fill(const void *ctx, uint64_t index, uint32_t count, int32_t *labels, float *images) {
+/* Positions both files at image `index` (forward only: a .gz seeks by reading). */
+static fl_status idx_seek(const idx_reading *r, uint64_t index) {
+  size_t per = (size_t)r->a->rows * r->a->cols;
+  if (gzseek(r->fi, (z_off_t)(16 + index * per), SEEK_SET) < 0 || gzseek(r->fl, (z_off_t)(8 + index), SEEK_SET) < 0)
+    return fl_set_error(FL_EFORMAT, "%s: cannot seek to image %llu (truncated?)", r->images_path,
+                        (unsigned long long)index + 1);
+  return FL_OK;
+}
+
+static fl_status idx_fill(const void *ctx, uint64_t index, uint32_t stride, uint32_t count, int32_t *labels,
+                          float *images) {
   const idx_reading *r = ctx;
   size_t per = (size_t)r->a->rows * r->a->cols, got;
+  if (stride > 1) { /* one image at a time, each after a seek */
+    for (uint32_t i = 0; i < count; i++) {
+      fl_status s = idx_seek(r, index + (uint64_t)i * stride);
+      if (s == FL_OK) s = idx_fill(ctx, index + (uint64_t)i * stride, 1, 1, labels + i, images + (size_t)i * per);
+      if (s != FL_OK) return s;
+    }
+    return FL_OK;
+  }
   uint8_t raw[256];
   for (uint32_t done = 0; done < count;) {
     uint32_t piece = count - done < sizeof raw ? count - done : (uint32_t)sizeof raw;
@@ -236,17 +273,14 @@ static fl_status idx_emit(uint32_t partition, fl_emitter *out, const void *arg, 
   memcpy(&a, arg, sizeof a);
   idx_reading r = {.a = &a, .images_path = (const char *)arg + sizeof a};
   r.labels_path = r.images_path + strlen(r.images_path) + 1;
-  uint64_t lo = (uint64_t)a.n * partition / a.parts, hi = (uint64_t)a.n * (partition + 1) / a.parts;
+  part_range pr = partition_range(a.n, a.parts, partition, a.interleave != 0);
   uint32_t dims[3];
   fl_status s = idx_open(r.images_path, IDX_IMAGES_MAGIC, "idx3-ubyte (images)", 3, dims, &r.fi);
   if (s == FL_OK) s = idx_open(r.labels_path, IDX_LABELS_MAGIC, "idx1-ubyte (labels)", 1, dims, &r.fl);
-  if (s == FL_OK && hi > lo &&
-      (gzseek(r.fi, (z_off_t)(16 + lo * a.rows * a.cols), SEEK_SET) < 0 || gzseek(r.fl, (z_off_t)(8 + lo), SEEK_SET) < 0))
-    s = fl_set_error(FL_EFORMAT, "%s: cannot seek to image %llu (truncated?)", r.images_path,
-                     (unsigned long long)lo + 1);
+  if (s == FL_OK && pr.n) s = idx_seek(&r, pr.first);
   if (s == FL_OK && !(r.pixels = malloc((size_t)a.rows * a.cols)))
     s = fl_set_error(FL_ENOMEM, "%s: out of memory", r.images_path);
-  if (s == FL_OK) s = emit_blocks(out, lo, hi, a.block_images, 1, a.rows, a.cols, a.classes, split, idx_fill, &r);
+  if (s == FL_OK) s = emit_blocks(out, pr, a.block_images, 1, a.rows, a.cols, a.classes, split, idx_fill, &r);
   free(r.pixels);
   if (r.fi) gzclose(r.fi);
   if (r.fl) gzclose(r.fl);
@@ -330,9 +364,11 @@ fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *la
   char images_abs[PATH_MAX], labels_abs[PATH_MAX];
   if (!realpath(images_path, images_abs)) return fl_set_error(FL_EIO, "%s: %s", images_path, strerror(errno));
   if (!realpath(labels_path, labels_abs)) return fl_set_error(FL_EIO, "%s: %s", labels_path, strerror(errno));
-  uint32_t parts = partitions_for(ctx, &o, dims[0]);
-  idx_arg a = {.n = dims[0], .parts = parts, .block_images = o.block_images ? o.block_images : DEFAULT_BLOCK_IMAGES,
-               .rows = dims[1], .cols = dims[2], .classes = classes, .offset = 0, .scale = 1.0f / 255};
+  uint32_t used = o.max_images && o.max_images < dims[0] ? (uint32_t)o.max_images : dims[0];
+  uint32_t parts = partitions_for(ctx, &o, used);
+  idx_arg a = {.n = used, .parts = parts, .block_images = o.block_images ? o.block_images : DEFAULT_BLOCK_IMAGES,
+               .rows = dims[1], .cols = dims[2], .classes = classes, .offset = 0, .scale = 1.0f / 255,
+               .interleave = o.interleave};
   if (o.norm == DATA_NORM_STANDARD) {
     a.scale = (float)(1.0 / (255 * DATA_FASHION_MNIST_STD));
     a.offset = (float)(-DATA_FASHION_MNIST_MEAN / DATA_FASHION_MNIST_STD);
@@ -353,7 +389,7 @@ fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *la
     fl_buf_free(&source);
     return s;
   }
-  *out = (data_set){.blocks = blocks, .images = dims[0], .channels = 1, .height = dims[1], .width = dims[2],
+  *out = (data_set){.blocks = blocks, .images = used, .channels = 1, .height = dims[1], .width = dims[2],
                     .classes = classes, .partitions = parts, .source = source};
   return FL_OK;
 }
@@ -409,20 +445,24 @@ void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *
 typedef struct synth_arg {
   uint64_t seed, first, count;
   uint32_t parts, block_images;
+  uint32_t interleave, pad;
 } synth_arg;
 
-static fl_status synth_fill(const void *ctx, uint64_t index, uint32_t count, int32_t *labels, float *images) {
+static fl_status synth_fill(const void *ctx, uint64_t index, uint32_t stride, uint32_t count, int32_t *labels,
+                            float *images) {
   const synth_arg *a = ctx;
   size_t per = (size_t)IMNET_C * IMNET_S * IMNET_S;
-  for (uint32_t i = 0; i < count; i++) data_synthetic_image(a->seed, index + i, images + i * per, &labels[i]);
+  for (uint32_t i = 0; i < count; i++)
+    data_synthetic_image(a->seed, index + (uint64_t)i * stride, images + i * per, &labels[i]);
   return FL_OK;
 }
 
 static fl_status synth_emit(uint32_t partition, fl_emitter *out, const void *arg, data_split split) {
   synth_arg a;
   memcpy(&a, arg, sizeof a);
-  uint64_t lo = a.first + a.count * partition / a.parts, hi = a.first + a.count * (partition + 1) / a.parts;
-  return emit_blocks(out, lo, hi, a.block_images, IMNET_C, IMNET_S, IMNET_S, DATA_IMAGENET_CLASSES, split,
+  part_range pr = partition_range(a.count, a.parts, partition, a.interleave != 0);
+  pr.first += a.first;
+  return emit_blocks(out, pr, a.block_images, IMNET_C, IMNET_S, IMNET_S, DATA_IMAGENET_CLASSES, split,
                      synth_fill, &a);
 }
 
@@ -442,7 +482,7 @@ fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first
   uint32_t parts = partitions_for(ctx, &o, count);
   /* An image is 588 KiB: blocks of 16 keep a record near 10 MiB. */
   synth_arg a = {.seed = seed, .first = first, .count = count, .parts = parts,
-                 .block_images = o.block_images ? o.block_images : 16};
+                 .block_images = o.block_images ? o.block_images : 16, .interleave = o.interleave};
   fl_dataset *seeds = NULL, *blocks = NULL;
   fl_buf source = FL_BUF_INIT;
   fl_status s = fl_range(ctx, 0, parts, 1, parts, &seeds);

@@ -10,12 +10,15 @@
  *     8     2  channels      10  2  height      12  2  width
  *    14     2  split: DATA_SPLIT_TRAIN (0) or DATA_SPLIT_TEST (1)
  *    16     4  classes
- *    20     4  0
+ *    20     4  stride: image i of the block is image first + i * stride of the data set
+ *                (0 reads as 1: consecutive images)
  *    24     8  first: the dataset-wide index of the block's first image
  *    32  4*count  labels, int32 in [0, classes)
  *    ..     pad to a multiple of 8 bytes (4 zero bytes when count is odd)
  *    ..  4*count*channels*height*width  images, float32, NCHW, normalized (see data_norm)
- * A partition holds the blocks of a contiguous range of images, in order. A training run's
+ * A partition holds, in order, either a contiguous range of images (the default) or, with
+ * data_options.interleave, every parts-th image: partition p of P holds images p, p + P,
+ * p + 2P, ... (as PyTorch's DistributedSampler assigns them to ranks). A training run's
  * input (data_pair) holds, in partition r, rank r's share of the training set and then its
  * share of the test set, told apart by `split`.
  *
@@ -64,8 +67,10 @@ typedef struct data_options {
   uint32_t partitions;   /* 0: the context's default parallelism; at most one per image */
   uint32_t block_images; /* images per block record (0: 256) */
   data_norm norm;        /* IDX only; synthetic images are already centred */
+  bool interleave;       /* partition p of P holds images p, p + P, ... (else a range) */
+  uint64_t max_images;   /* IDX only: the first max_images images of the file (0: all) */
 } data_options;
-#define DATA_OPTIONS_INIT {0, 0, DATA_NORM_UNIT}
+#define DATA_OPTIONS_INIT {0, 0, DATA_NORM_UNIT, false, 0}
 
 /* A dataset of image blocks and its shape. */
 typedef struct data_set {
@@ -106,6 +111,7 @@ void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *
  * (data_block_label / data_block_image do). */
 typedef struct data_block {
   uint32_t count, channels, height, width, classes;
+  uint32_t stride; /* >= 1: image i is image first + i * stride of the data set */
   data_split split;
   uint64_t first;
   const uint8_t *labels; /* count int32 */
@@ -113,9 +119,10 @@ typedef struct data_block {
 } data_block;
 /* FL_ECORRUPT when rec is not a well-formed block (magic, sizes, a label out of range). */
 fl_status data_block_view(fl_bytes rec, data_block *out);
-/* Encodes a block (replacing out's contents): labels[count], images[count * c*h*w]. */
+/* Encodes a block (replacing out's contents): labels[count], images[count * c*h*w], image i
+ * being image first + i * stride of the data set (stride >= 1). */
 fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, uint32_t width,
-                            uint32_t classes, data_split split, uint64_t first,
+                            uint32_t classes, data_split split, uint64_t first, uint32_t stride,
                             const int32_t *labels, const float *images, fl_buf *out);
 
 /* ---- the rank's reader ---------------------------------------------------------------- */
@@ -146,7 +153,8 @@ size_t data_reader_image_floats(const data_reader *r);
 uint64_t data_reader_batches(const data_reader *r, bool partial);
 
 /* Starts an epoch. shuffle: the order is a permutation drawn from (seed, epoch), the same on
- * every run (Fisher-Yates over the reader's images); else the stored order. max_batches
+ * every run (Fisher-Yates over the reader's images, by their position in the reader: readers
+ * of as many images draw the same permutation of positions); else the stored order. max_batches
  * caps the batches handed out (0: no cap): data-parallel ranks must all take the same number
  * of steps, so the trainer passes the smallest count over the ranks. partial: hand out the
  * last short batch (evaluation) instead of dropping it (training: the global batch stays

@@ -13,7 +13,7 @@
  *   4. on a retried attempt, restore the last checkpoint the stage put;
  *   5. per epoch: steps of forward, loss, backward with buckets allreduced (averaged) as
  *      backward reports their gradients final, one SGD step; then evaluation on every rank's
- *      test share with the sums allreduced; rank 0 reports the row and puts a checkpoint.
+ *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row.
  * Ranks report progress (a few times an epoch) and each epoch's row to the client's
  * on_report, which draws the progress line and collects the curves.
  *
@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "gpu/curves.h"
@@ -37,6 +38,8 @@ typedef struct train_report {
   uint32_t kind, epoch, epochs, attempt; /* epoch: 1-based */
   uint64_t step, steps_per_epoch, done;  /* step: global steps so far; done: this epoch's */
   double loss, acc, test_loss, test_acc, lr, images_per_s, seconds;
+  uint32_t resumed_epoch, pad;           /* the epochs this attempt restored */
+  int64_t pid;                           /* rank 0's process */
 } train_report;
 
 /* The stage's argument: plain values only (it travels to executors as bytes). */
@@ -51,6 +54,7 @@ typedef struct train_arg {
   fl_allreduce_algo allreduce;
   uint64_t bucket_bytes;
   bool emit_checkpoint; /* rank 0 emits the final checkpoint blob after its result */
+  bool shuffle;
 } train_arg;
 
 #define DEFAULT_BUCKET_BYTES (4u << 20)
@@ -349,6 +353,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     }
   }
 
+  const uint32_t resumed = cs.epoch;
   bucketing bk = {.model = r.model, .comm = r.comm,
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
@@ -358,7 +363,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   double lr = cs.lr;
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
     double t0 = now_s();
-    data_reader_start_epoch(r.train, a.seed, epoch, true, steps, false);
+    data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
     FL_CHECK(r.dev->ops->memset0(r.dev, r.stats_d, 2 * sizeof(float)));
     uint64_t images = 0;
     for (uint64_t i = 0; i < steps; i++) {
@@ -392,7 +397,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
         train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                             .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = st[0] / images,
                             .acc = st[1] / images, .lr = lr,
-                            .images_per_s = secs > 0 ? images * (double)r.world / secs : 0, .seconds = secs};
+                            .images_per_s = secs > 0 ? images * (double)r.world / secs : 0, .seconds = secs,
+                            .resumed_epoch = resumed, .pid = (int64_t)getpid()};
         FL_CHECK(rank_report(&r, &rep));
       }
     }
@@ -409,11 +415,13 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     last = (train_report){.kind = REPORT_EPOCH, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                           .step = cs.step, .steps_per_epoch = steps, .done = steps, .loss = sum3[0] / sum3[2],
                           .acc = sum3[1] / sum3[2], .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
-                          .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = now_s() - t0};
+                          .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = now_s() - t0,
+                          .resumed_epoch = resumed, .pid = (int64_t)getpid()};
     if (r.rank == 0) {
-      FL_CHECK(rank_report(&r, &last));
-      /* Every rank holds the same weights: rank 0's checkpoint stands for all. */
+      /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
+       * so that an epoch the client has seen is never trained again. */
       FL_CHECK(rank_checkpoint(&r, &cs, &blob));
+      FL_CHECK(rank_report(&r, &last));
     }
   }
   if (r.rank == 0) {
@@ -458,6 +466,13 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
                     .test_acc = rep.test_acc, .lr = rep.lr, .images_per_s = rep.images_per_s,
                     .seconds = rep.seconds};
   if (curves_append(&c->curves, &row) != FL_OK && c->error == FL_OK) c->error = FL_ENOMEM;
+  if (c->opts->on_epoch) {
+    gpu_train_epoch e = {.epoch = rep.epoch, .epochs = rep.epochs, .attempt = rep.attempt,
+                         .resumed_epoch = rep.resumed_epoch, .step = rep.step, .train_loss = rep.loss,
+                         .train_acc = rep.acc, .test_loss = rep.test_loss, .test_acc = rep.test_acc, .lr = rep.lr,
+                         .images_per_s = rep.images_per_s, .seconds = rep.seconds, .pid = rep.pid};
+    c->opts->on_epoch(&e, c->opts->user);
+  }
   if (c->opts->progress) {
     curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, 1.0, rep.loss, rep.acc, rep.images_per_s, true);
     fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s\n", rep.test_loss, rep.test_acc, rep.lr,
@@ -470,9 +485,12 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
   data_options dopts = DATA_OPTIONS_INIT;
   dopts.partitions = o->ranks;
   dopts.norm = DATA_NORM_STANDARD; /* zero-mean inputs: see docs/gpu.md, the large-batch check */
+  dopts.interleave = true; /* rank r: images r, r + R, ... (see gpu/train.h) */
   fl_status s;
   if (o->data == GPU_TRAIN_FASHION_MNIST) {
+    dopts.max_images = o->max_train_images;
     s = data_fashion_mnist(ctx, o->data_dir, true, &dopts, train);
+    dopts.max_images = o->max_test_images;
     if (s == FL_OK) s = data_fashion_mnist(ctx, o->data_dir, false, &dopts, test);
   } else {
     uint64_t n_train = o->synthetic_train_images ? o->synthetic_train_images : 4ull * o->batch;
@@ -500,7 +518,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   train_arg a = {.model = o->model, .device = o->device, .ranks = o->ranks, .batch = o->batch, .epochs = o->epochs,
                  .channels = train.channels, .height = train.height, .width = train.width, .classes = train.classes,
                  .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce, .bucket_bytes = o->bucket_bytes,
-                 .emit_checkpoint = o->checkpoint_path != NULL};
+                 .emit_checkpoint = o->checkpoint_path != NULL, .shuffle = o->shuffle};
   gpu_train_schedule(o, &a.schedule);
   fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
   bopts.gpu = o->device == FL_DEVICE_CUDA;
@@ -544,6 +562,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
       }
     }
     *result = (gpu_train_result){.epochs = last.epoch, .steps = last.step, .attempts = c.attempts ? c.attempts : 1,
+                                 .resumed_epoch = last.resumed_epoch,
                                  .train_loss = last.loss, .train_acc = last.acc, .test_loss = last.test_loss,
                                  .test_acc = last.test_acc, .images_per_s = train_secs > 0 ? images / train_secs : 0,
                                  .seconds = seconds, .final_lr = last.lr};

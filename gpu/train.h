@@ -10,17 +10,34 @@
  *     (averages) buckets of the flat gradient buffer as they become final, then one SGD step
  *     at the schedule's rate for (epoch + step / steps_per_epoch);
  *   - evaluates on the test set (each rank its share of the test blocks, sums allreduced);
- *   - reports the epoch's row to the client (fl_barrier_report) and puts a checkpoint of
- *     weights, batch-norm buffers, velocity and position (fl_barrier_checkpoint_put).
+ *   - puts a checkpoint of weights, batch-norm buffers, velocity and position
+ *     (fl_barrier_checkpoint_put), then reports the epoch's row to the client
+ *     (fl_barrier_report): an epoch the client has seen is one a retry will not redo.
  * A retried attempt (fl_barrier_attempt > 0) restores the last checkpoint
- * (fl_barrier_checkpoint_get) and goes on from the epoch after it.
+ * (fl_barrier_checkpoint_get) and goes on from the epoch after it; its reports and the
+ * result say which epoch it resumed from (resumed_epoch), and its rows replace the rows of
+ * the epochs it repeats, so the curves keep one row per epoch.
  *
  * On the client, the reports drive the progress line (opts->progress) and the curves, which
  * are written to opts->csv_path and opts->svg_path at the end.
  *
  * Batch semantics: `batch` is the GLOBAL mini-batch (all ranks together), as in Goyal et al.;
- * each rank takes batch / ranks images a step, so batch must be a multiple of ranks. The
+ * each rank takes b = batch / ranks images a step, so batch must be a multiple of ranks. The
  * rate follows the linear scaling rule: peak = lr * batch / 256.
+ *
+ * Which images a rank takes. Training images are assigned to ranks interleaved, as PyTorch's
+ * DistributedSampler does: of R ranks, rank r holds images r, r + R, r + 2R, ... (of the
+ * first max_train_images images when that is set). Without shuffling (shuffle = false), rank
+ * r's k-th batch is images {(k b + j) R + r : j < b}, and the union over the ranks is exactly
+ * images [k B, (k + 1) B): the global batch a 1-rank run with batch B takes at step k. Each
+ * rank's loss is the mean over its b images and the gradients are AVERAGED over ranks, so
+ * the step is the gradient of the mean over the global batch, as with 1 rank: R ranks and 1
+ * rank reach the same weights up to float rounding (tests/test_gpu_train.c checks it).
+ * With shuffle (the default), each epoch every rank permutes the positions of its own
+ * images with the same seeded permutation (seed, epoch): ranks hold disjoint images, and a
+ * global permutation of the whole set would need every rank to hold every image. The
+ * epoch's batches are then a seeded shuffle of groups of R images {g R + r : r < R}, which
+ * depends on R: only runs without shuffling are equivalent across R.
  *
  * Environment (read by each rank): FLINT_COMM_HOST, the address a rank's host-backend
  * endpoint listens on and its peers dial (default 127.0.0.1: one machine); FLINT_TRAIN_COMM=host
@@ -39,6 +56,17 @@ typedef enum gpu_train_dataset {
   GPU_TRAIN_FASHION_MNIST = 0,    /* 60000 + 10000 images 1x28x28, 10 classes */
   GPU_TRAIN_SYNTHETIC_IMAGENET = 1, /* seeded 3x224x224 images, 1000 classes (throughput) */
 } gpu_train_dataset;
+
+/* One epoch as the ranks report it (to on_epoch). */
+typedef struct gpu_train_epoch {
+  uint32_t epoch, epochs;  /* 1-based */
+  uint32_t attempt;        /* the stage attempt that trained it (0: the first) */
+  uint32_t resumed_epoch;  /* epochs that attempt restored from the checkpoint (0: none) */
+  uint64_t step;           /* optimizer steps so far */
+  double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
+  int64_t pid;             /* the process of the task running rank 0 (an executor's in
+                            * cluster mode, this one's in local mode) */
+} gpu_train_epoch;
 
 typedef struct gpu_train_options {
   const char *master;    /* the context's master (NULL: "local[*]") */
@@ -65,17 +93,26 @@ typedef struct gpu_train_options {
   const char *svg_path;  /* curves as SVG (NULL: not written) */
   const char *checkpoint_path; /* the final checkpoint blob (gpu/optim.h; NULL: not written) */
   FILE *progress;        /* the per-epoch progress line (NULL: quiet) */
+  bool shuffle;          /* a seeded shuffle each epoch (see "Which images" above) */
+  uint64_t max_train_images; /* Fashion-MNIST: train on the first N images (0: all 60000) */
+  uint64_t max_test_images;  /* Fashion-MNIST: evaluate on the first N images (0: all 10000) */
+  /* Called on the client's thread, inside gpu_train_run, after each epoch's checkpoint was
+   * put, with that epoch's row (NULL: none). It must not block for long: it holds up the
+   * client's event handling. For progress displays and tests. */
+  void (*on_epoch)(const gpu_train_epoch *epoch, void *user);
+  void *user;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, NULL, NULL, NULL, \
-   NULL}
+   NULL, true, 0, 0, NULL, NULL}
 
 typedef struct gpu_train_result {
   uint32_t epochs;        /* epochs completed */
   uint64_t steps;         /* optimizer steps taken */
   uint32_t attempts;      /* barrier-stage attempts (1 when nothing failed) */
+  uint32_t resumed_epoch; /* epochs the last attempt restored from a checkpoint (0: none) */
   double train_loss, train_acc; /* of the last epoch */
   double test_loss, test_acc;   /* of the last evaluation */
   double images_per_s;    /* training images per second over the run (all ranks) */

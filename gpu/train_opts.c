@@ -95,6 +95,15 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
     return fl_set_error(FL_EINVAL, "--allreduce: unknown algorithm %d", (int)o->allreduce);
   if (o->bucket_bytes && o->bucket_bytes < 4)
     return fl_set_error(FL_EINVAL, "--bucket-mb: a bucket must hold at least one float");
+  if ((o->max_train_images || o->max_test_images) && o->data != GPU_TRAIN_FASHION_MNIST)
+    return fl_set_error(FL_EINVAL, "--train-images and --test-images are for --data fashion-mnist "
+                        "(synthetic-imagenet has --synthetic-images)");
+  if (o->max_train_images && o->max_train_images < o->batch)
+    return fl_set_error(FL_EINVAL, "--train-images %llu is less than one --batch %u: no step to take",
+                        (unsigned long long)o->max_train_images, o->batch);
+  if (o->max_test_images && o->max_test_images < o->ranks)
+    return fl_set_error(FL_EINVAL, "--test-images %llu is less than --ranks %u (each rank evaluates a share)",
+                        (unsigned long long)o->max_test_images, o->ranks);
   optim_schedule s;
   gpu_train_schedule(o, &s);
   return optim_schedule_validate(&s);

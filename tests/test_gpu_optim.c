@@ -501,6 +501,28 @@ static void check_idx(fl_context *ctx, bool gz) {
   }
   data_reader_destroy(r);
   data_set_free(&d);
+  /* Interleaved over 2 partitions, the first 4 images: partition 0 holds 0, 2 and partition
+   * 1 holds 1, 3 (blocks of stride 2). */
+  data_options oi = {.partitions = 2, .block_images = 2, .interleave = true, .max_images = 4};
+  assert_ok(data_load_idx(ctx, images, labels, 4, &oi, &d));
+  assert_int_equal(d.images, 4);
+  r = read_all(d.blocks, 4, NULL);
+  data_reader_start_epoch(r, 0, 0, false, 0, false);
+  assert_int_equal(data_reader_next(r, x, y), 4);
+  static const int order[4] = {0, 2, 1, 3};
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(y[i], order[i] % 4);
+    for (int k = 0; k < 6; k++) assert_true(fabsf(x[i * 6 + k] - (float)(10 * order[i] + k) / 255) < 1e-7f);
+  }
+  fl_records *recs = NULL;
+  assert_ok(fl_collect(d.blocks, &recs));
+  data_block blk;
+  assert_ok(data_block_view(fl_records_get(recs, 1), &blk));
+  assert_int_equal(blk.first, 1);
+  assert_int_equal(blk.stride, 2);
+  fl_records_free(recs);
+  data_reader_destroy(r);
+  data_set_free(&d);
   /* Standardized pixels. */
   o.norm = DATA_NORM_STANDARD;
   assert_ok(data_load_idx(ctx, images, labels, 4, &o, &d));
@@ -582,21 +604,21 @@ static void test_reader_shuffle_and_batches(void **state) {
       px[i] = (float)(at + i);
       lab[i] = (at + i) % 2;
     }
-    assert_ok(data_block_encode((uint32_t)n, 1, 1, 1, 2, DATA_SPLIT_TRAIN, (uint64_t)at, lab, px, &rec));
+    assert_ok(data_block_encode((uint32_t)n, 1, 1, 1, 2, DATA_SPLIT_TRAIN, (uint64_t)at, 1, lab, px, &rec));
     assert_ok(data_reader_add_block(r, fl_buf_bytes(&rec)));
     at += n;
   }
   /* A block of another shape is refused. */
   float big[4] = {0};
   int32_t l0 = 0;
-  assert_ok(data_block_encode(1, 1, 2, 2, 2, DATA_SPLIT_TRAIN, 0, &l0, big, &rec));
+  assert_ok(data_block_encode(1, 1, 2, 2, 2, DATA_SPLIT_TRAIN, 0, 1, &l0, big, &rec));
   assert_fails_with(data_reader_add_block(r, fl_buf_bytes(&rec)), FL_ECORRUPT, "after blocks");
   /* And a corrupt one. */
-  assert_ok(data_block_encode(1, 1, 1, 1, 2, DATA_SPLIT_TRAIN, 0, &l0, big, &rec));
+  assert_ok(data_block_encode(1, 1, 1, 1, 2, DATA_SPLIT_TRAIN, 0, 1, &l0, big, &rec));
   rec.data[0] ^= 1;
   assert_fails_with(data_reader_add_block(r, fl_buf_bytes(&rec)), FL_ECORRUPT, "not an image block");
   int32_t l5 = 5;
-  assert_ok(data_block_encode(1, 1, 1, 1, 2, DATA_SPLIT_TRAIN, 0, &l5, big, &rec));
+  assert_ok(data_block_encode(1, 1, 1, 1, 2, DATA_SPLIT_TRAIN, 0, 1, &l5, big, &rec));
   assert_fails_with(data_reader_add_block(r, fl_buf_bytes(&rec)), FL_ECORRUPT, "label 5");
   fl_buf_free(&rec);
   assert_int_equal(data_reader_images(r), 10);
@@ -727,7 +749,7 @@ static void test_model_steps_and_checkpoint(void **state) {
     for (int k = 0; k < 16; k++) px[i * 16 + k] = (k / 4 == lab[i] ? 1.0f : 0.0f) + 0.01f * (float)((i * 7 + k) % 5);
   }
   fl_buf rec = FL_BUF_INIT;
-  assert_ok(data_block_encode(32, 1, 4, 4, 4, DATA_SPLIT_TRAIN, 0, lab, px, &rec));
+  assert_ok(data_block_encode(32, 1, 4, 4, 4, DATA_SPLIT_TRAIN, 0, 1, lab, px, &rec));
   assert_ok(data_reader_add_block(r, fl_buf_bytes(&rec)));
   fl_buf_free(&rec);
   nn_model_spec spec = {.kind = NN_MLP, .channels = 1, .height = 4, .width = 4, .classes = 4, .hidden = 16, .seed = 3};

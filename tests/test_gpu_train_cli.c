@@ -65,6 +65,13 @@ static void test_bad_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", BASE, "--frobnicate"), "unknown option '--frobnicate'");
   expect_usage_error(RUN_FLINT("train", BASE, "--epochs"), "--epochs needs a value");
   expect_usage_error(RUN_FLINT("train", BASE, "--synthetic-images", "100"), "--synthetic-images is for");
+  expect_usage_error(RUN_FLINT("train", BASE, "--train-images", "0"), "--train-images '0'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--train-images", "100"), "--train-images 100 is less than one --batch 256");
+  expect_usage_error(RUN_FLINT("train", BASE, "--ranks", "4", "--batch", "8", "--test-images", "3"),
+                     "--test-images 3 is less than --ranks 4");
+  expect_usage_error(RUN_FLINT("train", "--model", "cnn", "--data", "synthetic-imagenet", "--train-images", "512"),
+                     "--train-images and --test-images are for --data fashion-mnist");
+  expect_usage_error(RUN_FLINT("train", BASE, "--no-shuffle", "x"), "unknown option 'x'");
   expect_usage_error(RUN_FLINT("train", "--model", "cnn", "--data", "synthetic-imagenet", "--data-dir", "/tmp"),
                      "--data-dir is for --data fashion-mnist");
 }
