@@ -41,17 +41,19 @@
  * the weights (|w| < 1) differ by about 1e-7 .. 1e-6. 1e-5 leaves a margin of 10 over that,
  * and is still 100 times below what one different batch makes (checked below).
  *
- * The CNN's max-pool and ReLU make it chaotic under such rounding: where two pooled values
- * (or a pre-activation and 0) differ by an ulp, the order of additions decides which one wins,
- * the gradient goes elsewhere, and the runs part. Measured at lr 0.1 (seed 7): 3 ranks with
- * halving-doubling or tree flip one decision at step 6 (3.5e-6 on 56 weights of conv1/conv2),
- * which grows to 1.4e-3 by step 20, while ring and 2 ranks stay at 6e-8; at lr 0.01 every
- * R > 1 run flips one (the forward GEMM of 16 rows rounds differently from one of 48): the
- * velocity differs by 1.2e-5. That is the model, not the trainer, so the CNN cases use
- * lr 0.03, where all of them stay within 6e-8 (velocity 2.4e-7). If a BLAS or compiler
- * change moves a flip into these 20 steps, this test fails and the message below says why. */
+ * ReLUs make a net chaotic under such rounding: where a pre-activation is an ulp from 0, the
+ * order of additions (one GEMM of 48 rows, or three of 16 and an allreduce) decides which
+ * side it falls on, and the runs part. Measured with the CNN at lr 0.1: 3 ranks flipped one
+ * decision at step 6 and differed by 1.4e-3 at step 20; the MLP on standardized inputs at
+ * lr 0.1 flipped with 3 ranks too (1.6e-2). At lr 0.03 every case stays within 1e-7, so the
+ * cases run there. If a BLAS or compiler change moves a flip into these 20 steps, this test
+ * fails and prints the difference.
+ *
+ * Only the MLP is compared: the CNN and ResNet-18 have batch norm with per-rank statistics
+ * (as Goyal et al.), so R ranks compute normalisations over b images where 1 rank uses B:
+ * a different function, not a rounding difference (measured: 6e-3 after 20 steps at R=2). */
 #define EQ_TOL 1e-5
-#define EQ_CNN_LR 0.03
+#define EQ_LR 0.03
 
 static char tmp_dir[128];
 
@@ -206,7 +208,7 @@ typedef struct eq_case {
 
 static void check_equivalence(nn_model_kind model, const eq_case *cases, size_t n) {
   gpu_train_options o = eq_options(model, 1, "local[3]");
-  double lr = model == NN_CNN ? EQ_CNN_LR : o.lr;
+  double lr = EQ_LR;
   o.lr = lr;
   ckpt base = {0};
   run_to_ckpt(&o, "1 rank", &base);
@@ -223,8 +225,8 @@ static void check_equivalence(nn_model_kind model, const eq_case *cases, size_t 
     double dv, d = ckpt_diff(&base, &c, &dv);
     fprintf(stderr, "  %-28s max |w_R - w_1| / max(1, |w_1|) = %.3g (velocity %.3g), tolerance %g\n", k->name, d,
             dv, EQ_TOL);
-    if (!(d <= EQ_TOL && dv <= EQ_TOL) && model == NN_CNN)
-      fprintf(stderr, "  (a CNN run past the tolerance: a max-pool/ReLU decision flipped on rounding? see EQ_TOL)\n");
+    if (!(d <= EQ_TOL && dv <= EQ_TOL))
+      fprintf(stderr, "  (past the tolerance: a ReLU decision flipped on rounding? see EQ_TOL)\n");
     assert_true(d <= EQ_TOL);
     assert_true(dv <= EQ_TOL);
     ckpt_free(&c);
@@ -243,18 +245,6 @@ static void test_equivalence_mlp(void **state) {
       {"3 ranks tree, 64 KiB buckets", 3, FL_ALLREDUCE_TREE, 64 << 10, NULL},
   };
   check_equivalence(NN_MLP, cases, sizeof cases / sizeof *cases);
-}
-
-static void test_equivalence_cnn(void **state) {
-  (void)state;
-  NEED_DATA();
-  static const eq_case cases[] = {
-      {"2 ranks", 2, FL_ALLREDUCE_AUTO, 0, NULL},
-      {"3 ranks ring", 3, FL_ALLREDUCE_RING, 0, NULL},
-      {"3 ranks halving-doubling", 3, FL_ALLREDUCE_HALVING_DOUBLING, 0, NULL},
-      {"3 ranks tree, 16 KiB buckets", 3, FL_ALLREDUCE_TREE, 16 << 10, NULL},
-  };
-  check_equivalence(NN_CNN, cases, sizeof cases / sizeof *cases);
 }
 
 static void test_equivalence_local_cluster(void **state) {
@@ -442,7 +432,6 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_options),
       T(test_equivalence_mlp),
-      T(test_equivalence_cnn),
       T(test_equivalence_detects_other_batches),
       T(test_equivalence_local_cluster),
       T(test_killed_rank_resumes_from_checkpoint),
