@@ -30,16 +30,21 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
 #endif
 
 /* ---- the AUTO rule ----------------------------------------------------------------------
- * Measured with bench/bench_allreduce on the 2-core development machine (docs/collectives.md
- * has the table). Small messages are latency-bound: the tree needs 2*ceil(log2 p) hops and
- * moves the whole message each hop, which is cheapest while the message is a few packets.
- * Mid sizes: halving-doubling sends 2(p'-1)/p' of the message in 2*log2(p') steps (p' the
- * power of two below p), so it keeps few steps while sending no more than the ring.
- * Large messages are bandwidth-bound and the ring, whose every step is one full-duplex
- * neighbour exchange of n/p, is the one that keeps every link busy. With 2 ranks all three
- * send about the same bytes, and the ring's single exchange per phase wins above 64 KB. */
-#define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
-#define COMM_AUTO_HD_MAX_BYTES (1u << 20)
+ * From bench/bench_allreduce on the 2-core development machine (docs/collectives.md has the
+ * figures; they vary by 30% or more from run to run there, so the thresholds are round).
+ * - Up to 32 KB the message is a few packets and latency is everything: the binary tree, with
+ *   2 log2(p) sequential hops where each rank waits on one peer at a time, was fastest at 2
+ *   and 4 ranks (2 ranks: 23-29 us against 33-45 us for ring and halving-doubling; 4 ranks:
+ *   130-170 us against 150-230 and 215-340).
+ * - From 32 KB to 4 MB, with 3 or more ranks, halving-doubling: the ring's bytes
+ *   (2(p-1)/p x n per rank) in 2 log2(p) steps instead of 2(p-1); at 4 ranks it beat the
+ *   ring by 1.2-1.7x at 128 KB to 2 MB and the tree by 1.6x at 2 MB.
+ * - Above 4 MB, and above 32 KB with 2 ranks (where the ring and halving-doubling are the
+ *   same exchanges), the ring: bandwidth-bound, each step a neighbour exchange, the pattern
+ *   that keeps every link of a real network busy; at 8-64 MB it and halving-doubling were
+ *   within the noise here, and the ring does not need the power-of-two fold. */
+#define COMM_AUTO_TREE_MAX_BYTES (32u << 10)
+#define COMM_AUTO_HD_MAX_BYTES (4u << 20)
 
 fl_allreduce_algo comm_auto_algo(size_t bytes, int size) {
   if (size <= 2) return bytes <= COMM_AUTO_TREE_MAX_BYTES ? FL_ALLREDUCE_TREE : FL_ALLREDUCE_RING;
