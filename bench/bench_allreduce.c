@@ -56,7 +56,7 @@ static int nsizes;
 
 /* Fewer samples for larger sizes keeps a full run near a minute on two cores. */
 static int samples_for(size_t bytes, double scale) {
-  int s = bytes <= (32u << 10) ? 41 : bytes <= (512u << 10) ? 21 : bytes <= (8u << 20) ? 9 : 5;
+  int s = bytes <= (32u << 10) ? 41 : bytes <= (512u << 10) ? 21 : bytes <= (8u << 20) ? 11 : 7;
   s = (int)(s * scale);
   return s < 3 ? 3 : s > MAX_SAMPLES ? MAX_SAMPLES : s;
 }
@@ -376,7 +376,7 @@ int main(int argc, char **argv) {
   double p2p_bw = (double)sizes[last] / p2p[last];
   if (!o.json) {
     printf("flint bench_allreduce: host backend, ranks as processes over loopback, %d cores; "
-           "median of 3-41 samples (slowest rank each)\n\n", (int)sysconf(_SC_NPROCESSORS_ONLN));
+           "median of 7-41 samples (slowest rank each)\n\n", (int)sysconf(_SC_NPROCESSORS_ONLN));
     printf("%-5s %-16s %8s %12s %10s %10s\n", "ranks", "algorithm", "bytes", "latency_us",
            "algbw_GB/s", "busbw_GB/s");
     puts("----- ---------------- -------- ------------ ---------- ----------");
