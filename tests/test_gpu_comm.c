@@ -29,6 +29,18 @@
 
 #define MAX_RANKS 8
 
+/* For helpers that run on rank threads: cmocka's asserts may only fail on the main thread
+ * (they longjmp), so a failure here prints flint's message and aborts the program. */
+#define must_ok(call)                                                                        \
+  do {                                                                                       \
+    fl_status m_ = (call);                                                                   \
+    if (m_ != FL_OK) {                                                                       \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              fl_status_name(m_), fl_last_error());                                          \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+
 static fl_device *cpu;
 
 /* ---- ranks as threads -------------------------------------------------------------------- */
@@ -140,7 +152,7 @@ static inline float sum_value(int size, size_t i, uint32_t seed) {
 static fl_tensor *tensor_on(fl_device *dev, size_t n) {
   int64_t shape[1] = {(int64_t)n};
   fl_tensor *t;
-  assert_ok(fl_tensor_create(dev, 1, shape, &t));
+  must_ok(fl_tensor_create(dev, 1, shape, &t));
   return t;
 }
 
@@ -148,7 +160,7 @@ static void fill(fl_tensor *t, int r, uint32_t seed) {
   size_t n = fl_tensor_numel(t);
   float *buf = malloc(n * sizeof(float) + 4);
   for (size_t i = 0; i < n; i++) buf[i] = value(r, i, seed);
-  if (n) assert_ok(fl_tensor_write(t, buf, n));
+  if (n) must_ok(fl_tensor_write(t, buf, n));
   free(buf);
 }
 
@@ -156,7 +168,7 @@ static void fill(fl_tensor *t, int r, uint32_t seed) {
 static long first_mismatch(const fl_tensor *t, float (*want)(size_t i, void *ctx), void *ctx) {
   size_t n = fl_tensor_numel(t);
   float *buf = malloc(n * sizeof(float) + 4);
-  if (n) assert_ok(fl_tensor_read(t, buf, n));
+  if (n) must_ok(fl_tensor_read(t, buf, n));
   long bad = -1;
   for (size_t i = 0; i < n && bad < 0; i++)
     if (buf[i] != want(i, ctx)) bad = (long)i;
