@@ -27,7 +27,7 @@
 #include "gpu/comm.h"
 #include "gpu/device.h"
 
-#define MAX_RANKS 8
+#define MAX_RANKS 16
 
 /* For helpers that run on rank threads: cmocka's asserts may only fail on the main thread
  * (they longjmp), so a failure here prints flint's message and aborts the program. */
@@ -239,6 +239,25 @@ static void test_allreduce_matrix(void **state) {
   }
 }
 
+static void coll_case_sizes_check(group *g);
+
+/* More ranks than the issue asks, as STYLE.md's matrix does: 8 (a power of two) and 13
+ * (halving-doubling folds 5 pairs), smaller sizes. */
+static void test_allreduce_many_ranks(void **state) {
+  (void)state;
+  static const size_t sizes[] = {1, 7, 13, 1000, 65537};
+  static const int ranks[] = {8, 13, 16};
+  for (size_t k = 0; k < sizeof ranks / sizeof *ranks; k++) {
+    group g;
+    group_create(&g, ranks[k]);
+    for (int a = FL_ALLREDUCE_AUTO; a <= FL_ALLREDUCE_TREE; a++)
+      for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        check_allreduce(&g, cpu, (fl_allreduce_algo)a, sizes[s], FL_REDUCE_SUM);
+    coll_case_sizes_check(&g);
+    group_destroy(&g);
+  }
+}
+
 static void test_algo_names(void **state) {
   (void)state;
   for (int a = FL_ALLREDUCE_AUTO; a <= FL_ALLREDUCE_TREE; a++) {
@@ -318,6 +337,10 @@ static fl_status reduce_scatter_rank(rank_job *job) {
   fl_status st = fl_comm_reduce_scatter(job->comm, in, out, FL_REDUCE_SUM);
   rs_ctx x = {c, job->rank};
   c->bad[job->rank] = st == FL_OK ? first_mismatch(out, want_block, &x) : -1;
+  /* `in` is the caller's and stays as it was. */
+  coll_case mine = *c;
+  mine.root = job->rank;
+  if (st == FL_OK && c->bad[job->rank] < 0) c->bad[job->rank] = first_mismatch(in, want_root, &mine);
   fl_tensor_destroy(in);
   fl_tensor_destroy(out);
   return st;
@@ -347,6 +370,11 @@ static void check_collectives(group *g, fl_device *dev, const size_t *sizes, siz
     run_coll(g, allgather_rank, &c, "allgather");
     run_coll(g, reduce_scatter_rank, &c, "reduce_scatter");
   }
+}
+
+static void coll_case_sizes_check(group *g) {
+  static const size_t sizes[] = {1, 5, 17, 4099};
+  check_collectives(g, cpu, sizes, sizeof sizes / sizeof *sizes);
 }
 
 static void test_collectives(void **state) {
@@ -737,6 +765,7 @@ int main(void) {
       cmocka_unit_test(test_algo_names),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_allreduce_matrix),
+      cmocka_unit_test(test_allreduce_many_ranks),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_send_recv_barrier),
       cmocka_unit_test(test_split),
