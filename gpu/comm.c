@@ -30,21 +30,22 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
 #endif
 
 /* ---- the AUTO rule ----------------------------------------------------------------------
- * From bench/bench_allreduce on the 2-core development machine (docs/collectives.md has the
- * figures; they vary by 30% or more from run to run there, so the thresholds are round).
- * - Up to 32 KB the message is a few packets and latency is everything: the binary tree, with
- *   2 log2(p) sequential hops where each rank waits on one peer at a time, was fastest at 2
- *   and 4 ranks (2 ranks: 23-29 us against 33-45 us for ring and halving-doubling; 4 ranks:
- *   130-170 us against 150-230 and 215-340).
- * - From 32 KB to 4 MB, with 3 or more ranks, halving-doubling: the ring's bytes
- *   (2(p-1)/p x n per rank) in 2 log2(p) steps instead of 2(p-1); at 4 ranks it beat the
- *   ring by 1.2-1.7x at 128 KB to 2 MB and the tree by 1.6x at 2 MB.
- * - Above 4 MB, and above 32 KB with 2 ranks (where the ring and halving-doubling are the
- *   same exchanges), the ring: bandwidth-bound, each step a neighbour exchange, the pattern
- *   that keeps every link of a real network busy; at 8-64 MB it and halving-doubling were
- *   within the noise here, and the ring does not need the power-of-two fold. */
-#define COMM_AUTO_TREE_MAX_BYTES (32u << 10)
-#define COMM_AUTO_HD_MAX_BYTES (4u << 20)
+ * From bench/bench_allreduce (docs/collectives.md has the figures) on two machines: the
+ * 2-core development machine, where 4 ranks oversubscribe the cores and figures move by 30%
+ * or more from run to run, and the 16-core host of an H100, where every rank has cores of
+ * its own, as it will in production (one rank per GPU). Where the two disagree the 16-core
+ * figures decide; the thresholds are round because the noise is large.
+ * - Small messages are latency-bound: the binary tree (2 log2(p) hops, each rank waiting on
+ *   one peer at a time) was fastest or tied up to 8-32 KB on both machines (16 cores, 4
+ *   ranks: 54-68 us against 56-64 for halving-doubling and 116-215 for the ring).
+ * - Mid sizes with 3 or more ranks: halving-doubling, the ring's bytes (2(p-1)/p x n per rank)
+ *   in 2 log2(p) steps instead of 2(p-1); on 16 cores at 4 ranks it beat the ring at 32 and
+ *   128 KB (73 and 118 us against 126 and 157) and lost from 512 KB (330 against 270 us).
+ * - Large messages, and everything above the tree's range with 2 ranks (where the ring and
+ *   halving-doubling are the same two exchanges): the ring, bandwidth-bound, each step a
+ *   neighbour exchange; on 16 cores it led from 512 KB to 64 MB. */
+#define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
+#define COMM_AUTO_HD_MAX_BYTES (256u << 10)
 
 fl_allreduce_algo comm_auto_algo(size_t bytes, int size) {
   if (size <= 2) return bytes <= COMM_AUTO_TREE_MAX_BYTES ? FL_ALLREDUCE_TREE : FL_ALLREDUCE_RING;
