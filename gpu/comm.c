@@ -41,14 +41,22 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
  * - Mid sizes with 3 or more ranks: halving-doubling, the ring's bytes (2(p-1)/p x n per rank)
  *   in 2 log2(p) steps instead of 2(p-1); on 16 cores at 4 ranks it beat the ring at 32 and
  *   128 KB (73 and 118 us against 126 and 157) and lost from 512 KB (330 against 270 us).
- * - Large messages, and everything above the tree's range with 2 ranks (where the ring and
- *   halving-doubling are the same two exchanges): the ring, bandwidth-bound, each step a
- *   neighbour exchange; on 16 cores it led from 512 KB to 64 MB. */
+ * - Large messages: the ring, bandwidth-bound, each step a neighbour exchange; on 16 cores
+ *   at 4 ranks it led from 512 KB to 64 MB.
+ * - 2 ranks: ring and halving-doubling are the same two exchanges, and the tree sends the
+ *   same bytes (n each way) one direction at a time. Over loopback the one-way flows were
+ *   faster for large messages on both machines (16 cores, 8-64 MB: 2.1 GB/s busbw against
+ *   1.5-1.7 for the ring; 2 cores: 3.3 against 2.0 at 64 MB in most runs), the two-way
+ *   exchanges from 16 KB to 2 MB; so the ring serves that middle and the tree both ends. */
 #define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
 #define COMM_AUTO_HD_MAX_BYTES (256u << 10)
+#define COMM_AUTO_PAIR_TREE_MIN_BYTES (4u << 20)
 
 fl_allreduce_algo comm_auto_algo(size_t bytes, int size) {
-  if (size <= 2) return bytes <= COMM_AUTO_TREE_MAX_BYTES ? FL_ALLREDUCE_TREE : FL_ALLREDUCE_RING;
+  if (size <= 2)
+    return bytes <= COMM_AUTO_TREE_MAX_BYTES || bytes > COMM_AUTO_PAIR_TREE_MIN_BYTES
+               ? FL_ALLREDUCE_TREE
+               : FL_ALLREDUCE_RING;
   if (bytes <= COMM_AUTO_TREE_MAX_BYTES) return FL_ALLREDUCE_TREE;
   if (bytes <= COMM_AUTO_HD_MAX_BYTES) return FL_ALLREDUCE_HALVING_DOUBLING;
   return FL_ALLREDUCE_RING;
