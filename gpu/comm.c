@@ -46,7 +46,7 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
  * - 2 ranks: ring and halving-doubling are the same two exchanges, and the tree sends the
  *   same bytes (n each way) one direction at a time. Over loopback the one-way flows were
  *   faster for large messages on both machines (16 cores, 8-64 MB: 2.1 GB/s busbw against
- *   1.5-1.7 for the ring; 2 cores: 3.3 against 2.0 at 64 MB in most runs), the two-way
+ *   1.5-1.7 for the ring; 2 cores: ahead at 64 MB in 3 of 5 runs), the two-way
  *   exchanges from 16 KB to 2 MB; so the ring serves that middle and the tree both ends. */
 #define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
 #define COMM_AUTO_HD_MAX_BYTES (256u << 10)
