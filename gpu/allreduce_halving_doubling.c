@@ -13,6 +13,9 @@
 #include "common/common.h"
 #include "gpu/comm.h"
 
+/* Received halves are summed in pieces of this many bytes as they arrive (see the ring). */
+#define COMM_HD_PIECE (256u << 10)
+
 /* The real rank of the participant numbered `v` among the p' that take part. */
 static int real_rank(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
 
@@ -22,7 +25,8 @@ fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *da
   while (pof2 * 2 <= size) pof2 *= 2, steps++;
   int rem = size - pof2;
   void *scratch = NULL;
-  fl_status st = comm_host_scratch(h, 1, n * sizeof(float), &scratch);
+  size_t piece = COMM_HD_PIECE / sizeof(float);
+  fl_status st = comm_host_scratch(h, 1, piece * sizeof(float), &scratch);
   if (st != FL_OK) return st;
   float *tmp = scratch;
 
@@ -35,8 +39,7 @@ fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *da
     if (v < 0) {
       st = comm_host_send(h, rank + 1, data, n * sizeof(float));
     } else {
-      st = comm_host_recv(h, rank - 1, tmp, n * sizeof(float));
-      if (st == FL_OK) comm_reduce_add(data, tmp, n);
+      st = comm_host_exchange_reduce(h, rank - 1, NULL, 0, rank - 1, data, n, tmp, piece);
     }
     if (st != FL_OK) return st;
   }
@@ -51,10 +54,9 @@ fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *da
       size_t klo = v & mask ? mid : lo, khi = v & mask ? hi : mid; /* the half kept */
       size_t slo = v & mask ? lo : mid, shi = v & mask ? mid : hi; /* the half given */
       lo_at[step] = lo, hi_at[step] = hi;
-      st = comm_host_exchange(h, partner, data + slo, (shi - slo) * sizeof(float), partner, tmp,
-                              (khi - klo) * sizeof(float));
+      st = comm_host_exchange_reduce(h, partner, data + slo, (shi - slo) * sizeof(float), partner,
+                                     data + klo, khi - klo, tmp, piece);
       if (st != FL_OK) return st;
-      comm_reduce_add(data + klo, tmp, khi - klo);
       lo = klo, hi = khi;
     }
     /* Doubling: undo the steps in reverse, trading the finished range for the partner's. */

@@ -6,32 +6,38 @@
  * 2(p-1)/p x n elements in all, the least any allreduce can (bandwidth-optimal). The price
  * is 2(p-1) latencies, which is why small messages go to the tree.
  *
+ * Each reduce-scatter step sums the block it receives in 256 KB pieces as they arrive, while
+ * its own send goes on and while the piece is in cache (a whole block received first and
+ * summed after would go through memory twice and stop the link meanwhile).
  * Setup (the block table) is computed once per call before any byte moves; the reduce-scatter
  * half is shared with fl_comm_reduce_scatter and the allgather half with fl_comm_allgather.
  */
 #include "common/common.h"
 #include "gpu/comm.h"
 
+/* Received data is summed in pieces of this many bytes, small enough to stay in L2. */
+#define COMM_RING_PIECE (256u << 10)
+
 static int mod(int a, int p) { return ((a % p) + p) % p; }
 
 fl_status ring_reduce_scatter(comm_host *h, int rank, int size, float *data, size_t n) {
   if (size == 1 || n == 0) return FL_OK;
   int next = mod(rank + 1, size), prev = mod(rank - 1, size);
-  size_t max_block = comm_block_count(n, size, 0);
+  size_t piece = COMM_RING_PIECE / sizeof(float);
   void *scratch = NULL;
-  fl_status st = comm_host_scratch(h, 1, max_block * sizeof(float) + 1, &scratch);
+  fl_status st = comm_host_scratch(h, 1, piece * sizeof(float), &scratch);
   if (st != FL_OK) return st;
   float *tmp = scratch;
   /* Step s sends block rank-s-1 (the partial sum built so far) and receives block rank-s-2,
-   * to which it adds its own share; the last step receives block `rank`, now complete. */
+   * to which it adds its own share; the last step receives block `rank`, now complete. The
+   * received block is summed a piece at a time as it arrives, while the send goes on. */
   for (int s = 0; s < size - 1; s++) {
     int sb = mod(rank - s - 1, size), rb = mod(rank - s - 2, size);
     size_t scount = comm_block_count(n, size, sb), rcount = comm_block_count(n, size, rb);
-    float *rdst = data + comm_block_offset(n, size, rb);
-    st = comm_host_exchange(h, next, data + comm_block_offset(n, size, sb), scount * sizeof(float),
-                            prev, tmp, rcount * sizeof(float));
+    const float *sp = data + comm_block_offset(n, size, sb);
+    float *rp = data + comm_block_offset(n, size, rb);
+    st = comm_host_exchange_reduce(h, next, sp, scount * sizeof(float), prev, rp, rcount, tmp, piece);
     if (st != FL_OK) return st;
-    comm_reduce_add(rdst, tmp, rcount);
   }
   return FL_OK;
 }

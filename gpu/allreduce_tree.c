@@ -26,9 +26,8 @@ fl_status allreduce_tree(comm_host *h, int rank, int size, float *data, size_t n
     size_t cnt = n - at < chunk ? n - at : chunk;
     for (int k = 0; k < 2; k++) {
       if (kids[k] >= size) continue;
-      st = comm_host_recv(h, kids[k], tmp, cnt * sizeof(float));
+      st = comm_host_exchange_reduce(h, kids[k], NULL, 0, kids[k], data + at, cnt, tmp, cnt);
       if (st != FL_OK) return st;
-      comm_reduce_add(data + at, tmp, cnt);
     }
     if (parent >= 0) {
       st = comm_host_send(h, parent, data + at, cnt * sizeof(float));

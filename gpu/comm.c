@@ -30,19 +30,33 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
 #endif
 
 /* ---- the AUTO rule ----------------------------------------------------------------------
- * Measured with bench/bench_allreduce on the 2-core development machine (docs/collectives.md
- * has the table). Small messages are latency-bound: the tree needs 2*ceil(log2 p) hops and
- * moves the whole message each hop, which is cheapest while the message is a few packets.
- * Mid sizes: halving-doubling sends 2(p'-1)/p' of the message in 2*log2(p') steps (p' the
- * power of two below p), so it keeps few steps while sending no more than the ring.
- * Large messages are bandwidth-bound and the ring, whose every step is one full-duplex
- * neighbour exchange of n/p, is the one that keeps every link busy. With 2 ranks all three
- * send about the same bytes, and the ring's single exchange per phase wins above 64 KB. */
+ * From bench/bench_allreduce (docs/collectives.md has the figures) on two machines: the
+ * 2-core development machine, where 4 ranks oversubscribe the cores and figures move by 30%
+ * or more from run to run, and the 16-core host of an H100, where every rank has cores of
+ * its own, as it will in production (one rank per GPU). Where the two disagree the 16-core
+ * figures decide; the thresholds are round because the noise is large.
+ * - Small messages are latency-bound: the binary tree (2 log2(p) hops, each rank waiting on
+ *   one peer at a time) was fastest or tied up to 8-32 KB on both machines (16 cores, 4
+ *   ranks: 54-68 us against 56-64 for halving-doubling and 116-215 for the ring).
+ * - Mid sizes with 3 or more ranks: halving-doubling, the ring's bytes (2(p-1)/p x n per rank)
+ *   in 2 log2(p) steps instead of 2(p-1); on 16 cores at 4 ranks it beat the ring at 32 and
+ *   128 KB (73 and 118 us against 126 and 157) and lost from 512 KB (330 against 270 us).
+ * - Large messages: the ring, bandwidth-bound, each step a neighbour exchange; on 16 cores
+ *   at 4 ranks it led from 512 KB to 64 MB.
+ * - 2 ranks: ring and halving-doubling are the same two exchanges, and the tree sends the
+ *   same bytes (n each way) one direction at a time. Over loopback the one-way flows were
+ *   faster for large messages on both machines (16 cores, 8-64 MB: 2.1 GB/s busbw against
+ *   1.5-1.7 for the ring; 2 cores: ahead at 64 MB in 3 of 5 runs), the two-way
+ *   exchanges from 16 KB to 2 MB; so the ring serves that middle and the tree both ends. */
 #define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
-#define COMM_AUTO_HD_MAX_BYTES (1u << 20)
+#define COMM_AUTO_HD_MAX_BYTES (256u << 10)
+#define COMM_AUTO_PAIR_TREE_MIN_BYTES (4u << 20)
 
 fl_allreduce_algo comm_auto_algo(size_t bytes, int size) {
-  if (size <= 2) return bytes <= COMM_AUTO_TREE_MAX_BYTES ? FL_ALLREDUCE_TREE : FL_ALLREDUCE_RING;
+  if (size <= 2)
+    return bytes <= COMM_AUTO_TREE_MAX_BYTES || bytes > COMM_AUTO_PAIR_TREE_MIN_BYTES
+               ? FL_ALLREDUCE_TREE
+               : FL_ALLREDUCE_RING;
   if (bytes <= COMM_AUTO_TREE_MAX_BYTES) return FL_ALLREDUCE_TREE;
   if (bytes <= COMM_AUTO_HD_MAX_BYTES) return FL_ALLREDUCE_HALVING_DOUBLING;
   return FL_ALLREDUCE_RING;

@@ -78,6 +78,12 @@ fl_status comm_host_recv(comm_host *h, int peer, void *buf, size_t bytes);
  * when both peers do the same to us (the two peers may be the same rank). */
 fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                              int recv_peer, void *rbuf, size_t rbytes);
+/* As exchange, but the rcount floats received are added into `sum`, a piece of
+ * piece_floats at a time through `tmp` (piece_floats long) as soon as the piece is in, while
+ * the send goes on: the reduction overlaps the transfer and reads the data while in cache. */
+fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                                    int recv_peer, float *sum, size_t rcount, float *tmp,
+                                    size_t piece_floats);
 /* A scratch buffer of at least `bytes` owned by the transport (grown on demand, kept for
  * the communicator's life). Slot 0 and 1 are separate buffers. */
 fl_status comm_host_scratch(comm_host *h, int slot, size_t bytes, void **out);

@@ -23,6 +23,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -423,10 +424,14 @@ static fl_status check_fd(comm_host *h, int peer) {
   return FL_OK;
 }
 
-fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                             int recv_peer, void *rbuf, size_t rbytes) {
+/* The one transfer loop. With `sum` set, received bytes land in the piece buffer `tmp`
+ * (piece_bytes long) and each full piece is added into sum, so that the sends keep flowing
+ * while the received data is reduced; otherwise they land in rbuf. */
+static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                          int recv_peer, void *rbuf, size_t rbytes, float *sum, size_t piece_bytes) {
   const uint8_t *sp = sbuf;
   uint8_t *rp = rbuf;
+  size_t in_piece = 0; /* bytes of the current piece received (sum mode) */
   if (sbytes) {
     fl_status st = check_fd(h, send_peer);
     if (st) return st;
@@ -437,6 +442,7 @@ fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size
   }
   int sfd = sbytes ? h->fds[send_peer] : -1, rfd = rbytes ? h->fds[recv_peer] : -1;
   uint64_t timeout_ns = (uint64_t)h->op_timeout_ms * 1000000u;
+  uint64_t spin_ns = common_spin_ns(), spin_until = 0;
   while (sbytes || rbytes) {
     bool progress = false;
     if (sbytes) {
@@ -448,14 +454,43 @@ fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size
       }
     }
     if (rbytes) {
-      ssize_t r = recv(rfd, rp, rbytes, MSG_DONTWAIT);
+      size_t want = rbytes;
+      uint8_t *at = rp;
+      if (sum) {
+        size_t left = piece_bytes - in_piece;
+        if (want > left) want = left;
+        at = (uint8_t *)rbuf + in_piece;
+      }
+      ssize_t r = recv(rfd, at, want, MSG_DONTWAIT);
       if (r > 0) {
-        rp += r, rbytes -= (size_t)r, progress = true;
+        rbytes -= (size_t)r, progress = true;
+        if (!sum) {
+          rp += r;
+        } else {
+          in_piece += (size_t)r;
+          if (in_piece == piece_bytes || rbytes == 0) {
+            /* whole floats only: pieces are float-aligned and so is the total */
+            comm_reduce_add(sum, rbuf, in_piece / sizeof(float));
+            sum += in_piece / sizeof(float);
+            in_piece = 0;
+          }
+        }
       } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         return io_error(h, recv_peer, r, errno, "receive");
       }
     }
-    if (progress || (!sbytes && !rbytes)) continue;
+    if (progress || (!sbytes && !rbytes)) {
+      spin_until = 0;
+      continue;
+    }
+    /* Waking a sleeping thread costs 25-60 us here, so spin (yielding the core, which a
+     * peer rank on the same core needs) for common_spin_ns() before sleeping in poll. */
+    uint64_t now = common_now_ns();
+    if (spin_until == 0) spin_until = now + spin_ns;
+    if (now < spin_until) {
+      sched_yield();
+      continue;
+    }
     struct pollfd pf[2];
     nfds_t n = 0;
     if (sbytes) pf[n++] = (struct pollfd){sfd, POLLOUT, 0};
@@ -476,6 +511,18 @@ fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size
     }
   }
   return FL_OK;
+}
+
+fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                             int recv_peer, void *rbuf, size_t rbytes) {
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, 0);
+}
+
+fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                                    int recv_peer, float *sum, size_t rcount, float *tmp,
+                                    size_t piece_floats) {
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, tmp, rcount * sizeof(float), sum,
+                  piece_floats * sizeof(float));
 }
 
 fl_status comm_host_send(comm_host *h, int peer, const void *buf, size_t bytes) {

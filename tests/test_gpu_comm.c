@@ -27,7 +27,19 @@
 #include "gpu/comm.h"
 #include "gpu/device.h"
 
-#define MAX_RANKS 8
+#define MAX_RANKS 16
+
+/* For helpers that run on rank threads: cmocka's asserts may only fail on the main thread
+ * (they longjmp), so a failure here prints flint's message and aborts the program. */
+#define must_ok(call)                                                                        \
+  do {                                                                                       \
+    fl_status m_ = (call);                                                                   \
+    if (m_ != FL_OK) {                                                                       \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              fl_status_name(m_), fl_last_error());                                          \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
 
 static fl_device *cpu;
 
@@ -140,7 +152,7 @@ static inline float sum_value(int size, size_t i, uint32_t seed) {
 static fl_tensor *tensor_on(fl_device *dev, size_t n) {
   int64_t shape[1] = {(int64_t)n};
   fl_tensor *t;
-  assert_ok(fl_tensor_create(dev, 1, shape, &t));
+  must_ok(fl_tensor_create(dev, 1, shape, &t));
   return t;
 }
 
@@ -148,7 +160,7 @@ static void fill(fl_tensor *t, int r, uint32_t seed) {
   size_t n = fl_tensor_numel(t);
   float *buf = malloc(n * sizeof(float) + 4);
   for (size_t i = 0; i < n; i++) buf[i] = value(r, i, seed);
-  if (n) assert_ok(fl_tensor_write(t, buf, n));
+  if (n) must_ok(fl_tensor_write(t, buf, n));
   free(buf);
 }
 
@@ -156,7 +168,7 @@ static void fill(fl_tensor *t, int r, uint32_t seed) {
 static long first_mismatch(const fl_tensor *t, float (*want)(size_t i, void *ctx), void *ctx) {
   size_t n = fl_tensor_numel(t);
   float *buf = malloc(n * sizeof(float) + 4);
-  if (n) assert_ok(fl_tensor_read(t, buf, n));
+  if (n) must_ok(fl_tensor_read(t, buf, n));
   long bad = -1;
   for (size_t i = 0; i < n && bad < 0; i++)
     if (buf[i] != want(i, ctx)) bad = (long)i;
@@ -227,6 +239,25 @@ static void test_allreduce_matrix(void **state) {
   }
 }
 
+static void coll_case_sizes_check(group *g);
+
+/* More ranks than the issue asks, as STYLE.md's matrix does: 8 (a power of two) and 13
+ * (halving-doubling folds 5 pairs), smaller sizes. */
+static void test_allreduce_many_ranks(void **state) {
+  (void)state;
+  static const size_t sizes[] = {1, 7, 13, 1000, 65537};
+  static const int ranks[] = {8, 13, 16};
+  for (size_t k = 0; k < sizeof ranks / sizeof *ranks; k++) {
+    group g;
+    group_create(&g, ranks[k]);
+    for (int a = FL_ALLREDUCE_AUTO; a <= FL_ALLREDUCE_TREE; a++)
+      for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        check_allreduce(&g, cpu, (fl_allreduce_algo)a, sizes[s], FL_REDUCE_SUM);
+    coll_case_sizes_check(&g);
+    group_destroy(&g);
+  }
+}
+
 static void test_algo_names(void **state) {
   (void)state;
   for (int a = FL_ALLREDUCE_AUTO; a <= FL_ALLREDUCE_TREE; a++) {
@@ -237,11 +268,17 @@ static void test_algo_names(void **state) {
   fl_allreduce_algo x;
   assert_fails_with(fl_allreduce_algo_parse("butterfly", &x), FL_EINVAL, "butterfly");
   assert_string_equal(fl_allreduce_algo_name(FL_ALLREDUCE_HALVING_DOUBLING), "halving-doubling");
-  /* AUTO: the tree for small messages, the ring for large ones, at every rank count. */
+  /* AUTO: the tree for small messages at every rank count; the ring for large ones from 3
+   * ranks, halving-doubling between; with 2 ranks the ring in the middle, the tree above. */
   for (int p = 1; p <= 16; p++) {
     assert_int_equal(comm_auto_algo(64, p), FL_ALLREDUCE_TREE);
-    assert_int_equal(comm_auto_algo(64u << 20, p), FL_ALLREDUCE_RING);
+    if (p >= 3) {
+      assert_int_equal(comm_auto_algo(128u << 10, p), FL_ALLREDUCE_HALVING_DOUBLING);
+      assert_int_equal(comm_auto_algo(64u << 20, p), FL_ALLREDUCE_RING);
+    }
   }
+  assert_int_equal(comm_auto_algo(1u << 20, 2), FL_ALLREDUCE_RING);
+  assert_int_equal(comm_auto_algo(64u << 20, 2), FL_ALLREDUCE_TREE);
 }
 
 /* ---- broadcast, allgather, reduce-scatter, send/recv, barrier ---------------------------- */
@@ -306,6 +343,10 @@ static fl_status reduce_scatter_rank(rank_job *job) {
   fl_status st = fl_comm_reduce_scatter(job->comm, in, out, FL_REDUCE_SUM);
   rs_ctx x = {c, job->rank};
   c->bad[job->rank] = st == FL_OK ? first_mismatch(out, want_block, &x) : -1;
+  /* `in` is the caller's and stays as it was. */
+  coll_case mine = *c;
+  mine.root = job->rank;
+  if (st == FL_OK && c->bad[job->rank] < 0) c->bad[job->rank] = first_mismatch(in, want_root, &mine);
   fl_tensor_destroy(in);
   fl_tensor_destroy(out);
   return st;
@@ -335,6 +376,11 @@ static void check_collectives(group *g, fl_device *dev, const size_t *sizes, siz
     run_coll(g, allgather_rank, &c, "allgather");
     run_coll(g, reduce_scatter_rank, &c, "reduce_scatter");
   }
+}
+
+static void coll_case_sizes_check(group *g) {
+  static const size_t sizes[] = {1, 5, 17, 4099};
+  check_collectives(g, cpu, sizes, sizeof sizes / sizeof *sizes);
 }
 
 static void test_collectives(void **state) {
@@ -725,6 +771,7 @@ int main(void) {
       cmocka_unit_test(test_algo_names),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_allreduce_matrix),
+      cmocka_unit_test(test_allreduce_many_ranks),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_send_recv_barrier),
       cmocka_unit_test(test_split),

@@ -21,16 +21,28 @@
 
 #define MAX_RANKS 8
 
+/* For helpers that run on rank threads: cmocka's asserts may only fail on the main thread
+ * (they longjmp), so a failure here prints flint's message and aborts the program. */
+#define must_ok(call)                                                                        \
+  do {                                                                                       \
+    fl_status m_ = (call);                                                                   \
+    if (m_ != FL_OK) {                                                                       \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              fl_status_name(m_), fl_last_error());                                          \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+
 static float value(int r, size_t i) { return (float)((int)((i * 2654435761u + (size_t)r * 97u) % 29u) - 14); }
 
 static fl_tensor *make(fl_device *dev, size_t n, int fill_rank) {
   int64_t shape[1] = {(int64_t)n};
   fl_tensor *t;
-  assert_ok(fl_tensor_create(dev, 1, shape, &t));
+  must_ok(fl_tensor_create(dev, 1, shape, &t));
   if (fill_rank >= 0 && n) {
     float *buf = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) buf[i] = value(fill_rank, i);
-    assert_ok(fl_tensor_write(t, buf, n));
+    must_ok(fl_tensor_write(t, buf, n));
     free(buf);
   }
   return t;
@@ -39,7 +51,7 @@ static fl_tensor *make(fl_device *dev, size_t n, int fill_rank) {
 static float *readback(const fl_tensor *t) {
   size_t n = fl_tensor_numel(t);
   float *buf = malloc(n * sizeof(float) + 4);
-  if (n) assert_ok(fl_tensor_read(t, buf, n));
+  if (n) must_ok(fl_tensor_read(t, buf, n));
   return buf;
 }
 
