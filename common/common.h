@@ -165,7 +165,7 @@ FL_INTERNAL void common_event_wait(common_event *e, uint64_t spin_ns);
 FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
 
 /* How long hot hand-offs spin before they sleep (FLINT_SPIN_US, default 200). */
-FL_INTERNAL uint64_t common_spin_ns(void);
+FL_SDK uint64_t common_spin_ns(void);
 
 /* ---- misc ------------------------------------------------------------------------------ */
 /* Number of online cores (at least 1). */
