@@ -1055,6 +1055,7 @@ static void test_models_are_seeded(void **state) {
   nn_model_destroy(c);
 }
 
+#ifdef TEST_GPU_LAYERS_CUDA
 /* |a - b| within tol of the largest |b|: sums in another order differ by rounding only. */
 static void assert_close_to_scale(const float *a, const float *b, size_t n, double tol,
                                   const char *what) {
@@ -1075,10 +1076,10 @@ static float *read_all(const fl_tensor *t) {
 }
 
 /* The layers are written once against the device operations: on a GPU the same models give
- * the cpu's weights, logits, loss, gradients and running statistics. Skipped without one. */
+ * the cpu's weights, logits, loss, gradients and running statistics. Built as
+ * test_gpu_layers_cuda, which is reported skipped without a GPU. */
 static void test_models_match_between_cpu_and_cuda(void **state) {
   (void)state;
-  if (fl_cuda_device_count() == 0) skip();
   fl_device *gpu;
   assert_ok(fl_device_open(FL_DEVICE_CUDA, 0, &gpu));
   nn_model_spec specs[] = {
@@ -1143,6 +1144,7 @@ static void test_models_match_between_cpu_and_cuda(void **state) {
   }
   fl_device_close(gpu);
 }
+#endif /* TEST_GPU_LAYERS_CUDA */
 
 static void test_model_bad_specs_and_calls(void **state) {
   (void)state;
@@ -1187,6 +1189,15 @@ static void test_model_bad_specs_and_calls(void **state) {
 }
 
 int main(void) {
+#ifdef TEST_GPU_LAYERS_CUDA
+  /* test_gpu_layers_cuda: the same file, only the comparison with a GPU (77: skipped). */
+  if (fl_cuda_device_count() == 0) {
+    printf("test_gpu_layers_cuda: skipped: no usable GPU\n");
+    return 77;
+  }
+  const struct CMUnitTest cuda_tests[] = {cmocka_unit_test(test_models_match_between_cpu_and_cuda)};
+  return cmocka_run_group_tests(cuda_tests, setup_device, teardown_device);
+#endif
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_all_transposes_match_reference),
       cmocka_unit_test(test_elementwise_ops_match_reference),
@@ -1213,7 +1224,6 @@ int main(void) {
       cmocka_unit_test(test_models_follow_batches_that_shrink_and_grow),
       cmocka_unit_test(test_models_are_seeded),
       cmocka_unit_test(test_model_bad_specs_and_calls),
-      cmocka_unit_test(test_models_match_between_cpu_and_cuda),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);
 }
