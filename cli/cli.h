@@ -7,9 +7,17 @@
 #ifndef FLINT_CLI_H
 #define FLINT_CLI_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 /* flint ml linreg|logreg ... (cli/ml.c): trains a model with libflint_ml. */
 int cmd_ml(int argc, char **argv);
 /* flint train --model ... --data ... (cli/train.c): data-parallel SGD with libflint_gpu. */
 int cmd_train(int argc, char **argv);
+
+/* Strict option values (cli/args.c): false unless the whole text is the number, in range. */
+bool cli_parse_double(const char *text, double *out);
+bool cli_parse_u64(const char *text, uint64_t max, uint64_t *out);
+bool cli_parse_u32(const char *text, uint32_t *out);
 
 #endif

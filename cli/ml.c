@@ -86,30 +86,8 @@ static int ml_failure(void) {
   return 1;
 }
 
-/* The whole text must be a finite number: no leading space, no trailing text. */
-static bool parse_double(const char *text, double *out) {
-  if (!*text || isspace((unsigned char)*text)) return false;
-  char *end;
-  errno = 0;
-  double v = strtod(text, &end);
-  if (*end || errno == ERANGE || !isfinite(v)) return false;
-  *out = v;
-  return true;
-}
-
-/* Digits only (strtoul would take a sign and wrap "-1" around). */
-static bool parse_u32(const char *text, uint32_t *out) {
-  if (!isdigit((unsigned char)*text)) return false;
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(text, &end, 10);
-  if (*end || errno == ERANGE || v > UINT32_MAX) return false;
-  *out = (uint32_t)v;
-  return true;
-}
-
 static int parse_penalty(const char *name, const char *text, double *out) {
-  if (!parse_double(text, out)) return ml_usage_error("%s '%s' is not a number", name, text);
+  if (!cli_parse_double(text, out)) return ml_usage_error("%s '%s' is not a number", name, text);
   if (*out < 0) return ml_usage_error("%s '%s' must be >= 0", name, text);
   return 0;
 }
@@ -161,13 +139,13 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     } else if (strcmp(opt, "--l1") == 0) {
       rc = parse_penalty(opt, v, &a->train.l1);
     } else if (strcmp(opt, "--tol") == 0) {
-      if (!parse_double(v, &a->train.tol)) return ml_usage_error("--tol '%s' is not a number", v);
+      if (!cli_parse_double(v, &a->train.tol)) return ml_usage_error("--tol '%s' is not a number", v);
       if (a->train.tol <= 0) return ml_usage_error("--tol '%s' must be > 0", v); /* 0 means the default */
     } else if (strcmp(opt, "--iterations") == 0) {
-      if (!parse_u32(v, &a->train.max_iterations) || a->train.max_iterations < 1)
+      if (!cli_parse_u32(v, &a->train.max_iterations) || a->train.max_iterations < 1)
         return ml_usage_error("--iterations '%s' is not a whole number >= 1", v);
     } else if (strcmp(opt, "--partitions") == 0) {
-      if (!parse_u32(v, &a->partitions) || a->partitions < 1 || a->partitions > 1000000)
+      if (!cli_parse_u32(v, &a->partitions) || a->partitions < 1 || a->partitions > 1000000)
         return ml_usage_error("--partitions '%s' is not a whole number from 1 to 1000000", v);
     }
     if (rc) return rc;

@@ -74,35 +74,6 @@ static int train_usage_error(const char *fmt, ...) {
   return 2;
 }
 
-/* The whole text must be a finite number: no leading space, no trailing text. */
-static bool parse_double(const char *text, double *out) {
-  if (!*text || isspace((unsigned char)*text)) return false;
-  char *end;
-  errno = 0;
-  double v = strtod(text, &end);
-  if (*end || errno == ERANGE || !isfinite(v)) return false;
-  *out = v;
-  return true;
-}
-
-/* Digits only (strtoull would take a sign and wrap "-1" around). */
-static bool parse_u64(const char *text, uint64_t max, uint64_t *out) {
-  if (!isdigit((unsigned char)*text)) return false;
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(text, &end, 10);
-  if (*end || errno == ERANGE || v > max) return false;
-  *out = v;
-  return true;
-}
-
-static bool parse_u32(const char *text, uint32_t *out) {
-  uint64_t v;
-  if (!parse_u64(text, UINT32_MAX, &v)) return false;
-  *out = (uint32_t)v;
-  return true;
-}
-
 /* "10,20,25" into o->milestones. */
 static int parse_milestones(const char *text, gpu_train_options *o) {
   char buf[256];
@@ -113,7 +84,7 @@ static int parse_milestones(const char *text, gpu_train_options *o) {
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     if (o->num_milestones == OPTIM_MAX_MILESTONES)
       return train_usage_error("--milestones '%s': at most %d epochs", text, OPTIM_MAX_MILESTONES);
-    if (!parse_double(tok, &o->milestones[o->num_milestones]))
+    if (!cli_parse_double(tok, &o->milestones[o->num_milestones]))
       return train_usage_error("--milestones '%s': '%s' is not a number", text, tok);
     o->num_milestones++;
   }
@@ -166,31 +137,31 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--data-dir") == 0) {
       o->data_dir = v;
     } else if (strcmp(opt, "--synthetic-images") == 0) {
-      if (!parse_u64(v, 1ull << 40, &o->synthetic_train_images) || o->synthetic_train_images < 1)
+      if (!cli_parse_u64(v, 1ull << 40, &o->synthetic_train_images) || o->synthetic_train_images < 1)
         return train_usage_error("--synthetic-images '%s' is not a whole number >= 1", v);
     } else if (strcmp(opt, "--train-images") == 0) {
-      if (!parse_u64(v, 1ull << 40, &o->max_train_images) || o->max_train_images < 1)
+      if (!cli_parse_u64(v, 1ull << 40, &o->max_train_images) || o->max_train_images < 1)
         return train_usage_error("--train-images '%s' is not a whole number >= 1", v);
     } else if (strcmp(opt, "--test-images") == 0) {
-      if (!parse_u64(v, 1ull << 40, &o->max_test_images) || o->max_test_images < 1)
+      if (!cli_parse_u64(v, 1ull << 40, &o->max_test_images) || o->max_test_images < 1)
         return train_usage_error("--test-images '%s' is not a whole number >= 1", v);
     } else if (strcmp(opt, "--ranks") == 0) {
-      if (!parse_u32(v, &o->ranks) || o->ranks < 1 || o->ranks > 1024)
+      if (!cli_parse_u32(v, &o->ranks) || o->ranks < 1 || o->ranks > 1024)
         return train_usage_error("--ranks '%s' is not a whole number from 1 to 1024", v);
     } else if (strcmp(opt, "--device") == 0) {
       if (strcmp(v, "cpu") == 0) o->device = FL_DEVICE_CPU;
       else if (strcmp(v, "cuda") == 0) o->device = FL_DEVICE_CUDA;
       else return train_usage_error("unknown device '%s' (cpu or cuda)", v);
     } else if (strcmp(opt, "--batch") == 0) {
-      if (!parse_u32(v, &o->batch) || o->batch < 1 || o->batch > (1u << 20))
+      if (!cli_parse_u32(v, &o->batch) || o->batch < 1 || o->batch > (1u << 20))
         return train_usage_error("--batch '%s' is not a whole number from 1 to 1048576", v);
     } else if (strcmp(opt, "--lr") == 0) {
-      if (!parse_double(v, &o->lr) || o->lr <= 0) return train_usage_error("--lr '%s' is not a number > 0", v);
+      if (!cli_parse_double(v, &o->lr) || o->lr <= 0) return train_usage_error("--lr '%s' is not a number > 0", v);
     } else if (strcmp(opt, "--warmup") == 0) {
-      if (!parse_double(v, &o->warmup_epochs) || o->warmup_epochs < 0)
+      if (!cli_parse_double(v, &o->warmup_epochs) || o->warmup_epochs < 0)
         return train_usage_error("--warmup '%s' is not a number of epochs >= 0", v);
     } else if (strcmp(opt, "--epochs") == 0) {
-      if (!parse_u32(v, &o->epochs) || o->epochs < 1 || o->epochs > 100000)
+      if (!cli_parse_u32(v, &o->epochs) || o->epochs < 1 || o->epochs > 100000)
         return train_usage_error("--epochs '%s' is not a whole number from 1 to 100000", v);
     } else if (strcmp(opt, "--decay") == 0) {
       if (optim_decay_parse(v, &o->decay) != FL_OK)
@@ -199,18 +170,18 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       int rc = parse_milestones(v, o);
       if (rc) return rc;
     } else if (strcmp(opt, "--momentum") == 0) {
-      if (!parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("--momentum '%s' is not a number in [0, 1)", v);
+      if (!cli_parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("--momentum '%s' is not a number in [0, 1)", v);
       o->sgd.momentum = (float)d;
     } else if (strcmp(opt, "--weight-decay") == 0) {
-      if (!parse_double(v, &d) || d < 0) return train_usage_error("--weight-decay '%s' is not a number >= 0", v);
+      if (!cli_parse_double(v, &d) || d < 0) return train_usage_error("--weight-decay '%s' is not a number >= 0", v);
       o->sgd.weight_decay = (float)d;
     } else if (strcmp(opt, "--seed") == 0) {
-      if (!parse_u64(v, UINT64_MAX, &o->seed)) return train_usage_error("--seed '%s' is not a whole number", v);
+      if (!cli_parse_u64(v, UINT64_MAX, &o->seed)) return train_usage_error("--seed '%s' is not a whole number", v);
     } else if (strcmp(opt, "--allreduce") == 0) {
       if (fl_allreduce_algo_parse(v, &o->allreduce) != FL_OK)
         return train_usage_error("unknown allreduce algorithm '%s' (auto, ring, halving-doubling or tree)", v);
     } else if (strcmp(opt, "--bucket-mb") == 0) {
-      if (!parse_double(v, &d) || d <= 0 || d > 4096) return train_usage_error("--bucket-mb '%s' is not a number in (0, 4096]", v);
+      if (!cli_parse_double(v, &d) || d <= 0 || d > 4096) return train_usage_error("--bucket-mb '%s' is not a number in (0, 4096]", v);
       o->bucket_bytes = (size_t)(d * 1048576);
       if (o->bucket_bytes < 4) o->bucket_bytes = 4;
     } else if (strcmp(opt, "--master") == 0) {
