@@ -390,9 +390,10 @@ FL_INTERNAL bool cluster_executor_address(cluster_backend *cb, uint64_t executor
 FL_INTERNAL fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count);
 FL_INTERNAL uint32_t cluster_cores(cluster_backend *cb);
 
-/* The largest call between a client and the driver (libraries and plans; job results come
- * in chunks of at most DRIVER_RESULT_CHUNK). */
-#define DRIVER_MAX_MESSAGE ((size_t)256 << 20)
+/* The largest call to or from the driver: a barrier stage's checkpoint (the largest thing a
+ * call carries) and 1 MiB for the rest of its message. Libraries and plans are smaller; job
+ * results come in chunks of at most DRIVER_RESULT_CHUNK. */
+#define DRIVER_MAX_MESSAGE (RDD_BARRIER_CHECKPOINT_MAX + ((size_t)1 << 20))
 /* A RunJob reply carries results inline up to this many bytes in all; the rest wait on the
  * driver and are read with FetchResult, this many bytes a call. */
 #define DRIVER_RESULT_INLINE ((size_t)16 << 20)

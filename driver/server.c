@@ -1280,7 +1280,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   /* Results of a job come back to the client in one reply (collect), hence the size limit. */
   rpc_server_config rc = {.listen = cfg->listen, .secret = cfg->secret, .handler = driver_handle,
                           .handler_arg = &d, .handler_threads = 128, /* barrier gathers block one each */
-                          .max_message = RDD_BARRIER_CHECKPOINT_MAX + ((size_t)1 << 20)};
+                          .max_message = DRIVER_MAX_MESSAGE};
   FL_CHECK(rpc_server_start(&rc, &d.server));
   snprintf(d.address, sizeof d.address, "%s:%d", host, rpc_server_port(d.server));
   common_log(LOG_INFO, "listening on %s (blocks on port %d)%s", d.address, dp_server_port(d.blocks),
