@@ -25,33 +25,10 @@ typedef struct bf_arg {
 enum { BF_GATHER = 0, BF_FAIL_ONCE = 1, BF_REPORT = 2, BF_SLEEP_GATHER = 3, BF_BIG = 4 };
 fl_status bf_task(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *argp);
 
-#define TEST_BOUND_S 120
+#define TEST_TIME_BOUND_S 120
+#include "test_util.h"
 
-static void on_alarm(int sig) {
-  (void)sig;
-  static const char msg[] = "test_barrier: a test ran past its time bound\n";
-  if (write(2, msg, sizeof msg - 1)) {
-  }
-  _exit(3);
-}
-static int arm(void **state) {
-  (void)state;
-  signal(SIGALRM, on_alarm);
-  alarm(TEST_BOUND_S);
-  return 0;
-}
-static int disarm(void **state) {
-  (void)state;
-  alarm(0);
-  return 0;
-}
 
-#define OK(call)                                                                             \
-  do {                                                                                       \
-    fl_status s_ = (call);                                                                   \
-    if (s_ != FL_OK) fprintf(stderr, "%s: %s\n", #call, fl_last_error());                    \
-    assert_int_equal(s_, FL_OK);                                                             \
-  } while (0)
 
 /* Runs one barrier stage of `parts` tasks over a range and collects its records. */
 static fl_status run_stage(fl_context *ctx, uint32_t parts, const bf_arg *a, const fl_barrier_options *o,
@@ -84,7 +61,7 @@ static const char *master; /* the mode under test */
 
 static fl_context *open_ctx(const char *m) {
   fl_context *ctx;
-  OK(fl_context_open(m, NULL, &ctx));
+  assert_ok(fl_context_open(m, NULL, &ctx));
   return ctx;
 }
 
@@ -93,11 +70,11 @@ static void test_ranks_and_gather(void **state) {
   fl_context *ctx = open_ctx(master);
   bf_arg a = {.mode = BF_GATHER, .rounds = 5};
   fl_records *r = NULL;
-  OK(run_stage(ctx, 3, &a, NULL, &r));
+  assert_ok(run_stage(ctx, 3, &a, NULL, &r));
   check_info(r, 3, 0, -1);
   fl_records_free(r);
   /* Again on the same context: a new job, a new rendezvous. */
-  OK(run_stage(ctx, 2, &a, NULL, &r));
+  assert_ok(run_stage(ctx, 2, &a, NULL, &r));
   check_info(r, 2, 0, -1);
   fl_records_free(r);
   fl_context_close(ctx);
@@ -122,7 +99,7 @@ static void test_retry_and_checkpoint(void **state) {
   fl_context *ctx = open_ctx(master);
   bf_arg a = {.mode = BF_FAIL_ONCE};
   fl_records *r = NULL;
-  OK(run_stage(ctx, 3, &a, NULL, &r));
+  assert_ok(run_stage(ctx, 3, &a, NULL, &r));
   check_info(r, 3, 1, -2); /* every rank saw attempt 1 */
   fl_records_free(r);
   fl_context_close(ctx);
@@ -150,7 +127,7 @@ static void test_reports(void **state) {
   o.on_report = on_report;
   o.user = &got;
   fl_records *r = NULL;
-  OK(run_stage(ctx, 2, &a, &o, &r));
+  assert_ok(run_stage(ctx, 2, &a, &o, &r));
   fl_records_free(r);
   assert_int_equal(got.count, 5);
   for (uint32_t i = 0; i < 5; i++) assert_int_equal(got.values[i], i);
@@ -162,20 +139,20 @@ static void test_bad_input(void **state) {
   (void)state;
   fl_context *ctx = open_ctx(master);
   fl_dataset *src = NULL, *b = NULL;
-  OK(fl_range(ctx, 0, 4, 1, 2, &src));
+  assert_ok(fl_range(ctx, 0, 4, 1, 2, &src));
   assert_int_equal(fl_barrier_map_partitions(src, NULL, NULL, 0, NULL, &b), FL_EINVAL);
   assert_int_equal(fl_barrier_map_partitions(NULL, bf_task, NULL, 0, NULL, &b), FL_EINVAL);
   fl_dataset_free(src);
   bf_arg a = {.mode = BF_BIG};
   fl_records *r = NULL;
-  OK(run_stage(ctx, 2, &a, NULL, &r)); /* each task saw FL_ELIMIT */
+  assert_ok(run_stage(ctx, 2, &a, NULL, &r)); /* each task saw FL_ELIMIT */
   check_info(r, 2, 0, -2);
   fl_records_free(r);
   /* A partial job over a barrier dataset (take) is refused. */
   a.mode = BF_GATHER;
   a.rounds = 1;
-  OK(fl_range(ctx, 0, 4, 1, 2, &src));
-  OK(fl_barrier_map_partitions(src, bf_task, &a, sizeof a, NULL, &b));
+  assert_ok(fl_range(ctx, 0, 4, 1, 2, &src));
+  assert_ok(fl_barrier_map_partitions(src, bf_task, &a, sizeof a, NULL, &b));
   assert_int_not_equal(fl_take(b, 1, &r), FL_OK);
   fl_dataset_free(b);
   fl_dataset_free(src);
@@ -194,7 +171,7 @@ static void test_gpu_placement(void **state) {
   o.gpu = true;
   fl_records *r = NULL;
   for (int i = 0; i < 3; i++) { /* always the GPU executor, never the other */
-    OK(run_stage(ctx, 1, &a, &o, &r));
+    assert_ok(run_stage(ctx, 1, &a, &o, &r));
     check_info(r, 1, 0, 0);
     fl_records_free(r);
   }
@@ -268,7 +245,7 @@ static void test_executor_killed_too_few(void **state) {
   executor_killed("local-cluster[2,1,256]", FL_ESLOTS);
 }
 
-#define T(f) cmocka_unit_test_setup_teardown(f, arm, disarm)
+#define T(f) cmocka_unit_test_setup_teardown(f, test_bound_arm, test_bound_disarm)
 
 int main(int argc, char **argv) {
   const struct CMUnitTest common[] = {T(test_ranks_and_gather), T(test_too_few_slots),

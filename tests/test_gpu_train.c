@@ -27,7 +27,8 @@
 
 #include "gpu/train.h"
 
-#define TEST_BOUND_S 240 /* per test; the ASan build is a few times slower */
+#define TEST_TIME_BOUND_S 240 /* per test; the ASan build is a few times slower */
+#include "test_util.h"
 #define DATA_DIR "/usr/share/datasets/fashion-mnist"
 
 /* The equivalence runs: 20 steps of a global batch of 48 (a multiple of 1, 2 and 3). */
@@ -57,31 +58,7 @@
 
 static char tmp_dir[128];
 
-static void on_alarm(int sig) {
-  (void)sig;
-  static const char msg[] = "test_gpu_train: a test ran past its time bound\n";
-  if (write(2, msg, sizeof msg - 1)) {
-  }
-  _exit(3);
-}
-static int arm(void **state) {
-  (void)state;
-  signal(SIGALRM, on_alarm);
-  alarm(TEST_BOUND_S);
-  return 0;
-}
-static int disarm(void **state) {
-  (void)state;
-  alarm(0);
-  return 0;
-}
 
-#define OK(call)                                                                             \
-  do {                                                                                       \
-    fl_status s_ = (call);                                                                   \
-    if (s_ != FL_OK) fprintf(stderr, "%s: %s\n", #call, fl_last_error());                    \
-    assert_int_equal(s_, FL_OK);                                                             \
-  } while (0)
 
 static bool have_data(void) {
   struct stat st;
@@ -186,7 +163,7 @@ static void run_to_ckpt(gpu_train_options *o, const char *name, ckpt *c) {
   o->checkpoint_path = path;
   gpu_train_result res;
   double t0 = (double)time(NULL);
-  OK(gpu_train_run(o, &res));
+  assert_ok(gpu_train_run(o, &res));
   assert_int_equal(res.epochs, o->epochs);
   assert_int_equal(res.attempts, 1);
   assert_int_equal(res.resumed_epoch, 0);
@@ -405,7 +382,7 @@ static void test_options(void **state) {
   gpu_train_options o = GPU_TRAIN_OPTIONS_INIT;
   assert_true(o.shuffle);
   assert_int_equal(o.max_train_images, 0);
-  OK(gpu_train_options_validate(&o));
+  assert_ok(gpu_train_options_validate(&o));
   o.max_train_images = 100; /* less than a batch of 256 */
   assert_int_equal(gpu_train_options_validate(&o), FL_EINVAL);
   assert_non_null(strstr(fl_last_error(), "--train-images 100"));
@@ -421,7 +398,7 @@ static void test_options(void **state) {
   assert_non_null(strstr(fl_last_error(), "fashion-mnist"));
 }
 
-#define T(f) cmocka_unit_test_setup_teardown(f, arm, disarm)
+#define T(f) cmocka_unit_test_setup_teardown(f, test_bound_arm, test_bound_disarm)
 
 int main(void) {
   snprintf(tmp_dir, sizeof tmp_dir, "/tmp/flint-test-gpu-train-XXXXXX");

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,6 +38,31 @@ static inline void test_rmtree(const char *path) {
   char cmd[4200];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
   assert_int_equal(system(cmd), 0);
+}
+
+/* A time bound per test, as setup and teardown of cmocka_unit_test_setup_teardown: a test
+ * that runs past TEST_TIME_BOUND_S seconds (define it before including this; default 120) ends
+ * the program with status 3 and a message, so that ctest reports it instead of hanging. */
+#ifndef TEST_TIME_BOUND_S
+#define TEST_TIME_BOUND_S 120
+#endif
+static inline void test_bound_expired(int sig) {
+  (void)sig;
+  static const char msg[] = "a test ran past its time bound (TEST_TIME_BOUND_S)\n";
+  if (write(2, msg, sizeof msg - 1)) {
+  }
+  _exit(3);
+}
+static inline int test_bound_arm(void **state) {
+  (void)state;
+  signal(SIGALRM, test_bound_expired);
+  alarm(TEST_TIME_BOUND_S);
+  return 0;
+}
+static inline int test_bound_disarm(void **state) {
+  (void)state;
+  alarm(0);
+  return 0;
 }
 
 /* Asserts that a call succeeded, printing flint's message when it did not. */
