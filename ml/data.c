@@ -1,6 +1,8 @@
 /* data.c: facts about block datasets that loaders and generators share. */
+#include <math.h>
 #include <cblas.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ml/ml.h"
 
@@ -17,7 +19,8 @@ uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested) {
 typedef struct shape {
   uint64_t rows;
   uint32_t cols;
-  uint8_t sparse, weighted, any;
+  uint8_t sparse, weighted, any, integers;
+  double label_min, label_max;
 } shape;
 
 /* seq: a block into the running shape; comb: two shapes. Both reduce_fn-shaped. */
@@ -34,6 +37,12 @@ FL_ML_KERNEL fl_status ml_shape_seq(fl_bytes acc, fl_bytes rec, fl_buf *out, con
     s.sparse |= b.sparse;
     s.weighted |= b.weights != NULL;
     s.any = 1;
+    for (uint32_t i = 0; i < b.rows; i++) {
+      double y = b.labels[i];
+      s.label_min = fmin(s.label_min, y);
+      s.label_max = fmax(s.label_max, y);
+      if (y != floor(y)) s.integers = 0;
+    }
   }
   fl_buf_free(&scratch);
   if (st != FL_OK) return st;
@@ -51,12 +60,19 @@ FL_ML_KERNEL fl_status ml_shape_comb(fl_bytes a, fl_bytes b, fl_buf *out, const 
   x.sparse |= y.sparse;
   x.weighted |= y.weighted;
   x.any |= y.any;
+  x.integers &= y.integers;
+  x.label_min = fmin(x.label_min, y.label_min);
+  x.label_max = fmax(x.label_max, y.label_max);
   out->len = 0;
   return fl_buf_append(out, &x, sizeof x);
 }
 
 fl_status ml_data_describe(fl_ml_data *data) {
-  shape zero = {0};
+  shape zero;
+  memset(&zero, 0, sizeof zero); /* padding too: the bytes travel */
+  zero.integers = 1;
+  zero.label_min = INFINITY;
+  zero.label_max = -INFINITY;
   fl_buf out = FL_BUF_INIT;
   fl_status s = fl_aggregate(data->blocks, (fl_bytes){(const uint8_t *)&zero, sizeof zero}, ml_shape_seq,
                              ml_shape_comb, NULL, 0, &out);
@@ -68,6 +84,9 @@ fl_status ml_data_describe(fl_ml_data *data) {
     if (r.cols > data->cols) data->cols = r.cols;
     data->sparse = r.sparse;
     data->weighted = r.weighted;
+    data->label_min = r.label_min;
+    data->label_max = r.label_max;
+    data->labels_integer = r.integers;
   }
   fl_buf_free(&out);
   return s;

@@ -62,7 +62,4 @@ fl_status ml_glm_eval(ml_glm *p, const double *w, double fraction, uint64_t seed
 fl_status ml_sum_partitions(fl_dataset *parts, size_t n, uint32_t depth, double *out);
 uint32_t ml_tree_depth(const fl_dataset *ds, uint32_t requested);
 
-/* The labels' smallest and largest value and whether all are integers: one job. */
-fl_status ml_label_range(const fl_ml_data *data, double *min, double *max, bool *integers);
-
 #endif

@@ -289,9 +289,8 @@ fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
   double t0 = now_s();
   uint32_t classes = o.classes;
   if (!classes) {
-    double lo, hi;
-    bool integers;
-    if ((s = ml_label_range(data, &lo, &hi, &integers)) != FL_OK) return s;
+    double lo = data->label_min, hi = data->label_max;
+    bool integers = data->labels_integer;
     if (!isfinite(lo) || !isfinite(hi)) return fl_set_error(FL_EEMPTY, "logistic regression: the data has no rows");
     if (!integers || lo < -1 || (lo == -1 && hi != 1) || hi > 65535)
       return fl_set_error(FL_EINVAL,

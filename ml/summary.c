@@ -295,7 +295,8 @@ fl_status fl_ml_standardize(const fl_ml_data *data, const fl_ml_summary *sm, boo
     return s;
   }
   *res = (fl_ml_data){.blocks = res->blocks, .rows = data->rows, .cols = d, .sparse = data->sparse,
-                      .weighted = data->weighted};
+                      .weighted = data->weighted, .label_min = data->label_min, .label_max = data->label_max,
+                      .labels_integer = data->labels_integer};
   *out = res;
   return FL_OK;
 }

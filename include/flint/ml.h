@@ -81,13 +81,16 @@ typedef struct fl_ml_data {
   uint32_t cols;
   bool sparse, weighted;
   uint64_t skipped; /* bad input lines skipped (only when the loader was asked to) */
+  /* the labels' range, found with the shape: classification checks them without a job */
+  double label_min, label_max;
+  bool labels_integer;
 } fl_ml_data;
 FL_ML_API void fl_ml_data_free(fl_ml_data *data);
 /* Wraps a dataset of block records (made with fl_ml_block_builder, e.g. in a map_partitions
  * or on the client and fl_parallelize'd): persists it in memory and runs one job for its
- * rows, width, sparsity and weights. cols: the feature count when sparse rows may not reach
- * the last feature (0: the widest block's). On success *out owns `blocks`; on failure the
- * caller keeps it. A record that is not a block is FL_ECORRUPT. */
+ * rows, width, sparsity, weights and label range. cols: the feature count when sparse rows
+ * may not reach the last feature (0: the widest block's). On success *out owns `blocks`; on
+ * failure the caller keeps it. A record that is not a block is FL_ECORRUPT. */
 FL_ML_API fl_status fl_ml_data_from_blocks(fl_dataset *blocks, uint32_t cols, fl_ml_data **out);
 
 /* ---- loaders --------------------------------------------------------------------------- */
