@@ -4,14 +4,13 @@
  *
  *   gradient  one logistic loss-and-gradient evaluation over n x d cached rows (seeded
  *             synthetic, n = --rows, d = 100) at the model L-BFGS found (where a solver spends
- *             its evaluations; at zero exp and log1p are cheaper), median of 5, against the
+ *             its evaluations; at zero exp and log1p are cheaper), against the
  *             memory floor: a plain C pass summing the same number of bytes (features and
  *             labels) on 2 threads. Target: at most 2x.
- *   lstsq     least squares by the normal equations end to end over 2n x d cached rows (median
- *             of 3 runs),
+ *   lstsq     least squares by the normal equations end to end over 2n x d cached rows,
  *             against the floor of one single-threaded dsyrk per block (blocks of the engine's
  *             size) on each of 2 threads. Target: at most 1.2x.
- *   lbfgs     binary logistic regression by L-BFGS to gradient norm 1e-6 (l2 1e-4, median of 3):
+ *   lbfgs     binary logistic regression by L-BFGS to gradient norm 1e-6 (l2 1e-4):
  *             iterations, time, and the engine's share of an iteration: (time - evaluations x
  *             compute) / iterations, where compute is the engine's gradient step (dgemv,
  *             row losses, dgemv per 64 KiB chunk) written out plainly and run on 2 threads
@@ -21,6 +20,9 @@
  *             against its raw bytes n x (d + 1) x 8. Target: at most 1.05x.
  *   fmnist    Fashion-MNIST (if installed) multinomial logistic regression by L-BFGS, local[2]:
  *             time to converge (or 100 iterations) and test accuracy. No target.
+ *
+ * Every time, floors and engine alike, is the median of 5 runs: a floor's best run against
+ * the engine's median run would charge the machine's noise to the engine.
  *
  * Output: a table, or with --json one JSON object per row. Exit 1 on an engine error, 2 on a
  * bad option; a missed target is reported, not an error.
@@ -111,6 +113,20 @@ static double normal_draw(uint64_t *st) {
 /* Seconds for `kind` over rows x COLS on THREADS threads (best of 3). The rows are drawn as
  * the engine's synthetic logistic data is (standard normal features, labels drawn from the
  * model w when given), so that the gradient's exp and log1p see the same margins. */
+#define RUNS 5 /* every figure, floors and engine alike, is the median of this many runs */
+
+/* The median of n (odd) values, sorted in place. */
+static double median(double *v, int n) {
+  for (int i = 0; i < n; i++)
+    for (int k = i + 1; k < n; k++)
+      if (v[k] < v[i]) {
+        double t = v[i];
+        v[i] = v[k];
+        v[k] = t;
+      }
+  return v[n / 2];
+}
+
 static double floor_time(uint64_t rows, int kind, const double *w) {
   size_t rpb = (1u << 20) / (8 * COLS), blocks = (rows + rpb - 1) / rpb, per = rpb * (COLS + 1);
   double *data = malloc(blocks * per * sizeof *data);
@@ -124,8 +140,8 @@ static double floor_time(uint64_t rows, int kind, const double *w) {
       y[i] = uniform_draw(&st) < 1 / (1 + exp(-m)) ? 1.0 : 0.0;
     }
   }
-  double best = INFINITY;
-  for (int rep = 0; rep < 3; rep++) {
+  double runs[RUNS];
+  for (int rep = 0; rep < RUNS; rep++) {
     floor_job jobs[THREADS];
     pthread_t th[THREADS];
     double t0 = now_s();
@@ -135,10 +151,10 @@ static double floor_time(uint64_t rows, int kind, const double *w) {
       pthread_create(&th[t], NULL, floor_thread, &jobs[t]);
     }
     for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
-    best = fmin(best, now_s() - t0);
+    runs[rep] = now_s() - t0;
   }
   free(data);
-  return best;
+  return median(runs, RUNS);
 }
 
 /* ---- engine -------------------------------------------------------------------------------- */
@@ -150,16 +166,12 @@ typedef struct mode_result {
   bool converged;
 } mode_result;
 
-static double median3(const double *v) {
-  double lo = fmin(v[0], v[1]), hi = fmax(v[0], v[1]);
-  return fmax(lo, fmin(hi, v[2]));
-}
 
-/* Median seconds of 3 fits of data (the machine is shared); *model is the last fit's. */
+/* Median seconds of RUNS fits of data (the machine is shared); *model is the last fit's. */
 static int time_fit(fl_status (*fit)(const fl_ml_data *, const fl_ml_train_options *, fl_ml_model **),
                     const fl_ml_data *data, const fl_ml_train_options *o, fl_ml_model **model, double *out) {
-  double runs[3];
-  for (int i = 0; i < 3; i++) {
+  double runs[RUNS];
+  for (int i = 0; i < RUNS; i++) {
     fl_ml_model_free(*model);
     *model = NULL;
     double t0 = now_s();
@@ -169,14 +181,14 @@ static int time_fit(fl_status (*fit)(const fl_ml_data *, const fl_ml_train_optio
     }
     runs[i] = now_s() - t0;
   }
-  *out = median3(runs);
+  *out = median(runs, RUNS);
   return 0;
 }
 
-/* Median of 5 loss-and-gradient evaluations of m over data (after one to warm up). */
+/* Median of RUNS loss-and-gradient evaluations of m over data (after one to warm up). */
 static int time_gradient(const fl_ml_model *m, const fl_ml_data *data, double *out) {
-  double loss, grad[COLS + 1], times[5];
-  for (int i = -1; i < 5; i++) {
+  double loss, grad[COLS + 1], times[RUNS];
+  for (int i = -1; i < RUNS; i++) {
     double t0 = now_s();
     if (fl_ml_loss_gradient(m, data, 0, &loss, grad) != FL_OK) {
       fail_flint("a gradient");
@@ -184,14 +196,7 @@ static int time_gradient(const fl_ml_model *m, const fl_ml_data *data, double *o
     }
     if (i >= 0) times[i] = now_s() - t0;
   }
-  for (int i = 0; i < 5; i++) /* median by a small sort */
-    for (int k = i + 1; k < 5; k++)
-      if (times[k] < times[i]) {
-        double t = times[i];
-        times[i] = times[k];
-        times[k] = t;
-      }
-  *out = times[2];
+  *out = median(times, RUNS);
   return 0;
 }
 
