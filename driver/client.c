@@ -61,7 +61,16 @@ typedef struct remote_context {
   size_t num_libraries;
   uint64_t jobs_run, jobs_failed;
   atomic_uint_fast64_t next_operation; /* RunJob's operation ids, from 1 */
-  dp_server *blocks; /* serves the broadcasts; started with the first one */
+  /* Small broadcasts (BROADCAST_INLINE_MAX), which go with each RunJob until one succeeds
+   * (`sent`); once offered, the driver may have one, so its destruction is told too. */
+  struct {
+    uint64_t id, len;
+    bool offered, sent;
+  } *inline_live;
+  size_t num_inline, cap_inline, inline_bytes;
+  uint64_t *inline_removed;
+  size_t num_inline_removed, cap_inline_removed;
+  dp_server *blocks; /* serves the large broadcasts; started with the first one */
   char blocks_address[DP_ADDRESS_MAX];
   /* local-cluster */
   pid_t *children;
@@ -173,6 +182,19 @@ done:
   fl_buf_free(&content);
   fl_buf_free(&reply);
   return st;
+}
+
+/* Appends x to a growing list of ids; false when out of memory. */
+static bool ids_push(uint64_t **ids, size_t *n, size_t *cap, uint64_t x) {
+  if (*n == *cap) {
+    size_t grown_cap = *cap ? *cap * 2 : 16;
+    uint64_t *grown = common_realloc(*ids, grown_cap * sizeof *grown);
+    if (!grown) return false;
+    *ids = grown;
+    *cap = grown_cap;
+  }
+  (*ids)[(*n)++] = x;
+  return true;
 }
 
 /* ---- shipped datasets ------------------------------------------------------------------ */
@@ -355,6 +377,59 @@ static fl_status run_job_with_reports(remote_context *c, rdd *r, const Flint__Ru
   return FL_OK;
 }
 
+/* What a RunJob tells of the small broadcasts: the ones the driver does not have yet (their
+ * bytes lent by the registry for the call) and the ones destroyed since the last job. */
+typedef struct inline_out {
+  Flint__InlineBroadcast *items, **ptrs;
+  dp_loan *loans;
+  size_t n;
+  uint64_t *removed;
+  size_t num_removed;
+} inline_out;
+
+static void inline_take(remote_context *c, inline_out *o) {
+  memset(o, 0, sizeof *o);
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  size_t want = 0;
+  for (size_t i = 0; i < c->num_inline; i++) want += !c->inline_live[i].sent;
+  o->items = common_calloc(want + 1, sizeof *o->items);
+  o->ptrs = common_calloc(want + 1, sizeof *o->ptrs);
+  o->loans = common_calloc(want + 1, sizeof *o->loans);
+  for (size_t i = 0; i < c->num_inline && o->items && o->ptrs && o->loans; i++) {
+    uint64_t total;
+    if (c->inline_live[i].sent ||
+        rdd_shared_lend(c->pub.shared, c->inline_live[i].id, 0, 0, &o->loans[o->n], &total) != FL_OK)
+      continue;
+    Flint__InlineBroadcast *b = &o->items[o->n];
+    flint__inline_broadcast__init(b);
+    b->id = c->inline_live[i].id;
+    b->value = (ProtobufCBinaryData){o->loans[o->n].len, (uint8_t *)o->loans[o->n].data};
+    o->ptrs[o->n++] = b;
+    c->inline_live[i].offered = true; /* a destroy from now on is told to the driver */
+  }
+  o->removed = c->inline_removed;
+  o->num_removed = c->num_inline_removed;
+  c->inline_removed = NULL;
+  c->num_inline_removed = c->cap_inline_removed = 0;
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+}
+
+/* After the RunJob: what the driver did not get goes with the next one. */
+static void inline_settle(remote_context *c, inline_out *o, bool delivered) {
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  for (size_t k = 0; delivered && k < o->n; k++)
+    for (size_t i = 0; i < c->num_inline; i++)
+      if (c->inline_live[i].id == o->items[k].id) c->inline_live[i].sent = true;
+  for (size_t k = 0; !delivered && k < o->num_removed; k++)
+    if (!ids_push(&c->inline_removed, &c->num_inline_removed, &c->cap_inline_removed, o->removed[k])) break;
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  for (size_t k = 0; k < o->n; k++) o->loans[k].release(o->loans[k].arg);
+  common_free(o->items);
+  common_free(o->ptrs);
+  common_free(o->loans);
+  common_free(o->removed);
+}
+
 static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                                 const rdd_action *action, fl_buf *results) {
   remote_context *c = impl;
@@ -391,9 +466,18 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   req.n_released = num_released;
   req.released = released;
   req.operation_id = atomic_fetch_add(&c->next_operation, 1);
+  inline_out bcasts;
+  inline_take(c, &bcasts);
+  req.n_broadcasts = bcasts.n;
+  req.broadcasts = bcasts.ptrs;
+  req.n_removed_broadcasts = bcasts.num_removed;
+  req.removed_broadcasts = bcasts.removed;
   bool reports = rdd_barrier_reports_wanted(r);
   if (reports) st = run_job_with_reports(c, r, &req, &reply);
   else st = call(c->driver, "/flint.Driver/RunJob", &req.base, 0, &reply);
+  /* A failed call may have reached the driver or not: what it carried goes again (the driver
+   * takes a broadcast it has, or the removal of one it lacks, as a no-op). */
+  inline_settle(c, &bcasts, st == FL_OK);
   if (st == FL_OK) {
     num_released = 0; /* the driver has them */
     FL_PCHECK(pthread_mutex_lock(&c->lock));
@@ -423,16 +507,8 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
 done:
   if (num_released) { /* not delivered: keep them for the next job */
     FL_PCHECK(pthread_mutex_lock(&c->lock));
-    for (size_t i = 0; i < num_released; i++) {
-      if (c->num_released == c->cap_released) {
-        size_t cap = c->cap_released ? c->cap_released * 2 : 16;
-        uint64_t *grown = common_realloc(c->released, cap * sizeof *grown);
-        if (!grown) break;
-        c->released = grown;
-        c->cap_released = cap;
-      }
-      c->released[c->num_released++] = released[i];
-    }
+    for (size_t i = 0; i < num_released; i++)
+      if (!ids_push(&c->released, &c->num_released, &c->cap_released, released[i])) break;
     FL_PCHECK(pthread_mutex_unlock(&c->lock));
   }
   for (size_t i = 0; i < num_levels; i++) common_free(levels[i]);
@@ -530,8 +606,54 @@ static fl_status broadcast_server(remote_context *c, char address[DP_ADDRESS_MAX
   return st;
 }
 
+/* A small broadcast is only noted: it goes to the driver with the next RunJob. */
+static bool inline_note(remote_context *c, uint64_t id, uint64_t len) {
+  bool noted = false;
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  if (len <= BROADCAST_INLINE_MAX && c->inline_bytes + len <= BROADCAST_INLINE_TOTAL) {
+    if (c->num_inline == c->cap_inline) {
+      size_t cap = c->cap_inline ? c->cap_inline * 2 : 16;
+      void *grown = common_realloc(c->inline_live, cap * sizeof *c->inline_live);
+      if (grown) {
+        c->inline_live = grown;
+        c->cap_inline = cap;
+      }
+    }
+    if (c->num_inline < c->cap_inline) {
+      c->inline_live[c->num_inline].id = id;
+      c->inline_live[c->num_inline].len = len;
+      c->inline_live[c->num_inline].offered = false;
+      c->inline_live[c->num_inline].sent = false;
+      c->num_inline++;
+      c->inline_bytes += len;
+      noted = true;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  return noted;
+}
+
+/* Drops a small broadcast; one the driver has is removed with the next RunJob. False when
+ * `id` is not a small one. */
+static bool inline_drop(remote_context *c, uint64_t id) {
+  bool found = false;
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  for (size_t i = 0; i < c->num_inline; i++) {
+    if (c->inline_live[i].id != id) continue;
+    found = true;
+    if (c->inline_live[i].offered) /* lost on no memory: the driver keeps it until the close */
+      ids_push(&c->inline_removed, &c->num_inline_removed, &c->cap_inline_removed, id);
+    c->inline_bytes -= c->inline_live[i].len;
+    c->inline_live[i] = c->inline_live[--c->num_inline];
+    break;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  return found;
+}
+
 static fl_status remote_broadcast_created(void *impl, uint64_t id, uint64_t len) {
   remote_context *c = impl;
+  if (inline_note(c, id, len)) return FL_OK;
   char address[DP_ADDRESS_MAX];
   fl_status st = broadcast_server(c, address);
   if (st != FL_OK) return st;
@@ -548,6 +670,7 @@ static fl_status remote_broadcast_created(void *impl, uint64_t id, uint64_t len)
 
 static void remote_broadcast_destroyed(void *impl, uint64_t id) {
   remote_context *c = impl;
+  if (inline_drop(c, id)) return;
   Flint__BroadcastRemoveRequest req = FLINT__BROADCAST_REMOVE_REQUEST__INIT;
   req.app_id = c->app_id;
   req.broadcast_id = id;
@@ -563,15 +686,7 @@ static void remote_rdd_destroyed(void *impl, uint64_t id) {
   FL_PCHECK(pthread_mutex_lock(&c->lock));
   if (shipped_has(c, id)) {
     c->shipped[id / 8] &= (uint8_t)~(1u << (id % 8));
-    if (c->num_released == c->cap_released) {
-      size_t cap = c->cap_released ? c->cap_released * 2 : 16;
-      uint64_t *grown = common_realloc(c->released, cap * sizeof *grown);
-      if (grown) {
-        c->released = grown;
-        c->cap_released = cap;
-      }
-    }
-    if (c->num_released < c->cap_released) c->released[c->num_released++] = id;
+    ids_push(&c->released, &c->num_released, &c->cap_released, id); /* lost on no memory: kept until close */
   }
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
 }
@@ -831,6 +946,8 @@ static void remote_close(fl_context *ctx) {
   common_free(c->libraries);
   common_free(c->shipped);
   common_free(c->released);
+  common_free(c->inline_live);
+  common_free(c->inline_removed);
   common_free(c->secret);
   pthread_mutex_destroy(&c->lock);
   common_free(c);

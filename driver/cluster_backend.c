@@ -483,6 +483,51 @@ static bool known_or_mark(void *arg, uint64_t id) {
   return false;
 }
 
+/* Known keys of small broadcasts (app << 40 | KNOWN_BROADCAST | id), beside plan nodes'. */
+#define KNOWN_BROADCAST (1ull << 39)
+
+/* The application's small broadcasts that e lacks, marked known, and the ones e has that the
+ * client destroyed, forgotten (app->lock held; scheduler thread). */
+static fl_status launch_broadcasts(executor_ref *e, const driver_app *app, Flint__InlineBroadcast ***ship,
+                                   size_t *num_ship, uint64_t **forget, size_t *num_forget) {
+  const uint64_t prefix = app->id << 40 | KNOWN_BROADCAST;
+  *ship = common_calloc(app->num_broadcasts + 1, sizeof **ship);
+  *forget = NULL;
+  size_t cap_forget = 0;
+  if (!*ship) return FL_ERR(FL_ENOMEM, "out of memory");
+  for (size_t i = 0; i < e->num_known;) {
+    uint64_t key = e->known[i];
+    bool live = (key & ~((KNOWN_BROADCAST - 1))) != prefix;
+    for (size_t k = 0; k < app->num_broadcasts && !live; k++) live = (prefix | app->broadcasts[k].id) == key;
+    if (live) {
+      i++;
+      continue;
+    }
+    if (*num_forget == cap_forget) {
+      cap_forget = cap_forget ? 2 * cap_forget : 8;
+      uint64_t *grown = common_realloc(*forget, cap_forget * sizeof *grown);
+      if (!grown) return FL_ERR(FL_ENOMEM, "out of memory");
+      *forget = grown;
+    }
+    (*forget)[(*num_forget)++] = key & (KNOWN_BROADCAST - 1);
+    e->known[i] = e->known[--e->num_known];
+  }
+  known_ctx known = {e, app->id};
+  for (size_t k = 0; k < app->num_broadcasts; k++) {
+    if (known_or_mark(&known, KNOWN_BROADCAST | app->broadcasts[k].id)) continue;
+    /* a copy: the client may remove it once app->lock is let go, before the call is packed */
+    const fl_buf *v = &app->broadcasts[k].value;
+    Flint__InlineBroadcast *b = common_malloc(sizeof *b + v->len);
+    if (!b) return FL_ERR(FL_ENOMEM, "out of memory");
+    flint__inline_broadcast__init(b);
+    b->id = app->broadcasts[k].id;
+    b->value = (ProtobufCBinaryData){v->len, (uint8_t *)(b + 1)};
+    if (v->len) memcpy(b + 1, v->data, v->len);
+    (*ship)[(*num_ship)++] = b;
+  }
+  return FL_OK;
+}
+
 typedef struct shuffle_loc_ctx {
   Flint__ShuffleLocations *sl;
   Flint__MapLocation *items;
@@ -542,6 +587,9 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   size_t num_levels = 0, num_shuffles = 0;
   Flint__BlockLocation **blocks = NULL;
   size_t num_blocks = 0, cap_blocks = 0;
+  Flint__InlineBroadcast **ship = NULL;
+  uint64_t *forget = NULL;
+  size_t num_ship = 0, num_forget = 0;
   if (!descs || !desc_ptrs) {
     status = FL_ERR(FL_ENOMEM, "out of memory");
     goto cleanup;
@@ -612,6 +660,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
     block_loc_ctx bc = {&blocks, &num_blocks, &cap_blocks, cb, r->id};
     location_each(app->blocks, r->id, add_block_location, &bc);
   }
+  if (status == FL_OK) status = launch_broadcasts(e, app, &ship, &num_ship, &forget, &num_forget);
   char broadcast_address[DP_ADDRESS_MAX];
   memcpy(broadcast_address, app->broadcast_address, sizeof broadcast_address);
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
@@ -652,6 +701,10 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.n_tasks = n;
   req.tasks = desc_ptrs;
   req.broadcast_address = broadcast_address;
+  req.n_broadcasts = num_ship;
+  req.broadcasts = ship;
+  req.n_forget_broadcasts = num_forget;
+  req.forget_broadcasts = forget;
   status = proto_pack(&req.base, out);
 cleanup:
   if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */
@@ -665,6 +718,9 @@ cleanup:
   }
   for (size_t i = 0; i < num_blocks; i++) common_free(blocks[i]);
   common_free(blocks);
+  for (size_t i = 0; i < num_ship; i++) common_free(ship[i]);
+  common_free(ship);
+  common_free(forget);
   common_free(map_items);
   common_free(shuffles);
   common_free(shuffle_ptrs);

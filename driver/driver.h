@@ -333,7 +333,15 @@ typedef struct driver_app {
   location_table *blocks; /* (dataset, partition) -> executor, for cached datasets */
   fl_buf accumulators;    /* updates of successful tasks not yet sent to the client */
   struct parked_result *parked; /* job results too large to go inline, until read */
+  struct inline_broadcast *broadcasts; /* the live small broadcasts, sent with launches */
+  size_t num_broadcasts, cap_broadcasts, broadcast_bytes;
 } driver_app;
+
+/* One small broadcast the driver holds for an application (BROADCAST_INLINE_MAX). */
+typedef struct inline_broadcast {
+  uint64_t id;
+  fl_buf value;
+} inline_broadcast;
 
 /* Where map outputs and cached blocks are (a small table of (id, index) -> executor). */
 FL_INTERNAL fl_status location_table_create(location_table **out);
@@ -398,6 +406,12 @@ FL_INTERNAL uint32_t cluster_cores(cluster_backend *cb);
  * driver and are read with FetchResult, this many bytes a call. */
 #define DRIVER_RESULT_INLINE ((size_t)16 << 20)
 #define DRIVER_RESULT_CHUNK ((size_t)32 << 20)
+/* Broadcasts up to BROADCAST_INLINE_MAX bytes travel with the jobs (InlineBroadcast in
+ * flint.proto), while an application's live ones total at most BROADCAST_INLINE_TOTAL; the
+ * others are fetched by the executors from the client. Small parameter vectors (an L-BFGS
+ * iteration's weights) so cost no call of their own. */
+#define BROADCAST_INLINE_MAX ((size_t)64 << 10)
+#define BROADCAST_INLINE_TOTAL ((size_t)4 << 20)
 
 typedef struct driver_config {
   const char *listen;    /* HOST:PORT; port 0 picks one */

@@ -186,6 +186,8 @@ static void app_free(driver_app *app) {
     fl_buf_free(&p->data);
     common_free(p);
   }
+  for (size_t i = 0; i < app->num_broadcasts; i++) fl_buf_free(&app->broadcasts[i].value);
+  common_free(app->broadcasts);
   rdd_shared_destroy(app->ctx.shared);
   map_output_table_destroy(app->ctx.map_outputs);
   pthread_mutex_destroy(&app->lock);
@@ -497,6 +499,47 @@ static void unpark_operation(driver_app *app, uint64_t operation_id) {
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
 }
 
+/* The small broadcasts that a RunJob carries, and the ones its client destroyed (app->lock
+ * held). Both are idempotent: a client sends again what a failed call carried. */
+static fl_status app_take_broadcasts(driver_app *app, const Flint__RunJobRequest *req) {
+  for (size_t k = 0; k < req->n_removed_broadcasts; k++)
+    for (size_t i = 0; i < app->num_broadcasts; i++)
+      if (app->broadcasts[i].id == req->removed_broadcasts[k]) {
+        app->broadcast_bytes -= app->broadcasts[i].value.len;
+        fl_buf_free(&app->broadcasts[i].value);
+        app->broadcasts[i] = app->broadcasts[--app->num_broadcasts];
+        break;
+      }
+  for (size_t k = 0; k < req->n_broadcasts; k++) {
+    const Flint__InlineBroadcast *b = req->broadcasts[k];
+    if (b->id == 0 || b->id > UINT32_MAX)
+      return FL_ERR(FL_EPROTO, "RunJob: broadcast id %llu out of range", (unsigned long long)b->id);
+    if (b->value.len > BROADCAST_INLINE_MAX)
+      return FL_ERR(FL_EPROTO, "RunJob: broadcast %llu has %zu bytes, over the %zu that go with a job",
+                    (unsigned long long)b->id, b->value.len, BROADCAST_INLINE_MAX);
+    bool have = false;
+    for (size_t i = 0; i < app->num_broadcasts && !have; i++) have = app->broadcasts[i].id == b->id;
+    if (have) continue;
+    if (app->broadcast_bytes + b->value.len > BROADCAST_INLINE_TOTAL)
+      return FL_ERR(FL_EPROTO, "RunJob: broadcast %llu would take the application's small broadcasts over %zu bytes",
+                    (unsigned long long)b->id, BROADCAST_INLINE_TOTAL);
+    if (app->num_broadcasts == app->cap_broadcasts) {
+      size_t cap = app->cap_broadcasts ? app->cap_broadcasts * 2 : 8;
+      inline_broadcast *grown = common_realloc(app->broadcasts, cap * sizeof *grown);
+      if (!grown) return FL_ERR(FL_ENOMEM, "out of memory");
+      app->broadcasts = grown;
+      app->cap_broadcasts = cap;
+    }
+    inline_broadcast *nb = &app->broadcasts[app->num_broadcasts];
+    nb->id = b->id;
+    nb->value = (fl_buf)FL_BUF_INIT;
+    if (fl_buf_append(&nb->value, b->value.data, b->value.len) != FL_OK) return FL_ERR(FL_ENOMEM, "out of memory");
+    app->num_broadcasts++;
+    app->broadcast_bytes += b->value.len;
+  }
+  return FL_OK;
+}
+
 static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response,
                                 const rpc_request *call) {
   UNPACK(Flint__RunJobRequest, req, body, "RunJob");
@@ -516,6 +559,7 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
   if (status != FL_OK) goto cleanup;
   FL_PCHECK(pthread_mutex_lock(&app->lock));
   if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
+  if (status == FL_OK) status = app_take_broadcasts(app, req);
   for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
     rdd *x = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
     if (x && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&x->level, req->levels[i]->level);

@@ -50,6 +50,8 @@ FL_INTERNAL fl_status task_pool_create(uint32_t threads, task_pool **out);
 /* Queues work; never blocks. The work item stays the caller's; run() gets it back. */
 FL_INTERNAL void task_pool_submit(task_pool *pool, task_pool_work *work);
 /* Runs what is queued, then joins the threads and frees the pool. NULL does nothing. */
+/* Tasks submitted and not yet taken by a thread (a snapshot). */
+FL_INTERNAL size_t task_pool_queued(task_pool *pool);
 FL_INTERNAL void task_pool_destroy(task_pool *pool);
 
 /* ---- the executor process (service.c) ------------------------------------------------- */

@@ -608,12 +608,40 @@ static void task_run(task_pool_work *work) {
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
 }
 
+/* Ended tasks wait (svc->lock held) while more are queued here, up to STATUS_HOLD_NS, so
+ * that one call reports several: where every core runs a task, each call takes a core from
+ * them. A failure (the driver retries it), an empty queue (the driver should send more) or
+ * the deadline sends at once; the deadline bounds what speculation sees late. */
+#define STATUS_HOLD_NS 20000000ull
+
+static bool status_may_wait(exec_service *svc) {
+  if (svc->stopping || task_pool_queued(svc->pool) == 0) return false;
+  for (exec_task *t = svc->done_head; t; t = t->next)
+    if (t->rt.status != FL_OK) return false;
+  return true;
+}
+
+static void status_hold(exec_service *svc) {
+  uint64_t deadline = common_now_ns() + STATUS_HOLD_NS;
+  while (status_may_wait(svc)) {
+    uint64_t now = common_now_ns();
+    if (now >= deadline) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* svc->wake runs on the realtime clock */
+    uint64_t ns = (uint64_t)ts.tv_nsec + (deadline - now);
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_cond_timedwait(&svc->wake, &svc->lock, &ts);
+  }
+}
+
 /* Sends every ended task waiting at the moment in one StatusUpdate call. */
 static void *status_main(void *arg) {
   exec_service *svc = arg;
   for (;;) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     while (!svc->done_head && !svc->stopping) pthread_cond_wait(&svc->wake, &svc->lock);
+    status_hold(svc);
     exec_task *batch = svc->done_head;
     svc->done_head = svc->done_tail = NULL;
     bool stopping = svc->stopping;
@@ -718,6 +746,14 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
       status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast address too long");
     else
       snprintf(app->broadcast_address, sizeof app->broadcast_address, "%s", req->broadcast_address);
+  }
+  for (size_t i = 0; i < req->n_forget_broadcasts; i++) rdd_shared_forget(app->ctx.shared, req->forget_broadcasts[i]);
+  for (size_t i = 0; status == FL_OK && i < req->n_broadcasts; i++) {
+    const Flint__InlineBroadcast *b = req->broadcasts[i];
+    if (b->id == 0 || b->id > UINT32_MAX)
+      status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast id %llu out of range", (unsigned long long)b->id);
+    else
+      status = rdd_shared_put_broadcast(app->ctx.shared, b->id, (fl_bytes){b->value.data, b->value.len});
   }
   for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
     rdd *r = rdd_plan_find(app->plan, req->levels[i]->rdd_id);

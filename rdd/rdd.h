@@ -422,6 +422,9 @@ FL_INTERNAL void rdd_shared_destroy(rdd_shared *s);
 FL_INTERNAL void rdd_shared_set_remote(rdd_shared *s,
                                        fl_status (*fetch)(void *arg, uint64_t id, fl_buf *out),
                                        void *arg);
+/* An executor's registry: keeps a broadcast that came with a task launch, so that no task
+ * fetches it. An id it has already keeps its value. */
+FL_INTERNAL fl_status rdd_shared_put_broadcast(rdd_shared *s, uint64_t id, fl_bytes value);
 /* An executor's registry: drops a fetched broadcast (the client destroyed it). */
 FL_INTERNAL void rdd_shared_forget(rdd_shared *s, uint64_t id);
 /* A client's registry, for its block server: lends bytes [offset, offset + len) of broadcast

@@ -131,6 +131,16 @@ void rdd_shared_forget(rdd_shared *s, uint64_t id) {
   entry_unref(e);
 }
 
+fl_status rdd_shared_put_broadcast(rdd_shared *s, uint64_t id, fl_bytes value) {
+  shared_entry *e = entry_new(ENTRY_BROADCAST);
+  if (!e || fl_buf_append(&e->value, value.data, value.len) != FL_OK) {
+    entry_unref(e);
+    return FL_ERR(FL_ENOMEM, "cannot keep broadcast %llu of %zu bytes", (unsigned long long)id, value.len);
+  }
+  shared_put_at(s, id, e); /* one it has already (fetched, or sent twice) stays */
+  return FL_OK;
+}
+
 void rdd_shared_set_remote(rdd_shared *s, fl_status (*fetch)(void *, uint64_t, fl_buf *),
                            void *arg) {
   s->fetch = fetch;

@@ -164,15 +164,16 @@ static void test_main_program_function_is_refused(void **state) {
   assert_no_children();
 }
 
-/* Executors fetch a broadcast from the client that made it: when they cannot reach it (here
- * its advertised host does not resolve, as if the client had gone), the task fails with a
- * message that names the broadcast and the address, and the context stays usable. */
+/* Executors fetch a large broadcast from the client that made it: when they cannot reach it
+ * (here its advertised host does not resolve, as if the client had gone), the task fails with
+ * a message that names the broadcast and the address, and the context stays usable. */
 static void test_unreachable_broadcast_owner(void **state) {
   (void)state;
   setenv("FLINT_CLIENT_HOST", "client-gone.invalid", 1);
   fl_context *ctx;
   assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
-  int64_t table[4] = {1, 2, 3, 4};
+  static int64_t table[16384]; /* 128 KiB: over what travels with a job */
+  for (size_t i = 0; i < 16384; i++) table[i] = (int64_t)i + 1;
   fl_broadcast *b;
   fl_status created = fl_broadcast_create(ctx, table, sizeof table, &b); /* reads the variable */
   unsetenv("FLINT_CLIENT_HOST");
@@ -198,6 +199,65 @@ static void test_unreachable_broadcast_owner(void **state) {
   fl_dataset_free(mapped);
   fl_dataset_free(range);
   fl_broadcast_destroy(b);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
+/* Sums x * table[(x * 7919) % n] over 0..99, as cp_broadcast_lookup maps each x. */
+static int64_t lookup_sum(const int64_t *table, size_t n) {
+  int64_t sum = 0;
+  for (int64_t x = 0; x < 100; x++) sum += x * table[(size_t)(x * 7919) % n];
+  return sum;
+}
+
+static int64_t job_lookup_sum(fl_dataset *range, fl_broadcast *b, size_t len) {
+  struct {
+    uint64_t id, len;
+  } args = {fl_broadcast_id(b), len};
+  fl_dataset *mapped;
+  assert_ok(fl_map(range, cp_broadcast_lookup, &args, sizeof args, &mapped));
+  fl_records *records = NULL;
+  assert_ok(fl_collect(mapped, &records));
+  int64_t sum = 0;
+  for (size_t i = 0; i < fl_records_count(records); i++) sum += fl_i64(fl_records_get(records, i));
+  fl_records_free(records);
+  fl_dataset_free(mapped);
+  return sum;
+}
+
+/* Small broadcasts travel with the jobs (client to driver with RunJob, driver to executors
+ * with LaunchTasks) until an application's live ones pass 4 MiB; the rest are fetched from
+ * the client. Both kinds give their values to tasks, also after others were destroyed (the
+ * executors forget those) and new ones made. */
+static void test_broadcasts_small_and_large(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+  fl_dataset *range;
+  assert_ok(fl_range(ctx, 0, 100, 1, 4, &range));
+  enum { N = 70, LEN = 8192 }; /* 70 x 64 KiB: the last few go over 4 MiB */
+  static int64_t tables[N + 2][LEN];
+  fl_broadcast *b[N + 2];
+  for (int k = 0; k < N; k++) {
+    for (size_t i = 0; i < LEN; i++) tables[k][i] = k * 100000 + (int64_t)i;
+    assert_ok(fl_broadcast_create(ctx, tables[k], sizeof tables[k], &b[k]));
+  }
+  static const int probe[] = {0, 1, 33, 63, 64, 68, 69};
+  for (size_t p = 0; p < sizeof probe / sizeof *probe; p++) {
+    int k = probe[p];
+    assert_int_equal(job_lookup_sum(range, b[k], sizeof tables[k]), lookup_sum(tables[k], LEN));
+  }
+  /* Destroyed ones are dropped everywhere; new ones, small and one of 16 bytes, still arrive. */
+  for (int k = 0; k < N - 1; k++) fl_broadcast_destroy(b[k]);
+  for (size_t i = 0; i < LEN; i++) tables[N][i] = -(int64_t)i;
+  int64_t tiny[2] = {5, 7};
+  assert_ok(fl_broadcast_create(ctx, tables[N], sizeof tables[N], &b[N]));
+  assert_ok(fl_broadcast_create(ctx, tiny, sizeof tiny, &b[N + 1]));
+  assert_int_equal(job_lookup_sum(range, b[N], sizeof tables[N]), lookup_sum(tables[N], LEN));
+  assert_int_equal(job_lookup_sum(range, b[N + 1], sizeof tiny), lookup_sum(tiny, 2));
+  assert_int_equal(job_lookup_sum(range, b[N - 1], sizeof tables[N - 1]), lookup_sum(tables[N - 1], LEN));
+  for (int k = N - 1; k < N + 2; k++) fl_broadcast_destroy(b[k]);
+  fl_dataset_free(range);
   fl_context_close(ctx);
   assert_no_children();
 }
@@ -534,6 +594,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_main_program_function_is_refused, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_bad_masters_fail_fast, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_unreachable_broadcast_owner, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_broadcasts_small_and_large, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_checkpoint, arm_watchdog, disarm_watchdog),

@@ -632,6 +632,21 @@ static void test_malformed_messages(void **state) {
   run.rdd_id = 424242;
   expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_EPROTO, "unknown dataset",
                  "RunJob of an unknown dataset");
+  /* Small broadcasts come with RunJob: a bad id or one over the size that travels with a job
+   * is refused with a message that says which. */
+  static uint8_t bcast_bytes[(64 << 10) + 1];
+  Flint__InlineBroadcast ib = FLINT__INLINE_BROADCAST__INIT, *ibs[1] = {&ib};
+  run.n_broadcasts = 1;
+  run.broadcasts = ibs;
+  ib.value = (ProtobufCBinaryData){16, bcast_bytes};
+  expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_EPROTO, "broadcast id 0 out of range",
+                 "an inline broadcast of id 0");
+  ib.id = 3;
+  ib.value = (ProtobufCBinaryData){sizeof bcast_bytes, bcast_bytes};
+  expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_EPROTO, "broadcast 3 has 65537 bytes",
+                 "an inline broadcast over 64 KiB");
+  run.n_broadcasts = 0;
+  run.broadcasts = NULL;
   Flint__FetchResultRequest fetch = FLINT__FETCH_RESULT_REQUEST__INIT;
   fetch.app_id = app_id;
   fetch.operation_id = 77;
