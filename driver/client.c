@@ -59,7 +59,7 @@ typedef struct remote_context {
   size_t num_released, cap_released;
   library_ref *libraries;
   size_t num_libraries;
-  uint64_t jobs_run, jobs_failed;
+  uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, task_ns; /* fl_context_stats */
   atomic_uint_fast64_t next_operation; /* RunJob's operation ids, from 1 */
   /* Small broadcasts (BROADCAST_INLINE_MAX), which go with each RunJob until one succeeds
    * (`sent`); once offered, the driver may have one, so its destruction is told too. */
@@ -489,6 +489,11 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
       st = FL_ERR(FL_EPROTO, "RunJob: malformed reply from the driver");
     } else {
       st = take_results(c, req.operation_id, rep, num_parts, results);
+      FL_PCHECK(pthread_mutex_lock(&c->lock));
+      c->tasks_run += rep->attempts;
+      c->tasks_failed += rep->attempts_failed;
+      c->task_ns += rep->task_ns;
+      FL_PCHECK(pthread_mutex_unlock(&c->lock));
       for (size_t i = 0; reports && i < rep->n_barrier_reports; i++)
         deliver_report(r, (fl_bytes){rep->barrier_reports[i].data, rep->barrier_reports[i].len});
       for (size_t i = 0; i < rep->n_acc_updates; i++) {
@@ -969,6 +974,9 @@ static fl_status remote_stats(fl_context *ctx, fl_context_stats *out) {
   FL_PCHECK(pthread_mutex_lock(&c->lock));
   out->jobs_run = c->jobs_run;
   out->jobs_failed = c->jobs_failed;
+  out->tasks_run = c->tasks_run;
+  out->tasks_failed = c->tasks_failed;
+  out->task_seconds = (double)c->task_ns * 1e-9;
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   return FL_OK;
 }

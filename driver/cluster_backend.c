@@ -581,6 +581,8 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   known_ctx known = {e, app->id};
   Flint__TaskDescription *descs = common_calloc(n, sizeof *descs);
   Flint__TaskDescription **desc_ptrs = common_calloc(n, sizeof *desc_ptrs);
+  ProtobufCBinaryData *actions = common_calloc(n, sizeof *actions); /* one per job in the batch */
+  size_t num_actions = 0;
   Flint__Level *levels = NULL, **level_ptrs = NULL;
   Flint__ShuffleLocations *shuffles = NULL, **shuffle_ptrs = NULL;
   Flint__MapLocation **map_items = NULL;
@@ -590,7 +592,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   Flint__InlineBroadcast **ship = NULL;
   uint64_t *forget = NULL;
   size_t num_ship = 0, num_forget = 0;
-  if (!descs || !desc_ptrs) {
+  if (!descs || !desc_ptrs || !actions) {
     status = FL_ERR(FL_ENOMEM, "out of memory");
     goto cleanup;
   }
@@ -683,8 +685,10 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
       d->shuffle_id = t->stage->dep->shuffle_id;
     } else {
       const driver_action *a = (const driver_action *)t->stage->action;
-      d->action.data = (uint8_t *)a->encoded.data;
-      d->action.len = a->encoded.len;
+      size_t k = 0;
+      while (k < num_actions && actions[k].data != a->encoded.data) k++;
+      if (k == num_actions) actions[num_actions++] = (ProtobufCBinaryData){a->encoded.len, (uint8_t *)a->encoded.data};
+      d->action_index = (uint32_t)k + 1;
     }
     desc_ptrs[i] = d;
   }
@@ -705,6 +709,8 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.broadcasts = ship;
   req.n_forget_broadcasts = num_forget;
   req.forget_broadcasts = forget;
+  req.n_actions = num_actions;
+  req.actions = actions;
   status = proto_pack(&req.base, out);
 cleanup:
   if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */
@@ -728,6 +734,7 @@ cleanup:
   common_free(level_ptrs);
   common_free(descs);
   common_free(desc_ptrs);
+  common_free(actions);
   common_free(lineage.seen);
   common_free(stage_part.seen);
   fl_buf_free(&plan);
@@ -926,6 +933,7 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body) {
     executor_ref *e = t->placement;
     bool known_status = s->status >= 0 && s->status <= FL_EPROTO;
     t->rt.status = known_status ? (fl_status)s->status : FL_EINTERNAL;
+    t->rt.run_ns = s->run_ns;
     if (t->rt.status != FL_OK) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s (on executor %llu)", s->error && *s->error ? s->error : fl_strerror(t->rt.status),

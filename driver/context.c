@@ -196,6 +196,7 @@ static fl_status local_stats(fl_context *ctx, fl_context_stats *out) {
   out->jobs_failed = ss.jobs_failed;
   out->tasks_run = ss.tasks_run;
   out->tasks_failed = ss.tasks_failed;
+  out->task_seconds = (double)ss.task_ns * 1e-9;
   out->blocks_evicted = bs.evictions;
   out->memory_used = bs.memory_used;
   return FL_OK;

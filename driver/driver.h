@@ -110,6 +110,7 @@ FL_INTERNAL fl_status local_backend_create(scheduler *sched, uint32_t threads, b
 /* ---- scheduler ------------------------------------------------------------------------- */
 typedef struct scheduler_stats {
   uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated;
+  uint64_t task_ns; /* every attempt's run time, summed */
 } scheduler_stats;
 
 /* Speculation (Spark's settings): once `quantile` of a stage's tasks succeeded, a task
@@ -134,8 +135,15 @@ FL_INTERNAL void scheduler_destroy(scheduler *s);
  * application); tag: one job, or a few, within the group (a client's operation id).
  * abandoned: when it becomes true while the job runs, the job is cancelled (its caller went
  * away); may be NULL. */
+/* What a job's attempts did, counted as they end (every attempt, backups included). */
+typedef struct sched_job_stats {
+  uint64_t attempts, attempts_failed;
+  uint64_t task_ns; /* the attempts' run time, summed (rdd_task.run_ns) */
+} sched_job_stats;
+
 typedef struct sched_job_opts {
   uint64_t group, tag;
+  sched_job_stats *stats; /* when not NULL: receives the job's when it ends */
   const atomic_bool *abandoned;
   /* Reports of barrier tasks (fl_barrier_report): on_report, when set, is called on the
    * caller's thread while the job runs and before scheduler_run_job returns, in the order
@@ -212,6 +220,7 @@ struct sched_job {
   uint32_t running;   /* attempts launched and not ended */
   sched_task *copies; /* backups made for its tasks */
   uint64_t group, tag; /* sched_job_opts */
+  sched_job_stats stats;
   sched_job *active_prev, *active_next; /* the scheduler's running jobs */
   atomic_bool cancelled;
   fl_status status;
@@ -234,7 +243,7 @@ struct scheduler {
   sched_stage *gangs_head;                 /* barrier stages waiting for slots, in order */
   struct barrier_table *barriers;          /* barrier stages' rendezvous (any thread) */
   atomic_uint_fast64_t next_job_id;
-  _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated;
+  _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
 };
 
 /* DAG scheduler: cuts a submitted job into stages and submits those that can run. */

@@ -228,6 +228,7 @@ fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_
     rdd_batch_free(&left);
   }
 
+  if (opts && opts->stats) *opts->stats = job.stats;
   fl_status status = job.status;
   if (status != FL_OK) fl_set_error(status, "%s", job.error ? job.error : fl_strerror(status));
   for (uint32_t i = 0; i < num_parts; i++) fl_buf_free(&job.tasks[i].result);
@@ -252,4 +253,5 @@ void scheduler_stats_get(scheduler *s, scheduler_stats *out) {
   out->tasks_run = atomic_load(&s->tasks_run);
   out->tasks_failed = atomic_load(&s->tasks_failed);
   out->tasks_speculated = atomic_load(&s->tasks_speculated);
+  out->task_ns = atomic_load(&s->task_ns);
 }

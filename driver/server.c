@@ -588,8 +588,9 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
   }
   job_note(d, app->id, 0, (uint32_t)req->n_partitions, true, FL_OK, NULL);
   /* The client's going away (its connection drops) cancels the job, as does CancelJobs. */
+  sched_job_stats job_stats = {0};
   sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = call->cancelled,
-                         .reports_left = &reports_left};
+                         .reports_left = &reports_left, .stats = &job_stats};
   status = scheduler_run_job(d->sched, r, req->partitions, (uint32_t)req->n_partitions,
                              &action.action, &opts, results);
   job_note(d, app->id, 0, (uint32_t)req->n_partitions, false, status, status ? fl_last_error() : NULL);
@@ -650,6 +651,9 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
     }
     reply.n_acc_updates = n_accs;
     reply.acc_updates = acc_ptrs;
+    reply.attempts = job_stats.attempts;
+    reply.attempts_failed = job_stats.attempts_failed;
+    reply.task_ns = job_stats.task_ns;
     if (reports_left.count && (report_bins = common_calloc(reports_left.count, sizeof *report_bins))) {
       rdd_cursor rc = {reports_left.buf.data, reports_left.buf.data + reports_left.buf.len};
       fl_bytes rec;

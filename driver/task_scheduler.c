@@ -262,6 +262,10 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   sched_task *task = t->original ? t->original : t; /* the task this attempt ran */
   sched_task *other = t->original ? t->original : t->backup;
   t->running = false;
+  job->stats.attempts++;
+  job->stats.attempts_failed += t->rt.status != FL_OK;
+  job->stats.task_ns += t->rt.run_ns;
+  atomic_fetch_add(&s->task_ns, t->rt.run_ns);
   bool other_running = other && other->running;
   /* The other attempt won already: nothing of this one counts (results, accumulators). */
   if (task->done && t->rt.status == FL_OK) t->rt.status = FL_ECANCELLED;

@@ -669,6 +669,7 @@ static void *status_main(void *arg) {
         s->fetch_failed = t->rt.fetch_failed;
         s->fetch_shuffle_id = t->rt.fetch_shuffle_id;
         s->fetch_map = t->rt.fetch_map;
+        s->run_ns = t->rt.run_ns;
         if (t->result.len > INLINE_RESULT_MAX) {
           result_block *rb = common_calloc(1, sizeof *rb);
           if (rb) {
@@ -818,6 +819,11 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     }
     t->app = app;
     t->key = d->task_key;
+    if (d->shuffle_id == 0 && (d->action_index == 0 || d->action_index > req->n_actions)) {
+      status = FL_ERR(FL_EPROTO, "task %llu: action %u of a batch of %zu", (unsigned long long)d->task_key,
+                      d->action_index, req->n_actions);
+      break;
+    }
     t->rdd = rdd_plan_find(app->plan, d->rdd_id);
     if (!t->rdd) {
       status = FL_ERR(FL_EPROTO, "task %llu: unknown dataset %llu", (unsigned long long)d->task_key,
@@ -831,7 +837,8 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
       break;
     }
     if (d->shuffle_id == 0) { /* a result task (an encoded action may be empty: count) */
-      status = rdd_action_decode(app->plan, (fl_bytes){d->action.data, d->action.len}, &t->action);
+      const ProtobufCBinaryData *a = &req->actions[d->action_index - 1];
+      status = rdd_action_decode(app->plan, (fl_bytes){a->data, a->len}, &t->action);
       t->owns_action = status == FL_OK;
     } else {
       const rdd_shuffle_dep *dep = rdd_plan_find_shuffle(app->plan, d->shuffle_id);

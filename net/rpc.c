@@ -43,6 +43,7 @@
 /* While stopping, how often the queue's thread looks whether the last call is gone (a call
  * freed on a handler thread posts no event). */
 #define RPC_STOP_POLL_MS 20
+#define RPC_STREAM_WINDOW (8 << 20) /* bytes a stream may have in flight (HTTP/2 flow control) */
 
 /* ---- status mapping -------------------------------------------------------------------- */
 
@@ -489,6 +490,9 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
       /* Accept the clients' keepalive pings (every 30 s during a call, see the channel). */
       {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, {.integer = 10000}},
       {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
+      /* A window that takes a job's launch or results (hundreds of KiB) in one flight:
+       * gRPC's default of 64 KiB made such a message wait out several window updates. */
+      {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, {.integer = RPC_STREAM_WINDOW}},
   };
   grpc_channel_args channel_args = {sizeof args / sizeof args[0], args};
   s->server = grpc_server_create(&channel_args, NULL);
@@ -562,6 +566,9 @@ fl_status rpc_channel_create(const char *target, const char *secret, size_t max_
       {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = (int)c->max_message}},
       /* Callers decide about retrying; gRPC's retries would also buffer every request. */
       {GRPC_ARG_INTEGER, GRPC_ARG_ENABLE_RETRIES, {.integer = 0}},
+      /* A window that takes a job's launch or results (hundreds of KiB) in one flight:
+       * gRPC's default of 64 KiB made such a message wait out several window updates. */
+      {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, {.integer = RPC_STREAM_WINDOW}},
       /* A restarted peer is found again within seconds, not gRPC's default of minutes. */
       {GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 200}},
       {GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 200}},

@@ -282,6 +282,7 @@ struct rdd_task {
   uint64_t fetch_shuffle_id;
   uint32_t fetch_map;
   rdd_barrier_info barrier; /* set for the tasks of a barrier stage (not by rdd_task_clear) */
+  uint64_t run_ns;          /* how long rdd_task_run ran (Spark's executor run time) */
 };
 
 /* Computes `action` over partition `partition` of r into *result. On failure returns the

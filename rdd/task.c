@@ -39,6 +39,7 @@ void rdd_task_clear(rdd_task *task) {
   task->acc_updates = NULL;
   task->num_acc_updates = task->cap_acc_updates = 0;
   task->fetch_failed = false;
+  task->run_ns = 0;
 }
 
 static void close_iterators(rdd_task *task) {
@@ -235,6 +236,7 @@ static fl_status run_save_text(rdd_task *task, fl_iter *in, const char *dir) {
 fl_status rdd_task_run(rdd_task *task, rdd *r, const rdd_action *action, fl_buf *result) {
   rdd_task *outer = current_task;
   current_task = task;
+  uint64_t start = common_now_ns();
   result->len = 0;
   fl_iter *in = NULL;
   fl_status status = rdd_task_cancelled(task) ? cancelled(task)
@@ -253,6 +255,7 @@ fl_status rdd_task_run(rdd_task *task, rdd *r, const rdd_action *action, fl_buf 
   if (status != FL_OK) rdd_task_fail(task, status);
   close_iterators(task);
   current_task = outer;
+  task->run_ns = common_now_ns() - start;
   if (task->status != FL_OK) {
     result->len = 0;
     return task->status;

@@ -18,6 +18,7 @@ fl_status cp_times(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
 fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_slow_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg);
 typedef struct cp_slow_once_arg {
   uint64_t accumulator;
@@ -539,6 +540,41 @@ static void test_idle_executor_backs_up_queued_tasks(void **state) {
   rmdir(dir);
 }
 
+/* fl_context_stats counts a job's attempts and the time they ran, in local mode and through
+ * the driver alike: 6 tasks of at least 50 ms each run at least 0.3 s between them, and the
+ * engine's time around them is not counted. */
+static void test_task_time_stats(void **state) {
+  (void)state;
+  const char *masters[] = {"local[2]", CLUSTER};
+  for (int m = 0; m < 2; m++) {
+    fl_context *ctx;
+    assert_ok(fl_context_open(masters[m], NULL, &ctx));
+    fl_dataset *ds, *slow;
+    int64_t ms = 50;
+    assert_ok(fl_range(ctx, 0, 60, 1, 6, &ds));
+    assert_ok(fl_map_partitions(ds, cp_slow_partition, &ms, sizeof ms, &slow));
+    fl_context_stats before, after;
+    assert_ok(fl_context_stats_get(ctx, &before));
+    double t0 = now_s();
+    uint64_t n = 0;
+    assert_ok(fl_count(slow, &n));
+    double took = now_s() - t0;
+    assert_ok(fl_context_stats_get(ctx, &after));
+    double ran = after.task_seconds - before.task_seconds;
+    fprintf(stderr, "%s: 6 tasks of 50 ms ran %.3f s in a job of %.3f s\n", masters[m], ran, took);
+    assert_int_equal(n, 60);
+    assert_int_equal(after.jobs_run - before.jobs_run, 1);
+    assert_int_equal(after.tasks_run - before.tasks_run, 6);
+    assert_int_equal(after.tasks_failed, before.tasks_failed);
+    assert_true(ran >= 0.3);
+    assert_true(ran <= 2 * took); /* two task threads at most */
+    fl_dataset_free(slow);
+    fl_dataset_free(ds);
+    fl_context_close(ctx);
+  }
+  assert_no_children();
+}
+
 /* Speculation: one task sleeps 8 s; once half the tasks are done, slow ones get a backup on
  * the other executor, the first success counts and the job ends long before the sleep
  * would. The accumulator counts every record exactly once. */
@@ -601,6 +637,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cancel_jobs, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_task_time_stats, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_speculation, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_idle_executor_backs_up_queued_tasks, arm_watchdog, disarm_watchdog),
   };

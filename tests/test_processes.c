@@ -699,6 +699,33 @@ static void test_malformed_messages(void **state) {
   free(big);
   fprintf(stderr, "100 MiB refused twice in %.1f s\n", now_s() - t0);
 
+  /* The executor refuses a launch whose result task names an action the batch lacks, and
+   * starts nothing of it. */
+  Flint__StatusReply *listed = driver_status(c);
+  assert_int_equal(listed->n_executors, 1);
+  rpc_channel *exec;
+  assert_true(num_channels < MAX_CHANNELS);
+  assert_ok(rpc_channel_create(listed->executors[0]->address, NULL, 0, &exec));
+  channels[num_channels++] = exec;
+  flint__status_reply__free_unpacked(listed, NULL);
+  Flint__TaskDescription task = FLINT__TASK_DESCRIPTION__INIT, *tasks[1] = {&task};
+  task.task_key = 9;
+  task.rdd_id = 1;
+  task.action_index = 2;
+  static uint8_t empty_action[1];
+  ProtobufCBinaryData actions[1] = {{0, empty_action}};
+  Flint__LaunchTasksRequest launch = FLINT__LAUNCH_TASKS_REQUEST__INIT;
+  launch.app_id = 777;
+  launch.n_tasks = 1;
+  launch.tasks = tasks;
+  launch.n_actions = 1;
+  launch.actions = actions;
+  expect_failure(call_msg(exec, "/flint.Executor/LaunchTasks", &launch.base, &reply), FL_EPROTO,
+                 "task 9: action 2 of a batch of 1", "a task naming a missing action");
+  task.action_index = 0;
+  expect_failure(call_msg(exec, "/flint.Executor/LaunchTasks", &launch.base, &reply), FL_EPROTO,
+                 "task 9: action 0 of a batch of 1", "a result task without an action");
+
   /* After all of that the driver is alive, answers, and runs a job. */
   expect_running(driver);
   Flint__StatusReply *status = driver_status(c);

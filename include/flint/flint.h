@@ -206,7 +206,13 @@ FL_API fl_status fl_cancel_jobs(fl_context *ctx);
 
 typedef struct fl_context_stats {
   uint64_t jobs_run, jobs_failed;
-  uint64_t tasks_run, tasks_failed; /* every attempt counts in tasks_run */
+  /* Every attempt counts in tasks_run. Through a driver (flint://, local-cluster) these and
+   * task_seconds count the attempts of the jobs that succeeded. */
+  uint64_t tasks_run, tasks_failed;
+  /* The attempts' time in their functions (reading input, computing, writing output), summed
+   * over attempts: Spark's executor run time. What a job took beyond it, over the cores, is
+   * the engine's: scheduling, messages, results. */
+  double task_seconds;
   uint64_t blocks_evicted;          /* cached partitions dropped or spilled for memory */
   uint64_t memory_used;             /* bytes of cached blocks in memory now */
 } fl_context_stats;
