@@ -147,7 +147,61 @@ struct device_ops {
   fl_status (*sgd_step)(fl_device *dev, size_t n, float lr, float momentum,
                         float weight_decay, bool nesterov, const float *grad, float *velocity,
                         float *w);
+
+  /* ---- transformer operations (tensor and pipeline parallelism) ---- */
+
+  /* C_i = alpha * op(A_i) * op(B_i) + beta * C_i for i < batch, where X_i = x + i * stride_x
+   * (strides in elements): attention's per-(sample, head) products in one call. */
+  fl_status (*gemm_batched)(fl_device *dev, bool trans_a, bool trans_b, int m, int n, int k,
+                            float alpha, const float *a, int lda, size_t stride_a,
+                            const float *b, int ldb, size_t stride_b, float beta, float *c,
+                            int ldc, size_t stride_c, int batch);
+  /* GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+   * Backward overwrites dx = dy * gelu'(x) (x is the forward's input). */
+  fl_status (*gelu_forward)(fl_device *dev, size_t n, const float *x, float *y);
+  fl_status (*gelu_backward)(fl_device *dev, size_t n, const float *x, const float *dy,
+                             float *dx);
+  /* Row softmax of scale * x over x [rows, cols]. Backward (y is the forward's output):
+   * dx = scale * y * (dy - sum_j dy_j y_j), overwritten. */
+  fl_status (*softmax_rows_forward)(fl_device *dev, int rows, int cols, float scale,
+                                    const float *x, float *y);
+  fl_status (*softmax_rows_backward)(fl_device *dev, int rows, int cols, float scale,
+                                     const float *y, const float *dy, float *dx);
+  /* Inverted dropout with a keyed mask, so that the mask of an element does not depend on
+   * how the tensor is split (tensor parallel shards, micro-batches, data-parallel ranks):
+   * x is [outer, inner, cols]; element (i, j, k) has the global index
+   *   g = ((outer0 + i) * inner_total + inner0 + j) * cols + k
+   * and is kept when dropout_keep(seed, g, p) (below), then scaled by 1 / (1 - p), else 0.
+   * y may alias x. Backward applies the same mask and scale to dy (dx may alias dy). */
+  fl_status (*dropout_forward)(fl_device *dev, int outer, int inner, int cols, int64_t outer0,
+                               int64_t inner0, int64_t inner_total, float p, uint64_t seed,
+                               const float *x, float *y);
+  fl_status (*dropout_backward)(fl_device *dev, int outer, int inner, int cols, int64_t outer0,
+                                int64_t inner0, int64_t inner_total, float p, uint64_t seed,
+                                const float *dy, float *dx);
+  /* Mean over tokens: x [n, s, h] -> y [n, h]; backward dx[n, s, h] = dy[n, h] / s. */
+  fl_status (*mean_tokens_forward)(fl_device *dev, int n, int s, int h, const float *x,
+                                   float *y);
+  fl_status (*mean_tokens_backward)(fl_device *dev, int n, int s, int h, const float *dy,
+                                    float *dx);
 };
+
+/* The dropout mask (both devices use this exact function; the cuda kernels include this
+ * header): splitmix64 of seed ^ g, whose top 24 bits as a uniform in [0, 1) must be >= p. */
+#ifdef __CUDACC__
+#define DEVICE_SHARED_FN __host__ __device__ static inline
+#else
+#define DEVICE_SHARED_FN static inline
+#endif
+DEVICE_SHARED_FN uint64_t dropout_mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+DEVICE_SHARED_FN bool dropout_keep(uint64_t seed, uint64_t g, float p) {
+  return (float)(dropout_mix(seed ^ (g * 0xd1b54a32d192ed03ull)) >> 40) * (1.0f / 16777216.0f) >= p;
+}
 
 /* The backends. cuda_device_init returns FL_EDEVICE when flint was built without CUDA. */
 fl_status cpu_device_init(fl_device *dev);
