@@ -13,6 +13,7 @@
  * opened it (a rank's thread), and the CUDA current device is per thread: every operation
  * starts with cudaSetDevice.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -392,6 +393,97 @@ static fl_status cuda_sgd_step(fl_device *dev, size_t n, float lr, float momentu
                                           nesterov, grad, velocity, w));
 }
 
+/* ---- transformer operations ------------------------------------------------------------ */
+
+static fl_status cuda_gemm_batched(fl_device *dev, bool trans_a, bool trans_b, int m, int n,
+                                   int k, float alpha, const float *a, int lda,
+                                   size_t stride_a, const float *b, int ldb, size_t stride_b,
+                                   float beta, float *c, int ldc, size_t stride_c, int batch) {
+  fl_status status = FL_OK;
+  ENTER(dev);
+  /* The leading dimensions are checked here, not left to cuBLAS: its INVALID_VALUE would
+   * fail the device for what is the caller's mistake. */
+  REQUIRE(m >= 0 && n >= 0 && k >= 0 && batch >= 0 && lda >= 1 && ldb >= 1 && ldc >= 1 &&
+              lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n &&
+              stride_a <= (size_t)LLONG_MAX && stride_b <= (size_t)LLONG_MAX &&
+              stride_c <= (size_t)LLONG_MAX,
+          "gemm_batched");
+  if (m == 0 || n == 0 || batch == 0) return FL_OK;
+  /* Row-major as cuda_gemm does it (C^T = op(B)^T op(A)^T), batch by batch. */
+  CUBLAS_CHECK(&impl->es,
+               cublasSgemmStridedBatched(impl->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+                                         b, ldb, (long long)stride_b, a, lda,
+                                         (long long)stride_a, &beta, c, ldc,
+                                         (long long)stride_c, batch));
+cleanup:
+  return status;
+}
+
+static fl_status cuda_gelu_forward(fl_device *dev, size_t n, const float *x, float *y) {
+  ENTER(dev);
+  CUDA_RETURN(&impl->es, kernels_gelu_forward(impl->stream, n, x, y));
+}
+
+static fl_status cuda_gelu_backward(fl_device *dev, size_t n, const float *x, const float *dy,
+                                    float *dx) {
+  ENTER(dev);
+  CUDA_RETURN(&impl->es, kernels_gelu_backward(impl->stream, n, x, dy, dx));
+}
+
+static fl_status cuda_softmax_rows_forward(fl_device *dev, int rows, int cols, float scale,
+                                           const float *x, float *y) {
+  ENTER(dev);
+  REQUIRE(rows >= 0 && cols >= 0, "softmax_rows_forward");
+  CUDA_RETURN(&impl->es, kernels_softmax_rows_forward(impl->stream, rows, cols, scale, x, y));
+}
+
+static fl_status cuda_softmax_rows_backward(fl_device *dev, int rows, int cols, float scale,
+                                            const float *y, const float *dy, float *dx) {
+  ENTER(dev);
+  REQUIRE(rows >= 0 && cols >= 0, "softmax_rows_backward");
+  CUDA_RETURN(&impl->es,
+              kernels_softmax_rows_backward(impl->stream, rows, cols, scale, y, dy, dx));
+}
+
+#define REQUIRE_DROPOUT(op)                                                                  \
+  REQUIRE(outer >= 0 && inner >= 0 && cols >= 0 && outer0 >= 0 && inner0 >= 0 &&             \
+              inner0 + inner <= inner_total && p >= 0.0f && p <= 1.0f,                        \
+          op)
+
+static fl_status cuda_dropout_forward(fl_device *dev, int outer, int inner, int cols,
+                                      int64_t outer0, int64_t inner0, int64_t inner_total,
+                                      float p, uint64_t seed, const float *x, float *y) {
+  ENTER(dev);
+  REQUIRE_DROPOUT("dropout_forward");
+  CUDA_RETURN(&impl->es, kernels_dropout(impl->stream, outer, inner, cols, outer0, inner0,
+                                         inner_total, p, seed, x, y));
+}
+
+static fl_status cuda_dropout_backward(fl_device *dev, int outer, int inner, int cols,
+                                       int64_t outer0, int64_t inner0, int64_t inner_total,
+                                       float p, uint64_t seed, const float *dy, float *dx) {
+  ENTER(dev);
+  REQUIRE_DROPOUT("dropout_backward");
+  CUDA_RETURN(&impl->es, kernels_dropout(impl->stream, outer, inner, cols, outer0, inner0,
+                                         inner_total, p, seed, dy, dx));
+}
+
+static fl_status cuda_mean_tokens_forward(fl_device *dev, int n, int s, int h, const float *x,
+                                          float *y) {
+  ENTER(dev);
+  /* No tokens has no mean (unless there is no output either). */
+  REQUIRE(n >= 0 && s >= 0 && h >= 0 && (s > 0 || (size_t)n * h == 0), "mean_tokens_forward");
+  CUDA_RETURN(&impl->es, kernels_mean_tokens_forward(impl->stream, n, s, h, x, y));
+}
+
+static fl_status cuda_mean_tokens_backward(fl_device *dev, int n, int s, int h,
+                                           const float *dy, float *dx) {
+  ENTER(dev);
+  REQUIRE(n >= 0 && s >= 0 && h >= 0, "mean_tokens_backward");
+  CUDA_RETURN(&impl->es, kernels_mean_tokens_backward(impl->stream, n, s, h, dy, dx));
+}
+
 static const device_ops cuda_ops = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -426,6 +518,15 @@ static const device_ops cuda_ops = {
     .batchnorm_forward = cuda_batchnorm_forward,
     .batchnorm_backward = cuda_batchnorm_backward,
     .sgd_step = cuda_sgd_step,
+    .gemm_batched = cuda_gemm_batched,
+    .gelu_forward = cuda_gelu_forward,
+    .gelu_backward = cuda_gelu_backward,
+    .softmax_rows_forward = cuda_softmax_rows_forward,
+    .softmax_rows_backward = cuda_softmax_rows_backward,
+    .dropout_forward = cuda_dropout_forward,
+    .dropout_backward = cuda_dropout_backward,
+    .mean_tokens_forward = cuda_mean_tokens_forward,
+    .mean_tokens_backward = cuda_mean_tokens_backward,
 };
 
 /* ---- opening ----------------------------------------------------------------------------- */

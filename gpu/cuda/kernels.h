@@ -78,6 +78,24 @@ cudaError_t kernels_sgd_step(cudaStream_t s, size_t n, float lr, float momentum,
                              float weight_decay, bool nesterov, const float *grad,
                              float *velocity, float *w);
 
+/* Transformer operations. The mean over tokens calls its token count `tokens` (the slot's s),
+ * since `s` is the stream here. */
+cudaError_t kernels_gelu_forward(cudaStream_t s, size_t n, const float *x, float *y);
+cudaError_t kernels_gelu_backward(cudaStream_t s, size_t n, const float *x, const float *dy,
+                                  float *dx);
+cudaError_t kernels_softmax_rows_forward(cudaStream_t s, int rows, int cols, float scale,
+                                         const float *x, float *y);
+cudaError_t kernels_softmax_rows_backward(cudaStream_t s, int rows, int cols, float scale,
+                                          const float *y, const float *dy, float *dx);
+/* Serves dropout_forward (x, y) and dropout_backward (dy, dx): the same mask and scale. */
+cudaError_t kernels_dropout(cudaStream_t s, int outer, int inner, int cols, int64_t outer0,
+                            int64_t inner0, int64_t inner_total, float p, uint64_t seed,
+                            const float *x, float *y);
+cudaError_t kernels_mean_tokens_forward(cudaStream_t s, int n, int tokens, int h,
+                                        const float *x, float *y);
+cudaError_t kernels_mean_tokens_backward(cudaStream_t s, int n, int tokens, int h,
+                                         const float *dy, float *dx);
+
 #ifdef __cplusplus
 }
 #endif
