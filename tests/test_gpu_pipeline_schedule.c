@@ -142,36 +142,37 @@ static void test_ops_bad_arguments(void **state) {
   assert_true(isnan(pp_bubble_theory((pp_schedule)5, 4, 4, 1)));
 }
 
+/* Device `rank`'s list is exactly `want`. */
+static void expect_order(pp_schedule s, int p, int m, int v, int rank, const pp_op *want,
+                         size_t count) {
+  size_t n;
+  pp_op *ops = ops_of(s, p, m, v, rank, &n);
+  assert_int_equal(n, count);
+  expect_same_ops(ops, want, n);
+  free(ops);
+}
+
 /* The hand-checked orders of small cases, as a reader of the papers would write them. */
 static void test_small_orders_by_hand(void **state) {
   (void)state;
-  size_t n;
   /* GPipe, 2 micro-batches: F0 F1 B0 B1 on every device. */
-  pp_op *ops = ops_of(PP_GPIPE, 2, 2, 1, 1, &n);
-  pp_op gpipe[] = {{PP_FORWARD, 0, 0}, {PP_FORWARD, 1, 0}, {PP_BACKWARD, 0, 0}, {PP_BACKWARD, 1, 0}};
-  assert_int_equal(n, 4);
-  expect_same_ops(ops, gpipe, n);
-  free(ops);
+  const pp_op gpipe[] = {{PP_FORWARD, 0, 0}, {PP_FORWARD, 1, 0}, {PP_BACKWARD, 0, 0},
+                         {PP_BACKWARD, 1, 0}};
+  expect_order(PP_GPIPE, 2, 2, 1, 1, gpipe, 4);
   /* 1F1B, p = 4, m = 6, device 1: two warm-up forwards, then F2 B0 F3 B1 F4 B2 F5 B3, B4 B5. */
-  ops = ops_of(PP_1F1B, 4, 6, 1, 1, &n);
-  pp_op one_f_one_b[] = {{PP_FORWARD, 0, 0},  {PP_FORWARD, 1, 0},  {PP_FORWARD, 2, 0},
-                         {PP_BACKWARD, 0, 0}, {PP_FORWARD, 3, 0},  {PP_BACKWARD, 1, 0},
-                         {PP_FORWARD, 4, 0},  {PP_BACKWARD, 2, 0}, {PP_FORWARD, 5, 0},
-                         {PP_BACKWARD, 3, 0}, {PP_BACKWARD, 4, 0}, {PP_BACKWARD, 5, 0}};
-  assert_int_equal(n, 12);
-  expect_same_ops(ops, one_f_one_b, n);
-  free(ops);
+  const pp_op one_f_one_b[] = {{PP_FORWARD, 0, 0},  {PP_FORWARD, 1, 0},  {PP_FORWARD, 2, 0},
+                               {PP_BACKWARD, 0, 0}, {PP_FORWARD, 3, 0},  {PP_BACKWARD, 1, 0},
+                               {PP_FORWARD, 4, 0},  {PP_BACKWARD, 2, 0}, {PP_FORWARD, 5, 0},
+                               {PP_BACKWARD, 3, 0}, {PP_BACKWARD, 4, 0}, {PP_BACKWARD, 5, 0}};
+  expect_order(PP_1F1B, 4, 6, 1, 1, one_f_one_b, 12);
   /* Interleaved, p = 2, m = 3, v = 2, device 0: Megatron's order for m = 4 (warm-up
    * 2 + 2 = 4) without micro-batch 3: F(0,c0) F(1,c0) F(0,c1) F(1,c1) | F(2,c0) B(0,c1)
    * [F(3,c0) dropped] B(1,c1) F(2,c1) B(0,c0) [F(3,c1)] B(1,c0) | B(2,c1) [B(3,c1)] B(2,c0). */
-  ops = ops_of(PP_INTERLEAVED, 2, 3, 2, 0, &n);
-  pp_op interleaved[] = {{PP_FORWARD, 0, 0},  {PP_FORWARD, 1, 0},  {PP_FORWARD, 0, 1},
-                         {PP_FORWARD, 1, 1},  {PP_FORWARD, 2, 0},  {PP_BACKWARD, 0, 1},
-                         {PP_BACKWARD, 1, 1}, {PP_FORWARD, 2, 1},  {PP_BACKWARD, 0, 0},
-                         {PP_BACKWARD, 1, 0}, {PP_BACKWARD, 2, 1}, {PP_BACKWARD, 2, 0}};
-  assert_int_equal(n, 12);
-  expect_same_ops(ops, interleaved, n);
-  free(ops);
+  const pp_op interleaved[] = {{PP_FORWARD, 0, 0},  {PP_FORWARD, 1, 0},  {PP_FORWARD, 0, 1},
+                               {PP_FORWARD, 1, 1},  {PP_FORWARD, 2, 0},  {PP_BACKWARD, 0, 1},
+                               {PP_BACKWARD, 1, 1}, {PP_FORWARD, 2, 1},  {PP_BACKWARD, 0, 0},
+                               {PP_BACKWARD, 1, 0}, {PP_BACKWARD, 2, 1}, {PP_BACKWARD, 2, 0}};
+  expect_order(PP_INTERLEAVED, 2, 3, 2, 0, interleaved, 12);
 }
 
 /* Every schedule, p 1..8, m 1..32, v 1..4: ops once each, simulated without deadlock, the
