@@ -383,7 +383,8 @@ fl_status pp_partition(const double *layer_time, const double *out_bytes, size_t
       size_t at = (size_t)k - 1;
       for (size_t i = (size_t)k - 1; i < j; i++) {
         double stage = prefix[j] - prefix[i] + SEND(j);
-        double worst = best[(size_t)(k - 1) * width + i] > stage ? best[(size_t)(k - 1) * width + i] : stage;
+        double before = best[(size_t)(k - 1) * width + i];
+        double worst = before > stage ? before : stage;
         if (worst < lowest) {
           lowest = worst;
           at = i;

@@ -60,14 +60,16 @@ static inline int pp_stage_of(int p, int rank, int chunk) { return chunk * p + r
  * schedule s with p devices, m micro-batches and v chunks per device (v must be 1 unless
  * interleaved; interleaved takes any v >= 1, v == 1 giving PP_1F1B's order). On success
  * *ops is allocated (release it with free()) and *n is 2*m*v; on failure both are untouched.
- * FL_EINVAL for p < 1, m < 1, v < 1, rank out of range, v != 1 for gpipe/1f1b, m*v above
- * 2^28, an unknown schedule or a NULL out-parameter; FL_ENOMEM. */
+ * FL_EINVAL for p < 1, m < 1, v < 1, rank out of range, v != 1 for gpipe/1f1b, (m + p) * v
+ * above 2^28, an unknown schedule or a NULL out-parameter; FL_ENOMEM. */
 fl_status pp_schedule_ops(pp_schedule s, int p, int m, int v, int rank, pp_op **ops, size_t *n);
 
 /* The bubble fraction in theory: (p-1)/(m+p-1) for gpipe and 1f1b, that divided by v for
- * interleaved (Megatron's rule of thumb). The simulator measures interleaved exactly as
- * (p-1)/(v*m+p-1) when m % p == 0 and t_bwd = 2 * t_fwd: with each stage op 1/v of a device's
- * work, the fill costs (p-1)/v of a micro-batch instead of p-1. NaN for bad arguments. */
+ * interleaved (Megatron's rule of thumb). The simulator, where t_fwd and t_bwd are the times
+ * of one chunk's op, measures interleaved with m % p == 0 as exactly (p-1)/(v*m+p-1): a
+ * device works v*m*(t_fwd+t_bwd) and the fill and drain cost (p-1)*(t_fwd+t_bwd). That is
+ * Megatron's bubble-to-work ratio (p-1)/(v*m) as a fraction of the whole, and it equals
+ * this value only for p == 1 or v == 1 (above it otherwise). NaN for bad arguments. */
 double pp_bubble_theory(pp_schedule s, int p, int m, int v);
 
 /* Runs the schedule of all p devices in a discrete-event simulation with the runtime's
@@ -79,9 +81,10 @@ double pp_bubble_theory(pp_schedule s, int p, int m, int v);
  * free and the op's inputs are done.
  * *makespan: time until all devices are done; *bubble: 1 - (total busy time) /
  * (p * makespan), 0 when the makespan is 0.
- * FL_ESTATE naming the first blocked device, its op and the op it waits for when the
- * schedule deadlocks (no device can progress); FL_EINVAL as pp_schedule_ops, or for a
- * negative or non-finite time or a NULL out-parameter. */
+ * FL_ESTATE when the schedule deadlocks (no device can progress), naming a blocked device,
+ * its op and the op it waits for: a device whose backward waits for its own later forward if
+ * there is one (the list at fault), else the first blocked device. FL_EINVAL as
+ * pp_schedule_ops, or for a negative or non-finite time or a NULL out-parameter. */
 fl_status pp_schedule_simulate(pp_schedule s, int p, int m, int v, double t_fwd, double t_bwd,
                                double *makespan, double *bubble);
 
@@ -97,8 +100,8 @@ fl_status pp_simulate_ops(int p, int v, const pp_op *const *ops, const size_t *n
  * not yet backwarded, each chunk counted apart), walking its op list: m for gpipe,
  * min(m, p - rank) for 1f1b, for interleaved with m % p == 0
  * min(m*v, (p-rank-1)*2 + (v-1)*p + 1) (its warm-up and the first steady forward; with
- * m % p != 0 at most that, as the left-out padding holds nothing). -1, with FL_EINVAL or FL_ENOMEM in fl_last_error(),
- * for what pp_schedule_ops refuses. */
+ * m % p != 0 at most that, as the left-out padding holds nothing). -1, with FL_EINVAL or
+ * FL_ENOMEM in fl_last_error(), for what pp_schedule_ops refuses. */
 int pp_schedule_peak_inflight(pp_schedule s, int p, int m, int v, int rank);
 
 /* PipeDream's partitioner: cuts n layers (in order) into p contiguous non-empty stages
@@ -107,8 +110,8 @@ int pp_schedule_peak_inflight(pp_schedule s, int p, int m, int v, int rank);
  * out_bytes[last] / bytes_per_s (bytes_per_s <= 0: communication is free, and out_bytes may
  * then be NULL). Dynamic programming, O(n^2 p) time, O(n p) memory. bounds has p+1 entries:
  * stage k is layers [bounds[k], bounds[k+1]), bounds[0] = 0, bounds[p] = n; *bottleneck is
- * the slowest stage's time. FL_EINVAL when p > n,
- * p < 1, n < 1, a negative or non-finite time or size, or a NULL array; FL_ENOMEM. */
+ * the slowest stage's time. FL_EINVAL when p > n, p < 1, n < 1, a negative or non-finite
+ * time or size, a non-finite bytes_per_s, or a NULL array; FL_ENOMEM. */
 fl_status pp_partition(const double *layer_time, const double *out_bytes, size_t n, int p,
                        double bytes_per_s, size_t *bounds, double *bottleneck);
 

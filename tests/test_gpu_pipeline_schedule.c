@@ -205,7 +205,8 @@ static void test_schedules_matrix(void **state) {
           double makespan = -1, bubble = -1;
           fl_status st = pp_schedule_simulate(s, p, m, v, 1, 2, &makespan, &bubble);
           if (st != FL_OK)
-            fprintf(stderr, "%s p=%d m=%d v=%d: %s\n", pp_schedule_name(s), p, m, v, fl_last_error());
+            fprintf(stderr, "%s p=%d m=%d v=%d: %s\n", pp_schedule_name(s), p, m, v,
+                    fl_last_error());
           assert_int_equal(st, FL_OK);
           double gpipe = (double)(p - 1) / (m + p - 1);
           if (s != PP_INTERLEAVED) {
