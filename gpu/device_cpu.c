@@ -518,6 +518,146 @@ static fl_status cpu_sgd_step(fl_device *dev, size_t n, float lr, float momentum
   return FL_OK;
 }
 
+/* ---- transformer operations ------------------------------------------------------------ */
+
+static fl_status cpu_gemm_batched(fl_device *dev, bool trans_a, bool trans_b, int m, int n,
+                                  int k, float alpha, const float *a, int lda, size_t stride_a,
+                                  const float *b, int ldb, size_t stride_b, float beta,
+                                  float *c, int ldc, size_t stride_c, int batch) {
+  if (batch < 0)
+    return fl_set_error(FL_EINVAL, "device cpu: gemm_batched with batch %d", batch);
+  for (int i = 0; i < batch; i++) {
+    fl_status st = cpu_gemm(dev, trans_a, trans_b, m, n, k, alpha, a + (size_t)i * stride_a, lda,
+                            b + (size_t)i * stride_b, ldb, beta, c + (size_t)i * stride_c, ldc);
+    if (st != FL_OK) return st;
+  }
+  return FL_OK;
+}
+
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+static fl_status cpu_gelu_forward(fl_device *dev, size_t n, const float *x, float *y) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) {
+    float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
+  }
+  return FL_OK;
+}
+
+static fl_status cpu_gelu_backward(fl_device *dev, size_t n, const float *x, const float *dy,
+                                   float *dx) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) {
+    float v = x[i], t = tanhf(GELU_C * (v + GELU_A * v * v * v));
+    float du = GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+  return FL_OK;
+}
+
+/* The maximum is subtracted first, so that no exp overflows. Each element is read before it
+ * is written: y may alias x. */
+static fl_status cpu_softmax_rows_forward(fl_device *dev, int rows, int cols, float scale,
+                                          const float *x, float *y) {
+  (void)dev;
+  for (int r = 0; r < rows; r++) {
+    const float *xr = x + (size_t)r * cols;
+    float *yr = y + (size_t)r * cols;
+    /* The exponent is scale * (x - x_top) with x_top the element of the largest scale * x:
+     * the difference is exact for nearby values, where scale * x - max would round. */
+    int top = 0;
+    for (int j = 1; j < cols; j++)
+      if (scale * xr[j] > scale * xr[top]) top = j;
+    float x_top = xr[top];
+    double sum = 0;
+    for (int j = 0; j < cols; j++) {
+      yr[j] = expf(scale * (xr[j] - x_top));
+      sum += yr[j];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int j = 0; j < cols; j++) yr[j] *= inv;
+  }
+  return FL_OK;
+}
+
+static fl_status cpu_softmax_rows_backward(fl_device *dev, int rows, int cols, float scale,
+                                           const float *y, const float *dy, float *dx) {
+  (void)dev;
+  for (int r = 0; r < rows; r++) {
+    const float *yr = y + (size_t)r * cols, *dyr = dy + (size_t)r * cols;
+    float *dxr = dx + (size_t)r * cols;
+    double dot = 0;
+    for (int j = 0; j < cols; j++) dot += (double)dyr[j] * yr[j];
+    for (int j = 0; j < cols; j++) dxr[j] = scale * yr[j] * (dyr[j] - (float)dot);
+  }
+  return FL_OK;
+}
+
+/* Forward and backward are the same map (mask and scale), so one loop serves both. */
+static fl_status cpu_dropout_apply(int outer, int inner, int cols, int64_t outer0, int64_t inner0,
+                                   int64_t inner_total, float p, uint64_t seed, const float *x,
+                                   float *y) {
+  if (!(p >= 0.0f && p < 1.0f))
+    return fl_set_error(FL_EINVAL, "device cpu: dropout probability %g outside [0, 1)", (double)p);
+  float keep_scale = 1.0f / (1.0f - p);
+  for (int i = 0; i < outer; i++)
+    for (int j = 0; j < inner; j++) {
+      size_t at = ((size_t)i * (size_t)inner + (size_t)j) * (size_t)cols;
+      uint64_t g0 = ((uint64_t)(outer0 + i) * (uint64_t)inner_total + (uint64_t)(inner0 + j)) *
+                    (uint64_t)cols;
+      for (int k = 0; k < cols; k++)
+        y[at + k] = dropout_keep(seed, g0 + (uint64_t)k, p) ? x[at + k] * keep_scale : 0.0f;
+    }
+  return FL_OK;
+}
+
+static fl_status cpu_dropout_forward(fl_device *dev, int outer, int inner, int cols,
+                                     int64_t outer0, int64_t inner0, int64_t inner_total, float p,
+                                     uint64_t seed, const float *x, float *y) {
+  (void)dev;
+  return cpu_dropout_apply(outer, inner, cols, outer0, inner0, inner_total, p, seed, x, y);
+}
+
+static fl_status cpu_dropout_backward(fl_device *dev, int outer, int inner, int cols,
+                                      int64_t outer0, int64_t inner0, int64_t inner_total,
+                                      float p, uint64_t seed, const float *dy, float *dx) {
+  (void)dev;
+  return cpu_dropout_apply(outer, inner, cols, outer0, inner0, inner_total, p, seed, dy, dx);
+}
+
+static fl_status cpu_mean_tokens_forward(fl_device *dev, int n, int s, int h, const float *x,
+                                         float *y) {
+  (void)dev;
+  float inv = 1.0f / (float)s;
+  for (int i = 0; i < n; i++) {
+    float *yi = y + (size_t)i * h;
+    for (int c = 0; c < h; c++) yi[c] = 0;
+    for (int t = 0; t < s; t++) {
+      const float *xt = x + ((size_t)i * s + t) * h;
+#pragma omp simd
+      for (int c = 0; c < h; c++) yi[c] += xt[c];
+    }
+    for (int c = 0; c < h; c++) yi[c] *= inv;
+  }
+  return FL_OK;
+}
+
+static fl_status cpu_mean_tokens_backward(fl_device *dev, int n, int s, int h, const float *dy,
+                                          float *dx) {
+  (void)dev;
+  float inv = 1.0f / (float)s;
+  for (int i = 0; i < n; i++)
+    for (int t = 0; t < s; t++) {
+      float *dxt = dx + ((size_t)i * s + t) * h;
+      const float *dyi = dy + (size_t)i * h;
+#pragma omp simd
+      for (int c = 0; c < h; c++) dxt[c] = dyi[c] * inv;
+    }
+  return FL_OK;
+}
+
 static const device_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -552,6 +692,15 @@ static const device_ops cpu_ops = {
     .batchnorm_forward = cpu_batchnorm_forward,
     .batchnorm_backward = cpu_batchnorm_backward,
     .sgd_step = cpu_sgd_step,
+    .gemm_batched = cpu_gemm_batched,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .softmax_rows_forward = cpu_softmax_rows_forward,
+    .softmax_rows_backward = cpu_softmax_rows_backward,
+    .dropout_forward = cpu_dropout_forward,
+    .dropout_backward = cpu_dropout_backward,
+    .mean_tokens_forward = cpu_mean_tokens_forward,
+    .mean_tokens_backward = cpu_mean_tokens_backward,
 };
 
 fl_status cpu_device_init(fl_device *dev) {
