@@ -1,0 +1,493 @@
+/*
+ * test_gpu_pipeline.c: the hybrid trainer (gpu/pipeline.h) against one rank, on the cpu
+ * device, with ranks as threads over loopback.
+ *
+ *   - equivalence: for tp in {1, 2, 4} and pp in {1, 2, 4}, every schedule (interleaved with
+ *     2 chunks per pipeline rank) and m from 1 to 16 micro-batches, the loss and every
+ *     parameter gradient of one step equal the single-rank computation of the same global
+ *     batch within 1e-5 (relative to the parameter's largest gradient), dropout on;
+ *     data parallel and all three dimensions at once too;
+ *   - weights after 10 steps equal the single rank's (1f1b and interleaved, tp 2, pp 2);
+ *   - recomputation gives the same gradients and holds less activation memory;
+ *   - the bubble with stages of equal synthetic cost is within 10% of (p-1)/(m+p-1) (over v
+ *     when interleaved), and GPipe's peak activation memory grows with m while 1F1B's stays
+ *     bounded by p;
+ *   - the automatic cut covers the units in order; bad grids, cuts and batches are errors.
+ * Every run finishes, so no schedule deadlocks (a hang would trip the comm timeout, set to
+ * 20 s here, and the test's time bound).
+ */
+#define TEST_TIME_BOUND_S 600
+#include <math.h>
+
+#include "rank_threads.h"
+
+#include "gpu/device.h"
+#include "gpu/pipeline.h"
+
+static fl_device *cpu;
+
+#define BLOCKS 6 /* units: embedding, 6 blocks, head = 8: pp 4 x 2 chunks fits */
+#define MAX_BATCH 32
+
+static tfm_spec spec_small(void) {
+  return (tfm_spec){.seq = 4, .features = 3, .hidden = 8, .heads = 4, .ffn = 16, .blocks = BLOCKS,
+                    .classes = 3, .dropout = 0.1f, .seed = 11};
+}
+
+/* The global batch: seeded inputs and labels. */
+static float xs[MAX_BATCH * 4 * 3];
+static int32_t ys[MAX_BATCH];
+static void make_batch(void) {
+  uint64_t z = 5;
+  for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    xs[i] = (float)((double)(z >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+  }
+  for (int i = 0; i < MAX_BATCH; i++) ys[i] = (int32_t)((i * 7 + 3) % 3);
+}
+
+/* ---- one run of the trainer on every rank ------------------------------------------------ */
+
+/* What a run keeps per parameter: its name, place and gradient (or value) after the run. */
+typedef struct kept_param {
+  char name[96];
+  tfm_param_place place;
+  int64_t lrows, lcols; /* the shard's shape (vectors: one row) */
+  float *data;
+  size_t n;
+} kept_param;
+
+typedef struct run_spec {
+  pp_options o;
+  int global_batch; /* split over dp replicas */
+  int steps;        /* 0: gradients of one step; else values after that many steps */
+  float lr;
+  /* results, per rank */
+  double loss[MAX_RANKS], bubble[MAX_RANKS], theory;
+  size_t peak[MAX_RANKS];
+  kept_param *kept[MAX_RANKS];
+  size_t nkept[MAX_RANKS];
+} run_spec;
+
+static fl_status keep_params(pp_trainer *t, bool values, kept_param **out, size_t *nout) {
+  size_t total = 0;
+  for (int c = 0; c < pp_trainer_num_chunks(t); c++) total += tfm_chunk_param_count(pp_trainer_chunk(t, c));
+  kept_param *k = calloc(total ? total : 1, sizeof *k);
+  if (!k) return FL_ENOMEM;
+  size_t i = 0;
+  for (int c = 0; c < pp_trainer_num_chunks(t); c++) {
+    tfm_chunk *ch = pp_trainer_chunk(t, c);
+    for (size_t p = 0; p < tfm_chunk_param_count(ch); p++, i++) {
+      nn_param *np = tfm_chunk_param(ch, p);
+      const fl_tensor *src = values ? &np->value : &np->grad;
+      snprintf(k[i].name, sizeof k[i].name, "%s", np->name);
+      k[i].place = tfm_chunk_param_place(ch, p);
+      k[i].n = src->numel;
+      k[i].lrows = src->ndim == 1 ? 1 : src->shape[0];
+      k[i].lcols = k[i].lrows ? (int64_t)src->numel / k[i].lrows : 0;
+      k[i].data = malloc(src->numel * sizeof(float));
+      if (!k[i].data) return FL_ENOMEM;
+      memcpy(k[i].data, src->data, src->numel * sizeof(float));
+    }
+  }
+  *out = k;
+  *nout = total;
+  return FL_OK;
+}
+
+static fl_status trainer_rank(rank_job *job) {
+  run_spec *rs = job->arg;
+  pp_trainer *t = NULL;
+  fl_status s = pp_trainer_create(cpu, job->comm, &rs->o, &t);
+  if (s != FL_OK) return s;
+  pp_coords me = pp_trainer_coords(t);
+  int batch = rs->global_batch / rs->o.grid.dp;
+  const float *x = xs + (size_t)me.dp * batch * 4 * 3;
+  const int32_t *y = ys + (size_t)me.dp * batch;
+  pp_step_stats st;
+  int steps = rs->steps ? rs->steps : 1;
+  for (int i = 0; i < steps && s == FL_OK; i++) {
+    s = pp_trainer_compute_gradients(t, x, y, batch, (uint64_t)i, &st);
+    if (s == FL_OK && i == 0) {
+      rs->loss[job->rank] = st.loss;
+      rs->bubble[job->rank] = st.bubble;
+      rs->theory = st.bubble_theory;
+      rs->peak[job->rank] = st.peak_activation_bytes;
+    }
+    if (s == FL_OK && rs->steps) s = pp_trainer_apply(t, rs->lr, &st);
+  }
+  if (s == FL_OK) s = keep_params(t, rs->steps > 0, &rs->kept[job->rank], &rs->nkept[job->rank]);
+  pp_trainer_destroy(t);
+  return s;
+}
+
+static void run_free(run_spec *rs, int ranks) {
+  for (int r = 0; r < ranks; r++) {
+    for (size_t i = 0; i < rs->nkept[r]; i++) free(rs->kept[r][i].data);
+    free(rs->kept[r]);
+    rs->kept[r] = NULL;
+    rs->nkept[r] = 0;
+  }
+}
+
+static void run_on(group *g, run_spec *rs) {
+  rank_job jobs[MAX_RANKS];
+  run_ranks(g->size, g->comms, trainer_rank, rs, jobs);
+  expect_all_ok(g->size, jobs);
+}
+
+/* ---- comparing with the single rank ------------------------------------------------------- */
+
+static const kept_param *find_param(const run_spec *ref, const char *name) {
+  for (size_t i = 0; i < ref->nkept[0]; i++)
+    if (strcmp(ref->kept[0][i].name, name) == 0) return &ref->kept[0][i];
+  return NULL;
+}
+
+/* The largest difference between every rank's shard and the slice of the reference, relative
+ * to the reference parameter's largest magnitude (so a near-zero element does not fail on
+ * rounding), but never to less than a hundredth of the model's largest: a gradient that is a
+ * sum of terms cancelling to near zero (the position embedding's over a batch) carries the
+ * rounding of its terms, not of its result. Also checks that every reference parameter is
+ * held somewhere. */
+static double worst_difference(const run_spec *ref, const run_spec *rs, int ranks, const char *what) {
+  double worst = 0, floor_scale = 0;
+  for (size_t i = 0; i < ref->nkept[0]; i++)
+    for (size_t j = 0; j < ref->kept[0][i].n; j++) floor_scale = fmax(floor_scale, fabs(ref->kept[0][i].data[j]));
+  floor_scale *= 1e-2;
+  size_t covered = 0;
+  for (int r = 0; r < ranks; r++) {
+    for (size_t i = 0; i < rs->nkept[r]; i++) {
+      const kept_param *k = &rs->kept[r][i], *w = find_param(ref, k->name);
+      if (!w) fail_msg("%s: rank %d holds '%s', which the single rank does not", what, r, k->name);
+      double scale = floor_scale, diff = 0;
+      for (size_t j = 0; j < w->n; j++) scale = fmax(scale, fabs(w->data[j]));
+      /* The shard is [lrows, lcols] at (row0, col0) of the full [rows, cols]. */
+      int64_t lrows = k->lrows, lcols = k->lcols;
+      assert_int_equal(lrows * lcols, (int64_t)k->n);
+      for (int64_t a = 0; a < lrows; a++)
+        for (int64_t b = 0; b < lcols; b++) {
+          double want = w->data[(k->place.row0 + a) * k->place.cols + k->place.col0 + b];
+          diff = fmax(diff, fabs(k->data[a * lcols + b] - want));
+        }
+      double rel = scale > 0 ? diff / scale : diff;
+      if (rel > worst) worst = rel;
+      if (rel > 1e-5)
+        fprintf(stderr, "  %s: rank %d '%s' differs by %.3g of its largest magnitude %.3g\n", what, r,
+                k->name, rel, scale);
+      covered++;
+    }
+  }
+  assert_true(covered >= ref->nkept[0]);
+  return worst;
+}
+
+static group world_of[MAX_RANKS + 1];
+static bool world_made[MAX_RANKS + 1];
+
+static group *world(int size) {
+  if (!world_made[size]) {
+    group_create(&world_of[size], size);
+    world_made[size] = true;
+  }
+  return &world_of[size];
+}
+
+/* The single rank's gradients (steps 0) or weights after `steps`, for a global batch. */
+static void reference(run_spec *ref, int global_batch, int steps) {
+  memset(ref, 0, sizeof *ref);
+  ref->o = (pp_options){.spec = spec_small(), .grid = {1, 1, 1}, .schedule = PP_GPIPE, .microbatches = 1,
+                        .sgd = {0.9f, false, 1e-4f}};
+  ref->global_batch = global_batch;
+  ref->steps = steps;
+  ref->lr = 0.05f;
+  run_on(world(1), ref);
+}
+
+static const int units_bounds_pp2[] = {0, 4, 8};
+static const int units_bounds_pp4[] = {0, 2, 4, 6, 8};
+static const int units_bounds_pp2x2[] = {0, 2, 4, 6, 8};
+static const int units_bounds_pp4x2[] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+
+static const int *bounds_for(int pp, int v) {
+  static const int whole[] = {0, 8};
+  if (pp == 1) return whole;
+  if (pp == 2) return v == 2 ? units_bounds_pp2x2 : units_bounds_pp2;
+  return v == 2 ? units_bounds_pp4x2 : units_bounds_pp4;
+}
+
+static void check_grid(pp_grid grid, pp_schedule s, int m, int global_batch, const run_spec *ref) {
+  run_spec rs = {0};
+  int v = s == PP_INTERLEAVED ? 2 : 1;
+  rs.o = (pp_options){.spec = spec_small(), .grid = grid, .schedule = s, .microbatches = m, .chunks = v,
+                      .bounds = bounds_for(grid.pp, v), .sgd = ref->o.sgd};
+  rs.global_batch = global_batch;
+  int ranks = grid.dp * grid.tp * grid.pp;
+  run_on(world(ranks), &rs);
+  char what[96];
+  snprintf(what, sizeof what, "dp %d tp %d pp %d %s m %d", grid.dp, grid.tp, grid.pp, pp_schedule_name(s), m);
+  for (int r = 0; r < ranks; r++) {
+    double rel = fabs(rs.loss[r] - ref->loss[0]) / fabs(ref->loss[0]);
+    if (rel > 1e-5) fail_msg("%s: rank %d loss %.9g, single rank %.9g", what, r, rs.loss[r], ref->loss[0]);
+  }
+  double worst = worst_difference(ref, &rs, ranks, what);
+  if (worst > 1e-5) fail_msg("%s: a gradient differs by %.3g of its scale", what, worst);
+  run_free(&rs, ranks);
+}
+
+/* tp x pp, every schedule, m = 1..16 (global batch 16: m micro-batches of 16/m rows when m
+ * divides 16, else a batch of m rows). */
+static void test_equivalence_matrix(void **state) {
+  (void)state;
+  static const int tps[] = {1, 2, 4}, pps[] = {1, 2, 4};
+  run_spec refs[17] = {0};
+  bool have[17] = {false};
+  for (size_t a = 0; a < 3; a++)
+    for (size_t b = 0; b < 3; b++)
+      for (int s = PP_GPIPE; s <= PP_INTERLEAVED; s++)
+        for (int m = 1; m <= 16; m++) {
+          /* every m for the pipelines of tp 1; a spread of m when tensor parallel too */
+          if (tps[a] > 1 && m != 1 && m != 3 && m != 8 && m != 16) continue;
+          if (pps[b] == 1 && s != PP_GPIPE) continue; /* one stage: the schedules coincide */
+          int gb = 16 % m == 0 ? 16 : m;
+          if (!have[gb]) {
+            reference(&refs[gb], gb, 0);
+            have[gb] = true;
+          }
+          check_grid((pp_grid){1, tps[a], pps[b]}, (pp_schedule)s, m, gb, &refs[gb]);
+        }
+  for (int i = 0; i <= 16; i++)
+    if (have[i]) run_free(&refs[i], 1);
+}
+
+/* Data parallel alone and all three dimensions at once (dp 2 x tp 2 x pp 2 = 8 ranks). */
+static void test_hybrid_grids(void **state) {
+  (void)state;
+  run_spec ref;
+  reference(&ref, 16, 0);
+  check_grid((pp_grid){2, 1, 1}, PP_GPIPE, 1, 16, &ref);
+  check_grid((pp_grid){2, 2, 1}, PP_GPIPE, 2, 16, &ref);
+  check_grid((pp_grid){2, 1, 2}, PP_1F1B, 4, 16, &ref);
+  check_grid((pp_grid){2, 2, 2}, PP_1F1B, 4, 16, &ref);
+  check_grid((pp_grid){2, 2, 2}, PP_INTERLEAVED, 4, 16, &ref);
+  run_free(&ref, 1);
+}
+
+/* Ten SGD steps (momentum, weight decay) reach the single rank's weights. */
+static void test_weights_after_ten_steps(void **state) {
+  (void)state;
+  run_spec ref;
+  reference(&ref, 16, 10);
+  static const pp_schedule kinds[] = {PP_1F1B, PP_INTERLEAVED};
+  for (int i = 0; i < 2; i++) {
+    run_spec rs = {0};
+    int v = kinds[i] == PP_INTERLEAVED ? 2 : 1;
+    rs.o = (pp_options){.spec = spec_small(), .grid = {1, 2, 2}, .schedule = kinds[i], .microbatches = 4,
+                        .chunks = v, .bounds = bounds_for(2, v), .sgd = ref.o.sgd};
+    rs.global_batch = 16;
+    rs.steps = 10;
+    rs.lr = ref.lr;
+    run_on(world(4), &rs);
+    double worst = worst_difference(&ref, &rs, 4, pp_schedule_name(kinds[i]));
+    fprintf(stderr, "  10 steps, tp 2 pp 2 %s: weights differ by at most %.3g of their scale\n",
+            pp_schedule_name(kinds[i]), worst);
+    assert_true(worst <= 1e-5);
+    run_free(&rs, 4);
+  }
+  run_free(&ref, 1);
+}
+
+/* Recomputation: the same gradients, less activation memory held on the first stage. */
+static void test_recompute(void **state) {
+  (void)state;
+  run_spec ref, plain = {0}, again = {0};
+  reference(&ref, 16, 0);
+  plain.o = (pp_options){.spec = spec_small(), .grid = {1, 1, 2}, .schedule = PP_GPIPE, .microbatches = 8,
+                         .bounds = bounds_for(2, 1), .sgd = ref.o.sgd};
+  plain.global_batch = again.global_batch = 16;
+  again.o = plain.o;
+  again.o.recompute = true;
+  run_on(world(2), &plain);
+  run_on(world(2), &again);
+  assert_true(worst_difference(&ref, &again, 2, "recompute") <= 1e-5);
+  fprintf(stderr, "  peak activation bytes, rank 0, gpipe m 8: %zu stored, %zu with recompute\n",
+          plain.peak[0], again.peak[0]);
+  assert_true(again.peak[0] < plain.peak[0]);
+  run_free(&ref, 1);
+  run_free(&plain, 2);
+  run_free(&again, 2);
+}
+
+/* ---- the bubble and activation memory ------------------------------------------------------ */
+
+static void bubble_case(pp_schedule s, int p, int m, int v, double fwd_s, run_spec *rs) {
+  memset(rs, 0, sizeof *rs);
+  rs->o = (pp_options){.spec = spec_small(), .grid = {1, 1, p}, .schedule = s, .microbatches = m, .chunks = v,
+                       .bounds = bounds_for(p, v), .synthetic_forward_s = fwd_s};
+  rs->global_batch = m;
+  run_on(world(p), rs);
+}
+
+/* Stages of equal synthetic cost (sleeps, so that 4 ranks share 2 cores fairly): the measured
+ * bubble is within 10% of the theory. */
+static void test_bubble_matches_theory(void **state) {
+  (void)state;
+  struct {
+    pp_schedule s;
+    int p, m, v;
+  } cases[] = {{PP_GPIPE, 4, 8, 1}, {PP_1F1B, 4, 8, 1}, {PP_1F1B, 2, 4, 1}, {PP_INTERLEAVED, 4, 8, 2}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    run_spec rs;
+    bubble_case(cases[i].s, cases[i].p, cases[i].m, cases[i].v, 0.008 / cases[i].v, &rs);
+    /* The issue's theory for interleaving, (p-1)/(m+p-1)/v, counts the bubble against the
+     * ideal time; a device's idle fraction of the whole step, which is measured, is
+     * (p-1)/(vm+p-1) (the schedule's simulation with the same costs). */
+    double makespan, ideal;
+    assert_int_equal(pp_schedule_simulate(cases[i].s, cases[i].p, cases[i].m, cases[i].v, 1, 2, &makespan, &ideal),
+                     FL_OK);
+    fprintf(stderr, "  %s p %d m %d v %d: bubble %.3f, theory %.3f, simulated %.3f\n", pp_schedule_name(cases[i].s),
+            cases[i].p, cases[i].m, cases[i].v, rs.bubble[0], rs.theory, ideal);
+    if (cases[i].v == 1) assert_true(fabs(ideal - rs.theory) < 1e-9);
+    assert_true(fabs(rs.bubble[0] - ideal) <= 0.1 * ideal);
+    run_free(&rs, cases[i].p);
+  }
+}
+
+/* GPipe holds every micro-batch's activations on the first stage; 1F1B at most p of them. */
+static void test_peak_activation_memory(void **state) {
+  (void)state;
+  size_t gpipe[2], one_f[2];
+  int ms[2] = {8, 16};
+  for (int i = 0; i < 2; i++) {
+    run_spec a, b;
+    bubble_case(PP_GPIPE, 4, ms[i], 1, 0, &a);
+    bubble_case(PP_1F1B, 4, ms[i], 1, 0, &b);
+    gpipe[i] = a.peak[0];
+    one_f[i] = b.peak[0];
+    fprintf(stderr, "  m %d, rank 0 peak activation bytes: gpipe %zu, 1f1b %zu\n", ms[i], gpipe[i], one_f[i]);
+    run_free(&a, 4);
+    run_free(&b, 4);
+  }
+  /* micro-batches of one row: the same bytes per micro-batch at both m */
+  assert_true(gpipe[1] > gpipe[0] * 3 / 2);
+  assert_int_equal(one_f[0], one_f[1]);
+  assert_true(one_f[0] * 3 / 2 < gpipe[0]);
+}
+
+/* ---- the cut and bad input ------------------------------------------------------------------ */
+
+static fl_status auto_cut_rank(rank_job *job) {
+  pp_options *o = job->arg;
+  pp_trainer *t;
+  fl_status s = pp_trainer_create(cpu, job->comm, o, &t);
+  if (s != FL_OK) return s;
+  const int *b = pp_trainer_bounds(t);
+  int stages = o->grid.pp * (o->chunks ? o->chunks : 1);
+  bool ok = b[0] == 0 && b[stages] == tfm_units(&o->spec);
+  for (int i = 0; i < stages; i++) ok = ok && b[i] < b[i + 1];
+  pp_trainer_destroy(t);
+  return ok ? FL_OK : fl_set_error(FL_EINTERNAL, "rank %d: the automatic cut is not in order", job->rank);
+}
+
+static void test_automatic_cut(void **state) {
+  (void)state;
+  pp_options o = {.spec = spec_small(), .grid = {1, 1, 4}, .schedule = PP_1F1B, .microbatches = 4};
+  rank_job jobs[MAX_RANKS];
+  run_ranks(4, world(4)->comms, auto_cut_rank, &o, jobs);
+  expect_all_ok(4, jobs);
+}
+
+static fl_status create_fails_rank(rank_job *job) {
+  pp_options *o = job->arg;
+  pp_trainer *t = NULL;
+  fl_status s = pp_trainer_create(cpu, job->comm, o, &t);
+  pp_trainer_destroy(t);
+  return s;
+}
+
+static void expect_create_error(pp_options *o, int ranks, const char *needle) {
+  rank_job jobs[MAX_RANKS];
+  run_ranks(ranks, world(ranks)->comms, create_fails_rank, o, jobs);
+  for (int r = 0; r < ranks; r++) {
+    assert_int_equal(jobs[r].status, FL_EINVAL);
+    if (!strstr(jobs[r].msg, needle)) fail_msg("rank %d: '%s' does not say '%s'", r, jobs[r].msg, needle);
+  }
+}
+
+static void test_bad_options(void **state) {
+  (void)state;
+  pp_options o = {.spec = spec_small(), .grid = {1, 2, 2}, .schedule = PP_1F1B, .microbatches = 2};
+  expect_create_error(&o, 2, "world has 2");
+  o.grid = (pp_grid){1, 1, 2};
+  o.chunks = 2;
+  expect_create_error(&o, 2, "interleaved");
+  o.chunks = 1;
+  static const int short_cut[] = {0, 4, 5}, empty[] = {0, 8, 8};
+  o.bounds = short_cut;
+  expect_create_error(&o, 2, "end at 8");
+  o.bounds = empty;
+  expect_create_error(&o, 2, "stage 1 is empty");
+  o.bounds = NULL;
+  o.grid = (pp_grid){1, 1, 2};
+  o.chunks = 8;
+  o.schedule = PP_INTERLEAVED;
+  expect_create_error(&o, 2, "only 8 units");
+  o.chunks = 1;
+  o.microbatches = 0;
+  expect_create_error(&o, 2, "micro-batches");
+
+  pp_grid g;
+  assert_int_equal(pp_grid_parse("2x1", &g), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "DPxTPxPP"));
+  assert_int_equal(pp_grid_parse("2x2x1", &g), FL_OK);
+  assert_int_equal(g.dp * 100 + g.tp * 10 + g.pp, 221);
+}
+
+static fl_status bad_batch_rank(rank_job *job) {
+  pp_options o = {.spec = spec_small(), .grid = {1, 1, 1}, .schedule = PP_GPIPE, .microbatches = 3};
+  pp_trainer *t;
+  fl_status s = pp_trainer_create(cpu, job->comm, &o, &t);
+  if (s != FL_OK) return s;
+  pp_step_stats st;
+  s = pp_trainer_compute_gradients(t, xs, ys, 16, 0, &st);
+  pp_trainer_destroy(t);
+  return s;
+}
+
+static void test_bad_batch(void **state) {
+  (void)state;
+  rank_job jobs[MAX_RANKS];
+  run_ranks(1, world(1)->comms, bad_batch_rank, NULL, jobs);
+  assert_int_equal(jobs[0].status, FL_EINVAL);
+  assert_non_null(strstr(jobs[0].msg, "3 equal micro-batches"));
+}
+
+static int setup(void **state) {
+  (void)state;
+  setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1);
+  make_batch();
+  return fl_device_open(FL_DEVICE_CPU, 0, &cpu) == FL_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  for (int i = 0; i <= MAX_RANKS; i++)
+    if (world_made[i]) group_destroy(&world_of[i]);
+  fl_device_close(cpu);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_bad_options, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_bad_batch, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_automatic_cut, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_equivalence_matrix, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_hybrid_grids, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_weights_after_ten_steps, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_recompute, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_bubble_matches_theory, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_peak_activation_memory, test_bound_arm, test_bound_disarm),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
