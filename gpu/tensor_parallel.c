@@ -55,6 +55,15 @@ static fl_status drop_probs(const tp_block *k, const tp_keys *keys, int n, const
                                    seed, in, out);
 }
 
+/* The probabilities after dropout: S->dropped when dropout is active, else a->probs. */
+static fl_status dropped_probs(const tp_block *k, const tp_keys *keys, int n,
+                               const tp_block_acts *a, const float **out) {
+  *out = a->probs.data;
+  if (!keys->active) return FL_OK;
+  *out = k->scratch->dropped.data;
+  return drop_probs(k, keys, n, a->probs.data, k->scratch->dropped.data, false);
+}
+
 /* A block's sizes for a micro-batch of n samples (see the top of the file for the names). */
 typedef struct geom {
   int n, s, H, d, hl, T, q3, F;
@@ -113,11 +122,8 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
   }
   FL_CHECK(op->softmax_rows_forward(dev, n * hl * s, s, 1.0f / sqrtf((float)d), S->scores.data,
                                     a->probs.data));
-  const float *pd = a->probs.data;
-  if (keys->active) {
-    FL_CHECK(drop_probs(k, keys, n, a->probs.data, S->dropped.data, false));
-    pd = S->dropped.data;
-  }
+  const float *pd;
+  FL_CHECK(dropped_probs(k, keys, n, a, &pd));
   for (int h = 0; h < hl; h++) {
     const float *v = a->qkv.data + (size_t)h * 3 * d + 2 * d;
     FL_CHECK(op->gemm_batched(dev, false, false, s, d, s, 1.0f, pd + (size_t)h * s * s, s,
@@ -201,11 +207,8 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   FL_CHECK(op->gemm(dev, false, false, T, hl * d, H, 1.0f, d_attn, H, val(k, TP_OUT_W), hl * d,
                     0.0f, S->d_ctx.data, hl * d));
   /* The dropped probabilities are recomputed from their keys rather than kept in the slot. */
-  const float *pd = a->probs.data;
-  if (keys->active) {
-    FL_CHECK(drop_probs(k, keys, n, a->probs.data, S->dropped.data, false));
-    pd = S->dropped.data;
-  }
+  const float *pd;
+  FL_CHECK(dropped_probs(k, keys, n, a, &pd));
   for (int h = 0; h < hl; h++) {
     const float *dctx = S->d_ctx.data + (size_t)h * d;
     const float *v = a->qkv.data + (size_t)h * 3 * d + 2 * d;
