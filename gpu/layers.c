@@ -147,7 +147,7 @@ cleanup:
 
 /* ---- the common part of every layer ---------------------------------------------------- */
 
-static void shape_text(const fl_tensor *t, char *buf, size_t len) {
+void layer_shape_text(const fl_tensor *t, char *buf, size_t len) {
   size_t at = (size_t)snprintf(buf, len, "[");
   for (int i = 0; i < t->ndim && at < len; i++)
     at += (size_t)snprintf(buf + at, len - at, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
@@ -156,7 +156,7 @@ static void shape_text(const fl_tensor *t, char *buf, size_t len) {
 
 static fl_status bad_input(const layer *l, const fl_tensor *x, const char *expected) {
   char shape[96];
-  shape_text(x, shape, sizeof shape);
+  layer_shape_text(x, shape, sizeof shape);
   return fl_set_error(FL_EINVAL, "%s %s: input %s, expected %s", l->ops->name, l->name, shape,
                       expected);
 }
@@ -196,8 +196,8 @@ fl_status layer_backward(layer *l, const fl_tensor *dy, bool need_dx, const fl_t
     return fl_set_error(FL_ESTATE, "%s %s: backward without a forward", l->ops->name, l->name);
   if (dy->numel != l->y.numel || dy->ndim != l->y.ndim) {
     char got[96], want[96];
-    shape_text(dy, got, sizeof got);
-    shape_text(&l->y, want, sizeof want);
+    layer_shape_text(dy, got, sizeof got);
+    layer_shape_text(&l->y, want, sizeof want);
     return fl_set_error(FL_ESTATE, "%s %s: output gradient %s does not match the output %s",
                         l->ops->name, l->name, got, want);
   }

@@ -99,6 +99,8 @@ fl_status layer_forward(layer *l, const fl_tensor *x, bool train, const fl_tenso
  * layer. FL_ESTATE without a forward, or when dy is not shaped as the output. */
 fl_status layer_backward(layer *l, const fl_tensor *dy, bool need_dx, const fl_tensor **dx);
 void layer_destroy(layer *l);
+/* "[2, 3, 4]": t's shape for messages, cut to fit len. */
+void layer_shape_text(const fl_tensor *t, char *buf, size_t len);
 /* The value and gradient of the layer's i-th parameter (i < l->nparams), after finish. */
 float *layer_param_value(const layer *l, size_t i);
 float *layer_param_grad(const layer *l, size_t i);

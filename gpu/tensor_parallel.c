@@ -17,6 +17,7 @@
  * the device's (outer, inner) with inner0 = head0 * seq.
  */
 #include <math.h>
+#include <string.h>
 
 #include "common/common.h"
 #include "gpu/tensor_parallel.h"
@@ -54,6 +55,40 @@ static fl_status drop_probs(const tp_block *k, const tp_keys *keys, int n, const
                                    seed, in, out);
 }
 
+/* The probabilities after dropout: S->dropped when dropout is active, else a->probs. */
+static fl_status dropped_probs(const tp_block *k, const tp_keys *keys, int n,
+                               const tp_block_acts *a, const float **out) {
+  *out = a->probs.data;
+  if (!keys->active) return FL_OK;
+  *out = k->scratch->dropped.data;
+  return drop_probs(k, keys, n, a->probs.data, k->scratch->dropped.data, false);
+}
+
+/* A block's sizes for a micro-batch of n samples (see the top of the file for the names). */
+typedef struct geom {
+  int n, s, H, d, hl, T, q3, F;
+  size_t qkv_stride, ctx_stride, p_stride; /* between samples in qkv, ctx and the scores */
+  int64_t qkv_shape[2], p_shape[4], ctx_shape[2], h_shape[3], f_shape[2];
+} geom;
+
+static geom geom_of(const tp_dims *D, int n) {
+  geom g = {.n = n, .s = D->seq, .H = D->hidden, .d = D->head_dim, .hl = D->local_heads,
+            .F = D->local_ffn};
+  g.T = n * g.s;
+  g.q3 = g.hl * 3 * g.d;
+  g.qkv_stride = (size_t)g.s * g.q3;
+  g.ctx_stride = (size_t)g.s * g.hl * g.d;
+  g.p_stride = (size_t)g.hl * g.s * g.s;
+  int64_t qkv[2] = {g.T, g.q3}, p[4] = {n, g.hl, g.s, g.s}, ctx[2] = {g.T, g.hl * g.d};
+  int64_t h[3] = {n, g.s, g.H}, f[2] = {g.T, g.F};
+  memcpy(g.qkv_shape, qkv, sizeof qkv);
+  memcpy(g.p_shape, p, sizeof p);
+  memcpy(g.ctx_shape, ctx, sizeof ctx);
+  memcpy(g.h_shape, h, sizeof h);
+  memcpy(g.f_shape, f, sizeof f);
+  return g;
+}
+
 static float *val(const tp_block *k, int i) { return k->p[i]->value.data; }
 static float *grad(const tp_block *k, int i) { return k->p[i]->grad.data; }
 
@@ -61,23 +96,20 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
                            tp_block_acts *a) {
   fl_device *dev = k->dev;
   const device_ops *op = dev->ops;
-  const tp_dims *D = &k->dims;
   tp_scratch *S = k->scratch;
-  int n = (int)x->shape[0], s = D->seq, H = D->hidden, d = D->head_dim, hl = D->local_heads;
-  int T = n * s, q3 = hl * 3 * d, F = D->local_ffn;
-  size_t qkv_stride = (size_t)s * q3, ctx_stride = (size_t)s * hl * d, p_stride = (size_t)hl * s * s;
-  int64_t qkv_shape[2] = {T, q3}, p_shape[4] = {n, hl, s, s}, ctx_shape[2] = {T, hl * d};
-  int64_t h_shape[3] = {n, s, H}, f_shape[2] = {T, F};
+  const geom G = geom_of(&k->dims, (int)x->shape[0]);
+  int n = G.n, s = G.s, H = G.H, d = G.d, hl = G.hl, T = G.T, q3 = G.q3, F = G.F;
+  size_t qkv_stride = G.qkv_stride, ctx_stride = G.ctx_stride, p_stride = G.p_stride;
   fl_status status = FL_OK;
-  FL_CHECK(tensor_ensure(&a->qkv, dev, 2, qkv_shape));
-  FL_CHECK(tensor_ensure(&a->probs, dev, 4, p_shape));
-  FL_CHECK(tensor_ensure(&a->ctx, dev, 2, ctx_shape));
-  FL_CHECK(tensor_ensure(&a->x1, dev, 3, h_shape));
-  FL_CHECK(tensor_ensure(&a->h1, dev, 2, f_shape));
-  FL_CHECK(tensor_ensure(&a->act, dev, 2, f_shape));
-  FL_CHECK(tensor_ensure(&a->y, dev, 3, h_shape));
-  FL_CHECK(tensor_ensure(&S->scores, dev, 4, p_shape));
-  FL_CHECK(tensor_ensure(&S->dropped, dev, 4, p_shape));
+  FL_CHECK(tensor_ensure(&a->qkv, dev, 2, G.qkv_shape));
+  FL_CHECK(tensor_ensure(&a->probs, dev, 4, G.p_shape));
+  FL_CHECK(tensor_ensure(&a->ctx, dev, 2, G.ctx_shape));
+  FL_CHECK(tensor_ensure(&a->x1, dev, 3, G.h_shape));
+  FL_CHECK(tensor_ensure(&a->h1, dev, 2, G.f_shape));
+  FL_CHECK(tensor_ensure(&a->act, dev, 2, G.f_shape));
+  FL_CHECK(tensor_ensure(&a->y, dev, 3, G.h_shape));
+  FL_CHECK(tensor_ensure(&S->scores, dev, 4, G.p_shape));
+  FL_CHECK(tensor_ensure(&S->dropped, dev, 4, G.p_shape));
 
   /* Attention. */
   FL_CHECK(op->gemm(dev, false, true, T, q3, H, 1.0f, x->data, H, val(k, TP_QKV_W), H, 0.0f,
@@ -90,11 +122,8 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
   }
   FL_CHECK(op->softmax_rows_forward(dev, n * hl * s, s, 1.0f / sqrtf((float)d), S->scores.data,
                                     a->probs.data));
-  const float *pd = a->probs.data;
-  if (keys->active) {
-    FL_CHECK(drop_probs(k, keys, n, a->probs.data, S->dropped.data, false));
-    pd = S->dropped.data;
-  }
+  const float *pd;
+  FL_CHECK(dropped_probs(k, keys, n, a, &pd));
   for (int h = 0; h < hl; h++) {
     const float *v = a->qkv.data + (size_t)h * 3 * d + 2 * d;
     FL_CHECK(op->gemm_batched(dev, false, false, s, d, s, 1.0f, pd + (size_t)h * s * s, s,
@@ -128,23 +157,20 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
                             fl_tensor *dx) {
   fl_device *dev = k->dev;
   const device_ops *op = dev->ops;
-  const tp_dims *D = &k->dims;
   tp_scratch *S = k->scratch;
-  int n = (int)x->shape[0], s = D->seq, H = D->hidden, d = D->head_dim, hl = D->local_heads;
-  int T = n * s, q3 = hl * 3 * d, F = D->local_ffn;
-  size_t qkv_stride = (size_t)s * q3, ctx_stride = (size_t)s * hl * d, p_stride = (size_t)hl * s * s;
-  int64_t qkv_shape[2] = {T, q3}, p_shape[4] = {n, hl, s, s}, ctx_shape[2] = {T, hl * d};
-  int64_t h_shape[3] = {n, s, H}, f_shape[2] = {T, F};
+  const geom G = geom_of(&k->dims, (int)x->shape[0]);
+  int n = G.n, s = G.s, H = G.H, d = G.d, hl = G.hl, T = G.T, q3 = G.q3, F = G.F;
+  size_t qkv_stride = G.qkv_stride, ctx_stride = G.ctx_stride, p_stride = G.p_stride;
   size_t th = (size_t)T * H;
   fl_status status = FL_OK;
-  FL_CHECK(tensor_ensure(dx, dev, 3, h_shape));
-  FL_CHECK(tensor_ensure(&S->d_hidden, dev, 3, h_shape));
-  FL_CHECK(tensor_ensure(&S->d_partial, dev, 3, h_shape));
-  FL_CHECK(tensor_ensure(&S->d_ffn, dev, 2, f_shape));
-  FL_CHECK(tensor_ensure(&S->d_ctx, dev, 2, ctx_shape));
-  FL_CHECK(tensor_ensure(&S->d_qkv, dev, 2, qkv_shape));
-  FL_CHECK(tensor_ensure(&S->dropped, dev, 4, p_shape));
-  FL_CHECK(tensor_ensure(&S->d_probs, dev, 4, p_shape));
+  FL_CHECK(tensor_ensure(dx, dev, 3, G.h_shape));
+  FL_CHECK(tensor_ensure(&S->d_hidden, dev, 3, G.h_shape));
+  FL_CHECK(tensor_ensure(&S->d_partial, dev, 3, G.h_shape));
+  FL_CHECK(tensor_ensure(&S->d_ffn, dev, 2, G.f_shape));
+  FL_CHECK(tensor_ensure(&S->d_ctx, dev, 2, G.ctx_shape));
+  FL_CHECK(tensor_ensure(&S->d_qkv, dev, 2, G.qkv_shape));
+  FL_CHECK(tensor_ensure(&S->dropped, dev, 4, G.p_shape));
+  FL_CHECK(tensor_ensure(&S->d_probs, dev, 4, G.p_shape));
 
   /* MLP: the gradient at fc2's output is dropout's backward of dy (g is the identity). */
   const float *d_out = dy->data;
@@ -181,11 +207,8 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   FL_CHECK(op->gemm(dev, false, false, T, hl * d, H, 1.0f, d_attn, H, val(k, TP_OUT_W), hl * d,
                     0.0f, S->d_ctx.data, hl * d));
   /* The dropped probabilities are recomputed from their keys rather than kept in the slot. */
-  const float *pd = a->probs.data;
-  if (keys->active) {
-    FL_CHECK(drop_probs(k, keys, n, a->probs.data, S->dropped.data, false));
-    pd = S->dropped.data;
-  }
+  const float *pd;
+  FL_CHECK(dropped_probs(k, keys, n, a, &pd));
   for (int h = 0; h < hl; h++) {
     const float *dctx = S->d_ctx.data + (size_t)h * d;
     const float *v = a->qkv.data + (size_t)h * 3 * d + 2 * d;

@@ -438,20 +438,13 @@ static size_t slot_bytes(const tfm_chunk *c, const tfm_slot *s) {
   return bytes;
 }
 
-static void shape_text(const fl_tensor *t, char *buf, size_t len) {
-  size_t at = (size_t)snprintf(buf, len, "[");
-  for (int i = 0; i < t->ndim && at < len; i++)
-    at += (size_t)snprintf(buf + at, len - at, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-  if (at < len) snprintf(buf + at, len - at, "]");
-}
-
 fl_status tfm_chunk_forward(tfm_chunk *c, int slot, const fl_tensor *x, const tfm_batch *b,
                             bool train, const fl_tensor **y) {
   if (!c || !x || !y) return fl_set_error(FL_EINVAL, "tfm_chunk_forward: NULL argument");
   int width = c->first == 0 ? c->spec.features : c->spec.hidden;
   if (x->ndim != 3 || x->shape[0] < 1 || x->shape[1] != c->spec.seq || x->shape[2] != width) {
     char got[96];
-    shape_text(x, got, sizeof got);
+    layer_shape_text(x, got, sizeof got);
     return fl_set_error(FL_EINVAL, "transformer units [%d, %d): input %s, expected [n, %d, %d]",
                         c->first, c->end, got, c->spec.seq, width);
   }
@@ -498,8 +491,8 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
   const fl_tensor *y = unit_output(&c->units[c->nunits - 1], &s->units[c->nunits - 1]);
   if (dy->ndim != y->ndim || memcmp(dy->shape, y->shape, (size_t)y->ndim * sizeof y->shape[0])) {
     char got[96], want[96];
-    shape_text(dy, got, sizeof got);
-    shape_text(y, want, sizeof want);
+    layer_shape_text(dy, got, sizeof got);
+    layer_shape_text(y, want, sizeof want);
     return fl_set_error(FL_ESTATE, "transformer units [%d, %d): output gradient %s does not "
                         "match the output %s", c->first, c->end, got, want);
   }

@@ -284,6 +284,21 @@ static double block_loss(tfm_chunk *c, const fl_tensor *x, const tfm_batch *b, c
   return dot(y->data, r, y->numel);
 }
 
+/* Compares one analytic derivative with a central difference of `v` (a float the loss reads). */
+static bool fd_agrees(tfm_chunk *c, const fl_tensor *x, const tfm_batch *b, const float *r,
+                      float *v, double analytic, double eps, const char *what, size_t i) {
+  float keep = *v;
+  *v = keep + (float)eps;
+  double lp = block_loss(c, x, b, r);
+  *v = keep - (float)eps;
+  double lm = block_loss(c, x, b, r);
+  *v = keep;
+  double fd = (lp - lm) / (2 * eps);
+  bool ok = fd_close(fd, analytic);
+  if (!ok) fprintf(stderr, "block %s[%zu]: backward %g, finite difference %g\n", what, i, analytic, fd);
+  return ok;
+}
+
 static void test_block_gradients_by_finite_differences(void **state) {
   (void)state;
   tfm_spec sp = small_spec;
@@ -313,30 +328,14 @@ static void test_block_gradients_by_finite_differences(void **state) {
   int bad = 0, total = 0;
   double eps = 1e-2;
   for (size_t i = 0; i < numel; i += 7) {
-    float keep = x.data[i];
-    x.data[i] = keep + (float)eps;
-    double lp = block_loss(c, &x, &b, r);
-    x.data[i] = keep - (float)eps;
-    double lm = block_loss(c, &x, &b, r);
-    x.data[i] = keep;
-    double fd = (lp - lm) / (2 * eps);
-    if (!fd_close(fd, dxv[i])) fprintf(stderr, "block dx[%zu]: %g, fd %g\n", i, dxv[i], fd);
-    bad += !fd_close(fd, dxv[i]);
+    bad += !fd_agrees(c, &x, &b, r, &x.data[i], dxv[i], eps, "dx", i);
     total++;
   }
   for (size_t p = 0; p < tfm_chunk_param_count(c); p++) {
     nn_param *prm = tfm_chunk_param(c, p);
     for (size_t k = 0; k < 6; k++) {
       size_t i = (k * 7919 + p) % prm->value.numel;
-      float *v = &prm->value.data[i], keep = *v;
-      *v = keep + (float)eps;
-      double lp = block_loss(c, &x, &b, r);
-      *v = keep - (float)eps;
-      double lm = block_loss(c, &x, &b, r);
-      *v = keep;
-      double fd = (lp - lm) / (2 * eps), an = g[prm->offset + i];
-      if (!fd_close(fd, an)) fprintf(stderr, "%s[%zu]: %g, fd %g\n", prm->name, i, an, fd);
-      bad += !fd_close(fd, an);
+      bad += !fd_agrees(c, &x, &b, r, &prm->value.data[i], g[prm->offset + i], eps, prm->name, i);
       total++;
     }
   }
