@@ -54,12 +54,11 @@ const char *pp_event_kind_name(pp_event_kind k) {
 enum { MSG_ACTIVATION = 1, MSG_GRADIENT = 2, MSG_HEADER_FLOATS = 4 };
 
 typedef struct message {
-  common_qnode node;
+  struct message *next; /* in the outbox or the mailbox */
   int peer; /* pipeline rank it goes to or came from */
   float header[MSG_HEADER_FLOATS]; /* kind, stage, micro-batch, floats */
   float *data;
   size_t count;
-  struct message *next; /* in the mailbox */
 } message;
 
 static void message_free(message *m) {
@@ -112,9 +111,10 @@ struct pp_trainer {
   /* the sender thread */
   pthread_t sender;
   bool sender_started;
-  common_queue outbox;
   pthread_mutex_t lock;
-  pthread_cond_t drained;
+  pthread_cond_t ready, drained;
+  message *out_head, *out_tail; /* the outbox, under lock */
+  bool closing;
   size_t pending;        /* messages queued or being sent */
   fl_status send_error;  /* the first failure of the sender thread */
   char send_msg[384];
@@ -147,12 +147,16 @@ static fl_tensor host_tensor(pp_trainer *t, float *data, size_t count) {
 static void *sender_main(void *arg) {
   pp_trainer *t = arg;
   for (;;) {
-    common_qnode *n = common_queue_pop(&t->outbox, 0);
-    if (!n) break;
-    message *m = (message *)n;
     pthread_mutex_lock(&t->lock);
+    while (!t->out_head && !t->closing) pthread_cond_wait(&t->ready, &t->lock);
+    message *m = t->out_head;
+    if (m) {
+      t->out_head = m->next;
+      if (!t->out_head) t->out_tail = NULL;
+    }
     bool failed = t->send_error != FL_OK;
     pthread_mutex_unlock(&t->lock);
+    if (!m) break;
     if (!failed) {
       fl_tensor h = host_tensor(t, m->header, MSG_HEADER_FLOATS), d = host_tensor(t, m->data, m->count);
       fl_status s = fl_comm_send(t->pp, &h, m->peer);
@@ -207,8 +211,11 @@ static fl_status send_tensor(pp_trainer *t, int peer, int kind, int stage, int m
   }
   pthread_mutex_lock(&t->lock);
   t->pending++;
+  if (t->out_tail) t->out_tail->next = m;
+  else t->out_head = m;
+  t->out_tail = m;
+  pthread_cond_signal(&t->ready);
   pthread_mutex_unlock(&t->lock);
-  common_queue_push(&t->outbox, &m->node);
   return FL_OK;
 }
 
@@ -394,11 +401,14 @@ static fl_status check_options(const pp_options *o, int world) {
 void pp_trainer_destroy(pp_trainer *t) {
   if (!t) return;
   if (t->sender_started) {
-    common_queue_close(&t->outbox);
+    pthread_mutex_lock(&t->lock);
+    t->closing = true;
+    pthread_cond_signal(&t->ready);
+    pthread_mutex_unlock(&t->lock);
     pthread_join(t->sender, NULL);
   }
-  common_queue_destroy(&t->outbox);
   pthread_mutex_destroy(&t->lock);
+  pthread_cond_destroy(&t->ready);
   pthread_cond_destroy(&t->drained);
   for (message *m = t->mailbox, *next; m; m = next) {
     next = m->next;
@@ -444,8 +454,8 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   t->nchunks = t->o.chunks;
   t->nstages = o->grid.pp * t->nchunks;
   t->me = pp_grid_coords(o->grid, fl_comm_rank(world));
-  common_queue_init(&t->outbox);
   pthread_mutex_init(&t->lock, NULL);
+  pthread_cond_init(&t->ready, NULL);
   pthread_cond_init(&t->drained, NULL);
   FL_CHECK(cpu_device_init(&t->host));
   pp_grid g = o->grid;
