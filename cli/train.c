@@ -51,6 +51,8 @@ static const char train_usage_text[] =
     "  --seed S            weights, shuffles and synthetic data (default 1)\n"
     "  --allreduce A       host backend: auto (default), ring, halving-doubling or tree\n"
     "  --bucket-mb MB      gradient bucket size in MiB, > 0 (default 4)\n"
+    "  --no-overlap        allreduce each bucket inside backward instead of on the rank's\n"
+    "                      communication thread while backward goes on (for comparison)\n"
     "  --master M          local[*] (default), local[N], local-cluster[E,C,MB] or\n"
     "                      flint://HOST:PORT; needs R free task slots (GPU executors for cuda)\n"
     "  --csv PATH          the curves as CSV (default flint-train.csv)\n"
@@ -113,6 +115,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     }
     if (strcmp(opt, "--no-shuffle") == 0) {
       o->shuffle = false;
+      continue;
+    }
+    if (strcmp(opt, "--no-overlap") == 0) {
+      o->overlap = false;
       continue;
     }
     static const char *const valued[] = {"--model", "--data", "--data-dir", "--synthetic-images",

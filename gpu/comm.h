@@ -9,8 +9,9 @@
  * one peer while it receives from another (what a ring step needs). The algorithms work on
  * host float buffers; comm_host.c stages cuda tensors through pinned host memory around them.
  *
- * Threading: a communicator is used by one thread at a time (its rank's thread). Every slot
- * of comm_backend_ops blocks until this rank's part of the collective is done.
+ * Threading: a communicator is used by one thread at a time (its rank's thread, or the rank's
+ * communication thread while that holds it: gpu/comm_worker.h). Every slot of
+ * comm_backend_ops blocks until this rank's part of the collective is done.
  */
 #ifndef FLINT_GPU_COMM_H
 #define FLINT_GPU_COMM_H

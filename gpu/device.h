@@ -15,6 +15,14 @@
  *   Operations that produce activations or input gradients OVERWRITE their output unless
  *   the name says accumulate.
  * - Returns FL_OK or FL_EDEVICE with fl_last_error() naming the call and the device.
+ * - A device is used by one thread at a time, with one exception: while the data-parallel
+ *   trainer overlaps its allreduces (gpu/comm_worker.h), the rank's communication thread
+ *   calls synchronize, to_host, from_host, host_alloc and host_free (through the
+ *   communicator's backend) as the rank's thread queues backward's work. The cpu device
+ *   keeps no state in them; the cuda device's start with cudaSetDevice, queue on the stream
+ *   (the CUDA runtime orders calls from several threads) and only read the device's state
+ *   unless a call fails. A known gap: the sticky error (gpu/cuda/check.c) is recorded
+ *   without a lock, so two threads failing at once race on its message.
  */
 #ifndef FLINT_GPU_DEVICE_H
 #define FLINT_GPU_DEVICE_H

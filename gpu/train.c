@@ -14,11 +14,18 @@
  *   5. per epoch: steps of forward, loss, backward with buckets allreduced (averaged) as
  *      backward reports their gradients final, one SGD step; then evaluation on every rank's
  *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row.
+ * Overlap (the default, as PyTorch DDP): buckets go to the rank's communication thread
+ * (gpu/comm_worker.h), which allreduces them in order while backward goes on; the rank waits
+ * for them all before the SGD step. Without it (train_arg.overlap false) each bucket is
+ * allreduced in backward's callback, which holds backward up until it is done.
  * Ranks report progress (a few times an epoch) and each epoch's row to the client's
  * on_report, which draws the progress line and collects the curves.
  *
  * Threading: a rank is one task thread; its device, model, optimizer and communicator are its
- * own. The client's on_report runs on the client's thread inside the action.
+ * own, plus (with overlap and more than one rank) its communication thread, which alone uses
+ * the communicator from a step's first bucket to the wait after backward; evaluation and the
+ * other collectives run on the rank's thread after that wait. The client's on_report runs on
+ * the client's thread inside the action.
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +35,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "gpu/comm_worker.h"
 #include "gpu/curves.h"
 #include "gpu/data.h"
 #include "gpu/train.h"
@@ -38,7 +46,8 @@ typedef struct train_report {
   uint32_t kind, epoch, epochs, attempt; /* epoch: 1-based */
   uint64_t step, steps_per_epoch, done;  /* step: global steps so far; done: this epoch's */
   double loss, acc, test_loss, test_acc, lr, images_per_s, seconds;
-  uint32_t resumed_epoch, pad;           /* the epochs this attempt restored */
+  uint32_t resumed_epoch;                /* the epochs this attempt restored */
+  uint32_t buckets;                      /* allreduces of the last step's gradients */
   int64_t pid;                           /* rank 0's process */
 } train_report;
 
@@ -55,6 +64,7 @@ typedef struct train_arg {
   uint64_t bucket_bytes;
   bool emit_checkpoint; /* rank 0 emits the final checkpoint blob after its result */
   bool shuffle;
+  bool overlap; /* buckets allreduced on the communication thread during backward */
 } train_arg;
 
 #define DEFAULT_BUCKET_BYTES (4u << 20)
@@ -70,10 +80,12 @@ static double now_s(void) {
 
 /* Buckets: backward reports parameters final from the last to the first, so the ready part of
  * the flat gradient buffer grows downwards from its end: [lo, hi) is ready and not yet
- * reduced. A bucket goes out as soon as it holds bucket_elems, and the rest after backward. */
+ * reduced. A bucket goes out as soon as it holds bucket_elems, and the rest after backward.
+ * "Goes out": posted to the communication thread with overlap, else allreduced here. */
 typedef struct bucketing {
   nn_model *model;
-  fl_comm *comm; /* NULL with one rank: nothing to reduce */
+  fl_comm *comm;         /* NULL with one rank: nothing to reduce */
+  comm_worker *worker;   /* NULL without overlap */
   size_t bucket_elems;
   size_t lo, hi;
   uint32_t buckets; /* allreduces issued this step */
@@ -87,7 +99,9 @@ static fl_status bucket_flush(bucketing *bk) {
   fl_tensor view;
   int64_t shape[1] = {(int64_t)(bk->hi - bk->lo)};
   fl_status s = tensor_view(nn_model_grads(bk->model), bk->lo, 1, shape, &view);
-  if (s == FL_OK) s = fl_comm_allreduce(bk->comm, &view, FL_REDUCE_AVG);
+  if (s == FL_OK)
+    s = bk->worker ? comm_worker_post(bk->worker, &view, FL_REDUCE_AVG)
+                   : fl_comm_allreduce(bk->comm, &view, FL_REDUCE_AVG);
   bk->hi = bk->lo;
   bk->buckets++;
   return s;
@@ -116,6 +130,7 @@ typedef struct rank_state {
   nn_model *model;
   optim_sgd *opt;
   fl_comm *comm;
+  comm_worker *worker; /* with overlap and world > 1: the communication thread */
   data_reader *train, *test;
   fl_tensor *x;       /* [per-rank batch, c, h, w] */
   fl_tensor *sums;    /* [3]: loss sum, correct, images: reduced over ranks */
@@ -265,6 +280,8 @@ static fl_status rank_checkpoint(rank_state *r, const checkpoint_state *cs, fl_b
 }
 
 static void rank_free(rank_state *r) {
+  /* First: the worker may still be reading the gradients, and it uses the communicator. */
+  comm_worker_stop(r->worker);
   fl_device *dev = r->dev;
   if (dev) {
     if (r->images_h) dev->ops->host_free(dev, r->images_h);
@@ -318,6 +335,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   FL_CHECK(r->dev->ops->host_alloc(r->dev, (size_t)r->local_batch * per * sizeof(float), (void **)&r->images_h));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_h));
   FL_CHECK(rank_connect(r));
+  if (r->comm && a->overlap) FL_CHECK(comm_worker_start(r->comm, &r->worker));
 cleanup:
   return status;
 }
@@ -354,7 +372,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   }
 
   const uint32_t resumed = cs.epoch;
-  bucketing bk = {.model = r.model, .comm = r.comm,
+  bucketing bk = {.model = r.model, .comm = r.comm, .worker = r.worker,
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
   size_t total = fl_tensor_numel(nn_model_grads(r.model));
@@ -386,6 +404,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       /* Whatever backward did not report ready is final now: [0, hi) goes out last. */
       bk.lo = 0;
       FL_CHECK(bucket_flush(&bk));
+      /* The communicator is the rank thread's again, and the gradients are averaged. */
+      if (bk.worker) FL_CHECK(comm_worker_wait(bk.worker));
       lr = optim_lr_at(&a.schedule, epoch + (double)i / (double)steps);
       FL_CHECK(optim_sgd_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
       images += n;
@@ -398,7 +418,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                             .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = st[0] / images,
                             .acc = st[1] / images, .lr = lr,
                             .images_per_s = secs > 0 ? images * (double)r.world / secs : 0, .seconds = secs,
-                            .resumed_epoch = resumed, .pid = (int64_t)getpid()};
+                            .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid()};
         FL_CHECK(rank_report(&r, &rep));
       }
     }
@@ -416,7 +436,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                           .step = cs.step, .steps_per_epoch = steps, .done = steps, .loss = sum3[0] / sum3[2],
                           .acc = sum3[1] / sum3[2], .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
                           .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = now_s() - t0,
-                          .resumed_epoch = resumed, .pid = (int64_t)getpid()};
+                          .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid()};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
        * so that an epoch the client has seen is never trained again. */
@@ -518,7 +538,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   train_arg a = {.model = o->model, .device = o->device, .ranks = o->ranks, .batch = o->batch, .epochs = o->epochs,
                  .channels = train.channels, .height = train.height, .width = train.width, .classes = train.classes,
                  .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce, .bucket_bytes = o->bucket_bytes,
-                 .emit_checkpoint = o->checkpoint_path != NULL, .shuffle = o->shuffle};
+                 .emit_checkpoint = o->checkpoint_path != NULL, .shuffle = o->shuffle, .overlap = o->overlap};
   gpu_train_schedule(o, &a.schedule);
   fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
   bopts.gpu = o->device == FL_DEVICE_CUDA;
@@ -565,7 +585,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .resumed_epoch = last.resumed_epoch,
                                  .train_loss = last.loss, .train_acc = last.acc, .test_loss = last.test_loss,
                                  .test_acc = last.test_acc, .images_per_s = train_secs > 0 ? images / train_secs : 0,
-                                 .seconds = seconds, .final_lr = last.lr};
+                                 .seconds = seconds, .final_lr = last.lr, .buckets = last.buckets};
   }
 cleanup:
   fl_records_free(out);

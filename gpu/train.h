@@ -6,9 +6,11 @@
  * rank r reads partition r into host memory, opens its device, builds the model from the
  * same seed as every other rank, joins the communicator, and then, for each epoch:
  *   - takes steps_per_epoch steps (the same count on every rank: the smallest rank's
- *     full batches), each: forward, loss, backward whose grads-ready callback allreduces
- *     (averages) buckets of the flat gradient buffer as they become final, then one SGD step
- *     at the schedule's rate for (epoch + step / steps_per_epoch);
+ *     full batches), each: forward, loss, backward whose grads-ready callback hands buckets
+ *     of the flat gradient buffer, as they become final, to the rank's communication thread,
+ *     which allreduces (averages) them in order while backward goes on (opts->overlap; else
+ *     the callback allreduces each one itself); then, once every bucket is reduced, one SGD
+ *     step at the schedule's rate for (epoch + step / steps_per_epoch);
  *   - evaluates on the test set (each rank its share of the test blocks, sums allreduced);
  *   - puts a checkpoint of weights, batch-norm buffers, velocity and position
  *     (fl_barrier_checkpoint_put), then reports the epoch's row to the client
@@ -89,6 +91,8 @@ typedef struct gpu_train_options {
   uint64_t seed;         /* weights, shuffles and synthetic data */
   fl_allreduce_algo allreduce; /* host backend's algorithm */
   size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
+  bool overlap;          /* allreduce buckets on a communication thread while backward goes
+                          * on (default); false: in backward's callback, holding it up */
   const char *csv_path;  /* curves as CSV (NULL: not written) */
   const char *svg_path;  /* curves as SVG (NULL: not written) */
   const char *checkpoint_path; /* the final checkpoint blob (gpu/optim.h; NULL: not written) */
@@ -105,8 +109,8 @@ typedef struct gpu_train_options {
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
-   OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, NULL, NULL, NULL, \
-   NULL, true, 0, 0, NULL, NULL}
+   OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
+   NULL, NULL, true, 0, 0, NULL, NULL}
 
 typedef struct gpu_train_result {
   uint32_t epochs;        /* epochs completed */
@@ -118,6 +122,7 @@ typedef struct gpu_train_result {
   double images_per_s;    /* training images per second over the run (all ranks) */
   double seconds;         /* wall time of the training stage */
   double final_lr;        /* the rate of the last step */
+  uint32_t buckets;       /* gradient allreduces in the last step (0 with one rank) */
 } gpu_train_result;
 
 /* "mlp", "cnn", "resnet18" (the CLI's names, nn_model_kind_name's); FL_EINVAL otherwise. */

@@ -9,6 +9,13 @@
  * reduce-scatter with uneven blocks, send/recv, barrier, split; a device that stages through
  * host memory (the cuda path, without a GPU); and the failures: bad arguments, a rank that
  * never connects, a rank that leaves mid-collective, garbage on an endpoint.
+ *
+ * The communication thread (gpu/comm_worker.h) too: buckets posted through it (more than its
+ * queue holds, sizes 0 to 256K floats, random floats so that any other order of additions
+ * would show) end bit for bit as when the rank's thread reduces them, on the cpu and the
+ * staged device (posting synchronizes the device); the communicator is the rank's again
+ * after a wait; a peer that leaves fails the survivor's wait at once with the allreduce's
+ * message, and later posts with it.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -23,8 +30,10 @@
 
 #include "test_util.h"
 
+#include "common/common.h"
 #include "flint/gpu.h"
 #include "gpu/comm.h"
+#include "gpu/comm_worker.h"
 #include "gpu/device.h"
 
 #include "rank_threads.h"
@@ -434,7 +443,7 @@ static void test_split(void **state) {
 
 static device_ops staged_ops;
 static fl_device staged_dev;
-static atomic_int staged_host_allocs, staged_copies;
+static atomic_int staged_host_allocs, staged_copies, staged_syncs;
 
 static fl_status staged_host_alloc(fl_device *dev, size_t bytes, void **out) {
   atomic_fetch_add(&staged_host_allocs, 1);
@@ -449,17 +458,27 @@ static fl_status staged_from_host(fl_device *dev, void *dst, const void *src, si
   return cpu->ops->from_host(cpu, dst, src, bytes);
 }
 
-static void test_staged_device(void **state) {
-  (void)state;
+static fl_status staged_synchronize(fl_device *dev) {
+  atomic_fetch_add(&staged_syncs, 1);
+  return cpu->ops->synchronize(cpu);
+}
+
+static void staged_init(void) {
   staged_ops = *cpu->ops;
   staged_ops.name = "staged";
   staged_ops.host_alloc = staged_host_alloc;
   staged_ops.to_host = staged_to_host;
   staged_ops.from_host = staged_from_host;
+  staged_ops.synchronize = staged_synchronize;
   staged_dev = *cpu;
   staged_dev.ops = &staged_ops;
   staged_dev.kind = FL_DEVICE_CUDA;
   snprintf(staged_dev.name, sizeof staged_dev.name, "staged (cuda stand-in)");
+}
+
+static void test_staged_device(void **state) {
+  (void)state;
+  staged_init();
   for (int p = 2; p <= 3; p++) {
     group g;
     group_create(&g, p);
@@ -474,6 +493,169 @@ static void test_staged_device(void **state) {
     check_collectives(&g, &staged_dev, sizes, 3);
     group_destroy(&g);
   }
+}
+
+/* ---- the communication thread (gpu/comm_worker.h) -------------------------------------- */
+
+/* Bucket sizes in floats: empty, one, odd, large; 130 of them fill the queue twice over. */
+#define WORKER_BUCKETS 130
+static size_t worker_bucket_len(int i) {
+  static const size_t sizes[] = {0, 1, 7, 1000, 4099, 1u << 18, 3, 65537};
+  return sizes[i % 8];
+}
+
+/* Seeded floats of mixed signs and magnitudes: their sums round differently in any other
+ * order. */
+static void fill_random(float *x, size_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < n; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    x[i] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) * (float)(1 + (s & 1023));
+  }
+}
+
+typedef struct worker_case {
+  fl_device *dev;
+  size_t total;
+  fl_allreduce_algo algo;
+} worker_case;
+
+/* Reduces the buckets of t from its end down, as backward reports them: through the worker
+ * when w is set, else on this thread. */
+static fl_status reduce_buckets(fl_comm *comm, comm_worker *w, fl_tensor *t) {
+  size_t hi = fl_tensor_numel(t);
+  for (int i = 0; i < WORKER_BUCKETS; i++) {
+    size_t n = worker_bucket_len(i);
+    fl_tensor view;
+    int64_t shape[1] = {(int64_t)n};
+    fl_status st = tensor_view(t, hi - n, 1, shape, &view);
+    if (st == FL_OK && w) st = comm_worker_post(w, &view, FL_REDUCE_AVG);
+    if (st == FL_OK && !w && n) st = fl_comm_allreduce(comm, &view, FL_REDUCE_AVG);
+    if (st != FL_OK) return st;
+    hi -= n;
+  }
+  return w ? comm_worker_wait(w) : FL_OK;
+}
+
+static fl_status worker_compare_rank(rank_job *job) {
+  const worker_case *c = job->arg;
+  fl_tensor *via_worker = tensor_on(c->dev, c->total), *direct = tensor_on(c->dev, c->total);
+  comm_worker *w = NULL;
+  fill_random(via_worker->data, c->total, (uint64_t)job->rank + 1);
+  memcpy(direct->data, via_worker->data, c->total * sizeof(float));
+  fl_status st = fl_comm_set_allreduce_algo(job->comm, c->algo);
+  if (st == FL_OK) st = reduce_buckets(job->comm, NULL, direct);
+  if (st == FL_OK) st = comm_worker_start(job->comm, &w);
+  if (st == FL_OK) st = reduce_buckets(job->comm, w, via_worker);
+  uint64_t nonempty = 0;
+  for (int i = 0; i < WORKER_BUCKETS; i++) nonempty += worker_bucket_len(i) > 0;
+  if (st == FL_OK && comm_worker_reduced(w) != nonempty)
+    st = fl_set_error(FL_EINTERNAL, "the worker reduced %llu buckets, not %llu",
+                      (unsigned long long)comm_worker_reduced(w), (unsigned long long)nonempty);
+  for (size_t i = 0; st == FL_OK && i < c->total; i++)
+    if (memcmp(&via_worker->data[i], &direct->data[i], sizeof(float)) != 0)
+      st = fl_set_error(FL_EINTERNAL, "element %zu: %.9g through the worker, %.9g directly", i,
+                        (double)via_worker->data[i], (double)direct->data[i]);
+  /* After the wait the communicator is this thread's again. */
+  if (st == FL_OK) st = fl_comm_barrier(job->comm);
+  comm_worker_stop(w);
+  fl_tensor_destroy(direct);
+  fl_tensor_destroy(via_worker);
+  return st;
+}
+
+static void test_worker_equals_synchronous(void **state) {
+  (void)state;
+  staged_init();
+  size_t total = 0;
+  for (int i = 0; i < WORKER_BUCKETS; i++) total += worker_bucket_len(i);
+  static const fl_allreduce_algo algos[] = {FL_ALLREDUCE_AUTO, FL_ALLREDUCE_RING, FL_ALLREDUCE_TREE};
+  for (int p = 1; p <= 4; p++) {
+    for (size_t a = 0; a < sizeof algos / sizeof *algos; a++) {
+      fl_device *dev = a == 0 ? &staged_dev : cpu;
+      group g;
+      group_create(&g, p);
+      worker_case c = {.dev = dev, .total = total, .algo = algos[a]};
+      rank_job jobs[MAX_RANKS];
+      int syncs = atomic_load(&staged_syncs);
+      run_ranks(p, g.comms, worker_compare_rank, &c, jobs);
+      fprintf(stderr, "  worker: %d ranks, %s on %s\n", p, fl_allreduce_algo_name(algos[a]), dev->name);
+      expect_all_ok(p, jobs);
+      /* Every post waited for the device (the cuda rule). */
+      if (dev == &staged_dev) assert_true(atomic_load(&staged_syncs) - syncs >= p * WORKER_BUCKETS);
+      group_destroy(&g);
+    }
+  }
+}
+
+/* Rank 1 reduces the first bucket with rank 0, then leaves; rank 0 has posted three. */
+static fl_status worker_leave_after_one(rank_job *job) {
+  fl_tensor *t = tensor_on(cpu, 3u << 14);
+  fl_tensor bucket[3];
+  int64_t shape[1] = {1 << 14};
+  comm_worker *w = NULL;
+  fl_status st = FL_OK;
+  for (int i = 0; i < 3 && st == FL_OK; i++) st = tensor_view(t, (size_t)i << 14, 1, shape, &bucket[i]);
+  if (st == FL_OK) st = comm_worker_start(job->comm, &w);
+  if (st == FL_OK && job->rank == 1) {
+    st = comm_worker_post(w, &bucket[0], FL_REDUCE_AVG);
+    if (st == FL_OK) st = comm_worker_wait(w);
+    comm_worker_stop(w);
+    w = NULL;
+    fl_comm_destroy(job->comm); /* leaves: its sockets close */
+    job->comm = NULL;
+  } else if (st == FL_OK) {
+    /* A post may see the failure already; the wait must report it either way. */
+    for (int i = 0; i < 3 && st == FL_OK; i++) st = comm_worker_post(w, &bucket[i], FL_REDUCE_AVG);
+    fl_status waited = comm_worker_wait(w);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", fl_last_error());
+    fl_status again = comm_worker_post(w, &bucket[0], FL_REDUCE_AVG); /* kept: fails at once */
+    if (waited == FL_OK)
+      st = fl_set_error(FL_EINTERNAL, "the wait succeeded although rank 1 left");
+    else if (again != waited || !strstr(fl_last_error(), "communication thread"))
+      st = fl_set_error(FL_EINTERNAL, "not kept: %s then %s (%s)", fl_status_name(waited), fl_status_name(again),
+                        fl_last_error());
+    else
+      st = fl_set_error(waited, "%s", msg);
+  }
+  comm_worker_stop(w);
+  fl_tensor_destroy(t);
+  return st;
+}
+
+static void test_worker_peer_leaves(void **state) {
+  (void)state;
+  group g;
+  group_create(&g, 2);
+  rank_job jobs[MAX_RANKS];
+  uint64_t t0 = common_now_ns();
+  run_ranks(2, g.comms, worker_leave_after_one, NULL, jobs);
+  double seconds = (double)(common_now_ns() - t0) / 1e9;
+  g.comms[1] = NULL; /* destroyed by its rank */
+  if (jobs[1].status != FL_OK) fprintf(stderr, "rank 1: %s\n", jobs[1].msg);
+  assert_int_equal(jobs[1].status, FL_OK);
+  fprintf(stderr, "  rank 0: %s in %.3f s: %s\n", fl_status_name(jobs[0].status), seconds, jobs[0].msg);
+  assert_true(jobs[0].status == FL_EPEER || jobs[0].status == FL_ENET);
+  assert_non_null(strstr(jobs[0].msg, "communication thread"));
+  assert_non_null(strstr(jobs[0].msg, "fl_comm_allreduce"));
+  assert_non_null(strstr(jobs[0].msg, "rank 1"));
+  /* No waiting for a timeout (FLINT_COMM_TIMEOUT_MS is 300 s): the closed sockets tell. */
+  assert_true(seconds < 10.0);
+  group_destroy(&g);
+}
+
+static void test_worker_stop(void **state) {
+  (void)state;
+  comm_worker_stop(NULL);
+  group g;
+  group_create(&g, 1);
+  comm_worker *w = NULL;
+  assert_ok(comm_worker_start(g.comms[0], &w));
+  assert_ok(comm_worker_wait(w)); /* nothing posted */
+  assert_int_equal(comm_worker_reduced(w), 0);
+  comm_worker_stop(w);
+  group_destroy(&g);
 }
 
 /* ---- errors ---------------------------------------------------------------------------- */
@@ -678,6 +860,9 @@ int main(void) {
       cmocka_unit_test(test_peer_never_connects),
       cmocka_unit_test(test_peer_leaves),
       cmocka_unit_test(test_garbage_on_endpoint),
+      cmocka_unit_test(test_worker_equals_synchronous),
+      cmocka_unit_test(test_worker_peer_leaves),
+      cmocka_unit_test(test_worker_stop),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,7 +2,10 @@
  *   - equivalence: R ranks with global batch B reach the same weights as 1 rank with batch B
  *     after 20 steps (no shuffle, momentum, weight decay, constant rate), for the MLP and the
  *     CNN, R = 1, 2, 3, every host allreduce algorithm, small buckets, and one run on a local
- *     cluster; a shuffled run shows the comparison can fail;
+ *     cluster; a shuffled run shows the comparison can fail (every run here overlaps the
+ *     allreduces with backward, the default);
+ *   - overlap: with a bucket per layer, 2 and 3 ranks whose allreduces run on the
+ *     communication thread end with the same bytes as runs that allreduce inside backward;
  *   - a killed rank: kill -9 of the executor running rank 0 during epoch 2 makes the stage
  *     retry from the epoch-1 checkpoint (attempts 2, resumed_epoch 1, one curve row per
  *     epoch); with no spare executor the run fails with FL_ESLOTS.
@@ -156,8 +159,9 @@ static gpu_train_options eq_options(nn_model_kind model, uint32_t ranks, const c
   return o;
 }
 
-/* Trains and loads the final checkpoint into *c. */
-static void run_to_ckpt(gpu_train_options *o, const char *name, ckpt *c) {
+/* Trains and loads the final checkpoint into *c; *buckets (may be NULL): the last step's
+ * allreduces. */
+static void run_to_ckpt_buckets(gpu_train_options *o, const char *name, ckpt *c, uint32_t *buckets) {
   char path[256];
   snprintf(path, sizeof path, "%s/%s.ckpt", tmp_dir, name);
   o->checkpoint_path = path;
@@ -170,10 +174,14 @@ static void run_to_ckpt(gpu_train_options *o, const char *name, ckpt *c) {
   ckpt_load(path, c);
   assert_int_equal(c->epoch, o->epochs);
   assert_int_equal(c->step, res.steps);
-  fprintf(stderr, "  %-28s %u rank%s, %llu steps, loss %.4f, %.0f s\n", name, o->ranks, o->ranks == 1 ? " " : "s",
-          (unsigned long long)res.steps, res.train_loss, (double)time(NULL) - t0);
+  fprintf(stderr, "  %-28s %u rank%s, %llu steps, %u bucket%s a step, loss %.4f, %.0f s\n", name, o->ranks,
+          o->ranks == 1 ? " " : "s", (unsigned long long)res.steps, res.buckets, res.buckets == 1 ? "" : "s",
+          res.train_loss, (double)time(NULL) - t0);
+  if (buckets) *buckets = res.buckets;
   unlink(path);
 }
+
+static void run_to_ckpt(gpu_train_options *o, const char *name, ckpt *c) { run_to_ckpt_buckets(o, name, c, NULL); }
 
 typedef struct eq_case {
   const char *name;
@@ -255,6 +263,67 @@ static void test_equivalence_detects_other_batches(void **state) {
   ckpt_free(&base);
   ckpt_free(&shuffled);
   ckpt_free(&untrained);
+}
+
+/* ---- overlap ------------------------------------------------------------------------------ */
+
+/* Overlap changes when each bucket is reduced, not what: the same buckets (one per layer with
+ * 4-byte buckets) go through the same algorithm in the same order, so the final weights,
+ * batch-norm buffers and velocities are equal byte for byte to the synchronous run's. The
+ * CNN is included (batch norm does not matter here: both runs have the same ranks). A
+ * worker that read a bucket before backward finished it, or reduced the wrong range, or
+ * wrote a result while backward still accumulated there, would change bytes. */
+static void check_overlap_bitwise(nn_model_kind model, uint32_t ranks, fl_allreduce_algo algo, uint32_t min_buckets) {
+  ckpt on = {0}, off = {0};
+  uint32_t buckets_on = 0, buckets_off = 0;
+  gpu_train_options o = eq_options(model, ranks, "local[3]");
+  o.lr = EQ_LR;
+  o.allreduce = algo;
+  o.bucket_bytes = 4; /* one float: every layer's callback sends its own bucket */
+  o.overlap = false;
+  run_to_ckpt_buckets(&o, "no overlap, 4-byte buckets", &off, &buckets_off);
+  o.overlap = true;
+  run_to_ckpt_buckets(&o, "overlap, 4-byte buckets", &on, &buckets_on);
+  assert_int_equal(buckets_on, buckets_off);
+  assert_true(buckets_on >= min_buckets);
+  assert_int_equal(on.values, off.values);
+  assert_int_equal(on.buffers, off.buffers);
+  assert_int_equal(on.velocity, off.velocity);
+  assert_int_equal(on.step, off.step);
+  size_t floats = on.values + on.buffers + on.velocity;
+  size_t differ = 0;
+  for (size_t i = 0; i < floats; i++) differ += memcmp(&on.data[i], &off.data[i], sizeof(float)) != 0;
+  fprintf(stderr, "  %s, %u ranks, %u buckets a step: %zu of %zu floats differ\n", nn_model_kind_name(model), ranks,
+          buckets_on, differ, floats);
+  assert_int_equal(differ, 0);
+  ckpt_free(&on);
+  ckpt_free(&off);
+}
+
+static void test_overlap_equals_synchronous(void **state) {
+  (void)state;
+  NEED_DATA();
+  /* MLP: 3 linear layers; CNN: conv, bn, conv, bn, fc, fc. */
+  check_overlap_bitwise(NN_MLP, 3, FL_ALLREDUCE_RING, 3);
+  check_overlap_bitwise(NN_CNN, 2, FL_ALLREDUCE_AUTO, 6);
+}
+
+/* The default 4 MiB holds the whole MLP: one allreduce a step, after backward. */
+static void test_default_bucket_is_one_allreduce(void **state) {
+  (void)state;
+  NEED_DATA();
+  ckpt c = {0};
+  uint32_t buckets = 0;
+  gpu_train_options o = eq_options(NN_MLP, 2, "local[2]");
+  o.max_train_images = 2 * EQ_BATCH;
+  run_to_ckpt_buckets(&o, "2 ranks, 4 MiB buckets", &c, &buckets);
+  assert_int_equal(buckets, 1);
+  ckpt_free(&c);
+  o = eq_options(NN_MLP, 1, "local[1]");
+  o.max_train_images = 2 * EQ_BATCH;
+  run_to_ckpt_buckets(&o, "1 rank", &c, &buckets);
+  assert_int_equal(buckets, 0); /* nothing to reduce */
+  ckpt_free(&c);
 }
 
 /* ---- a killed rank ------------------------------------------------------------------------ */
@@ -411,6 +480,8 @@ int main(void) {
       T(test_equivalence_mlp),
       T(test_equivalence_detects_other_batches),
       T(test_equivalence_local_cluster),
+      T(test_overlap_equals_synchronous),
+      T(test_default_bucket_is_one_allreduce),
       T(test_killed_rank_resumes_from_checkpoint),
       T(test_killed_rank_too_few_executors),
   };
