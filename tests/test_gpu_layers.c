@@ -9,38 +9,7 @@
 #include "gpu/device.h"
 #include "gpu/layers.h"
 
-static fl_device *dev;
-
-static int setup_device(void **state) {
-  (void)state;
-  return fl_device_open(FL_DEVICE_CPU, 0, &dev) == FL_OK ? 0 : -1;
-}
-
-static int teardown_device(void **state) {
-  (void)state;
-  fl_device_close(dev);
-  dev = NULL;
-  return 0;
-}
-
-/* ---- helpers --------------------------------------------------------------------------- */
-
-static uint64_t rng_state = 0x1234567u;
-
-/* Uniform in [-1, 1): a small xorshift is enough for test data. */
-static float urand(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return (float)((double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
-}
-
-static float *rand_buf(size_t n) {
-  float *p = malloc((n ? n : 1) * sizeof *p);
-  assert_non_null(p);
-  for (size_t i = 0; i < n; i++) p[i] = urand();
-  return p;
-}
+#include "gpu_test_data.h"
 
 static float *zero_buf(size_t n) {
   float *p = calloc(n ? n : 1, sizeof *p);
