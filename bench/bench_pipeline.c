@@ -26,9 +26,12 @@
  *     p x v stages of two units each (blocks = 2pv - 2), every forward sleeping 8 ms / v and
  *     every backward twice that (pp_options.synthetic_forward_s). Sleeps cost no core, so 4
  *     ranks on 2 cores still see stages of equal cost and the bubble is the schedule's;
- *   - compute: a small real model (seq 16, hidden 64, ffn 256) with no sleeps, cut the same
- *     way, m = 8 only. It is compute-bound, and with more ranks than cores the ranks share
- *     the cores, so its bubble mixes the schedule's with the host's contention.
+ *   - compute: a small real model (seq 32, hidden 128, ffn 512) with no sleeps, cut the same
+ *     way, m = 8 only. Stages are then as long as their compute, the first and last
+ *     (embedding, head) shorter than the others, micro-batches are short enough that
+ *     transfer latency counts, and with more ranks than cores the ranks share the cores: its
+ *     bubble mixes the schedule's with imbalance, latency and the host's contention, and is
+ *     labelled apart for that reason.
  *
  * Rows of the second table, "tensor parallel": a block stack (seq 64, features 32, hidden
  * 256, 8 heads, ffn 1024, 2 blocks, 10 classes, batch 16) trained with tp = 1, 2, 4 and
@@ -229,7 +232,7 @@ static fl_status make_batch(const tfm_spec *spec, int batch, float **x, int32_t 
 
 static tfm_spec schedule_spec(bool compute, int blocks) {
   if (compute)
-    return (tfm_spec){.seq = 16, .features = 16, .hidden = 64, .heads = 4, .ffn = 256,
+    return (tfm_spec){.seq = 32, .features = 16, .hidden = 128, .heads = 4, .ffn = 512,
                       .blocks = blocks, .classes = 10, .dropout = 0.1f, .seed = 7};
   return (tfm_spec){.seq = 4, .features = 3, .hidden = 8, .heads = 2, .ffn = 16, .blocks = blocks,
                     .classes = 3, .dropout = 0.1f, .seed = 7};
@@ -366,6 +369,8 @@ int main(int argc, char **argv) {
            SYNTHETIC_FWD_S * 1e3);
     printf("theory = (p-1)/(m+p-1) [/v interleaved]; sim = the schedule simulated with t_bwd = 2 t_fwd "
            "(interleaved: (p-1)/(vm+p-1), the fraction of the step the bubble is)\n");
+    printf("samples/s: global batch over the slowest rank's step; peak act: activation bytes held at "
+           "once on pipeline rank 0 and the last\n");
     printf("%-9s %-11s %2s %3s %2s %5s %7s %7s %7s %10s %9s %12s %12s\n", "cost", "schedule", "p", "m", "v",
            "batch", "bubble", "theory", "sim", "samples/s", "step ms", "peak act r0", "peak act last");
   }
