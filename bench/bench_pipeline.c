@@ -1,0 +1,400 @@
+/*
+ * bench_pipeline: pipeline and tensor parallelism (issue 8) of the hybrid trainer
+ * (gpu/pipeline.h), on the cpu device, with every rank a thread of this program and the
+ * ranks joined by host communicators over loopback (the host backend, not NCCL).
+ *
+ * Rows of the first table, "schedule x p x m": for each schedule (gpipe, 1f1b, interleaved
+ * with v = 2 chunks per rank), p = 2 and 4 pipeline ranks and m = 1, 4, 8, 16 micro-batches
+ * of 2 samples each, one warm-up step and then --steps steps of compute_gradients + apply:
+ *   - bubble: the trainer's measured bubble (the pipeline group's idle fraction until its
+ *     last backward), median over the steps;
+ *   - theory: pp_bubble_theory, the issue's baseline: (p-1)/(m+p-1), divided by v when
+ *     interleaved (Megatron's rule of thumb);
+ *   - sim: the schedule's own idle fraction, pp_schedule_simulate with t_fwd 1, t_bwd 2. It
+ *     equals the theory for gpipe and 1f1b. For interleaved it is (p-1)/(vm+p-1) (m % p == 0),
+ *     higher than theory/v: Megatron's (p-1)/(vm) is the bubble as a ratio to the ideal
+ *     time, while the measured and simulated figures are a fraction of the whole step. With
+ *     m % p != 0 the interleaved order leaves padding micro-batches out, so it idles more.
+ *     The measured bubble should be read against sim; theory is printed as the issue asks;
+ *   - samples/s: the global batch (2m samples) over the step time, where a step's time is
+ *     the slowest rank's compute_gradients + apply, median over the steps;
+ *   - peak act r0 / last: pp_step_stats.peak_activation_bytes on pipeline rank 0 and on the
+ *     last one, the most at once over the measured steps (gpipe holds m micro-batches on
+ *     every rank; 1f1b at most p - r on rank r).
+ * Two cost models, labelled in the "cost" column:
+ *   - synthetic: a tiny model (seq 4, hidden 8) whose compute is negligible, cut evenly into
+ *     p x v stages of two units each (blocks = 2pv - 2), every forward sleeping 8 ms / v and
+ *     every backward twice that (pp_options.synthetic_forward_s). Sleeps cost no core, so 4
+ *     ranks on 2 cores still see stages of equal cost and the bubble is the schedule's;
+ *   - compute: a small real model (seq 32, hidden 128, ffn 512) with no sleeps, cut the same
+ *     way, m = 8 only. Stages are then as long as their compute, the first and last
+ *     (embedding, head) shorter than the others, micro-batches are short enough that
+ *     transfer latency counts, and with more ranks than cores the ranks share the cores: its
+ *     bubble mixes the schedule's with imbalance, latency and the host's contention, and is
+ *     labelled apart for that reason.
+ *
+ * Rows of the second table, "tensor parallel": a block stack (seq 64, features 32, hidden
+ * 256, 8 heads, ffn 1024, 2 blocks, 10 classes, batch 16) trained with tp = 1, 2, 4 and
+ * pp = dp = 1 (one micro-batch): step time (the slowest rank's compute_gradients + apply,
+ * median over the steps) and its ratio to tp 1, the single rank taking the same global
+ * batch. Tensor parallelism allreduces activations inside every block over the host
+ * backend on loopback, and on a host with 2 cores tp 4 runs 4 compute-bound ranks on 2
+ * cores, so ratios above 1/tp (and above 1 at tp 4) say as much about this host as about
+ * the method.
+ *
+ *   bench_pipeline [--json] [--steps N] [--quick]
+ *
+ * --steps: measured steps per row after one warm-up (default 3). --quick: m in {1, 8} and no
+ * compute rows. With --json, one JSON object per row with the table's figures. Exit status 2
+ * on a bad option, 1 when the engine fails (its message on stderr).
+ */
+#define BENCH_NAME "bench_pipeline"
+#include "bench_util.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "flint/gpu.h"
+#include "gpu/pipeline.h"
+
+#define MAX_RANKS 4
+#define MAX_STEPS 50
+#define MICROBATCH 2          /* samples per micro-batch in the schedule rows */
+#define SYNTHETIC_FWD_S 0.008 /* per forward of a whole stage's units, before dividing by v */
+
+/* ---- ranks as threads over loopback --------------------------------------------------- */
+
+typedef fl_status (*rank_fn)(void *arg, int rank, fl_comm *comm);
+
+typedef struct rank_job {
+  rank_fn fn;
+  void *arg;
+  int rank;
+  fl_comm *comm;
+  fl_status status;
+  char msg[512];
+} rank_job;
+
+static void *rank_main(void *p) {
+  rank_job *job = p;
+  job->status = job->fn(job->arg, job->rank, job->comm);
+  snprintf(job->msg, sizeof job->msg, "%s", job->status != FL_OK ? fl_last_error() : "");
+  return NULL;
+}
+
+/* Runs fn on `size` threads at once, one per rank; the first failure becomes this thread's
+ * error, naming the rank. */
+static fl_status run_ranks(int size, fl_comm **comms, rank_fn fn, void *arg) {
+  pthread_t th[MAX_RANKS];
+  rank_job jobs[MAX_RANKS];
+  int started = 0;
+  fl_status st = FL_OK;
+  for (int r = 0; r < size; r++) {
+    jobs[r] = (rank_job){.fn = fn, .arg = arg, .rank = r, .comm = comms ? comms[r] : NULL};
+    if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
+      st = fl_set_error(FL_EINTERNAL, "cannot start the thread of rank %d", r);
+      break;
+    }
+    started++;
+  }
+  for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+  for (int r = 0; st == FL_OK && r < started; r++)
+    if (jobs[r].status != FL_OK)
+      st = fl_set_error(jobs[r].status, "rank %d of %d: %s", r, size, jobs[r].msg);
+  return st;
+}
+
+typedef struct world {
+  int size;
+  fl_comm_endpoint *eps[MAX_RANKS];
+  const char *addrs[MAX_RANKS];
+  fl_comm *comms[MAX_RANKS];
+} world;
+
+static fl_status connect_rank(void *arg, int rank, fl_comm *comm) {
+  (void)comm;
+  world *w = arg;
+  fl_comm_endpoint *ep = w->eps[rank];
+  w->eps[rank] = NULL; /* taken by create, even on failure */
+  return fl_comm_host_create(ep, rank, w->size, w->addrs, 20000, &w->comms[rank]);
+}
+
+static void world_destroy(world *w) {
+  for (int r = 0; r < w->size; r++) {
+    fl_comm_destroy(w->comms[r]);
+    fl_comm_endpoint_destroy(w->eps[r]);
+  }
+  memset(w, 0, sizeof *w);
+}
+
+/* `size` host communicators over 127.0.0.1, one per rank. */
+static fl_status world_create(int size, world *w) {
+  char addrs[MAX_RANKS][96];
+  memset(w, 0, sizeof *w);
+  w->size = size;
+  fl_status st = FL_OK;
+  for (int r = 0; st == FL_OK && r < size; r++) {
+    st = fl_comm_listen("127.0.0.1", &w->eps[r]);
+    if (st == FL_OK) {
+      snprintf(addrs[r], sizeof addrs[r], "%s", fl_comm_endpoint_address(w->eps[r]));
+      w->addrs[r] = addrs[r];
+    }
+  }
+  if (st == FL_OK) st = run_ranks(size, NULL, connect_rank, w);
+  for (int r = 0; r < size; r++) w->addrs[r] = NULL; /* they pointed at this frame */
+  if (st != FL_OK) world_destroy(w);
+  return st;
+}
+
+/* ---- one configuration on every rank --------------------------------------------------- */
+
+typedef struct run {
+  pp_options o;
+  int batch; /* the global batch (dp is 1) */
+  const float *x;
+  const int32_t *y;
+  int steps; /* measured, after one warm-up */
+  /* per rank and measured step */
+  double step_s[MAX_RANKS][MAX_STEPS], bubble[MAX_RANKS][MAX_STEPS];
+  double theory;
+  size_t peak[MAX_RANKS];
+} run;
+
+static fl_device *cpu;
+
+static fl_status train_rank(void *arg, int rank, fl_comm *comm) {
+  run *ru = arg;
+  pp_trainer *t = NULL;
+  fl_status st = pp_trainer_create(cpu, comm, &ru->o, &t);
+  ru->peak[rank] = 0;
+  for (int i = 0; st == FL_OK && i <= ru->steps; i++) {
+    pp_step_stats s;
+    double t0 = now_s();
+    st = pp_trainer_compute_gradients(t, ru->x, ru->y, ru->batch, (uint64_t)i, &s);
+    double bubble = s.bubble, theory = s.bubble_theory;
+    size_t peak = s.peak_activation_bytes;
+    if (st == FL_OK) st = pp_trainer_apply(t, 0.01f, &s);
+    double dt = now_s() - t0;
+    if (st == FL_OK && i > 0) { /* step 0 warms up */
+      ru->step_s[rank][i - 1] = dt;
+      ru->bubble[rank][i - 1] = bubble;
+      ru->theory = theory;
+      if (peak > ru->peak[rank]) ru->peak[rank] = peak;
+    }
+  }
+  pp_trainer_destroy(t);
+  return st;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The step time (slowest rank per step, median over steps) and rank 0's median bubble. */
+static void summarize(run *ru, int ranks, double *step_s, double *bubble) {
+  double slowest[MAX_STEPS], b[MAX_STEPS];
+  for (int i = 0; i < ru->steps; i++) {
+    slowest[i] = 0;
+    for (int r = 0; r < ranks; r++) slowest[i] = fmax(slowest[i], ru->step_s[r][i]);
+    b[i] = ru->bubble[0][i];
+  }
+  *step_s = median(slowest, ru->steps);
+  *bubble = median(b, ru->steps);
+}
+
+/* Seeded inputs in [-1, 1) and labels for a batch of the spec. */
+static fl_status make_batch(const tfm_spec *spec, int batch, float **x, int32_t **y) {
+  size_t n = (size_t)batch * (size_t)spec->seq * (size_t)spec->features;
+  *x = malloc(n * sizeof **x);
+  *y = malloc((size_t)batch * sizeof **y);
+  if (!*x || !*y) {
+    free(*x), free(*y);
+    *x = NULL, *y = NULL;
+    return fl_set_error(FL_ENOMEM, "a batch of %zu floats", n);
+  }
+  uint64_t z = 5;
+  for (size_t i = 0; i < n; i++) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    (*x)[i] = (float)((double)(z >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+  }
+  for (int i = 0; i < batch; i++) (*y)[i] = (int32_t)((i * 7 + 3) % spec->classes);
+  return FL_OK;
+}
+
+/* ---- schedule x p x m ------------------------------------------------------------------ */
+
+static tfm_spec schedule_spec(bool compute, int blocks) {
+  if (compute)
+    return (tfm_spec){.seq = 32, .features = 16, .hidden = 128, .heads = 4, .ffn = 512,
+                      .blocks = blocks, .classes = 10, .dropout = 0.1f, .seed = 7};
+  return (tfm_spec){.seq = 4, .features = 3, .hidden = 8, .heads = 2, .ffn = 16, .blocks = blocks,
+                    .classes = 3, .dropout = 0.1f, .seed = 7};
+}
+
+static fl_status schedule_row(world *w, bool compute, pp_schedule s, int p, int m, int steps, bool json) {
+  int v = s == PP_INTERLEAVED ? 2 : 1, stages = p * v;
+  /* Two units per stage: the embedding and the head each count as one. */
+  int bounds[2 * MAX_RANKS + 1];
+  for (int i = 0; i <= stages; i++) bounds[i] = 2 * i;
+  run *ru = calloc(1, sizeof *ru);
+  if (!ru) return fl_set_error(FL_ENOMEM, "a run's results");
+  ru->o = (pp_options){.spec = schedule_spec(compute, 2 * stages - 2), .grid = {1, 1, p}, .schedule = s,
+                       .microbatches = m, .chunks = v, .bounds = bounds,
+                       .sgd = (optim_sgd_options)OPTIM_SGD_OPTIONS_INIT,
+                       .synthetic_forward_s = compute ? 0 : SYNTHETIC_FWD_S / v};
+  ru->batch = m * MICROBATCH;
+  ru->steps = steps;
+  float *x = NULL;
+  int32_t *y = NULL;
+  fl_status st = make_batch(&ru->o.spec, ru->batch, &x, &y);
+  ru->x = x, ru->y = y;
+  if (st == FL_OK) st = run_ranks(p, w->comms, train_rank, ru);
+  double makespan, sim = NAN;
+  if (st == FL_OK) st = pp_schedule_simulate(s, p, m, v, 1, 2, &makespan, &sim);
+  if (st == FL_OK) {
+    double step_s, bubble;
+    summarize(ru, p, &step_s, &bubble);
+    const char *cost = compute ? "compute" : "synthetic";
+    if (json)
+      printf("{\"table\":\"schedule\",\"cost\":\"%s\",\"schedule\":\"%s\",\"p\":%d,\"m\":%d,\"v\":%d,"
+             "\"batch\":%d,\"bubble\":%.4f,\"bubble_theory\":%.4f,\"bubble_simulated\":%.4f,"
+             "\"samples_per_s\":%.1f,\"step_ms\":%.3f,\"peak_activation_bytes_first\":%zu,"
+             "\"peak_activation_bytes_last\":%zu}\n",
+             cost, pp_schedule_name(s), p, m, v, ru->batch, bubble, ru->theory, sim, ru->batch / step_s,
+             step_s * 1e3, ru->peak[0], ru->peak[p - 1]);
+    else
+      printf("%-9s %-11s %2d %3d %2d %5d %7.3f %7.3f %7.3f %10.1f %9.2f %12zu %12zu\n", cost,
+             pp_schedule_name(s), p, m, v, ru->batch, bubble, ru->theory, sim, ru->batch / step_s,
+             step_s * 1e3, ru->peak[0], ru->peak[p - 1]);
+    fflush(stdout);
+  }
+  free(x);
+  free(y);
+  free(ru);
+  return st;
+}
+
+/* ---- tensor parallel ------------------------------------------------------------------- */
+
+static fl_status tensor_rows(world *worlds, int steps, int cores, bool json) {
+  const tfm_spec spec = {.seq = 64, .features = 32, .hidden = 256, .heads = 8, .ffn = 1024,
+                         .blocks = 2, .classes = 10, .dropout = 0.1f, .seed = 7};
+  const int batch = 16, tps[] = {1, 2, 4};
+  float *x = NULL;
+  int32_t *y = NULL;
+  fl_status st = make_batch(&spec, batch, &x, &y);
+  run *ru = st == FL_OK ? calloc(1, sizeof *ru) : NULL;
+  if (st == FL_OK && !ru) st = fl_set_error(FL_ENOMEM, "a run's results");
+  double base_s = 0;
+  for (size_t i = 0; st == FL_OK && i < sizeof tps / sizeof *tps; i++) {
+    int tp = tps[i];
+    memset(ru, 0, sizeof *ru);
+    ru->o = (pp_options){.spec = spec, .grid = {1, tp, 1}, .schedule = PP_GPIPE, .microbatches = 1,
+                         .sgd = (optim_sgd_options)OPTIM_SGD_OPTIONS_INIT};
+    ru->batch = batch, ru->x = x, ru->y = y, ru->steps = steps;
+    st = run_ranks(tp, worlds[tp].comms, train_rank, ru);
+    if (st != FL_OK) break;
+    double step_s, bubble;
+    summarize(ru, tp, &step_s, &bubble);
+    if (tp == 1) base_s = step_s;
+    if (json)
+      printf("{\"table\":\"tensor_parallel\",\"tp\":%d,\"batch\":%d,\"seq\":%d,\"hidden\":%d,"
+             "\"heads\":%d,\"ffn\":%d,\"blocks\":%d,\"step_ms\":%.3f,\"samples_per_s\":%.1f,"
+             "\"ratio_to_tp1\":%.3f,\"oversubscribed\":%s}\n",
+             tp, batch, spec.seq, spec.hidden, spec.heads, spec.ffn, spec.blocks, step_s * 1e3,
+             batch / step_s, step_s / base_s, tp > cores ? "true" : "false");
+    else
+      printf("%2d %5d %10.2f %10.1f %8.3f%s\n", tp, batch, step_s * 1e3, batch / step_s, step_s / base_s,
+             tp > cores ? "  (more ranks than cores: oversubscribed)" : "");
+    fflush(stdout);
+  }
+  free(ru);
+  free(x);
+  free(y);
+  return st;
+}
+
+/* ---- main -------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+  bool json = false, quick = false;
+  uint64_t steps = 3;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+      if (!parse_count(argv[++i], MAX_STEPS, &steps)) {
+        fprintf(stderr, BENCH_NAME ": --steps takes a count from 1 to %d, not '%s'\n", MAX_STEPS, argv[i]);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usage: " BENCH_NAME " [--json] [--steps N] [--quick]\n");
+      return 2;
+    }
+  }
+  /* A lost peer fails within 20 s instead of hanging the benchmark. */
+  setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1);
+  if (fl_device_open(FL_DEVICE_CPU, 0, &cpu) != FL_OK) {
+    fail_flint("fl_device_open");
+    return 1;
+  }
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int cores = online > 0 ? (int)online : 1;
+  world worlds[MAX_RANKS + 1] = {0};
+  int rc = 0;
+  const char *what = "fl_comm_host_create";
+  fl_status st = FL_OK;
+  for (int size = 1; st == FL_OK && size <= MAX_RANKS; size *= 2) st = world_create(size, &worlds[size]);
+  if (st == FL_OK) what = "a schedule row";
+
+  const pp_schedule schedules[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED};
+  const int ps[] = {2, 4}, ms_full[] = {1, 4, 8, 16}, ms_quick[] = {1, 8};
+  const int *ms = quick ? ms_quick : ms_full;
+  int nm = quick ? 2 : 4;
+  if (st == FL_OK && !json) {
+    printf("schedule x p x m: cpu, ranks as threads over loopback host comms; %d samples per "
+           "micro-batch, %d measured steps after a warm-up (medians)\n",
+           MICROBATCH, (int)steps);
+    printf("synthetic: tiny model, even cut, forward sleeps %.0f ms / v, backward twice that; "
+           "compute: small real model, no sleeps\n",
+           SYNTHETIC_FWD_S * 1e3);
+    printf("theory = (p-1)/(m+p-1) [/v interleaved]; sim = the schedule simulated with t_bwd = 2 t_fwd "
+           "(interleaved: (p-1)/(vm+p-1), the fraction of the step the bubble is)\n");
+    printf("samples/s: global batch over the slowest rank's step; peak act: activation bytes held at "
+           "once on pipeline rank 0 and the last\n");
+    printf("%-9s %-11s %2s %3s %2s %5s %7s %7s %7s %10s %9s %12s %12s\n", "cost", "schedule", "p", "m", "v",
+           "batch", "bubble", "theory", "sim", "samples/s", "step ms", "peak act r0", "peak act last");
+  }
+  for (size_t s = 0; st == FL_OK && s < 3; s++)
+    for (int pi = 0; st == FL_OK && pi < 2; pi++)
+      for (int mi = 0; st == FL_OK && mi < nm; mi++)
+        st = schedule_row(&worlds[ps[pi]], false, schedules[s], ps[pi], ms[mi], (int)steps, json);
+  for (size_t s = 0; !quick && st == FL_OK && s < 3; s++)
+    for (int pi = 0; st == FL_OK && pi < 2; pi++)
+      st = schedule_row(&worlds[ps[pi]], true, schedules[s], ps[pi], 8, (int)steps, json);
+
+  if (st == FL_OK && !json) {
+    printf("\ntensor parallel: seq 64, features 32, hidden 256, 8 heads, ffn 1024, 2 blocks, batch 16, "
+           "pp 1; step = compute_gradients + apply (median); ratio to the single rank (tp 1)\n");
+    printf("host backend over loopback (not NCCL), %d cores here: tp > %d oversubscribes them\n", cores, cores);
+    printf("%2s %5s %10s %10s %8s\n", "tp", "batch", "step ms", "samples/s", "vs tp1");
+  }
+  if (st == FL_OK) what = "a tensor-parallel row";
+  if (st == FL_OK) st = tensor_rows(worlds, (int)steps, cores, json);
+  if (st != FL_OK) {
+    fail_flint(what);
+    rc = 1;
+  }
+  for (int size = 1; size <= MAX_RANKS; size *= 2) world_destroy(&worlds[size]);
+  fl_device_close(cpu);
+  return rc;
+}
