@@ -321,8 +321,7 @@ static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *by
       best[r] = (double)(common_now_ns() - t0) * 1e-9;
       bytes[u] = (double)y->numel * sizeof(float);
     }
-    double a = best[0], b2 = best[1], c3 = best[2]; /* median of three */
-    secs[u] = fmax(fmin(a, b2), fmin(fmax(a, b2), c3));
+    secs[u] = fmax(fmin(best[0], best[1]), fmin(fmax(best[0], best[1]), best[2])); /* median */
     tfm_chunk_destroy(c);
     c = NULL;
   }
@@ -529,10 +528,11 @@ static fl_status slot_acquire(chunk_state *cs, int mb, int m, int *out) {
   return FL_OK;
 }
 
-static size_t chunk_bytes(pp_trainer *t) {
+/* Activation memory held now (slots in flight and stashed inputs); keeps the step's peak. */
+static void note_peak(pp_trainer *t) {
   size_t b = t->inputs_held;
   for (int c = 0; c < t->nchunks; c++) b += tfm_chunk_activation_bytes(t->chunks[c].chunk);
-  return b;
+  if (b > t->peak_bytes) t->peak_bytes = b;
 }
 
 static void sleep_s(double s) {
@@ -548,6 +548,12 @@ typedef struct step_ctx {
   int batch, mbs;
   uint64_t step;
 } step_ctx;
+
+/* A micro-batch's dropout key: its rows' place in the global batch (this replica's rows come
+ * after the earlier replicas'), so that masks do not depend on dp, pp or m. */
+static tfm_batch batch_key(const pp_trainer *t, const step_ctx *sc, int mb) {
+  return (tfm_batch){.row0 = (int64_t)t->me.dp * sc->batch + (int64_t)mb * sc->mbs, .step = sc->step};
+}
 
 static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, bool train) {
   const tfm_spec *sp = &t->o.spec;
@@ -568,7 +574,7 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
     FL_CHECK(event_add(t, PP_EV_RECV, mb, op->chunk, t0));
   }
   double t0 = since_start(t);
-  tfm_batch b = {.row0 = (int64_t)t->me.dp * sc->batch + (int64_t)mb * sc->mbs, .step = sc->step};
+  tfm_batch b = batch_key(t, sc, mb);
   const fl_tensor *y;
   FL_CHECK(tfm_chunk_forward(cs->chunk, t->o.recompute || !train ? 0 : k, &sl->input, &b, train, &y));
   if (stage == last) {
@@ -590,8 +596,7 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
   sleep_s(t->o.synthetic_forward_s);
   FL_CHECK(event_add(t, PP_EV_FORWARD, mb, op->chunk, t0));
   t->busy_s += t->events[t->nevents - 1].t1 - t0;
-  size_t held = chunk_bytes(t);
-  if (held > t->peak_bytes) t->peak_bytes = held;
+  note_peak(t);
   if (stage != last) {
     double s0 = since_start(t);
     FL_CHECK(send_tensor(t, (stage + 1) % t->o.grid.pp, MSG_ACTIVATION, stage + 1, mb, y));
@@ -619,11 +624,10 @@ static fl_status backward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op)
   }
   double t0 = since_start(t);
   if (t->o.recompute) {
-    tfm_batch b = {.row0 = (int64_t)t->me.dp * sc->batch + (int64_t)mb * sc->mbs, .step = sc->step};
+    tfm_batch b = batch_key(t, sc, mb);
     const fl_tensor *y;
     FL_CHECK(tfm_chunk_forward(cs->chunk, 0, &sl->input, &b, true, &y));
-    size_t held = chunk_bytes(t);
-    if (held > t->peak_bytes) t->peak_bytes = held;
+    note_peak(t);
   }
   FL_CHECK(tfm_chunk_backward(cs->chunk, t->o.recompute ? 0 : k, dy, stage == 0 ? NULL : &dx));
   FL_CHECK(t->dev->ops->synchronize(t->dev));
