@@ -338,7 +338,7 @@ static void test_bubble_matches_theory(void **state) {
   } cases[] = {{PP_GPIPE, 4, 8, 1}, {PP_1F1B, 4, 8, 1}, {PP_1F1B, 2, 4, 1}, {PP_INTERLEAVED, 4, 8, 2}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     run_spec rs;
-    bubble_case(cases[i].s, cases[i].p, cases[i].m, cases[i].v, 0.05 / cases[i].v, &rs);
+    bubble_case(cases[i].s, cases[i].p, cases[i].m, cases[i].v, 0.1 / cases[i].v, &rs);
     /* The issue's theory for interleaving, (p-1)/(m+p-1)/v, counts the bubble against the
      * ideal time; a device's idle fraction of the whole step, which is measured, is
      * (p-1)/(vm+p-1) (the schedule's simulation with the same costs). */
