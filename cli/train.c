@@ -18,7 +18,8 @@
 #include "gpu/train.h"
 
 static const char train_usage_text[] =
-    "usage: flint train --model mlp|cnn|resnet18 --data fashion-mnist|synthetic-imagenet [options]\n"
+    "usage: flint train --model mlp|cnn|resnet18|transformer --data fashion-mnist|synthetic-imagenet\n"
+    "                   [options]\n"
     "\n"
     "Trains a network by synchronous data-parallel SGD: R ranks (one barrier task each) read\n"
     "their share of the cached data set, allreduce gradients in buckets overlapped with the\n"
@@ -26,8 +27,12 @@ static const char train_usage_text[] =
     "Prints a progress line per epoch (loss, accuracy, images per second) and writes the\n"
     "curves as CSV and SVG.\n"
     "\n"
+    "--model transformer trains a transformer encoder (an image's rows are its tokens) on a\n"
+    "grid of D x T x P ranks: data, tensor (Megatron-LM) and pipeline parallel (GPipe, 1F1B,\n"
+    "interleaved 1F1B), and reports the pipeline's bubble and each stage's peak activations.\n"
+    "\n"
     "options:\n"
-    "  --model M           mlp, cnn or resnet18 (required)\n"
+    "  --model M           mlp, cnn, resnet18 or transformer (required)\n"
     "  --data D            fashion-mnist (IDX files, 28x28, 10 classes) or synthetic-imagenet\n"
     "                      (seeded 3x224x224 images, 1000 classes, for throughput) (required)\n"
     "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
@@ -59,11 +64,30 @@ static const char train_usage_text[] =
     "  --svg PATH          the curves as SVG (default flint-train.svg)\n"
     "  --checkpoint PATH   write the final weights and optimizer state there\n"
     "  --quiet             no progress line\n"
+    "transformer options:\n"
+    "  --dp D              data-parallel replicas (the same as --ranks; default 1)\n"
+    "  --tp T              tensor-parallel ranks per stage, dividing --heads and --ffn (default 1)\n"
+    "  --pp P              pipeline stages (default 1); D x T x P barrier tasks in all, and\n"
+    "                      --batch must be a multiple of D x T x P\n"
+    "  --schedule S        gpipe, 1f1b (default) or interleaved\n"
+    "  --microbatches M    micro-batches per replica's batch, dividing --batch / D (default 1)\n"
+    "  --chunks V          model chunks per pipeline rank, for interleaved (default 1)\n"
+    "  --recompute         keep only stage inputs; run forward again before backward\n"
+    "  --hidden H          model width (default 64)\n"
+    "  --heads N           attention heads, dividing --hidden (default 4)\n"
+    "  --ffn F             MLP inner width (default 4 x hidden)\n"
+    "  --blocks K          transformer blocks (default 2)\n"
+    "  --dropout P         dropout probability, 0 <= P < 1 (default 0.1)\n"
+    "  --timeline-csv PATH every rank's last-step timeline as CSV\n"
+    "  --timeline-svg PATH the same drawn as a chart\n"
     "  --help              this text\n"
     "\n"
     "example (the large-batch check: compare with --batch 256 --warmup 0):\n"
     "  flint train --model cnn --data fashion-mnist --ranks 8 --batch 8192 --lr 0.1 \\\n"
-    "      --warmup 5 --epochs 30 --csv large.csv --svg large.svg\n";
+    "      --warmup 5 --epochs 30 --csv large.csv --svg large.svg\n"
+    "example (hybrid: 2 replicas of 2-way tensor x 2-stage pipeline parallelism):\n"
+    "  flint train --model transformer --data fashion-mnist --dp 2 --tp 2 --pp 2 \\\n"
+    "      --schedule 1f1b --microbatches 4 --batch 64 --epochs 1 --timeline-svg tl.svg\n";
 
 static int train_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int train_usage_error(const char *fmt, ...) {
@@ -121,11 +145,18 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->overlap = false;
       continue;
     }
+    if (strcmp(opt, "--recompute") == 0) {
+      o->recompute = true;
+      continue;
+    }
     static const char *const valued[] = {"--model", "--data", "--data-dir", "--synthetic-images",
                                          "--train-images", "--test-images", "--ranks",
                                          "--device", "--batch", "--lr", "--warmup", "--epochs", "--decay",
                                          "--milestones", "--momentum", "--weight-decay", "--seed", "--allreduce",
-                                         "--bucket-mb", "--master", "--csv", "--svg", "--checkpoint"};
+                                         "--bucket-mb", "--master", "--csv", "--svg", "--checkpoint", "--dp",
+                                         "--tp", "--pp", "--schedule", "--microbatches", "--chunks", "--hidden",
+                                         "--heads", "--ffn", "--blocks", "--dropout", "--timeline-csv",
+                                         "--timeline-svg"};
     bool known = false;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(opt, valued[k]) == 0;
     if (!known) return train_usage_error("unknown option '%s'", opt);
@@ -134,7 +165,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     double d;
     if (strcmp(opt, "--model") == 0) {
       if (gpu_train_model_parse(v, &o->model) != FL_OK)
-        return train_usage_error("unknown model '%s' (mlp, cnn or resnet18)", v);
+        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18 or transformer)", v);
       have_model = true;
     } else if (strcmp(opt, "--data") == 0) {
       if (gpu_train_dataset_parse(v, &o->data) != FL_OK)
@@ -151,9 +182,33 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--test-images") == 0) {
       if (!cli_parse_u64(v, 1ull << 40, &o->max_test_images) || o->max_test_images < 1)
         return train_usage_error("--test-images '%s' is not a whole number >= 1", v);
-    } else if (strcmp(opt, "--ranks") == 0) {
+    } else if (strcmp(opt, "--ranks") == 0 || strcmp(opt, "--dp") == 0) {
       if (!cli_parse_u32(v, &o->ranks) || o->ranks < 1 || o->ranks > 1024)
-        return train_usage_error("--ranks '%s' is not a whole number from 1 to 1024", v);
+        return train_usage_error("%s '%s' is not a whole number from 1 to 1024", opt, v);
+    } else if (strcmp(opt, "--tp") == 0 || strcmp(opt, "--pp") == 0) {
+      uint32_t *dst = opt[2] == 't' ? &o->tp : &o->pp;
+      if (!cli_parse_u32(v, dst) || *dst < 1 || *dst > 1024)
+        return train_usage_error("%s '%s' is not a whole number from 1 to 1024", opt, v);
+    } else if (strcmp(opt, "--schedule") == 0) {
+      if (pp_schedule_parse(v, &o->schedule) != FL_OK)
+        return train_usage_error("unknown schedule '%s' (gpipe, 1f1b or interleaved)", v);
+    } else if (strcmp(opt, "--microbatches") == 0 || strcmp(opt, "--chunks") == 0 || strcmp(opt, "--hidden") == 0 ||
+               strcmp(opt, "--heads") == 0 || strcmp(opt, "--blocks") == 0) {
+      uint32_t *dst = strcmp(opt, "--microbatches") == 0 ? &o->microbatches
+                      : strcmp(opt, "--chunks") == 0     ? &o->chunks
+                      : strcmp(opt, "--hidden") == 0     ? &o->hidden
+                      : strcmp(opt, "--heads") == 0      ? &o->heads
+                                                         : &o->blocks;
+      if (!cli_parse_u32(v, dst) || *dst < 1) return train_usage_error("%s '%s' is not a whole number >= 1", opt, v);
+    } else if (strcmp(opt, "--ffn") == 0) {
+      if (!cli_parse_u32(v, &o->ffn) || o->ffn < 1) return train_usage_error("--ffn '%s' is not a whole number >= 1", v);
+    } else if (strcmp(opt, "--dropout") == 0) {
+      if (!cli_parse_double(v, &o->dropout) || o->dropout < 0 || o->dropout >= 1)
+        return train_usage_error("--dropout '%s' is not a number in [0, 1)", v);
+    } else if (strcmp(opt, "--timeline-csv") == 0) {
+      o->timeline_csv_path = v;
+    } else if (strcmp(opt, "--timeline-svg") == 0) {
+      o->timeline_svg_path = v;
     } else if (strcmp(opt, "--device") == 0) {
       if (strcmp(v, "cpu") == 0) o->device = FL_DEVICE_CPU;
       else if (strcmp(v, "cuda") == 0) o->device = FL_DEVICE_CUDA;
@@ -200,7 +255,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->checkpoint_path = v;
     }
   }
-  if (!have_model) return train_usage_error("--model is required (mlp, cnn or resnet18)");
+  if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18 or transformer)");
   if (!have_data) return train_usage_error("--data is required (fashion-mnist or synthetic-imagenet)");
   if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
   if (o->synthetic_train_images && o->data != GPU_TRAIN_SYNTHETIC_IMAGENET)
@@ -221,11 +276,19 @@ int cmd_train(int argc, char **argv) {
   if (rc) return rc;
   optim_schedule sched;
   gpu_train_schedule(&o, &sched);
+  bool hybrid = o.model == NN_TRANSFORMER;
+  uint32_t world = hybrid ? o.ranks * o.tp * o.pp : o.ranks;
   printf("training %s on %s: %u rank%s on %s, global batch %u (%u per rank), lr %g x %u / 256 = %g, warmup %g "
          "epochs, %s decay, %u epochs\n",
-         nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), o.ranks, o.ranks == 1 ? "" : "s",
-         o.device == FL_DEVICE_CPU ? "cpu" : "cuda", o.batch, o.batch / o.ranks, o.lr, o.batch,
+         nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), world, world == 1 ? "" : "s",
+         o.device == FL_DEVICE_CPU ? "cpu" : "cuda", o.batch, o.batch / world, o.lr, o.batch,
          optim_schedule_peak_lr(&sched), o.warmup_epochs, optim_decay_name(o.decay), o.epochs);
+  if (hybrid)
+    printf("grid         dp %u x tp %u x pp %u, %s schedule, %u micro-batch%s of %u, %u chunk%s per stage rank%s; "
+           "hidden %u, %u heads, %u blocks, dropout %g\n",
+           o.ranks, o.tp, o.pp, pp_schedule_name(o.schedule), o.microbatches, o.microbatches == 1 ? "" : "es",
+           o.batch / o.ranks / o.microbatches, o.chunks, o.chunks == 1 ? "" : "s", o.recompute ? ", recompute" : "",
+           o.hidden, o.heads, o.blocks, o.dropout);
   fflush(stdout);
   gpu_train_result res;
   if (gpu_train_run(&o, &res) != FL_OK) {
@@ -240,6 +303,15 @@ int cmd_train(int argc, char **argv) {
   printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
   printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
   printf("throughput   %.0f images/s over %.1f s\n", res.images_per_s, res.seconds);
+  if (hybrid) {
+    printf("bubble       %.3f measured (the last epoch's mean), %.3f in theory\n", res.bubble, res.bubble_theory);
+    printf("activations  peak per stage:");
+    for (uint32_t p = 0; p < res.stages && p < GPU_TRAIN_MAX_STAGES; p++)
+      printf(" %.1f KiB", (double)res.stage_peak_bytes[p] / 1024.0);
+    printf("\n");
+    if (o.timeline_csv_path) printf("timeline     %s\n", o.timeline_csv_path);
+    if (o.timeline_svg_path) printf("timeline     %s\n", o.timeline_svg_path);
+  }
   if (o.csv_path) printf("curves       %s\n", o.csv_path);
   if (o.svg_path) printf("plot         %s\n", o.svg_path);
   if (o.checkpoint_path) printf("checkpoint   %s\n", o.checkpoint_path);

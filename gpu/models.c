@@ -24,12 +24,12 @@ struct nn_model {
 
 fl_status nn_model_kind_parse(const char *text, nn_model_kind *out) {
   if (!text || !out) return fl_set_error(FL_EINVAL, "nn_model_kind_parse: NULL argument");
-  for (int k = NN_MLP; k <= NN_RESNET18; k++)
+  for (int k = NN_MLP; k <= NN_TRANSFORMER; k++)
     if (strcmp(text, nn_model_kind_name((nn_model_kind)k)) == 0) {
       *out = (nn_model_kind)k;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown model '%s' (expected mlp, cnn or resnet18)", text);
+  return fl_set_error(FL_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet18 or transformer)", text);
 }
 
 const char *nn_model_kind_name(nn_model_kind kind) {
@@ -37,6 +37,7 @@ const char *nn_model_kind_name(nn_model_kind kind) {
   case NN_MLP: return "mlp";
   case NN_CNN: return "cnn";
   case NN_RESNET18: return "resnet18";
+  case NN_TRANSFORMER: return "transformer";
   }
   return "unknown";
 }
@@ -155,6 +156,9 @@ cleanup:
 
 fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **out) {
   if (!dev || !spec || !out) return fl_set_error(FL_EINVAL, "nn_model_create: NULL argument");
+  if (spec->kind == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "nn_model_create: the transformer is built in chunks "
+                        "(tfm_chunk_create in gpu/transformer.h)");
   if (spec->kind != NN_MLP && spec->kind != NN_CNN && spec->kind != NN_RESNET18)
     return fl_set_error(FL_EINVAL, "nn_model_create: unknown model kind %d", (int)spec->kind);
   const char *kind = nn_model_kind_name(spec->kind);
@@ -176,6 +180,7 @@ fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **
   case NN_MLP: FL_CHECK(build_mlp(m)); break;
   case NN_CNN: FL_CHECK(build_cnn(m)); break;
   case NN_RESNET18: FL_CHECK(build_resnet18(m)); break;
+  case NN_TRANSFORMER: break; /* refused above */
   }
   FL_CHECK(layer_store_finish(&m->store, spec->seed));
   *out = m;

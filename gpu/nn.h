@@ -15,7 +15,9 @@
 
 #include "gpu/device.h"
 
-typedef enum nn_model_kind { NN_MLP = 0, NN_CNN = 1, NN_RESNET18 = 2 } nn_model_kind;
+/* NN_TRANSFORMER names gpu/transformer.h's model for the trainer's options; it is built in
+ * chunks (tfm_chunk_create), not by nn_model_create. */
+typedef enum nn_model_kind { NN_MLP = 0, NN_CNN = 1, NN_RESNET18 = 2, NN_TRANSFORMER = 3 } nn_model_kind;
 
 typedef struct nn_model_spec {
   nn_model_kind kind;
@@ -36,7 +38,7 @@ typedef struct nn_param {
 
 typedef struct nn_model nn_model;
 
-/* "mlp", "cnn", "resnet18"; FL_EINVAL otherwise. */
+/* "mlp", "cnn", "resnet18", "transformer"; FL_EINVAL otherwise. */
 FL_API fl_status nn_model_kind_parse(const char *text, nn_model_kind *out);
 FL_API const char *nn_model_kind_name(nn_model_kind kind);
 /* Builds the model on dev with seeded weights. FL_EINVAL names a spec that cannot work

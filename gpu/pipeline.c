@@ -449,6 +449,7 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   t->world = world;
   t->o = *o;
   t->o.bounds = NULL;
+  t->o.stage_world = NULL;
   t->o.chunks = o->chunks ? o->chunks : 1;
   t->nchunks = t->o.chunks;
   t->nstages = o->grid.pp * t->nchunks;
@@ -462,7 +463,11 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   /* The three splits, in the same order on every rank (each is collective over world). */
   FL_CHECK(fl_comm_split(world, me.pp * g.dp + me.dp, me.tp, &t->tp));
   FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, me.dp, &t->dp));
-  FL_CHECK(fl_comm_split(world, me.dp * g.tp + me.tp, me.pp, &t->pp));
+  fl_comm *stages = o->stage_world ? o->stage_world : world;
+  if (fl_comm_size(stages) != fl_comm_size(world) || fl_comm_rank(stages) != fl_comm_rank(world))
+    FL_CHECK(fl_set_error(FL_EINVAL, "the stage communicator is rank %d of %d, the world rank %d of %d",
+                          fl_comm_rank(stages), fl_comm_size(stages), fl_comm_rank(world), fl_comm_size(world)));
+  FL_CHECK(fl_comm_split(stages, me.dp * g.tp + me.tp, me.pp, &t->pp));
   if (g.pp > 1 && strcmp(fl_comm_backend(t->pp), "host") != 0)
     FL_CHECK(fl_set_error(FL_EINVAL, "pipeline stages exchange activations over the host backend, "
                           "but the world communicator is %s", fl_comm_backend(t->pp)));
@@ -503,6 +508,9 @@ void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end
   *end = t->chunks[chunk].end_unit;
 }
 const int *pp_trainer_bounds(const pp_trainer *t) { return t->bounds; }
+optim_sgd *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk) {
+  return chunk >= 0 && chunk < t->nchunks ? t->chunks[chunk].opt : NULL;
+}
 
 /* ---- one step ------------------------------------------------------------------------------- */
 

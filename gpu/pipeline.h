@@ -35,7 +35,8 @@
  * one it waits for, so order between two ranks never matters (with pp = 2 and interleaving,
  * activations and gradients share one connection). Transfers go over the host backend
  * through host memory (cuda activations are copied out and in): the pipeline communicator
- * must be a host one; tensor and data parallel groups use the world's backend.
+ * must be a host one (pp_options.stage_world, when the world is NCCL); tensor and data
+ * parallel groups use the world's backend.
  *
  * The timeline. Each step records this rank's forwards, backwards, receive waits, sends,
  * gradient averaging and optimizer step (seconds from the step's start, which a barrier
@@ -100,6 +101,11 @@ typedef struct pp_options {
   /* Tests and benchmarks: each forward also sleeps this long and each backward twice as
    * long, so that stages have a known equal cost even with more ranks than cores. */
   double synthetic_forward_s;
+  /* The communicator the pipeline groups are split from (NULL: world). Stages exchange
+   * activations over the host backend, so with a NCCL world (cuda, a GPU per rank) the
+   * caller passes a host communicator over the same ranks here; borrowed, it must outlive
+   * the trainer. Collective like world: every rank passes one or none. */
+  fl_comm *stage_world;
 } pp_options;
 
 typedef struct pp_step_stats {
@@ -142,6 +148,8 @@ fl_status pp_trainer_apply(pp_trainer *t, float lr, pp_step_stats *stats);
 pp_coords pp_trainer_coords(const pp_trainer *t);
 int pp_trainer_num_chunks(const pp_trainer *t);
 tfm_chunk *pp_trainer_chunk(pp_trainer *t, int chunk);
+/* The optimizer of local chunk c (its velocity, for checkpoints). */
+optim_sgd *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk);
 /* The unit range [*first, *end) of local chunk c. */
 void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end);
 /* The stage boundaries in use (pp x v + 1 of them). */

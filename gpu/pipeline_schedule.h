@@ -39,9 +39,9 @@ typedef enum pp_schedule { PP_GPIPE = 0, PP_1F1B = 1, PP_INTERLEAVED = 2 } pp_sc
 
 /* "gpipe", "1f1b" or "interleaved" (exact, lower case) into *out. FL_EINVAL naming the text
  * and the choices for anything else or a NULL argument. */
-fl_status pp_schedule_parse(const char *text, pp_schedule *out);
+FL_API fl_status pp_schedule_parse(const char *text, pp_schedule *out);
 /* The name pp_schedule_parse reads back; "unknown" for a value outside the enum. */
-const char *pp_schedule_name(pp_schedule s);
+FL_API const char *pp_schedule_name(pp_schedule s);
 
 typedef enum pp_op_kind { PP_FORWARD = 0, PP_BACKWARD = 1 } pp_op_kind;
 typedef struct pp_op {

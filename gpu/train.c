@@ -38,39 +38,12 @@
 #include "gpu/comm_worker.h"
 #include "gpu/curves.h"
 #include "gpu/data.h"
-#include "gpu/train.h"
-
-/* Reports from a rank to the client, as fl_barrier_report messages. */
-enum { REPORT_PROGRESS = 1, REPORT_EPOCH = 2 };
-typedef struct train_report {
-  uint32_t kind, epoch, epochs, attempt; /* epoch: 1-based */
-  uint64_t step, steps_per_epoch, done;  /* step: global steps so far; done: this epoch's */
-  double loss, acc, test_loss, test_acc, lr, images_per_s, seconds;
-  uint32_t resumed_epoch;                /* the epochs this attempt restored */
-  uint32_t buckets;                      /* allreduces of the last step's gradients */
-  int64_t pid;                           /* rank 0's process */
-} train_report;
-
-/* The stage's argument: plain values only (it travels to executors as bytes). */
-typedef struct train_arg {
-  nn_model_kind model;
-  fl_device_kind device;
-  uint32_t ranks, batch, epochs;
-  uint32_t channels, height, width, classes;
-  uint64_t seed;
-  optim_sgd_options sgd;
-  optim_schedule schedule;
-  fl_allreduce_algo allreduce;
-  uint64_t bucket_bytes;
-  bool emit_checkpoint; /* rank 0 emits the final checkpoint blob after its result */
-  bool shuffle;
-  bool overlap; /* buckets allreduced on the communication thread during backward */
-} train_arg;
+#include "gpu/train_rank.h"
 
 #define DEFAULT_BUCKET_BYTES (4u << 20)
 #define PROGRESS_REPORTS_PER_EPOCH 20
 
-static double now_s(void) {
+double train_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -141,41 +114,43 @@ typedef struct rank_state {
   uint32_t local_batch;
 } rank_state;
 
-/* Joins the ranks: NCCL for cuda, else the host backend. NCCL needs a GPU per rank: where
- * ranks share GPUs (local mode on one GPU), FLINT_TRAIN_COMM=host picks the host backend,
- * which stages cuda tensors through host memory. */
-static fl_status rank_connect(rank_state *r) {
-  if (r->world == 1) return FL_OK;
+bool train_uses_nccl(fl_device_kind kind) {
+  const char *backend = getenv("FLINT_TRAIN_COMM");
+  return kind == FL_DEVICE_CUDA && !(backend && strcmp(backend, "host") == 0);
+}
+
+fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_allreduce_algo algo, bool host,
+                        fl_comm **out) {
+  uint32_t rank = fl_barrier_rank(b), world = fl_barrier_world(b);
   fl_status status = FL_OK;
   fl_records *all = NULL;
   fl_comm_endpoint *ep = NULL;
   const char **addrs = NULL;
-  const char *backend = getenv("FLINT_TRAIN_COMM");
-  bool nccl = r->a->device == FL_DEVICE_CUDA && !(backend && strcmp(backend, "host") == 0);
-  if (nccl) {
+  *out = NULL;
+  if (!host && train_uses_nccl(kind)) {
     uint8_t id[FL_NCCL_ID_BYTES] = {0};
-    if (r->rank == 0) FL_CHECK(fl_comm_nccl_unique_id(id));
-    FL_CHECK(fl_barrier_all_gather(r->b, fl_bytes_of(id, r->rank == 0 ? sizeof id : 0), 0, &all));
+    if (rank == 0) FL_CHECK(fl_comm_nccl_unique_id(id));
+    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(id, rank == 0 ? sizeof id : 0), 0, &all));
     fl_bytes root = fl_records_get(all, 0);
     if (root.len != FL_NCCL_ID_BYTES) {
       status = fl_set_error(FL_EPROTO, "rank 0 sent a NCCL id of %zu bytes", root.len);
       goto cleanup;
     }
     memcpy(id, root.data, sizeof id);
-    FL_CHECK(fl_comm_nccl_create(r->dev, (int)r->rank, (int)r->world, id, &r->comm));
+    FL_CHECK(fl_comm_nccl_create(dev, (int)rank, (int)world, id, out));
   } else {
     /* FLINT_COMM_HOST: the address other ranks reach this one at (cluster mode across
      * hosts); loopback by default. */
-    const char *host = getenv("FLINT_COMM_HOST");
-    FL_CHECK(fl_comm_listen(host && *host ? host : "127.0.0.1", &ep));
+    const char *where = getenv("FLINT_COMM_HOST");
+    FL_CHECK(fl_comm_listen(where && *where ? where : "127.0.0.1", &ep));
     const char *mine = fl_comm_endpoint_address(ep);
-    FL_CHECK(fl_barrier_all_gather(r->b, fl_bytes_of(mine, strlen(mine) + 1), 0, &all));
-    addrs = calloc(r->world, sizeof *addrs);
+    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(mine, strlen(mine) + 1), 0, &all));
+    addrs = calloc(world, sizeof *addrs);
     if (!addrs) {
-      status = fl_set_error(FL_ENOMEM, "rank %u: out of memory", r->rank);
+      status = fl_set_error(FL_ENOMEM, "rank %u: out of memory", rank);
       goto cleanup;
     }
-    for (uint32_t i = 0; i < r->world; i++) {
+    for (uint32_t i = 0; i < world; i++) {
       fl_bytes rec = fl_records_get(all, i);
       if (rec.len == 0 || rec.data[rec.len - 1] != '\0') {
         status = fl_set_error(FL_EPROTO, "rank %u sent a malformed address", i);
@@ -185,27 +160,40 @@ static fl_status rank_connect(rank_state *r) {
     }
     fl_comm_endpoint *take = ep;
     ep = NULL; /* fl_comm_host_create takes it, on failure too */
-    FL_CHECK(fl_comm_host_create(take, (int)r->rank, (int)r->world, addrs, 0, &r->comm));
-    FL_CHECK(fl_comm_set_allreduce_algo(r->comm, r->a->allreduce));
+    FL_CHECK(fl_comm_host_create(take, (int)rank, (int)world, addrs, 0, out));
+    FL_CHECK(fl_comm_set_allreduce_algo(*out, algo));
   }
 cleanup:
+  if (status != FL_OK) {
+    fl_comm_destroy(*out);
+    *out = NULL;
+  }
   free(addrs);
   fl_comm_endpoint_destroy(ep);
   fl_records_free(all);
   return status;
 }
 
-/* The same count on every rank: the smallest rank's. */
-static fl_status rank_agree_min(rank_state *r, uint64_t mine, uint64_t *out) {
-  if (r->world == 1) {
+fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out) {
+  int ordinal = 0;
+  if (kind == FL_DEVICE_CUDA) {
+    int gpus = fl_cuda_device_count();
+    ordinal = fl_barrier_gpu(b) >= 0 ? fl_barrier_gpu(b) : gpus > 0 ? (int)(fl_barrier_rank(b) % (uint32_t)gpus) : 0;
+  }
+  return fl_device_open(kind, ordinal, out);
+}
+
+fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out) {
+  uint32_t world = fl_barrier_world(b);
+  if (world == 1) {
     *out = mine;
     return FL_OK;
   }
   fl_records *all = NULL;
-  fl_status s = fl_barrier_all_gather(r->b, fl_bytes_of(&mine, sizeof mine), 0, &all);
+  fl_status s = fl_barrier_all_gather(b, fl_bytes_of(&mine, sizeof mine), 0, &all);
   if (s != FL_OK) return s;
   uint64_t m = mine;
-  for (uint32_t i = 0; i < r->world; i++) {
+  for (uint32_t i = 0; i < world; i++) {
     fl_bytes rec = fl_records_get(all, i);
     uint64_t v;
     if (rec.len != sizeof v) {
@@ -315,12 +303,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
                           a->width, a->classes);
     goto cleanup;
   }
-  int ordinal = 0;
-  if (a->device == FL_DEVICE_CUDA) {
-    int gpus = fl_cuda_device_count();
-    ordinal = fl_barrier_gpu(r->b) >= 0 ? fl_barrier_gpu(r->b) : gpus > 0 ? (int)(r->rank % (uint32_t)gpus) : 0;
-  }
-  FL_CHECK(fl_device_open(a->device, ordinal, &r->dev));
+  FL_CHECK(train_device_open(r->b, a->device, &r->dev));
   nn_model_spec spec = {.kind = a->model, .channels = (int)a->channels, .height = (int)a->height,
                         .width = (int)a->width, .classes = (int)a->classes, .seed = a->seed};
   FL_CHECK(nn_model_create(r->dev, &spec, &r->model));
@@ -334,7 +317,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   FL_CHECK(r->dev->ops->alloc(r->dev, 2 * sizeof(float), (void **)&r->stats_d));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, (size_t)r->local_batch * per * sizeof(float), (void **)&r->images_h));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_h));
-  FL_CHECK(rank_connect(r));
+  if (r->world > 1) FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, &r->comm));
   if (r->comm && a->overlap) FL_CHECK(comm_worker_start(r->comm, &r->worker));
 cleanup:
   return status;
@@ -352,7 +335,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   FL_CHECK(rank_setup(&r, in));
 
   uint64_t steps = 0;
-  FL_CHECK(rank_agree_min(&r, data_reader_batches(r.train, false), &steps));
+  FL_CHECK(train_agree_min(b, data_reader_batches(r.train, false), &steps));
   if (steps == 0) {
     status = fl_set_error(FL_EINVAL, "a rank has fewer than %u training images (batch %u over %u ranks): make "
                           "--batch smaller or the data larger", r.local_batch, a.batch, r.world);
@@ -380,7 +363,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   train_report last = {0};
   double lr = cs.lr;
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
-    double t0 = now_s();
+    double t0 = train_now_s();
     data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
     FL_CHECK(r.dev->ops->memset0(r.dev, r.stats_d, 2 * sizeof(float)));
     uint64_t images = 0;
@@ -413,7 +396,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       if (r.rank == 0 && ((i + 1) % report_every == 0 || i + 1 == steps)) {
         float st[2];
         FL_CHECK(read_stats(&r, st));
-        double secs = now_s() - t0;
+        double secs = train_now_s() - t0;
         train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                             .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = st[0] / images,
                             .acc = st[1] / images, .lr = lr,
@@ -422,7 +405,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
         FL_CHECK(rank_report(&r, &rep));
       }
     }
-    double train_secs = now_s() - t0;
+    double train_secs = train_now_s() - t0;
     float st[2];
     FL_CHECK(read_stats(&r, st));
     double in3[3] = {st[0], st[1], (double)images}, sum3[3];
@@ -435,7 +418,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     last = (train_report){.kind = REPORT_EPOCH, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                           .step = cs.step, .steps_per_epoch = steps, .done = steps, .loss = sum3[0] / sum3[2],
                           .acc = sum3[1] / sum3[2], .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
-                          .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = now_s() - t0,
+                          .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = train_now_s() - t0,
                           .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid()};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
@@ -501,9 +484,14 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   }
 }
 
+/* Barrier tasks: one per data-parallel rank, or per grid rank for the transformer. */
+static uint32_t train_world(const gpu_train_options *o) {
+  return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
+}
+
 static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test) {
   data_options dopts = DATA_OPTIONS_INIT;
-  dopts.partitions = o->ranks;
+  dopts.partitions = train_world(o);
   dopts.norm = DATA_NORM_STANDARD; /* zero-mean inputs: see docs/gpu.md, the large-batch check */
   dopts.interleave = true; /* rank r: images r, r + R, ... (see gpu/train.h) */
   fl_status s;
@@ -518,9 +506,10 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
     s = data_synthetic_imagenet(ctx, o->seed, 0, n_train, &dopts, train);
     if (s == FL_OK) s = data_synthetic_imagenet(ctx, o->seed, n_train, n_test, &dopts, test);
   }
-  if (s == FL_OK && (train->partitions != o->ranks || test->partitions != o->ranks))
-    s = fl_set_error(FL_EINVAL, "%u ranks need at least %u training and test images (have %llu and %llu)", o->ranks,
-                     o->ranks, (unsigned long long)train->images, (unsigned long long)test->images);
+  uint32_t world = train_world(o);
+  if (s == FL_OK && (train->partitions != world || test->partitions != world))
+    s = fl_set_error(FL_EINVAL, "%u ranks need at least %u training and test images (have %llu and %llu)", world,
+                     world, (unsigned long long)train->images, (unsigned long long)test->images);
   return s;
 }
 
@@ -535,19 +524,25 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   FL_CHECK(load_data(ctx, o, &train, &test));
   FL_CHECK(data_pair(ctx, &train, &test, &pair));
 
-  train_arg a = {.model = o->model, .device = o->device, .ranks = o->ranks, .batch = o->batch, .epochs = o->epochs,
-                 .channels = train.channels, .height = train.height, .width = train.width, .classes = train.classes,
-                 .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce, .bucket_bytes = o->bucket_bytes,
-                 .emit_checkpoint = o->checkpoint_path != NULL, .shuffle = o->shuffle, .overlap = o->overlap};
+  bool hybrid = o->model == NN_TRANSFORMER;
+  train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
+                 .epochs = o->epochs, .channels = train.channels, .height = train.height, .width = train.width,
+                 .classes = train.classes, .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce,
+                 .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
+                 .shuffle = o->shuffle, .overlap = o->overlap, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
+                 .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
+                 .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
+                 .blocks = o->blocks, .dropout = (float)o->dropout};
   gpu_train_schedule(o, &a.schedule);
   fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
   bopts.gpu = o->device == FL_DEVICE_CUDA;
   bopts.on_report = client_on_report;
   bopts.user = &c;
-  double t0 = now_s();
-  FL_CHECK(fl_barrier_map_partitions(pair, gpu_train_rank, &a, sizeof a, &bopts, &trained));
+  double t0 = train_now_s();
+  FL_CHECK(fl_barrier_map_partitions(pair, hybrid ? gpu_train_hybrid_rank : gpu_train_rank, &a, sizeof a, &bopts,
+                                     &trained));
   FL_CHECK(fl_collect(trained, &out));
-  double seconds = now_s() - t0;
+  double seconds = train_now_s() - t0;
   if (c.error != FL_OK) {
     status = fl_set_error(c.error, "gpu_train: out of memory for the curves");
     goto cleanup;
@@ -560,17 +555,32 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   memcpy(&last, fl_records_get(out, 0).data, sizeof last);
   if (o->csv_path) FL_CHECK(curves_write_csv(&c.curves, o->csv_path));
   if (o->svg_path) {
-    char title[160];
-    snprintf(title, sizeof title, "%s on %s, %u rank%s, batch %u, lr %g, warmup %g", nn_model_kind_name(o->model),
-             gpu_train_dataset_name(o->data), o->ranks, o->ranks == 1 ? "" : "s", o->batch, o->lr, o->warmup_epochs);
+    char title[200], ranks[80];
+    if (hybrid)
+      snprintf(ranks, sizeof ranks, "dp %u x tp %u x pp %u, %s, m %u", o->ranks, o->tp, o->pp,
+               pp_schedule_name(o->schedule), o->microbatches);
+    else
+      snprintf(ranks, sizeof ranks, "%u rank%s", o->ranks, o->ranks == 1 ? "" : "s");
+    snprintf(title, sizeof title, "%s on %s, %s, batch %u, lr %g, warmup %g", nn_model_kind_name(o->model),
+             gpu_train_dataset_name(o->data), ranks, o->batch, o->lr, o->warmup_epochs);
     FL_CHECK(curves_write_svg(&c.curves, title, o->svg_path));
   }
-  if (o->checkpoint_path) {
+  /* Rank 0's records: its last report, [the ranks' peaks and timelines,] [the checkpoint]. */
+  size_t next = 1;
+  gpu_train_result res = {0};
+  if (hybrid) {
     if (fl_records_count(out) < 2) {
+      status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no timelines");
+      goto cleanup;
+    }
+    FL_CHECK(train_hybrid_finish(o, fl_records_get(out, next++), &res));
+  }
+  if (o->checkpoint_path) {
+    if (fl_records_count(out) <= next) {
       status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no checkpoint");
       goto cleanup;
     }
-    FL_CHECK(checkpoint_save_file(o->checkpoint_path, fl_records_get(out, 1)));
+    FL_CHECK(checkpoint_save_file(o->checkpoint_path, fl_records_get(out, next)));
   }
   if (result) {
     double images = 0, train_secs = 0;
@@ -585,7 +595,10 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .resumed_epoch = last.resumed_epoch,
                                  .train_loss = last.loss, .train_acc = last.acc, .test_loss = last.test_loss,
                                  .test_acc = last.test_acc, .images_per_s = train_secs > 0 ? images / train_secs : 0,
-                                 .seconds = seconds, .final_lr = last.lr, .buckets = last.buckets};
+                                 .seconds = seconds, .final_lr = last.lr, .buckets = last.buckets,
+                                 .bubble = last.bubble, .bubble_theory = last.bubble_theory,
+                                 .stages = res.stages};
+    memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:
   fl_records_free(out);

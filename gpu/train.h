@@ -53,6 +53,7 @@
 #include "flint/gpu.h"
 #include "gpu/nn.h"
 #include "gpu/optim.h"
+#include "gpu/pipeline_schedule.h"
 
 typedef enum gpu_train_dataset {
   GPU_TRAIN_FASHION_MNIST = 0,    /* 60000 + 10000 images 1x28x28, 10 classes */
@@ -105,12 +106,26 @@ typedef struct gpu_train_options {
    * client's event handling. For progress displays and tests. */
   void (*on_epoch)(const gpu_train_epoch *epoch, void *user);
   void *user;
+  /* --model transformer only (gpu/train_hybrid.c): the grid is ranks (data parallel) x tp x
+   * pp, one barrier task per grid rank. */
+  uint32_t tp, pp;          /* tensor- and pipeline-parallel ranks, >= 1 */
+  pp_schedule schedule;     /* gpipe, 1f1b, interleaved */
+  uint32_t microbatches;    /* m per replica's batch, dividing batch / ranks */
+  uint32_t chunks;          /* v model chunks per pipeline rank (interleaved), >= 1 */
+  bool recompute;           /* keep stage inputs only, forward again before backward */
+  uint32_t hidden, heads, ffn, blocks; /* the transformer (ffn 0: 4 x hidden) */
+  double dropout;           /* every dropout site, in [0, 1) */
+  const char *timeline_csv_path; /* the last step's timeline of every rank (NULL: none) */
+  const char *timeline_svg_path;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
-   NULL, NULL, true, 0, 0, NULL, NULL}
+   NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL}
+
+/* Most pipeline stages whose peak activation memory a result reports. */
+#define GPU_TRAIN_MAX_STAGES 64
 
 typedef struct gpu_train_result {
   uint32_t epochs;        /* epochs completed */
@@ -123,9 +138,16 @@ typedef struct gpu_train_result {
   double seconds;         /* wall time of the training stage */
   double final_lr;        /* the rate of the last step */
   uint32_t buckets;       /* gradient allreduces in the last step (0 with one rank) */
+  /* --model transformer: the last epoch's mean measured bubble over its steps, the
+   * theory's (p-1)/(m+p-1) [/ v], and each pipeline stage's (rank's) peak activation bytes
+   * over the run, the most over its data- and tensor-parallel ranks. */
+  double bubble, bubble_theory;
+  uint32_t stages;
+  uint64_t stage_peak_bytes[GPU_TRAIN_MAX_STAGES];
 } gpu_train_result;
 
-/* "mlp", "cnn", "resnet18" (the CLI's names, nn_model_kind_name's); FL_EINVAL otherwise. */
+/* "mlp", "cnn", "resnet18", "transformer" (the CLI's names, nn_model_kind_name's);
+ * FL_EINVAL otherwise. */
 /* The calls marked FL_API are exported from libflint_gpu for the flint command, which must
  * reach the trainer through the shared library (its barrier function ships by symbol). */
 FL_API fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
