@@ -107,23 +107,40 @@ void data_set_free(data_set *d) {
 typedef fl_status (*fill_fn)(const void *ctx, uint64_t index, uint32_t stride, uint32_t count, int32_t *labels,
                              float *images);
 
-/* A partition's images: n of them, first, first + stride, ... (data_options.interleave). */
+/* A piece of a partition: n images, first, first + stride, ... */
 typedef struct part_range {
   uint64_t first, n;
   uint32_t stride;
 } part_range;
 
-static part_range partition_range(uint64_t images, uint32_t parts, uint32_t p, bool interleave) {
-  if (interleave) return (part_range){p, p < images ? (images - p + parts - 1) / parts : 0, parts};
-  uint64_t lo = images * p / parts, hi = images * (p + 1) / parts;
-  return (part_range){lo, hi - lo, 1};
+/* The k-th piece of partition p of `parts` over `images` images (false after the last).
+ * run 0: one contiguous range (the default); run 1: every parts-th image from p (interleave);
+ * run r > 1: runs of r consecutive images, the (k parts + p)-th run for k = 0, 1, ... */
+static bool partition_piece(uint64_t images, uint32_t parts, uint32_t p, uint32_t run, uint64_t k, part_range *out) {
+  if (run <= 1) {
+    if (k > 0) return false;
+    if (run == 1) *out = (part_range){p, p < images ? (images - p + parts - 1) / parts : 0, parts};
+    else *out = (part_range){images * p / parts, images * (p + 1) / parts - images * p / parts, 1};
+    return true;
+  }
+  uint64_t start = (k * parts + p) * run;
+  if (start >= images) return false;
+  *out = (part_range){start, (start + run < images ? start + run : images) - start, 1};
+  return true;
 }
 
-/* Emits the range's images in blocks, filling each with fill(). */
-static fl_status emit_blocks(fl_emitter *out, part_range pr, uint32_t block_images, uint32_t c, uint32_t h,
-                             uint32_t w, uint32_t classes, data_split split, fill_fn fill, const void *ctx) {
+/* Emits partition p's images in blocks (none crossing a piece), filling each with fill();
+ * base is added to every image index (a data set that starts further on). */
+static fl_status emit_blocks(fl_emitter *out, uint64_t images_total, uint32_t parts, uint32_t p, uint32_t run,
+                             uint64_t base, uint32_t block_images, uint32_t c, uint32_t h, uint32_t w,
+                             uint32_t classes, data_split split, fill_fn fill, const void *ctx) {
   size_t per = (size_t)c * h * w;
-  uint64_t n = pr.n, blocks = (n + block_images - 1) / block_images;
+  uint64_t n = 0, blocks = 0;
+  part_range pr;
+  for (uint64_t k = 0; partition_piece(images_total, parts, p, run, k, &pr); k++) {
+    n += pr.n;
+    blocks += (pr.n + block_images - 1) / block_images;
+  }
   fl_status s = FL_OK;
   if (n == 0) return FL_OK;
   /* One allocation for the partition's output (a cached map_partitions keeps it as is). */
@@ -133,18 +150,23 @@ static fl_status emit_blocks(fl_emitter *out, part_range pr, uint32_t block_imag
   float *images = malloc((size_t)block_images * per * sizeof *images);
   fl_buf rec = FL_BUF_INIT;
   if (!labels || !images) s = fl_set_error(FL_ENOMEM, "image blocks: out of memory");
-  for (uint64_t done = 0; s == FL_OK && done < n; done += block_images) {
-    uint32_t count = (uint32_t)(n - done < block_images ? n - done : block_images);
-    uint64_t at = pr.first + done * pr.stride;
-    if ((s = fill(ctx, at, pr.stride, count, labels, images)) != FL_OK) break;
-    if ((s = data_block_encode(count, c, h, w, classes, split, at, pr.stride, labels, images, &rec)) != FL_OK) break;
-    s = fl_emit(out, rec.data, rec.len);
-  }
+  for (uint64_t k = 0; s == FL_OK && partition_piece(images_total, parts, p, run, k, &pr); k++)
+    for (uint64_t done = 0; s == FL_OK && done < pr.n; done += block_images) {
+      uint32_t count = (uint32_t)(pr.n - done < block_images ? pr.n - done : block_images);
+      uint64_t at = base + pr.first + done * pr.stride;
+      if ((s = fill(ctx, at, pr.stride, count, labels, images)) != FL_OK) break;
+      if ((s = data_block_encode(count, c, h, w, classes, split, at, pr.stride, labels, images, &rec)) != FL_OK)
+        break;
+      s = fl_emit(out, rec.data, rec.len);
+    }
   fl_buf_free(&rec);
   free(images);
   free(labels);
   return s;
 }
+
+/* The run length the tasks' arguments carry: 0 ranges, 1 interleave, r > 1 runs of r. */
+static uint32_t layout_run(const data_options *o) { return o->interleave ? (o->run ? o->run : 1) : 0; }
 
 /* A data set's source, for data_pair: u32 kind, u32 arg bytes, the partition task's arg. */
 enum { SOURCE_IDX = 1, SOURCE_SYNTHETIC = 2 };
@@ -205,11 +227,11 @@ static fl_status idx_open(const char *path, uint32_t magic, const char *kind, in
 
 /* The task's argument, followed by the images' and labels' paths, each NUL-terminated.
  * n: the images used (the file's first n); partition p holds images [n p / parts,
- * n (p + 1) / parts), or with interleave p, p + parts, ... below n. */
+ * n (p + 1) / parts), or as partition_piece lays it out for the run in `interleave`. */
 typedef struct idx_arg {
   uint32_t n, parts, block_images, rows, cols, classes;
   float offset, scale; /* value = pixel * scale + offset */
-  uint32_t interleave, pad;
+  uint32_t interleave, pad; /* interleave: layout_run (0 ranges, 1 single images, r > 1 runs) */
 } idx_arg;
 
 typedef struct idx_reading {
@@ -234,12 +256,14 @@ static fl_status idx_fill(const void *ctx, uint64_t index, uint32_t stride, uint
   size_t per = (size_t)r->a->rows * r->a->cols, got;
   if (stride > 1) { /* one image at a time, each after a seek */
     for (uint32_t i = 0; i < count; i++) {
-      fl_status s = idx_seek(r, index + (uint64_t)i * stride);
-      if (s == FL_OK) s = idx_fill(ctx, index + (uint64_t)i * stride, 1, 1, labels + i, images + (size_t)i * per);
+      fl_status s = idx_fill(ctx, index + (uint64_t)i * stride, 1, 1, labels + i, images + (size_t)i * per);
       if (s != FL_OK) return s;
     }
     return FL_OK;
   }
+  /* Consecutive images: from `index` on (a no-op seek when the last fill ended there). */
+  fl_status sk = idx_seek(r, index);
+  if (sk != FL_OK) return sk;
   uint8_t raw[256];
   for (uint32_t done = 0; done < count;) {
     uint32_t piece = count - done < sizeof raw ? count - done : (uint32_t)sizeof raw;
@@ -273,14 +297,14 @@ static fl_status idx_emit(uint32_t partition, fl_emitter *out, const void *arg, 
   memcpy(&a, arg, sizeof a);
   idx_reading r = {.a = &a, .images_path = (const char *)arg + sizeof a};
   r.labels_path = r.images_path + strlen(r.images_path) + 1;
-  part_range pr = partition_range(a.n, a.parts, partition, a.interleave != 0);
   uint32_t dims[3];
   fl_status s = idx_open(r.images_path, IDX_IMAGES_MAGIC, "idx3-ubyte (images)", 3, dims, &r.fi);
   if (s == FL_OK) s = idx_open(r.labels_path, IDX_LABELS_MAGIC, "idx1-ubyte (labels)", 1, dims, &r.fl);
-  if (s == FL_OK && pr.n) s = idx_seek(&r, pr.first);
   if (s == FL_OK && !(r.pixels = malloc((size_t)a.rows * a.cols)))
     s = fl_set_error(FL_ENOMEM, "%s: out of memory", r.images_path);
-  if (s == FL_OK) s = emit_blocks(out, pr, a.block_images, 1, a.rows, a.cols, a.classes, split, idx_fill, &r);
+  if (s == FL_OK)
+    s = emit_blocks(out, a.n, a.parts, partition, a.interleave, 0, a.block_images, 1, a.rows, a.cols, a.classes,
+                    split, idx_fill, &r);
   free(r.pixels);
   if (r.fi) gzclose(r.fi);
   if (r.fl) gzclose(r.fl);
@@ -368,7 +392,7 @@ fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *la
   uint32_t parts = partitions_for(ctx, &o, used);
   idx_arg a = {.n = used, .parts = parts, .block_images = o.block_images ? o.block_images : DEFAULT_BLOCK_IMAGES,
                .rows = dims[1], .cols = dims[2], .classes = classes, .offset = 0, .scale = 1.0f / 255,
-               .interleave = o.interleave};
+               .interleave = layout_run(&o)};
   if (o.norm == DATA_NORM_STANDARD) {
     a.scale = (float)(1.0 / (255 * DATA_FASHION_MNIST_STD));
     a.offset = (float)(-DATA_FASHION_MNIST_MEAN / DATA_FASHION_MNIST_STD);
@@ -445,7 +469,7 @@ void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *
 typedef struct synth_arg {
   uint64_t seed, first, count;
   uint32_t parts, block_images;
-  uint32_t interleave, pad;
+  uint32_t interleave, pad; /* interleave: layout_run (0 ranges, 1 single images, r > 1 runs) */
 } synth_arg;
 
 static fl_status synth_fill(const void *ctx, uint64_t index, uint32_t stride, uint32_t count, int32_t *labels,
@@ -460,10 +484,8 @@ static fl_status synth_fill(const void *ctx, uint64_t index, uint32_t stride, ui
 static fl_status synth_emit(uint32_t partition, fl_emitter *out, const void *arg, data_split split) {
   synth_arg a;
   memcpy(&a, arg, sizeof a);
-  part_range pr = partition_range(a.count, a.parts, partition, a.interleave != 0);
-  pr.first += a.first;
-  return emit_blocks(out, pr, a.block_images, IMNET_C, IMNET_S, IMNET_S, DATA_IMAGENET_CLASSES, split,
-                     synth_fill, &a);
+  return emit_blocks(out, a.count, a.parts, partition, a.interleave, a.first, a.block_images, IMNET_C, IMNET_S,
+                     IMNET_S, DATA_IMAGENET_CLASSES, split, synth_fill, &a);
 }
 
 FL_API fl_status gpu_data_synthetic_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
@@ -482,7 +504,7 @@ fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first
   uint32_t parts = partitions_for(ctx, &o, count);
   /* An image is 588 KiB: blocks of 16 keep a record near 10 MiB. */
   synth_arg a = {.seed = seed, .first = first, .count = count, .parts = parts,
-                 .block_images = o.block_images ? o.block_images : 16, .interleave = o.interleave};
+                 .block_images = o.block_images ? o.block_images : 16, .interleave = layout_run(&o)};
   fl_dataset *seeds = NULL, *blocks = NULL;
   fl_buf source = FL_BUF_INIT;
   fl_status s = fl_range(ctx, 0, parts, 1, parts, &seeds);

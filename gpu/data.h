@@ -18,7 +18,8 @@
  *    ..  4*count*channels*height*width  images, float32, NCHW, normalized (see data_norm)
  * A partition holds, in order, either a contiguous range of images (the default) or, with
  * data_options.interleave, every parts-th image: partition p of P holds images p, p + P,
- * p + 2P, ... (as PyTorch's DistributedSampler assigns them to ranks). A training run's
+ * p + 2P, ... (as PyTorch's DistributedSampler assigns them to ranks), or with a run r > 1,
+ * runs of r consecutive images: r images of every P r, the p-th run of each. A training run's
  * input (data_pair) holds, in partition r, rank r's share of the training set and then its
  * share of the test set, told apart by `split`.
  *
@@ -69,8 +70,11 @@ typedef struct data_options {
   data_norm norm;        /* IDX only; synthetic images are already centred */
   bool interleave;       /* partition p of P holds images p, p + P, ... (else a range) */
   uint64_t max_images;   /* IDX only: the first max_images images of the file (0: all) */
+  /* With interleave: runs of `run` consecutive images instead of single ones (0 or 1:
+   * single): partition p holds images (k P + p) run + i for i < run, k = 0, 1, ... */
+  uint32_t run;
 } data_options;
-#define DATA_OPTIONS_INIT {0, 0, DATA_NORM_UNIT, false, 0}
+#define DATA_OPTIONS_INIT {0, 0, DATA_NORM_UNIT, false, 0, 0}
 
 /* A dataset of image blocks and its shape. */
 typedef struct data_set {

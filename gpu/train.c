@@ -120,8 +120,9 @@ bool train_uses_nccl(fl_device_kind kind) {
 }
 
 fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_allreduce_algo algo, bool host,
-                        fl_comm **out) {
-  uint32_t rank = fl_barrier_rank(b), world = fl_barrier_world(b);
+                        int comm_rank, fl_comm **out) {
+  uint32_t world = fl_barrier_world(b);
+  uint32_t rank = comm_rank >= 0 ? (uint32_t)comm_rank : fl_barrier_rank(b);
   fl_status status = FL_OK;
   fl_records *all = NULL;
   fl_comm_endpoint *ep = NULL;
@@ -129,8 +130,9 @@ fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_a
   *out = NULL;
   if (!host && train_uses_nccl(kind)) {
     uint8_t id[FL_NCCL_ID_BYTES] = {0};
-    if (rank == 0) FL_CHECK(fl_comm_nccl_unique_id(id));
-    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(id, rank == 0 ? sizeof id : 0), 0, &all));
+    bool first = fl_barrier_rank(b) == 0; /* any one rank makes the id */
+    if (first) FL_CHECK(fl_comm_nccl_unique_id(id));
+    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(id, first ? sizeof id : 0), 0, &all));
     fl_bytes root = fl_records_get(all, 0);
     if (root.len != FL_NCCL_ID_BYTES) {
       status = fl_set_error(FL_EPROTO, "rank 0 sent a NCCL id of %zu bytes", root.len);
@@ -143,8 +145,14 @@ fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_a
      * hosts); loopback by default. */
     const char *where = getenv("FLINT_COMM_HOST");
     FL_CHECK(fl_comm_listen(where && *where ? where : "127.0.0.1", &ep));
-    const char *mine = fl_comm_endpoint_address(ep);
-    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(mine, strlen(mine) + 1), 0, &all));
+    /* Each rank sends its communicator rank and its address, NUL-terminated. */
+    const char *where_me = fl_comm_endpoint_address(ep);
+    char mine[256];
+    size_t len = strlen(where_me) + 1;
+    if (len > sizeof mine - 4) FL_CHECK(fl_set_error(FL_EINVAL, "address '%s' is too long", where_me));
+    memcpy(mine, &rank, 4);
+    memcpy(mine + 4, where_me, len);
+    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(mine, 4 + len), 0, &all));
     addrs = calloc(world, sizeof *addrs);
     if (!addrs) {
       status = fl_set_error(FL_ENOMEM, "rank %u: out of memory", rank);
@@ -152,11 +160,13 @@ fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_a
     }
     for (uint32_t i = 0; i < world; i++) {
       fl_bytes rec = fl_records_get(all, i);
-      if (rec.len == 0 || rec.data[rec.len - 1] != '\0') {
-        status = fl_set_error(FL_EPROTO, "rank %u sent a malformed address", i);
+      uint32_t at = world;
+      if (rec.len >= 5) memcpy(&at, rec.data, 4);
+      if (rec.len < 5 || rec.data[rec.len - 1] != '\0' || at >= world || addrs[at]) {
+        status = fl_set_error(FL_EPROTO, "task %u sent a malformed address or a rank taken twice", i);
         goto cleanup;
       }
-      addrs[i] = (const char *)rec.data;
+      addrs[at] = (const char *)rec.data + 4;
     }
     fl_comm_endpoint *take = ep;
     ep = NULL; /* fl_comm_host_create takes it, on failure too */
@@ -317,7 +327,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   FL_CHECK(r->dev->ops->alloc(r->dev, 2 * sizeof(float), (void **)&r->stats_d));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, (size_t)r->local_batch * per * sizeof(float), (void **)&r->images_h));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_h));
-  if (r->world > 1) FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, &r->comm));
+  if (r->world > 1) FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, -1, &r->comm));
   if (r->comm && a->overlap) FL_CHECK(comm_worker_start(r->comm, &r->worker));
 cleanup:
   return status;
@@ -494,6 +504,9 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
   dopts.partitions = train_world(o);
   dopts.norm = DATA_NORM_STANDARD; /* zero-mean inputs: see docs/gpu.md, the large-batch check */
   dopts.interleave = true; /* rank r: images r, r + R, ... (see gpu/train.h) */
+  /* The transformer's ranks read runs of batch / world images, so that a replica's ranks
+   * together hold its rows of each global batch in order (gpu/train_hybrid.c). */
+  if (o->model == NN_TRANSFORMER) dopts.run = o->batch / train_world(o);
   fl_status s;
   if (o->data == GPU_TRAIN_FASHION_MNIST) {
     dopts.max_images = o->max_train_images;

@@ -6,19 +6,21 @@
  * The model reads an image as a sequence: its channels x height rows are the tokens and its
  * width the features of a token (Fashion-MNIST: 28 tokens of 28 features).
  *
- * The data. There is one barrier task per grid rank, and partition r of the cached data set
- * (interleaved, as for data parallelism) is rank r's share. A step, each rank reads
- * batch / world images of its share, and the ranks of a replica (the tp x pp ranks with the
- * same data-parallel index) allgather theirs, so that every rank of the replica holds the
- * replica's batch of batch / dp rows (the first stage reads the images, the last the labels).
- * Without shuffling, the union over the replicas of step k's rows is the global batch a
- * single rank takes at step k (images [k B, (k + 1) B)); with dropout 0, any grid then takes
- * the same steps as one rank up to float rounding. Dropout masks are keyed by a row's place in
- * the global batch, which depends on the grid's data-parallel and replica sizes: with dropout,
- * grids of the same dp and replica size agree, others differ as a reshuffle does.
+ * The data. There is one barrier task per grid rank, numbered replica by replica (task
+ * t = d x tp x pp + q is replica d's q-th rank; its rank in the communicators is the grid's,
+ * pp_grid_rank). The cached data set's partition t holds runs of b = batch / world
+ * consecutive images (data_options.run): of every global batch of B images, images
+ * [t b, (t + 1) b). A step, each task reads its b images and the replica's ranks allgather
+ * theirs in task order, so that every rank of replica d holds rows [d B / dp, (d + 1) B / dp)
+ * of the global batch, in order (the first stage reads the images, the last the labels).
+ * Without shuffling, the global batch of step k is then images [k B, (k + 1) B) in order on
+ * every grid, as for one rank, and dropout masks, keyed by a row's place in the global batch,
+ * are the same too: any grid takes the same steps as one rank up to float rounding, with
+ * dropout on. (With shuffling, each task permutes its own images, which depends on the grid.)
  *
- * The test set: every rank evaluates the smallest share of any rank (at most world - 1
- * images fewer than the test set), in batches gathered over the replica as in training.
+ * The test set (laid out the same way): every rank evaluates as many images as the smallest
+ * share of any rank (so fewer than one global batch of the test set is left out), in batches
+ * gathered over the replica as in training.
  *
  * Checkpoints. Every rank's state is its own (its chunks' weights and velocity), so the
  * stage's checkpoint is a sharded one: each rank encodes each chunk as a checkpoint blob
@@ -61,6 +63,7 @@ typedef struct hybrid_rank {
   uint32_t rank, world, attempt;
   pp_grid grid;
   pp_coords me;
+  int grid_rank; /* in the communicators (pp_grid_rank); tasks are numbered otherwise */
   fl_device *dev;
   fl_comm *comm;    /* the world: NCCL for cuda, else host */
   fl_comm *stages;  /* a host world for the pipeline's transfers when comm is NCCL */
@@ -269,7 +272,11 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in) {
   fl_status status = FL_OK;
   r->grid = (pp_grid){(int)a->dp, (int)a->tp, (int)a->pp};
   FL_CHECK(pp_grid_check(r->grid, (int)r->world));
-  r->me = pp_grid_coords(r->grid, (int)r->rank);
+  /* Tasks are numbered replica by replica (their partitions hold the replicas' rows in
+   * order); the grid's rank order puts tensor-parallel ranks innermost, then replicas. */
+  uint32_t replica_size = a->tp * a->pp, q = r->rank % replica_size;
+  r->me = (pp_coords){.dp = (int)(r->rank / replica_size), .tp = (int)(q % a->tp), .pp = (int)(q / a->tp)};
+  r->grid_rank = pp_grid_rank(r->grid, r->me);
   r->local = a->batch / r->world;
   FL_CHECK(data_reader_create(r->local, &r->train));
   FL_CHECK(data_reader_create(r->local, &r->test));
@@ -282,7 +289,7 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in) {
                           data_reader_width(r->train), data_reader_classes(r->train), a->channels, a->height,
                           a->width, a->classes));
   r->image_floats = (size_t)a->channels * a->height * a->width;
-  size_t replica_size = (size_t)a->tp * a->pp, rows = (size_t)r->local * replica_size;
+  size_t rows = (size_t)r->local * replica_size;
   r->images_h = malloc((size_t)r->local * r->image_floats * sizeof(float));
   r->labels_h = malloc((size_t)r->local * sizeof(int32_t));
   r->pack_h = malloc((size_t)r->local * (r->image_floats + 1) * sizeof(float));
@@ -292,9 +299,9 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in) {
   if (!r->images_h || !r->labels_h || !r->pack_h || !r->gathered_h || !r->x_h || !r->y_h)
     FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for batches of %zu rows", r->rank, rows));
   FL_CHECK(train_device_open(r->b, a->device, &r->dev));
-  FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, &r->comm));
+  FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, r->grid_rank, &r->comm));
   if (a->pp > 1 && strcmp(fl_comm_backend(r->comm), "host") != 0)
-    FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, true, &r->stages));
+    FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, true, r->grid_rank, &r->stages));
   pp_options po = {.spec = {.seq = (int)(a->channels * a->height), .features = (int)a->width,
                             .hidden = (int)a->hidden, .heads = (int)a->heads, .ffn = (int)a->ffn,
                             .blocks = (int)a->blocks, .classes = (int)a->classes, .dropout = a->dropout,
@@ -349,7 +356,7 @@ cleanup:
 /* This rank's peak and timeline, as in the record described at the top. */
 static fl_status encode_timeline(hybrid_rank *r, fl_buf *out) {
   fl_status status = FL_OK;
-  put_u32(out, r->rank, &status);
+  put_u32(out, (uint32_t)r->grid_rank, &status);
   put_u32(out, (uint32_t)r->me.pp, &status);
   put_u64(out, r->peak_bytes, &status);
   put_u64(out, r->nevents, &status);
@@ -482,26 +489,27 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   double end = 0;
   res->stages = o->pp;
   memset(res->stage_peak_bytes, 0, sizeof res->stage_peak_bytes);
-  for (uint32_t i = 0; i < world; i++) {
+  for (uint32_t i = 0; i < world; i++) { /* task i's record, of grid rank g */
     cursor rec;
     uint32_t head[2] = {0, 0};
     uint64_t peak = 0, n = 0;
     if (!take_piece(&c, &rec) || !take(&rec, head, sizeof head) || !take(&rec, &peak, 8) || !take(&rec, &n, 8) ||
-        head[0] != i || head[1] >= o->pp || n > (uint64_t)(rec.end - rec.p) / EVENT_BYTES)
-      FL_CHECK(fl_set_error(FL_EFORMAT, "rank %u's timeline record is malformed", i));
+        head[0] >= world || events[head[0]] || head[1] >= o->pp || n > (uint64_t)(rec.end - rec.p) / EVENT_BYTES)
+      FL_CHECK(fl_set_error(FL_EFORMAT, "task %u's timeline record is malformed", i));
+    uint32_t g = head[0];
     if (peak > res->stage_peak_bytes[head[1]]) res->stage_peak_bytes[head[1]] = peak;
-    events[i] = calloc(n ? n : 1, sizeof **events);
-    if (!events[i]) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for rank %u's timeline", i));
+    events[g] = calloc(n ? n : 1, sizeof **events);
+    if (!events[g]) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for rank %u's timeline", g));
     for (uint64_t k = 0; k < n; k++) {
       int32_t ints[4];
       double ts[2];
       take(&rec, ints, sizeof ints);
       take(&rec, ts, sizeof ts);
-      if ((unsigned)ints[0] >= PP_EV_KINDS) FL_CHECK(fl_set_error(FL_EFORMAT, "rank %u sent event kind %d", i, ints[0]));
-      events[i][k] = (pp_event){(pp_event_kind)ints[0], ints[1], ints[2], ts[0], ts[1]};
+      if ((unsigned)ints[0] >= PP_EV_KINDS) FL_CHECK(fl_set_error(FL_EFORMAT, "rank %u sent event kind %d", g, ints[0]));
+      events[g][k] = (pp_event){(pp_event_kind)ints[0], ints[1], ints[2], ts[0], ts[1]};
       end = fmax(end, ts[1]);
     }
-    counts[i] = (size_t)n;
+    counts[g] = (size_t)n;
   }
   if (o->timeline_csv_path)
     FL_CHECK(pp_timeline_write_csv(o->timeline_csv_path, (int)world, (const pp_event *const *)events, counts));

@@ -47,9 +47,11 @@ double train_now_s(void);
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
  * FLINT_TRAIN_COMM=host (NCCL needs a GPU per rank), else the host backend listening on
- * FLINT_COMM_HOST (default 127.0.0.1) with `algo`. Collective over the stage. */
+ * FLINT_COMM_HOST (default 127.0.0.1) with `algo`. This task is rank comm_rank in it (-1:
+ * its barrier rank; the ranks must be a permutation of 0 .. world - 1). Collective over the
+ * stage. */
 fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_allreduce_algo algo,
-                        bool host, fl_comm **out);
+                        bool host, int comm_rank, fl_comm **out);
 /* Opens the rank's device: cuda on its executor's GPU (else rank mod the GPUs), or the cpu. */
 fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out);
 /* True when train_connect(host = false) makes a NCCL communicator. */

@@ -19,7 +19,14 @@
 #include "gpu/tensor_parallel.h"
 #include "gpu/transformer.h"
 
-#define TFM_INIT_STD 0.02
+/* Initial weights: N(0, 1 / fan_in) (LeCun), so that activations keep unit scale through the
+ * blocks without layer norm; the projections back into the residual stream (attn.out,
+ * mlp.fc2) are scaled down by sqrt(2 x blocks) more (GPT-2's residual scaling), so the
+ * stream grows slowly with depth. GPT-2's flat 0.02 relies on layer norm: here it left the
+ * blocks' branches ~1e-3 of the stream and training barely used them. The position
+ * embedding starts small beside the token embedding. */
+static double fan_in_std(int64_t fan_in) { return 1.0 / sqrt((double)fan_in); }
+#define TFM_POSITION_STD 0.02
 
 typedef enum unit_kind { UNIT_EMBED, UNIT_BLOCK, UNIT_HEAD } unit_kind;
 
@@ -163,32 +170,32 @@ static fl_status add_unit_params(tfm_chunk *c, tfm_unit *u, double *stds, size_t
   const tfm_spec *sp = &c->spec;
   const tp_dims *D = &c->dims;
   int64_t H = sp->hidden, F = spec_ffn(sp), d = D->head_dim;
-  double out_std = TFM_INIT_STD / sqrt(2.0 * sp->blocks);
+  double residual = 1.0 / sqrt(2.0 * sp->blocks);
   param_def defs[TP_NPARAMS];
   int ndefs = 0;
   char prefix[64];
   u->first_param = c->store.nparams;
   if (u->kind == UNIT_EMBED) {
     snprintf(prefix, sizeof prefix, "embed");
-    defs[ndefs++] = (param_def){"weight", H, sp->features, 0, 0, 0, TFM_INIT_STD};
+    defs[ndefs++] = (param_def){"weight", H, sp->features, 0, 0, 0, fan_in_std(sp->features)};
     defs[ndefs++] = (param_def){"bias", 1, H, 0, 0, 0, 0};
-    defs[ndefs++] = (param_def){"position", sp->seq, H, 0, 0, 0, TFM_INIT_STD};
+    defs[ndefs++] = (param_def){"position", sp->seq, H, 0, 0, 0, TFM_POSITION_STD};
   } else if (u->kind == UNIT_HEAD) {
     snprintf(prefix, sizeof prefix, "head");
-    defs[ndefs++] = (param_def){"weight", sp->classes, H, 0, 0, 0, TFM_INIT_STD};
+    defs[ndefs++] = (param_def){"weight", sp->classes, H, 0, 0, 0, fan_in_std(H)};
     defs[ndefs++] = (param_def){"bias", 1, sp->classes, 0, 0, 0, 0};
   } else {
     snprintf(prefix, sizeof prefix, "blocks.%d", u->index - 1);
     int64_t q0 = (int64_t)D->head0 * 3 * d, qn = (int64_t)D->local_heads * 3 * d;
     int64_t c0 = (int64_t)D->head0 * d, cn = (int64_t)D->local_heads * d;
     int64_t f0 = (int64_t)c->tp_rank * D->local_ffn, fn = D->local_ffn;
-    defs[ndefs++] = (param_def){"attn.qkv.weight", 3 * H, H, 1, q0, qn, TFM_INIT_STD};
+    defs[ndefs++] = (param_def){"attn.qkv.weight", 3 * H, H, 1, q0, qn, fan_in_std(H)};
     defs[ndefs++] = (param_def){"attn.qkv.bias", 1, 3 * H, 2, q0, qn, 0};
-    defs[ndefs++] = (param_def){"attn.out.weight", H, H, 2, c0, cn, out_std};
+    defs[ndefs++] = (param_def){"attn.out.weight", H, H, 2, c0, cn, fan_in_std(H) * residual};
     defs[ndefs++] = (param_def){"attn.out.bias", 1, H, 0, 0, 0, 0};
-    defs[ndefs++] = (param_def){"mlp.fc1.weight", F, H, 1, f0, fn, TFM_INIT_STD};
+    defs[ndefs++] = (param_def){"mlp.fc1.weight", F, H, 1, f0, fn, fan_in_std(H)};
     defs[ndefs++] = (param_def){"mlp.fc1.bias", 1, F, 2, f0, fn, 0};
-    defs[ndefs++] = (param_def){"mlp.fc2.weight", H, F, 2, f0, fn, out_std};
+    defs[ndefs++] = (param_def){"mlp.fc2.weight", H, F, 2, f0, fn, fan_in_std(F) * residual};
     defs[ndefs++] = (param_def){"mlp.fc2.bias", 1, H, 0, 0, 0, 0};
   }
   for (int i = 0; i < ndefs; i++) {

@@ -523,6 +523,27 @@ static void check_idx(fl_context *ctx, bool gz) {
   fl_records_free(recs);
   data_reader_destroy(r);
   data_set_free(&d);
+  /* Runs of 2 over 2 partitions, all 5 images: partition 0 holds runs 0 and 2 (images 0, 1,
+   * 4), partition 1 run 1 (images 2, 3); no block crosses a run. */
+  data_options orun = {.partitions = 2, .block_images = 4, .interleave = true, .run = 2};
+  assert_ok(data_load_idx(ctx, images, labels, 4, &orun, &d));
+  assert_int_equal(d.images, 5);
+  r = read_all(d.blocks, 5, NULL);
+  data_reader_start_epoch(r, 0, 0, false, 0, false);
+  assert_int_equal(data_reader_next(r, x, y), 5);
+  static const int runs[5] = {0, 1, 4, 2, 3};
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(y[i], runs[i] % 4);
+    for (int k = 0; k < 6; k++) assert_true(fabsf(x[i * 6 + k] - (float)(10 * runs[i] + k) / 255) < 1e-7f);
+  }
+  assert_ok(fl_collect(d.blocks, &recs));
+  assert_int_equal(fl_records_count(recs), 3); /* 0-1 | 4 | 2-3 */
+  assert_ok(data_block_view(fl_records_get(recs, 1), &blk));
+  assert_int_equal(blk.first, 4);
+  assert_int_equal(blk.count, 1);
+  fl_records_free(recs);
+  data_reader_destroy(r);
+  data_set_free(&d);
   /* Standardized pixels. */
   o.norm = DATA_NORM_STANDARD;
   assert_ok(data_load_idx(ctx, images, labels, 4, &o, &d));
