@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #endif
 #include <limits.h>
+#include <sys/stat.h>
 
 #include "test_util.h"
 #include "run_child.h"
@@ -76,17 +77,76 @@ static void test_bad_options_exit_2(void **state) {
                      "--data-dir is for --data fashion-mnist");
 }
 
+#define TFM "--model", "transformer", "--data", "fashion-mnist"
+
+static void test_bad_transformer_options_exit_2(void **state) {
+  (void)state;
+  expect_usage_error(RUN_FLINT("train", BASE, "--tp", "2"), "are for --model transformer");
+  expect_usage_error(RUN_FLINT("train", BASE, "--recompute"), "are for --model transformer");
+  expect_usage_error(RUN_FLINT("train", TFM, "--tp", "0"), "--tp '0'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--pp", "x"), "--pp 'x'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--dp", "2000"), "--dp '2000'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--schedule", "zigzag"), "unknown schedule 'zigzag'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--microbatches", "0"), "--microbatches '0'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--dropout", "1.5"), "--dropout '1.5'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--heads", "3"), "--heads 3 must divide --hidden 64");
+  expect_usage_error(RUN_FLINT("train", TFM, "--tp", "8", "--batch", "256"), "--heads 4 must be a multiple of --tp 8");
+  expect_usage_error(RUN_FLINT("train", TFM, "--pp", "3", "--batch", "256"),
+                     "--batch 256 is not a multiple of --dp x --tp x --pp = 3");
+  expect_usage_error(RUN_FLINT("train", TFM, "--pp", "2", "--microbatches", "3"),
+                     "--microbatches 3 must divide the replica's batch");
+  expect_usage_error(RUN_FLINT("train", TFM, "--chunks", "2"), "--chunks 2 needs --schedule interleaved");
+  expect_usage_error(RUN_FLINT("train", TFM, "--pp", "4", "--schedule", "interleaved", "--chunks", "2"),
+                     "8 stages, but the model has only 4 units");
+  expect_usage_error(RUN_FLINT("train", TFM, "--bucket-mb", "1"), "--bucket-mb is for the data-parallel models");
+}
+
+/* A short run of the hybrid trainer prints the grid, the bubble beside the theory and each
+ * stage's peak activations, and writes the timeline files. */
+static void test_transformer_run(void **state) {
+  (void)state;
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    fprintf(stderr, "skipped: no Fashion-MNIST\n");
+    skip();
+  }
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", csv[64], svg[64], tl_csv[64], tl_svg[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(csv, sizeof csv, "%s/c.csv", dir);
+  snprintf(svg, sizeof svg, "%s/c.svg", dir);
+  snprintf(tl_csv, sizeof tl_csv, "%s/t.csv", dir);
+  snprintf(tl_svg, sizeof tl_svg, "%s/t.svg", dir);
+  run_result *r = RUN_FLINT("train", TFM, "--pp", "2", "--tp", "2", "--schedule", "gpipe", "--microbatches", "4",
+                            "--batch", "32", "--epochs", "1", "--train-images", "256", "--test-images", "64",
+                            "--hidden", "32", "--master", "local[4]", "--quiet", "--csv", csv, "--svg", svg,
+                            "--timeline-csv", tl_csv, "--timeline-svg", tl_svg);
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "grid         dp 1 x tp 2 x pp 2, gpipe schedule, 4 micro-batches of 8"));
+  assert_non_null(strstr(r->out, "0.200 in theory")); /* (p-1)/(m+p-1) for p 2, m 4 */
+  assert_non_null(strstr(r->out, "activations  peak per stage: "));
+  const char *files[] = {csv, svg, tl_csv, tl_svg};
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(stat(files[i], &st), 0);
+    assert_true(st.st_size > 0);
+    unlink(files[i]);
+  }
+  free(r);
+  rmdir(dir);
+}
+
 static void test_help(void **state) {
   (void)state;
   run_result *r = RUN_FLINT("train", "--help");
   assert_int_equal(r->status, 0);
-  assert_non_null(strstr(r->out, "usage: flint train --model mlp|cnn|resnet18"));
+  assert_non_null(strstr(r->out, "usage: flint train --model mlp|cnn|resnet18|transformer"));
+  assert_non_null(strstr(r->out, "--microbatches M"));
   assert_non_null(strstr(r->out, "--warmup E"));
   assert_non_null(strstr(r->out, "linear scaling"));
   free(r);
   r = RUN_FLINT("--help");
   assert_int_equal(r->status, 0);
-  assert_non_null(strstr(r->out, "  train --model mlp|cnn|resnet18"));
+  assert_non_null(strstr(r->out, "  train --model mlp|cnn|resnet18|transformer"));
   free(r);
 }
 
@@ -95,6 +155,8 @@ int main(void) {
   snprintf(flint_path, sizeof flint_path, "%s/flint", bin && *bin ? bin : "bin");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_options_exit_2),
+      cmocka_unit_test(test_bad_transformer_options_exit_2),
+      cmocka_unit_test(test_transformer_run),
       cmocka_unit_test(test_help),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
