@@ -32,7 +32,7 @@
 
 #define TEST_TIME_BOUND_S 240 /* per test; the ASan build is a few times slower */
 #include "test_util.h"
-#define DATA_DIR "/usr/share/datasets/fashion-mnist"
+#include "fashion_data.h"
 
 /* The equivalence runs: 20 steps of a global batch of 48 (a multiple of 1, 2 and 3). */
 #define EQ_BATCH 48u
@@ -63,17 +63,6 @@ static char tmp_dir[128];
 
 
 
-static bool have_data(void) {
-  struct stat st;
-  return stat(DATA_DIR "/train-images-idx3-ubyte", &st) == 0 || stat(DATA_DIR "/train-images-idx3-ubyte.gz", &st) == 0;
-}
-#define NEED_DATA()                                                                          \
-  do {                                                                                       \
-    if (!have_data()) {                                                                      \
-      fprintf(stderr, "skipped: Fashion-MNIST is not in " DATA_DIR "\n");                    \
-      skip();                                                                                \
-    }                                                                                        \
-  } while (0)
 
 /* ---- checkpoints, read by their documented layout (gpu/checkpoint.c) ---------------------- */
 

@@ -33,7 +33,7 @@
 
 #define TEST_TIME_BOUND_S 240 /* per test; the ASan build is a few times slower */
 #include "test_util.h"
-#define DATA_DIR "/usr/share/datasets/fashion-mnist"
+#include "fashion_data.h"
 
 /* Relative tolerance on losses and accuracies between grids. The runs differ only in the
  * order of float additions (GEMMs over micro-batches and shards, allreduces); GELU and
@@ -44,17 +44,6 @@
 
 static char tmp_dir[128];
 
-static bool have_data(void) {
-  struct stat st;
-  return stat(DATA_DIR "/train-images-idx3-ubyte", &st) == 0 || stat(DATA_DIR "/train-images-idx3-ubyte.gz", &st) == 0;
-}
-#define NEED_DATA()                                                                          \
-  do {                                                                                       \
-    if (!have_data()) {                                                                      \
-      fprintf(stderr, "skipped: Fashion-MNIST is not in " DATA_DIR "\n");                    \
-      skip();                                                                                \
-    }                                                                                        \
-  } while (0)
 
 /* Every epoch's row, as on_epoch reports it. */
 typedef struct rows {
