@@ -28,9 +28,10 @@
 typedef struct outgoing {
   fl_buf body;
   const char *method;
-  uint64_t *keys; /* launches: the attempts in it (by key: a killed one may be freed),
-                     failed if the call fails */
+  uint64_t *keys; /* by key (an attempt ended meanwhile may be freed): a launch's attempts,
+                     failed if the call fails; a kill's (kill_on_reply), ended by its reply */
   size_t num_keys;
+  bool kill_on_reply; /* a KillTasks whose attempts stay in flight until it is answered */
   struct outgoing *next;
 } outgoing;
 
@@ -268,6 +269,13 @@ static sched_task *inflight_take(cluster_backend *cb, uint64_t key) {
       return t;
     }
   return NULL;
+}
+
+/* Whether attempt `key` is in flight (cb->lock). */
+static bool inflight_has(const cluster_backend *cb, uint64_t key) {
+  for (size_t i = 0; i < cb->num_inflight; i++)
+    if (cb->inflight[i]->key == key) return true;
+  return false;
 }
 
 /* Ends attempt `key` if it is still in flight (it never reached its executor, or its job
@@ -842,8 +850,14 @@ static void *sender_loop(void *p) {
       bool lost = st == FL_ENET || st == FL_ETIMEDOUT;
       if (lost) executor_lose(cb, e, fl_last_error()); /* its attempts run elsewhere */
       else common_log(LOG_WARN, "%s", msg);
-      /* Launched after the loss swept its attempts, or not a network failure. */
-      for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], st, msg, lost);
+      /* Launched after the loss swept its attempts, or not a network failure (an executor
+       * that refused a kill answered all the same: it is alive, the attempt ends). */
+      fl_status end = o->kill_on_reply ? FL_ECANCELLED : st;
+      for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], end, msg, lost);
+    } else if (o->kill_on_reply) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "killed on executor %llu", (unsigned long long)e->id);
+      for (size_t i = 0; i < o->num_keys; i++) fail_attempt(cb, o->keys[i], FL_ECANCELLED, msg, false);
     }
     outgoing_free(o);
   }
@@ -1248,26 +1262,52 @@ static void cluster_kill(backend *b, sched_job *job) {
   common_free(keys);
 }
 
-/* The loser of a task and its backup: ended now, and its executor told to stop it. */
+/* Queues a KillTasks call of attempt `key` for e's sender (cb->lock held); false when e is
+ * lost or memory ran out (the attempt then runs to its end, and its report finds nothing).
+ * on_reply: the sender ends the attempt when the call returns, whatever the reply. */
+static bool kill_push_locked(cluster_backend *cb, executor_ref *e, uint64_t key, bool on_reply) {
+  Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+  req.n_task_keys = 1;
+  req.task_keys = &key;
+  outgoing *o = common_calloc(1, sizeof *o);
+  if (!o) return false;
+  o->method = "/flint.Executor/KillTasks";
+  if (on_reply) {
+    o->keys = common_malloc(sizeof *o->keys);
+    o->num_keys = o->keys ? 1 : 0;
+    if (o->keys) o->keys[0] = key;
+    o->kill_on_reply = true;
+  }
+  if ((on_reply && !o->keys) || proto_pack(&req.base, &o->body) != FL_OK || !sender_push_locked(cb, e, o)) {
+    outgoing_free(o);
+    return false;
+  }
+  return true;
+}
+
+/* Stops one attempt: the loser of a task and its backup, or a task of an abandoned barrier
+ * attempt. Its executor is told with one KillTasks call (through its sender: after the
+ * launches queued before it).
+ *
+ * A loser ends now: its task is done and nothing is placed by where it ran. A barrier task
+ * ends only when the KillTasks call is answered (FL_ECANCELLED) or fails (a network failure
+ * declares the executor lost first, and the loss ends it as a lost attempt), because the
+ * stage's next attempt is placed once every task of this one ended. Ended earlier, a task
+ * of an executor that died (kill -9: the other ranks fail at once on their connections to
+ * it, seconds before a ping finds it silent) gave back an executor that looks idle and
+ * alive, and the next attempt went there and failed too. The wait is bounded: every call
+ * of the sender has a deadline (LAUNCH_TIMEOUT_MS), and its first network failure or
+ * timeout declares the executor lost, which ends all of its attempts. */
 static void cluster_kill_attempt(backend *b, sched_task *t) {
   cluster_backend *cb = of(b);
+  bool on_reply = t->rt.barrier.on;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  bool mine = inflight_take(cb, t->key) == t;
-  executor_ref *e = t->placement;
-  if (mine && e && !e->lost) {
-    Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
-    req.n_task_keys = 1;
-    req.task_keys = &t->key;
-    outgoing *o = common_calloc(1, sizeof *o);
-    if (o && proto_pack(&req.base, &o->body) == FL_OK) {
-      o->method = "/flint.Executor/KillTasks";
-      sender_push_or_drop_locked(cb, e, o);
-    } else {
-      common_free(o); /* it runs to its end; its report finds nothing */
-    }
-  }
+  bool mine = inflight_has(cb, t->key); /* else its end is on the way */
+  bool queued = mine && t->placement && kill_push_locked(cb, t->placement, t->key, on_reply);
+  bool end_now = mine && !(on_reply && queued);
+  if (end_now) inflight_take(cb, t->key);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  if (!mine) return; /* its end is on the way */
+  if (!end_now) return;
   t->rt.status = FL_ECANCELLED;
   scheduler_post_task_end(cb->base.sched, t);
 }

@@ -76,8 +76,11 @@ typedef struct backend_ops {
   /* Optional: `job` failed or was cancelled; stops its running attempts early (each still
    * ends through scheduler_post_task_end). Without it they run to their end. */
   void (*kill)(backend *b, sched_job *job);
-  /* Optional: stops one attempt (a backup's loser): ends it now with FL_ECANCELLED through
-   * scheduler_post_task_end unless its end is already on the way. Required for speculation. */
+  /* Optional: stops one attempt (a backup's loser, or a task of an abandoned barrier
+   * attempt): ends it with FL_ECANCELLED through scheduler_post_task_end unless its end is
+   * already on the way. A loser ends now; a barrier task may end later, once its executor
+   * has stopped it or is found lost (within a bounded time), so that the stage's next attempt
+   * is not placed where it ran before that is known. Required for speculation. */
   void (*kill_attempt)(backend *b, sched_task *task);
   /* Optional, for speculation: up to `max` attempts, launched before `launched_before_ns`,
    * that wait in an executor's queue (by its core count not yet started) while another
