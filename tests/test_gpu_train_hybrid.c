@@ -337,7 +337,7 @@ static void test_killed_rank_resumes_from_sharded_checkpoint(void **state) {
   for (uint32_t i = 0; i < r.count; i++)
     fprintf(stderr, " [epoch %u attempt %u: %.3f]", r.seen[i].epoch, r.seen[i].attempt, r.seen[i].train_loss);
   fprintf(stderr, "\n");
-  assert_in_range(res.attempts, 2, 3);
+  assert_int_equal(res.attempts, 2); /* the retry skips the dead executor (docs/barrier.md) */
   assert_int_equal(res.resumed_epoch, 1);
   assert_int_equal(res.epochs, 3);
   assert_int_equal(res.steps, 3 * 48); /* the step count came back with the shards */
