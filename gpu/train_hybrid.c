@@ -30,7 +30,9 @@
  *     0     8  magic "FLNTSHRD"
  *     8     4  version (1)
  *    12    16  dp, tp, pp, chunks (u32 each)
- *    28        per rank in rank order: u64 bytes, then per chunk: u64 bytes, a checkpoint blob
+ *    28     4  n = pp x chunks + 1, then n u32: the stage cut (unit boundaries), which a
+ *              retry builds its trainer with (the partitioner's profile might cut otherwise)
+ *   ..         per task in task order: u64 bytes, then per chunk: u64 bytes, a checkpoint blob
  * A retried attempt restores its own shard after checking the grid; `--checkpoint` writes the
  * same blob to the file.
  *
@@ -206,6 +208,11 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
     put_u32(joined, (uint32_t)r->grid.tp, &status);
     put_u32(joined, (uint32_t)r->grid.pp, &status);
     put_u32(joined, (uint32_t)pp_trainer_num_chunks(r->trainer), &status);
+    /* The stage cut: a retry must cut the model as this attempt did (the partitioner's
+     * profile could choose another). */
+    uint32_t nb = (uint32_t)(r->grid.pp * pp_trainer_num_chunks(r->trainer)) + 1;
+    put_u32(joined, nb, &status);
+    for (uint32_t i = 0; i < nb; i++) put_u32(joined, (uint32_t)pp_trainer_bounds(r->trainer)[i], &status);
     for (uint32_t i = 0; i < r->world && status == FL_OK; i++) {
       put_u64(joined, all[i].len, &status);
       if (status == FL_OK) status = fl_buf_append(joined, all[i].data, all[i].len);
@@ -220,19 +227,35 @@ cleanup:
   return status;
 }
 
-/* Restores this rank's shard of a joined checkpoint. FL_EFORMAT names what is wrong. */
-static fl_status restore_checkpoint(hybrid_rank *r, fl_bytes blob, checkpoint_state *cs) {
-  cursor c = {blob.data, blob.data + blob.len}, shard, piece;
+/* Reads a joined checkpoint's header: checks it against the run's grid and v chunks and
+ * copies the stage cut into bounds (pp x v + 1 of them); *c is left at rank 0's shard.
+ * FL_EFORMAT names what is wrong. */
+static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, int *bounds, cursor *c) {
+  *c = (cursor){blob.data, blob.data + blob.len};
   char magic[8];
-  uint32_t head[5];
-  int chunks = pp_trainer_num_chunks(r->trainer);
-  if (!take(&c, magic, 8) || memcmp(magic, SHARD_MAGIC, 8) != 0 || !take(&c, head, sizeof head))
+  uint32_t head[6];
+  if (!take(c, magic, 8) || memcmp(magic, SHARD_MAGIC, 8) != 0 || !take(c, head, sizeof head))
     return fl_set_error(FL_EFORMAT, "the stage's checkpoint is not a sharded one (magic %s)", SHARD_MAGIC);
-  if (head[0] != SHARD_VERSION) return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u (this is %u)", head[0], SHARD_VERSION);
-  if (head[1] != (uint32_t)r->grid.dp || head[2] != (uint32_t)r->grid.tp || head[3] != (uint32_t)r->grid.pp ||
-      head[4] != (uint32_t)chunks)
-    return fl_set_error(FL_EFORMAT, "the checkpoint is of a %ux%ux%u grid with %u chunks, this run %dx%dx%d with %d",
-                        head[1], head[2], head[3], head[4], r->grid.dp, r->grid.tp, r->grid.pp, chunks);
+  if (head[0] != SHARD_VERSION)
+    return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u (this is %u)", head[0], SHARD_VERSION);
+  uint32_t nb = (uint32_t)g.pp * chunks + 1;
+  if (head[1] != (uint32_t)g.dp || head[2] != (uint32_t)g.tp || head[3] != (uint32_t)g.pp || head[4] != chunks ||
+      head[5] != nb)
+    return fl_set_error(FL_EFORMAT, "the checkpoint is of a %ux%ux%u grid with %u chunks, this run %dx%dx%d with %u",
+                        head[1], head[2], head[3], head[4], g.dp, g.tp, g.pp, chunks);
+  for (uint32_t i = 0; i < nb; i++) {
+    uint32_t b;
+    if (!take(c, &b, sizeof b) || b > (1u << 20) || (i > 0 && (int)b <= bounds[i - 1]))
+      return fl_set_error(FL_EFORMAT, "the checkpoint's stage cut is malformed at boundary %u", i);
+    bounds[i] = (int)b;
+  }
+  return FL_OK;
+}
+
+/* Restores this rank's shard of a joined checkpoint (its header already read into *c). */
+static fl_status restore_checkpoint(hybrid_rank *r, cursor c, checkpoint_state *cs) {
+  cursor shard, piece;
+  int chunks = pp_trainer_num_chunks(r->trainer);
   for (uint32_t i = 0; i <= r->rank; i++)
     if (!take_piece(&c, &shard)) return fl_set_error(FL_EFORMAT, "the checkpoint is truncated at rank %u's shard", i);
   for (int k = 0; k < chunks; k++) {
@@ -267,7 +290,8 @@ static void hybrid_free(hybrid_rank *r) {
   data_reader_destroy(r->test);
 }
 
-static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in) {
+/* bounds: the stage cut to use (NULL: the partitioner's). */
+static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   const train_arg *a = r->a;
   fl_status status = FL_OK;
   r->grid = (pp_grid){(int)a->dp, (int)a->tp, (int)a->pp};
@@ -308,7 +332,7 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in) {
                             .seed = a->seed},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .sgd = a->sgd,
-                   .stage_world = r->stages};
+                   .bounds = bounds, .stage_world = r->stages};
   FL_CHECK(pp_trainer_create(r->dev, r->comm, &po, &r->trainer));
   /* After the trainer's splits, in the same order on every rank. */
   FL_CHECK(fl_comm_split(r->comm, r->me.dp, (int)r->rank, &r->replica));
@@ -401,19 +425,31 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
                    .attempt = fl_barrier_attempt(b)};
   fl_status status = FL_OK;
   fl_buf blob = FL_BUF_INIT;
-  FL_CHECK(hybrid_setup(&r, in));
+  /* A retry first reads the checkpoint: it holds the stage cut to build the trainer with. */
+  checkpoint_state cs = {0};
+  cursor shards = {0};
+  int *bounds = NULL;
+  bool restore = false;
+  r.grid = (pp_grid){(int)a.dp, (int)a.tp, (int)a.pp};
+  if (r.attempt > 0) {
+    fl_status got = fl_barrier_checkpoint_get(b, &blob);
+    if (got == FL_OK) {
+      if (!(bounds = malloc(((size_t)a.pp * a.chunks + 1) * sizeof *bounds)))
+        FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for the stage cut", r.rank));
+      FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, bounds, &shards));
+      restore = true;
+    } else if (got != FL_ENOENT) {
+      FL_CHECK(got);
+    }
+  }
+  FL_CHECK(hybrid_setup(&r, in, restore ? bounds : NULL));
+  if (restore) FL_CHECK(restore_checkpoint(&r, shards, &cs));
 
   uint64_t steps = 0;
   FL_CHECK(train_agree_min(b, data_reader_batches(r.train, false), &steps));
   if (steps == 0)
     FL_CHECK(fl_set_error(FL_EINVAL, "a rank has fewer than %u training images (batch %u over %u ranks): make "
                           "--batch smaller or the data larger", r.local, a.batch, r.world));
-  checkpoint_state cs = {0};
-  if (r.attempt > 0) {
-    fl_status got = fl_barrier_checkpoint_get(b, &blob);
-    if (got == FL_OK) FL_CHECK(restore_checkpoint(&r, fl_buf_bytes(&blob), &cs));
-    else if (got != FL_ENOENT) FL_CHECK(got);
-  }
   const uint32_t resumed = cs.epoch;
   const uint32_t rows = r.local * (uint32_t)fl_comm_size(r.replica);
   uint64_t report_every = steps / PROGRESS_REPORTS_PER_EPOCH ? steps / PROGRESS_REPORTS_PER_EPOCH : 1;
@@ -470,6 +506,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
    * one it restored. */
   if (r.rank == 0 && a.emit_checkpoint) FL_CHECK(fl_emit(out, blob.data, blob.len));
 cleanup:
+  free(bounds);
   fl_buf_free(&blob);
   hybrid_free(&r);
   return status;

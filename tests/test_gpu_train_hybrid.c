@@ -277,14 +277,20 @@ static void test_checkpoint_file_has_a_shard_per_rank(void **state) {
   fclose(f);
   assert_true(len > 28 && len < sizeof blob);
   assert_memory_equal(blob, "FLNTSHRD", 8);
-  uint32_t head[5];
+  uint32_t head[6];
   memcpy(head, blob + 8, sizeof head);
   assert_int_equal(head[0], 1); /* version */
   assert_int_equal(head[1], 1);
   assert_int_equal(head[2], 2);
   assert_int_equal(head[3], 2);
   assert_int_equal(head[4], 1);
-  size_t off = 28;
+  assert_int_equal(head[5], 3); /* the stage cut: 0 < b < 4 units */
+  uint32_t cut[3];
+  memcpy(cut, blob + 32, sizeof cut);
+  assert_int_equal(cut[0], 0);
+  assert_true(cut[1] > 0 && cut[1] < 4);
+  assert_int_equal(cut[2], 4);
+  size_t off = 44;
   for (int rank = 0; rank < 4; rank++) {
     uint64_t shard, chunk;
     assert_true(off + 8 <= len);
