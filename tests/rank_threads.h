@@ -20,18 +20,6 @@
 #define MAX_RANKS 16
 #endif
 
-/* For helpers that run on rank threads: cmocka's asserts may only fail on the main thread
- * (they longjmp), so a failure here prints flint's message and aborts the program. */
-#define must_ok(call)                                                                        \
-  do {                                                                                       \
-    fl_status m_ = (call);                                                                   \
-    if (m_ != FL_OK) {                                                                       \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
-              fl_status_name(m_), fl_last_error());                                          \
-      abort();                                                                               \
-    }                                                                                        \
-  } while (0)
-
 /* ---- ranks as threads -------------------------------------------------------------------- */
 
 typedef struct rank_job rank_job;

@@ -40,14 +40,7 @@ static int teardown_devices(void **state) {
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 /* Uniform in +-[0.05, 1): never zero, so that a kernel that writes zeros cannot pass. */
-static float urand(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  double u = (double)(rng_state >> 11) / (double)(1ull << 53);
-  double mag = 0.05 + 0.95 * fmod(u * 2.0, 1.0);
-  return (float)(u < 0.5 ? -mag : mag);
-}
+static float urand(void) { return test_urand_signed(&rng_state); }
 
 /* The same values on the cpu device (cpu) and on the GPU (gpu). */
 typedef struct fpair {

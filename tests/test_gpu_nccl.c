@@ -21,18 +21,6 @@
 
 #define MAX_RANKS 8
 
-/* For helpers that run on rank threads: cmocka's asserts may only fail on the main thread
- * (they longjmp), so a failure here prints flint's message and aborts the program. */
-#define must_ok(call)                                                                        \
-  do {                                                                                       \
-    fl_status m_ = (call);                                                                   \
-    if (m_ != FL_OK) {                                                                       \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
-              fl_status_name(m_), fl_last_error());                                          \
-      abort();                                                                               \
-    }                                                                                        \
-  } while (0)
-
 static float value(int r, size_t i) { return (float)((int)((i * 2654435761u + (size_t)r * 97u) % 29u) - 14); }
 
 static fl_tensor *make(fl_device *dev, size_t n, int fill_rank) {

@@ -17,6 +17,29 @@
 
 #include "flint/flint.h"
 
+/* For helpers that run on rank threads: cmocka's asserts may only fail on the main thread
+ * (they longjmp), so a failure here prints flint's message and aborts the program. */
+#define must_ok(call)                                                                        \
+  do {                                                                                       \
+    fl_status m_ = (call);                                                                   \
+    if (m_ != FL_OK) {                                                                       \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              fl_status_name(m_), fl_last_error());                                          \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+
+/* A xorshift draw, uniform in +-[0.05, 1): never zero, so that a kernel that writes zeros (or
+ * drops an element) is told from one that keeps it. */
+static inline float test_urand_signed(uint64_t *state) {
+  *state ^= *state << 13;
+  *state ^= *state >> 7;
+  *state ^= *state << 17;
+  double u = (double)(*state >> 11) / (double)(1ull << 53);
+  double mag = 0.05 + 0.95 * ((u * 2.0) - (double)(int)(u * 2.0));
+  return (float)(u < 0.5 ? -mag : mag);
+}
+
 /* Test hook of libflint (common/util.c): the allocation after n more fails; -1: never. */
 void flint_test_fail_alloc_after(long n);
 
