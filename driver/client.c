@@ -60,6 +60,7 @@ typedef struct remote_context {
   library_ref *libraries;
   size_t num_libraries;
   uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, task_ns; /* fl_context_stats */
+  uint64_t blocks_mapped, blocks_fetched;
   atomic_uint_fast64_t next_operation; /* RunJob's operation ids, from 1 */
   /* Small broadcasts (BROADCAST_INLINE_MAX), which go with each RunJob until one succeeds
    * (`sent`); once offered, the driver may have one, so its destruction is told too. */
@@ -493,6 +494,8 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
       c->tasks_run += rep->attempts;
       c->tasks_failed += rep->attempts_failed;
       c->task_ns += rep->task_ns;
+      c->blocks_mapped += rep->blocks_mapped;
+      c->blocks_fetched += rep->blocks_fetched;
       FL_PCHECK(pthread_mutex_unlock(&c->lock));
       for (size_t i = 0; reports && i < rep->n_barrier_reports; i++)
         deliver_report(r, (fl_bytes){rep->barrier_reports[i].data, rep->barrier_reports[i].len});
@@ -977,6 +980,8 @@ static fl_status remote_stats(fl_context *ctx, fl_context_stats *out) {
   out->tasks_run = c->tasks_run;
   out->tasks_failed = c->tasks_failed;
   out->task_seconds = (double)c->task_ns * 1e-9;
+  out->blocks_read_mapped = c->blocks_mapped;
+  out->blocks_read_fetched = c->blocks_fetched;
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   return FL_OK;
 }

@@ -38,6 +38,8 @@ typedef struct outgoing {
 typedef struct executor_ref {
   uint64_t id;
   char host[64];
+  char node[40]; /* RegisterExecutorRequest.node ("" for none) */
+  uint32_t pid;
   char rpc_address[96], data_address[96];
   uint32_t cores, slots;
   int32_t gpu; /* --gpu, or -1 */
@@ -151,26 +153,47 @@ static executor_ref *find_executor(cluster_backend *cb, uint64_t id) {
 
 static bool excluded(const executor_ref *e, uint64_t now) { return now < e->excluded_until_ns; }
 
+/* The live executor that caches t's input partition, or NULL (none, or not computed yet). */
+static executor_ref *input_holder(cluster_backend *cb, const sched_task *t) {
+  uint64_t cached = cached_input(t->stage->rdd);
+  if (!cached) return NULL;
+  driver_app *app = app_of(t);
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  uint64_t where = location_get(app->blocks, cached, t->rt.partition);
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  executor_ref *e = where ? find_executor(cb, where) : NULL;
+  return e && !e->removed ? e : NULL;
+}
+
 static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *retry_at) {
   cluster_backend *cb = of(b);
-  driver_app *app = app_of(t);
-  executor_ref *preferred = NULL;
-  uint64_t cached = cached_input(t->stage->rdd);
-  if (cached) {
-    FL_PCHECK(pthread_mutex_lock(&app->lock));
-    uint64_t where = location_get(app->blocks, cached, t->rt.partition);
-    FL_PCHECK(pthread_mutex_unlock(&app->lock));
-    if (where) preferred = find_executor(cb, where);
-  }
+  executor_ref *holder = input_holder(cb, t), *preferred;
   /* A backup runs away from its original's executor. */
   const executor_ref *avoid = t->original ? t->original->placement : NULL;
-  if (preferred && (preferred->removed || excluded(preferred, now) || preferred == avoid)) preferred = NULL;
+  preferred = holder && !excluded(holder, now) && holder != avoid ? holder : NULL;
   if (preferred && preferred->running < preferred->slots) {
     t->placement = preferred;
+    t->stage->local_launch_ns = now;
     return true;
   }
-  if (preferred && now < t->pending_since_ns + cb->cfg.locality_wait_ns) {
-    *retry_at = t->pending_since_ns + cb->cfg.locality_wait_ns;
+  /* Node-local: another executor on the preferred one's node maps the block in place, at the
+   * cost of a local read, so it takes the task now rather than idle while the holder is busy
+   * (the least busy such executor). */
+  if (holder && holder->node[0]) {
+    executor_ref *best = NULL;
+    for (executor_ref *e = cb->executors; e; e = e->next)
+      if (!e->removed && e != avoid && !excluded(e, now) && e->running < e->slots &&
+          strcmp(e->node, holder->node) == 0 &&
+          (!best || e->slots - e->running > best->slots - best->running))
+        best = e;
+    if (best) {
+      t->placement = best;
+      return true;
+    }
+  }
+  uint64_t since = t->pending_since_ns > t->stage->local_launch_ns ? t->pending_since_ns : t->stage->local_launch_ns;
+  if (preferred && now < since + cb->cfg.locality_wait_ns) {
+    *retry_at = since + cb->cfg.locality_wait_ns;
     return false;
   }
   /* The least busy executor, leaving out excluded ones unless every live one is. */
@@ -577,6 +600,8 @@ static void add_block_location(void *arg, uint32_t partition, uint64_t executor)
   b->rdd_id = c->rdd_id;
   b->partition = partition;
   b->address = e->data_address;
+  b->pid = e->pid;
+  b->node = e->node;
   (*c->items)[(*c->count)++] = b;
 }
 
@@ -948,6 +973,8 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body) {
     bool known_status = s->status >= 0 && s->status <= FL_EPROTO;
     t->rt.status = known_status ? (fl_status)s->status : FL_EINTERNAL;
     t->rt.run_ns = s->run_ns;
+    t->rt.blocks_mapped = s->blocks_mapped;
+    t->rt.blocks_fetched = s->blocks_fetched;
     if (t->rt.status != FL_OK) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s (on executor %llu)", s->error && *s->error ? s->error : fl_strerror(t->rt.status),
@@ -998,13 +1025,18 @@ static void executor_joined(scheduler *s, void *arg) {
 }
 
 fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
-                           uint32_t data_port, uint32_t cores, uint64_t memory, int32_t gpu, uint64_t *id) {
+                           uint32_t data_port, uint32_t cores, uint64_t memory, int32_t gpu, const char *node,
+                           uint32_t pid, uint64_t *id) {
   if (!host || !*host || strlen(host) > 60 || rpc_port == 0 || rpc_port > 65535 || data_port == 0 ||
       data_port > 65535 || cores == 0 || cores > 1024)
     return FL_ERR(FL_EPROTO, "RegisterExecutor: invalid host, ports or cores");
+  if (node && strlen(node) >= sizeof ((executor_ref *)0)->node)
+    return FL_ERR(FL_EPROTO, "RegisterExecutor: a node id of %zu bytes (at most 39)", strlen(node));
   executor_ref *e = common_calloc(1, sizeof *e);
   if (!e) return FL_ERR(FL_ENOMEM, "out of memory");
   snprintf(e->host, sizeof e->host, "%s", host);
+  snprintf(e->node, sizeof e->node, "%s", node ? node : "");
+  e->pid = pid;
   snprintf(e->rpc_address, sizeof e->rpc_address, "%s:%u", host, rpc_port);
   snprintf(e->data_address, sizeof e->data_address, "%s:%u", host, data_port);
   e->cores = cores;

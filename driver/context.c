@@ -127,7 +127,7 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
   if (!c) return FL_ERR(FL_ENOMEM, "cannot allocate a context");
   backend *b = NULL;
   FL_CHECK(make_work_dir(options, &c->work_dir));
-  FL_CHECK(block_manager_create(memory, c->work_dir, &c->blocks));
+  FL_CHECK(block_manager_create(memory, c->work_dir, false, &c->blocks));
   FL_CHECK(rdd_shared_create(&c->pub.shared));
   FL_CHECK(map_output_table_create(&c->pub.map_outputs));
   FL_CHECK(scheduler_create(options && options->max_task_attempts ? options->max_task_attempts
@@ -199,5 +199,6 @@ static fl_status local_stats(fl_context *ctx, fl_context_stats *out) {
   out->task_seconds = (double)ss.task_ns * 1e-9;
   out->blocks_evicted = bs.evictions;
   out->memory_used = bs.memory_used;
+  out->blocks_read_mapped = out->blocks_read_fetched = 0; /* one process: every read is its own */
   return FL_OK;
 }

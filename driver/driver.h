@@ -142,6 +142,7 @@ FL_INTERNAL void scheduler_destroy(scheduler *s);
 typedef struct sched_job_stats {
   uint64_t attempts, attempts_failed;
   uint64_t task_ns; /* the attempts' run time, summed (rdd_task.run_ns) */
+  uint64_t blocks_mapped, blocks_fetched; /* rdd_task's, summed */
 } sched_job_stats;
 
 typedef struct sched_job_opts {
@@ -193,6 +194,10 @@ struct sched_stage {
   sched_stage **parents;
   uint32_t num_parents;
   bool submitted, finished;
+  /* Delay scheduling, as Spark's: the last time one of its tasks launched where its input
+   * is cached. A task gives up waiting for that executor only when none has for the
+   * locality wait (a busy stage keeps its locality; a stuck executor loses it). */
+  uint64_t local_launch_ns;
   sched_stage *next; /* in the job's list */
   /* Barrier stages (gang-scheduled; a failed task retries the whole stage). */
   rdd *barrier;              /* the barrier dataset its tasks run, or NULL */
@@ -387,9 +392,10 @@ FL_INTERNAL fl_status cluster_backend_create(scheduler *sched, const cluster_con
 /* The backend_ops view (handed to scheduler_set_backend). */
 FL_INTERNAL backend *cluster_backend_base(cluster_backend *cb);
 /* RPC handlers' entry points; any thread, may block briefly. */
+/* `node` and `pid` (either may be empty or 0) let executors of one node share cached blocks. */
 FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
                                        uint32_t data_port, uint32_t cores, uint64_t memory,
-                                       int32_t gpu, uint64_t *id);
+                                       int32_t gpu, const char *node, uint32_t pid, uint64_t *id);
 /* False when the executor is unknown (it should register again). */
 FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t cached_bytes,
                                    uint64_t tasks_run, uint64_t tasks_failed);

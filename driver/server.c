@@ -654,6 +654,8 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
     reply.attempts = job_stats.attempts;
     reply.attempts_failed = job_stats.attempts_failed;
     reply.task_ns = job_stats.task_ns;
+    reply.blocks_mapped = job_stats.blocks_mapped;
+    reply.blocks_fetched = job_stats.blocks_fetched;
     if (reports_left.count && (report_bins = common_calloc(reports_left.count, sizeof *report_bins))) {
       rdd_cursor rc = {reports_left.buf.data, reports_left.buf.data + reports_left.buf.len};
       fl_bytes rec;
@@ -1150,7 +1152,8 @@ static fl_status handle_register(driver_state *d, fl_bytes body, fl_buf *respons
   fl_status st = req->has_gpu && req->gpu > 1023
                      ? FL_ERR(FL_EPROTO, "RegisterExecutor: GPU %u", req->gpu)
                      : cluster_register(d->cluster, req->host, req->rpc_port, req->data_port, req->cores,
-                                        req->memory, req->has_gpu ? (int32_t)req->gpu : -1, &id);
+                                        req->memory, req->has_gpu ? (int32_t)req->gpu : -1, req->node, req->pid,
+                                        &id);
   flint__register_executor_request__free_unpacked(req, NULL);
   if (st != FL_OK) return st;
   Flint__RegisterExecutorReply reply = FLINT__REGISTER_EXECUTOR_REPLY__INIT;

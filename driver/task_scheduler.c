@@ -265,6 +265,8 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   job->stats.attempts++;
   job->stats.attempts_failed += t->rt.status != FL_OK;
   job->stats.task_ns += t->rt.run_ns;
+  job->stats.blocks_mapped += t->rt.blocks_mapped;
+  job->stats.blocks_fetched += t->rt.blocks_fetched;
   atomic_fetch_add(&s->task_ns, t->rt.run_ns);
   bool other_running = other && other->running;
   /* The other attempt won already: nothing of this one counts (results, accumulators). */

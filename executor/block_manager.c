@@ -16,7 +16,8 @@ typedef struct block {
   rdd_block_key key;
   fl_storage_level level;
   block_where where;
-  rdd_batch batch;     /* IN_MEMORY */
+  rdd_batch batch;     /* IN_MEMORY: its own buffer, or a view of `shared` */
+  shared_block *shared;
   fl_buf ser;          /* IN_MEMORY_SER: the encoded block */
   uint64_t mem_bytes;  /* counted against the limit */
   uint64_t disk_bytes; /* ON_DISK: size of the file */
@@ -26,19 +27,33 @@ typedef struct block {
   struct block *hash_next;
 } block;
 
+/* Another executor's shared block, mapped here. */
+typedef struct peer_block {
+  rdd_block_key key;
+  uint32_t pid;
+  shared_block *sb;
+  int pins;
+  bool removed; /* out of the list while pinned: unmapped by the last reader */
+  struct peer_block *prev, *next; /* most recently used first */
+} peer_block;
+
 struct block_manager {
   pthread_mutex_t lock;
   char *dir;
+  bool share;
   uint64_t memory_limit, memory_used, disk_used, evictions;
-  uint64_t blocks_in_memory, blocks_on_disk;
+  uint64_t blocks_in_memory, blocks_on_disk, blocks_shared;
   block **buckets;
   size_t num_buckets, count;
   block *lru_head, *lru_tail;
+  peer_block *peers;
+  uint64_t peer_blocks, peer_bytes;
 };
 
-/* What a reader holds: a pinned memory block, or a private decoded copy. */
+/* What a reader holds: a pinned memory block, a pinned peer block, or a private decoded copy. */
 typedef struct read_handle {
   block *pinned;
+  peer_block *peer;
   rdd_batch priv;
 } read_handle;
 
@@ -110,13 +125,24 @@ static void release_memory(block_manager *bm, block *b) {
     lru_unlink(bm, b);
     bm->memory_used -= b->mem_bytes;
     bm->blocks_in_memory--;
+    bm->blocks_shared -= b->shared != NULL;
     b->mem_bytes = 0;
   }
 }
 
+/* Frees a memory block's records (its buffer, or its shared block). */
+static void free_records(block *b) {
+  if (b->shared) {
+    shared_block_free(b->shared);
+    b->shared = NULL;
+    b->batch = (rdd_batch){FL_BUF_INIT, 0};
+  }
+  rdd_batch_free(&b->batch);
+}
+
 static void block_free(block *b) {
   if (!b) return;
-  rdd_batch_free(&b->batch);
+  free_records(b);
   fl_buf_free(&b->ser);
   common_free(b);
 }
@@ -196,16 +222,15 @@ static bool make_room(block_manager *bm, uint64_t need, uint64_t for_rdd) {
     if (b->pins == 0 && b->key.rdd_id != for_rdd) {
       bm->evictions++;
       if (b->level == FL_MEMORY_AND_DISK && b->where == IN_MEMORY) {
-        rdd_batch batch = b->batch;
-        b->batch = (rdd_batch){FL_BUF_INIT, 0};
         release_memory(bm, b);
-        if (spill(bm, b, &batch) != FL_OK) {
+        fl_status s = spill(bm, b, &b->batch);
+        free_records(b);
+        if (s != FL_OK) {
           /* Its memory is already given back and it has no file: only unlink it. */
           fprintf(stderr, "flint: dropping cached block instead of spilling it: %s\n", fl_last_error());
           hash_remove(bm, b);
           block_free(b); /* unpinned: eviction only takes unpinned blocks */
         }
-        rdd_batch_free(&batch);
       } else {
         drop_block(bm, b);
       }
@@ -275,6 +300,16 @@ static void bm_release(void *impl, void *handle) {
     if (--b->pins == 0 && b->removed) block_free(b);
     FL_PCHECK(pthread_mutex_unlock(&bm->lock));
   }
+  if (h->peer) {
+    FL_PCHECK(pthread_mutex_lock(&bm->lock));
+    peer_block *p = h->peer;
+    bool last = --p->pins == 0 && p->removed;
+    FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+    if (last) {
+      shared_block_free(p->sb);
+      common_free(p);
+    }
+  }
   rdd_batch_free(&h->priv);
   common_free(h);
 }
@@ -291,8 +326,13 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
   }
   b->key = key;
   b->level = level;
+  bool in_memory = level == FL_MEMORY_ONLY || level == FL_MEMORY_AND_DISK;
+  if (bm->share && in_memory && batch->buf.len >= SHARED_BLOCK_MIN &&
+      shared_block_create(key, batch, &b->shared) != FL_OK) /* then a private buffer serves */
+    common_log(LOG_DEBUG, "block rdd_%llu_%u is not shared: %s", (unsigned long long)key.rdd_id, key.partition,
+               fl_last_error());
   /* Hold exactly the bytes of the records, not the growth slack of the buffer. */
-  if (batch->buf.cap > batch->buf.len && batch->buf.len > 0) {
+  if (!b->shared && batch->buf.cap > batch->buf.len && batch->buf.len > 0) {
     uint8_t *shrunk = common_realloc(batch->buf.data, batch->buf.len);
     if (shrunk) {
       batch->buf.data = shrunk;
@@ -308,20 +348,27 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
 
   FL_PCHECK(pthread_mutex_lock(&bm->lock));
   bool keep_private = true; /* the reader gets the caller's batch */
+  bool drop_callers = false; /* the caller's batch is copied into a kept shared block */
   if (find(bm, key)) {
     /* Another task cached it first; this copy is only read. */
     block_free(b);
     b = NULL;
   } else if (level == FL_MEMORY_ONLY || level == FL_MEMORY_AND_DISK || level == FL_MEMORY_SER) {
-    uint64_t need = level == FL_MEMORY_SER ? b->ser.cap : batch->buf.cap;
+    uint64_t need = level == FL_MEMORY_SER ? b->ser.cap : b->shared ? shared_block_bytes(b->shared) : batch->buf.cap;
     if (make_room(bm, need, key.rdd_id)) {
       b->mem_bytes = need;
       if (level == FL_MEMORY_SER) {
         b->where = IN_MEMORY_SER;
       } else {
         b->where = IN_MEMORY;
-        b->batch = *batch;
-        *batch = (rdd_batch){FL_BUF_INIT, 0};
+        if (b->shared) { /* the shared copy stays; the caller's goes, below */
+          b->batch = *shared_block_batch(b->shared);
+          bm->blocks_shared++;
+          drop_callers = true;
+        } else {
+          b->batch = *batch;
+          *batch = (rdd_batch){FL_BUF_INIT, 0};
+        }
         b->pins = 1;
         h->pinned = b;
         keep_private = false;
@@ -331,6 +378,7 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
       lru_push_front(bm, b);
       hash_insert(bm, b);
     } else if (level == FL_MEMORY_AND_DISK) {
+      free_records(b);
       s = spill(bm, b, batch);
       if (s == FL_OK) hash_insert(bm, b);
     } else {
@@ -346,6 +394,7 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
     common_free(h);
     return s;
   }
+  if (drop_callers) rdd_batch_free(batch);
   if (keep_private) {
     h->priv = *batch;
     *batch = (rdd_batch){FL_BUF_INIT, 0};
@@ -357,9 +406,93 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
   return FL_OK;
 }
 
+/* ---- other executors' blocks ------------------------------------------------------------ */
+
+static void peer_unlink(block_manager *bm, peer_block *p) {
+  if (p->prev) p->prev->next = p->next; else bm->peers = p->next;
+  if (p->next) p->next->prev = p->prev;
+  p->prev = p->next = NULL;
+  bm->peer_blocks--;
+  bm->peer_bytes -= shared_block_bytes(p->sb);
+}
+
+/* Unmaps a peer block, or leaves that to its last reader. */
+static void peer_drop(block_manager *bm, peer_block *p) {
+  peer_unlink(bm, p);
+  if (p->pins > 0) {
+    p->removed = true;
+    return;
+  }
+  shared_block_free(p->sb);
+  common_free(p);
+}
+
+static void peers_drop_range(block_manager *bm, uint64_t lo, uint64_t hi) {
+  for (peer_block *p = bm->peers, *next; p; p = next) {
+    next = p->next;
+    if (p->key.rdd_id >= lo && p->key.rdd_id < hi) peer_drop(bm, p);
+  }
+}
+
+fl_status block_manager_get_peer(block_manager *bm, rdd_block_key key, uint32_t pid, const rdd_batch **batch,
+                                 void **handle) {
+  read_handle *h = common_calloc(1, sizeof *h);
+  if (!h) return FL_ERR(FL_ENOMEM, "out of memory");
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  peer_block *p = bm->peers;
+  while (p && !(p->key.rdd_id == key.rdd_id && p->key.partition == key.partition)) p = p->next;
+  if (p && p->pid != pid) { /* the block moved (its owner was lost or evicted it) */
+    peer_drop(bm, p);
+    p = NULL;
+  }
+  if (p) {
+    peer_unlink(bm, p);
+  } else {
+    FL_PCHECK(pthread_mutex_unlock(&bm->lock)); /* mapping and checking take a while */
+    shared_block *sb;
+    fl_status s = shared_block_open(pid, key, &sb);
+    if (s == FL_OK && !(p = common_calloc(1, sizeof *p))) {
+      shared_block_free(sb);
+      s = FL_ERR(FL_ENOMEM, "out of memory");
+    }
+    if (s != FL_OK) {
+      common_free(h);
+      return s;
+    }
+    *p = (peer_block){.key = key, .pid = pid, .sb = sb};
+    FL_PCHECK(pthread_mutex_lock(&bm->lock));
+    /* Room within the memory limit, least recently used first; over it, this one is read
+     * once and unmapped. */
+    uint64_t size = shared_block_bytes(sb);
+    peer_block *last = bm->peers;
+    while (last && last->next) last = last->next;
+    while (last && bm->peer_bytes + size > bm->memory_limit) {
+      peer_block *prev = last->prev;
+      peer_drop(bm, last);
+      last = prev;
+    }
+  }
+  if (bm->peer_bytes + shared_block_bytes(p->sb) <= bm->memory_limit) { /* most recently used first */
+    p->next = bm->peers;
+    if (bm->peers) bm->peers->prev = p;
+    bm->peers = p;
+    bm->peer_blocks++;
+    bm->peer_bytes += shared_block_bytes(p->sb);
+  } else {
+    p->removed = true;
+  }
+  p->pins++;
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+  h->peer = p;
+  *batch = shared_block_batch(p->sb);
+  *handle = h;
+  return FL_OK;
+}
+
 static void bm_remove_rdd(void *impl, uint64_t rdd_id) {
   block_manager *bm = impl;
   FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  peers_drop_range(bm, rdd_id, rdd_id + 1);
   for (size_t i = 0; i < bm->num_buckets; i++) {
     block *b = bm->buckets[i];
     while (b) {
@@ -373,6 +506,7 @@ static void bm_remove_rdd(void *impl, uint64_t rdd_id) {
 
 void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi) {
   FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  peers_drop_range(bm, lo, hi);
   for (size_t i = 0; i < bm->num_buckets; i++) {
     block *b = bm->buckets[i];
     while (b) {
@@ -472,7 +606,7 @@ const rdd_cache_ops block_manager_cache_ops = {bm_get,  bm_put,          bm_rele
 
 /* ---- lifetime -------------------------------------------------------------------------- */
 
-fl_status block_manager_create(uint64_t memory_limit, const char *dir, block_manager **out) {
+fl_status block_manager_create(uint64_t memory_limit, const char *dir, bool share, block_manager **out) {
   block_manager *bm = common_calloc(1, sizeof *bm);
   if (!bm) return FL_ERR(FL_ENOMEM, "cannot allocate a block manager");
   bm->num_buckets = 64;
@@ -486,6 +620,7 @@ fl_status block_manager_create(uint64_t memory_limit, const char *dir, block_man
   }
   FL_PCHECK(pthread_mutex_init(&bm->lock, NULL));
   bm->memory_limit = memory_limit;
+  bm->share = share;
   *out = bm;
   return FL_OK;
 }
@@ -501,6 +636,10 @@ void block_manager_destroy(block_manager *bm) {
       b = next;
     }
   }
+  while (bm->peers) {
+    FL_ASSERT(bm->peers->pins == 0);
+    peer_drop(bm, bm->peers);
+  }
   pthread_mutex_destroy(&bm->lock);
   common_free(bm->buckets);
   common_free(bm->dir);
@@ -515,5 +654,8 @@ void block_manager_stats_get(block_manager *bm, block_manager_stats *out) {
   out->blocks_in_memory = bm->blocks_in_memory;
   out->blocks_on_disk = bm->blocks_on_disk;
   out->evictions = bm->evictions;
+  out->blocks_shared = bm->blocks_shared;
+  out->peer_blocks = bm->peer_blocks;
+  out->peer_bytes = bm->peer_bytes;
   FL_PCHECK(pthread_mutex_unlock(&bm->lock));
 }

@@ -24,10 +24,14 @@ typedef struct block_manager block_manager;
 typedef struct block_manager_stats {
   uint64_t memory_used, memory_limit, disk_used;
   uint64_t blocks_in_memory, blocks_on_disk, evictions;
+  uint64_t blocks_shared; /* memory blocks that peers on the host can map */
+  uint64_t peer_blocks, peer_bytes; /* other executors' blocks mapped here now (not in memory_used) */
 } block_manager_stats;
 
-/* `dir` is the folder for disk blocks (must exist; owned by the caller). */
-FL_INTERNAL fl_status block_manager_create(uint64_t memory_limit, const char *dir,
+/* `dir` is the folder for disk blocks (must exist; owned by the caller). With `share`, memory
+ * blocks of at least SHARED_BLOCK_MIN bytes are kept as shared blocks (below), which other
+ * executors on the host read in place. */
+FL_INTERNAL fl_status block_manager_create(uint64_t memory_limit, const char *dir, bool share,
                                            block_manager **out);
 /* Frees every block and deletes its disk files. No reader may hold a block. */
 FL_INTERNAL void block_manager_destroy(block_manager *bm);
@@ -35,8 +39,40 @@ FL_INTERNAL void block_manager_stats_get(block_manager *bm, block_manager_stats 
 /* Drops every block, and deletes the shuffle files, whose dataset or shuffle id is in
  * [lo, hi): all of one application in an executor. */
 FL_INTERNAL void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi);
+/* Block `key` cached by executor process `pid` on this host, mapped in place (kept mapped for
+ * later reads, within as many bytes as the memory limit, least recently used unmapped first).
+ * On a hit sets *batch and *handle (release with the cache ops' release) and returns FL_OK;
+ * FL_ENOENT when that process has no such shared block (evicted, not shared, gone), or the
+ * error of a block that fails its checks. */
+FL_INTERNAL fl_status block_manager_get_peer(block_manager *bm, rdd_block_key key, uint32_t pid,
+                                             const rdd_batch **batch, void **handle);
 /* The rdd_cache_ops over a block manager (impl is the block_manager). */
 FL_INTERNAL extern const rdd_cache_ops block_manager_cache_ops;
+
+/* ---- shared blocks (shared_block.c) ----------------------------------------------------- */
+/*
+ * A cached partition in a sealed memfd that other processes on the host map read-only, as
+ * Spark's node-local reads but without a copy: a reader finds the owner's descriptor under
+ * /proc/PID/fd by the block's name, so no message carries more than the owner's pid. The
+ * bytes are immutable (sealed) and stay valid in a reader's mapping after the owner drops
+ * the block or dies.
+ */
+typedef struct shared_block shared_block;
+#define SHARED_BLOCK_MIN ((uint64_t)256 << 10) /* smaller blocks are not worth a descriptor */
+
+/* Copies `batch` into a new shared block named after `key`. FL_ELIMIT when the process is
+ * out of descriptors. */
+FL_INTERNAL fl_status shared_block_create(rdd_block_key key, const rdd_batch *batch, shared_block **out);
+/* Maps block `key` of process `pid`. FL_ENOENT when it has none; FL_ECORRUPT (naming the
+ * block and the cause) when what it has is unsealed, of the wrong block or malformed. */
+FL_INTERNAL fl_status shared_block_open(uint32_t pid, rdd_block_key key, shared_block **out);
+/* This node's identity (the kernel's boot id), "" when unknown: processes with equal ones may
+ * map each other's shared blocks. */
+#define SHARED_NODE_MAX 40
+FL_INTERNAL void shared_block_node(char out[SHARED_NODE_MAX]);
+FL_INTERNAL const rdd_batch *shared_block_batch(const shared_block *sb);
+FL_INTERNAL uint64_t shared_block_bytes(const shared_block *sb); /* mapped bytes */
+FL_INTERNAL void shared_block_free(shared_block *sb);
 
 /* ---- task pool ------------------------------------------------------------------------- */
 typedef struct task_pool task_pool;

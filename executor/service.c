@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -65,6 +66,7 @@ typedef struct block_location {
   uint64_t rdd_id;
   uint32_t partition;
   char address[64];
+  uint32_t pid;  /* the holder's process, when it is on this node; else 0 */
 } block_location;
 
 /* A large task result waiting for the driver to fetch it. */
@@ -109,6 +111,7 @@ struct exec_service {
   uint64_t id;
   uint32_t heartbeat_ms;
   char driver_data[96]; /* the driver's block server */
+  char node[SHARED_NODE_MAX]; /* shared_block_node */
   rpc_channel *driver;
   rpc_server *server;
   dp_server *blocks_server;
@@ -185,15 +188,35 @@ static bool self_address(exec_service *svc, const char *address) {
   return strcmp(self, address) == 0;
 }
 
-/* A cached partition held by another executor, decoded; false when there is none. */
-static bool fetch_remote_block(exec_app *a, rdd_block_key key, rdd_batch *out) {
-  char peer[64] = "";
+/* Where another executor holds a cached partition; false when none does. */
+static bool find_block_location(exec_app *a, rdd_block_key key, block_location *out) {
+  bool found = false;
   FL_PCHECK(pthread_mutex_lock(&a->lock));
-  for (size_t i = 0; i < a->num_blocks; i++)
-    if (a->blocks[i].rdd_id == key.rdd_id && a->blocks[i].partition == key.partition)
-      snprintf(peer, sizeof peer, "%s", a->blocks[i].address);
+  for (size_t i = 0; i < a->num_blocks && !found; i++)
+    if (a->blocks[i].rdd_id == key.rdd_id && a->blocks[i].partition == key.partition) {
+      *out = a->blocks[i];
+      found = true;
+    }
   FL_PCHECK(pthread_mutex_unlock(&a->lock));
-  if (!peer[0] || self_address(a->svc, peer)) return false;
+  return found && !self_address(a->svc, out->address);
+}
+
+/* A cached partition held by an executor on this node, mapped in place (a node-local read,
+ * with no copy); false when it cannot be, and the data plane then fetches it. */
+static bool map_peer_block(exec_app *a, const block_location *loc, rdd_block_key key, const rdd_batch **batch,
+                           void **handle) {
+  if (!loc->pid) return false;
+  rdd_block_key app_local = {app_key(a, key.rdd_id), key.partition};
+  fl_status st = block_manager_get_peer(a->svc->blocks, app_local, loc->pid, batch, handle);
+  if (st != FL_OK && st != FL_ENOENT)
+    common_log(LOG_WARN, "dataset %llu partition %u of executor process %u: %s", (unsigned long long)key.rdd_id,
+               key.partition, loc->pid, fl_last_error());
+  return st == FL_OK;
+}
+
+/* A cached partition held by another executor, fetched and decoded; false when it cannot be. */
+static bool fetch_remote_block(exec_app *a, const block_location *loc, rdd_block_key key, rdd_batch *out) {
+  const char *peer = loc->address;
   dp_request req = {.kind = DP_BLOCK, .key = {a->id, key.rdd_id, key.partition, 0}};
   fl_buf bytes = FL_BUF_INIT;
   fl_status st = dp_fetch(a->svc->fetcher, peer, &req, svc_fetch_timeout_ms, &bytes, NULL);
@@ -215,7 +238,19 @@ static bool app_get(void *impl, rdd_block_key key, const rdd_batch **batch, void
     *handle = h;
     return true;
   }
-  if (fetch_remote_block(a, key, &h->remote)) {
+  block_location loc;
+  if (!find_block_location(a, key, &loc)) {
+    common_free(h);
+    return false;
+  }
+  rdd_task *task = rdd_task_current();
+  if (map_peer_block(a, &loc, key, batch, &h->local)) {
+    if (task) task->blocks_mapped++;
+    *handle = h;
+    return true;
+  }
+  if (fetch_remote_block(a, &loc, key, &h->remote)) {
+    if (task) task->blocks_fetched++;
     *batch = &h->remote;
     *handle = h;
     return true;
@@ -585,6 +620,11 @@ static void task_run(task_pool_work *work) {
   exec_task *t = (exec_task *)work;
   exec_service *svc = t->app->svc;
   uint64_t t0 = common_now_ns();
+  if (task_pool_queued(svc->pool) == 0) { /* ended tasks held for a queue that is empty now go */
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    if (svc->done_head) pthread_cond_broadcast(&svc->wake);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  }
   if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
   else rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "task killed"));
   if (svc->fault_slowdown > 1) fault_nap(&t->rt, (uint64_t)((double)(common_now_ns() - t0) * (svc->fault_slowdown - 1)));
@@ -670,6 +710,8 @@ static void *status_main(void *arg) {
         s->fetch_shuffle_id = t->rt.fetch_shuffle_id;
         s->fetch_map = t->rt.fetch_map;
         s->run_ns = t->rt.run_ns;
+        s->blocks_mapped = t->rt.blocks_mapped;
+        s->blocks_fetched = t->rt.blocks_fetched;
         if (t->result.len > INLINE_RESULT_MAX) {
           result_block *rb = common_calloc(1, sizeof *rb);
           if (rb) {
@@ -806,6 +848,8 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     app->blocks[k].rdd_id = bl->rdd_id;
     app->blocks[k].partition = bl->partition;
     snprintf(app->blocks[k].address, sizeof app->blocks[k].address, "%s", bl->address);
+    bool same_node = svc->node[0] && strcmp(bl->node, svc->node) == 0 && bl->pid != (uint32_t)getpid();
+    app->blocks[k].pid = same_node ? bl->pid : 0;
   }
   /* Decode every task before starting any, so that a bad one refuses the whole batch. */
   exec_task **tasks = common_calloc(req->n_tasks ? req->n_tasks : 1, sizeof *tasks);
@@ -1033,6 +1077,7 @@ static fl_status register_with_driver(exec_service *svc) {
   req.cores = svc->cfg.cores;
   req.memory = svc->cfg.memory;
   req.pid = (uint32_t)getpid();
+  req.node = svc->node;
   req.has_gpu = svc->cfg.gpu >= 0;
   req.gpu = svc->cfg.gpu >= 0 ? (uint32_t)svc->cfg.gpu : 0;
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
@@ -1182,7 +1227,14 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(common_mkdirs(sub));
   snprintf(sub, sizeof sub, "%s/blocks", svc.work_dir);
   FL_CHECK(common_mkdirs(sub));
-  FL_CHECK(block_manager_create(cfg->memory, sub, &svc.blocks));
+  /* Every shared block keeps a descriptor: allow as many as the hard limit does. */
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+  FL_CHECK(block_manager_create(cfg->memory, sub, true, &svc.blocks));
+  shared_block_node(svc.node);
   FL_CHECK(task_pool_create(cfg->cores, &svc.pool));
   FL_CHECK(dp_client_create(cfg->secret, &svc.fetcher));
   FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, serve_block, &svc, &svc.blocks_server));

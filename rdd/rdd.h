@@ -283,6 +283,9 @@ struct rdd_task {
   uint32_t fetch_map;
   rdd_barrier_info barrier; /* set for the tasks of a barrier stage (not by rdd_task_clear) */
   uint64_t run_ns;          /* how long rdd_task_run ran (Spark's executor run time) */
+  /* Cached partitions it read from another executor: mapped in place on its node, or
+   * fetched over the network (set by the executor's cache). */
+  uint32_t blocks_mapped, blocks_fetched;
 };
 
 /* Computes `action` over partition `partition` of r into *result. On failure returns the

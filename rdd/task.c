@@ -40,6 +40,7 @@ void rdd_task_clear(rdd_task *task) {
   task->num_acc_updates = task->cap_acc_updates = 0;
   task->fetch_failed = false;
   task->run_ns = 0;
+  task->blocks_mapped = task->blocks_fetched = 0;
 }
 
 static void close_iterators(rdd_task *task) {

@@ -4,6 +4,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "executor/executor.h"
 
@@ -95,7 +99,7 @@ static int fixture_teardown(void **state) {
 }
 
 static block_manager *open_bm(fixture *f, uint64_t limit) {
-  assert_ok(block_manager_create(limit, f->dir, &f->bm));
+  assert_ok(block_manager_create(limit, f->dir, false, &f->bm));
   assert_non_null(f->bm);
   return f->bm;
 }
@@ -1020,10 +1024,202 @@ static void test_bm_concurrent_get_put_remove(void **state) {
   assert_int_equal(count_files(f->dir), 0);
 }
 
+/* ---- shared blocks: what executors on one node read in place ---------------------------- */
+
+static block_manager *open_shared_bm(fixture *f, uint64_t limit) {
+  assert_ok(block_manager_create(limit, f->dir, true, &f->bm));
+  return f->bm;
+}
+
+/* A batch over SHARED_BLOCK_MIN: 3000 records of 99 bytes. */
+static void make_shareable_batch(rdd_batch *b, uint32_t seed) {
+  make_sized_batch(b, 300000, seed);
+  assert_true(b->buf.len >= SHARED_BLOCK_MIN);
+}
+
+/* Another process (a child, as an executor beside this one) maps the block in place and reads
+ * exactly the records; its copy in memory is the owner's (counted once, by the owner). */
+static void test_shared_block_read_by_another_process(void **state) {
+  fixture *f = *state;
+  block_manager *bm = open_shared_bm(f, 10u << 20);
+  rdd_batch content;
+  make_shareable_batch(&content, 3);
+  const rdd_batch *stored;
+  block_manager_cache_ops.release(bm, put_hold(bm, key_of(7, 2), FL_MEMORY_ONLY, &content, &stored));
+  block_manager_stats st = stats_of(bm);
+  assert_int_equal(st.blocks_shared, 1);
+  assert_true(st.memory_used >= content.buf.len && st.memory_used < content.buf.len + 4096);
+  pid_t owner = getpid(), child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/child", f->dir);
+    block_manager *reader;
+    int code = mkdir(dir, 0700) != 0 || block_manager_create(10u << 20, dir, false, &reader) != FL_OK;
+    const rdd_batch *got = NULL;
+    void *h = NULL;
+    if (!code && block_manager_get_peer(reader, key_of(7, 2), (uint32_t)owner, &got, &h) != FL_OK) code = 2;
+    if (!code && (got->count != content.count || got->buf.len != content.buf.len ||
+                  memcmp(got->buf.data, content.buf.data, content.buf.len) != 0))
+      code = 3;
+    if (!code) {
+      block_manager_stats rs;
+      block_manager_stats_get(reader, &rs);
+      if (rs.peer_blocks != 1 || rs.memory_used != 0) code = 4;
+      block_manager_cache_ops.release(reader, h);
+      block_manager_destroy(reader);
+    }
+    _exit(code);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  rdd_batch_free(&content);
+  close_bm(f);
+}
+
+/* A mapped block stays readable and unchanged after its owner drops it (the bytes are sealed),
+ * and a second read reuses the mapping; unpersisting the dataset unmaps it. */
+static void test_shared_block_outlives_the_owners_copy(void **state) {
+  fixture *f = *state;
+  block_manager *bm = open_shared_bm(f, 10u << 20);
+  rdd_batch content;
+  make_shareable_batch(&content, 4);
+  const rdd_batch *stored;
+  block_manager_cache_ops.release(bm, put_hold(bm, key_of(9, 0), FL_MEMORY_ONLY, &content, &stored));
+  const rdd_batch *got;
+  void *h;
+  /* Its own process as the peer: the lookup under /proc/PID/fd is the same. */
+  assert_ok(block_manager_get_peer(bm, key_of(9, 0), (uint32_t)getpid(), &got, &h));
+  block_manager_cache_ops.remove_rdd(bm, 8); /* another dataset: nothing happens */
+  assert_int_equal(stats_of(bm).peer_blocks, 1);
+  /* The owner's copy goes; the reader's mapping does not. */
+  rdd_block_key other = key_of(10, 0);
+  block_manager_cache_ops.release(bm, put_hold(bm, other, FL_MEMORY_ONLY, &content, &stored));
+  assert_batch_equal(got, &content);
+  block_manager_cache_ops.release(bm, h);
+  const rdd_batch *again;
+  assert_ok(block_manager_get_peer(bm, key_of(9, 0), (uint32_t)getpid(), &again, &h));
+  assert_ptr_equal(again, got); /* the same mapping */
+  block_manager_cache_ops.release(bm, h);
+  block_manager_cache_ops.remove_rdd(bm, 9);
+  assert_int_equal(stats_of(bm).peer_blocks, 0);
+  assert_int_equal(stats_of(bm).blocks_shared, 1); /* rdd 10's */
+  rdd_batch_free(&content);
+  close_bm(f);
+}
+
+/* What is not there: a block too small to share, a block never cached, a process that does
+ * not exist. Each is FL_ENOENT (the caller then fetches the block), and nothing is kept. */
+static void test_shared_block_missing(void **state) {
+  fixture *f = *state;
+  block_manager *bm = open_shared_bm(f, 10u << 20);
+  rdd_batch small;
+  make_batch(&small, 100, 1, 50);
+  const rdd_batch *stored, *got;
+  void *h;
+  block_manager_cache_ops.release(bm, put_hold(bm, key_of(1, 0), FL_MEMORY_ONLY, &small, &stored));
+  assert_int_equal(stats_of(bm).blocks_shared, 0);
+  assert_int_equal(block_manager_get_peer(bm, key_of(1, 0), (uint32_t)getpid(), &got, &h), FL_ENOENT);
+  assert_int_equal(block_manager_get_peer(bm, key_of(2, 0), (uint32_t)getpid(), &got, &h), FL_ENOENT);
+  assert_non_null(strstr(fl_last_error(), "rdd_2_0"));
+  assert_int_equal(block_manager_get_peer(bm, key_of(1, 0), 0x7ffffff0u, &got, &h), FL_ENOENT);
+  assert_int_equal(stats_of(bm).peer_blocks, 0);
+  rdd_batch_free(&small);
+  close_bm(f);
+}
+
+/* A descriptor with a block's name that is not a good block (unsealed, another block's
+ * header, malformed records) is refused with FL_ECORRUPT naming the cause, never mapped. */
+static void test_shared_block_bad_descriptor(void **state) {
+  fixture *f = *state;
+  block_manager *bm = open_shared_bm(f, 10u << 20);
+  struct { const char *cause; bool seal; uint64_t rdd; uint64_t count; } cases[] = {
+      {"not sealed", false, 5, 1}, {"does not hold", true, 6, 1}, {"malformed", true, 5, 1000}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    int fd = memfd_create("flint-block-5-3", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    uint8_t bytes[64 + 16] = "FLNTSHB1";
+    set_u64(bytes + 8, cases[i].rdd);
+    uint32_t partition = 3;
+    memcpy(bytes + 16, &partition, 4);
+    set_u64(bytes + 24, cases[i].count);
+    set_u64(bytes + 32, 16);
+    bytes[64] = 15; /* one record of 15 bytes */
+    assert_int_equal(write(fd, bytes, sizeof bytes), (ssize_t)sizeof bytes);
+    if (cases[i].seal) assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    const rdd_batch *got;
+    void *h;
+    assert_int_equal(block_manager_get_peer(bm, key_of(5, 3), (uint32_t)getpid(), &got, &h), FL_ECORRUPT);
+    assert_non_null(strstr(fl_last_error(), cases[i].cause));
+    close(fd);
+  }
+  assert_int_equal(stats_of(bm).peer_blocks, 0);
+  close_bm(f);
+}
+
+/* The owner's bytes cannot change under a reader: the descriptor refuses writes. */
+static void test_shared_block_is_sealed(void **state) {
+  fixture *f = *state;
+  block_manager *bm = open_shared_bm(f, 10u << 20);
+  rdd_batch content;
+  make_shareable_batch(&content, 5);
+  const rdd_batch *stored;
+  block_manager_cache_ops.release(bm, put_hold(bm, key_of(3, 1), FL_MEMORY_ONLY, &content, &stored));
+  char path[64];
+  int found = 0;
+  for (int fd = 3; fd < 1024 && !found; fd++) {
+    char link[128] = "";
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n > 0 && strstr(link, "/memfd:flint-block-3-1")) found = fd;
+  }
+  assert_true(found > 0);
+  assert_true(fcntl(found, F_GET_SEALS) & F_SEAL_WRITE);
+  assert_true(write(found, "x", 1) < 0);
+  assert_int_equal(ftruncate(found, 0), -1);
+  rdd_batch_free(&content);
+  close_bm(f);
+}
+
+/* Mapped peer blocks stay within the memory limit: one too large for it is read and then
+ * unmapped, not kept. */
+static void test_shared_block_peer_limit(void **state) {
+  fixture *f = *state;
+  block_manager *bm = open_shared_bm(f, 10u << 20);
+  rdd_batch content;
+  make_shareable_batch(&content, 6);
+  const rdd_batch *stored, *got;
+  void *h;
+  block_manager_cache_ops.release(bm, put_hold(bm, key_of(4, 0), FL_MEMORY_ONLY, &content, &stored));
+  block_manager *small;
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/small", f->dir);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  assert_ok(block_manager_create(100000, dir, false, &small)); /* less than the block */
+  assert_ok(block_manager_get_peer(small, key_of(4, 0), (uint32_t)getpid(), &got, &h));
+  assert_batch_equal(got, &content);
+  block_manager_stats s;
+  block_manager_stats_get(small, &s);
+  assert_int_equal(s.peer_blocks, 0);
+  assert_int_equal(s.peer_bytes, 0);
+  block_manager_cache_ops.release(small, h);
+  block_manager_destroy(small);
+  rdd_batch_free(&content);
+  close_bm(f);
+}
+
 #define BM_TEST(fn) cmocka_unit_test_setup_teardown(fn, fixture_setup, fixture_teardown)
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      BM_TEST(test_shared_block_read_by_another_process),
+      BM_TEST(test_shared_block_outlives_the_owners_copy),
+      BM_TEST(test_shared_block_missing),
+      BM_TEST(test_shared_block_bad_descriptor),
+      BM_TEST(test_shared_block_is_sealed),
+      BM_TEST(test_shared_block_peer_limit),
       cmocka_unit_test(test_codec_round_trip_empty_batch),
       cmocka_unit_test(test_codec_round_trip_one_record),
       cmocka_unit_test(test_codec_round_trip_10000_records_with_empty_ones),

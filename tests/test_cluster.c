@@ -19,6 +19,13 @@ fl_status cp_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
 fl_status cp_counted_copy(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_slow_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+typedef struct cp_big_arg {
+  uint64_t accumulator;
+  uint32_t bytes;
+} cp_big_arg;
+fl_status cp_big_record(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_emit_pid(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg);
 typedef struct cp_slow_once_arg {
   uint64_t accumulator;
@@ -351,6 +358,61 @@ static void test_cached_partitions_read_remotely(void **state) {
   assert_no_children();
 }
 
+/* Node-local reads: executors on one host read each other's cached partitions in place. One
+ * executor is slow (its tasks sleep); the other, once its own partitions are done, takes the
+ * tasks of partitions cached by the slow one that still wait for a slot, and maps those blocks
+ * from the slow one's memory: the job's results are right, nothing is computed again or
+ * fetched over the network, and the reads are counted as mapped. */
+static void test_node_local_reads(void **state) {
+  (void)state;
+  setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1); /* only node-local placement may move a task */
+  fl_context *ctx;
+  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  unsetenv("FLINT_LOCALITY_WAIT_MS");
+  assert_ok(opened);
+  enum { PARTS = 48, BYTES = 300000 };
+  fl_accumulator *computed;
+  assert_ok(fl_accumulator_create_i64(ctx, &computed));
+  cp_big_arg big = {fl_accumulator_id(computed), BYTES};
+  fl_dataset *ds, *blocks, *pids, *slow;
+  assert_ok(fl_range(ctx, 0, PARTS, 1, PARTS, &ds));
+  assert_ok(fl_map(ds, cp_big_record, &big, sizeof big, &blocks));
+  assert_ok(fl_cache(blocks));
+  uint64_t n = 0;
+  assert_ok(fl_count(blocks, &n));
+  assert_int_equal(n, PARTS);
+  /* Which process caches partition 0: that one is the slow executor. */
+  assert_ok(fl_map_partitions(blocks, cp_emit_pid, NULL, 0, &pids));
+  fl_records *got;
+  assert_ok(fl_collect(pids, &got));
+  fl_bytes first = fl_records_get(got, 0);
+  assert_int_equal(first.len, sizeof(int64_t));
+  int64_t arg[2] = {0, 40};
+  memcpy(&arg[0], first.data, sizeof arg[0]);
+  fl_records_free(got);
+  assert_ok(fl_map_partitions(blocks, cp_slow_in_process, arg, sizeof arg, &slow));
+  fl_context_stats before, after;
+  assert_ok(fl_context_stats_get(ctx, &before));
+  assert_ok(fl_count(slow, &n));
+  assert_ok(fl_context_stats_get(ctx, &after));
+  assert_int_equal(n, PARTS);
+  int64_t computations = 0;
+  assert_ok(fl_accumulator_value_i64(computed, &computations));
+  assert_int_equal(computations, PARTS);
+  uint64_t mapped = after.blocks_read_mapped - before.blocks_read_mapped;
+  fprintf(stderr, "node-local: %llu of %d partitions read in place from the slow executor\n",
+          (unsigned long long)mapped, PARTS);
+  assert_true(mapped > 0);
+  assert_int_equal(after.blocks_read_fetched, before.blocks_read_fetched);
+  fl_dataset_free(slow);
+  fl_dataset_free(pids);
+  fl_dataset_free(blocks);
+  fl_dataset_free(ds);
+  fl_accumulator_destroy(computed);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
 /* In cluster mode executors write and read the checkpoint files: after the checkpoint the
  * counted map upstream never runs again (the dataset is not cached), children read the
  * files, and a missing part file fails the action naming it instead of being recomputed. */
@@ -633,6 +695,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_broadcasts_small_and_large, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_node_local_reads, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_checkpoint, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),

@@ -215,6 +215,10 @@ typedef struct fl_context_stats {
   double task_seconds;
   uint64_t blocks_evicted;          /* cached partitions dropped or spilled for memory */
   uint64_t memory_used;             /* bytes of cached blocks in memory now */
+  /* Through a driver: cached partitions that tasks read from another executor, mapped in
+   * place from one on the same node (a node-local read, no copy) or fetched over the network
+   * (Spark's remote block reads). 0 in local mode, where every read is in-process. */
+  uint64_t blocks_read_mapped, blocks_read_fetched;
 } fl_context_stats;
 FL_API fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out);
 

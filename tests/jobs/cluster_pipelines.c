@@ -1345,3 +1345,44 @@ CP_EXPORT int cluster_pipelines_run(fl_context *ctx, fl_buf *report) {
   sec_user_error(&r);
   return r.rc;
 }
+
+/* One record of `bytes` (a uint32 arg) per input record, counted in the accumulator
+ * `id`: partitions large enough for executors to share them in place (SHARED_BLOCK_MIN). */
+typedef struct cp_big_arg {
+  uint64_t accumulator;
+  uint32_t bytes;
+} cp_big_arg;
+
+CP_EXPORT fl_status cp_big_record(fl_bytes rec, fl_buf *out, const void *arg) {
+  cp_big_arg a;
+  memcpy(&a, arg, sizeof a);
+  fl_status s = fl_accumulator_add_i64(a.accumulator, 1);
+  out->len = 0;
+  if (s == FL_OK) s = fl_buf_reserve(out, a.bytes);
+  if (s != FL_OK) return s;
+  for (uint32_t i = 0; i < a.bytes; i++) out->data[i] = (uint8_t)(rec.len ? rec.data[0] + i : i);
+  out->len = a.bytes;
+  return FL_OK;
+}
+
+/* The executor process that runs the task, as an int64 record. */
+CP_EXPORT fl_status cp_emit_pid(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  (void)in;
+  (void)arg;
+  int64_t pid = getpid();
+  return fl_emit(out, &pid, sizeof pid);
+}
+
+/* Copies a partition; in the process whose pid is the arg's first int64 it first sleeps the
+ * second one's milliseconds: one slow executor, wherever its tasks are placed. */
+CP_EXPORT fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  int64_t a[2];
+  memcpy(a, arg, sizeof a);
+  if (getpid() == a[0]) usleep((useconds_t)(a[1] * 1000));
+  fl_bytes rec;
+  fl_status s = FL_OK;
+  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
+  return s;
+}
