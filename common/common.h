@@ -178,6 +178,9 @@ FL_INTERNAL fl_status common_mkdirs(const char *path);
 /* Appends a whole file to *out. FL_ENOENT when it is missing, FL_EIO naming it otherwise.
  * Blocks on disk. */
 FL_INTERNAL fl_status common_read_file(const char *path, fl_buf *out);
+/* Writes all of data to fd (retrying short writes and EINTR); FL_EIO naming `what` and the
+ * cause otherwise. */
+FL_INTERNAL fl_status common_write_all(int fd, const void *data, size_t len, const char *what);
 /* Asks for transparent huge pages over the whole pages of [p, p + len): touching fresh
  * memory costs about 2.5 ms per 1 MB in small pages on these machines and a tenth of that in
  * huge ones. For large buffers about to be filled (broadcasts, fetched blocks). */

@@ -309,6 +309,18 @@ void common_advise_huge(void *p, size_t len) {
 #endif
 }
 
+fl_status common_write_all(int fd, const void *data, size_t len, const char *what) {
+  const uint8_t *p = data;
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return FL_ERR(FL_EIO, "cannot write %s: %s", what, n < 0 ? strerror(errno) : "no progress");
+    p += n;
+    len -= (size_t)n;
+  }
+  return FL_OK;
+}
+
 fl_status common_read_file(const char *path, fl_buf *out) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)

@@ -169,17 +169,11 @@ static void drop_block(block_manager *bm, block *b) {
 static fl_status write_file(const char *path, const fl_buf *data) {
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return FL_ERR(FL_EIO, "cannot create %s: %s", path, strerror(errno));
-  size_t off = 0;
-  while (off < data->len) {
-    ssize_t n = write(fd, data->data + off, data->len - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      close(fd);
-      unlink(path);
-      return FL_ERR(FL_EIO, "cannot write %s: %s", path, strerror(e));
-    }
-    off += (size_t)n;
+  fl_status s = common_write_all(fd, data->data, data->len, path);
+  if (s != FL_OK) {
+    close(fd);
+    unlink(path);
+    return s;
   }
   if (close(fd) != 0) {
     unlink(path);

@@ -40,18 +40,6 @@ static void memfd_name(rdd_block_key key, char *buf, size_t len) {
   snprintf(buf, len, "flint-block-%llx-%x", (unsigned long long)key.rdd_id, key.partition);
 }
 
-static fl_status write_all(int fd, const void *data, size_t len, const char *what) {
-  const uint8_t *p = data;
-  while (len > 0) {
-    ssize_t n = write(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return FL_ERR(FL_EIO, "cannot write %s: %s", what, strerror(errno));
-    p += n;
-    len -= (size_t)n;
-  }
-  return FL_OK;
-}
-
 /* Maps fd read-only and checks that it holds block `key` (and, for a reader, that its records
  * are well-formed); takes nothing on failure. */
 static fl_status map_checked(int fd, rdd_block_key key, const char *what, bool check_records, shared_block *sb) {
@@ -101,8 +89,8 @@ fl_status shared_block_create(rdd_block_key key, const rdd_batch *batch, shared_
   memcpy(h.magic, SHARED_MAGIC, sizeof h.magic);
   memcpy(head, &h, sizeof h);
   /* write() rather than a writable mapping: F_SEAL_WRITE refuses while one exists. */
-  fl_status s = write_all(sb->fd, head, sizeof head, name);
-  if (s == FL_OK && batch->buf.len) s = write_all(sb->fd, batch->buf.data, batch->buf.len, name);
+  fl_status s = common_write_all(sb->fd, head, sizeof head, name);
+  if (s == FL_OK && batch->buf.len) s = common_write_all(sb->fd, batch->buf.data, batch->buf.len, name);
   if (s == FL_OK && fcntl(sb->fd, F_ADD_SEALS, SHARED_SEALS) != 0)
     s = FL_ERR(FL_EIO, "cannot seal %s: %s", name, strerror(errno));
   if (s == FL_OK) s = map_checked(sb->fd, key, name, false, sb);

@@ -453,24 +453,14 @@ fl_status shuffle_sorter_insert_batch(shuffle_sorter *s, uint32_t n, const uint3
 
 /* ---- runs ------------------------------------------------------------------------------ */
 
-static fl_status write_all(int fd, const void *data, size_t len, const char *path) {
-  const uint8_t *p = data;
-  while (len > 0) {
-    ssize_t n = write(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return FL_ERR(FL_EIO, "cannot write spill file %s: %s", path, strerror(errno));
-    p += n;
-    len -= (size_t)n;
-  }
-  return FL_OK;
-}
-
 static fl_status write_chunk(int fd, rdd_batch *chunk, fl_buf *enc, const char *path) {
   fl_status st = rdd_batch_encode(chunk, enc);
   if (st != FL_OK) return st;
   uint64_t len = enc->len;
-  if ((st = write_all(fd, &len, 8, path)) != FL_OK) return st;
-  if ((st = write_all(fd, enc->data, enc->len, path)) != FL_OK) return st;
+  char what[4200];
+  snprintf(what, sizeof what, "spill file %s", path);
+  if ((st = common_write_all(fd, &len, 8, what)) != FL_OK) return st;
+  if ((st = common_write_all(fd, enc->data, enc->len, what)) != FL_OK) return st;
   chunk->buf.len = 0;
   chunk->count = 0;
   return FL_OK;
