@@ -635,7 +635,7 @@ fl_status data_reader_add_block(data_reader *r, fl_bytes rec) {
 fl_status data_reader_add_all(fl_iter *in, data_reader *train, data_reader *test) {
   fl_bytes rec;
   while (fl_iter_next(in, &rec)) {
-    data_block b;
+    data_block b = {0}; /* gcc's -O3 cannot see that b.split is read only when the view succeeded */
     fl_status s = data_block_view(rec, &b);
     if (s == FL_OK && b.split == DATA_SPLIT_TEST && !test)
       s = fl_set_error(FL_ECORRUPT, "image blocks: a test block where only training blocks were expected");

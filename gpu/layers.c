@@ -279,7 +279,7 @@ static const layer_ops linear_ops = {"linear", linear_forward, linear_backward, 
 fl_status layer_linear_create(layer_store *s, const char *name, int in, int out, layer **out_l) {
   if (in < 1 || out < 1)
     return fl_set_error(FL_EINVAL, "linear %s: sizes %d -> %d must be positive", name, in, out);
-  layer *l;
+  layer *l = NULL;
   fl_status st = layer_new(s, &linear_ops, name, sizeof(linear_layer), &l);
   if (st != FL_OK) return st;
   linear_layer *L = (linear_layer *)l;
@@ -409,7 +409,7 @@ fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int ou
   if (in_c < 1 || out_c < 1 || k < 1 || stride < 1 || pad < 0)
     return fl_set_error(FL_EINVAL, "conv2d %s: bad geometry (in %d, out %d, kernel %d, stride "
                         "%d, pad %d)", name, in_c, out_c, k, stride, pad);
-  layer *l;
+  layer *l = NULL;
   fl_status st = layer_new(s, &conv_ops, name, sizeof(conv_layer), &l);
   if (st != FL_OK) return st;
   conv_layer *C = (conv_layer *)l;
@@ -492,7 +492,7 @@ static fl_status pool_create(layer_store *s, bool max, int k, int stride, int pa
   if (k < 1 || stride < 1 || pad < 0 || pad >= k)
     return fl_set_error(FL_EINVAL, "%s: bad window (kernel %d, stride %d, pad %d)",
                         max ? "maxpool" : "avgpool", k, stride, pad);
-  layer *l;
+  layer *l = NULL;
   fl_status st = layer_new(s, max ? &maxpool_ops : &avgpool_ops, max ? "maxpool" : "avgpool",
                            sizeof(pool_layer), &l);
   if (st != FL_OK) return st;
@@ -629,7 +629,7 @@ static const layer_ops bn_ops = {"batchnorm", bn_forward, bn_backward, bn_destro
 
 fl_status layer_batchnorm_create(layer_store *s, const char *name, int c, layer **out_l) {
   if (c < 1) return fl_set_error(FL_EINVAL, "batchnorm %s: %d channels", name, c);
-  layer *l;
+  layer *l = NULL;
   fl_status st = layer_new(s, &bn_ops, name, sizeof(bn_layer), &l);
   if (st != FL_OK) return st;
   bn_layer *B = (bn_layer *)l;
@@ -751,7 +751,7 @@ fl_status layer_basic_block_create(layer_store *s, const char *name, int in_c, i
   if (in_c < 1 || out_c < 1 || stride < 1)
     return fl_set_error(FL_EINVAL, "basic block %s: bad geometry (in %d, out %d, stride %d)",
                         name, in_c, out_c, stride);
-  layer *l;
+  layer *l = NULL;
   fl_status status = layer_new(s, &block_ops, name, sizeof(block_layer), &l);
   if (status != FL_OK) return status;
   block_layer *K = (block_layer *)l;

@@ -538,10 +538,10 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
     events[g] = calloc(n ? n : 1, sizeof **events);
     if (!events[g]) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for rank %u's timeline", g));
     for (uint64_t k = 0; k < n; k++) {
-      int32_t ints[4];
-      double ts[2];
-      take(&rec, ints, sizeof ints);
-      take(&rec, ts, sizeof ts);
+      int32_t ints[4] = {0}; /* gcc cannot see that FL_CHECK of an error leaves the loop */
+      double ts[2] = {0};
+      if (!take(&rec, ints, sizeof ints) || !take(&rec, ts, sizeof ts))
+        FL_CHECK(fl_set_error(FL_EFORMAT, "task %u's timeline record ends inside event %llu", i, (unsigned long long)k));
       if ((unsigned)ints[0] >= PP_EV_KINDS) FL_CHECK(fl_set_error(FL_EFORMAT, "rank %u sent event kind %d", g, ints[0]));
       events[g][k] = (pp_event){(pp_event_kind)ints[0], ints[1], ints[2], ts[0], ts[1]};
       end = fmax(end, ts[1]);

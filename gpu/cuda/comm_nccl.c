@@ -133,7 +133,7 @@ static fl_status nccl_reduce_scatter(fl_comm *c, const fl_tensor *in, fl_tensor 
   }
   /* Uneven: a padded copy (input blocks at r x per, zero tails), then even blocks; the
    * output block lands after the input in the same scratch. */
-  void *s;
+  void *s = NULL;
   st = scratch(impl, (size_t)(p + 1) * per * sizeof(float), &s);
   if (st != FL_OK) return st;
   float *padded = s, *mine = padded + (size_t)p * per;
@@ -172,7 +172,7 @@ static fl_status nccl_barrier(fl_comm *c) {
   nccl_impl *impl = impl_of(c);
   fl_status st = begin(c);
   if (st != FL_OK) return st;
-  void *s;
+  void *s = NULL;
   st = scratch(impl, sizeof(float), &s);
   if (st != FL_OK) return st;
   NCCL_TRY(ncclAllReduce(s, s, 1, ncclFloat32, ncclSum, impl->comm, impl->stream));
