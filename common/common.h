@@ -123,8 +123,11 @@ FL_INTERNAL uint64_t common_hash_bytes(const void *data, size_t len);
 /*
  * Waking a sleeping thread costs 25-60 us on these machines while a spinning hand-off costs
  * well under one, so pop spins (yielding the core now and then) for a short while before it
- * sleeps on a condition variable. Items embed a common_qnode; the queue never allocates, so
- * its depth is bounded by the items that exist (tasks, events) and is reported.
+ * sleeps on a condition variable. Only one popper of a queue spins at a time: the others
+ * sleep at once, so that a pool of idle threads does not herd onto the queue's lock (and onto
+ * the cores: eight rpc handler threads spinning after every call). Items embed a
+ * common_qnode; the queue never allocates, so its depth is bounded by the items that exist
+ * (tasks, events) and is reported.
  */
 typedef struct common_qnode {
   struct common_qnode *next;
@@ -135,6 +138,7 @@ typedef struct common_queue {
   pthread_cond_t cond;
   common_qnode *head, *tail;
   atomic_size_t depth;
+  atomic_bool spinning; /* a popper spins now */
   int sleepers;
   bool closed;
 } common_queue;

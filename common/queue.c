@@ -87,8 +87,20 @@ static common_qnode *take_and_unlock(common_queue *q) {
   return node;
 }
 
+/* Whether the caller may spin: true for the one that claimed the queue's spinner. */
+static bool spin_claim(common_queue *q, uint64_t spin_ns) {
+  bool idle = false;
+  return spin_ns && atomic_compare_exchange_strong_explicit(&q->spinning, &idle, true, memory_order_acquire,
+                                                            memory_order_relaxed);
+}
+
+static void spin_release(common_queue *q) { atomic_store_explicit(&q->spinning, false, memory_order_release); }
+
 common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns) {
-  SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
+  if (spin_claim(q, spin_ns)) {
+    SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
+    spin_release(q);
+  }
   FL_PCHECK(pthread_mutex_lock(&q->lock));
   while (!q->head && !q->closed) {
     q->sleepers++;
@@ -102,7 +114,10 @@ common_qnode *common_queue_pop_until(common_queue *q, uint64_t spin_ns, uint64_t
   uint64_t now = common_now_ns();
   if (deadline_ns <= now) spin_ns = 0;
   else if (deadline_ns - now < spin_ns) spin_ns = deadline_ns - now;
-  SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
+  if (spin_claim(q, spin_ns)) {
+    SPIN_UNTIL(atomic_load_explicit(&q->depth, memory_order_acquire) > 0, spin_ns);
+    spin_release(q);
+  }
   struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
   FL_PCHECK(pthread_mutex_lock(&q->lock));
   while (!q->head && !q->closed) {

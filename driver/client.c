@@ -342,6 +342,7 @@ typedef struct run_call {
 } run_call;
 
 static void *run_call_main(void *p) {
+  pthread_setname_np(pthread_self(), "fl-call");
   run_call *rc = p;
   rc->status = call(rc->c->driver, "/flint.Driver/RunJob", &rc->req->base, 0, rc->reply);
   if (rc->status != FL_OK) snprintf(rc->error, sizeof rc->error, "%s", fl_last_error());

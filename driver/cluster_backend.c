@@ -452,6 +452,7 @@ static void fail_if_no_executor(scheduler *s, void *arg) {
 }
 
 static void *monitor_loop(void *p) {
+  pthread_setname_np(pthread_self(), "fl-monitor");
   cluster_backend *cb = p;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   while (!cb->stopping) {
@@ -850,6 +851,7 @@ typedef struct sender_args {
 } sender_args;
 
 static void *sender_loop(void *p) {
+  pthread_setname_np(pthread_self(), "fl-launch");
   sender_args args = *(sender_args *)p;
   common_free(p);
   cluster_backend *cb = args.cb;

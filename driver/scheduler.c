@@ -65,6 +65,7 @@ static void run_timers(scheduler *s) {
 }
 
 static void *scheduler_main(void *p) {
+  pthread_setname_np(pthread_self(), "fl-scheduler");
   scheduler *s = p;
   uint64_t spin = common_spin_ns();
   for (;;) {

@@ -775,6 +775,7 @@ static fl_status handle_unpersist(driver_state *d, fl_bytes body, fl_buf *respon
 /* ---- job binaries ---------------------------------------------------------------------- */
 
 static void *supervise(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-supervise");
   void **args = arg;
   driver_state *d = args[0];
   submission *s = args[1];

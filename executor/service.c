@@ -112,6 +112,7 @@ struct exec_service {
   uint32_t heartbeat_ms;
   char driver_data[96]; /* the driver's block server */
   char node[SHARED_NODE_MAX]; /* shared_block_node */
+  uint32_t pid;               /* this process's, read once: a syscall costs microseconds in a VM */
   rpc_channel *driver;
   rpc_server *server;
   dp_server *blocks_server;
@@ -122,7 +123,8 @@ struct exec_service {
   bool own_work_dir;
 
   pthread_mutex_t lock; /* apps, libraries, running, the status queue */
-  pthread_cond_t wake;
+  pthread_cond_t wake;      /* the status thread's: something to send, or stop */
+  pthread_cond_t stop_wake; /* the heartbeat thread's: stop (task ends must not wake it) */
   exec_app *apps;
   exec_library *libraries;
   exec_task *running;
@@ -622,7 +624,7 @@ static void task_run(task_pool_work *work) {
   uint64_t t0 = common_now_ns();
   if (task_pool_queued(svc->pool) == 0) { /* ended tasks held for a queue that is empty now go */
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
-    if (svc->done_head) pthread_cond_broadcast(&svc->wake);
+    if (svc->done_head) pthread_cond_signal(&svc->wake);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   }
   if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
@@ -641,10 +643,13 @@ static void task_run(task_pool_work *work) {
       break;
     }
   t->next = NULL;
+  /* The status thread waits for a first ended task, then holds while tasks are queued and
+   * all went well: only those changes wake it (each wake-up takes a core from the tasks). */
+  bool wake = !svc->done_head || t->rt.status != FL_OK || task_pool_queued(svc->pool) == 0;
   if (svc->done_tail) svc->done_tail->next = t;
   else svc->done_head = t;
   svc->done_tail = t;
-  pthread_cond_broadcast(&svc->wake);
+  if (wake) pthread_cond_signal(&svc->wake);
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
 }
 
@@ -677,6 +682,7 @@ static void status_hold(exec_service *svc) {
 
 /* Sends every ended task waiting at the moment in one StatusUpdate call. */
 static void *status_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-status");
   exec_service *svc = arg;
   for (;;) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
@@ -848,7 +854,7 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     app->blocks[k].rdd_id = bl->rdd_id;
     app->blocks[k].partition = bl->partition;
     snprintf(app->blocks[k].address, sizeof app->blocks[k].address, "%s", bl->address);
-    bool same_node = svc->node[0] && strcmp(bl->node, svc->node) == 0 && bl->pid != (uint32_t)getpid();
+    bool same_node = svc->node[0] && strcmp(bl->node, svc->node) == 0 && bl->pid != svc->pid;
     app->blocks[k].pid = same_node ? bl->pid : 0;
   }
   /* Decode every task before starting any, so that a bad one refuses the whole batch. */
@@ -1076,7 +1082,7 @@ static fl_status register_with_driver(exec_service *svc) {
   req.data_port = (uint32_t)dp_server_port(svc->blocks_server);
   req.cores = svc->cfg.cores;
   req.memory = svc->cfg.memory;
-  req.pid = (uint32_t)getpid();
+  req.pid = svc->pid;
   req.node = svc->node;
   req.has_gpu = svc->cfg.gpu >= 0;
   req.gpu = svc->cfg.gpu >= 0 ? (uint32_t)svc->cfg.gpu : 0;
@@ -1110,6 +1116,7 @@ static fl_status register_with_driver(exec_service *svc) {
 }
 
 static void *heartbeat_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-heartbeat");
   exec_service *svc = arg;
   for (;;) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
@@ -1118,7 +1125,7 @@ static void *heartbeat_main(void *arg) {
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)svc->heartbeat_ms * 1000000u;
     ts.tv_sec += (time_t)(ns / 1000000000u);
     ts.tv_nsec = (long)(ns % 1000000000u);
-    while (!svc->stopping && pthread_cond_timedwait(&svc->wake, &svc->lock, &ts) != ETIMEDOUT) {
+    while (!svc->stopping && pthread_cond_timedwait(&svc->stop_wake, &svc->lock, &ts) != ETIMEDOUT) {
     }
     bool stopping = svc->stopping;
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
@@ -1156,6 +1163,7 @@ static void service_destroy(exec_service *svc) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     svc->stopping = true;
     pthread_cond_broadcast(&svc->wake);
+    pthread_cond_broadcast(&svc->stop_wake);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   }
   rpc_server_stop(svc->server); /* no new launches */
@@ -1195,6 +1203,7 @@ static void service_destroy(exec_service *svc) {
   }
   if (svc->own_work_dir) common_remove_tree(svc->work_dir);
   pthread_cond_destroy(&svc->wake);
+  pthread_cond_destroy(&svc->stop_wake);
   pthread_mutex_destroy(&svc->lock);
 }
 
@@ -1209,6 +1218,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   if (!svc.cfg.shuffle_memory) svc.cfg.shuffle_memory = 64u << 20;
   FL_PCHECK(pthread_mutex_init(&svc.lock, NULL));
   FL_PCHECK(pthread_cond_init(&svc.wake, NULL));
+  FL_PCHECK(pthread_cond_init(&svc.stop_wake, NULL));
   common_log_set_role("executor");
   settings_read(&svc);
   fl_status status = FL_OK;
@@ -1235,6 +1245,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   }
   FL_CHECK(block_manager_create(cfg->memory, sub, true, &svc.blocks));
   shared_block_node(svc.node);
+  svc.pid = (uint32_t)getpid();
   FL_CHECK(task_pool_create(cfg->cores, &svc.pool));
   FL_CHECK(dp_client_create(cfg->secret, &svc.fetcher));
   FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, serve_block, &svc, &svc.blocks_server));

@@ -8,6 +8,7 @@ struct task_pool {
 };
 
 static void *pool_main(void *p) {
+  pthread_setname_np(pthread_self(), "fl-task");
   task_pool *pool = p;
   uint64_t spin = common_spin_ns();
   common_qnode *node;

@@ -630,6 +630,7 @@ static void server_done(dp_server *s, dp_done *d) {
 }
 
 static void *server_worker_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-dp-worker");
   dp_server *s = arg;
   common_qnode *node;
   while ((node = common_queue_pop(&s->jobs, dp_spin_ns()))) {
@@ -681,6 +682,7 @@ static void *server_worker_main(void *arg) {
 }
 
 static void *server_loop_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-dp-server");
   dp_server *s = arg;
   event_base_loop(s->base, EVLOOP_NO_EXIT_ON_EMPTY);
   return NULL;
@@ -1303,6 +1305,7 @@ static void client_wake_cb(evutil_socket_t fd, short what, void *arg) {
 }
 
 static void *client_loop_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-dp-client");
   dp_client *c = arg;
   event_base_loop(c->base, EVLOOP_NO_EXIT_ON_EMPTY);
   return NULL;

@@ -362,6 +362,7 @@ static void rpc_server_cq_loop(rpc_server *s) {
 }
 
 static void *rpc_server_cq_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-rpc-cq");
   rpc_server_cq_loop(arg);
   return NULL;
 }
@@ -406,6 +407,7 @@ static void rpc_server_handle(rpc_server *s, rpc_server_call *c) {
 }
 
 static void *rpc_server_handler_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-rpc-handler");
   rpc_server *s = arg;
   uint64_t spin = common_spin_ns();
   common_qnode *node;

@@ -561,6 +561,71 @@ static void test_queue_many_producers_one_consumer(void **state) {
   free(items);
 }
 
+/* Several poppers share a queue, as rpc handler threads do: only one spins at a time and the
+ * others sleep, yet every item reaches exactly one of them and the spinner's claim is given
+ * back. */
+#define CONSUMERS 4
+typedef struct shared_consumer {
+  common_queue *q;
+  atomic_int *left; /* items still to pop, over all consumers */
+  int received;
+  bool *seen;       /* PRODUCERS x ITEMS_PER_PRODUCER, shared: each slot set once */
+  atomic_int *duplicates;
+} shared_consumer;
+
+static void *shared_consumer_main(void *arg) {
+  shared_consumer *c = arg;
+  while (atomic_fetch_sub(c->left, 1) > 0) {
+    test_item *it = (test_item *)common_queue_pop(c->q, 50000);
+    if (!it) break;
+    bool *slot = &c->seen[it->producer * ITEMS_PER_PRODUCER + it->seq];
+    if (__atomic_exchange_n(slot, true, __ATOMIC_RELAXED)) atomic_fetch_add(c->duplicates, 1);
+    c->received++;
+  }
+  return NULL;
+}
+
+static void test_queue_many_consumers_share_one_spinner(void **state) {
+  (void)state;
+  common_queue q;
+  common_queue_init(&q);
+  test_item *items = calloc(PRODUCERS * ITEMS_PER_PRODUCER, sizeof *items);
+  bool *seen = calloc(PRODUCERS * ITEMS_PER_PRODUCER, sizeof *seen);
+  assert_non_null(items);
+  assert_non_null(seen);
+  for (int p = 0; p < PRODUCERS; p++)
+    for (int i = 0; i < ITEMS_PER_PRODUCER; i++) {
+      items[p * ITEMS_PER_PRODUCER + i].producer = p;
+      items[p * ITEMS_PER_PRODUCER + i].seq = i;
+    }
+  atomic_int left = PRODUCERS * ITEMS_PER_PRODUCER, duplicates = 0;
+  shared_consumer cs[CONSUMERS];
+  pthread_t consumers[CONSUMERS], producers[PRODUCERS];
+  producer_arg args[PRODUCERS];
+  for (int i = 0; i < CONSUMERS; i++) {
+    cs[i] = (shared_consumer){.q = &q, .left = &left, .seen = seen, .duplicates = &duplicates};
+    assert_int_equal(pthread_create(&consumers[i], NULL, shared_consumer_main, &cs[i]), 0);
+  }
+  for (int p = 0; p < PRODUCERS; p++) {
+    args[p] = (producer_arg){.q = &q, .items = &items[p * ITEMS_PER_PRODUCER]};
+    assert_int_equal(pthread_create(&producers[p], NULL, producer_main, &args[p]), 0);
+  }
+  for (int p = 0; p < PRODUCERS; p++) assert_int_equal(pthread_join(producers[p], NULL), 0);
+  int received = 0;
+  for (int i = 0; i < CONSUMERS; i++) {
+    assert_int_equal(pthread_join(consumers[i], NULL), 0);
+    received += cs[i].received;
+  }
+  assert_int_equal(received, PRODUCERS * ITEMS_PER_PRODUCER);
+  assert_int_equal(atomic_load(&duplicates), 0);
+  for (int i = 0; i < PRODUCERS * ITEMS_PER_PRODUCER; i++) assert_true(seen[i]);
+  assert_false(atomic_load(&q.spinning));
+  assert_int_equal(atomic_load(&q.depth), 0);
+  common_queue_destroy(&q);
+  free(seen);
+  free(items);
+}
+
 static void test_queue_single_thread_fifo_and_depth(void **state) {
   (void)state;
   common_queue q;
@@ -861,6 +926,7 @@ int main(void) {
       cmocka_unit_test(test_parse_size_rejects_negative_after_whitespace),
       cmocka_unit_test(test_queue_single_thread_fifo_and_depth),
       cmocka_unit_test(test_queue_many_producers_one_consumer),
+      cmocka_unit_test(test_queue_many_consumers_share_one_spinner),
       cmocka_unit_test(test_queue_close_returns_remaining_items_then_null),
       cmocka_unit_test(test_queue_close_wakes_blocked_pop),
       cmocka_unit_test(test_queue_push_wakes_blocked_pop),
