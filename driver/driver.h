@@ -399,8 +399,10 @@ FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, ui
 /* False when the executor is unknown (it should register again). */
 FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t cached_bytes,
                                    uint64_t tasks_run, uint64_t tasks_failed);
-/* A StatusUpdateRequest's body: the ends of task attempts. */
-FL_INTERNAL fl_status cluster_status_update(cluster_backend *cb, fl_bytes body);
+/* A StatusUpdateRequest's body: the ends of task attempts. With may_block false (the rpc
+ * queue's thread) an update with a result to fetch from its executor (over 1 MiB) is left
+ * alone and *declined set. */
+FL_INTERNAL fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_block, bool *declined);
 /* Tells every executor to drop blocks of an application (asynchronously). */
 FL_INTERNAL void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids,
                                 size_t num_rdds, const uint64_t *shuffle_ids, size_t num_shuffles,

@@ -1210,6 +1210,24 @@ static void forget_executor(void *arg, uint64_t executor) {
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
 }
 
+/* Task statuses and heartbeats come all the time and only decode and post to the scheduler,
+ * so the rpc queue's thread answers them itself, except a status update with a large result
+ * to fetch from its executor. */
+static const char *const quick_methods[] = {"/flint.Driver/StatusUpdate", "/flint.Driver/Heartbeat", NULL};
+
+static bool driver_quick(void *arg, const rpc_request *call, fl_buf *response, fl_status *status) {
+  driver_state *d = arg;
+  if (strcmp(call->method, quick_methods[1]) == 0) {
+    *status = handle_heartbeat(d, call->body, response);
+    return true;
+  }
+  bool declined;
+  *status = cluster_status_update(d->cluster, call->body, false, &declined);
+  if (declined) return false;
+  if (*status == FL_OK) *status = empty_reply(response);
+  return true;
+}
+
 static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *response) {
   driver_state *d = arg;
   const char *m = call->method;
@@ -1220,7 +1238,8 @@ static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *respo
   if (strcmp(m, "RegisterExecutor") == 0) return handle_register(d, b, response);
   if (strcmp(m, "Heartbeat") == 0) return handle_heartbeat(d, b, response);
   if (strcmp(m, "StatusUpdate") == 0) {
-    fl_status st = cluster_status_update(d->cluster, b);
+    bool declined;
+    fl_status st = cluster_status_update(d->cluster, b, true, &declined);
     return st == FL_OK ? empty_reply(response) : st;
   }
   if (strcmp(m, "OpenApplication") == 0) return handle_open(d, b, response);
@@ -1331,6 +1350,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   FL_CHECK(dp_server_start(host, 0, cfg->secret, serve, &d, &d.blocks));
   /* Results of a job come back to the client in one reply (collect), hence the size limit. */
   rpc_server_config rc = {.listen = cfg->listen, .secret = cfg->secret, .handler = driver_handle,
+                          .quick = driver_quick, .quick_methods = quick_methods,
                           .handler_arg = &d, .handler_threads = 128, /* barrier gathers block one each */
                           .max_message = DRIVER_MAX_MESSAGE};
   FL_CHECK(rpc_server_start(&rc, &d.server));

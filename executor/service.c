@@ -416,13 +416,27 @@ static bool library_key(const char *id, uint64_t key[4]) {
   return true;
 }
 
-/* The loaded library `id`, fetched and dlopen()ed on first use. Caller holds svc->lock. */
+/* Set on the rpc queue's thread while the quick handler decodes a launch: a library that is
+ * not loaded yet would need a fetch, so the launch goes to a handler thread instead. */
+static __thread bool on_quick_path, quick_would_block;
+
+static void *library_find(exec_service *svc, const char *id) {
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  void *h = NULL;
+  for (exec_library *l = svc->libraries; l && !h; l = l->next)
+    if (strcmp(l->id, id) == 0) h = l->handle;
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  return h;
+}
+
+/* The loaded library `id`, fetched and dlopen()ed on first use, without svc->lock held over
+ * the fetch (which may take seconds; task ends and status reports need the lock). */
 static fl_status library_load(exec_service *svc, const char *id, void **handle) {
-  for (exec_library *l = svc->libraries; l; l = l->next)
-    if (strcmp(l->id, id) == 0) {
-      *handle = l->handle;
-      return FL_OK;
-    }
+  if ((*handle = library_find(svc, id))) return FL_OK;
+  if (on_quick_path) {
+    quick_would_block = true;
+    return FL_ERR(FL_ESTATE, "library %s is not loaded yet", id);
+  }
   uint64_t key[4];
   if (!library_key(id, key)) return FL_ERR(FL_EPROTO, "malformed library id '%.40s'", id);
   fl_buf content = FL_BUF_INIT;
@@ -431,25 +445,37 @@ static fl_status library_load(exec_service *svc, const char *id, void **handle) 
     fl_buf_free(&content);
     return common_error_wrap(st, "library %s: ", id);
   }
-  char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
+  /* Two threads may load one library at once: each writes its own temporary file, and the
+   * rename makes the same content appear at the same path. */
+  char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
   snprintf(path, sizeof path, "%s/lib/%s.so", svc->work_dir, id);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)gettid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
-  bool written = fd >= 0 && write(fd, content.data, content.len) == (ssize_t)content.len;
+  st = fd >= 0 ? common_write_all(fd, content.data, content.len, tmp)
+               : FL_ERR(FL_EIO, "cannot create %s: %s", tmp, strerror(errno));
   if (fd >= 0) close(fd);
   fl_buf_free(&content);
-  if (!written || rename(tmp, path) != 0) {
+  if (st == FL_OK && rename(tmp, path) != 0)
+    st = FL_ERR(FL_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+  if (st != FL_OK) {
     unlink(tmp);
-    return FL_ERR(FL_EIO, "cannot store library %s in %s: %s", id, path, strerror(errno));
+    return common_error_wrap(st, "cannot store library %s: ", id);
   }
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL); /* never closed: decoded datasets point into it */
   if (!h) return FL_ERR(FL_ENOENT, "cannot load library %s: %s", id, dlerror());
   exec_library *l = common_calloc(1, sizeof *l);
   if (!l) return FL_ERR(FL_ENOMEM, "out of memory");
   snprintf(l->id, sizeof l->id, "%s", id);
-  l->handle = h; /* never closed: decoded datasets keep pointers into it */
-  l->next = svc->libraries;
-  svc->libraries = l;
+  l->handle = h; /* dlopen of one path gives one handle, whichever thread got here first */
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  bool known = false;
+  for (exec_library *k = svc->libraries; k && !known; k = k->next) known = strcmp(k->id, id) == 0;
+  if (!known) {
+    l->next = svc->libraries;
+    svc->libraries = l;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  if (known) common_free(l);
   *handle = h;
   return FL_OK;
 }
@@ -457,9 +483,7 @@ static fl_status library_load(exec_service *svc, const char *id, void **handle) 
 static fl_status resolve_fn(void *arg, const char *id, const char *symbol, void (**fn)(void)) {
   exec_service *svc = arg;
   void *handle;
-  FL_PCHECK(pthread_mutex_lock(&svc->lock));
   fl_status st = library_load(svc, id, &handle);
-  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   if (st != FL_OK) return st;
   void *p = dlsym(handle, symbol);
   if (!p) return FL_ERR(FL_ENOENT, "function '%s' is not in library %s", symbol, id);
@@ -1001,6 +1025,27 @@ static fl_status handle_storage_info(exec_service *svc, fl_bytes body, fl_buf *r
   return proto_pack(&reply.base, response);
 }
 
+/* Launches and kills come on every job's path and only decode and enqueue, so the rpc
+ * queue's thread answers them itself; a launch whose plan needs a library not loaded yet
+ * (a fetch) is left to a handler thread, which replays it: plan nodes already added are
+ * skipped and the rest of a launch's state is set idempotently. */
+static const char *const quick_methods[] = {"/flint.Executor/LaunchTasks", "/flint.Executor/KillTasks", NULL};
+
+static bool executor_quick(void *arg, const rpc_request *req, fl_buf *response, fl_status *status) {
+  exec_service *svc = arg;
+  if (strcmp(req->method, quick_methods[1]) == 0) {
+    *status = handle_kill(svc, req->body, response);
+    return true;
+  }
+  on_quick_path = true;
+  quick_would_block = false;
+  *status = handle_launch(svc, req->body, response);
+  on_quick_path = false;
+  if (!quick_would_block) return true;
+  fl_buf_free(response);
+  return false;
+}
+
 static fl_status executor_handle(void *arg, const rpc_request *req, fl_buf *response) {
   exec_service *svc = arg;
   if (strcmp(req->method, "/flint.Executor/LaunchTasks") == 0) return handle_launch(svc, req->body, response);
@@ -1252,6 +1297,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   char listen[96];
   snprintf(listen, sizeof listen, "%s:0", svc.cfg.host);
   rpc_server_config rc = {.listen = listen, .secret = cfg->secret, .handler = executor_handle,
+                          .quick = executor_quick, .quick_methods = quick_methods,
                           .handler_arg = &svc};
   FL_CHECK(rpc_server_start(&rc, &svc.server));
   /* Large enough for a barrier checkpoint (512 MiB) and its envelope. */

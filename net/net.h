@@ -45,6 +45,14 @@ typedef struct rpc_request {
  * waits for the reply any more, and rpc_server_stop waits for the handler. */
 typedef fl_status (*rpc_handler_fn)(void *arg, const rpc_request *req, fl_buf *response);
 
+/* Optional: offered the calls of the methods in quick_methods first, on the server's one
+ * completion-queue thread, before a handler thread takes them. Returns true when it answered
+ * the call (*status and *response as a handler's), false to leave it to the handler threads
+ * (having changed nothing that a handler's replay would not make right). It must never block
+ * (no calls, no waits beyond short locks): while it runs, the server takes no other call. For
+ * the calls on every job's path that only decode and enqueue. */
+typedef bool (*rpc_quick_fn)(void *arg, const rpc_request *req, fl_buf *response, fl_status *status);
+
 typedef struct rpc_server_config {
   const char *listen;       /* "HOST:PORT" to listen on ("0.0.0.0:7077"); port 0 picks one */
   const char *secret;       /* shared secret every call must carry; NULL or "": none.
@@ -53,8 +61,11 @@ typedef struct rpc_server_config {
   uint32_t handler_threads; /* calls handled at once; 0: 8. Further calls wait their turn. */
   rpc_handler_fn handler;   /* runs every call, whatever its method */
   void *handler_arg;        /* passed to handler */
+  rpc_quick_fn quick;       /* optional, see rpc_quick_fn; gets handler_arg too */
+  const char *const *quick_methods; /* the methods offered to quick ("/flint.Executor/LaunchTasks"),
+                                       NULL-terminated; the array must outlive the server */
 } rpc_server_config;
-#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL}
+#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL}
 #define RPC_DEFAULT_MAX_MESSAGE ((size_t)64 << 20)
 
 /* Binds cfg->listen, starts the server's threads (one that owns gRPC's completion queue and

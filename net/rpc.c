@@ -7,7 +7,10 @@
  * starts the receive batches and learns of cancellations, and never runs the handler. A call
  * whose request has arrived goes through a queue to a pool of handler threads; the handler
  * thread starts the reply batch itself, and its completion comes back to the queue's thread,
- * which frees the call once all of its batches are done. gRPC wants the batches of one call
+ * which frees the call once all of its batches are done. A server may also have a quick
+ * handler, which the queue's thread offers every call first: it answers the calls that never
+ * block (a task launch, a status report) on the spot, sparing two thread hand-offs per call,
+ * and declines the rest. gRPC wants the batches of one call
  * started by one thread at a time, except that send-only and receive-only batches may race:
  * the queue's thread starts the receive batches before the call goes to a handler, and a
  * call's send batch is started once, by whichever thread holds the call then.
@@ -107,6 +110,7 @@ typedef struct rpc_server_call {
   grpc_call_details details;
   grpc_metadata_array request_md;
   grpc_byte_buffer *request_bb; /* out of RECV_MESSAGE */
+  grpc_slice body;              /* request_bb flattened (rpc_server_read_body) */
   int close_cancelled;          /* out of RECV_CLOSE_ON_SERVER */
   atomic_bool cancelled;
   atomic_int refs;              /* batches in flight, plus one while a handler has it */
@@ -122,6 +126,8 @@ struct rpc_server {
   grpc_server *server;
   grpc_completion_queue *cq;
   rpc_handler_fn handler;
+  rpc_quick_fn quick;
+  const char *const *quick_methods;
   void *handler_arg;
   char *secret; /* NULL: none */
   size_t secret_len;
@@ -150,6 +156,7 @@ static void rpc_server_call_free(rpc_server_call *c) {
   grpc_call_details_destroy(&c->details);
   grpc_metadata_array_destroy(&c->request_md);
   if (c->request_bb) grpc_byte_buffer_destroy(c->request_bb);
+  grpc_slice_unref(c->body);
   if (c->reply_bb) grpc_byte_buffer_destroy(c->reply_bb);
   grpc_slice_unref(c->status_details);
   common_free(c->method);
@@ -174,6 +181,7 @@ static fl_status rpc_server_post(rpc_server *s) {
   grpc_call_details_init(&c->details);
   grpc_metadata_array_init(&c->request_md);
   c->status_details = grpc_empty_slice();
+  c->body = grpc_empty_slice();
   atomic_init(&c->cancelled, false);
   atomic_init(&c->refs, 1); /* the NEW event */
   atomic_fetch_add(&s->live, 1);
@@ -303,11 +311,63 @@ static void rpc_server_on_new(rpc_server_call *c, bool ok) {
   rpc_server_call_unref(c); /* the NEW event's reference */
 }
 
+/* Flattens the request into c->body (which copies when gRPC received it in pieces). */
+static bool rpc_server_read_body(rpc_server_call *c) {
+  grpc_byte_buffer_reader reader;
+  if (!c->request_bb || !grpc_byte_buffer_reader_init(&reader, c->request_bb)) return false;
+  c->body = grpc_byte_buffer_reader_readall(&reader);
+  grpc_byte_buffer_reader_destroy(&reader);
+  grpc_byte_buffer_destroy(c->request_bb);
+  c->request_bb = NULL;
+  return true;
+}
+
+static rpc_request rpc_server_request(rpc_server_call *c) {
+  return (rpc_request){
+      .method = c->method,
+      .body = fl_bytes_of(GRPC_SLICE_START_PTR(c->body), GRPC_SLICE_LENGTH(c->body)),
+      .peer = c->peer ? c->peer : "unknown peer",
+      .cancelled = &c->cancelled,
+  };
+}
+
+/* Replies with a handler's outcome, checked: a status the client knows, a reply within the
+ * limit. Frees the response. */
+static void rpc_server_finish(rpc_server *s, rpc_server_call *c, fl_status status, fl_buf *response) {
+  if (!rpc_status_known((int)status))
+    status = FL_ERR(FL_EINTERNAL, "the handler of %s returned unknown status %d", c->method, (int)status);
+  else if (status == FL_OK && response->len > s->max_message)
+    status = FL_ERR(FL_EPROTO, "the reply of %zu bytes is over the limit of %zu bytes", response->len,
+                    s->max_message);
+  rpc_server_reply(c, status, status == FL_OK ? NULL : fl_last_error(), response);
+  fl_buf_free(response);
+}
+
+/* The quick handler's go at a call (the queue's thread): true when it was answered. */
+static bool rpc_server_try_quick(rpc_server *s, rpc_server_call *c) {
+  if (!s->quick || atomic_load(&s->stopping)) return false;
+  bool listed = false;
+  for (const char *const *m = s->quick_methods; m && *m && !listed; m++) listed = strcmp(*m, c->method) == 0;
+  if (!listed || !rpc_server_read_body(c)) return false;
+  rpc_request req = rpc_server_request(c);
+  fl_buf response = FL_BUF_INIT;
+  fl_status status = FL_OK;
+  common_error_clear();
+  if (!s->quick(s->handler_arg, &req, &response, &status)) {
+    fl_buf_free(&response);
+    return false;
+  }
+  rpc_server_finish(s, c, status, &response);
+  return true;
+}
+
 /* The request has arrived, or the call failed before it did (the queue's thread). */
 static void rpc_server_on_recv(rpc_server_call *c, bool ok) {
   if (ok && c->request_bb) {
-    atomic_fetch_add(&c->refs, 1); /* the handler's */
-    common_queue_push(&c->server->queue, &c->node);
+    if (!rpc_server_try_quick(c->server, c)) {
+      atomic_fetch_add(&c->refs, 1); /* the handler's */
+      common_queue_push(&c->server->queue, &c->node);
+    }
   } else if (!atomic_load(&c->cancelled)) {
     /* A client that closed without a message (gRPC itself cancels oversized requests). */
     rpc_server_reply(c, FL_EPROTO, "the call carried no request message", NULL);
@@ -371,38 +431,19 @@ static void *rpc_server_cq_main(void *arg) {
 static void rpc_server_handle(rpc_server *s, rpc_server_call *c) {
   fl_buf response = FL_BUF_INIT;
   fl_status status = FL_OK;
-  grpc_slice body = grpc_empty_slice();
-  grpc_byte_buffer_reader reader;
   /* A stopping server runs no new handler, even for a call whose cancellation (which
-   * rpc_server_stop has started) the queue's thread has not seen yet. */
+   * rpc_server_stop has started) the queue's thread has not seen yet. The body is flattened
+   * here, off the queue's thread, unless the quick handler had it first. */
   if (atomic_load(&c->cancelled) || atomic_load(&s->stopping)) {
     status = FL_ERR(FL_ECANCELLED, "cancelled before a handler was free");
-  } else if (!grpc_byte_buffer_reader_init(&reader, c->request_bb)) {
+  } else if (c->request_bb && !rpc_server_read_body(c)) {
     status = FL_ERR(FL_EPROTO, "the request cannot be decoded");
   } else {
-    /* Flattening happens here, not on the queue's thread, because it copies. */
-    body = grpc_byte_buffer_reader_readall(&reader);
-    grpc_byte_buffer_reader_destroy(&reader);
-    grpc_byte_buffer_destroy(c->request_bb);
-    c->request_bb = NULL;
-    rpc_request req = {
-        .method = c->method,
-        .body = fl_bytes_of(GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body)),
-        .peer = c->peer ? c->peer : "unknown peer",
-        .cancelled = &c->cancelled,
-    };
+    rpc_request req = rpc_server_request(c);
     common_error_clear();
     status = s->handler(s->handler_arg, &req, &response);
-    if (!rpc_status_known((int)status))
-      status = FL_ERR(FL_EINTERNAL, "the handler of %s returned unknown status %d", c->method,
-                      (int)status);
-    else if (status == FL_OK && response.len > s->max_message)
-      status = FL_ERR(FL_EPROTO, "the reply of %zu bytes is over the limit of %zu bytes",
-                      response.len, s->max_message);
   }
-  rpc_server_reply(c, status, status == FL_OK ? NULL : fl_last_error(), &response);
-  grpc_slice_unref(body);
-  fl_buf_free(&response);
+  rpc_server_finish(s, c, status, &response);
   rpc_server_call_unref(c); /* the handler's reference */
 }
 
@@ -469,6 +510,8 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
     return FL_ERR(FL_ENOMEM, "cannot allocate an rpc server");
   }
   s->handler = cfg->handler;
+  s->quick = cfg->quick;
+  s->quick_methods = cfg->quick_methods;
   s->handler_arg = cfg->handler_arg;
   s->max_message = cfg->max_message ? cfg->max_message : RPC_DEFAULT_MAX_MESSAGE;
   uint32_t threads = cfg->handler_threads ? cfg->handler_threads : RPC_DEFAULT_HANDLER_THREADS;

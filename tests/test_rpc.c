@@ -21,6 +21,8 @@ typedef struct test_server {
   atomic_int calls;           /* handler runs, every method */
   atomic_int blocked;         /* /test/Block handlers that have started */
   atomic_int saw_cancelled;   /* /test/Block handlers that saw *cancelled */
+  atomic_int quick_offered;   /* calls offered to the quick handler */
+  atomic_int quick_answered;  /* ... and answered there */
 } test_server;
 
 static void sleep_ms(int ms) {
@@ -112,6 +114,28 @@ static fl_status call_fail(rpc_channel *ch, fl_status code, const char *message)
   assert_int_equal(out.len, 0); /* untouched on failure */
   fl_buf_free(&out);
   return s;
+}
+
+/* The quick handler answers /test/Echo and /test/Fail as the handler would and declines
+ * /test/Decline, which the handler then echoes; /test/Grow is not offered to it at all. */
+static const char *const quick_methods[] = {"/test/Echo", "/test/Fail", "/test/Decline", NULL};
+
+static bool test_quick(void *arg, const rpc_request *req, fl_buf *response, fl_status *status) {
+  test_server *t = arg;
+  atomic_fetch_add(&t->quick_offered, 1);
+  if (strcmp(req->method, "/test/Decline") == 0) return false;
+  atomic_fetch_add(&t->quick_answered, 1);
+  *status = test_handler(arg, req, response);
+  atomic_fetch_sub(&t->calls, 1); /* counted as quick, not as a handler run */
+  return true;
+}
+
+static fl_status quick_or_echo_handler(void *arg, const rpc_request *req, fl_buf *response) {
+  if (strcmp(req->method, "/test/Decline") == 0) {
+    atomic_fetch_add(&((test_server *)arg)->calls, 1);
+    return fl_buf_append(response, req->body.data, req->body.len);
+  }
+  return test_handler(arg, req, response);
 }
 
 /* ---- tests ------------------------------------------------------------------------------ */
@@ -499,11 +523,63 @@ static void test_latency_p50(void **state) {
   server_stop(&t);
 }
 
+static void test_quick_handler_answers_listed_methods_on_the_queue_thread(void **state) {
+  (void)state;
+  test_server t;
+  memset(&t, 0, sizeof t);
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  cfg.listen = "127.0.0.1:0";
+  cfg.handler = quick_or_echo_handler;
+  cfg.handler_arg = &t;
+  cfg.quick = test_quick;
+  cfg.quick_methods = quick_methods;
+  assert_ok(rpc_server_start(&cfg, &t.server));
+  snprintf(t.target, sizeof t.target, "127.0.0.1:%d", rpc_server_port(t.server));
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  size_t len = (1 << 20) + 13; /* big enough to arrive in several slices */
+  uint8_t *data = malloc(len);
+  assert_non_null(data);
+  fill_pattern(data, len, 3);
+  fl_buf out = FL_BUF_INIT;
+
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_of(data, len), 5000, &out));
+  assert_int_equal(out.len, len);
+  assert_memory_equal(out.data, data, len);
+  assert_int_equal(atomic_load(&t.quick_answered), 1);
+  assert_int_equal(atomic_load(&t.calls), 0);
+
+  assert_int_equal(call_fail(ch, FL_ENOENT, "no such block"), FL_ENOENT);
+  assert_non_null(strstr(fl_last_error(), ": no such block"));
+  assert_int_equal(atomic_load(&t.quick_answered), 2);
+
+  out.len = 0;
+  assert_ok(rpc_call(ch, "/test/Decline", fl_bytes_of(data, 100), 5000, &out));
+  assert_int_equal(out.len, 100);
+  assert_memory_equal(out.data, data, 100);
+  assert_int_equal(atomic_load(&t.quick_offered), 3);
+  assert_int_equal(atomic_load(&t.quick_answered), 2);
+  assert_int_equal(atomic_load(&t.calls), 1);
+
+  out.len = 0;
+  uint32_t want = 5000;
+  assert_ok(rpc_call(ch, "/test/Grow", fl_bytes_of(&want, 4), 5000, &out));
+  assert_int_equal(out.len, want);
+  assert_int_equal(atomic_load(&t.quick_offered), 3); /* not listed: never offered */
+  assert_int_equal(atomic_load(&t.calls), 2);
+
+  fl_buf_free(&out);
+  free(data);
+  rpc_channel_destroy(ch);
+  rpc_server_stop(t.server);
+}
+
 int main(void) {
   /* A hung call must not hang ctest's whole run: every test here ends within seconds. */
   alarm(100);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_echo_round_trip_sizes),
+      cmocka_unit_test(test_quick_handler_answers_listed_methods_on_the_queue_thread),
       cmocka_unit_test(test_handler_error_propagates_exactly),
       cmocka_unit_test(test_auth_refuses_missing_and_wrong_secret),
       cmocka_unit_test(test_oversized_messages_refused_and_server_keeps_serving),
