@@ -168,8 +168,14 @@ FL_INTERNAL void common_event_wait(common_event *e, uint64_t spin_ns);
 /* Blocks until the event is set (true) or deadline_ns (common_now_ns time) passes (false). */
 FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
 
-/* How long hot hand-offs spin before they sleep (FLINT_SPIN_US, default 200). */
+/* How long hot hand-offs spin before they sleep: FLINT_SPIN_US, else 200 us (0 in a driver
+ * or executor on a small machine, see below). */
 FL_SDK uint64_t common_spin_ns(void);
+/* Driver and executor processes call this at start: on a machine of at most 4 cores they do
+ * not spin by default. Their hand-offs wait on the network anyway, and where a few cores run
+ * several such processes (local-cluster) a spinning scheduler or task thread takes the core
+ * that the thread it waits for needs. */
+FL_SDK void common_spin_default_for_server(void);
 
 /* ---- misc ------------------------------------------------------------------------------ */
 /* Number of online cores (at least 1). */

@@ -2,15 +2,22 @@
 #include <errno.h>
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "common/common.h"
+
+static atomic_uint_fast64_t spin_default = 200000;
+
+void common_spin_default_for_server(void) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) <= 4) atomic_store(&spin_default, 0);
+}
 
 uint64_t common_spin_ns(void) {
   static atomic_uint_fast64_t cached = UINT64_MAX;
   uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
   if (v != UINT64_MAX) return v;
-  v = 200000;
+  v = atomic_load(&spin_default);
   const char *env = getenv("FLINT_SPIN_US");
   if (env && *env) {
     char *end;

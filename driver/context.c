@@ -6,7 +6,8 @@
  *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 1 GiB
  *   FLINT_WORK_DIR  where the context's folder for disk blocks is made; $TMPDIR or /tmp
  *   FLINT_SHUFFLE_MEMORY  bytes a task sorts or aggregates before it spills; 64 MiB
- *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200
+ *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200, or 0
+ *                   in drivers and executors on machines of at most 4 cores
  */
 
 #include <errno.h>

@@ -1295,6 +1295,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   FL_PCHECK(pthread_mutex_init(&d.lock, NULL));
   FL_PCHECK(pthread_cond_init(&d.changed, NULL));
   common_log_set_role("driver");
+  common_spin_default_for_server();
   fl_status status = FL_OK;
   char host[64];
   const char *colon = cfg->listen ? strrchr(cfg->listen, ':') : NULL;

@@ -1265,6 +1265,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_PCHECK(pthread_cond_init(&svc.wake, NULL));
   FL_PCHECK(pthread_cond_init(&svc.stop_wake, NULL));
   common_log_set_role("executor");
+  common_spin_default_for_server();
   settings_read(&svc);
   fl_status status = FL_OK;
 
