@@ -19,7 +19,8 @@
  *             row losses, dgemv per 64 KiB chunk) written out plainly and run on 2 threads
  *             over in-process rows right before the fit: a cross-check that also charges a
  *             slower kernel to the engine, but at the mercy of the machine's bandwidth drift
- *             (5% of an evaluation is 2 ms an iteration).
+ *             (5% of an evaluation is 2 ms an iteration). The floor takes exp and log a row at
+ *             a time; the engine four rows at a time (libmvec), so this figure runs low.
  *   memory    the cached dataset's bytes (in cluster mode as the executors count them)
  *             against its raw bytes n x (d + 1) x 8. Target: at most 1.05x.
  *   fmnist    Fashion-MNIST (if installed) multinomial logistic regression by L-BFGS, local[2]:

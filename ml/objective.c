@@ -12,11 +12,17 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "ml/ml.h"
 
 /* Dense rows per step of the fused gradient: well inside a core's L2. */
 #define ML_CHUNK_BYTES (64u << 10)
+/* Rows whose exp and log are taken together, four at a time (on the stack: 4 KiB). */
+#define ML_MATH_ROWS 256u
 
 typedef struct eval_arg {
   uint32_t loss, cols, outputs, intercept;
@@ -26,6 +32,55 @@ typedef struct eval_arg {
 } eval_arg;
 
 /* ---- row kernels ----------------------------------------------------------------------- */
+
+/* e[i] = exp(-|z[i] + bias|) and l[i] = log(1 + e[i]): the logistic loss's transcendental
+ * part, a third of a gradient's time when taken one row at a time (glibc's scalar exp and
+ * log, about 14 ns a row). With AVX2 they go four at a time through glibc's libmvec (within
+ * 4 ulp, 2.6 ns a row), every row, the tail included, through the same vector code, so that a
+ * row's loss does not depend on where a block boundary falls. */
+static void softplus_parts_scalar(const double *z, double bias, uint32_t n, double *e, double *l) {
+  for (uint32_t i = 0; i < n; i++) {
+    e[i] = exp(-fabs(z[i] + bias));
+    l[i] = log(1.0 + e[i]);
+  }
+}
+
+#if defined(__x86_64__)
+extern __m256d _ZGVdN4v_exp(__m256d x); /* libmvec, AVX2 variants */
+extern __m256d _ZGVdN4v_log(__m256d x);
+
+__attribute__((target("avx2,fma"))) static void softplus_parts_avx2(const double *z, double bias, uint32_t n,
+                                                                    double *e, double *l) {
+  const __m256d sign = _mm256_set1_pd(-0.0), one = _mm256_set1_pd(1.0), b = _mm256_set1_pd(bias);
+  uint32_t i = 0;
+  for (;; i += 4) {
+    double pad[4] = {0, 0, 0, 0}, pe[4], pl[4];
+    bool tail = i + 4 > n;
+    if (tail && i >= n) break;
+    if (tail) memcpy(pad, z + i, (n - i) * sizeof *pad);
+    __m256d x = _mm256_add_pd(_mm256_loadu_pd(tail ? pad : z + i), b);
+    __m256d ex = _ZGVdN4v_exp(_mm256_or_pd(x, sign)); /* -|x|: the sign bit set */
+    __m256d lx = _ZGVdN4v_log(_mm256_add_pd(one, ex));
+    _mm256_storeu_pd(tail ? pe : e + i, ex);
+    _mm256_storeu_pd(tail ? pl : l + i, lx);
+    if (tail) {
+      memcpy(e + i, pe, (n - i) * sizeof *pe);
+      memcpy(l + i, pl, (n - i) * sizeof *pl);
+      break;
+    }
+  }
+}
+#endif
+
+static void softplus_parts(const double *z, double bias, uint32_t n, double *e, double *l) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    softplus_parts_avx2(z, bias, n, e, l);
+    return;
+  }
+#endif
+  softplus_parts_scalar(z, bias, n, e, l);
+}
 
 static inline bool sampled(const eval_arg *a, uint32_t partition, uint64_t block, uint32_t row) {
   if (a->fraction >= 1.0) return true;
@@ -49,24 +104,29 @@ static inline __attribute__((always_inline)) bool row_losses_as(const eval_arg *
   const double *restrict labels = b->labels, *restrict weights = b->weights;
   double L = 0, W = 0, D = 0;
   bool ok = true;
-  for (uint32_t i = lo; i < hi; i++) {
-    double y = labels[i], wt = weighted ? weights[i] : 1.0, m = z[i] + bias, loss, dm;
-    if (sample) wt = sampled(a, partition, block, i) ? wt : 0.0;
-    if (logistic) { /* log(1 + e^m) - y m without overflow; labels 0/1 or -1/+1 */
-      ok &= (y == 1.0) | (y == 0.0) | (y == -1.0);
-      /* log(1 + e) for e in (0, 1] is within 2.3e-16 of log1p(e), absolutely, at a quarter
-       * of its cost (log1p was the kernel's largest part) */
-      double y01 = y == 1.0 ? 1.0 : 0.0, e = exp(-fabs(m));
-      loss = (m > 0 ? m : 0.0) + log(1.0 + e) - y01 * m;
-      dm = (m >= 0 ? 1.0 : e) / (1.0 + e) - y01;
-    } else {
-      dm = m - y;
-      loss = 0.5 * dm * dm;
+  for (uint32_t s = lo; s < hi; s += ML_MATH_ROWS) {
+    uint32_t end = hi - s < ML_MATH_ROWS ? hi : s + ML_MATH_ROWS;
+    double ev[ML_MATH_ROWS], lv[ML_MATH_ROWS];
+    if (logistic) softplus_parts(z + s, bias, end - s, ev, lv);
+    for (uint32_t i = s; i < end; i++) {
+      double y = labels[i], wt = weighted ? weights[i] : 1.0, m = z[i] + bias, loss, dm;
+      if (sample) wt = sampled(a, partition, block, i) ? wt : 0.0;
+      if (logistic) { /* log(1 + e^m) - y m without overflow; labels 0/1 or -1/+1 */
+        ok &= (y == 1.0) | (y == 0.0) | (y == -1.0);
+        /* log(1 + e) for e in (0, 1] is within 2.3e-16 of log1p(e), absolutely, at a
+         * quarter of its cost (log1p was the kernel's largest part) */
+        double y01 = y == 1.0 ? 1.0 : 0.0, e = ev[i - s];
+        loss = (m > 0 ? m : 0.0) + lv[i - s] - y01 * m;
+        dm = (m >= 0 ? 1.0 : e) / (1.0 + e) - y01;
+      } else {
+        dm = m - y;
+        loss = 0.5 * dm * dm;
+      }
+      L += wt * loss;
+      W += wt;
+      D += wt * dm;
+      z[i] = wt * dm;
     }
-    L += wt * loss;
-    W += wt;
-    D += wt * dm;
-    z[i] = wt * dm;
   }
   if (!ok)
     for (uint32_t i = lo; i < hi; i++)
