@@ -34,10 +34,10 @@ typedef struct eval_arg {
 /* ---- row kernels ----------------------------------------------------------------------- */
 
 /* e[i] = exp(-|z[i] + bias|) and l[i] = log(1 + e[i]): the logistic loss's transcendental
- * part, a third of a gradient's time when taken one row at a time (glibc's scalar exp and
- * log, about 14 ns a row). With AVX2 they go four at a time through glibc's libmvec (within
- * 4 ulp, 2.6 ns a row), every row, the tail included, through the same vector code, so that a
- * row's loss does not depend on where a block boundary falls. */
+ * part. glibc's scalar exp and log take about 14 ns a row; with AVX2 they go four at a time
+ * through glibc's libmvec (within 4 ulp, 2.6 ns a row; in the fused pass part of either
+ * hides behind memory stalls). Every row, the tail included, goes through the same vector
+ * code, so that a row's loss does not depend on where a block boundary falls. */
 static void softplus_parts_scalar(const double *z, double bias, uint32_t n, double *e, double *l) {
   for (uint32_t i = 0; i < n; i++) {
     e[i] = exp(-fabs(z[i] + bias));
