@@ -56,6 +56,8 @@ typedef struct executor_ref {
   size_t num_known, cap_known;
   /* the sender */
   pthread_t sender;
+  pthread_cond_t sender_wake; /* with cb->lock: a call to send, or stop (one per sender, so
+                                 that a launch wakes only its own) */
   outgoing *out_head, *out_tail;
   bool stopping;
   /* loss (cb->lock) */
@@ -75,7 +77,6 @@ struct cluster_backend {
   backend base;
   cluster_config cfg;
   pthread_mutex_t lock;
-  pthread_cond_t wake; /* senders */
   executor_ref *executors;
   uint64_t next_executor_id;
   sched_task **inflight; /* launched attempts whose end has not come */
@@ -334,6 +335,7 @@ static void sender_push_or_drop_locked(cluster_backend *cb, executor_ref *e, out
 
 static void executor_free(executor_ref *e) {
   pthread_join(e->sender, NULL);
+  pthread_cond_destroy(&e->sender_wake);
   while (e->out_head) { /* calls never sent: their attempts ended with the executor */
     outgoing *o = e->out_head;
     e->out_head = o->next;
@@ -392,7 +394,7 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why)
   }
   e->lost = true;
   e->stopping = true;
-  pthread_cond_broadcast(&cb->wake);
+  pthread_cond_signal(&e->sender_wake);
   size_t n = 0;
   sched_task **gone = cb->num_inflight ? common_calloc(cb->num_inflight, sizeof *gone) : NULL;
   for (size_t i = 0; gone && i < cb->num_inflight;) {
@@ -783,7 +785,7 @@ static bool sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o
   if (e->out_tail) e->out_tail->next = o;
   else e->out_head = o;
   e->out_tail = o;
-  pthread_cond_broadcast(&cb->wake);
+  pthread_cond_signal(&e->sender_wake);
   return true;
 }
 
@@ -858,7 +860,7 @@ static void *sender_loop(void *p) {
   executor_ref *e = args.e;
   for (;;) {
     FL_PCHECK(pthread_mutex_lock(&cb->lock));
-    while (!e->out_head && !e->stopping) pthread_cond_wait(&cb->wake, &cb->lock);
+    while (!e->out_head && !e->stopping) pthread_cond_wait(&e->sender_wake, &cb->lock);
     outgoing *o = e->out_head;
     if (o) {
       e->out_head = o->next;
@@ -1058,12 +1060,14 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
     return st;
   }
   sender_args *args = common_malloc(sizeof *args);
+  FL_PCHECK(pthread_cond_init(&e->sender_wake, NULL));
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   e->id = ++cb->next_executor_id;
   if (args) *args = (sender_args){cb, e};
   if (!args || pthread_create(&e->sender, NULL, sender_loop, args) != 0) {
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
     common_free(args);
+    pthread_cond_destroy(&e->sender_wake);
     rpc_channel_destroy(e->channel);
     common_free(e);
     return FL_ERR(FL_ENOMEM, "cannot start a sender thread");
@@ -1236,8 +1240,10 @@ static void cluster_destroy(backend *b) {
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   pthread_join(cb->monitor, NULL);
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  for (executor_ref *e = cb->executors; e; e = e->next) e->stopping = true;
-  pthread_cond_broadcast(&cb->wake);
+  for (executor_ref *e = cb->executors; e; e = e->next) {
+    e->stopping = true;
+    pthread_cond_signal(&e->sender_wake);
+  }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   while (cb->executors) {
     executor_ref *e = cb->executors;
@@ -1247,7 +1253,6 @@ static void cluster_destroy(backend *b) {
   common_free(cb->inflight);
   dp_client_destroy(cb->fetcher);
   pthread_cond_destroy(&cb->monitor_wake);
-  pthread_cond_destroy(&cb->wake);
   pthread_mutex_destroy(&cb->lock);
   common_free(cb);
 }
@@ -1417,7 +1422,6 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   cluster_backend *cb = common_calloc(1, sizeof *cb);
   if (!cb) return FL_ERR(FL_ENOMEM, "cannot allocate the cluster backend");
   FL_PCHECK(pthread_mutex_init(&cb->lock, NULL));
-  FL_PCHECK(pthread_cond_init(&cb->wake, NULL));
   pthread_condattr_t attr; /* the monitor's deadlines are common_now_ns times */
   FL_PCHECK(pthread_condattr_init(&attr));
   FL_PCHECK(pthread_condattr_setclock(&attr, CLOCK_MONOTONIC));
@@ -1431,7 +1435,6 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   }
   if (st != FL_OK) {
     pthread_cond_destroy(&cb->monitor_wake);
-    pthread_cond_destroy(&cb->wake);
     pthread_mutex_destroy(&cb->lock);
     common_free(cb);
     return st;
