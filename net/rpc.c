@@ -8,9 +8,9 @@
  * whose request has arrived goes through a queue to a pool of handler threads; the handler
  * thread starts the reply batch itself, and its completion comes back to the queue's thread,
  * which frees the call once all of its batches are done. A server may also have a quick
- * handler, which the queue's thread offers every call first: it answers the calls that never
- * block (a task launch, a status report) on the spot, sparing two thread hand-offs per call,
- * and declines the rest. gRPC wants the batches of one call
+ * handler, to which the queue's thread offers the calls of the methods it names first: it
+ * answers those that cannot block (a task launch, a status report) on the spot, sparing two
+ * thread hand-offs a call, and declines the rest. gRPC wants the batches of one call
  * started by one thread at a time, except that send-only and receive-only batches may race:
  * the queue's thread starts the receive batches before the call goes to a handler, and a
  * call's send batch is started once, by whichever thread holds the call then.
