@@ -965,9 +965,9 @@ static fl_status fetch_result(cluster_backend *cb, executor_ref *e, uint64_t key
 }
 
 fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_block, bool *declined) {
+  *declined = false;
   Flint__StatusUpdateRequest *req = flint__status_update_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "StatusUpdate: malformed message");
-  *declined = false;
   for (size_t i = 0; i < req->n_statuses && !may_block; i++) *declined |= req->statuses[i]->result_block_size != 0;
   if (*declined) {
     flint__status_update_request__free_unpacked(req, NULL);
