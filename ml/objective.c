@@ -49,25 +49,26 @@ static void softplus_parts_scalar(const double *z, double bias, uint32_t n, doub
 extern __m256d _ZGVdN4v_exp(__m256d x); /* libmvec, AVX2 variants */
 extern __m256d _ZGVdN4v_log(__m256d x);
 
+/* Four rows: z (without the bias) in, e and l out. */
+__attribute__((target("avx2,fma"))) static inline void softplus_four(const double *z, __m256d bias, double *e,
+                                                                     double *l) {
+  const __m256d sign = _mm256_set1_pd(-0.0), one = _mm256_set1_pd(1.0);
+  __m256d ex = _ZGVdN4v_exp(_mm256_or_pd(_mm256_add_pd(_mm256_loadu_pd(z), bias), sign)); /* exp(-|m|) */
+  _mm256_storeu_pd(e, ex);
+  _mm256_storeu_pd(l, _ZGVdN4v_log(_mm256_add_pd(one, ex)));
+}
+
 __attribute__((target("avx2,fma"))) static void softplus_parts_avx2(const double *z, double bias, uint32_t n,
                                                                     double *e, double *l) {
-  const __m256d sign = _mm256_set1_pd(-0.0), one = _mm256_set1_pd(1.0), b = _mm256_set1_pd(bias);
+  const __m256d b = _mm256_set1_pd(bias);
   uint32_t i = 0;
-  for (;; i += 4) {
-    double pad[4] = {0, 0, 0, 0}, pe[4], pl[4];
-    bool tail = i + 4 > n;
-    if (tail && i >= n) break;
-    if (tail) memcpy(pad, z + i, (n - i) * sizeof *pad);
-    __m256d x = _mm256_add_pd(_mm256_loadu_pd(tail ? pad : z + i), b);
-    __m256d ex = _ZGVdN4v_exp(_mm256_or_pd(x, sign)); /* -|x|: the sign bit set */
-    __m256d lx = _ZGVdN4v_log(_mm256_add_pd(one, ex));
-    _mm256_storeu_pd(tail ? pe : e + i, ex);
-    _mm256_storeu_pd(tail ? pl : l + i, lx);
-    if (tail) {
-      memcpy(e + i, pe, (n - i) * sizeof *pe);
-      memcpy(l + i, pl, (n - i) * sizeof *pl);
-      break;
-    }
+  for (; i + 4 <= n; i += 4) softplus_four(z + i, b, e + i, l + i);
+  if (i < n) { /* the tail, padded to four */
+    double pz[4] = {0, 0, 0, 0}, pe[4], pl[4];
+    memcpy(pz, z + i, (n - i) * sizeof *pz);
+    softplus_four(pz, b, pe, pl);
+    memcpy(e + i, pe, (n - i) * sizeof *pe);
+    memcpy(l + i, pl, (n - i) * sizeof *pl);
   }
 }
 #endif
