@@ -32,6 +32,20 @@ FL_SDK void common_log(common_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 FL_SDK void common_log_set_role(const char *role);
 
+/* The job path's timeline, for finding where a job's fixed cost goes (docs/design-notes.md,
+ * "Where a cluster job's fixed cost goes"). With FLINT_TRACE=FILE set, every process that
+ * inherits it (client, driver, executors) appends one line per event to FILE:
+ * "<CLOCK_MONOTONIC us> <pid> <role> <thread> <event> <detail>", one write each, so lines of
+ * processes on one host interleave whole and sort by time. scripts/trace-hops prints the
+ * median delay between the events of a job. Off (one load and branch) without the variable;
+ * a FILE that cannot be opened is reported once and tracing stays off. */
+FL_SDK bool common_trace_on(void);
+FL_SDK void common_trace(const char *event, const char *detail);
+#define COMMON_TRACE(event, detail)                                                                \
+  do {                                                                                             \
+    if (common_trace_on()) common_trace((event), (detail));                                       \
+  } while (0)
+
 /* Sets the thread's message and returns `status`. Failures that are not the user's to fix
  * (FL_ENOMEM, FL_EINTERNAL) get the source position in front ("rdd/source.c:120: ...");
  * messages about input, files and state read as plain sentences that name the cause. */

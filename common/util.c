@@ -271,6 +271,42 @@ void common_remove_tree(const char *path) {
 static char log_role[64] = "flint";
 static int log_threshold = -1;
 
+/* ---- trace (see common.h) -------------------------------------------------------------- */
+
+static atomic_int trace_fd = -2; /* -2: FLINT_TRACE not looked at yet; -1: off */
+
+bool common_trace_on(void) {
+  int fd = atomic_load_explicit(&trace_fd, memory_order_relaxed);
+  if (fd == -2) {
+    const char *path = getenv("FLINT_TRACE");
+    int opened = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    if (path && *path && opened < 0)
+      fprintf(stderr, "flint: FLINT_TRACE=%s cannot be opened (%s): no trace\n", path, strerror(errno));
+    int expected = -2;
+    if (!atomic_compare_exchange_strong(&trace_fd, &expected, opened) && opened >= 0) close(opened);
+    fd = atomic_load(&trace_fd);
+  }
+  return fd >= 0;
+}
+
+void common_trace(const char *event, const char *detail) {
+  int fd = atomic_load_explicit(&trace_fd, memory_order_relaxed);
+  if (fd < 0) return;
+  char thread[16] = "?", role[sizeof log_role], line[256];
+  pthread_getname_np(pthread_self(), thread, sizeof thread);
+  snprintf(role, sizeof role, "%s", log_role);
+  for (char *c = role; *c; c++) /* "executor 3" -> "executor-3": one field */
+    if (*c == ' ') *c = '-';
+  int n = snprintf(line, sizeof line, "%llu %d %s %s %s %s\n", (unsigned long long)(common_now_ns() / 1000),
+                   (int)getpid(), role, thread, event, detail && *detail ? detail : "-");
+  if (n > (int)sizeof line - 1) { /* a cut line still ends the record */
+    n = (int)sizeof line - 1;
+    line[n - 1] = '\n';
+  }
+  ssize_t w = n > 0 ? write(fd, line, (size_t)n) : 0;
+  (void)w; /* a full disk ends the trace, not the process */
+}
+
 void common_log_set_role(const char *role) { snprintf(log_role, sizeof log_role, "%s", role); }
 
 void common_log(common_log_level level, const char *fmt, ...) {

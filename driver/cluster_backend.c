@@ -836,6 +836,11 @@ static void cluster_flush(backend *b) {
       o->method = "/flint.Executor/LaunchTasks";
       o->keys = keys;
       o->num_keys = n;
+      if (common_trace_on()) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "executor-%llu,%zu-tasks", (unsigned long long)e->id, n);
+        common_trace("launch.queued", detail);
+      }
       if (!sender_push(cb, e, o)) { /* lost since it was placed there: run them elsewhere */
         char msg[256];
         snprintf(msg, sizeof msg, "executor %llu at %s was lost before its launch", (unsigned long long)e->id,

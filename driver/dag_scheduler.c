@@ -301,6 +301,7 @@ void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
   if (job->active_prev) job->active_prev->active_next = job->active_next;
   else s->active = job->active_next;
   if (job->active_next) job->active_next->active_prev = job->active_prev;
+  COMMON_TRACE("job.end", failed ? "failed" : "ok");
   /* After this the caller owns the job again; the scheduler must not touch it. */
   common_event_set(&job->done);
 }

@@ -85,6 +85,7 @@ static void *scheduler_main(void *p) {
     }
     switch (ev->type) {
     case EV_JOB_SUBMITTED:
+      COMMON_TRACE("job.start", NULL);
       dag_scheduler_job_submitted(s, (sched_job *)ev);
       break;
     case EV_TASK_ENDED:

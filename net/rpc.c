@@ -358,11 +358,13 @@ static bool rpc_server_try_quick(rpc_server *s, rpc_server_call *c) {
     return false;
   }
   rpc_server_finish(s, c, status, &response);
+  COMMON_TRACE("rpc.replied", c->method);
   return true;
 }
 
 /* The request has arrived, or the call failed before it did (the queue's thread). */
 static void rpc_server_on_recv(rpc_server_call *c, bool ok) {
+  COMMON_TRACE("rpc.recv", c->method);
   if (ok && c->request_bb) {
     if (!rpc_server_try_quick(c->server, c)) {
       atomic_fetch_add(&c->refs, 1); /* the handler's */
@@ -441,9 +443,11 @@ static void rpc_server_handle(rpc_server *s, rpc_server_call *c) {
   } else {
     rpc_request req = rpc_server_request(c);
     common_error_clear();
+    COMMON_TRACE("rpc.handle", c->method);
     status = s->handler(s->handler_arg, &req, &response);
   }
   rpc_server_finish(s, c, status, &response);
+  COMMON_TRACE("rpc.replied", c->method);
   rpc_server_call_unref(c); /* the handler's reference */
 }
 
@@ -749,6 +753,7 @@ fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t
   ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
   ops[5].data.recv_status_on_client.status = &code;
   ops[5].data.recv_status_on_client.status_details = &details;
+  COMMON_TRACE("rpc.call", method);
   grpc_call_error err = grpc_call_start_batch(call, ops, 6, call, NULL);
   if (err != GRPC_CALL_OK)
     FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot start a call of %s on %s: %s", method, c->target,
@@ -756,6 +761,7 @@ fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t
   /* The call's own deadline ends the wait; without one it lasts as long as the handler. */
   grpc_event ev = grpc_completion_queue_pluck(cq, call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
   FL_ASSERT(ev.type == GRPC_OP_COMPLETE);
+  COMMON_TRACE("rpc.returned", method);
 
   if (code != GRPC_STATUS_OK)
     FL_CHECK(rpc_call_failure(c, method, timeout_ms, code, details, &trailing_md));

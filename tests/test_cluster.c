@@ -637,6 +637,74 @@ static void test_task_time_stats(void **state) {
   assert_no_children();
 }
 
+/* FLINT_TRACE: the driver and executors a context starts inherit it and append the job
+ * path's events to the file, one whole line each, in time order per thread. A file that
+ * cannot be opened leaves the trace off and the job runs. */
+static void count_one_job(uint64_t *n) {
+  fl_context *ctx;
+  fl_dataset *ds;
+  assert_ok(fl_context_open(CLUSTER, NULL, &ctx));
+  assert_ok(fl_range(ctx, 0, 400, 1, 4, &ds));
+  assert_ok(fl_count(ds, n));
+  fl_dataset_free(ds);
+  fl_context_close(ctx);
+}
+
+static void test_trace_follows_a_job(void **state) {
+  (void)state;
+  uint64_t n = 0;
+  assert_int_equal(setenv("FLINT_TRACE", "/nonexistent-flint-dir/trace", 1), 0);
+  count_one_job(&n);
+  assert_int_equal(n, 400);
+
+  char path[] = "/tmp/flint-trace-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(setenv("FLINT_TRACE", path, 1), 0);
+  count_one_job(&n);
+  unsetenv("FLINT_TRACE");
+  assert_int_equal(n, 400);
+  assert_no_children();
+
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[512];
+  int starts = 0, ends = 0, jobs = 0, launches = 0, statuses = 0, lines = 0;
+  long driver = 0, executor = 0;
+  unsigned long long last_task_start[4] = {0};
+  while (fgets(line, sizeof line, f)) {
+    unsigned long long us;
+    long pid;
+    char role[64], thread[32], event[64], detail[128];
+    int fields = sscanf(line, "%llu %ld %63s %31s %63s %127s", &us, &pid, role, thread, event, detail);
+    if (fields != 6) fprintf(stderr, "malformed trace line: %s", line);
+    assert_int_equal(fields, 6);
+    lines++;
+    if (strcmp(role, "driver") == 0) driver = pid;
+    if (strncmp(role, "executor", 8) == 0) executor = pid;
+    unsigned part = 0;
+    if (strcmp(event, "task.start") == 0 && sscanf(detail, "%u", &part) == 1 && part < 4) {
+      last_task_start[part] = us;
+      starts++;
+    }
+    if (strcmp(event, "task.end") == 0 && sscanf(detail, "%u", &part) == 1 && part < 4) {
+      assert_true(last_task_start[part] != 0 && last_task_start[part] <= us);
+      ends++;
+    }
+    jobs += strcmp(event, "job.end") == 0 && strcmp(role, "driver") == 0;
+    launches += strcmp(event, "launch.queued") == 0;
+    statuses += strcmp(event, "rpc.recv") == 0 && strcmp(detail, "/flint.Driver/StatusUpdate") == 0;
+  }
+  fclose(f);
+  unlink(path);
+  fprintf(stderr, "trace: %d lines, %d task starts, %d ends, %d jobs, %d launches, %d status updates\n", lines,
+          starts, ends, jobs, launches, statuses);
+  assert_true(driver != 0 && executor != 0 && driver != executor);
+  assert_true(starts >= 4 && ends == starts); /* a backup copy would add a pair */
+  assert_true(jobs >= 1 && launches >= 1 && statuses >= 1);
+}
+
 /* Speculation: one task sleeps 8 s; once half the tasks are done, slow ones get a backup on
  * the other executor, the first success counts and the job ends long before the sleep
  * would. The accumulator counts every record exactly once. */
@@ -701,6 +769,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cancel_jobs, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_task_time_stats, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_trace_follows_a_job, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_speculation, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_idle_executor_backs_up_queued_tasks, arm_watchdog, disarm_watchdog),
   };
