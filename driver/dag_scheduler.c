@@ -302,6 +302,11 @@ void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
   else s->active = job->active_next;
   if (job->active_next) job->active_next->active_prev = job->active_prev;
   COMMON_TRACE("job.end", failed ? "failed" : "ok");
+  if (job->done_fn) { /* completed by the loop once this event is through */
+    job->ended_next = s->ended_async;
+    s->ended_async = job;
+    return;
+  }
   /* After this the caller owns the job again; the scheduler must not touch it. */
   common_event_set(&job->done);
 }

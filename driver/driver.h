@@ -163,6 +163,19 @@ typedef struct sched_job_opts {
 FL_INTERNAL fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts,
                                         uint32_t num_parts, const rdd_action *action,
                                         const sched_job_opts *opts, fl_buf *results);
+/* How an asynchronous job ends: on the scheduler thread, with the job's status and, when it
+ * failed, its message. The job's stats and reports are in place by then, and the scheduler
+ * holds nothing of what scheduler_submit_job was given. Must not block (it delays every job). */
+typedef void (*sched_job_done_fn)(void *arg, fl_status status, const char *error);
+/* As scheduler_run_job, but returns at once and calls done(done_arg, ...) when the job ends,
+ * so that no thread waits on it (a RunJob call, answered from the scheduler thread). parts,
+ * action and results must stay valid until then; of opts, group, tag, stats, abandoned and
+ * reports_left are used (on_report must be NULL), and opts itself may go. The scheduler looks
+ * at *abandoned every 20 ms. With no partitions, done runs at once on this thread. Fails
+ * without calling done on a partition out of range or no memory. */
+FL_INTERNAL fl_status scheduler_submit_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                                           const rdd_action *action, const sched_job_opts *opts, fl_buf *results,
+                                           sched_job_done_fn done, void *done_arg);
 /* From any thread: cancels the running jobs of `group` (tag 0: all of them; else those with
  * that tag). Their running attempts are killed; their callers get FL_ECANCELLED. Jobs
  * submitted afterwards are not affected. Never blocks. */
@@ -233,6 +246,17 @@ struct sched_job {
   atomic_bool cancelled;
   fl_status status;
   char *error;
+  /* Where its end goes (sched_job_opts): the caller's, or done_fn's for an asynchronous job,
+   * which the scheduler completes itself (ended_next: its list of such jobs ended). */
+  sched_job_stats *stats_out;
+  rdd_batch *reports_left;
+  void (*on_report)(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes message);
+  void *report_arg;
+  const atomic_bool *abandoned;
+  bool cancel_sent;
+  sched_job_done_fn done_fn;
+  void *done_arg;
+  sched_job *ended_next;
   common_event done;
 };
 
@@ -248,6 +272,8 @@ struct scheduler {
   uint64_t speculate_at_ns; /* the next look for slow tasks; 0: none due */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
   sched_job *active;                       /* jobs submitted and not finished */
+  sched_job *ended_async;                  /* asynchronous jobs ended, to complete */
+  uint64_t abandon_check_at_ns;            /* the next look at asynchronous jobs' callers; 0: none */
   sched_stage *gangs_head;                 /* barrier stages waiting for slots, in order */
   struct barrier_table *barriers;          /* barrier stages' rendezvous (any thread) */
   atomic_uint_fast64_t next_job_id;

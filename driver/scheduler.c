@@ -50,6 +50,13 @@ fl_status scheduler_cancel(scheduler *s, uint64_t group, uint64_t tag) {
 
 /* How often running stages are checked for slow tasks, when speculation is on. */
 #define SPECULATION_PERIOD_NS 100000000u
+/* How often a job whose caller may go away checks for that. */
+#define ABANDON_POLL_NS 20000000u
+/* How often the caller of a job with barrier reports to deliver looks for them. */
+#define REPORT_POLL_NS 10000000u
+
+static void check_abandoned(scheduler *s, uint64_t now);
+static void complete_ended(scheduler *s);
 
 void scheduler_set_speculation(scheduler *s, const sched_speculation *spec) { s->speculation = *spec; }
 
@@ -62,6 +69,7 @@ static void run_timers(scheduler *s) {
     task_scheduler_speculate(s);
   }
   if (s->speculation.enabled && s->active && !s->speculate_at_ns) s->speculate_at_ns = now + SPECULATION_PERIOD_NS;
+  if (s->abandon_check_at_ns && s->abandon_check_at_ns <= now) check_abandoned(s, now);
 }
 
 static void *scheduler_main(void *p) {
@@ -73,21 +81,27 @@ static void *scheduler_main(void *p) {
     uint64_t wake = s->retry_at_ns;
     if (s->resubmit_at_ns && (!wake || s->resubmit_at_ns < wake)) wake = s->resubmit_at_ns;
     if (s->speculate_at_ns && (!wake || s->speculate_at_ns < wake)) wake = s->speculate_at_ns;
+    if (s->abandon_check_at_ns && (!wake || s->abandon_check_at_ns < wake)) wake = s->abandon_check_at_ns;
     if (wake) {
       ev = (sched_event *)common_queue_pop_until(&s->events, spin, wake);
       if (!ev) { /* a locality wait ended, or a timer's work was due */
         run_timers(s);
         task_scheduler_offer(s);
+        complete_ended(s);
         continue;
       }
     } else if (!(ev = (sched_event *)common_queue_pop(&s->events, spin))) {
       return NULL;
     }
     switch (ev->type) {
-    case EV_JOB_SUBMITTED:
+    case EV_JOB_SUBMITTED: {
+      sched_job *job = (sched_job *)ev;
       COMMON_TRACE("job.start", NULL);
-      dag_scheduler_job_submitted(s, (sched_job *)ev);
+      if (job->done_fn && job->abandoned && !s->abandon_check_at_ns)
+        s->abandon_check_at_ns = common_now_ns() + ABANDON_POLL_NS;
+      dag_scheduler_job_submitted(s, job);
       break;
+    }
     case EV_TASK_ENDED:
       task_scheduler_task_ended(s, (sched_task *)ev);
       break;
@@ -102,6 +116,7 @@ static void *scheduler_main(void *p) {
     }
     run_timers(s);
     task_scheduler_offer(s);
+    complete_ended(s);
   }
 }
 
@@ -151,102 +166,169 @@ void scheduler_post_task_end(scheduler *s, sched_task *task) {
   common_queue_push(&s->events, &task->ended.node);
 }
 
-/* How often a job whose caller may go away checks for that. */
-#define ABANDON_POLL_NS 20000000u
-/* How often the caller of a job with barrier reports to deliver looks for them. */
-#define REPORT_POLL_NS 10000000u
-
-static void deliver_batch(rdd_batch *b, const sched_job_opts *opts) {
+static void deliver_batch(rdd_batch *b, void (*on_report)(void *, uint64_t, uint32_t, fl_bytes), void *arg) {
   rdd_cursor c = {b->buf.data, b->buf.data + b->buf.len};
   fl_bytes rec, msg;
   uint64_t rdd_id;
   uint32_t rank;
   while (rdd_cursor_next(&c, &rec))
-    if (barrier_report_split(rec, &rdd_id, &rank, &msg)) opts->on_report(opts->report_arg, rdd_id, rank, msg);
+    if (barrier_report_split(rec, &rdd_id, &rank, &msg)) on_report(arg, rdd_id, rank, msg);
 }
 
-static void deliver_reports(scheduler *s, uint64_t job_id, const sched_job_opts *opts) {
+static void deliver_reports(scheduler *s, sched_job *job) {
   rdd_batch b = {FL_BUF_INIT, 0};
-  barrier_take_reports(s->barriers, job_id, &b);
-  if (b.count) deliver_batch(&b, opts);
+  barrier_take_reports(s->barriers, job->id, &b);
+  if (b.count) deliver_batch(&b, job->on_report, job->report_arg);
   rdd_batch_free(&b);
+}
+
+static fl_status check_parts(const rdd *r, const uint32_t *parts, uint32_t num_parts) {
+  for (uint32_t i = 0; i < num_parts; i++)
+    if (parts[i] >= r->num_partitions)
+      return FL_ERR(FL_EINVAL, "partition %u of a dataset with %u partitions", parts[i], r->num_partitions);
+  return FL_OK;
+}
+
+/* A job to submit, or NULL (out of memory, the thread's error set). */
+static sched_job *job_new(scheduler *s, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                          const rdd_action *action, const sched_job_opts *opts, fl_buf *results) {
+  sched_job *job = common_calloc(1, sizeof *job);
+  if (job) job->tasks = common_calloc(num_parts, sizeof *job->tasks);
+  if (!job || !job->tasks) {
+    common_free(job);
+    FL_ERR(FL_ENOMEM, "cannot allocate %u tasks", num_parts);
+    return NULL;
+  }
+  job->submitted.type = EV_JOB_SUBMITTED;
+  job->sched = s;
+  job->id = atomic_fetch_add(&s->next_job_id, 1);
+  job->rdd = r;
+  job->action = action;
+  job->parts = parts;
+  job->num_parts = num_parts;
+  job->results = results;
+  if (opts) {
+    job->group = opts->group;
+    job->tag = opts->tag;
+    job->stats_out = opts->stats;
+    job->reports_left = opts->reports_left;
+    job->on_report = opts->on_report;
+    job->report_arg = opts->report_arg;
+    job->abandoned = opts->abandoned;
+  }
+  atomic_init(&job->cancelled, false);
+  common_event_init(&job->done);
+  rdd_retain(r); /* the lineage must outlive every attempt, even a cancelled one */
+  return job;
+}
+
+/* After the job ended (any thread): reports left and stats to where the caller asked, then
+ * frees it. Returns its status, the thread's message set when it failed. */
+static fl_status job_close(scheduler *s, sched_job *job) {
+  rdd_batch left = {FL_BUF_INIT, 0};
+  barrier_job_close(s->barriers, job->id, &left);
+  if (job->on_report) {
+    deliver_batch(&left, job->on_report, job->report_arg);
+  } else if (job->reports_left && left.count) {
+    if (fl_buf_append(&job->reports_left->buf, left.buf.data, left.buf.len) == FL_OK)
+      job->reports_left->count += left.count;
+  }
+  rdd_batch_free(&left);
+  if (job->stats_out) *job->stats_out = job->stats;
+  fl_status status = job->status;
+  if (status != FL_OK) fl_set_error(status, "%s", job->error ? job->error : fl_strerror(status));
+  for (uint32_t i = 0; i < job->num_parts; i++) fl_buf_free(&job->tasks[i].result);
+  common_free(job->tasks);
+  while (job->copies) {
+    sched_task *b = job->copies;
+    job->copies = b->next_copy;
+    fl_buf_free(&b->result);
+    rdd_task_clear(&b->rt);
+    common_free(b);
+  }
+  dag_scheduler_free_stages(job);
+  common_free(job->error);
+  common_event_destroy(&job->done);
+  rdd_release(job->rdd);
+  common_free(job);
+  return status;
+}
+
+/* On the scheduler thread, once an event is through: the asynchronous jobs that ended. */
+static void complete_ended(scheduler *s) {
+  while (s->ended_async) {
+    sched_job *job = s->ended_async;
+    s->ended_async = job->ended_next;
+    sched_job_done_fn done = job->done_fn;
+    void *arg = job->done_arg;
+    fl_status status = job_close(s, job);
+    done(arg, status, status == FL_OK ? NULL : fl_last_error());
+  }
+}
+
+/* On the scheduler thread: asynchronous jobs whose caller went away are cancelled (as
+ * scheduler_run_job's caller does for its own). */
+static void check_abandoned(scheduler *s, uint64_t now) {
+  bool watching = false;
+  for (sched_job *job = s->active, *next; job; job = next) {
+    next = job->active_next; /* failing a job may finish it */
+    if (!job->done_fn || !job->abandoned || job->cancel_sent) continue;
+    if (atomic_load(job->abandoned)) {
+      job->cancel_sent = true;
+      dag_scheduler_job_failed(s, job, FL_ECANCELLED, "job %llu cancelled: its caller went away",
+                               (unsigned long long)job->id);
+    } else {
+      watching = true;
+    }
+  }
+  s->abandon_check_at_ns = watching ? now + ABANDON_POLL_NS : 0;
+}
+
+fl_status scheduler_submit_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                               const rdd_action *action, const sched_job_opts *opts, fl_buf *results,
+                               sched_job_done_fn done, void *done_arg) {
+  FL_ASSERT(done && (!opts || !opts->on_report));
+  fl_status st = check_parts(r, parts, num_parts);
+  if (st != FL_OK) return st;
+  if (num_parts == 0) {
+    if (opts && opts->stats) *opts->stats = (sched_job_stats){0};
+    done(done_arg, FL_OK, NULL);
+    return FL_OK;
+  }
+  sched_job *job = job_new(s, r, parts, num_parts, action, opts, results);
+  if (!job) return FL_ENOMEM;
+  job->done_fn = done;
+  job->done_arg = done_arg;
+  common_queue_push(&s->events, &job->submitted.node);
+  return FL_OK;
 }
 
 fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_t num_parts,
                             const rdd_action *action, const sched_job_opts *opts, fl_buf *results) {
   if (num_parts == 0) return FL_OK;
-  for (uint32_t i = 0; i < num_parts; i++)
-    if (parts[i] >= r->num_partitions)
-      return FL_ERR(FL_EINVAL, "partition %u of a dataset with %u partitions", parts[i],
-                    r->num_partitions);
-  sched_job job;
-  memset(&job, 0, sizeof job);
-  job.tasks = common_calloc(num_parts, sizeof *job.tasks);
-  if (!job.tasks) return FL_ERR(FL_ENOMEM, "cannot allocate %u tasks", num_parts);
-  job.submitted.type = EV_JOB_SUBMITTED;
-  job.sched = s;
-  job.id = atomic_fetch_add(&s->next_job_id, 1);
-  job.rdd = r;
-  job.action = action;
-  job.parts = parts;
-  job.num_parts = num_parts;
-  job.results = results;
-  if (opts) {
-    job.group = opts->group;
-    job.tag = opts->tag;
-  }
-  atomic_init(&job.cancelled, false);
-  common_event_init(&job.done);
-  rdd_retain(r); /* the lineage must outlive every attempt, even a cancelled one */
-
-  common_queue_push(&s->events, &job.submitted.node);
+  fl_status st = check_parts(r, parts, num_parts);
+  if (st != FL_OK) return st;
+  sched_job *job = job_new(s, r, parts, num_parts, action, opts, results);
+  if (!job) return FL_ENOMEM;
+  common_queue_push(&s->events, &job->submitted.node);
   if (opts && opts->on_report) {
     bool cancel_sent = false;
     for (bool done = false; !done;) {
-      done = common_event_wait_until(&job.done, common_now_ns() + REPORT_POLL_NS);
-      deliver_reports(s, job.id, opts);
+      done = common_event_wait_until(&job->done, common_now_ns() + REPORT_POLL_NS);
+      deliver_reports(s, job);
       if (!done && !cancel_sent && opts->abandoned && atomic_load(opts->abandoned) &&
-          scheduler_cancel(s, job.group, job.tag) == FL_OK)
+          scheduler_cancel(s, job->group, job->tag) == FL_OK)
         cancel_sent = true;
     }
   } else if (opts && opts->abandoned) {
     bool cancel_sent = false;
-    while (!common_event_wait_until(&job.done, common_now_ns() + ABANDON_POLL_NS))
-      if (!cancel_sent && atomic_load(opts->abandoned) &&
-          scheduler_cancel(s, job.group, job.tag) == FL_OK)
+    while (!common_event_wait_until(&job->done, common_now_ns() + ABANDON_POLL_NS))
+      if (!cancel_sent && atomic_load(opts->abandoned) && scheduler_cancel(s, job->group, job->tag) == FL_OK)
         cancel_sent = true;
   } else {
-    common_event_wait(&job.done, common_spin_ns());
+    common_event_wait(&job->done, common_spin_ns());
   }
-  {
-    rdd_batch left = {FL_BUF_INIT, 0};
-    barrier_job_close(s->barriers, job.id, &left);
-    if (opts && opts->on_report) {
-      deliver_batch(&left, opts);
-    } else if (opts && opts->reports_left && left.count) {
-      if (fl_buf_append(&opts->reports_left->buf, left.buf.data, left.buf.len) == FL_OK)
-        opts->reports_left->count += left.count;
-    }
-    rdd_batch_free(&left);
-  }
-
-  if (opts && opts->stats) *opts->stats = job.stats;
-  fl_status status = job.status;
-  if (status != FL_OK) fl_set_error(status, "%s", job.error ? job.error : fl_strerror(status));
-  for (uint32_t i = 0; i < num_parts; i++) fl_buf_free(&job.tasks[i].result);
-  common_free(job.tasks);
-  while (job.copies) {
-    sched_task *b = job.copies;
-    job.copies = b->next_copy;
-    fl_buf_free(&b->result);
-    rdd_task_clear(&b->rt);
-    common_free(b);
-  }
-  dag_scheduler_free_stages(&job);
-  common_free(job.error);
-  common_event_destroy(&job.done);
-  rdd_release(r);
-  return status;
+  return job_close(s, job);
 }
 
 void scheduler_stats_get(scheduler *s, scheduler_stats *out) {

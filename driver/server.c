@@ -540,62 +540,42 @@ static fl_status app_take_broadcasts(driver_app *app, const Flint__RunJobRequest
   return FL_OK;
 }
 
-static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response,
-                                const rpc_request *call) {
-  UNPACK(Flint__RunJobRequest, req, body, "RunJob");
-  if (req->operation_id == 0) {
-    flint__run_job_request__free_unpacked(req, NULL);
-    return FL_ERR(FL_EPROTO, "RunJob: operation id 0");
-  }
+/* A RunJob call while its job runs: started on the rpc queue's thread (run_job_start), it
+ * is answered from the scheduler thread when the job ends (run_job_ended), so no thread
+ * waits on a job and the call costs no hand-off to a handler thread and back. */
+typedef struct run_job {
+  driver_state *d;
   driver_app *app;
+  Flint__RunJobRequest *req;
+  rpc_deferred *call;
   driver_action action;
-  memset(&action, 0, sizeof action);
-  bool have_action = false;
-  fl_buf *results = NULL;
-  rdd *r = NULL;
-  rdd_batch reports_left = {FL_BUF_INIT, 0};
+  bool have_action;
+  rdd *r;
+  fl_buf *results;
+  rdd_batch reports_left;
+  sched_job_stats stats;
+} run_job;
+
+static void run_job_free(run_job *j) {
+  rdd_batch_free(&j->reports_left);
+  if (j->results)
+    for (size_t i = 0; i < j->req->n_partitions; i++) fl_buf_free(&j->results[i]);
+  common_free(j->results);
+  if (j->have_action) rdd_action_clear(&j->action.action);
+  if (j->r) rdd_release(j->r);
+  app_unpin(j->d, j->app);
+  flint__run_job_request__free_unpacked(j->req, NULL);
+  common_free(j);
+}
+
+/* The reply of a job that succeeded: results inline while they fit (the rest parked for
+ * FetchResult), accumulator updates, the job's figures and barrier reports left. */
+static fl_status run_job_reply(run_job *j, fl_buf *response) {
+  driver_app *app = j->app;
+  const Flint__RunJobRequest *req = j->req;
+  fl_buf *results = j->results;
+  fl_status status = FL_OK;
   ProtobufCBinaryData *report_bins = NULL;
-  fl_status status = app_lookup(d, req->app_id, &app);
-  if (status != FL_OK) goto cleanup;
-  FL_PCHECK(pthread_mutex_lock(&app->lock));
-  if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
-  if (status == FL_OK) status = app_take_broadcasts(app, req);
-  for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
-    rdd *x = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
-    if (x && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&x->level, req->levels[i]->level);
-  }
-  if (status == FL_OK && !(r = rdd_plan_find(app->plan, req->rdd_id)))
-    status = FL_ERR(FL_EPROTO, "RunJob: unknown dataset %llu", (unsigned long long)req->rdd_id);
-  if (status == FL_OK) {
-    rdd_retain(r);
-    status = rdd_action_decode(app->plan, (fl_bytes){req->action.data, req->action.len}, &action.action);
-    have_action = status == FL_OK;
-    action.encoded = (fl_bytes){req->action.data, req->action.len};
-  }
-  for (size_t i = 0; status == FL_OK && i < req->n_partitions; i++)
-    if (req->partitions[i] >= r->num_partitions)
-      status = FL_ERR(FL_EPROTO, "RunJob: partition %u of a dataset with %u", req->partitions[i],
-                      r->num_partitions);
-  /* Datasets the client freed (their cached blocks and shuffles go with them). */
-  for (size_t i = 0; status == FL_OK && i < req->n_released; i++) rdd_plan_release(app->plan, req->released[i]);
-  FL_PCHECK(pthread_mutex_unlock(&app->lock));
-  if (status != FL_OK) goto cleanup;
-
-  results = common_calloc(req->n_partitions ? req->n_partitions : 1, sizeof *results);
-  if (!results) {
-    status = FL_ERR(FL_ENOMEM, "out of memory");
-    goto cleanup;
-  }
-  job_note(d, app->id, 0, (uint32_t)req->n_partitions, true, FL_OK, NULL);
-  /* The client's going away (its connection drops) cancels the job, as does CancelJobs. */
-  sched_job_stats job_stats = {0};
-  sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = call->cancelled,
-                         .reports_left = &reports_left, .stats = &job_stats};
-  status = scheduler_run_job(d->sched, r, req->partitions, (uint32_t)req->n_partitions,
-                             &action.action, &opts, results);
-  job_note(d, app->id, 0, (uint32_t)req->n_partitions, false, status, status ? fl_last_error() : NULL);
-  if (status != FL_OK) goto cleanup;
-
   Flint__RunJobReply reply = FLINT__RUN_JOB_REPLY__INIT;
   ProtobufCBinaryData *bins = common_calloc(req->n_partitions + 1, sizeof *bins);
   uint64_t *sizes = common_calloc(req->n_partitions + 1, sizeof *sizes);
@@ -651,36 +631,108 @@ static fl_status handle_run_job(driver_state *d, fl_bytes body, fl_buf *response
     }
     reply.n_acc_updates = n_accs;
     reply.acc_updates = acc_ptrs;
-    reply.attempts = job_stats.attempts;
-    reply.attempts_failed = job_stats.attempts_failed;
-    reply.task_ns = job_stats.task_ns;
-    reply.blocks_mapped = job_stats.blocks_mapped;
-    reply.blocks_fetched = job_stats.blocks_fetched;
-    if (reports_left.count && (report_bins = common_calloc(reports_left.count, sizeof *report_bins))) {
-      rdd_cursor rc = {reports_left.buf.data, reports_left.buf.data + reports_left.buf.len};
+    reply.attempts = j->stats.attempts;
+    reply.attempts_failed = j->stats.attempts_failed;
+    reply.task_ns = j->stats.task_ns;
+    reply.blocks_mapped = j->stats.blocks_mapped;
+    reply.blocks_fetched = j->stats.blocks_fetched;
+    if (j->reports_left.count && (report_bins = common_calloc(j->reports_left.count, sizeof *report_bins))) {
+      rdd_cursor rc = {j->reports_left.buf.data, j->reports_left.buf.data + j->reports_left.buf.len};
       fl_bytes rec;
-      while (reply.n_barrier_reports < reports_left.count && rdd_cursor_next(&rc, &rec))
+      while (reply.n_barrier_reports < j->reports_left.count && rdd_cursor_next(&rc, &rec))
         report_bins[reply.n_barrier_reports++] = (ProtobufCBinaryData){rec.len, (uint8_t *)rec.data};
       reply.barrier_reports = report_bins;
     }
     if (status == FL_OK) status = proto_pack(&reply.base, response);
   }
   if (status != FL_OK && parked) unpark_operation(app, req->operation_id);
+  common_free(report_bins);
   common_free(sizes);
   common_free(bins);
   common_free(acc_items);
   common_free(acc_ptrs);
   fl_buf_free(&accs);
-cleanup:
-  common_free(report_bins);
-  rdd_batch_free(&reports_left);
-  if (results)
-    for (size_t i = 0; i < req->n_partitions; i++) fl_buf_free(&results[i]);
-  common_free(results);
-  if (have_action) rdd_action_clear(&action.action);
-  if (r) rdd_release(r);
-  app_unpin(d, app);
-  flint__run_job_request__free_unpacked(req, NULL);
+  return status;
+}
+
+/* The job ended (the scheduler thread): the call gets its reply. */
+static void run_job_ended(void *arg, fl_status status, const char *error) {
+  run_job *j = arg;
+  job_note(j->d, j->app->id, 0, (uint32_t)j->req->n_partitions, false, status, error);
+  fl_buf response = FL_BUF_INIT;
+  char message[1024] = "";
+  if (status == FL_OK) status = run_job_reply(j, &response);
+  else snprintf(message, sizeof message, "%s", error ? error : fl_strerror(status));
+  if (status != FL_OK && !*message) snprintf(message, sizeof message, "%s", fl_last_error());
+  rpc_deferred_reply(j->call, status, message, &response);
+  run_job_free(j);
+}
+
+/* Checks and records the request (plan, broadcasts, storage levels, released datasets) and
+ * submits its job; FL_OK when the call was taken for a reply at the job's end, else the
+ * failure to answer at once. Never blocks. */
+static fl_status run_job_start(driver_state *d, const rpc_request *call) {
+  UNPACK(Flint__RunJobRequest, req, call->body, "RunJob");
+  if (req->operation_id == 0) {
+    flint__run_job_request__free_unpacked(req, NULL);
+    return FL_ERR(FL_EPROTO, "RunJob: operation id 0");
+  }
+  run_job *j = common_calloc(1, sizeof *j);
+  if (!j) {
+    flint__run_job_request__free_unpacked(req, NULL);
+    return FL_ERR(FL_ENOMEM, "out of memory");
+  }
+  j->d = d;
+  j->req = req;
+  fl_status status = app_lookup(d, req->app_id, &j->app);
+  if (status != FL_OK) goto fail;
+  driver_app *app = j->app;
+  FL_PCHECK(pthread_mutex_lock(&app->lock));
+  if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
+  if (status == FL_OK) status = app_take_broadcasts(app, req);
+  for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
+    rdd *x = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
+    if (x && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&x->level, req->levels[i]->level);
+  }
+  if (status == FL_OK && !(j->r = rdd_plan_find(app->plan, req->rdd_id)))
+    status = FL_ERR(FL_EPROTO, "RunJob: unknown dataset %llu", (unsigned long long)req->rdd_id);
+  if (status == FL_OK) {
+    rdd_retain(j->r);
+    status = rdd_action_decode(app->plan, (fl_bytes){req->action.data, req->action.len}, &j->action.action);
+    j->have_action = status == FL_OK;
+    j->action.encoded = (fl_bytes){req->action.data, req->action.len};
+  }
+  for (size_t i = 0; status == FL_OK && i < req->n_partitions; i++)
+    if (req->partitions[i] >= j->r->num_partitions)
+      status = FL_ERR(FL_EPROTO, "RunJob: partition %u of a dataset with %u", req->partitions[i],
+                      j->r->num_partitions);
+  /* Datasets the client freed (their cached blocks and shuffles go with them). */
+  for (size_t i = 0; status == FL_OK && i < req->n_released; i++) rdd_plan_release(app->plan, req->released[i]);
+  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  if (status != FL_OK) goto fail;
+
+  j->results = common_calloc(req->n_partitions ? req->n_partitions : 1, sizeof *j->results);
+  if (!j->results) {
+    status = FL_ERR(FL_ENOMEM, "out of memory");
+    goto fail;
+  }
+  job_note(d, app->id, 0, (uint32_t)req->n_partitions, true, FL_OK, NULL);
+  j->call = rpc_defer(call);
+  /* The client's going away (its connection drops) cancels the job, as does CancelJobs. */
+  sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = rpc_deferred_cancelled(j->call),
+                         .reports_left = &j->reports_left, .stats = &j->stats};
+  status = scheduler_submit_job(d->sched, j->r, req->partitions, (uint32_t)req->n_partitions, &j->action.action,
+                                &opts, j->results, run_job_ended, j);
+  if (status != FL_OK) { /* not submitted: answered here, through the deferred call */
+    char message[1024];
+    snprintf(message, sizeof message, "%s", fl_last_error());
+    job_note(d, app->id, 0, (uint32_t)req->n_partitions, false, status, message);
+    rpc_deferred_reply(j->call, status, message, NULL);
+    run_job_free(j);
+  }
+  return FL_OK;
+fail:
+  run_job_free(j);
   return status;
 }
 
@@ -1210,15 +1262,20 @@ static void forget_executor(void *arg, uint64_t executor) {
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
 }
 
-/* Task statuses and heartbeats come all the time and only decode and post to the scheduler,
- * so the rpc queue's thread answers them itself, except a status update with a large result
- * to fetch from its executor. */
-static const char *const quick_methods[] = {"/flint.Driver/StatusUpdate", "/flint.Driver/Heartbeat", NULL};
+/* Task statuses, heartbeats and jobs come all the time and only decode and post to the
+ * scheduler, so the rpc queue's thread takes them itself, except a status update with a large
+ * result to fetch from its executor. A job's call is answered when the job ends. */
+static const char *const quick_methods[] = {"/flint.Driver/StatusUpdate", "/flint.Driver/Heartbeat",
+                                            "/flint.Driver/RunJob", NULL};
 
 static bool driver_quick(void *arg, const rpc_request *call, fl_buf *response, fl_status *status) {
   driver_state *d = arg;
   if (strcmp(call->method, quick_methods[1]) == 0) {
     *status = handle_heartbeat(d, call->body, response);
+    return true;
+  }
+  if (strcmp(call->method, quick_methods[2]) == 0) {
+    *status = run_job_start(d, call);
     return true;
   }
   bool declined;
@@ -1248,7 +1305,7 @@ static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *respo
   if (strcmp(m, "UploadLibrary") == 0) return handle_upload_library(d, b, response);
   if (strcmp(m, "BroadcastPut") == 0) return handle_broadcast_put(d, b, response);
   if (strcmp(m, "BroadcastRemove") == 0) return handle_broadcast_remove(d, b, response);
-  if (strcmp(m, "RunJob") == 0) return handle_run_job(d, b, response, call);
+  if (strcmp(m, "RunJob") == 0) return run_job_start(d, call); /* answered at the job's end */
   if (strcmp(m, "FetchResult") == 0) return handle_fetch_result(d, b, response);
   if (strcmp(m, "CancelJobs") == 0) return handle_cancel_jobs(d, b, response);
   if (strcmp(m, "StorageInfo") == 0) return handle_storage_info(d, b, response);

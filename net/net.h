@@ -35,6 +35,7 @@ typedef struct rpc_request {
   const char *peer;             /* gRPC's name of the client ("ipv4:10.0.0.5:41234"), for logs */
   const atomic_bool *cancelled; /* becomes true when the client cancels, its deadline passes,
                                    the connection drops or the server stops */
+  struct rpc_server_call *call_; /* the server's, for rpc_defer */
 } rpc_request;
 
 /* Handles one call: writes the reply into *response (given empty) and returns FL_OK, or
@@ -52,6 +53,19 @@ typedef fl_status (*rpc_handler_fn)(void *arg, const rpc_request *req, fl_buf *r
  * (no calls, no waits beyond short locks): while it runs, the server takes no other call. For
  * the calls on every job's path that only decode and enqueue. */
 typedef bool (*rpc_quick_fn)(void *arg, const rpc_request *req, fl_buf *response, fl_status *status);
+
+/* A call answered later, by whichever thread has the answer (a job's end on the scheduler
+ * thread), so that no thread waits for it. A handler or quick handler calls rpc_defer(req)
+ * and returns (its status and response are then dropped; a quick handler returns true);
+ * the call stays open until rpc_deferred_reply, which must come exactly once, also after
+ * *rpc_deferred_cancelled() turns true (then nobody reads it, but rpc_server_stop waits for
+ * it). req->body and req->method stay valid until the reply. */
+typedef struct rpc_deferred rpc_deferred;
+FL_INTERNAL rpc_deferred *rpc_defer(const rpc_request *req);
+FL_INTERNAL const atomic_bool *rpc_deferred_cancelled(const rpc_deferred *d);
+/* Replies as a handler returning `status` (with `message` for a failure) and *response
+ * would; frees the response. Any thread; never blocks on the client. */
+FL_INTERNAL void rpc_deferred_reply(rpc_deferred *d, fl_status status, const char *message, fl_buf *response);
 
 typedef struct rpc_server_config {
   const char *listen;       /* "HOST:PORT" to listen on ("0.0.0.0:7077"); port 0 picks one */

@@ -113,7 +113,9 @@ typedef struct rpc_server_call {
   grpc_slice body;              /* request_bb flattened (rpc_server_read_body) */
   int close_cancelled;          /* out of RECV_CLOSE_ON_SERVER */
   atomic_bool cancelled;
-  atomic_int refs;              /* batches in flight, plus one while a handler has it */
+  bool deferred;                /* rpc_defer: the reply comes from rpc_deferred_reply */
+  atomic_int refs;              /* batches in flight, plus one while a handler (or the owner
+                                   of a deferred call) has it */
   char *method, *peer;          /* method: common_malloc; peer: gpr_malloc */
   /* The reply, kept until its batch completes. */
   grpc_byte_buffer *reply_bb;
@@ -328,6 +330,7 @@ static rpc_request rpc_server_request(rpc_server_call *c) {
       .body = fl_bytes_of(GRPC_SLICE_START_PTR(c->body), GRPC_SLICE_LENGTH(c->body)),
       .peer = c->peer ? c->peer : "unknown peer",
       .cancelled = &c->cancelled,
+      .call_ = c,
   };
 }
 
@@ -354,8 +357,13 @@ static bool rpc_server_try_quick(rpc_server *s, rpc_server_call *c) {
   fl_status status = FL_OK;
   common_error_clear();
   if (!s->quick(s->handler_arg, &req, &response, &status)) {
+    FL_ASSERT(!c->deferred); /* a declined call is the handler's */
     fl_buf_free(&response);
     return false;
+  }
+  if (c->deferred) {
+    fl_buf_free(&response);
+    return true;
   }
   rpc_server_finish(s, c, status, &response);
   COMMON_TRACE("rpc.replied", c->method);
@@ -446,9 +454,33 @@ static void rpc_server_handle(rpc_server *s, rpc_server_call *c) {
     COMMON_TRACE("rpc.handle", c->method);
     status = s->handler(s->handler_arg, &req, &response);
   }
-  rpc_server_finish(s, c, status, &response);
-  COMMON_TRACE("rpc.replied", c->method);
+  if (c->deferred) {
+    fl_buf_free(&response);
+  } else {
+    rpc_server_finish(s, c, status, &response);
+    COMMON_TRACE("rpc.replied", c->method);
+  }
   rpc_server_call_unref(c); /* the handler's reference */
+}
+
+rpc_deferred *rpc_defer(const rpc_request *req) {
+  rpc_server_call *c = req->call_;
+  FL_ASSERT(c && !c->deferred);
+  c->deferred = true;
+  atomic_fetch_add(&c->refs, 1); /* the owner's, until the reply */
+  return (rpc_deferred *)c;
+}
+
+const atomic_bool *rpc_deferred_cancelled(const rpc_deferred *d) { return &((const rpc_server_call *)d)->cancelled; }
+
+void rpc_deferred_reply(rpc_deferred *d, fl_status status, const char *message, fl_buf *response) {
+  rpc_server_call *c = (rpc_server_call *)d;
+  fl_buf none = FL_BUF_INIT;
+  if (!response) response = &none;
+  if (status != FL_OK) fl_set_error(status, "%s", message && *message ? message : fl_strerror(status));
+  rpc_server_finish(c->server, c, status, response);
+  COMMON_TRACE("rpc.replied", c->method);
+  rpc_server_call_unref(c);
 }
 
 static void *rpc_server_handler_main(void *arg) {

@@ -574,12 +574,167 @@ static void test_quick_handler_answers_listed_methods_on_the_queue_thread(void *
   rpc_server_stop(t.server);
 }
 
+/* ---- deferred replies: a replier thread answers calls that handlers left open ------------ */
+
+typedef struct later_server {
+  rpc_server *server;
+  pthread_mutex_t lock;
+  rpc_deferred *waiting[8];
+  fl_bytes bodies[8];
+  int num_waiting;
+  atomic_int deferred_on_queue_thread, deferred_on_handler;
+} later_server;
+
+/* /test/Later (quick) and /test/LaterSlow (handler threads) defer; the replier echoes the
+ * body, or fails with FL_ENOENT when it starts with "fail". /test/Hold defers and waits for
+ * the call's cancellation (the server stopping). */
+static void later_take(later_server *l, const rpc_request *req) {
+  rpc_deferred *d = rpc_defer(req);
+  FL_PCHECK(pthread_mutex_lock(&l->lock));
+  FL_ASSERT(l->num_waiting < 8);
+  l->bodies[l->num_waiting] = req->body; /* valid until the reply */
+  l->waiting[l->num_waiting++] = d;
+  FL_PCHECK(pthread_mutex_unlock(&l->lock));
+}
+
+static bool later_quick(void *arg, const rpc_request *req, fl_buf *response, fl_status *status) {
+  (void)response;
+  (void)status;
+  later_server *l = arg;
+  if (strcmp(req->method, "/test/Later") != 0) return false;
+  atomic_fetch_add(&l->deferred_on_queue_thread, 1);
+  later_take(l, req);
+  return true;
+}
+
+static fl_status later_handler(void *arg, const rpc_request *req, fl_buf *response) {
+  later_server *l = arg;
+  atomic_fetch_add(&l->deferred_on_handler, 1);
+  later_take(l, req);
+  return fl_buf_append(response, "dropped", 7); /* a deferred call's response is dropped */
+}
+
+/* Replies to every waiting call whose condition holds: all of them, or only the cancelled. */
+static int later_reply(later_server *l, bool only_cancelled) {
+  int replied = 0;
+  FL_PCHECK(pthread_mutex_lock(&l->lock));
+  for (int i = 0; i < l->num_waiting;) {
+    if (only_cancelled && !atomic_load(rpc_deferred_cancelled(l->waiting[i]))) {
+      i++;
+      continue;
+    }
+    fl_buf out = FL_BUF_INIT;
+    fl_bytes b = l->bodies[i];
+    if (b.len >= 4 && memcmp(b.data, "fail", 4) == 0) {
+      rpc_deferred_reply(l->waiting[i], FL_ENOENT, "nothing later", &out);
+    } else {
+      assert_ok(fl_buf_append(&out, b.data, b.len));
+      rpc_deferred_reply(l->waiting[i], FL_OK, NULL, &out);
+    }
+    l->waiting[i] = l->waiting[l->num_waiting - 1];
+    l->bodies[i] = l->bodies[--l->num_waiting];
+    replied++;
+  }
+  FL_PCHECK(pthread_mutex_unlock(&l->lock));
+  return replied;
+}
+
+typedef struct later_call {
+  rpc_channel *ch;
+  const char *method, *body;
+  fl_status status;
+  fl_buf out;
+  char error[256];
+} later_call;
+
+static void *later_call_main(void *arg) {
+  later_call *c = arg;
+  c->status = rpc_call(c->ch, c->method, fl_bytes_of(c->body, strlen(c->body)), 10000, &c->out);
+  snprintf(c->error, sizeof c->error, "%s", c->status == FL_OK ? "" : fl_last_error());
+  return NULL;
+}
+
+static void *stop_main(void *arg) {
+  rpc_server_stop(arg);
+  return NULL;
+}
+
+static void test_deferred_replies_come_from_another_thread(void **state) {
+  (void)state;
+  later_server l;
+  memset(&l, 0, sizeof l);
+  FL_PCHECK(pthread_mutex_init(&l.lock, NULL));
+  static const char *const later_methods[] = {"/test/Later", NULL};
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  cfg.listen = "127.0.0.1:0";
+  cfg.handler = later_handler;
+  cfg.handler_arg = &l;
+  cfg.quick = later_quick;
+  cfg.quick_methods = later_methods;
+  assert_ok(rpc_server_start(&cfg, &l.server));
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", rpc_server_port(l.server));
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(target, NULL, 0, &ch));
+
+  later_call calls[3] = {{ch, "/test/Later", "on the queue thread", 0, FL_BUF_INIT, ""},
+                         {ch, "/test/LaterSlow", "on a handler thread", 0, FL_BUF_INIT, ""},
+                         {ch, "/test/Later", "fail, later", 0, FL_BUF_INIT, ""}};
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) FL_PCHECK(pthread_create(&th[i], NULL, later_call_main, &calls[i]));
+  double deadline = now_ms() + 5000;
+  while (now_ms() < deadline) { /* all three wait, none answered yet */
+    FL_PCHECK(pthread_mutex_lock(&l.lock));
+    int n = l.num_waiting;
+    FL_PCHECK(pthread_mutex_unlock(&l.lock));
+    if (n == 3) break;
+    sleep_ms(2);
+  }
+  assert_int_equal(atomic_load(&l.deferred_on_queue_thread), 2);
+  assert_int_equal(atomic_load(&l.deferred_on_handler), 1);
+  sleep_ms(20);
+  for (int i = 0; i < 3; i++) assert_int_equal(calls[i].out.len, 0); /* still open */
+  assert_int_equal(later_reply(&l, false), 3);
+  for (int i = 0; i < 3; i++) FL_PCHECK(pthread_join(th[i], NULL));
+  for (int i = 0; i < 2; i++) {
+    assert_ok(calls[i].status);
+    assert_int_equal(calls[i].out.len, strlen(calls[i].body));
+    assert_memory_equal(calls[i].out.data, calls[i].body, calls[i].out.len);
+  }
+  assert_int_equal(calls[2].status, FL_ENOENT);
+  assert_non_null(strstr(calls[2].error, "nothing later"));
+
+  /* A call left open when the server stops: stop cancels it and waits for its reply. */
+  later_call held = {ch, "/test/Later", "held over the stop", 0, FL_BUF_INIT, ""};
+  pthread_t held_th, stop_th;
+  FL_PCHECK(pthread_create(&held_th, NULL, later_call_main, &held));
+  deadline = now_ms() + 5000;
+  while (atomic_load(&l.deferred_on_queue_thread) < 3 && now_ms() < deadline) sleep_ms(2);
+  assert_int_equal(atomic_load(&l.deferred_on_queue_thread), 3);
+  FL_PCHECK(pthread_create(&stop_th, NULL, stop_main, l.server));
+  int replied = 0;
+  deadline = now_ms() + 5000;
+  while (!replied && now_ms() < deadline) {
+    replied = later_reply(&l, true); /* only once cancelled */
+    sleep_ms(2);
+  }
+  assert_int_equal(replied, 1);
+  FL_PCHECK(pthread_join(stop_th, NULL));
+  FL_PCHECK(pthread_join(held_th, NULL));
+  assert_true(held.status != FL_OK); /* the client saw the stop, not a reply */
+  for (int i = 0; i < 3; i++) fl_buf_free(&calls[i].out);
+  fl_buf_free(&held.out);
+  rpc_channel_destroy(ch);
+  FL_PCHECK(pthread_mutex_destroy(&l.lock));
+}
+
 int main(void) {
   /* A hung call must not hang ctest's whole run: every test here ends within seconds. */
   alarm(100);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_echo_round_trip_sizes),
       cmocka_unit_test(test_quick_handler_answers_listed_methods_on_the_queue_thread),
+      cmocka_unit_test(test_deferred_replies_come_from_another_thread),
       cmocka_unit_test(test_handler_error_propagates_exactly),
       cmocka_unit_test(test_auth_refuses_missing_and_wrong_secret),
       cmocka_unit_test(test_oversized_messages_refused_and_server_keeps_serving),
