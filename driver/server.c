@@ -6,8 +6,9 @@
  * themselves) and send plans and actions; executors register, heartbeat and report task
  * ends. A block server hands out libraries.
  *
- * Threads: gRPC's (handlers may block: a RunJob handler waits for its job), the scheduler's
- * event loop, the block server's, and one supervisor per job binary that reads its output.
+ * Threads: gRPC's (the queue's thread starts jobs and takes task statuses; handlers may block
+ * on anything else), the scheduler's event loop (which also answers RunJob when its job
+ * ends), the block server's, and one supervisor per job binary that reads its output.
  * Applications and submissions are under d->lock; each application's datasets under its own.
  */
 #include <errno.h>
