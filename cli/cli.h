@@ -12,7 +12,10 @@
 
 /* flint ml linreg|logreg ... (cli/ml.c): trains a model with libflint_ml. */
 int cmd_ml(int argc, char **argv);
-/* flint train --model ... --data ... (cli/train.c): data-parallel SGD with libflint_gpu. */
+/* flint train --model ... --data ... (cli/train.c): data-parallel SGD with libflint_gpu. It is
+ * the program flint-train (cli/train_main.c), which `flint train` runs: only it links
+ * libflint_gpu and with it CUDA's libraries, whose loading (0.4 s) would otherwise slow the
+ * start of every flint process (drivers, executors, submit). */
 int cmd_train(int argc, char **argv);
 
 /* Strict option values (cli/args.c): false unless the whole text is the number, in range. */

@@ -6,10 +6,13 @@
  * not be started (missing library, missing flint_main, bad master, unreachable driver).
  */
 #include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "flint/cluster.h"
@@ -242,6 +245,28 @@ static int cmd_status(int argc, char **argv) {
   return 0;
 }
 
+/* `flint train ARGS` runs flint-train ARGS, the program beside this one (cli/cli.h says
+ * why). args: main's argv from "train" on, NULL-terminated; its first slot is reused. */
+static int run_train_program(char **args) {
+  char self[PATH_MAX], path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    fprintf(stderr, "flint train: cannot find this program's own path: %s\n", strerror(errno));
+    return 1;
+  }
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  int len = snprintf(path, sizeof path, "%.*s/flint-train", slash ? (int)(slash - self) : 0, self);
+  if (len < 0 || (size_t)len >= sizeof path) {
+    fprintf(stderr, "flint train: the path of flint-train beside %s is too long\n", self);
+    return 1;
+  }
+  args[0] = path;
+  execv(path, args);
+  fprintf(stderr, "flint train: cannot run %s (flint train is that program): %s\n", path, strerror(errno));
+  return 1;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return usage_error("%s", "no command given");
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
@@ -257,6 +282,6 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2);
   if (strcmp(argv[1], "status") == 0) return cmd_status(argc - 2, argv + 2);
   if (strcmp(argv[1], "ml") == 0) return cmd_ml(argc - 2, argv + 2);
-  if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
+  if (strcmp(argv[1], "train") == 0) return run_train_program(argv + 1);
   return usage_error("unknown command '%s'", argv[1]);
 }

@@ -111,6 +111,36 @@ static void test_unknown_command(void **state) {
   free(r);
 }
 
+/* `flint train` is the flint-train program beside flint: it runs there with the same
+ * arguments, and a flint without it says which program is missing. */
+static void test_train_runs_flint_train(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("train", "--help");
+  expect_status(r, 0);
+  assert_non_null(strstr(r->out, "usage: flint train"));
+  free(r);
+
+  char dir[] = "/tmp/flint-lone-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char lone[PATH_MAX + 32];
+  snprintf(lone, sizeof lone, "%s/flint", dir);
+  /* A copy (a symbolic link would resolve back to the build folder, where flint-train is). */
+  int in = open(flint_path, O_RDONLY), out = open(lone, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+  assert_true(in >= 0 && out >= 0);
+  char buf[1 << 16];
+  ssize_t n;
+  while ((n = read(in, buf, sizeof buf)) > 0) assert_int_equal(write(out, buf, (size_t)n), n);
+  close(in);
+  close(out);
+  r = run_child(lone, NULL, (const char *const[]){"train", "--help", NULL}, CHILD_ALARM_S, PARENT_LIMIT_S);
+  expect_status(r, 1);
+  EXPECT_ERR(r, "cannot run");
+  EXPECT_ERR(r, "/flint-train");
+  free(r);
+  unlink(lone);
+  rmdir(dir);
+}
+
 /* ---- submit: usage errors (exit 2) --------------------------------------------------- */
 
 static void test_submit_help(void **state) {
@@ -290,6 +320,7 @@ int main(void) {
   find_binaries();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
+      cmocka_unit_test(test_train_runs_flint_train),
       cmocka_unit_test(test_version),
       cmocka_unit_test(test_no_arguments),
       cmocka_unit_test(test_unknown_command),
