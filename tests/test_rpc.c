@@ -73,19 +73,27 @@ static fl_status test_handler(void *arg, const rpc_request *req, fl_buf *respons
   return fl_set_error(FL_ENOENT, "no method %s", req->method);
 }
 
+/* Starts a server of cfg (its listen address set here) on a free port of 127.0.0.1; its
+ * "127.0.0.1:PORT" into target. */
+static rpc_server *loopback_server_start(rpc_server_config cfg, char target[64]) {
+  cfg.listen = "127.0.0.1:0";
+  rpc_server *server;
+  assert_ok(rpc_server_start(&cfg, &server));
+  assert_true(rpc_server_port(server) > 0);
+  snprintf(target, 64, "127.0.0.1:%d", rpc_server_port(server));
+  return server;
+}
+
 static void server_start(test_server *t, const char *secret, size_t max_message,
                          uint32_t threads) {
   memset(t, 0, sizeof *t);
   rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
-  cfg.listen = "127.0.0.1:0";
   cfg.secret = secret;
   cfg.max_message = max_message;
   cfg.handler_threads = threads;
   cfg.handler = test_handler;
   cfg.handler_arg = t;
-  assert_ok(rpc_server_start(&cfg, &t->server));
-  assert_true(rpc_server_port(t->server) > 0);
-  snprintf(t->target, sizeof t->target, "127.0.0.1:%d", rpc_server_port(t->server));
+  t->server = loopback_server_start(cfg, t->target);
 }
 
 static void server_stop(test_server *t) {
@@ -523,18 +531,22 @@ static void test_latency_p50(void **state) {
   server_stop(&t);
 }
 
+/* A loopback server with a quick handler for `methods`. */
+static rpc_server *quick_server_start(rpc_handler_fn handler, rpc_quick_fn quick, const char *const *methods,
+                                      void *arg, char target[64]) {
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  cfg.handler = handler;
+  cfg.handler_arg = arg;
+  cfg.quick = quick;
+  cfg.quick_methods = methods;
+  return loopback_server_start(cfg, target);
+}
+
 static void test_quick_handler_answers_listed_methods_on_the_queue_thread(void **state) {
   (void)state;
   test_server t;
   memset(&t, 0, sizeof t);
-  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
-  cfg.listen = "127.0.0.1:0";
-  cfg.handler = quick_or_echo_handler;
-  cfg.handler_arg = &t;
-  cfg.quick = test_quick;
-  cfg.quick_methods = quick_methods;
-  assert_ok(rpc_server_start(&cfg, &t.server));
-  snprintf(t.target, sizeof t.target, "127.0.0.1:%d", rpc_server_port(t.server));
+  t.server = quick_server_start(quick_or_echo_handler, test_quick, quick_methods, &t, t.target);
   rpc_channel *ch;
   assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
   size_t len = (1 << 20) + 13; /* big enough to arrive in several slices */
@@ -665,15 +677,8 @@ static void test_deferred_replies_come_from_another_thread(void **state) {
   memset(&l, 0, sizeof l);
   FL_PCHECK(pthread_mutex_init(&l.lock, NULL));
   static const char *const later_methods[] = {"/test/Later", NULL};
-  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
-  cfg.listen = "127.0.0.1:0";
-  cfg.handler = later_handler;
-  cfg.handler_arg = &l;
-  cfg.quick = later_quick;
-  cfg.quick_methods = later_methods;
-  assert_ok(rpc_server_start(&cfg, &l.server));
   char target[64];
-  snprintf(target, sizeof target, "127.0.0.1:%d", rpc_server_port(l.server));
+  l.server = quick_server_start(later_handler, later_quick, later_methods, &l, target);
   rpc_channel *ch;
   assert_ok(rpc_channel_create(target, NULL, 0, &ch));
 
