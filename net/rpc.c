@@ -12,10 +12,11 @@
  * answers those that cannot block (a task launch, a status report) on the spot, sparing two
  * thread hand-offs a call, and declines the rest. A handler of either kind may also defer a
  * call (rpc_defer): its reply then comes from whichever thread has it, later (the driver's
- * scheduler thread when a job ends), and the call holds a reference until then. gRPC wants the batches of one call
- * started by one thread at a time, except that send-only and receive-only batches may race:
- * the queue's thread starts the receive batches before the call goes to a handler, and a
- * call's send batch is started once, by whichever thread holds the call then.
+ * scheduler thread when a job ends), and the call holds a reference until then. gRPC wants
+ * the batches of one call started by one thread at a time, except that send-only and
+ * receive-only batches may race: the queue's thread starts the receive batches before the
+ * call goes to a handler, and a call's send batch is started once, by whichever thread holds
+ * the call then (for a deferred call, the one that replies).
  *
  * Each call is one allocation whose completion tags are its address plus a small op number,
  * so events allocate nothing. The server keeps a fixed number of call slots (requests posted
