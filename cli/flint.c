@@ -250,8 +250,9 @@ static int cmd_status(int argc, char **argv) {
 static int run_train_program(char **args) {
   char self[PATH_MAX], path[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) {
-    fprintf(stderr, "flint train: cannot find this program's own path: %s\n", strerror(errno));
+  if (n <= 0 || n == (ssize_t)sizeof self - 1) { /* the second: cut short */
+    fprintf(stderr, "flint train: cannot find this program's own path: %s\n",
+            n <= 0 ? strerror(errno) : "too long");
     return 1;
   }
   self[n] = '\0';

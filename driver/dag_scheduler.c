@@ -301,6 +301,9 @@ void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
   if (job->active_prev) job->active_prev->active_next = job->active_next;
   else s->active = job->active_next;
   if (job->active_next) job->active_next->active_prev = job->active_prev;
+  /* A backup still pending (its original won before a slot came free) goes with the job,
+   * which is freed once handed back. */
+  task_scheduler_drop_job(s, job);
   COMMON_TRACE("job.end", failed ? "failed" : "ok");
   if (job->done_fn) { /* completed by the loop once this event is through */
     job->ended_next = s->ended_async;

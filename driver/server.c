@@ -656,17 +656,44 @@ static fl_status run_job_reply(run_job *j, fl_buf *response) {
   return status;
 }
 
-/* The job ended (the scheduler thread): the call gets its reply. */
-static void run_job_ended(void *arg, fl_status status, const char *error) {
-  run_job *j = arg;
+/* Answers the call with the job's outcome and frees j (any thread). j goes first: once the
+ * reply is out, a stopping driver may free what j points to. */
+static void run_job_answer(run_job *j, fl_status status, const char *error) {
   job_note(j->d, j->app->id, 0, (uint32_t)j->req->n_partitions, false, status, error);
   fl_buf response = FL_BUF_INIT;
   char message[1024] = "";
   if (status == FL_OK) status = run_job_reply(j, &response);
   else snprintf(message, sizeof message, "%s", error ? error : fl_strerror(status));
   if (status != FL_OK && !*message) snprintf(message, sizeof message, "%s", fl_last_error());
-  rpc_deferred_reply(j->call, status, message, &response);
+  rpc_deferred *call = j->call;
   run_job_free(j);
+  rpc_deferred_reply(call, status, message, &response);
+}
+
+/* Results of more bytes than this are packed (copied twice: protobuf, gRPC) on a thread of
+ * their own, so that the scheduler thread does not stop every other job for milliseconds. */
+#define RUN_JOB_REPLY_OFFLOAD ((size_t)1 << 20)
+
+static void *run_job_answer_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-reply");
+  run_job_answer(arg, FL_OK, NULL);
+  return NULL;
+}
+
+/* The job ended (the scheduler thread): the call gets its reply. */
+static void run_job_ended(void *arg, fl_status status, const char *error) {
+  run_job *j = arg;
+  size_t bytes = 0;
+  for (size_t i = 0; status == FL_OK && i < j->req->n_partitions; i++) bytes += j->results[i].len;
+  pthread_attr_t attr;
+  pthread_t thread;
+  bool offloaded = false;
+  if (bytes > RUN_JOB_REPLY_OFFLOAD && pthread_attr_init(&attr) == 0) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    offloaded = pthread_create(&thread, &attr, run_job_answer_main, j) == 0;
+    pthread_attr_destroy(&attr);
+  }
+  if (!offloaded) run_job_answer(j, status, error); /* no thread to spare: here, as small ones */
 }
 
 /* Checks and records the request (plan, broadcasts, storage levels, released datasets) and

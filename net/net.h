@@ -78,8 +78,11 @@ typedef struct rpc_server_config {
   rpc_quick_fn quick;       /* optional, see rpc_quick_fn; gets handler_arg too */
   const char *const *quick_methods; /* the methods offered to quick ("/flint.Executor/LaunchTasks"),
                                        NULL-terminated; the array must outlive the server */
+  size_t quick_max_request; /* requests of more bytes go to the handler threads unoffered
+                               (decoding them would hold up every call); 0: RPC_QUICK_MAX_REQUEST */
 } rpc_server_config;
-#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL}
+#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0}
+#define RPC_QUICK_MAX_REQUEST ((size_t)256 << 10)
 #define RPC_DEFAULT_MAX_MESSAGE ((size_t)64 << 20)
 
 /* Binds cfg->listen, starts the server's threads (one that owns gRPC's completion queue and

@@ -133,6 +133,7 @@ struct rpc_server {
   rpc_handler_fn handler;
   rpc_quick_fn quick;
   const char *const *quick_methods;
+  size_t quick_max_request;
   void *handler_arg;
   char *secret; /* NULL: none */
   size_t secret_len;
@@ -354,7 +355,8 @@ static bool rpc_server_try_quick(rpc_server *s, rpc_server_call *c) {
   if (!s->quick || atomic_load(&s->stopping)) return false;
   bool listed = false;
   for (const char *const *m = s->quick_methods; m && *m && !listed; m++) listed = strcmp(*m, c->method) == 0;
-  if (!listed || !rpc_server_read_body(c)) return false;
+  if (!listed || grpc_byte_buffer_length(c->request_bb) > s->quick_max_request || !rpc_server_read_body(c))
+    return false;
   rpc_request req = rpc_server_request(c);
   fl_buf response = FL_BUF_INIT;
   fl_status status = FL_OK;
@@ -551,6 +553,7 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
   s->handler = cfg->handler;
   s->quick = cfg->quick;
   s->quick_methods = cfg->quick_methods;
+  s->quick_max_request = cfg->quick_max_request ? cfg->quick_max_request : RPC_QUICK_MAX_REQUEST;
   s->handler_arg = cfg->handler_arg;
   s->max_message = cfg->max_message ? cfg->max_message : RPC_DEFAULT_MAX_MESSAGE;
   uint32_t threads = cfg->handler_threads ? cfg->handler_threads : RPC_DEFAULT_HANDLER_THREADS;
