@@ -280,10 +280,13 @@ bool common_trace_on(void) {
   if (fd == -2) {
     const char *path = getenv("FLINT_TRACE");
     int opened = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
-    if (path && *path && opened < 0)
-      fprintf(stderr, "flint: FLINT_TRACE=%s cannot be opened (%s): no trace\n", path, strerror(errno));
-    int expected = -2;
-    if (!atomic_compare_exchange_strong(&trace_fd, &expected, opened) && opened >= 0) close(opened);
+    int err = errno, expected = -2;
+    if (atomic_compare_exchange_strong(&trace_fd, &expected, opened)) { /* the first look decides */
+      if (path && *path && opened < 0)
+        fprintf(stderr, "flint: FLINT_TRACE=%s cannot be opened (%s): no trace\n", path, strerror(err));
+    } else if (opened >= 0) {
+      close(opened);
+    }
     fd = atomic_load(&trace_fd);
   }
   return fd >= 0;
