@@ -751,13 +751,7 @@ static fl_status run_job_start(driver_state *d, const rpc_request *call) {
                          .reports_left = &j->reports_left, .stats = &j->stats};
   status = scheduler_submit_job(d->sched, j->r, req->partitions, (uint32_t)req->n_partitions, &j->action.action,
                                 &opts, j->results, run_job_ended, j);
-  if (status != FL_OK) { /* not submitted: answered here, through the deferred call */
-    char message[1024];
-    snprintf(message, sizeof message, "%s", fl_last_error());
-    job_note(d, app->id, 0, (uint32_t)req->n_partitions, false, status, message);
-    rpc_deferred_reply(j->call, status, message, NULL);
-    run_job_free(j);
-  }
+  if (status != FL_OK) run_job_answer(j, status, fl_last_error()); /* not submitted: answered here */
   return FL_OK;
 fail:
   run_job_free(j);
