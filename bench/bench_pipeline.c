@@ -1,7 +1,10 @@
 /*
  * bench_pipeline: pipeline and tensor parallelism (issue 8) of the hybrid trainer
- * (gpu/pipeline.h), on the cpu device, with every rank a thread of this program and the
- * ranks joined by host communicators over loopback (the host backend, not NCCL).
+ * (gpu/pipeline.h), on the cpu device and, when a GPU is usable, on the cuda device, with
+ * every rank a thread of this program and the ranks joined by host communicators over
+ * loopback (the host backend, not NCCL). On cuda every rank opens the same GPU as a device of
+ * its own (its own stream and cuBLAS handle): ranks sharing one GPU must use the host
+ * backend, which stages tensors through pinned host memory, since NCCL wants one GPU a rank.
  *
  * Rows of the first table, "schedule x p x m": for each schedule (gpipe, 1f1b, interleaved
  * with v = 2 chunks per rank), p = 2 and 4 pipeline ranks and m = 1, 4, 8, 16 micro-batches
@@ -42,8 +45,11 @@
  * cores, so ratios above 1/tp (and above 1 at tp 4) say as much about this host as about
  * the method.
  *
- *   bench_pipeline [--json] [--steps N] [--quick]
+ *   bench_pipeline [--json] [--device cpu|cuda|all] [--steps N] [--quick]
  *
+ * --device: the tables for the cpu device, the cuda device, or both (default all: cuda rows
+ * only when a GPU is usable, else a line saying they were skipped; naming cuda without one
+ * is an error).
  * --steps: measured steps per row after one warm-up (default 3). --quick: m in {1, 8} and no
  * compute rows. With --json, one JSON object per row with the table's figures. Exit status 2
  * on a bad option, 1 when the engine fails (its message on stderr).
@@ -161,12 +167,14 @@ typedef struct run {
   size_t peak[MAX_RANKS];
 } run;
 
-static fl_device *cpu;
+/* One device per rank, all of the kind being measured: a device is one stream of work. */
+static fl_device *rank_dev[MAX_RANKS];
+static const char *dev_name; /* "cpu" or "cuda", the rows' device column */
 
 static fl_status train_rank(void *arg, int rank, fl_comm *comm) {
   run *ru = arg;
   pp_trainer *t = NULL;
-  fl_status st = pp_trainer_create(cpu, comm, &ru->o, &t);
+  fl_status st = pp_trainer_create(rank_dev[rank], comm, &ru->o, &t);
   ru->peak[rank] = 0;
   for (int i = 0; st == FL_OK && i <= ru->steps; i++) {
     pp_step_stats s;
@@ -263,14 +271,14 @@ static fl_status schedule_row(world *w, bool compute, pp_schedule s, int p, int 
     summarize(ru, p, &step_s, &bubble);
     const char *cost = compute ? "compute" : "synthetic";
     if (json)
-      printf("{\"table\":\"schedule\",\"cost\":\"%s\",\"schedule\":\"%s\",\"p\":%d,\"m\":%d,\"v\":%d,"
+      printf("{\"table\":\"schedule\",\"device\":\"%s\",\"cost\":\"%s\",\"schedule\":\"%s\",\"p\":%d,\"m\":%d,\"v\":%d,"
              "\"batch\":%d,\"bubble\":%.4f,\"bubble_theory\":%.4f,\"bubble_simulated\":%.4f,"
              "\"samples_per_s\":%.1f,\"step_ms\":%.3f,\"peak_activation_bytes_first\":%zu,"
              "\"peak_activation_bytes_last\":%zu}\n",
-             cost, pp_schedule_name(s), p, m, v, ru->batch, bubble, ru->theory, sim, ru->batch / step_s,
-             step_s * 1e3, ru->peak[0], ru->peak[p - 1]);
+             dev_name, cost, pp_schedule_name(s), p, m, v, ru->batch, bubble, ru->theory, sim,
+             ru->batch / step_s, step_s * 1e3, ru->peak[0], ru->peak[p - 1]);
     else
-      printf("%-9s %-11s %2d %3d %2d %5d %7.3f %7.3f %7.3f %10.1f %9.2f %12zu %12zu\n", cost,
+      printf("%-4s %-9s %-11s %2d %3d %2d %5d %7.3f %7.3f %7.3f %10.1f %9.2f %12zu %12zu\n", dev_name, cost,
              pp_schedule_name(s), p, m, v, ru->batch, bubble, ru->theory, sim, ru->batch / step_s,
              step_s * 1e3, ru->peak[0], ru->peak[p - 1]);
     fflush(stdout);
@@ -305,13 +313,13 @@ static fl_status tensor_rows(world *worlds, int steps, int cores, bool json) {
     summarize(ru, tp, &step_s, &bubble);
     if (tp == 1) base_s = step_s;
     if (json)
-      printf("{\"table\":\"tensor_parallel\",\"tp\":%d,\"batch\":%d,\"seq\":%d,\"hidden\":%d,"
+      printf("{\"table\":\"tensor_parallel\",\"device\":\"%s\",\"tp\":%d,\"batch\":%d,\"seq\":%d,\"hidden\":%d,"
              "\"heads\":%d,\"ffn\":%d,\"blocks\":%d,\"step_ms\":%.3f,\"samples_per_s\":%.1f,"
              "\"ratio_to_tp1\":%.3f,\"oversubscribed\":%s}\n",
-             tp, batch, spec.seq, spec.hidden, spec.heads, spec.ffn, spec.blocks, step_s * 1e3,
+             dev_name, tp, batch, spec.seq, spec.hidden, spec.heads, spec.ffn, spec.blocks, step_s * 1e3,
              batch / step_s, step_s / base_s, tp > cores ? "true" : "false");
     else
-      printf("%2d %5d %10.2f %10.1f %8.3f%s\n", tp, batch, step_s * 1e3, batch / step_s, step_s / base_s,
+      printf("%-4s %2d %5d %10.2f %10.1f %8.3f%s\n", dev_name, tp, batch, step_s * 1e3, batch / step_s, step_s / base_s,
              tp > cores ? "  (more ranks than cores: oversubscribed)" : "");
     fflush(stdout);
   }
@@ -321,39 +329,21 @@ static fl_status tensor_rows(world *worlds, int steps, int cores, bool json) {
   return st;
 }
 
-/* ---- main -------------------------------------------------------------------------------- */
+/* ---- one device kind: both tables ------------------------------------------------------ */
 
-int main(int argc, char **argv) {
-  bool json = false, quick = false;
-  uint64_t steps = 3;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) {
-      json = true;
-    } else if (strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      if (!parse_count(argv[++i], MAX_STEPS, &steps)) {
-        fprintf(stderr, BENCH_NAME ": --steps takes a count from 1 to %d, not '%s'\n", MAX_STEPS, argv[i]);
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "usage: " BENCH_NAME " [--json] [--steps N] [--quick]\n");
-      return 2;
-    }
+static void close_rank_devices(void) {
+  for (int r = 0; r < MAX_RANKS; r++) {
+    fl_device_close(rank_dev[r]);
+    rank_dev[r] = NULL;
   }
-  /* A lost peer fails within 20 s instead of hanging the benchmark. */
-  setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1);
-  if (fl_device_open(FL_DEVICE_CPU, 0, &cpu) != FL_OK) {
-    fail_flint("fl_device_open");
-    return 1;
-  }
-  long online = sysconf(_SC_NPROCESSORS_ONLN);
-  int cores = online > 0 ? (int)online : 1;
-  world worlds[MAX_RANKS + 1] = {0};
-  int rc = 0;
-  const char *what = "fl_comm_host_create";
+}
+
+/* Every row of both tables with the ranks on devices of `kind`. */
+static int run_device(fl_device_kind kind, world *worlds, bool json, bool quick, int steps, int cores) {
+  dev_name = kind == FL_DEVICE_CUDA ? "cuda" : "cpu";
+  const char *what = "fl_device_open";
   fl_status st = FL_OK;
-  for (int size = 1; st == FL_OK && size <= MAX_RANKS; size *= 2) st = world_create(size, &worlds[size]);
+  for (int r = 0; st == FL_OK && r < MAX_RANKS; r++) st = fl_device_open(kind, 0, &rank_dev[r]);
   if (st == FL_OK) what = "a schedule row";
 
   const pp_schedule schedules[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED};
@@ -361,9 +351,9 @@ int main(int argc, char **argv) {
   const int *ms = quick ? ms_quick : ms_full;
   int nm = quick ? 2 : 4;
   if (st == FL_OK && !json) {
-    printf("schedule x p x m: cpu, ranks as threads over loopback host comms; %d samples per "
+    printf("schedule x p x m: %s, ranks as threads over loopback host comms; %d samples per "
            "micro-batch, %d measured steps after a warm-up (medians)\n",
-           MICROBATCH, (int)steps);
+           kind == FL_DEVICE_CUDA ? "cuda (every rank on GPU 0, its own stream)" : "cpu", MICROBATCH, steps);
     printf("synthetic: tiny model, even cut, forward sleeps %.0f ms / v, backward twice that; "
            "compute: small real model, no sleeps\n",
            SYNTHETIC_FWD_S * 1e3);
@@ -371,30 +361,82 @@ int main(int argc, char **argv) {
            "(interleaved: (p-1)/(vm+p-1), the fraction of the step the bubble is)\n");
     printf("samples/s: global batch over the slowest rank's step; peak act: activation bytes held at "
            "once on pipeline rank 0 and the last\n");
-    printf("%-9s %-11s %2s %3s %2s %5s %7s %7s %7s %10s %9s %12s %12s\n", "cost", "schedule", "p", "m", "v",
-           "batch", "bubble", "theory", "sim", "samples/s", "step ms", "peak act r0", "peak act last");
+    printf("%-4s %-9s %-11s %2s %3s %2s %5s %7s %7s %7s %10s %9s %12s %12s\n", "dev", "cost", "schedule", "p",
+           "m", "v", "batch", "bubble", "theory", "sim", "samples/s", "step ms", "peak act r0", "peak act last");
   }
   for (size_t s = 0; st == FL_OK && s < 3; s++)
     for (int pi = 0; st == FL_OK && pi < 2; pi++)
       for (int mi = 0; st == FL_OK && mi < nm; mi++)
-        st = schedule_row(&worlds[ps[pi]], false, schedules[s], ps[pi], ms[mi], (int)steps, json);
+        st = schedule_row(&worlds[ps[pi]], false, schedules[s], ps[pi], ms[mi], steps, json);
   for (size_t s = 0; !quick && st == FL_OK && s < 3; s++)
     for (int pi = 0; st == FL_OK && pi < 2; pi++)
-      st = schedule_row(&worlds[ps[pi]], true, schedules[s], ps[pi], 8, (int)steps, json);
+      st = schedule_row(&worlds[ps[pi]], true, schedules[s], ps[pi], 8, steps, json);
 
   if (st == FL_OK && !json) {
-    printf("\ntensor parallel: seq 64, features 32, hidden 256, 8 heads, ffn 1024, 2 blocks, batch 16, "
-           "pp 1; step = compute_gradients + apply (median); ratio to the single rank (tp 1)\n");
+    printf("\ntensor parallel: %s; seq 64, features 32, hidden 256, 8 heads, ffn 1024, 2 blocks, batch 16, "
+           "pp 1; step = compute_gradients + apply (median); ratio to the single rank (tp 1)\n",
+           dev_name);
     printf("host backend over loopback (not NCCL), %d cores here: tp > %d oversubscribes them\n", cores, cores);
-    printf("%2s %5s %10s %10s %8s\n", "tp", "batch", "step ms", "samples/s", "vs tp1");
+    printf("%-4s %2s %5s %10s %10s %8s\n", "dev", "tp", "batch", "step ms", "samples/s", "vs tp1");
   }
   if (st == FL_OK) what = "a tensor-parallel row";
-  if (st == FL_OK) st = tensor_rows(worlds, (int)steps, cores, json);
+  if (st == FL_OK) st = tensor_rows(worlds, steps, cores, json);
+  close_rank_devices();
   if (st != FL_OK) {
     fail_flint(what);
+    return 1;
+  }
+  if (!json) printf("\n");
+  return 0;
+}
+
+/* ---- main -------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+  bool json = false, quick = false;
+  const char *which = "all";
+  uint64_t steps = 3;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+      which = argv[++i];
+      if (strcmp(which, "cpu") && strcmp(which, "cuda") && strcmp(which, "all")) {
+        fprintf(stderr, BENCH_NAME ": --device takes cpu, cuda or all, not '%s'\n", which);
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+      if (!parse_count(argv[++i], MAX_STEPS, &steps)) {
+        fprintf(stderr, BENCH_NAME ": --steps takes a count from 1 to %d, not '%s'\n", MAX_STEPS, argv[i]);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usage: " BENCH_NAME " [--json] [--device cpu|cuda|all] [--steps N] [--quick]\n");
+      return 2;
+    }
+  }
+  bool cuda = strcmp(which, "cpu") != 0 && fl_cuda_device_count() > 0;
+  if (strcmp(which, "cuda") == 0 && !cuda) {
+    fprintf(stderr, BENCH_NAME ": --device cuda: no usable GPU (none found, or flint built without CUDA)\n");
+    return 1;
+  }
+  /* A lost peer fails within 20 s instead of hanging the benchmark. */
+  setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1);
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int cores = online > 0 ? (int)online : 1;
+  world worlds[MAX_RANKS + 1] = {0};
+  int rc = 0;
+  fl_status st = FL_OK;
+  for (int size = 1; st == FL_OK && size <= MAX_RANKS; size *= 2) st = world_create(size, &worlds[size]);
+  if (st != FL_OK) {
+    fail_flint("fl_comm_host_create");
     rc = 1;
   }
+  if (rc == 0 && strcmp(which, "cuda") != 0) rc = run_device(FL_DEVICE_CPU, worlds, json, quick, (int)steps, cores);
+  if (rc == 0 && cuda) rc = run_device(FL_DEVICE_CUDA, worlds, json, quick, (int)steps, cores);
+  if (rc == 0 && !cuda && !json && strcmp(which, "all") == 0) printf("(cuda: no GPU here; rows skipped)\n");
   for (int size = 1; size <= MAX_RANKS; size *= 2) world_destroy(&worlds[size]);
-  fl_device_close(cpu);
   return rc;
 }

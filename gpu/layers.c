@@ -683,7 +683,7 @@ typedef struct block_layer {
 static fl_status block_forward(layer *l, const fl_tensor *x, bool train) {
   block_layer *K = (block_layer *)l;
   fl_device *dev = l->store->dev;
-  const fl_tensor *t, *shortcut = x;
+  const fl_tensor *t = NULL, *shortcut = x; /* = NULL: gcc 13 cannot see through FL_CHECK */
   fl_status status = FL_OK;
   FL_CHECK(layer_forward(K->conv1, x, train, &t));
   FL_CHECK(layer_forward(K->bn1, t, train, &t));
