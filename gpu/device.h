@@ -40,6 +40,7 @@ struct fl_device {
   fl_device_kind kind;
   int ordinal;
   char name[128];
+  char pci_bus_id[32]; /* cuda: the GPU's PCI address, which tells when ranks share a GPU */
   void *impl; /* the backend's state (cuda: stream, cuBLAS handle, allocator) */
 };
 

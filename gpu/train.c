@@ -7,7 +7,8 @@
  *   1. read the partition into two host readers (train, test);
  *   2. open the device, build the model from the shared seed (identical weights everywhere),
  *      make the optimizer, bootstrap the communicator through fl_barrier_all_gather
- *      (host: every rank's listen address; NCCL: rank 0's unique id);
+ *      (host: every rank's listen address; NCCL: rank 0's unique id; cuda ranks take NCCL
+ *      unless two of them share a GPU, which NCCL refuses, or FLINT_TRAIN_COMM=host);
  *   3. agree on the steps per epoch (the smallest rank's full batches), so that every rank
  *      calls the same collectives in the same order;
  *   4. on a retried attempt, restore the last checkpoint the stage put;
@@ -119,6 +120,27 @@ bool train_uses_nccl(fl_device_kind kind) {
   return kind == FL_DEVICE_CUDA && !(backend && strcmp(backend, "host") == 0);
 }
 
+/* Whether two ranks of the barrier train on one GPU (the same host and PCI address), which
+ * NCCL refuses: then every rank takes the host backend. All ranks see the same gathered
+ * records, so they all decide alike. */
+static fl_status ranks_share_a_gpu(fl_barrier *b, const fl_device *dev, bool *out) {
+  char mine[320], host[256] = "";
+  gethostname(host, sizeof host - 1);
+  int len = snprintf(mine, sizeof mine, "%s/%s", host, dev->pci_bus_id);
+  fl_records *all = NULL;
+  fl_status status = fl_barrier_all_gather(b, fl_bytes_of(mine, (size_t)len), 0, &all);
+  if (status != FL_OK) return status;
+  *out = false;
+  size_t n = fl_records_count(all);
+  for (size_t i = 0; i < n && !*out; i++)
+    for (size_t j = i + 1; j < n && !*out; j++) {
+      fl_bytes x = fl_records_get(all, i), y = fl_records_get(all, j);
+      *out = x.len == y.len && memcmp(x.data, y.data, x.len) == 0;
+    }
+  fl_records_free(all);
+  return FL_OK;
+}
+
 fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_allreduce_algo algo, bool host,
                         int comm_rank, fl_comm **out) {
   uint32_t world = fl_barrier_world(b);
@@ -128,7 +150,9 @@ fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_a
   fl_comm_endpoint *ep = NULL;
   const char **addrs = NULL;
   *out = NULL;
-  if (!host && train_uses_nccl(kind)) {
+  bool shared = false;
+  if (!host && train_uses_nccl(kind)) FL_CHECK(ranks_share_a_gpu(b, dev, &shared));
+  if (!host && !shared && train_uses_nccl(kind)) {
     uint8_t id[FL_NCCL_ID_BYTES] = {0};
     bool first = fl_barrier_rank(b) == 0; /* any one rank makes the id */
     if (first) FL_CHECK(fl_comm_nccl_unique_id(id));

@@ -10,6 +10,15 @@
  *     retry once, on the live executors, from the epoch-1 checkpoint (attempts 2,
  *     resumed_epoch 1, one curve row per epoch); with no spare executor the run fails with
  *     FL_ESLOTS.
+ * Built a second time as test_gpu_train_cuda (TEST_GPU_TRAIN_CUDA), where the ranks train on
+ * the cuda device, every rank on GPU 0 with the host backend staging through pinned memory:
+ *   - R ranks on cuda reach 1 rank on cuda's weights (every host algorithm, small buckets);
+ *   - 1 rank on cuda reaches 1 rank on cpu's weights (cuBLAS and own kernels against OpenBLAS
+ *     and plain C, at fp32 tolerance);
+ *   - overlap on cuda: a bucket per layer reduced on the communication thread while backward
+ *     still queues kernels ends where allreducing inside backward does. Within EQ_TOL, not
+ *     byte for byte: the bias gradients meet by atomicAdd, whose order varies from run to run.
+ * It exits 77 (skipped) without a usable GPU.
  * It links the shared libflint and libflint_gpu: on a local cluster the trainer's barrier
  * function reaches the executors by (library, symbol). Needs Fashion-MNIST in
  * /usr/share/datasets/fashion-mnist (the tests skip without it). */
@@ -59,6 +68,13 @@
  * a different function, not a rounding difference (measured: 6e-3 after 20 steps at R=2). */
 #define EQ_TOL 1e-5
 #define EQ_LR 0.03
+
+/* The device every run trains on: cpu, or cuda in test_gpu_train_cuda. */
+#ifdef TEST_GPU_TRAIN_CUDA
+static const fl_device_kind test_device = FL_DEVICE_CUDA;
+#else
+static const fl_device_kind test_device = FL_DEVICE_CPU;
+#endif
 
 static char tmp_dir[128];
 
@@ -146,6 +162,7 @@ static gpu_train_options eq_options(nn_model_kind model, uint32_t ranks, const c
   o.shuffle = false;
   o.max_train_images = (uint64_t)EQ_STEPS * EQ_BATCH;
   o.max_test_images = 60;
+  o.device = test_device;
   return o;
 }
 
@@ -316,6 +333,59 @@ static void test_default_bucket_is_one_allreduce(void **state) {
   ckpt_free(&c);
 }
 
+/* ---- cuda against cpu, and overlap on cuda (test_gpu_train_cuda) ------------------------ */
+
+#ifdef TEST_GPU_TRAIN_CUDA
+/* 1 rank on cuda and 1 rank on cpu: the same function up to the order of fp32 additions. */
+static void test_cuda_matches_cpu(void **state) {
+  (void)state;
+  NEED_DATA();
+  ckpt gpu = {0}, cpu = {0};
+  gpu_train_options o = eq_options(NN_MLP, 1, "local[1]");
+  o.lr = EQ_LR;
+  run_to_ckpt(&o, "1 rank cuda", &gpu);
+  o.device = FL_DEVICE_CPU;
+  run_to_ckpt(&o, "1 rank cpu", &cpu);
+  double dv, d = ckpt_diff(&cpu, &gpu, &dv);
+  fprintf(stderr, "  cuda vs cpu: max |w_cuda - w_cpu| / max(1, |w_cpu|) = %.3g (velocity %.3g), tolerance %g\n",
+          d, dv, EQ_TOL);
+  assert_true(d <= EQ_TOL);
+  assert_true(dv <= EQ_TOL);
+  ckpt_free(&gpu);
+  ckpt_free(&cpu);
+}
+
+/* With a bucket per layer, the communication thread reduces buckets while backward's kernels
+ * are still queued on the stream; the result must be the synchronous run's. */
+static void check_overlap_cuda(nn_model_kind model, uint32_t ranks, uint32_t min_buckets) {
+  ckpt on = {0}, off = {0};
+  uint32_t buckets_on = 0, buckets_off = 0;
+  gpu_train_options o = eq_options(model, ranks, "local[3]");
+  o.lr = EQ_LR;
+  o.bucket_bytes = 4;
+  o.overlap = false;
+  run_to_ckpt_buckets(&o, "cuda, no overlap, 4-byte buckets", &off, &buckets_off);
+  o.overlap = true;
+  run_to_ckpt_buckets(&o, "cuda, overlap, 4-byte buckets", &on, &buckets_on);
+  assert_int_equal(buckets_on, buckets_off);
+  assert_true(buckets_on >= min_buckets);
+  double dv, d = ckpt_diff(&off, &on, &dv);
+  fprintf(stderr, "  %s, %u ranks, %u buckets a step: overlap vs not %.3g (velocity %.3g), tolerance %g\n",
+          nn_model_kind_name(model), ranks, buckets_on, d, dv, EQ_TOL);
+  assert_true(d <= EQ_TOL);
+  assert_true(dv <= EQ_TOL);
+  ckpt_free(&on);
+  ckpt_free(&off);
+}
+
+static void test_cuda_overlap_matches_synchronous(void **state) {
+  (void)state;
+  NEED_DATA();
+  check_overlap_cuda(NN_MLP, 3, 3);
+  check_overlap_cuda(NN_CNN, 2, 6);
+}
+#endif
+
 /* ---- a killed rank ------------------------------------------------------------------------ */
 
 typedef struct kill_watch {
@@ -464,6 +534,25 @@ int main(void) {
     fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
     return 1;
   }
+#ifdef TEST_GPU_TRAIN_CUDA
+  /* test_gpu_train_cuda: the same file, the cuda runs only (77: skipped without a GPU). */
+  if (fl_cuda_device_count() < 1) {
+    printf("test_gpu_train_cuda: skipped: no usable CUDA GPU (fl_cuda_device_count() == 0)\n");
+    rmdir(tmp_dir);
+    return 77;
+  }
+  /* Every rank is on GPU 0, which NCCL refuses: the host backend, staging through pinned
+   * memory (local mode runs the ranks as threads of this process). */
+  setenv("FLINT_TRAIN_COMM", "host", 1);
+  const struct CMUnitTest cuda_tests[] = {
+      T(test_cuda_matches_cpu),
+      T(test_equivalence_mlp),
+      T(test_cuda_overlap_matches_synchronous),
+  };
+  int cuda_failed = cmocka_run_group_tests_name("gpu_train_cuda", cuda_tests, NULL, NULL);
+  rmdir(tmp_dir);
+  return cuda_failed;
+#endif
   const struct CMUnitTest tests[] = {
       T(test_options),
       T(test_equivalence_mlp),

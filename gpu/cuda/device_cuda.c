@@ -588,6 +588,7 @@ fl_status cuda_device_init(fl_device *dev, int ordinal) {
   dev->ordinal = ordinal;
   /* The marketing name fits easily; %.100s only bounds it for the compiler. */
   snprintf(dev->name, sizeof dev->name, "cuda:%d (%.100s)", ordinal, prop.name);
+  CUDA_CHECK(&impl->es, cudaDeviceGetPCIBusId(dev->pci_bus_id, (int)sizeof dev->pci_bus_id, ordinal));
   dev->impl = impl;
   impl = NULL;
 cleanup:
