@@ -338,12 +338,17 @@ static void close_rank_devices(void) {
   }
 }
 
-/* Every row of both tables with the ranks on devices of `kind`. */
-static int run_device(fl_device_kind kind, world *worlds, bool json, bool quick, int steps, int cores) {
+/* Every row of both tables with the ranks on devices of `kind`. The communicators are made
+ * and destroyed within: on cuda they keep pinned staging memory of the ranks' devices, so
+ * they must go before the devices do. */
+static int run_device(fl_device_kind kind, bool json, bool quick, int steps, int cores) {
   dev_name = kind == FL_DEVICE_CUDA ? "cuda" : "cpu";
   const char *what = "fl_device_open";
+  world worlds[MAX_RANKS + 1] = {0};
   fl_status st = FL_OK;
   for (int r = 0; st == FL_OK && r < MAX_RANKS; r++) st = fl_device_open(kind, 0, &rank_dev[r]);
+  if (st == FL_OK) what = "fl_comm_host_create";
+  for (int size = 1; st == FL_OK && size <= MAX_RANKS; size *= 2) st = world_create(size, &worlds[size]);
   if (st == FL_OK) what = "a schedule row";
 
   const pp_schedule schedules[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED};
@@ -381,6 +386,7 @@ static int run_device(fl_device_kind kind, world *worlds, bool json, bool quick,
   }
   if (st == FL_OK) what = "a tensor-parallel row";
   if (st == FL_OK) st = tensor_rows(worlds, steps, cores, json);
+  for (int size = 1; size <= MAX_RANKS; size *= 2) world_destroy(&worlds[size]);
   close_rank_devices();
   if (st != FL_OK) {
     fail_flint(what);
@@ -426,17 +432,9 @@ int main(int argc, char **argv) {
   setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1);
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   int cores = online > 0 ? (int)online : 1;
-  world worlds[MAX_RANKS + 1] = {0};
   int rc = 0;
-  fl_status st = FL_OK;
-  for (int size = 1; st == FL_OK && size <= MAX_RANKS; size *= 2) st = world_create(size, &worlds[size]);
-  if (st != FL_OK) {
-    fail_flint("fl_comm_host_create");
-    rc = 1;
-  }
-  if (rc == 0 && strcmp(which, "cuda") != 0) rc = run_device(FL_DEVICE_CPU, worlds, json, quick, (int)steps, cores);
-  if (rc == 0 && cuda) rc = run_device(FL_DEVICE_CUDA, worlds, json, quick, (int)steps, cores);
+  if (strcmp(which, "cuda") != 0) rc = run_device(FL_DEVICE_CPU, json, quick, (int)steps, cores);
+  if (rc == 0 && cuda) rc = run_device(FL_DEVICE_CUDA, json, quick, (int)steps, cores);
   if (rc == 0 && !cuda && !json && strcmp(which, "all") == 0) printf("(cuda: no GPU here; rows skipped)\n");
-  for (int size = 1; size <= MAX_RANKS; size *= 2) world_destroy(&worlds[size]);
   return rc;
 }

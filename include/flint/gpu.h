@@ -101,6 +101,8 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
 /* Ranks with the same `color` form a sub-group, ordered by (key, rank); collective over
  * `comm`. *out is NULL for a rank whose color is negative. */
 FL_API fl_status fl_comm_split(fl_comm *comm, int color, int key, fl_comm **out);
+/* Before closing any device whose tensors the communicator reduced: the host backend keeps
+ * pinned staging memory of that device. */
 FL_API void fl_comm_destroy(fl_comm *comm);
 FL_API int fl_comm_rank(const fl_comm *comm);
 FL_API int fl_comm_size(const fl_comm *comm);
