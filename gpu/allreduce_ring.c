@@ -36,7 +36,7 @@ fl_status ring_reduce_scatter(comm_host *h, int rank, int size, float *data, siz
     size_t scount = comm_block_count(n, size, sb), rcount = comm_block_count(n, size, rb);
     const float *sp = data + comm_block_offset(n, size, sb);
     float *rp = data + comm_block_offset(n, size, rb);
-    st = comm_host_exchange_reduce(h, next, sp, scount * sizeof(float), prev, rp, rcount, tmp, piece);
+    st = comm_host_ring_step_reduce(h, next, sp, scount * sizeof(float), prev, rp, rcount, tmp, piece);
     if (st != FL_OK) return st;
   }
   return FL_OK;
@@ -48,7 +48,7 @@ fl_status ring_allgather_bytes(comm_host *h, int rank, int size, uint8_t *data,
   /* Step s forwards block rank-s (own block first) and receives block rank-s-1. */
   for (int s = 0; s < size - 1; s++) {
     int sb = mod(rank - s, size), rb = mod(rank - s - 1, size);
-    fl_status st = comm_host_exchange(h, next, data + off[sb], len[sb], prev, data + off[rb], len[rb]);
+    fl_status st = comm_host_ring_step(h, next, data + off[sb], len[sb], prev, data + off[rb], len[rb]);
     if (st != FL_OK) return st;
   }
   return FL_OK;

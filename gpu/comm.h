@@ -85,6 +85,17 @@ fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size
 fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                                     int recv_peer, float *sum, size_t rcount, float *tmp,
                                     size_t piece_floats);
+/* A ring step: exchange (or exchange_reduce) where every rank of the step calls the same
+ * function, sending to the rank that receives from it by this function too. Only then may
+ * a half move by a single copy (the receiver reads the sender's buffer, see comm_host.c):
+ * the receiving end must expect the sender's descriptor instead of the data. */
+fl_status comm_host_ring_step(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                              int recv_peer, void *rbuf, size_t rbytes);
+fl_status comm_host_ring_step_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                                     int recv_peer, float *sum, size_t rcount, float *tmp,
+                                     size_t piece_floats);
+/* How many peers this rank's ring steps reach by a single copy (0 on other backends). */
+int comm_host_single_copy_peers(const fl_comm *c);
 /* A scratch buffer of at least `bytes` owned by the transport (grown on demand, kept for
  * the communicator's life). Slot 0 and 1 are separate buffers. */
 fl_status comm_host_scratch(comm_host *h, int slot, size_t bytes, void **out);

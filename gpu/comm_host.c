@@ -15,6 +15,21 @@
  * tensor into pinned host memory (dev->ops->host_alloc), run there and copy back, so
  * several ranks may share one GPU.
  *
+ * Single copy between ranks on one host. Over loopback TCP every byte is copied twice (into
+ * the kernel by send, out of it by recv), and past the caches that is what bounds a
+ * collective. So when the mesh is up, each rank offers every peer its pid and the address
+ * of a random cookie; a peer that can read the cookie with process_vm_readv(2) (the same
+ * host and pid namespace, and ptrace permission: Linux's cross-memory attach, as MPI
+ * libraries use it) says so, and a pair where both directions work moves ring steps of
+ * FLINT_COMM_SINGLE_COPY_MIN bytes or more (default 128 KiB; the pair takes the larger of
+ * its two settings) by a single copy: the sender puts a 16-byte descriptor (address,
+ * length) on the socket, the receiver reads the sender's buffer straight into its own (or
+ * a piece at a time into the reduction), then answers with a 1-byte ack, after which the
+ * sender may reuse the buffer. Everything else, and every pair that failed the probe,
+ * stays on TCP. FLINT_COMM_SINGLE_COPY=0 turns it off. Only ring steps use it
+ * (comm_host_ring_step): both ends of a step run the same call, so the receiver knows to
+ * expect a descriptor, and neither end waits on an ack the other cannot send.
+ *
  * Threading: one thread at a time per communicator (its rank's thread).
  */
 #include <arpa/inet.h>
@@ -27,13 +42,14 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/common.h"
 #include "gpu/comm.h"
 
 #define HOST_MAGIC 0x544e4c46u /* "FLNT" little-endian */
-#define HOST_VERSION 1u
+#define HOST_VERSION 2u /* 2: the single-copy probe follows the hello */
 #define HOST_HELLO_BYTES 16
 #define HOST_MAX_PENDING 32
 #define HOST_DEFAULT_CONNECT_MS 30000u
@@ -50,6 +66,9 @@ static uint32_t env_u32(const char *name, uint32_t def) {
 static uint32_t op_timeout_ms(void) { return env_u32("FLINT_COMM_TIMEOUT_MS", 300000u); }
 /* SO_SNDBUF/SO_RCVBUF of every comm socket; 0 leaves them to the kernel's autotuning. */
 static uint32_t sockbuf_bytes(void) { return env_u32("FLINT_COMM_SOCKBUF", 4u << 20); }
+/* Single copy (top comment): off with 0; ring steps of at least _MIN bytes use it. */
+static bool single_copy_enabled(void) { return env_u32("FLINT_COMM_SINGLE_COPY", 1) != 0; }
+static uint32_t single_copy_min(void) { return env_u32("FLINT_COMM_SINGLE_COPY_MIN", 128u << 10); }
 
 struct fl_comm_endpoint {
   int fd;
@@ -69,6 +88,11 @@ struct comm_host {
   fl_device *stage_dev[2];
   void *stage[2];
   size_t stage_cap[2];
+  /* Single copy, per peer: its pid, and the least bytes a ring step moves by a single copy
+   * with it (0: never, TCP only). The cookie is what peers read to prove they can. */
+  pid_t *peer_pid;
+  size_t *single_copy_min;
+  uint64_t cookie;
 };
 
 /* ---- sockets --------------------------------------------------------------------------- */
@@ -355,11 +379,84 @@ static void host_free(comm_host *h) {
     for (int i = 0; i < h->size; i++)
       if (h->fds[i] >= 0) close(h->fds[i]);
   common_free(h->fds);
+  common_free(h->peer_pid);
+  common_free(h->single_copy_min);
   for (int i = 0; i < 2; i++) {
     common_free(h->scratch[i]);
     if (h->stage[i]) h->stage_dev[i]->ops->host_free(h->stage_dev[i], h->stage[i]);
   }
   common_free(h);
+}
+
+/* ---- single copy --------------------------------------------------------------------------- */
+
+/* Reads `bytes` at `remote` in process `pid` into `local`; -1 with errno. */
+static int read_peer(pid_t pid, void *local, uint64_t remote, size_t bytes) {
+  uint8_t *at = local;
+  while (bytes > 0) {
+    struct iovec l = {at, bytes}, r = {(void *)(uintptr_t)remote, bytes};
+    ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (got <= 0) {
+      if (got == 0) errno = EFAULT;
+      return -1;
+    }
+    at += got, remote += (uint64_t)got, bytes -= (size_t)got;
+  }
+  return 0;
+}
+
+/* The probe (top comment): every rank sends every peer {pid, cookie address, cookie, its
+ * threshold or 0 when off}, reads the peer's cookie, and sends back whether that worked; a
+ * pair uses single copy when both reads worked. All sends of a round go before its reads,
+ * and they are a few bytes on idle sockets, so no rank waits on another's read. */
+static fl_status single_copy_probe(comm_host *h, uint64_t deadline_ns) {
+  size_t n = (size_t)h->size;
+  h->peer_pid = common_calloc(n, sizeof *h->peer_pid);
+  h->single_copy_min = common_calloc(n, sizeof *h->single_copy_min);
+  uint64_t(*theirs)[4] = common_calloc(n, sizeof *theirs);
+  uint8_t *verdict = common_calloc(n, 1);
+  fl_status status = FL_OK;
+  if (!h->peer_pid || !h->single_copy_min || !theirs || !verdict) {
+    status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
+    goto cleanup;
+  }
+  h->cookie = common_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)h ^ 0x9e3779b97f4a7c15ull;
+  uint64_t mine[4] = {(uint64_t)getpid(), (uint64_t)(uintptr_t)&h->cookie, h->cookie,
+                      single_copy_enabled() ? single_copy_min() : 0};
+  const char *what = "offer";
+  int peer = 0;
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && io_until(h->fds[peer], mine, sizeof mine, true, deadline_ns) != 0) goto io_failed;
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && io_until(h->fds[peer], theirs[peer], sizeof theirs[peer], false, deadline_ns) != 0)
+      goto io_failed;
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank) continue;
+    uint64_t seen = 0;
+    verdict[peer] = mine[3] && theirs[peer][3] && theirs[peer][0] <= (uint64_t)INT32_MAX &&
+                    read_peer((pid_t)theirs[peer][0], &seen, theirs[peer][1], sizeof seen) == 0 &&
+                    seen == theirs[peer][2];
+  }
+  what = "verdict";
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && io_until(h->fds[peer], &verdict[peer], 1, true, deadline_ns) != 0) goto io_failed;
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank) continue;
+    uint8_t back = 0;
+    if (io_until(h->fds[peer], &back, 1, false, deadline_ns) != 0) goto io_failed;
+    h->peer_pid[peer] = (pid_t)theirs[peer][0];
+    if (verdict[peer] && back == 1)
+      h->single_copy_min[peer] = theirs[peer][3] > mine[3] ? theirs[peer][3] : mine[3];
+  }
+  goto cleanup;
+io_failed:
+  status = fl_set_error(errno == ETIMEDOUT ? FL_ETIMEDOUT : FL_EPEER,
+                        "rank %d: the single-copy %s with rank %d failed: %s", h->rank, what, peer,
+                        strerror(errno));
+cleanup:
+  common_free(theirs);
+  common_free(verdict);
+  return status;
 }
 
 FL_API fl_status fl_comm_host_create(fl_comm_endpoint *ep, int rank, int size,
@@ -396,6 +493,7 @@ FL_API fl_status fl_comm_host_create(fl_comm_endpoint *ep, int rank, int size,
   uint64_t deadline = common_now_ns() + (uint64_t)timeout_ms * 1000000u;
   for (int j = 0; j < rank; j++) FL_CHECK(connect_peer(rank, size, j, addresses[j], deadline, &h->fds[j]));
   FL_CHECK(accept_peers(ep, rank, size, h->fds, deadline, timeout_ms));
+  FL_CHECK(single_copy_probe(h, deadline));
   fl_comm *c;
   FL_CHECK(comm_alloc(&host_ops, rank, size, h, &c));
   h = NULL;
@@ -424,14 +522,60 @@ static fl_status check_fd(comm_host *h, int peer) {
   return FL_OK;
 }
 
-/* The one transfer loop. With `sum` set, received bytes land in the piece buffer `tmp`
- * (piece_bytes long) and each full piece is added into sum, so that the sends keep flowing
- * while the received data is reduced; otherwise they land in rbuf. */
+/* Reads the sender's buffer described by desc ({address, length}) from recv_peer's process:
+ * into rbuf, or with `sum` a piece at a time through rbuf (piece_bytes long) into sum. */
+static fl_status single_copy_read(comm_host *h, int recv_peer, const uint64_t desc[2], void *rbuf,
+                                  size_t rbytes, float *sum, size_t piece_bytes) {
+  if (desc[1] != rbytes)
+    return fl_set_error(FL_EPROTO, "rank %d: rank %d offered %llu bytes where the ring step expects %zu",
+                        h->rank, recv_peer, (unsigned long long)desc[1], rbytes);
+  pid_t pid = h->peer_pid[recv_peer];
+  uint64_t at = desc[0];
+  size_t step = sum ? piece_bytes : rbytes;
+  for (size_t done = 0; done < rbytes; done += step) {
+    size_t n = rbytes - done < step ? rbytes - done : step;
+    uint8_t *to = sum ? rbuf : (uint8_t *)rbuf + done;
+    if (read_peer(pid, to, at + done, n) != 0)
+      return fl_set_error(errno == ESRCH ? FL_EPEER : FL_ENET,
+                          "rank %d: reading rank %d's buffer (single copy, pid %d) failed: %s", h->rank,
+                          recv_peer, (int)pid, strerror(errno));
+    if (sum) {
+      comm_reduce_add(sum, rbuf, n / sizeof(float));
+      sum += n / sizeof(float);
+    }
+  }
+  return FL_OK;
+}
+
+/* One non-blocking send (or recv) of what is left of a buffer, advancing it: true when bytes
+ * moved; otherwise *r and *err say why, for io_failed. */
+static bool io_step(int fd, const uint8_t **at, size_t *left, bool write, ssize_t *r, int *err) {
+  *r = write ? send(fd, *at, *left, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, (void *)*at, *left, MSG_DONTWAIT);
+  *err = errno;
+  if (*r > 0) {
+    *at += *r, *left -= (size_t)*r;
+    return true;
+  }
+  return false;
+}
+
+/* Whether a step that moved nothing failed (rather than found no room or no data). */
+static bool io_failed(ssize_t r, int err, bool write) {
+  if (write) return r < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR;
+  return r == 0 || (r < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR);
+}
+
+/* The one transfer loop: sbytes to send_peer while rbytes come from recv_peer. With `sum`
+ * set, received bytes land in the piece buffer `rbuf` (piece_bytes long) and each full piece
+ * is added into sum, so that the sends keep flowing while the received data is reduced.
+ * With `ring` (comm_host_ring_step), a half of at least the pair's threshold moves by a
+ * single copy (top comment): on the socket, the send half is then a descriptor out and an
+ * ack in, the receive half a descriptor in, the read, and an ack out. When both peers are
+ * one rank, its socket carries each direction in order (descriptor or data, then the ack),
+ * so the ack out waits for the send half's bytes and the ack in for the receive half's. */
 static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                          int recv_peer, void *rbuf, size_t rbytes, float *sum, size_t piece_bytes) {
-  const uint8_t *sp = sbuf;
-  uint8_t *rp = rbuf;
-  size_t in_piece = 0; /* bytes of the current piece received (sum mode) */
+                          int recv_peer, void *rbuf, size_t rbytes, float *sum, size_t piece_bytes,
+                          bool ring) {
   if (sbytes) {
     fl_status st = check_fd(h, send_peer);
     if (st) return st;
@@ -440,46 +584,73 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
     fl_status st = check_fd(h, recv_peer);
     if (st) return st;
   }
+  bool s_copy = ring && sbytes && h->single_copy_min[send_peer] && sbytes >= h->single_copy_min[send_peer];
+  bool r_copy = ring && rbytes && h->single_copy_min[recv_peer] && rbytes >= h->single_copy_min[recv_peer];
+  uint64_t sdesc[2] = {(uint64_t)(uintptr_t)sbuf, sbytes}, rdesc[2] = {0, 0};
+  uint8_t ack_out = 1, ack_in = 0;
+  const uint8_t *sp = s_copy ? (const uint8_t *)sdesc : sbuf;
+  size_t sleft = s_copy ? sizeof sdesc : sbytes;
+  const uint8_t *rp = r_copy ? (uint8_t *)rdesc : rbuf;
+  size_t rleft = r_copy ? sizeof rdesc : rbytes;
+  const uint8_t *ackp_out = &ack_out, *ackp_in = &ack_in;
+  size_t ack_out_left = 0, ack_in_left = s_copy ? 1 : 0;
+  bool read_pending = r_copy, same = send_peer == recv_peer;
+  size_t in_piece = 0; /* bytes of the current piece received (sum mode, TCP) */
   int sfd = sbytes ? h->fds[send_peer] : -1, rfd = rbytes ? h->fds[recv_peer] : -1;
   uint64_t timeout_ns = (uint64_t)h->op_timeout_ms * 1000000u;
   uint64_t spin_ns = common_spin_ns(), spin_until = 0;
-  while (sbytes || rbytes) {
+  ssize_t r;
+  int err;
+  while (sleft || rleft || read_pending || ack_out_left || ack_in_left) {
     bool progress = false;
-    if (sbytes) {
-      ssize_t r = send(sfd, sp, sbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (r > 0) {
-        sp += r, sbytes -= (size_t)r, progress = true;
-      } else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return io_error(h, send_peer, r, errno, "send");
-      }
+    if (sleft) {
+      if (io_step(sfd, &sp, &sleft, true, &r, &err)) progress = true;
+      else if (io_failed(r, err, true)) return io_error(h, send_peer, r, err, "send");
     }
-    if (rbytes) {
-      size_t want = rbytes;
-      uint8_t *at = rp;
-      if (sum) {
-        size_t left = piece_bytes - in_piece;
-        if (want > left) want = left;
-        at = (uint8_t *)rbuf + in_piece;
+    if (rleft) {
+      size_t want = rleft;
+      if (sum && !r_copy) { /* receive into the piece buffer, a piece at a time */
+        size_t room = piece_bytes - in_piece;
+        if (want > room) want = room;
+        rp = (uint8_t *)rbuf + in_piece;
       }
-      ssize_t r = recv(rfd, at, want, MSG_DONTWAIT);
-      if (r > 0) {
-        rbytes -= (size_t)r, progress = true;
-        if (!sum) {
-          rp += r;
-        } else {
-          in_piece += (size_t)r;
-          if (in_piece == piece_bytes || rbytes == 0) {
+      size_t left = want;
+      if (io_step(rfd, &rp, &left, false, &r, &err)) {
+        size_t got = want - left;
+        rleft -= got, progress = true;
+        if (sum && !r_copy) {
+          in_piece += got;
+          if (in_piece == piece_bytes || rleft == 0) {
             /* whole floats only: pieces are float-aligned and so is the total */
             comm_reduce_add(sum, rbuf, in_piece / sizeof(float));
             sum += in_piece / sizeof(float);
             in_piece = 0;
           }
         }
-      } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        return io_error(h, recv_peer, r, errno, "receive");
+      } else if (io_failed(r, err, false)) {
+        return io_error(h, recv_peer, r, err, "receive");
       }
     }
-    if (progress || (!sbytes && !rbytes)) {
+    if (read_pending && rleft == 0) {
+      fl_status st = single_copy_read(h, recv_peer, rdesc, rbuf, rbytes, sum, piece_bytes);
+      if (st != FL_OK) return st;
+      read_pending = false, ack_out_left = 1, progress = true;
+    }
+    if (ack_out_left && !(same && sleft)) {
+      if (io_step(rfd, &ackp_out, &ack_out_left, true, &r, &err)) progress = true;
+      else if (io_failed(r, err, true)) return io_error(h, recv_peer, r, err, "send");
+    }
+    if (ack_in_left && !(same && rleft)) {
+      if (io_step(sfd, &ackp_in, &ack_in_left, false, &r, &err)) {
+        progress = true;
+        if (ack_in != 1)
+          return fl_set_error(FL_EPROTO, "rank %d: rank %d answered a single-copy send with %u, not an ack",
+                              h->rank, send_peer, ack_in);
+      } else if (io_failed(r, err, false)) {
+        return io_error(h, send_peer, r, err, "receive");
+      }
+    }
+    if (progress || !(sleft || rleft || read_pending || ack_out_left || ack_in_left)) {
       spin_until = 0;
       continue;
     }
@@ -493,18 +664,21 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
     }
     struct pollfd pf[2];
     nfds_t n = 0;
-    if (sbytes) pf[n++] = (struct pollfd){sfd, POLLOUT, 0};
-    if (rbytes) {
-      if (n && pf[0].fd == rfd) pf[0].events |= POLLIN;
-      else pf[n++] = (struct pollfd){rfd, POLLIN, 0};
+    short s_events = (short)((sleft ? POLLOUT : 0) | (ack_in_left && !(same && rleft) ? POLLIN : 0));
+    short r_events = (short)((rleft ? POLLIN : 0) | (ack_out_left && !(same && sleft) ? POLLOUT : 0));
+    if (s_events) pf[n++] = (struct pollfd){sfd, s_events, 0};
+    if (r_events) {
+      if (n && pf[0].fd == rfd) pf[0].events |= r_events;
+      else pf[n++] = (struct pollfd){rfd, r_events, 0};
     }
     int pr = poll_until(pf, n, common_now_ns() + timeout_ns);
     if (pr < 0) return fl_set_error(FL_ENET, "rank %d: poll: %s", h->rank, strerror(errno));
     if (pr == 0) {
-      int who = sbytes && rbytes && send_peer != recv_peer ? -1 : (sbytes ? send_peer : recv_peer);
+      bool sending = sleft || ack_in_left, receiving = rleft || ack_out_left;
+      int who = sending && receiving && send_peer != recv_peer ? -1 : (sending ? send_peer : recv_peer);
       if (who >= 0)
         return fl_set_error(FL_ETIMEDOUT, "rank %d: rank %d did not %s for %u ms", h->rank, who,
-                            rbytes ? "send" : "receive", h->op_timeout_ms);
+                            receiving ? "send" : "receive", h->op_timeout_ms);
       return fl_set_error(FL_ETIMEDOUT, "rank %d: neither rank %d (receiving) nor rank %d "
                           "(sending) moved a byte for %u ms", h->rank, send_peer, recv_peer,
                           h->op_timeout_ms);
@@ -515,14 +689,34 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
 
 fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                              int recv_peer, void *rbuf, size_t rbytes) {
-  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, 0);
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, 0, false);
 }
 
 fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                                     int recv_peer, float *sum, size_t rcount, float *tmp,
                                     size_t piece_floats) {
   return transfer(h, send_peer, sbuf, sbytes, recv_peer, tmp, rcount * sizeof(float), sum,
-                  piece_floats * sizeof(float));
+                  piece_floats * sizeof(float), false);
+}
+
+int comm_host_single_copy_peers(const fl_comm *c) {
+  if (!c || c->ops != &host_ops) return 0;
+  const comm_host *h = c->impl;
+  int n = 0;
+  for (int i = 0; i < h->size; i++) n += h->single_copy_min && h->single_copy_min[i] > 0;
+  return n;
+}
+
+fl_status comm_host_ring_step(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                              int recv_peer, void *rbuf, size_t rbytes) {
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, 0, true);
+}
+
+fl_status comm_host_ring_step_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                                     int recv_peer, float *sum, size_t rcount, float *tmp,
+                                     size_t piece_floats) {
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, tmp, rcount * sizeof(float), sum,
+                  piece_floats * sizeof(float), true);
 }
 
 fl_status comm_host_send(comm_host *h, int peer, const void *buf, size_t bytes) {

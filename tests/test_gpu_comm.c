@@ -26,6 +26,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -771,10 +772,14 @@ static fl_status leave_mid_allreduce(rank_job *job) {
   return st;
 }
 
+/* Over TCP (single copy off, so that rank 2's 4096 raw bytes are the start of a message). */
 static void test_peer_leaves(void **state) {
   (void)state;
   group g;
+  setenv("FLINT_COMM_SINGLE_COPY", "0", 1);
   group_create(&g, 4);
+  unsetenv("FLINT_COMM_SINGLE_COPY");
+  for (int r = 0; r < 4; r++) assert_int_equal(comm_host_single_copy_peers(g.comms[r]), 0);
   rank_job jobs[MAX_RANKS];
   run_ranks(4, g.comms, leave_mid_allreduce, NULL, jobs);
   g.comms[2] = NULL; /* destroyed by its rank */
@@ -805,6 +810,101 @@ static int stranger(const char *address, const void *bytes, size_t len) {
   assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
   if (len) assert_int_equal(send(fd, bytes, len, 0), (ssize_t)len);
   return fd;
+}
+
+/* ---- single copy ------------------------------------------------------------------------ */
+
+/* Ranks that are threads of one process pass the probe with every peer; the matrix above
+ * then runs its large ring steps by single copy. Off by FLINT_COMM_SINGLE_COPY=0, and the
+ * ring gives the same sums either way. */
+static void test_single_copy_probe(void **state) {
+  (void)state;
+  for (int off = 0; off <= 1; off++) {
+    if (off) setenv("FLINT_COMM_SINGLE_COPY", "0", 1);
+    group g;
+    group_create(&g, 3);
+    unsetenv("FLINT_COMM_SINGLE_COPY");
+    for (int r = 0; r < 3; r++) assert_int_equal(comm_host_single_copy_peers(g.comms[r]), off ? 0 : 2);
+    check_allreduce(&g, cpu, FL_ALLREDUCE_RING, (1u << 20) + 3, FL_REDUCE_SUM);
+    check_allreduce(&g, cpu, FL_ALLREDUCE_RING, 1000, FL_REDUCE_SUM); /* under the threshold */
+    group_destroy(&g);
+  }
+}
+
+/* A descriptor whose length is not the step's: the receiver fails with FL_EPROTO naming the
+ * sender and both lengths, instead of reading a wrong range. */
+static fl_status bad_descriptor(rank_job *job) {
+  fl_tensor *t = tensor_on(cpu, 1u << 20);
+  fill(t, job->rank, 3);
+  fl_status st;
+  if (job->rank == 0) {
+    uint64_t desc[2] = {(uint64_t)(uintptr_t)t->data, 12345};
+    st = comm_host_send(job->comm->impl, 1, desc, sizeof desc);
+    if (st == FL_OK) st = fl_comm_barrier(job->comm); /* fails once rank 1 gives up */
+    st = FL_OK;
+  } else {
+    (void)fl_comm_set_allreduce_algo(job->comm, FL_ALLREDUCE_RING);
+    st = fl_comm_allreduce(job->comm, t, FL_REDUCE_SUM);
+  }
+  fl_tensor_destroy(t);
+  return st;
+}
+
+static void test_single_copy_bad_descriptor(void **state) {
+  (void)state;
+  group g;
+  group_create(&g, 2);
+  rank_job jobs[MAX_RANKS];
+  run_ranks(2, g.comms, bad_descriptor, NULL, jobs);
+  assert_int_equal(jobs[1].status, FL_EPROTO);
+  assert_non_null(strstr(jobs[1].msg, "rank 0 offered 12345 bytes where the ring step expects 2097152"));
+  group_destroy(&g);
+}
+
+/* Ranks as processes: rank 1 a forked child, so the probe reads another process's memory
+ * (process_vm_readv), and the ring's result is checked on both sides. Where the kernel
+ * refuses cross-memory reads (ptrace policy, seccomp), the probe must fail over to TCP and
+ * the sums be the same. */
+static void test_single_copy_processes(void **state) {
+  (void)state;
+  const size_t n = (1u << 20) + 5;
+  fl_comm_endpoint *eps[2];
+  char addrs[2][96];
+  const char *ptrs[2] = {addrs[0], addrs[1]};
+  for (int r = 0; r < 2; r++) {
+    must_ok(fl_comm_listen("127.0.0.1", &eps[r]));
+    snprintf(addrs[r], sizeof addrs[r], "%s", fl_comm_endpoint_address(eps[r]));
+  }
+  fflush(NULL);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  int me = child == 0 ? 1 : 0;
+  fl_comm_endpoint_destroy(eps[1 - me]);
+  fl_comm *c = NULL;
+  fl_status st = fl_comm_host_create(eps[me], me, 2, ptrs, 20000, &c);
+  int peers = st == FL_OK ? comm_host_single_copy_peers(c) : -1;
+  long bad = -2;
+  if (st == FL_OK) {
+    fl_tensor *t = tensor_on(cpu, n);
+    fill(t, me, 11);
+    (void)fl_comm_set_allreduce_algo(c, FL_ALLREDUCE_RING);
+    st = fl_comm_allreduce(c, t, FL_REDUCE_SUM);
+    ar_case want = {.n = n, .op = FL_REDUCE_SUM, .seed = 11, .size = 2};
+    if (st == FL_OK) bad = first_mismatch(t, want_allreduce, &want);
+    fl_tensor_destroy(t);
+  }
+  fl_comm_destroy(c);
+  if (child == 0) _exit(st == FL_OK && bad == -1 ? (peers == 1 ? 0 : 3) : 1);
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  if (st != FL_OK) fprintf(stderr, "rank 0: %s\n", fl_last_error());
+  assert_int_equal(st, FL_OK);
+  assert_int_equal(bad, -1);
+  assert_true(WIFEXITED(status));
+  assert_true(WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 3);
+  /* Both ends agree on the pair: one single-copy peer on each, or none on either. */
+  fprintf(stderr, "  two processes: single copy %s\n", peers == 1 ? "on" : "refused by this kernel, TCP");
+  assert_int_equal(peers == 1, WEXITSTATUS(status) == 0);
 }
 
 static void test_garbage_on_endpoint(void **state) {
@@ -859,6 +959,9 @@ int main(void) {
       cmocka_unit_test(test_staged_device),
       cmocka_unit_test(test_peer_never_connects),
       cmocka_unit_test(test_peer_leaves),
+      cmocka_unit_test(test_single_copy_probe),
+      cmocka_unit_test(test_single_copy_bad_descriptor),
+      cmocka_unit_test(test_single_copy_processes),
       cmocka_unit_test(test_garbage_on_endpoint),
       cmocka_unit_test(test_worker_equals_synchronous),
       cmocka_unit_test(test_worker_peer_leaves),
