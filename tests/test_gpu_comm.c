@@ -178,7 +178,7 @@ static void test_algo_names(void **state) {
   assert_fails_with(fl_allreduce_algo_parse("butterfly", &x), FL_EINVAL, "butterfly");
   assert_string_equal(fl_allreduce_algo_name(FL_ALLREDUCE_HALVING_DOUBLING), "halving-doubling");
   /* AUTO: the tree for small messages at every rank count; the ring for large ones from 3
-   * ranks, halving-doubling between; with 2 ranks the ring in the middle, the tree above. */
+   * ranks, halving-doubling between; with 2 ranks the ring above the tree's sizes. */
   for (int p = 1; p <= 16; p++) {
     assert_int_equal(comm_auto_algo(64, p), FL_ALLREDUCE_TREE);
     if (p >= 3) {
@@ -186,8 +186,9 @@ static void test_algo_names(void **state) {
       assert_int_equal(comm_auto_algo(64u << 20, p), FL_ALLREDUCE_RING);
     }
   }
+  assert_int_equal(comm_auto_algo(32u << 10, 2), FL_ALLREDUCE_RING);
   assert_int_equal(comm_auto_algo(1u << 20, 2), FL_ALLREDUCE_RING);
-  assert_int_equal(comm_auto_algo(64u << 20, 2), FL_ALLREDUCE_TREE);
+  assert_int_equal(comm_auto_algo(64u << 20, 2), FL_ALLREDUCE_RING);
 }
 
 /* ---- broadcast, allgather, reduce-scatter, send/recv, barrier ---------------------------- */
