@@ -201,10 +201,7 @@ int main(int argc, char **argv) {
       quick = true;
     } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
       which = argv[++i];
-      if (strcmp(which, "cpu") && strcmp(which, "cuda") && strcmp(which, "all")) {
-        fprintf(stderr, BENCH_NAME ": --device takes cpu, cuda or all, not '%s'\n", which);
-        return 2;
-      }
+      if (!bench_device_choice(which)) return 2;
     } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       if (!parse_count(argv[++i], 100000, &steps)) {
         fprintf(stderr, BENCH_NAME ": --steps takes a count from 1, not '%s'\n", argv[i]);

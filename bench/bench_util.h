@@ -35,6 +35,14 @@ static inline bool parse_count(const char *s, uint64_t max, uint64_t *out) {
   return true;
 }
 
+/* --device of the benchmarks that run on cpu and cuda: true when v is cpu, cuda or all;
+ * otherwise says why on stderr. */
+static inline bool bench_device_choice(const char *v) {
+  if (!strcmp(v, "cpu") || !strcmp(v, "cuda") || !strcmp(v, "all")) return true;
+  fprintf(stderr, BENCH_NAME ": --device takes cpu, cuda or all, not '%s'\n", v);
+  return false;
+}
+
 /* The index of row `name` among names[0..n-1], or -1 (for --skip ROW). */
 static inline int bench_row_index(const char *const *names, int n, const char *name) {
   for (int i = 0; i < n; i++)
