@@ -44,17 +44,19 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
  * - Large messages: the ring, bandwidth-bound, each step a neighbour exchange; on 16 cores
  *   at 4 ranks it led from 512 KB to 64 MB.
  * - 2 ranks: ring and halving-doubling are the same two exchanges, and the tree sends the
- *   same bytes (n each way) one direction at a time. Before ring steps moved by a single
- *   copy (comm_host.c), the tree's one-way flows won above 4 MB over loopback; since, the
- *   ring is 2.6x faster than the tree at 8 MB and 2.2x at 64 MB on 16 cores (and ahead even
- *   with single copy off there, 3.3 against 4.2 ms at 8 MB), so it takes everything above
- *   the tree's small messages. */
+ *   same bytes (n each way) one direction at a time. Over loopback TCP the tree's one-way
+ *   flows won above 4 MB on both machines (16 cores, 8-64 MB: 2.1 GB/s busbw against 1.5-1.7
+ *   for the ring), so a pair without single copy keeps the tree there. A pair whose ring
+ *   steps move by a single copy (comm_host.c; `single_copy`, the same on both ends) takes the
+ *   ring: 2.6x faster than the tree at 8 MB and 2.2x at 64 MB on 16 cores. */
 #define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
 #define COMM_AUTO_HD_MAX_BYTES (256u << 10)
+#define COMM_AUTO_PAIR_TREE_MIN_BYTES (4u << 20)
 
-fl_allreduce_algo comm_auto_algo(size_t bytes, int size) {
+fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy) {
   if (bytes <= COMM_AUTO_TREE_MAX_BYTES) return FL_ALLREDUCE_TREE;
-  if (size <= 2) return FL_ALLREDUCE_RING;
+  if (size <= 2)
+    return single_copy || bytes <= COMM_AUTO_PAIR_TREE_MIN_BYTES ? FL_ALLREDUCE_RING : FL_ALLREDUCE_TREE;
   if (bytes <= COMM_AUTO_HD_MAX_BYTES) return FL_ALLREDUCE_HALVING_DOUBLING;
   return FL_ALLREDUCE_RING;
 }

@@ -61,7 +61,7 @@ fl_status comm_alloc(const comm_backend_ops *ops, int rank, int size, void *impl
                      fl_comm **out);
 
 /* The AUTO rule (gpu/comm.c): which host algorithm serves `bytes` over `size` ranks. */
-fl_allreduce_algo comm_auto_algo(size_t bytes, int size);
+fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy);
 
 /* ---- the host transport (gpu/comm_host.c) --------------------------------------------- */
 typedef struct comm_host comm_host;

@@ -17,10 +17,10 @@
  *
  * Single copy between ranks on one host. Over loopback TCP every byte is copied twice (into
  * the kernel by send, out of it by recv), and past the caches that is what bounds a
- * collective. So when the mesh is up, each rank offers every peer its pid and the address
- * of a random cookie; a peer that can read the cookie with process_vm_readv(2) (the same
- * host and pid namespace, and ptrace permission: Linux's cross-memory attach, as MPI
- * libraries use it) says so, and a pair where both directions work moves ring steps of
+ * collective. So when the mesh is up, each rank challenges every peer to show it a random
+ * nonce through process_vm_readv(2) (which needs the same host and pid namespace, and
+ * ptrace permission: Linux's cross-memory attach, as MPI libraries use it; see
+ * single_copy_probe), and a pair where both directions work moves ring steps of
  * FLINT_COMM_SINGLE_COPY_MIN bytes or more (default 128 KiB; the pair takes the larger of
  * its two settings) by a single copy: the sender puts a 16-byte descriptor (address,
  * length) on the socket, the receiver reads the sender's buffer straight into its own (or
@@ -41,6 +41,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -89,10 +90,9 @@ struct comm_host {
   void *stage[2];
   size_t stage_cap[2];
   /* Single copy, per peer: its pid, and the least bytes a ring step moves by a single copy
-   * with it (0: never, TCP only). The cookie is what peers read to prove they can. */
+   * with it (0: never, TCP only). */
   pid_t *peer_pid;
   size_t *single_copy_min;
-  uint64_t cookie;
 };
 
 /* ---- sockets --------------------------------------------------------------------------- */
@@ -405,48 +405,69 @@ static int read_peer(pid_t pid, void *local, uint64_t remote, size_t bytes) {
   return 0;
 }
 
-/* The probe (top comment): every rank sends every peer {pid, cookie address, cookie, its
- * threshold or 0 when off}, reads the peer's cookie, and sends back whether that worked; a
- * pair uses single copy when both reads worked. All sends of a round go before its reads,
- * and they are a few bytes on idle sockets, so no rank waits on another's read. */
+/* 64 unpredictable bits (getrandom; the clock and pid if the kernel has none to give). */
+static uint64_t random_u64(void) {
+  uint64_t x;
+  if (getrandom(&x, sizeof x, 0) == (ssize_t)sizeof x) return x;
+  return common_now_ns() * 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 32);
+}
+
+/* The probe (top comment), a challenge in three rounds of a few bytes on idle sockets (all
+ * sends of a round go before its reads, so no rank waits on another's read):
+ *   1. offer: to each peer p, {pid, address of this rank's cookie array, threshold or 0 when
+ *      off, a fresh nonce for p}; the nonce p sent is stored in cookies[p];
+ *   2. ready: one byte each way, once every peer has stored its nonces;
+ *   3. verdict: this rank reads p's cookies[this rank] from p's process and says whether it
+ *      found the nonce it sent. A pair uses single copy when both verdicts are yes.
+ * Only a process that received the nonce can hold it, so a peer cannot point the read at
+ * another process's memory. */
 static fl_status single_copy_probe(comm_host *h, uint64_t deadline_ns) {
   size_t n = (size_t)h->size;
   h->peer_pid = common_calloc(n, sizeof *h->peer_pid);
   h->single_copy_min = common_calloc(n, sizeof *h->single_copy_min);
   uint64_t(*theirs)[4] = common_calloc(n, sizeof *theirs);
+  uint64_t *nonce = common_calloc(n, sizeof *nonce), *cookies = common_calloc(n, sizeof *cookies);
   uint8_t *verdict = common_calloc(n, 1);
   fl_status status = FL_OK;
-  if (!h->peer_pid || !h->single_copy_min || !theirs || !verdict) {
+  if (!h->peer_pid || !h->single_copy_min || !theirs || !nonce || !cookies || !verdict) {
     status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
     goto cleanup;
   }
-  h->cookie = common_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)h ^ 0x9e3779b97f4a7c15ull;
-  uint64_t mine[4] = {(uint64_t)getpid(), (uint64_t)(uintptr_t)&h->cookie, h->cookie,
-                      single_copy_enabled() ? single_copy_min() : 0};
+  uint64_t threshold = single_copy_enabled() ? single_copy_min() : 0;
   const char *what = "offer";
   int peer = 0;
-  for (peer = 0; peer < h->size; peer++)
-    if (peer != h->rank && io_until(h->fds[peer], mine, sizeof mine, true, deadline_ns) != 0) goto io_failed;
-  for (peer = 0; peer < h->size; peer++)
-    if (peer != h->rank && io_until(h->fds[peer], theirs[peer], sizeof theirs[peer], false, deadline_ns) != 0)
-      goto io_failed;
   for (peer = 0; peer < h->size; peer++) {
     if (peer == h->rank) continue;
-    uint64_t seen = 0;
-    verdict[peer] = mine[3] && theirs[peer][3] && theirs[peer][0] <= (uint64_t)INT32_MAX &&
-                    read_peer((pid_t)theirs[peer][0], &seen, theirs[peer][1], sizeof seen) == 0 &&
-                    seen == theirs[peer][2];
+    nonce[peer] = random_u64();
+    uint64_t offer[4] = {(uint64_t)getpid(), (uint64_t)(uintptr_t)cookies, threshold, nonce[peer]};
+    if (io_until(h->fds[peer], offer, sizeof offer, true, deadline_ns) != 0) goto io_failed;
+  }
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank) continue;
+    if (io_until(h->fds[peer], theirs[peer], sizeof theirs[peer], false, deadline_ns) != 0) goto io_failed;
+    cookies[peer] = theirs[peer][3];
+  }
+  what = "ready";
+  uint8_t one = 1, back = 0;
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && io_until(h->fds[peer], &one, 1, true, deadline_ns) != 0) goto io_failed;
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && io_until(h->fds[peer], &back, 1, false, deadline_ns) != 0) goto io_failed;
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank) continue;
+    uint64_t seen = 0, at = theirs[peer][1] + (uint64_t)h->rank * sizeof seen;
+    verdict[peer] = threshold && theirs[peer][2] && theirs[peer][0] <= (uint64_t)INT32_MAX &&
+                    read_peer((pid_t)theirs[peer][0], &seen, at, sizeof seen) == 0 && seen == nonce[peer];
   }
   what = "verdict";
   for (peer = 0; peer < h->size; peer++)
     if (peer != h->rank && io_until(h->fds[peer], &verdict[peer], 1, true, deadline_ns) != 0) goto io_failed;
   for (peer = 0; peer < h->size; peer++) {
     if (peer == h->rank) continue;
-    uint8_t back = 0;
     if (io_until(h->fds[peer], &back, 1, false, deadline_ns) != 0) goto io_failed;
     h->peer_pid[peer] = (pid_t)theirs[peer][0];
     if (verdict[peer] && back == 1)
-      h->single_copy_min[peer] = theirs[peer][3] > mine[3] ? theirs[peer][3] : mine[3];
+      h->single_copy_min[peer] = theirs[peer][2] > threshold ? theirs[peer][2] : threshold;
   }
   goto cleanup;
 io_failed:
@@ -455,6 +476,8 @@ io_failed:
                         strerror(errno));
 cleanup:
   common_free(theirs);
+  common_free(nonce);
+  common_free(cookies);
   common_free(verdict);
   return status;
 }
@@ -536,7 +559,7 @@ static fl_status single_copy_read(comm_host *h, int recv_peer, const uint64_t de
     size_t n = rbytes - done < step ? rbytes - done : step;
     uint8_t *to = sum ? rbuf : (uint8_t *)rbuf + done;
     if (read_peer(pid, to, at + done, n) != 0)
-      return fl_set_error(errno == ESRCH ? FL_EPEER : FL_ENET,
+      return fl_set_error(errno == ESRCH ? FL_EPEER : errno == EFAULT ? FL_EPROTO : FL_ENET,
                           "rank %d: reading rank %d's buffer (single copy, pid %d) failed: %s", h->rank,
                           recv_peer, (int)pid, strerror(errno));
     if (sum) {
@@ -545,6 +568,12 @@ static fl_status single_copy_read(comm_host *h, int recv_peer, const uint64_t de
     }
   }
   return FL_OK;
+}
+
+/* Whether the peer on fd shut the connection down (a FIN or an error is waiting). */
+static bool peer_hung_up(int fd) {
+  struct pollfd pf = {fd, POLLRDHUP, 0};
+  return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* One non-blocking send (or recv) of what is left of a buffer, advancing it: true when bytes
@@ -634,6 +663,12 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
     if (read_pending && rleft == 0) {
       fl_status st = single_copy_read(h, recv_peer, rdesc, rbuf, rbytes, sum, piece_bytes);
       if (st != FL_OK) return st;
+      /* A sender whose step fails while its descriptor is out shuts its sockets before its
+       * caller may write the buffer again: a hang-up seen now means the read may have raced
+       * such a write, so the data is not trusted. */
+      if (peer_hung_up(rfd))
+        return fl_set_error(FL_EPEER, "rank %d: rank %d gave up while this rank read its buffer (single "
+                            "copy); the data read is not used", h->rank, recv_peer);
       read_pending = false, ack_out_left = 1, progress = true;
     }
     if (ack_out_left && !(same && sleft)) {
@@ -674,6 +709,9 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
     int pr = poll_until(pf, n, common_now_ns() + timeout_ns);
     if (pr < 0) return fl_set_error(FL_ENET, "rank %d: poll: %s", h->rank, strerror(errno));
     if (pr == 0) {
+      if (!sleft && !rleft && !ack_out_left && ack_in_left)
+        return fl_set_error(FL_ETIMEDOUT, "rank %d: rank %d did not acknowledge reading this rank's buffer "
+                            "(single copy) for %u ms", h->rank, send_peer, h->op_timeout_ms);
       bool sending = sleft || ack_in_left, receiving = rleft || ack_out_left;
       int who = sending && receiving && send_peer != recv_peer ? -1 : (sending ? send_peer : recv_peer);
       if (who >= 0)
@@ -791,7 +829,8 @@ static fl_status host_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op, fl_al
   fl_status st = stage_in(h, 0, t, true, &data);
   if (st != FL_OK) return st;
   size_t n = t->numel;
-  if (algo == FL_ALLREDUCE_AUTO) algo = comm_auto_algo(n * sizeof(float), c->size);
+  if (algo == FL_ALLREDUCE_AUTO)
+    algo = comm_auto_algo(n * sizeof(float), c->size, comm_host_single_copy_peers(c) > 0);
   if (c->size > 1 && n > 0) {
     switch (algo) {
     case FL_ALLREDUCE_RING: st = allreduce_ring(h, c->rank, c->size, data, n); break;

@@ -178,17 +178,20 @@ static void test_algo_names(void **state) {
   assert_fails_with(fl_allreduce_algo_parse("butterfly", &x), FL_EINVAL, "butterfly");
   assert_string_equal(fl_allreduce_algo_name(FL_ALLREDUCE_HALVING_DOUBLING), "halving-doubling");
   /* AUTO: the tree for small messages at every rank count; the ring for large ones from 3
-   * ranks, halving-doubling between; with 2 ranks the ring above the tree's sizes. */
-  for (int p = 1; p <= 16; p++) {
-    assert_int_equal(comm_auto_algo(64, p), FL_ALLREDUCE_TREE);
-    if (p >= 3) {
-      assert_int_equal(comm_auto_algo(128u << 10, p), FL_ALLREDUCE_HALVING_DOUBLING);
-      assert_int_equal(comm_auto_algo(64u << 20, p), FL_ALLREDUCE_RING);
+   * ranks, halving-doubling between; with 2 ranks the ring in the middle, and above it too
+   * when the pair moves ring steps by a single copy (else the tree). */
+  for (int p = 1; p <= 16; p++)
+    for (int one_copy = 0; one_copy <= 1; one_copy++) {
+      assert_int_equal(comm_auto_algo(64, p, one_copy), FL_ALLREDUCE_TREE);
+      if (p >= 3) {
+        assert_int_equal(comm_auto_algo(128u << 10, p, one_copy), FL_ALLREDUCE_HALVING_DOUBLING);
+        assert_int_equal(comm_auto_algo(64u << 20, p, one_copy), FL_ALLREDUCE_RING);
+      }
     }
-  }
-  assert_int_equal(comm_auto_algo(32u << 10, 2), FL_ALLREDUCE_RING);
-  assert_int_equal(comm_auto_algo(1u << 20, 2), FL_ALLREDUCE_RING);
-  assert_int_equal(comm_auto_algo(64u << 20, 2), FL_ALLREDUCE_RING);
+  assert_int_equal(comm_auto_algo(32u << 10, 2, false), FL_ALLREDUCE_RING);
+  assert_int_equal(comm_auto_algo(1u << 20, 2, false), FL_ALLREDUCE_RING);
+  assert_int_equal(comm_auto_algo(64u << 20, 2, false), FL_ALLREDUCE_TREE);
+  assert_int_equal(comm_auto_algo(64u << 20, 2, true), FL_ALLREDUCE_RING);
 }
 
 /* ---- broadcast, allgather, reduce-scatter, send/recv, barrier ---------------------------- */
@@ -862,6 +865,50 @@ static void test_single_copy_bad_descriptor(void **state) {
   group_destroy(&g);
 }
 
+/* A sender whose step fails while its descriptor is out (its other peer left) aborts and
+ * writes its buffer again; the receiver, reading only then, must fail with FL_EPEER rather
+ * than return what it read. Rank 1 starts its step once rank 0 has done all that. */
+static atomic_int sender_gave_up;
+
+static fl_status torn_read(rank_job *job) {
+  const size_t n = 1u << 20;
+  uint8_t *buf = calloc(n, 1);
+  fl_status st = FL_OK;
+  comm_host *h = job->comm->impl;
+  if (job->rank == 2) {
+    fl_comm_destroy(job->comm); /* leaves: rank 0's receive half fails */
+    job->comm = NULL;
+  } else if (job->rank == 0) {
+    memset(buf, 0x11, n);
+    uint8_t *rbuf = malloc(n);
+    fl_status failed = comm_host_ring_step(h, 1, buf, n, 2, rbuf, n);
+    free(rbuf);
+    st = failed == FL_EPEER ? FL_OK : fl_set_error(FL_EINTERNAL, "rank 0's step: %s", fl_status_name(failed));
+    job->comm->ops->abort(job->comm); /* as a failed collective does */
+    memset(buf, 0xee, n);
+    atomic_store(&sender_gave_up, 1);
+  } else {
+    for (int i = 0; i < 10000 && !atomic_load(&sender_gave_up); i++) usleep(1000);
+    st = comm_host_ring_step(h, 2, NULL, 0, 0, buf, n);
+  }
+  free(buf);
+  return st;
+}
+
+static void test_single_copy_sender_gives_up(void **state) {
+  (void)state;
+  group g;
+  group_create(&g, 3);
+  atomic_store(&sender_gave_up, 0);
+  rank_job jobs[MAX_RANKS];
+  run_ranks(3, g.comms, torn_read, NULL, jobs);
+  g.comms[2] = NULL; /* destroyed by its rank */
+  assert_int_equal(jobs[0].status, FL_OK);
+  assert_int_equal(jobs[1].status, FL_EPEER);
+  assert_non_null(strstr(jobs[1].msg, "rank 1: rank 0 gave up while this rank read its buffer"));
+  group_destroy(&g);
+}
+
 /* Ranks as processes: rank 1 a forked child, so the probe reads another process's memory
  * (process_vm_readv), and the ring's result is checked on both sides. Where the kernel
  * refuses cross-memory reads (ptrace policy, seccomp), the probe must fail over to TCP and
@@ -962,6 +1009,7 @@ int main(void) {
       cmocka_unit_test(test_peer_leaves),
       cmocka_unit_test(test_single_copy_probe),
       cmocka_unit_test(test_single_copy_bad_descriptor),
+      cmocka_unit_test(test_single_copy_sender_gives_up),
       cmocka_unit_test(test_single_copy_processes),
       cmocka_unit_test(test_garbage_on_endpoint),
       cmocka_unit_test(test_worker_equals_synchronous),
