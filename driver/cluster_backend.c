@@ -610,7 +610,7 @@ static void add_block_location(void *arg, uint32_t partition, uint64_t executor)
 
 /* Encodes one LaunchTasks call for the tasks of one application in e's batch. */
 static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app *app,
-                               sched_task **tasks, size_t n, fl_buf *out) {
+                               sched_task **tasks, size_t n, bool more_pending, fl_buf *out) {
   fl_status status = FL_OK;
   fl_buf plan = FL_BUF_INIT;
   walk lineage = {0}, stage_part = {0};
@@ -747,6 +747,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.forget_broadcasts = forget;
   req.n_actions = num_actions;
   req.actions = actions;
+  req.more_pending = more_pending;
   status = proto_pack(&req.base, out);
 cleanup:
   if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */
@@ -796,7 +797,7 @@ static bool sender_push(cluster_backend *cb, executor_ref *e, outgoing *o) {
   return queued;
 }
 
-static void cluster_flush(backend *b) {
+static void cluster_flush(backend *b, bool more_pending) {
   cluster_backend *cb = of(b);
   for (executor_ref *e = cb->executors; e; e = e->next) {
     while (e->batch_len) {
@@ -820,7 +821,7 @@ static void cluster_flush(backend *b) {
         }
       }
       e->batch_len = kept;
-      fl_status st = o && tasks && keys ? encode_launch(cb, e, app, tasks, n, &o->body)
+      fl_status st = o && tasks && keys ? encode_launch(cb, e, app, tasks, n, more_pending, &o->body)
                                         : FL_ERR(FL_ENOMEM, "out of memory");
       common_free(tasks);
       if (st != FL_OK) {

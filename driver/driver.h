@@ -69,8 +69,9 @@ typedef struct backend_ops {
   /* Starts a task attempt. The backend posts the attempt's end with scheduler_post_task_end
    * exactly once. */
   void (*launch)(backend *b, sched_task *task);
-  /* Optional: sends what launch batched, after each round of launches. */
-  void (*flush)(backend *b);
+  /* Optional: sends what launch batched, after each round of launches. more_pending: tasks
+   * are still waiting for a slot after this round. */
+  void (*flush)(backend *b, bool more_pending);
   /* Optional: an attempt ended; called before the scheduler handles the end. */
   void (*ended)(backend *b, sched_task *task);
   /* Optional: `job` failed or was cancelled; stops its running attempts early (each still

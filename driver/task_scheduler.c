@@ -213,7 +213,7 @@ void task_scheduler_offer(scheduler *s) {
   }
   /* The tail may have moved if the last tasks were taken. */
   if (!*link) s->pending_tail = last;
-  if (launched && ops->flush) ops->flush(s->backend);
+  if (launched && ops->flush) ops->flush(s->backend, s->pending_head != NULL || s->gangs_head != NULL);
 }
 
 void task_scheduler_drop_job(scheduler *s, sched_job *job) {

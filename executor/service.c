@@ -132,6 +132,7 @@ struct exec_service {
   result_block *results;
   bool stopping;
   atomic_uint_fast64_t tasks_run, tasks_failed;
+  atomic_bool driver_has_more; /* the last launch's more_pending */
   pthread_t status_thread, heartbeat_thread;
   /* Fault injection (tests and benchmarks only; see settings_read). */
   uint64_t fault_exit_after; /* tasks after which the process dies; 0: never */
@@ -646,7 +647,10 @@ static void task_run(task_pool_work *work) {
   exec_task *t = (exec_task *)work;
   exec_service *svc = t->app->svc;
   uint64_t t0 = common_now_ns();
-  if (task_pool_queued(svc->pool) == 0) { /* ended tasks held for a queue that is empty now go */
+  /* Ended tasks held for a queue that is empty now go, if the driver has more to send: else
+   * they go with this task's end (waking the status thread now would take this task's core
+   * for a report that cannot finish the job). */
+  if (task_pool_queued(svc->pool) == 0 && atomic_load(&svc->driver_has_more)) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     if (svc->done_head) pthread_cond_signal(&svc->wake);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
@@ -813,6 +817,7 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
   if (!req) return FL_ERR(FL_EPROTO, "LaunchTasks: malformed message");
   fl_status status = FL_OK;
   exec_app *app = NULL;
+  atomic_store(&svc->driver_has_more, req->more_pending);
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   status = app_get_or_create(svc, req->app_id, &app);
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
