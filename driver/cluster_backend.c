@@ -747,7 +747,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.forget_broadcasts = forget;
   req.n_actions = num_actions;
   req.actions = actions;
-  req.more_pending = more_pending;
+  req.none_pending = !more_pending;
   status = proto_pack(&req.base, out);
 cleanup:
   if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */

@@ -70,7 +70,7 @@ typedef struct backend_ops {
    * exactly once. */
   void (*launch)(backend *b, sched_task *task);
   /* Optional: sends what launch batched, after each round of launches. more_pending: tasks
-   * are still waiting for a slot after this round. */
+   * (or a barrier stage) still wait for slots after this round. */
   void (*flush)(backend *b, bool more_pending);
   /* Optional: an attempt ended; called before the scheduler handles the end. */
   void (*ended)(backend *b, sched_task *task);

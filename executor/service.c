@@ -132,7 +132,7 @@ struct exec_service {
   result_block *results;
   bool stopping;
   atomic_uint_fast64_t tasks_run, tasks_failed;
-  atomic_bool driver_has_more; /* the last launch's more_pending */
+  atomic_bool none_pending; /* the last launch's none_pending */
   pthread_t status_thread, heartbeat_thread;
   /* Fault injection (tests and benchmarks only; see settings_read). */
   uint64_t fault_exit_after; /* tasks after which the process dies; 0: never */
@@ -647,12 +647,16 @@ static void task_run(task_pool_work *work) {
   exec_task *t = (exec_task *)work;
   exec_service *svc = t->app->svc;
   uint64_t t0 = common_now_ns();
-  /* Ended tasks held for a queue that is empty now go, if the driver has more to send: else
-   * they go with this task's end (waking the status thread now would take this task's core
-   * for a report that cannot finish the job). */
-  if (task_pool_queued(svc->pool) == 0 && atomic_load(&svc->driver_has_more)) {
+  /* Ended tasks held for a queue that is empty now go (the driver should send more), unless
+   * the driver has nothing waiting and they are all of this task's job: then a report could
+   * not end the job before this task does, and waking the status thread now would take this
+   * task's core. They go with this task's end, or at the hold's deadline. */
+  if (task_pool_queued(svc->pool) == 0) {
+    bool hold = atomic_load(&svc->none_pending);
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
-    if (svc->done_head) pthread_cond_signal(&svc->wake);
+    for (exec_task *d = svc->done_head; d && hold; d = d->next)
+      hold = d->app == t->app && d->rt.job_id == t->rt.job_id;
+    if (svc->done_head && !hold) pthread_cond_signal(&svc->wake);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   }
   char part[16] = "";
@@ -689,8 +693,9 @@ static void task_run(task_pool_work *work) {
 
 /* Ended tasks wait (svc->lock held) while more are queued here, up to STATUS_HOLD_NS, so
  * that one call reports several: where every core runs a task, each call takes a core from
- * them. A failure (the driver retries it), an empty queue (the driver should send more) or
- * the deadline sends at once; the deadline bounds what speculation sees late. */
+ * them. A failure (the driver retries it), a task ending with the queue empty, the queue
+ * emptying when the driver may have more to send (task_run), or the deadline sends at once;
+ * the deadline bounds what speculation sees late. */
 #define STATUS_HOLD_NS 20000000ull
 
 static bool status_may_wait(exec_service *svc) {
@@ -817,7 +822,6 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
   if (!req) return FL_ERR(FL_EPROTO, "LaunchTasks: malformed message");
   fl_status status = FL_OK;
   exec_app *app = NULL;
-  atomic_store(&svc->driver_has_more, req->more_pending);
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   status = app_get_or_create(svc, req->app_id, &app);
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
@@ -960,6 +964,7 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
       atomic_fetch_add(&app->tasks_running, 1);
     }
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    atomic_store(&svc->none_pending, req->none_pending); /* launches arrive in order: one sender */
     for (size_t i = 0; i < req->n_tasks; i++) task_pool_submit(svc->pool, &tasks[i]->work);
   } else if (tasks) {
     for (size_t i = 0; i < req->n_tasks; i++)
