@@ -305,13 +305,11 @@ void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
    * which is freed once handed back. */
   task_scheduler_drop_job(s, job);
   COMMON_TRACE("job.end", failed ? "failed" : "ok");
-  if (job->done_fn) { /* completed by the loop once this event is through */
-    job->ended_next = s->ended_async;
-    s->ended_async = job;
-    return;
-  }
-  /* After this the caller owns the job again; the scheduler must not touch it. */
-  common_event_set(&job->done);
+  /* Handed back by the loop once this event is through (complete_ended), not here: the
+   * code that finished the job may still read it (a barrier stage that fails for want of
+   * slots inside dag_scheduler_job_submitted, say), and a waiting caller frees it. */
+  job->ended_next = s->ended;
+  s->ended = job;
 }
 
 void dag_scheduler_task_succeeded(scheduler *s, sched_task *task) {

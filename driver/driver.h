@@ -248,7 +248,8 @@ struct sched_job {
   fl_status status;
   char *error;
   /* Where its end goes (sched_job_opts): the caller's, or done_fn's for an asynchronous job,
-   * which the scheduler completes itself (ended_next: its list of such jobs ended). */
+   * which the scheduler completes itself. ended_next: the scheduler's list of jobs ended
+   * during the current event, handed back once the event is through. */
   sched_job_stats *stats_out;
   rdd_batch *reports_left;
   void (*on_report)(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes message);
@@ -273,7 +274,7 @@ struct scheduler {
   uint64_t speculate_at_ns; /* the next look for slow tasks; 0: none due */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
   sched_job *active;                       /* jobs submitted and not finished */
-  sched_job *ended_async;                  /* asynchronous jobs ended, to complete */
+  sched_job *ended;                        /* jobs ended during this event, to hand back */
   uint64_t abandon_check_at_ns;            /* the next look at asynchronous jobs' callers; 0: none */
   sched_stage *gangs_head;                 /* barrier stages waiting for slots, in order */
   struct barrier_table *barriers;          /* barrier stages' rendezvous (any thread) */

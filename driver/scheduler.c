@@ -254,11 +254,17 @@ static fl_status job_close(scheduler *s, sched_job *job) {
   return status;
 }
 
-/* On the scheduler thread, once an event is through: the asynchronous jobs that ended. */
+/* On the scheduler thread, once an event is through: the jobs that ended go back to their
+ * callers (an asynchronous job's callback, or scheduler_run_job's waiting thread, which then
+ * owns and frees the job: the scheduler must not touch it after). */
 static void complete_ended(scheduler *s) {
-  while (s->ended_async) {
-    sched_job *job = s->ended_async;
-    s->ended_async = job->ended_next;
+  while (s->ended) {
+    sched_job *job = s->ended;
+    s->ended = job->ended_next;
+    if (!job->done_fn) {
+      common_event_set(&job->done);
+      continue;
+    }
     sched_job_done_fn done = job->done_fn;
     void *arg = job->done_arg;
     fl_status status = job_close(s, job);

@@ -234,7 +234,8 @@ void task_scheduler_drop_job(scheduler *s, sched_job *job) {
 }
 
 /* Whatever may finish the job (task_succeeded, job_failed, maybe_finish) comes last: once
- * the job is finished its caller owns (and frees) the job and its tasks. */
+ * the event is through, a finished job goes back to its caller, which frees it and its
+ * tasks. */
 /* The backup's outcome becomes the task's, so that the rest of the scheduler sees one task. */
 static void adopt_outcome(sched_task *task, sched_task *backup) {
   rdd_task_clear(&task->rt);
