@@ -161,6 +161,9 @@ FL_INTERNAL void common_queue_init(common_queue *q);
 FL_INTERNAL void common_queue_destroy(common_queue *q);
 /* Never blocks (beyond the short lock). */
 FL_INTERNAL void common_queue_push(common_queue *q, common_qnode *node);
+/* Pushes the chain first..last (linked by next, count nodes) at once, with one wake-up: a
+ * consumer that wakes per node would take the CPU back and forth with the producer. */
+FL_INTERNAL void common_queue_push_chain(common_queue *q, common_qnode *first, common_qnode *last, size_t count);
 /* Waits for an item; NULL once the queue is closed and empty. spin_ns: how long to spin. */
 FL_INTERNAL common_qnode *common_queue_pop(common_queue *q, uint64_t spin_ns);
 /* As pop, but returns NULL at deadline_ns (common_now_ns time) when nothing came. */

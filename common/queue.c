@@ -69,16 +69,19 @@ void common_queue_destroy(common_queue *q) {
   pthread_cond_destroy(&q->cond);
 }
 
-void common_queue_push(common_queue *q, common_qnode *node) {
-  node->next = NULL;
+void common_queue_push(common_queue *q, common_qnode *node) { common_queue_push_chain(q, node, node, 1); }
+
+void common_queue_push_chain(common_queue *q, common_qnode *first, common_qnode *last, size_t count) {
+  if (!count) return;
+  last->next = NULL;
   FL_PCHECK(pthread_mutex_lock(&q->lock));
   if (q->tail)
-    q->tail->next = node;
+    q->tail->next = first;
   else
-    q->head = node;
-  q->tail = node;
-  atomic_fetch_add_explicit(&q->depth, 1, memory_order_release);
-  if (q->sleepers) pthread_cond_signal(&q->cond);
+    q->head = first;
+  q->tail = last;
+  atomic_fetch_add_explicit(&q->depth, count, memory_order_release);
+  for (size_t i = 0; i < count && i < (size_t)q->sleepers; i++) pthread_cond_signal(&q->cond);
   FL_PCHECK(pthread_mutex_unlock(&q->lock));
 }
 

@@ -183,6 +183,8 @@ FL_INTERNAL fl_status scheduler_submit_job(scheduler *s, rdd *r, const uint32_t 
 FL_INTERNAL fl_status scheduler_cancel(scheduler *s, uint64_t group, uint64_t tag);
 /* From backend threads: the attempt in task->rt has ended (its status says how). */
 FL_INTERNAL void scheduler_post_task_end(scheduler *s, sched_task *task);
+/* The ends of several attempts at once (one status update's), with one wake-up. */
+FL_INTERNAL void scheduler_post_task_ends(scheduler *s, sched_task **tasks, size_t n);
 FL_INTERNAL void scheduler_stats_get(scheduler *s, scheduler_stats *out);
 /* From any thread: runs fn(s, arg) on the scheduler thread (backends changing their slots,
  * executors joining). Never blocks. */

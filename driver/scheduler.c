@@ -161,9 +161,14 @@ void scheduler_destroy(scheduler *s) {
   common_free(s);
 }
 
-void scheduler_post_task_end(scheduler *s, sched_task *task) {
-  task->ended.type = EV_TASK_ENDED;
-  common_queue_push(&s->events, &task->ended.node);
+void scheduler_post_task_end(scheduler *s, sched_task *task) { scheduler_post_task_ends(s, &task, 1); }
+
+void scheduler_post_task_ends(scheduler *s, sched_task **tasks, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    tasks[i]->ended.type = EV_TASK_ENDED;
+    if (i + 1 < n) tasks[i]->ended.node.next = &tasks[i + 1]->ended.node;
+  }
+  if (n) common_queue_push_chain(&s->events, &tasks[0]->ended.node, &tasks[n - 1]->ended.node, n);
 }
 
 static void deliver_batch(rdd_batch *b, void (*on_report)(void *, uint64_t, uint32_t, fl_bytes), void *arg) {

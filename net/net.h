@@ -130,6 +130,15 @@ FL_INTERNAL void rpc_channel_destroy(rpc_channel *c);
  * - FL_EINVAL for a method that does not start with '/', FL_ENOMEM. */
 FL_INTERNAL fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request,
                                int64_t timeout_ms, fl_buf *response);
+/* rpc_call in two halves, for a thread that must not wait for the reply but may send the
+ * request (the scheduler thread starting a launch, which its executor's sender thread then
+ * waits for): begin sends it and returns at once; end waits for the reply and returns as
+ * rpc_call would (response NULL: only the outcome), and frees the call. Every begun call
+ * must be ended exactly once; method must stay alive until then. */
+typedef struct rpc_pending rpc_pending;
+FL_INTERNAL fl_status rpc_call_begin(rpc_channel *c, const char *method, fl_bytes request, int64_t timeout_ms,
+                                     rpc_pending **out);
+FL_INTERNAL fl_status rpc_call_end(rpc_pending *p, fl_buf *response);
 /* ---- rpc ---- */
 
 /* ---- dataplane ---- */

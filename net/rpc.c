@@ -731,85 +731,132 @@ static fl_status rpc_call_failure(const rpc_channel *c, const char *method, int6
   }
 }
 
-fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t timeout_ms,
-                   fl_buf *response) {
-  fl_status status = FL_OK;
-  grpc_completion_queue *cq = NULL;
-  grpc_call *call = NULL;
-  grpc_byte_buffer *send_bb = NULL, *recv_bb = NULL;
+/* A call on its way: begun by rpc_call_begin, waited for by rpc_call_end. */
+struct rpc_pending {
+  rpc_channel *channel;
+  const char *method; /* the caller's, alive until rpc_call_end */
+  int64_t timeout_ms;
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_byte_buffer *send_bb, *recv_bb;
   grpc_metadata_array initial_md, trailing_md;
-  grpc_status_code code = GRPC_STATUS_UNKNOWN;
-  grpc_slice details = grpc_empty_slice();
-  grpc_metadata_array_init(&initial_md);
-  grpc_metadata_array_init(&trailing_md);
-  if (!c || !method || method[0] != '/' || !response || (request.len && !request.data))
-    FL_CHECK(FL_ERR(FL_EINVAL, "rpc_call: needs a channel, a method \"/service/Name\", request "
-                               "bytes and a response buffer"));
+  grpc_status_code code;
+  grpc_slice details;
+  grpc_metadata secret_md;
+};
+
+static void rpc_pending_free(rpc_pending *p) {
+  if (p->call) grpc_call_unref(p->call);
+  if (p->cq) {
+    grpc_completion_queue_shutdown(p->cq); /* nothing is pending: the one batch has completed */
+    grpc_completion_queue_destroy(p->cq);
+  }
+  if (p->send_bb) grpc_byte_buffer_destroy(p->send_bb);
+  if (p->recv_bb) grpc_byte_buffer_destroy(p->recv_bb);
+  grpc_slice_unref(p->details);
+  grpc_metadata_array_destroy(&p->initial_md);
+  grpc_metadata_array_destroy(&p->trailing_md);
+  common_free(p);
+}
+
+fl_status rpc_call_begin(rpc_channel *c, const char *method, fl_bytes request, int64_t timeout_ms,
+                         rpc_pending **out) {
+  fl_status status = FL_OK;
+  *out = NULL;
+  if (!c || !method || method[0] != '/' || (request.len && !request.data))
+    return FL_ERR(FL_EINVAL, "rpc_call: needs a channel, a method \"/service/Name\", request "
+                             "bytes and a response buffer");
   if (request.len > c->max_message)
-    FL_CHECK(FL_ERR(FL_EPROTO, "%s on %s: the request of %zu bytes is over the limit of %zu bytes",
-                    method, c->target, request.len, c->max_message));
+    return FL_ERR(FL_EPROTO, "%s on %s: the request of %zu bytes is over the limit of %zu bytes", method,
+                  c->target, request.len, c->max_message);
+  rpc_pending *p = common_calloc(1, sizeof *p);
+  if (!p) return FL_ERR(FL_ENOMEM, "out of memory for a call of %s", method);
+  p->channel = c;
+  p->method = method;
+  p->timeout_ms = timeout_ms;
+  p->code = GRPC_STATUS_UNKNOWN;
+  p->details = grpc_empty_slice();
+  grpc_metadata_array_init(&p->initial_md);
+  grpc_metadata_array_init(&p->trailing_md);
 
   gpr_timespec deadline =
       timeout_ms > 0 ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                     gpr_time_from_millis(timeout_ms, GPR_TIMESPAN))
                      : gpr_inf_future(GPR_CLOCK_MONOTONIC);
-  cq = grpc_completion_queue_create_for_pluck(NULL);
-  if (!cq) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a completion queue"));
+  p->cq = grpc_completion_queue_create_for_pluck(NULL);
+  if (!p->cq) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a completion queue"));
   /* A copy, not a static slice: the connection's HPACK compressor keeps the path of earlier
    * calls to compare with later ones, after a caller's (non-literal) method string is gone.
    * The call takes its own reference. */
   grpc_slice path = grpc_slice_from_copied_string(method);
-  call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL,
-                                  deadline, NULL);
+  p->call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, p->cq, path, NULL,
+                                     deadline, NULL);
   grpc_slice_unref(path);
-  if (!call) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a call of %s on %s", method, c->target));
+  if (!p->call) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a call of %s on %s", method, c->target));
   /* A copy: gRPC may still hold the request's slices when the call has failed early (a
    * refused secret), after the caller's bytes are gone. */
   grpc_slice body = grpc_slice_from_copied_buffer((const char *)request.data, request.len);
-  send_bb = grpc_raw_byte_buffer_create(&body, 1);
+  p->send_bb = grpc_raw_byte_buffer_create(&body, 1);
   grpc_slice_unref(body);
 
-  grpc_metadata secret_md;
-  memset(&secret_md, 0, sizeof secret_md);
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
   if (c->secret) {
-    secret_md.key = grpc_slice_from_static_string(RPC_SECRET_KEY);
-    secret_md.value = grpc_slice_from_static_buffer(c->secret, c->secret_len);
+    p->secret_md.key = grpc_slice_from_static_string(RPC_SECRET_KEY);
+    p->secret_md.value = grpc_slice_from_static_buffer(c->secret, c->secret_len);
     ops[0].data.send_initial_metadata.count = 1;
-    ops[0].data.send_initial_metadata.metadata = &secret_md;
+    ops[0].data.send_initial_metadata.metadata = &p->secret_md;
   }
   ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = send_bb;
+  ops[1].data.send_message.send_message = p->send_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
   ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &p->initial_md;
   ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &recv_bb;
+  ops[4].data.recv_message.recv_message = &p->recv_bb;
   ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
-  ops[5].data.recv_status_on_client.status = &code;
-  ops[5].data.recv_status_on_client.status_details = &details;
+  ops[5].data.recv_status_on_client.trailing_metadata = &p->trailing_md;
+  ops[5].data.recv_status_on_client.status = &p->code;
+  ops[5].data.recv_status_on_client.status_details = &p->details;
   COMMON_TRACE("rpc.call", method);
-  grpc_call_error err = grpc_call_start_batch(call, ops, 6, call, NULL);
+  grpc_call_error err = grpc_call_start_batch(p->call, ops, 6, p->call, NULL);
   if (err != GRPC_CALL_OK)
     FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot start a call of %s on %s: %s", method, c->target,
                     grpc_call_error_to_string(err)));
+  *out = p;
+  p = NULL;
+
+cleanup:
+  if (p) {
+    if (p->call) { /* created but never started: nothing to wait for */
+      grpc_call_unref(p->call);
+      p->call = NULL;
+    }
+    rpc_pending_free(p);
+  }
+  return status;
+}
+
+fl_status rpc_call_end(rpc_pending *p, fl_buf *response) {
+  fl_status status = FL_OK;
+  rpc_channel *c = p->channel;
+  const char *method = p->method;
   /* The call's own deadline ends the wait; without one it lasts as long as the handler. */
-  grpc_event ev = grpc_completion_queue_pluck(cq, call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  grpc_event ev = grpc_completion_queue_pluck(p->cq, p->call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
   FL_ASSERT(ev.type == GRPC_OP_COMPLETE);
   COMMON_TRACE("rpc.returned", method);
 
-  if (code != GRPC_STATUS_OK)
-    FL_CHECK(rpc_call_failure(c, method, timeout_ms, code, details, &trailing_md));
-  if (!recv_bb)
+  if (p->code != GRPC_STATUS_OK)
+    FL_CHECK(rpc_call_failure(c, method, p->timeout_ms, p->code, p->details, &p->trailing_md));
+  if (!p->recv_bb)
     FL_CHECK(FL_ERR(FL_EPROTO, "%s on %s: the server replied OK without a message", method,
                     c->target));
+  if (!response) goto cleanup; /* the caller wants only the outcome */
   grpc_byte_buffer_reader reader;
-  if (!grpc_byte_buffer_reader_init(&reader, recv_bb))
+  if (!grpc_byte_buffer_reader_init(&reader, p->recv_bb))
     FL_CHECK(FL_ERR(FL_EPROTO, "%s on %s: the reply cannot be decoded", method, c->target));
-  size_t len = grpc_byte_buffer_length(recv_bb);
+  size_t len = grpc_byte_buffer_length(p->recv_bb);
   size_t old_len = response->len;
   response->len = 0;
   status = fl_buf_reserve(response, len);
@@ -824,15 +871,16 @@ fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t
     common_error_wrap(status, "%s on %s: reply of %zu bytes: ", method, c->target, len);
 
 cleanup:
-  if (call) grpc_call_unref(call);
-  if (cq) {
-    grpc_completion_queue_shutdown(cq); /* nothing is pending: the one batch has completed */
-    grpc_completion_queue_destroy(cq);
-  }
-  if (send_bb) grpc_byte_buffer_destroy(send_bb);
-  if (recv_bb) grpc_byte_buffer_destroy(recv_bb);
-  grpc_slice_unref(details);
-  grpc_metadata_array_destroy(&initial_md);
-  grpc_metadata_array_destroy(&trailing_md);
+  rpc_pending_free(p);
   return status;
+}
+
+fl_status rpc_call(rpc_channel *c, const char *method, fl_bytes request, int64_t timeout_ms,
+                   fl_buf *response) {
+  if (!response)
+    return FL_ERR(FL_EINVAL, "rpc_call: needs a channel, a method \"/service/Name\", request "
+                             "bytes and a response buffer");
+  rpc_pending *p;
+  fl_status status = rpc_call_begin(c, method, request, timeout_ms, &p);
+  return status == FL_OK ? rpc_call_end(p, response) : status;
 }

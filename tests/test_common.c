@@ -721,6 +721,44 @@ static void test_queue_push_wakes_blocked_pop(void **state) {
   common_queue_destroy(&q);
 }
 
+/* A chain goes in whole, behind what was there, in its own order; an empty chain is
+ * nothing; two consumers blocked on the queue both wake for a chain of two. */
+static void test_queue_push_chain_keeps_order_and_wakes_enough(void **state) {
+  (void)state;
+  common_queue q;
+  common_queue_init(&q);
+  test_item items[6];
+  for (int i = 0; i < 6; i++) items[i].seq = i;
+  common_queue_push(&q, &items[0].node);
+  for (int i = 1; i < 4; i++) items[i].node.next = &items[i + 1].node;
+  common_queue_push_chain(&q, &items[1].node, &items[4].node, 4);
+  common_queue_push_chain(&q, NULL, NULL, 0);
+  common_queue_push(&q, &items[5].node);
+  assert_int_equal(atomic_load(&q.depth), 6);
+  for (int i = 0; i < 6; i++) {
+    test_item *it = (test_item *)common_queue_pop(&q, 0);
+    assert_non_null(it);
+    assert_int_equal(it->seq, i);
+  }
+  assert_int_equal(atomic_load(&q.depth), 0);
+
+  blocked_pop b[2];
+  pthread_t consumers[2];
+  for (int i = 0; i < 2; i++) {
+    b[i].q = &q;
+    b[i].result = NULL;
+    atomic_init(&b[i].returned, false);
+    assert_int_equal(pthread_create(&consumers[i], NULL, blocked_pop_main, &b[i]), 0);
+  }
+  while (queue_sleepers(&q) < 2) sched_yield();
+  items[0].node.next = &items[1].node;
+  common_queue_push_chain(&q, &items[0].node, &items[1].node, 2);
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(consumers[i], NULL), 0); /* both woke */
+  assert_true(b[0].result != b[1].result && b[0].result && b[1].result);
+  assert_int_equal(atomic_load(&q.depth), 0);
+  common_queue_destroy(&q);
+}
+
 /* ---- events ----------------------------------------------------------------------------- */
 
 typedef struct event_waiter {
@@ -925,6 +963,7 @@ int main(void) {
       cmocka_unit_test(test_parse_size_rejects_bad_input),
       cmocka_unit_test(test_parse_size_rejects_negative_after_whitespace),
       cmocka_unit_test(test_queue_single_thread_fifo_and_depth),
+      cmocka_unit_test(test_queue_push_chain_keeps_order_and_wakes_enough),
       cmocka_unit_test(test_queue_many_producers_one_consumer),
       cmocka_unit_test(test_queue_many_consumers_share_one_spinner),
       cmocka_unit_test(test_queue_close_returns_remaining_items_then_null),

@@ -418,6 +418,68 @@ static void test_concurrent_calls_on_one_channel(void **state) {
   server_stop(&t);
 }
 
+/* A call sent by one thread (rpc_call_begin returns at once) and waited for by another, as
+ * the driver's scheduler and sender threads do: several begun before any is ended, each
+ * reply its own; a failure travels through the end; an end without a buffer gives only the
+ * outcome; bad arguments begin nothing. */
+typedef struct ended_call {
+  rpc_pending *pending;
+  fl_buf reply;
+  fl_status status;
+  char message[256];
+} ended_call;
+
+static void *end_call_main(void *p) {
+  ended_call *e = p;
+  e->status = rpc_call_end(e->pending, &e->reply);
+  snprintf(e->message, sizeof e->message, "%s", e->status == FL_OK ? "" : fl_last_error());
+  return NULL;
+}
+
+static void test_call_begun_here_ended_elsewhere(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, "k", 0, 4);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, "k", 0, &ch));
+  ended_call calls[3];
+  const char *bodies[3] = {"first", "second", "third"};
+  for (int i = 0; i < 3; i++) {
+    calls[i] = (ended_call){.reply = FL_BUF_INIT};
+    assert_ok(rpc_call_begin(ch, "/test/Echo", fl_bytes_str(bodies[i]), 5000, &calls[i].pending));
+    assert_non_null(calls[i].pending);
+  }
+  pthread_t threads[3];
+  for (int i = 2; i >= 0; i--) assert_int_equal(pthread_create(&threads[i], NULL, end_call_main, &calls[i]), 0);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(pthread_join(threads[i], NULL), 0);
+    assert_int_equal(calls[i].status, FL_OK);
+    assert_int_equal(calls[i].reply.len, strlen(bodies[i]));
+    assert_memory_equal(calls[i].reply.data, bodies[i], strlen(bodies[i]));
+    fl_buf_free(&calls[i].reply);
+  }
+
+  uint8_t fail[4 + 4];
+  int32_t code = FL_EJOB;
+  memcpy(fail, &code, 4);
+  memcpy(fail + 4, "boom", 4);
+  rpc_pending *p;
+  assert_ok(rpc_call_begin(ch, "/test/Fail", fl_bytes_of(fail, sizeof fail), 5000, &p));
+  fl_buf out = FL_BUF_INIT;
+  assert_fails_with(rpc_call_end(p, &out), FL_EJOB, "/test/Fail on 127.0.0.1:");
+  assert_non_null(strstr(fl_last_error(), ": boom"));
+  assert_int_equal(out.len, 0);
+  assert_ok(rpc_call_begin(ch, "/test/Echo", fl_bytes_str("x"), 5000, &p));
+  assert_ok(rpc_call_end(p, NULL)); /* the outcome only */
+
+  assert_int_equal(rpc_call_begin(ch, "no-slash", fl_bytes_str("x"), 1000, &p), FL_EINVAL);
+  assert_null(p);
+  assert_int_equal(rpc_call_begin(NULL, "/test/Echo", fl_bytes_str("x"), 1000, &p), FL_EINVAL);
+  assert_null(p);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
 typedef struct blocked_call {
   rpc_channel *ch;
   fl_status status;
@@ -756,6 +818,7 @@ int main(void) {
       cmocka_unit_test(test_unreachable_port_fails_fast),
       cmocka_unit_test(test_garbage_on_the_port_is_harmless),
       cmocka_unit_test(test_concurrent_calls_on_one_channel),
+      cmocka_unit_test(test_call_begun_here_ended_elsewhere),
       cmocka_unit_test(test_stop_cancels_blocked_handlers),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_latency_p50),
