@@ -324,7 +324,9 @@ static void fail_attempt(cluster_backend *cb, uint64_t key, fl_status status, co
 static bool sender_push_locked(cluster_backend *cb, executor_ref *e, outgoing *o);
 
 static void outgoing_free(outgoing *o) {
-  if (o->pending) rpc_call_end(o->pending, NULL); /* sent, never waited for: no sender ran */
+  /* A call begun on queueing is always the queue's head, and the sender, which drains the
+   * queue before it returns, ends it: none reaches here (where cb->lock may be held). */
+  FL_ASSERT(!o->pending);
   fl_buf_free(&o->body);
   common_free(o->keys);
   common_free(o);
@@ -427,8 +429,8 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why)
     gone[i]->rt.status = FL_ENET;
     gone[i]->rt.error = common_strdup(msg);
     gone[i]->executor_lost = true;
-    scheduler_post_task_end(cb->base.sched, gone[i]);
   }
+  if (gone) scheduler_post_task_ends(cb->base.sched, gone, n);
   common_free(gone);
 }
 

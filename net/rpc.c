@@ -764,8 +764,7 @@ fl_status rpc_call_begin(rpc_channel *c, const char *method, fl_bytes request, i
   fl_status status = FL_OK;
   *out = NULL;
   if (!c || !method || method[0] != '/' || (request.len && !request.data))
-    return FL_ERR(FL_EINVAL, "rpc_call: needs a channel, a method \"/service/Name\", request "
-                             "bytes and a response buffer");
+    return FL_ERR(FL_EINVAL, "rpc_call_begin: needs a channel, a method \"/service/Name\" and request bytes");
   if (request.len > c->max_message)
     return FL_ERR(FL_EPROTO, "%s on %s: the request of %zu bytes is over the limit of %zu bytes", method,
                   c->target, request.len, c->max_message);
