@@ -399,27 +399,11 @@ static int run_device(fl_device_kind kind, bool json, bool quick, int steps, int
 /* ---- main -------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
-  bool json = false, quick = false;
-  const char *which = "all";
-  uint64_t steps = 3;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) {
-      json = true;
-    } else if (strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-      which = argv[++i];
-      if (!bench_device_choice(which)) return 2;
-    } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      if (!parse_count(argv[++i], MAX_STEPS, &steps)) {
-        fprintf(stderr, BENCH_NAME ": --steps takes a count from 1 to %d, not '%s'\n", MAX_STEPS, argv[i]);
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "usage: " BENCH_NAME " [--json] [--device cpu|cuda|all] [--steps N] [--quick]\n");
-      return 2;
-    }
-  }
+  bench_device_args args = {.which = "all", .steps = 3};
+  if (!bench_device_args_parse(argc, argv, MAX_STEPS, &args)) return 2;
+  bool json = args.json, quick = args.quick;
+  const char *which = args.which;
+  uint64_t steps = args.steps;
   bool cuda = strcmp(which, "cpu") != 0 && fl_cuda_device_count() > 0;
   if (strcmp(which, "cuda") == 0 && !cuda) {
     fprintf(stderr, BENCH_NAME ": --device cuda: no usable GPU (none found, or flint built without CUDA)\n");

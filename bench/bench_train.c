@@ -191,27 +191,11 @@ static int run_device(fl_device_kind kind, bool json, int steps, bool quick) {
 }
 
 int main(int argc, char **argv) {
-  bool json = false, quick = false;
-  const char *which = "all";
-  uint64_t steps = 10;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) {
-      json = true;
-    } else if (strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-      which = argv[++i];
-      if (!bench_device_choice(which)) return 2;
-    } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      if (!parse_count(argv[++i], 100000, &steps)) {
-        fprintf(stderr, BENCH_NAME ": --steps takes a count from 1, not '%s'\n", argv[i]);
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "usage: " BENCH_NAME " [--json] [--device cpu|cuda|all] [--steps N] [--quick]\n");
-      return 2;
-    }
-  }
+  bench_device_args args = {.which = "all", .steps = 10};
+  if (!bench_device_args_parse(argc, argv, 100000, &args)) return 2;
+  bool json = args.json, quick = args.quick;
+  const char *which = args.which;
+  uint64_t steps = args.steps;
   if (!json)
     printf("%-5s %-9s %-8s %6s %10s %12s %10s %10s\n", "dev", "model", "input", "batch", "params",
            "images/s", "step ms", "gemm");

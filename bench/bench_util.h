@@ -35,12 +35,39 @@ static inline bool parse_count(const char *s, uint64_t max, uint64_t *out) {
   return true;
 }
 
-/* --device of the benchmarks that run on cpu and cuda: true when v is cpu, cuda or all;
- * otherwise says why on stderr. */
-static inline bool bench_device_choice(const char *v) {
-  if (!strcmp(v, "cpu") || !strcmp(v, "cuda") || !strcmp(v, "all")) return true;
-  fprintf(stderr, BENCH_NAME ": --device takes cpu, cuda or all, not '%s'\n", v);
-  return false;
+/* The command line of the benchmarks that run on cpu and cuda (bench_train, bench_pipeline):
+ * [--json] [--device cpu|cuda|all] [--steps N] [--quick]. a holds the defaults on entry;
+ * false, after saying why on stderr, on anything else. */
+typedef struct bench_device_args {
+  bool json, quick;
+  const char *which; /* cpu, cuda or all */
+  uint64_t steps;    /* 1..max_steps */
+} bench_device_args;
+
+static inline bool bench_device_args_parse(int argc, char **argv, uint64_t max_steps, bench_device_args *a) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) {
+      a->json = true;
+    } else if (strcmp(argv[i], "--quick") == 0) {
+      a->quick = true;
+    } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+      a->which = argv[++i];
+      if (strcmp(a->which, "cpu") && strcmp(a->which, "cuda") && strcmp(a->which, "all")) {
+        fprintf(stderr, BENCH_NAME ": --device takes cpu, cuda or all, not '%s'\n", a->which);
+        return false;
+      }
+    } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+      if (!parse_count(argv[++i], max_steps, &a->steps)) {
+        fprintf(stderr, BENCH_NAME ": --steps takes a count from 1 to %llu, not '%s'\n",
+                (unsigned long long)max_steps, argv[i]);
+        return false;
+      }
+    } else {
+      fprintf(stderr, "usage: " BENCH_NAME " [--json] [--device cpu|cuda|all] [--steps N] [--quick]\n");
+      return false;
+    }
+  }
+  return true;
 }
 
 /* The index of row `name` among names[0..n-1], or -1 (for --skip ROW). */
