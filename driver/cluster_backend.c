@@ -64,6 +64,9 @@ typedef struct executor_ref {
   outgoing *out_head, *out_tail;
   bool calling; /* the sender is in a call: what is queued now waits for it */
   bool stopping;
+  /* Set once e is lost or the driver stops: the call in flight is cancelled (its reply may
+   * never come from an executor that hangs) and what is queued is not sent. */
+  atomic_bool abandon;
   /* loss (cb->lock) */
   bool lost;
   bool sender_done; /* its sender thread returned */
@@ -401,6 +404,7 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why)
   }
   e->lost = true;
   e->stopping = true;
+  atomic_store(&e->abandon, true);
   pthread_cond_signal(&e->sender_wake);
   size_t n = 0;
   sched_task **gone = cb->num_inflight ? common_calloc(cb->num_inflight, sizeof *gone) : NULL;
@@ -454,7 +458,7 @@ static void fail_if_no_executor(scheduler *s, void *arg) {
   char msg[512];
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   bool none = cb->no_executor_since_ns != 0;
-  snprintf(msg, sizeof msg, "every executor was lost (the last: %s) and none registered within %.0f s",
+  snprintf(msg, sizeof msg, "every executor was lost (the last: %s) and none registered within %g s",
            cb->last_loss, (double)cb->cfg.no_executor_timeout_ns / 1e9);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   if (none) dag_scheduler_fail_all(s, FL_ENET, msg);
@@ -892,17 +896,22 @@ static void *sender_loop(void *p) {
     if (!o) return NULL;
     rpc_pending *pending = o->pending;
     o->pending = NULL;
-    fl_buf reply = FL_BUF_INIT;
-    fl_status st = pending ? rpc_call_end(pending, NULL)
-                           : rpc_call(e->channel, o->method, fl_buf_bytes(&o->body), LAUNCH_TIMEOUT_MS, &reply);
-    fl_buf_free(&reply);
+    fl_status st;
+    if (pending) /* begun when queued */
+      st = rpc_call_end_unless(pending, &e->abandon, NULL);
+    else if (atomic_load(&e->abandon))
+      st = FL_ERR(FL_ECANCELLED, "%s on %s: not sent (the executor is lost or the driver stopping)", o->method,
+                  e->rpc_address);
+    else if ((st = rpc_call_begin(e->channel, o->method, fl_buf_bytes(&o->body), LAUNCH_TIMEOUT_MS, &pending)) ==
+             FL_OK)
+      st = rpc_call_end_unless(pending, &e->abandon, NULL);
     if (st != FL_OK) {
       char msg[512];
       snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
                e->rpc_address, fl_last_error());
       bool lost = st == FL_ENET || st == FL_ETIMEDOUT;
       if (lost) executor_lose(cb, e, fl_last_error()); /* its attempts run elsewhere */
-      else common_log(LOG_WARN, "%s", msg);
+      else if (!atomic_load(&e->abandon)) common_log(LOG_WARN, "%s", msg);
       /* Launched after the loss swept its attempts, or not a network failure (an executor
        * that refused a kill answered all the same: it is alive, the attempt ends). */
       fl_status end = o->kill_on_reply ? FL_ECANCELLED : st;
@@ -1277,6 +1286,7 @@ static void cluster_destroy(backend *b) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   for (executor_ref *e = cb->executors; e; e = e->next) {
     e->stopping = true;
+    atomic_store(&e->abandon, true);
     pthread_cond_signal(&e->sender_wake);
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));

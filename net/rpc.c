@@ -837,15 +837,32 @@ cleanup:
   return status;
 }
 
-fl_status rpc_call_end(rpc_pending *p, fl_buf *response) {
+fl_status rpc_call_end(rpc_pending *p, fl_buf *response) { return rpc_call_end_unless(p, NULL, response); }
+
+fl_status rpc_call_end_unless(rpc_pending *p, const atomic_bool *abandon, fl_buf *response) {
   fl_status status = FL_OK;
   rpc_channel *c = p->channel;
   const char *method = p->method;
-  /* The call's own deadline ends the wait; without one it lasts as long as the handler. */
-  grpc_event ev = grpc_completion_queue_pluck(p->cq, p->call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  /* The call's own deadline ends the wait; without one it lasts as long as the handler.
+   * With `abandon`, the wait wakes every RPC_ABANDON_POLL_MS to look at it. */
+  bool abandoned = false;
+  grpc_event ev;
+  for (;;) {
+    gpr_timespec until = abandon ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                                gpr_time_from_millis(RPC_ABANDON_POLL_MS, GPR_TIMESPAN))
+                                 : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    ev = grpc_completion_queue_pluck(p->cq, p->call, until, NULL);
+    if (ev.type != GRPC_QUEUE_TIMEOUT) break;
+    if (!abandoned && atomic_load_explicit(abandon, memory_order_acquire)) {
+      abandoned = true;
+      grpc_call_cancel(p->call, NULL); /* the batch completes soon, failed */
+    }
+  }
   FL_ASSERT(ev.type == GRPC_OP_COMPLETE);
   COMMON_TRACE("rpc.returned", method);
 
+  if (abandoned && p->code != GRPC_STATUS_OK)
+    FL_CHECK(FL_ERR(FL_ECANCELLED, "%s on %s: given up without a reply", method, c->target));
   if (p->code != GRPC_STATUS_OK)
     FL_CHECK(rpc_call_failure(c, method, p->timeout_ms, p->code, p->details, &p->trailing_md));
   if (!p->recv_bb)

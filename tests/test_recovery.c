@@ -19,6 +19,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "count_thread.h"
 #include "proc_harness.h"
 
 #include <errno.h>
@@ -277,22 +278,6 @@ static void test_speculation_on_a_slow_executor(void **state) {
 
 /* ---- every executor lost; then a new one ----------------------------------------------- */
 
-typedef struct action_thread {
-  fl_dataset *ds;
-  fl_status status;
-  char error[512];
-  double ended;
-} action_thread;
-
-static void *count_in_thread(void *arg) {
-  action_thread *a = arg;
-  uint64_t n;
-  a->status = fl_count(a->ds, &n);
-  if (a->status != FL_OK) snprintf(a->error, sizeof a->error, "%s", fl_last_error());
-  a->ended = now_s();
-  return NULL;
-}
-
 static void test_all_executors_lost(void **state) {
   (void)state;
   char *want = reference_sums();
@@ -304,22 +289,14 @@ static void test_all_executors_lost(void **state) {
   fl_context *ctx = open_client(fx.master);
   fl_dataset *slow;
   keyed_sums(ctx, 2000, &slow); /* 16 map tasks of 2 s on 2 slots: about 16 s */
-  action_thread a = {.ds = slow};
-  pthread_t thread;
-  assert_int_equal(pthread_create(&thread, NULL, count_in_thread, &a), 0);
+  count_thread a;
+  count_start(&a, slow);
   sleep_ms(1000);
   kill9(e1);
   kill9(e2);
   double killed = now_s();
   /* Loss takes at most the heartbeat timeout (3 s), then 3 s without executors. */
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 30;
-  int joined = pthread_timedjoin_np(thread, NULL, &until);
-  if (joined != 0) {
-    fl_cancel_jobs(ctx);
-    fail_msg("the job did not fail within 30 s of losing every executor");
-  }
+  count_join(&a, 30);
   fprintf(stderr, "every executor lost: the job failed %.1f s later: %s\n", a.ended - killed, a.error);
   assert_int_not_equal(a.status, FL_OK);
   assert_non_null(strstr(a.error, "every executor was lost"));

@@ -480,6 +480,66 @@ static void test_call_begun_here_ended_elsewhere(void **state) {
   server_stop(&t);
 }
 
+typedef struct abandoner {
+  atomic_bool *flag;
+  int after_ms;
+} abandoner;
+
+static void *abandon_later(void *p) {
+  abandoner *a = p;
+  sleep_ms(a->after_ms);
+  atomic_store(a->flag, true);
+  return NULL;
+}
+
+/* A waiter told to give up (rpc_call_end_unless) cancels the call at the server and returns
+ * FL_ECANCELLED within about RPC_ABANDON_POLL_MS; a reply that came first still counts; a
+ * flag that stays false changes nothing. */
+static void test_call_end_gives_up_when_told(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 2);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+
+  atomic_bool abandon = false;
+  rpc_pending *p;
+  assert_ok(rpc_call_begin(ch, "/test/Block", fl_bytes_str(""), 0, &p)); /* no deadline */
+  wait_for(&t.blocked, 1);
+  abandoner a = {&abandon, 100};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, abandon_later, &a), 0);
+  double t0 = now_ms();
+  fl_buf out = FL_BUF_INIT;
+  assert_fails_with(rpc_call_end_unless(p, &abandon, &out), FL_ECANCELLED, "/test/Block on 127.0.0.1:");
+  double took = now_ms() - t0;
+  assert_non_null(strstr(fl_last_error(), "given up without a reply"));
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_true(took >= 90 && took < 100 + 20 * RPC_ABANDON_POLL_MS);
+  assert_int_equal(out.len, 0);
+  wait_for(&t.saw_cancelled, 1); /* the server's handler saw the cancel */
+
+  /* Already true, but the reply is there first: the call succeeds. */
+  assert_ok(rpc_call_begin(ch, "/test/Echo", fl_bytes_str("kept"), 5000, &p));
+  sleep_ms(100);
+  assert_ok(rpc_call_end_unless(p, &abandon, &out));
+  assert_int_equal(out.len, 4);
+  assert_memory_equal(out.data, "kept", 4);
+
+  /* A flag that stays false: as rpc_call_end, failures included. */
+  atomic_store(&abandon, false);
+  uint8_t fail[4];
+  int32_t code = FL_EJOB;
+  memcpy(fail, &code, 4);
+  assert_ok(rpc_call_begin(ch, "/test/Fail", fl_bytes_of(fail, sizeof fail), 5000, &p));
+  assert_int_equal(rpc_call_end_unless(p, &abandon, NULL), FL_EJOB);
+  assert_ok(rpc_call_begin(ch, "/test/Echo", fl_bytes_str("x"), 5000, &p));
+  assert_ok(rpc_call_end_unless(p, NULL, NULL));
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
 typedef struct blocked_call {
   rpc_channel *ch;
   fl_status status;
@@ -819,6 +879,7 @@ int main(void) {
       cmocka_unit_test(test_garbage_on_the_port_is_harmless),
       cmocka_unit_test(test_concurrent_calls_on_one_channel),
       cmocka_unit_test(test_call_begun_here_ended_elsewhere),
+      cmocka_unit_test(test_call_end_gives_up_when_told),
       cmocka_unit_test(test_stop_cancels_blocked_handlers),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_latency_p50),

@@ -1,0 +1,46 @@
+/* count_thread.h: a count on a thread of its own, so that an integration test can act (kill
+ * an executor, cancel, stop the driver) while it runs, and join it within a bound. Static
+ * functions: the tests that use it link flint in different ways (shared or internal). */
+#ifndef FLINT_TEST_COUNT_THREAD_H
+#define FLINT_TEST_COUNT_THREAD_H
+
+#include "proc_harness.h"
+
+#include <pthread.h>
+
+typedef struct count_thread {
+  fl_dataset *ds;
+  pthread_t thread;
+  fl_status status;
+  char error[512]; /* fl_last_error() when it failed */
+  double ended;    /* now_s() when fl_count returned */
+} count_thread;
+
+static void *count_main(void *arg) {
+  count_thread *c = arg;
+  uint64_t n;
+  c->status = fl_count(c->ds, &n);
+  if (c->status != FL_OK) snprintf(c->error, sizeof c->error, "%s", fl_last_error());
+  c->ended = now_s();
+  return NULL;
+}
+
+static void count_start(count_thread *c, fl_dataset *ds) {
+  memset(c, 0, sizeof *c);
+  c->ds = ds;
+  c->status = FL_EINTERNAL;
+  assert_int_equal(pthread_create(&c->thread, NULL, count_main, c), 0);
+}
+
+/* Joins it within limit_s; else cancels the context's jobs and fails the test. */
+static void count_join(count_thread *c, double limit_s) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)limit_s;
+  if (pthread_timedjoin_np(c->thread, NULL, &until) != 0) {
+    fl_cancel_jobs(fl_dataset_context(c->ds));
+    fail_msg("the count did not return within %.0f s", limit_s);
+  }
+}
+
+#endif

@@ -1,0 +1,343 @@
+/*
+ * test_executor_protocol: the driver's side of the executor protocol, against a scripted
+ * executor. A real `flint driver` runs (proc_harness); the executor is this program: an rpc
+ * server that registers with the driver as `flint executor` does, records every call the
+ * driver makes to it, and answers a launch only when the test lets it. So the test decides
+ * what a real executor leaves to timing:
+ *   - a kill sent while the launch before it is still unanswered reaches the executor after
+ *     that launch (the driver sends an executor's calls one at a time, in order, and a launch
+ *     may leave from the scheduler thread before its sender thread runs);
+ *   - an executor that vanishes with a launch in flight is lost, its job fails once no
+ *     executor is left, and the driver goes on serving;
+ *   - an executor that stops heartbeating while it holds a launch is lost, and the driver
+ *     gives up on that launch at once rather than after its deadline;
+ *   - a driver told to stop while an executor does not answer its launch stops at once rather
+ *     than after the launch's deadline.
+ * The client is this program too (fl_context_open on flint://). Every wait is bounded.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "count_thread.h"
+#include "proc_harness.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include "net/net.h"
+#include "proto/flint.pb-c.h"
+#include "proto/pack.h"
+
+#define WAIT_LIMIT_S 20.0 /* for a call to reach the scripted executor, or a job to return */
+#define MAX_CALLS 64
+#define MAX_KEYS 16
+
+/* One call the driver made to the scripted executor. */
+typedef struct call_record {
+  char method[48]; /* "LaunchTasks", "KillTasks", ... */
+  uint64_t keys[MAX_KEYS];
+  size_t num_keys;
+  double received_at, replied_at; /* now_s(); replied_at 0 until answered */
+  bool cancelled;                 /* the driver gave up on it before it was answered */
+} call_record;
+
+typedef struct scripted_executor {
+  rpc_server *server;
+  uint64_t id; /* the driver's */
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  call_record calls[MAX_CALLS];
+  size_t num_calls;
+  bool hold_launches; /* a launch is answered once `released` (or its call is cancelled) */
+  bool released;
+} scripted_executor;
+
+static scripted_executor ex;
+static atomic_bool undecodable; /* a call whose request did not decode (checked by the tests) */
+
+static void record_keys(call_record *r, const uint64_t *keys, size_t n) {
+  for (size_t i = 0; i < n && r->num_keys < MAX_KEYS; i++) r->keys[r->num_keys++] = keys[i];
+}
+
+static fl_status scripted_handle(void *arg, const rpc_request *req, fl_buf *response) {
+  (void)arg;
+  (void)response; /* every answer is an empty message: the driver reads only the outcome */
+  const char *method = strrchr(req->method, '/') + 1;
+  pthread_mutex_lock(&ex.lock);
+  if (ex.num_calls == MAX_CALLS) { /* more than any test makes: answer, record nothing */
+    pthread_mutex_unlock(&ex.lock);
+    return FL_OK;
+  }
+  size_t index = ex.num_calls++;
+  call_record *r = &ex.calls[index];
+  snprintf(r->method, sizeof r->method, "%s", method);
+  r->received_at = now_s();
+  if (strcmp(method, "LaunchTasks") == 0) {
+    Flint__LaunchTasksRequest *m = flint__launch_tasks_request__unpack(NULL, req->body.len, req->body.data);
+    if (!m) atomic_store(&undecodable, true);
+    for (size_t i = 0; m && i < m->n_tasks; i++) record_keys(r, &m->tasks[i]->task_key, 1);
+    if (m) flint__launch_tasks_request__free_unpacked(m, NULL);
+  } else if (strcmp(method, "KillTasks") == 0) {
+    Flint__KillTasksRequest *m = flint__kill_tasks_request__unpack(NULL, req->body.len, req->body.data);
+    if (!m) atomic_store(&undecodable, true);
+    if (m) record_keys(r, m->task_keys, m->n_task_keys);
+    if (m) flint__kill_tasks_request__free_unpacked(m, NULL);
+  }
+  pthread_cond_broadcast(&ex.changed);
+  if (strcmp(method, "LaunchTasks") == 0) {
+    double deadline = now_s() + 40;
+    while (ex.hold_launches && !ex.released && !atomic_load(req->cancelled) && now_s() < deadline) {
+      pthread_mutex_unlock(&ex.lock);
+      sleep_ms(5);
+      pthread_mutex_lock(&ex.lock);
+    }
+    ex.calls[index].cancelled = atomic_load(req->cancelled);
+  }
+  ex.calls[index].replied_at = now_s();
+  pthread_cond_broadcast(&ex.changed);
+  pthread_mutex_unlock(&ex.lock);
+  return FL_OK;
+}
+
+/* Serves on a free port with several handler threads (so that a call sent out of order would
+ * be taken while a launch is held) and registers with the driver at fx.target. */
+static void scripted_start(bool hold_launches) {
+  memset(&ex, 0, sizeof ex);
+  atomic_store(&undecodable, false);
+  pthread_mutex_init(&ex.lock, NULL);
+  pthread_cond_init(&ex.changed, NULL);
+  ex.hold_launches = hold_launches;
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  cfg.listen = "127.0.0.1:0";
+  cfg.handler = scripted_handle;
+  cfg.handler_threads = 4;
+  assert_ok(rpc_server_start(&cfg, &ex.server));
+
+  Flint__RegisterExecutorRequest rq = FLINT__REGISTER_EXECUTOR_REQUEST__INIT;
+  rq.host = "127.0.0.1";
+  rq.rpc_port = (uint32_t)rpc_server_port(ex.server);
+  rq.data_port = rq.rpc_port; /* nothing is fetched from it here */
+  rq.cores = 1;
+  rq.memory = 256u << 20;
+  rq.pid = (uint32_t)getpid();
+  rq.node = "";
+  fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
+  assert_ok(proto_pack(&rq.base, &body));
+  rpc_channel *driver;
+  assert_ok(rpc_channel_create(fx.target, NULL, 0, &driver));
+  assert_ok(rpc_call(driver, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), 10000, &reply));
+  Flint__RegisterExecutorReply *m = flint__register_executor_reply__unpack(NULL, reply.len, reply.data);
+  assert_non_null(m);
+  ex.id = m->executor_id;
+  flint__register_executor_reply__free_unpacked(m, NULL);
+  rpc_channel_destroy(driver);
+  fl_buf_free(&body);
+  fl_buf_free(&reply);
+}
+
+static void scripted_release(void) {
+  pthread_mutex_lock(&ex.lock);
+  ex.released = true;
+  pthread_cond_broadcast(&ex.changed);
+  pthread_mutex_unlock(&ex.lock);
+}
+
+/* Stops serving: calls in flight are cancelled, so the driver's end of them fails. */
+static void scripted_stop(void) {
+  rpc_server_stop(ex.server);
+  assert_false(atomic_load(&undecodable));
+  ex.server = NULL;
+  pthread_cond_destroy(&ex.changed);
+  pthread_mutex_destroy(&ex.lock);
+}
+
+/* The index of the first call to `method` with at least one key (kills: not the driver's
+ * empty liveness pings), waiting at most limit_s; -1 when none came. */
+static int wait_call(const char *method, double limit_s) {
+  double deadline = now_s() + limit_s;
+  int found = -1;
+  pthread_mutex_lock(&ex.lock);
+  while (found < 0) {
+    for (size_t i = 0; i < ex.num_calls && found < 0; i++)
+      if (strcmp(ex.calls[i].method, method) == 0 && ex.calls[i].num_keys) found = (int)i;
+    if (found >= 0 || now_s() > deadline) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 20 * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&ex.changed, &ex.lock, &ts);
+  }
+  pthread_mutex_unlock(&ex.lock);
+  return found;
+}
+
+/* ---- the client's job ---------------------------------------------------------------------- */
+
+/* A count over 2 partitions: one launch of 2 tasks to the 1-core scripted executor. */
+typedef struct job_run {
+  fl_context *ctx;
+  fl_dataset *ds;
+  count_thread count;
+} job_run;
+
+static void job_start(job_run *j) {
+  fl_options opts = FL_OPTIONS_INIT;
+  opts.work_dir = fx.dir;
+  assert_ok(fl_context_open(fx.master, &opts, &j->ctx));
+  assert_ok(fl_range(j->ctx, 0, 1000, 1, 2, &j->ds));
+  count_start(&j->count, j->ds);
+}
+
+static void job_close(job_run *j) {
+  fl_dataset_free(j->ds);
+  fl_context_close(j->ctx);
+}
+
+/* ---- tests ----------------------------------------------------------------------------------- */
+
+/* The client cancels its job while the driver's launch of it is still unanswered: the kill
+ * waits for that launch's reply, then names the launched tasks. The cancelled job returns at
+ * once, without waiting for the executor. */
+static void test_kill_follows_the_unanswered_launch(void **state) {
+  (void)state;
+  start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL});
+  scripted_start(true);
+  job_run j = {0};
+  job_start(&j);
+  int launch = wait_call("LaunchTasks", WAIT_LIMIT_S);
+  assert_true(launch >= 0);
+  assert_int_equal(ex.calls[launch].num_keys, 2);
+
+  assert_ok(fl_cancel_jobs(j.ctx));
+  count_join(&j.count, WAIT_LIMIT_S);
+  assert_int_equal(j.count.status, FL_ECANCELLED);
+  /* The kill is queued behind the held launch: none may arrive while the launch is held. */
+  sleep_ms(300);
+  assert_int_equal(wait_call("KillTasks", 0), -1);
+  scripted_release();
+
+  int kill = wait_call("KillTasks", WAIT_LIMIT_S);
+  assert_true(kill > launch);
+  pthread_mutex_lock(&ex.lock);
+  call_record l = ex.calls[launch], k = ex.calls[kill];
+  pthread_mutex_unlock(&ex.lock);
+  fprintf(stderr, "launch held %.0f ms; kill arrived %.1f ms after its reply\n",
+          (l.replied_at - l.received_at) * 1e3, (k.received_at - l.replied_at) * 1e3);
+  assert_true(l.replied_at > 0 && k.received_at >= l.replied_at);
+  for (size_t i = 0; i < k.num_keys; i++) {
+    bool launched = false;
+    for (size_t m = 0; m < l.num_keys; m++) launched |= k.keys[i] == l.keys[m];
+    assert_true(launched);
+  }
+
+  job_close(&j);
+  scripted_stop();
+  stop_all();
+  fx.passed = true;
+}
+
+/* The executor goes away while the driver waits for its answer to a launch: the driver loses
+ * it, the job fails once no executor has come within FLINT_NO_EXECUTOR_TIMEOUT_MS, and the
+ * driver keeps serving its client. */
+static void test_executor_gone_during_a_launch(void **state) {
+  (void)state;
+  proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000",
+                                                    "FLINT_NO_EXECUTOR_TIMEOUT_MS=1000", NULL});
+  scripted_start(true);
+  job_run j = {0};
+  job_start(&j);
+  assert_true(wait_call("LaunchTasks", WAIT_LIMIT_S) >= 0);
+
+  scripted_stop(); /* cancels the held launch: the driver's call to it fails */
+  count_join(&j.count, WAIT_LIMIT_S);
+  fprintf(stderr, "the job failed: %s\n", j.count.error);
+  assert_int_equal(j.count.status, FL_ENET);
+  assert_non_null(strstr(j.count.error, "every executor was lost"));
+  expect_running(driver);
+  fl_context_stats stats;
+  assert_ok(fl_context_stats_get(j.ctx, &stats)); /* the driver still answers */
+
+  job_close(&j);
+  stop_all();
+  fx.passed = true;
+}
+
+/* The executor still serves but holds a launch and sends no heartbeat: the driver loses it
+ * after FLINT_EXECUTOR_TIMEOUT_MS and cancels the launch it was waiting for (within about a
+ * second, not after the launch's 30 s deadline); the job fails as every executor is lost. */
+static void test_silent_executor_loses_its_launch(void **state) {
+  (void)state;
+  proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=1500",
+                                                    "FLINT_NO_EXECUTOR_TIMEOUT_MS=500", NULL});
+  scripted_start(true);
+  job_run j = {0};
+  job_start(&j);
+  int launch = wait_call("LaunchTasks", WAIT_LIMIT_S);
+  assert_true(launch >= 0);
+  count_join(&j.count, WAIT_LIMIT_S);
+  fprintf(stderr, "the job failed: %s\n", j.count.error);
+  assert_int_equal(j.count.status, FL_ENET);
+  assert_non_null(strstr(j.count.error, "no heartbeat"));
+
+  double deadline = now_s() + 5;
+  pthread_mutex_lock(&ex.lock);
+  while (!ex.calls[launch].replied_at && now_s() < deadline) {
+    pthread_mutex_unlock(&ex.lock);
+    sleep_ms(10);
+    pthread_mutex_lock(&ex.lock);
+  }
+  call_record l = ex.calls[launch];
+  pthread_mutex_unlock(&ex.lock);
+  fprintf(stderr, "the held launch was given up after %.2f s\n", l.replied_at ? l.replied_at - l.received_at : -1);
+  assert_true(l.replied_at > 0 && l.cancelled);
+  assert_true(l.replied_at - l.received_at < 10);
+  expect_running(driver);
+
+  job_close(&j);
+  scripted_release();
+  scripted_stop();
+  stop_all();
+  fx.passed = true;
+}
+
+/* The driver is told to stop while an executor does not answer its launch: it stops within a
+ * few seconds, not after the launch's 30 s deadline, and exits cleanly. */
+static void test_driver_stops_with_a_launch_unanswered(void **state) {
+  (void)state;
+  proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL});
+  scripted_start(true);
+  job_run j = {0};
+  job_start(&j);
+  assert_true(wait_call("LaunchTasks", WAIT_LIMIT_S) >= 0);
+
+  double t0 = now_s();
+  int status = stop_proc(driver, SIGTERM);
+  double took = now_s() - t0;
+  fprintf(stderr, "the driver stopped in %.2f s with exit status %d\n", took, status);
+  assert_int_equal(status, 0);
+  assert_true(took < 5);
+  count_join(&j.count, WAIT_LIMIT_S);
+  assert_int_not_equal(j.count.status, FL_OK);
+
+  scripted_release();
+  scripted_stop();
+  job_close(&j);
+  fx.passed = true;
+}
+
+int main(void) {
+  find_binaries((const char *const[]){NULL});
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_kill_follows_the_unanswered_launch, harness_setup, harness_teardown),
+      cmocka_unit_test_setup_teardown(test_executor_gone_during_a_launch, harness_setup, harness_teardown),
+      cmocka_unit_test_setup_teardown(test_silent_executor_loses_its_launch, harness_setup, harness_teardown),
+      cmocka_unit_test_setup_teardown(test_driver_stops_with_a_launch_unanswered, harness_setup, harness_teardown),
+  };
+  const char *filter = getenv("TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
