@@ -131,6 +131,7 @@ struct exec_service {
   exec_task *done_head, *done_tail;
   result_block *results;
   bool stopping;
+  atomic_bool abandon; /* set on stop: calls to the driver give up (it may never answer) */
   atomic_uint_fast64_t tasks_run, tasks_failed;
   atomic_bool none_pending; /* the last launch's none_pending */
   pthread_t status_thread, heartbeat_thread;
@@ -506,6 +507,15 @@ static void app_destroy(exec_app *a) {
   common_free(a);
 }
 
+/* A call to the driver that gives up once the executor stops, so that a driver that does not
+ * answer (stopped, cut off) cannot hold the stop for the call's deadline. */
+static fl_status driver_call(exec_service *svc, const char *method, fl_bytes body, int64_t timeout_ms,
+                             fl_buf *reply) {
+  rpc_pending *p;
+  fl_status st = rpc_call_begin(svc->driver, method, body, timeout_ms, &p);
+  return st == FL_OK ? rpc_call_end_unless(p, &svc->abandon, reply) : st;
+}
+
 /* ---- barrier tasks: calls to the driver's coordinator (driver/barrier.c) --------------------- */
 
 /* A barrier RPC's deadline beyond the wait it asks the driver for. */
@@ -515,7 +525,7 @@ static fl_status barrier_rpc(exec_service *svc, const char *method, const Protob
                              fl_buf *reply) {
   fl_buf body = FL_BUF_INIT;
   fl_status st = proto_pack(msg, &body);
-  if (st == FL_OK) st = rpc_call(svc->driver, method, fl_buf_bytes(&body), timeout_ms, reply);
+  if (st == FL_OK) st = driver_call(svc, method, fl_buf_bytes(&body), timeout_ms, reply);
   fl_buf_free(&body);
   return st;
 }
@@ -793,8 +803,8 @@ static void *status_main(void *arg) {
       req.statuses = ptrs;
       fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
       if (proto_pack(&req.base, &body) == FL_OK) {
-        if (rpc_call(svc->driver, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
-                     &reply) != FL_OK)
+        if (driver_call(svc, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &reply) != FL_OK &&
+            !atomic_load(&svc->abandon))
           common_log(LOG_WARN, "status update of %zu tasks failed: %s", n, fl_last_error());
       }
       fl_buf_free(&body);
@@ -1150,8 +1160,7 @@ static fl_status register_with_driver(exec_service *svc) {
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
   fl_status status = proto_pack(&req.base, &body);
   if (status == FL_OK)
-    status = rpc_call(svc->driver, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body),
-                      RPC_TIMEOUT_MS, &reply);
+    status = driver_call(svc, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &reply);
   if (status == FL_OK) {
     Flint__RegisterExecutorReply *r = flint__register_executor_reply__unpack(NULL, reply.len, reply.data);
     if (!r || r->executor_id == 0 || r->driver_data_port == 0 || r->driver_data_port > 65535) {
@@ -1200,8 +1209,7 @@ static void *heartbeat_main(void *arg) {
     req.tasks_failed = atomic_load(&svc->tasks_failed);
     fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
     if (proto_pack(&req.base, &body) == FL_OK &&
-        rpc_call(svc->driver, "/flint.Driver/Heartbeat", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
-                 &reply) == FL_OK) {
+        driver_call(svc, "/flint.Driver/Heartbeat", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &reply) == FL_OK) {
       Flint__HeartbeatReply *r = flint__heartbeat_reply__unpack(NULL, reply.len, reply.data);
       if (r && r->unknown) {
         common_log(LOG_WARN, "the driver does not know this executor: registering again");
@@ -1209,7 +1217,7 @@ static void *heartbeat_main(void *arg) {
           common_log(LOG_WARN, "registering again failed: %s", fl_last_error());
       }
       if (r) flint__heartbeat_reply__free_unpacked(r, NULL);
-    } else {
+    } else if (!atomic_load(&svc->abandon)) {
       common_log(LOG_WARN, "heartbeat failed: %s", fl_last_error());
     }
     fl_buf_free(&body);
@@ -1220,6 +1228,7 @@ static void *heartbeat_main(void *arg) {
 /* ---- the process ----------------------------------------------------------------------- */
 
 static void service_destroy(exec_service *svc) {
+  atomic_store(&svc->abandon, true);
   if (svc->status_thread || svc->heartbeat_thread) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     svc->stopping = true;

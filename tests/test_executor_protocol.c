@@ -1,9 +1,10 @@
 /*
- * test_executor_protocol: the driver's side of the executor protocol, against a scripted
- * executor. A real `flint driver` runs (proc_harness); the executor is this program: an rpc
- * server that registers with the driver as `flint executor` does, records every call the
- * driver makes to it, and answers a launch only when the test lets it. So the test decides
- * what a real executor leaves to timing:
+ * test_executor_protocol: the control plane between driver and executor, each side run for
+ * real (proc_harness) against a scripted peer: this program serving an rpc server that records
+ * every call it gets and holds one method's calls unanswered until the test lets them go.
+ *
+ * A real `flint driver` against a scripted executor (which registers as `flint executor`
+ * does); the test decides what a real executor leaves to timing:
  *   - a kill sent while the launch before it is still unanswered reaches the executor after
  *     that launch (the driver sends an executor's calls one at a time, in order, and a launch
  *     may leave from the scheduler thread before its sender thread runs);
@@ -13,7 +14,12 @@
  *     gives up on that launch at once rather than after its deadline;
  *   - a driver told to stop while an executor does not answer its launch stops at once rather
  *     than after the launch's deadline.
- * The client is this program too (fl_context_open on flint://). Every wait is bounded.
+ * The client is this program too (fl_context_open on flint://).
+ *
+ * A real `flint executor` against a scripted driver that registers it and then answers no
+ * heartbeat: told to stop, the executor exits at once rather than after the call's deadline.
+ *
+ * Every wait is bounded.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -29,31 +35,30 @@
 #include "proto/flint.pb-c.h"
 #include "proto/pack.h"
 
-#define WAIT_LIMIT_S 20.0 /* for a call to reach the scripted executor, or a job to return */
+#define WAIT_LIMIT_S 20.0 /* for a call to reach the scripted peer, or a job to return */
 #define MAX_CALLS 64
 #define MAX_KEYS 16
 
-/* One call the driver made to the scripted executor. */
+/* One call the scripted peer got. */
 typedef struct call_record {
   char method[48]; /* "LaunchTasks", "KillTasks", ... */
   uint64_t keys[MAX_KEYS];
   size_t num_keys;
   double received_at, replied_at; /* now_s(); replied_at 0 until answered */
-  bool cancelled;                 /* the driver gave up on it before it was answered */
+  bool cancelled;                 /* the caller gave up on it before it was answered */
 } call_record;
 
-typedef struct scripted_executor {
+typedef struct scripted_peer {
   rpc_server *server;
-  uint64_t id; /* the driver's */
   pthread_mutex_t lock;
   pthread_cond_t changed;
   call_record calls[MAX_CALLS];
   size_t num_calls;
-  bool hold_launches; /* a launch is answered once `released` (or its call is cancelled) */
+  const char *held; /* its calls are answered once `released` (or cancelled); NULL: none */
   bool released;
-} scripted_executor;
+} scripted_peer;
 
-static scripted_executor ex;
+static scripted_peer peer;
 static atomic_bool undecodable; /* a call whose request did not decode (checked by the tests) */
 
 static void record_keys(call_record *r, const uint64_t *keys, size_t n) {
@@ -62,15 +67,16 @@ static void record_keys(call_record *r, const uint64_t *keys, size_t n) {
 
 static fl_status scripted_handle(void *arg, const rpc_request *req, fl_buf *response) {
   (void)arg;
-  (void)response; /* every answer is an empty message: the driver reads only the outcome */
+  /* Answers are empty messages (the driver reads only a launch's outcome), but a
+   * registration's. */
   const char *method = strrchr(req->method, '/') + 1;
-  pthread_mutex_lock(&ex.lock);
-  if (ex.num_calls == MAX_CALLS) { /* more than any test makes: answer, record nothing */
-    pthread_mutex_unlock(&ex.lock);
+  pthread_mutex_lock(&peer.lock);
+  if (peer.num_calls == MAX_CALLS) { /* more than any test makes: answer, record nothing */
+    pthread_mutex_unlock(&peer.lock);
     return FL_OK;
   }
-  size_t index = ex.num_calls++;
-  call_record *r = &ex.calls[index];
+  size_t index = peer.num_calls++;
+  call_record *r = &peer.calls[index];
   snprintf(r->method, sizeof r->method, "%s", method);
   r->received_at = now_s();
   if (strcmp(method, "LaunchTasks") == 0) {
@@ -84,39 +90,49 @@ static fl_status scripted_handle(void *arg, const rpc_request *req, fl_buf *resp
     if (m) record_keys(r, m->task_keys, m->n_task_keys);
     if (m) flint__kill_tasks_request__free_unpacked(m, NULL);
   }
-  pthread_cond_broadcast(&ex.changed);
-  if (strcmp(method, "LaunchTasks") == 0) {
-    double deadline = now_s() + 40;
-    while (ex.hold_launches && !ex.released && !atomic_load(req->cancelled) && now_s() < deadline) {
-      pthread_mutex_unlock(&ex.lock);
-      sleep_ms(5);
-      pthread_mutex_lock(&ex.lock);
-    }
-    ex.calls[index].cancelled = atomic_load(req->cancelled);
+  pthread_cond_broadcast(&peer.changed);
+  if (strcmp(method, "RegisterExecutor") == 0) { /* as a driver: registered, beat every 100 ms */
+    Flint__RegisterExecutorReply m = FLINT__REGISTER_EXECUTOR_REPLY__INIT;
+    m.executor_id = 7;
+    m.heartbeat_ms = 100;
+    m.driver_data_port = (uint32_t)rpc_server_port(peer.server); /* nothing is fetched from it */
+    if (proto_pack(&m.base, response) != FL_OK) atomic_store(&undecodable, true);
   }
-  ex.calls[index].replied_at = now_s();
-  pthread_cond_broadcast(&ex.changed);
-  pthread_mutex_unlock(&ex.lock);
+  if (peer.held && strcmp(method, peer.held) == 0) {
+    double deadline = now_s() + 40;
+    while (!peer.released && !atomic_load(req->cancelled) && now_s() < deadline) {
+      pthread_mutex_unlock(&peer.lock);
+      sleep_ms(5);
+      pthread_mutex_lock(&peer.lock);
+    }
+    peer.calls[index].cancelled = atomic_load(req->cancelled);
+  }
+  peer.calls[index].replied_at = now_s();
+  pthread_cond_broadcast(&peer.changed);
+  pthread_mutex_unlock(&peer.lock);
   return FL_OK;
 }
 
 /* Serves on a free port with several handler threads (so that a call sent out of order would
- * be taken while a launch is held) and registers with the driver at fx.target. */
-static void scripted_start(bool hold_launches) {
-  memset(&ex, 0, sizeof ex);
+ * be taken while another is held); calls to `held` wait for scripted_release. */
+static void scripted_start(const char *held) {
+  memset(&peer, 0, sizeof peer);
   atomic_store(&undecodable, false);
-  pthread_mutex_init(&ex.lock, NULL);
-  pthread_cond_init(&ex.changed, NULL);
-  ex.hold_launches = hold_launches;
+  pthread_mutex_init(&peer.lock, NULL);
+  pthread_cond_init(&peer.changed, NULL);
+  peer.held = held;
   rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
   cfg.listen = "127.0.0.1:0";
   cfg.handler = scripted_handle;
   cfg.handler_threads = 4;
-  assert_ok(rpc_server_start(&cfg, &ex.server));
+  assert_ok(rpc_server_start(&cfg, &peer.server));
+}
 
+/* As an executor: registers with the driver at fx.target, with 1 core. */
+static void scripted_register(void) {
   Flint__RegisterExecutorRequest rq = FLINT__REGISTER_EXECUTOR_REQUEST__INIT;
   rq.host = "127.0.0.1";
-  rq.rpc_port = (uint32_t)rpc_server_port(ex.server);
+  rq.rpc_port = (uint32_t)rpc_server_port(peer.server);
   rq.data_port = rq.rpc_port; /* nothing is fetched from it here */
   rq.cores = 1;
   rq.memory = 256u << 20;
@@ -129,7 +145,7 @@ static void scripted_start(bool hold_launches) {
   assert_ok(rpc_call(driver, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), 10000, &reply));
   Flint__RegisterExecutorReply *m = flint__register_executor_reply__unpack(NULL, reply.len, reply.data);
   assert_non_null(m);
-  ex.id = m->executor_id;
+  assert_true(m->executor_id > 0);
   flint__register_executor_reply__free_unpacked(m, NULL);
   rpc_channel_destroy(driver);
   fl_buf_free(&body);
@@ -137,30 +153,31 @@ static void scripted_start(bool hold_launches) {
 }
 
 static void scripted_release(void) {
-  pthread_mutex_lock(&ex.lock);
-  ex.released = true;
-  pthread_cond_broadcast(&ex.changed);
-  pthread_mutex_unlock(&ex.lock);
+  pthread_mutex_lock(&peer.lock);
+  peer.released = true;
+  pthread_cond_broadcast(&peer.changed);
+  pthread_mutex_unlock(&peer.lock);
 }
 
 /* Stops serving: calls in flight are cancelled, so the driver's end of them fails. */
 static void scripted_stop(void) {
-  rpc_server_stop(ex.server);
+  rpc_server_stop(peer.server);
   assert_false(atomic_load(&undecodable));
-  ex.server = NULL;
-  pthread_cond_destroy(&ex.changed);
-  pthread_mutex_destroy(&ex.lock);
+  peer.server = NULL;
+  pthread_cond_destroy(&peer.changed);
+  pthread_mutex_destroy(&peer.lock);
 }
 
-/* The index of the first call to `method` with at least one key (kills: not the driver's
- * empty liveness pings), waiting at most limit_s; -1 when none came. */
+/* The index of the first call to `method` (a KillTasks with at least one key: not one of the
+ * driver's empty liveness pings), waiting at most limit_s; -1 when none came. */
 static int wait_call(const char *method, double limit_s) {
   double deadline = now_s() + limit_s;
   int found = -1;
-  pthread_mutex_lock(&ex.lock);
+  pthread_mutex_lock(&peer.lock);
   while (found < 0) {
-    for (size_t i = 0; i < ex.num_calls && found < 0; i++)
-      if (strcmp(ex.calls[i].method, method) == 0 && ex.calls[i].num_keys) found = (int)i;
+    for (size_t i = 0; i < peer.num_calls && found < 0; i++)
+      if (strcmp(peer.calls[i].method, method) == 0 && (strcmp(method, "KillTasks") || peer.calls[i].num_keys))
+        found = (int)i;
     if (found >= 0 || now_s() > deadline) break;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -169,9 +186,9 @@ static int wait_call(const char *method, double limit_s) {
       ts.tv_sec++;
       ts.tv_nsec -= 1000000000;
     }
-    pthread_cond_timedwait(&ex.changed, &ex.lock, &ts);
+    pthread_cond_timedwait(&peer.changed, &peer.lock, &ts);
   }
-  pthread_mutex_unlock(&ex.lock);
+  pthread_mutex_unlock(&peer.lock);
   return found;
 }
 
@@ -205,12 +222,13 @@ static void job_close(job_run *j) {
 static void test_kill_follows_the_unanswered_launch(void **state) {
   (void)state;
   start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL});
-  scripted_start(true);
+  scripted_start("LaunchTasks");
+  scripted_register();
   job_run j = {0};
   job_start(&j);
   int launch = wait_call("LaunchTasks", WAIT_LIMIT_S);
   assert_true(launch >= 0);
-  assert_int_equal(ex.calls[launch].num_keys, 2);
+  assert_int_equal(peer.calls[launch].num_keys, 2);
 
   assert_ok(fl_cancel_jobs(j.ctx));
   count_join(&j.count, WAIT_LIMIT_S);
@@ -222,9 +240,9 @@ static void test_kill_follows_the_unanswered_launch(void **state) {
 
   int kill = wait_call("KillTasks", WAIT_LIMIT_S);
   assert_true(kill > launch);
-  pthread_mutex_lock(&ex.lock);
-  call_record l = ex.calls[launch], k = ex.calls[kill];
-  pthread_mutex_unlock(&ex.lock);
+  pthread_mutex_lock(&peer.lock);
+  call_record l = peer.calls[launch], k = peer.calls[kill];
+  pthread_mutex_unlock(&peer.lock);
   fprintf(stderr, "launch held %.0f ms; kill arrived %.1f ms after its reply\n",
           (l.replied_at - l.received_at) * 1e3, (k.received_at - l.replied_at) * 1e3);
   assert_true(l.replied_at > 0 && k.received_at >= l.replied_at);
@@ -247,7 +265,8 @@ static void test_executor_gone_during_a_launch(void **state) {
   (void)state;
   proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000",
                                                     "FLINT_NO_EXECUTOR_TIMEOUT_MS=1000", NULL});
-  scripted_start(true);
+  scripted_start("LaunchTasks");
+  scripted_register();
   job_run j = {0};
   job_start(&j);
   assert_true(wait_call("LaunchTasks", WAIT_LIMIT_S) >= 0);
@@ -273,7 +292,8 @@ static void test_silent_executor_loses_its_launch(void **state) {
   (void)state;
   proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=1500",
                                                     "FLINT_NO_EXECUTOR_TIMEOUT_MS=500", NULL});
-  scripted_start(true);
+  scripted_start("LaunchTasks");
+  scripted_register();
   job_run j = {0};
   job_start(&j);
   int launch = wait_call("LaunchTasks", WAIT_LIMIT_S);
@@ -284,14 +304,14 @@ static void test_silent_executor_loses_its_launch(void **state) {
   assert_non_null(strstr(j.count.error, "no heartbeat"));
 
   double deadline = now_s() + 5;
-  pthread_mutex_lock(&ex.lock);
-  while (!ex.calls[launch].replied_at && now_s() < deadline) {
-    pthread_mutex_unlock(&ex.lock);
+  pthread_mutex_lock(&peer.lock);
+  while (!peer.calls[launch].replied_at && now_s() < deadline) {
+    pthread_mutex_unlock(&peer.lock);
     sleep_ms(10);
-    pthread_mutex_lock(&ex.lock);
+    pthread_mutex_lock(&peer.lock);
   }
-  call_record l = ex.calls[launch];
-  pthread_mutex_unlock(&ex.lock);
+  call_record l = peer.calls[launch];
+  pthread_mutex_unlock(&peer.lock);
   fprintf(stderr, "the held launch was given up after %.2f s\n", l.replied_at ? l.replied_at - l.received_at : -1);
   assert_true(l.replied_at > 0 && l.cancelled);
   assert_true(l.replied_at - l.received_at < 10);
@@ -309,7 +329,8 @@ static void test_silent_executor_loses_its_launch(void **state) {
 static void test_driver_stops_with_a_launch_unanswered(void **state) {
   (void)state;
   proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL});
-  scripted_start(true);
+  scripted_start("LaunchTasks");
+  scripted_register();
   job_run j = {0};
   job_start(&j);
   assert_true(wait_call("LaunchTasks", WAIT_LIMIT_S) >= 0);
@@ -329,6 +350,31 @@ static void test_driver_stops_with_a_launch_unanswered(void **state) {
   fx.passed = true;
 }
 
+/* A real executor whose driver (scripted) registered it and then answers no heartbeat: told
+ * to stop, the executor gives the held heartbeat up and exits within a few seconds, not after
+ * the call's 30 s deadline. */
+static void test_executor_stops_with_a_heartbeat_unanswered(void **state) {
+  (void)state;
+  scripted_start("Heartbeat");
+  snprintf(fx.target, sizeof fx.target, "127.0.0.1:%d", rpc_server_port(peer.server));
+  proc *e = start_executor("exec", NULL);
+  int beat = wait_call("Heartbeat", WAIT_LIMIT_S);
+  assert_true(beat >= 0);
+  sleep_ms(200); /* the executor is in its call now */
+
+  double t0 = now_s();
+  int status = stop_proc(e, SIGTERM);
+  double took = now_s() - t0;
+  fprintf(stderr, "the executor stopped in %.2f s with exit status %d\n", took, status);
+  assert_int_equal(status, 0);
+  assert_true(took < 5);
+  assert_int_equal(wait_call("RegisterExecutor", 0), 0);
+
+  scripted_release();
+  scripted_stop();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){NULL});
   const struct CMUnitTest tests[] = {
@@ -336,6 +382,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_executor_gone_during_a_launch, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_silent_executor_loses_its_launch, harness_setup, harness_teardown),
       cmocka_unit_test_setup_teardown(test_driver_stops_with_a_launch_unanswered, harness_setup, harness_teardown),
+      cmocka_unit_test_setup_teardown(test_executor_stops_with_a_heartbeat_unanswered, harness_setup, harness_teardown),
   };
   const char *filter = getenv("TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);
