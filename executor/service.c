@@ -131,7 +131,9 @@ struct exec_service {
   exec_task *done_head, *done_tail;
   result_block *results;
   bool stopping;
-  atomic_bool abandon; /* set on stop: calls to the driver give up (it may never answer) */
+  /* Set on stop, so that calls to the driver give up (it may never answer): heartbeats and
+   * barrier calls at once; the last statuses after STATUS_STOP_GRACE_MS. */
+  atomic_bool abandon, abandon_statuses;
   atomic_uint_fast64_t tasks_run, tasks_failed;
   atomic_bool none_pending; /* the last launch's none_pending */
   pthread_t status_thread, heartbeat_thread;
@@ -507,14 +509,17 @@ static void app_destroy(exec_app *a) {
   common_free(a);
 }
 
-/* A call to the driver that gives up once the executor stops, so that a driver that does not
- * answer (stopped, cut off) cannot hold the stop for the call's deadline. */
+/* A call to the driver that gives up once *abandon is set (the executor stopping), so that a
+ * driver that does not answer (stopped, cut off) cannot hold the stop for the call's deadline. */
 static fl_status driver_call(exec_service *svc, const char *method, fl_bytes body, int64_t timeout_ms,
-                             fl_buf *reply) {
+                             const atomic_bool *abandon, fl_buf *reply) {
   rpc_pending *p;
   fl_status st = rpc_call_begin(svc->driver, method, body, timeout_ms, &p);
-  return st == FL_OK ? rpc_call_end_unless(p, &svc->abandon, reply) : st;
+  return st == FL_OK ? rpc_call_end_unless(p, abandon, reply) : st;
 }
+
+/* How long a stopping executor lets its last statuses take before it gives them up. */
+#define STATUS_STOP_GRACE_MS 1000
 
 /* ---- barrier tasks: calls to the driver's coordinator (driver/barrier.c) --------------------- */
 
@@ -525,7 +530,7 @@ static fl_status barrier_rpc(exec_service *svc, const char *method, const Protob
                              fl_buf *reply) {
   fl_buf body = FL_BUF_INIT;
   fl_status st = proto_pack(msg, &body);
-  if (st == FL_OK) st = driver_call(svc, method, fl_buf_bytes(&body), timeout_ms, reply);
+  if (st == FL_OK) st = driver_call(svc, method, fl_buf_bytes(&body), timeout_ms, &svc->abandon, reply);
   fl_buf_free(&body);
   return st;
 }
@@ -803,8 +808,9 @@ static void *status_main(void *arg) {
       req.statuses = ptrs;
       fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
       if (proto_pack(&req.base, &body) == FL_OK) {
-        if (driver_call(svc, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &reply) != FL_OK &&
-            !atomic_load(&svc->abandon))
+        if (driver_call(svc, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
+                        &svc->abandon_statuses, &reply) != FL_OK &&
+            !atomic_load(&svc->abandon_statuses))
           common_log(LOG_WARN, "status update of %zu tasks failed: %s", n, fl_last_error());
       }
       fl_buf_free(&body);
@@ -1160,7 +1166,8 @@ static fl_status register_with_driver(exec_service *svc) {
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
   fl_status status = proto_pack(&req.base, &body);
   if (status == FL_OK)
-    status = driver_call(svc, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &reply);
+    status = driver_call(svc, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &svc->abandon,
+                         &reply);
   if (status == FL_OK) {
     Flint__RegisterExecutorReply *r = flint__register_executor_reply__unpack(NULL, reply.len, reply.data);
     if (!r || r->executor_id == 0 || r->driver_data_port == 0 || r->driver_data_port > 65535) {
@@ -1209,7 +1216,8 @@ static void *heartbeat_main(void *arg) {
     req.tasks_failed = atomic_load(&svc->tasks_failed);
     fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
     if (proto_pack(&req.base, &body) == FL_OK &&
-        driver_call(svc, "/flint.Driver/Heartbeat", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &reply) == FL_OK) {
+        driver_call(svc, "/flint.Driver/Heartbeat", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &svc->abandon, &reply) ==
+            FL_OK) {
       Flint__HeartbeatReply *r = flint__heartbeat_reply__unpack(NULL, reply.len, reply.data);
       if (r && r->unknown) {
         common_log(LOG_WARN, "the driver does not know this executor: registering again");
@@ -1243,7 +1251,16 @@ static void service_destroy(exec_service *svc) {
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
     task_pool_destroy(svc->pool);
   }
-  if (svc->status_thread) pthread_join(svc->status_thread, NULL);
+  if (svc->status_thread) {
+    /* The ended tasks' statuses (results the driver need not compute again) get a grace. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += STATUS_STOP_GRACE_MS / 1000;
+    if (pthread_timedjoin_np(svc->status_thread, NULL, &until) != 0) {
+      atomic_store(&svc->abandon_statuses, true);
+      pthread_join(svc->status_thread, NULL);
+    }
+  }
   if (svc->heartbeat_thread) pthread_join(svc->heartbeat_thread, NULL);
   while (svc->done_head) { /* ended after the last status update went out */
     exec_task *t = svc->done_head;

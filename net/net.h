@@ -140,9 +140,10 @@ FL_INTERNAL fl_status rpc_call_begin(rpc_channel *c, const char *method, fl_byte
                                      rpc_pending **out);
 FL_INTERNAL fl_status rpc_call_end(rpc_pending *p, fl_buf *response);
 /* rpc_call_end for a waiter that may have to give up (its process stopping while the peer
- * does not answer): once *abandon is true (looked at every RPC_ABANDON_POLL_MS), the call
- * is cancelled and, unless its reply came first, ends with FL_ECANCELLED "METHOD on TARGET:
- * given up without a reply". abandon NULL: rpc_call_end. */
+ * does not answer): once *abandon is true (looked at every RPC_ABANDON_POLL_MS, so at most
+ * that long after it is set, even when set before the call), the call is cancelled and,
+ * unless its reply came first, ends with FL_ECANCELLED "METHOD on TARGET: given up without a
+ * reply". abandon NULL: rpc_call_end. */
 #define RPC_ABANDON_POLL_MS 50
 FL_INTERNAL fl_status rpc_call_end_unless(rpc_pending *p, const atomic_bool *abandon, fl_buf *response);
 /* ---- rpc ---- */

@@ -853,7 +853,7 @@ fl_status rpc_call_end_unless(rpc_pending *p, const atomic_bool *abandon, fl_buf
                                  : gpr_inf_future(GPR_CLOCK_MONOTONIC);
     ev = grpc_completion_queue_pluck(p->cq, p->call, until, NULL);
     if (ev.type != GRPC_QUEUE_TIMEOUT) break;
-    if (!abandoned && atomic_load_explicit(abandon, memory_order_acquire)) {
+    if (abandon && !abandoned && atomic_load_explicit(abandon, memory_order_acquire)) {
       abandoned = true;
       grpc_call_cancel(p->call, NULL); /* the batch completes soon, failed */
     }

@@ -504,12 +504,13 @@ static void test_call_end_gives_up_when_told(void **state) {
 
   atomic_bool abandon = false;
   rpc_pending *p;
-  assert_ok(rpc_call_begin(ch, "/test/Block", fl_bytes_str(""), 0, &p)); /* no deadline */
+  /* A deadline far beyond the give-up, so that a broken give-up fails rather than hangs. */
+  assert_ok(rpc_call_begin(ch, "/test/Block", fl_bytes_str(""), 8000, &p));
   wait_for(&t.blocked, 1);
   abandoner a = {&abandon, 100};
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, abandon_later, &a), 0);
   double t0 = now_ms();
+  assert_int_equal(pthread_create(&th, NULL, abandon_later, &a), 0);
   fl_buf out = FL_BUF_INIT;
   assert_fails_with(rpc_call_end_unless(p, &abandon, &out), FL_ECANCELLED, "/test/Block on 127.0.0.1:");
   double took = now_ms() - t0;
@@ -521,7 +522,7 @@ static void test_call_end_gives_up_when_told(void **state) {
 
   /* Already true, but the reply is there first: the call succeeds. */
   assert_ok(rpc_call_begin(ch, "/test/Echo", fl_bytes_str("kept"), 5000, &p));
-  sleep_ms(100);
+  sleep_ms(500);
   assert_ok(rpc_call_end_unless(p, &abandon, &out));
   assert_int_equal(out.len, 4);
   assert_memory_equal(out.data, "kept", 4);
