@@ -1294,6 +1294,20 @@ static void service_destroy(exec_service *svc) {
   pthread_mutex_destroy(&svc->lock);
 }
 
+/* While the first registration waits for the driver: a stop request gives it up. */
+typedef struct stop_watch {
+  exec_service *svc;
+  volatile sig_atomic_t *stop;
+  atomic_bool done; /* the registration returned */
+} stop_watch;
+
+static void *stop_watch_main(void *arg) {
+  stop_watch *w = arg;
+  while (!atomic_load(&w->done) && !*w->stop) usleep(20000);
+  if (*w->stop) atomic_store(&w->svc->abandon, true);
+  return NULL;
+}
+
 fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop) {
   if (!cfg->driver || !*cfg->driver) return FL_ERR(FL_EINVAL, "executor: no driver address");
   if (cfg->cores == 0 || cfg->cores > 1024) return FL_ERR(FL_EINVAL, "executor: --cores must be 1 to 1024");
@@ -1345,7 +1359,18 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(rpc_server_start(&rc, &svc.server));
   /* Large enough for a barrier checkpoint (512 MiB) and its envelope. */
   FL_CHECK(rpc_channel_create(cfg->driver, cfg->secret, RDD_BARRIER_CHECKPOINT_MAX + ((size_t)1 << 20), &svc.driver));
-  if ((status = register_with_driver(&svc)) != FL_OK) {
+  stop_watch watch = {&svc, stop, false};
+  pthread_t watcher;
+  bool watching = pthread_create(&watcher, NULL, stop_watch_main, &watch) == 0;
+  status = register_with_driver(&svc);
+  atomic_store(&watch.done, true);
+  if (watching) pthread_join(watcher, NULL);
+  if (status != FL_OK && *stop) { /* stopped while the driver did not answer: not an error */
+    common_log(LOG_INFO, "stopped before the driver at %s answered the registration", cfg->driver);
+    status = FL_OK;
+    goto cleanup;
+  }
+  if (status != FL_OK) {
     common_error_wrap(status, "cannot register with the driver at %s: ", cfg->driver);
     goto cleanup;
   }

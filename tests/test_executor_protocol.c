@@ -17,7 +17,8 @@
  * The client is this program too (fl_context_open on flint://).
  *
  * A real `flint executor` against a scripted driver that registers it and then answers no
- * heartbeat: told to stop, the executor exits at once rather than after the call's deadline.
+ * heartbeat, or never answers its registration: told to stop, the executor exits at once
+ * rather than after the call's deadline.
  *
  * Every wait is bounded.
  */
@@ -391,6 +392,31 @@ static void test_executor_stops_with_a_heartbeat_unanswered(void **state) {
   fx.passed = true;
 }
 
+/* A real executor whose driver (scripted) never answers its registration: told to stop, it
+ * gives the registration up and exits cleanly within a few seconds. */
+static void test_executor_stops_while_registering(void **state) {
+  (void)state;
+  scripted_start("RegisterExecutor");
+  snprintf(fx.target, sizeof fx.target, "127.0.0.1:%d", rpc_server_port(peer.server));
+  proc *e = start_executor("exec", NULL);
+  assert_int_equal(wait_call("RegisterExecutor", WAIT_LIMIT_S), 0);
+  sleep_ms(200);
+
+  double t0 = now_s();
+  int status = stop_proc(e, SIGTERM);
+  double took = now_s() - t0;
+  fprintf(stderr, "the executor stopped in %.2f s with exit status %d\n", took, status);
+  assert_int_equal(status, 0);
+  assert_true(took < 5);
+  char *log = slurp(e->log);
+  assert_non_null(strstr(log, "stopped before the driver"));
+  free(log);
+
+  scripted_release();
+  scripted_stop();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){NULL});
   const struct CMUnitTest tests[] = {
@@ -399,6 +425,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_silent_executor_loses_its_launch, harness_setup, peer_teardown),
       cmocka_unit_test_setup_teardown(test_driver_stops_with_a_launch_unanswered, harness_setup, peer_teardown),
       cmocka_unit_test_setup_teardown(test_executor_stops_with_a_heartbeat_unanswered, harness_setup, peer_teardown),
+      cmocka_unit_test_setup_teardown(test_executor_stops_while_registering, harness_setup, peer_teardown),
   };
   const char *filter = getenv("TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);
