@@ -82,14 +82,20 @@ static fl_status scripted_handle(void *arg, const rpc_request *req, fl_buf *resp
   r->received_at = now_s();
   if (strcmp(method, "LaunchTasks") == 0) {
     Flint__LaunchTasksRequest *m = flint__launch_tasks_request__unpack(NULL, req->body.len, req->body.data);
-    if (!m) atomic_store(&undecodable, true);
-    for (size_t i = 0; m && i < m->n_tasks; i++) record_keys(r, &m->tasks[i]->task_key, 1);
-    if (m) flint__launch_tasks_request__free_unpacked(m, NULL);
+    if (m) {
+      for (size_t i = 0; i < m->n_tasks; i++) record_keys(r, &m->tasks[i]->task_key, 1);
+      flint__launch_tasks_request__free_unpacked(m, NULL);
+    } else {
+      atomic_store(&undecodable, true);
+    }
   } else if (strcmp(method, "KillTasks") == 0) {
     Flint__KillTasksRequest *m = flint__kill_tasks_request__unpack(NULL, req->body.len, req->body.data);
-    if (!m) atomic_store(&undecodable, true);
-    if (m) record_keys(r, m->task_keys, m->n_task_keys);
-    if (m) flint__kill_tasks_request__free_unpacked(m, NULL);
+    if (m) {
+      record_keys(r, m->task_keys, m->n_task_keys);
+      flint__kill_tasks_request__free_unpacked(m, NULL);
+    } else {
+      atomic_store(&undecodable, true);
+    }
   }
   pthread_cond_broadcast(&peer.changed);
   if (strcmp(method, "RegisterExecutor") == 0) { /* as a driver: registered, beat every 100 ms */
