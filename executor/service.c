@@ -1255,7 +1255,9 @@ static void service_destroy(exec_service *svc) {
     /* The ended tasks' statuses (results the driver need not compute again) get a grace. */
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += STATUS_STOP_GRACE_MS / 1000;
+    uint64_t ns = (uint64_t)until.tv_nsec + (uint64_t)STATUS_STOP_GRACE_MS * 1000000u;
+    until.tv_sec += (time_t)(ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
     if (pthread_timedjoin_np(svc->status_thread, NULL, &until) != 0) {
       atomic_store(&svc->abandon_statuses, true);
       pthread_join(svc->status_thread, NULL);
