@@ -232,6 +232,40 @@ static void job_close(job_run *j) {
   fl_context_close(j->ctx);
 }
 
+/* A real driver (with driver_env), the scripted executor registered with it holding launches,
+ * and a client's count whose launch has reached it; returns the driver, the launch's index in
+ * *launch. */
+static proc *driver_with_held_launch(const char *const *driver_env, job_run *j, int *launch) {
+  proc *driver = start_driver(driver_env);
+  scripted_start("LaunchTasks");
+  scripted_register();
+  job_start(j);
+  *launch = wait_call("LaunchTasks", WAIT_LIMIT_S);
+  assert_true(*launch >= 0);
+  return driver;
+}
+
+/* A real executor registering with the scripted driver, which holds calls to `held`; returns
+ * once the first of them has come and the executor is waiting in it. */
+static proc *executor_with_held_call(const char *held) {
+  scripted_start(held);
+  snprintf(fx.target, sizeof fx.target, "127.0.0.1:%d", rpc_server_port(peer.server));
+  proc *e = start_executor("exec", NULL);
+  assert_true(wait_call(held, WAIT_LIMIT_S) >= 0);
+  sleep_ms(200); /* the process is in its call now */
+  return e;
+}
+
+/* SIGTERM to p (named `what`): it exits with status 0 within 5 s. */
+static void expect_prompt_stop(proc *p, const char *what) {
+  double t0 = now_s();
+  int status = stop_proc(p, SIGTERM);
+  double took = now_s() - t0;
+  fprintf(stderr, "the %s stopped in %.2f s with exit status %d\n", what, took, status);
+  assert_int_equal(status, 0);
+  assert_true(took < 5);
+}
+
 /* ---- tests ----------------------------------------------------------------------------------- */
 
 /* The client cancels its job while the driver's launch of it is still unanswered: the kill
@@ -239,13 +273,9 @@ static void job_close(job_run *j) {
  * once, without waiting for the executor. */
 static void test_kill_follows_the_unanswered_launch(void **state) {
   (void)state;
-  start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL});
-  scripted_start("LaunchTasks");
-  scripted_register();
   job_run j = {0};
-  job_start(&j);
-  int launch = wait_call("LaunchTasks", WAIT_LIMIT_S);
-  assert_true(launch >= 0);
+  int launch;
+  driver_with_held_launch((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL}, &j, &launch);
   assert_int_equal(peer.calls[launch].num_keys, 2);
 
   assert_ok(fl_cancel_jobs(j.ctx));
@@ -281,13 +311,10 @@ static void test_kill_follows_the_unanswered_launch(void **state) {
  * driver keeps serving its client. */
 static void test_executor_gone_during_a_launch(void **state) {
   (void)state;
-  proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000",
-                                                    "FLINT_NO_EXECUTOR_TIMEOUT_MS=1000", NULL});
-  scripted_start("LaunchTasks");
-  scripted_register();
   job_run j = {0};
-  job_start(&j);
-  assert_true(wait_call("LaunchTasks", WAIT_LIMIT_S) >= 0);
+  int launch;
+  proc *driver = driver_with_held_launch(
+      (const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", "FLINT_NO_EXECUTOR_TIMEOUT_MS=1000", NULL}, &j, &launch);
 
   scripted_stop(); /* cancels the held launch: the driver's call to it fails */
   count_join(&j.count, WAIT_LIMIT_S);
@@ -308,14 +335,10 @@ static void test_executor_gone_during_a_launch(void **state) {
  * second, not after the launch's 30 s deadline); the job fails as every executor is lost. */
 static void test_silent_executor_loses_its_launch(void **state) {
   (void)state;
-  proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=3000",
-                                                    "FLINT_NO_EXECUTOR_TIMEOUT_MS=500", NULL});
-  scripted_start("LaunchTasks");
-  scripted_register();
   job_run j = {0};
-  job_start(&j);
-  int launch = wait_call("LaunchTasks", WAIT_LIMIT_S);
-  assert_true(launch >= 0);
+  int launch;
+  proc *driver = driver_with_held_launch(
+      (const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=3000", "FLINT_NO_EXECUTOR_TIMEOUT_MS=500", NULL}, &j, &launch);
   count_join(&j.count, WAIT_LIMIT_S);
   fprintf(stderr, "the job failed: %s\n", j.count.error);
   assert_int_equal(j.count.status, FL_ENET);
@@ -348,22 +371,14 @@ static void test_silent_executor_loses_its_launch(void **state) {
  * cancelled). */
 static void test_driver_stops_with_a_launch_unanswered(void **state) {
   (void)state;
-  proc *driver = start_driver((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL});
-  scripted_start("LaunchTasks");
-  scripted_register();
   job_run j = {0};
-  job_start(&j);
-  assert_true(wait_call("LaunchTasks", WAIT_LIMIT_S) >= 0);
+  int launch;
+  proc *driver = driver_with_held_launch((const char *const[]){"FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL}, &j, &launch);
   assert_ok(fl_cancel_jobs(j.ctx)); /* a KillTasks now waits behind the held launch */
   count_join(&j.count, WAIT_LIMIT_S);
   assert_int_equal(j.count.status, FL_ECANCELLED);
 
-  double t0 = now_s();
-  int status = stop_proc(driver, SIGTERM);
-  double took = now_s() - t0;
-  fprintf(stderr, "the driver stopped in %.2f s with exit status %d\n", took, status);
-  assert_int_equal(status, 0);
-  assert_true(took < 5);
+  expect_prompt_stop(driver, "driver");
   sleep_ms(200);
   assert_int_equal(wait_call("KillTasks", 0), -1);
 
@@ -378,19 +393,7 @@ static void test_driver_stops_with_a_launch_unanswered(void **state) {
  * the call's 30 s deadline. */
 static void test_executor_stops_with_a_heartbeat_unanswered(void **state) {
   (void)state;
-  scripted_start("Heartbeat");
-  snprintf(fx.target, sizeof fx.target, "127.0.0.1:%d", rpc_server_port(peer.server));
-  proc *e = start_executor("exec", NULL);
-  int beat = wait_call("Heartbeat", WAIT_LIMIT_S);
-  assert_true(beat >= 0);
-  sleep_ms(200); /* the executor is in its call now */
-
-  double t0 = now_s();
-  int status = stop_proc(e, SIGTERM);
-  double took = now_s() - t0;
-  fprintf(stderr, "the executor stopped in %.2f s with exit status %d\n", took, status);
-  assert_int_equal(status, 0);
-  assert_true(took < 5);
+  expect_prompt_stop(executor_with_held_call("Heartbeat"), "executor");
   assert_int_equal(wait_call("RegisterExecutor", 0), 0);
 
   scripted_release();
@@ -402,18 +405,9 @@ static void test_executor_stops_with_a_heartbeat_unanswered(void **state) {
  * gives the registration up and exits cleanly within a few seconds. */
 static void test_executor_stops_while_registering(void **state) {
   (void)state;
-  scripted_start("RegisterExecutor");
-  snprintf(fx.target, sizeof fx.target, "127.0.0.1:%d", rpc_server_port(peer.server));
-  proc *e = start_executor("exec", NULL);
-  assert_int_equal(wait_call("RegisterExecutor", WAIT_LIMIT_S), 0);
-  sleep_ms(200);
-
-  double t0 = now_s();
-  int status = stop_proc(e, SIGTERM);
-  double took = now_s() - t0;
-  fprintf(stderr, "the executor stopped in %.2f s with exit status %d\n", took, status);
-  assert_int_equal(status, 0);
-  assert_true(took < 5);
+  proc *e = executor_with_held_call("RegisterExecutor");
+  assert_int_equal(wait_call("RegisterExecutor", 0), 0);
+  expect_prompt_stop(e, "executor");
   char *log = slurp(e->log);
   assert_non_null(strstr(log, "stopped before the driver"));
   free(log);
