@@ -376,6 +376,38 @@ static void test_garbage_on_the_port_is_harmless(void **state) {
   server_stop(&t);
 }
 
+/* A server restarted on the same port is found again by the same channel: a call during the
+ * stop fails with FL_ENET, and calls succeed again within seconds. */
+static void test_channel_finds_a_restarted_server(void **state) {
+  (void)state;
+  test_server t;
+  server_start(&t, NULL, 0, 2);
+  int port = rpc_server_port(t.server);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("one"), 5000, &out));
+  server_stop(&t);
+  assert_fails_with(rpc_call(ch, "/test/Echo", fl_bytes_str("gone"), 5000, &out), FL_ENET, "cannot reach");
+
+  char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  cfg.listen = listen;
+  cfg.handler = test_handler;
+  cfg.handler_arg = &t;
+  assert_ok(rpc_server_start(&cfg, &t.server));
+  fl_status status = FL_ENET;
+  for (double deadline = now_ms() + 8000; status != FL_OK && now_ms() < deadline; sleep_ms(50))
+    status = rpc_call(ch, "/test/Echo", fl_bytes_str("two"), 5000, &out);
+  assert_ok(status);
+  assert_int_equal(out.len, 3);
+  assert_memory_equal(out.data, "two", 3);
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
 typedef struct hammer_arg {
   rpc_channel *ch;
   uint32_t id;
@@ -883,6 +915,7 @@ int main(void) {
       cmocka_unit_test(test_call_end_gives_up_when_told),
       cmocka_unit_test(test_stop_cancels_blocked_handlers),
       cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_channel_finds_a_restarted_server),
       cmocka_unit_test(test_latency_p50),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
