@@ -32,6 +32,9 @@
  * credit) that drift to the engine. The L-BFGS share also prints its least and greatest fit,
  * the spread that the machine's drift gives one build.
  *
+ * --partitions P splits each synthetic dataset into P partitions instead of the engine's
+ * default (4 per core), to see how the figures move with the size of a task.
+ *
  * Output: a table, or with --json one JSON object per row. Exit 1 on an engine error, 2 on a
  * bad option; a missed target is reported, not an error.
  */
@@ -50,6 +53,7 @@
 
 typedef struct options {
   uint64_t rows;
+  uint32_t partitions; /* of each synthetic dataset (0: the engine's default, 4 per core) */
   bool json;
   bool skip_cluster, skip_fmnist;
 } options;
@@ -312,7 +316,8 @@ static int run_mode(const char *master, const options *o, floors *fl, mode_resul
   }
   int rc = 1;
   fl_ml_data *data = NULL, *lin = NULL;
-  fl_ml_synth_options so = {.kind = FL_ML_SYNTH_LOGISTIC, .rows = o->rows, .cols = COLS, .classes = 2, .seed = 7};
+  fl_ml_synth_options so = {.kind = FL_ML_SYNTH_LOGISTIC, .rows = o->rows, .cols = COLS, .classes = 2, .seed = 7,
+                            .partitions = o->partitions};
   if (fl_ml_synthetic(ctx, &so, &data) != FL_OK) {
     fail_flint("synthetic data");
     goto done;
@@ -326,7 +331,8 @@ static int run_mode(const char *master, const options *o, floors *fl, mode_resul
   if (bench_lbfgs(o, fl, data, r) != 0 || bench_gradient(fl, data, r) != 0) goto done;
   fl_ml_data_free(data);
   data = NULL;
-  fl_ml_synth_options ls = {.kind = FL_ML_SYNTH_LINEAR, .rows = 2 * o->rows, .cols = COLS, .noise = 0.1, .seed = 8};
+  fl_ml_synth_options ls = {.kind = FL_ML_SYNTH_LINEAR, .rows = 2 * o->rows, .cols = COLS, .noise = 0.1, .seed = 8,
+                            .partitions = o->partitions};
   if (fl_ml_synthetic(ctx, &ls, &lin) != FL_OK) {
     fail_flint("synthetic linear data");
     goto done;
@@ -385,13 +391,17 @@ static void row(const options *o, const bench_columns *c, const char *bench, con
 
 int main(int argc, char **argv) {
   options o = {.rows = 1000000};
+  uint64_t n;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) o.json = true;
     else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc && parse_count(argv[i + 1], 100000000, &o.rows)) i++;
-    else if (strcmp(argv[i], "--skip-cluster") == 0) o.skip_cluster = true;
+    else if (strcmp(argv[i], "--partitions") == 0 && i + 1 < argc && parse_count(argv[i + 1], 4096, &n) && n > 0) {
+      o.partitions = (uint32_t)n;
+      i++;
+    } else if (strcmp(argv[i], "--skip-cluster") == 0) o.skip_cluster = true;
     else if (strcmp(argv[i], "--skip-fmnist") == 0) o.skip_fmnist = true;
     else {
-      fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_ml [--json] [--rows N] [--skip-cluster] [--skip-fmnist]\n",
+      fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_ml [--json] [--rows N] [--partitions P] [--skip-cluster] [--skip-fmnist]\n",
               argv[i]);
       return 2;
     }

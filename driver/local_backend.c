@@ -17,7 +17,13 @@ typedef struct local_backend {
 
 static void local_run(task_pool_work *work) {
   sched_task *t = (sched_task *)((char *)work - offsetof(sched_task, work));
+  char part[16] = ""; /* traced as an executor's tasks are, to compare the modes */
+  if (common_trace_on()) {
+    snprintf(part, sizeof part, "%u", t->rt.partition);
+    common_trace("task.start", part);
+  }
   rdd_task_run(&t->rt, t->stage->rdd, t->stage->action, &t->result);
+  if (*part) common_trace("task.end", part);
   scheduler_post_task_end(t->job->sched, t);
 }
 
