@@ -41,6 +41,9 @@ FL_SDK void common_log_set_role(const char *role);
  * a FILE that cannot be opened is reported once and tracing stays off. */
 FL_SDK bool common_trace_on(void);
 FL_SDK void common_trace(const char *event, const char *detail);
+/* A task's event with its partition as the detail (task.start and task.end, as executors and
+ * local mode run tasks). */
+FL_SDK void common_trace_partition(const char *event, uint32_t partition);
 #define COMMON_TRACE(event, detail)                                                                \
   do {                                                                                             \
     if (common_trace_on()) common_trace((event), (detail));                                       \

@@ -292,6 +292,13 @@ bool common_trace_on(void) {
   return fd >= 0;
 }
 
+void common_trace_partition(const char *event, uint32_t partition) {
+  if (!common_trace_on()) return;
+  char part[16];
+  snprintf(part, sizeof part, "%u", partition);
+  common_trace(event, part);
+}
+
 void common_trace(const char *event, const char *detail) {
   int fd = atomic_load_explicit(&trace_fd, memory_order_relaxed);
   if (fd < 0) return;

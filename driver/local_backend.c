@@ -17,13 +17,9 @@ typedef struct local_backend {
 
 static void local_run(task_pool_work *work) {
   sched_task *t = (sched_task *)((char *)work - offsetof(sched_task, work));
-  char part[16] = ""; /* traced as an executor's tasks are, to compare the modes */
-  if (common_trace_on()) {
-    snprintf(part, sizeof part, "%u", t->rt.partition);
-    common_trace("task.start", part);
-  }
+  common_trace_partition("task.start", t->rt.partition); /* as executors trace theirs */
   rdd_task_run(&t->rt, t->stage->rdd, t->stage->action, &t->result);
-  if (*part) common_trace("task.end", part);
+  common_trace_partition("task.end", t->rt.partition);
   scheduler_post_task_end(t->job->sched, t);
 }
 

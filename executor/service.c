@@ -674,14 +674,10 @@ static void task_run(task_pool_work *work) {
     if (svc->done_head && !hold) pthread_cond_signal(&svc->wake);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   }
-  char part[16] = "";
-  if (common_trace_on()) {
-    snprintf(part, sizeof part, "%u", t->rt.partition);
-    common_trace("task.start", part);
-  }
+  common_trace_partition("task.start", t->rt.partition);
   if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
   else rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "task killed"));
-  if (*part) common_trace("task.end", part);
+  common_trace_partition("task.end", t->rt.partition);
   if (svc->fault_slowdown > 1) fault_nap(&t->rt, (uint64_t)((double)(common_now_ns() - t0) * (svc->fault_slowdown - 1)));
   if (svc->fault_exit_after && atomic_load(&svc->tasks_run) + 1 >= svc->fault_exit_after) {
     common_log(LOG_WARN, "fault injection: exiting after %llu tasks", (unsigned long long)svc->fault_exit_after);
