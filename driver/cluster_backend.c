@@ -18,6 +18,7 @@
  * and placement counts are the scheduler thread's.
  */
 #include <string.h>
+#include <sys/random.h>
 
 #include "driver/driver.h"
 #include "proto/flint.pb-c.h"
@@ -55,6 +56,8 @@ typedef struct executor_ref {
   uint64_t steal_below_key; /* queued_behind: its attempts with smaller keys remain */
   sched_task **batch;
   size_t batch_len, batch_cap;
+  sched_task **offers; /* node peers' tasks launched this round, offered to it */
+  size_t num_offers, cap_offers;
   uint64_t *known; /* (app << 40 | dataset id) whose plan nodes it has */
   size_t num_known, cap_known;
   /* the sender */
@@ -266,19 +269,43 @@ static size_t cluster_queued_behind(backend *b, uint64_t launched_before_ns, sch
   return n;
 }
 
+static void list_push(sched_task ***list, size_t *len, size_t *cap, sched_task *t) {
+  if (*len == *cap) {
+    size_t grown_cap = *cap ? *cap * 2 : 16;
+    sched_task **grown = common_realloc(*list, grown_cap * sizeof *grown);
+    FL_ASSERT(grown); /* a few pointers; out of memory here has no way back */
+    *list = grown;
+    *cap = grown_cap;
+  }
+  (*list)[(*len)++] = t;
+}
+
+/* Whether t's attempt may be offered to the other executors of its executor's node: a task
+ * over a partition cached on that node (which they map in place), not a backup (it runs away
+ * from its original) nor a barrier task (its rank's place is fixed). A partition not cached
+ * yet is not offered: where it is computed, it is cached, and the slots spread that evenly
+ * where offers would follow the executors' speed. */
+static bool offerable(cluster_backend *cb, const sched_task *t) {
+  const executor_ref *e = t->placement;
+  if (!cb->cfg.offer_node_tasks || !e->node[0] || !e->pid || t->rt.barrier.on || t->original) return false;
+  const executor_ref *holder = input_holder(cb, t);
+  return holder && strcmp(holder->node, e->node) == 0;
+}
+
 static void cluster_launch(backend *b, sched_task *t) {
   cluster_backend *cb = of(b);
   executor_ref *e = t->placement;
   t->key = ++cb->next_key;
+  t->runner = NULL;
+  t->claimed = false;
   e->running++;
-  if (e->batch_len == e->batch_cap) {
-    size_t cap = e->batch_cap ? e->batch_cap * 2 : 16;
-    sched_task **grown = common_realloc(e->batch, cap * sizeof *grown);
-    FL_ASSERT(grown); /* a few pointers; out of memory here has no way back */
-    e->batch = grown;
-    e->batch_cap = cap;
+  list_push(&e->batch, &e->batch_len, &e->batch_cap, t);
+  if (offerable(cb, t)) {
+    uint64_t now = common_now_ns();
+    for (executor_ref *p = cb->executors; p; p = p->next)
+      if (p != e && !p->removed && !excluded(p, now) && p->pid && strcmp(p->node, e->node) == 0)
+        list_push(&p->offers, &p->num_offers, &p->cap_offers, t);
   }
-  e->batch[e->batch_len++] = t;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   if (cb->num_inflight == cb->cap_inflight) {
     size_t cap = cb->cap_inflight ? cb->cap_inflight * 2 : 64;
@@ -353,6 +380,7 @@ static void executor_free(executor_ref *e) {
   }
   rpc_channel_destroy(e->channel);
   common_free(e->batch);
+  common_free(e->offers);
   common_free(e->known);
   common_free(e);
 }
@@ -396,6 +424,16 @@ static void executor_removed(scheduler *s, void *arg) {
 
 /* Declares e lost (once; any thread): its in-flight attempts end with FL_ENET and run again
  * elsewhere without counting as failures; what it held is computed again when needed. */
+/* Whether attempt t runs (or may run) on e, whose loss then ends it (cb->lock): its placement
+ * unless a peer ran it; a peer known to run it; or any executor of its node but its placement
+ * while the runner is not known yet (the claimed report comes before the runner's end). */
+static bool ran_on(const sched_task *t, const executor_ref *e) {
+  const executor_ref *placed = t->placement;
+  if (t->runner) return t->runner == e;
+  if (!t->claimed) return placed == e;
+  return placed != e && placed && strcmp(placed->node, e->node) == 0;
+}
+
 static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   if (e->lost || cb->stopping) { /* stopping: the scheduler has stopped, nothing to recover */
@@ -409,7 +447,7 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why)
   size_t n = 0;
   sched_task **gone = cb->num_inflight ? common_calloc(cb->num_inflight, sizeof *gone) : NULL;
   for (size_t i = 0; gone && i < cb->num_inflight;) {
-    if (cb->inflight[i]->placement == e) {
+    if (ran_on(cb->inflight[i], e)) {
       gone[n++] = cb->inflight[i];
       cb->inflight[i] = cb->inflight[--cb->num_inflight];
     } else {
@@ -620,8 +658,11 @@ static void add_block_location(void *arg, uint32_t partition, uint64_t executor)
 }
 
 /* Encodes one LaunchTasks call for the tasks of one application in e's batch. */
-static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app *app,
-                               sched_task **tasks, size_t n, bool more_pending, fl_buf *out) {
+/* tasks[0, n): e's own; tasks[n, n + offered): its node peers' tasks offered to it. */
+static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app *app, sched_task **tasks,
+                               size_t n, size_t offered, bool more_pending, fl_buf *out) {
+  size_t own = n;
+  n += offered;
   fl_status status = FL_OK;
   fl_buf plan = FL_BUF_INIT;
   walk lineage = {0}, stage_part = {0};
@@ -728,6 +769,10 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
     d->barrier_stage = t->rt.barrier.stage;
     d->barrier_attempt = t->rt.barrier.attempt;
     d->barrier_world = t->rt.barrier.world;
+    if (i >= own) {
+      d->offer = true;
+      d->owner_pid = ((const executor_ref *)t->placement)->pid;
+    }
     if (t->stage->dep) {
       d->shuffle_id = t->stage->dep->shuffle_id;
     } else {
@@ -817,15 +862,18 @@ static bool sender_push(cluster_backend *cb, executor_ref *e, outgoing *o) {
 static void cluster_flush(backend *b, bool more_pending) {
   cluster_backend *cb = of(b);
   for (executor_ref *e = cb->executors; e; e = e->next) {
-    while (e->batch_len) {
-      /* The tasks of the first task's application go in one call. */
-      driver_app *app = app_of(e->batch[0]);
-      size_t n = 0;
+    while (e->batch_len || e->num_offers) {
+      /* The tasks of the first task's application go in one call, with the offers of it. */
+      driver_app *app = app_of(e->batch_len ? e->batch[0] : e->offers[0]);
+      size_t n = 0, offered = 0;
       for (size_t i = 0; i < e->batch_len; i++)
         if (app_of(e->batch[i]) == app) n++;
+      for (size_t i = 0; i < e->num_offers; i++)
+        if (app_of(e->offers[i]) == app) offered++;
       outgoing *o = common_calloc(1, sizeof *o);
-      sched_task **tasks = common_calloc(n, sizeof *tasks);
-      uint64_t *keys = common_calloc(n, sizeof *keys);
+      sched_task **tasks = common_calloc(n + offered, sizeof *tasks);
+      uint64_t *keys = common_calloc(n + 1, sizeof *keys); /* the own tasks': an offer's launch
+                                                              failing leaves it to its owner */
       size_t k = 0, kept = 0;
       for (size_t i = 0; i < e->batch_len; i++) {
         if (app_of(e->batch[i]) == app) {
@@ -838,7 +886,16 @@ static void cluster_flush(backend *b, bool more_pending) {
         }
       }
       e->batch_len = kept;
-      fl_status st = o && tasks && keys ? encode_launch(cb, e, app, tasks, n, more_pending, &o->body)
+      kept = 0;
+      for (size_t i = 0; i < e->num_offers; i++) {
+        if (app_of(e->offers[i]) == app) {
+          if (tasks) tasks[k++] = e->offers[i];
+        } else {
+          e->offers[kept++] = e->offers[i];
+        }
+      }
+      e->num_offers = kept;
+      fl_status st = o && tasks && keys ? encode_launch(cb, e, app, tasks, n, offered, more_pending, &o->body)
                                         : FL_ERR(FL_ENOMEM, "out of memory");
       common_free(tasks);
       if (st != FL_OK) {
@@ -946,7 +1003,8 @@ static bool executor_blameless(const sched_task *t) {
 static void cluster_ended(backend *b, sched_task *t) {
   cluster_backend *cb = of(b);
   executor_ref *e = t->placement;
-  if (e) e->running--;
+  if (e) e->running--; /* its slot, wherever it ran */
+  if (t->runner) e = t->runner;
   if (e && t->rt.status != FL_OK && !executor_blameless(t) && cb->cfg.exclude_failures &&
       ++e->failures_in_row >= cb->cfg.exclude_failures) {
     e->failures_in_row = 0;
@@ -997,6 +1055,20 @@ static fl_status fetch_result(cluster_backend *cb, executor_ref *e, uint64_t key
   return st;
 }
 
+/* The owner of attempt `key` says a node peer claimed it (cb->lock). The attempt stays in
+ * flight for the peer's report, and the loss of any executor of the node but the owner now
+ * ends it (ran_on); returns it, taken out of flight, when none of them is live any more. */
+static sched_task *claimed_by_peer(cluster_backend *cb, uint64_t key, const executor_ref *owner) {
+  sched_task *t = NULL;
+  for (size_t i = 0; i < cb->num_inflight && !t; i++)
+    if (cb->inflight[i]->key == key) t = cb->inflight[i];
+  if (!t || t->runner || t->placement != owner) return NULL; /* the peer's end came first */
+  t->claimed = true;
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (!e->lost && ran_on(t, e)) return NULL;
+  return inflight_take(cb, key);
+}
+
 fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_block, bool *declined) {
   *declined = false;
   Flint__StatusUpdateRequest *req = flint__status_update_request__unpack(NULL, body.len, body.data);
@@ -1013,10 +1085,29 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
   for (size_t i = 0; i < req->n_statuses; i++) {
     const Flint__TaskStatus *s = req->statuses[i];
     FL_PCHECK(pthread_mutex_lock(&cb->lock));
+    executor_ref *reporter = find_executor(cb, req->executor_id);
+    if (s->claimed) { /* its owner: a node peer runs it and reports it */
+      sched_task *t = claimed_by_peer(cb, s->task_key, reporter);
+      FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+      if (t) {
+        t->rt.status = FL_ENET;
+        t->rt.error = common_strdup("claimed by an executor that was lost");
+        t->executor_lost = true;
+        ended[num_ended++] = t;
+      }
+      if (num_ended == sizeof ended / sizeof *ended) {
+        scheduler_post_task_ends(cb->base.sched, ended, num_ended);
+        num_ended = 0;
+      }
+      continue;
+    }
     sched_task *t = inflight_take(cb, s->task_key);
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
     if (!t) continue; /* killed or already failed: its end no longer matters */
-    executor_ref *e = t->placement;
+    /* Ran by a node peer that claimed it (the runner is who reports; find_executor gives
+     * no lost one, whose report then reads as the placement's, as before). */
+    if (reporter && reporter != t->placement) t->runner = reporter;
+    executor_ref *e = t->runner ? t->runner : t->placement;
     bool known_status = s->status >= 0 && s->status <= FL_EPROTO;
     t->rt.status = known_status ? (fl_status)s->status : FL_EINTERNAL;
     t->rt.run_ns = s->run_ns;
@@ -1485,6 +1576,10 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
     return st;
   }
   if (!cb->cfg.slots_per_core) cb->cfg.slots_per_core = 2;
+  /* Keys start at a random point (below 2^56), so that an executor that outlives its driver
+   * and registers with a new one never finds a new key claimed in its table already. */
+  uint64_t bits = 0;
+  if (getrandom(&bits, sizeof bits, 0) == (ssize_t)sizeof bits) cb->next_key = (bits >> 8) & ~(((uint64_t)1 << 40) - 1);
   cb->base.ops = &cluster_ops;
   cb->base.sched = sched;
   cb->base.slots = 0; /* executors bring theirs */

@@ -44,6 +44,11 @@ typedef struct sched_task {
   /* Cluster backend: the attempt's driver-wide key and the executor it was placed on. */
   uint64_t key;
   void *placement;
+  /* Cluster backend, node-shared tasks: the executor of placement's node that claimed and
+   * ran the attempt (NULL: placement, or not known yet), and whether placement said a peer
+   * claimed it (the peer reports its end). */
+  void *runner;
+  bool claimed;
   uint64_t pending_since_ns; /* when it became pending (locality wait) */
   bool executor_lost;        /* the attempt ended because its executor was lost: a retry
                                 that does not count as a failure */
@@ -408,6 +413,8 @@ typedef struct cluster_config {
   const char *secret;
   uint64_t locality_wait_ns; /* how long a task waits for the executor caching its input */
   uint32_t slots_per_core;   /* tasks launched per core at once (queued at the executor) */
+  bool offer_node_tasks;     /* offer tasks over cached data to their node's other executors
+                                (executor/claim_table.c); FLINT_NODE_OFFERS=0 turns it off */
   uint64_t executor_timeout_ns;    /* an executor silent this long is lost */
   uint64_t no_executor_timeout_ns; /* jobs fail when every executor is lost this long */
   uint32_t exclude_failures;       /* task failures on an executor in a row that exclude it */

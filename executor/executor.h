@@ -73,6 +73,32 @@ FL_INTERNAL void shared_block_node(char out[SHARED_NODE_MAX]);
 FL_INTERNAL const rdd_batch *shared_block_batch(const shared_block *sb);
 FL_INTERNAL uint64_t shared_block_bytes(const shared_block *sb); /* mapped bytes */
 FL_INTERNAL void shared_block_free(shared_block *sb);
+/* The number of process `pid`'s descriptor for the memfd called `name`, or -1. */
+FL_INTERNAL int shared_fd_find(uint32_t pid, const char *name);
+
+/* ---- claim tables (claim_table.c) -------------------------------------------------------- */
+/*
+ * Node-shared tasks: the driver launches a task over a cached partition on its executor (the
+ * owner) and offers it to the other executors of the node, which map the partition in place
+ * at no extra cost. Whoever starts it first runs it: each executor has a claim table (a memfd
+ * of 2^20 slots) that its node peers map read-write, and a task is claimed by a
+ * compare-and-swap of its attempt key into slot key mod 2^20 of its owner's table. An owner
+ * that finds its task claimed reports that a peer has it; the peer reports its end. So an
+ * executor that runs ahead of its peer (a faster core, a shorter queue) takes the peer's last
+ * tasks within the stage, with no message beyond the launch, as a shared queue would.
+ */
+typedef struct claim_table claim_table;
+
+/* This executor's table. */
+FL_INTERNAL fl_status claim_table_create(claim_table **out);
+/* Executor `owner`'s table on this node (process `pid`), mapped once and kept. FL_ENOENT
+ * when that process has none (gone, or not an executor). */
+FL_INTERNAL fl_status claim_table_open(uint32_t pid, claim_table **out);
+/* Claims attempt `key`. An owner claims its own attempt unless a peer has (false: a peer
+ * runs it); a peer claims only an attempt nobody has, and never one that a later attempt's
+ * claim has overwritten (its slot holds a larger key: the attempt is long over). */
+FL_INTERNAL bool claim_table_take(claim_table *t, uint64_t key, bool owner);
+FL_INTERNAL void claim_table_free(claim_table *t);
 
 /* ---- task pool ------------------------------------------------------------------------- */
 typedef struct task_pool task_pool;
@@ -86,8 +112,6 @@ FL_INTERNAL fl_status task_pool_create(uint32_t threads, task_pool **out);
 /* Queues work; never blocks. The work item stays the caller's; run() gets it back. */
 FL_INTERNAL void task_pool_submit(task_pool *pool, task_pool_work *work);
 /* Runs what is queued, then joins the threads and frees the pool. NULL does nothing. */
-/* Tasks submitted and not yet taken by a thread (a snapshot). */
-FL_INTERNAL size_t task_pool_queued(task_pool *pool);
 FL_INTERNAL void task_pool_destroy(task_pool *pool);
 
 /* ---- the executor process (service.c) ------------------------------------------------- */

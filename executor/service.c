@@ -100,6 +100,9 @@ typedef struct exec_task {
   rdd_action action;
   bool owns_action;
   uint64_t key;
+  claim_table *claims; /* where it is claimed: this executor's table, or an offer's owner's */
+  bool offer;          /* another executor's task on this node (TaskDescription.offer) */
+  bool claimed;        /* its owner found it claimed by a peer: TaskStatus.claimed */
   rdd_task rt;
   atomic_bool cancelled;
   fl_buf result;
@@ -113,6 +116,12 @@ struct exec_service {
   char driver_data[96]; /* the driver's block server */
   char node[SHARED_NODE_MAX]; /* shared_block_node */
   uint32_t pid;               /* this process's, read once: a syscall costs microseconds in a VM */
+  claim_table *claims;        /* this executor's: its tasks are claimed there */
+  struct peer_claims {        /* node peers' tables, mapped once (under lock) */
+    uint32_t pid;
+    claim_table *table;
+  } peers[16];
+  size_t num_peers;
   rpc_channel *driver;
   rpc_server *server;
   dp_server *blocks_server;
@@ -136,6 +145,9 @@ struct exec_service {
   atomic_bool abandon, abandon_statuses;
   atomic_uint_fast64_t tasks_run, tasks_failed;
   atomic_bool none_pending; /* the last launch's none_pending */
+  /* Own tasks queued and not started: what holds statuses back. Offers do not count: they
+   * may never run here, and the driver must hear of the own tasks' ends to send more. */
+  atomic_size_t own_queued;
   pthread_t status_thread, heartbeat_thread;
   /* Fault injection (tests and benchmarks only; see settings_read). */
   uint64_t fault_exit_after; /* tasks after which the process dies; 0: never */
@@ -658,15 +670,45 @@ static void task_free(exec_task *t) {
   common_free(t);
 }
 
+/* Takes an ended (or skipped) task off the running list; svc->lock held. */
+static void running_remove(exec_service *svc, exec_task *t) {
+  for (exec_task **p = &svc->running; *p; p = &(*p)->next)
+    if (*p == t) {
+      *p = t->next;
+      break;
+    }
+  t->next = NULL;
+}
+
+/* Whether t runs here: a killed task does (to report its end), anything else once claimed.
+ * The kill handler cancels before it claims, so a claim lost to a kill reads as killed. */
+static bool task_claim(exec_task *t) {
+  if (!t->claims || rdd_task_cancelled(&t->rt)) return true;
+  if (claim_table_take(t->claims, t->key, !t->offer)) return true;
+  return rdd_task_cancelled(&t->rt) && !t->offer;
+}
+
 static void task_run(task_pool_work *work) {
   exec_task *t = (exec_task *)work;
   exec_service *svc = t->app->svc;
   uint64_t t0 = common_now_ns();
-  /* Ended tasks held for a queue that is empty now go (the driver should send more), unless
-   * the driver has nothing waiting and they are all of this task's job: then a report could
-   * not end the job before this task does, and waking the status thread now would take this
-   * task's core. They go with this task's end, or at the hold's deadline. */
-  if (task_pool_queued(svc->pool) == 0) {
+  if (!t->offer) atomic_fetch_sub(&svc->own_queued, 1);
+  bool skip = !task_claim(t);
+  if (skip && t->offer) { /* the owner or another peer has it: nothing to report */
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    running_remove(svc, t);
+    if (svc->done_head && atomic_load(&svc->own_queued) == 0) pthread_cond_signal(&svc->wake);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    atomic_fetch_sub(&t->app->tasks_running, 1);
+    task_free(t);
+    return;
+  }
+  /* Ended tasks held while own tasks were queued go once none is (the driver should send
+   * more; offers queued behind hold nothing), unless the driver has nothing waiting and they
+   * are all of this task's job: then a report could not end the job before this task does,
+   * and waking the status thread now would take this task's core. They go with this task's
+   * end, or at the hold's deadline. */
+  if (atomic_load(&svc->own_queued) == 0) {
     bool hold = atomic_load(&svc->none_pending);
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     for (exec_task *d = svc->done_head; d && hold; d = d->next)
@@ -674,27 +716,30 @@ static void task_run(task_pool_work *work) {
     if (svc->done_head && !hold) pthread_cond_signal(&svc->wake);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   }
-  common_trace_partition("task.start", t->rt.partition);
-  if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
-  else rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "task killed"));
-  common_trace_partition("task.end", t->rt.partition);
+  if (skip) { /* an owner's task that a peer claimed: the peer reports its end */
+    t->claimed = true;
+    rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "claimed by another executor of this node"));
+  } else {
+    common_trace_partition("task.start", t->rt.partition);
+    if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
+    else rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "task killed"));
+    common_trace_partition("task.end", t->rt.partition);
+  }
   if (svc->fault_slowdown > 1) fault_nap(&t->rt, (uint64_t)((double)(common_now_ns() - t0) * (svc->fault_slowdown - 1)));
   if (svc->fault_exit_after && atomic_load(&svc->tasks_run) + 1 >= svc->fault_exit_after) {
     common_log(LOG_WARN, "fault injection: exiting after %llu tasks", (unsigned long long)svc->fault_exit_after);
     _exit(FAULT_EXIT_STATUS);
   }
-  atomic_fetch_add(&svc->tasks_run, 1);
-  if (t->rt.status != FL_OK) atomic_fetch_add(&svc->tasks_failed, 1);
+  if (!skip) {
+    atomic_fetch_add(&svc->tasks_run, 1);
+    if (t->rt.status != FL_OK) atomic_fetch_add(&svc->tasks_failed, 1);
+  }
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
-  for (exec_task **p = &svc->running; *p; p = &(*p)->next)
-    if (*p == t) {
-      *p = t->next;
-      break;
-    }
-  t->next = NULL;
+  running_remove(svc, t);
   /* The status thread waits for a first ended task, then holds while tasks are queued and
-   * all went well: only those changes wake it (each wake-up takes a core from the tasks). */
-  bool wake = !svc->done_head || t->rt.status != FL_OK || task_pool_queued(svc->pool) == 0;
+   * all went well: only those changes wake it (each wake-up takes a core from the tasks). A
+   * claimed task is no failure: its report can wait with the others. */
+  bool wake = !svc->done_head || (t->rt.status != FL_OK && !skip) || atomic_load(&svc->own_queued) == 0;
   if (svc->done_tail) svc->done_tail->next = t;
   else svc->done_head = t;
   svc->done_tail = t;
@@ -710,9 +755,9 @@ static void task_run(task_pool_work *work) {
 #define STATUS_HOLD_NS 20000000ull
 
 static bool status_may_wait(exec_service *svc) {
-  if (svc->stopping || task_pool_queued(svc->pool) == 0) return false;
+  if (svc->stopping || atomic_load(&svc->own_queued) == 0) return false;
   for (exec_task *t = svc->done_head; t; t = t->next)
-    if (t->rt.status != FL_OK) return false;
+    if (t->rt.status != FL_OK && !t->claimed) return false;
   return true;
 }
 
@@ -768,6 +813,7 @@ static void *status_main(void *arg) {
         s->run_ns = t->rt.run_ns;
         s->blocks_mapped = t->rt.blocks_mapped;
         s->blocks_fetched = t->rt.blocks_fetched;
+        s->claimed = t->claimed;
         if (t->result.len > INLINE_RESULT_MAX) {
           result_block *rb = common_calloc(1, sizeof *rb);
           if (rb) {
@@ -828,6 +874,22 @@ static void *status_main(void *arg) {
 }
 
 /* ---- control-plane handlers ------------------------------------------------------------ */
+
+/* The claim table of node peer `pid`, mapped on first use; NULL when it cannot be (or more
+ * than 16 peers have offered tasks): its offers are then left to their owner. svc->lock held. */
+static claim_table *peer_claims(exec_service *svc, uint32_t pid) {
+  for (size_t i = 0; i < svc->num_peers; i++)
+    if (svc->peers[i].pid == pid) return svc->peers[i].table;
+  /* Tasks in flight point at the tables: they stay mapped for the process's life. */
+  if (svc->num_peers == sizeof svc->peers / sizeof *svc->peers) return NULL;
+  claim_table *t = NULL;
+  if (claim_table_open(pid, &t) != FL_OK) {
+    common_log(LOG_DEBUG, "offers of process %u left to it: %s", pid, fl_last_error());
+    return NULL;
+  }
+  svc->peers[svc->num_peers++] = (struct peer_claims){pid, t};
+  return t;
+}
 
 static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__LaunchTasksRequest *req = flint__launch_tasks_request__unpack(NULL, body.len, body.data);
@@ -920,6 +982,12 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     }
     t->app = app;
     t->key = d->task_key;
+    t->offer = d->offer;
+    if (d->offer && (d->barrier || d->owner_pid == 0 || d->owner_pid == svc->pid)) {
+      status = FL_ERR(FL_EPROTO, "task %llu: an offer of process %u%s", (unsigned long long)d->task_key,
+                      d->owner_pid, d->barrier ? " in a barrier stage" : "");
+      break;
+    }
     if (d->shuffle_id == 0 && (d->action_index == 0 || d->action_index > req->n_actions)) {
       status = FL_ERR(FL_EPROTO, "task %llu: action %u of a batch of %zu", (unsigned long long)d->task_key,
                       d->action_index, req->n_actions);
@@ -970,14 +1038,30 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
   if (status == FL_OK) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    size_t kept = 0;
     for (size_t i = 0; i < req->n_tasks; i++) {
-      tasks[i]->next = svc->running;
-      svc->running = tasks[i];
+      exec_task *t = tasks[i];
+      t->claims = t->offer ? peer_claims(svc, req->tasks[i]->owner_pid) : svc->claims;
+      if (t->offer && !t->claims) { /* left to its owner */
+        task_free(t);
+        continue;
+      }
+      tasks[kept++] = t;
+      t->next = svc->running;
+      svc->running = t;
       atomic_fetch_add(&app->tasks_running, 1);
     }
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
     atomic_store(&svc->none_pending, req->none_pending); /* launches arrive in order: one sender */
-    for (size_t i = 0; i < req->n_tasks; i++) task_pool_submit(svc->pool, &tasks[i]->work);
+    /* Own tasks in launch order, then the offers from the last: a peer starts its tasks from
+     * the first, so the two meet in the middle, as in work stealing. */
+    size_t own = 0;
+    for (size_t i = 0; i < kept; i++) own += !tasks[i]->offer;
+    atomic_fetch_add(&svc->own_queued, own);
+    for (size_t i = 0; i < kept; i++)
+      if (!tasks[i]->offer) task_pool_submit(svc->pool, &tasks[i]->work);
+    for (size_t i = kept; i-- > 0;)
+      if (tasks[i]->offer) task_pool_submit(svc->pool, &tasks[i]->work);
   } else if (tasks) {
     for (size_t i = 0; i < req->n_tasks; i++)
       if (tasks[i]) task_free(tasks[i]);
@@ -998,7 +1082,11 @@ static fl_status handle_kill(exec_service *svc, fl_bytes body, fl_buf *response)
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   for (exec_task *t = svc->running; t; t = t->next)
     for (size_t i = 0; i < req->n_task_keys; i++)
-      if (t->key == req->task_keys[i]) atomic_store(&t->cancelled, true);
+      if (t->key == req->task_keys[i]) {
+        atomic_store(&t->cancelled, true);
+        /* A killed task no peer has claimed yet stays here, where it ends at once. */
+        if (t->claims && !t->offer) claim_table_take(t->claims, t->key, true);
+      }
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   flint__kill_tasks_request__free_unpacked(req, NULL);
   Flint__Empty empty = FLINT__EMPTY__INIT;
@@ -1273,6 +1361,8 @@ static void service_destroy(exec_service *svc) {
     svc->apps = next;
   }
   block_manager_destroy(svc->blocks);
+  claim_table_free(svc->claims);
+  for (size_t i = 0; i < svc->num_peers; i++) claim_table_free(svc->peers[i].table);
   while (svc->results) {
     result_block *next = svc->results->next;
     fl_buf_free(&svc->results->bytes);
@@ -1346,6 +1436,8 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(block_manager_create(cfg->memory, sub, true, &svc.blocks));
   shared_block_node(svc.node);
   svc.pid = (uint32_t)getpid();
+  if (claim_table_create(&svc.claims) != FL_OK) /* then its tasks are its own: none is offered */
+    common_log(LOG_WARN, "no claim table, so node peers cannot take this executor's tasks: %s", fl_last_error());
   FL_CHECK(task_pool_create(cfg->cores, &svc.pool));
   FL_CHECK(dp_client_create(cfg->secret, &svc.fetcher));
   FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, serve_block, &svc, &svc.blocks_server));

@@ -103,11 +103,10 @@ fl_status shared_block_create(rdd_block_key key, const rdd_batch *batch, shared_
   return FL_OK;
 }
 
-/* The descriptor under /proc/PID/fd that names block `key`, or -1. */
-static int find_fd(uint32_t pid, rdd_block_key key) {
-  char dir[64], want[96], name[64];
-  memfd_name(key, name, sizeof name);
+int shared_fd_find(uint32_t pid, const char *name) {
+  char dir[64], want[96];
   int wlen = snprintf(want, sizeof want, "/memfd:%s (deleted)", name);
+  if (wlen <= 0 || (size_t)wlen >= sizeof want) return -1;
   snprintf(dir, sizeof dir, "/proc/%u/fd", pid);
   DIR *d = opendir(dir);
   if (!d) return -1;
@@ -126,7 +125,9 @@ static int find_fd(uint32_t pid, rdd_block_key key) {
 fl_status shared_block_open(uint32_t pid, rdd_block_key key, shared_block **out) {
   char what[96];
   snprintf(what, sizeof what, "block rdd_%llu_%u of process %u", (unsigned long long)key.rdd_id, key.partition, pid);
-  int n = find_fd(pid, key);
+  char name[64];
+  memfd_name(key, name, sizeof name);
+  int n = shared_fd_find(pid, name);
   if (n < 0) return FL_ERR(FL_ENOENT, "%s: not found among its descriptors", what);
   char path[64];
   snprintf(path, sizeof path, "/proc/%u/fd/%d", pid, n);

@@ -44,8 +44,6 @@ void task_pool_submit(task_pool *pool, task_pool_work *work) {
   common_queue_push(&pool->queue, &work->node);
 }
 
-size_t task_pool_queued(task_pool *pool) { return atomic_load_explicit(&pool->queue.depth, memory_order_acquire); }
-
 void task_pool_destroy(task_pool *pool) {
   if (!pool) return;
   common_queue_close(&pool->queue);

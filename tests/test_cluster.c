@@ -26,6 +26,9 @@ typedef struct cp_big_arg {
 fl_status cp_big_record(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_emit_pid(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+fl_status cp_big_record_pid(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_head_i64(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg);
 typedef struct cp_slow_once_arg {
   uint64_t accumulator;
@@ -413,6 +416,118 @@ static void test_node_local_reads(void **state) {
   assert_no_children();
 }
 
+/* Caches `parts` partitions of one large record each (shared blocks: above SHARED_BLOCK_MIN)
+ * and says which process caches each (pids[p], written into the record by the process that
+ * computed it: a task that reads it may run on a node peer). */
+static void cache_big_blocks(fl_context *ctx, uint32_t parts, fl_accumulator **computed, fl_dataset **ds,
+                             fl_dataset **blocks, int64_t *pids) {
+  assert_ok(fl_accumulator_create_i64(ctx, computed));
+  cp_big_arg big = {fl_accumulator_id(*computed), 300000};
+  assert_ok(fl_range(ctx, 0, parts, 1, parts, ds));
+  assert_ok(fl_map(*ds, cp_big_record_pid, &big, sizeof big, blocks));
+  assert_ok(fl_cache(*blocks));
+  uint64_t n = 0;
+  assert_ok(fl_count(*blocks, &n));
+  assert_int_equal(n, parts);
+  fl_dataset *where;
+  fl_records *got;
+  assert_ok(fl_map(*blocks, cp_head_i64, NULL, 0, &where));
+  assert_ok(fl_collect(where, &got));
+  assert_int_equal(fl_records_count(got), parts);
+  for (uint32_t p = 0; p < parts; p++) memcpy(&pids[p], fl_records_get(got, p).data, sizeof *pids);
+  fl_records_free(got);
+  fl_dataset_free(where);
+}
+
+/* Node-shared tasks (executor/claim_table.c): each task over a cached partition is launched
+ * on the executor that caches it and offered to the other executor of the node, which runs
+ * it if it starts it first. One executor is slow in this stage (200 ms a task) and holds
+ * about half of 16 partitions, all within its slots, so the driver places every task on its
+ * holder: the fast executor finishes its own and then takes most of the slow one's, reading
+ * them in place. The result is right and nothing is computed again. With FLINT_NODE_OFFERS=0
+ * the driver offers nothing and every task runs on its holder (no block is mapped). */
+static void node_shared_stage(bool offers, uint64_t *mapped_out) {
+  setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1); /* no placement away from the holder */
+  if (!offers) setenv("FLINT_NODE_OFFERS", "0", 1);
+  fl_context *ctx;
+  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  unsetenv("FLINT_LOCALITY_WAIT_MS");
+  unsetenv("FLINT_NODE_OFFERS");
+  assert_ok(opened);
+  enum { PARTS = 16 };
+  int64_t pids[PARTS];
+  fl_accumulator *computed;
+  fl_dataset *ds, *blocks, *slow;
+  cache_big_blocks(ctx, PARTS, &computed, &ds, &blocks, pids);
+  uint32_t held_by_slow = 0;
+  for (uint32_t p = 0; p < PARTS; p++) held_by_slow += pids[p] == pids[0];
+  assert_true(held_by_slow < PARTS); /* both hold some (8 each unless offers moved the caching) */
+  int64_t arg[2] = {pids[0], 200};
+  assert_ok(fl_map_partitions(blocks, cp_slow_in_process, arg, sizeof arg, &slow));
+  fl_context_stats before, after;
+  assert_ok(fl_context_stats_get(ctx, &before));
+  uint64_t n = 0;
+  assert_ok(fl_count(slow, &n));
+  assert_ok(fl_context_stats_get(ctx, &after));
+  assert_int_equal(n, PARTS);
+  int64_t computations = 0;
+  assert_ok(fl_accumulator_value_i64(computed, &computations));
+  assert_int_equal(computations, PARTS);
+  *mapped_out = after.blocks_read_mapped - before.blocks_read_mapped;
+  fprintf(stderr, "node offers %s: %llu of the slow executor's %u tasks ran on the other\n", offers ? "on" : "off",
+          (unsigned long long)*mapped_out, held_by_slow);
+  assert_int_equal(after.blocks_read_fetched, before.blocks_read_fetched);
+  fl_dataset_free(slow);
+  fl_dataset_free(blocks);
+  fl_dataset_free(ds);
+  fl_accumulator_destroy(computed);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
+static void test_node_shared_tasks(void **state) {
+  (void)state;
+  uint64_t mapped = 0;
+  node_shared_stage(true, &mapped);
+  assert_true(mapped >= 3); /* the slow one starts at most its first one or two meanwhile */
+  node_shared_stage(false, &mapped);
+  assert_int_equal(mapped, 0);
+}
+
+/* An executor that claims a node peer's task and dies running it: the owner reports the task
+ * claimed, the driver finds the claimer lost and runs the task again (on the owner, the only
+ * executor left), and the action returns the right count instead of waiting for a report
+ * that never comes. */
+static void test_node_shared_claimer_lost(void **state) {
+  (void)state;
+  setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1);
+  setenv("FLINT_EXECUTOR_TIMEOUT_MS", "3000", 1);
+  fl_context *ctx;
+  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  unsetenv("FLINT_LOCALITY_WAIT_MS");
+  unsetenv("FLINT_EXECUTOR_TIMEOUT_MS");
+  assert_ok(opened);
+  enum { PARTS = 8 };
+  int64_t pids[PARTS];
+  fl_accumulator *computed;
+  fl_dataset *ds, *blocks, *crashing;
+  cache_big_blocks(ctx, PARTS, &computed, &ds, &blocks, pids);
+  int64_t arg[3] = {pids[0], 300, 0};
+  for (uint32_t p = 0; p < PARTS; p++)
+    if (pids[p] == pids[0]) arg[2] |= (int64_t)1 << p;
+  assert_true(arg[2] != (int64_t)((1u << PARTS) - 1)); /* the other executor holds some */
+  assert_ok(fl_map_partitions(blocks, cp_exit_if_peer, arg, sizeof arg, &crashing));
+  uint64_t n = 0;
+  assert_ok(fl_count(crashing, &n));
+  assert_int_equal(n, PARTS);
+  fl_dataset_free(crashing);
+  fl_dataset_free(blocks);
+  fl_dataset_free(ds);
+  fl_accumulator_destroy(computed);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
 /* In cluster mode executors write and read the checkpoint files: after the checkpoint the
  * counted map upstream never runs again (the dataset is not cached), children read the
  * files, and a missing part file fails the action naming it instead of being recomputed. */
@@ -764,6 +879,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_local_reads, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_node_shared_tasks, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_node_shared_claimer_lost, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_checkpoint, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),

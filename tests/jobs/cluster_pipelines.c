@@ -1365,6 +1365,22 @@ CP_EXPORT fl_status cp_big_record(fl_bytes rec, fl_buf *out, const void *arg) {
   return FL_OK;
 }
 
+/* As cp_big_record, with the first 8 bytes the pid of the process that computed it: the
+ * executor that caches it, wherever later tasks over it run (cp_head_i64 reads it back). */
+CP_EXPORT fl_status cp_big_record_pid(fl_bytes rec, fl_buf *out, const void *arg) {
+  fl_status s = cp_big_record(rec, out, arg);
+  int64_t pid = getpid();
+  if (s == FL_OK && out->len >= sizeof pid) memcpy(out->data, &pid, sizeof pid);
+  return s;
+}
+
+/* A record's first 8 bytes. */
+CP_EXPORT fl_status cp_head_i64(fl_bytes rec, fl_buf *out, const void *arg) {
+  (void)arg;
+  out->len = 0;
+  return fl_buf_append(out, rec.data, rec.len < 8 ? rec.len : 8);
+}
+
 /* The executor process that runs the task, as an int64 record. */
 CP_EXPORT fl_status cp_emit_pid(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
   (void)partition;
@@ -1381,6 +1397,20 @@ CP_EXPORT fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitt
   int64_t a[2];
   memcpy(a, arg, sizeof a);
   if (getpid() == a[0]) usleep((useconds_t)(a[1] * 1000));
+  fl_bytes rec;
+  fl_status s = FL_OK;
+  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
+  return s;
+}
+
+/* Copies a partition. The arg is {pid, ms, mask}: in process pid it first sleeps ms; in any
+ * other process, a partition whose bit is set in mask (the ones pid caches) makes the process
+ * exit at once, as a crash would: an executor that claimed a node peer's task and died. */
+CP_EXPORT fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  int64_t a[3];
+  memcpy(a, arg, sizeof a);
+  if (getpid() == a[0]) usleep((useconds_t)(a[1] * 1000));
+  else if (partition < 64 && ((uint64_t)a[2] >> partition & 1)) _exit(3);
   fl_bytes rec;
   fl_status s = FL_OK;
   while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);

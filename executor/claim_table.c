@@ -1,0 +1,84 @@
+/*
+ * claim_table.c: who runs a node-shared task (see executor.h). A table is a memfd of
+ * CLAIM_SLOTS 64-bit slots, created by its executor and mapped read-write by the node's other
+ * executors, found as shared blocks are: by name among /proc/PID/fd. A slot holds the key of
+ * the last attempt claimed in it; the driver's keys only grow, so a slot with a smaller key
+ * is free for a larger one. Pages are touched as slots are, so the table costs memory only
+ * for the keys used.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "executor/executor.h"
+
+#define CLAIM_SLOTS ((size_t)1 << 20)
+#define CLAIM_BYTES (CLAIM_SLOTS * sizeof(uint64_t))
+#define CLAIM_NAME "flint-claims"
+
+struct claim_table {
+  _Atomic uint64_t *slots;
+};
+
+static fl_status map_table(int fd, const char *what, claim_table **out) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return FL_ERR(FL_EIO, "%s: %s", what, strerror(errno));
+  if ((size_t)st.st_size != CLAIM_BYTES)
+    return FL_ERR(FL_ECORRUPT, "%s: %lld bytes, not a claim table's %zu", what, (long long)st.st_size, CLAIM_BYTES);
+  void *map = mmap(NULL, CLAIM_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return FL_ERR(FL_ENOMEM, "cannot map %s: %s", what, strerror(errno));
+  claim_table *t = common_calloc(1, sizeof *t);
+  if (!t) {
+    munmap(map, CLAIM_BYTES);
+    return FL_ERR(FL_ENOMEM, "cannot allocate a claim table");
+  }
+  t->slots = map;
+  *out = t;
+  return FL_OK;
+}
+
+fl_status claim_table_create(claim_table **out) {
+  /* Kept open (not CLOEXEC-closed by anyone): peers find it under /proc/PID/fd. */
+  int fd = memfd_create(CLAIM_NAME, MFD_CLOEXEC);
+  if (fd < 0) return FL_ERR(FL_EIO, "cannot create memfd %s: %s", CLAIM_NAME, strerror(errno));
+  fl_status s = ftruncate(fd, (off_t)CLAIM_BYTES) == 0 ? map_table(fd, CLAIM_NAME, out)
+                                                        : FL_ERR(FL_EIO, "cannot size %s: %s", CLAIM_NAME, strerror(errno));
+  if (s != FL_OK) close(fd);
+  /* On success fd stays open for the process's life, for peers to find. */
+  return s;
+}
+
+fl_status claim_table_open(uint32_t pid, claim_table **out) {
+  char what[64];
+  snprintf(what, sizeof what, "the claim table of process %u", pid);
+  int n = shared_fd_find(pid, CLAIM_NAME);
+  if (n < 0) return FL_ERR(FL_ENOENT, "%s: not found among its descriptors", what);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%u/fd/%d", pid, n);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return FL_ERR(FL_ENOENT, "%s: cannot open %s: %s", what, path, strerror(errno));
+  fl_status s = map_table(fd, what, out);
+  close(fd); /* the mapping keeps the memory */
+  return s;
+}
+
+bool claim_table_take(claim_table *t, uint64_t key, bool owner) {
+  _Atomic uint64_t *slot = &t->slots[key & (CLAIM_SLOTS - 1)];
+  uint64_t seen = atomic_load_explicit(slot, memory_order_acquire);
+  for (;;) {
+    if (seen == key || (!owner && seen > key)) return false;
+    if (atomic_compare_exchange_weak_explicit(slot, &seen, key, memory_order_acq_rel, memory_order_acquire))
+      return true;
+  }
+}
+
+void claim_table_free(claim_table *t) {
+  if (!t) return;
+  munmap((void *)t->slots, CLAIM_BYTES);
+  common_free(t);
+}
