@@ -10,7 +10,7 @@
  * temporary folder; the program connects with fl_context_open("flint://..."). That is how one
  * executor can be slow (fault injection is read per process) and how the program knows the
  * pid to kill and when the driver noticed. The children inherit the environment without
- * FLINT_FAULT_*, FLINT_SPECULATION*, FLINT_LOCALITY_WAIT_MS and FLINT_LOG, which the
+ * FLINT_FAULT_*, FLINT_SPECULATION*, FLINT_LOCALITY_WAIT_MS, FLINT_NODE_OFFERS and FLINT_LOG, which the
  * benchmark sets itself where it needs them. Starting and stopping clusters is outside every
  * timing. The user functions live in the shared library bench_recovery_fns.
  *
@@ -24,8 +24,8 @@
  *
  * 1. recovery: an iterative job on a cached dataset; one executor killed (SIGKILL) between
  *    two iterations. P = 16, two executors, the driver started with FLINT_LOCALITY_WAIT_MS
- *    = 1000 so that every task over the cached data runs where its partition is cached (the
- *    probe below relies on that). One run is two clusters, started one after the other:
+ *    = 1000 and FLINT_NODE_OFFERS=0 so that every task over the cached data runs where its
+ *    partition is cached (the probe below relies on that). One run is two clusters, started one after the other:
  *      fault-free: the dataset is cached (fl_cache) and materialised by an untimed iteration
  *        0; a probe job (fl_map_partitions over the cached dataset, each task returning its
  *        partition, its record count and getpid()) tells which executor caches which
@@ -72,8 +72,22 @@
  *    the median ratio, as in row 1. A driver that does not know FLINT_SPECULATION ignores
  *    it, and the row then measures a slow executor without speculation in both columns.
  *
+ * 3. offers: node-shared tasks (executor/claim_table.c) against one slow executor. P = 16
+ *    partitions of records, cached on 2 executors (8 each: the driver's slots place the
+ *    caching job evenly), then OFFER_ITERATIONS (10) timed iterations of an aggregate that
+ *    puts each record through OFFER_ROUNDS (32) more splitmix rounds (about 4 ms a partition
+ *    here), with the locality wait at 1 s so that the driver places every task on the
+ *    executor caching its partition. One run is three clusters:
+ *      baseline: both executors alike: B;
+ *      offers:   the second with FLINT_FAULT_SLOWDOWN=3, node-shared offers on (the default):
+ *                the fast executor takes the slow one's queued tasks: O;
+ *      no_offers: the same with FLINT_NODE_OFFERS=0: every task runs on its holder: N.
+ *    Reported: B, O, N, O / B and N / B. There is no target (issue 6 names none); for
+ *    reading: the two executors then do 1 + 1/3 of the baseline's work a unit of time, so a
+ *    perfect split takes 1.5 B, and tasks bound to their holders 3 B.
+ *
  * Output: a table on stdout, or with --json one JSON object per row (the same figures) and
- * nothing else on stdout. --skip ROW (recovery or speculation; may be repeated) leaves a row
+ * nothing else on stdout. --skip ROW (recovery, speculation or offers; may be repeated) leaves a row
  * out. Exit status: 0 when the rows ran and their results are right (a missed target is
  * reported, not an error); 1 on an engine error, a cluster that would not start, or a wrong
  * result (the cluster's folder with its logs is then kept and named on stderr); 2 on a bad
@@ -87,6 +101,7 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -120,7 +135,12 @@
 #define JOBS 3
 #define SLOWDOWN "5"
 #define SPEC_TARGET 1.3
-_Static_assert(JOBS <= ITERATIONS + 1, "runs_summary.ref holds a row's answers");
+
+#define OFFER_PARTITIONS 16
+#define OFFER_ITERATIONS 10
+#define OFFER_ROUNDS 32
+#define OFFER_SLOWDOWN "3"
+_Static_assert(JOBS <= ITERATIONS + 1 && OFFER_ITERATIONS <= ITERATIONS + 1, "runs_summary.ref holds a row's answers");
 
 /* ---- the functions of libbench_recovery_fns (bench_recovery_fns.c) -------------------- */
 
@@ -135,13 +155,14 @@ typedef struct brf_probe {
 } brf_probe;
 fl_status brf_generate(fl_bytes rec, fl_emitter *out, const void *arg);
 fl_status brf_step(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg);
+fl_status brf_heavy_step(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg);
 fl_status brf_merge(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
 fl_status brf_probe_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 
 /* ---- options ---------------------------------------------------------------------------- */
 
-enum { ROW_RECOVERY, ROW_SPECULATION, NUM_ROWS };
-static const char *const row_names[NUM_ROWS] = {"recovery", "speculation"};
+enum { ROW_RECOVERY, ROW_SPECULATION, ROW_OFFERS, NUM_ROWS };
+static const char *const row_names[NUM_ROWS] = {"recovery", "speculation", "offers"};
 
 typedef struct options {
   bool json;
@@ -192,7 +213,8 @@ static int find_flint(void) {
 /* Variables of this process's environment that the children do not inherit: the benchmark
  * sets them itself where a row needs them. */
 static bool inherited(const char *var) {
-  static const char *const own[] = {"FLINT_FAULT_", "FLINT_SPECULATION", "FLINT_LOCALITY_WAIT_MS=", "FLINT_LOG="};
+  static const char *const own[] = {"FLINT_FAULT_", "FLINT_SPECULATION", "FLINT_LOCALITY_WAIT_MS=", "FLINT_NODE_OFFERS=",
+                                    "FLINT_LOG="};
   for (size_t i = 0; i < sizeof own / sizeof *own; i++)
     if (strncmp(var, own[i], strlen(own[i])) == 0) return false;
   return true;
@@ -575,7 +597,9 @@ done:
  * executor killed after iteration KILL_AFTER when `faulty`. Sets the run's figures for its
  * side and answers[0..ITERATIONS]. */
 static int recovery_side(bool faulty, recovery_run *run, brf_figures answers[ITERATIONS + 1]) {
-  static const char *const driver_env[] = {"FLINT_LOCALITY_WAIT_MS=1000", NULL};
+  /* Tasks over the cached data stay where it is cached: no waiting for another executor, and
+   * no node-shared offers (the other executor on this host could take them). */
+  static const char *const driver_env[] = {"FLINT_LOCALITY_WAIT_MS=1000", "FLINT_NODE_OFFERS=0", NULL};
   cluster c;
   fl_dataset *src = NULL, *records = NULL;
   int64_t lost[REC_PARTITIONS];
@@ -717,6 +741,92 @@ static int bench_speculation(const options *o, spec_result *res) {
   return rc;
 }
 
+/* ---- node-shared offers ------------------------------------------------------------------ */
+
+enum { OFFER_BASELINE, OFFER_ON, OFFER_OFF, OFFER_CONFIGS };
+
+typedef struct offer_run {
+  double secs[OFFER_CONFIGS];
+  double ratio, ratio_off;
+} offer_run;
+
+typedef struct offer_result {
+  runs_summary s;
+  offer_run median;
+} offer_result;
+
+/* One heavy iteration (brf_heavy_step) over the cached records. */
+static int heavy_iterate(fl_dataset *ds, uint64_t iter, brf_figures *out) {
+  brf_figures zero = {0, 0};
+  uint64_t arg[2] = {iter, OFFER_ROUNDS};
+  fl_buf res = FL_BUF_INIT;
+  int rc = 1;
+  if (fl_aggregate(ds, fl_bytes_of(&zero, sizeof zero), brf_heavy_step, brf_merge, arg, sizeof arg, &res) != FL_OK)
+    fail_flint("fl_aggregate (a heavy iteration)");
+  else if (res.len != sizeof *out)
+    fprintf(stderr, BENCH_NAME ": an iteration returned %zu bytes, expected %zu\n", res.len, sizeof *out);
+  else {
+    memcpy(out, res.data, sizeof *out);
+    if (out->count == (uint64_t)OFFER_PARTITIONS * RECORDS) rc = 0;
+    else fprintf(stderr, BENCH_NAME ": iteration %" PRIu64 " counted %" PRIu64 " records\n", iter, out->count);
+  }
+  fl_buf_free(&res);
+  return rc;
+}
+
+/* One cluster of row 3: the records cached on 2 executors (half each, by the driver's slots),
+ * the second FLINT_FAULT_SLOWDOWN times slower except in the baseline; then
+ * OFFER_ITERATIONS timed iterations over the cache. */
+static int offer_side(int config, double *secs, brf_figures answers[OFFER_ITERATIONS]) {
+  static const char *const on[] = {"FLINT_LOCALITY_WAIT_MS=1000", NULL},
+                           *const off[] = {"FLINT_LOCALITY_WAIT_MS=1000", "FLINT_NODE_OFFERS=0", NULL};
+  static const char *const slow[] = {NULL, "FLINT_FAULT_SLOWDOWN=" OFFER_SLOWDOWN};
+  static const char *const names[OFFER_CONFIGS] = {"offers-baseline", "offers-on", "offers-off"};
+  cluster c;
+  fl_dataset *src = NULL, *records = NULL;
+  brf_figures warm;
+  int rc = 1;
+  if (cluster_start(&c, names[config], config == OFFER_OFF ? off : on, 2, config == OFFER_BASELINE ? NULL : slow) != 0)
+    goto done;
+  if (make_records(c.ctx, OFFER_PARTITIONS, &src, &records) != 0) goto done;
+  if (fl_cache(records) != FL_OK) {
+    fail_flint("fl_cache");
+    goto done;
+  }
+  if (heavy_iterate(records, 0, &warm) != 0) goto done; /* caches the records */
+  double t0 = now_s();
+  for (uint64_t i = 0; i < OFFER_ITERATIONS; i++)
+    if (heavy_iterate(records, i + 1, &answers[i]) != 0) goto done;
+  *secs = now_s() - t0;
+  rc = 0;
+done:
+  fl_dataset_free(records);
+  fl_dataset_free(src);
+  cluster_stop(&c, rc != 0);
+  return rc;
+}
+
+/* One run of row 3: its three clusters. */
+static int offer_one(runs_summary *s, void *p, double *ratio) {
+  offer_run *run = p;
+  brf_figures got[OFFER_ITERATIONS];
+  for (int k = 0; k < OFFER_CONFIGS; k++) {
+    if (offer_side(k, &run->secs[k], got) != 0) return 1;
+    summary_check(s, got, OFFER_ITERATIONS);
+  }
+  *ratio = run->ratio = run->secs[OFFER_ON] / run->secs[OFFER_BASELINE];
+  run->ratio_off = run->secs[OFFER_OFF] / run->secs[OFFER_BASELINE];
+  return 0;
+}
+
+static int bench_offers(const options *o, offer_result *res) {
+  offer_run *runs = calloc(o->runs, sizeof *runs);
+  int rc = runs ? row_runs(o, offer_one, runs, sizeof *runs, INFINITY, &res->s) : 1;
+  if (rc == 0) res->median = runs[res->s.median];
+  free(runs);
+  return rc;
+}
+
 /* ---- output ------------------------------------------------------------------------------ */
 
 static const bench_columns columns = {13, 30, 14, 10};
@@ -734,6 +844,11 @@ static void print_header(const options *o) {
     printf("  speculation: %d jobs of %d uncached partitions; baseline 2 executors; then + a 3rd with "
            "FLINT_FAULT_SLOWDOWN=%s, FLINT_SPECULATION=1 (and =0 for reference)\n",
            JOBS, SPEC_PARTITIONS, SLOWDOWN);
+  if (!o->skip[ROW_OFFERS])
+    printf("  offers: %d iterations over %d cached partitions on 2 executors; baseline both alike; then the 2nd "
+           "with FLINT_FAULT_SLOWDOWN=%s,\n    node-shared offers on (and FLINT_NODE_OFFERS=0 for reference); "
+           "a perfect split would take 1.5x the baseline\n",
+           OFFER_ITERATIONS, OFFER_PARTITIONS, OFFER_SLOWDOWN);
   printf("\n");
   bench_print_row(&columns, "bench", "metric", "value", "target", "met");
   bench_print_row(&columns, "-------------", "------------------------------", "--------------", "----------",
@@ -809,15 +924,43 @@ static void print_speculation(const options *o, const spec_result *r) {
   bench_print_row(&columns, "", "answers (3 clusters)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
 }
 
+static void print_offers(const options *o, const offer_result *r) {
+  const offer_run *m = &r->median;
+  if (o->json) {
+    printf("{\"bench\": \"offers\", \"partitions\": %d, \"records_per_partition\": %d, \"rounds\": %d"
+           ", \"iterations\": %d, \"slowdown\": %s, \"runs\": %d, \"baseline_s\": %.4f, \"offers_s\": %.4f"
+           ", \"no_offers_s\": %.4f, \"ratio_offers_baseline\": %.3f, \"ratio_min\": %.3f, \"ratio_max\": %.3f"
+           ", \"ratio_no_offers_baseline\": %.3f, \"results_equal\": %s, \"target\": \"none (reference)\"}\n",
+           OFFER_PARTITIONS, RECORDS, OFFER_ROUNDS, OFFER_ITERATIONS, OFFER_SLOWDOWN, r->s.runs,
+           m->secs[OFFER_BASELINE], m->secs[OFFER_ON], m->secs[OFFER_OFF], m->ratio, r->s.ratio_min, r->s.ratio_max,
+           m->ratio_off, r->s.equal ? "true" : "false");
+    return;
+  }
+  char v[64];
+  snprintf(v, sizeof v, "%.3f", m->ratio);
+  bench_print_row(&columns, "offers", "ratio offers/baseline", v, "(ref)", "-");
+  snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
+  bench_print_row(&columns, "", "ratio min / max", v, "", "");
+  snprintf(v, sizeof v, "%.3f", m->secs[OFFER_BASELINE]);
+  bench_print_row(&columns, "", "baseline_s (2 alike)", v, "", "");
+  snprintf(v, sizeof v, "%.3f", m->secs[OFFER_ON]);
+  bench_print_row(&columns, "", "offers_s (one slow)", v, "", "");
+  snprintf(v, sizeof v, "%.3f", m->secs[OFFER_OFF]);
+  bench_print_row(&columns, "", "no_offers_s (one slow)", v, "", "");
+  snprintf(v, sizeof v, "%.3f", m->ratio_off);
+  bench_print_row(&columns, "", "ratio no_offers/baseline", v, "(ref)", "-");
+  bench_print_row(&columns, "", "answers (3 clusters)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
+}
+
 static const char usage_text[] =
     "usage: bench_recovery [--json] [--runs N] [--skip ROW]...\n"
     "  --json        one JSON object per row instead of a table\n"
     "  --runs N      runs of each row (default 3); the run with the median ratio is printed\n"
-    "  --skip ROW    leave out a row: recovery or speculation\n"
+    "  --skip ROW    leave out a row: recovery, speculation or offers\n"
     "  --help        this text\n";
 
 int main(int argc, char **argv) {
-  options o = {false, 3, {false, false}};
+  options o = {false, 3, {false, false, false}};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(usage_text, stdout);
@@ -830,7 +973,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--skip") == 0) {
       int row = i + 1 < argc ? bench_row_index(row_names, NUM_ROWS, argv[i + 1]) : -1;
       if (row < 0) {
-        fprintf(stderr, BENCH_NAME ": --skip needs a row name: recovery or speculation\n%s", usage_text);
+        fprintf(stderr, BENCH_NAME ": --skip needs a row name: recovery, speculation or offers\n%s", usage_text);
         return 2;
       }
       o.skip[row] = true;
@@ -858,15 +1001,19 @@ int main(int argc, char **argv) {
 
   recovery_result rr;
   spec_result sr;
+  offer_result orr;
   int rc = 0;
   if (!o.skip[ROW_RECOVERY] && bench_recovery(&o, &rr) != 0) rc = 1;
   if (rc == 0 && !o.skip[ROW_SPECULATION] && bench_speculation(&o, &sr) != 0) rc = 1;
+  if (rc == 0 && !o.skip[ROW_OFFERS] && bench_offers(&o, &orr) != 0) rc = 1;
   if (rc == 0) {
     if (!o.json) print_header(&o);
     if (!o.skip[ROW_RECOVERY]) print_recovery(&o, &rr);
     if (!o.skip[ROW_SPECULATION]) print_speculation(&o, &sr);
+    if (!o.skip[ROW_OFFERS]) print_offers(&o, &orr);
     fflush(stdout);
-    if ((!o.skip[ROW_RECOVERY] && !rr.s.equal) || (!o.skip[ROW_SPECULATION] && !sr.s.equal)) {
+    if ((!o.skip[ROW_RECOVERY] && !rr.s.equal) || (!o.skip[ROW_SPECULATION] && !sr.s.equal) ||
+        (!o.skip[ROW_OFFERS] && !orr.s.equal)) {
       fprintf(stderr, BENCH_NAME ": the answers differ between clusters or runs\n");
       rc = 1;
     }

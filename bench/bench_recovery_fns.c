@@ -56,6 +56,24 @@ BRF_EXPORT fl_status brf_step(fl_bytes acc, fl_bytes rec, fl_buf *out, const voi
   return fl_buf_append(out, &f, sizeof f);
 }
 
+/* aggregate seq as brf_step, with more work a record: arg {iteration, rounds}, each record
+ * put through `rounds` dependent splitmix64 rounds (tasks long enough that which executor
+ * runs them, not the job's fixed cost, sets the time). */
+BRF_EXPORT fl_status brf_heavy_step(fl_bytes acc, fl_bytes rec, fl_buf *out, const void *arg) {
+  uint64_t a[2], x;
+  brf_figures f;
+  if (acc.len != sizeof f || rec.len != sizeof x)
+    return fl_set_error(FL_EFORMAT, "figures of %zu bytes and a record of %zu, expected %zu and 8", acc.len,
+                        rec.len, sizeof f);
+  memcpy(a, arg, sizeof a);
+  memcpy(&f, acc.data, sizeof f);
+  memcpy(&x, rec.data, sizeof x);
+  for (uint64_t r = 0; r < a[1]; r++) x = splitmix(x ^ (a[0] * 0xd6e8feb86659fd93u));
+  f.count++;
+  f.sum += x;
+  return fl_buf_append(out, &f, sizeof f);
+}
+
 /* aggregate comb. */
 BRF_EXPORT fl_status brf_merge(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   (void)arg;
