@@ -42,7 +42,7 @@ typedef struct outgoing {
 typedef struct executor_ref {
   uint64_t id;
   char host[64];
-  char node[40]; /* RegisterExecutorRequest.node ("" for none) */
+  char node[64]; /* RegisterExecutorRequest.node ("" for none) */
   uint32_t pid;
   char rpc_address[96], data_address[96];
   uint32_t cores, slots;
@@ -72,6 +72,7 @@ typedef struct executor_ref {
   atomic_bool abandon;
   /* loss (cb->lock) */
   bool lost;
+  uint64_t peer_lost_ns; /* when an executor of its node was last lost (claimed_by_peer) */
   bool sender_done; /* its sender thread returned */
   uint32_t queries; /* storage-info calls using its channel: it is not freed meanwhile */
   uint64_t ping_sent_ns;
@@ -303,7 +304,7 @@ static void cluster_launch(backend *b, sched_task *t) {
   if (offerable(cb, t)) {
     uint64_t now = common_now_ns();
     for (executor_ref *p = cb->executors; p; p = p->next)
-      if (p != e && !p->removed && !excluded(p, now) && p->pid && strcmp(p->node, e->node) == 0)
+      if (p != e && !p->removed && !excluded(p, now) && p->pid && p->pid != e->pid && strcmp(p->node, e->node) == 0)
         list_push(&p->offers, &p->num_offers, &p->cap_offers, t);
   }
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
@@ -424,12 +425,11 @@ static void executor_removed(scheduler *s, void *arg) {
 
 /* Declares e lost (once; any thread): its in-flight attempts end with FL_ENET and run again
  * elsewhere without counting as failures; what it held is computed again when needed. */
-/* Whether attempt t runs (or may run) on e, whose loss then ends it (cb->lock): its placement
- * unless a peer ran it; a peer known to run it; or any executor of its node but its placement
- * while the runner is not known yet (the claimed report comes before the runner's end). */
+/* Whether attempt t (in flight) runs or may run on e, whose loss then ends it (cb->lock): its
+ * placement, or, once the placement has said a node peer claimed it, any executor of its node
+ * but the placement (which peer is known only from its report, which ends the attempt). */
 static bool ran_on(const sched_task *t, const executor_ref *e) {
   const executor_ref *placed = t->placement;
-  if (t->runner) return t->runner == e;
   if (!t->claimed) return placed == e;
   return placed != e && placed && strcmp(placed->node, e->node) == 0;
 }
@@ -442,6 +442,9 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why)
   }
   e->lost = true;
   e->stopping = true;
+  uint64_t now = common_now_ns();
+  for (executor_ref *x = cb->executors; x; x = x->next)
+    if (x != e && x->node[0] && strcmp(x->node, e->node) == 0) x->peer_lost_ns = now;
   atomic_store(&e->abandon, true);
   pthread_cond_signal(&e->sender_wake);
   size_t n = 0;
@@ -772,6 +775,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
     if (i >= own) {
       d->offer = true;
       d->owner_pid = ((const executor_ref *)t->placement)->pid;
+      d->owner_executor = ((const executor_ref *)t->placement)->id;
     }
     if (t->stage->dep) {
       d->shuffle_id = t->stage->dep->shuffle_id;
@@ -1062,10 +1066,13 @@ static sched_task *claimed_by_peer(cluster_backend *cb, uint64_t key, const exec
   sched_task *t = NULL;
   for (size_t i = 0; i < cb->num_inflight && !t; i++)
     if (cb->inflight[i]->key == key) t = cb->inflight[i];
-  if (!t || t->runner || t->placement != owner) return NULL; /* the peer's end came first */
+  if (!t || t->placement != owner) return NULL; /* the peer's end came first */
   t->claimed = true;
-  for (executor_ref *e = cb->executors; e; e = e->next)
-    if (!e->lost && ran_on(t, e)) return NULL;
+  /* A peer of the node lost since the launch may be the claimer: its loss could not end the
+   * attempt then (it was not known to be claimed), so it ends now, and runs again. */
+  bool live_peer = false;
+  for (executor_ref *e = cb->executors; e; e = e->next) live_peer |= !e->lost && ran_on(t, e);
+  if (live_peer && owner->peer_lost_ns < t->launched_ns) return NULL;
   return inflight_take(cb, key);
 }
 
@@ -1576,10 +1583,12 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
     return st;
   }
   if (!cb->cfg.slots_per_core) cb->cfg.slots_per_core = 2;
-  /* Keys start at a random point (below 2^56), so that an executor that outlives its driver
-   * and registers with a new one never finds a new key claimed in its table already. */
+  /* Keys start at a random point, so that an executor that outlives its driver and registers
+   * with a new one is offered no old task under a new task's key (its table is cleared at
+   * registration, its peers' queues are not). */
   uint64_t bits = 0;
-  if (getrandom(&bits, sizeof bits, 0) == (ssize_t)sizeof bits) cb->next_key = (bits >> 8) & ~(((uint64_t)1 << 40) - 1);
+  if (getrandom(&bits, sizeof bits, 0) != (ssize_t)sizeof bits) bits = common_now_ns() ^ ((uint64_t)getpid() << 32);
+  cb->next_key = (bits >> 1) & ~(((uint64_t)1 << 32) - 1); /* 31 random bits above 2^32 keys */
   cb->base.ops = &cluster_ops;
   cb->base.sched = sched;
   cb->base.slots = 0; /* executors bring theirs */

@@ -23,6 +23,7 @@
 
 struct claim_table {
   _Atomic uint64_t *slots;
+  int fd; /* the owner's descriptor; -1 in a peer */
 };
 
 static fl_status map_table(int fd, const char *what, claim_table **out) {
@@ -38,6 +39,7 @@ static fl_status map_table(int fd, const char *what, claim_table **out) {
     return FL_ERR(FL_ENOMEM, "cannot allocate a claim table");
   }
   t->slots = map;
+  t->fd = -1;
   *out = t;
   return FL_OK;
 }
@@ -49,8 +51,14 @@ fl_status claim_table_create(claim_table **out) {
   fl_status s = ftruncate(fd, (off_t)CLAIM_BYTES) == 0 ? map_table(fd, CLAIM_NAME, out)
                                                         : FL_ERR(FL_EIO, "cannot size %s: %s", CLAIM_NAME, strerror(errno));
   if (s != FL_OK) close(fd);
-  /* On success fd stays open for the process's life, for peers to find. */
+  else (*out)->fd = fd; /* open for the table's life, for peers to find */
   return s;
+}
+
+void claim_table_clear(claim_table *t) {
+  /* Punching the pages out zeroes them for every mapping without touching them here. */
+  if (t->fd < 0 || fallocate(t->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)CLAIM_BYTES) != 0)
+    for (size_t i = 0; i < CLAIM_SLOTS; i++) atomic_store_explicit(&t->slots[i], 0, memory_order_relaxed);
 }
 
 fl_status claim_table_open(uint32_t pid, claim_table **out) {
@@ -80,5 +88,6 @@ bool claim_table_take(claim_table *t, uint64_t key, bool owner) {
 void claim_table_free(claim_table *t) {
   if (!t) return;
   munmap((void *)t->slots, CLAIM_BYTES);
+  if (t->fd >= 0) close(t->fd);
   common_free(t);
 }

@@ -66,9 +66,9 @@ FL_INTERNAL fl_status shared_block_create(rdd_block_key key, const rdd_batch *ba
 /* Maps block `key` of process `pid`. FL_ENOENT when it has none; FL_ECORRUPT (naming the
  * block and the cause) when what it has is unsealed, of the wrong block or malformed. */
 FL_INTERNAL fl_status shared_block_open(uint32_t pid, rdd_block_key key, shared_block **out);
-/* This node's identity (the kernel's boot id), "" when unknown: processes with equal ones may
- * map each other's shared blocks. */
-#define SHARED_NODE_MAX 40
+/* This node's identity (the kernel's boot id and the pid namespace), "" when unknown:
+ * processes with equal ones may map each other's shared blocks. */
+#define SHARED_NODE_MAX 64
 FL_INTERNAL void shared_block_node(char out[SHARED_NODE_MAX]);
 FL_INTERNAL const rdd_batch *shared_block_batch(const shared_block *sb);
 FL_INTERNAL uint64_t shared_block_bytes(const shared_block *sb); /* mapped bytes */
@@ -91,6 +91,9 @@ typedef struct claim_table claim_table;
 
 /* This executor's table. */
 FL_INTERNAL fl_status claim_table_create(claim_table **out);
+/* Forgets every claim (this executor's own table, on registering with a driver, whose keys
+ * may repeat an earlier driver's). */
+FL_INTERNAL void claim_table_clear(claim_table *t);
 /* Executor `owner`'s table on this node (process `pid`), mapped once and kept. FL_ENOENT
  * when that process has none (gone, or not an executor). */
 FL_INTERNAL fl_status claim_table_open(uint32_t pid, claim_table **out);

@@ -88,7 +88,9 @@ typedef struct exec_app {
   block_location *blocks;
   size_t num_blocks, cap_blocks;
   char work_dir[PATH_MAX + 32];
-  atomic_int tasks_running;
+  atomic_int tasks_running; /* holds, changed under svc->lock: queued and running tasks, and a
+                               Remove handler using it */
+  bool removed;             /* the driver removed it while tasks were queued: it goes with the last */
   struct exec_app *next;
 } exec_app;
 
@@ -101,6 +103,7 @@ typedef struct exec_task {
   bool owns_action;
   uint64_t key;
   claim_table *claims; /* where it is claimed: this executor's table, or an offer's owner's */
+  struct peer_claims *peer; /* an offer's: the owner's table entry, referenced until freed */
   bool offer;          /* another executor's task on this node (TaskDescription.offer) */
   bool claimed;        /* its owner found it claimed by a peer: TaskStatus.claimed */
   rdd_task rt;
@@ -117,9 +120,11 @@ struct exec_service {
   char node[SHARED_NODE_MAX]; /* shared_block_node */
   uint32_t pid;               /* this process's, read once: a syscall costs microseconds in a VM */
   claim_table *claims;        /* this executor's: its tasks are claimed there */
-  struct peer_claims {        /* node peers' tables, mapped once (under lock) */
+  struct peer_claims {        /* node peers' tables, mapped on first use (under lock) */
     uint32_t pid;
+    uint64_t executor;        /* the owner's id: a reused pid is another executor */
     claim_table *table;
+    uint32_t refs;            /* queued or running offers of it; unmapped at 0 when room is needed */
   } peers[16];
   size_t num_peers;
   rpc_channel *driver;
@@ -662,6 +667,33 @@ cleanup:
 
 /* ---- tasks ----------------------------------------------------------------------------- */
 
+static void task_free(exec_task *t);
+
+/* Drops one hold on `a` (a queued or running task, or a handler using it): the application
+ * goes with the last once the driver has removed it. svc->lock held; returns the application
+ * to destroy (app_remove_all), unlinked, or NULL. */
+static exec_app *app_release_locked(exec_service *svc, exec_app *a) {
+  if (atomic_fetch_sub(&a->tasks_running, 1) != 1 || !a->removed) return NULL;
+  for (exec_app **p = &svc->apps; *p; p = &(*p)->next)
+    if (*p == a) {
+      *p = a->next;
+      return a;
+    }
+  return NULL;
+}
+
+/* A task has ended (reported, or an offer dropped). svc->lock held. */
+static exec_app *task_done_locked(exec_service *svc, exec_task *t) {
+  if (t->peer) t->peer->refs--;
+  t->peer = NULL;
+  return app_release_locked(svc, t->app);
+}
+
+static void app_remove_all(exec_service *svc, exec_app *a) {
+  block_manager_remove_range(svc->blocks, a->id << APP_SHIFT, (a->id + 1) << APP_SHIFT);
+  app_destroy(a);
+}
+
 static void task_free(exec_task *t) {
   if (t->owns_action) rdd_action_clear(&t->action);
   if (t->rdd) rdd_release(t->rdd);
@@ -681,11 +713,14 @@ static void running_remove(exec_service *svc, exec_task *t) {
 }
 
 /* Whether t runs here: a killed task does (to report its end), anything else once claimed.
- * The kill handler cancels before it claims, so a claim lost to a kill reads as killed. */
+ * The kill handler cancels before it claims, so a claim lost to a kill reads as killed; an
+ * offer is only ever run once claimed. */
 static bool task_claim(exec_task *t) {
+  if (t->offer) /* a cancelled offer (this executor stops) is nobody's business here */
+    return !rdd_task_cancelled(&t->rt) && claim_table_take(t->claims, t->key, false);
   if (!t->claims || rdd_task_cancelled(&t->rt)) return true;
-  if (claim_table_take(t->claims, t->key, !t->offer)) return true;
-  return rdd_task_cancelled(&t->rt) && !t->offer;
+  if (claim_table_take(t->claims, t->key, true)) return true;
+  return rdd_task_cancelled(&t->rt);
 }
 
 static void task_run(task_pool_work *work) {
@@ -698,9 +733,10 @@ static void task_run(task_pool_work *work) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     running_remove(svc, t);
     if (svc->done_head && atomic_load(&svc->own_queued) == 0) pthread_cond_signal(&svc->wake);
+    exec_app *gone = task_done_locked(svc, t);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
-    atomic_fetch_sub(&t->app->tasks_running, 1);
     task_free(t);
+    if (gone) app_remove_all(svc, gone);
     return;
   }
   /* Ended tasks held while own tasks were queued go once none is (the driver should send
@@ -866,8 +902,11 @@ static void *status_main(void *arg) {
     common_free(acc_ptrs);
     while (batch) {
       exec_task *next = batch->next;
-      atomic_fetch_sub(&batch->app->tasks_running, 1);
+      FL_PCHECK(pthread_mutex_lock(&svc->lock));
+      exec_app *gone = task_done_locked(svc, batch);
+      FL_PCHECK(pthread_mutex_unlock(&svc->lock));
       task_free(batch);
+      if (gone) app_remove_all(svc, gone);
       batch = next;
     }
   }
@@ -875,20 +914,33 @@ static void *status_main(void *arg) {
 
 /* ---- control-plane handlers ------------------------------------------------------------ */
 
-/* The claim table of node peer `pid`, mapped on first use; NULL when it cannot be (or more
- * than 16 peers have offered tasks): its offers are then left to their owner. svc->lock held. */
-static claim_table *peer_claims(exec_service *svc, uint32_t pid) {
-  for (size_t i = 0; i < svc->num_peers; i++)
-    if (svc->peers[i].pid == pid) return svc->peers[i].table;
-  /* Tasks in flight point at the tables: they stay mapped for the process's life. */
-  if (svc->num_peers == sizeof svc->peers / sizeof *svc->peers) return NULL;
+/* The claim table of node peer `executor` (process `pid`), mapped on first use and referenced
+ * for the offer; NULL when it cannot be mapped, or 16 peers' tables are in use: its offers
+ * are then left to their owner. A table no queued offer uses is unmapped when another peer's
+ * needs the room (peers come and go; a gone one's table lives while it is mapped). svc->lock
+ * held. */
+static struct peer_claims *peer_claims(exec_service *svc, uint32_t pid, uint64_t executor) {
+  struct peer_claims *free_entry = NULL;
+  for (size_t i = 0; i < svc->num_peers; i++) {
+    struct peer_claims *p = &svc->peers[i];
+    if (p->pid == pid && p->executor == executor) {
+      p->refs++;
+      return p;
+    }
+    if (!p->refs && !free_entry) free_entry = p;
+  }
+  if (svc->num_peers < sizeof svc->peers / sizeof *svc->peers) free_entry = &svc->peers[svc->num_peers];
+  if (!free_entry) return NULL;
   claim_table *t = NULL;
   if (claim_table_open(pid, &t) != FL_OK) {
-    common_log(LOG_DEBUG, "offers of process %u left to it: %s", pid, fl_last_error());
+    common_log(LOG_DEBUG, "offers of executor %llu (process %u) left to it: %s", (unsigned long long)executor, pid,
+               fl_last_error());
     return NULL;
   }
-  svc->peers[svc->num_peers++] = (struct peer_claims){pid, t};
-  return t;
+  if (free_entry == &svc->peers[svc->num_peers]) svc->num_peers++;
+  else claim_table_free(free_entry->table);
+  *free_entry = (struct peer_claims){pid, executor, t, 1};
+  return free_entry;
 }
 
 static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
@@ -971,7 +1023,8 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     app->blocks[k].pid = same_node ? bl->pid : 0;
   }
   /* Decode every task before starting any, so that a bad one refuses the whole batch. */
-  exec_task **tasks = common_calloc(req->n_tasks ? req->n_tasks : 1, sizeof *tasks);
+  /* tasks[0, n) as decoded; tasks[n, 2n) the order they are queued in */
+  exec_task **tasks = common_calloc(req->n_tasks ? 2 * req->n_tasks : 1, sizeof *tasks);
   if (!tasks && status == FL_OK) status = FL_ERR(FL_ENOMEM, "out of memory");
   for (size_t i = 0; status == FL_OK && i < req->n_tasks; i++) {
     const Flint__TaskDescription *d = req->tasks[i];
@@ -983,11 +1036,6 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     t->app = app;
     t->key = d->task_key;
     t->offer = d->offer;
-    if (d->offer && (d->barrier || d->owner_pid == 0 || d->owner_pid == svc->pid)) {
-      status = FL_ERR(FL_EPROTO, "task %llu: an offer of process %u%s", (unsigned long long)d->task_key,
-                      d->owner_pid, d->barrier ? " in a barrier stage" : "");
-      break;
-    }
     if (d->shuffle_id == 0 && (d->action_index == 0 || d->action_index > req->n_actions)) {
       status = FL_ERR(FL_EPROTO, "task %llu: action %u of a batch of %zu", (unsigned long long)d->task_key,
                       d->action_index, req->n_actions);
@@ -1041,8 +1089,13 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     size_t kept = 0;
     for (size_t i = 0; i < req->n_tasks; i++) {
       exec_task *t = tasks[i];
-      t->claims = t->offer ? peer_claims(svc, req->tasks[i]->owner_pid) : svc->claims;
-      if (t->offer && !t->claims) { /* left to its owner */
+      const Flint__TaskDescription *d = req->tasks[i];
+      /* An offer this executor cannot claim (its owner's table is not to be had here, or the
+       * offer makes no sense: a barrier task, this very process) is left to its owner. */
+      if (t->offer && !d->barrier && d->owner_pid && d->owner_pid != svc->pid)
+        t->peer = peer_claims(svc, d->owner_pid, d->owner_executor);
+      t->claims = t->offer ? (t->peer ? t->peer->table : NULL) : svc->claims;
+      if (t->offer && !t->claims) {
         task_free(t);
         continue;
       }
@@ -1054,14 +1107,16 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
     atomic_store(&svc->none_pending, req->none_pending); /* launches arrive in order: one sender */
     /* Own tasks in launch order, then the offers from the last: a peer starts its tasks from
-     * the first, so the two meet in the middle, as in work stealing. */
-    size_t own = 0;
+     * the first, so the two meet in the middle, as in work stealing. The order is settled
+     * before the first submit: a submitted task may end and be freed at once. */
+    size_t own = 0, offers = 0;
+    exec_task **order = tasks + req->n_tasks;
     for (size_t i = 0; i < kept; i++) own += !tasks[i]->offer;
-    atomic_fetch_add(&svc->own_queued, own);
     for (size_t i = 0; i < kept; i++)
-      if (!tasks[i]->offer) task_pool_submit(svc->pool, &tasks[i]->work);
-    for (size_t i = kept; i-- > 0;)
-      if (tasks[i]->offer) task_pool_submit(svc->pool, &tasks[i]->work);
+      if (tasks[i]->offer) order[kept - 1 - offers++] = tasks[i];
+      else order[i - offers] = tasks[i];
+    atomic_fetch_add(&svc->own_queued, own);
+    for (size_t i = 0; i < kept; i++) task_pool_submit(svc->pool, &order[i]->work);
   } else if (tasks) {
     for (size_t i = 0; i < req->n_tasks; i++)
       if (tasks[i]) task_free(tasks[i]);
@@ -1098,12 +1153,13 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
   if (!req) return FL_ERR(FL_EPROTO, "Remove: malformed message");
   exec_app *app = NULL;
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
-  for (exec_app **p = &svc->apps; *p; p = &(*p)->next)
-    if ((*p)->id == req->app_id) {
-      app = *p;
-      /* A finished application's context goes once its last task has reported. */
-      if (req->whole_application && atomic_load(&app->tasks_running) == 0) *p = app->next;
-      break;
+  for (exec_app *a = svc->apps; a && !app; a = a->next)
+    if (a->id == req->app_id) {
+      app = a;
+      /* A finished application's context goes with the last hold on it: this call's, or a
+       * task's (offers of node peers may still be queued: the driver does not count them). */
+      atomic_fetch_add(&app->tasks_running, 1);
+      if (req->whole_application) app->removed = true;
     }
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   if (app) {
@@ -1115,10 +1171,10 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
       if (dep) app_shuffle_remove(app, req->shuffle_ids[i], dep->parent->num_partitions);
     }
     FL_PCHECK(pthread_mutex_unlock(&app->lock));
-    if (req->whole_application && atomic_load(&app->tasks_running) == 0) {
-      block_manager_remove_range(svc->blocks, app->id << APP_SHIFT, (app->id + 1) << APP_SHIFT);
-      app_destroy(app);
-    }
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    exec_app *gone = app_release_locked(svc, app);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (gone) app_remove_all(svc, gone);
   }
   flint__remove_request__free_unpacked(req, NULL);
   Flint__Empty empty = FLINT__EMPTY__INIT;
@@ -1249,6 +1305,8 @@ static fl_status register_with_driver(exec_service *svc) {
   req.gpu = svc->cfg.gpu >= 0 ? (uint32_t)svc->cfg.gpu : 0;
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
   fl_status status = proto_pack(&req.base, &body);
+  /* A new driver's keys may repeat an earlier one's: no claim of those may stand. */
+  if (svc->claims) claim_table_clear(svc->claims);
   if (status == FL_OK)
     status = driver_call(svc, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &svc->abandon,
                          &reply);

@@ -147,11 +147,17 @@ fl_status shared_block_open(uint32_t pid, rdd_block_key key, shared_block **out)
 
 void shared_block_node(char out[SHARED_NODE_MAX]) {
   out[0] = 0;
+  char boot[40] = "";
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re"); /* /proc files report no size */
   if (!f) return;
-  if (!fgets(out, SHARED_NODE_MAX, f)) out[0] = 0;
+  if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
   fclose(f);
-  out[strcspn(out, " \n")] = 0;
+  boot[strcspn(boot, " \n")] = 0;
+  /* Pids name descriptors under /proc only within one pid namespace: containers on one host
+   * share the boot id, not the namespace. */
+  struct stat ns;
+  if (boot[0] && stat("/proc/self/ns/pid", &ns) == 0)
+    snprintf(out, SHARED_NODE_MAX, "%s/%llu", boot, (unsigned long long)ns.st_ino);
 }
 
 const rdd_batch *shared_block_batch(const shared_block *sb) { return &sb->batch; }

@@ -9,6 +9,7 @@
 #include <glob.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -27,6 +28,7 @@ fl_status cp_big_record(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_emit_pid(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_big_record_pid(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_head_i64(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg);
@@ -439,13 +441,21 @@ static void cache_big_blocks(fl_context *ctx, uint32_t parts, fl_accumulator **c
   fl_dataset_free(where);
 }
 
+typedef struct cp_node_arg {
+  int64_t pid, ms;
+  uint64_t mask;
+  char dir[200];
+} cp_node_arg;
+
 /* Node-shared tasks (executor/claim_table.c): each task over a cached partition is launched
  * on the executor that caches it and offered to the other executor of the node, which runs
  * it if it starts it first. One executor is slow in this stage (200 ms a task) and holds
- * about half of 16 partitions, all within its slots, so the driver places every task on its
- * holder: the fast executor finishes its own and then takes most of the slow one's, reading
- * them in place. The result is right and nothing is computed again. With FLINT_NODE_OFFERS=0
- * the driver offers nothing and every task runs on its holder (no block is mapped). */
+ * half of 16 partitions, all within its slots, so the driver places every task on its holder:
+ * the fast executor finishes its own and then takes most of the slow one's, reading them in
+ * place. The result is right, nothing is computed again, and no task runs twice (each run
+ * appends a byte to its partition's marker file; the files are read once a duplicate would
+ * have ended too). With FLINT_NODE_OFFERS=0 the driver offers nothing and every task runs on
+ * its holder (no block is mapped). */
 static void node_shared_stage(bool offers, uint64_t *mapped_out) {
   setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1); /* no placement away from the holder */
   if (!offers) setenv("FLINT_NODE_OFFERS", "0", 1);
@@ -461,9 +471,10 @@ static void node_shared_stage(bool offers, uint64_t *mapped_out) {
   cache_big_blocks(ctx, PARTS, &computed, &ds, &blocks, pids);
   uint32_t held_by_slow = 0;
   for (uint32_t p = 0; p < PARTS; p++) held_by_slow += pids[p] == pids[0];
-  assert_true(held_by_slow < PARTS); /* both hold some (8 each unless offers moved the caching) */
-  int64_t arg[2] = {pids[0], 200};
-  assert_ok(fl_map_partitions(blocks, cp_slow_in_process, arg, sizeof arg, &slow));
+  assert_int_equal(held_by_slow, PARTS / 2); /* the caching job is spread by the slots */
+  cp_node_arg arg = {.pid = pids[0], .ms = 200};
+  test_tmpdir(arg.dir, sizeof arg.dir);
+  assert_ok(fl_map_partitions(blocks, cp_slow_marked, &arg, sizeof arg, &slow));
   fl_context_stats before, after;
   assert_ok(fl_context_stats_get(ctx, &before));
   uint64_t n = 0;
@@ -477,6 +488,15 @@ static void node_shared_stage(bool offers, uint64_t *mapped_out) {
   fprintf(stderr, "node offers %s: %llu of the slow executor's %u tasks ran on the other\n", offers ? "on" : "off",
           (unsigned long long)*mapped_out, held_by_slow);
   assert_int_equal(after.blocks_read_fetched, before.blocks_read_fetched);
+  usleep(500 * 1000); /* a second run of a task would have appended by now */
+  for (uint32_t p = 0; p < PARTS; p++) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/part-%u", arg.dir, p);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    if (st.st_size != 1) fail_msg("partition %u ran %lld times", p, (long long)st.st_size);
+  }
+  test_rmtree(arg.dir);
   fl_dataset_free(slow);
   fl_dataset_free(blocks);
   fl_dataset_free(ds);
@@ -494,16 +514,18 @@ static void test_node_shared_tasks(void **state) {
   assert_int_equal(mapped, 0);
 }
 
-/* An executor that claims a node peer's task and dies running it: the owner reports the task
- * claimed, the driver finds the claimer lost and runs the task again (on the owner, the only
- * executor left), and the action returns the right count instead of waiting for a report
- * that never comes. */
-static void test_node_shared_claimer_lost(void **state) {
-  (void)state;
+/* An executor that claims a node peer's task and dies running it (the first to take one
+ * leaves a marker and exits): the driver runs the task again, and the action returns the
+ * right count instead of waiting for a report that never comes. With 2 executors the owner's
+ * "claimed" report comes first (the owner sleeps 300 ms a task) and the loss ends the attempt;
+ * with 3, the owner sleeps 6 s, so the driver has found the claimer lost before the owner
+ * reports the task claimed, while the third executor, which may be the claimer as far as the
+ * driver knows, is alive. */
+static void claimer_lost(const char *master, int64_t owner_ms) {
   setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1);
   setenv("FLINT_EXECUTOR_TIMEOUT_MS", "3000", 1);
   fl_context *ctx;
-  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  fl_status opened = fl_context_open(master, NULL, &ctx);
   unsetenv("FLINT_LOCALITY_WAIT_MS");
   unsetenv("FLINT_EXECUTOR_TIMEOUT_MS");
   assert_ok(opened);
@@ -512,20 +534,32 @@ static void test_node_shared_claimer_lost(void **state) {
   fl_accumulator *computed;
   fl_dataset *ds, *blocks, *crashing;
   cache_big_blocks(ctx, PARTS, &computed, &ds, &blocks, pids);
-  int64_t arg[3] = {pids[0], 300, 0};
+  cp_node_arg arg = {.pid = pids[0], .ms = owner_ms};
   for (uint32_t p = 0; p < PARTS; p++)
-    if (pids[p] == pids[0]) arg[2] |= (int64_t)1 << p;
-  assert_true(arg[2] != (int64_t)((1u << PARTS) - 1)); /* the other executor holds some */
-  assert_ok(fl_map_partitions(blocks, cp_exit_if_peer, arg, sizeof arg, &crashing));
+    if (pids[p] == pids[0]) arg.mask |= (uint64_t)1 << p;
+  assert_true(arg.mask != (1u << PARTS) - 1); /* the others hold some */
+  assert_true((arg.mask & (arg.mask - 1)) != 0); /* the owner holds at least 2: one to take */
+  test_tmpdir(arg.dir, sizeof arg.dir);
+  assert_ok(fl_map_partitions(blocks, cp_exit_if_peer, &arg, sizeof arg, &crashing));
   uint64_t n = 0;
   assert_ok(fl_count(crashing, &n));
   assert_int_equal(n, PARTS);
+  char marker[300];
+  snprintf(marker, sizeof marker, "%s/crashed", arg.dir);
+  assert_int_equal(access(marker, F_OK), 0); /* an executor did take the owner's task, and died */
+  test_rmtree(arg.dir);
   fl_dataset_free(crashing);
   fl_dataset_free(blocks);
   fl_dataset_free(ds);
   fl_accumulator_destroy(computed);
   fl_context_close(ctx);
   assert_no_children();
+}
+
+static void test_node_shared_claimer_lost(void **state) {
+  (void)state;
+  claimer_lost(CLUSTER, 300);
+  claimer_lost("local-cluster[3,1,512]", 6000);
 }
 
 /* In cluster mode executors write and read the checkpoint files: after the checkpoint the

@@ -1403,14 +1403,48 @@ CP_EXPORT fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitt
   return s;
 }
 
-/* Copies a partition. The arg is {pid, ms, mask}: in process pid it first sleeps ms; in any
- * other process, a partition whose bit is set in mask (the ones pid caches) makes the process
- * exit at once, as a crash would: an executor that claimed a node peer's task and died. */
+/* What cp_exit_if_peer and cp_slow_marked take. */
+typedef struct cp_node_arg {
+  int64_t pid;      /* the slow process (the owner of the partitions in mask) */
+  int64_t ms;       /* how long its tasks sleep first */
+  uint64_t mask;    /* cp_exit_if_peer: the partitions pid caches */
+  char dir[200];    /* a folder for markers */
+} cp_node_arg;
+
+/* Copies a partition; in process pid it first sleeps ms. In any other process, the first
+ * task over a partition of mask (one of pid's, so a claimed offer) makes the process exit at
+ * once, as a crash would, after leaving dir/crashed; later ones run. */
 CP_EXPORT fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
-  int64_t a[3];
-  memcpy(a, arg, sizeof a);
-  if (getpid() == a[0]) usleep((useconds_t)(a[1] * 1000));
-  else if (partition < 64 && ((uint64_t)a[2] >> partition & 1)) _exit(3);
+  cp_node_arg a;
+  memcpy(&a, arg, sizeof a);
+  if (getpid() == a.pid) {
+    usleep((useconds_t)(a.ms * 1000));
+  } else if (partition < 64 && (a.mask >> partition & 1)) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/crashed", a.dir);
+    int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd >= 0) _exit(3);
+  }
+  fl_bytes rec;
+  fl_status s = FL_OK;
+  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
+  return s;
+}
+
+/* As cp_slow_in_process, and every run of partition p appends a byte to dir/part-p: a task
+ * run twice leaves two. */
+CP_EXPORT fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  cp_node_arg a;
+  memcpy(&a, arg, sizeof a);
+  if (getpid() == a.pid) usleep((useconds_t)(a.ms * 1000));
+  char path[256];
+  snprintf(path, sizeof path, "%s/part-%u", a.dir, partition);
+  int fd = open(path, O_CREAT | O_APPEND | O_WRONLY, 0600);
+  if (fd < 0 || write(fd, "x", 1) != 1) {
+    if (fd >= 0) close(fd);
+    return fl_set_error(FL_EIO, "cannot append to %s", path);
+  }
+  close(fd);
   fl_bytes rec;
   fl_status s = FL_OK;
   while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
