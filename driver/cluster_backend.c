@@ -298,14 +298,16 @@ static void cluster_launch(backend *b, sched_task *t) {
   executor_ref *e = t->placement;
   t->key = ++cb->next_key;
   t->runner = NULL;
-  t->claimed = false;
+  t->claimed = t->offered = false;
   e->running++;
   list_push(&e->batch, &e->batch_len, &e->batch_cap, t);
   if (offerable(cb, t)) {
     uint64_t now = common_now_ns();
     for (executor_ref *p = cb->executors; p; p = p->next)
-      if (p != e && !p->removed && !excluded(p, now) && p->pid && p->pid != e->pid && strcmp(p->node, e->node) == 0)
+      if (p != e && !p->removed && !excluded(p, now) && p->pid && p->pid != e->pid && strcmp(p->node, e->node) == 0) {
         list_push(&p->offers, &p->num_offers, &p->cap_offers, t);
+        t->offered = true;
+      }
   }
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   if (cb->num_inflight == cb->cap_inflight) {
@@ -1404,6 +1406,12 @@ static void cluster_destroy(backend *b) {
  * nothing), so that a cancelled job returns without waiting for user code, and tells each
  * executor to stop them with one KillTasks call (through its sender: after the launches
  * queued before it). */
+/* Whether e may hold attempt t as an offer (cb->lock): t was offered to its placement's node. */
+static bool offered_to(const sched_task *t, const executor_ref *e) {
+  const executor_ref *placed = t->placement;
+  return t->offered && placed && e != placed && e->pid != placed->pid && strcmp(e->node, placed->node) == 0;
+}
+
 static void cluster_kill(backend *b, sched_job *job) {
   cluster_backend *cb = of(b);
   sched_task **killed = NULL;
@@ -1414,18 +1422,21 @@ static void cluster_kill(backend *b, sched_job *job) {
     killed = common_calloc(cb->num_inflight, sizeof *killed);
     keys = common_calloc(cb->num_inflight, sizeof *keys);
   }
+  for (size_t i = 0; killed && keys && i < cb->num_inflight;) {
+    sched_task *t = cb->inflight[i];
+    if (t->job != job || !t->placement) {
+      i++;
+      continue;
+    }
+    killed[num_killed++] = t;
+    cb->inflight[i] = cb->inflight[--cb->num_inflight];
+  }
+  /* Each executor hears of its attempts, and of those offered to it: a node peer may have
+   * claimed one and be running it. */
   for (executor_ref *e = cb->executors; e && killed && keys; e = e->next) {
     size_t n = 0;
-    for (size_t i = 0; i < cb->num_inflight;) {
-      sched_task *t = cb->inflight[i];
-      if (t->job != job || t->placement != e) {
-        i++;
-        continue;
-      }
-      keys[n++] = t->key;
-      killed[num_killed++] = t;
-      cb->inflight[i] = cb->inflight[--cb->num_inflight];
-    }
+    for (size_t i = 0; i < num_killed; i++)
+      if (killed[i]->placement == e || offered_to(killed[i], e)) keys[n++] = killed[i]->key;
     if (!n) continue;
     Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
     req.n_task_keys = n;
@@ -1492,6 +1503,8 @@ static void cluster_kill_attempt(backend *b, sched_task *t) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   bool mine = inflight_has(cb, t->key); /* else its end is on the way */
   bool queued = mine && t->placement && kill_push_locked(cb, t->placement, t->key, on_reply);
+  for (executor_ref *e = cb->executors; mine && e; e = e->next) /* a peer may have claimed it */
+    if (offered_to(t, e) && !e->lost) kill_push_locked(cb, e, t->key, false);
   bool end_now = mine && !(on_reply && queued);
   if (end_now) inflight_take(cb, t->key);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));

@@ -45,10 +45,11 @@ typedef struct sched_task {
   uint64_t key;
   void *placement;
   /* Cluster backend, node-shared tasks: the executor of placement's node that claimed and
-   * ran the attempt (NULL: placement, or not known yet), and whether placement said a peer
-   * claimed it (the peer reports its end). */
+   * ran the attempt (NULL: placement, or not known yet), whether placement said a peer
+   * claimed it (the peer reports its end), and whether it was offered to any. */
   void *runner;
   bool claimed;
+  bool offered; /* offered to placement's node peers (kills go to them too) */
   uint64_t pending_since_ns; /* when it became pending (locality wait) */
   bool executor_lost;        /* the attempt ended because its executor was lost: a retry
                                 that does not count as a failure */

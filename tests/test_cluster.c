@@ -29,6 +29,9 @@ fl_status cp_emit_pid(uint32_t partition, fl_iter *in, fl_emitter *out, const vo
 fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+fl_status cp_crawl_if_peer(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_tag_pid(fl_bytes rec, fl_buf *out, const void *arg);
+fl_status cp_first_tag(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_big_record_pid(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_head_i64(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg);
@@ -562,6 +565,83 @@ static void test_node_shared_claimer_lost(void **state) {
   claimer_lost("local-cluster[3,1,512]", 6000);
 }
 
+typedef struct count_job {
+  fl_dataset *ds;
+  fl_status status;
+} count_job;
+
+static void *count_main(void *p) {
+  count_job *j = p;
+  uint64_t n = 0;
+  j->status = fl_count(j->ds, &n);
+  return NULL;
+}
+
+static off_t file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* Cancelling a job stops a task that a node peer claimed, not only the owner's: the owner is
+ * stuck in its first task (2 ms a record), the other executor has taken the owner's second
+ * and works through it (100 us a record, a byte each into a file); once the job is cancelled
+ * the file stops growing within a batch of records, long before the task would end. */
+static void test_node_shared_kill(void **state) {
+  (void)state;
+  setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1);
+  fl_context *ctx;
+  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  unsetenv("FLINT_LOCALITY_WAIT_MS");
+  assert_ok(opened);
+  enum { PARTS = 4, PER = 40000 }; /* 680 KB a partition cached: shared blocks */
+  fl_dataset *ds, *cached, *where, *crawl;
+  assert_ok(fl_range(ctx, 0, PARTS * PER, 1, PARTS, &ds));
+  assert_ok(fl_map(ds, cp_tag_pid, NULL, 0, &cached));
+  assert_ok(fl_cache(cached));
+  uint64_t n = 0;
+  assert_ok(fl_count(cached, &n));
+  assert_int_equal(n, PARTS * PER);
+  fl_records *got;
+  assert_ok(fl_map_partitions(cached, cp_first_tag, NULL, 0, &where));
+  assert_ok(fl_collect(where, &got));
+  assert_int_equal(fl_records_count(got), PARTS);
+  int64_t pids[PARTS];
+  for (uint32_t p = 0; p < PARTS; p++) memcpy(&pids[p], fl_records_get(got, p).data, sizeof *pids);
+  fl_records_free(got);
+  cp_node_arg arg = {.pid = pids[0], .ms = PER};
+  for (uint32_t p = 0; p < PARTS; p++)
+    if (pids[p] == pids[0]) arg.mask |= (uint64_t)1 << p;
+  assert_int_equal(__builtin_popcountll(arg.mask), PARTS / 2);
+  test_tmpdir(arg.dir, sizeof arg.dir);
+  char stolen[300];
+  snprintf(stolen, sizeof stolen, "%s/stolen", arg.dir);
+  assert_ok(fl_map(cached, cp_crawl_if_peer, &arg, sizeof arg, &crawl));
+  count_job job = {crawl, FL_OK};
+  pthread_t runner;
+  assert_int_equal(pthread_create(&runner, NULL, count_main, &job), 0);
+  double deadline = now_s() + 30;
+  while (file_size(stolen) < 1000 && now_s() < deadline) usleep(10000);
+  assert_true(file_size(stolen) >= 1000); /* the peer took the owner's second task */
+  assert_ok(fl_cancel_jobs(ctx));
+  pthread_join(runner, NULL);
+  assert_int_equal(job.status, FL_ECANCELLED);
+  usleep(300 * 1000); /* the kill's way to the peer, and the batch it is in */
+  off_t stopped = file_size(stolen);
+  usleep(1000 * 1000);
+  off_t later = file_size(stolen);
+  fprintf(stderr, "node-shared kill: the claimer ran %lld records, %lld more in the second after\n",
+          (long long)stopped, (long long)(later - stopped));
+  assert_true(later == stopped);
+  assert_true(stopped < PER);
+  test_rmtree(arg.dir);
+  fl_dataset_free(crawl);
+  fl_dataset_free(where);
+  fl_dataset_free(cached);
+  fl_dataset_free(ds);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
 /* In cluster mode executors write and read the checkpoint files: after the checkpoint the
  * counted map upstream never runs again (the dataset is not cached), children read the
  * files, and a missing part file fails the action naming it instead of being recomputed. */
@@ -915,6 +995,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_node_local_reads, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_shared_tasks, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_shared_claimer_lost, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_node_shared_kill, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_checkpoint, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),

@@ -1450,3 +1450,51 @@ CP_EXPORT fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *
   while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
   return s;
 }
+
+/* map: copies a record, slowly. In process pid every record takes 2 ms; in any other, a
+ * record of a partition in mask (one pid caches: a claimed offer) takes 100 us and appends a
+ * byte to dir/stolen, so that a test sees the claimer working, and stopping. The partition
+ * comes from the record: records are int64 r of fl_range(0, n, 1, P), partition r / (n / P)
+ * with ms holding n / P. */
+CP_EXPORT fl_status cp_crawl_if_peer(fl_bytes rec, fl_buf *out, const void *arg) {
+  cp_node_arg a;
+  memcpy(&a, arg, sizeof a);
+  int64_t r = 0;
+  if (rec.len >= sizeof r) memcpy(&r, rec.data, sizeof r);
+  uint64_t partition = a.ms > 0 ? (uint64_t)(r / a.ms) : 0;
+  if (getpid() == a.pid) {
+    usleep(2000);
+  } else if (partition < 64 && (a.mask >> partition & 1)) {
+    usleep(100);
+    char path[256];
+    snprintf(path, sizeof path, "%s/stolen", a.dir);
+    int fd = open(path, O_CREAT | O_APPEND | O_WRONLY, 0600);
+    if (fd < 0 || write(fd, "x", 1) != 1) {
+      if (fd >= 0) close(fd);
+      return fl_set_error(FL_EIO, "cannot append to %s", path);
+    }
+    close(fd);
+  }
+  out->len = 0;
+  return fl_buf_append(out, rec.data, rec.len);
+}
+
+/* map: an int64 record r becomes (r, pid of the process that computed it): cached, the pid
+ * says which executor holds the partition (cp_first_tag reads it back). */
+CP_EXPORT fl_status cp_tag_pid(fl_bytes rec, fl_buf *out, const void *arg) {
+  (void)arg;
+  int64_t pid = getpid();
+  out->len = 0;
+  fl_status s = fl_buf_append(out, rec.data, rec.len);
+  return s == FL_OK ? fl_buf_append(out, &pid, sizeof pid) : s;
+}
+
+/* map_partitions: the pid tag of a partition's first record (cp_tag_pid), one int64. */
+CP_EXPORT fl_status cp_first_tag(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  (void)arg;
+  fl_bytes rec;
+  int64_t pid = 0;
+  if (fl_iter_next(in, &rec) && rec.len >= 2 * sizeof pid) memcpy(&pid, rec.data + rec.len - sizeof pid, sizeof pid);
+  return fl_emit(out, &pid, sizeof pid);
+}
