@@ -672,28 +672,52 @@ static int bench_recovery(const options *o, recovery_result *res) {
 
 /* ---- speculation --------------------------------------------------------------------------- */
 
-enum { SPEC_BASELINE, SPEC_ON, SPEC_OFF, SPEC_CONFIGS };
+/* Rows 2 and 3 each run three clusters: a baseline, the feature on, the feature off. */
+enum { TRIO_BASELINE, TRIO_ON, TRIO_OFF, TRIO_CONFIGS };
 
-typedef struct spec_run {
-  double secs[SPEC_CONFIGS];
-  double ratio, ratio_off;
-} spec_run;
+typedef struct trio_run {
+  double secs[TRIO_CONFIGS];
+  double ratio, ratio_off; /* on / baseline, off / baseline */
+} trio_run;
 
-typedef struct spec_result {
+typedef struct trio_result {
   runs_summary s;
-  spec_run median;
-} spec_result;
+  trio_run median;
+} trio_result;
+
+/* One cluster of a row: times its work into *secs and its answers into answers[]. */
+typedef int (*trio_side_fn)(int config, double *secs, brf_figures *answers);
+
+/* One run of a row: its three clusters, each giving `answers` answers. */
+static int trio_one(runs_summary *s, trio_run *run, trio_side_fn side, size_t answers, double *ratio) {
+  brf_figures got[ITERATIONS + 1];
+  for (int k = 0; k < TRIO_CONFIGS; k++) {
+    if (side(k, &run->secs[k], got) != 0) return 1;
+    summary_check(s, got, answers);
+  }
+  *ratio = run->ratio = run->secs[TRIO_ON] / run->secs[TRIO_BASELINE];
+  run->ratio_off = run->secs[TRIO_OFF] / run->secs[TRIO_BASELINE];
+  return 0;
+}
+
+static int trio_runs(const options *o, row_run_fn one, double target, trio_result *res) {
+  trio_run *runs = calloc(o->runs, sizeof *runs);
+  int rc = runs ? row_runs(o, one, runs, sizeof *runs, target, &res->s) : 1;
+  if (rc == 0) res->median = runs[res->s.median];
+  free(runs);
+  return rc;
+}
 
 /* One cluster of row 2: an untimed small job, then JOBS timed jobs of SPEC_PARTITIONS tasks. */
 static int spec_side(int config, double *secs, brf_figures answers[JOBS]) {
   static const char *const on[] = {"FLINT_SPECULATION=1", NULL}, *const off[] = {"FLINT_SPECULATION=0", NULL};
   static const char *const slow[] = {"FLINT_FAULT_SLOWDOWN=" SLOWDOWN, NULL, NULL};
-  static const char *const names[SPEC_CONFIGS] = {"baseline", "speculation", "no-speculation"};
+  static const char *const names[TRIO_CONFIGS] = {"baseline", "speculation", "no-speculation"};
   cluster c;
   fl_dataset *src = NULL, *records = NULL;
   int rc = 1;
-  bool with_slow = config != SPEC_BASELINE;
-  if (cluster_start(&c, names[config], config == SPEC_OFF ? off : on, with_slow ? 3 : 2, with_slow ? slow : NULL) != 0)
+  bool with_slow = config != TRIO_BASELINE;
+  if (cluster_start(&c, names[config], config == TRIO_OFF ? off : on, with_slow ? 3 : 2, with_slow ? slow : NULL) != 0)
     goto done;
   uint64_t n = 0;
   if (fl_range(c.ctx, 0, 3, 1, 3, &src) != FL_OK || fl_count(src, &n) != FL_OK || n != 3) {
@@ -720,40 +744,9 @@ done:
   return rc;
 }
 
-/* One run of row 2: its three clusters. */
-static int spec_one(runs_summary *s, void *p, double *ratio) {
-  spec_run *run = p;
-  brf_figures got[JOBS];
-  for (int k = 0; k < SPEC_CONFIGS; k++) {
-    if (spec_side(k, &run->secs[k], got) != 0) return 1;
-    summary_check(s, got, JOBS);
-  }
-  *ratio = run->ratio = run->secs[SPEC_ON] / run->secs[SPEC_BASELINE];
-  run->ratio_off = run->secs[SPEC_OFF] / run->secs[SPEC_BASELINE];
-  return 0;
-}
-
-static int bench_speculation(const options *o, spec_result *res) {
-  spec_run *runs = calloc(o->runs, sizeof *runs);
-  int rc = runs ? row_runs(o, spec_one, runs, sizeof *runs, SPEC_TARGET, &res->s) : 1;
-  if (rc == 0) res->median = runs[res->s.median];
-  free(runs);
-  return rc;
-}
+static int spec_one(runs_summary *s, void *run, double *ratio) { return trio_one(s, run, spec_side, JOBS, ratio); }
 
 /* ---- node-shared offers ------------------------------------------------------------------ */
-
-enum { OFFER_BASELINE, OFFER_ON, OFFER_OFF, OFFER_CONFIGS };
-
-typedef struct offer_run {
-  double secs[OFFER_CONFIGS];
-  double ratio, ratio_off;
-} offer_run;
-
-typedef struct offer_result {
-  runs_summary s;
-  offer_run median;
-} offer_result;
 
 /* One heavy iteration (brf_heavy_step) over the cached records. */
 static int heavy_iterate(fl_dataset *ds, uint64_t iter, brf_figures *out) {
@@ -781,12 +774,12 @@ static int offer_side(int config, double *secs, brf_figures answers[OFFER_ITERAT
   static const char *const on[] = {"FLINT_LOCALITY_WAIT_MS=1000", NULL},
                            *const off[] = {"FLINT_LOCALITY_WAIT_MS=1000", "FLINT_NODE_OFFERS=0", NULL};
   static const char *const slow[] = {NULL, "FLINT_FAULT_SLOWDOWN=" OFFER_SLOWDOWN};
-  static const char *const names[OFFER_CONFIGS] = {"offers-baseline", "offers-on", "offers-off"};
+  static const char *const names[TRIO_CONFIGS] = {"offers-baseline", "offers-on", "offers-off"};
   cluster c;
   fl_dataset *src = NULL, *records = NULL;
   brf_figures warm;
   int rc = 1;
-  if (cluster_start(&c, names[config], config == OFFER_OFF ? off : on, 2, config == OFFER_BASELINE ? NULL : slow) != 0)
+  if (cluster_start(&c, names[config], config == TRIO_OFF ? off : on, 2, config == TRIO_BASELINE ? NULL : slow) != 0)
     goto done;
   if (make_records(c.ctx, OFFER_PARTITIONS, &src, &records) != 0) goto done;
   if (fl_cache(records) != FL_OK) {
@@ -806,25 +799,8 @@ done:
   return rc;
 }
 
-/* One run of row 3: its three clusters. */
-static int offer_one(runs_summary *s, void *p, double *ratio) {
-  offer_run *run = p;
-  brf_figures got[OFFER_ITERATIONS];
-  for (int k = 0; k < OFFER_CONFIGS; k++) {
-    if (offer_side(k, &run->secs[k], got) != 0) return 1;
-    summary_check(s, got, OFFER_ITERATIONS);
-  }
-  *ratio = run->ratio = run->secs[OFFER_ON] / run->secs[OFFER_BASELINE];
-  run->ratio_off = run->secs[OFFER_OFF] / run->secs[OFFER_BASELINE];
-  return 0;
-}
-
-static int bench_offers(const options *o, offer_result *res) {
-  offer_run *runs = calloc(o->runs, sizeof *runs);
-  int rc = runs ? row_runs(o, offer_one, runs, sizeof *runs, INFINITY, &res->s) : 1;
-  if (rc == 0) res->median = runs[res->s.median];
-  free(runs);
-  return rc;
+static int offer_one(runs_summary *s, void *run, double *ratio) {
+  return trio_one(s, run, offer_side, OFFER_ITERATIONS, ratio);
 }
 
 /* ---- output ------------------------------------------------------------------------------ */
@@ -894,16 +870,16 @@ static void print_recovery(const options *o, const recovery_result *r) {
   bench_print_row(&columns, "", "answers (faulty = fault-free)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
 }
 
-static void print_speculation(const options *o, const spec_result *r) {
-  const spec_run *m = &r->median;
+static void print_speculation(const options *o, const trio_result *r) {
+  const trio_run *m = &r->median;
   if (o->json) {
     printf("{\"bench\": \"speculation\", \"partitions\": %d, \"records_per_partition\": %d, \"rounds\": %d"
            ", \"jobs\": %d, \"slowdown\": %s, \"runs\": %d, \"baseline_s\": %.4f, \"speculation_s\": %.4f"
            ", \"no_speculation_s\": %.4f, \"ratio_speculation_baseline\": %.3f, \"ratio_min\": %.3f"
            ", \"ratio_max\": %.3f, \"ratio_no_speculation_baseline\": %.3f, \"results_equal\": %s"
            ", \"target\": \"ratio_speculation_baseline <= %.1f\", \"met\": %s}\n",
-           SPEC_PARTITIONS, RECORDS, ROUNDS, JOBS, SLOWDOWN, r->s.runs, m->secs[SPEC_BASELINE], m->secs[SPEC_ON],
-           m->secs[SPEC_OFF], m->ratio, r->s.ratio_min, r->s.ratio_max, m->ratio_off, r->s.equal ? "true" : "false",
+           SPEC_PARTITIONS, RECORDS, ROUNDS, JOBS, SLOWDOWN, r->s.runs, m->secs[TRIO_BASELINE], m->secs[TRIO_ON],
+           m->secs[TRIO_OFF], m->ratio, r->s.ratio_min, r->s.ratio_max, m->ratio_off, r->s.equal ? "true" : "false",
            SPEC_TARGET, r->s.met ? "true" : "false");
     return;
   }
@@ -913,26 +889,26 @@ static void print_speculation(const options *o, const spec_result *r) {
   bench_print_row(&columns, "speculation", "ratio speculation/baseline", v, t, r->s.met ? "yes" : "NO");
   snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
   bench_print_row(&columns, "", "ratio min / max", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[SPEC_BASELINE]);
+  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_BASELINE]);
   bench_print_row(&columns, "", "baseline_s (2 executors)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[SPEC_ON]);
+  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_ON]);
   bench_print_row(&columns, "", "speculation_s (+1 slow)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[SPEC_OFF]);
+  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_OFF]);
   bench_print_row(&columns, "", "no_speculation_s (+1 slow)", v, "", "");
   snprintf(v, sizeof v, "%.3f", m->ratio_off);
   bench_print_row(&columns, "", "ratio no_speculation/baseline", v, "(ref)", "-");
   bench_print_row(&columns, "", "answers (3 clusters)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
 }
 
-static void print_offers(const options *o, const offer_result *r) {
-  const offer_run *m = &r->median;
+static void print_offers(const options *o, const trio_result *r) {
+  const trio_run *m = &r->median;
   if (o->json) {
     printf("{\"bench\": \"offers\", \"partitions\": %d, \"records_per_partition\": %d, \"rounds\": %d"
            ", \"iterations\": %d, \"slowdown\": %s, \"runs\": %d, \"baseline_s\": %.4f, \"offers_s\": %.4f"
            ", \"no_offers_s\": %.4f, \"ratio_offers_baseline\": %.3f, \"ratio_min\": %.3f, \"ratio_max\": %.3f"
            ", \"ratio_no_offers_baseline\": %.3f, \"results_equal\": %s, \"target\": \"none (reference)\"}\n",
            OFFER_PARTITIONS, RECORDS, OFFER_ROUNDS, OFFER_ITERATIONS, OFFER_SLOWDOWN, r->s.runs,
-           m->secs[OFFER_BASELINE], m->secs[OFFER_ON], m->secs[OFFER_OFF], m->ratio, r->s.ratio_min, r->s.ratio_max,
+           m->secs[TRIO_BASELINE], m->secs[TRIO_ON], m->secs[TRIO_OFF], m->ratio, r->s.ratio_min, r->s.ratio_max,
            m->ratio_off, r->s.equal ? "true" : "false");
     return;
   }
@@ -941,11 +917,11 @@ static void print_offers(const options *o, const offer_result *r) {
   bench_print_row(&columns, "offers", "ratio offers/baseline", v, "(ref)", "-");
   snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
   bench_print_row(&columns, "", "ratio min / max", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[OFFER_BASELINE]);
+  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_BASELINE]);
   bench_print_row(&columns, "", "baseline_s (2 alike)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[OFFER_ON]);
+  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_ON]);
   bench_print_row(&columns, "", "offers_s (one slow)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[OFFER_OFF]);
+  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_OFF]);
   bench_print_row(&columns, "", "no_offers_s (one slow)", v, "", "");
   snprintf(v, sizeof v, "%.3f", m->ratio_off);
   bench_print_row(&columns, "", "ratio no_offers/baseline", v, "(ref)", "-");
@@ -1000,12 +976,12 @@ int main(int argc, char **argv) {
   }
 
   recovery_result rr;
-  spec_result sr;
-  offer_result orr;
+  trio_result sr;
+  trio_result orr;
   int rc = 0;
   if (!o.skip[ROW_RECOVERY] && bench_recovery(&o, &rr) != 0) rc = 1;
-  if (rc == 0 && !o.skip[ROW_SPECULATION] && bench_speculation(&o, &sr) != 0) rc = 1;
-  if (rc == 0 && !o.skip[ROW_OFFERS] && bench_offers(&o, &orr) != 0) rc = 1;
+  if (rc == 0 && !o.skip[ROW_SPECULATION] && trio_runs(&o, spec_one, SPEC_TARGET, &sr) != 0) rc = 1;
+  if (rc == 0 && !o.skip[ROW_OFFERS] && trio_runs(&o, offer_one, INFINITY, &orr) != 0) rc = 1;
   if (rc == 0) {
     if (!o.json) print_header(&o);
     if (!o.skip[ROW_RECOVERY]) print_recovery(&o, &rr);

@@ -64,12 +64,9 @@ void claim_table_clear(claim_table *t) {
 fl_status claim_table_open(uint32_t pid, claim_table **out) {
   char what[64];
   snprintf(what, sizeof what, "the claim table of process %u", pid);
-  int n = shared_fd_find(pid, CLAIM_NAME);
-  if (n < 0) return FL_ERR(FL_ENOENT, "%s: not found among its descriptors", what);
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%u/fd/%d", pid, n);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) return FL_ERR(FL_ENOENT, "%s: cannot open %s: %s", what, path, strerror(errno));
+  int fd;
+  fl_status opened = shared_fd_open(pid, CLAIM_NAME, O_RDWR, what, &fd);
+  if (opened != FL_OK) return opened;
   fl_status s = map_table(fd, what, out);
   close(fd); /* the mapping keeps the memory */
   return s;

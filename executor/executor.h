@@ -73,8 +73,9 @@ FL_INTERNAL void shared_block_node(char out[SHARED_NODE_MAX]);
 FL_INTERNAL const rdd_batch *shared_block_batch(const shared_block *sb);
 FL_INTERNAL uint64_t shared_block_bytes(const shared_block *sb); /* mapped bytes */
 FL_INTERNAL void shared_block_free(shared_block *sb);
-/* The number of process `pid`'s descriptor for the memfd called `name`, or -1. */
-FL_INTERNAL int shared_fd_find(uint32_t pid, const char *name);
+/* Opens (open flags, O_CLOEXEC added) process `pid`'s memfd called `name` through
+ * /proc/PID/fd. FL_ENOENT, naming `what`, when it has none or it cannot be opened. */
+FL_INTERNAL fl_status shared_fd_open(uint32_t pid, const char *name, int flags, const char *what, int *fd);
 
 /* ---- claim tables (claim_table.c) -------------------------------------------------------- */
 /*

@@ -103,23 +103,27 @@ fl_status shared_block_create(rdd_block_key key, const rdd_batch *batch, shared_
   return FL_OK;
 }
 
-int shared_fd_find(uint32_t pid, const char *name) {
+fl_status shared_fd_open(uint32_t pid, const char *name, int flags, const char *what, int *fd) {
   char dir[64], want[96];
   int wlen = snprintf(want, sizeof want, "/memfd:%s (deleted)", name);
-  if (wlen <= 0 || (size_t)wlen >= sizeof want) return -1;
+  if (wlen <= 0 || (size_t)wlen >= sizeof want) return FL_ERR(FL_EINVAL, "%s: a name too long", what);
   snprintf(dir, sizeof dir, "/proc/%u/fd", pid);
   DIR *d = opendir(dir);
-  if (!d) return -1;
   int found = -1;
   struct dirent *e;
-  while (found < 0 && (e = readdir(d))) {
+  while (d && found < 0 && (e = readdir(d))) {
     if (e->d_name[0] == '.') continue;
     char link[128];
     ssize_t n = readlinkat(dirfd(d), e->d_name, link, sizeof link);
     if (n == wlen && memcmp(link, want, (size_t)n) == 0) found = atoi(e->d_name);
   }
-  closedir(d);
-  return found;
+  if (d) closedir(d);
+  if (found < 0) return FL_ERR(FL_ENOENT, "%s: not found among its descriptors", what);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%u/fd/%d", pid, found);
+  *fd = open(path, flags | O_CLOEXEC);
+  if (*fd < 0) return FL_ERR(FL_ENOENT, "%s: cannot open %s: %s", what, path, strerror(errno));
+  return FL_OK;
 }
 
 fl_status shared_block_open(uint32_t pid, rdd_block_key key, shared_block **out) {
@@ -127,12 +131,9 @@ fl_status shared_block_open(uint32_t pid, rdd_block_key key, shared_block **out)
   snprintf(what, sizeof what, "block rdd_%llu_%u of process %u", (unsigned long long)key.rdd_id, key.partition, pid);
   char name[64];
   memfd_name(key, name, sizeof name);
-  int n = shared_fd_find(pid, name);
-  if (n < 0) return FL_ERR(FL_ENOENT, "%s: not found among its descriptors", what);
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%u/fd/%d", pid, n);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return FL_ERR(FL_ENOENT, "%s: cannot open %s: %s", what, path, strerror(errno));
+  int fd;
+  fl_status opened = shared_fd_open(pid, name, O_RDONLY, what, &fd);
+  if (opened != FL_OK) return opened;
   shared_block *sb = common_calloc(1, sizeof *sb);
   fl_status s = sb ? map_checked(fd, key, what, true, sb) : FL_ERR(FL_ENOMEM, "cannot allocate a shared block");
   close(fd); /* the mapping keeps the memory */
