@@ -421,6 +421,21 @@ static void test_node_local_reads(void **state) {
   assert_no_children();
 }
 
+/* Opens `master` with the NAME=VALUE settings of env (NULL-terminated) in the environment of
+ * the processes it starts, and only theirs. */
+static fl_context *open_with_env(const char *master, const char *const *env) {
+  for (const char *const *e = env; *e; e++) putenv((char *)*e);
+  fl_context *ctx = NULL;
+  fl_status opened = fl_context_open(master, NULL, &ctx);
+  for (const char *const *e = env; *e; e++) {
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(*e, "="), *e);
+    unsetenv(name);
+  }
+  assert_ok(opened);
+  return ctx;
+}
+
 /* Caches `parts` partitions of one large record each (shared blocks: above SHARED_BLOCK_MIN)
  * and says which process caches each (pids[p], written into the record by the process that
  * computed it: a task that reads it may run on a node peer). */
@@ -460,13 +475,10 @@ typedef struct cp_node_arg {
  * have ended too). With FLINT_NODE_OFFERS=0 the driver offers nothing and every task runs on
  * its holder (no block is mapped). */
 static void node_shared_stage(bool offers, uint64_t *mapped_out) {
-  setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1); /* no placement away from the holder */
-  if (!offers) setenv("FLINT_NODE_OFFERS", "0", 1);
-  fl_context *ctx;
-  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
-  unsetenv("FLINT_LOCALITY_WAIT_MS");
-  unsetenv("FLINT_NODE_OFFERS");
-  assert_ok(opened);
+  /* no placement away from the holder */
+  static const char *const on[] = {"FLINT_LOCALITY_WAIT_MS=60000", NULL},
+                           *const off[] = {"FLINT_LOCALITY_WAIT_MS=60000", "FLINT_NODE_OFFERS=0", NULL};
+  fl_context *ctx = open_with_env(CLUSTER, offers ? on : off);
   enum { PARTS = 16 };
   int64_t pids[PARTS];
   fl_accumulator *computed;
@@ -525,13 +537,8 @@ static void test_node_shared_tasks(void **state) {
  * reports the task claimed, while the third executor, which may be the claimer as far as the
  * driver knows, is alive. */
 static void claimer_lost(const char *master, int64_t owner_ms) {
-  setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1);
-  setenv("FLINT_EXECUTOR_TIMEOUT_MS", "3000", 1);
-  fl_context *ctx;
-  fl_status opened = fl_context_open(master, NULL, &ctx);
-  unsetenv("FLINT_LOCALITY_WAIT_MS");
-  unsetenv("FLINT_EXECUTOR_TIMEOUT_MS");
-  assert_ok(opened);
+  static const char *const env[] = {"FLINT_LOCALITY_WAIT_MS=60000", "FLINT_EXECUTOR_TIMEOUT_MS=3000", NULL};
+  fl_context *ctx = open_with_env(master, env);
   enum { PARTS = 8 };
   int64_t pids[PARTS];
   fl_accumulator *computed;
@@ -588,11 +595,8 @@ static off_t file_size(const char *path) {
  * the file stops growing within a batch of records, long before the task would end. */
 static void test_node_shared_kill(void **state) {
   (void)state;
-  setenv("FLINT_LOCALITY_WAIT_MS", "60000", 1);
-  fl_context *ctx;
-  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
-  unsetenv("FLINT_LOCALITY_WAIT_MS");
-  assert_ok(opened);
+  static const char *const env[] = {"FLINT_LOCALITY_WAIT_MS=60000", NULL};
+  fl_context *ctx = open_with_env(CLUSTER, env);
   enum { PARTS = 4, PER = 40000 }; /* 680 KB a partition cached: shared blocks */
   fl_dataset *ds, *cached, *where, *crawl;
   assert_ok(fl_range(ctx, 0, PARTS * PER, 1, PARTS, &ds));

@@ -32,6 +32,25 @@
 #define PAIR_KEYS 23
 #define BIG_BROADCAST_LEN (8u << 20)
 
+/* Emits every record left in `in`: the tail of the slow and faulty copies below. */
+static fl_status copy_partition(fl_iter *in, fl_emitter *out) {
+  fl_bytes rec;
+  fl_status s = FL_OK;
+  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
+  return s;
+}
+
+/* Appends one byte to `path`: a run counted in a file, seen from the test's process. */
+static fl_status append_byte(const char *path) {
+  int fd = open(path, O_CREAT | O_APPEND | O_WRONLY, 0600);
+  if (fd < 0 || write(fd, "x", 1) != 1) {
+    if (fd >= 0) close(fd);
+    return fl_set_error(FL_EIO, "cannot append to %s", path);
+  }
+  close(fd);
+  return FL_OK;
+}
+
 /* ---- the report ------------------------------------------------------------------------ */
 
 typedef struct run {
@@ -350,10 +369,7 @@ CP_EXPORT fl_status cp_slow_partition(uint32_t partition, fl_iter *in, fl_emitte
   int64_t ms;
   memcpy(&ms, arg, sizeof ms);
   usleep((useconds_t)(ms * 1000));
-  fl_bytes rec;
-  fl_status s = FL_OK;
-  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
-  return s;
+  return copy_partition(in, out);
 }
 
 /* Copies a record after sleeping the arg's milliseconds (an int64): a slow job to cancel. */
@@ -1397,10 +1413,7 @@ CP_EXPORT fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitt
   int64_t a[2];
   memcpy(a, arg, sizeof a);
   if (getpid() == a[0]) usleep((useconds_t)(a[1] * 1000));
-  fl_bytes rec;
-  fl_status s = FL_OK;
-  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
-  return s;
+  return copy_partition(in, out);
 }
 
 /* What cp_exit_if_peer and cp_slow_marked take. */
@@ -1425,10 +1438,7 @@ CP_EXPORT fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter 
     int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
     if (fd >= 0) _exit(3);
   }
-  fl_bytes rec;
-  fl_status s = FL_OK;
-  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
-  return s;
+  return copy_partition(in, out);
 }
 
 /* As cp_slow_in_process, and every run of partition p appends a byte to dir/part-p: a task
@@ -1439,16 +1449,8 @@ CP_EXPORT fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *
   if (getpid() == a.pid) usleep((useconds_t)(a.ms * 1000));
   char path[256];
   snprintf(path, sizeof path, "%s/part-%u", a.dir, partition);
-  int fd = open(path, O_CREAT | O_APPEND | O_WRONLY, 0600);
-  if (fd < 0 || write(fd, "x", 1) != 1) {
-    if (fd >= 0) close(fd);
-    return fl_set_error(FL_EIO, "cannot append to %s", path);
-  }
-  close(fd);
-  fl_bytes rec;
-  fl_status s = FL_OK;
-  while (s == FL_OK && fl_iter_next(in, &rec)) s = fl_emit(out, rec.data, rec.len);
-  return s;
+  fl_status s = append_byte(path);
+  return s == FL_OK ? copy_partition(in, out) : s;
 }
 
 /* map: copies a record, slowly. In process pid every record takes 2 ms; in any other, a
@@ -1468,12 +1470,8 @@ CP_EXPORT fl_status cp_crawl_if_peer(fl_bytes rec, fl_buf *out, const void *arg)
     usleep(100);
     char path[256];
     snprintf(path, sizeof path, "%s/stolen", a.dir);
-    int fd = open(path, O_CREAT | O_APPEND | O_WRONLY, 0600);
-    if (fd < 0 || write(fd, "x", 1) != 1) {
-      if (fd >= 0) close(fd);
-      return fl_set_error(FL_EIO, "cannot append to %s", path);
-    }
-    close(fd);
+    fl_status s = append_byte(path);
+    if (s != FL_OK) return s;
   }
   out->len = 0;
   return fl_buf_append(out, rec.data, rec.len);
