@@ -177,11 +177,30 @@ static executor_ref *input_holder(cluster_backend *cb, const sched_task *t) {
   return e && !e->removed ? e : NULL;
 }
 
+/* Whether e is on the node of an offered attempt's placement: every such executor has the
+ * attempt queued already, as its own or as an offer. */
+static bool has_offer(const sched_task *t, const executor_ref *e) {
+  const executor_ref *placed = t->placement;
+  return t->offered && placed && strcmp(e->node, placed->node) == 0;
+}
+
 static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *retry_at) {
   cluster_backend *cb = of(b);
   executor_ref *holder = input_holder(cb, t), *preferred;
-  /* A backup runs away from its original's executor. */
+  /* A backup runs away from its original's executor, and from its node when the original was
+   * offered there (when another node has room). */
   const executor_ref *avoid = t->original ? t->original->placement : NULL;
+  if (t->original && t->original->offered) {
+    executor_ref *away = NULL;
+    for (executor_ref *e = cb->executors; e; e = e->next)
+      if (!e->removed && !excluded(e, now) && e->running < e->slots && !has_offer(t->original, e) &&
+          (!away || e->slots - e->running > away->slots - away->running))
+        away = e;
+    if (away) {
+      t->placement = away;
+      return true;
+    }
+  }
   preferred = holder && !excluded(holder, now) && holder != avoid ? holder : NULL;
   if (preferred && preferred->running < preferred->slots) {
     t->placement = preferred;
@@ -223,19 +242,28 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
 }
 
 /* How many of e's attempts in flight were launched before `key` (cb->lock). The executor
- * starts its attempts in launch order on `cores` threads, so a position of at least
- * e->cores means the attempt is still queued there. */
+ * starts its attempts in launch order on `cores` threads, passing over those a node peer
+ * claimed, so a position of at least e->cores means the attempt is still queued there. */
 static uint32_t launch_position(const cluster_backend *cb, const executor_ref *e, uint64_t key) {
   uint32_t before = 0;
   for (size_t i = 0; i < cb->num_inflight; i++) {
     const sched_task *t = cb->inflight[i];
-    before += t->placement == e && t->key < key;
+    before += t->placement == e && !t->claimed && t->key < key;
   }
   return before;
 }
 
+/* Whether an executor off the node of offered attempt t has an idle core. */
+static bool idle_off_node(const cluster_backend *cb, const sched_task *t, uint64_t now) {
+  for (const executor_ref *e = cb->executors; e; e = e->next)
+    if (!e->removed && !excluded(e, now) && e->running < e->cores && !has_offer(t, e)) return true;
+  return false;
+}
+
 /* Queued attempts for idle cores to back up: at most one per idle core, the latest launched
- * first (they would start last). */
+ * first (they would start last). An attempt offered to its node's executors is not one while
+ * only they are idle: an idle one takes it itself, and the driver may not know yet that it
+ * has (the owner reports a claim only once it reaches the attempt). */
 static size_t cluster_queued_behind(backend *b, uint64_t launched_before_ns, sched_task **out, size_t max) {
   cluster_backend *cb = of(b);
   uint64_t now = common_now_ns();
@@ -253,7 +281,7 @@ static size_t cluster_queued_behind(backend *b, uint64_t launched_before_ns, sch
       sched_task *t = cb->inflight[i];
       const executor_ref *e = t->placement;
       if (e->removed || t->key >= e->steal_below_key || t->original || t->backup || t->done || !t->running ||
-          t->launched_ns > launched_before_ns)
+          t->claimed || t->launched_ns > launched_before_ns || (t->offered && !idle_off_node(cb, t, now)))
         continue;
       if (!best || t->key > best->key) best = t;
     }

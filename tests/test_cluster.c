@@ -462,23 +462,23 @@ static void cache_big_blocks(fl_context *ctx, uint32_t parts, fl_accumulator **c
 typedef struct cp_node_arg {
   int64_t pid, ms;
   uint64_t mask;
+  int64_t peer_ms;
   char dir[200];
 } cp_node_arg;
 
 /* Node-shared tasks (executor/claim_table.c): each task over a cached partition is launched
  * on the executor that caches it and offered to the other executor of the node, which runs
- * it if it starts it first. One executor is slow in this stage (200 ms a task) and holds
+ * it if it starts it first. One executor is slow in this stage (owner_ms a task, against
+ * peer_ms on the other) and holds
  * half of 16 partitions, all within its slots, so the driver places every task on its holder:
  * the fast executor finishes its own and then takes most of the slow one's, reading them in
  * place. The result is right, nothing is computed again, and no task runs twice (each run
  * appends a byte to its partition's marker file; the files are read once a duplicate would
  * have ended too). With FLINT_NODE_OFFERS=0 the driver offers nothing and every task runs on
- * its holder (no block is mapped). */
-static void node_shared_stage(bool offers, uint64_t *mapped_out) {
-  /* no placement away from the holder */
-  static const char *const on[] = {"FLINT_LOCALITY_WAIT_MS=60000", NULL},
-                           *const off[] = {"FLINT_LOCALITY_WAIT_MS=60000", "FLINT_NODE_OFFERS=0", NULL};
-  fl_context *ctx = open_with_env(CLUSTER, offers ? on : off);
+ * its holder (no block is mapped). env: the cluster's settings; label: for the log. */
+static void node_shared_stage(const char *const *env, const char *label, int64_t owner_ms, int64_t peer_ms,
+                              uint64_t *mapped_out) {
+  fl_context *ctx = open_with_env(CLUSTER, env);
   enum { PARTS = 16 };
   int64_t pids[PARTS];
   fl_accumulator *computed;
@@ -487,7 +487,7 @@ static void node_shared_stage(bool offers, uint64_t *mapped_out) {
   uint32_t held_by_slow = 0;
   for (uint32_t p = 0; p < PARTS; p++) held_by_slow += pids[p] == pids[0];
   assert_int_equal(held_by_slow, PARTS / 2); /* the caching job is spread by the slots */
-  cp_node_arg arg = {.pid = pids[0], .ms = 200};
+  cp_node_arg arg = {.pid = pids[0], .ms = owner_ms, .peer_ms = peer_ms};
   test_tmpdir(arg.dir, sizeof arg.dir);
   assert_ok(fl_map_partitions(blocks, cp_slow_marked, &arg, sizeof arg, &slow));
   fl_context_stats before, after;
@@ -500,7 +500,7 @@ static void node_shared_stage(bool offers, uint64_t *mapped_out) {
   assert_ok(fl_accumulator_value_i64(computed, &computations));
   assert_int_equal(computations, PARTS);
   *mapped_out = after.blocks_read_mapped - before.blocks_read_mapped;
-  fprintf(stderr, "node offers %s: %llu of the slow executor's %u tasks ran on the other\n", offers ? "on" : "off",
+  fprintf(stderr, "node offers %s: %llu of the slow executor's %u tasks ran on the other\n", label,
           (unsigned long long)*mapped_out, held_by_slow);
   assert_int_equal(after.blocks_read_fetched, before.blocks_read_fetched);
   usleep(500 * 1000); /* a second run of a task would have appended by now */
@@ -520,12 +520,23 @@ static void node_shared_stage(bool offers, uint64_t *mapped_out) {
   assert_no_children();
 }
 
+/* With late binding on (FLINT_SPECULATION; quantile 1, so no backups of slow running tasks),
+ * the driver sends the peer no copy of a task queued at the slow executor (1 s a task): the
+ * peer has it as an offer and takes it itself (100 ms a task, so that it is still running
+ * what it claimed while the driver looks for queued tasks), and each partition runs once. */
 static void test_node_shared_tasks(void **state) {
   (void)state;
+  /* no placement away from the holder */
+  static const char *const on[] = {"FLINT_LOCALITY_WAIT_MS=60000", NULL},
+                           *const off[] = {"FLINT_LOCALITY_WAIT_MS=60000", "FLINT_NODE_OFFERS=0", NULL},
+                           *const late[] = {"FLINT_LOCALITY_WAIT_MS=60000", "FLINT_SPECULATION=1",
+                                            "FLINT_SPECULATION_QUANTILE=1", NULL};
   uint64_t mapped = 0;
-  node_shared_stage(true, &mapped);
+  node_shared_stage(on, "on", 200, 0, &mapped);
   assert_true(mapped >= 3); /* the slow one starts at most its first one or two meanwhile */
-  node_shared_stage(false, &mapped);
+  node_shared_stage(late, "on, with late binding", 1000, 100, &mapped);
+  assert_true(mapped >= 3);
+  node_shared_stage(off, "off", 200, 0, &mapped);
   assert_int_equal(mapped, 0);
 }
 

@@ -1421,6 +1421,7 @@ typedef struct cp_node_arg {
   int64_t pid;      /* the slow process (the owner of the partitions in mask) */
   int64_t ms;       /* how long its tasks sleep first */
   uint64_t mask;    /* cp_exit_if_peer: the partitions pid caches */
+  int64_t peer_ms;  /* cp_slow_marked: how long tasks in any other process sleep first */
   char dir[200];    /* a folder for markers */
 } cp_node_arg;
 
@@ -1441,12 +1442,12 @@ CP_EXPORT fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter 
   return copy_partition(in, out);
 }
 
-/* As cp_slow_in_process, and every run of partition p appends a byte to dir/part-p: a task
- * run twice leaves two. */
+/* Copies a partition after sleeping ms in process pid and peer_ms in any other; every run
+ * of partition p appends a byte to dir/part-p, so that a task run twice leaves two. */
 CP_EXPORT fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
   cp_node_arg a;
   memcpy(&a, arg, sizeof a);
-  if (getpid() == a.pid) usleep((useconds_t)(a.ms * 1000));
+  usleep((useconds_t)((getpid() == a.pid ? a.ms : a.peer_ms) * 1000));
   char path[256];
   snprintf(path, sizeof path, "%s/part-%u", a.dir, partition);
   fl_status s = append_byte(path);
