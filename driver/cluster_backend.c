@@ -190,6 +190,14 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
   /* A backup runs away from its original's executor, and from its node when the original was
    * offered there (when another node has room). */
   const executor_ref *avoid = t->original ? t->original->placement : NULL;
+  /* A backup of an attempt that a node peer claimed goes to its owner when it has room: the
+   * owner has passed the attempt by, and is the one executor known not to run it (which peer
+   * does, the driver learns from its end). */
+  executor_ref *owner = t->original && t->original->claimed ? t->original->placement : NULL;
+  if (owner && !owner->removed && !excluded(owner, now) && owner->running < owner->slots) {
+    t->placement = owner;
+    return true;
+  }
   if (t->original && t->original->offered) {
     executor_ref *away = NULL;
     for (executor_ref *e = cb->executors; e; e = e->next)

@@ -29,6 +29,7 @@ fl_status cp_emit_pid(uint32_t partition, fl_iter *in, fl_emitter *out, const vo
 fl_status cp_slow_in_process(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+fl_status cp_slow_claimed(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 fl_status cp_crawl_if_peer(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_tag_pid(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status cp_first_tag(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
@@ -583,6 +584,40 @@ static void test_node_shared_claimer_lost(void **state) {
   claimer_lost("local-cluster[3,1,512]", 6000);
 }
 
+/* A backup of a task that a node peer claimed and is slow on (8 s) runs on the task's owner,
+ * not behind the slow task on the peer. The owner runs its 8 partitions at 300 ms each; the
+ * peer runs its own at once, then claims the owner's last and sleeps in it. The owner reports
+ * the claim when it reaches that task, after its others; with 15 of 16 tasks done
+ * (quantile 0.9) the task is slow, and its backup ends on the owner 300 ms later. */
+static void test_node_shared_backup_of_claimed(void **state) {
+  (void)state;
+  static const char *const env[] = {"FLINT_LOCALITY_WAIT_MS=60000", "FLINT_SPECULATION=1",
+                                    "FLINT_SPECULATION_QUANTILE=0.9", NULL};
+  fl_context *ctx = open_with_env(CLUSTER, env);
+  enum { PARTS = 16 };
+  int64_t pids[PARTS];
+  fl_accumulator *computed;
+  fl_dataset *ds, *blocks, *slow;
+  cache_big_blocks(ctx, PARTS, &computed, &ds, &blocks, pids);
+  cp_node_arg arg = {.pid = pids[0], .ms = 300, .peer_ms = 8000};
+  for (uint32_t p = 0; p < PARTS; p++)
+    if (pids[p] == pids[0]) arg.mask |= (uint64_t)1 << p;
+  assert_ok(fl_map_partitions(blocks, cp_slow_claimed, &arg, sizeof arg, &slow));
+  double t0 = now_s();
+  uint64_t n = 0;
+  assert_ok(fl_count(slow, &n));
+  double took = now_s() - t0;
+  fprintf(stderr, "a backup of a claimed task: the job took %.2f s (8 s behind the claimer)\n", took);
+  assert_int_equal(n, PARTS);
+  assert_true(took < 5.0);
+  fl_dataset_free(slow);
+  fl_dataset_free(blocks);
+  fl_dataset_free(ds);
+  fl_accumulator_destroy(computed);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
 typedef struct count_job {
   fl_dataset *ds;
   fl_status status;
@@ -1011,6 +1046,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_node_shared_tasks, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_shared_claimer_lost, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_shared_kill, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_node_shared_backup_of_claimed, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_checkpoint, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_large_results, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_results_beyond_one_reply, arm_watchdog, disarm_watchdog),

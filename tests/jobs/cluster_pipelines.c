@@ -1421,7 +1421,7 @@ typedef struct cp_node_arg {
   int64_t pid;      /* the slow process (the owner of the partitions in mask) */
   int64_t ms;       /* how long its tasks sleep first */
   uint64_t mask;    /* cp_exit_if_peer: the partitions pid caches */
-  int64_t peer_ms;  /* cp_slow_marked: how long tasks in any other process sleep first */
+  int64_t peer_ms;  /* how long tasks in any other process sleep first (cp_slow_claimed: of mask) */
   char dir[200];    /* a folder for markers */
 } cp_node_arg;
 
@@ -1452,6 +1452,18 @@ CP_EXPORT fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *
   snprintf(path, sizeof path, "%s/part-%u", a.dir, partition);
   fl_status s = append_byte(path);
   return s == FL_OK ? copy_partition(in, out) : s;
+}
+
+/* Copies a partition; in process pid it first sleeps ms, and in any other a partition of
+ * mask (one of pid's, so a claimed offer) sleeps peer_ms first. */
+CP_EXPORT fl_status cp_slow_claimed(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  cp_node_arg a;
+  memcpy(&a, arg, sizeof a);
+  if (getpid() == a.pid)
+    usleep((useconds_t)(a.ms * 1000));
+  else if (partition < 64 && (a.mask >> partition & 1))
+    usleep((useconds_t)(a.peer_ms * 1000));
+  return copy_partition(in, out);
 }
 
 /* map: copies a record, slowly. In process pid every record takes 2 ms; in any other, a
