@@ -193,7 +193,9 @@ static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *ret
   /* A backup of an attempt that a node peer claimed goes to its owner when it has room: the
    * owner has passed the attempt by, and is the one executor known not to run it (which peer
    * does, the driver learns from its end). */
+  FL_PCHECK(pthread_mutex_lock(&cb->lock)); /* claimed is set on the status thread */
   executor_ref *owner = t->original && t->original->claimed ? t->original->placement : NULL;
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   if (owner && !owner->removed && !excluded(owner, now) && owner->running < owner->slots) {
     t->placement = owner;
     return true;
