@@ -54,6 +54,10 @@ typedef struct executor_ref {
   /* scheduler thread */
   uint32_t running;
   uint64_t steal_below_key; /* queued_behind: its attempts with smaller keys remain */
+  /* count_busy's (cb->lock): its attempts in flight but those a node peer claimed (its
+   * queue and cores), the peers' it told it claimed, and its cores free of both. */
+  uint32_t own_now, claimed_in, free_cores;
+  uint32_t node_free; /* queued_behind's: the free cores of its node */
   sched_task **batch;
   size_t batch_len, batch_cap;
   sched_task **offers; /* node peers' tasks launched this round, offered to it */
@@ -72,7 +76,7 @@ typedef struct executor_ref {
   atomic_bool abandon;
   /* loss (cb->lock) */
   bool lost;
-  uint64_t peer_lost_ns; /* when an executor of its node was last lost (claimed_by_peer) */
+  uint64_t peer_lost_ns; /* when an executor of its node was last lost (claim_reported) */
   bool sender_done; /* its sender thread returned */
   uint32_t queries; /* storage-info calls using its channel: it is not freed meanwhile */
   uint64_t ping_sent_ns;
@@ -184,30 +188,58 @@ static bool has_offer(const sched_task *t, const executor_ref *e) {
   return t->offered && placed && strcmp(e->node, placed->node) == 0;
 }
 
+/* Fills every executor's own_now and free_cores (cb->lock, on the scheduler thread). An
+ * attempt's slot is its placement's until it ends, wherever it runs, so the attempts a node
+ * peer claimed are taken off their owner and, where the claimer told, put on it. Returns the
+ * free cores of all. */
+static uint32_t count_busy(cluster_backend *cb, uint64_t now) {
+  for (executor_ref *e = cb->executors; e; e = e->next) {
+    e->own_now = e->running;
+    e->claimed_in = 0;
+  }
+  for (size_t i = 0; i < cb->num_inflight; i++) {
+    const sched_task *t = cb->inflight[i];
+    if (!t->claimed) continue;
+    executor_ref *owner = t->placement, *runner = t->runner;
+    if (owner->own_now) owner->own_now--;
+    if (runner) runner->claimed_in++;
+  }
+  uint32_t total = 0;
+  for (executor_ref *e = cb->executors; e; e = e->next) {
+    uint32_t busy = e->own_now + e->claimed_in;
+    e->free_cores = e->removed || e->lost || excluded(e, now) || busy >= e->cores ? 0 : e->cores - busy;
+    total += e->free_cores;
+  }
+  return total;
+}
+
+/* Where a backup of offered attempt `original` goes (cb->lock), or NULL for the usual
+ * placement. Every executor of its node has it queued, as its own or as an offer: the owner
+ * once a peer claimed it (it has passed the attempt by, the one executor known not to run
+ * it), if a core of it is free; else the executor off the node with the most free cores. */
+static executor_ref *backup_of_offered(cluster_backend *cb, const sched_task *original, uint64_t now) {
+  count_busy(cb, now);
+  executor_ref *owner = original->placement;
+  if (original->claimed && original->runner != owner && owner->free_cores) return owner;
+  executor_ref *best = NULL;
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (e->free_cores && !has_offer(original, e) && (!best || e->free_cores > best->free_cores)) best = e;
+  return best;
+}
+
 static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *retry_at) {
   cluster_backend *cb = of(b);
   executor_ref *holder = input_holder(cb, t), *preferred;
-  /* A backup runs away from its original's executor, and from its node when the original was
-   * offered there (when another node has room). */
+  /* A backup runs away from its original's executor: the one that told it runs it, if a
+   * node peer claimed it (runner). */
   const executor_ref *avoid = t->original ? t->original->placement : NULL;
-  /* A backup of an attempt that a node peer claimed goes to its owner when it has room: the
-   * owner has passed the attempt by, and is the one executor known not to run it (which peer
-   * does, the driver learns from its end). */
-  FL_PCHECK(pthread_mutex_lock(&cb->lock)); /* claimed is set on the status thread */
-  executor_ref *owner = t->original && t->original->claimed ? t->original->placement : NULL;
-  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  if (owner && !owner->removed && !excluded(owner, now) && owner->running < owner->slots) {
-    t->placement = owner;
-    return true;
-  }
   if (t->original && t->original->offered) {
-    executor_ref *away = NULL;
-    for (executor_ref *e = cb->executors; e; e = e->next)
-      if (!e->removed && !excluded(e, now) && e->running < e->slots && !has_offer(t->original, e) &&
-          (!away || e->slots - e->running > away->slots - away->running))
-        away = e;
-    if (away) {
-      t->placement = away;
+    FL_PCHECK(pthread_mutex_lock(&cb->lock)); /* claimed and runner are set on the status thread */
+    executor_ref *e = backup_of_offered(cb, t->original, now);
+    if (t->original->runner) avoid = t->original->runner;
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    if (e) {
+      t->placement = e;
       return true;
     }
   }
@@ -263,35 +295,31 @@ static uint32_t launch_position(const cluster_backend *cb, const executor_ref *e
   return before;
 }
 
-/* Whether an executor off the node of offered attempt t has an idle core. */
-static bool idle_off_node(const cluster_backend *cb, const sched_task *t, uint64_t now) {
-  for (const executor_ref *e = cb->executors; e; e = e->next)
-    if (!e->removed && !excluded(e, now) && e->running < e->cores && !has_offer(t, e)) return true;
-  return false;
-}
-
-/* Queued attempts for idle cores to back up: at most one per idle core, the latest launched
- * first (they would start last). An attempt offered to its node's executors is not one while
- * only they are idle: an idle one takes it itself, and the driver may not know yet that it
- * has (the owner reports a claim only once it reaches the attempt). */
+/* Queued attempts for free cores to back up: at most one per free core, the latest launched
+ * first (they would start last). An attempt offered to its node's executors is one only while
+ * a core off that node is free: an idle executor of the node takes it itself, and the driver
+ * may not know yet that one has (the owner reports a claim when it reaches the attempt, the
+ * claimer once it has run it a while). */
 static size_t cluster_queued_behind(backend *b, uint64_t launched_before_ns, sched_task **out, size_t max) {
   cluster_backend *cb = of(b);
   uint64_t now = common_now_ns();
-  size_t idle = 0;
-  for (executor_ref *e = cb->executors; e; e = e->next) {
-    e->steal_below_key = e->running > e->cores ? UINT64_MAX : 0;
-    if (!e->removed && !excluded(e, now) && e->running < e->cores) idle += e->cores - e->running;
-  }
-  if (idle < max) max = idle;
-  size_t n = 0;
+  size_t n = 0, offered = 0;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  uint32_t free = count_busy(cb, now);
+  for (executor_ref *e = cb->executors; e; e = e->next) {
+    e->steal_below_key = e->own_now > e->cores ? UINT64_MAX : 0;
+    e->node_free = e->free_cores;
+    for (const executor_ref *f = cb->executors; f && e->node[0]; f = f->next)
+      if (f != e && strcmp(f->node, e->node) == 0) e->node_free += f->free_cores;
+  }
+  if (free < max) max = free;
   while (n < max) {
     sched_task *best = NULL;
     for (size_t i = 0; i < cb->num_inflight; i++) {
       sched_task *t = cb->inflight[i];
       const executor_ref *e = t->placement;
       if (e->removed || t->key >= e->steal_below_key || t->original || t->backup || t->done || !t->running ||
-          t->claimed || t->launched_ns > launched_before_ns || (t->offered && !idle_off_node(cb, t, now)))
+          t->claimed || t->launched_ns > launched_before_ns || (t->offered && free - e->node_free <= offered))
         continue;
       if (!best || t->key > best->key) best = t;
     }
@@ -302,6 +330,7 @@ static size_t cluster_queued_behind(backend *b, uint64_t launched_before_ns, sch
       continue;
     }
     e->steal_below_key = best->key;
+    offered += best->offered;
     out[n++] = best;
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
@@ -463,17 +492,18 @@ static void executor_removed(scheduler *s, void *arg) {
   if (cb->cfg.executor_lost) cb->cfg.executor_lost(cb->cfg.executor_lost_arg, e->id);
 }
 
-/* Declares e lost (once; any thread): its in-flight attempts end with FL_ENET and run again
- * elsewhere without counting as failures; what it held is computed again when needed. */
-/* Whether attempt t (in flight) runs or may run on e, whose loss then ends it (cb->lock): its
- * placement, or, once the placement has said a node peer claimed it, any executor of its node
- * but the placement (which peer is known only from its report, which ends the attempt). */
+/* Whether attempt t (in flight) runs or may run on e, whose loss then ends it (cb->lock): the
+ * node peer that told it claimed the attempt (runner); else its placement, or, once the
+ * placement has said a node peer claimed it, any executor of its node but the placement. */
 static bool ran_on(const sched_task *t, const executor_ref *e) {
   const executor_ref *placed = t->placement;
+  if (t->runner) return t->runner == e;
   if (!t->claimed) return placed == e;
   return placed != e && placed && strcmp(placed->node, e->node) == 0;
 }
 
+/* Declares e lost (once; any thread): its in-flight attempts end with FL_ENET and run again
+ * elsewhere without counting as failures; what it held is computed again when needed. */
 static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   if (e->lost || cb->stopping) { /* stopping: the scheduler has stopped, nothing to recover */
@@ -1099,15 +1129,26 @@ static fl_status fetch_result(cluster_backend *cb, executor_ref *e, uint64_t key
   return st;
 }
 
-/* The owner of attempt `key` says a node peer claimed it (cb->lock). The attempt stays in
- * flight for the peer's report, and the loss of any executor of the node but the owner now
- * ends it (ran_on); returns it, taken out of flight, when none of them is live any more. */
-static sched_task *claimed_by_peer(cluster_backend *cb, uint64_t key, const executor_ref *owner) {
+/* A claim of offered attempt `key` reported by `reporter` (cb->lock). From a node peer, the
+ * claimer: it runs the attempt (runner), whose loss alone now ends it. From the owner: a peer
+ * claimed it. The attempt stays in flight for the claimer's report of its end, and unless the
+ * claimer is known, the loss of any executor of the node but the owner now ends it (ran_on);
+ * returns it, taken out of flight, when none of them is live any more. */
+static sched_task *claim_reported(cluster_backend *cb, uint64_t key, executor_ref *reporter) {
   sched_task *t = NULL;
   for (size_t i = 0; i < cb->num_inflight && !t; i++)
     if (cb->inflight[i]->key == key) t = cb->inflight[i];
-  if (!t || t->placement != owner) return NULL; /* the peer's end came first */
+  if (!t || !reporter) return NULL; /* its end came first */
+  executor_ref *owner = t->placement;
+  if (reporter != owner) {
+    if (t->offered && reporter->pid != owner->pid && strcmp(reporter->node, owner->node) == 0) {
+      t->claimed = true;
+      t->runner = reporter;
+    }
+    return NULL;
+  }
   t->claimed = true;
+  if (t->runner) return NULL; /* the claimer told, and is live: its loss takes t out of flight */
   /* A peer of the node lost since the launch may be the claimer: its loss could not end the
    * attempt then (it was not known to be claimed), so it ends now, and runs again. */
   bool live_peer = false;
@@ -1133,8 +1174,8 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
     const Flint__TaskStatus *s = req->statuses[i];
     FL_PCHECK(pthread_mutex_lock(&cb->lock));
     executor_ref *reporter = find_executor(cb, req->executor_id);
-    if (s->claimed) { /* its owner: a node peer runs it and reports it */
-      sched_task *t = claimed_by_peer(cb, s->task_key, reporter);
+    if (s->claimed) { /* the owner (a node peer runs it) or the claimer (it runs it here) */
+      sched_task *t = claim_reported(cb, s->task_key, reporter);
       FL_PCHECK(pthread_mutex_unlock(&cb->lock));
       if (t) {
         t->rt.status = FL_ENET;

@@ -44,9 +44,11 @@ typedef struct sched_task {
   /* Cluster backend: the attempt's driver-wide key and the executor it was placed on. */
   uint64_t key;
   void *placement;
-  /* Cluster backend, node-shared tasks: the executor of placement's node that claimed and
-   * ran the attempt (NULL: placement, or not known yet), whether placement said a peer
-   * claimed it (the peer reports its end), and whether it was offered to any. */
+  /* Cluster backend, node-shared tasks: the executor of placement's node that claimed the
+   * attempt (NULL: placement, or not known yet; known once the claimer tells, after it has
+   * run it a while, or reports its end), whether a claim was reported (by placement or by
+   * the claimer: the claimer reports the end), and whether it was offered to any. Claims
+   * arrive on the status thread, under the backend's lock. */
   void *runner;
   bool claimed;
   bool offered; /* offered to placement's node peers (kills go to them too) */

@@ -106,6 +106,8 @@ typedef struct exec_task {
   struct peer_claims *peer; /* an offer's: the owner's table entry, referenced until freed */
   bool offer;          /* another executor's task on this node (TaskDescription.offer) */
   bool claimed;        /* its owner found it claimed by a peer: TaskStatus.claimed */
+  uint64_t claimed_ns; /* an offer: when this executor claimed it (0: not yet) */
+  bool claim_told;     /* an offer: the driver was told that this executor runs it */
   rdd_task rt;
   atomic_bool cancelled;
   fl_buf result;
@@ -729,6 +731,12 @@ static void task_run(task_pool_work *work) {
   uint64_t t0 = common_now_ns();
   if (!t->offer) atomic_fetch_sub(&svc->own_queued, 1);
   bool skip = !task_claim(t);
+  if (!skip && t->offer) { /* the status thread tells the driver if it runs long (claims_due) */
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    t->claimed_ns = t0;
+    pthread_cond_signal(&svc->wake);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  }
   if (skip && t->offer) { /* the owner or another peer has it: nothing to report */
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     running_remove(svc, t);
@@ -811,23 +819,70 @@ static void status_hold(exec_service *svc) {
   }
 }
 
-/* Sends every ended task waiting at the moment in one StatusUpdate call. */
+/* A node peer's task that this executor claimed and still runs after this long is told to
+ * the driver (TaskStatus.claimed from the claimer): until its owner reaches it in its queue,
+ * the driver would take it for the owner's, and could put a backup copy behind it here.
+ * Shorter ones cost no message: their end says where they ran. */
+#define CLAIM_TELL_NS 20000000ull
+
+/* When the next claimed offer is due to be told (svc->lock); 0: none is. */
+static uint64_t claim_due_ns(exec_service *svc) {
+  uint64_t due = 0;
+  for (exec_task *t = svc->running; t; t = t->next)
+    if (t->claimed_ns && !t->claim_told && (!due || t->claimed_ns + CLAIM_TELL_NS < due))
+      due = t->claimed_ns + CLAIM_TELL_NS;
+  return due;
+}
+
+/* Waits (svc->lock held) for an ended task, a claim due to be told, or the stop. */
+static void status_wait(exec_service *svc) {
+  while (!svc->done_head && !svc->stopping) {
+    uint64_t due = claim_due_ns(svc), now = common_now_ns();
+    if (!due) {
+      pthread_cond_wait(&svc->wake, &svc->lock);
+      continue;
+    }
+    if (due <= now) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* svc->wake runs on the realtime clock */
+    uint64_t ns = (uint64_t)ts.tv_nsec + (due - now);
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_cond_timedwait(&svc->wake, &svc->lock, &ts);
+  }
+}
+
+/* The keys of the claimed offers due to be told, at most max (svc->lock); marks them told. */
+static size_t claims_due(exec_service *svc, uint64_t *keys, size_t max) {
+  uint64_t now = common_now_ns();
+  size_t n = 0;
+  for (exec_task *t = svc->running; t && n < max; t = t->next)
+    if (t->claimed_ns && !t->claim_told && t->claimed_ns + CLAIM_TELL_NS <= now) {
+      t->claim_told = true;
+      keys[n++] = t->key;
+    }
+  return n;
+}
+
+/* Sends every ended task waiting at the moment, and the claims due, in one StatusUpdate. */
 static void *status_main(void *arg) {
   pthread_setname_np(pthread_self(), "fl-status");
   exec_service *svc = arg;
   for (;;) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
-    while (!svc->done_head && !svc->stopping) pthread_cond_wait(&svc->wake, &svc->lock);
+    status_wait(svc);
     status_hold(svc);
     exec_task *batch = svc->done_head;
     svc->done_head = svc->done_tail = NULL;
+    uint64_t told[64];
+    size_t num_told = claims_due(svc, told, sizeof told / sizeof *told);
     bool stopping = svc->stopping;
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
-    if (!batch) {
+    if (!batch && !num_told) {
       if (stopping) return NULL;
       continue;
     }
-    size_t n = 0;
+    size_t n = num_told;
     for (exec_task *t = batch; t; t = t->next) n++;
     Flint__TaskStatus *statuses = common_calloc(n, sizeof *statuses);
     Flint__TaskStatus **ptrs = common_calloc(n, sizeof *ptrs);
@@ -837,6 +892,12 @@ static void *status_main(void *arg) {
     Flint__AccUpdate **acc_ptrs = common_calloc(nacc ? nacc : 1, sizeof *acc_ptrs);
     if (statuses && ptrs && accs && acc_ptrs) {
       size_t i = 0, k = 0;
+      for (; i < num_told; i++) { /* "this executor runs it": a claim, from the claimer */
+        flint__task_status__init(&statuses[i]);
+        statuses[i].task_key = told[i];
+        statuses[i].claimed = true;
+        ptrs[i] = &statuses[i];
+      }
       for (exec_task *t = batch; t; t = t->next, i++) {
         Flint__TaskStatus *s = &statuses[i];
         flint__task_status__init(s);

@@ -562,18 +562,19 @@ static void test_node_shared_tasks(void **state) {
 }
 
 /* An executor that claims a node peer's task and dies running it (the first to take one
- * leaves a marker and exits): the driver runs the task again, and the action returns the
- * right count instead of waiting for a report that never comes. With 2 executors the owner's
- * "claimed" report comes first (the owner sleeps 300 ms a task) and the loss ends the attempt;
- * with 3, the owner sleeps 6 s, so the driver has found the claimer lost before the owner
- * reports the task claimed, while the third executor, which may be the claimer as far as the
- * driver knows, is alive. */
-static void claimer_lost(const char *master, int64_t owner_ms) {
+ * leaves a marker and exits, after claimer_ms): the driver runs the task again, and the
+ * action returns the right count instead of waiting for a report that never comes. With 2
+ * executors the owner's "claimed" report comes first (the owner sleeps 300 ms a task) and the
+ * loss ends the attempt; with 3, the owner sleeps 6 s, so the driver has found the claimer
+ * lost before the owner reports the task claimed, while the third executor, which may be the
+ * claimer as far as the driver knows, is alive. A claimer that runs 300 ms before it dies has
+ * told the driver it runs the task (after 20 ms), so its loss alone ends the attempt. */
+static void claimer_lost(const char *master, int64_t owner_ms, int64_t claimer_ms) {
   static const char *const env[] = {"FLINT_LOCALITY_WAIT_MS=60000", "FLINT_EXECUTOR_TIMEOUT_MS=3000", NULL};
   enum { PARTS = 8 };
   node_cluster c;
   node_cluster_open(&c, master, env, PARTS);
-  cp_node_arg arg = {.pid = c.pids[0], .ms = owner_ms, .mask = c.owned};
+  cp_node_arg arg = {.pid = c.pids[0], .ms = owner_ms, .mask = c.owned, .peer_ms = claimer_ms};
   assert_true(arg.mask != (1u << PARTS) - 1); /* the others hold some */
   assert_true((arg.mask & (arg.mask - 1)) != 0); /* the owner holds at least 2: one to take */
   test_tmpdir(arg.dir, sizeof arg.dir);
@@ -591,8 +592,9 @@ static void claimer_lost(const char *master, int64_t owner_ms) {
 
 static void test_node_shared_claimer_lost(void **state) {
   (void)state;
-  claimer_lost(CLUSTER, 300);
-  claimer_lost("local-cluster[3,1,512]", 6000);
+  claimer_lost(CLUSTER, 300, 0);
+  claimer_lost("local-cluster[3,1,512]", 6000, 0);
+  claimer_lost("local-cluster[3,1,512]", 6000, 300);
 }
 
 /* A backup of a task that a node peer claimed and is slow on (8 s) runs on the task's owner,

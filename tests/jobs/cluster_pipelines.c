@@ -1421,13 +1421,14 @@ typedef struct cp_node_arg {
   int64_t pid;      /* the slow process (the owner of the partitions in mask) */
   int64_t ms;       /* how long its tasks sleep first */
   uint64_t mask;    /* cp_exit_if_peer: the partitions pid caches */
-  int64_t peer_ms;  /* how long tasks in any other process sleep first (cp_slow_claimed: of mask) */
+  int64_t peer_ms;  /* how long tasks in any other process sleep first (cp_slow_claimed: of
+                       mask; cp_exit_if_peer: before it exits) */
   char dir[200];    /* a folder for markers */
 } cp_node_arg;
 
 /* Copies a partition; in process pid it first sleeps ms. In any other process, the first
- * task over a partition of mask (one of pid's, so a claimed offer) makes the process exit at
- * once, as a crash would, after leaving dir/crashed; later ones run. */
+ * task over a partition of mask (one of pid's, so a claimed offer) makes the process exit
+ * after peer_ms, as a crash would, after leaving dir/crashed; later ones run. */
 CP_EXPORT fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
   cp_node_arg a;
   memcpy(&a, arg, sizeof a);
@@ -1437,7 +1438,10 @@ CP_EXPORT fl_status cp_exit_if_peer(uint32_t partition, fl_iter *in, fl_emitter 
     char path[256];
     snprintf(path, sizeof path, "%s/crashed", a.dir);
     int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
-    if (fd >= 0) _exit(3);
+    if (fd >= 0) {
+      usleep((useconds_t)(a.peer_ms * 1000));
+      _exit(3);
+    }
   }
   return copy_partition(in, out);
 }
