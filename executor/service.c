@@ -805,17 +805,22 @@ static bool status_may_wait(exec_service *svc) {
   return true;
 }
 
+/* Waits on svc->wake (svc->lock held) for at most ns nanoseconds. */
+static void status_sleep(exec_service *svc, uint64_t ns) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts); /* svc->wake runs on the realtime clock */
+  ns += (uint64_t)ts.tv_nsec;
+  ts.tv_sec += (time_t)(ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  pthread_cond_timedwait(&svc->wake, &svc->lock, &ts);
+}
+
 static void status_hold(exec_service *svc) {
   uint64_t deadline = common_now_ns() + STATUS_HOLD_NS;
   while (status_may_wait(svc)) {
     uint64_t now = common_now_ns();
     if (now >= deadline) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts); /* svc->wake runs on the realtime clock */
-    uint64_t ns = (uint64_t)ts.tv_nsec + (deadline - now);
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_cond_timedwait(&svc->wake, &svc->lock, &ts);
+    status_sleep(svc, deadline - now);
   }
 }
 
@@ -843,12 +848,7 @@ static void status_wait(exec_service *svc) {
       continue;
     }
     if (due <= now) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts); /* svc->wake runs on the realtime clock */
-    uint64_t ns = (uint64_t)ts.tv_nsec + (due - now);
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_cond_timedwait(&svc->wake, &svc->lock, &ts);
+    status_sleep(svc, due - now);
   }
 }
 
