@@ -870,6 +870,26 @@ static void print_recovery(const options *o, const recovery_result *r) {
   bench_print_row(&columns, "", "answers (faulty = fault-free)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
 }
 
+/* A three-cluster row as a table: its ratio (labels[0], with target and met), the spread of
+ * the runs, the three times (labels[1..3]), the ratio without the feature (labels[4]) and
+ * whether the answers agreed. */
+static void print_trio_table(const trio_result *r, const char *bench, const char *const labels[5], const char *target,
+                             const char *met) {
+  const trio_run *m = &r->median;
+  char v[64];
+  snprintf(v, sizeof v, "%.3f", m->ratio);
+  bench_print_row(&columns, bench, labels[0], v, target, met);
+  snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
+  bench_print_row(&columns, "", "ratio min / max", v, "", "");
+  for (int k = 0; k < 3; k++) {
+    snprintf(v, sizeof v, "%.3f", m->secs[k == 0 ? TRIO_BASELINE : k == 1 ? TRIO_ON : TRIO_OFF]);
+    bench_print_row(&columns, "", labels[1 + k], v, "", "");
+  }
+  snprintf(v, sizeof v, "%.3f", m->ratio_off);
+  bench_print_row(&columns, "", labels[4], v, "(ref)", "-");
+  bench_print_row(&columns, "", "answers (3 clusters)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
+}
+
 static void print_speculation(const options *o, const trio_result *r) {
   const trio_run *m = &r->median;
   if (o->json) {
@@ -883,21 +903,12 @@ static void print_speculation(const options *o, const trio_result *r) {
            SPEC_TARGET, r->s.met ? "true" : "false");
     return;
   }
-  char v[64], t[32];
-  snprintf(v, sizeof v, "%.3f", m->ratio);
+  char t[32];
   snprintf(t, sizeof t, "<= %.1f", SPEC_TARGET);
-  bench_print_row(&columns, "speculation", "ratio speculation/baseline", v, t, r->s.met ? "yes" : "NO");
-  snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
-  bench_print_row(&columns, "", "ratio min / max", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_BASELINE]);
-  bench_print_row(&columns, "", "baseline_s (2 executors)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_ON]);
-  bench_print_row(&columns, "", "speculation_s (+1 slow)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_OFF]);
-  bench_print_row(&columns, "", "no_speculation_s (+1 slow)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->ratio_off);
-  bench_print_row(&columns, "", "ratio no_speculation/baseline", v, "(ref)", "-");
-  bench_print_row(&columns, "", "answers (3 clusters)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
+  static const char *const labels[] = {"ratio speculation/baseline", "baseline_s (2 executors)",
+                                       "speculation_s (+1 slow)", "no_speculation_s (+1 slow)",
+                                       "ratio no_speculation/baseline"};
+  print_trio_table(r, "speculation", labels, t, r->s.met ? "yes" : "NO");
 }
 
 static void print_offers(const options *o, const trio_result *r) {
@@ -912,20 +923,9 @@ static void print_offers(const options *o, const trio_result *r) {
            m->ratio_off, r->s.equal ? "true" : "false");
     return;
   }
-  char v[64];
-  snprintf(v, sizeof v, "%.3f", m->ratio);
-  bench_print_row(&columns, "offers", "ratio offers/baseline", v, "(ref)", "-");
-  snprintf(v, sizeof v, "%.3f / %.3f", r->s.ratio_min, r->s.ratio_max);
-  bench_print_row(&columns, "", "ratio min / max", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_BASELINE]);
-  bench_print_row(&columns, "", "baseline_s (2 alike)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_ON]);
-  bench_print_row(&columns, "", "offers_s (one slow)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->secs[TRIO_OFF]);
-  bench_print_row(&columns, "", "no_offers_s (one slow)", v, "", "");
-  snprintf(v, sizeof v, "%.3f", m->ratio_off);
-  bench_print_row(&columns, "", "ratio no_offers/baseline", v, "(ref)", "-");
-  bench_print_row(&columns, "", "answers (3 clusters)", r->s.equal ? "equal" : "DIFFER", "", r->s.equal ? "" : "MISMATCH");
+  static const char *const labels[] = {"ratio offers/baseline", "baseline_s (2 alike)", "offers_s (one slow)",
+                                       "no_offers_s (one slow)", "ratio no_offers/baseline"};
+  print_trio_table(r, "offers", labels, "(ref)", "-");
 }
 
 static const char usage_text[] =
