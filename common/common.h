@@ -122,6 +122,10 @@ static inline size_t common_varint_get(const uint8_t *p, const uint8_t *end, uin
 /* ---- time ------------------------------------------------------------------------------ */
 FL_SDK uint64_t common_now_ns(void);
 
+/* 64 unpredictable bits (getrandom; the clock and pid if the kernel has none to give), for
+ * ids that must not repeat across processes and restarts. */
+FL_SDK uint64_t common_random_u64(void);
+
 /* ---- seeded random numbers (xoshiro256**, seeded through splitmix64) ------------------- */
 typedef struct common_rng {
   uint64_t s[4];

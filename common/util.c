@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -103,6 +104,12 @@ uint64_t common_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t common_random_u64(void) {
+  uint64_t x;
+  if (getrandom(&x, sizeof x, 0) == (ssize_t)sizeof x) return x;
+  return common_hash64(common_now_ns() ^ ((uint64_t)getpid() << 32));
 }
 
 uint64_t common_hash64(uint64_t x) {

@@ -52,6 +52,7 @@ typedef struct remote_context {
   char driver_address[256]; /* HOST:PORT */
   char *secret;
   uint64_t app_id;
+  uint64_t incarnation; /* the driver process's (OpenApplicationReply): sent with app_id */
   pthread_mutex_t lock; /* everything below */
   uint8_t *shipped;     /* bitmap by dataset id: the driver has its plan node */
   size_t shipped_bytes;
@@ -151,6 +152,7 @@ static fl_status library_id(void *arg, const char *path, bool in_main_program, c
   content_id(fl_buf_bytes(&content), cid);
   Flint__HasLibraryRequest has = FLINT__HAS_LIBRARY_REQUEST__INIT;
   has.app_id = c->app_id;
+  has.incarnation = c->incarnation;
   has.id = cid;
   if ((st = call(c->driver, "/flint.Driver/HasLibrary", &has.base, RPC_TIMEOUT_MS, &reply)) != FL_OK)
     goto done;
@@ -160,6 +162,7 @@ static fl_status library_id(void *arg, const char *path, bool in_main_program, c
   if (!present) {
     Flint__UploadLibraryRequest up = FLINT__UPLOAD_LIBRARY_REQUEST__INIT;
     up.app_id = c->app_id;
+    up.incarnation = c->incarnation;
     up.id = cid;
     up.name = (char *)path;
     up.content = (ProtobufCBinaryData){content.len, content.data};
@@ -280,6 +283,7 @@ static fl_status fetch_parked(remote_context *c, uint64_t operation_id, uint32_t
   while (st == FL_OK && out->len < size) {
     Flint__FetchResultRequest req = FLINT__FETCH_RESULT_REQUEST__INIT;
     req.app_id = c->app_id;
+    req.incarnation = c->incarnation;
     req.operation_id = operation_id;
     req.index = index;
     req.offset = out->len;
@@ -362,6 +366,7 @@ static fl_status run_job_with_reports(remote_context *c, rdd *r, const Flint__Ru
   while (!atomic_load(&rc.done)) {
     Flint__BarrierReportsRequest q = FLINT__BARRIER_REPORTS_REQUEST__INIT;
     q.app_id = c->app_id;
+    q.incarnation = c->incarnation;
     q.operation_id = req->operation_id;
     q.wait_ms = 200;
     if (call(c->driver, "/flint.Driver/BarrierReports", &q.base, RPC_TIMEOUT_MS, &got) != FL_OK) {
@@ -458,6 +463,7 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
 
   Flint__RunJobRequest req = FLINT__RUN_JOB_REQUEST__INIT;
   req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
   req.plan = (ProtobufCBinaryData){plan.len, plan.data};
   req.rdd_id = r->id;
   req.n_partitions = num_parts;
@@ -668,6 +674,7 @@ static fl_status remote_broadcast_created(void *impl, uint64_t id, uint64_t len)
   if (st != FL_OK) return st;
   Flint__BroadcastPutRequest req = FLINT__BROADCAST_PUT_REQUEST__INIT;
   req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
   req.broadcast_id = id;
   req.total = len;
   req.address = address;
@@ -682,6 +689,7 @@ static void remote_broadcast_destroyed(void *impl, uint64_t id) {
   if (inline_drop(c, id)) return;
   Flint__BroadcastRemoveRequest req = FLINT__BROADCAST_REMOVE_REQUEST__INIT;
   req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
   req.broadcast_id = id;
   fl_buf reply = FL_BUF_INIT;
   if (call(c->driver, "/flint.Driver/BroadcastRemove", &req.base, RPC_TIMEOUT_MS, &reply) != FL_OK)
@@ -721,6 +729,7 @@ static void rc_remove_rdd(void *impl, uint64_t rdd_id) {
   if (!shipped) return;
   Flint__UnpersistRequest req = FLINT__UNPERSIST_REQUEST__INIT;
   req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
   req.rdd_id = rdd_id;
   fl_buf reply = FL_BUF_INIT;
   if (call(c->driver, "/flint.Driver/Unpersist", &req.base, RPC_TIMEOUT_MS, &reply) != FL_OK)
@@ -732,6 +741,7 @@ static void rc_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {
   remote_context *c = impl;
   Flint__StorageInfoRequest req = FLINT__STORAGE_INFO_REQUEST__INIT;
   req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
   req.rdd_id = rdd_id;
   fl_buf reply = FL_BUF_INIT;
   if (call(c->driver, "/flint.Driver/StorageInfo", &req.base, RPC_TIMEOUT_MS, &reply) == FL_OK) {
@@ -939,6 +949,7 @@ static void remote_close(fl_context *ctx) {
   if (c->app_id) {
     Flint__AppRequest req = FLINT__APP_REQUEST__INIT;
     req.app_id = c->app_id;
+    req.incarnation = c->incarnation;
     fl_buf reply = FL_BUF_INIT;
     call(c->driver, "/flint.Driver/CloseApplication", &req.base, RPC_TIMEOUT_MS, &reply);
     fl_buf_free(&reply);
@@ -966,6 +977,7 @@ static fl_status remote_cancel(fl_context *ctx) {
   remote_context *c = (remote_context *)ctx;
   Flint__CancelJobsRequest req = FLINT__CANCEL_JOBS_REQUEST__INIT;
   req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
   fl_buf reply = FL_BUF_INIT;
   fl_status st = call(c->driver, "/flint.Driver/CancelJobs", &req.base, RPC_TIMEOUT_MS, &reply);
   fl_buf_free(&reply);
@@ -1031,6 +1043,7 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
     goto cleanup;
   }
   c->app_id = r->app_id;
+  c->incarnation = r->incarnation;
   uint32_t cores = r->cores ? r->cores : 1;
   flint__open_application_reply__free_unpacked(r, NULL);
 

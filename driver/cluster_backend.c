@@ -18,7 +18,6 @@
  * and placement counts are the scheduler thread's.
  */
 #include <string.h>
-#include <sys/random.h>
 
 #include "driver/driver.h"
 #include "proto/flint.pb-c.h"
@@ -553,6 +552,7 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why)
  * failure declares it lost. cb->lock held. */
 static void ping_locked(cluster_backend *cb, executor_ref *e) {
   Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+  req.incarnation = cb->cfg.incarnation;
   outgoing *o = common_calloc(1, sizeof *o);
   if (!o || proto_pack(&req.base, &o->body) != FL_OK) {
     common_free(o);
@@ -860,6 +860,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   }
   Flint__LaunchTasksRequest req = FLINT__LAUNCH_TASKS_REQUEST__INIT;
   req.app_id = app->id;
+  req.incarnation = cb->cfg.incarnation;
   req.plan.data = plan.data;
   req.plan.len = plan.len;
   req.n_levels = num_levels;
@@ -1161,6 +1162,11 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
   *declined = false;
   Flint__StatusUpdateRequest *req = flint__status_update_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "StatusUpdate: malformed message");
+  if (req->incarnation != cb->cfg.incarnation) { /* tasks of an earlier driver process */
+    flint__status_update_request__free_unpacked(req, NULL);
+    return FL_ERR(FL_ESTATE, "StatusUpdate: tasks of driver incarnation %016llx; this is %016llx",
+                  (unsigned long long)req->incarnation, (unsigned long long)cb->cfg.incarnation);
+  }
   for (size_t i = 0; i < req->n_statuses && !may_block; i++) *declined |= req->statuses[i]->result_block_size != 0;
   if (*declined) {
     flint__status_update_request__free_unpacked(req, NULL);
@@ -1308,8 +1314,9 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   return scheduler_post_call(cb->base.sched, executor_joined, e);
 }
 
-bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t cached_bytes,
-                       uint64_t tasks_run, uint64_t tasks_failed) {
+bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t incarnation,
+                       uint64_t cached_bytes, uint64_t tasks_run, uint64_t tasks_failed) {
+  if (incarnation != cb->cfg.incarnation) return false; /* an earlier driver's executor id */
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   executor_ref *e = find_executor(cb, executor);
   if (e) {
@@ -1373,6 +1380,7 @@ static void remove_on_executors(cluster_backend *cb, const Flint__RemoveRequest 
 void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids, size_t num_rdds,
                     const uint64_t *shuffle_ids, size_t num_shuffles, bool whole_application) {
   Flint__RemoveRequest req = FLINT__REMOVE_REQUEST__INIT;
+  req.incarnation = cb->cfg.incarnation;
   req.app_id = app;
   req.n_rdd_ids = num_rdds;
   req.rdd_ids = (uint64_t *)rdd_ids;
@@ -1384,6 +1392,7 @@ void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_t *rdd_ids, 
 
 void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadcast_id) {
   Flint__RemoveRequest req = FLINT__REMOVE_REQUEST__INIT;
+  req.incarnation = cb->cfg.incarnation;
   req.app_id = app;
   req.n_broadcast_ids = 1;
   req.broadcast_ids = &broadcast_id;
@@ -1394,6 +1403,7 @@ void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadc
  * adds them up. False when none answered. */
 bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out) {
   Flint__StorageInfoRequest req = FLINT__STORAGE_INFO_REQUEST__INIT;
+  req.incarnation = cb->cfg.incarnation;
   req.app_id = app;
   req.rdd_id = rdd_id;
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
@@ -1518,6 +1528,7 @@ static void cluster_kill(backend *b, sched_job *job) {
       if (killed[i]->placement == e || offered_to(killed[i], e)) keys[n++] = killed[i]->key;
     if (!n) continue;
     Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+    req.incarnation = cb->cfg.incarnation;
     req.n_task_keys = n;
     req.task_keys = keys;
     outgoing *o = common_calloc(1, sizeof *o);
@@ -1545,6 +1556,7 @@ static void cluster_kill(backend *b, sched_job *job) {
  * on_reply: the sender ends the attempt when the call returns, whatever the reply. */
 static bool kill_push_locked(cluster_backend *cb, executor_ref *e, uint64_t key, bool on_reply) {
   Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
+  req.incarnation = cb->cfg.incarnation;
   req.n_task_keys = 1;
   req.task_keys = &key;
   outgoing *o = common_calloc(1, sizeof *o);
@@ -1678,8 +1690,7 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   /* Keys start at a random point, so that an executor that outlives its driver and registers
    * with a new one is offered no old task under a new task's key (its table is cleared at
    * registration, its peers' queues are not). */
-  uint64_t bits = 0;
-  if (getrandom(&bits, sizeof bits, 0) != (ssize_t)sizeof bits) bits = common_now_ns() ^ ((uint64_t)getpid() << 32);
+  uint64_t bits = common_random_u64();
   cb->next_key = (bits >> 1) & ~(((uint64_t)1 << 32) - 1); /* 31 random bits above 2^32 keys */
   cb->base.ops = &cluster_ops;
   cb->base.sched = sched;

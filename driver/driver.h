@@ -414,6 +414,7 @@ FL_INTERNAL void location_each(const location_table *t, uint64_t id,
 
 typedef struct cluster_config {
   const char *secret;
+  uint64_t incarnation;      /* the driver process's (driver_incarnation): in every message */
   uint64_t locality_wait_ns; /* how long a task waits for the executor caching its input */
   uint32_t slots_per_core;   /* tasks launched per core at once (queued at the executor) */
   bool offer_node_tasks;     /* offer tasks over cached data to their node's other executors
@@ -436,9 +437,10 @@ FL_INTERNAL backend *cluster_backend_base(cluster_backend *cb);
 FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
                                        uint32_t data_port, uint32_t cores, uint64_t memory,
                                        int32_t gpu, const char *node, uint32_t pid, uint64_t *id);
-/* False when the executor is unknown (it should register again). */
-FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t cached_bytes,
-                                   uint64_t tasks_run, uint64_t tasks_failed);
+/* False when the executor is unknown, or registered with another incarnation of the driver
+ * (it should drop its state and register again). */
+FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t incarnation,
+                                   uint64_t cached_bytes, uint64_t tasks_run, uint64_t tasks_failed);
 /* A StatusUpdateRequest's body: the ends of task attempts. With may_block false (the rpc
  * queue's thread) an update with a result to fetch from its executor (over 1 MiB) is left
  * alone and *declined set. */

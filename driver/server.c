@@ -82,6 +82,10 @@ typedef struct driver_state {
   driver_config cfg;
   char address[96];   /* HOST:PORT of the control plane, as clients reach it */
   char work_dir[PATH_MAX];
+  /* Drawn at random at the start: executors and clients send it back with every call, so
+   * that nothing of an earlier driver process on this address (its executor ids, its
+   * applications, its tasks) is taken for this one's. */
+  uint64_t incarnation;
   scheduler *sched;
   cluster_backend *cluster;
   rpc_server *server;
@@ -233,8 +237,13 @@ static app_entry *app_find(driver_state *d, uint64_t id) {
   return NULL;
 }
 
-/* The running application `id`, which a close does not free until app_unpin. */
-static fl_status app_lookup(driver_state *d, uint64_t id, driver_app **out) {
+/* The running application `id` of this driver incarnation, which a close does not free until
+ * app_unpin. */
+static fl_status app_lookup(driver_state *d, uint64_t id, uint64_t incarnation, driver_app **out) {
+  *out = NULL;
+  if (incarnation != d->incarnation)
+    return FL_ERR(FL_ENOENT, "no running application %llu on this driver process: it belongs to an earlier "
+                  "driver process on %s, which has ended; open a new context", (unsigned long long)id, d->address);
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   app_entry *a = app_find(d, id);
   *out = a ? a->app : NULL;
@@ -287,6 +296,7 @@ static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
     common_log(LOG_INFO, "application %llu (%s) opened", (unsigned long long)id, e->name);
     Flint__OpenApplicationReply reply = FLINT__OPEN_APPLICATION_REPLY__INIT;
     reply.app_id = id;
+    reply.incarnation = d->incarnation;
     reply.cores = cluster_cores(d->cluster);
     status = proto_pack(&reply.base, response);
   } else {
@@ -315,9 +325,12 @@ static fl_status app_close(driver_state *d, uint64_t id) {
 
 static fl_status handle_close(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__AppRequest, req, body, "CloseApplication");
-  uint64_t id = req->app_id;
+  uint64_t id = req->app_id, incarnation = req->incarnation;
   flint__app_request__free_unpacked(req, NULL);
-  fl_status st = app_close(d, id);
+  fl_status st = incarnation == d->incarnation
+                     ? app_close(d, id)
+                     : FL_ERR(FL_ENOENT, "no running application %llu on this driver process: it belongs to "
+                              "an earlier driver process", (unsigned long long)id);
   return st == FL_OK ? empty_reply(response) : st;
 }
 
@@ -369,7 +382,7 @@ static fl_status app_add_library(driver_app *app, const char *id) {
 static fl_status handle_has_library(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__HasLibraryRequest, req, body, "HasLibrary");
   driver_app *app;
-  fl_status st = app_lookup(d, req->app_id, &app);
+  fl_status st = app_lookup(d, req->app_id, req->incarnation, &app);
   if (st == FL_OK && !library_id_valid(req->id)) st = FL_ERR(FL_EPROTO, "HasLibrary: malformed library id");
   if (st == FL_OK) {
     char path[PATH_MAX + 64];
@@ -387,7 +400,7 @@ static fl_status handle_has_library(driver_state *d, fl_bytes body, fl_buf *resp
 static fl_status handle_upload_library(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__UploadLibraryRequest, req, body, "UploadLibrary");
   driver_app *app;
-  fl_status st = app_lookup(d, req->app_id, &app);
+  fl_status st = app_lookup(d, req->app_id, req->incarnation, &app);
   if (st == FL_OK && !library_id_valid(req->id)) st = FL_ERR(FL_EPROTO, "UploadLibrary: malformed library id");
   if (st == FL_OK) {
     char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
@@ -433,7 +446,7 @@ static fl_status handle_broadcast_put(driver_state *d, fl_bytes body, fl_buf *re
                 (unsigned long long)req->broadcast_id, req->address);
   else if (req->broadcast_id == 0 || req->broadcast_id > UINT32_MAX)
     st = FL_ERR(FL_EPROTO, "BroadcastPut: broadcast id %llu out of range", (unsigned long long)req->broadcast_id);
-  if (st == FL_OK) st = app_lookup(d, req->app_id, &app);
+  if (st == FL_OK) st = app_lookup(d, req->app_id, req->incarnation, &app);
   if (st == FL_OK) {
     FL_PCHECK(pthread_mutex_lock(&app->lock));
     snprintf(app->broadcast_address, sizeof app->broadcast_address, "%s", req->address);
@@ -716,7 +729,7 @@ static fl_status run_job_start(driver_state *d, const rpc_request *call) {
   }
   j->d = d;
   j->req = req;
-  fl_status status = app_lookup(d, req->app_id, &j->app);
+  fl_status status = app_lookup(d, req->app_id, req->incarnation, &j->app);
   if (status != FL_OK) goto fail;
   driver_app *app = j->app;
   FL_PCHECK(pthread_mutex_lock(&app->lock));
@@ -766,7 +779,7 @@ fail:
 static fl_status handle_fetch_result(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__FetchResultRequest, req, body, "FetchResult");
   driver_app *app;
-  fl_status status = app_lookup(d, req->app_id, &app);
+  fl_status status = app_lookup(d, req->app_id, req->incarnation, &app);
   if (status != FL_OK) {
     flint__fetch_result_request__free_unpacked(req, NULL);
     return status;
@@ -802,7 +815,7 @@ static fl_status handle_fetch_result(driver_state *d, fl_bytes body, fl_buf *res
 static fl_status handle_cancel_jobs(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__CancelJobsRequest, req, body, "CancelJobs");
   driver_app *app;
-  fl_status status = app_lookup(d, req->app_id, &app);
+  fl_status status = app_lookup(d, req->app_id, req->incarnation, &app);
   if (status == FL_OK) {
     status = scheduler_cancel(d->sched, app->id, req->operation_id);
     app_unpin(d, app);
@@ -814,7 +827,7 @@ static fl_status handle_cancel_jobs(driver_state *d, fl_bytes body, fl_buf *resp
 static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__StorageInfoRequest, req, body, "StorageInfo");
   driver_app *app;
-  fl_status st = app_lookup(d, req->app_id, &app);
+  fl_status st = app_lookup(d, req->app_id, req->incarnation, &app);
   if (st == FL_OK) {
     /* The executors' own figures, for a dataset the driver knows blocks of (an unpersisted
      * one is gone at once, whether or not its removal reached the executors yet); the
@@ -836,7 +849,7 @@ static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *res
 static fl_status handle_unpersist(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__UnpersistRequest, req, body, "Unpersist");
   driver_app *app;
-  fl_status st = app_lookup(d, req->app_id, &app);
+  fl_status st = app_lookup(d, req->app_id, req->incarnation, &app);
   if (st == FL_OK) {
     FL_PCHECK(pthread_mutex_lock(&app->lock));
     rdd *r = rdd_plan_find(app->plan, req->rdd_id);
@@ -1073,6 +1086,7 @@ static fl_status handle_status(driver_state *d, fl_buf *response) {
   size_t num_execs = 0;
   fl_status st = cluster_describe(d->cluster, &execs, &num_execs);
   if (st != FL_OK) return st;
+  reply.incarnation = d->incarnation;
   reply.n_executors = num_execs;
   reply.executors = (Flint__ExecutorInfo **)execs;
   FL_PCHECK(pthread_mutex_lock(&d->lock));
@@ -1195,7 +1209,7 @@ static fl_status handle_barrier_checkpoint(driver_state *d, fl_bytes body, fl_bu
 static fl_status handle_barrier_reports(driver_state *d, fl_bytes body, fl_buf *response, const rpc_request *call) {
   UNPACK(Flint__BarrierReportsRequest, req, body, "BarrierReports");
   driver_app *app;
-  fl_status st = app_lookup(d, req->app_id, &app);
+  fl_status st = app_lookup(d, req->app_id, req->incarnation, &app);
   if (st != FL_OK) {
     flint__barrier_reports_request__free_unpacked(req, NULL);
     return st;
@@ -1239,14 +1253,15 @@ static fl_status handle_register(driver_state *d, fl_bytes body, fl_buf *respons
   reply.executor_id = id;
   reply.heartbeat_ms = HEARTBEAT_MS;
   reply.driver_data_port = (uint32_t)dp_server_port(d->blocks);
+  reply.incarnation = d->incarnation;
   return proto_pack(&reply.base, response);
 }
 
 static fl_status handle_heartbeat(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__HeartbeatRequest, req, body, "Heartbeat");
   Flint__HeartbeatReply reply = FLINT__HEARTBEAT_REPLY__INIT;
-  reply.unknown = !cluster_heartbeat(d->cluster, req->executor_id, req->cached_bytes, req->tasks_run,
-                                     req->tasks_failed);
+  reply.unknown = !cluster_heartbeat(d->cluster, req->executor_id, req->incarnation, req->cached_bytes,
+                                     req->tasks_run, req->tasks_failed);
   flint__heartbeat_request__free_unpacked(req, NULL);
   return proto_pack(&reply.base, response);
 }
@@ -1420,7 +1435,10 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   if (spec.enabled)
     common_log(LOG_INFO, "speculation on: quantile %.2f, multiplier %.2f, minimum %.0f ms", spec.quantile,
                spec.multiplier, (double)spec.min_ns / 1e6);
+  /* 63 bits, never 0: executors keep 0 and all ones for none (executor/service.c) */
+  d.incarnation = common_random_u64() >> 1 | 1;
   cluster_config cc = {.secret = cfg->secret,
+                       .incarnation = d.incarnation,
                        .locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
                        .slots_per_core = DRIVER_SLOTS_PER_CORE,
                        .offer_node_tasks = env_number("FLINT_NODE_OFFERS", 1) != 0,

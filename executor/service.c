@@ -91,6 +91,7 @@ typedef struct exec_app {
   atomic_int tasks_running; /* holds, changed under svc->lock: queued and running tasks, and a
                                Remove handler using it */
   bool removed;             /* the driver removed it while tasks were queued: it goes with the last */
+  uint64_t incarnation;     /* of the driver that launched it: its tasks' ends go to that one only */
   struct exec_app *next;
 } exec_app;
 
@@ -117,6 +118,14 @@ typedef struct exec_task {
 struct exec_service {
   executor_config cfg;
   uint64_t id;
+  /* The driver's incarnation (RegisterExecutorReply), which every call between the two
+   * carries; 0 while registering, when the first call from a driver (a launch may come before
+   * the registration's reply) sets it. Applications of one incarnation are all gone before
+   * another is taken (driver_forget), so their ids never meet here. */
+  _Atomic uint64_t incarnation; /* INCARNATION_NONE between drivers: every call is refused */
+  uint64_t driver_timeout_ns; /* FLINT_DRIVER_TIMEOUT_MS: silence after which the driver is lost */
+  atomic_bool fatal;          /* the process must end (executor_serve returns fatal_error) */
+  char fatal_error[256];
   uint32_t heartbeat_ms;
   char driver_data[96]; /* the driver's block server */
   char node[SHARED_NODE_MAX]; /* shared_block_node */
@@ -168,7 +177,14 @@ static int64_t svc_fetch_timeout_ms = 60000;
 /* The process's exit status when fault injection kills it. */
 #define FAULT_EXIT_STATUS 86
 
-/* Settings from the environment: FLINT_FETCH_TIMEOUT_MS (above), and test-only switches:
+/* How long an executor goes on without an answer from its driver before it takes the driver
+ * for lost: it then drops every application's state and registers again once one answers. */
+#define DRIVER_TIMEOUT_MS_DEFAULT 30000
+/* exec_service.incarnation between one driver and the next (drivers draw 63-bit ones). */
+#define INCARNATION_NONE UINT64_MAX
+
+/* Settings from the environment: FLINT_FETCH_TIMEOUT_MS (above), FLINT_DRIVER_TIMEOUT_MS, and
+ * test-only switches:
  *   FLINT_FAULT_EXIT_AFTER_TASKS=K  the executor dies (_exit 86, no goodbye, as kill -9 would
  *                                   leave things) as its K-th task ends, before reporting it;
  *   FLINT_FAULT_SLOWDOWN=F          each task runs F times as long (it sleeps (F - 1) times
@@ -176,6 +192,14 @@ static int64_t svc_fetch_timeout_ms = 60000;
 static void settings_read(exec_service *svc) {
   const char *t = getenv("FLINT_FETCH_TIMEOUT_MS");
   if (t && *t && strtoll(t, NULL, 10) > 0) svc_fetch_timeout_ms = strtoll(t, NULL, 10);
+  const char *d = getenv("FLINT_DRIVER_TIMEOUT_MS");
+  long long driver_ms = d && *d ? strtoll(d, NULL, 10) : DRIVER_TIMEOUT_MS_DEFAULT;
+  if (driver_ms <= 0) {
+    common_log(LOG_WARN, "FLINT_DRIVER_TIMEOUT_MS=%s is not a positive number of milliseconds: using %d", d,
+               DRIVER_TIMEOUT_MS_DEFAULT);
+    driver_ms = DRIVER_TIMEOUT_MS_DEFAULT;
+  }
+  svc->driver_timeout_ns = (uint64_t)driver_ms * 1000000ull;
   const char *k = getenv("FLINT_FAULT_EXIT_AFTER_TASKS"), *f = getenv("FLINT_FAULT_SLOWDOWN");
   if (k && *k) svc->fault_exit_after = strtoull(k, NULL, 10);
   if (f && *f) svc->fault_slowdown = strtod(f, NULL);
@@ -625,6 +649,19 @@ static fl_status exec_get(void *impl, const rdd_task *task, uint64_t rdd_id, fl_
 
 static const rdd_barrier_ops exec_barrier_ops = {exec_gather, exec_report, exec_put, exec_get};
 
+/* FL_OK when a call of driver incarnation `incarnation` is from this executor's driver: an
+ * executor registering takes the first that comes (a launch may overtake the registration's
+ * reply). Anything else is an earlier driver process's, or a later one's that this executor
+ * has not registered with, and is refused. */
+static fl_status check_incarnation(exec_service *svc, uint64_t incarnation, const char *what) {
+  uint64_t mine = 0;
+  if (incarnation && incarnation != INCARNATION_NONE &&
+      (atomic_compare_exchange_strong(&svc->incarnation, &mine, incarnation) || mine == incarnation))
+    return FL_OK;
+  return FL_ERR(FL_ESTATE, "%s of driver incarnation %016llx refused: this executor serves %016llx", what,
+                (unsigned long long)incarnation, (unsigned long long)mine);
+}
+
 /* The application's context, made on its first launch. Caller holds svc->lock. */
 static fl_status app_get_or_create(exec_service *svc, uint64_t app_id, exec_app **out) {
   for (exec_app *a = svc->apps; a; a = a->next)
@@ -639,6 +676,7 @@ static fl_status app_get_or_create(exec_service *svc, uint64_t app_id, exec_app 
   FL_PCHECK(pthread_mutex_init(&a->lock, NULL));
   a->svc = svc;
   a->id = app_id;
+  a->incarnation = atomic_load(&svc->incarnation);
   fl_status status = FL_OK;
   snprintf(a->work_dir, sizeof a->work_dir, "%s/app-%llu", svc->work_dir, (unsigned long long)app_id);
   FL_CHECK(common_mkdirs(a->work_dir));
@@ -791,6 +829,19 @@ static void task_run(task_pool_work *work) {
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
 }
 
+/* Frees a list of ended tasks, and each application whose last hold one was. */
+static void tasks_release(exec_service *svc, exec_task *list) {
+  while (list) {
+    exec_task *next = list->next;
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    exec_app *gone = task_done_locked(svc, list);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    task_free(list);
+    if (gone) app_remove_all(svc, gone);
+    list = next;
+  }
+}
+
 /* Ended tasks wait (svc->lock held) while more are queued here, up to STATUS_HOLD_NS, so
  * that one call reports several: where every core runs a task, each call takes a core from
  * them. A failure (the driver retries it), a task ending with the queue empty, the queue
@@ -874,10 +925,23 @@ static void *status_main(void *arg) {
     status_hold(svc);
     exec_task *batch = svc->done_head;
     svc->done_head = svc->done_tail = NULL;
+    uint64_t incarnation = atomic_load(&svc->incarnation);
+    exec_task *stale = NULL; /* tasks of an earlier driver (driver_forget): not reported */
+    for (exec_task **p = &batch; *p;) {
+      exec_task *t = *p;
+      if (t->app->incarnation == incarnation) {
+        p = &t->next;
+        continue;
+      }
+      *p = t->next;
+      t->next = stale;
+      stale = t;
+    }
     uint64_t told[64];
     size_t num_told = claims_due(svc, told, sizeof told / sizeof *told);
     bool stopping = svc->stopping;
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    tasks_release(svc, stale);
     if (!batch && !num_told) {
       if (stopping) return NULL;
       continue;
@@ -943,6 +1007,7 @@ static void *status_main(void *arg) {
       }
       Flint__StatusUpdateRequest req = FLINT__STATUS_UPDATE_REQUEST__INIT;
       req.executor_id = svc->id;
+      req.incarnation = incarnation;
       req.n_statuses = n;
       req.statuses = ptrs;
       fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
@@ -961,15 +1026,7 @@ static void *status_main(void *arg) {
     common_free(ptrs);
     common_free(accs);
     common_free(acc_ptrs);
-    while (batch) {
-      exec_task *next = batch->next;
-      FL_PCHECK(pthread_mutex_lock(&svc->lock));
-      exec_app *gone = task_done_locked(svc, batch);
-      FL_PCHECK(pthread_mutex_unlock(&svc->lock));
-      task_free(batch);
-      if (gone) app_remove_all(svc, gone);
-      batch = next;
-    }
+    tasks_release(svc, batch);
   }
 }
 
@@ -1007,8 +1064,9 @@ static struct peer_claims *peer_claims(exec_service *svc, uint32_t pid, uint64_t
 static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__LaunchTasksRequest *req = flint__launch_tasks_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "LaunchTasks: malformed message");
-  fl_status status = FL_OK;
+  fl_status status = check_incarnation(svc, req->incarnation, "LaunchTasks");
   exec_app *app = NULL;
+  if (status != FL_OK) goto cleanup;
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   status = app_get_or_create(svc, req->app_id, &app);
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
@@ -1195,6 +1253,11 @@ cleanup:
 static fl_status handle_kill(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__KillTasksRequest *req = flint__kill_tasks_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "KillTasks: malformed message");
+  fl_status st = check_incarnation(svc, req->incarnation, "KillTasks");
+  if (st != FL_OK) {
+    flint__kill_tasks_request__free_unpacked(req, NULL);
+    return st;
+  }
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   for (exec_task *t = svc->running; t; t = t->next)
     for (size_t i = 0; i < req->n_task_keys; i++)
@@ -1212,6 +1275,11 @@ static fl_status handle_kill(exec_service *svc, fl_bytes body, fl_buf *response)
 static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__RemoveRequest *req = flint__remove_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "Remove: malformed message");
+  fl_status st = check_incarnation(svc, req->incarnation, "Remove");
+  if (st != FL_OK) {
+    flint__remove_request__free_unpacked(req, NULL);
+    return st;
+  }
   exec_app *app = NULL;
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   for (exec_app *a = svc->apps; a && !app; a = a->next)
@@ -1245,6 +1313,11 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
 static fl_status handle_storage_info(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__StorageInfoRequest *req = flint__storage_info_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "StorageInfo: malformed message");
+  fl_status st = check_incarnation(svc, req->incarnation, "StorageInfo");
+  if (st != FL_OK) {
+    flint__storage_info_request__free_unpacked(req, NULL);
+    return st;
+  }
   fl_storage_info info = {0};
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   for (exec_app *a = svc->apps; a; a = a->next)
@@ -1353,7 +1426,9 @@ static fl_status serve_block(void *arg, const dp_request *req, fl_buf *out, dp_l
 
 /* ---- registration and heartbeats ------------------------------------------------------- */
 
-static fl_status register_with_driver(exec_service *svc) {
+/* Registers with the driver (a first time, or afresh after driver_forget), waiting up to
+ * timeout_ms for its answer. */
+static fl_status register_with_driver(exec_service *svc, int64_t timeout_ms) {
   Flint__RegisterExecutorRequest req = FLINT__REGISTER_EXECUTOR_REQUEST__INIT;
   req.host = (char *)svc->cfg.host;
   req.rpc_port = (uint32_t)rpc_server_port(svc->server);
@@ -1368,13 +1443,20 @@ static fl_status register_with_driver(exec_service *svc) {
   fl_status status = proto_pack(&req.base, &body);
   /* A new driver's keys may repeat an earlier one's: no claim of those may stand. */
   if (svc->claims) claim_table_clear(svc->claims);
+  atomic_store(&svc->incarnation, 0); /* the first call of a driver says which */
   if (status == FL_OK)
-    status = driver_call(svc, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &svc->abandon,
+    status = driver_call(svc, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), timeout_ms, &svc->abandon,
                          &reply);
   if (status == FL_OK) {
     Flint__RegisterExecutorReply *r = flint__register_executor_reply__unpack(NULL, reply.len, reply.data);
-    if (!r || r->executor_id == 0 || r->driver_data_port == 0 || r->driver_data_port > 65535) {
+    uint64_t first = 0;
+    if (!r || r->executor_id == 0 || r->driver_data_port == 0 || r->driver_data_port > 65535 ||
+        r->incarnation == 0 || r->incarnation == INCARNATION_NONE) {
       status = FL_ERR(FL_EPROTO, "RegisterExecutor: malformed reply from the driver");
+    } else if (!atomic_compare_exchange_strong(&svc->incarnation, &first, r->incarnation) &&
+               first != r->incarnation) {
+      status = FL_ERR(FL_ESTATE, "RegisterExecutor: driver incarnation %016llx answered, after a call of %016llx",
+                      (unsigned long long)r->incarnation, (unsigned long long)first);
     } else {
       svc->id = r->executor_id;
       svc->heartbeat_ms = r->heartbeat_ms ? r->heartbeat_ms : 1000;
@@ -1390,49 +1472,174 @@ static fl_status register_with_driver(exec_service *svc) {
     }
     if (r) flint__register_executor_reply__free_unpacked(r, NULL);
   }
+  if (status != FL_OK) atomic_store(&svc->incarnation, INCARNATION_NONE);
   fl_buf_free(&body);
   fl_buf_free(&reply);
   return status;
 }
 
+/* How long driver_forget waits for the killed tasks of the lost driver to end; a task in
+ * user code that never returns to flint keeps its application's blocks, so the process ends. */
+#define FORGET_DRAIN_MS 20000
+
+/* Drops everything of the driver this executor served: its applications (datasets, cached
+ * blocks, shuffle outputs, broadcasts, work folders), their tasks (killed; their ends are not
+ * reported) and the large results waiting to be fetched. Called by the heartbeat thread when
+ * the driver no longer knows this executor or has not answered for the driver timeout, before
+ * it registers again. False when killed tasks did not end within FORGET_DRAIN_MS. */
+static bool driver_forget(exec_service *svc) {
+  atomic_store(&svc->incarnation, INCARNATION_NONE); /* nothing more of the old driver */
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  size_t num_apps = 0;
+  for (exec_app *a = svc->apps; a; a = a->next) num_apps++;
+  exec_app **apps = common_calloc(num_apps ? num_apps : 1, sizeof *apps);
+  size_t held = 0;
+  for (exec_app *a = svc->apps; a && apps; a = a->next)
+    if (!a->removed) { /* a removed one goes with its last task already */
+      a->removed = true;
+      atomic_fetch_add(&a->tasks_running, 1);
+      apps[held++] = a;
+    }
+  for (exec_task *t = svc->running; t; t = t->next) atomic_store(&t->cancelled, true);
+  result_block *results = svc->results;
+  svc->results = NULL;
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  while (results) {
+    result_block *next = results->next;
+    fl_buf_free(&results->bytes);
+    common_free(results);
+    results = next;
+  }
+  for (size_t i = 0; i < held; i++) { /* drop the hold taken above: idle ones go now */
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    exec_app *gone = app_release_locked(svc, apps[i]);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (gone) app_remove_all(svc, gone);
+  }
+  common_free(apps);
+  if (!apps && num_apps) return false; /* out of memory: they cannot be dropped */
+  /* The killed tasks end at their next batch; the status thread drops their ends, and the
+   * last of each application removes it. */
+  uint64_t deadline = common_now_ns() + (uint64_t)FORGET_DRAIN_MS * 1000000u;
+  for (;;) {
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    bool drained = svc->apps == NULL;
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (drained) return true;
+    if (common_now_ns() >= deadline || atomic_load(&svc->abandon)) return false;
+    usleep(10000);
+  }
+}
+
+/* Waits up to ms on the stop (svc->lock held); false once the executor stops. */
+static bool heartbeat_sleep(exec_service *svc, uint64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000u;
+  ts.tv_sec += (time_t)(ns / 1000000000u);
+  ts.tv_nsec = (long)(ns % 1000000000u);
+  while (!svc->stopping && pthread_cond_timedwait(&svc->stop_wake, &svc->lock, &ts) != ETIMEDOUT) {
+  }
+  return !svc->stopping;
+}
+
+/* The executor must end: executor_serve returns `why`. */
+static void service_fail(exec_service *svc, const char *why) {
+  common_log(LOG_ERROR, "%s", why);
+  snprintf(svc->fatal_error, sizeof svc->fatal_error, "%s", why);
+  atomic_store(&svc->fatal, true);
+}
+
+/* After driver_forget: registers with whichever driver answers at the configured address,
+ * once a heartbeat period, quietly; false once the executor stops. */
+static bool register_again(exec_service *svc) {
+  for (;;) {
+    if (register_with_driver(svc, (int64_t)svc->heartbeat_ms * 5) == FL_OK) {
+      common_log(LOG_INFO, "registered afresh with the driver at %s as executor %llu", svc->cfg.driver,
+                 (unsigned long long)svc->id);
+      return true;
+    }
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    bool go_on = heartbeat_sleep(svc, svc->heartbeat_ms);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (!go_on) return false;
+  }
+}
+
+/* The driver this executor served is gone (`why`): its state goes, and the executor registers
+ * afresh, or ends when the state cannot go. False once the executor stops or must end. */
+static bool driver_lost(exec_service *svc, const char *why) {
+  common_log(LOG_WARN, "%s: dropping every application's blocks, shuffle outputs and tasks, and registering "
+             "afresh when a driver answers at %s", why, svc->cfg.driver);
+  if (!driver_forget(svc)) {
+    if (!atomic_load(&svc->abandon))
+      service_fail(svc, "tasks of the lost driver did not stop within 20 s of being killed: the executor ends "
+                   "so that none of their state outlives it");
+    return false;
+  }
+  return register_again(svc);
+}
+
+/* Heartbeats, and the driver's liveness: one line when a heartbeat first fails, one when the
+ * driver is taken for lost (silent for the driver timeout, or it does not know this executor),
+ * and none for each retry. */
 static void *heartbeat_main(void *arg) {
   pthread_setname_np(pthread_self(), "fl-heartbeat");
   exec_service *svc = arg;
+  uint64_t last_answer = common_now_ns();
+  bool failing = false;
   for (;;) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)svc->heartbeat_ms * 1000000u;
-    ts.tv_sec += (time_t)(ns / 1000000000u);
-    ts.tv_nsec = (long)(ns % 1000000000u);
-    while (!svc->stopping && pthread_cond_timedwait(&svc->stop_wake, &svc->lock, &ts) != ETIMEDOUT) {
-    }
-    bool stopping = svc->stopping;
+    bool go_on = heartbeat_sleep(svc, svc->heartbeat_ms);
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
-    if (stopping) return NULL;
+    if (!go_on) return NULL;
     block_manager_stats bs;
     block_manager_stats_get(svc->blocks, &bs);
     Flint__HeartbeatRequest req = FLINT__HEARTBEAT_REQUEST__INIT;
     req.executor_id = svc->id;
+    req.incarnation = atomic_load(&svc->incarnation);
     req.cached_bytes = bs.memory_used + bs.disk_used;
     req.tasks_run = atomic_load(&svc->tasks_run);
     req.tasks_failed = atomic_load(&svc->tasks_failed);
     fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
-    if (proto_pack(&req.base, &body) == FL_OK &&
-        driver_call(svc, "/flint.Driver/Heartbeat", fl_buf_bytes(&body), RPC_TIMEOUT_MS, &svc->abandon, &reply) ==
-            FL_OK) {
+    uint64_t wait_ms = svc->driver_timeout_ns / 1000000u;
+    bool unknown = false, answered = proto_pack(&req.base, &body) == FL_OK &&
+        driver_call(svc, "/flint.Driver/Heartbeat", fl_buf_bytes(&body),
+                    (int64_t)(wait_ms < RPC_TIMEOUT_MS ? wait_ms : RPC_TIMEOUT_MS), &svc->abandon, &reply) == FL_OK;
+    if (answered) {
       Flint__HeartbeatReply *r = flint__heartbeat_reply__unpack(NULL, reply.len, reply.data);
-      if (r && r->unknown) {
-        common_log(LOG_WARN, "the driver does not know this executor: registering again");
-        if (register_with_driver(svc) != FL_OK)
-          common_log(LOG_WARN, "registering again failed: %s", fl_last_error());
-      }
+      unknown = r && r->unknown;
       if (r) flint__heartbeat_reply__free_unpacked(r, NULL);
-    } else if (!atomic_load(&svc->abandon)) {
-      common_log(LOG_WARN, "heartbeat failed: %s", fl_last_error());
     }
+    char error[200];
+    snprintf(error, sizeof error, "%s", answered ? "" : fl_last_error());
     fl_buf_free(&body);
     fl_buf_free(&reply);
+    if (atomic_load(&svc->abandon)) return NULL;
+    uint64_t now = common_now_ns();
+    if (answered && !unknown) {
+      if (failing) common_log(LOG_INFO, "the driver at %s answers again", svc->cfg.driver);
+      failing = false;
+      last_answer = now;
+      continue;
+    }
+    char why[320];
+    if (unknown) {
+      snprintf(why, sizeof why, "the driver at %s does not know this executor (it restarted, or took this "
+               "executor for lost)", svc->cfg.driver);
+    } else if (now - last_answer >= svc->driver_timeout_ns) {
+      snprintf(why, sizeof why, "no answer from the driver at %s for %.0f s (FLINT_DRIVER_TIMEOUT_MS)",
+               svc->cfg.driver, (double)(now - last_answer) / 1e9);
+    } else {
+      if (!failing)
+        common_log(LOG_WARN, "heartbeat to the driver at %s failed: %s; retrying for up to %.0f s", svc->cfg.driver,
+                   error, (double)svc->driver_timeout_ns / 1e9);
+      failing = true;
+      continue;
+    }
+    if (!driver_lost(svc, why)) return NULL;
+    failing = false;
+    last_answer = common_now_ns();
   }
 }
 
@@ -1571,7 +1778,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   stop_watch watch = {&svc, stop, false};
   pthread_t watcher;
   bool watching = pthread_create(&watcher, NULL, stop_watch_main, &watch) == 0;
-  status = register_with_driver(&svc);
+  status = register_with_driver(&svc, RPC_TIMEOUT_MS);
   atomic_store(&watch.done, true);
   if (watching) pthread_join(watcher, NULL);
   if (status != FL_OK && *stop) { /* stopped while the driver did not answer: not an error */
@@ -1591,8 +1798,9 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
     status = FL_ERR(FL_ENOMEM, "cannot start the executor's threads");
     goto cleanup;
   }
-  while (!*stop) usleep(20000);
-  common_log(LOG_INFO, "stopping");
+  while (!*stop && !atomic_load(&svc.fatal)) usleep(20000);
+  if (atomic_load(&svc.fatal)) status = FL_ERR(FL_ESTATE, "%s", svc.fatal_error);
+  else common_log(LOG_INFO, "stopping");
 cleanup:
   service_destroy(&svc);
   return status;

@@ -41,7 +41,6 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -405,13 +404,6 @@ static int read_peer(pid_t pid, void *local, uint64_t remote, size_t bytes) {
   return 0;
 }
 
-/* 64 unpredictable bits (getrandom; the clock and pid if the kernel has none to give). */
-static uint64_t random_u64(void) {
-  uint64_t x;
-  if (getrandom(&x, sizeof x, 0) == (ssize_t)sizeof x) return x;
-  return common_now_ns() * 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 32);
-}
-
 /* The probe (top comment), a challenge in three rounds of a few bytes on idle sockets (all
  * sends of a round go before its reads, so no rank waits on another's read):
  *   1. offer: to each peer p, {pid, address of this rank's cookie array, threshold or 0 when
@@ -438,7 +430,7 @@ static fl_status single_copy_probe(comm_host *h, uint64_t deadline_ns) {
   int peer = 0;
   for (peer = 0; peer < h->size; peer++) {
     if (peer == h->rank) continue;
-    nonce[peer] = random_u64();
+    nonce[peer] = common_random_u64();
     uint64_t offer[4] = {(uint64_t)getpid(), (uint64_t)(uintptr_t)cookies, threshold, nonce[peer]};
     if (io_until(h->fds[peer], offer, sizeof offer, true, deadline_ns) != 0) goto io_failed;
   }

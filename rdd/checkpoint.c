@@ -25,7 +25,6 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -305,9 +304,7 @@ static pthread_mutex_t name_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *context_name(fl_context *ctx) {
   FL_PCHECK(pthread_mutex_lock(&name_lock));
   if (!ctx->checkpoint_name[0]) {
-    uint64_t bits;
-    if (getrandom(&bits, sizeof bits, 0) != (ssize_t)sizeof bits)
-      bits = common_hash64(common_now_ns() ^ (uint64_t)(uintptr_t)ctx);
+    uint64_t bits = common_random_u64();
     snprintf(ctx->checkpoint_name, sizeof ctx->checkpoint_name, "ctx-%ld-%016llx", (long)getpid(),
              (unsigned long long)bits);
   }

@@ -296,36 +296,43 @@ void expect_running(proc *p) {
   assert_int_equal(st, -1);
 }
 
-proc *start_driver(const char *const *extra_env) {
+/* A driver named `name` listening on fx.host's `port` (0: one the system picks). */
+static proc *start_driver_on(const char *name, int port, const char *const *extra_env) {
   char work[PATH_MAX + 64], port_file[PATH_MAX + 64], listen[80];
   const char *host = fx.host[0] ? fx.host : "127.0.0.1";
-  snprintf(listen, sizeof listen, "%s:0", host);
-  snprintf(work, sizeof work, "%s", test_file("driver-work"));
-  snprintf(port_file, sizeof port_file, "%s", test_file("port"));
+  snprintf(listen, sizeof listen, "%s:%d", host, port);
+  snprintf(work, sizeof work, "%s/%.24s-work", fx.dir, name);
+  snprintf(port_file, sizeof port_file, "%s/%.24s-port", fx.dir, name);
   make_dir(work);
-  proc *p = start_proc("driver", extra_env,
+  proc *p = start_proc(name, extra_env,
                        (const char *const[]){"driver", "--listen", listen, "--work-dir", work,
                                              "--port-file", port_file, NULL});
   snprintf(p->work, sizeof p->work, "%s", work);
   double deadline = now_s() + START_LIMIT_S;
   for (;;) {
     FILE *f = fopen(port_file, "r");
-    int port = 0;
+    int got = 0;
     if (f) {
-      if (fscanf(f, "%d", &port) != 1) port = 0;
+      if (fscanf(f, "%d", &got) != 1) got = 0;
       fclose(f);
     }
-    if (port > 0 && port < 65536) {
-      fx.port = port;
+    if (got > 0 && got < 65536) {
+      fx.port = got;
       break;
     }
     expect_running(p);
-    if (now_s() > deadline) fail_msg("the driver wrote no port file within %d s", START_LIMIT_S);
+    if (now_s() > deadline) fail_msg("%s wrote no port file within %d s", name, START_LIMIT_S);
     sleep_ms(20);
   }
   snprintf(fx.target, sizeof fx.target, "%s:%d", host, fx.port);
   snprintf(fx.master, sizeof fx.master, "flint://%s", fx.target);
   return p;
+}
+
+proc *start_driver(const char *const *extra_env) { return start_driver_on("driver", 0, extra_env); }
+
+proc *restart_driver(const char *name, const char *const *extra_env) {
+  return start_driver_on(name, fx.port, extra_env);
 }
 
 /* Starts an executor of 1 core and 256 MiB for the driver (it registers by itself), with

@@ -86,6 +86,9 @@ proc *start_proc(const char *name, const char *const *extra_env, const char *con
 void expect_running(proc *p);
 /* Starts a driver on fx.host with a port picked by the system and waits for its port file. */
 proc *start_driver(const char *const *extra_env);
+/* Starts a new driver named `name` on the address of the last one (which must have ended),
+ * as a user restarts a driver that died: executors and clients find it where they were. */
+proc *restart_driver(const char *name, const char *const *extra_env);
 /* Starts an executor of 1 core and 256 MiB for the driver (it registers by itself), with
  * --host fx.exec_host when set. */
 proc *start_executor(const char *name, const char *const *extra_env);

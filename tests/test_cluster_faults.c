@@ -1,0 +1,176 @@
+/*
+ * test_cluster_faults: a cluster under the faults users meet, with real processes on
+ * 127.0.0.1 (tests/proc_harness.c): a driver that dies and is started again on its address.
+ *
+ * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint and job_cache_sum.so.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "proc_harness.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "flint/cluster.h"
+#include "flint/flint.h"
+
+static int setup(void **state) { return harness_setup(state); }
+static int teardown(void **state) { return harness_teardown(state); }
+
+/* `flint status` of the running driver, NUL-terminated; the caller frees it. */
+static char *status_text(void) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  assert_non_null(f);
+  fl_status st = fl_print_status(fx.master, f);
+  fclose(f);
+  if (st != FL_OK) {
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+/* Waits until the driver lists n executors. */
+static void wait_executors(size_t n) {
+  double deadline = now_s() + START_LIMIT_S;
+  for (;;) {
+    char *text = status_text();
+    unsigned long long listed = 0;
+    if (text) sscanf(text, "executors: %llu", &listed);
+    free(text);
+    if (listed == n) return;
+    for (int i = 0; i < fx.num_procs; i++)
+      if (fx.procs[i].pid) expect_running(&fx.procs[i]);
+    if (now_s() > deadline) fail_msg("%llu of %zu executors registered within %d s", listed, n, START_LIMIT_S);
+    sleep_ms(50);
+  }
+}
+
+/* Waits until the log of `p` holds `needle`. */
+static void wait_log(proc *p, const char *needle) {
+  double deadline = now_s() + CMD_LIMIT_S;
+  for (;;) {
+    char *log = slurp(p->log);
+    bool found = log && strstr(log, needle);
+    free(log);
+    if (found) return;
+    if (now_s() > deadline) {
+      char *text = slurp(p->log);
+      fail_msg("%s's log lacks \"%s\" after %d s:\n%s", p->name, needle, CMD_LIMIT_S, text ? text : "");
+    }
+    sleep_ms(50);
+  }
+}
+
+/* How many times `needle` is in the log of `p`. */
+static int count_in_log(proc *p, const char *needle) {
+  char *log = slurp(p->log);
+  int n = 0;
+  for (const char *s = log; s && (s = strstr(s, needle)); s += strlen(needle)) n++;
+  free(log);
+  return n;
+}
+
+/* ---- 1. a driver restarted on its address ---------------------------------------------- */
+
+/* A client caches range(0, 1000) and keeps its application open; the driver is killed and a
+ * new one starts on the same port. A new client's cached data and shuffles must be its own
+ * (before, the executor served the old application 1's blocks and map outputs to the new
+ * application 1: sum 499500 for 999000), the old client's calls are refused with a message
+ * that says why, and the executor says once what happened. */
+static void test_driver_restart_serves_no_stale_data(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  proc *exec = start_executor("exec1", NULL);
+  wait_executors(1);
+  const char *go = test_file("go");
+  proc *old_client = start_proc("old-client", NULL,
+                                (const char *const[]){"submit", "--in-process", "--master", fx.master,
+                                                      bin_file("job_cache_sum.so"), "1", "4", go, NULL});
+  wait_log(old_client, "shuffled sum 499500");
+
+  assert_int_equal(kill(driver->pid, SIGKILL), 0);
+  assert_true(wait_exit(driver->pid, STOP_LIMIT_S) >= 0);
+  driver->pid = 0;
+  restart_driver("driver2", NULL);
+  wait_executors(1);
+
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_cache_sum.so"), "2", "4");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "count 1000\n");
+  EXPECT_OUT(r, "sum 999000\n");
+  EXPECT_OUT(r, "shuffled sum 999000\n");
+  free(r);
+  /* Other partition counts looped for ever on a map output that the old shuffle left. */
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_cache_sum.so"), "3", "5");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "count 1000\n");
+  EXPECT_OUT(r, "shuffled sum 1498500\n");
+  free(r);
+
+  /* The old client's application belonged to the dead driver. */
+  FILE *f = fopen(go, "w");
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(wait_exit(old_client->pid, CMD_LIMIT_S), 2); /* its second run failed */
+  old_client->pid = 0;
+  char *log = slurp(old_client->log);
+  assert_non_null(strstr(log, "earlier driver process"));
+  assert_null(strstr(log, "again: sum"));
+  free(log);
+
+  /* The executor dropped the old driver's state once, said so once, and registered afresh. */
+  assert_int_equal(count_in_log(exec, "does not know this executor"), 1);
+  assert_int_equal(count_in_log(exec, "registered afresh"), 1);
+  assert_true(count_in_log(exec, "heartbeat to the driver") <= 1);
+  char *text = status_text();
+  assert_non_null(text);
+  assert_non_null(strstr(text, "executors: 1\n"));
+  free(text);
+  stop_all();
+  fx.passed = true;
+}
+
+/* An executor whose driver is gone and does not come back says so once, not every second,
+ * drops its state after FLINT_DRIVER_TIMEOUT_MS, and keeps trying quietly; a driver started
+ * later on the address gets it back. */
+static void test_executor_outlives_its_driver(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  proc *exec = start_executor("exec1", (const char *const[]){"FLINT_DRIVER_TIMEOUT_MS=1500", NULL});
+  wait_executors(1);
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_cache_sum.so"), "1", "2");
+  expect_status(r, 0);
+  free(r);
+  assert_int_equal(kill(driver->pid, SIGKILL), 0);
+  assert_true(wait_exit(driver->pid, STOP_LIMIT_S) >= 0);
+  driver->pid = 0;
+  wait_log(exec, "no answer from the driver");
+  sleep_ms(3000); /* quiet retries: nothing more in the log */
+  assert_int_equal(count_in_log(exec, "heartbeat to the driver"), 1);
+  assert_int_equal(count_in_log(exec, "no answer from the driver"), 1);
+  expect_running(exec);
+
+  restart_driver("driver2", NULL);
+  wait_executors(1);
+  wait_log(exec, "registered afresh");
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_cache_sum.so"), "2", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "shuffled sum 999000\n");
+  free(r);
+  stop_all();
+  fx.passed = true;
+}
+
+int main(void) {
+  find_binaries((const char *const[]){"job_cache_sum.so", NULL});
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_driver_restart_serves_no_stale_data, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_executor_outlives_its_driver, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
