@@ -9,7 +9,9 @@
  *   - a killed rank: kill -9 of the executor running rank 0 during epoch 2 makes the stage
  *     retry once, on the live executors, from the epoch-1 checkpoint (attempts 2,
  *     resumed_epoch 1, one curve row per epoch); with no spare executor the run fails with
- *     FL_ESLOTS.
+ *     FL_ESLOTS;
+ *   - divergence: at an absurd rate the run stops at the first non-finite loss with FL_EINVAL
+ *     naming the step and the rate, on 1, 2 and 3 ranks, without retrying the stage.
  * Built a second time as test_gpu_train_cuda (TEST_GPU_TRAIN_CUDA), where the ranks train on
  * the cuda device, every rank on GPU 0 with the host backend staging through pinned memory:
  *   - R ranks on cuda reach 1 rank on cuda's weights (every host algorithm, small buckets);

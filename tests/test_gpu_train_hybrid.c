@@ -10,7 +10,8 @@
  *     stage exceed 1F1B's at the same m;
  *   - the sharded checkpoint: --checkpoint writes a blob with one shard per rank, and a killed
  *     rank's stage resumes from the epoch-1 checkpoint on a local cluster;
- *   - options: the grid's and the transformer's errors name the option.
+ *   - options: the grid's and the transformer's errors name the option;
+ *   - divergence: a non-finite loss stops every rank of the grid at the same step (FL_EINVAL).
  * Links the shared libraries: the barrier function ships to executors by (library, symbol).
  * Needs Fashion-MNIST in /usr/share/datasets/fashion-mnist (the tests skip without it). */
 #include <errno.h>
