@@ -82,12 +82,18 @@ static const char train_usage_text[] =
     "  --timeline-svg PATH the same drawn as a chart\n"
     "  --help              this text\n"
     "\n"
-    "example (the large-batch check: compare with --batch 256 --warmup 0):\n"
-    "  flint train --model cnn --data fashion-mnist --ranks 8 --batch 8192 --lr 0.1 \\\n"
-    "      --warmup 5 --epochs 30 --csv large.csv --svg large.svg\n"
+    "A loss that turns non-finite stops the run (exit 1) naming the step and the learning\n"
+    "rate: lower --lr, or warm up to it with --warmup.\n"
+    "\n"
+    "example (the large-batch check: compare with --batch 256 --warmup 0; at batch 8192 the\n"
+    "cnn diverges from --lr 0.05 and the mlp from 0.02, see docs/gpu.md; on a GPU add\n"
+    "--device cuda):\n"
+    "  flint train --model cnn --data fashion-mnist --ranks 8 --batch 8192 --lr 0.01 \\\n"
+    "      --warmup 5 --epochs 30 --master 'local[8]' --csv large.csv --svg large.svg\n"
     "example (hybrid: 2 replicas of 2-way tensor x 2-stage pipeline parallelism):\n"
     "  flint train --model transformer --data fashion-mnist --dp 2 --tp 2 --pp 2 \\\n"
-    "      --schedule 1f1b --microbatches 4 --batch 64 --epochs 1 --timeline-svg tl.svg\n";
+    "      --schedule 1f1b --microbatches 4 --batch 64 --epochs 1 --master 'local[8]' \\\n"
+    "      --timeline-svg tl.svg\n";
 
 static int train_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int train_usage_error(const char *fmt, ...) {

@@ -14,7 +14,10 @@
  *   4. on a retried attempt, restore the last checkpoint the stage put;
  *   5. per epoch: steps of forward, loss, backward with buckets allreduced (averaged) as
  *      backward reports their gradients final, one SGD step; then evaluation on every rank's
- *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row.
+ *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row;
+ *   6. a non-finite loss stops every rank at the same step (1 rank: that step; several: the
+ *      next progress report, where the loss sums are allreduced) and the run fails with the
+ *      first such step, its loss and its rate (REPORT_DIVERGED), without a retry.
  * Overlap (the default, as PyTorch DDP): buckets go to the rank's communication thread
  * (gpu/comm_worker.h), which allreduces them in order while backward goes on; the rank waits
  * for them all before the SGD step. Without it (train_arg.overlap false) each bucket is
@@ -301,6 +304,29 @@ static fl_status rank_checkpoint(rank_state *r, const checkpoint_state *cs, fl_b
   return s;
 }
 
+/* Called by every rank once the summed loss is non-finite: some rank saw a non-finite loss,
+ * and each one's `bad` holds the first step it saw one at (step 0: none). Every rank gets the
+ * earliest in *bad; when none saw one (the sum itself overflowed) the caller's fallback
+ * stands. The failure path only: through the driver, not the communicator. */
+static fl_status rank_agree_divergence(rank_state *r, train_report *bad, const train_report *fallback) {
+  fl_records *all = NULL;
+  fl_status s = fl_barrier_all_gather(r->b, fl_bytes_of(bad, sizeof *bad), 0, &all);
+  if (s != FL_OK) return s;
+  for (uint32_t i = 0; i < r->world && s == FL_OK; i++) {
+    fl_bytes rec = fl_records_get(all, i);
+    train_report t;
+    if (rec.len != sizeof t) {
+      s = fl_set_error(FL_EPROTO, "rank %u sent a divergence report of %zu bytes", i, rec.len);
+      break;
+    }
+    memcpy(&t, rec.data, sizeof t);
+    if (t.step && (!bad->step || t.step < bad->step)) *bad = t;
+  }
+  fl_records_free(all);
+  if (s == FL_OK && !bad->step) *bad = *fallback;
+  return s;
+}
+
 static void rank_free(rank_state *r) {
   /* First: the worker may still be reading the gradients, and it uses the communicator. */
   comm_worker_stop(r->worker);
@@ -395,12 +421,14 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   size_t total = fl_tensor_numel(nn_model_grads(r.model));
   uint64_t report_every = steps / PROGRESS_REPORTS_PER_EPOCH ? steps / PROGRESS_REPORTS_PER_EPOCH : 1;
   train_report last = {0};
+  train_report bad = {0}; /* the first step whose loss this rank saw non-finite */
   double lr = cs.lr;
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
     double t0 = train_now_s();
     data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
     FL_CHECK(r.dev->ops->memset0(r.dev, r.stats_d, 2 * sizeof(float)));
     uint64_t images = 0;
+    float loss_before = 0; /* the epoch's loss sum before this step */
     for (uint64_t i = 0; i < steps; i++) {
       uint32_t n = data_reader_next(r.train, r.images_h, r.labels_h);
       if (n != r.local_batch) {
@@ -424,12 +452,41 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       /* The communicator is the rank thread's again, and the gradients are averaged. */
       if (bk.worker) FL_CHECK(comm_worker_wait(bk.worker));
       lr = optim_lr_at(&a.schedule, epoch + (double)i / (double)steps);
+      /* Divergence: the epoch's loss sum turns non-finite at the first step whose loss does.
+       * On cuda the copy waits for backward, as the next step's upload would anyway. */
+      float st[2];
+      FL_CHECK(read_stats(&r, st));
+      if (!bad.step && !isfinite(st[0]))
+        bad = (train_report){.kind = REPORT_DIVERGED, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
+                             .step = cs.step + 1, .steps_per_epoch = steps, .done = i + 1,
+                             .loss = ((double)st[0] - loss_before) / n, .lr = lr, .pid = (int64_t)getpid()};
+      loss_before = st[0];
+      bool at_report = (i + 1) % report_every == 0 || i + 1 == steps;
+      /* One rank must not stop alone: the others would wait for it in the next allreduce. With
+       * several, all of them check the summed loss at each progress report (a NaN anywhere
+       * makes it non-finite everywhere) and stop there together, naming the first bad step. */
+      bool diverged = r.world == 1 && bad.step;
+      if (r.world > 1 && at_report) {
+        double in3[3] = {st[0], st[1], (double)(images + n)}, sum3[3];
+        FL_CHECK(rank_sum(&r, in3, sum3));
+        if (!isfinite(sum3[0])) {
+          train_report here = {.kind = REPORT_DIVERGED, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
+                               .step = cs.step + 1, .steps_per_epoch = steps, .done = i + 1,
+                               .loss = sum3[0] / sum3[2], .lr = lr, .pid = (int64_t)getpid()};
+          FL_CHECK(rank_agree_divergence(&r, &bad, &here));
+          diverged = true;
+        }
+      }
+      if (diverged) {
+        /* Not a failure of the task: every rank returns FL_OK (a retry would only diverge
+         * again) and the client fails the run with rank 0's report. */
+        if (r.rank == 0) FL_CHECK(fl_emit(out, &bad, sizeof bad));
+        goto cleanup;
+      }
       FL_CHECK(optim_sgd_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
       images += n;
       cs.step++;
-      if (r.rank == 0 && ((i + 1) % report_every == 0 || i + 1 == steps)) {
-        float st[2];
-        FL_CHECK(read_stats(&r, st));
+      if (r.rank == 0 && at_report) {
         double secs = train_now_s() - t0;
         train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                             .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = st[0] / images,
@@ -481,6 +538,7 @@ typedef struct client_state {
   curves curves;
   fl_status error; /* the first failure to keep a row (ENOMEM) */
   uint32_t attempts;
+  bool line_open; /* a progress line without its newline yet */
 } client_state;
 
 static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
@@ -491,9 +549,11 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   memcpy(&rep, message.data, sizeof rep);
   if (rep.attempt + 1 > c->attempts) c->attempts = rep.attempt + 1;
   if (rep.kind == REPORT_PROGRESS) {
-    if (c->opts->progress && rep.steps_per_epoch)
+    if (c->opts->progress && rep.steps_per_epoch) {
       curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, (double)rep.done / (double)rep.steps_per_epoch,
                             rep.loss, rep.acc, rep.images_per_s, false);
+      c->line_open = true;
+    }
     return;
   }
   if (rep.kind != REPORT_EPOCH) return;
@@ -512,10 +572,24 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   }
   if (c->opts->progress) {
     curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, 1.0, rep.loss, rep.acc, rep.images_per_s, true);
+    c->line_open = false;
     fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s\n", rep.test_loss, rep.test_acc, rep.lr,
             rep.seconds);
     fflush(c->opts->progress);
   }
+}
+
+fl_status train_diverged_error(const gpu_train_options *o, const train_report *rep) {
+  char loss[32];
+  if (isnan(rep->loss)) snprintf(loss, sizeof loss, "nan"); /* not "-nan" */
+  else snprintf(loss, sizeof loss, "%g", rep->loss);
+  optim_schedule sched;
+  gpu_train_schedule(o, &sched);
+  return fl_set_error(FL_EINVAL,
+                      "training diverged at step %llu (epoch %u of %u): loss %s at learning rate %g (the peak is "
+                      "--lr %g x --batch %u / 256 = %g); lower --lr, or reach the rate gradually with --warmup",
+                      (unsigned long long)rep->step, rep->epoch, rep->epochs, loss, rep->lr, o->lr, o->batch,
+                      optim_schedule_peak_lr(&sched));
 }
 
 /* Barrier tasks: one per data-parallel rank, or per grid rank for the transformer. */
@@ -590,6 +664,10 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   }
   train_report last;
   memcpy(&last, fl_records_get(out, 0).data, sizeof last);
+  if (last.kind == REPORT_DIVERGED) {
+    status = train_diverged_error(o, &last);
+    goto cleanup;
+  }
   if (o->csv_path) FL_CHECK(curves_write_csv(&c.curves, o->csv_path));
   if (o->svg_path) {
     char title[200], ranks[80];
@@ -638,6 +716,10 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:
+  if (c.line_open && o->progress) { /* a run that stopped mid-epoch: its error goes on a line of its own */
+    fputc('\n', o->progress);
+    fflush(o->progress);
+  }
   fl_records_free(out);
   fl_dataset_free(trained);
   fl_dataset_free(pair);

@@ -170,7 +170,10 @@ FL_API void gpu_train_schedule(const gpu_train_options *opts, optim_schedule *ou
  * returns). *result (may be NULL) is filled on success. Blocks until training ends.
  * Errors: FL_EINVAL (options), the data set's (FL_ENOENT / FL_EFORMAT naming the file),
  * FL_ESLOTS (fewer task slots than ranks), FL_EDEVICE, FL_EPEER, the stage's after its
- * retries, FL_EIO for the output files. */
+ * retries, FL_EIO for the output files. A loss that turns non-finite (the rate is too high)
+ * stops every rank at that step (with several data-parallel ranks, at the next progress
+ * report: a twentieth of an epoch) and fails the run, without retrying it, with FL_EINVAL
+ * naming the first such step, its loss and its learning rate; no output file is written. */
 FL_API fl_status gpu_train_run(const gpu_train_options *opts, gpu_train_result *result);
 /* The same in a context the caller owns (tests, job binaries). */
 FL_API fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *opts, gpu_train_result *result);

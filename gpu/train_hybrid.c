@@ -467,6 +467,16 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
       pp_step_stats st;
       FL_CHECK(pp_trainer_compute_gradients(r.trainer, r.x_h, r.y_h, (int)rows, cs.step, &st));
       lr = optim_lr_at(&a.schedule, epoch + (double)i / (double)steps);
+      /* st.loss is the world's (allreduced): every rank sees it non-finite at the same step
+       * and stops there, returning FL_OK (a retry would only diverge again); the client fails
+       * the run with rank 0's report. */
+      if (!isfinite(st.loss)) {
+        train_report bad = {.kind = REPORT_DIVERGED, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
+                            .step = cs.step + 1, .steps_per_epoch = steps, .done = i + 1, .loss = st.loss, .lr = lr,
+                            .pid = (int64_t)getpid()};
+        if (r.rank == 0) FL_CHECK(fl_emit(out, &bad, sizeof bad));
+        goto cleanup;
+      }
       FL_CHECK(pp_trainer_apply(r.trainer, (float)lr, &st));
       FL_CHECK(keep_timeline(&r, &st));
       loss += st.loss;

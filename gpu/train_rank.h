@@ -9,8 +9,11 @@
 
 #include "gpu/train.h"
 
-/* Reports from a rank to the client, as fl_barrier_report messages. */
-enum { REPORT_PROGRESS = 1, REPORT_EPOCH = 2 };
+/* Reports from a rank to the client, as fl_barrier_report messages. REPORT_DIVERGED is
+ * instead rank 0's only output record when the loss turned non-finite (step, epoch, loss and
+ * lr of the first such step; every rank stopped there and returned FL_OK, so that the stage is
+ * not retried): the client fails the run with train_diverged_error. */
+enum { REPORT_PROGRESS = 1, REPORT_EPOCH = 2, REPORT_DIVERGED = 3 };
 typedef struct train_report {
   uint32_t kind, epoch, epochs, attempt; /* epoch: 1-based */
   uint64_t step, steps_per_epoch, done;  /* step: global steps so far; done: this epoch's */
@@ -58,6 +61,10 @@ fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out)
 bool train_uses_nccl(fl_device_kind kind);
 /* The smallest of every rank's `mine`, on every rank. */
 fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out);
+
+/* FL_EINVAL naming a REPORT_DIVERGED's step, loss and rate, with the hint (a lower --lr, or
+ * --warmup). */
+fl_status train_diverged_error(const gpu_train_options *o, const train_report *rep);
 
 /* The barrier tasks, shipped by symbol (exported for the flint command's executors). */
 FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);

@@ -9,7 +9,9 @@
  *   - a killed rank: kill -9 of the executor running rank 0 during epoch 2 makes the stage
  *     retry once, on the live executors, from the epoch-1 checkpoint (attempts 2,
  *     resumed_epoch 1, one curve row per epoch); with no spare executor the run fails with
- *     FL_ESLOTS.
+ *     FL_ESLOTS;
+ *   - divergence: at an absurd rate the run stops at the first non-finite loss with FL_EINVAL
+ *     naming the step and the rate, on 1, 2 and 3 ranks, without retrying the stage.
  * Built a second time as test_gpu_train_cuda (TEST_GPU_TRAIN_CUDA), where the ranks train on
  * the cuda device, every rank on GPU 0 with the host backend staging through pinned memory:
  *   - R ranks on cuda reach 1 rank on cuda's weights (every host algorithm, small buckets);
@@ -503,6 +505,44 @@ static void test_killed_rank_too_few_executors(void **state) {
   assert_non_null(strstr(fl_last_error(), "needs 2"));
 }
 
+/* ---- divergence ----------------------------------------------------------------------------- */
+
+/* A rate far too high makes the loss non-finite within a few steps. The run must stop there
+ * with FL_EINVAL naming the step, the loss and the rate, not go on to a "successful" end with
+ * a NaN loss. With several ranks every rank must stop at the same step (one left waiting in
+ * an allreduce would hang the run), and the failure is no reason to retry the stage. 80 steps
+ * an epoch (batch 12 of 960 images), so that the ranks check between progress reports too. */
+static void check_diverges(uint32_t ranks, const char *master) {
+  gpu_train_options o = eq_options(NN_MLP, ranks, master);
+  o.batch = 12;
+  o.lr = 1e6;
+  o.epochs = 2;
+  gpu_train_result res;
+  fl_status s = gpu_train_run(&o, &res);
+  const char *e = fl_last_error();
+  fprintf(stderr, "  %u rank%s at lr 1e6: %s: %s\n", ranks, ranks == 1 ? "" : "s", fl_status_name(s),
+          s == FL_OK ? "" : e);
+  if (s == FL_OK) fprintf(stderr, "  (finished: train loss %g, accuracy %g)\n", res.train_loss, res.train_acc);
+  assert_int_equal(s, FL_EINVAL);
+  unsigned long long step = 0;
+  const char *at = strstr(e, "diverged at step ");
+  assert_non_null(at);
+  assert_int_equal(sscanf(at, "diverged at step %llu", &step), 1);
+  assert_true(step >= 1 && step <= 2ull * 80);
+  assert_non_null(strstr(e, "learning rate"));
+  assert_true(strstr(e, "loss nan") || strstr(e, "loss inf") || strstr(e, "loss -inf"));
+  assert_non_null(strstr(e, "--lr"));
+  assert_null(strstr(e, "barrier stage")); /* not the stage's failure after its retries */
+}
+
+static void test_divergence_stops_the_run(void **state) {
+  (void)state;
+  NEED_DATA();
+  check_diverges(1, "local[1]");
+  check_diverges(2, "local[2]");
+  check_diverges(3, "local[3]");
+}
+
 /* ---- options ------------------------------------------------------------------------------ */
 
 static void test_options(void **state) {
@@ -562,7 +602,9 @@ int main(void) {
       T(test_default_bucket_is_one_allreduce),
       T(test_killed_rank_resumes_from_checkpoint),
       T(test_killed_rank_too_few_executors),
+      T(test_divergence_stops_the_run),
   };
+  if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
   int failed = cmocka_run_group_tests_name("gpu_train", tests, NULL, NULL);
   rmdir(tmp_dir);
   return failed;

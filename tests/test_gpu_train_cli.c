@@ -1,8 +1,9 @@
 /*
  * test_gpu_train_cli: `flint train` run as a child process the way a user runs it: every
  * usage error exits 2 with one line on stderr naming the cause and the hint, --help exits 0,
- * and the top-level usage lists the command. (Training runs are tested where the trainer's
- * parts are: see test_gpu_optim and the trainer's own tests.)
+ * the top-level usage lists the command, and a run that diverges exits 1 naming the step.
+ * (Training runs are tested where the trainer's parts are: see test_gpu_optim and the
+ * trainer's own tests.)
  *
  * The binary is $FLINT_BIN/flint (ctest sets FLINT_BIN to <build>/bin).
  */
@@ -135,6 +136,34 @@ static void test_transformer_run(void **state) {
   rmdir(dir);
 }
 
+/* A run that diverges (an absurd --lr) stops at the first non-finite loss: exit 1 and one
+ * line naming the step, the loss and the rate, with the hint. */
+static void test_divergence_exits_1(void **state) {
+  (void)state;
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    fprintf(stderr, "skipped: no Fashion-MNIST\n");
+    skip();
+  }
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", csv[64], svg[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(csv, sizeof csv, "%s/c.csv", dir);
+  snprintf(svg, sizeof svg, "%s/c.svg", dir);
+  run_result *r = RUN_FLINT("train", BASE, "--batch", "64", "--lr", "1e6", "--epochs", "2", "--train-images", "640",
+                            "--test-images", "64", "--master", "local[1]", "--quiet", "--csv", csv, "--svg", svg);
+  if (r->status != 1 || !strstr(r->err, "diverged at step ")) run_dump(r);
+  assert_int_equal(r->status, 1);
+  assert_non_null(strstr(r->err, "flint train: "));
+  assert_non_null(strstr(r->err, "diverged at step "));
+  assert_non_null(strstr(r->err, "learning rate"));
+  assert_non_null(strstr(r->err, "--lr"));
+  assert_null(strstr(r->out, "test         loss")); /* no result printed */
+  free(r);
+  unlink(csv);
+  unlink(svg);
+  rmdir(dir);
+}
+
 static void test_help(void **state) {
   (void)state;
   run_result *r = RUN_FLINT("train", "--help");
@@ -143,6 +172,12 @@ static void test_help(void **state) {
   assert_non_null(strstr(r->out, "--microbatches M"));
   assert_non_null(strstr(r->out, "--warmup E"));
   assert_non_null(strstr(r->out, "linear scaling"));
+  /* The large-batch example uses a rate that converges at batch 8192 (docs/gpu.md: the cnn
+   * diverges there from 0.05), and the 8-rank examples ask for 8 task slots whatever the
+   * machine's cores. */
+  assert_non_null(strstr(r->out, "--batch 8192 --lr 0.01 "));
+  assert_non_null(strstr(r->out, "--epochs 30 --master 'local[8]'"));
+  assert_non_null(strstr(r->out, "--epochs 1 --master 'local[8]'"));
   free(r);
   r = RUN_FLINT("--help");
   assert_int_equal(r->status, 0);
@@ -157,7 +192,9 @@ int main(void) {
       cmocka_unit_test(test_bad_options_exit_2),
       cmocka_unit_test(test_bad_transformer_options_exit_2),
       cmocka_unit_test(test_transformer_run),
+      cmocka_unit_test(test_divergence_exits_1),
       cmocka_unit_test(test_help),
   };
+  if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,8 @@
  *     stage exceed 1F1B's at the same m;
  *   - the sharded checkpoint: --checkpoint writes a blob with one shard per rank, and a killed
  *     rank's stage resumes from the epoch-1 checkpoint on a local cluster;
- *   - options: the grid's and the transformer's errors name the option.
+ *   - options: the grid's and the transformer's errors name the option;
+ *   - divergence: a non-finite loss stops every rank of the grid at the same step (FL_EINVAL).
  * Links the shared libraries: the barrier function ships to executors by (library, symbol).
  * Needs Fashion-MNIST in /usr/share/datasets/fashion-mnist (the tests skip without it). */
 #include <errno.h>
@@ -356,6 +357,37 @@ static void test_killed_rank_resumes_from_sharded_checkpoint(void **state) {
   assert_true(r.seen[1].train_loss < r.seen[0].train_loss);
 }
 
+/* A rate far too high: the loss of the world (every rank holds the same value) turns
+ * non-finite within a few steps, and every rank of the grid stops at that step; the run fails
+ * with FL_EINVAL naming the step, the loss and the rate, and is not retried. */
+static void check_diverges(uint32_t dp, uint32_t tp, uint32_t pp) {
+  rows r = {0};
+  gpu_train_options o = small_options(dp, tp, pp, PP_1F1B, 2, &r);
+  o.lr = 1e9;
+  gpu_train_result res;
+  fl_status s = gpu_train_run(&o, &res);
+  const char *e = fl_last_error();
+  fprintf(stderr, "  %ux%ux%u at lr 1e9: %s: %s\n", dp, tp, pp, fl_status_name(s), s == FL_OK ? "" : e);
+  if (s == FL_OK) fprintf(stderr, "  (finished: train loss %g, accuracy %g)\n", res.train_loss, res.train_acc);
+  assert_int_equal(s, FL_EINVAL);
+  unsigned long long step = 0;
+  const char *at = strstr(e, "diverged at step ");
+  assert_non_null(at);
+  assert_int_equal(sscanf(at, "diverged at step %llu", &step), 1);
+  assert_true(step >= 1 && step <= 2ull * 16);
+  assert_non_null(strstr(e, "learning rate"));
+  assert_true(strstr(e, "loss nan") || strstr(e, "loss inf") || strstr(e, "loss -inf"));
+  assert_non_null(strstr(e, "--lr"));
+  assert_null(strstr(e, "barrier stage"));
+}
+
+static void test_divergence_stops_the_run(void **state) {
+  (void)state;
+  NEED_DATA();
+  check_diverges(1, 1, 1);
+  check_diverges(2, 2, 2);
+}
+
 static void expect_invalid(gpu_train_options *o, const char *needle) {
   fl_status s = gpu_train_options_validate(o);
   if (s != FL_EINVAL || !strstr(fl_last_error(), needle))
@@ -416,7 +448,9 @@ int main(void) {
       T(test_timeline_bubble_and_memory),
       T(test_checkpoint_file_has_a_shard_per_rank),
       T(test_killed_rank_resumes_from_sharded_checkpoint),
+      T(test_divergence_stops_the_run),
   };
+  if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
   int failed = cmocka_run_group_tests_name("gpu_train_hybrid", tests, NULL, NULL);
   rmdir(tmp_dir);
   return failed;
