@@ -593,9 +593,11 @@ static void test_timeout_and_limit(void **state) {
   peer_of(s, peer, sizeof peer);
   fl_buf out = FL_BUF_INIT;
   dp_request slow = {.kind = DP_RESULT, .key = {600}};
+  /* The status shows the 100 ms timeout fired before the 600 ms reply came (a late one would
+   * have let the reply through); the 30 s bound only catches a hang, not a busy host. */
   uint64_t t0 = common_now_ns();
   assert_fails_with(dp_fetch(c, peer, &slow, 100, &out, NULL), FL_ETIMEDOUT, "timed out");
-  assert_true(common_now_ns() - t0 < 550000000ull);
+  assert_true(common_now_ns() - t0 < 30000000000ull);
   dp_request quick = {.kind = DP_RESULT, .key = {0}};
   assert_ok(dp_fetch(c, peer, &quick, 0, &out, NULL));
   assert_int_equal(out.len, 16);

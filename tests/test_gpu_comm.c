@@ -638,6 +638,7 @@ static void test_worker_peer_leaves(void **state) {
   run_ranks(2, g.comms, worker_leave_after_one, NULL, jobs);
   double seconds = (double)(common_now_ns() - t0) / 1e9;
   g.comms[1] = NULL; /* destroyed by its rank */
+  group_destroy(&g); /* before any assertion, so that a failure leaks nothing */
   if (jobs[1].status != FL_OK) fprintf(stderr, "rank 1: %s\n", jobs[1].msg);
   assert_int_equal(jobs[1].status, FL_OK);
   fprintf(stderr, "  rank 0: %s in %.3f s: %s\n", fl_status_name(jobs[0].status), seconds, jobs[0].msg);
@@ -645,9 +646,10 @@ static void test_worker_peer_leaves(void **state) {
   assert_non_null(strstr(jobs[0].msg, "communication thread"));
   assert_non_null(strstr(jobs[0].msg, "fl_comm_allreduce"));
   assert_non_null(strstr(jobs[0].msg, "rank 1"));
-  /* No waiting for a timeout (FLINT_COMM_TIMEOUT_MS is 300 s): the closed sockets tell. */
-  assert_true(seconds < 10.0);
-  group_destroy(&g);
+  /* No waiting for a timeout (FLINT_COMM_TIMEOUT_MS is 300 s): the closed sockets tell. The
+   * status above (a timeout would be FL_ETIMEDOUT) is the check; the bound only catches a
+   * hang, so that a busy host cannot trip it. */
+  assert_true(seconds < 60.0);
 }
 
 static void test_worker_stop(void **state) {

@@ -4,11 +4,14 @@
  * which `flint submit` must pass on as its own exit status, with both streams, also when the
  * job runs on a driver (flint://).
  *
- *   job_echo [--sleep-ms N | --slow-ms N] ARGS...
+ *   job_echo [--sleep-ms N | --until-file PATH | --slow-until-file PATH] ARGS...
  *
  * --sleep-ms: sleeps N ms before the action, so that a test can see the job binary still
- * running; --slow-ms: the action's map function sleeps N ms on one record, so that a test
- * can act while the driver runs the job.
+ * running; --until-file: waits before the action until PATH exists; --slow-until-file: the
+ * action's map function waits on one record until PATH exists, so that a test can act while
+ * the driver runs the job. The waits end when the test makes the file, not after a time, so
+ * that a test sees the job binary or its task running for as long as it needs however slow
+ * the host (at most 60 s, so that a broken test still ends).
  *
  * Output:
  *   stdout: job_echo args: ARG1 ARG2 ...
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "flint/flint.h"
 
@@ -28,20 +32,30 @@ static void nap(long ms) {
   }
 }
 
-/* The map function of --slow-ms: exported, as cluster mode ships functions by name. */
+/* Waits until path exists, at most 60 s. */
+static void wait_for_file(const char *path) {
+  for (int i = 0; access(path, F_OK) != 0 && i < 6000; i++) nap(10);
+}
+
+/* The map function of --slow-until-file (arg: the path, NUL-terminated): exported, as cluster
+ * mode ships functions by name. */
 __attribute__((visibility("default"))) fl_status job_echo_slow(fl_bytes rec, fl_buf *out, const void *arg) {
-  if (fl_i64(rec) == 0) nap(*(const long *)arg);
+  if (fl_i64(rec) == 0) wait_for_file(arg);
   return fl_buf_append(out, rec.data, rec.len);
 }
 
 __attribute__((visibility("default"))) int flint_main(fl_context *ctx, int argc, char **argv) {
   int first = 1;
-  long sleep_ms = 0, slow_ms = 0;
+  long sleep_ms = 0;
+  const char *until_file = NULL, *slow_until_file = NULL;
   if (argc > 2 && strcmp(argv[1], "--sleep-ms") == 0) {
     sleep_ms = atol(argv[2]);
     first = 3;
-  } else if (argc > 2 && strcmp(argv[1], "--slow-ms") == 0) {
-    slow_ms = atol(argv[2]);
+  } else if (argc > 2 && strcmp(argv[1], "--slow-until-file") == 0) {
+    slow_until_file = argv[2];
+    first = 3;
+  } else if (argc > 2 && strcmp(argv[1], "--until-file") == 0) {
+    until_file = argv[2];
     first = 3;
   }
   printf("job_echo args:");
@@ -50,11 +64,13 @@ __attribute__((visibility("default"))) int flint_main(fl_context *ctx, int argc,
   fflush(stdout);
   fprintf(stderr, "job_echo: this line goes to stderr\n");
   if (sleep_ms > 0) nap(sleep_ms);
+  if (until_file) wait_for_file(until_file);
 
   fl_dataset *ds = NULL, *mapped = NULL;
   uint64_t n = 0;
   if (fl_range(ctx, 0, 10, 1, 2, &ds) != FL_OK ||
-      (slow_ms > 0 && fl_map(ds, job_echo_slow, &slow_ms, sizeof slow_ms, &mapped) != FL_OK) ||
+      (slow_until_file &&
+       fl_map(ds, job_echo_slow, slow_until_file, strlen(slow_until_file) + 1, &mapped) != FL_OK) ||
       fl_count(mapped ? mapped : ds, &n) != FL_OK) {
     fprintf(stderr, "job_echo: %s\n", fl_last_error());
     fl_dataset_free(mapped);
