@@ -102,6 +102,7 @@ static fl_status scripted_handle(void *arg, const rpc_request *req, fl_buf *resp
     Flint__RegisterExecutorReply m = FLINT__REGISTER_EXECUTOR_REPLY__INIT;
     m.executor_id = 7;
     m.heartbeat_ms = 100;
+    m.incarnation = 0x5eed; /* a driver process's, as a real one draws */
     m.driver_data_port = (uint32_t)rpc_server_port(peer.server); /* nothing is fetched from it */
     if (proto_pack(&m.base, response) != FL_OK) atomic_store(&undecodable, true);
   }

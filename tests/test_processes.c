@@ -292,8 +292,11 @@ static void test_close_while_a_job_runs(void **state) {
   rpc_channel *c = channel(NULL, 0);
   uint64_t app_id = wait_running_app(c);
   double t0 = now_s();
+  Flint__StatusReply *listed = driver_status(c);
   Flint__AppRequest close_req = FLINT__APP_REQUEST__INIT;
   close_req.app_id = app_id;
+  close_req.incarnation = listed->incarnation;
+  flint__status_reply__free_unpacked(listed, NULL);
   fl_buf reply = FL_BUF_INIT;
   assert_ok(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply));
   /* It returned while the task still waits for the file: it did not wait for the task. */
@@ -627,10 +630,16 @@ static void test_malformed_messages(void **state) {
   assert_ok(call_msg(c, "/flint.Driver/OpenApplication", &open.base, &reply));
   Flint__OpenApplicationReply *opened = flint__open_application_reply__unpack(NULL, reply.len, reply.data);
   assert_non_null(opened);
-  uint64_t app_id = opened->app_id;
+  uint64_t app_id = opened->app_id, incarnation = opened->incarnation;
   flint__open_application_reply__free_unpacked(opened, NULL);
   assert_true(app_id > 0);
+  assert_true(incarnation != 0);
   run.app_id = app_id;
+  /* An application id of another driver process (a client of one that died) is refused. */
+  run.incarnation = incarnation + 1;
+  expect_failure(call_msg(c, "/flint.Driver/RunJob", &run.base, &reply), FL_ENOENT, "earlier driver process",
+                 "RunJob of another driver incarnation");
+  run.incarnation = incarnation;
   run.plan = (ProtobufCBinaryData){sizeof long_varint, (uint8_t *)long_varint};
   fl_status st = call_msg(c, "/flint.Driver/RunJob", &run.base, &reply);
   if (st == FL_OK) fprintf(stderr, "RunJob with a plan of garbage succeeded\n");
@@ -657,16 +666,19 @@ static void test_malformed_messages(void **state) {
   run.broadcasts = NULL;
   Flint__FetchResultRequest fetch = FLINT__FETCH_RESULT_REQUEST__INIT;
   fetch.app_id = app_id;
+  fetch.incarnation = incarnation;
   fetch.operation_id = 77;
   expect_failure(call_msg(c, "/flint.Driver/FetchResult", &fetch.base, &reply), FL_ENOENT,
                  "no result 0 of operation 77", "FetchResult of nothing");
   Flint__CancelJobsRequest cancel = FLINT__CANCEL_JOBS_REQUEST__INIT;
   cancel.app_id = app_id;
+  cancel.incarnation = incarnation;
   assert_ok(call_msg(c, "/flint.Driver/CancelJobs", &cancel.base, &reply)); /* nothing runs: a no-op */
   /* BroadcastPut carries only where the client serves the value: a missing or invalid
    * address or id is refused with a message that says so. */
   Flint__BroadcastPutRequest put = FLINT__BROADCAST_PUT_REQUEST__INIT;
   put.app_id = app_id;
+  put.incarnation = incarnation;
   put.broadcast_id = 1;
   put.total = 1000;
   static char *const bad_addresses[] = {"", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ":80",
@@ -688,6 +700,7 @@ static void test_malformed_messages(void **state) {
                  "BroadcastPut of no application");
   Flint__AppRequest close_req = FLINT__APP_REQUEST__INIT;
   close_req.app_id = app_id;
+  close_req.incarnation = incarnation;
   assert_ok(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply));
   expect_failure(call_msg(c, "/flint.Driver/CloseApplication", &close_req.base, &reply), FL_ENOENT,
                  "no running application", "closing twice");
@@ -715,6 +728,7 @@ static void test_malformed_messages(void **state) {
   assert_true(num_channels < MAX_CHANNELS);
   assert_ok(rpc_channel_create(listed->executors[0]->address, NULL, 0, &exec));
   channels[num_channels++] = exec;
+  uint64_t driver_incarnation = listed->incarnation;
   flint__status_reply__free_unpacked(listed, NULL);
   Flint__TaskDescription task = FLINT__TASK_DESCRIPTION__INIT, *tasks[1] = {&task};
   task.task_key = 9;
@@ -728,6 +742,10 @@ static void test_malformed_messages(void **state) {
   launch.tasks = tasks;
   launch.n_actions = 1;
   launch.actions = actions;
+  /* A launch of another driver process (one that died, or one this executor never joined). */
+  expect_failure(call_msg(exec, "/flint.Executor/LaunchTasks", &launch.base, &reply), FL_ESTATE,
+                 "of driver incarnation 0000000000000000 refused", "a launch of no driver incarnation");
+  launch.incarnation = driver_incarnation;
   expect_failure(call_msg(exec, "/flint.Executor/LaunchTasks", &launch.base, &reply), FL_EPROTO,
                  "task 9: action 2 of a batch of 1", "a task naming a missing action");
   task.action_index = 0;
