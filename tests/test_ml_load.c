@@ -508,6 +508,71 @@ static void test_idx_errors(void **state) {
   expect_idx_error(images, two, FL_EFORMAT, "i.idx3 has 3 images but", "two.idx1 has 2 labels");
 }
 
+/* Cuts the last `drop` bytes off a file; returns its new size. */
+static long cut_file(const char *path, long drop) {
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_true(st.st_size > drop && drop >= 0);
+  assert_int_equal(truncate(path, st.st_size - drop), 0);
+  return (long)st.st_size - drop;
+}
+
+/* A .gz IDX file cut short, even only in its gzip trailer (every byte of the payload there),
+ * is an error naming the file and the byte where it ends; one named .gz that is not gzip is
+ * not read as a plain IDX file (zlib's transparent mode would). */
+static void test_idx_gzip_errors(void **state) {
+  (void)state;
+  uint32_t dims[3] = {3, 2, 3};
+  char labels[512], images[512], name[64], at[64];
+  snprintf(labels, sizeof labels, "%s", write_idx("gl.idx1.gz", 0x801, (uint32_t[]){3}, 1, classes, 3, true));
+  snprintf(images, sizeof images, "%s", write_idx("gi.idx3.gz", 0x803, dims, 3, pixels, sizeof pixels, true));
+  fl_ml_load_options opt = {.labels_path = labels};
+  fl_ml_data *data = load(images, FL_ML_IDX, &opt); /* whole files load */
+  assert_int_equal(data->rows, 3);
+  fl_ml_data_free(data);
+
+  for (int k = 0; k < 2; k++) { /* the trailer cut, then the stream */
+    snprintf(name, sizeof name, "cl%d.idx1.gz", k);
+    const char *cut = write_idx(name, 0x801, (uint32_t[]){3}, 1, classes, 3, true);
+    snprintf(at, sizeof at, "ends at byte %ld", cut_file(cut, k ? 12 : 4));
+    expect_idx_error(images, cut, FL_ECORRUPT, name, at);
+    snprintf(name, sizeof name, "ci%d.idx3.gz", k);
+    cut = write_idx(name, 0x803, dims, 3, pixels, sizeof pixels, true);
+    snprintf(at, sizeof at, "ends at byte %ld", cut_file(cut, k ? 12 : 4));
+    expect_idx_error(cut, labels, FL_EFORMAT, name, at);
+  }
+  expect_idx_error(images, write_idx("pl.idx1.gz", 0x801, (uint32_t[]){3}, 1, classes, 3, false), FL_ECORRUPT,
+                   "pl.idx1.gz", "named .gz but not gzip data");
+  expect_idx_error(write_idx("pi.idx3.gz", 0x803, dims, 3, pixels, sizeof pixels, false), labels, FL_ECORRUPT,
+                   "pi.idx3.gz", "named .gz but not gzip data");
+}
+
+/* The case: a cut .svm.gz loaded no error and trained on the rows before the cut. */
+static void test_libsvm_gzip_truncated(void **state) {
+  (void)state;
+  char path[600], text[8000] = "", line[64];
+  for (int i = 0; i < 200; i++) {
+    snprintf(line, sizeof line, "%d 1:%d 2:%d.%d\n", i % 2, i * 7919 % 1013, i, i * 31 % 97);
+    strcat(text, line);
+  }
+  snprintf(path, sizeof path, "%s/cut.svm.gz", dir);
+  gzFile f = gzopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(gzputs(f, text), (int)strlen(text));
+  assert_int_equal(gzclose(f), Z_OK);
+  fl_ml_data *data = load(path, FL_ML_LIBSVM, NULL);
+  assert_int_equal(data->rows, 200);
+  fl_ml_data_free(data);
+  long size = cut_file(path, 0) / 2;
+  assert_int_equal(truncate(path, size), 0);
+  char at[64];
+  snprintf(at, sizeof at, "ends at byte %ld", size);
+  data = (fl_ml_data *)1;
+  assert_fails_with(fl_ml_load(ctx, path, FL_ML_LIBSVM, NULL, &data), FL_EJOB, "cut.svm.gz: truncated gzip data");
+  assert_non_null(strstr(fl_last_error(), at));
+  assert_ptr_equal(data, (fl_ml_data *)1);
+}
+
 static void test_argument_errors(void **state) {
   (void)state;
   fl_ml_format f = FL_ML_CSV;
@@ -623,6 +688,7 @@ int main(void) {
       cmocka_unit_test(test_idx_small),        cmocka_unit_test(test_idx_fashion_mnist),
       cmocka_unit_test(test_libsvm_errors),    cmocka_unit_test(test_csv_errors),
       cmocka_unit_test(test_idx_errors),       cmocka_unit_test(test_argument_errors),
+      cmocka_unit_test(test_idx_gzip_errors),  cmocka_unit_test(test_libsvm_gzip_truncated),
       cmocka_unit_test(test_skip_bad_lines),   cmocka_unit_test(test_cluster),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
