@@ -51,6 +51,9 @@ static const char ml_usage_text[] =
     "  --iterations N      at most N iterations, N >= 1 (default 100)\n"
     "  --tol T             stop when the gradient norm is <= T, T > 0 (default 1e-6)\n"
     "  --partitions P      partitions of the data, P >= 1 (default 4 per core)\n"
+    "  --classes K         logreg: K classes, labels 0..K-1, classes may have no rows\n"
+    "                      (default: max label + 1, and every class must have rows;\n"
+    "                      labels that leave a class empty are an error naming them)\n"
     "  --standardize       scale each feature to unit variance (and centre dense data)\n"
     "                      before training: the model's coefficients are then in\n"
     "                      standardized units, and --test data is scaled the same way\n"
@@ -108,7 +111,7 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     }
     static const char *const valued[] = {"--master", "--data",   "--format", "--labels",     "--test",
                                          "--test-labels", "--lambda", "--l1", "--solver", "--iterations",
-                                         "--tol", "--partitions", "--out"};
+                                         "--tol", "--partitions", "--out", "--classes"};
     bool known = false;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(opt, valued[k]) == 0;
     if (!known) return ml_usage_error("unknown option '%s'", opt);
@@ -144,6 +147,9 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     } else if (strcmp(opt, "--iterations") == 0) {
       if (!cli_parse_u32(v, &a->train.max_iterations) || a->train.max_iterations < 1)
         return ml_usage_error("--iterations '%s' is not a whole number >= 1", v);
+    } else if (strcmp(opt, "--classes") == 0) {
+      if (!cli_parse_u32(v, &a->train.classes) || a->train.classes < 2 || a->train.classes > 65536)
+        return ml_usage_error("--classes '%s' is not a whole number from 2 to 65536", v);
     } else if (strcmp(opt, "--partitions") == 0) {
       if (!cli_parse_u32(v, &a->partitions) || a->partitions < 1 || a->partitions > 1000000)
         return ml_usage_error("--partitions '%s' is not a whole number from 1 to 1000000", v);
@@ -159,6 +165,7 @@ static int parse_args(int argc, char **argv, ml_args *a) {
   if (!idx && (a->labels || a->test_labels))
     return ml_usage_error("--labels and --test-labels are for --format idx only (libsvm and csv hold the labels)");
   if (a->test_labels && !a->test) return ml_usage_error("--test-labels needs --test PATH");
+  if (!a->logistic && a->train.classes) return ml_usage_error("--classes is for logreg only");
   if (a->logistic && a->train.solver == FL_ML_SOLVER_NORMAL)
     return ml_usage_error("--solver normal is for linreg only (logreg: lbfgs or gd)");
   if (!a->logistic && a->train.solver == FL_ML_SOLVER_NORMAL && a->train.l1 > 0)
@@ -207,6 +214,11 @@ static fl_status load(fl_context *ctx, const ml_args *a, const char *path, const
          d->cols, d->sparse ? "sparse" : "dense", d->weighted ? ", weighted" : "", fl_dataset_partitions(d->blocks),
          now_s() - t0);
   if (d->skipped) printf("skipped %llu bad lines of %s\n", (unsigned long long)d->skipped, path);
+  if (a->logistic) { /* the classes found, before training decides whether they fit */
+    char labels[256];
+    fl_ml_data_describe_labels(d, labels, sizeof labels);
+    printf("labels of %s: %s\n", path, labels);
+  }
   return FL_OK;
 }
 

@@ -224,6 +224,7 @@ void fl_ml_block_builder_free(fl_ml_block_builder *b) {
 void fl_ml_data_free(fl_ml_data *data) {
   if (!data) return;
   fl_dataset_free(data->blocks);
+  free(data->label_seen);
   free(data);
 }
 

@@ -623,17 +623,26 @@ static fl_status load_text(fl_context *ctx, const char *path, fl_ml_format forma
 
 /* ---- IDX --------------------------------------------------------------------------------- */
 
-/* Reads exactly len bytes; *got says how many came. A zlib error is FL_EIO. */
+/* Reads exactly len bytes; *got says how many came (fewer only at the end of the data). A
+ * read error is FL_EIO; gzip data that is corrupt or cut short is FL_ECORRUPT naming the
+ * byte of the file: at a premature end zlib returns 0 as at the proper one (gzeof() is true
+ * for both) and keeps Z_BUF_ERROR, which only gzerror() tells. */
 static fl_status gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *got) {
   *got = 0;
   while (*got < len) {
     unsigned chunk = len - *got > (1u << 30) ? 1u << 30 : (unsigned)(len - *got);
     int n = gzread(f, (uint8_t *)buf + *got, chunk);
-    if (n < 0) {
-      int err;
-      const char *msg = gzerror(f, &err);
-      return fl_set_error(FL_EIO, "%s: read error: %s", path, err == Z_ERRNO ? strerror(errno) : msg);
-    }
+    int err;
+    const char *msg = gzerror(f, &err);
+    if (n < 0 && err == Z_ERRNO) return fl_set_error(FL_EIO, "%s: read error: %s", path, strerror(errno));
+    if (n < 0)
+      return fl_set_error(FL_ECORRUPT, "%s: bad gzip data at byte %lld of the file: %s", path,
+                          (long long)gzoffset(f), msg);
+    if (n == 0 && err == Z_BUF_ERROR)
+      return fl_set_error(FL_ECORRUPT,
+                          "%s: truncated gzip data: the file ends at byte %lld, inside the compressed stream "
+                          "(after %lld bytes of data)",
+                          path, (long long)gzoffset(f), (long long)gztell(f));
     if (n == 0) break;
     *got += (size_t)n;
   }
@@ -653,7 +662,13 @@ static fl_status idx_open(const char *path, uint32_t magic, const char *kind, ui
                         errno ? strerror(errno) : "out of memory");
   uint8_t head[16];
   size_t want = 4 + 4 * (size_t)ndims, got;
-  fl_status s = gz_read(f, path, head, want, &got);
+  fl_status s = FL_OK;
+  /* zlib reads a file without the gzip magic as it is ("transparent"): under a .gz name that
+   * would pass a plain (or mistaken) file for the gzip one the user meant. */
+  if (is_gzip_name(path) && gzdirect(f))
+    s = fl_set_error(FL_ECORRUPT, "%s: named .gz but not gzip data (it does not start with the gzip magic 1f 8b)",
+                     path);
+  if (s == FL_OK) s = gz_read(f, path, head, want, &got);
   if (s == FL_OK && got >= 4 && be32(head) != magic)
     s = fl_set_error(FL_EFORMAT, "%s: bad magic 0x%08x (an %s file starts with 0x%08x)", path, be32(head), kind, magic);
   if (s == FL_OK && got < want)
@@ -747,7 +762,13 @@ FL_ML_KERNEL fl_status ml_load_idx_partition(uint32_t partition, fl_iter *in, fl
   double *xs = (double *)x.data;
   bool reserved = false;
   for (uint32_t i = lo; s == FL_OK && !*cause && i < hi; i++) {
-    if ((s = gz_read(fi, images, pixels.data, a.size, &got)) != FL_OK) break;
+    if ((s = gz_read(fi, images, pixels.data, a.size, &got)) != FL_OK) {
+      if (s == FL_ECORRUPT) { /* the file's fault, as a truncated image is: no retries */
+        snprintf(cause, sizeof cause, "%s", fl_last_error());
+        s = FL_OK;
+      }
+      break;
+    }
     if (got < a.size) {
       snprintf(cause, sizeof cause, "%s: image %u: truncated (the header says %u images of %u x %u)", images, i + 1, a.n,
                a.dims[0], a.dims[1]);
@@ -761,7 +782,10 @@ FL_ML_KERNEL fl_status ml_load_idx_partition(uint32_t partition, fl_iter *in, fl
   if (s == FL_OK && !*cause && partition + 1 == a.parts) {
     char what[64];
     snprintf(what, sizeof what, "%u images", a.n);
-    if ((s = idx_expect_end(fi, images, what)) == FL_EFORMAT) snprintf(cause, sizeof cause, "%s", fl_last_error());
+    if ((s = idx_expect_end(fi, images, what)) == FL_EFORMAT || s == FL_ECORRUPT) {
+      snprintf(cause, sizeof cause, "%s", fl_last_error());
+      s = FL_OK;
+    }
   }
   if (*cause) s = note_bad_image(&a, lo, cause); /* the load fails with it: the partition is moot */
   if (fi) gzclose(fi);

@@ -30,6 +30,14 @@ fl_status ml_emit_block(fl_emitter *out, const fl_buf *rec, uint64_t done, uint6
 
 /* Counts rows of a block dataset and its width: one job. */
 fl_status ml_data_describe(fl_ml_data *data);
+/* Sets data->label_seen (a copy of `seen`, FL_ML_LABEL_WORDS words; NULL: unknown) and
+ * label_count. */
+fl_status ml_data_set_labels(fl_ml_data *data, const uint64_t *seen);
+/* Whether label y is in the set (bit y + 1). */
+bool ml_label_seen(const uint64_t *seen, int64_t y);
+/* Writes the labels in lo..hi that are in the set (want) or not, as "0, 3..4", into buf
+ * (cut with "..." when longer); returns how many there are. */
+size_t ml_format_labels(const uint64_t *seen, int64_t lo, int64_t hi, bool want, char *buf, size_t len);
 
 /* A zeroed model (coef and intercepts in one allocation, in that order: the layout of
  * ml_glm parameters). NULL when out of memory. */

@@ -279,6 +279,32 @@ fl_status fl_ml_linreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
   return FL_OK;
 }
 
+/* The classes inferred from the labels' range are lo..hi (-1..1 for -1/+1, where 0 is no
+ * class). A class with no rows there is nearly always a mistake (labels 1..K, a stray 255
+ * among ten digits) that would silently add untrainable outputs: refuse it, naming the
+ * empty labels and the classes found. Data not described by flint (label_seen NULL) is not
+ * checked. */
+static fl_status check_classes_have_rows(const fl_ml_data *data, int64_t lo, int64_t hi) {
+  if (!data->label_seen) return FL_OK;
+  const uint64_t *seen = data->label_seen;
+  char empty[160], found[160];
+  size_t missing = 0;
+  if (lo == -1) {
+    for (int64_t y = -1; y <= 1; y += 2) missing += !ml_label_seen(seen, y);
+    if (!missing) return FL_OK;
+    return fl_set_error(FL_EINVAL, "logistic regression: labels -1/+1 but one of them has no rows");
+  }
+  missing = ml_format_labels(seen, lo, hi, false, empty, sizeof empty);
+  if (!missing) return FL_OK;
+  size_t have = ml_format_labels(seen, -1, 65535, true, found, sizeof found);
+  return fl_set_error(FL_EINVAL,
+                      "logistic regression: labels %lld..%lld span %lld classes but %zu of them %s no rows "
+                      "(label%s %s); %zu class%s %s rows (labels %s). Give the class count "
+                      "(fl_ml_train_options.classes, flint ml --classes K) to train with empty classes",
+                      (long long)lo, (long long)hi, (long long)(hi - lo + 1), missing, missing == 1 ? "has" : "have",
+                      missing == 1 ? "" : "s", empty, have, have == 1 ? "" : "es", have == 1 ? "has" : "have", found);
+}
+
 fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, fl_ml_model **out) {
   fl_ml_train_options o = defaults(opt);
   fl_status s = check_options(data, &o, "fl_ml_logreg");
@@ -298,8 +324,19 @@ fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
                           "run from %g to %g%s",
                           lo, hi, integers ? "" : " and are not all integers");
     classes = hi < 1 ? 2 : (uint32_t)hi + 1;
+    s = check_classes_have_rows(data, lo == -1 ? -1 : 0, lo == -1 ? 1 : (int64_t)classes - 1);
+    if (s != FL_OK) return s;
   }
   if (classes < 2) return fl_set_error(FL_EINVAL, "logistic regression needs at least 2 classes (got %u)", classes);
+  if (o.classes && data->rows > 0) { /* stated: the labels must fit it (checked here, before any job) */
+    double lo = data->label_min, hi = data->label_max;
+    bool fits = data->labels_integer && ((lo >= 0 && hi <= classes - 1) || (classes == 2 && lo >= -1 && hi <= 1));
+    if (!fits)
+      return fl_set_error(FL_EINVAL,
+                          "logistic regression with %u classes needs labels 0..%u%s; the labels run from %g to %g%s",
+                          classes, classes - 1, classes == 2 ? " (or -1/+1)" : "", lo, hi,
+                          data->labels_integer ? "" : " and are not all integers");
+  }
   bool binary = classes == 2;
   fl_ml_model *m = ml_model_new(binary ? FL_ML_LOGISTIC_BINARY : FL_ML_LOGISTIC_MULTINOMIAL, data->cols, classes,
                                 !o.no_intercept);

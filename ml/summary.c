@@ -297,6 +297,11 @@ fl_status fl_ml_standardize(const fl_ml_data *data, const fl_ml_summary *sm, boo
   *res = (fl_ml_data){.blocks = res->blocks, .rows = data->rows, .cols = d, .sparse = data->sparse,
                       .weighted = data->weighted, .label_min = data->label_min, .label_max = data->label_max,
                       .labels_integer = data->labels_integer};
+  s = ml_data_set_labels(res, data->label_seen); /* standardizing keeps the labels */
+  if (s != FL_OK) {
+    fl_ml_data_free(res);
+    return s;
+  }
   *out = res;
   return FL_OK;
 }

@@ -303,11 +303,19 @@ static fl_status line_fill(line_iter *it) {
   ssize_t n;
   if (it->gz) {
     int got = gzread(it->gz, it->buf + it->len, (unsigned)(it->cap - it->len));
-    if (got < 0) {
-      int err;
-      const char *msg = gzerror(it->gz, &err);
-      return FL_ERR(FL_ECORRUPT, "%s: bad gzip data: %s", it->path, msg);
-    }
+    int err;
+    const char *msg = gzerror(it->gz, &err);
+    if (got < 0)
+      return FL_ERR(FL_ECORRUPT, "%s: bad gzip data at byte %lld of the file: %s", it->path,
+                    (long long)gzoffset(it->gz), err == Z_ERRNO ? strerror(errno) : msg);
+    /* At a premature end of the file zlib returns what it inflated, then 0, and keeps
+     * Z_BUF_ERROR ("unexpected end of file"); gzeof() is true then as at a proper end, so
+     * only the error tells a cut file from a whole one. */
+    if (got == 0 && err == Z_BUF_ERROR)
+      return FL_ERR(FL_ECORRUPT,
+                    "%s: truncated gzip data: the file ends at byte %lld, inside the compressed "
+                    "stream (after %lld bytes of text)",
+                    it->path, (long long)gzoffset(it->gz), (long long)gztell(it->gz));
     n = got;
   } else {
     do {
@@ -315,10 +323,7 @@ static fl_status line_fill(line_iter *it) {
     } while (n < 0 && errno == EINTR);
     if (n < 0) return FL_ERR(FL_EIO, "%s: read failed: %s", it->path, strerror(errno));
   }
-  if (n == 0) {
-    if (it->gz && !gzeof(it->gz)) return FL_ERR(FL_ECORRUPT, "%s: truncated gzip data", it->path);
-    it->eof = true;
-  }
+  if (n == 0) it->eof = true;
   it->len += (size_t)n;
   return FL_OK;
 }
@@ -358,6 +363,27 @@ static void line_close(fl_iter *base) {
   common_free(it->buf);
 }
 
+/* zlib reads a file without the gzip magic as it is ("transparent" mode), so a file named
+ * .gz that holds text, or nothing, would be read as lines: check the magic first. Reads with
+ * pread, so that the descriptor stays at offset 0 for gzdopen. */
+static fl_status gzip_check_magic(int fd, const char *path) {
+  unsigned char magic[2] = {0, 0};
+  ssize_t n;
+  do {
+    n = pread(fd, magic, sizeof magic, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return FL_ERR(FL_EIO, "%s: read failed: %s", path, strerror(errno));
+  if (n == 2 && magic[0] == 0x1f && magic[1] == 0x8b) return FL_OK;
+  if (n == 0)
+    return FL_ERR(FL_ECORRUPT, "%s: named .gz but not gzip data: the file is empty", path);
+  if (n == 1)
+    return FL_ERR(FL_ECORRUPT, "%s: named .gz but not gzip data: the file is 1 byte long", path);
+  return FL_ERR(FL_ECORRUPT,
+                "%s: named .gz but not gzip data: it starts with bytes %02x %02x, not 1f 8b "
+                "(rename a plain text file so that it does not end in .gz)",
+                path, magic[0], magic[1]);
+}
+
 static fl_status text_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   file_state *st = r->state;
   const file_split *sp = &st->splits[p];
@@ -369,6 +395,8 @@ static fl_status text_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
     return rdd_task_fail(task, FL_ERR(FL_EIO, "cannot open %s: %s", it->path, strerror(errno)));
   it->end = sp->end;
   if (is_gzip_name(it->path)) {
+    fl_status s = gzip_check_magic(it->fd, it->path);
+    if (s != FL_OK) return rdd_task_fail(task, s);
     it->gz = gzdopen(it->fd, "rb");
     if (!it->gz) return rdd_task_fail(task, FL_ERR(FL_ENOMEM, "%s: cannot start gzip reader", it->path));
     it->fd = -1; /* now owned by gz */

@@ -188,6 +188,31 @@ typedef struct bad_case {
   const char *needle;
 } bad_case;
 
+/* Labels {1, 2, 5}: the loaded line reports them; inferring 6 classes with 0, 3 and 4 empty
+ * is an error naming them, and --classes 6 says it is meant. */
+static void test_logreg_empty_classes(void **state) {
+  (void)state;
+  const char *path = tmp_file("l125.csv");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 30; i++) fprintf(f, "%d,%d,%d\n", i % 3 == 2 ? 5 : i % 3 + 1, i % 7, i % 5);
+  assert_int_equal(fclose(f), 0);
+  run_result *r = RUN_FLINT("ml", "logreg", "--master", "local[1]", "--data", path, "--format", "csv");
+  expect_status(r, 1);
+  EXPECT_OUT(r, "l125.csv: 3 label values: 1..2, 5\n");
+  EXPECT_ERR(r, "labels 0..5 span 6 classes but 3 of them have no rows (labels 0, 3..4)");
+  free(r);
+  r = RUN_FLINT("ml", "logreg", "--master", "local[1]", "--data", path, "--format", "csv", "--classes", "6",
+                "--iterations", "3");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "classes      6 (multinomial)\n");
+  free(r);
+  r = RUN_FLINT("ml", "linreg", "--data", path, "--format", "csv", "--classes", "6");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "--classes is for logreg only");
+  free(r);
+}
+
 static void test_usage_errors(void **state) {
   (void)state;
   static const bad_case cases[] = {
@@ -285,6 +310,7 @@ int main(void) {
       cmocka_unit_test(test_linreg_csv_normal),
       cmocka_unit_test(test_linreg_lbfgs_standardized),
       cmocka_unit_test(test_logreg_libsvm_out),
+      cmocka_unit_test(test_logreg_empty_classes),
       cmocka_unit_test(test_usage_errors),
       cmocka_unit_test(test_missing_data_file),
       cmocka_unit_test(test_bad_master),

@@ -508,6 +508,142 @@ static void test_idx_errors(void **state) {
   expect_idx_error(images, two, FL_EFORMAT, "i.idx3 has 3 images but", "two.idx1 has 2 labels");
 }
 
+/* Cuts the last `drop` bytes off a file; returns its new size. */
+static long cut_file(const char *path, long drop) {
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_true(st.st_size > drop && drop >= 0);
+  assert_int_equal(truncate(path, st.st_size - drop), 0);
+  return (long)st.st_size - drop;
+}
+
+/* A .gz IDX file cut short, even only in its gzip trailer (every byte of the payload there),
+ * is an error naming the file and the byte where it ends; one named .gz that is not gzip is
+ * not read as a plain IDX file (zlib's transparent mode would). */
+static void test_idx_gzip_errors(void **state) {
+  (void)state;
+  uint32_t dims[3] = {3, 2, 3};
+  char labels[512], images[512], name[64], at[64];
+  snprintf(labels, sizeof labels, "%s", write_idx("gl.idx1.gz", 0x801, (uint32_t[]){3}, 1, classes, 3, true));
+  snprintf(images, sizeof images, "%s", write_idx("gi.idx3.gz", 0x803, dims, 3, pixels, sizeof pixels, true));
+  fl_ml_load_options opt = {.labels_path = labels};
+  fl_ml_data *data = load(images, FL_ML_IDX, &opt); /* whole files load */
+  assert_int_equal(data->rows, 3);
+  fl_ml_data_free(data);
+
+  for (int k = 0; k < 2; k++) { /* the trailer cut, then the stream */
+    snprintf(name, sizeof name, "cl%d.idx1.gz", k);
+    const char *cut = write_idx(name, 0x801, (uint32_t[]){3}, 1, classes, 3, true);
+    snprintf(at, sizeof at, "ends at byte %ld", cut_file(cut, k ? 12 : 4));
+    expect_idx_error(images, cut, FL_ECORRUPT, name, at);
+    snprintf(name, sizeof name, "ci%d.idx3.gz", k);
+    cut = write_idx(name, 0x803, dims, 3, pixels, sizeof pixels, true);
+    snprintf(at, sizeof at, "ends at byte %ld", cut_file(cut, k ? 12 : 4));
+    expect_idx_error(cut, labels, FL_EFORMAT, name, at);
+  }
+  expect_idx_error(images, write_idx("pl.idx1.gz", 0x801, (uint32_t[]){3}, 1, classes, 3, false), FL_ECORRUPT,
+                   "pl.idx1.gz", "named .gz but not gzip data");
+  expect_idx_error(write_idx("pi.idx3.gz", 0x803, dims, 3, pixels, sizeof pixels, false), labels, FL_ECORRUPT,
+                   "pi.idx3.gz", "named .gz but not gzip data");
+}
+
+/* The case: a cut .svm.gz loaded no error and trained on the rows before the cut. */
+static void test_libsvm_gzip_truncated(void **state) {
+  (void)state;
+  char path[600], text[8000] = "", line[64];
+  for (int i = 0; i < 200; i++) {
+    snprintf(line, sizeof line, "%d 1:%d 2:%d.%d\n", i % 2, i * 7919 % 1013, i, i * 31 % 97);
+    strcat(text, line);
+  }
+  snprintf(path, sizeof path, "%s/cut.svm.gz", dir);
+  gzFile f = gzopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(gzputs(f, text), (int)strlen(text));
+  assert_int_equal(gzclose(f), Z_OK);
+  fl_ml_data *data = load(path, FL_ML_LIBSVM, NULL);
+  assert_int_equal(data->rows, 200);
+  fl_ml_data_free(data);
+  long size = cut_file(path, 0) / 2;
+  assert_int_equal(truncate(path, size), 0);
+  char at[64];
+  snprintf(at, sizeof at, "ends at byte %ld", size);
+  data = (fl_ml_data *)1;
+  assert_fails_with(fl_ml_load(ctx, path, FL_ML_LIBSVM, NULL, &data), FL_EJOB, "cut.svm.gz: truncated gzip data");
+  assert_non_null(strstr(fl_last_error(), at));
+  assert_ptr_equal(data, (fl_ml_data *)1);
+}
+
+/* ---- labels and classes ------------------------------------------------------------------ */
+
+/* Trains logistic regression on data loaded from `path` (a few iterations). */
+static fl_status logreg(const fl_ml_data *data, uint32_t classes) {
+  fl_ml_train_options o = {.max_iterations = 3, .classes = classes};
+  fl_ml_model *m = NULL;
+  fl_status s = fl_ml_logreg(data, &o, &m);
+  if (s == FL_OK) assert_int_equal(m->classes, classes ? classes : m->classes);
+  fl_ml_model_free(m);
+  return s;
+}
+
+/* The loader records which labels occur; logistic regression that would infer classes with
+ * no rows (max label + 1) refuses, naming the empty labels and those found, unless the class
+ * count is given. Binary labels 0/1 and -1/+1 still train. */
+static void test_labels_and_empty_classes(void **state) {
+  (void)state;
+  char desc[256];
+  /* CSV labels {1, 2, 5}: 6 classes, 0, 3 and 4 empty. */
+  fl_ml_load_options first = {.partitions = 2};
+  fl_ml_data *data = load(write_file("l125.csv", "1,0.5\n2,1.5\n5,2\n1,3\n2,0\n"), FL_ML_CSV, &first);
+  assert_int_equal(data->label_count, 3);
+  fl_ml_data_describe_labels(data, desc, sizeof desc);
+  assert_string_equal(desc, "3 label values: 1..2, 5");
+  assert_fails_with(logreg(data, 0), FL_EINVAL,
+                    "labels 0..5 span 6 classes but 3 of them have no rows (labels 0, 3..4)");
+  assert_non_null(strstr(fl_last_error(), "3 classes have rows (labels 1..2, 5)"));
+  assert_non_null(strstr(fl_last_error(), "classes"));
+  assert_ok(logreg(data, 6)); /* explicit: empty classes are the user's choice */
+  assert_fails_with(logreg(data, 4), FL_EINVAL, "labels 0..3");
+  fl_ml_data_free(data);
+
+  /* IDX: a label 255 among classes 0..9 would make a 256-class model. */
+  uint8_t pix[12 * 4], lab[12];
+  for (int i = 0; i < 12; i++) {
+    lab[i] = (uint8_t)(i % 10);
+    for (int k = 0; k < 4; k++) pix[i * 4 + k] = (uint8_t)(i * 13 + k * 7);
+  }
+  lab[11] = 255;
+  char labels[512];
+  snprintf(labels, sizeof labels, "%s", write_idx("l255.idx1", 0x801, (uint32_t[]){12}, 1, lab, 12, false));
+  const char *images = write_idx("i255.idx3", 0x803, (uint32_t[]){12, 2, 2}, 3, pix, sizeof pix, false);
+  fl_ml_load_options opt = {.labels_path = labels, .partitions = 3};
+  data = load(images, FL_ML_IDX, &opt);
+  assert_int_equal(data->label_count, 11);
+  assert_fails_with(logreg(data, 0), FL_EINVAL,
+                    "labels 0..255 span 256 classes but 245 of them have no rows (labels 10..254)");
+  assert_non_null(strstr(fl_last_error(), "11 classes have rows (labels 0..9, 255)"));
+  fl_ml_data_free(data);
+
+  /* Binary conventions train; so does a dense set 0..2. */
+  static const char *const good[] = {"0 1:1\n1 2:1\n0 1:2\n", "-1 1:1\n+1 2:1\n-1 1:2\n", "0 1:1\n2 2:1\n1 1:2\n"};
+  for (int k = 0; k < 3; k++) {
+    data = load(write_file("good.svm", good[k]), FL_ML_LIBSVM, NULL);
+    assert_ok(logreg(data, 0));
+    fl_ml_data_free(data);
+  }
+  /* One class only: the other binary class has no rows. */
+  data = load(write_file("ones.svm", "1 1:1\n1 2:1\n"), FL_ML_LIBSVM, NULL);
+  fl_ml_data_describe_labels(data, desc, sizeof desc);
+  assert_string_equal(desc, "1 label value: 1");
+  assert_fails_with(logreg(data, 0), FL_EINVAL, "1 of them has no rows (label 0)");
+  fl_ml_data_free(data);
+  /* Labels that are not classes are described by their range. */
+  data = load(write_file("real.svm", "0.5 1:1\n2.25 2:1\n"), FL_ML_LIBSVM, NULL);
+  assert_int_equal(data->label_count, 0);
+  fl_ml_data_describe_labels(data, desc, sizeof desc);
+  assert_string_equal(desc, "labels from 0.5 to 2.25, not all integers");
+  fl_ml_data_free(data);
+}
+
 static void test_argument_errors(void **state) {
   (void)state;
   fl_ml_format f = FL_ML_CSV;
@@ -623,6 +759,8 @@ int main(void) {
       cmocka_unit_test(test_idx_small),        cmocka_unit_test(test_idx_fashion_mnist),
       cmocka_unit_test(test_libsvm_errors),    cmocka_unit_test(test_csv_errors),
       cmocka_unit_test(test_idx_errors),       cmocka_unit_test(test_argument_errors),
+      cmocka_unit_test(test_idx_gzip_errors),  cmocka_unit_test(test_libsvm_gzip_truncated),
+      cmocka_unit_test(test_labels_and_empty_classes),
       cmocka_unit_test(test_skip_bad_lines),   cmocka_unit_test(test_cluster),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -213,6 +213,92 @@ static void test_text_missing_and_corrupt(void **state) {
   test_rmtree(dir);
 }
 
+/* Writes `text` gzip'd to `path` and returns the compressed bytes in buf (at most cap). */
+static size_t write_gzip(const char *path, const char *text, unsigned char *buf, size_t cap) {
+  gzFile gz = gzopen(path, "wb");
+  assert_non_null(gz);
+  assert_int_equal(gzwrite(gz, text, (unsigned)strlen(text)), (int)strlen(text));
+  assert_int_equal(gzclose(gz), Z_OK);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  size_t len = fread(buf, 1, cap, f);
+  assert_true(len > 0 && len < cap);
+  fclose(f);
+  return len;
+}
+
+/* A .gz file cut short fails the job with FL_ECORRUPT naming the file and the byte where it
+ * ends, whether the cut falls in the deflate stream or only in the 8-byte trailer (where
+ * every line has been read already); nothing is returned; a whole .gz still reads. */
+static void test_text_gzip_truncated(void **state) {
+  (void)state;
+  char dir[256], path[400], text[20000], needle[64];
+  test_tmpdir(dir, sizeof dir);
+  size_t len = 0;
+  uint64_t seed = 7;
+  for (int i = 0; i < 600; i++) { /* varied lines, so that deflate keeps most of them */
+    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    len += (size_t)sprintf(text + len, "%d 1:%llu 2:%llu\n", i % 2, (unsigned long long)(seed % 100003),
+                           (unsigned long long)(seed >> 40));
+  }
+  static unsigned char gz[40000];
+  snprintf(path, sizeof path, "%s/whole.svm.gz", dir);
+  size_t gz_len = write_gzip(path, text, gz, sizeof gz);
+  fl_dataset *ds;
+  assert_ok(fl_text_file(ctx, path, 1, &ds));
+  check_text(ds, text, len);
+  fl_dataset_free(ds);
+
+  size_t cuts[] = {gz_len / 2, gz_len - 4, gz_len - 1};
+  for (size_t k = 0; k < sizeof cuts / sizeof *cuts; k++) {
+    snprintf(path, sizeof path, "%s/cut%zu.svm.gz", dir, k);
+    test_write_file(path, gz, cuts[k]);
+    assert_ok(fl_text_file(ctx, path, 1, &ds));
+    uint64_t n = 0;
+    fl_records *r = NULL;
+    snprintf(needle, sizeof needle, "cut%zu.svm.gz", k);
+    assert_fails_with(fl_count(ds, &n), FL_EJOB, needle);
+    assert_non_null(strstr(fl_last_error(), "truncated"));
+    snprintf(needle, sizeof needle, "byte %zu", cuts[k]);
+    assert_non_null(strstr(fl_last_error(), needle));
+    assert_fails_with(fl_collect(ds, &r), FL_EJOB, "truncated");
+    assert_null(r);
+    fl_dataset_free(ds);
+  }
+  test_rmtree(dir);
+}
+
+/* zlib reads a file that is not gzip as it is ("transparent" mode): a file named .gz must be
+ * gzip, so plain text, an empty file or one byte under that name fail the job instead of
+ * being read as lines. */
+static void test_text_gzip_name_without_gzip(void **state) {
+  (void)state;
+  char dir[256], path[400];
+  test_tmpdir(dir, sizeof dir);
+  static const struct {
+    const char *name, *data;
+    size_t len;
+  } cases[] = {{"plain.txt.gz", "plain\ntext\n", 11}, {"empty.gz", "", 0}, {"one.gz", "\x1f", 1}};
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    snprintf(path, sizeof path, "%s/%s", dir, cases[k].name);
+    test_write_file(path, cases[k].data, cases[k].len);
+    fl_dataset *ds;
+    assert_ok(fl_text_file(ctx, path, 1, &ds));
+    uint64_t n = 0;
+    assert_fails_with(fl_count(ds, &n), FL_EJOB, cases[k].name);
+    assert_non_null(strstr(fl_last_error(), "not gzip"));
+    fl_dataset_free(ds);
+  }
+  /* The same bytes under a plain name are text. */
+  snprintf(path, sizeof path, "%s/plain.txt", dir);
+  test_write_file(path, "plain\ntext\n", 11);
+  fl_dataset *ds;
+  assert_ok(fl_text_file(ctx, path, 1, &ds));
+  check_text(ds, "plain\ntext\n", 11);
+  fl_dataset_free(ds);
+  test_rmtree(dir);
+}
+
 static void test_binary_records(void **state) {
   (void)state;
   char dir[256], path[400];
@@ -248,6 +334,8 @@ int main(void) {
       cmocka_unit_test(test_text_file_splits_at_every_size),
       cmocka_unit_test(test_text_folder_glob_and_gzip),
       cmocka_unit_test(test_text_missing_and_corrupt),
+      cmocka_unit_test(test_text_gzip_truncated),
+      cmocka_unit_test(test_text_gzip_name_without_gzip),
       cmocka_unit_test(test_binary_records),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

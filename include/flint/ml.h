@@ -84,8 +84,19 @@ typedef struct fl_ml_data {
   /* the labels' range, found with the shape: classification checks them without a job */
   double label_min, label_max;
   bool labels_integer;
+  /* Which labels occur, found with the shape when every label is an integer in -1..65535
+   * (the labels classification accepts): bit y + 1 of label_seen (FL_ML_LABEL_WORDS words,
+   * owned, freed by fl_ml_data_free) is set when some row has label y, and label_count is
+   * the number of distinct labels. NULL and 0 otherwise, and for data not described by
+   * flint (then fl_ml_logreg cannot check for classes with no rows). */
+  uint32_t label_count;
+  uint64_t *label_seen;
 } fl_ml_data;
+#define FL_ML_LABEL_WORDS 1025 /* 65537 bits: labels -1..65535 */
 FL_ML_API void fl_ml_data_free(fl_ml_data *data);
+/* Writes what the data's labels are into buf (NUL-terminated, cut to len): "3 label values:
+ * 1..2, 5", or "labels from 0.5 to 2.25, not all integers" where label_seen is NULL. */
+FL_ML_API void fl_ml_data_describe_labels(const fl_ml_data *data, char *buf, size_t len);
 /* Wraps a dataset of block records (made with fl_ml_block_builder, e.g. in a map_partitions
  * or on the client and fl_parallelize'd): persists it in memory and runs one job for its
  * rows, width, sparsity, weights and label range. cols: the feature count when sparse rows
@@ -300,7 +311,11 @@ typedef struct fl_ml_train_options {
   double step, fraction;   /* GD */
   uint64_t seed;
   uint32_t normal_max_features; /* 0: 4096 */
-  uint32_t classes;        /* logreg: 0 = from the labels (max + 1; 2 means binary) */
+  /* logreg: 0 = from the labels (max + 1, 2 means binary; -1/+1 is binary too), and then
+   * every class 0..max (or -1 and +1) must have rows: a label set such as {1, 2, 5} is
+   * FL_EINVAL naming the empty labels and the classes found. K > 0 states the class count:
+   * labels must lie in 0..K-1 (0/1 or -1/+1 for K = 2) and classes may have no rows. */
+  uint32_t classes;
   uint32_t tree_depth;     /* gradients' fl_tree_aggregate depth (0: 1 up to 32 partitions, else 2) */
   fl_status (*progress)(void *arg, const fl_ml_iteration *it);
   void *progress_arg;
