@@ -182,7 +182,8 @@ static int cmd_driver(int argc, char **argv) {
   return 0;
 }
 
-static int cmd_executor(int argc, char **argv) {
+/* whole: the command line as run, for the supervised child */
+static int cmd_executor(int argc, char **argv, char **whole) {
   fl_executor_options o = {0};
   const char *cores = NULL, *memory = NULL, *gpu = NULL;
   for (int i = 0; i < argc; i++) {
@@ -218,6 +219,11 @@ static int cmd_executor(int argc, char **argv) {
   if (fl_parse_size(memory, &o.memory) != FL_OK || o.memory < (1u << 20))
     return usage_error("executor: --memory '%s' is not a size of at least 1m (examples: 512m, 2g)", memory);
   handle_stop_signals();
+  /* `flint executor` supervises: the executor itself runs in a child (this command again,
+   * marked by FLINT_EXECUTOR_REPORT_FD), which a crashing task takes down alone. */
+  const char *child = getenv("FLINT_EXECUTOR_REPORT_FD"), *supervise = getenv("FLINT_EXECUTOR_SUPERVISE");
+  if (!(child && *child) && !(supervise && strcmp(supervise, "0") == 0))
+    return fl_executor_supervise(whole, &stop_requested);
   if (fl_executor_serve(&o, &stop_requested) != FL_OK) {
     fprintf(stderr, "flint executor: %s\n", fl_last_error());
     return 1;
@@ -280,7 +286,7 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "submit") == 0) return cmd_submit(argc - 2, argv + 2);
   if (strcmp(argv[1], "driver") == 0) return cmd_driver(argc - 2, argv + 2);
-  if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2);
+  if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2, argv);
   if (strcmp(argv[1], "status") == 0) return cmd_status(argc - 2, argv + 2);
   if (strcmp(argv[1], "ml") == 0) return cmd_ml(argc - 2, argv + 2);
   if (strcmp(argv[1], "train") == 0) return run_train_program(argv + 1);

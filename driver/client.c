@@ -154,6 +154,8 @@ static fl_status library_id(void *arg, const char *path, bool in_main_program, c
   has.app_id = c->app_id;
   has.incarnation = c->incarnation;
   has.id = cid;
+  const char *slash = strrchr(path, '/');
+  has.name = (char *)(slash ? slash + 1 : path);
   if ((st = call(c->driver, "/flint.Driver/HasLibrary", &has.base, RPC_TIMEOUT_MS, &reply)) != FL_OK)
     goto done;
   Flint__HasLibraryReply *r = flint__has_library_reply__unpack(NULL, reply.len, reply.data);
@@ -1156,16 +1158,16 @@ fl_status fl_print_status(const char *master, FILE *out) {
     goto done;
   }
   fprintf(out, "executors: %zu\n", r->n_executors);
-  fprintf(out, "  %-4s %-22s %5s %10s %12s %10s %8s %4s\n", "id", "address", "cores", "memory",
-          "cached", "tasks", "failed", "gpu");
+  fprintf(out, "  %-4s %-22s %5s %10s %12s %10s %8s %4s %s\n", "id", "address", "cores", "memory",
+          "cached", "tasks", "failed", "gpu", "state");
   for (size_t i = 0; i < r->n_executors; i++) {
     Flint__ExecutorInfo *e = r->executors[i];
     char gpu[16] = "-";
     if (e->has_gpu) snprintf(gpu, sizeof gpu, "%u", e->gpu);
-    fprintf(out, "  %-4llu %-22s %5u %8lluMi %10lluKi %10llu %8llu %4s\n", (unsigned long long)e->id,
+    fprintf(out, "  %-4llu %-22s %5u %8lluMi %10lluKi %10llu %8llu %4s %s\n", (unsigned long long)e->id,
             e->address, e->cores, (unsigned long long)(e->memory >> 20),
             (unsigned long long)(e->cached_bytes >> 10), (unsigned long long)e->tasks_run,
-            (unsigned long long)e->tasks_failed, gpu);
+            (unsigned long long)e->tasks_failed, gpu, e->alive ? "alive" : "lost");
   }
   fprintf(out, "applications: %zu\n", r->n_applications);
   for (size_t i = 0; i < r->n_applications; i++) {
@@ -1194,6 +1196,18 @@ fl_status fl_driver_serve(const fl_driver_options *o, volatile sig_atomic_t *sto
   st = driver_serve(&cfg, stop);
   common_free(secret);
   return st;
+}
+
+int fl_executor_supervise(char *const *argv, volatile sig_atomic_t *stop) {
+  common_error_clear();
+  char *secret = NULL;
+  if (client_secret(&secret) != FL_OK) {
+    fprintf(stderr, "flint executor: %s\n", fl_last_error());
+    return 1;
+  }
+  int rc = executor_supervise(argv, secret, stop);
+  common_free(secret);
+  return rc;
 }
 
 fl_status fl_executor_serve(const fl_executor_options *o, volatile sig_atomic_t *stop) {

@@ -43,6 +43,7 @@ typedef struct executor_ref {
   char host[64];
   char node[64]; /* RegisterExecutorRequest.node ("" for none) */
   uint32_t pid;
+  bool supervised; /* run by `flint executor`'s supervisor, which reports its process's death */
   char rpc_address[96], data_address[96];
   uint32_t cores, slots;
   int32_t gpu; /* --gpu, or -1 */
@@ -503,7 +504,13 @@ static bool ran_on(const sched_task *t, const executor_ref *e) {
 
 /* Declares e lost (once; any thread): its in-flight attempts end with FL_ENET and run again
  * elsewhere without counting as failures; what it held is computed again when needed. */
-static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why) {
+/* e is lost (`why`): its attempts in flight end and run again elsewhere, at no cost to their
+ * tasks' attempts unless its process died of user code (ExecutorExited from its supervisor):
+ * then the attempt that ran the fatal code (culprit, a key; 0: not known) fails as any failed
+ * attempt does, and with no culprit named every attempt that was on it does (Spark's
+ * ExecutorLostFailure caused by the app). */
+static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why, uint64_t culprit,
+                          bool process_died) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   if (e->lost || cb->stopping) { /* stopping: the scheduler has stopped, nothing to recover */
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
@@ -542,7 +549,7 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why)
   for (size_t i = 0; i < n; i++) {
     gone[i]->rt.status = FL_ENET;
     gone[i]->rt.error = common_strdup(msg);
-    gone[i]->executor_lost = true;
+    gone[i]->executor_lost = !process_died || (culprit && gone[i]->key != culprit);
   }
   if (gone) scheduler_post_task_ends(cb->base.sched, gone, n);
   common_free(gone);
@@ -599,7 +606,7 @@ static void *monitor_loop(void *p) {
     if (silent) {
       char why[96];
       snprintf(why, sizeof why, "no heartbeat for %.1f s", (double)(now - silent->last_heartbeat_ns) / 1e9);
-      executor_lose(cb, silent, why);
+      executor_lose(cb, silent, why, 0, false);
     }
     if (starved && scheduler_post_call(cb->base.sched, fail_if_no_executor, cb) != FL_OK)
       common_log(LOG_ERROR, "out of memory: cannot fail the jobs waiting for executors");
@@ -1007,6 +1014,22 @@ typedef struct sender_args {
   executor_ref *e;
 } sender_args;
 
+/* How long a call's network failure waits for the supervisor of a supervised executor to say
+ * that its process died, and of what: that report (cluster_executor_exited) names the task and
+ * function that killed it, and charges that task with the failure. */
+#define SUPERVISOR_GRACE_MS 1500
+
+/* Waits (on e's sender) until e is lost, the driver stops or the grace has passed. */
+static void supervisor_grace(cluster_backend *cb, executor_ref *e) {
+  for (int i = 0; i < SUPERVISOR_GRACE_MS / 10; i++) {
+    FL_PCHECK(pthread_mutex_lock(&cb->lock));
+    bool over = e->lost || cb->stopping;
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    if (over) return;
+    usleep(10000);
+  }
+}
+
 static void *sender_loop(void *p) {
   pthread_setname_np(pthread_self(), "fl-launch");
   sender_args args = *(sender_args *)p;
@@ -1042,7 +1065,8 @@ static void *sender_loop(void *p) {
       snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
                e->rpc_address, fl_last_error());
       bool lost = st == FL_ENET || st == FL_ETIMEDOUT;
-      if (lost) executor_lose(cb, e, fl_last_error()); /* its attempts run elsewhere */
+      if (lost && e->supervised) supervisor_grace(cb, e);
+      if (lost) executor_lose(cb, e, fl_last_error(), 0, false); /* its attempts run elsewhere */
       else if (!atomic_load(&e->abandon)) common_log(LOG_WARN, "%s", msg);
       /* Launched after the loss swept its attempts, or not a network failure (an executor
        * that refused a kill answered all the same: it is alive, the attempt ends). */
@@ -1265,7 +1289,7 @@ static void executor_joined(scheduler *s, void *arg) {
 
 fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
                            uint32_t data_port, uint32_t cores, uint64_t memory, int32_t gpu, const char *node,
-                           uint32_t pid, uint64_t *id) {
+                           uint32_t pid, bool supervised, uint64_t *id) {
   if (!host || !*host || strlen(host) > 60 || rpc_port == 0 || rpc_port > 65535 || data_port == 0 ||
       data_port > 65535 || cores == 0 || cores > 1024)
     return FL_ERR(FL_EPROTO, "RegisterExecutor: invalid host, ports or cores");
@@ -1276,6 +1300,7 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   snprintf(e->host, sizeof e->host, "%s", host);
   snprintf(e->node, sizeof e->node, "%s", node ? node : "");
   e->pid = pid;
+  e->supervised = supervised;
   snprintf(e->rpc_address, sizeof e->rpc_address, "%s:%u", host, rpc_port);
   snprintf(e->data_address, sizeof e->data_address, "%s:%u", host, data_port);
   e->cores = cores;
@@ -1327,6 +1352,17 @@ bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t incarnat
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   return e != NULL;
+}
+
+bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t incarnation, uint64_t culprit,
+                             const char *why) {
+  if (incarnation != cb->cfg.incarnation) return false;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  executor_ref *e = find_executor(cb, executor);
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  if (!e) return false; /* find_executor gives live ones only */
+  executor_lose(cb, e, why, culprit, true);
+  return true;
 }
 
 bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf, size_t len) {

@@ -436,7 +436,14 @@ FL_INTERNAL backend *cluster_backend_base(cluster_backend *cb);
 /* `node` and `pid` (either may be empty or 0) let executors of one node share cached blocks. */
 FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
                                        uint32_t data_port, uint32_t cores, uint64_t memory,
-                                       int32_t gpu, const char *node, uint32_t pid, uint64_t *id);
+                                       int32_t gpu, const char *node, uint32_t pid, bool supervised,
+                                       uint64_t *id);
+/* The supervisor of executor `executor` says its process died (`why`, in words), while
+ * attempt `culprit` ran the code that killed it (0: not known): the executor is lost, and
+ * the culprit's task (or, none named, every task that was on it) is charged with a failure.
+ * False when the executor is not one of this driver's live ones. */
+FL_INTERNAL bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t incarnation,
+                                         uint64_t culprit, const char *why);
 /* False when the executor is unknown, or registered with another incarnation of the driver
  * (it should drop its state and register again). */
 FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t incarnation,

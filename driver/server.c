@@ -78,6 +78,13 @@ typedef struct submission {
   struct submission *next;
 } submission;
 
+/* A library's file name as its client gave it, by content id: for messages. */
+typedef struct library_name {
+  char id[40];
+  char name[128];
+  struct library_name *next;
+} library_name;
+
 typedef struct driver_state {
   driver_config cfg;
   char address[96];   /* HOST:PORT of the control plane, as clients reach it */
@@ -93,6 +100,7 @@ typedef struct driver_state {
   pthread_mutex_t lock;
   pthread_cond_t changed; /* submissions' output */
   app_entry *apps;
+  library_name *library_names;
   uint64_t next_app_id, next_submission_id;
   submission *submissions;
 } driver_state;
@@ -111,6 +119,7 @@ static fl_status empty_reply(fl_buf *out) {
 /* protobuf-c names descriptors flint__x__descriptor; map the type names onto them. */
 #define Flint__RegisterExecutorRequest_descriptor_ flint__register_executor_request__descriptor
 #define Flint__HeartbeatRequest_descriptor_ flint__heartbeat_request__descriptor
+#define Flint__ExecutorExitedRequest_descriptor_ flint__executor_exited_request__descriptor
 #define Flint__OpenApplicationRequest_descriptor_ flint__open_application_request__descriptor
 #define Flint__AppRequest_descriptor_ flint__app_request__descriptor
 #define Flint__HasLibraryRequest_descriptor_ flint__has_library_request__descriptor
@@ -379,11 +388,40 @@ static fl_status app_add_library(driver_app *app, const char *id) {
   return st;
 }
 
+/* Records the file name that a client gives library `id` (its last path element). */
+static void library_name_note(driver_state *d, const char *id, const char *name) {
+  if (!name || !*name) return;
+  const char *slash = strrchr(name, '/');
+  if (slash) name = slash + 1;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  library_name *n = d->library_names;
+  while (n && strcmp(n->id, id) != 0) n = n->next;
+  if (!n && (n = common_calloc(1, sizeof *n))) {
+    snprintf(n->id, sizeof n->id, "%s", id);
+    n->next = d->library_names;
+    d->library_names = n;
+  }
+  if (n) snprintf(n->name, sizeof n->name, "%s", name);
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+}
+
+/* The name of the library an executor stores as `file` (content id + ".so"), into buf; the
+ * file itself when the driver knows no name. */
+static void library_name_of(driver_state *d, const char *file, char *buf, size_t len) {
+  snprintf(buf, len, "%s", file);
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  for (library_name *n = d->library_names; n; n = n->next)
+    if (strncmp(file, n->id, strlen(n->id)) == 0 && strcmp(file + strlen(n->id), ".so") == 0)
+      snprintf(buf, len, "%s", n->name);
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+}
+
 static fl_status handle_has_library(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__HasLibraryRequest, req, body, "HasLibrary");
   driver_app *app;
   fl_status st = app_lookup(d, req->app_id, req->incarnation, &app);
   if (st == FL_OK && !library_id_valid(req->id)) st = FL_ERR(FL_EPROTO, "HasLibrary: malformed library id");
+  if (st == FL_OK) library_name_note(d, req->id, req->name);
   if (st == FL_OK) {
     char path[PATH_MAX + 64];
     library_path(d, req->id, path, sizeof path);
@@ -414,6 +452,7 @@ static fl_status handle_upload_library(driver_state *d, fl_bytes body, fl_buf *r
       st = FL_ERR(FL_EIO, "cannot store library %s: %s", req->name, strerror(errno));
     } else {
       st = app_add_library(app, req->id);
+      library_name_note(d, req->id, req->name);
     }
   }
   app_unpin(d, app);
@@ -936,8 +975,8 @@ static void prune_submissions(driver_state *d) {
     gone = old->next;
     pthread_join(old->supervisor, NULL); /* it ended with the job; only its return is left */
     char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/jobs/job-%llu.so", d->work_dir, (unsigned long long)old->id);
-    unlink(path);
+    snprintf(path, sizeof path, "%s/jobs/job-%llu", d->work_dir, (unsigned long long)old->id);
+    common_remove_tree(path);
     fl_buf_free(&old->out);
     fl_buf_free(&old->err);
     common_free(old);
@@ -968,7 +1007,15 @@ static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response)
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   s->id = ++d->next_submission_id;
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
-  snprintf(path, sizeof path, "%s/jobs/job-%llu.so", d->work_dir, (unsigned long long)s->id);
+  /* jobs/job-N/NAME: the library keeps its file name, which messages about its functions
+   * and the application's name show. */
+  const char *name = req->name ? strrchr(req->name, '/') : NULL;
+  name = name ? name + 1 : req->name;
+  if (!name || !*name || strlen(name) > 128 || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) name = "job.so";
+  snprintf(path, sizeof path, "%s/jobs/job-%llu", d->work_dir, (unsigned long long)s->id);
+  if ((status = common_mkdirs(path)) != FL_OK) goto cleanup;
+  size_t dir_len = strlen(path);
+  snprintf(path + dir_len, sizeof path - dir_len, "/%s", name);
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
   bool ok = fd >= 0 && write(fd, req->library.data, req->library.len) == (ssize_t)req->library.len;
   if (fd >= 0) close(fd);
@@ -1246,7 +1293,7 @@ static fl_status handle_register(driver_state *d, fl_bytes body, fl_buf *respons
                      ? FL_ERR(FL_EPROTO, "RegisterExecutor: GPU %u", req->gpu)
                      : cluster_register(d->cluster, req->host, req->rpc_port, req->data_port, req->cores,
                                         req->memory, req->has_gpu ? (int32_t)req->gpu : -1, req->node, req->pid,
-                                        &id);
+                                        req->supervised, &id);
   flint__register_executor_request__free_unpacked(req, NULL);
   if (st != FL_OK) return st;
   Flint__RegisterExecutorReply reply = FLINT__REGISTER_EXECUTOR_REPLY__INIT;
@@ -1264,6 +1311,31 @@ static fl_status handle_heartbeat(driver_state *d, fl_bytes body, fl_buf *respon
                                      req->tasks_run, req->tasks_failed);
   flint__heartbeat_request__free_unpacked(req, NULL);
   return proto_pack(&reply.base, response);
+}
+
+/* An executor's supervisor says its process died: the executor is lost now (its running
+ * tasks fail, and count as failures: Spark's ExecutorLostFailure caused by the app), with the
+ * cause in words: the signal or exit status and, from its last words, the function and the
+ * partition that ran it. */
+static fl_status handle_executor_exited(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__ExecutorExitedRequest, req, body, "ExecutorExited");
+  char why[640], function[400] = "";
+  int n = req->signal ? snprintf(why, sizeof why, "its process died by signal %d (%s)", req->signal,
+                                 req->signal > 0 && req->signal < 65 ? strsignal(req->signal) : "unknown")
+                      : snprintf(why, sizeof why, "its process exited with status %d", req->exit_code);
+  if (req->task_key) {
+    char library[160] = "";
+    if (req->library[0]) library_name_of(d, req->library, library, sizeof library);
+    if (req->symbol[0] || library[0])
+      snprintf(function, sizeof function, " in function %s%s%s", req->symbol[0] ? req->symbol : "?",
+               library[0] ? " of " : "", library);
+    snprintf(why + n, sizeof why - (size_t)n, "%s, running partition %u of dataset %llu", function, req->partition,
+             (unsigned long long)req->rdd_id);
+  }
+  bool known = cluster_executor_exited(d->cluster, req->executor_id, req->incarnation, req->task_key, why);
+  flint__executor_exited_request__free_unpacked(req, NULL);
+  if (!known) common_log(LOG_INFO, "an executor this driver no longer knows: %s", why);
+  return empty_reply(response);
 }
 
 /* A number from the environment, or def when unset or not a number (with a warning). */
@@ -1335,6 +1407,7 @@ static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *respo
   fl_bytes b = call->body;
   if (strcmp(m, "RegisterExecutor") == 0) return handle_register(d, b, response);
   if (strcmp(m, "Heartbeat") == 0) return handle_heartbeat(d, b, response);
+  if (strcmp(m, "ExecutorExited") == 0) return handle_executor_exited(d, b, response);
   if (strcmp(m, "StatusUpdate") == 0) {
     bool declined;
     fl_status st = cluster_status_update(d->cluster, b, true, &declined);
@@ -1487,6 +1560,11 @@ cleanup:
     common_free(s);
   }
   dp_server_stop(d.blocks);
+  while (d.library_names) {
+    library_name *next = d.library_names->next;
+    common_free(d.library_names);
+    d.library_names = next;
+  }
   while (d.apps) {
     app_entry *a = d.apps;
     d.apps = a->next;

@@ -118,6 +118,41 @@ FL_INTERNAL void task_pool_submit(task_pool *pool, task_pool_work *work);
 /* Runs what is queued, then joins the threads and frees the pool. NULL does nothing. */
 FL_INTERNAL void task_pool_destroy(task_pool *pool);
 
+/* ---- reports to the supervisor (report.c, supervisor.c) ----------------------------------- */
+/*
+ * `flint executor` runs the executor in a child process that it supervises: when user code
+ * kills the child (a crash, exit()), the supervisor tells the driver which task and function
+ * did it, so that the driver fails that task rather than the cluster, and starts a fresh
+ * executor (new id, clean state). The child reports over a pipe (report.c has the lines).
+ */
+/* The environment variable that hands a supervised child its end of the pipe. */
+#define EXECUTOR_REPORT_FD_ENV "FLINT_EXECUTOR_REPORT_FD"
+
+/* A task, as the last words name it. */
+typedef struct executor_report_task {
+  uint64_t key, app, rdd;
+  uint32_t partition;
+} executor_report_task;
+
+/* In the child: reports go to descriptor `fd_text` (the variable's value); installs the
+ * handlers of fatal signals and exit(). work_dir is the executor's folder, whose lib/ holds
+ * the applications' libraries. */
+FL_INTERNAL fl_status executor_report_open(const char *fd_text, const char *work_dir);
+/* After each registration with a driver. No-op when not supervised. */
+FL_INTERNAL void executor_report_registered(uint64_t executor, uint64_t incarnation, const char *driver,
+                                            const char *work_dir);
+/* The task the calling thread runs now (NULL: none). `t` must live until cleared. */
+FL_INTERNAL void executor_report_running(const executor_report_task *t);
+
+/* Runs `argv` (a `flint executor` command line; this program is run again) as a supervised
+ * child and starts it again after it dies, until *stop becomes nonzero; each death is
+ * reported to the driver the child had registered with (calls carry `secret`, NULL: none).
+ * Restarts back off (1 s doubling to 30 s) while children die young. Returns the exit status
+ * for the supervising process: the child's after a stop (0 when it stopped cleanly); the
+ * child's own when it ended before it ever registered (bad arguments, no driver: it said why
+ * on stderr). Call it before any thread starts: it forks. */
+FL_INTERNAL int executor_supervise(char *const *argv, const char *secret, volatile sig_atomic_t *stop);
+
 /* ---- the executor process (service.c) ------------------------------------------------- */
 typedef struct executor_config {
   const char *driver;      /* HOST:PORT of the driver's control plane */

@@ -125,9 +125,13 @@ struct exec_service {
   _Atomic uint64_t incarnation; /* INCARNATION_NONE between drivers: every call is refused */
   uint64_t driver_timeout_ns; /* FLINT_DRIVER_TIMEOUT_MS: silence after which the driver is lost */
   atomic_bool fatal;          /* the process must end (executor_serve returns fatal_error) */
+  bool supervised;            /* a supervised child (report.c): its supervisor reports its death */
   char fatal_error[256];
   uint32_t heartbeat_ms;
-  char driver_data[96]; /* the driver's block server */
+  char driver_data[96]; /* the driver's block server, once driver_known */
+  /* Set once a registration's reply is in: a launch may come before it (the driver launches
+   * as soon as it has registered the executor), and its library fetch then waits for it. */
+  atomic_bool driver_known;
   char node[SHARED_NODE_MAX]; /* shared_block_node */
   uint32_t pid;               /* this process's, read once: a syscall costs microseconds in a VM */
   claim_table *claims;        /* this executor's: its tasks are claimed there */
@@ -478,6 +482,10 @@ static void *library_find(exec_service *svc, const char *id) {
 
 /* The loaded library `id`, fetched and dlopen()ed on first use, without svc->lock held over
  * the fetch (which may take seconds; task ends and status reports need the lock). */
+/* How long a library fetch waits for the registration reply that says where the driver's
+ * block server is (the launch that needs it may overtake the reply). */
+#define REGISTRATION_WAIT_MS 10000
+
 static fl_status library_load(exec_service *svc, const char *id, void **handle) {
   if ((*handle = library_find(svc, id))) return FL_OK;
   if (on_quick_path) {
@@ -487,6 +495,10 @@ static fl_status library_load(exec_service *svc, const char *id, void **handle) 
   uint64_t key[4];
   if (!library_key(id, key)) return FL_ERR(FL_EPROTO, "malformed library id '%.40s'", id);
   fl_buf content = FL_BUF_INIT;
+  for (int i = 0; i < REGISTRATION_WAIT_MS / 5 && !atomic_load(&svc->driver_known); i++) usleep(5000);
+  if (!atomic_load(&svc->driver_known))
+    return FL_ERR(FL_ESTATE, "library %s: the driver's registration reply did not come within %d s", id,
+                  REGISTRATION_WAIT_MS / 1000);
   fl_status st = fetch_whole(svc, svc->driver_data, DP_LIBRARY, key, &content);
   if (st != FL_OK) {
     fl_buf_free(&content);
@@ -803,8 +815,11 @@ static void task_run(task_pool_work *work) {
     rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "claimed by another executor of this node"));
   } else {
     common_trace_partition("task.start", t->rt.partition);
+    executor_report_task named = {t->key, t->app->id, t->rdd->id, t->rt.partition};
+    executor_report_running(&named); /* for the last words, if user code ends the process */
     if (!rdd_task_cancelled(&t->rt)) rdd_task_run(&t->rt, t->rdd, &t->action, &t->result);
     else rdd_task_fail(&t->rt, FL_ERR(FL_ECANCELLED, "task killed"));
+    executor_report_running(NULL);
     common_trace_partition("task.end", t->rt.partition);
   }
   if (svc->fault_slowdown > 1) fault_nap(&t->rt, (uint64_t)((double)(common_now_ns() - t0) * (svc->fault_slowdown - 1)));
@@ -1437,6 +1452,7 @@ static fl_status register_with_driver(exec_service *svc, int64_t timeout_ms) {
   req.memory = svc->cfg.memory;
   req.pid = svc->pid;
   req.node = svc->node;
+  req.supervised = svc->supervised;
   req.has_gpu = svc->cfg.gpu >= 0;
   req.gpu = svc->cfg.gpu >= 0 ? (uint32_t)svc->cfg.gpu : 0;
   fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
@@ -1444,6 +1460,7 @@ static fl_status register_with_driver(exec_service *svc, int64_t timeout_ms) {
   /* A new driver's keys may repeat an earlier one's: no claim of those may stand. */
   if (svc->claims) claim_table_clear(svc->claims);
   atomic_store(&svc->incarnation, 0); /* the first call of a driver says which */
+  atomic_store(&svc->driver_known, false);
   if (status == FL_OK)
     status = driver_call(svc, "/flint.Driver/RegisterExecutor", fl_buf_bytes(&body), timeout_ms, &svc->abandon,
                          &reply);
@@ -1459,6 +1476,7 @@ static fl_status register_with_driver(exec_service *svc, int64_t timeout_ms) {
                       (unsigned long long)r->incarnation, (unsigned long long)first);
     } else {
       svc->id = r->executor_id;
+      executor_report_registered(svc->id, r->incarnation, svc->cfg.driver, svc->work_dir);
       svc->heartbeat_ms = r->heartbeat_ms ? r->heartbeat_ms : 1000;
       /* The driver's block server is on the driver's host. */
       char host[64];
@@ -1466,6 +1484,7 @@ static fl_status register_with_driver(exec_service *svc, int64_t timeout_ms) {
       char *colon = strrchr(host, ':');
       if (colon) *colon = 0;
       snprintf(svc->driver_data, sizeof svc->driver_data, "%s:%u", host, r->driver_data_port);
+      atomic_store(&svc->driver_known, true);
       char role[48];
       snprintf(role, sizeof role, "executor %llu", (unsigned long long)svc->id);
       common_log_set_role(role);
@@ -1753,6 +1772,11 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(common_mkdirs(sub));
   snprintf(sub, sizeof sub, "%s/blocks", svc.work_dir);
   FL_CHECK(common_mkdirs(sub));
+  const char *report_fd = getenv(EXECUTOR_REPORT_FD_ENV);
+  if (report_fd && *report_fd) {
+    FL_CHECK(executor_report_open(report_fd, svc.work_dir));
+    svc.supervised = true;
+  }
   /* Every shared block keeps a descriptor: allow as many as the hard limit does. */
   struct rlimit files;
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {

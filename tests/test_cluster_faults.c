@@ -34,18 +34,24 @@ static char *status_text(void) {
   return text;
 }
 
-/* Waits until the driver lists n executors. */
+/* How many executors `flint status` lists as alive. */
+static size_t count_alive(const char *text) {
+  size_t n = 0;
+  for (const char *s = text; s && (s = strstr(s, " alive\n")); s++) n++;
+  return n;
+}
+
+/* Waits until the driver lists n live executors. */
 static void wait_executors(size_t n) {
   double deadline = now_s() + START_LIMIT_S;
   for (;;) {
     char *text = status_text();
-    unsigned long long listed = 0;
-    if (text) sscanf(text, "executors: %llu", &listed);
+    size_t listed = count_alive(text);
     free(text);
     if (listed == n) return;
     for (int i = 0; i < fx.num_procs; i++)
       if (fx.procs[i].pid) expect_running(&fx.procs[i]);
-    if (now_s() > deadline) fail_msg("%llu of %zu executors registered within %d s", listed, n, START_LIMIT_S);
+    if (now_s() > deadline) fail_msg("%zu of %zu executors alive after %d s", listed, n, START_LIMIT_S);
     sleep_ms(50);
   }
 }
@@ -166,11 +172,75 @@ static void test_executor_outlives_its_driver(void **state) {
   fx.passed = true;
 }
 
+/* ---- 2. a task that kills its executor ---------------------------------------------------- */
+
+/* A map function that crashes its executor (SIGSEGV, abort(), exit()) costs its job, which
+ * fails after the task's attempts with a message naming the dataset, the partition, the
+ * function and how the process died; the executors come back (`flint executor` supervises
+ * them) with new ids, and another application on the same driver, whose cached blocks went
+ * with them, still gets its answers. Before, the task ran on every executor in turn until
+ * none was left, and the job failed with "every executor was lost ... none registered". */
+static void test_poison_task_costs_its_job_not_the_cluster(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(2);
+  const char *go = test_file("go");
+  proc *other = start_proc("other-app", NULL,
+                           (const char *const[]){"submit", "--in-process", "--master", fx.master,
+                                                 bin_file("job_cache_sum.so"), "1", "4", go, NULL});
+  wait_log(other, "shuffled sum 499500");
+
+  static const struct {
+    const char *mode, *death;
+  } kinds[] = {{"segv", "died by signal 11"}, {"abort", "died by signal 6"}, {"exit", "exited with status 7"}};
+  for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+    run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_poison.so"), kinds[k].mode, "2");
+    expect_status(r, 1);
+    EXPECT_ERR(r, "partition 2 of dataset");
+    EXPECT_ERR(r, "failed 4 times");
+    EXPECT_ERR(r, kinds[k].death);
+    EXPECT_ERR(r, "in function jp_poison of job_poison.so");
+    EXPECT_NO_ERR(r, "every executor was lost");
+    free(r);
+    wait_executors(2); /* fresh ones, as many as before */
+  }
+  char *text = status_text();
+  assert_non_null(text);
+  /* The first two died, and their ids are not reused: the live ones are later ones. */
+  for (const char *line = strchr(text, '\n'); line; line = strchr(line + 1, '\n')) {
+    const char *end = strchr(line + 1, '\n');
+    unsigned long long id;
+    if (end && end - line > 7 && strncmp(end - 6, " alive", 6) == 0 && sscanf(line + 1, " %llu", &id) == 1)
+      assert_true(id > 2);
+  }
+  free(text);
+
+  /* The cluster still works: the other application's next job, and a new one. */
+  FILE *f = fopen(go, "w");
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(wait_exit(other->pid, CMD_LIMIT_S), 0);
+  other->pid = 0;
+  char *log = slurp(other->log);
+  assert_non_null(strstr(log, "again: shuffled sum 499500"));
+  free(log);
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_poison.so"), "segv", "9");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "count 400\n");
+  free(r);
+  expect_running(driver);
+  stop_all();
+  fx.passed = true;
+}
+
 int main(void) {
-  find_binaries((const char *const[]){"job_cache_sum.so", NULL});
+  find_binaries((const char *const[]){"job_cache_sum.so", "job_poison.so", NULL});
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_driver_restart_serves_no_stale_data, setup, teardown),
       cmocka_unit_test_setup_teardown(test_executor_outlives_its_driver, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_poison_task_costs_its_job_not_the_cluster, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

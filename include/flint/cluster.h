@@ -44,6 +44,15 @@ typedef struct fl_executor_options {
 /* Registers with the driver and runs tasks until *stop becomes nonzero. Blocks. */
 FL_API fl_status fl_executor_serve(const fl_executor_options *options, volatile sig_atomic_t *stop);
 
+/* `flint executor`: runs the executor of `argv` (this program's whole command line, which
+ * is run again) in a child process and starts a fresh one, with a new id and a clean state,
+ * whenever user code kills it (a crash, exit()), after telling the driver which task and
+ * function did (the job then fails that task, not the cluster). Restarts back off while
+ * children die young. Returns until *stop becomes nonzero; its result is the process's exit
+ * status (nonzero when the executor could not start: its message is on stderr already). Call
+ * it before starting threads. */
+FL_API int fl_executor_supervise(char *const *argv, volatile sig_atomic_t *stop);
+
 /* Sends job binary `path` with its arguments to the driver of `master` (flint://HOST:PORT),
  * which runs it in a child process. Detached: prints nothing, sets *submission and returns
  * at once. Else streams the job's stdout and stderr to this process's and sets *exit_code to
