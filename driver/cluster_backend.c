@@ -78,6 +78,14 @@ typedef struct executor_ref {
   bool lost;
   uint64_t peer_lost_ns; /* when an executor of its node was last lost (claim_reported) */
   bool sender_done; /* its sender thread returned */
+  /* A supervised executor lost before its supervisor said why (a call to it failed first):
+   * the attempts its loss ended, so that the report, when it comes, can still charge the one
+   * that killed it (cluster_executor_exited). */
+  struct swept_attempt {
+    uint64_t key, job;
+    uint32_t stage, index;
+  } *swept;
+  size_t num_swept;
   uint32_t queries; /* storage-info calls using its channel: it is not freed meanwhile */
   uint64_t ping_sent_ns;
   /* the scheduler thread */
@@ -452,6 +460,7 @@ static void executor_free(executor_ref *e) {
   common_free(e->batch);
   common_free(e->offers);
   common_free(e->known);
+  common_free(e->swept);
   common_free(e);
 }
 
@@ -546,6 +555,11 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why,
     common_log(LOG_ERROR, "out of memory: executor %llu keeps its slots", (unsigned long long)e->id);
   char msg[512];
   snprintf(msg, sizeof msg, "executor %llu at %s lost: %s", (unsigned long long)e->id, e->rpc_address, why);
+  if (e->supervised && !process_died && n && (e->swept = common_calloc(n, sizeof *e->swept)))
+    for (size_t i = 0; i < n; i++) {
+      const sched_task *t = gone[i]->original ? gone[i]->original : gone[i];
+      e->swept[e->num_swept++] = (struct swept_attempt){gone[i]->key, t->job->id, t->stage->id, t->index};
+    }
   for (size_t i = 0; i < n; i++) {
     gone[i]->rt.status = FL_ENET;
     gone[i]->rt.error = common_strdup(msg);
@@ -1014,22 +1028,6 @@ typedef struct sender_args {
   executor_ref *e;
 } sender_args;
 
-/* How long a call's network failure waits for the supervisor of a supervised executor to say
- * that its process died, and of what: that report (cluster_executor_exited) names the task and
- * function that killed it, and charges that task with the failure. */
-#define SUPERVISOR_GRACE_MS 1500
-
-/* Waits (on e's sender) until e is lost, the driver stops or the grace has passed. */
-static void supervisor_grace(cluster_backend *cb, executor_ref *e) {
-  for (int i = 0; i < SUPERVISOR_GRACE_MS / 10; i++) {
-    FL_PCHECK(pthread_mutex_lock(&cb->lock));
-    bool over = e->lost || cb->stopping;
-    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-    if (over) return;
-    usleep(10000);
-  }
-}
-
 static void *sender_loop(void *p) {
   pthread_setname_np(pthread_self(), "fl-launch");
   sender_args args = *(sender_args *)p;
@@ -1065,7 +1063,6 @@ static void *sender_loop(void *p) {
       snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
                e->rpc_address, fl_last_error());
       bool lost = st == FL_ENET || st == FL_ETIMEDOUT;
-      if (lost && e->supervised) supervisor_grace(cb, e);
       if (lost) executor_lose(cb, e, fl_last_error(), 0, false); /* its attempts run elsewhere */
       else if (!atomic_load(&e->abandon)) common_log(LOG_WARN, "%s", msg);
       /* Launched after the loss swept its attempts, or not a network failure (an executor
@@ -1354,14 +1351,44 @@ bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t incarnat
   return e != NULL;
 }
 
+/* A late report's charge, for the scheduler thread. */
+typedef struct late_charge {
+  uint64_t job;
+  uint32_t stage, index;
+  char why[];
+} late_charge;
+
+static void charge_late(scheduler *s, void *arg) {
+  late_charge *c = arg;
+  task_scheduler_charge(s, c->job, c->stage, c->index, c->why);
+  common_free(c);
+}
+
 bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t incarnation, uint64_t culprit,
                              const char *why) {
   if (incarnation != cb->cfg.incarnation) return false;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  executor_ref *e = find_executor(cb, executor);
+  executor_ref *e = cb->executors;
+  while (e && e->id != executor) e = e->next;
+  bool lost = e && e->lost;
+  late_charge *c = NULL;
+  for (size_t i = 0; lost && culprit && i < e->num_swept && !c; i++)
+    if (e->swept[i].key == culprit && (c = common_malloc(sizeof *c + strlen(why) + 1))) {
+      c->job = e->swept[i].job;
+      c->stage = e->swept[i].stage;
+      c->index = e->swept[i].index;
+      strcpy(c->why, why);
+    }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  if (!e) return false; /* find_executor gives live ones only */
-  executor_lose(cb, e, why, culprit, true);
+  if (!e) return false;
+  if (!lost) {
+    executor_lose(cb, e, why, culprit, true);
+    return true;
+  }
+  /* Lost already, when a call to it failed before the report came: the task that killed it
+   * is charged now (it may be running again elsewhere). */
+  common_log(LOG_WARN, "executor %llu at %s: %s", (unsigned long long)e->id, e->rpc_address, why);
+  if (c && scheduler_post_call(cb->base.sched, charge_late, c) != FL_OK) common_free(c);
   return true;
 }
 

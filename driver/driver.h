@@ -292,6 +292,12 @@ struct scheduler {
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
 };
 
+/* Task scheduler: charges task `index` of stage `stage` of running job `job` with a failed
+ * attempt that ended without counting as one (its executor's loss was explained later: its
+ * process died of the task's code; `why` says how). The job fails once the task has failed
+ * max_attempts times. Nothing happens when the job or the task is over. */
+FL_INTERNAL void task_scheduler_charge(scheduler *s, uint64_t job, uint32_t stage, uint32_t index, const char *why);
+
 /* DAG scheduler: cuts a submitted job into stages and submits those that can run. */
 FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
 /* A task failed to read map output: marks it lost, parks the task until its map task ran

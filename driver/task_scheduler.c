@@ -258,6 +258,19 @@ static void adopt_outcome(sched_task *task, sched_task *backup) {
   task->launched_ns = backup->launched_ns;
 }
 
+/* Fails t's job: t failed max_attempts times, the last with `cause`. Nothing of t may be
+ * used afterwards (the job's caller may free it). */
+static void task_failed_job(scheduler *s, sched_task *t, const char *cause) {
+  const sched_stage *st = t->stage;
+  char where[96] = "";
+  if (st->dep) snprintf(where, sizeof where, " (a map task of shuffle %llu)", (unsigned long long)st->dep->shuffle_id);
+  dag_scheduler_job_failed(s, t->job, FL_EJOB,
+                           "job %llu failed: partition %u of dataset %llu (%s)%s failed %u times "
+                           "on executor '%s'; last error: %s",
+                           (unsigned long long)t->job->id, t->rt.partition, (unsigned long long)st->rdd->id,
+                           st->rdd->ops->name, where, t->failures, s->backend->ops->name, cause);
+}
+
 void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   sched_job *job = t->job;
   sched_task *task = t->original ? t->original : t; /* the task this attempt ran */
@@ -322,19 +335,24 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
    * message needs and clear the task first. */
   char *cause = rt->error;
   fl_status cause_status = rt->status;
-  uint32_t partition = rt->partition;
   rt->error = NULL;
   rdd_task_clear(rt);
-  const sched_stage *st = t->stage;
-  char where[96] = "";
-  if (st->dep) snprintf(where, sizeof where, " (a map task of shuffle %llu)", (unsigned long long)st->dep->shuffle_id);
-  dag_scheduler_job_failed(s, job, FL_EJOB,
-                           "job %llu failed: partition %u of dataset %llu (%s)%s failed %u times "
-                           "on executor '%s'; last error: %s",
-                           (unsigned long long)job->id, partition, (unsigned long long)st->rdd->id,
-                           st->rdd->ops->name, where, t->failures, s->backend->ops->name,
-                           cause ? cause : fl_strerror(cause_status));
+  task_failed_job(s, t, cause ? cause : fl_strerror(cause_status));
   common_free(cause);
+}
+
+void task_scheduler_charge(scheduler *s, uint64_t job_id, uint32_t stage_id, uint32_t index, const char *why) {
+  sched_job *job = s->active;
+  while (job && job->id != job_id) job = job->active_next;
+  sched_stage *st = job && job->status == FL_OK ? job->stages : NULL;
+  while (st && st->id != stage_id) st = st->next;
+  if (!st || index >= st->num_tasks || st->barrier) return;
+  sched_task *t = &st->tasks[index];
+  if (t->done) return;
+  t->failures++;
+  common_log(LOG_WARN, "job %llu: partition %u of dataset %llu has failed %u times (the last: %s)",
+             (unsigned long long)job_id, t->rt.partition, (unsigned long long)st->rdd->id, t->failures, why);
+  if (t->failures >= s->max_attempts) task_failed_job(s, t, why);
 }
 
 static int cmp_u64(const void *a, const void *b) {
