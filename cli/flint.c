@@ -120,7 +120,8 @@ static int cmd_submit(int argc, char **argv) {
   if (strncmp(master, "flint://", 8) == 0 && !in_process) {
     uint64_t id = 0;
     int code = 1;
-    if (fl_submit(master, job, argc - i - 1, argv + i + 1, detach, &id, &code) != FL_OK) {
+    handle_stop_signals(); /* an interrupted submit stops its job (on the driver) */
+    if (fl_submit(master, job, argc - i - 1, argv + i + 1, detach, &stop_requested, &id, &code) != FL_OK) {
       fprintf(stderr, "flint submit: %s\n", fl_last_error());
       return 1;
     }

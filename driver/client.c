@@ -72,6 +72,12 @@ typedef struct remote_context {
   size_t num_inline, cap_inline, inline_bytes;
   uint64_t *inline_removed;
   size_t num_inline_removed, cap_inline_removed;
+  /* The lease: a thread says the client is alive every keepalive_ms (OpenApplicationReply),
+   * so that the driver closes the application of a client that died. */
+  uint32_t keepalive_ms;
+  pthread_t keepalive;
+  bool keepalive_started, keepalive_stop; /* under lock */
+  pthread_cond_t keepalive_wake;
   dp_server *blocks; /* serves the large broadcasts; started with the first one */
   char blocks_address[DP_ADDRESS_MAX];
   /* local-cluster */
@@ -946,8 +952,44 @@ static fl_status wait_for_executors(remote_context *c, uint32_t want) {
 
 /* ---- open and close -------------------------------------------------------------------- */
 
+/* The lease's thread: a KeepAlive every keepalive_ms until the context closes. A failed one
+ * is not fatal (the next may pass); the driver's lease is three periods long. */
+static void *keepalive_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-keepalive");
+  remote_context *c = arg;
+  FL_PCHECK(pthread_mutex_lock(&c->lock));
+  for (;;) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->keepalive_ms * 1000000u;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    while (!c->keepalive_stop && pthread_cond_timedwait(&c->keepalive_wake, &c->lock, &ts) != ETIMEDOUT) {
+    }
+    if (c->keepalive_stop) break;
+    FL_PCHECK(pthread_mutex_unlock(&c->lock));
+    Flint__AppRequest req = FLINT__APP_REQUEST__INIT;
+    req.app_id = c->app_id;
+    req.incarnation = c->incarnation;
+    fl_buf reply = FL_BUF_INIT;
+    call(c->driver, "/flint.Driver/KeepAlive", &req.base, c->keepalive_ms, &reply);
+    fl_buf_free(&reply);
+    FL_PCHECK(pthread_mutex_lock(&c->lock));
+  }
+  FL_PCHECK(pthread_mutex_unlock(&c->lock));
+  return NULL;
+}
+
 static void remote_close(fl_context *ctx) {
   remote_context *c = (remote_context *)ctx;
+  if (c->keepalive_started) {
+    FL_PCHECK(pthread_mutex_lock(&c->lock));
+    c->keepalive_stop = true;
+    pthread_cond_signal(&c->keepalive_wake);
+    FL_PCHECK(pthread_mutex_unlock(&c->lock));
+    pthread_join(c->keepalive, NULL);
+  }
+  pthread_cond_destroy(&c->keepalive_wake);
   if (c->app_id) {
     Flint__AppRequest req = FLINT__APP_REQUEST__INIT;
     req.app_id = c->app_id;
@@ -1005,6 +1047,7 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   remote_context *c = common_calloc(1, sizeof *c);
   if (!c) return FL_ERR(FL_ENOMEM, "cannot allocate a context");
   FL_PCHECK(pthread_mutex_init(&c->lock, NULL));
+  FL_PCHECK(pthread_cond_init(&c->keepalive_wake, NULL));
   fl_status status = FL_OK;
   char addr[256];
   uint32_t executors = 0;
@@ -1046,6 +1089,7 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   }
   c->app_id = r->app_id;
   c->incarnation = r->incarnation;
+  c->keepalive_ms = r->keepalive_ms;
   uint32_t cores = r->cores ? r->cores : 1;
   flint__open_application_reply__free_unpacked(r, NULL);
 
@@ -1063,6 +1107,13 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   c->pub.cancel = remote_cancel;
   atomic_init(&c->pub.next_rdd_id, 1);
   atomic_init(&c->next_operation, 1);
+  if (c->keepalive_ms) {
+    if (pthread_create(&c->keepalive, NULL, keepalive_main, c) != 0) {
+      status = FL_ERR(FL_ENOMEM, "cannot start the client's keep-alive thread");
+      goto cleanup;
+    }
+    c->keepalive_started = true;
+  }
   *out = &c->pub;
   return FL_OK;
 cleanup:
@@ -1083,7 +1134,7 @@ static fl_status connect_master(const char *master, rpc_channel **ch) {
 }
 
 fl_status fl_submit(const char *master, const char *path, int argc, char **argv, bool detach,
-                    uint64_t *submission, int *exit_code) {
+                    volatile sig_atomic_t *stop, uint64_t *submission, int *exit_code) {
   common_error_clear();
   if (!path || (argc && !argv)) return FL_ERR(FL_EINVAL, "fl_submit: NULL argument");
   rpc_channel *ch = NULL;
@@ -1108,12 +1159,20 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
   if (submission) *submission = id;
   if (detach) goto done;
   uint64_t out_off = 0, err_off = 0;
+  bool cancel_sent = false;
   for (;;) {
+    if (stop && *stop && !cancel_sent) {
+      Flint__CancelSubmissionRequest creq = FLINT__CANCEL_SUBMISSION_REQUEST__INIT;
+      creq.submission_id = id;
+      if ((st = call(ch, "/flint.Driver/CancelSubmission", &creq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+      fprintf(stderr, "flint: interrupted: job binary %llu is being stopped\n", (unsigned long long)id);
+      cancel_sent = true;
+    }
     Flint__OutputRequest oreq = FLINT__OUTPUT_REQUEST__INIT;
     oreq.submission_id = id;
     oreq.stdout_offset = out_off;
     oreq.stderr_offset = err_off;
-    oreq.wait_ms = 5000;
+    oreq.wait_ms = stop ? 250 : 5000; /* short waits: a stop is seen at once */
     if ((st = call(ch, "/flint.Driver/Output", &oreq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
     Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
     if (!o) {

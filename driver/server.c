@@ -56,6 +56,7 @@ typedef struct app_entry {
   uint64_t num_jobs;
   uint32_t users; /* calls using app now (app_lookup); a close waits for them */
   uint32_t pid;   /* the client's process (job binaries' applications end with it) */
+  uint64_t last_seen_ns; /* the client's last call (its lease: client_timeout_ns) */
   struct app_entry *next;
 } app_entry;
 
@@ -93,6 +94,9 @@ typedef struct driver_state {
    * that nothing of an earlier driver process on this address (its executor ids, its
    * applications, its tasks) is taken for this one's. */
   uint64_t incarnation;
+  /* FLINT_CLIENT_TIMEOUT_MS: an application whose client has not called for this long (it
+   * keeps alive every third of it) is closed, as its client is gone. */
+  uint64_t client_timeout_ns;
   scheduler *sched;
   cluster_backend *cluster;
   rpc_server *server;
@@ -131,6 +135,7 @@ static fl_status empty_reply(fl_buf *out) {
 #define Flint__UnpersistRequest_descriptor_ flint__unpersist_request__descriptor
 #define Flint__SubmitRequest_descriptor_ flint__submit_request__descriptor
 #define Flint__OutputRequest_descriptor_ flint__output_request__descriptor
+#define Flint__CancelSubmissionRequest_descriptor_ flint__cancel_submission_request__descriptor
 #define Flint__FetchResultRequest_descriptor_ flint__fetch_result_request__descriptor
 #define Flint__CancelJobsRequest_descriptor_ flint__cancel_jobs_request__descriptor
 #define Flint__BarrierGatherRequest_descriptor_ flint__barrier_gather_request__descriptor
@@ -257,6 +262,7 @@ static fl_status app_lookup(driver_state *d, uint64_t id, uint64_t incarnation, 
   app_entry *a = app_find(d, id);
   *out = a ? a->app : NULL;
   if (*out) a->users++;
+  if (*out) a->last_seen_ns = common_now_ns();
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (!*out)
     return FL_ERR(FL_ENOENT, "no running application %llu on this driver", (unsigned long long)id);
@@ -286,6 +292,7 @@ static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
   if (status == FL_OK) {
     e->id = id;
     e->pid = req->pid;
+    e->last_seen_ns = common_now_ns();
     snprintf(e->name, sizeof e->name, "%s", e->app->name);
     FL_PCHECK(pthread_mutex_lock(&d->lock));
     e->next = d->apps;
@@ -306,6 +313,7 @@ static fl_status handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
     Flint__OpenApplicationReply reply = FLINT__OPEN_APPLICATION_REPLY__INIT;
     reply.app_id = id;
     reply.incarnation = d->incarnation;
+    reply.keepalive_ms = (uint32_t)(d->client_timeout_ns / 3000000u);
     reply.cores = cluster_cores(d->cluster);
     status = proto_pack(&reply.base, response);
   } else {
@@ -341,6 +349,37 @@ static fl_status handle_close(driver_state *d, fl_bytes body, fl_buf *response) 
                      : FL_ERR(FL_ENOENT, "no running application %llu on this driver process: it belongs to "
                               "an earlier driver process", (unsigned long long)id);
   return st == FL_OK ? empty_reply(response) : st;
+}
+
+/* A client says it is alive (its lease). */
+static fl_status handle_keepalive(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__AppRequest, req, body, "KeepAlive");
+  driver_app *app;
+  fl_status st = app_lookup(d, req->app_id, req->incarnation, &app); /* which renews the lease */
+  app_unpin(d, app);
+  flint__app_request__free_unpacked(req, NULL);
+  return st == FL_OK ? empty_reply(response) : st;
+}
+
+/* Closes the applications whose clients' leases ran out: a client killed, or cut off, says
+ * nothing; its application's blocks, shuffle files and broadcasts go everywhere. */
+static void close_silent_apps(driver_state *d) {
+  for (;;) {
+    uint64_t id = 0, now = common_now_ns(), silent_ns = 0;
+    char name[128] = "";
+    FL_PCHECK(pthread_mutex_lock(&d->lock));
+    for (app_entry *a = d->apps; a && !id; a = a->next)
+      if (a->app && now - a->last_seen_ns > d->client_timeout_ns) {
+        id = a->id;
+        silent_ns = now - a->last_seen_ns;
+        snprintf(name, sizeof name, "%s", a->name);
+      }
+    FL_PCHECK(pthread_mutex_unlock(&d->lock));
+    if (!id) return;
+    common_log(LOG_WARN, "application %llu (%s): its client has not called for %.1f s (FLINT_CLIENT_TIMEOUT_MS): "
+               "closing it", (unsigned long long)id, name, (double)silent_ns / 1e9);
+    app_close(d, id);
+  }
 }
 
 /* A job binary that crashed or exited without closing its context leaves its applications
@@ -935,14 +974,21 @@ static void *supervise(void *arg) {
       FL_PCHECK(pthread_mutex_unlock(&d->lock));
     }
   }
-  int wstatus = 0;
-  while (waitpid(s->pid, &wstatus, 0) < 0 && errno == EINTR) {
+  /* Marked exited before it is reaped, so that a cancel (handle_cancel_submission) never
+   * signals a pid that another process has taken since. */
+  siginfo_t info;
+  memset(&info, 0, sizeof info);
+  while (waitid(P_PID, (id_t)s->pid, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
+  }
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  s->exited = true;
+  if (info.si_code == CLD_EXITED) s->exit_code = info.si_status;
+  else s->signal = info.si_status;
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  while (waitpid(s->pid, NULL, 0) < 0 && errno == EINTR) {
   }
   close_apps_of(d, s->pid);
   FL_PCHECK(pthread_mutex_lock(&d->lock));
-  s->exited = true;
-  if (WIFEXITED(wstatus)) s->exit_code = WEXITSTATUS(wstatus);
-  else if (WIFSIGNALED(wstatus)) s->signal = WTERMSIG(wstatus);
   pthread_cond_broadcast(&d->changed);
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (s->signal)
@@ -1085,6 +1131,23 @@ cleanup:
   common_free(argv);
   flint__submit_request__free_unpacked(req, NULL);
   return status;
+}
+
+/* `flint submit` was interrupted: its job binary ends (SIGTERM, which `flint submit
+ * --in-process` takes as a kill), and its application with it. */
+static fl_status handle_cancel_submission(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__CancelSubmissionRequest, req, body, "CancelSubmission");
+  uint64_t id = req->submission_id;
+  flint__cancel_submission_request__free_unpacked(req, NULL);
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  submission *s = d->submissions;
+  while (s && s->id != id) s = s->next;
+  bool running = s && !s->exited;
+  if (running) kill(s->pid, SIGTERM); /* reaped by its supervisor thread, under this lock */
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  if (!s) return FL_ERR(FL_ENOENT, "no job binary %llu on this driver", (unsigned long long)id);
+  if (running) common_log(LOG_INFO, "job binary %llu cancelled by its submitter", (unsigned long long)id);
+  return empty_reply(response);
 }
 
 static fl_status handle_output(driver_state *d, fl_bytes body, fl_buf *response, const rpc_request *call) {
@@ -1415,6 +1478,8 @@ static fl_status driver_handle(void *arg, const rpc_request *call, fl_buf *respo
   }
   if (strcmp(m, "OpenApplication") == 0) return handle_open(d, b, response);
   if (strcmp(m, "CloseApplication") == 0) return handle_close(d, b, response);
+  if (strcmp(m, "KeepAlive") == 0) return handle_keepalive(d, b, response);
+  if (strcmp(m, "CancelSubmission") == 0) return handle_cancel_submission(d, b, response);
   if (strcmp(m, "HasLibrary") == 0) return handle_has_library(d, b, response);
   if (strcmp(m, "UploadLibrary") == 0) return handle_upload_library(d, b, response);
   if (strcmp(m, "BroadcastPut") == 0) return handle_broadcast_put(d, b, response);
@@ -1510,6 +1575,11 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
                spec.multiplier, (double)spec.min_ns / 1e6);
   /* 63 bits, never 0: executors keep 0 and all ones for none (executor/service.c) */
   d.incarnation = common_random_u64() >> 1 | 1;
+  d.client_timeout_ns = env_ms("FLINT_CLIENT_TIMEOUT_MS", 30000);
+  if (d.client_timeout_ns < 300000000ull) {
+    common_log(LOG_WARN, "FLINT_CLIENT_TIMEOUT_MS below 300: using 300");
+    d.client_timeout_ns = 300000000ull;
+  }
   cluster_config cc = {.secret = cfg->secret,
                        .incarnation = d.incarnation,
                        .locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
@@ -1543,7 +1613,10 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
       goto cleanup;
     }
   }
-  while (!*stop) usleep(20000);
+  for (uint64_t round = 0; !*stop; round++) {
+    usleep(20000);
+    if (round % 25 == 0) close_silent_apps(&d); /* twice a second */
+  }
   common_log(LOG_INFO, "stopping");
 cleanup:
   rpc_server_stop(d.server);

@@ -56,6 +56,22 @@ static void wait_executors(size_t n) {
   }
 }
 
+/* The running applications and the live executors' cached KiB that `flint status` lists. */
+static void status_load(size_t *running, unsigned long long *cached_ki) {
+  char *text = status_text();
+  assert_non_null(text);
+  *running = 0;
+  for (const char *s = text; (s = strstr(s, " (running), ")); s++) (*running)++;
+  *cached_ki = 0;
+  for (const char *line = strchr(text, '\n'); line; line = strchr(line + 1, '\n')) {
+    unsigned long long id, mem, cached;
+    unsigned cores;
+    char address[64];
+    if (sscanf(line + 1, " %llu %63s %u %lluMi %lluKi", &id, address, &cores, &mem, &cached) == 5) *cached_ki += cached;
+  }
+  free(text);
+}
+
 /* Waits until the log of `p` holds `needle`. */
 static void wait_log(proc *p, const char *needle) {
   double deadline = now_s() + CMD_LIMIT_S;
@@ -235,12 +251,84 @@ static void test_poison_task_costs_its_job_not_the_cluster(void **state) {
   fx.passed = true;
 }
 
+/* ---- 3. clients that go away ------------------------------------------------------------- */
+
+/* Clients killed mid-application: the driver closes their applications once their lease runs
+ * out (FLINT_CLIENT_TIMEOUT_MS), and the executors drop their cached blocks. Before, the
+ * applications stayed "running" and their blocks cached for ever. */
+static void test_dead_clients_applications_close(void **state) {
+  (void)state;
+  start_driver((const char *const[]){"FLINT_CLIENT_TIMEOUT_MS=1500", NULL});
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(2);
+  const char *never = test_file("never");
+  proc *clients[3];
+  for (int i = 0; i < 3; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "client%d", i);
+    clients[i] = start_proc(name, NULL,
+                            (const char *const[]){"submit", "--in-process", "--master", fx.master,
+                                                  bin_file("job_cache_sum.so"), "1", "4", never, NULL});
+  }
+  for (int i = 0; i < 3; i++) wait_log(clients[i], "shuffled sum 499500");
+  size_t running;
+  unsigned long long cached;
+  status_load(&running, &cached);
+  assert_int_equal(running, 3);
+  /* A live client keeps its application past the lease: it says it is alive. */
+  sleep_ms(2500);
+  status_load(&running, &cached);
+  assert_int_equal(running, 3);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(kill(clients[i]->pid, SIGKILL), 0);
+    assert_true(wait_exit(clients[i]->pid, STOP_LIMIT_S) >= 0);
+    clients[i]->pid = 0;
+  }
+  double deadline = now_s() + 30; /* the lease is 1.5 s: only a hang takes this long */
+  do {
+    sleep_ms(100);
+    status_load(&running, &cached);
+    if (now_s() > deadline) fail_msg("30 s after its clients died: %zu applications running, %llu KiB cached", running, cached);
+  } while (running || cached);
+  stop_all();
+  fx.passed = true;
+}
+
+/* `flint submit` interrupted (SIGINT, SIGTERM) stops its job on the driver, which closes the
+ * job's application; before, the job ran on to its end. */
+static void test_interrupted_submit_stops_its_job(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  wait_executors(1);
+  const char *never = test_file("never");
+  proc *submitter = start_proc("submitter", NULL,
+                               (const char *const[]){"submit", "--master", fx.master, bin_file("job_cache_sum.so"),
+                                                     "1", "2", never, NULL});
+  wait_log(submitter, "shuffled sum 499500");
+  assert_int_equal(kill(submitter->pid, SIGTERM), 0);
+  int status = wait_exit(submitter->pid, CMD_LIMIT_S);
+  submitter->pid = 0;
+  assert_int_equal(status, 128 + SIGTERM); /* the job's status: killed by SIGTERM */
+  wait_log(submitter, "is being stopped");
+  wait_log(driver, "job binary 1 was killed by signal 15");
+  size_t running;
+  unsigned long long cached;
+  status_load(&running, &cached);
+  assert_int_equal(running, 0);
+  stop_all();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){"job_cache_sum.so", "job_poison.so", NULL});
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_driver_restart_serves_no_stale_data, setup, teardown),
       cmocka_unit_test_setup_teardown(test_executor_outlives_its_driver, setup, teardown),
       cmocka_unit_test_setup_teardown(test_poison_task_costs_its_job_not_the_cluster, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_dead_clients_applications_close, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_interrupted_submit_stops_its_job, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,9 +56,12 @@ FL_API int fl_executor_supervise(char *const *argv, volatile sig_atomic_t *stop)
 /* Sends job binary `path` with its arguments to the driver of `master` (flint://HOST:PORT),
  * which runs it in a child process. Detached: prints nothing, sets *submission and returns
  * at once. Else streams the job's stdout and stderr to this process's and sets *exit_code to
- * the job's exit status (128 + N when signal N killed it; the message says which). */
+ * the job's exit status (128 + N when signal N killed it; the message says which). When
+ * *stop becomes nonzero meanwhile (a signal handler sets it; stop may be NULL), the driver
+ * ends the job (SIGTERM), and its remaining output and status come back as usual. */
 FL_API fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
-                           bool detach, uint64_t *submission, int *exit_code);
+                           bool detach, volatile sig_atomic_t *stop, uint64_t *submission,
+                           int *exit_code);
 
 /* Prints the driver's executors, applications and jobs to `out`. */
 FL_API fl_status fl_print_status(const char *master, FILE *out);
