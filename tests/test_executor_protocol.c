@@ -257,14 +257,20 @@ static proc *executor_with_held_call(const char *held) {
   return e;
 }
 
-/* SIGTERM to p (named `what`): it exits with status 0 within 5 s. */
+/* The deadline of a launch (the driver's) and of a call to the driver (the executor's). */
+#define CALL_DEADLINE_S 30
+/* stop_proc kills a process that has not exited STOP_LIMIT_S after the signal, which then
+ * does not exit with status 0: a process that waits for a call's deadline fails that way
+ * whatever the load, and a prompt one passes unless it hangs for 20 s. */
+_Static_assert(STOP_LIMIT_S < CALL_DEADLINE_S, "a stop that waits for a deadline must fail");
+
+/* SIGTERM to p (named `what`): it exits with status 0, without waiting for the deadline of
+ * the call it is in. */
 static void expect_prompt_stop(proc *p, const char *what) {
   double t0 = now_s();
   int status = stop_proc(p, SIGTERM);
-  double took = now_s() - t0;
-  fprintf(stderr, "the %s stopped in %.2f s with exit status %d\n", what, took, status);
+  fprintf(stderr, "the %s stopped in %.2f s with exit status %d\n", what, now_s() - t0, status);
   assert_int_equal(status, 0);
-  assert_true(took < 5);
 }
 
 /* ---- tests ----------------------------------------------------------------------------------- */
@@ -332,8 +338,8 @@ static void test_executor_gone_during_a_launch(void **state) {
 }
 
 /* The executor still serves but holds a launch and sends no heartbeat: the driver loses it
- * after FLINT_EXECUTOR_TIMEOUT_MS and cancels the launch it was waiting for (within about a
- * second, not after the launch's 30 s deadline); the job fails as every executor is lost. */
+ * after FLINT_EXECUTOR_TIMEOUT_MS and cancels the launch it was waiting for (then, not after
+ * the launch's 30 s deadline); the job fails as every executor is lost. */
 static void test_silent_executor_loses_its_launch(void **state) {
   (void)state;
   job_run j = {0};
@@ -345,7 +351,8 @@ static void test_silent_executor_loses_its_launch(void **state) {
   assert_int_equal(j.count.status, FL_ENET);
   assert_non_null(strstr(j.count.error, "no heartbeat"));
 
-  double deadline = now_s() + 5;
+  /* Until the launch is answered: at once when given up, or by the peer itself after 40 s. */
+  double deadline = now_s() + 60;
   pthread_mutex_lock(&peer.lock);
   while (!peer.calls[launch].replied_at && now_s() < deadline) {
     pthread_mutex_unlock(&peer.lock);
@@ -356,7 +363,9 @@ static void test_silent_executor_loses_its_launch(void **state) {
   pthread_mutex_unlock(&peer.lock);
   fprintf(stderr, "the held launch was given up after %.2f s\n", l.replied_at ? l.replied_at - l.received_at : -1);
   assert_true(l.replied_at > 0 && l.cancelled);
-  assert_true(l.replied_at - l.received_at < 10);
+  /* The deadline also cancels it, but not before CALL_DEADLINE_S; given up with the executor
+   * it is cancelled after about FLINT_EXECUTOR_TIMEOUT_MS (3 s): 20 s is a hang. */
+  assert_true(l.replied_at - l.received_at < CALL_DEADLINE_S - 10);
   expect_running(driver);
 
   job_close(&j);

@@ -304,11 +304,13 @@ static void test_timeout_cancels_blocked_handler(void **state) {
   assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
   fl_buf out = FL_BUF_INIT;
   assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("warm"), 5000, &out)); /* connect first */
+  /* FL_ETIMEDOUT shows that the deadline, not the handler, ended the call: a handler that is
+   * never cancelled fails with "never cancelled" after 10 s instead. The call cannot end
+   * before its deadline (a lower bound no load can break), so it is not timed here. */
   double t0 = now_ms();
   assert_fails_with(rpc_call(ch, "/test/Block", fl_bytes_str(""), 150, &out), FL_ETIMEDOUT,
                     "no reply within 150 ms");
-  double took = now_ms() - t0;
-  assert_true(took >= 140 && took < 3000);
+  assert_true(now_ms() - t0 >= 140);
   wait_for(&t.blocked, 1);
   wait_for(&t.saw_cancelled, 1);
   /* The handler thread is free again. */
@@ -329,12 +331,11 @@ static void test_unreachable_port_fails_fast(void **state) {
   rpc_channel *ch;
   assert_ok(rpc_channel_create(target, NULL, 0, &ch));
   fl_buf out = FL_BUF_INIT;
-  for (int i = 0; i < 2; i++) {
-    double t0 = now_ms();
-    assert_fails_with(rpc_call(ch, "/test/Echo", fl_bytes_str("x"), 3000, &out), FL_ENET,
+  /* FL_ENET, not FL_ETIMEDOUT: the refused connection, not the 30 s deadline, ends each
+   * call (the second during the reconnect backoff). */
+  for (int i = 0; i < 2; i++)
+    assert_fails_with(rpc_call(ch, "/test/Echo", fl_bytes_str("x"), 30000, &out), FL_ENET,
                       "cannot reach 127.0.0.1:");
-    assert_true(now_ms() - t0 < 2000);
-  }
   rpc_channel_destroy(ch);
 }
 
@@ -536,26 +537,32 @@ static void test_call_end_gives_up_when_told(void **state) {
 
   atomic_bool abandon = false;
   rpc_pending *p;
-  /* A deadline far beyond the give-up, so that a broken give-up fails rather than hangs. */
-  assert_ok(rpc_call_begin(ch, "/test/Block", fl_bytes_str(""), 8000, &p));
+  /* A deadline of 10 min, far beyond the give-up: FL_ECANCELLED "given up" is then what
+   * shows that the flag ended the wait. A broken give-up does not hang either: the handler
+   * fails "never cancelled" after 10 s. */
+  assert_ok(rpc_call_begin(ch, "/test/Block", fl_bytes_str(""), 600000, &p));
   wait_for(&t.blocked, 1);
   abandoner a = {&abandon, 100};
   pthread_t th;
-  double t0 = now_ms();
   assert_int_equal(pthread_create(&th, NULL, abandon_later, &a), 0);
   fl_buf out = FL_BUF_INIT;
   assert_fails_with(rpc_call_end_unless(p, &abandon, &out), FL_ECANCELLED, "/test/Block on 127.0.0.1:");
-  double took = now_ms() - t0;
+  assert_true(atomic_load(&abandon)); /* it gave up only once told to */
   assert_non_null(strstr(fl_last_error(), "given up without a reply"));
   assert_int_equal(pthread_join(th, NULL), 0);
-  assert_true(took >= 90 && took < 100 + 20 * RPC_ABANDON_POLL_MS);
   assert_int_equal(out.len, 0);
   wait_for(&t.saw_cancelled, 1); /* the server's handler saw the cancel */
 
-  /* Already true, but the reply is there first: the call succeeds. */
-  assert_ok(rpc_call_begin(ch, "/test/Echo", fl_bytes_str("kept"), 5000, &p));
-  sleep_ms(500);
-  assert_ok(rpc_call_end_unless(p, &abandon, &out));
+  /* Already true, but the reply is there first: the call succeeds. A busy host may not have
+   * the reply in yet after the wait, and then giving up is right; so it is tried again with
+   * longer waits (0.5 s to 8 s), and only a give-up that ignores a reply fails every try. */
+  fl_status kept = FL_ECANCELLED;
+  for (int wait = 500; wait <= 8000 && kept == FL_ECANCELLED; wait *= 2) {
+    assert_ok(rpc_call_begin(ch, "/test/Echo", fl_bytes_str("kept"), 600000, &p));
+    sleep_ms(wait);
+    kept = rpc_call_end_unless(p, &abandon, &out);
+  }
+  assert_ok(kept);
   assert_int_equal(out.len, 4);
   assert_memory_equal(out.data, "kept", 4);
 
@@ -603,9 +610,9 @@ static void test_stop_cancels_blocked_handlers(void **state) {
   }
   wait_for(&t.blocked, 2);
   sleep_ms(50); /* the third reaches the server */
-  double t0 = now_ms();
   server_stop(&t);
-  assert_true(now_ms() - t0 < 3000);
+  /* Both handlers saw the cancel, so the stop ended them; without it each would have waited
+   * 10 s and failed "never cancelled". */
   assert_int_equal(atomic_load(&t.saw_cancelled), 2);
   assert_int_equal(atomic_load(&t.blocked), 2); /* the queued call never ran */
   for (int i = 0; i < 3; i++) {

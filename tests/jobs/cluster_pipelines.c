@@ -51,6 +51,26 @@ static fl_status append_byte(const char *path) {
   return FL_OK;
 }
 
+/* Waits until `path` holds at least `bytes` bytes (0: until it exists), at most cap_ms;
+ * false when the cap passed first. A task blocked so that only the behaviour under test can
+ * let the job end: the test (or the other tasks) make the file. */
+static bool wait_file(const char *path, int64_t bytes, int64_t cap_ms) {
+  for (int64_t waited = 0;; waited += 10) {
+    struct stat st;
+    if (stat(path, &st) == 0 && st.st_size >= bytes) return true;
+    if (waited >= cap_ms) return false;
+    usleep(10000);
+  }
+}
+
+/* Leaves `path` (the gate of a task) + ".unreleased": the task stopped waiting at its cap, so
+ * the job ended some other way than the test meant (the test looks for the file). */
+static void mark_unreleased(const char *path) {
+  char mark[280];
+  snprintf(mark, sizeof mark, "%s.unreleased", path);
+  (void)append_byte(mark);
+}
+
 /* ---- the report ------------------------------------------------------------------------ */
 
 typedef struct run {
@@ -382,11 +402,17 @@ CP_EXPORT fl_status cp_nap(fl_bytes rec, fl_buf *out, const void *arg) {
 }
 
 /* Copies a record and counts it in an i64 accumulator; the first call anywhere (the one
- * that creates the marker file) sleeps first: one slow task, for speculation. */
+ * that creates the marker file) is slow: one slow task, for speculation. With a gate, the
+ * slow call waits until the file `gate` holds gate_bytes bytes (0: exists), at most
+ * sleep_ms, leaving gate.unreleased when that passes; without one it sleeps sleep_ms. Every
+ * other call appends a byte to `tally` when one is named. */
 typedef struct cp_slow_once_arg {
   uint64_t accumulator;
   uint32_t sleep_ms;
   char marker[200];
+  char gate[200];
+  uint32_t gate_bytes;
+  char tally[200];
 } cp_slow_once_arg;
 
 CP_EXPORT fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg) {
@@ -395,7 +421,13 @@ CP_EXPORT fl_status cp_slow_once(fl_bytes rec, fl_buf *out, const void *arg) {
   int fd = open(a.marker, O_CREAT | O_EXCL | O_WRONLY, 0600);
   if (fd >= 0) {
     close(fd);
-    usleep((useconds_t)a.sleep_ms * 1000);
+    if (!a.gate[0])
+      usleep((useconds_t)a.sleep_ms * 1000);
+    else if (!wait_file(a.gate, a.gate_bytes, a.sleep_ms))
+      mark_unreleased(a.gate);
+  } else if (a.tally[0]) {
+    fl_status s = append_byte(a.tally);
+    if (s != FL_OK) return s;
   }
   fl_status s = fl_accumulator_add_i64(a.accumulator, 1);
   if (s != FL_OK) return s;
@@ -1424,6 +1456,8 @@ typedef struct cp_node_arg {
   int64_t peer_ms;  /* how long tasks in any other process sleep first (cp_slow_claimed: of
                        mask; cp_exit_if_peer: before it exits) */
   char dir[200];    /* a folder for markers */
+  int64_t gated;    /* cp_slow_claimed: instead of sleeping peer_ms, wait for dir/release (at
+                       most peer_ms, then leave dir/release.unreleased) */
 } cp_node_arg;
 
 /* Copies a partition; in process pid it first sleeps ms. In any other process, the first
@@ -1459,14 +1493,21 @@ CP_EXPORT fl_status cp_slow_marked(uint32_t partition, fl_iter *in, fl_emitter *
 }
 
 /* Copies a partition; in process pid it first sleeps ms, and in any other a partition of
- * mask (one of pid's, so a claimed offer) sleeps peer_ms first. */
+ * mask (one of pid's, so a claimed offer) sleeps peer_ms first, or with `gated` waits for
+ * dir/release. */
 CP_EXPORT fl_status cp_slow_claimed(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
   cp_node_arg a;
   memcpy(&a, arg, sizeof a);
-  if (getpid() == a.pid)
+  if (getpid() == a.pid) {
     usleep((useconds_t)(a.ms * 1000));
-  else if (partition < 64 && (a.mask >> partition & 1))
-    usleep((useconds_t)(a.peer_ms * 1000));
+  } else if (partition < 64 && (a.mask >> partition & 1)) {
+    char gate[256];
+    snprintf(gate, sizeof gate, "%s/release", a.dir);
+    if (!a.gated)
+      usleep((useconds_t)(a.peer_ms * 1000));
+    else if (!wait_file(gate, 0, a.peer_ms))
+      mark_unreleased(gate);
+  }
   return copy_partition(in, out);
 }
 
