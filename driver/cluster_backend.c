@@ -752,6 +752,31 @@ static void add_block_location(void *arg, uint32_t partition, uint64_t executor)
 }
 
 /* Encodes one LaunchTasks call for the tasks of one application in e's batch. */
+/* The datasets of app that e has plan nodes of but the driver's plan no longer holds: taken
+ * off e's known set and returned (*out, *count; the caller frees it), for the launch to tell
+ * e to release them. app->lock held; scheduler thread. */
+static fl_status launch_released(executor_ref *e, driver_app *app, uint64_t **out, size_t *count) {
+  *out = NULL;
+  *count = 0;
+  size_t cap = 0;
+  for (size_t i = 0; i < e->num_known;) {
+    uint64_t key = e->known[i], id = key & (KNOWN_BROADCAST - 1);
+    if (key >> 40 != app->id || (key & KNOWN_BROADCAST) || rdd_plan_find(app->plan, id)) {
+      i++;
+      continue;
+    }
+    if (*count == cap) {
+      cap = cap ? 2 * cap : 16;
+      uint64_t *grown = common_realloc(*out, cap * sizeof *grown);
+      if (!grown) return FL_ERR(FL_ENOMEM, "out of memory");
+      *out = grown;
+    }
+    (*out)[(*count)++] = id;
+    e->known[i] = e->known[--e->num_known];
+  }
+  return FL_OK;
+}
+
 /* tasks[0, n): e's own; tasks[n, n + offered): its node peers' tasks offered to it. */
 static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app *app, sched_task **tasks,
                                size_t n, size_t offered, bool more_pending, fl_buf *out) {
@@ -772,13 +797,14 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   Flint__BlockLocation **blocks = NULL;
   size_t num_blocks = 0, cap_blocks = 0;
   Flint__InlineBroadcast **ship = NULL;
-  uint64_t *forget = NULL;
-  size_t num_ship = 0, num_forget = 0;
+  uint64_t *forget = NULL, *released = NULL;
+  size_t num_ship = 0, num_forget = 0, num_released = 0;
   if (!descs || !desc_ptrs || !actions) {
     status = FL_ERR(FL_ENOMEM, "out of memory");
     goto cleanup;
   }
   FL_PCHECK(pthread_mutex_lock(&app->lock));
+  status = launch_released(e, app, &released, &num_released);
   for (size_t i = 0; i < n && status == FL_OK; i++) {
     const rdd *r = tasks[i]->stage->rdd;
     /* A map task needs the node that holds its shuffle dependency: the reading dataset. */
@@ -900,6 +926,8 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   req.n_actions = num_actions;
   req.actions = actions;
   req.none_pending = !more_pending;
+  req.n_released = num_released;
+  req.released = released;
   status = proto_pack(&req.base, out);
 cleanup:
   if (status != FL_OK) /* the executor may not get these nodes: forget they were sent */
@@ -913,6 +941,7 @@ cleanup:
   }
   for (size_t i = 0; i < num_blocks; i++) common_free(blocks[i]);
   common_free(blocks);
+  common_free(released);
   for (size_t i = 0; i < num_ship; i++) common_free(ship[i]);
   common_free(ship);
   common_free(forget);

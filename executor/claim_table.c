@@ -3,8 +3,9 @@
  * CLAIM_SLOTS 64-bit slots, created by its executor and mapped read-write by the node's other
  * executors, found as shared blocks are: by name among /proc/PID/fd. A slot holds the key of
  * the last attempt claimed in it; the driver's keys only grow, so a slot with a smaller key
- * is free for a larger one. Pages are touched as slots are, so the table costs memory only
- * for the keys used.
+ * is free for a larger one. Pages are touched as slots are; as keys grow, the owner punches
+ * out the pages of slots far behind the newest key (claim_table_trim), so the table costs
+ * memory for the recent keys only, not for every key a long-lived executor saw.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,9 +22,18 @@
 #define CLAIM_BYTES (CLAIM_SLOTS * sizeof(uint64_t))
 #define CLAIM_NAME "flint-claims"
 
+/* Slots of keys this far behind the newest are of attempts long over: an executor queues at
+ * most 16 tasks a core, launched as keys grow. They are punched out a chunk at a time, so a
+ * table holds at most about 576 KiB. Should one such attempt still be queued, its owner
+ * claims it all the same (a zero slot is free); a peer holding an offer of one that already
+ * ran could run it again, and the driver, which has its end, ignores the second. */
+#define CLAIM_TRIM_BEHIND ((uint64_t)1 << 16)
+#define CLAIM_TRIM_CHUNK ((uint64_t)1 << 13) /* slots: 64 KiB */
+
 struct claim_table {
   _Atomic uint64_t *slots;
   int fd; /* the owner's descriptor; -1 in a peer */
+  _Atomic uint64_t trimmed_to; /* keys below it (in chunks since the last clear) are punched */
 };
 
 static fl_status map_table(int fd, const char *what, claim_table **out) {
@@ -55,7 +65,20 @@ fl_status claim_table_create(claim_table **out) {
   return s;
 }
 
+void claim_table_trim(claim_table *t, uint64_t newest) {
+  if (t->fd < 0 || newest < CLAIM_TRIM_BEHIND) return;
+  uint64_t floor = (newest - CLAIM_TRIM_BEHIND) & ~(CLAIM_TRIM_CHUNK - 1);
+  uint64_t from = atomic_load(&t->trimmed_to);
+  if (from >= floor || !atomic_compare_exchange_strong(&t->trimmed_to, &from, floor)) return;
+  if (floor - from > CLAIM_SLOTS) from = floor - CLAIM_SLOTS; /* the first trim, or a jump */
+  for (uint64_t k = from & ~(CLAIM_TRIM_CHUNK - 1); k < floor; k += CLAIM_TRIM_CHUNK) {
+    off_t at = (off_t)((k & (CLAIM_SLOTS - 1)) * sizeof(uint64_t));
+    fallocate(t->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, (off_t)(CLAIM_TRIM_CHUNK * sizeof(uint64_t)));
+  }
+}
+
 void claim_table_clear(claim_table *t) {
+  atomic_store(&t->trimmed_to, 0);
   /* Punching the pages out zeroes them for every mapping without touching them here. */
   if (t->fd < 0 || fallocate(t->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)CLAIM_BYTES) != 0)
     for (size_t i = 0; i < CLAIM_SLOTS; i++) atomic_store_explicit(&t->slots[i], 0, memory_order_relaxed);

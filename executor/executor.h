@@ -102,6 +102,9 @@ FL_INTERNAL fl_status claim_table_open(uint32_t pid, claim_table **out);
  * runs it); a peer claims only an attempt nobody has, and never one that a later attempt's
  * claim has overwritten (its slot holds a larger key: the attempt is long over). */
 FL_INTERNAL bool claim_table_take(claim_table *t, uint64_t key, bool owner);
+/* This executor's table (no-op in a peer's): the newest key launched here is `newest`; the
+ * pages of slots far behind it are given back. */
+FL_INTERNAL void claim_table_trim(claim_table *t, uint64_t newest);
 FL_INTERNAL void claim_table_free(claim_table *t);
 
 /* ---- task pool ------------------------------------------------------------------------- */

@@ -1076,6 +1076,25 @@ static struct peer_claims *peer_claims(exec_service *svc, uint32_t pid, uint64_t
   return free_entry;
 }
 
+/* Forgets where the blocks of datasets rdd_ids[0, n) and the outputs of shuffles
+ * shuffle_ids[0, m) are: they are gone (app->lock held). Without this a long-lived
+ * application's tables would grow with every job. */
+static void app_forget_locations(exec_app *app, const uint64_t *rdd_ids, size_t n, const uint64_t *shuffle_ids,
+                                 size_t m) {
+  for (size_t k = 0; k < app->num_blocks;) {
+    bool gone = false;
+    for (size_t i = 0; i < n && !gone; i++) gone = app->blocks[k].rdd_id == rdd_ids[i];
+    if (gone) app->blocks[k] = app->blocks[--app->num_blocks];
+    else k++;
+  }
+  for (size_t k = 0; k < app->num_maps;) {
+    bool gone = false;
+    for (size_t i = 0; i < m && !gone; i++) gone = app->maps[k].shuffle_id == shuffle_ids[i];
+    if (gone) app->maps[k] = app->maps[--app->num_maps];
+    else k++;
+  }
+}
+
 static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__LaunchTasksRequest *req = flint__launch_tasks_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "LaunchTasks: malformed message");
@@ -1089,6 +1108,9 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
 
   FL_PCHECK(pthread_mutex_lock(&app->lock));
   if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
+  /* Datasets the driver dropped: their nodes go (the tasks that hold one keep it alive). */
+  for (size_t i = 0; status == FL_OK && i < req->n_released; i++) rdd_plan_release(app->plan, req->released[i]);
+  if (status == FL_OK) app_forget_locations(app, req->released, req->n_released, NULL, 0);
   if (req->broadcast_address[0]) {
     if (strlen(req->broadcast_address) >= sizeof app->broadcast_address)
       status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast address too long");
@@ -1250,6 +1272,10 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
       if (tasks[i]->offer) order[kept - 1 - offers++] = tasks[i];
       else order[i - offers] = tasks[i];
     atomic_fetch_add(&svc->own_queued, own);
+    uint64_t newest = 0;
+    for (size_t i = 0; i < kept; i++)
+      if (!tasks[i]->offer && tasks[i]->key > newest) newest = tasks[i]->key;
+    if (svc->claims && newest) claim_table_trim(svc->claims, newest); /* before the submits free them */
     for (size_t i = 0; i < kept; i++) task_pool_submit(svc->pool, &order[i]->work);
   } else if (tasks) {
     for (size_t i = 0; i < req->n_tasks; i++)
@@ -1314,6 +1340,7 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
       rdd_shuffle_dep const *dep = rdd_plan_find_shuffle(app->plan, req->shuffle_ids[i]);
       if (dep) app_shuffle_remove(app, req->shuffle_ids[i], dep->parent->num_partitions);
     }
+    app_forget_locations(app, req->rdd_ids, req->n_rdd_ids, req->shuffle_ids, req->n_shuffle_ids);
     FL_PCHECK(pthread_mutex_unlock(&app->lock));
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     exec_app *gone = app_release_locked(svc, app);
