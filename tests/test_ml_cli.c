@@ -159,7 +159,7 @@ static void test_memory_warning(void **state) {
   const char *first = strstr(r->err, "not enough space");
   if (first && strstr(first + 1, "not enough space")) run_dump(r);
   assert_null(first ? strstr(first + 1, "not enough space") : NULL); /* once, not per block */
-  EXPECT_ERR(r, "big.csv: ");
+  EXPECT_ERR(r, "big.csv does not fit in the memory for cached blocks: ");
   EXPECT_ERR(r, "on local disk");
   EXPECT_OUT(r, "rows         6000\n");
   free(r);
