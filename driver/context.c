@@ -3,7 +3,8 @@
  * local backend's task threads, a block manager and the shared-variable registry.
  *
  * Tunables read from the environment (declared here only):
- *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 1 GiB
+ *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 60% of
+ *                   the machine's physical memory (or of the cgroup's limit, when lower)
  *   FLINT_WORK_DIR  where the context's folder for disk blocks is made; $TMPDIR or /tmp
  *   FLINT_SHUFFLE_MEMORY  bytes a task sorts or aggregates before it spills; 64 MiB
  *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200, or 0
@@ -19,7 +20,12 @@
 #include "driver/driver.h"
 #include "shuffle/shuffle.h"
 
-#define DEFAULT_MEMORY (1ull << 30)
+/* A local context caches in at most this share of the machine's memory when neither the
+ * options nor FLINT_MEMORY say (as Spark's spark.memory.fraction, 0.6 of the heap): the rest
+ * is for the tasks' working memory, the shuffle and everything else on the machine. */
+#define DEFAULT_MEMORY_FRACTION 0.6
+/* Where the machine's memory cannot be read. */
+#define FALLBACK_MEMORY (1ull << 30)
 #define DEFAULT_SHUFFLE_MEMORY (64ull << 20)
 #define DEFAULT_MAX_ATTEMPTS 4
 /* More task threads than this is a typo, not a machine. */
@@ -77,6 +83,20 @@ static fl_status parse_master(const char *master, uint32_t *threads) {
                 master);
 }
 
+/* The default memory for cached blocks: DEFAULT_MEMORY_FRACTION of physical memory, or of
+ * the cgroup (v2) memory limit where that is lower (a container sees the host's pages). */
+static uint64_t default_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t total = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+  FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+  if (f) {
+    unsigned long long limit;
+    if (fscanf(f, "%llu", &limit) == 1 && limit > 0 && (total == 0 || limit < total)) total = limit; /* "max": none */
+    fclose(f);
+  }
+  return total ? (uint64_t)((double)total * DEFAULT_MEMORY_FRACTION) : FALLBACK_MEMORY;
+}
+
 /* An option's value, else the environment's, else the default. */
 static fl_status resolve_size(uint64_t option, const char *env_name, uint64_t def, uint64_t *out) {
   if (option) {
@@ -118,7 +138,7 @@ fl_status fl_context_open(const char *master, const fl_options *options, fl_cont
   uint64_t memory = 0, shuffle_memory = 0;
   fl_status status = parse_master(master, &threads);
   if (status != FL_OK) return status;
-  if ((status = resolve_size(options ? options->memory_limit : 0, "FLINT_MEMORY", DEFAULT_MEMORY,
+  if ((status = resolve_size(options ? options->memory_limit : 0, "FLINT_MEMORY", default_memory(),
                              &memory)) != FL_OK ||
       (status = resolve_size(options ? options->shuffle_memory : 0, "FLINT_SHUFFLE_MEMORY",
                              DEFAULT_SHUFFLE_MEMORY, &shuffle_memory)) != FL_OK)

@@ -48,6 +48,10 @@ struct block_manager {
   block *lru_head, *lru_tail;
   peer_block *peers;
   uint64_t peer_blocks, peer_bytes;
+  /* Datasets already warned about (not enough memory to cache a block of theirs): one line
+   * per dataset, not one per block (a large data set would print thousands). */
+  uint64_t *warned;
+  size_t num_warned, cap_warned;
 };
 
 /* What a reader holds: a pinned memory block, a pinned peer block, or a private decoded copy. */
@@ -234,6 +238,46 @@ static bool make_room(block_manager *bm, uint64_t need, uint64_t for_rdd) {
   return true;
 }
 
+/* ---- warnings --------------------------------------------------------------------------- */
+
+static void format_bytes(uint64_t n, char *buf, size_t len) {
+  if (n < 1024) snprintf(buf, len, "%llu B", (unsigned long long)n);
+  else if (n < (1ull << 20)) snprintf(buf, len, "%.1f KiB", (double)n / 1024);
+  else if (n < (1ull << 30)) snprintf(buf, len, "%.1f MiB", (double)n / (1 << 20));
+  else snprintf(buf, len, "%.2f GiB", (double)n / (1ull << 30));
+}
+
+/* Says once per dataset, as Spark's MemoryStore does per block ("Not enough space to cache
+ * rdd_12_3 in memory!"), that a block of it did not fit in memory and where such blocks go.
+ * fl_storage_info_get gives the totals (in memory, on disk, not cached). Called locked. */
+static void warn_no_room(block_manager *bm, rdd_block_key key, fl_storage_level level, uint64_t need) {
+  for (size_t i = 0; i < bm->num_warned; i++)
+    if (bm->warned[i] == key.rdd_id) return;
+  if (bm->num_warned == bm->cap_warned) {
+    size_t cap = bm->cap_warned ? 2 * bm->cap_warned : 8;
+    uint64_t *grown = common_realloc(bm->warned, cap * sizeof *grown);
+    if (!grown) return; /* then this one is not remembered and may be said again */
+    bm->warned = grown;
+    bm->cap_warned = cap;
+  }
+  bm->warned[bm->num_warned++] = key.rdd_id;
+  char limit[32], used[32], size[32];
+  format_bytes(bm->memory_limit, limit, sizeof limit);
+  format_bytes(bm->memory_used, used, sizeof used);
+  format_bytes(need, size, sizeof size);
+  fprintf(stderr,
+          "flint: not enough space to cache rdd_%llu_%u in memory (%s limit, %s in use, the block %s): "
+          "partitions of rdd %llu that do not fit %s (FLINT_MEMORY or --memory sets the limit)\n",
+          (unsigned long long)key.rdd_id, key.partition, limit, used, size, (unsigned long long)key.rdd_id,
+          level == FL_MEMORY_AND_DISK ? "go to local disk" : "are not cached and are recomputed when read");
+}
+
+static void forget_warned(block_manager *bm, uint64_t lo, uint64_t hi) {
+  for (size_t i = 0; i < bm->num_warned;)
+    if (bm->warned[i] >= lo && bm->warned[i] < hi) bm->warned[i] = bm->warned[--bm->num_warned];
+    else i++;
+}
+
 /* ---- the cache interface --------------------------------------------------------------- */
 
 static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void **handle) {
@@ -372,10 +416,12 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
       lru_push_front(bm, b);
       hash_insert(bm, b);
     } else if (level == FL_MEMORY_AND_DISK) {
+      warn_no_room(bm, key, level, need);
       free_records(b);
       s = spill(bm, b, batch);
       if (s == FL_OK) hash_insert(bm, b);
     } else {
+      warn_no_room(bm, key, level, need);
       block_free(b); /* does not fit: not cached, recomputed next time (as Spark) */
     }
   } else { /* FL_DISK_ONLY */
@@ -487,6 +533,7 @@ static void bm_remove_rdd(void *impl, uint64_t rdd_id) {
   block_manager *bm = impl;
   FL_PCHECK(pthread_mutex_lock(&bm->lock));
   peers_drop_range(bm, rdd_id, rdd_id + 1);
+  forget_warned(bm, rdd_id, rdd_id + 1);
   for (size_t i = 0; i < bm->num_buckets; i++) {
     block *b = bm->buckets[i];
     while (b) {
@@ -501,6 +548,7 @@ static void bm_remove_rdd(void *impl, uint64_t rdd_id) {
 void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi) {
   FL_PCHECK(pthread_mutex_lock(&bm->lock));
   peers_drop_range(bm, lo, hi);
+  forget_warned(bm, lo, hi);
   for (size_t i = 0; i < bm->num_buckets; i++) {
     block *b = bm->buckets[i];
     while (b) {
@@ -635,6 +683,7 @@ void block_manager_destroy(block_manager *bm) {
     peer_drop(bm, bm->peers);
   }
   pthread_mutex_destroy(&bm->lock);
+  common_free(bm->warned);
   common_free(bm->buckets);
   common_free(bm->dir);
   common_free(bm);

@@ -19,7 +19,7 @@ uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested) {
 /* seen: bit y + 1 for every label y that occurs, while all are integers in
  * ML_LABEL_LOW..ML_LABEL_HIGH (classes travels then; past that the set is dropped). */
 typedef struct shape {
-  uint64_t rows;
+  uint64_t rows, nnz;
   uint32_t cols;
   uint8_t sparse, weighted, any, integers;
   uint8_t classes, zero[7];
@@ -39,6 +39,7 @@ FL_ML_KERNEL fl_status ml_shape_seq(fl_bytes acc, fl_bytes rec, fl_buf *out, con
   fl_status st = fl_ml_block_view(rec, &scratch, &b);
   if (st == FL_OK) {
     s.rows += b.rows;
+    s.nnz += b.sparse ? b.nnz : (uint64_t)b.rows * b.cols;
     if (b.cols > s.cols) s.cols = b.cols;
     s.sparse |= b.sparse;
     s.weighted |= b.weights != NULL;
@@ -67,6 +68,7 @@ FL_ML_KERNEL fl_status ml_shape_comb(fl_bytes a, fl_bytes b, fl_buf *out, const 
   memcpy(&x, a.data, sizeof x);
   memcpy(&y, b.data, sizeof y);
   x.rows += y.rows;
+  x.nnz += y.nnz;
   if (y.cols > x.cols) x.cols = y.cols;
   x.sparse |= y.sparse;
   x.weighted |= y.weighted;
@@ -80,7 +82,7 @@ FL_ML_KERNEL fl_status ml_shape_comb(fl_bytes a, fl_bytes b, fl_buf *out, const 
   return fl_buf_append(out, &x, sizeof x);
 }
 
-fl_status ml_data_describe(fl_ml_data *data) {
+fl_status ml_data_describe(fl_ml_data *data, uint64_t *nnz) {
   shape zero;
   memset(&zero, 0, sizeof zero); /* padding too: the bytes travel */
   zero.integers = 1;
@@ -95,6 +97,7 @@ fl_status ml_data_describe(fl_ml_data *data) {
     shape r;
     memcpy(&r, out.data, sizeof r);
     data->rows = r.rows;
+    if (nnz) *nnz = r.nnz;
     if (r.cols > data->cols) data->cols = r.cols;
     data->sparse = r.sparse;
     data->weighted = r.weighted;
@@ -163,7 +166,7 @@ fl_status fl_ml_data_from_blocks(fl_dataset *blocks, uint32_t cols, fl_ml_data *
   d->blocks = blocks;
   d->cols = cols;
   fl_status s = fl_cache(blocks);
-  if (s == FL_OK) s = ml_data_describe(d);
+  if (s == FL_OK) s = ml_data_describe(d, NULL);
   if (s != FL_OK) {
     free(d);
     return s;

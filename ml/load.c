@@ -331,6 +331,100 @@ FL_ML_KERNEL fl_status ml_load_parse_text(uint32_t partition, fl_iter *in, fl_em
   return s;
 }
 
+/* ---- dense storage of mostly dense LIBSVM -------------------------------------------------- */
+
+/* Whether `rows` rows of `cols` features with `nnz` stored values take no more bytes dense
+ * (8 a value) than in CSR (8 a row offset, 12 a non-zero): past about 2/3 non-zero. Dense
+ * blocks also run BLAS instead of CSR loops. */
+static bool dense_is_smaller(uint64_t rows, uint32_t cols, uint64_t nnz) {
+  return rows > 0 && cols > 0 && (unsigned __int128)rows * cols * 8 <= (unsigned __int128)(rows + 1) * 8 + (unsigned __int128)nnz * 12;
+}
+
+/* Rewrites each sparse block of a partition dense, `cols` (the argument, u32) wide; dense
+ * blocks pass through. */
+FL_ML_KERNEL fl_status ml_load_densify(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  uint32_t cols;
+  memcpy(&cols, arg, sizeof cols);
+  double *row = calloc(cols, sizeof *row);
+  if (!row) return fl_set_error(FL_ENOMEM, "out of memory");
+  fl_status s = FL_OK;
+  fl_buf scratch = FL_BUF_INIT, rec_out = FL_BUF_INIT;
+  fl_bytes rec;
+  while (s == FL_OK && fl_iter_next(in, &rec)) {
+    fl_ml_block b;
+    if ((s = fl_ml_block_view(rec, &scratch, &b)) != FL_OK) break;
+    if (b.cols > cols || (!b.sparse && b.cols != cols)) {
+      s = fl_set_error(FL_EINVAL, "a row block has %u features, the data %u", b.cols, cols);
+      break;
+    }
+    if (!b.sparse || b.rows == 0) {
+      s = fl_emit(out, rec.data, rec.len);
+      continue;
+    }
+    fl_ml_block_builder *bb = NULL;
+    if ((s = fl_ml_block_builder_create(cols, false, b.weights != NULL, b.rows, &bb)) != FL_OK) break;
+    for (uint32_t i = 0; s == FL_OK && i < b.rows; i++) {
+      for (uint64_t k = b.row_ptr[i]; k < b.row_ptr[i + 1]; k++) row[b.col[k]] = b.x[k];
+      s = fl_ml_block_builder_add_dense(bb, b.labels[i], b.weights ? b.weights[i] : 1.0, row);
+      for (uint64_t k = b.row_ptr[i]; k < b.row_ptr[i + 1]; k++) row[b.col[k]] = 0;
+    }
+    if (s == FL_OK && (s = fl_ml_block_builder_take(bb, &rec_out)) == FL_OK && rec_out.len)
+      s = fl_emit(out, rec_out.data, rec_out.len);
+    fl_ml_block_builder_free(bb);
+  }
+  fl_buf_free(&rec_out);
+  fl_buf_free(&scratch);
+  free(row);
+  return s;
+}
+
+/* Replaces a loaded sparse data set that is mostly non-zero (as a whole: its blocks stay one
+ * kind) with dense blocks of data->cols columns. The width is known only after the first
+ * describing job, hence a second pass, over the cached sparse blocks (no parsing); the
+ * sparse blocks are then unpersisted, and a lost dense block is made again from lineage. */
+static fl_status densify(fl_ml_data *data) {
+  fl_dataset *dense = NULL;
+  uint32_t cols = data->cols;
+  fl_status s = fl_map_partitions(data->blocks, ml_load_densify, &cols, sizeof cols, &dense);
+  if (s == FL_OK) s = fl_persist(dense, ML_STORAGE);
+  if (s != FL_OK) {
+    fl_dataset_free(dense);
+    return s;
+  }
+  fl_dataset *sparse = data->blocks;
+  data->blocks = dense;
+  s = ml_data_describe(data, NULL);
+  (void)fl_unpersist(sparse);
+  fl_dataset_free(sparse);
+  return s;
+}
+
+/* Says on stderr, once per loaded data set, how much of it did not fit in the memory for
+ * cached blocks (the block manager's line names only its first block): those blocks are
+ * read from local disk in every pass, or (a level without disk) recomputed. */
+static void format_bytes(uint64_t n, char *buf, size_t len) {
+  if (n < (1ull << 20)) snprintf(buf, len, "%.1f KiB", (double)n / 1024);
+  else if (n < (1ull << 30)) snprintf(buf, len, "%.1f MiB", (double)n / (1 << 20));
+  else snprintf(buf, len, "%.2f GiB", (double)n / (1ull << 30));
+}
+
+static void warn_if_not_in_memory(const char *path, const fl_ml_data *data) {
+  fl_storage_info info;
+  if (fl_storage_info_get(data->blocks, &info) != FL_OK) return;
+  uint32_t missing = info.partitions - info.cached_partitions;
+  if (info.disk_bytes == 0 && missing == 0) return;
+  char mem[32], disk[32], lost[96] = "";
+  format_bytes(info.memory_bytes, mem, sizeof mem);
+  format_bytes(info.disk_bytes, disk, sizeof disk);
+  if (missing) snprintf(lost, sizeof lost, "; %u of %u partitions are not cached and are recomputed", missing, info.partitions);
+  fprintf(stderr,
+          "flint ml: warning: %s does not fit in the memory for cached blocks: %s of its row blocks are in memory "
+          "and %s (LZ4) on local disk, which every pass reads%s. More memory keeps it all in memory (FLINT_MEMORY, "
+          "fl_options.memory_limit, an executor's --memory)\n",
+          path, mem, disk, lost);
+}
+
 /* ---- the client's side of text ------------------------------------------------------------ */
 
 typedef struct file_list {
@@ -593,8 +687,10 @@ static fl_status load_text(fl_context *ctx, const char *path, fl_ml_format forma
     }
   }
   data->cols = head.num_features;
-  if (s == FL_OK) s = fl_persist(data->blocks, FL_MEMORY_ONLY);
-  if (s == FL_OK) s = ml_data_describe(data);
+  uint64_t nnz = 0;
+  if (s == FL_OK) s = fl_persist(data->blocks, ML_STORAGE);
+  if (s == FL_OK) s = ml_data_describe(data, &nnz);
+  if (s == FL_OK && data->sparse && dense_is_smaller(data->rows, data->cols, nnz)) s = densify(data);
   int64_t bad_lines = 0;
   if (s == FL_OK) s = fl_accumulator_value_i64(bad, &bad_lines);
   if (s == FL_OK && bad_lines > 0) s = fl_accumulator_value(first, &first_value);
@@ -844,8 +940,8 @@ static fl_status load_idx(fl_context *ctx, const char *path, const fl_ml_load_op
   }
   if (s == FL_OK) s = fl_range(ctx, 0, parts, 1, parts, &seeds);
   if (s == FL_OK) s = fl_map_partitions(seeds, ml_load_idx_partition, arg.data, arg.len, &data->blocks);
-  if (s == FL_OK) s = fl_persist(data->blocks, FL_MEMORY_ONLY);
-  if (s == FL_OK) s = ml_data_describe(data);
+  if (s == FL_OK) s = fl_persist(data->blocks, ML_STORAGE);
+  if (s == FL_OK) s = ml_data_describe(data, NULL);
   int64_t errors = 0;
   if (s == FL_OK) s = fl_accumulator_value_i64(bad, &errors);
   if (s == FL_OK && errors > 0 && (s = fl_accumulator_value(first, &first_value)) == FL_OK) {
@@ -894,6 +990,7 @@ fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format format, con
   fl_ml_data *data = calloc(1, sizeof *data);
   if (!data) return fl_set_error(FL_ENOMEM, "out of memory");
   fl_status s = format == FL_ML_IDX ? load_idx(ctx, path, &o, parts, data) : load_text(ctx, path, format, &o, parts, data);
+  if (s == FL_OK) warn_if_not_in_memory(path, data);
   if (s != FL_OK) {
     fl_ml_data_free(data);
     return s;

@@ -28,8 +28,11 @@ uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested);
  * the whole output, so that it lives in one allocation (fl_emit_reserve). */
 fl_status ml_emit_block(fl_emitter *out, const fl_buf *rec, uint64_t done, uint64_t rows, bool *reserved);
 
-/* Counts rows of a block dataset and its width: one job. */
-fl_status ml_data_describe(fl_ml_data *data);
+/* Counts rows of a block dataset and its width: one job. nnz (may be NULL): the stored
+ * values, non-zeros of sparse blocks and rows x cols of dense ones. */
+fl_status ml_data_describe(fl_ml_data *data, uint64_t *nnz);
+/* fl_ml_load's storage level: nothing is parsed again when the data outgrows memory. */
+#define ML_STORAGE FL_MEMORY_AND_DISK
 /* Sets data->label_seen (a copy of `seen`, FL_ML_LABEL_WORDS words; NULL: unknown) and
  * label_count. */
 fl_status ml_data_set_labels(fl_ml_data *data, const uint64_t *seen);

@@ -288,7 +288,7 @@ fl_status fl_ml_standardize(const fl_ml_data *data, const fl_ml_summary *sm, boo
     }
     s = fl_map_partitions(data->blocks, ml_standardize_partition, arg, arg_len, &res->blocks);
   }
-  if (s == FL_OK) s = fl_persist(res->blocks, FL_MEMORY_ONLY);
+  if (s == FL_OK) s = fl_persist(res->blocks, ML_STORAGE);
   free(arg);
   if (s != FL_OK) {
     fl_ml_data_free(res);

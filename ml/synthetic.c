@@ -115,9 +115,9 @@ fl_status fl_ml_synthetic(fl_context *ctx, const fl_ml_synth_options *opt, fl_ml
   fl_status s = fl_range(ctx, 0, a.partitions, 1, a.partitions, &seeds);
   if (s == FL_OK) s = fl_map_partitions(seeds, ml_synth_partition, &a, sizeof a, &d->blocks);
   fl_dataset_free(seeds);
-  if (s == FL_OK) s = fl_persist(d->blocks, FL_MEMORY_ONLY);
+  if (s == FL_OK) s = fl_persist(d->blocks, ML_STORAGE);
   d->cols = opt->cols;
-  if (s == FL_OK) s = ml_data_describe(d);
+  if (s == FL_OK) s = ml_data_describe(d, NULL);
   if (s != FL_OK) {
     fl_ml_data_free(d);
     return s;

@@ -106,6 +106,7 @@ static void test_help(void **state) {
   expect_status(r, 0);
   EXPECT_OUT(r, "usage: flint ml linreg|logreg");
   EXPECT_OUT(r, "--standardize");
+  EXPECT_OUT(r, "FLINT_MEMORY"); /* how memory is used */
   free(r);
   r = RUN_FLINT("--help");
   expect_status(r, 0);
@@ -132,6 +133,35 @@ static void test_linreg_csv_normal(void **state) {
   if (!(r2 > 0.999)) run_dump(r);
   assert_true(r2 > 0.999);
   EXPECT_OUT(r, "\ntest ");
+  free(r);
+}
+
+/* Training data larger than the memory for cached blocks: its blocks go to local disk, not
+ * re-parsed each pass, and stderr says so once per data set (not once per block), naming
+ * the data and how much did not fit. */
+static void test_memory_warning(void **state) {
+  (void)state;
+  const char *path = tmp_file("big.csv");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 6000; i++) {
+    double x1 = (i % 17) / 8.0 - 1, x2 = (i % 11) / 5.0 - 1, x3 = (i % 7) / 3.0 - 1;
+    fprintf(f, "%.6f,%.6f,%.6f,%.6f\n", 1 + 2 * x1 - 3 * x2 + 0.5 * x3, x1, x2, x3);
+  }
+  assert_int_equal(fclose(f), 0);
+  assert_int_equal(setenv("FLINT_MEMORY", "32k", 1), 0);
+  run_result *r = RUN_FLINT("ml", "linreg", "--master", "local[2]", "--data", path, "--format", "csv", "--solver",
+                            "lbfgs", "--iterations", "5", "--partitions", "8");
+  unsetenv("FLINT_MEMORY");
+  expect_status(r, 0);
+  EXPECT_ERR(r, "not enough space to cache rdd_");
+  EXPECT_ERR(r, "in memory (32.0 KiB limit");
+  const char *first = strstr(r->err, "not enough space");
+  if (first && strstr(first + 1, "not enough space")) run_dump(r);
+  assert_null(first ? strstr(first + 1, "not enough space") : NULL); /* once, not per block */
+  EXPECT_ERR(r, "big.csv does not fit in the memory for cached blocks: ");
+  EXPECT_ERR(r, "on local disk");
+  EXPECT_OUT(r, "rows         6000\n");
   free(r);
 }
 
@@ -308,6 +338,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_linreg_csv_normal),
+      cmocka_unit_test(test_memory_warning),
       cmocka_unit_test(test_linreg_lbfgs_standardized),
       cmocka_unit_test(test_logreg_libsvm_out),
       cmocka_unit_test(test_logreg_empty_classes),

@@ -149,7 +149,7 @@ static void libsvm_small(fl_context *c, const char *path) {
     assert_int_equal(data->skipped, 0);
     fl_storage_info info;
     assert_ok(fl_storage_info_get(data->blocks, &info));
-    assert_int_equal(info.level, FL_MEMORY_ONLY);
+    assert_int_equal(info.level, FL_MEMORY_AND_DISK);
     read_table(data, i == 0 ? first : t);
     check_small_libsvm(i == 0 ? first : t);
     if (i > 0) assert_tables_equal(first, t);
@@ -709,6 +709,84 @@ static void test_skip_bad_lines(void **state) {
   free(t);
 }
 
+/* ---- storage ----------------------------------------------------------------------------- */
+
+/* Loaded data larger than the memory for cached blocks is kept on local disk, not dropped:
+ * every pass reads the cache, so training works even with the file gone (before, blocks
+ * that did not fit were dropped and each pass parsed the text again). */
+static void test_spills_to_disk(void **state) {
+  (void)state;
+  fl_options o = FL_OPTIONS_INIT;
+  o.memory_limit = 64 << 10;
+  fl_context *small;
+  assert_ok(fl_context_open("local[2]", &o, &small));
+  char path[512];
+  snprintf(path, sizeof path, "%s/big.csv", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 6000; i++) { /* y = 1 + x1 - 2 x2 + 0.5 x3, exactly */
+    double x1 = (i % 17) / 8.0 - 1, x2 = (i % 11) / 5.0 - 1, x3 = (i % 7) / 3.0 - 1, x4 = (i % 5) / 2.0 - 1;
+    fprintf(f, "%.17g,%.17g,%.17g,%.17g,%.17g\n", 1 + x1 - 2 * x2 + 0.5 * x3, x1, x2, x3, x4);
+  }
+  assert_int_equal(fclose(f), 0);
+  fl_ml_load_options lo = {.partitions = 6, .rows_per_block = 256};
+  fl_ml_data *data = NULL;
+  assert_ok(fl_ml_load(small, path, FL_ML_CSV, &lo, &data));
+  assert_int_equal(data->rows, 6000);
+  fl_storage_info info;
+  assert_ok(fl_storage_info_get(data->blocks, &info));
+  assert_int_equal(info.level, FL_MEMORY_AND_DISK);
+  assert_int_equal(info.cached_partitions, info.partitions); /* none dropped */
+  assert_true(info.disk_bytes > 0);
+  assert_true(info.memory_bytes <= o.memory_limit);
+  assert_int_equal(unlink(path), 0);
+  fl_ml_train_options t = {.solver = FL_ML_SOLVER_NORMAL};
+  for (int pass = 0; pass < 2; pass++) {
+    fl_ml_model *m = NULL;
+    if (pass == 1) t.solver = FL_ML_SOLVER_LBFGS, t.max_iterations = 5;
+    assert_ok(fl_ml_linreg(data, &t, &m));
+    if (pass == 0) {
+      assert_true(fabs(m->coef[0] - 1) < 1e-9 && fabs(m->coef[1] + 2) < 1e-9 && fabs(m->coef[2] - 0.5) < 1e-9);
+      assert_true(fabs(m->coef[3]) < 1e-9 && fabs(m->intercepts[0] - 1) < 1e-9);
+    }
+    fl_ml_model_free(m);
+  }
+  assert_ok(fl_storage_info_get(data->blocks, &info));
+  assert_int_equal(info.cached_partitions, info.partitions);
+  fl_ml_data_free(data);
+  fl_context_close(small);
+}
+
+/* LIBSVM rows that are mostly non-zero are stored dense (8 bytes a value against 12 a
+ * non-zero in CSR); sparse rows stay sparse (test_libsvm_small). */
+static void test_libsvm_mostly_dense(void **state) {
+  (void)state;
+  char text[8192];
+  size_t n = 0;
+  for (int i = 0; i < 60; i++) { /* four features; every fifth row lacks the third */
+    if (i % 5 == 0) n += (size_t)snprintf(text + n, sizeof text - n, "%d 1:%d 2:0.5 4:%d\n", i % 2, i, -i);
+    else n += (size_t)snprintf(text + n, sizeof text - n, "%d 1:%d 2:0.5 3:%d 4:%d\n", i % 2, i, i % 3, -i);
+  }
+  const char *path = write_file("dense.libsvm", text);
+  fl_ml_load_options opt = {.partitions = 3, .rows_per_block = 7};
+  fl_ml_data *data = load(path, FL_ML_LIBSVM, &opt);
+  assert_int_equal(data->rows, 60);
+  assert_int_equal(data->cols, 4);
+  assert_false(data->sparse);
+  table *t = malloc(sizeof *t);
+  assert_non_null(t);
+  read_table(data, t); /* every block dense, 4 values a row */
+  assert_int_equal(t->rows, 60);
+  for (int i = 0; i < 60; i++)
+    assert_row(t, (size_t)i, i % 2, (uint32_t[]){0, 1, 2, 3},
+               (double[]){i, 0.5, i % 5 == 0 ? 0 : i % 3, -i}, 4);
+  fl_storage_info info;
+  assert_ok(fl_storage_info_get(data->blocks, &info));
+  assert_int_equal(info.level, FL_MEMORY_AND_DISK);
+  fl_ml_data_free(data);
+  free(t);
+}
+
 /* ---- cluster ----------------------------------------------------------------------------- */
 
 /* The kernels (parse, count, the bad-line accumulator) run in executor processes. */
@@ -761,7 +839,8 @@ int main(void) {
       cmocka_unit_test(test_idx_errors),       cmocka_unit_test(test_argument_errors),
       cmocka_unit_test(test_idx_gzip_errors),  cmocka_unit_test(test_libsvm_gzip_truncated),
       cmocka_unit_test(test_labels_and_empty_classes),
-      cmocka_unit_test(test_skip_bad_lines),   cmocka_unit_test(test_cluster),
+      cmocka_unit_test(test_skip_bad_lines),   cmocka_unit_test(test_spills_to_disk),
+      cmocka_unit_test(test_libsvm_mostly_dense), cmocka_unit_test(test_cluster),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -173,7 +173,9 @@ typedef enum fl_storage_level {
 
 typedef struct fl_options {
   /* Bytes of cached blocks kept in memory before the least recently used are evicted.
-   * 0: FLINT_MEMORY from the environment, else 1 GiB. */
+   * 0: FLINT_MEMORY from the environment, else 60% of the machine's physical memory (of the
+   * cgroup's memory limit where lower), as Spark's spark.memory.fraction. Local mode only:
+   * cluster executors cache within their --memory. */
   uint64_t memory_limit;
   /* Partitions used when a call is given 0. 0: the number of task threads. */
   uint32_t default_parallelism;
