@@ -80,8 +80,26 @@ typedef struct rpc_server_config {
                                        NULL-terminated; the array must outlive the server */
   size_t quick_max_request; /* requests of more bytes go to the handler threads unoffered
                                (decoding them would hold up every call); 0: RPC_QUICK_MAX_REQUEST */
+  /* Limits on connections, so that stalled or hostile clients cannot hold them for ever. In
+   * each, 0 means the environment's value (read once per process; 0 there turns the limit
+   * off) or else the default; RPC_UNLIMITED means none. */
+  int64_t idle_timeout_ms;      /* a connection with no call in progress for this long is
+                                   closed (HTTP/2 GOAWAY; a channel reconnects on its next call).
+                                   Calls of any length, waiting ones included, keep it open.
+                                   FLINT_RPC_IDLE_TIMEOUT_MS, default 300000 */
+  int64_t handshake_timeout_ms; /* a connection must have begun HTTP/2 (the client's preface
+                                   and settings) within this long of the accept.
+                                   FLINT_RPC_HANDSHAKE_TIMEOUT_MS, default 20000 */
+  int64_t max_connections;      /* connections at once, further ones refused at accept: only
+                                   where gRPC supports it (GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS,
+                                   which gRPC 1.51 lacks; there it is ignored with a warning
+                                   when asked for). FLINT_RPC_MAX_CONNECTIONS, default 1024 */
 } rpc_server_config;
-#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0}
+#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0}
+#define RPC_UNLIMITED ((int64_t)-1)
+#define RPC_IDLE_TIMEOUT_DEFAULT_MS 300000
+#define RPC_HANDSHAKE_TIMEOUT_DEFAULT_MS 20000
+#define RPC_MAX_CONNECTIONS_DEFAULT 1024
 #define RPC_QUICK_MAX_REQUEST ((size_t)256 << 10)
 #define RPC_DEFAULT_MAX_MESSAGE ((size_t)64 << 20)
 
