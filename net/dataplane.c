@@ -11,6 +11,12 @@
  *   connection has at most one request in service and reads the next one only once the
  *   previous response has left its output buffer, so a client that does not read cannot
  *   make the server buffer more than one response per connection.
+ * - Server limits (dp_server_limits): a timer per connection closes it when it sits between
+ *   requests for the idle timeout, or when a frame it has begun (a fresh connection's first
+ *   frame: from the accept) is not whole within the request timeout, counted from the frame's
+ *   first byte so that trickling bytes does not extend it; a bufferevent write timeout closes
+ *   it when a response makes no progress for as long. No timer runs while a request is with
+ *   the workers. Connections over the cap are closed as they are accepted.
  * - Client: one event-loop thread owns every socket, raw non-blocking fds with libevent
  *   events rather than bufferevents, so that a payload goes from the kernel straight into the
  *   caller's fl_buf (one copy, checksummed while it is hot in cache). dp_fetch puts an
@@ -57,6 +63,10 @@
  * response leaves in few system calls; the kernel's socket buffer bounds it anyway. */
 #define DP_MAX_SINGLE_WRITE ((size_t)8 << 20)
 #define DP_PEER_NAME_MAX 300
+/* Unread input at which a server connection stops reading (a hello and a request take 384). */
+#define DP_INPUT_MAX ((size_t)4096)
+/* How long accepting pauses after accept failed (out of file descriptors). */
+#define DP_RELISTEN_MS 100
 /* Responses from this size up are streamed: sent before their checksum is known. */
 #define DP_STREAM_MIN ((size_t)256 << 10)
 /* How long a fetching thread or an idle worker spins before it sleeps. A fetch takes at
@@ -333,10 +343,16 @@ typedef struct dp_job {
   char message[DP_MESSAGE_MAX + 1];
 } dp_job;
 
+/* What a connection's timer is counting down. */
+typedef enum sconn_wait { SW_NONE, SW_IDLE, SW_FRAME } sconn_wait;
+
 struct dp_sconn {
   dp_sconn *prev, *next; /* the server's list, loop thread only */
   dp_server *server;
   struct bufferevent *bev; /* NULL once closed */
+  struct event *timer;     /* the idle and request timeouts; NULL once closed */
+  sconn_wait wait;
+  bool requested; /* has sent a request: no longer a fresh connection */
   bool authed;
   bool busy;    /* a job is with the workers or on the done list */
   bool closing; /* closes once the output buffer is written (after an error reply) */
@@ -361,7 +377,12 @@ struct dp_server {
   char *secret;
   size_t secret_len;
   int port;
-  atomic_uint_fast64_t accepted, requests, dropped;
+  dp_server_limits limits; /* resolved: > 0 or DP_UNLIMITED */
+  int64_t open_conns;      /* sockets open, loop thread only */
+  uint64_t refused_logged_ns, refused_unlogged; /* rate-limited warnings, loop thread only */
+  uint64_t accept_error_logged_ns;
+  struct event *relisten;  /* re-enables the listener after accept failed (out of fds) */
+  atomic_uint_fast64_t accepted, requests, dropped, timed_out, refused;
 };
 
 static void sconn_process(dp_sconn *c);
@@ -372,6 +393,11 @@ static void sconn_close(dp_sconn *c) {
   if (c->bev) {
     bufferevent_free(c->bev);
     c->bev = NULL;
+    c->server->open_conns--;
+  }
+  if (c->timer) {
+    event_free(c->timer);
+    c->timer = NULL;
   }
   if (c->busy) return;
   dp_server *s = c->server;
@@ -381,14 +407,60 @@ static void sconn_close(dp_sconn *c) {
   common_free(c);
 }
 
+static struct timeval ms_timeval(int64_t ms) {
+  struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+  return tv;
+}
+
+/* Arms the connection's timer for what it waits for now: nothing while a request is in
+ * service or a response is being written (the write timeout watches that), the next frame
+ * while some of it has come (or nothing yet on a fresh connection), else the idle timeout.
+ * A deadline already running for the same wait is kept, so that a frame's runs from its
+ * first byte. Loop thread, on an open connection. */
+static void sconn_timer_update(dp_sconn *c) {
+  dp_server *s = c->server;
+  sconn_wait want;
+  if (c->busy || c->closing || evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+    want = SW_NONE;
+  else if (!c->requested || evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+    want = SW_FRAME;
+  else
+    want = SW_IDLE;
+  if (want == c->wait) return;
+  c->wait = want;
+  int64_t ms = want == SW_IDLE    ? s->limits.idle_timeout_ms
+               : want == SW_FRAME ? s->limits.request_timeout_ms
+                                  : DP_UNLIMITED;
+  if (ms == DP_UNLIMITED) {
+    evtimer_del(c->timer);
+    return;
+  }
+  struct timeval tv = ms_timeval(ms);
+  evtimer_add(c->timer, &tv);
+}
+
+static void sconn_timer_cb(evutil_socket_t fd, short what, void *arg) {
+  dp_sconn *c = arg;
+  dp_server *s = c->server;
+  atomic_fetch_add(&s->timed_out, 1);
+  if (c->wait == SW_IDLE)
+    common_log(LOG_DEBUG, "data plane: closing connection from %s: idle for %lld ms", c->peer,
+               (long long)s->limits.idle_timeout_ms);
+  else
+    common_log(LOG_WARN, "data plane: closing connection from %s: no whole request within %lld ms",
+               c->peer, (long long)s->limits.request_timeout_ms);
+  sconn_close(c);
+}
+
 static void sconn_drop(dp_sconn *c, const char *why) {
   common_log(LOG_WARN, "data plane: closing connection from %s: %s", c->peer, why);
   atomic_fetch_add(&c->server->dropped, 1);
   sconn_close(c);
 }
 
-/* Queues an error response and closes the connection once it is written. */
-static void sconn_reply_error_and_close(dp_sconn *c, fl_status status, const char *message) {
+/* Queues an error response and closes the connection once it is written. Returns false when
+ * it had to close it at once (and may have freed it). */
+static bool sconn_reply_error_and_close(dp_sconn *c, fl_status status, const char *message) {
   size_t mlen = strnlen(message, DP_MESSAGE_MAX);
   dp_header h = {.type = DP_FRAME_RESPONSE, .status = (uint16_t)status, .len = mlen,
                  .crc = dp_crc32c(0, message, mlen)};
@@ -398,10 +470,11 @@ static void sconn_reply_error_and_close(dp_sconn *c, fl_status status, const cha
   atomic_fetch_add(&c->server->dropped, 1);
   if (evbuffer_add(output, head, sizeof head) != 0 || evbuffer_add(output, message, mlen) != 0) {
     sconn_close(c);
-    return;
+    return false;
   }
   c->closing = true;
   bufferevent_disable(c->bev, EV_READ);
+  return true;
 }
 
 static void job_free(dp_job *job) {
@@ -498,16 +571,17 @@ static void server_wake_cb(evutil_socket_t fd, short what, void *arg) {
   }
 }
 
-/* Parses and starts what the input buffer holds: at most one request at a time. */
-static void sconn_process(dp_sconn *c) {
+/* Parses and starts what the input buffer holds: at most one request at a time. Returns
+ * false when it closed the connection (which may be freed). */
+static bool sconn_take_frames(dp_sconn *c) {
   dp_server *s = c->server;
   while (c->bev && !c->busy && !c->closing) {
     struct evbuffer *input = bufferevent_get_input(c->bev);
     /* The next request waits until the last response has been written, so a peer that does
      * not read cannot make us hold more than one response. */
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) return;
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) return true;
     size_t have = evbuffer_get_length(input);
-    if (have < DP_FRAME_HEADER_SIZE) return;
+    if (have < DP_FRAME_HEADER_SIZE) return true;
     uint8_t raw[DP_FRAME_HEADER_SIZE];
     FL_ASSERT(evbuffer_copyout(input, raw, sizeof raw) == (ssize_t)sizeof raw);
     dp_header h;
@@ -519,38 +593,35 @@ static void sconn_process(dp_sconn *c) {
     if (!bad && h.status != 0) bad = "nonzero status in a request";
     if (bad) {
       sconn_drop(c, bad);
-      return;
+      return false;
     }
-    if (have < DP_FRAME_HEADER_SIZE + h.len) return;
+    if (have < DP_FRAME_HEADER_SIZE + h.len) return true;
     uint8_t payload[DP_SECRET_MAX > DP_REQUEST_WIRE_SIZE ? DP_SECRET_MAX : DP_REQUEST_WIRE_SIZE];
     evbuffer_drain(input, DP_FRAME_HEADER_SIZE);
     FL_ASSERT(evbuffer_remove(input, payload, h.len) == (int)h.len);
     if (dp_crc32c(0, payload, h.len) != h.crc) {
       sconn_drop(c, "payload checksum mismatch");
-      return;
+      return false;
     }
     if (h.type == DP_FRAME_HELLO) {
       if (s->secret && !secret_equal(payload, h.len, s->secret, s->secret_len)) {
         common_log(LOG_WARN, "data plane: %s sent a wrong shared secret; closing", c->peer);
-        sconn_reply_error_and_close(c, FL_EAUTH, "authentication failed: wrong shared secret");
-        return;
+        return sconn_reply_error_and_close(c, FL_EAUTH, "authentication failed: wrong shared secret");
       }
       c->authed = true;
       continue;
     }
     if (s->secret && !c->authed) {
       common_log(LOG_WARN, "data plane: %s sent no shared secret; closing", c->peer);
-      sconn_reply_error_and_close(c, FL_EAUTH,
-                                  "authentication failed: no shared secret was sent");
-      return;
+      return sconn_reply_error_and_close(c, FL_EAUTH,
+                                         "authentication failed: no shared secret was sent");
     }
     dp_request req;
     uint64_t max_len;
     bad = request_decode(payload, &req, &max_len);
     if (bad) {
       common_log(LOG_WARN, "data plane: malformed request from %s: %s", c->peer, bad);
-      sconn_reply_error_and_close(c, FL_EPROTO, bad);
-      return;
+      return sconn_reply_error_and_close(c, FL_EPROTO, bad);
     }
     dp_job *job = common_calloc(1, sizeof *job);
     if (job) {
@@ -560,16 +631,22 @@ static void sconn_process(dp_sconn *c) {
     if (!job) {
       common_log(LOG_WARN, "data plane: out of memory for a request from %s", c->peer);
       sconn_close(c);
-      return;
+      return false;
     }
     job->server = s;
     job->conn = c;
     job->req = req;
     job->max_len = max_len;
     c->busy = true;
+    c->requested = true;
     atomic_fetch_add(&s->requests, 1);
     common_queue_push(&s->jobs, &job->node);
   }
+  return c->bev != NULL;
+}
+
+static void sconn_process(dp_sconn *c) {
+  if (sconn_take_frames(c)) sconn_timer_update(c);
 }
 
 static void sconn_read_cb(struct bufferevent *bev, void *arg) { sconn_process(arg); }
@@ -585,16 +662,46 @@ static void sconn_write_cb(struct bufferevent *bev, void *arg) {
 
 static void sconn_event_cb(struct bufferevent *bev, short what, void *arg) {
   dp_sconn *c = arg;
+  if (what & BEV_EVENT_TIMEOUT) {
+    /* Only the write timeout is set: the peer took no byte of a response for that long. */
+    atomic_fetch_add(&c->server->timed_out, 1);
+    common_log(LOG_WARN, "data plane: closing connection from %s: it read nothing of a response in %lld ms",
+               c->peer, (long long)c->server->limits.request_timeout_ms);
+    sconn_close(c);
+    return;
+  }
   if (what & BEV_EVENT_ERROR)
     common_log(LOG_DEBUG, "data plane: connection from %s failed: %s", c->peer,
                strerror(EVUTIL_SOCKET_ERROR()));
   if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) sconn_close(c);
 }
 
+/* Whether a rate-limited warning is due (at most one every DP_REFUSED_LOG_MS); updates *last. */
+static bool log_due(uint64_t *last_ns) {
+  uint64_t now = common_now_ns();
+  if (*last_ns && now - *last_ns < (uint64_t)DP_REFUSED_LOG_MS * 1000000ull) return false;
+  *last_ns = now;
+  return true;
+}
+
 static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                              int salen, void *arg) {
   dp_server *s = arg;
   atomic_fetch_add(&s->accepted, 1);
+  if (s->limits.max_connections != DP_UNLIMITED && s->open_conns >= s->limits.max_connections) {
+    evutil_closesocket(fd);
+    atomic_fetch_add(&s->refused, 1);
+    s->refused_unlogged++;
+    if (log_due(&s->refused_logged_ns)) {
+      char peer[64];
+      sockaddr_name(sa, peer, sizeof peer);
+      common_log(LOG_WARN, "data plane: refused %llu connection(s) (the latest from %s): %lld are open, "
+                 "the limit (FLINT_DP_MAX_CONNECTIONS)", (unsigned long long)s->refused_unlogged, peer,
+                 (long long)s->open_conns);
+      s->refused_unlogged = 0;
+    }
+    return;
+  }
   dp_sconn *c = common_calloc(1, sizeof *c);
   if (!c) {
     evutil_closesocket(fd);
@@ -605,17 +712,47 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
-  if (!c->bev) {
-    evutil_closesocket(fd);
+  c->timer = evtimer_new(s->base, sconn_timer_cb, c);
+  if (!c->bev || !c->timer) {
+    if (c->bev) bufferevent_free(c->bev);
+    else evutil_closesocket(fd);
+    if (c->timer) event_free(c->timer);
     common_free(c);
     return;
   }
+  s->open_conns++;
   bufferevent_set_max_single_write(c->bev, DP_MAX_SINGLE_WRITE);
+  /* A client sends one request at a time, so more unread input than a few frames is a peer
+   * flooding us: reading pauses there instead of buffering without bound. */
+  bufferevent_setwatermark(c->bev, EV_READ, 0, DP_INPUT_MAX);
+  if (s->limits.request_timeout_ms != DP_UNLIMITED) {
+    struct timeval tv = ms_timeval(s->limits.request_timeout_ms);
+    bufferevent_set_timeouts(c->bev, NULL, &tv);
+  }
   bufferevent_setcb(c->bev, sconn_read_cb, sconn_write_cb, sconn_event_cb, c);
   bufferevent_enable(c->bev, EV_READ | EV_WRITE);
   c->next = s->conns;
   if (s->conns) s->conns->prev = c;
   s->conns = c;
+  sconn_timer_update(c);
+}
+
+/* accept failed for want of something (file descriptors, memory): libevent would call again
+ * at once and spin, so accepting pauses for DP_RELISTEN_MS. */
+static void server_accept_error_cb(struct evconnlistener *l, void *arg) {
+  dp_server *s = arg;
+  int err = EVUTIL_SOCKET_ERROR();
+  if (log_due(&s->accept_error_logged_ns))
+    common_log(LOG_WARN, "data plane: cannot accept a connection: %s; pausing accepts for %d ms",
+               evutil_socket_error_to_string(err), DP_RELISTEN_MS);
+  evconnlistener_disable(l);
+  struct timeval tv = ms_timeval(DP_RELISTEN_MS);
+  evtimer_add(s->relisten, &tv);
+}
+
+static void server_relisten_cb(evutil_socket_t fd, short what, void *arg) {
+  dp_server *s = arg;
+  evconnlistener_enable(s->listener);
 }
 
 /* Hands a job (back) to the loop thread. Worker threads. */
@@ -704,8 +841,41 @@ static fl_status resolve(const char *host, int port, bool passive, struct sockad
   return FL_OK;
 }
 
+/* A limit from the environment: unset or empty: def; 0: DP_UNLIMITED; not a number: def,
+ * with a warning. */
+static int64_t env_limit(const char *name, int64_t def) {
+  const char *v = getenv(name);
+  if (!v || !*v) return def;
+  char *end = NULL;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (*end || end == v || errno || n < 0) {
+    common_log(LOG_WARN, "%s=%s is not a non-negative number: using %lld", name, v, (long long)def);
+    return def;
+  }
+  return n == 0 ? DP_UNLIMITED : n;
+}
+
+static dp_server_limits env_limits;
+static pthread_once_t env_limits_once = PTHREAD_ONCE_INIT;
+static void env_limits_read(void) {
+  env_limits.idle_timeout_ms = env_limit("FLINT_DP_IDLE_TIMEOUT_MS", DP_IDLE_TIMEOUT_DEFAULT_MS);
+  env_limits.request_timeout_ms = env_limit("FLINT_DP_REQUEST_TIMEOUT_MS", DP_REQUEST_TIMEOUT_DEFAULT_MS);
+  env_limits.max_connections = env_limit("FLINT_DP_MAX_CONNECTIONS", DP_MAX_CONNECTIONS_DEFAULT);
+}
+
+static int64_t limit_resolve(int64_t given, int64_t from_env) {
+  return given == 0 ? from_env : given < 0 ? DP_UNLIMITED : given;
+}
+
 fl_status dp_server_start(const char *host, int port, const char *secret, dp_serve_fn serve,
                           void *arg, dp_server **out) {
+  return dp_server_start_with_limits(host, port, secret, serve, arg, NULL, out);
+}
+
+fl_status dp_server_start_with_limits(const char *host, int port, const char *secret,
+                                      dp_serve_fn serve, void *arg, const dp_server_limits *limits,
+                                      dp_server **out) {
   fl_status status = FL_OK;
   dp_server *s = NULL;
   /* libevent writes with write(2): a peer that has gone must not kill the process. */
@@ -724,6 +894,12 @@ fl_status dp_server_start(const char *host, int port, const char *secret, dp_ser
   FL_PCHECK(pthread_mutex_init(&s->done_lock, NULL));
   s->serve = serve;
   s->serve_arg = arg;
+  FL_PCHECK(pthread_once(&env_limits_once, env_limits_read));
+  dp_server_limits given = DP_SERVER_LIMITS_INIT;
+  if (limits) given = *limits;
+  s->limits.idle_timeout_ms = limit_resolve(given.idle_timeout_ms, env_limits.idle_timeout_ms);
+  s->limits.request_timeout_ms = limit_resolve(given.request_timeout_ms, env_limits.request_timeout_ms);
+  s->limits.max_connections = limit_resolve(given.max_connections, env_limits.max_connections);
   if (secret && *secret) {
     s->secret = common_strdup(secret);
     if (!s->secret) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot copy the secret"));
@@ -735,13 +911,15 @@ fl_status dp_server_start(const char *host, int port, const char *secret, dp_ser
   s->base = event_base_new();
   if (!s->base) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot create an event base"));
   s->wake = event_new(s->base, -1, EV_PERSIST, server_wake_cb, s);
-  if (!s->wake) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot create an event"));
+  s->relisten = evtimer_new(s->base, server_relisten_cb, s);
+  if (!s->wake || !s->relisten) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot create an event"));
   s->listener = evconnlistener_new_bind(s->base, server_accept_cb, s,
                                         LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 128,
                                         (struct sockaddr *)&addr, (int)addrlen);
   if (!s->listener)
     FL_CHECK(FL_ERR(FL_ENET, "data plane cannot listen on %s:%d: %s", host ? host : "*", port,
                     strerror(errno)));
+  evconnlistener_set_error_cb(s->listener, server_accept_error_cb);
   struct sockaddr_storage bound;
   socklen_t boundlen = sizeof bound;
   if (getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&bound, &boundlen) != 0)
@@ -772,7 +950,8 @@ int dp_server_port(const dp_server *s) { return s ? s->port : -1; }
 
 dp_server_stats dp_server_stats_get(const dp_server *s) {
   dp_server_stats st = {atomic_load(&s->accepted), atomic_load(&s->requests),
-                        atomic_load(&s->dropped)};
+                        atomic_load(&s->dropped), atomic_load(&s->timed_out),
+                        atomic_load(&s->refused)};
   return st;
 }
 
@@ -797,6 +976,7 @@ void dp_server_stop(dp_server *s) {
     sconn_close(s->conns); /* frees pending payload references too */
   }
   if (s->listener) evconnlistener_free(s->listener);
+  if (s->relisten) event_free(s->relisten);
   if (s->wake) event_free(s->wake);
   if (s->base) event_base_free(s->base);
   common_queue_destroy(&s->jobs);

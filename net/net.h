@@ -80,8 +80,26 @@ typedef struct rpc_server_config {
                                        NULL-terminated; the array must outlive the server */
   size_t quick_max_request; /* requests of more bytes go to the handler threads unoffered
                                (decoding them would hold up every call); 0: RPC_QUICK_MAX_REQUEST */
+  /* Limits on connections, so that stalled or hostile clients cannot hold them for ever. In
+   * each, 0 means the environment's value (read once per process; 0 there turns the limit
+   * off) or else the default; RPC_UNLIMITED means none. */
+  int64_t idle_timeout_ms;      /* a connection with no call in progress for this long is
+                                   closed (HTTP/2 GOAWAY; a channel reconnects on its next call).
+                                   Calls of any length, waiting ones included, keep it open.
+                                   FLINT_RPC_IDLE_TIMEOUT_MS, default 300000 */
+  int64_t handshake_timeout_ms; /* a connection must have begun HTTP/2 (the client's preface
+                                   and settings) within this long of the accept.
+                                   FLINT_RPC_HANDSHAKE_TIMEOUT_MS, default 20000 */
+  int64_t max_connections;      /* connections at once, further ones refused at accept: only
+                                   where gRPC supports it (GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS,
+                                   which gRPC 1.51 lacks; there it is ignored with a warning
+                                   when asked for). FLINT_RPC_MAX_CONNECTIONS, default 1024 */
 } rpc_server_config;
-#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0}
+#define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0}
+#define RPC_UNLIMITED ((int64_t)-1)
+#define RPC_IDLE_TIMEOUT_DEFAULT_MS 300000
+#define RPC_HANDSHAKE_TIMEOUT_DEFAULT_MS 20000
+#define RPC_MAX_CONNECTIONS_DEFAULT 1024
 #define RPC_QUICK_MAX_REQUEST ((size_t)256 << 10)
 #define RPC_DEFAULT_MAX_MESSAGE ((size_t)64 << 20)
 
@@ -233,6 +251,38 @@ typedef struct dp_server dp_server;
  * beyond starting the threads. */
 FL_INTERNAL fl_status dp_server_start(const char *host, int port, const char *secret,
                                       dp_serve_fn serve, void *arg, dp_server **out);
+
+/* What keeps slow, stalled or hostile peers from holding a block server's connections for
+ * ever. In each field 0 means the environment's value (read once per process; 0 there turns
+ * the limit off) or else the default; DP_UNLIMITED means no limit. */
+typedef struct dp_server_limits {
+  /* A connection between requests (nothing unread, no request in service) is closed after
+   * this long. Clients pool connections and open a new one when the server has closed theirs,
+   * so this costs a fetch one connect at most. FLINT_DP_IDLE_TIMEOUT_MS, default 60000. */
+  int64_t idle_timeout_ms;
+  /* A frame must arrive whole within this long of its first byte (a new connection's first
+   * frame within this long of the accept), and a response being written must not stall
+   * (no byte taken by the peer) for this long; otherwise the connection is closed. Keeps a
+   * client that trickles a header, or never reads, from holding a connection.
+   * FLINT_DP_REQUEST_TIMEOUT_MS, default 30000. */
+  int64_t request_timeout_ms;
+  /* Connections open at once; further ones are closed as they are accepted (a warning is
+   * logged at most every DP_REFUSED_LOG_MS) and the open ones are unaffected.
+   * FLINT_DP_MAX_CONNECTIONS, default 1024. */
+  int64_t max_connections;
+} dp_server_limits;
+#define DP_SERVER_LIMITS_INIT {0, 0, 0}
+#define DP_UNLIMITED ((int64_t)-1)
+#define DP_IDLE_TIMEOUT_DEFAULT_MS 60000
+#define DP_REQUEST_TIMEOUT_DEFAULT_MS 30000
+#define DP_MAX_CONNECTIONS_DEFAULT 1024
+#define DP_REFUSED_LOG_MS 10000
+
+/* dp_server_start with explicit limits (NULL: as dp_server_start, every limit from the
+ * environment or its default). The limits are copied. */
+FL_INTERNAL fl_status dp_server_start_with_limits(const char *host, int port, const char *secret,
+                                                  dp_serve_fn serve, void *arg,
+                                                  const dp_server_limits *limits, dp_server **out);
 /* The port the server listens on. Any thread. */
 FL_INTERNAL int dp_server_port(const dp_server *s);
 
@@ -240,6 +290,8 @@ typedef struct dp_server_stats {
   uint64_t accepted;  /* connections accepted */
   uint64_t requests;  /* requests handed to the serve callback */
   uint64_t dropped;   /* connections closed for a malformed frame or failed authentication */
+  uint64_t timed_out; /* connections closed by the idle or request timeout */
+  uint64_t refused;   /* connections closed at accept, over max_connections */
 } dp_server_stats;
 /* A snapshot of the counters. Any thread. */
 FL_INTERNAL dp_server_stats dp_server_stats_get(const dp_server *s);

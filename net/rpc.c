@@ -30,6 +30,8 @@
  * Client design. Each call is one batch of all six client ops on a pluck queue of its own,
  * so threads calling on one channel share nothing but gRPC's connection.
  */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <grpc/byte_buffer.h>
@@ -50,6 +52,51 @@
  * freed on a handler thread posts no event). */
 #define RPC_STOP_POLL_MS 20
 #define RPC_STREAM_WINDOW (8 << 20) /* bytes a stream may have in flight (HTTP/2 flow control) */
+/* The server pings a client after this long without a byte from it, and drops the connection
+ * (cancelling its calls) when the ping is not answered in RPC_SERVER_KEEPALIVE_TIMEOUT_MS: a
+ * client that vanished without a FIN (a cut link, a dead machine) would otherwise hold its
+ * connection and a call it left waiting for ever, since a call in progress keeps a
+ * connection from being idle. */
+#define RPC_SERVER_KEEPALIVE_MS 60000
+#define RPC_SERVER_KEEPALIVE_TIMEOUT_MS 20000
+
+/* ---- settings -------------------------------------------------------------------------- */
+
+/* A limit from the environment: unset or empty: def; 0: RPC_UNLIMITED; not a number: def,
+ * with a warning. *set: whether the variable was given. */
+static int64_t rpc_env_limit(const char *name, int64_t def, bool *set) {
+  const char *v = getenv(name);
+  *set = v && *v;
+  if (!*set) return def;
+  char *end = NULL;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (*end || end == v || errno || n < 0) {
+    common_log(LOG_WARN, "%s=%s is not a non-negative number: using %lld", name, v, (long long)def);
+    return def;
+  }
+  return n == 0 ? RPC_UNLIMITED : n;
+}
+
+static struct {
+  int64_t idle_timeout_ms, handshake_timeout_ms, max_connections;
+  bool max_connections_set;
+} rpc_env;
+static pthread_once_t rpc_env_once = PTHREAD_ONCE_INIT;
+static void rpc_env_read(void) {
+  bool set;
+  rpc_env.idle_timeout_ms = rpc_env_limit("FLINT_RPC_IDLE_TIMEOUT_MS", RPC_IDLE_TIMEOUT_DEFAULT_MS, &set);
+  rpc_env.handshake_timeout_ms =
+      rpc_env_limit("FLINT_RPC_HANDSHAKE_TIMEOUT_MS", RPC_HANDSHAKE_TIMEOUT_DEFAULT_MS, &set);
+  rpc_env.max_connections =
+      rpc_env_limit("FLINT_RPC_MAX_CONNECTIONS", RPC_MAX_CONNECTIONS_DEFAULT, &rpc_env.max_connections_set);
+}
+
+/* A limit as a gRPC integer argument: RPC_UNLIMITED is INT_MAX, gRPC's "unlimited". */
+static int rpc_limit_arg(int64_t given, int64_t from_env) {
+  int64_t v = given == 0 ? from_env : given;
+  return v < 0 || v > INT32_MAX ? INT32_MAX : (int)v;
+}
 
 /* ---- status mapping -------------------------------------------------------------------- */
 
@@ -569,6 +616,10 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
   s->handlers = common_calloc(threads, sizeof *s->handlers);
   if (!s->handlers) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot allocate %u handler threads", threads));
 
+  FL_PCHECK(pthread_once(&rpc_env_once, rpc_env_read));
+  int idle_ms = rpc_limit_arg(cfg->idle_timeout_ms, rpc_env.idle_timeout_ms);
+  int handshake_ms = rpc_limit_arg(cfg->handshake_timeout_ms, rpc_env.handshake_timeout_ms);
+  int max_connections = rpc_limit_arg(cfg->max_connections, rpc_env.max_connections);
   grpc_arg args[] = {
       {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = (int)s->max_message}},
       {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = (int)s->max_message}},
@@ -580,7 +631,28 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
       /* A window that takes a job's launch or results (hundreds of KiB) in one flight:
        * gRPC's default of 64 KiB made such a message wait out several window updates. */
       {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, {.integer = RPC_STREAM_WINDOW}},
+      /* Connection limits (rpc_server_config). gRPC counts a connection idle only while no
+       * call is in progress on it, so no call, however long it runs or waits, is cut. */
+      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_CONNECTION_IDLE_MS, {.integer = idle_ms}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, {.integer = handshake_ms}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = RPC_SERVER_KEEPALIVE_MS}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = RPC_SERVER_KEEPALIVE_TIMEOUT_MS}},
+      /* gRPC stops its pings after 2 that no data followed; a call waiting for a job sends
+       * no data for minutes, and its client must still be watched. */
+      {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+#ifdef GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS
+      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS, {.integer = max_connections}},
+#endif
   };
+#ifndef GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS
+  /* This gRPC cannot cap connections (its C core accepts every one; the cap came with
+   * GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS in later versions). Idle and handshake
+   * timeouts and keepalive bound how long each is held. */
+  if (cfg->max_connections > 0 || (cfg->max_connections == 0 && rpc_env.max_connections_set &&
+                                   rpc_env.max_connections != RPC_UNLIMITED))
+    common_log(LOG_WARN, "rpc: a cap of %d connections was asked for (FLINT_RPC_MAX_CONNECTIONS), "
+               "but gRPC %s cannot enforce one: ignored", max_connections, grpc_version_string());
+#endif
   grpc_channel_args channel_args = {sizeof args / sizeof args[0], args};
   s->server = grpc_server_create(&channel_args, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);

@@ -670,6 +670,209 @@ static void test_client_destroy_cancels(void **state) {
   dp_server_stop(NULL);
 }
 
+/* ---- limits: idle and request timeouts, the connection cap ------------------------------- */
+/* Every bound below is one only a hang exceeds; the timeouts are a few hundred ms. */
+#define HANG_BOUND_NS 30000000000ull
+
+/* Waits (at most HANG_BOUND_NS) until the peer closes fd, reading and discarding what comes. */
+static bool closed_within_bound(int fd) {
+  uint64_t t0 = common_now_ns();
+  while (common_now_ns() - t0 < HANG_BOUND_NS) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 20) <= 0) continue;
+    uint8_t buf[65536];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+/* Waits (at most HANG_BOUND_NS) until the server's stats satisfy `cond`. */
+#define WAIT_FOR_STATS(s, st, cond)                                                          \
+  do {                                                                                       \
+    uint64_t t0_ = common_now_ns();                                                          \
+    dp_server_stats st;                                                                      \
+    while (st = dp_server_stats_get(s), !(cond) && common_now_ns() - t0_ < HANG_BOUND_NS)    \
+      usleep(5000);                                                                          \
+    assert_true(cond);                                                                       \
+  } while (0)
+
+/* A whole request frame for req, as a client sends it. */
+static size_t raw_request(uint8_t out[DP_FRAME_HEADER_SIZE + DP_REQUEST_WIRE_SIZE], dp_request req) {
+  uint8_t *p = out + DP_FRAME_HEADER_SIZE;
+  memset(p, 0, DP_REQUEST_WIRE_SIZE);
+  p[0] = req.kind;
+  uint64_t max_len = (uint64_t)1 << 40;
+  memcpy(p + 8, req.key, 32);
+  memcpy(p + 40, &req.offset, 8);
+  memcpy(p + 48, &req.len, 8);
+  memcpy(p + 56, &max_len, 8);
+  frame_header(out, DP_FRAME_REQUEST, DP_REQUEST_WIRE_SIZE, dp_crc32c(0, p, DP_REQUEST_WIRE_SIZE));
+  return DP_FRAME_HEADER_SIZE + DP_REQUEST_WIRE_SIZE;
+}
+
+/* Sends a request for a small block on a raw connection and checks the whole response. */
+static void raw_fetch_ok(int fd, uint64_t seed) {
+  uint8_t frame[DP_FRAME_HEADER_SIZE + DP_REQUEST_WIRE_SIZE];
+  size_t n = raw_request(frame, block_req(100, seed, 0, 0));
+  assert_int_equal(send(fd, frame, n, MSG_NOSIGNAL), (ssize_t)n);
+  uint8_t reply[DP_FRAME_HEADER_SIZE + 100 + 4];
+  size_t got = 0;
+  while (got < sizeof reply) {
+    struct pollfd p = {fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 30000), 1);
+    ssize_t r = recv(fd, reply + got, sizeof reply - got, 0);
+    assert_true(r > 0);
+    got += (size_t)r;
+  }
+  uint16_t status;
+  memcpy(&status, reply + 6, 2);
+  assert_int_equal(status, 0);
+  check_pattern(reply + DP_FRAME_HEADER_SIZE, seed, 0, 100);
+}
+
+static void test_stalled_connections_are_closed(void **state) {
+  dp_server *s;
+  dp_server_limits lim = {.idle_timeout_ms = 300, .request_timeout_ms = 300,
+                          .max_connections = DP_UNLIMITED};
+  assert_ok(dp_server_start_with_limits("127.0.0.1", 0, NULL, test_serve, NULL, &lim, &s));
+  int port = dp_server_port(s);
+
+  /* A client that connects and sends nothing. */
+  int silent = raw_connect(port);
+  assert_true(closed_within_bound(silent));
+  close(silent);
+
+  /* Half a header, then nothing. */
+  int half = raw_connect(port);
+  uint8_t h[DP_FRAME_HEADER_SIZE];
+  frame_header(h, DP_FRAME_HELLO, DP_SECRET_MAX, 0);
+  assert_int_equal(send(half, h, DP_FRAME_HEADER_SIZE / 2, 0), DP_FRAME_HEADER_SIZE / 2);
+  assert_true(closed_within_bound(half));
+  close(half);
+
+  /* Slowloris: a frame that trickles in, a byte every 100 ms (each well inside the timeout),
+   * is closed before it is whole: its deadline runs from its first byte. */
+  int slow = raw_connect(port);
+  uint8_t frame[DP_FRAME_HEADER_SIZE + DP_SECRET_MAX];
+  memset(frame + DP_FRAME_HEADER_SIZE, 'x', DP_SECRET_MAX);
+  frame_header(frame, DP_FRAME_HELLO, DP_SECRET_MAX, dp_crc32c(0, frame + DP_FRAME_HEADER_SIZE, DP_SECRET_MAX));
+  size_t sent = 0;
+  bool closed = false;
+  while (sent < sizeof frame && !closed) {
+    if (send(slow, frame + sent, 1, MSG_NOSIGNAL) != 1) break;
+    sent++;
+    struct pollfd p = {slow, POLLIN, 0};
+    if (poll(&p, 1, 100) == 1) closed = recv(slow, h, 1, 0) <= 0;
+  }
+  assert_true(sent < sizeof frame); /* ~30 s to send it whole: the server closed it first */
+  close(slow);
+
+  /* A client that asks for a large block and never reads it: the response stalls. */
+  int reader = raw_connect(port);
+  int small = 4096;
+  setsockopt(reader, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  uint8_t req[DP_FRAME_HEADER_SIZE + DP_REQUEST_WIRE_SIZE];
+  size_t n = raw_request(req, block_req(64 << 20, 3, 0, 0));
+  uint64_t before = dp_server_stats_get(s).timed_out;
+  assert_int_equal(send(reader, req, n, MSG_NOSIGNAL), (ssize_t)n);
+  WAIT_FOR_STATS(s, st, st.timed_out > before);
+  close(reader);
+  assert_true(dp_server_stats_get(s).timed_out >= 4);
+
+  /* A request served for longer than both timeouts is not cut: no timer runs meanwhile. */
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request slow_req = {.kind = DP_RESULT, .key = {1000, 0, 0, 0}};
+  assert_ok(dp_fetch(c, peer, &slow_req, 0, &out, NULL));
+  assert_int_equal(out.len, 16);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+/* A pooled connection that the server closes for idleness is opened again by the next fetch,
+ * which succeeds. */
+static void test_idle_pooled_connection_reopens(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  dp_server_limits lim = {.idle_timeout_ms = 200, .request_timeout_ms = DP_UNLIMITED,
+                          .max_connections = DP_UNLIMITED};
+  assert_ok(dp_server_start_with_limits("127.0.0.1", 0, NULL, test_serve, NULL, &lim, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(5000, 6, 0, 0);
+  assert_ok(dp_fetch(c, peer, &r, 0, &out, NULL));
+  assert_int_equal(dp_client_stats_get(c).connects, 1);
+  for (int round = 0; round < 3; round++) {
+    WAIT_FOR_STATS(s, st, st.timed_out == (uint64_t)round + 1);
+    out.len = 0;
+    assert_ok(dp_fetch(c, peer, &r, 0, &out, NULL));
+    check_pattern(out.data, 6, 0, 5000);
+    assert_int_equal(dp_client_stats_get(c).connects, (uint64_t)round + 2);
+  }
+  /* And a close that races the fetch (the server closes as the request leaves): the client
+   * retries once on a fresh connection. Fetches paced at about the timeout hit it now and
+   * then; none may fail. */
+  for (int i = 0; i < 10; i++) {
+    usleep(190000 + 2000 * (useconds_t)i);
+    out.len = 0;
+    assert_ok(dp_fetch(c, peer, &r, 0, &out, NULL));
+  }
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+static void test_connection_cap(void **state) {
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  dp_server_limits lim = {.idle_timeout_ms = DP_UNLIMITED, .request_timeout_ms = DP_UNLIMITED,
+                          .max_connections = 3};
+  assert_ok(dp_server_start_with_limits("127.0.0.1", 0, NULL, test_serve, NULL, &lim, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  int port = dp_server_port(s);
+  int held[3];
+  for (int i = 0; i < 3; i++) held[i] = raw_connect(port);
+  WAIT_FOR_STATS(s, st, st.accepted == 3);
+
+  /* Over the cap: closed at once, raw or through a client, and again and again. */
+  for (int i = 0; i < 5; i++) {
+    int extra = raw_connect(port);
+    assert_true(closed_within_bound(extra));
+    close(extra);
+  }
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(1000, 8, 0, 0);
+  assert_fails_with(dp_fetch(c, peer, &r, 0, &out, NULL), FL_ENET, peer); /* reset or closed */
+  assert_int_equal(dp_server_stats_get(s).refused, 6);
+
+  /* The connections within the cap still work. */
+  for (int i = 0; i < 3; i++) raw_fetch_ok(held[i], (uint64_t)i + 20);
+
+  /* Once one closes, a new one is served. */
+  close(held[0]);
+  fl_status st = FL_ENET;
+  for (uint64_t t0 = common_now_ns(); st != FL_OK && common_now_ns() - t0 < HANG_BOUND_NS;
+       usleep(10000))
+    st = dp_fetch(c, peer, &r, 0, &out, NULL);
+  assert_ok(st);
+  check_pattern(out.data, 8, 0, 1000);
+  raw_fetch_ok(held[1], 30);
+  fl_buf_free(&out);
+  close(held[1]);
+  close(held[2]);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_crc32c),
@@ -686,6 +889,9 @@ int main(void) {
       cmocka_unit_test(test_timeout_and_limit),
       cmocka_unit_test(test_server_stop_with_connections_open),
       cmocka_unit_test(test_client_destroy_cancels),
+      cmocka_unit_test(test_stalled_connections_are_closed),
+      cmocka_unit_test(test_idle_pooled_connection_reopens),
+      cmocka_unit_test(test_connection_cap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -36,7 +37,9 @@ static double now_ms(void) { return (double)common_now_ns() / 1e6; }
  *   /test/Echo   replies with the request.
  *   /test/Fail   the request is a 4-byte status and a message; fails with them.
  *   /test/Grow   the request is a 4-byte length; replies with that many bytes.
- *   /test/Block  waits (at most 10 s) until the call is cancelled, then fails. */
+ *   /test/Block  waits (at most 10 s) until the call is cancelled, then fails.
+ *   /test/Sleep  the request is a 4-byte count of ms; replies "slept" after that long, or
+ *                fails when cancelled first. */
 static fl_status test_handler(void *arg, const rpc_request *req, fl_buf *response) {
   test_server *t = arg;
   atomic_fetch_add(&t->calls, 1);
@@ -69,6 +72,16 @@ static fl_status test_handler(void *arg, const rpc_request *req, fl_buf *respons
     if (!atomic_load(req->cancelled)) return fl_set_error(FL_EINTERNAL, "never cancelled");
     atomic_fetch_add(&t->saw_cancelled, 1);
     return fl_set_error(FL_ECANCELLED, "blocked call cancelled");
+  }
+  if (strcmp(req->method, "/test/Sleep") == 0) {
+    uint32_t ms;
+    if (req->body.len != 4) return fl_set_error(FL_EINVAL, "bad Sleep request");
+    memcpy(&ms, req->body.data, 4);
+    for (uint32_t i = 0; i < ms; i++) {
+      if (atomic_load(req->cancelled)) return fl_set_error(FL_ECANCELLED, "sleep cancelled");
+      sleep_ms(1);
+    }
+    return fl_buf_append(response, "slept", 5);
   }
   return fl_set_error(FL_ENOENT, "no method %s", req->method);
 }
@@ -904,6 +917,131 @@ static void test_deferred_replies_come_from_another_thread(void **state) {
   FL_PCHECK(pthread_mutex_destroy(&l.lock));
 }
 
+/* ---- connection limits ------------------------------------------------------------------ */
+/* Bounds only a hang exceeds; the timeouts under test are 300 ms. */
+#define HANG_BOUND_MS 30000
+
+static void limited_server_start(test_server *t, int64_t idle_ms, int64_t handshake_ms) {
+  memset(t, 0, sizeof *t);
+  rpc_server_config cfg = RPC_SERVER_CONFIG_INIT;
+  cfg.handler = test_handler;
+  cfg.handler_arg = t;
+  cfg.idle_timeout_ms = idle_ms;
+  cfg.handshake_timeout_ms = handshake_ms;
+  t->server = loopback_server_start(cfg, t->target);
+}
+
+static int raw_connect(const test_server *t) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)rpc_server_port(t->server))};
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+  return fd;
+}
+
+/* Reads what the server sends on a raw connection until it closes it (true) or HANG_BOUND_MS
+ * pass (false). As an HTTP/2 client that made no call would, it acknowledges the server's
+ * SETTINGS and PINGs; *goaways counts the GOAWAY frames (may be NULL: the bytes are not
+ * parsed as frames). */
+static bool served_until_closed(int fd, int *goaways) {
+  uint8_t buf[1 << 16];
+  size_t have = 0;
+  for (double deadline = now_ms() + HANG_BOUND_MS; now_ms() < deadline;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 20) <= 0) continue;
+    ssize_t n = recv(fd, buf + have, sizeof buf - have, 0);
+    if (n <= 0) return true;
+    if (!goaways) continue;
+    have += (size_t)n;
+    for (;;) { /* whole frames: 3 bytes length, type, flags, 4 bytes stream, payload */
+      if (have < 9) break;
+      size_t len = (size_t)buf[0] << 16 | (size_t)buf[1] << 8 | buf[2];
+      if (have < 9 + len) break;
+      uint8_t type = buf[3], flags = buf[4];
+      if (type == 4 && !(flags & 1)) {
+        static const uint8_t ack[9] = {0, 0, 0, 4, 1, 0, 0, 0, 0};
+        (void)!send(fd, ack, sizeof ack, MSG_NOSIGNAL);
+      } else if (type == 6 && !(flags & 1) && len == 8) {
+        uint8_t pong[17] = {0, 0, 8, 6, 1, 0, 0, 0, 0};
+        memcpy(pong + 9, buf + 9, 8);
+        (void)!send(fd, pong, sizeof pong, MSG_NOSIGNAL);
+      } else if (type == 7) {
+        (*goaways)++;
+      }
+      memmove(buf, buf + 9 + len, have - 9 - len);
+      have -= 9 + len;
+    }
+    if (have == sizeof buf) have = 0; /* a frame larger than the buffer: never from gRPC here */
+  }
+  return false;
+}
+
+/* A client that connects and never starts HTTP/2, or stalls in the middle of its preface, is
+ * closed after the handshake timeout; everyone else is still served. */
+static void test_silent_connection_closed_after_handshake_timeout(void **state) {
+  (void)state;
+  test_server t;
+  limited_server_start(&t, RPC_UNLIMITED, 300);
+  int silent = raw_connect(&t);
+  int half = raw_connect(&t);
+  const char *preface = "PRI * HTTP/2.0\r\n";
+  assert_int_equal(send(half, preface, strlen(preface), MSG_NOSIGNAL), (ssize_t)strlen(preface));
+  assert_true(served_until_closed(silent, NULL));
+  assert_true(served_until_closed(half, NULL));
+  close(silent);
+  close(half);
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("fine"), 5000, &out));
+  assert_int_equal(out.len, 4);
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
+/* A connection without calls is closed after the idle timeout (a GOAWAY, then the close); a
+ * channel whose connection was closed so reconnects for its next call without an error; and
+ * a call much longer than the idle timeout is not cut. */
+static void test_idle_connection_closed_and_long_calls_kept(void **state) {
+  (void)state;
+  test_server t;
+  limited_server_start(&t, 300, RPC_UNLIMITED);
+
+  /* An HTTP/2 client that makes no call. */
+  int fd = raw_connect(&t);
+  static const uint8_t hello[24 + 9] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+  assert_int_equal(send(fd, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+  int goaways = 0;
+  assert_true(served_until_closed(fd, &goaways));
+  assert_true(goaways >= 1);
+  close(fd);
+
+  rpc_channel *ch;
+  assert_ok(rpc_channel_create(t.target, NULL, 0, &ch));
+  fl_buf out = FL_BUF_INIT;
+  uint32_t ms = 1500;
+  assert_ok(rpc_call(ch, "/test/Sleep", fl_bytes_of(&ms, 4), 0, &out));
+  assert_int_equal(out.len, 5);
+  /* Idle past the timeout, then calls paced about the timeout, so that some meet the close. */
+  sleep_ms(1000);
+  for (int i = 0; i < 12; i++) {
+    out.len = 0;
+    assert_ok(rpc_call(ch, "/test/Echo", fl_bytes_str("again"), 10000, &out));
+    assert_int_equal(out.len, 5);
+    sleep_ms(270 + 5 * i);
+  }
+  /* A long call on a channel that was idle: its connection is new, and not cut either. */
+  out.len = 0;
+  assert_ok(rpc_call(ch, "/test/Sleep", fl_bytes_of(&ms, 4), 0, &out));
+  assert_int_equal(out.len, 5);
+  fl_buf_free(&out);
+  rpc_channel_destroy(ch);
+  server_stop(&t);
+}
+
 int main(void) {
   /* A hung call must not hang ctest's whole run: every test here ends within seconds. */
   alarm(100);
@@ -924,6 +1062,8 @@ int main(void) {
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_channel_finds_a_restarted_server),
       cmocka_unit_test(test_latency_p50),
+      cmocka_unit_test(test_silent_connection_closed_after_handshake_timeout),
+      cmocka_unit_test(test_idle_connection_closed_and_long_calls_kept),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
