@@ -112,7 +112,8 @@ typedef struct task_pool_work {
   void (*run)(struct task_pool_work *work); /* runs on a pool thread */
 } task_pool_work;
 
-FL_INTERNAL fl_status task_pool_create(uint32_t threads, task_pool **out);
+/* `name` names the threads (fl-task, fl-reply: top -H, gdb); a static string. */
+FL_INTERNAL fl_status task_pool_create(uint32_t threads, const char *name, task_pool **out);
 /* Queues work; never blocks. The work item stays the caller's; run() gets it back. */
 FL_INTERNAL void task_pool_submit(task_pool *pool, task_pool_work *work);
 /* Runs what is queued, then joins the threads and frees the pool. NULL does nothing. */

@@ -1788,7 +1788,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   svc.pid = (uint32_t)getpid();
   if (claim_table_create(&svc.claims) != FL_OK) /* then its tasks are its own: none is offered */
     common_log(LOG_WARN, "no claim table, so node peers cannot take this executor's tasks: %s", fl_last_error());
-  FL_CHECK(task_pool_create(cfg->cores, &svc.pool));
+  FL_CHECK(task_pool_create(cfg->cores, "fl-task", &svc.pool));
   FL_CHECK(dp_client_create(cfg->secret, &svc.fetcher));
   FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, serve_block, &svc, &svc.blocks_server));
   char listen[96];
