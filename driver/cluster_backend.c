@@ -106,18 +106,26 @@ struct cluster_backend {
   size_t num_inflight, cap_inflight;
   uint64_t next_key; /* scheduler thread */
   dp_client *fetcher; /* large task results */
-  /* the monitor thread: heartbeats, liveness pings, a cluster with no executor left */
+  /* the monitor thread: heartbeats, liveness pings, a cluster with no live executor */
   pthread_t monitor;
   pthread_cond_t monitor_wake;
   bool stopping;
-  uint64_t no_executor_since_ns; /* every executor lost since then; 0: some live */
+  uint64_t no_executor_since_ns; /* no live executor since then (the start, or the last
+                                    loss); 0: some live */
+  bool ever_registered;
+  bool wait_check_posted; /* check_waiting_jobs is queued on the scheduler */
   char last_loss[256];
+  /* the scheduler thread's (check_waiting_jobs) */
+  uint64_t last_wait_warning_ns;
 };
 
 /* Monitor rounds; a silent executor is pinged after this long (heartbeats come every
  * second), so that a dead process is found in seconds, before its heartbeat timeout. */
 #define MONITOR_PERIOD_NS 200000000ull
 #define PING_AFTER_NS 2500000000ull
+/* While jobs wait with no live executor, the driver says so this often (Spark's "Initial
+ * job has not accepted any resources" comes every 15 s); FLINT_NO_EXECUTOR_WARN_MS. */
+#define NO_EXECUTOR_WARN_NS 15000000000ull
 
 backend *cluster_backend_base(cluster_backend *cb) { return &cb->base; }
 
@@ -584,16 +592,57 @@ static void ping_locked(cluster_backend *cb, executor_ref *e) {
   sender_push_or_drop_locked(cb, e, o);
 }
 
-/* On the scheduler thread: jobs cannot wait for executors forever. */
-static void fail_if_no_executor(scheduler *s, void *arg) {
+/* On the scheduler thread, while no executor is live: a job cannot wait for one for ever.
+ * Each job's wait counts from its submission or from when the last executor went, whichever
+ * is later; past no_executor_timeout_ns it fails, naming the cause and the setting, and
+ * meanwhile the driver warns every no_executor_warn_ns, as Spark does. */
+static void check_waiting_jobs(scheduler *s, void *arg) {
   cluster_backend *cb = arg;
-  char msg[512];
+  char loss[sizeof cb->last_loss];
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  bool none = cb->no_executor_since_ns != 0;
-  snprintf(msg, sizeof msg, "every executor was lost (the last: %s) and none registered within %g s",
-           cb->last_loss, (double)cb->cfg.no_executor_timeout_ns / 1e9);
+  cb->wait_check_posted = false;
+  uint64_t since = cb->no_executor_since_ns;
+  bool ever = cb->ever_registered;
+  snprintf(loss, sizeof loss, "%s", cb->last_loss);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  if (none) dag_scheduler_fail_all(s, FL_ENET, msg);
+  if (!since) return;
+  uint64_t now = common_now_ns(), timeout = cb->cfg.no_executor_timeout_ns;
+  uint64_t longest = 0;
+  size_t waiting = 0;
+  for (sched_job *job = s->active, *next; job; job = next) {
+    next = job->active_next; /* failing a job may finish it */
+    uint64_t from = job->submitted_ns > since ? job->submitted_ns : since;
+    uint64_t waited = now > from ? now - from : 0;
+    if (job->status != FL_OK) continue; /* failed already, its attempts ending */
+    if (timeout && waited > timeout) {
+      if (ever)
+        dag_scheduler_job_failed(s, job, FL_ENET,
+                                 "job %llu failed: every executor was lost (the last: %s) and none registered "
+                                 "within %g s (FLINT_NO_EXECUTOR_TIMEOUT_MS)",
+                                 (unsigned long long)job->id, loss, (double)timeout / 1e9);
+      else
+        dag_scheduler_job_failed(s, job, FL_ETIMEDOUT,
+                                 "job %llu failed: no executor has registered with the driver within %g s "
+                                 "(FLINT_NO_EXECUTOR_TIMEOUT_MS); start executors with `flint executor "
+                                 "--driver HOST:PORT` and check that they reach the driver",
+                                 (unsigned long long)job->id, (double)timeout / 1e9);
+      continue;
+    }
+    waiting++;
+    if (waited > longest) longest = waited;
+  }
+  uint64_t every = cb->cfg.no_executor_warn_ns ? cb->cfg.no_executor_warn_ns : NO_EXECUTOR_WARN_NS;
+  if (!waiting || longest < every || now - cb->last_wait_warning_ns < every) return;
+  cb->last_wait_warning_ns = now;
+  char until[96] = "";
+  if (timeout) snprintf(until, sizeof until, "; it fails after %g s (FLINT_NO_EXECUTOR_TIMEOUT_MS)", (double)timeout / 1e9);
+  if (ever)
+    common_log(LOG_WARN, "every executor was lost (the last: %s); %zu jobs are waiting for one to register, the "
+               "longest for %.0f s%s", loss, waiting, (double)longest / 1e9, until);
+  else
+    common_log(LOG_WARN, "no executor has registered; the job is waiting (%zu jobs, the longest for %.0f s): "
+               "check that executors are started with --driver pointing at this driver and reach it%s",
+               waiting, (double)longest / 1e9, until);
 }
 
 static void *monitor_loop(void *p) {
@@ -613,17 +662,20 @@ static void *monitor_loop(void *p) {
       if (cb->cfg.executor_timeout_ns && quiet > cb->cfg.executor_timeout_ns) silent = e;
       else if (quiet > PING_AFTER_NS && now - e->ping_sent_ns > PING_AFTER_NS) ping_locked(cb, e);
     }
-    bool starved = cb->no_executor_since_ns && cb->cfg.no_executor_timeout_ns &&
-                   now - cb->no_executor_since_ns > cb->cfg.no_executor_timeout_ns;
-    if (starved) cb->no_executor_since_ns = now; /* again after another timeout */
+    bool check = cb->no_executor_since_ns && !cb->wait_check_posted;
+    cb->wait_check_posted |= check;
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
     if (silent) {
       char why[96];
       snprintf(why, sizeof why, "no heartbeat for %.1f s", (double)(now - silent->last_heartbeat_ns) / 1e9);
       executor_lose(cb, silent, why, 0, false);
     }
-    if (starved && scheduler_post_call(cb->base.sched, fail_if_no_executor, cb) != FL_OK)
-      common_log(LOG_ERROR, "out of memory: cannot fail the jobs waiting for executors");
+    if (check && scheduler_post_call(cb->base.sched, check_waiting_jobs, cb) != FL_OK) {
+      common_log(LOG_ERROR, "out of memory: cannot check the jobs waiting for executors");
+      FL_PCHECK(pthread_mutex_lock(&cb->lock));
+      cb->wait_check_posted = false;
+      FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    }
     FL_PCHECK(pthread_mutex_lock(&cb->lock));
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
@@ -1327,6 +1379,7 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   e->next = cb->executors;
   cb->executors = e;
   cb->no_executor_since_ns = 0;
+  cb->ever_registered = true;
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   *id = e->id;
   char gpu_s[24] = "";
@@ -1738,6 +1791,7 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   FL_PCHECK(pthread_cond_init(&cb->monitor_wake, &attr));
   pthread_condattr_destroy(&attr);
   cb->cfg = *cfg;
+  cb->no_executor_since_ns = common_now_ns(); /* none registered yet */
   fl_status st = dp_client_create(cfg->secret, &cb->fetcher);
   if (st == FL_OK && pthread_create(&cb->monitor, NULL, monitor_loop, cb) != 0) {
     dp_client_destroy(cb->fetcher);

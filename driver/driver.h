@@ -254,6 +254,7 @@ struct sched_job {
   uint64_t group, tag; /* sched_job_opts */
   sched_job_stats stats;
   sched_job *active_prev, *active_next; /* the scheduler's running jobs */
+  uint64_t submitted_ns; /* when the scheduler took it (how long it waits for executors) */
   atomic_bool cancelled;
   fl_status status;
   char *error;
@@ -306,8 +307,6 @@ FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
 FL_INTERNAL void dag_scheduler_fetch_failed(scheduler *s, sched_task *task);
 /* Reruns the map tasks of lost outputs that unfinished stages need (resubmit_at_ns). */
 FL_INTERNAL void dag_scheduler_resubmit(scheduler *s);
-/* Fails every running job (all executors were lost). */
-FL_INTERNAL void dag_scheduler_fail_all(scheduler *s, fl_status status, const char *msg);
 /* Frees a finished job's stages (the caller's thread, after the job is handed back). */
 FL_INTERNAL void dag_scheduler_free_stages(sched_job *job);
 /* DAG scheduler: a task of `job` succeeded, or the job failed; finishes the job when no
@@ -426,7 +425,11 @@ typedef struct cluster_config {
   bool offer_node_tasks;     /* offer tasks over cached data to their node's other executors
                                 (executor/claim_table.c); FLINT_NODE_OFFERS=0 turns it off */
   uint64_t executor_timeout_ns;    /* an executor silent this long is lost */
-  uint64_t no_executor_timeout_ns; /* jobs fail when every executor is lost this long */
+  /* A job that has no live executor to run on (none registered yet, or every one lost)
+   * fails once it has waited this long (0: never), and the driver warns every
+   * no_executor_warn_ns while one waits (0: 15 s). */
+  uint64_t no_executor_timeout_ns;
+  uint64_t no_executor_warn_ns;
   uint32_t exclude_failures;       /* task failures on an executor in a row that exclude it */
   uint64_t exclude_ns;             /* for how long */
   /* On the scheduler thread, when an executor is lost: the driver forgets what it held. */

@@ -1587,6 +1587,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
                        .offer_node_tasks = env_number("FLINT_NODE_OFFERS", 1) != 0,
                        .executor_timeout_ns = env_ms("FLINT_EXECUTOR_TIMEOUT_MS", 10000),
                        .no_executor_timeout_ns = env_ms("FLINT_NO_EXECUTOR_TIMEOUT_MS", 30000),
+                       .no_executor_warn_ns = env_ms("FLINT_NO_EXECUTOR_WARN_MS", 15000),
                        .exclude_failures = (uint32_t)env_number("FLINT_EXCLUDE_FAILURES", 3),
                        .exclude_ns = env_ms("FLINT_EXCLUDE_MS", 60000),
                        .executor_lost = forget_executor,

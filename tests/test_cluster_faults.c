@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include "proc_harness.h"
+#include "count_thread.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -448,6 +449,47 @@ static void test_many_large_replies_few_threads(void **state) {
   fx.passed = true;
 }
 
+/* ---- 5. a driver without executors ---------------------------------------------------------- */
+
+/* Jobs on a driver that no executor ever registered with: the driver warns every
+ * FLINT_NO_EXECUTOR_WARN_MS while they wait, and each fails after waiting
+ * FLINT_NO_EXECUTOR_TIMEOUT_MS (counted from its own submission, so a job submitted late
+ * still gets its whole wait), with a message naming the setting; an executor that comes
+ * later runs the next job. Before, the job waited silently for ever. */
+static void test_job_without_executors_warns_then_fails(void **state) {
+  (void)state;
+  proc *driver = start_driver((const char *const[]){"FLINT_NO_EXECUTOR_TIMEOUT_MS=2500",
+                                                    "FLINT_NO_EXECUTOR_WARN_MS=500", NULL});
+  fl_context *ctx;
+  assert_ok(fl_context_open(fx.master, NULL, &ctx));
+  fl_dataset *ds;
+  assert_ok(fl_range(ctx, 0, 100, 1, 2, &ds));
+  for (int round = 0; round < 2; round++) { /* the second long after the driver started */
+    count_thread c;
+    double started = now_s();
+    count_start(&c, ds);
+    count_join(&c, 30); /* 2.5 s, or a hang */
+    double waited = c.ended - started;
+    fprintf(stderr, "job %d failed after %.1f s: %s\n", round, waited, c.error);
+    assert_int_equal(c.status, FL_ETIMEDOUT);
+    assert_non_null(strstr(c.error, "no executor has registered"));
+    assert_non_null(strstr(c.error, "FLINT_NO_EXECUTOR_TIMEOUT_MS"));
+    assert_true(waited >= 2.4);
+  }
+  assert_true(count_in_log(driver, "no executor has registered; the job is waiting") >= 2);
+
+  start_executor("exec1", NULL);
+  wait_executors(1);
+  uint64_t n = 0;
+  assert_ok(fl_count(ds, &n));
+  assert_int_equal(n, 100);
+  fl_dataset_free(ds);
+  fl_context_close(ctx);
+  expect_running(driver);
+  stop_all();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){"job_cache_sum.so", "job_poison.so", NULL});
   const struct CMUnitTest tests[] = {
@@ -457,6 +499,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_dead_clients_applications_close, setup, teardown),
       cmocka_unit_test_setup_teardown(test_interrupted_submit_stops_its_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_many_large_replies_few_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_job_without_executors_warns_then_fails, setup, teardown),
   };
   if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
