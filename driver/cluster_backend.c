@@ -91,6 +91,8 @@ typedef struct executor_ref {
   /* the scheduler thread */
   bool removed;              /* lost, and its slots gone */
   uint32_t failures_in_row;  /* task failures since its last success */
+  char *no_device;           /* a task of it found no usable GPU (FL_ENODEVICE): why; it
+                                gets no more GPU barrier tasks */
   uint64_t excluded_until_ns;
   struct cluster_backend *cb;
   struct executor_ref *next;
@@ -469,6 +471,7 @@ static void executor_free(executor_ref *e) {
   common_free(e->offers);
   common_free(e->known);
   common_free(e->swept);
+  common_free(e->no_device);
   common_free(e);
 }
 
@@ -1162,6 +1165,11 @@ static void cluster_ended(backend *b, sched_task *t) {
                t->rt.error ? t->rt.error : fl_strerror(t->rt.status));
   }
   if (e && t->rt.status == FL_OK) e->failures_in_row = 0;
+  if (e && t->rt.status == FL_ENODEVICE && e->gpu >= 0 && !e->no_device) {
+    e->no_device = common_strdup(t->rt.error ? t->rt.error : fl_strerror(t->rt.status));
+    common_log(LOG_WARN, "executor %llu was started with --gpu %d but has no usable device; it gets no more GPU "
+               "tasks: %s", (unsigned long long)e->id, (int)e->gpu, e->no_device ? e->no_device : "");
+  }
   if (t->rt.status != FL_OK || t->job->status != FL_OK || !e) return;
   driver_app *app = app_of(t);
   FL_PCHECK(pthread_mutex_lock(&app->lock));
@@ -1182,6 +1190,18 @@ static void cluster_ended(backend *b, sched_task *t) {
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
   /* Committed once, here: the scheduler's commit finds no updates. */
   rdd_task_clear_accumulators(&t->rt);
+}
+
+/* Whether an executor's status is one of the table's (the whole table: a fixed bound
+ * read FL_EDEVICE and the codes after it as FL_EINTERNAL). */
+static bool status_known(int32_t status) {
+  switch (status) {
+#define STATUS_KNOWN_(name, value, text) case value:
+    FL_STATUS_TABLE(STATUS_KNOWN_)
+#undef STATUS_KNOWN_
+    return true;
+  }
+  return false;
 }
 
 /* A large result kept on its executor, fetched in chunks over the data plane. Runs on the
@@ -1275,8 +1295,7 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
      * no lost one, whose report then reads as the placement's, as before). */
     if (reporter && reporter != t->placement) t->runner = reporter;
     executor_ref *e = t->runner ? t->runner : t->placement;
-    bool known_status = s->status >= 0 && s->status <= FL_EPROTO;
-    t->rt.status = known_status ? (fl_status)s->status : FL_EINTERNAL;
+    t->rt.status = status_known(s->status) ? (fl_status)s->status : FL_EINTERNAL;
     t->rt.run_ns = s->run_ns;
     t->rt.blocks_mapped = s->blocks_mapped;
     t->rt.blocks_fetched = s->blocks_fetched;
@@ -1738,7 +1757,20 @@ static void cluster_fetch_failed(backend *b, sched_task *t) {
 
 /* Whether e can take barrier tasks (scheduler thread): alive and not excluded. */
 static bool gang_usable(const executor_ref *e, bool gpu, uint64_t now) {
-  return !e->removed && !excluded(e, now) && (!gpu || e->gpu >= 0);
+  return !e->removed && !excluded(e, now) && (!gpu || (e->gpu >= 0 && !e->no_device));
+}
+
+/* The live GPU executors given up for GPU tasks, and why. */
+static void cluster_gang_shortfall(backend *b, bool gpu, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (executor_ref *e = of(b)->executors; gpu && e && used < len; e = e->next) {
+    if (e->removed || e->gpu < 0 || !e->no_device) continue;
+    int n = snprintf(buf + used, len - used, "%sexecutor %llu: --gpu %d but no usable device: %s", used ? "; " : "",
+                     (unsigned long long)e->id, (int)e->gpu, e->no_device);
+    if (n < 0) break;
+    used += (size_t)n;
+  }
 }
 
 /* Tasks of one gang wait for each other, so each needs a core (a GPU executor: the whole
@@ -1771,6 +1803,7 @@ static bool cluster_gang_place(backend *b, sched_task *tasks, uint32_t n, bool g
 static const backend_ops cluster_ops = {.name = "cluster",
                                         .gang_capacity = cluster_gang_capacity,
                                         .gang_place = cluster_gang_place,
+                                        .gang_shortfall = cluster_gang_shortfall,
                                         .place = cluster_place,
                                         .launch = cluster_launch,
                                         .flush = cluster_flush,

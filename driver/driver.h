@@ -106,6 +106,10 @@ typedef struct backend_ops {
    * (a free core; gpu: an idle GPU executor), setting their placement, or none and returns
    * false. NULL: any free slots will do. */
   bool (*gang_place)(backend *b, sched_task *tasks, uint32_t n, bool gpu);
+  /* Optional, for barrier stages: why executors that were meant to take such tasks do not
+   * count in gang_capacity (a GPU executor whose task found no usable device), in words
+   * into buf ("" when none). */
+  void (*gang_shortfall)(backend *b, bool gpu, char *buf, size_t len);
   /* Ends the backend's threads after their current tasks; blocks. Frees the backend. */
   void (*destroy)(backend *b);
 } backend_ops;

@@ -490,6 +490,36 @@ static void test_job_without_executors_warns_then_fails(void **state) {
   fx.passed = true;
 }
 
+/* ---- 6. an executor whose GPU cannot be used ------------------------------------------------ */
+
+/* A GPU training job on a cluster whose only GPU executor has no usable device (--gpu 1023:
+ * no machine has that GPU, and a build without CUDA has none at all) fails after one
+ * attempt, not max_task_attempts, and its message names the executor and the device's
+ * cause. Before, the stage ran 4 times and the message said only "the cluster has 0 (...)". */
+static void test_executor_without_usable_gpu_fails_once(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  char work[PATH_MAX + 64];
+  snprintf(work, sizeof work, "%s/gpu-work", fx.dir);
+  make_dir(work);
+  proc *exec = start_proc("gpu-exec", NULL,
+                          (const char *const[]){"executor", "--driver", fx.target, "--cores", "1", "--memory", "256m",
+                                                "--work-dir", work, "--gpu", "1023", NULL});
+  snprintf(exec->work, sizeof exec->work, "%s", work);
+  wait_executors(1);
+  run_result *r = FLINT(NULL, "train", "--model", "mlp", "--data", "synthetic-imagenet", "--device", "cuda",
+                        "--batch", "8", "--synthetic-images", "8", "--epochs", "1", "--quiet", "--master", fx.master);
+  expect_status(r, 1);
+  EXPECT_ERR(r, "executor 1: --gpu 1023 but no usable device: ");
+  EXPECT_ERR(r, "device cuda:1023: ");
+  free(r);
+  assert_int_equal(count_in_log(driver, "runs again (attempt"), 0);
+  assert_int_equal(count_in_log(driver, "has no usable device"), 1);
+  expect_running(exec);
+  stop_all();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){"job_cache_sum.so", "job_poison.so", NULL});
   const struct CMUnitTest tests[] = {
@@ -500,6 +530,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_interrupted_submit_stops_its_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_many_large_replies_few_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_job_without_executors_warns_then_fails, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_executor_without_usable_gpu_fails_once, setup, teardown),
   };
   if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);

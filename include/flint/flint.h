@@ -73,7 +73,8 @@ extern "C" {
   X(EPROTO, 19, "malformed or oversized message")                                           \
   X(EDEVICE, 20, "device error (CUDA, cuBLAS or NCCL)")                                     \
   X(EPEER, 21, "a peer rank failed or left the group")                                      \
-  X(ESLOTS, 22, "not enough free slots for a barrier stage")
+  X(ESLOTS, 22, "not enough free slots for a barrier stage")                                 \
+  X(ENODEVICE, 23, "no usable device (no GPU or no CUDA in this process)")
 
 typedef enum fl_status {
 #define FL_STATUS_ENUM_(name, value, text) FL_##name = value,
@@ -486,6 +487,10 @@ FL_API fl_status fl_save_as_text_file(fl_dataset *ds, const char *path);
  * the driver to bootstrap a communicator (peer addresses, the NCCL unique id). If one task
  * fails, the others are stopped and the whole stage is retried (up to max_task_attempts);
  * when there are fewer free slots than tasks, the action fails at once with FL_ESLOTS.
+ * A task that returns FL_ENODEVICE (fl_device_open found no usable GPU) is not retried
+ * where it ran: a cluster stops giving that executor GPU tasks and the action fails at
+ * once, with that executor's cause, when too few GPU executors are left; local mode fails
+ * after that attempt.
  * ------------------------------------------------------------------------------------- */
 typedef struct fl_barrier fl_barrier; /* a running task's view of its stage */
 
