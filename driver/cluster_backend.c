@@ -1536,7 +1536,8 @@ void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadc
 
 /* Asks every live executor what it holds of the dataset (its block manager's figures) and
  * adds them up. False when none answered. */
-bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out) {
+bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out,
+                          uint64_t *evictions) {
   Flint__StorageInfoRequest req = FLINT__STORAGE_INFO_REQUEST__INIT;
   req.incarnation = cb->cfg.incarnation;
   req.app_id = app;
@@ -1568,6 +1569,7 @@ bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl
     out->cached_partitions += r->cached_partitions;
     out->memory_bytes += r->memory_bytes;
     out->disk_bytes += r->disk_bytes;
+    if (evictions) *evictions += r->evictions;
     any = true;
     flint__storage_info_reply__free_unpacked(r, NULL);
   }

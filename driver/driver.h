@@ -472,8 +472,10 @@ FL_INTERNAL void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_
 /* Tells every executor to drop its copy of a broadcast (asynchronously). */
 FL_INTERNAL void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadcast_id);
 /* Adds up what the live executors hold of dataset rdd_id (blocks, memory and disk bytes),
- * asking each; false when none answered. */
-FL_INTERNAL bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out);
+ * asking each; rdd_id 0: of the whole application, and *evictions (when not NULL) gets its
+ * blocks they evicted. False when none answered. */
+FL_INTERNAL bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out,
+                                      uint64_t *evictions);
 /* The block-server address of an executor into buf; false when unknown. */
 FL_INTERNAL bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf, size_t len);
 /* Fills a StatusReply's executors (Flint__ExecutorInfo, allocated with common_calloc). */

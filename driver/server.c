@@ -910,9 +910,15 @@ static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *res
      * one is gone at once, whether or not its removal reached the executors yet); the
      * driver's inferred locations when no executor answers */
     fl_storage_info info = {0}, asked = {0};
-    app_cache_info(app, req->rdd_id, &info);
-    if (info.cached_partitions && cluster_storage_info(app->cluster, app->id, req->rdd_id, &asked)) info = asked;
+    uint64_t evictions = 0;
+    if (req->rdd_id) {
+      app_cache_info(app, req->rdd_id, &info);
+      if (info.cached_partitions && cluster_storage_info(app->cluster, app->id, req->rdd_id, &asked, NULL)) info = asked;
+    } else { /* the whole application (fl_context_stats): what its live executors say */
+      cluster_storage_info(app->cluster, app->id, 0, &info, &evictions);
+    }
     Flint__StorageInfoReply reply = FLINT__STORAGE_INFO_REPLY__INIT;
+    reply.evictions = evictions;
     reply.cached_partitions = info.cached_partitions;
     reply.memory_bytes = info.memory_bytes;
     reply.disk_bytes = info.disk_bytes;

@@ -214,8 +214,14 @@ typedef struct fl_context_stats {
    * over attempts: Spark's executor run time. What a job took beyond it, over the cores, is
    * the engine's: scheduling, messages, results. */
   double task_seconds;
-  uint64_t blocks_evicted;          /* cached partitions dropped or spilled for memory */
-  uint64_t memory_used;             /* bytes of cached blocks in memory now */
+  /* Cached partitions dropped or spilled for memory, and bytes of cached blocks in memory
+   * now. Through a driver (flint://, local-cluster) these are the context's own blocks on
+   * its live executors, asked of them by this call (which then fails with the driver's
+   * error when the driver cannot be reached): evictions of its blocks, whichever
+   * application's block needed the room, counted until the context closes; an executor
+   * that was lost takes its figures with it. */
+  uint64_t blocks_evicted;
+  uint64_t memory_used;
   /* Through a driver: cached partitions that tasks read from another executor, mapped in
    * place from one on the same node (a node-local read, no copy) or fetched over the network
    * (Spark's remote block reads). 0 in local mode, where every read is in-process. */
