@@ -1040,7 +1040,25 @@ static fl_status remote_stats(fl_context *ctx, fl_context_stats *out) {
   out->blocks_read_mapped = c->blocks_mapped;
   out->blocks_read_fetched = c->blocks_fetched;
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
-  return FL_OK;
+  /* The cached blocks are the executors': the driver asks the live ones (dataset 0: the
+   * whole application). */
+  Flint__StorageInfoRequest req = FLINT__STORAGE_INFO_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = call(c->driver, "/flint.Driver/StorageInfo", &req.base, RPC_TIMEOUT_MS, &reply);
+  if (st == FL_OK) {
+    Flint__StorageInfoReply *r = flint__storage_info_reply__unpack(NULL, reply.len, reply.data);
+    if (r) {
+      out->memory_used = r->memory_bytes;
+      out->blocks_evicted = r->evictions;
+      flint__storage_info_reply__free_unpacked(r, NULL);
+    } else {
+      st = FL_ERR(FL_EPROTO, "StorageInfo: malformed reply from the driver");
+    }
+  }
+  fl_buf_free(&reply);
+  return st;
 }
 
 fl_status client_context_open(const char *master, const fl_options *options, fl_context **out) {

@@ -91,6 +91,8 @@ typedef struct executor_ref {
   /* the scheduler thread */
   bool removed;              /* lost, and its slots gone */
   uint32_t failures_in_row;  /* task failures since its last success */
+  char *no_device;           /* a task of it found no usable GPU (FL_ENODEVICE): why; it
+                                gets no more GPU barrier tasks */
   uint64_t excluded_until_ns;
   struct cluster_backend *cb;
   struct executor_ref *next;
@@ -106,18 +108,26 @@ struct cluster_backend {
   size_t num_inflight, cap_inflight;
   uint64_t next_key; /* scheduler thread */
   dp_client *fetcher; /* large task results */
-  /* the monitor thread: heartbeats, liveness pings, a cluster with no executor left */
+  /* the monitor thread: heartbeats, liveness pings, a cluster with no live executor */
   pthread_t monitor;
   pthread_cond_t monitor_wake;
   bool stopping;
-  uint64_t no_executor_since_ns; /* every executor lost since then; 0: some live */
+  uint64_t no_executor_since_ns; /* no live executor since then (the start, or the last
+                                    loss); 0: some live */
+  bool ever_registered;
+  bool wait_check_posted; /* check_waiting_jobs is queued on the scheduler */
   char last_loss[256];
+  /* the scheduler thread's (check_waiting_jobs) */
+  uint64_t last_wait_warning_ns;
 };
 
 /* Monitor rounds; a silent executor is pinged after this long (heartbeats come every
  * second), so that a dead process is found in seconds, before its heartbeat timeout. */
 #define MONITOR_PERIOD_NS 200000000ull
 #define PING_AFTER_NS 2500000000ull
+/* While jobs wait with no live executor, the driver says so this often (Spark's "Initial
+ * job has not accepted any resources" comes every 15 s); FLINT_NO_EXECUTOR_WARN_MS. */
+#define NO_EXECUTOR_WARN_NS 15000000000ull
 
 backend *cluster_backend_base(cluster_backend *cb) { return &cb->base; }
 
@@ -461,6 +471,7 @@ static void executor_free(executor_ref *e) {
   common_free(e->offers);
   common_free(e->known);
   common_free(e->swept);
+  common_free(e->no_device);
   common_free(e);
 }
 
@@ -584,16 +595,57 @@ static void ping_locked(cluster_backend *cb, executor_ref *e) {
   sender_push_or_drop_locked(cb, e, o);
 }
 
-/* On the scheduler thread: jobs cannot wait for executors forever. */
-static void fail_if_no_executor(scheduler *s, void *arg) {
+/* On the scheduler thread, while no executor is live: a job cannot wait for one for ever.
+ * Each job's wait counts from its submission or from when the last executor went, whichever
+ * is later; past no_executor_timeout_ns it fails, naming the cause and the setting, and
+ * meanwhile the driver warns every no_executor_warn_ns, as Spark does. */
+static void check_waiting_jobs(scheduler *s, void *arg) {
   cluster_backend *cb = arg;
-  char msg[512];
+  char loss[sizeof cb->last_loss];
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  bool none = cb->no_executor_since_ns != 0;
-  snprintf(msg, sizeof msg, "every executor was lost (the last: %s) and none registered within %g s",
-           cb->last_loss, (double)cb->cfg.no_executor_timeout_ns / 1e9);
+  cb->wait_check_posted = false;
+  uint64_t since = cb->no_executor_since_ns;
+  bool ever = cb->ever_registered;
+  snprintf(loss, sizeof loss, "%s", cb->last_loss);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  if (none) dag_scheduler_fail_all(s, FL_ENET, msg);
+  if (!since) return;
+  uint64_t now = common_now_ns(), timeout = cb->cfg.no_executor_timeout_ns;
+  uint64_t longest = 0;
+  size_t waiting = 0;
+  for (sched_job *job = s->active, *next; job; job = next) {
+    next = job->active_next; /* failing a job may finish it */
+    uint64_t from = job->submitted_ns > since ? job->submitted_ns : since;
+    uint64_t waited = now > from ? now - from : 0;
+    if (job->status != FL_OK) continue; /* failed already, its attempts ending */
+    if (timeout && waited > timeout) {
+      if (ever)
+        dag_scheduler_job_failed(s, job, FL_ENET,
+                                 "job %llu failed: every executor was lost (the last: %s) and none registered "
+                                 "within %g s (FLINT_NO_EXECUTOR_TIMEOUT_MS)",
+                                 (unsigned long long)job->id, loss, (double)timeout / 1e9);
+      else
+        dag_scheduler_job_failed(s, job, FL_ETIMEDOUT,
+                                 "job %llu failed: no executor has registered with the driver within %g s "
+                                 "(FLINT_NO_EXECUTOR_TIMEOUT_MS); start executors with `flint executor "
+                                 "--driver HOST:PORT` and check that they reach the driver",
+                                 (unsigned long long)job->id, (double)timeout / 1e9);
+      continue;
+    }
+    waiting++;
+    if (waited > longest) longest = waited;
+  }
+  uint64_t every = cb->cfg.no_executor_warn_ns ? cb->cfg.no_executor_warn_ns : NO_EXECUTOR_WARN_NS;
+  if (!waiting || longest < every || now - cb->last_wait_warning_ns < every) return;
+  cb->last_wait_warning_ns = now;
+  char until[96] = "";
+  if (timeout) snprintf(until, sizeof until, "; it fails after %g s (FLINT_NO_EXECUTOR_TIMEOUT_MS)", (double)timeout / 1e9);
+  if (ever)
+    common_log(LOG_WARN, "every executor was lost (the last: %s); %zu jobs are waiting for one to register, the "
+               "longest for %.0f s%s", loss, waiting, (double)longest / 1e9, until);
+  else
+    common_log(LOG_WARN, "no executor has registered; the job is waiting (%zu jobs, the longest for %.0f s): "
+               "check that executors are started with --driver pointing at this driver and reach it%s",
+               waiting, (double)longest / 1e9, until);
 }
 
 static void *monitor_loop(void *p) {
@@ -613,17 +665,20 @@ static void *monitor_loop(void *p) {
       if (cb->cfg.executor_timeout_ns && quiet > cb->cfg.executor_timeout_ns) silent = e;
       else if (quiet > PING_AFTER_NS && now - e->ping_sent_ns > PING_AFTER_NS) ping_locked(cb, e);
     }
-    bool starved = cb->no_executor_since_ns && cb->cfg.no_executor_timeout_ns &&
-                   now - cb->no_executor_since_ns > cb->cfg.no_executor_timeout_ns;
-    if (starved) cb->no_executor_since_ns = now; /* again after another timeout */
+    bool check = cb->no_executor_since_ns && !cb->wait_check_posted;
+    cb->wait_check_posted |= check;
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
     if (silent) {
       char why[96];
       snprintf(why, sizeof why, "no heartbeat for %.1f s", (double)(now - silent->last_heartbeat_ns) / 1e9);
       executor_lose(cb, silent, why, 0, false);
     }
-    if (starved && scheduler_post_call(cb->base.sched, fail_if_no_executor, cb) != FL_OK)
-      common_log(LOG_ERROR, "out of memory: cannot fail the jobs waiting for executors");
+    if (check && scheduler_post_call(cb->base.sched, check_waiting_jobs, cb) != FL_OK) {
+      common_log(LOG_ERROR, "out of memory: cannot check the jobs waiting for executors");
+      FL_PCHECK(pthread_mutex_lock(&cb->lock));
+      cb->wait_check_posted = false;
+      FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    }
     FL_PCHECK(pthread_mutex_lock(&cb->lock));
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
@@ -1139,6 +1194,11 @@ static void cluster_ended(backend *b, sched_task *t) {
                t->rt.error ? t->rt.error : fl_strerror(t->rt.status));
   }
   if (e && t->rt.status == FL_OK) e->failures_in_row = 0;
+  if (e && t->rt.status == FL_ENODEVICE && e->gpu >= 0 && !e->no_device) {
+    e->no_device = common_strdup(t->rt.error ? t->rt.error : fl_strerror(t->rt.status));
+    common_log(LOG_WARN, "executor %llu was started with --gpu %d but has no usable device; it gets no more GPU "
+               "tasks: %s", (unsigned long long)e->id, (int)e->gpu, e->no_device ? e->no_device : "");
+  }
   if (t->rt.status != FL_OK || t->job->status != FL_OK || !e) return;
   driver_app *app = app_of(t);
   FL_PCHECK(pthread_mutex_lock(&app->lock));
@@ -1159,6 +1219,18 @@ static void cluster_ended(backend *b, sched_task *t) {
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
   /* Committed once, here: the scheduler's commit finds no updates. */
   rdd_task_clear_accumulators(&t->rt);
+}
+
+/* Whether an executor's status is one of the table's (the whole table: a fixed bound
+ * read FL_EDEVICE and the codes after it as FL_EINTERNAL). */
+static bool status_known(int32_t status) {
+  switch (status) {
+#define STATUS_KNOWN_(name, value, text) case value:
+    FL_STATUS_TABLE(STATUS_KNOWN_)
+#undef STATUS_KNOWN_
+    return true;
+  }
+  return false;
 }
 
 /* A large result kept on its executor, fetched in chunks over the data plane. Runs on the
@@ -1252,8 +1324,7 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
      * no lost one, whose report then reads as the placement's, as before). */
     if (reporter && reporter != t->placement) t->runner = reporter;
     executor_ref *e = t->runner ? t->runner : t->placement;
-    bool known_status = s->status >= 0 && s->status <= FL_EPROTO;
-    t->rt.status = known_status ? (fl_status)s->status : FL_EINTERNAL;
+    t->rt.status = status_known(s->status) ? (fl_status)s->status : FL_EINTERNAL;
     t->rt.run_ns = s->run_ns;
     t->rt.blocks_mapped = s->blocks_mapped;
     t->rt.blocks_fetched = s->blocks_fetched;
@@ -1356,6 +1427,7 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   e->next = cb->executors;
   cb->executors = e;
   cb->no_executor_since_ns = 0;
+  cb->ever_registered = true;
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   *id = e->id;
   char gpu_s[24] = "";
@@ -1493,7 +1565,8 @@ void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadc
 
 /* Asks every live executor what it holds of the dataset (its block manager's figures) and
  * adds them up. False when none answered. */
-bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out) {
+bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out,
+                          uint64_t *evictions) {
   Flint__StorageInfoRequest req = FLINT__STORAGE_INFO_REQUEST__INIT;
   req.incarnation = cb->cfg.incarnation;
   req.app_id = app;
@@ -1525,6 +1598,7 @@ bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl
     out->cached_partitions += r->cached_partitions;
     out->memory_bytes += r->memory_bytes;
     out->disk_bytes += r->disk_bytes;
+    if (evictions) *evictions += r->evictions;
     any = true;
     flint__storage_info_reply__free_unpacked(r, NULL);
   }
@@ -1714,7 +1788,20 @@ static void cluster_fetch_failed(backend *b, sched_task *t) {
 
 /* Whether e can take barrier tasks (scheduler thread): alive and not excluded. */
 static bool gang_usable(const executor_ref *e, bool gpu, uint64_t now) {
-  return !e->removed && !excluded(e, now) && (!gpu || e->gpu >= 0);
+  return !e->removed && !excluded(e, now) && (!gpu || (e->gpu >= 0 && !e->no_device));
+}
+
+/* The live GPU executors given up for GPU tasks, and why. */
+static void cluster_gang_shortfall(backend *b, bool gpu, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (executor_ref *e = of(b)->executors; gpu && e && used < len; e = e->next) {
+    if (e->removed || e->gpu < 0 || !e->no_device) continue;
+    int n = snprintf(buf + used, len - used, "%sexecutor %llu: --gpu %d but no usable device: %s", used ? "; " : "",
+                     (unsigned long long)e->id, (int)e->gpu, e->no_device);
+    if (n < 0) break;
+    used += (size_t)n;
+  }
 }
 
 /* Tasks of one gang wait for each other, so each needs a core (a GPU executor: the whole
@@ -1747,6 +1834,7 @@ static bool cluster_gang_place(backend *b, sched_task *tasks, uint32_t n, bool g
 static const backend_ops cluster_ops = {.name = "cluster",
                                         .gang_capacity = cluster_gang_capacity,
                                         .gang_place = cluster_gang_place,
+                                        .gang_shortfall = cluster_gang_shortfall,
                                         .place = cluster_place,
                                         .launch = cluster_launch,
                                         .flush = cluster_flush,
@@ -1767,6 +1855,7 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   FL_PCHECK(pthread_cond_init(&cb->monitor_wake, &attr));
   pthread_condattr_destroy(&attr);
   cb->cfg = *cfg;
+  cb->no_executor_since_ns = common_now_ns(); /* none registered yet */
   fl_status st = dp_client_create(cfg->secret, &cb->fetcher);
   if (st == FL_OK && pthread_create(&cb->monitor, NULL, monitor_loop, cb) != 0) {
     dp_client_destroy(cb->fetcher);

@@ -247,17 +247,9 @@ void dag_scheduler_resubmit(scheduler *s) {
   }
 }
 
-void dag_scheduler_fail_all(scheduler *s, fl_status status, const char *msg) {
-  sched_job *job = s->active;
-  while (job) {
-    sched_job *next = job->active_next;
-    dag_scheduler_job_failed(s, job, status, "job %llu failed: %s", (unsigned long long)job->id, msg);
-    job = next;
-  }
-}
-
 void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   atomic_fetch_add(&s->jobs_run, 1);
+  job->submitted_ns = common_now_ns();
   job->active_prev = NULL;
   job->active_next = s->active;
   if (s->active) s->active->active_prev = job;

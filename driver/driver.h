@@ -106,6 +106,10 @@ typedef struct backend_ops {
    * (a free core; gpu: an idle GPU executor), setting their placement, or none and returns
    * false. NULL: any free slots will do. */
   bool (*gang_place)(backend *b, sched_task *tasks, uint32_t n, bool gpu);
+  /* Optional, for barrier stages: why executors that were meant to take such tasks do not
+   * count in gang_capacity (a GPU executor whose task found no usable device), in words
+   * into buf ("" when none). */
+  void (*gang_shortfall)(backend *b, bool gpu, char *buf, size_t len);
   /* Ends the backend's threads after their current tasks; blocks. Frees the backend. */
   void (*destroy)(backend *b);
 } backend_ops;
@@ -254,6 +258,7 @@ struct sched_job {
   uint64_t group, tag; /* sched_job_opts */
   sched_job_stats stats;
   sched_job *active_prev, *active_next; /* the scheduler's running jobs */
+  uint64_t submitted_ns; /* when the scheduler took it (how long it waits for executors) */
   atomic_bool cancelled;
   fl_status status;
   char *error;
@@ -306,8 +311,6 @@ FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
 FL_INTERNAL void dag_scheduler_fetch_failed(scheduler *s, sched_task *task);
 /* Reruns the map tasks of lost outputs that unfinished stages need (resubmit_at_ns). */
 FL_INTERNAL void dag_scheduler_resubmit(scheduler *s);
-/* Fails every running job (all executors were lost). */
-FL_INTERNAL void dag_scheduler_fail_all(scheduler *s, fl_status status, const char *msg);
 /* Frees a finished job's stages (the caller's thread, after the job is handed back). */
 FL_INTERNAL void dag_scheduler_free_stages(sched_job *job);
 /* DAG scheduler: a task of `job` succeeded, or the job failed; finishes the job when no
@@ -426,7 +429,11 @@ typedef struct cluster_config {
   bool offer_node_tasks;     /* offer tasks over cached data to their node's other executors
                                 (executor/claim_table.c); FLINT_NODE_OFFERS=0 turns it off */
   uint64_t executor_timeout_ns;    /* an executor silent this long is lost */
-  uint64_t no_executor_timeout_ns; /* jobs fail when every executor is lost this long */
+  /* A job that has no live executor to run on (none registered yet, or every one lost)
+   * fails once it has waited this long (0: never), and the driver warns every
+   * no_executor_warn_ns while one waits (0: 15 s). */
+  uint64_t no_executor_timeout_ns;
+  uint64_t no_executor_warn_ns;
   uint32_t exclude_failures;       /* task failures on an executor in a row that exclude it */
   uint64_t exclude_ns;             /* for how long */
   /* On the scheduler thread, when an executor is lost: the driver forgets what it held. */
@@ -465,8 +472,10 @@ FL_INTERNAL void cluster_remove(cluster_backend *cb, uint64_t app, const uint64_
 /* Tells every executor to drop its copy of a broadcast (asynchronously). */
 FL_INTERNAL void cluster_remove_broadcast(cluster_backend *cb, uint64_t app, uint64_t broadcast_id);
 /* Adds up what the live executors hold of dataset rdd_id (blocks, memory and disk bytes),
- * asking each; false when none answered. */
-FL_INTERNAL bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out);
+ * asking each; rdd_id 0: of the whole application, and *evictions (when not NULL) gets its
+ * blocks they evicted. False when none answered. */
+FL_INTERNAL bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_t rdd_id, fl_storage_info *out,
+                                      uint64_t *evictions);
 /* The block-server address of an executor into buf; false when unknown. */
 FL_INTERNAL bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf, size_t len);
 /* Fills a StatusReply's executors (Flint__ExecutorInfo, allocated with common_calloc). */

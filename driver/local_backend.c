@@ -64,7 +64,7 @@ static const backend_ops local_ops = {.name = "local",
 fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out) {
   local_backend *lb = common_calloc(1, sizeof *lb);
   if (!lb) return FL_ERR(FL_ENOMEM, "cannot allocate the local backend");
-  fl_status s = task_pool_create(threads, &lb->pool);
+  fl_status s = task_pool_create(threads, "fl-task", &lb->pool);
   if (s != FL_OK) {
     common_free(lb);
     return s;

@@ -101,6 +101,7 @@ typedef struct driver_state {
   cluster_backend *cluster;
   rpc_server *server;
   dp_server *blocks;
+  task_pool *replies; /* packs large RunJob replies off the scheduler thread (REPLY_THREADS) */
   pthread_mutex_t lock;
   pthread_cond_t changed; /* submissions' output */
   app_entry *apps;
@@ -640,6 +641,7 @@ static fl_status app_take_broadcasts(driver_app *app, const Flint__RunJobRequest
  * is answered from the scheduler thread when the job ends (run_job_ended), so no thread
  * waits on a job and the call costs no hand-off to a handler thread and back. */
 typedef struct run_job {
+  task_pool_work work; /* first: a large reply is packed on d->replies */
   driver_state *d;
   driver_app *app;
   Flint__RunJobRequest *req;
@@ -765,30 +767,27 @@ static void run_job_answer(run_job *j, fl_status status, const char *error) {
   rpc_deferred_reply(call, status, message, &response);
 }
 
-/* Results of more bytes than this are packed (copied twice: protobuf, gRPC) on a thread of
- * their own, so that the scheduler thread does not stop every other job for milliseconds. */
+/* Results of more bytes than this are packed (copied twice: protobuf, gRPC) on a pool
+ * thread, so that the scheduler thread does not stop every other job for milliseconds. The
+ * pool is fixed (REPLY_THREADS): under load, replies wait in its queue, in the order their
+ * jobs ended, instead of each taking a thread of its own. The queue holds at most one entry
+ * per RunJob call in flight, whose results the driver holds already. */
 #define RUN_JOB_REPLY_OFFLOAD ((size_t)1 << 20)
+#define REPLY_THREADS 4
 
-static void *run_job_answer_main(void *arg) {
-  pthread_setname_np(pthread_self(), "fl-reply");
-  run_job_answer(arg, FL_OK, NULL);
-  return NULL;
-}
+static void run_job_answer_work(task_pool_work *w) { run_job_answer((run_job *)w, FL_OK, NULL); }
 
 /* The job ended (the scheduler thread): the call gets its reply. */
 static void run_job_ended(void *arg, fl_status status, const char *error) {
   run_job *j = arg;
   size_t bytes = 0;
   for (size_t i = 0; status == FL_OK && i < j->req->n_partitions; i++) bytes += j->results[i].len;
-  pthread_attr_t attr;
-  pthread_t thread;
-  bool offloaded = false;
-  if (bytes > RUN_JOB_REPLY_OFFLOAD && pthread_attr_init(&attr) == 0) {
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    offloaded = pthread_create(&thread, &attr, run_job_answer_main, j) == 0;
-    pthread_attr_destroy(&attr);
+  if (bytes > RUN_JOB_REPLY_OFFLOAD) {
+    j->work.run = run_job_answer_work;
+    task_pool_submit(j->d->replies, &j->work); /* never blocks */
+    return;
   }
-  if (!offloaded) run_job_answer(j, status, error); /* no thread to spare: here, as small ones */
+  run_job_answer(j, status, error);
 }
 
 /* Checks and records the request (plan, broadcasts, storage levels, released datasets) and
@@ -911,9 +910,15 @@ static fl_status handle_storage_info(driver_state *d, fl_bytes body, fl_buf *res
      * one is gone at once, whether or not its removal reached the executors yet); the
      * driver's inferred locations when no executor answers */
     fl_storage_info info = {0}, asked = {0};
-    app_cache_info(app, req->rdd_id, &info);
-    if (info.cached_partitions && cluster_storage_info(app->cluster, app->id, req->rdd_id, &asked)) info = asked;
+    uint64_t evictions = 0;
+    if (req->rdd_id) {
+      app_cache_info(app, req->rdd_id, &info);
+      if (info.cached_partitions && cluster_storage_info(app->cluster, app->id, req->rdd_id, &asked, NULL)) info = asked;
+    } else { /* the whole application (fl_context_stats): what its live executors say */
+      cluster_storage_info(app->cluster, app->id, 0, &info, &evictions);
+    }
     Flint__StorageInfoReply reply = FLINT__STORAGE_INFO_REPLY__INIT;
+    reply.evictions = evictions;
     reply.cached_partitions = info.cached_partitions;
     reply.memory_bytes = info.memory_bytes;
     reply.disk_bytes = info.disk_bytes;
@@ -1557,6 +1562,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   snprintf(sub, sizeof sub, "%s/jobs", d.work_dir);
   FL_CHECK(common_mkdirs(sub));
 
+  FL_CHECK(task_pool_create(REPLY_THREADS, "fl-reply", &d.replies));
   FL_CHECK(scheduler_create(4, &d.sched));
   const char *quantile = getenv("FLINT_SPECULATION_QUANTILE"), *multiplier = getenv("FLINT_SPECULATION_MULTIPLIER");
   sched_speculation spec = {.enabled = env_number("FLINT_SPECULATION", 0) != 0,
@@ -1587,6 +1593,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
                        .offer_node_tasks = env_number("FLINT_NODE_OFFERS", 1) != 0,
                        .executor_timeout_ns = env_ms("FLINT_EXECUTOR_TIMEOUT_MS", 10000),
                        .no_executor_timeout_ns = env_ms("FLINT_NO_EXECUTOR_TIMEOUT_MS", 30000),
+                       .no_executor_warn_ns = env_ms("FLINT_NO_EXECUTOR_WARN_MS", 15000),
                        .exclude_failures = (uint32_t)env_number("FLINT_EXCLUDE_FAILURES", 3),
                        .exclude_ns = env_ms("FLINT_EXCLUDE_MS", 60000),
                        .executor_lost = forget_executor,
@@ -1619,7 +1626,8 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   }
   common_log(LOG_INFO, "stopping");
 cleanup:
-  rpc_server_stop(d.server);
+  rpc_server_stop(d.server); /* every RunJob call answered: the reply pool is idle */
+  task_pool_destroy(d.replies);
   /* Job binaries end with their driver. */
   for (submission *s = d.submissions; s; s = s->next)
     if (!s->exited) kill(s->pid, SIGTERM);

@@ -35,12 +35,16 @@ static bool gang_impossible(scheduler *s, sched_stage *st) {
   uint32_t cap = gang_capacity(s, gpu);
   if (cap >= st->num_tasks) return false;
   sched_job *job = st->tasks[0].job;
+  char why[1024] = "";
+  const backend_ops *ops = s->backend->ops;
+  if (ops->gang_shortfall) ops->gang_shortfall(s->backend, gpu, why, sizeof why);
   dag_scheduler_job_failed(s, job, FL_ESLOTS,
                            "job %llu: barrier stage of dataset %llu needs %u %s at once, but the cluster "
-                           "has %u (%s)",
+                           "has %u (%s%s%s)",
                            (unsigned long long)job->id, (unsigned long long)st->barrier->id, st->num_tasks,
                            gpu ? "GPU executors" : "task slots", cap,
-                           gpu ? "executors started with --gpu" : "executors x cores, or local threads");
+                           gpu ? "executors started with --gpu" : "executors x cores, or local threads",
+                           *why ? "; " : "", why);
   return true;
 }
 
@@ -117,13 +121,22 @@ static void gang_maybe_retry(scheduler *s, sched_stage *st) {
   }
   char *cause = st->barrier_cause;
   st->barrier_cause = NULL;
-  if (st->barrier_failures >= s->max_attempts) {
+  /* No usable device is no passing fault: where every task runs in this process (no
+   * gang_capacity: the local backend) the next attempt would find none either. A cluster
+   * gives up the executor instead (gang_shortfall says why), and the stage runs again on
+   * the others, or fails at once when too few are left. */
+  bool deterministic = st->barrier_cause_status == FL_ENODEVICE && !s->backend->ops->gang_capacity;
+  if (st->barrier_failures >= s->max_attempts || deterministic) {
     dag_scheduler_job_failed(s, job, FL_EJOB,
                              "job %llu failed: barrier stage of dataset %llu (%u tasks) failed %u times; last "
                              "error (partition %u): %s",
                              (unsigned long long)job->id, (unsigned long long)st->barrier->id, st->num_tasks,
                              st->barrier_failures, st->barrier_cause_partition,
                              cause ? cause : fl_strerror(st->barrier_cause_status));
+    common_free(cause);
+    return;
+  }
+  if (gang_impossible(s, st)) { /* the failure gave up the executors it needs (no device) */
     common_free(cause);
     return;
   }

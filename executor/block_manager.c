@@ -52,6 +52,11 @@ struct block_manager {
    * per dataset, not one per block (a large data set would print thousands). */
   uint64_t *warned;
   size_t num_warned, cap_warned;
+  /* Evictions by dataset (block_manager_range_stats), dropped with their range. */
+  struct evicted_count {
+    uint64_t rdd_id, count;
+  } *evicted;
+  size_t num_evicted, cap_evicted;
 };
 
 /* What a reader holds: a pinned memory block, a pinned peer block, or a private decoded copy. */
@@ -205,6 +210,23 @@ static fl_status spill(block_manager *bm, block *b, const rdd_batch *batch) {
 
 /* ---- eviction -------------------------------------------------------------------------- */
 
+/* Counts an eviction of a block of rdd_id (lock held); without memory the count is lost. */
+static void count_eviction(block_manager *bm, uint64_t rdd_id) {
+  for (size_t i = 0; i < bm->num_evicted; i++)
+    if (bm->evicted[i].rdd_id == rdd_id) {
+      bm->evicted[i].count++;
+      return;
+    }
+  if (bm->num_evicted == bm->cap_evicted) {
+    size_t cap = bm->cap_evicted ? bm->cap_evicted * 2 : 8;
+    struct evicted_count *grown = common_realloc(bm->evicted, cap * sizeof *grown);
+    if (!grown) return;
+    bm->evicted = grown;
+    bm->cap_evicted = cap;
+  }
+  bm->evicted[bm->num_evicted++] = (struct evicted_count){rdd_id, 1};
+}
+
 /* Makes room for `need` bytes by evicting least recently used, unpinned memory blocks of
  * other rdds (evicting a dataset's own blocks to cache its next one would only thrash, as
  * Spark's MemoryStore also refuses). Returns whether the room is there now. */
@@ -219,6 +241,7 @@ static bool make_room(block_manager *bm, uint64_t need, uint64_t for_rdd) {
     block *prev = b->lru_prev;
     if (b->pins == 0 && b->key.rdd_id != for_rdd) {
       bm->evictions++;
+      count_eviction(bm, b->key.rdd_id);
       if (b->level == FL_MEMORY_AND_DISK && b->where == IN_MEMORY) {
         release_memory(bm, b);
         fl_status s = spill(bm, b, &b->batch);
@@ -549,6 +572,10 @@ void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi) {
   FL_PCHECK(pthread_mutex_lock(&bm->lock));
   peers_drop_range(bm, lo, hi);
   forget_warned(bm, lo, hi);
+  for (size_t i = 0; i < bm->num_evicted;) {
+    if (bm->evicted[i].rdd_id >= lo && bm->evicted[i].rdd_id < hi) bm->evicted[i] = bm->evicted[--bm->num_evicted];
+    else i++;
+  }
   for (size_t i = 0; i < bm->num_buckets; i++) {
     block *b = bm->buckets[i];
     while (b) {
@@ -567,6 +594,23 @@ void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi) {
     if (sscanf(e->d_name, "shuffle_%llu_", &id) == 1 && id >= lo && id < hi) unlinkat(dirfd(d), e->d_name, 0);
   }
   closedir(d);
+}
+
+void block_manager_range_stats(block_manager *bm, uint64_t lo, uint64_t hi, block_manager_stats *out) {
+  memset(out, 0, sizeof *out);
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  out->memory_limit = bm->memory_limit;
+  for (size_t i = 0; i < bm->num_buckets; i++)
+    for (block *b = bm->buckets[i]; b; b = b->hash_next) {
+      if (b->key.rdd_id < lo || b->key.rdd_id >= hi) continue;
+      out->memory_used += b->mem_bytes;
+      out->blocks_in_memory += b->where == IN_MEMORY || b->where == IN_MEMORY_SER;
+      out->blocks_on_disk += b->where == ON_DISK;
+      out->disk_used += b->where == ON_DISK ? b->disk_bytes : 0;
+    }
+  for (size_t i = 0; i < bm->num_evicted; i++)
+    if (bm->evicted[i].rdd_id >= lo && bm->evicted[i].rdd_id < hi) out->evictions += bm->evicted[i].count;
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
 }
 
 static void bm_info(void *impl, uint64_t rdd_id, fl_storage_info *out) {
@@ -684,6 +728,7 @@ void block_manager_destroy(block_manager *bm) {
   }
   pthread_mutex_destroy(&bm->lock);
   common_free(bm->warned);
+  common_free(bm->evicted);
   common_free(bm->buckets);
   common_free(bm->dir);
   common_free(bm);

@@ -36,6 +36,10 @@ FL_INTERNAL fl_status block_manager_create(uint64_t memory_limit, const char *di
 /* Frees every block and deletes its disk files. No reader may hold a block. */
 FL_INTERNAL void block_manager_destroy(block_manager *bm);
 FL_INTERNAL void block_manager_stats_get(block_manager *bm, block_manager_stats *out);
+/* The figures of the blocks whose dataset id is in [lo, hi) (one application in an
+ * executor): memory_used, disk_used, blocks_in_memory, blocks_on_disk, and evictions of
+ * such blocks (counted until block_manager_remove_range drops the range); the rest 0. */
+FL_INTERNAL void block_manager_range_stats(block_manager *bm, uint64_t lo, uint64_t hi, block_manager_stats *out);
 /* Drops every block, and deletes the shuffle files, whose dataset or shuffle id is in
  * [lo, hi): all of one application in an executor. */
 FL_INTERNAL void block_manager_remove_range(block_manager *bm, uint64_t lo, uint64_t hi);
@@ -115,7 +119,8 @@ typedef struct task_pool_work {
   void (*run)(struct task_pool_work *work); /* runs on a pool thread */
 } task_pool_work;
 
-FL_INTERNAL fl_status task_pool_create(uint32_t threads, task_pool **out);
+/* `name` names the threads (fl-task, fl-reply: top -H, gdb); a static string. */
+FL_INTERNAL fl_status task_pool_create(uint32_t threads, const char *name, task_pool **out);
 /* Queues work; never blocks. The work item stays the caller's; run() gets it back. */
 FL_INTERNAL void task_pool_submit(task_pool *pool, task_pool_work *work);
 /* Runs what is queued, then joins the threads and frees the pool. NULL does nothing. */

@@ -1361,15 +1361,29 @@ static fl_status handle_storage_info(exec_service *svc, fl_bytes body, fl_buf *r
     return st;
   }
   fl_storage_info info = {0};
+  block_manager_stats whole = {0};
+  bool known = false;
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   for (exec_app *a = svc->apps; a; a = a->next)
-    if (a->id == req->app_id) app_info(a, req->rdd_id, &info); /* the block manager's own lock */
+    if (a->id == req->app_id) {
+      known = true;
+      if (req->rdd_id) app_info(a, req->rdd_id, &info); /* the block manager's own lock */
+    }
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  /* rdd_id 0: the whole application (fl_context_stats); app ids are checked by app_key's
+   * users, here the range is empty for an id out of bounds. */
+  if (known && !req->rdd_id && req->app_id < (1ull << (64 - APP_SHIFT))) {
+    block_manager_range_stats(svc->blocks, req->app_id << APP_SHIFT, (req->app_id + 1) << APP_SHIFT, &whole);
+    info = (fl_storage_info){.cached_partitions = (uint32_t)(whole.blocks_in_memory + whole.blocks_on_disk),
+                             .memory_bytes = whole.memory_used,
+                             .disk_bytes = whole.disk_used};
+  }
   flint__storage_info_request__free_unpacked(req, NULL);
   Flint__StorageInfoReply reply = FLINT__STORAGE_INFO_REPLY__INIT;
   reply.cached_partitions = info.cached_partitions;
   reply.memory_bytes = info.memory_bytes;
   reply.disk_bytes = info.disk_bytes;
+  reply.evictions = whole.evictions;
   return proto_pack(&reply.base, response);
 }
 
@@ -1815,7 +1829,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   svc.pid = (uint32_t)getpid();
   if (claim_table_create(&svc.claims) != FL_OK) /* then its tasks are its own: none is offered */
     common_log(LOG_WARN, "no claim table, so node peers cannot take this executor's tasks: %s", fl_last_error());
-  FL_CHECK(task_pool_create(cfg->cores, &svc.pool));
+  FL_CHECK(task_pool_create(cfg->cores, "fl-task", &svc.pool));
   FL_CHECK(dp_client_create(cfg->secret, &svc.fetcher));
   FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, serve_block, &svc, &svc.blocks_server));
   char listen[96];

@@ -1,15 +1,17 @@
-/* task_pool.c: a fixed pool of task threads fed by one spin-then-block queue. */
+/* task_pool.c: a fixed pool of threads fed by one spin-then-block queue (an executor's task
+ * threads, the local backend's, the driver's reply packers). */
 #include "executor/executor.h"
 
 struct task_pool {
   common_queue queue;
   pthread_t *threads;
   uint32_t count;
+  const char *name;
 };
 
 static void *pool_main(void *p) {
-  pthread_setname_np(pthread_self(), "fl-task");
   task_pool *pool = p;
+  pthread_setname_np(pthread_self(), pool->name);
   uint64_t spin = common_spin_ns();
   common_qnode *node;
   while ((node = common_queue_pop(&pool->queue, spin))) {
@@ -19,9 +21,10 @@ static void *pool_main(void *p) {
   return NULL;
 }
 
-fl_status task_pool_create(uint32_t threads, task_pool **out) {
+fl_status task_pool_create(uint32_t threads, const char *name, task_pool **out) {
   task_pool *pool = common_calloc(1, sizeof *pool);
   if (!pool) return FL_ERR(FL_ENOMEM, "cannot allocate a task pool");
+  pool->name = name;
   pool->threads = common_calloc(threads, sizeof *pool->threads);
   if (!pool->threads) {
     common_free(pool);
@@ -32,7 +35,7 @@ fl_status task_pool_create(uint32_t threads, task_pool **out) {
     if (pthread_create(&pool->threads[i], NULL, pool_main, pool) != 0) {
       pool->count = i;
       task_pool_destroy(pool);
-      return FL_ERR(FL_ENOMEM, "cannot start task thread %u of %u", i + 1, threads);
+      return FL_ERR(FL_ENOMEM, "cannot start thread %u of %u (%s)", i + 1, threads, name);
     }
   }
   pool->count = threads;

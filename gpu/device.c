@@ -12,7 +12,7 @@
 /* Built without nvcc: the cuda device exists in the API and says why it cannot be used. */
 fl_status cuda_device_init(fl_device *dev, int ordinal) {
   (void)dev;
-  return fl_set_error(FL_EDEVICE, "device cuda:%d: flint was built without CUDA (nvcc was not "
+  return fl_set_error(FL_ENODEVICE, "device cuda:%d: flint was built without CUDA (nvcc was not "
                       "found when it was configured)", ordinal);
 }
 int cuda_device_count(void) { return 0; }

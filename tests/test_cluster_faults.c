@@ -8,8 +8,12 @@
 #define _GNU_SOURCE
 #endif
 #include "proc_harness.h"
+#include "count_thread.h"
 
+#include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -321,6 +325,253 @@ static void test_interrupted_submit_stops_its_job(void **state) {
   fx.passed = true;
 }
 
+/* ---- 4. many clients at once --------------------------------------------------------------- */
+
+/* A process's thread count (/proc/PID/status), -1 when it cannot be read. */
+static int thread_count(pid_t pid) {
+  char path[64], line[128];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  fclose(f);
+  return n;
+}
+
+#define MAX_REPLY_TIDS 256
+typedef struct thread_watch {
+  pid_t pid;
+  atomic_bool stop;
+  int max_threads;
+  int reply_tids[MAX_REPLY_TIDS]; /* distinct threads named fl-reply seen */
+  int num_reply_tids;
+  pthread_t thread;
+} thread_watch;
+
+/* Samples the driver's threads until told to stop: the most at once, and every fl-reply
+ * thread by id (a pool keeps the same few; a thread per reply shows new ids). */
+static void *watch_main(void *arg) {
+  thread_watch *w = arg;
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/task", (int)w->pid);
+  while (!atomic_load(&w->stop)) {
+    int n = thread_count(w->pid);
+    if (n > w->max_threads) w->max_threads = n;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+      int tid = atoi(e->d_name);
+      if (tid <= 0) continue;
+      char path[128], comm[32] = "";
+      snprintf(path, sizeof path, "%s/%d/comm", dir, tid);
+      FILE *f = fopen(path, "r");
+      if (!f) continue;
+      bool reply = fgets(comm, sizeof comm, f) && strncmp(comm, "fl-reply", 8) == 0;
+      fclose(f);
+      bool seen = false;
+      for (int i = 0; i < w->num_reply_tids && !seen; i++) seen = w->reply_tids[i] == tid;
+      if (reply && !seen && w->num_reply_tids < MAX_REPLY_TIDS) w->reply_tids[w->num_reply_tids++] = tid;
+    }
+    if (d) closedir(d);
+    usleep(500);
+  }
+  return NULL;
+}
+
+#define CLIENTS 12
+typedef struct client_run {
+  fl_context *ctx;
+  int64_t records; /* collected by each job */
+  int jobs;
+  fl_status status;
+  char error[256];
+} client_run;
+
+static void *client_main(void *arg) {
+  client_run *c = arg;
+  for (int j = 0; j < c->jobs && c->status == FL_OK; j++) {
+    fl_dataset *ds = NULL;
+    fl_records *recs = NULL;
+    c->status = fl_range(c->ctx, 0, c->records, 1, 2, &ds);
+    if (c->status == FL_OK) c->status = fl_collect(ds, &recs);
+    if (c->status == FL_OK) {
+      int64_t sum = 0;
+      for (size_t i = 0; i < fl_records_count(recs); i++) sum += fl_i64(fl_records_get(recs, i));
+      if ((int64_t)fl_records_count(recs) != c->records || sum != (c->records - 1) * c->records / 2)
+        c->status = FL_EINTERNAL;
+    }
+    if (c->status != FL_OK) snprintf(c->error, sizeof c->error, "%s", fl_last_error());
+    fl_records_free(recs);
+    fl_dataset_free(ds);
+  }
+  return NULL;
+}
+
+/* Many clients collect results over the driver's 1 MiB reply offload at once (two of them
+ * beyond the 16 MiB a reply carries inline): every result comes back whole, and the driver
+ * packs them on its few fl-reply threads. Before, each such reply started a detached thread
+ * of its own, so the driver's threads grew with its load. */
+static void test_many_large_replies_few_threads(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  start_executor("exec2", NULL);
+  wait_executors(2);
+  static client_run clients[CLIENTS];
+  for (int i = 0; i < CLIENTS; i++) {
+    clients[i] = (client_run){.records = i < 2 ? 4000000 : 400000, .jobs = i < 2 ? 1 : 3};
+    assert_ok(fl_context_open(fx.master, NULL, &clients[i].ctx));
+  }
+  static thread_watch w;
+  w = (thread_watch){.pid = driver->pid};
+  int baseline = thread_count(driver->pid);
+  assert_true(baseline > 0);
+  assert_int_equal(pthread_create(&w.thread, NULL, watch_main, &w), 0);
+  pthread_t threads[CLIENTS];
+  for (int i = 0; i < CLIENTS; i++) assert_int_equal(pthread_create(&threads[i], NULL, client_main, &clients[i]), 0);
+  for (int i = 0; i < CLIENTS; i++) pthread_join(threads[i], NULL);
+  atomic_store(&w.stop, true);
+  pthread_join(w.thread, NULL);
+  fprintf(stderr, "driver threads: %d before, at most %d during; %d fl-reply threads seen\n", baseline,
+          w.max_threads, w.num_reply_tids);
+  for (int i = 0; i < CLIENTS; i++) {
+    if (clients[i].status != FL_OK) fail_msg("client %d: %s: %s", i, fl_status_name(clients[i].status), clients[i].error);
+    fl_context_close(clients[i].ctx);
+  }
+  /* The pool's 4 threads, no more; the bound on the total only catches a thread per reply
+   * (36 replies), not a timing. */
+  assert_true(w.num_reply_tids > 0 && w.num_reply_tids <= 4);
+  assert_true(w.max_threads <= baseline + 8);
+  expect_running(driver);
+  stop_all();
+  fx.passed = true;
+}
+
+/* ---- 5. a driver without executors ---------------------------------------------------------- */
+
+/* Jobs on a driver that no executor ever registered with: the driver warns every
+ * FLINT_NO_EXECUTOR_WARN_MS while they wait, and each fails after waiting
+ * FLINT_NO_EXECUTOR_TIMEOUT_MS (counted from its own submission, so a job submitted late
+ * still gets its whole wait), with a message naming the setting; an executor that comes
+ * later runs the next job. Before, the job waited silently for ever. */
+static void test_job_without_executors_warns_then_fails(void **state) {
+  (void)state;
+  proc *driver = start_driver((const char *const[]){"FLINT_NO_EXECUTOR_TIMEOUT_MS=2500",
+                                                    "FLINT_NO_EXECUTOR_WARN_MS=500", NULL});
+  fl_context *ctx;
+  assert_ok(fl_context_open(fx.master, NULL, &ctx));
+  fl_dataset *ds;
+  assert_ok(fl_range(ctx, 0, 100, 1, 2, &ds));
+  for (int round = 0; round < 2; round++) { /* the second long after the driver started */
+    count_thread c;
+    double started = now_s();
+    count_start(&c, ds);
+    count_join(&c, 30); /* 2.5 s, or a hang */
+    double waited = c.ended - started;
+    fprintf(stderr, "job %d failed after %.1f s: %s\n", round, waited, c.error);
+    assert_int_equal(c.status, FL_ETIMEDOUT);
+    assert_non_null(strstr(c.error, "no executor has registered"));
+    assert_non_null(strstr(c.error, "FLINT_NO_EXECUTOR_TIMEOUT_MS"));
+    assert_true(waited >= 2.4);
+  }
+  assert_true(count_in_log(driver, "no executor has registered; the job is waiting") >= 2);
+
+  start_executor("exec1", NULL);
+  wait_executors(1);
+  uint64_t n = 0;
+  assert_ok(fl_count(ds, &n));
+  assert_int_equal(n, 100);
+  fl_dataset_free(ds);
+  fl_context_close(ctx);
+  expect_running(driver);
+  stop_all();
+  fx.passed = true;
+}
+
+/* ---- 6. an executor whose GPU cannot be used ------------------------------------------------ */
+
+/* A GPU training job on a cluster whose only GPU executor has no usable device (--gpu 1023:
+ * no machine has that GPU, and a build without CUDA has none at all) fails after one
+ * attempt, not max_task_attempts, and its message names the executor and the device's
+ * cause. Before, the stage ran 4 times and the message said only "the cluster has 0 (...)". */
+static void test_executor_without_usable_gpu_fails_once(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  char work[PATH_MAX + 64];
+  snprintf(work, sizeof work, "%s/gpu-work", fx.dir);
+  make_dir(work);
+  proc *exec = start_proc("gpu-exec", NULL,
+                          (const char *const[]){"executor", "--driver", fx.target, "--cores", "1", "--memory", "256m",
+                                                "--work-dir", work, "--gpu", "1023", NULL});
+  snprintf(exec->work, sizeof exec->work, "%s", work);
+  wait_executors(1);
+  run_result *r = FLINT(NULL, "train", "--model", "mlp", "--data", "synthetic-imagenet", "--device", "cuda",
+                        "--batch", "8", "--synthetic-images", "8", "--epochs", "1", "--quiet", "--master", fx.master);
+  expect_status(r, 1);
+  EXPECT_ERR(r, "executor 1: --gpu 1023 but no usable device: ");
+  EXPECT_ERR(r, "device cuda:1023: ");
+  free(r);
+  assert_int_equal(count_in_log(driver, "runs again (attempt"), 0);
+  assert_int_equal(count_in_log(driver, "has no usable device"), 1);
+  expect_running(exec);
+  stop_all();
+  fx.passed = true;
+}
+
+/* ---- 7. the figures of a cluster context ---------------------------------------------------- */
+
+/* fl_context_stats through a driver gives the application's cached bytes and evictions on
+ * its executors: a cached dataset's bytes (what fl_storage_info_get says of it), then, once
+ * a second cached dataset needs the room of the 256 MiB executor, evictions. A second
+ * application's figures are its own. Before, both were always 0 in cluster mode. */
+static void test_cluster_context_stats(void **state) {
+  (void)state;
+  start_driver(NULL);
+  start_executor("exec1", NULL);
+  wait_executors(1);
+  fl_context *ctx, *other;
+  assert_ok(fl_context_open(fx.master, NULL, &ctx));
+  assert_ok(fl_context_open(fx.master, NULL, &other));
+  fl_dataset *a, *b;
+  uint64_t n;
+  assert_ok(fl_range(ctx, 0, 4000000, 1, 4, &a));
+  assert_ok(fl_cache(a));
+  assert_ok(fl_count(a, &n));
+  fl_storage_info info;
+  assert_ok(fl_storage_info_get(a, &info));
+  fl_context_stats st;
+  assert_ok(fl_context_stats_get(ctx, &st));
+  fprintf(stderr, "cached %llu bytes (dataset: %llu), %llu evicted\n", (unsigned long long)st.memory_used,
+          (unsigned long long)info.memory_bytes, (unsigned long long)st.blocks_evicted);
+  assert_true(info.memory_bytes > 0);
+  assert_int_equal(st.memory_used, info.memory_bytes);
+  assert_int_equal(st.blocks_evicted, 0);
+  fl_context_stats none;
+  assert_ok(fl_context_stats_get(other, &none));
+  assert_int_equal(none.memory_used, 0);
+
+  /* Enough partitions of a's size to fill the executor's 256 MiB: a's must go. */
+  uint32_t parts = (uint32_t)((256ull << 20) / (info.memory_bytes / 4)) + 2;
+  assert_ok(fl_range(ctx, 0, 1000000LL * parts, 1, parts, &b));
+  assert_ok(fl_cache(b));
+  assert_ok(fl_count(b, &n));
+  assert_ok(fl_context_stats_get(ctx, &st));
+  fprintf(stderr, "then %llu bytes cached, %llu evicted\n", (unsigned long long)st.memory_used,
+          (unsigned long long)st.blocks_evicted);
+  assert_true(st.blocks_evicted > 0);
+  assert_true(st.memory_used > 0 && st.memory_used <= (256ull << 20));
+  assert_ok(fl_context_stats_get(other, &none));
+  assert_int_equal(none.blocks_evicted, 0);
+  fl_dataset_free(b);
+  fl_dataset_free(a);
+  fl_context_close(other);
+  fl_context_close(ctx);
+  stop_all();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){"job_cache_sum.so", "job_poison.so", NULL});
   const struct CMUnitTest tests[] = {
@@ -329,6 +580,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_poison_task_costs_its_job_not_the_cluster, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_clients_applications_close, setup, teardown),
       cmocka_unit_test_setup_teardown(test_interrupted_submit_stops_its_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_many_large_replies_few_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_job_without_executors_warns_then_fails, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_executor_without_usable_gpu_fails_once, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cluster_context_stats, setup, teardown),
   };
+  if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

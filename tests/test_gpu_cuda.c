@@ -569,7 +569,7 @@ static void test_bad_ordinal(void **state) {
   fl_device *d = NULL;
   char needle[32];
   snprintf(needle, sizeof needle, "cuda:%d", count + 3);
-  assert_fails_with(fl_device_open(FL_DEVICE_CUDA, count + 3, &d), FL_EDEVICE, needle);
+  assert_fails_with(fl_device_open(FL_DEVICE_CUDA, count + 3, &d), FL_ENODEVICE, needle);
   assert_null(d);
 }
 

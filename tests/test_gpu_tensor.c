@@ -198,7 +198,7 @@ static void test_device_parse_and_cuda_without_gpu(void **state) {
   assert_fails_with(fl_device_parse("tpu", &kind, &ordinal), FL_EINVAL, "tpu");
   if (fl_cuda_device_count() == 0) {
     fl_device *cuda = NULL;
-    assert_int_equal(fl_device_open(FL_DEVICE_CUDA, 0, &cuda), FL_EDEVICE);
+    assert_int_equal(fl_device_open(FL_DEVICE_CUDA, 0, &cuda), FL_ENODEVICE);
     assert_null(cuda);
   }
 }

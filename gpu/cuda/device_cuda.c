@@ -548,13 +548,13 @@ fl_status cuda_device_init(fl_device *dev, int ordinal) {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return fl_set_error(FL_EDEVICE, "device cuda:%d: no usable CUDA driver or GPU: %s (%s)",
+    return fl_set_error(FL_ENODEVICE, "device cuda:%d: no usable CUDA driver or GPU: %s (%s)",
                         ordinal, cudaGetErrorString(err), cudaGetErrorName(err));
   }
   if (ordinal < 0 || ordinal >= count) {
     if (count == 0)
-      return fl_set_error(FL_EDEVICE, "device cuda:%d: this process sees no CUDA GPU", ordinal);
-    return fl_set_error(FL_EDEVICE,
+      return fl_set_error(FL_ENODEVICE, "device cuda:%d: this process sees no CUDA GPU", ordinal);
+    return fl_set_error(FL_ENODEVICE,
                         "device cuda:%d: no such GPU (this process sees %d: cuda:0 to "
                         "cuda:%d; CUDA_VISIBLE_DEVICES may hide others)",
                         ordinal, count, count - 1);

@@ -73,7 +73,8 @@ extern "C" {
   X(EPROTO, 19, "malformed or oversized message")                                           \
   X(EDEVICE, 20, "device error (CUDA, cuBLAS or NCCL)")                                     \
   X(EPEER, 21, "a peer rank failed or left the group")                                      \
-  X(ESLOTS, 22, "not enough free slots for a barrier stage")
+  X(ESLOTS, 22, "not enough free slots for a barrier stage")                                 \
+  X(ENODEVICE, 23, "no usable device (no GPU or no CUDA in this process)")
 
 typedef enum fl_status {
 #define FL_STATUS_ENUM_(name, value, text) FL_##name = value,
@@ -215,8 +216,14 @@ typedef struct fl_context_stats {
    * over attempts: Spark's executor run time. What a job took beyond it, over the cores, is
    * the engine's: scheduling, messages, results. */
   double task_seconds;
-  uint64_t blocks_evicted;          /* cached partitions dropped or spilled for memory */
-  uint64_t memory_used;             /* bytes of cached blocks in memory now */
+  /* Cached partitions dropped or spilled for memory, and bytes of cached blocks in memory
+   * now. Through a driver (flint://, local-cluster) these are the context's own blocks on
+   * its live executors, asked of them by this call (which then fails with the driver's
+   * error when the driver cannot be reached): evictions of its blocks, whichever
+   * application's block needed the room, counted until the context closes; an executor
+   * that was lost takes its figures with it. */
+  uint64_t blocks_evicted;
+  uint64_t memory_used;
   /* Through a driver: cached partitions that tasks read from another executor, mapped in
    * place from one on the same node (a node-local read, no copy) or fetched over the network
    * (Spark's remote block reads). 0 in local mode, where every read is in-process. */
@@ -488,6 +495,10 @@ FL_API fl_status fl_save_as_text_file(fl_dataset *ds, const char *path);
  * the driver to bootstrap a communicator (peer addresses, the NCCL unique id). If one task
  * fails, the others are stopped and the whole stage is retried (up to max_task_attempts);
  * when there are fewer free slots than tasks, the action fails at once with FL_ESLOTS.
+ * A task that returns FL_ENODEVICE (fl_device_open found no usable GPU) is not retried
+ * where it ran: a cluster stops giving that executor GPU tasks and the action fails at
+ * once, with that executor's cause, when too few GPU executors are left; local mode fails
+ * after that attempt.
  * ------------------------------------------------------------------------------------- */
 typedef struct fl_barrier fl_barrier; /* a running task's view of its stage */
 

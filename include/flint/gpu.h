@@ -23,8 +23,9 @@ extern "C" {
 typedef enum fl_device_kind { FL_DEVICE_CPU = 0, FL_DEVICE_CUDA = 1 } fl_device_kind;
 typedef struct fl_device fl_device;
 
-/* Opens the cpu device (ordinal ignored) or CUDA GPU `ordinal`. FL_EDEVICE names the cause
- * when CUDA is not built in or the GPU cannot be used. */
+/* Opens the cpu device (ordinal ignored) or CUDA GPU `ordinal`. FL_ENODEVICE names the cause
+ * when there is no such GPU to use (CUDA not built in, no driver, no GPU, no such ordinal);
+ * FL_EDEVICE when the GPU is there but fails (out of memory, a CUDA error). */
 FL_API fl_status fl_device_open(fl_device_kind kind, int ordinal, fl_device **out);
 /* Waits for the device's pending work and frees it; its tensors must be destroyed first. */
 FL_API void fl_device_close(fl_device *dev);
