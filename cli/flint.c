@@ -22,9 +22,10 @@ static const char usage_text[] =
     "usage: flint <command> [options]\n"
     "\n"
     "commands:\n"
-    "  submit [--master MASTER] [--memory SIZE] [--detach] JOB.so [ARGS...]\n"
+    "  submit [--master MASTER] [--memory SIZE] [--name NAME] [--detach] JOB.so [ARGS...]\n"
     "      Runs a job binary: a shared library exporting\n"
     "      int flint_main(fl_context *ctx, int argc, char **argv).\n"
+    "      NAME: the application's name in 'flint status' (default: JOB.so's file name).\n"
     "      MASTER: local, local[N], local[*] (default), local-cluster[E,C,MB]\n"
     "      (starts a driver and E executors of C cores and MB megabytes here), or\n"
     "      flint://HOST:PORT: the driver runs the job, its output streams back here\n"
@@ -87,6 +88,7 @@ static int usage_error(const char *fmt, const char *arg) {
 static int cmd_submit(int argc, char **argv) {
   const char *master = "local[*]";
   fl_options opts = FL_OPTIONS_INIT;
+  const char *name = NULL;
   bool detach = false, in_process = false;
   int i = 0;
   for (; i < argc && argv[i][0] == '-'; i++) {
@@ -103,10 +105,12 @@ static int cmd_submit(int argc, char **argv) {
       in_process = true;
       continue;
     }
-    if (strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--memory") == 0) {
+    if (strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--memory") == 0 || strcmp(argv[i], "--name") == 0) {
       if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
       if (strcmp(argv[i], "--master") == 0) {
         master = argv[++i];
+      } else if (strcmp(argv[i], "--name") == 0) {
+        if (!*(name = argv[++i])) return usage_error("submit: %s", "--name needs a non-empty name");
       } else if (fl_parse_size(argv[++i], &opts.memory_limit) != FL_OK || opts.memory_limit == 0) {
         return usage_error("--memory '%s' is not a size (examples: 512m, 2g)", argv[i]);
       }
@@ -117,11 +121,15 @@ static int cmd_submit(int argc, char **argv) {
   if (i >= argc) return usage_error("submit: %s", "no job library given");
 
   const char *job = argv[i];
+  /* The application is named after the job's file, not after this program (every job's). */
+  const char *slash = strrchr(job, '/');
+  opts.app_name = name ? name : slash ? slash + 1 : job;
   if (strncmp(master, "flint://", 8) == 0 && !in_process) {
     uint64_t id = 0;
     int code = 1;
     handle_stop_signals(); /* an interrupted submit stops its job (on the driver) */
-    if (fl_submit(master, job, argc - i - 1, argv + i + 1, detach, &stop_requested, &id, &code) != FL_OK) {
+    if (fl_submit(master, job, opts.app_name, argc - i - 1, argv + i + 1, detach, &stop_requested, &id, &code) !=
+        FL_OK) {
       fprintf(stderr, "flint submit: %s\n", fl_last_error());
       return 1;
     }

@@ -1070,7 +1070,7 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   if (executors) FL_CHECK(wait_for_executors(c, executors));
 
   Flint__OpenApplicationRequest req = FLINT__OPEN_APPLICATION_REQUEST__INIT;
-  const char *name = getenv("FLINT_APP_NAME");
+  const char *name = options && options->app_name && *options->app_name ? options->app_name : getenv("FLINT_APP_NAME");
   req.name = (char *)(name && *name ? name : program_invocation_short_name);
   req.pid = (uint32_t)getpid();
   fl_buf reply = FL_BUF_INIT;
@@ -1133,8 +1133,8 @@ static fl_status connect_master(const char *master, rpc_channel **ch) {
   return st;
 }
 
-fl_status fl_submit(const char *master, const char *path, int argc, char **argv, bool detach,
-                    volatile sig_atomic_t *stop, uint64_t *submission, int *exit_code) {
+fl_status fl_submit(const char *master, const char *path, const char *app_name, int argc, char **argv,
+                    bool detach, volatile sig_atomic_t *stop, uint64_t *submission, int *exit_code) {
   common_error_clear();
   if (!path || (argc && !argv)) return FL_ERR(FL_EINVAL, "fl_submit: NULL argument");
   rpc_channel *ch = NULL;
@@ -1145,6 +1145,7 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
   Flint__SubmitRequest req = FLINT__SUBMIT_REQUEST__INIT;
   const char *slash = strrchr(path, '/');
   req.name = (char *)(slash ? slash + 1 : path);
+  req.app_name = (char *)(app_name && *app_name ? app_name : req.name);
   req.library = (ProtobufCBinaryData){lib.len, lib.data};
   req.n_args = (size_t)argc;
   req.args = argv;

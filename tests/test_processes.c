@@ -4,8 +4,8 @@
  * and raw control-plane calls (net/rpc.c) send the driver hand-made bytes: garbage, oversized
  * and ill-formed messages, and calls without the shared secret.
  *
- * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint, pi.so, job_echo.so and
- * job_crash.so; else this test's own folder. Processes start, stop and are cleaned up
+ * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint, pi.so, job_echo.so,
+ * job_crash.so and job_lines.so; else this test's own folder. Processes start, stop and are cleaned up
  * through proc_harness (each test bounded by its watchdog); tests check that processes that
  * end leave nothing behind.
  */
@@ -414,8 +414,11 @@ static void test_status_output(void **state) {
   r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "100000", "4");
   expect_status(r, 0);
   free(r);
-  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_echo.so"), "x");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--name", "echo job", bin_file("job_echo.so"), "x");
   expect_status(r, 3);
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_lines.so"), "3");
+  expect_status(r, 0);
   free(r);
 
   /* Executors report their task counts with their heartbeats (every second). */
@@ -427,19 +430,23 @@ static void test_status_output(void **state) {
     size_t n = parse_executors(r->out, &tasks, &failed);
     if (n != 2) dump(r);
     assert_int_equal(n, 2);
-    if (tasks >= 6 || now_s() > deadline) break;
+    if (tasks >= 12 || now_s() > deadline) break;
     free(r);
     sleep_ms(200);
   }
-  if (tasks != 6 || failed != 0) dump(r);
-  assert_int_equal(tasks, 6); /* pi's 4 and job_echo's 2 */
+  if (tasks != 12 || failed != 0) dump(r);
+  assert_int_equal(tasks, 12); /* pi's 4, job_echo's 2 and job_lines' 3 times 2 */
   assert_int_equal(failed, 0);
   EXPECT_OUT(r, "cores");
   EXPECT_OUT(r, "memory");
   EXPECT_OUT(r, "tasks");
-  EXPECT_OUT(r, "applications: 2\n");
-  EXPECT_OUT(r, "  1 flint (finished), 1 recent jobs\n    job 1: succeeded, 4 tasks\n");
-  EXPECT_OUT(r, "  2 flint (finished), 1 recent jobs\n    job 1: succeeded, 2 tasks\n");
+  EXPECT_OUT(r, "applications: 3\n");
+  /* Each application is named after its job (or --name) and lists each of its jobs: every
+   * job's record had id 0 and took the last one's place, and every name was "flint". */
+  EXPECT_OUT(r, "  1 pi.so (finished), 1 recent jobs\n    job 1: succeeded, 4 tasks\n");
+  EXPECT_OUT(r, "  2 echo job (finished), 1 recent jobs\n    job 1: succeeded, 2 tasks\n");
+  EXPECT_OUT(r, "  3 job_lines.so (finished), 3 recent jobs\n    job 1: succeeded, 2 tasks\n"
+                "    job 2: succeeded, 2 tasks\n    job 3: succeeded, 2 tasks\n");
   free(r);
 
   stop_all();
@@ -925,7 +932,7 @@ static void test_signals_stop_cleanly(void **state) {
 
 
 int main(void) {
-  find_binaries((const char *const[]){"pi.so", "job_echo.so", "job_crash.so", NULL});
+  find_binaries((const char *const[]){"pi.so", "job_echo.so", "job_crash.so", "job_lines.so", NULL});
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_job_binary_round_trip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_crashing_job, setup, teardown),
@@ -938,5 +945,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_command_lines, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signals_stop_cleanly, setup, teardown),
   };
+  const char *filter = getenv("TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
