@@ -137,6 +137,10 @@ static int cmd_submit(int argc, char **argv) {
     return detach ? 0 : code;
   }
   if (detach) return usage_error("submit: %s", "--detach needs a flint://HOST:PORT master");
+  /* Run by a driver, the job's stdout is a pipe to it, which C buffers in blocks: the job's
+   * lines would reach its submitter only at its end, and not at all if the driver died
+   * first. Line by line, as on a terminal. */
+  if (in_process) setvbuf(stdout, NULL, _IOLBF, 0);
   /* dlopen searches the library path for a bare name; a job is a file, so make it a path. */
   char path[4096];
   snprintf(path, sizeof path, "%s%s", strchr(job, '/') ? "" : "./", job);

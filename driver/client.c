@@ -1165,7 +1165,7 @@ fl_status fl_submit(const char *master, const char *path, const char *app_name, 
     if (stop && *stop && !cancel_sent) {
       Flint__CancelSubmissionRequest creq = FLINT__CANCEL_SUBMISSION_REQUEST__INIT;
       creq.submission_id = id;
-      if ((st = call(ch, "/flint.Driver/CancelSubmission", &creq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+      if ((st = call(ch, "/flint.Driver/CancelSubmission", &creq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto lost;
       fprintf(stderr, "flint: interrupted: job binary %llu is being stopped\n", (unsigned long long)id);
       cancel_sent = true;
     }
@@ -1174,7 +1174,7 @@ fl_status fl_submit(const char *master, const char *path, const char *app_name, 
     oreq.stdout_offset = out_off;
     oreq.stderr_offset = err_off;
     oreq.wait_ms = stop ? 250 : 5000; /* short waits: a stop is seen at once */
-    if ((st = call(ch, "/flint.Driver/Output", &oreq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+    if ((st = call(ch, "/flint.Driver/Output", &oreq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto lost;
     Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
     if (!o) {
       st = FL_ERR(FL_EPROTO, "Output: malformed reply");
@@ -1197,6 +1197,11 @@ fl_status fl_submit(const char *master, const char *path, const char *app_name, 
       break;
     }
   }
+  goto done;
+lost:
+  /* What the job wrote before is printed already; its driver ends it (PDEATHSIG). */
+  common_error_wrap(st, "lost the driver at %s while job binary %llu ran (its output up to then is above): ",
+                    master + 8, (unsigned long long)id);
 done:
   fl_buf_free(&lib);
   fl_buf_free(&reply);

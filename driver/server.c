@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1100,12 +1101,18 @@ static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response)
   argv[6] = req->app_name && *req->app_name ? req->app_name : (char *)name;
   argv[7] = path;
   for (size_t i = 0; i < req->n_args; i++) argv[8 + i] = req->args[i];
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     status = FL_ERR(FL_EIO, "cannot start the job: %s", strerror(errno));
     goto cleanup;
   }
   if (pid == 0) {
+    /* Job binaries end with their driver, also one killed outright (kill -9), whose stop
+     * could not end them: their output would go nowhere. The signal comes when the forking
+     * thread ends; it is an rpc handler, of a pool that lives until the driver stops. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
     execv("/proc/self/exe", argv);

@@ -72,22 +72,6 @@ static void status_load(size_t *running, unsigned long long *cached_ki) {
   free(text);
 }
 
-/* Waits until the log of `p` holds `needle`. */
-static void wait_log(proc *p, const char *needle) {
-  double deadline = now_s() + CMD_LIMIT_S;
-  for (;;) {
-    char *log = slurp(p->log);
-    bool found = log && strstr(log, needle);
-    free(log);
-    if (found) return;
-    if (now_s() > deadline) {
-      char *text = slurp(p->log);
-      fail_msg("%s's log lacks \"%s\" after %d s:\n%s", p->name, needle, CMD_LIMIT_S, text ? text : "");
-    }
-    sleep_ms(50);
-  }
-}
-
 /* How many times `needle` is in the log of `p`. */
 static int count_in_log(proc *p, const char *needle) {
   char *log = slurp(p->log);

@@ -453,6 +453,50 @@ static void test_status_output(void **state) {
   fx.passed = true;
 }
 
+/* A job binary's stdout reaches its submitter line by line, as it is written, not at the
+ * job's end (C buffers a pipe in blocks); and when the driver dies (kill -9), the submitter
+ * keeps what came, says that the driver was lost and ends, and the job binary ends too. */
+static void test_job_output_streams_and_driver_loss(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  wait_executors(NULL, 1);
+  /* The file is never made: the job waits (60 s) until its driver's end ends it. */
+  proc *submitter = start_proc("submitter", NULL,
+                               (const char *const[]){"submit", "--master", fx.master, bin_file("job_lines.so"), "2",
+                                                     test_file("never"), NULL});
+  wait_log(submitter, "job_lines action 1: 10\njob_lines action 2: 10\njob_lines waiting\n");
+  expect_running(submitter);
+  int job_pid = 0;
+  char *log = slurp(driver->log);
+  const char *at = strstr(log, "job binary 1 (job_lines.so) started as pid ");
+  if (at) job_pid = atoi(at + strlen("job binary 1 (job_lines.so) started as pid "));
+  free(log);
+  assert_true(job_pid > 0);
+
+  assert_int_equal(kill(driver->pid, SIGKILL), 0);
+  assert_true(wait_exit(driver->pid, STOP_LIMIT_S) >= 0);
+  driver->pid = 0;
+  int status = wait_exit(submitter->pid, STOP_LIMIT_S);
+  char *text = slurp(submitter->log);
+  if (status != 1) fprintf(stderr, "flint submit ended with %d; its output:\n%s\n", status, text);
+  assert_int_equal(status, 1);
+  submitter->pid = 0;
+  assert_non_null(strstr(text, "job_lines waiting\n"));
+  assert_non_null(strstr(text, "flint submit: lost the driver at "));
+  assert_non_null(strstr(text, "while job binary 1 ran"));
+  free(text);
+  /* The job binary ends with its driver, whose stop could not end it. */
+  double deadline = now_s() + STOP_LIMIT_S;
+  while (kill(job_pid, 0) == 0 && now_s() < deadline) sleep_ms(20);
+  errno = 0;
+  assert_int_equal(kill(job_pid, 0), -1);
+  assert_int_equal(errno, ESRCH);
+  /* The executor stays for another driver; its stop is checked as usual. */
+  stop_all();
+  fx.passed = true;
+}
+
 /* ---- 4. authentication ----------------------------------------------------------------- */
 
 /* Whether the log has a WARN line that contains `needle`. */
@@ -939,6 +983,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_close_while_a_job_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_client_going_away_cancels_its_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_job_output_streams_and_driver_loss, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized_request, setup, teardown),
