@@ -1,6 +1,7 @@
 /*
  * test_cluster_faults: a cluster under the faults users meet, with real processes on
- * 127.0.0.1 (tests/proc_harness.c): a driver that dies and is started again on its address.
+ * 127.0.0.1 (tests/proc_harness.c): a driver that dies and is started again on its address,
+ * and `flint ml` given paths relative to its own folder, which is not its executors'.
  *
  * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint and job_cache_sum.so.
  */
@@ -9,9 +10,12 @@
 #endif
 #include "proc_harness.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "flint/cluster.h"
 #include "flint/flint.h"
@@ -305,6 +309,43 @@ static void test_interrupted_submit_stops_its_job(void **state) {
   fx.passed = true;
 }
 
+/* ---- flint ml with relative paths ------------------------------------------------------ */
+
+/* `flint ml --data REL/PATH --test REL/PATH` against a driver whose executor runs in another
+ * folder: the paths are the client's, so the executor must get them made absolute (before,
+ * its tasks opened REL/PATH in their own folder and the job failed: "cannot open"). */
+static void test_ml_relative_paths(void **state) {
+  (void)state;
+  start_driver(NULL);
+  start_executor("exec1", NULL); /* in this program's folder, not fx.dir */
+  wait_executors(1);
+  char data_dir[PATH_MAX + 64];
+  snprintf(data_dir, sizeof data_dir, "%s", test_file("ml"));
+  make_dir(data_dir);
+  char csv[PATH_MAX + 80];
+  snprintf(csv, sizeof csv, "%s/tiny.csv", data_dir);
+  FILE *f = fopen(csv, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 200; i++) { /* y = 1 + 2 x1 - 3 x2, the label first */
+    double x1 = (i % 17) / 8.0 - 1, x2 = (i % 11) / 5.0 - 1;
+    fprintf(f, "%.6f,%.6f,%.6f\n", 1 + 2 * x1 - 3 * x2, x1, x2);
+  }
+  assert_int_equal(fclose(f), 0);
+  char here[PATH_MAX];
+  assert_non_null(getcwd(here, sizeof here));
+  assert_int_equal(chdir(fx.dir), 0); /* flint ml's folder: fx.dir, where ml/tiny.csv is */
+  run_result *r = FLINT(NULL, "ml", "linreg", "--master", fx.master, "--data", "ml/tiny.csv", "--test", "ml/tiny.csv",
+                        "--format", "csv", "--partitions", "2");
+  assert_int_equal(chdir(here), 0);
+  expect_status(r, 0);
+  EXPECT_OUT(r, "rows         200\n");
+  EXPECT_OUT(r, "features     2\n");
+  EXPECT_OUT(r, "\ntest ");
+  free(r);
+  stop_all();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){"job_cache_sum.so", "job_poison.so", NULL});
   const struct CMUnitTest tests[] = {
@@ -313,6 +354,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_poison_task_costs_its_job_not_the_cluster, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_clients_applications_close, setup, teardown),
       cmocka_unit_test_setup_teardown(test_interrupted_submit_stops_its_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ml_relative_paths, setup, teardown),
   };
+  const char *filter = getenv("TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
