@@ -251,33 +251,63 @@ static bool known_or_note(void *arg, uint64_t id) {
   return false;
 }
 
-/* Storage levels of every persisted dataset of the lineage. */
-static void collect_levels(const rdd *r, Flint__Level **levels, size_t *n, size_t cap,
-                           const rdd ***seen, size_t *num_seen, size_t *cap_seen) {
-  if (!r) return;
-  for (size_t i = 0; i < *num_seen; i++)
-    if ((*seen)[i] == r) return;
-  if (*num_seen == *cap_seen) {
-    size_t c = *cap_seen ? *cap_seen * 2 : 32;
-    const rdd **grown = common_realloc(*seen, c * sizeof *grown);
-    if (!grown) return;
-    *seen = grown;
-    *cap_seen = c;
+/* The storage levels that a RunJob carries: one per persisted dataset of the lineage, as
+ * many as there are. */
+typedef struct level_list {
+  Flint__Level *items;
+  Flint__Level **ptrs; /* into items, made once items stops growing */
+  size_t count, cap;
+  const rdd **seen; /* datasets visited (a lineage is a graph: shared parents) */
+  size_t num_seen, cap_seen;
+} level_list;
+
+static void level_list_free(level_list *l) {
+  common_free(l->items);
+  common_free(l->ptrs);
+  common_free(l->seen);
+}
+
+static fl_status collect_levels_of(const rdd *r, level_list *l) {
+  if (!r) return FL_OK;
+  for (size_t i = 0; i < l->num_seen; i++)
+    if (l->seen[i] == r) return FL_OK;
+  if (l->num_seen == l->cap_seen) {
+    size_t cap = l->cap_seen ? l->cap_seen * 2 : 32;
+    const rdd **grown = common_realloc(l->seen, cap * sizeof *grown);
+    if (!grown) return FL_ERR(FL_ENOMEM, "out of memory listing the datasets of a job");
+    l->seen = grown;
+    l->cap_seen = cap;
   }
-  (*seen)[(*num_seen)++] = r;
+  l->seen[l->num_seen++] = r;
   fl_storage_level level = atomic_load(&r->level);
-  if (level != FL_STORAGE_NONE && *n < cap) {
-    Flint__Level *l = common_calloc(1, sizeof *l);
-    if (l) {
-      flint__level__init(l);
-      l->rdd_id = r->id;
-      l->level = level;
-      levels[(*n)++] = l;
+  if (level != FL_STORAGE_NONE) {
+    if (l->count == l->cap) {
+      size_t cap = l->cap ? l->cap * 2 : 16;
+      Flint__Level *grown = common_realloc(l->items, cap * sizeof *grown);
+      if (!grown) return FL_ERR(FL_ENOMEM, "out of memory listing the storage levels of a job");
+      l->items = grown;
+      l->cap = cap;
     }
+    Flint__Level *item = &l->items[l->count++];
+    flint__level__init(item);
+    item->rdd_id = r->id;
+    item->level = level;
   }
-  for (uint32_t i = 0; i < r->num_parents; i++) collect_levels(r->parents[i], levels, n, cap, seen, num_seen, cap_seen);
-  for (uint32_t i = 0; i < r->num_shuffle_deps; i++)
-    collect_levels(r->shuffle_deps[i]->parent, levels, n, cap, seen, num_seen, cap_seen);
+  fl_status st = FL_OK;
+  for (uint32_t i = 0; i < r->num_parents && st == FL_OK; i++) st = collect_levels_of(r->parents[i], l);
+  for (uint32_t i = 0; i < r->num_shuffle_deps && st == FL_OK; i++)
+    st = collect_levels_of(r->shuffle_deps[i]->parent, l);
+  return st;
+}
+
+/* Fills l with the storage levels of every persisted dataset of r's lineage. A job without
+ * them would run with datasets that the driver does not cache, so a failure fails the job. */
+static fl_status collect_levels(const rdd *r, level_list *l) {
+  fl_status st = collect_levels_of(r, l);
+  if (st == FL_OK && l->count && !(l->ptrs = common_calloc(l->count, sizeof *l->ptrs)))
+    st = FL_ERR(FL_ENOMEM, "out of memory listing the storage levels of a job");
+  for (size_t i = 0; st == FL_OK && i < l->count; i++) l->ptrs[i] = &l->items[i];
+  return st;
 }
 
 /* ---- the runtime ----------------------------------------------------------------------- */
@@ -451,10 +481,7 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   rdd_fn_codec codec = {.library_id = library_id, .arg = c};
   encode_ctx enc = {c, NULL, 0, 0};
   fl_buf plan = FL_BUF_INIT, act = FL_BUF_INIT, reply = FL_BUF_INIT;
-  Flint__Level *levels[256];
-  size_t num_levels = 0;
-  const rdd **seen = NULL;
-  size_t num_seen = 0, cap_seen = 0;
+  level_list levels = {0};
   uint64_t *released = NULL;
   size_t num_released = 0;
   fl_status st;
@@ -467,7 +494,7 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   if (st != FL_OK) goto done;
   if ((st = rdd_action_encode(action, &codec, &act)) != FL_OK) goto done;
-  collect_levels(r, levels, &num_levels, 256, &seen, &num_seen, &cap_seen);
+  if ((st = collect_levels(r, &levels)) != FL_OK) goto done;
 
   Flint__RunJobRequest req = FLINT__RUN_JOB_REQUEST__INIT;
   req.app_id = c->app_id;
@@ -477,8 +504,8 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   req.n_partitions = num_parts;
   req.partitions = (uint32_t *)parts;
   req.action = (ProtobufCBinaryData){act.len, act.data};
-  req.n_levels = num_levels;
-  req.levels = levels;
+  req.n_levels = levels.count;
+  req.levels = levels.ptrs;
   req.n_released = num_released;
   req.released = released;
   req.operation_id = atomic_fetch_add(&c->next_operation, 1);
@@ -534,8 +561,7 @@ done:
       if (!ids_push(&c->released, &c->num_released, &c->cap_released, released[i])) break;
     FL_PCHECK(pthread_mutex_unlock(&c->lock));
   }
-  for (size_t i = 0; i < num_levels; i++) common_free(levels[i]);
-  common_free(seen);
+  level_list_free(&levels);
   common_free(released);
   common_free(enc.sent);
   fl_buf_free(&plan);
