@@ -78,6 +78,16 @@ static int option(int argc, char **argv, int *i, const char *name, const char **
   return 1;
 }
 
+/* A driver or executor that local-cluster[...] started leaves the cluster's folder, which its
+ * program may no longer be there to remove (cluster.h: FL_LOCAL_CLUSTER_DIR_ENV): the last
+ * one out, whose rmdir finds the folder empty, removes it. A driver's port file goes first. */
+static void leave_local_cluster(const char *port_file) {
+  const char *dir = getenv(FL_LOCAL_CLUSTER_DIR_ENV);
+  if (!dir || !*dir) return;
+  if (port_file) unlink(port_file);
+  rmdir(dir);
+}
+
 static int usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "flint: ");
   fprintf(stderr, fmt, arg);
@@ -188,11 +198,10 @@ static int cmd_driver(int argc, char **argv) {
   }
   if (!o.listen) return usage_error("driver: %s", "--listen HOST:PORT is required");
   handle_stop_signals();
-  if (fl_driver_serve(&o, &stop_requested) != FL_OK) {
-    fprintf(stderr, "flint driver: %s\n", fl_last_error());
-    return 1;
-  }
-  return 0;
+  fl_status st = fl_driver_serve(&o, &stop_requested);
+  if (st != FL_OK) fprintf(stderr, "flint driver: %s\n", fl_last_error());
+  leave_local_cluster(o.port_file);
+  return st == FL_OK ? 0 : 1;
 }
 
 /* whole: the command line as run, for the supervised child */
@@ -235,13 +244,15 @@ static int cmd_executor(int argc, char **argv, char **whole) {
   /* `flint executor` supervises: the executor itself runs in a child (this command again,
    * marked by FLINT_EXECUTOR_REPORT_FD), which a crashing task takes down alone. */
   const char *child = getenv("FLINT_EXECUTOR_REPORT_FD"), *supervise = getenv("FLINT_EXECUTOR_SUPERVISE");
-  if (!(child && *child) && !(supervise && strcmp(supervise, "0") == 0))
-    return fl_executor_supervise(whole, &stop_requested);
-  if (fl_executor_serve(&o, &stop_requested) != FL_OK) {
-    fprintf(stderr, "flint executor: %s\n", fl_last_error());
-    return 1;
+  if (!(child && *child) && !(supervise && strcmp(supervise, "0") == 0)) {
+    int rc = fl_executor_supervise(whole, &stop_requested);
+    leave_local_cluster(NULL); /* after a child that could not */
+    return rc;
   }
-  return 0;
+  fl_status st = fl_executor_serve(&o, &stop_requested);
+  if (st != FL_OK) fprintf(stderr, "flint executor: %s\n", fl_last_error());
+  leave_local_cluster(NULL);
+  return st == FL_OK ? 0 : 1;
 }
 
 static int cmd_status(int argc, char **argv) {

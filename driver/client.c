@@ -17,6 +17,14 @@
  *
  * local-cluster[E,C,MB] starts a driver and E executors as child processes of this one on
  * 127.0.0.1 and stops them on close; they also end when this process dies (PDEATHSIG).
+ *
+ * Their folders are in one folder of the cluster, which close removes. A program that dies
+ * instead (SIGTERM, SIGKILL, a crash) cannot remove it, and a signal handler of ours would
+ * not do: the program may have its own, SIGKILL has none, and a handler may not remove a
+ * tree. So the children remove it: each gets its path (FL_LOCAL_CLUSTER_DIR_ENV) and, as it
+ * ends, after removing its own folder, tries rmdir() on it, which only succeeds once the
+ * folder is empty, so the last one out removes it, whatever the order. The driver's port
+ * file is removed as soon as it is read, so that nothing else stays in the folder.
  */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -833,17 +841,44 @@ static fl_status flint_executable(char *out, size_t len) {
   return FL_ERR(FL_ENOENT, "cannot find the flint command to start a local cluster: set FLINT_EXECUTABLE");
 }
 
-static pid_t spawn(char *const argv[]) {
+/* envp: made before the fork, as the child of a threaded program may not allocate. */
+static pid_t spawn(char *const argv[], char *const envp[]) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
     /* End with the program that started the cluster, also when it exits on an error. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
-    execv(argv[0], argv);
+    execve(argv[0], argv, envp);
     _exit(127);
   }
   return pid;
+}
+
+/* This process's environment with FL_LOCAL_CLUSTER_DIR_ENV=dir, for the children; NULL when
+ * out of memory. Free with free_environment. */
+static char **cluster_environment(const char *dir) {
+  size_t n = 0, prefix = strlen(FL_LOCAL_CLUSTER_DIR_ENV "=");
+  while (environ[n]) n++;
+  char **env = common_calloc(n + 2, sizeof *env);
+  size_t len = prefix + strlen(dir) + 1;
+  char *mine = common_malloc(len);
+  if (!env || !mine) {
+    common_free(env);
+    common_free(mine);
+    return NULL;
+  }
+  snprintf(mine, len, "%s=%s", FL_LOCAL_CLUSTER_DIR_ENV, dir);
+  size_t k = 0;
+  env[k++] = mine;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], FL_LOCAL_CLUSTER_DIR_ENV "=", prefix) != 0) env[k++] = environ[i];
+  return env;
+}
+
+static void free_environment(char **env) {
+  if (env) common_free(env[0]);
+  common_free(env);
 }
 
 /* The driver (children[0]) goes first, so that it sends nothing more to executors that are
@@ -903,9 +938,13 @@ static fl_status start_local_cluster(remote_context *c, const char *master, char
   if (!(c->children = common_calloc(n + 1, sizeof *c->children))) return FL_ERR(FL_ENOMEM, "out of memory");
   char port_file[PATH_MAX + 16];
   snprintf(port_file, sizeof port_file, "%s/driver.port", dir);
+  char **env = cluster_environment(dir);
+  if (!env) return FL_ERR(FL_ENOMEM, "out of memory");
   char *dargv[] = {exe, "driver", "--listen", "127.0.0.1:0", "--port-file", port_file, "--work-dir", dir, NULL};
-  if ((c->children[c->num_children++] = spawn(dargv)) < 0)
+  if ((c->children[c->num_children++] = spawn(dargv, env)) < 0) {
+    free_environment(env);
     return FL_ERR(FL_EIO, "cannot start the driver: %s", strerror(errno));
+  }
   uint64_t deadline = common_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
   int port = 0;
   while (!port) {
@@ -917,11 +956,16 @@ static fl_status start_local_cluster(remote_context *c, const char *master, char
     if (port) break;
     if (waitpid(c->children[0], NULL, WNOHANG) == c->children[0]) {
       c->children[0] = 0;
+      free_environment(env);
       return FL_ERR(FL_EIO, "the local cluster's driver exited at start (its log is above)");
     }
-    if (common_now_ns() > deadline) return FL_ERR(FL_ETIMEDOUT, "the local cluster's driver did not start");
+    if (common_now_ns() > deadline) {
+      free_environment(env);
+      return FL_ERR(FL_ETIMEDOUT, "the local cluster's driver did not start");
+    }
     usleep(5000);
   }
+  unlink(port_file); /* read: the folder keeps only the children's own (see the top) */
   snprintf(addr, len, "127.0.0.1:%d", port);
   char cores_s[16], mem_s[32];
   snprintf(cores_s, sizeof cores_s, "%u", cores);
@@ -932,17 +976,22 @@ static fl_status start_local_cluster(remote_context *c, const char *master, char
   if (gpus_env && *gpus_env) {
     char *end;
     gpus = strtoul(gpus_env, &end, 10);
-    if (*end || gpus > n)
+    if (*end || gpus > n) {
+      free_environment(env);
       return FL_ERR(FL_EINVAL, "FLINT_LOCAL_CLUSTER_GPUS=%s: a number of at most %u executors", gpus_env, n);
+    }
   }
   for (uint32_t i = 0; i < n; i++) {
     char gpu_s[16];
     snprintf(gpu_s, sizeof gpu_s, "%u", i);
     char *eargv[] = {exe, "executor", "--driver", addr, "--cores", cores_s, "--memory", mem_s,
                      "--work-dir", dir, i < gpus ? "--gpu" : NULL, gpu_s, NULL};
-    if ((c->children[c->num_children++] = spawn(eargv)) < 0)
+    if ((c->children[c->num_children++] = spawn(eargv, env)) < 0) {
+      free_environment(env);
       return FL_ERR(FL_EIO, "cannot start an executor: %s", strerror(errno));
+    }
   }
+  free_environment(env);
   *executors = n;
   return FL_OK;
 }

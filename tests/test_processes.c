@@ -497,6 +497,27 @@ static void test_job_output_streams_and_driver_loss(void **state) {
   fx.passed = true;
 }
 
+/* A program on local-cluster[...] killed by SIGTERM (it has no handler; nor would SIGKILL)
+ * leaves nothing behind: its driver and executor end with it (PDEATHSIG), and the last of
+ * them removes the cluster's folder, which the program's close would have removed. */
+static void test_local_cluster_killed_leaves_no_folder(void **state) {
+  (void)state;
+  proc *program = start_proc("program", NULL,
+                             (const char *const[]){"submit", "--master", "local-cluster[1,1,256]",
+                                                   bin_file("job_echo.so"), "--until-file", test_file("never"),
+                                                   "waiting", NULL});
+  wait_log(program, "job_echo args: waiting\n"); /* the cluster runs: the job waits */
+  assert_int_equal(count_prefixed(fx.dir, "flint-cluster-"), 1);
+  assert_int_equal(kill(program->pid, SIGTERM), 0);
+  assert_int_equal(wait_exit(program->pid, STOP_LIMIT_S), 128 + SIGTERM);
+  program->pid = 0;
+  /* 30 s: only a hang takes so long (before, the folder stayed for good). */
+  double deadline = now_s() + 30;
+  while (count_prefixed(fx.dir, "flint-cluster-") != 0 && now_s() < deadline) sleep_ms(50);
+  assert_int_equal(count_prefixed(fx.dir, "flint-cluster-"), 0);
+  fx.passed = true;
+}
+
 /* ---- 4. authentication ----------------------------------------------------------------- */
 
 /* Whether the log has a WARN line that contains `needle`. */
@@ -984,6 +1005,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_client_going_away_cancels_its_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_job_output_streams_and_driver_loss, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_local_cluster_killed_leaves_no_folder, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized_request, setup, teardown),
