@@ -22,9 +22,10 @@ static const char usage_text[] =
     "usage: flint <command> [options]\n"
     "\n"
     "commands:\n"
-    "  submit [--master MASTER] [--memory SIZE] [--detach] JOB.so [ARGS...]\n"
+    "  submit [--master MASTER] [--memory SIZE] [--name NAME] [--detach] JOB.so [ARGS...]\n"
     "      Runs a job binary: a shared library exporting\n"
     "      int flint_main(fl_context *ctx, int argc, char **argv).\n"
+    "      NAME: the application's name in 'flint status' (default: JOB.so's file name).\n"
     "      MASTER: local, local[N], local[*] (default), local-cluster[E,C,MB]\n"
     "      (starts a driver and E executors of C cores and MB megabytes here), or\n"
     "      flint://HOST:PORT: the driver runs the job, its output streams back here\n"
@@ -78,6 +79,16 @@ static int option(int argc, char **argv, int *i, const char *name, const char **
   return 1;
 }
 
+/* A driver or executor that local-cluster[...] started leaves the cluster's folder, which its
+ * program may no longer be there to remove (cluster.h: FL_LOCAL_CLUSTER_DIR_ENV): the last
+ * one out, whose rmdir finds the folder empty, removes it. A driver's port file goes first. */
+static void leave_local_cluster(const char *port_file) {
+  const char *dir = getenv(FL_LOCAL_CLUSTER_DIR_ENV);
+  if (!dir || !*dir) return;
+  if (port_file) unlink(port_file);
+  rmdir(dir);
+}
+
 static int usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "flint: ");
   fprintf(stderr, fmt, arg);
@@ -88,6 +99,7 @@ static int usage_error(const char *fmt, const char *arg) {
 static int cmd_submit(int argc, char **argv) {
   const char *master = "local[*]";
   fl_options opts = FL_OPTIONS_INIT;
+  const char *name = NULL;
   bool detach = false, in_process = false;
   int i = 0;
   for (; i < argc && argv[i][0] == '-'; i++) {
@@ -104,10 +116,12 @@ static int cmd_submit(int argc, char **argv) {
       in_process = true;
       continue;
     }
-    if (strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--memory") == 0) {
+    if (strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--memory") == 0 || strcmp(argv[i], "--name") == 0) {
       if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
       if (strcmp(argv[i], "--master") == 0) {
         master = argv[++i];
+      } else if (strcmp(argv[i], "--name") == 0) {
+        if (!*(name = argv[++i])) return usage_error("submit: %s", "--name needs a non-empty name");
       } else if (fl_parse_size(argv[++i], &opts.memory_limit) != FL_OK || opts.memory_limit == 0) {
         return usage_error("--memory '%s' is not a size (examples: 512m, 2g)", argv[i]);
       }
@@ -118,11 +132,15 @@ static int cmd_submit(int argc, char **argv) {
   if (i >= argc) return usage_error("submit: %s", "no job library given");
 
   const char *job = argv[i];
+  /* The application is named after the job's file, not after this program (every job's). */
+  const char *slash = strrchr(job, '/');
+  opts.app_name = name ? name : slash ? slash + 1 : job;
   if (strncmp(master, "flint://", 8) == 0 && !in_process) {
     uint64_t id = 0;
     int code = 1;
     handle_stop_signals(); /* an interrupted submit stops its job (on the driver) */
-    if (fl_submit(master, job, argc - i - 1, argv + i + 1, detach, &stop_requested, &id, &code) != FL_OK) {
+    if (fl_submit(master, job, opts.app_name, argc - i - 1, argv + i + 1, detach, &stop_requested, &id, &code) !=
+        FL_OK) {
       fprintf(stderr, "flint submit: %s\n", fl_last_error());
       return 1;
     }
@@ -130,6 +148,10 @@ static int cmd_submit(int argc, char **argv) {
     return detach ? 0 : code;
   }
   if (detach) return usage_error("submit: %s", "--detach needs a flint://HOST:PORT master");
+  /* Run by a driver, the job's stdout is a pipe to it, which C buffers in blocks: the job's
+   * lines would reach its submitter only at its end, and not at all if the driver died
+   * first. Line by line, as on a terminal. */
+  if (in_process) setvbuf(stdout, NULL, _IOLBF, 0);
   /* dlopen searches the library path for a bare name; a job is a file, so make it a path. */
   char path[4096];
   snprintf(path, sizeof path, "%s%s", strchr(job, '/') ? "" : "./", job);
@@ -177,11 +199,10 @@ static int cmd_driver(int argc, char **argv) {
   }
   if (!o.listen) return usage_error("driver: %s", "--listen HOST:PORT is required");
   handle_stop_signals();
-  if (fl_driver_serve(&o, &stop_requested) != FL_OK) {
-    fprintf(stderr, "flint driver: %s\n", fl_last_error());
-    return 1;
-  }
-  return 0;
+  fl_status st = fl_driver_serve(&o, &stop_requested);
+  if (st != FL_OK) fprintf(stderr, "flint driver: %s\n", fl_last_error());
+  leave_local_cluster(o.port_file);
+  return st == FL_OK ? 0 : 1;
 }
 
 /* whole: the command line as run, for the supervised child */
@@ -224,13 +245,15 @@ static int cmd_executor(int argc, char **argv, char **whole) {
   /* `flint executor` supervises: the executor itself runs in a child (this command again,
    * marked by FLINT_EXECUTOR_REPORT_FD), which a crashing task takes down alone. */
   const char *child = getenv("FLINT_EXECUTOR_REPORT_FD"), *supervise = getenv("FLINT_EXECUTOR_SUPERVISE");
-  if (!(child && *child) && !(supervise && strcmp(supervise, "0") == 0))
-    return fl_executor_supervise(whole, &stop_requested);
-  if (fl_executor_serve(&o, &stop_requested) != FL_OK) {
-    fprintf(stderr, "flint executor: %s\n", fl_last_error());
-    return 1;
+  if (!(child && *child) && !(supervise && strcmp(supervise, "0") == 0)) {
+    int rc = fl_executor_supervise(whole, &stop_requested);
+    leave_local_cluster(NULL); /* after a child that could not */
+    return rc;
   }
-  return 0;
+  fl_status st = fl_executor_serve(&o, &stop_requested);
+  if (st != FL_OK) fprintf(stderr, "flint executor: %s\n", fl_last_error());
+  leave_local_cluster(NULL);
+  return st == FL_OK ? 0 : 1;
 }
 
 static int cmd_status(int argc, char **argv) {

@@ -17,6 +17,14 @@
  *
  * local-cluster[E,C,MB] starts a driver and E executors as child processes of this one on
  * 127.0.0.1 and stops them on close; they also end when this process dies (PDEATHSIG).
+ *
+ * Their folders are in one folder of the cluster, which close removes. A program that dies
+ * instead (SIGTERM, SIGKILL, a crash) cannot remove it, and a signal handler of ours would
+ * not do: the program may have its own, SIGKILL has none, and a handler may not remove a
+ * tree. So the children remove it: each gets its path (FL_LOCAL_CLUSTER_DIR_ENV) and, as it
+ * ends, after removing its own folder, tries rmdir() on it, which only succeeds once the
+ * folder is empty, so the last one out removes it, whatever the order. The driver's port
+ * file is removed as soon as it is read, so that nothing else stays in the folder.
  */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -251,33 +259,63 @@ static bool known_or_note(void *arg, uint64_t id) {
   return false;
 }
 
-/* Storage levels of every persisted dataset of the lineage. */
-static void collect_levels(const rdd *r, Flint__Level **levels, size_t *n, size_t cap,
-                           const rdd ***seen, size_t *num_seen, size_t *cap_seen) {
-  if (!r) return;
-  for (size_t i = 0; i < *num_seen; i++)
-    if ((*seen)[i] == r) return;
-  if (*num_seen == *cap_seen) {
-    size_t c = *cap_seen ? *cap_seen * 2 : 32;
-    const rdd **grown = common_realloc(*seen, c * sizeof *grown);
-    if (!grown) return;
-    *seen = grown;
-    *cap_seen = c;
+/* The storage levels that a RunJob carries: one per persisted dataset of the lineage, as
+ * many as there are. */
+typedef struct level_list {
+  Flint__Level *items;
+  Flint__Level **ptrs; /* into items, made once items stops growing */
+  size_t count, cap;
+  const rdd **seen; /* datasets visited (a lineage is a graph: shared parents) */
+  size_t num_seen, cap_seen;
+} level_list;
+
+static void level_list_free(level_list *l) {
+  common_free(l->items);
+  common_free(l->ptrs);
+  common_free(l->seen);
+}
+
+static fl_status collect_levels_of(const rdd *r, level_list *l) {
+  if (!r) return FL_OK;
+  for (size_t i = 0; i < l->num_seen; i++)
+    if (l->seen[i] == r) return FL_OK;
+  if (l->num_seen == l->cap_seen) {
+    size_t cap = l->cap_seen ? l->cap_seen * 2 : 32;
+    const rdd **grown = common_realloc(l->seen, cap * sizeof *grown);
+    if (!grown) return FL_ERR(FL_ENOMEM, "out of memory listing the datasets of a job");
+    l->seen = grown;
+    l->cap_seen = cap;
   }
-  (*seen)[(*num_seen)++] = r;
+  l->seen[l->num_seen++] = r;
   fl_storage_level level = atomic_load(&r->level);
-  if (level != FL_STORAGE_NONE && *n < cap) {
-    Flint__Level *l = common_calloc(1, sizeof *l);
-    if (l) {
-      flint__level__init(l);
-      l->rdd_id = r->id;
-      l->level = level;
-      levels[(*n)++] = l;
+  if (level != FL_STORAGE_NONE) {
+    if (l->count == l->cap) {
+      size_t cap = l->cap ? l->cap * 2 : 16;
+      Flint__Level *grown = common_realloc(l->items, cap * sizeof *grown);
+      if (!grown) return FL_ERR(FL_ENOMEM, "out of memory listing the storage levels of a job");
+      l->items = grown;
+      l->cap = cap;
     }
+    Flint__Level *item = &l->items[l->count++];
+    flint__level__init(item);
+    item->rdd_id = r->id;
+    item->level = level;
   }
-  for (uint32_t i = 0; i < r->num_parents; i++) collect_levels(r->parents[i], levels, n, cap, seen, num_seen, cap_seen);
-  for (uint32_t i = 0; i < r->num_shuffle_deps; i++)
-    collect_levels(r->shuffle_deps[i]->parent, levels, n, cap, seen, num_seen, cap_seen);
+  fl_status st = FL_OK;
+  for (uint32_t i = 0; i < r->num_parents && st == FL_OK; i++) st = collect_levels_of(r->parents[i], l);
+  for (uint32_t i = 0; i < r->num_shuffle_deps && st == FL_OK; i++)
+    st = collect_levels_of(r->shuffle_deps[i]->parent, l);
+  return st;
+}
+
+/* Fills l with the storage levels of every persisted dataset of r's lineage. A job without
+ * them would run with datasets that the driver does not cache, so a failure fails the job. */
+static fl_status collect_levels(const rdd *r, level_list *l) {
+  fl_status st = collect_levels_of(r, l);
+  if (st == FL_OK && l->count && !(l->ptrs = common_calloc(l->count, sizeof *l->ptrs)))
+    st = FL_ERR(FL_ENOMEM, "out of memory listing the storage levels of a job");
+  for (size_t i = 0; st == FL_OK && i < l->count; i++) l->ptrs[i] = &l->items[i];
+  return st;
 }
 
 /* ---- the runtime ----------------------------------------------------------------------- */
@@ -451,10 +489,7 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   rdd_fn_codec codec = {.library_id = library_id, .arg = c};
   encode_ctx enc = {c, NULL, 0, 0};
   fl_buf plan = FL_BUF_INIT, act = FL_BUF_INIT, reply = FL_BUF_INIT;
-  Flint__Level *levels[256];
-  size_t num_levels = 0;
-  const rdd **seen = NULL;
-  size_t num_seen = 0, cap_seen = 0;
+  level_list levels = {0};
   uint64_t *released = NULL;
   size_t num_released = 0;
   fl_status st;
@@ -467,7 +502,7 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   if (st != FL_OK) goto done;
   if ((st = rdd_action_encode(action, &codec, &act)) != FL_OK) goto done;
-  collect_levels(r, levels, &num_levels, 256, &seen, &num_seen, &cap_seen);
+  if ((st = collect_levels(r, &levels)) != FL_OK) goto done;
 
   Flint__RunJobRequest req = FLINT__RUN_JOB_REQUEST__INIT;
   req.app_id = c->app_id;
@@ -477,8 +512,8 @@ static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint3
   req.n_partitions = num_parts;
   req.partitions = (uint32_t *)parts;
   req.action = (ProtobufCBinaryData){act.len, act.data};
-  req.n_levels = num_levels;
-  req.levels = levels;
+  req.n_levels = levels.count;
+  req.levels = levels.ptrs;
   req.n_released = num_released;
   req.released = released;
   req.operation_id = atomic_fetch_add(&c->next_operation, 1);
@@ -534,8 +569,7 @@ done:
       if (!ids_push(&c->released, &c->num_released, &c->cap_released, released[i])) break;
     FL_PCHECK(pthread_mutex_unlock(&c->lock));
   }
-  for (size_t i = 0; i < num_levels; i++) common_free(levels[i]);
-  common_free(seen);
+  level_list_free(&levels);
   common_free(released);
   common_free(enc.sent);
   fl_buf_free(&plan);
@@ -807,17 +841,44 @@ static fl_status flint_executable(char *out, size_t len) {
   return FL_ERR(FL_ENOENT, "cannot find the flint command to start a local cluster: set FLINT_EXECUTABLE");
 }
 
-static pid_t spawn(char *const argv[]) {
+/* envp: made before the fork, as the child of a threaded program may not allocate. */
+static pid_t spawn(char *const argv[], char *const envp[]) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
     /* End with the program that started the cluster, also when it exits on an error. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
-    execv(argv[0], argv);
+    execve(argv[0], argv, envp);
     _exit(127);
   }
   return pid;
+}
+
+/* This process's environment with FL_LOCAL_CLUSTER_DIR_ENV=dir, for the children; NULL when
+ * out of memory. Free with free_environment. */
+static char **cluster_environment(const char *dir) {
+  size_t n = 0, prefix = strlen(FL_LOCAL_CLUSTER_DIR_ENV "=");
+  while (environ[n]) n++;
+  char **env = common_calloc(n + 2, sizeof *env);
+  size_t len = prefix + strlen(dir) + 1;
+  char *mine = common_malloc(len);
+  if (!env || !mine) {
+    common_free(env);
+    common_free(mine);
+    return NULL;
+  }
+  snprintf(mine, len, "%s=%s", FL_LOCAL_CLUSTER_DIR_ENV, dir);
+  size_t k = 0;
+  env[k++] = mine;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], FL_LOCAL_CLUSTER_DIR_ENV "=", prefix) != 0) env[k++] = environ[i];
+  return env;
+}
+
+static void free_environment(char **env) {
+  if (env) common_free(env[0]);
+  common_free(env);
 }
 
 /* The driver (children[0]) goes first, so that it sends nothing more to executors that are
@@ -877,9 +938,13 @@ static fl_status start_local_cluster(remote_context *c, const char *master, char
   if (!(c->children = common_calloc(n + 1, sizeof *c->children))) return FL_ERR(FL_ENOMEM, "out of memory");
   char port_file[PATH_MAX + 16];
   snprintf(port_file, sizeof port_file, "%s/driver.port", dir);
+  char **env = cluster_environment(dir);
+  if (!env) return FL_ERR(FL_ENOMEM, "out of memory");
   char *dargv[] = {exe, "driver", "--listen", "127.0.0.1:0", "--port-file", port_file, "--work-dir", dir, NULL};
-  if ((c->children[c->num_children++] = spawn(dargv)) < 0)
+  if ((c->children[c->num_children++] = spawn(dargv, env)) < 0) {
+    free_environment(env);
     return FL_ERR(FL_EIO, "cannot start the driver: %s", strerror(errno));
+  }
   uint64_t deadline = common_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
   int port = 0;
   while (!port) {
@@ -891,11 +956,16 @@ static fl_status start_local_cluster(remote_context *c, const char *master, char
     if (port) break;
     if (waitpid(c->children[0], NULL, WNOHANG) == c->children[0]) {
       c->children[0] = 0;
+      free_environment(env);
       return FL_ERR(FL_EIO, "the local cluster's driver exited at start (its log is above)");
     }
-    if (common_now_ns() > deadline) return FL_ERR(FL_ETIMEDOUT, "the local cluster's driver did not start");
+    if (common_now_ns() > deadline) {
+      free_environment(env);
+      return FL_ERR(FL_ETIMEDOUT, "the local cluster's driver did not start");
+    }
     usleep(5000);
   }
+  unlink(port_file); /* read: the folder keeps only the children's own (see the top) */
   snprintf(addr, len, "127.0.0.1:%d", port);
   char cores_s[16], mem_s[32];
   snprintf(cores_s, sizeof cores_s, "%u", cores);
@@ -906,17 +976,22 @@ static fl_status start_local_cluster(remote_context *c, const char *master, char
   if (gpus_env && *gpus_env) {
     char *end;
     gpus = strtoul(gpus_env, &end, 10);
-    if (*end || gpus > n)
+    if (*end || gpus > n) {
+      free_environment(env);
       return FL_ERR(FL_EINVAL, "FLINT_LOCAL_CLUSTER_GPUS=%s: a number of at most %u executors", gpus_env, n);
+    }
   }
   for (uint32_t i = 0; i < n; i++) {
     char gpu_s[16];
     snprintf(gpu_s, sizeof gpu_s, "%u", i);
     char *eargv[] = {exe, "executor", "--driver", addr, "--cores", cores_s, "--memory", mem_s,
                      "--work-dir", dir, i < gpus ? "--gpu" : NULL, gpu_s, NULL};
-    if ((c->children[c->num_children++] = spawn(eargv)) < 0)
+    if ((c->children[c->num_children++] = spawn(eargv, env)) < 0) {
+      free_environment(env);
       return FL_ERR(FL_EIO, "cannot start an executor: %s", strerror(errno));
+    }
   }
+  free_environment(env);
   *executors = n;
   return FL_OK;
 }
@@ -1088,7 +1163,7 @@ fl_status client_context_open(const char *master, const fl_options *options, fl_
   if (executors) FL_CHECK(wait_for_executors(c, executors));
 
   Flint__OpenApplicationRequest req = FLINT__OPEN_APPLICATION_REQUEST__INIT;
-  const char *name = getenv("FLINT_APP_NAME");
+  const char *name = options && options->app_name && *options->app_name ? options->app_name : getenv("FLINT_APP_NAME");
   req.name = (char *)(name && *name ? name : program_invocation_short_name);
   req.pid = (uint32_t)getpid();
   fl_buf reply = FL_BUF_INIT;
@@ -1151,8 +1226,8 @@ static fl_status connect_master(const char *master, rpc_channel **ch) {
   return st;
 }
 
-fl_status fl_submit(const char *master, const char *path, int argc, char **argv, bool detach,
-                    volatile sig_atomic_t *stop, uint64_t *submission, int *exit_code) {
+fl_status fl_submit(const char *master, const char *path, const char *app_name, int argc, char **argv,
+                    bool detach, volatile sig_atomic_t *stop, uint64_t *submission, int *exit_code) {
   common_error_clear();
   if (!path || (argc && !argv)) return FL_ERR(FL_EINVAL, "fl_submit: NULL argument");
   rpc_channel *ch = NULL;
@@ -1163,6 +1238,7 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
   Flint__SubmitRequest req = FLINT__SUBMIT_REQUEST__INIT;
   const char *slash = strrchr(path, '/');
   req.name = (char *)(slash ? slash + 1 : path);
+  req.app_name = (char *)(app_name && *app_name ? app_name : req.name);
   req.library = (ProtobufCBinaryData){lib.len, lib.data};
   req.n_args = (size_t)argc;
   req.args = argv;
@@ -1182,7 +1258,7 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
     if (stop && *stop && !cancel_sent) {
       Flint__CancelSubmissionRequest creq = FLINT__CANCEL_SUBMISSION_REQUEST__INIT;
       creq.submission_id = id;
-      if ((st = call(ch, "/flint.Driver/CancelSubmission", &creq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+      if ((st = call(ch, "/flint.Driver/CancelSubmission", &creq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto lost;
       fprintf(stderr, "flint: interrupted: job binary %llu is being stopped\n", (unsigned long long)id);
       cancel_sent = true;
     }
@@ -1191,7 +1267,7 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
     oreq.stdout_offset = out_off;
     oreq.stderr_offset = err_off;
     oreq.wait_ms = stop ? 250 : 5000; /* short waits: a stop is seen at once */
-    if ((st = call(ch, "/flint.Driver/Output", &oreq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto done;
+    if ((st = call(ch, "/flint.Driver/Output", &oreq.base, RPC_TIMEOUT_MS, &reply)) != FL_OK) goto lost;
     Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
     if (!o) {
       st = FL_ERR(FL_EPROTO, "Output: malformed reply");
@@ -1214,6 +1290,11 @@ fl_status fl_submit(const char *master, const char *path, int argc, char **argv,
       break;
     }
   }
+  goto done;
+lost:
+  /* What the job wrote before is printed already; its driver ends it (PDEATHSIG). */
+  common_error_wrap(st, "lost the driver at %s while job binary %llu ran (its output up to then is above): ",
+                    master + 8, (unsigned long long)id);
 done:
   fl_buf_free(&lib);
   fl_buf_free(&reply);

@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +41,8 @@
  * for about 2 ms a job waiting for the rest. */
 #define DRIVER_SLOTS_PER_CORE 16
 
+#define JOBS_KEPT 16 /* an application's last jobs that status lists */
+
 typedef struct job_record {
   uint64_t id;
   fl_status status;
@@ -52,8 +55,8 @@ typedef struct app_entry {
   driver_app *app; /* NULL once finished */
   uint64_t id;
   char name[128];
-  job_record jobs[16]; /* the last ones, a ring */
-  uint64_t num_jobs;
+  job_record jobs[JOBS_KEPT]; /* the last ones, a ring: job N at (N - 1) % JOBS_KEPT */
+  uint64_t num_jobs;           /* jobs started, so the id of the last one */
   uint32_t users; /* calls using app now (app_lookup); a close waits for them */
   uint32_t pid;   /* the client's process (job binaries' applications end with it) */
   uint64_t last_seen_ns; /* the client's last call (its lease: client_timeout_ns) */
@@ -547,18 +550,28 @@ static fl_status handle_broadcast_remove(driver_state *d, fl_bytes body, fl_buf 
   return empty_reply(response);
 }
 
-static void job_note(driver_state *d, uint64_t app_id, uint64_t job_id, uint32_t tasks,
-                     bool running, fl_status status, const char *error) {
+/* Records a job of the application that starts now; returns its id (1, 2, ... within the
+ * application; 0 when the application is gone). */
+static uint64_t job_note_start(driver_state *d, uint64_t app_id, uint32_t tasks) {
+  uint64_t id = 0;
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   app_entry *e = app_find(d, app_id);
   if (e) {
-    job_record *j = NULL;
-    for (uint64_t i = 0; i < 16 && i < e->num_jobs; i++)
-      if (e->jobs[i].id == job_id) j = &e->jobs[i];
-    if (!j) j = &e->jobs[e->num_jobs++ % 16];
-    j->id = job_id;
-    j->tasks = tasks;
-    j->running = running;
+    id = ++e->num_jobs;
+    job_record *j = &e->jobs[(id - 1) % JOBS_KEPT];
+    *j = (job_record){.id = id, .tasks = tasks, .running = true, .status = FL_OK};
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  return id;
+}
+
+/* Records how job `job_id` ended, unless newer jobs pushed its record out of the ring. */
+static void job_note_end(driver_state *d, uint64_t app_id, uint64_t job_id, fl_status status, const char *error) {
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  app_entry *e = app_find(d, app_id);
+  job_record *j = e && job_id ? &e->jobs[(job_id - 1) % JOBS_KEPT] : NULL;
+  if (j && j->id == job_id) {
+    j->running = false;
     j->status = status;
     snprintf(j->error, sizeof j->error, "%s", error ? error : "");
   }
@@ -652,6 +665,7 @@ typedef struct run_job {
   fl_buf *results;
   rdd_batch reports_left;
   sched_job_stats stats;
+  uint64_t job_id; /* the application's job number, for status (job_note_start) */
 } run_job;
 
 static void run_job_free(run_job *j) {
@@ -756,7 +770,7 @@ static fl_status run_job_reply(run_job *j, fl_buf *response) {
 /* Answers the call with the job's outcome and frees j (any thread). j goes first: once the
  * reply is out, a stopping driver may free what j points to. */
 static void run_job_answer(run_job *j, fl_status status, const char *error) {
-  job_note(j->d, j->app->id, 0, (uint32_t)j->req->n_partitions, false, status, error);
+  job_note_end(j->d, j->app->id, j->job_id, status, error);
   fl_buf response = FL_BUF_INIT;
   char message[1024] = "";
   if (status == FL_OK) status = run_job_reply(j, &response);
@@ -838,7 +852,7 @@ static fl_status run_job_start(driver_state *d, const rpc_request *call) {
     status = FL_ERR(FL_ENOMEM, "out of memory");
     goto fail;
   }
-  job_note(d, app->id, 0, (uint32_t)req->n_partitions, true, FL_OK, NULL);
+  j->job_id = job_note_start(d, app->id, (uint32_t)req->n_partitions);
   j->call = rpc_defer(call);
   /* The client's going away (its connection drops) cancels the job, as does CancelJobs. */
   sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = rpc_deferred_cancelled(j->call),
@@ -1050,7 +1064,7 @@ static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response)
     goto cleanup;
   }
   s = common_calloc(1, sizeof *s);
-  argv = common_calloc(req->n_args + 7, sizeof *argv);
+  argv = common_calloc(req->n_args + 9, sizeof *argv);
   if (!s || !argv) {
     status = FL_ERR(FL_ENOMEM, "out of memory");
     goto cleanup;
@@ -1086,14 +1100,24 @@ static fl_status handle_submit(driver_state *d, fl_bytes body, fl_buf *response)
   argv[2] = "--in-process";
   argv[3] = "--master";
   argv[4] = master;
-  argv[5] = path;
-  for (size_t i = 0; i < req->n_args; i++) argv[6 + i] = req->args[i];
+  /* The application's name: the submitter's, else the library's file name (never "flint",
+   * this program's, which every job binary would share). */
+  argv[5] = "--name";
+  argv[6] = req->app_name && *req->app_name ? req->app_name : (char *)name;
+  argv[7] = path;
+  for (size_t i = 0; i < req->n_args; i++) argv[8 + i] = req->args[i];
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     status = FL_ERR(FL_EIO, "cannot start the job: %s", strerror(errno));
     goto cleanup;
   }
   if (pid == 0) {
+    /* Job binaries end with their driver, also one killed outright (kill -9), whose stop
+     * could not end them: their output would go nowhere. The signal comes when the forking
+     * thread ends; it is an rpc handler, of a pool that lives until the driver stops. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
     execv("/proc/self/exe", argv);
@@ -1209,8 +1233,8 @@ static fl_status handle_status(driver_state *d, fl_buf *response) {
   for (app_entry *a = d->apps; a; a = a->next) n++;
   Flint__AppInfo *apps = common_calloc(n + 1, sizeof *apps);
   Flint__AppInfo **app_ptrs = common_calloc(n + 1, sizeof *app_ptrs);
-  Flint__JobInfo *jobs = common_calloc(16 * n + 1, sizeof *jobs);
-  Flint__JobInfo **job_ptrs = common_calloc(16 * n + 1, sizeof *job_ptrs);
+  Flint__JobInfo *jobs = common_calloc(JOBS_KEPT * n + 1, sizeof *jobs);
+  Flint__JobInfo **job_ptrs = common_calloc(JOBS_KEPT * n + 1, sizeof *job_ptrs);
   if (!apps || !app_ptrs || !jobs || !job_ptrs) {
     st = FL_ERR(FL_ENOMEM, "out of memory");
   } else {
@@ -1221,11 +1245,11 @@ static fl_status handle_status(driver_state *d, fl_buf *response) {
       apps[i].name = a->name;
       apps[i].state = a->app ? "running" : "finished";
       apps[i].jobs = &job_ptrs[k];
-      uint64_t count = a->num_jobs < 16 ? a->num_jobs : 16;
+      uint64_t count = a->num_jobs < JOBS_KEPT ? a->num_jobs : JOBS_KEPT;
       for (uint64_t j = 0; j < count; j++, k++) {
-        job_record *r = &a->jobs[(a->num_jobs - count + j) % 16];
+        job_record *r = &a->jobs[(a->num_jobs - count + j) % JOBS_KEPT];
         flint__job_info__init(&jobs[k]);
-        jobs[k].id = a->num_jobs - count + j + 1;
+        jobs[k].id = r->id;
         jobs[k].state = r->running ? "running" : r->status == FL_OK ? "succeeded" : "failed";
         jobs[k].tasks = r->tasks;
         jobs[k].error = r->error;

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -170,8 +171,16 @@ static fl_status file_list_add(file_list *l, const char *path) {
     l->sizes = sizes;
     l->cap = cap;
   }
-  char *copy = common_strdup(path);
+  /* Kept absolute: in cluster mode executors open the files, from folders of their own
+   * (a relative path is the client's, as Spark qualifies one with the driver's folder). */
+  char cwd[PATH_MAX];
+  bool relative = path[0] != '/';
+  if (relative && !getcwd(cwd, sizeof cwd))
+    return FL_ERR(FL_EIO, "cannot make %s absolute: this process's folder is unknown: %s", path, strerror(errno));
+  size_t len = (relative ? strlen(cwd) + 1 : 0) + strlen(path) + 1;
+  char *copy = common_malloc(len);
   if (!copy) return FL_ERR(FL_ENOMEM, "out of memory listing files");
+  snprintf(copy, len, "%s%s%s", relative ? cwd : "", relative ? "/" : "", path);
   l->paths[l->count] = copy;
   l->sizes[l->count++] = (uint64_t)st.st_size;
   return FL_OK;

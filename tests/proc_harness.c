@@ -286,6 +286,21 @@ proc *start_proc(const char *name, const char *const *extra_env, const char *con
   return p;
 }
 
+void wait_log(proc *p, const char *needle) {
+  double deadline = now_s() + CMD_LIMIT_S;
+  for (;;) {
+    char *log = slurp(p->log);
+    bool found = log && strstr(log, needle);
+    free(log);
+    if (found) return;
+    if (now_s() > deadline) {
+      char *text = slurp(p->log);
+      fail_msg("%s's log lacks \"%s\" after %d s:\n%s", p->name, needle, CMD_LIMIT_S, text ? text : "");
+    }
+    sleep_ms(50);
+  }
+}
+
 /* A process that should be running still is; else its log explains. */
 void expect_running(proc *p) {
   int st = wait_exit(p->pid, 0);

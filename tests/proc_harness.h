@@ -82,6 +82,8 @@ void make_dir(const char *path);
 int wait_exit(pid_t pid, double limit_s);
 /* Starts a long-running `flint ARGS...` named `name` (its log: <dir>/<name>.log). */
 proc *start_proc(const char *name, const char *const *extra_env, const char *const *args);
+/* Waits until the log of `p` holds `needle` (at most CMD_LIMIT_S: only a hang takes so long). */
+void wait_log(proc *p, const char *needle);
 /* A process that should be running still is; else its log explains. */
 void expect_running(proc *p);
 /* Starts a driver on fx.host with a port picked by the system and waits for its port file. */

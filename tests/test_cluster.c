@@ -370,6 +370,43 @@ static void test_cached_partitions_read_remotely(void **state) {
   assert_no_children();
 }
 
+/* A job's lineage with more persisted datasets than the client once sent storage levels
+ * for (256, in a fixed array, the rest silently dropped): every one of them is cached, the
+ * first as the last, and is not computed again. The datasets reach the driver before they
+ * are persisted, so that only the job's list of levels can tell it. */
+static void test_many_persisted_datasets(void **state) {
+  (void)state;
+  enum { DATASETS = 300, RECORDS = 40 };
+  fl_context *ctx;
+  assert_ok(fl_context_open("local-cluster[1,1,256]", NULL, &ctx));
+  fl_accumulator *computed;
+  assert_ok(fl_accumulator_create_i64(ctx, &computed));
+  uint64_t id = fl_accumulator_id(computed);
+  fl_dataset *ds[DATASETS + 1];
+  assert_ok(fl_range(ctx, 0, RECORDS, 1, 2, &ds[0]));
+  for (int i = 1; i <= DATASETS; i++) assert_ok(fl_map(ds[i - 1], cp_counted_copy, &id, sizeof id, &ds[i]));
+  uint64_t n = 0;
+  assert_ok(fl_count(ds[DATASETS], &n)); /* ships the plan */
+  assert_int_equal(n, RECORDS);
+  for (int i = 1; i <= DATASETS; i++) assert_ok(fl_cache(ds[i]));
+  assert_ok(fl_count(ds[DATASETS], &n)); /* computes and caches every one */
+  assert_int_equal(n, RECORDS);
+  int64_t computations = 0;
+  assert_ok(fl_accumulator_value_i64(computed, &computations));
+  assert_int_equal(computations, 2 * DATASETS * RECORDS);
+  fl_storage_info info;
+  assert_ok(fl_storage_info_get(ds[1], &info));
+  assert_int_equal(info.cached_partitions, 2); /* was 0: its level never reached the driver */
+  assert_ok(fl_count(ds[1], &n));
+  assert_int_equal(n, RECORDS);
+  assert_ok(fl_accumulator_value_i64(computed, &computations));
+  assert_int_equal(computations, 2 * DATASETS * RECORDS);
+  for (int i = DATASETS; i >= 0; i--) fl_dataset_free(ds[i]);
+  fl_accumulator_destroy(computed);
+  fl_context_close(ctx);
+  assert_no_children();
+}
+
 /* Node-local reads: executors on one host read each other's cached partitions in place. One
  * executor is slow (its tasks sleep); the other, once its own partitions are done, takes the
  * tasks of partitions cached by the slow one that still wait for a slot, and maps those blocks
@@ -1070,6 +1107,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_broadcasts_small_and_large, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_clusters_one_after_another, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_cached_partitions_read_remotely, arm_watchdog, disarm_watchdog),
+      cmocka_unit_test_setup_teardown(test_many_persisted_datasets, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_local_reads, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_shared_tasks, arm_watchdog, disarm_watchdog),
       cmocka_unit_test_setup_teardown(test_node_shared_claimer_lost, arm_watchdog, disarm_watchdog),

@@ -1,8 +1,12 @@
 /*
  * test_cluster_faults: a cluster under the faults users meet, with real processes on
- * 127.0.0.1 (tests/proc_harness.c): a driver that dies and is started again on its address.
+ * 127.0.0.1 (tests/proc_harness.c): a driver that dies and is started again on its address,
+ * tasks that crash their executor, clients that go away, many clients at once, no executors,
+ * no usable GPU, and `flint ml` given paths relative to its own folder, which is not its
+ * executors'. TEST_FILTER=NAME runs the tests whose names match.
  *
- * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint and job_cache_sum.so.
+ * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint, job_cache_sum.so and
+ * job_poison.so.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -12,10 +16,13 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "flint/cluster.h"
 #include "flint/flint.h"
@@ -74,22 +81,6 @@ static void status_load(size_t *running, unsigned long long *cached_ki) {
     if (sscanf(line + 1, " %llu %63s %u %lluMi %lluKi", &id, address, &cores, &mem, &cached) == 5) *cached_ki += cached;
   }
   free(text);
-}
-
-/* Waits until the log of `p` holds `needle`. */
-static void wait_log(proc *p, const char *needle) {
-  double deadline = now_s() + CMD_LIMIT_S;
-  for (;;) {
-    char *log = slurp(p->log);
-    bool found = log && strstr(log, needle);
-    free(log);
-    if (found) return;
-    if (now_s() > deadline) {
-      char *text = slurp(p->log);
-      fail_msg("%s's log lacks \"%s\" after %d s:\n%s", p->name, needle, CMD_LIMIT_S, text ? text : "");
-    }
-    sleep_ms(50);
-  }
 }
 
 /* How many times `needle` is in the log of `p`. */
@@ -568,6 +559,39 @@ static void test_cluster_context_stats(void **state) {
   fl_dataset_free(a);
   fl_context_close(other);
   fl_context_close(ctx);
+/* ---- flint ml with relative paths ------------------------------------------------------ */
+
+/* `flint ml --data REL/PATH --test REL/PATH` against a driver whose executor runs in another
+ * folder: the paths are the client's, so the executor must get them made absolute (before,
+ * its tasks opened REL/PATH in their own folder and the job failed: "cannot open"). */
+static void test_ml_relative_paths(void **state) {
+  (void)state;
+  start_driver(NULL);
+  start_executor("exec1", NULL); /* in this program's folder, not fx.dir */
+  wait_executors(1);
+  char data_dir[PATH_MAX + 64];
+  snprintf(data_dir, sizeof data_dir, "%s", test_file("ml"));
+  make_dir(data_dir);
+  char csv[PATH_MAX + 80];
+  snprintf(csv, sizeof csv, "%s/tiny.csv", data_dir);
+  FILE *f = fopen(csv, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 200; i++) { /* y = 1 + 2 x1 - 3 x2, the label first */
+    double x1 = (i % 17) / 8.0 - 1, x2 = (i % 11) / 5.0 - 1;
+    fprintf(f, "%.6f,%.6f,%.6f\n", 1 + 2 * x1 - 3 * x2, x1, x2);
+  }
+  assert_int_equal(fclose(f), 0);
+  char here[PATH_MAX];
+  assert_non_null(getcwd(here, sizeof here));
+  assert_int_equal(chdir(fx.dir), 0); /* flint ml's folder: fx.dir, where ml/tiny.csv is */
+  run_result *r = FLINT(NULL, "ml", "linreg", "--master", fx.master, "--data", "ml/tiny.csv", "--test", "ml/tiny.csv",
+                        "--format", "csv", "--partitions", "2");
+  assert_int_equal(chdir(here), 0);
+  expect_status(r, 0);
+  EXPECT_OUT(r, "rows         200\n");
+  EXPECT_OUT(r, "features     2\n");
+  EXPECT_OUT(r, "\ntest ");
+  free(r);
   stop_all();
   fx.passed = true;
 }
@@ -584,7 +608,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_job_without_executors_warns_then_fails, setup, teardown),
       cmocka_unit_test_setup_teardown(test_executor_without_usable_gpu_fails_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cluster_context_stats, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ml_relative_paths, setup, teardown),
   };
-  if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
+  const char *filter = getenv("TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

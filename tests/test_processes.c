@@ -4,8 +4,8 @@
  * and raw control-plane calls (net/rpc.c) send the driver hand-made bytes: garbage, oversized
  * and ill-formed messages, and calls without the shared secret.
  *
- * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint, pi.so, job_echo.so and
- * job_crash.so; else this test's own folder. Processes start, stop and are cleaned up
+ * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint, pi.so, job_echo.so,
+ * job_crash.so and job_lines.so; else this test's own folder. Processes start, stop and are cleaned up
  * through proc_harness (each test bounded by its watchdog); tests check that processes that
  * end leave nothing behind.
  */
@@ -414,8 +414,11 @@ static void test_status_output(void **state) {
   r = FLINT(NULL, "submit", "--master", fx.master, bin_file("pi.so"), "100000", "4");
   expect_status(r, 0);
   free(r);
-  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_echo.so"), "x");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--name", "echo job", bin_file("job_echo.so"), "x");
   expect_status(r, 3);
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, bin_file("job_lines.so"), "3");
+  expect_status(r, 0);
   free(r);
 
   /* Executors report their task counts with their heartbeats (every second). */
@@ -427,22 +430,91 @@ static void test_status_output(void **state) {
     size_t n = parse_executors(r->out, &tasks, &failed);
     if (n != 2) dump(r);
     assert_int_equal(n, 2);
-    if (tasks >= 6 || now_s() > deadline) break;
+    if (tasks >= 12 || now_s() > deadline) break;
     free(r);
     sleep_ms(200);
   }
-  if (tasks != 6 || failed != 0) dump(r);
-  assert_int_equal(tasks, 6); /* pi's 4 and job_echo's 2 */
+  if (tasks != 12 || failed != 0) dump(r);
+  assert_int_equal(tasks, 12); /* pi's 4, job_echo's 2 and job_lines' 3 times 2 */
   assert_int_equal(failed, 0);
   EXPECT_OUT(r, "cores");
   EXPECT_OUT(r, "memory");
   EXPECT_OUT(r, "tasks");
-  EXPECT_OUT(r, "applications: 2\n");
-  EXPECT_OUT(r, "  1 flint (finished), 1 recent jobs\n    job 1: succeeded, 4 tasks\n");
-  EXPECT_OUT(r, "  2 flint (finished), 1 recent jobs\n    job 1: succeeded, 2 tasks\n");
+  EXPECT_OUT(r, "applications: 3\n");
+  /* Each application is named after its job (or --name) and lists each of its jobs: every
+   * job's record had id 0 and took the last one's place, and every name was "flint". */
+  EXPECT_OUT(r, "  1 pi.so (finished), 1 recent jobs\n    job 1: succeeded, 4 tasks\n");
+  EXPECT_OUT(r, "  2 echo job (finished), 1 recent jobs\n    job 1: succeeded, 2 tasks\n");
+  EXPECT_OUT(r, "  3 job_lines.so (finished), 3 recent jobs\n    job 1: succeeded, 2 tasks\n"
+                "    job 2: succeeded, 2 tasks\n    job 3: succeeded, 2 tasks\n");
   free(r);
 
   stop_all();
+  fx.passed = true;
+}
+
+/* A job binary's stdout reaches its submitter line by line, as it is written, not at the
+ * job's end (C buffers a pipe in blocks); and when the driver dies (kill -9), the submitter
+ * keeps what came, says that the driver was lost and ends, and the job binary ends too. */
+static void test_job_output_streams_and_driver_loss(void **state) {
+  (void)state;
+  proc *driver = start_driver(NULL);
+  start_executor("exec1", NULL);
+  wait_executors(NULL, 1);
+  /* The file is never made: the job waits (60 s) until its driver's end ends it. */
+  proc *submitter = start_proc("submitter", NULL,
+                               (const char *const[]){"submit", "--master", fx.master, bin_file("job_lines.so"), "2",
+                                                     test_file("never"), NULL});
+  wait_log(submitter, "job_lines action 1: 10\njob_lines action 2: 10\njob_lines waiting\n");
+  expect_running(submitter);
+  int job_pid = 0;
+  char *log = slurp(driver->log);
+  const char *at = strstr(log, "job binary 1 (job_lines.so) started as pid ");
+  if (at) job_pid = atoi(at + strlen("job binary 1 (job_lines.so) started as pid "));
+  free(log);
+  assert_true(job_pid > 0);
+
+  assert_int_equal(kill(driver->pid, SIGKILL), 0);
+  assert_true(wait_exit(driver->pid, STOP_LIMIT_S) >= 0);
+  driver->pid = 0;
+  int status = wait_exit(submitter->pid, STOP_LIMIT_S);
+  char *text = slurp(submitter->log);
+  if (status != 1) fprintf(stderr, "flint submit ended with %d; its output:\n%s\n", status, text);
+  assert_int_equal(status, 1);
+  submitter->pid = 0;
+  assert_non_null(strstr(text, "job_lines waiting\n"));
+  assert_non_null(strstr(text, "flint submit: lost the driver at "));
+  assert_non_null(strstr(text, "while job binary 1 ran"));
+  free(text);
+  /* The job binary ends with its driver, whose stop could not end it. */
+  double deadline = now_s() + STOP_LIMIT_S;
+  while (kill(job_pid, 0) == 0 && now_s() < deadline) sleep_ms(20);
+  errno = 0;
+  assert_int_equal(kill(job_pid, 0), -1);
+  assert_int_equal(errno, ESRCH);
+  /* The executor stays for another driver; its stop is checked as usual. */
+  stop_all();
+  fx.passed = true;
+}
+
+/* A program on local-cluster[...] killed by SIGTERM (it has no handler; nor would SIGKILL)
+ * leaves nothing behind: its driver and executor end with it (PDEATHSIG), and the last of
+ * them removes the cluster's folder, which the program's close would have removed. */
+static void test_local_cluster_killed_leaves_no_folder(void **state) {
+  (void)state;
+  proc *program = start_proc("program", NULL,
+                             (const char *const[]){"submit", "--master", "local-cluster[1,1,256]",
+                                                   bin_file("job_echo.so"), "--until-file", test_file("never"),
+                                                   "waiting", NULL});
+  wait_log(program, "job_echo args: waiting\n"); /* the cluster runs: the job waits */
+  assert_int_equal(count_prefixed(fx.dir, "flint-cluster-"), 1);
+  assert_int_equal(kill(program->pid, SIGTERM), 0);
+  assert_int_equal(wait_exit(program->pid, STOP_LIMIT_S), 128 + SIGTERM);
+  program->pid = 0;
+  /* 30 s: only a hang takes so long (before, the folder stayed for good). */
+  double deadline = now_s() + 30;
+  while (count_prefixed(fx.dir, "flint-cluster-") != 0 && now_s() < deadline) sleep_ms(50);
+  assert_int_equal(count_prefixed(fx.dir, "flint-cluster-"), 0);
   fx.passed = true;
 }
 
@@ -925,18 +997,22 @@ static void test_signals_stop_cleanly(void **state) {
 
 
 int main(void) {
-  find_binaries((const char *const[]){"pi.so", "job_echo.so", "job_crash.so", NULL});
+  find_binaries((const char *const[]){"pi.so", "job_echo.so", "job_crash.so", "job_lines.so", NULL});
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_job_binary_round_trip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_crashing_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_close_while_a_job_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_client_going_away_cancels_its_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_job_output_streams_and_driver_loss, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_local_cluster_killed_leaves_no_folder, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized_request, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_command_lines, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signals_stop_cleanly, setup, teardown),
   };
+  const char *filter = getenv("TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

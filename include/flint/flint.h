@@ -188,8 +188,12 @@ typedef struct fl_options {
   /* Folder for disk blocks; a fresh folder under it is made and removed on close.
    * NULL: FLINT_WORK_DIR from the environment, else $TMPDIR or /tmp. */
   const char *work_dir;
+  /* The application's name on a cluster's driver (what `flint status` lists; copied at
+   * open). NULL: FLINT_APP_NAME from the environment, else the program's name. Local
+   * contexts ignore it. */
+  const char *app_name;
 } fl_options;
-#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL}
+#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL}
 
 /* Opens a context. `master`: "local" (one task thread), "local[N]" (N threads) or
  * "local[*]" (one per core). `options` may be NULL (all defaults). */
