@@ -559,6 +559,10 @@ static void test_cluster_context_stats(void **state) {
   fl_dataset_free(a);
   fl_context_close(other);
   fl_context_close(ctx);
+  stop_all();
+  fx.passed = true;
+}
+
 /* ---- flint ml with relative paths ------------------------------------------------------ */
 
 /* `flint ml --data REL/PATH --test REL/PATH` against a driver whose executor runs in another

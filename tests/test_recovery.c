@@ -59,7 +59,7 @@ static int log_count(const proc *p, const char *needle) {
 }
 
 /* Waits at most limit_s until `needle` shows `n` times in the log of p. */
-static void wait_log(const proc *p, const char *needle, int n, double limit_s) {
+static void wait_log_count(const proc *p, const char *needle, int n, double limit_s) {
   double deadline = now_s() + limit_s;
   while (log_count(p, needle) < n) {
     if (now_s() > deadline) fail_msg("%s's log lacks %d of '%s' after %.0f s", p->name, n, needle, limit_s);
@@ -68,7 +68,7 @@ static void wait_log(const proc *p, const char *needle, int n, double limit_s) {
 }
 
 /* Waits until `n` executors have registered with the driver since it started. */
-static void wait_registered(const proc *driver, int n) { wait_log(driver, " registered: ", n, START_LIMIT_S); }
+static void wait_registered(const proc *driver, int n) { wait_log_count(driver, " registered: ", n, START_LIMIT_S); }
 
 static void kill9(proc *p) {
   assert_int_equal(kill(p->pid, SIGKILL), 0);
@@ -169,7 +169,7 @@ static void test_exit_during_map_stage(void **state) {
   /* exec1 died as its third task ended (fault injection), and the driver saw it. */
   assert_int_equal(wait_exit(e1->pid, STOP_LIMIT_S), 86);
   e1->pid = 0;
-  wait_log(driver, " lost: ", 1, LOSS_LIMIT_S);
+  wait_log_count(driver, " lost: ", 1, LOSS_LIMIT_S);
   free(got);
   fl_dataset_free(sums);
   fl_context_close(ctx);
@@ -201,7 +201,7 @@ static void test_kill_before_reduce_fetches(void **state) {
   got = collect_text(sums, true);
   fprintf(stderr, "reduce tasks reading from a dead executor: %.1f s\n", now_s() - t0);
   expect_same("the action after kill -9", want, got);
-  wait_log(driver, " lost: ", 1, LOSS_LIMIT_S);
+  wait_log_count(driver, " lost: ", 1, LOSS_LIMIT_S);
   free(got);
   fl_dataset_free(sums);
   fl_context_close(ctx);
@@ -241,7 +241,7 @@ static void test_kill_between_iterations(void **state) {
     fl_buf_free(&sum);
     fl_dataset_free(scaled);
   }
-  wait_log(driver, " lost: ", 1, LOSS_LIMIT_S);
+  wait_log_count(driver, " lost: ", 1, LOSS_LIMIT_S);
   fl_dataset_free(points);
   fl_dataset_free(src);
   fl_context_close(ctx);
@@ -580,7 +580,7 @@ static void test_host_cut_off(void **state) {
   /* The driver saw exec1's loss, by its address in exec1's namespace, and no other. */
   char at[48];
   snprintf(at, sizeof at, "executor 1 at %s:", ns_addr[NS_EXEC1]);
-  wait_log(driver, " lost: ", 1, LOSS_LIMIT_S);
+  wait_log_count(driver, " lost: ", 1, LOSS_LIMIT_S);
   assert_true(log_has_line(driver, at, " lost: "));
   assert_int_equal(log_count(driver, " lost: "), 1);
 
