@@ -271,13 +271,15 @@ static void adopt_outcome(sched_task *task, sched_task *backup) {
   task->launched_ns = backup->launched_ns;
 }
 
-/* Fails t's job: t failed max_attempts times, the last with `cause`. Nothing of t may be
- * used afterwards (the job's caller may free it). */
-static void task_failed_job(scheduler *s, sched_task *t, const char *cause) {
+/* Fails t's job: t failed max_attempts times, the last with `cause` (status cause_status).
+ * The job's status is FL_EJOB, but for corrupt input (FL_ECORRUPT: a truncated file, a
+ * checksum that does not match), which callers tell apart from other failures. Nothing of t
+ * may be used afterwards (the job's caller may free it). */
+static void task_failed_job(scheduler *s, sched_task *t, fl_status cause_status, const char *cause) {
   const sched_stage *st = t->stage;
   char where[96] = "";
   if (st->dep) snprintf(where, sizeof where, " (a map task of shuffle %llu)", (unsigned long long)st->dep->shuffle_id);
-  dag_scheduler_job_failed(s, t->job, FL_EJOB,
+  dag_scheduler_job_failed(s, t->job, cause_status == FL_ECORRUPT ? FL_ECORRUPT : FL_EJOB,
                            "job %llu failed: partition %u of dataset %llu (%s)%s failed %u times "
                            "on executor '%s'; last error: %s",
                            (unsigned long long)t->job->id, t->rt.partition, (unsigned long long)st->rdd->id,
@@ -350,7 +352,7 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   fl_status cause_status = rt->status;
   rt->error = NULL;
   rdd_task_clear(rt);
-  task_failed_job(s, t, cause ? cause : fl_strerror(cause_status));
+  task_failed_job(s, t, cause_status, cause ? cause : fl_strerror(cause_status));
   common_free(cause);
 }
 
@@ -365,7 +367,7 @@ void task_scheduler_charge(scheduler *s, uint64_t job_id, uint32_t stage_id, uin
   t->failures++;
   common_log(LOG_WARN, "job %llu: partition %u of dataset %llu has failed %u times (the last: %s)",
              (unsigned long long)job_id, t->rt.partition, (unsigned long long)st->rdd->id, t->failures, why);
-  if (t->failures >= s->max_attempts) task_failed_job(s, t, why);
+  if (t->failures >= s->max_attempts) task_failed_job(s, t, FL_ENET, why);
 }
 
 static int cmp_u64(const void *a, const void *b) {

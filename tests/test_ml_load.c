@@ -568,7 +568,7 @@ static void test_libsvm_gzip_truncated(void **state) {
   char at[64];
   snprintf(at, sizeof at, "ends at byte %ld", size);
   data = (fl_ml_data *)1;
-  assert_fails_with(fl_ml_load(ctx, path, FL_ML_LIBSVM, NULL, &data), FL_EJOB, "cut.svm.gz: truncated gzip data");
+  assert_fails_with(fl_ml_load(ctx, path, FL_ML_LIBSVM, NULL, &data), FL_ECORRUPT, "cut.svm.gz: truncated gzip data");
   assert_non_null(strstr(fl_last_error(), at));
   assert_ptr_equal(data, (fl_ml_data *)1);
 }

@@ -193,7 +193,7 @@ static void test_text_missing_and_corrupt(void **state) {
   test_write_file(path, junk, sizeof junk);
   assert_ok(fl_text_file(ctx, path, 1, &ds));
   uint64_t n;
-  assert_fails_with(fl_count(ds, &n), FL_EJOB, "bad.gz");
+  assert_fails_with(fl_count(ds, &n), FL_ECORRUPT, "bad.gz");
   fl_dataset_free(ds);
 
   /* A file removed after the dataset was made fails the task with its name. */
@@ -257,11 +257,11 @@ static void test_text_gzip_truncated(void **state) {
     uint64_t n = 0;
     fl_records *r = NULL;
     snprintf(needle, sizeof needle, "cut%zu.svm.gz", k);
-    assert_fails_with(fl_count(ds, &n), FL_EJOB, needle);
+    assert_fails_with(fl_count(ds, &n), FL_ECORRUPT, needle);
     assert_non_null(strstr(fl_last_error(), "truncated"));
     snprintf(needle, sizeof needle, "byte %zu", cuts[k]);
     assert_non_null(strstr(fl_last_error(), needle));
-    assert_fails_with(fl_collect(ds, &r), FL_EJOB, "truncated");
+    assert_fails_with(fl_collect(ds, &r), FL_ECORRUPT, "truncated");
     assert_null(r);
     fl_dataset_free(ds);
   }
@@ -285,7 +285,7 @@ static void test_text_gzip_name_without_gzip(void **state) {
     fl_dataset *ds;
     assert_ok(fl_text_file(ctx, path, 1, &ds));
     uint64_t n = 0;
-    assert_fails_with(fl_count(ds, &n), FL_EJOB, cases[k].name);
+    assert_fails_with(fl_count(ds, &n), FL_ECORRUPT, cases[k].name);
     assert_non_null(strstr(fl_last_error(), "not gzip"));
     fl_dataset_free(ds);
   }

@@ -295,8 +295,8 @@ FL_API fl_status fl_range(fl_context *ctx, int64_t start, int64_t end, int64_t s
  * one partition each; other files are split into about min_partitions parts. Files that
  * are missing or unreadable are reported now. A .gz file must be whole gzip data: one that
  * is cut short, corrupt, or not gzip at all (zlib would read it as plain text) fails its
- * task with FL_ECORRUPT naming the file and the byte offset, and so the action with FL_EJOB
- * carrying that message; no lines of it are returned. */
+ * task with FL_ECORRUPT naming the file and the byte offset, and so the action, once the task
+ * has used its attempts, with FL_ECORRUPT and that message; no lines of it are returned. */
 FL_API fl_status fl_text_file(fl_context *ctx, const char *path, uint32_t min_partitions,
                               fl_dataset **out);
 /* Fixed-size binary records of record_len bytes, from a file, folder or glob. A file whose
