@@ -522,19 +522,24 @@ static bool ran_on(const sched_task *t, const executor_ref *e) {
   return placed != e && placed && strcmp(placed->node, e->node) == 0;
 }
 
-/* Declares e lost (once; any thread): its in-flight attempts end with FL_ENET and run again
- * elsewhere without counting as failures; what it held is computed again when needed. */
-/* e is lost (`why`): its attempts in flight end and run again elsewhere, at no cost to their
- * tasks' attempts unless its process died of user code (ExecutorExited from its supervisor):
- * then the attempt that ran the fatal code (culprit, a key; 0: not known) fails as any failed
- * attempt does, and with no culprit named every attempt that was on it does (Spark's
- * ExecutorLostFailure caused by the app). */
-static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why, uint64_t culprit,
-                          bool process_died) {
+static bool key_in(uint64_t key, const uint64_t *keys, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (keys[i] == key) return true;
+  return false;
+}
+
+/* Declares e lost (once; any thread; false when it was already): its attempts in flight end
+ * with FL_ENET and run again elsewhere, at no cost to their tasks, but for those whose keys
+ * are in charged[0, num_charged): attempts whose code killed its process (ExecutorExited from
+ * its supervisor: the one its last words name, else those that were running; Spark's
+ * ExecutorLostFailure caused by the app) fail as any failed attempt does. What e held is
+ * computed again when needed. */
+static bool executor_lose(cluster_backend *cb, executor_ref *e, const char *why, const uint64_t *charged,
+                          size_t num_charged) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   if (e->lost || cb->stopping) { /* stopping: the scheduler has stopped, nothing to recover */
     FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-    return;
+    return false;
   }
   e->lost = true;
   e->stopping = true;
@@ -553,31 +558,34 @@ static void executor_lose(cluster_backend *cb, executor_ref *e, const char *why,
       i++;
     }
   }
+  /* A supervised executor lost before its supervisor said why (a call to it failed first):
+   * the report, when it comes, charges from these (cluster_executor_exited). */
+  if (e->supervised && !num_charged && n && (e->swept = common_calloc(n, sizeof *e->swept)))
+    for (size_t i = 0; i < n; i++) {
+      const sched_task *t = gone[i]->original ? gone[i]->original : gone[i];
+      e->swept[e->num_swept++] = (struct swept_attempt){gone[i]->key, t->job->id, t->stage->id, t->index};
+    }
   bool any_live = false;
   for (executor_ref *x = cb->executors; x; x = x->next) any_live |= !x->lost;
   if (!any_live) cb->no_executor_since_ns = common_now_ns();
   snprintf(cb->last_loss, sizeof cb->last_loss, "executor %llu at %s: %s", (unsigned long long)e->id,
            e->rpc_address, why);
-  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  common_log(LOG_WARN, "executor %llu at %s lost: %s; %zu running tasks run again elsewhere",
-             (unsigned long long)e->id, e->rpc_address, why, n);
-  /* Queued first, so that the scheduler never places the retries on e. */
-  if (scheduler_post_call(cb->base.sched, executor_removed, e) != FL_OK)
-    common_log(LOG_ERROR, "out of memory: executor %llu keeps its slots", (unsigned long long)e->id);
   char msg[512];
   snprintf(msg, sizeof msg, "executor %llu at %s lost: %s", (unsigned long long)e->id, e->rpc_address, why);
-  if (e->supervised && !process_died && n && (e->swept = common_calloc(n, sizeof *e->swept)))
-    for (size_t i = 0; i < n; i++) {
-      const sched_task *t = gone[i]->original ? gone[i]->original : gone[i];
-      e->swept[e->num_swept++] = (struct swept_attempt){gone[i]->key, t->job->id, t->stage->id, t->index};
-    }
+  uint64_t id = e->id;
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  common_log(LOG_WARN, "%s; %zu running tasks run again elsewhere", msg, n);
+  /* Queued first, so that the scheduler never places the retries on e. */
+  if (scheduler_post_call(cb->base.sched, executor_removed, e) != FL_OK)
+    common_log(LOG_ERROR, "out of memory: executor %llu keeps its slots", (unsigned long long)id);
   for (size_t i = 0; i < n; i++) {
     gone[i]->rt.status = FL_ENET;
     gone[i]->rt.error = common_strdup(msg);
-    gone[i]->executor_lost = !process_died || (culprit && gone[i]->key != culprit);
+    gone[i]->executor_lost = !key_in(gone[i]->key, charged, num_charged);
   }
   if (gone) scheduler_post_task_ends(cb->base.sched, gone, n);
   common_free(gone);
+  return true;
 }
 
 /* Sends e a call that does nothing (KillTasks of no task): if e is gone, the sender's
@@ -671,7 +679,7 @@ static void *monitor_loop(void *p) {
     if (silent) {
       char why[96];
       snprintf(why, sizeof why, "no heartbeat for %.1f s", (double)(now - silent->last_heartbeat_ns) / 1e9);
-      executor_lose(cb, silent, why, 0, false);
+      executor_lose(cb, silent, why, NULL, 0);
     }
     if (check && scheduler_post_call(cb->base.sched, check_waiting_jobs, cb) != FL_OK) {
       common_log(LOG_ERROR, "out of memory: cannot check the jobs waiting for executors");
@@ -1147,7 +1155,7 @@ static void *sender_loop(void *p) {
       snprintf(msg, sizeof msg, "executor %llu at %s: %s", (unsigned long long)e->id,
                e->rpc_address, fl_last_error());
       bool lost = st == FL_ENET || st == FL_ETIMEDOUT;
-      if (lost) executor_lose(cb, e, fl_last_error(), 0, false); /* its attempts run elsewhere */
+      if (lost) executor_lose(cb, e, fl_last_error(), NULL, 0); /* its attempts run elsewhere */
       else if (!atomic_load(&e->abandon)) common_log(LOG_WARN, "%s", msg);
       /* Launched after the loss swept its attempts, or not a network failure (an executor
        * that refused a kill answered all the same: it is alive, the attempt ends). */
@@ -1465,31 +1473,31 @@ static void charge_late(scheduler *s, void *arg) {
   common_free(c);
 }
 
-bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t incarnation, uint64_t culprit,
-                             const char *why) {
+bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t incarnation, const uint64_t *charged,
+                             size_t num_charged, const char *why) {
   if (incarnation != cb->cfg.incarnation) return false;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   executor_ref *e = cb->executors;
   while (e && e->id != executor) e = e->next;
-  bool lost = e && e->lost;
-  late_charge *c = NULL;
-  for (size_t i = 0; lost && culprit && i < e->num_swept && !c; i++)
-    if (e->swept[i].key == culprit && (c = common_malloc(sizeof *c + strlen(why) + 1))) {
-      c->job = e->swept[i].job;
-      c->stage = e->swept[i].stage;
-      c->index = e->swept[i].index;
-      strcpy(c->why, why);
-    }
+  bool live = e && !e->lost;
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   if (!e) return false;
-  if (!lost) {
-    executor_lose(cb, e, why, culprit, true);
-    return true;
-  }
-  /* Lost already, when a call to it failed before the report came: the task that killed it
-   * is charged now (it may be running again elsewhere). */
+  if (live && executor_lose(cb, e, why, charged, num_charged)) return true;
+  /* Lost already, when a call to it failed before the report came: the attempts that killed
+   * it are charged now, by task (they may be running again elsewhere). */
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
   common_log(LOG_WARN, "executor %llu at %s: %s", (unsigned long long)e->id, e->rpc_address, why);
-  if (c && scheduler_post_call(cb->base.sched, charge_late, c) != FL_OK) common_free(c);
+  for (size_t i = 0; i < e->num_swept; i++) {
+    late_charge *c = NULL;
+    if (!key_in(e->swept[i].key, charged, num_charged) || !(c = common_malloc(sizeof *c + strlen(why) + 1))) continue;
+    c->job = e->swept[i].job;
+    c->stage = e->swept[i].stage;
+    c->index = e->swept[i].index;
+    strcpy(c->why, why);
+    if (scheduler_post_call(cb->base.sched, charge_late, c) != FL_OK) common_free(c);
+  }
+  e->num_swept = 0; /* charged once */
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   return true;
 }
 

@@ -451,12 +451,12 @@ FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, ui
                                        uint32_t data_port, uint32_t cores, uint64_t memory,
                                        int32_t gpu, const char *node, uint32_t pid, bool supervised,
                                        uint64_t *id);
-/* The supervisor of executor `executor` says its process died (`why`, in words), while
- * attempt `culprit` ran the code that killed it (0: not known): the executor is lost, and
- * the culprit's task (or, none named, every task that was on it) is charged with a failure.
- * False when the executor is not one of this driver's live ones. */
+/* The supervisor of executor `executor` says its process died (`why`, in words): the
+ * executor is lost, and the tasks of the attempts charged[0, num_charged) (the one that ran
+ * the code that killed it, or those that were running) are charged with a failure. False
+ * when the executor is not one of this driver's. */
 FL_INTERNAL bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t incarnation,
-                                         uint64_t culprit, const char *why);
+                                         const uint64_t *charged, size_t num_charged, const char *why);
 /* False when the executor is unknown, or registered with another incarnation of the driver
  * (it should drop its state and register again). */
 FL_INTERNAL bool cluster_heartbeat(cluster_backend *cb, uint64_t executor, uint64_t incarnation,

@@ -100,6 +100,10 @@ typedef struct driver_state {
   /* FLINT_CLIENT_TIMEOUT_MS: an application whose client has not called for this long (it
    * keeps alive every third of it) is closed, as its client is gone. */
   uint64_t client_timeout_ns;
+  pthread_t lease_thread; /* lease_main */
+  bool lease_started;
+  atomic_bool leases_stop;
+  uint64_t next_lease_check_ns; /* lease_main's */
   scheduler *sched;
   cluster_backend *cluster;
   rpc_server *server;
@@ -369,9 +373,10 @@ static fl_status handle_keepalive(driver_state *d, fl_bytes body, fl_buf *respon
  * nothing; its application's blocks, shuffle files and broadcasts go everywhere. */
 static void close_silent_apps(driver_state *d) {
   for (;;) {
-    uint64_t id = 0, now = common_now_ns(), silent_ns = 0;
+    uint64_t id = 0, silent_ns = 0;
     char name[128] = "";
     FL_PCHECK(pthread_mutex_lock(&d->lock));
+    uint64_t now = common_now_ns(); /* under the lock: no lease renewed after it */
     for (app_entry *a = d->apps; a && !id; a = a->next)
       if (a->app && now - a->last_seen_ns > d->client_timeout_ns) {
         id = a->id;
@@ -384,6 +389,21 @@ static void close_silent_apps(driver_state *d) {
                "closing it", (unsigned long long)id, name, (double)silent_ns / 1e9);
     app_close(d, id);
   }
+}
+
+/* The leases' thread: twice a second, closes the applications of silent clients. Apart from
+ * the main loop, since a close waits for the calls using the application to end. */
+static void *lease_main(void *arg) {
+  pthread_setname_np(pthread_self(), "fl-lease");
+  driver_state *d = arg;
+  while (!atomic_load(&d->leases_stop)) {
+    usleep(100000);
+    if (common_now_ns() >= d->next_lease_check_ns) {
+      close_silent_apps(d);
+      d->next_lease_check_ns = common_now_ns() + 500000000ull;
+    }
+  }
+  return NULL;
 }
 
 /* A job binary that crashed or exited without closing its context leaves its applications
@@ -545,8 +565,12 @@ static fl_status handle_broadcast_put(driver_state *d, fl_bytes body, fl_buf *re
 
 static fl_status handle_broadcast_remove(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__BroadcastRemoveRequest, req, body, "BroadcastRemove");
-  cluster_remove_broadcast(d->cluster, req->app_id, req->broadcast_id);
+  uint64_t incarnation = req->incarnation, app_id = req->app_id, id = req->broadcast_id;
   flint__broadcast_remove_request__free_unpacked(req, NULL);
+  if (incarnation != d->incarnation) /* another application of that id is this driver's */
+    return FL_ERR(FL_ENOENT, "no running application %llu on this driver process: it belongs to an earlier "
+                  "driver process", (unsigned long long)app_id);
+  cluster_remove_broadcast(d->cluster, app_id, id);
   return empty_reply(response);
 }
 
@@ -999,17 +1023,15 @@ static void *supervise(void *arg) {
   memset(&info, 0, sizeof info);
   while (waitid(P_PID, (id_t)s->pid, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
   }
+  close_apps_of(d, s->pid); /* before `exited`: its submitter sees it gone with its job */
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   s->exited = true;
   if (info.si_code == CLD_EXITED) s->exit_code = info.si_status;
   else s->signal = info.si_status;
+  pthread_cond_broadcast(&d->changed);
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   while (waitpid(s->pid, NULL, 0) < 0 && errno == EINTR) {
   }
-  close_apps_of(d, s->pid);
-  FL_PCHECK(pthread_mutex_lock(&d->lock));
-  pthread_cond_broadcast(&d->changed);
-  FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (s->signal)
     common_log(LOG_WARN, "job binary %llu was killed by signal %d (%s)", (unsigned long long)s->id,
                s->signal, strsignal(s->signal));
@@ -1424,7 +1446,10 @@ static fl_status handle_executor_exited(driver_state *d, fl_bytes body, fl_buf *
     snprintf(why + n, sizeof why - (size_t)n, "%s, running partition %u of dataset %llu", function, req->partition,
              (unsigned long long)req->rdd_id);
   }
-  bool known = cluster_executor_exited(d->cluster, req->executor_id, req->incarnation, req->task_key, why);
+  /* The attempt that ran the fatal code, or, unnamed (an _exit, a kill), those that ran. */
+  const uint64_t *charged = req->task_key ? &req->task_key : req->running;
+  size_t num_charged = req->task_key ? 1 : req->n_running;
+  bool known = cluster_executor_exited(d->cluster, req->executor_id, req->incarnation, charged, num_charged, why);
   flint__executor_exited_request__free_unpacked(req, NULL);
   if (!known) common_log(LOG_INFO, "an executor this driver no longer knows: %s", why);
   return empty_reply(response);
@@ -1644,13 +1669,14 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
       goto cleanup;
     }
   }
-  for (uint64_t round = 0; !*stop; round++) {
-    usleep(20000);
-    if (round % 25 == 0) close_silent_apps(&d); /* twice a second */
-  }
+  d.lease_started = pthread_create(&d.lease_thread, NULL, lease_main, &d) == 0;
+  if (!d.lease_started) common_log(LOG_ERROR, "cannot start the lease thread: silent clients' applications stay open");
+  while (!*stop) usleep(20000);
   common_log(LOG_INFO, "stopping");
 cleanup:
+  atomic_store(&d.leases_stop, true);
   rpc_server_stop(d.server); /* every RunJob call answered: the reply pool is idle */
+  if (d.lease_started) pthread_join(d.lease_thread, NULL); /* no call holds an application now */
   task_pool_destroy(d.replies);
   /* Job binaries end with their driver. */
   for (submission *s = d.submissions; s; s = s->next)

@@ -65,12 +65,17 @@ fl_status claim_table_create(claim_table **out) {
   return s;
 }
 
-void claim_table_trim(claim_table *t, uint64_t newest) {
+void claim_table_trim(claim_table *t, uint64_t newest, uint64_t oldest) {
   if (t->fd < 0 || newest < CLAIM_TRIM_BEHIND) return;
-  uint64_t floor = (newest - CLAIM_TRIM_BEHIND) & ~(CLAIM_TRIM_CHUNK - 1);
+  uint64_t floor = newest - CLAIM_TRIM_BEHIND;
+  if (oldest && oldest < floor) floor = oldest; /* an attempt still queued or running here */
+  floor &= ~(CLAIM_TRIM_CHUNK - 1);
+  /* Slots of keys in [floor, newest] are live: a punch reaches at most the rest of the ring. */
+  if (newest - floor + CLAIM_TRIM_CHUNK >= CLAIM_SLOTS) return;
+  uint64_t span = CLAIM_SLOTS - (newest - floor) - CLAIM_TRIM_CHUNK;
   uint64_t from = atomic_load(&t->trimmed_to);
   if (from >= floor || !atomic_compare_exchange_strong(&t->trimmed_to, &from, floor)) return;
-  if (floor - from > CLAIM_SLOTS) from = floor - CLAIM_SLOTS; /* the first trim, or a jump */
+  if (floor - from > span) from = floor - span; /* the first trim, or a jump */
   for (uint64_t k = from & ~(CLAIM_TRIM_CHUNK - 1); k < floor; k += CLAIM_TRIM_CHUNK) {
     off_t at = (off_t)((k & (CLAIM_SLOTS - 1)) * sizeof(uint64_t));
     fallocate(t->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, (off_t)(CLAIM_TRIM_CHUNK * sizeof(uint64_t)));

@@ -106,9 +106,10 @@ FL_INTERNAL fl_status claim_table_open(uint32_t pid, claim_table **out);
  * runs it); a peer claims only an attempt nobody has, and never one that a later attempt's
  * claim has overwritten (its slot holds a larger key: the attempt is long over). */
 FL_INTERNAL bool claim_table_take(claim_table *t, uint64_t key, bool owner);
-/* This executor's table (no-op in a peer's): the newest key launched here is `newest`; the
- * pages of slots far behind it are given back. */
-FL_INTERNAL void claim_table_trim(claim_table *t, uint64_t newest);
+/* This executor's table (no-op in a peer's): the newest key launched here is `newest`, the
+ * oldest of its attempts still queued or running `oldest` (0: none); the pages of slots far
+ * behind both are given back. */
+FL_INTERNAL void claim_table_trim(claim_table *t, uint64_t newest, uint64_t oldest);
 FL_INTERNAL void claim_table_free(claim_table *t);
 
 /* ---- task pool ------------------------------------------------------------------------- */
@@ -133,8 +134,11 @@ FL_INTERNAL void task_pool_destroy(task_pool *pool);
  * did it, so that the driver fails that task rather than the cluster, and starts a fresh
  * executor (new id, clean state). The child reports over a pipe (report.c has the lines).
  */
-/* The environment variable that hands a supervised child its end of the pipe. */
+/* The environment variables that hand a supervised child its end of the pipe, and the table
+ * of what its task threads run (a memfd of EXECUTOR_RUNNING_SLOTS keys, 0 for none). */
 #define EXECUTOR_REPORT_FD_ENV "FLINT_EXECUTOR_REPORT_FD"
+#define EXECUTOR_RUNNING_FD_ENV "FLINT_EXECUTOR_RUNNING_FD"
+#define EXECUTOR_RUNNING_SLOTS 1024
 
 /* A task, as the last words name it. */
 typedef struct executor_report_task {
@@ -142,10 +146,11 @@ typedef struct executor_report_task {
   uint32_t partition;
 } executor_report_task;
 
-/* In the child: reports go to descriptor `fd_text` (the variable's value); installs the
+/* In the child: reports go to descriptor `fd_text` (EXECUTOR_REPORT_FD_ENV's value), the
+ * running attempts to the table of descriptor running_fd_text (NULL: none); installs the
  * handlers of fatal signals and exit(). work_dir is the executor's folder, whose lib/ holds
  * the applications' libraries. */
-FL_INTERNAL fl_status executor_report_open(const char *fd_text, const char *work_dir);
+FL_INTERNAL fl_status executor_report_open(const char *fd_text, const char *running_fd_text, const char *work_dir);
 /* After each registration with a driver. No-op when not supervised. */
 FL_INTERNAL void executor_report_registered(uint64_t executor, uint64_t incarnation, const char *driver,
                                             const char *work_dir);

@@ -10,6 +10,11 @@
  * applications are exported, so dladdr names them). The supervisor hands that to the driver,
  * which fails the task with it, and starts a fresh executor.
  *
+ * What every task thread runs is also in a small table shared with the supervisor (a memfd
+ * it made: a slot per thread, the attempt's key while it runs), so that a death that says
+ * nothing (an _exit, a SIGKILL) still tells which attempts were running: those are charged,
+ * not the ones queued behind them.
+ *
  * Lines (text, one write(2) each, so that they never interleave):
  *   registered EXECUTOR INCARNATION DRIVER WORKDIR
  *   died TASK APP DATASET PARTITION SIGNAL EXIT LIBRARY SYMBOL   ("-" for an unknown word)
@@ -20,8 +25,10 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "executor/executor.h"
@@ -33,6 +40,10 @@ static char library_dir[LIBRARY_DIR_MAX]; /* "<work dir>/lib/": applications' li
 static size_t library_dir_len;
 static _Thread_local const executor_report_task *running; /* the task this thread runs */
 static volatile sig_atomic_t reported;                    /* one last word per process */
+static _Atomic uint64_t *running_table;                   /* the shared table, or NULL */
+static atomic_uint next_slot;
+static _Thread_local int my_slot = -1;                    /* this thread's slot in it */
+static _Thread_local bool alt_stack;                      /* sigaltstack set up */
 
 /* ---- formatting without the C library ----------------------------------------------------- */
 
@@ -108,8 +119,10 @@ static void last_words(int signal_number, int exit_code) {
 
 static void on_fatal_signal(int signal_number) {
   last_words(signal_number, 0);
-  /* SA_RESETHAND restored the default action: the faulting instruction runs again and the
-   * process dies by the signal (abort() raises it again itself). */
+  /* SA_RESETHAND restored the default action (and did not block the signal): raised again,
+   * it ends the process now, as it would have without this handler, also when it came from
+   * kill() or raise() rather than a fault. */
+  raise(signal_number);
 }
 
 /* exit() called by a task's function (the thread that calls exit runs the atexit handlers). */
@@ -120,7 +133,7 @@ static void on_exit_call(int code, void *arg) {
 
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
-fl_status executor_report_open(const char *fd_text, const char *work_dir) {
+fl_status executor_report_open(const char *fd_text, const char *running_fd_text, const char *work_dir) {
   char *end;
   long fd = strtol(fd_text, &end, 10);
   if (*end || end == fd_text || fd < 3 || fd > 1 << 20)
@@ -134,10 +147,16 @@ fl_status executor_report_open(const char *fd_text, const char *work_dir) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_fatal_signal;
-  sa.sa_flags = (int)SA_RESETHAND;
+  sa.sa_flags = (int)(SA_RESETHAND | SA_ONSTACK); /* a stack overflow leaves no stack to run on */
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < sizeof fatal_signals / sizeof *fatal_signals; i++) sigaction(fatal_signals[i], &sa, NULL);
   on_exit(on_exit_call, NULL);
+  long running_fd = running_fd_text ? strtol(running_fd_text, &end, 10) : -1;
+  if (running_fd >= 3 && !*end) {
+    void *map = mmap(NULL, EXECUTOR_RUNNING_SLOTS * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED,
+                     (int)running_fd, 0);
+    if (map != MAP_FAILED) running_table = map;
+  }
   return FL_OK;
 }
 
@@ -152,4 +171,22 @@ void executor_report_registered(uint64_t executor, uint64_t incarnation, const c
   send_line(&l);
 }
 
-void executor_report_running(const executor_report_task *t) { running = t; }
+/* A stack of its own for the fatal signals' handler, once per thread: recursion that runs out
+ * of stack still gets its last words said. Never freed: task threads live as the process. */
+static void thread_alt_stack(void) {
+  alt_stack = true;
+  stack_t ss = {.ss_size = 64 << 10};
+  if ((ss.ss_sp = malloc(ss.ss_size)) && sigaltstack(&ss, NULL) != 0) free(ss.ss_sp);
+}
+
+void executor_report_running(const executor_report_task *t) {
+  if (report_fd < 0) return;
+  if (!alt_stack) thread_alt_stack();
+  running = t;
+  if (!running_table) return;
+  if (my_slot < 0) {
+    unsigned slot = atomic_fetch_add(&next_slot, 1);
+    my_slot = slot < EXECUTOR_RUNNING_SLOTS ? (int)slot : EXECUTOR_RUNNING_SLOTS; /* past the end: untracked */
+  }
+  if (my_slot < EXECUTOR_RUNNING_SLOTS) atomic_store_explicit(&running_table[my_slot], t ? t->key : 0, memory_order_relaxed);
+}

@@ -1101,8 +1101,14 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
   fl_status status = check_incarnation(svc, req->incarnation, "LaunchTasks");
   exec_app *app = NULL;
   if (status != FL_OK) goto cleanup;
+  /* The launch holds the application (driver_forget may run meanwhile); checked again under
+   * the lock, so that no application of a driver being forgotten is made. */
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
-  status = app_get_or_create(svc, req->app_id, &app);
+  status = atomic_load(&svc->incarnation) == req->incarnation
+               ? app_get_or_create(svc, req->app_id, &app)
+               : FL_ERR(FL_ESTATE, "LaunchTasks: the executor is leaving the driver of incarnation %016llx",
+                        (unsigned long long)req->incarnation);
+  if (status == FL_OK) atomic_fetch_add(&app->tasks_running, 1);
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
   if (status != FL_OK) goto cleanup;
 
@@ -1259,6 +1265,7 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
       t->next = svc->running;
       svc->running = t;
       atomic_fetch_add(&app->tasks_running, 1);
+      if (app->removed) atomic_store(&t->cancelled, true); /* its driver is being forgotten */
     }
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
     atomic_store(&svc->none_pending, req->none_pending); /* launches arrive in order: one sender */
@@ -1272,10 +1279,14 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
       if (tasks[i]->offer) order[kept - 1 - offers++] = tasks[i];
       else order[i - offers] = tasks[i];
     atomic_fetch_add(&svc->own_queued, own);
-    uint64_t newest = 0;
+    uint64_t newest = 0, oldest = 0;
     for (size_t i = 0; i < kept; i++)
       if (!tasks[i]->offer && tasks[i]->key > newest) newest = tasks[i]->key;
-    if (svc->claims && newest) claim_table_trim(svc->claims, newest); /* before the submits free them */
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    for (exec_task *t = svc->running; t; t = t->next)
+      if (!t->offer && (!oldest || t->key < oldest)) oldest = t->key;
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (svc->claims && newest) claim_table_trim(svc->claims, newest, oldest); /* before the submits free them */
     for (size_t i = 0; i < kept; i++) task_pool_submit(svc->pool, &order[i]->work);
   } else if (tasks) {
     for (size_t i = 0; i < req->n_tasks; i++)
@@ -1287,6 +1298,12 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
     status = proto_pack(&empty.base, response);
   }
 cleanup:
+  if (app) { /* the launch's hold */
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    exec_app *gone = app_release_locked(svc, app);
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (gone) app_remove_all(svc, gone);
+  }
   flint__launch_tasks_request__free_unpacked(req, NULL);
   return status;
 }
@@ -1549,6 +1566,9 @@ static fl_status register_with_driver(exec_service *svc, int64_t timeout_ms) {
  * it registers again. False when killed tasks did not end within FORGET_DRAIN_MS. */
 static bool driver_forget(exec_service *svc) {
   atomic_store(&svc->incarnation, INCARNATION_NONE); /* nothing more of the old driver */
+  /* A status update in flight to a driver that does not answer holds its tasks' applications
+   * for its deadline: give it up (its ends are the old driver's). */
+  atomic_store(&svc->abandon_statuses, true);
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   size_t num_apps = 0;
   for (exec_app *a = svc->apps; a; a = a->next) num_apps++;
@@ -1585,6 +1605,7 @@ static bool driver_forget(exec_service *svc) {
     FL_PCHECK(pthread_mutex_lock(&svc->lock));
     bool drained = svc->apps == NULL;
     FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (drained && !atomic_load(&svc->abandon)) atomic_store(&svc->abandon_statuses, false);
     if (drained) return true;
     if (common_now_ns() >= deadline || atomic_load(&svc->abandon)) return false;
     usleep(10000);
@@ -1614,6 +1635,15 @@ static void service_fail(exec_service *svc, const char *why) {
  * once a heartbeat period, quietly; false once the executor stops. */
 static bool register_again(exec_service *svc) {
   for (;;) {
+    /* A launch that overtook a registration that then failed left an application behind. */
+    FL_PCHECK(pthread_mutex_lock(&svc->lock));
+    bool leftovers = svc->apps != NULL;
+    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+    if (leftovers && !driver_forget(svc)) {
+      if (!atomic_load(&svc->abandon))
+        service_fail(svc, "tasks of an earlier registration did not stop within 20 s of being killed");
+      return false;
+    }
     if (register_with_driver(svc, (int64_t)svc->heartbeat_ms * 5) == FL_OK) {
       common_log(LOG_INFO, "registered afresh with the driver at %s as executor %llu", svc->cfg.driver,
                  (unsigned long long)svc->id);
@@ -1815,7 +1845,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(common_mkdirs(sub));
   const char *report_fd = getenv(EXECUTOR_REPORT_FD_ENV);
   if (report_fd && *report_fd) {
-    FL_CHECK(executor_report_open(report_fd, svc.work_dir));
+    FL_CHECK(executor_report_open(report_fd, getenv(EXECUTOR_RUNNING_FD_ENV), svc.work_dir));
     svc.supervised = true;
   }
   /* Every shared block keeps a descriptor: allow as many as the hard limit does. */
@@ -1864,8 +1894,14 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
     goto cleanup;
   }
   while (!*stop && !atomic_load(&svc.fatal)) usleep(20000);
-  if (atomic_load(&svc.fatal)) status = FL_ERR(FL_ESTATE, "%s", svc.fatal_error);
-  else common_log(LOG_INFO, "stopping");
+  if (atomic_load(&svc.fatal)) {
+    /* Tasks that ignore kills hold pool threads, which a clean stop would join for ever: the
+     * process ends here (its supervisor starts a clean one), leaving only its folder behind. */
+    fprintf(stderr, "flint executor: %s\n", svc.fatal_error);
+    if (svc.own_work_dir) common_remove_tree(svc.work_dir);
+    _exit(1);
+  }
+  common_log(LOG_INFO, "stopping");
 cleanup:
   service_destroy(&svc);
   return status;

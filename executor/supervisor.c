@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +42,7 @@
 typedef struct child {
   pid_t pid;
   int report; /* the pipe's read end */
+  _Atomic uint64_t *running; /* the table of its task threads' attempts (report.c), or NULL */
   uint64_t started_ns;
   char pending[4096]; /* a line not yet whole */
   size_t pending_len;
@@ -56,16 +58,25 @@ typedef struct child {
   char library[128], symbol[256];
 } child;
 
-/* Starts argv[0] (this program; /proc/self/exe when argv[0] is no path) with the report
- * pipe's write end as descriptor 3 upward. */
+#define RUNNING_BYTES (EXECUTOR_RUNNING_SLOTS * sizeof(uint64_t))
+
+/* Starts this program again (/proc/self/exe) with argv, the report pipe's write end and the
+ * running table's descriptor (3 upward) named in the environment. */
 static fl_status child_start(char *const *argv, child *c) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return FL_ERR(FL_EIO, "cannot make a pipe: %s", strerror(errno));
+  /* Without the table a death that says nothing charges no attempt: not fatal. */
+  int table = memfd_create("flint-running", MFD_CLOEXEC);
+  void *map = MAP_FAILED;
+  if (table >= 0 && ftruncate(table, (off_t)RUNNING_BYTES) == 0)
+    map = mmap(NULL, RUNNING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, table, 0);
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     close(fds[0]);
     close(fds[1]);
+    if (map != MAP_FAILED) munmap(map, RUNNING_BYTES);
+    if (table >= 0) close(table);
     return FL_ERR(FL_EIO, "cannot start the executor process: %s", strerror(errno));
   }
   if (pid == 0) {
@@ -75,13 +86,24 @@ static fl_status child_start(char *const *argv, child *c) {
     char value[16];
     snprintf(value, sizeof value, "%d", fd);
     if (fd < 0 || setenv(EXECUTOR_REPORT_FD_ENV, value, 1) != 0) _exit(127);
+    int table_fd = map != MAP_FAILED ? fcntl(table, F_DUPFD, 3) : -1;
+    snprintf(value, sizeof value, "%d", table_fd);
+    if (table_fd >= 0) setenv(EXECUTOR_RUNNING_FD_ENV, value, 1);
     execv("/proc/self/exe", argv);
     _exit(127);
   }
   close(fds[1]);
+  if (table >= 0) close(table); /* the mapping keeps it */
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
-  *c = (child){.pid = pid, .report = fds[0], .started_ns = common_now_ns()};
+  *c = (child){.pid = pid, .report = fds[0], .started_ns = common_now_ns(),
+               .running = map != MAP_FAILED ? map : NULL};
   return FL_OK;
+}
+
+static void child_close(child *c) {
+  close(c->report);
+  if (c->running) munmap((void *)c->running, RUNNING_BYTES);
+  c->running = NULL;
 }
 
 static void child_line(child *c, char *text) {
@@ -134,6 +156,10 @@ static void report_death(const child *c, int signal_number, int exit_code, const
   req.incarnation = c->incarnation;
   req.signal = signal_number;
   req.exit_code = exit_code;
+  uint64_t running[EXECUTOR_RUNNING_SLOTS];
+  for (size_t i = 0; c->running && i < EXECUTOR_RUNNING_SLOTS; i++)
+    if ((running[req.n_running] = atomic_load(&c->running[i]))) req.n_running++;
+  req.running = running;
   if (c->died_said) {
     req.task_key = c->task;
     req.app_id = c->app;
@@ -188,7 +214,8 @@ static bool pause_unless_stopped(int s, volatile sig_atomic_t *stop) {
 
 int executor_supervise(char *const *argv, const char *secret, volatile sig_atomic_t *stop) {
   common_log_set_role("executor supervisor");
-  int young_deaths = 0; /* in a row */
+  int young_deaths = 0;        /* in a row */
+  bool ever_registered = false; /* since then a child that cannot register is restarted too */
   for (;;) {
     child c;
     if (child_start(argv, &c) != FL_OK) {
@@ -206,13 +233,19 @@ int executor_supervise(char *const *argv, const char *secret, volatile sig_atomi
         kill(c.pid, SIGKILL);
         waitpid(c.pid, &wstatus, 0);
       }
-      close(c.report);
+      child_close(&c);
       return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
     }
-    close(c.report);
     int signal_number = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
     int exit_code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 0;
-    if (!c.registered) { /* it never worked: bad arguments, no driver; it said why */
+    /* A clean exit is a stop (a Ctrl-C reaches the child as well as this process). */
+    if (*stop || (!signal_number && exit_code == 0 && !c.died_said)) {
+      child_close(&c);
+      return exit_code;
+    }
+    ever_registered |= c.registered;
+    if (!c.registered && !ever_registered) { /* it never worked: bad arguments, no driver; it said why */
+      child_close(&c);
       if (!signal_number) return exit_code ? exit_code : 1;
       common_log(LOG_ERROR, "the executor process died by signal %d (%s) before it registered", signal_number,
                  strsignal(signal_number));
@@ -226,7 +259,8 @@ int executor_supervise(char *const *argv, const char *secret, volatile sig_atomi
     int backoff_s = young_deaths < 2 ? 0 : young_deaths > 6 ? BACKOFF_MAX_S : 1 << (young_deaths - 2);
     common_log(LOG_WARN, "executor %llu (process %d) %s; a fresh executor starts%s", (unsigned long long)c.executor,
                (int)c.pid, how, backoff_s ? " after a pause" : "");
-    report_death(&c, signal_number, exit_code, secret);
+    if (c.registered) report_death(&c, signal_number, exit_code, secret);
+    child_close(&c);
     if (c.work_dir[0]) common_remove_tree(c.work_dir); /* it could not remove its own */
     if (backoff_s && !pause_unless_stopped(backoff_s, stop)) return 0;
     if (*stop) return 0;
