@@ -172,11 +172,16 @@ void executor_report_registered(uint64_t executor, uint64_t incarnation, const c
 }
 
 /* A stack of its own for the fatal signals' handler, once per thread: recursion that runs out
- * of stack still gets its last words said. Never freed: task threads live as the process. */
+ * of stack still gets its last words said. Only where the thread has none (a sanitizer gives
+ * each thread its own, and unmaps it when the thread ends); mapped, never freed: task threads
+ * live as long as the process. */
 static void thread_alt_stack(void) {
   alt_stack = true;
+  stack_t old;
+  if (sigaltstack(NULL, &old) != 0 || !(old.ss_flags & SS_DISABLE)) return;
   stack_t ss = {.ss_size = 64 << 10};
-  if ((ss.ss_sp = malloc(ss.ss_size)) && sigaltstack(&ss, NULL) != 0) free(ss.ss_sp);
+  ss.ss_sp = mmap(NULL, ss.ss_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (ss.ss_sp != MAP_FAILED && sigaltstack(&ss, NULL) != 0) munmap(ss.ss_sp, ss.ss_size);
 }
 
 void executor_report_running(const executor_report_task *t) {

@@ -305,7 +305,8 @@ static void damage_magic(const char *path) { flip_byte(path, 0, 1); }
 static void damage_crc(const char *path) { flip_byte(path, 0, 13); }
 static void damage_count(const char *path) { flip_byte(path, 0, 16); }
 
-static void damaged_file_fails(damage_fn damage, const char *needle) {
+/* want: the action's status (FL_ECORRUPT for damaged contents, FL_EJOB for a missing file). */
+static void damaged_file_fails(damage_fn damage, const char *needle, fl_status want) {
   fixture f;
   fixture_open(&f, 0);
   assert_ok(fl_checkpoint(f.pairs, f.dir));
@@ -315,15 +316,15 @@ static void damaged_file_fails(damage_fn damage, const char *needle) {
   damage(path);
   uint64_t n;
   fl_status s = fl_count(f.pairs, &n);
-  if (s != FL_EJOB || !strstr(fl_last_error(), path) || !strstr(fl_last_error(), needle))
+  if (s != want || !strstr(fl_last_error(), path) || !strstr(fl_last_error(), needle))
     fprintf(stderr, "got %s: %s\n", fl_status_name(s), fl_last_error());
-  assert_int_equal(s, FL_EJOB);
+  assert_int_equal(s, want);
   assert_non_null(strstr(fl_last_error(), path));
   assert_non_null(strstr(fl_last_error(), needle));
   /* A child fails the same way, and nothing was recomputed from the old lineage. */
   fl_dataset *child;
   assert_ok(fl_map(f.pairs, ck_flatten, NULL, 0, &child));
-  assert_int_equal(fl_count(child, &n), FL_EJOB);
+  assert_int_equal(fl_count(child, &n), want);
   assert_non_null(strstr(fl_last_error(), path));
   fl_dataset_free(child);
   assert_int_equal(calls(&f), N);
@@ -336,16 +337,18 @@ static void test_damaged_files(void **state) {
   static const struct {
     damage_fn damage;
     const char *needle;
+    fl_status want;
   } cases[] = {
-      {damage_remove, "No such file"},
-      {damage_truncate_header, "truncated header"},
-      {damage_truncate_payload, "corrupt"},
-      {damage_payload, "corrupt"},
-      {damage_magic, "bad magic"},
-      {damage_crc, "CRC32C mismatch"},
-      {damage_count, "records than its header says"},
+      {damage_remove, "No such file", FL_EJOB},
+      {damage_truncate_header, "truncated header", FL_ECORRUPT},
+      {damage_truncate_payload, "corrupt", FL_ECORRUPT},
+      {damage_payload, "corrupt", FL_ECORRUPT},
+      {damage_magic, "bad magic", FL_ECORRUPT},
+      {damage_crc, "CRC32C mismatch", FL_ECORRUPT},
+      {damage_count, "records than its header says", FL_ECORRUPT},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) damaged_file_fails(cases[i].damage, cases[i].needle);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    damaged_file_fails(cases[i].damage, cases[i].needle, cases[i].want);
 }
 
 /* An empty dataset and empty partitions make valid (header-only) files. */
