@@ -80,7 +80,8 @@ static void send_line(line *l) {
 /* ---- the last words ----------------------------------------------------------------------- */
 
 /* The innermost frame of this thread's stack in an application's library: its file's base
- * name (the content id and ".so") and symbol; false when none is. */
+ * name (the content id and ".so") and symbol, or, when that frame's function has no exported
+ * name (a static helper), the innermost one that has; false when no frame is there. */
 static bool user_frame(const char **library, const char **symbol) {
   if (!library_dir_len) return false;
   void *frames[64];
@@ -91,11 +92,14 @@ static bool user_frame(const char **library, const char **symbol) {
     Dl_info info;
     if (!dladdr((char *)frames[i] - 1, &info) || !info.dli_fname) continue;
     if (strncmp(info.dli_fname, library_dir, library_dir_len) != 0) continue;
-    *library = info.dli_fname + library_dir_len;
-    *symbol = info.dli_sname;
-    return true;
+    if (!*library) *library = info.dli_fname + library_dir_len;
+    if (info.dli_sname) {
+      *library = info.dli_fname + library_dir_len;
+      *symbol = info.dli_sname;
+      return true;
+    }
   }
-  return false;
+  return *library != NULL;
 }
 
 static void last_words(int signal_number, int exit_code) {
