@@ -30,6 +30,7 @@ fl_status bcf_broadcast_probe(fl_bytes rec, fl_buf *out, const void *arg);
 typedef struct footprint {
   uint64_t driver_kb, executors_kb;
   uint64_t driver_fds, executors_fds;
+  double driver_cpu_s, executors_cpu_s, client_cpu_s; /* user + system so far */
   int executors;
 } footprint;
 
@@ -53,6 +54,23 @@ static uint64_t open_fds(pid_t pid) {
   for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
   if (d) closedir(d);
   return n;
+}
+
+/* User + system seconds of a process so far. */
+static double cpu_s(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  unsigned long long user = 0, sys = 0;
+  if (f) {
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    const char *close = strrchr(buf, ')');
+    if (close) sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &user, &sys);
+    fclose(f);
+  }
+  return (double)(user + sys) / (double)sysconf(_SC_CLK_TCK);
 }
 
 static pid_t parent_of(pid_t pid) {
@@ -92,14 +110,17 @@ static footprint measure(void) {
       if (strstr(cmd, " driver ")) {
         fp.driver_kb = status_kb(pid, "VmRSS:");
         fp.driver_fds = open_fds(pid);
+        fp.driver_cpu_s = cpu_s(pid);
       }
     } else if (parent > 0 && parent_of(parent) == self) {
       fp.executors_kb += status_kb(pid, "VmRSS:");
       fp.executors_fds += open_fds(pid);
+      fp.executors_cpu_s += cpu_s(pid);
       fp.executors++;
     }
   }
   if (d) closedir(d);
+  fp.client_cpu_s = cpu_s(self);
   return fp;
 }
 
@@ -143,6 +164,19 @@ static void row(bool json, const char *metric, double first, double last, bool h
   bench_print_row(&w, "soak", metric, v, target, met ? "yes" : "NO");
 }
 
+/* A row without a target: first and last window. */
+static void info_row(bool json, const char *metric, double first, double last) {
+  if (json) {
+    printf("{\"bench\": \"soak\", \"master\": \"%s\", \"metric\": \"%s\", \"first\": %.1f, \"last\": %.1f}\n", MASTER,
+           metric, first, last);
+    return;
+  }
+  static const bench_columns w = {5, 34, 22, 10};
+  char v[64];
+  snprintf(v, sizeof v, "%.0f -> %.0f", first, last);
+  bench_print_row(&w, "soak", metric, v, "", "");
+}
+
 int main(int argc, char **argv) {
   bool json = false;
   uint64_t jobs = 100000, window = 0;
@@ -169,7 +203,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   double t0 = now_s(), first_rate = 0, last_start = 0;
-  footprint first = {0};
+  footprint start = measure(), first = {0}, before_last = {0};
   int rc = 0;
   for (uint64_t r = 0; r < rounds; r++) {
     if (!round_run(ctx, r)) {
@@ -180,7 +214,10 @@ int main(int argc, char **argv) {
       first_rate = (double)(window_rounds * ROUND_JOBS) / (now_s() - t0);
       first = measure();
     }
-    if (r + window_rounds == rounds) last_start = now_s();
+    if (r + window_rounds == rounds) {
+      before_last = measure();
+      last_start = now_s();
+    }
     if (!json && (r + 1) % (rounds / 10 ? rounds / 10 : 1) == 0)
       fprintf(stderr, BENCH_NAME ": %llu of %llu jobs\n", (unsigned long long)((r + 1) * ROUND_JOBS),
               (unsigned long long)jobs);
@@ -202,6 +239,14 @@ int main(int argc, char **argv) {
     row(json, "driver RSS KiB", (double)first.driver_kb, (double)last.driver_kb, false);
     row(json, "executor open fds (summed)", (double)first.executors_fds, (double)last.executors_fds, false);
     row(json, "driver open fds", (double)first.driver_fds, (double)last.driver_fds, false);
+    /* Where a slowdown would come from: CPU time per 1000 jobs in each window (no target). */
+    double per = 1000.0 / (double)(window_rounds * ROUND_JOBS);
+    info_row(json, "client CPU ms / 1000 jobs", (first.client_cpu_s - start.client_cpu_s) * per * 1e3,
+             (last.client_cpu_s - before_last.client_cpu_s) * per * 1e3);
+    info_row(json, "driver CPU ms / 1000 jobs", (first.driver_cpu_s - start.driver_cpu_s) * per * 1e3,
+             (last.driver_cpu_s - before_last.driver_cpu_s) * per * 1e3);
+    info_row(json, "executor CPU ms / 1000 jobs", (first.executors_cpu_s - start.executors_cpu_s) * per * 1e3,
+             (last.executors_cpu_s - before_last.executors_cpu_s) * per * 1e3);
   }
   fl_context_close(ctx);
   return rc;
