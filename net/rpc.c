@@ -728,9 +728,12 @@ fl_status rpc_channel_create(const char *target, const char *secret, size_t max_
       /* A window that takes a job's launch or results (hundreds of KiB) in one flight:
        * gRPC's default of 64 KiB made such a message wait out several window updates. */
       {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, {.integer = RPC_STREAM_WINDOW}},
-      /* A restarted peer is found again within seconds, not gRPC's default of minutes. */
+      /* A restarted peer is found again within seconds, not gRPC's default of minutes. gRPC
+       * also takes the minimum backoff as how long one connection attempt may wait for the
+       * peer's handshake: at 200 ms a driver busy starting (a loaded machine, a sanitizer
+       * build) failed its first callers ("timed out before receiving SETTINGS frame"). */
       {GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 200}},
-      {GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 200}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 10000}},
       {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 5000}},
       /* A call may wait hours for a job; pings find a peer that vanished without a FIN. */
       {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 30000}},
