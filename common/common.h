@@ -122,6 +122,11 @@ static inline size_t common_varint_get(const uint8_t *p, const uint8_t *end, uin
 /* ---- time ------------------------------------------------------------------------------ */
 FL_SDK uint64_t common_now_ns(void);
 
+/* A limit from the environment variable `name`: unset or empty gives def; 0 gives -1, for
+ * "no limit"; anything but a non-negative number gives def, with a warning that names it.
+ * *set (may be NULL): whether the variable was given. */
+FL_INTERNAL int64_t common_env_limit(const char *name, int64_t def, bool *set);
+
 /* 64 unpredictable bits (getrandom; the clock and pid if the kernel has none to give), for
  * ids that must not repeat across processes and restarts. */
 FL_SDK uint64_t common_random_u64(void);

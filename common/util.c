@@ -106,6 +106,20 @@ uint64_t common_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+int64_t common_env_limit(const char *name, int64_t def, bool *set) {
+  const char *v = getenv(name);
+  if (set) *set = v && *v;
+  if (!v || !*v) return def;
+  char *end = NULL;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (*end || end == v || errno || n < 0) {
+    common_log(LOG_WARN, "%s=%s is not a non-negative number: using %lld", name, v, (long long)def);
+    return def;
+  }
+  return n == 0 ? -1 : n;
+}
+
 uint64_t common_random_u64(void) {
   uint64_t x;
   if (getrandom(&x, sizeof x, 0) == (ssize_t)sizeof x) return x;

@@ -841,27 +841,12 @@ static fl_status resolve(const char *host, int port, bool passive, struct sockad
   return FL_OK;
 }
 
-/* A limit from the environment: unset or empty: def; 0: DP_UNLIMITED; not a number: def,
- * with a warning. */
-static int64_t env_limit(const char *name, int64_t def) {
-  const char *v = getenv(name);
-  if (!v || !*v) return def;
-  char *end = NULL;
-  errno = 0;
-  long long n = strtoll(v, &end, 10);
-  if (*end || end == v || errno || n < 0) {
-    common_log(LOG_WARN, "%s=%s is not a non-negative number: using %lld", name, v, (long long)def);
-    return def;
-  }
-  return n == 0 ? DP_UNLIMITED : n;
-}
-
 static dp_server_limits env_limits;
 static pthread_once_t env_limits_once = PTHREAD_ONCE_INIT;
 static void env_limits_read(void) {
-  env_limits.idle_timeout_ms = env_limit("FLINT_DP_IDLE_TIMEOUT_MS", DP_IDLE_TIMEOUT_DEFAULT_MS);
-  env_limits.request_timeout_ms = env_limit("FLINT_DP_REQUEST_TIMEOUT_MS", DP_REQUEST_TIMEOUT_DEFAULT_MS);
-  env_limits.max_connections = env_limit("FLINT_DP_MAX_CONNECTIONS", DP_MAX_CONNECTIONS_DEFAULT);
+  env_limits.idle_timeout_ms = common_env_limit("FLINT_DP_IDLE_TIMEOUT_MS", DP_IDLE_TIMEOUT_DEFAULT_MS, NULL);
+  env_limits.request_timeout_ms = common_env_limit("FLINT_DP_REQUEST_TIMEOUT_MS", DP_REQUEST_TIMEOUT_DEFAULT_MS, NULL);
+  env_limits.max_connections = common_env_limit("FLINT_DP_MAX_CONNECTIONS", DP_MAX_CONNECTIONS_DEFAULT, NULL);
 }
 
 static int64_t limit_resolve(int64_t given, int64_t from_env) {

@@ -30,7 +30,6 @@
  * Client design. Each call is one batch of all six client ops on a pluck queue of its own,
  * so threads calling on one channel share nothing but gRPC's connection.
  */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,34 +61,17 @@
 
 /* ---- settings -------------------------------------------------------------------------- */
 
-/* A limit from the environment: unset or empty: def; 0: RPC_UNLIMITED; not a number: def,
- * with a warning. *set: whether the variable was given. */
-static int64_t rpc_env_limit(const char *name, int64_t def, bool *set) {
-  const char *v = getenv(name);
-  *set = v && *v;
-  if (!*set) return def;
-  char *end = NULL;
-  errno = 0;
-  long long n = strtoll(v, &end, 10);
-  if (*end || end == v || errno || n < 0) {
-    common_log(LOG_WARN, "%s=%s is not a non-negative number: using %lld", name, v, (long long)def);
-    return def;
-  }
-  return n == 0 ? RPC_UNLIMITED : n;
-}
-
 static struct {
   int64_t idle_timeout_ms, handshake_timeout_ms, max_connections;
   bool max_connections_set;
 } rpc_env;
 static pthread_once_t rpc_env_once = PTHREAD_ONCE_INIT;
 static void rpc_env_read(void) {
-  bool set;
-  rpc_env.idle_timeout_ms = rpc_env_limit("FLINT_RPC_IDLE_TIMEOUT_MS", RPC_IDLE_TIMEOUT_DEFAULT_MS, &set);
+  rpc_env.idle_timeout_ms = common_env_limit("FLINT_RPC_IDLE_TIMEOUT_MS", RPC_IDLE_TIMEOUT_DEFAULT_MS, NULL);
   rpc_env.handshake_timeout_ms =
-      rpc_env_limit("FLINT_RPC_HANDSHAKE_TIMEOUT_MS", RPC_HANDSHAKE_TIMEOUT_DEFAULT_MS, &set);
+      common_env_limit("FLINT_RPC_HANDSHAKE_TIMEOUT_MS", RPC_HANDSHAKE_TIMEOUT_DEFAULT_MS, NULL);
   rpc_env.max_connections =
-      rpc_env_limit("FLINT_RPC_MAX_CONNECTIONS", RPC_MAX_CONNECTIONS_DEFAULT, &rpc_env.max_connections_set);
+      common_env_limit("FLINT_RPC_MAX_CONNECTIONS", RPC_MAX_CONNECTIONS_DEFAULT, &rpc_env.max_connections_set);
 }
 
 /* A limit as a gRPC integer argument: RPC_UNLIMITED is INT_MAX, gRPC's "unlimited". */
