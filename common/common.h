@@ -121,6 +121,8 @@ static inline size_t common_varint_get(const uint8_t *p, const uint8_t *end, uin
 
 /* ---- time ------------------------------------------------------------------------------ */
 FL_SDK uint64_t common_now_ns(void);
+/* The monotonic clock in seconds, for durations and rates. */
+static inline double common_now_s(void) { return (double)common_now_ns() * 1e-9; }
 
 /* A limit from the environment variable `name`: unset or empty gives def; 0 gives -1, for
  * "no limit"; anything but a non-negative number gives def, with a warning that names it.
