@@ -1,6 +1,7 @@
 /*
- * context.c: fl_context_open/close. A local context is one process: the scheduler, the
- * local backend's task threads, a block manager and the shared-variable registry.
+ * local_context.c: a local context (masters local, local[N], local[*]) is one process: the
+ * scheduler, the local backend's task threads, a block manager and the shared-variable
+ * registry.
  *
  * Tunables read from the environment (declared here only):
  *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 60% of
@@ -9,6 +10,8 @@
  *   FLINT_SHUFFLE_MEMORY  bytes a task sorts or aggregates before it spills; 64 MiB
  *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200, or 0
  *                   in drivers and executors on machines of at most 4 cores
+ *
+ * Threading: the scheduler's (driver.h); open and close run on the caller's thread.
  */
 
 #include <errno.h>
@@ -17,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client/client_internal.h"
 #include "driver/driver.h"
 #include "shuffle/shuffle.h"
 
@@ -113,9 +117,7 @@ static fl_status resolve_size(uint64_t option, const char *env_name, uint64_t de
 }
 
 static fl_status make_work_dir(const fl_options *opts, char **out) {
-  const char *base = opts && opts->work_dir ? opts->work_dir : getenv("FLINT_WORK_DIR");
-  if (!base || !*base) base = getenv("TMPDIR");
-  if (!base || !*base) base = "/tmp";
+  const char *base = client_work_base(opts ? opts->work_dir : NULL);
   fl_status s = common_mkdirs(base);
   if (s != FL_OK) return s;
   char path[PATH_MAX];
@@ -129,11 +131,7 @@ static fl_status make_work_dir(const fl_options *opts, char **out) {
   return FL_OK;
 }
 
-fl_status fl_context_open(const char *master, const fl_options *options, fl_context **out) {
-  common_error_clear();
-  if (!master || !out) return FL_ERR(FL_EINVAL, "fl_context_open: master and out must not be NULL");
-  if (strncmp(master, "flint://", 8) == 0 || strncmp(master, "local-cluster[", 14) == 0)
-    return client_context_open(master, options, out);
+fl_status client_local_context_open(const char *master, const fl_options *options, fl_context **out) {
   uint32_t threads = 0;
   uint64_t memory = 0, shuffle_memory = 0;
   fl_status status = parse_master(master, &threads);
@@ -178,10 +176,6 @@ cleanup:
   return status;
 }
 
-void fl_context_close(fl_context *ctx) {
-  if (ctx) ctx->close(ctx);
-}
-
 static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
   scheduler_destroy(c->sched);
@@ -191,20 +185,6 @@ static void local_close(fl_context *ctx) {
   if (c->work_dir) common_remove_tree(c->work_dir);
   common_free(c->work_dir);
   common_free(c);
-}
-
-uint32_t fl_context_cores(const fl_context *ctx) { return ctx ? ctx->cores : 0; }
-
-fl_status fl_cancel_jobs(fl_context *ctx) {
-  common_error_clear();
-  if (!ctx) return FL_ERR(FL_EINVAL, "fl_cancel_jobs: NULL context");
-  return ctx->cancel(ctx);
-}
-
-fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out) {
-  common_error_clear();
-  if (!ctx || !out) return FL_ERR(FL_EINVAL, "fl_context_stats_get: NULL argument");
-  return ctx->stats(ctx, out);
 }
 
 static fl_status local_stats(fl_context *ctx, fl_context_stats *out) {
