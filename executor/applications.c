@@ -4,8 +4,8 @@
  * sends, a shared-variable registry that fetches broadcasts from the client that made them,
  * a cache view onto the executor's one block manager (the application's dataset and shuffle
  * ids prefixed by its id: applications never see each other's blocks) that reads other
- * executors' blocks and map outputs where the driver says they are, and the barrier calls of
- * its tasks. The libraries that its functions come from are the executor's: content-addressed,
+ * executors' blocks and map outputs where the driver says they are (each launch says what
+ * changed: exec_app_launch_update), and the barrier calls of its tasks. The libraries that its functions come from are the executor's: content-addressed,
  * fetched from the driver once, stored in the work dir and dlopen()ed once. An application
  * goes with the last hold on it (its queued and running tasks, a handler using it) once the
  * driver has removed it.
@@ -452,4 +452,84 @@ void exec_app_forget_locations(exec_app *app, const uint64_t *rdd_ids, size_t n,
     if (gone) app->maps[k] = app->maps[--app->num_maps];
     else k++;
   }
+}
+
+/* Takes in what a launch says of application `app`: plan parts, datasets the driver dropped,
+ * broadcasts (where they are, those to forget, those sent inline), storage levels, and where
+ * map outputs and cached blocks are. app->lock held. */
+fl_status exec_app_launch_update(exec_app *app, const Flint__LaunchTasksRequest *req) {
+  exec_service *svc = app->svc;
+  fl_status status = FL_OK;
+  if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
+  /* Datasets the driver dropped: their nodes go (the tasks that hold one keep it alive). */
+  for (size_t i = 0; status == FL_OK && i < req->n_released; i++) rdd_plan_release(app->plan, req->released[i]);
+  if (status == FL_OK) exec_app_forget_locations(app, req->released, req->n_released, NULL, 0);
+  if (req->broadcast_address[0]) {
+    if (strlen(req->broadcast_address) >= sizeof app->broadcast_address)
+      status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast address too long");
+    else
+      snprintf(app->broadcast_address, sizeof app->broadcast_address, "%s", req->broadcast_address);
+  }
+  for (size_t i = 0; i < req->n_forget_broadcasts; i++) rdd_shared_forget(app->ctx.shared, req->forget_broadcasts[i]);
+  for (size_t i = 0; status == FL_OK && i < req->n_broadcasts; i++) {
+    const Flint__InlineBroadcast *b = req->broadcasts[i];
+    if (b->id == 0 || b->id > UINT32_MAX)
+      status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast id %llu out of range", (unsigned long long)b->id);
+    else
+      status = rdd_shared_put_broadcast(app->ctx.shared, b->id, (fl_bytes){b->value.data, b->value.len});
+  }
+  for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
+    rdd *r = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
+    if (r && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&r->level, req->levels[i]->level);
+  }
+  for (size_t i = 0; status == FL_OK && i < req->n_shuffles; i++) {
+    const Flint__ShuffleLocations *sl = req->shuffles[i];
+    for (size_t j = 0; j < sl->n_maps; j++) {
+      const Flint__MapLocation *ml = sl->maps[j];
+      size_t k = 0;
+      for (; k < app->num_maps; k++)
+        if (app->maps[k].shuffle_id == sl->shuffle_id && app->maps[k].map == ml->map) break;
+      if (k == app->num_maps) {
+        if (app->num_maps == app->cap_maps) {
+          size_t cap = app->cap_maps ? app->cap_maps * 2 : 64;
+          map_location *grown = common_realloc(app->maps, cap * sizeof *grown);
+          if (!grown) {
+            status = FL_ERR(FL_ENOMEM, "out of memory");
+            break;
+          }
+          app->maps = grown;
+          app->cap_maps = cap;
+        }
+        app->num_maps++;
+      }
+      app->maps[k].shuffle_id = sl->shuffle_id;
+      app->maps[k].map = ml->map;
+      snprintf(app->maps[k].address, sizeof app->maps[k].address, "%s", ml->address);
+    }
+  }
+  for (size_t i = 0; status == FL_OK && i < req->n_blocks; i++) {
+    const Flint__BlockLocation *bl = req->blocks[i];
+    size_t k = 0;
+    for (; k < app->num_blocks; k++)
+      if (app->blocks[k].rdd_id == bl->rdd_id && app->blocks[k].partition == bl->partition) break;
+    if (k == app->num_blocks) {
+      if (app->num_blocks == app->cap_blocks) {
+        size_t cap = app->cap_blocks ? app->cap_blocks * 2 : 64;
+        block_location *grown = common_realloc(app->blocks, cap * sizeof *grown);
+        if (!grown) {
+          status = FL_ERR(FL_ENOMEM, "out of memory");
+          break;
+        }
+        app->blocks = grown;
+        app->cap_blocks = cap;
+      }
+      app->num_blocks++;
+    }
+    app->blocks[k].rdd_id = bl->rdd_id;
+    app->blocks[k].partition = bl->partition;
+    snprintf(app->blocks[k].address, sizeof app->blocks[k].address, "%s", bl->address);
+    bool same_node = svc->node[0] && strcmp(bl->node, svc->node) == 0 && bl->pid != svc->pid;
+    app->blocks[k].pid = same_node ? bl->pid : 0;
+  }
+  return status;
 }

@@ -15,35 +15,6 @@
 
 /* ---- control-plane handlers ------------------------------------------------------------ */
 
-/* The claim table of node peer `executor` (process `pid`), mapped on first use and referenced
- * for the offer; NULL when it cannot be mapped, or 16 peers' tables are in use: its offers
- * are then left to their owner. A table no queued offer uses is unmapped when another peer's
- * needs the room (peers come and go; a gone one's table lives while it is mapped). svc->lock
- * held. */
-static struct peer_claims *peer_claims(exec_service *svc, uint32_t pid, uint64_t executor) {
-  struct peer_claims *free_entry = NULL;
-  for (size_t i = 0; i < svc->num_peers; i++) {
-    struct peer_claims *p = &svc->peers[i];
-    if (p->pid == pid && p->executor == executor) {
-      p->refs++;
-      return p;
-    }
-    if (!p->refs && !free_entry) free_entry = p;
-  }
-  if (svc->num_peers < sizeof svc->peers / sizeof *svc->peers) free_entry = &svc->peers[svc->num_peers];
-  if (!free_entry) return NULL;
-  claim_table *t = NULL;
-  if (claim_table_open(pid, &t) != FL_OK) {
-    common_log(LOG_DEBUG, "offers of executor %llu (process %u) left to it: %s", (unsigned long long)executor, pid,
-               fl_last_error());
-    return NULL;
-  }
-  if (free_entry == &svc->peers[svc->num_peers]) svc->num_peers++;
-  else claim_table_free(free_entry->table);
-  *free_entry = (struct peer_claims){pid, executor, t, 1};
-  return free_entry;
-}
-
 static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
   Flint__LaunchTasksRequest *req = flint__launch_tasks_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "LaunchTasks: malformed message");
@@ -62,181 +33,18 @@ static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *respons
   if (status != FL_OK) goto cleanup;
 
   FL_PCHECK(pthread_mutex_lock(&app->lock));
-  if (req->plan.len) status = rdd_plan_add(app->plan, (fl_bytes){req->plan.data, req->plan.len});
-  /* Datasets the driver dropped: their nodes go (the tasks that hold one keep it alive). */
-  for (size_t i = 0; status == FL_OK && i < req->n_released; i++) rdd_plan_release(app->plan, req->released[i]);
-  if (status == FL_OK) exec_app_forget_locations(app, req->released, req->n_released, NULL, 0);
-  if (req->broadcast_address[0]) {
-    if (strlen(req->broadcast_address) >= sizeof app->broadcast_address)
-      status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast address too long");
-    else
-      snprintf(app->broadcast_address, sizeof app->broadcast_address, "%s", req->broadcast_address);
-  }
-  for (size_t i = 0; i < req->n_forget_broadcasts; i++) rdd_shared_forget(app->ctx.shared, req->forget_broadcasts[i]);
-  for (size_t i = 0; status == FL_OK && i < req->n_broadcasts; i++) {
-    const Flint__InlineBroadcast *b = req->broadcasts[i];
-    if (b->id == 0 || b->id > UINT32_MAX)
-      status = FL_ERR(FL_EPROTO, "LaunchTasks: broadcast id %llu out of range", (unsigned long long)b->id);
-    else
-      status = rdd_shared_put_broadcast(app->ctx.shared, b->id, (fl_bytes){b->value.data, b->value.len});
-  }
-  for (size_t i = 0; status == FL_OK && i < req->n_levels; i++) {
-    rdd *r = rdd_plan_find(app->plan, req->levels[i]->rdd_id);
-    if (r && req->levels[i]->level <= FL_DISK_ONLY) atomic_store(&r->level, req->levels[i]->level);
-  }
-  for (size_t i = 0; status == FL_OK && i < req->n_shuffles; i++) {
-    const Flint__ShuffleLocations *sl = req->shuffles[i];
-    for (size_t j = 0; j < sl->n_maps; j++) {
-      const Flint__MapLocation *ml = sl->maps[j];
-      size_t k = 0;
-      for (; k < app->num_maps; k++)
-        if (app->maps[k].shuffle_id == sl->shuffle_id && app->maps[k].map == ml->map) break;
-      if (k == app->num_maps) {
-        if (app->num_maps == app->cap_maps) {
-          size_t cap = app->cap_maps ? app->cap_maps * 2 : 64;
-          map_location *grown = common_realloc(app->maps, cap * sizeof *grown);
-          if (!grown) {
-            status = FL_ERR(FL_ENOMEM, "out of memory");
-            break;
-          }
-          app->maps = grown;
-          app->cap_maps = cap;
-        }
-        app->num_maps++;
-      }
-      app->maps[k].shuffle_id = sl->shuffle_id;
-      app->maps[k].map = ml->map;
-      snprintf(app->maps[k].address, sizeof app->maps[k].address, "%s", ml->address);
-    }
-  }
-  for (size_t i = 0; status == FL_OK && i < req->n_blocks; i++) {
-    const Flint__BlockLocation *bl = req->blocks[i];
-    size_t k = 0;
-    for (; k < app->num_blocks; k++)
-      if (app->blocks[k].rdd_id == bl->rdd_id && app->blocks[k].partition == bl->partition) break;
-    if (k == app->num_blocks) {
-      if (app->num_blocks == app->cap_blocks) {
-        size_t cap = app->cap_blocks ? app->cap_blocks * 2 : 64;
-        block_location *grown = common_realloc(app->blocks, cap * sizeof *grown);
-        if (!grown) {
-          status = FL_ERR(FL_ENOMEM, "out of memory");
-          break;
-        }
-        app->blocks = grown;
-        app->cap_blocks = cap;
-      }
-      app->num_blocks++;
-    }
-    app->blocks[k].rdd_id = bl->rdd_id;
-    app->blocks[k].partition = bl->partition;
-    snprintf(app->blocks[k].address, sizeof app->blocks[k].address, "%s", bl->address);
-    bool same_node = svc->node[0] && strcmp(bl->node, svc->node) == 0 && bl->pid != svc->pid;
-    app->blocks[k].pid = same_node ? bl->pid : 0;
-  }
+  status = exec_app_launch_update(app, req);
   /* Decode every task before starting any, so that a bad one refuses the whole batch. */
   /* tasks[0, n) as decoded; tasks[n, 2n) the order they are queued in */
   exec_task **tasks = common_calloc(req->n_tasks ? 2 * req->n_tasks : 1, sizeof *tasks);
   if (!tasks && status == FL_OK) status = FL_ERR(FL_ENOMEM, "out of memory");
   for (size_t i = 0; status == FL_OK && i < req->n_tasks; i++) {
-    const Flint__TaskDescription *d = req->tasks[i];
     exec_task *t = tasks[i] = common_calloc(1, sizeof *t);
-    if (!t) {
-      status = FL_ERR(FL_ENOMEM, "out of memory");
-      break;
-    }
-    t->app = app;
-    t->key = d->task_key;
-    t->offer = d->offer;
-    if (d->shuffle_id == 0 && (d->action_index == 0 || d->action_index > req->n_actions)) {
-      status = FL_ERR(FL_EPROTO, "task %llu: action %u of a batch of %zu", (unsigned long long)d->task_key,
-                      d->action_index, req->n_actions);
-      break;
-    }
-    t->rdd = rdd_plan_find(app->plan, d->rdd_id);
-    if (!t->rdd) {
-      status = FL_ERR(FL_EPROTO, "task %llu: unknown dataset %llu", (unsigned long long)d->task_key,
-                      (unsigned long long)d->rdd_id);
-      break;
-    }
-    rdd_retain(t->rdd);
-    if (d->partition >= t->rdd->num_partitions) {
-      status = FL_ERR(FL_EPROTO, "task %llu: partition %u of a dataset with %u",
-                      (unsigned long long)d->task_key, d->partition, t->rdd->num_partitions);
-      break;
-    }
-    if (d->shuffle_id == 0) { /* a result task (an encoded action may be empty: count) */
-      const ProtobufCBinaryData *a = &req->actions[d->action_index - 1];
-      status = rdd_action_decode(app->plan, (fl_bytes){a->data, a->len}, &t->action);
-      t->owns_action = status == FL_OK;
-    } else {
-      const rdd_shuffle_dep *dep = rdd_plan_find_shuffle(app->plan, d->shuffle_id);
-      if (!dep || dep->parent != t->rdd)
-        status = FL_ERR(FL_EPROTO, "task %llu: no shuffle %llu over dataset %llu",
-                        (unsigned long long)d->task_key, (unsigned long long)d->shuffle_id,
-                        (unsigned long long)d->rdd_id);
-      t->action.kind = RDD_ACTION_SHUFFLE_WRITE;
-      t->action.dep = dep;
-    }
-    atomic_init(&t->cancelled, false);
-    t->rt.ctx = &app->ctx;
-    t->rt.job_id = d->job_id;
-    t->rt.partition = d->partition;
-    t->rt.attempt = d->attempt;
-    t->rt.cancelled = &t->cancelled;
-    if (d->barrier) {
-      if (d->barrier_world == 0 || d->partition >= d->barrier_world) {
-        status = FL_ERR(FL_EPROTO, "task %llu: rank %u of a barrier stage of %u", (unsigned long long)d->task_key,
-                        d->partition, d->barrier_world);
-        break;
-      }
-      t->rt.barrier = (rdd_barrier_info){.on = true, .stage = d->barrier_stage, .attempt = d->barrier_attempt,
-                                         .world = d->barrier_world, .gpu = svc->cfg.gpu};
-    }
-    t->work.run = exec_task_run;
+    status = t ? exec_task_decode(app, req, req->tasks[i], t) : FL_ERR(FL_ENOMEM, "out of memory");
   }
   FL_PCHECK(pthread_mutex_unlock(&app->lock));
   if (status == FL_OK) {
-    FL_PCHECK(pthread_mutex_lock(&svc->lock));
-    size_t kept = 0;
-    for (size_t i = 0; i < req->n_tasks; i++) {
-      exec_task *t = tasks[i];
-      const Flint__TaskDescription *d = req->tasks[i];
-      /* An offer this executor cannot claim (its owner's table is not to be had here, or the
-       * offer makes no sense: a barrier task, this very process) is left to its owner. */
-      if (t->offer && !d->barrier && d->owner_pid && d->owner_pid != svc->pid)
-        t->peer = peer_claims(svc, d->owner_pid, d->owner_executor);
-      t->claims = t->offer ? (t->peer ? t->peer->table : NULL) : svc->claims;
-      if (t->offer && !t->claims) {
-        exec_task_free(t);
-        continue;
-      }
-      tasks[kept++] = t;
-      t->next = svc->running;
-      svc->running = t;
-      atomic_fetch_add(&app->tasks_running, 1);
-      if (app->removed) atomic_store(&t->cancelled, true); /* its driver is being forgotten */
-    }
-    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
-    atomic_store(&svc->none_pending, req->none_pending); /* launches arrive in order: one sender */
-    /* Own tasks in launch order, then the offers from the last: a peer starts its tasks from
-     * the first, so the two meet in the middle, as in work stealing. The order is settled
-     * before the first submit: a submitted task may end and be freed at once. */
-    size_t own = 0, offers = 0;
-    exec_task **order = tasks + req->n_tasks;
-    for (size_t i = 0; i < kept; i++) own += !tasks[i]->offer;
-    for (size_t i = 0; i < kept; i++)
-      if (tasks[i]->offer) order[kept - 1 - offers++] = tasks[i];
-      else order[i - offers] = tasks[i];
-    atomic_fetch_add(&svc->own_queued, own);
-    uint64_t newest = 0, oldest = 0;
-    for (size_t i = 0; i < kept; i++)
-      if (!tasks[i]->offer && tasks[i]->key > newest) newest = tasks[i]->key;
-    FL_PCHECK(pthread_mutex_lock(&svc->lock));
-    for (exec_task *t = svc->running; t; t = t->next)
-      if (!t->offer && (!oldest || t->key < oldest)) oldest = t->key;
-    FL_PCHECK(pthread_mutex_unlock(&svc->lock));
-    if (svc->claims && newest) claim_table_trim(svc->claims, newest, oldest); /* before the submits free them */
-    for (size_t i = 0; i < kept; i++) task_pool_submit(svc->pool, &order[i]->work);
+    exec_task_queue(app, req, tasks);
   } else if (tasks) {
     for (size_t i = 0; i < req->n_tasks; i++)
       if (tasks[i]) exec_task_free(tasks[i]);

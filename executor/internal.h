@@ -204,6 +204,9 @@ FL_INTERNAL void exec_app_remove_all(exec_service *svc, exec_app *a);
 /* Frees an application's context and deletes its work folder (its blocks stay). NULL does
  * nothing. */
 FL_INTERNAL void exec_app_destroy(exec_app *a);
+/* Takes in what a launch says of application `app` (plan parts, released datasets, broadcasts,
+ * storage levels, where map outputs and cached blocks are); app->lock held. */
+FL_INTERNAL fl_status exec_app_launch_update(exec_app *app, const Flint__LaunchTasksRequest *req);
 /* Forgets where the blocks of datasets rdd_ids[0, n) and the outputs of shuffles
  * shuffle_ids[0, m) are (a->lock held). */
 FL_INTERNAL void exec_app_forget_locations(exec_app *app, const uint64_t *rdd_ids, size_t n,
@@ -228,9 +231,13 @@ FL_INTERNAL extern const rdd_barrier_ops exec_barrier_ops;
 
 /* Frees a task that is on no list (never queued, or ended and reported). */
 FL_INTERNAL void exec_task_free(exec_task *t);
-/* A task's work on a pool thread (task_pool_work.run): claims it, runs it, and queues its end
- * for the status thread. */
-FL_INTERNAL void exec_task_run(task_pool_work *work);
+/* Fills task `t` (zeroed) from description `d` of launch `req` of application `app`; app->lock
+ * held. On an error, `t` is left for exec_task_free. */
+FL_INTERNAL fl_status exec_task_decode(exec_app *app, const Flint__LaunchTasksRequest *req,
+                                       const Flint__TaskDescription *d, exec_task *t);
+/* Queues the decoded tasks[0, n) of launch `req` (room for 2n) and takes them over: each runs on
+ * a pool thread, which claims it, runs it and queues its end for the status thread. */
+FL_INTERNAL void exec_task_queue(exec_app *app, const Flint__LaunchTasksRequest *req, exec_task **tasks);
 /* The status thread: reports ended tasks until the executor stops. */
 FL_INTERNAL void *exec_task_status_main(void *arg);
 

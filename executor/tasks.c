@@ -1,15 +1,17 @@
 /*
- * tasks.c: task attempts and the reports of their ends. A launched task (struct exec_task)
- * runs on a thread of the task pool; a node peer's task offered here (an offer) runs only once
- * claimed in its owner's claim table, and an own task that a peer claimed is reported as such.
+ * tasks.c: task attempts and the reports of their ends. A launched task (struct exec_task) is
+ * decoded from its description, queued, and run on a thread of the task pool; a node peer's
+ * task offered here (an offer) runs only once claimed in its owner's claim table (mapped here
+ * on first use), and an own task that a peer claimed is reported as such.
  * The status thread sends every ended task waiting at the moment in one StatusUpdate, holding
  * them a little while more tasks are queued (STATUS_HOLD_NS); a large result stays here as a
  * block that the driver fetches (handlers.c serves it).
  *
- * Threading: exec_task_run runs on task threads, exec_task_status_main is the status thread.
- * svc->lock guards the running list, the status queue (done_head, done_tail) and the results;
- * svc->wake wakes the status thread, which ended tasks signal only when it must send (each
- * wake-up takes a core from the tasks). Task threads never touch sockets.
+ * Threading: exec_task_decode and exec_task_queue run on the thread that handles a launch,
+ * task_run on task threads, exec_task_status_main is the status thread. svc->lock guards the
+ * running list, the status queue (done_head, done_tail), the results and the peers' claim
+ * tables; svc->wake wakes the status thread, which ended tasks signal only when it must send
+ * (each wake-up takes a core from the tasks). Task threads never touch sockets.
  */
 #include <string.h>
 #include <unistd.h>
@@ -71,7 +73,7 @@ static bool task_claim(exec_task *t) {
   return rdd_task_cancelled(&t->rt);
 }
 
-void exec_task_run(task_pool_work *work) {
+static void task_run(task_pool_work *work) {
   exec_task *t = (exec_task *)work;
   exec_service *svc = t->app->svc;
   uint64_t t0 = common_now_ns();
@@ -140,6 +142,135 @@ void exec_task_run(task_pool_work *work) {
   FL_PCHECK(pthread_mutex_unlock(&svc->lock));
 }
 
+/* The claim table of node peer `executor` (process `pid`), mapped on first use and referenced
+ * for the offer; NULL when it cannot be mapped, or 16 peers' tables are in use: its offers
+ * are then left to their owner. A table no queued offer uses is unmapped when another peer's
+ * needs the room (peers come and go; a gone one's table lives while it is mapped). svc->lock
+ * held. */
+static struct peer_claims *peer_claims(exec_service *svc, uint32_t pid, uint64_t executor) {
+  struct peer_claims *free_entry = NULL;
+  for (size_t i = 0; i < svc->num_peers; i++) {
+    struct peer_claims *p = &svc->peers[i];
+    if (p->pid == pid && p->executor == executor) {
+      p->refs++;
+      return p;
+    }
+    if (!p->refs && !free_entry) free_entry = p;
+  }
+  if (svc->num_peers < sizeof svc->peers / sizeof *svc->peers) free_entry = &svc->peers[svc->num_peers];
+  if (!free_entry) return NULL;
+  claim_table *t = NULL;
+  if (claim_table_open(pid, &t) != FL_OK) {
+    common_log(LOG_DEBUG, "offers of executor %llu (process %u) left to it: %s", (unsigned long long)executor, pid,
+               fl_last_error());
+    return NULL;
+  }
+  if (free_entry == &svc->peers[svc->num_peers]) svc->num_peers++;
+  else claim_table_free(free_entry->table);
+  *free_entry = (struct peer_claims){pid, executor, t, 1};
+  return free_entry;
+}
+
+/* Fills task `t` (zeroed) from description `d` of launch `req` of application `app`: its
+ * dataset, its action or the shuffle it writes, its barrier rank. app->lock held. On an error,
+ * `t` is left for exec_task_free. */
+fl_status exec_task_decode(exec_app *app, const Flint__LaunchTasksRequest *req, const Flint__TaskDescription *d,
+                           exec_task *t) {
+  exec_service *svc = app->svc;
+  fl_status status = FL_OK;
+  t->app = app;
+  t->key = d->task_key;
+  t->offer = d->offer;
+  if (d->shuffle_id == 0 && (d->action_index == 0 || d->action_index > req->n_actions))
+    return FL_ERR(FL_EPROTO, "task %llu: action %u of a batch of %zu", (unsigned long long)d->task_key,
+                  d->action_index, req->n_actions);
+  t->rdd = rdd_plan_find(app->plan, d->rdd_id);
+  if (!t->rdd)
+    return FL_ERR(FL_EPROTO, "task %llu: unknown dataset %llu", (unsigned long long)d->task_key,
+                  (unsigned long long)d->rdd_id);
+  rdd_retain(t->rdd);
+  if (d->partition >= t->rdd->num_partitions)
+    return FL_ERR(FL_EPROTO, "task %llu: partition %u of a dataset with %u",
+                  (unsigned long long)d->task_key, d->partition, t->rdd->num_partitions);
+  if (d->shuffle_id == 0) { /* a result task (an encoded action may be empty: count) */
+    const ProtobufCBinaryData *a = &req->actions[d->action_index - 1];
+    status = rdd_action_decode(app->plan, (fl_bytes){a->data, a->len}, &t->action);
+    t->owns_action = status == FL_OK;
+  } else {
+    const rdd_shuffle_dep *dep = rdd_plan_find_shuffle(app->plan, d->shuffle_id);
+    if (!dep || dep->parent != t->rdd)
+      status = FL_ERR(FL_EPROTO, "task %llu: no shuffle %llu over dataset %llu",
+                      (unsigned long long)d->task_key, (unsigned long long)d->shuffle_id,
+                      (unsigned long long)d->rdd_id);
+    t->action.kind = RDD_ACTION_SHUFFLE_WRITE;
+    t->action.dep = dep;
+  }
+  atomic_init(&t->cancelled, false);
+  t->rt.ctx = &app->ctx;
+  t->rt.job_id = d->job_id;
+  t->rt.partition = d->partition;
+  t->rt.attempt = d->attempt;
+  t->rt.cancelled = &t->cancelled;
+  if (d->barrier) {
+    if (d->barrier_world == 0 || d->partition >= d->barrier_world)
+      return FL_ERR(FL_EPROTO, "task %llu: rank %u of a barrier stage of %u", (unsigned long long)d->task_key,
+                    d->partition, d->barrier_world);
+    t->rt.barrier = (rdd_barrier_info){.on = true, .stage = d->barrier_stage, .attempt = d->barrier_attempt,
+                                       .world = d->barrier_world, .gpu = svc->cfg.gpu};
+  }
+  t->work.run = task_run;
+  return status;
+}
+
+/* Queues the decoded tasks[0, n) of launch `req` of application `app` and takes them over;
+ * `tasks` has room for 2n (the second half holds the order they are queued in). An offer that
+ * cannot be claimed here is dropped; the others join the running list, hold the application and
+ * go to the pool: own tasks in launch order, then the offers from the last. */
+void exec_task_queue(exec_app *app, const Flint__LaunchTasksRequest *req, exec_task **tasks) {
+  exec_service *svc = app->svc;
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  size_t kept = 0;
+  for (size_t i = 0; i < req->n_tasks; i++) {
+    exec_task *t = tasks[i];
+    const Flint__TaskDescription *d = req->tasks[i];
+    /* An offer this executor cannot claim (its owner's table is not to be had here, or the
+     * offer makes no sense: a barrier task, this very process) is left to its owner. */
+    if (t->offer && !d->barrier && d->owner_pid && d->owner_pid != svc->pid)
+      t->peer = peer_claims(svc, d->owner_pid, d->owner_executor);
+    t->claims = t->offer ? (t->peer ? t->peer->table : NULL) : svc->claims;
+    if (t->offer && !t->claims) {
+      exec_task_free(t);
+      continue;
+    }
+    tasks[kept++] = t;
+    t->next = svc->running;
+    svc->running = t;
+    atomic_fetch_add(&app->tasks_running, 1);
+    if (app->removed) atomic_store(&t->cancelled, true); /* its driver is being forgotten */
+  }
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  atomic_store(&svc->none_pending, req->none_pending); /* launches arrive in order: one sender */
+  /* Own tasks in launch order, then the offers from the last: a peer starts its tasks from
+   * the first, so the two meet in the middle, as in work stealing. The order is settled
+   * before the first submit: a submitted task may end and be freed at once. */
+  size_t own = 0, offers = 0;
+  exec_task **order = tasks + req->n_tasks;
+  for (size_t i = 0; i < kept; i++) own += !tasks[i]->offer;
+  for (size_t i = 0; i < kept; i++)
+    if (tasks[i]->offer) order[kept - 1 - offers++] = tasks[i];
+    else order[i - offers] = tasks[i];
+  atomic_fetch_add(&svc->own_queued, own);
+  uint64_t newest = 0, oldest = 0;
+  for (size_t i = 0; i < kept; i++)
+    if (!tasks[i]->offer && tasks[i]->key > newest) newest = tasks[i]->key;
+  FL_PCHECK(pthread_mutex_lock(&svc->lock));
+  for (exec_task *t = svc->running; t; t = t->next)
+    if (!t->offer && (!oldest || t->key < oldest)) oldest = t->key;
+  FL_PCHECK(pthread_mutex_unlock(&svc->lock));
+  if (svc->claims && newest) claim_table_trim(svc->claims, newest, oldest); /* before the submits free them */
+  for (size_t i = 0; i < kept; i++) task_pool_submit(svc->pool, &order[i]->work);
+}
+
 /* Frees a list of ended tasks, and each application whose last hold one was. */
 static void tasks_release(exec_service *svc, exec_task *list) {
   while (list) {
@@ -156,7 +287,7 @@ static void tasks_release(exec_service *svc, exec_task *list) {
 /* Ended tasks wait (svc->lock held) while more are queued here, up to STATUS_HOLD_NS, so
  * that one call reports several: where every core runs a task, each call takes a core from
  * them. A failure (the driver retries it), a task ending with the queue empty, the queue
- * emptying when the driver may have more to send (exec_task_run), or the deadline sends at once;
+ * emptying when the driver may have more to send (task_run), or the deadline sends at once;
  * the deadline bounds what speculation sees late. */
 #define STATUS_HOLD_NS 20000000ull
 
