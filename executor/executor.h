@@ -65,7 +65,7 @@ FL_INTERNAL void executor_report_running(const executor_report_task *t);
  * on stderr). Call it before any thread starts: it forks. */
 FL_INTERNAL int executor_supervise(char *const *argv, const char *secret, volatile sig_atomic_t *stop);
 
-/* ---- the executor process (service.c) ------------------------------------------------- */
+/* ---- the executor process (service.c; its other files are listed in internal.h) ------ */
 typedef struct executor_config {
   const char *driver;      /* HOST:PORT of the driver's control plane */
   const char *host;        /* the address peers reach this executor at; NULL: 127.0.0.1 */
