@@ -124,11 +124,6 @@ FL_SDK uint64_t common_now_ns(void);
 /* The monotonic clock in seconds, for durations and rates. */
 static inline double common_now_s(void) { return (double)common_now_ns() * 1e-9; }
 
-/* A limit from the environment variable `name`: unset or empty gives def; 0 gives -1, for
- * "no limit"; anything but a non-negative number gives def, with a warning that names it.
- * *set (may be NULL): whether the variable was given. */
-FL_INTERNAL int64_t common_env_limit(const char *name, int64_t def, bool *set);
-
 /* 64 unpredictable bits (getrandom; the clock and pid if the kernel has none to give), for
  * ids that must not repeat across processes and restarts. */
 FL_SDK uint64_t common_random_u64(void);
@@ -199,8 +194,8 @@ FL_INTERNAL void common_event_wait(common_event *e, uint64_t spin_ns);
 /* Blocks until the event is set (true) or deadline_ns (common_now_ns time) passes (false). */
 FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
 
-/* How long hot hand-offs spin before they sleep: FLINT_SPIN_US, else 200 us (0 in a driver
- * or executor on a small machine, see below). */
+/* How long hot hand-offs spin before they sleep: FLINT_SPIN_US (common/config.h), else 200 us
+ * (0 in a driver or executor on a small machine, see below). Read once per process. */
 FL_SDK uint64_t common_spin_ns(void);
 /* Driver and executor processes call this at start: on a machine of at most 4 cores they do
  * not spin by default. Their hand-offs wait on the network anyway, and where a few cores run
@@ -211,6 +206,8 @@ FL_SDK void common_spin_default_for_server(void);
 /* ---- misc ------------------------------------------------------------------------------ */
 /* Number of online cores (at least 1). */
 FL_INTERNAL uint32_t common_cores(void);
+/* fl_parse_size without the error message: false when `text` is not a size. */
+FL_INTERNAL bool common_parse_size(const char *text, uint64_t *out);
 /* Name of the function at `fn` ("parse_line" or "0x7f..." when it has no symbol). Writes
  * into buf and returns it. */
 FL_INTERNAL const char *common_symbol_name(const void *fn, char *buf, size_t len);

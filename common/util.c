@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/config.h"
 
 /* ---- allocator ------------------------------------------------------------------------- */
 
@@ -106,20 +107,6 @@ uint64_t common_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int64_t common_env_limit(const char *name, int64_t def, bool *set) {
-  const char *v = getenv(name);
-  if (set) *set = v && *v;
-  if (!v || !*v) return def;
-  char *end = NULL;
-  errno = 0;
-  long long n = strtoll(v, &end, 10);
-  if (*end || end == v || errno || n < 0) {
-    common_log(LOG_WARN, "%s=%s is not a non-negative number: using %lld", name, v, (long long)def);
-    return def;
-  }
-  return n == 0 ? -1 : n;
-}
-
 uint64_t common_random_u64(void) {
   uint64_t x;
   if (getrandom(&x, sizeof x, 0) == (ssize_t)sizeof x) return x;
@@ -201,7 +188,7 @@ uint32_t common_cores(void) {
   return n < 1 ? 1 : (uint32_t)n;
 }
 
-static bool parse_size(const char *s, uint64_t *out) {
+bool common_parse_size(const char *s, uint64_t *out) {
   /* strtoull would skip spaces and accept a sign: only plain digits are a size. */
   if (!s || *s < '0' || *s > '9') return false;
   errno = 0;
@@ -225,7 +212,7 @@ static bool parse_size(const char *s, uint64_t *out) {
 
 fl_status fl_parse_size(const char *text, uint64_t *out) {
   if (!out) return fl_set_error(FL_EINVAL, "fl_parse_size: out is NULL");
-  if (!parse_size(text, out))
+  if (!common_parse_size(text, out))
     return fl_set_error(FL_EINVAL, "'%s' is not a size (examples: 512m, 2g, 1048576)",
                         text ? text : "(null)");
   return FL_OK;
@@ -299,11 +286,11 @@ static atomic_int trace_fd = -2; /* -2: FLINT_TRACE not looked at yet; -1: off *
 bool common_trace_on(void) {
   int fd = atomic_load_explicit(&trace_fd, memory_order_relaxed);
   if (fd == -2) {
-    const char *path = getenv("FLINT_TRACE");
-    int opened = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    const char *path = config_string(CONFIG_TRACE);
+    int opened = path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
     int err = errno, expected = -2;
     if (atomic_compare_exchange_strong(&trace_fd, &expected, opened)) { /* the first look decides */
-      if (path && *path && opened < 0)
+      if (path && opened < 0)
         fprintf(stderr, "flint: FLINT_TRACE=%s cannot be opened (%s): no trace\n", path, strerror(err));
     } else if (opened >= 0) {
       close(opened);
@@ -343,7 +330,7 @@ void common_log_set_role(const char *role) { snprintf(log_role, sizeof log_role,
 void common_log(common_log_level level, const char *fmt, ...) {
   if (log_threshold < 0) {
     static const char *names[] = {"error", "warn", "info", "debug"};
-    const char *env = getenv("FLINT_LOG");
+    const char *env = config_string(CONFIG_LOG);
     int t = LOG_INFO;
     for (int i = 0; env && i < 4; i++)
       if (strcmp(env, names[i]) == 0) t = i;

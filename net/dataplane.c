@@ -54,6 +54,7 @@
 #include <nmmintrin.h>
 #endif
 
+#include "common/config.h"
 #include "net/net.h"
 
 /* Server worker threads: serve callbacks mostly wait on disk or copy memory. */
@@ -844,9 +845,9 @@ static fl_status resolve(const char *host, int port, bool passive, struct sockad
 static dp_server_limits env_limits;
 static pthread_once_t env_limits_once = PTHREAD_ONCE_INIT;
 static void env_limits_read(void) {
-  env_limits.idle_timeout_ms = common_env_limit("FLINT_DP_IDLE_TIMEOUT_MS", DP_IDLE_TIMEOUT_DEFAULT_MS, NULL);
-  env_limits.request_timeout_ms = common_env_limit("FLINT_DP_REQUEST_TIMEOUT_MS", DP_REQUEST_TIMEOUT_DEFAULT_MS, NULL);
-  env_limits.max_connections = common_env_limit("FLINT_DP_MAX_CONNECTIONS", DP_MAX_CONNECTIONS_DEFAULT, NULL);
+  env_limits.idle_timeout_ms = config_limit(CONFIG_DP_IDLE_TIMEOUT_MS);
+  env_limits.request_timeout_ms = config_limit(CONFIG_DP_REQUEST_TIMEOUT_MS);
+  env_limits.max_connections = config_limit(CONFIG_DP_MAX_CONNECTIONS);
 }
 
 static int64_t limit_resolve(int64_t given, int64_t from_env) {

@@ -41,6 +41,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "common/config.h"
 #include "net/net.h"
 
 #define RPC_DEFAULT_HANDLER_THREADS 8
@@ -67,11 +68,10 @@ static struct {
 } rpc_env;
 static pthread_once_t rpc_env_once = PTHREAD_ONCE_INIT;
 static void rpc_env_read(void) {
-  rpc_env.idle_timeout_ms = common_env_limit("FLINT_RPC_IDLE_TIMEOUT_MS", RPC_IDLE_TIMEOUT_DEFAULT_MS, NULL);
-  rpc_env.handshake_timeout_ms =
-      common_env_limit("FLINT_RPC_HANDSHAKE_TIMEOUT_MS", RPC_HANDSHAKE_TIMEOUT_DEFAULT_MS, NULL);
-  rpc_env.max_connections =
-      common_env_limit("FLINT_RPC_MAX_CONNECTIONS", RPC_MAX_CONNECTIONS_DEFAULT, &rpc_env.max_connections_set);
+  rpc_env.idle_timeout_ms = config_limit(CONFIG_RPC_IDLE_TIMEOUT_MS);
+  rpc_env.handshake_timeout_ms = config_limit(CONFIG_RPC_HANDSHAKE_TIMEOUT_MS);
+  rpc_env.max_connections = config_limit(CONFIG_RPC_MAX_CONNECTIONS);
+  rpc_env.max_connections_set = config_text(CONFIG_RPC_MAX_CONNECTIONS) != NULL; /* even if invalid */
 }
 
 /* A limit as a gRPC integer argument: RPC_UNLIMITED is INT_MAX, gRPC's "unlimited". */
