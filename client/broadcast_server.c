@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "client/client_internal.h"
+#include "common/config.h"
 
 /* The executors' fetches of this client's broadcasts. Block-server worker threads. */
 static fl_status serve_broadcast(void *arg, const dp_request *req, fl_buf *out, dp_loan *loan,
@@ -72,8 +73,8 @@ fl_status client_broadcast_server_address(remote_context *c, char address[DP_ADD
   FL_PCHECK(pthread_mutex_lock(&c->lock));
   if (!b->server) {
     char host[INET6_ADDRSTRLEN + 64];
-    const char *env = getenv("FLINT_CLIENT_HOST");
-    if (env && *env) {
+    const char *env = config_string(CONFIG_CLIENT_HOST);
+    if (env) {
       if (strlen(env) >= sizeof host - 2)
         st = FL_ERR(FL_EINVAL, "FLINT_CLIENT_HOST=%s is too long", env);
       else

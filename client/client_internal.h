@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <sys/types.h>
 
+#include "common/config.h"
 #include "driver/driver.h"
 #include "proto/flint.pb-c.h"
 
@@ -109,7 +110,7 @@ static inline bool client_ids_push(uint64_t **ids, size_t *n, size_t *cap, uint6
 /* The folder in which a context or a local cluster makes its own: `chosen` (an option) when
  * given, else FLINT_WORK_DIR, $TMPDIR or /tmp. */
 static inline const char *client_work_base(const char *chosen) {
-  const char *base = chosen ? chosen : getenv("FLINT_WORK_DIR");
+  const char *base = chosen ? chosen : config_string(CONFIG_WORK_DIR);
   if (!base || !*base) base = getenv("TMPDIR");
   if (!base || !*base) base = "/tmp";
   return base;

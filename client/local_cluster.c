@@ -6,7 +6,7 @@
  * Their folders are in one folder of the cluster, which close removes. A program that dies
  * instead (SIGTERM, SIGKILL, a crash) cannot remove it, and a signal handler of ours would
  * not do: the program may have its own, SIGKILL has none, and a handler may not remove a
- * tree. So the children remove it: each gets its path (FL_LOCAL_CLUSTER_DIR_ENV) and, as it
+ * tree. So the children remove it: each gets its path (FLINT_LOCAL_CLUSTER_DIR) and, as it
  * ends, after removing its own folder, tries rmdir() on it, which only succeeds once the
  * folder is empty, so the last one out removes it, whatever the order. The driver's port
  * file is removed as soon as it is read, so that nothing else stays in the folder.
@@ -23,14 +23,15 @@
 #include <unistd.h>
 
 #include "client/client_internal.h"
+#include "common/config.h"
 #include "flint/cluster.h"
 
 #define START_TIMEOUT_MS 30000
 
 /* The flint command next to this library (or the one FLINT_EXECUTABLE names). */
 static fl_status flint_executable(char *out, size_t len) {
-  const char *env = getenv("FLINT_EXECUTABLE");
-  if (env && *env) {
+  const char *env = config_string(CONFIG_EXECUTABLE);
+  if (env) {
     snprintf(out, len, "%s", env);
     return access(out, X_OK) == 0 ? FL_OK : FL_ERR(FL_ENOENT, "FLINT_EXECUTABLE=%s is not executable", env);
   }
@@ -47,8 +48,8 @@ static fl_status flint_executable(char *out, size_t len) {
       if (access(out, X_OK) == 0) return FL_OK;
     }
   }
-  const char *bin = getenv("FLINT_BIN");
-  if (bin && *bin) {
+  const char *bin = config_string(CONFIG_BIN);
+  if (bin) {
     snprintf(out, len, "%s/flint", bin);
     if (access(out, X_OK) == 0) return FL_OK;
   }
@@ -69,10 +70,11 @@ static pid_t spawn(char *const argv[], char *const envp[]) {
   return pid;
 }
 
-/* This process's environment with FL_LOCAL_CLUSTER_DIR_ENV=dir, for the children; NULL when
+/* This process's environment with FLINT_LOCAL_CLUSTER_DIR=dir, for the children; NULL when
  * out of memory. Free with free_environment. */
 static char **cluster_environment(const char *dir) {
-  size_t n = 0, prefix = strlen(FL_LOCAL_CLUSTER_DIR_ENV "=");
+  const char *name = config_setting_of(CONFIG_LOCAL_CLUSTER_DIR)->name;
+  size_t n = 0, prefix = strlen(name) + 1;
   while (environ[n]) n++;
   char **env = common_calloc(n + 2, sizeof *env);
   size_t len = prefix + strlen(dir) + 1;
@@ -82,11 +84,11 @@ static char **cluster_environment(const char *dir) {
     common_free(mine);
     return NULL;
   }
-  snprintf(mine, len, "%s=%s", FL_LOCAL_CLUSTER_DIR_ENV, dir);
+  snprintf(mine, len, "%s=%s", name, dir);
   size_t k = 0;
   env[k++] = mine;
   for (size_t i = 0; i < n; i++)
-    if (strncmp(environ[i], FL_LOCAL_CLUSTER_DIR_ENV "=", prefix) != 0) env[k++] = environ[i];
+    if (strncmp(environ[i], name, prefix - 1) != 0 || environ[i][prefix - 1] != '=') env[k++] = environ[i];
   return env;
 }
 
@@ -182,15 +184,11 @@ fl_status client_local_cluster_start(client_local_cluster *lc, const char *maste
   snprintf(cores_s, sizeof cores_s, "%u", cores);
   snprintf(mem_s, sizeof mem_s, "%um", mb);
   /* FLINT_LOCAL_CLUSTER_GPUS=G (flint.h): the first G executors get --gpu 0 .. G-1. */
-  unsigned long gpus = 0;
-  const char *gpus_env = getenv("FLINT_LOCAL_CLUSTER_GPUS");
-  if (gpus_env && *gpus_env) {
-    char *end;
-    gpus = strtoul(gpus_env, &end, 10);
-    if (*end || gpus > n) {
-      free_environment(env);
-      return FL_ERR(FL_EINVAL, "FLINT_LOCAL_CLUSTER_GPUS=%s: a number of at most %u executors", gpus_env, n);
-    }
+  uint64_t gpus = config_check(CONFIG_LOCAL_CLUSTER_GPUS) == FL_OK ? config_count(CONFIG_LOCAL_CLUSTER_GPUS) : UINT64_MAX;
+  if (gpus > n) {
+    free_environment(env);
+    return FL_ERR(FL_EINVAL, "FLINT_LOCAL_CLUSTER_GPUS=%s: a number of at most %u executors",
+                  config_text(CONFIG_LOCAL_CLUSTER_GPUS), n);
   }
   for (uint32_t i = 0; i < n; i++) {
     char gpu_s[16];

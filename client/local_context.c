@@ -3,13 +3,8 @@
  * scheduler, the local backend's task threads, a block manager and the shared-variable
  * registry.
  *
- * Tunables read from the environment (declared here only):
- *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 60% of
- *                   the machine's physical memory (or of the cgroup's limit, when lower)
- *   FLINT_WORK_DIR  where the context's folder for disk blocks is made; $TMPDIR or /tmp
- *   FLINT_SHUFFLE_MEMORY  bytes a task sorts or aggregates before it spills; 64 MiB
- *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200, or 0
- *                   in drivers and executors on machines of at most 4 cores
+ * Settings (declared with every other in common/config.h): FLINT_MEMORY, FLINT_SHUFFLE_MEMORY
+ * and FLINT_WORK_DIR, where the options give none.
  *
  * Threading: the scheduler's (driver.h); open and close run on the caller's thread.
  */
@@ -30,7 +25,6 @@
 #define DEFAULT_MEMORY_FRACTION 0.6
 /* Where the machine's memory cannot be read. */
 #define FALLBACK_MEMORY (1ull << 30)
-#define DEFAULT_SHUFFLE_MEMORY (64ull << 20)
 #define DEFAULT_MAX_ATTEMPTS 4
 /* More task threads than this is a typo, not a machine. */
 #define MAX_LOCAL_THREADS 4096
@@ -101,18 +95,17 @@ static uint64_t default_memory(void) {
   return total ? (uint64_t)((double)total * DEFAULT_MEMORY_FRACTION) : FALLBACK_MEMORY;
 }
 
-/* An option's value, else the environment's, else the default. */
-static fl_status resolve_size(uint64_t option, const char *env_name, uint64_t def, uint64_t *out) {
+/* An option's value, else the setting's, else `computed` (for a setting whose default the
+ * reader works out) or the setting's default. An invalid setting is an error. */
+static fl_status resolve_size(uint64_t option, config_id id, uint64_t computed, uint64_t *out) {
   if (option) {
     *out = option;
     return FL_OK;
   }
-  const char *env = getenv(env_name);
-  if (!env || !*env) {
-    *out = def;
-    return FL_OK;
-  }
-  if (fl_parse_size(env, out) != FL_OK) return common_error_wrap(FL_EINVAL, "%s: ", env_name);
+  fl_status st = config_check(id);
+  if (st != FL_OK) return st;
+  bool reader_default = config_setting_of(id)->flags & CONFIG_COMPUTED;
+  *out = reader_default && !config_given(id) ? computed : config_size(id);
   return FL_OK;
 }
 
@@ -136,10 +129,10 @@ fl_status client_local_context_open(const char *master, const fl_options *option
   uint64_t memory = 0, shuffle_memory = 0;
   fl_status status = parse_master(master, &threads);
   if (status != FL_OK) return status;
-  if ((status = resolve_size(options ? options->memory_limit : 0, "FLINT_MEMORY", default_memory(),
-                             &memory)) != FL_OK ||
-      (status = resolve_size(options ? options->shuffle_memory : 0, "FLINT_SHUFFLE_MEMORY",
-                             DEFAULT_SHUFFLE_MEMORY, &shuffle_memory)) != FL_OK)
+  if ((status = resolve_size(options ? options->memory_limit : 0, CONFIG_MEMORY, default_memory(), &memory)) !=
+          FL_OK ||
+      (status = resolve_size(options ? options->shuffle_memory : 0, CONFIG_SHUFFLE_MEMORY, 0, &shuffle_memory)) !=
+          FL_OK)
     return status;
 
   context_impl *c = common_calloc(1, sizeof *c);

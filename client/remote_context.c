@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "client/client_internal.h"
+#include "common/config.h"
 #include "shuffle/shuffle.h"
 
 /* ---- the lease ------------------------------------------------------------------------- */
@@ -211,7 +212,7 @@ fl_status client_remote_context_open(const char *master, const fl_options *optio
   if (executors) FL_CHECK(client_local_cluster_wait(&c->cluster, c->driver, executors));
 
   Flint__OpenApplicationRequest req = FLINT__OPEN_APPLICATION_REQUEST__INIT;
-  const char *name = options && options->app_name && *options->app_name ? options->app_name : getenv("FLINT_APP_NAME");
+  const char *name = options && options->app_name && *options->app_name ? options->app_name : config_string(CONFIG_APP_NAME);
   req.name = (char *)(name && *name ? name : program_invocation_short_name);
   req.pid = (uint32_t)getpid();
   fl_buf reply = FL_BUF_INIT;

@@ -8,17 +8,18 @@
 #include <string.h>
 
 #include "client/client_internal.h"
+#include "common/config.h"
 #include "proto/pack.h"
 
 fl_status client_rpc_secret(char **out) {
   *out = NULL;
-  const char *env = getenv("FLINT_SECRET");
-  if (env && *env) {
+  const char *env = config_string(CONFIG_SECRET);
+  if (env) {
     if (!(*out = common_strdup(env))) return FL_ERR(FL_ENOMEM, "out of memory");
     return FL_OK;
   }
-  const char *file = getenv("FLINT_SECRET_FILE");
-  if (!file || !*file) return FL_OK;
+  const char *file = config_string(CONFIG_SECRET_FILE);
+  if (!file) return FL_OK;
   FILE *f = fopen(file, "r");
   if (!f) return FL_ERR(FL_EAUTH, "cannot read the secret file %s: %s", file, strerror(errno));
   char buf[1024];

@@ -33,10 +33,9 @@ FL_INTERNAL void task_pool_destroy(task_pool *pool);
  * did it, so that the driver fails that task rather than the cluster, and starts a fresh
  * executor (new id, clean state). The child reports over a pipe (report.c has the lines).
  */
-/* The environment variables that hand a supervised child its end of the pipe, and the table
- * of what its task threads run (a memfd of EXECUTOR_RUNNING_SLOTS keys, 0 for none). */
-#define EXECUTOR_REPORT_FD_ENV "FLINT_EXECUTOR_REPORT_FD"
-#define EXECUTOR_RUNNING_FD_ENV "FLINT_EXECUTOR_RUNNING_FD"
+/* A supervised child gets its end of the pipe and the table of what its task threads run (a
+ * memfd of EXECUTOR_RUNNING_SLOTS keys, 0 for none) in FLINT_EXECUTOR_REPORT_FD and
+ * FLINT_EXECUTOR_RUNNING_FD (common/config.h). */
 #define EXECUTOR_RUNNING_SLOTS 1024
 
 /* A task, as the last words name it. */
@@ -45,7 +44,7 @@ typedef struct executor_report_task {
   uint32_t partition;
 } executor_report_task;
 
-/* In the child: reports go to descriptor `fd_text` (EXECUTOR_REPORT_FD_ENV's value), the
+/* In the child: reports go to descriptor `fd_text` (FLINT_EXECUTOR_REPORT_FD's value), the
  * running attempts to the table of descriptor running_fd_text (NULL: none); installs the
  * handlers of fatal signals and exit(). work_dir is the executor's folder, whose lib/ holds
  * the applications' libraries. */

@@ -15,11 +15,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "executor/internal.h"
-
-/* How long an executor goes on without an answer from its driver before it takes the driver
- * for lost: it then drops every application's state and registers again once one answers. */
-#define DRIVER_TIMEOUT_MS_DEFAULT 30000
 
 /* How long a stopping executor lets its last statuses take before it gives them up. */
 #define STATUS_STOP_GRACE_MS 1000
@@ -31,20 +28,10 @@
  *   FLINT_FAULT_SLOWDOWN=F          each task runs F times as long (it sleeps (F - 1) times
  *                                   its run time afterwards, waking for kills): a slow machine. */
 static void settings_read(exec_service *svc) {
-  svc->fetch_timeout_ms = 60000;
-  const char *t = getenv("FLINT_FETCH_TIMEOUT_MS");
-  if (t && *t && strtoll(t, NULL, 10) > 0) svc->fetch_timeout_ms = strtoll(t, NULL, 10);
-  const char *d = getenv("FLINT_DRIVER_TIMEOUT_MS");
-  long long driver_ms = d && *d ? strtoll(d, NULL, 10) : DRIVER_TIMEOUT_MS_DEFAULT;
-  if (driver_ms <= 0) {
-    common_log(LOG_WARN, "FLINT_DRIVER_TIMEOUT_MS=%s is not a positive number of milliseconds: using %d", d,
-               DRIVER_TIMEOUT_MS_DEFAULT);
-    driver_ms = DRIVER_TIMEOUT_MS_DEFAULT;
-  }
-  svc->driver_timeout_ns = (uint64_t)driver_ms * 1000000ull;
-  const char *k = getenv("FLINT_FAULT_EXIT_AFTER_TASKS"), *f = getenv("FLINT_FAULT_SLOWDOWN");
-  if (k && *k) svc->fault_exit_after = strtoull(k, NULL, 10);
-  if (f && *f) svc->fault_slowdown = strtod(f, NULL);
+  svc->fetch_timeout_ms = (int64_t)config_ms(CONFIG_FETCH_TIMEOUT_MS);
+  svc->driver_timeout_ns = config_ms(CONFIG_DRIVER_TIMEOUT_MS) * 1000000ull;
+  svc->fault_exit_after = config_count(CONFIG_FAULT_EXIT_AFTER_TASKS);
+  svc->fault_slowdown = config_real(CONFIG_FAULT_SLOWDOWN);
   if (svc->fault_exit_after || svc->fault_slowdown > 1)
     common_log(LOG_WARN, "fault injection: exit after %llu tasks, slowdown %.1fx",
                (unsigned long long)svc->fault_exit_after, svc->fault_slowdown > 1 ? svc->fault_slowdown : 1.0);
@@ -160,9 +147,9 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(common_mkdirs(sub));
   snprintf(sub, sizeof sub, "%s/blocks", svc.work_dir);
   FL_CHECK(common_mkdirs(sub));
-  const char *report_fd = getenv(EXECUTOR_REPORT_FD_ENV);
-  if (report_fd && *report_fd) {
-    FL_CHECK(executor_report_open(report_fd, getenv(EXECUTOR_RUNNING_FD_ENV), svc.work_dir));
+  const char *report_fd = config_string(CONFIG_EXECUTOR_REPORT_FD);
+  if (report_fd) {
+    FL_CHECK(executor_report_open(report_fd, config_string(CONFIG_EXECUTOR_RUNNING_FD), svc.work_dir));
     svc.supervised = true;
   }
   /* Every shared block keeps a descriptor: allow as many as the hard limit does. */
