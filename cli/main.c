@@ -1,5 +1,5 @@
 /*
- * flint.c: the flint command: its usage and the dispatch to the commands, which live in
+ * main.c: the flint command: its usage and the dispatch to the commands, which live in
  * cli/cluster.c (submit, driver, executor, status), cli/config.c, cli/ml.c and cli/train.c.
  *
  * Exit status: the job's own status for submit; 2 for a usage error; 1 when something could
