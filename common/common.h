@@ -133,6 +133,11 @@ FL_INTERNAL int64_t common_env_limit(const char *name, int64_t def, bool *set);
  * ids that must not repeat across processes and restarts. */
 FL_SDK uint64_t common_random_u64(void);
 
+/* ---- checksums (common/crc32c.c) ------------------------------------------------------- */
+/* CRC32C (Castagnoli) of data, continuing from crc (0 to start). Uses the SSE4.2 instruction
+ * when the CPU has it and a table otherwise. Any thread. */
+FL_INTERNAL uint32_t common_crc32c(uint32_t crc, const void *data, size_t len);
+
 /* ---- seeded random numbers (xoshiro256**, seeded through splitmix64) ------------------- */
 typedef struct common_rng {
   uint64_t s[4];

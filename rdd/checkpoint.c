@@ -29,7 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "net/net.h"
 #include "proto/plan.pb-c.h"
 #include "rdd/ops.h"
 
@@ -209,8 +208,8 @@ static fl_status next_chunk(ckpt_iter *it) {
     return errno ? FL_ERR(FL_EIO, "cannot read checkpoint file %s: %s", it->path, strerror(errno))
                  : corrupt(it, "the file is shorter than its header says");
   it->enc.len = len;
-  it->crc = dp_crc32c(it->crc, &len, 4);
-  it->crc = dp_crc32c(it->crc, it->enc.data, len);
+  it->crc = common_crc32c(it->crc, &len, 4);
+  it->crc = common_crc32c(it->crc, it->enc.data, len);
   rdd_batch_free(&it->chunk);
   if ((s = rdd_batch_decode(fl_buf_bytes(&it->enc), it->path, &it->chunk)) != FL_OK)
     return common_error_wrap(s, "checkpoint file is corrupt: ");
