@@ -100,12 +100,6 @@ fl_status fl_pair(fl_bytes rec, fl_bytes *key, fl_bytes *value) {
 
 /* ---- time and random numbers ----------------------------------------------------------- */
 
-uint64_t common_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 int64_t common_env_limit(const char *name, int64_t def, bool *set) {
   const char *v = getenv(name);
   if (set) *set = v && *v;
