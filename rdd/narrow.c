@@ -34,6 +34,29 @@ static fl_status make_narrow(const char *what, fl_dataset *in, const rdd_ops *op
   return rdd_create(in->ctx, ops, in->num_partitions, &in, 1, fn, ops->name, arg, arg_len, out);
 }
 
+/* The fields every iterator over one parent partition starts with (map_iter, filter_iter,
+ * emit_iter). */
+typedef struct parent_iter {
+  fl_iter base;
+  fl_iter *in;
+  rdd *r;
+} parent_iter;
+
+/* Opens partition p of r's parent and a new iterator of `size` bytes over it. */
+static fl_status open_over_parent(rdd *r, uint32_t p, rdd_task *task, size_t size,
+                                  uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t),
+                                  void (*close)(fl_iter *), fl_iter **out) {
+  fl_iter *in;
+  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
+  if (s != FL_OK) return s;
+  parent_iter *it = rdd_iter_new(task, size, next, close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->in = in;
+  it->r = r;
+  *out = &it->base;
+  return FL_OK;
+}
+
 /* ---- map, key_by, map_values, zip_with_index ------------------------------------------ */
 
 /* Each slot of a batch has its own output buffer, so no output is copied; the buffers are
@@ -133,27 +156,14 @@ static uint32_t zip_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   return n;
 }
 
-static fl_status open_map_like(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
-                               uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t)) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  map_iter *it = rdd_iter_new(task, sizeof *it, next, map_close);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  *out = &it->base;
-  return FL_OK;
-}
-
 static fl_status map_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
-  return open_map_like(r, p, t, o, map_next);
+  return open_over_parent(r, p, t, sizeof(map_iter), map_next, map_close, o);
 }
 static fl_status key_by_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
-  return open_map_like(r, p, t, o, key_by_next);
+  return open_over_parent(r, p, t, sizeof(map_iter), key_by_next, map_close, o);
 }
 static fl_status map_values_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
-  return open_map_like(r, p, t, o, map_values_next);
+  return open_over_parent(r, p, t, sizeof(map_iter), map_values_next, map_close, o);
 }
 
 static const rdd_ops rdd_map_ops = {"map", map_open, NULL};
@@ -214,15 +224,7 @@ static uint32_t filter_next(fl_iter *it, fl_bytes *out, uint32_t max) {
 }
 
 static fl_status filter_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  filter_iter *it = rdd_iter_new(task, sizeof *it, filter_next, NULL);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  *out = &it->base;
-  return FL_OK;
+  return open_over_parent(r, p, task, sizeof(filter_iter), filter_next, NULL, out);
 }
 
 static const rdd_ops rdd_filter_ops = {"filter", filter_open, NULL};
@@ -317,16 +319,9 @@ static bool map_partitions_take(fl_iter *it, rdd_batch *out) {
 
 static fl_status open_emitting(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
                                uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t)) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  emit_iter *it = rdd_iter_new(task, sizeof *it, next, emit_close);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  it->partition = p;
-  *out = &it->base;
-  return FL_OK;
+  fl_status s = open_over_parent(r, p, task, sizeof(emit_iter), next, emit_close, out);
+  if (s == FL_OK) ((emit_iter *)*out)->partition = p;
+  return s;
 }
 
 static fl_status flat_map_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
@@ -520,16 +515,9 @@ fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out)
 /* ---- zip_with_index -------------------------------------------------------------------- */
 
 static fl_status zip_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  map_iter *it = rdd_iter_new(task, sizeof *it, zip_next, map_close);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  it->index = ((const int64_t *)r->state)[p];
-  *out = &it->base;
-  return FL_OK;
+  fl_status s = open_over_parent(r, p, task, sizeof(map_iter), zip_next, map_close, out);
+  if (s == FL_OK) ((map_iter *)*out)->index = ((const int64_t *)r->state)[p];
+  return s;
 }
 
 static void zip_destroy(rdd *r) { common_free(r->state); }
