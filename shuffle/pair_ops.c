@@ -90,7 +90,7 @@ static fl_status make_shuffled(fl_dataset *const *ins, uint32_t n_in, const fl_p
   r->partitioner = part;
   for (uint32_t i = 0; i < n_in; i++)
     if (!st->inputs[i].parent)
-      shuffled_add_dep(r, st, i, atomic_fetch_add(&ctx->next_rdd_id, 1), ins[i],
+      shuffle_add_dep(r, st, i, atomic_fetch_add(&ctx->next_rdd_id, 1), ins[i],
                        spec->agg && spec->map_side_combine, NULL);
   r->state = st;
   *out = r;

@@ -153,7 +153,7 @@ static fl_status shuffled_attach(rdd_plan_dec *d, const Flint__PlanNode *m, rdd 
     const Flint__PlanShuffleInput *in = sh->inputs[i];
     rdd *parent = rdd_plan_find(p, in->parent);
     if (in->shuffle_id == 0) st->inputs[i].parent = parent;
-    else shuffled_add_dep(r, st, (uint32_t)i, in->shuffle_id, parent, in->map_combine, key_orders[i]);
+    else shuffle_add_dep(r, st, (uint32_t)i, in->shuffle_id, parent, in->map_combine, key_orders[i]);
   }
   r->state = st;
   return FL_OK;

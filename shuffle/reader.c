@@ -373,7 +373,7 @@ static void shuffled_destroy(rdd *r) {
 
 const rdd_ops shuffled_ops = {"shuffled", shuffled_open, shuffled_destroy};
 
-void shuffled_add_dep(rdd *r, shuffled_state *st, uint32_t i, uint64_t shuffle_id, rdd *parent,
+void shuffle_add_dep(rdd *r, shuffled_state *st, uint32_t i, uint64_t shuffle_id, rdd *parent,
                       bool map_combine, fl_compare_fn key_order) {
   rdd_shuffle_dep *dep = &st->deps[i];
   dep->shuffle_id = shuffle_id;

@@ -93,7 +93,7 @@ FL_INTERNAL extern const rdd_ops shuffled_ops;
  * `parent`: fills st->deps[i], taking references on parent and the partitioner, which
  * shuffled_ops.destroy drops. map_combine: combine values map-side with st->agg; key_order:
  * sort keys map-side (its arg is r's), or NULL. Cannot fail. */
-FL_INTERNAL void shuffled_add_dep(rdd *r, shuffled_state *st, uint32_t i, uint64_t shuffle_id, rdd *parent,
+FL_INTERNAL void shuffle_add_dep(rdd *r, shuffled_state *st, uint32_t i, uint64_t shuffle_id, rdd *parent,
                                   bool map_combine, fl_compare_fn key_order);
 
 /* flint's own functions used by the compositions of pair_ops.c (see rdd_builtin), ended by
