@@ -22,6 +22,30 @@ static const config_setting settings[CONFIG_SETTINGS] = {
 /* Per setting: common_hash64 of the invalid text last warned about; 0: none. */
 static atomic_uint_fast64_t warned[CONFIG_SETTINGS];
 
+/* ---- sizes (common.h) ---------------------------------------------------------------- */
+
+bool common_parse_size(const char *s, uint64_t *out) {
+  /* strtoull would skip spaces and accept a sign: only plain digits are a size. */
+  if (!s || *s < '0' || *s > '9') return false;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s) return false;
+  uint64_t mult = 1;
+  switch (*end) {
+  case '\0': break;
+  case 'k': case 'K': mult = 1ull << 10; end++; break;
+  case 'm': case 'M': mult = 1ull << 20; end++; break;
+  case 'g': case 'G': mult = 1ull << 30; end++; break;
+  case 't': case 'T': mult = 1ull << 40; end++; break;
+  default: return false;
+  }
+  if (*end == 'b' || *end == 'B') end++;
+  if (*end != '\0' || v > UINT64_MAX / mult) return false;
+  *out = v * mult;
+  return true;
+}
+
 /* ---- the table ------------------------------------------------------------------------- */
 
 const config_setting *config_setting_of(config_id id) {

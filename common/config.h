@@ -201,42 +201,42 @@ typedef enum config_source {
 /* ---- the table ----------------------------------------------------------------------- */
 
 /* Row `id` (static data; id must be below CONFIG_SETTINGS). */
-FL_SDK const config_setting *config_setting_of(config_id id);
+FL_INTERNAL const config_setting *config_setting_of(config_id id);
 /* The row of variable `name` ("FLINT_LOG") in *out; false when flint has no such setting. */
-FL_SDK bool config_find(const char *name, config_id *out);
+FL_INTERNAL bool config_find(const char *name, config_id *out);
 /* "bool", "count", "ms", "us", "size", "real", "string", "path". */
-FL_SDK const char *config_type_name(config_type type);
+FL_INTERNAL const char *config_type_name(config_type type);
 /* The unit of a type's values as `flint config` shows it: "ms", "us", "bytes", or "". */
-FL_SDK const char *config_unit(config_type type);
+FL_INTERNAL const char *config_unit(config_type type);
 /* "any", "client", "driver", "executor", "driver, executor" or "client, executor". */
-FL_SDK const char *config_readers_text(config_readers readers);
+FL_INTERNAL const char *config_readers_text(config_readers readers);
 
 /* ---- reading --------------------------------------------------------------------------- */
 
 /* The variable's text as the environment has it; NULL when unset or empty. */
-FL_SDK const char *config_text(config_id id);
+FL_INTERNAL const char *config_text(config_id id);
 /* Where the value comes from now (logs nothing). */
-FL_SDK config_source config_source_of(config_id id);
+FL_INTERNAL config_source config_source_of(config_id id);
 /* FL_OK when the variable is unset, empty or valid; else FL_EINVAL with a message that names
  * the variable and says what it should be (logs nothing). */
-FL_SDK fl_status config_check(config_id id);
+FL_INTERNAL fl_status config_check(config_id id);
 /* Whether the environment gives a valid value (an invalid one is logged as the getters do):
  * readers of CONFIG_COMPUTED settings ask this before a getter. */
-FL_SDK bool config_given(config_id id);
+FL_INTERNAL bool config_given(config_id id);
 
 /* The typed getters: the environment's value, else the default (0 or NULL for a
  * CONFIG_COMPUTED setting). Each takes settings of its own type only (a bug otherwise);
  * config_string takes string and path settings. Numbers come in the setting's own unit:
  * config_ms gives milliseconds. The text config_string returns is the environment's or the
  * table's: the caller copies it if a later setenv may change it. */
-FL_SDK bool config_bool(config_id id);
-FL_SDK uint64_t config_count(config_id id);
-FL_SDK uint64_t config_ms(config_id id);
-FL_SDK uint64_t config_us(config_id id);
-FL_SDK uint64_t config_size(config_id id);
-FL_SDK double config_real(config_id id);
-FL_SDK const char *config_string(config_id id);
+FL_INTERNAL bool config_bool(config_id id);
+FL_INTERNAL uint64_t config_count(config_id id);
+FL_INTERNAL uint64_t config_ms(config_id id);
+FL_INTERNAL uint64_t config_us(config_id id);
+FL_INTERNAL uint64_t config_size(config_id id);
+FL_INTERNAL double config_real(config_id id);
+FL_INTERNAL const char *config_string(config_id id);
 /* A CONFIG_NO_LIMIT count or duration: its value, or -1 for "no limit" when it is 0. */
-FL_SDK int64_t config_limit(config_id id);
+FL_INTERNAL int64_t config_limit(config_id id);
 
 #endif /* FLINT_COMMON_CONFIG_H */

@@ -14,7 +14,7 @@ void common_spin_default_for_server(void) {
   if (sysconf(_SC_NPROCESSORS_ONLN) <= 4) atomic_store(&spin_default, 0);
 }
 
-uint64_t common_spin_ns(void) {
+uint64_t fl_spin_ns(void) {
   static atomic_uint_fast64_t cached = UINT64_MAX;
   uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
   if (v != UINT64_MAX) return v;

@@ -332,9 +332,9 @@ FL_INTERNAL void dp_client_destroy(dp_client *c);
 FL_INTERNAL fl_status dp_fetch(dp_client *c, const char *peer, const dp_request *req,
                                int64_t timeout_ms, fl_buf *out, uint64_t *total);
 
-/* CRC32C (Castagnoli) of data, continuing from crc (0 to start), as used on the wire. Uses
- * the SSE4.2 instruction when the CPU has it and a table otherwise. Any thread. */
-FL_INTERNAL uint32_t dp_crc32c(uint32_t crc, const void *data, size_t len);
-/* ---- dataplane ---- */
+/* The checksum of frames and payloads on the wire: CRC32C (common_crc32c). */
+static inline uint32_t dp_crc32c(uint32_t crc, const void *data, size_t len) {
+  return common_crc32c(crc, data, len);
+}
 
 #endif /* FLINT_NET_H */
