@@ -33,8 +33,8 @@
 
 #include "common/common.h"
 #include "flint/gpu.h"
-#include "gpu/comm/comm.h"
-#include "gpu/comm/worker.h"
+#include "gpu/comm/backend.h"
+#include "gpu/comm/host_transport.h"
 #include "gpu/device/device.h"
 
 #include "rank_threads.h"

@@ -11,7 +11,7 @@
  * from it at the end (2n more bytes for those pairs, two more latencies).
  */
 #include "common/common.h"
-#include "gpu/comm/comm.h"
+#include "gpu/comm/host_algorithms.h"
 
 /* Received halves are summed in pieces of this many bytes as they arrive (see the ring). */
 #define COMM_HD_PIECE (256u << 10)

@@ -13,7 +13,7 @@
  * half is shared with fl_comm_reduce_scatter and the allgather half with fl_comm_allgather.
  */
 #include "common/common.h"
-#include "gpu/comm/comm.h"
+#include "gpu/comm/host_algorithms.h"
 
 /* Received data is summed in pieces of this many bytes, small enough to stay in L2. */
 #define COMM_RING_PIECE (256u << 10)

@@ -9,7 +9,7 @@
  * way, which is why AUTO moves to the ring.
  */
 #include "common/common.h"
-#include "gpu/comm/comm.h"
+#include "gpu/comm/host_algorithms.h"
 
 #define COMM_TREE_CHUNK (256u << 10)
 

@@ -13,7 +13,7 @@
  * every rank has heard, transitively, from every other one.
  */
 #include "common/common.h"
-#include "gpu/comm/comm.h"
+#include "gpu/comm/host_algorithms.h"
 
 #define COMM_BCAST_CHUNK (256u << 10)
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "gpu/comm/comm.h"
+#include "gpu/comm/backend.h"
 
 #ifndef FLINT_HAVE_CUDA
 /* Built without nvcc: the NCCL backend exists in the API and says why it cannot be used. */
@@ -47,8 +47,8 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
  *   same bytes (n each way) one direction at a time. Over loopback TCP the tree's one-way
  *   flows won above 4 MB on both machines (16 cores, 8-64 MB: 2.1 GB/s busbw against 1.5-1.7
  *   for the ring), so a pair without single copy keeps the tree there. A pair whose ring
- *   steps move by a single copy (comm_host.c; `single_copy`, the same on both ends) takes the
- *   ring: 2.6x faster than the tree at 8 MB and 2.2x at 64 MB on 16 cores. */
+ *   steps move by a single copy (gpu/comm/host_transport.h; `single_copy`, the same on both
+ *   ends) takes the ring: 2.6x faster than the tree at 8 MB and 2.2x at 64 MB on 16 cores. */
 #define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
 #define COMM_AUTO_HD_MAX_BYTES (256u << 10)
 #define COMM_AUTO_PAIR_TREE_MIN_BYTES (4u << 20)

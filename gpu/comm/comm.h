@@ -1,17 +1,17 @@
 /*
- * gpu/comm/comm.h: collectives inside gpu/. The public entry points (gpu/comm/comm.c) validate their
- * arguments in one place, keep a failure on the handle and dispatch to a backend, which is a
- * small vtable with a name: "host" (TCP between ranks, gpu/comm/host.c) and "nccl"
- * (gpu/comm/nccl.c, only when CUDA is built).
+ * gpu/comm/comm.h: collectives inside gpu/, what the rest of gpu/ (and tests and benchmarks)
+ * may use of gpu/comm/ beyond the public fl_comm_* calls of flint/gpu.h: the rules that pick
+ * an algorithm and lay out blocks, the host backend's socket options and single-copy count,
+ * and the comm worker that overlaps allreduces with backward.
  *
- * The host backend's algorithms are written once against a tiny transport (comm_host_*):
- * blocking send and receive of bytes to one peer, and a full-duplex exchange that sends to
- * one peer while it receives from another (what a ring step needs). The algorithms work on
- * host float buffers; comm_host.c stages cuda tensors through pinned host memory around them.
+ * The public entry points (gpu/comm/comm.c) validate their arguments in one place, keep a
+ * failure on the handle and dispatch to a backend, which is a small vtable with a name
+ * (gpu/comm/backend.h): "host" (TCP between ranks, gpu/comm/host.c over the transport of
+ * gpu/comm/host_transport.h, one file per algorithm) and "nccl" (gpu/comm/nccl.c, only when
+ * CUDA is built).
  *
  * Threading: a communicator is used by one thread at a time (its rank's thread, or the rank's
- * communication thread while that holds it: gpu/comm/worker.h). Every slot of
- * comm_backend_ops blocks until this rank's part of the collective is done.
+ * communication thread while that holds it: the comm worker below).
  */
 #ifndef FLINT_GPU_COMM_H
 #define FLINT_GPU_COMM_H
@@ -23,88 +23,9 @@
 #include "flint/gpu.h"
 #include "gpu/device/device.h"
 
-typedef struct comm_backend_ops {
-  const char *name; /* "host", "nccl" */
-  /* Each slot gets arguments already checked by gpu/comm/comm.c (sizes match, ranks in range,
-   * peer != self, every tensor on the communicator's kind of device). All block. */
-  fl_status (*allreduce)(fl_comm *comm, fl_tensor *t, fl_reduce_op op, fl_allreduce_algo algo);
-  fl_status (*broadcast)(fl_comm *comm, fl_tensor *t, int root);
-  fl_status (*allgather)(fl_comm *comm, const fl_tensor *in, fl_tensor *out);
-  fl_status (*reduce_scatter)(fl_comm *comm, const fl_tensor *in, fl_tensor *out,
-                              fl_reduce_op op);
-  fl_status (*send)(fl_comm *comm, const fl_tensor *t, int peer);
-  fl_status (*recv)(fl_comm *comm, fl_tensor *t, int peer);
-  fl_status (*barrier)(fl_comm *comm);
-  /* Collective over comm; *out NULL for a negative color. */
-  fl_status (*split)(fl_comm *comm, int color, int key, fl_comm **out);
-  /* Called once when a collective failed on this rank: breaks the connections so that the
-   * peers fail at once (FL_EPEER) instead of waiting for a rank that has left. Never blocks. */
-  void (*abort)(fl_comm *comm);
-  /* Frees impl. Never blocks on peers (sockets are closed, not drained). */
-  void (*destroy)(fl_comm *comm);
-} comm_backend_ops;
-
-struct fl_comm {
-  const comm_backend_ops *ops;
-  int rank, size;
-  fl_allreduce_algo algo;
-  fl_device *dev; /* nccl: the rank's GPU, every tensor must be on it; host: NULL (any) */
-  /* Sticky failure: once a collective fails for a reason other than bad arguments, every
-   * later call returns `error` with `error_msg`. */
-  fl_status error;
-  char error_msg[384];
-  void *impl;
-};
-
-/* Makes a communicator shell for a backend (impl set by the caller). */
-fl_status comm_alloc(const comm_backend_ops *ops, int rank, int size, void *impl,
-                     fl_comm **out);
-
 /* The AUTO rule (gpu/comm/comm.c): which host algorithm serves `bytes` over `size` ranks. */
 fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy);
 
-/* ---- the host transport (gpu/comm/host.c) --------------------------------------------- */
-typedef struct comm_host comm_host;
-
-/* TCP_NODELAY and FLINT_COMM_SOCKBUF-sized buffers: what every comm socket gets (the
- * benchmark's point-to-point baseline uses it too). */
-void comm_host_socket_options(int fd);
-
-/* Blocking transfers of exactly `bytes` to/from `peer`. FL_EPEER when the peer closed,
- * FL_ENET on a socket error, FL_ETIMEDOUT when no byte moved for the operation timeout;
- * each message names the peer rank. */
-fl_status comm_host_send(comm_host *h, int peer, const void *buf, size_t bytes);
-fl_status comm_host_recv(comm_host *h, int peer, void *buf, size_t bytes);
-/* Sends sbytes to send_peer while receiving rbytes from recv_peer, without deadlock even
- * when both peers do the same to us (the two peers may be the same rank). */
-fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                             int recv_peer, void *rbuf, size_t rbytes);
-/* As exchange, but the rcount floats received are added into `sum`, a piece of
- * piece_floats at a time through `tmp` (piece_floats long) as soon as the piece is in, while
- * the send goes on: the reduction overlaps the transfer and reads the data while in cache. */
-fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                                    int recv_peer, float *sum, size_t rcount, float *tmp,
-                                    size_t piece_floats);
-/* A ring step: exchange (or exchange_reduce) where every rank of the step calls the same
- * function, sending to the rank that receives from it by this function too. Only then may
- * a half move by a single copy (the receiver reads the sender's buffer, see comm_host.c):
- * the receiving end must expect the sender's descriptor instead of the data. */
-fl_status comm_host_ring_step(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                              int recv_peer, void *rbuf, size_t rbytes);
-fl_status comm_host_ring_step_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                                     int recv_peer, float *sum, size_t rcount, float *tmp,
-                                     size_t piece_floats);
-/* How many peers this rank's ring steps reach by a single copy (0 on other backends). */
-int comm_host_single_copy_peers(const fl_comm *c);
-/* A scratch buffer of at least `bytes` owned by the transport (grown on demand, kept for
- * the communicator's life). Slot 0 and 1 are separate buffers. */
-fl_status comm_host_scratch(comm_host *h, int slot, size_t bytes, void **out);
-
-/* ---- reduction kernels (gpu/comm/host.c), vectorized ---------------------------------- */
-void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n);
-void comm_reduce_scale(float *dst, float a, size_t n);
-
-/* ---- the algorithms, on host float buffers, sum only (avg scales afterwards) ----------- */
 /* The uneven block rule of reduce_scatter: block r of n over p is n/p elements, plus one
  * when r < n % p. */
 static inline size_t comm_block_count(size_t n, int p, int r) {
@@ -115,23 +36,66 @@ static inline size_t comm_block_offset(size_t n, int p, int r) {
   return q * (size_t)r + ((size_t)r < m ? (size_t)r : m);
 }
 
-/* gpu/comm/allreduce_ring.c */
-fl_status allreduce_ring(comm_host *h, int rank, int size, float *data, size_t n);
-/* The halves of the ring: after ring_reduce_scatter rank r holds block r of the sum (blocks
- * by comm_block_*); ring_allgather_bytes passes every rank's block [off[r], off[r]+len[r])
- * of `data` around the ring. */
-fl_status ring_reduce_scatter(comm_host *h, int rank, int size, float *data, size_t n);
-fl_status ring_allgather_bytes(comm_host *h, int rank, int size, uint8_t *data,
-                               const size_t *off, const size_t *len);
-/* gpu/comm/allreduce_halving_doubling.c */
-fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *data, size_t n);
-/* gpu/comm/allreduce_tree.c */
-fl_status allreduce_tree(comm_host *h, int rank, int size, float *data, size_t n);
-/* Pipelined binary-tree broadcast of bytes from root (used by broadcast and the tree). */
-fl_status tree_broadcast_bytes(comm_host *h, int rank, int size, int root, uint8_t *data,
-                               size_t bytes);
+/* ---- the host backend (gpu/comm/host.c, gpu/comm/host_mesh.c) ----------------------------- */
+/* TCP_NODELAY and FLINT_COMM_SOCKBUF-sized buffers: what every comm socket gets (the
+ * benchmark's point-to-point baseline uses it too). */
+void comm_host_socket_options(int fd);
+/* How many peers this rank's ring steps reach by a single copy (0 on other backends). */
+int comm_host_single_copy_peers(const fl_comm *c);
 
-/* gpu/comm/collectives.c: the host backend's other collectives on host buffers. */
-fl_status host_barrier(comm_host *h, int rank, int size);
+/* ---- the comm worker (gpu/comm/worker.c) --------------------------------------------------
+ * A communication thread that allreduces tensors in the order they are posted, so that the
+ * posting thread can go on computing (the data-parallel trainer posts gradient buckets
+ * during backward: PyTorch DDP's overlap).
+ *
+ * Design. One worker per rank owns its communicator while work is queued: the rank's thread
+ * posts (a bounded FIFO; post blocks while it is full), the worker takes each tensor in turn
+ * and calls fl_comm_allreduce on it, and the rank's thread calls comm_worker_wait before it
+ * reads the results. Every rank posts the same tensors in the same order, so the collectives
+ * match across ranks as if the rank's thread had called them itself, and each tensor is
+ * reduced by the same algorithm over the same bytes: the results are bit for bit those of
+ * the synchronous calls.
+ *
+ * Threading. A communicator is used by one thread at a time (above): between the first post
+ * and the wait that follows it, only the worker may touch the communicator; after that
+ * wait (and before the next post) the posting thread may use it directly (evaluation sums,
+ * checkpoints). The tensors posted must stay allocated, and nothing may write them, until
+ * the wait returns.
+ *
+ * Devices. comm_worker_post first waits for the tensor's device (synchronize), so the worker
+ * reads final values even where the producing kernels were only queued (cuda). The worker
+ * then reaches the device from its own thread only through the communicator's backend: the
+ * host backend stages a cuda tensor with to_host / from_host, NCCL synchronizes the device
+ * before it queues on its own stream. Those cuda operations start with cudaSetDevice (the
+ * current device is per thread) and queue on the device's stream, whose order the CUDA
+ * runtime keeps across threads; the copy back lands among kernels that the posting thread
+ * queued after the post, which never touch a range that was final (gpu/nn/nn.h), and from_host
+ * blocks until it is done, so the wait orders it before anything the poster queues next.
+ *
+ * Errors. The first failure of an allreduce is kept on the worker, with its message: later
+ * posts return it at once (so backward can stop early), queued tensors are not reduced, and
+ * every wait returns it. The communicator keeps it too (sticky), so a worker that failed is
+ * done; the rank's attempt fails and its stage is retried. A wait is bounded by the
+ * communicator's own failure detection: a peer that leaves is FL_EPEER at once, a peer that
+ * hangs FL_ETIMEDOUT after FLINT_COMM_TIMEOUT_MS (host backend).
+ */
+typedef struct comm_worker comm_worker;
+
+/* Starts the worker's thread for `comm` (not owned: destroy it after comm_worker_stop).
+ * FL_ENOMEM, or FL_EINTERNAL naming pthread_create's failure. */
+fl_status comm_worker_start(fl_comm *comm, comm_worker **out);
+/* Queues an allreduce of t with `op`. t is copied (a view is fine); its memory is the
+ * worker's until the next comm_worker_wait. Synchronizes t's device first; blocks while the
+ * queue is full. An error return (the worker's kept failure, or the device's) means t was not
+ * queued. A tensor of 0 elements is accepted and skipped. */
+fl_status comm_worker_post(comm_worker *w, const fl_tensor *t, fl_reduce_op op);
+/* Blocks until every posted tensor is reduced. FL_OK, or the first failure since the worker
+ * started, with its message (fl_last_error). */
+fl_status comm_worker_wait(comm_worker *w);
+/* Tensors reduced since the worker started (for tests and reports). Takes the lock. */
+uint64_t comm_worker_reduced(comm_worker *w);
+/* Cancels what is queued and not yet started, waits for the allreduce in progress (if any)
+ * and joins the thread. Never blocks on more than that one collective. NULL does nothing. */
+void comm_worker_stop(comm_worker *w);
 
 #endif /* FLINT_GPU_COMM_H */

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "gpu/comm/comm.h"
+#include "gpu/comm/backend.h"
 
 _Static_assert(FL_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "FL_NCCL_ID_BYTES must match NCCL");
 

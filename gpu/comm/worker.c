@@ -1,5 +1,5 @@
 /*
- * gpu/comm/worker.c: the communication thread of a rank (see gpu/comm/worker.h).
+ * gpu/comm/worker.c: the communication thread of a rank (its contract is in gpu/comm/comm.h).
  *
  * The queue is a ring of COMM_WORKER_DEPTH jobs under one mutex with two condition variables:
  * `posted` wakes the worker, `progress` wakes a poster waiting for room or for the queue to
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "gpu/comm/worker.h"
+#include "gpu/comm/comm.h"
 
 /* Buckets in flight per step: a model reports each layer's gradients once, so a step posts
  * at most one bucket per layer with parameters (ResNet-18: 62); a deeper queue only lets

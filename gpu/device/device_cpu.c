@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "gpu/device/device.h"
+#include "gpu/device/backend.h"
 
 /* ---- memory ---------------------------------------------------------------------------- */
 

@@ -1,5 +1,6 @@
 /*
- * gpu/parallel/train_dp.c: synchronous data-parallel SGD as one barrier stage (see gpu/parallel/train.h).
+ * gpu/parallel/train_dp.c: synchronous data-parallel SGD, the ranks of the barrier stage that
+ * gpu/parallel/train.h describes (gpu_train_rank; the client is gpu/parallel/train_client.c).
  *
  * Design. The client loads the training and test sets as one cached dataset with a
  * partition per rank (data_pair) and runs a barrier stage over it; everything else happens in
@@ -19,39 +20,27 @@
  *      next progress report, where the loss sums are allreduced) and the run fails with the
  *      first such step, its loss and its rate (REPORT_DIVERGED), without a retry.
  * Overlap (the default, as PyTorch DDP): buckets go to the rank's communication thread
- * (gpu/comm/worker.h), which allreduces them in order while backward goes on; the rank waits
- * for them all before the SGD step. Without it (train_arg.overlap false) each bucket is
- * allreduced in backward's callback, which holds backward up until it is done.
- * Ranks report progress (a few times an epoch) and each epoch's row to the client's
- * on_report, which draws the progress line and collects the curves.
+ * (the comm worker, gpu/comm/comm.h), which allreduces them in order while backward goes on;
+ * the rank waits for them all before the SGD step. Without it (train_arg.overlap false) each
+ * bucket is allreduced in backward's callback, which holds backward up until it is done.
+ * Ranks report progress (a few times an epoch) and each epoch's row to the client.
  *
  * Threading: a rank is one task thread; its device, model, optimizer and communicator are its
  * own, plus (with overlap and more than one rank) its communication thread, which alone uses
  * the communicator from a step's first bucket to the wait after backward; evaluation and the
- * other collectives run on the rank's thread after that wait. The client's on_report runs on
- * the client's thread inside the action.
+ * other collectives run on the rank's thread after that wait.
  */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
-#include "gpu/comm/worker.h"
-#include "gpu/parallel/curves.h"
+#include "gpu/comm/comm.h"
 #include "gpu/data/data.h"
 #include "gpu/parallel/train_rank.h"
 
 #define DEFAULT_BUCKET_BYTES (4u << 20)
-#define PROGRESS_REPORTS_PER_EPOCH 20
-
-double train_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- the rank ----------------------------------------------------------------------------- */
 
@@ -117,133 +106,6 @@ typedef struct rank_state {
   int32_t *labels_h;
   uint32_t local_batch;
 } rank_state;
-
-bool train_uses_nccl(fl_device_kind kind) {
-  const char *backend = getenv("FLINT_TRAIN_COMM");
-  return kind == FL_DEVICE_CUDA && !(backend && strcmp(backend, "host") == 0);
-}
-
-/* Whether two ranks of the barrier train on one GPU (the same host and PCI address), which
- * NCCL refuses: then every rank takes the host backend. All ranks see the same gathered
- * records, so they all decide alike. */
-static fl_status ranks_share_a_gpu(fl_barrier *b, const fl_device *dev, bool *out) {
-  char mine[320], host[256] = "";
-  gethostname(host, sizeof host - 1);
-  int len = snprintf(mine, sizeof mine, "%s/%s", host, dev->pci_bus_id);
-  fl_records *all = NULL;
-  fl_status status = fl_barrier_all_gather(b, fl_bytes_of(mine, (size_t)len), 0, &all);
-  if (status != FL_OK) return status;
-  *out = false;
-  size_t n = fl_records_count(all);
-  for (size_t i = 0; i < n && !*out; i++)
-    for (size_t j = i + 1; j < n && !*out; j++) {
-      fl_bytes x = fl_records_get(all, i), y = fl_records_get(all, j);
-      *out = x.len == y.len && memcmp(x.data, y.data, x.len) == 0;
-    }
-  fl_records_free(all);
-  return FL_OK;
-}
-
-fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_allreduce_algo algo, bool host,
-                        int comm_rank, fl_comm **out) {
-  uint32_t world = fl_barrier_world(b);
-  uint32_t rank = comm_rank >= 0 ? (uint32_t)comm_rank : fl_barrier_rank(b);
-  fl_status status = FL_OK;
-  fl_records *all = NULL;
-  fl_comm_endpoint *ep = NULL;
-  const char **addrs = NULL;
-  *out = NULL;
-  bool shared = false;
-  if (!host && train_uses_nccl(kind)) FL_CHECK(ranks_share_a_gpu(b, dev, &shared));
-  if (!host && !shared && train_uses_nccl(kind)) {
-    uint8_t id[FL_NCCL_ID_BYTES] = {0};
-    bool first = fl_barrier_rank(b) == 0; /* any one rank makes the id */
-    if (first) FL_CHECK(fl_comm_nccl_unique_id(id));
-    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(id, first ? sizeof id : 0), 0, &all));
-    fl_bytes root = fl_records_get(all, 0);
-    if (root.len != FL_NCCL_ID_BYTES) {
-      status = fl_set_error(FL_EPROTO, "rank 0 sent a NCCL id of %zu bytes", root.len);
-      goto cleanup;
-    }
-    memcpy(id, root.data, sizeof id);
-    FL_CHECK(fl_comm_nccl_create(dev, (int)rank, (int)world, id, out));
-  } else {
-    /* FLINT_COMM_HOST: the address other ranks reach this one at (cluster mode across
-     * hosts); loopback by default. */
-    const char *where = getenv("FLINT_COMM_HOST");
-    FL_CHECK(fl_comm_listen(where && *where ? where : "127.0.0.1", &ep));
-    /* Each rank sends its communicator rank and its address, NUL-terminated. */
-    const char *where_me = fl_comm_endpoint_address(ep);
-    char mine[256];
-    size_t len = strlen(where_me) + 1;
-    if (len > sizeof mine - 4) FL_CHECK(fl_set_error(FL_EINVAL, "address '%s' is too long", where_me));
-    memcpy(mine, &rank, 4);
-    memcpy(mine + 4, where_me, len);
-    FL_CHECK(fl_barrier_all_gather(b, fl_bytes_of(mine, 4 + len), 0, &all));
-    addrs = calloc(world, sizeof *addrs);
-    if (!addrs) {
-      status = fl_set_error(FL_ENOMEM, "rank %u: out of memory", rank);
-      goto cleanup;
-    }
-    for (uint32_t i = 0; i < world; i++) {
-      fl_bytes rec = fl_records_get(all, i);
-      uint32_t at = world;
-      if (rec.len >= 5) memcpy(&at, rec.data, 4);
-      if (rec.len < 5 || rec.data[rec.len - 1] != '\0' || at >= world || addrs[at]) {
-        status = fl_set_error(FL_EPROTO, "task %u sent a malformed address or a rank taken twice", i);
-        goto cleanup;
-      }
-      addrs[at] = (const char *)rec.data + 4;
-    }
-    fl_comm_endpoint *take = ep;
-    ep = NULL; /* fl_comm_host_create takes it, on failure too */
-    FL_CHECK(fl_comm_host_create(take, (int)rank, (int)world, addrs, 0, out));
-    FL_CHECK(fl_comm_set_allreduce_algo(*out, algo));
-  }
-cleanup:
-  if (status != FL_OK) {
-    fl_comm_destroy(*out);
-    *out = NULL;
-  }
-  free(addrs);
-  fl_comm_endpoint_destroy(ep);
-  fl_records_free(all);
-  return status;
-}
-
-fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out) {
-  int ordinal = 0;
-  if (kind == FL_DEVICE_CUDA) {
-    int gpus = fl_cuda_device_count();
-    ordinal = fl_barrier_gpu(b) >= 0 ? fl_barrier_gpu(b) : gpus > 0 ? (int)(fl_barrier_rank(b) % (uint32_t)gpus) : 0;
-  }
-  return fl_device_open(kind, ordinal, out);
-}
-
-fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out) {
-  uint32_t world = fl_barrier_world(b);
-  if (world == 1) {
-    *out = mine;
-    return FL_OK;
-  }
-  fl_records *all = NULL;
-  fl_status s = fl_barrier_all_gather(b, fl_bytes_of(&mine, sizeof mine), 0, &all);
-  if (s != FL_OK) return s;
-  uint64_t m = mine;
-  for (uint32_t i = 0; i < world; i++) {
-    fl_bytes rec = fl_records_get(all, i);
-    uint64_t v;
-    if (rec.len != sizeof v) {
-      fl_records_free(all);
-      return fl_set_error(FL_EPROTO, "rank %u sent a count of %zu bytes", i, rec.len);
-    }
-    memcpy(&v, rec.data, sizeof v);
-    if (v < m) m = v;
-  }
-  fl_records_free(all);
-  *out = m;
-  return FL_OK;
-}
 
 /* sums[0..2] += over ranks (host in, host out). */
 static fl_status rank_sum(rank_state *r, double in[3], double out[3]) {
@@ -419,12 +281,12 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
   size_t total = fl_tensor_numel(nn_model_grads(r.model));
-  uint64_t report_every = steps / PROGRESS_REPORTS_PER_EPOCH ? steps / PROGRESS_REPORTS_PER_EPOCH : 1;
+  uint64_t report_every = steps / TRAIN_PROGRESS_REPORTS_PER_EPOCH ? steps / TRAIN_PROGRESS_REPORTS_PER_EPOCH : 1;
   train_report last = {0};
   train_report bad = {0}; /* the first step whose loss this rank saw non-finite */
   double lr = cs.lr;
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
-    double t0 = train_now_s();
+    double t0 = common_now_s();
     data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
     FL_CHECK(r.dev->ops->memset0(r.dev, r.stats_d, 2 * sizeof(float)));
     uint64_t images = 0;
@@ -487,7 +349,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       images += n;
       cs.step++;
       if (r.rank == 0 && at_report) {
-        double secs = train_now_s() - t0;
+        double secs = common_now_s() - t0;
         train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                             .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = st[0] / images,
                             .acc = st[1] / images, .lr = lr,
@@ -496,7 +358,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
         FL_CHECK(rank_report(&r, &rep));
       }
     }
-    double train_secs = train_now_s() - t0;
+    double train_secs = common_now_s() - t0;
     float st[2];
     FL_CHECK(read_stats(&r, st));
     double in3[3] = {st[0], st[1], (double)images}, sum3[3];
@@ -509,7 +371,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     last = (train_report){.kind = REPORT_EPOCH, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                           .step = cs.step, .steps_per_epoch = steps, .done = steps, .loss = sum3[0] / sum3[2],
                           .acc = sum3[1] / sum3[2], .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
-                          .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = train_now_s() - t0,
+                          .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = common_now_s() - t0,
                           .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid()};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
@@ -529,212 +391,4 @@ cleanup:
   fl_buf_free(&blob);
   rank_free(&r);
   return status;
-}
-
-/* ---- the client ----------------------------------------------------------------------------- */
-
-typedef struct client_state {
-  const gpu_train_options *opts;
-  curves curves;
-  fl_status error; /* the first failure to keep a row (ENOMEM) */
-  uint32_t attempts;
-  bool line_open; /* a progress line without its newline yet */
-} client_state;
-
-static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
-  client_state *c = user;
-  train_report rep;
-  (void)rank;
-  if (message.len != sizeof rep) return; /* not ours: ignore */
-  memcpy(&rep, message.data, sizeof rep);
-  if (rep.attempt + 1 > c->attempts) c->attempts = rep.attempt + 1;
-  if (rep.kind == REPORT_PROGRESS) {
-    if (c->opts->progress && rep.steps_per_epoch) {
-      curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, (double)rep.done / (double)rep.steps_per_epoch,
-                            rep.loss, rep.acc, rep.images_per_s, false);
-      c->line_open = true;
-    }
-    return;
-  }
-  if (rep.kind != REPORT_EPOCH) return;
-  /* A retried attempt goes on from its checkpoint: it may repeat epochs already shown. */
-  while (c->curves.count && c->curves.rows[c->curves.count - 1].epoch >= rep.epoch) c->curves.count--;
-  curves_row row = {.epoch = rep.epoch, .train_loss = rep.loss, .train_acc = rep.acc, .test_loss = rep.test_loss,
-                    .test_acc = rep.test_acc, .lr = rep.lr, .images_per_s = rep.images_per_s,
-                    .seconds = rep.seconds};
-  if (curves_append(&c->curves, &row) != FL_OK && c->error == FL_OK) c->error = FL_ENOMEM;
-  if (c->opts->on_epoch) {
-    gpu_train_epoch e = {.epoch = rep.epoch, .epochs = rep.epochs, .attempt = rep.attempt,
-                         .resumed_epoch = rep.resumed_epoch, .step = rep.step, .train_loss = rep.loss,
-                         .train_acc = rep.acc, .test_loss = rep.test_loss, .test_acc = rep.test_acc, .lr = rep.lr,
-                         .images_per_s = rep.images_per_s, .seconds = rep.seconds, .pid = rep.pid};
-    c->opts->on_epoch(&e, c->opts->user);
-  }
-  if (c->opts->progress) {
-    curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, 1.0, rep.loss, rep.acc, rep.images_per_s, true);
-    c->line_open = false;
-    fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s\n", rep.test_loss, rep.test_acc, rep.lr,
-            rep.seconds);
-    fflush(c->opts->progress);
-  }
-}
-
-fl_status train_diverged_error(const gpu_train_options *o, const train_report *rep) {
-  char loss[32];
-  if (isnan(rep->loss)) snprintf(loss, sizeof loss, "nan"); /* not "-nan" */
-  else snprintf(loss, sizeof loss, "%g", rep->loss);
-  optim_schedule sched;
-  gpu_train_schedule(o, &sched);
-  return fl_set_error(FL_EINVAL,
-                      "training diverged at step %llu (epoch %u of %u): loss %s at learning rate %g (the peak is "
-                      "--lr %g x --batch %u / 256 = %g); lower --lr, or reach the rate gradually with --warmup",
-                      (unsigned long long)rep->step, rep->epoch, rep->epochs, loss, rep->lr, o->lr, o->batch,
-                      optim_schedule_peak_lr(&sched));
-}
-
-/* Barrier tasks: one per data-parallel rank, or per grid rank for the transformer. */
-static uint32_t train_world(const gpu_train_options *o) {
-  return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
-}
-
-static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test) {
-  data_options dopts = DATA_OPTIONS_INIT;
-  dopts.partitions = train_world(o);
-  dopts.norm = DATA_NORM_STANDARD; /* zero-mean inputs: see docs/gpu.md, the large-batch check */
-  dopts.interleave = true; /* rank r: images r, r + R, ... (see gpu/parallel/train.h) */
-  /* The transformer's ranks read runs of batch / world images, so that a replica's ranks
-   * together hold its rows of each global batch in order (gpu/parallel/train_hybrid.c). */
-  if (o->model == NN_TRANSFORMER) dopts.run = o->batch / train_world(o);
-  fl_status s;
-  if (o->data == GPU_TRAIN_FASHION_MNIST) {
-    dopts.max_images = o->max_train_images;
-    s = data_fashion_mnist(ctx, o->data_dir, true, &dopts, train);
-    dopts.max_images = o->max_test_images;
-    if (s == FL_OK) s = data_fashion_mnist(ctx, o->data_dir, false, &dopts, test);
-  } else {
-    uint64_t n_train = o->synthetic_train_images ? o->synthetic_train_images : 4ull * o->batch;
-    uint64_t n_test = o->synthetic_test_images ? o->synthetic_test_images : o->batch;
-    s = data_synthetic_imagenet(ctx, o->seed, 0, n_train, &dopts, train);
-    if (s == FL_OK) s = data_synthetic_imagenet(ctx, o->seed, n_train, n_test, &dopts, test);
-  }
-  uint32_t world = train_world(o);
-  if (s == FL_OK && (train->partitions != world || test->partitions != world))
-    s = fl_set_error(FL_EINVAL, "%u ranks need at least %u training and test images (have %llu and %llu)", world,
-                     world, (unsigned long long)train->images, (unsigned long long)test->images);
-  return s;
-}
-
-fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_train_result *result) {
-  if (!ctx) return fl_set_error(FL_EINVAL, "gpu_train_run_in: ctx is NULL");
-  fl_status status = gpu_train_options_validate(o);
-  if (status != FL_OK) return status;
-  data_set train = {0}, test = {0};
-  fl_dataset *pair = NULL, *trained = NULL;
-  fl_records *out = NULL;
-  client_state c = {.opts = o, .curves = CURVES_INIT};
-  FL_CHECK(load_data(ctx, o, &train, &test));
-  FL_CHECK(data_pair(ctx, &train, &test, &pair));
-
-  bool hybrid = o->model == NN_TRANSFORMER;
-  train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
-                 .epochs = o->epochs, .channels = train.channels, .height = train.height, .width = train.width,
-                 .classes = train.classes, .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce,
-                 .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
-                 .shuffle = o->shuffle, .overlap = o->overlap, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
-                 .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
-                 .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
-                 .blocks = o->blocks, .dropout = (float)o->dropout};
-  gpu_train_schedule(o, &a.schedule);
-  fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
-  bopts.gpu = o->device == FL_DEVICE_CUDA;
-  bopts.on_report = client_on_report;
-  bopts.user = &c;
-  double t0 = train_now_s();
-  FL_CHECK(fl_barrier_map_partitions(pair, hybrid ? gpu_train_hybrid_rank : gpu_train_rank, &a, sizeof a, &bopts,
-                                     &trained));
-  FL_CHECK(fl_collect(trained, &out));
-  double seconds = train_now_s() - t0;
-  if (c.error != FL_OK) {
-    status = fl_set_error(c.error, "gpu_train: out of memory for the curves");
-    goto cleanup;
-  }
-  if (fl_records_count(out) < 1 || fl_records_get(out, 0).len != sizeof(train_report)) {
-    status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no result");
-    goto cleanup;
-  }
-  train_report last;
-  memcpy(&last, fl_records_get(out, 0).data, sizeof last);
-  if (last.kind == REPORT_DIVERGED) {
-    status = train_diverged_error(o, &last);
-    goto cleanup;
-  }
-  if (o->csv_path) FL_CHECK(curves_write_csv(&c.curves, o->csv_path));
-  if (o->svg_path) {
-    char title[200], ranks[80];
-    if (hybrid)
-      snprintf(ranks, sizeof ranks, "dp %u x tp %u x pp %u, %s, m %u", o->ranks, o->tp, o->pp,
-               pp_schedule_name(o->schedule), o->microbatches);
-    else
-      snprintf(ranks, sizeof ranks, "%u rank%s", o->ranks, o->ranks == 1 ? "" : "s");
-    snprintf(title, sizeof title, "%s on %s, %s, batch %u, lr %g, warmup %g", nn_model_kind_name(o->model),
-             gpu_train_dataset_name(o->data), ranks, o->batch, o->lr, o->warmup_epochs);
-    FL_CHECK(curves_write_svg(&c.curves, title, o->svg_path));
-  }
-  /* Rank 0's records: its last report, [the ranks' peaks and timelines,] [the checkpoint]. */
-  size_t next = 1;
-  gpu_train_result res = {0};
-  if (hybrid) {
-    if (fl_records_count(out) < 2) {
-      status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no timelines");
-      goto cleanup;
-    }
-    FL_CHECK(train_hybrid_finish(o, fl_records_get(out, next++), &res));
-  }
-  if (o->checkpoint_path) {
-    if (fl_records_count(out) <= next) {
-      status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no checkpoint");
-      goto cleanup;
-    }
-    FL_CHECK(checkpoint_save_file(o->checkpoint_path, fl_records_get(out, next)));
-  }
-  if (result) {
-    double images = 0, train_secs = 0;
-    for (size_t i = 0; i < c.curves.count; i++) {
-      const curves_row *row = &c.curves.rows[i];
-      if (row->images_per_s > 0) {
-        images += (double)last.steps_per_epoch * o->batch;
-        train_secs += (double)last.steps_per_epoch * o->batch / row->images_per_s;
-      }
-    }
-    *result = (gpu_train_result){.epochs = last.epoch, .steps = last.step, .attempts = c.attempts ? c.attempts : 1,
-                                 .resumed_epoch = last.resumed_epoch,
-                                 .train_loss = last.loss, .train_acc = last.acc, .test_loss = last.test_loss,
-                                 .test_acc = last.test_acc, .images_per_s = train_secs > 0 ? images / train_secs : 0,
-                                 .seconds = seconds, .final_lr = last.lr, .buckets = last.buckets,
-                                 .bubble = last.bubble, .bubble_theory = last.bubble_theory,
-                                 .stages = res.stages};
-    memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
-  }
-cleanup:
-  if (c.line_open && o->progress) { /* a run that stopped mid-epoch: its error goes on a line of its own */
-    fputc('\n', o->progress);
-    fflush(o->progress);
-  }
-  fl_records_free(out);
-  fl_dataset_free(trained);
-  fl_dataset_free(pair);
-  data_set_free(&test);
-  data_set_free(&train);
-  curves_free(&c.curves);
-  return status;
-}
-
-fl_status gpu_train_run(const gpu_train_options *o, gpu_train_result *result) {
-  fl_status s = gpu_train_options_validate(o);
-  if (s != FL_OK) return s;
-  fl_context *ctx = NULL;
-  if ((s = fl_context_open(o->master ? o->master : "local[*]", NULL, &ctx)) != FL_OK) return s;
-  s = gpu_train_run_in(ctx, o, result);
-  fl_context_close(ctx);
-  return s;
 }

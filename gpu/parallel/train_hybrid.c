@@ -53,7 +53,6 @@
 #include "gpu/parallel/pipeline.h"
 #include "gpu/parallel/train_rank.h"
 
-#define PROGRESS_REPORTS_PER_EPOCH 20
 #define SHARD_MAGIC "FLNTSHRD"
 #define SHARD_VERSION 1u
 #define GATHER_PIECE (1u << 20) /* fl_barrier_all_gather's limit per message */
@@ -97,16 +96,16 @@ static void put_u64(fl_buf *b, uint64_t v, fl_status *s) {
 typedef struct cursor {
   const uint8_t *p, *end;
 } cursor;
-static bool take(cursor *c, void *dst, size_t n) {
+static bool cursor_take(cursor *c, void *dst, size_t n) {
   if ((size_t)(c->end - c->p) < n) return false;
   memcpy(dst, c->p, n);
   c->p += n;
   return true;
 }
 /* A length-prefixed piece: its view, the cursor moved past it. */
-static bool take_piece(cursor *c, cursor *piece) {
+static bool cursor_take_piece(cursor *c, cursor *piece) {
   uint64_t n;
-  if (!take(c, &n, sizeof n) || n > (uint64_t)(c->end - c->p)) return false;
+  if (!cursor_take(c, &n, sizeof n) || n > (uint64_t)(c->end - c->p)) return false;
   *piece = (cursor){c->p, c->p + n};
   c->p += n;
   return true;
@@ -234,7 +233,7 @@ static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, int *bou
   *c = (cursor){blob.data, blob.data + blob.len};
   char magic[8];
   uint32_t head[6];
-  if (!take(c, magic, 8) || memcmp(magic, SHARD_MAGIC, 8) != 0 || !take(c, head, sizeof head))
+  if (!cursor_take(c, magic, 8) || memcmp(magic, SHARD_MAGIC, 8) != 0 || !cursor_take(c, head, sizeof head))
     return fl_set_error(FL_EFORMAT, "the stage's checkpoint is not a sharded one (magic %s)", SHARD_MAGIC);
   if (head[0] != SHARD_VERSION)
     return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u (this is %u)", head[0], SHARD_VERSION);
@@ -245,7 +244,7 @@ static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, int *bou
                         head[1], head[2], head[3], head[4], g.dp, g.tp, g.pp, chunks);
   for (uint32_t i = 0; i < nb; i++) {
     uint32_t b;
-    if (!take(c, &b, sizeof b) || b > (1u << 20) || (i > 0 && (int)b <= bounds[i - 1]))
+    if (!cursor_take(c, &b, sizeof b) || b > (1u << 20) || (i > 0 && (int)b <= bounds[i - 1]))
       return fl_set_error(FL_EFORMAT, "the checkpoint's stage cut is malformed at boundary %u", i);
     bounds[i] = (int)b;
   }
@@ -257,9 +256,9 @@ static fl_status restore_checkpoint(hybrid_rank *r, cursor c, checkpoint_state *
   cursor shard, piece;
   int chunks = pp_trainer_num_chunks(r->trainer);
   for (uint32_t i = 0; i <= r->rank; i++)
-    if (!take_piece(&c, &shard)) return fl_set_error(FL_EFORMAT, "the checkpoint is truncated at rank %u's shard", i);
+    if (!cursor_take_piece(&c, &shard)) return fl_set_error(FL_EFORMAT, "the checkpoint is truncated at rank %u's shard", i);
   for (int k = 0; k < chunks; k++) {
-    if (!take_piece(&shard, &piece))
+    if (!cursor_take_piece(&shard, &piece))
       return fl_set_error(FL_EFORMAT, "rank %u's shard is truncated at chunk %d", r->rank, k);
     tfm_chunk *ch = pp_trainer_chunk(r->trainer, k);
     fl_status s = checkpoint_decode(fl_bytes_of(piece.p, (size_t)(piece.end - piece.p)), tfm_chunk_values(ch), NULL,
@@ -452,11 +451,11 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
                           "--batch smaller or the data larger", r.local, a.batch, r.world));
   const uint32_t resumed = cs.epoch;
   const uint32_t rows = r.local * (uint32_t)fl_comm_size(r.replica);
-  uint64_t report_every = steps / PROGRESS_REPORTS_PER_EPOCH ? steps / PROGRESS_REPORTS_PER_EPOCH : 1;
+  uint64_t report_every = steps / TRAIN_PROGRESS_REPORTS_PER_EPOCH ? steps / TRAIN_PROGRESS_REPORTS_PER_EPOCH : 1;
   train_report last = {0};
   double lr = cs.lr;
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
-    double t0 = train_now_s(), loss = 0, acc = 0, bubble = 0, theory = 0;
+    double t0 = common_now_s(), loss = 0, acc = 0, bubble = 0, theory = 0;
     data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
     for (uint64_t i = 0; i < steps; i++) {
       uint32_t n = data_reader_next(r.train, r.images_h, r.labels_h);
@@ -485,7 +484,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
       theory = st.bubble_theory;
       cs.step++;
       if (r.rank == 0 && ((i + 1) % report_every == 0 || i + 1 == steps)) {
-        double secs = train_now_s() - t0;
+        double secs = common_now_s() - t0;
         train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                             .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = loss / (double)(i + 1),
                             .acc = acc / (double)(i + 1), .lr = lr,
@@ -494,7 +493,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
         FL_CHECK(fl_barrier_report(b, fl_bytes_of(&rep, sizeof rep)));
       }
     }
-    double train_secs = train_now_s() - t0;
+    double train_secs = common_now_s() - t0;
     double test_loss = NAN, test_acc = NAN;
     FL_CHECK(hybrid_evaluate(&r, epoch, &test_loss, &test_acc));
     cs.epoch = epoch + 1;
@@ -504,7 +503,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
                           .step = cs.step, .steps_per_epoch = steps, .done = steps, .loss = loss / (double)steps,
                           .acc = acc / (double)steps, .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
                           .images_per_s = train_secs > 0 ? (double)steps * a.batch / train_secs : 0,
-                          .seconds = train_now_s() - t0, .resumed_epoch = resumed, .pid = (int64_t)getpid(),
+                          .seconds = common_now_s() - t0, .resumed_epoch = resumed, .pid = (int64_t)getpid(),
                           .bubble = bubble / (double)steps, .bubble_theory = theory};
     /* The checkpoint goes first, so that an epoch the client has seen is never trained again. */
     FL_CHECK(put_checkpoint(&r, &cs, &blob));
@@ -528,7 +527,7 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   fl_status status = FL_OK;
   cursor c = {ranks.data, ranks.data + ranks.len};
   uint32_t world;
-  if (!take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp)
+  if (!cursor_take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp)
     return fl_set_error(FL_EFORMAT, "rank 0's timelines are not of %u ranks", o->ranks * o->tp * o->pp);
   pp_event **events = calloc(world, sizeof *events);
   size_t *counts = calloc(world, sizeof *counts);
@@ -540,8 +539,9 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
     cursor rec;
     uint32_t head[2] = {0, 0};
     uint64_t peak = 0, n = 0;
-    if (!take_piece(&c, &rec) || !take(&rec, head, sizeof head) || !take(&rec, &peak, 8) || !take(&rec, &n, 8) ||
-        head[0] >= world || events[head[0]] || head[1] >= o->pp || n > (uint64_t)(rec.end - rec.p) / EVENT_BYTES)
+    if (!cursor_take_piece(&c, &rec) || !cursor_take(&rec, head, sizeof head) || !cursor_take(&rec, &peak, 8) ||
+        !cursor_take(&rec, &n, 8) || head[0] >= world || events[head[0]] || head[1] >= o->pp ||
+        n > (uint64_t)(rec.end - rec.p) / EVENT_BYTES)
       FL_CHECK(fl_set_error(FL_EFORMAT, "task %u's timeline record is malformed", i));
     uint32_t g = head[0];
     if (peak > res->stage_peak_bytes[head[1]]) res->stage_peak_bytes[head[1]] = peak;
@@ -550,7 +550,7 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
     for (uint64_t k = 0; k < n; k++) {
       int32_t ints[4] = {0}; /* gcc cannot see that FL_CHECK of an error leaves the loop */
       double ts[2] = {0};
-      if (!take(&rec, ints, sizeof ints) || !take(&rec, ts, sizeof ts))
+      if (!cursor_take(&rec, ints, sizeof ints) || !cursor_take(&rec, ts, sizeof ts))
         FL_CHECK(fl_set_error(FL_EFORMAT, "task %u's timeline record ends inside event %llu", i, (unsigned long long)k));
       if ((unsigned)ints[0] >= PP_EV_KINDS) FL_CHECK(fl_set_error(FL_EFORMAT, "rank %u sent event kind %d", g, ints[0]));
       events[g][k] = (pp_event){(pp_event_kind)ints[0], ints[1], ints[2], ts[0], ts[1]};

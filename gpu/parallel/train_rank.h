@@ -1,8 +1,9 @@
 /*
- * gpu/parallel/train_rank.h: what the two trainers' barrier tasks share, inside libflint_gpu:
- * gpu/parallel/train_dp.c (the data-parallel models, and the client of both) and gpu/parallel/train_hybrid.c
- * (the transformer on a data x tensor x pipeline grid). The stage's argument, the reports a
- * rank sends the client, joining the ranks and agreeing on counts.
+ * gpu/parallel/train_rank.h: what the two trainers' barrier tasks and their client share,
+ * inside libflint_gpu: gpu/parallel/train_dp.c (the data-parallel models),
+ * gpu/parallel/train_hybrid.c (the transformer on a data x tensor x pipeline grid) and
+ * gpu/parallel/train_client.c (the client of both). The stage's argument, the reports a rank
+ * sends the client, and (gpu/parallel/train_rank.c) joining the ranks and agreeing on counts.
  */
 #ifndef FLINT_GPU_TRAIN_RANK_H
 #define FLINT_GPU_TRAIN_RANK_H
@@ -14,6 +15,8 @@
  * lr of the first such step; every rank stopped there and returned FL_OK, so that the stage is
  * not retried): the client fails the run with train_diverged_error. */
 enum { REPORT_PROGRESS = 1, REPORT_EPOCH = 2, REPORT_DIVERGED = 3 };
+/* REPORT_PROGRESS messages per epoch (at most; rank 0 sends them). */
+#define TRAIN_PROGRESS_REPORTS_PER_EPOCH 20
 typedef struct train_report {
   uint32_t kind, epoch, epochs, attempt; /* epoch: 1-based */
   uint64_t step, steps_per_epoch, done;  /* step: global steps so far; done: this epoch's */
@@ -46,8 +49,6 @@ typedef struct train_arg {
   float dropout;
 } train_arg;
 
-double train_now_s(void);
-
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
  * FLINT_TRAIN_COMM=host (NCCL needs a GPU per rank), else the host backend listening on
  * FLINT_COMM_HOST (default 127.0.0.1) with `algo`. This task is rank comm_rank in it (-1:
@@ -61,10 +62,6 @@ fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out)
 bool train_uses_nccl(fl_device_kind kind);
 /* The smallest of every rank's `mine`, on every rank. */
 fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out);
-
-/* FL_EINVAL naming a REPORT_DIVERGED's step, loss and rate, with the hint (a lower --lr, or
- * --warmup). */
-fl_status train_diverged_error(const gpu_train_options *o, const train_report *rep);
 
 /* The barrier tasks, shipped by symbol (exported for the flint command's executors). */
 FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu/device/device.h"
+#include "gpu/device/backend.h"
 
 typedef struct cuda_allocator cuda_allocator;
 struct cuda_errstate;

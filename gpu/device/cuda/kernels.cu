@@ -14,7 +14,7 @@
 #include <math.h>
 
 #include "gpu/device/cuda/kernels.h"
-#include "gpu/device/device.h" /* dropout_keep: the one mask function, shared with the cpu device */
+#include "gpu/device/backend.h" /* dropout_keep: the one mask function, shared with the cpu device */
 
 namespace {
 
