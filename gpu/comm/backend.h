@@ -9,7 +9,9 @@
 #ifndef FLINT_GPU_COMM_BACKEND_H
 #define FLINT_GPU_COMM_BACKEND_H
 
-#include "gpu/comm/comm.h"
+#include <stdbool.h>
+
+#include "flint/gpu.h"
 
 typedef struct comm_backend_ops {
   const char *name; /* "host", "nccl" */

@@ -11,6 +11,7 @@
 
 #include "common/common.h"
 #include "gpu/comm/backend.h"
+#include "gpu/comm/comm.h"
 
 #ifndef FLINT_HAVE_CUDA
 /* Built without nvcc: the NCCL backend exists in the API and says why it cannot be used. */

@@ -23,6 +23,7 @@
 
 #include "common/common.h"
 #include "gpu/comm/backend.h"
+#include "gpu/comm/comm.h"
 
 _Static_assert(FL_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "FL_NCCL_ID_BYTES must match NCCL");
 
