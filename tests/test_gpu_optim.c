@@ -14,7 +14,6 @@
 #include "gpu/data/data.h"
 #include "gpu/device/device.h"
 #include "gpu/nn/nn.h"
-#include "gpu/nn/optim.h"
 #include "gpu/parallel/train.h"
 
 static fl_device *open_cpu(void) {

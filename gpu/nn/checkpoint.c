@@ -32,7 +32,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "gpu/nn/optim.h"
+#include "gpu/nn/nn.h"
 
 #define HEADER_BYTES 72u
 #define TRAILER_BYTES 4u

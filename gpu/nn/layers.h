@@ -1,6 +1,6 @@
 /*
  * gpu/nn/layers.h: the layers that models are built from, written once against the device
- * operations of gpu/device.h.
+ * operations of gpu/device/device.h.
  *
  * A layer is a small vtable (forward, backward, destroy) over a common header. Every layer
  * owns its output and its input gradient, embedded tensors that grow with tensor_ensure only
@@ -8,12 +8,10 @@
  * it must stay valid and unchanged until backward); backward reads the output gradient,
  * ACCUMULATES parameter gradients and overwrites the input gradient.
  *
- * Parameters are not allocated by the layers: each layer registers its parameters (shape and
- * initialisation) with a layer_store while it is created, and the store then puts all of
- * them in one flat value buffer and one flat gradient buffer (layer_store_finish), as
- * gpu/nn/nn.h promises. A layer's parameters are the contiguous range
- * [first_param, first_param + nparams) of the store. Non-trainable state (batch-norm running
- * statistics) goes to a third flat buffer the same way.
+ * Parameters are not allocated by the layers: each layer registers its parameters with the
+ * parameter store of gpu/nn/nn.h while it is created, and the store puts them in one flat
+ * value buffer and one flat gradient buffer. A layer's parameters are the contiguous range
+ * [first_param, first_param + nparams) of the store.
  *
  * Threading: a store and its layers are used by one thread at a time.
  */
@@ -21,54 +19,6 @@
 #define FLINT_GPU_LAYERS_H
 
 #include "gpu/nn/nn.h"
-
-typedef enum layer_init {
-  LAYER_INIT_HE = 0, /* normal, std sqrt(2 / fan_in) (Kaiming, for layers before a relu) */
-  LAYER_INIT_ZERO,   /* biases, batch-norm beta */
-  LAYER_INIT_ONE,    /* batch-norm gamma */
-} layer_init;
-
-typedef struct layer_param_info {
-  layer_init init;
-  int fan_in;
-} layer_param_info;
-
-typedef struct layer_buffer_info {
-  size_t offset, count;
-  float value; /* initial value */
-} layer_buffer_info;
-
-typedef struct layer_store {
-  fl_device *dev;
-  nn_param *params; /* names owned by the store; value/grad are views after finish */
-  layer_param_info *info;
-  size_t nparams, cap_params;
-  size_t nvalues;   /* elements of all parameters */
-  layer_buffer_info *buffer_info;
-  size_t nbuffer_ranges, cap_buffers;
-  size_t nbuffers; /* elements of all buffers */
-  bool finished;
-  fl_tensor values, grads, buffers;
-  /* Scratch shared by the convolutions (im2col columns and the pre-transpose output): one
-   * convolution runs at a time, so one pair serves them all. */
-  fl_tensor work[2];
-} layer_store;
-
-/* An empty store on dev; layer_store_release frees what it holds. */
-void layer_store_init(layer_store *s, fl_device *dev);
-void layer_store_release(layer_store *s);
-/* Registers a parameter named "<prefix>.<suffix>" (or suffix alone when prefix is empty) and
- * returns its index. Only before finish. */
-fl_status layer_store_add_param(layer_store *s, const char *prefix, const char *suffix,
-                                int ndim, const int64_t *shape, layer_init init, int fan_in,
-                                size_t *index);
-/* Registers `count` non-trainable elements starting at `value`; returns their offset into
- * the buffers tensor. Only before finish. */
-fl_status layer_store_add_buffer(layer_store *s, size_t count, float value, size_t *offset);
-/* Allocates the flat buffers, points every parameter's value and grad at its range, fills
- * the values from a generator seeded with `seed` (deterministic: the same seed gives the
- * same weights on every rank and device), zeroes the gradients and fills the buffers. */
-fl_status layer_store_finish(layer_store *s, uint64_t seed);
 
 typedef struct layer layer;
 
@@ -99,11 +49,25 @@ fl_status layer_forward(layer *l, const fl_tensor *x, bool train, const fl_tenso
  * layer. FL_ESTATE without a forward, or when dy is not shaped as the output. */
 fl_status layer_backward(layer *l, const fl_tensor *dy, bool need_dx, const fl_tensor **dx);
 void layer_destroy(layer *l);
-/* "[2, 3, 4]": t's shape for messages, cut to fit len. */
-void layer_shape_text(const fl_tensor *t, char *buf, size_t len);
 /* The value and gradient of the layer's i-th parameter (i < l->nparams), after finish. */
 float *layer_param_value(const layer *l, size_t i);
 float *layer_param_grad(const layer *l, size_t i);
+
+/* ---- for the layer kinds (gpu/nn/layers*.c) ---------------------------------------------- */
+
+/* A zeroed layer of `size` bytes (its kind's struct, which starts with `struct layer`) named
+ * `name` on store s; its parameters are those registered until layer_done. */
+fl_status layer_new(layer_store *s, const layer_ops *ops, const char *name, size_t size,
+                    layer **out);
+void layer_done(layer *l);
+/* FL_EINVAL naming the layer, x's shape and the shape it expected. */
+fl_status layer_bad_input(const layer *l, const fl_tensor *x, const char *expected);
+/* Shapes t like `like` on the layer's device (tensor_ensure). */
+fl_status layer_ensure_like(layer *l, fl_tensor *t, const fl_tensor *like);
+/* The output size of a window of k with stride and padding over `in`. */
+int layer_out_size(int in, int k, int stride, int pad);
+
+/* ---- the layers -------------------------------------------------------------------------- */
 
 /* The layers. `name` prefixes their parameters ("fc1" -> "fc1.weight", "fc1.bias"). Images
  * are NCHW; shapes of the input are checked at forward. */

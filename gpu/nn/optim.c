@@ -1,13 +1,13 @@
 /*
  * gpu/nn/optim.c: SGD with momentum, Nesterov and weight decay over a model's flat buffers, and
  * the learning-rate schedules of Goyal et al. (linear scaling, gradual warmup, step and
- * cosine decay). See gpu/nn/optim.h for the rules.
+ * cosine decay). See gpu/nn/nn.h for the rules.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/nn/optim.h"
+#include "gpu/nn/nn.h"
 
 struct optim_sgd {
   fl_device *dev;

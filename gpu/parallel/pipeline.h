@@ -52,7 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu/nn/optim.h"
+#include "gpu/nn/nn.h"
 #include "gpu/parallel/pipeline_schedule.h"
 #include "gpu/parallel/transformer.h"
 

@@ -57,7 +57,6 @@
 
 #include "flint/gpu.h"
 #include "gpu/nn/nn.h"
-#include "gpu/nn/optim.h"
 #include "gpu/parallel/pipeline_schedule.h"
 
 typedef enum gpu_train_dataset {
@@ -101,7 +100,7 @@ typedef struct gpu_train_options {
                           * on (default); false: in backward's callback, holding it up */
   const char *csv_path;  /* curves as CSV (NULL: not written) */
   const char *svg_path;  /* curves as SVG (NULL: not written) */
-  const char *checkpoint_path; /* the final checkpoint blob (gpu/nn/optim.h; NULL: not written) */
+  const char *checkpoint_path; /* the final checkpoint blob (gpu/nn/nn.h; NULL: not written) */
   FILE *progress;        /* the per-epoch progress line (NULL: quiet) */
   bool shuffle;          /* a seeded shuffle each epoch (see "Which images" above) */
   uint64_t max_train_images; /* Fashion-MNIST: train on the first N images (0: all 60000) */

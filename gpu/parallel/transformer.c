@@ -1,7 +1,7 @@
 /*
  * gpu/parallel/transformer.c: the transformer chunks of gpu/parallel/transformer.h: spec checks, parameters
  * and their keyed initialisation, activation slots, and the embedding and head units. The
- * blocks are gpu/tensor_parallel.c.
+ * blocks are gpu/parallel/tensor_parallel.c.
  *
  * Design: a chunk registers its units' parameters (this rank's shards) with a layer_store,
  * which lays them out in one flat value and one flat gradient buffer; the values are then
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "gpu/nn/layers.h"
+#include "gpu/nn/nn.h"
 #include "gpu/parallel/tensor_parallel.h"
 #include "gpu/parallel/transformer.h"
 
