@@ -2,7 +2,8 @@
  * gpu/data/idx.c: IDX image and label files (MNIST, Fashion-MNIST) as a data set of image
  * blocks: the calling process checks both headers, the counts and every label; each
  * partition's task then reads its images from the files (so in cluster mode the path must be
- * readable where the executors run, as for fl_text_file).
+ * readable where the executors run, as for fl_text_file). The files are read with flint's one
+ * IDX reader (fl_ml_idx_* of flint/ml.h, in libflint_ml), which fl_ml_load uses too.
  */
 #include <errno.h>
 #include <limits.h>
@@ -10,60 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <zlib.h>
 
+#include "flint/ml.h"
 #include "gpu/data/sources.h"
 
-#define IDX_IMAGES_MAGIC 0x00000803u
-#define IDX_LABELS_MAGIC 0x00000801u
 #define DEFAULT_BLOCK_IMAGES 256u
-
-
-static uint32_t be32(const uint8_t *p) {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-/* Reads up to len bytes; *got says how many came. A zlib error is FL_EIO naming the file. */
-static fl_status gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *got) {
-  *got = 0;
-  while (*got < len) {
-    unsigned chunk = len - *got > (1u << 30) ? 1u << 30 : (unsigned)(len - *got);
-    int n = gzread(f, (uint8_t *)buf + *got, chunk);
-    if (n < 0) {
-      int err;
-      const char *msg = gzerror(f, &err);
-      return fl_set_error(FL_EIO, "%s: read error: %s", path, err == Z_ERRNO ? strerror(errno) : msg);
-    }
-    if (n == 0) break;
-    *got += (size_t)n;
-  }
-  return FL_OK;
-}
-
-/* Opens an IDX file (gzip'd or not) and reads its magic and `ndims` sizes. */
-static fl_status idx_open(const char *path, uint32_t magic, const char *kind, int ndims, uint32_t *dims,
-                          gzFile *out) {
-  errno = 0;
-  gzFile f = gzopen(path, "rb");
-  if (!f)
-    return fl_set_error(errno == ENOENT ? FL_ENOENT : FL_EIO, "cannot open %s: %s", path,
-                        errno ? strerror(errno) : "out of memory");
-  uint8_t head[16];
-  size_t want = 4 + 4 * (size_t)ndims, got;
-  fl_status s = gz_read(f, path, head, want, &got);
-  if (s == FL_OK && got >= 4 && be32(head) != magic)
-    s = fl_set_error(FL_EFORMAT, "%s: bad magic 0x%08x (an %s file starts with 0x%08x)", path, be32(head), kind,
-                     magic);
-  if (s == FL_OK && got < want)
-    s = fl_set_error(FL_EFORMAT, "%s: truncated: %zu bytes, shorter than an %s header", path, got, kind);
-  if (s != FL_OK) {
-    gzclose(f);
-    return s;
-  }
-  for (int i = 0; i < ndims; i++) dims[i] = be32(head + 4 + 4 * i);
-  *out = f;
-  return FL_OK;
-}
 
 /* The task's argument, followed by the images' and labels' paths, each NUL-terminated.
  * n: the images used (the file's first n); partition p holds images [n p / parts,
@@ -77,17 +29,14 @@ typedef struct idx_arg {
 typedef struct idx_reading {
   const idx_arg *a;
   const char *images_path, *labels_path;
-  gzFile fi, fl;
+  fl_ml_idx *fi, *fl;
   uint8_t *pixels;
 } idx_reading;
 
 /* Positions both files at image `index` (forward only: a .gz seeks by reading). */
 static fl_status idx_seek(const idx_reading *r, uint64_t index) {
-  size_t per = (size_t)r->a->rows * r->a->cols;
-  if (gzseek(r->fi, (z_off_t)(16 + index * per), SEEK_SET) < 0 || gzseek(r->fl, (z_off_t)(8 + index), SEEK_SET) < 0)
-    return fl_set_error(FL_EFORMAT, "%s: cannot seek to image %llu (truncated?)", r->images_path,
-                        (unsigned long long)index + 1);
-  return FL_OK;
+  fl_status s = fl_ml_idx_seek(r->fi, index);
+  return s == FL_OK ? fl_ml_idx_seek(r->fl, index) : s;
 }
 
 static fl_status idx_fill(const void *ctx, uint64_t index, uint32_t stride, uint32_t count, int32_t *labels,
@@ -107,7 +56,7 @@ static fl_status idx_fill(const void *ctx, uint64_t index, uint32_t stride, uint
   uint8_t raw[256];
   for (uint32_t done = 0; done < count;) {
     uint32_t piece = count - done < sizeof raw ? count - done : (uint32_t)sizeof raw;
-    fl_status s = gz_read(r->fl, r->labels_path, raw, piece, &got);
+    fl_status s = fl_ml_idx_read(r->fl, raw, piece, &got);
     if (s != FL_OK) return s;
     if (got < piece)
       return fl_set_error(FL_EFORMAT, "%s: truncated at label %llu (the header says %u labels)", r->labels_path,
@@ -121,7 +70,7 @@ static fl_status idx_fill(const void *ctx, uint64_t index, uint32_t stride, uint
     done += piece;
   }
   for (uint32_t i = 0; i < count; i++) {
-    fl_status s = gz_read(r->fi, r->images_path, r->pixels, per, &got);
+    fl_status s = fl_ml_idx_read(r->fi, r->pixels, per, &got);
     if (s != FL_OK) return s;
     if (got < per)
       return fl_set_error(FL_EFORMAT, "%s: truncated in image %llu (the header says %u images of %u x %u)",
@@ -138,16 +87,16 @@ fl_status data_idx_emit(uint32_t partition, fl_emitter *out, const void *arg, da
   idx_reading r = {.a = &a, .images_path = (const char *)arg + sizeof a};
   r.labels_path = r.images_path + strlen(r.images_path) + 1;
   uint32_t dims[3];
-  fl_status s = idx_open(r.images_path, IDX_IMAGES_MAGIC, "idx3-ubyte (images)", 3, dims, &r.fi);
-  if (s == FL_OK) s = idx_open(r.labels_path, IDX_LABELS_MAGIC, "idx1-ubyte (labels)", 1, dims, &r.fl);
+  fl_status s = fl_ml_idx_open(r.images_path, FL_ML_IDX_IMAGES, dims, &r.fi);
+  if (s == FL_OK) s = fl_ml_idx_open(r.labels_path, FL_ML_IDX_LABELS, dims, &r.fl);
   if (s == FL_OK && !(r.pixels = malloc((size_t)a.rows * a.cols)))
     s = fl_set_error(FL_ENOMEM, "%s: out of memory", r.images_path);
   if (s == FL_OK)
     s = data_emit_blocks(out, a.n, a.parts, partition, a.interleave, 0, a.block_images, 1, a.rows, a.cols, a.classes,
                     split, idx_fill, &r);
   free(r.pixels);
-  if (r.fi) gzclose(r.fi);
-  if (r.fl) gzclose(r.fl);
+  fl_ml_idx_close(r.fi);
+  fl_ml_idx_close(r.fl);
   return s;
 }
 
@@ -156,31 +105,18 @@ FL_API fl_status gpu_data_idx_partition(uint32_t partition, fl_iter *in, fl_emit
   return data_idx_emit(partition, out, arg, DATA_SPLIT_TRAIN);
 }
 
-/* Reads the whole labels file to check its count against the images' and every label. */
+/* Reads the whole labels file (flint's IDX reader checks that it holds its header's count)
+ * to check the count against the images' and every label. */
 static fl_status idx_check_labels(const char *path, uint32_t n_images, const char *images_path, uint32_t classes) {
-  uint32_t n;
-  gzFile f;
-  fl_status s = idx_open(path, IDX_LABELS_MAGIC, "idx1-ubyte (labels)", 1, &n, &f);
-  if (s != FL_OK) return s;
-  if (n != n_images) {
-    gzclose(f);
-    return fl_set_error(FL_EFORMAT, "%s has %u images but %s has %u labels", images_path, n_images, path, n);
-  }
-  uint8_t buf[65536];
-  uint64_t seen = 0;
-  size_t got;
-  while (s == FL_OK && (s = gz_read(f, path, buf, sizeof buf, &got)) == FL_OK && got) {
-    for (size_t i = 0; i < got && s == FL_OK; i++)
-      if (seen + i < n && buf[i] >= classes)
-        s = fl_set_error(FL_EFORMAT, "%s: label %llu is %u, outside [0, %u)", path,
-                         (unsigned long long)(seen + i + 1), buf[i], classes);
-    seen += got;
-  }
-  gzclose(f);
-  if (s == FL_OK && seen < n)
-    s = fl_set_error(FL_EFORMAT, "%s: truncated: %llu of the %u labels its header announces", path,
-                     (unsigned long long)seen, n);
-  if (s == FL_OK && seen > n) s = fl_set_error(FL_EFORMAT, "%s: trailing bytes after %u labels", path, n);
+  fl_buf labels = FL_BUF_INIT;
+  fl_status s = fl_ml_idx_read_labels(path, &labels);
+  if (s == FL_OK && labels.len != n_images)
+    s = fl_set_error(FL_EFORMAT, "%s has %u images but %s has %zu labels", images_path, n_images, path, labels.len);
+  for (size_t i = 0; s == FL_OK && i < labels.len; i++)
+    if (labels.data[i] >= classes)
+      s = fl_set_error(FL_EFORMAT, "%s: label %llu is %u, outside [0, %u)", path, (unsigned long long)(i + 1),
+                       labels.data[i], classes);
+  fl_buf_free(&labels);
   return s;
 }
 
@@ -207,10 +143,10 @@ fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *la
   if (!classes) classes = 10;
   if (classes > 256) return fl_set_error(FL_EINVAL, "data_load_idx: %u classes (IDX labels are bytes)", classes);
   uint32_t dims[3] = {0};
-  gzFile f;
-  fl_status s = idx_open(images_path, IDX_IMAGES_MAGIC, "idx3-ubyte (images)", 3, dims, &f);
+  fl_ml_idx *f;
+  fl_status s = fl_ml_idx_open(images_path, FL_ML_IDX_IMAGES, dims, &f);
   if (s != FL_OK) return s;
-  gzclose(f);
+  fl_ml_idx_close(f);
   uint64_t per = (uint64_t)dims[1] * dims[2];
   if (per == 0 || dims[1] > 65536 || dims[2] > 65536 || per > (1u << 26))
     return fl_set_error(FL_EFORMAT, "%s: images of %u x %u pixels", images_path, dims[1], dims[2]);
