@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "gpu/data/sources.h"
 
 /* ---- blocks ----------------------------------------------------------------------------- */
@@ -113,8 +114,8 @@ fl_status data_emit_blocks(fl_emitter *out, uint64_t images_total, uint32_t part
   /* One allocation for the partition's output (a cached map_partitions keeps it as is). */
   size_t bytes = (size_t)blocks * (DATA_BLOCK_HEADER + labels_padded(block_images)) + (size_t)n * per * sizeof(float);
   if ((s = fl_emit_reserve(out, blocks, bytes)) != FL_OK) return s;
-  int32_t *labels = malloc((size_t)block_images * sizeof *labels);
-  float *images = malloc((size_t)block_images * per * sizeof *images);
+  int32_t *labels = common_malloc((size_t)block_images * sizeof *labels);
+  float *images = common_malloc((size_t)block_images * per * sizeof *images);
   fl_buf rec = FL_BUF_INIT;
   if (!labels || !images) s = fl_set_error(FL_ENOMEM, "image blocks: out of memory");
   for (uint64_t k = 0; s == FL_OK && data_partition_piece(images_total, parts, p, run, k, &pr); k++)
@@ -127,8 +128,8 @@ fl_status data_emit_blocks(fl_emitter *out, uint64_t images_total, uint32_t part
       s = fl_emit(out, rec.data, rec.len);
     }
   fl_buf_free(&rec);
-  free(images);
-  free(labels);
+  common_free(images);
+  common_free(labels);
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/common.h"
 #include "flint/ml.h"
 #include "gpu/data/sources.h"
 
@@ -89,12 +90,12 @@ fl_status data_idx_emit(uint32_t partition, fl_emitter *out, const void *arg, da
   uint32_t dims[3];
   fl_status s = fl_ml_idx_open(r.images_path, FL_ML_IDX_IMAGES, dims, &r.fi);
   if (s == FL_OK) s = fl_ml_idx_open(r.labels_path, FL_ML_IDX_LABELS, dims, &r.fl);
-  if (s == FL_OK && !(r.pixels = malloc((size_t)a.rows * a.cols)))
+  if (s == FL_OK && !(r.pixels = common_malloc((size_t)a.rows * a.cols)))
     s = fl_set_error(FL_ENOMEM, "%s: out of memory", r.images_path);
   if (s == FL_OK)
     s = data_emit_blocks(out, a.n, a.parts, partition, a.interleave, 0, a.block_images, 1, a.rows, a.cols, a.classes,
                     split, idx_fill, &r);
-  free(r.pixels);
+  common_free(r.pixels);
   fl_ml_idx_close(r.fi);
   fl_ml_idx_close(r.fl);
   return s;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "gpu/data/sources.h"
 
 
@@ -22,7 +23,7 @@ struct data_reader {
 
 fl_status data_reader_create(uint32_t batch, data_reader **out) {
   if (batch == 0) return fl_set_error(FL_EINVAL, "data_reader_create: batch 0");
-  data_reader *r = calloc(1, sizeof *r);
+  data_reader *r = common_calloc(1, sizeof *r);
   if (!r) return fl_set_error(FL_ENOMEM, "data_reader_create: out of memory");
   r->batch = batch;
   *out = r;
@@ -31,10 +32,10 @@ fl_status data_reader_create(uint32_t batch, data_reader **out) {
 
 void data_reader_destroy(data_reader *r) {
   if (!r) return;
-  free(r->labels);
-  free(r->images);
-  free(r->order);
-  free(r);
+  common_free(r->labels);
+  common_free(r->images);
+  common_free(r->order);
+  common_free(r);
 }
 
 fl_status data_reader_add_block(data_reader *r, fl_bytes rec) {
@@ -55,11 +56,11 @@ fl_status data_reader_add_block(data_reader *r, fl_bytes rec) {
   if (r->n + b.count > r->cap) {
     uint64_t cap = r->cap ? r->cap : 1024;
     while (cap < r->n + b.count) cap *= 2;
-    int32_t *labels = realloc(r->labels, cap * sizeof *labels);
+    int32_t *labels = common_realloc(r->labels, cap * sizeof *labels);
     if (labels) r->labels = labels;
-    float *images = labels ? realloc(r->images, cap * r->per * sizeof *images) : NULL;
+    float *images = labels ? common_realloc(r->images, cap * r->per * sizeof *images) : NULL;
     if (images) r->images = images;
-    uint64_t *order = images ? realloc(r->order, cap * sizeof *order) : NULL;
+    uint64_t *order = images ? common_realloc(r->order, cap * sizeof *order) : NULL;
     if (!order) return fl_set_error(FL_ENOMEM, "data reader: out of memory for %llu images", (unsigned long long)cap);
     r->order = order;
     r->cap = cap;

@@ -24,13 +24,13 @@ FL_API fl_status fl_device_open(fl_device_kind kind, int ordinal, fl_device **ou
     return fl_set_error(FL_EINVAL, "fl_device_open: unknown device kind %d", (int)kind);
   if (kind == FL_DEVICE_CUDA && ordinal < 0)
     return fl_set_error(FL_EINVAL, "fl_device_open: negative GPU ordinal %d", ordinal);
-  fl_device *dev = calloc(1, sizeof *dev);
+  fl_device *dev = common_calloc(1, sizeof *dev);
   if (!dev) return fl_set_error(FL_ENOMEM, "fl_device_open: out of memory");
   dev->kind = kind;
   dev->ordinal = kind == FL_DEVICE_CPU ? 0 : ordinal;
   fl_status st = kind == FL_DEVICE_CPU ? cpu_device_init(dev) : cuda_device_init(dev, ordinal);
   if (st != FL_OK) {
-    free(dev);
+    common_free(dev);
     return st;
   }
   *out = dev;
@@ -43,7 +43,7 @@ FL_API void fl_device_close(fl_device *dev) {
     (void)dev->ops->synchronize(dev);
     dev->ops->destroy(dev);
   }
-  free(dev);
+  common_free(dev);
 }
 
 FL_API fl_status fl_device_parse(const char *text, fl_device_kind *kind, int *ordinal) {

@@ -32,6 +32,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/common.h"
 #include "gpu/nn/nn.h"
 
 #define HEADER_BYTES 72u
@@ -193,7 +194,7 @@ fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers
 fl_status checkpoint_save_file(const char *path, fl_bytes blob) {
   if (!path || !*path) return fl_set_error(FL_EINVAL, "checkpoint_save_file: no path");
   size_t n = strlen(path) + 32;
-  char *tmp = malloc(n);
+  char *tmp = common_malloc(n);
   if (!tmp) return fl_set_error(FL_ENOMEM, "checkpoint_save_file: out of memory");
   snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
   fl_status s = FL_OK;
@@ -215,7 +216,7 @@ fl_status checkpoint_save_file(const char *path, fl_bytes blob) {
     s = fl_set_error(FL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
   }
 cleanup:
-  free(tmp);
+  common_free(tmp);
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "gpu/nn/nn.h"
 
 struct optim_sgd {
@@ -27,7 +28,7 @@ fl_status optim_sgd_create(fl_device *dev, size_t n, const optim_sgd_options *op
                         (double)opts->weight_decay);
   if (opts->nesterov && opts->momentum == 0)
     return fl_set_error(FL_EINVAL, "sgd: Nesterov momentum needs momentum > 0");
-  optim_sgd *opt = calloc(1, sizeof *opt);
+  optim_sgd *opt = common_calloc(1, sizeof *opt);
   if (!opt) return fl_set_error(FL_ENOMEM, "optim_sgd_create: out of memory");
   opt->dev = dev;
   opt->n = n;
@@ -45,7 +46,7 @@ fl_status optim_sgd_create(fl_device *dev, size_t n, const optim_sgd_options *op
 void optim_sgd_destroy(optim_sgd *opt) {
   if (!opt) return;
   if (opt->velocity) opt->dev->ops->free(opt->dev, opt->velocity);
-  free(opt);
+  common_free(opt);
 }
 
 fl_status optim_sgd_step(optim_sgd *opt, float lr, const fl_tensor *grads, fl_tensor *values) {

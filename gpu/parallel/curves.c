@@ -12,12 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "gpu/parallel/curves.h"
 
 fl_status curves_append(curves *c, const curves_row *row) {
   if (c->count == c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 16;
-    curves_row *rows = realloc(c->rows, cap * sizeof *rows);
+    curves_row *rows = common_realloc(c->rows, cap * sizeof *rows);
     if (!rows) return fl_set_error(FL_ENOMEM, "curves_append: out of memory");
     c->rows = rows;
     c->cap = cap;
@@ -27,7 +28,7 @@ fl_status curves_append(curves *c, const curves_row *row) {
 }
 
 void curves_free(curves *c) {
-  free(c->rows);
+  common_free(c->rows);
   *c = (curves)CURVES_INIT;
 }
 

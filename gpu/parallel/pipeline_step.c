@@ -18,7 +18,7 @@
 
 static fl_status slot_acquire(chunk_state *cs, int mb, int m, int *out) {
   if (cs->slot_of_cap < m) {
-    int *p = realloc(cs->slot_of, (size_t)m * sizeof *p);
+    int *p = common_realloc(cs->slot_of, (size_t)m * sizeof *p);
     if (!p) return FL_ERR(FL_ENOMEM, "out of memory for micro-batch slots");
     cs->slot_of = p;
     cs->slot_of_cap = m;
@@ -26,7 +26,7 @@ static fl_status slot_acquire(chunk_state *cs, int mb, int m, int *out) {
   int k = 0;
   while (k < cs->nslots && cs->slots[k].busy) k++;
   if (k == cs->nslots) {
-    slot *s = realloc(cs->slots, (size_t)(k + 1) * sizeof *s);
+    slot *s = common_realloc(cs->slots, (size_t)(k + 1) * sizeof *s);
     if (!s) return FL_ERR(FL_ENOMEM, "out of memory for micro-batch slots");
     cs->slots = s;
     memset(&s[k], 0, sizeof s[k]);
@@ -201,7 +201,7 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
     return fl_set_error(FL_EINVAL, "a batch of %d rows cannot be cut into %d equal micro-batches", batch, m);
   fl_status status = FL_OK;
   if (t->ops_m != m || !t->ops) {
-    free(t->ops);
+    common_free(t->ops);
     t->ops = NULL;
     FL_CHECK(pp_schedule_ops(t->o.schedule, t->o.grid.pp, m, t->nchunks, t->me.pp, &t->ops, &t->nops));
     t->ops_m = m;

@@ -24,7 +24,7 @@ double pp_timeline_now(const pp_trainer *t) {
 fl_status pp_timeline_add(pp_trainer *t, pp_event_kind kind, int mb, int chunk, double t0) {
   if (t->nevents == t->events_cap) {
     size_t cap = t->events_cap ? 2 * t->events_cap : 64;
-    pp_event *e = realloc(t->events, cap * sizeof *e);
+    pp_event *e = common_realloc(t->events, cap * sizeof *e);
     if (!e) return FL_ERR(FL_ENOMEM, "out of memory for the timeline");
     t->events = e;
     t->events_cap = cap;

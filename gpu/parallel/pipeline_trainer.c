@@ -99,8 +99,8 @@ static fl_status choose_bounds(pp_trainer *t, const int *given) {
     return FL_OK;
   }
   fl_status status = FL_OK;
-  double *secs = calloc((size_t)units, sizeof *secs), *bytes = calloc((size_t)units, sizeof *bytes);
-  size_t *cut = calloc((size_t)n + 1, sizeof *cut);
+  double *secs = common_calloc((size_t)units, sizeof *secs), *bytes = common_calloc((size_t)units, sizeof *bytes);
+  size_t *cut = common_calloc((size_t)n + 1, sizeof *cut);
   fl_tensor share = {0};
   int64_t shape[1] = {n + 1};
   if (!secs || !bytes || !cut) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for the profile"));
@@ -120,9 +120,9 @@ static fl_status choose_bounds(pp_trainer *t, const int *given) {
     for (int s = 0; s <= n; s++) t->bounds[s] = (int)host[s];
   }
 cleanup:
-  free(secs);
-  free(bytes);
-  free(cut);
+  common_free(secs);
+  common_free(bytes);
+  common_free(cut);
   tensor_release(&share);
   return status;
 }
@@ -154,21 +154,21 @@ void pp_trainer_destroy(pp_trainer *t) {
       tensor_release(&cs->slots[k].dlogits);
       if (cs->slots[k].labels) t->dev->ops->free(t->dev, cs->slots[k].labels);
     }
-    free(cs->slots);
-    free(cs->slot_of);
+    common_free(cs->slots);
+    common_free(cs->slot_of);
     optim_sgd_destroy(cs->opt);
     tfm_chunk_destroy(cs->chunk);
   }
-  free(t->chunks);
-  free(t->bounds);
-  free(t->ops);
-  free(t->events);
+  common_free(t->chunks);
+  common_free(t->bounds);
+  common_free(t->ops);
+  common_free(t->events);
   tensor_release(&t->stats);
   fl_comm_destroy(t->tp);
   fl_comm_destroy(t->dp);
   fl_comm_destroy(t->pp);
   if (t->host.ops && t->host.ops->destroy) t->host.ops->destroy(&t->host);
-  free(t);
+  common_free(t);
 }
 
 fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o, pp_trainer **out) {
@@ -176,7 +176,7 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   *out = NULL;
   fl_status status = check_options(o, fl_comm_size(world));
   if (status != FL_OK) return status;
-  pp_trainer *t = calloc(1, sizeof *t);
+  pp_trainer *t = common_calloc(1, sizeof *t);
   if (!t) return FL_ERR(FL_ENOMEM, "out of memory for a trainer");
   t->dev = dev;
   t->world = world;
@@ -202,8 +202,8 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   if (g.pp > 1 && strcmp(fl_comm_backend(t->pp), "host") != 0)
     FL_CHECK(fl_set_error(FL_EINVAL, "pipeline stages exchange activations over the host backend, "
                           "but the world communicator is %s", fl_comm_backend(t->pp)));
-  t->bounds = calloc((size_t)t->nstages + 1, sizeof *t->bounds);
-  t->chunks = calloc((size_t)t->nchunks, sizeof *t->chunks);
+  t->bounds = common_calloc((size_t)t->nstages + 1, sizeof *t->bounds);
+  t->chunks = common_calloc((size_t)t->nchunks, sizeof *t->chunks);
   if (!t->bounds || !t->chunks) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for a trainer"));
   FL_CHECK(choose_bounds(t, o->bounds));
   for (int c = 0; c < t->nchunks; c++) {

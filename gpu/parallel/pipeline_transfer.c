@@ -18,8 +18,8 @@
 
 static void message_free(message *m) {
   if (!m) return;
-  free(m->data);
-  free(m);
+  common_free(m->data);
+  common_free(m);
 }
 
 /* A host buffer as a tensor of the trainer's cpu device, for the host communicator. */
@@ -75,13 +75,13 @@ static fl_status sender_failure(pp_trainer *t) {
 fl_status pp_transfer_send(pp_trainer *t, int peer, int kind, int stage, int mb, const fl_tensor *y) {
   fl_status s = sender_failure(t);
   if (s != FL_OK) return s;
-  message *m = calloc(1, sizeof *m);
+  message *m = common_calloc(1, sizeof *m);
   if (!m) return FL_ERR(FL_ENOMEM, "out of memory for a message");
   m->peer = peer;
   m->count = y->numel;
   m->header[0] = (float)kind, m->header[1] = (float)stage, m->header[2] = (float)mb;
   m->header[3] = (float)y->numel;
-  m->data = malloc((y->numel ? y->numel : 1) * sizeof(float));
+  m->data = common_malloc((y->numel ? y->numel : 1) * sizeof(float));
   if (!m->data) {
     message_free(m);
     return FL_ERR(FL_ENOMEM, "out of memory for a message of %zu floats", y->numel);
@@ -125,7 +125,7 @@ fl_status pp_transfer_recv(pp_trainer *t, int peer, int kind, int stage, int mb,
     }
   }
   while (!m) {
-    message *in = calloc(1, sizeof *in);
+    message *in = common_calloc(1, sizeof *in);
     if (!in) return FL_ERR(FL_ENOMEM, "out of memory for a message");
     in->peer = peer;
     fl_tensor h = pp_host_tensor(t, in->header, MSG_HEADER_FLOATS);
@@ -143,7 +143,7 @@ fl_status pp_transfer_recv(pp_trainer *t, int peer, int kind, int stage, int mb,
                           "header (kind %g, %g floats)", t->me.pp, peer, kind_seen, (double)n);
     }
     in->count = (size_t)n;
-    in->data = malloc((in->count ? in->count : 1) * sizeof(float));
+    in->data = common_malloc((in->count ? in->count : 1) * sizeof(float));
     if (!in->data) {
       size_t count = in->count;
       message_free(in);

@@ -195,7 +195,7 @@ cleanup:
 static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_buf *joined) {
   fl_status status = FL_OK;
   fl_buf shard = FL_BUF_INIT;
-  fl_buf *all = calloc(r->world, sizeof *all);
+  fl_buf *all = common_calloc(r->world, sizeof *all);
   if (!all) return fl_set_error(FL_ENOMEM, "rank %u: out of memory for the checkpoint", r->rank);
   FL_CHECK(encode_shard(r, cs, &shard));
   FL_CHECK(gather_to_rank0(r, fl_buf_bytes(&shard), all));
@@ -221,7 +221,7 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
   }
 cleanup:
   for (uint32_t i = 0; i < r->world; i++) fl_buf_free(&all[i]);
-  free(all);
+  common_free(all);
   fl_buf_free(&shard);
   return status;
 }
@@ -277,13 +277,13 @@ static void hybrid_free(hybrid_rank *r) {
   fl_comm_destroy(r->comm);
   tensor_release(&r->pack_t);
   tensor_release(&r->gathered_t);
-  free(r->images_h);
-  free(r->labels_h);
-  free(r->pack_h);
-  free(r->gathered_h);
-  free(r->x_h);
-  free(r->y_h);
-  free(r->events);
+  common_free(r->images_h);
+  common_free(r->labels_h);
+  common_free(r->pack_h);
+  common_free(r->gathered_h);
+  common_free(r->x_h);
+  common_free(r->y_h);
+  common_free(r->events);
   fl_device_close(r->dev);
   data_reader_destroy(r->train);
   data_reader_destroy(r->test);
@@ -313,12 +313,12 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                           a->width, a->classes));
   r->image_floats = (size_t)a->channels * a->height * a->width;
   size_t rows = (size_t)r->local * replica_size;
-  r->images_h = malloc((size_t)r->local * r->image_floats * sizeof(float));
-  r->labels_h = malloc((size_t)r->local * sizeof(int32_t));
-  r->pack_h = malloc((size_t)r->local * (r->image_floats + 1) * sizeof(float));
-  r->gathered_h = malloc(replica_size * r->local * (r->image_floats + 1) * sizeof(float));
-  r->x_h = malloc(rows * r->image_floats * sizeof(float));
-  r->y_h = malloc(rows * sizeof(int32_t));
+  r->images_h = common_malloc((size_t)r->local * r->image_floats * sizeof(float));
+  r->labels_h = common_malloc((size_t)r->local * sizeof(int32_t));
+  r->pack_h = common_malloc((size_t)r->local * (r->image_floats + 1) * sizeof(float));
+  r->gathered_h = common_malloc(replica_size * r->local * (r->image_floats + 1) * sizeof(float));
+  r->x_h = common_malloc(rows * r->image_floats * sizeof(float));
+  r->y_h = common_malloc(rows * sizeof(int32_t));
   if (!r->images_h || !r->labels_h || !r->pack_h || !r->gathered_h || !r->x_h || !r->y_h)
     FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for batches of %zu rows", r->rank, rows));
   FL_CHECK(train_device_open(r->b, a->device, &r->dev));
@@ -341,7 +341,7 @@ cleanup:
 
 static fl_status keep_timeline(hybrid_rank *r, const pp_step_stats *st) {
   if (st->num_events > r->nevents || !r->events) {
-    pp_event *e = realloc(r->events, (st->num_events ? st->num_events : 1) * sizeof *e);
+    pp_event *e = common_realloc(r->events, (st->num_events ? st->num_events : 1) * sizeof *e);
     if (!e) return fl_set_error(FL_ENOMEM, "rank %u: out of memory for the timeline", r->rank);
     r->events = e;
   }
@@ -396,7 +396,7 @@ static fl_status encode_timeline(hybrid_rank *r, fl_buf *out) {
 static fl_status emit_timelines(hybrid_rank *r, fl_emitter *out) {
   fl_status status = FL_OK;
   fl_buf mine = FL_BUF_INIT, joined = FL_BUF_INIT;
-  fl_buf *all = calloc(r->world, sizeof *all);
+  fl_buf *all = common_calloc(r->world, sizeof *all);
   if (!all) return fl_set_error(FL_ENOMEM, "rank %u: out of memory for the timelines", r->rank);
   FL_CHECK(encode_timeline(r, &mine));
   FL_CHECK(gather_to_rank0(r, fl_buf_bytes(&mine), all));
@@ -411,7 +411,7 @@ static fl_status emit_timelines(hybrid_rank *r, fl_emitter *out) {
   }
 cleanup:
   for (uint32_t i = 0; i < r->world; i++) fl_buf_free(&all[i]);
-  free(all);
+  common_free(all);
   fl_buf_free(&mine);
   fl_buf_free(&joined);
   return status;
@@ -433,7 +433,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
   if (r.attempt > 0) {
     fl_status got = fl_barrier_checkpoint_get(b, &blob);
     if (got == FL_OK) {
-      if (!(bounds = malloc(((size_t)a.pp * a.chunks + 1) * sizeof *bounds)))
+      if (!(bounds = common_malloc(((size_t)a.pp * a.chunks + 1) * sizeof *bounds)))
         FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for the stage cut", r.rank));
       FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, bounds, &shards));
       restore = true;
@@ -515,7 +515,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
    * one it restored. */
   if (r.rank == 0 && a.emit_checkpoint) FL_CHECK(fl_emit(out, blob.data, blob.len));
 cleanup:
-  free(bounds);
+  common_free(bounds);
   fl_buf_free(&blob);
   hybrid_free(&r);
   return status;
@@ -529,8 +529,8 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   uint32_t world;
   if (!cursor_take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp)
     return fl_set_error(FL_EFORMAT, "rank 0's timelines are not of %u ranks", o->ranks * o->tp * o->pp);
-  pp_event **events = calloc(world, sizeof *events);
-  size_t *counts = calloc(world, sizeof *counts);
+  pp_event **events = common_calloc(world, sizeof *events);
+  size_t *counts = common_calloc(world, sizeof *counts);
   if (!events || !counts) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for %u timelines", world));
   double end = 0;
   res->stages = o->pp;
@@ -545,7 +545,7 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
       FL_CHECK(fl_set_error(FL_EFORMAT, "task %u's timeline record is malformed", i));
     uint32_t g = head[0];
     if (peak > res->stage_peak_bytes[head[1]]) res->stage_peak_bytes[head[1]] = peak;
-    events[g] = calloc(n ? n : 1, sizeof **events);
+    events[g] = common_calloc(n ? n : 1, sizeof **events);
     if (!events[g]) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for rank %u's timeline", g));
     for (uint64_t k = 0; k < n; k++) {
       int32_t ints[4] = {0}; /* gcc cannot see that FL_CHECK of an error leaves the loop */
@@ -569,8 +569,8 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   }
 cleanup:
   if (events)
-    for (uint32_t i = 0; i < world; i++) free(events[i]);
-  free(events);
-  free(counts);
+    for (uint32_t i = 0; i < world; i++) common_free(events[i]);
+  common_free(events);
+  common_free(counts);
   return status;
 }
