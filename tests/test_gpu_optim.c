@@ -10,10 +10,10 @@
 
 #include "test_util.h"
 
-#include "gpu/parallel/curves.h"
 #include "gpu/data/data.h"
 #include "gpu/device/device.h"
 #include "gpu/nn/nn.h"
+#include "gpu/parallel/curves.h"
 #include "gpu/parallel/train.h"
 
 static fl_device *open_cpu(void) {

@@ -1,6 +1,6 @@
 /*
- * gpu/comm/allreduce_ring.c: ring allreduce, as a reduce-scatter followed by an allgather around
- * the ring rank -> rank+1. The message is cut into p blocks by the uneven rule of
+ * gpu/comm/allreduce_ring.c: ring allreduce, as a reduce-scatter followed by an allgather
+ * around the ring rank -> rank+1. The message is cut into p blocks by the uneven rule of
  * comm_block_*; each of the 2(p-1) steps is one full-duplex exchange of one block with the
  * two neighbours, so every link carries data in every step and each rank sends
  * 2(p-1)/p x n elements in all, the least any allreduce can (bandwidth-optimal). The price

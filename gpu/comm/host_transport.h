@@ -2,9 +2,9 @@
  * gpu/comm/host_transport.h: the host backend's transport, private to gpu/comm/: the mesh of
  * TCP connections between the ranks (gpu/comm/host_mesh.c) and the transfers over it
  * (gpu/comm/host_transport.c), on which the algorithms (gpu/comm/host_algorithms.h) and the
- * backend's slots (gpu/comm/host_transport.c) are written. Blocking send and receive of bytes to one
- * peer, and a full-duplex exchange that sends to one peer while it receives from another
- * (what a ring step needs).
+ * backend's slots (gpu/comm/host.c) are written. Blocking send and receive of bytes to one
+ * peer, and a full-duplex exchange that sends to one peer while it receives from another (what
+ * a ring step needs).
  *
  * Design: sockets are non-blocking once the mesh is up. Transfers loop on send/recv and
  * poll() when the socket has no room or no data; the full-duplex exchange polls both

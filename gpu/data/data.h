@@ -1,6 +1,6 @@
 /*
- * gpu/data/data.h: image datasets for training, as flint datasets of image blocks, and the rank's
- * reader that turns its partition into shuffled mini-batches.
+ * gpu/data/data.h: image datasets for training, as flint datasets of image blocks, and the
+ * rank's reader that turns its partition into shuffled mini-batches.
  *
  * A dataset is a cached fl_dataset whose records are image blocks. Block record layout (all
  * little-endian, the host order):

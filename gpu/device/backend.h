@@ -19,11 +19,11 @@
  * - A device is used by one thread at a time, with one exception: while the data-parallel
  *   trainer overlaps its allreduces (the comm worker, gpu/comm/comm.h), the rank's
  *   communication thread calls synchronize, to_host, from_host, host_alloc and host_free
- *   (through the communicator's backend) as the rank's thread queues backward's work. The cpu device
- *   keeps no state in them; the cuda device's start with cudaSetDevice, queue on the stream
- *   (the CUDA runtime orders calls from several threads) and only read the device's state
- *   unless a call fails. A known gap: the sticky error (gpu/device/cuda/check.c) is recorded
- *   without a lock, so two threads failing at once race on its message.
+ *   (through the communicator's backend) as the rank's thread queues backward's work. The cpu
+ *   device keeps no state in them; the cuda device's start with cudaSetDevice, queue on the
+ *   stream (the CUDA runtime orders calls from several threads) and only read the device's
+ *   state unless a call fails. A known gap: the sticky error (gpu/device/cuda/check.c) is
+ *   recorded without a lock, so two threads failing at once race on its message.
  */
 #ifndef FLINT_GPU_DEVICE_BACKEND_H
 #define FLINT_GPU_DEVICE_BACKEND_H

@@ -1,7 +1,7 @@
 /*
  * gpu/nn/models.c: the models of gpu/nn/nn.h (MLP, a small CNN, ResNet-18) as sequences of the
- * layers in gpu/nn/layers.h over one parameter store, so that all weights, all gradients and all
- * batch-norm statistics are three flat buffers.
+ * layers in gpu/nn/layers.h over one parameter store, so that all weights, all gradients and
+ * all batch-norm statistics are three flat buffers.
  */
 #include <stdio.h>
 #include <string.h>
@@ -70,8 +70,9 @@ cleanup:
 /* conv3x3 32 - bn - relu - maxpool2 - conv3x3 64 - bn - relu - maxpool2 - [avgpool] - fc 128 -
  * relu - fc classes. Batch norm (per-rank statistics, as Goyal et al.) is what lets the
  * linear scaling rule's large rates train it: without it, batch 8192 at 32x the rate of
- * batch 256 diverged on Fashion-MNIST (measured on an H100, docs/gpu.md). For large images (224x224) the feature map after the two pools is averaged
- * down to about 7x7 first, so that fc1 stays at a few thousand inputs instead of 200000. */
+ * batch 256 diverged on Fashion-MNIST (measured on an H100, docs/gpu.md). For large images
+ * (224x224) the feature map after the two pools is averaged down to about 7x7 first, so that
+ * fc1 stays at a few thousand inputs instead of 200000. */
 static fl_status build_cnn(nn_model *m) {
   const nn_model_spec *sp = &m->spec;
   layer_store *s = &m->store;

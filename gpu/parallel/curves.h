@@ -1,6 +1,6 @@
 /*
- * gpu/parallel/curves.h: what `flint train` shows and leaves behind: a progress line per epoch on the
- * terminal, and the training curves (one row per epoch) as a CSV file and an SVG plot.
+ * gpu/parallel/curves.h: what `flint train` shows and leaves behind: a progress line per epoch
+ * on the terminal, and the training curves (one row per epoch) as a CSV file and an SVG plot.
  *
  * Plain data, no device: usable from any thread that owns the curves.
  */

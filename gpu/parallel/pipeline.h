@@ -17,8 +17,8 @@
  * Pipeline rank r holds stages r, r + pp, ... (pp_stage_of).
  *
  * One step. The replica's mini-batch is cut into m micro-batches; each pipeline rank runs its
- * operations in the schedule's order (gpu/parallel/pipeline_schedule.h). A forward takes its input
- * from the batch (first stage) or receives it from the previous stage; the last stage's
+ * operations in the schedule's order (gpu/parallel/pipeline_schedule.h). A forward takes its
+ * input from the batch (first stage) or receives it from the previous stage; the last stage's
  * forward computes the loss (the mean over the replica's batch) and keeps the logit gradient
  * for that micro-batch's backward. Backward receives the output gradient from the next
  * stage, ACCUMULATES parameter gradients and sends the input gradient back. Every chunk

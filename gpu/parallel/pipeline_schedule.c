@@ -1,6 +1,6 @@
 /*
- * gpu/parallel/pipeline_schedule.c: the pipeline-parallel schedules, their simulator and the stage
- * partitioner (see gpu/parallel/pipeline_schedule.h for the contract).
+ * gpu/parallel/pipeline_schedule.c: the pipeline-parallel schedules, their simulator and the
+ * stage partitioner (see gpu/parallel/pipeline_schedule.h for the contract).
  *
  * The interleaved schedule follows Megatron-LM's forward_backward_pipelining_with_interleaving:
  * the m*v (micro-batch, chunk) pairs of a device form one sequence of "virtual

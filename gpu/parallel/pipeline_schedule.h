@@ -1,7 +1,7 @@
 /*
- * gpu/parallel/pipeline_schedule.h: what each device of a pipeline-parallel job runs, and in which
- * order, for one mini-batch; a simulator that proves an order free of deadlock and measures
- * its bubble; and PipeDream's partitioner that cuts a model's layers into stages.
+ * gpu/parallel/pipeline_schedule.h: what each device of a pipeline-parallel job runs, and in
+ * which order, for one mini-batch; a simulator that proves an order free of deadlock and
+ * measures its bubble; and PipeDream's partitioner that cuts a model's layers into stages.
  *
  * Pure logic: no device, no communicator. The pipeline runtime asks for its rank's op list
  * and runs it, sending each forward's output to the next stage and each backward's input
@@ -59,9 +59,9 @@ static inline int pp_stage_of(int p, int rank, int chunk) { return chunk * p + r
 /* The ordered list of 2*m*v operations device `rank` (0..p-1) runs in one mini-batch under
  * schedule s with p devices, m micro-batches and v chunks per device (v must be 1 unless
  * interleaved; interleaved takes any v >= 1, v == 1 giving PP_1F1B's order). On success
- * *ops is allocated (release it with common_free()) and *n is 2*m*v; on failure both are untouched.
- * FL_EINVAL for p < 1, m < 1, v < 1, rank out of range, v != 1 for gpipe/1f1b, (m + p) * v
- * above 2^28, an unknown schedule or a NULL out-parameter; FL_ENOMEM. */
+ * *ops is allocated (release it with common_free()) and *n is 2*m*v; on failure both are
+ * untouched. FL_EINVAL for p < 1, m < 1, v < 1, rank out of range, v != 1 for gpipe/1f1b,
+ * (m + p) * v above 2^28, an unknown schedule or a NULL out-parameter; FL_ENOMEM. */
 fl_status pp_schedule_ops(pp_schedule s, int p, int m, int v, int rank, pp_op **ops, size_t *n);
 
 /* The bubble fraction in theory: (p-1)/(m+p-1) for gpipe and 1f1b, that divided by v for

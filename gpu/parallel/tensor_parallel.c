@@ -1,6 +1,6 @@
 /*
- * gpu/parallel/tensor_parallel.c: one transformer block split over a tensor-parallel group, written
- * against the device operations only.
+ * gpu/parallel/tensor_parallel.c: one transformer block split over a tensor-parallel group,
+ * written against the device operations only.
  *
  * With T = n * seq tokens, d = head_dim, hl = local_heads and F = local_ffn on this rank:
  *   qkv[T, hl*3d] = x Wqkv^T + bqkv                         (column-parallel: own heads)

@@ -1,7 +1,7 @@
 /*
  * gpu/parallel/tensor_parallel.h: the transformer block split over a tensor-parallel group
- * (gpu/parallel/tensor_parallel.c), private to gpu/parallel/transformer.c. The block's layout and its
- * collectives are described in gpu/parallel/transformer.h.
+ * (gpu/parallel/tensor_parallel.c), private to gpu/parallel/transformer.c. The block's layout
+ * and its collectives are described in gpu/parallel/transformer.h.
  */
 #ifndef FLINT_GPU_TENSOR_PARALLEL_H
 #define FLINT_GPU_TENSOR_PARALLEL_H

@@ -41,14 +41,15 @@
  * epoch's batches are then a seeded shuffle of groups of R images {g R + r : r < R}, which
  * depends on R: only runs without shuffling are equivalent across R.
  *
- * --model transformer (gpu/parallel/train_hybrid.c) runs the same client over a dp x tp x pp grid of
- * ranks instead: ranks x tp x pp barrier tasks, the transformer cut and split by
- * gpu/parallel/pipeline.h, batches gathered per replica, a sharded checkpoint, and the bubble, the
- * stages' peak activations and the last step's timelines in the result and files.
+ * --model transformer (gpu/parallel/train_hybrid.c) runs the same client over a dp x tp x pp
+ * grid of ranks instead: ranks x tp x pp barrier tasks, the transformer cut and split by
+ * gpu/parallel/pipeline.h, batches gathered per replica, a sharded checkpoint, and the bubble,
+ * the stages' peak activations and the last step's timelines in the result and files.
  *
  * Environment (read by each rank): FLINT_COMM_HOST, the address a rank's host-backend
- * endpoint listens on and its peers dial (default 127.0.0.1: one machine); FLINT_TRAIN_COMM=host
- * to use the host backend for cuda ranks too (NCCL, the default, needs a GPU per rank).
+ * endpoint listens on and its peers dial (default 127.0.0.1: one machine);
+ * FLINT_TRAIN_COMM=host to use the host backend for cuda ranks too (NCCL, the default, needs a
+ * GPU per rank).
  */
 #ifndef FLINT_GPU_TRAIN_H
 #define FLINT_GPU_TRAIN_H

@@ -1,7 +1,8 @@
 /*
- * gpu/parallel/train_hybrid.c: `flint train --model transformer`: the transformer (gpu/parallel/transformer.h)
- * trained on a grid of dp x tp x pp ranks (gpu/parallel/pipeline.h) as ONE barrier stage, with the
- * data-parallel trainer's client, data, schedule, reports and retries (gpu/parallel/train_dp.c).
+ * gpu/parallel/train_hybrid.c: `flint train --model transformer`: the transformer
+ * (gpu/parallel/transformer.h) trained on a grid of dp x tp x pp ranks
+ * (gpu/parallel/pipeline.h) as ONE barrier stage, with the data-parallel trainer's client,
+ * data, schedule, reports and retries (gpu/parallel/train_dp.c).
  *
  * The model reads an image as a sequence: its channels x height rows are the tokens and its
  * width the features of a token (Fashion-MNIST: 28 tokens of 28 features).

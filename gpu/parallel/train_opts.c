@@ -1,7 +1,7 @@
 /*
- * gpu/parallel/train_opts.c: the training options' names, checks and schedule. Pure functions, apart
- * from gpu/parallel/train_dp.c (the trainer), so that the CLI and tests can check options without
- * running anything.
+ * gpu/parallel/train_opts.c: the training options' names, checks and schedule. Pure functions,
+ * apart from gpu/parallel/train_dp.c (the trainer), so that the CLI and tests can check options
+ * without running anything.
  */
 #include <math.h>
 #include <string.h>

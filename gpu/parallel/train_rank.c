@@ -1,7 +1,7 @@
 /*
- * gpu/parallel/train_rank.c: what the trainers' barrier tasks share (gpu/parallel/train_rank.h):
- * opening the rank's device, joining the stage's ranks into one communicator through the
- * barrier (host backend or NCCL), and agreeing on a count.
+ * gpu/parallel/train_rank.c: what the trainers' barrier tasks share
+ * (gpu/parallel/train_rank.h): opening the rank's device, joining the stage's ranks into one
+ * communicator through the barrier (host backend or NCCL), and agreeing on a count.
  *
  * Threading: every call runs on the rank's task thread; the collective ones block until every
  * rank of the stage has made the same call.

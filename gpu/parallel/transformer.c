@@ -1,7 +1,7 @@
 /*
- * gpu/parallel/transformer.c: the transformer chunks of gpu/parallel/transformer.h: spec checks, parameters
- * and their keyed initialisation, activation slots, and the embedding and head units. The
- * blocks are gpu/parallel/tensor_parallel.c.
+ * gpu/parallel/transformer.c: the transformer chunks of gpu/parallel/transformer.h: spec
+ * checks, parameters and their keyed initialisation, activation slots, and the embedding and
+ * head units. The blocks are gpu/parallel/tensor_parallel.c.
  *
  * Design: a chunk registers its units' parameters (this rank's shards) with a layer_store,
  * which lays them out in one flat value and one flat gradient buffer; the values are then

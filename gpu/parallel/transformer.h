@@ -1,6 +1,6 @@
 /*
- * gpu/parallel/transformer.h: a transformer encoder for classification whose units can be split over
- * a tensor-parallel group (Megatron-LM style) and cut into pipeline chunks.
+ * gpu/parallel/transformer.h: a transformer encoder for classification whose units can be split
+ * over a tensor-parallel group (Megatron-LM style) and cut into pipeline chunks.
  *
  * The model is a sequence of units: unit 0 is the embedding (a linear map of each token's
  * features to hidden, plus a bias and a learned position embedding [seq, hidden]), units

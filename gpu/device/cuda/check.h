@@ -1,5 +1,5 @@
 /*
- * gpu/device/cuda/check.h: checked CUDA and cuBLAS calls for the cuda device, and its sticky error.
+ * gpu/device/cuda/check.h: checked CUDA and cuBLAS calls, and the cuda device's sticky error.
  *
  * Every failed call becomes an fl_status with a message that names the call, the device, the
  * source position and CUDA's own reason:

@@ -1,6 +1,6 @@
 /*
- * gpu/device/cuda/device_cuda.c: the cuda device. GEMM through cuBLAS, everything else through the
- * kernels of kernels.cu, memory through the caching allocator (allocator.c).
+ * gpu/device/cuda/device_cuda.c: the cuda device. GEMM through cuBLAS, everything else through
+ * the kernels of kernels.cu, memory through the caching allocator (allocator.c).
  *
  * Design: one non-blocking stream per device; every operation is queued on it and returns
  * (copies to the host, sum_squares and synchronize wait for it). A cuBLAS handle is bound to

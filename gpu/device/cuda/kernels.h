@@ -1,5 +1,5 @@
 /*
- * gpu/device/cuda/kernels.h: launchers for the cuda device's kernels (kernels.cu), callable from C.
+ * gpu/device/cuda/kernels.h: launchers of the cuda device's kernels (kernels*.cu), for C.
  *
  * Each launcher queues its kernels on `stream` and returns at once with the launch's status
  * (cudaGetLastError after each launch); faults while the kernel runs surface at a later
