@@ -36,7 +36,8 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "ml/load_internal.h"
+#include "ml/load_bad.h"
+#include "ml/load_idx.h"
 
 /* ---- argument blob of the text kernels --------------------------------------------------- */
 

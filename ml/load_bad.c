@@ -1,8 +1,8 @@
 /*
- * load_bad.c: bad input found by fl_ml_load's tasks, counted and the first case kept
- * (load_internal.h).
+ * load_bad.c: bad input found by fl_ml_load's tasks, counted and the first case kept (the
+ * scheme is in load_bad.h).
  */
-#include "ml/load_internal.h"
+#include "ml/load_bad.h"
 
 FL_ML_KERNEL fl_status ml_load_first_bad_line(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
   (void)arg;

@@ -9,7 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ml/load_internal.h"
+#include "ml/load_bad.h"
+#include "ml/load_idx.h"
 
 /* The IDX kernel's argument: followed by the images' and the labels' paths, each
  * NUL-terminated. Partition p reads images [n p / parts, n (p + 1) / parts). */

@@ -1,11 +1,11 @@
 /*
- * load_internal.h: what the files of fl_ml_load share (load.c: the entry points and text,
- * load_idx.c: IDX), private to them: bad input found by tasks is counted in one accumulator
- * and the first case (by file, then line) kept in another (load_bad.c), so that the load can
- * name it whichever task found it.
+ * load_bad.h: how fl_ml_load's tasks report bad input (load_bad.c), private to the loaders
+ * (load.c: text, load_idx.c: IDX): each bad line or image is counted in one accumulator and
+ * the first (by file, then line) kept in another, so that the load can name it whichever task
+ * found it.
  */
-#ifndef FLINT_ML_LOAD_INTERNAL_H
-#define FLINT_ML_LOAD_INTERNAL_H
+#ifndef FLINT_ML_LOAD_BAD_H
+#define FLINT_ML_LOAD_BAD_H
 
 #include "ml/ml.h"
 
@@ -28,9 +28,5 @@ FL_ML_KERNEL fl_status ml_load_first_bad_line(fl_bytes a, fl_bytes b, fl_buf *ou
  * has returned, its accumulators are gone, and that must not fail the task. */
 fl_status ml_load_note_bad_line(uint64_t bad_acc, uint64_t first_acc, uint32_t file, uint64_t line,
                                 const char *message);
-
-/* fl_ml_load of an IDX pair (load_idx.c) into data; parts: the partitions wanted. */
-fl_status ml_load_idx(fl_context *ctx, const char *path, const fl_ml_load_options *o, uint32_t parts,
-                      fl_ml_data *data);
 
 #endif
