@@ -20,11 +20,11 @@
 
 /* The task's argument, followed by the images' and labels' paths, each NUL-terminated.
  * n: the images used (the file's first n); partition p holds images [n p / parts,
- * n (p + 1) / parts), or as partition_piece lays it out for the run in `interleave`. */
+ * n (p + 1) / parts), or as data_partition_piece lays it out for the run in `interleave`. */
 typedef struct idx_arg {
   uint32_t n, parts, block_images, rows, cols, classes;
   float offset, scale; /* value = pixel * scale + offset */
-  uint32_t interleave, pad; /* interleave: layout_run (0 ranges, 1 single images, r > 1 runs) */
+  uint32_t interleave, pad; /* interleave: data_layout_run (0 ranges, 1 single images, r > 1 runs) */
 } idx_arg;
 
 typedef struct idx_reading {

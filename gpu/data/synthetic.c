@@ -42,7 +42,7 @@ void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *
 typedef struct synth_arg {
   uint64_t seed, first, count;
   uint32_t parts, block_images;
-  uint32_t interleave, pad; /* interleave: layout_run (0 ranges, 1 single images, r > 1 runs) */
+  uint32_t interleave, pad; /* interleave: data_layout_run (0 ranges, 1 single images, r > 1 runs) */
 } synth_arg;
 
 static fl_status synth_fill(const void *ctx, uint64_t index, uint32_t stride, uint32_t count, int32_t *labels,
