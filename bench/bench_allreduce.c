@@ -35,8 +35,8 @@
 
 #include "bench_util.h"
 #include "flint/gpu.h"
-#include "gpu/comm.h"
-#include "gpu/device.h"
+#include "gpu/comm/comm.h"
+#include "gpu/device/device.h"
 
 #define MAX_SIZES 16
 #define MAX_SAMPLES 64

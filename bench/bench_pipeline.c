@@ -62,7 +62,7 @@
 #include <unistd.h>
 
 #include "flint/gpu.h"
-#include "gpu/pipeline.h"
+#include "gpu/parallel/pipeline.h"
 
 #define MAX_RANKS 4
 #define MAX_STEPS 50

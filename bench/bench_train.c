@@ -16,8 +16,8 @@
 
 #include <math.h>
 
-#include "gpu/device.h"
-#include "gpu/nn.h"
+#include "gpu/device/device.h"
+#include "gpu/nn/nn.h"
 
 typedef struct config {
   nn_model_kind model;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "gpu/train.h"
+#include "gpu/parallel/train.h"
 
 static const char train_usage_text[] =
     "usage: flint train --model mlp|cnn|resnet18|transformer --data fashion-mnist|synthetic-imagenet\n"

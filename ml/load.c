@@ -1,7 +1,7 @@
 /*
- * load.c: fl_ml_load. LIBSVM and CSV text is parsed on the executors into row blocks; IDX
- * (MNIST) headers and labels are checked on the client, and each task reads its range of
- * images (bad images are reported as bad lines are, below).
+ * load.c: fl_ml_load. LIBSVM and CSV text is parsed on the executors into row blocks (here);
+ * IDX (MNIST) is load_idx.c: headers and labels are checked on the client, and each task
+ * reads its range of images (bad images are reported as bad lines are, below).
  *
  * Text design. Errors must name the file and the line (1-based, in that file), but a task
  * sees only its split of the lines. The client therefore lists the input files itself (as
@@ -35,11 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <zlib.h>
 
-#include "ml/ml.h"
-
-#define CAUSE_MAX 256
+#include "ml/load_bad.h"
+#include "ml/load_idx.h"
 
 /* ---- argument blob of the text kernels --------------------------------------------------- */
 
@@ -57,12 +55,6 @@ typedef struct ml_load_text_arg {
   uint8_t zero_based, header, skip_bad_lines;
   uint64_t bad_acc, first_acc; /* accumulator ids: bad lines, the first bad line */
 } ml_load_text_arg;
-
-/* The first-bad-line accumulator's value: where, then the message (not NUL-terminated). */
-typedef struct bad_line {
-  uint32_t file, zero;
-  uint64_t line;
-} bad_line;
 
 static uint64_t arg_first_line(const ml_load_text_arg *a, uint32_t p) {
   uint64_t v;
@@ -103,7 +95,7 @@ static bool is_blank(const char *s) {
 typedef struct parse_state {
   const ml_load_text_arg *arg;
   fl_buf idx, values; /* u32, f64 of the row being parsed */
-  char cause[CAUSE_MAX];
+  char cause[ML_LOAD_CAUSE_MAX];
 } parse_state;
 
 /* Returns FL_OK, FL_EFORMAT with ps->cause set, or FL_ENOMEM. */
@@ -112,11 +104,11 @@ static fl_status parse_libsvm(parse_state *ps, char *line, double *label, uint32
   ps->idx.len = ps->values.len = 0;
   char *save = NULL, *tok = strtok_r(line, " \t", &save);
   if (!parse_double(tok, label)) {
-    snprintf(ps->cause, CAUSE_MAX, "bad label '%.64s'", tok);
+    snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "bad label '%.64s'", tok);
     return FL_EFORMAT;
   }
   if (!isfinite(*label)) {
-    snprintf(ps->cause, CAUSE_MAX, "label '%.64s' is not finite", tok);
+    snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "label '%.64s' is not finite", tok);
     return FL_EFORMAT;
   }
   uint32_t n = 0;
@@ -124,7 +116,7 @@ static fl_status parse_libsvm(parse_state *ps, char *line, double *label, uint32
   while ((tok = strtok_r(NULL, " \t", &save))) {
     char *colon = strchr(tok, ':');
     if (!colon) {
-      snprintf(ps->cause, CAUSE_MAX, "missing ':' in '%.64s' (expected index:value)", tok);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "missing ':' in '%.64s' (expected index:value)", tok);
       return FL_EFORMAT;
     }
     *colon = '\0';
@@ -133,34 +125,34 @@ static fl_status parse_libsvm(parse_state *ps, char *line, double *label, uint32
     errno = 0;
     unsigned long long written = isdigit((unsigned char)tok[0]) ? strtoull(tok, &end, 10) : 0;
     if (!isdigit((unsigned char)tok[0]) || *end || errno) {
-      snprintf(ps->cause, CAUSE_MAX, "bad index '%.64s'", tok);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "bad index '%.64s'", tok);
       return FL_EFORMAT;
     }
     if (written == 0 && !a->zero_based) {
-      snprintf(ps->cause, CAUSE_MAX, "index 0 in a 1-based file (pass zero_based)");
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "index 0 in a 1-based file (pass zero_based)");
       return FL_EFORMAT;
     }
     uint64_t index = a->zero_based ? written : written - 1;
     if (index >= UINT32_MAX) {
-      snprintf(ps->cause, CAUSE_MAX, "index %llu is too large", written);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "index %llu is too large", written);
       return FL_EFORMAT;
     }
     if (a->num_features && index >= a->num_features) {
-      snprintf(ps->cause, CAUSE_MAX, "index %llu beyond num_features %u", written, a->num_features);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "index %llu beyond num_features %u", written, a->num_features);
       return FL_EFORMAT;
     }
     if (n > 0 && index <= prev) {
-      snprintf(ps->cause, CAUSE_MAX, "indices not ascending (%llu after %llu)", written,
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "indices not ascending (%llu after %llu)", written,
                (unsigned long long)(a->zero_based ? prev : prev + 1));
       return FL_EFORMAT;
     }
     double v;
     if (!parse_double(val, &v)) {
-      snprintf(ps->cause, CAUSE_MAX, "bad value '%.64s' of index %llu", val, written);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "bad value '%.64s' of index %llu", val, written);
       return FL_EFORMAT;
     }
     if (!isfinite(v)) {
-      snprintf(ps->cause, CAUSE_MAX, "value '%.64s' of index %llu is not finite", val, written);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "value '%.64s' of index %llu is not finite", val, written);
       return FL_EFORMAT;
     }
     uint32_t i32 = (uint32_t)index;
@@ -202,22 +194,22 @@ static fl_status parse_csv(parse_state *ps, char *line, double *label) {
   char **fields = (char **)(ps->values.data + (size_t)a->fields * 8);
   uint32_t n = split_csv(line, a->delimiter, fields, a->fields);
   if (n != a->fields) {
-    snprintf(ps->cause, CAUSE_MAX, "expected %u fields, found %u", a->fields, n);
+    snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "expected %u fields, found %u", a->fields, n);
     return FL_EFORMAT;
   }
   uint32_t k = 0;
   for (uint32_t f = 0; f < n; f++) {
     double v;
     if (!*fields[f]) {
-      snprintf(ps->cause, CAUSE_MAX, "field %u is empty", f + 1);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "field %u is empty", f + 1);
       return FL_EFORMAT;
     }
     if (!parse_double(fields[f], &v)) {
-      snprintf(ps->cause, CAUSE_MAX, "field %u '%.64s' is not a number", f + 1, fields[f]);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "field %u '%.64s' is not a number", f + 1, fields[f]);
       return FL_EFORMAT;
     }
     if (!isfinite(v)) {
-      snprintf(ps->cause, CAUSE_MAX, "field %u '%.64s' is not finite", f + 1, fields[f]);
+      snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "field %u '%.64s' is not finite", f + 1, fields[f]);
       return FL_EFORMAT;
     }
     if (f == a->label_field) *label = v;
@@ -236,31 +228,6 @@ FL_ML_KERNEL fl_status ml_load_count_lines(uint32_t partition, fl_iter *in, fl_e
   fl_bytes line;
   while (fl_iter_next(in, &line)) n++;
   return fl_emit(out, &n, 8);
-}
-
-/* Keeps the bad line that comes first (file, then line). Values are bad_line + message. */
-FL_ML_KERNEL fl_status ml_load_first_bad_line(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg) {
-  (void)arg;
-  bad_line x = {UINT32_MAX, 0, UINT64_MAX}, y = x;
-  if (a.len >= sizeof x) memcpy(&x, a.data, sizeof x);
-  if (b.len >= sizeof y) memcpy(&y, b.data, sizeof y);
-  bool first_a = x.file < y.file || (x.file == y.file && x.line <= y.line);
-  fl_bytes keep = first_a ? a : b;
-  return fl_buf_append(out, keep.data, keep.len);
-}
-
-/* Counts a bad line and offers its message as the first. Counting is best effort: when
- * a cached partition is recomputed after fl_ml_load has returned, its accumulators are gone,
- * and that must not fail the task. */
-static fl_status note_bad_line(const ml_load_text_arg *a, uint32_t file, uint64_t line, const char *message) {
-  (void)fl_accumulator_add_i64(a->bad_acc, 1);
-  bad_line where = {file, 0, line};
-  fl_buf v = FL_BUF_INIT;
-  fl_status s = fl_buf_append(&v, &where, sizeof where);
-  if (s == FL_OK) s = fl_buf_append(&v, message, strlen(message));
-  if (s == FL_OK) (void)fl_accumulator_add(a->first_acc, fl_buf_bytes(&v));
-  fl_buf_free(&v);
-  return s;
 }
 
 static fl_status emit_block(fl_ml_block_builder *b, fl_buf *rec, fl_emitter *out) {
@@ -292,7 +259,7 @@ FL_ML_KERNEL fl_status ml_load_parse_text(uint32_t partition, fl_iter *in, fl_em
     if ((s = fl_buf_append(&text, line.data, line.len)) != FL_OK || (s = fl_buf_append(&text, "", 1)) != FL_OK) break;
     char *t = (char *)text.data;
     if (memchr(t, '\0', line.len)) {
-      snprintf(ps.cause, CAUSE_MAX, "a NUL byte in the line");
+      snprintf(ps.cause, ML_LOAD_CAUSE_MAX, "a NUL byte in the line");
       s = FL_EFORMAT;
     } else {
       if (libsvm) {
@@ -311,9 +278,9 @@ FL_ML_KERNEL fl_status ml_load_parse_text(uint32_t partition, fl_iter *in, fl_em
     }
     if (s == FL_EFORMAT) {
       if (!noted) { /* lines come in order: a partition's first bad line is its smallest */
-        char message[CAUSE_MAX + 512];
+        char message[ML_LOAD_CAUSE_MAX + 512];
         snprintf(message, sizeof message, "%s:%llu: %s", name, (unsigned long long)line_no, ps.cause);
-        s = note_bad_line(a, file, line_no, message);
+        s = ml_load_note_bad_line(a->bad_acc, a->first_acc, file, line_no, message);
         noted = true;
       } else {
         (void)fl_accumulator_add_i64(a->bad_acc, 1);
@@ -504,11 +471,6 @@ static fl_status list_files(const char *path, file_list *out) {
   return file_list_add(out, path, true);
 }
 
-static bool is_gzip_name(const char *path) {
-  size_t n = strlen(path);
-  return n > 3 && strcmp(path + n - 3, ".gz") == 0;
-}
-
 /* Where the text dataset's lines come from: per partition, its file and first line. */
 typedef struct line_map {
   uint32_t parts;
@@ -529,7 +491,7 @@ static fl_status open_lines(fl_context *ctx, const file_list *files, uint32_t pa
                             line_map *map) {
   uint64_t plain = 0;
   for (uint32_t i = 0; i < files->count; i++)
-    if (!is_gzip_name(files->paths[i])) plain += files->sizes[i];
+    if (!ml_is_gzip_name(files->paths[i])) plain += files->sizes[i];
   fl_status s = FL_OK;
   fl_dataset *all = NULL, *counts_ds = NULL;
   fl_records *counts = NULL;
@@ -663,7 +625,7 @@ static fl_status load_text(fl_context *ctx, const char *path, fl_ml_format forma
   if (s == FL_OK && format == FL_ML_CSV)
     s = csv_shape(lines, &map, &files, o, head.delimiter, &head.fields, &head.label_field);
   if (s == FL_OK) {
-    bad_line none = {UINT32_MAX, 0, UINT64_MAX};
+    ml_bad_line none = ML_BAD_LINE_NONE;
     s = fl_accumulator_create_i64(ctx, &bad);
     if (s == FL_OK)
       s = fl_accumulator_create(ctx, fl_bytes_of(&none, sizeof none), ml_load_first_bad_line, NULL, 0, &first);
@@ -695,8 +657,8 @@ static fl_status load_text(fl_context *ctx, const char *path, fl_ml_format forma
   if (s == FL_OK) s = fl_accumulator_value_i64(bad, &bad_lines);
   if (s == FL_OK && bad_lines > 0) s = fl_accumulator_value(first, &first_value);
   if (s == FL_OK && bad_lines > 0) {
-    const char *message = (const char *)first_value.data + sizeof(bad_line);
-    int len = first_value.len > sizeof(bad_line) ? (int)(first_value.len - sizeof(bad_line)) : 0;
+    const char *message = (const char *)first_value.data + sizeof(ml_bad_line);
+    int len = first_value.len > sizeof(ml_bad_line) ? (int)(first_value.len - sizeof(ml_bad_line)) : 0;
     if (!o->skip_bad_lines)
       s = fl_set_error(FL_EFORMAT, "%.*s", len, message);
     else
@@ -714,247 +676,6 @@ static fl_status load_text(fl_context *ctx, const char *path, fl_ml_format forma
   fl_dataset_free(lines);
   line_map_free(&map);
   file_list_free(&files);
-  return s;
-}
-
-/* ---- IDX --------------------------------------------------------------------------------- */
-
-/* Reads exactly len bytes; *got says how many came (fewer only at the end of the data). A
- * read error is FL_EIO; gzip data that is corrupt or cut short is FL_ECORRUPT naming the
- * byte of the file: at a premature end zlib returns 0 as at the proper one (gzeof() is true
- * for both) and keeps Z_BUF_ERROR, which only gzerror() tells. */
-static fl_status gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *got) {
-  *got = 0;
-  while (*got < len) {
-    unsigned chunk = len - *got > (1u << 30) ? 1u << 30 : (unsigned)(len - *got);
-    int n = gzread(f, (uint8_t *)buf + *got, chunk);
-    int err;
-    const char *msg = gzerror(f, &err);
-    if (n < 0 && err == Z_ERRNO) return fl_set_error(FL_EIO, "%s: read error: %s", path, strerror(errno));
-    if (n < 0)
-      return fl_set_error(FL_ECORRUPT, "%s: bad gzip data at byte %lld of the file: %s", path,
-                          (long long)gzoffset(f), msg);
-    if (n == 0 && err == Z_BUF_ERROR)
-      return fl_set_error(FL_ECORRUPT,
-                          "%s: truncated gzip data: the file ends at byte %lld, inside the compressed stream "
-                          "(after %lld bytes of data)",
-                          path, (long long)gzoffset(f), (long long)gztell(f));
-    if (n == 0) break;
-    *got += (size_t)n;
-  }
-  return FL_OK;
-}
-
-static uint32_t be32(const uint8_t *p) {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-/* Opens an idx file and reads its header: magic, then `dims` big-endian u32 sizes. */
-static fl_status idx_open(const char *path, uint32_t magic, const char *kind, uint32_t *dims, int ndims, gzFile *out) {
-  errno = 0;
-  gzFile f = gzopen(path, "rb");
-  if (!f)
-    return fl_set_error(errno == ENOENT ? FL_ENOENT : FL_EIO, "cannot open %s: %s", path,
-                        errno ? strerror(errno) : "out of memory");
-  uint8_t head[16];
-  size_t want = 4 + 4 * (size_t)ndims, got;
-  fl_status s = FL_OK;
-  /* zlib reads a file without the gzip magic as it is ("transparent"): under a .gz name that
-   * would pass a plain (or mistaken) file for the gzip one the user meant. */
-  if (is_gzip_name(path) && gzdirect(f))
-    s = fl_set_error(FL_ECORRUPT, "%s: named .gz but not gzip data (it does not start with the gzip magic 1f 8b)",
-                     path);
-  if (s == FL_OK) s = gz_read(f, path, head, want, &got);
-  if (s == FL_OK && got >= 4 && be32(head) != magic)
-    s = fl_set_error(FL_EFORMAT, "%s: bad magic 0x%08x (an %s file starts with 0x%08x)", path, be32(head), kind, magic);
-  if (s == FL_OK && got < want)
-    s = fl_set_error(FL_EFORMAT, "%s: truncated: %zu bytes, shorter than an %s header", path, got, kind);
-  if (s != FL_OK) {
-    gzclose(f);
-    return s;
-  }
-  for (int i = 0; i < ndims; i++) dims[i] = be32(head + 4 + 4 * i);
-  *out = f;
-  return FL_OK;
-}
-
-/* FL_OK when f is at its end, else an error naming what follows `what`. */
-static fl_status idx_expect_end(gzFile f, const char *path, const char *what) {
-  uint8_t extra;
-  size_t got;
-  fl_status s = gz_read(f, path, &extra, 1, &got);
-  if (s == FL_OK && got) s = fl_set_error(FL_EFORMAT, "%s: trailing bytes after %s", path, what);
-  return s;
-}
-
-/* The labels file, whole: n bytes. */
-static fl_status idx_read_labels(const char *path, fl_buf *labels) {
-  uint32_t n;
-  gzFile f;
-  fl_status s = idx_open(path, 0x00000801u, "idx1-ubyte (labels)", &n, 1, &f);
-  if (s != FL_OK) return s;
-  size_t got = 0;
-  char what[64];
-  snprintf(what, sizeof what, "%u labels", n);
-  /* In pieces, so that a corrupt count in the header allocates no more than the file has. */
-  while (s == FL_OK && labels->len < n) {
-    size_t piece = n - labels->len < (1u << 20) ? n - labels->len : 1u << 20, part;
-    if ((s = fl_buf_reserve(labels, piece)) != FL_OK || (s = gz_read(f, path, labels->data + labels->len, piece, &part)) != FL_OK)
-      break;
-    labels->len += part;
-    if (part < piece) break;
-  }
-  got = labels->len;
-  if (s == FL_OK && got < n)
-    s = fl_set_error(FL_EFORMAT, "%s: truncated: label %zu of %u is missing (the header says %u labels)", path, got + 1,
-                     n, n);
-  if (s == FL_OK) s = idx_expect_end(f, path, what);
-  gzclose(f);
-  return s;
-}
-
-/* The IDX kernel's argument: followed by the images' and the labels' paths, each
- * NUL-terminated. Partition p reads images [n p / parts, n (p + 1) / parts). */
-typedef struct ml_idx_arg {
-  uint64_t bad_acc, first_acc; /* as ml_load_text_arg's */
-  uint32_t n, parts, size, rows_per_block;
-  uint32_t dims[2];
-  double scale;
-} ml_idx_arg;
-
-/* Offers an IDX error as the load's first bad "line" (the image number), as the text
- * kernels do, so that fl_ml_load reports it as FL_EFORMAT. */
-static fl_status note_bad_image(const ml_idx_arg *a, uint64_t image, const char *message) {
-  ml_load_text_arg t = {.bad_acc = a->bad_acc, .first_acc = a->first_acc};
-  return note_bad_line(&t, 0, image, message);
-}
-
-/* Reads one partition's images and labels from the files (both seekable through zlib, gzip'd
- * or not) into row blocks; the last partition also checks that nothing follows. */
-FL_ML_KERNEL fl_status ml_load_idx_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
-  (void)in;
-  ml_idx_arg a;
-  memcpy(&a, arg, sizeof a);
-  const char *images = (const char *)arg + sizeof a, *labels_path = images + strlen(images) + 1;
-  uint32_t lo = (uint32_t)((uint64_t)a.n * partition / a.parts), hi = (uint32_t)((uint64_t)a.n * (partition + 1) / a.parts);
-  gzFile fi = NULL, fl = NULL;
-  uint32_t dims[3];
-  fl_buf labels = FL_BUF_INIT, pixels = FL_BUF_INIT, x = FL_BUF_INIT, rec = FL_BUF_INIT;
-  fl_ml_block_builder *b = NULL;
-  char cause[CAUSE_MAX] = "";
-  fl_status s = idx_open(images, 0x00000803u, "idx3-ubyte (images)", dims, 3, &fi);
-  if (s == FL_OK) s = idx_open(labels_path, 0x00000801u, "idx1-ubyte (labels)", dims, 1, &fl);
-  if (s == FL_OK && hi > lo && (gzseek(fi, (z_off_t)(16 + (uint64_t)lo * a.size), SEEK_SET) < 0 ||
-                                gzseek(fl, (z_off_t)(8 + (uint64_t)lo), SEEK_SET) < 0))
-    snprintf(cause, sizeof cause, "%s: cannot seek to image %u", images, lo + 1);
-  size_t got;
-  if (s == FL_OK && !*cause && (s = fl_buf_reserve(&labels, hi - lo + 1)) == FL_OK &&
-      (s = gz_read(fl, labels_path, labels.data, hi - lo, &got)) == FL_OK && got < hi - lo)
-    snprintf(cause, sizeof cause, "%s: truncated: label %zu of %u is missing (the header says %u labels)", labels_path,
-             lo + got + 1, a.n, a.n);
-  if (s == FL_OK) s = fl_buf_reserve(&pixels, a.size);
-  if (s == FL_OK) s = fl_buf_reserve(&x, (size_t)a.size * 8);
-  if (s == FL_OK) s = fl_ml_block_builder_create(a.size, false, false, a.rows_per_block, &b);
-  double *xs = (double *)x.data;
-  bool reserved = false;
-  for (uint32_t i = lo; s == FL_OK && !*cause && i < hi; i++) {
-    if ((s = gz_read(fi, images, pixels.data, a.size, &got)) != FL_OK) {
-      if (s == FL_ECORRUPT) { /* the file's fault, as a truncated image is: no retries */
-        snprintf(cause, sizeof cause, "%s", fl_last_error());
-        s = FL_OK;
-      }
-      break;
-    }
-    if (got < a.size) {
-      snprintf(cause, sizeof cause, "%s: image %u: truncated (the header says %u images of %u x %u)", images, i + 1, a.n,
-               a.dims[0], a.dims[1]);
-      break;
-    }
-    for (size_t k = 0; k < a.size; k++) xs[k] = pixels.data[k] * a.scale;
-    s = fl_ml_block_builder_add_dense(b, labels.data[i - lo], 1, xs);
-    if (s == FL_OK && (fl_ml_block_builder_full(b) || i + 1 == hi) && (s = fl_ml_block_builder_take(b, &rec)) == FL_OK)
-      s = ml_emit_block(out, &rec, i + 1 - lo, hi - lo, &reserved);
-  }
-  if (s == FL_OK && !*cause && partition + 1 == a.parts) {
-    char what[64];
-    snprintf(what, sizeof what, "%u images", a.n);
-    if ((s = idx_expect_end(fi, images, what)) == FL_EFORMAT || s == FL_ECORRUPT) {
-      snprintf(cause, sizeof cause, "%s", fl_last_error());
-      s = FL_OK;
-    }
-  }
-  if (*cause) s = note_bad_image(&a, lo, cause); /* the load fails with it: the partition is moot */
-  if (fi) gzclose(fi);
-  if (fl) gzclose(fl);
-  fl_ml_block_builder_free(b);
-  fl_buf_free(&labels);
-  fl_buf_free(&pixels);
-  fl_buf_free(&x);
-  fl_buf_free(&rec);
-  return s;
-}
-
-/* IDX: the calling process checks both headers and reads the labels whole (one byte per
- * image), then each partition's task reads its images from the file, as text files are read:
- * the path must be readable where the executors run. */
-static fl_status load_idx(fl_context *ctx, const char *path, const fl_ml_load_options *o, uint32_t parts,
-                          fl_ml_data *data) {
-  if (!o->labels_path)
-    return fl_set_error(FL_EINVAL, "%s: IDX needs labels_path (the idx1-ubyte labels file)", path);
-  fl_buf labels = FL_BUF_INIT, arg = FL_BUF_INIT, first_value = FL_BUF_INIT;
-  fl_accumulator *bad = NULL, *first = NULL;
-  fl_dataset *seeds = NULL;
-  gzFile f = NULL;
-  uint32_t dims[3] = {0};
-  char images_abs[PATH_MAX], labels_abs[PATH_MAX];
-  fl_status s = idx_read_labels(o->labels_path, &labels);
-  if (s == FL_OK) s = idx_open(path, 0x00000803u, "idx3-ubyte (images)", dims, 3, &f);
-  if (f) gzclose(f);
-  uint32_t n = dims[0];
-  uint64_t size = (uint64_t)dims[1] * dims[2];
-  if (s == FL_OK && n != labels.len)
-    s = fl_set_error(FL_EFORMAT, "%s has %u images but %s has %zu labels", path, n, o->labels_path, labels.len);
-  if (s == FL_OK && (size == 0 || size >= UINT32_MAX / 8))
-    s = fl_set_error(FL_EFORMAT, "%s: images of %u x %u pixels", path, dims[1], dims[2]);
-  if (s == FL_OK && (!realpath(path, images_abs) || !realpath(o->labels_path, labels_abs)))
-    s = fl_set_error(FL_EIO, "%s: %s", path, strerror(errno));
-  fl_buf_free(&labels);
-  if (s == FL_OK && n < parts) parts = n ? n : 1;
-  uint32_t rows_per_block = o->rows_per_block;
-  if (s == FL_OK && !rows_per_block) {
-    /* The builder's default, made smaller where needed for a block per partition. */
-    uint64_t r = ML_BLOCK_BYTES / (8 * size);
-    uint64_t spread = ((uint64_t)n + parts - 1) / parts;
-    rows_per_block = (uint32_t)(r < 1 ? 1 : r < spread || spread == 0 ? r : spread);
-  }
-  bad_line none = {UINT32_MAX, 0, UINT64_MAX};
-  if (s == FL_OK) s = fl_accumulator_create_i64(ctx, &bad);
-  if (s == FL_OK) s = fl_accumulator_create(ctx, fl_bytes_of(&none, sizeof none), ml_load_first_bad_line, NULL, 0, &first);
-  if (s == FL_OK) {
-    ml_idx_arg head = {.bad_acc = fl_accumulator_id(bad), .first_acc = fl_accumulator_id(first), .n = n,
-                       .parts = parts, .size = (uint32_t)size, .rows_per_block = rows_per_block,
-                       .dims = {dims[1], dims[2]}, .scale = o->pixel_scale != 0 ? o->pixel_scale : 1.0 / 255};
-    if ((s = fl_buf_append(&arg, &head, sizeof head)) == FL_OK &&
-        (s = fl_buf_append(&arg, images_abs, strlen(images_abs) + 1)) == FL_OK)
-      s = fl_buf_append(&arg, labels_abs, strlen(labels_abs) + 1);
-  }
-  if (s == FL_OK) s = fl_range(ctx, 0, parts, 1, parts, &seeds);
-  if (s == FL_OK) s = fl_map_partitions(seeds, ml_load_idx_partition, arg.data, arg.len, &data->blocks);
-  if (s == FL_OK) s = fl_persist(data->blocks, ML_STORAGE);
-  if (s == FL_OK) s = ml_data_describe(data, NULL);
-  int64_t errors = 0;
-  if (s == FL_OK) s = fl_accumulator_value_i64(bad, &errors);
-  if (s == FL_OK && errors > 0 && (s = fl_accumulator_value(first, &first_value)) == FL_OK) {
-    const char *message = (const char *)first_value.data + sizeof(bad_line);
-    int len = first_value.len > sizeof(bad_line) ? (int)(first_value.len - sizeof(bad_line)) : 0;
-    s = fl_set_error(FL_EFORMAT, "%.*s", len, message);
-  }
-  if (s == FL_OK && data->rows == 0) s = fl_set_error(FL_EEMPTY, "%s: no images", path);
-  fl_buf_free(&first_value);
-  fl_buf_free(&arg);
-  fl_accumulator_destroy(first);
-  fl_accumulator_destroy(bad);
-  fl_dataset_free(seeds);
   return s;
 }
 
@@ -989,7 +710,7 @@ fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format format, con
   uint32_t parts = ml_default_partitions(ctx, o.partitions);
   fl_ml_data *data = calloc(1, sizeof *data);
   if (!data) return fl_set_error(FL_ENOMEM, "out of memory");
-  fl_status s = format == FL_ML_IDX ? load_idx(ctx, path, &o, parts, data) : load_text(ctx, path, format, &o, parts, data);
+  fl_status s = format == FL_ML_IDX ? ml_load_idx(ctx, path, &o, parts, data) : load_text(ctx, path, format, &o, parts, data);
   if (s == FL_OK) warn_if_not_in_memory(path, data);
   if (s != FL_OK) {
     fl_ml_data_free(data);

@@ -29,6 +29,9 @@ static inline double ml_now_s(void) {
 /* Default block size: about this many bytes of feature values. */
 #define ML_BLOCK_BYTES (1u << 20)
 
+/* Whether a file name ends in .gz (idx.c). */
+bool ml_is_gzip_name(const char *path);
+
 /* fl_ml_load_options.partitions / synthetic partitions when 0. */
 uint32_t ml_default_partitions(fl_context *ctx, uint32_t requested);
 

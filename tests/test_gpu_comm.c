@@ -33,9 +33,9 @@
 
 #include "common/common.h"
 #include "flint/gpu.h"
-#include "gpu/comm.h"
-#include "gpu/comm_worker.h"
-#include "gpu/device.h"
+#include "gpu/comm/backend.h"
+#include "gpu/comm/host_transport.h"
+#include "gpu/device/device.h"
 
 #include "rank_threads.h"
 

@@ -8,9 +8,9 @@
 
 #include <math.h>
 
-#include "gpu/device.h"
+#include "gpu/device/device.h"
 #ifdef FLINT_HAVE_CUDA
-#include "gpu/cuda/allocator.h"
+#include "gpu/device/cuda/allocator.h"
 #endif
 
 #define SKIP_CODE 77

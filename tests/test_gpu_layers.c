@@ -6,8 +6,8 @@
 #include <math.h>
 
 #include "common/common.h"
-#include "gpu/device.h"
-#include "gpu/layers.h"
+#include "gpu/device/device.h"
+#include "gpu/nn/layers.h"
 
 #include "gpu_test_data.h"
 

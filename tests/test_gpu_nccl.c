@@ -17,7 +17,7 @@
 #include "test_util.h"
 
 #include "flint/gpu.h"
-#include "gpu/comm.h"
+#include "gpu/comm/comm.h"
 
 #define MAX_RANKS 8
 

@@ -14,7 +14,7 @@
 
 #include <math.h>
 
-#include "gpu/device.h"
+#include "gpu/device/device.h"
 
 #define SKIP_CODE 77
 

@@ -10,12 +10,11 @@
 
 #include "test_util.h"
 
-#include "gpu/curves.h"
-#include "gpu/data.h"
-#include "gpu/device.h"
-#include "gpu/nn.h"
-#include "gpu/optim.h"
-#include "gpu/train.h"
+#include "gpu/data/data.h"
+#include "gpu/device/device.h"
+#include "gpu/nn/nn.h"
+#include "gpu/parallel/curves.h"
+#include "gpu/parallel/train.h"
 
 static fl_device *open_cpu(void) {
   fl_device *dev = NULL;

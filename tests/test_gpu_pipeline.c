@@ -23,8 +23,8 @@
 
 #include "rank_threads.h"
 
-#include "gpu/device.h"
-#include "gpu/pipeline.h"
+#include "gpu/device/device.h"
+#include "gpu/parallel/pipeline.h"
 
 static fl_device *cpu;
 

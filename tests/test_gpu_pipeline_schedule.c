@@ -11,7 +11,7 @@
 
 #include "test_util.h"
 
-#include "gpu/pipeline_schedule.h"
+#include "gpu/parallel/pipeline_schedule.h"
 
 #define MAX_P 8
 #define MAX_M 32

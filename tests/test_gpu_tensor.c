@@ -3,7 +3,7 @@
 #include "test_util.h"
 
 #include "common/common.h"
-#include "gpu/device.h"
+#include "gpu/device/device.h"
 
 static int setup_device(void **state) {
   fl_device *dev = NULL;

@@ -22,9 +22,9 @@
 #include <pthread.h>
 
 #include "common/common.h"
-#include "gpu/comm.h"
-#include "gpu/device.h"
-#include "gpu/transformer.h"
+#include "gpu/comm/comm.h"
+#include "gpu/device/device.h"
+#include "gpu/parallel/transformer.h"
 
 #define MAX_TP 4
 #define BATCH 4

@@ -40,7 +40,7 @@
 
 #include <cmocka.h>
 
-#include "gpu/train.h"
+#include "gpu/parallel/train.h"
 
 #define TEST_TIME_BOUND_S 240 /* per test; the ASan build is a few times slower */
 #include "test_util.h"

@@ -157,6 +157,35 @@ FL_ML_API fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format f
 /* Parses "libsvm", "csv" or "idx". */
 FL_ML_API fl_status fl_ml_format_parse(const char *name, fl_ml_format *out);
 
+/* ---- IDX files ---------------------------------------------------------------------------
+ * The format of MNIST and Fashion-MNIST: a big-endian u32 magic, one big-endian u32 size per
+ * dimension, then one unsigned byte per element; gzip'd or not (a file named .gz must hold
+ * gzip data). fl_ml_load reads IDX with these calls, and so do libflint_gpu's image data sets.
+ * Every error names the file. A reader is used by one thread at a time. */
+#define FL_ML_IDX_IMAGES 0x00000803u /* idx3-ubyte: count, rows, cols */
+#define FL_ML_IDX_LABELS 0x00000801u /* idx1-ubyte: count */
+typedef struct fl_ml_idx fl_ml_idx;
+/* Opens `path`, which must start with `magic` (FL_ML_IDX_IMAGES or FL_ML_IDX_LABELS), and
+ * reads its sizes into dims (3 for images, 1 for labels). FL_ENOENT or FL_EIO when it cannot
+ * be opened; FL_ECORRUPT for a .gz name over data that is not gzip; FL_EFORMAT for another
+ * magic or a header cut short. */
+FL_ML_API fl_status fl_ml_idx_open(const char *path, uint32_t magic, uint32_t *dims, fl_ml_idx **out);
+/* Reads up to len bytes of elements; *got is less than len only at the end of the data. FL_EIO
+ * for a read error, FL_ECORRUPT for gzip data that is corrupt or cut short (naming the byte of
+ * the file where it ends). */
+FL_ML_API fl_status fl_ml_idx_read(fl_ml_idx *f, void *buf, size_t len, size_t *got);
+/* Positions the next read at item `index` (an image of rows x cols bytes, or a label). Going
+ * forward is cheap; a .gz file seeks by reading. FL_EFORMAT when it cannot. */
+FL_ML_API fl_status fl_ml_idx_seek(fl_ml_idx *f, uint64_t index);
+/* FL_OK when no byte follows; FL_EFORMAT "PATH: trailing bytes after <what>" otherwise. */
+FL_ML_API fl_status fl_ml_idx_expect_end(fl_ml_idx *f, const char *what);
+/* Closes the file; NULL does nothing. */
+FL_ML_API void fl_ml_idx_close(fl_ml_idx *f);
+/* A labels file whole: appends its labels (one byte each) to `labels`, read in pieces so that
+ * a corrupt count allocates no more than the file holds, and checks that nothing follows.
+ * FL_EFORMAT for a file cut short or trailing bytes, as well as fl_ml_idx_open's errors. */
+FL_ML_API fl_status fl_ml_idx_read_labels(const char *path, fl_buf *labels);
+
 /* Seeded synthetic data, made on the executors (no data travels): rows x cols standard
  * normal features; for FL_ML_SYNTH_LINEAR labels x.w + 0.5 + noise N(0, noise^2) with
  * w ~ N(0, 1), for FL_ML_SYNTH_LOGISTIC labels drawn from the logistic (classes 2) or

@@ -1,0 +1,53 @@
+/*
+ * gpu/comm/backend.h: what a comm backend implements, private to gpu/comm/: the communicator
+ * (struct fl_comm) and its operation table. gpu/comm/comm.c checks every argument and then
+ * calls the slots; the backends are gpu/comm/host.c and gpu/comm/nccl.c.
+ *
+ * Threading: every slot of comm_backend_ops blocks until this rank's part of the collective
+ * is done, except abort and destroy (below).
+ */
+#ifndef FLINT_GPU_COMM_BACKEND_H
+#define FLINT_GPU_COMM_BACKEND_H
+
+#include <stdbool.h>
+
+#include "flint/gpu.h"
+
+typedef struct comm_backend_ops {
+  const char *name; /* "host", "nccl" */
+  /* Each slot gets arguments already checked by gpu/comm/comm.c (sizes match, ranks in range,
+   * peer != self, every tensor on the communicator's kind of device). All block. */
+  fl_status (*allreduce)(fl_comm *comm, fl_tensor *t, fl_reduce_op op, fl_allreduce_algo algo);
+  fl_status (*broadcast)(fl_comm *comm, fl_tensor *t, int root);
+  fl_status (*allgather)(fl_comm *comm, const fl_tensor *in, fl_tensor *out);
+  fl_status (*reduce_scatter)(fl_comm *comm, const fl_tensor *in, fl_tensor *out,
+                              fl_reduce_op op);
+  fl_status (*send)(fl_comm *comm, const fl_tensor *t, int peer);
+  fl_status (*recv)(fl_comm *comm, fl_tensor *t, int peer);
+  fl_status (*barrier)(fl_comm *comm);
+  /* Collective over comm; *out NULL for a negative color. */
+  fl_status (*split)(fl_comm *comm, int color, int key, fl_comm **out);
+  /* Called once when a collective failed on this rank: breaks the connections so that the
+   * peers fail at once (FL_EPEER) instead of waiting for a rank that has left. Never blocks. */
+  void (*abort)(fl_comm *comm);
+  /* Frees impl. Never blocks on peers (sockets are closed, not drained). */
+  void (*destroy)(fl_comm *comm);
+} comm_backend_ops;
+
+struct fl_comm {
+  const comm_backend_ops *ops;
+  int rank, size;
+  fl_allreduce_algo algo;
+  fl_device *dev; /* nccl: the rank's GPU, every tensor must be on it; host: NULL (any) */
+  /* Sticky failure: once a collective fails for a reason other than bad arguments, every
+   * later call returns `error` with `error_msg`. */
+  fl_status error;
+  char error_msg[384];
+  void *impl;
+};
+
+/* Makes a communicator shell for a backend (impl set by the caller). */
+fl_status comm_alloc(const comm_backend_ops *ops, int rank, int size, void *impl,
+                     fl_comm **out);
+
+#endif /* FLINT_GPU_COMM_BACKEND_H */

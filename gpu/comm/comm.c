@@ -1,0 +1,244 @@
+/*
+ * gpu/comm/comm.c: the public collectives. Every entry point checks its arguments here, in one
+ * place, returns the communicator's sticky failure if it has one, and dispatches to the
+ * backend's vtable (host: gpu/comm/host.c, nccl: gpu/comm/nccl.c). A backend failure is
+ * kept on the handle, and the backend is asked to abort its connections so that the other
+ * ranks fail at once instead of waiting for this one.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "gpu/comm/backend.h"
+#include "gpu/comm/comm.h"
+
+#ifndef FLINT_HAVE_CUDA
+/* Built without nvcc: the NCCL backend exists in the API and says why it cannot be used. */
+FL_API fl_status fl_comm_nccl_unique_id(uint8_t id[FL_NCCL_ID_BYTES]) {
+  (void)id;
+  return fl_set_error(FL_EDEVICE, "fl_comm_nccl_unique_id: flint was built without CUDA, so "
+                      "the NCCL backend is not available (use the host backend: "
+                      "fl_comm_listen and fl_comm_host_create)");
+}
+FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
+                                     const uint8_t id[FL_NCCL_ID_BYTES], fl_comm **out) {
+  (void)dev, (void)rank, (void)size, (void)id, (void)out;
+  return fl_set_error(FL_EDEVICE, "fl_comm_nccl_create: flint was built without CUDA, so "
+                      "the NCCL backend is not available (use the host backend: "
+                      "fl_comm_listen and fl_comm_host_create)");
+}
+#endif
+
+/* ---- the AUTO rule ----------------------------------------------------------------------
+ * From bench/bench_allreduce (docs/collectives.md has the figures) on two machines: the
+ * 2-core development machine, where 4 ranks oversubscribe the cores and figures move by 30%
+ * or more from run to run, and the 16-core host of an H100, where every rank has cores of
+ * its own, as it will in production (one rank per GPU). Where the two disagree the 16-core
+ * figures decide; the thresholds are round because the noise is large.
+ * - Small messages are latency-bound: the binary tree (2 log2(p) hops, each rank waiting on
+ *   one peer at a time) was fastest or tied up to 8-32 KB on both machines (16 cores, 4
+ *   ranks: 54-68 us against 56-64 for halving-doubling and 116-215 for the ring).
+ * - Mid sizes with 3 or more ranks: halving-doubling, the ring's bytes (2(p-1)/p x n per rank)
+ *   in 2 log2(p) steps instead of 2(p-1); on 16 cores at 4 ranks it beat the ring at 32 and
+ *   128 KB (73 and 118 us against 126 and 157) and lost from 512 KB (330 against 270 us).
+ * - Large messages: the ring, bandwidth-bound, each step a neighbour exchange; on 16 cores
+ *   at 4 ranks it led from 512 KB to 64 MB.
+ * - 2 ranks: ring and halving-doubling are the same two exchanges, and the tree sends the
+ *   same bytes (n each way) one direction at a time. Over loopback TCP the tree's one-way
+ *   flows won above 4 MB on both machines (16 cores, 8-64 MB: 2.1 GB/s busbw against 1.5-1.7
+ *   for the ring), so a pair without single copy keeps the tree there. A pair whose ring
+ *   steps move by a single copy (gpu/comm/host_transport.h; `single_copy`, the same on both
+ *   ends) takes the ring: 2.6x faster than the tree at 8 MB and 2.2x at 64 MB on 16 cores. */
+#define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
+#define COMM_AUTO_HD_MAX_BYTES (256u << 10)
+#define COMM_AUTO_PAIR_TREE_MIN_BYTES (4u << 20)
+
+fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy) {
+  if (bytes <= COMM_AUTO_TREE_MAX_BYTES) return FL_ALLREDUCE_TREE;
+  if (size <= 2)
+    return single_copy || bytes <= COMM_AUTO_PAIR_TREE_MIN_BYTES ? FL_ALLREDUCE_RING : FL_ALLREDUCE_TREE;
+  if (bytes <= COMM_AUTO_HD_MAX_BYTES) return FL_ALLREDUCE_HALVING_DOUBLING;
+  return FL_ALLREDUCE_RING;
+}
+
+static const char *const algo_names[] = {"auto", "ring", "halving-doubling", "tree"};
+
+FL_API fl_status fl_allreduce_algo_parse(const char *text, fl_allreduce_algo *out) {
+  if (!text || !out) return fl_set_error(FL_EINVAL, "fl_allreduce_algo_parse: NULL argument");
+  for (int i = 0; i < (int)(sizeof algo_names / sizeof *algo_names); i++)
+    if (strcmp(text, algo_names[i]) == 0) {
+      *out = (fl_allreduce_algo)i;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown allreduce algorithm '%s' (expected auto, ring, "
+                      "halving-doubling or tree)", text);
+}
+
+FL_API const char *fl_allreduce_algo_name(fl_allreduce_algo algo) {
+  if ((int)algo < 0 || (int)algo >= (int)(sizeof algo_names / sizeof *algo_names)) return "unknown";
+  return algo_names[algo];
+}
+
+/* ---- handles ---------------------------------------------------------------------------- */
+fl_status comm_alloc(const comm_backend_ops *ops, int rank, int size, void *impl,
+                     fl_comm **out) {
+  fl_comm *c = common_calloc(1, sizeof *c);
+  if (!c) return FL_ERR(FL_ENOMEM, "out of memory for a communicator");
+  c->ops = ops;
+  c->rank = rank;
+  c->size = size;
+  c->algo = FL_ALLREDUCE_AUTO;
+  c->impl = impl;
+  *out = c;
+  return FL_OK;
+}
+
+FL_API void fl_comm_destroy(fl_comm *comm) {
+  if (!comm) return;
+  comm->ops->destroy(comm);
+  common_free(comm);
+}
+
+FL_API int fl_comm_rank(const fl_comm *comm) { return comm ? comm->rank : -1; }
+FL_API int fl_comm_size(const fl_comm *comm) { return comm ? comm->size : 0; }
+FL_API const char *fl_comm_backend(const fl_comm *comm) { return comm ? comm->ops->name : "(null)"; }
+
+FL_API fl_status fl_comm_set_allreduce_algo(fl_comm *comm, fl_allreduce_algo algo) {
+  if (!comm) return fl_set_error(FL_EINVAL, "fl_comm_set_allreduce_algo: comm is NULL");
+  if ((int)algo < FL_ALLREDUCE_AUTO || (int)algo > FL_ALLREDUCE_TREE)
+    return fl_set_error(FL_EINVAL, "fl_comm_set_allreduce_algo: unknown algorithm %d", (int)algo);
+  comm->algo = algo;
+  return FL_OK;
+}
+
+/* ---- checks: every public call's arguments are checked here ----------------------------- */
+
+/* The communicator is usable: not NULL and not broken by an earlier failure. */
+static fl_status check_comm(fl_comm *comm, const char *fn) {
+  if (!comm) return fl_set_error(FL_EINVAL, "%s: comm is NULL", fn);
+  if (comm->error != FL_OK)
+    return fl_set_error(comm->error, "%s: the communicator failed earlier (rank %d of %d): %s", fn,
+                        comm->rank, comm->size, comm->error_msg);
+  return FL_OK;
+}
+
+static fl_status check_tensor(const fl_comm *comm, const fl_tensor *t, const char *fn,
+                              const char *what) {
+  if (!t) return fl_set_error(FL_EINVAL, "%s: %s is NULL", fn, what);
+  if (!t->dev || !t->dev->ops) return fl_set_error(FL_EINVAL, "%s: %s has no device", fn, what);
+  if (t->numel > 0 && !t->data) return fl_set_error(FL_EINVAL, "%s: %s has no memory", fn, what);
+  if (comm->dev && t->dev != comm->dev)
+    return fl_set_error(FL_EINVAL, "%s: %s is on %s but the %s communicator of rank %d uses %s",
+                        fn, what, t->dev->name, comm->ops->name, comm->rank, comm->dev->name);
+  return FL_OK;
+}
+
+static fl_status check_op(fl_reduce_op op, const char *fn) {
+  if (op != FL_REDUCE_SUM && op != FL_REDUCE_AVG)
+    return fl_set_error(FL_EINVAL, "%s: unknown reduce op %d (expected sum or avg)", fn, (int)op);
+  return FL_OK;
+}
+
+/* Keeps a backend failure on the handle and breaks the group's connections. */
+static fl_status finish(fl_comm *comm, fl_status st, const char *fn) {
+  if (st == FL_OK) return FL_OK;
+  if (comm->error == FL_OK) {
+    comm->error = st;
+    snprintf(comm->error_msg, sizeof comm->error_msg, "%s", fl_last_error());
+    if (comm->ops->abort) comm->ops->abort(comm);
+  }
+  return fl_set_error(st, "%s (rank %d of %d): %s", fn, comm->rank, comm->size, comm->error_msg);
+}
+
+#define CHECK_RET(call)                                                                      \
+  do {                                                                                       \
+    fl_status s_ = (call);                                                                   \
+    if (s_ != FL_OK) return s_;                                                              \
+  } while (0)
+
+FL_API fl_status fl_comm_allreduce(fl_comm *comm, fl_tensor *t, fl_reduce_op op) {
+  static const char fn[] = "fl_comm_allreduce";
+  CHECK_RET(check_comm(comm, fn));
+  CHECK_RET(check_tensor(comm, t, fn, "tensor"));
+  CHECK_RET(check_op(op, fn));
+  return finish(comm, comm->ops->allreduce(comm, t, op, comm->algo), fn);
+}
+
+FL_API fl_status fl_comm_broadcast(fl_comm *comm, fl_tensor *t, int root) {
+  static const char fn[] = "fl_comm_broadcast";
+  CHECK_RET(check_comm(comm, fn));
+  CHECK_RET(check_tensor(comm, t, fn, "tensor"));
+  if (root < 0 || root >= comm->size)
+    return fl_set_error(FL_EINVAL, "%s: root %d is outside 0..%d", fn, root, comm->size - 1);
+  return finish(comm, comm->ops->broadcast(comm, t, root), fn);
+}
+
+FL_API fl_status fl_comm_allgather(fl_comm *comm, const fl_tensor *in, fl_tensor *out) {
+  static const char fn[] = "fl_comm_allgather";
+  CHECK_RET(check_comm(comm, fn));
+  CHECK_RET(check_tensor(comm, in, fn, "in"));
+  CHECK_RET(check_tensor(comm, out, fn, "out"));
+  if (in->dev != out->dev)
+    return fl_set_error(FL_EINVAL, "%s: in is on %s but out on %s", fn, in->dev->name, out->dev->name);
+  if (out->numel != in->numel * (size_t)comm->size)
+    return fl_set_error(FL_EINVAL, "%s: out has %zu elements, expected %d ranks x %zu = %zu", fn,
+                        out->numel, comm->size, in->numel, in->numel * (size_t)comm->size);
+  return finish(comm, comm->ops->allgather(comm, in, out), fn);
+}
+
+FL_API fl_status fl_comm_reduce_scatter(fl_comm *comm, const fl_tensor *in, fl_tensor *out,
+                                        fl_reduce_op op) {
+  static const char fn[] = "fl_comm_reduce_scatter";
+  CHECK_RET(check_comm(comm, fn));
+  CHECK_RET(check_tensor(comm, in, fn, "in"));
+  CHECK_RET(check_tensor(comm, out, fn, "out"));
+  CHECK_RET(check_op(op, fn));
+  if (in->dev != out->dev)
+    return fl_set_error(FL_EINVAL, "%s: in is on %s but out on %s", fn, in->dev->name, out->dev->name);
+  size_t want = comm_block_count(in->numel, comm->size, comm->rank);
+  if (out->numel != want)
+    return fl_set_error(FL_EINVAL, "%s: out has %zu elements, but rank %d's block of %zu over %d "
+                        "ranks has %zu", fn, out->numel, comm->rank, in->numel, comm->size, want);
+  return finish(comm, comm->ops->reduce_scatter(comm, in, out, op), fn);
+}
+
+static fl_status check_peer(const fl_comm *comm, int peer, const char *fn) {
+  if (peer < 0 || peer >= comm->size)
+    return fl_set_error(FL_EINVAL, "%s: peer %d is outside 0..%d", fn, peer, comm->size - 1);
+  if (peer == comm->rank)
+    return fl_set_error(FL_EINVAL, "%s: peer %d is this rank itself", fn, peer);
+  return FL_OK;
+}
+
+FL_API fl_status fl_comm_send(fl_comm *comm, const fl_tensor *t, int peer) {
+  static const char fn[] = "fl_comm_send";
+  CHECK_RET(check_comm(comm, fn));
+  CHECK_RET(check_tensor(comm, t, fn, "tensor"));
+  CHECK_RET(check_peer(comm, peer, fn));
+  return finish(comm, comm->ops->send(comm, t, peer), fn);
+}
+
+FL_API fl_status fl_comm_recv(fl_comm *comm, fl_tensor *t, int peer) {
+  static const char fn[] = "fl_comm_recv";
+  CHECK_RET(check_comm(comm, fn));
+  CHECK_RET(check_tensor(comm, t, fn, "tensor"));
+  CHECK_RET(check_peer(comm, peer, fn));
+  return finish(comm, comm->ops->recv(comm, t, peer), fn);
+}
+
+FL_API fl_status fl_comm_barrier(fl_comm *comm) {
+  static const char fn[] = "fl_comm_barrier";
+  CHECK_RET(check_comm(comm, fn));
+  return finish(comm, comm->ops->barrier(comm), fn);
+}
+
+FL_API fl_status fl_comm_split(fl_comm *comm, int color, int key, fl_comm **out) {
+  static const char fn[] = "fl_comm_split";
+  CHECK_RET(check_comm(comm, fn));
+  if (!out) return fl_set_error(FL_EINVAL, "%s: out is NULL", fn);
+  fl_comm *sub = NULL;
+  fl_status st = finish(comm, comm->ops->split(comm, color < 0 ? -1 : color, key, &sub), fn);
+  if (st == FL_OK) *out = sub;
+  return st;
+}

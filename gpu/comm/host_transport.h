@@ -1,0 +1,117 @@
+/*
+ * gpu/comm/host_transport.h: the host backend's transport, private to gpu/comm/: the mesh of
+ * TCP connections between the ranks (gpu/comm/host_mesh.c) and the transfers over it
+ * (gpu/comm/host_transport.c), on which the algorithms (gpu/comm/host_algorithms.h) and the
+ * backend's slots (gpu/comm/host.c) are written. Blocking send and receive of bytes to one
+ * peer, and a full-duplex exchange that sends to one peer while it receives from another (what
+ * a ring step needs).
+ *
+ * Design: sockets are non-blocking once the mesh is up. Transfers loop on send/recv and
+ * poll() when the socket has no room or no data; the full-duplex exchange polls both
+ * sockets at once, which is what lets every rank of a ring send to its next while it
+ * receives from its previous. Every wait is bounded: no byte moving for the operation
+ * timeout (FLINT_COMM_TIMEOUT_MS, default 300 s) is FL_ETIMEDOUT naming the peer. A peer
+ * that closes is FL_EPEER, a socket error FL_ENET.
+ *
+ * Single copy between ranks on one host. Over loopback TCP every byte is copied twice (into
+ * the kernel by send, out of it by recv), and past the caches that is what bounds a
+ * collective. So when the mesh is up, each rank challenges every peer to show it a random
+ * nonce through process_vm_readv(2) (which needs the same host and pid namespace, and
+ * ptrace permission: Linux's cross-memory attach, as MPI libraries use it; see
+ * single_copy_probe), and a pair where both directions work moves ring steps of
+ * FLINT_COMM_SINGLE_COPY_MIN bytes or more (default 128 KiB; the pair takes the larger of
+ * its two settings) by a single copy: the sender puts a 16-byte descriptor (address,
+ * length) on the socket, the receiver reads the sender's buffer straight into its own (or
+ * a piece at a time into the reduction), then answers with a 1-byte ack, after which the
+ * sender may reuse the buffer. Everything else, and every pair that failed the probe,
+ * stays on TCP. FLINT_COMM_SINGLE_COPY=0 turns it off. Only ring steps use it
+ * (comm_host_ring_step): both ends of a step run the same call, so the receiver knows to
+ * expect a descriptor, and neither end waits on an ack the other cannot send.
+ *
+ * Threading: one thread at a time per communicator (its rank's thread).
+ */
+#ifndef FLINT_GPU_COMM_HOST_TRANSPORT_H
+#define FLINT_GPU_COMM_HOST_TRANSPORT_H
+
+#include <poll.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gpu/comm/comm.h"
+
+typedef struct comm_host comm_host;
+
+struct comm_host {
+  int rank, size;
+  int *fds; /* fds[peer]; fds[rank] is -1 */
+  uint32_t op_timeout_ms;
+  uint32_t connect_timeout_ms;
+  char host[64]; /* where this rank listens (sub-groups listen there too) */
+  void *scratch[2];
+  size_t scratch_cap[2];
+  /* Pinned staging buffers for cuda tensors, owned by stage_dev. */
+  fl_device *stage_dev[2];
+  void *stage[2];
+  size_t stage_cap[2];
+  /* Single copy, per peer: its pid, and the least bytes a ring step moves by a single copy
+   * with it (0: never, TCP only). */
+  pid_t *peer_pid;
+  size_t *single_copy_min;
+};
+
+/* ---- the mesh (gpu/comm/host_mesh.c) ---------------------------------------------------- */
+
+/* Joins `size` ranks into a mesh: this rank, listening on ep (borrowed: the caller still
+ * destroys it), connects to the lower ranks at addresses[] and accepts the higher ones, then
+ * probes which peers single copy reaches, all within timeout_ms (0: 30 s). Collective over
+ * the ranks; blocks. On failure nothing is left to free. */
+fl_status comm_host_connect(fl_comm_endpoint *ep, int rank, int size, const char *const *addresses,
+                            uint32_t timeout_ms, comm_host **out);
+/* Closes the connections and frees everything the transport holds (staging buffers too).
+ * NULL does nothing. */
+void comm_host_free(comm_host *h);
+
+/* ---- transfers (gpu/comm/host_transport.c) ------------------------------------------------ */
+
+/* Blocking transfers of exactly `bytes` to/from `peer`. FL_EPEER when the peer closed,
+ * FL_ENET on a socket error, FL_ETIMEDOUT when no byte moved for the operation timeout;
+ * each message names the peer rank. */
+fl_status comm_host_send(comm_host *h, int peer, const void *buf, size_t bytes);
+fl_status comm_host_recv(comm_host *h, int peer, void *buf, size_t bytes);
+/* Sends sbytes to send_peer while receiving rbytes from recv_peer, without deadlock even
+ * when both peers do the same to us (the two peers may be the same rank). */
+fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                             int recv_peer, void *rbuf, size_t rbytes);
+/* As exchange, but the rcount floats received are added into `sum`, a piece of
+ * piece_floats at a time through `tmp` (piece_floats long) as soon as the piece is in, while
+ * the send goes on: the reduction overlaps the transfer and reads the data while in cache. */
+fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                                    int recv_peer, float *sum, size_t rcount, float *tmp,
+                                    size_t piece_floats);
+/* A ring step: exchange (or exchange_reduce) where every rank of the step calls the same
+ * function, sending to the rank that receives from it by this function too. Only then may
+ * a half move by a single copy (the receiver reads the sender's buffer, see above):
+ * the receiving end must expect the sender's descriptor instead of the data. */
+fl_status comm_host_ring_step(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                              int recv_peer, void *rbuf, size_t rbytes);
+fl_status comm_host_ring_step_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
+                                     int recv_peer, float *sum, size_t rcount, float *tmp,
+                                     size_t piece_floats);
+/* A scratch buffer of at least `bytes` owned by the transport (grown on demand, kept for
+ * the communicator's life). Slot 0 and 1 are separate buffers. */
+fl_status comm_host_scratch(comm_host *h, int slot, size_t bytes, void **out);
+
+/* ---- reduction kernels (gpu/comm/host_transport.c), vectorized -------------------------- */
+void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n);
+void comm_reduce_scale(float *dst, float a, size_t n);
+
+/* Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv); -1 with errno. */
+int comm_host_read_peer(pid_t pid, void *local, uint64_t remote, size_t bytes);
+/* Milliseconds left until deadline_ns (0 once it passed), and poll() with EINTR retried
+ * against the same deadline (>0, 0 on timeout, -1). */
+int comm_host_remaining_ms(uint64_t deadline_ns);
+int comm_host_poll_until(struct pollfd *p, nfds_t n, uint64_t deadline_ns);
+
+#endif /* FLINT_GPU_COMM_HOST_TRANSPORT_H */

@@ -1,0 +1,180 @@
+/*
+ * gpu/data/data.h: image datasets for training, as flint datasets of image blocks, and the
+ * rank's reader that turns its partition into shuffled mini-batches.
+ *
+ * A dataset is a cached fl_dataset whose records are image blocks. Block record layout (all
+ * little-endian, the host order):
+ *   off  size
+ *     0     4  magic "FLIB" (DATA_BLOCK_MAGIC)
+ *     4     4  count: images in the block (1 .. block_images)
+ *     8     2  channels      10  2  height      12  2  width
+ *    14     2  split: DATA_SPLIT_TRAIN (0) or DATA_SPLIT_TEST (1)
+ *    16     4  classes
+ *    20     4  stride: image i of the block is image first + i * stride of the data set
+ *                (0 reads as 1: consecutive images)
+ *    24     8  first: the dataset-wide index of the block's first image
+ *    32  4*count  labels, int32 in [0, classes)
+ *    ..     pad to a multiple of 8 bytes (4 zero bytes when count is odd)
+ *    ..  4*count*channels*height*width  images, float32, NCHW, normalized (see data_norm)
+ * A partition holds, in order, either a contiguous range of images (the default) or, with
+ * data_options.interleave, every parts-th image: partition p of P holds images p, p + P,
+ * p + 2P, ... (as PyTorch's DistributedSampler assigns them to ranks), or with a run r > 1,
+ * runs of r consecutive images: r images of every P r, the p-th run of each. A training run's
+ * input (data_pair) holds, in partition r, rank r's share of the training set and then its
+ * share of the test set, told apart by `split`.
+ *
+ * Sources:
+ * - Fashion-MNIST (or any IDX pair): idx3-ubyte images and idx1-ubyte labels, gzip'd or not.
+ *   The calling process checks both headers, the counts and every label; each partition's
+ *   task then reads its range of images from the files (so in cluster mode the path must be
+ *   readable where the executors run, as for fl_text_file).
+ * - synthetic-imagenet: 3 x 224 x 224 images of 1000 classes made by the tasks from (seed,
+ *   index) alone: the same seed and index give the same image and label on any machine and
+ *   for any partitioning. An image is its class's per-channel mean plus a class-dependent
+ *   separable wave (a row pattern plus a column pattern) plus uniform noise, so a network
+ *   can learn it; it is for throughput, not accuracy.
+ *
+ * Errors name the file: FL_ENOENT for a missing file, FL_EFORMAT for a bad magic, a
+ * truncated file, a count mismatch between images and labels, or a label out of range.
+ */
+#ifndef FLINT_GPU_DATA_H
+#define FLINT_GPU_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flint/flint.h"
+
+#define DATA_BLOCK_MAGIC 0x42494c46u /* "FLIB" */
+#define DATA_BLOCK_HEADER 32u
+#define DATA_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+#define DATA_IMAGENET_CHANNELS 3
+#define DATA_IMAGENET_SIZE 224
+#define DATA_IMAGENET_CLASSES 1000
+
+typedef enum data_split { DATA_SPLIT_TRAIN = 0, DATA_SPLIT_TEST = 1 } data_split;
+
+typedef enum data_norm {
+  DATA_NORM_UNIT = 0, /* pixel / 255, in [0, 1] */
+  DATA_NORM_STANDARD, /* (pixel / 255 - mean) / std with the data set's mean and std */
+} data_norm;
+
+/* Fashion-MNIST's pixel mean and standard deviation (of pixel / 255, training set). */
+#define DATA_FASHION_MNIST_MEAN 0.2860
+#define DATA_FASHION_MNIST_STD 0.3530
+
+typedef struct data_options {
+  uint32_t partitions;   /* 0: the context's default parallelism; at most one per image */
+  uint32_t block_images; /* images per block record (0: 256) */
+  data_norm norm;        /* IDX only; synthetic images are already centred */
+  bool interleave;       /* partition p of P holds images p, p + P, ... (else a range) */
+  uint64_t max_images;   /* IDX only: the first max_images images of the file (0: all) */
+  /* With interleave: runs of `run` consecutive images instead of single ones (0 or 1:
+   * single): partition p holds images (k P + p) run + i for i < run, k = 0, 1, ... */
+  uint32_t run;
+} data_options;
+#define DATA_OPTIONS_INIT {0, 0, DATA_NORM_UNIT, false, 0, 0}
+
+/* A dataset of image blocks and its shape. */
+typedef struct data_set {
+  fl_dataset *blocks; /* owned; persisted in memory (FL_MEMORY_ONLY), computed lazily */
+  uint64_t images;
+  uint32_t channels, height, width, classes;
+  uint32_t partitions;
+  fl_buf source; /* how a task makes a partition (for data_pair); private */
+} data_set;
+/* Frees the dataset handle and resets *d; a zeroed data_set is fine. */
+void data_set_free(data_set *d);
+
+/* One dataset of train.partitions partitions (test must have as many), partition r holding
+ * train's partition r (split DATA_SPLIT_TRAIN) and then test's (DATA_SPLIT_TEST): the input
+ * of a barrier stage whose rank r trains on the first and evaluates on the second. *out is
+ * persisted in memory; free it with fl_dataset_free. FL_EINVAL for unequal partitions. */
+fl_status data_pair(fl_context *ctx, const data_set *train, const data_set *test, fl_dataset **out);
+
+/* An IDX pair into image blocks. classes: labels must be below it (0: 10). */
+fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *labels_path,
+                        uint32_t classes, const data_options *opts, data_set *out);
+/* Fashion-MNIST from `dir` (NULL: DATA_FASHION_MNIST_DIR): train-images-idx3-ubyte(.gz) and
+ * train-labels-idx1-ubyte(.gz), or the t10k-* pair when !train; the plain file is used when
+ * it exists, else the .gz. */
+fl_status data_fashion_mnist(fl_context *ctx, const char *dir, bool train, const data_options *opts,
+                             data_set *out);
+/* `count` synthetic-imagenet images with indices first .. first + count - 1 (a test set is
+ * another range of the same seed: same classes, new noise). */
+fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first, uint64_t count,
+                                  const data_options *opts, data_set *out);
+/* One synthetic-imagenet image (3*224*224 floats into `image`) and its label, as the
+ * generator makes them; for tests and for generating on the fly. */
+void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *label);
+
+/* ---- blocks --------------------------------------------------------------------------- */
+
+/* A validated view of a block record. The arrays may be unaligned: read them with memcpy
+ * (data_block_label / data_block_image do). */
+typedef struct data_block {
+  uint32_t count, channels, height, width, classes;
+  uint32_t stride; /* >= 1: image i is image first + i * stride of the data set */
+  data_split split;
+  uint64_t first;
+  const uint8_t *labels; /* count int32 */
+  const uint8_t *images; /* count * channels * height * width float32 */
+} data_block;
+/* FL_ECORRUPT when rec is not a well-formed block (magic, sizes, a label out of range). */
+fl_status data_block_view(fl_bytes rec, data_block *out);
+/* Encodes a block (replacing out's contents): labels[count], images[count * c*h*w], image i
+ * being image first + i * stride of the data set (stride >= 1). */
+fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, uint32_t width,
+                            uint32_t classes, data_split split, uint64_t first, uint32_t stride,
+                            const int32_t *labels, const float *images, fl_buf *out);
+
+/* ---- the rank's reader ---------------------------------------------------------------- */
+
+/* Holds the images of one partition in host memory (the blocks are copied: a barrier task
+ * reads its partition once but trains many epochs) and hands out mini-batches. Not
+ * thread-safe: one rank's thread. */
+typedef struct data_reader data_reader;
+
+/* An empty reader for batches of `batch` images (>= 1). */
+fl_status data_reader_create(uint32_t batch, data_reader **out);
+void data_reader_destroy(data_reader *r);
+/* Copies a block into the reader (every block must have the first one's shape). */
+fl_status data_reader_add_block(data_reader *r, fl_bytes rec);
+/* Adds every record of `in` (a partition of image blocks): DATA_SPLIT_TRAIN blocks to
+ * `train`, DATA_SPLIT_TEST blocks to `test` (NULL: an error if there are any). */
+fl_status data_reader_add_all(fl_iter *in, data_reader *train, data_reader *test);
+
+uint64_t data_reader_images(const data_reader *r);
+/* The shape of the images (0 before the first block). */
+uint32_t data_reader_channels(const data_reader *r);
+uint32_t data_reader_height(const data_reader *r);
+uint32_t data_reader_width(const data_reader *r);
+uint32_t data_reader_classes(const data_reader *r);
+/* Floats per image: channels * height * width. */
+size_t data_reader_image_floats(const data_reader *r);
+/* Full batches per epoch (images / batch); with partial, the last short one counts too. */
+uint64_t data_reader_batches(const data_reader *r, bool partial);
+
+/* Starts an epoch. shuffle: the order is a permutation drawn from (seed, epoch), the same on
+ * every run (Fisher-Yates over the reader's images, by their position in the reader: readers
+ * of as many images draw the same permutation of positions); else the stored order. max_batches
+ * caps the batches handed out (0: no cap): data-parallel ranks must all take the same number
+ * of steps, so the trainer passes the smallest count over the ranks. partial: hand out the
+ * last short batch (evaluation) instead of dropping it (training: the global batch stays
+ * constant, as the linear scaling rule assumes). */
+void data_reader_start_epoch(data_reader *r, uint64_t seed, uint32_t epoch, bool shuffle,
+                             uint64_t max_batches, bool partial);
+/* The next batch into host memory: images (batch * image_floats floats) and labels (batch
+ * int32). Returns the images written, 0 at the end of the epoch. */
+uint32_t data_reader_next(data_reader *r, float *images, int32_t *labels);
+
+/* Task functions (exported: they reach executors by symbol). */
+FL_API fl_status gpu_data_idx_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
+                                        const void *arg);
+FL_API fl_status gpu_data_synthetic_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
+                                              const void *arg);
+FL_API fl_status gpu_data_pair_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
+                                         const void *arg);
+
+#endif /* FLINT_GPU_DATA_H */

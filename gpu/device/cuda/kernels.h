@@ -1,0 +1,102 @@
+/*
+ * gpu/device/cuda/kernels.h: launchers of the cuda device's kernels (kernels*.cu), for C.
+ *
+ * Each launcher queues its kernels on `stream` and returns at once with the launch's status
+ * (cudaGetLastError after each launch); faults while the kernel runs surface at a later
+ * synchronizing call. Sizes of zero queue nothing. Semantics are those of the matching
+ * device_ops slot in gpu/device/device.h; arguments were validated by the caller.
+ */
+#ifndef FLINT_GPU_CUDA_KERNELS_H
+#define FLINT_GPU_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+cudaError_t kernels_fill(cudaStream_t s, size_t n, float value, float *x);
+cudaError_t kernels_axpy(cudaStream_t s, size_t n, float a, const float *x, float *y);
+cudaError_t kernels_scale(cudaStream_t s, size_t n, float a, float *x);
+/* *out (device) = sum of x[i]^2 in double (out is overwritten). */
+cudaError_t kernels_sum_squares(cudaStream_t s, size_t n, const float *x, double *out);
+
+cudaError_t kernels_relu_forward(cudaStream_t s, size_t n, const float *x, float *y);
+cudaError_t kernels_relu_backward(cudaStream_t s, size_t n, const float *y, const float *dy,
+                                  float *dx);
+
+cudaError_t kernels_bias_add_rows(cudaStream_t s, int rows, int cols, const float *b,
+                                  float *y);
+cudaError_t kernels_bias_grad_rows(cudaStream_t s, int rows, int cols, const float *dy,
+                                   float *db);
+cudaError_t kernels_bias_add_channels(cudaStream_t s, int n, int c, int hw, const float *b,
+                                      float *y);
+cudaError_t kernels_bias_grad_channels(cudaStream_t s, int n, int c, int hw, const float *dy,
+                                       float *db);
+
+/* bad_label (device-visible, e.g. mapped pinned memory) is set to 1 by a row whose label is
+ * outside [0, c); that row's dlogits get the softmax without the one-hot term and its stats
+ * are not counted. */
+cudaError_t kernels_softmax_xent(cudaStream_t s, int n, int c, const float *logits,
+                                 const int32_t *labels, float grad_scale, float *dlogits,
+                                 float *stats, int *bad_label);
+
+cudaError_t kernels_im2col(cudaStream_t s, int n, int c, int h, int w, int kh, int kw,
+                           int stride, int pad, const float *x, float *col);
+cudaError_t kernels_col2im(cudaStream_t s, int n, int c, int h, int w, int kh, int kw,
+                           int stride, int pad, const float *col, float *dx);
+cudaError_t kernels_swap01(cudaStream_t s, int a_dim, int b_dim, int s_dim, const float *x,
+                           float *y);
+
+cudaError_t kernels_maxpool_forward(cudaStream_t s, int n, int c, int h, int w, int k,
+                                    int stride, int pad, const float *x, float *y,
+                                    int32_t *argmax);
+cudaError_t kernels_maxpool_backward(cudaStream_t s, int n, int c, int h, int w, int k,
+                                     int stride, int pad, const float *dy,
+                                     const int32_t *argmax, float *dx);
+cudaError_t kernels_avgpool_forward(cudaStream_t s, int n, int c, int h, int w, int k,
+                                    int stride, int pad, const float *x, float *y);
+cudaError_t kernels_avgpool_backward(cudaStream_t s, int n, int c, int h, int w, int k,
+                                     int stride, int pad, const float *dy, float *dx);
+
+cudaError_t kernels_batchnorm_forward(cudaStream_t s, int n, int c, int hw, const float *x,
+                                      const float *gamma, const float *beta,
+                                      float *running_mean, float *running_var, float momentum,
+                                      float eps, bool train, float *saved_mean,
+                                      float *saved_inv_std, float *y);
+/* scratch: 2*c floats of device memory for the per-channel sums. */
+cudaError_t kernels_batchnorm_backward(cudaStream_t s, int n, int c, int hw, const float *x,
+                                       const float *dy, const float *gamma,
+                                       const float *saved_mean, const float *saved_inv_std,
+                                       float *dx, float *dgamma, float *dbeta, float *scratch);
+
+cudaError_t kernels_sgd_step(cudaStream_t s, size_t n, float lr, float momentum,
+                             float weight_decay, bool nesterov, const float *grad,
+                             float *velocity, float *w);
+
+/* Transformer operations. The mean over tokens calls its token count `tokens` (the slot's s),
+ * since `s` is the stream here. */
+cudaError_t kernels_gelu_forward(cudaStream_t s, size_t n, const float *x, float *y);
+cudaError_t kernels_gelu_backward(cudaStream_t s, size_t n, const float *x, const float *dy,
+                                  float *dx);
+cudaError_t kernels_softmax_rows_forward(cudaStream_t s, int rows, int cols, float scale,
+                                         const float *x, float *y);
+cudaError_t kernels_softmax_rows_backward(cudaStream_t s, int rows, int cols, float scale,
+                                          const float *y, const float *dy, float *dx);
+/* Serves dropout_forward (x, y) and dropout_backward (dy, dx): the same mask and scale. */
+cudaError_t kernels_dropout(cudaStream_t s, int outer, int inner, int cols, int64_t outer0,
+                            int64_t inner0, int64_t inner_total, float p, uint64_t seed,
+                            const float *x, float *y);
+cudaError_t kernels_mean_tokens_forward(cudaStream_t s, int n, int tokens, int h,
+                                        const float *x, float *y);
+cudaError_t kernels_mean_tokens_backward(cudaStream_t s, int n, int tokens, int h,
+                                         const float *dy, float *dx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLINT_GPU_CUDA_KERNELS_H */

@@ -1,0 +1,246 @@
+/*
+ * gpu/nn/checkpoint.c: one byte blob holding a training run's state: the model's flat weights,
+ * its batch-norm buffers, the optimizer's velocity and where training stands (epoch, step,
+ * schedule position). The data-parallel trainer puts it in the barrier stage's checkpoint
+ * each epoch (fl_barrier_checkpoint_put) and a retried attempt restores it; `flint train`
+ * can also write it to a file.
+ *
+ * Layout (little-endian, the host order on every platform flint supports):
+ *   off  size
+ *     0     8  magic "FLNTCKPT"
+ *     8     4  version (1)
+ *    12     4  header bytes (72)
+ *    16     8  values: float count of the flat weights
+ *    24     8  buffers: float count of the batch-norm buffers (0 for none)
+ *    32     8  velocity: float count of the optimizer's velocity (0 for none)
+ *    40     4  epoch (epochs completed)
+ *    44     4  reserved, 0
+ *    48     8  step (optimizer steps taken)
+ *    56     8  position (f64, the schedule's position in epochs)
+ *    64     8  lr (f64, the rate of the last step)
+ *    72        values, buffers, velocity as float32, back to back
+ *   end-4   4  CRC-32 (zlib's) of every byte before it
+ *
+ * Everything from a blob is untrusted: decode checks the magic, version, header size, the
+ * counts against the blob's length (with overflow checks), the checksum and the shapes of
+ * the model before it writes a single byte.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/common.h"
+#include "gpu/nn/nn.h"
+
+#define HEADER_BYTES 72u
+#define TRAILER_BYTES 4u
+
+typedef struct ckpt_header {
+  uint32_t version, header_bytes;
+  uint64_t values, buffers, velocity;
+  checkpoint_state st;
+} ckpt_header;
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+/* zlib's crc32 takes a uInt length: feed it in pieces. */
+static uint32_t crc_of(const uint8_t *p, size_t len) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (len) {
+    uInt piece = len > (1u << 30) ? (1u << 30) : (uInt)len;
+    crc = crc32(crc, p, piece);
+    p += piece;
+    len -= piece;
+  }
+  return (uint32_t)crc;
+}
+
+static size_t numel_of(const fl_tensor *t) { return t ? t->numel : 0; }
+
+fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, optim_sgd *opt,
+                            const checkpoint_state *st, fl_buf *out) {
+  if (!values || !st || !out) return fl_set_error(FL_EINVAL, "checkpoint_encode: NULL argument");
+  size_t nv = values->numel, nb = numel_of(buffers), nvel = opt ? optim_sgd_size(opt) : 0;
+  size_t total = HEADER_BYTES + (nv + nb + nvel) * sizeof(float) + TRAILER_BYTES;
+  out->len = 0;
+  fl_status s = fl_buf_reserve(out, total);
+  if (s != FL_OK) return s;
+  uint8_t *p = out->data;
+  memcpy(p, CHECKPOINT_MAGIC, 8);
+  put32(p + 8, CHECKPOINT_VERSION);
+  put32(p + 12, HEADER_BYTES);
+  put64(p + 16, nv);
+  put64(p + 24, nb);
+  put64(p + 32, nvel);
+  put32(p + 40, st->epoch);
+  put32(p + 44, 0);
+  put64(p + 48, st->step);
+  memcpy(p + 56, &st->position, 8);
+  memcpy(p + 64, &st->lr, 8);
+  size_t off = HEADER_BYTES;
+  /* to_host copies bytes (memcpy / cudaMemcpy): the blob's offsets need no alignment. */
+  if (nv) {
+    s = values->dev->ops->to_host(values->dev, p + off, values->data, nv * sizeof(float));
+    if (s != FL_OK) return s;
+    off += nv * sizeof(float);
+  }
+  if (nb) {
+    s = buffers->dev->ops->to_host(buffers->dev, p + off, buffers->data, nb * sizeof(float));
+    if (s != FL_OK) return s;
+    off += nb * sizeof(float);
+  }
+  if (nvel) {
+    fl_device *dev = optim_sgd_device(opt);
+    s = dev->ops->to_host(dev, p + off, optim_sgd_velocity(opt), nvel * sizeof(float));
+    if (s != FL_OK) return s;
+    off += nvel * sizeof(float);
+  }
+  put32(p + off, crc_of(p, off));
+  out->len = off + TRAILER_BYTES;
+  return FL_OK;
+}
+
+/* Checks everything about the blob itself (not the model): FL_EFORMAT / FL_ECORRUPT. */
+static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
+  if (blob.len < 8 || memcmp(blob.data, CHECKPOINT_MAGIC, 8) != 0)
+    return fl_set_error(FL_EFORMAT, "checkpoint: not a flint checkpoint (no \"%s\" magic at the start of "
+                        "%zu bytes)", CHECKPOINT_MAGIC, blob.len);
+  if (blob.len < HEADER_BYTES + TRAILER_BYTES)
+    return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes, shorter than its %u-byte header",
+                        blob.len, HEADER_BYTES + TRAILER_BYTES);
+  const uint8_t *p = blob.data;
+  h->version = get32(p + 8);
+  h->header_bytes = get32(p + 12);
+  if (h->version != CHECKPOINT_VERSION)
+    return fl_set_error(FL_EFORMAT, "checkpoint: version %u, this flint reads version %u", h->version,
+                        CHECKPOINT_VERSION);
+  if (h->header_bytes != HEADER_BYTES)
+    return fl_set_error(FL_EFORMAT, "checkpoint: header of %u bytes, expected %u", h->header_bytes, HEADER_BYTES);
+  h->values = get64(p + 16);
+  h->buffers = get64(p + 24);
+  h->velocity = get64(p + 32);
+  h->st.epoch = get32(p + 40);
+  h->st.step = get64(p + 48);
+  memcpy(&h->st.position, p + 56, 8);
+  memcpy(&h->st.lr, p + 64, 8);
+  /* Each count is checked against the length before the sum, so nothing overflows. */
+  uint64_t room = (blob.len - HEADER_BYTES - TRAILER_BYTES) / sizeof(float);
+  if (h->values > room || h->buffers > room - h->values || h->velocity > room - h->values - h->buffers)
+    return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes hold fewer than the %llu + %llu + %llu "
+                        "floats its header announces", blob.len, (unsigned long long)h->values,
+                        (unsigned long long)h->buffers, (unsigned long long)h->velocity);
+  size_t expected = HEADER_BYTES + (size_t)(h->values + h->buffers + h->velocity) * sizeof(float) + TRAILER_BYTES;
+  if (blob.len != expected)
+    return fl_set_error(FL_EFORMAT, "checkpoint: %zu bytes, but its header makes it %zu (trailing bytes)",
+                        blob.len, expected);
+  uint32_t stored = get32(p + expected - TRAILER_BYTES), actual = crc_of(p, expected - TRAILER_BYTES);
+  if (stored != actual)
+    return fl_set_error(FL_ECORRUPT, "checkpoint: checksum mismatch (stored %08x, computed %08x): the blob is "
+                        "corrupt", stored, actual);
+  return FL_OK;
+}
+
+static fl_status check_size(const char *what, uint64_t in_blob, size_t here) {
+  if (in_blob == here) return FL_OK;
+  return fl_set_error(FL_EINVAL, "checkpoint: %s of %llu floats does not match this model's %zu (another "
+                      "model or options?)", what, (unsigned long long)in_blob, here);
+}
+
+fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers, optim_sgd *opt,
+                            checkpoint_state *st) {
+  if (!values || !st || (!blob.data && blob.len)) return fl_set_error(FL_EINVAL, "checkpoint_decode: NULL argument");
+  ckpt_header h = {0};
+  fl_status s = parse_header(blob, &h);
+  if (s != FL_OK) return s;
+  if ((s = check_size("weights", h.values, values->numel)) != FL_OK ||
+      (s = check_size("batch-norm buffers", h.buffers, numel_of(buffers))) != FL_OK)
+    return s;
+  /* Without an optimizer (evaluation only) the velocity is skipped. */
+  if (opt && (s = check_size("optimizer velocity", h.velocity, optim_sgd_size(opt))) != FL_OK) return s;
+  const uint8_t *p = blob.data + HEADER_BYTES;
+  if (h.values) {
+    s = values->dev->ops->from_host(values->dev, values->data, p, h.values * sizeof(float));
+    if (s != FL_OK) return s;
+  }
+  p += h.values * sizeof(float);
+  if (h.buffers) {
+    s = buffers->dev->ops->from_host(buffers->dev, buffers->data, p, h.buffers * sizeof(float));
+    if (s != FL_OK) return s;
+  }
+  p += h.buffers * sizeof(float);
+  if (opt && h.velocity) {
+    fl_device *dev = optim_sgd_device(opt);
+    s = dev->ops->from_host(dev, optim_sgd_velocity(opt), p, h.velocity * sizeof(float));
+    if (s != FL_OK) return s;
+  }
+  *st = h.st;
+  return FL_OK;
+}
+
+fl_status checkpoint_save_file(const char *path, fl_bytes blob) {
+  if (!path || !*path) return fl_set_error(FL_EINVAL, "checkpoint_save_file: no path");
+  size_t n = strlen(path) + 32;
+  char *tmp = common_malloc(n);
+  if (!tmp) return fl_set_error(FL_ENOMEM, "checkpoint_save_file: out of memory");
+  snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+  fl_status s = FL_OK;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    s = fl_set_error(FL_EIO, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
+    goto cleanup;
+  }
+  bool ok = (blob.len == 0 || fwrite(blob.data, 1, blob.len, f) == blob.len) && fflush(f) == 0 &&
+            fsync(fileno(f)) == 0;
+  int err = errno;
+  if (fclose(f) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok || rename(tmp, path) != 0) {
+    if (ok) err = errno;
+    unlink(tmp);
+    s = fl_set_error(FL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
+  }
+cleanup:
+  common_free(tmp);
+  return s;
+}
+
+fl_status checkpoint_load_file(const char *path, fl_buf *out) {
+  if (!path || !out) return fl_set_error(FL_EINVAL, "checkpoint_load_file: NULL argument");
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return fl_set_error(errno == ENOENT ? FL_ENOENT : FL_EIO, "checkpoint: cannot open %s: %s", path,
+                        strerror(errno));
+  out->len = 0;
+  fl_status s = FL_OK;
+  for (;;) {
+    if ((s = fl_buf_reserve(out, 1 << 20)) != FL_OK) break;
+    size_t got = fread(out->data + out->len, 1, out->cap - out->len, f);
+    out->len += got;
+    if (got == 0) {
+      if (ferror(f)) s = fl_set_error(FL_EIO, "checkpoint: cannot read %s: %s", path, strerror(errno));
+      break;
+    }
+    if (out->len > ((size_t)4 << 30)) {
+      s = fl_set_error(FL_ELIMIT, "checkpoint: %s is larger than 4 GiB", path);
+      break;
+    }
+  }
+  fclose(f);
+  return s;
+}

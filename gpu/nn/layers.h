@@ -1,0 +1,97 @@
+/*
+ * gpu/nn/layers.h: the layers that models are built from, written once against the device
+ * operations of gpu/device/device.h.
+ *
+ * A layer is a small vtable (forward, backward, destroy) over a common header. Every layer
+ * owns its output and its input gradient, embedded tensors that grow with tensor_ensure only
+ * when a batch needs more memory than an earlier one. Forward remembers its input (borrowed:
+ * it must stay valid and unchanged until backward); backward reads the output gradient,
+ * ACCUMULATES parameter gradients and overwrites the input gradient.
+ *
+ * Parameters are not allocated by the layers: each layer registers its parameters with the
+ * parameter store of gpu/nn/nn.h while it is created, and the store puts them in one flat
+ * value buffer and one flat gradient buffer. A layer's parameters are the contiguous range
+ * [first_param, first_param + nparams) of the store.
+ *
+ * Threading: a store and its layers are used by one thread at a time.
+ */
+#ifndef FLINT_GPU_LAYERS_H
+#define FLINT_GPU_LAYERS_H
+
+#include "gpu/nn/nn.h"
+
+typedef struct layer layer;
+
+typedef struct layer_ops {
+  const char *name;
+  /* Sets l->y from x. */
+  fl_status (*forward)(layer *l, const fl_tensor *x, bool train);
+  /* From dy (shaped as l->y): parameter gradients accumulated, and l->dx overwritten when
+   * need_dx (the first layer of a model skips it). */
+  fl_status (*backward)(layer *l, const fl_tensor *dy, bool need_dx);
+  /* Frees what the layer holds beyond the common header (sublayers, scratch). */
+  void (*destroy)(layer *l);
+} layer_ops;
+
+struct layer {
+  const layer_ops *ops;
+  layer_store *store;
+  char name[64]; /* for messages: "conv1", "layer2.0", "relu" */
+  size_t first_param, nparams;
+  const fl_tensor *x; /* the last forward's input, borrowed */
+  fl_tensor y, dx;
+};
+
+/* Runs forward and returns the layer's output (owned by the layer, valid until its next
+ * forward). FL_EINVAL names a layer given an input of the wrong shape. */
+fl_status layer_forward(layer *l, const fl_tensor *x, bool train, const fl_tensor **y);
+/* Runs backward after a forward; *dx (when dx is not NULL and need_dx) is owned by the
+ * layer. FL_ESTATE without a forward, or when dy is not shaped as the output. */
+fl_status layer_backward(layer *l, const fl_tensor *dy, bool need_dx, const fl_tensor **dx);
+void layer_destroy(layer *l);
+/* The value and gradient of the layer's i-th parameter (i < l->nparams), after finish. */
+float *layer_param_value(const layer *l, size_t i);
+float *layer_param_grad(const layer *l, size_t i);
+
+/* ---- for the layer kinds (gpu/nn/layers*.c) ---------------------------------------------- */
+
+/* A zeroed layer of `size` bytes (its kind's struct, which starts with `struct layer`) named
+ * `name` on store s; its parameters are those registered until layer_done. */
+fl_status layer_new(layer_store *s, const layer_ops *ops, const char *name, size_t size,
+                    layer **out);
+void layer_done(layer *l);
+/* FL_EINVAL naming the layer, x's shape and the shape it expected. */
+fl_status layer_bad_input(const layer *l, const fl_tensor *x, const char *expected);
+/* Shapes t like `like` on the layer's device (tensor_ensure). */
+fl_status layer_ensure_like(layer *l, fl_tensor *t, const fl_tensor *like);
+/* The output size of a window of k with stride and padding over `in`. */
+int layer_out_size(int in, int k, int stride, int pad);
+
+/* ---- the layers -------------------------------------------------------------------------- */
+
+/* The layers. `name` prefixes their parameters ("fc1" -> "fc1.weight", "fc1.bias"). Images
+ * are NCHW; shapes of the input are checked at forward. */
+/* y[n, out] = x[n, in] W[out, in]^T + b; x may have any shape [n, ...] with in elements a row. */
+fl_status layer_linear_create(layer_store *s, const char *name, int in, int out, layer **out_l);
+fl_status layer_relu_create(layer_store *s, layer **out_l);
+/* k x k convolution, im2col + GEMM; bias only when asked (not before batch norm). */
+fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int out_c, int k,
+                              int stride, int pad, bool bias, layer **out_l);
+fl_status layer_maxpool_create(layer_store *s, int k, int stride, int pad, layer **out_l);
+/* Average pooling counts padding as zeros (count_include_pad). */
+fl_status layer_avgpool_create(layer_store *s, int k, int stride, int pad, layer **out_l);
+/* [n, c, h, w] -> [n, c]: the mean of each plane (any h and w). */
+fl_status layer_global_avgpool_create(layer_store *s, layer **out_l);
+/* Batch norm over channels (dimension 1) of [n, c, ...]: batch statistics of this rank in
+ * training, running statistics (momentum 0.1, eps 1e-5) otherwise. */
+fl_status layer_batchnorm_create(layer_store *s, const char *name, int c, layer **out_l);
+/* [n, ...] -> [n, rest]; output and input gradient are views (no copy). */
+fl_status layer_flatten_create(layer_store *s, layer **out_l);
+/* ResNet basic block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); the shortcut is
+ * the identity, or a 1x1 convolution with `stride` and batch norm when stride != 1 or the
+ * channels change. Parameters as PyTorch names them (conv1, bn1, conv2, bn2, downsample.0,
+ * downsample.1). */
+fl_status layer_basic_block_create(layer_store *s, const char *name, int in_c, int out_c,
+                                   int stride, layer **out_l);
+
+#endif /* FLINT_GPU_LAYERS_H */

@@ -1,0 +1,260 @@
+/*
+ * gpu/nn/nn.h: what the rest of gpu/ uses of gpu/nn/: models of layers with forward and
+ * backward on any device (the layers are gpu/nn/layers.h, private to gpu/nn/), the flat
+ * parameter store models are built on, the SGD optimizer, learning-rate schedules and
+ * checkpoints.
+ *
+ * A model is a sequence of layers. All its parameters live in one flat device buffer and
+ * their gradients in another, in parameter order (the order of the layers' forward pass),
+ * so that the optimizer takes one step over the whole buffer and data-parallel training
+ * allreduces contiguous ranges of it (buckets). Backward finishes parameters in reverse
+ * order and says so through a callback as each layer's gradients are final, which lets the
+ * trainer start a bucket's allreduce while backward goes on (overlap).
+ *
+ * Threading: a model is used by one thread at a time.
+ */
+#ifndef FLINT_GPU_NN_H
+#define FLINT_GPU_NN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/device/device.h"
+
+/* NN_TRANSFORMER names gpu/parallel/transformer.h's model for the trainer's options; it is built in
+ * chunks (tfm_chunk_create), not by nn_model_create. */
+typedef enum nn_model_kind { NN_MLP = 0, NN_CNN = 1, NN_RESNET18 = 2, NN_TRANSFORMER = 3 } nn_model_kind;
+
+typedef struct nn_model_spec {
+  nn_model_kind kind;
+  int channels, height, width; /* input images, NCHW */
+  int classes;
+  int hidden;    /* MLP: width of its hidden layers (0: 256) */
+  int width_mult; /* ResNet-18: channels of its first stage (0: 64) */
+  uint64_t seed; /* weight initialisation (He/Kaiming), the same on every rank */
+} nn_model_spec;
+
+/* One parameter: views into the model's flat value and gradient buffers. */
+typedef struct nn_param {
+  const char *name; /* "conv1.weight", "layer2.0.bn1.bias", ... */
+  fl_tensor value;
+  fl_tensor grad;
+  size_t offset; /* in elements, into the flat buffers */
+} nn_param;
+
+typedef struct nn_model nn_model;
+
+/* "mlp", "cnn", "resnet18", "transformer"; FL_EINVAL otherwise. */
+FL_API fl_status nn_model_kind_parse(const char *text, nn_model_kind *out);
+FL_API const char *nn_model_kind_name(nn_model_kind kind);
+/* Builds the model on dev with seeded weights. FL_EINVAL names a spec that cannot work
+ * (an image too small for the network's downsampling, zero classes, ...). */
+fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **out);
+void nn_model_destroy(nn_model *m);
+
+size_t nn_model_param_count(const nn_model *m);
+nn_param *nn_model_param(nn_model *m, size_t i);
+/* The flat buffers: n elements each (the number of trainable weights). */
+fl_tensor *nn_model_values(nn_model *m);
+fl_tensor *nn_model_grads(nn_model *m);
+/* Non-trainable state that a checkpoint must keep (batch-norm running mean and var),
+ * also one flat buffer; 0 elements for models without batch norm. */
+fl_tensor *nn_model_buffers(nn_model *m);
+
+/* Forward of a batch x [n, channels, height, width]; *logits [n, classes] is owned by the
+ * model and valid until the next forward. `train` selects batch statistics in batch norm. */
+fl_status nn_model_forward(nn_model *m, const fl_tensor *x, bool train, const fl_tensor **logits);
+/* Softmax cross-entropy of the last forward against labels (int32, device memory, n of
+ * them): sets the gradient of the logits to (softmax - onehot) * grad_scale and adds the
+ * loss sum and correct count to stats (device, 2 floats). */
+fl_status nn_model_loss(nn_model *m, const int32_t *labels, float grad_scale, float *stats);
+
+/* Called during backward when the gradients of parameters [first, first + count) are final
+ * (they are queued on the device stream; the callee orders its own work after them). */
+typedef fl_status (*nn_grads_ready_fn)(size_t first, size_t count, void *user);
+/* Backward from the loss's logit gradient, ACCUMULATING parameter gradients. `ready` may be
+ * NULL. */
+fl_status nn_model_backward(nn_model *m, nn_grads_ready_fn ready, void *user);
+fl_status nn_model_zero_grad(nn_model *m);
+
+/* ---- the parameter store --------------------------------------------------------------
+ * Models are built on it (gpu/nn/layers.h), and so is the transformer (gpu/parallel/): each
+ * layer registers its parameters (shape and initialisation) while it is created, and the store
+ * then puts all of them in one flat value buffer and one flat gradient buffer
+ * (layer_store_finish). Non-trainable state (batch-norm running statistics) goes to a third
+ * flat buffer the same way. A store is used by one thread at a time. */
+
+typedef enum layer_init {
+  LAYER_INIT_HE = 0, /* normal, std sqrt(2 / fan_in) (Kaiming, for layers before a relu) */
+  LAYER_INIT_ZERO,   /* biases, batch-norm beta */
+  LAYER_INIT_ONE,    /* batch-norm gamma */
+} layer_init;
+
+typedef struct layer_param_info {
+  layer_init init;
+  int fan_in;
+} layer_param_info;
+
+typedef struct layer_buffer_info {
+  size_t offset, count;
+  float value; /* initial value */
+} layer_buffer_info;
+
+typedef struct layer_store {
+  fl_device *dev;
+  nn_param *params; /* names owned by the store; value/grad are views after finish */
+  layer_param_info *info;
+  size_t nparams, cap_params;
+  size_t nvalues;   /* elements of all parameters */
+  layer_buffer_info *buffer_info;
+  size_t nbuffer_ranges, cap_buffers;
+  size_t nbuffers; /* elements of all buffers */
+  bool finished;
+  fl_tensor values, grads, buffers;
+  /* Scratch shared by the convolutions (im2col columns and the pre-transpose output): one
+   * convolution runs at a time, so one pair serves them all. */
+  fl_tensor work[2];
+} layer_store;
+
+/* An empty store on dev; layer_store_release frees what it holds. */
+void layer_store_init(layer_store *s, fl_device *dev);
+void layer_store_release(layer_store *s);
+/* Registers a parameter named "<prefix>.<suffix>" (or suffix alone when prefix is empty) and
+ * returns its index. Only before finish. */
+fl_status layer_store_add_param(layer_store *s, const char *prefix, const char *suffix,
+                                int ndim, const int64_t *shape, layer_init init, int fan_in,
+                                size_t *index);
+/* Registers `count` non-trainable elements starting at `value`; returns their offset into
+ * the buffers tensor. Only before finish. */
+fl_status layer_store_add_buffer(layer_store *s, size_t count, float value, size_t *offset);
+/* Allocates the flat buffers, points every parameter's value and grad at its range, fills
+ * the values from a generator seeded with `seed` (deterministic: the same seed gives the
+ * same weights on every rank and device), zeroes the gradients and fills the buffers. */
+fl_status layer_store_finish(layer_store *s, uint64_t seed);
+
+/* "[2, 3, 4]": t's shape for messages, cut to fit len. */
+void layer_shape_text(const fl_tensor *t, char *buf, size_t len);
+
+/* ---- SGD ------------------------------------------------------------------------------ */
+
+/* SGD keeps one velocity buffer on the device, as long as the model's flat parameter buffer,
+ * and takes a step with ONE device_ops.sgd_step call over the whole buffer, so a step costs
+ * one kernel however many layers the model has, and every rank that applies the same
+ * averaged gradient to the same weights gets the same weights (data parallel).
+ *
+ * Weight decay is one coefficient for every parameter, biases and batch-norm gamma/beta
+ * included. Goyal et al. (2017) decay those too in their ResNet-50 runs; leaving them out
+ * would need a per-parameter mask and a second kernel per step, for a gain that does not
+ * matter at the sizes trained here. The rule is device_ops.sgd_step's (PyTorch's):
+ *   g = grad + weight_decay * w;  v = momentum * v + g;  w -= lr * (nesterov ? g + momentum * v : v)
+ *
+ * Threading: an optimizer belongs to the thread that uses its device. */
+
+typedef struct optim_sgd_options {
+  float momentum;     /* 0 <= momentum < 1; 0: plain SGD (the velocity is then the gradient) */
+  bool nesterov;      /* Nesterov momentum (needs momentum > 0) */
+  float weight_decay; /* L2 coefficient >= 0, the same for every parameter (see above) */
+} optim_sgd_options;
+/* Goyal et al.'s ResNet settings: momentum 0.9, weight decay 1e-4, no Nesterov. */
+#define OPTIM_SGD_OPTIONS_INIT {0.9f, false, 1e-4f}
+
+typedef struct optim_sgd optim_sgd;
+
+/* An optimizer for `n` parameters (n >= 1) on `dev`, with a zeroed velocity. FL_EINVAL names
+ * a bad option; the device's error when the velocity cannot be allocated. */
+fl_status optim_sgd_create(fl_device *dev, size_t n, const optim_sgd_options *opts,
+                           optim_sgd **out);
+/* Frees the velocity; NULL does nothing. */
+void optim_sgd_destroy(optim_sgd *opt);
+/* One step over the flat buffers: values (n floats) is updated in place from grads (n
+ * floats), both on the optimizer's device. FL_EINVAL for a size or device mismatch, or a lr
+ * that is negative or not finite. Queued on the device stream (may return before it ends). */
+fl_status optim_sgd_step(optim_sgd *opt, float lr, const fl_tensor *grads, fl_tensor *values);
+/* Zeroes the velocity (a fresh start). */
+fl_status optim_sgd_reset(optim_sgd *opt);
+size_t optim_sgd_size(const optim_sgd *opt);
+const optim_sgd_options *optim_sgd_get_options(const optim_sgd *opt);
+/* The velocity buffer (device memory, optim_sgd_size floats), for checkpoints and tests. */
+float *optim_sgd_velocity(optim_sgd *opt);
+fl_device *optim_sgd_device(const optim_sgd *opt);
+
+/* ---- learning-rate schedules ---------------------------------------------------------- */
+
+/* Schedules are pure functions of (schedule, epoch as a real number): the trainer asks for
+ * the rate of each step at epoch + step / steps_per_epoch, so warmup ramps per step. Plain
+ * data, usable anywhere, as the checkpoint codec below. */
+
+typedef enum optim_decay {
+  OPTIM_DECAY_NONE = 0,
+  OPTIM_DECAY_STEP,   /* times step_factor at each milestone epoch */
+  OPTIM_DECAY_COSINE, /* half a cosine from the peak at the end of warmup to 0 at epochs */
+} optim_decay;
+
+#define OPTIM_MAX_MILESTONES 8
+
+typedef struct optim_schedule {
+  /* The rate for a global batch of reference_batch images. The peak rate is the linear
+   * scaling rule's: base_lr * global_batch / reference_batch (Goyal et al.). */
+  double base_lr;
+  uint32_t global_batch;    /* images per step over all ranks (>= 1) */
+  uint32_t reference_batch; /* 0: 256 */
+  /* Gradual warmup: over the first warmup_epochs the rate rises linearly, per step, from
+   * min(base_lr, peak) to the peak (Goyal et al. start at the small-batch rate). 0: none. */
+  double warmup_epochs;
+  double epochs; /* the length of training (cosine reaches 0 there); > warmup_epochs */
+  optim_decay decay;
+  /* Step decay: the rate is multiplied by step_factor (0: 0.1) at each milestone epoch
+   * (ascending), counted from the start of training. */
+  double milestones[OPTIM_MAX_MILESTONES];
+  int num_milestones;
+  double step_factor;
+} optim_schedule;
+
+/* "none", "step", "cosine"; FL_EINVAL otherwise. */
+FL_API fl_status optim_decay_parse(const char *text, optim_decay *out);
+FL_API const char *optim_decay_name(optim_decay decay);
+/* FL_EINVAL naming the first bad field (rates that are not finite or not positive, a zero
+ * batch, warmup beyond the end, milestones out of order, ...). */
+fl_status optim_schedule_validate(const optim_schedule *s);
+/* The peak rate: base_lr * global_batch / reference_batch. */
+FL_API double optim_schedule_peak_lr(const optim_schedule *s);
+/* The rate at `epoch` (a real number: epoch e, step i of n is e + i / n). Epochs before 0
+ * read as 0 and after the end as the end. Pure; the schedule must be valid. */
+double optim_lr_at(const optim_schedule *s, double epoch);
+
+/* ---- checkpoints ---------------------------------------------------------------------- */
+
+/* Where training stands, saved with the weights. */
+typedef struct checkpoint_state {
+  uint32_t epoch;  /* epochs completed */
+  uint64_t step;   /* optimizer steps taken since the start */
+  double position; /* the schedule's position, in epochs (epoch + fraction) */
+  double lr;       /* the rate of the last step, for the record */
+} checkpoint_state;
+
+/* The blob: a 72-byte header (magic "FLNTCKPT", version, the three float counts, epoch,
+ * step, position, lr), the values, buffers and velocity as float32, and a CRC-32 of all of it;
+ * the byte layout is at the top of gpu/nn/checkpoint.c. */
+#define CHECKPOINT_MAGIC "FLNTCKPT"
+#define CHECKPOINT_VERSION 1u
+
+/* Encodes values (the model's flat weights), buffers (batch-norm running statistics; NULL
+ * or 0 elements for none) and the optimizer's velocity (opt may be NULL: no velocity) with
+ * `st` into `out` (replacing its contents). Reads device memory (blocks). */
+fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers,
+                            optim_sgd *opt, const checkpoint_state *st, fl_buf *out);
+/* Validates `blob` completely, then writes it into values, buffers and the velocity (each
+ * must have exactly the blob's size) and *st. Nothing is written unless all of it is valid.
+ * FL_EFORMAT: not a checkpoint (magic), an unknown version, a truncated or overlong blob,
+ * or a checksum mismatch; FL_EINVAL: a shape that does not match this model or optimizer
+ * (naming both sizes). */
+fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers,
+                            optim_sgd *opt, checkpoint_state *st);
+/* Writes the blob to `path` through a temporary file and a rename (so a crash leaves the old
+ * file whole); FL_EIO names the file. */
+fl_status checkpoint_save_file(const char *path, fl_bytes blob);
+/* Reads a whole file into `out` (at most 4 GiB); FL_ENOENT / FL_EIO name the file. */
+fl_status checkpoint_load_file(const char *path, fl_buf *out);
+
+#endif /* FLINT_GPU_NN_H */

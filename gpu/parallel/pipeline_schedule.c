@@ -1,0 +1,422 @@
+/*
+ * gpu/parallel/pipeline_schedule.c: the pipeline-parallel schedules, their simulator and the
+ * stage partitioner (see gpu/parallel/pipeline_schedule.h for the contract).
+ *
+ * The interleaved schedule follows Megatron-LM's forward_backward_pipelining_with_interleaving:
+ * the m*v (micro-batch, chunk) pairs of a device form one sequence of "virtual
+ * micro-batches"; the device runs `warmup` forwards of that sequence, then one forward and one
+ * backward in turn, then the remaining backwards. The sequence walks groups of p
+ * micro-batches through chunk 0, 1, ..., v-1 (backwards through v-1 down to 0). When
+ * m % p != 0 the sequence is built for m rounded up to a multiple of p and the padding's ops
+ * are dropped as they come (the header says why that cannot deadlock); dropping them from the
+ * finished sequence rather than shrinking the last group keeps every real op where Megatron
+ * puts it. Warm-up is Megatron's (p - r - 1) * 2 + (v - 1) * p: enough
+ * forwards that the first backward (chunk v-1 of micro-batch 0, which needs the forwards of all
+ * p*v stages) has arrived by the time the device asks for it.
+ *
+ * The simulator does not need an event queue: each device runs its ops in its own order, and
+ * an op starts at max(the device is free, its inputs are done), so sweeping the devices and
+ * running every op whose inputs are done, until none can run, gives the same times as a
+ * time-ordered simulation. If ops remain when no device can run one, the schedule deadlocks.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "gpu/parallel/pipeline_schedule.h"
+
+static const char *const schedule_names[] = {"gpipe", "1f1b", "interleaved"};
+#define SCHEDULE_COUNT ((int)(sizeof schedule_names / sizeof *schedule_names))
+
+/* Bounds (m + p) * v so that the (padded) 2*m*v ops and every index fit an int with room. */
+#define PP_MAX_VIRTUAL (1 << 28)
+
+fl_status pp_schedule_parse(const char *text, pp_schedule *out) {
+  if (!text || !out) return fl_set_error(FL_EINVAL, "pp_schedule_parse: NULL argument");
+  for (int i = 0; i < SCHEDULE_COUNT; i++)
+    if (strcmp(text, schedule_names[i]) == 0) {
+      *out = (pp_schedule)i;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown pipeline schedule '%s' (expected gpipe, 1f1b or "
+                      "interleaved)", text);
+}
+
+const char *pp_schedule_name(pp_schedule s) {
+  if ((int)s < 0 || (int)s >= SCHEDULE_COUNT) return "unknown";
+  return schedule_names[s];
+}
+
+/* The one place the shape of a schedule is checked. */
+static fl_status check_shape(pp_schedule s, int p, int m, int v, int rank) {
+  if ((int)s < 0 || (int)s >= SCHEDULE_COUNT)
+    return fl_set_error(FL_EINVAL, "unknown pipeline schedule %d", (int)s);
+  if (p < 1) return fl_set_error(FL_EINVAL, "pipeline of %d devices (needs at least 1)", p);
+  if (m < 1) return fl_set_error(FL_EINVAL, "%d micro-batches (needs at least 1)", m);
+  if (v < 1) return fl_set_error(FL_EINVAL, "%d model chunks per device (needs at least 1)", v);
+  if (s != PP_INTERLEAVED && v != 1)
+    return fl_set_error(FL_EINVAL, "schedule %s runs one model chunk per device, not %d (use "
+                        "interleaved for more)", pp_schedule_name(s), v);
+  if ((long long)(m + p) * v > PP_MAX_VIRTUAL)
+    return fl_set_error(FL_EINVAL, "schedule too large: (%d micro-batches + %d devices) x %d "
+                        "chunks is above %d", m, p, v, PP_MAX_VIRTUAL);
+  if (rank < 0 || rank >= p)
+    return fl_set_error(FL_EINVAL, "device rank %d outside the pipeline's 0..%d", rank, p - 1);
+  return FL_OK;
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* The k-th virtual micro-batch (0..m*v-1) of the interleaved order (Megatron's mapping):
+ * groups of p micro-batches, each walked chunk by chunk; m is a multiple of p here. */
+static pp_op interleaved_virtual(int p, int v, int k, pp_op_kind kind) {
+  int chunk = (k / p) % v;
+  pp_op op = {kind, (k / (p * v)) * p + k % p, kind == PP_FORWARD ? chunk : v - 1 - chunk};
+  return op;
+}
+
+/* Warm-up forwards, then one forward and one backward in turn, then the last backwards: the
+ * shape of both 1F1B schedules, over the m*v virtual micro-batches, leaving out those of
+ * micro-batches >= real_m (the padding of the interleaved schedule). Returns the ops written. */
+static size_t one_f_one_b(int p, int m, int v, int real_m, int warmup, pp_op *out) {
+  size_t n = 0;
+  int total = m * v, fwd = 0, bwd = 0;
+  while (fwd < total || bwd < total) {
+    pp_op op = fwd < total && (fwd < warmup || fwd - warmup <= bwd)
+                   ? interleaved_virtual(p, v, fwd++, PP_FORWARD)
+                   : interleaved_virtual(p, v, bwd++, PP_BACKWARD);
+    if (op.microbatch < real_m) out[n++] = op;
+  }
+  return n;
+}
+
+fl_status pp_schedule_ops(pp_schedule s, int p, int m, int v, int rank, pp_op **ops, size_t *n) {
+  if (!ops || !n) return fl_set_error(FL_EINVAL, "pp_schedule_ops: NULL out-parameter");
+  fl_status st = check_shape(s, p, m, v, rank);
+  if (st != FL_OK) return st;
+  /* The interleaved order is built for m rounded up to a multiple of p, then the padding's
+   * ops are left out: room for the padded list, of which 2*m*v entries are kept. */
+  int padded = s == PP_INTERLEAVED ? (m + p - 1) / p * p : m;
+  pp_op *out = common_malloc(2 * (size_t)padded * v * sizeof *out);
+  if (!out) return FL_ERR(FL_ENOMEM, "out of memory for a schedule of %d ops", 2 * padded * v);
+  if (s == PP_GPIPE) {
+    for (int i = 0; i < m; i++) {
+      out[i] = (pp_op){PP_FORWARD, i, 0};
+      out[m + i] = (pp_op){PP_BACKWARD, i, 0};
+    }
+  } else if (s == PP_1F1B || v == 1) {
+    /* With one chunk the virtual order is the micro-batch order. */
+    one_f_one_b(p, m, 1, m, min_int(p - rank - 1, m), out);
+  } else {
+    int warmup = min_int((p - rank - 1) * 2 + (v - 1) * p, padded * v);
+    size_t kept = one_f_one_b(p, padded, v, m, warmup, out);
+    FL_ASSERT(kept == 2 * (size_t)m * v);
+  }
+  *ops = out;
+  *n = 2 * (size_t)m * v;
+  return FL_OK;
+}
+
+double pp_bubble_theory(pp_schedule s, int p, int m, int v) {
+  if ((int)s < 0 || (int)s >= SCHEDULE_COUNT || p < 1 || m < 1 || v < 1) return NAN;
+  if (s != PP_INTERLEAVED && v != 1) return NAN;
+  double plain = (double)(p - 1) / (double)(m + p - 1);
+  return s == PP_INTERLEAVED ? plain / v : plain;
+}
+
+int pp_schedule_peak_inflight(pp_schedule s, int p, int m, int v, int rank) {
+  pp_op *ops = NULL;
+  size_t n = 0;
+  if (pp_schedule_ops(s, p, m, v, rank, &ops, &n) != FL_OK) return -1;
+  int held = 0, peak = 0;
+  for (size_t i = 0; i < n; i++) {
+    held += ops[i].kind == PP_FORWARD ? 1 : -1;
+    if (held > peak) peak = held;
+  }
+  common_free(ops);
+  return peak;
+}
+
+/* ---- the simulator ----------------------------------------------------------------------- */
+
+static const char *kind_name(pp_op_kind k) { return k == PP_FORWARD ? "forward" : "backward"; }
+
+/* Done times of every (stage, micro-batch), forward and backward; -1 while not done. */
+typedef struct sim_state {
+  int p, v, m;
+  double *done[2]; /* [kind][stage * m + microbatch] */
+} sim_state;
+
+static double *done_at(sim_state *st, pp_op_kind kind, int stage, int mb) {
+  return &st->done[kind][(size_t)stage * st->m + mb];
+}
+
+/* The op that `op` on device d waits for, if any: *dep_kind and *dep_stage, or false when
+ * nothing but the op's own device order is needed. */
+static bool input_of(const sim_state *st, int d, pp_op op, pp_op_kind *dep_kind, int *dep_stage) {
+  int stage = pp_stage_of(st->p, d, op.chunk), stages = st->p * st->v;
+  if (op.kind == PP_FORWARD) {
+    *dep_kind = PP_FORWARD;
+    *dep_stage = stage - 1;
+    return stage > 0;
+  }
+  *dep_kind = PP_BACKWARD;
+  *dep_stage = stage + 1;
+  return stage < stages - 1;
+}
+
+/* When op on device d may start as far as its inputs go; -1 when one is not done yet. */
+static double inputs_ready(sim_state *st, int d, pp_op op) {
+  int stage = pp_stage_of(st->p, d, op.chunk);
+  double ready = 0;
+  if (op.kind == PP_BACKWARD) {
+    ready = *done_at(st, PP_FORWARD, stage, op.microbatch);
+    if (ready < 0) return -1;
+  }
+  pp_op_kind dk;
+  int ds;
+  if (input_of(st, d, op, &dk, &ds)) {
+    double t = *done_at(st, dk, ds, op.microbatch);
+    if (t < 0) return -1;
+    if (t > ready) ready = t;
+  }
+  return ready;
+}
+
+/* Checks the lists: ranges, no op twice, every (stage, micro-batch) forward and backward
+ * present. Uses st->done as scratch (left all -1). */
+static fl_status check_lists(sim_state *st, const pp_op *const *ops, const size_t *n) {
+  for (int d = 0; d < st->p; d++)
+    for (size_t i = 0; i < n[d]; i++) {
+      double *slot = done_at(st, ops[d][i].kind, pp_stage_of(st->p, d, ops[d][i].chunk),
+                             ops[d][i].microbatch);
+      if (*slot == 0)
+        return fl_set_error(FL_EINVAL, "device %d runs the %s of micro-batch %d, chunk %d "
+                            "twice (again at op %zu)", d, kind_name(ops[d][i].kind),
+                            ops[d][i].microbatch, ops[d][i].chunk, i);
+      *slot = 0;
+    }
+  for (int k = 0; k < 2; k++)
+    for (int stage = 0; stage < st->p * st->v; stage++)
+      for (int mb = 0; mb < st->m; mb++) {
+        double *slot = done_at(st, (pp_op_kind)k, stage, mb);
+        if (*slot != 0)
+          return fl_set_error(FL_EINVAL, "device %d never runs the %s of micro-batch %d, chunk "
+                              "%d", stage % st->p, kind_name((pp_op_kind)k), mb, stage / st->p);
+        *slot = -1;
+      }
+  return FL_OK;
+}
+
+fl_status pp_simulate_ops(int p, int v, const pp_op *const *ops, const size_t *n, double t_fwd,
+                          double t_bwd, double *makespan, double *bubble) {
+  if (!ops || !n || !makespan || !bubble)
+    return fl_set_error(FL_EINVAL, "pp_simulate_ops: NULL argument");
+  if (p < 1 || v < 1 || (long long)p * v > PP_MAX_VIRTUAL)
+    return fl_set_error(FL_EINVAL, "pipeline of %d devices with %d chunks each", p, v);
+  if (!(t_fwd >= 0) || !(t_bwd >= 0) || !isfinite(t_fwd) || !isfinite(t_bwd))
+    return fl_set_error(FL_EINVAL, "op times must be finite and >= 0 (forward %g, backward %g)",
+                        t_fwd, t_bwd);
+  int m = 0;
+  for (int d = 0; d < p; d++) {
+    if (n[d] && !ops[d]) return fl_set_error(FL_EINVAL, "device %d has %zu ops at NULL", d, n[d]);
+    for (size_t i = 0; i < n[d]; i++) {
+      pp_op op = ops[d][i];
+      if ((op.kind != PP_FORWARD && op.kind != PP_BACKWARD) || op.chunk < 0 || op.chunk >= v ||
+          op.microbatch < 0 || op.microbatch >= PP_MAX_VIRTUAL / v)
+        return fl_set_error(FL_EINVAL, "device %d op %zu is out of range (kind %d, micro-batch "
+                            "%d, chunk %d of %d)", d, i, (int)op.kind, op.microbatch, op.chunk, v);
+      if (op.microbatch >= m) m = op.microbatch + 1;
+    }
+  }
+  fl_status status = FL_OK;
+  size_t cells = (size_t)p * v * (size_t)m;
+  sim_state st = {p, v, m, {NULL, NULL}};
+  double *clock = NULL;
+  size_t *next = NULL;
+  st.done[0] = common_malloc(cells * sizeof(double));
+  st.done[1] = common_malloc(cells * sizeof(double));
+  clock = common_calloc((size_t)p, sizeof *clock);
+  next = common_calloc((size_t)p, sizeof *next);
+  if (!st.done[0] || !st.done[1] || !clock || !next) {
+    status = FL_ERR(FL_ENOMEM, "out of memory simulating %d devices", p);
+    goto cleanup;
+  }
+  for (size_t i = 0; i < cells; i++) st.done[0][i] = st.done[1][i] = -1;
+  FL_CHECK(check_lists(&st, ops, n));
+
+  double busy = 0, end = 0;
+  size_t left = 0;
+  for (int d = 0; d < p; d++) left += n[d];
+  while (left > 0) {
+    size_t ran = 0;
+    for (int d = 0; d < p; d++)
+      while (next[d] < n[d]) {
+        pp_op op = ops[d][next[d]];
+        double ready = inputs_ready(&st, d, op);
+        if (ready < 0) break;
+        double t = op.kind == PP_FORWARD ? t_fwd : t_bwd;
+        double start = ready > clock[d] ? ready : clock[d];
+        clock[d] = start + t;
+        *done_at(&st, op.kind, pp_stage_of(p, d, op.chunk), op.microbatch) = clock[d];
+        busy += t;
+        if (clock[d] > end) end = clock[d];
+        next[d]++;
+        ran++;
+      }
+    if (ran == 0) {
+      /* Name a device that waits for its own later forward (a backward listed before the
+       * forward it needs) if there is one: that is where the list is wrong. Otherwise the
+       * first blocked device and the op it waits for. */
+      int d = -1;
+      for (int e = 0; e < p && d < 0; e++)
+        if (next[e] < n[e] && ops[e][next[e]].kind == PP_BACKWARD &&
+            *done_at(&st, PP_FORWARD, pp_stage_of(p, e, ops[e][next[e]].chunk),
+                     ops[e][next[e]].microbatch) < 0)
+          d = e;
+      pp_op op, wait;
+      int wait_device;
+      if (d >= 0) {
+        op = ops[d][next[d]];
+        wait = (pp_op){PP_FORWARD, op.microbatch, op.chunk};
+        wait_device = d;
+      } else {
+        d = 0;
+        while (next[d] == n[d]) d++;
+        op = ops[d][next[d]];
+        pp_op_kind dk;
+        int ds;
+        FL_ASSERT(input_of(&st, d, op, &dk, &ds));
+        wait = (pp_op){dk, op.microbatch, ds / p};
+        wait_device = ds % p;
+      }
+      status = fl_set_error(FL_ESTATE, "pipeline schedule deadlocks: device %d is blocked at op "
+                            "%zu (%s of micro-batch %d, chunk %d), waiting for the %s of "
+                            "micro-batch %d, chunk %d on device %d, which can never run",
+                            d, next[d], kind_name(op.kind), op.microbatch, op.chunk,
+                            kind_name(wait.kind), wait.microbatch, wait.chunk, wait_device);
+      goto cleanup;
+    }
+    left -= ran;
+  }
+  *makespan = end;
+  *bubble = end > 0 ? 1 - busy / (p * end) : 0;
+
+cleanup:
+  common_free(next);
+  common_free(clock);
+  common_free(st.done[1]);
+  common_free(st.done[0]);
+  return status;
+}
+
+fl_status pp_schedule_simulate(pp_schedule s, int p, int m, int v, double t_fwd, double t_bwd,
+                               double *makespan, double *bubble) {
+  if (!makespan || !bubble)
+    return fl_set_error(FL_EINVAL, "pp_schedule_simulate: NULL out-parameter");
+  fl_status status = check_shape(s, p, m, v, 0);
+  if (status != FL_OK) return status;
+  pp_op **ops = common_calloc((size_t)p, sizeof *ops);
+  size_t *n = common_calloc((size_t)p, sizeof *n);
+  if (!ops || !n) {
+    status = FL_ERR(FL_ENOMEM, "out of memory for the schedules of %d devices", p);
+    goto cleanup;
+  }
+  for (int d = 0; d < p; d++) FL_CHECK(pp_schedule_ops(s, p, m, v, d, &ops[d], &n[d]));
+  status = pp_simulate_ops(p, v, (const pp_op *const *)ops, n, t_fwd, t_bwd, makespan, bubble);
+
+cleanup:
+  for (int d = 0; ops && d < p; d++) common_free(ops[d]);
+  common_free(n);
+  common_free(ops);
+  return status;
+}
+
+/* ---- the partitioner --------------------------------------------------------------------- */
+
+fl_status pp_partition(const double *layer_time, const double *out_bytes, size_t n, int p,
+                       double bytes_per_s, size_t *bounds, double *bottleneck) {
+  bool comm = bytes_per_s > 0;
+  if (!layer_time || !bounds || !bottleneck || (comm && !out_bytes))
+    return fl_set_error(FL_EINVAL, "pp_partition: NULL array (out_bytes may be NULL only when "
+                        "bytes_per_s <= 0)");
+  if (n < 1) return fl_set_error(FL_EINVAL, "pp_partition: no layers to cut");
+  if (p < 1 || (size_t)p > n)
+    return fl_set_error(FL_EINVAL, "cannot cut %zu layers into %d non-empty stages", n, p);
+  for (size_t i = 0; i < n; i++) {
+    if (!(layer_time[i] >= 0) || !isfinite(layer_time[i]))
+      return fl_set_error(FL_EINVAL, "layer %zu has time %g (needs a finite time >= 0)", i,
+                          layer_time[i]);
+    if (comm && (!(out_bytes[i] >= 0) || !isfinite(out_bytes[i])))
+      return fl_set_error(FL_EINVAL, "layer %zu has output size %g bytes (needs a finite "
+                          "size >= 0)", i, out_bytes[i]);
+  }
+  if (!isfinite(bytes_per_s))
+    return fl_set_error(FL_EINVAL, "pp_partition: bandwidth %g bytes/s is not finite",
+                        bytes_per_s);
+
+  /* Rows 1..p-1 of best and cut are used (row 0 would be "no stage").
+   * best[k][j]: the least slowest stage cutting layers [0, j) into k stages that all send
+   * their output (every stage but the pipeline's last); cut[k][j]: where its last stage starts.
+   * The last stage, which sends nothing, is added at the end. */
+  fl_status status = FL_OK;
+  size_t width = n + 1;
+  double *prefix = common_malloc(width * sizeof *prefix);
+  double *best = common_malloc((size_t)p * width * sizeof *best);
+  size_t *cut = common_malloc((size_t)p * width * sizeof *cut);
+  if (!prefix || !best || !cut) {
+    status = FL_ERR(FL_ENOMEM, "out of memory partitioning %zu layers", n);
+    goto cleanup;
+  }
+  prefix[0] = 0;
+  for (size_t i = 0; i < n; i++) prefix[i + 1] = prefix[i] + layer_time[i];
+#define SEND(j) (comm ? out_bytes[(j) - 1] / bytes_per_s : 0.0) /* after layer j-1 */
+  for (size_t j = 1; p > 1 && j <= n; j++) {
+    best[1 * width + j] = prefix[j] + SEND(j);
+    cut[1 * width + j] = 0;
+  }
+  for (int k = 2; k < p; k++)
+    for (size_t j = (size_t)k; j <= n; j++) {
+      double lowest = INFINITY;
+      size_t at = (size_t)k - 1;
+      for (size_t i = (size_t)k - 1; i < j; i++) {
+        double stage = prefix[j] - prefix[i] + SEND(j);
+        double before = best[(size_t)(k - 1) * width + i];
+        double worst = before > stage ? before : stage;
+        if (worst < lowest) {
+          lowest = worst;
+          at = i;
+        }
+      }
+      best[(size_t)k * width + j] = lowest;
+      cut[(size_t)k * width + j] = at;
+    }
+#undef SEND
+  /* The last stage [i, n) closes the pipeline. */
+  double lowest = prefix[n];
+  size_t at = 0;
+  if (p > 1) {
+    lowest = INFINITY;
+    for (size_t i = (size_t)p - 1; i < n; i++) {
+      double stage = prefix[n] - prefix[i];
+      double before = best[(size_t)(p - 1) * width + i];
+      double worst = before > stage ? before : stage;
+      if (worst < lowest) {
+        lowest = worst;
+        at = i;
+      }
+    }
+  }
+  bounds[p] = n;
+  bounds[p - 1] = at;
+  for (int k = p - 1; k >= 1; k--) bounds[k - 1] = cut[(size_t)k * width + bounds[k]];
+  *bottleneck = lowest;
+
+cleanup:
+  common_free(cut);
+  common_free(best);
+  common_free(prefix);
+  return status;
+}

@@ -1,0 +1,118 @@
+/*
+ * gpu/parallel/pipeline_schedule.h: what each device of a pipeline-parallel job runs, and in
+ * which order, for one mini-batch; a simulator that proves an order free of deadlock and
+ * measures its bubble; and PipeDream's partitioner that cuts a model's layers into stages.
+ *
+ * Pure logic: no device, no communicator. The pipeline runtime asks for its rank's op list
+ * and runs it, sending each forward's output to the next stage and each backward's input
+ * gradient to the previous one; the simulator models exactly those semantics (buffered
+ * asynchronous sends, blocking receives), so a schedule that passes it cannot hang the
+ * runtime.
+ *
+ * Three schedules (p devices, m micro-batches, v model chunks per device):
+ * - PP_GPIPE (Huang et al. 2019): all m forwards in micro-batch order, then all m backwards
+ *   in the same order (first in, first out). Holds m micro-batches' activations at once.
+ * - PP_1F1B (PipeDream-flush, Megatron-LM's non-interleaved schedule): device r runs
+ *   min(p - r - 1, m) warm-up forwards, then one forward and one backward in turn while
+ *   forwards remain, then the remaining backwards. Same bubble as GPipe, at most p - r
+ *   micro-batches held.
+ * - PP_INTERLEAVED (Megatron-LM's interleaved 1F1B, Narayanan et al. 2021): the model is cut
+ *   into p*v stages and device r holds stages r, r+p, r+2p, ...; the fill and drain shrink
+ *   by v. Micro-batches go in groups of p: each group runs through chunk 0 on every device,
+ *   then chunk 1, and so on (backwards: chunk v-1 first). Megatron needs m % p == 0; for any
+ *   other m the order is Megatron's for m rounded up to a multiple of p, with the ops of the
+ *   padding micro-batches left out. That cannot deadlock: the padded schedule is Megatron's,
+ *   which runs to the end, and every dependency is between ops of one micro-batch, so the same
+ *   run restricted to the real micro-batches is a valid run of the reduced lists. (Shrinking
+ *   the last group instead deadlocks, e.g. p = 8, m = 18, v = 2.) v == 1 is PP_1F1B.
+ *
+ * Threading: plain functions of their arguments; usable from any thread.
+ */
+#ifndef FLINT_GPU_PIPELINE_SCHEDULE_H
+#define FLINT_GPU_PIPELINE_SCHEDULE_H
+
+#include <stddef.h>
+
+#include "flint/flint.h"
+
+typedef enum pp_schedule { PP_GPIPE = 0, PP_1F1B = 1, PP_INTERLEAVED = 2 } pp_schedule;
+
+/* "gpipe", "1f1b" or "interleaved" (exact, lower case) into *out. FL_EINVAL naming the text
+ * and the choices for anything else or a NULL argument. */
+FL_API fl_status pp_schedule_parse(const char *text, pp_schedule *out);
+/* The name pp_schedule_parse reads back; "unknown" for a value outside the enum. */
+FL_API const char *pp_schedule_name(pp_schedule s);
+
+typedef enum pp_op_kind { PP_FORWARD = 0, PP_BACKWARD = 1 } pp_op_kind;
+typedef struct pp_op {
+  pp_op_kind kind;
+  int microbatch; /* 0..m-1 */
+  int chunk;      /* the device's local model chunk, 0..v-1 (always 0 unless interleaved) */
+} pp_op;
+
+/* Global stage of a (device rank, local chunk): chunk * p + rank. The model is cut into p*v
+ * stages; device r holds stages r, r+p, r+2p, ... (Megatron's interleaving). Stage s's
+ * forward input comes from stage s-1 (device (s-1) % p), its output goes to stage s+1;
+ * backward the other way. */
+static inline int pp_stage_of(int p, int rank, int chunk) { return chunk * p + rank; }
+
+/* The ordered list of 2*m*v operations device `rank` (0..p-1) runs in one mini-batch under
+ * schedule s with p devices, m micro-batches and v chunks per device (v must be 1 unless
+ * interleaved; interleaved takes any v >= 1, v == 1 giving PP_1F1B's order). On success
+ * *ops is allocated (release it with common_free()) and *n is 2*m*v; on failure both are
+ * untouched. FL_EINVAL for p < 1, m < 1, v < 1, rank out of range, v != 1 for gpipe/1f1b,
+ * (m + p) * v above 2^28, an unknown schedule or a NULL out-parameter; FL_ENOMEM. */
+fl_status pp_schedule_ops(pp_schedule s, int p, int m, int v, int rank, pp_op **ops, size_t *n);
+
+/* The bubble fraction in theory: (p-1)/(m+p-1) for gpipe and 1f1b, that divided by v for
+ * interleaved (Megatron's rule of thumb). The simulator, where t_fwd and t_bwd are the times
+ * of one chunk's op, measures interleaved with m % p == 0 as exactly (p-1)/(v*m+p-1): a
+ * device works v*m*(t_fwd+t_bwd) and the fill and drain cost (p-1)*(t_fwd+t_bwd). That is
+ * Megatron's bubble-to-work ratio (p-1)/(v*m) as a fraction of the whole, and it equals
+ * this value only for p == 1 or v == 1 (above it otherwise). NaN for bad arguments. */
+double pp_bubble_theory(pp_schedule s, int p, int m, int v);
+
+/* Runs the schedule of all p devices in a discrete-event simulation with the runtime's
+ * semantics: a send is asynchronous (buffered, never blocks), a receive blocks until the
+ * message has arrived; a forward of (stage, mb) needs the forward of (stage-1, mb) done
+ * (stage 0 needs nothing); a backward of (stage, mb) needs its own forward and the backward
+ * of (stage+1, mb) (the last stage's backward needs only its own forward); each op takes
+ * t_fwd or t_bwd on its device, transfers take 0. Each device starts an op as soon as it is
+ * free and the op's inputs are done.
+ * *makespan: time until all devices are done; *bubble: 1 - (total busy time) /
+ * (p * makespan), 0 when the makespan is 0.
+ * FL_ESTATE when the schedule deadlocks (no device can progress), naming a blocked device,
+ * its op and the op it waits for: a device whose backward waits for its own later forward if
+ * there is one (the list at fault), else the first blocked device. FL_EINVAL as
+ * pp_schedule_ops, or for a negative or non-finite time or a NULL out-parameter. */
+fl_status pp_schedule_simulate(pp_schedule s, int p, int m, int v, double t_fwd, double t_bwd,
+                               double *makespan, double *bubble);
+
+/* The simulator over hand-made op lists, which pp_schedule_simulate feeds with its own:
+ * ops[d] holds n[d] ops of device d (0..p-1). The micro-batches are 0..M-1 with M one more
+ * than the largest in any list. FL_EINVAL for a bad argument, an op out of range, an op
+ * listed twice or a (stage, micro-batch) whose forward or backward no device runs; FL_ESTATE
+ * on a deadlock, as above. */
+fl_status pp_simulate_ops(int p, int v, const pp_op *const *ops, const size_t *n, double t_fwd,
+                          double t_bwd, double *makespan, double *bubble);
+
+/* The peak number of micro-batches whose activations device `rank` holds at once (forwarded,
+ * not yet backwarded, each chunk counted apart), walking its op list: m for gpipe,
+ * min(m, p - rank) for 1f1b, for interleaved with m % p == 0
+ * min(m*v, (p-rank-1)*2 + (v-1)*p + 1) (its warm-up and the first steady forward; with
+ * m % p != 0 at most that, as the left-out padding holds nothing). -1, with FL_EINVAL or
+ * FL_ENOMEM in fl_last_error(), for what pp_schedule_ops refuses. */
+int pp_schedule_peak_inflight(pp_schedule s, int p, int m, int v, int rank);
+
+/* PipeDream's partitioner: cuts n layers (in order) into p contiguous non-empty stages
+ * minimising the slowest stage, where a stage's time is the sum of its layers' times plus,
+ * for every stage but the last, the time to send its last layer's output:
+ * out_bytes[last] / bytes_per_s (bytes_per_s <= 0: communication is free, and out_bytes may
+ * then be NULL). Dynamic programming, O(n^2 p) time, O(n p) memory. bounds has p+1 entries:
+ * stage k is layers [bounds[k], bounds[k+1]), bounds[0] = 0, bounds[p] = n; *bottleneck is
+ * the slowest stage's time. FL_EINVAL when p > n, p < 1, n < 1, a negative or non-finite
+ * time or size, a non-finite bytes_per_s, or a NULL array; FL_ENOMEM. */
+fl_status pp_partition(const double *layer_time, const double *out_bytes, size_t n, int p,
+                       double bytes_per_s, size_t *bounds, double *bottleneck);
+
+#endif

@@ -1,0 +1,240 @@
+/*
+ * gpu/parallel/pipeline_trainer.c: the hybrid trainer of gpu/parallel/pipeline.h: the grid,
+ * its communicators, the stage cut (balanced over a profile when not given) and the trainer's
+ * creation and destruction. The step is gpu/parallel/pipeline_step.c.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "gpu/parallel/pipeline_internal.h"
+
+/* ---- the grid ------------------------------------------------------------------------------ */
+
+fl_status pp_grid_check(pp_grid g, int world) {
+  if (g.dp < 1 || g.tp < 1 || g.pp < 1)
+    return fl_set_error(FL_EINVAL, "the grid %dx%dx%d (dp x tp x pp) needs every dimension >= 1",
+                        g.dp, g.tp, g.pp);
+  if ((long)g.dp * g.tp * g.pp != world)
+    return fl_set_error(FL_EINVAL, "the grid dp %d x tp %d x pp %d = %ld ranks, but the world has %d",
+                        g.dp, g.tp, g.pp, (long)g.dp * g.tp * g.pp, world);
+  return FL_OK;
+}
+
+pp_coords pp_grid_coords(pp_grid g, int rank) {
+  return (pp_coords){.tp = rank % g.tp, .dp = (rank / g.tp) % g.dp, .pp = rank / (g.tp * g.dp)};
+}
+
+int pp_grid_rank(pp_grid g, pp_coords c) { return (c.pp * g.dp + c.dp) * g.tp + c.tp; }
+
+fl_status pp_grid_parse(const char *text, pp_grid *out) {
+  int d, t, p, used = 0;
+  if (!text || !out) return fl_set_error(FL_EINVAL, "pp_grid_parse: NULL argument");
+  if (sscanf(text, "%dx%dx%d%n", &d, &t, &p, &used) != 3 || text[used] != '\0' || d < 1 || t < 1 ||
+      p < 1)
+    return fl_set_error(FL_EINVAL, "grid '%s' is not DPxTPxPP with each >= 1 (e.g. 2x1x2)", text);
+  *out = (pp_grid){d, t, p};
+  return FL_OK;
+}
+
+/* ---- the stage cut ------------------------------------------------------------------------ */
+
+/* Rank 0's profile: each unit alone (tensor parallel 1) forward and backward on `rows`
+ * random samples, the median of 3 timings, and its output's bytes. */
+static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *bytes) {
+  const tfm_spec *sp = &t->o.spec;
+  int units = tfm_units(sp);
+  fl_status status = FL_OK;
+  fl_tensor x = {0}, dy = {0};
+  tfm_chunk *c = NULL;
+  for (int u = 0; u < units && status == FL_OK; u++) {
+    int64_t shape[3] = {rows, sp->seq, u == 0 ? sp->features : sp->hidden};
+    FL_CHECK(tensor_ensure(&x, t->dev, 3, shape));
+    FL_CHECK(t->dev->ops->fill(t->dev, x.numel, 0.5f, x.data));
+    FL_CHECK(tfm_chunk_create(t->dev, sp, u, u + 1, NULL, 0, 1, &c));
+    double best[3];
+    tfm_batch b = {0, 0};
+    for (int r = 0; r < 3; r++) {
+      uint64_t t0 = common_now_ns();
+      const fl_tensor *y, *dx;
+      FL_CHECK(tfm_chunk_forward(c, 0, &x, &b, true, &y));
+      FL_CHECK(tensor_ensure(&dy, t->dev, y->ndim, y->shape));
+      FL_CHECK(t->dev->ops->fill(t->dev, dy.numel, 1e-3f, dy.data));
+      FL_CHECK(tfm_chunk_backward(c, 0, &dy, u == 0 ? NULL : &dx));
+      FL_CHECK(t->dev->ops->synchronize(t->dev));
+      best[r] = (double)(common_now_ns() - t0) * 1e-9;
+      bytes[u] = (double)y->numel * sizeof(float);
+    }
+    secs[u] = fmax(fmin(best[0], best[1]), fmin(fmax(best[0], best[1]), best[2])); /* median */
+    tfm_chunk_destroy(c);
+    c = NULL;
+  }
+cleanup:
+  tfm_chunk_destroy(c);
+  tensor_release(&x);
+  tensor_release(&dy);
+  return status;
+}
+
+#define PROFILE_ROWS 8
+/* The host backend's bandwidth on one machine, for the partitioner's transfer term. */
+#define ASSUMED_LINK_BYTES_PER_S 2e9
+
+static fl_status choose_bounds(pp_trainer *t, const int *given) {
+  int units = tfm_units(&t->o.spec), n = t->nstages;
+  if (n > units)
+    return fl_set_error(FL_EINVAL, "%d pipeline stages (pp %d x chunks %d) but the model has only "
+                        "%d units (embedding, %d blocks, head)", n, t->o.grid.pp, t->nchunks,
+                        units, t->o.spec.blocks);
+  if (given) {
+    for (int s = 0; s <= n; s++) t->bounds[s] = given[s];
+    if (t->bounds[0] != 0 || t->bounds[n] != units)
+      return fl_set_error(FL_EINVAL, "the stage boundaries must start at 0 and end at %d (units)", units);
+    for (int s = 0; s < n; s++)
+      if (t->bounds[s + 1] <= t->bounds[s])
+        return fl_set_error(FL_EINVAL, "stage %d is empty or reversed (units %d..%d)", s,
+                            t->bounds[s], t->bounds[s + 1]);
+    return FL_OK;
+  }
+  fl_status status = FL_OK;
+  double *secs = common_calloc((size_t)units, sizeof *secs), *bytes = common_calloc((size_t)units, sizeof *bytes);
+  size_t *cut = common_calloc((size_t)n + 1, sizeof *cut);
+  fl_tensor share = {0};
+  int64_t shape[1] = {n + 1};
+  if (!secs || !bytes || !cut) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for the profile"));
+  FL_CHECK(tensor_ensure(&share, t->dev, 1, shape));
+  if (fl_comm_rank(t->world) == 0) {
+    float host[n + 1];
+    double bottleneck;
+    FL_CHECK(profile_units(t, PROFILE_ROWS, secs, bytes));
+    FL_CHECK(pp_partition(secs, bytes, (size_t)units, n, ASSUMED_LINK_BYTES_PER_S, cut, &bottleneck));
+    for (int s = 0; s <= n; s++) host[s] = (float)cut[s];
+    FL_CHECK(t->dev->ops->from_host(t->dev, share.data, host, sizeof host));
+  }
+  FL_CHECK(fl_comm_broadcast(t->world, &share, 0));
+  {
+    float host[n + 1];
+    FL_CHECK(t->dev->ops->to_host(t->dev, host, share.data, sizeof host));
+    for (int s = 0; s <= n; s++) t->bounds[s] = (int)host[s];
+  }
+cleanup:
+  common_free(secs);
+  common_free(bytes);
+  common_free(cut);
+  tensor_release(&share);
+  return status;
+}
+
+/* ---- create and destroy --------------------------------------------------------------------- */
+
+static fl_status check_options(const pp_options *o, int world) {
+  fl_status s = pp_grid_check(o->grid, world);
+  if (s != FL_OK) return s;
+  if (o->microbatches < 1) return fl_set_error(FL_EINVAL, "micro-batches must be >= 1 (got %d)", o->microbatches);
+  int v = o->chunks ? o->chunks : 1;
+  if (v < 1) return fl_set_error(FL_EINVAL, "chunks per pipeline rank must be >= 1 (got %d)", o->chunks);
+  if (v > 1 && o->schedule != PP_INTERLEAVED)
+    return fl_set_error(FL_EINVAL, "%d chunks per pipeline rank need the interleaved schedule, not %s",
+                        v, pp_schedule_name(o->schedule));
+  if (o->synthetic_forward_s < 0 || o->synthetic_forward_s > 10)
+    return fl_set_error(FL_EINVAL, "synthetic forward time %g s is outside [0, 10]", o->synthetic_forward_s);
+  return tfm_spec_check(&o->spec, o->grid.tp);
+}
+
+void pp_trainer_destroy(pp_trainer *t) {
+  if (!t) return;
+  pp_transfer_stop(t);
+  for (int c = 0; c < t->nchunks; c++) {
+    chunk_state *cs = &t->chunks[c];
+    for (int k = 0; k < cs->nslots; k++) {
+      tensor_release(&cs->slots[k].input);
+      tensor_release(&cs->slots[k].grad_in);
+      tensor_release(&cs->slots[k].dlogits);
+      if (cs->slots[k].labels) t->dev->ops->free(t->dev, cs->slots[k].labels);
+    }
+    common_free(cs->slots);
+    common_free(cs->slot_of);
+    optim_sgd_destroy(cs->opt);
+    tfm_chunk_destroy(cs->chunk);
+  }
+  common_free(t->chunks);
+  common_free(t->bounds);
+  common_free(t->ops);
+  common_free(t->events);
+  tensor_release(&t->stats);
+  fl_comm_destroy(t->tp);
+  fl_comm_destroy(t->dp);
+  fl_comm_destroy(t->pp);
+  if (t->host.ops && t->host.ops->destroy) t->host.ops->destroy(&t->host);
+  common_free(t);
+}
+
+fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o, pp_trainer **out) {
+  if (!dev || !world || !o || !out) return fl_set_error(FL_EINVAL, "pp_trainer_create: NULL argument");
+  *out = NULL;
+  fl_status status = check_options(o, fl_comm_size(world));
+  if (status != FL_OK) return status;
+  pp_trainer *t = common_calloc(1, sizeof *t);
+  if (!t) return FL_ERR(FL_ENOMEM, "out of memory for a trainer");
+  t->dev = dev;
+  t->world = world;
+  t->o = *o;
+  t->o.bounds = NULL;
+  t->o.stage_world = NULL;
+  t->o.chunks = o->chunks ? o->chunks : 1;
+  t->nchunks = t->o.chunks;
+  t->nstages = o->grid.pp * t->nchunks;
+  t->me = pp_grid_coords(o->grid, fl_comm_rank(world));
+  pp_transfer_init(t);
+  FL_CHECK(cpu_device_init(&t->host));
+  pp_grid g = o->grid;
+  pp_coords me = t->me;
+  /* The three splits, in the same order on every rank (each is collective over world). */
+  FL_CHECK(fl_comm_split(world, me.pp * g.dp + me.dp, me.tp, &t->tp));
+  FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, me.dp, &t->dp));
+  fl_comm *stages = o->stage_world ? o->stage_world : world;
+  if (fl_comm_size(stages) != fl_comm_size(world) || fl_comm_rank(stages) != fl_comm_rank(world))
+    FL_CHECK(fl_set_error(FL_EINVAL, "the stage communicator is rank %d of %d, the world rank %d of %d",
+                          fl_comm_rank(stages), fl_comm_size(stages), fl_comm_rank(world), fl_comm_size(world)));
+  FL_CHECK(fl_comm_split(stages, me.dp * g.tp + me.tp, me.pp, &t->pp));
+  if (g.pp > 1 && strcmp(fl_comm_backend(t->pp), "host") != 0)
+    FL_CHECK(fl_set_error(FL_EINVAL, "pipeline stages exchange activations over the host backend, "
+                          "but the world communicator is %s", fl_comm_backend(t->pp)));
+  t->bounds = common_calloc((size_t)t->nstages + 1, sizeof *t->bounds);
+  t->chunks = common_calloc((size_t)t->nchunks, sizeof *t->chunks);
+  if (!t->bounds || !t->chunks) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for a trainer"));
+  FL_CHECK(choose_bounds(t, o->bounds));
+  for (int c = 0; c < t->nchunks; c++) {
+    chunk_state *cs = &t->chunks[c];
+    cs->stage = pp_stage_of(g.pp, me.pp, c);
+    cs->first_unit = t->bounds[cs->stage];
+    cs->end_unit = t->bounds[cs->stage + 1];
+    FL_CHECK(tfm_chunk_create(dev, &o->spec, cs->first_unit, cs->end_unit, g.tp > 1 ? t->tp : NULL,
+                              me.tp, g.tp, &cs->chunk));
+    FL_CHECK(optim_sgd_create(dev, tfm_chunk_values(cs->chunk)->numel, &o->sgd, &cs->opt));
+  }
+  int64_t two[1] = {2};
+  FL_CHECK(tensor_ensure(&t->stats, dev, 1, two));
+  if (g.pp > 1) FL_CHECK(pp_transfer_start(t));
+  *out = t;
+  return FL_OK;
+cleanup:
+  pp_trainer_destroy(t);
+  return status;
+}
+
+pp_coords pp_trainer_coords(const pp_trainer *t) { return t->me; }
+int pp_trainer_num_chunks(const pp_trainer *t) { return t->nchunks; }
+tfm_chunk *pp_trainer_chunk(pp_trainer *t, int chunk) {
+  return chunk >= 0 && chunk < t->nchunks ? t->chunks[chunk].chunk : NULL;
+}
+void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end) {
+  *first = t->chunks[chunk].first_unit;
+  *end = t->chunks[chunk].end_unit;
+}
+const int *pp_trainer_bounds(const pp_trainer *t) { return t->bounds; }
+optim_sgd *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk) {
+  return chunk >= 0 && chunk < t->nchunks ? t->chunks[chunk].opt : NULL;
+}

@@ -1,0 +1,181 @@
+/*
+ * gpu/parallel/train.h: synchronous data-parallel training, the engine behind `flint train`.
+ *
+ * gpu_train_run loads the data set into a cached dataset of image blocks (gpu/data/data.h) with
+ * one partition per rank and runs ONE barrier stage over it (fl_barrier_map_partitions):
+ * rank r reads partition r into host memory, opens its device, builds the model from the
+ * same seed as every other rank, joins the communicator, and then, for each epoch:
+ *   - takes steps_per_epoch steps (the same count on every rank: the smallest rank's
+ *     full batches), each: forward, loss, backward whose grads-ready callback hands buckets
+ *     of the flat gradient buffer, as they become final, to the rank's communication thread,
+ *     which allreduces (averages) them in order while backward goes on (opts->overlap; else
+ *     the callback allreduces each one itself); then, once every bucket is reduced, one SGD
+ *     step at the schedule's rate for (epoch + step / steps_per_epoch);
+ *   - evaluates on the test set (each rank its share of the test blocks, sums allreduced);
+ *   - puts a checkpoint of weights, batch-norm buffers, velocity and position
+ *     (fl_barrier_checkpoint_put), then reports the epoch's row to the client
+ *     (fl_barrier_report): an epoch the client has seen is one a retry will not redo.
+ * A retried attempt (fl_barrier_attempt > 0) restores the last checkpoint
+ * (fl_barrier_checkpoint_get) and goes on from the epoch after it; its reports and the
+ * result say which epoch it resumed from (resumed_epoch), and its rows replace the rows of
+ * the epochs it repeats, so the curves keep one row per epoch.
+ *
+ * On the client, the reports drive the progress line (opts->progress) and the curves, which
+ * are written to opts->csv_path and opts->svg_path at the end.
+ *
+ * Batch semantics: `batch` is the GLOBAL mini-batch (all ranks together), as in Goyal et al.;
+ * each rank takes b = batch / ranks images a step, so batch must be a multiple of ranks. The
+ * rate follows the linear scaling rule: peak = lr * batch / 256.
+ *
+ * Which images a rank takes. Training images are assigned to ranks interleaved, as PyTorch's
+ * DistributedSampler does: of R ranks, rank r holds images r, r + R, r + 2R, ... (of the
+ * first max_train_images images when that is set). Without shuffling (shuffle = false), rank
+ * r's k-th batch is images {(k b + j) R + r : j < b}, and the union over the ranks is exactly
+ * images [k B, (k + 1) B): the global batch a 1-rank run with batch B takes at step k. Each
+ * rank's loss is the mean over its b images and the gradients are AVERAGED over ranks, so
+ * the step is the gradient of the mean over the global batch, as with 1 rank: R ranks and 1
+ * rank reach the same weights up to float rounding (tests/test_gpu_train.c checks it).
+ * With shuffle (the default), each epoch every rank permutes the positions of its own
+ * images with the same seeded permutation (seed, epoch): ranks hold disjoint images, and a
+ * global permutation of the whole set would need every rank to hold every image. The
+ * epoch's batches are then a seeded shuffle of groups of R images {g R + r : r < R}, which
+ * depends on R: only runs without shuffling are equivalent across R.
+ *
+ * --model transformer (gpu/parallel/train_hybrid.c) runs the same client over a dp x tp x pp
+ * grid of ranks instead: ranks x tp x pp barrier tasks, the transformer cut and split by
+ * gpu/parallel/pipeline.h, batches gathered per replica, a sharded checkpoint, and the bubble,
+ * the stages' peak activations and the last step's timelines in the result and files.
+ *
+ * Environment (read by each rank): FLINT_COMM_HOST, the address a rank's host-backend
+ * endpoint listens on and its peers dial (default 127.0.0.1: one machine);
+ * FLINT_TRAIN_COMM=host to use the host backend for cuda ranks too (NCCL, the default, needs a
+ * GPU per rank).
+ */
+#ifndef FLINT_GPU_TRAIN_H
+#define FLINT_GPU_TRAIN_H
+
+#include <stdio.h>
+
+#include "flint/gpu.h"
+#include "gpu/nn/nn.h"
+#include "gpu/parallel/pipeline_schedule.h"
+
+typedef enum gpu_train_dataset {
+  GPU_TRAIN_FASHION_MNIST = 0,    /* 60000 + 10000 images 1x28x28, 10 classes */
+  GPU_TRAIN_SYNTHETIC_IMAGENET = 1, /* seeded 3x224x224 images, 1000 classes (throughput) */
+} gpu_train_dataset;
+
+/* One epoch as the ranks report it (to on_epoch). */
+typedef struct gpu_train_epoch {
+  uint32_t epoch, epochs;  /* 1-based */
+  uint32_t attempt;        /* the stage attempt that trained it (0: the first) */
+  uint32_t resumed_epoch;  /* epochs that attempt restored from the checkpoint (0: none) */
+  uint64_t step;           /* optimizer steps so far */
+  double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
+  int64_t pid;             /* the process of the task running rank 0 (an executor's in
+                            * cluster mode, this one's in local mode) */
+} gpu_train_epoch;
+
+typedef struct gpu_train_options {
+  const char *master;    /* the context's master (NULL: "local[*]") */
+  nn_model_kind model;   /* mlp, cnn, resnet18 */
+  gpu_train_dataset data;
+  const char *data_dir;  /* Fashion-MNIST's folder (NULL: /usr/share/datasets/fashion-mnist) */
+  uint64_t synthetic_train_images; /* synthetic-imagenet images per epoch (0: 4 * batch) */
+                                   /* (an image is 588 KiB: cached, and copied by its rank) */
+  uint64_t synthetic_test_images;  /* (0: batch) */
+  uint32_t ranks;        /* data-parallel ranks, >= 1: one barrier task each */
+  fl_device_kind device; /* cpu, or cuda (rank r uses the GPU of its executor, else r mod GPUs) */
+  uint32_t batch;        /* the global batch, a multiple of ranks */
+  double lr;             /* base rate for a batch of 256 (linear scaling), > 0 */
+  double warmup_epochs;  /* gradual warmup, >= 0 and < epochs */
+  uint32_t epochs;       /* >= 1 */
+  optim_decay decay;     /* after warmup: none, step (x0.1 at milestones) or cosine (to 0) */
+  double milestones[OPTIM_MAX_MILESTONES]; /* step decay's epochs (0 of them: 50% and 75%) */
+  int num_milestones;
+  optim_sgd_options sgd; /* momentum, Nesterov, weight decay */
+  uint64_t seed;         /* weights, shuffles and synthetic data */
+  fl_allreduce_algo allreduce; /* host backend's algorithm */
+  size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
+  bool overlap;          /* allreduce buckets on a communication thread while backward goes
+                          * on (default); false: in backward's callback, holding it up */
+  const char *csv_path;  /* curves as CSV (NULL: not written) */
+  const char *svg_path;  /* curves as SVG (NULL: not written) */
+  const char *checkpoint_path; /* the final checkpoint blob (gpu/nn/nn.h; NULL: not written) */
+  FILE *progress;        /* the per-epoch progress line (NULL: quiet) */
+  bool shuffle;          /* a seeded shuffle each epoch (see "Which images" above) */
+  uint64_t max_train_images; /* Fashion-MNIST: train on the first N images (0: all 60000) */
+  uint64_t max_test_images;  /* Fashion-MNIST: evaluate on the first N images (0: all 10000) */
+  /* Called on the client's thread, inside gpu_train_run, after each epoch's checkpoint was
+   * put, with that epoch's row (NULL: none). It must not block for long: it holds up the
+   * client's event handling. For progress displays and tests. */
+  void (*on_epoch)(const gpu_train_epoch *epoch, void *user);
+  void *user;
+  /* --model transformer only (gpu/parallel/train_hybrid.c): the grid is ranks (data parallel) x tp x
+   * pp, one barrier task per grid rank. */
+  uint32_t tp, pp;          /* tensor- and pipeline-parallel ranks, >= 1 */
+  pp_schedule schedule;     /* gpipe, 1f1b, interleaved */
+  uint32_t microbatches;    /* m per replica's batch, dividing batch / ranks */
+  uint32_t chunks;          /* v model chunks per pipeline rank (interleaved), >= 1 */
+  bool recompute;           /* keep stage inputs only, forward again before backward */
+  uint32_t hidden, heads, ffn, blocks; /* the transformer (ffn 0: 4 x hidden) */
+  double dropout;           /* every dropout site, in [0, 1) */
+  const char *timeline_csv_path; /* the last step's timeline of every rank (NULL: none) */
+  const char *timeline_svg_path;
+} gpu_train_options;
+
+#define GPU_TRAIN_OPTIONS_INIT                                                                \
+  {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
+   OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
+   NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL}
+
+/* Most pipeline stages whose peak activation memory a result reports. */
+#define GPU_TRAIN_MAX_STAGES 64
+
+typedef struct gpu_train_result {
+  uint32_t epochs;        /* epochs completed */
+  uint64_t steps;         /* optimizer steps taken */
+  uint32_t attempts;      /* barrier-stage attempts (1 when nothing failed) */
+  uint32_t resumed_epoch; /* epochs the last attempt restored from a checkpoint (0: none) */
+  double train_loss, train_acc; /* of the last epoch */
+  double test_loss, test_acc;   /* of the last evaluation */
+  double images_per_s;    /* training images per second over the run (all ranks) */
+  double seconds;         /* wall time of the training stage */
+  double final_lr;        /* the rate of the last step */
+  uint32_t buckets;       /* gradient allreduces in the last step (0 with one rank) */
+  /* --model transformer: the last epoch's mean measured bubble over its steps, the
+   * theory's (p-1)/(m+p-1) [/ v], and each pipeline stage's (rank's) peak activation bytes
+   * over the run, the most over its data- and tensor-parallel ranks. */
+  double bubble, bubble_theory;
+  uint32_t stages;
+  uint64_t stage_peak_bytes[GPU_TRAIN_MAX_STAGES];
+} gpu_train_result;
+
+/* "mlp", "cnn", "resnet18", "transformer" (the CLI's names, nn_model_kind_name's);
+ * FL_EINVAL otherwise. */
+/* The calls marked FL_API are exported from libflint_gpu for the flint command, which must
+ * reach the trainer through the shared library (its barrier function ships by symbol). */
+FL_API fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
+/* "fashion-mnist", "synthetic-imagenet"; FL_EINVAL otherwise. */
+FL_API fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out);
+FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
+/* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
+ * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch
+ * 100 is not a multiple of --ranks 3"). Pure; gpu_train_run calls it first. */
+FL_API fl_status gpu_train_options_validate(const gpu_train_options *opts);
+/* The schedule the options make (base rate, global batch, warmup, decay, milestones). */
+FL_API void gpu_train_schedule(const gpu_train_options *opts, optim_schedule *out);
+
+/* Trains as described at the top, in a context opened on opts->master (closed before it
+ * returns). *result (may be NULL) is filled on success. Blocks until training ends.
+ * Errors: FL_EINVAL (options), the data set's (FL_ENOENT / FL_EFORMAT naming the file),
+ * FL_ESLOTS (fewer task slots than ranks), FL_EDEVICE, FL_EPEER, the stage's after its
+ * retries, FL_EIO for the output files. A loss that turns non-finite (the rate is too high)
+ * stops every rank at that step (with several data-parallel ranks, at the next progress
+ * report: a twentieth of an epoch) and fails the run, without retrying it, with FL_EINVAL
+ * naming the first such step, its loss and its learning rate; no output file is written. */
+FL_API fl_status gpu_train_run(const gpu_train_options *opts, gpu_train_result *result);
+/* The same in a context the caller owns (tests, job binaries). */
+FL_API fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *opts, gpu_train_result *result);
+
+#endif /* FLINT_GPU_TRAIN_H */

@@ -1,0 +1,230 @@
+/*
+ * gpu/parallel/train_client.c: gpu_train_run, the client's side of a training run (see
+ * gpu/parallel/train.h). It loads the training and test sets as one cached dataset with a
+ * partition per rank (data_pair), runs ONE barrier stage over it: the data-parallel ranks
+ * (gpu/parallel/train_dp.c) or, for the transformer, the grid's ranks
+ * (gpu/parallel/train_hybrid.c); the ranks' reports draw the progress line and fill the
+ * curves (client_on_report), and at the end it writes the curves, the timelines and the
+ * final checkpoint that the options ask for.
+ *
+ * Threading: client_on_report runs on the client's thread inside the action; everything else
+ * on the caller's.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "gpu/data/data.h"
+#include "gpu/parallel/curves.h"
+#include "gpu/parallel/train_rank.h"
+
+/* ---- the client ----------------------------------------------------------------------------- */
+
+typedef struct client_state {
+  const gpu_train_options *opts;
+  curves curves;
+  fl_status error; /* the first failure to keep a row (ENOMEM) */
+  uint32_t attempts;
+  bool line_open; /* a progress line without its newline yet */
+} client_state;
+
+static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
+  client_state *c = user;
+  train_report rep;
+  (void)rank;
+  if (message.len != sizeof rep) return; /* not ours: ignore */
+  memcpy(&rep, message.data, sizeof rep);
+  if (rep.attempt + 1 > c->attempts) c->attempts = rep.attempt + 1;
+  if (rep.kind == REPORT_PROGRESS) {
+    if (c->opts->progress && rep.steps_per_epoch) {
+      curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, (double)rep.done / (double)rep.steps_per_epoch,
+                            rep.loss, rep.acc, rep.images_per_s, false);
+      c->line_open = true;
+    }
+    return;
+  }
+  if (rep.kind != REPORT_EPOCH) return;
+  /* A retried attempt goes on from its checkpoint: it may repeat epochs already shown. */
+  while (c->curves.count && c->curves.rows[c->curves.count - 1].epoch >= rep.epoch) c->curves.count--;
+  curves_row row = {.epoch = rep.epoch, .train_loss = rep.loss, .train_acc = rep.acc, .test_loss = rep.test_loss,
+                    .test_acc = rep.test_acc, .lr = rep.lr, .images_per_s = rep.images_per_s,
+                    .seconds = rep.seconds};
+  if (curves_append(&c->curves, &row) != FL_OK && c->error == FL_OK) c->error = FL_ENOMEM;
+  if (c->opts->on_epoch) {
+    gpu_train_epoch e = {.epoch = rep.epoch, .epochs = rep.epochs, .attempt = rep.attempt,
+                         .resumed_epoch = rep.resumed_epoch, .step = rep.step, .train_loss = rep.loss,
+                         .train_acc = rep.acc, .test_loss = rep.test_loss, .test_acc = rep.test_acc, .lr = rep.lr,
+                         .images_per_s = rep.images_per_s, .seconds = rep.seconds, .pid = rep.pid};
+    c->opts->on_epoch(&e, c->opts->user);
+  }
+  if (c->opts->progress) {
+    curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, 1.0, rep.loss, rep.acc, rep.images_per_s, true);
+    c->line_open = false;
+    fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s\n", rep.test_loss, rep.test_acc, rep.lr,
+            rep.seconds);
+    fflush(c->opts->progress);
+  }
+}
+
+/* FL_EINVAL naming a REPORT_DIVERGED's step, loss and rate, with the hint (a lower --lr, or
+ * --warmup). */
+static fl_status train_diverged_error(const gpu_train_options *o, const train_report *rep) {
+  char loss[32];
+  if (isnan(rep->loss)) snprintf(loss, sizeof loss, "nan"); /* not "-nan" */
+  else snprintf(loss, sizeof loss, "%g", rep->loss);
+  optim_schedule sched;
+  gpu_train_schedule(o, &sched);
+  return fl_set_error(FL_EINVAL,
+                      "training diverged at step %llu (epoch %u of %u): loss %s at learning rate %g (the peak is "
+                      "--lr %g x --batch %u / 256 = %g); lower --lr, or reach the rate gradually with --warmup",
+                      (unsigned long long)rep->step, rep->epoch, rep->epochs, loss, rep->lr, o->lr, o->batch,
+                      optim_schedule_peak_lr(&sched));
+}
+
+/* Barrier tasks: one per data-parallel rank, or per grid rank for the transformer. */
+static uint32_t train_world(const gpu_train_options *o) {
+  return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
+}
+
+static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test) {
+  data_options dopts = DATA_OPTIONS_INIT;
+  dopts.partitions = train_world(o);
+  dopts.norm = DATA_NORM_STANDARD; /* zero-mean inputs: see docs/gpu.md, the large-batch check */
+  dopts.interleave = true; /* rank r: images r, r + R, ... (see gpu/parallel/train.h) */
+  /* The transformer's ranks read runs of batch / world images, so that a replica's ranks
+   * together hold its rows of each global batch in order (gpu/parallel/train_hybrid.c). */
+  if (o->model == NN_TRANSFORMER) dopts.run = o->batch / train_world(o);
+  fl_status s;
+  if (o->data == GPU_TRAIN_FASHION_MNIST) {
+    dopts.max_images = o->max_train_images;
+    s = data_fashion_mnist(ctx, o->data_dir, true, &dopts, train);
+    dopts.max_images = o->max_test_images;
+    if (s == FL_OK) s = data_fashion_mnist(ctx, o->data_dir, false, &dopts, test);
+  } else {
+    uint64_t n_train = o->synthetic_train_images ? o->synthetic_train_images : 4ull * o->batch;
+    uint64_t n_test = o->synthetic_test_images ? o->synthetic_test_images : o->batch;
+    s = data_synthetic_imagenet(ctx, o->seed, 0, n_train, &dopts, train);
+    if (s == FL_OK) s = data_synthetic_imagenet(ctx, o->seed, n_train, n_test, &dopts, test);
+  }
+  uint32_t world = train_world(o);
+  if (s == FL_OK && (train->partitions != world || test->partitions != world))
+    s = fl_set_error(FL_EINVAL, "%u ranks need at least %u training and test images (have %llu and %llu)", world,
+                     world, (unsigned long long)train->images, (unsigned long long)test->images);
+  return s;
+}
+
+fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_train_result *result) {
+  if (!ctx) return fl_set_error(FL_EINVAL, "gpu_train_run_in: ctx is NULL");
+  fl_status status = gpu_train_options_validate(o);
+  if (status != FL_OK) return status;
+  data_set train = {0}, test = {0};
+  fl_dataset *pair = NULL, *trained = NULL;
+  fl_records *out = NULL;
+  client_state c = {.opts = o, .curves = CURVES_INIT};
+  FL_CHECK(load_data(ctx, o, &train, &test));
+  FL_CHECK(data_pair(ctx, &train, &test, &pair));
+
+  bool hybrid = o->model == NN_TRANSFORMER;
+  train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
+                 .epochs = o->epochs, .channels = train.channels, .height = train.height, .width = train.width,
+                 .classes = train.classes, .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce,
+                 .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
+                 .shuffle = o->shuffle, .overlap = o->overlap, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
+                 .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
+                 .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
+                 .blocks = o->blocks, .dropout = (float)o->dropout};
+  gpu_train_schedule(o, &a.schedule);
+  fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
+  bopts.gpu = o->device == FL_DEVICE_CUDA;
+  bopts.on_report = client_on_report;
+  bopts.user = &c;
+  double t0 = common_now_s();
+  FL_CHECK(fl_barrier_map_partitions(pair, hybrid ? gpu_train_hybrid_rank : gpu_train_rank, &a, sizeof a, &bopts,
+                                     &trained));
+  FL_CHECK(fl_collect(trained, &out));
+  double seconds = common_now_s() - t0;
+  if (c.error != FL_OK) {
+    status = fl_set_error(c.error, "gpu_train: out of memory for the curves");
+    goto cleanup;
+  }
+  if (fl_records_count(out) < 1 || fl_records_get(out, 0).len != sizeof(train_report)) {
+    status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no result");
+    goto cleanup;
+  }
+  train_report last;
+  memcpy(&last, fl_records_get(out, 0).data, sizeof last);
+  if (last.kind == REPORT_DIVERGED) {
+    status = train_diverged_error(o, &last);
+    goto cleanup;
+  }
+  if (o->csv_path) FL_CHECK(curves_write_csv(&c.curves, o->csv_path));
+  if (o->svg_path) {
+    char title[200], ranks[80];
+    if (hybrid)
+      snprintf(ranks, sizeof ranks, "dp %u x tp %u x pp %u, %s, m %u", o->ranks, o->tp, o->pp,
+               pp_schedule_name(o->schedule), o->microbatches);
+    else
+      snprintf(ranks, sizeof ranks, "%u rank%s", o->ranks, o->ranks == 1 ? "" : "s");
+    snprintf(title, sizeof title, "%s on %s, %s, batch %u, lr %g, warmup %g", nn_model_kind_name(o->model),
+             gpu_train_dataset_name(o->data), ranks, o->batch, o->lr, o->warmup_epochs);
+    FL_CHECK(curves_write_svg(&c.curves, title, o->svg_path));
+  }
+  /* Rank 0's records: its last report, [the ranks' peaks and timelines,] [the checkpoint]. */
+  size_t next = 1;
+  gpu_train_result res = {0};
+  if (hybrid) {
+    if (fl_records_count(out) < 2) {
+      status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no timelines");
+      goto cleanup;
+    }
+    FL_CHECK(train_hybrid_finish(o, fl_records_get(out, next++), &res));
+  }
+  if (o->checkpoint_path) {
+    if (fl_records_count(out) <= next) {
+      status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no checkpoint");
+      goto cleanup;
+    }
+    FL_CHECK(checkpoint_save_file(o->checkpoint_path, fl_records_get(out, next)));
+  }
+  if (result) {
+    double images = 0, train_secs = 0;
+    for (size_t i = 0; i < c.curves.count; i++) {
+      const curves_row *row = &c.curves.rows[i];
+      if (row->images_per_s > 0) {
+        images += (double)last.steps_per_epoch * o->batch;
+        train_secs += (double)last.steps_per_epoch * o->batch / row->images_per_s;
+      }
+    }
+    *result = (gpu_train_result){.epochs = last.epoch, .steps = last.step, .attempts = c.attempts ? c.attempts : 1,
+                                 .resumed_epoch = last.resumed_epoch,
+                                 .train_loss = last.loss, .train_acc = last.acc, .test_loss = last.test_loss,
+                                 .test_acc = last.test_acc, .images_per_s = train_secs > 0 ? images / train_secs : 0,
+                                 .seconds = seconds, .final_lr = last.lr, .buckets = last.buckets,
+                                 .bubble = last.bubble, .bubble_theory = last.bubble_theory,
+                                 .stages = res.stages};
+    memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
+  }
+cleanup:
+  if (c.line_open && o->progress) { /* a run that stopped mid-epoch: its error goes on a line of its own */
+    fputc('\n', o->progress);
+    fflush(o->progress);
+  }
+  fl_records_free(out);
+  fl_dataset_free(trained);
+  fl_dataset_free(pair);
+  data_set_free(&test);
+  data_set_free(&train);
+  curves_free(&c.curves);
+  return status;
+}
+
+fl_status gpu_train_run(const gpu_train_options *o, gpu_train_result *result) {
+  fl_status s = gpu_train_options_validate(o);
+  if (s != FL_OK) return s;
+  fl_context *ctx = NULL;
+  if ((s = fl_context_open(o->master ? o->master : "local[*]", NULL, &ctx)) != FL_OK) return s;
+  s = gpu_train_run_in(ctx, o, result);
+  fl_context_close(ctx);
+  return s;
+}

@@ -1,0 +1,168 @@
+/*
+ * gpu/parallel/train_opts.c: the training options' names, checks and schedule. Pure functions,
+ * apart from gpu/parallel/train_dp.c (the trainer), so that the CLI and tests can check options
+ * without running anything.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "gpu/parallel/train.h"
+
+static const char *const model_names[] = {"mlp", "cnn", "resnet18", "transformer"};
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet"};
+
+fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
+  for (int i = 0; i < 4; i++)
+    if (text && strcmp(text, model_names[i]) == 0) {
+      *out = (nn_model_kind)i;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown model '%s' (mlp, cnn, resnet18 or transformer)", text ? text : "(null)");
+}
+
+fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
+  for (int i = 0; i < 2; i++)
+    if (text && strcmp(text, dataset_names[i]) == 0) {
+      *out = (gpu_train_dataset)i;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist or synthetic-imagenet)",
+                      text ? text : "(null)");
+}
+
+const char *gpu_train_dataset_name(gpu_train_dataset data) {
+  return (unsigned)data < 2 ? dataset_names[data] : "unknown";
+}
+
+/* Step decay without milestones: x0.1 at half and at three quarters of training. */
+static int default_milestones(const gpu_train_options *o, double *m) {
+  m[0] = 0.5 * o->epochs;
+  m[1] = 0.75 * o->epochs;
+  return m[0] > 0 && m[1] > m[0] ? 2 : 0;
+}
+
+void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
+  memset(s, 0, sizeof *s);
+  s->base_lr = o->lr;
+  s->global_batch = o->batch;
+  s->reference_batch = 256;
+  s->warmup_epochs = o->warmup_epochs;
+  s->epochs = o->epochs;
+  s->decay = o->decay;
+  if (o->decay == OPTIM_DECAY_STEP) {
+    if (o->num_milestones > 0 && o->num_milestones <= OPTIM_MAX_MILESTONES) {
+      memcpy(s->milestones, o->milestones, sizeof(double) * (size_t)o->num_milestones);
+      s->num_milestones = o->num_milestones;
+    } else {
+      s->num_milestones = default_milestones(o, s->milestones);
+    }
+  }
+  s->step_factor = 0.1;
+}
+
+/* The grid's and the transformer's options (--model transformer), or their absence. */
+static fl_status validate_hybrid(const gpu_train_options *o) {
+  if (o->model != NN_TRANSFORMER) {
+    if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute ||
+        o->timeline_csv_path || o->timeline_svg_path)
+      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute and "
+                          "--timeline-* are for --model transformer");
+    return FL_OK;
+  }
+  if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
+  if (o->pp < 1 || o->pp > GPU_TRAIN_MAX_STAGES)
+    return fl_set_error(FL_EINVAL, "--pp %u must be 1 to %d", o->pp, GPU_TRAIN_MAX_STAGES);
+  uint64_t world = (uint64_t)o->ranks * o->tp * o->pp;
+  if (world > 1024)
+    return fl_set_error(FL_EINVAL, "--dp %u x --tp %u x --pp %u = %llu ranks, over 1024", o->ranks, o->tp, o->pp,
+                        (unsigned long long)world);
+  if (o->batch % world)
+    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --dp x --tp x --pp = %llu (each rank reads "
+                        "batch / ranks images a step)", o->batch, (unsigned long long)world);
+  if ((unsigned)o->schedule > PP_INTERLEAVED)
+    return fl_set_error(FL_EINVAL, "--schedule: unknown schedule %d", (int)o->schedule);
+  uint32_t replica = o->batch / o->ranks;
+  if (o->microbatches < 1 || replica % o->microbatches)
+    return fl_set_error(FL_EINVAL, "--microbatches %u must divide the replica's batch, --batch %u / --dp %u = %u",
+                        o->microbatches, o->batch, o->ranks, replica);
+  if (o->chunks < 1) return fl_set_error(FL_EINVAL, "--chunks must be >= 1");
+  if (o->chunks > 1 && o->schedule != PP_INTERLEAVED)
+    return fl_set_error(FL_EINVAL, "--chunks %u needs --schedule interleaved", o->chunks);
+  if (o->hidden < 1 || o->heads < 1 || o->blocks < 1)
+    return fl_set_error(FL_EINVAL, "--hidden, --heads and --blocks must be >= 1");
+  if (o->hidden > 65536 || o->ffn > 262144 || o->blocks > 1024)
+    return fl_set_error(FL_EINVAL, "--hidden %u, --ffn %u or --blocks %u is too large", o->hidden, o->ffn,
+                        o->blocks);
+  if (o->hidden % o->heads) return fl_set_error(FL_EINVAL, "--heads %u must divide --hidden %u", o->heads, o->hidden);
+  if (o->heads % o->tp)
+    return fl_set_error(FL_EINVAL, "--heads %u must be a multiple of --tp %u (attention splits by heads)", o->heads,
+                        o->tp);
+  uint32_t ffn = o->ffn ? o->ffn : 4 * o->hidden;
+  if (ffn % o->tp)
+    return fl_set_error(FL_EINVAL, "--ffn %u must be a multiple of --tp %u (the MLP splits its inner width)", ffn,
+                        o->tp);
+  uint64_t stages = (uint64_t)o->pp * o->chunks, units = (uint64_t)o->blocks + 2;
+  if (stages > units)
+    return fl_set_error(FL_EINVAL, "--pp %u x --chunks %u = %llu stages, but the model has only %llu units "
+                        "(--blocks %u + embedding + head)", o->pp, o->chunks, (unsigned long long)stages,
+                        (unsigned long long)units, o->blocks);
+  if (!(o->dropout >= 0 && o->dropout < 1)) return fl_set_error(FL_EINVAL, "--dropout %g must be in [0, 1)", o->dropout);
+  if (o->max_test_images && o->max_test_images < world)
+    return fl_set_error(FL_EINVAL, "--test-images %llu is less than the %llu ranks (each rank evaluates a share)",
+                        (unsigned long long)o->max_test_images, (unsigned long long)world);
+  if (o->bucket_bytes)
+    return fl_set_error(FL_EINVAL, "--bucket-mb is for the data-parallel models (the transformer averages each "
+                        "chunk's gradients after backward)");
+  return FL_OK;
+}
+
+fl_status gpu_train_options_validate(const gpu_train_options *o) {
+  if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
+  if ((unsigned)o->model > NN_TRANSFORMER) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
+  if ((unsigned)o->data > GPU_TRAIN_SYNTHETIC_IMAGENET)
+    return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
+  if (o->device != FL_DEVICE_CPU && o->device != FL_DEVICE_CUDA)
+    return fl_set_error(FL_EINVAL, "--device: unknown device kind %d", (int)o->device);
+  if (o->ranks < 1 || o->ranks > 1024) return fl_set_error(FL_EINVAL, "--ranks %u must be 1 to 1024", o->ranks);
+  if (o->batch < 1) return fl_set_error(FL_EINVAL, "--batch must be >= 1");
+  if (o->batch % o->ranks)
+    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --ranks %u (each rank takes batch / ranks "
+                        "images a step)", o->batch, o->ranks);
+  if (o->batch > (1u << 20)) return fl_set_error(FL_EINVAL, "--batch %u is over 1048576", o->batch);
+  if (!(o->lr > 0) || !isfinite(o->lr)) return fl_set_error(FL_EINVAL, "--lr %g must be a number > 0", o->lr);
+  if (o->epochs < 1 || o->epochs > 100000) return fl_set_error(FL_EINVAL, "--epochs %u must be 1 to 100000", o->epochs);
+  if (!(o->warmup_epochs >= 0) || !(o->warmup_epochs < o->epochs))
+    return fl_set_error(FL_EINVAL, "--warmup %g must be >= 0 and less than --epochs %u", o->warmup_epochs, o->epochs);
+  if ((unsigned)o->decay > OPTIM_DECAY_COSINE) return fl_set_error(FL_EINVAL, "--decay: unknown decay %d", (int)o->decay);
+  if (o->num_milestones < 0 || o->num_milestones > OPTIM_MAX_MILESTONES)
+    return fl_set_error(FL_EINVAL, "--milestones: %d of them (at most %d)", o->num_milestones, OPTIM_MAX_MILESTONES);
+  if (o->num_milestones && o->decay != OPTIM_DECAY_STEP)
+    return fl_set_error(FL_EINVAL, "--milestones is for --decay step");
+  for (int i = 0; i < o->num_milestones; i++)
+    if (!(o->milestones[i] > 0) || !(o->milestones[i] < o->epochs) || (i && !(o->milestones[i] > o->milestones[i - 1])))
+      return fl_set_error(FL_EINVAL, "--milestones: %g must be inside (0, --epochs %u) and after the one before",
+                          o->milestones[i], o->epochs);
+  if (!(o->sgd.momentum >= 0 && o->sgd.momentum < 1))
+    return fl_set_error(FL_EINVAL, "--momentum %g must be in [0, 1)", (double)o->sgd.momentum);
+  if (!(o->sgd.weight_decay >= 0) || !isfinite(o->sgd.weight_decay))
+    return fl_set_error(FL_EINVAL, "--weight-decay %g must be a number >= 0", (double)o->sgd.weight_decay);
+  if (o->sgd.nesterov && o->sgd.momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
+  if ((unsigned)o->allreduce > FL_ALLREDUCE_TREE)
+    return fl_set_error(FL_EINVAL, "--allreduce: unknown algorithm %d", (int)o->allreduce);
+  if (o->bucket_bytes && o->bucket_bytes < 4)
+    return fl_set_error(FL_EINVAL, "--bucket-mb: a bucket must hold at least one float");
+  if ((o->max_train_images || o->max_test_images) && o->data != GPU_TRAIN_FASHION_MNIST)
+    return fl_set_error(FL_EINVAL, "--train-images and --test-images are for --data fashion-mnist "
+                        "(synthetic-imagenet has --synthetic-images)");
+  if (o->max_train_images && o->max_train_images < o->batch)
+    return fl_set_error(FL_EINVAL, "--train-images %llu is less than one --batch %u: no step to take",
+                        (unsigned long long)o->max_train_images, o->batch);
+  if (o->max_test_images && o->max_test_images < o->ranks)
+    return fl_set_error(FL_EINVAL, "--test-images %llu is less than --ranks %u (each rank evaluates a share)",
+                        (unsigned long long)o->max_test_images, o->ranks);
+  fl_status hs = validate_hybrid(o);
+  if (hs != FL_OK) return hs;
+  optim_schedule s;
+  gpu_train_schedule(o, &s);
+  return optim_schedule_validate(&s);
+}

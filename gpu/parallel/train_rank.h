@@ -1,0 +1,76 @@
+/*
+ * gpu/parallel/train_rank.h: what the two trainers' barrier tasks and their client share,
+ * inside libflint_gpu: gpu/parallel/train_dp.c (the data-parallel models),
+ * gpu/parallel/train_hybrid.c (the transformer on a data x tensor x pipeline grid) and
+ * gpu/parallel/train_client.c (the client of both). The stage's argument, the reports a rank
+ * sends the client, and (gpu/parallel/train_rank.c) joining the ranks and agreeing on counts.
+ */
+#ifndef FLINT_GPU_TRAIN_RANK_H
+#define FLINT_GPU_TRAIN_RANK_H
+
+#include "gpu/parallel/train.h"
+
+/* Reports from a rank to the client, as fl_barrier_report messages. REPORT_DIVERGED is
+ * instead rank 0's only output record when the loss turned non-finite (step, epoch, loss and
+ * lr of the first such step; every rank stopped there and returned FL_OK, so that the stage is
+ * not retried): the client fails the run with train_diverged_error. */
+enum { REPORT_PROGRESS = 1, REPORT_EPOCH = 2, REPORT_DIVERGED = 3 };
+/* REPORT_PROGRESS messages per epoch (at most; rank 0 sends them). */
+#define TRAIN_PROGRESS_REPORTS_PER_EPOCH 20
+typedef struct train_report {
+  uint32_t kind, epoch, epochs, attempt; /* epoch: 1-based */
+  uint64_t step, steps_per_epoch, done;  /* step: global steps so far; done: this epoch's */
+  double loss, acc, test_loss, test_acc, lr, images_per_s, seconds;
+  uint32_t resumed_epoch;                /* the epochs this attempt restored */
+  uint32_t buckets;                      /* allreduces of the last step's gradients */
+  int64_t pid;                           /* rank 0's process */
+  double bubble, bubble_theory;          /* transformer: the epoch's mean, and the theory */
+} train_report;
+
+/* The stage's argument: plain values only (it travels to executors as bytes). */
+typedef struct train_arg {
+  nn_model_kind model;
+  fl_device_kind device;
+  uint32_t ranks, batch, epochs; /* ranks: the world (dp x tp x pp for the transformer) */
+  uint32_t channels, height, width, classes;
+  uint64_t seed;
+  optim_sgd_options sgd;
+  optim_schedule schedule;
+  fl_allreduce_algo allreduce;
+  uint64_t bucket_bytes;
+  bool emit_checkpoint; /* rank 0 emits the final checkpoint blob after its result */
+  bool shuffle;
+  bool overlap; /* buckets allreduced on the communication thread during backward */
+  /* the transformer (gpu/parallel/train_hybrid.c) */
+  uint32_t dp, tp, pp, microbatches, chunks;
+  pp_schedule pipeline;
+  bool recompute;
+  uint32_t hidden, heads, ffn, blocks;
+  float dropout;
+} train_arg;
+
+/* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
+ * FLINT_TRAIN_COMM=host (NCCL needs a GPU per rank), else the host backend listening on
+ * FLINT_COMM_HOST (default 127.0.0.1) with `algo`. This task is rank comm_rank in it (-1:
+ * its barrier rank; the ranks must be a permutation of 0 .. world - 1). Collective over the
+ * stage. */
+fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_allreduce_algo algo,
+                        bool host, int comm_rank, fl_comm **out);
+/* Opens the rank's device: cuda on its executor's GPU (else rank mod the GPUs), or the cpu. */
+fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out);
+/* True when train_connect(host = false) makes a NCCL communicator. */
+bool train_uses_nccl(fl_device_kind kind);
+/* The smallest of every rank's `mine`, on every rank. */
+fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out);
+
+/* The barrier tasks, shipped by symbol (exported for the flint command's executors). */
+FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);
+FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);
+
+/* The client's side of a transformer run: `ranks` is rank 0's second output record (every
+ * rank's peak activation bytes and its last step's timeline); fills res->stages and
+ * res->stage_peak_bytes and writes the timeline files the options name. FL_EFORMAT for a
+ * malformed record, FL_EIO for the files. */
+fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_train_result *res);
+
+#endif /* FLINT_GPU_TRAIN_RANK_H */
