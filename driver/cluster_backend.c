@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h" /* for now: jobs and stages */
 #include "proto/flint.pb-c.h"
 #include "proto/pack.h"
 #include "shuffle/shuffle.h"

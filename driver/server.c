@@ -1311,7 +1311,7 @@ static fl_status handle_barrier_gather(driver_state *d, fl_bytes body, fl_buf *r
     goto done;
   }
   uint32_t timeout = req->timeout_ms ? req->timeout_ms : RDD_BARRIER_TIMEOUT_MS;
-  st = barrier_gather(d->sched->barriers, req->job_id, req->stage, req->attempt, req->rank, req->round,
+  st = barrier_gather(scheduler_barriers(d->sched), req->job_id, req->stage, req->attempt, req->rank, req->round,
                       (fl_bytes){req->message.data, req->message.len},
                       common_now_ns() + (uint64_t)timeout * 1000000u, call->cancelled, NULL, &all);
   if (st != FL_OK) goto done;
@@ -1337,7 +1337,7 @@ static fl_status handle_barrier_report(driver_state *d, fl_bytes body, fl_buf *r
   UNPACK(Flint__BarrierReportRequest, req, body, "BarrierReport");
   fl_status st = req->message.len > RDD_BARRIER_REPORT_MAX
                      ? FL_ERR(FL_ELIMIT, "BarrierReport: a message of %zu bytes", req->message.len)
-                     : barrier_report(d->sched->barriers, req->job_id, req->rdd_id, req->rank,
+                     : barrier_report(scheduler_barriers(d->sched), req->job_id, req->rdd_id, req->rank,
                                       (fl_bytes){req->message.data, req->message.len});
   flint__barrier_report_request__free_unpacked(req, NULL);
   return st == FL_OK ? empty_reply(response) : st;
@@ -1348,7 +1348,7 @@ static fl_status handle_barrier_checkpoint(driver_state *d, fl_bytes body, fl_bu
   fl_status st;
   if (req->get) {
     fl_buf state = FL_BUF_INIT;
-    st = barrier_checkpoint_get(d->sched->barriers, req->job_id, req->rdd_id, &state);
+    st = barrier_checkpoint_get(scheduler_barriers(d->sched), req->job_id, req->rdd_id, &state);
     if (st == FL_OK) {
       Flint__BarrierCheckpointReply reply = FLINT__BARRIER_CHECKPOINT_REPLY__INIT;
       reply.state = (ProtobufCBinaryData){state.len, state.data};
@@ -1358,7 +1358,7 @@ static fl_status handle_barrier_checkpoint(driver_state *d, fl_bytes body, fl_bu
   } else {
     st = req->state.len > RDD_BARRIER_CHECKPOINT_MAX
              ? FL_ERR(FL_ELIMIT, "BarrierCheckpoint: a state of %zu bytes", req->state.len)
-             : barrier_checkpoint_put(d->sched->barriers, req->job_id, req->stage, req->attempt, req->rdd_id,
+             : barrier_checkpoint_put(scheduler_barriers(d->sched), req->job_id, req->stage, req->attempt, req->rdd_id,
                                       (fl_bytes){req->state.data, req->state.len});
     if (st == FL_OK) st = empty_reply(response);
   }
@@ -1377,7 +1377,7 @@ static fl_status handle_barrier_reports(driver_state *d, fl_bytes body, fl_buf *
   }
   uint32_t wait = req->wait_ms > MAX_WAIT_MS ? MAX_WAIT_MS : req->wait_ms;
   rdd_batch got = {FL_BUF_INIT, 0};
-  barrier_wait_reports(d->sched->barriers, app->id, req->operation_id,
+  barrier_wait_reports(scheduler_barriers(d->sched), app->id, req->operation_id,
                        common_now_ns() + (uint64_t)wait * 1000000u, call->cancelled, &got);
   Flint__BarrierReportsReply reply = FLINT__BARRIER_REPORTS_REPLY__INIT;
   ProtobufCBinaryData *bins = common_calloc(got.count + 1, sizeof *bins);

@@ -1,7 +1,7 @@
 /* scheduler.c: the scheduler's event loop and its entry points (see driver.h). */
 #include <string.h>
 
-#include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h"
 
 typedef struct sched_call {
   sched_event base;
@@ -350,3 +350,5 @@ void scheduler_stats_get(scheduler *s, scheduler_stats *out) {
   out->tasks_speculated = atomic_load(&s->tasks_speculated);
   out->task_ns = atomic_load(&s->task_ns);
 }
+
+barrier_table *scheduler_barriers(scheduler *s) { return s->barriers; }

@@ -12,7 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h"
 #include "shuffle/shuffle.h"
 
 static void init_task(sched_task *t, sched_job *job, sched_stage *stage, uint32_t index,

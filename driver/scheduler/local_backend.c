@@ -1,6 +1,6 @@
 /* local_backend.c: the in-process executor backend: tasks run on a pool of threads of this
  * process, against the context's own block manager. */
-#include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h"
 
 /* The backend offers this many slots per thread: tasks beyond the threads wait in the
  * pool's queue, so a thread that finishes a task starts the next at once instead of

@@ -5,7 +5,7 @@
  */
 #include <stdio.h>
 
-#include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h"
 
 static void pending_push(scheduler *s, sched_task *t) {
   t->pending_next = NULL;

@@ -1,0 +1,141 @@
+/*
+ * scheduler_internal.h: inside the scheduler (scheduler.c, dag_scheduler.c,
+ * task_scheduler.c): jobs, stages and the event loop's state. Scheduler thread only.
+ */
+#ifndef FLINT_DRIVER_SCHEDULER_INTERNAL_H
+#define FLINT_DRIVER_SCHEDULER_INTERNAL_H
+
+#include "driver/scheduler/scheduler.h"
+
+
+/* A stage: tasks that each compute one partition of `rdd` through its narrow lineage. A map
+ * stage writes the output of shuffle `dep`; the result stage runs the job's action. */
+struct sched_stage {
+  uint32_t id;
+  rdd *rdd;
+  const rdd_shuffle_dep *dep; /* NULL for the result stage */
+  const rdd_action *action;
+  rdd_action write;           /* map stages: the SHUFFLE_WRITE action */
+  sched_task *tasks;          /* map stages own theirs; the result stage uses the job's */
+  uint32_t num_tasks, remaining;
+  uint32_t attempts;          /* map stages: times its lost output was computed again */
+  sched_task *parked;         /* tasks that failed to fetch, waiting for parents to rerun */
+  struct retired_tasks *retired; /* earlier attempts' task arrays (freed with the job) */
+  sched_stage **parents;
+  uint32_t num_parents;
+  bool submitted, finished;
+  /* Delay scheduling, as Spark's: the last time one of its tasks launched where its input
+   * is cached. A task gives up waiting for that executor only when none has for the
+   * locality wait (a busy stage keeps its locality; a stuck executor loses it). */
+  uint64_t local_launch_ns;
+  sched_stage *next; /* in the job's list */
+  /* Barrier stages (gang-scheduled; a failed task retries the whole stage). */
+  rdd *barrier;              /* the barrier dataset its tasks run, or NULL */
+  uint32_t barrier_attempt;  /* the current attempt */
+  uint32_t barrier_failures; /* attempts failed by a task (a lost executor does not count) */
+  uint32_t barrier_running;  /* attempts of the current gang launched and not ended */
+  uint32_t barrier_succeeded;
+  bool barrier_aborted;      /* the current attempt failed: it reruns once every task ended */
+  char *barrier_cause;       /* the failure's message (owned) */
+  fl_status barrier_cause_status;
+  uint32_t barrier_cause_partition;
+  sched_stage *barrier_next; /* the scheduler's gangs waiting for slots */
+};
+
+struct sched_job {
+  sched_event submitted;
+  scheduler *sched;
+  uint64_t id;
+  rdd *rdd;
+  const rdd_action *action;
+  const uint32_t *parts;
+  uint32_t num_parts;
+  fl_buf *results;
+  sched_task *tasks;  /* of the result stage */
+  sched_stage *stages; /* every stage of the job, the result stage first */
+  uint32_t next_stage_id;
+  uint32_t remaining; /* result tasks not yet succeeded */
+  uint32_t running;   /* attempts launched and not ended */
+  sched_task *copies; /* backups made for its tasks */
+  uint64_t group, tag; /* sched_job_opts */
+  sched_job_stats stats;
+  sched_job *active_prev, *active_next; /* the scheduler's running jobs */
+  uint64_t submitted_ns; /* when the scheduler took it (how long it waits for executors) */
+  atomic_bool cancelled;
+  fl_status status;
+  char *error;
+  /* Where its end goes (sched_job_opts): the caller's, or done_fn's for an asynchronous job,
+   * which the scheduler completes itself. ended_next: the scheduler's list of jobs ended
+   * during the current event, handed back once the event is through. */
+  sched_job_stats *stats_out;
+  rdd_batch *reports_left;
+  void (*on_report)(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes message);
+  void *report_arg;
+  const atomic_bool *abandoned;
+  bool cancel_sent;
+  sched_job_done_fn done_fn;
+  void *done_arg;
+  sched_job *ended_next;
+  common_event done;
+};
+
+struct scheduler {
+  common_queue events;
+  pthread_t thread;
+  backend *backend;
+  uint32_t max_attempts;
+  int64_t free_slots;
+  uint64_t retry_at_ns; /* the earliest locality wait to end; 0: none */
+  uint64_t resubmit_at_ns; /* when to rerun the map tasks of lost outputs; 0: none */
+  sched_speculation speculation;
+  uint64_t speculate_at_ns; /* the next look for slow tasks; 0: none due */
+  sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
+  sched_job *active;                       /* jobs submitted and not finished */
+  sched_job *ended;                        /* jobs ended during this event, to hand back */
+  uint64_t abandon_check_at_ns;            /* the next look at asynchronous jobs' callers; 0: none */
+  sched_stage *gangs_head;                 /* barrier stages waiting for slots, in order */
+  struct barrier_table *barriers;          /* barrier stages' rendezvous (any thread) */
+  atomic_uint_fast64_t next_job_id;
+  _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
+};
+
+/* Task scheduler: charges task `index` of stage `stage` of running job `job` with a failed
+ * attempt that ended without counting as one (its executor's loss was explained later: its
+ * process died of the task's code; `why` says how). The job fails once the task has failed
+ * max_attempts times. Nothing happens when the job or the task is over. */
+FL_INTERNAL void task_scheduler_charge(scheduler *s, uint64_t job, uint32_t stage, uint32_t index, const char *why);
+
+/* DAG scheduler: cuts a submitted job into stages and submits those that can run. */
+FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
+/* A task failed to read map output: marks it lost, parks the task until its map task ran
+ * again (the rerun waits DAG_RESUBMIT_DELAY_MS, so that one lost executor's fetch failures
+ * are handled together). */
+FL_INTERNAL void dag_scheduler_fetch_failed(scheduler *s, sched_task *task);
+/* Reruns the map tasks of lost outputs that unfinished stages need (resubmit_at_ns). */
+FL_INTERNAL void dag_scheduler_resubmit(scheduler *s);
+/* Frees a finished job's stages (the caller's thread, after the job is handed back). */
+FL_INTERNAL void dag_scheduler_free_stages(sched_job *job);
+/* DAG scheduler: a task of `job` succeeded, or the job failed; finishes the job when no
+ * attempt of it is still running. */
+FL_INTERNAL void dag_scheduler_task_succeeded(scheduler *s, sched_task *task);
+FL_INTERNAL void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status,
+                                          const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+FL_INTERNAL void dag_scheduler_maybe_finish(scheduler *s, sched_job *job);
+
+/* Barrier stages (task_scheduler.c): submits the gang of a barrier stage (fails the job
+ * with FL_ESLOTS when the cluster can never run it), and handles the end of one of its
+ * attempts. */
+FL_INTERNAL void task_scheduler_submit_gang(scheduler *s, sched_stage *st);
+
+/* Task scheduler. */
+FL_INTERNAL void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count);
+FL_INTERNAL void task_scheduler_task_ended(scheduler *s, sched_task *task);
+/* Launches pending tasks while slots are free. */
+FL_INTERNAL void task_scheduler_offer(scheduler *s);
+/* Gives slow running tasks of running stages a backup copy (speculation). */
+FL_INTERNAL void task_scheduler_speculate(scheduler *s);
+/* Forgets the pending tasks of a job. */
+FL_INTERNAL void task_scheduler_drop_job(scheduler *s, sched_job *job);
+
+#endif /* FLINT_DRIVER_SCHEDULER_INTERNAL_H */
