@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "driver/driver.h"
-#include "driver/scheduler/scheduler_internal.h" /* for now: jobs and stages */
 #include "proto/flint.pb-c.h"
 #include "proto/pack.h"
 #include "shuffle/shuffle.h"
@@ -53,12 +52,7 @@ typedef struct executor_ref {
   /* stats from heartbeats (cb->lock) */
   uint64_t cached_bytes, tasks_run, tasks_failed, last_heartbeat_ns;
   /* scheduler thread */
-  uint32_t running;
-  uint64_t steal_below_key; /* queued_behind: its attempts with smaller keys remain */
-  /* count_busy's (cb->lock): its attempts in flight but those a node peer claimed (its
-   * queue and cores), the peers' it told it claimed, and its cores free of both. */
-  uint32_t own_now, claimed_in, free_cores;
-  uint32_t node_free; /* queued_behind's: the free cores of its node */
+  uint32_t attempts; /* records of attempts placed on it, not ended (it is not freed before) */
   sched_task **batch;
   size_t batch_len, batch_cap;
   sched_task **offers; /* node peers' tasks launched this round, offered to it */
@@ -89,15 +83,23 @@ typedef struct executor_ref {
   size_t num_swept;
   uint32_t queries; /* storage-info calls using its channel: it is not freed meanwhile */
   uint64_t ping_sent_ns;
-  /* the scheduler thread */
-  bool removed;              /* lost, and its slots gone */
-  uint32_t failures_in_row;  /* task failures since its last success */
-  char *no_device;           /* a task of it found no usable GPU (FL_ENODEVICE): why; it
-                                gets no more GPU barrier tasks */
-  uint64_t excluded_until_ns;
+  bool removed; /* the scheduler thread's: lost, and its slots gone */
   struct cluster_backend *cb;
   struct executor_ref *next;
 } executor_ref;
+
+/* The backend's record of an attempt out (sched_task.attempt), from its launch to the
+ * scheduler's handling of its end (cluster_ended). Executors of a node may run each other's
+ * queued attempts (executor/claim_table.c): the executor that claimed an attempt (runner,
+ * NULL until it tells or unknown), whether a claim was reported (by the placement or by the
+ * claimer: the claimer reports the end), and whether it was offered to any. Claims arrive on
+ * the status thread, under cb->lock. */
+typedef struct cluster_attempt {
+  uint64_t key; /* driver-wide: how executors name the attempt */
+  executor_ref *placement, *runner;
+  bool claimed;
+  bool offered; /* offered to placement's node peers (kills go to them too) */
+} cluster_attempt;
 
 struct cluster_backend {
   backend base;
@@ -133,7 +135,8 @@ struct cluster_backend {
 backend *cluster_backend_base(cluster_backend *cb) { return &cb->base; }
 
 static cluster_backend *of(backend *b) { return (cluster_backend *)b; }
-static driver_app *app_of(const sched_task *t) { return (driver_app *)t->stage->rdd->ctx; }
+static driver_app *app_of(const sched_task *t) { return (driver_app *)sched_task_rdd(t)->ctx; }
+static cluster_attempt *att(const sched_task *t) { return t->attempt; }
 
 /* ---- lineage walks ---------------------------------------------------------------------- */
 
@@ -177,7 +180,7 @@ static void walk_lineage(walk *w, const rdd *r, bool cross_shuffles) {
     for (uint32_t i = 0; i < r->num_shuffle_deps; i++) walk_lineage(w, r->shuffle_deps[i]->parent, true);
 }
 
-/* ---- placement ------------------------------------------------------------------------- */
+/* ---- attempts and where they run ---------------------------------------------------------- */
 
 /* A live executor by id (cb->lock, or the scheduler thread). */
 static executor_ref *find_executor(cluster_backend *cb, uint64_t id) {
@@ -186,11 +189,16 @@ static executor_ref *find_executor(cluster_backend *cb, uint64_t id) {
   return NULL;
 }
 
-static bool excluded(const executor_ref *e, uint64_t now) { return now < e->excluded_until_ns; }
+/* An executor by id, lost or not (kept until pruned). */
+static executor_ref *find_any_executor(cluster_backend *cb, uint64_t id) {
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (e->id == id) return e;
+  return NULL;
+}
 
 /* The live executor that caches t's input partition, or NULL (none, or not computed yet). */
 static executor_ref *input_holder(cluster_backend *cb, const sched_task *t) {
-  uint64_t cached = cached_input(t->stage->rdd);
+  uint64_t cached = cached_input(sched_task_rdd(t));
   if (!cached) return NULL;
   driver_app *app = app_of(t);
   FL_PCHECK(pthread_mutex_lock(&app->lock));
@@ -200,160 +208,47 @@ static executor_ref *input_holder(cluster_backend *cb, const sched_task *t) {
   return e && !e->removed ? e : NULL;
 }
 
-/* Whether e is on the node of an offered attempt's placement: every such executor has the
- * attempt queued already, as its own or as an offer. */
-static bool has_offer(const sched_task *t, const executor_ref *e) {
-  const executor_ref *placed = t->placement;
-  return t->offered && placed && strcmp(e->node, placed->node) == 0;
+uint64_t cluster_input_at(void *arg, const sched_task *t) {
+  executor_ref *e = input_holder(arg, t);
+  return e ? e->id : 0;
 }
 
-/* Fills every executor's own_now and free_cores (cb->lock, on the scheduler thread). An
- * attempt's slot is its placement's until it ends, wherever it runs, so the attempts a node
- * peer claimed are taken off their owner and, where the claimer told, put on it. Returns the
- * free cores of all. */
-static uint32_t count_busy(cluster_backend *cb, uint64_t now) {
-  for (executor_ref *e = cb->executors; e; e = e->next) {
-    e->own_now = e->running;
-    e->claimed_in = 0;
-  }
-  for (size_t i = 0; i < cb->num_inflight; i++) {
-    const sched_task *t = cb->inflight[i];
-    if (!t->claimed) continue;
-    executor_ref *owner = t->placement, *runner = t->runner;
-    if (owner->own_now) owner->own_now--;
-    if (runner) runner->claimed_in++;
-  }
-  uint32_t total = 0;
-  for (executor_ref *e = cb->executors; e; e = e->next) {
-    uint32_t busy = e->own_now + e->claimed_in;
-    e->free_cores = e->removed || e->lost || excluded(e, now) || busy >= e->cores ? 0 : e->cores - busy;
-    total += e->free_cores;
-  }
-  return total;
+static int by_key(const void *a, const void *b) {
+  uint64_t x = att(((const sched_attempt *)a)->task)->key, y = att(((const sched_attempt *)b)->task)->key;
+  return x < y ? -1 : x > y;
 }
 
-/* Where a backup of offered attempt `original` goes (cb->lock), or NULL for the usual
- * placement. Every executor of its node has it queued, as its own or as an offer: the owner
- * once a peer claimed it (it has passed the attempt by, the one executor known not to run
- * it), if a core of it is free; else the executor off the node with the most free cores. */
-static executor_ref *backup_of_offered(cluster_backend *cb, const sched_task *original, uint64_t now) {
-  count_busy(cb, now);
-  executor_ref *owner = original->placement;
-  if (original->claimed && original->runner != owner && owner->free_cores) return owner;
-  executor_ref *best = NULL;
-  for (executor_ref *e = cb->executors; e; e = e->next)
-    if (e->free_cores && !has_offer(original, e) && (!best || e->free_cores > best->free_cores)) best = e;
-  return best;
-}
-
-static bool cluster_place(backend *b, sched_task *t, uint64_t now, uint64_t *retry_at) {
+/* The attempts in flight, in launch order, with their claims, and the executors lost but not
+ * removed yet (speculation's view: sched_attempts). */
+static fl_status cluster_attempts(backend *b, sched_attempts *out) {
   cluster_backend *cb = of(b);
-  executor_ref *holder = input_holder(cb, t), *preferred;
-  /* A backup runs away from its original's executor: the one that told it runs it, if a
-   * node peer claimed it (runner). */
-  const executor_ref *avoid = t->original ? t->original->placement : NULL;
-  if (t->original && t->original->offered) {
-    FL_PCHECK(pthread_mutex_lock(&cb->lock)); /* claimed and runner are set on the status thread */
-    executor_ref *e = backup_of_offered(cb, t->original, now);
-    if (t->original->runner) avoid = t->original->runner;
-    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-    if (e) {
-      t->placement = e;
-      return true;
-    }
-  }
-  preferred = holder && !excluded(holder, now) && holder != avoid ? holder : NULL;
-  if (preferred && preferred->running < preferred->slots) {
-    t->placement = preferred;
-    t->stage->local_launch_ns = now;
-    return true;
-  }
-  /* Node-local: another executor on the preferred one's node maps the block in place, at the
-   * cost of a local read, so it takes the task now rather than idle while the holder is busy
-   * (the least busy such executor). */
-  if (holder && holder->node[0]) {
-    executor_ref *best = NULL;
-    for (executor_ref *e = cb->executors; e; e = e->next)
-      if (!e->removed && e != avoid && !excluded(e, now) && e->running < e->slots &&
-          strcmp(e->node, holder->node) == 0 &&
-          (!best || e->slots - e->running > best->slots - best->running))
-        best = e;
-    if (best) {
-      t->placement = best;
-      return true;
-    }
-  }
-  uint64_t since = t->pending_since_ns > t->stage->local_launch_ns ? t->pending_since_ns : t->stage->local_launch_ns;
-  if (preferred && now < since + cb->cfg.locality_wait_ns) {
-    *retry_at = since + cb->cfg.locality_wait_ns;
-    return false;
-  }
-  /* The least busy executor, leaving out excluded ones unless every live one is. */
-  executor_ref *best = NULL;
-  bool all_excluded = true;
-  for (executor_ref *e = cb->executors; e; e = e->next)
-    if (!e->removed && !excluded(e, now)) all_excluded = false;
-  for (executor_ref *e = cb->executors; e; e = e->next)
-    if (!e->removed && e != avoid && (all_excluded || !excluded(e, now)) && e->running < e->slots &&
-        (!best || e->slots - e->running > best->slots - best->running))
-      best = e;
-  if (!best) return false;
-  t->placement = best;
-  return true;
-}
-
-/* How many of e's attempts in flight were launched before `key` (cb->lock). The executor
- * starts its attempts in launch order on `cores` threads, passing over those a node peer
- * claimed, so a position of at least e->cores means the attempt is still queued there. */
-static uint32_t launch_position(const cluster_backend *cb, const executor_ref *e, uint64_t key) {
-  uint32_t before = 0;
-  for (size_t i = 0; i < cb->num_inflight; i++) {
-    const sched_task *t = cb->inflight[i];
-    before += t->placement == e && !t->claimed && t->key < key;
-  }
-  return before;
-}
-
-/* Queued attempts for free cores to back up: at most one per free core, the latest launched
- * first (they would start last). An attempt offered to its node's executors is one only while
- * a core off that node is free: an idle executor of the node takes it itself, and the driver
- * may not know yet that one has (the owner reports a claim when it reaches the attempt, the
- * claimer once it has run it a while). */
-static size_t cluster_queued_behind(backend *b, uint64_t launched_before_ns, sched_task **out, size_t max) {
-  cluster_backend *cb = of(b);
-  uint64_t now = common_now_ns();
-  size_t n = 0, offered = 0;
+  fl_status st = FL_OK;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  uint32_t free = count_busy(cb, now);
-  for (executor_ref *e = cb->executors; e; e = e->next) {
-    e->steal_below_key = e->own_now > e->cores ? UINT64_MAX : 0;
-    e->node_free = e->free_cores;
-    for (const executor_ref *f = cb->executors; f && e->node[0]; f = f->next)
-      if (f != e && strcmp(f->node, e->node) == 0) e->node_free += f->free_cores;
-  }
-  if (free < max) max = free;
-  while (n < max) {
-    sched_task *best = NULL;
+  size_t lost = 0;
+  for (executor_ref *e = cb->executors; e; e = e->next) lost += e->lost && !e->removed;
+  out->items = common_calloc(cb->num_inflight + 1, sizeof *out->items);
+  out->lost = common_calloc(lost + 1, sizeof *out->lost);
+  if (!out->items || !out->lost) {
+    st = FL_ERR(FL_ENOMEM, "out of memory");
+  } else {
     for (size_t i = 0; i < cb->num_inflight; i++) {
       sched_task *t = cb->inflight[i];
-      const executor_ref *e = t->placement;
-      if (e->removed || t->key >= e->steal_below_key || t->original || t->backup || t->done || !t->running ||
-          t->claimed || t->launched_ns > launched_before_ns || (t->offered && free - e->node_free <= offered))
-        continue;
-      if (!best || t->key > best->key) best = t;
+      const cluster_attempt *a = att(t);
+      out->items[i] = (sched_attempt){t, a->runner ? a->runner->id : 0, a->claimed, a->offered};
     }
-    if (!best) break;
-    executor_ref *e = best->placement;
-    if (launch_position(cb, e, best->key) < e->cores) {
-      e->steal_below_key = 0; /* the rest of e's attempts are running */
-      continue;
-    }
-    e->steal_below_key = best->key;
-    offered += best->offered;
-    out[n++] = best;
+    out->count = cb->num_inflight;
+    for (executor_ref *e = cb->executors; e; e = e->next)
+      if (e->lost && !e->removed) out->lost[out->num_lost++] = e->id;
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  return n;
+  if (st != FL_OK) {
+    common_free(out->items);
+    common_free(out->lost);
+    *out = (sched_attempts){0};
+    return st;
+  }
+  qsort(out->items, out->count, sizeof *out->items, by_key);
+  return FL_OK;
 }
 
 static void list_push(sched_task ***list, size_t *len, size_t *cap, sched_task *t) {
@@ -373,7 +268,7 @@ static void list_push(sched_task ***list, size_t *len, size_t *cap, sched_task *
  * yet is not offered: where it is computed, it is cached, and the slots spread that evenly
  * where offers would follow the executors' speed. */
 static bool offerable(cluster_backend *cb, const sched_task *t) {
-  const executor_ref *e = t->placement;
+  const executor_ref *e = att(t)->placement;
   if (!cb->cfg.offer_node_tasks || !e->node[0] || !e->pid || t->rt.barrier.on || t->original) return false;
   const executor_ref *holder = input_holder(cb, t);
   return holder && strcmp(holder->node, e->node) == 0;
@@ -381,18 +276,27 @@ static bool offerable(cluster_backend *cb, const sched_task *t) {
 
 static void cluster_launch(backend *b, sched_task *t) {
   cluster_backend *cb = of(b);
-  executor_ref *e = t->placement;
-  t->key = ++cb->next_key;
-  t->runner = NULL;
-  t->claimed = t->offered = false;
-  e->running++;
+  executor_ref *e = find_any_executor(cb, t->executor); /* removed executors get no tasks */
+  cluster_attempt *a = common_calloc(1, sizeof *a);
+  FL_ASSERT(e);
+  if (!a) { /* the attempt ends at once, and runs again */
+    t->rt.status = FL_ENOMEM;
+    t->rt.error = common_strdup("out of memory: cannot launch the task");
+    scheduler_post_task_end(cb->base.sched, t);
+    return;
+  }
+  a->key = ++cb->next_key;
+  a->placement = e;
+  t->attempt = a;
+  e->attempts++;
   list_push(&e->batch, &e->batch_len, &e->batch_cap, t);
   if (offerable(cb, t)) {
     uint64_t now = common_now_ns();
     for (executor_ref *p = cb->executors; p; p = p->next)
-      if (p != e && !p->removed && !excluded(p, now) && p->pid && p->pid != e->pid && strcmp(p->node, e->node) == 0) {
+      if (p != e && !p->removed && !scheduler_executor_excluded(cb->base.sched, p->id, now) && p->pid &&
+          p->pid != e->pid && strcmp(p->node, e->node) == 0) {
         list_push(&p->offers, &p->num_offers, &p->cap_offers, t);
-        t->offered = true;
+        a->offered = true;
       }
   }
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
@@ -410,7 +314,7 @@ static void cluster_launch(backend *b, sched_task *t) {
 /* Takes attempt `key` out of the in-flight list; NULL when it is not there (it ended). */
 static sched_task *inflight_take(cluster_backend *cb, uint64_t key) {
   for (size_t i = 0; i < cb->num_inflight; i++)
-    if (cb->inflight[i]->key == key) {
+    if (att(cb->inflight[i])->key == key) {
       sched_task *t = cb->inflight[i];
       cb->inflight[i] = cb->inflight[--cb->num_inflight];
       return t;
@@ -421,7 +325,7 @@ static sched_task *inflight_take(cluster_backend *cb, uint64_t key) {
 /* Whether attempt `key` is in flight (cb->lock). */
 static bool inflight_has(const cluster_backend *cb, uint64_t key) {
   for (size_t i = 0; i < cb->num_inflight; i++)
-    if (cb->inflight[i]->key == key) return true;
+    if (att(cb->inflight[i])->key == key) return true;
   return false;
 }
 
@@ -472,7 +376,6 @@ static void executor_free(executor_ref *e) {
   common_free(e->offers);
   common_free(e->known);
   common_free(e->swept);
-  common_free(e->no_device);
   common_free(e);
 }
 
@@ -485,7 +388,7 @@ static void prune_lost(cluster_backend *cb) {
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   for (executor_ref **p = &cb->executors; *p;) {
     executor_ref *e = *p;
-    if (e->lost && ++lost > MAX_LOST_KEPT && e->removed && e->running == 0 && e->sender_done && e->queries == 0) {
+    if (e->lost && ++lost > MAX_LOST_KEPT && e->removed && e->attempts == 0 && e->sender_done && e->queries == 0) {
       *p = e->next;
       e->next = gone;
       gone = e;
@@ -509,7 +412,7 @@ static void executor_removed(scheduler *s, void *arg) {
   prune_lost(cb);
   e->removed = true;
   e->batch_len = 0; /* launched, not sent: their attempts end below like the others */
-  scheduler_add_slots(s, -(int64_t)e->slots);
+  scheduler_executor_removed(s, e->id);
   if (cb->cfg.executor_lost) cb->cfg.executor_lost(cb->cfg.executor_lost_arg, e->id);
 }
 
@@ -517,9 +420,10 @@ static void executor_removed(scheduler *s, void *arg) {
  * node peer that told it claimed the attempt (runner); else its placement, or, once the
  * placement has said a node peer claimed it, any executor of its node but the placement. */
 static bool ran_on(const sched_task *t, const executor_ref *e) {
-  const executor_ref *placed = t->placement;
-  if (t->runner) return t->runner == e;
-  if (!t->claimed) return placed == e;
+  const cluster_attempt *a = att(t);
+  const executor_ref *placed = a->placement;
+  if (a->runner) return a->runner == e;
+  if (!a->claimed) return placed == e;
   return placed != e && placed && strcmp(placed->node, e->node) == 0;
 }
 
@@ -564,7 +468,8 @@ static bool executor_lose(cluster_backend *cb, executor_ref *e, const char *why,
   if (e->supervised && !num_charged && n && (e->swept = common_calloc(n, sizeof *e->swept)))
     for (size_t i = 0; i < n; i++) {
       const sched_task *t = gone[i]->original ? gone[i]->original : gone[i];
-      e->swept[e->num_swept++] = (struct swept_attempt){gone[i]->key, t->job->id, t->stage->id, t->index};
+      e->swept[e->num_swept++] =
+          (struct swept_attempt){att(gone[i])->key, t->rt.job_id, sched_task_stage(t), t->index};
     }
   bool any_live = false;
   for (executor_ref *x = cb->executors; x; x = x->next) any_live |= !x->lost;
@@ -582,7 +487,7 @@ static bool executor_lose(cluster_backend *cb, executor_ref *e, const char *why,
   for (size_t i = 0; i < n; i++) {
     gone[i]->rt.status = FL_ENET;
     gone[i]->rt.error = common_strdup(msg);
-    gone[i]->executor_lost = !key_in(gone[i]->key, charged, num_charged);
+    gone[i]->executor_lost = !key_in(att(gone[i])->key, charged, num_charged);
   }
   if (gone) scheduler_post_task_ends(cb->base.sched, gone, n);
   common_free(gone);
@@ -604,6 +509,37 @@ static void ping_locked(cluster_backend *cb, executor_ref *e) {
   sender_push_or_drop_locked(cb, e, o);
 }
 
+/* One running job's wait for an executor (check_waiting_jobs). */
+typedef struct waiting_jobs {
+  scheduler *s;
+  uint64_t since, now, timeout, longest;
+  size_t waiting;
+  bool ever;
+  const char *loss;
+} waiting_jobs;
+
+static void check_waiting_job(void *arg, uint64_t job, uint64_t submitted_ns) {
+  waiting_jobs *w = arg;
+  uint64_t from = submitted_ns > w->since ? submitted_ns : w->since;
+  uint64_t waited = w->now > from ? w->now - from : 0;
+  if (w->timeout && waited > w->timeout) {
+    if (w->ever)
+      scheduler_fail_job(w->s, job, FL_ENET,
+                         "job %llu failed: every executor was lost (the last: %s) and none registered "
+                         "within %g s (FLINT_NO_EXECUTOR_TIMEOUT_MS)",
+                         (unsigned long long)job, w->loss, (double)w->timeout / 1e9);
+    else
+      scheduler_fail_job(w->s, job, FL_ETIMEDOUT,
+                         "job %llu failed: no executor has registered with the driver within %g s "
+                         "(FLINT_NO_EXECUTOR_TIMEOUT_MS); start executors with `flint executor "
+                         "--driver HOST:PORT` and check that they reach the driver",
+                         (unsigned long long)job, (double)w->timeout / 1e9);
+    return;
+  }
+  w->waiting++;
+  if (waited > w->longest) w->longest = waited;
+}
+
 /* On the scheduler thread, while no executor is live: a job cannot wait for one for ever.
  * Each job's wait counts from its submission or from when the last executor went, whichever
  * is later; past no_executor_timeout_ns it fails, naming the cause and the setting, and
@@ -618,31 +554,11 @@ static void check_waiting_jobs(scheduler *s, void *arg) {
   snprintf(loss, sizeof loss, "%s", cb->last_loss);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   if (!since) return;
-  uint64_t now = common_now_ns(), timeout = cb->cfg.no_executor_timeout_ns;
-  uint64_t longest = 0;
-  size_t waiting = 0;
-  for (sched_job *job = s->active, *next; job; job = next) {
-    next = job->active_next; /* failing a job may finish it */
-    uint64_t from = job->submitted_ns > since ? job->submitted_ns : since;
-    uint64_t waited = now > from ? now - from : 0;
-    if (job->status != FL_OK) continue; /* failed already, its attempts ending */
-    if (timeout && waited > timeout) {
-      if (ever)
-        dag_scheduler_job_failed(s, job, FL_ENET,
-                                 "job %llu failed: every executor was lost (the last: %s) and none registered "
-                                 "within %g s (FLINT_NO_EXECUTOR_TIMEOUT_MS)",
-                                 (unsigned long long)job->id, loss, (double)timeout / 1e9);
-      else
-        dag_scheduler_job_failed(s, job, FL_ETIMEDOUT,
-                                 "job %llu failed: no executor has registered with the driver within %g s "
-                                 "(FLINT_NO_EXECUTOR_TIMEOUT_MS); start executors with `flint executor "
-                                 "--driver HOST:PORT` and check that they reach the driver",
-                                 (unsigned long long)job->id, (double)timeout / 1e9);
-      continue;
-    }
-    waiting++;
-    if (waited > longest) longest = waited;
-  }
+  waiting_jobs w = {.s = s, .since = since, .now = common_now_ns(), .timeout = cb->cfg.no_executor_timeout_ns,
+                    .ever = ever, .loss = loss};
+  scheduler_each_job(s, check_waiting_job, &w);
+  uint64_t now = w.now, timeout = w.timeout, longest = w.longest;
+  size_t waiting = w.waiting;
   uint64_t every = cb->cfg.no_executor_warn_ns ? cb->cfg.no_executor_warn_ns : NO_EXECUTOR_WARN_NS;
   if (!waiting || longest < every || now - cb->last_wait_warning_ns < every) return;
   cb->last_wait_warning_ns = now;
@@ -870,11 +786,12 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
   FL_PCHECK(pthread_mutex_lock(&app->lock));
   status = launch_released(e, app, &released, &num_released);
   for (size_t i = 0; i < n && status == FL_OK; i++) {
-    const rdd *r = tasks[i]->stage->rdd;
+    const rdd *r = sched_task_rdd(tasks[i]);
+    const rdd_shuffle_dep *dep = sched_task_shuffle_dep(tasks[i]);
     /* A map task needs the node that holds its shuffle dependency: the reading dataset. */
-    const rdd *owner = tasks[i]->stage->dep ? rdd_plan_shuffle_owner(app->plan, tasks[i]->stage->dep->shuffle_id) : r;
+    const rdd *owner = dep ? rdd_plan_shuffle_owner(app->plan, dep->shuffle_id) : r;
     if (!owner) {
-      status = FL_ERR(FL_EINTERNAL, "no dataset reads shuffle %llu", (unsigned long long)tasks[i]->stage->dep->shuffle_id);
+      status = FL_ERR(FL_EINTERNAL, "no dataset reads shuffle %llu", (unsigned long long)dep->shuffle_id);
       break;
     }
     status = rdd_plan_encode_stored(app->plan, owner->id, known_or_mark, &known, &plan);
@@ -944,24 +861,24 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
     sched_task *t = tasks[i];
     Flint__TaskDescription *d = &descs[i];
     flint__task_description__init(d);
-    d->task_key = t->key;
-    d->rdd_id = t->stage->rdd->id;
+    d->task_key = att(t)->key;
+    d->rdd_id = sched_task_rdd(t)->id;
     d->partition = t->rt.partition;
     d->attempt = t->rt.attempt;
-    d->job_id = t->job->id;
+    d->job_id = t->rt.job_id;
     d->barrier = t->rt.barrier.on;
     d->barrier_stage = t->rt.barrier.stage;
     d->barrier_attempt = t->rt.barrier.attempt;
     d->barrier_world = t->rt.barrier.world;
     if (i >= own) {
       d->offer = true;
-      d->owner_pid = ((const executor_ref *)t->placement)->pid;
-      d->owner_executor = ((const executor_ref *)t->placement)->id;
+      d->owner_pid = att(t)->placement->pid;
+      d->owner_executor = att(t)->placement->id;
     }
-    if (t->stage->dep) {
-      d->shuffle_id = t->stage->dep->shuffle_id;
+    if (sched_task_shuffle_dep(t)) {
+      d->shuffle_id = sched_task_shuffle_dep(t)->shuffle_id;
     } else {
-      const driver_action *a = (const driver_action *)t->stage->action;
+      const driver_action *a = (const driver_action *)sched_task_action(t);
       size_t k = 0;
       while (k < num_actions && actions[k].data != a->encoded.data) k++;
       if (k == num_actions) actions[num_actions++] = (ProtobufCBinaryData){a->encoded.len, (uint8_t *)a->encoded.data};
@@ -1068,7 +985,7 @@ static void cluster_flush(backend *b, bool more_pending) {
         if (app_of(e->batch[i]) == app) {
           if (tasks && keys) {
             tasks[k] = e->batch[i];
-            keys[k++] = e->batch[i]->key;
+            keys[k++] = att(e->batch[i])->key;
           }
         } else {
           e->batch[kept++] = e->batch[i];
@@ -1184,36 +1101,14 @@ static void record_block(void *arg, const rdd *r, uint32_t p, uint64_t executor)
   }
 }
 
-/* Task failures that say nothing about the executor. */
-static bool executor_blameless(const sched_task *t) {
-  return t->executor_lost || t->rt.status == FL_ECANCELLED || t->rt.fetch_failed;
-}
-
-static void cluster_ended(backend *b, sched_task *t) {
-  cluster_backend *cb = of(b);
-  executor_ref *e = t->placement;
-  if (e) e->running--; /* its slot, wherever it ran */
-  if (t->runner) e = t->runner;
-  if (e && t->rt.status != FL_OK && !executor_blameless(t) && cb->cfg.exclude_failures &&
-      ++e->failures_in_row >= cb->cfg.exclude_failures) {
-    e->failures_in_row = 0;
-    e->excluded_until_ns = common_now_ns() + cb->cfg.exclude_ns;
-    common_log(LOG_WARN, "executor %llu excluded for %.0f s: %u tasks failed on it in a row (the last: %s)",
-               (unsigned long long)e->id, (double)cb->cfg.exclude_ns / 1e9, cb->cfg.exclude_failures,
-               t->rt.error ? t->rt.error : fl_strerror(t->rt.status));
-  }
-  if (e && t->rt.status == FL_OK) e->failures_in_row = 0;
-  if (e && t->rt.status == FL_ENODEVICE && e->gpu >= 0 && !e->no_device) {
-    e->no_device = common_strdup(t->rt.error ? t->rt.error : fl_strerror(t->rt.status));
-    common_log(LOG_WARN, "executor %llu was started with --gpu %d but has no usable device; it gets no more GPU "
-               "tasks: %s", (unsigned long long)e->id, (int)e->gpu, e->no_device ? e->no_device : "");
-  }
-  if (t->rt.status != FL_OK || t->job->status != FL_OK || !e) return;
+/* What a successful attempt leaves on executor `executor`. */
+static void cluster_record_success(sched_task *t, uint64_t executor) {
   driver_app *app = app_of(t);
   FL_PCHECK(pthread_mutex_lock(&app->lock));
-  if (t->stage->dep) location_set(app->maps, t->stage->dep->shuffle_id, t->rt.partition, e->id);
+  const rdd_shuffle_dep *dep = sched_task_shuffle_dep(t);
+  if (dep) location_set(app->maps, dep->shuffle_id, t->rt.partition, executor);
   /* The executor now caches the partition of every persisted dataset on the way. */
-  record_block(app, t->stage->rdd, t->rt.partition, e->id);
+  record_block(app, sched_task_rdd(t), t->rt.partition, executor);
   /* Accumulator updates go to the client with the job's results. */
   for (uint32_t i = 0; i < t->rt.num_acc_updates; i++) {
     rdd_acc_update *u = &t->rt.acc_updates[i];
@@ -1229,6 +1124,23 @@ static void cluster_ended(backend *b, sched_task *t) {
   /* Committed once, here: the scheduler's commit finds no updates. */
   rdd_task_clear_accumulators(&t->rt);
 }
+
+/* The scheduler is about to handle the attempt's end: its record goes. A success that
+ * counts is recorded with its application: where its output and cached partitions are, and
+ * its accumulator updates (for the client, with the job's results). Returns the executor
+ * that ran it. */
+static uint64_t cluster_ended(backend *b, sched_task *t, bool counts) {
+  (void)b;
+  cluster_attempt *a = att(t);
+  if (!a) return 0; /* its launch failed */
+  executor_ref *e = a->runner ? a->runner : a->placement;
+  a->placement->attempts--;
+  t->attempt = NULL;
+  common_free(a);
+  if (counts) cluster_record_success(t, e->id);
+  return e->id;
+}
+
 
 /* Whether an executor's status is one of the table's (the whole table: a fixed bound
  * read FL_EDEVICE and the codes after it as FL_EINTERNAL). */
@@ -1269,18 +1181,19 @@ static fl_status fetch_result(cluster_backend *cb, executor_ref *e, uint64_t key
 static sched_task *claim_reported(cluster_backend *cb, uint64_t key, executor_ref *reporter) {
   sched_task *t = NULL;
   for (size_t i = 0; i < cb->num_inflight && !t; i++)
-    if (cb->inflight[i]->key == key) t = cb->inflight[i];
+    if (att(cb->inflight[i])->key == key) t = cb->inflight[i];
   if (!t || !reporter) return NULL; /* its end came first */
-  executor_ref *owner = t->placement;
+  cluster_attempt *a = att(t);
+  executor_ref *owner = a->placement;
   if (reporter != owner) {
-    if (t->offered && reporter->pid != owner->pid && strcmp(reporter->node, owner->node) == 0) {
-      t->claimed = true;
-      t->runner = reporter;
+    if (a->offered && reporter->pid != owner->pid && strcmp(reporter->node, owner->node) == 0) {
+      a->claimed = true;
+      a->runner = reporter;
     }
     return NULL;
   }
-  t->claimed = true;
-  if (t->runner) return NULL; /* the claimer told, and is live: its loss takes t out of flight */
+  a->claimed = true;
+  if (a->runner) return NULL; /* the claimer told, and is live: its loss takes t out of flight */
   /* A peer of the node lost since the launch may be the claimer: its loss could not end the
    * attempt then (it was not known to be claimed), so it ends now, and runs again. */
   bool live_peer = false;
@@ -1331,8 +1244,9 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
     if (!t) continue; /* killed or already failed: its end no longer matters */
     /* Ran by a node peer that claimed it (the runner is who reports; find_executor gives
      * no lost one, whose report then reads as the placement's, as before). */
-    if (reporter && reporter != t->placement) t->runner = reporter;
-    executor_ref *e = t->runner ? t->runner : t->placement;
+    cluster_attempt *a = att(t);
+    if (reporter && reporter != a->placement) a->runner = reporter;
+    executor_ref *e = a->runner ? a->runner : a->placement;
     t->rt.status = status_known(s->status) ? (fl_status)s->status : FL_EINTERNAL;
     t->rt.run_ns = s->run_ns;
     t->rt.blocks_mapped = s->blocks_mapped;
@@ -1387,10 +1301,12 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
 
 /* ---- executors ------------------------------------------------------------------------- */
 
-/* On the scheduler thread: the executor's slots become usable. */
+/* On the scheduler thread: tasks may be placed on the executor, unless it was lost before. */
 static void executor_joined(scheduler *s, void *arg) {
   executor_ref *e = arg;
-  scheduler_add_slots(s, e->slots);
+  if (e->removed) return;
+  sched_executor_info info = {.id = e->id, .node = e->node, .cores = e->cores, .slots = e->slots, .gpu = e->gpu};
+  scheduler_executor_added(s, &info);
 }
 
 fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
@@ -1470,7 +1386,7 @@ typedef struct late_charge {
 
 static void charge_late(scheduler *s, void *arg) {
   late_charge *c = arg;
-  task_scheduler_charge(s, c->job, c->stage, c->index, c->why);
+  scheduler_charge_task(s, c->job, c->stage, c->index, c->why);
   common_free(c);
 }
 
@@ -1672,8 +1588,9 @@ static void cluster_destroy(backend *b) {
  * queued before it). */
 /* Whether e may hold attempt t as an offer (cb->lock): t was offered to its placement's node. */
 static bool offered_to(const sched_task *t, const executor_ref *e) {
-  const executor_ref *placed = t->placement;
-  return t->offered && placed && e != placed && e->pid != placed->pid && strcmp(e->node, placed->node) == 0;
+  const cluster_attempt *a = att(t);
+  const executor_ref *placed = a->placement;
+  return a->offered && placed && e != placed && e->pid != placed->pid && strcmp(e->node, placed->node) == 0;
 }
 
 static void cluster_kill(backend *b, sched_job *job) {
@@ -1688,7 +1605,7 @@ static void cluster_kill(backend *b, sched_job *job) {
   }
   for (size_t i = 0; killed && keys && i < cb->num_inflight;) {
     sched_task *t = cb->inflight[i];
-    if (t->job != job || !t->placement) {
+    if (t->job != job) {
       i++;
       continue;
     }
@@ -1700,7 +1617,7 @@ static void cluster_kill(backend *b, sched_job *job) {
   for (executor_ref *e = cb->executors; e && killed && keys; e = e->next) {
     size_t n = 0;
     for (size_t i = 0; i < num_killed; i++)
-      if (killed[i]->placement == e || offered_to(killed[i], e)) keys[n++] = killed[i]->key;
+      if (att(killed[i])->placement == e || offered_to(killed[i], e)) keys[n++] = att(killed[i])->key;
     if (!n) continue;
     Flint__KillTasksRequest req = FLINT__KILL_TASKS_REQUEST__INIT;
     req.incarnation = cb->cfg.incarnation;
@@ -1709,7 +1626,7 @@ static void cluster_kill(backend *b, sched_job *job) {
     outgoing *o = common_calloc(1, sizeof *o);
     if (!o || proto_pack(&req.base, &o->body) != FL_OK) {
       common_log(LOG_WARN, "out of memory: tasks of job %llu on executor %llu run to their end",
-                 (unsigned long long)job->id, (unsigned long long)e->id);
+                 (unsigned long long)killed[0]->rt.job_id, (unsigned long long)e->id);
       if (o) fl_buf_free(&o->body);
       common_free(o);
       continue;
@@ -1767,12 +1684,13 @@ static void cluster_kill_attempt(backend *b, sched_task *t) {
   cluster_backend *cb = of(b);
   bool on_reply = t->rt.barrier.on;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  bool mine = inflight_has(cb, t->key); /* else its end is on the way */
-  bool queued = mine && t->placement && kill_push_locked(cb, t->placement, t->key, on_reply);
+  cluster_attempt *a = att(t);
+  bool mine = a && inflight_has(cb, a->key); /* else its end is on the way */
+  bool queued = mine && kill_push_locked(cb, a->placement, a->key, on_reply);
   for (executor_ref *e = cb->executors; mine && e; e = e->next) /* a peer may have claimed it */
-    if (offered_to(t, e) && !e->lost) kill_push_locked(cb, e, t->key, false);
+    if (offered_to(t, e) && !e->lost) kill_push_locked(cb, e, a->key, false);
   bool end_now = mine && !(on_reply && queued);
-  if (end_now) inflight_take(cb, t->key);
+  if (end_now) inflight_take(cb, a->key);
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   if (!end_now) return;
   t->rt.status = FL_ECANCELLED;
@@ -1793,65 +1711,14 @@ static void cluster_fetch_failed(backend *b, sched_task *t) {
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
 }
 
-/* ---- barrier stages ----------------------------------------------------------------------- */
-
-/* Whether e can take barrier tasks (scheduler thread): alive and not excluded. */
-static bool gang_usable(const executor_ref *e, bool gpu, uint64_t now) {
-  return !e->removed && !excluded(e, now) && (!gpu || (e->gpu >= 0 && !e->no_device));
-}
-
-/* The live GPU executors given up for GPU tasks, and why. */
-static void cluster_gang_shortfall(backend *b, bool gpu, char *buf, size_t len) {
-  size_t used = 0;
-  buf[0] = 0;
-  for (executor_ref *e = of(b)->executors; gpu && e && used < len; e = e->next) {
-    if (e->removed || e->gpu < 0 || !e->no_device) continue;
-    int n = snprintf(buf + used, len - used, "%sexecutor %llu: --gpu %d but no usable device: %s", used ? "; " : "",
-                     (unsigned long long)e->id, (int)e->gpu, e->no_device);
-    if (n < 0) break;
-    used += (size_t)n;
-  }
-}
-
-/* Tasks of one gang wait for each other, so each needs a core (a GPU executor: the whole
- * executor, one GPU) of its own at the same moment. */
-static uint32_t cluster_gang_capacity(backend *b, bool gpu) {
-  uint64_t now = common_now_ns();
-  uint32_t n = 0;
-  for (executor_ref *e = of(b)->executors; e; e = e->next)
-    if (gang_usable(e, gpu, now)) n += gpu ? 1 : e->cores;
-  return n;
-}
-
-static bool cluster_gang_place(backend *b, sched_task *tasks, uint32_t n, bool gpu) {
-  cluster_backend *cb = of(b);
-  uint64_t now = common_now_ns();
-  uint32_t free_now = 0;
-  for (executor_ref *e = cb->executors; e; e = e->next)
-    if (gang_usable(e, gpu, now) && e->running < e->cores) free_now += gpu ? (e->running == 0) : e->cores - e->running;
-  if (free_now < n) return false;
-  /* Spread over executors, the least busy first; running is raised by launch. */
-  uint32_t i = 0;
-  for (executor_ref *e = cb->executors; e && i < n; e = e->next) {
-    if (!gang_usable(e, gpu, now) || e->running >= e->cores) continue;
-    uint32_t take = gpu ? (e->running == 0) : e->cores - e->running;
-    for (uint32_t k = 0; k < take && i < n; k++) tasks[i++].placement = e;
-  }
-  return i == n;
-}
-
 static const backend_ops cluster_ops = {.name = "cluster",
-                                        .gang_capacity = cluster_gang_capacity,
-                                        .gang_place = cluster_gang_place,
-                                        .gang_shortfall = cluster_gang_shortfall,
-                                        .place = cluster_place,
                                         .launch = cluster_launch,
                                         .flush = cluster_flush,
                                         .ended = cluster_ended,
-                                        .kill = cluster_kill,
-                                        .fetch_failed = cluster_fetch_failed,
+                                        .kill_job = cluster_kill,
                                         .kill_attempt = cluster_kill_attempt,
-                                        .queued_behind = cluster_queued_behind,
+                                        .fetch_failed = cluster_fetch_failed,
+                                        .attempts = cluster_attempts,
                                         .destroy = cluster_destroy};
 
 fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cluster_backend **out) {
@@ -1884,7 +1751,8 @@ fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg, cl
   cb->next_key = (bits >> 1) & ~(((uint64_t)1 << 32) - 1); /* 31 random bits above 2^32 keys */
   cb->base.ops = &cluster_ops;
   cb->base.sched = sched;
-  cb->base.slots = 0; /* executors bring theirs */
+  cb->base.threads = 0; /* tasks run on the executors it adds, which bring their slots */
+  cb->base.slots = 0;
   *out = cb;
   return FL_OK;
 }

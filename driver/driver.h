@@ -7,6 +7,7 @@
 #define FLINT_DRIVER_H
 
 #include "driver/scheduler/scheduler.h"
+#include "executor/executor.h"
 #include "net/net.h"
 
 /* ---- the driver process (server.c) and its cluster backend (cluster_backend.c) --------- */
@@ -62,7 +63,6 @@ FL_INTERNAL void location_each(const location_table *t, uint64_t id,
 typedef struct cluster_config {
   const char *secret;
   uint64_t incarnation;      /* the driver process's (driver_incarnation): in every message */
-  uint64_t locality_wait_ns; /* how long a task waits for the executor caching its input */
   uint32_t slots_per_core;   /* tasks launched per core at once (queued at the executor) */
   bool offer_node_tasks;     /* offer tasks over cached data to their node's other executors
                                 (executor/claim_table.c); FLINT_NODE_OFFERS=0 turns it off */
@@ -72,8 +72,6 @@ typedef struct cluster_config {
    * no_executor_warn_ns while one waits (0: 15 s). */
   uint64_t no_executor_timeout_ns;
   uint64_t no_executor_warn_ns;
-  uint32_t exclude_failures;       /* task failures on an executor in a row that exclude it */
-  uint64_t exclude_ns;             /* for how long */
   /* On the scheduler thread, when an executor is lost: the driver forgets what it held. */
   void (*executor_lost)(void *arg, uint64_t executor);
   void *executor_lost_arg;
@@ -83,6 +81,9 @@ FL_INTERNAL fl_status cluster_backend_create(scheduler *sched, const cluster_con
                                              cluster_backend **out);
 /* The backend_ops view (handed to scheduler_set_backend). */
 FL_INTERNAL backend *cluster_backend_base(cluster_backend *cb);
+/* sched_placement.input_at (arg: the cluster backend): the live executor that caches the
+ * partition the task reads first, as the application's block locations say. */
+FL_INTERNAL uint64_t cluster_input_at(void *arg, const sched_task *task);
 /* RPC handlers' entry points; any thread, may block briefly. */
 /* `node` and `pid` (either may be empty or 0) let executors of one node share cached blocks. */
 FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,

@@ -1637,17 +1637,20 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   }
   cluster_config cc = {.secret = cfg->secret,
                        .incarnation = d.incarnation,
-                       .locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
                        .slots_per_core = DRIVER_SLOTS_PER_CORE,
                        .offer_node_tasks = env_number("FLINT_NODE_OFFERS", 1) != 0,
                        .executor_timeout_ns = env_ms("FLINT_EXECUTOR_TIMEOUT_MS", 10000),
                        .no_executor_timeout_ns = env_ms("FLINT_NO_EXECUTOR_TIMEOUT_MS", 30000),
                        .no_executor_warn_ns = env_ms("FLINT_NO_EXECUTOR_WARN_MS", 15000),
-                       .exclude_failures = (uint32_t)env_number("FLINT_EXCLUDE_FAILURES", 3),
-                       .exclude_ns = env_ms("FLINT_EXCLUDE_MS", 60000),
                        .executor_lost = forget_executor,
                        .executor_lost_arg = &d};
   FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));
+  sched_placement placement = {.locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
+                               .exclude_failures = (uint32_t)env_number("FLINT_EXCLUDE_FAILURES", 3),
+                               .exclude_ns = env_ms("FLINT_EXCLUDE_MS", 60000),
+                               .input_at = cluster_input_at,
+                               .arg = d.cluster};
+  scheduler_set_placement(d.sched, &placement);
   scheduler_set_backend(d.sched, cluster_backend_base(d.cluster));
   FL_CHECK(dp_server_start(host, 0, cfg->secret, serve, &d, &d.blocks));
   /* Results of a job come back to the client in one reply (collect), hence the size limit. */

@@ -154,7 +154,7 @@ static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
     st->finished = true;
     return;
   }
-  if (st->barrier) task_scheduler_submit_gang(s, st);
+  if (st->barrier) gang_submit(s, st);
   else task_scheduler_submit(s, st->tasks, st->num_tasks);
 }
 
@@ -345,7 +345,7 @@ void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status, co
   atomic_store(&job->cancelled, true);
   barrier_job_abort(s->barriers, job->id);
   task_scheduler_drop_job(s, job);
-  if (job->running > 0 && s->backend->ops->kill) s->backend->ops->kill(s->backend, job);
+  if (job->running > 0 && s->backend->ops->kill_job) s->backend->ops->kill_job(s->backend, job);
   dag_scheduler_maybe_finish(s, job);
 }
 

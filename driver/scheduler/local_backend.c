@@ -1,6 +1,12 @@
-/* local_backend.c: the in-process executor backend: tasks run on a pool of threads of this
- * process, against the context's own block manager. */
-#include "driver/scheduler/scheduler_internal.h"
+/*
+ * local_backend.c: the in-process executor backend: tasks run on a pool of threads of this
+ * process, against the context's own block manager. Nothing is placed: the pool's threads
+ * are the backend's (backend.threads), and a barrier stage's gang fits when as many threads
+ * are idle (gang.c). launch runs on the scheduler thread; the attempts on the pool's, which
+ * post their ends.
+ */
+#include "driver/scheduler/scheduler.h"
+#include "executor/executor.h"
 
 /* The backend offers this many slots per thread: tasks beyond the threads wait in the
  * pool's queue, so a thread that finishes a task starts the next at once instead of
@@ -11,22 +17,38 @@
 typedef struct local_backend {
   backend base;
   task_pool *pool;
-  uint32_t threads;
-  uint32_t running; /* attempts launched and not ended (scheduler thread) */
 } local_backend;
 
+/* One attempt in the pool's queue. */
+typedef struct local_work {
+  task_pool_work work; /* first: the pool hands this back */
+  backend *b;
+  sched_task *task;
+} local_work;
+
 static void local_run(task_pool_work *work) {
-  sched_task *t = (sched_task *)((char *)work - offsetof(sched_task, work));
+  local_work *w = (local_work *)work;
+  sched_task *t = w->task;
+  scheduler *s = w->b->sched;
+  common_free(w);
   common_trace_partition("task.start", t->rt.partition); /* as executors trace theirs */
-  rdd_task_run(&t->rt, t->stage->rdd, t->stage->action, &t->result);
+  rdd_task_run(&t->rt, sched_task_rdd(t), sched_task_action(t), &t->result);
   common_trace_partition("task.end", t->rt.partition);
-  scheduler_post_task_end(t->job->sched, t);
+  scheduler_post_task_end(s, t);
 }
 
 static void local_launch(backend *b, sched_task *t) {
-  ((local_backend *)b)->running++;
-  t->work.run = local_run;
-  task_pool_submit(((local_backend *)b)->pool, &t->work);
+  local_work *w = common_malloc(sizeof *w);
+  if (!w) { /* the attempt ends at once, as a failure */
+    t->rt.status = FL_ENOMEM;
+    t->rt.error = common_strdup("out of memory: cannot queue the task");
+    scheduler_post_task_end(b->sched, t);
+    return;
+  }
+  w->work.run = local_run;
+  w->b = b;
+  w->task = t;
+  task_pool_submit(((local_backend *)b)->pool, &w->work);
 }
 
 static void local_destroy(backend *b) {
@@ -35,31 +57,7 @@ static void local_destroy(backend *b) {
   common_free(lb);
 }
 
-static void local_ended(backend *b, sched_task *t) {
-  (void)t;
-  ((local_backend *)b)->running--;
-}
-
-/* A barrier stage's tasks each need a thread of their own at the same moment (they wait for
- * each other), so the threads are the gang's slots, GPU or not. */
-static uint32_t local_gang_capacity(backend *b, bool gpu) {
-  (void)gpu;
-  return ((local_backend *)b)->threads;
-}
-
-static bool local_gang_place(backend *b, sched_task *tasks, uint32_t n, bool gpu) {
-  (void)tasks;
-  (void)gpu;
-  local_backend *lb = (local_backend *)b;
-  return lb->running + n <= lb->threads;
-}
-
-static const backend_ops local_ops = {.name = "local",
-                                      .launch = local_launch,
-                                      .ended = local_ended,
-                                      .gang_capacity = local_gang_capacity,
-                                      .gang_place = local_gang_place,
-                                      .destroy = local_destroy};
+static const backend_ops local_ops = {.name = "local", .launch = local_launch, .destroy = local_destroy};
 
 fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out) {
   local_backend *lb = common_calloc(1, sizeof *lb);
@@ -71,8 +69,8 @@ fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out
   }
   lb->base.ops = &local_ops;
   lb->base.sched = sched;
+  lb->base.threads = threads;
   lb->base.slots = threads * LOCAL_SLOTS_PER_THREAD;
-  lb->threads = threads;
   *out = &lb->base;
   return FL_OK;
 }

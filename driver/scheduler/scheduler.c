@@ -1,4 +1,12 @@
-/* scheduler.c: the scheduler's event loop and its entry points (see driver.h). */
+/*
+ * scheduler.c: the scheduler's event loop and its entry points (scheduler.h): jobs in (run,
+ * submit, cancel) and out (handed back to their callers once an event is through), task
+ * ends and calls from other threads, and the timers (locality waits, lost output to run
+ * again, slow tasks, callers gone away). The loop's thread runs everything of the scheduler;
+ * the entry points only queue events, but for scheduler_run_job, which then waits for its job.
+ */
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "driver/scheduler/scheduler_internal.h"
@@ -18,8 +26,6 @@ fl_status scheduler_post_call(scheduler *s, void (*fn)(scheduler *, void *), voi
   common_queue_push(&s->events, &call->base.node);
   return FL_OK;
 }
-
-void scheduler_add_slots(scheduler *s, int64_t delta) { s->free_slots += delta; }
 
 typedef struct cancel_args {
   uint64_t group, tag;
@@ -66,7 +72,7 @@ static void run_timers(scheduler *s) {
   if (s->resubmit_at_ns && s->resubmit_at_ns <= now) dag_scheduler_resubmit(s);
   if (s->speculate_at_ns && s->speculate_at_ns <= now) {
     s->speculate_at_ns = 0;
-    task_scheduler_speculate(s);
+    speculation_check_slow(s);
   }
   if (s->speculation.enabled && s->active && !s->speculate_at_ns) s->speculate_at_ns = now + SPECULATION_PERIOD_NS;
   if (s->abandon_check_at_ns && s->abandon_check_at_ns <= now) check_abandoned(s, now);
@@ -158,6 +164,12 @@ void scheduler_destroy(scheduler *s) {
     if (ev->type == EV_CALL) common_free(ev);
   common_queue_destroy(&s->events);
   barrier_table_destroy(s->barriers);
+  while (s->executors) {
+    sched_executor *x = s->executors;
+    s->executors = x->next;
+    common_free(x->no_device);
+    common_free(x);
+  }
   common_free(s);
 }
 
@@ -352,3 +364,27 @@ void scheduler_stats_get(scheduler *s, scheduler_stats *out) {
 }
 
 barrier_table *scheduler_barriers(scheduler *s) { return s->barriers; }
+
+void scheduler_each_job(scheduler *s, void (*fn)(void *arg, uint64_t job, uint64_t submitted_ns), void *arg) {
+  for (sched_job *job = s->active, *next; job; job = next) {
+    next = job->active_next; /* failing a job may finish it */
+    if (job->status == FL_OK) fn(arg, job->id, job->submitted_ns);
+  }
+}
+
+void scheduler_fail_job(scheduler *s, uint64_t id, fl_status status, const char *fmt, ...) {
+  sched_job *job = s->active;
+  while (job && job->id != id) job = job->active_next;
+  if (!job) return;
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  dag_scheduler_job_failed(s, job, status, "%s", msg);
+}
+
+rdd *sched_task_rdd(const sched_task *task) { return task->stage->rdd; }
+const rdd_shuffle_dep *sched_task_shuffle_dep(const sched_task *task) { return task->stage->dep; }
+const rdd_action *sched_task_action(const sched_task *task) { return task->stage->action; }
+uint32_t sched_task_stage(const sched_task *task) { return task->stage->id; }

@@ -1,12 +1,20 @@
 /*
- * scheduler_internal.h: inside the scheduler (scheduler.c, dag_scheduler.c,
- * task_scheduler.c): jobs, stages and the event loop's state. Scheduler thread only.
+ * scheduler_internal.h: inside the scheduler (driver/scheduler/): jobs, stages, the
+ * executors tasks are placed on, the event loop's state, and how the files of the scheduler
+ * call each other. Everything here belongs to the scheduler thread, but for the counters of
+ * struct scheduler (atomics) and the barrier table (its own lock).
+ *
+ * The files, top to bottom: scheduler.c (the event loop and the entry points) calls
+ * dag_scheduler.c (jobs into stages, the end of jobs), which calls task_scheduler.c (pending
+ * tasks onto slots, task ends and retries), which calls gang.c (barrier stages),
+ * speculation.c (backup attempts) and locality.c (where a task runs), which stand on
+ * executors.c (the executors and their slots). A task or job ending calls back up into
+ * dag_scheduler.c through the functions declared here: the scheduler is one state machine.
  */
 #ifndef FLINT_DRIVER_SCHEDULER_INTERNAL_H
 #define FLINT_DRIVER_SCHEDULER_INTERNAL_H
 
 #include "driver/scheduler/scheduler.h"
-
 
 /* A stage: tasks that each compute one partition of `rdd` through its narrow lineage. A map
  * stage writes the output of shuffle `dep`; the result stage runs the job's action. */
@@ -79,16 +87,39 @@ struct sched_job {
   common_event done;
 };
 
+/* An executor as the task scheduler sees it (executors.c): its slots, the attempts placed
+ * on it, and whether tasks leave it out. */
+typedef struct sched_executor {
+  uint64_t id;
+  char node[64];
+  uint32_t cores, slots;
+  int32_t gpu;
+  uint32_t running;           /* attempts placed on it and not ended (their slots) */
+  bool removed;               /* lost: its slots are gone; freed once `running` is 0 */
+  uint32_t failures_in_row;   /* task failures since its last success */
+  uint64_t excluded_until_ns; /* left out until then */
+  char *no_device;            /* a task of it found no usable GPU (FL_ENODEVICE): why; it gets
+                                 no more GPU barrier tasks */
+  /* speculation.c's, for one decision: its own attempts taking a core (claimed ones off),
+   * the node peers' it runs, its free cores, its node's, and the launch index below which
+   * its queued attempts may still be backed up */
+  uint32_t own_now, claimed_in, free_cores, node_free;
+  size_t steal_below;
+  struct sched_executor *next;
+} sched_executor;
+
 struct scheduler {
   common_queue events;
   pthread_t thread;
   backend *backend;
   uint32_t max_attempts;
   int64_t free_slots;
-  uint64_t retry_at_ns; /* the earliest locality wait to end; 0: none */
+  uint64_t retry_at_ns;    /* the earliest locality wait to end; 0: none */
   uint64_t resubmit_at_ns; /* when to rerun the map tasks of lost outputs; 0: none */
   sched_speculation speculation;
+  sched_placement placement;
   uint64_t speculate_at_ns; /* the next look for slow tasks; 0: none due */
+  sched_executor *executors; /* newest first (the order ties are broken in) */
   sched_task *pending_head, *pending_tail; /* FIFO of tasks waiting for a slot */
   sched_job *active;                       /* jobs submitted and not finished */
   sched_job *ended;                        /* jobs ended during this event, to hand back */
@@ -99,43 +130,69 @@ struct scheduler {
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
 };
 
-/* Task scheduler: charges task `index` of stage `stage` of running job `job` with a failed
- * attempt that ended without counting as one (its executor's loss was explained later: its
- * process died of the task's code; `why` says how). The job fails once the task has failed
- * max_attempts times. Nothing happens when the job or the task is over. */
-FL_INTERNAL void task_scheduler_charge(scheduler *s, uint64_t job, uint32_t stage, uint32_t index, const char *why);
-
-/* DAG scheduler: cuts a submitted job into stages and submits those that can run. */
+/* ---- DAG scheduler (dag_scheduler.c) ----------------------------------------------------- */
+/* Cuts a submitted job into stages and submits those that can run. */
 FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
 /* A task failed to read map output: marks it lost, parks the task until its map task ran
- * again (the rerun waits DAG_RESUBMIT_DELAY_MS, so that one lost executor's fetch failures
+ * again (the rerun waits DAG_RESUBMIT_DELAY_NS, so that one lost executor's fetch failures
  * are handled together). */
 FL_INTERNAL void dag_scheduler_fetch_failed(scheduler *s, sched_task *task);
 /* Reruns the map tasks of lost outputs that unfinished stages need (resubmit_at_ns). */
 FL_INTERNAL void dag_scheduler_resubmit(scheduler *s);
 /* Frees a finished job's stages (the caller's thread, after the job is handed back). */
 FL_INTERNAL void dag_scheduler_free_stages(sched_job *job);
-/* DAG scheduler: a task of `job` succeeded, or the job failed; finishes the job when no
- * attempt of it is still running. */
+/* A task of `job` succeeded, or the job failed; finishes the job when no attempt of it is
+ * still running. */
 FL_INTERNAL void dag_scheduler_task_succeeded(scheduler *s, sched_task *task);
 FL_INTERNAL void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status,
                                           const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 FL_INTERNAL void dag_scheduler_maybe_finish(scheduler *s, sched_job *job);
 
-/* Barrier stages (task_scheduler.c): submits the gang of a barrier stage (fails the job
- * with FL_ESLOTS when the cluster can never run it), and handles the end of one of its
- * attempts. */
-FL_INTERNAL void task_scheduler_submit_gang(scheduler *s, sched_stage *st);
-
-/* Task scheduler. */
+/* ---- task scheduler (task_scheduler.c) --------------------------------------------------- */
 FL_INTERNAL void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count);
+/* Queues a task for a slot (its locality wait counts from now). */
+FL_INTERNAL void task_scheduler_pending_push(scheduler *s, sched_task *task);
+/* Launches an attempt of t where it was placed. */
+FL_INTERNAL void task_scheduler_launch(scheduler *s, sched_task *t);
 FL_INTERNAL void task_scheduler_task_ended(scheduler *s, sched_task *task);
 /* Launches pending tasks while slots are free. */
 FL_INTERNAL void task_scheduler_offer(scheduler *s);
-/* Gives slow running tasks of running stages a backup copy (speculation). */
-FL_INTERNAL void task_scheduler_speculate(scheduler *s);
 /* Forgets the pending tasks of a job. */
 FL_INTERNAL void task_scheduler_drop_job(scheduler *s, sched_job *job);
+
+/* ---- barrier stages: gangs (gang.c) ------------------------------------------------------ */
+/* Queues the gang of a barrier stage for slots (fails the job with FL_ESLOTS when the
+ * cluster can never run it). */
+FL_INTERNAL void gang_submit(scheduler *s, sched_stage *st);
+/* Launches every waiting gang that fits now, in order; true when one was launched. */
+FL_INTERNAL bool gang_offer(scheduler *s);
+/* An attempt of a barrier stage's task ended (its job still runs). */
+FL_INTERNAL void gang_task_ended(scheduler *s, sched_task *t);
+
+/* ---- speculation (speculation.c) --------------------------------------------------------- */
+/* Gives slow running tasks of running stages a backup copy. */
+FL_INTERNAL void speculation_check_slow(scheduler *s);
+/* With nothing pending, backs up attempts that wait in a busy executor's queue while
+ * another executor has an idle core. */
+FL_INTERNAL void speculation_back_up_queued(scheduler *s);
+/* Where backup t goes when the backend moved its original (an attempt offered to its
+ * node's executors): true with *to set; *avoid becomes the executor running the original
+ * when one said so. */
+FL_INTERNAL bool speculation_place_backup(scheduler *s, const sched_task *t, uint64_t now, uint64_t *to,
+                                          uint64_t *avoid);
+
+/* ---- locality (locality.c) --------------------------------------------------------------- */
+/* Where task t runs (delay scheduling): true with t->executor set; false to keep it pending,
+ * with *retry_at set when it waits for its preferred executor. */
+FL_INTERNAL bool locality_place(scheduler *s, sched_task *t, uint64_t now, uint64_t *retry_at);
+
+/* ---- executors (executors.c) ------------------------------------------------------------- */
+/* Executor `id`, removed or not; NULL when unknown (or freed). */
+FL_INTERNAL sched_executor *executors_find(scheduler *s, uint64_t id);
+FL_INTERNAL bool executors_excluded(const sched_executor *x, uint64_t now);
+/* An attempt placed on t->executor and run by `ran` ended, before the scheduler handles it:
+ * its slot is free, and the executor that ran it is charged (exclusion, no usable GPU). */
+FL_INTERNAL void executors_attempt_ended(scheduler *s, const sched_task *t, uint64_t ran);
 
 #endif /* FLINT_DRIVER_SCHEDULER_INTERNAL_H */
