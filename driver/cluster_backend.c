@@ -19,7 +19,7 @@
  */
 #include <string.h>
 
-#include "driver/driver.h"
+#include "driver/driver_internal.h"
 #include "proto/flint.pb-c.h"
 #include "proto/pack.h"
 #include "shuffle/shuffle.h"
@@ -140,19 +140,6 @@ static cluster_attempt *att(const sched_task *t) { return t->attempt; }
 
 /* ---- lineage walks ---------------------------------------------------------------------- */
 
-/* The persisted dataset whose partition p this task reads first: the stage's dataset or one
- * below it through one-to-one narrow parents. 0 when there is none. */
-static uint64_t cached_input(const rdd *r) {
-  while (r) {
-    if (atomic_load(&r->level) != FL_STORAGE_NONE) return r->id;
-    if (r->num_parents != 1 || r->num_shuffle_deps ||
-        r->parents[0]->num_partitions != r->num_partitions)
-      return 0;
-    r = r->parents[0];
-  }
-  return 0;
-}
-
 typedef struct walk {
   const rdd **seen;
   size_t count, cap;
@@ -198,12 +185,7 @@ static executor_ref *find_any_executor(cluster_backend *cb, uint64_t id) {
 
 /* The live executor that caches t's input partition, or NULL (none, or not computed yet). */
 static executor_ref *input_holder(cluster_backend *cb, const sched_task *t) {
-  uint64_t cached = cached_input(sched_task_rdd(t));
-  if (!cached) return NULL;
-  driver_app *app = app_of(t);
-  FL_PCHECK(pthread_mutex_lock(&app->lock));
-  uint64_t where = location_get(app->blocks, cached, t->rt.partition);
-  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  uint64_t where = locations_input(app_of(t), sched_task_rdd(t), t->rt.partition);
   executor_ref *e = where ? find_executor(cb, where) : NULL;
   return e && !e->removed ? e : NULL;
 }
@@ -840,7 +822,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
         break;
       }
       shuffle_loc_ctx c = {sl, items, cb};
-      location_each(app->maps, dep->shuffle_id, add_map_location, &c);
+      locations_each(app->maps, dep->shuffle_id, add_map_location, &c);
     }
   }
   /* Where the stage's cached inputs are, so that a task placed away from its partition reads
@@ -849,7 +831,7 @@ static fl_status encode_launch(cluster_backend *cb, executor_ref *e, driver_app 
     const rdd *r = stage_part.seen[i];
     if (atomic_load(&r->level) == FL_STORAGE_NONE) continue;
     block_loc_ctx bc = {&blocks, &num_blocks, &cap_blocks, cb, r->id};
-    location_each(app->blocks, r->id, add_block_location, &bc);
+    locations_each(app->blocks, r->id, add_block_location, &bc);
   }
   if (status == FL_OK) status = launch_broadcasts(e, app, &ship, &num_ship, &forget, &num_forget);
   char broadcast_address[DP_ADDRESS_MAX];
@@ -1090,25 +1072,11 @@ static void *sender_loop(void *p) {
 
 /* ---- task ends ------------------------------------------------------------------------- */
 
-static void record_block(void *arg, const rdd *r, uint32_t p, uint64_t executor) {
-  driver_app *app = arg;
-  for (const rdd *c = r; c; c = c->num_parents == 1 && !c->num_shuffle_deps ? c->parents[0] : NULL) {
-    /* The first executor to compute a partition caches it; a later task elsewhere read it
-     * from there rather than caching a copy (executor.c's remote reads). */
-    if (atomic_load(&c->level) != FL_STORAGE_NONE && !location_get(app->blocks, c->id, p))
-      location_set(app->blocks, c->id, p, executor);
-    if (c->num_parents == 1 && c->parents[0]->num_partitions != c->num_partitions) break;
-  }
-}
-
 /* What a successful attempt leaves on executor `executor`. */
 static void cluster_record_success(sched_task *t, uint64_t executor) {
   driver_app *app = app_of(t);
   FL_PCHECK(pthread_mutex_lock(&app->lock));
-  const rdd_shuffle_dep *dep = sched_task_shuffle_dep(t);
-  if (dep) location_set(app->maps, dep->shuffle_id, t->rt.partition, executor);
-  /* The executor now caches the partition of every persisted dataset on the way. */
-  record_block(app, sched_task_rdd(t), t->rt.partition, executor);
+  locations_task_succeeded(app, sched_task_shuffle_dep(t), sched_task_rdd(t), t->rt.partition, executor);
   /* Accumulator updates go to the client with the job's results. */
   for (uint32_t i = 0; i < t->rt.num_acc_updates; i++) {
     rdd_acc_update *u = &t->rt.acc_updates[i];
@@ -1418,14 +1386,6 @@ bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t in
   return true;
 }
 
-bool cluster_executor_address(cluster_backend *cb, uint64_t executor, char *buf, size_t len) {
-  FL_PCHECK(pthread_mutex_lock(&cb->lock));
-  executor_ref *e = find_executor(cb, executor);
-  if (e) snprintf(buf, len, "%s", e->data_address);
-  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
-  return e != NULL;
-}
-
 uint32_t cluster_cores(cluster_backend *cb) {
   uint32_t n = 0;
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
@@ -1701,10 +1661,7 @@ static void cluster_kill_attempt(backend *b, sched_task *t) {
  * finds out now (its loss then marks everything it held lost at once). */
 static void cluster_fetch_failed(backend *b, sched_task *t) {
   cluster_backend *cb = of(b);
-  driver_app *app = app_of(t);
-  FL_PCHECK(pthread_mutex_lock(&app->lock));
-  uint64_t where = location_get(app->maps, t->rt.fetch_shuffle_id, t->rt.fetch_map);
-  FL_PCHECK(pthread_mutex_unlock(&app->lock));
+  uint64_t where = locations_map_output(app_of(t), t->rt.fetch_shuffle_id, t->rt.fetch_map);
   FL_PCHECK(pthread_mutex_lock(&cb->lock));
   executor_ref *e = where ? find_executor(cb, where) : NULL;
   if (e) ping_locked(cb, e);

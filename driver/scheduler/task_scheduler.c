@@ -137,8 +137,9 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   /* The other attempt won already: nothing of this one counts (results, accumulators). */
   if (task->done && t->rt.status == FL_OK) t->rt.status = FL_ECANCELLED;
   bool superfluous = task->done || (t->rt.status != FL_OK && other_running);
-  uint64_t ran = 0;
-  if (s->backend->ops->ended) ran = s->backend->ops->ended(s->backend, t, t->rt.status == FL_OK && job->status == FL_OK);
+  uint64_t ran = 0; /* the executor that ran it, when the backend says */
+  bool counts = t->rt.status == FL_OK && job->status == FL_OK;
+  if (s->backend->ops->ended) ran = s->backend->ops->ended(s->backend, t, counts);
   executors_attempt_ended(s, t, ran);
   s->free_slots++;
   job->running--;
