@@ -73,7 +73,7 @@ static bool gang_impossible(scheduler *s, sched_stage *st) {
   sched_job *job = st->tasks[0].job;
   char why[1024] = "";
   gang_shortfall(s, gpu, why, sizeof why);
-  dag_scheduler_job_failed(s, job, FL_ESLOTS,
+  job_end_fail(s, job, FL_ESLOTS,
                            "job %llu: barrier stage of dataset %llu needs %u %s at once, but the cluster "
                            "has %u (%s%s%s)",
                            (unsigned long long)job->id, (unsigned long long)st->barrier->id, st->num_tasks,
@@ -89,7 +89,7 @@ void gang_submit(scheduler *s, sched_stage *st) {
   fl_status rs = barrier_stage_start(s->barriers, job->id, job->group, job->tag, st->id, st->barrier_attempt,
                                      st->num_tasks);
   if (rs != FL_OK) {
-    dag_scheduler_job_failed(s, job, rs, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+    job_end_fail(s, job, rs, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
     return;
   }
   for (uint32_t i = 0; i < st->num_tasks; i++) {
@@ -123,7 +123,7 @@ bool gang_offer(scheduler *s) {
     }
     *p = st->barrier_next;
     st->barrier_running = st->num_tasks;
-    for (uint32_t i = 0; i < st->num_tasks; i++) task_scheduler_launch(s, &st->tasks[i]);
+    for (uint32_t i = 0; i < st->num_tasks; i++) task_queue_launch(s, &st->tasks[i]);
     launched = true;
   }
   return launched;
@@ -149,7 +149,7 @@ static void gang_maybe_retry(scheduler *s, sched_stage *st) {
    * once when too few are left. */
   bool deterministic = st->barrier_cause_status == FL_ENODEVICE && s->backend->threads;
   if (st->barrier_failures >= s->max_attempts || deterministic) {
-    dag_scheduler_job_failed(s, job, FL_EJOB,
+    job_end_fail(s, job, FL_EJOB,
                              "job %llu failed: barrier stage of dataset %llu (%u tasks) failed %u times; last "
                              "error (partition %u): %s",
                              (unsigned long long)job->id, (unsigned long long)st->barrier->id, st->num_tasks,
@@ -172,19 +172,19 @@ static void gang_maybe_retry(scheduler *s, sched_stage *st) {
 
 /* Successes are held until every task of the attempt succeeded; a failure abandons the
  * attempt, stops the others and retries the whole stage once they all ended. */
-void gang_task_ended(scheduler *s, sched_task *t) {
+task_outcome gang_task_ended(scheduler *s, sched_task *t) {
   sched_stage *st = t->stage;
   rdd_task *rt = &t->rt;
   st->barrier_running--;
   if (st->barrier_aborted) { /* this attempt is lost already */
     rdd_task_clear(rt);
     gang_maybe_retry(s, st);
-    return;
+    return TASK_OUTCOME_NONE;
   }
   if (rt->status == FL_OK) {
     t->barrier_ok = true;
-    if (++st->barrier_succeeded < st->num_tasks) return;
-    /* Every task succeeded: commit them all. The last commit may finish (and free) the job. */
+    if (++st->barrier_succeeded < st->num_tasks) return TASK_OUTCOME_NONE;
+    /* Every task succeeded: commit them all, and the DAG scheduler takes them all. */
     uint32_t n = st->num_tasks;
     for (uint32_t i = 0; i < n; i++) {
       sched_task *x = &st->tasks[i];
@@ -193,9 +193,7 @@ void gang_task_ended(scheduler *s, sched_task *t) {
       rdd_task_commit_accumulators(&x->rt);
       rdd_task_clear(&x->rt);
     }
-    sched_task *tasks = st->tasks;
-    for (uint32_t i = 0; i < n; i++) dag_scheduler_task_succeeded(s, &tasks[i]);
-    return;
+    return (task_outcome){TASK_SUCCEEDED, st->tasks, n};
   }
   atomic_fetch_add(&s->tasks_failed, 1);
   sched_job *job = t->job;
@@ -213,4 +211,5 @@ void gang_task_ended(scheduler *s, sched_task *t) {
     for (uint32_t i = 0; i < st->num_tasks; i++)
       if (st->tasks[i].running) ops->kill_attempt(s->backend, &st->tasks[i]);
   gang_maybe_retry(s, st);
+  return TASK_OUTCOME_NONE;
 }

@@ -4,12 +4,19 @@
  * call each other. Everything here belongs to the scheduler thread, but for the counters of
  * struct scheduler (atomics) and the barrier table (its own lock).
  *
- * The files, top to bottom: scheduler.c (the event loop and the entry points) calls
- * dag_scheduler.c (jobs into stages, the end of jobs), which calls task_scheduler.c (pending
- * tasks onto slots, task ends and retries), which calls gang.c (barrier stages),
- * speculation.c (backup attempts) and locality.c (where a task runs), which stand on
- * executors.c (the executors and their slots). A task or job ending calls back up into
- * dag_scheduler.c through the functions declared here: the scheduler is one state machine.
+ * The files, top to bottom; each calls only those below it:
+ *   event_loop.c      the event loop and the entry points; hands each task end's outcome
+ *                     from the task scheduler to the DAG scheduler
+ *   dag_scheduler.c   jobs into stages, stages into tasks; lost map output run again
+ *   task_scheduler.c  pending tasks onto free slots; the ends of attempts, retries
+ *   gang.c            barrier stages: gangs placed and launched together, retried whole
+ *   locality.c        where a task runs (delay scheduling)
+ *   speculation.c     backup attempts: slow ones, queued ones, and where backups go
+ *   job_end.c         a job fails or finishes
+ *   task_queue.c      the pending FIFO; launching an attempt
+ *   executors.c       the executors, their slots and exclusion
+ *   barrier.c         barrier stages' rendezvous (the coordinator)
+ * The local backend (local_backend.c) is a backend like any other: it uses scheduler.h only.
  */
 #ifndef FLINT_DRIVER_SCHEDULER_INTERNAL_H
 #define FLINT_DRIVER_SCHEDULER_INTERNAL_H
@@ -130,36 +137,36 @@ struct scheduler {
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
 };
 
+/* What an attempt's end means for the DAG scheduler: task_scheduler_task_ended's answer,
+ * which the event loop hands on (dag_scheduler_task_ended). */
+typedef struct task_outcome {
+  enum { TASK_NOTHING, TASK_SUCCEEDED, TASK_FETCH_FAILED } kind;
+  sched_task *tasks; /* SUCCEEDED: tasks[0, count) succeeded (one task, or a barrier stage's
+                        whole gang); FETCH_FAILED: tasks[0] could not read map output */
+  uint32_t count;
+} task_outcome;
+#define TASK_OUTCOME_NONE ((task_outcome){TASK_NOTHING, NULL, 0})
+
 /* ---- DAG scheduler (dag_scheduler.c) ----------------------------------------------------- */
 /* Cuts a submitted job into stages and submits those that can run. */
 FL_INTERNAL void dag_scheduler_job_submitted(scheduler *s, sched_job *job);
-/* A task failed to read map output: marks it lost, parks the task until its map task ran
- * again (the rerun waits DAG_RESUBMIT_DELAY_NS, so that one lost executor's fetch failures
- * are handled together). */
-FL_INTERNAL void dag_scheduler_fetch_failed(scheduler *s, sched_task *task);
+/* Takes an attempt's outcome: succeeded tasks (a map task's output is registered; a stage
+ * that finished lets the stages waiting for it go; a result goes to the job), or a task that
+ * could not read map output (marked lost; the task waits until its map task ran again, which
+ * waits DAG_RESUBMIT_DELAY_NS, so that one lost executor's fetch failures are handled
+ * together). */
+FL_INTERNAL void dag_scheduler_task_ended(scheduler *s, task_outcome outcome);
 /* Reruns the map tasks of lost outputs that unfinished stages need (resubmit_at_ns). */
 FL_INTERNAL void dag_scheduler_resubmit(scheduler *s);
 /* Frees a finished job's stages (the caller's thread, after the job is handed back). */
 FL_INTERNAL void dag_scheduler_free_stages(sched_job *job);
-/* A task of `job` succeeded, or the job failed; finishes the job when no attempt of it is
- * still running. */
-FL_INTERNAL void dag_scheduler_task_succeeded(scheduler *s, sched_task *task);
-FL_INTERNAL void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status,
-                                          const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-FL_INTERNAL void dag_scheduler_maybe_finish(scheduler *s, sched_job *job);
 
 /* ---- task scheduler (task_scheduler.c) --------------------------------------------------- */
-FL_INTERNAL void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count);
-/* Queues a task for a slot (its locality wait counts from now). */
-FL_INTERNAL void task_scheduler_pending_push(scheduler *s, sched_task *task);
-/* Launches an attempt of t where it was placed. */
-FL_INTERNAL void task_scheduler_launch(scheduler *s, sched_task *t);
-FL_INTERNAL void task_scheduler_task_ended(scheduler *s, sched_task *task);
-/* Launches pending tasks while slots are free. */
+/* Launches pending tasks (and waiting gangs) while slots are free. */
 FL_INTERNAL void task_scheduler_offer(scheduler *s);
-/* Forgets the pending tasks of a job. */
-FL_INTERNAL void task_scheduler_drop_job(scheduler *s, sched_job *job);
+/* An attempt ended: its slot is free; a failure is retried (or fails the job), and what the
+ * DAG scheduler must do is returned. */
+FL_INTERNAL task_outcome task_scheduler_task_ended(scheduler *s, sched_task *task);
 
 /* ---- barrier stages: gangs (gang.c) ------------------------------------------------------ */
 /* Queues the gang of a barrier stage for slots (fails the job with FL_ESLOTS when the
@@ -168,7 +175,12 @@ FL_INTERNAL void gang_submit(scheduler *s, sched_stage *st);
 /* Launches every waiting gang that fits now, in order; true when one was launched. */
 FL_INTERNAL bool gang_offer(scheduler *s);
 /* An attempt of a barrier stage's task ended (its job still runs). */
-FL_INTERNAL void gang_task_ended(scheduler *s, sched_task *t);
+FL_INTERNAL task_outcome gang_task_ended(scheduler *s, sched_task *t);
+
+/* ---- locality (locality.c) --------------------------------------------------------------- */
+/* Where task t runs (delay scheduling): true with t->executor set; false to keep it pending,
+ * with *retry_at set when it waits for its preferred executor. */
+FL_INTERNAL bool locality_place(scheduler *s, sched_task *t, uint64_t now, uint64_t *retry_at);
 
 /* ---- speculation (speculation.c) --------------------------------------------------------- */
 /* Gives slow running tasks of running stages a backup copy. */
@@ -182,10 +194,23 @@ FL_INTERNAL void speculation_back_up_queued(scheduler *s);
 FL_INTERNAL bool speculation_place_backup(scheduler *s, const sched_task *t, uint64_t now, uint64_t *to,
                                           uint64_t *avoid);
 
-/* ---- locality (locality.c) --------------------------------------------------------------- */
-/* Where task t runs (delay scheduling): true with t->executor set; false to keep it pending,
- * with *retry_at set when it waits for its preferred executor. */
-FL_INTERNAL bool locality_place(scheduler *s, sched_task *t, uint64_t now, uint64_t *retry_at);
+/* ---- the end of jobs (job_end.c) --------------------------------------------------------- */
+/* Fails the job (the first cause is the one reported): its pending tasks go, its running
+ * attempts are killed, and it ends once none runs. */
+FL_INTERNAL void job_end_fail(scheduler *s, sched_job *job, fl_status status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Ends the job when no attempt of it runs and it failed or has all its results: it goes
+ * back to its caller once the current event is through. */
+FL_INTERNAL void job_end_maybe_finish(scheduler *s, sched_job *job);
+
+/* ---- the queue of tasks (task_queue.c) --------------------------------------------------- */
+/* Queues a task for a slot (its locality wait counts from now). */
+FL_INTERNAL void task_queue_push(scheduler *s, sched_task *task);
+FL_INTERNAL void task_queue_submit(scheduler *s, sched_task *tasks, uint32_t count);
+/* Launches an attempt of t where it was placed. */
+FL_INTERNAL void task_queue_launch(scheduler *s, sched_task *t);
+/* Forgets the pending tasks and waiting gangs of a job. */
+FL_INTERNAL void task_queue_drop_job(scheduler *s, sched_job *job);
 
 /* ---- executors (executors.c) ------------------------------------------------------------- */
 /* Executor `id`, removed or not; NULL when unknown (or freed). */

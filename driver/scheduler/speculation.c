@@ -39,7 +39,7 @@ static bool back_up(scheduler *s, sched_task *t) {
   b->next_copy = job->copies;
   job->copies = b;
   atomic_fetch_add(&s->tasks_speculated, 1);
-  task_scheduler_pending_push(s, b);
+  task_queue_push(s, b);
   return true;
 }
 

@@ -1,37 +1,13 @@
 /*
  * task_scheduler.c: pending tasks onto free slots, in submission order (where each runs is
  * locality.c's choice; barrier stages' gangs are gang.c's, backups speculation.c's), and
- * the ends of attempts: a success goes to the DAG scheduler, a failed attempt is retried up
- * to max_attempts, after which the job fails with the last cause. Scheduler thread only.
+ * the ends of attempts: a failed attempt is retried up to max_attempts, after which the job
+ * fails with the last cause; a success (or a task that could not read map output) is the
+ * outcome that the event loop hands to the DAG scheduler. Scheduler thread only.
  */
 #include <stdio.h>
 
 #include "driver/scheduler/scheduler_internal.h"
-
-void task_scheduler_pending_push(scheduler *s, sched_task *t) {
-  t->pending_next = NULL;
-  t->pending_since_ns = common_now_ns();
-  if (s->pending_tail) s->pending_tail->pending_next = t; else s->pending_head = t;
-  s->pending_tail = t;
-}
-
-void task_scheduler_submit(scheduler *s, sched_task *tasks, uint32_t count) {
-  for (uint32_t i = 0; i < count; i++) task_scheduler_pending_push(s, &tasks[i]);
-}
-
-void task_scheduler_launch(scheduler *s, sched_task *t) {
-  s->free_slots--;
-  t->job->running++;
-  t->rt.attempt++;
-  t->running = true;
-  t->launched_ns = common_now_ns();
-  if (t->executor) {
-    sched_executor *x = executors_find(s, t->executor);
-    if (x) x->running++;
-  }
-  atomic_fetch_add(&s->tasks_run, 1);
-  s->backend->ops->launch(s->backend, t);
-}
 
 /* Tasks launch in submission order; one that waits for its preferred executor (delay
  * scheduling) stays pending while later ones go ahead. */
@@ -57,7 +33,7 @@ void task_scheduler_offer(scheduler *s) {
       continue;
     }
     *link = t->pending_next;
-    task_scheduler_launch(s, t);
+    task_queue_launch(s, t);
     launched = true;
   }
   /* The tail may have moved if the last tasks were taken. */
@@ -65,26 +41,6 @@ void task_scheduler_offer(scheduler *s) {
   if (launched && ops->flush) ops->flush(s->backend, s->pending_head != NULL || s->gangs_head != NULL);
 }
 
-void task_scheduler_drop_job(scheduler *s, sched_job *job) {
-  for (sched_stage **g = &s->gangs_head; *g;) {
-    if ((*g)->tasks[0].job == job) *g = (*g)->barrier_next;
-    else g = &(*g)->barrier_next;
-  }
-  sched_task **p = &s->pending_head, *last = NULL;
-  while (*p) {
-    if ((*p)->job == job) {
-      *p = (*p)->pending_next;
-    } else {
-      last = *p;
-      p = &(*p)->pending_next;
-    }
-  }
-  s->pending_tail = last;
-}
-
-/* Whatever may finish the job (task_succeeded, job_failed, maybe_finish) comes last: once
- * the event is through, a finished job goes back to its caller, which frees it and its
- * tasks. */
 /* The backup's outcome becomes the task's, so that the rest of the scheduler sees one task. */
 static void adopt_outcome(sched_task *task, sched_task *backup) {
   rdd_task_clear(&task->rt);
@@ -115,14 +71,14 @@ static void task_failed_job(scheduler *s, sched_task *t, fl_status cause_status,
   const sched_stage *st = t->stage;
   char where[96] = "";
   if (st->dep) snprintf(where, sizeof where, " (a map task of shuffle %llu)", (unsigned long long)st->dep->shuffle_id);
-  dag_scheduler_job_failed(s, t->job, cause_status == FL_ECORRUPT ? FL_ECORRUPT : FL_EJOB,
+  job_end_fail(s, t->job, cause_status == FL_ECORRUPT ? FL_ECORRUPT : FL_EJOB,
                            "job %llu failed: partition %u of dataset %llu (%s)%s failed %u times "
                            "on executor '%s'; last error: %s",
                            (unsigned long long)t->job->id, t->rt.partition, (unsigned long long)st->rdd->id,
                            st->rdd->ops->name, where, t->failures, s->backend->ops->name, cause);
 }
 
-void task_scheduler_task_ended(scheduler *s, sched_task *t) {
+task_outcome task_scheduler_task_ended(scheduler *s, sched_task *t) {
   sched_job *job = t->job;
   sched_task *task = t->original ? t->original : t; /* the task this attempt ran */
   sched_task *other = t->original ? t->original : t->backup;
@@ -146,13 +102,10 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   rdd_task *rt = &t->rt;
   if (job->status != FL_OK || superfluous) { /* this attempt no longer matters */
     rdd_task_clear(rt);
-    dag_scheduler_maybe_finish(s, job);
-    return;
+    job_end_maybe_finish(s, job);
+    return TASK_OUTCOME_NONE;
   }
-  if (t->stage->barrier) { /* no backups run for barrier stages */
-    gang_task_ended(s, t);
-    return;
-  }
+  if (t->stage->barrier) return gang_task_ended(s, t); /* no backups run for barrier stages */
   if (rt->status == FL_OK && other_running && s->backend->ops->kill_attempt)
     s->backend->ops->kill_attempt(s->backend, other);
   if (t != task) { /* the backup's end is the task's */
@@ -165,25 +118,22 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
     t->duration_ns = common_now_ns() - t->launched_ns;
     rdd_task_commit_accumulators(rt);
     rdd_task_clear(rt);
-    dag_scheduler_task_succeeded(s, t);
-    return;
+    return (task_outcome){TASK_SUCCEEDED, t, 1};
   }
   atomic_fetch_add(&s->tasks_failed, 1);
-  if (rt->status == FL_EFETCH && rt->fetch_failed) { /* the map output is lost, not the task */
-    dag_scheduler_fetch_failed(s, t);
-    return;
-  }
+  if (rt->status == FL_EFETCH && rt->fetch_failed) /* the map output is lost, not the task */
+    return (task_outcome){TASK_FETCH_FAILED, t, 1};
   if (t->executor_lost) { /* not the task's fault: it runs again elsewhere */
     t->executor_lost = false;
     rdd_task_clear(rt);
-    task_scheduler_pending_push(s, t);
-    return;
+    task_queue_push(s, t);
+    return TASK_OUTCOME_NONE;
   }
   t->failures++;
   if (t->failures < s->max_attempts && rt->status != FL_ECANCELLED) {
     rdd_task_clear(rt);
-    task_scheduler_pending_push(s, t);
-    return;
+    task_queue_push(s, t);
+    return TASK_OUTCOME_NONE;
   }
   /* Failing the job may hand it back to its caller, who frees the tasks: take what the
    * message needs and clear the task first. */
@@ -193,6 +143,7 @@ void task_scheduler_task_ended(scheduler *s, sched_task *t) {
   rdd_task_clear(rt);
   task_failed_job(s, t, cause_status, cause ? cause : fl_strerror(cause_status));
   common_free(cause);
+  return TASK_OUTCOME_NONE;
 }
 
 

@@ -1,5 +1,5 @@
 /*
- * scheduler.c: the scheduler's event loop and its entry points (scheduler.h): jobs in (run,
+ * event_loop.c: the scheduler's event loop and its entry points (scheduler.h): jobs in (run,
  * submit, cancel) and out (handed back to their callers once an event is through), task
  * ends and calls from other threads, and the timers (locality waits, lost output to run
  * again, slow tasks, callers gone away). The loop's thread runs everything of the scheduler;
@@ -38,7 +38,7 @@ static void cancel_on_loop(scheduler *s, void *arg) {
     /* Failing a job may finish it, and its caller then frees it: step first. */
     sched_job *next = job->active_next;
     if (job->group == c->group && (c->tag == 0 || job->tag == c->tag))
-      dag_scheduler_job_failed(s, job, FL_ECANCELLED, "job %llu cancelled", (unsigned long long)job->id);
+      job_end_fail(s, job, FL_ECANCELLED, "job %llu cancelled", (unsigned long long)job->id);
     job = next;
   }
   common_free(c);
@@ -109,7 +109,7 @@ static void *scheduler_main(void *p) {
       break;
     }
     case EV_TASK_ENDED:
-      task_scheduler_task_ended(s, (sched_task *)ev);
+      dag_scheduler_task_ended(s, task_scheduler_task_ended(s, (sched_task *)ev));
       break;
     case EV_CALL: {
       sched_call *call = (sched_call *)ev;
@@ -298,7 +298,7 @@ static void check_abandoned(scheduler *s, uint64_t now) {
     if (!job->done_fn || !job->abandoned || job->cancel_sent) continue;
     if (atomic_load(job->abandoned)) {
       job->cancel_sent = true;
-      dag_scheduler_job_failed(s, job, FL_ECANCELLED, "job %llu cancelled: its caller went away",
+      job_end_fail(s, job, FL_ECANCELLED, "job %llu cancelled: its caller went away",
                                (unsigned long long)job->id);
     } else {
       watching = true;
@@ -381,10 +381,5 @@ void scheduler_fail_job(scheduler *s, uint64_t id, fl_status status, const char 
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  dag_scheduler_job_failed(s, job, status, "%s", msg);
+  job_end_fail(s, job, status, "%s", msg);
 }
-
-rdd *sched_task_rdd(const sched_task *task) { return task->stage->rdd; }
-const rdd_shuffle_dep *sched_task_shuffle_dep(const sched_task *task) { return task->stage->dep; }
-const rdd_action *sched_task_action(const sched_task *task) { return task->stage->action; }
-uint32_t sched_task_stage(const sched_task *task) { return task->stage->id; }
