@@ -42,7 +42,6 @@ typedef struct outgoing {
 
 typedef struct executor_ref {
   uint64_t id;
-  char host[64];
   char node[64]; /* RegisterExecutorRequest.node ("" for none) */
   uint32_t pid;
   bool supervised; /* run by `flint executor`'s supervisor, which reports its process's death */

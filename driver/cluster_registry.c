@@ -47,7 +47,6 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
     return FL_ERR(FL_EPROTO, "RegisterExecutor: a node id of %zu bytes (at most 39)", strlen(node));
   executor_ref *e = common_calloc(1, sizeof *e);
   if (!e) return FL_ERR(FL_ENOMEM, "out of memory");
-  snprintf(e->host, sizeof e->host, "%s", host);
   snprintf(e->node, sizeof e->node, "%s", node ? node : "");
   e->pid = pid;
   e->supervised = supervised;

@@ -94,7 +94,6 @@ void gang_submit(scheduler *s, sched_stage *st) {
   }
   for (uint32_t i = 0; i < st->num_tasks; i++) {
     sched_task *t = &st->tasks[i];
-    t->barrier_ok = false;
     t->rt.barrier = (rdd_barrier_info){.on = true, .stage = st->id, .attempt = st->barrier_attempt,
                                        .world = st->num_tasks, .gpu = -1};
   }
@@ -138,7 +137,6 @@ static void gang_maybe_retry(scheduler *s, sched_stage *st) {
     sched_task *t = &st->tasks[i];
     rdd_task_clear(&t->rt);
     t->result.len = 0;
-    t->barrier_ok = false;
     t->executor_lost = false;
   }
   char *cause = st->barrier_cause;
@@ -181,8 +179,7 @@ task_outcome gang_task_ended(scheduler *s, sched_task *t) {
     gang_maybe_retry(s, st);
     return TASK_OUTCOME_NONE;
   }
-  if (rt->status == FL_OK) {
-    t->barrier_ok = true;
+  if (rt->status == FL_OK) { /* held until every task of the attempt succeeded */
     if (++st->barrier_succeeded < st->num_tasks) return TASK_OUTCOME_NONE;
     /* Every task succeeded: commit them all, and the DAG scheduler takes them all. */
     uint32_t n = st->num_tasks;

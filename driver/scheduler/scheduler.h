@@ -57,7 +57,6 @@ typedef struct sched_task {
   uint64_t launched_ns, duration_ns; /* the attempt's launch; the successful one's run time */
   struct sched_task *original, *backup;
   struct sched_task *next_copy; /* the job's backups, freed with it */
-  bool barrier_ok;              /* barrier stages: this attempt succeeded (held until all did) */
 } sched_task;
 
 /* What an attempt of `task` runs: the dataset whose partition it computes, the shuffle it
