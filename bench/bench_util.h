@@ -12,13 +12,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "flint/flint.h"
 
-static inline double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+/* flint's monotonic clock (common_now_s), under the name every benchmark uses. */
+static inline double now_s(void) { return common_now_s(); }
 
 static inline void fail_flint(const char *what) {
   fprintf(stderr, BENCH_NAME ": %s failed: %s\n", what, fl_last_error());

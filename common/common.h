@@ -13,14 +13,17 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "flint/flint.h"
 
+/* Everything declared here is hidden: libflint exports only the public API (include/flint/).
+ * flint's add-on libraries (libflint_gpu) and the flint command use common.h too; what they
+ * call keeps one copy per process because it is either stateless (common/error.c, random.c,
+ * log.c and config.c are linked into them as well; the log's role is libflint's alone) or
+ * inline over the public API (the allocator, the spin budget), and the thread's message, the
+ * allocator's test hook and the trace switch live in libflint alone. */
 #define FL_INTERNAL __attribute__((visibility("hidden")))
-/* Exported for flint's own add-on libraries (libflint_gpu), which are built on the public
- * API plus these: errors, asserts and the replaceable allocator must be the one copy in
- * libflint, or a message set in an add-on would be lost to fl_last_error(). Not for users. */
-#define FL_SDK __attribute__((visibility("default")))
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
@@ -28,9 +31,11 @@
  * time, the process's role ("driver", "executor 3", set once by common_log_set_role) and the
  * message. Levels below FLINT_LOG (error, warn, info, debug; default info) are dropped. */
 typedef enum common_log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG } common_log_level;
-FL_SDK void common_log(common_log_level level, const char *fmt, ...)
+FL_INTERNAL void common_log(common_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-FL_SDK void common_log_set_role(const char *role);
+FL_INTERNAL void common_log_set_role(const char *role);
+/* The role set last ("flint" before any), for the trace's lines. */
+FL_INTERNAL const char *common_log_role(void);
 
 /* The job path's timeline, for finding where a job's fixed cost goes (docs/design-notes.md,
  * "Where a cluster job's fixed cost goes"). With FLINT_TRACE=FILE set, every process that
@@ -39,11 +44,11 @@ FL_SDK void common_log_set_role(const char *role);
  * processes on one host interleave whole and sort by time. scripts/trace-hops prints the
  * median delay between the events of a job. Off (one load and branch) without the variable;
  * a FILE that cannot be opened is reported once and tracing stays off. */
-FL_SDK bool common_trace_on(void);
-FL_SDK void common_trace(const char *event, const char *detail);
+FL_INTERNAL bool common_trace_on(void);
+FL_INTERNAL void common_trace(const char *event, const char *detail);
 /* A task's event with its partition as the detail (task.start and task.end, as executors and
  * local mode run tasks). */
-FL_SDK void common_trace_partition(const char *event, uint32_t partition);
+FL_INTERNAL void common_trace_partition(const char *event, uint32_t partition);
 #define COMMON_TRACE(event, detail)                                                                \
   do {                                                                                             \
     if (common_trace_on()) common_trace((event), (detail));                                       \
@@ -53,13 +58,13 @@ FL_SDK void common_trace_partition(const char *event, uint32_t partition);
  * (FL_ENOMEM, FL_EINTERNAL) get the source position in front ("rdd/source.c:120: ...");
  * messages about input, files and state read as plain sentences that name the cause. */
 #define FL_ERR(status, ...) common_error_at(__FILE__, __LINE__, (status), __VA_ARGS__)
-FL_SDK fl_status common_error_at(const char *file, int line, fl_status status,
+FL_INTERNAL fl_status common_error_at(const char *file, int line, fl_status status,
                                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Puts `prefix` (formatted) in front of the thread's current message. Returns `status`. */
-FL_SDK fl_status common_error_wrap(fl_status status, const char *fmt, ...)
+FL_INTERNAL fl_status common_error_wrap(fl_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Clears the thread's message (at the start of every public call that can fail). */
-FL_SDK void common_error_clear(void);
+FL_INTERNAL void common_error_clear(void);
 
 /* Runs `call`; on failure stores its status in `status` and jumps to the cleanup label. */
 #define FL_CHECK(call)                                                                       \
@@ -76,20 +81,25 @@ FL_SDK void common_error_clear(void);
   do {                                                                                       \
     if (!(cond)) common_assert_failed(__FILE__, __LINE__, #cond);                            \
   } while (0)
-FL_SDK _Noreturn void common_assert_failed(const char *file, int line, const char *what);
+FL_INTERNAL _Noreturn void common_assert_failed(const char *file, int line, const char *what);
 
 /* pthread calls that cannot fail on a correct program. */
 #define FL_PCHECK(call) FL_ASSERT((call) == 0)
 
-/* ---- memory: every allocation of flint goes through these ------------------------------ */
-FL_SDK void *common_malloc(size_t size);
-FL_SDK void *common_calloc(size_t count, size_t size);
-FL_SDK void *common_realloc(void *p, size_t size);
-FL_SDK void common_free(void *p);
-FL_SDK char *common_strdup(const char *s);
-FL_SDK void *common_memdup(const void *p, size_t len);
-/* Test hook: the allocation after `n` more successful ones fails (-1: never). */
-FL_API void flint_test_fail_alloc_after(long n);
+/* ---- memory: every allocation of flint goes through flint's allocator (common/alloc.c) -- */
+static inline void *common_malloc(size_t size) { return fl_malloc(size); }
+static inline void *common_calloc(size_t count, size_t size) { return fl_calloc(count, size); }
+static inline void *common_realloc(void *p, size_t size) { return fl_realloc(p, size); }
+static inline void common_free(void *p) { fl_free(p); }
+static inline void *common_memdup(const void *p, size_t len) {
+  void *q = fl_malloc(len);
+  if (q && len) memcpy(q, p, len);
+  return q;
+}
+static inline char *common_strdup(const char *s) { return (char *)common_memdup(s, strlen(s) + 1); }
+/* Test hook (unit tests link libflint's objects statically): the allocation after `n` more
+ * successful ones fails (-1: never). */
+FL_INTERNAL void flint_test_fail_alloc_after(long n);
 
 /* ---- varints (LEB128) ------------------------------------------------------------------ */
 #define COMMON_VARINT_MAX 10
@@ -120,18 +130,24 @@ static inline size_t common_varint_get(const uint8_t *p, const uint8_t *end, uin
 }
 
 /* ---- time ------------------------------------------------------------------------------ */
-FL_SDK uint64_t common_now_ns(void);
+/* The monotonic clock in nanoseconds. Inline, so that flint's add-on libraries and the
+ * benchmarks read it without a symbol of libflint. */
+static inline uint64_t common_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 /* The monotonic clock in seconds, for durations and rates. */
 static inline double common_now_s(void) { return (double)common_now_ns() * 1e-9; }
 
-/* A limit from the environment variable `name`: unset or empty gives def; 0 gives -1, for
- * "no limit"; anything but a non-negative number gives def, with a warning that names it.
- * *set (may be NULL): whether the variable was given. */
-FL_INTERNAL int64_t common_env_limit(const char *name, int64_t def, bool *set);
-
 /* 64 unpredictable bits (getrandom; the clock and pid if the kernel has none to give), for
  * ids that must not repeat across processes and restarts. */
-FL_SDK uint64_t common_random_u64(void);
+FL_INTERNAL uint64_t common_random_u64(void);
+
+/* ---- checksums (common/crc32c.c) ------------------------------------------------------- */
+/* CRC32C (Castagnoli) of data, continuing from crc (0 to start). Uses the SSE4.2 instruction
+ * when the CPU has it and a table otherwise. Any thread. */
+FL_INTERNAL uint32_t common_crc32c(uint32_t crc, const void *data, size_t len);
 
 /* ---- seeded random numbers (xoshiro256**, seeded through splitmix64) ------------------- */
 typedef struct common_rng {
@@ -199,18 +215,19 @@ FL_INTERNAL void common_event_wait(common_event *e, uint64_t spin_ns);
 /* Blocks until the event is set (true) or deadline_ns (common_now_ns time) passes (false). */
 FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
 
-/* How long hot hand-offs spin before they sleep: FLINT_SPIN_US, else 200 us (0 in a driver
- * or executor on a small machine, see below). */
-FL_SDK uint64_t common_spin_ns(void);
+/* How long hot hand-offs spin before they sleep: fl_spin_ns (flint.h; common/queue.c). */
+static inline uint64_t common_spin_ns(void) { return fl_spin_ns(); }
 /* Driver and executor processes call this at start: on a machine of at most 4 cores they do
  * not spin by default. Their hand-offs wait on the network anyway, and where a few cores run
  * several such processes (local-cluster) a spinning scheduler or task thread takes the core
  * that the thread it waits for needs. */
-FL_SDK void common_spin_default_for_server(void);
+FL_INTERNAL void common_spin_default_for_server(void);
 
 /* ---- misc ------------------------------------------------------------------------------ */
 /* Number of online cores (at least 1). */
 FL_INTERNAL uint32_t common_cores(void);
+/* fl_parse_size without the error message: false when `text` is not a size (config.c). */
+FL_INTERNAL bool common_parse_size(const char *text, uint64_t *out);
 /* Name of the function at `fn` ("parse_line" or "0x7f..." when it has no symbol). Writes
  * into buf and returns it. */
 FL_INTERNAL const char *common_symbol_name(const void *fn, char *buf, size_t len);

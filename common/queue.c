@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/config.h"
 
 static atomic_uint_fast64_t spin_default = 200000;
 
@@ -13,17 +14,12 @@ void common_spin_default_for_server(void) {
   if (sysconf(_SC_NPROCESSORS_ONLN) <= 4) atomic_store(&spin_default, 0);
 }
 
-uint64_t common_spin_ns(void) {
+uint64_t fl_spin_ns(void) {
   static atomic_uint_fast64_t cached = UINT64_MAX;
   uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
   if (v != UINT64_MAX) return v;
   v = atomic_load(&spin_default);
-  const char *env = getenv("FLINT_SPIN_US");
-  if (env && *env) {
-    char *end;
-    unsigned long long us = strtoull(env, &end, 10);
-    if (*end == '\0' && us < 10000000) v = (uint64_t)us * 1000;
-  }
+  if (config_given(CONFIG_SPIN_US)) v = config_us(CONFIG_SPIN_US) * 1000;
   atomic_store(&cached, v);
   return v;
 }

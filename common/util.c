@@ -1,53 +1,19 @@
-/* util.c: allocator, buffers, pairs, time, random numbers, sizes, symbols and files. */
+/* util.c: buffers, pairs, limits from the environment, sizes, symbols, files, logging and
+ * the trace. */
 
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
-
-/* ---- allocator ------------------------------------------------------------------------- */
-
-/* -1: never fail. Otherwise the number of allocations that still succeed. */
-static atomic_long fail_after = -1;
-
-void flint_test_fail_alloc_after(long n) { atomic_store(&fail_after, n); }
-
-static bool alloc_should_fail(void) {
-  long n = atomic_load_explicit(&fail_after, memory_order_relaxed);
-  if (n < 0) return false;
-  while (n >= 0) {
-    if (n == 0) return true;
-    if (atomic_compare_exchange_weak(&fail_after, &n, n - 1)) return false;
-  }
-  return false;
-}
-
-void *common_malloc(size_t size) { return alloc_should_fail() ? NULL : malloc(size ? size : 1); }
-void *common_calloc(size_t count, size_t size) {
-  return alloc_should_fail() ? NULL : calloc(count ? count : 1, size ? size : 1);
-}
-void *common_realloc(void *p, size_t size) {
-  return alloc_should_fail() ? NULL : realloc(p, size ? size : 1);
-}
-void common_free(void *p) { free(p); }
-
-char *common_strdup(const char *s) { return common_memdup(s, strlen(s) + 1); }
-
-void *common_memdup(const void *p, size_t len) {
-  void *q = common_malloc(len);
-  if (q && len) memcpy(q, p, len);
-  return q;
-}
+#include "common/config.h"
 
 /* ---- buffers and pairs ----------------------------------------------------------------- */
 
@@ -98,102 +64,6 @@ fl_status fl_pair(fl_bytes rec, fl_bytes *key, fl_bytes *value) {
   return FL_OK;
 }
 
-/* ---- time and random numbers ----------------------------------------------------------- */
-
-uint64_t common_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-int64_t common_env_limit(const char *name, int64_t def, bool *set) {
-  const char *v = getenv(name);
-  if (set) *set = v && *v;
-  if (!v || !*v) return def;
-  char *end = NULL;
-  errno = 0;
-  long long n = strtoll(v, &end, 10);
-  if (*end || end == v || errno || n < 0) {
-    common_log(LOG_WARN, "%s=%s is not a non-negative number: using %lld", name, v, (long long)def);
-    return def;
-  }
-  return n == 0 ? -1 : n;
-}
-
-uint64_t common_random_u64(void) {
-  uint64_t x;
-  if (getrandom(&x, sizeof x, 0) == (ssize_t)sizeof x) return x;
-  return common_hash64(common_now_ns() ^ ((uint64_t)getpid() << 32));
-}
-
-uint64_t common_hash64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t common_hash_bytes(const void *data, size_t len) {
-  const uint8_t *p = data;
-  uint64_t h = 0x243f6a8885a308d3ull ^ len;
-  while (len >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    h = common_hash64(h ^ w);
-    p += 8;
-    len -= 8;
-  }
-  uint64_t tail = 0;
-  if (len) memcpy(&tail, p, len);
-  return common_hash64(h ^ tail ^ ((uint64_t)len << 56));
-}
-
-void common_rng_seed(common_rng *rng, uint64_t seed) {
-  for (int i = 0; i < 4; i++) {
-    seed = common_hash64(seed);
-    rng->s[i] = seed;
-  }
-}
-
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t common_rng_next(common_rng *rng) {
-  uint64_t *s = rng->s;
-  uint64_t result = rotl(s[1] * 5, 7) * 9;
-  uint64_t t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = rotl(s[3], 45);
-  return result;
-}
-
-double common_rng_uniform(common_rng *rng) {
-  return (double)(common_rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-uint32_t common_rng_poisson(common_rng *rng, double mean) {
-  if (mean <= 0) return 0;
-  if (mean > 30) {
-    /* Box-Muller normal approximation, rounded and clamped at 0. */
-    double u1 = common_rng_uniform(rng), u2 = common_rng_uniform(rng);
-    double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2 * M_PI * u2);
-    double v = floor(mean + sqrt(mean) * z + 0.5);
-    return v < 0 ? 0 : (uint32_t)v;
-  }
-  double limit = exp(-mean), p = common_rng_uniform(rng);
-  uint32_t k = 0;
-  double cum = limit;
-  while (p > cum && k < 1000) {
-    k++;
-    limit *= mean / k;
-    cum += limit;
-  }
-  return k;
-}
-
 /* ---- machine, sizes, symbols, files ---------------------------------------------------- */
 
 uint32_t common_cores(void) {
@@ -201,31 +71,9 @@ uint32_t common_cores(void) {
   return n < 1 ? 1 : (uint32_t)n;
 }
 
-static bool parse_size(const char *s, uint64_t *out) {
-  /* strtoull would skip spaces and accept a sign: only plain digits are a size. */
-  if (!s || *s < '0' || *s > '9') return false;
-  errno = 0;
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s) return false;
-  uint64_t mult = 1;
-  switch (*end) {
-  case '\0': break;
-  case 'k': case 'K': mult = 1ull << 10; end++; break;
-  case 'm': case 'M': mult = 1ull << 20; end++; break;
-  case 'g': case 'G': mult = 1ull << 30; end++; break;
-  case 't': case 'T': mult = 1ull << 40; end++; break;
-  default: return false;
-  }
-  if (*end == 'b' || *end == 'B') end++;
-  if (*end != '\0' || v > UINT64_MAX / mult) return false;
-  *out = v * mult;
-  return true;
-}
-
 fl_status fl_parse_size(const char *text, uint64_t *out) {
   if (!out) return fl_set_error(FL_EINVAL, "fl_parse_size: out is NULL");
-  if (!parse_size(text, out))
+  if (!common_parse_size(text, out))
     return fl_set_error(FL_EINVAL, "'%s' is not a size (examples: 512m, 2g, 1048576)",
                         text ? text : "(null)");
   return FL_OK;
@@ -287,11 +135,6 @@ void common_remove_tree(const char *path) {
   }
 }
 
-/* ---- logging --------------------------------------------------------------------------- */
-
-static char log_role[64] = "flint";
-static int log_threshold = -1;
-
 /* ---- trace (see common.h) -------------------------------------------------------------- */
 
 static atomic_int trace_fd = -2; /* -2: FLINT_TRACE not looked at yet; -1: off */
@@ -299,11 +142,11 @@ static atomic_int trace_fd = -2; /* -2: FLINT_TRACE not looked at yet; -1: off *
 bool common_trace_on(void) {
   int fd = atomic_load_explicit(&trace_fd, memory_order_relaxed);
   if (fd == -2) {
-    const char *path = getenv("FLINT_TRACE");
-    int opened = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    const char *path = config_string(CONFIG_TRACE);
+    int opened = path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
     int err = errno, expected = -2;
     if (atomic_compare_exchange_strong(&trace_fd, &expected, opened)) { /* the first look decides */
-      if (path && *path && opened < 0)
+      if (path && opened < 0)
         fprintf(stderr, "flint: FLINT_TRACE=%s cannot be opened (%s): no trace\n", path, strerror(err));
     } else if (opened >= 0) {
       close(opened);
@@ -323,9 +166,9 @@ void common_trace_partition(const char *event, uint32_t partition) {
 void common_trace(const char *event, const char *detail) {
   int fd = atomic_load_explicit(&trace_fd, memory_order_relaxed);
   if (fd < 0) return;
-  char thread[16] = "?", role[sizeof log_role], line[256];
+  char thread[16] = "?", role[64], line[256];
   pthread_getname_np(pthread_self(), thread, sizeof thread);
-  snprintf(role, sizeof role, "%s", log_role);
+  snprintf(role, sizeof role, "%s", common_log_role());
   for (char *c = role; *c; c++) /* "executor 3" -> "executor-3": one field */
     if (*c == ' ') *c = '-';
   int n = snprintf(line, sizeof line, "%llu %d %s %s %s %s\n", (unsigned long long)(common_now_ns() / 1000),
@@ -336,33 +179,6 @@ void common_trace(const char *event, const char *detail) {
   }
   ssize_t w = n > 0 ? write(fd, line, (size_t)n) : 0;
   (void)w; /* a full disk ends the trace, not the process */
-}
-
-void common_log_set_role(const char *role) { snprintf(log_role, sizeof log_role, "%s", role); }
-
-void common_log(common_log_level level, const char *fmt, ...) {
-  if (log_threshold < 0) {
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    const char *env = getenv("FLINT_LOG");
-    int t = LOG_INFO;
-    for (int i = 0; env && i < 4; i++)
-      if (strcmp(env, names[i]) == 0) t = i;
-    log_threshold = t;
-  }
-  if ((int)level > log_threshold) return;
-  static const char *tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
-  char line[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  localtime_r(&ts.tv_sec, &tm);
-  /* One write per line, so lines of concurrent threads do not interleave. */
-  fprintf(stderr, "%02d:%02d:%02d.%03ld %s %s: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
-          ts.tv_nsec / 1000000, tags[level], log_role, line);
 }
 
 void common_advise_huge(void *p, size_t len) {

@@ -1,6 +1,7 @@
 /*
  * driver.h: the driver process (`flint driver`) as the rest of flint sees it: serving as
- * the driver (cli/), and the limits of the calls between clients and the driver (client/).
+ * the driver (client/serve.c, for cli/), the limits of the calls between clients and the
+ * driver, and the scheduler that local contexts run (driver/scheduler/scheduler.h).
  * What the driver process is made of is driver_internal.h; its scheduler is
  * driver/scheduler/ (scheduler.h), below the rest of driver/.
  */
@@ -10,8 +11,8 @@
 #include <signal.h>
 
 #include "driver/scheduler/scheduler.h"
-/* The driver process runs on the executor's task pool and the control plane; the client's
- * files (client.c, context.c) reach both through this header until they move to client/. */
+/* The driver process runs on the executor's task pool and the control plane (client/ reaches
+ * both through this header too). */
 #include "executor/executor.h"
 #include "net/net.h"
 
@@ -35,12 +36,5 @@ typedef struct driver_config {
 
 /* Serves as the driver until *stop becomes nonzero. Blocks. */
 FL_INTERNAL fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop);
-
-/* ---- clients (client.c; they move to client/ with their own header) -------------------- */
-/* A context for flint://HOST:PORT or local-cluster[E,C,MB] (which starts the processes). */
-FL_INTERNAL fl_status client_context_open(const char *master, const fl_options *options,
-                                          fl_context **out);
-/* The shared secret from FLINT_SECRET or FLINT_SECRET_FILE into *out (NULL when none). */
-FL_INTERNAL fl_status client_secret(char **out);
 
 #endif /* FLINT_DRIVER_H */

@@ -1,6 +1,6 @@
 /*
  * supervisor.c: `flint executor` as Spark's worker runs it: the executor is a child process
- * (this program again, with the same arguments and EXECUTOR_REPORT_FD_ENV set), so that user
+ * (this program again, with the same arguments and FLINT_EXECUTOR_REPORT_FD set), so that user
  * code that kills it (a crash, exit(), abort()) costs one executor process, not the cluster.
  *
  * When a child that had registered dies, the supervisor reads its last words from the report
@@ -28,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "executor/executor.h"
 #include "net/net.h"
 #include "proto/flint.pb-c.h"
@@ -85,10 +86,10 @@ static fl_status child_start(char *const *argv, child *c) {
     int fd = fcntl(fds[1], F_DUPFD, 3); /* without O_CLOEXEC: it survives the exec */
     char value[16];
     snprintf(value, sizeof value, "%d", fd);
-    if (fd < 0 || setenv(EXECUTOR_REPORT_FD_ENV, value, 1) != 0) _exit(127);
+    if (fd < 0 || setenv(config_setting_of(CONFIG_EXECUTOR_REPORT_FD)->name, value, 1) != 0) _exit(127);
     int table_fd = map != MAP_FAILED ? fcntl(table, F_DUPFD, 3) : -1;
     snprintf(value, sizeof value, "%d", table_fd);
-    if (table_fd >= 0) setenv(EXECUTOR_RUNNING_FD_ENV, value, 1);
+    if (table_fd >= 0) setenv(config_setting_of(CONFIG_EXECUTOR_RUNNING_FD)->name, value, 1);
     execv("/proc/self/exe", argv);
     _exit(127);
   }

@@ -10,10 +10,19 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "flint/ml.h"
 
 #define FL_ML_KERNEL __attribute__((visibility("default")))
+
+/* The monotonic clock in seconds, for the solvers' timings. ml sees only the public API,
+ * which has no clock (common_now_s is flint's own), so ml keeps this one. */
+static inline double ml_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* Default partitions per core: Sandblaster's many small tasks. */
 #define ML_PARTITIONS_PER_CORE 4

@@ -38,7 +38,6 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "ml/ml.h"
 
@@ -59,7 +58,7 @@ typedef struct optim {
   void *arg;
   fl_ml_optim_options opt; /* defaults resolved */
   fl_ml_optim_result *out;
-  struct timespec start;
+  double start; /* ml_now_s() at the start */
   uint32_t history_cap;
 
   double smooth; /* f(w) */
@@ -161,15 +160,13 @@ static fl_status record(optim *o, double step) {
     out->history = h;
     o->history_cap = (uint32_t)cap;
   }
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
   fl_ml_iteration it = {
       .iteration = ++out->iterations,
       .loss = o->loss,
       .grad_norm = o->grad_norm,
       .step = step,
       .evaluations = out->evaluations,
-      .seconds = (double)(now.tv_sec - o->start.tv_sec) + (double)(now.tv_nsec - o->start.tv_nsec) * 1e-9,
+      .seconds = ml_now_s() - o->start,
   };
   out->history[out->num_history++] = it;
   out->loss = o->loss;
@@ -513,7 +510,7 @@ fl_status fl_ml_minimize(uint32_t n, double *w, fl_ml_objective_fn f, void *arg,
   o.y = o.s + (size_t)o.m * n;
   o.rho = o.y + (size_t)o.m * n;
   o.a = o.rho + o.m;
-  clock_gettime(CLOCK_MONOTONIC, &o.start);
+  o.start = ml_now_s();
 
   double smooth;
   s = evaluate(&o, w, minibatch ? o.opt.fraction : 1.0, minibatch ? o.opt.seed : 0, &smooth, o.gt);

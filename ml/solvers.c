@@ -12,17 +12,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "ml/ml.h"
 
 #define DEFAULT_NORMAL_MAX_FEATURES 4096
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 fl_status fl_ml_solver_parse(const char *name, fl_ml_solver *out) {
   static const char *const names[] = {"auto", "normal", "lbfgs", "gd"};
@@ -260,7 +253,7 @@ fl_status fl_ml_linreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
     return fl_set_error(FL_EINVAL, "least squares with an L1 penalty has no normal equations: use lbfgs or gd");
   fl_ml_model *m = ml_model_new(FL_ML_LINEAR, data->cols, 1, !o.no_intercept);
   if (!m) return fl_set_error(FL_ENOMEM, "out of memory");
-  double t0 = now_s();
+  double t0 = ml_now_s();
   bool normal = o.solver == FL_ML_SOLVER_NORMAL ||
                 (o.solver == FL_ML_SOLVER_AUTO && o.l1 == 0 && data->cols <= o.normal_max_features);
   if (normal) {
@@ -270,7 +263,7 @@ fl_status fl_ml_linreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
                 .l2 = o.l2, .l2_in_sum_units = true, .tree_depth = o.tree_depth};
     s = fit_glm(&p, &o, m);
   }
-  m->train_seconds = now_s() - t0;
+  m->train_seconds = ml_now_s() - t0;
   if (s != FL_OK) {
     fl_ml_model_free(m);
     return s;
@@ -312,7 +305,7 @@ fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
   if (!out) return fl_set_error(FL_EINVAL, "fl_ml_logreg: out is NULL");
   if (o.solver == FL_ML_SOLVER_NORMAL)
     return fl_set_error(FL_EINVAL, "logistic regression has no normal equations: use lbfgs or gd");
-  double t0 = now_s();
+  double t0 = ml_now_s();
   uint32_t classes = o.classes;
   if (!classes) {
     double lo = data->label_min, hi = data->label_max;
@@ -344,7 +337,7 @@ fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
   ml_glm p = {.data = data, .loss = binary ? ML_LOSS_LOGISTIC : ML_LOSS_SOFTMAX, .cols = data->cols,
               .outputs = m->outputs, .intercept = !o.no_intercept, .l2 = o.l2, .tree_depth = o.tree_depth};
   s = fit_glm(&p, &o, m);
-  m->train_seconds = now_s() - t0;
+  m->train_seconds = ml_now_s() - t0;
   if (s != FL_OK) {
     fl_ml_model_free(m);
     return s;

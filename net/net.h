@@ -81,25 +81,22 @@ typedef struct rpc_server_config {
   size_t quick_max_request; /* requests of more bytes go to the handler threads unoffered
                                (decoding them would hold up every call); 0: RPC_QUICK_MAX_REQUEST */
   /* Limits on connections, so that stalled or hostile clients cannot hold them for ever. In
-   * each, 0 means the environment's value (read once per process; 0 there turns the limit
-   * off) or else the default; RPC_UNLIMITED means none. */
+   * each, 0 means the setting named below (common/config.h, with its default; read once per
+   * process; 0 there turns the limit off); RPC_UNLIMITED means none. */
   int64_t idle_timeout_ms;      /* a connection with no call in progress for this long is
                                    closed (HTTP/2 GOAWAY; a channel reconnects on its next call).
                                    Calls of any length, waiting ones included, keep it open.
-                                   FLINT_RPC_IDLE_TIMEOUT_MS, default 300000 */
+                                   FLINT_RPC_IDLE_TIMEOUT_MS */
   int64_t handshake_timeout_ms; /* a connection must have begun HTTP/2 (the client's preface
                                    and settings) within this long of the accept.
-                                   FLINT_RPC_HANDSHAKE_TIMEOUT_MS, default 20000 */
+                                   FLINT_RPC_HANDSHAKE_TIMEOUT_MS */
   int64_t max_connections;      /* connections at once, further ones refused at accept: only
                                    where gRPC supports it (GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS,
                                    which gRPC 1.51 lacks; there it is ignored with a warning
-                                   when asked for). FLINT_RPC_MAX_CONNECTIONS, default 1024 */
+                                   when asked for). FLINT_RPC_MAX_CONNECTIONS */
 } rpc_server_config;
 #define RPC_SERVER_CONFIG_INIT {NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0}
 #define RPC_UNLIMITED ((int64_t)-1)
-#define RPC_IDLE_TIMEOUT_DEFAULT_MS 300000
-#define RPC_HANDSHAKE_TIMEOUT_DEFAULT_MS 20000
-#define RPC_MAX_CONNECTIONS_DEFAULT 1024
 #define RPC_QUICK_MAX_REQUEST ((size_t)256 << 10)
 #define RPC_DEFAULT_MAX_MESSAGE ((size_t)64 << 20)
 
@@ -253,29 +250,26 @@ FL_INTERNAL fl_status dp_server_start(const char *host, int port, const char *se
                                       dp_serve_fn serve, void *arg, dp_server **out);
 
 /* What keeps slow, stalled or hostile peers from holding a block server's connections for
- * ever. In each field 0 means the environment's value (read once per process; 0 there turns
- * the limit off) or else the default; DP_UNLIMITED means no limit. */
+ * ever. In each field 0 means the setting named below (common/config.h, with its default;
+ * read once per process; 0 there turns the limit off); DP_UNLIMITED means no limit. */
 typedef struct dp_server_limits {
   /* A connection between requests (nothing unread, no request in service) is closed after
    * this long. Clients pool connections and open a new one when the server has closed theirs,
-   * so this costs a fetch one connect at most. FLINT_DP_IDLE_TIMEOUT_MS, default 60000. */
+   * so this costs a fetch one connect at most. FLINT_DP_IDLE_TIMEOUT_MS. */
   int64_t idle_timeout_ms;
   /* A frame must arrive whole within this long of its first byte (a new connection's first
    * frame within this long of the accept), and a response being written must not stall
    * (no byte taken by the peer) for this long; otherwise the connection is closed. Keeps a
    * client that trickles a header, or never reads, from holding a connection.
-   * FLINT_DP_REQUEST_TIMEOUT_MS, default 30000. */
+   * FLINT_DP_REQUEST_TIMEOUT_MS. */
   int64_t request_timeout_ms;
   /* Connections open at once; further ones are closed as they are accepted (a warning is
    * logged at most every DP_REFUSED_LOG_MS) and the open ones are unaffected.
-   * FLINT_DP_MAX_CONNECTIONS, default 1024. */
+   * FLINT_DP_MAX_CONNECTIONS. */
   int64_t max_connections;
 } dp_server_limits;
 #define DP_SERVER_LIMITS_INIT {0, 0, 0}
 #define DP_UNLIMITED ((int64_t)-1)
-#define DP_IDLE_TIMEOUT_DEFAULT_MS 60000
-#define DP_REQUEST_TIMEOUT_DEFAULT_MS 30000
-#define DP_MAX_CONNECTIONS_DEFAULT 1024
 #define DP_REFUSED_LOG_MS 10000
 
 /* dp_server_start with explicit limits (NULL: as dp_server_start, every limit from the
@@ -338,9 +332,9 @@ FL_INTERNAL void dp_client_destroy(dp_client *c);
 FL_INTERNAL fl_status dp_fetch(dp_client *c, const char *peer, const dp_request *req,
                                int64_t timeout_ms, fl_buf *out, uint64_t *total);
 
-/* CRC32C (Castagnoli) of data, continuing from crc (0 to start), as used on the wire. Uses
- * the SSE4.2 instruction when the CPU has it and a table otherwise. Any thread. */
-FL_INTERNAL uint32_t dp_crc32c(uint32_t crc, const void *data, size_t len);
-/* ---- dataplane ---- */
+/* The checksum of frames and payloads on the wire: CRC32C (common_crc32c). */
+static inline uint32_t dp_crc32c(uint32_t crc, const void *data, size_t len) {
+  return common_crc32c(crc, data, len);
+}
 
 #endif /* FLINT_NET_H */

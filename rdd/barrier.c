@@ -6,7 +6,7 @@
  */
 #include <string.h>
 
-#include "rdd/op_state.h"
+#include "rdd/ops.h"
 
 struct fl_barrier {
   rdd_task *task;

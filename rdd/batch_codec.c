@@ -8,7 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "net/net.h"
 #include "rdd/rdd.h"
 
 #define CODEC_MAGIC "FLB1"
@@ -109,7 +108,7 @@ fl_status rdd_batch_write_chunk(int fd, const char *path, rdd_batch *batch, fl_b
   const uint8_t *parts[2] = {(const uint8_t *)&head, enc->data};
   size_t lens[2] = {4, enc->len};
   for (int i = 0; i < 2; i++) {
-    if (crc) *crc = dp_crc32c(*crc, parts[i], lens[i]);
+    if (crc) *crc = common_crc32c(*crc, parts[i], lens[i]);
     const uint8_t *p = parts[i];
     size_t len = lens[i];
     while (len > 0) {

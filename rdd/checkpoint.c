@@ -29,8 +29,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "net/net.h"
-#include "rdd/op_state.h"
+#include "proto/plan.pb-c.h"
+#include "rdd/ops.h"
+
+/* The state of a checkpointed dataset: the folder of its part files (an absolute path); the
+ * dataset has no parents. */
+typedef struct checkpoint_state {
+  char *dir;
+} checkpoint_state;
 
 #define CKPT_MAGIC "FLCK"
 #define CKPT_VERSION 1u
@@ -202,8 +208,8 @@ static fl_status next_chunk(ckpt_iter *it) {
     return errno ? FL_ERR(FL_EIO, "cannot read checkpoint file %s: %s", it->path, strerror(errno))
                  : corrupt(it, "the file is shorter than its header says");
   it->enc.len = len;
-  it->crc = dp_crc32c(it->crc, &len, 4);
-  it->crc = dp_crc32c(it->crc, it->enc.data, len);
+  it->crc = common_crc32c(it->crc, &len, 4);
+  it->crc = common_crc32c(it->crc, it->enc.data, len);
   rdd_batch_free(&it->chunk);
   if ((s = rdd_batch_decode(fl_buf_bytes(&it->enc), it->path, &it->chunk)) != FL_OK)
     return common_error_wrap(s, "checkpoint file is corrupt: ");
@@ -286,14 +292,16 @@ static fl_status ckpt_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   return FL_OK;
 }
 
-static void ckpt_destroy(rdd *r) {
-  checkpoint_state *st = r->state;
+static void ckpt_state_free(void *state) {
+  checkpoint_state *st = state;
   if (!st) return;
   common_free(st->dir);
   common_free(st);
 }
 
-const rdd_ops rdd_checkpoint_ops = {"checkpoint", ckpt_open, ckpt_destroy};
+static void ckpt_destroy(rdd *r) { ckpt_state_free(r->state); }
+
+static const rdd_ops rdd_checkpoint_ops = {"checkpoint", ckpt_open, ckpt_destroy};
 
 /* ---- fl_checkpoint --------------------------------------------------------------------- */
 
@@ -379,3 +387,30 @@ cleanup:
   }
   return status;
 }
+
+/* ---- plan codec ---------------------------------------------------------------------------- */
+
+static fl_status ckpt_encode(rdd_plan_enc *e, const rdd *r, Flint__PlanNode *m) {
+  m->checkpoint = ((const checkpoint_state *)r->state)->dir;
+  return FL_OK;
+}
+
+static fl_status ckpt_decode(rdd_plan_dec *d, const Flint__PlanNode *m, const fl_partitioner *part,
+                             void **state) {
+  if (m->checkpoint[0] != '/' || strlen(m->checkpoint) >= 4096)
+    return rdd_plan_bad(d, "checkpoint folder '%.64s' is not an absolute path of at most 4095 bytes",
+                        m->checkpoint);
+  checkpoint_state *st = common_calloc(1, sizeof *st);
+  if (!st || !(st->dir = common_strdup(m->checkpoint))) {
+    common_free(st);
+    return FL_ERR(FL_ENOMEM, "cannot decode a checkpoint");
+  }
+  *state = st;
+  return FL_OK;
+}
+
+const rdd_op_codec rdd_checkpoint_codecs[] = {
+    {&rdd_checkpoint_ops, RDD_SHAPE_SOURCE, RDD_PLAN_CHECKPOINT, NULL, ckpt_encode, ckpt_decode,
+     ckpt_state_free, NULL},
+    {NULL},
+};

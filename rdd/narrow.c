@@ -1,9 +1,11 @@
 /* narrow.c: transformations whose partitions depend on one parent partition (or a run of
- * them): map, flat_map, filter, map_partitions, sample, union, coalesce, zip_with_index,
- * key_by, map_values. Each is an iterator that pulls from its parent's. */
+ * them): map, flat_map, filter, map_partitions, barrier_map_partitions, sample, union,
+ * coalesce, zip_with_index, key_by, map_values. Each is an iterator that pulls from its
+ * parent's. Their plan codecs are at the end. */
 #include <string.h>
 
-#include "rdd/op_state.h"
+#include "proto/plan.pb-c.h"
+#include "rdd/ops.h"
 
 struct fl_emitter {
   rdd_batch batch;
@@ -30,6 +32,29 @@ static fl_status make_narrow(const char *what, fl_dataset *in, const rdd_ops *op
   if (!fn) return FL_ERR(FL_EINVAL, "%s: function is NULL", what);
   if (arg_len && !arg) return FL_ERR(FL_EINVAL, "%s: arg_len is %zu but arg is NULL", what, arg_len);
   return rdd_create(in->ctx, ops, in->num_partitions, &in, 1, fn, ops->name, arg, arg_len, out);
+}
+
+/* The fields every iterator over one parent partition starts with (map_iter, filter_iter,
+ * emit_iter). */
+typedef struct parent_iter {
+  fl_iter base;
+  fl_iter *in;
+  rdd *r;
+} parent_iter;
+
+/* Opens partition p of r's parent and a new iterator of `size` bytes over it. */
+static fl_status open_over_parent(rdd *r, uint32_t p, rdd_task *task, size_t size,
+                                  uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t),
+                                  void (*close)(fl_iter *), fl_iter **out) {
+  fl_iter *in;
+  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
+  if (s != FL_OK) return s;
+  parent_iter *it = rdd_iter_new(task, size, next, close);
+  if (!it) return rdd_task_fail(task, FL_ENOMEM);
+  it->in = in;
+  it->r = r;
+  *out = &it->base;
+  return FL_OK;
 }
 
 /* ---- map, key_by, map_values, zip_with_index ------------------------------------------ */
@@ -131,32 +156,19 @@ static uint32_t zip_next(fl_iter *it, fl_bytes *out, uint32_t max) {
   return n;
 }
 
-static fl_status open_map_like(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
-                               uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t)) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  map_iter *it = rdd_iter_new(task, sizeof *it, next, map_close);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  *out = &it->base;
-  return FL_OK;
-}
-
 static fl_status map_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
-  return open_map_like(r, p, t, o, map_next);
+  return open_over_parent(r, p, t, sizeof(map_iter), map_next, map_close, o);
 }
 static fl_status key_by_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
-  return open_map_like(r, p, t, o, key_by_next);
+  return open_over_parent(r, p, t, sizeof(map_iter), key_by_next, map_close, o);
 }
 static fl_status map_values_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
-  return open_map_like(r, p, t, o, map_values_next);
+  return open_over_parent(r, p, t, sizeof(map_iter), map_values_next, map_close, o);
 }
 
-const rdd_ops rdd_map_ops = {"map", map_open, NULL};
-const rdd_ops rdd_key_by_ops = {"key_by", key_by_open, NULL};
-const rdd_ops rdd_map_values_ops = {"map_values", map_values_open, NULL};
+static const rdd_ops rdd_map_ops = {"map", map_open, NULL};
+static const rdd_ops rdd_key_by_ops = {"key_by", key_by_open, NULL};
+static const rdd_ops rdd_map_values_ops = {"map_values", map_values_open, NULL};
 
 fl_status fl_map(fl_dataset *in, fl_map_fn fn, const void *arg, size_t arg_len,
                  fl_dataset **out) {
@@ -212,18 +224,10 @@ static uint32_t filter_next(fl_iter *it, fl_bytes *out, uint32_t max) {
 }
 
 static fl_status filter_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  filter_iter *it = rdd_iter_new(task, sizeof *it, filter_next, NULL);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  *out = &it->base;
-  return FL_OK;
+  return open_over_parent(r, p, task, sizeof(filter_iter), filter_next, NULL, out);
 }
 
-const rdd_ops rdd_filter_ops = {"filter", filter_open, NULL};
+static const rdd_ops rdd_filter_ops = {"filter", filter_open, NULL};
 
 fl_status fl_filter(fl_dataset *in, fl_filter_fn fn, const void *arg, size_t arg_len,
                     fl_dataset **out) {
@@ -315,16 +319,9 @@ static bool map_partitions_take(fl_iter *it, rdd_batch *out) {
 
 static fl_status open_emitting(rdd *r, uint32_t p, rdd_task *task, fl_iter **out,
                                uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t)) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  emit_iter *it = rdd_iter_new(task, sizeof *it, next, emit_close);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  it->partition = p;
-  *out = &it->base;
-  return FL_OK;
+  fl_status s = open_over_parent(r, p, task, sizeof(emit_iter), next, emit_close, out);
+  if (s == FL_OK) ((emit_iter *)*out)->partition = p;
+  return s;
 }
 
 static fl_status flat_map_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **o) {
@@ -336,8 +333,8 @@ static fl_status map_partitions_open(rdd *r, uint32_t p, rdd_task *t, fl_iter **
   return s;
 }
 
-const rdd_ops rdd_flat_map_ops = {"flat_map", flat_map_open, NULL};
-const rdd_ops rdd_map_partitions_ops = {"map_partitions", map_partitions_open, NULL};
+static const rdd_ops rdd_flat_map_ops = {"flat_map", flat_map_open, NULL};
+static const rdd_ops rdd_map_partitions_ops = {"map_partitions", map_partitions_open, NULL};
 
 fl_status fl_flat_map(fl_dataset *in, fl_flat_map_fn fn, const void *arg, size_t arg_len,
                       fl_dataset **out) {
@@ -377,6 +374,13 @@ fl_status fl_barrier_map_partitions(fl_dataset *in, fl_barrier_fn fn, const void
 }
 
 /* ---- sample ---------------------------------------------------------------------------- */
+
+/* The dataset's argument blob. */
+typedef struct sample_args {
+  bool with_replacement;
+  double fraction;
+  uint64_t seed;
+} sample_args;
 
 typedef struct sample_iter {
   fl_iter base;
@@ -428,7 +432,7 @@ static fl_status sample_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) 
   return FL_OK;
 }
 
-const rdd_ops rdd_sample_ops = {"sample", sample_open, NULL};
+static const rdd_ops rdd_sample_ops = {"sample", sample_open, NULL};
 
 fl_status fl_sample(fl_dataset *in, bool with_replacement, double fraction, uint64_t seed,
                     fl_dataset **out) {
@@ -450,7 +454,7 @@ static fl_status union_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   return rdd_iterate(r->parents[1], p - a->num_partitions, task, out);
 }
 
-const rdd_ops rdd_union_ops = {"union", union_open, NULL};
+static const rdd_ops rdd_union_ops = {"union", union_open, NULL};
 
 fl_status fl_union(fl_dataset *a, fl_dataset *b, fl_dataset **out) {
   common_error_clear();
@@ -497,7 +501,7 @@ static fl_status coalesce_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out
   return FL_OK;
 }
 
-const rdd_ops rdd_coalesce_ops = {"coalesce", coalesce_open, NULL};
+static const rdd_ops rdd_coalesce_ops = {"coalesce", coalesce_open, NULL};
 
 fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out) {
   common_error_clear();
@@ -511,21 +515,14 @@ fl_status fl_coalesce(fl_dataset *in, uint32_t num_partitions, fl_dataset **out)
 /* ---- zip_with_index -------------------------------------------------------------------- */
 
 static fl_status zip_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
-  fl_iter *in;
-  fl_status s = rdd_iterate(r->parents[0], p, task, &in);
-  if (s != FL_OK) return s;
-  map_iter *it = rdd_iter_new(task, sizeof *it, zip_next, map_close);
-  if (!it) return rdd_task_fail(task, FL_ENOMEM);
-  it->in = in;
-  it->r = r;
-  it->index = ((const int64_t *)r->state)[p];
-  *out = &it->base;
-  return FL_OK;
+  fl_status s = open_over_parent(r, p, task, sizeof(map_iter), zip_next, map_close, out);
+  if (s == FL_OK) ((map_iter *)*out)->index = ((const int64_t *)r->state)[p];
+  return s;
 }
 
 static void zip_destroy(rdd *r) { common_free(r->state); }
 
-const rdd_ops rdd_zip_with_index_ops = {"zip_with_index", zip_open, zip_destroy};
+static const rdd_ops rdd_zip_with_index_ops = {"zip_with_index", zip_open, zip_destroy};
 
 fl_status fl_zip_with_index(fl_dataset *in, fl_dataset **out) {
   common_error_clear();
@@ -557,3 +554,67 @@ cleanup:
   common_free(starts);
   return status;
 }
+
+/* ---- plan codecs --------------------------------------------------------------------------- */
+
+static fl_status sample_decode(rdd_plan_dec *d, const Flint__PlanNode *m, const fl_partitioner *part,
+                               void **state) {
+  sample_args a;
+  if (m->arg.len != sizeof a) return rdd_plan_bad(d, "sample arguments of %zu bytes", m->arg.len);
+  memcpy(&a, m->arg.data, sizeof a);
+  uint8_t flag;
+  memcpy(&flag, m->arg.data + offsetof(sample_args, with_replacement), 1);
+  if (flag > 1 || !(a.fraction >= 0) || (!a.with_replacement && a.fraction > 1) || a.fraction > 1e9)
+    return rdd_plan_bad(d, "sample fraction %g", a.fraction);
+  return FL_OK;
+}
+
+static fl_status zip_encode(rdd_plan_enc *e, const rdd *r, Flint__PlanNode *m) {
+  m->n_starts = r->num_partitions;
+  m->starts = r->state;
+  return FL_OK;
+}
+
+static fl_status zip_decode(rdd_plan_dec *d, const Flint__PlanNode *m, const fl_partitioner *part,
+                            void **state) {
+  if (m->n_starts != m->num_partitions)
+    return rdd_plan_bad(d, "%zu starts for %u partitions", m->n_starts, m->num_partitions);
+  int64_t *starts = common_memdup(m->starts, (m->n_starts ? m->n_starts : 1) * sizeof *starts);
+  if (!starts) return FL_ERR(FL_ENOMEM, "cannot decode zip_with_index");
+  *state = starts;
+  return FL_OK;
+}
+
+/* Plans carry gpu alone: on_report and user live only where the dataset was made. */
+static fl_status barrier_encode(rdd_plan_enc *e, const rdd *r, Flint__PlanNode *m) {
+  m->barrier = true;
+  m->barrier_gpu = r->state && ((const rdd_barrier_state *)r->state)->gpu;
+  return FL_OK;
+}
+
+static fl_status barrier_decode(rdd_plan_dec *d, const Flint__PlanNode *m, const fl_partitioner *part,
+                                void **state) {
+  rdd_barrier_state *st = common_calloc(1, sizeof *st);
+  if (!st) return FL_ERR(FL_ENOMEM, "cannot decode a barrier dataset");
+  st->gpu = m->barrier_gpu;
+  *state = st;
+  return FL_OK;
+}
+
+#define NARROW_FN_CODEC(ops) {&(ops), RDD_SHAPE_FN, RDD_PLAN_ARG, NULL, NULL, NULL, NULL, NULL}
+const rdd_op_codec rdd_narrow_codecs[] = {
+    NARROW_FN_CODEC(rdd_map_ops),
+    NARROW_FN_CODEC(rdd_key_by_ops),
+    NARROW_FN_CODEC(rdd_map_values_ops),
+    NARROW_FN_CODEC(rdd_filter_ops),
+    NARROW_FN_CODEC(rdd_flat_map_ops),
+    NARROW_FN_CODEC(rdd_map_partitions_ops),
+    {&rdd_barrier_ops_table, RDD_SHAPE_FN, RDD_PLAN_ARG | RDD_PLAN_BARRIER, NULL, barrier_encode,
+     barrier_decode, common_free, NULL},
+    {&rdd_sample_ops, RDD_SHAPE_UNARY, RDD_PLAN_ARG, NULL, NULL, sample_decode, NULL, NULL},
+    {&rdd_zip_with_index_ops, RDD_SHAPE_UNARY, RDD_PLAN_STARTS, NULL, zip_encode, zip_decode, common_free,
+     NULL},
+    {&rdd_union_ops, RDD_SHAPE_UNION, 0, NULL, NULL, NULL, NULL, NULL},
+    {&rdd_coalesce_ops, RDD_SHAPE_COALESCE, 0, NULL, NULL, NULL, NULL, NULL},
+    {NULL},
+};

@@ -94,8 +94,8 @@ static bool reservoir_arg_ok(const void *arg, size_t len) {
 
 const rdd_builtin rdd_partitioner_builtins[] = {
     {"rdd.reservoir_sample", (void (*)(void))reservoir_sample, reservoir_arg_ok},
+    {NULL, NULL, NULL},
 };
-const size_t rdd_partitioner_num_builtins = sizeof rdd_partitioner_builtins / sizeof *rdd_partitioner_builtins;
 
 typedef struct weighted_key {
   fl_bytes key;

@@ -181,7 +181,7 @@ void rdd_batch_free(rdd_batch *b) {
   b->count = 0;
 }
 
-bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count) {
+bool rdd_batch_count(const uint8_t *data, size_t len, uint64_t *count) {
   rdd_cursor c = {data, data + len};
   fl_bytes rec;
   uint64_t n = 0;
@@ -189,7 +189,13 @@ bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count) {
     if (!rdd_cursor_next(&c, &rec)) return false;
     n++;
   }
-  return n == count;
+  *count = n;
+  return true;
+}
+
+bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count) {
+  uint64_t n;
+  return rdd_batch_count(data, len, &n) && n == count;
 }
 
 /* ---- opening a partition, through the cache -------------------------------------------- */

@@ -43,6 +43,8 @@ static inline fl_status rdd_batch_append(rdd_batch *b, const void *data, size_t 
 FL_INTERNAL void rdd_batch_free(rdd_batch *b);
 /* Checks that `data` holds exactly `count` well-formed records. */
 FL_INTERNAL bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count);
+/* The number of records in `data` into *count, or false when they are not well-formed. */
+FL_INTERNAL bool rdd_batch_count(const uint8_t *data, size_t len, uint64_t *count);
 
 /* Serialized form of a batch (rdd/batch_codec.c): a header (magic, count, raw length) and
  * an LZ4 frame with a content checksum, for cached blocks, shuffle blocks and spilled runs.
@@ -145,7 +147,8 @@ static inline int rdd_compare_keys(fl_compare_fn cmp, const void *arg, fl_bytes 
 /* Functions of flint itself that a dataset may hold as its function (the helpers of
  * distinct, join, repartition ...). They are hidden, so dladdr cannot name them: a plan
  * names them by a stable name instead, and they need no shipping. Each module lists its own
- * in a table; rdd/plan.c looks through every table. */
+ * in a table ended by an entry whose name is NULL, and registers it with its plan codecs
+ * (rdd_plan_register). */
 typedef struct rdd_builtin {
   const char *name;   /* stable across versions: "shuffle.join_emit" */
   void (*fn)(void);
@@ -153,7 +156,6 @@ typedef struct rdd_builtin {
   bool (*arg_ok)(const void *arg, size_t len);
 } rdd_builtin;
 FL_INTERNAL extern const rdd_builtin rdd_partitioner_builtins[];
-FL_INTERNAL extern const size_t rdd_partitioner_num_builtins;
 
 /* ---- shuffle dependencies -------------------------------------------------------------- */
 typedef struct rdd_shuffle_dep rdd_shuffle_dep;
@@ -538,5 +540,90 @@ FL_INTERNAL fl_status rdd_action_encode(const rdd_action *a, const rdd_fn_codec 
 FL_INTERNAL fl_status rdd_action_decode(rdd_plan *p, fl_bytes in, rdd_action *out);
 /* Frees what rdd_action_decode allocated and zeroes *a. Only for decoded actions. */
 FL_INTERNAL void rdd_action_clear(rdd_action *a);
+
+/* ---- plan codecs: each operation encodes and decodes its own node fields ------------------ */
+/*
+ * rdd/plan.c encodes and checks what every node has (id, operation, kind, partitions,
+ * parents, function, argument, storage level, partitioner) and leaves the rest of the
+ * PlanNode message to the operation's codec, so that an operation's state stays private to
+ * the module that defines it. rdd/ registers the codecs of its own operations; a module
+ * above it registers its own once per process, before any plan is encoded or decoded
+ * (shuffle/plan_codec.c does so from a constructor). The codecs work on the messages of
+ * proto/plan.proto (include "proto/plan.pb-c.h"); nothing here changes the bytes on the wire.
+ */
+struct Flint__PlanNode;
+struct Flint__PlanFn;
+typedef struct rdd_plan_enc rdd_plan_enc; /* the node being encoded (rdd/plan.c) */
+typedef struct rdd_plan_dec rdd_plan_dec; /* the node being decoded */
+
+/* What plan.c checks of an operation's nodes before its codec sees them. */
+typedef enum rdd_op_shape {
+  RDD_SHAPE_SOURCE,   /* no parents, no function */
+  RDD_SHAPE_FN,       /* one parent, a function, the parent's partitions */
+  RDD_SHAPE_UNARY,    /* one parent, no function, the parent's partitions */
+  RDD_SHAPE_UNION,    /* two parents, the sum of their partitions */
+  RDD_SHAPE_COALESCE, /* one parent, at most its partitions */
+  RDD_SHAPE_WIDE,     /* narrow parents and a function as the codec checks them */
+} rdd_op_shape;
+
+/* The PlanNode fields an operation owns besides the common ones: a node that sets a field its
+ * operation does not own is refused. RDD_PLAN_ARG: the node may carry an argument blob. */
+enum {
+  RDD_PLAN_ARG = 1u << 0,
+  RDD_PLAN_PARTITIONS = 1u << 1, /* partitions */
+  RDD_PLAN_RANGE = 1u << 2,      /* range */
+  RDD_PLAN_FILES = 1u << 3,      /* files */
+  RDD_PLAN_STARTS = 1u << 4,     /* starts */
+  RDD_PLAN_SHUFFLED = 1u << 5,   /* shuffled */
+  RDD_PLAN_CHECKPOINT = 1u << 6, /* checkpoint */
+  RDD_PLAN_BARRIER = 1u << 7,    /* barrier, barrier_gpu (barrier is set exactly on these) */
+};
+
+/* One operation's codec. Every slot may be NULL; none blocks. Decoding slots report a bad
+ * node with rdd_plan_bad. */
+typedef struct rdd_op_codec {
+  const rdd_ops *ops; /* NULL ends a module's table */
+  rdd_op_shape shape;
+  unsigned fields; /* RDD_PLAN_* */
+  /* The kinds (rdd.fn_kind) its nodes may carry besides ops->name, ended by NULL. */
+  const char *const *kinds;
+  /* Sets the fields it owns in *m from r. Parts of the message come from rdd_plan_enc_alloc;
+   * the message may point into r's state, which outlives the packing. */
+  fl_status (*encode)(rdd_plan_enc *e, const rdd *r, struct Flint__PlanNode *m);
+  /* Checks the fields it owns and builds the dataset's state into *state, before the
+   * dataset is made. part: the node's decoded partitioner, or NULL. */
+  fl_status (*decode)(rdd_plan_dec *d, const struct Flint__PlanNode *m, const fl_partitioner *part,
+                      void **state);
+  /* Frees a state that decode built when the dataset could not be made. */
+  void (*free_state)(void *state);
+  /* Once the dataset is made (parents, function, argument, partitioner set): gives r its
+   * state, taking `state` in every case. NULL: r->state = state. On failure plan.c releases
+   * r, so ops->destroy must accept what attach left. */
+  fl_status (*attach)(rdd_plan_dec *d, const struct Flint__PlanNode *m, rdd *r, void *state);
+} rdd_op_codec;
+
+/* Registers a module's operation codecs (a table ended by an entry whose ops is NULL) and
+ * its builtins (ended by an entry whose name is NULL; may be NULL) for every plan of the
+ * process. Call once per module, before any plan is encoded or decoded and never from two
+ * threads at once (a constructor does both); at most 8 modules. */
+FL_INTERNAL void rdd_plan_register(const rdd_op_codec *codecs, const rdd_builtin *builtins);
+
+/* Encoding helpers for codecs. A zeroed block that lives until the node is packed (NULL
+ * when out of memory: then return rdd_plan_enc_nomem()). */
+FL_INTERNAL void *rdd_plan_enc_alloc(rdd_plan_enc *e, size_t size);
+FL_INTERNAL fl_status rdd_plan_enc_nomem(void);
+/* Names fn (what: "sort compare" ... for messages) as a builtin or as (library id, symbol)
+ * into *out (NULL when fn is NULL). FL_EINVAL naming the function when it cannot be named. */
+FL_INTERNAL fl_status rdd_plan_encode_fn(rdd_plan_enc *e, void (*fn)(void), const char *what,
+                                         struct Flint__PlanFn **out);
+
+/* Decoding helpers for codecs. FL_EPROTO with "bad plan: <the node>: <message>". */
+FL_INTERNAL fl_status rdd_plan_bad(const rdd_plan_dec *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Resolves a function through the plan's codec (NULL message: *out = NULL). */
+FL_INTERNAL fl_status rdd_plan_decode_fn(rdd_plan_dec *d, const struct Flint__PlanFn *m,
+                                         const char *what, void (**out)(void));
+/* The plan being added to, for finding the node's inputs. */
+FL_INTERNAL rdd_plan *rdd_plan_dec_plan(const rdd_plan_dec *d);
 
 #endif /* FLINT_RDD_H */

@@ -86,23 +86,13 @@ static fl_status make_shuffled(fl_dataset *const *ins, uint32_t n_in, const fl_p
   }
   st->key_order = spec->key_order;
   st->descending = spec->descending;
-  for (uint32_t i = 0; i < n_in; i++) {
-    if (st->inputs[i].parent) continue;
-    rdd_shuffle_dep *dep = &st->deps[i];
-    dep->shuffle_id = atomic_fetch_add(&ctx->next_rdd_id, 1);
-    dep->parent = ins[i];
-    rdd_retain(ins[i]);
-    dep->partitioner = part;
-    rdd_partitioner_retain(part);
-    dep->map_combine = spec->agg && spec->map_side_combine ? &st->agg : NULL;
-    dep->write = shuffle_write;
-    st->inputs[i].dep = dep;
-    r->shuffle_deps[r->num_shuffle_deps++] = dep;
-    if (dep->map_combine) st->values_are_combiners = true;
-  }
-  r->state = st;
   rdd_partitioner_retain(part);
   r->partitioner = part;
+  for (uint32_t i = 0; i < n_in; i++)
+    if (!st->inputs[i].parent)
+      shuffle_add_dep(r, st, i, atomic_fetch_add(&ctx->next_rdd_id, 1), ins[i],
+                       spec->agg && spec->map_side_combine, NULL);
+  r->state = st;
   *out = r;
   return FL_OK;
 }
@@ -498,5 +488,5 @@ const rdd_builtin shuffle_builtins[] = {
     {"shuffle.add_i64", (void (*)(void))add_i64, NULL},
     {"shuffle.round_robin_keys", (void (*)(void))round_robin_keys, round_robin_arg_ok},
     {"shuffle.identity_partition", (void (*)(void))identity_partition, NULL},
+    {NULL, NULL, NULL},
 };
-const size_t shuffle_num_builtins = sizeof shuffle_builtins / sizeof *shuffle_builtins;

@@ -372,3 +372,20 @@ static void shuffled_destroy(rdd *r) {
 }
 
 const rdd_ops shuffled_ops = {"shuffled", shuffled_open, shuffled_destroy};
+
+void shuffle_add_dep(rdd *r, shuffled_state *st, uint32_t i, uint64_t shuffle_id, rdd *parent,
+                      bool map_combine, fl_compare_fn key_order) {
+  rdd_shuffle_dep *dep = &st->deps[i];
+  dep->shuffle_id = shuffle_id;
+  dep->parent = parent;
+  rdd_retain(parent);
+  dep->partitioner = r->partitioner;
+  rdd_partitioner_retain(r->partitioner);
+  dep->map_combine = map_combine ? &st->agg : NULL;
+  dep->key_order = key_order;
+  dep->key_order_arg = key_order ? r->arg : NULL;
+  dep->write = shuffle_write;
+  st->inputs[i].dep = dep;
+  r->shuffle_deps[r->num_shuffle_deps++] = dep;
+  if (dep->map_combine) st->values_are_combiners = true;
+}

@@ -89,10 +89,18 @@ typedef struct shuffled_state {
 } shuffled_state;
 
 FL_INTERNAL extern const rdd_ops shuffled_ops;
+/* Makes input i of shuffled dataset r (its state st; r->partitioner set) read a shuffle of
+ * `parent`: fills st->deps[i], taking references on parent and the partitioner, which
+ * shuffled_ops.destroy drops. map_combine: combine values map-side with st->agg; key_order:
+ * sort keys map-side (its arg is r's), or NULL. Cannot fail. */
+FL_INTERNAL void shuffle_add_dep(rdd *r, shuffled_state *st, uint32_t i, uint64_t shuffle_id, rdd *parent,
+                                  bool map_combine, fl_compare_fn key_order);
 
-/* flint's own functions used by the compositions of pair_ops.c (see rdd_builtin). */
+/* flint's own functions used by the compositions of pair_ops.c (see rdd_builtin), ended by
+ * an entry whose name is NULL. */
 FL_INTERNAL extern const rdd_builtin shuffle_builtins[];
-FL_INTERNAL extern const size_t shuffle_num_builtins;
+/* The plan codec of shuffled datasets (plan_codec.c), registered at load time. */
+FL_INTERNAL extern const rdd_op_codec shuffle_plan_codecs[];
 
 /* ---- map-output table ------------------------------------------------------------------ */
 /* Which map tasks of each shuffle have written their output, and its size per reduce

@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "executor/executor.h"
+#include "executor/storage/storage.h"
 
 /* Under AddressSanitizer an allocation too large to serve returns NULL (as malloc does)
  * instead of aborting the whole program, so that such a failure is one failed test. */

@@ -1,4 +1,4 @@
-/* test_claim_table: node-shared tasks' claims (executor/claim_table.c). An owner and its node
+/* test_claim_table: node-shared tasks' claims (executor/storage/claim_table.c). An owner and its node
  * peers (here a parent and forked children, as executors beside each other) claim attempt keys
  * in the owner's table; each key must go to exactly one of them. */
 #include "test_util.h"
@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "executor/executor.h"
+#include "executor/storage/storage.h"
 
 enum { KEYS = 200000 };
 

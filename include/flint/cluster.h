@@ -53,12 +53,6 @@ FL_API fl_status fl_executor_serve(const fl_executor_options *options, volatile 
  * it before starting threads. */
 FL_API int fl_executor_supervise(char *const *argv, volatile sig_atomic_t *stop);
 
-/* The environment variable that local-cluster[...] sets for the driver and executors it
- * starts: the folder of the cluster, holding theirs. `flint driver` and `flint executor`
- * remove it as they end, once it is empty, so that the last one out removes it also when the
- * program that started them died (driver/client.c says why). */
-#define FL_LOCAL_CLUSTER_DIR_ENV "FLINT_LOCAL_CLUSTER_DIR"
-
 /* Sends job binary `path` with its arguments to the driver of `master` (flint://HOST:PORT),
  * which runs it in a child process as an application named `app_name` (NULL: the library's
  * file name, as `flint status` lists it). Detached: prints nothing, sets *submission and returns

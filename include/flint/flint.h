@@ -113,6 +113,18 @@ typedef struct fl_buf {
 } fl_buf;
 #define FL_BUF_INIT {NULL, 0, 0}
 
+/* flint's allocator. An fl_buf's memory and everything else flint allocates comes from it,
+ * and flint's add-on libraries (libflint_gpu) allocate through it too, so that one allocator
+ * serves the process (as sqlite3_malloc serves SQLite's extensions). A size of 0 gives a
+ * unique pointer. NULL when out of memory (the thread's message is left as it is). Any
+ * thread; never blocks beyond the system allocator. */
+FL_API void *fl_malloc(size_t size);
+FL_API void *fl_calloc(size_t count, size_t size);
+/* As realloc: on failure p stays valid and unchanged. */
+FL_API void *fl_realloc(void *p, size_t size);
+/* Frees memory from the three above; NULL does nothing. */
+FL_API void fl_free(void *p);
+
 /* Makes room for `extra` more bytes. Returns FL_ENOMEM (buffer unchanged) on failure. */
 FL_API fl_status fl_buf_reserve(fl_buf *buf, size_t extra);
 /* Frees the buffer's memory and resets it to empty. */
@@ -234,6 +246,13 @@ typedef struct fl_context_stats {
   uint64_t blocks_read_mapped, blocks_read_fetched;
 } fl_context_stats;
 FL_API fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out);
+
+/* How long flint's threads spin before they sleep when they hand work to each other or wait
+ * for a peer, in nanoseconds: FLINT_SPIN_US, else 200 us, or 0 in driver and executor
+ * processes on machines of at most 4 cores (there a spinning thread takes the core that the
+ * one it waits for needs). Code that waits on flint's threads or on other ranks (libflint_gpu's
+ * collectives) spins as long. Any thread; read once per process. */
+FL_API uint64_t fl_spin_ns(void);
 
 /* ---------------------------------------------------------------------------------------
  * User functions. Each returns FL_OK, or an error code (ideally through fl_set_error, so

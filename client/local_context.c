@@ -1,14 +1,12 @@
 /*
- * context.c: fl_context_open/close. A local context is one process: the scheduler, the
- * local backend's task threads, a block manager and the shared-variable registry.
+ * local_context.c: a local context (masters local, local[N], local[*]) is one process: the
+ * scheduler, the local backend's task threads, a block manager and the shared-variable
+ * registry.
  *
- * Tunables read from the environment (declared here only):
- *   FLINT_MEMORY    memory for cached blocks when options give none ("512m", "2g"); 60% of
- *                   the machine's physical memory (or of the cgroup's limit, when lower)
- *   FLINT_WORK_DIR  where the context's folder for disk blocks is made; $TMPDIR or /tmp
- *   FLINT_SHUFFLE_MEMORY  bytes a task sorts or aggregates before it spills; 64 MiB
- *   FLINT_SPIN_US   how long hot hand-offs spin before sleeping (common/queue.c); 200, or 0
- *                   in drivers and executors on machines of at most 4 cores
+ * Settings (declared with every other in common/config.h): FLINT_MEMORY, FLINT_SHUFFLE_MEMORY
+ * and FLINT_WORK_DIR, where the options give none.
+ *
+ * Threading: the scheduler's (driver.h); open and close run on the caller's thread.
  */
 
 #include <errno.h>
@@ -17,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client/client_internal.h"
 #include "driver/driver.h"
 #include "shuffle/shuffle.h"
 
@@ -26,7 +25,6 @@
 #define DEFAULT_MEMORY_FRACTION 0.6
 /* Where the machine's memory cannot be read. */
 #define FALLBACK_MEMORY (1ull << 30)
-#define DEFAULT_SHUFFLE_MEMORY (64ull << 20)
 #define DEFAULT_MAX_ATTEMPTS 4
 /* More task threads than this is a typo, not a machine. */
 #define MAX_LOCAL_THREADS 4096
@@ -97,25 +95,22 @@ static uint64_t default_memory(void) {
   return total ? (uint64_t)((double)total * DEFAULT_MEMORY_FRACTION) : FALLBACK_MEMORY;
 }
 
-/* An option's value, else the environment's, else the default. */
-static fl_status resolve_size(uint64_t option, const char *env_name, uint64_t def, uint64_t *out) {
+/* An option's value, else the setting's, else `computed` (for a setting whose default the
+ * reader works out) or the setting's default. An invalid setting is an error. */
+static fl_status resolve_size(uint64_t option, config_id id, uint64_t computed, uint64_t *out) {
   if (option) {
     *out = option;
     return FL_OK;
   }
-  const char *env = getenv(env_name);
-  if (!env || !*env) {
-    *out = def;
-    return FL_OK;
-  }
-  if (fl_parse_size(env, out) != FL_OK) return common_error_wrap(FL_EINVAL, "%s: ", env_name);
+  fl_status st = config_check(id);
+  if (st != FL_OK) return st;
+  bool reader_default = config_setting_of(id)->flags & CONFIG_COMPUTED;
+  *out = reader_default && !config_given(id) ? computed : config_size(id);
   return FL_OK;
 }
 
 static fl_status make_work_dir(const fl_options *opts, char **out) {
-  const char *base = opts && opts->work_dir ? opts->work_dir : getenv("FLINT_WORK_DIR");
-  if (!base || !*base) base = getenv("TMPDIR");
-  if (!base || !*base) base = "/tmp";
+  const char *base = client_work_base(opts ? opts->work_dir : NULL);
   fl_status s = common_mkdirs(base);
   if (s != FL_OK) return s;
   char path[PATH_MAX];
@@ -129,19 +124,15 @@ static fl_status make_work_dir(const fl_options *opts, char **out) {
   return FL_OK;
 }
 
-fl_status fl_context_open(const char *master, const fl_options *options, fl_context **out) {
-  common_error_clear();
-  if (!master || !out) return FL_ERR(FL_EINVAL, "fl_context_open: master and out must not be NULL");
-  if (strncmp(master, "flint://", 8) == 0 || strncmp(master, "local-cluster[", 14) == 0)
-    return client_context_open(master, options, out);
+fl_status client_local_context_open(const char *master, const fl_options *options, fl_context **out) {
   uint32_t threads = 0;
   uint64_t memory = 0, shuffle_memory = 0;
   fl_status status = parse_master(master, &threads);
   if (status != FL_OK) return status;
-  if ((status = resolve_size(options ? options->memory_limit : 0, "FLINT_MEMORY", default_memory(),
-                             &memory)) != FL_OK ||
-      (status = resolve_size(options ? options->shuffle_memory : 0, "FLINT_SHUFFLE_MEMORY",
-                             DEFAULT_SHUFFLE_MEMORY, &shuffle_memory)) != FL_OK)
+  if ((status = resolve_size(options ? options->memory_limit : 0, CONFIG_MEMORY, default_memory(), &memory)) !=
+          FL_OK ||
+      (status = resolve_size(options ? options->shuffle_memory : 0, CONFIG_SHUFFLE_MEMORY, 0, &shuffle_memory)) !=
+          FL_OK)
     return status;
 
   context_impl *c = common_calloc(1, sizeof *c);
@@ -178,10 +169,6 @@ cleanup:
   return status;
 }
 
-void fl_context_close(fl_context *ctx) {
-  if (ctx) ctx->close(ctx);
-}
-
 static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
   scheduler_destroy(c->sched);
@@ -191,20 +178,6 @@ static void local_close(fl_context *ctx) {
   if (c->work_dir) common_remove_tree(c->work_dir);
   common_free(c->work_dir);
   common_free(c);
-}
-
-uint32_t fl_context_cores(const fl_context *ctx) { return ctx ? ctx->cores : 0; }
-
-fl_status fl_cancel_jobs(fl_context *ctx) {
-  common_error_clear();
-  if (!ctx) return FL_ERR(FL_EINVAL, "fl_cancel_jobs: NULL context");
-  return ctx->cancel(ctx);
-}
-
-fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out) {
-  common_error_clear();
-  if (!ctx || !out) return FL_ERR(FL_EINVAL, "fl_context_stats_get: NULL argument");
-  return ctx->stats(ctx, out);
 }
 
 static fl_status local_stats(fl_context *ctx, fl_context_stats *out) {

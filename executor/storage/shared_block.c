@@ -1,6 +1,6 @@
 /*
  * shared_block.c: cached partitions that other executors on the same host read in place
- * (see executor.h). A block is a sealed memfd: a 64-byte header, then the batch's bytes.
+ * (see storage.h). A block is a sealed memfd: a 64-byte header, then the batch's bytes.
  * Its owner keeps the descriptor open, so a reader finds it among /proc/PID/fd by its name,
  * opens it there and maps it read-only. Seals (no write, no shrink, no grow) make the bytes
  * immutable for as long as anyone maps them, and a mapping outlives the owner's eviction or
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "executor/executor.h"
+#include "executor/storage/storage.h"
 
 #define SHARED_MAGIC "FLNTSHB1"
 #define SHARED_HEADER 64

@@ -1,5 +1,5 @@
 /*
- * claim_table.c: who runs a node-shared task (see executor.h). A table is a memfd of
+ * claim_table.c: who runs a node-shared task (see storage.h). A table is a memfd of
  * CLAIM_SLOTS 64-bit slots, created by its executor and mapped read-write by the node's other
  * executors, found as shared blocks are: by name among /proc/PID/fd. A slot holds the key of
  * the last attempt claimed in it; the driver's keys only grow, so a slot with a smaller key
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "executor/executor.h"
+#include "executor/storage/storage.h"
 
 #define CLAIM_SLOTS ((size_t)1 << 20)
 #define CLAIM_BYTES (CLAIM_SLOTS * sizeof(uint64_t))

@@ -1,4 +1,4 @@
-/* block_manager.c: cached partitions in memory and on local disk (see executor.h). */
+/* block_manager.c: cached partitions in memory and on local disk (see storage.h). */
 
 #include <dirent.h>
 #include <errno.h>
@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "executor/executor.h"
+#include "executor/storage/storage.h"
 
 typedef enum block_where { IN_MEMORY, IN_MEMORY_SER, ON_DISK } block_where;
 

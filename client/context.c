@@ -1,0 +1,37 @@
+/*
+ * context.c: fl_context_open and the calls on any context. The master picks the kind:
+ * local, local[N] and local[*] run the scheduler in this process (local_context.c);
+ * flint://HOST:PORT and local-cluster[E,C,MB] send jobs to a driver process
+ * (remote_context.c). Each kind fills the context's close, stats and cancel slots.
+ *
+ * Threading: stateless; a context's slots say theirs.
+ */
+#include <string.h>
+
+#include "client/client_internal.h"
+
+fl_status fl_context_open(const char *master, const fl_options *options, fl_context **out) {
+  common_error_clear();
+  if (!master || !out) return FL_ERR(FL_EINVAL, "fl_context_open: master and out must not be NULL");
+  if (strncmp(master, "flint://", 8) == 0 || strncmp(master, "local-cluster[", 14) == 0)
+    return client_remote_context_open(master, options, out);
+  return client_local_context_open(master, options, out);
+}
+
+void fl_context_close(fl_context *ctx) {
+  if (ctx) ctx->close(ctx);
+}
+
+uint32_t fl_context_cores(const fl_context *ctx) { return ctx ? ctx->cores : 0; }
+
+fl_status fl_cancel_jobs(fl_context *ctx) {
+  common_error_clear();
+  if (!ctx) return FL_ERR(FL_EINVAL, "fl_cancel_jobs: NULL context");
+  return ctx->cancel(ctx);
+}
+
+fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out) {
+  common_error_clear();
+  if (!ctx || !out) return FL_ERR(FL_EINVAL, "fl_context_stats_get: NULL argument");
+  return ctx->stats(ctx, out);
+}

@@ -1,0 +1,92 @@
+/*
+ * submit.c: `flint submit` (fl_submit): sends a job binary to a driver, which runs it in a
+ * child process as an application, and streams the job's output back here until it exits.
+ * A stop asked meanwhile (a signal handler sets *stop) cancels the submission once.
+ *
+ * Threading: fl_submit blocks its caller until the job ends (or at once when detached); it
+ * keeps no state between calls.
+ */
+#include <string.h>
+
+#include "client/client_internal.h"
+#include "flint/cluster.h"
+
+fl_status fl_submit(const char *master, const char *path, const char *app_name, int argc, char **argv,
+                    bool detach, volatile sig_atomic_t *stop, uint64_t *submission, int *exit_code) {
+  common_error_clear();
+  if (!path || (argc && !argv)) return FL_ERR(FL_EINVAL, "fl_submit: NULL argument");
+  rpc_channel *ch = NULL;
+  fl_buf lib = FL_BUF_INIT, reply = FL_BUF_INIT;
+  fl_status st = client_rpc_connect(master, &ch);
+  if (st != FL_OK) goto done;
+  if ((st = common_read_file(path, &lib)) != FL_OK) goto done;
+  Flint__SubmitRequest req = FLINT__SUBMIT_REQUEST__INIT;
+  const char *slash = strrchr(path, '/');
+  req.name = (char *)(slash ? slash + 1 : path);
+  req.app_name = (char *)(app_name && *app_name ? app_name : req.name);
+  req.library = (ProtobufCBinaryData){lib.len, lib.data};
+  req.n_args = (size_t)argc;
+  req.args = argv;
+  if ((st = client_rpc_call(ch, "/flint.Driver/Submit", &req.base, CLIENT_RPC_TIMEOUT_MS, &reply)) != FL_OK)
+    goto done;
+  Flint__SubmitReply *sr = flint__submit_reply__unpack(NULL, reply.len, reply.data);
+  if (!sr) {
+    st = FL_ERR(FL_EPROTO, "Submit: malformed reply");
+    goto done;
+  }
+  uint64_t id = sr->submission_id;
+  flint__submit_reply__free_unpacked(sr, NULL);
+  if (submission) *submission = id;
+  if (detach) goto done;
+  uint64_t out_off = 0, err_off = 0;
+  bool cancel_sent = false;
+  for (;;) {
+    if (stop && *stop && !cancel_sent) {
+      Flint__CancelSubmissionRequest creq = FLINT__CANCEL_SUBMISSION_REQUEST__INIT;
+      creq.submission_id = id;
+      if ((st = client_rpc_call(ch, "/flint.Driver/CancelSubmission", &creq.base, CLIENT_RPC_TIMEOUT_MS,
+                                &reply)) != FL_OK)
+        goto lost;
+      fprintf(stderr, "flint: interrupted: job binary %llu is being stopped\n", (unsigned long long)id);
+      cancel_sent = true;
+    }
+    Flint__OutputRequest oreq = FLINT__OUTPUT_REQUEST__INIT;
+    oreq.submission_id = id;
+    oreq.stdout_offset = out_off;
+    oreq.stderr_offset = err_off;
+    oreq.wait_ms = stop ? 250 : 5000; /* short waits: a stop is seen at once */
+    if ((st = client_rpc_call(ch, "/flint.Driver/Output", &oreq.base, CLIENT_RPC_TIMEOUT_MS, &reply)) != FL_OK)
+      goto lost;
+    Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
+    if (!o) {
+      st = FL_ERR(FL_EPROTO, "Output: malformed reply");
+      goto done;
+    }
+    /* An empty bytes field has NULL data, which fwrite must not get (UBSan). */
+    if (o->stdout_data.len) fwrite(o->stdout_data.data, 1, o->stdout_data.len, stdout);
+    if (o->stderr_data.len) fwrite(o->stderr_data.data, 1, o->stderr_data.len, stderr);
+    fflush(stdout);
+    fflush(stderr);
+    out_off += o->stdout_data.len;
+    err_off += o->stderr_data.len;
+    bool exited = o->exited && !o->stdout_data.len && !o->stderr_data.len;
+    int code = o->signal ? 128 + o->signal : o->exit_code;
+    int sig = o->signal;
+    flint__output_reply__free_unpacked(o, NULL);
+    if (exited) {
+      if (sig) fprintf(stderr, "flint: the job was killed by signal %d (%s)\n", sig, strsignal(sig));
+      if (exit_code) *exit_code = code;
+      break;
+    }
+  }
+  goto done;
+lost:
+  /* What the job wrote before is printed already; its driver ends it (PDEATHSIG). */
+  common_error_wrap(st, "lost the driver at %s while job binary %llu ran (its output up to then is above): ",
+                    master + 8, (unsigned long long)id);
+done:
+  fl_buf_free(&lib);
+  fl_buf_free(&reply);
+  rpc_channel_destroy(ch);
+  return st;
+}

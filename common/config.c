@@ -1,0 +1,241 @@
+/*
+ * config.c: the settings table (config.h) and its getters.
+ *
+ * Threads: every call reads the environment afresh and parses it; the only state is, per
+ * setting, a hash of the last invalid text warned about (an atomic), so that a setting read in
+ * a loop warns once per bad value rather than at every read.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/config.h"
+
+static const config_setting settings[CONFIG_SETTINGS] = {
+#define CONFIG_ROW_(name, type, readers, flags, min, max, def, doc)                                             \
+  {"FLINT_" #name, CONFIG_TYPE_##type, CONFIG_READ_##readers, (flags), (min), (max), (def), (doc)},
+    CONFIG_TABLE(CONFIG_ROW_)
+#undef CONFIG_ROW_
+};
+
+/* Per setting: common_hash64 of the invalid text last warned about; 0: none. */
+static atomic_uint_fast64_t warned[CONFIG_SETTINGS];
+
+/* ---- sizes (common.h) ---------------------------------------------------------------- */
+
+bool common_parse_size(const char *s, uint64_t *out) {
+  /* strtoull would skip spaces and accept a sign: only plain digits are a size. */
+  if (!s || *s < '0' || *s > '9') return false;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s) return false;
+  uint64_t mult = 1;
+  switch (*end) {
+  case '\0': break;
+  case 'k': case 'K': mult = 1ull << 10; end++; break;
+  case 'm': case 'M': mult = 1ull << 20; end++; break;
+  case 'g': case 'G': mult = 1ull << 30; end++; break;
+  case 't': case 'T': mult = 1ull << 40; end++; break;
+  default: return false;
+  }
+  if (*end == 'b' || *end == 'B') end++;
+  if (*end != '\0' || v > UINT64_MAX / mult) return false;
+  *out = v * mult;
+  return true;
+}
+
+/* ---- the table ------------------------------------------------------------------------- */
+
+const config_setting *config_setting_of(config_id id) {
+  FL_ASSERT((unsigned)id < CONFIG_SETTINGS);
+  return &settings[id];
+}
+
+bool config_find(const char *name, config_id *out) {
+  for (unsigned i = 0; name && i < CONFIG_SETTINGS; i++)
+    if (strcmp(settings[i].name, name) == 0) {
+      *out = (config_id)i;
+      return true;
+    }
+  return false;
+}
+
+const char *config_type_name(config_type type) {
+  static const char *const names[] = {"bool", "count", "ms", "us", "size", "real", "string", "path"};
+  return (unsigned)type < sizeof names / sizeof *names ? names[type] : "?";
+}
+
+const char *config_unit(config_type type) {
+  switch (type) {
+  case CONFIG_TYPE_MS: return "ms";
+  case CONFIG_TYPE_US: return "us";
+  case CONFIG_TYPE_SIZE: return "bytes";
+  default: return "";
+  }
+}
+
+const char *config_readers_text(config_readers readers) {
+  switch (readers) {
+  case CONFIG_READ_ANY: return "any";
+  case CONFIG_READ_CLIENT: return "client";
+  case CONFIG_READ_DRIVER: return "driver";
+  case CONFIG_READ_EXECUTOR: return "executor";
+  case CONFIG_READ_SERVERS: return "driver, executor";
+  case CONFIG_READ_TASKS: return "client, executor";
+  }
+  return "?";
+}
+
+/* ---- parsing --------------------------------------------------------------------------- */
+
+typedef union config_value {
+  uint64_t number; /* bool (0 or 1), count, ms, us, size */
+  double real;
+  const char *text; /* string, path */
+} config_value;
+
+static bool is_number_type(config_type type) {
+  return type == CONFIG_TYPE_BOOL || type == CONFIG_TYPE_COUNT || type == CONFIG_TYPE_MS ||
+         type == CONFIG_TYPE_US || type == CONFIG_TYPE_SIZE;
+}
+
+/* Reads `text` by the rules of s's type (config.h); false when it is invalid. */
+static bool parse(const config_setting *s, const char *text, config_value *out) {
+  switch (s->type) {
+  case CONFIG_TYPE_STRING:
+  case CONFIG_TYPE_PATH:
+    out->text = text;
+    return true;
+  case CONFIG_TYPE_REAL: {
+    /* strtod would skip spaces: only a number that starts the text is one */
+    if (isspace((unsigned char)*text)) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno == ERANGE || !isfinite(v)) return false;
+    out->real = v;
+    return true;
+  }
+  case CONFIG_TYPE_SIZE:
+    if (!common_parse_size(text, &out->number)) return false;
+    break;
+  default: {
+    /* strtoull would skip spaces and take a sign (wrapping "-1" around): digits only */
+    if (!isdigit((unsigned char)*text)) return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (*end || errno == ERANGE) return false;
+    out->number = v;
+    break;
+  }
+  }
+  if (out->number < s->min || out->number > s->max) return false;
+  if (s->type == CONFIG_TYPE_BOOL) out->number = out->number != 0;
+  return true;
+}
+
+/* What an invalid value of s should have been, for messages: "a number of milliseconds". */
+static void expected(const config_setting *s, char *buf, size_t len) {
+  const char *what;
+  switch (s->type) {
+  case CONFIG_TYPE_BOOL: what = "a whole number (0: off, others: on)"; break;
+  case CONFIG_TYPE_COUNT: what = "a whole number"; break;
+  case CONFIG_TYPE_MS: what = "a whole number of milliseconds"; break;
+  case CONFIG_TYPE_US: what = "a whole number of microseconds"; break;
+  case CONFIG_TYPE_SIZE: what = "a size (examples: 512m, 2g, 1048576)"; break;
+  default: what = "a decimal number"; break;
+  }
+  bool numeric = is_number_type(s->type) && s->type != CONFIG_TYPE_BOOL;
+  bool capped = numeric && s->max != CONFIG_MAX_I64 && s->max != UINT64_MAX;
+  unsigned long long lo = s->min, hi = s->max;
+  if (numeric && s->min > 0 && capped) snprintf(buf, len, "%s from %llu to %llu", what, lo, hi);
+  else if (numeric && s->min > 0) snprintf(buf, len, "%s of at least %llu", what, lo);
+  else if (capped) snprintf(buf, len, "%s of at most %llu", what, hi);
+  else snprintf(buf, len, "%s", what);
+}
+
+/* The value of `id` in *out and where it comes from; the table's default when the
+ * environment gives none (zero for CONFIG_COMPUTED settings). `warn`: log an invalid value. */
+static config_source lookup(config_id id, bool warn, config_value *out) {
+  const config_setting *s = config_setting_of(id);
+  const char *text = getenv(s->name);
+  if (text && *text) {
+    if (parse(s, text, out)) return CONFIG_FROM_ENVIRONMENT;
+    uint64_t h = common_hash_bytes(text, strlen(text)) | 1; /* never 0, "none" */
+    if (warn && atomic_exchange(&warned[id], h) != h) {
+      char what[96];
+      expected(s, what, sizeof what);
+      common_log(LOG_WARN, "%s=%s is not %s: using %s%s", s->name, text, what,
+                 s->flags & CONFIG_COMPUTED ? "the default, " : "", s->default_text);
+    }
+  }
+  memset(out, 0, sizeof *out);
+  if (!(s->flags & CONFIG_COMPUTED)) {
+    bool ok = parse(s, s->default_text, out);
+    FL_ASSERT(ok); /* tests/test_config.c reads every default */
+  }
+  return text && *text ? CONFIG_FROM_INVALID : CONFIG_FROM_DEFAULT;
+}
+
+/* ---- reading --------------------------------------------------------------------------- */
+
+const char *config_text(config_id id) {
+  const char *text = getenv(config_setting_of(id)->name);
+  return text && *text ? text : NULL;
+}
+
+config_source config_source_of(config_id id) {
+  config_value v;
+  return lookup(id, false, &v);
+}
+
+fl_status config_check(config_id id) {
+  config_value v;
+  if (lookup(id, false, &v) != CONFIG_FROM_INVALID) return FL_OK;
+  const config_setting *s = config_setting_of(id);
+  const char *text = config_text(id);
+  char what[96];
+  expected(s, what, sizeof what);
+  /* FLINT_MEMORY's message as fl_context_open gave it before there was a registry */
+  return fl_set_error(FL_EINVAL, "%s: '%s' is not %s", s->name, text ? text : "", what);
+}
+
+bool config_given(config_id id) {
+  config_value v;
+  return lookup(id, true, &v) == CONFIG_FROM_ENVIRONMENT;
+}
+
+/* The value of a setting that must be of type `type` (a getter of another type is a bug). */
+static config_value get(config_id id, config_type type) {
+  FL_ASSERT(config_setting_of(id)->type == type);
+  config_value v;
+  lookup(id, true, &v);
+  return v;
+}
+
+bool config_bool(config_id id) { return get(id, CONFIG_TYPE_BOOL).number != 0; }
+uint64_t config_count(config_id id) { return get(id, CONFIG_TYPE_COUNT).number; }
+uint64_t config_ms(config_id id) { return get(id, CONFIG_TYPE_MS).number; }
+uint64_t config_us(config_id id) { return get(id, CONFIG_TYPE_US).number; }
+uint64_t config_size(config_id id) { return get(id, CONFIG_TYPE_SIZE).number; }
+double config_real(config_id id) { return get(id, CONFIG_TYPE_REAL).real; }
+
+const char *config_string(config_id id) {
+  const config_setting *s = config_setting_of(id);
+  FL_ASSERT(s->type == CONFIG_TYPE_STRING || s->type == CONFIG_TYPE_PATH);
+  config_value v;
+  lookup(id, true, &v);
+  return v.text;
+}
+
+int64_t config_limit(config_id id) {
+  const config_setting *s = config_setting_of(id);
+  FL_ASSERT((s->flags & CONFIG_NO_LIMIT) && (s->type == CONFIG_TYPE_COUNT || s->type == CONFIG_TYPE_MS));
+  FL_ASSERT(s->max <= CONFIG_MAX_I64);
+  config_value v;
+  lookup(id, true, &v);
+  return v.number == 0 ? -1 : (int64_t)v.number;
+}
