@@ -148,7 +148,7 @@ fl_status client_local_context_open(const char *master, const fl_options *option
   FL_CHECK(local_backend_create(c->sched, threads, &b));
   scheduler_set_backend(c->sched, b);
   c->pub.barrier = &barrier_local_ops;
-  c->pub.barrier_impl = c->sched->barriers;
+  c->pub.barrier_impl = scheduler_barriers(c->sched);
   c->pub.runtime = &local_runtime;
   c->pub.runtime_impl = c;
   c->pub.cache = &block_manager_cache_ops;

@@ -1,7 +1,15 @@
-/* scheduler.c: the scheduler's event loop and its entry points (see driver.h). */
+/*
+ * event_loop.c: the scheduler's event loop and its entry points (scheduler.h): jobs in (run,
+ * submit, cancel) and out (handed back to their callers once an event is through), task
+ * ends and calls from other threads, and the timers (locality waits, lost output to run
+ * again, slow tasks, callers gone away). The loop's thread runs everything of the scheduler;
+ * the entry points only queue events, but for scheduler_run_job, which then waits for its job.
+ */
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h"
 
 typedef struct sched_call {
   sched_event base;
@@ -19,8 +27,6 @@ fl_status scheduler_post_call(scheduler *s, void (*fn)(scheduler *, void *), voi
   return FL_OK;
 }
 
-void scheduler_add_slots(scheduler *s, int64_t delta) { s->free_slots += delta; }
-
 typedef struct cancel_args {
   uint64_t group, tag;
 } cancel_args;
@@ -32,7 +38,7 @@ static void cancel_on_loop(scheduler *s, void *arg) {
     /* Failing a job may finish it, and its caller then frees it: step first. */
     sched_job *next = job->active_next;
     if (job->group == c->group && (c->tag == 0 || job->tag == c->tag))
-      dag_scheduler_job_failed(s, job, FL_ECANCELLED, "job %llu cancelled", (unsigned long long)job->id);
+      job_end_fail(s, job, FL_ECANCELLED, "job %llu cancelled", (unsigned long long)job->id);
     job = next;
   }
   common_free(c);
@@ -66,7 +72,7 @@ static void run_timers(scheduler *s) {
   if (s->resubmit_at_ns && s->resubmit_at_ns <= now) dag_scheduler_resubmit(s);
   if (s->speculate_at_ns && s->speculate_at_ns <= now) {
     s->speculate_at_ns = 0;
-    task_scheduler_speculate(s);
+    speculation_check_slow(s);
   }
   if (s->speculation.enabled && s->active && !s->speculate_at_ns) s->speculate_at_ns = now + SPECULATION_PERIOD_NS;
   if (s->abandon_check_at_ns && s->abandon_check_at_ns <= now) check_abandoned(s, now);
@@ -103,7 +109,7 @@ static void *scheduler_main(void *p) {
       break;
     }
     case EV_TASK_ENDED:
-      task_scheduler_task_ended(s, (sched_task *)ev);
+      dag_scheduler_task_ended(s, task_scheduler_task_ended(s, (sched_task *)ev));
       break;
     case EV_CALL: {
       sched_call *call = (sched_call *)ev;
@@ -158,6 +164,12 @@ void scheduler_destroy(scheduler *s) {
     if (ev->type == EV_CALL) common_free(ev);
   common_queue_destroy(&s->events);
   barrier_table_destroy(s->barriers);
+  while (s->executors) {
+    sched_executor *x = s->executors;
+    s->executors = x->next;
+    common_free(x->no_device);
+    common_free(x);
+  }
   common_free(s);
 }
 
@@ -286,7 +298,7 @@ static void check_abandoned(scheduler *s, uint64_t now) {
     if (!job->done_fn || !job->abandoned || job->cancel_sent) continue;
     if (atomic_load(job->abandoned)) {
       job->cancel_sent = true;
-      dag_scheduler_job_failed(s, job, FL_ECANCELLED, "job %llu cancelled: its caller went away",
+      job_end_fail(s, job, FL_ECANCELLED, "job %llu cancelled: its caller went away",
                                (unsigned long long)job->id);
     } else {
       watching = true;
@@ -349,4 +361,25 @@ void scheduler_stats_get(scheduler *s, scheduler_stats *out) {
   out->tasks_failed = atomic_load(&s->tasks_failed);
   out->tasks_speculated = atomic_load(&s->tasks_speculated);
   out->task_ns = atomic_load(&s->task_ns);
+}
+
+barrier_table *scheduler_barriers(scheduler *s) { return s->barriers; }
+
+void scheduler_each_job(scheduler *s, void (*fn)(void *arg, uint64_t job, uint64_t submitted_ns), void *arg) {
+  for (sched_job *job = s->active, *next; job; job = next) {
+    next = job->active_next; /* failing a job may finish it */
+    if (job->status == FL_OK) fn(arg, job->id, job->submitted_ns);
+  }
+}
+
+void scheduler_fail_job(scheduler *s, uint64_t id, fl_status status, const char *fmt, ...) {
+  sched_job *job = s->active;
+  while (job && job->id != id) job = job->active_next;
+  if (!job) return;
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  job_end_fail(s, job, status, "%s", msg);
 }

@@ -1,5 +1,5 @@
 /*
- * dag_scheduler.c: jobs into stages into tasks, and the end of jobs.
+ * dag_scheduler.c: jobs into stages into tasks, and what the tasks' ends mean for them.
  *
  * A job's result stage computes the job's partitions of its rdd. Walking the lineage from
  * there through narrow dependencies, every shuffle dependency whose map output is not all
@@ -9,10 +9,9 @@
  * a dataset whose partitions are all cached, runs no map stage again. Runs on the scheduler
  * thread only.
  */
-#include <stdarg.h>
 #include <stdio.h>
 
-#include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h"
 #include "shuffle/shuffle.h"
 
 static void init_task(sched_task *t, sched_job *job, sched_stage *stage, uint32_t index,
@@ -154,8 +153,8 @@ static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
     st->finished = true;
     return;
   }
-  if (st->barrier) task_scheduler_submit_gang(s, st);
-  else task_scheduler_submit(s, st->tasks, st->num_tasks);
+  if (st->barrier) gang_submit(s, st);
+  else task_queue_submit(s, st->tasks, st->num_tasks);
 }
 
 /* After a stage finished: submit the stages that were waiting for it. */
@@ -173,7 +172,7 @@ static void submit_waiting(scheduler *s, sched_job *job) {
       while (st->parked) {
         sched_task *t = st->parked;
         st->parked = t->pending_next;
-        task_scheduler_submit(s, t, 1);
+        task_queue_submit(s, t, 1);
       }
     }
   }
@@ -185,7 +184,9 @@ static void submit_waiting(scheduler *s, sched_job *job) {
 /* Times a map stage's output may be lost and computed again within one job. */
 #define DAG_MAX_STAGE_ATTEMPTS 4
 
-void dag_scheduler_fetch_failed(scheduler *s, sched_task *task) {
+/* A task failed to read map output: the output is marked lost, and the task waits (parked)
+ * until its map task ran again. */
+static void fetch_failed(scheduler *s, sched_task *task) {
   sched_job *job = task->job;
   rdd_task *rt = &task->rt;
   map_output_unregister(job->rdd->ctx->map_outputs, rt->fetch_shuffle_id, rt->fetch_map);
@@ -217,7 +218,7 @@ static void resubmit_job(scheduler *s, sched_job *job) {
         sched_stage *p = x->parents[i];
         if (!p->finished || map_output_complete(job->rdd->ctx->map_outputs, p->dep->shuffle_id)) continue;
         if (++p->attempts >= DAG_MAX_STAGE_ATTEMPTS) {
-          dag_scheduler_job_failed(s, job, FL_EFETCH,
+          job_end_fail(s, job, FL_EFETCH,
                                    "job %llu failed: the output of shuffle %llu was lost %u times "
                                    "(executors lost or map output unreadable)",
                                    (unsigned long long)job->id, (unsigned long long)p->dep->shuffle_id,
@@ -231,7 +232,7 @@ static void resubmit_job(scheduler *s, sched_job *job) {
     }
   }
   if (st != FL_OK) {
-    dag_scheduler_job_failed(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+    job_end_fail(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
     return;
   }
   submit_waiting(s, job);
@@ -256,7 +257,7 @@ void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   s->active = job;
   sched_stage *result = stage_new(job, job->rdd, NULL);
   if (!result) {
-    dag_scheduler_job_failed(s, job, FL_ENOMEM, "job %llu: cannot allocate its stages", (unsigned long long)job->id);
+    job_end_fail(s, job, FL_ENOMEM, "job %llu: cannot allocate its stages", (unsigned long long)job->id);
     return;
   }
   result->action = job->action;
@@ -268,7 +269,7 @@ void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
     bool whole = job->num_parts == job->rdd->num_partitions;
     for (uint32_t i = 0; whole && i < job->num_parts; i++) whole = job->parts[i] == i;
     if (!whole) {
-      dag_scheduler_job_failed(s, job, FL_EINVAL,
+      job_end_fail(s, job, FL_EINVAL,
                                "job %llu: a job over barrier dataset %llu must compute all its %u partitions, "
                                "in order (it asked for %u)",
                                (unsigned long long)job->id, (unsigned long long)result->barrier->id,
@@ -278,7 +279,7 @@ void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   }
   fl_status st = add_missing_parents(s, job, result, job->rdd);
   if (st != FL_OK) {
-    dag_scheduler_job_failed(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+    job_end_fail(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
     return;
   }
   submit_stage(s, job, result);
@@ -286,25 +287,9 @@ void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   submit_waiting(s, job);
 }
 
-void dag_scheduler_maybe_finish(scheduler *s, sched_job *job) {
-  bool failed = job->status != FL_OK;
-  if (job->running > 0 || (!failed && job->remaining > 0)) return;
-  if (failed) atomic_fetch_add(&s->jobs_failed, 1);
-  if (job->active_prev) job->active_prev->active_next = job->active_next;
-  else s->active = job->active_next;
-  if (job->active_next) job->active_next->active_prev = job->active_prev;
-  /* A backup still pending (its original won before a slot came free) goes with the job,
-   * which is freed once handed back. */
-  task_scheduler_drop_job(s, job);
-  COMMON_TRACE("job.end", failed ? "failed" : "ok");
-  /* Handed back by the loop once this event is through (complete_ended), not here: the
-   * code that finished the job may still read it (a barrier stage that fails for want of
-   * slots inside dag_scheduler_job_submitted, say), and a waiting caller frees it. */
-  job->ended_next = s->ended;
-  s->ended = job;
-}
-
-void dag_scheduler_task_succeeded(scheduler *s, sched_task *task) {
+/* A map task's output is registered (a stage that finished lets the stages waiting for it
+ * go); a result task's result goes to the job, which may finish. */
+static void task_succeeded(scheduler *s, sched_task *task) {
   sched_job *job = task->job;
   sched_stage *st = task->stage;
   if (st->dep) {
@@ -312,7 +297,7 @@ void dag_scheduler_task_succeeded(scheduler *s, sched_task *task) {
                                        st->dep->parent->num_partitions, task->rt.partition,
                                        fl_buf_bytes(&task->result));
     if (rs != FL_OK) {
-      dag_scheduler_job_failed(s, job, rs, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
+      job_end_fail(s, job, rs, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
       return;
     }
     if (--st->remaining == 0) {
@@ -330,23 +315,7 @@ void dag_scheduler_task_succeeded(scheduler *s, sched_task *task) {
   job->results[task->index] = task->result;
   task->result = t;
   job->remaining--;
-  dag_scheduler_maybe_finish(s, job);
-}
-
-void dag_scheduler_job_failed(scheduler *s, sched_job *job, fl_status status, const char *fmt, ...) {
-  if (job->status != FL_OK) return; /* the first cause is the one reported */
-  job->status = status;
-  char msg[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  job->error = common_strdup(msg);
-  atomic_store(&job->cancelled, true);
-  barrier_job_abort(s->barriers, job->id);
-  task_scheduler_drop_job(s, job);
-  if (job->running > 0 && s->backend->ops->kill) s->backend->ops->kill(s->backend, job);
-  dag_scheduler_maybe_finish(s, job);
+  job_end_maybe_finish(s, job);
 }
 
 void dag_scheduler_free_stages(sched_job *job) {
@@ -376,4 +345,11 @@ void dag_scheduler_free_stages(sched_job *job) {
     st = next;
   }
   job->stages = NULL;
+}
+
+void dag_scheduler_task_ended(scheduler *s, task_outcome outcome) {
+  /* The last success may finish the job: it stays until the event is through. */
+  for (uint32_t i = 0; outcome.kind == TASK_SUCCEEDED && i < outcome.count; i++)
+    task_succeeded(s, &outcome.tasks[i]);
+  if (outcome.kind == TASK_FETCH_FAILED) fetch_failed(s, outcome.tasks);
 }

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "driver/driver.h"
+#include "driver/scheduler/scheduler_internal.h"
 
 typedef struct gather_round {
   uint32_t round;
