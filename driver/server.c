@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "driver/driver_internal.h"
 
 /* Tasks launched per executor core at once: those beyond the cores wait in the executor's
@@ -23,21 +24,8 @@
  * for about 2 ms a job waiting for the rest. */
 #define DRIVER_SLOTS_PER_CORE 16
 
-/* A number from the environment, or def when unset or not a number (with a warning). */
-static uint64_t env_number(const char *name, uint64_t def) {
-  const char *v = getenv(name);
-  if (!v || !*v) return def;
-  char *end = NULL;
-  unsigned long long n = strtoull(v, &end, 10);
-  if (*end || end == v || *v == '-') {
-    common_log(LOG_WARN, "%s=%s is not a number: using %llu", name, v, (unsigned long long)def);
-    return def;
-  }
-  return n;
-}
-
-/* A count of milliseconds from the environment, in nanoseconds. */
-static uint64_t env_ms(const char *name, uint64_t def) { return env_number(name, def) * 1000000ull; }
+/* A setting of milliseconds (common/config.h), in nanoseconds. */
+static uint64_t setting_ns(config_id id) { return config_ms(id) * 1000000ull; }
 
 fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   driver_state d;
@@ -74,11 +62,10 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
 
   FL_CHECK(task_pool_create(DRIVER_REPLY_THREADS, "fl-reply", &d.replies));
   FL_CHECK(scheduler_create(4, &d.sched));
-  const char *quantile = getenv("FLINT_SPECULATION_QUANTILE"), *multiplier = getenv("FLINT_SPECULATION_MULTIPLIER");
-  sched_speculation spec = {.enabled = env_number("FLINT_SPECULATION", 0) != 0,
-                            .quantile = quantile && *quantile ? strtod(quantile, NULL) : 0.75,
-                            .multiplier = multiplier && *multiplier ? strtod(multiplier, NULL) : 1.5,
-                            .min_ns = env_ms("FLINT_SPECULATION_MIN_MS", 100)};
+  sched_speculation spec = {.enabled = config_bool(CONFIG_SPECULATION),
+                            .quantile = config_real(CONFIG_SPECULATION_QUANTILE),
+                            .multiplier = config_real(CONFIG_SPECULATION_MULTIPLIER),
+                            .min_ns = setting_ns(CONFIG_SPECULATION_MIN_MS)};
   if (!(spec.quantile > 0 && spec.quantile <= 1) || !(spec.multiplier >= 1)) {
     common_log(LOG_WARN, "FLINT_SPECULATION_QUANTILE must be in (0, 1] and FLINT_SPECULATION_MULTIPLIER "
                "at least 1: using 0.75 and 1.5");
@@ -91,7 +78,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
                spec.multiplier, (double)spec.min_ns / 1e6);
   /* 63 bits, never 0: executors keep 0 and all ones for none (executor/service.c) */
   d.incarnation = common_random_u64() >> 1 | 1;
-  d.client_timeout_ns = env_ms("FLINT_CLIENT_TIMEOUT_MS", 30000);
+  d.client_timeout_ns = setting_ns(CONFIG_CLIENT_TIMEOUT_MS);
   if (d.client_timeout_ns < 300000000ull) {
     common_log(LOG_WARN, "FLINT_CLIENT_TIMEOUT_MS below 300: using 300");
     d.client_timeout_ns = 300000000ull;
@@ -99,16 +86,16 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   cluster_config cc = {.secret = cfg->secret,
                        .incarnation = d.incarnation,
                        .slots_per_core = DRIVER_SLOTS_PER_CORE,
-                       .offer_node_tasks = env_number("FLINT_NODE_OFFERS", 1) != 0,
-                       .executor_timeout_ns = env_ms("FLINT_EXECUTOR_TIMEOUT_MS", 10000),
-                       .no_executor_timeout_ns = env_ms("FLINT_NO_EXECUTOR_TIMEOUT_MS", 30000),
-                       .no_executor_warn_ns = env_ms("FLINT_NO_EXECUTOR_WARN_MS", 15000),
+                       .offer_node_tasks = config_bool(CONFIG_NODE_OFFERS),
+                       .executor_timeout_ns = setting_ns(CONFIG_EXECUTOR_TIMEOUT_MS),
+                       .no_executor_timeout_ns = setting_ns(CONFIG_NO_EXECUTOR_TIMEOUT_MS),
+                       .no_executor_warn_ns = setting_ns(CONFIG_NO_EXECUTOR_WARN_MS),
                        .executor_lost = apps_forget_executor,
                        .executor_lost_arg = &d};
   FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));
-  sched_placement placement = {.locality_wait_ns = env_ms("FLINT_LOCALITY_WAIT_MS", 3),
-                               .exclude_failures = (uint32_t)env_number("FLINT_EXCLUDE_FAILURES", 3),
-                               .exclude_ns = env_ms("FLINT_EXCLUDE_MS", 60000),
+  sched_placement placement = {.locality_wait_ns = setting_ns(CONFIG_LOCALITY_WAIT_MS),
+                               .exclude_failures = (uint32_t)config_count(CONFIG_EXCLUDE_FAILURES),
+                               .exclude_ns = setting_ns(CONFIG_EXCLUDE_MS),
                                .input_at = cluster_input_at,
                                .arg = d.cluster};
   scheduler_set_placement(d.sched, &placement);
