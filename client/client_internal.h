@@ -96,13 +96,9 @@ typedef struct remote_context {
 
 /* Appends x to a growing list of ids; false when out of memory. */
 static inline bool client_ids_push(uint64_t **ids, size_t *n, size_t *cap, uint64_t x) {
-  if (*n == *cap) {
-    size_t grown_cap = *cap ? *cap * 2 : 16;
-    uint64_t *grown = common_realloc(*ids, grown_cap * sizeof *grown);
-    if (!grown) return false;
-    *ids = grown;
-    *cap = grown_cap;
-  }
+  uint64_t *grown = common_grow(*ids, sizeof *grown, *n, cap, 16);
+  if (!grown) return false;
+  *ids = grown;
   (*ids)[(*n)++] = x;
   return true;
 }

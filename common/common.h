@@ -97,6 +97,16 @@ static inline void *common_memdup(const void *p, size_t len) {
   return q;
 }
 static inline char *common_strdup(const char *s) { return (char *)common_memdup(s, strlen(s) + 1); }
+/* A growing array with room for one more: `items` holds `count` items of `size` bytes in
+ * *cap; when full, *cap doubles (from `first`). Returns the array (moved perhaps), or NULL
+ * when out of memory, with `items` and *cap untouched. */
+static inline void *common_grow(void *items, size_t size, size_t count, size_t *cap, size_t first) {
+  if (count < *cap) return items;
+  size_t grown_cap = *cap ? *cap * 2 : first;
+  void *grown = fl_realloc(items, grown_cap * size);
+  if (grown) *cap = grown_cap;
+  return grown;
+}
 /* Test hook (unit tests link libflint's objects statically): the allocation after `n` more
  * successful ones fails (-1: never). */
 FL_INTERNAL void flint_test_fail_alloc_after(long n);

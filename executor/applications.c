@@ -490,16 +490,12 @@ fl_status exec_app_launch_update(exec_app *app, const Flint__LaunchTasksRequest 
       for (; k < app->num_maps; k++)
         if (app->maps[k].shuffle_id == sl->shuffle_id && app->maps[k].map == ml->map) break;
       if (k == app->num_maps) {
-        if (app->num_maps == app->cap_maps) {
-          size_t cap = app->cap_maps ? app->cap_maps * 2 : 64;
-          map_location *grown = common_realloc(app->maps, cap * sizeof *grown);
-          if (!grown) {
-            status = FL_ERR(FL_ENOMEM, "out of memory");
-            break;
-          }
-          app->maps = grown;
-          app->cap_maps = cap;
+        map_location *grown = common_grow(app->maps, sizeof *grown, app->num_maps, &app->cap_maps, 64);
+        if (!grown) {
+          status = FL_ERR(FL_ENOMEM, "out of memory");
+          break;
         }
+        app->maps = grown;
         app->num_maps++;
       }
       app->maps[k].shuffle_id = sl->shuffle_id;
@@ -513,16 +509,12 @@ fl_status exec_app_launch_update(exec_app *app, const Flint__LaunchTasksRequest 
     for (; k < app->num_blocks; k++)
       if (app->blocks[k].rdd_id == bl->rdd_id && app->blocks[k].partition == bl->partition) break;
     if (k == app->num_blocks) {
-      if (app->num_blocks == app->cap_blocks) {
-        size_t cap = app->cap_blocks ? app->cap_blocks * 2 : 64;
-        block_location *grown = common_realloc(app->blocks, cap * sizeof *grown);
-        if (!grown) {
-          status = FL_ERR(FL_ENOMEM, "out of memory");
-          break;
-        }
-        app->blocks = grown;
-        app->cap_blocks = cap;
+      block_location *grown = common_grow(app->blocks, sizeof *grown, app->num_blocks, &app->cap_blocks, 64);
+      if (!grown) {
+        status = FL_ERR(FL_ENOMEM, "out of memory");
+        break;
       }
+      app->blocks = grown;
       app->num_blocks++;
     }
     app->blocks[k].rdd_id = bl->rdd_id;

@@ -15,12 +15,32 @@
 
 /* ---- control-plane handlers ------------------------------------------------------------ */
 
+/* Unpacks a driver's request (`desc`, called `name` in errors) into *out, and refuses one of
+ * another driver incarnation (every such message has the field `incarnation`). On failure
+ * *out is NULL and nothing is left to free. */
+static fl_status unpack_from_driver(exec_service *svc, const ProtobufCMessageDescriptor *desc, const char *name,
+                                    fl_bytes body, void *out) {
+  ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, body.len, body.data);
+  *(void **)out = NULL;
+  if (!m) return FL_ERR(FL_EPROTO, "%s: malformed message", name);
+  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(desc, "incarnation");
+  FL_ASSERT(f && f->type == PROTOBUF_C_TYPE_UINT64);
+  uint64_t incarnation;
+  memcpy(&incarnation, (const char *)m + f->offset, sizeof incarnation);
+  fl_status st = exec_driver_check_incarnation(svc, incarnation, name);
+  if (st != FL_OK) {
+    protobuf_c_message_free_unpacked(m, NULL);
+    return st;
+  }
+  *(void **)out = m;
+  return FL_OK;
+}
+
 static fl_status handle_launch(exec_service *svc, fl_bytes body, fl_buf *response) {
-  Flint__LaunchTasksRequest *req = flint__launch_tasks_request__unpack(NULL, body.len, body.data);
-  if (!req) return FL_ERR(FL_EPROTO, "LaunchTasks: malformed message");
-  fl_status status = exec_driver_check_incarnation(svc, req->incarnation, "LaunchTasks");
+  Flint__LaunchTasksRequest *req;
+  fl_status status = unpack_from_driver(svc, &flint__launch_tasks_request__descriptor, "LaunchTasks", body, &req);
+  if (status != FL_OK) return status;
   exec_app *app = NULL;
-  if (status != FL_OK) goto cleanup;
   /* The launch holds the application (driver_forget may run meanwhile); checked again under
    * the lock, so that no application of a driver being forgotten is made. */
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
@@ -66,13 +86,9 @@ cleanup:
 }
 
 static fl_status handle_kill(exec_service *svc, fl_bytes body, fl_buf *response) {
-  Flint__KillTasksRequest *req = flint__kill_tasks_request__unpack(NULL, body.len, body.data);
-  if (!req) return FL_ERR(FL_EPROTO, "KillTasks: malformed message");
-  fl_status st = exec_driver_check_incarnation(svc, req->incarnation, "KillTasks");
-  if (st != FL_OK) {
-    flint__kill_tasks_request__free_unpacked(req, NULL);
-    return st;
-  }
+  Flint__KillTasksRequest *req;
+  fl_status st = unpack_from_driver(svc, &flint__kill_tasks_request__descriptor, "KillTasks", body, &req);
+  if (st != FL_OK) return st;
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   for (exec_task *t = svc->running; t; t = t->next)
     for (size_t i = 0; i < req->n_task_keys; i++)
@@ -88,13 +104,9 @@ static fl_status handle_kill(exec_service *svc, fl_bytes body, fl_buf *response)
 }
 
 static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *response) {
-  Flint__RemoveRequest *req = flint__remove_request__unpack(NULL, body.len, body.data);
-  if (!req) return FL_ERR(FL_EPROTO, "Remove: malformed message");
-  fl_status st = exec_driver_check_incarnation(svc, req->incarnation, "Remove");
-  if (st != FL_OK) {
-    flint__remove_request__free_unpacked(req, NULL);
-    return st;
-  }
+  Flint__RemoveRequest *req;
+  fl_status st = unpack_from_driver(svc, &flint__remove_request__descriptor, "Remove", body, &req);
+  if (st != FL_OK) return st;
   exec_app *app = NULL;
   FL_PCHECK(pthread_mutex_lock(&svc->lock));
   for (exec_app *a = svc->apps; a && !app; a = a->next)
@@ -127,13 +139,9 @@ static fl_status handle_remove(exec_service *svc, fl_bytes body, fl_buf *respons
 }
 
 static fl_status handle_storage_info(exec_service *svc, fl_bytes body, fl_buf *response) {
-  Flint__StorageInfoRequest *req = flint__storage_info_request__unpack(NULL, body.len, body.data);
-  if (!req) return FL_ERR(FL_EPROTO, "StorageInfo: malformed message");
-  fl_status st = exec_driver_check_incarnation(svc, req->incarnation, "StorageInfo");
-  if (st != FL_OK) {
-    flint__storage_info_request__free_unpacked(req, NULL);
-    return st;
-  }
+  Flint__StorageInfoRequest *req;
+  fl_status st = unpack_from_driver(svc, &flint__storage_info_request__descriptor, "StorageInfo", body, &req);
+  if (st != FL_OK) return st;
   fl_storage_info info = {0};
   block_manager_stats whole = {0};
   bool known = false;
