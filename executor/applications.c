@@ -41,22 +41,51 @@ static bool self_address(exec_service *svc, const char *address) {
   return strcmp(self, address) == 0;
 }
 
+/* ---- where peers keep blocks (the launches' location tables; a->lock held) ------------- */
+
+static peer_location *location_find(const location_table *t, uint64_t id, uint32_t index) {
+  for (size_t i = 0; i < t->n; i++)
+    if (t->items[i].id == id && t->items[i].index == index) return &t->items[i];
+  return NULL;
+}
+
+static fl_status location_put(location_table *t, uint64_t id, uint32_t index, const char *address, uint32_t pid) {
+  peer_location *l = location_find(t, id, index);
+  if (!l) {
+    peer_location *grown = common_grow(t->items, sizeof *grown, t->n, &t->cap, 64);
+    if (!grown) return FL_ERR(FL_ENOMEM, "out of memory");
+    t->items = grown;
+    l = &t->items[t->n++];
+    l->id = id;
+    l->index = index;
+  }
+  snprintf(l->address, sizeof l->address, "%s", address);
+  l->pid = pid;
+  return FL_OK;
+}
+
+/* Drops every location of ids[0, n). */
+static void location_forget(location_table *t, const uint64_t *ids, size_t n) {
+  for (size_t k = 0; k < t->n;) {
+    bool gone = false;
+    for (size_t i = 0; i < n && !gone; i++) gone = t->items[k].id == ids[i];
+    if (gone) t->items[k] = t->items[--t->n];
+    else k++;
+  }
+}
+
 /* Where another executor holds a cached partition; false when none does. */
-static bool find_block_location(exec_app *a, rdd_block_key key, block_location *out) {
-  bool found = false;
+static bool find_peer_location(exec_app *a, rdd_block_key key, peer_location *out) {
   FL_PCHECK(pthread_mutex_lock(&a->lock));
-  for (size_t i = 0; i < a->num_blocks && !found; i++)
-    if (a->blocks[i].rdd_id == key.rdd_id && a->blocks[i].partition == key.partition) {
-      *out = a->blocks[i];
-      found = true;
-    }
+  const peer_location *l = location_find(&a->blocks, key.rdd_id, key.partition);
+  if (l) *out = *l;
   FL_PCHECK(pthread_mutex_unlock(&a->lock));
-  return found && !self_address(a->svc, out->address);
+  return l && !self_address(a->svc, out->address);
 }
 
 /* A cached partition held by an executor on this node, mapped in place (a node-local read,
  * with no copy); false when it cannot be, and the data plane then fetches it. */
-static bool map_peer_block(exec_app *a, const block_location *loc, rdd_block_key key, const rdd_batch **batch,
+static bool map_peer_block(exec_app *a, const peer_location *loc, rdd_block_key key, const rdd_batch **batch,
                            void **handle) {
   if (!loc->pid) return false;
   rdd_block_key app_local = {app_key(a, key.rdd_id), key.partition};
@@ -68,7 +97,7 @@ static bool map_peer_block(exec_app *a, const block_location *loc, rdd_block_key
 }
 
 /* A cached partition held by another executor, fetched and decoded; false when it cannot be. */
-static bool fetch_remote_block(exec_app *a, const block_location *loc, rdd_block_key key, rdd_batch *out) {
+static bool fetch_remote_block(exec_app *a, const peer_location *loc, rdd_block_key key, rdd_batch *out) {
   const char *peer = loc->address;
   dp_request req = {.kind = DP_BLOCK, .key = {a->id, key.rdd_id, key.partition, 0}};
   fl_buf bytes = FL_BUF_INIT;
@@ -91,8 +120,8 @@ static bool app_get(void *impl, rdd_block_key key, const rdd_batch **batch, void
     *handle = h;
     return true;
   }
-  block_location loc;
-  if (!find_block_location(a, key, &loc)) {
+  peer_location loc;
+  if (!find_peer_location(a, key, &loc)) {
     common_free(h);
     return false;
   }
@@ -153,12 +182,11 @@ static void app_shuffle_path(void *impl, uint64_t shuffle_id, uint32_t map, char
 static bool map_peer(exec_app *a, uint64_t shuffle_id, uint32_t map, char *peer, size_t len) {
   bool found = false;
   FL_PCHECK(pthread_mutex_lock(&a->lock));
-  for (size_t i = 0; i < a->num_maps; i++)
-    if (a->maps[i].shuffle_id == shuffle_id && a->maps[i].map == map) {
-      snprintf(peer, len, "%s", a->maps[i].address);
-      found = true;
-      break;
-    }
+  const peer_location *l = location_find(&a->maps, shuffle_id, map);
+  if (l) {
+    snprintf(peer, len, "%s", l->address);
+    found = true;
+  }
   FL_PCHECK(pthread_mutex_unlock(&a->lock));
   return found;
 }
@@ -367,8 +395,8 @@ void exec_app_destroy(exec_app *a) {
   rdd_plan_destroy(a->plan);
   rdd_shared_destroy(a->ctx.shared);
   map_output_table_destroy(a->ctx.map_outputs);
-  common_free(a->maps);
-  common_free(a->blocks);
+  common_free(a->maps.items);
+  common_free(a->blocks.items);
   if (a->work_dir[0]) common_remove_tree(a->work_dir);
   pthread_mutex_destroy(&a->lock);
   common_free(a);
@@ -440,18 +468,8 @@ void exec_app_remove_all(exec_service *svc, exec_app *a) {
  * application's tables would grow with every job. */
 void exec_app_forget_locations(exec_app *app, const uint64_t *rdd_ids, size_t n, const uint64_t *shuffle_ids,
                                size_t m) {
-  for (size_t k = 0; k < app->num_blocks;) {
-    bool gone = false;
-    for (size_t i = 0; i < n && !gone; i++) gone = app->blocks[k].rdd_id == rdd_ids[i];
-    if (gone) app->blocks[k] = app->blocks[--app->num_blocks];
-    else k++;
-  }
-  for (size_t k = 0; k < app->num_maps;) {
-    bool gone = false;
-    for (size_t i = 0; i < m && !gone; i++) gone = app->maps[k].shuffle_id == shuffle_ids[i];
-    if (gone) app->maps[k] = app->maps[--app->num_maps];
-    else k++;
-  }
+  location_forget(&app->blocks, rdd_ids, n);
+  location_forget(&app->maps, shuffle_ids, m);
 }
 
 /* Takes in what a launch says of application `app`: plan parts, datasets the driver dropped,
@@ -484,44 +502,13 @@ fl_status exec_app_launch_update(exec_app *app, const Flint__LaunchTasksRequest 
   }
   for (size_t i = 0; status == FL_OK && i < req->n_shuffles; i++) {
     const Flint__ShuffleLocations *sl = req->shuffles[i];
-    for (size_t j = 0; j < sl->n_maps; j++) {
-      const Flint__MapLocation *ml = sl->maps[j];
-      size_t k = 0;
-      for (; k < app->num_maps; k++)
-        if (app->maps[k].shuffle_id == sl->shuffle_id && app->maps[k].map == ml->map) break;
-      if (k == app->num_maps) {
-        map_location *grown = common_grow(app->maps, sizeof *grown, app->num_maps, &app->cap_maps, 64);
-        if (!grown) {
-          status = FL_ERR(FL_ENOMEM, "out of memory");
-          break;
-        }
-        app->maps = grown;
-        app->num_maps++;
-      }
-      app->maps[k].shuffle_id = sl->shuffle_id;
-      app->maps[k].map = ml->map;
-      snprintf(app->maps[k].address, sizeof app->maps[k].address, "%s", ml->address);
-    }
+    for (size_t j = 0; status == FL_OK && j < sl->n_maps; j++)
+      status = location_put(&app->maps, sl->shuffle_id, sl->maps[j]->map, sl->maps[j]->address, 0);
   }
   for (size_t i = 0; status == FL_OK && i < req->n_blocks; i++) {
     const Flint__BlockLocation *bl = req->blocks[i];
-    size_t k = 0;
-    for (; k < app->num_blocks; k++)
-      if (app->blocks[k].rdd_id == bl->rdd_id && app->blocks[k].partition == bl->partition) break;
-    if (k == app->num_blocks) {
-      block_location *grown = common_grow(app->blocks, sizeof *grown, app->num_blocks, &app->cap_blocks, 64);
-      if (!grown) {
-        status = FL_ERR(FL_ENOMEM, "out of memory");
-        break;
-      }
-      app->blocks = grown;
-      app->num_blocks++;
-    }
-    app->blocks[k].rdd_id = bl->rdd_id;
-    app->blocks[k].partition = bl->partition;
-    snprintf(app->blocks[k].address, sizeof app->blocks[k].address, "%s", bl->address);
     bool same_node = svc->node[0] && strcmp(bl->node, svc->node) == 0 && bl->pid != svc->pid;
-    app->blocks[k].pid = same_node ? bl->pid : 0;
+    status = location_put(&app->blocks, bl->rdd_id, bl->partition, bl->address, same_node ? bl->pid : 0);
   }
   return status;
 }

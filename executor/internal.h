@@ -59,20 +59,19 @@ typedef struct exec_library {
   struct exec_library *next;
 } exec_library;
 
-/* Where one map task's output of a shuffle lives. */
-typedef struct map_location {
-  uint64_t shuffle_id;
-  uint32_t map;
+/* Where another executor keeps a shuffle's map output or a dataset's cached partition, as
+ * launches tell: (id, index) is (shuffle, map) or (dataset, partition). */
+typedef struct peer_location {
+  uint64_t id;
+  uint32_t index;
+  uint32_t pid; /* a cached partition's holder's process, when it is on this node; else 0 */
   char address[64];
-} map_location;
+} peer_location;
 
-/* Where a cached partition of another executor is. */
-typedef struct block_location {
-  uint64_t rdd_id;
-  uint32_t partition;
-  char address[64];
-  uint32_t pid;  /* the holder's process, when it is on this node; else 0 */
-} block_location;
+typedef struct location_table {
+  peer_location *items;
+  size_t n, cap;
+} location_table;
 
 /* A large task result waiting for the driver to fetch it. */
 typedef struct result_block {
@@ -87,11 +86,9 @@ typedef struct exec_app {
   uint64_t id;
   rdd_plan *plan;
   pthread_mutex_t lock; /* plan, locations */
-  map_location *maps;
-  size_t num_maps, cap_maps;
+  location_table maps; /* (shuffle, map) */
   char broadcast_address[DP_ADDRESS_MAX]; /* the client's block server; "" until known */
-  block_location *blocks;
-  size_t num_blocks, cap_blocks;
+  location_table blocks; /* (dataset, partition) */
   char work_dir[PATH_MAX + 32];
   atomic_int tasks_running; /* holds, changed under svc->lock: queued and running tasks, and a
                                Remove handler using it */
