@@ -1,5 +1,5 @@
 /*
- * bench_dataplane: throughput of net/dataplane.c against a plain TCP copy over loopback.
+ * bench_dataplane: throughput of net/dataplane*.c against a plain TCP copy over loopback.
  *
  *   bench_dataplane [--json] [--mb N] [--chunk-mb N] [--runs N]
  *

@@ -1,6 +1,6 @@
 /*
  * bench_pipeline: pipeline and tensor parallelism (issue 8) of the hybrid trainer
- * (gpu/pipeline.h), on the cpu device and, when a GPU is usable, on the cuda device, with
+ * (gpu/parallel/pipeline.h), on the cpu device and, when a GPU is usable, on the cuda device, with
  * every rank a thread of this program and the ranks joined by host communicators over
  * loopback (the host backend, not NCCL). On cuda every rank opens the same GPU as a device of
  * its own (its own stream and cuBLAS handle): ranks sharing one GPU must use the host

@@ -72,7 +72,7 @@
  *    the median ratio, as in row 1. A driver that does not know FLINT_SPECULATION ignores
  *    it, and the row then measures a slow executor without speculation in both columns.
  *
- * 3. offers: node-shared tasks (executor/claim_table.c) against one slow executor. P = 16
+ * 3. offers: node-shared tasks (executor/storage/claim_table.c) against one slow executor. P = 16
  *    partitions of records, cached on 2 executors (8 each: the driver's slots place the
  *    caching job evenly), then OFFER_ITERATIONS (10) timed iterations of an aggregate that
  *    puts each record through OFFER_ROUNDS (32) more splitmix rounds (about 4 ms a partition

@@ -1,5 +1,5 @@
 /*
- * train.c: `flint train`: synchronous data-parallel SGD (gpu/train.h) on Fashion-MNIST or
+ * train.c: `flint train`: synchronous data-parallel SGD (gpu/parallel/train.h) on Fashion-MNIST or
  * synthetic-imagenet, with a progress line per epoch and the curves as CSV and SVG.
  *
  * Exit status: 0 on success; 2 for a usage error (every option is checked before anything

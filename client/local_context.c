@@ -6,7 +6,8 @@
  * Settings (declared with every other in common/config.h): FLINT_MEMORY, FLINT_SHUFFLE_MEMORY
  * and FLINT_WORK_DIR, where the options give none.
  *
- * Threading: the scheduler's (driver.h); open and close run on the caller's thread.
+ * Threading: the scheduler's (driver/scheduler/scheduler.h); open and close run on the
+ * caller's thread.
  */
 
 #include <errno.h>

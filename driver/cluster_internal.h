@@ -91,7 +91,7 @@ typedef struct executor_ref {
 
 /* The backend's record of an attempt out (sched_task.attempt), from its launch to the
  * scheduler's handling of its end (cluster_ended). Executors of a node may run each other's
- * queued attempts (executor/claim_table.c): the executor that claimed an attempt (runner,
+ * queued attempts (executor/storage/claim_table.c): the executor that claimed an attempt (runner,
  * NULL until it tells or unknown), whether a claim was reported (by the placement or by the
  * claimer: the claimer reports the end), and whether it was offered to any. Claims arrive on
  * the status thread, under cb->lock. */

@@ -244,7 +244,7 @@ typedef struct cluster_config {
   uint64_t incarnation;    /* the driver process's (driver_state.incarnation): in every message */
   uint32_t slots_per_core; /* tasks launched per core at once (queued at the executor) */
   bool offer_node_tasks;   /* offer tasks over cached data to their node's other executors
-                              (executor/claim_table.c); FLINT_NODE_OFFERS=0 turns it off */
+                              (executor/storage/claim_table.c); FLINT_NODE_OFFERS=0 turns it off */
   uint64_t executor_timeout_ns; /* an executor silent this long is lost */
   /* A job that has no live executor to run on (none registered yet, or every one lost)
    * fails once it has waited this long (0: never), and the driver warns every

@@ -23,7 +23,7 @@ typedef struct library_name {
   struct library_name *next;
 } library_name;
 
-/* Library ids are 32 lowercase hex digits (rdd/plan.c's content ids). */
+/* Library ids are 32 lowercase hex digits (client/plan_send.c's content ids). */
 static bool library_id_valid(const char *id) {
   if (!id || strlen(id) != 32) return false;
   for (const char *p = id; *p; p++)

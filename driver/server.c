@@ -76,7 +76,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   if (spec.enabled)
     common_log(LOG_INFO, "speculation on: quantile %.2f, multiplier %.2f, minimum %.0f ms", spec.quantile,
                spec.multiplier, (double)spec.min_ns / 1e6);
-  /* 63 bits, never 0: executors keep 0 and all ones for none (executor/service.c) */
+  /* 63 bits, never 0: executors keep 0 and all ones for none (executor/driver_link.c) */
   d.incarnation = common_random_u64() >> 1 | 1;
   d.client_timeout_ns = setting_ns(CONFIG_CLIENT_TIMEOUT_MS);
   if (d.client_timeout_ns < 300000000ull) {

@@ -1,6 +1,6 @@
 /*
  * barrier.c: barrier tasks' side of barrier stages: the rdd_barrier_ops of an application's
- * context, each a call to the driver's coordinator (driver/barrier.c): gather a round of
+ * context, each a call to the driver's coordinator (driver/scheduler/barrier.c): gather a round of
  * messages, report, and put or get a checkpoint.
  *
  * Threading: called from task threads; each call blocks until the driver answers, and gives

@@ -1,6 +1,8 @@
 /*
- * net.h: the network layer. rpc (net/rpc.c): unary calls over gRPC C core for the control
- * plane. dataplane (net/dataplane.c): block transfer over libevent.
+ * net.h: the network layer. rpc (net/rpc.c: server, net/rpc_client.c: client): unary calls
+ * over gRPC C core for the control plane. dataplane (net/dataplane.c: block server,
+ * net/dataplane_client.c: fetch client, net/dataplane_frame.c: frames): block transfer over
+ * libevent.
  */
 #ifndef FLINT_NET_H
 #define FLINT_NET_H
@@ -169,8 +171,8 @@ FL_INTERNAL fl_status rpc_call_end_unless(rpc_pending *p, const atomic_bool *aba
  * once it broadcasts) runs a block server, and task threads fetch shuffle blocks, cached blocks, broadcast values, libraries
  * and results from peers through a client. Both sides run one libevent loop thread that owns
  * every socket; the server runs serve callbacks on a few worker threads, and dp_fetch blocks
- * its calling thread while the client's loop does the I/O. See net/dataplane.c for the
- * design and threading notes.
+ * its calling thread while the client's loop does the I/O. See net/dataplane.c (server) and
+ * net/dataplane_client.c (client) for the design and threading notes.
  *
  * Wire format (all integers little-endian). Every frame is a 32-byte header and a payload:
  *   0 u32 magic DP_FRAME_MAGIC    4 u8 version DP_FRAME_VERSION   5 u8 type (dp_frame_type)

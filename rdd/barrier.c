@@ -2,7 +2,7 @@
  * barrier.c: a barrier task's view of its stage (fl_barrier, flint.h). The task's rank,
  * world and attempt come from the scheduler through rdd_task.barrier; all_gather, report
  * and checkpoints go to the stage's coordinator through the context's rdd_barrier_ops (an
- * in-process table in local mode, RPCs to the driver in an executor: driver/barrier.c).
+ * in-process table in local mode, RPCs to the driver in an executor: driver/scheduler/barrier.c).
  */
 #include <string.h>
 

@@ -259,7 +259,7 @@ typedef struct rdd_acc_update {
   fl_buf value; /* i64 or f64 sums as 8 bytes; custom values merged in the task */
 } rdd_acc_update;
 
-/* What a task of a barrier stage knows of its stage (driver/barrier.c has the protocol):
+/* What a task of a barrier stage knows of its stage (driver/scheduler/barrier.c has the protocol):
  * rank is the task's partition. `stage` names the stage within its job; `attempt` counts
  * the stage's attempts (not the task's); gpu: the executor's --gpu id, or -1. */
 typedef struct rdd_barrier_info {
@@ -310,7 +310,9 @@ FL_INTERNAL void rdd_task_commit_accumulators(rdd_task *task);
 
 /* ---- the context as rdd sees it -------------------------------------------------------- */
 
-/* The job runner: driver/ implements it (scheduler plus executor backend). */
+/* The job runner, implemented above rdd/: client/local_context.c (the scheduler in this
+ * process), client/remote_context.c (jobs on a driver), and the contexts of applications in
+ * driver/apps.c and executor/applications.c. */
 typedef struct rdd_runtime_ops {
   /* Runs `action` over the listed partitions of r; results[i] receives the result for
    * parts[i]. Blocks the caller until the job ends. On failure the message says what
@@ -331,7 +333,8 @@ typedef struct rdd_block_key {
   uint32_t partition;
 } rdd_block_key;
 
-/* The block store for cached partitions: executor/ implements it. */
+/* The block store for cached partitions: executor/storage/block_manager.c implements it (and
+ * the contexts of client/remote_context.c, driver/apps.c and executor/applications.c). */
 typedef struct rdd_cache_ops {
   /* Finds a cached block. On a hit sets *batch (readable until release(handle)) and
    * returns true. May read from disk (blocks the task thread). */
@@ -359,7 +362,7 @@ typedef struct rdd_cache_ops {
 
 typedef struct rdd_shared rdd_shared; /* broadcasts and accumulators, rdd/shared.c */
 
-/* How a barrier task reaches its stage's coordinator (driver/barrier.c): in-process calls
+/* How a barrier task reaches its stage's coordinator (driver/scheduler/barrier.c): in-process calls
  * in local mode, RPCs to the driver in an executor. Every slot runs on the task's thread and
  * may block (all_gather until every rank arrived); `round` counts the task's all_gather
  * calls from 0. Each returns a status with its message set. */
@@ -407,7 +410,8 @@ struct fl_context {
   uint64_t shuffle_memory; /* bytes a task may sort or aggregate before it spills */
   const char *work_dir;    /* where tasks put their spill files */
   atomic_uint_fast64_t next_rdd_id;
-  /* How the context ends and reports (driver/context.c: local, driver/client.c: remote). */
+  /* How the context ends and reports (client/local_context.c: local, client/remote_context.c:
+   * remote). */
   void (*close)(fl_context *ctx);
   fl_status (*stats)(fl_context *ctx, fl_context_stats *out);
   fl_status (*cancel)(fl_context *ctx); /* fl_cancel_jobs */
@@ -454,7 +458,7 @@ FL_INTERNAL fl_status rdd_checkpoint_write(rdd_task *task, fl_iter *in, const ch
 FL_INTERNAL fl_status rdd_run_job(rdd *r, const uint32_t *parts, uint32_t num_parts,
                                   const rdd_action *action, fl_buf *results);
 
-/* ---- plans (rdd/plan.c, proto/plan.proto) ------------------------------------------------ */
+/* ---- plans (rdd/plan*.c, proto/plan.proto) ----------------------------------------------- */
 /*
  * Lineage and actions as bytes, for a client that builds datasets in one process and a
  * driver and executors that schedule and run them in others (as Spark Connect). A plan is a

@@ -1,4 +1,5 @@
-/* test_block_manager.c: unit tests of executor/: the block codec and the block manager behind rdd_cache_ops. */
+/* test_block_manager.c: unit tests of executor/storage/: the block codec and the block manager
+ * behind rdd_cache_ops. */
 #include "test_util.h"
 
 #include <dirent.h>

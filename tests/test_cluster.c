@@ -534,7 +534,7 @@ typedef struct cp_node_arg {
   int64_t gated;
 } cp_node_arg;
 
-/* Node-shared tasks (executor/claim_table.c): each task over a cached partition is launched
+/* Node-shared tasks (executor/storage/claim_table.c): each task over a cached partition is launched
  * on the executor that caches it and offered to the other executor of the node, which runs
  * it if it starts it first. One executor is slow in this stage (owner_ms a task, against
  * peer_ms on the other) and holds about half of 16 partitions, all within its slots, so the

@@ -1,4 +1,4 @@
-/* test_dataplane.c: unit tests of net/dataplane.c: round trips, ranges, errors, concurrency and
+/* test_dataplane.c: unit tests of net/dataplane*.c: round trips, ranges, errors, concurrency and
  * connection reuse, authentication, hostile and dying peers, timeouts and shutdown, all on
  * 127.0.0.1 with servers on free ports. */
 #include "test_util.h"

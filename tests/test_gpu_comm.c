@@ -10,10 +10,10 @@
  * host memory (the cuda path, without a GPU); and the failures: bad arguments, a rank that
  * never connects, a rank that leaves mid-collective, garbage on an endpoint.
  *
- * The communication thread (gpu/comm_worker.h) too: buckets posted through it (more than its
- * queue holds, sizes 0 to 256K floats, random floats so that any other order of additions
- * would show) end bit for bit as when the rank's thread reduces them, on the cpu and the
- * staged device (posting synchronizes the device); the communicator is the rank's again
+ * The communication thread (gpu/comm/comm.h, gpu/comm/worker.c) too: buckets posted through it
+ * (more than its queue holds, sizes 0 to 256K floats, random floats so that any other order of
+ * additions would show) end bit for bit as when the rank's thread reduces them, on the cpu and
+ * the staged device (posting synchronizes the device); the communicator is the rank's again
  * after a wait; a peer that leaves fails the survivor's wait at once with the allreduce's
  * message, and later posts with it.
  */
@@ -500,7 +500,7 @@ static void test_staged_device(void **state) {
   }
 }
 
-/* ---- the communication thread (gpu/comm_worker.h) -------------------------------------- */
+/* ---- the communication thread (gpu/comm/worker.c) -------------------------------------- */
 
 /* Bucket sizes in floats: empty, one, odd, large; 130 of them fill the queue twice over. */
 #define WORKER_BUCKETS 130

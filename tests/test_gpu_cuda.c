@@ -1,9 +1,9 @@
-/* test_gpu_cuda.c: the cuda device against the cpu device. Every operation of gpu/device.h
- * runs on both with the same random inputs (outputs poisoned with NaN first, so an element a
- * kernel forgets to write shows up), accumulating operations run twice, sizes include 1, odd
- * ones and 1000003, and convolution and pooling run with strides and padding. Also: the
- * caching allocator's reuse and stats, a bad ordinal, and the sticky error of a bad label.
- * Without a usable GPU the program exits 77, which ctest reports as skipped. */
+/* test_gpu_cuda.c: the cuda device against the cpu device. Every operation of
+ * gpu/device/backend.h runs on both with the same random inputs (outputs poisoned with NaN
+ * first, so an element a kernel forgets to write shows up), accumulating operations run twice,
+ * sizes include 1, odd ones and 1000003, and convolution and pooling run with strides and
+ * padding. Also: the caching allocator's reuse and stats, a bad ordinal, and the sticky error
+ * of a bad label. Without a usable GPU the program exits 77, which ctest reports as skipped. */
 #include "test_util.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* test_gpu_layers.c: the cpu device's operations against plain reference loops, every layer's
- * gradients against finite differences, and the models of gpu/nn.h (shapes, gradients, the
+ * gradients against finite differences, and the models of gpu/nn/nn.h (shapes, gradients, the
  * grads-ready callback, and loss going down under a few hand-made SGD steps). */
 #include "test_util.h"
 

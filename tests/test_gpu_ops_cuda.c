@@ -1,7 +1,7 @@
-/* test_gpu_ops_cuda.c: the cuda device's transformer operations (gpu/device.h: gemm_batched,
- * GELU, row softmax, keyed dropout, mean over tokens) against reference loops written here in
- * double, not against the cpu device, so that each device is checked against the contract
- * on its own.
+/* test_gpu_ops_cuda.c: the cuda device's transformer operations (gpu/device/backend.h:
+ * gemm_batched, GELU, row softmax, keyed dropout, mean over tokens) against reference loops
+ * written here in double, not against the cpu device, so that each device is checked against
+ * the contract on its own.
  *
  * Tolerances are relative to the magnitude of the terms that make up each result (for a sum,
  * the sum of |terms|), which is what float arithmetic can promise when terms cancel:

@@ -1,5 +1,5 @@
 /*
- * test_gpu_pipeline.c: the hybrid trainer (gpu/pipeline.h) against one rank, on the cpu
+ * test_gpu_pipeline.c: the hybrid trainer (gpu/parallel/pipeline.h) against one rank, on the cpu
  * device, with ranks as threads over loopback.
  *
  *   - equivalence: for tp in {1, 2, 4} and pp in {1, 2, 4}, every schedule (interleaved with
@@ -380,7 +380,7 @@ static bool ran_schedule(const run_spec *rs, int r, char *why, size_t cap) {
  * Every rank runs its forwards and backwards in its schedule's order, and the orders that ran,
  * simulated with a forward one unit and a backward two, idle (p-1)/(m+p-1) of the step, the
  * theory; interleaved, (p-1)/(vm+p-1), the fraction of the step that the theory's
- * (p-1)/(m+p-1)/v of the ideal time is (gpu/pipeline_schedule.h). The trainer reports
+ * (p-1)/(m+p-1)/v of the ideal time is (gpu/parallel/pipeline_schedule.h). The trainer reports
  * pp_bubble_theory. */
 static void test_bubble_of_the_schedule_run(void **state) {
   (void)state;

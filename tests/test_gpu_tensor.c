@@ -1,5 +1,5 @@
 /* test_gpu_tensor.c: the public tensor API on the cpu device (shapes, copies and every bad
- * input), and the internal views and embedded tensors of gpu/device.h. */
+ * input), and the internal views and embedded tensors of gpu/device/device.h. */
 #include "test_util.h"
 
 #include "common/common.h"

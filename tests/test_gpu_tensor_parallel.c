@@ -1,5 +1,5 @@
 /*
- * test_gpu_tensor_parallel.c: the transformer of gpu/transformer.h on the cpu device.
+ * test_gpu_tensor_parallel.c: the transformer of gpu/parallel/transformer.h on the cpu device.
  *
  * - The new device operations against reference loops and finite differences.
  * - One block's input gradient and parameter gradients against central differences.

@@ -1,4 +1,4 @@
-/* test_gpu_train.c: the data-parallel trainer (gpu/train.h) end to end, as issue 7 asks:
+/* test_gpu_train.c: the data-parallel trainer (gpu/parallel/train.h) end to end, as issue 7 asks:
  *   - equivalence: R ranks with global batch B reach the same weights as 1 rank with batch B
  *     after 20 steps (no shuffle, momentum, weight decay, constant rate), for the MLP and the
  *     CNN, R = 1, 2, 3, every host allreduce algorithm, small buckets, and one run on a local
@@ -84,7 +84,7 @@ static char tmp_dir[128];
 
 
 
-/* ---- checkpoints, read by their documented layout (gpu/checkpoint.c) ---------------------- */
+/* ---- checkpoints, read by their documented layout (gpu/nn/checkpoint.c) ------------------- */
 
 typedef struct ckpt {
   uint32_t epoch;

@@ -1,5 +1,5 @@
-/* test_gpu_train_hybrid.c: `flint train --model transformer` (gpu/train_hybrid.c) end to end,
- * as barrier stages of dp x tp x pp ranks:
+/* test_gpu_train_hybrid.c: `flint train --model transformer` (gpu/parallel/train_hybrid.c) end
+ * to end, as barrier stages of dp x tp x pp ranks:
  *   - equivalence: without shuffling and dropout, every grid (2x2x2 1F1B, 1x2x2 GPipe with
  *     recomputation, 1x1x4, 2x1x2 interleaved) trains to the same losses and accuracies, epoch
  *     by epoch, as one rank; a shuffled run shows the comparison can fail;
@@ -260,7 +260,7 @@ static void test_timeline_bubble_and_memory(void **state) {
   assert_true(peak[0] >= 3 * peak[1]);
 }
 
-/* Reads a sharded checkpoint by its documented layout (gpu/train_hybrid.c). */
+/* Reads a sharded checkpoint by its documented layout (gpu/parallel/train_hybrid.c). */
 static void test_checkpoint_file_has_a_shard_per_rank(void **state) {
   (void)state;
   NEED_DATA();

@@ -1,8 +1,8 @@
 /*
  * test_processes: integration tests with real processes on 127.0.0.1. A `flint driver` and
  * `flint executor`s run as a user runs them; `flint submit` and `flint status` talk to them;
- * and raw control-plane calls (net/rpc.c) send the driver hand-made bytes: garbage, oversized
- * and ill-formed messages, and calls without the shared secret.
+ * and raw control-plane calls (net/rpc_client.c) send the driver hand-made bytes: garbage,
+ * oversized and ill-formed messages, and calls without the shared secret.
  *
  * Binaries: $FLINT_BIN (ctest sets it to <build>/bin) holds flint, pi.so, job_echo.so,
  * job_crash.so and job_lines.so; else this test's own folder. Processes start, stop and are cleaned up

@@ -1,5 +1,6 @@
-/* test_rpc.c: unit tests of net/rpc.c: unary calls between a server and channels in one
- * process, all on 127.0.0.1 with a port picked by the system. Every wait is bounded. */
+/* test_rpc.c: unit tests of net/rpc.c and net/rpc_client.c: unary calls between a server and
+ * channels in one process, all on 127.0.0.1 with a port picked by the system. Every wait is
+ * bounded. */
 #include "test_util.h"
 
 #include <pthread.h>

@@ -40,7 +40,7 @@ static inline float test_urand_signed(uint64_t *state) {
   return (float)(u < 0.5 ? -mag : mag);
 }
 
-/* Test hook of libflint (common/util.c): the allocation after n more fails; -1: never. */
+/* Test hook of libflint (common/alloc.c): the allocation after n more fails; -1: never. */
 void flint_test_fail_alloc_after(long n);
 
 /* A fresh folder under $TMPDIR (or /tmp), written into buf. */

@@ -1,5 +1,5 @@
 /*
- * gpu/device/device_cpu.c: the cpu device. Every operation of gpu/device/device.h in plain C
+ * gpu/device/device_cpu.c: the cpu device. Every operation of gpu/device/backend.h in plain C
  * over host memory, with OpenBLAS for gemm. It is the reference the cuda device is tested
  * against and the device on which CI runs every parallel algorithm, so the loops aim to be
  * plainly correct first and vectorizable second (-fopenmp-simd). Operations run synchronously

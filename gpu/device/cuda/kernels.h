@@ -4,7 +4,7 @@
  * Each launcher queues its kernels on `stream` and returns at once with the launch's status
  * (cudaGetLastError after each launch); faults while the kernel runs surface at a later
  * synchronizing call. Sizes of zero queue nothing. Semantics are those of the matching
- * device_ops slot in gpu/device/device.h; arguments were validated by the caller.
+ * device_ops slot in gpu/device/backend.h; arguments were validated by the caller.
  */
 #ifndef FLINT_GPU_CUDA_KERNELS_H
 #define FLINT_GPU_CUDA_KERNELS_H

@@ -9,7 +9,7 @@ namespace {
 
 /* ---- transformer operations ------------------------------------------------------------ */
 
-/* GELU, tanh approximation (gpu/device/device.h). tanhf, not the fast intrinsic: the cpu device
+/* GELU, tanh approximation (gpu/device/backend.h). tanhf, not the fast intrinsic: the cpu device
  * must agree to about 1e-5. */
 constexpr float kGeluC = 0.7978845608028654f; /* sqrt(2 / pi) */
 constexpr float kGeluA = 0.044715f;
@@ -94,7 +94,7 @@ __global__ void softmax_rows_backward_block_kernel(int cols, float scale, const 
     dx[base + j] = scale * y[base + j] * (dy[base + j] - dot);
 }
 
-/* Inverted dropout over x [outer, inner, cols] with the keyed mask of gpu/device/device.h; forward
+/* Inverted dropout over x [outer, inner, cols] with the keyed mask of gpu/device/backend.h; forward
  * and backward are the same map (x, y) or (dy, dx), and y may alias x. */
 __global__ void dropout_kernel(size_t total, int inner, int cols, int64_t outer0,
                                int64_t inner0, int64_t inner_total, float p, float keep_scale,
