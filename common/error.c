@@ -15,14 +15,12 @@
 
 fl_status common_error_at(const char *file, int line, fl_status status, const char *fmt, ...) {
   /* Keep the path from the project root: "rdd/source.c", not the build machine's path. */
+  static const char *const folders[] = {"common/", "net/", "proto/", "rdd/", "shuffle/", "executor/",
+                                        "driver/", "client/", "cli/", "ml/", "gpu/"};
   const char *short_file = file;
-  for (const char *p = file; *p; p++) {
-    if (p[0] == '/' && (strncmp(p + 1, "common/", 7) == 0 || strncmp(p + 1, "rdd/", 4) == 0 ||
-                        strncmp(p + 1, "driver/", 7) == 0 ||
-                        strncmp(p + 1, "executor/", 9) == 0 || strncmp(p + 1, "cli/", 4) == 0 ||
-                        strncmp(p + 1, "net/", 4) == 0))
-      short_file = p + 1;
-  }
+  for (const char *p = file; *p; p++)
+    for (size_t i = 0; p[0] == '/' && i < sizeof folders / sizeof *folders; i++)
+      if (strncmp(p + 1, folders[i], strlen(folders[i])) == 0) short_file = p + 1;
   char message[ERROR_MESSAGE_MAX];
   int n = 0;
   if (status == FL_ENOMEM || status == FL_EINTERNAL) {
