@@ -26,7 +26,7 @@ int cmd_ml(int argc, char **argv);
  * start of every flint process (drivers, executors, submit). */
 int cmd_train(int argc, char **argv);
 
-/* flint's usage (cli/main.c), which --help after any command prints. */
+/* flint's usage (cli/usage.c), which --help after any command prints. */
 extern const char cli_usage_text[];
 /* Prints "flint: " fmt (with arg) and a pointer to --help on stderr; returns 2. */
 int cli_usage_error(const char *fmt, const char *arg);

@@ -225,8 +225,7 @@ FL_INTERNAL void common_event_wait(common_event *e, uint64_t spin_ns);
 /* Blocks until the event is set (true) or deadline_ns (common_now_ns time) passes (false). */
 FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
 
-/* How long hot hand-offs spin before they sleep: fl_spin_ns (flint.h; common/queue.c). */
-static inline uint64_t common_spin_ns(void) { return fl_spin_ns(); }
+/* How long hot hand-offs spin before they sleep is fl_spin_ns (flint.h; common/queue.c). */
 /* Driver and executor processes call this at start: on a machine of at most 4 cores they do
  * not spin by default. Their hand-offs wait on the network anyway, and where a few cores run
  * several such processes (local-cluster) a spinning scheduler or task thread takes the core

@@ -1,5 +1,6 @@
 /*
- * config.c: the settings table (config.h) and its getters.
+ * config.c: the settings' getters (config.h): parsing, defaults and warnings. The table and
+ * the raw text are config_table.c's, below this file and the log it warns through.
  *
  * Threads: every call reads the environment afresh and parses it; the only state is, per
  * setting, a hash of the last invalid text warned about (an atomic), so that a setting read in
@@ -11,13 +12,6 @@
 #include <string.h>
 
 #include "common/config.h"
-
-static const config_setting settings[CONFIG_SETTINGS] = {
-#define CONFIG_ROW_(name, type, readers, flags, min, max, def, doc)                                             \
-  {"FLINT_" #name, CONFIG_TYPE_##type, CONFIG_READ_##readers, (flags), (min), (max), (def), (doc)},
-    CONFIG_TABLE(CONFIG_ROW_)
-#undef CONFIG_ROW_
-};
 
 /* Per setting: common_hash64 of the invalid text last warned about; 0: none. */
 static atomic_uint_fast64_t warned[CONFIG_SETTINGS];
@@ -44,48 +38,6 @@ bool common_parse_size(const char *s, uint64_t *out) {
   if (*end != '\0' || v > UINT64_MAX / mult) return false;
   *out = v * mult;
   return true;
-}
-
-/* ---- the table ------------------------------------------------------------------------- */
-
-const config_setting *config_setting_of(config_id id) {
-  FL_ASSERT((unsigned)id < CONFIG_SETTINGS);
-  return &settings[id];
-}
-
-bool config_find(const char *name, config_id *out) {
-  for (unsigned i = 0; name && i < CONFIG_SETTINGS; i++)
-    if (strcmp(settings[i].name, name) == 0) {
-      *out = (config_id)i;
-      return true;
-    }
-  return false;
-}
-
-const char *config_type_name(config_type type) {
-  static const char *const names[] = {"bool", "count", "ms", "us", "size", "real", "string", "path"};
-  return (unsigned)type < sizeof names / sizeof *names ? names[type] : "?";
-}
-
-const char *config_unit(config_type type) {
-  switch (type) {
-  case CONFIG_TYPE_MS: return "ms";
-  case CONFIG_TYPE_US: return "us";
-  case CONFIG_TYPE_SIZE: return "bytes";
-  default: return "";
-  }
-}
-
-const char *config_readers_text(config_readers readers) {
-  switch (readers) {
-  case CONFIG_READ_ANY: return "any";
-  case CONFIG_READ_CLIENT: return "client";
-  case CONFIG_READ_DRIVER: return "driver";
-  case CONFIG_READ_EXECUTOR: return "executor";
-  case CONFIG_READ_SERVERS: return "driver, executor";
-  case CONFIG_READ_TASKS: return "client, executor";
-  }
-  return "?";
 }
 
 /* ---- parsing --------------------------------------------------------------------------- */
@@ -181,11 +133,6 @@ static config_source lookup(config_id id, bool warn, config_value *out) {
 }
 
 /* ---- reading --------------------------------------------------------------------------- */
-
-const char *config_text(config_id id) {
-  const char *text = getenv(config_setting_of(id)->name);
-  return text && *text ? text : NULL;
-}
 
 config_source config_source_of(config_id id) {
   config_value v;

@@ -21,7 +21,7 @@ const char *common_log_role(void) { return log_role; }
 void common_log(common_log_level level, const char *fmt, ...) {
   if (log_threshold < 0) {
     static const char *names[] = {"error", "warn", "info", "debug"};
-    const char *env = config_string(CONFIG_LOG);
+    const char *env = config_text(CONFIG_LOG);
     int t = LOG_INFO;
     for (int i = 0; env && i < 4; i++)
       if (strcmp(env, names[i]) == 0) t = i;

@@ -12,7 +12,7 @@ struct task_pool {
 static void *pool_main(void *p) {
   task_pool *pool = p;
   pthread_setname_np(pthread_self(), pool->name);
-  uint64_t spin = common_spin_ns();
+  uint64_t spin = fl_spin_ns();
   common_qnode *node;
   while ((node = common_queue_pop(&pool->queue, spin))) {
     task_pool_work *work = (task_pool_work *)node;

@@ -37,7 +37,7 @@
 #include <event2/listener.h>
 
 #include "common/config.h"
-#include "net/dataplane_internal.h"
+#include "net/dataplane_frame.h"
 
 /* Server worker threads: serve callbacks mostly wait on disk or copy memory. */
 #define DP_SERVER_WORKERS_MIN 2

@@ -28,7 +28,7 @@
 
 #include <event2/event.h>
 
-#include "net/dataplane_internal.h"
+#include "net/dataplane_frame.h"
 
 #define DP_PEER_NAME_MAX 300
 

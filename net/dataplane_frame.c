@@ -7,14 +7,14 @@
 
 #include <event2/thread.h>
 
-#include "net/dataplane_internal.h"
+#include "net/dataplane_frame.h"
 
 /* A fetch takes at least a loopback round trip (60-85 us) and these threads share the cores
- * with the loops that move the bytes, so they spin far less than common_spin_ns()'s hand-off
+ * with the loops that move the bytes, so they spin far less than fl_spin_ns()'s hand-off
  * budget: on a 2-core machine a 200 us spin per fetch cost a quarter of the throughput of
  * 4 MiB fetches. */
 uint64_t dp_spin_ns(void) {
-  uint64_t cap = 20000, v = common_spin_ns();
+  uint64_t cap = 20000, v = fl_spin_ns();
   return v < cap ? v : cap;
 }
 

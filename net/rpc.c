@@ -514,7 +514,7 @@ void rpc_deferred_reply(rpc_deferred *d, fl_status status, const char *message, 
 static void *rpc_server_handler_main(void *arg) {
   pthread_setname_np(pthread_self(), "fl-rpc-handler");
   rpc_server *s = arg;
-  uint64_t spin = common_spin_ns();
+  uint64_t spin = fl_spin_ns();
   common_qnode *node;
   while ((node = common_queue_pop(&s->queue, spin)))
     rpc_server_handle(s, (rpc_server_call *)node);

@@ -81,7 +81,7 @@ static void run_timers(scheduler *s) {
 static void *scheduler_main(void *p) {
   pthread_setname_np(pthread_self(), "fl-scheduler");
   scheduler *s = p;
-  uint64_t spin = common_spin_ns();
+  uint64_t spin = fl_spin_ns();
   for (;;) {
     sched_event *ev;
     uint64_t wake = s->retry_at_ns;
@@ -349,7 +349,7 @@ fl_status scheduler_run_job(scheduler *s, rdd *r, const uint32_t *parts, uint32_
       if (!cancel_sent && atomic_load(opts->abandoned) && scheduler_cancel(s, job->group, job->tag) == FL_OK)
         cancel_sent = true;
   } else {
-    common_event_wait(&job->done, common_spin_ns());
+    common_event_wait(&job->done, fl_spin_ns());
   }
   return job_close(s, job);
 }

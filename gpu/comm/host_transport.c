@@ -149,7 +149,7 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
   size_t in_piece = 0; /* bytes of the current piece received (sum mode, TCP) */
   int sfd = sbytes ? h->fds[send_peer] : -1, rfd = rbytes ? h->fds[recv_peer] : -1;
   uint64_t timeout_ns = (uint64_t)h->op_timeout_ms * 1000000u;
-  uint64_t spin_ns = common_spin_ns(), spin_until = 0;
+  uint64_t spin_ns = fl_spin_ns(), spin_until = 0;
   ssize_t r;
   int err;
   while (sleft || rleft || read_pending || ack_out_left || ack_in_left) {
@@ -212,7 +212,7 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
       continue;
     }
     /* Waking a sleeping thread costs 25-60 us here, so spin (yielding the core, which a
-     * peer rank on the same core needs) for common_spin_ns() before sleeping in poll. */
+     * peer rank on the same core needs) for fl_spin_ns() before sleeping in poll. */
     uint64_t now = common_now_ns();
     if (spin_until == 0) spin_until = now + spin_ns;
     if (now < spin_until) {

@@ -1,10 +1,10 @@
 /*
- * dataplane_internal.h: what the data plane's server (dataplane.c) and client
+ * dataplane_frame.h: what the data plane's server (dataplane.c) and client
  * (dataplane_client.c) share, private to net/: the frames of the wire format (net.h) and the
  * setup both ends need (dataplane_frame.c unless said).
  */
-#ifndef FLINT_NET_DATAPLANE_INTERNAL_H
-#define FLINT_NET_DATAPLANE_INTERNAL_H
+#ifndef FLINT_NET_DATAPLANE_FRAME_H
+#define FLINT_NET_DATAPLANE_FRAME_H
 
 #include <string.h>
 #include <sys/socket.h>
@@ -58,4 +58,4 @@ FL_INTERNAL uint64_t dp_spin_ns(void);
 /* libevent's pthread locking, once per process, before the first event base. */
 FL_INTERNAL void dp_evthread_setup(void);
 
-#endif /* FLINT_NET_DATAPLANE_INTERNAL_H */
+#endif /* FLINT_NET_DATAPLANE_FRAME_H */
