@@ -1,4 +1,5 @@
-/* batch_codec.c: record batches as LZ4 frames with a content checksum.
+/* batch_codec.c: record batches: counting and checking their records, and their encoding
+ * as LZ4 frames with a content checksum.
  *
  * Layout: "FLB1", record count (u64 LE), raw length (u64 LE), then one LZ4 frame of the
  * batch's bytes. Decoding checks the magic, the frame (its checksum included), the raw
@@ -9,6 +10,32 @@
 #include <unistd.h>
 
 #include "rdd/rdd.h"
+
+/* ---- batches (rdd.h) ------------------------------------------------------------------ */
+
+void rdd_batch_free(rdd_batch *b) {
+  fl_buf_free(&b->buf);
+  b->count = 0;
+}
+
+bool rdd_batch_count(const uint8_t *data, size_t len, uint64_t *count) {
+  rdd_cursor c = {data, data + len};
+  fl_bytes rec;
+  uint64_t n = 0;
+  while (c.p < c.end) {
+    if (!rdd_cursor_next(&c, &rec)) return false;
+    n++;
+  }
+  *count = n;
+  return true;
+}
+
+bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count) {
+  uint64_t n;
+  return rdd_batch_count(data, len, &n) && n == count;
+}
+
+/* ---- the codec ------------------------------------------------------------------------- */
 
 #define CODEC_MAGIC "FLB1"
 #define CODEC_HEADER 20

@@ -107,8 +107,6 @@ FL_INTERNAL void *rdd_iter_new(rdd_task *task, size_t size,
 FL_INTERNAL fl_status rdd_iter_batch(rdd_task *task, const rdd_batch *batch,
                                      void (*release)(void *handle), void *handle,
                                      fl_iter **out);
-/* Whether the task's job was abandoned (checked once per batch by the terminal loops). */
-FL_INTERNAL bool rdd_task_cancelled(const rdd_task *task);
 
 /* ---- partitioners (rdd/partitioner.c) --------------------------------------------------- */
 typedef enum rdd_partitioner_kind { PARTITIONER_HASH, PARTITIONER_RANGE, PARTITIONER_CUSTOM } rdd_partitioner_kind;
@@ -126,6 +124,9 @@ struct fl_partitioner {
   fl_bytes *bound_views;
 };
 
+/* A partitioner of one reference (arg copied); NULL when out of memory. */
+FL_INTERNAL fl_partitioner *rdd_partitioner_new(rdd_partitioner_kind kind, uint32_t n, const void *arg,
+                                                size_t arg_len);
 FL_INTERNAL void rdd_partitioner_retain(const fl_partitioner *p);
 FL_INTERNAL void rdd_partitioner_release(const fl_partitioner *p);
 /* Equal partitioners place every key in the same partition. */
@@ -289,6 +290,11 @@ struct rdd_task {
    * fetched over the network (set by the executor's cache). */
   uint32_t blocks_mapped, blocks_fetched;
 };
+
+/* Whether the task's job was abandoned (checked once per batch by the terminal loops). */
+static inline bool rdd_task_cancelled(const rdd_task *task) {
+  return task->cancelled && atomic_load_explicit(task->cancelled, memory_order_relaxed);
+}
 
 /* Computes `action` over partition `partition` of r into *result. On failure returns the
  * status and leaves the message in task->error. Runs on a task thread. */

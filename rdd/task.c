@@ -11,16 +11,6 @@ static _Thread_local rdd_task *current_task;
 
 rdd_task *rdd_task_current(void) { return current_task; }
 
-fl_status rdd_task_fail(rdd_task *task, fl_status status) {
-  FL_ASSERT(status != FL_OK);
-  if (task->status == FL_OK) {
-    task->status = status;
-    const char *msg = fl_last_error();
-    task->error = common_strdup(msg[0] ? msg : fl_strerror(status));
-  }
-  return task->status;
-}
-
 fl_status rdd_task_fn_failed(rdd_task *task, const rdd *r, fl_status status) {
   char name[256];
   common_symbol_name((const void *)r->fn, name, sizeof name);
@@ -53,10 +43,6 @@ static void close_iterators(rdd_task *task) {
     it = before;
   }
   task->opened = NULL;
-}
-
-bool rdd_task_cancelled(const rdd_task *task) {
-  return task->cancelled && atomic_load_explicit(task->cancelled, memory_order_relaxed);
 }
 
 static fl_status cancelled(rdd_task *task) {

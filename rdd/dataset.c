@@ -1,4 +1,5 @@
-/* rdd.c: lineage nodes, their lifetime, persistence, and opening a partition. */
+/* dataset.c: lineage nodes, their lifetime, persistence, opening a partition, and the
+ * failure of the task that opens it. */
 #include <string.h>
 
 #include "rdd/rdd.h"
@@ -101,6 +102,18 @@ char *fl_dataset_lineage(const fl_dataset *ds) {
   return (char *)out.data;
 }
 
+/* ---- a task's failure (rdd.h), which every iterator may report ----------------------- */
+
+fl_status rdd_task_fail(rdd_task *task, fl_status status) {
+  FL_ASSERT(status != FL_OK);
+  if (task->status == FL_OK) {
+    task->status = status;
+    const char *msg = fl_last_error();
+    task->error = common_strdup(msg[0] ? msg : fl_strerror(status));
+  }
+  return task->status;
+}
+
 /* ---- iterators ------------------------------------------------------------------------- */
 
 void *rdd_iter_new(rdd_task *task, size_t size, uint32_t (*next)(fl_iter *, fl_bytes *, uint32_t),
@@ -174,28 +187,6 @@ fl_status rdd_iter_batch(rdd_task *task, const rdd_batch *batch, void (*release)
   it->handle = handle;
   *out = &it->base;
   return FL_OK;
-}
-
-void rdd_batch_free(rdd_batch *b) {
-  fl_buf_free(&b->buf);
-  b->count = 0;
-}
-
-bool rdd_batch_count(const uint8_t *data, size_t len, uint64_t *count) {
-  rdd_cursor c = {data, data + len};
-  fl_bytes rec;
-  uint64_t n = 0;
-  while (c.p < c.end) {
-    if (!rdd_cursor_next(&c, &rec)) return false;
-    n++;
-  }
-  *count = n;
-  return true;
-}
-
-bool rdd_batch_valid(const uint8_t *data, size_t len, uint64_t count) {
-  uint64_t n;
-  return rdd_batch_count(data, len, &n) && n == count;
 }
 
 /* ---- opening a partition, through the cache -------------------------------------------- */
