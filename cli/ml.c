@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "common/common.h"
 #include "flint/ml.h"
 
 /* fl_ml_train_options.normal_max_features when 0 (ml/solvers.c): the CLI states it so that
@@ -181,12 +182,6 @@ static int parse_args(int argc, char **argv, ml_args *a) {
   return 0;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* One line per iteration, flushed so that it shows at once through a pipe. */
 static fl_status print_iteration(void *arg, const fl_ml_iteration *it) {
   (void)arg;
@@ -213,13 +208,13 @@ static const char *solver_name(const ml_args *a, const fl_ml_data *d) {
 static fl_status load(fl_context *ctx, const ml_args *a, const char *path, const char *labels, uint32_t cols,
                       fl_ml_data **out) {
   fl_ml_load_options o = {.partitions = a->partitions, .labels_path = labels, .num_features = cols};
-  double t0 = now_s();
+  double t0 = common_now_s();
   fl_status s = fl_ml_load(ctx, path, a->format, &o, out);
   if (s != FL_OK) return s;
   const fl_ml_data *d = *out;
   printf("loaded %s: %llu rows, %u features, %s%s, %u partitions, %.2f s\n", path, (unsigned long long)d->rows,
          d->cols, d->sparse ? "sparse" : "dense", d->weighted ? ", weighted" : "", fl_dataset_partitions(d->blocks),
-         now_s() - t0);
+         common_now_s() - t0);
   if (d->skipped) printf("skipped %llu bad lines of %s\n", (unsigned long long)d->skipped, path);
   if (a->logistic) { /* the classes found, before training decides whether they fit */
     char labels[256];
@@ -265,14 +260,14 @@ int cmd_ml(int argc, char **argv) {
     goto fail;
   const fl_ml_data *train = data;
   if (a.standardize) {
-    double t0 = now_s();
+    double t0 = common_now_s();
     if (fl_ml_summarize(data, &summary) != FL_OK ||
         fl_ml_standardize(data, &summary, !data->sparse, &scaled) != FL_OK ||
         (test && fl_ml_standardize(test, &summary, !data->sparse, &test_scaled) != FL_OK))
       goto fail;
     train = scaled;
     printf("standardized %u features (%s), %.2f s; the model is in standardized units\n", data->cols,
-           data->sparse ? "unit variance; sparse data is not centred" : "zero mean, unit variance", now_s() - t0);
+           data->sparse ? "unit variance; sparse data is not centred" : "zero mean, unit variance", common_now_s() - t0);
   }
   printf("training %s: %s\n", a.logistic ? "logistic regression" : "least squares", solver_name(&a, train));
   fflush(stdout);
