@@ -1,13 +1,20 @@
 /*
  * cli/args.c: strict parsing of the numbers that the subcommands take as options. The whole
- * text must be the number: no leading space, no sign for counts, no trailing text.
+ * text must be the number: no leading space, no sign for counts, no trailing text. Also the
+ * getopt_long glue and the one error form that every command shares (flint-train too, which
+ * links this file and not usage.c).
  */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 
 #include "cli/cli.h"
+#include "flint/flint.h"
 
 bool cli_parse_double(const char *text, double *out) {
   if (!*text || isspace((unsigned char)*text)) return false;
@@ -35,4 +42,98 @@ bool cli_parse_u32(const char *text, uint32_t *out) {
   if (!cli_parse_u64(text, UINT32_MAX, &v)) return false;
   *out = (uint32_t)v;
   return true;
+}
+
+/* getopt_long has left optind past the option it could not take (argv[optind - 1]), unless
+ * the option was one letter among others ("-xh"), which only optopt names. */
+int cli_option_error(const char *cmd, int c, char **argv, const struct option *longopts) {
+  const char *arg = argv[optind - 1];
+  bool is_long = strncmp(arg, "--", 2) == 0;
+  if (c == ':') {
+    if (is_long) return cli_usage_error(cmd, "%s needs a value", arg);
+    return cli_usage_error(cmd, "-%c needs a value", optopt);
+  }
+  if (!is_long) return cli_usage_error(cmd, "unknown option '-%c'", optopt ? optopt : '?');
+  const char *eq = strchr(arg, '=');
+  if (eq) { /* "--detach=yes": an option that takes no value, given one */
+    size_t len = (size_t)(eq - arg - 2);
+    for (const struct option *o = longopts; o->name; o++)
+      if (o->has_arg == no_argument && strlen(o->name) == len && strncmp(o->name, arg + 2, len) == 0)
+        return cli_usage_error(cmd, "--%s takes no value ('%s')", o->name, arg);
+  }
+  return cli_usage_error(cmd, "unknown option '%s'", arg);
+}
+
+bool cli_parse_memory(const char *text, uint64_t *bytes) {
+  /* Digits with at most one '.', then the unit: no sign, space, exponent or hex. */
+  const char *p = text;
+  int digits = 0, dots = 0;
+  for (; isdigit((unsigned char)*p) || *p == '.'; p++) {
+    if (*p == '.') dots++;
+    else digits++;
+  }
+  if (!digits || dots > 1 || !isdigit((unsigned char)*text)) return false;
+  char number[64];
+  size_t len = (size_t)(p - text);
+  if (len >= sizeof number) return false;
+  memcpy(number, text, len);
+  number[len] = '\0';
+  double v = strtod(number, NULL);
+  static const struct { char letter; double scale; } units[] = {
+      {'b', 1.0}, {'k', 1024.0}, {'m', 1048576.0}, {'g', 1073741824.0}, {'t', 1099511627776.0}};
+  double scale = 1048576.0; /* a bare number is MiB, as Spark reads --executor-memory */
+  if (*p) {
+    char letter = (char)tolower((unsigned char)*p);
+    scale = 0;
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+      if (units[i].letter == letter) scale = units[i].scale;
+    if (scale == 0) return false;
+    const char *rest = p + 1;
+    /* "b" stands alone; the others may add "b" or "ib" (KB, KiB: both 1024, as in Spark). */
+    if (letter != 'b' && *rest && strcasecmp(rest, "b") != 0 && strcasecmp(rest, "ib") != 0) return false;
+    if (letter == 'b' && *rest) return false;
+  }
+  double total = v * scale;
+  if (!(total >= 1.0) || total >= 4611686018427387904.0) return false; /* 2^62 */
+  *bytes = (uint64_t)(total + 0.5);
+  return true;
+}
+
+static void verror(const char *cmd, const char *fmt, va_list ap) {
+  if (cmd) fprintf(stderr, "flint %s: ", cmd);
+  else fputs("flint: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+}
+
+void cli_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  verror(cmd, fmt, ap);
+  va_end(ap);
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+  fflush(stdout);
+  va_list ap;
+  va_start(ap, fmt);
+  verror(cmd, fmt, ap);
+  va_end(ap);
+  if (cmd) fprintf(stderr, "Run 'flint %s --help' for usage.\n", cmd);
+  else fputs("Run 'flint --help' for usage.\n", stderr);
+  return 2;
+}
+
+int cli_failure(const char *cmd, const char *fmt, ...) {
+  fflush(stdout); /* what the work printed comes before why it stopped */
+  va_list ap;
+  va_start(ap, fmt);
+  verror(cmd, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+int cli_print_version(void) {
+  printf("flint %s\n", FL_VERSION_STRING);
+  return 0;
 }

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <getopt.h>
 
 /* flint submit, driver, executor and status (cli/cluster.c). cmd_executor's `whole` is the
  * command line as run, for the supervised child that runs it again. */
@@ -26,14 +27,42 @@ int cmd_ml(int argc, char **argv);
  * start of every flint process (drivers, executors, submit). */
 int cmd_train(int argc, char **argv);
 
-/* flint's usage (cli/usage.c), which --help after any command prints. */
+/* The usage of flint and of each command (cli/usage.c): `flint --help` prints the first,
+ * `flint CMD --help` its command's. */
 extern const char cli_usage_text[];
-/* Prints "flint: " fmt (with arg) and a pointer to --help on stderr; returns 2. */
-int cli_usage_error(const char *fmt, const char *arg);
+extern const char cli_submit_usage[];
+extern const char cli_driver_usage[];
+extern const char cli_executor_usage[];
+extern const char cli_status_usage[];
+extern const char cli_config_usage[];
+
+/* The one error form of every command (cli/args.c), on stderr: "flint CMD: cause" (cmd NULL: "flint:
+ * cause"). cli_usage_error adds the line "Run 'flint CMD --help' for usage." and returns 2,
+ * the status of a usage error; cli_failure returns 1, the status of work that failed. */
+void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cli_failure(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints "flint VERSION" on stdout (--version, anywhere); returns 0. */
+int cli_print_version(void);
+
+/* getopt_long for a command (cli/args.c): the options every command takes besides its own.
+ * CLI_COMMON_LONG_OPTIONS ends a command's option table (before its {0} row); its short
+ * options are "hV"; getopt_long returns CLI_OPT_HELP or CLI_OPT_VERSION for them. */
+enum { CLI_OPT_HELP = 'h', CLI_OPT_VERSION = 'V' };
+#define CLI_COMMON_LONG_OPTIONS {"help", no_argument, NULL, CLI_OPT_HELP}, {"version", no_argument, NULL, CLI_OPT_VERSION}
+/* Reports what getopt_long returned '?' or ':' for (an unknown option, a missing value, a
+ * value given to an option that takes none) in the one error form; returns 2. The optstring
+ * must start with ':' (or "+:") so that a missing value is ':' and getopt prints nothing. */
+int cli_option_error(const char *cmd, int c, char **argv, const struct option *longopts);
 
 /* Strict option values (cli/args.c): false unless the whole text is the number, in range. */
 bool cli_parse_double(const char *text, double *out);
 bool cli_parse_u64(const char *text, uint64_t max, uint64_t *out);
 bool cli_parse_u32(const char *text, uint32_t *out);
+/* A memory size as Spark reads one: a bare number is MiB ("2048" is 2 GiB); else a number,
+ * possibly with a fraction, and a unit: b, k, m, g, t, each alone or with "b" or "ib"
+ * after it, any case (1g, 512m, 1.5g, 1GiB, 512MiB, 64k); units are powers of 1024. The
+ * size must be at least one byte and under 2^62. False for anything else. */
+bool cli_parse_memory(const char *text, uint64_t *bytes);
 
 #endif

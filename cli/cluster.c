@@ -26,14 +26,6 @@ static void handle_stop_signals(void) {
   signal(SIGPIPE, SIG_IGN);
 }
 
-/* Matches "--name VALUE" at argv[*i]; sets *value and advances. -1: the value is missing. */
-static int option(int argc, char **argv, int *i, const char *name, const char **value) {
-  if (strcmp(argv[*i], name) != 0) return 0;
-  if (*i + 1 >= argc) return -1;
-  *value = argv[++*i];
-  return 1;
-}
-
 /* A driver or executor that local-cluster[...] started leaves the cluster's folder, which its
  * program may no longer be there to remove (FLINT_LOCAL_CLUSTER_DIR): the last
  * one out, whose rmdir finds the folder empty, removes it. A driver's port file goes first. */
@@ -44,41 +36,49 @@ static void leave_local_cluster(const char *port_file) {
   rmdir(dir);
 }
 
+/* getopt_long from argv[0] on: each command gets the arguments after its name, whose slot
+ * before them (the command's name) is getopt's argv[0]. optind = 0 starts getopt afresh. */
+#define GETOPT(argc, argv, shortopts, longopts) \
+  getopt_long((argc) + 1, (argv) - 1, (shortopts), (longopts), NULL)
+
 int cmd_submit(int argc, char **argv) {
+  enum { OPT_MASTER = 256, OPT_MEMORY, OPT_NAME, OPT_DETACH, OPT_IN_PROCESS };
+  static const struct option longopts[] = {
+      {"master", required_argument, NULL, OPT_MASTER},
+      {"memory", required_argument, NULL, OPT_MEMORY},
+      {"name", required_argument, NULL, OPT_NAME},
+      {"detach", no_argument, NULL, OPT_DETACH},
+      /* The driver runs a job binary as `flint submit --in-process --master flint://...`. */
+      {"in-process", no_argument, NULL, OPT_IN_PROCESS},
+      CLI_COMMON_LONG_OPTIONS,
+      {0}};
   const char *master = "local[*]";
   fl_options opts = FL_OPTIONS_INIT;
   const char *name = NULL;
   bool detach = false, in_process = false;
-  int i = 0;
-  for (; i < argc && argv[i][0] == '-'; i++) {
-    if (strcmp(argv[i], "--help") == 0) {
-      fputs(cli_usage_text, stdout);
-      return 0;
+  int c;
+  optind = 0;
+  /* "+": options end at the job library; what follows is the job's own argv. */
+  while ((c = GETOPT(argc, argv, "+:hV", longopts)) != -1) {
+    switch (c) {
+    case CLI_OPT_HELP: fputs(cli_submit_usage, stdout); return 0;
+    case CLI_OPT_VERSION: return cli_print_version();
+    case OPT_DETACH: detach = true; break;
+    case OPT_IN_PROCESS: in_process = true; break;
+    case OPT_MASTER: master = optarg; break;
+    case OPT_NAME:
+      if (!*(name = optarg)) return cli_usage_error("submit", "--name needs a non-empty name");
+      break;
+    case OPT_MEMORY:
+      if (!cli_parse_memory(optarg, &opts.memory_limit))
+        return cli_usage_error("submit", "--memory '%s' is not a size (examples: 512m, 1.5g, 2048 for 2 GiB)",
+                               optarg);
+      break;
+    default: return cli_option_error("submit", c, argv - 1, longopts);
     }
-    if (strcmp(argv[i], "--detach") == 0) {
-      detach = true;
-      continue;
-    }
-    /* The driver runs a job binary as `flint submit --in-process --master flint://...`. */
-    if (strcmp(argv[i], "--in-process") == 0) {
-      in_process = true;
-      continue;
-    }
-    if (strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--memory") == 0 || strcmp(argv[i], "--name") == 0) {
-      if (i + 1 >= argc) return cli_usage_error("%s needs a value", argv[i]);
-      if (strcmp(argv[i], "--master") == 0) {
-        master = argv[++i];
-      } else if (strcmp(argv[i], "--name") == 0) {
-        if (!*(name = argv[++i])) return cli_usage_error("submit: %s", "--name needs a non-empty name");
-      } else if (fl_parse_size(argv[++i], &opts.memory_limit) != FL_OK || opts.memory_limit == 0) {
-        return cli_usage_error("--memory '%s' is not a size (examples: 512m, 2g)", argv[i]);
-      }
-      continue;
-    }
-    return cli_usage_error("submit: unknown option '%s'", argv[i]);
   }
-  if (i >= argc) return cli_usage_error("submit: %s", "no job library given");
-
+  int i = optind - 1; /* getopt counted the command's name */
+  if (i >= argc) return cli_usage_error("submit", "no job library given");
   const char *job = argv[i];
   /* The application is named after the job's file, not after this program (every job's). */
   const char *slash = strrchr(job, '/');
@@ -89,13 +89,12 @@ int cmd_submit(int argc, char **argv) {
     handle_stop_signals(); /* an interrupted submit stops its job (on the driver) */
     if (fl_submit(master, job, opts.app_name, argc - i - 1, argv + i + 1, detach, &stop_requested, &id, &code) !=
         FL_OK) {
-      fprintf(stderr, "flint submit: %s\n", fl_last_error());
-      return 1;
+      return cli_failure("submit", "%s", fl_last_error());
     }
     if (detach) printf("submitted job binary %llu\n", (unsigned long long)id);
     return detach ? 0 : code;
   }
-  if (detach) return cli_usage_error("submit: %s", "--detach needs a flint://HOST:PORT master");
+  if (detach) return cli_usage_error("submit", "--detach needs a flint://HOST:PORT master");
   /* Run by a driver, the job's stdout is a pipe to it, which C buffers in blocks: the job's
    * lines would reach its submitter only at its end, and not at all if the driver died
    * first. Line by line, as on a terminal. */
@@ -105,20 +104,18 @@ int cmd_submit(int argc, char **argv) {
   snprintf(path, sizeof path, "%s%s", strchr(job, '/') ? "" : "./", job);
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    fprintf(stderr, "flint submit: cannot load job %s: %s\n", job, dlerror());
-    return 1;
+    return cli_failure("submit", "cannot load job %s: %s", job, dlerror());
   }
   fl_main_fn main_fn;
   *(void **)&main_fn = dlsym(lib, FL_MAIN_SYMBOL);
   if (!main_fn) {
-    fprintf(stderr, "flint submit: %s does not export %s(fl_context *, int, char **)\n", job,
-            FL_MAIN_SYMBOL);
+    cli_error("submit", "%s does not export %s(fl_context *, int, char **)", job, FL_MAIN_SYMBOL);
     dlclose(lib);
     return 1;
   }
   fl_context *ctx;
   if (fl_context_open(master, &opts, &ctx) != FL_OK) {
-    fprintf(stderr, "flint submit: %s\n", fl_last_error());
+    cli_error("submit", "%s", fl_last_error());
     dlclose(lib);
     return 1;
   }
@@ -130,64 +127,76 @@ int cmd_submit(int argc, char **argv) {
 }
 
 int cmd_driver(int argc, char **argv) {
+  enum { OPT_LISTEN = 256, OPT_WORK_DIR, OPT_PORT_FILE };
+  static const struct option longopts[] = {{"listen", required_argument, NULL, OPT_LISTEN},
+                                           {"work-dir", required_argument, NULL, OPT_WORK_DIR},
+                                           {"port-file", required_argument, NULL, OPT_PORT_FILE},
+                                           CLI_COMMON_LONG_OPTIONS,
+                                           {0}};
   fl_driver_options o = {0};
-  for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0) {
-      fputs(cli_usage_text, stdout);
-      return 0;
+  int c;
+  optind = 0;
+  while ((c = GETOPT(argc, argv, ":hV", longopts)) != -1) {
+    switch (c) {
+    case CLI_OPT_HELP: fputs(cli_driver_usage, stdout); return 0;
+    case CLI_OPT_VERSION: return cli_print_version();
+    case OPT_LISTEN: o.listen = optarg; break;
+    case OPT_WORK_DIR: o.work_dir = optarg; break;
+    case OPT_PORT_FILE: o.port_file = optarg; break;
+    default: return cli_option_error("driver", c, argv - 1, longopts);
     }
-    int r;
-    if ((r = option(argc, argv, &i, "--listen", &o.listen)) ||
-        (r = option(argc, argv, &i, "--work-dir", &o.work_dir)) ||
-        (r = option(argc, argv, &i, "--port-file", &o.port_file))) {
-      if (r < 0) return cli_usage_error("driver: %s needs a value", argv[i]);
-      continue;
-    }
-    return cli_usage_error("driver: unknown option '%s'", argv[i]);
   }
-  if (!o.listen) return cli_usage_error("driver: %s", "--listen HOST:PORT is required");
+  if (optind - 1 < argc) return cli_usage_error("driver", "unexpected argument '%s'", argv[optind - 1]);
+  if (!o.listen) return cli_usage_error("driver", "--listen HOST:PORT is required");
   handle_stop_signals();
   fl_status st = fl_driver_serve(&o, &stop_requested);
-  if (st != FL_OK) fprintf(stderr, "flint driver: %s\n", fl_last_error());
+  if (st != FL_OK) cli_error("driver", "%s", fl_last_error());
   leave_local_cluster(o.port_file);
   return st == FL_OK ? 0 : 1;
 }
 
 int cmd_executor(int argc, char **argv, char **whole) {
+  enum { OPT_DRIVER = 256, OPT_CORES, OPT_MEMORY, OPT_WORK_DIR, OPT_HOST, OPT_GPU };
+  static const struct option longopts[] = {{"driver", required_argument, NULL, OPT_DRIVER},
+                                           {"cores", required_argument, NULL, OPT_CORES},
+                                           {"memory", required_argument, NULL, OPT_MEMORY},
+                                           {"work-dir", required_argument, NULL, OPT_WORK_DIR},
+                                           {"host", required_argument, NULL, OPT_HOST},
+                                           {"gpu", required_argument, NULL, OPT_GPU},
+                                           CLI_COMMON_LONG_OPTIONS,
+                                           {0}};
   fl_executor_options o = {0};
   const char *cores = NULL, *memory = NULL, *gpu = NULL;
-  for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0) {
-      fputs(cli_usage_text, stdout);
-      return 0;
+  int c;
+  optind = 0;
+  /* "+": no permuting, so that `whole`, which the supervised child runs again, stays as given. */
+  while ((c = GETOPT(argc, argv, "+:hV", longopts)) != -1) {
+    switch (c) {
+    case CLI_OPT_HELP: fputs(cli_executor_usage, stdout); return 0;
+    case CLI_OPT_VERSION: return cli_print_version();
+    case OPT_DRIVER: o.driver = optarg; break;
+    case OPT_CORES: cores = optarg; break;
+    case OPT_MEMORY: memory = optarg; break;
+    case OPT_WORK_DIR: o.work_dir = optarg; break;
+    case OPT_HOST: o.host = optarg; break;
+    case OPT_GPU: gpu = optarg; break;
+    default: return cli_option_error("executor", c, argv - 1, longopts);
     }
-    int r;
-    if ((r = option(argc, argv, &i, "--driver", &o.driver)) ||
-        (r = option(argc, argv, &i, "--cores", &cores)) ||
-        (r = option(argc, argv, &i, "--memory", &memory)) ||
-        (r = option(argc, argv, &i, "--work-dir", &o.work_dir)) ||
-        (r = option(argc, argv, &i, "--host", &o.host)) ||
-        (r = option(argc, argv, &i, "--gpu", &gpu))) {
-      if (r < 0) return cli_usage_error("executor: %s needs a value", argv[i]);
-      continue;
-    }
-    return cli_usage_error("executor: unknown option '%s'", argv[i]);
   }
-  if (!o.driver) return cli_usage_error("executor: %s", "--driver HOST:PORT is required");
-  if (!cores) return cli_usage_error("executor: %s", "--cores N is required");
-  if (!memory) return cli_usage_error("executor: %s", "--memory SIZE is required");
-  char *end;
-  unsigned long n = strtoul(cores, &end, 10);
-  if (*end || n < 1 || n > 1024) return cli_usage_error("executor: --cores '%s' must be 1 to 1024", cores);
-  o.cores = (uint32_t)n;
+  if (optind - 1 < argc) return cli_usage_error("executor", "unexpected argument '%s'", argv[optind - 1]);
+  if (!o.driver) return cli_usage_error("executor", "--driver HOST:PORT is required");
+  if (!cores) return cli_usage_error("executor", "--cores N is required");
+  if (!memory) return cli_usage_error("executor", "--memory SIZE is required");
+  if (!cli_parse_u32(cores, &o.cores) || o.cores < 1 || o.cores > 1024)
+    return cli_usage_error("executor", "--cores '%s' must be 1 to 1024", cores);
   if (gpu) {
-    unsigned long g = strtoul(gpu, &end, 10);
-    if (*end || !*gpu || g > 1023) return cli_usage_error("executor: --gpu '%s' must be a GPU id, 0 to 1023", gpu);
+    if (!cli_parse_u32(gpu, &o.gpu) || o.gpu > 1023)
+      return cli_usage_error("executor", "--gpu '%s' must be a GPU id, 0 to 1023", gpu);
     o.has_gpu = true;
-    o.gpu = (uint32_t)g;
   }
-  if (fl_parse_size(memory, &o.memory) != FL_OK || o.memory < (1u << 20))
-    return cli_usage_error("executor: --memory '%s' is not a size of at least 1m (examples: 512m, 2g)", memory);
+  if (!cli_parse_memory(memory, &o.memory) || o.memory < (1u << 20))
+    return cli_usage_error("executor", "--memory '%s' is not a size of at least 1m (examples: 512m, 1.5g, 2048 for 2 GiB)",
+                           memory);
   handle_stop_signals();
   /* `flint executor` supervises: the executor itself runs in a child (this command again,
    * marked by FLINT_EXECUTOR_REPORT_FD), which a crashing task takes down alone. */
@@ -197,28 +206,28 @@ int cmd_executor(int argc, char **argv, char **whole) {
     return rc;
   }
   fl_status st = fl_executor_serve(&o, &stop_requested);
-  if (st != FL_OK) fprintf(stderr, "flint executor: %s\n", fl_last_error());
+  if (st != FL_OK) cli_error("executor", "%s", fl_last_error());
   leave_local_cluster(NULL);
   return st == FL_OK ? 0 : 1;
 }
 
 int cmd_status(int argc, char **argv) {
+  enum { OPT_MASTER = 256 };
+  static const struct option longopts[] = {
+      {"master", required_argument, NULL, OPT_MASTER}, CLI_COMMON_LONG_OPTIONS, {0}};
   const char *master = NULL;
-  for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0) {
-      fputs(cli_usage_text, stdout);
-      return 0;
+  int c;
+  optind = 0;
+  while ((c = GETOPT(argc, argv, ":hV", longopts)) != -1) {
+    switch (c) {
+    case CLI_OPT_HELP: fputs(cli_status_usage, stdout); return 0;
+    case CLI_OPT_VERSION: return cli_print_version();
+    case OPT_MASTER: master = optarg; break;
+    default: return cli_option_error("status", c, argv - 1, longopts);
     }
-    int r = option(argc, argv, &i, "--master", &master);
-    if (r < 0) return cli_usage_error("status: %s needs a value", argv[i]);
-    if (r) continue;
-    return cli_usage_error("status: unknown option '%s'", argv[i]);
   }
-  if (!master) return cli_usage_error("status: %s", "--master flint://HOST:PORT is required");
-  if (fl_print_status(master, stdout) != FL_OK) {
-    fprintf(stderr, "flint status: %s\n", fl_last_error());
-    return 1;
-  }
+  if (optind - 1 < argc) return cli_usage_error("status", "unexpected argument '%s'", argv[optind - 1]);
+  if (!master) return cli_usage_error("status", "--master flint://HOST:PORT is required");
+  if (fl_print_status(master, stdout) != FL_OK) return cli_failure("status", "%s", fl_last_error());
   return 0;
 }
-

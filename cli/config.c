@@ -114,18 +114,20 @@ static void print_table(FILE *out) {
 }
 
 int cmd_config(int argc, char **argv) {
+  enum { OPT_JSON = 256 };
+  static const struct option longopts[] = {{"json", no_argument, NULL, OPT_JSON}, CLI_COMMON_LONG_OPTIONS, {0}};
   bool json = false;
-  for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0) {
-      fputs(cli_usage_text, stdout);
-      return 0;
+  int c;
+  optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
+  while ((c = getopt_long(argc + 1, argv - 1, ":hV", longopts, NULL)) != -1) {
+    switch (c) {
+    case CLI_OPT_HELP: fputs(cli_config_usage, stdout); return 0;
+    case CLI_OPT_VERSION: return cli_print_version();
+    case OPT_JSON: json = true; break;
+    default: return cli_option_error("config", c, argv - 1, longopts);
     }
-    if (strcmp(argv[i], "--json") == 0) {
-      json = true;
-      continue;
-    }
-    return cli_usage_error("config: unknown option '%s'", argv[i]);
   }
+  if (optind - 1 < argc) return cli_usage_error("config", "unexpected argument '%s'", argv[optind - 1]);
   if (json) print_json(stdout);
   else print_table(stdout);
   return 0;

@@ -10,7 +10,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +58,12 @@ static const char ml_usage_text[] =
     "                      before training: the model's coefficients are then in\n"
     "                      standardized units, and --test data is scaled the same way\n"
     "  --out MODEL         write the model to the file MODEL (text; docs/ml.md)\n"
-    "  --help              this text\n"
-    "\n"    "memory:\n"
+    "  -h, --help          this text\n"
+    "  --version           the version\n"
+    "\n"
+    "Options take their value as --opt VALUE or --opt=VALUE.\n"
+    "\n"
+    "memory:\n"
     "  The data is loaded once and cached as row blocks of float64 values (8 bytes a value\n"
     "  when dense; 12 a non-zero when sparse: LIBSVM data that is mostly non-zero is stored\n"
     "  dense). Blocks are kept in memory up to FLINT_MEMORY (local mode; default 60% of the\n"
@@ -81,21 +84,9 @@ typedef struct ml_args {
   fl_ml_train_options train;
 } ml_args;
 
-static int ml_usage_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "flint ml: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\nRun 'flint ml --help' for usage.\n");
-  va_end(ap);
-  return 2;
-}
+#define ml_usage_error(...) cli_usage_error("ml", __VA_ARGS__)
 
-static int ml_failure(void) {
-  fflush(stdout);
-  fprintf(stderr, "flint ml: %s\n", fl_last_error());
-  return 1;
-}
+static int ml_failure(void) { return cli_failure("ml", "%s", fl_last_error()); }
 
 static int parse_penalty(const char *name, const char *text, double *out) {
   if (!cli_parse_double(text, out)) return ml_usage_error("%s '%s' is not a number", name, text);
@@ -103,67 +94,84 @@ static int parse_penalty(const char *name, const char *text, double *out) {
   return 0;
 }
 
-/* Fills `a` from argv (after "ml"). Returns 0, 2 for a usage error, or -1 after --help. */
+/* Fills `a` from argv (after "ml"): options and the model, in any order (getopt_long
+ * permutes). Returns 0, 2 for a usage error, -1 after --help or -2 after --version. */
 static int parse_args(int argc, char **argv, ml_args *a) {
+  enum {
+    OPT_MASTER = 256, OPT_DATA, OPT_FORMAT, OPT_LABELS, OPT_TEST, OPT_TEST_LABELS, OPT_LAMBDA, OPT_L1,
+    OPT_SOLVER, OPT_ITERATIONS, OPT_TOL, OPT_PARTITIONS, OPT_OUT, OPT_CLASSES, OPT_STANDARDIZE
+  };
+  static const struct option longopts[] = {
+      {"master", required_argument, NULL, OPT_MASTER},
+      {"data", required_argument, NULL, OPT_DATA},
+      {"format", required_argument, NULL, OPT_FORMAT},
+      {"labels", required_argument, NULL, OPT_LABELS},
+      {"test", required_argument, NULL, OPT_TEST},
+      {"test-labels", required_argument, NULL, OPT_TEST_LABELS},
+      {"lambda", required_argument, NULL, OPT_LAMBDA},
+      {"l1", required_argument, NULL, OPT_L1},
+      {"solver", required_argument, NULL, OPT_SOLVER},
+      {"iterations", required_argument, NULL, OPT_ITERATIONS},
+      {"tol", required_argument, NULL, OPT_TOL},
+      {"partitions", required_argument, NULL, OPT_PARTITIONS},
+      {"out", required_argument, NULL, OPT_OUT},
+      {"classes", required_argument, NULL, OPT_CLASSES},
+      {"standardize", no_argument, NULL, OPT_STANDARDIZE},
+      CLI_COMMON_LONG_OPTIONS,
+      {0}};
   *a = (ml_args){.master = "local[*]"};
-  if (argc < 1) return ml_usage_error("no model given (linreg or logreg)");
-  if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) return -1;
-  if (strcmp(argv[0], "logreg") == 0) a->logistic = true;
-  else if (strcmp(argv[0], "linreg") != 0) return ml_usage_error("unknown model '%s' (linreg or logreg)", argv[0]);
-  for (int i = 1; i < argc; i++) {
-    const char *opt = argv[i];
-    if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) return -1;
-    if (strcmp(opt, "--standardize") == 0) {
-      a->standardize = true;
-      continue;
-    }
-    static const char *const valued[] = {"--master", "--data",   "--format", "--labels",     "--test",
-                                         "--test-labels", "--lambda", "--l1", "--solver", "--iterations",
-                                         "--tol", "--partitions", "--out", "--classes"};
-    bool known = false;
-    for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(opt, valued[k]) == 0;
-    if (!known) return ml_usage_error("unknown option '%s'", opt);
-    if (i + 1 >= argc) return ml_usage_error("%s needs a value", opt);
-    const char *v = argv[++i];
+  int c;
+  optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
+  while ((c = getopt_long(argc + 1, argv - 1, ":hV", longopts, NULL)) != -1) {
+    const char *v = optarg;
     int rc = 0;
-    if (strcmp(opt, "--master") == 0) {
-      a->master = v;
-    } else if (strcmp(opt, "--data") == 0) {
-      a->data = v;
-    } else if (strcmp(opt, "--labels") == 0) {
-      a->labels = v;
-    } else if (strcmp(opt, "--test") == 0) {
-      a->test = v;
-    } else if (strcmp(opt, "--test-labels") == 0) {
-      a->test_labels = v;
-    } else if (strcmp(opt, "--out") == 0) {
-      a->out = v;
-    } else if (strcmp(opt, "--format") == 0) {
+    switch (c) {
+    case CLI_OPT_HELP: return -1;
+    case CLI_OPT_VERSION: return -2;
+    case OPT_STANDARDIZE: a->standardize = true; break;
+    case OPT_MASTER: a->master = v; break;
+    case OPT_DATA: a->data = v; break;
+    case OPT_LABELS: a->labels = v; break;
+    case OPT_TEST: a->test = v; break;
+    case OPT_TEST_LABELS: a->test_labels = v; break;
+    case OPT_OUT: a->out = v; break;
+    case OPT_FORMAT:
       if (fl_ml_format_parse(v, &a->format) != FL_OK)
         return ml_usage_error("unknown format '%s' (libsvm, csv or idx)", v);
       a->have_format = true;
-    } else if (strcmp(opt, "--solver") == 0) {
+      break;
+    case OPT_SOLVER:
       if (fl_ml_solver_parse(v, &a->train.solver) != FL_OK)
         return ml_usage_error("unknown solver '%s' (auto, normal, lbfgs or gd)", v);
-    } else if (strcmp(opt, "--lambda") == 0) {
-      rc = parse_penalty(opt, v, &a->train.l2);
-    } else if (strcmp(opt, "--l1") == 0) {
-      rc = parse_penalty(opt, v, &a->train.l1);
-    } else if (strcmp(opt, "--tol") == 0) {
+      break;
+    case OPT_LAMBDA: rc = parse_penalty("--lambda", v, &a->train.l2); break;
+    case OPT_L1: rc = parse_penalty("--l1", v, &a->train.l1); break;
+    case OPT_TOL:
       if (!cli_parse_double(v, &a->train.tol)) return ml_usage_error("--tol '%s' is not a number", v);
       if (a->train.tol <= 0) return ml_usage_error("--tol '%s' must be > 0", v); /* 0 means the default */
-    } else if (strcmp(opt, "--iterations") == 0) {
+      break;
+    case OPT_ITERATIONS:
       if (!cli_parse_u32(v, &a->train.max_iterations) || a->train.max_iterations < 1)
         return ml_usage_error("--iterations '%s' is not a whole number >= 1", v);
-    } else if (strcmp(opt, "--classes") == 0) {
+      break;
+    case OPT_CLASSES:
       if (!cli_parse_u32(v, &a->train.classes) || a->train.classes < 2 || a->train.classes > 65536)
         return ml_usage_error("--classes '%s' is not a whole number from 2 to 65536", v);
-    } else if (strcmp(opt, "--partitions") == 0) {
+      break;
+    case OPT_PARTITIONS:
       if (!cli_parse_u32(v, &a->partitions) || a->partitions < 1 || a->partitions > 1000000)
         return ml_usage_error("--partitions '%s' is not a whole number from 1 to 1000000", v);
+      break;
+    default: return cli_option_error("ml", c, argv - 1, longopts);
     }
     if (rc) return rc;
   }
+  int first = optind - 1; /* getopt counted the command's name */
+  if (first >= argc) return ml_usage_error("no model given (linreg or logreg)");
+  if (strcmp(argv[first], "logreg") == 0) a->logistic = true;
+  else if (strcmp(argv[first], "linreg") != 0)
+    return ml_usage_error("unknown model '%s' (linreg or logreg)", argv[first]);
+  if (first + 1 < argc) return ml_usage_error("unexpected argument '%s'", argv[first + 1]);
   if (!a->data) return ml_usage_error("--data PATH is required");
   if (!a->have_format) return ml_usage_error("--format is required (libsvm, csv or idx)");
   bool idx = a->format == FL_ML_IDX;
@@ -239,6 +247,7 @@ static void print_metrics(const char *what, const fl_ml_model *m, const fl_ml_me
 int cmd_ml(int argc, char **argv) {
   ml_args a;
   int rc = parse_args(argc, argv, &a);
+  if (rc == -2) return cli_print_version();
   if (rc < 0) {
     fputs(ml_usage_text, stdout);
     return 0;

@@ -80,7 +80,9 @@ static const char train_usage_text[] =
     "  --dropout P         dropout probability, 0 <= P < 1 (default 0.1)\n"
     "  --timeline-csv PATH every rank's last-step timeline as CSV\n"
     "  --timeline-svg PATH the same drawn as a chart\n"
-    "  --help              this text\n"
+    "  -h, --help          this text\n"
+    "  --version           the version\n"
+    "Options take their value as --opt VALUE or --opt=VALUE.\n"
     "\n"
     "A loss that turns non-finite stops the run (exit 1) naming the step and the learning\n"
     "rate: lower --lr, or warm up to it with --warmup.\n"
@@ -95,16 +97,7 @@ static const char train_usage_text[] =
     "      --schedule 1f1b --microbatches 4 --batch 64 --epochs 1 --master 'local[8]' \\\n"
     "      --timeline-svg tl.svg\n";
 
-static int train_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int train_usage_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "flint train: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\nRun 'flint train --help' for usage.\n");
-  va_end(ap);
-  return 2;
-}
+#define train_usage_error(...) cli_usage_error("train", __VA_ARGS__)
 
 /* "10,20,25" into o->milestones. */
 static int parse_milestones(const char *text, gpu_train_options *o) {
@@ -124,7 +117,25 @@ static int parse_milestones(const char *text, gpu_train_options *o) {
   return 0;
 }
 
-/* Fills `o` from argv (after "train"). Returns 0, 2 for a usage error, or -1 after --help. */
+/* The long options of flint train: those that take a value, then the switches. Every row's
+ * code is OPT_LONG: parse_args finds the option by its index and compares names. */
+enum { OPT_LONG = 256 };
+#define VALUED(name) {name, required_argument, NULL, OPT_LONG}
+#define SWITCH(name) {name, no_argument, NULL, OPT_LONG}
+static const struct option train_longopts[] = {
+    VALUED("model"), VALUED("data"), VALUED("data-dir"), VALUED("synthetic-images"), VALUED("train-images"),
+    VALUED("test-images"), VALUED("ranks"), VALUED("device"), VALUED("batch"), VALUED("lr"), VALUED("warmup"),
+    VALUED("epochs"), VALUED("decay"), VALUED("milestones"), VALUED("momentum"), VALUED("weight-decay"),
+    VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
+    VALUED("checkpoint"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
+    VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
+    VALUED("timeline-csv"), VALUED("timeline-svg"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"),
+    SWITCH("no-overlap"), SWITCH("recompute"), CLI_COMMON_LONG_OPTIONS, {0}};
+#undef VALUED
+#undef SWITCH
+
+/* Fills `o` from argv (after "train"). Returns 0, 2 for a usage error, -1 after --help or -2
+ * after --version. */
 static int parse_args(int argc, char **argv, gpu_train_options *o) {
   *o = (gpu_train_options)GPU_TRAIN_OPTIONS_INIT;
   o->master = "local[*]";
@@ -132,9 +143,15 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->svg_path = "flint-train.svg";
   o->progress = stdout;
   bool have_model = false, have_data = false;
-  for (int i = 0; i < argc; i++) {
-    const char *opt = argv[i];
-    if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) return -1;
+  int c, index;
+  optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
+  while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
+    if (c == CLI_OPT_HELP) return -1;
+    if (c == CLI_OPT_VERSION) return -2;
+    if (c != OPT_LONG) return cli_option_error("train", c, argv - 1, train_longopts);
+    char opt_buf[32]; /* "--" and the option's full name, as the messages name it */
+    snprintf(opt_buf, sizeof opt_buf, "--%s", train_longopts[index].name);
+    const char *opt = opt_buf;
     if (strcmp(opt, "--nesterov") == 0) {
       o->sgd.nesterov = true;
       continue;
@@ -155,19 +172,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->recompute = true;
       continue;
     }
-    static const char *const valued[] = {"--model", "--data", "--data-dir", "--synthetic-images",
-                                         "--train-images", "--test-images", "--ranks",
-                                         "--device", "--batch", "--lr", "--warmup", "--epochs", "--decay",
-                                         "--milestones", "--momentum", "--weight-decay", "--seed", "--allreduce",
-                                         "--bucket-mb", "--master", "--csv", "--svg", "--checkpoint", "--dp",
-                                         "--tp", "--pp", "--schedule", "--microbatches", "--chunks", "--hidden",
-                                         "--heads", "--ffn", "--blocks", "--dropout", "--timeline-csv",
-                                         "--timeline-svg"};
-    bool known = false;
-    for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(opt, valued[k]) == 0;
-    if (!known) return train_usage_error("unknown option '%s'", opt);
-    if (i + 1 >= argc) return train_usage_error("%s needs a value", opt);
-    const char *v = argv[++i];
+    const char *v = optarg;
     double d;
     if (strcmp(opt, "--model") == 0) {
       if (gpu_train_model_parse(v, &o->model) != FL_OK)
@@ -261,6 +266,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->checkpoint_path = v;
     }
   }
+  if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
   if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18 or transformer)");
   if (!have_data) return train_usage_error("--data is required (fashion-mnist or synthetic-imagenet)");
   if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
@@ -275,6 +281,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
 int cmd_train(int argc, char **argv) {
   gpu_train_options o;
   int rc = parse_args(argc, argv, &o);
+  if (rc == -2) return cli_print_version();
   if (rc < 0) {
     fputs(train_usage_text, stdout);
     return 0;
@@ -298,9 +305,7 @@ int cmd_train(int argc, char **argv) {
   fflush(stdout);
   gpu_train_result res;
   if (gpu_train_run(&o, &res) != FL_OK) {
-    fflush(stdout);
-    fprintf(stderr, "flint train: %s\n", fl_last_error());
-    return 1;
+    return cli_failure("train", "%s", fl_last_error());
   }
   printf("epochs       %u (%llu steps, %u attempt%s", res.epochs, (unsigned long long)res.steps, res.attempts,
          res.attempts == 1 ? "" : "s");

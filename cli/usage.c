@@ -1,8 +1,10 @@
 /*
  * usage.c: the flint command's usage, which `flint --help` and --help after any command
- * print, and the one way a command reports a usage error.
+ * print, and each command's own usage (`flint CMD --help`).
  */
 #include <stdio.h>
+
+#include "flint/flint.h"
 
 #include "cli/cli.h"
 
@@ -18,8 +20,9 @@ const char cli_usage_text[] =
     "      (starts a driver and E executors of C cores and MB megabytes here), or\n"
     "      flint://HOST:PORT: the driver runs the job, its output streams back here\n"
     "      and its exit status is flint's; --detach prints its id and returns.\n"
-    "      SIZE: memory for cached blocks in local mode, e.g. 512m or 2g (default:\n"
-    "      FLINT_MEMORY, else 60% of the machine's memory).\n"
+    "      SIZE: memory for cached blocks in local mode, e.g. 512m, 1.5g or 2048 (a\n"
+    "      bare number is MiB, as in Spark; default: FLINT_MEMORY, else 60% of the\n"
+    "      machine's memory).\n"
     "  driver --listen HOST:PORT [--work-dir DIR] [--port-file FILE]\n"
     "      Runs a driver until SIGINT or SIGTERM.\n"
     "  executor --driver HOST:PORT --cores N --memory SIZE [--work-dir DIR] [--host HOST] [--gpu ID]\n"
@@ -45,16 +48,106 @@ const char cli_usage_text[] =
     "      it and what it does; --json prints one JSON object per setting.\n"
     "\n"
     "options:\n"
-    "  --help     this text (also after a command)\n"
-    "  --version  the version\n"
+    "  -h, --help  this text; after a command, that command's usage ('flint submit --help')\n"
+    "  --version   the version (also after a command)\n"
+    "\n"
+    "Options take their value as --opt VALUE or --opt=VALUE. Exit status: 0 for --help and\n"
+    "--version, 2 for a usage error (a bad value included), 1 when the work failed; submit\n"
+    "returns its job's own status.\n"
     "\n"
     "environment: FLINT_* variables set flint's tunables ('flint config' lists them), e.g.\n"
     "FLINT_SECRET or FLINT_SECRET_FILE (a shared secret that every process and client must\n"
     "present) and FLINT_LOG (error, warn, info, debug).\n";
 
-int cli_usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "flint: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\nRun 'flint --help' for usage.\n");
-  return 2;
-}
+const char cli_submit_usage[] =
+    "usage: flint submit [options] JOB.so [ARGS...]\n"
+    "\n"
+    "Runs a job binary: a shared library exporting\n"
+    "int flint_main(fl_context *ctx, int argc, char **argv), with JOB.so and ARGS as its\n"
+    "argv. flint's exit status is the job's. Options end at JOB.so: what follows is the job's.\n"
+    "\n"
+    "options:\n"
+    "  --master MASTER  local, local[N], local[*] (default), local-cluster[E,C,MB] (starts a\n"
+    "                   driver and E executors of C cores and MB MiB here), or\n"
+    "                   flint://HOST:PORT: the driver runs the job, its output streams back\n"
+    "                   here and its exit status is flint's\n"
+    "  --memory SIZE    memory for cached blocks in local mode: 512m, 1.5g, 1GiB, or a bare\n"
+    "                   number of MiB (2048 is 2 GiB), as in Spark (default: FLINT_MEMORY,\n"
+    "                   else 60% of the machine's memory)\n"
+    "  --name NAME      the application's name in 'flint status' (default: JOB.so's file\n"
+    "                   name, e.g. pi.so)\n"
+    "  --detach         flint://HOST:PORT only: print the submission's id and return\n"
+    "  -h, --help       this text\n"
+    "  --version        the version\n"
+    "\n"
+    "examples (from a build folder's parent, with build/bin on PATH):\n"
+    "  flint submit --master 'local[4]' build/bin/pi.so 1000000\n"
+    "  flint submit --master=local-cluster[2,1,512] --name=pi-test build/bin/pi.so 1000000\n"
+    "  flint submit --master flint://127.0.0.1:7077 --detach build/bin/pi.so 1000000\n";
+
+const char cli_driver_usage[] =
+    "usage: flint driver --listen HOST:PORT [options]\n"
+    "\n"
+    "Runs a cluster's driver until SIGINT or SIGTERM: executors register with it, clients\n"
+    "submit job binaries to it, and it runs their jobs on the executors.\n"
+    "\n"
+    "options:\n"
+    "  --listen HOST:PORT  the address to serve on (port 0: any free port) (required)\n"
+    "  --work-dir DIR      where the driver keeps its files (default: TMPDIR, else /tmp)\n"
+    "  --port-file FILE    write the port it listens on to FILE once it listens\n"
+    "  -h, --help          this text\n"
+    "  --version           the version\n"
+    "\n"
+    "example:\n"
+    "  flint driver --listen 127.0.0.1:7077 &\n";
+
+const char cli_executor_usage[] =
+    "usage: flint executor --driver HOST:PORT --cores N --memory SIZE [options]\n"
+    "\n"
+    "Runs an executor for that driver until SIGINT or SIGTERM. It runs in a supervised\n"
+    "child, which a crashing task takes down alone (FLINT_EXECUTOR_SUPERVISE=0: not).\n"
+    "\n"
+    "options:\n"
+    "  --driver HOST:PORT  the driver to register with (required)\n"
+    "  --cores N           tasks run at once, 1 to 1024 (required)\n"
+    "  --memory SIZE       memory for cached blocks, at least 1m: 512m, 1.5g, 1GiB, or a\n"
+    "                      bare number of MiB (2048 is 2 GiB), as in Spark (required)\n"
+    "  --work-dir DIR      where the executor keeps blocks that spill and shuffle files\n"
+    "                      (default: TMPDIR, else /tmp)\n"
+    "  --host HOST         the address the driver and other executors reach this one at\n"
+    "                      (default 127.0.0.1)\n"
+    "  --gpu ID            the GPU this executor's tasks use, 0 to 1023\n"
+    "  -h, --help          this text\n"
+    "  --version           the version\n"
+    "\n"
+    "example:\n"
+    "  flint executor --driver 127.0.0.1:7077 --cores 2 --memory 1g &\n";
+
+const char cli_status_usage[] =
+    "usage: flint status --master flint://HOST:PORT\n"
+    "\n"
+    "Lists a driver's executors, applications and jobs.\n"
+    "\n"
+    "options:\n"
+    "  --master flint://HOST:PORT  the driver (required)\n"
+    "  -h, --help                  this text\n"
+    "  --version                   the version\n"
+    "\n"
+    "example:\n"
+    "  flint status --master flint://127.0.0.1:7077\n";
+
+const char cli_config_usage[] =
+    "usage: flint config [--json]\n"
+    "\n"
+    "Prints every setting (the FLINT_* environment variables): its value, where the value\n"
+    "came from (default, environment, or invalid), its unit, the processes that read it and\n"
+    "what it does. A secret's value is never printed.\n"
+    "\n"
+    "options:\n"
+    "  --json      one JSON object per setting, one a line\n"
+    "  -h, --help  this text\n"
+    "  --version   the version\n"
+    "\n"
+    "examples:\n"
+    "  flint config\n"
+    "  FLINT_LOG=debug flint config --json\n";
