@@ -82,7 +82,7 @@ const char cli_submit_usage[] =
     "\n"
     "examples (from a build folder's parent, with build/bin on PATH):\n"
     "  flint submit --master 'local[4]' build/bin/pi.so 1000000\n"
-    "  flint submit --master=local-cluster[2,1,512] --name=pi-test build/bin/pi.so 1000000\n"
+    "  flint submit --master='local-cluster[2,1,512]' --name=pi-test build/bin/pi.so 1000000\n"
     "  flint submit --master flint://127.0.0.1:7077 --detach build/bin/pi.so 1000000\n";
 
 const char cli_driver_usage[] =

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "test_util.h"
+#include "cli/cli.h"
 #include "run_child.h"
 
 #define CHILD_ALARM_S 60
@@ -201,6 +202,167 @@ static void test_submit_unknown_option(void **state) {
   free(r);
 }
 
+/* ---- every command: help, version, --opt=value, the one error form ------------------- */
+
+static const char *const commands[] = {"submit", "driver", "executor", "status", "config", "ml", "train"};
+
+/* `flint CMD -h` and `--help`: that command's usage (not flint's), with an example, on
+ * stdout; exit 0, nothing on stderr. */
+static void test_command_help(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+    for (int form = 0; form < 2; form++) {
+      run_result *r = RUN_FLINT(commands[i], form ? "--help" : "-h");
+      expect_status(r, 0);
+      char first[64];
+      snprintf(first, sizeof first, "usage: flint %s", commands[i]);
+      if (strncmp(r->out, first, strlen(first)) != 0) run_dump(r);
+      assert_int_equal(strncmp(r->out, first, strlen(first)), 0);
+      EXPECT_OUT(r, "example");
+      EXPECT_OUT(r, "--version");
+      assert_null(strstr(r->out, "commands:")); /* not flint's page of every command */
+      assert_int_equal(r->err_len, 0);
+      free(r);
+    }
+  }
+}
+
+/* --version after any command, even among other options, prints the version; exit 0. */
+static void test_version_after_command(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+    run_result *r = RUN_FLINT(commands[i], "--version");
+    expect_status(r, 0);
+    assert_string_equal(r->out, "flint " FL_VERSION_STRING "\n");
+    assert_int_equal(r->err_len, 0);
+    free(r);
+  }
+  run_result *r = RUN_FLINT("submit", "--master", "local[2]", "--version");
+  expect_status(r, 0);
+  assert_string_equal(r->out, "flint " FL_VERSION_STRING "\n");
+  free(r);
+  r = RUN_FLINT("ml", "logreg", "--data", "d.csv", "--version");
+  expect_status(r, 0);
+  assert_string_equal(r->out, "flint " FL_VERSION_STRING "\n");
+  free(r);
+}
+
+/* A usage error of command `cmd`: exit 2, nothing on stdout, and on stderr exactly
+ * "flint CMD: " + a cause containing `needle`, then the hint line. */
+static void expect_usage_error(run_result *r, const char *cmd, const char *needle) {
+  expect_status(r, 2);
+  char prefix[64], hint[96];
+  snprintf(prefix, sizeof prefix, "flint %s: ", cmd);
+  snprintf(hint, sizeof hint, "Run 'flint %s --help' for usage.\n", cmd);
+  const char *nl = strchr(r->err, '\n');
+  bool ok = strncmp(r->err, prefix, strlen(prefix)) == 0 && strstr(r->err, needle) && strstr(r->err, needle) < nl &&
+            nl && strcmp(nl + 1, hint) == 0 && r->out_len == 0;
+  if (!ok) {
+    fprintf(stderr, "expected '%s...%s...' and the hint '%s'\n", prefix, needle, hint);
+    run_dump(r);
+  }
+  assert_true(ok);
+  free(r);
+}
+
+static void test_usage_errors_one_form(void **state) {
+  (void)state;
+  const char *job = bin_file("job_exit3.so");
+  expect_usage_error(RUN_FLINT("submit", "--memory=12x", job), "submit", "--memory '12x' is not a size");
+  expect_usage_error(RUN_FLINT("submit", "--memory", "2q", job), "submit", "--memory '2q' is not a size");
+  expect_usage_error(RUN_FLINT("submit", "--frobnicate", job), "submit", "unknown option '--frobnicate'");
+  expect_usage_error(RUN_FLINT("submit", "--detach=yes", job), "submit", "--detach takes no value");
+  expect_usage_error(RUN_FLINT("submit", "--name="), "submit", "--name needs a non-empty name");
+  expect_usage_error(RUN_FLINT("submit"), "submit", "no job library given");
+  expect_usage_error(RUN_FLINT("submit", "--master"), "submit", "--master needs a value");
+  expect_usage_error(RUN_FLINT("submit", "-x", job), "submit", "unknown option '-x'");
+  expect_usage_error(RUN_FLINT("driver"), "driver", "--listen HOST:PORT is required");
+  expect_usage_error(RUN_FLINT("driver", "--listen=127.0.0.1:0", "extra"), "driver", "unexpected argument 'extra'");
+  expect_usage_error(RUN_FLINT("driver", "--listen"), "driver", "--listen needs a value");
+  expect_usage_error(RUN_FLINT("executor", "--driver=127.0.0.1:1", "--cores=0", "--memory=1g"), "executor",
+                     "--cores '0' must be 1 to 1024");
+  expect_usage_error(RUN_FLINT("executor", "--driver=127.0.0.1:1", "--cores=2", "--memory=1.5x"), "executor",
+                     "--memory '1.5x' is not a size");
+  /* 0.5 MiB is a size, but less than an executor's least. */
+  expect_usage_error(RUN_FLINT("executor", "--driver=127.0.0.1:1", "--cores=2", "--memory=0.5"), "executor",
+                     "--memory '0.5' is not a size of at least 1m");
+  expect_usage_error(RUN_FLINT("executor", "--driver=127.0.0.1:1", "--cores=2", "--memory=1g", "--gpu=x"),
+                     "executor", "--gpu 'x'");
+  expect_usage_error(RUN_FLINT("status"), "status", "--master flint://HOST:PORT is required");
+  expect_usage_error(RUN_FLINT("status", "--bogus"), "status", "unknown option '--bogus'");
+  expect_usage_error(RUN_FLINT("config", "--json=1"), "config", "--json takes no value");
+  expect_usage_error(RUN_FLINT("config", "extra"), "config", "unexpected argument 'extra'");
+  expect_usage_error(RUN_FLINT("ml", "linreg", "--data=d.csv", "--format=csv", "--lambda=-1"), "ml",
+                     "--lambda '-1' must be >= 0");
+  expect_usage_error(RUN_FLINT("ml", "linreg", "--data=d.csv", "--format=xml"), "ml", "unknown format 'xml'");
+  expect_usage_error(RUN_FLINT("train", "--model=mlp", "--data=fashion-mnist", "--lr=fast"), "train",
+                     "--lr 'fast' is not a number");
+  expect_usage_error(RUN_FLINT("train", "--model=mlp", "--data=fashion-mnist", "--bogus"), "train",
+                     "unknown option '--bogus'");
+}
+
+/* A failure of the work: exit 1, "flint CMD: cause", no hint. */
+static void test_failures_one_form(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--master=spark://x", bin_file("job_exit3.so"));
+  expect_status(r, 1);
+  assert_int_equal(strncmp(r->err, "flint submit: ", 14), 0);
+  assert_null(strstr(r->err, "--help"));
+  free(r);
+  r = RUN_FLINT("status", "--master=local[2]");
+  expect_status(r, 1);
+  assert_int_equal(strncmp(r->err, "flint status: ", 14), 0);
+  assert_null(strstr(r->err, "--help"));
+  free(r);
+}
+
+/* --opt=value is --opt value: the master, the name and the memory reach the job. */
+static void test_submit_option_equals_value(void **state) {
+  (void)state;
+  run_result *r = RUN_FLINT("submit", "--master=local[2]", "--name=equals test", "--memory=64m",
+                            bin_file("job_exit3.so"), "a", "--master=x");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_exit3 args: a --master=x\n"); /* the job's own options stay its own */
+  EXPECT_OUT(r, "job_exit3 count: 10\n");
+  free(r);
+  /* A bare number is MiB, as in Spark: 64 is 64 MiB, enough to run. */
+  r = RUN_FLINT("submit", "--memory", "64", "--master", "local[1]", bin_file("job_exit3.so"));
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_exit3 count: 10\n");
+  free(r);
+}
+
+/* cli_parse_memory (cli/args.c, linked into this test): sizes as Spark reads them. */
+static void test_parse_memory(void **state) {
+  (void)state;
+  static const struct {
+    const char *text;
+    uint64_t bytes;
+  } good[] = {
+      {"2048", 2048ull << 20}, {"1", 1ull << 20},        {"1g", 1ull << 30},           {"1G", 1ull << 30},
+      {"512m", 512ull << 20},  {"1.5g", 3ull << 29},     {"1GiB", 1ull << 30},         {"512MiB", 512ull << 20},
+      {"64k", 64ull << 10},    {"64KB", 64ull << 10},    {"2t", 2ull << 40},           {"100b", 100},
+      {"0.5", 1ull << 19},     {"1.", 1ull << 20},       {"1.25GB", 5ull << 28},       {"3mb", 3ull << 20},
+  };
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+    uint64_t v = 0;
+    if (!cli_parse_memory(good[i].text, &v) || v != good[i].bytes)
+      fprintf(stderr, "cli_parse_memory('%s') = %llu, not %llu\n", good[i].text, (unsigned long long)v,
+              (unsigned long long)good[i].bytes);
+    assert_true(cli_parse_memory(good[i].text, &v));
+    assert_int_equal(v, good[i].bytes);
+  }
+  static const char *const bad[] = {"",    "g",    "-1g",   "+1g",  " 1g", "1g ", "1 g",  "1x",    "1gx",
+                                    "1gb2", "1bb", "1kibb", ".5g", "1.2.3", "1e3", "0x10", "0",     "0m",
+                                    "nan", "inf",  "1ki",  "9999999999999999t", "0.0000001b"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    uint64_t v = 42;
+    if (cli_parse_memory(bad[i], &v)) fprintf(stderr, "cli_parse_memory('%s') took it\n", bad[i]);
+    assert_false(cli_parse_memory(bad[i], &v));
+    assert_int_equal(v, 42); /* untouched */
+  }
+}
+
 /* ---- submit: the job cannot start (exit 1) ------------------------------------------- */
 
 static void test_submit_bad_master(void **state) {
@@ -329,6 +491,12 @@ int main(void) {
       cmocka_unit_test(test_submit_master_without_value),
       cmocka_unit_test(test_submit_bad_memory),
       cmocka_unit_test(test_submit_unknown_option),
+      cmocka_unit_test(test_command_help),
+      cmocka_unit_test(test_version_after_command),
+      cmocka_unit_test(test_usage_errors_one_form),
+      cmocka_unit_test(test_failures_one_form),
+      cmocka_unit_test(test_submit_option_equals_value),
+      cmocka_unit_test(test_parse_memory),
       cmocka_unit_test(test_submit_bad_master),
       cmocka_unit_test(test_submit_missing_job_file),
       cmocka_unit_test(test_submit_job_without_flint_main),
