@@ -27,6 +27,10 @@ int cmd_ml(int argc, char **argv);
  * start of every flint process (drivers, executors, submit). */
 int cmd_train(int argc, char **argv);
 
+/* flint shell [--master M] (cli/shell.c): a prompt where C typed by the user runs at once
+ * against a live context. */
+int cmd_shell(int argc, char **argv);
+
 /* The usage of flint and of each command (cli/usage.c): `flint --help` prints the first,
  * `flint CMD --help` its command's. */
 extern const char cli_usage_text[];
@@ -35,6 +39,7 @@ extern const char cli_driver_usage[];
 extern const char cli_executor_usage[];
 extern const char cli_status_usage[];
 extern const char cli_config_usage[];
+extern const char cli_shell_usage[];
 
 /* The one error form of every command (cli/args.c), on stderr: "flint CMD: cause" (cmd NULL: "flint:
  * cause"). cli_usage_error adds the line "Run 'flint CMD --help' for usage." and returns 2,

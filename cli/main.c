@@ -47,6 +47,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2, argv);
   if (strcmp(argv[1], "status") == 0) return cmd_status(argc - 2, argv + 2);
   if (strcmp(argv[1], "config") == 0) return cmd_config(argc - 2, argv + 2);
+  if (strcmp(argv[1], "shell") == 0) return cmd_shell(argc - 2, argv + 2);
   if (strcmp(argv[1], "ml") == 0) return cmd_ml(argc - 2, argv + 2);
   if (strcmp(argv[1], "train") == 0) return run_train_program(argv + 1);
   if (argv[1][0] == '-') return cli_usage_error(NULL, "unknown option '%s' (a command comes first)", argv[1]);
