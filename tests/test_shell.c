@@ -1,0 +1,207 @@
+/*
+ * test_shell: `flint shell` driven through a pseudo-terminal, as a user types at it.
+ *
+ * The flint binary is $FLINT_BIN/flint (ctest sets FLINT_BIN to <build>/bin). Each session
+ * runs under forkpty with TERM=dumb and HOME in a temporary folder (libedit's history goes
+ * there); every wait for output is bounded, and a session that does not end after :quit is
+ * killed. Outputs are checked by values that the typed text does not contain (the terminal
+ * echoes the input), e.g. printf("sum=%d", 40 + 2) is expected as "sum=42".
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "test_util.h"
+
+#define WAIT_MS 60000 /* for one expected output; local-cluster start-up included */
+
+typedef struct session {
+  pid_t pid;
+  int fd;           /* the pseudo-terminal's master side */
+  char out[1 << 18]; /* everything the shell printed */
+  size_t len, mark; /* expect() searches from mark */
+  char home[64];
+} session;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Reads what the shell printed for up to `ms`; false at its end (EOF or EIO). */
+static bool pump(session *s, int ms) {
+  struct pollfd p = {.fd = s->fd, .events = POLLIN};
+  if (poll(&p, 1, ms) <= 0) return true;
+  if (s->len + 1 >= sizeof s->out) return false;
+  ssize_t n = read(s->fd, s->out + s->len, sizeof s->out - 1 - s->len);
+  if (n <= 0) return false;
+  s->len += (size_t)n;
+  s->out[s->len] = '\0';
+  return true;
+}
+
+static void dump(const session *s) { fprintf(stderr, "---- the session so far ----\n%s\n----\n", s->out); }
+
+/* Waits (bounded) until `text` appears after the mark; moves the mark past it. */
+static bool expect(session *s, const char *text) {
+  double end = now_ms() + WAIT_MS;
+  for (;;) {
+    char *at = strstr(s->out + s->mark, text);
+    if (at) {
+      s->mark = (size_t)(at - s->out) + strlen(text);
+      return true;
+    }
+    if (now_ms() > end || !pump(s, 100)) break;
+  }
+  fprintf(stderr, "expected \"%s\"\n", text);
+  dump(s);
+  return false;
+}
+
+#define EXPECT(s, text) assert_true(expect((s), (text)))
+
+static void type_line(session *s, const char *line) {
+  /* Wait for the prompt first, so that libedit does not see the line before it is ready. */
+  assert_true(expect(s, "> "));
+  size_t n = strlen(line);
+  assert_int_equal(write(s->fd, line, n), (ssize_t)n);
+  assert_int_equal(write(s->fd, "\n", 1), 1);
+}
+
+static void start(session *s, const char *master) {
+  memset(s, 0, sizeof *s);
+  const char *bin = getenv("FLINT_BIN");
+  assert_non_null(bin);
+  char flint[PATH_MAX];
+  snprintf(flint, sizeof flint, "%s/flint", bin);
+  snprintf(s->home, sizeof s->home, "/tmp/flint-shell-test-XXXXXX");
+  assert_non_null(mkdtemp(s->home));
+  struct winsize ws = {.ws_row = 50, .ws_col = 200};
+  s->pid = forkpty(&s->fd, NULL, NULL, &ws);
+  assert_true(s->pid >= 0);
+  if (s->pid == 0) {
+    setenv("TERM", "dumb", 1);
+    setenv("HOME", s->home, 1);
+    alarm(120); /* kept across exec: a hung shell ends */
+    execl(flint, flint, "shell", "--master", master, (char *)NULL);
+    _exit(127);
+  }
+  EXPECT(s, "shell on ");
+}
+
+/* Types :quit and waits (bounded) for the shell to exit 0. */
+static void finish(session *s) {
+  type_line(s, ":quit");
+  int status = -1;
+  double end = now_ms() + WAIT_MS;
+  while (waitpid(s->pid, &status, WNOHANG) == 0) {
+    if (now_ms() > end) {
+      kill(s->pid, SIGKILL);
+      waitpid(s->pid, &status, 0);
+      dump(s);
+      fail_msg("the shell did not exit after :quit");
+    }
+    if (!pump(s, 50)) usleep(10000);
+  }
+  close(s->fd);
+  char rm[128];
+  snprintf(rm, sizeof rm, "rm -rf %s", s->home);
+  assert_int_equal(system(rm), 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) dump(s);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* A dataset built and cached in one input, a map function defined in another and used in a
+ * third, a count printed; `calls` counts the map's calls where they run in this process. */
+static void build_map_count(session *s, bool in_process) {
+  type_line(s, "fl_dataset *nums = NULL;");
+  type_line(s, "fl_range(ctx, 0, 1000, 1, 4, &nums);");
+  type_line(s, "long calls;");
+  /* A function over several lines: the shell reads until the braces balance. */
+  type_line(s, "fl_status square(fl_bytes rec, fl_buf *out, const void *arg) {");
+  type_line(s, "  int64_t v; memcpy(&v, rec.data, sizeof v); (void)arg;");
+  type_line(s, in_process ? "  __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED); return fl_buf_put_i64(out, v * v);"
+                          : "  return fl_buf_put_i64(out, v * v);");
+  type_line(s, "}");
+  type_line(s, "fl_dataset *squares = NULL;");
+  type_line(s, "if (fl_map(nums, square, NULL, 0, &squares) != FL_OK || fl_cache(squares) != FL_OK) printf(\"map failed: %s\\n\", fl_last_error());");
+  type_line(s, "uint64_t n = 0;");
+  type_line(s, "fl_status st = fl_count(squares, &n);");
+  type_line(s, "printf(\"count=%d status=%s\\n\", (int)n + 0, fl_status_name(st))");
+  EXPECT(s, "count=1000 status=FL_OK");
+  /* The cached squares: a second count computes nothing again. */
+  type_line(s, "st = fl_count(squares, &n); printf(\"again=%d\\n\", (int)n + 0);");
+  EXPECT(s, "again=1000");
+  if (in_process) {
+    type_line(s, "printf(\"calls=%ld\\n\", calls + 0);");
+    EXPECT(s, "calls=1000");
+  }
+  type_line(s, "fl_range(ctx, 0, 10, 1, 2, &nums); fl_count(nums, &n); printf(\"ten=%d\\n\", (int)n + 0);");
+  EXPECT(s, "ten=10");
+}
+
+static void test_local_session(void **state) {
+  (void)state;
+  session *s = calloc(1, sizeof *s);
+  start(s, "local[2]");
+  build_map_count(s, true);
+  finish(s);
+  free(s);
+}
+
+/* A compile error shows the compiler's message with the input's own line numbers (input 2
+ * here, its second line), and the session goes on; so does a crash in user code. */
+static void test_errors_and_crash(void **state) {
+  (void)state;
+  session *s = calloc(1, sizeof *s);
+  start(s, "local[1]");
+  type_line(s, "int good = 40;");
+  type_line(s, "{ int a = 1;");
+  type_line(s, "  a = no_such_name; }");
+  EXPECT(s, "input 2:2:");
+  EXPECT(s, "no_such_name");
+  type_line(s, "printf(\"sum=%d\\n\", good + 2);");
+  EXPECT(s, "sum=42");
+  type_line(s, "int *nowhere = NULL;");
+  type_line(s, "*nowhere = 1;");
+  EXPECT(s, "crashed (Segmentation fault)");
+  type_line(s, "printf(\"after=%d\\n\", good * 2);");
+  EXPECT(s, "after=80");
+  type_line(s, ":type good + 0.5");
+  EXPECT(s, "double");
+  type_line(s, ":nonsense");
+  EXPECT(s, "unknown command");
+  finish(s);
+  free(s);
+}
+
+/* The same session through a driver and two executors: each input's library ships to the
+ * executors, which run `square` from input 4's library. */
+static void test_local_cluster_session(void **state) {
+  (void)state;
+  session *s = calloc(1, sizeof *s);
+  start(s, "local-cluster[2,1,256]");
+  build_map_count(s, false);
+  finish(s);
+  free(s);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_local_session),
+      cmocka_unit_test(test_errors_and_crash),
+      cmocka_unit_test(test_local_cluster_session),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
