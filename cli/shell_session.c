@@ -435,7 +435,17 @@ bool shell_session_eval(shell_session *s, const char *input_text) {
     goto done_line;
   }
 
-  /* A function definition: TYPE NAME(PARAMS) { ... }. */
+  /* A function definition: TYPE NAME(PARAMS) { ... }. `static` and `inline` in front are
+   * dropped: later inputs call it from their own libraries, so it must be exported. */
+  if (m.brace && text[len - 1] == '}' && m.paren && m.paren < m.brace && !assign) {
+    for (;;) {
+      if (starts_with_word(text, "static")) text += 6;
+      else if (starts_with_word(text, "inline")) text += 6;
+      else break;
+      while (isspace((unsigned char)*text)) text++;
+    }
+    len = strlen(text);
+  }
   if (m.brace && text[len - 1] == '}' && m.paren && m.paren < m.brace && (!assign || assign > m.brace)) {
     const char *head_end = m.brace;
     while (head_end > text && isspace((unsigned char)head_end[-1])) head_end--;
