@@ -393,6 +393,7 @@ static bool build_and_run(shell_session *s, unsigned input, const char *body, bo
 }
 
 bool shell_session_eval(shell_session *s, const char *input_text) {
+  fflush(stdout); /* what earlier inputs printed comes before this one's messages */
   char *copy = dup_range(input_text, strlen(input_text));
   char *text = trim(copy);
   bool ok = true;

@@ -196,9 +196,59 @@ static void test_local_cluster_session(void **state) {
   free(s);
 }
 
+/* Runs `flint shell ARGS` with stdin from /dev/null; returns its exit status and the
+ * first line of its output (stdout and stderr) in `first`. */
+static int run_plain(const char *args, char *first, size_t size) {
+  char command[PATH_MAX + 256];
+  snprintf(command, sizeof command, "timeout 60 '%s/flint' shell %s </dev/null 2>&1", getenv("FLINT_BIN"), args);
+  FILE *p = popen(command, "r");
+  assert_non_null(p);
+  first[0] = '\0';
+  char line[1024];
+  bool got = false;
+  while (fgets(line, sizeof line, p))
+    if (!got) {
+      snprintf(first, size, "%s", line);
+      got = true;
+    }
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The command line's habits: --help exits 0 with the usage, a bad option or argument 2, a
+ * master that cannot open 1; stdin that is not a terminal is read as plain lines. */
+static void test_command_line(void **state) {
+  (void)state;
+  char first[1024];
+  assert_int_equal(run_plain("--help", first, sizeof first), 0);
+  assert_non_null(strstr(first, "usage: flint shell"));
+  assert_int_equal(run_plain("--no-such-option", first, sizeof first), 2);
+  assert_non_null(strstr(first, "flint shell: "));
+  assert_int_equal(run_plain("extra", first, sizeof first), 2);
+  assert_int_equal(run_plain("--master 'nowhere['", first, sizeof first), 1);
+  assert_non_null(strstr(first, "flint shell: "));
+  char script[] = "/tmp/flint-shell-script-XXXXXX";
+  int fd = mkstemp(script);
+  assert_true(fd >= 0);
+  const char *text = "int k = 6;\nprintf(\"k=%d\\n\", k * 7);\n";
+  assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  assert_int_equal(close(fd), 0);
+  char command[2 * PATH_MAX + 256];
+  snprintf(command, sizeof command, "timeout 60 '%s/flint' shell --master local < %s", getenv("FLINT_BIN"), script);
+  FILE *p = popen(command, "r");
+  assert_non_null(p);
+  char out[256] = "";
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  assert_int_equal(pclose(p), 0);
+  assert_int_equal(unlink(script), 0);
+  assert_string_equal(out, "k=42\n");
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_command_line),
       cmocka_unit_test(test_local_session),
       cmocka_unit_test(test_errors_and_crash),
       cmocka_unit_test(test_local_cluster_session),
