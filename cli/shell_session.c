@@ -270,9 +270,9 @@ static void guard_install(void) {
   static bool installed;
   if (installed) return;
   installed = true;
-  stack_t st = {.ss_size = 1 << 16};
-  st.ss_sp = malloc(st.ss_size);
-  if (st.ss_sp) sigaltstack(&st, NULL);
+  static char alternate_stack[1 << 16]; /* for the process's life: the handler may run any time */
+  stack_t st = {.ss_sp = alternate_stack, .ss_size = sizeof alternate_stack};
+  sigaltstack(&st, NULL);
   struct sigaction sa = {.sa_handler = guard_handler, .sa_flags = SA_ONSTACK};
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < sizeof guarded_signals / sizeof guarded_signals[0]; i++)
