@@ -35,7 +35,8 @@ static const char shell_help[] =
     "\n"
     "commands:\n"
     "  :help        this text\n"
-    "  :load FILE   runs a C file's items one by one, as if typed\n"
+    "  :load FILE   runs a C file's items one by one, as if typed, up to the first that\n"
+    "               fails (messages give the file's own line numbers)\n"
     "  :type EXPR   the type of an expression\n"
     "  :list        the variables and functions defined so far\n"
     "  :quit        frees the session's datasets, closes the context and exits (also Ctrl-D)\n";
@@ -187,7 +188,10 @@ static bool load_file(shell_session *s, const char *path) {
     if (end) {
       char *one = strndup(item, (size_t)(end - item));
       if (!one) break;
-      ok = shell_session_eval(s, one);
+      unsigned line = 1;
+      for (const char *l = text; l < item; l++)
+        if (*l == '\n') line++;
+      ok = shell_session_eval_at(s, one, path, line);
       free(one);
       item = end;
       c = end - 1;

@@ -29,6 +29,9 @@ const char *shell_session_include_dir(const shell_session *s);
 /* Compiles and runs one input (a statement, a declaration, a function, a directive).
  * Compile errors and crashes are printed on stderr; returns false after either. */
 bool shell_session_eval(shell_session *s, const char *input);
+/* The same for text from a file (:load): messages name `file` and count its lines from
+ * `first_line`. */
+bool shell_session_eval_at(shell_session *s, const char *input, const char *file, unsigned first_line);
 /* Prints the type of expression `expr` (as the compiler names it) on stdout. */
 bool shell_session_type(shell_session *s, const char *expr);
 /* Prints what the session has defined so far (its directives, variables and functions). */

@@ -322,7 +322,7 @@ static bool compile(shell_session *s, unsigned input, const char *source, bool c
   const char *cc = getenv("CC");
   if (!cc || !*cc) cc = "cc";
   /* The session's paths are mkdtemp's and the include folder was checked for quotes. */
-  char *command = dup_printf("%s -std=gnu11 -fPIC -O1 -g -Wall -Wno-unused-variable "
+  char *command = dup_printf("%s -std=gnu11 -fPIC -O1 -g -Wall -Wno-unused-variable -Wno-unused-but-set-variable "
                              "-Wno-unused-function -Werror=implicit-function-declaration -fdiagnostics-color=never -I'%s' %s '%s' -o '%s' "
                              "-lm >'%s' 2>&1",
                              cc, s->include_dir, check_only ? "-fsyntax-only" : "-shared", c_path,
@@ -370,13 +370,22 @@ static char *source_of(const shell_session *s, unsigned input, const char *body)
                     input, s->prelude ? s->prelude : "", body);
 }
 
-static char *statement_body(unsigned input, const char *statements) {
-  return dup_printf("void flint_shell_input_%u(fl_context *ctx) {\n  (void)ctx;\n#line 1 \"input %u\"\n"
-                    "%s\n}\n",
-                    input, input, statements);
+/* The input's function around `statements`; `line` is the #line directive for them. */
+static char *statement_body(unsigned input, const char *line, const char *statements) {
+  return dup_printf("void flint_shell_input_%u(fl_context *ctx) {\n  (void)ctx;\n%s%s\n}\n", input, line,
+                    statements);
 }
 
 /* ---- evaluating an input -------------------------------------------------------------------- */
+
+/* `TYPE NAME = EXPR;` as `     NAME = EXPR;`: the type blanked out (new lines kept), so that
+ * the compiler's line and column numbers are the input's. */
+static char *blank_type(const char *text, const char *name) {
+  char *out = dup_range(text, strlen(text));
+  for (char *c = out; c < out + (name - text); c++)
+    if (*c != '\n') *c = ' ';
+  return out;
+}
 
 static bool starts_with_word(const char *text, const char *word) {
   size_t n = strlen(word);
@@ -393,6 +402,10 @@ static bool build_and_run(shell_session *s, unsigned input, const char *body, bo
 }
 
 bool shell_session_eval(shell_session *s, const char *input_text) {
+  return shell_session_eval_at(s, input_text, NULL, 1);
+}
+
+bool shell_session_eval_at(shell_session *s, const char *input_text, const char *file, unsigned first_line) {
   fflush(stdout); /* what earlier inputs printed comes before this one's messages */
   char *copy = dup_range(input_text, strlen(input_text));
   char *text = trim(copy);
@@ -417,7 +430,11 @@ bool shell_session_eval(shell_session *s, const char *input_text) {
     }
   }
   size_t len = strlen(text);
-  char *line = dup_printf("#line 1 \"input %u\"\n", input);
+  /* Leading blank lines were trimmed: count them so that line numbers stay the input's. */
+  for (const char *c = copy; c < text; c++)
+    if (*c == '\n') first_line++;
+  char *line = file && !strpbrk(file, "\"\\\n") ? dup_printf("#line %u \"%s\"\n", first_line, file)
+                                                : dup_printf("#line %u \"input %u\"\n", first_line, input);
 
   /* A directive, or a type definition: into the prelude once it compiles. */
   bool is_type = starts_with_word(text, "typedef") ||
@@ -489,7 +506,6 @@ bool shell_session_eval(shell_session *s, const char *input_text) {
       char *vname = dup_range(name, name_len);
       const char *init = assign ? assign + 1 : NULL;
       while (init && isspace((unsigned char)*init)) init++;
-      size_t init_len = init ? (size_t)(text + len - 1 - init) : 0;
       shell_name *known = find_name(s, vname);
       char *body;
       bool defines = true;
@@ -507,16 +523,16 @@ bool shell_session_eval(shell_session *s, const char *input_text) {
           goto done_line;
         }
         defines = false;
-        char *assignment = dup_printf("%s = %.*s;", vname, (int)init_len, init);
-        body = statement_body(input, assignment);
+        char *assignment = blank_type(text, name);
+        body = statement_body(input, line, assignment);
         free(assignment);
         ok = build_and_run(s, input, body, true);
       } else if (init && *init == '{') { /* a constant brace initializer stays on the global */
         body = dup_printf("%s%s\n", line, text);
         ok = build_and_run(s, input, body, false);
       } else if (init) {
-        char *assignment = dup_printf("%s = %.*s;", vname, (int)init_len, init);
-        char *fn = statement_body(input, assignment);
+        char *assignment = blank_type(text, name);
+        char *fn = statement_body(input, line, assignment);
         body = dup_printf("%s%s;\n%s", line, decl, fn);
         free(fn);
         free(assignment);
@@ -545,7 +561,7 @@ bool shell_session_eval(shell_session *s, const char *input_text) {
   {
     bool needs_semicolon = text[len - 1] != ';' && text[len - 1] != '}';
     char *statements = dup_printf("%s%s", text, needs_semicolon ? ";" : "");
-    char *body = statement_body(input, statements);
+    char *body = statement_body(input, line, statements);
     ok = build_and_run(s, input, body, true);
     free(body);
     free(statements);
