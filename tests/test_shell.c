@@ -181,6 +181,27 @@ static void test_errors_and_crash(void **state) {
   EXPECT(s, "after=80");
   type_line(s, ":type good + 0.5");
   EXPECT(s, "double");
+  /* :load runs a file's items as if typed; its messages give the file's own lines. */
+  char path[] = "/tmp/flint-shell-load-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  const char *file = "#include <math.h>\n"
+                     "// a helper, then a use of it\n"
+                     "static double half(double v) {\n  return v / 2;\n}\n"
+                     "double halved = 0;\n"
+                     "halved = half(sqrt(1764.0) * 2);\n"
+                     "int broken =\n  half(no_such_thing);\n";
+  assert_int_equal(write(fd, file, strlen(file)), (ssize_t)strlen(file));
+  assert_int_equal(close(fd), 0);
+  char load[64];
+  snprintf(load, sizeof load, ":load %s", path);
+  type_line(s, load);
+  char where[64];
+  snprintf(where, sizeof where, "%s:9:8: error", path); /* line 9, column 8 of the file */
+  EXPECT(s, where);
+  type_line(s, "printf(\"halved=%.0f\\n\", halved + half(0));");
+  EXPECT(s, "halved=42");
+  assert_int_equal(unlink(path), 0);
   type_line(s, ":nonsense");
   EXPECT(s, "unknown command");
   finish(s);
