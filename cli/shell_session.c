@@ -414,7 +414,8 @@ bool shell_session_eval_at(shell_session *s, const char *input_text, const char 
   if (!*text) goto done;
 
   top_marks m = {0};
-  /* The first top-level '=' that assigns: scanned by hand, mark_top keeps only the rest. */
+  /* The first '=' at depth 0 that assigns (not ==, !=, <=, +=, ...), before any string or
+   * comment: in `TYPE NAME = EXPR;` it comes before both. */
   scan_code(text, mark_top, &m);
   const char *assign = NULL;
   {
@@ -456,13 +457,12 @@ bool shell_session_eval_at(shell_session *s, const char *input_text, const char 
   /* A function definition: TYPE NAME(PARAMS) { ... }. `static` and `inline` in front are
    * dropped: later inputs call it from their own libraries, so it must be exported. */
   if (m.brace && text[len - 1] == '}' && m.paren && m.paren < m.brace && !assign) {
-    for (;;) {
-      if (starts_with_word(text, "static")) text += 6;
-      else if (starts_with_word(text, "inline")) text += 6;
-      else break;
-      while (isspace((unsigned char)*text)) text++;
+    /* Blanked rather than cut, so that the compiler's columns stay the input's. */
+    for (char *w = text;;) {
+      if (!starts_with_word(w, "static") && !starts_with_word(w, "inline")) break;
+      memset(w, ' ', 6);
+      while (isspace((unsigned char)*w)) w++;
     }
-    len = strlen(text);
   }
   if (m.brace && text[len - 1] == '}' && m.paren && m.paren < m.brace && (!assign || assign > m.brace)) {
     const char *head_end = m.brace;
@@ -483,7 +483,9 @@ bool shell_session_eval_at(shell_session *s, const char *input_text, const char 
       ok = build_and_run(s, input, body, false);
       free(body);
       if (ok) {
-        char *proto = dup_printf("%.*s;", (int)(head_end - text), text);
+        const char *head = text;
+        while (isspace((unsigned char)*head)) head++;
+        char *proto = dup_printf("%.*s;", (int)(head_end - head), head);
         prelude_add(s, proto);
         add_name(s, fname, proto, true, input);
       } else {
