@@ -39,7 +39,8 @@ static const char shell_help[] =
     "               fails (messages give the file's own line numbers)\n"
     "  :type EXPR   the type of an expression\n"
     "  :list        the variables and functions defined so far\n"
-    "  :quit        frees the session's datasets, closes the context and exits (also Ctrl-D)\n";
+    "  :quit        frees the session's datasets, closes the context and exits (also Ctrl-D)\n"
+    "Ctrl-C while an input runs cancels its jobs; at the prompt it ends the shell.\n";
 
 /* ---- reading ---------------------------------------------------------------------------- */
 

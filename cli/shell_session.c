@@ -33,6 +33,7 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -66,6 +67,8 @@ struct shell_session {
   size_t name_count;
   unsigned next_input; /* inputs are numbered from 1 */
   bool loaded;         /* whether the last input's library was loaded (it may then have crashed) */
+  pthread_t interrupt_watcher; /* cancels the jobs on Ctrl-C (see run_guarded) */
+  bool watching;
 };
 
 /* ---- text helpers ------------------------------------------------------------------------ */
@@ -279,17 +282,49 @@ static void guard_install(void) {
     sigaction(guarded_signals[i], &sa, NULL);
 }
 
+/* Ctrl-C while an input runs: the handler (which may only do async-signal-safe things)
+ * writes a byte to a pipe, and a watcher thread cancels the context's running jobs, whose
+ * actions then return FL_ECANCELLED to the input. The handler gives SIGINT back its default
+ * action, so a second Ctrl-C (an input looping in its own code) ends the shell. At the
+ * prompt Ctrl-C keeps its default action. */
+static int interrupt_pipe[2] = {-1, -1};
+
+static void interrupt_handler(int sig) {
+  char one = 1;
+  ssize_t n = write(interrupt_pipe[1], &one, 1);
+  (void)n;
+  signal(sig, SIG_DFL);
+}
+
+static void *interrupt_watch(void *arg) {
+  shell_session *s = arg;
+  for (;;) {
+    char b;
+    ssize_t n = read(interrupt_pipe[0], &b, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != 1 || b == 0) return NULL; /* 0: the session ends */
+    fprintf(stderr, "\nflint shell: Ctrl-C: cancelling the running jobs (Ctrl-C again ends the shell)\n");
+    fl_status st = fl_cancel_jobs(s->ctx);
+    if (st != FL_OK) fprintf(stderr, "flint shell: cannot cancel the jobs: %s\n", fl_last_error());
+  }
+}
+
 /* Runs fn(ctx); false (after saying so) when it crashed. */
 static bool run_guarded(void (*fn)(fl_context *), fl_context *ctx, unsigned input) {
+  struct sigaction on_interrupt = {.sa_handler = interrupt_handler}, before;
+  sigemptyset(&on_interrupt.sa_mask);
+  bool interruptible = interrupt_pipe[1] >= 0 && sigaction(SIGINT, &on_interrupt, &before) == 0;
   guard_thread = pthread_self();
   int sig = sigsetjmp(guard_jump, 1);
   if (sig == 0) {
     guard_armed = 1;
     fn(ctx);
     guard_armed = 0;
+    if (interruptible) sigaction(SIGINT, &before, NULL);
     fflush(stdout);
     return true;
   }
+  if (interruptible) sigaction(SIGINT, &before, NULL);
   fflush(stdout);
   fprintf(stderr, "flint shell: input %u crashed (%s); the session goes on, but what it held "
                   "(memory, locks) stays as it was\n", input, strsignal(sig));
@@ -691,6 +726,8 @@ shell_session *shell_session_create(fl_context *ctx) {
     return NULL;
   }
   guard_install();
+  if (interrupt_pipe[0] < 0 && pipe2(interrupt_pipe, O_CLOEXEC) != 0) interrupt_pipe[0] = interrupt_pipe[1] = -1;
+  if (interrupt_pipe[0] >= 0) s->watching = pthread_create(&s->interrupt_watcher, NULL, interrupt_watch, s) == 0;
   return s;
 }
 
@@ -698,6 +735,10 @@ const char *shell_session_include_dir(const shell_session *s) { return s->includ
 
 void shell_session_destroy(shell_session *s) {
   if (!s) return;
+  if (s->watching) {
+    char zero = 0;
+    if (write(interrupt_pipe[1], &zero, 1) == 1) pthread_join(s->interrupt_watcher, NULL);
+  }
   for (size_t i = 0; i < s->name_count; i++) {
     shell_name *n = &s->names[i];
     if (!n->is_function) {

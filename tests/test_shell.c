@@ -207,6 +207,31 @@ static void test_errors_and_crash(void **state) {
   finish(s);
 }
 
+/* Ctrl-C while an input's job runs cancels the job (its action returns FL_ECANCELLED) and
+ * the session goes on. Local mode only: in local-cluster mode the terminal's SIGINT also
+ * reaches the cluster's processes, which share the shell's process group. */
+static void test_interrupt(void **state) {
+  (void)state;
+  session *s = &the_session;
+  start(s, "local[2]");
+  type_line(s, "#include <unistd.h>");
+  type_line(s, "fl_status slow(fl_bytes rec, fl_buf *out, const void *arg) { (void)arg; usleep(2000); return fl_buf_append(out, rec.data, rec.len); }");
+  type_line(s, "fl_dataset *big = NULL;");
+  type_line(s, "fl_range(ctx, 0, 100000, 1, 2, &big);");
+  type_line(s, "fl_dataset *slowed = NULL;");
+  type_line(s, "fl_map(big, slow, NULL, 0, &slowed);");
+  type_line(s, "uint64_t m = 0;");
+  type_line(s, "fl_status cs = fl_count(slowed, &m); printf(\"count: %s\\n\", fl_status_name(cs) + 0);");
+  /* The job takes 100 s uncancelled; Ctrl-C once it has started. */
+  usleep(800 * 1000);
+  assert_int_equal(write(s->fd, "\x03", 1), 1);
+  EXPECT(s, "cancelling the running jobs");
+  EXPECT(s, "count: FL_ECANCELLED");
+  type_line(s, "printf(\"alive=%d\\n\", 6 * 7);");
+  EXPECT(s, "alive=42");
+  finish(s);
+}
+
 /* The same session through a driver and two executors: each input's library ships to the
  * executors, which run `square` from input 4's library. */
 static void test_local_cluster_session(void **state) {
@@ -272,6 +297,7 @@ int main(void) {
       cmocka_unit_test(test_command_line),
       cmocka_unit_test(test_local_session),
       cmocka_unit_test(test_errors_and_crash),
+      cmocka_unit_test(test_interrupt),
       cmocka_unit_test(test_local_cluster_session),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
