@@ -3,8 +3,9 @@
 # output goes to build/build.log (build/asan/build.log), shown only where it failed.
 JOBS ?= $(shell nproc)
 MASTER ?= local[*]
+PREFIX ?= /usr/local
 
-.PHONY: run test setup build build-asan bench clean
+.PHONY: run test setup build build-asan bench install clean
 
 run: build
 	./build/bin/flint submit --master '$(MASTER)' build/bin/logreg.so
@@ -30,6 +31,10 @@ build: setup
 # The sanitizer build leaves CUDA out: nvcc takes no -fsanitize, and CI has no GPU to test it.
 build-asan: setup
 	$(call quiet-build,build/asan,-DCMAKE_BUILD_TYPE=Debug -DFLINT_SANITIZE=ON -DFLINT_CUDA=OFF -DFLINT_WERROR=ON)
+
+# Installs build/ into PREFIX (libraries, headers, commands, pkg-config and CMake files).
+install: build
+	cmake --install build --prefix '$(PREFIX)'
 
 bench: build
 	./build/bin/bench_local
