@@ -13,13 +13,15 @@ const char cli_usage_text[] =
     "\n"
     "commands:\n"
     "  submit [--master MASTER] [--memory SIZE] [--name NAME] [--detach] JOB.so [ARGS...]\n"
+    "  submit --master flint://HOST:PORT --status ID | --logs ID | --kill ID\n"
     "      Runs a job binary: a shared library exporting\n"
     "      int flint_main(fl_context *ctx, int argc, char **argv).\n"
     "      NAME: the application's name in 'flint status' (default: JOB.so's file name).\n"
     "      MASTER: local, local[N], local[*] (default), local-cluster[E,C,MB]\n"
     "      (starts a driver and E executors of C cores and MB megabytes here), or\n"
     "      flint://HOST:PORT: the driver runs the job, its output streams back here\n"
-    "      and its exit status is flint's; --detach prints its id and returns.\n"
+    "      and its exit status is flint's; --detach prints its id and returns, and\n"
+    "      --status ID, --logs ID and --kill ID watch and stop it.\n"
     "      SIZE: memory for cached blocks in local mode, e.g. 512m, 1.5g or 2048 (a\n"
     "      bare number is MiB, as in Spark; default: FLINT_MEMORY, else 60% of the\n"
     "      machine's memory).\n"
@@ -61,6 +63,7 @@ const char cli_usage_text[] =
 
 const char cli_submit_usage[] =
     "usage: flint submit [options] JOB.so [ARGS...]\n"
+    "       flint submit --master flint://HOST:PORT --status ID | --logs ID | --kill ID\n"
     "\n"
     "Runs a job binary: a shared library exporting\n"
     "int flint_main(fl_context *ctx, int argc, char **argv), with JOB.so and ARGS as its\n"
@@ -77,13 +80,22 @@ const char cli_submit_usage[] =
     "  --name NAME      the application's name in 'flint status' (default: JOB.so's file\n"
     "                   name, e.g. pi.so)\n"
     "  --detach         flint://HOST:PORT only: print the submission's id and return\n"
+    "  --status ID      print the state of submission ID: running, finished (exit status\n"
+    "                   0), failed or killed, with its exit status and run time\n"
+    "  --logs ID        print what submission ID has written so far (its stdout here,\n"
+    "                   its stderr on stderr)\n"
+    "  --kill ID        stop submission ID (SIGTERM, then SIGKILL after 5 s) and its\n"
+    "                   application; fails if it had ended already\n"
     "  -h, --help       this text\n"
     "  --version        the version\n"
     "\n"
     "examples (from a build folder's parent, with build/bin on PATH):\n"
     "  flint submit --master 'local[4]' build/bin/pi.so 1000000\n"
     "  flint submit --master='local-cluster[2,1,512]' --name=pi-test build/bin/pi.so 1000000\n"
-    "  flint submit --master flint://127.0.0.1:7077 --detach build/bin/pi.so 1000000\n";
+    "  flint submit --master flint://127.0.0.1:7077 --detach build/bin/pi.so 1000000\n"
+    "  flint submit --master flint://127.0.0.1:7077 --status 1\n"
+    "  flint submit --master flint://127.0.0.1:7077 --logs 1\n"
+    "  flint submit --master flint://127.0.0.1:7077 --kill 1\n";
 
 const char cli_driver_usage[] =
     "usage: flint driver --listen HOST:PORT [options]\n"

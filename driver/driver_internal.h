@@ -162,6 +162,7 @@ static inline fl_status driver_empty_reply(fl_buf *out) {
 #define Flint__SubmitRequest_descriptor_ flint__submit_request__descriptor
 #define Flint__OutputRequest_descriptor_ flint__output_request__descriptor
 #define Flint__CancelSubmissionRequest_descriptor_ flint__cancel_submission_request__descriptor
+#define Flint__SubmissionRequest_descriptor_ flint__submission_request__descriptor
 #define Flint__FetchResultRequest_descriptor_ flint__fetch_result_request__descriptor
 #define Flint__CancelJobsRequest_descriptor_ flint__cancel_jobs_request__descriptor
 #define Flint__BarrierGatherRequest_descriptor_ flint__barrier_gather_request__descriptor
@@ -210,6 +211,10 @@ FL_INTERNAL fl_status jobs_handle_cancel(driver_state *d, fl_bytes body, fl_buf 
 /* ---- job binaries (submissions.c) -------------------------------------------------------- */
 FL_INTERNAL fl_status submissions_handle_submit(driver_state *d, fl_bytes body, fl_buf *response);
 FL_INTERNAL fl_status submissions_handle_cancel(driver_state *d, fl_bytes body, fl_buf *response);
+/* SubmissionStatus: a job binary's state; KillSubmission: ends it (blocks up to ~10 s). */
+FL_INTERNAL fl_status submissions_handle_status(driver_state *d, fl_bytes body, fl_buf *response);
+FL_INTERNAL fl_status submissions_handle_kill(driver_state *d, fl_bytes body, fl_buf *response,
+                                              const rpc_request *call);
 FL_INTERNAL fl_status submissions_handle_output(driver_state *d, fl_bytes body, fl_buf *response,
                                                 const rpc_request *call);
 /* At the driver's end: job binaries end with it (SIGTERM), and their records go. */
