@@ -37,6 +37,8 @@ const char cli_usage_text[] =
     "      [--standardize] [--out MODEL]\n"
     "      Trains least squares or logistic regression (libflint_ml), printing each\n"
     "      iteration and the metrics; 'flint ml --help' explains the options.\n"
+    "  ml predict|evaluate --model MODEL --data PATH --format libsvm|csv|idx [--out PATH]\n"
+    "      Applies a saved model: one prediction per row (to PATH or stdout), or its metrics.\n"
     "  train --model mlp|cnn|resnet18|transformer --data fashion-mnist|synthetic-imagenet\n"
     "      [--ranks R] [--device cpu|cuda] [--batch B] [--lr LR] [--warmup EPOCHS] [--epochs N]\n"
     "      [--dp D --tp T --pp P --schedule gpipe|1f1b|interleaved --microbatches M]\n"
