@@ -282,27 +282,53 @@ static void test_detached_status_logs_kill(void **state) {
   EXPECT_ERR(r, "flint submit: submission 1 had already ended (killed, signal 15)\n");
   free(r);
 
-  /* 2: runs to its end, with status 3: failed. 3: pi, status 0: finished. */
-  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "two");
+  /* 2: ignores SIGTERM, so that the kill's SIGKILL ends it, 5 s later. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--ignore-term",
+            "--until-file", test_file("never"), "stubborn");
   expect_status(r, 0);
   EXPECT_OUT(r, "submitted job binary 2\n");
   free(r);
-  r = status_until_not(2, "running");
+  deadline = now_s() + 30;
+  for (;;) { /* SIGTERM ignored once its output shows */
+    r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "2");
+    expect_status(r, 0);
+    if (strstr(r->out, "job_echo args: stubborn\n")) break;
+    assert_true(now_s() < deadline);
+    free(r);
+    sleep_ms(50);
+  }
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--kill", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "killed submission 2\n");
+  assert_true(r->seconds >= 4.5 && r->seconds < 20);
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "state: killed\nsignal: 9 (");
+  free(r);
+
+  /* 3: runs to its end, with status 3: failed. 4: pi, status 0: finished. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "two");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submitted job binary 3\n");
+  free(r);
+  r = status_until_not(3, "running");
   EXPECT_OUT(r, "application: job_echo.so\nstate: failed\nexit status: 3\n");
   free(r);
   r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("pi.so"), "10000", "2");
   expect_status(r, 0);
   free(r);
-  r = status_until_not(3, "running");
+  r = status_until_not(4, "running");
   EXPECT_OUT(r, "name: pi.so\napplication: pi.so\nstate: finished\nexit status: 0\n");
   free(r);
-  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "3");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "4");
   expect_status(r, 0);
   EXPECT_OUT(r, "pi is roughly 3.1");
   free(r);
-  r = FLINT(NULL, "submit", "--master", fx.master, "--kill", "3");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--kill", "4");
   expect_status(r, 1);
-  EXPECT_ERR(r, "flint submit: submission 3 had already ended (finished, exit status 0)\n");
+  EXPECT_ERR(r, "flint submit: submission 4 had already ended (finished, exit status 0)\n");
   free(r);
 
   /* Unknown ids: a failure, named. */
