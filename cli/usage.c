@@ -30,7 +30,7 @@ const char cli_usage_text[] =
     "  executor --driver HOST:PORT --cores N --memory SIZE [--work-dir DIR] [--host HOST] [--gpu ID]\n"
     "      Runs an executor for that driver until SIGINT or SIGTERM.\n"
     "  status --master flint://HOST:PORT\n"
-    "      Lists the driver's executors, applications and jobs.\n"
+    "      Lists the driver's executors, applications and jobs, and its submissions.\n"
     "  ml linreg|logreg --data PATH --format libsvm|csv|idx [--master MASTER]\n"
     "      [--labels PATH] [--test PATH [--test-labels PATH]] [--lambda L] [--l1 L]\n"
     "      [--solver auto|normal|lbfgs|gd] [--iterations N] [--tol T] [--partitions P]\n"
@@ -140,7 +140,8 @@ const char cli_executor_usage[] =
 const char cli_status_usage[] =
     "usage: flint status --master flint://HOST:PORT\n"
     "\n"
-    "Lists a driver's executors, applications and jobs.\n"
+    "Lists a driver's executors, applications and jobs, and the job binaries it keeps\n"
+    "(submissions: id, file, application, state) for 'flint submit --status ID'.\n"
     "\n"
     "options:\n"
     "  --master flint://HOST:PORT  the driver (required)\n"

@@ -217,6 +217,11 @@ FL_INTERNAL fl_status submissions_handle_kill(driver_state *d, fl_bytes body, fl
                                               const rpc_request *call);
 FL_INTERNAL fl_status submissions_handle_output(driver_state *d, fl_bytes body, fl_buf *response,
                                                 const rpc_request *call);
+/* The job binaries kept (d->lock held), and each one's state into infos[i] (pointed to by
+ * ptrs[i]; both hold submissions_count), oldest first; infos point into the driver's records
+ * until d->lock is released. */
+FL_INTERNAL size_t submissions_count(driver_state *d);
+FL_INTERNAL void submissions_describe(driver_state *d, Flint__SubmissionInfo *infos, Flint__SubmissionInfo **ptrs);
 /* At the driver's end: job binaries end with it (SIGTERM), and their records go. */
 FL_INTERNAL void submissions_stop(driver_state *d);
 

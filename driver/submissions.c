@@ -286,6 +286,22 @@ static fl_status unknown_submission(uint64_t id) {
                 (unsigned long long)id);
 }
 
+size_t submissions_count(driver_state *d) {
+  size_t n = 0;
+  for (submission *s = d->submissions; s; s = s->next) n++;
+  return n;
+}
+
+void submissions_describe(driver_state *d, Flint__SubmissionInfo *infos, Flint__SubmissionInfo **ptrs) {
+  size_t n = submissions_count(d);
+  for (submission *s = d->submissions; s; s = s->next) { /* newest first: fill from the end */
+    n--;
+    flint__submission_info__init(&infos[n]);
+    describe(s, &infos[n]);
+    ptrs[n] = &infos[n];
+  }
+}
+
 fl_status submissions_handle_status(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__SubmissionRequest, req, body, "SubmissionStatus");
   uint64_t id = req->submission_id;

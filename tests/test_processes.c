@@ -583,6 +583,10 @@ static void test_status_output(void **state) {
   EXPECT_OUT(r, "  2 echo job (finished), 1 recent jobs\n    job 1: succeeded, 2 tasks\n");
   EXPECT_OUT(r, "  3 job_lines.so (finished), 3 recent jobs\n    job 1: succeeded, 2 tasks\n"
                 "    job 2: succeeded, 2 tasks\n    job 3: succeeded, 2 tasks\n");
+  /* The job binaries, by their ids (flint submit --status ID), oldest first. */
+  EXPECT_OUT(r, "submissions: 3\n  1 pi.so (application pi.so): finished, exit status 0, ");
+  EXPECT_OUT(r, "\n  2 job_echo.so (application echo job): failed, exit status 3, ");
+  EXPECT_OUT(r, "\n  3 job_lines.so (application job_lines.so): finished, exit status 0, ");
   free(r);
 
   stop_all();

@@ -93,7 +93,8 @@ FL_API fl_status fl_submission_logs(const char *master, uint64_t id, FILE *out, 
  * about 10 s. */
 FL_API fl_status fl_submission_kill(const char *master, uint64_t id, bool *was_running, fl_submission_info *info);
 
-/* Prints the driver's executors, applications and jobs to `out`. */
+/* Prints the driver's executors, applications and jobs, and the job binaries it keeps, to
+ * `out`. */
 FL_API fl_status fl_print_status(const char *master, FILE *out);
 
 #ifdef __cplusplus
