@@ -773,7 +773,8 @@ static void test_malformed_messages(void **state) {
   static const char *const methods[] = {
       "RunJob",          "RegisterExecutor", "StatusUpdate", "Submit",        "Heartbeat",
       "OpenApplication", "CloseApplication", "HasLibrary",   "UploadLibrary", "BroadcastPut",
-      "BroadcastRemove", "StorageInfo",      "Unpersist",    "Output"};
+      "BroadcastRemove", "StorageInfo",      "Unpersist",    "Output",        "SubmissionStatus",
+      "KillSubmission"};
   for (size_t m = 0; m < sizeof methods / sizeof *methods; m++)
     for (size_t g = 0; g < sizeof garbage / sizeof *garbage; g++) {
       char method[64], what[96];
