@@ -251,7 +251,10 @@ fl_status submissions_handle_cancel(driver_state *d, fl_bytes body, fl_buf *resp
   submission *s = d->submissions;
   while (s && s->id != id) s = s->next;
   bool running = s && !s->exited;
-  if (running) kill(s->pid, SIGTERM); /* reaped by its supervisor thread, under this lock */
+  if (running) {
+    s->killed = true; /* --status says "killed", as after --kill */
+    kill(s->pid, SIGTERM); /* reaped by its supervisor thread, under this lock */
+  }
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (!s) return FL_ERR(FL_ENOENT, "no job binary %llu on this driver", (unsigned long long)id);
   if (running) common_log(LOG_INFO, "job binary %llu cancelled by its submitter", (unsigned long long)id);

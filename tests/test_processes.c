@@ -331,6 +331,16 @@ static void test_detached_status_logs_kill(void **state) {
   EXPECT_ERR(r, "flint submit: submission 4 had already ended (finished, exit status 0)\n");
   free(r);
 
+  /* 5: an attached submitter interrupted (Ctrl-C) stops its job, which then reads killed. */
+  proc *submitter = start_proc("submitter", NULL,
+                               (const char *const[]){"submit", "--master", fx.master, bin_file("job_echo.so"),
+                                                     "--until-file", test_file("never"), "five", NULL});
+  wait_log(submitter, "job_echo args: five\n");
+  assert_int_equal(stop_proc(submitter, SIGINT), 128 + SIGTERM);
+  r = status_until_not(5, "running");
+  EXPECT_OUT(r, "state: killed\nsignal: 15 (");
+  free(r);
+
   /* Unknown ids: a failure, named. */
   const char *verbs[] = {"--status", "--logs", "--kill"};
   for (int i = 0; i < 3; i++) {
