@@ -42,8 +42,13 @@ static fl_status flint_executable(char *out, size_t len) {
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     else snprintf(dir, sizeof dir, ".");
-    const char *tries[] = {"%s/flint", "%s/../bin/flint"};
-    for (int i = 0; i < 2; i++) {
+#ifndef FLINT_LIB_TO_BIN
+#define FLINT_LIB_TO_BIN "../bin"
+#endif
+    /* The build tree (bin/ beside lib/) and an installed tree, whose lib folder may be
+     * deeper (lib/x86_64-linux-gnu): CMake gives the way from it to the bin folder. */
+    const char *tries[] = {"%s/flint", "%s/../bin/flint", "%s/" FLINT_LIB_TO_BIN "/flint"};
+    for (int i = 0; i < 3; i++) {
       snprintf(out, len, tries[i], dir);
       if (access(out, X_OK) == 0) return FL_OK;
     }
