@@ -41,13 +41,55 @@ static void leave_local_cluster(const char *port_file) {
 #define GETOPT(argc, argv, shortopts, longopts) \
   getopt_long((argc) + 1, (argv) - 1, (shortopts), (longopts), NULL)
 
+/* Prints a job binary's state as "key: value" lines (flint submit --status). */
+static void print_submission(const fl_submission_info *s) {
+  printf("submission: %llu\n", (unsigned long long)s->id);
+  printf("name: %s\n", s->name);
+  printf("application: %s\n", s->app_name);
+  printf("state: %s\n", s->state);
+  if (strcmp(s->state, "running") != 0) {
+    if (s->signal) printf("signal: %d (%s)\n", s->signal, strsignal(s->signal));
+    else printf("exit status: %d\n", s->exit_code);
+  }
+  printf("seconds: %.1f\n", s->seconds);
+  printf("output: %llu bytes on stdout, %llu on stderr\n", (unsigned long long)s->stdout_bytes,
+         (unsigned long long)s->stderr_bytes);
+}
+
+/* flint submit --status ID, --logs ID, --kill ID: what = "status", "logs" or "kill". */
+static int watch_submission(const char *what, const char *master, uint64_t id) {
+  if (strncmp(master, "flint://", 8) != 0)
+    return cli_usage_error("submit", "--%s needs a flint://HOST:PORT master, not '%s'", what, master);
+  fl_submission_info info;
+  fl_status st;
+  if (strcmp(what, "status") == 0) {
+    if ((st = fl_submission_status(master, id, &info)) == FL_OK) print_submission(&info);
+  } else if (strcmp(what, "logs") == 0) {
+    st = fl_submission_logs(master, id, stdout, stderr);
+  } else {
+    bool was_running = false;
+    if ((st = fl_submission_kill(master, id, &was_running, &info)) != FL_OK)
+      return cli_failure("submit", "%s", fl_last_error());
+    if (!was_running)
+      return cli_failure("submit", "submission %llu had already ended (%s, %s %d)", (unsigned long long)id,
+                         info.state, info.signal ? "signal" : "exit status", info.signal ? info.signal : info.exit_code);
+    if (strcmp(info.state, "running") == 0)
+      return cli_failure("submit", "submission %llu is still running after SIGKILL", (unsigned long long)id);
+    printf("killed submission %llu\n", (unsigned long long)id);
+  }
+  return st == FL_OK ? 0 : cli_failure("submit", "%s", fl_last_error());
+}
+
 int cmd_submit(int argc, char **argv) {
-  enum { OPT_MASTER = 256, OPT_MEMORY, OPT_NAME, OPT_DETACH, OPT_IN_PROCESS };
+  enum { OPT_MASTER = 256, OPT_MEMORY, OPT_NAME, OPT_DETACH, OPT_IN_PROCESS, OPT_STATUS, OPT_LOGS, OPT_KILL };
   static const struct option longopts[] = {
       {"master", required_argument, NULL, OPT_MASTER},
       {"memory", required_argument, NULL, OPT_MEMORY},
       {"name", required_argument, NULL, OPT_NAME},
       {"detach", no_argument, NULL, OPT_DETACH},
+      {"status", required_argument, NULL, OPT_STATUS},
+      {"logs", required_argument, NULL, OPT_LOGS},
+      {"kill", required_argument, NULL, OPT_KILL},
       /* The driver runs a job binary as `flint submit --in-process --master flint://...`. */
       {"in-process", no_argument, NULL, OPT_IN_PROCESS},
       CLI_COMMON_LONG_OPTIONS,
@@ -56,6 +98,8 @@ int cmd_submit(int argc, char **argv) {
   fl_options opts = FL_OPTIONS_INIT;
   const char *name = NULL;
   bool detach = false, in_process = false;
+  const char *watch = NULL; /* "status", "logs" or "kill" */
+  uint64_t watch_id = 0;
   int c;
   optind = 0;
   /* "+": options end at the job library; what follows is the job's own argv. */
@@ -66,6 +110,17 @@ int cmd_submit(int argc, char **argv) {
     case OPT_DETACH: detach = true; break;
     case OPT_IN_PROCESS: in_process = true; break;
     case OPT_MASTER: master = optarg; break;
+    case OPT_STATUS:
+    case OPT_LOGS:
+    case OPT_KILL: {
+      const char *what = c == OPT_STATUS ? "status" : c == OPT_LOGS ? "logs" : "kill";
+      if (watch) return cli_usage_error("submit", "--%s and --%s: one at a time", watch, what);
+      watch = what;
+      if (!cli_parse_u64(optarg, UINT64_MAX, &watch_id) || watch_id == 0)
+        return cli_usage_error("submit", "--%s '%s' is not a submission id (the number --detach printed)", what,
+                               optarg);
+      break;
+    }
     case OPT_NAME:
       if (!*(name = optarg)) return cli_usage_error("submit", "--name needs a non-empty name");
       break;
@@ -78,6 +133,12 @@ int cmd_submit(int argc, char **argv) {
     }
   }
   int i = optind - 1; /* getopt counted the command's name */
+  if (watch) {
+    if (i < argc) return cli_usage_error("submit", "--%s ID takes no job library ('%s')", watch, argv[i]);
+    if (detach || name || in_process || opts.memory_limit)
+      return cli_usage_error("submit", "--%s ID takes only --master", watch);
+    return watch_submission(watch, master, watch_id);
+  }
   if (i >= argc) return cli_usage_error("submit", "no job library given");
   const char *job = argv[i];
   /* The application is named after the job's file, not after this program (every job's). */

@@ -2,6 +2,8 @@
  * ml.c: `flint ml linreg|logreg`: loads a data set into cached row blocks, trains a least
  * squares or logistic regression model with libflint_ml, prints one line per iteration and
  * a summary with metrics on the training data (and on --test data), and saves the model.
+ * `flint ml predict|evaluate` read a saved model back and apply it to a data set: one
+ * prediction per row, or the metrics of fl_ml_evaluate.
  *
  * Exit status: 0 on success; 2 for a usage error (every argument is checked before the
  * context opens, numbers strictly: the whole text must be the number); 1 when opening the
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "common/common.h"
@@ -25,6 +28,8 @@
 
 static const char ml_usage_text[] =
     "usage: flint ml linreg|logreg --data PATH --format libsvm|csv|idx [options]\n"
+    "       flint ml predict --model MODEL --data PATH --format F [--out PATH] [options]\n"
+    "       flint ml evaluate --model MODEL --data PATH --format F [options]\n"
     "\n"
     "Trains a least-squares (linreg) or logistic regression (logreg; two classes or more,\n"
     "labels 0..K-1, or -1/+1 for two) model with libflint_ml. Prints one line per iteration,\n"
@@ -61,6 +66,16 @@ static const char ml_usage_text[] =
     "  -h, --help          this text\n"
     "  --version           the version\n"
     "\n"
+    "predict and evaluate apply a model that --out wrote to data in one of the formats\n"
+    "above (whose labels predict ignores). predict writes one prediction per row, in the\n"
+    "data's order (linreg: the value; logreg: the class, 0..K-1), to stdout or --out PATH;\n"
+    "evaluate prints the metrics above. A model trained with --standardize expects\n"
+    "standardized data. Their options:\n"
+    "  --model MODEL       the model file (required)\n"
+    "  --data PATH, --format F, --labels PATH, --partitions P, --master M: as above\n"
+    "  --out PATH          predict: write the predictions to PATH (default: stdout)\n"
+    "  --version           the version\n"
+    "\n"
     "Options take their value as --opt VALUE or --opt=VALUE.\n"
     "\n"
     "memory:\n"
@@ -71,12 +86,19 @@ static const char ml_usage_text[] =
     "  (LZ4) and every pass reads them from there, never parsing the text again. A warning\n"
     "  on stderr says how much of a data set did not fit in memory.\n"
     "\n"
-    "example:\n"
+    "examples:\n"
     "  flint ml logreg --data train.svm --format libsvm --test test.svm --lambda 1e-4 \\\n"
-    "      --out model.txt\n";
+    "      --out model.txt\n"
+    "  flint ml predict --model model.txt --data test.svm --format libsvm --out predictions.txt\n"
+    "  flint ml evaluate --model model.txt --data test.svm --format libsvm\n";
+
+typedef enum ml_command { ML_TRAIN, ML_PREDICT, ML_EVALUATE } ml_command;
 
 typedef struct ml_args {
+  ml_command command;
   bool logistic;
+  const char *model;      /* predict, evaluate: the model file */
+  const char *train_only; /* the first training option given, which predict and evaluate refuse */
   const char *master, *data, *labels, *test, *test_labels, *out;
   fl_ml_format format;
   bool have_format, standardize;
@@ -99,7 +121,7 @@ static int parse_penalty(const char *name, const char *text, double *out) {
 static int parse_args(int argc, char **argv, ml_args *a) {
   enum {
     OPT_MASTER = 256, OPT_DATA, OPT_FORMAT, OPT_LABELS, OPT_TEST, OPT_TEST_LABELS, OPT_LAMBDA, OPT_L1,
-    OPT_SOLVER, OPT_ITERATIONS, OPT_TOL, OPT_PARTITIONS, OPT_OUT, OPT_CLASSES, OPT_STANDARDIZE
+    OPT_SOLVER, OPT_ITERATIONS, OPT_TOL, OPT_PARTITIONS, OPT_OUT, OPT_CLASSES, OPT_STANDARDIZE, OPT_MODEL
   };
   static const struct option longopts[] = {
       {"master", required_argument, NULL, OPT_MASTER},
@@ -117,6 +139,7 @@ static int parse_args(int argc, char **argv, ml_args *a) {
       {"out", required_argument, NULL, OPT_OUT},
       {"classes", required_argument, NULL, OPT_CLASSES},
       {"standardize", no_argument, NULL, OPT_STANDARDIZE},
+      {"model", required_argument, NULL, OPT_MODEL},
       CLI_COMMON_LONG_OPTIONS,
       {0}};
   *a = (ml_args){.master = "local[*]"};
@@ -125,6 +148,11 @@ static int parse_args(int argc, char **argv, ml_args *a) {
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", longopts, NULL)) != -1) {
     const char *v = optarg;
     int rc = 0;
+    /* The options that only training takes, in the table's order from --test on. */
+    if (!a->train_only && ((c >= OPT_TEST && c <= OPT_TOL) || c == OPT_CLASSES || c == OPT_STANDARDIZE)) {
+      for (const struct option *o = longopts; o->name; o++)
+        if (o->val == c) a->train_only = o->name;
+    }
     switch (c) {
     case CLI_OPT_HELP: return -1;
     case CLI_OPT_VERSION: return -2;
@@ -135,6 +163,7 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     case OPT_TEST: a->test = v; break;
     case OPT_TEST_LABELS: a->test_labels = v; break;
     case OPT_OUT: a->out = v; break;
+    case OPT_MODEL: a->model = v; break;
     case OPT_FORMAT:
       if (fl_ml_format_parse(v, &a->format) != FL_OK)
         return ml_usage_error("unknown format '%s' (libsvm, csv or idx)", v);
@@ -167,11 +196,22 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     if (rc) return rc;
   }
   int first = optind - 1; /* getopt counted the command's name */
-  if (first >= argc) return ml_usage_error("no model given (linreg or logreg)");
+  if (first >= argc) return ml_usage_error("no model given (linreg or logreg; or predict, evaluate)");
   if (strcmp(argv[first], "logreg") == 0) a->logistic = true;
+  else if (strcmp(argv[first], "predict") == 0) a->command = ML_PREDICT;
+  else if (strcmp(argv[first], "evaluate") == 0) a->command = ML_EVALUATE;
   else if (strcmp(argv[first], "linreg") != 0)
-    return ml_usage_error("unknown model '%s' (linreg or logreg)", argv[first]);
+    return ml_usage_error("unknown model '%s' (linreg or logreg; or predict, evaluate)", argv[first]);
   if (first + 1 < argc) return ml_usage_error("unexpected argument '%s'", argv[first + 1]);
+  const char *verb = argv[first];
+  if (a->command != ML_TRAIN) {
+    if (a->train_only) return ml_usage_error("--%s is for training (linreg, logreg), not %s", a->train_only, verb);
+    if (!a->model) return ml_usage_error("%s needs --model MODEL (a file that 'flint ml ... --out' wrote)", verb);
+    if (a->command == ML_EVALUATE && a->out)
+      return ml_usage_error("evaluate prints its metrics; --out is for predict and training");
+  } else if (a->model) {
+    return ml_usage_error("--model is for predict and evaluate; training writes its model with --out");
+  }
   if (!a->data) return ml_usage_error("--data PATH is required");
   if (!a->have_format) return ml_usage_error("--format is required (libsvm, csv or idx)");
   bool idx = a->format == FL_ML_IDX;
@@ -244,6 +284,64 @@ static void print_metrics(const char *what, const fl_ml_model *m, const fl_ml_me
   }
 }
 
+/* flint ml predict|evaluate: the model first (a bad file fails before a context opens),
+ * then the data at the model's width, then one job. Predictions go to a file only once
+ * they are all there: a failure leaves no partial file. */
+static int apply_model(const ml_args *a) {
+  fl_context *ctx = NULL;
+  fl_ml_model *model = NULL;
+  fl_ml_data *data = NULL;
+  fl_buf preds = FL_BUF_INIT;
+  FILE *f = NULL;
+  int rc = 1;
+  if (fl_ml_model_load(a->model, &model) != FL_OK) goto fail;
+  if (fl_context_open(a->master, NULL, &ctx) != FL_OK) goto fail;
+  fl_ml_load_options o = {.partitions = a->partitions,
+                          .labels_path = a->labels,
+                          .num_features = a->format == FL_ML_LIBSVM ? model->cols : 0};
+  if (fl_ml_load(ctx, a->data, a->format, &o, &data) != FL_OK) goto fail;
+  if (data->cols != model->cols && !data->sparse) {
+    fl_set_error(FL_EINVAL, "%s has %u features, the model %s %u", a->data, data->cols, a->model, model->cols);
+    goto fail;
+  }
+  if (a->command == ML_EVALUATE) {
+    fl_ml_metrics metrics;
+    if (fl_ml_evaluate(model, data, &metrics) != FL_OK) goto fail;
+    print_metrics("data", model, &metrics);
+  } else {
+    if (fl_ml_predict_data(model, data, &preds) != FL_OK) goto fail;
+    if (a->out && !(f = fopen(a->out, "w"))) {
+      fl_set_error(FL_EIO, "cannot write %s: %s", a->out, strerror(errno));
+      goto fail;
+    }
+    FILE *to = f ? f : stdout;
+    for (size_t i = 0; i + 8 <= preds.len; i += 8) {
+      double p;
+      memcpy(&p, preds.data + i, 8);
+      fprintf(to, model->kind == FL_ML_LINEAR ? "%.17g\n" : "%.0f\n", p);
+    }
+    bool written = fflush(to) == 0 && !ferror(to);
+    if (f) written = fclose(f) == 0 && written;
+    f = NULL;
+    if (!written) {
+      fl_set_error(FL_EIO, "cannot write %s: %s", a->out ? a->out : "the predictions", strerror(errno));
+      goto fail;
+    }
+  }
+  rc = 0;
+fail:
+  if (f) fclose(f);
+  if (rc) {
+    if (a->out && a->command == ML_PREDICT) unlink(a->out);
+    ml_failure();
+  }
+  fl_buf_free(&preds);
+  fl_ml_data_free(data);
+  fl_ml_model_free(model);
+  fl_context_close(ctx);
+  return rc;
+}
+
 int cmd_ml(int argc, char **argv) {
   ml_args a;
   int rc = parse_args(argc, argv, &a);
@@ -253,6 +351,7 @@ int cmd_ml(int argc, char **argv) {
     return 0;
   }
   if (rc) return rc;
+  if (a.command != ML_TRAIN) return apply_model(&a);
   a.train.progress = print_iteration;
 
   fl_context *ctx = NULL;

@@ -1,7 +1,9 @@
 /*
  * status.c: `flint status` (fl_print_status): the driver's executors, applications and
- * recent jobs, as one table. Stateless; blocks on one call to the driver.
+ * recent jobs, and its job binaries, as one table. Stateless; blocks on one call to the driver.
  */
+#include <string.h>
+
 #include "client/client_internal.h"
 #include "flint/cluster.h"
 
@@ -40,6 +42,15 @@ fl_status fl_print_status(const char *master, FILE *out) {
       fprintf(out, "    job %llu: %s, %u tasks%s%s\n", (unsigned long long)a->jobs[j]->id,
               a->jobs[j]->state, a->jobs[j]->tasks, a->jobs[j]->error[0] ? ": " : "",
               a->jobs[j]->error);
+  }
+  fprintf(out, "submissions: %zu\n", r->n_submissions);
+  for (size_t i = 0; i < r->n_submissions; i++) {
+    Flint__SubmissionInfo *s = r->submissions[i];
+    fprintf(out, "  %llu %s (application %s): %s", (unsigned long long)s->submission_id, s->name, s->app_name,
+            s->state);
+    if (strcmp(s->state, "running") != 0)
+      fprintf(out, s->signal ? ", signal %d" : ", exit status %d", s->signal ? s->signal : s->exit_code);
+    fprintf(out, ", %.1f s\n", s->seconds);
   }
   flint__status_reply__free_unpacked(r, NULL);
 done:

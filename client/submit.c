@@ -1,7 +1,8 @@
 /*
  * submit.c: `flint submit` (fl_submit): sends a job binary to a driver, which runs it in a
  * child process as an application, and streams the job's output back here until it exits.
- * A stop asked meanwhile (a signal handler sets *stop) cancels the submission once.
+ * A stop asked meanwhile (a signal handler sets *stop) cancels the submission once. A
+ * detached job binary is watched by its id: fl_submission_status, _logs and _kill.
  *
  * Threading: fl_submit blocks its caller until the job ends (or at once when detached); it
  * keeps no state between calls.
@@ -86,6 +87,92 @@ lost:
                     master + 8, (unsigned long long)id);
 done:
   fl_buf_free(&lib);
+  fl_buf_free(&reply);
+  rpc_channel_destroy(ch);
+  return st;
+}
+
+/* One call about job binary `id` whose reply is unpacked into *out (free it with
+ * protobuf_c_message_free_unpacked). */
+static fl_status submission_call(const char *master, const char *method, uint64_t id, int64_t timeout_ms,
+                                 const ProtobufCMessageDescriptor *reply_type, ProtobufCMessage **out) {
+  common_error_clear();
+  *out = NULL;
+  rpc_channel *ch = NULL;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = client_rpc_connect(master, &ch);
+  if (st != FL_OK) goto done;
+  Flint__SubmissionRequest req = FLINT__SUBMISSION_REQUEST__INIT;
+  req.submission_id = id;
+  char path[64];
+  snprintf(path, sizeof path, "/flint.Driver/%s", method);
+  if ((st = client_rpc_call(ch, path, &req.base, timeout_ms, &reply)) != FL_OK) goto done;
+  if (!(*out = protobuf_c_message_unpack(reply_type, NULL, reply.len, reply.data)))
+    st = FL_ERR(FL_EPROTO, "%s: malformed reply", method);
+done:
+  fl_buf_free(&reply);
+  rpc_channel_destroy(ch);
+  return st;
+}
+
+static void copy_info(const Flint__SubmissionInfo *from, fl_submission_info *to) {
+  memset(to, 0, sizeof *to);
+  to->id = from->submission_id;
+  snprintf(to->name, sizeof to->name, "%s", from->name);
+  snprintf(to->app_name, sizeof to->app_name, "%s", from->app_name);
+  snprintf(to->state, sizeof to->state, "%s", from->state);
+  to->exit_code = from->exit_code;
+  to->signal = from->signal;
+  to->seconds = from->seconds;
+  to->stdout_bytes = from->stdout_bytes;
+  to->stderr_bytes = from->stderr_bytes;
+}
+
+fl_status fl_submission_status(const char *master, uint64_t id, fl_submission_info *out) {
+  if (!out) return FL_ERR(FL_EINVAL, "fl_submission_status: NULL argument");
+  ProtobufCMessage *m;
+  fl_status st = submission_call(master, "SubmissionStatus", id, CLIENT_RPC_TIMEOUT_MS,
+                                 &flint__submission_info__descriptor, &m);
+  if (st == FL_OK) copy_info((Flint__SubmissionInfo *)m, out);
+  if (m) protobuf_c_message_free_unpacked(m, NULL);
+  return st;
+}
+
+fl_status fl_submission_kill(const char *master, uint64_t id, bool *was_running, fl_submission_info *info) {
+  ProtobufCMessage *m;
+  fl_status st = submission_call(master, "KillSubmission", id, CLIENT_RPC_TIMEOUT_MS,
+                                 &flint__kill_submission_reply__descriptor, &m);
+  if (st == FL_OK) {
+    Flint__KillSubmissionReply *r = (Flint__KillSubmissionReply *)m;
+    if (was_running) *was_running = r->was_running;
+    if (info && r->info) copy_info(r->info, info);
+  }
+  if (m) protobuf_c_message_free_unpacked(m, NULL);
+  return st;
+}
+
+fl_status fl_submission_logs(const char *master, uint64_t id, FILE *out, FILE *err) {
+  common_error_clear();
+  if (!out || !err) return FL_ERR(FL_EINVAL, "fl_submission_logs: NULL argument");
+  rpc_channel *ch = NULL;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = client_rpc_connect(master, &ch);
+  if (st != FL_OK) goto done;
+  Flint__OutputRequest req = FLINT__OUTPUT_REQUEST__INIT;
+  req.submission_id = id; /* from offset 0, without waiting: what it has written so far */
+  if ((st = client_rpc_call(ch, "/flint.Driver/Output", &req.base, CLIENT_RPC_TIMEOUT_MS, &reply)) != FL_OK)
+    goto done;
+  Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
+  if (!o) {
+    st = FL_ERR(FL_EPROTO, "Output: malformed reply");
+    goto done;
+  }
+  if (o->stdout_data.len) fwrite(o->stdout_data.data, 1, o->stdout_data.len, out);
+  if (o->stderr_data.len) fwrite(o->stderr_data.data, 1, o->stderr_data.len, err);
+  fflush(out);
+  fflush(err);
+  flint__output_reply__free_unpacked(o, NULL);
+done:
   fl_buf_free(&reply);
   rpc_channel_destroy(ch);
   return st;

@@ -162,6 +162,7 @@ static inline fl_status driver_empty_reply(fl_buf *out) {
 #define Flint__SubmitRequest_descriptor_ flint__submit_request__descriptor
 #define Flint__OutputRequest_descriptor_ flint__output_request__descriptor
 #define Flint__CancelSubmissionRequest_descriptor_ flint__cancel_submission_request__descriptor
+#define Flint__SubmissionRequest_descriptor_ flint__submission_request__descriptor
 #define Flint__FetchResultRequest_descriptor_ flint__fetch_result_request__descriptor
 #define Flint__CancelJobsRequest_descriptor_ flint__cancel_jobs_request__descriptor
 #define Flint__BarrierGatherRequest_descriptor_ flint__barrier_gather_request__descriptor
@@ -210,8 +211,17 @@ FL_INTERNAL fl_status jobs_handle_cancel(driver_state *d, fl_bytes body, fl_buf 
 /* ---- job binaries (submissions.c) -------------------------------------------------------- */
 FL_INTERNAL fl_status submissions_handle_submit(driver_state *d, fl_bytes body, fl_buf *response);
 FL_INTERNAL fl_status submissions_handle_cancel(driver_state *d, fl_bytes body, fl_buf *response);
+/* SubmissionStatus: a job binary's state; KillSubmission: ends it (blocks up to ~10 s). */
+FL_INTERNAL fl_status submissions_handle_status(driver_state *d, fl_bytes body, fl_buf *response);
+FL_INTERNAL fl_status submissions_handle_kill(driver_state *d, fl_bytes body, fl_buf *response,
+                                              const rpc_request *call);
 FL_INTERNAL fl_status submissions_handle_output(driver_state *d, fl_bytes body, fl_buf *response,
                                                 const rpc_request *call);
+/* The job binaries kept (d->lock held), and each one's state into infos[i] (pointed to by
+ * ptrs[i]; both hold submissions_count), oldest first; infos point into the driver's records
+ * until d->lock is released. */
+FL_INTERNAL size_t submissions_count(driver_state *d);
+FL_INTERNAL void submissions_describe(driver_state *d, Flint__SubmissionInfo *infos, Flint__SubmissionInfo **ptrs);
 /* At the driver's end: job binaries end with it (SIGTERM), and their records go. */
 FL_INTERNAL void submissions_stop(driver_state *d);
 

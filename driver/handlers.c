@@ -228,6 +228,8 @@ fl_status handlers_dispatch(void *arg, const rpc_request *call, fl_buf *response
   if (strcmp(m, "Unpersist") == 0) return apps_handle_unpersist(d, b, response);
   if (strcmp(m, "Submit") == 0) return submissions_handle_submit(d, b, response);
   if (strcmp(m, "Output") == 0) return submissions_handle_output(d, b, response, call);
+  if (strcmp(m, "SubmissionStatus") == 0) return submissions_handle_status(d, b, response);
+  if (strcmp(m, "KillSubmission") == 0) return submissions_handle_kill(d, b, response, call);
   if (strcmp(m, "Status") == 0) return status_reply(d, response);
   if (strcmp(m, "BarrierGather") == 0) return handle_barrier_gather(d, b, response, call);
   if (strcmp(m, "BarrierReport") == 0) return handle_barrier_report(d, b, response);

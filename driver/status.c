@@ -1,7 +1,7 @@
 /*
  * status.c: the driver's status (`flint status`, the Status method): its executors (live and
  * lately lost, with their figures from heartbeats), its applications, running or finished,
- * and their last jobs. Any handler thread; reads under d->lock and the backend's lock.
+ * and their last jobs, and the job binaries it keeps. Any handler thread; reads under d->lock and the backend's lock.
  */
 #include "driver/driver_internal.h"
 
@@ -21,7 +21,10 @@ fl_status status_reply(driver_state *d, fl_buf *response) {
   Flint__AppInfo **app_ptrs = common_calloc(n + 1, sizeof *app_ptrs);
   Flint__JobInfo *jobs = common_calloc(JOBS_KEPT * n + 1, sizeof *jobs);
   Flint__JobInfo **job_ptrs = common_calloc(JOBS_KEPT * n + 1, sizeof *job_ptrs);
-  if (!apps || !app_ptrs || !jobs || !job_ptrs) {
+  size_t num_subs = submissions_count(d);
+  Flint__SubmissionInfo *subs = common_calloc(num_subs + 1, sizeof *subs);
+  Flint__SubmissionInfo **sub_ptrs = common_calloc(num_subs + 1, sizeof *sub_ptrs);
+  if (!apps || !app_ptrs || !jobs || !job_ptrs || !subs || !sub_ptrs) {
     st = FL_ERR(FL_ENOMEM, "out of memory");
   } else {
     size_t i = 0, k = 0;
@@ -46,6 +49,9 @@ fl_status status_reply(driver_state *d, fl_buf *response) {
     }
     reply.n_applications = n;
     reply.applications = app_ptrs;
+    submissions_describe(d, subs, sub_ptrs);
+    reply.n_submissions = num_subs;
+    reply.submissions = sub_ptrs;
     st = proto_pack(&reply.base, response);
   }
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
@@ -59,5 +65,7 @@ fl_status status_reply(driver_state *d, fl_buf *response) {
   common_free(app_ptrs);
   common_free(jobs);
   common_free(job_ptrs);
+  common_free(subs);
+  common_free(sub_ptrs);
   return st;
 }

@@ -3,7 +3,9 @@
  * `flint submit --in-process` in a child process (a client of this driver, which ends with
  * the driver), and keeps its stdout and stderr for the submitter, who reads them with long
  * polls (Output) until the job exits. An interrupted submitter cancels it
- * (CancelSubmission). The newest MAX_SUBMISSIONS_KEPT finished ones are kept.
+ * (CancelSubmission). Detached ones are watched by id: their state (SubmissionStatus), their
+ * output so far (Output) and a kill (KillSubmission). The newest MAX_SUBMISSIONS_KEPT
+ * finished ones are kept.
  *
  * Threading: one supervisor thread per job binary reads its output and reaps it; submissions
  * and their output are under d->lock, and d->changed wakes the long polls.
@@ -21,13 +23,17 @@
 
 #define MAX_SUBMISSIONS_KEPT 64    /* finished job binaries kept (their output, for Output) */
 #define MAX_JOB_OUTPUT (64u << 20) /* bytes of a job binary's stdout or stderr kept */
+#define KILL_GRACE_MS 5000         /* from KillSubmission's SIGTERM to its SIGKILL */
 
 typedef struct submission {
   uint64_t id;
   pid_t pid;
   int out_fd, err_fd;
   fl_buf out, err;
+  char name[160], app_name[160];
+  uint64_t started_ns, ended_ns;
   bool exited;
+  bool killed; /* by KillSubmission: its state is "killed", not "failed" */
   int exit_code, signal;
   pthread_t supervisor;
   struct submission *next;
@@ -73,6 +79,7 @@ static void *supervise(void *arg) {
   apps_close_of_pid(d, s->pid); /* before `exited`: its submitter sees it gone with its job */
   FL_PCHECK(pthread_mutex_lock(&d->lock));
   s->exited = true;
+  s->ended_ns = common_now_ns();
   if (info.si_code == CLD_EXITED) s->exit_code = info.si_status;
   else s->signal = info.si_status;
   pthread_cond_broadcast(&d->changed);
@@ -174,6 +181,9 @@ fl_status submissions_handle_submit(driver_state *d, fl_bytes body, fl_buf *resp
   argv[5] = "--name";
   argv[6] = req->app_name && *req->app_name ? req->app_name : (char *)name;
   argv[7] = path;
+  snprintf(s->name, sizeof s->name, "%s", name);
+  snprintf(s->app_name, sizeof s->app_name, "%s", argv[6]);
+  s->started_ns = common_now_ns();
   for (size_t i = 0; i < req->n_args; i++) argv[8 + i] = req->args[i];
   pid_t parent = getpid();
   pid_t pid = fork();
@@ -241,11 +251,128 @@ fl_status submissions_handle_cancel(driver_state *d, fl_bytes body, fl_buf *resp
   submission *s = d->submissions;
   while (s && s->id != id) s = s->next;
   bool running = s && !s->exited;
-  if (running) kill(s->pid, SIGTERM); /* reaped by its supervisor thread, under this lock */
+  if (running) {
+    s->killed = true; /* --status says "killed", as after --kill */
+    kill(s->pid, SIGTERM); /* reaped by its supervisor thread, under this lock */
+  }
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (!s) return FL_ERR(FL_ENOENT, "no job binary %llu on this driver", (unsigned long long)id);
   if (running) common_log(LOG_INFO, "job binary %llu cancelled by its submitter", (unsigned long long)id);
   return driver_empty_reply(response);
+}
+
+/* The submission `id` (d->lock held), or NULL. */
+static submission *find_submission(driver_state *d, uint64_t id) {
+  submission *s = d->submissions;
+  while (s && s->id != id) s = s->next;
+  return s;
+}
+
+/* Fills info from s (d->lock held); info points into s. */
+static void describe(const submission *s, Flint__SubmissionInfo *info) {
+  info->submission_id = s->id;
+  info->name = (char *)s->name;
+  info->app_name = (char *)s->app_name;
+  info->state = !s->exited ? "running"
+                : s->killed ? "killed"
+                : s->signal || s->exit_code ? "failed"
+                            : "finished";
+  info->exit_code = s->exit_code;
+  info->signal = s->signal;
+  info->seconds = (double)((s->exited ? s->ended_ns : common_now_ns()) - s->started_ns) / 1e9;
+  info->stdout_bytes = s->out.len;
+  info->stderr_bytes = s->err.len;
+}
+
+static fl_status unknown_submission(uint64_t id) {
+  return FL_ERR(FL_ENOENT, "no job binary %llu on this driver (`flint status` lists its applications)",
+                (unsigned long long)id);
+}
+
+size_t submissions_count(driver_state *d) {
+  size_t n = 0;
+  for (submission *s = d->submissions; s; s = s->next) n++;
+  return n;
+}
+
+void submissions_describe(driver_state *d, Flint__SubmissionInfo *infos, Flint__SubmissionInfo **ptrs) {
+  size_t n = submissions_count(d);
+  for (submission *s = d->submissions; s; s = s->next) { /* newest first: fill from the end */
+    n--;
+    flint__submission_info__init(&infos[n]);
+    describe(s, &infos[n]);
+    ptrs[n] = &infos[n];
+  }
+}
+
+fl_status submissions_handle_status(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__SubmissionRequest, req, body, "SubmissionStatus");
+  uint64_t id = req->submission_id;
+  flint__submission_request__free_unpacked(req, NULL);
+  fl_status st;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  submission *s = find_submission(d, id);
+  if (!s) {
+    st = unknown_submission(id);
+  } else {
+    Flint__SubmissionInfo info = FLINT__SUBMISSION_INFO__INIT;
+    describe(s, &info);
+    st = proto_pack(&info.base, response);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  return st;
+}
+
+/* Waits (d->lock held) until s has exited, the call is cancelled or `deadline` passes. */
+static void wait_exited(driver_state *d, submission *s, uint64_t deadline, const rpc_request *call) {
+  while (!s->exited && common_now_ns() < deadline && !atomic_load(call->cancelled)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&d->changed, &d->lock, &ts);
+  }
+}
+
+/* `flint submit --kill ID`: SIGTERM, and SIGKILL for a job binary that outlives
+ * KILL_GRACE_MS (one that handles SIGTERM itself). Signalled under the lock while it has not
+ * exited, so never a pid that another process has taken since (see supervise). Answers once it
+ * has ended, so that the submitter's next --status says "killed". */
+fl_status submissions_handle_kill(driver_state *d, fl_bytes body, fl_buf *response, const rpc_request *call) {
+  UNPACK(Flint__SubmissionRequest, req, body, "KillSubmission");
+  uint64_t id = req->submission_id;
+  flint__submission_request__free_unpacked(req, NULL);
+  fl_status st;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  submission *s = find_submission(d, id);
+  if (!s) {
+    st = unknown_submission(id);
+    goto done;
+  }
+  Flint__KillSubmissionReply reply = FLINT__KILL_SUBMISSION_REPLY__INIT;
+  reply.was_running = !s->exited;
+  if (reply.was_running) {
+    s->killed = true;
+    kill(s->pid, SIGTERM);
+    common_log(LOG_INFO, "job binary %llu is being killed (flint submit --kill)", (unsigned long long)id);
+    wait_exited(d, s, common_now_ns() + KILL_GRACE_MS * 1000000ull, call);
+    if (!s->exited && !atomic_load(call->cancelled)) {
+      common_log(LOG_WARN, "job binary %llu outlived SIGTERM by %d ms: SIGKILL", (unsigned long long)id,
+                 KILL_GRACE_MS);
+      kill(s->pid, SIGKILL);
+      wait_exited(d, s, common_now_ns() + KILL_GRACE_MS * 1000000ull, call);
+    }
+  }
+  Flint__SubmissionInfo info = FLINT__SUBMISSION_INFO__INIT;
+  describe(s, &info);
+  reply.info = &info;
+  st = proto_pack(&reply.base, response);
+done:
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  return st;
 }
 
 fl_status submissions_handle_output(driver_state *d, fl_bytes body, fl_buf *response,
@@ -255,10 +382,9 @@ fl_status submissions_handle_output(driver_state *d, fl_bytes body, fl_buf *resp
   uint64_t deadline = common_now_ns() + (uint64_t)wait_ms * 1000000u;
   fl_status st = FL_OK;
   FL_PCHECK(pthread_mutex_lock(&d->lock));
-  submission *s = d->submissions;
-  while (s && s->id != req->submission_id) s = s->next;
+  submission *s = find_submission(d, req->submission_id);
   if (!s) {
-    st = FL_ERR(FL_ENOENT, "no job binary %llu on this driver", (unsigned long long)req->submission_id);
+    st = unknown_submission(req->submission_id);
   } else {
     while (!s->exited && s->out.len <= req->stdout_offset && s->err.len <= req->stderr_offset &&
            common_now_ns() < deadline && !atomic_load(call->cancelled)) {

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "ml/ml.h"
@@ -239,6 +240,84 @@ fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_met
     }
   }
   free(acc);
+  return s;
+}
+
+/* ---- prediction over a dataset ---------------------------------------------------------- */
+
+/* One record per block: its rows' predictions, 8-byte doubles in row order. */
+FL_ML_KERNEL fl_status ml_predict_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  (void)partition;
+  metrics_arg a;
+  memcpy(&a, arg, sizeof a);
+  fl_bytes pv;
+  fl_status s = fl_broadcast_value(a.params_id, &pv);
+  if (s != FL_OK) return s;
+  fl_ml_model m = {.kind = a.kind, .cols = a.cols, .outputs = a.outputs, .intercept = a.intercept};
+  size_t n = (size_t)a.outputs * (a.cols + 1);
+  if (pv.len != n * 8) return fl_set_error(FL_EINTERNAL, "model of %zu bytes", pv.len);
+  double *buf = malloc((n + a.outputs + a.cols) * sizeof *buf);
+  if (!buf) return fl_set_error(FL_ENOMEM, "out of memory");
+  memcpy(buf, pv.data, n * 8);
+  m.coef = buf;
+  m.intercepts = buf + (size_t)a.outputs * a.cols;
+  double *z = buf + n, *x = z + a.outputs;
+  fl_buf scratch = FL_BUF_INIT, preds = FL_BUF_INIT;
+  fl_bytes rec;
+  while (s == FL_OK && fl_iter_next(in, &rec)) {
+    fl_ml_block b;
+    if ((s = fl_ml_block_view(rec, &scratch, &b)) != FL_OK) break;
+    if (b.cols > a.cols || (!b.sparse && b.cols != a.cols)) {
+      s = fl_set_error(FL_EINVAL, "a row block has %u features, the model %u", b.cols, a.cols);
+      break;
+    }
+    preds.len = 0;
+    if ((s = fl_buf_reserve(&preds, (size_t)b.rows * 8 + 1)) != FL_OK) break;
+    for (uint32_t i = 0; i < b.rows; i++) {
+      const double *row = b.x + (size_t)i * b.cols;
+      if (b.sparse) {
+        memset(x, 0, a.cols * sizeof *x);
+        for (uint64_t k = b.row_ptr[i]; k < b.row_ptr[i + 1]; k++) x[b.col[k]] = b.x[k];
+        row = x;
+      }
+      margins(&m, row, z);
+      double pred = from_margins(&m, z, NULL);
+      memcpy(preds.data + (size_t)i * 8, &pred, 8);
+    }
+    preds.len = (size_t)b.rows * 8;
+    s = fl_emit(out, preds.data, preds.len);
+  }
+  fl_buf_free(&preds);
+  fl_buf_free(&scratch);
+  free(buf);
+  return s;
+}
+
+fl_status fl_ml_predict_data(const fl_ml_model *m, const fl_ml_data *data, fl_buf *out) {
+  if (!m || !m->coef || !data || !data->blocks || !out)
+    return fl_set_error(FL_EINVAL, "fl_ml_predict_data: model, data and out are required");
+  if (data->cols > m->cols) return fl_set_error(FL_EINVAL, "the data has %u features, the model %u", data->cols, m->cols);
+  size_t n = (size_t)m->outputs * (m->cols + 1);
+  fl_broadcast *bc = NULL;
+  fl_dataset *preds = NULL;
+  fl_records *recs = NULL;
+  out->len = 0;
+  /* coef and intercepts are one allocation in that order (ml_model_new, fl_ml_model_load) */
+  fl_status s = fl_broadcast_create(fl_dataset_context(data->blocks), m->coef, n * 8, &bc);
+  if (s == FL_OK) {
+    metrics_arg a = {.kind = m->kind, .cols = m->cols, .outputs = m->outputs, .intercept = m->intercept,
+                     .params_id = fl_broadcast_id(bc)};
+    s = fl_map_partitions(data->blocks, ml_predict_partition, &a, sizeof a, &preds);
+  }
+  if (s == FL_OK) s = fl_collect(preds, &recs);
+  for (size_t i = 0; s == FL_OK && i < fl_records_count(recs); i++) {
+    fl_bytes r = fl_records_get(recs, i);
+    s = fl_buf_append(out, r.data, r.len);
+  }
+  fl_records_free(recs);
+  fl_dataset_free(preds);
+  fl_broadcast_destroy(bc);
+  if (s != FL_OK) out->len = 0;
   return s;
 }
 

@@ -1,7 +1,8 @@
 /*
  * test_ml_cli: `flint ml`, run as a child process the way a user runs it: training on tiny
- * CSV and LIBSVM files written here, the model file, every usage error (exit 2, one line
- * on stderr naming the cause, and the hint) and a missing data file (exit 1).
+ * CSV and LIBSVM files written here, the model file, `flint ml predict` and `evaluate` with
+ * it, every usage error (exit 2, one line on stderr naming the cause, and the hint), a
+ * missing data file and a bad model file (exit 1).
  *
  * The binary is $FLINT_BIN/flint (ctest sets FLINT_BIN to <build>/bin). Each run captures
  * stdout and stderr apart and is bounded: the child has alarm(CHILD_ALARM_S) (kept across
@@ -276,6 +277,19 @@ static void test_usage_errors(void **state) {
       {{"linreg", "--data", "d.csv", "--format", "csv", "--labels", "l.gz", NULL}, "for --format idx only"},
       {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "normal", NULL}, "for linreg only"},
       {{"linreg", "--data", "d.csv", "--format", "csv", "--solver", "normal", "--l1", "0.1", NULL}, "--l1 has no normal"},
+      {{"predict", "--data", "d.csv", "--format", "csv", NULL}, "predict needs --model MODEL"},
+      {{"evaluate", "--data", "d.csv", "--format", "csv", NULL}, "evaluate needs --model MODEL"},
+      {{"predict", "--model", "m.txt", "--format", "csv", NULL}, "--data PATH is required"},
+      {{"predict", "--model", "m.txt", "--data", "d.csv", NULL}, "--format is required"},
+      {{"predict", "--model", "m.txt", "--data", "d.csv", "--format", "csv", "--lambda", "1", NULL},
+       "--lambda is for training (linreg, logreg), not predict"},
+      {{"evaluate", "--model=m.txt", "--data=d.csv", "--format=csv", "--standardize", NULL},
+       "--standardize is for training (linreg, logreg), not evaluate"},
+      {{"evaluate", "--model", "m.txt", "--data", "d.csv", "--format", "csv", "--out", "p.txt", NULL},
+       "--out is for predict and training"},
+      {{"linreg", "--model", "m.txt", "--data", "d.csv", "--format", "csv", NULL}, "--model is for predict and evaluate"},
+      {{"predict", "evaluate", "--model", "m.txt", "--data", "d.csv", "--format", "csv", NULL},
+       "unexpected argument 'evaluate'"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     const char *argv[16] = {"ml"};
@@ -316,6 +330,157 @@ static void test_bad_master(void **state) {
   free(r);
 }
 
+/* ---- predict and evaluate ------------------------------------------------------------- */
+
+/* The lines of `text` as numbers; returns how many (at most max). */
+static size_t read_numbers(const char *text, double *out, size_t max) {
+  size_t n = 0;
+  for (const char *p = text; *p && n < max;) {
+    char *end;
+    out[n++] = strtod(p, &end);
+    assert_true(end > p && *end == '\n');
+    p = end + 1;
+  }
+  return n;
+}
+
+static char *slurp_file(const char *path) {
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  static char buf[RUN_CHILD_OUT_CAP];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+/* A linreg model, saved, predicts every row in the data's order (each close to its own
+ * label), to stdout or to a file, and evaluate prints what training printed. */
+static void test_predict_evaluate_linreg(void **state) {
+  (void)state;
+  const char *csv = write_csv(), *model = tmp_file("linreg.txt"), *preds = tmp_file("preds.txt");
+  run_result *r = RUN_FLINT("ml", "linreg", "--master", "local[2]", "--data", csv, "--format", "csv", "--out", model);
+  expect_status(r, 0);
+  double train_rmse = number_after(r, "train        RMSE ");
+  free(r);
+
+  r = RUN_FLINT("ml", "predict", "--master", "local[2]", "--model", model, "--data", csv, "--format", "csv",
+                "--partitions", "3");
+  expect_status(r, 0);
+  assert_int_equal(r->err_len, 0);
+  static double got[400];
+  size_t n = read_numbers(r->out, got, 400);
+  assert_int_equal(n, 200);
+  for (int i = 0; i < 200; i++) { /* the rows of write_csv, in order */
+    double x1 = (i % 17) / 8.0 - 1, x2 = (i % 11) / 5.0 - 1, x3 = (i % 7) / 3.0 - 1;
+    double y = 1 + 2 * x1 - 3 * x2 + 0.5 * x3;
+    if (fabs(got[i] - y) > 0.02) fail_msg("row %d: predicted %g, expected about %g", i, got[i], y);
+  }
+  char stdout_copy[RUN_CHILD_OUT_CAP];
+  snprintf(stdout_copy, sizeof stdout_copy, "%s", r->out);
+  free(r);
+
+  r = RUN_FLINT("ml", "predict", "--model", model, "--data", csv, "--format", "csv", "--out", preds);
+  expect_status(r, 0);
+  assert_int_equal(r->out_len, 0);
+  assert_string_equal(slurp_file(preds), stdout_copy);
+  free(r);
+
+  r = RUN_FLINT("ml", "evaluate", "--model", model, "--data", csv, "--format", "csv");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "data         RMSE ");
+  EXPECT_OUT(r, "(200 rows)");
+  assert_true(fabs(number_after(r, "data         RMSE ") - train_rmse) <= 1e-6 * (1 + train_rmse));
+  assert_true(number_after(r, "R^2 ") > 0.999);
+  free(r);
+}
+
+/* A logreg model: classes 0 and 1, whose agreement with the labels is evaluate's accuracy. */
+static void test_predict_evaluate_logreg(void **state) {
+  (void)state;
+  const char *svm = write_libsvm(), *model = tmp_file("logreg.txt");
+  run_result *r = RUN_FLINT("ml", "logreg", "--data", svm, "--format", "libsvm", "--out", model);
+  expect_status(r, 0);
+  double train_accuracy = number_after(r, "train        accuracy ");
+  free(r);
+
+  r = RUN_FLINT("ml", "evaluate", "--model", model, "--data", svm, "--format", "libsvm");
+  expect_status(r, 0);
+  double accuracy = number_after(r, "data         accuracy ");
+  assert_true(fabs(accuracy - train_accuracy) < 1e-9);
+  EXPECT_OUT(r, "log-loss ");
+  EXPECT_OUT(r, "AUC ");
+  EXPECT_OUT(r, "(300 rows)");
+  free(r);
+
+  r = RUN_FLINT("ml", "predict", "--model", model, "--data", svm, "--format", "libsvm");
+  expect_status(r, 0);
+  static double got[400];
+  assert_int_equal(read_numbers(r->out, got, 400), 300);
+  int right = 0;
+  for (int i = 0; i < 300; i++) {
+    assert_true(got[i] == 0 || got[i] == 1);
+    right += got[i] == i % 2; /* write_libsvm's label */
+  }
+  assert_true(fabs(right / 300.0 - accuracy) < 1e-4);
+  free(r);
+}
+
+/* A missing or bad model file, data that does not fit the model, an output that cannot be
+ * written: exit 1, one error naming the cause, no predictions and no partial file. */
+static void test_predict_failures(void **state) {
+  (void)state;
+  /* tmp_file's buffers rotate: each path the cases use gets its own copy. */
+  char csv[PATH_MAX + 64], model[PATH_MAX + 64], bad[PATH_MAX + 64], narrow[PATH_MAX + 64], no_dir[PATH_MAX + 64],
+      no_model[PATH_MAX + 64], no_data[PATH_MAX + 64];
+  snprintf(csv, sizeof csv, "%s", write_csv());
+  snprintf(model, sizeof model, "%s", tmp_file("m3.txt"));
+  snprintf(bad, sizeof bad, "%s", tmp_file("bad-model.txt"));
+  snprintf(narrow, sizeof narrow, "%s", tmp_file("narrow.csv"));
+  snprintf(no_dir, sizeof no_dir, "%s", tmp_file("no-such-dir/preds.txt"));
+  snprintf(no_model, sizeof no_model, "%s", tmp_file("no-such-model.txt"));
+  snprintf(no_data, sizeof no_data, "%s", tmp_file("no-such-data.csv"));
+  run_result *r = RUN_FLINT("ml", "linreg", "--data", csv, "--format", "csv", "--out", model);
+  expect_status(r, 0);
+  free(r);
+  FILE *f = fopen(bad, "w");
+  assert_non_null(f);
+  fputs("this is not a model\n", f);
+  assert_int_equal(fclose(f), 0);
+  assert_non_null(f = fopen(narrow, "w"));
+  fputs("1,2\n3,4\n", f);
+  assert_int_equal(fclose(f), 0);
+
+  struct {
+    const char *verb, *model, *data, *out, *needle;
+  } cases[] = {
+      {"predict", no_model, csv, NULL, "cannot read "},
+      {"evaluate", no_model, csv, NULL, "no-such-model.txt"},
+      {"predict", bad, csv, NULL, "not a flint model file"},
+      {"evaluate", bad, csv, NULL, "bad-model.txt"},
+      {"predict", model, narrow, NULL, "has 1 features, the model "},
+      {"evaluate", model, narrow, NULL, "the model"},
+      {"predict", model, tmp_file("no-such-data.csv"), NULL, "no-such-data.csv"},
+      {"predict", model, csv, no_dir, "cannot write "},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const char *argv[16] = {"ml", cases[i].verb, "--model", cases[i].model, "--data", cases[i].data, "--format", "csv"};
+    int n = 8;
+    if (cases[i].out) {
+      argv[n++] = "--out";
+      argv[n++] = cases[i].out;
+    }
+    argv[n] = NULL;
+    r = run_flint(argv);
+    expect_status(r, 1);
+    EXPECT_ERR(r, "flint ml: ");
+    EXPECT_ERR(r, cases[i].needle);
+    assert_int_equal(r->out_len, 0);
+    free(r);
+  }
+  assert_int_not_equal(access(no_dir, F_OK), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   const char *dir = getenv("FLINT_BIN");
@@ -345,6 +510,9 @@ int main(void) {
       cmocka_unit_test(test_usage_errors),
       cmocka_unit_test(test_missing_data_file),
       cmocka_unit_test(test_bad_master),
+      cmocka_unit_test(test_predict_evaluate_linreg),
+      cmocka_unit_test(test_predict_evaluate_logreg),
+      cmocka_unit_test(test_predict_failures),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -210,6 +210,152 @@ static void test_job_binary_round_trip(void **state) {
   fx.passed = true;
 }
 
+/* ---- 1b. detached submissions: --status, --logs, --kill ------------------------------- */
+
+/* Runs `flint submit --master M --status ID` until its "state: " line is not `state`; returns
+ * the last result (the caller frees it). */
+static run_result *status_until_not(unsigned id, const char *state) {
+  char id_text[16], line[64];
+  snprintf(id_text, sizeof id_text, "%u", id);
+  snprintf(line, sizeof line, "state: %s\n", state);
+  double deadline = now_s() + 30;
+  for (;;) {
+    run_result *r = FLINT(NULL, "submit", "--master", fx.master, "--status", id_text);
+    expect_status(r, 0);
+    if (!strstr(r->out, line)) return r;
+    if (now_s() > deadline) fail_msg("submission %u was still %s after 30 s", id, state);
+    free(r);
+    sleep_ms(50);
+  }
+}
+
+static void test_detached_status_logs_kill(void **state) {
+  (void)state;
+  start_driver(NULL);
+  start_executor("exec1", NULL);
+  wait_executors(NULL, 1);
+
+  /* 1: waits for a file that never comes, until killed. */
+  run_result *r = FLINT(NULL, "submit", "--master", fx.master, "--detach", "--name=watched", bin_file("job_echo.so"),
+                        "--until-file", test_file("never"), "one");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submitted job binary 1\n");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "1");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submission: 1\nname: job_echo.so\napplication: watched\nstate: running\n");
+  EXPECT_NO_OUT(r, "exit status");
+  assert_int_equal(r->err_len, 0);
+  free(r);
+
+  /* Its output so far, each stream to its own; the same again while nothing more comes. */
+  double deadline = now_s() + 30;
+  for (;;) {
+    r = FLINT(NULL, "submit", "--master", fx.master, "--logs=1");
+    expect_status(r, 0);
+    if (strstr(r->out, "job_echo args: one\n") && strstr(r->err, "job_echo: this line goes to stderr\n")) break;
+    if (now_s() > deadline) dump(r);
+    assert_true(now_s() < deadline);
+    free(r);
+    sleep_ms(50);
+  }
+  assert_string_equal(r->out, "job_echo args: one\n");
+  assert_string_equal(r->err, "job_echo: this line goes to stderr\n");
+  free(r);
+
+  /* Killed: at once, its state says so, and its output stays readable. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--kill", "1");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "killed submission 1\n");
+  assert_true(r->seconds < 10);
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "1");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "state: killed\nsignal: 15 (");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "1");
+  expect_status(r, 0);
+  assert_string_equal(r->out, "job_echo args: one\n");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--kill", "1");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "flint submit: submission 1 had already ended (killed, signal 15)\n");
+  free(r);
+
+  /* 2: ignores SIGTERM, so that the kill's SIGKILL ends it, 5 s later. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--ignore-term",
+            "--until-file", test_file("never"), "stubborn");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submitted job binary 2\n");
+  free(r);
+  deadline = now_s() + 30;
+  for (;;) { /* SIGTERM ignored once its output shows */
+    r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "2");
+    expect_status(r, 0);
+    if (strstr(r->out, "job_echo args: stubborn\n")) break;
+    assert_true(now_s() < deadline);
+    free(r);
+    sleep_ms(50);
+  }
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--kill", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "killed submission 2\n");
+  assert_true(r->seconds >= 4.5 && r->seconds < 20);
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "2");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "state: killed\nsignal: 9 (");
+  free(r);
+
+  /* 3: runs to its end, with status 3: failed. 4: pi, status 0: finished. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "two");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submitted job binary 3\n");
+  free(r);
+  r = status_until_not(3, "running");
+  EXPECT_OUT(r, "application: job_echo.so\nstate: failed\nexit status: 3\n");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("pi.so"), "10000", "2");
+  expect_status(r, 0);
+  free(r);
+  r = status_until_not(4, "running");
+  EXPECT_OUT(r, "name: pi.so\napplication: pi.so\nstate: finished\nexit status: 0\n");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "4");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "pi is roughly 3.1");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--kill", "4");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "flint submit: submission 4 had already ended (finished, exit status 0)\n");
+  free(r);
+
+  /* 5: an attached submitter interrupted (Ctrl-C) stops its job, which then reads killed. */
+  proc *submitter = start_proc("submitter", NULL,
+                               (const char *const[]){"submit", "--master", fx.master, bin_file("job_echo.so"),
+                                                     "--until-file", test_file("never"), "five", NULL});
+  wait_log(submitter, "job_echo args: five\n");
+  assert_int_equal(stop_proc(submitter, SIGINT), 128 + SIGTERM);
+  r = status_until_not(5, "running");
+  EXPECT_OUT(r, "state: killed\nsignal: 15 (");
+  free(r);
+
+  /* Unknown ids: a failure, named. */
+  const char *verbs[] = {"--status", "--logs", "--kill"};
+  for (int i = 0; i < 3; i++) {
+    r = FLINT(NULL, "submit", "--master", fx.master, verbs[i], "99");
+    expect_status(r, 1);
+    EXPECT_ERR(r, "flint submit: ");
+    EXPECT_ERR(r, "no job binary 99 on this driver");
+    assert_int_equal(r->out_len, 0);
+    free(r);
+  }
+
+  stop_all();
+  fx.passed = true;
+}
+
 /* ---- 2. a crashing job ----------------------------------------------------------------- */
 
 static void test_crashing_job(void **state) {
@@ -447,6 +593,10 @@ static void test_status_output(void **state) {
   EXPECT_OUT(r, "  2 echo job (finished), 1 recent jobs\n    job 1: succeeded, 2 tasks\n");
   EXPECT_OUT(r, "  3 job_lines.so (finished), 3 recent jobs\n    job 1: succeeded, 2 tasks\n"
                 "    job 2: succeeded, 2 tasks\n    job 3: succeeded, 2 tasks\n");
+  /* The job binaries, by their ids (flint submit --status ID), oldest first. */
+  EXPECT_OUT(r, "submissions: 3\n  1 pi.so (application pi.so): finished, exit status 0, ");
+  EXPECT_OUT(r, "\n  2 job_echo.so (application echo job): failed, exit status 3, ");
+  EXPECT_OUT(r, "\n  3 job_lines.so (application job_lines.so): finished, exit status 0, ");
   free(r);
 
   stop_all();
@@ -633,7 +783,8 @@ static void test_malformed_messages(void **state) {
   static const char *const methods[] = {
       "RunJob",          "RegisterExecutor", "StatusUpdate", "Submit",        "Heartbeat",
       "OpenApplication", "CloseApplication", "HasLibrary",   "UploadLibrary", "BroadcastPut",
-      "BroadcastRemove", "StorageInfo",      "Unpersist",    "Output"};
+      "BroadcastRemove", "StorageInfo",      "Unpersist",    "Output",        "SubmissionStatus",
+      "KillSubmission"};
   for (size_t m = 0; m < sizeof methods / sizeof *methods; m++)
     for (size_t g = 0; g < sizeof garbage / sizeof *garbage; g++) {
       char method[64], what[96];
@@ -930,12 +1081,24 @@ static void test_bad_command_lines(void **state) {
   expect_refused(ARGS("status", "--master", "local[2]"), 1, ARGS("'local[2]'", "flint://HOST:PORT"));
   expect_refused(ARGS("submit", "--master", "flint://nohost", pi), 1, ARGS("'flint://nohost'", "HOST:PORT"));
   expect_refused(ARGS("submit", "--master", "flint://", pi), 1, ARGS("HOST:PORT"));
+  expect_refused(ARGS("submit", "--master", nobody_master, "--status", "abc"), 2,
+                 ARGS("flint submit: --status 'abc' is not a submission id"));
+  expect_refused(ARGS("submit", "--master", nobody_master, "--kill=0"), 2, ARGS("--kill '0' is not a submission id"));
+  expect_refused(ARGS("submit", "--master", nobody_master, "--logs"), 2, ARGS("--logs needs a value"));
+  expect_refused(ARGS("submit", "--status", "1"), 2, ARGS("--status needs a flint://HOST:PORT master"));
+  expect_refused(ARGS("submit", "--master", nobody_master, "--status", "1", "--kill", "1"), 2,
+                 ARGS("--status and --kill: one at a time"));
+  expect_refused(ARGS("submit", "--master", nobody_master, "--status", "1", pi), 2,
+                 ARGS("--status ID takes no job library"));
+  expect_refused(ARGS("submit", "--master", nobody_master, "--detach", "--kill", "1"), 2,
+                 ARGS("--kill ID takes only --master"));
 
   /* Nothing listens there: each fails soon, naming the address. */
   expect_refused(ARGS("executor", "--driver", nobody, "--cores", "1", "--memory", "64m"), 1,
                  ARGS("cannot register", nobody));
   expect_refused(ARGS("status", "--master", nobody_master), 1, ARGS("cannot reach", nobody));
   expect_refused(ARGS("submit", "--master", nobody_master, pi), 1, ARGS("cannot reach", nobody));
+  expect_refused(ARGS("submit", "--master", nobody_master, "--status", "1"), 1, ARGS("cannot reach", nobody));
   close(sock);
   fx.passed = true;
 }
@@ -1000,6 +1163,7 @@ int main(void) {
   find_binaries((const char *const[]){"pi.so", "job_echo.so", "job_crash.so", "job_lines.so", NULL});
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_job_binary_round_trip, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_detached_status_logs_kill, setup, teardown),
       cmocka_unit_test_setup_teardown(test_crashing_job, setup, teardown),
       cmocka_unit_test_setup_teardown(test_close_while_a_job_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_client_going_away_cancels_its_job, setup, teardown),

@@ -64,7 +64,37 @@ FL_API fl_status fl_submit(const char *master, const char *path, const char *app
                            char **argv, bool detach, volatile sig_atomic_t *stop, uint64_t *submission,
                            int *exit_code);
 
-/* Prints the driver's executors, applications and jobs to `out`. */
+/* A job binary on a driver, as fl_submission_status and fl_submission_kill describe it. */
+typedef struct fl_submission_info {
+  uint64_t id;
+  char name[160];     /* the library's file name */
+  char app_name[160]; /* its application's name */
+  /* "running", "finished" (exit status 0), "failed" (another status, or a signal) or
+   * "killed" (fl_submission_kill) */
+  char state[16];
+  int exit_code;       /* once it has exited */
+  int signal;          /* nonzero when a signal ended it */
+  double seconds;      /* how long it has run, or ran */
+  uint64_t stdout_bytes, stderr_bytes; /* of its output the driver keeps (at most 64 MiB each) */
+} fl_submission_info;
+
+/* Asks the driver of `master` (flint://HOST:PORT) about job binary `id` (fl_submit's
+ * *submission; the driver keeps its 64 newest finished ones). FL_ENOENT: the driver has no
+ * such job binary. Blocks on one call. */
+FL_API fl_status fl_submission_status(const char *master, uint64_t id, fl_submission_info *out);
+
+/* Writes what job binary `id` has written so far, its stdout to `out` and its stderr to `err`,
+ * whether it still runs or not. FL_ENOENT as fl_submission_status. Blocks on one call. */
+FL_API fl_status fl_submission_logs(const char *master, uint64_t id, FILE *out, FILE *err);
+
+/* Ends job binary `id` (SIGTERM, then SIGKILL after 5 s) and its application, and returns
+ * once it has ended, with its state ("killed") in *info. *was_running is false when it had
+ * ended before (then nothing was done). FL_ENOENT as fl_submission_status. Blocks for up to
+ * about 10 s. */
+FL_API fl_status fl_submission_kill(const char *master, uint64_t id, bool *was_running, fl_submission_info *info);
+
+/* Prints the driver's executors, applications and jobs, and the job binaries it keeps, to
+ * `out`. */
 FL_API fl_status fl_print_status(const char *master, FILE *out);
 
 #ifdef __cplusplus

@@ -315,6 +315,11 @@ typedef struct fl_ml_metrics {
   double accuracy, log_loss;
   double auc; /* binary only (else NaN), from a 4096-bin score histogram */
 } fl_ml_metrics;
+/* The prediction of every row of `data` (fl_ml_predict's value: linear, the value; logistic,
+ * the class), in row order: *out becomes data->rows 8-byte doubles (its old contents
+ * replaced; the caller owns it and frees it with fl_buf_free). One job, whose results come to the caller:
+ * 8 bytes a row. FL_EINVAL when the data has more features than the model. */
+FL_ML_API fl_status fl_ml_predict_data(const fl_ml_model *m, const fl_ml_data *data, fl_buf *out);
 /* One pass over `data`. */
 FL_ML_API fl_status fl_ml_evaluate(const fl_ml_model *m, const fl_ml_data *data, fl_ml_metrics *out);
 

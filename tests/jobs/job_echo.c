@@ -4,8 +4,10 @@
  * which `flint submit` must pass on as its own exit status, with both streams, also when the
  * job runs on a driver (flint://).
  *
- *   job_echo [--sleep-ms N | --until-file PATH | --slow-until-file PATH] ARGS...
+ *   job_echo [--ignore-term] [--sleep-ms N | --until-file PATH | --slow-until-file PATH] ARGS...
  *
+ * --ignore-term: ignores SIGTERM, as a job that handles it and goes on would (so that a test
+ * sees `flint submit --kill` end it with SIGKILL). *
  * --sleep-ms: sleeps N ms before the action, so that a test can see the job binary still
  * running; --until-file: waits before the action until PATH exists; --slow-until-file: the
  * action's map function waits on one record until PATH exists, so that a test can act while
@@ -18,6 +20,7 @@
  *   stderr: job_echo: this line goes to stderr
  *   stdout: job_echo count: 10
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +51,11 @@ __attribute__((visibility("default"))) int flint_main(fl_context *ctx, int argc,
   int first = 1;
   long sleep_ms = 0;
   const char *until_file = NULL, *slow_until_file = NULL;
+  if (argc > 1 && strcmp(argv[1], "--ignore-term") == 0) {
+    signal(SIGTERM, SIG_IGN);
+    argc--;
+    argv++;
+  }
   if (argc > 2 && strcmp(argv[1], "--sleep-ms") == 0) {
     sleep_ms = atol(argv[2]);
     first = 3;
