@@ -821,7 +821,8 @@ static void test_log_file_dates_levels(void **state) {
   free(text);
   /* an unknown level: a warning that names it and the levels, then info */
   text = log_in_child(dir, "verbose");
-  assert_non_null(strstr(text, "WARN flint: FLINT_LOG=verbose is not a level (error, warn, info or debug): using info"));
+  assert_non_null(
+      strstr(text, "WARN flint: FLINT_LOG=verbose is not a level (error, warn, info or debug): using info"));
   assert_non_null(strstr(text, "an info line"));
   assert_null(strstr(text, "debug line"));
   free(text);
@@ -833,6 +834,42 @@ static void test_log_file_dates_levels(void **state) {
   expect_status(r, 1);
   assert_non_null(strstr(r->err, "flint status: FLINT_LOG: 'verbose' is not a level (error, warn, info or debug)"));
   free(r);
+}
+
+/* The scheduler's events, in a cluster's driver: jobs and stages at info, tasks at debug;
+ * and --conf reaching the processes that local-cluster starts (FLINT_LOG_FILE). */
+static void test_scheduler_events_logged(void **state) {
+  (void)state;
+  char job[PATH_MAX + 32], dir[64], conf[160], path[128];
+  snprintf(job, sizeof job, "%s", flint_path);
+  snprintf(strrchr(job, '/'), sizeof job - (size_t)(strrchr(job, '/') - job), "/pi.so");
+  if (access(job, R_OK) != 0) skip();
+  make_conf_dir(dir, "log debug\n");
+  snprintf(path, sizeof path, "%s/log.txt", dir);
+  snprintf(conf, sizeof conf, "log_file=%s", path);
+  setenv("FLINT_CONF_DIR", dir, 1);
+  run_result *r = RUN_FLINT("submit", "--conf", conf, "--master", "local-cluster[2,1,256]", job);
+  unsetenv("FLINT_CONF_DIR");
+  expect_status(r, 0);
+  assert_non_null(strstr(r->out, "pi is roughly"));
+  assert_null(strstr(r->err, " INFO ")); /* in the file */
+  free(r);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char *text = calloc(1, 1 << 16);
+  assert_non_null(text);
+  assert_true(fread(text, 1, (1 << 16) - 1, f) > 0);
+  fclose(f);
+  assert_true(dated(text));
+  assert_non_null(strstr(text, " INFO driver: job 1: starts: 2 partitions"));
+  assert_non_null(strstr(text, " INFO driver: job 1: stage 0 (result of dataset "));
+  assert_non_null(strstr(text, " INFO driver: job 1: stage 0 ends: 2 tasks done"));
+  assert_non_null(strstr(text, " INFO driver: job 1: ends: ok after "));
+  assert_non_null(strstr(text, " DEBUG driver: job 1: stage 0: task 0 (partition 0, attempt 1) starts on executor "));
+  assert_non_null(strstr(text, " DEBUG driver: job 1: stage 0: task 1 (partition 1, attempt 1) ends: ok after "));
+  assert_non_null(strstr(text, " INFO executor 1: "));
+  free(text);
+  remove_conf_dir(dir);
 }
 
 static void find_flint(void) {
@@ -878,6 +915,7 @@ int main(void) {
       cmocka_unit_test(test_file_errors),
       cmocka_unit_test(test_precedence),
       cmocka_unit_test(test_flint_config_file_source),
+      cmocka_unit_test(test_scheduler_events_logged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
