@@ -872,6 +872,31 @@ static void test_scheduler_events_logged(void **state) {
   remove_conf_dir(dir);
 }
 
+/* flint submit: --conf before JOB.so is flint's, after it the job's own argument; a local
+ * context logs its jobs at debug. */
+static void test_submit_conf_ends_at_job(void **state) {
+  (void)state;
+  char job[PATH_MAX + 32], dir[64], conf[160], path[128];
+  snprintf(job, sizeof job, "%s", flint_path);
+  snprintf(strrchr(job, '/'), sizeof job - (size_t)(strrchr(job, '/') - job), "/job_exit3.so");
+  if (access(job, R_OK) != 0) skip();
+  make_conf_dir(dir, "");
+  snprintf(path, sizeof path, "%s/log.txt", dir);
+  snprintf(conf, sizeof conf, "--conf=log_file=%s", path);
+  run_result *r = RUN_FLINT("submit", "--conf", "log=debug", conf, "--master", "local[2]", job, "--conf", "a=b");
+  expect_status(r, 3);
+  assert_non_null(strstr(r->out, "job_exit3 args: --conf a=b\n"));
+  free(r);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char text[8192] = "";
+  assert_true(fread(text, 1, sizeof text - 1, f) > 0);
+  fclose(f);
+  assert_non_null(strstr(text, " DEBUG flint: job 1: starts: 2 partitions"));
+  assert_non_null(strstr(text, " DEBUG flint: job 1: stage 0: task 1 (partition 1, attempt 1) starts\n"));
+  remove_conf_dir(dir);
+}
+
 static void find_flint(void) {
   char dir[PATH_MAX];
   const char *env = getenv("FLINT_BIN");
@@ -916,6 +941,7 @@ int main(void) {
       cmocka_unit_test(test_precedence),
       cmocka_unit_test(test_flint_config_file_source),
       cmocka_unit_test(test_scheduler_events_logged),
+      cmocka_unit_test(test_submit_conf_ends_at_job),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
