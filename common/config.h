@@ -239,8 +239,8 @@ FL_INTERNAL const char *config_text(config_id id);
  *   $FLINT_CONF_DIR/flint-defaults.conf (when FLINT_CONF_DIR is set, the only place looked);
  *   ${XDG_CONFIG_HOME:-$HOME/.config}/flint/flint-defaults.conf;
  *   /etc/flint-dataflow/flint-defaults.conf.
- * An unknown key, an internal setting, FLINT_CONF_DIR or a line without a value makes the
- * whole file invalid (none of it is used); a value is judged by the setting's rules above. */
+ * An unknown key, an internal setting, FLINT_CONF_DIR, a line without a value, or a file
+ * that is there but cannot be read makes the whole file invalid (none of it is used); a value is judged by the setting's rules above. */
 
 /* Loads the file once per process (any thread; later calls return the first result): FL_OK
  * when there is none or it is valid, else FL_EINVAL with "FILE:LINE: cause". The flint

@@ -8,6 +8,7 @@
  * before threads start (config.h).
  */
 #include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <strings.h>
 #include <limits.h>
@@ -110,14 +111,8 @@ static const char *refused(const char *key, config_id *id) {
   return NULL;
 }
 
-__attribute__((format(printf, 3, 4))) static fl_status file_fail(const char *path, unsigned line, const char *fmt,
-                                                                 ...) {
-  snprintf(file.error, sizeof file.error, "%s:%u: ", path, line);
-  size_t n = strlen(file.error);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(file.error + n, sizeof file.error - n, fmt, ap);
-  va_end(ap);
+/* An invalid file is not used at all: its values go, with its path. */
+static fl_status file_invalid(void) {
   for (unsigned i = 0; i < CONFIG_SETTINGS; i++) {
     free(file.text[i]);
     file.text[i] = NULL;
@@ -128,11 +123,26 @@ __attribute__((format(printf, 3, 4))) static fl_status file_fail(const char *pat
   return file.status = FL_EINVAL;
 }
 
+__attribute__((format(printf, 3, 4))) static fl_status file_fail(const char *path, unsigned line, const char *fmt,
+                                                                 ...) {
+  snprintf(file.error, sizeof file.error, "%s:%u: ", path, line);
+  size_t n = strlen(file.error);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(file.error + n, sizeof file.error - n, fmt, ap);
+  va_end(ap);
+  return file_invalid();
+}
+
 /* Reads `path` into `file` (config.h gives the syntax); a missing file is no file. */
 static fl_status file_read(const char *path) {
   file_clear();
   FILE *f = fopen(path, "r");
-  if (!f) return FL_OK;
+  if (!f && errno == ENOENT) return FL_OK;
+  if (!f) { /* there, but not for us: not silently skipped */
+    snprintf(file.error, sizeof file.error, "%s: cannot be read: %s", path, strerror(errno));
+    return file.status = FL_EINVAL;
+  }
   file.path = strdup(path);
   char *buf = NULL;
   size_t cap = 0;
@@ -158,6 +168,10 @@ static fl_status file_read(const char *path) {
       file.text[id] = strdup(rest);
       file.line[id] = line;
     }
+  }
+  if (st == FL_OK && ferror(f)) { /* a folder, say */
+    snprintf(file.error, sizeof file.error, "%s: cannot be read: %s", path, strerror(errno));
+    st = file_invalid();
   }
   free(buf);
   fclose(f);

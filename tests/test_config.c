@@ -665,6 +665,11 @@ static void test_file_errors(void **state) {
     assert_int_equal(config_source_of(CONFIG_LOCALITY_WAIT_MS), CONFIG_FROM_DEFAULT);
     remove_conf_dir(dir);
   }
+  /* a file that is there but cannot be read (a folder here: root reads any file) */
+  char dir[64];
+  make_conf_dir(dir, "");
+  assert_fails_with(config_file_use(dir), FL_EINVAL, "cannot be read");
+  remove_conf_dir(dir);
   assert_int_equal(config_file_use(NULL), FL_OK);
 }
 
