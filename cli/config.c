@@ -1,10 +1,13 @@
 /*
  * cli/config.c: flint config [--json]: every setting of common/config.h with its value as
- * this environment gives it, where the value came from, its unit, the processes that read it
- * and what it does. A table, or with --json one JSON object per setting (one a line).
+ * --conf, this environment and flint-defaults.conf give it, where the value came from
+ * (--conf, environment, file, default, or invalid), its unit, the processes that read it and
+ * what it does. A table, then the file in use (or where none was found) and what is invalid;
+ * or with --json one JSON object per setting (one a line).
  *
- * The values are what a process started from this environment would read (the driver and
- * executors that local-cluster starts inherit it). A secret's value is never printed.
+ * The values are what a process started from here would read (the driver and executors
+ * that local-cluster starts inherit the environment, --conf's included, and read the same
+ * file). A secret's value is never printed.
  */
 #include <stdio.h>
 #include <string.h>
@@ -19,21 +22,24 @@
 typedef struct shown {
   const config_setting *s;
   config_source source;
-  const char *value; /* the environment's text, the default's, or "(hidden)" */
-  const char *given; /* the environment's text (NULL: unset; "(hidden)" for secrets) */
+  const char *value; /* the text given, the default's, or "(hidden)" */
+  const char *given; /* the text given (NULL: none; "(hidden)" for secrets) */
+  config_source given_by; /* where `given` comes from (CONFIG_FROM_DEFAULT: nowhere) */
 } shown;
 
 static shown show(config_id id) {
   shown r = {.s = config_setting_of(id), .source = config_source_of(id)};
-  r.given = config_text(id);
+  r.given = config_text_from(id, &r.given_by);
   if (r.given && (r.s->flags & CONFIG_HIDDEN)) r.given = "(hidden)";
-  r.value = r.source == CONFIG_FROM_ENVIRONMENT ? r.given : r.s->default_text;
+  r.value = r.source != CONFIG_FROM_DEFAULT && r.source != CONFIG_FROM_INVALID ? r.given : r.s->default_text;
   return r;
 }
 
 static const char *source_name(config_source source) {
   switch (source) {
   case CONFIG_FROM_ENVIRONMENT: return "environment";
+  case CONFIG_FROM_FILE: return "file";
+  case CONFIG_FROM_COMMAND_LINE: return "--conf";
   case CONFIG_FROM_INVALID: return "invalid";
   default: return "default";
   }
@@ -66,8 +72,11 @@ static void print_json(FILE *out) {
     put_json_string(out, s->name);
     fputs(", \"value\": ", out);
     put_json_string(out, r.value);
-    fprintf(out, ", \"source\": \"%s\", \"environment\": ", source_name(r.source));
+    fprintf(out, ", \"source\": \"%s\", \"given\": ", source_name(r.source));
     put_json_string(out, r.given);
+    fprintf(out, ", \"given_by\": \"%s\"", source_name(r.given_by));
+    if (r.given_by == CONFIG_FROM_FILE)
+      fprintf(out, ", \"file\": \"%s:%u\"", config_file_path(), config_file_line((config_id)i));
     fprintf(out, ", \"type\": \"%s\", \"unit\": \"%s\", \"default\": ", config_type_name(s->type),
             config_unit(s->type));
     put_json_string(out, s->default_text);
@@ -96,7 +105,7 @@ static void print_table(FILE *out) {
   }
   fprintf(out, "%-*s  %-*s  %-*s  %-*s  %-*s  %s\n", name_w, "NAME", value_w, "VALUE", source_w, "SOURCE",
           unit_w, "UNIT", readers_w, "READ BY", "DESCRIPTION");
-  int invalid = 0;
+  int invalid = common_log_check() != FL_OK;
   for (unsigned i = 0; i < CONFIG_SETTINGS; i++) {
     shown r = show((config_id)i);
     invalid += r.source == CONFIG_FROM_INVALID;
@@ -104,9 +113,13 @@ static void print_table(FILE *out) {
             source_name(r.source), unit_w, config_unit(r.s->type), readers_w, config_readers_text(r.s->readers),
             r.s->description);
   }
+  fputc('\n', out);
+  if (config_file_status() != FL_OK) fputs("file: invalid, not used (below)\n", out);
+  else if (config_file_path()) fprintf(out, "file: %s\n", config_file_path());
+  else fprintf(out, "file: none (%s)\n", CONFIG_FILE_ORDER);
   if (!invalid) return;
   /* The rows say "invalid" and show the default, which the processes use (or refuse to start). */
-  fputc('\n', out);
+  if (common_log_check() != FL_OK) fprintf(out, "invalid: %s (flint commands refuse to start)\n", fl_last_error());
   for (unsigned i = 0; i < CONFIG_SETTINGS; i++)
     if (config_check((config_id)i) != FL_OK)
       fprintf(out, "invalid: %s (%s)\n", fl_last_error(),
@@ -128,7 +141,10 @@ int cmd_config(int argc, char **argv) {
     }
   }
   if (optind - 1 < argc) return cli_usage_error("config", "unexpected argument '%s'", argv[optind - 1]);
+  /* A file that is not used is an error here too, after what the settings are without it. */
+  fl_status file = config_file_status();
   if (json) print_json(stdout);
   else print_table(stdout);
+  if (file != FL_OK) return cli_failure("config", "%s (the file is not used)", fl_last_error());
   return 0;
 }

@@ -52,12 +52,14 @@ const char cli_usage_text[] =
     "      'flint shell --help' explains it.\n"
     "  config [--json]\n"
     "      Prints every setting (the FLINT_* environment variables): its value, where the\n"
-    "      value came from (default or environment), its unit, the processes that read\n"
-    "      it and what it does; --json prints one JSON object per setting.\n"
+    "      value came from (--conf, environment, file, default), its unit, the processes\n"
+    "      that read it and what it does; --json prints one JSON object per setting.\n"
     "\n"
     "options:\n"
     "  -h, --help  this text; after a command, that command's usage ('flint submit --help')\n"
     "  --version   the version (also after a command)\n"
+    "  --conf KEY=VALUE  after any command: set a setting (FLINT_LOG=debug, or log=debug)\n"
+    "              for this process and those it starts, over the environment and the file\n"
     "\n"
     "Options take their value as --opt VALUE or --opt=VALUE. Exit status: 0 for --help and\n"
     "--version, 2 for a usage error (a bad value included), 1 when the work failed; submit\n"
@@ -65,7 +67,12 @@ const char cli_usage_text[] =
     "\n"
     "environment: FLINT_* variables set flint's tunables ('flint config' lists them), e.g.\n"
     "FLINT_SECRET or FLINT_SECRET_FILE (a shared secret that every process and client must\n"
-    "present) and FLINT_LOG (error, warn, info, debug).\n";
+    "present) and FLINT_LOG (error, warn, info, debug). The same settings can be set in\n"
+    "flint-defaults.conf, as KEY VALUE or KEY=VALUE lines ('#' starts a comment line): the\n"
+    "first of $FLINT_CONF_DIR/flint-defaults.conf (when FLINT_CONF_DIR is set, the only one),\n"
+    "${XDG_CONFIG_HOME:-~/.config}/flint/flint-defaults.conf and\n"
+    "/etc/flint-dataflow/flint-defaults.conf. --conf wins over the environment, which wins\n"
+    "over the file.\n";
 
 const char cli_submit_usage[] =
     "usage: flint submit [options] JOB.so [ARGS...]\n"
@@ -159,8 +166,9 @@ const char cli_config_usage[] =
     "usage: flint config [--json]\n"
     "\n"
     "Prints every setting (the FLINT_* environment variables): its value, where the value\n"
-    "came from (default, environment, or invalid), its unit, the processes that read it and\n"
-    "what it does. A secret's value is never printed.\n"
+    "came from (--conf, environment, file, default, or invalid), its unit, the processes that\n"
+    "read it and what it does, then the flint-defaults.conf in use. A secret's value is never\n"
+    "printed. An invalid flint-defaults.conf is reported after the table (status 1).\n"
     "\n"
     "options:\n"
     "  --json      one JSON object per setting, one a line\n"
@@ -169,7 +177,8 @@ const char cli_config_usage[] =
     "\n"
     "examples:\n"
     "  flint config\n"
-    "  FLINT_LOG=debug flint config --json\n";
+    "  FLINT_LOG=debug flint config --json\n"
+    "  flint config --conf memory=2g\n";
 
 const char cli_shell_usage[] =
     "usage: flint shell [--master MASTER]\n"

@@ -22,17 +22,31 @@
  * call keeps one copy per process because it is either stateless (common/error.c, random.c,
  * log.c and config.c are linked into them as well; the log's role is libflint's alone) or
  * inline over the public API (the allocator, the spin budget), and the thread's message, the
- * allocator's test hook and the trace switch live in libflint alone. */
+ * allocator's test hook and the trace switch live in libflint alone. (config_table.c keeps
+ * flint-defaults.conf and --conf per copy: each copy reads the same file, and --conf reaches
+ * the others through the environment.) */
 #define FL_INTERNAL __attribute__((visibility("hidden")))
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Logging for the long-running processes (driver, executor): one line on stderr with the
- * time, the process's role ("driver", "executor 3", set once by common_log_set_role) and the
- * message. Levels below FLINT_LOG (error, warn, info, debug; default info) are dropped. */
+/* Logging for the long-running processes (driver, executor): one line with the local date
+ * and time ("2026-11-28 09:20:01.123"), the level, the process's role ("driver", "executor
+ * 3", set once by common_log_set_role) and the message, on stderr or appended to
+ * FLINT_LOG_FILE (one write per line). Levels below FLINT_LOG (error, warn, info, debug;
+ * default info) are dropped; an unknown level is warned about once and info used (the flint
+ * command refuses to start on it instead: common_log_check). */
 typedef enum common_log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG } common_log_level;
 FL_INTERNAL void common_log(common_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* The most verbose level logged; LOG_DEBUG until the first common_log reads FLINT_LOG. */
+FL_INTERNAL extern atomic_int common_log_threshold;
+/* Whether `level` may be logged: one load and one branch, for lines built at some cost
+ * (common_log itself checks again). */
+static inline bool common_log_enabled(common_log_level level) {
+  return (int)level <= atomic_load_explicit(&common_log_threshold, memory_order_relaxed);
+}
+/* FL_OK when FLINT_LOG is unset or a level, else FL_EINVAL naming the value and the levels. */
+FL_INTERNAL fl_status common_log_check(void);
 FL_INTERNAL void common_log_set_role(const char *role);
 /* The role set last ("flint" before any), for the trace's lines. */
 FL_INTERNAL const char *common_log_role(void);

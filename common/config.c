@@ -8,6 +8,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -113,14 +114,18 @@ static void expected(const config_setting *s, char *buf, size_t len) {
  * environment gives none (zero for CONFIG_COMPUTED settings). `warn`: log an invalid value. */
 static config_source lookup(config_id id, bool warn, config_value *out) {
   const config_setting *s = config_setting_of(id);
-  const char *text = getenv(s->name);
-  if (text && *text) {
-    if (parse(s, text, out)) return CONFIG_FROM_ENVIRONMENT;
+  config_source from;
+  const char *text = config_text_from(id, &from);
+  if (text) {
+    if (parse(s, text, out)) return from;
     uint64_t h = common_hash_bytes(text, strlen(text)) | 1; /* never 0, "none" */
     if (warn && atomic_exchange(&warned[id], h) != h) {
       char what[96];
       expected(s, what, sizeof what);
-      common_log(LOG_WARN, "%s=%s is not %s: using %s%s", s->name, text, what,
+      char where[PATH_MAX + 32] = "";
+      if (from == CONFIG_FROM_FILE)
+        snprintf(where, sizeof where, " (%s:%u)", config_file_path(), config_file_line(id));
+      common_log(LOG_WARN, "%s=%s%s is not %s: using %s%s", s->name, text, where, what,
                  s->flags & CONFIG_COMPUTED ? "the default, " : "", s->default_text);
     }
   }
@@ -129,7 +134,7 @@ static config_source lookup(config_id id, bool warn, config_value *out) {
     bool ok = parse(s, s->default_text, out);
     FL_ASSERT(ok); /* tests/test_config.c reads every default */
   }
-  return text && *text ? CONFIG_FROM_INVALID : CONFIG_FROM_DEFAULT;
+  return text ? CONFIG_FROM_INVALID : CONFIG_FROM_DEFAULT;
 }
 
 /* ---- reading --------------------------------------------------------------------------- */
@@ -143,16 +148,19 @@ fl_status config_check(config_id id) {
   config_value v;
   if (lookup(id, false, &v) != CONFIG_FROM_INVALID) return FL_OK;
   const config_setting *s = config_setting_of(id);
-  const char *text = config_text(id);
-  char what[96];
+  config_source from;
+  const char *text = config_text_from(id, &from);
+  char what[96], where[PATH_MAX + 32] = "";
   expected(s, what, sizeof what);
+  if (from == CONFIG_FROM_FILE) snprintf(where, sizeof where, " (%s:%u)", config_file_path(), config_file_line(id));
   /* FLINT_MEMORY's message as fl_context_open gave it before there was a registry */
-  return fl_set_error(FL_EINVAL, "%s: '%s' is not %s", s->name, text ? text : "", what);
+  return fl_set_error(FL_EINVAL, "%s: '%s'%s is not %s", s->name, text ? text : "", where, what);
 }
 
 bool config_given(config_id id) {
   config_value v;
-  return lookup(id, true, &v) == CONFIG_FROM_ENVIRONMENT;
+  config_source from = lookup(id, true, &v);
+  return from != CONFIG_FROM_DEFAULT && from != CONFIG_FROM_INVALID;
 }
 
 /* The value of a setting that must be of type `type` (a getter of another type is a bug). */

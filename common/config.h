@@ -23,6 +23,10 @@
  * memory, $TMPDIR) or none at all: the default's text says which, and the getters give 0
  * (NULL for text) when it is unset, so the reader asks config_given first.
  *
+ * Where a value comes from, first first: --conf on the flint command line, the environment,
+ * flint-defaults.conf (below), the default. "The environment" in the rules above means any
+ * of the three.
+ *
  * Threads: the getters read the environment at every call (getenv) and keep no state but the
  * warned-about values, so any thread may call them, and a test that sets a variable sees it
  * at the next read. Modules that read a setting once (a server's limits, the log level,
@@ -139,6 +143,10 @@ enum {
     "1: compute CRC32C checksums without the SSE4.2 instruction")                                                   \
   /* diagnostics */                                                                                                 \
   X(LOG, STRING, ANY, 0, 0, 0, "info", "log level: error, warn, info or debug")                                     \
+  X(LOG_FILE, PATH, ANY, CONFIG_COMPUTED, 0, 0, "unset (stderr)",                                                   \
+    "a file to which the log's lines are appended instead of stderr")                                               \
+  X(CONF_DIR, PATH, ANY, CONFIG_COMPUTED, 0, 0, "unset",                                                            \
+    "the folder of flint-defaults.conf (environment or --conf only; see README)")                                  \
   X(TRACE, PATH, ANY, CONFIG_COMPUTED, 0, 0, "unset",                                                               \
     "a file to which every process appends the job path's events (scripts/trace-hops reads it)")                    \
   X(FAULT_EXIT_AFTER_TASKS, COUNT, EXECUTOR, CONFIG_TEST_ONLY, 0, CONFIG_MAX_I64, "0",                              \
@@ -193,9 +201,11 @@ typedef struct config_setting {
 
 /* Where a setting's value comes from. */
 typedef enum config_source {
-  CONFIG_FROM_DEFAULT,     /* unset or empty */
-  CONFIG_FROM_ENVIRONMENT, /* set, and valid */
-  CONFIG_FROM_INVALID,     /* set, but invalid: the default is used */
+  CONFIG_FROM_DEFAULT,      /* unset or empty everywhere */
+  CONFIG_FROM_ENVIRONMENT,  /* set in the environment, and valid */
+  CONFIG_FROM_INVALID,      /* given (anywhere), but invalid: the default is used */
+  CONFIG_FROM_FILE,         /* set in flint-defaults.conf, and valid */
+  CONFIG_FROM_COMMAND_LINE, /* set by --conf, and valid */
 } config_source;
 
 /* ---- the table ----------------------------------------------------------------------- */
@@ -213,8 +223,46 @@ FL_INTERNAL const char *config_readers_text(config_readers readers);
 
 /* ---- reading --------------------------------------------------------------------------- */
 
-/* The variable's text as the environment has it; NULL when unset or empty. */
+/* The setting's text, from the first place that gives it (not empty): --conf
+ * (config_set_command_line), the environment, flint-defaults.conf; NULL when none does.
+ * `from` (may be NULL): CONFIG_FROM_COMMAND_LINE, _ENVIRONMENT, _FILE or _DEFAULT (none).
+ * The first call of any process loads the file (config_file_status). */
+FL_INTERNAL const char *config_text_from(config_id id, config_source *from);
 FL_INTERNAL const char *config_text(config_id id);
+
+/* ---- flint-defaults.conf and --conf ------------------------------------------------------
+ *
+ * The file holds one setting a line, `KEY VALUE` or `KEY=VALUE`; KEY is the variable's name
+ * (FLINT_MEMORY) or its short form, the rest in any case (memory); blank lines and lines
+ * starting with '#' are skipped; spaces around KEY and VALUE are dropped; a later line wins.
+ * It is the first of these that exists:
+ *   $FLINT_CONF_DIR/flint-defaults.conf (when FLINT_CONF_DIR is set, the only place looked);
+ *   ${XDG_CONFIG_HOME:-$HOME/.config}/flint/flint-defaults.conf;
+ *   /etc/flint-dataflow/flint-defaults.conf.
+ * An unknown key, an internal setting, FLINT_CONF_DIR, a line without a value, or a file
+ * that is there but cannot be read makes the whole file invalid (none of it is used); a value is judged by the setting's rules above. */
+
+/* Loads the file once per process (any thread; later calls return the first result): FL_OK
+ * when there is none or it is valid, else FL_EINVAL with "FILE:LINE: cause". The flint
+ * command refuses to start on an error; fl_context_open logs it as an error once. */
+FL_INTERNAL fl_status config_file_status(void);
+/* Where the file is looked for, in words, for messages. */
+#define CONFIG_FILE_ORDER                                                                                     \
+  "looked for $FLINT_CONF_DIR/flint-defaults.conf, else ${XDG_CONFIG_HOME:-~/.config}/flint/flint-defaults.conf " \
+  "and /etc/flint-dataflow/flint-defaults.conf"
+/* The file in use (NULL: none), and where its line of `id` is (0: not in the file). */
+FL_INTERNAL const char *config_file_path(void);
+FL_INTERNAL unsigned config_file_line(config_id id);
+/* Tests: reads `path` now instead of the file found (NULL: no file); same result as
+ * config_file_status. Not while other threads read settings. */
+FL_INTERNAL fl_status config_file_use(const char *path);
+/* --conf KEY=VALUE: `assignment` overrides the environment and the file for this process and
+ * (through the environment, where it is set too) the processes it starts. Call before
+ * threads start and before the first read (FLINT_CONF_DIR picks the file). FL_EINVAL for an
+ * unknown or internal key or no '='; the value is not judged here (config_check). */
+FL_INTERNAL fl_status config_set_command_line(const char *assignment);
+/* The row named `key`, in either form the file takes (FLINT_MEMORY, memory). */
+FL_INTERNAL bool config_find_key(const char *key, config_id *out);
 /* Where the value comes from now (logs nothing). */
 FL_INTERNAL config_source config_source_of(config_id id);
 /* FL_OK when the variable is unset, empty or valid; else FL_EINVAL with a message that names

@@ -9,7 +9,9 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <ctype.h>
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
@@ -540,12 +542,12 @@ static void test_flint_config_json(void **state) {
   assert_true(line_starting(r->out, "{\"name\": \"FLINT_LOCALITY_WAIT_MS\"", row, sizeof row));
   assert_non_null(strstr(row, "\"value\": \"250\""));
   assert_non_null(strstr(row, "\"source\": \"environment\""));
-  assert_non_null(strstr(row, "\"environment\": \"250\""));
+  assert_non_null(strstr(row, "\"given\": \"250\", \"given_by\": \"environment\""));
   assert_non_null(strstr(row, "\"unit\": \"ms\""));
   assert_non_null(strstr(row, "\"default\": \"3\""));
   assert_non_null(strstr(row, "\"read_by\": \"driver\""));
   assert_true(line_starting(r->out, "{\"name\": \"FLINT_SHUFFLE_MEMORY\"", row, sizeof row));
-  assert_non_null(strstr(row, "\"value\": \"64m\", \"source\": \"default\", \"environment\": null"));
+  assert_non_null(strstr(row, "\"value\": \"64m\", \"source\": \"default\", \"given\": null"));
   assert_true(line_starting(r->out, "{\"name\": \"FLINT_APP_NAME\"", row, sizeof row));
   assert_non_null(strstr(row, "\"value\": \"say \\\"hi\\\"\\\\\""));
   assert_null(strstr(r->out, "do-not-print-me"));
@@ -569,6 +571,335 @@ static void test_flint_config_usage(void **state) {
   expect_status(r, 0);
   assert_non_null(strstr(r->out, "usage: flint"));
   free(r);
+}
+
+
+/* ---- flint-defaults.conf and --conf ------------------------------------------------------ */
+
+/* A folder holding a flint-defaults.conf of `text`; its path in dir (the caller removes it
+ * with remove_conf_dir). */
+static void make_conf_dir(char dir[64], const char *text) {
+  strcpy(dir, "/tmp/flint-test-conf-XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  char path[128];
+  snprintf(path, sizeof path, "%s/flint-defaults.conf", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  assert_int_equal(fclose(f), 0);
+}
+
+static void remove_conf_dir(const char *dir) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/flint-defaults.conf", dir);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/log.txt", dir);
+  unlink(path);
+  assert_int_equal(rmdir(dir), 0);
+}
+
+static fl_status use_conf(const char *dir) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/flint-defaults.conf", dir);
+  return config_file_use(path);
+}
+
+static void test_file_parsing(void **state) {
+  (void)state;
+  char dir[64];
+  make_conf_dir(dir, "# a comment\n"
+                     "\n"
+                     "   # an indented comment\n"
+                     "FLINT_LOCALITY_WAIT_MS 250\n"
+                     "exclude_ms=1500\n"
+                     "  Speculation_Quantile =  0.5  \n"
+                     "FLINT_APP_NAME\tmy app # not a comment\n"
+                     "flint_exclude_failures 4\n"
+                     "exclude_failures 5\n");
+  assert_int_equal(use_conf(dir), FL_OK);
+  assert_non_null(config_file_path());
+  assert_non_null(strstr(config_file_path(), dir));
+  assert_int_equal(config_ms(CONFIG_LOCALITY_WAIT_MS), 250);
+  assert_int_equal(config_source_of(CONFIG_LOCALITY_WAIT_MS), CONFIG_FROM_FILE);
+  assert_int_equal(config_file_line(CONFIG_LOCALITY_WAIT_MS), 4);
+  assert_int_equal(config_ms(CONFIG_EXCLUDE_MS), 1500);
+  assert_true(config_real(CONFIG_SPECULATION_QUANTILE) == 0.5);
+  assert_string_equal(config_string(CONFIG_APP_NAME), "my app # not a comment");
+  assert_int_equal(config_count(CONFIG_EXCLUDE_FAILURES), 5); /* a later line wins */
+  assert_int_equal(config_file_line(CONFIG_EXCLUDE_FAILURES), 9);
+  assert_int_equal(config_source_of(CONFIG_SHUFFLE_MEMORY), CONFIG_FROM_DEFAULT);
+  assert_true(config_given(CONFIG_APP_NAME));
+  /* a bad value follows the registry's rules, and its message says where it is */
+  remove_conf_dir(dir);
+  make_conf_dir(dir, "FLINT_EXCLUDE_MS soon\n");
+  assert_int_equal(use_conf(dir), FL_OK);
+  assert_int_equal(config_source_of(CONFIG_EXCLUDE_MS), CONFIG_FROM_INVALID);
+  assert_fails_with(config_check(CONFIG_EXCLUDE_MS), FL_EINVAL, "flint-defaults.conf:1) is not a whole number");
+  assert_int_equal(config_file_use(NULL), FL_OK);
+  assert_null(config_file_path());
+  assert_int_equal(config_ms(CONFIG_LOCALITY_WAIT_MS), 3);
+  remove_conf_dir(dir);
+}
+
+static void test_file_errors(void **state) {
+  (void)state;
+  static const struct {
+    const char *text, *error;
+  } cases[] = {
+      {"# fine\nFLINT_NO_SUCH 3\n", "flint-defaults.conf:2: unknown setting 'FLINT_NO_SUCH'"},
+      {"locality_wait_ms 3\nbogus=1\n", "flint-defaults.conf:2: unknown setting 'bogus'"},
+      {"\n\nFLINT_MEMORY\n", "flint-defaults.conf:3: FLINT_MEMORY has no value"},
+      {"exclude_ms =\n", "flint-defaults.conf:1: FLINT_EXCLUDE_MS has no value"},
+      {"=5\n", "flint-defaults.conf:1: a line must be KEY VALUE or KEY=VALUE"},
+      {"FLINT_EXECUTOR_REPORT_FD 3\n", "flint-defaults.conf:1: 'FLINT_EXECUTOR_REPORT_FD' is internal"},
+      {"conf_dir /etc\n", "flint-defaults.conf:1: FLINT_CONF_DIR cannot be set in the file"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char dir[64];
+    make_conf_dir(dir, cases[i].text);
+    assert_fails_with(use_conf(dir), FL_EINVAL, cases[i].error);
+    assert_fails_with(config_file_status(), FL_EINVAL, cases[i].error);
+    assert_non_null(strstr(fl_last_error(), dir)); /* the file's path, whole */
+    /* none of an invalid file is used */
+    assert_null(config_file_path());
+    assert_int_equal(config_source_of(CONFIG_LOCALITY_WAIT_MS), CONFIG_FROM_DEFAULT);
+    remove_conf_dir(dir);
+  }
+  /* a file that is there but cannot be read (a folder here: root reads any file) */
+  char dir[64];
+  make_conf_dir(dir, "");
+  assert_fails_with(config_file_use(dir), FL_EINVAL, "cannot be read");
+  remove_conf_dir(dir);
+  assert_int_equal(config_file_use(NULL), FL_OK);
+}
+
+static void test_precedence(void **state) {
+  (void)state;
+  char dir[64];
+  make_conf_dir(dir, "FLINT_EXCLUDE_MS 100\nFLINT_LOCALITY_WAIT_MS 7\n");
+  assert_int_equal(use_conf(dir), FL_OK);
+  /* file over default */
+  assert_int_equal(config_ms(CONFIG_EXCLUDE_MS), 100);
+  /* environment over file; an empty variable is unset */
+  setenv("FLINT_EXCLUDE_MS", "200", 1);
+  assert_int_equal(config_ms(CONFIG_EXCLUDE_MS), 200);
+  assert_int_equal(config_source_of(CONFIG_EXCLUDE_MS), CONFIG_FROM_ENVIRONMENT);
+  setenv("FLINT_EXCLUDE_MS", "", 1);
+  assert_int_equal(config_source_of(CONFIG_EXCLUDE_MS), CONFIG_FROM_FILE);
+  /* --conf over the environment, which it sets for the processes started after it */
+  setenv("FLINT_EXCLUDE_MS", "200", 1);
+  assert_int_equal(config_set_command_line("exclude_ms=300"), FL_OK);
+  assert_int_equal(config_ms(CONFIG_EXCLUDE_MS), 300);
+  assert_int_equal(config_source_of(CONFIG_EXCLUDE_MS), CONFIG_FROM_COMMAND_LINE);
+  assert_string_equal(getenv("FLINT_EXCLUDE_MS"), "300");
+  assert_int_equal(config_set_command_line("FLINT_EXCLUDE_MS="), FL_OK); /* undone */
+  assert_int_equal(config_source_of(CONFIG_EXCLUDE_MS), CONFIG_FROM_FILE);
+  assert_int_equal(config_ms(CONFIG_LOCALITY_WAIT_MS), 7);
+  /* --conf's errors */
+  assert_fails_with(config_set_command_line("no_such=1"), FL_EINVAL, "unknown setting 'no_such'");
+  assert_fails_with(config_set_command_line("FLINT_LOG"), FL_EINVAL, "'FLINT_LOG' is not KEY=VALUE");
+  assert_fails_with(config_set_command_line("local_cluster_dir=/x"), FL_EINVAL, "internal");
+  unsetenv("FLINT_EXCLUDE_MS");
+  assert_int_equal(config_file_use(NULL), FL_OK);
+  remove_conf_dir(dir);
+}
+
+static void test_flint_config_file_source(void **state) {
+  (void)state;
+  char dir[64];
+  make_conf_dir(dir, "# cluster-wide\nFLINT_LOCALITY_WAIT_MS 250\nexclude_ms=1500\nspin_us 5\n");
+  setenv("FLINT_CONF_DIR", dir, 1);
+  setenv("FLINT_EXCLUDE_MS", "900", 1);
+  run_result *r = RUN_FLINT("config", "--conf", "spin_us=7");
+  unsetenv("FLINT_EXCLUDE_MS");
+  expect_status(r, 0);
+  char row[1024];
+  assert_true(line_starting(r->out, "FLINT_LOCALITY_WAIT_MS ", row, sizeof row));
+  assert_non_null(strstr(row, " 250 "));
+  assert_non_null(strstr(row, " file "));
+  assert_true(line_starting(r->out, "FLINT_EXCLUDE_MS ", row, sizeof row));
+  assert_non_null(strstr(row, " 900 "));
+  assert_non_null(strstr(row, " environment "));
+  assert_true(line_starting(r->out, "FLINT_SPIN_US ", row, sizeof row));
+  assert_non_null(strstr(row, " 7 "));
+  assert_non_null(strstr(row, " --conf "));
+  assert_true(line_starting(r->out, "file: ", row, sizeof row));
+  assert_non_null(strstr(row, dir));
+  free(r);
+  r = RUN_FLINT("config", "--json", "--conf=FLINT_SPIN_US=8");
+  expect_status(r, 0);
+  assert_true(line_starting(r->out, "{\"name\": \"FLINT_LOCALITY_WAIT_MS\"", row, sizeof row));
+  assert_non_null(strstr(row, "\"source\": \"file\""));
+  assert_non_null(strstr(row, "flint-defaults.conf:2\""));
+  assert_true(line_starting(r->out, "{\"name\": \"FLINT_SPIN_US\"", row, sizeof row));
+  assert_non_null(strstr(row, "\"value\": \"8\", \"source\": \"--conf\""));
+  free(r);
+  /* --conf's usage errors */
+  r = RUN_FLINT("config", "--conf", "nope=1");
+  expect_status(r, 2);
+  assert_non_null(strstr(r->err, "flint config: --conf: unknown setting 'nope'"));
+  free(r);
+  r = RUN_FLINT("status", "--conf", "exclude_ms=soon", "--master", "flint://127.0.0.1:1");
+  expect_status(r, 2);
+  assert_non_null(strstr(r->err, "flint status: --conf: FLINT_EXCLUDE_MS: 'soon' is not"));
+  free(r);
+  /* an invalid file: every command refuses to start, naming the file and line */
+  remove_conf_dir(dir);
+  make_conf_dir(dir, "FLINT_LOCALITY_WAIT_MS 250\nmemroy 2g\n");
+  setenv("FLINT_CONF_DIR", dir, 1);
+  r = RUN_FLINT("status", "--master", "flint://127.0.0.1:1");
+  expect_status(r, 1);
+  assert_non_null(strstr(r->err, "flint status: "));
+  assert_non_null(strstr(r->err, "flint-defaults.conf:2: unknown setting 'memroy'"));
+  free(r);
+  r = RUN_FLINT("config");
+  expect_status(r, 1);
+  assert_non_null(strstr(r->out, "file: invalid"));
+  assert_non_null(strstr(r->err, "flint-defaults.conf:2: unknown setting 'memroy'"));
+  free(r);
+  /* --conf picks the folder too */
+  unsetenv("FLINT_CONF_DIR");
+  remove_conf_dir(dir);
+  make_conf_dir(dir, "FLINT_LOCALITY_WAIT_MS 251\n");
+  char conf[128];
+  snprintf(conf, sizeof conf, "conf_dir=%s", dir);
+  r = RUN_FLINT("config", "--conf", conf);
+  expect_status(r, 0);
+  assert_true(line_starting(r->out, "FLINT_LOCALITY_WAIT_MS ", row, sizeof row));
+  assert_non_null(strstr(row, " 251 "));
+  free(r);
+  remove_conf_dir(dir);
+}
+
+/* ---- the log ----------------------------------------------------------------------------- */
+
+/* Runs common_log in a child (the log reads its settings once per process) with FLINT_LOG
+ * `level` and FLINT_LOG_FILE in `dir`; returns the log file's text (the caller frees it). */
+static char *log_in_child(const char *dir, const char *level) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/log.txt", dir);
+  unlink(path);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    setenv("FLINT_LOG", level, 1);
+    setenv("FLINT_LOG_FILE", path, 1);
+    common_log(LOG_INFO, "an info line %d", 1);
+    common_log(LOG_DEBUG, "a debug line");
+    common_log(LOG_ERROR, "an error line");
+    _exit(common_log_enabled(LOG_DEBUG) ? 3 : 0);
+  }
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char *text = calloc(1, 4096);
+  assert_non_null(text);
+  assert_true(fread(text, 1, 4095, f) > 0);
+  fclose(f);
+  return text;
+}
+
+static bool dated(const char *line) {
+  /* "2026-11-28 09:20:01.123 " */
+  static const char shape[] = "dddd-dd-dd dd:dd:dd.ddd ";
+  for (size_t i = 0; i < sizeof shape - 1; i++)
+    if (shape[i] == 'd' ? !isdigit((unsigned char)line[i]) : line[i] != shape[i]) return false;
+  return true;
+}
+
+static void test_log_file_dates_levels(void **state) {
+  (void)state;
+  char dir[64];
+  make_conf_dir(dir, "");
+  char *text = log_in_child(dir, "info");
+  assert_true(dated(text));
+  assert_non_null(strstr(text, " INFO flint: an info line 1\n"));
+  assert_non_null(strstr(text, " ERROR flint: an error line\n"));
+  assert_null(strstr(text, "debug line"));
+  assert_int_equal(occurrences(text, "\n"), 2);
+  assert_true(dated(strchr(text, '\n') + 1));
+  free(text);
+  text = log_in_child(dir, "debug");
+  assert_non_null(strstr(text, " DEBUG flint: a debug line\n"));
+  free(text);
+  /* an unknown level: a warning that names it and the levels, then info */
+  text = log_in_child(dir, "verbose");
+  assert_non_null(
+      strstr(text, "WARN flint: FLINT_LOG=verbose is not a level (error, warn, info or debug): using info"));
+  assert_non_null(strstr(text, "an info line"));
+  assert_null(strstr(text, "debug line"));
+  free(text);
+  remove_conf_dir(dir);
+  /* ... which the flint command refuses */
+  setenv("FLINT_LOG", "verbose", 1);
+  run_result *r = RUN_FLINT("status", "--master", "flint://127.0.0.1:1");
+  unsetenv("FLINT_LOG");
+  expect_status(r, 1);
+  assert_non_null(strstr(r->err, "flint status: FLINT_LOG: 'verbose' is not a level (error, warn, info or debug)"));
+  free(r);
+}
+
+/* The scheduler's events, in a cluster's driver: jobs and stages at info, tasks at debug;
+ * and --conf reaching the processes that local-cluster starts (FLINT_LOG_FILE). */
+static void test_scheduler_events_logged(void **state) {
+  (void)state;
+  char job[PATH_MAX + 32], dir[64], conf[160], path[128];
+  snprintf(job, sizeof job, "%s", flint_path);
+  snprintf(strrchr(job, '/'), sizeof job - (size_t)(strrchr(job, '/') - job), "/pi.so");
+  if (access(job, R_OK) != 0) skip();
+  make_conf_dir(dir, "log debug\n");
+  snprintf(path, sizeof path, "%s/log.txt", dir);
+  snprintf(conf, sizeof conf, "log_file=%s", path);
+  setenv("FLINT_CONF_DIR", dir, 1);
+  run_result *r = RUN_FLINT("submit", "--conf", conf, "--master", "local-cluster[2,1,256]", job);
+  unsetenv("FLINT_CONF_DIR");
+  expect_status(r, 0);
+  assert_non_null(strstr(r->out, "pi is roughly"));
+  assert_null(strstr(r->err, " INFO ")); /* in the file */
+  free(r);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char *text = calloc(1, 1 << 16);
+  assert_non_null(text);
+  assert_true(fread(text, 1, (1 << 16) - 1, f) > 0);
+  fclose(f);
+  assert_true(dated(text));
+  assert_non_null(strstr(text, " INFO driver: job 1: starts: 2 partitions"));
+  assert_non_null(strstr(text, " INFO driver: job 1: stage 0 (result of dataset "));
+  assert_non_null(strstr(text, " INFO driver: job 1: stage 0 ends: 2 tasks done"));
+  assert_non_null(strstr(text, " INFO driver: job 1: ends: ok after "));
+  assert_non_null(strstr(text, " DEBUG driver: job 1: stage 0: task 0 (partition 0, attempt 1) starts on executor "));
+  assert_non_null(strstr(text, " DEBUG driver: job 1: stage 0: task 1 (partition 1, attempt 1) ends: ok after "));
+  assert_non_null(strstr(text, " INFO executor 1: "));
+  free(text);
+  remove_conf_dir(dir);
+}
+
+/* flint submit: --conf before JOB.so is flint's, after it the job's own argument; a local
+ * context logs its jobs at debug. */
+static void test_submit_conf_ends_at_job(void **state) {
+  (void)state;
+  char job[PATH_MAX + 32], dir[64], conf[160], path[128];
+  snprintf(job, sizeof job, "%s", flint_path);
+  snprintf(strrchr(job, '/'), sizeof job - (size_t)(strrchr(job, '/') - job), "/job_exit3.so");
+  if (access(job, R_OK) != 0) skip();
+  make_conf_dir(dir, "");
+  snprintf(path, sizeof path, "%s/log.txt", dir);
+  snprintf(conf, sizeof conf, "--conf=log_file=%s", path);
+  run_result *r = RUN_FLINT("submit", "--conf", "log=debug", conf, "--master", "local[2]", job, "--conf", "a=b");
+  expect_status(r, 3);
+  assert_non_null(strstr(r->out, "job_exit3 args: --conf a=b\n"));
+  free(r);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char text[8192] = "";
+  assert_true(fread(text, 1, sizeof text - 1, f) > 0);
+  fclose(f);
+  assert_non_null(strstr(text, " DEBUG flint: job 1: starts: 2 partitions"));
+  assert_non_null(strstr(text, " DEBUG flint: job 1: stage 0: task 1 (partition 1, attempt 1) starts\n"));
+  remove_conf_dir(dir);
 }
 
 static void find_flint(void) {
@@ -596,6 +927,7 @@ static void find_flint(void) {
 int main(void) {
   find_flint();
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_log_file_dates_levels), /* first: its children must log afresh */
       cmocka_unit_test(test_table_is_well_formed),
       cmocka_unit_test(test_every_default_reads),
       cmocka_unit_test(test_valid_values),
@@ -609,6 +941,12 @@ int main(void) {
       cmocka_unit_test(test_flint_config_table),
       cmocka_unit_test(test_flint_config_json),
       cmocka_unit_test(test_flint_config_usage),
+      cmocka_unit_test(test_file_parsing),
+      cmocka_unit_test(test_file_errors),
+      cmocka_unit_test(test_precedence),
+      cmocka_unit_test(test_flint_config_file_source),
+      cmocka_unit_test(test_scheduler_events_logged),
+      cmocka_unit_test(test_submit_conf_ends_at_job),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

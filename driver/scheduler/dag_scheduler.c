@@ -149,8 +149,13 @@ static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
     }
   if (!ready) return;
   st->submitted = true;
+  if (common_log_enabled(sched_event_level(s)))
+    common_log(sched_event_level(s), "job %llu: stage %u (%s of dataset %llu%s) starts: %u tasks",
+               (unsigned long long)job->id, st->id, st->dep ? "shuffle map" : "result", (unsigned long long)st->rdd->id,
+               st->barrier ? ", barrier" : "", st->num_tasks);
   if (st->num_tasks == 0) {
     st->finished = true;
+    common_log(sched_event_level(s), "job %llu: stage %u ends: nothing to run", (unsigned long long)job->id, st->id);
     return;
   }
   if (st->barrier) gang_submit(s, st);
@@ -251,6 +256,9 @@ void dag_scheduler_resubmit(scheduler *s) {
 void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
   atomic_fetch_add(&s->jobs_run, 1);
   job->submitted_ns = common_now_ns();
+  if (common_log_enabled(sched_event_level(s)))
+    common_log(sched_event_level(s), "job %llu: starts: %u partitions of dataset %llu", (unsigned long long)job->id,
+               job->num_parts, (unsigned long long)job->rdd->id);
   job->active_prev = NULL;
   job->active_next = s->active;
   if (s->active) s->active->active_prev = job;
@@ -302,6 +310,8 @@ static void task_succeeded(scheduler *s, sched_task *task) {
     }
     if (--st->remaining == 0) {
       st->finished = true;
+      common_log(sched_event_level(s), "job %llu: stage %u ends: %u tasks done", (unsigned long long)job->id, st->id,
+                 st->num_tasks);
       /* Output lost while the stage ran (its executor went): those maps run again first. */
       if (!map_output_complete(job->rdd->ctx->map_outputs, st->dep->shuffle_id)) {
         if (!s->resubmit_at_ns) s->resubmit_at_ns = common_now_ns() + DAG_RESUBMIT_DELAY_NS;
@@ -314,7 +324,9 @@ static void task_succeeded(scheduler *s, sched_task *task) {
   fl_buf t = job->results[task->index];
   job->results[task->index] = task->result;
   task->result = t;
-  job->remaining--;
+  if (--job->remaining == 0)
+    common_log(sched_event_level(s), "job %llu: stage %u ends: %u tasks done", (unsigned long long)job->id, st->id,
+               st->num_tasks);
   job_end_maybe_finish(s, job);
 }
 

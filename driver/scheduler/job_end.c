@@ -20,6 +20,15 @@ void job_end_maybe_finish(scheduler *s, sched_job *job) {
    * which is freed once handed back. */
   task_queue_drop_job(s, job);
   COMMON_TRACE("job.end", failed ? "failed" : "ok");
+  if (common_log_enabled(sched_event_level(s))) {
+    double ms = (double)(common_now_ns() - job->submitted_ns) / 1e6;
+    if (failed)
+      common_log(sched_event_level(s), "job %llu: ends: failed after %.1f ms: %s", (unsigned long long)job->id, ms,
+                 job->error ? job->error : fl_strerror(job->status));
+    else
+      common_log(sched_event_level(s), "job %llu: ends: ok after %.1f ms, %llu task attempts",
+                 (unsigned long long)job->id, ms, (unsigned long long)job->stats.attempts);
+  }
   /* Handed back by the loop once this event is through (complete_ended), not here: the
    * code that finished the job may still read it (a barrier stage that fails for want of
    * slots inside dag_scheduler_job_submitted, say), and a waiting caller frees it. */

@@ -220,4 +220,11 @@ FL_INTERNAL bool executors_excluded(const sched_executor *x, uint64_t now);
  * its slot is free, and the executor that ran it is charged (exclusion, no usable GPU). */
 FL_INTERNAL void executors_attempt_ended(scheduler *s, const sched_task *t, uint64_t ran);
 
+/* The level of job and stage start/end lines (tasks': always debug): info on a cluster's
+ * driver; debug in a local context, whose stderr is the job's own (the lines of an iterative
+ * job would bury its output). */
+static inline common_log_level sched_event_level(const scheduler *s) {
+  return s->backend->threads ? LOG_DEBUG : LOG_INFO;
+}
+
 #endif /* FLINT_DRIVER_SCHEDULER_INTERNAL_H */

@@ -28,6 +28,11 @@ void task_queue_launch(scheduler *s, sched_task *t) {
     if (x) x->running++;
   }
   atomic_fetch_add(&s->tasks_run, 1);
+  /* "%.0llu" prints no digit for 0: the local backend's threads have no executor id. */
+  if (common_log_enabled(LOG_DEBUG))
+    common_log(LOG_DEBUG, "job %llu: stage %u: task %u (partition %u, attempt %u%s) starts%s%.0llu",
+               (unsigned long long)t->job->id, t->stage->id, t->index, t->rt.partition, t->rt.attempt,
+               t->original ? ", a backup" : "", t->executor ? " on executor " : "", (unsigned long long)t->executor);
   s->backend->ops->launch(s->backend, t);
 }
 

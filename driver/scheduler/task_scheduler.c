@@ -83,6 +83,11 @@ task_outcome task_scheduler_task_ended(scheduler *s, sched_task *t) {
   sched_task *task = t->original ? t->original : t; /* the task this attempt ran */
   sched_task *other = t->original ? t->original : t->backup;
   t->running = false;
+  if (common_log_enabled(LOG_DEBUG))
+    common_log(LOG_DEBUG, "job %llu: stage %u: task %u (partition %u, attempt %u) ends: %s after %.1f ms",
+               (unsigned long long)job->id, t->stage->id, t->index, t->rt.partition, t->rt.attempt,
+               t->rt.status == FL_OK ? "ok" : fl_status_name(t->rt.status),
+               (double)(common_now_ns() - t->launched_ns) / 1e6);
   job->stats.attempts++;
   job->stats.attempts_failed += t->rt.status != FL_OK;
   job->stats.task_ns += t->rt.run_ns;
