@@ -63,6 +63,8 @@ static const char train_usage_text[] =
     "  --csv PATH          the curves as CSV (default flint-train.csv)\n"
     "  --svg PATH          the curves as SVG (default flint-train.svg)\n"
     "  --checkpoint PATH   write the final weights and optimizer state there\n"
+    "  --resume PATH       start from a checkpoint that --checkpoint wrote (same model and\n"
+    "                      data shape; not the transformer): train from its epoch to --epochs\n"
     "  --quiet             no progress line\n"
     "transformer options:\n"
     "  --dp D              data-parallel replicas (the same as --ranks; default 1)\n"
@@ -127,7 +129,7 @@ static const struct option train_longopts[] = {
     VALUED("test-images"), VALUED("ranks"), VALUED("device"), VALUED("batch"), VALUED("lr"), VALUED("warmup"),
     VALUED("epochs"), VALUED("decay"), VALUED("milestones"), VALUED("momentum"), VALUED("weight-decay"),
     VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
-    VALUED("checkpoint"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
+    VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"),
     SWITCH("no-overlap"), SWITCH("recompute"), CLI_COMMON_LONG_OPTIONS, {0}};
@@ -264,6 +266,8 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->svg_path = v;
     } else if (strcmp(opt, "--checkpoint") == 0) {
       o->checkpoint_path = v;
+    } else if (strcmp(opt, "--resume") == 0) {
+      o->resume_path = v;
     }
   }
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
@@ -309,8 +313,9 @@ int cmd_train(int argc, char **argv) {
   }
   printf("epochs       %u (%llu steps, %u attempt%s", res.epochs, (unsigned long long)res.steps, res.attempts,
          res.attempts == 1 ? "" : "s");
-  if (res.resumed_epoch) printf(", the last resumed after epoch %u", res.resumed_epoch);
+  if (res.resumed_epoch && !o.resume_path) printf(", the last resumed after epoch %u", res.resumed_epoch);
   printf(")\n");
+  if (o.resume_path) printf("resumed      %s after epoch %u\n", o.resume_path, res.resumed_epoch);
   printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
   printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
   printf("throughput   %.0f images/s over %.1f s\n", res.images_per_s, res.seconds);

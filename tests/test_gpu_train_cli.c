@@ -1,7 +1,8 @@
 /*
  * test_gpu_train_cli: `flint train` run as a child process the way a user runs it: every
  * usage error exits 2 with one line on stderr naming the cause and the hint, --help exits 0,
- * the top-level usage lists the command, and a run that diverges exits 1 naming the step.
+ * the top-level usage lists the command, a run that diverges exits 1 naming the step, and
+ * --resume goes on from a --checkpoint file.
  * (Training runs are tested where the trainer's parts are: see test_gpu_optim and the
  * trainer's own tests.)
  *
@@ -100,6 +101,7 @@ static void test_bad_transformer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", TFM, "--pp", "4", "--schedule", "interleaved", "--chunks", "2"),
                      "8 stages, but the model has only 4 units");
   expect_usage_error(RUN_FLINT("train", TFM, "--bucket-mb", "1"), "--bucket-mb is for the data-parallel models");
+  expect_usage_error(RUN_FLINT("train", TFM, "--resume", "x.ckpt"), "--resume is for the data-parallel models");
 }
 
 /* A short run of the hybrid trainer prints the grid, the bubble beside the theory and each
@@ -164,6 +166,79 @@ static void test_divergence_exits_1(void **state) {
   rmdir(dir);
 }
 
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  static char buf[4096];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+static void expect_failure(run_result *r, const char *needle) {
+  if (r->status != 1 || !strstr(r->err, needle)) {
+    fprintf(stderr, "expected exit 1 and '%s' on stderr\n", needle);
+    run_dump(r);
+  }
+  assert_int_equal(r->status, 1);
+  assert_non_null(strstr(r->err, "flint train: "));
+  assert_non_null(strstr(r->err, needle));
+  assert_null(strstr(r->out, "test         loss")); /* no result printed */
+  free(r);
+}
+
+/* --resume: a run of 1 epoch writes a checkpoint, and a run of 2 started from it trains epoch
+ * 2 only (its curves hold that row alone, and the steps go on from the checkpoint's). A file
+ * that is missing, truncated, of another model or already at --epochs is exit 1 naming it. */
+#define RESUME_BASE "--data", "synthetic-imagenet", "--batch", "4", "--synthetic-images", "8", "--device", "cpu", \
+                    "--master", "local[1]", "--quiet", "--csv", csv, "--svg", svg
+
+static void test_resume(void **state) {
+  (void)state;
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", csv[64], svg[64], ck[64], bad[64], missing[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(csv, sizeof csv, "%s/c.csv", dir);
+  snprintf(svg, sizeof svg, "%s/c.svg", dir);
+  snprintf(ck, sizeof ck, "%s/run.ckpt", dir);
+  snprintf(bad, sizeof bad, "%s/bad.ckpt", dir);
+  snprintf(missing, sizeof missing, "%s/missing.ckpt", dir);
+  run_result *r = RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "1", "--checkpoint", ck);
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "epochs       1 (2 steps, 1 attempt)"));
+  free(r);
+
+  r = RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "2", "--resume", ck);
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  char want[128];
+  snprintf(want, sizeof want, "resumed      %s after epoch 1\n", ck);
+  assert_non_null(strstr(r->out, want));
+  assert_non_null(strstr(r->out, "epochs       2 (4 steps, 1 attempt)")); /* 2 steps from the file, 2 here */
+  free(r);
+  const char *rows = read_text(csv);
+  assert_non_null(strstr(rows, "\n2,"));
+  assert_null(strstr(rows, "\n1,")); /* epoch 1 was not trained again */
+
+  expect_failure(RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "2", "--resume", missing),
+                 "cannot open");
+  FILE *f = fopen(bad, "w");
+  assert_non_null(f);
+  fputs("FLNTCKPT but not really a checkpoint", f);
+  fclose(f);
+  expect_failure(RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "2", "--resume", bad), bad);
+  expect_failure(RUN_FLINT("train", "--model", "mlp", RESUME_BASE, "--epochs", "2", "--resume", ck),
+                 "does not match this model");
+  expect_failure(RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "1", "--resume", ck),
+                 "nothing to train");
+  unlink(csv);
+  unlink(svg);
+  unlink(ck);
+  unlink(bad);
+  rmdir(dir);
+}
+
 static void test_help(void **state) {
   (void)state;
   run_result *r = RUN_FLINT("train", "--help");
@@ -171,6 +246,7 @@ static void test_help(void **state) {
   assert_non_null(strstr(r->out, "usage: flint train --model mlp|cnn|resnet18|transformer"));
   assert_non_null(strstr(r->out, "--microbatches M"));
   assert_non_null(strstr(r->out, "--warmup E"));
+  assert_non_null(strstr(r->out, "--resume PATH"));
   assert_non_null(strstr(r->out, "linear scaling"));
   /* The large-batch example uses a rate that converges at batch 8192 (docs/gpu.md: the cnn
    * diverges there from 0.05), and the 8-rank examples ask for 8 task slots whatever the
@@ -193,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_bad_transformer_options_exit_2),
       cmocka_unit_test(test_transformer_run),
       cmocka_unit_test(test_divergence_exits_1),
+      cmocka_unit_test(test_resume),
       cmocka_unit_test(test_help),
   };
   if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));

@@ -18,7 +18,9 @@
  * A retried attempt (fl_barrier_attempt > 0) restores the last checkpoint
  * (fl_barrier_checkpoint_get) and goes on from the epoch after it; its reports and the
  * result say which epoch it resumed from (resumed_epoch), and its rows replace the rows of
- * the epochs it repeats, so the curves keep one row per epoch.
+ * the epochs it repeats, so the curves keep one row per epoch. A first attempt (or a retry
+ * before any epoch was put) given opts->resume_path starts the same way from that file's
+ * checkpoint, which the client checked against the model and broadcast to the ranks.
  *
  * On the client, the reports drive the progress line (opts->progress) and the curves, which
  * are written to opts->csv_path and opts->svg_path at the end.
@@ -102,6 +104,10 @@ typedef struct gpu_train_options {
   const char *csv_path;  /* curves as CSV (NULL: not written) */
   const char *svg_path;  /* curves as SVG (NULL: not written) */
   const char *checkpoint_path; /* the final checkpoint blob (gpu/nn/nn.h; NULL: not written) */
+  const char *resume_path; /* start from this checkpoint file (what checkpoint_path wrote; NULL: from
+                            * scratch): training goes on from its epoch to `epochs`. Data-parallel
+                            * models only; a file that is not a checkpoint of this model is FL_EFORMAT
+                            * / FL_EINVAL naming it. */
   FILE *progress;        /* the per-epoch progress line (NULL: quiet) */
   bool shuffle;          /* a seeded shuffle each epoch (see "Which images" above) */
   uint64_t max_train_images; /* Fashion-MNIST: train on the first N images (0: all 60000) */
@@ -127,7 +133,7 @@ typedef struct gpu_train_options {
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
-   NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL}
+   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -136,7 +142,8 @@ typedef struct gpu_train_result {
   uint32_t epochs;        /* epochs completed */
   uint64_t steps;         /* optimizer steps taken */
   uint32_t attempts;      /* barrier-stage attempts (1 when nothing failed) */
-  uint32_t resumed_epoch; /* epochs the last attempt restored from a checkpoint (0: none) */
+  uint32_t resumed_epoch; /* epochs the last attempt restored from a checkpoint, the stage's
+                           * or --resume's (0: none) */
   double train_loss, train_acc; /* of the last epoch */
   double test_loss, test_acc;   /* of the last evaluation */
   double images_per_s;    /* training images per second over the run (all ranks) */

@@ -114,6 +114,42 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
   return s;
 }
 
+/* --resume: reads the checkpoint file and checks it against this run's model on a cpu device
+ * (the magic, the checksum, every size) before any rank starts; *epoch: the epochs it holds.
+ * Errors name the file. (The options' check refused the transformer.) */
+static fl_status resume_load(const gpu_train_options *o, const data_set *train, fl_buf *blob, uint32_t *epoch) {
+  fl_status status = FL_OK;
+  fl_device *dev = NULL;
+  nn_model *model = NULL;
+  optim_sgd *opt = NULL;
+  checkpoint_state cs = {0};
+  status = checkpoint_load_file(o->resume_path, blob);
+  if (status == FL_OK) status = fl_device_open(FL_DEVICE_CPU, 0, &dev);
+  nn_model_spec spec = {.kind = o->model, .channels = (int)train->channels, .height = (int)train->height,
+                        .width = (int)train->width, .classes = (int)train->classes, .seed = o->seed};
+  if (status == FL_OK) status = nn_model_create(dev, &spec, &model);
+  if (status == FL_OK) status = optim_sgd_create(dev, fl_tensor_numel(nn_model_values(model)), &o->sgd, &opt);
+  if (status == FL_OK)
+    status = checkpoint_decode(fl_buf_bytes(blob), nn_model_values(model), nn_model_buffers(model), opt, &cs);
+  if (status != FL_OK) {
+    char why[512]; /* fl_set_error must not read the buffer it writes */
+    snprintf(why, sizeof why, "%s", fl_last_error());
+    status = fl_set_error(status, "--resume %s: %s", o->resume_path, why);
+    goto cleanup;
+  }
+  if (cs.epoch >= o->epochs) {
+    status = fl_set_error(FL_EINVAL, "--resume %s: the checkpoint is after epoch %u already; --epochs %u leaves "
+                          "nothing to train (give more)", o->resume_path, cs.epoch, o->epochs);
+    goto cleanup;
+  }
+  *epoch = cs.epoch;
+cleanup:
+  optim_sgd_destroy(opt);
+  nn_model_destroy(model);
+  fl_device_close(dev);
+  return status;
+}
+
 fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_train_result *result) {
   if (!ctx) return fl_set_error(FL_EINVAL, "gpu_train_run_in: ctx is NULL");
   fl_status status = gpu_train_options_validate(o);
@@ -121,6 +157,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   data_set train = {0}, test = {0};
   fl_dataset *pair = NULL, *trained = NULL;
   fl_records *out = NULL;
+  fl_broadcast *resume = NULL;
+  fl_buf resume_blob = FL_BUF_INIT;
   client_state c = {.opts = o, .curves = CURVES_INIT};
   FL_CHECK(load_data(ctx, o, &train, &test));
   FL_CHECK(data_pair(ctx, &train, &test, &pair));
@@ -135,6 +173,14 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout};
   gpu_train_schedule(o, &a.schedule);
+  if (o->resume_path) {
+    uint32_t epoch = 0;
+    FL_CHECK(resume_load(o, &train, &resume_blob, &epoch));
+    FL_CHECK(fl_broadcast_create(ctx, resume_blob.data, resume_blob.len, &resume));
+    fl_buf_free(&resume_blob);
+    a.resume = true;
+    a.resume_id = fl_broadcast_id(resume);
+  }
   fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
   bopts.gpu = o->device == FL_DEVICE_CUDA;
   bopts.on_report = client_on_report;
@@ -212,6 +258,8 @@ cleanup:
   }
   fl_records_free(out);
   fl_dataset_free(trained);
+  fl_broadcast_destroy(resume);
+  fl_buf_free(&resume_blob);
   fl_dataset_free(pair);
   data_set_free(&test);
   data_set_free(&train);

@@ -12,7 +12,8 @@
  *      unless two of them share a GPU, which NCCL refuses, or FLINT_TRAIN_COMM=host);
  *   3. agree on the steps per epoch (the smallest rank's full batches), so that every rank
  *      calls the same collectives in the same order;
- *   4. on a retried attempt, restore the last checkpoint the stage put;
+ *   4. on a retried attempt, restore the last checkpoint the stage put; else, with --resume,
+ *      the checkpoint file's blob (a broadcast the client made);
  *   5. per epoch: steps of forward, loss, backward with buckets allreduced (averaged) as
  *      backward reports their gradients final, one SGD step; then evaluation on every rank's
  *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row;
@@ -265,8 +266,9 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   }
 
   checkpoint_state cs = {0};
+  fl_status got = FL_ENOENT;
   if (r.attempt > 0) {
-    fl_status got = fl_barrier_checkpoint_get(b, &blob);
+    got = fl_barrier_checkpoint_get(b, &blob);
     if (got == FL_OK) {
       FL_CHECK(checkpoint_decode(fl_buf_bytes(&blob), nn_model_values(r.model), nn_model_buffers(r.model), r.opt,
                                  &cs));
@@ -274,6 +276,11 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       status = got;
       goto cleanup;
     }
+  }
+  if (got == FL_ENOENT && a.resume) { /* --resume, and no epoch of this run put yet */
+    fl_bytes file;
+    FL_CHECK(fl_broadcast_value(a.resume_id, &file));
+    FL_CHECK(checkpoint_decode(file, nn_model_values(r.model), nn_model_buffers(r.model), r.opt, &cs));
   }
 
   const uint32_t resumed = cs.epoch;

@@ -110,6 +110,9 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->max_test_images && o->max_test_images < world)
     return fl_set_error(FL_EINVAL, "--test-images %llu is less than the %llu ranks (each rank evaluates a share)",
                         (unsigned long long)o->max_test_images, (unsigned long long)world);
+  if (o->resume_path)
+    return fl_set_error(FL_EINVAL, "--resume is for the data-parallel models (the transformer's checkpoint is "
+                        "sharded over its grid)");
   if (o->bucket_bytes)
     return fl_set_error(FL_EINVAL, "--bucket-mb is for the data-parallel models (the transformer averages each "
                         "chunk's gradients after backward)");

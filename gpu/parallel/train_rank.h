@@ -39,6 +39,8 @@ typedef struct train_arg {
   fl_allreduce_algo allreduce;
   uint64_t bucket_bytes;
   bool emit_checkpoint; /* rank 0 emits the final checkpoint blob after its result */
+  bool resume;          /* --resume: a first attempt starts from broadcast resume_id's blob */
+  uint64_t resume_id;
   bool shuffle;
   bool overlap; /* buckets allreduced on the communication thread during backward */
   /* the transformer (gpu/parallel/train_hybrid.c) */
