@@ -63,6 +63,7 @@ static const char ml_usage_text[] =
     "                      before training: the model's coefficients are then in\n"
     "                      standardized units, and --test data is scaled the same way\n"
     "  --out MODEL         write the model to the file MODEL (text; docs/ml.md)\n"
+    "  --conf KEY=VALUE    a setting ('flint config' lists them), e.g. log=debug\n"
     "  -h, --help          this text\n"
     "  --version           the version\n"
     "\n"

@@ -82,6 +82,7 @@ static const char train_usage_text[] =
     "  --dropout P         dropout probability, 0 <= P < 1 (default 0.1)\n"
     "  --timeline-csv PATH every rank's last-step timeline as CSV\n"
     "  --timeline-svg PATH the same drawn as a chart\n"
+    "  --conf KEY=VALUE    a setting ('flint config' lists them), e.g. log=debug\n"
     "  -h, --help          this text\n"
     "  --version           the version\n"
     "Options take their value as --opt VALUE or --opt=VALUE.\n"
