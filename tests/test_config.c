@@ -841,14 +841,22 @@ static void test_log_file_dates_levels(void **state) {
   free(r);
 }
 
+/* The job binary `name` of this build, beside the flint command: built with it, so a
+ * missing one fails the test rather than skipping it. */
+static void built_job(char *out, size_t len, const char *name) {
+  snprintf(out, len, "%s", flint_path);
+  char *slash = strrchr(out, '/');
+  assert_non_null(slash);
+  snprintf(slash + 1, len - (size_t)(slash + 1 - out), "%s", name);
+  if (access(out, R_OK) != 0) fail_msg("%s is not built", out);
+}
+
 /* The scheduler's events, in a cluster's driver: jobs and stages at info, tasks at debug;
  * and --conf reaching the processes that local-cluster starts (FLINT_LOG_FILE). */
 static void test_scheduler_events_logged(void **state) {
   (void)state;
   char job[PATH_MAX + 32], dir[64], conf[160], path[128];
-  snprintf(job, sizeof job, "%s", flint_path);
-  snprintf(strrchr(job, '/'), sizeof job - (size_t)(strrchr(job, '/') - job), "/pi.so");
-  if (access(job, R_OK) != 0) skip();
+  built_job(job, sizeof job, "pi.so");
   make_conf_dir(dir, "log debug\n");
   snprintf(path, sizeof path, "%s/log.txt", dir);
   snprintf(conf, sizeof conf, "log_file=%s", path);
@@ -882,9 +890,7 @@ static void test_scheduler_events_logged(void **state) {
 static void test_submit_conf_ends_at_job(void **state) {
   (void)state;
   char job[PATH_MAX + 32], dir[64], conf[160], path[128];
-  snprintf(job, sizeof job, "%s", flint_path);
-  snprintf(strrchr(job, '/'), sizeof job - (size_t)(strrchr(job, '/') - job), "/job_exit3.so");
-  if (access(job, R_OK) != 0) skip();
+  built_job(job, sizeof job, "job_exit3.so");
   make_conf_dir(dir, "");
   snprintf(path, sizeof path, "%s/log.txt", dir);
   snprintf(conf, sizeof conf, "--conf=log_file=%s", path);
