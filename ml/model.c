@@ -94,23 +94,32 @@ typedef struct metrics_arg {
 #define M_HEAD 7
 static size_t metrics_len(void) { return M_HEAD + 2 * AUC_BINS; }
 
+/* A task's copy of the model that `a` names (its coefficients broadcast), in *buf with
+ * `scratch` more doubles after them for the task's own use; the caller frees *buf. */
+static fl_status task_model(const metrics_arg *a, size_t scratch, fl_ml_model *m, double **buf) {
+  fl_bytes pv;
+  fl_status s = fl_broadcast_value(a->params_id, &pv);
+  if (s != FL_OK) return s;
+  size_t n = (size_t)a->outputs * (a->cols + 1);
+  if (pv.len != n * 8) return fl_set_error(FL_EINTERNAL, "model of %zu bytes", pv.len);
+  if (!(*buf = malloc((n + scratch) * sizeof **buf))) return fl_set_error(FL_ENOMEM, "out of memory");
+  memcpy(*buf, pv.data, n * 8);
+  *m = (fl_ml_model){.kind = a->kind, .cols = a->cols, .outputs = a->outputs, .intercept = a->intercept,
+                     .coef = *buf, .intercepts = *buf + (size_t)a->outputs * a->cols};
+  return FL_OK;
+}
+
 FL_ML_KERNEL fl_status ml_metrics_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
   (void)partition;
   metrics_arg a;
   memcpy(&a, arg, sizeof a);
-  fl_bytes pv;
-  fl_status s = fl_broadcast_value(a.params_id, &pv);
-  if (s != FL_OK) return s;
-  fl_ml_model m = {.kind = a.kind, .cols = a.cols, .outputs = a.outputs, .intercept = a.intercept};
-  size_t n = (size_t)a.outputs * (a.cols + 1);
-  if (pv.len != n * 8) return fl_set_error(FL_EINTERNAL, "model of %zu bytes", pv.len);
   /* probs: one per class, which for a binary model (one output) is two */
   size_t classes = a.kind == FL_ML_LOGISTIC_BINARY ? 2 : a.outputs;
-  double *buf = malloc((n + a.outputs + classes + a.cols + metrics_len()) * sizeof *buf);
-  if (!buf) return fl_set_error(FL_ENOMEM, "out of memory");
-  memcpy(buf, pv.data, n * 8);
-  m.coef = buf;
-  m.intercepts = buf + (size_t)a.outputs * a.cols;
+  fl_ml_model m;
+  double *buf;
+  fl_status s = task_model(&a, a.outputs + classes + a.cols + metrics_len(), &m, &buf);
+  if (s != FL_OK) return s;
+  size_t n = (size_t)a.outputs * (a.cols + 1);
   double *z = buf + n, *probs = z + a.outputs, *x = probs + classes, *acc = x + a.cols;
   memset(acc, 0, metrics_len() * sizeof *acc);
   fl_buf scratch = FL_BUF_INIT;
@@ -250,17 +259,11 @@ FL_ML_KERNEL fl_status ml_predict_partition(uint32_t partition, fl_iter *in, fl_
   (void)partition;
   metrics_arg a;
   memcpy(&a, arg, sizeof a);
-  fl_bytes pv;
-  fl_status s = fl_broadcast_value(a.params_id, &pv);
+  fl_ml_model m;
+  double *buf;
+  fl_status s = task_model(&a, a.outputs + a.cols, &m, &buf);
   if (s != FL_OK) return s;
-  fl_ml_model m = {.kind = a.kind, .cols = a.cols, .outputs = a.outputs, .intercept = a.intercept};
   size_t n = (size_t)a.outputs * (a.cols + 1);
-  if (pv.len != n * 8) return fl_set_error(FL_EINTERNAL, "model of %zu bytes", pv.len);
-  double *buf = malloc((n + a.outputs + a.cols) * sizeof *buf);
-  if (!buf) return fl_set_error(FL_ENOMEM, "out of memory");
-  memcpy(buf, pv.data, n * 8);
-  m.coef = buf;
-  m.intercepts = buf + (size_t)a.outputs * a.cols;
   double *z = buf + n, *x = z + a.outputs;
   fl_buf scratch = FL_BUF_INIT, preds = FL_BUF_INIT;
   fl_bytes rec;
