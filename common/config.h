@@ -95,6 +95,16 @@ enum {
     "the cluster's shared secret, presented by every call and connection")                                          \
   X(SECRET_FILE, PATH, ANY, CONFIG_COMPUTED, 0, 0, "none",                                                          \
     "a file holding the shared secret (when FLINT_SECRET is unset)")                                                \
+  X(TLS, BOOL, ANY, 0, 0, CONFIG_MAX_I64, "0",                                                                      \
+    "TLS on the control plane (gRPC) and the data plane (blocks): every process and client of a cluster alike")    \
+  X(TLS_CA, PATH, ANY, CONFIG_COMPUTED, 0, 0, "none",                                                               \
+    "PEM certificates that servers' certificates must chain to (required when FLINT_TLS is on)")                   \
+  X(TLS_CERT, PATH, ANY, CONFIG_COMPUTED, 0, 0, "none",                                                             \
+    "PEM certificate chain a server presents (driver, executors, clients that serve broadcasts)")                  \
+  X(TLS_KEY, PATH, ANY, CONFIG_COMPUTED, 0, 0, "none",                                                             \
+    "PEM private key of FLINT_TLS_CERT")                                                                            \
+  X(TLS_SERVER_NAME, STRING, ANY, CONFIG_COMPUTED, 0, 0, "the server's host",                                       \
+    "the name servers' certificates are checked for instead of the address dialled (one certificate for a cluster)") \
   /* the driver's scheduling */                                                                                     \
   X(LOCALITY_WAIT_MS, MS, DRIVER, 0, 0, CONFIG_MAX_I64, "3",                                                        \
     "how long a task waits for the executor that caches its partition")                                             \
