@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #endif
 #include "proc_harness.h"
+#include "tls_certs.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -42,6 +43,7 @@ static int setup(void **state) { return harness_setup(state); }
 static int teardown(void **state) {
   for (int i = 0; i < num_channels; i++) rpc_channel_destroy(channels[i]);
   num_channels = 0;
+  tls_env_off(); /* a failed test_encryption may leave it on */
   return harness_teardown(state);
 }
 
@@ -683,6 +685,69 @@ static bool log_warns(const char *log, const char *needle) {
   return false;
 }
 
+/* FLINT_TLS: a cluster whose control plane and data plane speak TLS runs jobs whose shuffle
+ * crosses executors; a client or executor without TLS, or that trusts another CA, is refused
+ * with an error that says so. */
+static void test_encryption(void **state) {
+  (void)state;
+  char certs[256], other[256];
+  assert_true(tls_make_certs(certs, sizeof certs, NULL));
+  assert_true(tls_make_certs(other, sizeof other, NULL));
+  char ca[320], cert[320], key[320], wrong_ca[320];
+  snprintf(ca, sizeof ca, "FLINT_TLS_CA=%s/ca.pem", certs);
+  snprintf(cert, sizeof cert, "FLINT_TLS_CERT=%s/cert.pem", certs);
+  snprintf(key, sizeof key, "FLINT_TLS_KEY=%s/key.pem", certs);
+  snprintf(wrong_ca, sizeof wrong_ca, "FLINT_TLS_CA=%s/ca.pem", other);
+  const char *const tls[] = {"FLINT_SECRET=" SECRET, "FLINT_TLS=1", ca, cert, key, NULL};
+  const char *const untrusting[] = {"FLINT_SECRET=" SECRET, "FLINT_TLS=1", wrong_ca, cert, key, NULL};
+
+  start_driver(tls);
+  start_executor("exec1", tls);
+  start_executor("exec2", tls);
+  tls_env_on(certs); /* this process's raw channel to the driver */
+  wait_executors(SECRET, 2);
+
+  /* Cached data and a shuffle across both executors, all of it over TLS. */
+  run_result *r = FLINT(tls, "submit", "--master", fx.master, bin_file("job_cache_sum.so"), "3", "4");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "sum 1498500");
+  EXPECT_OUT(r, "shuffled sum 1498500");
+  free(r);
+  r = FLINT(tls, "status", "--master", fx.master);
+  expect_status(r, 0);
+  free(r);
+
+  /* A plaintext client, and one that trusts another CA: refused, saying why. */
+  r = FLINT(with_secret, "status", "--master", fx.master);
+  expect_status(r, 1);
+  EXPECT_ERR(r, "TLS");
+  free(r);
+  r = FLINT(untrusting, "submit", "--master", fx.master, bin_file("pi.so"), "10000", "2");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "certificate");
+  EXPECT_NO_OUT(r, "pi is roughly");
+  free(r);
+
+  /* An executor without TLS cannot register, and says why. */
+  char work[PATH_MAX + 64];
+  snprintf(work, sizeof work, "%s", test_file("plain-work"));
+  make_dir(work);
+  r = FLINT(with_secret, "executor", "--driver", fx.target, "--cores", "1", "--memory", "64m", "--work-dir", work);
+  if (r->status == 0) dump(r);
+  assert_int_not_equal(r->status, 0);
+  EXPECT_ERR(r, "TLS");
+  free(r);
+
+  Flint__StatusReply *st = driver_status(channel(SECRET, 0));
+  assert_int_equal(st->n_executors, 2);
+  flint__status_reply__free_unpacked(st, NULL);
+  tls_env_off();
+  stop_all();
+  tls_remove_certs(certs);
+  tls_remove_certs(other);
+  fx.passed = true;
+}
+
 static void test_authentication(void **state) {
   (void)state;
   proc *driver = start_driver(with_secret);
@@ -1171,6 +1236,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_job_output_streams_and_driver_loss, setup, teardown),
       cmocka_unit_test_setup_teardown(test_local_cluster_killed_leaves_no_folder, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_encryption, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized_request, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_command_lines, setup, teardown),
