@@ -34,6 +34,11 @@
  *   separable wave (a row pattern plus a column pattern) plus uniform noise, so a network
  *   can learn it; it is for throughput, not accuracy.
  *
+ * - An image folder (include/flint/image.h): DIR/CLASS/NAME.jpg|jpeg|png, listed by the calling
+ *   process; each partition's task decodes its files (libjpeg-turbo, libpng), resizes them
+ *   to the folder options' cache size, applies a transform (as in epoch 0) and emits blocks
+ *   of 3 x size x size floats, already normalised (data_options.norm is not used).
+ *
  * Errors name the file: FL_ENOENT for a missing file, FL_EFORMAT for a bad magic, a
  * truncated file, a count mismatch between images and labels, or a label out of range.
  */
@@ -45,6 +50,7 @@
 #include <stdint.h>
 
 #include "flint/flint.h"
+#include "flint/image.h"
 
 #define DATA_BLOCK_MAGIC 0x42494c46u /* "FLIB" */
 #define DATA_BLOCK_HEADER 32u
@@ -105,6 +111,14 @@ fl_status data_fashion_mnist(fl_context *ctx, const char *dir, bool train, const
  * another range of the same seed: same classes, new noise). */
 fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first, uint64_t count,
                                   const data_options *opts, data_set *out);
+/* An image folder (a train/ or val/ tree) as image blocks of 3 x t->size x t->size images,
+ * transformed by `t` in epoch 0 (the eval transform gives the same images every run; the
+ * training transform, one seeded crop per image). fo->skip_bad is refused (a block's count is
+ * fixed before its files are read): a bad file fails its task, naming the file. *classes
+ * (NULL: not wanted) gets the listing's classes; free it with fl_image_classes_free. */
+fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_folder_options *fo,
+                            const fl_image_transform *t, const data_options *opts, data_set *out,
+                            fl_image_classes **classes);
 /* One synthetic-imagenet image (3*224*224 floats into `image`) and its label, as the
  * generator makes them; for tests and for generating on the fly. */
 void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *label);
@@ -174,6 +188,8 @@ FL_API fl_status gpu_data_idx_partition(uint32_t partition, fl_iter *in, fl_emit
                                         const void *arg);
 FL_API fl_status gpu_data_synthetic_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
                                               const void *arg);
+FL_API fl_status gpu_data_image_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
+                                          const void *arg);
 FL_API fl_status gpu_data_pair_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
                                          const void *arg);
 

@@ -4,6 +4,7 @@
  */
 #include <string.h>
 
+#include "gpu/data/image_internal.h"
 #include "gpu/data/sources.h"
 
 
@@ -16,6 +17,7 @@ static fl_status source_emit(uint32_t partition, fl_emitter *out, const uint8_t 
   switch (head[0]) {
   case SOURCE_IDX: return data_idx_emit(partition, out, arg, split);
   case SOURCE_SYNTHETIC: return data_synthetic_emit(partition, out, arg, split);
+  case SOURCE_IMAGES: return data_image_emit(partition, out, arg, split);
   default: return fl_set_error(FL_EINTERNAL, "image blocks: unknown source %u", head[0]);
   }
 }
