@@ -18,8 +18,8 @@
 #include "gpu/parallel/train.h"
 
 static const char train_usage_text[] =
-    "usage: flint train --model mlp|cnn|resnet18|transformer --data fashion-mnist|synthetic-imagenet\n"
-    "                   [options]\n"
+    "usage: flint train --model mlp|cnn|resnet18|transformer\n"
+    "                   --data fashion-mnist|synthetic-imagenet|imagefolder:DIR [options]\n"
     "\n"
     "Trains a network by synchronous data-parallel SGD: R ranks (one barrier task each) read\n"
     "their share of the cached data set, allreduce gradients in buckets overlapped with the\n"
@@ -34,7 +34,11 @@ static const char train_usage_text[] =
     "options:\n"
     "  --model M           mlp, cnn, resnet18 or transformer (required)\n"
     "  --data D            fashion-mnist (IDX files, 28x28, 10 classes) or synthetic-imagenet\n"
-    "                      (seeded 3x224x224 images, 1000 classes, for throughput) (required)\n"
+    "                      (seeded 3x224x224 images, 1000 classes, for throughput), or\n"
+    "                      imagefolder:DIR (DIR/train and DIR/val, each CLASS/*.jpg|jpeg|png as\n"
+    "                      torchvision's ImageFolder; decoded once, resized and centre-cropped)\n"
+    "                      (required)\n"
+    "  --image-size N      imagefolder: the images' side, 1 to 1024 (default 224)\n"
     "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
     "  --synthetic-images N  synthetic-imagenet training images per epoch (default 4 x batch)\n"
     "  --train-images N    fashion-mnist: train on the first N images (default all 60000)\n"
@@ -132,7 +136,7 @@ static const struct option train_longopts[] = {
     VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
     VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
-    VALUED("timeline-csv"), VALUED("timeline-svg"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"),
+    VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("image-size"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"),
     SWITCH("no-overlap"), SWITCH("recompute"), CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
@@ -146,6 +150,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->svg_path = "flint-train.svg";
   o->progress = stdout;
   bool have_model = false, have_data = false;
+  const char *image_dir = NULL; /* --data imagefolder:DIR (o->data_dir once the options are read) */
   int c, index;
   optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
@@ -182,11 +187,21 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
         return train_usage_error("unknown model '%s' (mlp, cnn, resnet18 or transformer)", v);
       have_model = true;
     } else if (strcmp(opt, "--data") == 0) {
-      if (gpu_train_dataset_parse(v, &o->data) != FL_OK)
-        return train_usage_error("unknown data set '%s' (fashion-mnist or synthetic-imagenet)", v);
+      if (strncmp(v, "imagefolder:", 12) == 0) {
+        if (!v[12]) return train_usage_error("--data imagefolder:DIR names no folder");
+        o->data = GPU_TRAIN_IMAGE_FOLDER;
+        image_dir = v + 12;
+      } else if (gpu_train_dataset_parse(v, &o->data) != FL_OK || o->data == GPU_TRAIN_IMAGE_FOLDER) {
+        return train_usage_error("unknown data set '%s' (fashion-mnist, synthetic-imagenet or imagefolder:DIR)", v);
+      } else {
+        image_dir = NULL;
+      }
       have_data = true;
     } else if (strcmp(opt, "--data-dir") == 0) {
       o->data_dir = v;
+    } else if (strcmp(opt, "--image-size") == 0) {
+      if (!cli_parse_u32(v, &o->image_size) || o->image_size < 1 || o->image_size > 1024)
+        return train_usage_error("--image-size '%s' is not a whole number from 1 to 1024", v);
     } else if (strcmp(opt, "--synthetic-images") == 0) {
       if (!cli_parse_u64(v, 1ull << 40, &o->synthetic_train_images) || o->synthetic_train_images < 1)
         return train_usage_error("--synthetic-images '%s' is not a whole number >= 1", v);
@@ -273,8 +288,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   }
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
   if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18 or transformer)");
-  if (!have_data) return train_usage_error("--data is required (fashion-mnist or synthetic-imagenet)");
+  if (!have_data)
+    return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet or imagefolder:DIR)");
   if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
+  if (image_dir) o->data_dir = image_dir;
   if (o->synthetic_train_images && o->data != GPU_TRAIN_SYNTHETIC_IMAGENET)
     return train_usage_error("--synthetic-images is for --data synthetic-imagenet");
   /* The checks across options (batch and ranks, warmup and epochs, milestones) are the

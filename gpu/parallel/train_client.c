@@ -87,6 +87,34 @@ static uint32_t train_world(const gpu_train_options *o) {
   return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
 }
 
+/* --data imagefolder:DIR: DIR/train and DIR/val (ImageNet's layout), the same classes in both,
+ * each image resized (shorter side to size * 256 / 224) and centre-cropped to size x size. */
+static fl_status load_image_folder(fl_context *ctx, const gpu_train_options *o, const data_options *dopts,
+                                   data_set *train, data_set *test) {
+  fl_image_transform t = FL_IMAGE_EVAL_INIT;
+  t.size = o->image_size ? o->image_size : 224;
+  t.resize = (t.size * 256 + 112) / 224;
+  fl_image_folder_options fo = FL_IMAGE_FOLDER_OPTIONS_INIT;
+  fo.cache_size = t.resize;
+  char dir[4096];
+  fl_image_classes *train_classes = NULL, *test_classes = NULL;
+  snprintf(dir, sizeof dir, "%s/train", o->data_dir);
+  fl_status s = data_image_folder(ctx, dir, &fo, &t, dopts, train, &train_classes);
+  snprintf(dir, sizeof dir, "%s/val", o->data_dir);
+  if (s == FL_OK) s = data_image_folder(ctx, dir, &fo, &t, dopts, test, &test_classes);
+  uint32_t k = fl_image_classes_count(train_classes);
+  if (s == FL_OK && fl_image_classes_count(test_classes) != k)
+    s = fl_set_error(FL_EINVAL, "--data imagefolder:%s: %u classes in train/ but %u in val/", o->data_dir, k,
+                     fl_image_classes_count(test_classes));
+  for (uint32_t c = 0; s == FL_OK && c < k; c++)
+    if (strcmp(fl_image_classes_name(train_classes, c), fl_image_classes_name(test_classes, c)) != 0)
+      s = fl_set_error(FL_EINVAL, "--data imagefolder:%s: class %u is %s in train/ but %s in val/", o->data_dir, c,
+                       fl_image_classes_name(train_classes, c), fl_image_classes_name(test_classes, c));
+  fl_image_classes_free(train_classes);
+  fl_image_classes_free(test_classes);
+  return s;
+}
+
 static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test) {
   data_options dopts = DATA_OPTIONS_INIT;
   dopts.partitions = train_world(o);
@@ -101,6 +129,8 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
     s = data_fashion_mnist(ctx, o->data_dir, true, &dopts, train);
     dopts.max_images = o->max_test_images;
     if (s == FL_OK) s = data_fashion_mnist(ctx, o->data_dir, false, &dopts, test);
+  } else if (o->data == GPU_TRAIN_IMAGE_FOLDER) {
+    s = load_image_folder(ctx, o, &dopts, train, test);
   } else {
     uint64_t n_train = o->synthetic_train_images ? o->synthetic_train_images : 4ull * o->batch;
     uint64_t n_test = o->synthetic_test_images ? o->synthetic_test_images : o->batch;

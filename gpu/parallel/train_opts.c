@@ -9,7 +9,7 @@
 #include "gpu/parallel/train.h"
 
 static const char *const model_names[] = {"mlp", "cnn", "resnet18", "transformer"};
-static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet"};
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "imagefolder"};
 
 fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
   for (int i = 0; i < 4; i++)
@@ -21,17 +21,17 @@ fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
 }
 
 fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     if (text && strcmp(text, dataset_names[i]) == 0) {
       *out = (gpu_train_dataset)i;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist or synthetic-imagenet)",
+  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist, synthetic-imagenet or imagefolder)",
                       text ? text : "(null)");
 }
 
 const char *gpu_train_dataset_name(gpu_train_dataset data) {
-  return (unsigned)data < 2 ? dataset_names[data] : "unknown";
+  return (unsigned)data < 3 ? dataset_names[data] : "unknown";
 }
 
 /* Step decay without milestones: x0.1 at half and at three quarters of training. */
@@ -122,8 +122,13 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
   if ((unsigned)o->model > NN_TRANSFORMER) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
-  if ((unsigned)o->data > GPU_TRAIN_SYNTHETIC_IMAGENET)
+  if ((unsigned)o->data > GPU_TRAIN_IMAGE_FOLDER)
     return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
+  if (o->data == GPU_TRAIN_IMAGE_FOLDER && (!o->data_dir || !*o->data_dir))
+    return fl_set_error(FL_EINVAL, "--data imagefolder:DIR needs its folder DIR (with DIR/train and DIR/val)");
+  if (o->image_size && o->data != GPU_TRAIN_IMAGE_FOLDER)
+    return fl_set_error(FL_EINVAL, "--image-size is for --data imagefolder:DIR");
+  if (o->image_size > 1024) return fl_set_error(FL_EINVAL, "--image-size %u must be 1 to 1024", o->image_size);
   if (o->device != FL_DEVICE_CPU && o->device != FL_DEVICE_CUDA)
     return fl_set_error(FL_EINVAL, "--device: unknown device kind %d", (int)o->device);
   if (o->ranks < 1 || o->ranks > 1024) return fl_set_error(FL_EINVAL, "--ranks %u must be 1 to 1024", o->ranks);
