@@ -1,0 +1,369 @@
+/*
+ * bench_input: the image input pipeline (include/flint/image.h) in images per second per
+ * core, on JPEGs of ImageNet's typical size (500 x 375, quality 90) generated here. Rows, each
+ * on one thread unless said:
+ *
+ *   decode          JPEG to RGB at full size (libjpeg-turbo)
+ *   decode+cache    decode, then the shorter side resized to 256 (what fl_image_folder's
+ *                   tasks do once, before the dataset is cached)
+ *   augment         the training transform on a cached image: RandomResizedCrop 224, flip,
+ *                   normalise to float CHW (what every epoch pays with cached data)
+ *   eval            the evaluation transform on a cached image (resize 256, centre crop 224)
+ *   decode+augment  decode, then the training transform on the full-size image (torchvision's
+ *                   ImageNet pipeline without a cache: every epoch pays this)
+ *   folder[2]       fl_image_folder over the files in local[2], counted: decode+cache through
+ *                   the engine on 2 task threads, divided by 2
+ *
+ * Baselines in the same run: decode alone against decode+augment (the share augmentation
+ * adds), and PIL (Debian's python3-pil, with python3-numpy for the float conversion) doing
+ * the same work on the same files, as torchvision's PIL path does it: Image.open().convert(
+ * "RGB"), resize(BILINEAR) (with box= for the crop), transpose for the flip, numpy for the
+ * normalisation. Without them the PIL column says so. Each figure is the best of 3 timed
+ * passes over the files after one warm-up pass (a pass lasts at least --seconds / 3).
+ *
+ *   bench_input [--json] [--images N] [--seconds S]
+ *
+ * Output: a table, or with --json one JSON object per row. Exit 1 on an error, 2 on a bad
+ * option.
+ */
+#define BENCH_NAME "bench_input"
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jpeglib.h> /* after stdio.h */
+
+#include "bench_util.h"
+#include "flint/image.h"
+
+#define W 500
+#define H 375
+#define QUALITY 90
+
+typedef struct options {
+  bool json;
+  uint64_t images, seconds;
+} options;
+
+static char dir[256]; /* short: every path is built from it */
+
+/* An image with photograph-like statistics: smooth shading, edges and some noise, so that
+ * q90 files come out near ImageNet's (about 100-150 KiB at this size). */
+static void make_image(uint32_t seed, uint8_t *px) {
+  uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+  double fx = 0.01 + 0.002 * (seed % 7), fy = 0.013 + 0.003 * (seed % 5);
+  for (uint32_t i = 0; i < H; i++)
+    for (uint32_t j = 0; j < W; j++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      double noise = (double)(x >> 58) - 32;
+      bool edge = ((i / 40) + (j / 55) + seed) % 3 == 0;
+      for (int c = 0; c < 3; c++) {
+        double v = 128 + 70 * sin(fx * j * (c + 1) + seed) * cos(fy * i + c) + (edge ? 40 : -20) + noise;
+        px[((size_t)i * W + j) * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+      }
+    }
+}
+
+static int write_jpeg(const char *path, const uint8_t *px) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return -1;
+  struct jpeg_compress_struct c;
+  struct jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  jpeg_stdio_dest(&c, f);
+  c.image_width = W;
+  c.image_height = H;
+  c.input_components = 3;
+  c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, QUALITY, TRUE);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < H) {
+    JSAMPROW row = (JSAMPROW)(px + (size_t)c.next_scanline * W * 3);
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  return fclose(f);
+}
+
+static void file_path(char *buf, size_t len, uint64_t i) { snprintf(buf, len, "%s/c/%05llu.jpg", dir, (unsigned long long)i); }
+
+/* ---- the rows ------------------------------------------------------------------------------ */
+
+typedef enum row_kind { ROW_DECODE, ROW_DECODE_CACHE, ROW_AUGMENT, ROW_EVAL, ROW_DECODE_AUGMENT, ROWS_LOCAL } row_kind;
+static const char *const row_names[] = {"decode", "decode+cache", "augment", "eval", "decode+augment"};
+
+typedef struct workload {
+  uint64_t n;
+  fl_buf *cached; /* n records at 256 */
+  float *out;     /* 3 x 224 x 224 */
+  fl_image_transform train, eval;
+} workload;
+
+/* One image of a row; false on an error (reported). */
+static bool one(const workload *w, row_kind k, uint64_t i, uint32_t epoch) {
+  char path[PATH_MAX];
+  uint8_t *rgb;
+  uint32_t h, wd;
+  fl_status s = FL_OK;
+  switch (k) {
+  case ROW_AUGMENT: s = fl_image_transform_apply(&w->train, epoch, fl_buf_bytes(&w->cached[i]), w->out, NULL); break;
+  case ROW_EVAL: s = fl_image_transform_apply(&w->eval, epoch, fl_buf_bytes(&w->cached[i]), w->out, NULL); break;
+  default:
+    file_path(path, sizeof path, i);
+    s = fl_image_decode_file(path, 0, &rgb, &h, &wd);
+    if (s != FL_OK) break;
+    if (k == ROW_DECODE_CACHE) {
+      uint32_t ow = wd <= h ? 256 : (uint32_t)(256ull * wd / h), oh = wd <= h ? (uint32_t)(256ull * h / wd) : 256;
+      uint8_t *small = fl_malloc((size_t)ow * oh * 3);
+      s = small ? fl_image_resize(rgb, wd, h, 0, 0, wd, h, ow, oh, small) : FL_ENOMEM;
+      fl_free(small);
+    } else if (k == ROW_DECODE_AUGMENT) {
+      fl_buf rec = FL_BUF_INIT;
+      s = fl_image_record_encode(0, i, h, wd, rgb, &rec);
+      if (s == FL_OK) s = fl_image_transform_apply(&w->train, epoch, fl_buf_bytes(&rec), w->out, NULL);
+      fl_buf_free(&rec);
+    }
+    fl_free(rgb);
+  }
+  if (s != FL_OK) fail_flint(row_names[k]);
+  return s == FL_OK;
+}
+
+/* Best of 3 timed passes (each at least min_s) after a warm-up: images per second. */
+static double time_row(const workload *w, row_kind k, double min_s) {
+  double best = 0;
+  uint32_t epoch = 0;
+  for (int pass = -1; pass < 3; pass++) {
+    double t0 = now_s(), t;
+    uint64_t done = 0;
+    do {
+      for (uint64_t i = 0; i < w->n; i++, done++)
+        if (!one(w, k, i, epoch)) return -1;
+      epoch++;
+      t = now_s() - t0;
+    } while (pass >= 0 && t < min_s);
+    if (pass >= 0 && done / t > best) best = done / t;
+  }
+  return best;
+}
+
+/* fl_image_folder over the files on local[2], counted: images per second per core. */
+static double time_folder(uint64_t n, double min_s) {
+  fl_context *ctx;
+  if (fl_context_open("local[2]", NULL, &ctx) != FL_OK) {
+    fail_flint("fl_context_open");
+    return -1;
+  }
+  double best = 0;
+  for (int pass = -1; pass < 3; pass++) {
+    double t0 = now_s(), t;
+    uint64_t done = 0;
+    do {
+      fl_dataset *ds;
+      uint64_t got = 0;
+      fl_image_folder_options fo = FL_IMAGE_FOLDER_OPTIONS_INIT;
+      fo.partitions = 8;
+      if (fl_image_folder(ctx, dir, &fo, &ds, NULL) != FL_OK || fl_count(ds, &got) != FL_OK || got != n) {
+        fail_flint("fl_image_folder");
+        fl_context_close(ctx);
+        return -1;
+      }
+      fl_dataset_free(ds);
+      done += n;
+      t = now_s() - t0;
+    } while (pass >= 0 && t < min_s);
+    if (pass >= 0 && done / t / 2 > best) best = done / t / 2;
+  }
+  fl_context_close(ctx);
+  return best;
+}
+
+/* ---- PIL ----------------------------------------------------------------------------------- */
+
+/* The same rows in PIL, printed as "row value" lines; the interpreter is Debian's python3
+ * (first) or the one on PATH, whichever imports PIL and numpy. */
+static const char pil_script[] =
+    "import sys, time, glob, math, random\n"
+    "from PIL import Image\n"
+    "import numpy as np\n"
+    "files = sorted(glob.glob(sys.argv[1] + '/c/*.jpg')); min_s = float(sys.argv[2])\n"
+    "mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(3, 1, 1)\n"
+    "std = np.array([0.229, 0.224, 0.225], np.float32).reshape(3, 1, 1)\n"
+    "def decode(f):\n"
+    "    with open(f, 'rb') as fh:\n"
+    "        im = Image.open(fh); return im.convert('RGB')\n"
+    "def short256(im):\n"
+    "    w, h = im.size\n"
+    "    size = (256, 256 * h // w) if w <= h else (256 * w // h, 256)\n"
+    "    return im.resize(size, Image.BILINEAR)\n"
+    "def rrc(im):\n"  /* torchvision's RandomResizedCrop.get_params, scale (0.08, 1), ratio (3/4, 4/3) */
+    "    w, h = im.size; area = w * h; lr = (math.log(3 / 4), math.log(4 / 3))\n"
+    "    for _ in range(10):\n"
+    "        ta = area * random.uniform(0.08, 1.0); ar = math.exp(random.uniform(*lr))\n"
+    "        cw = int(round(math.sqrt(ta * ar))); ch = int(round(math.sqrt(ta / ar)))\n"
+    "        if 0 < cw <= w and 0 < ch <= h:\n"
+    "            i = random.randint(0, h - ch); j = random.randint(0, w - cw); break\n"
+    "    else:\n"
+    "        cw, ch, i, j = w, h, 0, 0\n"
+    "    out = im.resize((224, 224), Image.BILINEAR, box=(j, i, j + cw, i + ch))\n"
+    "    if random.random() < 0.5: out = out.transpose(Image.FLIP_LEFT_RIGHT)\n"
+    "    a = np.asarray(out, dtype=np.float32).transpose(2, 0, 1) / 255.0\n"
+    "    return (a - mean) / std\n"
+    "def evalt(im):\n"
+    "    w, h = im.size; l = int(round((w - 224) / 2.0)); t = int(round((h - 224) / 2.0))\n"
+    "    a = np.asarray(im.crop((l, t, l + 224, t + 224)), dtype=np.float32).transpose(2, 0, 1) / 255.0\n"
+    "    return (a - mean) / std\n"
+    "cached = [short256(decode(f)) for f in files]\n"
+    "rows = {'decode': lambda k: decode(files[k]), 'decode+cache': lambda k: short256(decode(files[k])),\n"
+    "        'augment': lambda k: rrc(cached[k]), 'eval': lambda k: evalt(cached[k]),\n"
+    "        'decode+augment': lambda k: rrc(decode(files[k]))}\n"
+    "for name, fn in rows.items():\n"
+    "    best = 0\n"
+    "    for p in range(-1, 3):\n"
+    "        t0 = time.perf_counter(); done = 0\n"
+    "        while True:\n"
+    "            for k in range(len(files)): fn(k); done += 1\n"
+    "            t = time.perf_counter() - t0\n"
+    "            if p < 0 or t >= min_s: break\n"
+    "        if p >= 0: best = max(best, done / t)\n"
+    "    print(name, best, flush=True)\n";
+
+/* Fills pil[] (images/s) from the script; false when PIL cannot be run (why in *note). */
+static bool run_pil(double min_s, double *pil, const char **note) {
+  char script[PATH_MAX], cmd[3 * PATH_MAX];
+  snprintf(script, sizeof script, "%s/pil_rows.py", dir);
+  FILE *f = fopen(script, "w");
+  if (!f || fputs(pil_script, f) < 0 || fclose(f) != 0) {
+    *note = "PIL: could not write its script";
+    return false;
+  }
+  snprintf(cmd, sizeof cmd,
+           "for p in /usr/bin/python3 python3; do if $p -c 'import PIL, numpy' 2>/dev/null; then "
+           "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 exec $p '%s' '%s' %g; fi; done; exit 3",
+           script, dir, min_s);
+  FILE *p = popen(cmd, "r");
+  if (!p) {
+    *note = "PIL: could not start python3";
+    return false;
+  }
+  char line[256], name[64];
+  double v;
+  int got = 0;
+  while (fgets(line, sizeof line, p))
+    if (sscanf(line, "%63s %lf", name, &v) == 2)
+      for (int k = 0; k < ROWS_LOCAL; k++)
+        if (strcmp(name, row_names[k]) == 0) pil[k] = v, got++;
+  int rc = pclose(p);
+  if (got != ROWS_LOCAL) {
+    *note = rc == 3 << 8 ? "PIL: python3 with PIL and numpy not found (apt install python3-pil python3-numpy)"
+                         : "PIL: its script failed";
+    return false;
+  }
+  return true;
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static int usage(void) {
+  fprintf(stderr, "usage: " BENCH_NAME " [--json] [--images N] [--seconds S]\n");
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  options o = {false, 64, 6};
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) o.json = true;
+    else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
+      if (!parse_count(argv[++i], 100000, &o.images)) return usage();
+    } else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
+      if (!parse_count(argv[++i], 3600, &o.seconds)) return usage();
+    } else
+      return usage();
+  }
+  const char *base = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/flint-bench-input-XXXXXX", base && *base ? base : "/tmp");
+  if (!mkdtemp(dir)) {
+    perror(BENCH_NAME ": mkdtemp");
+    return 1;
+  }
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/c", dir);
+  int rc = 1;
+  uint8_t *px = malloc((size_t)W * H * 3);
+  workload w = {.n = o.images, .train = FL_IMAGE_TRAIN_INIT, .eval = FL_IMAGE_EVAL_INIT};
+  w.cached = calloc(o.images, sizeof *w.cached);
+  w.out = malloc(3 * 224 * 224 * sizeof *w.out);
+  if (!px || !w.cached || !w.out || mkdir(path, 0755) != 0) goto done;
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; i < o.images; i++) {
+    make_image((uint32_t)i, px);
+    file_path(path, sizeof path, i);
+    struct stat st;
+    if (write_jpeg(path, px) != 0 || stat(path, &st) != 0) {
+      fprintf(stderr, BENCH_NAME ": cannot write %s\n", path);
+      goto done;
+    }
+    bytes += (uint64_t)st.st_size;
+    /* The cached record, as fl_image_folder's tasks make it. */
+    uint8_t *rgb, *small = malloc((size_t)341 * 256 * 3);
+    uint32_t h, wd;
+    if (!small || fl_image_decode_file(path, 0, &rgb, &h, &wd) != FL_OK ||
+        fl_image_resize(rgb, wd, h, 0, 0, wd, h, 341, 256, small) != FL_OK ||
+        fl_image_record_encode(0, i, 256, 341, small, &w.cached[i]) != FL_OK) {
+      fail_flint("caching");
+      goto done;
+    }
+    fl_free(rgb);
+    free(small);
+  }
+  double min_s = (double)o.seconds / 3, flint[ROWS_LOCAL + 1], pil[ROWS_LOCAL] = {0};
+  for (int k = 0; k < ROWS_LOCAL; k++)
+    if ((flint[k] = time_row(&w, (row_kind)k, min_s)) < 0) goto done;
+  if ((flint[ROWS_LOCAL] = time_folder(o.images, min_s)) < 0) goto done;
+  const char *note = NULL;
+  bool have_pil = run_pil(min_s, pil, &note);
+  if (!o.json) {
+    printf("bench_input: %llu JPEGs of %u x %u, quality %d, %.0f KiB on average; one thread per row; images/s "
+           "per core, best of 3\n",
+           (unsigned long long)o.images, W, H, QUALITY, bytes / 1024.0 / o.images);
+    printf("%-16s %12s %12s %10s\n", "row", "flint", "PIL", "flint/PIL");
+  }
+  for (int k = 0; k <= ROWS_LOCAL; k++) {
+    const char *name = k < ROWS_LOCAL ? row_names[k] : "folder[2]";
+    bool peer = have_pil && k < ROWS_LOCAL;
+    if (o.json) {
+      printf("{\"bench\":\"input\",\"row\":\"%s\",\"images_per_s_per_core\":%.1f", name, flint[k]);
+      if (peer) printf(",\"pil_images_per_s\":%.1f,\"ratio\":%.3f", pil[k], flint[k] / pil[k]);
+      printf("}\n");
+    } else if (peer) {
+      printf("%-16s %12.1f %12.1f %9.2fx\n", name, flint[k], pil[k], flint[k] / pil[k]);
+    } else {
+      printf("%-16s %12.1f %12s %10s\n", name, flint[k], "-", "-");
+    }
+  }
+  double share = 1 - flint[ROW_DECODE_AUGMENT] / flint[ROW_DECODE];
+  if (o.json) {
+    printf("{\"bench\":\"input\",\"row\":\"augment-share\",\"decode_augment_over_decode\":%.3f}\n",
+           flint[ROW_DECODE_AUGMENT] / flint[ROW_DECODE]);
+  } else {
+    printf("baseline: decode+augment runs at %.0f%% of decode alone (augmentation takes %.0f%% of that time); "
+           "cached, augment runs %.1fx faster than decode+augment\n",
+           100 * flint[ROW_DECODE_AUGMENT] / flint[ROW_DECODE], 100 * share, flint[ROW_AUGMENT] / flint[ROW_DECODE_AUGMENT]);
+    if (!have_pil) printf("(%s)\n", note);
+  }
+  rc = 0;
+done:
+  if (w.cached)
+    for (uint64_t i = 0; i < o.images; i++) fl_buf_free(&w.cached[i]);
+  free(w.cached);
+  free(w.out);
+  free(px);
+  snprintf(path, sizeof path, "rm -rf '%s'", dir);
+  if (system(path) != 0) rc = 1;
+  return rc;
+}
