@@ -85,12 +85,22 @@ fl_status image_resample(const uint8_t *src, uint32_t sw, uint32_t sh, double x0
     taps_free(&v);
     return fl_set_error(FL_ENOMEM, "image resize: out of memory");
   }
+  /* A source row as floats first: each source pixel feeds several outputs, and the loops
+   * below then vectorize. */
+  float *line = common_malloc((size_t)sw * 3 * sizeof *line);
+  if (!line) {
+    common_free(rows);
+    taps_free(&h);
+    taps_free(&v);
+    return fl_set_error(FL_ENOMEM, "image resize: out of memory");
+  }
   for (int y = ylo; y < yhi; y++) {
-    const uint8_t *in = src + (size_t)y * sw * 3;
-    float *out = rows + (size_t)(y - ylo) * dw * 3;
+    const uint8_t *restrict in = src + (size_t)y * sw * 3;
+    float *restrict out = rows + (size_t)(y - ylo) * dw * 3;
+    for (size_t i = 0; i < (size_t)sw * 3; i++) line[i] = in[i];
     for (uint32_t o = 0; o < dw; o++) {
       const float *w = h.w + (size_t)o * h.stride;
-      const uint8_t *p = in + (size_t)h.first[o] * 3;
+      const float *p = line + (size_t)h.first[o] * 3;
       float r = 0, g = 0, b = 0;
       for (int k = 0; k < h.n[o]; k++, p += 3) {
         r += w[k] * p[0];
@@ -100,15 +110,18 @@ fl_status image_resample(const uint8_t *src, uint32_t sw, uint32_t sh, double x0
       out[3 * o] = r, out[3 * o + 1] = g, out[3 * o + 2] = b;
     }
   }
+  common_free(line);
   size_t row = (size_t)dw * 3;
   for (uint32_t o = 0; o < dh; o++) {
     const float *w = v.w + (size_t)o * v.stride;
-    float *out = dst + o * row;
-    const float *in = rows + (size_t)(v.first[o] - ylo) * row;
-    for (size_t i = 0; i < row; i++) out[i] = w[0] * in[i];
+    float *restrict out = dst + o * row;
+    const float *restrict in = rows + (size_t)(v.first[o] - ylo) * row;
+    float w0 = w[0];
+    for (size_t i = 0; i < row; i++) out[i] = w0 * in[i];
     for (int k = 1; k < v.n[o]; k++) {
-      in += row;
-      for (size_t i = 0; i < row; i++) out[i] += w[k] * in[i];
+      const float *restrict next = in + (size_t)k * row;
+      float wk = w[k];
+      for (size_t i = 0; i < row; i++) out[i] += wk * next[i];
     }
   }
   common_free(rows);
@@ -124,9 +137,11 @@ fl_status fl_image_resize(const uint8_t *src, uint32_t sw, uint32_t sh, double x
   if (!f) return fl_set_error(FL_ENOMEM, "image resize: out of memory");
   fl_status s = image_resample(src, sw, sh, x0, y0, x1, y1, dw, dh, f);
   if (s == FL_OK)
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) { /* round and clamp, branch-free so that it vectorizes */
       float v = f[i] + 0.5f;
-      dst[i] = v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
+      v = v < 0 ? 0 : v;
+      v = v > 255 ? 255 : v;
+      dst[i] = (uint8_t)v;
     }
   common_free(f);
   return s;
