@@ -39,6 +39,8 @@ static const char train_usage_text[] =
     "                      torchvision's ImageFolder; decoded once, resized and centre-cropped)\n"
     "                      (required)\n"
     "  --image-size N      imagefolder: the images' side, 1 to 1024 (default 224)\n"
+    "  --no-augment        imagefolder: train on centre crops instead of a new random\n"
+    "                      resized crop and flip of every image every epoch\n"
     "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
     "  --synthetic-images N  synthetic-imagenet training images per epoch (default 4 x batch)\n"
     "  --train-images N    fashion-mnist: train on the first N images (default all 60000)\n"
@@ -137,7 +139,7 @@ static const struct option train_longopts[] = {
     VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("image-size"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"),
-    SWITCH("no-overlap"), SWITCH("recompute"), CLI_COMMON_LONG_OPTIONS, {0}};
+    SWITCH("no-overlap"), SWITCH("recompute"), SWITCH("no-augment"), CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
 
@@ -174,6 +176,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     }
     if (strcmp(opt, "--no-overlap") == 0) {
       o->overlap = false;
+      continue;
+    }
+    if (strcmp(opt, "--no-augment") == 0) {
+      o->no_augment = true;
       continue;
     }
     if (strcmp(opt, "--recompute") == 0) {

@@ -694,12 +694,28 @@ static void test_train_on_image_folder(void **state) {
   assert_float_equal(cluster.train_loss, local.train_loss, 1e-4 * fmax(1, fabs(local.train_loss)));
   assert_float_equal(cluster.test_loss, local.test_loss, 1e-4 * fmax(1, fabs(local.test_loss)));
   o.master = "local[2]";
+  /* Training images get a new random crop each epoch by default: centre crops (no_augment)
+   * train otherwise. */
+  gpu_train_result plain;
+  o.no_augment = true;
+  assert_ok(gpu_train_run(&o, &plain));
+  assert_int_equal(plain.steps, local.steps);
+  assert_true(fabs(plain.train_loss - local.train_loss) > 1e-6);
+  o.no_augment = false;
+  o.model = NN_TRANSFORMER;
+  assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--no-augment");
+  o.model = NN_CNN;
   /* The options' checks. */
   o.data_dir = NULL;
   assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "imagefolder:DIR");
   o.data_dir = root;
   o.data = GPU_TRAIN_FASHION_MNIST;
   assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--image-size is for");
+  o.image_size = 0;
+  o.no_augment = true;
+  assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--no-augment is for");
+  o.no_augment = false;
+  o.image_size = 16;
   /* A folder without val/. */
   mkdir_rel("noval");
   mkdir_rel("noval/train");

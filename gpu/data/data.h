@@ -113,11 +113,14 @@ fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first
                                   const data_options *opts, data_set *out);
 /* An image folder (a train/ or val/ tree) as image blocks of 3 x t->size x t->size images,
  * transformed by `t` in epoch 0 (the eval transform gives the same images every run; the
- * training transform, one seeded crop per image). fo->skip_bad is refused (a block's count is
- * fixed before its files are read): a bad file fails its task, naming the file. *classes
- * (NULL: not wanted) gets the listing's classes; free it with fl_image_classes_free. */
+ * training transform, one seeded crop per image). With `records`, its training split is
+ * the cached image records themselves instead (flint/image.h's layout), for a reader that
+ * transforms them each epoch (data_reader_set_transform); its test split stays blocks.
+ * fo->skip_bad is refused (a block's count is fixed before its files are read): a bad file
+ * fails its task, naming the file. *classes (NULL: not wanted) gets the listing's classes;
+ * free it with fl_image_classes_free. */
 fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_folder_options *fo,
-                            const fl_image_transform *t, const data_options *opts, data_set *out,
+                            const fl_image_transform *t, bool records, const data_options *opts, data_set *out,
                             fl_image_classes **classes);
 /* One synthetic-imagenet image (3*224*224 floats into `image`) and its label, as the
  * generator makes them; for tests and for generating on the fly. */
@@ -153,10 +156,21 @@ typedef struct data_reader data_reader;
 /* An empty reader for batches of `batch` images (>= 1). */
 fl_status data_reader_create(uint32_t batch, data_reader **out);
 void data_reader_destroy(data_reader *r);
+/* Makes r a reader of image records (flint/image.h) instead of blocks: each is kept as it
+ * is (uint8 at the cache's resolution) and transformed by `t` with the epoch of
+ * data_reader_start_epoch as data_reader_next hands it out (images of 3 x t->size x t->size,
+ * labels below `classes`). Before any image is added; FL_EINVAL for a bad transform. */
+fl_status data_reader_set_transform(data_reader *r, const fl_image_transform *t, uint32_t classes);
+/* Copies an image record into a reader with a transform (FL_ECORRUPT otherwise, or for a
+ * label out of range). */
+fl_status data_reader_add_image(data_reader *r, fl_bytes rec);
+/* FL_OK, or the failure (out of memory) that made data_reader_next hand out nothing. */
+fl_status data_reader_status(const data_reader *r);
 /* Copies a block into the reader (every block must have the first one's shape). */
 fl_status data_reader_add_block(data_reader *r, fl_bytes rec);
 /* Adds every record of `in` (a partition of image blocks): DATA_SPLIT_TRAIN blocks to
- * `train`, DATA_SPLIT_TEST blocks to `test` (NULL: an error if there are any). */
+ * `train`, DATA_SPLIT_TEST blocks to `test` (NULL: an error if there are any), and image
+ * records (flint/image.h) to `train`, which must have a transform. */
 fl_status data_reader_add_all(fl_iter *in, data_reader *train, data_reader *test);
 
 uint64_t data_reader_images(const data_reader *r);
@@ -180,7 +194,8 @@ uint64_t data_reader_batches(const data_reader *r, bool partial);
 void data_reader_start_epoch(data_reader *r, uint64_t seed, uint32_t epoch, bool shuffle,
                              uint64_t max_batches, bool partial);
 /* The next batch into host memory: images (batch * image_floats floats) and labels (batch
- * int32). Returns the images written, 0 at the end of the epoch. */
+ * int32). Returns the images written, 0 at the end of the epoch (or after a transform's
+ * failure: see data_reader_status). */
 uint32_t data_reader_next(data_reader *r, float *images, int32_t *labels);
 
 /* Task functions (exported: they reach executors by symbol). */

@@ -4,7 +4,9 @@
  * the folder options' resolution, applies a transform (image_transform.c) and emits blocks
  * of 3 x size x size floats, laid out over the partitions as every source is (ranges,
  * interleaved, runs: gpu/data/blocks.c). The blocks are what the rank's reader holds, so the
- * transform is applied once (epoch 0), not again each epoch.
+ * transform is applied once (epoch 0), not again each epoch; or, for a training split with
+ * `records`, the cached image records in the same layout, which the rank's reader transforms
+ * anew each epoch.
  *
  * The task's argument carries the listing (label and path below the root of each image), so
  * a training set and a test set can be paired into one partition per rank (gpu/data/pair.c).
@@ -26,6 +28,7 @@ typedef struct image_arg {
   image_cache_size cache;
   uint32_t parts, block_images, interleave, classes;
   uint64_t images;
+  uint32_t records, pad; /* emit the training split as image records (not blocks) */
 } image_arg;
 
 typedef struct image_reading {
@@ -69,8 +72,25 @@ fl_status data_image_emit(uint32_t partition, fl_emitter *out, const void *arg, 
     p += 4 + strlen((const char *)p + 4) + 1;
   }
   uint32_t n = r.a.t.size;
-  fl_status s = data_emit_blocks(out, r.a.images, r.a.parts, partition, r.a.interleave, 0, r.a.block_images, 3, n, n,
-                                 r.a.classes, split, image_fill, &r);
+  fl_status s = FL_OK;
+  if (r.a.records && split == DATA_SPLIT_TRAIN) {
+    data_part_range pr;
+    char path[PATH_MAX];
+    for (uint64_t k = 0; s == FL_OK && data_partition_piece(r.a.images, r.a.parts, partition, r.a.interleave, k, &pr);
+         k++)
+      for (uint64_t j = 0; s == FL_OK && j < pr.n; j++) {
+        uint64_t i = pr.first + j * pr.stride;
+        int32_t label;
+        memcpy(&label, r.entries[i], 4);
+        if (snprintf(path, sizeof path, "%s/%s", r.root, (const char *)r.entries[i] + 4) >= (int)sizeof path)
+          s = fl_set_error(FL_EINVAL, "image folder %s: a path too long", r.root);
+        if (s == FL_OK) s = image_load_record(path, label, i, &r.a.cache, &r.rec);
+        if (s == FL_OK) s = fl_emit(out, r.rec.data, r.rec.len);
+      }
+  } else {
+    s = data_emit_blocks(out, r.a.images, r.a.parts, partition, r.a.interleave, 0, r.a.block_images, 3, n, n,
+                         r.a.classes, split, image_fill, &r);
+  }
   fl_buf_free(&r.rec);
   common_free(r.entries);
   return s;
@@ -82,7 +102,7 @@ FL_API fl_status gpu_data_image_partition(uint32_t partition, fl_iter *in, fl_em
 }
 
 fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_folder_options *fo,
-                            const fl_image_transform *t, const data_options *opts, data_set *out,
+                            const fl_image_transform *t, bool records, const data_options *opts, data_set *out,
                             fl_image_classes **classes) {
   if (!ctx || !dir || !t || !out) return fl_set_error(FL_EINVAL, "data_image_folder: NULL argument");
   fl_image_folder_options f = fo ? *fo : (fl_image_folder_options)FL_IMAGE_FOLDER_OPTIONS_INIT;
@@ -90,7 +110,7 @@ fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_fol
   if (f.skip_bad)
     return fl_set_error(FL_EINVAL, "image folder %s: skipping bad images is not available for training input", dir);
   image_arg a = {.t = *t, .block_images = o.block_images ? o.block_images : IMAGE_BLOCK_IMAGES,
-                 .interleave = data_layout_run(&o)};
+                 .interleave = data_layout_run(&o), .records = records};
   fl_status status = fl_image_transform_check(t);
   if (status == FL_OK) status = image_cache_of(&f, &a.cache);
   if (status != FL_OK) return status;

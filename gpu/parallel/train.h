@@ -132,16 +132,19 @@ typedef struct gpu_train_options {
   const char *timeline_csv_path; /* the last step's timeline of every rank (NULL: none) */
   const char *timeline_svg_path;
   /* GPU_TRAIN_IMAGE_FOLDER: the side of the square images the model sees (0: 224). Both
-   * folders are decoded on the executors, resized (shorter side to image_size * 256 / 224)
-   * and centre-cropped once, as torchvision's evaluation transform; the same crops are used
-   * every epoch (no per-epoch augmentation yet). */
+   * folders are decoded on the executors once and cached with the shorter side at
+   * image_size * 256 / 224. Training images get the standard augmentation anew each epoch
+   * (RandomResizedCrop, flip, normalisation, seeded by (seed, epoch, image): the rank's
+   * reader transforms its cached images as it batches them); test images, and training
+   * images with no_augment, are resized and centre-cropped once (the evaluation transform). */
   uint32_t image_size;
+  bool no_augment;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
-   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL, 0}
+   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL, 0, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

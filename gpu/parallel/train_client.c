@@ -88,7 +88,9 @@ static uint32_t train_world(const gpu_train_options *o) {
 }
 
 /* --data imagefolder:DIR: DIR/train and DIR/val (ImageNet's layout), the same classes in both,
- * each image resized (shorter side to size * 256 / 224) and centre-cropped to size x size. */
+ * each image cached with its shorter side at size * 256 / 224; test images (and training
+ * images with --no-augment) resized and centre-cropped to size x size once, training images
+ * augmented by the ranks each epoch (train_arg.aug, set by the caller). */
 static fl_status load_image_folder(fl_context *ctx, const gpu_train_options *o, const data_options *dopts,
                                    data_set *train, data_set *test) {
   fl_image_transform t = FL_IMAGE_EVAL_INIT;
@@ -99,9 +101,9 @@ static fl_status load_image_folder(fl_context *ctx, const gpu_train_options *o, 
   char dir[4096];
   fl_image_classes *train_classes = NULL, *test_classes = NULL;
   snprintf(dir, sizeof dir, "%s/train", o->data_dir);
-  fl_status s = data_image_folder(ctx, dir, &fo, &t, dopts, train, &train_classes);
+  fl_status s = data_image_folder(ctx, dir, &fo, &t, !o->no_augment, dopts, train, &train_classes);
   snprintf(dir, sizeof dir, "%s/val", o->data_dir);
-  if (s == FL_OK) s = data_image_folder(ctx, dir, &fo, &t, dopts, test, &test_classes);
+  if (s == FL_OK) s = data_image_folder(ctx, dir, &fo, &t, false, dopts, test, &test_classes);
   uint32_t k = fl_image_classes_count(train_classes);
   if (s == FL_OK && fl_image_classes_count(test_classes) != k)
     s = fl_set_error(FL_EINVAL, "--data imagefolder:%s: %u classes in train/ but %u in val/", o->data_dir, k,
@@ -203,6 +205,12 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout};
   gpu_train_schedule(o, &a.schedule);
+  if (o->data == GPU_TRAIN_IMAGE_FOLDER && !o->no_augment) {
+    a.augment = true;
+    a.aug = (fl_image_transform)FL_IMAGE_TRAIN_INIT;
+    a.aug.size = train.height;
+    a.aug.seed = o->seed;
+  }
   if (o->resume_path) {
     uint32_t epoch = 0;
     FL_CHECK(resume_load(o, &train, &resume_blob, &epoch));

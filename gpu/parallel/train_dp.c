@@ -216,6 +216,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   r->local_batch = a->batch / r->world;
   FL_CHECK(data_reader_create(r->local_batch, &r->train));
   FL_CHECK(data_reader_create(r->local_batch, &r->test));
+  if (a->augment) FL_CHECK(data_reader_set_transform(r->train, &a->aug, a->classes));
   FL_CHECK(data_reader_add_all(in, r->train, r->test));
   if (data_reader_images(r->train) &&
       (data_reader_channels(r->train) != a->channels || data_reader_height(r->train) != a->height ||
@@ -301,6 +302,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     for (uint64_t i = 0; i < steps; i++) {
       uint32_t n = data_reader_next(r.train, r.images_h, r.labels_h);
       if (n != r.local_batch) {
+        FL_CHECK(data_reader_status(r.train)); /* a transform that failed */
         status = fl_set_error(FL_EINTERNAL, "rank %u: step %llu of epoch %u got %u images, not %u", r.rank,
                               (unsigned long long)i, epoch + 1, n, r.local_batch);
         goto cleanup;

@@ -129,6 +129,11 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (o->image_size && o->data != GPU_TRAIN_IMAGE_FOLDER)
     return fl_set_error(FL_EINVAL, "--image-size is for --data imagefolder:DIR");
   if (o->image_size > 1024) return fl_set_error(FL_EINVAL, "--image-size %u must be 1 to 1024", o->image_size);
+  if (o->no_augment && o->data != GPU_TRAIN_IMAGE_FOLDER)
+    return fl_set_error(FL_EINVAL, "--no-augment is for --data imagefolder:DIR");
+  if (o->data == GPU_TRAIN_IMAGE_FOLDER && o->model == NN_TRANSFORMER && !o->no_augment)
+    return fl_set_error(FL_EINVAL, "--model transformer reads --data imagefolder:DIR with --no-augment only (its "
+                        "ranks read image blocks)");
   if (o->device != FL_DEVICE_CPU && o->device != FL_DEVICE_CUDA)
     return fl_set_error(FL_EINVAL, "--device: unknown device kind %d", (int)o->device);
   if (o->ranks < 1 || o->ranks > 1024) return fl_set_error(FL_EINVAL, "--ranks %u must be 1 to 1024", o->ranks);

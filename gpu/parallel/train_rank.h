@@ -8,6 +8,7 @@
 #ifndef FLINT_GPU_TRAIN_RANK_H
 #define FLINT_GPU_TRAIN_RANK_H
 
+#include "flint/image.h"
 #include "gpu/parallel/train.h"
 
 /* Reports from a rank to the client, as fl_barrier_report messages. REPORT_DIVERGED is
@@ -49,6 +50,10 @@ typedef struct train_arg {
   bool recompute;
   uint32_t hidden, heads, ffn, blocks;
   float dropout;
+  /* --data imagefolder: the training split is image records, transformed by `aug` as the
+   * rank's reader hands them out (data_reader_set_transform). */
+  bool augment;
+  fl_image_transform aug;
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
