@@ -324,9 +324,7 @@ fl_status fl_image_folder(fl_context *ctx, const char *dir, const fl_image_folde
     items[i] = fl_bytes_of(p, 16 + len);
     p += 16 + len;
   }
-  uint32_t parts = o.partitions ? o.partitions : fl_context_cores(ctx);
-  if (parts == 0) parts = 1;
-  if (parts > l.images) parts = (uint32_t)l.images;
+  uint32_t parts = o.partitions && o.partitions > l.images ? (uint32_t)l.images : o.partitions; /* 0: default */
   FL_CHECK(fl_buf_append(&arg, &a, sizeof a));
   FL_CHECK(fl_buf_append(&arg, l.root, strlen(l.root) + 1));
   FL_CHECK(fl_parallelize(ctx, items, l.images, parts, &listing));

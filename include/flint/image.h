@@ -47,8 +47,8 @@ extern "C" {
  * The folder source.
  * ------------------------------------------------------------------------------------- */
 typedef struct fl_image_folder_options {
-  /* Partitions (0: the context's default parallelism; at most one per image). Partition p
-   * holds a contiguous run of the sorted listing. */
+  /* Partitions (0: the context's default parallelism; else at most one per image). Partition
+   * p holds a contiguous run of the sorted listing. */
   uint32_t partitions;
   /* Cached resolution: the shorter side resized to cache_size (0: 256, as ImageNet's
    * pipelines resize before cropping 224), keeping the aspect ratio (the longer side is
