@@ -167,7 +167,7 @@ static void test_softmax_xent_matches_reference_and_is_stable(void **state) {
   int32_t labels[4] = {0, 2, 4, 1};
   float stats[2] = {1.0f, 2.0f};
   float scale = 0.25f;
-  assert_ok(dev->ops->softmax_xent(dev, n, c, z, labels, scale, d, stats));
+  assert_ok(dev->ops->softmax_xent(dev, n, c, z, labels, 0.0f, scale, d, stats));
   double loss = 0;
   int correct = 0;
   for (int r = 0; r < n; r++) {
@@ -199,9 +199,9 @@ static void test_softmax_xent_rejects_bad_label(void **state) {
   float *z = rand_buf((size_t)n * c), *d = zero_buf((size_t)n * c);
   float stats[2] = {0, 0};
   int32_t high[3] = {0, 1, 4}, negative[3] = {-1, 0, 0};
-  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, high, 1, d, stats), FL_EINVAL,
+  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, high, 0.0f, 1, d, stats), FL_EINVAL,
                     "row 2 has label 4 outside [0, 4)");
-  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, negative, 1, d, stats), FL_EINVAL,
+  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, negative, 0.0f, 1, d, stats), FL_EINVAL,
                     "row 0 has label -1");
   /* Nothing was written. */
   for (int i = 0; i < n * c; i++) assert_true(d[i] == 0);
@@ -546,7 +546,7 @@ static void test_linear_gradients(void **state) {
   layer_store s;
   layer_store_init(&s, dev);
   layer *l;
-  assert_ok(layer_linear_create(&s, "fc", 10, 7, &l));
+  assert_ok(layer_linear_create(&s, "fc", 10, 7, true, &l));
   finish(&s);
   assert_int_equal(l->nparams, 2);
   assert_string_equal(s.params[0].name, "fc.weight");
@@ -695,13 +695,40 @@ static void test_batchnorm_gradients_in_training(void **state) {
   layer_store_release(&s);
 }
 
+/* A ResNet basic block without its final relu: conv-bn-relu-conv-bn plus the shortcut, a
+ * 1x1 convolution with batch norm when the shape changes. */
+static layer *basic_block(layer_store *s, const char *name, int in_c, int out_c, int stride) {
+  layer *b, *l;
+  char sub[64];
+#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
+  assert_ok(layer_residual_create(s, name, &b));
+  assert_ok(layer_conv2d_create(s, SUB("conv1"), in_c, out_c, 3, stride, 1, false, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_batchnorm_create(s, SUB("bn1"), out_c, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_relu_create(s, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_conv2d_create(s, SUB("conv2"), out_c, out_c, 3, 1, 1, false, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_batchnorm_create(s, SUB("bn2"), out_c, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  if (stride != 1 || in_c != out_c) {
+    assert_ok(layer_conv2d_create(s, SUB("downsample.0"), in_c, out_c, 1, stride, 0, false, &l));
+    assert_ok(layer_residual_append(b, true, l));
+    assert_ok(layer_batchnorm_create(s, SUB("downsample.1"), out_c, &l));
+    assert_ok(layer_residual_append(b, true, l));
+  }
+#undef SUB
+  layer_residual_close(b);
+  return b;
+}
+
 static void test_basic_block_gradients(void **state) {
   (void)state;
   layer_store s;
   layer_store_init(&s, dev);
-  layer *same, *down;
-  assert_ok(layer_basic_block_create(&s, "layer1.0", 3, 3, 1, &same));
-  assert_ok(layer_basic_block_create(&s, "layer2.0", 3, 4, 2, &down));
+  layer *same = basic_block(&s, "layer1.0", 3, 3, 1);
+  layer *down = basic_block(&s, "layer2.0", 3, 4, 2);
   finish(&s);
   assert_int_equal(same->nparams, 6);
   assert_int_equal(down->nparams, 9);
@@ -724,7 +751,7 @@ static void test_backward_needs_forward_and_matching_gradient(void **state) {
   layer_store s;
   layer_store_init(&s, dev);
   layer *l;
-  assert_ok(layer_linear_create(&s, "fc", 4, 3, &l));
+  assert_ok(layer_linear_create(&s, "fc", 4, 3, true, &l));
   finish(&s);
   fl_tensor x = {0}, dy = {0};
   int64_t xs[2] = {2, 4}, bad[2] = {2, 4};

@@ -95,14 +95,15 @@ struct device_ops {
   fl_status (*bias_grad_channels)(fl_device *dev, int n, int c, int hw, const float *dy,
                                   float *db);
 
-  /* Softmax cross-entropy over logits [n, c] with int32 labels [n] (device memory):
-   * writes dlogits = (softmax - onehot) * grad_scale and adds to stats (device, 2 floats):
-   * stats[0] += sum of the rows' losses, stats[1] += number of rows whose argmax equals the
-   * label. A label outside [0, c) is FL_EINVAL on cpu; kernels clamp nothing and report it
+  /* Softmax cross-entropy over logits [n, c] with int32 labels [n] (device memory), against
+   * the target t = (1 - smoothing) * onehot + smoothing / c (label smoothing, as PyTorch's):
+   * writes dlogits = (softmax - t) * grad_scale and adds to stats (device, 2 floats):
+   * stats[0] += sum of the rows' losses -sum_j t_j log softmax_j, stats[1] += number of rows
+   * whose argmax equals the label. A label outside [0, c) is FL_EINVAL on cpu; kernels clamp nothing and report it
    * through the sticky error at the next synchronize. */
   fl_status (*softmax_xent)(fl_device *dev, int n, int c, const float *logits,
-                            const int32_t *labels, float grad_scale, float *dlogits,
-                            float *stats);
+                            const int32_t *labels, float smoothing, float grad_scale,
+                            float *dlogits, float *stats);
 
   /* Convolution helpers for a batch: x [n, c, h, w] -> col [c*kh*kw, n*oh*ow], with
    * oh = (h + 2*pad - kh) / stride + 1 (same for ow). col2im ACCUMULATES into dx. */

@@ -171,8 +171,8 @@ static fl_status cpu_bias_grad_channels(fl_device *dev, int n, int c, int hw, co
 /* ---- loss ------------------------------------------------------------------------------ */
 
 static fl_status cpu_softmax_xent(fl_device *dev, int n, int c, const float *logits,
-                                  const int32_t *labels, float grad_scale, float *dlogits,
-                                  float *stats) {
+                                  const int32_t *labels, float smoothing, float grad_scale,
+                                  float *dlogits, float *stats) {
   (void)dev;
   /* Labels are checked before anything is written, so a bad batch leaves no half result. */
   for (int r = 0; r < n; r++)
@@ -192,15 +192,20 @@ static fl_status cpu_softmax_xent(fl_device *dev, int n, int c, const float *log
         mx = z[j];
         arg = j;
       }
-    double sum = 0;
-    for (int j = 0; j < c; j++) sum += exp((double)z[j] - mx);
+    double sum = 0, zsum = 0;
+    for (int j = 0; j < c; j++) {
+      sum += exp((double)z[j] - mx);
+      zsum += (double)z[j] - mx;
+    }
     double log_sum = log(sum);
     int label = labels[r];
-    loss += log_sum - ((double)z[label] - mx);
+    /* -sum_j t_j log p_j with log p_j = z_j - mx - log_sum. */
+    loss += (1.0 - smoothing) * (log_sum - ((double)z[label] - mx)) + smoothing * (log_sum - zsum / c);
     correct += arg == label;
+    double off = (double)smoothing / c, on = 1.0 - smoothing + off;
     for (int j = 0; j < c; j++) {
       double p = exp((double)z[j] - mx - log_sum);
-      d[j] = (float)((p - (j == label)) * grad_scale);
+      d[j] = (float)((p - (j == label ? on : off)) * grad_scale);
     }
   }
   stats[0] += (float)loss;

@@ -43,7 +43,8 @@ typedef struct nn_param {
   size_t offset; /* in elements, into the flat buffers */
 } nn_param;
 
-typedef struct nn_model nn_model;
+/* The model of include/flint/train.h (gpu/nn/model.c); the trainers use these names. */
+typedef struct fl_model nn_model;
 
 /* "mlp", "cnn", "resnet18", "transformer"; FL_EINVAL otherwise. */
 FL_API fl_status nn_model_kind_parse(const char *text, nn_model_kind *out);
@@ -69,6 +70,8 @@ fl_status nn_model_forward(nn_model *m, const fl_tensor *x, bool train, const fl
  * them): sets the gradient of the logits to (softmax - onehot) * grad_scale and adds the
  * loss sum and correct count to stats (device, 2 floats). */
 fl_status nn_model_loss(nn_model *m, const int32_t *labels, float grad_scale, float *stats);
+/* nn_model_loss against label-smoothed targets (smoothing in [0, 1)). */
+fl_status nn_model_loss_smoothed(nn_model *m, const int32_t *labels, float smoothing, float grad_scale, float *stats);
 
 /* Called during backward when the gradients of parameters [first, first + count) are final
  * (they are queued on the device stream; the callee orders its own work after them). */
@@ -86,10 +89,23 @@ fl_status nn_model_zero_grad(nn_model *m);
  * flat buffer the same way. A store is used by one thread at a time. */
 
 typedef enum layer_init {
-  LAYER_INIT_HE = 0, /* normal, std sqrt(2 / fan_in) (Kaiming, for layers before a relu) */
-  LAYER_INIT_ZERO,   /* biases, batch-norm beta */
-  LAYER_INIT_ONE,    /* batch-norm gamma */
+  LAYER_INIT_WEIGHT = 0, /* weights of linear and conv layers: by the store's style, below */
+  LAYER_INIT_BIAS,       /* biases of linear and conv layers: by the store's style */
+  LAYER_INIT_ZERO,       /* batch-norm beta, zero-initialised gammas */
+  LAYER_INIT_ONE,        /* batch-norm gamma */
 } layer_init;
+
+/* How the store draws LAYER_INIT_WEIGHT and LAYER_INIT_BIAS parameters (fan_in: inputs of
+ * one output, in * k * k for a convolution). */
+typedef enum layer_init_style {
+  /* PyTorch's defaults for nn.Linear and nn.Conv2d (kaiming_uniform_ with a = sqrt(5)):
+   * weights and biases uniform in +-1 / sqrt(fan_in). What fl_model builds by default, so
+   * that a model defined the same way starts from the same distribution as in PyTorch. */
+  LAYER_INIT_STYLE_TORCH = 0,
+  /* He (Kaiming) normal weights, std sqrt(2 / fan_in), zero biases: torchvision's ResNets
+   * (there with fan_out) and what flint's built-in models used before fl_model. */
+  LAYER_INIT_STYLE_HE,
+} layer_init_style;
 
 typedef struct layer_param_info {
   layer_init init;
@@ -103,6 +119,9 @@ typedef struct layer_buffer_info {
 
 typedef struct layer_store {
   fl_device *dev;
+  layer_init_style init_style; /* LAYER_INIT_STYLE_TORCH unless set before finish */
+  uint64_t seed;               /* finish's: also keys dropout masks */
+  uint64_t step;               /* the optimizer step, set by the model: keys dropout masks */
   nn_param *params; /* names owned by the store; value/grad are views after finish */
   layer_param_info *info;
   size_t nparams, cap_params;
@@ -132,6 +151,11 @@ fl_status layer_store_add_buffer(layer_store *s, size_t count, float value, size
  * the values from a generator seeded with `seed` (deterministic: the same seed gives the
  * same weights on every rank and device), zeroes the gradients and fills the buffers. */
 fl_status layer_store_finish(layer_store *s, uint64_t seed);
+
+/* Changes how parameter `index` is initialised (before finish). */
+void layer_store_set_init(layer_store *s, size_t index, layer_init init);
+/* Draws a model's LAYER_INIT_WEIGHT/_BIAS parameters in `style` (before fl_model_finish). */
+void nn_model_set_init_style(nn_model *m, layer_init_style style);
 
 /* "[2, 3, 4]": t's shape for messages, cut to fit len. */
 void layer_shape_text(const fl_tensor *t, char *buf, size_t len);

@@ -276,12 +276,12 @@ static fl_status cuda_bias_grad_channels(fl_device *dev, int n, int c, int hw, c
 }
 
 static fl_status cuda_softmax_xent(fl_device *dev, int n, int c, const float *logits,
-                                   const int32_t *labels, float grad_scale, float *dlogits,
-                                   float *stats) {
+                                   const int32_t *labels, float smoothing, float grad_scale,
+                                   float *dlogits, float *stats) {
   ENTER(dev);
   REQUIRE(n >= 0 && c > 0, "softmax_xent");
-  CUDA_RETURN(&impl->es, kernels_softmax_xent(impl->stream, n, c, logits, labels, grad_scale,
-                                              dlogits, stats, impl->bad_label_dev));
+  CUDA_RETURN(&impl->es, kernels_softmax_xent(impl->stream, n, c, logits, labels, smoothing,
+                                              grad_scale, dlogits, stats, impl->bad_label_dev));
 }
 
 /* ---- convolution helpers and pooling --------------------------------------------------- */

@@ -42,8 +42,8 @@ cudaError_t kernels_bias_grad_channels(cudaStream_t s, int n, int c, int hw, con
  * outside [0, c); that row's dlogits get the softmax without the one-hot term and its stats
  * are not counted. */
 cudaError_t kernels_softmax_xent(cudaStream_t s, int n, int c, const float *logits,
-                                 const int32_t *labels, float grad_scale, float *dlogits,
-                                 float *stats, int *bad_label);
+                                 const int32_t *labels, float smoothing, float grad_scale,
+                                 float *dlogits, float *stats, int *bad_label);
 
 cudaError_t kernels_im2col(cudaStream_t s, int n, int c, int h, int w, int kh, int kw,
                            int stride, int pad, const float *x, float *col);
