@@ -17,8 +17,25 @@
 #include "cli/cli.h"
 #include "gpu/parallel/train.h"
 
+/* --model FILE.so[:SYMBOL]: a value with a '/' or ".so" names a library. Fills model_library
+ * and model_symbol (pointing into a static copy of `v`); false for a built-in model's name. */
+static bool model_library_parse(const char *v, gpu_train_options *o) {
+  static char path[4096];
+  if (!strchr(v, '/') && !strstr(v, ".so")) return false;
+  snprintf(path, sizeof path, "%s", v);
+  char *so = strstr(path, ".so:"), *colon = so ? so + 3 : NULL;
+  o->model_symbol = NULL;
+  if (colon) {
+    *colon = '\0';
+    o->model_symbol = colon + 1;
+  }
+  o->model_library = path;
+  return true;
+}
+
 static const char train_usage_text[] =
-    "usage: flint train --model mlp|cnn|resnet18|transformer --data fashion-mnist|synthetic-imagenet\n"
+    "usage: flint train --model mlp|cnn|resnet18|transformer|FILE.so[:SYMBOL]\n"
+    "                   --data fashion-mnist|synthetic-imagenet\n"
     "                   [options]\n"
     "\n"
     "Trains a network by synchronous data-parallel SGD: R ranks (one barrier task each) read\n"
@@ -32,7 +49,10 @@ static const char train_usage_text[] =
     "interleaved 1F1B), and reports the pipeline's bubble and each stage's peak activations.\n"
     "\n"
     "options:\n"
-    "  --model M           mlp, cnn, resnet18 or transformer (required)\n"
+    "  --model M           mlp, cnn, resnet18 or transformer, or your own: a shared library\n"
+    "                      (a path with a '/' or ending in .so) exporting an fl_model_builder\n"
+    "                      (flint/train.h) under SYMBOL (default flint_model); it is shipped to\n"
+    "                      the ranks, as a job binary is (required)\n"
     "  --data D            fashion-mnist (IDX files, 28x28, 10 classes) or synthetic-imagenet\n"
     "                      (seeded 3x224x224 images, 1000 classes, for throughput) (required)\n"
     "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
@@ -178,8 +198,12 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     const char *v = optarg;
     double d;
     if (strcmp(opt, "--model") == 0) {
-      if (gpu_train_model_parse(v, &o->model) != FL_OK)
-        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18 or transformer)", v);
+      if (model_library_parse(v, o)) {
+        o->model = NN_LIBRARY;
+      } else if (gpu_train_model_parse(v, &o->model) != FL_OK) {
+        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18 or transformer, or a FILE.so that exports "
+                                 "a model builder)", v);
+      }
       have_model = true;
     } else if (strcmp(opt, "--data") == 0) {
       if (gpu_train_dataset_parse(v, &o->data) != FL_OK)

@@ -188,6 +188,54 @@ static void expect_failure(run_result *r, const char *needle) {
   free(r);
 }
 
+/* --model FILE.so: a user's model library, checked on the client (its symbol, its builder,
+ * its output) and shipped to the ranks, in local mode and on a local cluster. */
+static void test_user_model_library(void **state) {
+  (void)state;
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    fprintf(stderr, "skipped: no Fashion-MNIST\n");
+    skip();
+  }
+  const char *bin = getenv("FLINT_BIN");
+  assert_non_null(bin);
+  char lib[4096], with_symbol[4200];
+  snprintf(lib, sizeof lib, "%s/model_user.so", bin);
+#define USER_RUN "--data", "fashion-mnist", "--batch", "64", "--epochs", "1", "--train-images", "512", \
+                 "--test-images", "128", "--quiet", "--lr", "0.05"
+  run_result *r = RUN_FLINT("train", "--model", lib, USER_RUN, "--ranks", "2", "--master", "local[2]");
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "training library on fashion-mnist: 2 ranks"));
+  assert_non_null(strstr(r->out, "test         loss"));
+  free(r);
+  r = RUN_FLINT("train", "--model", lib, USER_RUN, "--ranks", "2", "--master", "local-cluster[2,1,512]");
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "test         loss"));
+  free(r);
+
+  snprintf(with_symbol, sizeof with_symbol, "%s:nope", lib);
+  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN), "exports no nope");
+  snprintf(with_symbol, sizeof with_symbol, "%s:wrong_output", lib);
+  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN), "its model's output is [n, 7], expected [n, 10]");
+  snprintf(with_symbol, sizeof with_symbol, "%s:gives_up", lib);
+  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN),
+                 "its builder failed: this builder wants 10 classes to be 3");
+  expect_failure(RUN_FLINT("train", "--model", "/nonexistent/model.so", USER_RUN), "/nonexistent/model.so");
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", fake[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(fake, sizeof fake, "%s/fake.so", dir);
+  FILE *f = fopen(fake, "w");
+  assert_non_null(f);
+  fputs("not a library\n", f);
+  fclose(f);
+  expect_failure(RUN_FLINT("train", "--model", fake, USER_RUN), "cannot load it as a shared library");
+  unlink(fake);
+  rmdir(dir);
+#undef USER_RUN
+}
+
 /* --resume: a run of 1 epoch writes a checkpoint, and a run of 2 started from it trains epoch
  * 2 only (its curves hold that row alone, and the steps go on from the checkpoint's). A file
  * that is missing, truncated, of another model or already at --epochs is exit 1 naming it. */
@@ -269,6 +317,7 @@ int main(void) {
       cmocka_unit_test(test_bad_transformer_options_exit_2),
       cmocka_unit_test(test_transformer_run),
       cmocka_unit_test(test_divergence_exits_1),
+      cmocka_unit_test(test_user_model_library),
       cmocka_unit_test(test_resume),
       cmocka_unit_test(test_help),
   };

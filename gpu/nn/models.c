@@ -26,6 +26,7 @@ const char *nn_model_kind_name(nn_model_kind kind) {
   case NN_CNN: return "cnn";
   case NN_RESNET18: return "resnet18";
   case NN_TRANSFORMER: return "transformer";
+  case NN_LIBRARY: return "library";
   }
   return "unknown";
 }
@@ -161,6 +162,9 @@ fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **
   if (spec->kind == NN_TRANSFORMER)
     return fl_set_error(FL_EINVAL, "nn_model_create: the transformer is built in chunks "
                         "(tfm_chunk_create in gpu/parallel/transformer.h)");
+  if (spec->kind == NN_LIBRARY)
+    return fl_set_error(FL_EINVAL, "nn_model_create: a library's model is built by its builder "
+                        "(train_model_build in gpu/parallel/train_model.c)");
   if (spec->kind != NN_MLP && spec->kind != NN_CNN && spec->kind != NN_RESNET18)
     return fl_set_error(FL_EINVAL, "nn_model_create: unknown model kind %d", (int)spec->kind);
   const char *kind = nn_model_kind_name(spec->kind);
@@ -180,7 +184,8 @@ fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **
   case NN_MLP: FL_CHECK(build_mlp(m, spec)); break;
   case NN_CNN: FL_CHECK(build_cnn(m, spec)); break;
   case NN_RESNET18: FL_CHECK(build_resnet18(m, spec)); break;
-  case NN_TRANSFORMER: break; /* refused above */
+  case NN_TRANSFORMER:
+  case NN_LIBRARY: break; /* refused above */
   }
   FL_CHECK(fl_model_finish(m, spec->seed));
   *out = m;

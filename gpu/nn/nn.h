@@ -24,7 +24,15 @@
 
 /* NN_TRANSFORMER names gpu/parallel/transformer.h's model for the trainer's options; it is built in
  * chunks (tfm_chunk_create), not by nn_model_create. */
-typedef enum nn_model_kind { NN_MLP = 0, NN_CNN = 1, NN_RESNET18 = 2, NN_TRANSFORMER = 3 } nn_model_kind;
+/* NN_LIBRARY is a user's model, built by the builder a library exports (include/flint/train.h;
+ * gpu/parallel/train_model.c), not by nn_model_create. */
+typedef enum nn_model_kind {
+  NN_MLP = 0,
+  NN_CNN = 1,
+  NN_RESNET18 = 2,
+  NN_TRANSFORMER = 3,
+  NN_LIBRARY = 4,
+} nn_model_kind;
 
 typedef struct nn_model_spec {
   nn_model_kind kind;

@@ -128,12 +128,16 @@ typedef struct gpu_train_options {
   double dropout;           /* every dropout site, in [0, 1) */
   const char *timeline_csv_path; /* the last step's timeline of every rank (NULL: none) */
   const char *timeline_svg_path;
+  /* model NN_LIBRARY: a user's model (include/flint/train.h's fl_model_builder) */
+  const char *model_library; /* the shared library's path */
+  const char *model_symbol;  /* its builder (NULL: FL_MODEL_BUILDER_SYMBOL) */
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
-   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL}
+   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL,   \
+   NULL, NULL}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

@@ -16,6 +16,7 @@
 
 #include "common/common.h"
 #include "gpu/data/data.h"
+#include "flint/train.h"
 #include "gpu/parallel/curves.h"
 #include "gpu/parallel/train_rank.h"
 
@@ -82,6 +83,31 @@ static fl_status train_diverged_error(const gpu_train_options *o, const train_re
                       optim_schedule_peak_lr(&sched));
 }
 
+static const char *model_symbol(const gpu_train_options *o) {
+  return o->model_symbol && *o->model_symbol ? o->model_symbol : FL_MODEL_BUILDER_SYMBOL;
+}
+
+/* --model FILE.so: checks the library against the data (train_model_library_read) and
+ * broadcasts its bytes to the ranks. */
+static fl_status ship_model_library(fl_context *ctx, const gpu_train_options *o, const data_set *train, train_arg *a,
+                                    fl_broadcast **out) {
+  const char *symbol = model_symbol(o);
+  if (strlen(symbol) >= sizeof a->model_symbol)
+    return fl_set_error(FL_EINVAL, "--model %s: the symbol %s is longer than %zu bytes", o->model_library, symbol,
+                        sizeof a->model_symbol - 1);
+  fl_buf bytes = FL_BUF_INIT;
+  fl_status s = train_model_library_read(o->model_library, symbol, train->channels, train->height, train->width,
+                                         train->classes, o->seed, &bytes, NULL, NULL);
+  if (s == FL_OK) s = fl_broadcast_create(ctx, bytes.data, bytes.len, out);
+  fl_buf_free(&bytes);
+  if (s != FL_OK) return s;
+  a->model_library_id = fl_broadcast_id(*out);
+  snprintf(a->model_symbol, sizeof a->model_symbol, "%s", symbol);
+  const char *base = strrchr(o->model_library, '/');
+  snprintf(a->model_library_name, sizeof a->model_library_name, "%s", base ? base + 1 : o->model_library);
+  return FL_OK;
+}
+
 /* Barrier tasks: one per data-parallel rank, or per grid rank for the transformer. */
 static uint32_t train_world(const gpu_train_options *o) {
   return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
@@ -114,6 +140,20 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
   return s;
 }
 
+/* The run's model on the client's cpu `dev`, for checks: a library's is built from its file. */
+static fl_status client_model(const gpu_train_options *o, const data_set *train, fl_device *dev, nn_model **out) {
+  if (o->model == NN_LIBRARY) {
+    fl_buf bytes = FL_BUF_INIT;
+    fl_status s = train_model_library_read(o->model_library, model_symbol(o), train->channels, train->height,
+                                           train->width, train->classes, o->seed, &bytes, dev, out);
+    fl_buf_free(&bytes);
+    return s;
+  }
+  nn_model_spec spec = {.kind = o->model, .channels = (int)train->channels, .height = (int)train->height,
+                        .width = (int)train->width, .classes = (int)train->classes, .seed = o->seed};
+  return nn_model_create(dev, &spec, out);
+}
+
 /* --resume: reads the checkpoint file and checks it against this run's model on a cpu device
  * (the magic, the checksum, every size) before any rank starts; *epoch: the epochs it holds.
  * Errors name the file. (The options' check refused the transformer.) */
@@ -125,9 +165,7 @@ static fl_status resume_load(const gpu_train_options *o, const data_set *train, 
   checkpoint_state cs = {0};
   status = checkpoint_load_file(o->resume_path, blob);
   if (status == FL_OK) status = fl_device_open(FL_DEVICE_CPU, 0, &dev);
-  nn_model_spec spec = {.kind = o->model, .channels = (int)train->channels, .height = (int)train->height,
-                        .width = (int)train->width, .classes = (int)train->classes, .seed = o->seed};
-  if (status == FL_OK) status = nn_model_create(dev, &spec, &model);
+  if (status == FL_OK) status = client_model(o, train, dev, &model);
   if (status == FL_OK) status = optim_sgd_create(dev, fl_tensor_numel(nn_model_values(model)), &o->sgd, &opt);
   if (status == FL_OK)
     status = checkpoint_decode(fl_buf_bytes(blob), nn_model_values(model), nn_model_buffers(model), opt, &cs);
@@ -157,7 +195,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   data_set train = {0}, test = {0};
   fl_dataset *pair = NULL, *trained = NULL;
   fl_records *out = NULL;
-  fl_broadcast *resume = NULL;
+  fl_broadcast *resume = NULL, *library = NULL;
   fl_buf resume_blob = FL_BUF_INIT;
   client_state c = {.opts = o, .curves = CURVES_INIT};
   FL_CHECK(load_data(ctx, o, &train, &test));
@@ -173,6 +211,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout};
   gpu_train_schedule(o, &a.schedule);
+  if (o->model == NN_LIBRARY) FL_CHECK(ship_model_library(ctx, o, &train, &a, &library));
   if (o->resume_path) {
     uint32_t epoch = 0;
     FL_CHECK(resume_load(o, &train, &resume_blob, &epoch));
@@ -259,6 +298,7 @@ cleanup:
   fl_records_free(out);
   fl_dataset_free(trained);
   fl_broadcast_destroy(resume);
+  fl_broadcast_destroy(library);
   fl_buf_free(&resume_blob);
   fl_dataset_free(pair);
   data_set_free(&test);

@@ -121,7 +121,11 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
 
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
-  if ((unsigned)o->model > NN_TRANSFORMER) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
+  if ((unsigned)o->model > NN_LIBRARY) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
+  if ((o->model == NN_LIBRARY) != (o->model_library != NULL))
+    return fl_set_error(FL_EINVAL, o->model_library ? "gpu_train: a model library (%s) with a built-in model"
+                                                    : "gpu_train: a library model without its library%s",
+                        o->model_library ? o->model_library : "");
   if ((unsigned)o->data > GPU_TRAIN_SYNTHETIC_IMAGENET)
     return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
   if (o->device != FL_DEVICE_CPU && o->device != FL_DEVICE_CUDA)

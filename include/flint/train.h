@@ -134,6 +134,26 @@ FL_API fl_status fl_model_zero_grad(fl_model *m);
 /* The optimizer step dropout masks are drawn for (0 until set). */
 FL_API void fl_model_set_step(fl_model *m, uint64_t step);
 
+/* ---- models in libraries --------------------------------------------------------------- */
+
+/* A model of your own for `flint train --model FILE.so[:SYMBOL]` (and gpu training runs): a
+ * shared library exports a builder under SYMBOL (default FL_MODEL_BUILDER_SYMBOL) that
+ * appends the layers to `m`, which was created for the data's samples ({C, H, W}; {1, 1, F}
+ * for rows of F features), and returns FL_OK; the output must be [n, classes]. The trainer
+ * calls fl_model_finish. The builder runs on every rank (in cluster mode the library is
+ * shipped to the executors) and must build the same model each time.
+ *
+ *   #include <flint/train.h>
+ *   fl_status flint_model(fl_model *m, uint32_t classes) {
+ *     fl_status s = fl_model_linear(m, "fc1", 512, true);
+ *     if (s == FL_OK) s = fl_model_relu(m);
+ *     if (s == FL_OK) s = fl_model_linear(m, "fc2", (int)classes, true);
+ *     return s;
+ *   }
+ */
+typedef fl_status (*fl_model_builder)(fl_model *m, uint32_t classes);
+#define FL_MODEL_BUILDER_SYMBOL "flint_model"
+
 /* ---- weights on disk ------------------------------------------------------------------- */
 
 /* Writes the weights and batch-norm statistics to `path` (through a temporary file and a
