@@ -35,7 +35,7 @@ static bool model_library_parse(const char *v, gpu_train_options *o) {
 
 static const char train_usage_text[] =
     "usage: flint train --model mlp|cnn|resnet18|transformer|FILE.so[:SYMBOL]\n"
-    "                   --data fashion-mnist|synthetic-imagenet\n"
+    "                   --data fashion-mnist|synthetic-imagenet|libsvm:PATH|csv:PATH|idx:IMAGES,LABELS\n"
     "                   [options]\n"
     "\n"
     "Trains a network by synchronous data-parallel SGD: R ranks (one barrier task each) read\n"
@@ -53,8 +53,13 @@ static const char train_usage_text[] =
     "                      (a path with a '/' or ending in .so) exporting an fl_model_builder\n"
     "                      (flint/train.h) under SYMBOL (default flint_model); it is shipped to\n"
     "                      the ranks, as a job binary is (required)\n"
-    "  --data D            fashion-mnist (IDX files, 28x28, 10 classes) or synthetic-imagenet\n"
-    "                      (seeded 3x224x224 images, 1000 classes, for throughput) (required)\n"
+    "  --data D            fashion-mnist (IDX files, 28x28, 10 classes), synthetic-imagenet\n"
+    "                      (seeded 3x224x224 images, 1000 classes, for throughput), or your files:\n"
+    "                      libsvm:PATH or csv:PATH (rows of F features as 1x1xF samples, the\n"
+    "                      label first in CSV; classes 0..K-1, or -1/+1), idx:IMAGES,LABELS\n"
+    "                      (an IDX pair, 10 classes); files are read by the executors (required)\n"
+    "  --test-data D       the set evaluated after each epoch, in --data's format (required\n"
+    "                      with libsvm:, csv: and idx:)\n"
     "  --data-dir DIR      Fashion-MNIST's folder (default /usr/share/datasets/fashion-mnist)\n"
     "  --synthetic-images N  synthetic-imagenet training images per epoch (default 4 x batch)\n"
     "  --train-images N    fashion-mnist: train on the first N images (default all 60000)\n"
@@ -146,7 +151,7 @@ enum { OPT_LONG = 256 };
 #define VALUED(name) {name, required_argument, NULL, OPT_LONG}
 #define SWITCH(name) {name, no_argument, NULL, OPT_LONG}
 static const struct option train_longopts[] = {
-    VALUED("model"), VALUED("data"), VALUED("data-dir"), VALUED("synthetic-images"), VALUED("train-images"),
+    VALUED("model"), VALUED("data"), VALUED("test-data"), VALUED("data-dir"), VALUED("synthetic-images"), VALUED("train-images"),
     VALUED("test-images"), VALUED("ranks"), VALUED("device"), VALUED("batch"), VALUED("lr"), VALUED("warmup"),
     VALUED("epochs"), VALUED("decay"), VALUED("milestones"), VALUED("momentum"), VALUED("weight-decay"),
     VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
@@ -166,6 +171,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->svg_path = "flint-train.svg";
   o->progress = stdout;
   bool have_model = false, have_data = false;
+  const char *test_data = NULL;
   int c, index;
   optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
@@ -206,9 +212,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       }
       have_model = true;
     } else if (strcmp(opt, "--data") == 0) {
-      if (gpu_train_dataset_parse(v, &o->data) != FL_OK)
-        return train_usage_error("unknown data set '%s' (fashion-mnist or synthetic-imagenet)", v);
+      if (gpu_train_source_parse(v, &o->data, &o->data_path) != FL_OK) return train_usage_error("%s", fl_last_error());
       have_data = true;
+    } else if (strcmp(opt, "--test-data") == 0) {
+      test_data = v;
     } else if (strcmp(opt, "--data-dir") == 0) {
       o->data_dir = v;
     } else if (strcmp(opt, "--synthetic-images") == 0) {
@@ -297,7 +304,20 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   }
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
   if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18 or transformer)");
-  if (!have_data) return train_usage_error("--data is required (fashion-mnist or synthetic-imagenet)");
+  if (!have_data)
+    return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH or "
+                             "idx:IMAGES,LABELS)");
+  if (test_data && o->data < GPU_TRAIN_LIBSVM)
+    return train_usage_error("--test-data is for --data libsvm:, csv: and idx: (%s has its own test set)",
+                             gpu_train_dataset_name(o->data));
+  if (test_data) {
+    gpu_train_dataset kind;
+    if (gpu_train_source_parse(test_data, &kind, &o->test_path) != FL_OK)
+      return train_usage_error("--test-data: %s", fl_last_error());
+    if (kind != o->data)
+      return train_usage_error("--test-data %s is not in --data's format (%s:)", test_data,
+                               gpu_train_dataset_name(o->data));
+  }
   if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
   if (o->synthetic_train_images && o->data != GPU_TRAIN_SYNTHETIC_IMAGENET)
     return train_usage_error("--synthetic-images is for --data synthetic-imagenet");

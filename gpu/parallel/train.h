@@ -65,6 +65,10 @@
 typedef enum gpu_train_dataset {
   GPU_TRAIN_FASHION_MNIST = 0,    /* 60000 + 10000 images 1x28x28, 10 classes */
   GPU_TRAIN_SYNTHETIC_IMAGENET = 1, /* seeded 3x224x224 images, 1000 classes (throughput) */
+  /* Files named by data_path and test_path ("FORMAT:PATH"): */
+  GPU_TRAIN_LIBSVM = 2, /* rows of features, 1 x 1 x F (fl_ml_load), classes from the labels */
+  GPU_TRAIN_CSV = 3,    /* the same from CSV: the label in the first column, no header */
+  GPU_TRAIN_IDX = 4,    /* an IDX pair "IMAGES,LABELS": 1 x H x W images, 10 classes */
 } gpu_train_dataset;
 
 /* One epoch as the ranks report it (to on_epoch). */
@@ -131,13 +135,15 @@ typedef struct gpu_train_options {
   /* model NN_LIBRARY: a user's model (include/flint/train.h's fl_model_builder) */
   const char *model_library; /* the shared library's path */
   const char *model_symbol;  /* its builder (NULL: FL_MODEL_BUILDER_SYMBOL) */
+  /* data libsvm, csv, idx: the training and the test files (the text after "FORMAT:") */
+  const char *data_path, *test_path;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
    NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL,   \
-   NULL, NULL}
+   NULL, NULL, NULL, NULL}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -169,6 +175,9 @@ typedef struct gpu_train_result {
 FL_API fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
 /* "fashion-mnist", "synthetic-imagenet"; FL_EINVAL otherwise. */
 FL_API fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out);
+/* "fashion-mnist", "synthetic-imagenet", or "libsvm:PATH", "csv:PATH", "idx:IMAGES,LABELS":
+ * *path points at PATH inside text (NULL for the first two). FL_EINVAL names the text. */
+FL_API fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path);
 FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch

@@ -16,6 +16,7 @@
 
 #include "common/common.h"
 #include "gpu/data/data.h"
+#include "flint/ml.h"
 #include "flint/train.h"
 #include "gpu/parallel/curves.h"
 #include "gpu/parallel/train_rank.h"
@@ -113,6 +114,47 @@ static uint32_t train_world(const gpu_train_options *o) {
   return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
 }
 
+/* "IMAGES,LABELS" of --data idx: (10 classes). */
+static fl_status load_idx_pair(fl_context *ctx, const char *spec, const data_options *dopts, data_set *out) {
+  char images[4096];
+  const char *comma = strchr(spec, ',');
+  snprintf(images, sizeof images, "%.*s", comma ? (int)(comma - spec) : 0, spec);
+  if (!comma || !images[0] || !comma[1])
+    return fl_set_error(FL_EINVAL, "--data idx:%s: give the images and the labels file, IMAGES,LABELS", spec);
+  return data_load_idx(ctx, images, comma + 1, 10, dopts, out);
+}
+
+/* --data libsvm: and csv:, through fl_ml_load, as one dataset with a partition per rank
+ * (data_rows_pair); train and test get the samples' shape and the classes. */
+static fl_status load_rows_pair(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test,
+                                fl_dataset **pair) {
+  fl_ml_format format = o->data == GPU_TRAIN_LIBSVM ? FL_ML_LIBSVM : FL_ML_CSV;
+  fl_ml_load_options lo = {0}; /* CSV: the label in column 0, no header, ',' */
+  fl_ml_data *tr = NULL, *te = NULL;
+  uint32_t classes = 0, cols = 0;
+  fl_status s = fl_ml_load(ctx, o->data_path, format, &lo, &tr);
+  /* The test set must have as many features as the training set (LIBSVM: its largest index). */
+  if (s == FL_OK && format == FL_ML_LIBSVM) lo.num_features = tr->cols;
+  if (s == FL_OK) s = fl_ml_load(ctx, o->test_path, format, &lo, &te);
+  if (s == FL_OK && te->cols != tr->cols)
+    s = fl_set_error(FL_EINVAL, "--test-data %s has %u features, --data %s has %u", o->test_path, te->cols,
+                     o->data_path, tr->cols);
+  if (s == FL_OK) s = data_rows_pair(tr, te, train_world(o), &classes, &cols, pair);
+  if (s == FL_OK) {
+    *train = (data_set){.images = tr->rows, .channels = 1, .height = 1, .width = cols, .classes = classes,
+                        .partitions = train_world(o)};
+    *test = (data_set){.images = te->rows, .channels = 1, .height = 1, .width = cols, .classes = classes,
+                       .partitions = train_world(o)};
+  }
+  fl_ml_data_free(te);
+  fl_ml_data_free(tr);
+  return s;
+}
+
+/* The run's input: the training and test sets, one dataset with rank r's shares in partition r. */
+static fl_status load_pair(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test,
+                           fl_dataset **pair);
+
 static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test) {
   data_options dopts = DATA_OPTIONS_INIT;
   dopts.partitions = train_world(o);
@@ -122,7 +164,10 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
    * together hold its rows of each global batch in order (gpu/parallel/train_hybrid.c). */
   if (o->model == NN_TRANSFORMER) dopts.run = o->batch / train_world(o);
   fl_status s;
-  if (o->data == GPU_TRAIN_FASHION_MNIST) {
+  if (o->data == GPU_TRAIN_IDX) {
+    s = load_idx_pair(ctx, o->data_path, &dopts, train);
+    if (s == FL_OK) s = load_idx_pair(ctx, o->test_path, &dopts, test);
+  } else if (o->data == GPU_TRAIN_FASHION_MNIST) {
     dopts.max_images = o->max_train_images;
     s = data_fashion_mnist(ctx, o->data_dir, true, &dopts, train);
     dopts.max_images = o->max_test_images;
@@ -152,6 +197,13 @@ static fl_status client_model(const gpu_train_options *o, const data_set *train,
   nn_model_spec spec = {.kind = o->model, .channels = (int)train->channels, .height = (int)train->height,
                         .width = (int)train->width, .classes = (int)train->classes, .seed = o->seed};
   return nn_model_create(dev, &spec, out);
+}
+
+static fl_status load_pair(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test,
+                           fl_dataset **pair) {
+  if (o->data == GPU_TRAIN_LIBSVM || o->data == GPU_TRAIN_CSV) return load_rows_pair(ctx, o, train, test, pair);
+  fl_status s = load_data(ctx, o, train, test);
+  return s == FL_OK ? data_pair(ctx, train, test, pair) : s;
 }
 
 /* --resume: reads the checkpoint file and checks it against this run's model on a cpu device
@@ -198,8 +250,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   fl_broadcast *resume = NULL, *library = NULL;
   fl_buf resume_blob = FL_BUF_INIT;
   client_state c = {.opts = o, .curves = CURVES_INIT};
-  FL_CHECK(load_data(ctx, o, &train, &test));
-  FL_CHECK(data_pair(ctx, &train, &test, &pair));
+  FL_CHECK(load_pair(ctx, o, &train, &test, &pair));
 
   bool hybrid = o->model == NN_TRANSFORMER;
   train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,

@@ -9,7 +9,8 @@
 #include "gpu/parallel/train.h"
 
 static const char *const model_names[] = {"mlp", "cnn", "resnet18", "transformer"};
-static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet"};
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx"};
+#define DATASETS (sizeof dataset_names / sizeof dataset_names[0])
 
 fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
   for (int i = 0; i < 4; i++)
@@ -21,17 +22,30 @@ fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
 }
 
 fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
-  for (int i = 0; i < 2; i++)
-    if (text && strcmp(text, dataset_names[i]) == 0) {
-      *out = (gpu_train_dataset)i;
-      return FL_OK;
-    }
-  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist or synthetic-imagenet)",
-                      text ? text : "(null)");
+  return gpu_train_source_parse(text, out, NULL);
+}
+
+fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path) {
+  if (path) *path = NULL;
+  for (size_t i = 0; text && i < DATASETS; i++) {
+    size_t n = strlen(dataset_names[i]);
+    bool file = i >= GPU_TRAIN_LIBSVM;
+    if (strncmp(text, dataset_names[i], n) != 0 || (file ? text[n] != ':' : text[n] != '\0')) continue;
+    if (file && (!path || !text[n + 1]))
+      return fl_set_error(FL_EINVAL, "data set '%s' needs its file: %s:PATH%s", text, dataset_names[i],
+                          i == GPU_TRAIN_IDX ? " (IMAGES,LABELS)" : "");
+    if (i == GPU_TRAIN_IDX && !strchr(text + n + 1, ','))
+      return fl_set_error(FL_EINVAL, "data set '%s': idx: takes IMAGES,LABELS (two files)", text);
+    *out = (gpu_train_dataset)i;
+    if (file) *path = text + n + 1;
+    return FL_OK;
+  }
+  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH or "
+                      "idx:IMAGES,LABELS)", text ? text : "(null)");
 }
 
 const char *gpu_train_dataset_name(gpu_train_dataset data) {
-  return (unsigned)data < 2 ? dataset_names[data] : "unknown";
+  return (unsigned)data < DATASETS ? dataset_names[data] : "unknown";
 }
 
 /* Step decay without milestones: x0.1 at half and at three quarters of training. */
@@ -126,8 +140,15 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
     return fl_set_error(FL_EINVAL, o->model_library ? "gpu_train: a model library (%s) with a built-in model"
                                                     : "gpu_train: a library model without its library%s",
                         o->model_library ? o->model_library : "");
-  if ((unsigned)o->data > GPU_TRAIN_SYNTHETIC_IMAGENET)
-    return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
+  if ((unsigned)o->data >= DATASETS) return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
+  bool files = o->data >= GPU_TRAIN_LIBSVM;
+  if (files && (!o->data_path || !o->test_path))
+    return fl_set_error(FL_EINVAL, "--data %s needs %s", gpu_train_dataset_name(o->data),
+                        o->data_path ? "--test-data (the set each epoch is evaluated on, in the same format)"
+                                     : "its training file");
+  if (!files && (o->data_path || o->test_path))
+    return fl_set_error(FL_EINVAL, "--test-data is for --data libsvm:, csv: and idx: (%s has its own test set)",
+                        gpu_train_dataset_name(o->data));
   if (o->device != FL_DEVICE_CPU && o->device != FL_DEVICE_CUDA)
     return fl_set_error(FL_EINVAL, "--device: unknown device kind %d", (int)o->device);
   if (o->ranks < 1 || o->ranks > 1024) return fl_set_error(FL_EINVAL, "--ranks %u must be 1 to 1024", o->ranks);
