@@ -34,7 +34,7 @@ static bool model_library_parse(const char *v, gpu_train_options *o) {
 }
 
 static const char train_usage_text[] =
-    "usage: flint train --model mlp|cnn|resnet18|transformer|FILE.so[:SYMBOL]\n"
+    "usage: flint train --model mlp|cnn|resnet18|resnet50|transformer|FILE.so[:SYMBOL]\n"
     "                   --data fashion-mnist|synthetic-imagenet|libsvm:PATH|csv:PATH|idx:IMAGES,LABELS\n"
     "                   [options]\n"
     "\n"
@@ -49,7 +49,8 @@ static const char train_usage_text[] =
     "interleaved 1F1B), and reports the pipeline's bubble and each stage's peak activations.\n"
     "\n"
     "options:\n"
-    "  --model M           mlp, cnn, resnet18 or transformer, or your own: a shared library\n"
+    "  --model M           mlp, cnn, resnet18, resnet50 (Goyal et al.'s zero-gamma blocks) or\n"
+    "                      transformer, or your own: a shared library\n"
     "                      (a path with a '/' or ending in .so) exporting an fl_model_builder\n"
     "                      (flint/train.h) under SYMBOL (default flint_model); it is shipped to\n"
     "                      the ranks, as a job binary is (required)\n"
@@ -207,7 +208,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       if (model_library_parse(v, o)) {
         o->model = NN_LIBRARY;
       } else if (gpu_train_model_parse(v, &o->model) != FL_OK) {
-        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18 or transformer, or a FILE.so that exports "
+        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18, resnet50 or transformer, or a FILE.so that exports "
                                  "a model builder)", v);
       }
       have_model = true;
@@ -303,7 +304,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     }
   }
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
-  if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18 or transformer)");
+  if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer or FILE.so)");
   if (!have_data)
     return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH or "
                              "idx:IMAGES,LABELS)");

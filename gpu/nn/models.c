@@ -12,12 +12,12 @@
 
 fl_status nn_model_kind_parse(const char *text, nn_model_kind *out) {
   if (!text || !out) return fl_set_error(FL_EINVAL, "nn_model_kind_parse: NULL argument");
-  for (int k = NN_MLP; k <= NN_TRANSFORMER; k++)
-    if (strcmp(text, nn_model_kind_name((nn_model_kind)k)) == 0) {
+  for (int k = NN_MLP; k <= NN_RESNET50; k++)
+    if (k != NN_LIBRARY && strcmp(text, nn_model_kind_name((nn_model_kind)k)) == 0) {
       *out = (nn_model_kind)k;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet18 or transformer)", text);
+  return fl_set_error(FL_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet18, resnet50 or transformer)", text);
 }
 
 const char *nn_model_kind_name(nn_model_kind kind) {
@@ -27,6 +27,7 @@ const char *nn_model_kind_name(nn_model_kind kind) {
   case NN_RESNET18: return "resnet18";
   case NN_TRANSFORMER: return "transformer";
   case NN_LIBRARY: return "library";
+  case NN_RESNET50: return "resnet50";
   }
   return "unknown";
 }
@@ -155,6 +156,74 @@ cleanup:
   return status;
 }
 
+/* ResNet bottleneck block (ResNet-50's): 1x1 reduce, 3x3 (with the stride, as torchvision's
+ * "ResNet v1.5"), 1x1 expand to 4 x width, each with batch norm; the last batch norm's gamma
+ * starts at zero (Goyal et al.: each block starts as the identity, which is what lets the
+ * large-batch recipe's high rates train from the start); a projection shortcut when the
+ * shape changes. */
+static fl_status bottleneck(nn_model *m, const char *name, int in_c, int width, int stride) {
+  char sub[96];
+#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
+  fl_status status = FL_OK;
+  int out_c = 4 * width;
+  const fl_conv2d_options reduce = {.out_channels = width, .kernel = 1};
+  const fl_conv2d_options spatial = {.out_channels = width, .kernel = 3, .stride = stride, .padding = 1};
+  const fl_conv2d_options expand = {.out_channels = out_c, .kernel = 1};
+  const fl_conv2d_options down = {.out_channels = out_c, .kernel = 1, .stride = stride};
+  ADD(fl_model_residual_begin(m, name));
+  ADD(fl_model_conv2d(m, SUB("conv1"), &reduce));
+  ADD(fl_model_batchnorm(m, SUB("bn1"), false));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_conv2d(m, SUB("conv2"), &spatial));
+  ADD(fl_model_batchnorm(m, SUB("bn2"), false));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_conv2d(m, SUB("conv3"), &expand));
+  ADD(fl_model_batchnorm(m, SUB("bn3"), true));
+  if (stride != 1 || in_c != out_c) {
+    ADD(fl_model_residual_shortcut(m));
+    ADD(fl_model_conv2d(m, SUB("downsample.0"), &down));
+    ADD(fl_model_batchnorm(m, SUB("downsample.1"), false));
+  }
+  ADD(fl_model_residual_end(m));
+  ADD(fl_model_relu(m));
+#undef SUB
+cleanup:
+  return status;
+}
+
+/* ResNet-50: the stem of ResNet-18, then stages of 3, 4, 6 and 3 bottleneck blocks of widths
+ * w, 2w, 4w, 8w (outputs 4x that), global average pooling and a linear classifier. */
+static fl_status build_resnet50(nn_model *m, const nn_model_spec *sp) {
+  int w = sp->width_mult ? sp->width_mult : 64;
+  if (w < 1) return fl_set_error(FL_EINVAL, "resnet50: width_mult %d must be positive", w);
+  if (sp->height < 8 || sp->width < 8)
+    return fl_set_error(FL_EINVAL, "resnet50: a %dx%d image is too small for its downsampling (at least 8x8)",
+                        sp->height, sp->width);
+  bool large = sp->height > 64 && sp->width > 64;
+  nn_model_set_init_style(m, LAYER_INIT_STYLE_HE);
+  fl_status status = FL_OK;
+  const fl_conv2d_options stem_large = {.out_channels = w, .kernel = 7, .stride = 2, .padding = 3};
+  const fl_conv2d_options stem_small = {.out_channels = w, .kernel = 3, .padding = 1};
+  ADD(fl_model_conv2d(m, "conv1", large ? &stem_large : &stem_small));
+  ADD(fl_model_batchnorm(m, "bn1", false));
+  ADD(fl_model_relu(m));
+  if (large) ADD(fl_model_maxpool(m, 3, 2, 1));
+  static const int blocks[4] = {3, 4, 6, 3};
+  int in_c = w;
+  for (int stage = 0; stage < 4; stage++) {
+    for (int b = 0; b < blocks[stage]; b++) {
+      char name[32];
+      snprintf(name, sizeof name, "layer%d.%d", stage + 1, b);
+      ADD(bottleneck(m, name, in_c, w << stage, stage > 0 && b == 0 ? 2 : 1));
+      in_c = 4 * (w << stage);
+    }
+  }
+  ADD(fl_model_global_avgpool(m));
+  ADD(fl_model_linear(m, "fc", sp->classes, true));
+cleanup:
+  return status;
+}
+
 #undef ADD
 
 fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **out) {
@@ -165,7 +234,7 @@ fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **
   if (spec->kind == NN_LIBRARY)
     return fl_set_error(FL_EINVAL, "nn_model_create: a library's model is built by its builder "
                         "(train_model_build in gpu/parallel/train_model.c)");
-  if (spec->kind != NN_MLP && spec->kind != NN_CNN && spec->kind != NN_RESNET18)
+  if (spec->kind != NN_MLP && spec->kind != NN_CNN && spec->kind != NN_RESNET18 && spec->kind != NN_RESNET50)
     return fl_set_error(FL_EINVAL, "nn_model_create: unknown model kind %d", (int)spec->kind);
   const char *kind = nn_model_kind_name(spec->kind);
   if (spec->channels < 1 || spec->height < 1 || spec->width < 1)
@@ -184,6 +253,7 @@ fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **
   case NN_MLP: FL_CHECK(build_mlp(m, spec)); break;
   case NN_CNN: FL_CHECK(build_cnn(m, spec)); break;
   case NN_RESNET18: FL_CHECK(build_resnet18(m, spec)); break;
+  case NN_RESNET50: FL_CHECK(build_resnet50(m, spec)); break;
   case NN_TRANSFORMER:
   case NN_LIBRARY: break; /* refused above */
   }

@@ -32,6 +32,7 @@ typedef enum nn_model_kind {
   NN_RESNET18 = 2,
   NN_TRANSFORMER = 3,
   NN_LIBRARY = 4,
+  NN_RESNET50 = 5,
 } nn_model_kind;
 
 typedef struct nn_model_spec {

@@ -8,17 +8,11 @@
 
 #include "gpu/parallel/train.h"
 
-static const char *const model_names[] = {"mlp", "cnn", "resnet18", "transformer"};
 static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx"};
 #define DATASETS (sizeof dataset_names / sizeof dataset_names[0])
 
 fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
-  for (int i = 0; i < 4; i++)
-    if (text && strcmp(text, model_names[i]) == 0) {
-      *out = (nn_model_kind)i;
-      return FL_OK;
-    }
-  return fl_set_error(FL_EINVAL, "unknown model '%s' (mlp, cnn, resnet18 or transformer)", text ? text : "(null)");
+  return nn_model_kind_parse(text ? text : "(null)", out);
 }
 
 fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
@@ -135,7 +129,7 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
 
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
-  if ((unsigned)o->model > NN_LIBRARY) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
+  if ((unsigned)o->model > NN_RESNET50) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
   if ((o->model == NN_LIBRARY) != (o->model_library != NULL))
     return fl_set_error(FL_EINVAL, o->model_library ? "gpu_train: a model library (%s) with a built-in model"
                                                     : "gpu_train: a library model without its library%s",
