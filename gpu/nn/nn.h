@@ -256,6 +256,32 @@ FL_API double optim_schedule_peak_lr(const optim_schedule *s);
  * read as 0 and after the end as the end. Pure; the schedule must be valid. */
 double optim_lr_at(const optim_schedule *s, double epoch);
 
+/* ---- attention (gpu/nn/attention.c) ---------------------------------------------------------
+ * Scaled dot-product attention over a packed activation qkv [n * s, qkv_ld]: head h's q, k and
+ * v (d columns each) start at column part_offset[0 / 1 / 2] + h * head_step of each row. The
+ * attention layer packs them as PyTorch's in_proj ([q | k | v], head_step d); the
+ * tensor-parallel block as [heads, 3, d] (head_step 3d). Scores and probabilities are
+ * [n, heads, s, s]; ctx and its gradient [n * s, heads * d]. The caller may change the
+ * probabilities between the two forward steps (dropout) and the probabilities' gradient
+ * between the two backward steps (dropout's backward), passing the changed ones on. */
+typedef struct attn_layout {
+  int n, s, d, heads;
+  int qkv_ld;
+  int part_offset[3];
+  int head_step;
+} attn_layout;
+
+/* probs = softmax(q k^T / sqrt(d)) per head; scores is scratch of probs' size. */
+fl_status attn_probs_forward(fl_device *dev, const attn_layout *L, const float *qkv, float *scores, float *probs);
+/* ctx = probs v per head. */
+fl_status attn_context_forward(fl_device *dev, const attn_layout *L, const float *probs, const float *qkv, float *ctx);
+/* From d_ctx: d_probs (overwritten) and the v columns of d_qkv (overwritten). */
+fl_status attn_context_backward(fl_device *dev, const attn_layout *L, const float *probs, const float *qkv,
+                                const float *d_ctx, float *d_probs, float *d_qkv);
+/* From d_probs: the q and k columns of d_qkv (overwritten); d_scores is scratch. */
+fl_status attn_probs_backward(fl_device *dev, const attn_layout *L, const float *probs, const float *d_probs,
+                              const float *qkv, float *d_scores, float *d_qkv);
+
 /* ---- checkpoints ---------------------------------------------------------------------- */
 
 /* Where training stands, saved with the weights. */

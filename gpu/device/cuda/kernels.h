@@ -96,6 +96,19 @@ cudaError_t kernels_mean_tokens_forward(cudaStream_t s, int n, int tokens, int h
 cudaError_t kernels_mean_tokens_backward(cudaStream_t s, int n, int tokens, int h,
                                          const float *dy, float *dx);
 
+/* gpu/device/cuda/kernels_norm.cu: layer norm (a warp per row; dgamma and dbeta by atomics)
+ * and embeddings (an id outside [0, vocab) writes zeros and sets *bad_id). */
+cudaError_t kernels_layernorm_forward(cudaStream_t s, int rows, int cols, float eps, const float *x,
+                                      const float *gamma, const float *beta, float *y, float *mean,
+                                      float *rstd);
+cudaError_t kernels_layernorm_backward(cudaStream_t s, int rows, int cols, const float *x, const float *dy,
+                                       const float *gamma, const float *mean, const float *rstd, float *dx,
+                                       float *dgamma, float *dbeta);
+cudaError_t kernels_embedding_forward(cudaStream_t s, size_t count, int dim, int vocab, const float *ids,
+                                      const float *table, float *y, int *bad_id);
+cudaError_t kernels_embedding_backward(cudaStream_t s, size_t count, int dim, int vocab, const float *ids,
+                                       const float *dy, float *dtable, int *bad_id);
+
 #ifdef __cplusplus
 }
 #endif
