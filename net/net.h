@@ -152,8 +152,8 @@ FL_INTERNAL void rpc_channel_destroy(rpc_channel *c);
  * - the handler's status, message "METHOD on TARGET: <handler's message>";
  * - FL_ENET "cannot reach TARGET ..." when the server is unreachable, the connection drops
  *   or the server stops during the call, or only one side uses TLS (the message says which;
- *   a channel without TLS whose connection was closed in its handshake then spends up to a
- *   second asking the server whether it speaks TLS);
+ *   a channel without TLS whose connection was closed in its handshake then spends up to
+ *   2 s asking the server whether it speaks TLS);
  * - FL_ETIMEDOUT when the deadline passes;
  * - FL_EAUTH when the server refuses the secret (missing or wrong), or the channel refuses
  *   the server's certificate ("TLS handshake failed: the server's certificate was not

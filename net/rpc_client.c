@@ -39,7 +39,7 @@ struct rpc_channel {
 
 /* How long a plaintext channel whose connection was closed may take to learn whether the
  * server speaks TLS instead (rpc_tls_failure). */
-#define RPC_TLS_PROBE_MS 1000
+#define RPC_TLS_PROBE_MS 2000
 
 fl_status rpc_channel_create(const char *target, const char *secret, size_t max_message,
                              rpc_channel **out) {
