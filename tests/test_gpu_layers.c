@@ -551,13 +551,13 @@ static void test_linear_gradients(void **state) {
   assert_int_equal(l->nparams, 2);
   assert_string_equal(s.params[0].name, "fc.weight");
   assert_string_equal(s.params[1].name, "fc.bias");
-  int64_t shape[3] = {3, 2, 5}; /* a row of 10 features in any shape */
-  float *x = rand_buf(30);
+  int64_t shape[3] = {3, 2, 10}; /* over the last dimension: 6 rows of 10 features */
+  float *x = rand_buf(60);
   check_layer(&s, l, 3, shape, x, 1e-2, 40, 0);
   int64_t wrong[2] = {3, 9};
   fl_tensor bad = {0};
   assert_ok(tensor_ensure(&bad, dev, 2, wrong));
-  assert_fails_with(layer_forward(l, &bad, true, NULL), FL_EINVAL, "10 features a row");
+  assert_fails_with(layer_forward(l, &bad, true, NULL), FL_EINVAL, "input [3, 9], expected [n, ..., 10]");
   tensor_release(&bad);
   free(x);
   layer_destroy(l);
@@ -966,7 +966,8 @@ static void test_resnet50_model(void **state) {
   (void)state;
   nn_model_spec sp = {.kind = NN_RESNET50, .channels = 1, .height = 16, .width = 16,
                       .classes = 5, .width_mult = 4, .seed = 11};
-  check_model(&sp, 161, 3e-4, 0.15);
+  /* A small step: sixteen blocks of tiny feature maps bend the loss within 3e-4. */
+  check_model(&sp, 161, 5e-5, 0.15);
   nn_model *m;
   nn_model_spec in = {.kind = NN_RESNET50, .channels = 3, .height = 224, .width = 224, .classes = 1000, .seed = 1};
   assert_ok(nn_model_create(dev, &in, &m));

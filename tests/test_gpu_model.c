@@ -219,17 +219,10 @@ static double loss_of(fl_model *m, const fl_tensor *x, const int32_t *labels, si
 }
 
 /* Backward's gradients against central differences of the loss, over every parameter tensor
- * (a few elements of each), with label smoothing on. (Not with a zero gamma: the block's output
- * would then sit right at the following relu's kink.) */
-static void test_gradients_match_finite_differences(void **state) {
-  (void)state;
-  fl_model *m = small_resnet(3, false);
-  int64_t xs[4] = {4, 2, 6, 6};
-  float *xv = rand_values(4 * 72);
-  fl_tensor *x = tensor_of(4, xs, xv);
-  int32_t labels[4] = {0, 2, 1, 2};
+ * (a few elements of each), with label smoothing on. Returns how many disagreed. */
+static size_t check_gradients(fl_model *m, const fl_tensor *x, const int32_t *labels, size_t n) {
   assert_ok(fl_model_zero_grad(m));
-  loss_of(m, x, labels, 4, 0.1);
+  loss_of(m, x, labels, n, 0.1);
   assert_ok(fl_model_backward(m));
   float *grads = read_all(fl_model_gradients(m));
   fl_tensor *wt = fl_model_weights(m);
@@ -244,10 +237,10 @@ static void test_gradients_match_finite_differences(void **state) {
       float keep = w[i];
       w[i] = keep + (float)eps;
       assert_ok(fl_tensor_write(wt, w, nw));
-      double up = loss_of(m, x, labels, 4, 0.1);
+      double up = loss_of(m, x, labels, n, 0.1);
       w[i] = keep - (float)eps;
       assert_ok(fl_tensor_write(wt, w, nw));
-      double down = loss_of(m, x, labels, 4, 0.1);
+      double down = loss_of(m, x, labels, n, 0.1);
       w[i] = keep;
       double numeric = (up - down) / (2 * eps);
       double err = fabs(numeric - grads[i]) / (fabs(numeric) + fabs(grads[i]) + 1e-3);
@@ -260,11 +253,119 @@ static void test_gradients_match_finite_differences(void **state) {
     offset += count;
   }
   assert_ok(fl_tensor_write(wt, w, nw));
-  assert_true(checked >= 25);
-  assert_true(bad <= 2); /* a relu kink may fall between the two sides now and then */
+  assert_true(checked >= 2 * fl_model_num_params(m));
   free(grads);
   free(w);
+  return bad;
+}
+
+/* (Not with a zero gamma: the block's output would then sit right at the following relu's
+ * kink.) */
+static void test_gradients_match_finite_differences(void **state) {
+  (void)state;
+  fl_model *m = small_resnet(3, false);
+  int64_t xs[4] = {4, 2, 6, 6};
+  float *xv = rand_values(4 * 72);
+  fl_tensor *x = tensor_of(4, xs, xv);
+  int32_t labels[4] = {0, 2, 1, 2};
+  assert_true(check_gradients(m, x, labels, 4) <= 2); /* a relu kink may fall between the two sides */
   free(xv);
+  fl_tensor_destroy(x);
+  fl_model_destroy(m);
+}
+
+/* A small transformer encoder for sequences of token ids, built from the sequence layers: its
+ * shapes, its errors, and its gradients. */
+static void test_sequence_layers(void **state) {
+  (void)state;
+  enum { TOKENS = 5, VOCAB = 11, DIM = 8 };
+  int64_t in[1] = {TOKENS};
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_fails_with(fl_model_attention(m, "attn", 2), FL_EINVAL, "expected [n, tokens, hidden]");
+  assert_ok(fl_model_embedding(m, "tok", VOCAB, DIM));
+  assert_fails_with(fl_model_attention(m, "attn", 3), FL_EINVAL, "3 heads must divide 8 features");
+  assert_ok(fl_model_residual_begin(m, "attn_block"));
+  assert_ok(fl_model_layernorm(m, "ln1"));
+  assert_ok(fl_model_attention(m, "attn", 2));
+  assert_ok(fl_model_residual_end(m));
+  assert_ok(fl_model_residual_begin(m, "mlp_block"));
+  assert_ok(fl_model_layernorm(m, "ln2"));
+  assert_ok(fl_model_linear(m, "fc1", 16, true)); /* per token, as nn.Linear */
+  assert_fails_with(fl_model_residual_end(m), FL_EINVAL, "the main path gives [n, 5, 16] but the shortcut [n, 5, 8]");
+  assert_ok(fl_model_gelu(m));
+  assert_ok(fl_model_linear(m, "fc2", DIM, true));
+  assert_ok(fl_model_residual_end(m));
+  int64_t out[FL_MODEL_MAX_SAMPLE_DIMS];
+  assert_int_equal(fl_model_output_shape(m, out), 2);
+  assert_int_equal(out[0], TOKENS);
+  assert_int_equal(out[1], DIM);
+  fl_model_destroy(m);
+
+  /* A whole encoder block, then pooling and a classifier. */
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_ok(fl_model_embedding(m, "tok", VOCAB, DIM));
+  assert_ok(fl_model_residual_begin(m, "attn_block"));
+  assert_ok(fl_model_layernorm(m, "ln1"));
+  assert_ok(fl_model_attention(m, "attn", 2));
+  assert_ok(fl_model_residual_end(m));
+  assert_ok(fl_model_residual_begin(m, "mlp_block"));
+  assert_ok(fl_model_linear(m, "fc1", 16, true));
+  assert_ok(fl_model_gelu(m));
+  assert_ok(fl_model_linear(m, "fc2", DIM, true));
+  assert_ok(fl_model_residual_end(m));
+  assert_ok(fl_model_layernorm(m, "ln_f"));
+  assert_ok(fl_model_mean_tokens(m));
+  assert_ok(fl_model_linear(m, "head", 3, true));
+  assert_ok(fl_model_finish(m, 21));
+  static const char *const names[] = {"tok.weight",  "ln1.weight", "ln1.bias",  "attn.in_proj_weight",
+                                      "attn.in_proj_bias", "attn.out_proj.weight", "attn.out_proj.bias",
+                                      "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+                                      "ln_f.weight", "ln_f.bias", "head.weight", "head.bias"};
+  assert_int_equal(fl_model_num_params(m), 15);
+  for (size_t i = 0; i < 15; i++) assert_string_equal(fl_model_param_name(m, i), names[i]);
+  int64_t xs[2] = {3, TOKENS};
+  float ids[3 * TOKENS] = {1, 2, 3, 4, 5, 10, 0, 0, 7, 7, 9, 8, 6, 5, 4};
+  fl_tensor *x = tensor_of(2, xs, ids);
+  int32_t labels[3] = {2, 0, 1};
+  assert_int_equal(check_gradients(m, x, labels, 3), 0);
+
+  /* An id outside the table is refused, naming it. */
+  ids[4] = VOCAB;
+  assert_ok(fl_tensor_write(x, ids, 3 * TOKENS));
+  const fl_tensor *y;
+  assert_fails_with(fl_model_forward(m, x, true, &y), FL_EINVAL, "id 11 at 4 is not a whole number in [0, 11)");
+  fl_tensor_destroy(x);
+  fl_model_destroy(m);
+}
+
+/* Layer norm's forward against its formula, in double. */
+static void test_layernorm_values(void **state) {
+  (void)state;
+  int64_t in[2] = {2, 6};
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 2, in, &m));
+  assert_ok(fl_model_layernorm(m, "ln"));
+  assert_ok(fl_model_finish(m, 1));
+  float gamma[6] = {1, 2, 0.5f, -1, 1, 3}, beta[6] = {0, 0.1f, 0.2f, 0.3f, -0.4f, 0};
+  assert_ok(fl_tensor_write(fl_model_param(m, 0), gamma, 6));
+  assert_ok(fl_tensor_write(fl_model_param(m, 1), beta, 6));
+  int64_t xs[3] = {2, 2, 6};
+  float *xv = rand_values(24);
+  fl_tensor *x = tensor_of(3, xs, xv);
+  const fl_tensor *y;
+  assert_ok(fl_model_forward(m, x, false, &y));
+  float *yv = read_all(y);
+  for (int r = 0; r < 4; r++) {
+    double mean = 0, var = 0;
+    for (int c = 0; c < 6; c++) mean += xv[r * 6 + c] / 6.0;
+    for (int c = 0; c < 6; c++) var += (xv[r * 6 + c] - mean) * (xv[r * 6 + c] - mean) / 6.0;
+    for (int c = 0; c < 6; c++) {
+      double want = (xv[r * 6 + c] - mean) / sqrt(var + 1e-5) * gamma[c] + beta[c];
+      assert_true(fabs(yv[r * 6 + c] - want) < 1e-4);
+    }
+  }
+  free(xv), free(yv);
   fl_tensor_destroy(x);
   fl_model_destroy(m);
 }
@@ -476,6 +577,8 @@ int main(void) {
       cmocka_unit_test(test_building_errors),
       cmocka_unit_test(test_pytorch_initialisation),
       cmocka_unit_test(test_gradients_match_finite_differences),
+      cmocka_unit_test(test_sequence_layers),
+      cmocka_unit_test(test_layernorm_values),
       cmocka_unit_test(test_losses),
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_save_and_load),

@@ -134,6 +134,8 @@ fl_status layer_store_finish(layer_store *s, uint64_t seed) {
         break;
       case LAYER_INIT_BIAS: w[j] = he ? 0.0f : (float)(bound * (2.0 * uniform_open(&state) - 1.0)); break;
       case LAYER_INIT_ZERO: w[j] = 0.0f; break;
+      case LAYER_INIT_NORMAL: w[j] = (float)normal01(&state); break;
+      case LAYER_INIT_XAVIER: w[j] = (float)(sqrt(6.0 / fan_in) * (2.0 * uniform_open(&state) - 1.0)); break;
       case LAYER_INIT_ONE: w[j] = 1.0f; break;
       }
     }

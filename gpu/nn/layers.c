@@ -109,14 +109,16 @@ static fl_status linear_forward(layer *l, const fl_tensor *x, bool train) {
   (void)train;
   linear_layer *L = (linear_layer *)l;
   fl_device *dev = l->store->dev;
-  int64_t n = x->shape[0];
-  if (x->numel != (size_t)n * (size_t)L->in) {
+  if (x->ndim < 2 || x->shape[x->ndim - 1] != L->in) {
     char want[64];
-    snprintf(want, sizeof want, "%d features a row", L->in);
+    snprintf(want, sizeof want, "[n, ..., %d]", L->in);
     return layer_bad_input(l, x, want);
   }
-  int64_t shape[2] = {n, L->out};
-  fl_status st = tensor_ensure(&l->y, dev, 2, shape);
+  int64_t n = (int64_t)(x->numel / (size_t)L->in); /* rows: every position of every sample */
+  int64_t shape[FL_TENSOR_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = L->out;
+  fl_status st = tensor_ensure(&l->y, dev, x->ndim, shape);
   if (st != FL_OK) return st;
   /* y[n, out] = x[n, in] W[out, in]^T */
   st = dev->ops->gemm(dev, false, true, (int)n, L->out, L->in, 1.0f, x->data, L->in,
@@ -128,7 +130,7 @@ static fl_status linear_forward(layer *l, const fl_tensor *x, bool train) {
 static fl_status linear_backward(layer *l, const fl_tensor *dy, bool need_dx) {
   linear_layer *L = (linear_layer *)l;
   fl_device *dev = l->store->dev;
-  int n = (int)l->x->shape[0];
+  int n = (int)(l->x->numel / (size_t)L->in);
   /* dW[out, in] += dy[n, out]^T x[n, in];  db += column sums of dy */
   fl_status st = dev->ops->gemm(dev, true, false, L->out, L->in, n, 1.0f, dy->data, L->out,
                                 l->x->data, L->in, 1.0f, layer_param_grad(l, 0), L->in);

@@ -71,7 +71,7 @@ int layer_out_size(int in, int k, int stride, int pad);
 
 /* The layers. `name` prefixes their parameters ("fc1" -> "fc1.weight", "fc1.bias"). Images
  * are NCHW; shapes of the input are checked at forward. */
-/* y[n, out] = x[n, in] W[out, in]^T + b; x may have any shape [n, ...] with in elements a row. */
+/* y = x W[out, in]^T + b over the last dimension: x [n, ..., in] -> y [n, ..., out]. */
 fl_status layer_linear_create(layer_store *s, const char *name, int in, int out, bool bias, layer **out_l);
 fl_status layer_relu_create(layer_store *s, layer **out_l);
 /* k x k convolution, im2col + GEMM; bias only when asked (not before batch norm). */
@@ -92,6 +92,14 @@ fl_status layer_gelu_create(layer_store *s, layer **out_l);
 /* Inverted dropout with probability p in [0, 1) in training, identity otherwise; the mask of
  * element j of sample i is keyed by (the store's seed, the store's step, `key`, i, j). */
 fl_status layer_dropout_create(layer_store *s, float p, uint64_t key, layer **out_l);
+/* Layer norm over the last dimension (gamma 1, beta 0). */
+fl_status layer_layernorm_create(layer_store *s, const char *name, int cols, float eps, layer **out_l);
+/* ids [n, ...] (floats holding whole numbers) -> [n, ..., dim]; weight [vocab, dim] N(0, 1). */
+fl_status layer_embedding_create(layer_store *s, const char *name, int vocab, int dim, layer **out_l);
+/* Multi-head self-attention over [n, tokens, hidden] (gpu/nn/layers_seq.c). */
+fl_status layer_attention_create(layer_store *s, const char *name, int hidden, int heads, layer **out_l);
+/* [n, tokens, h] -> [n, h]: the mean over tokens. */
+fl_status layer_mean_tokens_create(layer_store *s, layer **out_l);
 /* A residual block: y = main(x) + shortcut(x), each path a sequence of layers (the shortcut
  * the identity when empty). Create it, create its layers on the same store in parameter
  * order and append each to its path (the block owns them from then on, also on failure),

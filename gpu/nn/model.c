@@ -164,11 +164,11 @@ fl_status fl_model_linear(fl_model *m, const char *name, int out_features, bool 
   TRY(check_building(m, "fl_model_linear"));
   TRY(check_name(name, "fl_model_linear"));
   if (out_features < 1) return fl_set_error(FL_EINVAL, "linear %s: %d output features (at least 1)", name, out_features);
-  int64_t in = shape_numel(&m->shape);
-  TRY(need_shape(m, in <= INT32_MAX, name, "at most 2^31 - 1 features"));
+  int64_t in = m->shape.dims[m->shape.ndim - 1];
   layer *l;
   TRY(layer_linear_create(&m->store, name, (int)in, out_features, bias, &l));
-  sample_shape out = {1, {out_features}};
+  sample_shape out = m->shape;
+  out.dims[out.ndim - 1] = out_features;
   return place(m, l, &out);
 }
 
@@ -266,6 +266,49 @@ fl_status fl_model_flatten(fl_model *m) {
   layer *l;
   TRY(layer_flatten_create(&m->store, &l));
   sample_shape out = {1, {shape_numel(&m->shape)}};
+  return place(m, l, &out);
+}
+
+fl_status fl_model_layernorm(fl_model *m, const char *name) {
+  common_error_clear();
+  TRY(check_building(m, "fl_model_layernorm"));
+  TRY(check_name(name, "fl_model_layernorm"));
+  layer *l;
+  TRY(layer_layernorm_create(&m->store, name, (int)m->shape.dims[m->shape.ndim - 1], 1e-5f, &l));
+  sample_shape out = m->shape;
+  return place(m, l, &out);
+}
+
+fl_status fl_model_embedding(fl_model *m, const char *name, int vocab, int dim) {
+  common_error_clear();
+  TRY(check_building(m, "fl_model_embedding"));
+  TRY(check_name(name, "fl_model_embedding"));
+  TRY(need_shape(m, m->shape.ndim < FL_MODEL_MAX_SAMPLE_DIMS, name, "ids of at most 2 dimensions a sample"));
+  layer *l;
+  TRY(layer_embedding_create(&m->store, name, vocab, dim, &l));
+  sample_shape out = m->shape;
+  out.dims[out.ndim++] = dim;
+  return place(m, l, &out);
+}
+
+fl_status fl_model_attention(fl_model *m, const char *name, int heads) {
+  common_error_clear();
+  TRY(check_building(m, "fl_model_attention"));
+  TRY(check_name(name, "fl_model_attention"));
+  TRY(need_shape(m, m->shape.ndim == 2, name, "[n, tokens, hidden]"));
+  layer *l;
+  TRY(layer_attention_create(&m->store, name, (int)m->shape.dims[1], heads, &l));
+  sample_shape out = m->shape;
+  return place(m, l, &out);
+}
+
+fl_status fl_model_mean_tokens(fl_model *m) {
+  common_error_clear();
+  TRY(check_building(m, "fl_model_mean_tokens"));
+  TRY(need_shape(m, m->shape.ndim == 2, "mean_tokens", "[n, tokens, h]"));
+  layer *l;
+  TRY(layer_mean_tokens_create(&m->store, &l));
+  sample_shape out = {1, {m->shape.dims[1]}};
   return place(m, l, &out);
 }
 

@@ -40,7 +40,8 @@ static fl_status build_mlp(nn_model *m, const nn_model_spec *sp) {
   int h = sp->hidden ? sp->hidden : 256;
   if (h < 1) return fl_set_error(FL_EINVAL, "mlp: hidden width %d must be positive", h);
   fl_status status = FL_OK;
-  ADD(fl_model_linear(m, "fc1", h, true)); /* flattens the image */
+  ADD(fl_model_flatten(m));
+  ADD(fl_model_linear(m, "fc1", h, true));
   ADD(fl_model_relu(m));
   ADD(fl_model_linear(m, "fc2", h, true));
   ADD(fl_model_relu(m));

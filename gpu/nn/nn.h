@@ -102,6 +102,8 @@ typedef enum layer_init {
   LAYER_INIT_BIAS,       /* biases of linear and conv layers: by the store's style */
   LAYER_INIT_ZERO,       /* batch-norm beta, zero-initialised gammas */
   LAYER_INIT_ONE,        /* batch-norm gamma */
+  LAYER_INIT_NORMAL,     /* normal, std 1 (embeddings, as PyTorch's nn.Embedding) */
+  LAYER_INIT_XAVIER,     /* uniform in +-sqrt(6 / fan), fan_in holding fan_in + fan_out */
 } layer_init;
 
 /* How the store draws LAYER_INIT_WEIGHT and LAYER_INIT_BIAS parameters (fan_in: inputs of

@@ -54,8 +54,8 @@ FL_API fl_status fl_model_create(fl_device *dev, int ndim, const int64_t *shape,
 /* Frees the model and everything it holds; tensors it returned become invalid. */
 FL_API void fl_model_destroy(fl_model *m);
 
-/* y = x W^T + b over [n, features] (a sample of several dimensions is flattened first, as
- * by fl_model_flatten). `name` prefixes its parameters ("fc1" -> "fc1.weight"). */
+/* y = x W^T + b over the last dimension, as PyTorch's nn.Linear: {..., in} -> {..., out}
+ * (flatten an image first). `name` prefixes its parameters ("fc1" -> "fc1.weight"). */
 FL_API fl_status fl_model_linear(fl_model *m, const char *name, int out_features, bool bias);
 
 typedef struct fl_conv2d_options {
@@ -86,6 +86,19 @@ FL_API fl_status fl_model_flatten(fl_model *m);
  * probability p and the rest scaled by 1 / (1 - p); identity in evaluation. The mask is
  * drawn from the model's seed, the step (fl_model_set_step) and the element. */
 FL_API fl_status fl_model_dropout(fl_model *m, double p);
+
+/* Layer norm over the last dimension (eps 1e-5, gamma 1, beta 0, as PyTorch's nn.LayerNorm). */
+FL_API fl_status fl_model_layernorm(fl_model *m, const char *name);
+/* Token ids -> vectors: a sample of ids {tokens} (floats holding whole numbers in
+ * [0, vocab)) becomes {tokens, dim}; the table [vocab, dim] starts N(0, 1) (nn.Embedding). An
+ * id outside the table fails the forward with FL_EINVAL (on cuda at the next synchronize). */
+FL_API fl_status fl_model_embedding(fl_model *m, const char *name, int vocab, int dim);
+/* Multi-head self-attention over {tokens, hidden} (PyTorch's nn.MultiheadAttention with
+ * batch_first, query = key = value, no mask): parameters "NAME.in_proj_weight",
+ * "NAME.in_proj_bias", "NAME.out_proj.weight", "NAME.out_proj.bias". heads must divide hidden. */
+FL_API fl_status fl_model_attention(fl_model *m, const char *name, int heads);
+/* {tokens, h} -> {h}: the mean over tokens (a sequence classifier's pooling). */
+FL_API fl_status fl_model_mean_tokens(fl_model *m);
 
 /* Residual blocks (see the top). _shortcut and _end fail with FL_ESTATE outside a block;
  * _end fails with FL_EINVAL when the two paths' shapes differ, naming both. */
