@@ -17,9 +17,26 @@
 #include "cli/cli.h"
 #include "gpu/parallel/train.h"
 
+/* --model FILE.so[:SYMBOL]: a value with a '/' or ".so" names a library. Fills model_library
+ * and model_symbol (pointing into a static copy of `v`); false for a built-in model's name. */
+static bool model_library_parse(const char *v, gpu_train_options *o) {
+  static char path[4096];
+  if (!strchr(v, '/') && !strstr(v, ".so")) return false;
+  snprintf(path, sizeof path, "%s", v);
+  char *so = strstr(path, ".so:"), *colon = so ? so + 3 : NULL;
+  o->model_symbol = NULL;
+  if (colon) {
+    *colon = '\0';
+    o->model_symbol = colon + 1;
+  }
+  o->model_library = path;
+  return true;
+}
+
 static const char train_usage_text[] =
-    "usage: flint train --model mlp|cnn|resnet18|transformer\n"
-    "                   --data fashion-mnist|synthetic-imagenet|imagefolder:DIR [options]\n"
+    "usage: flint train --model mlp|cnn|resnet18|resnet50|transformer|FILE.so[:SYMBOL]\n"
+    "                   --data fashion-mnist|synthetic-imagenet|libsvm:PATH|csv:PATH|idx:IMAGES,LABELS\n"
+    "                          |imagefolder:DIR [options]\n"
     "\n"
     "Trains a network by synchronous data-parallel SGD: R ranks (one barrier task each) read\n"
     "their share of the cached data set, allreduce gradients in buckets overlapped with the\n"
@@ -32,12 +49,21 @@ static const char train_usage_text[] =
     "interleaved 1F1B), and reports the pipeline's bubble and each stage's peak activations.\n"
     "\n"
     "options:\n"
-    "  --model M           mlp, cnn, resnet18 or transformer (required)\n"
-    "  --data D            fashion-mnist (IDX files, 28x28, 10 classes) or synthetic-imagenet\n"
-    "                      (seeded 3x224x224 images, 1000 classes, for throughput), or\n"
-    "                      imagefolder:DIR (DIR/train and DIR/val, each CLASS/*.jpg|jpeg|png as\n"
-    "                      torchvision's ImageFolder; decoded once, resized and centre-cropped)\n"
-    "                      (required)\n"
+    "  --model M           mlp, cnn, resnet18, resnet50 (Goyal et al.'s zero-gamma blocks) or\n"
+    "                      transformer, or your own: a shared library\n"
+    "                      (a path with a '/' or ending in .so) exporting an fl_model_builder\n"
+    "                      (flint/train.h) under SYMBOL (default flint_model); it is shipped to\n"
+    "                      the ranks, as a job binary is (required)\n"
+    "  --data D            fashion-mnist (IDX files, 28x28, 10 classes), synthetic-imagenet\n"
+    "                      (seeded 3x224x224 images, 1000 classes, for throughput), or your files:\n"
+    "                      libsvm:PATH or csv:PATH (rows of F features as 1x1xF samples, the\n"
+    "                      label first in CSV; classes 0..K-1, or -1/+1), idx:IMAGES,LABELS\n"
+    "                      (an IDX pair, 10 classes), imagefolder:DIR (DIR/train and DIR/val,\n"
+    "                      each CLASS/NAME.jpg|jpeg|png as torchvision's ImageFolder, decoded\n"
+    "                      once and cached); files are read by the executors (required)\n"
+    "  --test-data D       the set evaluated after each epoch, in --data's format (required\n"
+    "                      with libsvm:, csv: and idx:; with imagefolder:DIR, DIR is then the\n"
+    "                      training folder itself)\n"
     "  --image-size N      imagefolder: the images' side, 1 to 1024 (default 224)\n"
     "  --no-augment        imagefolder: train on centre crops instead of a new random\n"
     "                      resized crop and flip of every image every epoch\n"
@@ -132,7 +158,7 @@ enum { OPT_LONG = 256 };
 #define VALUED(name) {name, required_argument, NULL, OPT_LONG}
 #define SWITCH(name) {name, no_argument, NULL, OPT_LONG}
 static const struct option train_longopts[] = {
-    VALUED("model"), VALUED("data"), VALUED("data-dir"), VALUED("synthetic-images"), VALUED("train-images"),
+    VALUED("model"), VALUED("data"), VALUED("test-data"), VALUED("data-dir"), VALUED("synthetic-images"), VALUED("train-images"),
     VALUED("test-images"), VALUED("ranks"), VALUED("device"), VALUED("batch"), VALUED("lr"), VALUED("warmup"),
     VALUED("epochs"), VALUED("decay"), VALUED("milestones"), VALUED("momentum"), VALUED("weight-decay"),
     VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
@@ -152,7 +178,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->svg_path = "flint-train.svg";
   o->progress = stdout;
   bool have_model = false, have_data = false;
-  const char *image_dir = NULL; /* --data imagefolder:DIR (o->data_dir once the options are read) */
+  const char *test_data = NULL;
   int c, index;
   optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
@@ -189,20 +215,18 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     const char *v = optarg;
     double d;
     if (strcmp(opt, "--model") == 0) {
-      if (gpu_train_model_parse(v, &o->model) != FL_OK)
-        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18 or transformer)", v);
+      if (model_library_parse(v, o)) {
+        o->model = NN_LIBRARY;
+      } else if (gpu_train_model_parse(v, &o->model) != FL_OK) {
+        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18, resnet50 or transformer, or a FILE.so that exports "
+                                 "a model builder)", v);
+      }
       have_model = true;
     } else if (strcmp(opt, "--data") == 0) {
-      if (strncmp(v, "imagefolder:", 12) == 0) {
-        if (!v[12]) return train_usage_error("--data imagefolder:DIR names no folder");
-        o->data = GPU_TRAIN_IMAGE_FOLDER;
-        image_dir = v + 12;
-      } else if (gpu_train_dataset_parse(v, &o->data) != FL_OK || o->data == GPU_TRAIN_IMAGE_FOLDER) {
-        return train_usage_error("unknown data set '%s' (fashion-mnist, synthetic-imagenet or imagefolder:DIR)", v);
-      } else {
-        image_dir = NULL;
-      }
+      if (gpu_train_source_parse(v, &o->data, &o->data_path) != FL_OK) return train_usage_error("%s", fl_last_error());
       have_data = true;
+    } else if (strcmp(opt, "--test-data") == 0) {
+      test_data = v;
     } else if (strcmp(opt, "--data-dir") == 0) {
       o->data_dir = v;
     } else if (strcmp(opt, "--image-size") == 0) {
@@ -293,11 +317,22 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     }
   }
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
-  if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18 or transformer)");
+  if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer or FILE.so)");
   if (!have_data)
-    return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet or imagefolder:DIR)");
+    return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH, "
+                             "idx:IMAGES,LABELS or imagefolder:DIR)");
+  if (test_data && o->data < GPU_TRAIN_LIBSVM)
+    return train_usage_error("--test-data is for --data libsvm:, csv: and idx: (and imagefolder:; %s has its own "
+                             "test set)", gpu_train_dataset_name(o->data));
+  if (test_data) {
+    gpu_train_dataset kind;
+    if (gpu_train_source_parse(test_data, &kind, &o->test_path) != FL_OK)
+      return train_usage_error("--test-data: %s", fl_last_error());
+    if (kind != o->data)
+      return train_usage_error("--test-data %s is not in --data's format (%s:)", test_data,
+                               gpu_train_dataset_name(o->data));
+  }
   if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
-  if (image_dir) o->data_dir = image_dir;
   if (o->synthetic_train_images && o->data != GPU_TRAIN_SYNTHETIC_IMAGENET)
     return train_usage_error("--synthetic-images is for --data synthetic-imagenet");
   /* The checks across options (batch and ranks, warmup and epochs, milestones) are the

@@ -12,19 +12,25 @@
 /* ---- rpc ---- */
 /*
  * Unary calls (one request, one reply, both opaque bytes) between the driver and executor
- * processes, over gRPC's HTTP/2 on plain TCP. A server runs one handler function for every
- * method; the handler dispatches on the method's name. The bytes are protobuf-c messages to
- * the callers and nothing to this layer.
+ * processes, over gRPC's HTTP/2 on TCP, inside TLS when FLINT_TLS is on. A server runs one
+ * handler function for every method; the handler dispatches on the method's name. The bytes
+ * are protobuf-c messages to the callers and nothing to this layer.
  *
  * Errors cross the wire exactly: the status a handler returns and its thread's message
  * come back from rpc_call as the same status and "METHOD on TARGET: message". Failures of
  * the network itself are FL_ENET (peer unreachable, connection lost), FL_ETIMEDOUT (the
- * call's deadline passed), FL_EAUTH (the server refused the shared secret) and FL_EPROTO
- * (a message over the size limit, or a peer that does not speak flint).
+ * call's deadline passed), FL_EAUTH (the server refused the shared secret, or the client
+ * the server's certificate) and FL_EPROTO (a message over the size limit, or a peer that
+ * does not speak flint).
  *
  * Authentication is a shared secret that every call carries as metadata. It keeps stray
- * and misconfigured clients out; it is not encryption (the secret crosses the wire in clear
- * text, so the network itself must be trusted).
+ * and misconfigured clients out; it is not encryption. With FLINT_TLS on (net/tls.h), every
+ * server and channel of the process uses TLS: the server presents FLINT_TLS_CERT, the
+ * channel checks it against FLINT_TLS_CA and for the host dialled (or FLINT_TLS_SERVER_NAME),
+ * and the secret, now encrypted, authenticates the client (no client certificate is asked
+ * for). Without TLS the secret crosses the wire in clear text, so the network itself must
+ * be trusted. Both ends must agree: a client and a server of which only one uses TLS cannot
+ * talk, and the client's error says which side does.
  */
 
 typedef struct rpc_server rpc_server;
@@ -104,9 +110,11 @@ typedef struct rpc_server_config {
 
 /* Binds cfg->listen, starts the server's threads (one that owns gRPC's completion queue and
  * cfg->handler_threads that run the handler) and serves until rpc_server_stop. The config
- * is copied (strings included). Returns FL_OK and the server in *out; FL_EINVAL for a bad
- * config, FL_ENET when the address cannot be bound (in use, not local), FL_ENOMEM.
- * Blocks only while it binds. */
+ * is copied (strings included). Reads the TLS settings (net/tls.h) and, when on, serves
+ * only TLS (logged once at info). Returns FL_OK and the server in *out; FL_EINVAL for a bad
+ * config or TLS settings that cannot serve (the message names the setting and file),
+ * FL_ENET when the address cannot be bound (in use, not local), FL_ENOMEM.
+ * Blocks only while it binds and reads the certificate files. */
 FL_INTERNAL fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out);
 
 /* The TCP port the server listens on (the one picked when cfg->listen asked for port 0). */
@@ -123,8 +131,12 @@ FL_INTERNAL void rpc_server_stop(rpc_server *s);
  * make calls at once. The connection is made on the first call and made again after it
  * drops (with a backoff of 0.2 s growing to 5 s; calls during the backoff fail with
  * FL_ENET at once). `secret`: sent with every call; NULL or "": none. `max_message`:
- * largest request or reply in bytes, 0: 64 MiB. Strings are copied. Returns FL_OK and the
- * channel in *out, FL_EINVAL or FL_ENOMEM. Does not block (nothing is connected yet). */
+ * largest request or reply in bytes, 0: 64 MiB. Strings are copied. Reads the TLS settings
+ * (net/tls.h): when on, the channel speaks only TLS and accepts only a server certificate
+ * that chains to FLINT_TLS_CA and holds the host of `target` (or FLINT_TLS_SERVER_NAME).
+ * Returns FL_OK and the channel in *out, FL_EINVAL (bad arguments, or TLS settings that
+ * cannot serve, named with their file) or FL_ENOMEM. Does not block on the network (nothing
+ * is connected yet), only while it reads the CA file. */
 FL_INTERNAL fl_status rpc_channel_create(const char *target, const char *secret,
                                          size_t max_message, rpc_channel **out);
 
@@ -139,9 +151,13 @@ FL_INTERNAL void rpc_channel_destroy(rpc_channel *c);
  * (the caller frees it with fl_buf_free), or, leaving *response untouched:
  * - the handler's status, message "METHOD on TARGET: <handler's message>";
  * - FL_ENET "cannot reach TARGET ..." when the server is unreachable, the connection drops
- *   or the server stops during the call;
+ *   or the server stops during the call, or only one side uses TLS (the message says which;
+ *   a channel without TLS whose connection was closed in its handshake then spends up to
+ *   2 s asking the server whether it speaks TLS);
  * - FL_ETIMEDOUT when the deadline passes;
- * - FL_EAUTH when the server refuses the secret (missing or wrong);
+ * - FL_EAUTH when the server refuses the secret (missing or wrong), or the channel refuses
+ *   the server's certificate ("TLS handshake failed: the server's certificate was not
+ *   trusted ..." or "... is not for NAME ...");
  * - FL_EPROTO when the request or the reply is over a size limit (either side's), or the
  *   peer answers in a way no flint server does;
  * - FL_EINVAL for a method that does not start with '/', FL_ENOMEM. */

@@ -25,8 +25,11 @@
  *
  * Errors cross the wire as a gRPC status for other tools plus trailing metadata
  * "flint-status" with the numeric fl_status, so that the client returns exactly the
- * handler's code. The secret travels as metadata "flint-secret". The client is in
- * rpc_client.c.
+ * handler's code. The secret travels as metadata "flint-secret": in clear text on plain
+ * TCP, encrypted when FLINT_TLS is on. Then the server speaks only TLS (gRPC's SSL
+ * credentials with FLINT_TLS_CERT and FLINT_TLS_KEY, read by net/tls.c at the start) and asks
+ * no client certificate: TLS authenticates the server and hides the secret, and the secret
+ * still authenticates the client. The client is in rpc_client.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +44,7 @@
 
 #include "common/config.h"
 #include "net/rpc_internal.h"
+#include "net/tls.h"
 
 #define RPC_DEFAULT_HANDLER_THREADS 8
 #define RPC_MAX_HANDLER_THREADS 1024
@@ -566,11 +570,18 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
     return FL_ERR(FL_EINVAL, "rpc_server_start: max_message %zu is over gRPC's limit of 2 GiB",
                   cfg->max_message);
   if (cfg->secret && (status = rpc_check_secret(cfg->secret)) != FL_OK) return status;
+  /* Read before anything is made, so that a bad setting fails here and not at a handshake. */
+  net_tls tls;
+  if ((status = net_tls_read(NET_TLS_SERVER, &tls)) != FL_OK) {
+    net_tls_free(&tls);
+    return status;
+  }
 
   grpc_init(); /* balanced by the grpc_shutdown in rpc_server_stop, which cleanup calls */
   s = common_calloc(1, sizeof *s);
   if (!s) {
     grpc_shutdown();
+    net_tls_free(&tls);
     return FL_ERR(FL_ENOMEM, "cannot allocate an rpc server");
   }
   s->handler = cfg->handler;
@@ -634,11 +645,25 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
   s->cq = grpc_completion_queue_create_for_next(NULL);
   if (!s->server || !s->cq) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a gRPC server"));
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
-  creds = grpc_insecure_server_credentials_create();
+  if (tls.on) {
+    /* No client certificate: the shared secret, inside TLS now, authenticates clients. gRPC
+     * copies the PEM text. */
+    grpc_ssl_pem_key_cert_pair pair = {tls.key_pem, tls.cert_pem};
+    creds = grpc_ssl_server_credentials_create_ex(NULL, &pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+                                                  NULL);
+    if (!creds)
+      FL_CHECK(FL_ERR(FL_EINVAL, "gRPC cannot use FLINT_TLS_CERT=%s with FLINT_TLS_KEY=%s",
+                      config_string(CONFIG_TLS_CERT), config_string(CONFIG_TLS_KEY)));
+  } else {
+    creds = grpc_insecure_server_credentials_create();
+  }
   s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
   if (s->port <= 0)
     FL_CHECK(FL_ERR(FL_ENET, "cannot listen on %s (address in use, not local, or malformed)",
                     cfg->listen));
+  if (tls.on)
+    common_log(LOG_INFO, "rpc: the server on %s (port %d) speaks TLS with FLINT_TLS_CERT=%s", cfg->listen,
+               s->port, config_string(CONFIG_TLS_CERT));
   grpc_server_start(s->server);
   s->grpc_started = true;
 
@@ -656,6 +681,7 @@ fl_status rpc_server_start(const rpc_server_config *cfg, rpc_server **out) {
 
 cleanup:
   if (creds) grpc_server_credentials_release(creds);
+  net_tls_free(&tls);
   rpc_server_stop(s); /* NULL on success */
   return status;
 }

@@ -5,7 +5,10 @@
  * Design. Each call is one batch of all six client ops on a pluck queue of its own, so
  * threads calling on one channel share nothing but gRPC's connection. A failed call returns
  * the handler's fl_status when the server sent one (trailing metadata "flint-status"), else
- * a status made from gRPC's.
+ * a status made from gRPC's. With FLINT_TLS on, the channel uses gRPC's SSL credentials
+ * (FLINT_TLS_CA as the only roots, FLINT_TLS_SERVER_NAME as the target name override);
+ * gRPC's text for a failed TLS handshake is turned into a message that says what to fix
+ * (rpc_tls_failure).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +21,9 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "common/config.h"
 #include "net/rpc_internal.h"
+#include "net/tls.h"
 
 struct rpc_channel {
   grpc_channel *channel;
@@ -26,24 +31,38 @@ struct rpc_channel {
   char *secret; /* NULL: none */
   size_t secret_len;
   size_t max_message;
+  bool tls;
+  bool tls_name_set; /* tls_name is FLINT_TLS_SERVER_NAME, not the host dialled */
+  char *tls_name;    /* the name the server's certificate must hold, for messages */
+  char *tls_ca;      /* FLINT_TLS_CA's path, for messages */
 };
+
+/* How long a plaintext channel whose connection was closed may take to learn whether the
+ * server speaks TLS instead (rpc_tls_failure). */
+#define RPC_TLS_PROBE_MS 2000
 
 fl_status rpc_channel_create(const char *target, const char *secret, size_t max_message,
                              rpc_channel **out) {
   fl_status status = FL_OK;
   rpc_channel *c = NULL;
   grpc_channel_credentials *creds = NULL;
+  net_tls tls = {0};
   if (!target || !*target || !out)
     return FL_ERR(FL_EINVAL, "rpc_channel_create: target (HOST:PORT) and out must be given");
   if (max_message > INT32_MAX)
     return FL_ERR(FL_EINVAL, "rpc_channel_create: max_message %zu is over gRPC's limit of 2 GiB",
                   max_message);
   if (secret && (status = rpc_check_secret(secret)) != FL_OK) return status;
+  if ((status = net_tls_read(NET_TLS_CLIENT, &tls)) != FL_OK) {
+    net_tls_free(&tls);
+    return status;
+  }
 
   grpc_init(); /* balanced in rpc_channel_destroy */
   c = common_calloc(1, sizeof *c);
   if (!c) {
     grpc_shutdown();
+    net_tls_free(&tls);
     return FL_ERR(FL_ENOMEM, "cannot allocate an rpc channel");
   }
   c->max_message = max_message ? max_message : RPC_DEFAULT_MAX_MESSAGE;
@@ -73,9 +92,34 @@ fl_status rpc_channel_create(const char *target, const char *secret, size_t max_
       {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 30000}},
       {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 10000}},
       {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+      /* Last, counted only when set: the name the server's certificate must hold instead
+       * of the host dialled. */
+      {GRPC_ARG_STRING, GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, {.string = tls.server_name}},
   };
-  grpc_channel_args channel_args = {sizeof args / sizeof args[0], args};
-  creds = grpc_insecure_credentials_create();
+  grpc_channel_args channel_args = {sizeof args / sizeof args[0] - (tls.server_name ? 0 : 1), args};
+  if (tls.on) {
+    c->tls = true;
+    c->tls_name_set = tls.server_name != NULL;
+    c->tls_name = common_strdup(tls.server_name ? tls.server_name : target);
+    c->tls_ca = common_strdup(config_string(CONFIG_TLS_CA));
+    if (!c->tls_name || !c->tls_ca) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot copy the TLS settings"));
+    if (!tls.server_name) { /* the host of HOST:PORT ("[::1]:7077" too) */
+      char *colon = strrchr(c->tls_name, ':');
+      if (colon) *colon = '\0';
+      size_t n = strlen(c->tls_name);
+      if (n >= 2 && c->tls_name[0] == '[' && c->tls_name[n - 1] == ']') {
+        memmove(c->tls_name, c->tls_name + 1, n - 2);
+        c->tls_name[n - 2] = '\0';
+      }
+    }
+    /* gRPC checks the chain against the CA and the name (IP addresses included); a client
+     * certificate is sent only when one is given. gRPC copies the PEM text. */
+    grpc_ssl_pem_key_cert_pair pair = {tls.key_pem, tls.cert_pem};
+    creds = grpc_ssl_credentials_create(tls.ca_pem, tls.cert_pem ? &pair : NULL, NULL, NULL);
+  } else {
+    creds = grpc_insecure_credentials_create();
+  }
+  if (!creds) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create gRPC credentials for %s", target));
   c->channel = grpc_channel_create(target, creds, &channel_args);
   if (!c->channel) FL_CHECK(FL_ERR(FL_EINTERNAL, "cannot create a gRPC channel to %s", target));
   *out = c;
@@ -83,6 +127,7 @@ fl_status rpc_channel_create(const char *target, const char *secret, size_t max_
 
 cleanup:
   if (creds) grpc_channel_credentials_release(creds);
+  net_tls_free(&tls);
   rpc_channel_destroy(c); /* NULL on success */
   return status;
 }
@@ -92,8 +137,46 @@ void rpc_channel_destroy(rpc_channel *c) {
   if (c->channel) grpc_channel_destroy(c->channel);
   common_free(c->target);
   common_free(c->secret);
+  common_free(c->tls_name);
+  common_free(c->tls_ca);
   common_free(c);
   grpc_shutdown();
+}
+
+/* A connection that failed for TLS on one side and not the other, or for a certificate,
+ * as its status and a message that says what to do; FL_OK when it was not that. gRPC tells
+ * these apart only in its text (1.51): "Ssl handshake failed: ... certificate verify
+ * failed", "Peer name NAME is not in peer certificate", "... wrong version number" (a TLS
+ * client answered in plain HTTP/2), and "Socket closed" for a plaintext client whose
+ * server wanted TLS, which a probe confirms, since a server can close for other reasons. */
+static fl_status rpc_tls_failure(const rpc_channel *c, const char *method, int64_t timeout_ms,
+                                 const char *text) {
+  if (c->tls) {
+    if (strstr(text, "certificate verify failed"))
+      return FL_ERR(FL_EAUTH, "%s on %s: TLS handshake failed: the server's certificate was not "
+                    "trusted: it is not signed by FLINT_TLS_CA=%s, or not valid now (gRPC: %s)",
+                    method, c->target, c->tls_ca, text);
+    if (strstr(text, "is not in peer certificate"))
+      return FL_ERR(FL_EAUTH, "%s on %s: TLS handshake failed: the server's certificate is not for "
+                    "%s (%s) (gRPC: %s)", method, c->target, c->tls_name,
+                    c->tls_name_set ? "FLINT_TLS_SERVER_NAME"
+                                    : "the host dialled; FLINT_TLS_SERVER_NAME may name one it is for",
+                    text);
+    if (strstr(text, "wrong version number"))
+      return FL_ERR(FL_ENET, "cannot reach %s (calling %s): TLS handshake failed: the server's "
+                    "answer is not TLS: the server may not use TLS (FLINT_TLS) and this client "
+                    "does (gRPC: %s)", c->target, method, text);
+    if (strstr(text, "Handshake failed") || strstr(text, "handshake failed"))
+      return FL_ERR(FL_ENET, "cannot reach %s (calling %s): TLS handshake failed (gRPC: %s)",
+                    c->target, method, text);
+    return FL_OK;
+  }
+  if (!strstr(text, "Socket closed")) return FL_OK;
+  int probe_ms = timeout_ms > 0 && timeout_ms < RPC_TLS_PROBE_MS ? (int)timeout_ms : RPC_TLS_PROBE_MS;
+  if (!net_tls_probe(c->target, probe_ms)) return FL_OK;
+  return FL_ERR(FL_ENET, "cannot reach %s (calling %s): the server closed the connection during "
+                "the handshake: it speaks TLS (FLINT_TLS=1) and this client does not; set FLINT_TLS=1 "
+                "and FLINT_TLS_CA here too (gRPC: %s)", c->target, method, text);
 }
 
 /* The status of a finished call that did not succeed, with its message. */
@@ -116,6 +199,12 @@ static fl_status rpc_call_failure(const rpc_channel *c, const char *method, int6
     /* fl_set_error, not FL_ERR: the handler's message comes back as it was, with no
      * position of ours in front even for FL_ENOMEM and FL_EINTERNAL. */
     return fl_set_error((fl_status)s, "%s on %s: %.*s", method, c->target, details_len, text);
+  }
+  if (code == GRPC_STATUS_UNAVAILABLE) {
+    char copy[901];
+    snprintf(copy, sizeof copy, "%.*s", details_len, text);
+    fl_status tls = rpc_tls_failure(c, method, timeout_ms, copy);
+    if (tls != FL_OK) return tls;
   }
   switch (code) {
   case GRPC_STATUS_UNAVAILABLE:

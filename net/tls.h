@@ -53,4 +53,9 @@ FL_INTERNAL fl_status net_tls_expect_host(const net_tls *t, SSL *ssl, const char
  * holds the text. */
 FL_INTERNAL const char *net_tls_errors(char *buf, size_t cap);
 
+/* Whether the server at `target` ("HOST:PORT") completes a TLS handshake (its certificate
+ * unchecked) within timeout_ms: for a client without TLS to say why a server closed its
+ * connection. Blocks up to timeout_ms; the server may log a failed handshake. tls_probe.c */
+FL_INTERNAL bool net_tls_probe(const char *target, int timeout_ms);
+
 #endif /* FLINT_NET_TLS_H */

@@ -357,7 +357,8 @@ static void test_softmax_xent(void **state) {
     free(lab);
     fpair stats = fpair_rand(2);
     for (int round = 0; round < 2; round++) {
-      BOTH(softmax_xent, n, c, P(logits), P(labels), 1.0f / (float)n, P(dlogits), P(stats));
+      /* The second round with label smoothing. */
+      BOTH(softmax_xent, n, c, P(logits), P(labels), round ? 0.1f : 0.0f, 1.0f / (float)n, P(dlogits), P(stats));
       expect_close(&dlogits, 1e-5, false, "softmax_xent dlogits");
       expect_close(&stats, 1e-5, false, "softmax_xent stats (accumulating)");
     }
@@ -589,7 +590,7 @@ static void test_bad_label_is_sticky(void **state) {
   assert_ok(d->ops->from_host(d, labels, lab, sizeof lab));
   assert_ok(d->ops->fill(d, 20, 0.5f, logits));
   assert_ok(d->ops->memset0(d, stats, 2 * sizeof(float)));
-  assert_ok(d->ops->softmax_xent(d, 4, 5, logits, labels, 1.0f, dlogits, stats));
+  assert_ok(d->ops->softmax_xent(d, 4, 5, logits, labels, 0.0f, 1.0f, dlogits, stats));
   assert_fails_with(d->ops->synchronize(d), FL_EINVAL, "label");
   assert_fails_with(d->ops->fill(d, 20, 1.0f, logits), FL_EINVAL, "cuda:0");
   d->ops->free(d, logits);

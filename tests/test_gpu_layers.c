@@ -167,7 +167,7 @@ static void test_softmax_xent_matches_reference_and_is_stable(void **state) {
   int32_t labels[4] = {0, 2, 4, 1};
   float stats[2] = {1.0f, 2.0f};
   float scale = 0.25f;
-  assert_ok(dev->ops->softmax_xent(dev, n, c, z, labels, scale, d, stats));
+  assert_ok(dev->ops->softmax_xent(dev, n, c, z, labels, 0.0f, scale, d, stats));
   double loss = 0;
   int correct = 0;
   for (int r = 0; r < n; r++) {
@@ -199,9 +199,9 @@ static void test_softmax_xent_rejects_bad_label(void **state) {
   float *z = rand_buf((size_t)n * c), *d = zero_buf((size_t)n * c);
   float stats[2] = {0, 0};
   int32_t high[3] = {0, 1, 4}, negative[3] = {-1, 0, 0};
-  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, high, 1, d, stats), FL_EINVAL,
+  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, high, 0.0f, 1, d, stats), FL_EINVAL,
                     "row 2 has label 4 outside [0, 4)");
-  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, negative, 1, d, stats), FL_EINVAL,
+  assert_fails_with(dev->ops->softmax_xent(dev, n, c, z, negative, 0.0f, 1, d, stats), FL_EINVAL,
                     "row 0 has label -1");
   /* Nothing was written. */
   for (int i = 0; i < n * c; i++) assert_true(d[i] == 0);
@@ -546,18 +546,18 @@ static void test_linear_gradients(void **state) {
   layer_store s;
   layer_store_init(&s, dev);
   layer *l;
-  assert_ok(layer_linear_create(&s, "fc", 10, 7, &l));
+  assert_ok(layer_linear_create(&s, "fc", 10, 7, true, &l));
   finish(&s);
   assert_int_equal(l->nparams, 2);
   assert_string_equal(s.params[0].name, "fc.weight");
   assert_string_equal(s.params[1].name, "fc.bias");
-  int64_t shape[3] = {3, 2, 5}; /* a row of 10 features in any shape */
-  float *x = rand_buf(30);
+  int64_t shape[3] = {3, 2, 10}; /* over the last dimension: 6 rows of 10 features */
+  float *x = rand_buf(60);
   check_layer(&s, l, 3, shape, x, 1e-2, 40, 0);
   int64_t wrong[2] = {3, 9};
   fl_tensor bad = {0};
   assert_ok(tensor_ensure(&bad, dev, 2, wrong));
-  assert_fails_with(layer_forward(l, &bad, true, NULL), FL_EINVAL, "10 features a row");
+  assert_fails_with(layer_forward(l, &bad, true, NULL), FL_EINVAL, "input [3, 9], expected [n, ..., 10]");
   tensor_release(&bad);
   free(x);
   layer_destroy(l);
@@ -695,13 +695,40 @@ static void test_batchnorm_gradients_in_training(void **state) {
   layer_store_release(&s);
 }
 
+/* A ResNet basic block without its final relu: conv-bn-relu-conv-bn plus the shortcut, a
+ * 1x1 convolution with batch norm when the shape changes. */
+static layer *basic_block(layer_store *s, const char *name, int in_c, int out_c, int stride) {
+  layer *b, *l;
+  char sub[64];
+#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
+  assert_ok(layer_residual_create(s, name, &b));
+  assert_ok(layer_conv2d_create(s, SUB("conv1"), in_c, out_c, 3, stride, 1, false, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_batchnorm_create(s, SUB("bn1"), out_c, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_relu_create(s, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_conv2d_create(s, SUB("conv2"), out_c, out_c, 3, 1, 1, false, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  assert_ok(layer_batchnorm_create(s, SUB("bn2"), out_c, &l));
+  assert_ok(layer_residual_append(b, false, l));
+  if (stride != 1 || in_c != out_c) {
+    assert_ok(layer_conv2d_create(s, SUB("downsample.0"), in_c, out_c, 1, stride, 0, false, &l));
+    assert_ok(layer_residual_append(b, true, l));
+    assert_ok(layer_batchnorm_create(s, SUB("downsample.1"), out_c, &l));
+    assert_ok(layer_residual_append(b, true, l));
+  }
+#undef SUB
+  layer_residual_close(b);
+  return b;
+}
+
 static void test_basic_block_gradients(void **state) {
   (void)state;
   layer_store s;
   layer_store_init(&s, dev);
-  layer *same, *down;
-  assert_ok(layer_basic_block_create(&s, "layer1.0", 3, 3, 1, &same));
-  assert_ok(layer_basic_block_create(&s, "layer2.0", 3, 4, 2, &down));
+  layer *same = basic_block(&s, "layer1.0", 3, 3, 1);
+  layer *down = basic_block(&s, "layer2.0", 3, 4, 2);
   finish(&s);
   assert_int_equal(same->nparams, 6);
   assert_int_equal(down->nparams, 9);
@@ -724,7 +751,7 @@ static void test_backward_needs_forward_and_matching_gradient(void **state) {
   layer_store s;
   layer_store_init(&s, dev);
   layer *l;
-  assert_ok(layer_linear_create(&s, "fc", 4, 3, &l));
+  assert_ok(layer_linear_create(&s, "fc", 4, 3, true, &l));
   finish(&s);
   fl_tensor x = {0}, dy = {0};
   int64_t xs[2] = {2, 4}, bad[2] = {2, 4};
@@ -784,9 +811,22 @@ static fl_status on_ready(size_t first, size_t count, void *user) {
   return FL_OK;
 }
 
+/* Sets every zero-initialised batch-norm gamma to 0.5: a block that starts as the identity
+ * (ResNet-50's) puts the relu after its sum exactly on the kink at the zeros of its input, where
+ * finite differences take half a slope that backward (rightly) does not. */
+static void unzero_gammas(nn_model *m) {
+  for (size_t i = 0; i < nn_model_param_count(m); i++) {
+    nn_param *p = nn_model_param(m, i);
+    if (!strstr(p->name, "bn") || !strstr(p->name, ".weight")) continue;
+    for (size_t j = 0; j < p->value.numel; j++)
+      if (p->value.data[j] == 0.0f) p->value.data[j] = 0.5f;
+  }
+}
+
 static void check_model(const nn_model_spec *sp, size_t want_params, double eps, double max_rel) {
   nn_model *m = NULL;
   assert_ok(nn_model_create(dev, sp, &m));
+  unzero_gammas(m);
   size_t np = nn_model_param_count(m);
   assert_int_equal(np, want_params);
   /* Parameters tile the flat buffers in order. */
@@ -917,6 +957,34 @@ static void test_cnn_model(void **state) {
   assert_ok(nn_model_create(dev, &big, &m));
   assert_string_equal(nn_model_param(m, 6)->name, "fc1.weight");
   assert_int_equal(nn_model_param(m, 6)->value.shape[1], 64 * 7 * 7);
+  nn_model_destroy(m);
+}
+
+/* ResNet-50: bottleneck blocks whose last batch norm starts at gamma 0 (Goyal et al.), and
+ * torchvision's resnet50 parameter count at the ImageNet shape. */
+static void test_resnet50_model(void **state) {
+  (void)state;
+  nn_model_spec sp = {.kind = NN_RESNET50, .channels = 1, .height = 16, .width = 16,
+                      .classes = 5, .width_mult = 4, .seed = 11};
+  /* A small step: sixteen blocks of tiny feature maps bend the loss within 3e-4. */
+  check_model(&sp, 161, 5e-5, 0.15);
+  nn_model *m;
+  nn_model_spec in = {.kind = NN_RESNET50, .channels = 3, .height = 224, .width = 224, .classes = 1000, .seed = 1};
+  assert_ok(nn_model_create(dev, &in, &m));
+  assert_int_equal(nn_model_values(m)->numel, 25557032);
+  size_t zero_gammas = 0, blocks = 0;
+  for (size_t i = 0; i < nn_model_param_count(m); i++) {
+    nn_param *p = nn_model_param(m, i);
+    size_t len = strlen(p->name);
+    if (len > 11 && strcmp(p->name + len - 11, ".bn3.weight") == 0) {
+      blocks++;
+      bool all_zero = true;
+      for (size_t j = 0; j < p->value.numel; j++) all_zero &= p->value.data[j] == 0.0f;
+      zero_gammas += all_zero;
+    }
+  }
+  assert_int_equal(blocks, 16);
+  assert_int_equal(zero_gammas, 16);
   nn_model_destroy(m);
 }
 
@@ -1190,6 +1258,7 @@ int main(void) {
       cmocka_unit_test(test_mlp_model),
       cmocka_unit_test(test_cnn_model),
       cmocka_unit_test(test_resnet18_model),
+      cmocka_unit_test(test_resnet50_model),
       cmocka_unit_test(test_models_follow_batches_that_shrink_and_grow),
       cmocka_unit_test(test_models_are_seeded),
       cmocka_unit_test(test_model_bad_specs_and_calls),

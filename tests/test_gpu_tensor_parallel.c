@@ -380,7 +380,7 @@ static fl_status run_whole_model(fl_device *d, const tfm_spec *sp, fl_comm *comm
   FL_CHECK(fl_tensor_write(&x, xv, x.numel));
   FL_CHECK(tfm_chunk_forward(c, 0, &x, &b, true, &logits));
   FL_CHECK(tensor_ensure(&dlogits, d, 2, logits->shape));
-  FL_CHECK(d->ops->softmax_xent(d, BATCH, sp->classes, logits->data, labels, 1.0f / BATCH,
+  FL_CHECK(d->ops->softmax_xent(d, BATCH, sp->classes, logits->data, labels, 0.0f, 1.0f / BATCH,
                                 dlogits.data, stats));
   memcpy(out->logits, logits->data, logits->numel * sizeof(float));
   FL_CHECK(tfm_chunk_backward(c, 0, &dlogits, NULL));
@@ -560,7 +560,7 @@ static void test_chunks_cut_anywhere_match_one_chunk(void **state) {
     assert_int_equal(ya->shape[2], sp.hidden);
     assert_ok(tfm_chunk_forward(z, 0, ya, &b, true, &logits));
     assert_ok(tensor_ensure(&dl, dev, 2, logits->shape));
-    assert_ok(dev->ops->softmax_xent(dev, BATCH, sp.classes, logits->data, labels, 1.0f / BATCH,
+    assert_ok(dev->ops->softmax_xent(dev, BATCH, sp.classes, logits->data, labels, 0.0f, 1.0f / BATCH,
                                      dl.data, stats));
     char what[64];
     snprintf(what, sizeof what, "cut at %d: logits", k);
@@ -623,13 +623,13 @@ static void test_two_slots_in_flight_match_the_full_batch(void **state) {
   expect_close(y1->data, ref.logits + half * sp.classes, (size_t)half * sp.classes, 1e-6,
                "slot 1 logits", NULL);
   assert_ok(tensor_ensure(&dl1, dev, 2, y1->shape));
-  assert_ok(dev->ops->softmax_xent(dev, half, sp.classes, y1->data, labels + half, 1.0f / BATCH,
+  assert_ok(dev->ops->softmax_xent(dev, half, sp.classes, y1->data, labels + half, 0.0f, 1.0f / BATCH,
                                    dl1.data, stats));
   assert_ok(tfm_chunk_backward(c, 1, &dl1, &dx));
   assert_null(dx);
   assert_int_equal(tfm_chunk_activation_bytes(c), one);
   assert_ok(tensor_ensure(&dl0, dev, 2, y0->shape));
-  assert_ok(dev->ops->softmax_xent(dev, half, sp.classes, y0->data, labels, 1.0f / BATCH, dl0.data,
+  assert_ok(dev->ops->softmax_xent(dev, half, sp.classes, y0->data, labels, 0.0f, 1.0f / BATCH, dl0.data,
                                    stats));
   assert_ok(tfm_chunk_backward(c, 0, &dl0, NULL));
   assert_int_equal(tfm_chunk_activation_bytes(c), 0);

@@ -188,6 +188,147 @@ static void expect_failure(run_result *r, const char *needle) {
   free(r);
 }
 
+/* --model FILE.so: a user's model library, checked on the client (its symbol, its builder,
+ * its output) and shipped to the ranks, in local mode and on a local cluster. */
+static void test_user_model_library(void **state) {
+  (void)state;
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    fprintf(stderr, "skipped: no Fashion-MNIST\n");
+    skip();
+  }
+  const char *bin = getenv("FLINT_BIN");
+  assert_non_null(bin);
+  char lib[4096], with_symbol[4200];
+  snprintf(lib, sizeof lib, "%s/model_user.so", bin);
+#define USER_RUN "--data", "fashion-mnist", "--batch", "64", "--epochs", "1", "--train-images", "512", \
+                 "--test-images", "128", "--quiet", "--lr", "0.05"
+  run_result *r = RUN_FLINT("train", "--model", lib, USER_RUN, "--ranks", "2", "--master", "local[2]");
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "training library on fashion-mnist: 2 ranks"));
+  assert_non_null(strstr(r->out, "test         loss"));
+  free(r);
+  r = RUN_FLINT("train", "--model", lib, USER_RUN, "--ranks", "2", "--master", "local-cluster[2,1,512]");
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "test         loss"));
+  free(r);
+
+  snprintf(with_symbol, sizeof with_symbol, "%s:nope", lib);
+  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN), "exports no nope");
+  snprintf(with_symbol, sizeof with_symbol, "%s:wrong_output", lib);
+  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN), "its model's output is [n, 7], expected [n, 10]");
+  snprintf(with_symbol, sizeof with_symbol, "%s:gives_up", lib);
+  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN),
+                 "its builder failed: this builder wants 10 classes to be 3");
+  expect_failure(RUN_FLINT("train", "--model", "/nonexistent/model.so", USER_RUN), "/nonexistent/model.so");
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", fake[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(fake, sizeof fake, "%s/fake.so", dir);
+  FILE *f = fopen(fake, "w");
+  assert_non_null(f);
+  fputs("not a library\n", f);
+  fclose(f);
+  expect_failure(RUN_FLINT("train", "--model", fake, USER_RUN), "cannot load it as a shared library");
+  unlink(fake);
+  rmdir(dir);
+#undef USER_RUN
+}
+
+/* Writes `n` rows of three separable classes: LIBSVM ("y i:v ...", 1-based, sparse: zeros left
+ * out) or CSV ("y,v,..."). `labels` maps class k to the label written. */
+static void write_rows(const char *path, int n, bool csv, const char *const *labels) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  uint64_t st = 99;
+  for (int i = 0; i < n; i++) {
+    int k = i % 3;
+    fputs(labels[k], f);
+    for (int j = 0; j < 6; j++) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      double v = (double)(st >> 11) / 9007199254740992.0 - 0.5 + (j % 3 == k ? 2.0 : 0.0);
+      if (csv) fprintf(f, ",%.4f", v);
+      else if (j != 5 || k != 0) fprintf(f, " %d:%.4f", j + 1, v); /* feature 6 absent from class 0 */
+    }
+    fputc('\n', f);
+  }
+  fclose(f);
+}
+
+/* --data libsvm:, csv: and idx: with --test-data: the user's files, trained and evaluated. */
+static void test_file_data(void **state) {
+  (void)state;
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", train[64], test[64], csv_train[64], csv_test[64], bad[64];
+  char d1[80], d2[80], d3[80], d4[80], d5[80];
+  assert_non_null(mkdtemp(dir));
+  snprintf(train, sizeof train, "%s/train.svm", dir);
+  snprintf(test, sizeof test, "%s/test.svm", dir);
+  snprintf(csv_train, sizeof csv_train, "%s/train.csv", dir);
+  snprintf(csv_test, sizeof csv_test, "%s/test.csv", dir);
+  snprintf(bad, sizeof bad, "%s/bad.svm", dir);
+  static const char *const classes[] = {"0", "1", "2"}, *const halves[] = {"0.5", "1", "2"};
+  write_rows(train, 600, false, classes);
+  write_rows(test, 150, false, classes);
+  write_rows(csv_train, 600, true, classes);
+  write_rows(csv_test, 150, true, classes);
+  write_rows(bad, 60, false, halves);
+#define ROWS_RUN "--model", "mlp", "--batch", "32", "--epochs", "3", "--lr", "0.2", "--quiet", "--csv", \
+                 "/dev/null", "--svg", "/dev/null"
+  snprintf(d1, sizeof d1, "libsvm:%s", train);
+  snprintf(d2, sizeof d2, "libsvm:%s", test);
+  run_result *r = RUN_FLINT("train", ROWS_RUN, "--data", d1, "--test-data", d2, "--ranks", "2", "--master", "local[2]");
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "training mlp on libsvm: 2 ranks"));
+  const char *acc = strstr(r->out, "test         loss");
+  assert_non_null(acc);
+  double loss, accuracy;
+  assert_int_equal(sscanf(acc, "test         loss %lf  accuracy %lf", &loss, &accuracy), 2);
+  assert_true(accuracy > 0.9); /* three well-separated blobs */
+  free(r);
+  snprintf(d3, sizeof d3, "csv:%s", csv_train);
+  snprintf(d4, sizeof d4, "csv:%s", csv_test);
+  r = RUN_FLINT("train", ROWS_RUN, "--data", d3, "--test-data", d4, "--master", "local[2]");
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  acc = strstr(r->out, "test         loss");
+  assert_non_null(acc);
+  assert_int_equal(sscanf(acc, "test         loss %lf  accuracy %lf", &loss, &accuracy), 2);
+  assert_true(accuracy > 0.9);
+  free(r);
+
+  /* Usage errors exit 2; data that cannot be trained on exits 1 naming the cause. */
+  expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", d1), "--data libsvm needs --test-data");
+  expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", "libsvm:"), "needs its file: libsvm:PATH");
+  expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", d1, "--test-data", d4), "is not in --data's format (libsvm:)");
+  expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", "fashion-mnist", "--test-data", d2),
+                     "--test-data is for --data libsvm:, csv: and idx:");
+  expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", "idx:only-one-file", "--test-data", "idx:a,b"),
+                     "idx: takes IMAGES,LABELS");
+  snprintf(d5, sizeof d5, "libsvm:%s", bad);
+  expect_failure(RUN_FLINT("train", ROWS_RUN, "--data", d5, "--test-data", d2), "not all integers");
+  expect_failure(RUN_FLINT("train", ROWS_RUN, "--data", "libsvm:/nonexistent/train.svm", "--test-data", d2),
+                 "/nonexistent/train.svm");
+
+  /* An IDX pair keeps the images' shape: the cnn trains on it. */
+  struct stat st;
+  const char *fm = "/usr/share/datasets/fashion-mnist";
+  char idx[512];
+  snprintf(idx, sizeof idx, "idx:%s/t10k-images-idx3-ubyte.gz,%s/t10k-labels-idx1-ubyte.gz", fm, fm);
+  if (stat("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz", &st) == 0) {
+    r = RUN_FLINT("train", "--model", "cnn", "--data", idx, "--test-data", idx, "--batch", "256", "--epochs", "1",
+                  "--quiet", "--csv", "/dev/null", "--svg", "/dev/null", "--master", "local[2]");
+    if (r->status != 0) run_dump(r);
+    assert_int_equal(r->status, 0);
+    assert_non_null(strstr(r->out, "training cnn on idx"));
+    free(r);
+  }
+#undef ROWS_RUN
+  unlink(train), unlink(test), unlink(csv_train), unlink(csv_test), unlink(bad);
+  rmdir(dir);
+}
+
 /* --resume: a run of 1 epoch writes a checkpoint, and a run of 2 started from it trains epoch
  * 2 only (its curves hold that row alone, and the steps go on from the checkpoint's). A file
  * that is missing, truncated, of another model or already at --epochs is exit 1 naming it. */
@@ -269,6 +410,8 @@ int main(void) {
       cmocka_unit_test(test_bad_transformer_options_exit_2),
       cmocka_unit_test(test_transformer_run),
       cmocka_unit_test(test_divergence_exits_1),
+      cmocka_unit_test(test_user_model_library),
+      cmocka_unit_test(test_file_data),
       cmocka_unit_test(test_resume),
       cmocka_unit_test(test_help),
   };

@@ -672,7 +672,7 @@ static void test_train_on_image_folder(void **state) {
   o.master = "local[2]";
   o.model = NN_CNN;
   o.data = GPU_TRAIN_IMAGE_FOLDER;
-  o.data_dir = root;
+  o.data_path = root; /* root/train and root/val */
   o.image_size = 16;
   o.ranks = 2;
   o.batch = 8;
@@ -706,9 +706,8 @@ static void test_train_on_image_folder(void **state) {
   assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--no-augment");
   o.model = NN_CNN;
   /* The options' checks. */
-  o.data_dir = NULL;
+  o.data_path = NULL;
   assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "imagefolder:DIR");
-  o.data_dir = root;
   o.data = GPU_TRAIN_FASHION_MNIST;
   assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--image-size is for");
   o.image_size = 0;
@@ -723,9 +722,19 @@ static void test_train_on_image_folder(void **state) {
   jpeg_rel("noval/train/a/1.jpg", 20, 20, 0);
   path_of(root, sizeof root, "noval");
   o.data = GPU_TRAIN_IMAGE_FOLDER;
-  o.data_dir = root;
+  o.data_path = root;
   o.ranks = 1;
   assert_fails_with(gpu_train_run(&o, &r), FL_ENOENT, "noval/val");
+  /* --test-data imagefolder:TEST: the training folder is DIR itself. */
+  char train_dir[PATH_MAX], val_dir[PATH_MAX];
+  path_of(train_dir, sizeof train_dir, "tiny/train");
+  path_of(val_dir, sizeof val_dir, "tiny/val");
+  o.data_path = train_dir;
+  o.test_path = val_dir;
+  o.ranks = 2;
+  o.epochs = 1;
+  assert_ok(gpu_train_run(&o, &r));
+  assert_int_equal(r.steps, 2);
 }
 
 /* README's example as written (in the temporary folder): image_folder make and show, then
@@ -764,7 +773,7 @@ static void test_flint_train_imagefolder(void **state) {
   /* Usage errors exit 2 naming the cause. */
   r = run_child(flint, NULL, (const char *const[]){"train", "--model", "mlp", "--data", "imagefolder:", NULL}, 30, 60);
   assert_int_equal(r->status, 2);
-  assert_non_null(strstr(r->err, "names no folder"));
+  assert_non_null(strstr(r->err, "needs its folder: imagefolder:DIR"));
   free(r);
   r = run_child(flint, NULL,
                 (const char *const[]){"train", "--model", "mlp", "--data", "fashion-mnist", "--image-size", "32", NULL},

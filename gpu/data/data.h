@@ -122,6 +122,15 @@ fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first
 fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_folder_options *fo,
                             const fl_image_transform *t, bool records, const data_options *opts, data_set *out,
                             fl_image_classes **classes);
+/* Rows of features (fl_ml_load's row blocks: LIBSVM, CSV) as the input of a training run of
+ * `ranks` ranks: samples of 1 x 1 x *cols floats (sparse rows made dense; *cols the wider
+ * set's features) and *classes classes (the largest label + 1; -1/+1 read as 0/1), partition
+ * r holding rank r's share of both sets (gpu/data/rows.c), persisted in memory: use it as
+ * data_pair's result. FL_EINVAL names labels that are not classes. */
+typedef struct fl_ml_data fl_ml_data;
+fl_status data_rows_pair(const fl_ml_data *train, const fl_ml_data *test, uint32_t ranks, uint32_t *classes,
+                         uint32_t *cols, fl_dataset **out);
+
 /* One synthetic-imagenet image (3*224*224 floats into `image`) and its label, as the
  * generator makes them; for tests and for generating on the fly. */
 void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *label);
@@ -207,5 +216,8 @@ FL_API fl_status gpu_data_image_partition(uint32_t partition, fl_iter *in, fl_em
                                           const void *arg);
 FL_API fl_status gpu_data_pair_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
                                          const void *arg);
+FL_API fl_status gpu_data_rows_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+FL_API uint32_t gpu_data_rank_partition(fl_bytes key, uint32_t num_partitions, const void *arg);
+FL_API fl_status gpu_data_pair_value(fl_bytes rec, fl_buf *out, const void *arg);
 
 #endif /* FLINT_GPU_DATA_H */

@@ -95,14 +95,15 @@ struct device_ops {
   fl_status (*bias_grad_channels)(fl_device *dev, int n, int c, int hw, const float *dy,
                                   float *db);
 
-  /* Softmax cross-entropy over logits [n, c] with int32 labels [n] (device memory):
-   * writes dlogits = (softmax - onehot) * grad_scale and adds to stats (device, 2 floats):
-   * stats[0] += sum of the rows' losses, stats[1] += number of rows whose argmax equals the
-   * label. A label outside [0, c) is FL_EINVAL on cpu; kernels clamp nothing and report it
+  /* Softmax cross-entropy over logits [n, c] with int32 labels [n] (device memory), against
+   * the target t = (1 - smoothing) * onehot + smoothing / c (label smoothing, as PyTorch's):
+   * writes dlogits = (softmax - t) * grad_scale and adds to stats (device, 2 floats):
+   * stats[0] += sum of the rows' losses -sum_j t_j log softmax_j, stats[1] += number of rows
+   * whose argmax equals the label. A label outside [0, c) is FL_EINVAL on cpu; kernels clamp nothing and report it
    * through the sticky error at the next synchronize. */
   fl_status (*softmax_xent)(fl_device *dev, int n, int c, const float *logits,
-                            const int32_t *labels, float grad_scale, float *dlogits,
-                            float *stats);
+                            const int32_t *labels, float smoothing, float grad_scale,
+                            float *dlogits, float *stats);
 
   /* Convolution helpers for a batch: x [n, c, h, w] -> col [c*kh*kw, n*oh*ow], with
    * oh = (h + 2*pad - kh) / stride + 1 (same for ow). col2im ACCUMULATES into dx. */
@@ -184,6 +185,24 @@ struct device_ops {
                                    float *y);
   fl_status (*mean_tokens_backward)(fl_device *dev, int n, int s, int h, const float *dy,
                                     float *dx);
+
+  /* Layer norm over each row of x [rows, cols]: y = (x - mean) * rstd * gamma + beta with
+   * rstd = 1 / sqrt(var + eps), the biased variance (PyTorch's); mean and rstd (rows floats
+   * each) are saved for backward. Backward overwrites dx and ACCUMULATES dgamma and dbeta. */
+  fl_status (*layernorm_forward)(fl_device *dev, int rows, int cols, float eps, const float *x,
+                                 const float *gamma, const float *beta, float *y, float *mean,
+                                 float *rstd);
+  fl_status (*layernorm_backward)(fl_device *dev, int rows, int cols, const float *x,
+                                  const float *dy, const float *gamma, const float *mean,
+                                  const float *rstd, float *dx, float *dgamma, float *dbeta);
+  /* Embedding: row i of y [count, dim] is row ids[i] of table [vocab, dim]; ids are floats
+   * holding whole numbers in [0, vocab) (a model's input is float). An id outside is FL_EINVAL
+   * on cpu (nothing written); kernels write zeros for it and report it at the next
+   * synchronize, as softmax_xent's labels. Backward ACCUMULATES the rows of dy into dtable. */
+  fl_status (*embedding_forward)(fl_device *dev, size_t count, int dim, int vocab,
+                                 const float *ids, const float *table, float *y);
+  fl_status (*embedding_backward)(fl_device *dev, size_t count, int dim, int vocab,
+                                  const float *ids, const float *dy, float *dtable);
 };
 
 /* The dropout mask (both devices use this exact function; the cuda kernels include this

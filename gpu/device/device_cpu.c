@@ -171,8 +171,8 @@ static fl_status cpu_bias_grad_channels(fl_device *dev, int n, int c, int hw, co
 /* ---- loss ------------------------------------------------------------------------------ */
 
 static fl_status cpu_softmax_xent(fl_device *dev, int n, int c, const float *logits,
-                                  const int32_t *labels, float grad_scale, float *dlogits,
-                                  float *stats) {
+                                  const int32_t *labels, float smoothing, float grad_scale,
+                                  float *dlogits, float *stats) {
   (void)dev;
   /* Labels are checked before anything is written, so a bad batch leaves no half result. */
   for (int r = 0; r < n; r++)
@@ -192,15 +192,20 @@ static fl_status cpu_softmax_xent(fl_device *dev, int n, int c, const float *log
         mx = z[j];
         arg = j;
       }
-    double sum = 0;
-    for (int j = 0; j < c; j++) sum += exp((double)z[j] - mx);
+    double sum = 0, zsum = 0;
+    for (int j = 0; j < c; j++) {
+      sum += exp((double)z[j] - mx);
+      zsum += (double)z[j] - mx;
+    }
     double log_sum = log(sum);
     int label = labels[r];
-    loss += log_sum - ((double)z[label] - mx);
+    /* -sum_j t_j log p_j with log p_j = z_j - mx - log_sum. */
+    loss += (1.0 - smoothing) * (log_sum - ((double)z[label] - mx)) + smoothing * (log_sum - zsum / c);
     correct += arg == label;
+    double off = (double)smoothing / c, on = 1.0 - smoothing + off;
     for (int j = 0; j < c; j++) {
       double p = exp((double)z[j] - mx - log_sum);
-      d[j] = (float)((p - (j == label)) * grad_scale);
+      d[j] = (float)((p - (j == label ? on : off)) * grad_scale);
     }
   }
   stats[0] += (float)loss;
@@ -658,6 +663,83 @@ static fl_status cpu_mean_tokens_backward(fl_device *dev, int n, int s, int h, c
   return FL_OK;
 }
 
+/* ---- layer norm and embedding ----------------------------------------------------------------- */
+
+static fl_status cpu_layernorm_forward(fl_device *dev, int rows, int cols, float eps, const float *x,
+                                       const float *gamma, const float *beta, float *y, float *mean,
+                                       float *rstd) {
+  (void)dev;
+  for (int r = 0; r < rows; r++) {
+    const float *xr = x + (size_t)r * cols;
+    float *yr = y + (size_t)r * cols;
+    double sum = 0, sq = 0;
+    for (int c = 0; c < cols; c++) sum += xr[c];
+    double mu = sum / cols;
+    for (int c = 0; c < cols; c++) sq += (xr[c] - mu) * (xr[c] - mu);
+    float m = (float)mu, rs = (float)(1.0 / sqrt(sq / cols + eps));
+    mean[r] = m;
+    rstd[r] = rs;
+    for (int c = 0; c < cols; c++) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+  }
+  return FL_OK;
+}
+
+static fl_status cpu_layernorm_backward(fl_device *dev, int rows, int cols, const float *x, const float *dy,
+                                        const float *gamma, const float *mean, const float *rstd, float *dx,
+                                        float *dgamma, float *dbeta) {
+  (void)dev;
+  for (int r = 0; r < rows; r++) {
+    const float *xr = x + (size_t)r * cols, *dyr = dy + (size_t)r * cols;
+    float *dxr = dx + (size_t)r * cols;
+    float m = mean[r], rs = rstd[r];
+    /* With xhat = (x - mean) rstd and g = dy gamma: dx = rstd (g - mean(g) - xhat mean(g xhat)). */
+    double sg = 0, sgx = 0;
+    for (int c = 0; c < cols; c++) {
+      float xhat = (xr[c] - m) * rs, g = dyr[c] * gamma[c];
+      sg += g;
+      sgx += (double)g * xhat;
+      dgamma[c] += dyr[c] * xhat;
+      dbeta[c] += dyr[c];
+    }
+    float mg = (float)(sg / cols), mgx = (float)(sgx / cols);
+    for (int c = 0; c < cols; c++) {
+      float xhat = (xr[c] - m) * rs;
+      dxr[c] = rs * (dyr[c] * gamma[c] - mg - xhat * mgx);
+    }
+  }
+  return FL_OK;
+}
+
+/* ids[i] as a row of a table of vocab rows: FL_EINVAL naming it unless a whole number inside. */
+static fl_status check_ids(size_t count, int vocab, const float *ids) {
+  for (size_t i = 0; i < count; i++)
+    if (!(ids[i] >= 0 && ids[i] < (float)vocab) || ids[i] != floorf(ids[i]))
+      return fl_set_error(FL_EINVAL, "embedding: id %g at %zu is not a whole number in [0, %d)", (double)ids[i], i, vocab);
+  return FL_OK;
+}
+
+static fl_status cpu_embedding_forward(fl_device *dev, size_t count, int dim, int vocab, const float *ids,
+                                       const float *table, float *y) {
+  (void)dev;
+  fl_status s = check_ids(count, vocab, ids);
+  if (s != FL_OK) return s;
+  for (size_t i = 0; i < count; i++) memcpy(y + i * dim, table + (size_t)ids[i] * dim, (size_t)dim * sizeof *y);
+  return FL_OK;
+}
+
+static fl_status cpu_embedding_backward(fl_device *dev, size_t count, int dim, int vocab, const float *ids,
+                                        const float *dy, float *dtable) {
+  (void)dev;
+  fl_status s = check_ids(count, vocab, ids);
+  if (s != FL_OK) return s;
+  for (size_t i = 0; i < count; i++) {
+    float *row = dtable + (size_t)ids[i] * dim;
+    const float *d = dy + i * dim;
+    for (int c = 0; c < dim; c++) row[c] += d[c];
+  }
+  return FL_OK;
+}
+
 static const device_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -701,6 +783,10 @@ static const device_ops cpu_ops = {
     .dropout_backward = cpu_dropout_backward,
     .mean_tokens_forward = cpu_mean_tokens_forward,
     .mean_tokens_backward = cpu_mean_tokens_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
 };
 
 fl_status cpu_device_init(fl_device *dev) {

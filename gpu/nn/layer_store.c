@@ -113,6 +113,7 @@ fl_status layer_store_finish(layer_store *s, uint64_t seed) {
   host = common_malloc((most ? most : 1) * sizeof *host);
   if (!host) FL_CHECK(FL_ERR(FL_ENOMEM, "layer_store_finish: out of memory for %zu weights", most));
 
+  s->seed = seed;
   uint64_t state = seed;
   for (size_t i = 0; i < s->nparams; i++) {
     nn_param *p = &s->params[i];
@@ -123,10 +124,21 @@ fl_status layer_store_finish(layer_store *s, uint64_t seed) {
     FL_CHECK(tensor_view(&s->grads, p->offset, ndim, shape, &p->grad));
     float *w = host + p->offset;
     layer_param_info info = s->info[i];
-    double std = info.init == LAYER_INIT_HE ? sqrt(2.0 / (info.fan_in > 0 ? info.fan_in : 1)) : 0;
-    for (size_t j = 0; j < p->value.numel; j++)
-      w[j] = info.init == LAYER_INIT_HE ? (float)(std * normal01(&state))
-                                        : info.init == LAYER_INIT_ONE ? 1.0f : 0.0f;
+    double fan_in = info.fan_in > 0 ? info.fan_in : 1;
+    bool he = s->init_style == LAYER_INIT_STYLE_HE;
+    double he_std = sqrt(2.0 / fan_in), bound = 1.0 / sqrt(fan_in);
+    for (size_t j = 0; j < p->value.numel; j++) {
+      switch (info.init) {
+      case LAYER_INIT_WEIGHT:
+        w[j] = (float)(he ? he_std * normal01(&state) : bound * (2.0 * uniform_open(&state) - 1.0));
+        break;
+      case LAYER_INIT_BIAS: w[j] = he ? 0.0f : (float)(bound * (2.0 * uniform_open(&state) - 1.0)); break;
+      case LAYER_INIT_ZERO: w[j] = 0.0f; break;
+      case LAYER_INIT_NORMAL: w[j] = (float)normal01(&state); break;
+      case LAYER_INIT_XAVIER: w[j] = (float)(sqrt(6.0 / fan_in) * (2.0 * uniform_open(&state) - 1.0)); break;
+      case LAYER_INIT_ONE: w[j] = 1.0f; break;
+      }
+    }
   }
   if (s->nvalues) {
     FL_CHECK(s->dev->ops->from_host(s->dev, s->values.data, host, s->nvalues * sizeof *host));
@@ -142,4 +154,9 @@ fl_status layer_store_finish(layer_store *s, uint64_t seed) {
 cleanup:
   common_free(host);
   return status;
+}
+
+void layer_store_set_init(layer_store *s, size_t index, layer_init init) {
+  FL_ASSERT(!s->finished && index < s->nparams);
+  s->info[index].init = init;
 }

@@ -109,30 +109,32 @@ static fl_status linear_forward(layer *l, const fl_tensor *x, bool train) {
   (void)train;
   linear_layer *L = (linear_layer *)l;
   fl_device *dev = l->store->dev;
-  int64_t n = x->shape[0];
-  if (x->numel != (size_t)n * (size_t)L->in) {
+  if (x->ndim < 2 || x->shape[x->ndim - 1] != L->in) {
     char want[64];
-    snprintf(want, sizeof want, "%d features a row", L->in);
+    snprintf(want, sizeof want, "[n, ..., %d]", L->in);
     return layer_bad_input(l, x, want);
   }
-  int64_t shape[2] = {n, L->out};
-  fl_status st = tensor_ensure(&l->y, dev, 2, shape);
+  int64_t n = (int64_t)(x->numel / (size_t)L->in); /* rows: every position of every sample */
+  int64_t shape[FL_TENSOR_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = L->out;
+  fl_status st = tensor_ensure(&l->y, dev, x->ndim, shape);
   if (st != FL_OK) return st;
   /* y[n, out] = x[n, in] W[out, in]^T */
   st = dev->ops->gemm(dev, false, true, (int)n, L->out, L->in, 1.0f, x->data, L->in,
                       layer_param_value(l, 0), L->in, 0.0f, l->y.data, L->out);
-  if (st != FL_OK) return st;
+  if (st != FL_OK || l->nparams < 2) return st;
   return dev->ops->bias_add_rows(dev, (int)n, L->out, layer_param_value(l, 1), l->y.data);
 }
 
 static fl_status linear_backward(layer *l, const fl_tensor *dy, bool need_dx) {
   linear_layer *L = (linear_layer *)l;
   fl_device *dev = l->store->dev;
-  int n = (int)l->x->shape[0];
+  int n = (int)(l->x->numel / (size_t)L->in);
   /* dW[out, in] += dy[n, out]^T x[n, in];  db += column sums of dy */
   fl_status st = dev->ops->gemm(dev, true, false, L->out, L->in, n, 1.0f, dy->data, L->out,
                                 l->x->data, L->in, 1.0f, layer_param_grad(l, 0), L->in);
-  if (st == FL_OK) st = dev->ops->bias_grad_rows(dev, n, L->out, dy->data, layer_param_grad(l, 1));
+  if (st == FL_OK && l->nparams > 1) st = dev->ops->bias_grad_rows(dev, n, L->out, dy->data, layer_param_grad(l, 1));
   if (st != FL_OK || !need_dx) return st;
   st = layer_ensure_like(l, &l->dx, l->x);
   if (st != FL_OK) return st;
@@ -143,7 +145,7 @@ static fl_status linear_backward(layer *l, const fl_tensor *dy, bool need_dx) {
 
 static const layer_ops linear_ops = {"linear", linear_forward, linear_backward, NULL};
 
-fl_status layer_linear_create(layer_store *s, const char *name, int in, int out, layer **out_l) {
+fl_status layer_linear_create(layer_store *s, const char *name, int in, int out, bool bias, layer **out_l) {
   if (in < 1 || out < 1)
     return fl_set_error(FL_EINVAL, "linear %s: sizes %d -> %d must be positive", name, in, out);
   layer *l = NULL;
@@ -154,8 +156,8 @@ fl_status layer_linear_create(layer_store *s, const char *name, int in, int out,
   L->out = out;
   size_t idx;
   int64_t wshape[2] = {out, in}, bshape[1] = {out};
-  st = layer_store_add_param(s, name, "weight", 2, wshape, LAYER_INIT_HE, in, &idx);
-  if (st == FL_OK) st = layer_store_add_param(s, name, "bias", 1, bshape, LAYER_INIT_ZERO, 0, &idx);
+  st = layer_store_add_param(s, name, "weight", 2, wshape, LAYER_INIT_WEIGHT, in, &idx);
+  if (st == FL_OK && bias) st = layer_store_add_param(s, name, "bias", 1, bshape, LAYER_INIT_BIAS, in, &idx);
   if (st != FL_OK) {
     layer_destroy(l);
     return st;
@@ -210,4 +212,79 @@ fl_status layer_flatten_create(layer_store *s, layer **out_l) {
   fl_status st = layer_new(s, &flatten_ops, "flatten", sizeof(layer), out_l);
   if (st == FL_OK) layer_done(*out_l);
   return st;
+}
+
+/* ---- gelu ------------------------------------------------------------------------------ */
+
+static fl_status gelu_forward(layer *l, const fl_tensor *x, bool train) {
+  (void)train;
+  fl_status st = layer_ensure_like(l, &l->y, x);
+  if (st != FL_OK) return st;
+  return l->store->dev->ops->gelu_forward(l->store->dev, x->numel, x->data, l->y.data);
+}
+
+static fl_status gelu_backward(layer *l, const fl_tensor *dy, bool need_dx) {
+  if (!need_dx) return FL_OK;
+  fl_status st = layer_ensure_like(l, &l->dx, l->x);
+  if (st != FL_OK) return st;
+  return l->store->dev->ops->gelu_backward(l->store->dev, dy->numel, l->x->data, dy->data, l->dx.data);
+}
+
+static const layer_ops gelu_ops = {"gelu", gelu_forward, gelu_backward, NULL};
+
+fl_status layer_gelu_create(layer_store *s, layer **out_l) {
+  fl_status st = layer_new(s, &gelu_ops, "gelu", sizeof(layer), out_l);
+  if (st == FL_OK) layer_done(*out_l);
+  return st;
+}
+
+/* ---- dropout --------------------------------------------------------------------------- */
+
+typedef struct dropout_layer {
+  layer base;
+  float p;
+  uint64_t key;
+  bool dropped; /* the last forward applied a mask (training with p > 0) */
+} dropout_layer;
+
+/* The mask's seed for the current step: the store's seed, step and the layer's key mixed. */
+static uint64_t dropout_seed(const dropout_layer *D) {
+  const layer_store *s = D->base.store;
+  return dropout_mix(dropout_mix(s->seed ^ 0x64726f706f7574ull /* "dropout" */) ^ s->step) ^ D->key;
+}
+
+static fl_status dropout_forward_(layer *l, const fl_tensor *x, bool train) {
+  dropout_layer *D = (dropout_layer *)l;
+  fl_device *dev = l->store->dev;
+  fl_status st = layer_ensure_like(l, &l->y, x);
+  if (st != FL_OK) return st;
+  D->dropped = train && D->p > 0.0f;
+  if (!D->dropped) return dev->ops->copy(dev, l->y.data, x->data, x->numel * sizeof(float));
+  int n = (int)x->shape[0], cols = (int)(x->numel / (size_t)n);
+  return dev->ops->dropout_forward(dev, n, 1, cols, 0, 0, 1, D->p, dropout_seed(D), x->data, l->y.data);
+}
+
+static fl_status dropout_backward_(layer *l, const fl_tensor *dy, bool need_dx) {
+  dropout_layer *D = (dropout_layer *)l;
+  fl_device *dev = l->store->dev;
+  if (!need_dx) return FL_OK;
+  fl_status st = layer_ensure_like(l, &l->dx, l->x);
+  if (st != FL_OK) return st;
+  if (!D->dropped) return dev->ops->copy(dev, l->dx.data, dy->data, dy->numel * sizeof(float));
+  int n = (int)dy->shape[0], cols = (int)(dy->numel / (size_t)n);
+  return dev->ops->dropout_backward(dev, n, 1, cols, 0, 0, 1, D->p, dropout_seed(D), dy->data, l->dx.data);
+}
+
+static const layer_ops dropout_ops = {"dropout", dropout_forward_, dropout_backward_, NULL};
+
+fl_status layer_dropout_create(layer_store *s, float p, uint64_t key, layer **out_l) {
+  if (!(p >= 0.0f && p < 1.0f))
+    return fl_set_error(FL_EINVAL, "dropout: probability %g must be in [0, 1)", (double)p);
+  fl_status st = layer_new(s, &dropout_ops, "dropout", sizeof(dropout_layer), out_l);
+  if (st != FL_OK) return st;
+  dropout_layer *D = (dropout_layer *)*out_l;
+  D->p = p;
+  D->key = key;
+  layer_done(*out_l);
+  return FL_OK;
 }

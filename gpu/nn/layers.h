@@ -71,8 +71,8 @@ int layer_out_size(int in, int k, int stride, int pad);
 
 /* The layers. `name` prefixes their parameters ("fc1" -> "fc1.weight", "fc1.bias"). Images
  * are NCHW; shapes of the input are checked at forward. */
-/* y[n, out] = x[n, in] W[out, in]^T + b; x may have any shape [n, ...] with in elements a row. */
-fl_status layer_linear_create(layer_store *s, const char *name, int in, int out, layer **out_l);
+/* y = x W[out, in]^T + b over the last dimension: x [n, ..., in] -> y [n, ..., out]. */
+fl_status layer_linear_create(layer_store *s, const char *name, int in, int out, bool bias, layer **out_l);
 fl_status layer_relu_create(layer_store *s, layer **out_l);
 /* k x k convolution, im2col + GEMM; bias only when asked (not before batch norm). */
 fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int out_c, int k,
@@ -87,11 +87,25 @@ fl_status layer_global_avgpool_create(layer_store *s, layer **out_l);
 fl_status layer_batchnorm_create(layer_store *s, const char *name, int c, layer **out_l);
 /* [n, ...] -> [n, rest]; output and input gradient are views (no copy). */
 fl_status layer_flatten_create(layer_store *s, layer **out_l);
-/* ResNet basic block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); the shortcut is
- * the identity, or a 1x1 convolution with `stride` and batch norm when stride != 1 or the
- * channels change. Parameters as PyTorch names them (conv1, bn1, conv2, bn2, downsample.0,
- * downsample.1). */
-fl_status layer_basic_block_create(layer_store *s, const char *name, int in_c, int out_c,
-                                   int stride, layer **out_l);
+/* GELU, tanh approximation (device_ops.gelu_*). */
+fl_status layer_gelu_create(layer_store *s, layer **out_l);
+/* Inverted dropout with probability p in [0, 1) in training, identity otherwise; the mask of
+ * element j of sample i is keyed by (the store's seed, the store's step, `key`, i, j). */
+fl_status layer_dropout_create(layer_store *s, float p, uint64_t key, layer **out_l);
+/* Layer norm over the last dimension (gamma 1, beta 0). */
+fl_status layer_layernorm_create(layer_store *s, const char *name, int cols, float eps, layer **out_l);
+/* ids [n, ...] (floats holding whole numbers) -> [n, ..., dim]; weight [vocab, dim] N(0, 1). */
+fl_status layer_embedding_create(layer_store *s, const char *name, int vocab, int dim, layer **out_l);
+/* Multi-head self-attention over [n, tokens, hidden] (gpu/nn/layers_seq.c). */
+fl_status layer_attention_create(layer_store *s, const char *name, int hidden, int heads, layer **out_l);
+/* [n, tokens, h] -> [n, h]: the mean over tokens. */
+fl_status layer_mean_tokens_create(layer_store *s, layer **out_l);
+/* A residual block: y = main(x) + shortcut(x), each path a sequence of layers (the shortcut
+ * the identity when empty). Create it, create its layers on the same store in parameter
+ * order and append each to its path (the block owns them from then on, also on failure),
+ * then close it, which makes the parameters of all of them the block's. */
+fl_status layer_residual_create(layer_store *s, const char *name, layer **out_l);
+fl_status layer_residual_append(layer *l, bool shortcut, layer *child);
+void layer_residual_close(layer *l);
 
 #endif /* FLINT_GPU_LAYERS_H */

@@ -1,67 +1,73 @@
 /*
- * gpu/nn/layers_block.c: the ResNet basic block of gpu/nn/layers.h, a layer made of layers
- * (two convolutions with batch norm, and the shortcut).
+ * gpu/nn/layers_block.c: the residual block of gpu/nn/layers.h, a layer made of layers: a main
+ * path and a shortcut (the identity when it has no layers), whose outputs are added.
  */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/common.h"
 #include "gpu/nn/layers.h"
 
-/* ---- ResNet basic block ---------------------------------------------------------------- */
+typedef struct path {
+  layer **layers;
+  size_t n, cap;
+} path;
 
-typedef struct block_layer {
+typedef struct residual_layer {
   layer base;
-  layer *conv1, *bn1, *relu1, *conv2, *bn2;
-  layer *down_conv, *down_bn; /* NULL for an identity shortcut */
-  fl_tensor g;                /* gradient at the sum, before the final relu */
-} block_layer;
+  path main, shortcut;
+  bool closed;
+} residual_layer;
 
-static fl_status block_forward(layer *l, const fl_tensor *x, bool train) {
-  block_layer *K = (block_layer *)l;
-  fl_device *dev = l->store->dev;
-  const fl_tensor *t = NULL, *shortcut = x; /* = NULL: gcc 13 cannot see through FL_CHECK */
-  fl_status status = FL_OK;
-  FL_CHECK(layer_forward(K->conv1, x, train, &t));
-  FL_CHECK(layer_forward(K->bn1, t, train, &t));
-  FL_CHECK(layer_forward(K->relu1, t, train, &t));
-  FL_CHECK(layer_forward(K->conv2, t, train, &t));
-  FL_CHECK(layer_forward(K->bn2, t, train, &t));
-  if (K->down_conv) {
-    const fl_tensor *d;
-    FL_CHECK(layer_forward(K->down_conv, x, train, &d));
-    FL_CHECK(layer_forward(K->down_bn, d, train, &shortcut));
+/* Runs a path's forward from x; *y is x itself for an empty path. */
+static fl_status path_forward(const path *p, const fl_tensor *x, bool train, const fl_tensor **y) {
+  const fl_tensor *t = x;
+  for (size_t i = 0; i < p->n; i++) {
+    fl_status st = layer_forward(p->layers[i], t, train, &t);
+    if (st != FL_OK) return st;
   }
-  if (shortcut->numel != t->numel) {
-    char want[64];
-    snprintf(want, sizeof want, "as many elements as the block's output (%zu)", t->numel);
+  *y = t;
+  return FL_OK;
+}
+
+/* Backward through a path from dy; *dx is dy itself for an empty path (NULL when !need_dx). */
+static fl_status path_backward(const path *p, const fl_tensor *dy, bool need_dx, const fl_tensor **dx) {
+  const fl_tensor *t = dy;
+  for (size_t i = p->n; i-- > 0;) {
+    fl_status st = layer_backward(p->layers[i], t, i > 0 || need_dx, &t);
+    if (st != FL_OK) return st;
+  }
+  *dx = need_dx ? t : NULL;
+  return FL_OK;
+}
+
+static fl_status residual_forward(layer *l, const fl_tensor *x, bool train) {
+  residual_layer *R = (residual_layer *)l;
+  fl_device *dev = l->store->dev;
+  const fl_tensor *main_y = NULL, *short_y = NULL;
+  fl_status status = FL_OK;
+  FL_CHECK(path_forward(&R->main, x, train, &main_y));
+  FL_CHECK(path_forward(&R->shortcut, x, train, &short_y));
+  if (short_y->numel != main_y->numel) {
+    char want[96];
+    snprintf(want, sizeof want, "an input whose two paths give as many elements (%zu and %zu)", main_y->numel,
+             short_y->numel);
     FL_CHECK(layer_bad_input(l, x, want));
   }
-  FL_CHECK(layer_ensure_like(l, &l->y, t));
-  FL_CHECK(dev->ops->copy(dev, l->y.data, t->data, t->numel * sizeof(float)));
-  FL_CHECK(dev->ops->axpy(dev, t->numel, 1.0f, shortcut->data, l->y.data));
-  FL_CHECK(dev->ops->relu_forward(dev, l->y.numel, l->y.data, l->y.data));
+  FL_CHECK(layer_ensure_like(l, &l->y, main_y));
+  FL_CHECK(dev->ops->copy(dev, l->y.data, main_y->data, main_y->numel * sizeof(float)));
+  FL_CHECK(dev->ops->axpy(dev, main_y->numel, 1.0f, short_y->data, l->y.data));
 cleanup:
   return status;
 }
 
-static fl_status block_backward(layer *l, const fl_tensor *dy, bool need_dx) {
-  block_layer *K = (block_layer *)l;
+static fl_status residual_backward(layer *l, const fl_tensor *dy, bool need_dx) {
+  residual_layer *R = (residual_layer *)l;
   fl_device *dev = l->store->dev;
-  const fl_tensor *t, *dx_main = NULL, *dx_short = &K->g;
+  const fl_tensor *dx_main = NULL, *dx_short = NULL;
   fl_status status = FL_OK;
-  FL_CHECK(layer_ensure_like(l, &K->g, &l->y));
-  FL_CHECK(dev->ops->relu_backward(dev, dy->numel, l->y.data, dy->data, K->g.data));
-  FL_CHECK(layer_backward(K->bn2, &K->g, true, &t));
-  FL_CHECK(layer_backward(K->conv2, t, true, &t));
-  FL_CHECK(layer_backward(K->relu1, t, true, &t));
-  FL_CHECK(layer_backward(K->bn1, t, true, &t));
-  FL_CHECK(layer_backward(K->conv1, t, need_dx, &dx_main));
-  if (K->down_conv) {
-    FL_CHECK(layer_backward(K->down_bn, &K->g, true, &t));
-    FL_CHECK(layer_backward(K->down_conv, t, need_dx, &dx_short));
-  }
+  FL_CHECK(path_backward(&R->main, dy, need_dx, &dx_main));
+  FL_CHECK(path_backward(&R->shortcut, dy, need_dx, &dx_short));
   if (!need_dx) goto cleanup;
   FL_CHECK(layer_ensure_like(l, &l->dx, l->x));
   FL_CHECK(dev->ops->copy(dev, l->dx.data, dx_main->data, l->dx.numel * sizeof(float)));
@@ -70,46 +76,44 @@ cleanup:
   return status;
 }
 
-static void block_destroy(layer *l) {
-  block_layer *K = (block_layer *)l;
-  layer_destroy(K->conv1);
-  layer_destroy(K->bn1);
-  layer_destroy(K->relu1);
-  layer_destroy(K->conv2);
-  layer_destroy(K->bn2);
-  layer_destroy(K->down_conv);
-  layer_destroy(K->down_bn);
-  tensor_release(&K->g);
+static void path_destroy(path *p) {
+  for (size_t i = 0; i < p->n; i++) layer_destroy(p->layers[i]);
+  common_free(p->layers);
 }
 
-static const layer_ops block_ops = {"basic_block", block_forward, block_backward, block_destroy};
+static void residual_destroy(layer *l) {
+  residual_layer *R = (residual_layer *)l;
+  path_destroy(&R->main);
+  path_destroy(&R->shortcut);
+}
 
-fl_status layer_basic_block_create(layer_store *s, const char *name, int in_c, int out_c,
-                                   int stride, layer **out_l) {
-  if (in_c < 1 || out_c < 1 || stride < 1)
-    return fl_set_error(FL_EINVAL, "basic block %s: bad geometry (in %d, out %d, stride %d)",
-                        name, in_c, out_c, stride);
-  layer *l = NULL;
-  fl_status status = layer_new(s, &block_ops, name, sizeof(block_layer), &l);
-  if (status != FL_OK) return status;
-  block_layer *K = (block_layer *)l;
-  char sub[96];
-#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
-  FL_CHECK(layer_conv2d_create(s, SUB("conv1"), in_c, out_c, 3, stride, 1, false, &K->conv1));
-  FL_CHECK(layer_batchnorm_create(s, SUB("bn1"), out_c, &K->bn1));
-  FL_CHECK(layer_relu_create(s, &K->relu1));
-  FL_CHECK(layer_conv2d_create(s, SUB("conv2"), out_c, out_c, 3, 1, 1, false, &K->conv2));
-  FL_CHECK(layer_batchnorm_create(s, SUB("bn2"), out_c, &K->bn2));
-  if (stride != 1 || in_c != out_c) {
-    FL_CHECK(layer_conv2d_create(s, SUB("downsample.0"), in_c, out_c, 1, stride, 0, false,
-                                 &K->down_conv));
-    FL_CHECK(layer_batchnorm_create(s, SUB("downsample.1"), out_c, &K->down_bn));
+static const layer_ops residual_ops = {"residual", residual_forward, residual_backward, residual_destroy};
+
+fl_status layer_residual_create(layer_store *s, const char *name, layer **out_l) {
+  return layer_new(s, &residual_ops, name, sizeof(residual_layer), out_l);
+}
+
+fl_status layer_residual_append(layer *l, bool shortcut, layer *child) {
+  FL_ASSERT(l->ops == &residual_ops);
+  residual_layer *R = (residual_layer *)l;
+  FL_ASSERT(!R->closed);
+  path *p = shortcut ? &R->shortcut : &R->main;
+  if (p->n == p->cap) {
+    size_t cap = p->cap ? 2 * p->cap : 8;
+    layer **grown = common_realloc(p->layers, cap * sizeof *grown);
+    if (!grown) {
+      layer_destroy(child);
+      return FL_ERR(FL_ENOMEM, "residual block %s: out of memory", l->name);
+    }
+    p->layers = grown;
+    p->cap = cap;
   }
-#undef SUB
-  layer_done(l);
-  *out_l = l;
+  p->layers[p->n++] = child;
   return FL_OK;
-cleanup:
-  layer_destroy(l);
-  return status;
+}
+
+void layer_residual_close(layer *l) {
+  FL_ASSERT(l->ops == &residual_ops);
+  ((residual_layer *)l)->closed = true;
+  layer_done(l);
 }

@@ -107,9 +107,9 @@ fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int ou
   C->bias = bias;
   size_t idx;
   int64_t wshape[4] = {out_c, in_c, k, k}, bshape[1] = {out_c};
-  st = layer_store_add_param(s, name, "weight", 4, wshape, LAYER_INIT_HE, in_c * k * k, &idx);
+  st = layer_store_add_param(s, name, "weight", 4, wshape, LAYER_INIT_WEIGHT, in_c * k * k, &idx);
   if (st == FL_OK && bias)
-    st = layer_store_add_param(s, name, "bias", 1, bshape, LAYER_INIT_ZERO, 0, &idx);
+    st = layer_store_add_param(s, name, "bias", 1, bshape, LAYER_INIT_BIAS, in_c * k * k, &idx);
   if (st != FL_OK) {
     layer_destroy(l);
     return st;

@@ -1,35 +1,23 @@
 /*
- * gpu/nn/models.c: the models of gpu/nn/nn.h (MLP, a small CNN, ResNet-18) as sequences of the
- * layers in gpu/nn/layers.h over one parameter store, so that all weights, all gradients and
- * all batch-norm statistics are three flat buffers.
+ * gpu/nn/models.c: flint's built-in models (MLP, a small CNN, ResNet-18), defined through the
+ * public model API of include/flint/train.h like any user's model.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/common.h"
-#include "gpu/nn/layers.h"
+#include "flint/train.h"
+#include "gpu/nn/nn.h"
 
-#define NN_MAX_LAYERS 32
-
-struct nn_model {
-  fl_device *dev;
-  nn_model_spec spec;
-  layer_store store;
-  layer *layers[NN_MAX_LAYERS];
-  size_t nlayers;
-  const fl_tensor *logits; /* of the last forward; NULL before one */
-  fl_tensor dlogits;
-  bool have_loss; /* dlogits belong to the last forward */
-};
 
 fl_status nn_model_kind_parse(const char *text, nn_model_kind *out) {
   if (!text || !out) return fl_set_error(FL_EINVAL, "nn_model_kind_parse: NULL argument");
-  for (int k = NN_MLP; k <= NN_TRANSFORMER; k++)
-    if (strcmp(text, nn_model_kind_name((nn_model_kind)k)) == 0) {
+  for (int k = NN_MLP; k <= NN_RESNET50; k++)
+    if (k != NN_LIBRARY && strcmp(text, nn_model_kind_name((nn_model_kind)k)) == 0) {
       *out = (nn_model_kind)k;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet18 or transformer)", text);
+  return fl_set_error(FL_EINVAL, "unknown model '%s' (expected mlp, cnn, resnet18, resnet50 or transformer)", text);
 }
 
 const char *nn_model_kind_name(nn_model_kind kind) {
@@ -38,31 +26,26 @@ const char *nn_model_kind_name(nn_model_kind kind) {
   case NN_CNN: return "cnn";
   case NN_RESNET18: return "resnet18";
   case NN_TRANSFORMER: return "transformer";
+  case NN_LIBRARY: return "library";
+  case NN_RESNET50: return "resnet50";
   }
   return "unknown";
 }
 
-/* Appends a layer made by `call`, which writes it to *slot. */
-#define ADD(call)                                                                            \
-  do {                                                                                       \
-    FL_ASSERT(m->nlayers < NN_MAX_LAYERS);                                                   \
-    layer **slot = &m->layers[m->nlayers];                                                   \
-    FL_CHECK(call);                                                                          \
-    m->nlayers++;                                                                            \
-  } while (0)
+/* The layers of the built-in models, appended through include/flint/train.h as a user's
+ * model would be. */
+#define ADD(call) FL_CHECK(call)
 
-static fl_status build_mlp(nn_model *m) {
-  const nn_model_spec *sp = &m->spec;
-  layer_store *s = &m->store;
-  int in = sp->channels * sp->height * sp->width, h = sp->hidden ? sp->hidden : 256;
+static fl_status build_mlp(nn_model *m, const nn_model_spec *sp) {
+  int h = sp->hidden ? sp->hidden : 256;
   if (h < 1) return fl_set_error(FL_EINVAL, "mlp: hidden width %d must be positive", h);
   fl_status status = FL_OK;
-  ADD(layer_flatten_create(s, slot));
-  ADD(layer_linear_create(s, "fc1", in, h, slot));
-  ADD(layer_relu_create(s, slot));
-  ADD(layer_linear_create(s, "fc2", h, h, slot));
-  ADD(layer_relu_create(s, slot));
-  ADD(layer_linear_create(s, "fc3", h, sp->classes, slot));
+  ADD(fl_model_flatten(m));
+  ADD(fl_model_linear(m, "fc1", h, true));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_linear(m, "fc2", h, true));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_linear(m, "fc3", sp->classes, true));
 cleanup:
   return status;
 }
@@ -73,45 +56,68 @@ cleanup:
  * batch 256 diverged on Fashion-MNIST (measured on an H100, docs/gpu.md). For large images
  * (224x224) the feature map after the two pools is averaged down to about 7x7 first, so that
  * fc1 stays at a few thousand inputs instead of 200000. */
-static fl_status build_cnn(nn_model *m) {
-  const nn_model_spec *sp = &m->spec;
-  layer_store *s = &m->store;
+static fl_status build_cnn(nn_model *m, const nn_model_spec *sp) {
   if (sp->height < 4 || sp->width < 4)
     return fl_set_error(FL_EINVAL, "cnn: a %dx%d image is too small for its two 2x2 poolings "
                         "(at least 4x4)", sp->height, sp->width);
   int fh = sp->height / 2 / 2, fw = sp->width / 2 / 2;
   int shrink = (fh < fw ? fh : fw) / 7;
   fl_status status = FL_OK;
-  ADD(layer_conv2d_create(s, "conv1", sp->channels, 32, 3, 1, 1, false, slot));
-  ADD(layer_batchnorm_create(s, "bn1", 32, slot));
-  ADD(layer_relu_create(s, slot));
-  ADD(layer_maxpool_create(s, 2, 2, 0, slot));
-  ADD(layer_conv2d_create(s, "conv2", 32, 64, 3, 1, 1, false, slot));
-  ADD(layer_batchnorm_create(s, "bn2", 64, slot));
-  ADD(layer_relu_create(s, slot));
-  ADD(layer_maxpool_create(s, 2, 2, 0, slot));
-  if (shrink >= 2) {
-    ADD(layer_avgpool_create(s, shrink, shrink, 0, slot));
-    fh /= shrink;
-    fw /= shrink;
-  }
-  ADD(layer_flatten_create(s, slot));
-  ADD(layer_linear_create(s, "fc1", 64 * fh * fw, 128, slot));
-  ADD(layer_relu_create(s, slot));
-  ADD(layer_linear_create(s, "fc2", 128, sp->classes, slot));
+  const fl_conv2d_options conv1 = {.out_channels = 32, .kernel = 3, .padding = 1};
+  const fl_conv2d_options conv2 = {.out_channels = 64, .kernel = 3, .padding = 1};
+  ADD(fl_model_conv2d(m, "conv1", &conv1));
+  ADD(fl_model_batchnorm(m, "bn1", false));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_maxpool(m, 2, 2, 0));
+  ADD(fl_model_conv2d(m, "conv2", &conv2));
+  ADD(fl_model_batchnorm(m, "bn2", false));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_maxpool(m, 2, 2, 0));
+  if (shrink >= 2) ADD(fl_model_avgpool(m, shrink, shrink, 0));
+  ADD(fl_model_flatten(m));
+  ADD(fl_model_linear(m, "fc1", 128, true));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_linear(m, "fc2", sp->classes, true));
 cleanup:
   return status;
 }
 
 static int conv_out(int in, int k, int stride, int pad) { return (in + 2 * pad - k) / stride + 1; }
 
+/* ResNet basic block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); the shortcut is
+ * the identity, or a 1x1 convolution with `stride` and batch norm when stride != 1 or the
+ * channels change. Parameters as torchvision names them. */
+static fl_status basic_block(nn_model *m, const char *name, int in_c, int out_c, int stride) {
+  char sub[96];
+#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
+  fl_status status = FL_OK;
+  const fl_conv2d_options conv1 = {.out_channels = out_c, .kernel = 3, .stride = stride, .padding = 1};
+  const fl_conv2d_options conv2 = {.out_channels = out_c, .kernel = 3, .padding = 1};
+  const fl_conv2d_options down = {.out_channels = out_c, .kernel = 1, .stride = stride};
+  ADD(fl_model_residual_begin(m, name));
+  ADD(fl_model_conv2d(m, SUB("conv1"), &conv1));
+  ADD(fl_model_batchnorm(m, SUB("bn1"), false));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_conv2d(m, SUB("conv2"), &conv2));
+  ADD(fl_model_batchnorm(m, SUB("bn2"), false));
+  if (stride != 1 || in_c != out_c) {
+    ADD(fl_model_residual_shortcut(m));
+    ADD(fl_model_conv2d(m, SUB("downsample.0"), &down));
+    ADD(fl_model_batchnorm(m, SUB("downsample.1"), false));
+  }
+  ADD(fl_model_residual_end(m));
+  ADD(fl_model_relu(m));
+#undef SUB
+cleanup:
+  return status;
+}
+
 /* ResNet-18: a stem, four stages of two basic blocks (widths w, 2w, 4w, 8w; the last three
  * halve the resolution), global average pooling and a linear classifier. Images up to 64
  * pixels a side (28x28 Fashion-MNIST, 32x32 CIFAR) get a 3x3 stride-1 stem without max
- * pooling, as is usual for them; larger ones the ImageNet stem (7x7/2 conv, 3x3/2 max pool). */
-static fl_status build_resnet18(nn_model *m) {
-  const nn_model_spec *sp = &m->spec;
-  layer_store *s = &m->store;
+ * pooling, as is usual for them; larger ones the ImageNet stem (7x7/2 conv, 3x3/2 max pool).
+ * Weights He-normal, as torchvision initialises its ResNets. */
+static fl_status build_resnet18(nn_model *m, const nn_model_spec *sp) {
   int w = sp->width_mult ? sp->width_mult : 64;
   if (w < 1) return fl_set_error(FL_EINVAL, "resnet18: width_mult %d must be positive", w);
   bool large = sp->height > 64 && sp->width > 64;
@@ -127,28 +133,94 @@ static fl_status build_resnet18(nn_model *m) {
   if (sp->height < 8 || sp->width < 8 || h < 1 || wd < 1)
     return fl_set_error(FL_EINVAL, "resnet18: a %dx%d image is too small for its downsampling "
                         "(at least 8x8)", sp->height, sp->width);
+  nn_model_set_init_style(m, LAYER_INIT_STYLE_HE);
   fl_status status = FL_OK;
-  if (large) {
-    ADD(layer_conv2d_create(s, "conv1", sp->channels, w, 7, 2, 3, false, slot));
-  } else {
-    ADD(layer_conv2d_create(s, "conv1", sp->channels, w, 3, 1, 1, false, slot));
-  }
-  ADD(layer_batchnorm_create(s, "bn1", w, slot));
-  ADD(layer_relu_create(s, slot));
-  if (large) ADD(layer_maxpool_create(s, 3, 2, 1, slot));
+  const fl_conv2d_options stem_large = {.out_channels = w, .kernel = 7, .stride = 2, .padding = 3};
+  const fl_conv2d_options stem_small = {.out_channels = w, .kernel = 3, .padding = 1};
+  ADD(fl_model_conv2d(m, "conv1", large ? &stem_large : &stem_small));
+  ADD(fl_model_batchnorm(m, "bn1", false));
+  ADD(fl_model_relu(m));
+  if (large) ADD(fl_model_maxpool(m, 3, 2, 1));
   int in_c = w;
   for (int stage = 0; stage < 4; stage++) {
     int out_c = w << stage;
     for (int b = 0; b < 2; b++) {
       char name[32];
       snprintf(name, sizeof name, "layer%d.%d", stage + 1, b);
-      int stride = stage > 0 && b == 0 ? 2 : 1;
-      ADD(layer_basic_block_create(s, name, in_c, out_c, stride, slot));
+      ADD(basic_block(m, name, in_c, out_c, stage > 0 && b == 0 ? 2 : 1));
       in_c = out_c;
     }
   }
-  ADD(layer_global_avgpool_create(s, slot));
-  ADD(layer_linear_create(s, "fc", in_c, sp->classes, slot));
+  ADD(fl_model_global_avgpool(m));
+  ADD(fl_model_linear(m, "fc", sp->classes, true));
+cleanup:
+  return status;
+}
+
+/* ResNet bottleneck block (ResNet-50's): 1x1 reduce, 3x3 (with the stride, as torchvision's
+ * "ResNet v1.5"), 1x1 expand to 4 x width, each with batch norm; the last batch norm's gamma
+ * starts at zero (Goyal et al.: each block starts as the identity, which is what lets the
+ * large-batch recipe's high rates train from the start); a projection shortcut when the
+ * shape changes. */
+static fl_status bottleneck(nn_model *m, const char *name, int in_c, int width, int stride) {
+  char sub[96];
+#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
+  fl_status status = FL_OK;
+  int out_c = 4 * width;
+  const fl_conv2d_options reduce = {.out_channels = width, .kernel = 1};
+  const fl_conv2d_options spatial = {.out_channels = width, .kernel = 3, .stride = stride, .padding = 1};
+  const fl_conv2d_options expand = {.out_channels = out_c, .kernel = 1};
+  const fl_conv2d_options down = {.out_channels = out_c, .kernel = 1, .stride = stride};
+  ADD(fl_model_residual_begin(m, name));
+  ADD(fl_model_conv2d(m, SUB("conv1"), &reduce));
+  ADD(fl_model_batchnorm(m, SUB("bn1"), false));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_conv2d(m, SUB("conv2"), &spatial));
+  ADD(fl_model_batchnorm(m, SUB("bn2"), false));
+  ADD(fl_model_relu(m));
+  ADD(fl_model_conv2d(m, SUB("conv3"), &expand));
+  ADD(fl_model_batchnorm(m, SUB("bn3"), true));
+  if (stride != 1 || in_c != out_c) {
+    ADD(fl_model_residual_shortcut(m));
+    ADD(fl_model_conv2d(m, SUB("downsample.0"), &down));
+    ADD(fl_model_batchnorm(m, SUB("downsample.1"), false));
+  }
+  ADD(fl_model_residual_end(m));
+  ADD(fl_model_relu(m));
+#undef SUB
+cleanup:
+  return status;
+}
+
+/* ResNet-50: the stem of ResNet-18, then stages of 3, 4, 6 and 3 bottleneck blocks of widths
+ * w, 2w, 4w, 8w (outputs 4x that), global average pooling and a linear classifier. */
+static fl_status build_resnet50(nn_model *m, const nn_model_spec *sp) {
+  int w = sp->width_mult ? sp->width_mult : 64;
+  if (w < 1) return fl_set_error(FL_EINVAL, "resnet50: width_mult %d must be positive", w);
+  if (sp->height < 8 || sp->width < 8)
+    return fl_set_error(FL_EINVAL, "resnet50: a %dx%d image is too small for its downsampling (at least 8x8)",
+                        sp->height, sp->width);
+  bool large = sp->height > 64 && sp->width > 64;
+  nn_model_set_init_style(m, LAYER_INIT_STYLE_HE);
+  fl_status status = FL_OK;
+  const fl_conv2d_options stem_large = {.out_channels = w, .kernel = 7, .stride = 2, .padding = 3};
+  const fl_conv2d_options stem_small = {.out_channels = w, .kernel = 3, .padding = 1};
+  ADD(fl_model_conv2d(m, "conv1", large ? &stem_large : &stem_small));
+  ADD(fl_model_batchnorm(m, "bn1", false));
+  ADD(fl_model_relu(m));
+  if (large) ADD(fl_model_maxpool(m, 3, 2, 1));
+  static const int blocks[4] = {3, 4, 6, 3};
+  int in_c = w;
+  for (int stage = 0; stage < 4; stage++) {
+    for (int b = 0; b < blocks[stage]; b++) {
+      char name[32];
+      snprintf(name, sizeof name, "layer%d.%d", stage + 1, b);
+      ADD(bottleneck(m, name, in_c, w << stage, stage > 0 && b == 0 ? 2 : 1));
+      in_c = 4 * (w << stage);
+    }
+  }
+  ADD(fl_model_global_avgpool(m));
+  ADD(fl_model_linear(m, "fc", sp->classes, true));
 cleanup:
   return status;
 }
@@ -160,7 +232,10 @@ fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **
   if (spec->kind == NN_TRANSFORMER)
     return fl_set_error(FL_EINVAL, "nn_model_create: the transformer is built in chunks "
                         "(tfm_chunk_create in gpu/parallel/transformer.h)");
-  if (spec->kind != NN_MLP && spec->kind != NN_CNN && spec->kind != NN_RESNET18)
+  if (spec->kind == NN_LIBRARY)
+    return fl_set_error(FL_EINVAL, "nn_model_create: a library's model is built by its builder "
+                        "(train_model_build in gpu/parallel/train_model.c)");
+  if (spec->kind != NN_MLP && spec->kind != NN_CNN && spec->kind != NN_RESNET18 && spec->kind != NN_RESNET50)
     return fl_set_error(FL_EINVAL, "nn_model_create: unknown model kind %d", (int)spec->kind);
   const char *kind = nn_model_kind_name(spec->kind);
   if (spec->channels < 1 || spec->height < 1 || spec->width < 1)
@@ -171,104 +246,25 @@ fl_status nn_model_create(fl_device *dev, const nn_model_spec *spec, nn_model **
   if (spec->hidden < 0 || spec->width_mult < 0)
     return fl_set_error(FL_EINVAL, "%s: negative hidden (%d) or width_mult (%d)", kind,
                         spec->hidden, spec->width_mult);
-  nn_model *m = common_calloc(1, sizeof *m);
-  if (!m) return FL_ERR(FL_ENOMEM, "nn_model_create: out of memory");
-  m->dev = dev;
-  m->spec = *spec;
-  layer_store_init(&m->store, dev);
+  int64_t shape[3] = {spec->channels, spec->height, spec->width};
+  nn_model *m = NULL;
   fl_status status = FL_OK;
+  FL_CHECK(fl_model_create(dev, 3, shape, &m));
   switch (spec->kind) {
-  case NN_MLP: FL_CHECK(build_mlp(m)); break;
-  case NN_CNN: FL_CHECK(build_cnn(m)); break;
-  case NN_RESNET18: FL_CHECK(build_resnet18(m)); break;
-  case NN_TRANSFORMER: break; /* refused above */
+  case NN_MLP: FL_CHECK(build_mlp(m, spec)); break;
+  case NN_CNN: FL_CHECK(build_cnn(m, spec)); break;
+  case NN_RESNET18: FL_CHECK(build_resnet18(m, spec)); break;
+  case NN_RESNET50: FL_CHECK(build_resnet50(m, spec)); break;
+  case NN_TRANSFORMER:
+  case NN_LIBRARY: break; /* refused above */
   }
-  FL_CHECK(layer_store_finish(&m->store, spec->seed));
+  FL_CHECK(fl_model_finish(m, spec->seed));
   *out = m;
   return FL_OK;
 cleanup:
-  nn_model_destroy(m);
+  fl_model_destroy(m);
   return status;
 }
 
-void nn_model_destroy(nn_model *m) {
-  if (!m) return;
-  for (size_t i = 0; i < m->nlayers; i++) layer_destroy(m->layers[i]);
-  tensor_release(&m->dlogits);
-  layer_store_release(&m->store);
-  common_free(m);
-}
+void nn_model_destroy(nn_model *m) { fl_model_destroy(m); }
 
-size_t nn_model_param_count(const nn_model *m) { return m->store.nparams; }
-
-nn_param *nn_model_param(nn_model *m, size_t i) {
-  return i < m->store.nparams ? &m->store.params[i] : NULL;
-}
-
-fl_tensor *nn_model_values(nn_model *m) { return &m->store.values; }
-fl_tensor *nn_model_grads(nn_model *m) { return &m->store.grads; }
-fl_tensor *nn_model_buffers(nn_model *m) { return &m->store.buffers; }
-
-fl_status nn_model_forward(nn_model *m, const fl_tensor *x, bool train, const fl_tensor **logits) {
-  if (!m || !x || !logits) return fl_set_error(FL_EINVAL, "nn_model_forward: NULL argument");
-  const nn_model_spec *sp = &m->spec;
-  if (x->ndim != 4 || x->shape[0] < 1 || x->shape[1] != sp->channels ||
-      x->shape[2] != sp->height || x->shape[3] != sp->width)
-    return fl_set_error(FL_EINVAL, "%s: input of %d dimensions [%lld, %lld, %lld, %lld], "
-                        "expected [n, %d, %d, %d]", nn_model_kind_name(sp->kind), x->ndim,
-                        (long long)x->shape[0], (long long)x->shape[1], (long long)x->shape[2],
-                        (long long)x->shape[3], sp->channels, sp->height, sp->width);
-  if (x->dev != m->dev)
-    return fl_set_error(FL_EINVAL, "%s: input on device %s, model on %s",
-                        nn_model_kind_name(sp->kind), fl_device_name(x->dev), m->dev->name);
-  m->logits = NULL;
-  m->have_loss = false;
-  const fl_tensor *t = x;
-  for (size_t i = 0; i < m->nlayers; i++) {
-    fl_status st = layer_forward(m->layers[i], t, train, &t);
-    if (st != FL_OK) return st;
-  }
-  m->logits = t;
-  *logits = t;
-  return FL_OK;
-}
-
-fl_status nn_model_loss(nn_model *m, const int32_t *labels, float grad_scale, float *stats) {
-  if (!m || !labels || !stats) return fl_set_error(FL_EINVAL, "nn_model_loss: NULL argument");
-  if (!m->logits) return fl_set_error(FL_ESTATE, "nn_model_loss: no forward to take the loss of");
-  fl_status st = tensor_ensure(&m->dlogits, m->dev, m->logits->ndim, m->logits->shape);
-  if (st != FL_OK) return st;
-  st = m->dev->ops->softmax_xent(m->dev, (int)m->logits->shape[0], (int)m->logits->shape[1],
-                                 m->logits->data, labels, grad_scale, m->dlogits.data, stats);
-  if (st != FL_OK) return st;
-  m->have_loss = true;
-  return FL_OK;
-}
-
-fl_status nn_model_backward(nn_model *m, nn_grads_ready_fn ready, void *user) {
-  if (!m) return fl_set_error(FL_EINVAL, "nn_model_backward: model is NULL");
-  if (!m->have_loss)
-    return fl_set_error(FL_ESTATE, "nn_model_backward: no loss since the last forward "
-                        "(call nn_model_loss first)");
-  /* Layers before the first one with parameters (a flatten) need no backward at all, and
-   * the first one with parameters needs no input gradient. */
-  size_t first = 0;
-  while (first < m->nlayers && m->layers[first]->nparams == 0) first++;
-  const fl_tensor *dy = &m->dlogits;
-  for (size_t i = m->nlayers; i-- > first;) {
-    layer *l = m->layers[i];
-    fl_status st = layer_backward(l, dy, i > first, &dy);
-    if (st != FL_OK) return st;
-    if (ready && l->nparams) {
-      st = ready(l->first_param, l->nparams, user);
-      if (st != FL_OK) return st;
-    }
-  }
-  return FL_OK;
-}
-
-fl_status nn_model_zero_grad(nn_model *m) {
-  if (!m) return fl_set_error(FL_EINVAL, "nn_model_zero_grad: model is NULL");
-  if (!m->store.nvalues) return FL_OK;
-  return m->dev->ops->memset0(m->dev, m->store.grads.data, m->store.nvalues * sizeof(float));
-}

@@ -24,7 +24,16 @@
 
 /* NN_TRANSFORMER names gpu/parallel/transformer.h's model for the trainer's options; it is built in
  * chunks (tfm_chunk_create), not by nn_model_create. */
-typedef enum nn_model_kind { NN_MLP = 0, NN_CNN = 1, NN_RESNET18 = 2, NN_TRANSFORMER = 3 } nn_model_kind;
+/* NN_LIBRARY is a user's model, built by the builder a library exports (include/flint/train.h;
+ * gpu/parallel/train_model.c), not by nn_model_create. */
+typedef enum nn_model_kind {
+  NN_MLP = 0,
+  NN_CNN = 1,
+  NN_RESNET18 = 2,
+  NN_TRANSFORMER = 3,
+  NN_LIBRARY = 4,
+  NN_RESNET50 = 5,
+} nn_model_kind;
 
 typedef struct nn_model_spec {
   nn_model_kind kind;
@@ -43,7 +52,8 @@ typedef struct nn_param {
   size_t offset; /* in elements, into the flat buffers */
 } nn_param;
 
-typedef struct nn_model nn_model;
+/* The model of include/flint/train.h (gpu/nn/model.c); the trainers use these names. */
+typedef struct fl_model nn_model;
 
 /* "mlp", "cnn", "resnet18", "transformer"; FL_EINVAL otherwise. */
 FL_API fl_status nn_model_kind_parse(const char *text, nn_model_kind *out);
@@ -69,6 +79,8 @@ fl_status nn_model_forward(nn_model *m, const fl_tensor *x, bool train, const fl
  * them): sets the gradient of the logits to (softmax - onehot) * grad_scale and adds the
  * loss sum and correct count to stats (device, 2 floats). */
 fl_status nn_model_loss(nn_model *m, const int32_t *labels, float grad_scale, float *stats);
+/* nn_model_loss against label-smoothed targets (smoothing in [0, 1)). */
+fl_status nn_model_loss_smoothed(nn_model *m, const int32_t *labels, float smoothing, float grad_scale, float *stats);
 
 /* Called during backward when the gradients of parameters [first, first + count) are final
  * (they are queued on the device stream; the callee orders its own work after them). */
@@ -86,10 +98,25 @@ fl_status nn_model_zero_grad(nn_model *m);
  * flat buffer the same way. A store is used by one thread at a time. */
 
 typedef enum layer_init {
-  LAYER_INIT_HE = 0, /* normal, std sqrt(2 / fan_in) (Kaiming, for layers before a relu) */
-  LAYER_INIT_ZERO,   /* biases, batch-norm beta */
-  LAYER_INIT_ONE,    /* batch-norm gamma */
+  LAYER_INIT_WEIGHT = 0, /* weights of linear and conv layers: by the store's style, below */
+  LAYER_INIT_BIAS,       /* biases of linear and conv layers: by the store's style */
+  LAYER_INIT_ZERO,       /* batch-norm beta, zero-initialised gammas */
+  LAYER_INIT_ONE,        /* batch-norm gamma */
+  LAYER_INIT_NORMAL,     /* normal, std 1 (embeddings, as PyTorch's nn.Embedding) */
+  LAYER_INIT_XAVIER,     /* uniform in +-sqrt(6 / fan), fan_in holding fan_in + fan_out */
 } layer_init;
+
+/* How the store draws LAYER_INIT_WEIGHT and LAYER_INIT_BIAS parameters (fan_in: inputs of
+ * one output, in * k * k for a convolution). */
+typedef enum layer_init_style {
+  /* PyTorch's defaults for nn.Linear and nn.Conv2d (kaiming_uniform_ with a = sqrt(5)):
+   * weights and biases uniform in +-1 / sqrt(fan_in). What fl_model builds by default, so
+   * that a model defined the same way starts from the same distribution as in PyTorch. */
+  LAYER_INIT_STYLE_TORCH = 0,
+  /* He (Kaiming) normal weights, std sqrt(2 / fan_in), zero biases: torchvision's ResNets
+   * (there with fan_out) and what flint's built-in models used before fl_model. */
+  LAYER_INIT_STYLE_HE,
+} layer_init_style;
 
 typedef struct layer_param_info {
   layer_init init;
@@ -103,6 +130,9 @@ typedef struct layer_buffer_info {
 
 typedef struct layer_store {
   fl_device *dev;
+  layer_init_style init_style; /* LAYER_INIT_STYLE_TORCH unless set before finish */
+  uint64_t seed;               /* finish's: also keys dropout masks */
+  uint64_t step;               /* the optimizer step, set by the model: keys dropout masks */
   nn_param *params; /* names owned by the store; value/grad are views after finish */
   layer_param_info *info;
   size_t nparams, cap_params;
@@ -132,6 +162,11 @@ fl_status layer_store_add_buffer(layer_store *s, size_t count, float value, size
  * the values from a generator seeded with `seed` (deterministic: the same seed gives the
  * same weights on every rank and device), zeroes the gradients and fills the buffers. */
 fl_status layer_store_finish(layer_store *s, uint64_t seed);
+
+/* Changes how parameter `index` is initialised (before finish). */
+void layer_store_set_init(layer_store *s, size_t index, layer_init init);
+/* Draws a model's LAYER_INIT_WEIGHT/_BIAS parameters in `style` (before fl_model_finish). */
+void nn_model_set_init_style(nn_model *m, layer_init_style style);
 
 /* "[2, 3, 4]": t's shape for messages, cut to fit len. */
 void layer_shape_text(const fl_tensor *t, char *buf, size_t len);
@@ -222,6 +257,32 @@ FL_API double optim_schedule_peak_lr(const optim_schedule *s);
 /* The rate at `epoch` (a real number: epoch e, step i of n is e + i / n). Epochs before 0
  * read as 0 and after the end as the end. Pure; the schedule must be valid. */
 double optim_lr_at(const optim_schedule *s, double epoch);
+
+/* ---- attention (gpu/nn/attention.c) ---------------------------------------------------------
+ * Scaled dot-product attention over a packed activation qkv [n * s, qkv_ld]: head h's q, k and
+ * v (d columns each) start at column part_offset[0 / 1 / 2] + h * head_step of each row. The
+ * attention layer packs them as PyTorch's in_proj ([q | k | v], head_step d); the
+ * tensor-parallel block as [heads, 3, d] (head_step 3d). Scores and probabilities are
+ * [n, heads, s, s]; ctx and its gradient [n * s, heads * d]. The caller may change the
+ * probabilities between the two forward steps (dropout) and the probabilities' gradient
+ * between the two backward steps (dropout's backward), passing the changed ones on. */
+typedef struct attn_layout {
+  int n, s, d, heads;
+  int qkv_ld;
+  int part_offset[3];
+  int head_step;
+} attn_layout;
+
+/* probs = softmax(q k^T / sqrt(d)) per head; scores is scratch of probs' size. */
+fl_status attn_probs_forward(fl_device *dev, const attn_layout *L, const float *qkv, float *scores, float *probs);
+/* ctx = probs v per head. */
+fl_status attn_context_forward(fl_device *dev, const attn_layout *L, const float *probs, const float *qkv, float *ctx);
+/* From d_ctx: d_probs (overwritten) and the v columns of d_qkv (overwritten). */
+fl_status attn_context_backward(fl_device *dev, const attn_layout *L, const float *probs, const float *qkv,
+                                const float *d_ctx, float *d_probs, float *d_qkv);
+/* From d_probs: the q and k columns of d_qkv (overwritten); d_scores is scratch. */
+fl_status attn_probs_backward(fl_device *dev, const attn_layout *L, const float *probs, const float *d_probs,
+                              const float *qkv, float *d_scores, float *d_qkv);
 
 /* ---- checkpoints ---------------------------------------------------------------------- */
 

@@ -98,7 +98,7 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
     FL_CHECK(t->dev->ops->from_host(t->dev, sl->labels, sc->labels + (size_t)mb * sc->mbs,
                                     (size_t)sc->mbs * sizeof(int32_t)));
     FL_CHECK(tensor_ensure(&sl->dlogits, t->dev, y->ndim, y->shape));
-    FL_CHECK(t->dev->ops->softmax_xent(t->dev, sc->mbs, sp->classes, y->data, sl->labels,
+    FL_CHECK(t->dev->ops->softmax_xent(t->dev, sc->mbs, sp->classes, y->data, sl->labels, 0.0f,
                                        train ? 1.0f / (float)sc->batch : 0.0f, sl->dlogits.data,
                                        t->stats.data));
   }

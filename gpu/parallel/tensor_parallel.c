@@ -67,7 +67,6 @@ static fl_status dropped_probs(const tp_block *k, const tp_keys *keys, int n,
 /* A block's sizes for a micro-batch of n samples (see the top of the file for the names). */
 typedef struct geom {
   int n, s, H, d, hl, T, q3, F;
-  size_t qkv_stride, ctx_stride, p_stride; /* between samples in qkv, ctx and the scores */
   int64_t qkv_shape[2], p_shape[4], ctx_shape[2], h_shape[3], f_shape[2];
 } geom;
 
@@ -76,9 +75,6 @@ static geom geom_of(const tp_dims *D, int n) {
             .F = D->local_ffn};
   g.T = n * g.s;
   g.q3 = g.hl * 3 * g.d;
-  g.qkv_stride = (size_t)g.s * g.q3;
-  g.ctx_stride = (size_t)g.s * g.hl * g.d;
-  g.p_stride = (size_t)g.hl * g.s * g.s;
   int64_t qkv[2] = {g.T, g.q3}, p[4] = {n, g.hl, g.s, g.s}, ctx[2] = {g.T, g.hl * g.d};
   int64_t h[3] = {n, g.s, g.H}, f[2] = {g.T, g.F};
   memcpy(g.qkv_shape, qkv, sizeof qkv);
@@ -87,6 +83,12 @@ static geom geom_of(const tp_dims *D, int n) {
   memcpy(g.h_shape, h, sizeof h);
   memcpy(g.f_shape, f, sizeof f);
   return g;
+}
+
+/* This rank's heads in the [heads, 3, d] packing of qkv. */
+static attn_layout layout_of(const geom *G) {
+  return (attn_layout){.n = G->n, .s = G->s, .d = G->d, .heads = G->hl, .qkv_ld = G->q3,
+                       .part_offset = {0, G->d, 2 * G->d}, .head_step = 3 * G->d};
 }
 
 static float *val(const tp_block *k, int i) { return k->p[i]->value.data; }
@@ -98,8 +100,7 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
   const device_ops *op = dev->ops;
   tp_scratch *S = k->scratch;
   const geom G = geom_of(&k->dims, (int)x->shape[0]);
-  int n = G.n, s = G.s, H = G.H, d = G.d, hl = G.hl, T = G.T, q3 = G.q3, F = G.F;
-  size_t qkv_stride = G.qkv_stride, ctx_stride = G.ctx_stride, p_stride = G.p_stride;
+  int n = G.n, H = G.H, d = G.d, hl = G.hl, T = G.T, q3 = G.q3, F = G.F;
   fl_status status = FL_OK;
   FL_CHECK(tensor_ensure(&a->qkv, dev, 2, G.qkv_shape));
   FL_CHECK(tensor_ensure(&a->probs, dev, 4, G.p_shape));
@@ -115,21 +116,11 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
   FL_CHECK(op->gemm(dev, false, true, T, q3, H, 1.0f, x->data, H, val(k, TP_QKV_W), H, 0.0f,
                     a->qkv.data, q3));
   FL_CHECK(op->bias_add_rows(dev, T, q3, val(k, TP_QKV_B), a->qkv.data));
-  for (int h = 0; h < hl; h++) {
-    const float *q = a->qkv.data + (size_t)h * 3 * d, *kk = q + d;
-    FL_CHECK(op->gemm_batched(dev, false, true, s, s, d, 1.0f, q, q3, qkv_stride, kk, q3,
-                              qkv_stride, 0.0f, S->scores.data + (size_t)h * s * s, s, p_stride, n));
-  }
-  FL_CHECK(op->softmax_rows_forward(dev, n * hl * s, s, 1.0f / sqrtf((float)d), S->scores.data,
-                                    a->probs.data));
+  const attn_layout L = layout_of(&G);
+  FL_CHECK(attn_probs_forward(dev, &L, a->qkv.data, S->scores.data, a->probs.data));
   const float *pd;
   FL_CHECK(dropped_probs(k, keys, n, a, &pd));
-  for (int h = 0; h < hl; h++) {
-    const float *v = a->qkv.data + (size_t)h * 3 * d + 2 * d;
-    FL_CHECK(op->gemm_batched(dev, false, false, s, d, s, 1.0f, pd + (size_t)h * s * s, s,
-                              p_stride, v, q3, qkv_stride, 0.0f, a->ctx.data + (size_t)h * d,
-                              hl * d, ctx_stride, n));
-  }
+  FL_CHECK(attn_context_forward(dev, &L, pd, a->qkv.data, a->ctx.data));
   FL_CHECK(op->gemm(dev, false, true, T, H, hl * d, 1.0f, a->ctx.data, hl * d, val(k, TP_OUT_W),
                     hl * d, 0.0f, a->x1.data, H));
   FL_CHECK(reduce_partial(k, &a->x1));
@@ -159,8 +150,7 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   const device_ops *op = dev->ops;
   tp_scratch *S = k->scratch;
   const geom G = geom_of(&k->dims, (int)x->shape[0]);
-  int n = G.n, s = G.s, H = G.H, d = G.d, hl = G.hl, T = G.T, q3 = G.q3, F = G.F;
-  size_t qkv_stride = G.qkv_stride, ctx_stride = G.ctx_stride, p_stride = G.p_stride;
+  int n = G.n, H = G.H, d = G.d, hl = G.hl, T = G.T, q3 = G.q3, F = G.F;
   size_t th = (size_t)T * H;
   fl_status status = FL_OK;
   FL_CHECK(tensor_ensure(dx, dev, 3, G.h_shape));
@@ -209,32 +199,11 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   /* The dropped probabilities are recomputed from their keys rather than kept in the slot. */
   const float *pd;
   FL_CHECK(dropped_probs(k, keys, n, a, &pd));
-  for (int h = 0; h < hl; h++) {
-    const float *dctx = S->d_ctx.data + (size_t)h * d;
-    const float *v = a->qkv.data + (size_t)h * 3 * d + 2 * d;
-    /* d(dropped probs) = dctx v^T;  dv = dropped^T dctx */
-    FL_CHECK(op->gemm_batched(dev, false, true, s, s, d, 1.0f, dctx, hl * d, ctx_stride, v, q3,
-                              qkv_stride, 0.0f, S->d_probs.data + (size_t)h * s * s, s, p_stride,
-                              n));
-    FL_CHECK(op->gemm_batched(dev, true, false, s, d, s, 1.0f, pd + (size_t)h * s * s, s,
-                              p_stride, dctx, hl * d, ctx_stride, 0.0f,
-                              S->d_qkv.data + (size_t)h * 3 * d + 2 * d, q3, qkv_stride, n));
-  }
+  const attn_layout L = layout_of(&G);
+  FL_CHECK(attn_context_backward(dev, &L, pd, a->qkv.data, S->d_ctx.data, S->d_probs.data, S->d_qkv.data));
   if (keys->active) FL_CHECK(drop_probs(k, keys, n, S->d_probs.data, S->d_probs.data, true));
   /* The score gradient goes where the dropped probabilities were (no longer needed). */
-  float *d_scores = S->dropped.data;
-  FL_CHECK(op->softmax_rows_backward(dev, n * hl * s, s, 1.0f / sqrtf((float)d), a->probs.data,
-                                     S->d_probs.data, d_scores));
-  for (int h = 0; h < hl; h++) {
-    const float *q = a->qkv.data + (size_t)h * 3 * d, *kk = q + d;
-    const float *ds = d_scores + (size_t)h * s * s;
-    float *dq = S->d_qkv.data + (size_t)h * 3 * d, *dk = dq + d;
-    /* dq = dscores k;  dk = dscores^T q */
-    FL_CHECK(op->gemm_batched(dev, false, false, s, d, s, 1.0f, ds, s, p_stride, kk, q3,
-                              qkv_stride, 0.0f, dq, q3, qkv_stride, n));
-    FL_CHECK(op->gemm_batched(dev, true, false, s, d, s, 1.0f, ds, s, p_stride, q, q3, qkv_stride,
-                              0.0f, dk, q3, qkv_stride, n));
-  }
+  FL_CHECK(attn_probs_backward(dev, &L, a->probs.data, S->d_probs.data, a->qkv.data, S->dropped.data, S->d_qkv.data));
   FL_CHECK(op->gemm(dev, true, false, q3, H, T, 1.0f, S->d_qkv.data, q3, x->data, H, 1.0f,
                     grad(k, TP_QKV_W), H));
   FL_CHECK(op->bias_grad_rows(dev, T, q3, S->d_qkv.data, grad(k, TP_QKV_B)));

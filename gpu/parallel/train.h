@@ -65,8 +65,13 @@
 typedef enum gpu_train_dataset {
   GPU_TRAIN_FASHION_MNIST = 0,    /* 60000 + 10000 images 1x28x28, 10 classes */
   GPU_TRAIN_SYNTHETIC_IMAGENET = 1, /* seeded 3x224x224 images, 1000 classes (throughput) */
-  GPU_TRAIN_IMAGE_FOLDER = 2,     /* data_dir/train and data_dir/val, each DIR/CLASS/NAME.jpg|png
-                                   * (include/flint/image.h): 3 x image_size^2, eval transform */
+  /* Files named by data_path and test_path ("FORMAT:PATH"): */
+  GPU_TRAIN_LIBSVM = 2, /* rows of features, 1 x 1 x F (fl_ml_load), classes from the labels */
+  GPU_TRAIN_CSV = 3,    /* the same from CSV: the label in the first column, no header */
+  GPU_TRAIN_IDX = 4,    /* an IDX pair "IMAGES,LABELS": 1 x H x W images, 10 classes */
+  /* "imagefolder:DIR": DIR/train and DIR/val, or DIR and test_path when given, each
+   * CLASS/NAME.jpg|jpeg|png (include/flint/image.h): 3 x image_size^2 images */
+  GPU_TRAIN_IMAGE_FOLDER = 5,
 } gpu_train_dataset;
 
 /* One epoch as the ranks report it (to on_epoch). */
@@ -84,8 +89,7 @@ typedef struct gpu_train_options {
   const char *master;    /* the context's master (NULL: "local[*]") */
   nn_model_kind model;   /* mlp, cnn, resnet18 */
   gpu_train_dataset data;
-  const char *data_dir;  /* Fashion-MNIST's folder (NULL: /usr/share/datasets/fashion-mnist), or
-                          * the image folder's root (required for GPU_TRAIN_IMAGE_FOLDER) */
+  const char *data_dir;  /* Fashion-MNIST's folder (NULL: /usr/share/datasets/fashion-mnist) */
   uint64_t synthetic_train_images; /* synthetic-imagenet images per epoch (0: 4 * batch) */
                                    /* (an image is 588 KiB: cached, and copied by its rank) */
   uint64_t synthetic_test_images;  /* (0: batch) */
@@ -131,6 +135,13 @@ typedef struct gpu_train_options {
   double dropout;           /* every dropout site, in [0, 1) */
   const char *timeline_csv_path; /* the last step's timeline of every rank (NULL: none) */
   const char *timeline_svg_path;
+  /* model NN_LIBRARY: a user's model (include/flint/train.h's fl_model_builder) */
+  const char *model_library; /* the shared library's path */
+  const char *model_symbol;  /* its builder (NULL: FL_MODEL_BUILDER_SYMBOL) */
+  /* data libsvm, csv, idx, imagefolder: the training and the test files or folders (the text
+   * after "FORMAT:"; imagefolder's test_path may be NULL: data_path/val, training on
+   * data_path/train) */
+  const char *data_path, *test_path;
   /* GPU_TRAIN_IMAGE_FOLDER: the side of the square images the model sees (0: 224). Both
    * folders are decoded on the executors once and cached with the shorter side at
    * image_size * 256 / 224. Training images get the standard augmentation anew each epoch
@@ -144,7 +155,8 @@ typedef struct gpu_train_options {
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
-   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL, 0, false}
+   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL,   \
+   NULL, NULL, NULL, NULL, 0, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -174,8 +186,12 @@ typedef struct gpu_train_result {
 /* The calls marked FL_API are exported from libflint_gpu for the flint command, which must
  * reach the trainer through the shared library (its barrier function ships by symbol). */
 FL_API fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
-/* "fashion-mnist", "synthetic-imagenet", "imagefolder"; FL_EINVAL otherwise. */
+/* "fashion-mnist", "synthetic-imagenet"; FL_EINVAL otherwise. */
 FL_API fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out);
+/* "fashion-mnist", "synthetic-imagenet", or "libsvm:PATH", "csv:PATH", "idx:IMAGES,LABELS",
+ * "imagefolder:DIR":
+ * *path points at PATH inside text (NULL for the first two). FL_EINVAL names the text. */
+FL_API fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path);
 FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch

@@ -16,6 +16,8 @@
 
 #include "common/common.h"
 #include "gpu/data/data.h"
+#include "flint/ml.h"
+#include "flint/train.h"
 #include "gpu/parallel/curves.h"
 #include "gpu/parallel/train_rank.h"
 
@@ -82,15 +84,41 @@ static fl_status train_diverged_error(const gpu_train_options *o, const train_re
                       optim_schedule_peak_lr(&sched));
 }
 
+static const char *model_symbol(const gpu_train_options *o) {
+  return o->model_symbol && *o->model_symbol ? o->model_symbol : FL_MODEL_BUILDER_SYMBOL;
+}
+
+/* --model FILE.so: checks the library against the data (train_model_library_read) and
+ * broadcasts its bytes to the ranks. */
+static fl_status ship_model_library(fl_context *ctx, const gpu_train_options *o, const data_set *train, train_arg *a,
+                                    fl_broadcast **out) {
+  const char *symbol = model_symbol(o);
+  if (strlen(symbol) >= sizeof a->model_symbol)
+    return fl_set_error(FL_EINVAL, "--model %s: the symbol %s is longer than %zu bytes", o->model_library, symbol,
+                        sizeof a->model_symbol - 1);
+  fl_buf bytes = FL_BUF_INIT;
+  fl_status s = train_model_library_read(o->model_library, symbol, train->channels, train->height, train->width,
+                                         train->classes, o->seed, &bytes, NULL, NULL);
+  if (s == FL_OK) s = fl_broadcast_create(ctx, bytes.data, bytes.len, out);
+  fl_buf_free(&bytes);
+  if (s != FL_OK) return s;
+  a->model_library_id = fl_broadcast_id(*out);
+  snprintf(a->model_symbol, sizeof a->model_symbol, "%s", symbol);
+  const char *base = strrchr(o->model_library, '/');
+  snprintf(a->model_library_name, sizeof a->model_library_name, "%s", base ? base + 1 : o->model_library);
+  return FL_OK;
+}
+
 /* Barrier tasks: one per data-parallel rank, or per grid rank for the transformer. */
 static uint32_t train_world(const gpu_train_options *o) {
   return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
 }
 
-/* --data imagefolder:DIR: DIR/train and DIR/val (ImageNet's layout), the same classes in both,
- * each image cached with its shorter side at size * 256 / 224; test images (and training
- * images with --no-augment) resized and centre-cropped to size x size once, training images
- * augmented by the ranks each epoch (train_arg.aug, set by the caller). */
+/* --data imagefolder:DIR: DIR/train and DIR/val (ImageNet's layout), or DIR and --test-data
+ * imagefolder:TEST, the same classes in both, each image cached with its shorter side at
+ * size * 256 / 224; test images (and training images with --no-augment) resized and
+ * centre-cropped to size x size once, training images augmented by the ranks each epoch
+ * (train_arg.aug, set by the caller). */
 static fl_status load_image_folder(fl_context *ctx, const gpu_train_options *o, const data_options *dopts,
                                    data_set *train, data_set *test) {
   fl_image_transform t = FL_IMAGE_EVAL_INIT;
@@ -98,24 +126,66 @@ static fl_status load_image_folder(fl_context *ctx, const gpu_train_options *o, 
   t.resize = (t.size * 256 + 112) / 224;
   fl_image_folder_options fo = FL_IMAGE_FOLDER_OPTIONS_INIT;
   fo.cache_size = t.resize;
-  char dir[4096];
+  char train_dir[4096], test_dir[4096];
+  snprintf(train_dir, sizeof train_dir, o->test_path ? "%s" : "%s/train", o->data_path);
+  snprintf(test_dir, sizeof test_dir, o->test_path ? "%s" : "%s/val", o->test_path ? o->test_path : o->data_path);
   fl_image_classes *train_classes = NULL, *test_classes = NULL;
-  snprintf(dir, sizeof dir, "%s/train", o->data_dir);
-  fl_status s = data_image_folder(ctx, dir, &fo, &t, !o->no_augment, dopts, train, &train_classes);
-  snprintf(dir, sizeof dir, "%s/val", o->data_dir);
-  if (s == FL_OK) s = data_image_folder(ctx, dir, &fo, &t, false, dopts, test, &test_classes);
+  fl_status s = data_image_folder(ctx, train_dir, &fo, &t, !o->no_augment, dopts, train, &train_classes);
+  if (s == FL_OK) s = data_image_folder(ctx, test_dir, &fo, &t, false, dopts, test, &test_classes);
   uint32_t k = fl_image_classes_count(train_classes);
   if (s == FL_OK && fl_image_classes_count(test_classes) != k)
-    s = fl_set_error(FL_EINVAL, "--data imagefolder:%s: %u classes in train/ but %u in val/", o->data_dir, k,
-                     fl_image_classes_count(test_classes));
+    s = fl_set_error(FL_EINVAL, "--data imagefolder: %u classes in %s but %u in %s", k, train_dir,
+                     fl_image_classes_count(test_classes), test_dir);
   for (uint32_t c = 0; s == FL_OK && c < k; c++)
     if (strcmp(fl_image_classes_name(train_classes, c), fl_image_classes_name(test_classes, c)) != 0)
-      s = fl_set_error(FL_EINVAL, "--data imagefolder:%s: class %u is %s in train/ but %s in val/", o->data_dir, c,
-                       fl_image_classes_name(train_classes, c), fl_image_classes_name(test_classes, c));
+      s = fl_set_error(FL_EINVAL, "--data imagefolder: class %u is %s in %s but %s in %s", c,
+                       fl_image_classes_name(train_classes, c), train_dir, fl_image_classes_name(test_classes, c),
+                       test_dir);
   fl_image_classes_free(train_classes);
   fl_image_classes_free(test_classes);
   return s;
 }
+
+/* "IMAGES,LABELS" of --data idx: (10 classes). */
+static fl_status load_idx_pair(fl_context *ctx, const char *spec, const data_options *dopts, data_set *out) {
+  char images[4096];
+  const char *comma = strchr(spec, ',');
+  snprintf(images, sizeof images, "%.*s", comma ? (int)(comma - spec) : 0, spec);
+  if (!comma || !images[0] || !comma[1])
+    return fl_set_error(FL_EINVAL, "--data idx:%s: give the images and the labels file, IMAGES,LABELS", spec);
+  return data_load_idx(ctx, images, comma + 1, 10, dopts, out);
+}
+
+/* --data libsvm: and csv:, through fl_ml_load, as one dataset with a partition per rank
+ * (data_rows_pair); train and test get the samples' shape and the classes. */
+static fl_status load_rows_pair(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test,
+                                fl_dataset **pair) {
+  fl_ml_format format = o->data == GPU_TRAIN_LIBSVM ? FL_ML_LIBSVM : FL_ML_CSV;
+  fl_ml_load_options lo = {0}; /* CSV: the label in column 0, no header, ',' */
+  fl_ml_data *tr = NULL, *te = NULL;
+  uint32_t classes = 0, cols = 0;
+  fl_status s = fl_ml_load(ctx, o->data_path, format, &lo, &tr);
+  /* The test set must have as many features as the training set (LIBSVM: its largest index). */
+  if (s == FL_OK && format == FL_ML_LIBSVM) lo.num_features = tr->cols;
+  if (s == FL_OK) s = fl_ml_load(ctx, o->test_path, format, &lo, &te);
+  if (s == FL_OK && te->cols != tr->cols)
+    s = fl_set_error(FL_EINVAL, "--test-data %s has %u features, --data %s has %u", o->test_path, te->cols,
+                     o->data_path, tr->cols);
+  if (s == FL_OK) s = data_rows_pair(tr, te, train_world(o), &classes, &cols, pair);
+  if (s == FL_OK) {
+    *train = (data_set){.images = tr->rows, .channels = 1, .height = 1, .width = cols, .classes = classes,
+                        .partitions = train_world(o)};
+    *test = (data_set){.images = te->rows, .channels = 1, .height = 1, .width = cols, .classes = classes,
+                       .partitions = train_world(o)};
+  }
+  fl_ml_data_free(te);
+  fl_ml_data_free(tr);
+  return s;
+}
+
+/* The run's input: the training and test sets, one dataset with rank r's shares in partition r. */
+static fl_status load_pair(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test,
+                           fl_dataset **pair);
 
 static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test) {
   data_options dopts = DATA_OPTIONS_INIT;
@@ -126,7 +196,10 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
    * together hold its rows of each global batch in order (gpu/parallel/train_hybrid.c). */
   if (o->model == NN_TRANSFORMER) dopts.run = o->batch / train_world(o);
   fl_status s;
-  if (o->data == GPU_TRAIN_FASHION_MNIST) {
+  if (o->data == GPU_TRAIN_IDX) {
+    s = load_idx_pair(ctx, o->data_path, &dopts, train);
+    if (s == FL_OK) s = load_idx_pair(ctx, o->test_path, &dopts, test);
+  } else if (o->data == GPU_TRAIN_FASHION_MNIST) {
     dopts.max_images = o->max_train_images;
     s = data_fashion_mnist(ctx, o->data_dir, true, &dopts, train);
     dopts.max_images = o->max_test_images;
@@ -146,6 +219,27 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
   return s;
 }
 
+/* The run's model on the client's cpu `dev`, for checks: a library's is built from its file. */
+static fl_status client_model(const gpu_train_options *o, const data_set *train, fl_device *dev, nn_model **out) {
+  if (o->model == NN_LIBRARY) {
+    fl_buf bytes = FL_BUF_INIT;
+    fl_status s = train_model_library_read(o->model_library, model_symbol(o), train->channels, train->height,
+                                           train->width, train->classes, o->seed, &bytes, dev, out);
+    fl_buf_free(&bytes);
+    return s;
+  }
+  nn_model_spec spec = {.kind = o->model, .channels = (int)train->channels, .height = (int)train->height,
+                        .width = (int)train->width, .classes = (int)train->classes, .seed = o->seed};
+  return nn_model_create(dev, &spec, out);
+}
+
+static fl_status load_pair(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test,
+                           fl_dataset **pair) {
+  if (o->data == GPU_TRAIN_LIBSVM || o->data == GPU_TRAIN_CSV) return load_rows_pair(ctx, o, train, test, pair);
+  fl_status s = load_data(ctx, o, train, test);
+  return s == FL_OK ? data_pair(ctx, train, test, pair) : s;
+}
+
 /* --resume: reads the checkpoint file and checks it against this run's model on a cpu device
  * (the magic, the checksum, every size) before any rank starts; *epoch: the epochs it holds.
  * Errors name the file. (The options' check refused the transformer.) */
@@ -157,9 +251,7 @@ static fl_status resume_load(const gpu_train_options *o, const data_set *train, 
   checkpoint_state cs = {0};
   status = checkpoint_load_file(o->resume_path, blob);
   if (status == FL_OK) status = fl_device_open(FL_DEVICE_CPU, 0, &dev);
-  nn_model_spec spec = {.kind = o->model, .channels = (int)train->channels, .height = (int)train->height,
-                        .width = (int)train->width, .classes = (int)train->classes, .seed = o->seed};
-  if (status == FL_OK) status = nn_model_create(dev, &spec, &model);
+  if (status == FL_OK) status = client_model(o, train, dev, &model);
   if (status == FL_OK) status = optim_sgd_create(dev, fl_tensor_numel(nn_model_values(model)), &o->sgd, &opt);
   if (status == FL_OK)
     status = checkpoint_decode(fl_buf_bytes(blob), nn_model_values(model), nn_model_buffers(model), opt, &cs);
@@ -189,11 +281,10 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   data_set train = {0}, test = {0};
   fl_dataset *pair = NULL, *trained = NULL;
   fl_records *out = NULL;
-  fl_broadcast *resume = NULL;
+  fl_broadcast *resume = NULL, *library = NULL;
   fl_buf resume_blob = FL_BUF_INIT;
   client_state c = {.opts = o, .curves = CURVES_INIT};
-  FL_CHECK(load_data(ctx, o, &train, &test));
-  FL_CHECK(data_pair(ctx, &train, &test, &pair));
+  FL_CHECK(load_pair(ctx, o, &train, &test, &pair));
 
   bool hybrid = o->model == NN_TRANSFORMER;
   train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
@@ -211,6 +302,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     a.aug.size = train.height;
     a.aug.seed = o->seed;
   }
+  if (o->model == NN_LIBRARY) FL_CHECK(ship_model_library(ctx, o, &train, &a, &library));
   if (o->resume_path) {
     uint32_t epoch = 0;
     FL_CHECK(resume_load(o, &train, &resume_blob, &epoch));
@@ -297,6 +389,7 @@ cleanup:
   fl_records_free(out);
   fl_dataset_free(trained);
   fl_broadcast_destroy(resume);
+  fl_broadcast_destroy(library);
   fl_buf_free(&resume_blob);
   fl_dataset_free(pair);
   data_set_free(&test);

@@ -228,9 +228,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
     goto cleanup;
   }
   FL_CHECK(train_device_open(r->b, a->device, &r->dev));
-  nn_model_spec spec = {.kind = a->model, .channels = (int)a->channels, .height = (int)a->height,
-                        .width = (int)a->width, .classes = (int)a->classes, .seed = a->seed};
-  FL_CHECK(nn_model_create(r->dev, &spec, &r->model));
+  FL_CHECK(train_model_build(a, r->dev, &r->model));
   FL_CHECK(optim_sgd_create(r->dev, fl_tensor_numel(nn_model_values(r->model)), &a->sgd, &r->opt));
   int64_t xshape[4] = {r->local_batch, a->channels, a->height, a->width}, three[1] = {3};
   FL_CHECK(fl_tensor_create(r->dev, 4, xshape, &r->x));

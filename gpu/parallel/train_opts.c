@@ -8,30 +8,40 @@
 
 #include "gpu/parallel/train.h"
 
-static const char *const model_names[] = {"mlp", "cnn", "resnet18", "transformer"};
-static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "imagefolder"};
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx",
+                                            "imagefolder"};
+#define DATASETS (sizeof dataset_names / sizeof dataset_names[0])
 
 fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
-  for (int i = 0; i < 4; i++)
-    if (text && strcmp(text, model_names[i]) == 0) {
-      *out = (nn_model_kind)i;
-      return FL_OK;
-    }
-  return fl_set_error(FL_EINVAL, "unknown model '%s' (mlp, cnn, resnet18 or transformer)", text ? text : "(null)");
+  return nn_model_kind_parse(text ? text : "(null)", out);
 }
 
 fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
-  for (int i = 0; i < 3; i++)
-    if (text && strcmp(text, dataset_names[i]) == 0) {
-      *out = (gpu_train_dataset)i;
-      return FL_OK;
-    }
-  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist, synthetic-imagenet or imagefolder)",
-                      text ? text : "(null)");
+  return gpu_train_source_parse(text, out, NULL);
+}
+
+fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path) {
+  if (path) *path = NULL;
+  for (size_t i = 0; text && i < DATASETS; i++) {
+    size_t n = strlen(dataset_names[i]);
+    bool file = i >= GPU_TRAIN_LIBSVM;
+    if (strncmp(text, dataset_names[i], n) != 0 || (file ? text[n] != ':' : text[n] != '\0')) continue;
+    if (file && (!path || !text[n + 1]))
+      return fl_set_error(FL_EINVAL, "data set '%s' needs its %s: %s:%s", text,
+                          i == GPU_TRAIN_IMAGE_FOLDER ? "folder" : "file", dataset_names[i],
+                          i == GPU_TRAIN_IDX ? "PATH (IMAGES,LABELS)" : i == GPU_TRAIN_IMAGE_FOLDER ? "DIR" : "PATH");
+    if (i == GPU_TRAIN_IDX && !strchr(text + n + 1, ','))
+      return fl_set_error(FL_EINVAL, "data set '%s': idx: takes IMAGES,LABELS (two files)", text);
+    *out = (gpu_train_dataset)i;
+    if (file) *path = text + n + 1;
+    return FL_OK;
+  }
+  return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH, "
+                      "idx:IMAGES,LABELS or imagefolder:DIR)", text ? text : "(null)");
 }
 
 const char *gpu_train_dataset_name(gpu_train_dataset data) {
-  return (unsigned)data < 3 ? dataset_names[data] : "unknown";
+  return (unsigned)data < DATASETS ? dataset_names[data] : "unknown";
 }
 
 /* Step decay without milestones: x0.1 at half and at three quarters of training. */
@@ -121,17 +131,26 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
 
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
-  if ((unsigned)o->model > NN_TRANSFORMER) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
-  if ((unsigned)o->data > GPU_TRAIN_IMAGE_FOLDER)
-    return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
-  if (o->data == GPU_TRAIN_IMAGE_FOLDER && (!o->data_dir || !*o->data_dir))
+  if ((unsigned)o->model > NN_RESNET50) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
+  if ((o->model == NN_LIBRARY) != (o->model_library != NULL))
+    return fl_set_error(FL_EINVAL, o->model_library ? "gpu_train: a model library (%s) with a built-in model"
+                                                    : "gpu_train: a library model without its library%s",
+                        o->model_library ? o->model_library : "");
+  if ((unsigned)o->data >= DATASETS) return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
+  bool files = o->data >= GPU_TRAIN_LIBSVM, folder = o->data == GPU_TRAIN_IMAGE_FOLDER;
+  if (folder && (!o->data_path || !*o->data_path))
     return fl_set_error(FL_EINVAL, "--data imagefolder:DIR needs its folder DIR (with DIR/train and DIR/val)");
-  if (o->image_size && o->data != GPU_TRAIN_IMAGE_FOLDER)
-    return fl_set_error(FL_EINVAL, "--image-size is for --data imagefolder:DIR");
+  if (files && !folder && (!o->data_path || !o->test_path))
+    return fl_set_error(FL_EINVAL, "--data %s needs %s", gpu_train_dataset_name(o->data),
+                        o->data_path ? "--test-data (the set each epoch is evaluated on, in the same format)"
+                                     : "its training file");
+  if (!files && (o->data_path || o->test_path))
+    return fl_set_error(FL_EINVAL, "--test-data is for --data libsvm:, csv: and idx: (and imagefolder:; %s has its "
+                        "own test set)", gpu_train_dataset_name(o->data));
+  if (o->image_size && !folder) return fl_set_error(FL_EINVAL, "--image-size is for --data imagefolder:DIR");
   if (o->image_size > 1024) return fl_set_error(FL_EINVAL, "--image-size %u must be 1 to 1024", o->image_size);
-  if (o->no_augment && o->data != GPU_TRAIN_IMAGE_FOLDER)
-    return fl_set_error(FL_EINVAL, "--no-augment is for --data imagefolder:DIR");
-  if (o->data == GPU_TRAIN_IMAGE_FOLDER && o->model == NN_TRANSFORMER && !o->no_augment)
+  if (o->no_augment && !folder) return fl_set_error(FL_EINVAL, "--no-augment is for --data imagefolder:DIR");
+  if (folder && o->model == NN_TRANSFORMER && !o->no_augment)
     return fl_set_error(FL_EINVAL, "--model transformer reads --data imagefolder:DIR with --no-augment only (its "
                         "ranks read image blocks)");
   if (o->device != FL_DEVICE_CPU && o->device != FL_DEVICE_CUDA)

@@ -40,6 +40,10 @@ typedef struct train_arg {
   fl_allreduce_algo allreduce;
   uint64_t bucket_bytes;
   bool emit_checkpoint; /* rank 0 emits the final checkpoint blob after its result */
+  /* NN_LIBRARY: the library's bytes as a broadcast, its builder's symbol, its name */
+  uint64_t model_library_id;
+  char model_symbol[64];
+  char model_library_name[192];
   bool resume;          /* --resume: a first attempt starts from broadcast resume_id's blob */
   uint64_t resume_id;
   bool shuffle;
@@ -69,6 +73,19 @@ fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out)
 bool train_uses_nccl(fl_device_kind kind);
 /* The smallest of every rank's `mine`, on every rank. */
 fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out);
+
+/* ---- the model (gpu/parallel/train_model.c) ---- */
+/* The client's check of a model library: reads `path` into *bytes, loads it, finds `symbol`
+ * and builds its model for the data's shape once (on `dev`, or a cpu device when NULL); the
+ * model goes to *model when that is not NULL. Errors name the file: FL_ENOENT/FL_EIO (the
+ * file), FL_EFORMAT (not a loadable library), FL_ENOENT (no such symbol), the builder's own
+ * status, FL_EINVAL (an output that is not [n, classes]). */
+fl_status train_model_library_read(const char *path, const char *symbol, uint32_t channels, uint32_t height,
+                                   uint32_t width, uint32_t classes, uint64_t seed, fl_buf *bytes, fl_device *dev,
+                                   nn_model **model);
+/* The run's model on a rank's device: nn_model_create for the built-in kinds, the shipped
+ * library's builder for NN_LIBRARY. */
+fl_status train_model_build(const train_arg *a, fl_device *dev, nn_model **out);
 
 /* The barrier tasks, shipped by symbol (exported for the flint command's executors). */
 FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);

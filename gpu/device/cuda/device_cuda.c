@@ -66,8 +66,8 @@ static fl_status enter(cuda_impl *impl) {
 static fl_status after_sync(cuda_impl *impl) {
   if (*(volatile int *)impl->bad_label_host)
     return cuda_error_sticky(&impl->es, FL_EINVAL,
-                             "softmax_xent on cuda:%d: a label outside [0, classes) (found "
-                             "when the device next synchronized)",
+                             "cuda:%d: a label outside [0, classes) (softmax_xent) or a token id "
+                             "outside [0, vocabulary) (embedding), found when the device next synchronized",
                              impl->es.ordinal);
   return FL_OK;
 }
@@ -276,12 +276,12 @@ static fl_status cuda_bias_grad_channels(fl_device *dev, int n, int c, int hw, c
 }
 
 static fl_status cuda_softmax_xent(fl_device *dev, int n, int c, const float *logits,
-                                   const int32_t *labels, float grad_scale, float *dlogits,
-                                   float *stats) {
+                                   const int32_t *labels, float smoothing, float grad_scale,
+                                   float *dlogits, float *stats) {
   ENTER(dev);
   REQUIRE(n >= 0 && c > 0, "softmax_xent");
-  CUDA_RETURN(&impl->es, kernels_softmax_xent(impl->stream, n, c, logits, labels, grad_scale,
-                                              dlogits, stats, impl->bad_label_dev));
+  CUDA_RETURN(&impl->es, kernels_softmax_xent(impl->stream, n, c, logits, labels, smoothing,
+                                              grad_scale, dlogits, stats, impl->bad_label_dev));
 }
 
 /* ---- convolution helpers and pooling --------------------------------------------------- */
@@ -484,6 +484,38 @@ static fl_status cuda_mean_tokens_backward(fl_device *dev, int n, int s, int h,
   CUDA_RETURN(&impl->es, kernels_mean_tokens_backward(impl->stream, n, s, h, dy, dx));
 }
 
+static fl_status cuda_layernorm_forward(fl_device *dev, int rows, int cols, float eps, const float *x,
+                                        const float *gamma, const float *beta, float *y, float *mean, float *rstd) {
+  ENTER(dev);
+  REQUIRE(rows >= 0 && cols > 0 && eps >= 0, "layernorm_forward");
+  CUDA_RETURN(&impl->es, kernels_layernorm_forward(impl->stream, rows, cols, eps, x, gamma, beta, y, mean, rstd));
+}
+
+static fl_status cuda_layernorm_backward(fl_device *dev, int rows, int cols, const float *x, const float *dy,
+                                         const float *gamma, const float *mean, const float *rstd, float *dx,
+                                         float *dgamma, float *dbeta) {
+  ENTER(dev);
+  REQUIRE(rows >= 0 && cols > 0, "layernorm_backward");
+  CUDA_RETURN(&impl->es, kernels_layernorm_backward(impl->stream, rows, cols, x, dy, gamma, mean, rstd, dx, dgamma,
+                                                    dbeta));
+}
+
+static fl_status cuda_embedding_forward(fl_device *dev, size_t count, int dim, int vocab, const float *ids,
+                                        const float *table, float *y) {
+  ENTER(dev);
+  REQUIRE(dim > 0 && vocab > 0, "embedding_forward");
+  CUDA_RETURN(&impl->es, kernels_embedding_forward(impl->stream, count, dim, vocab, ids, table, y,
+                                                   impl->bad_label_dev));
+}
+
+static fl_status cuda_embedding_backward(fl_device *dev, size_t count, int dim, int vocab, const float *ids,
+                                         const float *dy, float *dtable) {
+  ENTER(dev);
+  REQUIRE(dim > 0 && vocab > 0, "embedding_backward");
+  CUDA_RETURN(&impl->es, kernels_embedding_backward(impl->stream, count, dim, vocab, ids, dy, dtable,
+                                                    impl->bad_label_dev));
+}
+
 static const device_ops cuda_ops = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -527,6 +559,10 @@ static const device_ops cuda_ops = {
     .dropout_backward = cuda_dropout_backward,
     .mean_tokens_forward = cuda_mean_tokens_forward,
     .mean_tokens_backward = cuda_mean_tokens_backward,
+    .layernorm_forward = cuda_layernorm_forward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
 };
 
 /* ---- opening ----------------------------------------------------------------------------- */

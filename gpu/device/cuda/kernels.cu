@@ -122,8 +122,8 @@ __global__ void bias_grad_channels_kernel(int n, int c, int hw, const float *dy,
 /* ---- softmax cross-entropy: one warp per row ------------------------------------------- */
 
 __global__ void softmax_xent_kernel(int n, int c, const float *logits, const int32_t *labels,
-                                    float grad_scale, float *dlogits, float *stats,
-                                    int *bad_label) {
+                                    float smoothing, float grad_scale, float *dlogits,
+                                    float *stats, int *bad_label) {
   int lane = threadIdx.x & 31;
   int row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return; /* the whole warp leaves together; no block barrier follows */
@@ -148,24 +148,33 @@ __global__ void softmax_xent_kernel(int n, int c, const float *logits, const int
       best_j = oj;
     }
   }
-  float sum = 0.0f;
-  for (int j = lane; j < c; j += 32) sum += expf(x[j] - best);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  float sum = 0.0f, zsum = 0.0f;
+  for (int j = lane; j < c; j += 32) {
+    sum += expf(x[j] - best);
+    zsum += x[j] - best;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    zsum += __shfl_xor_sync(0xffffffffu, zsum, o);
+  }
 
   int label = labels[row];
   bool ok = label >= 0 && label < c;
   float x_label = ok ? x[label] : 0.0f;
   __syncwarp(); /* every lane has read x[label] before any lane writes dlogits (may alias) */
   float inv_sum = 1.0f / sum;
+  float off = smoothing / (float)c, on = 1.0f - smoothing + off;
   for (int j = lane; j < c; j += 32) {
     float p = expf(x[j] - best) * inv_sum;
-    d[j] = (p - (ok && j == label ? 1.0f : 0.0f)) * grad_scale;
+    d[j] = (p - (ok && j == label ? on : off)) * grad_scale;
   }
   if (lane == 0) {
     if (!ok) {
       *(volatile int *)bad_label = 1;
     } else {
-      atomicAdd(&stats[0], logf(sum) - (x_label - best));
+      float log_sum = logf(sum);
+      atomicAdd(&stats[0], (1.0f - smoothing) * (log_sum - (x_label - best)) +
+                               smoothing * (log_sum - zsum / (float)c));
       if (best_j == label) atomicAdd(&stats[1], 1.0f);
     }
   }
@@ -256,12 +265,12 @@ cudaError_t kernels_bias_grad_channels(cudaStream_t s, int n, int c, int hw, con
 }
 
 cudaError_t kernels_softmax_xent(cudaStream_t s, int n, int c, const float *logits,
-                                 const int32_t *labels, float grad_scale, float *dlogits,
-                                 float *stats, int *bad_label) {
+                                 const int32_t *labels, float smoothing, float grad_scale,
+                                 float *dlogits, float *stats, int *bad_label) {
   if (n == 0 || c == 0) return cudaSuccess;
   unsigned blocks = (unsigned)((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  softmax_xent_kernel<<<blocks, kThreads, 0, s>>>(n, c, logits, labels, grad_scale, dlogits,
-                                                   stats, bad_label);
+  softmax_xent_kernel<<<blocks, kThreads, 0, s>>>(n, c, logits, labels, smoothing, grad_scale,
+                                                   dlogits, stats, bad_label);
   return cudaGetLastError();
 }
 

@@ -42,8 +42,8 @@ cudaError_t kernels_bias_grad_channels(cudaStream_t s, int n, int c, int hw, con
  * outside [0, c); that row's dlogits get the softmax without the one-hot term and its stats
  * are not counted. */
 cudaError_t kernels_softmax_xent(cudaStream_t s, int n, int c, const float *logits,
-                                 const int32_t *labels, float grad_scale, float *dlogits,
-                                 float *stats, int *bad_label);
+                                 const int32_t *labels, float smoothing, float grad_scale,
+                                 float *dlogits, float *stats, int *bad_label);
 
 cudaError_t kernels_im2col(cudaStream_t s, int n, int c, int h, int w, int kh, int kw,
                            int stride, int pad, const float *x, float *col);
@@ -95,6 +95,19 @@ cudaError_t kernels_mean_tokens_forward(cudaStream_t s, int n, int tokens, int h
                                         const float *x, float *y);
 cudaError_t kernels_mean_tokens_backward(cudaStream_t s, int n, int tokens, int h,
                                          const float *dy, float *dx);
+
+/* gpu/device/cuda/kernels_norm.cu: layer norm (a warp per row; dgamma and dbeta by atomics)
+ * and embeddings (an id outside [0, vocab) writes zeros and sets *bad_id). */
+cudaError_t kernels_layernorm_forward(cudaStream_t s, int rows, int cols, float eps, const float *x,
+                                      const float *gamma, const float *beta, float *y, float *mean,
+                                      float *rstd);
+cudaError_t kernels_layernorm_backward(cudaStream_t s, int rows, int cols, const float *x, const float *dy,
+                                       const float *gamma, const float *mean, const float *rstd, float *dx,
+                                       float *dgamma, float *dbeta);
+cudaError_t kernels_embedding_forward(cudaStream_t s, size_t count, int dim, int vocab, const float *ids,
+                                      const float *table, float *y, int *bad_id);
+cudaError_t kernels_embedding_backward(cudaStream_t s, size_t count, int dim, int vocab, const float *ids,
+                                       const float *dy, float *dtable, int *bad_id);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,183 @@
+/*
+ * train.h: defining and running models of your own on flint's training stack (gpu.h's
+ * devices and tensors).
+ *
+ * A model is built by appending layers to it, as torch.nn.Sequential does; each layer takes
+ * the shape the one before it produces (its input features or channels are never given
+ * twice), and a wrong combination fails at the call that makes it, naming the layer and
+ * both shapes. Residual blocks make it a small graph: between fl_model_residual_begin and
+ * fl_model_residual_end the layers form the main path; layers appended after
+ * fl_model_residual_shortcut (optional) form the shortcut, the identity otherwise; the
+ * block's output is main(x) + shortcut(x). Blocks nest.
+ *
+ *   fl_model *m;
+ *   int64_t image[3] = {1, 28, 28};
+ *   fl_model_create(dev, 3, image, &m);
+ *   fl_model_conv2d(m, "conv1", &(fl_conv2d_options){.out_channels = 32, .kernel = 5, .padding = 2});
+ *   fl_model_relu(m);
+ *   fl_model_maxpool(m, 2, 2, 0);
+ *   fl_model_flatten(m);
+ *   fl_model_linear(m, "fc", 10, true);
+ *   fl_model_finish(m, 42);
+ *
+ * Parameters: every weight of a model lives in one flat buffer and every gradient in
+ * another, in the order the layers were appended, so that an optimizer step is one pass
+ * and data-parallel training allreduces contiguous buckets. Parameter names are PyTorch's
+ * ("conv1.weight", "bn1.running_mean" is a buffer, not a parameter). fl_model_finish draws
+ * the initial weights as PyTorch does by default (nn.Linear and nn.Conv2d: uniform in
+ * +-1/sqrt(fan_in) for weights and biases; batch norm: gamma 1, beta 0), from a seed, so
+ * that every rank that builds the same model from the same seed holds the same weights.
+ *
+ * Conventions are flint.h's: fl_status returns, fl_last_error() for the cause,
+ * out-parameters last, destroy(NULL) does nothing. Threads: a model is used by one thread at
+ * a time (a rank's thread), on its device.
+ */
+#ifndef FLINT_TRAIN_H
+#define FLINT_TRAIN_H
+
+#include "gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_model fl_model;
+
+/* The most dimensions of one sample (a batch adds one in front). */
+#define FL_MODEL_MAX_SAMPLE_DIMS 3
+
+/* ---- building ------------------------------------------------------------------------- */
+
+/* An empty model on `dev` for samples of `ndim` (1 to 3) dimensions `shape` ({C, H, W} for
+ * images, {features} for vectors). FL_EINVAL for a bad shape. */
+FL_API fl_status fl_model_create(fl_device *dev, int ndim, const int64_t *shape, fl_model **out);
+/* Frees the model and everything it holds; tensors it returned become invalid. */
+FL_API void fl_model_destroy(fl_model *m);
+
+/* y = x W^T + b over the last dimension, as PyTorch's nn.Linear: {..., in} -> {..., out}
+ * (flatten an image first). `name` prefixes its parameters ("fc1" -> "fc1.weight"). */
+FL_API fl_status fl_model_linear(fl_model *m, const char *name, int out_features, bool bias);
+
+typedef struct fl_conv2d_options {
+  int out_channels; /* >= 1 */
+  int kernel;       /* square, >= 1 */
+  int stride;       /* 0: 1 */
+  int padding;      /* zeros on every side, >= 0 */
+  int groups;       /* 0: 1. Only 1 is supported so far (FL_EINVAL otherwise). */
+  bool bias;
+} fl_conv2d_options;
+/* A 2-D convolution over [n, C, H, W]. */
+FL_API fl_status fl_model_conv2d(fl_model *m, const char *name, const fl_conv2d_options *opts);
+/* Batch norm over the channels of [n, C, ...] (eps 1e-5, momentum 0.1, as PyTorch): batch
+ * statistics in training, running statistics otherwise. `zero_gamma`: gamma starts at 0
+ * instead of 1 (Goyal et al. zero the last batch norm of each residual block). */
+FL_API fl_status fl_model_batchnorm(fl_model *m, const char *name, bool zero_gamma);
+FL_API fl_status fl_model_relu(fl_model *m);
+/* GELU (tanh approximation, as PyTorch's approximate="tanh"). */
+FL_API fl_status fl_model_gelu(fl_model *m);
+FL_API fl_status fl_model_maxpool(fl_model *m, int kernel, int stride, int padding);
+/* Average pooling; padding counts as zeros (count_include_pad, PyTorch's default). */
+FL_API fl_status fl_model_avgpool(fl_model *m, int kernel, int stride, int padding);
+/* [n, C, H, W] -> [n, C]: the mean of each plane. */
+FL_API fl_status fl_model_global_avgpool(fl_model *m);
+/* [n, ...] -> [n, features]. */
+FL_API fl_status fl_model_flatten(fl_model *m);
+/* Inverted dropout with probability p in [0, 1): in training each element is zeroed with
+ * probability p and the rest scaled by 1 / (1 - p); identity in evaluation. The mask is
+ * drawn from the model's seed, the step (fl_model_set_step) and the element. */
+FL_API fl_status fl_model_dropout(fl_model *m, double p);
+
+/* Layer norm over the last dimension (eps 1e-5, gamma 1, beta 0, as PyTorch's nn.LayerNorm). */
+FL_API fl_status fl_model_layernorm(fl_model *m, const char *name);
+/* Token ids -> vectors: a sample of ids {tokens} (floats holding whole numbers in
+ * [0, vocab)) becomes {tokens, dim}; the table [vocab, dim] starts N(0, 1) (nn.Embedding). An
+ * id outside the table fails the forward with FL_EINVAL (on cuda at the next synchronize). */
+FL_API fl_status fl_model_embedding(fl_model *m, const char *name, int vocab, int dim);
+/* Multi-head self-attention over {tokens, hidden} (PyTorch's nn.MultiheadAttention with
+ * batch_first, query = key = value, no mask): parameters "NAME.in_proj_weight",
+ * "NAME.in_proj_bias", "NAME.out_proj.weight", "NAME.out_proj.bias". heads must divide hidden. */
+FL_API fl_status fl_model_attention(fl_model *m, const char *name, int heads);
+/* {tokens, h} -> {h}: the mean over tokens (a sequence classifier's pooling). */
+FL_API fl_status fl_model_mean_tokens(fl_model *m);
+
+/* Residual blocks (see the top). _shortcut and _end fail with FL_ESTATE outside a block;
+ * _end fails with FL_EINVAL when the two paths' shapes differ, naming both. */
+FL_API fl_status fl_model_residual_begin(fl_model *m, const char *name);
+FL_API fl_status fl_model_residual_shortcut(fl_model *m);
+FL_API fl_status fl_model_residual_end(fl_model *m);
+
+/* Ends building: allocates the parameters and draws them from `seed`. FL_ESTATE with a
+ * residual block still open or on a finished model; FL_EINVAL for a model with no layers. */
+FL_API fl_status fl_model_finish(fl_model *m, uint64_t seed);
+
+/* ---- what a model is ------------------------------------------------------------------ */
+
+/* The shape of one sample of the output as the layers so far make it (any time). */
+FL_API int fl_model_output_shape(const fl_model *m, int64_t shape[FL_MODEL_MAX_SAMPLE_DIMS]);
+/* Parameter tensors (weights and biases, not batch-norm statistics) and their names. */
+FL_API size_t fl_model_num_params(const fl_model *m);
+FL_API const char *fl_model_param_name(const fl_model *m, size_t i);
+/* Trainable elements over all parameters, the length of the flat buffers below. */
+FL_API size_t fl_model_num_weights(const fl_model *m);
+/* The flat buffers (after finish; owned by the model). Gradients accumulate. */
+FL_API fl_tensor *fl_model_weights(fl_model *m);
+FL_API fl_tensor *fl_model_gradients(fl_model *m);
+/* A parameter's view into the flat weights (after finish; owned by the model). */
+FL_API fl_tensor *fl_model_param(fl_model *m, size_t i);
+
+/* ---- running it ------------------------------------------------------------------------ */
+
+/* Forward of a batch x [n, sample shape]; *y (owned by the model) is valid until the next
+ * forward. `train`: batch statistics in batch norm, dropout on. */
+FL_API fl_status fl_model_forward(fl_model *m, const fl_tensor *x, bool train, const fl_tensor **y);
+/* Softmax cross-entropy of the last forward's output [n, classes] against labels (host
+ * memory, n of them, each in [0, classes)): label_smoothing in [0, 1) mixes the one-hot
+ * target with the uniform one, as PyTorch's CrossEntropyLoss. Writes the mean loss and the
+ * number of correct predictions (either may be NULL) and keeps the gradient of the mean loss
+ * for fl_model_backward. Blocks until the loss is known. FL_EINVAL for a label out of range. */
+FL_API fl_status fl_model_cross_entropy(fl_model *m, const int32_t *labels, size_t n, double label_smoothing,
+                                        double *loss, uint64_t *correct);
+/* Mean squared error of the last forward's output against `target` (same shape, on the
+ * model's device): mean over all elements, as PyTorch's MSELoss. */
+FL_API fl_status fl_model_mse(fl_model *m, const fl_tensor *target, double *loss);
+/* Backward from the last loss: ACCUMULATES into the gradients. FL_ESTATE without a loss
+ * since the last forward. */
+FL_API fl_status fl_model_backward(fl_model *m);
+FL_API fl_status fl_model_zero_grad(fl_model *m);
+/* The optimizer step dropout masks are drawn for (0 until set). */
+FL_API void fl_model_set_step(fl_model *m, uint64_t step);
+
+/* ---- models in libraries --------------------------------------------------------------- */
+
+/* A model of your own for `flint train --model FILE.so[:SYMBOL]` (and gpu training runs): a
+ * shared library exports a builder under SYMBOL (default FL_MODEL_BUILDER_SYMBOL) that
+ * appends the layers to `m`, which was created for the data's samples ({C, H, W}; {1, 1, F}
+ * for rows of F features), and returns FL_OK; the output must be [n, classes]. The trainer
+ * calls fl_model_finish. The builder runs on every rank (in cluster mode the library is
+ * shipped to the executors) and must build the same model each time.
+ *
+ *   #include <flint/train.h>
+ *   fl_status flint_model(fl_model *m, uint32_t classes) {
+ *     fl_status s = fl_model_linear(m, "fc1", 512, true);
+ *     if (s == FL_OK) s = fl_model_relu(m);
+ *     if (s == FL_OK) s = fl_model_linear(m, "fc2", (int)classes, true);
+ *     return s;
+ *   }
+ */
+typedef fl_status (*fl_model_builder)(fl_model *m, uint32_t classes);
+#define FL_MODEL_BUILDER_SYMBOL "flint_model"
+
+/* ---- weights on disk ------------------------------------------------------------------- */
+
+/* Writes the weights and batch-norm statistics to `path` (through a temporary file and a
+ * rename), in flint's checkpoint format without optimizer state. FL_EIO names the file. */
+FL_API fl_status fl_model_save(fl_model *m, const char *path);
+/* Reads what fl_model_save wrote into a finished model of the same architecture. FL_EFORMAT
+ * for a file that is not a checkpoint (or is damaged), FL_EINVAL when its sizes are not this
+ * model's; nothing changes then. */
+FL_API fl_status fl_model_load(fl_model *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLINT_TRAIN_H */
