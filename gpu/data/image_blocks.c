@@ -109,8 +109,12 @@ fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_fol
   data_options o = opts ? *opts : (data_options)DATA_OPTIONS_INIT;
   if (f.skip_bad)
     return fl_set_error(FL_EINVAL, "image folder %s: skipping bad images is not available for training input", dir);
-  image_arg a = {.t = *t, .block_images = o.block_images ? o.block_images : IMAGE_BLOCK_IMAGES,
-                 .interleave = data_layout_run(&o), .records = records};
+  image_arg a;
+  memset(&a, 0, sizeof a); /* its bytes travel as they are */
+  image_transform_copy(&a.t, t);
+  a.block_images = o.block_images ? o.block_images : IMAGE_BLOCK_IMAGES;
+  a.interleave = data_layout_run(&o);
+  a.records = records;
   fl_status status = fl_image_transform_check(t);
   if (status == FL_OK) status = image_cache_of(&f, &a.cache);
   if (status != FL_OK) return status;

@@ -294,7 +294,9 @@ fl_status fl_image_folder(fl_context *ctx, const char *dir, const fl_image_folde
                           fl_image_classes **classes) {
   if (!ctx || !dir || !out) return fl_set_error(FL_EINVAL, "fl_image_folder: NULL argument");
   fl_image_folder_options o = opts ? *opts : (fl_image_folder_options)FL_IMAGE_FOLDER_OPTIONS_INIT;
-  decode_arg a = {.skip_bad = o.skip_bad};
+  decode_arg a;
+  memset(&a, 0, sizeof a); /* its bytes travel as they are */
+  a.skip_bad = o.skip_bad;
   fl_status status = image_cache_of(&o, &a.cache);
   if (status != FL_OK) return status;
   image_listing l = {0};

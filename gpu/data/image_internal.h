@@ -32,6 +32,10 @@ fl_status image_load_record(const char *path, int32_t label, uint64_t index, con
  * Resize(int): the longer side is side * long / short, rounded down). */
 void image_shorter_side(uint32_t w, uint32_t h, uint32_t side, uint32_t *ow, uint32_t *oh);
 
+/* *dst = *src field by field over zeroed bytes: a transform travels inside task arguments, whose
+ * bytes (padding included) are sent as they are. */
+void image_transform_copy(fl_image_transform *dst, const fl_image_transform *src);
+
 /* Applies t to a view: 3 * size * size floats (CHW) into out. */
 fl_status image_transform_view(const fl_image_transform *t, uint32_t epoch, const fl_image_view *v, float *out);
 

@@ -42,6 +42,19 @@ fl_status fl_image_transform_check(const fl_image_transform *t) {
   return FL_OK;
 }
 
+void image_transform_copy(fl_image_transform *dst, const fl_image_transform *src) {
+  memset(dst, 0, sizeof *dst);
+  dst->kind = src->kind;
+  dst->size = src->size;
+  dst->resize = src->resize;
+  dst->scale_min = src->scale_min, dst->scale_max = src->scale_max;
+  dst->ratio_min = src->ratio_min, dst->ratio_max = src->ratio_max;
+  dst->flip = src->flip;
+  memcpy(dst->mean, src->mean, sizeof dst->mean);
+  memcpy(dst->std, src->std, sizeof dst->std);
+  dst->seed = src->seed;
+}
+
 void image_shorter_side(uint32_t w, uint32_t h, uint32_t side, uint32_t *ow, uint32_t *oh) {
   if (w <= h) {
     *ow = side;
@@ -186,7 +199,7 @@ fl_status fl_image_transform_dataset(fl_dataset *images, const fl_image_transfor
   if (s != FL_OK) return s;
   transform_arg a;
   memset(&a, 0, sizeof a);
-  a.t = *t;
+  image_transform_copy(&a.t, t);
   a.epoch = epoch;
   return fl_map(images, fl_image_transform_record, &a, sizeof a, out);
 }
