@@ -220,7 +220,7 @@ static group *world(int size) {
 static void reference(run_spec *ref, int global_batch, int steps) {
   memset(ref, 0, sizeof *ref);
   ref->o = (pp_options){.spec = spec_small(), .grid = {1, 1, 1}, .schedule = PP_GPIPE, .microbatches = 1,
-                        .sgd = {0.9f, false, 1e-4f}};
+                        .optim = OPTIM_OPTIONS_INIT};
   ref->global_batch = global_batch;
   ref->steps = steps;
   ref->lr = 0.05f;
@@ -243,7 +243,7 @@ static void check_grid(pp_grid grid, pp_schedule s, int m, int global_batch, con
   run_spec rs = {0};
   int v = s == PP_INTERLEAVED ? 2 : 1;
   rs.o = (pp_options){.spec = spec_small(), .grid = grid, .schedule = s, .microbatches = m, .chunks = v,
-                      .bounds = bounds_for(grid.pp, v), .sgd = ref->o.sgd};
+                      .bounds = bounds_for(grid.pp, v), .optim = ref->o.optim};
   rs.global_batch = global_batch;
   int ranks = grid.dp * grid.tp * grid.pp;
   run_on(world(ranks), &rs);
@@ -306,7 +306,7 @@ static void test_weights_after_ten_steps(void **state) {
     run_spec rs = {0};
     int v = kinds[i] == PP_INTERLEAVED ? 2 : 1;
     rs.o = (pp_options){.spec = spec_small(), .grid = {1, 2, 2}, .schedule = kinds[i], .microbatches = 4,
-                        .chunks = v, .bounds = bounds_for(2, v), .sgd = ref.o.sgd};
+                        .chunks = v, .bounds = bounds_for(2, v), .optim = ref.o.optim};
     rs.global_batch = 16;
     rs.steps = 10;
     rs.lr = ref.lr;
@@ -326,7 +326,7 @@ static void test_recompute(void **state) {
   run_spec ref, plain = {0}, again = {0};
   reference(&ref, 16, 0);
   plain.o = (pp_options){.spec = spec_small(), .grid = {1, 1, 2}, .schedule = PP_GPIPE, .microbatches = 8,
-                         .bounds = bounds_for(2, 1), .sgd = ref.o.sgd};
+                         .bounds = bounds_for(2, 1), .optim = ref.o.optim};
   plain.global_batch = again.global_batch = 16;
   again.o = plain.o;
   again.o.recompute = true;

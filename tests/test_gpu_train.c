@@ -159,8 +159,8 @@ static gpu_train_options eq_options(nn_model_kind model, uint32_t ranks, const c
   o.lr = 0.1;
   o.decay = OPTIM_DECAY_NONE;
   o.warmup_epochs = 0;
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 5e-4f;
+  o.optim.momentum = 0.9f;
+  o.optim.weight_decay = 5e-4f;
   o.seed = 7;
   o.shuffle = false;
   o.max_train_images = (uint64_t)EQ_STEPS * EQ_BATCH;
