@@ -138,6 +138,10 @@ static fl_status check_options(const pp_options *o, int world) {
   if (v > 1 && o->schedule != PP_INTERLEAVED)
     return fl_set_error(FL_EINVAL, "%d chunks per pipeline rank need the interleaved schedule, not %s",
                         v, pp_schedule_name(o->schedule));
+  /* A tensor-parallel rank holds a slice of a weight, whose norm is not the weight's. */
+  if ((o->optim.kind == OPTIM_LARS || o->optim.kind == OPTIM_LAMB) && o->grid.tp > 1)
+    return fl_set_error(FL_EINVAL, "%s needs each weight's whole norm, but tp %d splits weights over ranks",
+                        optim_kind_name(o->optim.kind), o->grid.tp);
   if (o->synthetic_forward_s < 0 || o->synthetic_forward_s > 10)
     return fl_set_error(FL_EINVAL, "synthetic forward time %g s is outside [0, 10]", o->synthetic_forward_s);
   return tfm_spec_check(&o->spec, o->grid.tp);
