@@ -239,7 +239,8 @@ uint64_t optim_steps(const optim *opt);
 void optim_set_steps(optim *opt, uint64_t steps);
 
 /* Gradient clipping by global norm, as PyTorch's clip_grad_norm_: with norm the 2-norm of all
- * of grads, scales grads by max_norm / (norm + 1e-6) when norm > max_norm. *norm (may be NULL)
+ * of grads, scales grads by c = max_norm / (norm + 1e-6) when c < 1 (the norm is above
+ * max_norm, give or take the 1e-6). *norm (may be NULL)
  * gets the norm before clipping. FL_EINVAL for a max_norm that is not a finite number > 0.
  * Blocks (reads the norm back). A non-finite norm leaves the gradients as they are (the loss
  * check then stops the run). */
