@@ -162,6 +162,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->svg_path = "flint-train.svg";
   o->progress = stdout;
   bool have_model = false, have_data = false;
+  const char *adam_opt = NULL, *lars_opt = NULL, *momentum_opt = NULL; /* given, for the checks at the end */
   int c, index;
   optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
@@ -267,6 +268,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--momentum") == 0) {
       if (!cli_parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("--momentum '%s' is not a number in [0, 1)", v);
       o->optim.momentum = (float)d;
+      momentum_opt = "--momentum";
     } else if (strcmp(opt, "--weight-decay") == 0) {
       if (!cli_parse_double(v, &d) || d < 0) return train_usage_error("--weight-decay '%s' is not a number >= 0", v);
       o->optim.weight_decay = (float)d;
@@ -276,10 +278,13 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--beta1") == 0 || strcmp(opt, "--beta2") == 0) {
       if (!cli_parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("%s '%s' is not a number in [0, 1)", opt, v);
       *(opt[6] == '1' ? &o->optim.beta1 : &o->optim.beta2) = (float)d;
+      adam_opt = opt[6] == '1' ? "--beta1" : "--beta2";
     } else if (strcmp(opt, "--eps") == 0 || strcmp(opt, "--trust-coef") == 0) {
       if (!cli_parse_double(v, &d) || !(d > 0) || !isfinite((float)d) || (float)d == 0)
         return train_usage_error("%s '%s' is not a number > 0", opt, v);
       *(opt[2] == 'e' ? &o->optim.eps : &o->optim.trust_coef) = (float)d;
+      if (opt[2] == 'e') adam_opt = "--eps";
+      else lars_opt = "--trust-coef";
     } else if (strcmp(opt, "--clip-grad-norm") == 0) {
       if (!cli_parse_double(v, &o->clip_grad_norm) || !(o->clip_grad_norm > 0) || !isfinite(o->clip_grad_norm))
         return train_usage_error("--clip-grad-norm '%s' is not a number > 0", v);
@@ -313,6 +318,14 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
   if (o->synthetic_train_images && o->data != GPU_TRAIN_SYNTHETIC_IMAGENET)
     return train_usage_error("--synthetic-images is for --data synthetic-imagenet");
+  /* An option the chosen optimizer would ignore is a mistake worth saying. */
+  optim_kind k = o->optim.kind;
+  const char *kind = optim_kind_name(k);
+  if (adam_opt && k != OPTIM_ADAM && k != OPTIM_ADAMW && k != OPTIM_LAMB)
+    return train_usage_error("%s is for --optimizer adam, adamw or lamb (this run's is %s)", adam_opt, kind);
+  if (lars_opt && k != OPTIM_LARS) return train_usage_error("%s is for --optimizer lars (this run's is %s)", lars_opt, kind);
+  if (momentum_opt && k != OPTIM_SGD && k != OPTIM_LARS)
+    return train_usage_error("%s is for --optimizer sgd or lars (this run's is %s)", momentum_opt, kind);
   /* The checks across options (batch and ranks, warmup and epochs, milestones) are the
    * trainer's own, so that C callers get the same ones. */
   if (gpu_train_options_validate(o) != FL_OK) return train_usage_error("%s", fl_last_error());

@@ -132,9 +132,11 @@ static fl_status validate_optimizer(const gpu_train_options *o) {
   if (p->nesterov && p->kind != OPTIM_SGD)
     return fl_set_error(FL_EINVAL, "--nesterov is for --optimizer sgd (this run's is %s)", name);
   if (p->nesterov && p->momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
-  if (!(p->beta1 >= 0 && p->beta1 < 1)) return fl_set_error(FL_EINVAL, "--beta1 %g must be in [0, 1)", (double)p->beta1);
-  if (!(p->beta2 >= 0 && p->beta2 < 1)) return fl_set_error(FL_EINVAL, "--beta2 %g must be in [0, 1)", (double)p->beta2);
-  if (!(p->eps > 0) || !isfinite(p->eps)) return fl_set_error(FL_EINVAL, "--eps %g must be a number > 0", (double)p->eps);
+  if (p->kind == OPTIM_ADAM || p->kind == OPTIM_ADAMW || p->kind == OPTIM_LAMB) {
+    if (!(p->beta1 >= 0 && p->beta1 < 1)) return fl_set_error(FL_EINVAL, "--beta1 %g must be in [0, 1)", (double)p->beta1);
+    if (!(p->beta2 >= 0 && p->beta2 < 1)) return fl_set_error(FL_EINVAL, "--beta2 %g must be in [0, 1)", (double)p->beta2);
+    if (!(p->eps > 0) || !isfinite(p->eps)) return fl_set_error(FL_EINVAL, "--eps %g must be a number > 0", (double)p->eps);
+  }
   if (p->kind == OPTIM_LARS && (!(p->trust_coef > 0) || !isfinite(p->trust_coef)))
     return fl_set_error(FL_EINVAL, "--trust-coef %g must be a number > 0", (double)p->trust_coef);
   if (!(o->clip_grad_norm >= 0) || !isfinite(o->clip_grad_norm))
