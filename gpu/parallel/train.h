@@ -9,10 +9,11 @@
  *     full batches), each: forward, loss, backward whose grads-ready callback hands buckets
  *     of the flat gradient buffer, as they become final, to the rank's communication thread,
  *     which allreduces (averages) them in order while backward goes on (opts->overlap; else
- *     the callback allreduces each one itself); then, once every bucket is reduced, one SGD
- *     step at the schedule's rate for (epoch + step / steps_per_epoch);
+ *     the callback allreduces each one itself); then, once every bucket is reduced, clipping
+ *     to opts->clip_grad_norm when set and one optimizer step (opts->optim) at the schedule's
+ *     rate for (epoch + step / steps_per_epoch);
  *   - evaluates on the test set (each rank its share of the test blocks, sums allreduced);
- *   - puts a checkpoint of weights, batch-norm buffers, velocity and position
+ *   - puts a checkpoint of weights, batch-norm buffers, optimizer state and position
  *     (fl_barrier_checkpoint_put), then reports the epoch's row to the client
  *     (fl_barrier_report): an epoch the client has seen is one a retry will not redo.
  * A retried attempt (fl_barrier_attempt > 0) restores the last checkpoint
@@ -96,10 +97,12 @@ typedef struct gpu_train_options {
   double lr;             /* base rate for a batch of 256 (linear scaling), > 0 */
   double warmup_epochs;  /* gradual warmup, >= 0 and < epochs */
   uint32_t epochs;       /* >= 1 */
-  optim_decay decay;     /* after warmup: none, step (x0.1 at milestones) or cosine (to 0) */
+  optim_decay decay;     /* after warmup: none, step (x0.1 at milestones), cosine or poly (to 0) */
   double milestones[OPTIM_MAX_MILESTONES]; /* step decay's epochs (0 of them: 50% and 75%) */
   int num_milestones;
-  optim_sgd_options sgd; /* momentum, Nesterov, weight decay */
+  double decay_power;    /* poly decay's power (0: 2) */
+  optim_options optim;   /* the optimizer and its settings (gpu/nn/nn.h): sgd by default */
+  double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm each step */
   uint64_t seed;         /* weights, shuffles and synthetic data */
   fl_allreduce_algo allreduce; /* host backend's algorithm */
   size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
@@ -141,9 +144,9 @@ typedef struct gpu_train_options {
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
-   OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
-   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL,   \
-   NULL, NULL, NULL, NULL}
+   OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
+   1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

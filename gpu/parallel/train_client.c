@@ -213,12 +213,12 @@ static fl_status resume_load(const gpu_train_options *o, const data_set *train, 
   fl_status status = FL_OK;
   fl_device *dev = NULL;
   nn_model *model = NULL;
-  optim_sgd *opt = NULL;
+  optim *opt = NULL;
   checkpoint_state cs = {0};
   status = checkpoint_load_file(o->resume_path, blob);
   if (status == FL_OK) status = fl_device_open(FL_DEVICE_CPU, 0, &dev);
   if (status == FL_OK) status = client_model(o, train, dev, &model);
-  if (status == FL_OK) status = optim_sgd_create(dev, fl_tensor_numel(nn_model_values(model)), &o->sgd, &opt);
+  if (status == FL_OK) status = optim_create_for_model(dev, &o->optim, model, &opt);
   if (status == FL_OK)
     status = checkpoint_decode(fl_buf_bytes(blob), nn_model_values(model), nn_model_buffers(model), opt, &cs);
   if (status != FL_OK) {
@@ -234,7 +234,7 @@ static fl_status resume_load(const gpu_train_options *o, const data_set *train, 
   }
   *epoch = cs.epoch;
 cleanup:
-  optim_sgd_destroy(opt);
+  optim_destroy(opt);
   nn_model_destroy(model);
   fl_device_close(dev);
   return status;
@@ -255,7 +255,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   bool hybrid = o->model == NN_TRANSFORMER;
   train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
                  .epochs = o->epochs, .channels = train.channels, .height = train.height, .width = train.width,
-                 .classes = train.classes, .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce,
+                 .classes = train.classes, .seed = o->seed, .optim = o->optim, .clip_grad_norm = o->clip_grad_norm, .allreduce = o->allreduce,
                  .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
                  .shuffle = o->shuffle, .overlap = o->overlap, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,

@@ -66,6 +66,7 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
     }
   }
   s->step_factor = 0.1;
+  s->power = o->decay_power;
 }
 
 /* The grid's and the transformer's options (--model transformer), or their absence. */
@@ -127,6 +128,42 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   return FL_OK;
 }
 
+/* The optimizer's options as the CLI spells them (optim_options_validate's checks, named). */
+static fl_status validate_optimizer(const gpu_train_options *o) {
+  const optim_options *p = &o->optim;
+  if ((unsigned)p->kind > OPTIM_LAMB) return fl_set_error(FL_EINVAL, "--optimizer: unknown optimizer %d", (int)p->kind);
+  const char *name = optim_kind_name(p->kind);
+  if (!(p->momentum >= 0 && p->momentum < 1))
+    return fl_set_error(FL_EINVAL, "--momentum %g must be in [0, 1)", (double)p->momentum);
+  if (!(p->weight_decay >= 0) || !isfinite(p->weight_decay))
+    return fl_set_error(FL_EINVAL, "--weight-decay %g must be a number >= 0", (double)p->weight_decay);
+  if (p->nesterov && p->kind != OPTIM_SGD)
+    return fl_set_error(FL_EINVAL, "--nesterov is for --optimizer sgd (this run's is %s)", name);
+  if (p->nesterov && p->momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
+  if (p->kind == OPTIM_ADAM || p->kind == OPTIM_ADAMW || p->kind == OPTIM_LAMB) {
+    if (!(p->beta1 >= 0 && p->beta1 < 1)) return fl_set_error(FL_EINVAL, "--beta1 %g must be in [0, 1)", (double)p->beta1);
+    if (!(p->beta2 >= 0 && p->beta2 < 1)) return fl_set_error(FL_EINVAL, "--beta2 %g must be in [0, 1)", (double)p->beta2);
+    if (!(p->eps > 0) || !isfinite(p->eps)) return fl_set_error(FL_EINVAL, "--eps %g must be a number > 0", (double)p->eps);
+  }
+  if (p->kind == OPTIM_LARS && (!(p->trust_coef > 0) || !isfinite(p->trust_coef)))
+    return fl_set_error(FL_EINVAL, "--trust-coef %g must be a number > 0", (double)p->trust_coef);
+  if (!(o->clip_grad_norm >= 0) || !isfinite(o->clip_grad_norm))
+    return fl_set_error(FL_EINVAL, "--clip-grad-norm %g must be a number > 0 (0: no clipping)", o->clip_grad_norm);
+  if (o->decay_power != 0 && o->decay != OPTIM_DECAY_POLY) return fl_set_error(FL_EINVAL, "--power is for --decay poly");
+  if (!(o->decay_power >= 0 && o->decay_power <= 100))
+    return fl_set_error(FL_EINVAL, "--power %g must be in (0, 100]", o->decay_power);
+  if (o->model == NN_TRANSFORMER) {
+    /* A tensor-parallel rank holds a slice of a weight: its norm is not the weight's. */
+    if ((p->kind == OPTIM_LARS || p->kind == OPTIM_LAMB) && o->tp > 1)
+      return fl_set_error(FL_EINVAL, "--optimizer %s needs each weight's whole norm, but --tp %u splits weights "
+                          "over ranks: use --tp 1, or sgd, adam or adamw", name, o->tp);
+    if (o->clip_grad_norm > 0)
+      return fl_set_error(FL_EINVAL, "--clip-grad-norm is for the data-parallel models (the transformer's "
+                          "gradients are spread over its grid)");
+  }
+  return optim_options_validate(p);
+}
+
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
   if ((unsigned)o->model > NN_RESNET50) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
@@ -155,7 +192,7 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (o->epochs < 1 || o->epochs > 100000) return fl_set_error(FL_EINVAL, "--epochs %u must be 1 to 100000", o->epochs);
   if (!(o->warmup_epochs >= 0) || !(o->warmup_epochs < o->epochs))
     return fl_set_error(FL_EINVAL, "--warmup %g must be >= 0 and less than --epochs %u", o->warmup_epochs, o->epochs);
-  if ((unsigned)o->decay > OPTIM_DECAY_COSINE) return fl_set_error(FL_EINVAL, "--decay: unknown decay %d", (int)o->decay);
+  if ((unsigned)o->decay > OPTIM_DECAY_POLY) return fl_set_error(FL_EINVAL, "--decay: unknown decay %d", (int)o->decay);
   if (o->num_milestones < 0 || o->num_milestones > OPTIM_MAX_MILESTONES)
     return fl_set_error(FL_EINVAL, "--milestones: %d of them (at most %d)", o->num_milestones, OPTIM_MAX_MILESTONES);
   if (o->num_milestones && o->decay != OPTIM_DECAY_STEP)
@@ -164,11 +201,8 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
     if (!(o->milestones[i] > 0) || !(o->milestones[i] < o->epochs) || (i && !(o->milestones[i] > o->milestones[i - 1])))
       return fl_set_error(FL_EINVAL, "--milestones: %g must be inside (0, --epochs %u) and after the one before",
                           o->milestones[i], o->epochs);
-  if (!(o->sgd.momentum >= 0 && o->sgd.momentum < 1))
-    return fl_set_error(FL_EINVAL, "--momentum %g must be in [0, 1)", (double)o->sgd.momentum);
-  if (!(o->sgd.weight_decay >= 0) || !isfinite(o->sgd.weight_decay))
-    return fl_set_error(FL_EINVAL, "--weight-decay %g must be a number >= 0", (double)o->sgd.weight_decay);
-  if (o->sgd.nesterov && o->sgd.momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
+  fl_status os = validate_optimizer(o);
+  if (os != FL_OK) return os;
   if ((unsigned)o->allreduce > FL_ALLREDUCE_TREE)
     return fl_set_error(FL_EINVAL, "--allreduce: unknown algorithm %d", (int)o->allreduce);
   if (o->bucket_bytes && o->bucket_bytes < 4)

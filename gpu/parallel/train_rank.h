@@ -34,7 +34,8 @@ typedef struct train_arg {
   uint32_t ranks, batch, epochs; /* ranks: the world (dp x tp x pp for the transformer) */
   uint32_t channels, height, width, classes;
   uint64_t seed;
-  optim_sgd_options sgd;
+  optim_options optim;
+  double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm */
   optim_schedule schedule;
   fl_allreduce_algo allreduce;
   uint64_t bucket_bytes;
