@@ -251,6 +251,13 @@ FL_INTERNAL void common_spin_default_for_server(void);
 FL_INTERNAL uint32_t common_cores(void);
 /* fl_parse_size without the error message: false when `text` is not a size (config.c). */
 FL_INTERNAL bool common_parse_size(const char *text, uint64_t *out);
+/* A memory size as Spark reads one (--executor-memory, spark.executor.memory), the one reader
+ * of `flint submit/executor --memory` and of the memory settings (FLINT_MEMORY,
+ * FLINT_SHUFFLE_MEMORY): a bare number is MiB ("2048" is 2 GiB); else a number (one '.' at
+ * most) and a unit of 1024s, b, k, m, g or t, alone or followed by "b" or "ib", in any case
+ * ("64k", "1.5g", "1GiB"). No sign, space or exponent; 0 is 0 bytes, a fraction of a byte or
+ * 2^62 bytes and more are not sizes. False (and *bytes untouched) when `text` is not one. */
+FL_INTERNAL bool common_parse_memory(const char *text, uint64_t *bytes);
 /* Name of the function at `fn` ("parse_line" or "0x7f..." when it has no symbol). Writes
  * into buf and returns it. */
 FL_INTERNAL const char *common_symbol_name(const void *fn, char *buf, size_t len);

@@ -186,7 +186,7 @@ typedef enum fl_storage_level {
 
 typedef struct fl_options {
   /* Bytes of cached blocks kept in memory before the least recently used are evicted.
-   * 0: FLINT_MEMORY from the environment, else 60% of the machine's physical memory (of the
+   * 0: FLINT_MEMORY from the environment (a bare number there is MiB), else 60% of the machine's physical memory (of the
    * cgroup's memory limit where lower), as Spark's spark.memory.fraction. Local mode only:
    * cluster executors cache within their --memory. */
   uint64_t memory_limit;
@@ -195,7 +195,8 @@ typedef struct fl_options {
   /* Attempts of a task before its job fails. 0: 4 (as Spark's spark.task.maxFailures). */
   uint32_t max_task_attempts;
   /* Bytes that one task may hold while it sorts or aggregates shuffle data before it spills
-   * sorted runs to disk. 0: FLINT_SHUFFLE_MEMORY from the environment, else 64 MiB. */
+   * sorted runs to disk. 0: FLINT_SHUFFLE_MEMORY from the environment (a bare number there is
+   * MiB), else 64 MiB. */
   uint64_t shuffle_memory;
   /* Folder for disk blocks; a fresh folder under it is made and removed on close.
    * NULL: FLINT_WORK_DIR from the environment, else $TMPDIR or /tmp. */
