@@ -14,6 +14,7 @@
 #endif
 #include "proc_harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -668,6 +669,83 @@ static void test_local_cluster_killed_leaves_no_folder(void **state) {
   fx.passed = true;
 }
 
+/* The pids of pid's descendants (from /proc), at most `max`; how many. */
+static int descendants(pid_t pid, pid_t *out, int max) {
+  int n = 0;
+  out[n++] = pid;
+  for (int i = 0; i < n; i++) { /* breadth first: out[i]'s children */
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+      pid_t p = (pid_t)atoi(e->d_name);
+      if (p <= 0) continue;
+      char path[64], stat[512];
+      snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+      FILE *f = fopen(path, "r");
+      if (!f) continue;
+      size_t len = fread(stat, 1, sizeof stat - 1, f);
+      fclose(f);
+      stat[len] = '\0';
+      const char *rp = strrchr(stat, ')'); /* the name may hold spaces */
+      int ppid = 0;
+      if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == out[i]) out[n++] = p;
+    }
+    closedir(d);
+  }
+  memmove(out, out + 1, (size_t)(n - 1) * sizeof *out);
+  return n - 1;
+}
+
+/* Whether pid runs (a zombie has ended). */
+static bool running(pid_t pid) {
+  char path[64], stat[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t len = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[len] = '\0';
+  const char *rp = strrchr(stat, ')');
+  return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* Ctrl-C at a terminal sends SIGINT to the whole foreground process group: a program on
+ * local-cluster[...] that handles it (as the shell does) keeps its cluster, whose processes
+ * lead groups of their own; they still end when the program does. */
+static void test_local_cluster_outlives_ctrl_c(void **state) {
+  (void)state;
+  fx.new_group = true; /* the program leads its group, as a shell's foreground job */
+  const char *go = test_file("go");
+  proc *program = start_proc("program", NULL,
+                             (const char *const[]){"submit", "--master", "local-cluster[1,1,64]",
+                                                   bin_file("job_echo.so"), "--handle-int", "--until-file", go,
+                                                   "waiting", NULL});
+  wait_log(program, "job_echo args: waiting\n"); /* the cluster runs: the job waits */
+  pid_t cluster[16];
+  int n = descendants(program->pid, cluster, 16);
+  assert_true(n >= 2); /* the driver and an executor (and its supervised child) */
+  assert_int_equal(kill(-program->pid, SIGINT), 0); /* the terminal's Ctrl-C */
+  wait_log(program, "job_echo: SIGINT handled\n");
+  for (int i = 0; i < n; i++) assert_true(running(cluster[i]));
+  /* The job's action runs on the cluster after the Ctrl-C: it would fail without it. */
+  FILE *f = fopen(go, "w");
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(wait_exit(program->pid, STOP_LIMIT_S + 30), 3);
+  program->pid = 0;
+  char *log = slurp(program->log);
+  if (!strstr(log, "job_echo count: 10\n")) fprintf(stderr, "%s", log);
+  assert_non_null(strstr(log, "job_echo count: 10\n"));
+  free(log);
+  /* 30 s: only a hang takes so long. */
+  double deadline = now_s() + 30;
+  for (int i = 0; i < n; i++)
+    while (running(cluster[i]) && now_s() < deadline) sleep_ms(20);
+  for (int i = 0; i < n; i++) assert_false(running(cluster[i]));
+  fx.passed = true;
+}
+
 /* ---- 4. authentication ----------------------------------------------------------------- */
 
 /* Whether the log has a WARN line that contains `needle`. */
@@ -1170,6 +1248,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_job_output_streams_and_driver_loss, setup, teardown),
       cmocka_unit_test_setup_teardown(test_local_cluster_killed_leaves_no_folder, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_local_cluster_outlives_ctrl_c, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized_request, setup, teardown),
