@@ -24,9 +24,12 @@
  *
  * Crashes: SIGSEGV, SIGBUS, SIGFPE and SIGILL raised on the shell's thread while an input
  * runs end that input (sigsetjmp/siglongjmp, on an alternate signal stack) and the session
- * goes on. Limits: a crash on another thread (a task of a map function in local mode) still
- * ends the process, and memory or locks that the input held when it crashed stay as they
- * were, so a session after a crash inside flint's own calls may misbehave.
+ * goes on. A crash on a task thread (a map function in local mode) fails that task and its
+ * job, which the input sees as the action's error: the shell opens its context with
+ * contain_task_crashes, whose handler (installed after this one, which it hands the shell
+ * thread's crashes) libflint keeps. Limits: memory or locks that the input or task held when
+ * it crashed stay as they were, so a session after a crash inside flint's own calls may
+ * misbehave.
  *
  * Single-threaded: all of it runs on the shell's thread.
  */
@@ -269,7 +272,7 @@ static void guard_handler(int sig) {
   raise(sig);
 }
 
-static void guard_install(void) {
+void shell_guard_install(void) {
   static bool installed;
   if (installed) return;
   installed = true;
@@ -725,7 +728,7 @@ shell_session *shell_session_create(fl_context *ctx) {
     free(s);
     return NULL;
   }
-  guard_install();
+  shell_guard_install(); /* done already by cmd_shell, before the context opened */
   if (interrupt_pipe[0] < 0 && pipe2(interrupt_pipe, O_CLOEXEC) != 0) interrupt_pipe[0] = interrupt_pipe[1] = -1;
   if (interrupt_pipe[0] >= 0) s->watching = pthread_create(&s->interrupt_watcher, NULL, interrupt_watch, s) == 0;
   return s;

@@ -146,7 +146,7 @@ fl_status client_local_context_open(const char *master, const fl_options *option
   FL_CHECK(scheduler_create(options && options->max_task_attempts ? options->max_task_attempts
                                                                   : DEFAULT_MAX_ATTEMPTS,
                             &c->sched));
-  FL_CHECK(local_backend_create(c->sched, threads, &b));
+  FL_CHECK(local_backend_create(c->sched, threads, options && options->contain_task_crashes, &b));
   scheduler_set_backend(c->sched, b);
   c->pub.barrier = &barrier_local_ops;
   c->pub.barrier_impl = scheduler_barriers(c->sched);

@@ -246,6 +246,25 @@ FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
  * that the thread it waits for needs. */
 FL_INTERNAL void common_spin_default_for_server(void);
 
+/* ---- crash guards (crash_guard.c) ------------------------------------------------------ */
+/* Where a guarded call crashed. */
+typedef struct common_crash {
+  int signal;         /* SIGSEGV, SIGBUS, SIGFPE or SIGILL */
+  char function[160]; /* the innermost named function outside libflint and libc, or "" */
+  char library[160];  /* the base name of its file (else of the innermost such frame's), or "" */
+  uintptr_t offset;   /* with no function: the innermost frame's offset in `library` */
+} common_crash;
+/* Installs the guard's handler of SIGSEGV, SIGBUS, SIGFPE and SIGILL, once per process and
+ * for good (later calls return the first result). Those signals outside a guarded call go to
+ * the handler installed before (or get the default action). Any thread; FL_EIO when
+ * sigaction fails. */
+FL_INTERNAL fl_status common_crash_guard_install(void);
+/* Runs fn(arg) on this thread: true when it returned; false when it raised one of those
+ * signals on this thread, which then ended it (siglongjmp): *crash says which and where.
+ * What fn held (memory, locks) stays as the crash left it. Not nested; after
+ * common_crash_guard_install. */
+FL_INTERNAL bool common_crash_guard_run(void (*fn)(void *), void *arg, common_crash *crash);
+
 /* ---- misc ------------------------------------------------------------------------------ */
 /* Number of online cores (at least 1). */
 FL_INTERNAL uint32_t common_cores(void);

@@ -207,13 +207,28 @@ static void test_errors_and_crash(void **state) {
   finish(s);
 }
 
-/* Ctrl-C while an input's job runs cancels the job (its action returns FL_ECANCELLED) and
- * the session goes on. Local mode only: in local-cluster mode the terminal's SIGINT also
- * reaches the cluster's processes, which share the shell's process group. */
-static void test_interrupt(void **state) {
+/* A crash in user code on a task thread (a map function, local mode) ends only that input:
+ * its action fails naming the signal and the function, and the next inputs run jobs. */
+static void test_task_crash(void **state) {
   (void)state;
   session *s = &the_session;
   start(s, "local[2]");
+  type_line(s, "fl_status crashy(fl_bytes rec, fl_buf *out, const void *arg) { volatile int *p = (volatile int *)arg; if (fl_i64(rec) == 5) *p = 1; return fl_buf_append(out, rec.data, rec.len); }");
+  type_line(s, "fl_dataset *few = NULL;");
+  type_line(s, "fl_dataset *bad = NULL;");
+  type_line(s, "fl_range(ctx, 0, 10, 1, 2, &few); fl_map(few, crashy, NULL, 0, &bad);");
+  type_line(s, "uint64_t k = 0;");
+  type_line(s, "fl_status ks = fl_count(bad, &k); printf(\"status: %s\\n\", fl_status_name(ks) + 0);");
+  EXPECT(s, "task crashed: signal 11 (Segmentation fault) in function crashy of ");
+  EXPECT(s, "status: FL_EJOB");
+  type_line(s, "fl_status again = fl_count(few, &k); printf(\"after: %d %s\\n\", (int)k * 10, fl_status_name(again));");
+  EXPECT(s, "after: 100 FL_OK");
+  finish(s);
+}
+
+/* Ctrl-C while an input's job runs cancels the job (its action returns FL_ECANCELLED) and
+ * the session goes on. */
+static void interrupt_a_job(session *s) {
   type_line(s, "#include <unistd.h>");
   type_line(s, "fl_status slow(fl_bytes rec, fl_buf *out, const void *arg) { (void)arg; usleep(2000); return fl_buf_append(out, rec.data, rec.len); }");
   type_line(s, "fl_dataset *big = NULL;");
@@ -229,16 +244,28 @@ static void test_interrupt(void **state) {
   EXPECT(s, "count: FL_ECANCELLED");
   type_line(s, "printf(\"alive=%d\\n\", 6 * 7);");
   EXPECT(s, "alive=42");
+}
+
+static void test_interrupt(void **state) {
+  (void)state;
+  session *s = &the_session;
+  start(s, "local[2]");
+  interrupt_a_job(s);
   finish(s);
 }
 
 /* The same session through a driver and two executors: each input's library ships to the
- * executors, which run `square` from input 4's library. */
+ * executors, which run `square` from input 4's library. Then a Ctrl-C: the terminal sends it
+ * to its foreground process group, which the cluster's processes are not in, so the job is
+ * cancelled and the cluster runs the next one. */
 static void test_local_cluster_session(void **state) {
   (void)state;
   session *s = &the_session;
   start(s, "local-cluster[2,1,256]");
   build_map_count(s, false);
+  interrupt_a_job(s);
+  type_line(s, "st = fl_count(ten, &n); printf(\"still=%d status=%s\\n\", (int)n * 2, fl_status_name(st) + 0);");
+  EXPECT(s, "still=20 status=FL_OK");
   finish(s);
 }
 
@@ -297,6 +324,7 @@ int main(void) {
       cmocka_unit_test(test_command_line),
       cmocka_unit_test(test_local_session),
       cmocka_unit_test(test_errors_and_crash),
+      cmocka_unit_test(test_task_crash),
       cmocka_unit_test(test_interrupt),
       cmocka_unit_test(test_local_cluster_session),
   };

@@ -205,8 +205,20 @@ typedef struct fl_options {
    * open). NULL: FLINT_APP_NAME from the environment, else the program's name. Local
    * contexts ignore it. */
   const char *app_name;
+  /* Local mode only (cluster executors have their supervisor): a SIGSEGV, SIGBUS, SIGFPE or
+   * SIGILL raised by a task's code on its task thread fails that task ("task crashed: signal
+   * 11 (Segmentation fault) in function FN of LIB, running partition P of dataset D") and its
+   * job at once (no retry: the code would crash again), instead of ending the process; the
+   * context stays usable. Caveat: what the task held when it crashed (memory, locks, half-
+   * written state of its own) stays as it was, so a later job touching that may misbehave.
+   * The guard's signal handler is installed once per process at the first such open and
+   * stays; those signals raised elsewhere (another thread, outside a task) go on to the handler
+   * installed before it, else get the default action; a handler installed after it replaces
+   * it. Functions are named when exported (dladdr). A stack overflow still ends the process.
+   * false: a crash ends the process, as in C. `flint shell` turns it on. */
+  bool contain_task_crashes;
 } fl_options;
-#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL}
+#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL, false}
 
 /* Opens a context. `master`: "local" (one task thread), "local[N]" (N threads) or
  * "local[*]" (one per core). `options` may be NULL (all defaults). */
