@@ -76,7 +76,7 @@ const char cli_usage_text[] =
 
 const char cli_submit_usage[] =
     "usage: flint submit [options] JOB.so [ARGS...]\n"
-    "       flint submit --master flint://HOST:PORT --status ID | --logs ID | --kill ID\n"
+    "       flint submit --master flint://HOST:PORT --status ID | --logs ID [-f] | --kill ID\n"
     "\n"
     "Runs a job binary: a shared library exporting\n"
     "int flint_main(fl_context *ctx, int argc, char **argv), with JOB.so and ARGS as its\n"
@@ -97,6 +97,8 @@ const char cli_submit_usage[] =
     "                   0), failed or killed, with its exit status and run time\n"
     "  --logs ID        print what submission ID has written so far (its stdout here,\n"
     "                   its stderr on stderr)\n"
+    "  -f, --follow     with --logs: then print what it writes until it ends, and exit\n"
+    "                   with its status (Ctrl-C stops following, not the submission: 130)\n"
     "  --kill ID        stop submission ID (SIGTERM, then SIGKILL after 5 s) and its\n"
     "                   application; fails if it had ended already\n"
     "  --conf KEY=VALUE  a setting ('flint config' lists them), before JOB.so\n"
@@ -109,6 +111,7 @@ const char cli_submit_usage[] =
     "  flint submit --master flint://127.0.0.1:7077 --detach build/bin/pi.so 1000000\n"
     "  flint submit --master flint://127.0.0.1:7077 --status 1\n"
     "  flint submit --master flint://127.0.0.1:7077 --logs 1\n"
+    "  flint submit --master flint://127.0.0.1:7077 --logs 1 --follow\n"
     "  flint submit --master flint://127.0.0.1:7077 --kill 1\n";
 
 const char cli_driver_usage[] =

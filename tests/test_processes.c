@@ -353,6 +353,55 @@ static void test_detached_status_logs_kill(void **state) {
     free(r);
   }
 
+  /* 6: --logs ID --follow prints the output as it comes and exits with the submission's
+   * status once it ends; a follower interrupted stops following, not the submission. */
+  const char *go = test_file("go6");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--until-file", go, "six");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submitted job binary 6\n");
+  free(r);
+  proc *follower = start_proc("follower", NULL,
+                              (const char *const[]){"submit", "--master", fx.master, "--logs", "6", "--follow", NULL});
+  proc *quitter = start_proc("quitter", NULL,
+                             (const char *const[]){"submit", "--master", fx.master, "--logs=6", "-f", NULL});
+  wait_log(follower, "job_echo args: six\n");
+  wait_log(quitter, "job_echo args: six\n");
+  assert_int_equal(kill(quitter->pid, SIGINT), 0);
+  assert_int_equal(wait_exit(quitter->pid, STOP_LIMIT_S), 130);
+  quitter->pid = 0;
+  wait_log(quitter, "stopped following job binary 6, which goes on (--kill 6 ends it)\n");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "6");
+  EXPECT_OUT(r, "state: running\n");
+  free(r);
+  FILE *f = fopen(go, "w"); /* the job goes on to its end */
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(wait_exit(follower->pid, CMD_LIMIT_S), 3);
+  follower->pid = 0;
+  wait_log(follower, "job_echo count: 10\n");
+  char *log = slurp(follower->log);
+  assert_non_null(strstr(log, "job_echo: this line goes to stderr\n"));
+  const char *first = strstr(log, "job_echo args: six\n");
+  assert_null(strstr(first + 1, "job_echo args: six\n")); /* each line once */
+  free(log);
+  /* Ended already: its whole output at once, and its status. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "3", "-f");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_echo args: two\njob_echo count: 10\n");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "2", "--follow");
+  expect_status(r, 128 + SIGKILL);
+  EXPECT_ERR(r, "killed by signal 9");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "99", "--follow");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "no job binary 99 on this driver");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "1", "--follow");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "--follow (-f) goes with --logs ID");
+  free(r);
+
   stop_all();
   fx.passed = true;
 }
