@@ -40,8 +40,8 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/event.h>
 #include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
 #include <event2/listener.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
