@@ -60,6 +60,7 @@
 #include <stdio.h>
 
 #include "flint/gpu.h"
+#include "flint/train.h"
 #include "gpu/nn/nn.h"
 #include "gpu/parallel/pipeline_schedule.h"
 
@@ -70,6 +71,7 @@ typedef enum gpu_train_dataset {
   GPU_TRAIN_LIBSVM = 2, /* rows of features, 1 x 1 x F (fl_ml_load), classes from the labels */
   GPU_TRAIN_CSV = 3,    /* the same from CSV: the label in the first column, no header */
   GPU_TRAIN_IDX = 4,    /* an IDX pair "IMAGES,LABELS": 1 x H x W images, 10 classes */
+  GPU_TRAIN_EXAMPLES = 5, /* flint datasets of example records (fl_train; options' examples) */
 } gpu_train_dataset;
 
 /* One epoch as the ranks report it (to on_epoch). */
@@ -140,13 +142,20 @@ typedef struct gpu_train_options {
   const char *model_symbol;  /* its builder (NULL: FL_MODEL_BUILDER_SYMBOL) */
   /* data libsvm, csv, idx: the training and the test files (the text after "FORMAT:") */
   const char *data_path, *test_path;
+  /* data examples: datasets of fl_example_put records, their samples' shape and classes */
+  fl_dataset *train_examples, *test_examples;
+  uint32_t sample_ndim;          /* 1 to 3: the shape the model is created for */
+  uint32_t sample_shape[3];      /* {C, H, W}: a 1-D sample is {1, 1, F} */
+  uint32_t classes;
+  /* model NN_LIBRARY from a program: the builder itself (no model_library) */
+  fl_model_builder builder;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

@@ -118,11 +118,19 @@ static fl_status rank_sum(rank_state *r, double in[3], double out[3]) {
   return s;
 }
 
-/* Copies a host batch of n images to the device and reshapes x to [n, c, h, w]. */
+/* The dimensions of a sample as the model takes it: a user's model its own ({F}, {H, W} or
+ * {C, H, W}), the built-in ones {C, H, W}. */
+static int sample_ndim(const train_arg *a) {
+  return a->model == NN_LIBRARY && a->sample_ndim >= 1 && a->sample_ndim <= 3 ? (int)a->sample_ndim : 3;
+}
+
+/* Copies a host batch of n images to the device and reshapes x to [n, sample shape]. */
 static fl_status rank_upload(rank_state *r, uint32_t n) {
   const train_arg *a = r->a;
+  int ndim = sample_ndim(a);
   int64_t shape[4] = {n, a->channels, a->height, a->width};
-  fl_status s = tensor_ensure(r->x, r->dev, 4, shape);
+  shape[3 - ndim] = n;
+  fl_status s = tensor_ensure(r->x, r->dev, ndim + 1, shape + 3 - ndim);
   if (s == FL_OK) s = fl_tensor_write(r->x, r->images_h, fl_tensor_numel(r->x));
   if (s == FL_OK) s = r->dev->ops->from_host(r->dev, r->labels_d, r->labels_h, (size_t)n * sizeof(int32_t));
   return s;
@@ -229,8 +237,10 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   FL_CHECK(train_device_open(r->b, a->device, &r->dev));
   FL_CHECK(train_model_build(a, r->dev, &r->model));
   FL_CHECK(optim_create_for_model(r->dev, &a->optim, r->model, &r->opt));
+  int ndim = sample_ndim(a);
   int64_t xshape[4] = {r->local_batch, a->channels, a->height, a->width}, three[1] = {3};
-  FL_CHECK(fl_tensor_create(r->dev, 4, xshape, &r->x));
+  xshape[3 - ndim] = r->local_batch;
+  FL_CHECK(fl_tensor_create(r->dev, ndim + 1, xshape + 3 - ndim, &r->x));
   FL_CHECK(fl_tensor_create(r->dev, 1, three, &r->sums));
   size_t per = data_reader_image_floats(r->train) ? data_reader_image_floats(r->train)
                                                   : (size_t)a->channels * a->height * a->width;

@@ -8,7 +8,7 @@
 
 #include "gpu/parallel/train.h"
 
-static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx"};
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx", "datasets"};
 #define DATASETS (sizeof dataset_names / sizeof dataset_names[0])
 
 fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
@@ -21,7 +21,7 @@ fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
 
 fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path) {
   if (path) *path = NULL;
-  for (size_t i = 0; text && i < DATASETS; i++) {
+  for (size_t i = 0; text && i < GPU_TRAIN_EXAMPLES; i++) { /* datasets come from the API only */
     size_t n = strlen(dataset_names[i]);
     bool file = i >= GPU_TRAIN_LIBSVM;
     if (strncmp(text, dataset_names[i], n) != 0 || (file ? text[n] != ':' : text[n] != '\0')) continue;
@@ -167,12 +167,19 @@ static fl_status validate_optimizer(const gpu_train_options *o) {
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
   if ((unsigned)o->model > NN_RESNET50) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
-  if ((o->model == NN_LIBRARY) != (o->model_library != NULL))
-    return fl_set_error(FL_EINVAL, o->model_library ? "gpu_train: a model library (%s) with a built-in model"
-                                                    : "gpu_train: a library model without its library%s",
-                        o->model_library ? o->model_library : "");
+  if ((o->model == NN_LIBRARY) != (o->model_library != NULL || o->builder != NULL))
+    return fl_set_error(FL_EINVAL, o->model == NN_LIBRARY ? "gpu_train: a library model without its library or builder"
+                                                         : "gpu_train: a model library or builder with a built-in model");
   if ((unsigned)o->data >= DATASETS) return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
-  bool files = o->data >= GPU_TRAIN_LIBSVM;
+  if (o->data == GPU_TRAIN_EXAMPLES) {
+    if (!o->train_examples || !o->test_examples)
+      return fl_set_error(FL_EINVAL, "gpu_train: training on datasets needs a training and a test dataset");
+    if (o->sample_ndim < 1 || o->sample_ndim > 3 || !o->sample_shape[0] || !o->sample_shape[1] || !o->sample_shape[2])
+      return fl_set_error(FL_EINVAL, "gpu_train: a sample shape of %u dimensions (%u, %u, %u)", o->sample_ndim,
+                          o->sample_shape[0], o->sample_shape[1], o->sample_shape[2]);
+    if (o->classes < 1) return fl_set_error(FL_EINVAL, "gpu_train: training on datasets needs the classes (>= 1)");
+  }
+  bool files = o->data >= GPU_TRAIN_LIBSVM && o->data <= GPU_TRAIN_IDX;
   if (files && (!o->data_path || !o->test_path))
     return fl_set_error(FL_EINVAL, "--data %s needs %s", gpu_train_dataset_name(o->data),
                         o->data_path ? "--test-data (the set each epoch is evaluated on, in the same format)"

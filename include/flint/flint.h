@@ -229,6 +229,9 @@ FL_API fl_status fl_context_open(const char *master, const fl_options *options,
 FL_API void fl_context_close(fl_context *ctx);
 /* Number of task threads (the slots tasks run in). */
 FL_API uint32_t fl_context_cores(const fl_context *ctx);
+/* Whether the context's tasks run in this process (local mode; Spark's isLocal): functions of
+ * the program itself can run there, where a cluster needs them in a shared library. */
+FL_API bool fl_context_is_local(const fl_context *ctx);
 /* Cancels every job of ctx that is running now (as Spark's cancelAllJobs; Spark Connect's
  * interrupt): their actions return FL_ECANCELLED soon after, their running tasks are
  * stopped, and nothing the jobs finished is lost (cached blocks and shuffle output stay for
