@@ -255,7 +255,7 @@ static fl_status schedule_row(world *w, bool compute, pp_schedule s, int p, int 
   if (!ru) return fl_set_error(FL_ENOMEM, "a run's results");
   ru->o = (pp_options){.spec = schedule_spec(compute, 2 * stages - 2), .grid = {1, 1, p}, .schedule = s,
                        .microbatches = m, .chunks = v, .bounds = bounds,
-                       .sgd = (optim_sgd_options)OPTIM_SGD_OPTIONS_INIT,
+                       .optim = (optim_options)OPTIM_OPTIONS_INIT,
                        .synthetic_forward_s = compute ? 0 : SYNTHETIC_FWD_S / v};
   ru->batch = m * MICROBATCH;
   ru->steps = steps;
@@ -305,7 +305,7 @@ static fl_status tensor_rows(world *worlds, int steps, int cores, bool json) {
     int tp = tps[i];
     memset(ru, 0, sizeof *ru);
     ru->o = (pp_options){.spec = spec, .grid = {1, tp, 1}, .schedule = PP_GPIPE, .microbatches = 1,
-                         .sgd = (optim_sgd_options)OPTIM_SGD_OPTIONS_INIT};
+                         .optim = (optim_options)OPTIM_OPTIONS_INIT};
     ru->batch = batch, ru->x = x, ru->y = y, ru->steps = steps;
     st = run_ranks(tp, worlds[tp].comms, train_rank, ru);
     if (st != FL_OK) break;

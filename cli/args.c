@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "cli/cli.h"
+#include "common/common.h"
 #include "flint/flint.h"
 
 bool cli_parse_double(const char *text, double *out) {
@@ -64,38 +65,12 @@ int cli_option_error(const char *cmd, int c, char **argv, const struct option *l
   return cli_usage_error(cmd, "unknown option '%s'", arg);
 }
 
+/* The one reader of memory sizes is common's, which the memory settings share; an option's
+ * memory is never 0. */
 bool cli_parse_memory(const char *text, uint64_t *bytes) {
-  /* Digits with at most one '.', then the unit: no sign, space, exponent or hex. */
-  const char *p = text;
-  int digits = 0, dots = 0;
-  for (; isdigit((unsigned char)*p) || *p == '.'; p++) {
-    if (*p == '.') dots++;
-    else digits++;
-  }
-  if (!digits || dots > 1 || !isdigit((unsigned char)*text)) return false;
-  char number[64];
-  size_t len = (size_t)(p - text);
-  if (len >= sizeof number) return false;
-  memcpy(number, text, len);
-  number[len] = '\0';
-  double v = strtod(number, NULL);
-  static const struct { char letter; double scale; } units[] = {
-      {'b', 1.0}, {'k', 1024.0}, {'m', 1048576.0}, {'g', 1073741824.0}, {'t', 1099511627776.0}};
-  double scale = 1048576.0; /* a bare number is MiB, as Spark reads --executor-memory */
-  if (*p) {
-    char letter = (char)tolower((unsigned char)*p);
-    scale = 0;
-    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
-      if (units[i].letter == letter) scale = units[i].scale;
-    if (scale == 0) return false;
-    const char *rest = p + 1;
-    /* "b" stands alone; the others may add "b" or "ib" (KB, KiB: both 1024, as in Spark). */
-    if (letter != 'b' && *rest && strcasecmp(rest, "b") != 0 && strcasecmp(rest, "ib") != 0) return false;
-    if (letter == 'b' && *rest) return false;
-  }
-  double total = v * scale;
-  if (!(total >= 1.0) || total >= 4611686018427387904.0) return false; /* 2^62 */
-  *bytes = (uint64_t)(total + 0.5);
+  uint64_t v;
+  if (!common_parse_memory(text, &v) || v == 0) return false;
+  *bytes = v;
   return true;
 }
 

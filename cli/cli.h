@@ -64,10 +64,8 @@ int cli_option_error(const char *cmd, int c, char **argv, const struct option *l
 bool cli_parse_double(const char *text, double *out);
 bool cli_parse_u64(const char *text, uint64_t max, uint64_t *out);
 bool cli_parse_u32(const char *text, uint32_t *out);
-/* A memory size as Spark reads one: a bare number is MiB ("2048" is 2 GiB); else a number,
- * possibly with a fraction, and a unit: b, k, m, g, t, each alone or with "b" or "ib"
- * after it, any case (1g, 512m, 1.5g, 1GiB, 512MiB, 64k); units are powers of 1024. The
- * size must be at least one byte and under 2^62. False for anything else. */
+/* A memory option (--memory): common_parse_memory's sizes (a bare number is MiB), but not 0.
+ * False for anything else. */
 bool cli_parse_memory(const char *text, uint64_t *bytes);
 
 #endif

@@ -56,14 +56,25 @@ static void print_submission(const fl_submission_info *s) {
          (unsigned long long)s->stderr_bytes);
 }
 
-/* flint submit --status ID, --logs ID, --kill ID: what = "status", "logs" or "kill". */
-static int watch_submission(const char *what, const char *master, uint64_t id) {
+/* flint submit --status ID, --logs ID [--follow], --kill ID: what = "status", "logs" or
+ * "kill". Following ends with the submission, whose exit status it returns; a Ctrl-C stops
+ * the following only (status 130, as a shell reports an interrupted command). */
+static int watch_submission(const char *what, const char *master, uint64_t id, bool follow) {
   if (strncmp(master, "flint://", 8) != 0)
     return cli_usage_error("submit", "--%s needs a flint://HOST:PORT master, not '%s'", what, master);
   fl_submission_info info;
   fl_status st;
   if (strcmp(what, "status") == 0) {
     if ((st = fl_submission_status(master, id, &info)) == FL_OK) print_submission(&info);
+  } else if (strcmp(what, "logs") == 0 && follow) {
+    handle_stop_signals();
+    int code = 1;
+    st = fl_submission_follow(master, id, stdout, stderr, &stop_requested, &code);
+    if (st == FL_OK) return code;
+    if (st == FL_ECANCELLED) {
+      cli_failure("submit", "%s (--kill %llu ends it)", fl_last_error(), (unsigned long long)id);
+      return 130;
+    }
   } else if (strcmp(what, "logs") == 0) {
     st = fl_submission_logs(master, id, stdout, stderr);
   } else {
@@ -81,7 +92,8 @@ static int watch_submission(const char *what, const char *master, uint64_t id) {
 }
 
 int cmd_submit(int argc, char **argv) {
-  enum { OPT_MASTER = 256, OPT_MEMORY, OPT_NAME, OPT_DETACH, OPT_IN_PROCESS, OPT_STATUS, OPT_LOGS, OPT_KILL };
+  enum { OPT_MASTER = 256, OPT_MEMORY, OPT_NAME, OPT_DETACH, OPT_IN_PROCESS, OPT_STATUS, OPT_LOGS, OPT_KILL,
+         OPT_FOLLOW = 'f' };
   static const struct option longopts[] = {
       {"master", required_argument, NULL, OPT_MASTER},
       {"memory", required_argument, NULL, OPT_MEMORY},
@@ -90,6 +102,7 @@ int cmd_submit(int argc, char **argv) {
       {"status", required_argument, NULL, OPT_STATUS},
       {"logs", required_argument, NULL, OPT_LOGS},
       {"kill", required_argument, NULL, OPT_KILL},
+      {"follow", no_argument, NULL, OPT_FOLLOW},
       /* The driver runs a job binary as `flint submit --in-process --master flint://...`. */
       {"in-process", no_argument, NULL, OPT_IN_PROCESS},
       CLI_COMMON_LONG_OPTIONS,
@@ -97,17 +110,18 @@ int cmd_submit(int argc, char **argv) {
   const char *master = "local[*]";
   fl_options opts = FL_OPTIONS_INIT;
   const char *name = NULL;
-  bool detach = false, in_process = false;
+  bool detach = false, in_process = false, follow = false;
   const char *watch = NULL; /* "status", "logs" or "kill" */
   uint64_t watch_id = 0;
   int c;
   optind = 0;
   /* "+": options end at the job library; what follows is the job's own argv. */
-  while ((c = GETOPT(argc, argv, "+:hV", longopts)) != -1) {
+  while ((c = GETOPT(argc, argv, "+:hVf", longopts)) != -1) {
     switch (c) {
     case CLI_OPT_HELP: fputs(cli_submit_usage, stdout); return 0;
     case CLI_OPT_VERSION: return cli_print_version();
     case OPT_DETACH: detach = true; break;
+    case OPT_FOLLOW: follow = true; break;
     case OPT_IN_PROCESS: in_process = true; break;
     case OPT_MASTER: master = optarg; break;
     case OPT_STATUS:
@@ -133,11 +147,14 @@ int cmd_submit(int argc, char **argv) {
     }
   }
   int i = optind - 1; /* getopt counted the command's name */
+  if (follow && (!watch || strcmp(watch, "logs") != 0))
+    return cli_usage_error("submit", "--follow (-f) goes with --logs ID");
   if (watch) {
     if (i < argc) return cli_usage_error("submit", "--%s ID takes no job library ('%s')", watch, argv[i]);
     if (detach || name || in_process || opts.memory_limit)
-      return cli_usage_error("submit", "--%s ID takes only --master", watch);
-    return watch_submission(watch, master, watch_id);
+      return cli_usage_error("submit", "--%s ID takes only --master%s", watch,
+                             strcmp(watch, "logs") == 0 ? " and --follow" : "");
+    return watch_submission(watch, master, watch_id, follow);
   }
   if (i >= argc) return cli_usage_error("submit", "no job library given");
   const char *job = argv[i];

@@ -256,6 +256,10 @@ int cmd_shell(int argc, char **argv) {
   fl_context *ctx = NULL;
   fl_options options = FL_OPTIONS_INIT;
   options.app_name = "flint shell";
+  /* A crash in a task's user code (local mode) ends only the input that ran the job; the
+   * shell's own guard goes first, so that the tasks' guard hands it the rest. */
+  options.contain_task_crashes = true;
+  shell_guard_install();
   fl_status st = fl_context_open(master, &options, &ctx);
   if (st != FL_OK) return cli_failure("shell", "cannot open a context on %s: %s", master, fl_last_error());
   shell_session *s = shell_session_create(ctx);

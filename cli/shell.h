@@ -25,6 +25,10 @@ shell_session *shell_session_create(fl_context *ctx);
  * functions until it closes). NULL does nothing. */
 void shell_session_destroy(shell_session *s);
 const char *shell_session_include_dir(const shell_session *s);
+/* Installs the shell's own crash guard (a crash on the shell's thread ends that input), once.
+ * Call before the context opens: the context's guard of task threads (contain_task_crashes)
+ * must come after it, to hand it the crashes that are not a task's. */
+void shell_guard_install(void);
 
 /* Compiles and runs one input (a statement, a declaration, a function, a directive).
  * Compile errors and crashes are printed on stderr; returns false after either. */

@@ -12,11 +12,15 @@
  *     library, exported; later inputs get its prototype, so `fl_map(ds, square, ...)` in
  *     input 5 names a function of library 4, and in cluster mode the function travels as
  *     (library 4, "square") like any job binary's;
- *   - one declaration `TYPE NAME = EXPR;` or `TYPE NAME;`: NAME becomes a global of its
- *     input's library (later inputs see `extern TYPE NAME;`) and the assignment runs at once,
- *     so a dataset made in one input stays usable (and cached) in the next. A brace
- *     initializer (`int xs[] = {1, 2};`) stays on the global and must be constant;
- *     declaring the same name again with the same type assigns it;
+ *   - a declaration `TYPE NAME = EXPR;` or `TYPE NAME;`, or of several names (`int a = 1,
+ *     *b;`): each NAME becomes a global of its input's library (later inputs see `extern
+ *     TYPE NAME;`) and the assignments run at once, in order, so a dataset made in one input
+ *     stays usable (and cached) in the next. A brace initializer (`int xs[] = {1, 2};`)
+ *     stays on the global and must be constant; declaring the same name again with the same
+ *     type assigns it. `static` is dropped (later inputs are other libraries); a `const`
+ *     global is defined without its const, assigned its value at once, and declared const
+ *     to later inputs, so its initializer need not be constant and later inputs cannot
+ *     assign it;
  *   - anything else: statements, run as the body of `void flint_shell_input_N(fl_context
  *     *ctx)`; declarations among several statements are local to that input.
  * The input's text follows `#line 1 "input N"`, so the compiler's messages name the input
@@ -24,9 +28,12 @@
  *
  * Crashes: SIGSEGV, SIGBUS, SIGFPE and SIGILL raised on the shell's thread while an input
  * runs end that input (sigsetjmp/siglongjmp, on an alternate signal stack) and the session
- * goes on. Limits: a crash on another thread (a task of a map function in local mode) still
- * ends the process, and memory or locks that the input held when it crashed stay as they
- * were, so a session after a crash inside flint's own calls may misbehave.
+ * goes on. A crash on a task thread (a map function in local mode) fails that task and its
+ * job, which the input sees as the action's error: the shell opens its context with
+ * contain_task_crashes, whose handler (installed after this one, which it hands the shell
+ * thread's crashes) libflint keeps. Limits: memory or locks that the input or task held when
+ * it crashed stay as they were, so a session after a crash inside flint's own calls may
+ * misbehave.
  *
  * Single-threaded: all of it runs on the shell's thread.
  */
@@ -269,7 +276,7 @@ static void guard_handler(int sig) {
   raise(sig);
 }
 
-static void guard_install(void) {
+void shell_guard_install(void) {
   static bool installed;
   if (installed) return;
   installed = true;
@@ -427,6 +434,39 @@ static bool starts_with_word(const char *text, const char *word) {
   return strncmp(text, word, n) == 0 && !is_ident_char(text[n]);
 }
 
+/* Blanks each whole word `word` in [from, to) (columns stay the input's). */
+static void blank_word(char *from, const char *to, const char *word) {
+  size_t n = strlen(word);
+  for (char *w = from; w + n <= to; w++)
+    if ((w == from || !is_ident_char(w[-1])) && strncmp(w, word, n) == 0 && !is_ident_char(w[n])) memset(w, ' ', n);
+}
+
+/* The declaration that defines a global's storage, for `decl` whose name starts at
+ * name_off: the `const` that makes the object itself read-only (`const int n`, `char *const
+ * p`) is blanked, so that its first value can be assigned at run time (an initializer need
+ * not be constant); later inputs see `decl` as written, so the name stays read-only there. */
+static char *storage_decl(const char *decl, size_t name_off) {
+  char *out = dup_range(decl, strlen(decl));
+  char *from = out;
+  for (char *c = out; c < out + name_off; c++)
+    if (*c == '*') from = c + 1; /* a const before the last '*' is the pointee's */
+  blank_word(from, out + name_off, "const");
+  return out;
+}
+
+/* The first '=' at depth 0 of [start, end) that assigns (not ==, !=, <=, +=, ...); NULL when
+ * none comes before a string or comment. */
+static const char *first_assign(const char *start, const char *end) {
+  int depth = 0;
+  for (const char *c = start; c < end; c++) {
+    if (*c == '"' || *c == '\'' || (*c == '/' && (c[1] == '/' || c[1] == '*'))) return NULL;
+    if (*c == '(' || *c == '[' || *c == '{') depth++;
+    else if (*c == ')' || *c == ']' || *c == '}') depth--;
+    else if (depth == 0 && *c == '=' && c[1] != '=' && c > start && !strchr("=!<>+-*/%&|^", c[-1])) return c;
+  }
+  return NULL;
+}
+
 /* Compiles `body` after the prelude and runs the input's function when it has one. */
 static bool build_and_run(shell_session *s, unsigned input, const char *body, bool has_function) {
   char *source = source_of(s, input, body);
@@ -434,6 +474,145 @@ static bool build_and_run(shell_session *s, unsigned input, const char *body, bo
   bool ok = compile(s, input, source, false) && load_and_run(s, input, has_function);
   free(source);
   return ok;
+}
+
+/* The commas at depth 0 (scan_code's visitor): where a declaration's declarators part. */
+#define MAX_DECLARATORS 64
+typedef struct top_commas {
+  const char *at[MAX_DECLARATORS];
+  int n;
+  bool too_many;
+} top_commas;
+
+static bool mark_commas(const char *at, int depth, void *arg) {
+  top_commas *c = arg;
+  if (depth == 0 && *at == ',') {
+    if (c->n == MAX_DECLARATORS) c->too_many = true;
+    else c->at[c->n++] = at;
+  }
+  return true;
+}
+
+/* One declarator of a declaration of several. */
+typedef struct declared {
+  char *decl; /* "fl_dataset *few" */
+  char *name;
+  char *init; /* the initializer's text, or NULL */
+  size_t name_off;
+} declared;
+
+/* [start, end) without the white space at either end, copied. */
+static char *dup_trimmed(const char *start, const char *end) {
+  while (start < end && isspace((unsigned char)*start)) start++;
+  while (end > start && isspace((unsigned char)end[-1])) end--;
+  return dup_range(start, (size_t)(end - start));
+}
+
+/* `TYPE A [= X], B [= Y], ...;` (several declarators, text ends with its only ';'): each name
+ * becomes a global as one declaration alone would (see the top), all in this input's one
+ * library, assigned in order. Returns -1, changing nothing, when the text is not such a
+ * declaration; else whether it compiled and ran. */
+static int eval_declarations(shell_session *s, unsigned input, const char *line, char *text, size_t len) {
+  top_commas commas = {.n = 0};
+  scan_code(text, mark_commas, &commas);
+  if (!commas.n || commas.too_many) return -1;
+  const char *part_end[MAX_DECLARATORS + 1];
+  for (int i = 0; i < commas.n; i++) part_end[i] = commas.at[i];
+  part_end[commas.n] = text + len - 1; /* the ';' */
+  /* The first declarator gives the type: its text up to its first '*', else up to its name. */
+  const char *assign0 = first_assign(text, part_end[0]);
+  const char *decl0_end = assign0 ? assign0 : part_end[0];
+  const char *name0;
+  size_t name0_len;
+  if (memchr(text, '(', (size_t)(decl0_end - text)) || memchr(text, '{', (size_t)(decl0_end - text)) ||
+      !parse_declarator(text, decl0_end, &name0, &name0_len))
+    return -1;
+  const char *star = memchr(text, '*', (size_t)(name0 - text));
+  const char *spec_end = star ? star : name0;
+  char *spec = dup_trimmed(text, spec_end);
+  blank_word(spec, spec + strlen(spec), "static"); /* later inputs see it from other libraries */
+  int n = commas.n + 1;
+  declared items[MAX_DECLARATORS + 1];
+  memset(items, 0, sizeof items);
+  int result = -1;
+  for (int i = 0; i < n; i++) {
+    const char *start = i == 0 ? spec_end : part_end[i - 1] + 1;
+    const char *assign = first_assign(start, part_end[i]);
+    const char *decl_end = assign ? assign : part_end[i];
+    char *declarator = dup_trimmed(start, decl_end);
+    bool plain = !strchr(declarator, '(') && !strchr(declarator, '{') && *declarator;
+    char *decl = dup_printf("%s %s", spec, declarator);
+    free(declarator);
+    const char *name;
+    size_t name_len;
+    if (!plain || !parse_declarator(decl, decl + strlen(decl), &name, &name_len)) {
+      free(decl);
+      goto cleanup; /* not a declaration: statements, then */
+    }
+    items[i] = (declared){decl, dup_range(name, name_len), assign ? dup_trimmed(assign + 1, part_end[i]) : NULL,
+                          (size_t)(name - decl)};
+  }
+  result = 0;
+  char *globals = dup_printf("%s", line), *assignments = dup_printf("%s", "");
+  bool defines[MAX_DECLARATORS + 1] = {false};
+  for (int i = 0; i < n; i++) {
+    declared *d = &items[i];
+    char *more_globals = NULL, *more_assignments = NULL;
+    shell_name *known = find_name(s, d->name);
+    if (known) {
+      char *a = normalized(known->decl), *b = normalized(d->decl);
+      bool same = !known->is_function && strcmp(a, b) == 0;
+      free(a);
+      free(b);
+      if (!same || !d->init || *d->init == '{') {
+        fprintf(stderr, "flint shell: input %u: '%s' is already declared as '%s' (input %u); "
+                        "assign it or choose another name\n", input, d->name, known->decl, known->input);
+        free(globals);
+        free(assignments);
+        goto cleanup;
+      }
+      more_assignments = dup_printf("%s  %s = %s;\n", assignments, d->name, d->init);
+    } else if (d->init && *d->init == '{') { /* a constant brace initializer stays on the global */
+      more_globals = dup_printf("%s%s = %s;\n", globals, d->decl, d->init);
+    } else if (d->init) {
+      char *store = storage_decl(d->decl, d->name_off);
+      more_globals = dup_printf("%s%s;\n", globals, store);
+      more_assignments = dup_printf("%s  %s = %s;\n", assignments, d->name, d->init);
+      free(store);
+    } else {
+      more_globals = dup_printf("%s%s;\n", globals, d->decl);
+    }
+    defines[i] = !known;
+    if (more_globals) free(globals), globals = more_globals;
+    if (more_assignments) free(assignments), assignments = more_assignments;
+  }
+  bool has_function = *assignments != '\0';
+  char *fn = has_function ? statement_body(input, line, assignments) : dup_printf("%s", "");
+  char *body = dup_printf("%s%s", globals, fn);
+  bool ok = build_and_run(s, input, body, has_function);
+  free(body);
+  free(fn);
+  free(globals);
+  free(assignments);
+  /* Globals whose initializer crashed are still defined: later inputs may assign them. */
+  if (ok || s->loaded)
+    for (int i = 0; i < n; i++) {
+      if (!defines[i]) continue;
+      char *ext = dup_printf("extern %s;", items[i].decl);
+      prelude_add(s, ext);
+      free(ext);
+      add_name(s, items[i].name, items[i].decl, false, input);
+      items[i].name = items[i].decl = NULL; /* the session's now */
+    }
+  result = ok;
+cleanup:
+  for (int i = 0; i < n; i++) {
+    free(items[i].decl);
+    free(items[i].name);
+    free(items[i].init);
+  }
+  free(spec);
+  return result;
 }
 
 bool shell_session_eval(shell_session *s, const char *input_text) {
@@ -530,6 +709,15 @@ bool shell_session_eval_at(shell_session *s, const char *input_text, const char 
     }
   }
 
+  /* Several declarators: TYPE A = X, *B, C[2] = {...}; */
+  if (m.semicolons == 1 && m.last_semicolon == text + len - 1) {
+    int r = eval_declarations(s, input, line, text, len);
+    if (r >= 0) {
+      ok = r;
+      goto done_line;
+    }
+  }
+
   /* One declaration: TYPE NAME = EXPR; or TYPE NAME; */
   if (m.semicolons == 1 && m.last_semicolon == text + len - 1) {
     const char *decl_end = assign ? assign : text + len - 1;
@@ -537,9 +725,13 @@ bool shell_session_eval_at(shell_session *s, const char *input_text, const char 
     size_t name_len;
     bool plain = !m.paren || (assign && m.paren > assign);
     if (plain && (!m.brace || (assign && m.brace > assign)) && parse_declarator(text, decl_end, &name, &name_len)) {
+      /* `static` would hide the global from later inputs' libraries: blanked, as for functions */
+      blank_word(text, name, "static");
       const char *e = decl_end;
       while (e > text && isspace((unsigned char)e[-1])) e--;
-      char *decl = dup_range(text, (size_t)(e - text));
+      const char *d0 = text;
+      while (d0 < e && isspace((unsigned char)*d0)) d0++;
+      char *decl = dup_range(d0, (size_t)(e - d0));
       char *vname = dup_range(name, name_len);
       const char *init = assign ? assign + 1 : NULL;
       while (init && isspace((unsigned char)*init)) init++;
@@ -570,7 +762,9 @@ bool shell_session_eval_at(shell_session *s, const char *input_text, const char 
       } else if (init) {
         char *assignment = blank_type(text, name);
         char *fn = statement_body(input, line, assignment);
-        body = dup_printf("%s%s;\n%s", line, decl, fn);
+        char *store = storage_decl(decl, (size_t)(name - d0));
+        body = dup_printf("%s%s;\n%s", line, store, fn);
+        free(store);
         free(fn);
         free(assignment);
         ok = build_and_run(s, input, body, true);
@@ -725,7 +919,7 @@ shell_session *shell_session_create(fl_context *ctx) {
     free(s);
     return NULL;
   }
-  guard_install();
+  shell_guard_install(); /* done already by cmd_shell, before the context opened */
   if (interrupt_pipe[0] < 0 && pipe2(interrupt_pipe, O_CLOEXEC) != 0) interrupt_pipe[0] = interrupt_pipe[1] = -1;
   if (interrupt_pipe[0] >= 0) s->watching = pthread_create(&s->interrupt_watcher, NULL, interrupt_watch, s) == 0;
   return s;

@@ -1,5 +1,5 @@
 /*
- * train.c: `flint train`: synchronous data-parallel SGD (gpu/parallel/train.h) on Fashion-MNIST or
+ * train.c: `flint train`: synchronous data-parallel training (gpu/parallel/train.h) on Fashion-MNIST or
  * synthetic-imagenet, with a progress line per epoch and the curves as CSV and SVG.
  *
  * Exit status: 0 on success; 2 for a usage error (every option is checked before anything
@@ -38,7 +38,7 @@ static const char train_usage_text[] =
     "                   --data fashion-mnist|synthetic-imagenet|libsvm:PATH|csv:PATH|idx:IMAGES,LABELS\n"
     "                          |imagefolder:DIR [options]\n"
     "\n"
-    "Trains a network by synchronous data-parallel SGD: R ranks (one barrier task each) read\n"
+    "Trains a network by synchronous data-parallel SGD (or Adam, AdamW, LARS, LAMB): R ranks (one barrier task each) read\n"
     "their share of the cached data set, allreduce gradients in buckets overlapped with the\n"
     "backward pass and take the same step; the test set is evaluated at each epoch's end.\n"
     "Prints a progress line per epoch (loss, accuracy, images per second) and writes the\n"
@@ -80,11 +80,25 @@ static const char train_usage_text[] =
     "                      LR x B / 256 (the linear scaling rule)\n"
     "  --warmup E          gradual warmup over E epochs, E >= 0 and < N (default 0)\n"
     "  --epochs N          epochs, N >= 1 (default 10)\n"
-    "  --decay D           after warmup: cosine (default, to 0 at the end), step or none\n"
+    "  --decay D           after warmup: cosine (default, to 0 at the end), step, poly\n"
+    "                      (LR x (1 - t)^P, t from 0 to 1 after warmup) or none\n"
     "  --milestones E,E..  step decay: x0.1 at these epochs (default 50% and 75% of N)\n"
-    "  --momentum M        0 <= M < 1 (default 0.9)\n"
-    "  --nesterov          Nesterov momentum\n"
-    "  --weight-decay W    L2 on every weight, W >= 0 (default 5e-4)\n"
+    "  --power P           poly decay's power, 0 < P <= 100 (default 2)\n"
+    "  --optimizer O       sgd (default), adam, adamw (decoupled weight decay), lars or lamb\n"
+    "                      (layer-wise trust ratios, You et al.)\n"
+    "  --momentum M        sgd and lars, 0 <= M < 1 (default 0.9)\n"
+    "  --nesterov          sgd: Nesterov momentum\n"
+    "  --beta1 B, --beta2 B  adam, adamw and lamb: the moments' decay, in [0, 1)\n"
+    "                      (default 0.9 and 0.999)\n"
+    "  --eps E             adam, adamw and lamb: added to the denominator, > 0 (default 1e-8)\n"
+    "  --trust-coef C      lars: the trust coefficient eta, > 0 (default 0.001)\n"
+    "  --weight-decay W    weight decay, W >= 0 (default 5e-4): L2 for sgd, adam and lars,\n"
+    "                      decoupled for adamw and lamb\n"
+    "  --no-decay-norm-bias  no weight decay (nor lars/lamb trust ratio) on biases and norm\n"
+    "                      parameters, the 1-D ones (the default, as Goyal et al.)\n"
+    "  --decay-all         weight decay (and trust ratio) on every parameter\n"
+    "  --clip-grad-norm X  scale the averaged gradients to global norm X when it is larger\n"
+    "                      (not the transformer)\n"
     "  --seed S            weights, shuffles and synthetic data (default 1)\n"
     "  --allreduce A       host backend: auto (default), ring, halving-doubling or tree\n"
     "  --bucket-mb MB      gradient bucket size in MiB, > 0 (default 4)\n"
@@ -164,8 +178,10 @@ static const struct option train_longopts[] = {
     VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
     VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
-    VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("image-size"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"),
-    SWITCH("no-overlap"), SWITCH("recompute"), SWITCH("no-augment"), CLI_COMMON_LONG_OPTIONS, {0}};
+    VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
+    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("power"), VALUED("image-size"),
+    SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"), SWITCH("no-overlap"), SWITCH("recompute"),
+    SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"), CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
 
@@ -179,6 +195,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->progress = stdout;
   bool have_model = false, have_data = false;
   const char *test_data = NULL;
+  const char *adam_opt = NULL, *lars_opt = NULL, *momentum_opt = NULL; /* given, for the checks at the end */
   int c, index;
   optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
@@ -189,7 +206,11 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     snprintf(opt_buf, sizeof opt_buf, "--%s", train_longopts[index].name);
     const char *opt = opt_buf;
     if (strcmp(opt, "--nesterov") == 0) {
-      o->sgd.nesterov = true;
+      o->optim.nesterov = true;
+      continue;
+    }
+    if (strcmp(opt, "--no-decay-norm-bias") == 0 || strcmp(opt, "--decay-all") == 0) {
+      o->optim.decay_all = opt[2] == 'd';
       continue;
     }
     if (strcmp(opt, "--quiet") == 0) {
@@ -285,16 +306,36 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
         return train_usage_error("--epochs '%s' is not a whole number from 1 to 100000", v);
     } else if (strcmp(opt, "--decay") == 0) {
       if (optim_decay_parse(v, &o->decay) != FL_OK)
-        return train_usage_error("unknown decay '%s' (cosine, step or none)", v);
+        return train_usage_error("unknown decay '%s' (cosine, step, poly or none)", v);
     } else if (strcmp(opt, "--milestones") == 0) {
       int rc = parse_milestones(v, o);
       if (rc) return rc;
     } else if (strcmp(opt, "--momentum") == 0) {
       if (!cli_parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("--momentum '%s' is not a number in [0, 1)", v);
-      o->sgd.momentum = (float)d;
+      o->optim.momentum = (float)d;
+      momentum_opt = "--momentum";
     } else if (strcmp(opt, "--weight-decay") == 0) {
       if (!cli_parse_double(v, &d) || d < 0) return train_usage_error("--weight-decay '%s' is not a number >= 0", v);
-      o->sgd.weight_decay = (float)d;
+      o->optim.weight_decay = (float)d;
+    } else if (strcmp(opt, "--optimizer") == 0) {
+      if (optim_kind_parse(v, &o->optim.kind) != FL_OK)
+        return train_usage_error("unknown optimizer '%s' (sgd, adam, adamw, lars or lamb)", v);
+    } else if (strcmp(opt, "--beta1") == 0 || strcmp(opt, "--beta2") == 0) {
+      if (!cli_parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("%s '%s' is not a number in [0, 1)", opt, v);
+      *(opt[6] == '1' ? &o->optim.beta1 : &o->optim.beta2) = (float)d;
+      adam_opt = opt[6] == '1' ? "--beta1" : "--beta2";
+    } else if (strcmp(opt, "--eps") == 0 || strcmp(opt, "--trust-coef") == 0) {
+      if (!cli_parse_double(v, &d) || !(d > 0) || !isfinite((float)d) || (float)d == 0)
+        return train_usage_error("%s '%s' is not a number > 0", opt, v);
+      *(opt[2] == 'e' ? &o->optim.eps : &o->optim.trust_coef) = (float)d;
+      if (opt[2] == 'e') adam_opt = "--eps";
+      else lars_opt = "--trust-coef";
+    } else if (strcmp(opt, "--clip-grad-norm") == 0) {
+      if (!cli_parse_double(v, &o->clip_grad_norm) || !(o->clip_grad_norm > 0) || !isfinite(o->clip_grad_norm))
+        return train_usage_error("--clip-grad-norm '%s' is not a number > 0", v);
+    } else if (strcmp(opt, "--power") == 0) {
+      if (!cli_parse_double(v, &o->decay_power) || !(o->decay_power > 0) || o->decay_power > 100)
+        return train_usage_error("--power '%s' is not a number in (0, 100]", v);
     } else if (strcmp(opt, "--seed") == 0) {
       if (!cli_parse_u64(v, UINT64_MAX, &o->seed)) return train_usage_error("--seed '%s' is not a whole number", v);
     } else if (strcmp(opt, "--allreduce") == 0) {
@@ -335,6 +376,14 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   if (o->data_dir && o->data != GPU_TRAIN_FASHION_MNIST) return train_usage_error("--data-dir is for --data fashion-mnist");
   if (o->synthetic_train_images && o->data != GPU_TRAIN_SYNTHETIC_IMAGENET)
     return train_usage_error("--synthetic-images is for --data synthetic-imagenet");
+  /* An option the chosen optimizer would ignore is a mistake worth saying. */
+  optim_kind k = o->optim.kind;
+  const char *kind = optim_kind_name(k);
+  if (adam_opt && k != OPTIM_ADAM && k != OPTIM_ADAMW && k != OPTIM_LAMB)
+    return train_usage_error("%s is for --optimizer adam, adamw or lamb (this run's is %s)", adam_opt, kind);
+  if (lars_opt && k != OPTIM_LARS) return train_usage_error("%s is for --optimizer lars (this run's is %s)", lars_opt, kind);
+  if (momentum_opt && k != OPTIM_SGD && k != OPTIM_LARS)
+    return train_usage_error("%s is for --optimizer sgd or lars (this run's is %s)", momentum_opt, kind);
   /* The checks across options (batch and ranks, warmup and epochs, milestones) are the
    * trainer's own, so that C callers get the same ones. */
   if (gpu_train_options_validate(o) != FL_OK) return train_usage_error("%s", fl_last_error());
@@ -354,11 +403,11 @@ int cmd_train(int argc, char **argv) {
   gpu_train_schedule(&o, &sched);
   bool hybrid = o.model == NN_TRANSFORMER;
   uint32_t world = hybrid ? o.ranks * o.tp * o.pp : o.ranks;
-  printf("training %s on %s: %u rank%s on %s, global batch %u (%u per rank), lr %g x %u / 256 = %g, warmup %g "
+  printf("training %s on %s: %u rank%s on %s, global batch %u (%u per rank), %s, lr %g x %u / 256 = %g, warmup %g "
          "epochs, %s decay, %u epochs\n",
          nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), world, world == 1 ? "" : "s",
-         o.device == FL_DEVICE_CPU ? "cpu" : "cuda", o.batch, o.batch / world, o.lr, o.batch,
-         optim_schedule_peak_lr(&sched), o.warmup_epochs, optim_decay_name(o.decay), o.epochs);
+         o.device == FL_DEVICE_CPU ? "cpu" : "cuda", o.batch, o.batch / world, optim_kind_name(o.optim.kind), o.lr,
+         o.batch, optim_schedule_peak_lr(&sched), o.warmup_epochs, optim_decay_name(o.decay), o.epochs);
   if (hybrid)
     printf("grid         dp %u x tp %u x pp %u, %s schedule, %u micro-batch%s of %u, %u chunk%s per stage rank%s; "
            "hidden %u, %u heads, %u blocks, dropout %g\n",

@@ -42,8 +42,9 @@ const char cli_usage_text[] =
     "  train --model mlp|cnn|resnet18|transformer --data fashion-mnist|synthetic-imagenet\n"
     "      [--ranks R] [--device cpu|cuda] [--batch B] [--lr LR] [--warmup EPOCHS] [--epochs N]\n"
     "      [--dp D --tp T --pp P --schedule gpipe|1f1b|interleaved --microbatches M]\n"
+    "      [--optimizer sgd|adam|adamw|lars|lamb] [--clip-grad-norm X]\n"
     "      [--master M] [--csv PATH] [--svg PATH]\n"
-    "      Synchronous data-parallel SGD (libflint_gpu) with a progress line per epoch\n"
+    "      Synchronous data-parallel training (libflint_gpu) with a progress line per epoch\n"
     "      and the curves as CSV and SVG; the transformer trains on a data x tensor x\n"
     "      pipeline grid; 'flint train --help' explains the options.\n"
     "  shell [--master MASTER]\n"
@@ -76,7 +77,7 @@ const char cli_usage_text[] =
 
 const char cli_submit_usage[] =
     "usage: flint submit [options] JOB.so [ARGS...]\n"
-    "       flint submit --master flint://HOST:PORT --status ID | --logs ID | --kill ID\n"
+    "       flint submit --master flint://HOST:PORT --status ID | --logs ID [-f] | --kill ID\n"
     "\n"
     "Runs a job binary: a shared library exporting\n"
     "int flint_main(fl_context *ctx, int argc, char **argv), with JOB.so and ARGS as its\n"
@@ -97,6 +98,8 @@ const char cli_submit_usage[] =
     "                   0), failed or killed, with its exit status and run time\n"
     "  --logs ID        print what submission ID has written so far (its stdout here,\n"
     "                   its stderr on stderr)\n"
+    "  -f, --follow     with --logs: then print what it writes until it ends, and exit\n"
+    "                   with its status (Ctrl-C stops following, not the submission: 130)\n"
     "  --kill ID        stop submission ID (SIGTERM, then SIGKILL after 5 s) and its\n"
     "                   application; fails if it had ended already\n"
     "  --conf KEY=VALUE  a setting ('flint config' lists them), before JOB.so\n"
@@ -109,6 +112,7 @@ const char cli_submit_usage[] =
     "  flint submit --master flint://127.0.0.1:7077 --detach build/bin/pi.so 1000000\n"
     "  flint submit --master flint://127.0.0.1:7077 --status 1\n"
     "  flint submit --master flint://127.0.0.1:7077 --logs 1\n"
+    "  flint submit --master flint://127.0.0.1:7077 --logs 1 --follow\n"
     "  flint submit --master flint://127.0.0.1:7077 --kill 1\n";
 
 const char cli_driver_usage[] =
@@ -170,7 +174,8 @@ const char cli_config_usage[] =
     "usage: flint config [--json]\n"
     "\n"
     "Prints every setting (the FLINT_* environment variables): its value, where the value\n"
-    "came from (--conf, environment, file, default, or invalid), its unit, the processes that\n"
+    "came from (--conf, environment, file, default, or invalid), its unit (of a bare number:\n"
+    "bytes for sizes, MiB for memory settings, as --memory reads them), the processes that\n"
     "read it and what it does, then the flint-defaults.conf in use. A secret's value is never\n"
     "printed. An invalid flint-defaults.conf is reported after the table (status 1).\n"
     "\n"

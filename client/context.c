@@ -24,6 +24,9 @@ void fl_context_close(fl_context *ctx) {
 
 uint32_t fl_context_cores(const fl_context *ctx) { return ctx ? ctx->cores : 0; }
 
+/* A remote client has no barrier runtime: its tasks run on executors. */
+bool fl_context_is_local(const fl_context *ctx) { return ctx && ctx->barrier != NULL; }
+
 fl_status fl_cancel_jobs(fl_context *ctx) {
   common_error_clear();
   if (!ctx) return FL_ERR(FL_EINVAL, "fl_cancel_jobs: NULL context");

@@ -3,6 +3,11 @@
  * of this one on 127.0.0.1 and stops them on close; they also end when this process dies
  * (PDEATHSIG).
  *
+ * Each child leads a process group of its own: a terminal sends Ctrl-C's SIGINT (and Ctrl-Z's,
+ * Ctrl-\'s) to its whole foreground group, which the program that opened the context (the
+ * shell, which takes Ctrl-C as "stop this input") may handle; the cluster's processes must
+ * not stop with them. Their end is tied to this process by PDEATHSIG, not by the terminal.
+ *
  * Their folders are in one folder of the cluster, which close removes. A program that dies
  * instead (SIGTERM, SIGKILL, a crash) cannot remove it, and a signal handler of ours would
  * not do: the program may have its own, SIGKILL has none, and a handler may not remove a
@@ -69,9 +74,13 @@ static pid_t spawn(char *const argv[], char *const envp[]) {
     /* End with the program that started the cluster, also when it exits on an error. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
+    setpgid(0, 0); /* out of the terminal's foreground group (see the top) */
     execve(argv[0], argv, envp);
     _exit(127);
   }
+  /* Both sides set it, so that it holds before either goes on (the call fails harmlessly
+   * with EACCES once the child has exec'd). */
+  if (pid > 0) setpgid(pid, pid);
   return pid;
 }
 

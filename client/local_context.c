@@ -98,7 +98,7 @@ static uint64_t default_memory(void) {
 
 /* An option's value, else the setting's, else `computed` (for a setting whose default the
  * reader works out) or the setting's default. An invalid setting is an error. */
-static fl_status resolve_size(uint64_t option, config_id id, uint64_t computed, uint64_t *out) {
+static fl_status resolve_memory(uint64_t option, config_id id, uint64_t computed, uint64_t *out) {
   if (option) {
     *out = option;
     return FL_OK;
@@ -106,7 +106,7 @@ static fl_status resolve_size(uint64_t option, config_id id, uint64_t computed, 
   fl_status st = config_check(id);
   if (st != FL_OK) return st;
   bool reader_default = config_setting_of(id)->flags & CONFIG_COMPUTED;
-  *out = reader_default && !config_given(id) ? computed : config_size(id);
+  *out = reader_default && !config_given(id) ? computed : config_memory(id);
   return FL_OK;
 }
 
@@ -130,9 +130,9 @@ fl_status client_local_context_open(const char *master, const fl_options *option
   uint64_t memory = 0, shuffle_memory = 0;
   fl_status status = parse_master(master, &threads);
   if (status != FL_OK) return status;
-  if ((status = resolve_size(options ? options->memory_limit : 0, CONFIG_MEMORY, default_memory(), &memory)) !=
+  if ((status = resolve_memory(options ? options->memory_limit : 0, CONFIG_MEMORY, default_memory(), &memory)) !=
           FL_OK ||
-      (status = resolve_size(options ? options->shuffle_memory : 0, CONFIG_SHUFFLE_MEMORY, 0, &shuffle_memory)) !=
+      (status = resolve_memory(options ? options->shuffle_memory : 0, CONFIG_SHUFFLE_MEMORY, 0, &shuffle_memory)) !=
           FL_OK)
     return status;
 
@@ -146,7 +146,7 @@ fl_status client_local_context_open(const char *master, const fl_options *option
   FL_CHECK(scheduler_create(options && options->max_task_attempts ? options->max_task_attempts
                                                                   : DEFAULT_MAX_ATTEMPTS,
                             &c->sched));
-  FL_CHECK(local_backend_create(c->sched, threads, &b));
+  FL_CHECK(local_backend_create(c->sched, threads, options && options->contain_task_crashes, &b));
   scheduler_set_backend(c->sched, b);
   c->pub.barrier = &barrier_local_ops;
   c->pub.barrier_impl = scheduler_barriers(c->sched);

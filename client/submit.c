@@ -2,7 +2,7 @@
  * submit.c: `flint submit` (fl_submit): sends a job binary to a driver, which runs it in a
  * child process as an application, and streams the job's output back here until it exits.
  * A stop asked meanwhile (a signal handler sets *stop) cancels the submission once. A
- * detached job binary is watched by its id: fl_submission_status, _logs and _kill.
+ * detached job binary is watched by its id: fl_submission_status, _logs, _follow and _kill.
  *
  * Threading: fl_submit blocks its caller until the job ends (or at once when detached); it
  * keeps no state between calls.
@@ -11,6 +11,63 @@
 
 #include "client/client_internal.h"
 #include "flint/cluster.h"
+
+/* Writes job binary id's output from its start, and then as it comes, until it has ended
+ * (*exit_code: its status, 128 + N for signal N). A stop set meanwhile: with cancel, asks
+ * the driver once to stop the job and goes on until it ends; without, returns FL_ECANCELLED
+ * at once (the job goes on). Each call waits at most 5 s for output (250 ms with a stop). */
+static fl_status stream_output(rpc_channel *ch, uint64_t id, FILE *out, FILE *err, volatile sig_atomic_t *stop,
+                               bool cancel, int *exit_code) {
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = FL_OK;
+  uint64_t out_off = 0, err_off = 0;
+  bool cancel_sent = false;
+  for (;;) {
+    if (stop && *stop && !cancel) {
+      st = FL_ERR(FL_ECANCELLED, "stopped following job binary %llu, which goes on", (unsigned long long)id);
+      break;
+    }
+    if (stop && *stop && !cancel_sent) {
+      Flint__CancelSubmissionRequest creq = FLINT__CANCEL_SUBMISSION_REQUEST__INIT;
+      creq.submission_id = id;
+      if ((st = client_rpc_call(ch, "/flint.Driver/CancelSubmission", &creq.base, CLIENT_RPC_TIMEOUT_MS,
+                                &reply)) != FL_OK)
+        break;
+      fprintf(stderr, "flint: interrupted: job binary %llu is being stopped\n", (unsigned long long)id);
+      cancel_sent = true;
+    }
+    Flint__OutputRequest oreq = FLINT__OUTPUT_REQUEST__INIT;
+    oreq.submission_id = id;
+    oreq.stdout_offset = out_off;
+    oreq.stderr_offset = err_off;
+    oreq.wait_ms = stop ? 250 : 5000; /* short waits: a stop is seen at once */
+    if ((st = client_rpc_call(ch, "/flint.Driver/Output", &oreq.base, CLIENT_RPC_TIMEOUT_MS, &reply)) != FL_OK)
+      break;
+    Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
+    if (!o) {
+      st = FL_ERR(FL_EPROTO, "Output: malformed reply");
+      break;
+    }
+    /* An empty bytes field has NULL data, which fwrite must not get (UBSan). */
+    if (o->stdout_data.len) fwrite(o->stdout_data.data, 1, o->stdout_data.len, out);
+    if (o->stderr_data.len) fwrite(o->stderr_data.data, 1, o->stderr_data.len, err);
+    fflush(out);
+    fflush(err);
+    out_off += o->stdout_data.len;
+    err_off += o->stderr_data.len;
+    bool exited = o->exited && !o->stdout_data.len && !o->stderr_data.len;
+    int code = o->signal ? 128 + o->signal : o->exit_code;
+    int sig = o->signal;
+    flint__output_reply__free_unpacked(o, NULL);
+    if (exited) {
+      if (sig) fprintf(err, "flint: the job was killed by signal %d (%s)\n", sig, strsignal(sig));
+      if (exit_code) *exit_code = code;
+      break;
+    }
+  }
+  fl_buf_free(&reply);
+  return st;
+}
 
 fl_status fl_submit(const char *master, const char *path, const char *app_name, int argc, char **argv,
                     bool detach, volatile sig_atomic_t *stop, uint64_t *submission, int *exit_code) {
@@ -39,55 +96,28 @@ fl_status fl_submit(const char *master, const char *path, const char *app_name, 
   flint__submit_reply__free_unpacked(sr, NULL);
   if (submission) *submission = id;
   if (detach) goto done;
-  uint64_t out_off = 0, err_off = 0;
-  bool cancel_sent = false;
-  for (;;) {
-    if (stop && *stop && !cancel_sent) {
-      Flint__CancelSubmissionRequest creq = FLINT__CANCEL_SUBMISSION_REQUEST__INIT;
-      creq.submission_id = id;
-      if ((st = client_rpc_call(ch, "/flint.Driver/CancelSubmission", &creq.base, CLIENT_RPC_TIMEOUT_MS,
-                                &reply)) != FL_OK)
-        goto lost;
-      fprintf(stderr, "flint: interrupted: job binary %llu is being stopped\n", (unsigned long long)id);
-      cancel_sent = true;
-    }
-    Flint__OutputRequest oreq = FLINT__OUTPUT_REQUEST__INIT;
-    oreq.submission_id = id;
-    oreq.stdout_offset = out_off;
-    oreq.stderr_offset = err_off;
-    oreq.wait_ms = stop ? 250 : 5000; /* short waits: a stop is seen at once */
-    if ((st = client_rpc_call(ch, "/flint.Driver/Output", &oreq.base, CLIENT_RPC_TIMEOUT_MS, &reply)) != FL_OK)
-      goto lost;
-    Flint__OutputReply *o = flint__output_reply__unpack(NULL, reply.len, reply.data);
-    if (!o) {
-      st = FL_ERR(FL_EPROTO, "Output: malformed reply");
-      goto done;
-    }
-    /* An empty bytes field has NULL data, which fwrite must not get (UBSan). */
-    if (o->stdout_data.len) fwrite(o->stdout_data.data, 1, o->stdout_data.len, stdout);
-    if (o->stderr_data.len) fwrite(o->stderr_data.data, 1, o->stderr_data.len, stderr);
-    fflush(stdout);
-    fflush(stderr);
-    out_off += o->stdout_data.len;
-    err_off += o->stderr_data.len;
-    bool exited = o->exited && !o->stdout_data.len && !o->stderr_data.len;
-    int code = o->signal ? 128 + o->signal : o->exit_code;
-    int sig = o->signal;
-    flint__output_reply__free_unpacked(o, NULL);
-    if (exited) {
-      if (sig) fprintf(stderr, "flint: the job was killed by signal %d (%s)\n", sig, strsignal(sig));
-      if (exit_code) *exit_code = code;
-      break;
-    }
-  }
-  goto done;
-lost:
-  /* What the job wrote before is printed already; its driver ends it (PDEATHSIG). */
-  common_error_wrap(st, "lost the driver at %s while job binary %llu ran (its output up to then is above): ",
-                    master + 8, (unsigned long long)id);
+  st = stream_output(ch, id, stdout, stderr, stop, true, exit_code);
+  if (st != FL_OK && st != FL_ECANCELLED)
+    /* What the job wrote before is printed already; its driver ends it (PDEATHSIG). */
+    common_error_wrap(st, "lost the driver at %s while job binary %llu ran (its output up to then is above): ",
+                      master + 8, (unsigned long long)id);
 done:
   fl_buf_free(&lib);
   fl_buf_free(&reply);
+  rpc_channel_destroy(ch);
+  return st;
+}
+
+fl_status fl_submission_follow(const char *master, uint64_t id, FILE *out, FILE *err, volatile sig_atomic_t *stop,
+                               int *exit_code) {
+  common_error_clear();
+  if (!out || !err || !exit_code) return FL_ERR(FL_EINVAL, "fl_submission_follow: NULL argument");
+  rpc_channel *ch = NULL;
+  fl_status st = client_rpc_connect(master, &ch);
+  if (st == FL_OK) st = stream_output(ch, id, out, err, stop, false, exit_code);
+  if (st != FL_OK && st != FL_ECANCELLED && st != FL_ENOENT)
+    common_error_wrap(st, "lost the driver at %s while following job binary %llu (its output up to then is above): ",
+                      master + 8, (unsigned long long)id);
   rpc_channel_destroy(ch);
   return st;
 }

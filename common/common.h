@@ -246,11 +246,37 @@ FL_INTERNAL bool common_event_wait_until(common_event *e, uint64_t deadline_ns);
  * that the thread it waits for needs. */
 FL_INTERNAL void common_spin_default_for_server(void);
 
+/* ---- crash guards (crash_guard.c) ------------------------------------------------------ */
+/* Where a guarded call crashed. */
+typedef struct common_crash {
+  int signal;         /* SIGSEGV, SIGBUS, SIGFPE or SIGILL */
+  char function[160]; /* the innermost named function outside libflint and libc, or "" */
+  char library[160];  /* the base name of its file (else of the innermost such frame's), or "" */
+  uintptr_t offset;   /* with no function: the innermost frame's offset in `library` */
+} common_crash;
+/* Installs the guard's handler of SIGSEGV, SIGBUS, SIGFPE and SIGILL, once per process and
+ * for good (later calls return the first result). Those signals outside a guarded call go to
+ * the handler installed before (or get the default action). Any thread; FL_EIO when
+ * sigaction fails. */
+FL_INTERNAL fl_status common_crash_guard_install(void);
+/* Runs fn(arg) on this thread: true when it returned; false when it raised one of those
+ * signals on this thread, which then ended it (siglongjmp): *crash says which and where.
+ * What fn held (memory, locks) stays as the crash left it. Not nested; after
+ * common_crash_guard_install. */
+FL_INTERNAL bool common_crash_guard_run(void (*fn)(void *), void *arg, common_crash *crash);
+
 /* ---- misc ------------------------------------------------------------------------------ */
 /* Number of online cores (at least 1). */
 FL_INTERNAL uint32_t common_cores(void);
 /* fl_parse_size without the error message: false when `text` is not a size (config.c). */
 FL_INTERNAL bool common_parse_size(const char *text, uint64_t *out);
+/* A memory size as Spark reads one (--executor-memory, spark.executor.memory), the one reader
+ * of `flint submit/executor --memory` and of the memory settings (FLINT_MEMORY,
+ * FLINT_SHUFFLE_MEMORY): a bare number is MiB ("2048" is 2 GiB); else a number (one '.' at
+ * most) and a unit of 1024s, b, k, m, g or t, alone or followed by "b" or "ib", in any case
+ * ("64k", "1.5g", "1GiB"). No sign, space or exponent; 0 is 0 bytes, a fraction of a byte or
+ * 2^62 bytes and more are not sizes. False (and *bytes untouched) when `text` is not one. */
+FL_INTERNAL bool common_parse_memory(const char *text, uint64_t *bytes);
 /* Name of the function at `fn` ("parse_line" or "0x7f..." when it has no symbol). Writes
  * into buf and returns it. */
 FL_INTERNAL const char *common_symbol_name(const void *fn, char *buf, size_t len);

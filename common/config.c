@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/config.h"
 
@@ -41,17 +42,52 @@ bool common_parse_size(const char *s, uint64_t *out) {
   return true;
 }
 
+bool common_parse_memory(const char *text, uint64_t *bytes) {
+  /* Digits with at most one '.', then the unit: no sign, space, exponent or hex. */
+  if (!text || !isdigit((unsigned char)*text)) return false;
+  const char *p = text;
+  int dots = 0;
+  for (; isdigit((unsigned char)*p) || *p == '.'; p++) dots += *p == '.';
+  char number[64];
+  size_t len = (size_t)(p - text);
+  if (dots > 1 || len >= sizeof number) return false;
+  memcpy(number, text, len);
+  number[len] = '\0';
+  double v = strtod(number, NULL);
+  static const struct { char letter; double scale; } units[] = {
+      {'b', 1.0}, {'k', 1024.0}, {'m', 1048576.0}, {'g', 1073741824.0}, {'t', 1099511627776.0}};
+  double scale = 1048576.0; /* a bare number is MiB, as Spark reads --executor-memory */
+  if (*p) {
+    char letter = (char)tolower((unsigned char)*p);
+    scale = 0;
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+      if (units[i].letter == letter) scale = units[i].scale;
+    if (scale == 0) return false;
+    const char *rest = p + 1;
+    /* "b" stands alone; the others may add "b" or "ib" (KB, KiB: both 1024, as in Spark). */
+    if (letter != 'b' && *rest && strcasecmp(rest, "b") != 0 && strcasecmp(rest, "ib") != 0) return false;
+    if (letter == 'b' && *rest) return false;
+  }
+  double total = v * scale;
+  /* 0 is zero bytes (a setting's range decides whether it may be); a fraction of a byte is
+   * no size */
+  if (total != 0.0 && !(total >= 1.0)) return false;
+  if (total >= 4611686018427387904.0) return false; /* 2^62 */
+  *bytes = (uint64_t)(total + 0.5);
+  return true;
+}
+
 /* ---- parsing --------------------------------------------------------------------------- */
 
 typedef union config_value {
-  uint64_t number; /* bool (0 or 1), count, ms, us, size */
+  uint64_t number; /* bool (0 or 1), count, ms, us, size, memory (bytes) */
   double real;
   const char *text; /* string, path */
 } config_value;
 
 static bool is_number_type(config_type type) {
   return type == CONFIG_TYPE_BOOL || type == CONFIG_TYPE_COUNT || type == CONFIG_TYPE_MS ||
-         type == CONFIG_TYPE_US || type == CONFIG_TYPE_SIZE;
+         type == CONFIG_TYPE_US || type == CONFIG_TYPE_SIZE || type == CONFIG_TYPE_MEMORY;
 }
 
 /* Reads `text` by the rules of s's type (config.h); false when it is invalid. */
@@ -73,6 +109,9 @@ static bool parse(const config_setting *s, const char *text, config_value *out) 
   }
   case CONFIG_TYPE_SIZE:
     if (!common_parse_size(text, &out->number)) return false;
+    break;
+  case CONFIG_TYPE_MEMORY:
+    if (!common_parse_memory(text, &out->number)) return false;
     break;
   default: {
     /* strtoull would skip spaces and take a sign (wrapping "-1" around): digits only */
@@ -99,6 +138,7 @@ static void expected(const config_setting *s, char *buf, size_t len) {
   case CONFIG_TYPE_MS: what = "a whole number of milliseconds"; break;
   case CONFIG_TYPE_US: what = "a whole number of microseconds"; break;
   case CONFIG_TYPE_SIZE: what = "a size (examples: 512m, 2g, 1048576)"; break;
+  case CONFIG_TYPE_MEMORY: what = "a size (examples: 512m, 1.5g, 2048 for 2 GiB)"; break;
   default: what = "a decimal number"; break;
   }
   bool numeric = is_number_type(s->type) && s->type != CONFIG_TYPE_BOOL;
@@ -176,6 +216,7 @@ uint64_t config_count(config_id id) { return get(id, CONFIG_TYPE_COUNT).number; 
 uint64_t config_ms(config_id id) { return get(id, CONFIG_TYPE_MS).number; }
 uint64_t config_us(config_id id) { return get(id, CONFIG_TYPE_US).number; }
 uint64_t config_size(config_id id) { return get(id, CONFIG_TYPE_SIZE).number; }
+uint64_t config_memory(config_id id) { return get(id, CONFIG_TYPE_MEMORY).number; }
 double config_real(config_id id) { return get(id, CONFIG_TYPE_REAL).real; }
 
 const char *config_string(config_id id) {

@@ -12,7 +12,10 @@
  *   - unset or empty: the default;
  *   - bool, count, ms, us: the whole text is a whole number in decimal digits (no sign, no
  *     space), within the row's range; a bool is off at 0 and on at any other number;
- *   - size: as fl_parse_size ("512m", "2g", "1048576"), within the row's range;
+ *   - size: as fl_parse_size ("512m", "2g", "1048576": a bare number is bytes), within the
+ *     row's range;
+ *   - memory: as common_parse_memory, the way Spark and `flint submit --memory` read memory
+ *     ("512m", "1.5g", "1GiB"; a bare number is MiB: "2048" is 2 GiB), within the row's range;
  *   - real: the whole text is a finite decimal number;
  *   - string, path: any text;
  *   - anything else is invalid: the getters give the default and log one warning that names
@@ -44,7 +47,8 @@ typedef enum config_type {
   CONFIG_TYPE_COUNT,  /* a whole number */
   CONFIG_TYPE_MS,     /* a duration in milliseconds */
   CONFIG_TYPE_US,     /* a duration in microseconds */
-  CONFIG_TYPE_SIZE,   /* bytes, as fl_parse_size reads them */
+  CONFIG_TYPE_SIZE,   /* bytes, as fl_parse_size reads them (a bare number is bytes) */
+  CONFIG_TYPE_MEMORY, /* bytes, as common_parse_memory reads them (a bare number is MiB) */
   CONFIG_TYPE_REAL,   /* a decimal number */
   CONFIG_TYPE_STRING, /* text */
   CONFIG_TYPE_PATH,   /* a file or folder */
@@ -76,13 +80,13 @@ enum {
 #define CONFIG_MAX_I64 INT64_MAX
 
 /* X(NAME, TYPE, READERS, FLAGS, MIN, MAX, DEFAULT, DESCRIPTION). The variable is FLINT_NAME;
- * MIN and MAX bound the numbers of bool, count, ms, us and size rows (0 and 0 elsewhere);
+ * MIN and MAX bound the numbers of bool, count, ms, us, size and memory rows (0 and 0 elsewhere);
  * DEFAULT is text the type's rule reads, except in CONFIG_COMPUTED rows. */
 #define CONFIG_TABLE(X)                                                                                             \
   /* memory, files and names of a local context and of a client */                                                  \
-  X(MEMORY, SIZE, CLIENT, CONFIG_COMPUTED | CONFIG_STRICT, 0, UINT64_MAX, "60% of the machine's memory",            \
+  X(MEMORY, MEMORY, CLIENT, CONFIG_COMPUTED | CONFIG_STRICT, 0, UINT64_MAX, "60% of the machine's memory",            \
     "memory for cached blocks in local mode when the options give none (of the cgroup's limit if lower)")           \
-  X(SHUFFLE_MEMORY, SIZE, CLIENT, CONFIG_STRICT, 0, UINT64_MAX, "64m",                                              \
+  X(SHUFFLE_MEMORY, MEMORY, CLIENT, CONFIG_STRICT, 0, UINT64_MAX, "64m",                                              \
     "what one task may sort or aggregate before it spills, when the options give none")                             \
   X(WORK_DIR, PATH, CLIENT, CONFIG_COMPUTED, 0, 0, "$TMPDIR or /tmp",                                               \
     "where a context makes its folder for disk blocks (and local-cluster its cluster's)")                           \
@@ -224,9 +228,10 @@ typedef enum config_source {
 FL_INTERNAL const config_setting *config_setting_of(config_id id);
 /* The row of variable `name` ("FLINT_LOG") in *out; false when flint has no such setting. */
 FL_INTERNAL bool config_find(const char *name, config_id *out);
-/* "bool", "count", "ms", "us", "size", "real", "string", "path". */
+/* "bool", "count", "ms", "us", "size", "memory", "real", "string", "path". */
 FL_INTERNAL const char *config_type_name(config_type type);
-/* The unit of a type's values as `flint config` shows it: "ms", "us", "bytes", or "". */
+/* The unit of a bare number of the type, as `flint config` shows it: "ms", "us", "bytes"
+ * (size), "MiB" (memory), or "". */
 FL_INTERNAL const char *config_unit(config_type type);
 /* "any", "client", "driver", "executor", "driver, executor" or "client, executor". */
 FL_INTERNAL const char *config_readers_text(config_readers readers);
@@ -292,6 +297,7 @@ FL_INTERNAL uint64_t config_count(config_id id);
 FL_INTERNAL uint64_t config_ms(config_id id);
 FL_INTERNAL uint64_t config_us(config_id id);
 FL_INTERNAL uint64_t config_size(config_id id);
+FL_INTERNAL uint64_t config_memory(config_id id); /* bytes */
 FL_INTERNAL double config_real(config_id id);
 FL_INTERNAL const char *config_string(config_id id);
 /* A CONFIG_NO_LIMIT count or duration: its value, or -1 for "no limit" when it is 0. */

@@ -41,7 +41,7 @@ bool config_find(const char *name, config_id *out) {
 }
 
 const char *config_type_name(config_type type) {
-  static const char *const names[] = {"bool", "count", "ms", "us", "size", "real", "string", "path"};
+  static const char *const names[] = {"bool", "count", "ms", "us", "size", "memory", "real", "string", "path"};
   return (unsigned)type < sizeof names / sizeof *names ? names[type] : "?";
 }
 
@@ -50,6 +50,7 @@ const char *config_unit(config_type type) {
   case CONFIG_TYPE_MS: return "ms";
   case CONFIG_TYPE_US: return "us";
   case CONFIG_TYPE_SIZE: return "bytes";
+  case CONFIG_TYPE_MEMORY: return "MiB";
   default: return "";
   }
 }

@@ -20,6 +20,13 @@
  *   the workers. Connections over the cap are closed as they are accepted.
  * - Failures: a malformed frame closes that connection only (the server logs a warning
  *   naming the peer and keeps serving others).
+ * - TLS (FLINT_TLS, net/tls.h): one SSL_CTX per server, and each accepted connection is an
+ *   OpenSSL bufferevent instead of a socket one, so everything above runs unchanged on the
+ *   decrypted bytes; payloads still go in by reference (OpenSSL encrypts from them, which is
+ *   the one copy TLS costs). The handshake is the first thing a fresh connection owes, so it
+ *   runs under the request timeout; one that fails closes that connection only, counts as
+ *   dropped and logs one warning with OpenSSL's reason. The server sends no session tickets:
+ *   clients do not resume sessions, and an idle client connection then receives nothing.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -33,11 +40,15 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include "common/config.h"
 #include "net/dataplane_frame.h"
+#include "net/tls.h"
 
 /* Server worker threads: serve callbacks mostly wait on disk or copy memory. */
 #define DP_SERVER_WORKERS_MIN 2
@@ -118,6 +129,7 @@ struct dp_sconn {
   struct event *timer;     /* the idle and request timeouts; NULL once closed */
   sconn_wait wait;
   bool requested; /* has sent a request: no longer a fresh connection */
+  bool handshaken; /* TLS: the handshake is done (always true without TLS) */
   bool authed;
   bool busy;    /* a job is with the workers or on the done list */
   bool closing; /* closes once the output buffer is written (after an error reply) */
@@ -139,6 +151,7 @@ struct dp_server {
   dp_sconn *conns; /* loop thread only (and dp_server_stop once the loop has ended) */
   dp_serve_fn serve;
   void *serve_arg;
+  SSL_CTX *tls; /* NULL: plaintext */
   char *secret;
   size_t secret_len;
   int port;
@@ -425,14 +438,71 @@ static void sconn_write_cb(struct bufferevent *bev, void *arg) {
   sconn_process(c);
 }
 
+/* Why an OpenSSL bufferevent failed, as one line: OpenSSL's reasons (libevent queues them
+ * per bufferevent, mixed with SSL_get_error codes that have no reason), else the socket's.
+ * *not_tls: the peer's first bytes were no TLS record. */
+static const char *bev_tls_errors(struct bufferevent *bev, short what, char *buf, size_t cap,
+                                  bool *not_tls) {
+  size_t used = 0;
+  buf[0] = '\0';
+  *not_tls = false;
+  unsigned long e;
+  while ((e = bufferevent_get_openssl_error(bev)) != 0) {
+    const char *reason = ERR_reason_error_string(e);
+    if (reason && ERR_GET_REASON(e) == SSL_R_WRONG_VERSION_NUMBER) *not_tls = true;
+    if (reason && used + 1 < cap && !strstr(buf, reason))
+      used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? "; " : "", reason);
+    if (used >= cap) used = cap - 1;
+  }
+  int err = EVUTIL_SOCKET_ERROR();
+  if (!buf[0] && (what & BEV_EVENT_EOF)) snprintf(buf, cap, "the peer closed the connection");
+  else if (!buf[0]) snprintf(buf, cap, "%s", err ? strerror(err) : "no reason given");
+  return buf;
+}
+
+/* Tells a client that sent no TLS (a flint client with TLS off, most likely) why it is being
+ * closed, in a plaintext error response it can read: OpenSSL sends no alert to a peer whose
+ * bytes are not TLS, so nothing else is on the stream. Best effort, on the raw socket; its
+ * unread input is drained first so that the close is a FIN and not a reset that could
+ * overtake the reply. */
+static void sconn_tell_plaintext_peer(dp_sconn *c) {
+  int fd = (int)bufferevent_getfd(c->bev);
+  uint8_t frame[DP_FRAME_HEADER_SIZE + DP_MESSAGE_MAX];
+  for (int i = 0; i < 16 && recv(fd, frame, sizeof frame, MSG_DONTWAIT) > 0; i++) {
+  }
+  char message[DP_MESSAGE_MAX];
+  snprintf(message, sizeof message, "data plane: the block server on port %d has TLS on (FLINT_TLS) "
+           "and this client has not: TLS may be on at one end only", c->server->port);
+  size_t mlen = strlen(message);
+  dp_header h = {.type = DP_FRAME_RESPONSE, .status = FL_EPROTO, .len = mlen,
+                 .crc = dp_crc32c(0, message, mlen)};
+  dp_header_encode(frame, &h);
+  memcpy(frame + DP_FRAME_HEADER_SIZE, message, mlen);
+  (void)send(fd, frame, DP_FRAME_HEADER_SIZE + mlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 static void sconn_event_cb(struct bufferevent *bev, short what, void *arg) {
   dp_sconn *c = arg;
+  if (what & BEV_EVENT_CONNECTED) { /* TLS: the handshake is done */
+    c->handshaken = true;
+    return;
+  }
   if (what & BEV_EVENT_TIMEOUT) {
     /* Only the write timeout is set: the peer took no byte of a response for that long. */
     atomic_fetch_add(&c->server->timed_out, 1);
     common_log(LOG_WARN, "data plane: closing connection from %s: it read nothing of a response in %lld ms",
                c->peer, (long long)c->server->limits.request_timeout_ms);
     sconn_close(c);
+    return;
+  }
+  if (!c->handshaken && (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) {
+    char why[256], line[400];
+    bool not_tls;
+    bev_tls_errors(bev, what, why, sizeof why, &not_tls);
+    snprintf(line, sizeof line, "TLS handshake failed: %s%s", why,
+             not_tls ? " (a client without TLS? TLS may be on at one end only)" : "");
+    if (not_tls) sconn_tell_plaintext_peer(c);
+    sconn_drop(c, line);
     return;
   }
   if (what & BEV_EVENT_ERROR)
@@ -476,11 +546,27 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
   sockaddr_name(sa, c->peer, sizeof c->peer);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
+  SSL *ssl = NULL;
+  if (s->tls) {
+    /* The bufferevent owns the SSL and the socket from here (BEV_OPT_CLOSE_ON_FREE). */
+    ssl = SSL_new(s->tls);
+    c->bev = ssl ? bufferevent_openssl_socket_new(s->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                  BEV_OPT_CLOSE_ON_FREE)
+                 : NULL;
+    /* Clients close without close_notify: that is an end of stream, not an attack (a
+     * truncated response fails the client's length and checksum checks anyway). */
+    if (c->bev) bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+  } else {
+    c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    c->handshaken = true;
+  }
   c->timer = evtimer_new(s->base, sconn_timer_cb, c);
   if (!c->bev || !c->timer) {
     if (c->bev) bufferevent_free(c->bev);
-    else evutil_closesocket(fd);
+    else {
+      SSL_free(ssl);
+      evutil_closesocket(fd);
+    }
     if (c->timer) event_free(c->timer);
     common_free(c);
     return;
@@ -618,6 +704,28 @@ static int64_t limit_resolve(int64_t given, int64_t from_env) {
   return given == 0 ? from_env : given < 0 ? DP_UNLIMITED : given;
 }
 
+/* The server's SSL_CTX when FLINT_TLS is on (s->tls stays NULL when off); the settings' own
+ * error (naming the setting and the file) otherwise. */
+static fl_status server_tls_setup(dp_server *s) {
+  net_tls t;
+  fl_status st = net_tls_read(NET_TLS_SERVER, &t);
+  if (st == FL_OK && t.on) st = net_tls_context(&t, NET_TLS_SERVER, &s->tls);
+  net_tls_free(&t);
+  if (st != FL_OK) return common_error_wrap(st, "data plane: ");
+  if (!s->tls) return FL_OK;
+  /* libevent goes on to the next chunk of the output buffer after a partial SSL_write, so a
+   * partial write would lose the rest of its chunk: whole writes only (libevent retries a
+   * blocked one with the same bytes). */
+  SSL_CTX_clear_mode(s->tls, SSL_MODE_ENABLE_PARTIAL_WRITE);
+  SSL_CTX_set_num_tickets(s->tls, 0);
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+  /* OpenSSL 3 reports a close without close_notify as an error; libevent then reports an
+   * error instead of the end of stream its dirty-shutdown setting asks for. */
+  SSL_CTX_set_options(s->tls, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
+  return FL_OK;
+}
+
 fl_status dp_server_start(const char *host, int port, const char *secret, dp_serve_fn serve,
                           void *arg, dp_server **out) {
   return dp_server_start_with_limits(host, port, secret, serve, arg, NULL, out);
@@ -655,6 +763,7 @@ fl_status dp_server_start_with_limits(const char *host, int port, const char *se
     if (!s->secret) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot copy the secret"));
     s->secret_len = strlen(secret);
   }
+  FL_CHECK(server_tls_setup(s));
   struct sockaddr_storage addr;
   socklen_t addrlen;
   FL_CHECK(dp_resolve(host, port, true, &addr, &addrlen));
@@ -731,6 +840,7 @@ void dp_server_stop(dp_server *s) {
   if (s->base) event_base_free(s->base);
   common_queue_destroy(&s->jobs);
   pthread_mutex_destroy(&s->done_lock);
+  SSL_CTX_free(s->tls);
   common_free(s->secret);
   common_free(s);
 }

@@ -14,21 +14,41 @@
  * Failures: a broken connection fails only its request, except that a request sent on a
  * reused connection that dies before any byte of the response arrived is retried once on a
  * fresh connection (the server may have closed an idle connection just as we wrote to it;
- * requests are reads, so a retry is harmless).
+ * requests are reads, so a retry is harmless). The check that an idle connection is still
+ * open (its socket turned readable) peeks, so that it consumes nothing.
+ *
+ * TLS (FLINT_TLS, net/tls.h): one SSL_CTX per client, and an SSL per connection on the same
+ * non-blocking fd, still without bufferevents so that SSL_read decrypts straight into the
+ * caller's buffer. Once TCP connects, SSL_connect runs from the fd's events (checking the
+ * certificate for the host as dialled, or FLINT_TLS_SERVER_NAME) before the hello and the
+ * request go out; then every read and write goes through SSL_read / SSL_write, and their
+ * WANT_READ / WANT_WRITE pick the event to wait for (read_wants_write, write_wants_read).
+ * Bytes OpenSSL has already decrypted do not make the fd readable, so a read that stops with
+ * SSL_has_pending() true activates the read event itself. The idle check is SSL_peek. A
+ * failed handshake fails its fetch, with FL_EAUTH when the certificate did not verify and
+ * FL_ENET otherwise; either way the message names the peer and OpenSSL's reason. TLS at one
+ * end only is named as such: a TLS client whose handshake is cut off says so, and a TLS server
+ * tells a plaintext client in a plaintext error response (FL_EPROTO, dataplane.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "net/dataplane_frame.h"
+#include "net/tls.h"
 
 #define DP_PEER_NAME_MAX 300
 
@@ -55,14 +75,17 @@ typedef struct dp_op {
   common_event done;
 } dp_op;
 
-typedef enum cconn_state { CC_CONNECTING, CC_IDLE, CC_SENDING, CC_RECEIVING } cconn_state;
+typedef enum cconn_state { CC_CONNECTING, CC_HANDSHAKING, CC_IDLE, CC_SENDING, CC_RECEIVING } cconn_state;
 
 struct dp_cconn {
   dp_cconn *next; /* the peer's list */
   dp_peer *peer;
   int fd;
+  SSL *ssl; /* NULL: plaintext */
   struct event *rev, *wev;
   cconn_state state;
+  bool read_wants_write; /* TLS: a read waits for the fd to be writable */
+  bool write_wants_read; /* TLS: a write waits for the fd to be readable */
   bool used;       /* completed a request before: a failure may be a stale connection */
   bool hello_sent; /* the hello goes out in front of the first request */
   dp_op *op;
@@ -84,6 +107,7 @@ struct dp_peer {
   dp_peer *next;
   dp_client *client;
   char name[DP_PEER_NAME_MAX];
+  char host[DP_PEER_NAME_MAX]; /* as dialled, without port or brackets: TLS checks it */
   dp_cconn *conns;
   int n_conns;
   dp_op *wait_head, *wait_tail;
@@ -99,6 +123,8 @@ struct dp_client {
   dp_op *submit_head, *submit_tail;
   bool stopping; /* under submit_lock */
   dp_peer *peers; /* loop thread only */
+  net_tls tls_settings;
+  SSL_CTX *tls; /* NULL: plaintext */
   char *secret;
   size_t secret_len;
   _Atomic uint64_t max_payload;
@@ -138,6 +164,7 @@ static void cconn_free(dp_cconn *k) {
   p->n_conns--;
   if (k->rev) event_free(k->rev);
   if (k->wev) event_free(k->wev);
+  SSL_free(k->ssl); /* its socket BIO leaves the fd open */
   if (k->fd >= 0) close(k->fd);
   common_free(k);
 }
@@ -149,7 +176,7 @@ static void cconn_fail(dp_client *c, dp_cconn *k, fl_status status, const char *
   dp_peer *p = k->peer;
   bool retry = op && status == FL_ENET && k->used && !k->have_header && k->head_got == 0 &&
                !op->retried;
-  bool connecting = k->state == CC_CONNECTING;
+  bool connecting = k->state == CC_CONNECTING, handshaking = k->state == CC_HANDSHAKING;
   k->op = NULL;
   cconn_free(k);
   if (op) {
@@ -161,6 +188,8 @@ static void cconn_fail(dp_client *c, dp_cconn *k, fl_status status, const char *
       if (!p->wait_tail) p->wait_tail = op;
     } else if (status == FL_ENET && connecting) {
       op_finish(op, status, "data plane: cannot connect to %s: %s", p->name, why);
+    } else if (handshaking) {
+      op_finish(op, status, "data plane: TLS handshake with %s failed: %s", p->name, why);
     } else if (status == FL_ENET) {
       op_finish(op, status, "data plane: connection to %s lost: %s", p->name, why);
     } else {
@@ -170,22 +199,101 @@ static void cconn_fail(dp_client *c, dp_cconn *k, fl_status status, const char *
   peer_dispatch(c, p);
 }
 
-static void cconn_try_send(dp_client *c, dp_cconn *k) {
-  while (k->sent < k->send_len) {
-    ssize_t n = send(k->fd, k->send + k->sent, k->send_len - k->sent, MSG_NOSIGNAL);
-    if (n < 0) {
+/* What cconn_recv and cconn_send return besides a byte count (and 0: the peer closed). */
+#define CIO_WAIT ((ssize_t)-1)   /* nothing now; the event to wait for is armed */
+#define CIO_FAILED ((ssize_t)-2) /* the reason is in `why` */
+
+/* Why an SSL call on k failed with `err` (SSL_get_error), as one line in why. */
+static void cconn_tls_why(int err, char *why, size_t cap) {
+  if (err == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
+    snprintf(why, cap, "%s", errno ? strerror(errno) : "the peer closed the connection");
+    return;
+  }
+  net_tls_errors(why, cap);
+}
+
+/* Reads up to len bytes from the connection (through TLS when on): the count, 0 when the
+ * peer closed it, CIO_WAIT or CIO_FAILED. */
+static ssize_t cconn_recv(dp_cconn *k, void *dst, size_t len, char *why, size_t cap) {
+  for (;;) {
+    if (!k->ssl) {
+      ssize_t n = recv(k->fd, dst, len, 0);
+      if (n >= 0) return n;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return CIO_WAIT; /* rev is always armed */
+      snprintf(why, cap, "%s", strerror(errno));
+      return CIO_FAILED;
+    }
+    ERR_clear_error();
+    errno = 0;
+    int n = SSL_read(k->ssl, dst, len > INT_MAX ? INT_MAX : (int)len);
+    if (n > 0) return n;
+    int err = SSL_get_error(k->ssl, n);
+    if (err == SSL_ERROR_WANT_READ) return CIO_WAIT;
+    if (err == SSL_ERROR_WANT_WRITE) {
+      k->read_wants_write = true;
+      event_add(k->wev, NULL);
+      return CIO_WAIT;
+    }
+    if (err == SSL_ERROR_ZERO_RETURN) return 0; /* close_notify, or EOF (IGNORE_UNEXPECTED_EOF) */
+    if (err == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && errno == EINTR) continue;
+    if (err == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && errno == 0) return 0;
+    cconn_tls_why(err, why, cap);
+    return CIO_FAILED;
+  }
+}
+
+/* Writes up to len bytes to the connection (through TLS when on): the count, CIO_WAIT or
+ * CIO_FAILED. After CIO_WAIT the next call must pass the same bytes (OpenSSL's rule). */
+static ssize_t cconn_send(dp_cconn *k, const void *src, size_t len, char *why, size_t cap) {
+  for (;;) {
+    if (!k->ssl) {
+      ssize_t n = send(k->fd, src, len, MSG_NOSIGNAL);
+      if (n >= 0) return n;
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         event_add(k->wev, NULL);
-        return;
+        return CIO_WAIT;
       }
-      cconn_fail(c, k, FL_ENET, strerror(errno));
-      return;
+      snprintf(why, cap, "%s", strerror(errno));
+      return CIO_FAILED;
+    }
+    ERR_clear_error();
+    errno = 0;
+    int n = SSL_write(k->ssl, src, len > INT_MAX ? INT_MAX : (int)len);
+    if (n > 0) return n;
+    int err = SSL_get_error(k->ssl, n);
+    if (err == SSL_ERROR_WANT_WRITE) {
+      event_add(k->wev, NULL);
+      return CIO_WAIT;
+    }
+    if (err == SSL_ERROR_WANT_READ) { /* rev is always armed */
+      k->write_wants_read = true;
+      return CIO_WAIT;
+    }
+    if (err == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && errno == EINTR) continue;
+    if (err == SSL_ERROR_ZERO_RETURN) snprintf(why, cap, "the peer closed the connection");
+    else cconn_tls_why(err, why, cap);
+    return CIO_FAILED;
+  }
+}
+
+/* Sends what is left of the request. Returns false when it failed the connection (which is
+ * then freed). */
+static bool cconn_try_send(dp_client *c, dp_cconn *k) {
+  char why[256];
+  while (k->sent < k->send_len) {
+    ssize_t n = cconn_send(k, k->send + k->sent, k->send_len - k->sent, why, sizeof why);
+    if (n == CIO_WAIT) return true;
+    if (n < 0) {
+      cconn_fail(c, k, FL_ENET, why);
+      return false;
     }
     k->sent += (size_t)n;
   }
-  event_del(k->wev);
+  if (!k->read_wants_write) event_del(k->wev);
   k->state = CC_RECEIVING;
+  return true;
 }
 
 static void cconn_start(dp_client *c, dp_cconn *k, dp_op *op) {
@@ -212,7 +320,7 @@ static void cconn_start(dp_client *c, dp_cconn *k, dp_op *op) {
   k->trailer_got = 0;
   k->crc = 0;
   k->state = CC_SENDING;
-  cconn_try_send(c, k);
+  (void)cconn_try_send(c, k);
 }
 
 /* A whole response has arrived. */
@@ -232,6 +340,8 @@ static void cconn_complete(dp_client *c, dp_cconn *k) {
   op->conn = NULL;
   k->state = CC_IDLE;
   k->used = true;
+  /* Bytes after the response that OpenSSL holds already: the idle check must see them. */
+  if (k->ssl && SSL_has_pending(k->ssl)) event_active(k->rev, EV_READ, 1);
   fl_status status = (fl_status)k->h.status;
   if (status == FL_OK) {
     op->out->len += k->h.len;
@@ -293,18 +403,59 @@ static bool cconn_header(dp_client *c, dp_cconn *k) {
 /* Bytes one read callback takes from one connection before it lets the loop run others. */
 #define DP_READ_BUDGET ((size_t)1 << 20)
 
-static void cconn_read_cb(evutil_socket_t fd, short what, void *arg) {
-  dp_cconn *k = arg;
-  dp_client *c = k->peer->client;
-  if (k->state != CC_SENDING && k->state != CC_RECEIVING) {
-    /* An idle connection: the server closed it, or sent what nobody asked for. */
-    char byte;
+/* Whether the bytes an idle connection turned readable for mean it is closed (or the server
+ * sent what nobody asked for: true too, and logged). False: nothing to read after all. */
+static bool cconn_idle_closed(dp_cconn *k) {
+  char byte;
+  if (!k->ssl) {
     ssize_t n = recv(k->fd, &byte, 1, MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
     if (n > 0)
       common_log(LOG_WARN, "data plane: %s sent bytes on an idle connection; closing it",
                  k->peer->name);
-    cconn_fail(c, k, FL_ENET, "closed while idle");
+    return true;
+  }
+  /* The fd's readiness may be a record that carries no data (a key update): SSL_peek takes
+   * it and reports what is left. */
+  ERR_clear_error();
+  int n = SSL_peek(k->ssl, &byte, 1);
+  if (n > 0) {
+    common_log(LOG_WARN, "data plane: %s sent bytes on an idle connection; closing it",
+               k->peer->name);
+    return true;
+  }
+  int err = SSL_get_error(k->ssl, n);
+  if (err == SSL_ERROR_WANT_READ) return false;
+  if (err == SSL_ERROR_WANT_WRITE) {
+    k->read_wants_write = true;
+    event_add(k->wev, NULL);
+    return false;
+  }
+  ERR_clear_error();
+  return true;
+}
+
+/* Bytes one read callback takes from one connection before it lets the loop run others. */
+#define DP_READ_BUDGET ((size_t)1 << 20)
+
+static void cconn_handshake(dp_client *c, dp_cconn *k);
+static fl_status peer_split(const char *peer, char *host, long *port_out);
+static void cconn_connected(dp_client *c, dp_cconn *k);
+
+static void cconn_read_cb(evutil_socket_t fd, short what, void *arg) {
+  dp_cconn *k = arg;
+  dp_client *c = k->peer->client;
+  if (k->state == CC_HANDSHAKING) {
+    cconn_handshake(c, k);
+    return;
+  }
+  if (k->write_wants_read) {
+    k->write_wants_read = false;
+    if (k->state == CC_SENDING && !cconn_try_send(c, k)) return;
+  }
+  if (k->state != CC_SENDING && k->state != CC_RECEIVING) {
+    /* An idle connection: the server closed it, or sent what nobody asked for. */
+    if (cconn_idle_closed(k)) cconn_fail(c, k, FL_ENET, "closed while idle");
     return;
   }
   size_t budget = DP_READ_BUDGET;
@@ -329,16 +480,16 @@ static void cconn_read_cb(evutil_socket_t fd, short what, void *arg) {
       cconn_complete(c, k);
       return;
     }
-    ssize_t n = recv(k->fd, dst, want, 0);
+    char why[256];
+    ssize_t n = cconn_recv(k, dst, want, why, sizeof why);
+    if (n == CIO_WAIT) return;
     if (n == 0) {
       cconn_fail(c, k, FL_ENET, k->have_header ? "the peer closed the connection mid-response"
                                                : "the peer closed the connection");
       return;
     }
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      cconn_fail(c, k, FL_ENET, strerror(errno));
+      cconn_fail(c, k, FL_ENET, why);
       return;
     }
     budget -= (size_t)n;
@@ -353,6 +504,54 @@ static void cconn_read_cb(evutil_socket_t fd, short what, void *arg) {
       k->trailer_got += (size_t)n;
     }
   }
+  /* Out of budget: what OpenSSL has decrypted already will not make the fd readable. */
+  if (k->ssl && SSL_has_pending(k->ssl)) event_active(k->rev, EV_READ, 1);
+}
+
+/* Why a handshake failed, and its status: FL_EAUTH when the server's certificate did not
+ * verify (an unknown CA, another name), else FL_ENET. */
+static fl_status cconn_handshake_why(dp_cconn *k, int err, char *why, size_t cap) {
+  long verify = SSL_get_verify_result(k->ssl);
+  unsigned long first = ERR_peek_error();
+  bool cut_off = err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && first == 0);
+  if (err == SSL_ERROR_ZERO_RETURN) snprintf(why, cap, "the peer closed the connection");
+  else cconn_tls_why(err, why, cap);
+  size_t used = strlen(why);
+  if (verify != X509_V_OK) {
+    snprintf(why + used, cap - used, " (%s)", X509_verify_cert_error_string(verify));
+    return FL_EAUTH;
+  }
+  /* A plaintext server reads the client's hello as a bad frame and closes the connection;
+   * record-layer reasons mean the peer sent something that is not TLS at all. */
+  int reason = ERR_GET_REASON(first);
+  if (cut_off || reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_UNKNOWN_PROTOCOL ||
+      reason == SSL_R_PACKET_LENGTH_TOO_LONG || reason == SSL_R_RECORD_LENGTH_MISMATCH)
+    snprintf(why + used, cap - used, "; TLS may be on at one end only (FLINT_TLS is on here)");
+  return FL_ENET;
+}
+
+/* Runs SSL_connect as far as the fd allows; once done, sends the operation's request. */
+static void cconn_handshake(dp_client *c, dp_cconn *k) {
+  ERR_clear_error();
+  errno = 0;
+  int r = SSL_connect(k->ssl);
+  if (r == 1) {
+    event_del(k->wev);
+    cconn_start(c, k, k->op);
+    return;
+  }
+  int err = SSL_get_error(k->ssl, r);
+  if (err == SSL_ERROR_WANT_READ) {
+    event_del(k->wev);
+    return;
+  }
+  if (err == SSL_ERROR_WANT_WRITE) {
+    event_add(k->wev, NULL);
+    return;
+  }
+  char why[DP_MESSAGE_MAX];
+  fl_status status = cconn_handshake_why(k, err, why, sizeof why);
+  cconn_fail(c, k, status, why);
 }
 
 static void cconn_write_cb(evutil_socket_t fd, short what, void *arg) {
@@ -368,12 +567,31 @@ static void cconn_write_cb(evutil_socket_t fd, short what, void *arg) {
     }
     event_del(k->wev);
     event_add(k->rev, NULL);
-    dp_op *op = k->op;
-    cconn_start(c, k, op);
+    cconn_connected(c, k);
     return;
   }
-  if (k->state == CC_SENDING) cconn_try_send(c, k);
-  else event_del(k->wev);
+  if (k->state == CC_HANDSHAKING) {
+    cconn_handshake(c, k);
+    return;
+  }
+  bool reading = k->read_wants_write;
+  k->read_wants_write = false;
+  if (k->state == CC_SENDING) {
+    if (!cconn_try_send(c, k)) return;
+  } else {
+    event_del(k->wev);
+  }
+  if (reading) cconn_read_cb(k->fd, EV_READ, k);
+}
+
+/* TCP is up: the request goes out, after the TLS handshake when TLS is on. rev is armed. */
+static void cconn_connected(dp_client *c, dp_cconn *k) {
+  if (k->ssl) {
+    k->state = CC_HANDSHAKING;
+    cconn_handshake(c, k);
+  } else {
+    cconn_start(c, k, k->op);
+  }
 }
 
 static void peer_connect(dp_client *c, dp_peer *p, dp_op *op) {
@@ -406,9 +624,23 @@ static void peer_connect(dp_client *c, dp_peer *p, dp_op *op) {
     cconn_fail(c, k, FL_ENOMEM, "cannot allocate events");
     return;
   }
+  if (c->tls) {
+    k->ssl = SSL_new(c->tls);
+    if (!k->ssl || SSL_set_fd(k->ssl, fd) != 1) {
+      char why[256];
+      cconn_fail(c, k, FL_ENOMEM, net_tls_errors(why, sizeof why));
+      return;
+    }
+    if (net_tls_expect_host(&c->tls_settings, k->ssl, p->host) != FL_OK) {
+      char why[DP_MESSAGE_MAX];
+      snprintf(why, sizeof why, "%s", fl_last_error());
+      cconn_fail(c, k, FL_EINVAL, why);
+      return;
+    }
+  }
   if (connect(fd, (struct sockaddr *)&op->addr, op->addrlen) == 0) {
     event_add(k->rev, NULL);
-    cconn_start(c, k, op);
+    cconn_connected(c, k);
   } else if (errno == EINPROGRESS || errno == EINTR) {
     event_add(k->wev, NULL);
   } else {
@@ -467,6 +699,8 @@ static dp_peer *peer_get(dp_client *c, const char *name) {
   dp_peer *p = common_calloc(1, sizeof *p);
   if (!p) return NULL;
   snprintf(p->name, sizeof p->name, "%s", name);
+  long port;
+  FL_ASSERT(peer_split(name, p->host, &port) == FL_OK); /* dp_fetch resolved it */
   p->client = c;
   p->next = c->peers;
   c->peers = p;
@@ -536,6 +770,25 @@ static void *client_loop_main(void *arg) {
   return NULL;
 }
 
+/* The client's SSL_CTX when FLINT_TLS is on (c->tls stays NULL when off); the settings' own
+ * error (naming the setting and the file) otherwise. */
+static fl_status client_tls_setup(dp_client *c) {
+  fl_status st = net_tls_read(NET_TLS_CLIENT, &c->tls_settings);
+  if (st == FL_OK && c->tls_settings.on) st = net_tls_context(&c->tls_settings, NET_TLS_CLIENT, &c->tls);
+  if (st != FL_OK) return common_error_wrap(st, "data plane: ");
+  if (!c->tls) return FL_OK;
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+  /* Servers close idle connections without close_notify: an end of stream, which
+   * OpenSSL 3 would report as an error (and a truncated response fails its checks anyway). */
+  SSL_CTX_set_options(c->tls, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
+  /* OpenSSL writes to the socket with write(2): a peer that has gone must not kill the
+   * process (the plaintext path sends with MSG_NOSIGNAL instead). */
+  struct sigaction old_pipe;
+  if (sigaction(SIGPIPE, NULL, &old_pipe) == 0 && old_pipe.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+  return FL_OK;
+}
+
 fl_status dp_client_create(const char *secret, dp_client **out) {
   fl_status status = FL_OK;
   if (!out) return FL_ERR(FL_EINVAL, "dp_client_create: out is NULL");
@@ -553,6 +806,7 @@ fl_status dp_client_create(const char *secret, dp_client **out) {
     if (!c->secret) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot copy the secret"));
     c->secret_len = strlen(secret);
   }
+  FL_CHECK(client_tls_setup(c));
   c->base = event_base_new();
   if (!c->base) FL_CHECK(FL_ERR(FL_ENOMEM, "cannot create an event base"));
   c->wake = event_new(c->base, -1, EV_PERSIST, client_wake_cb, c);
@@ -588,14 +842,15 @@ void dp_client_destroy(dp_client *c) {
   if (c->wake) event_free(c->wake);
   if (c->base) event_base_free(c->base);
   pthread_mutex_destroy(&c->submit_lock);
+  SSL_CTX_free(c->tls);
+  net_tls_free(&c->tls_settings);
   common_free(c->secret);
   common_free(c);
 }
 
-/* Splits "HOST:PORT" ("[V6]:PORT" for IPv6) and resolves it. Caller's thread: a name lookup
- * may block, and must not block the loop. */
-static fl_status peer_resolve(const char *peer, struct sockaddr_storage *addr,
-                              socklen_t *addrlen) {
+/* Splits "HOST:PORT" ("[V6]:PORT" for IPv6) into host (at least DP_PEER_NAME_MAX bytes)
+ * and port. */
+static fl_status peer_split(const char *peer, char *host, long *port_out) {
   const char *colon = strrchr(peer, ':');
   if (!colon || colon == peer || !colon[1])
     return FL_ERR(FL_EINVAL, "data plane: peer \"%s\" is not HOST:PORT", peer);
@@ -604,7 +859,6 @@ static fl_status peer_resolve(const char *peer, struct sockaddr_storage *addr,
   long port = strtol(colon + 1, &end, 10);
   if (*end || errno || port <= 0 || port > 65535)
     return FL_ERR(FL_EINVAL, "data plane: peer \"%s\" has a bad port", peer);
-  char host[DP_PEER_NAME_MAX];
   size_t hlen = (size_t)(colon - peer);
   const char *h = peer;
   if (peer[0] == '[') {
@@ -615,6 +869,18 @@ static fl_status peer_resolve(const char *peer, struct sockaddr_storage *addr,
   }
   memcpy(host, h, hlen);
   host[hlen] = '\0';
+  *port_out = port;
+  return FL_OK;
+}
+
+/* Splits "HOST:PORT" and resolves it. Caller's thread: a name lookup may block, and must not
+ * block the loop. */
+static fl_status peer_resolve(const char *peer, struct sockaddr_storage *addr,
+                              socklen_t *addrlen) {
+  char host[DP_PEER_NAME_MAX];
+  long port;
+  fl_status st = peer_split(peer, host, &port);
+  if (st != FL_OK) return st;
   memset(addr, 0, sizeof *addr);
   struct sockaddr_in *in = (struct sockaddr_in *)addr;
   struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)addr;
@@ -630,7 +896,7 @@ static fl_status peer_resolve(const char *peer, struct sockaddr_storage *addr,
     *addrlen = sizeof *in6;
     return FL_OK;
   }
-  fl_status st = dp_resolve(host, (int)port, false, addr, addrlen);
+  st = dp_resolve(host, (int)port, false, addr, addrlen);
   if (st != FL_OK) return common_error_wrap(st, "data plane: peer %s: ", peer);
   return FL_OK;
 }

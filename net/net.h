@@ -201,6 +201,14 @@ FL_INTERNAL fl_status rpc_call_end_unless(rpc_pending *p, const atomic_bool *aba
  * asked for (status 0) or the error message (status != 0, at most DP_MESSAGE_MAX bytes). A
  * successful response has CRC field 0 and a 4-byte trailer after its payload: the payload's
  * CRC32C, so that the server can send a large payload while it is still checksumming it.
+ *
+ * TLS (FLINT_TLS and its files, net/tls.h): read when a server starts or a client is made;
+ * when on, every connection is TLS (1.2 or later) from its first byte and the frames above
+ * travel inside it unchanged, the hello's secret included (TLS authenticates the server, the
+ * secret the client). A client checks the server's certificate against FLINT_TLS_CA for the
+ * host it dialled, or FLINT_TLS_SERVER_NAME. Both ends must agree: a TLS client fails its
+ * fetch against a plaintext server, and a TLS server answers a plaintext client with an
+ * FL_EPROTO response; both messages say that TLS may be on at one end only.
  */
 #define DP_FRAME_MAGIC 0x50444c46u /* "FLDP" in memory */
 #define DP_FRAME_VERSION 1
@@ -260,10 +268,12 @@ typedef struct dp_server dp_server;
 
 /* Starts a block server listening on host:port (host NULL: every interface; port 0: a free
  * port, see dp_server_port). With a secret (NULL or "": none; at most DP_SECRET_MAX bytes),
- * each connection must open with a hello carrying it. Starts the event-loop thread and the
- * worker threads. Returns FL_OK and the server in *out; FL_EINVAL (bad arguments), FL_ENET
- * (cannot resolve or bind; the message names host and port), FL_ENOMEM. Does not block
- * beyond starting the threads. */
+ * each connection must open with a hello carrying it. With FLINT_TLS on, every connection is
+ * TLS, presenting FLINT_TLS_CERT. Starts the event-loop thread and the worker threads.
+ * Returns FL_OK and the server in *out; FL_EINVAL (bad arguments, or TLS settings that cannot
+ * serve: the message names the setting and the file), FL_ENET (cannot resolve or bind; the
+ * message names host and port), FL_ENOMEM. Does not block beyond starting the threads (and
+ * reading the TLS files). */
 FL_INTERNAL fl_status dp_server_start(const char *host, int port, const char *secret,
                                       dp_serve_fn serve, void *arg, dp_server **out);
 
@@ -301,7 +311,8 @@ FL_INTERNAL int dp_server_port(const dp_server *s);
 typedef struct dp_server_stats {
   uint64_t accepted;  /* connections accepted */
   uint64_t requests;  /* requests handed to the serve callback */
-  uint64_t dropped;   /* connections closed for a malformed frame or failed authentication */
+  uint64_t dropped;   /* connections closed for a malformed frame, failed authentication or a
+                       * failed TLS handshake */
   uint64_t timed_out; /* connections closed by the idle or request timeout */
   uint64_t refused;   /* connections closed at accept, over max_connections */
 } dp_server_stats;
@@ -316,8 +327,11 @@ FL_INTERNAL void dp_server_stop(dp_server *s);
 typedef struct dp_client dp_client;
 
 /* Creates a client with its event-loop thread. secret: sent in a hello on every new
- * connection (NULL or "": none; at most DP_SECRET_MAX bytes). Returns FL_OK and the client in
- * *out; FL_EINVAL, FL_ENOMEM. */
+ * connection (NULL or "": none; at most DP_SECRET_MAX bytes). With FLINT_TLS on, every
+ * connection is TLS and checks the server against FLINT_TLS_CA (and ignores SIGPIPE when it
+ * is at its default, as OpenSSL writes with write(2)). Returns FL_OK and the client in *out;
+ * FL_EINVAL (bad arguments, or TLS settings that cannot serve, naming the setting and the
+ * file), FL_ENOMEM. */
 FL_INTERNAL fl_status dp_client_create(const char *secret, dp_client **out);
 /* The largest response payload accepted from a server (default DP_MAX_PAYLOAD_DEFAULT); a
  * larger one fails its fetch with FL_EPROTO (the server refuses with FL_ELIMIT when it knows
@@ -342,8 +356,10 @@ FL_INTERNAL void dp_client_destroy(dp_client *c);
  * thread fills while the caller waits, so the caller must not touch it meanwhile), sets
  * *total (may be NULL) to the object's whole length and returns FL_OK. On failure *out keeps
  * its old length (its capacity may have grown) and the status is: the server's status and
- * message; FL_ENET naming the peer when it cannot be resolved or reached or the connection
- * drops; FL_ECORRUPT on a checksum mismatch; FL_EAUTH when the server refused the secret;
+ * message; FL_ENET naming the peer when it cannot be resolved or reached, the connection
+ * drops or a TLS handshake fails ("TLS handshake with PEER failed: REASON"); FL_EAUTH when
+ * the server's certificate does not verify (an unknown CA, another name) or the server
+ * refused the secret; FL_ECORRUPT on a checksum mismatch;
  * FL_EPROTO on a malformed or oversized frame; FL_ETIMEDOUT after timeout_ms (<= 0:
  * DP_TIMEOUT_DEFAULT_MS); FL_ECANCELLED when the client is destroyed meanwhile; FL_EINVAL
  * for bad arguments; FL_ENOMEM. */

@@ -282,6 +282,9 @@ struct rdd_task {
   /* Set with an FL_EFETCH failure: the map output that could not be read, which the
    * scheduler then marks lost and computes again (a fetch failure, not a task failure). */
   bool fetch_failed;
+  /* A failure that another attempt would repeat (a crash that contain_task_crashes caught:
+   * user code is deterministic): the job fails without retrying the task. */
+  bool no_retry;
   uint64_t fetch_shuffle_id;
   uint32_t fetch_map;
   rdd_barrier_info barrier; /* set for the tasks of a barrier stage (not by rdd_task_clear) */
@@ -300,6 +303,11 @@ static inline bool rdd_task_cancelled(const rdd_task *task) {
  * status and leaves the message in task->error. Runs on a task thread. */
 FL_INTERNAL fl_status rdd_task_run(rdd_task *task, rdd *r, const rdd_action *action,
                                    fl_buf *result);
+/* After rdd_task_run ended by a crash (common_crash_guard_run, local mode): the task fails
+ * with `message` (copied), without a retry; its iterators are dropped unclosed (their state is
+ * what the crash left) and the thread's current task is `outer` again (rdd_task_current as
+ * it was before the run). */
+FL_INTERNAL void rdd_task_crashed(rdd_task *task, rdd_task *outer, const char *message);
 /* Frees what the task holds (error, accumulator updates); the task struct is the caller's. */
 FL_INTERNAL void rdd_task_clear(rdd_task *task);
 /* Records a failure of the task (the first one wins) with the thread's current message. */

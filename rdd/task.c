@@ -29,8 +29,28 @@ void rdd_task_clear(rdd_task *task) {
   task->acc_updates = NULL;
   task->num_acc_updates = task->cap_acc_updates = 0;
   task->fetch_failed = false;
+  task->no_retry = false;
   task->run_ns = 0;
   task->blocks_mapped = task->blocks_fetched = 0;
+}
+
+void rdd_task_crashed(rdd_task *task, rdd_task *outer, const char *message) {
+  current_task = outer;
+  task->opened = NULL; /* leaked: closing them would run code over what the crash left */
+  if (task->status == FL_OK) {
+    task->status = FL_EJOB;
+    common_free(task->error);
+    task->error = common_strdup(message);
+  } else { /* an earlier failure was recorded first: the crash is what ended it */
+    char *was = task->error;
+    size_t len = strlen(message) + (was ? strlen(was) : 0) + 32;
+    char *both = common_malloc(len);
+    if (both) snprintf(both, len, "%s (after: %s)", message, was ? was : fl_strerror(task->status));
+    task->status = FL_EJOB;
+    task->error = both ? both : common_strdup(message);
+    common_free(was);
+  }
+  task->no_retry = true;
 }
 
 static void close_iterators(rdd_task *task) {

@@ -249,6 +249,7 @@ static pid_t spawn(const char *const *args, const char *const *extra_env, int ou
     /* Dies with this program, even when it dies by the watchdog or a crash. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(126);
+    if (fx.new_group) setpgid(0, 0);
     if (alarm_s > 0) alarm((unsigned)alarm_s);
     execve(exe, (char *const *)argv, envp);
     _exit(127);

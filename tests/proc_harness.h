@@ -38,6 +38,9 @@ typedef struct fixture {
   /* The network namespace that processes started from now on run in; empty: this one. */
   char netns[32];
   char exec_host[64]; /* the address executors started from now on listen on; empty: theirs */
+  /* Processes started from now on lead a process group of their own, as a shell's foreground
+   * job does (a test signals the whole group: kill(-pid, ...)). */
+  bool new_group;
   /* Run by the watchdog after it killed the processes (async-signal-safe calls only). */
   void (*on_alarm)(void);
   bool passed; /* set by the test's last line: the teardown prints logs when unset */

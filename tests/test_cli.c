@@ -21,6 +21,7 @@
 
 #include "test_util.h"
 #include "cli/cli.h"
+#include "common/common.h"
 #include "run_child.h"
 
 #define CHILD_ALARM_S 60
@@ -333,7 +334,8 @@ static void test_submit_option_equals_value(void **state) {
   free(r);
 }
 
-/* cli_parse_memory (cli/args.c, linked into this test): sizes as Spark reads them. */
+/* cli_parse_memory (cli/args.c, linked into this test): sizes as Spark reads them, by the
+ * parser the memory settings share (common_parse_memory), which takes 0 where --memory does not. */
 static void test_parse_memory(void **state) {
   (void)state;
   static const struct {
@@ -352,6 +354,9 @@ static void test_parse_memory(void **state) {
               (unsigned long long)good[i].bytes);
     assert_true(cli_parse_memory(good[i].text, &v));
     assert_int_equal(v, good[i].bytes);
+    uint64_t same = 0;
+    assert_true(common_parse_memory(good[i].text, &same));
+    assert_int_equal(same, good[i].bytes);
   }
   static const char *const bad[] = {"",    "g",    "-1g",   "+1g",  " 1g", "1g ", "1 g",  "1x",    "1gx",
                                     "1gb2", "1bb", "1kibb", ".5g", "1.2.3", "1e3", "0x10", "0",     "0m",
@@ -361,6 +366,8 @@ static void test_parse_memory(void **state) {
     if (cli_parse_memory(bad[i], &v)) fprintf(stderr, "cli_parse_memory('%s') took it\n", bad[i]);
     assert_false(cli_parse_memory(bad[i], &v));
     assert_int_equal(v, 42); /* untouched */
+    bool zero = strcmp(bad[i], "0") == 0 || strcmp(bad[i], "0m") == 0;
+    assert_int_equal(common_parse_memory(bad[i], &v), zero);
   }
 }
 

@@ -86,7 +86,7 @@ static void test_table_is_well_formed(void **state) {
     assert_int_equal(found, i); /* no name twice */
     if (s->flags & CONFIG_NO_LIMIT) assert_true(s->type == CONFIG_TYPE_COUNT || s->type == CONFIG_TYPE_MS);
     if (s->type == CONFIG_TYPE_COUNT || s->type == CONFIG_TYPE_MS || s->type == CONFIG_TYPE_US ||
-        s->type == CONFIG_TYPE_SIZE || s->type == CONFIG_TYPE_BOOL)
+        s->type == CONFIG_TYPE_SIZE || s->type == CONFIG_TYPE_MEMORY || s->type == CONFIG_TYPE_BOOL)
       assert_true(s->min <= s->max && s->max > 0);
   }
   config_id id;
@@ -113,6 +113,7 @@ static void test_every_default_reads(void **state) {
     case CONFIG_TYPE_MS: if (computed) assert_int_equal(config_ms(id), 0); else (void)config_ms(id); break;
     case CONFIG_TYPE_US: if (computed) assert_int_equal(config_us(id), 0); else (void)config_us(id); break;
     case CONFIG_TYPE_SIZE: if (computed) assert_int_equal(config_size(id), 0); else (void)config_size(id); break;
+    case CONFIG_TYPE_MEMORY: if (computed) assert_int_equal(config_memory(id), 0); else (void)config_memory(id); break;
     case CONFIG_TYPE_REAL: (void)config_real(id); break;
     case CONFIG_TYPE_STRING:
     case CONFIG_TYPE_PATH:
@@ -125,7 +126,7 @@ static void test_every_default_reads(void **state) {
   assert_int_equal(config_ms(CONFIG_LOCALITY_WAIT_MS), 3);
   assert_int_equal(config_ms(CONFIG_EXECUTOR_TIMEOUT_MS), 10000);
   assert_int_equal(config_ms(CONFIG_DRIVER_TIMEOUT_MS), 30000);
-  assert_int_equal(config_size(CONFIG_SHUFFLE_MEMORY), 64ull << 20);
+  assert_int_equal(config_memory(CONFIG_SHUFFLE_MEMORY), 64ull << 20);
   assert_int_equal(config_size(CONFIG_COMM_SOCKBUF), 4ull << 20);
   assert_int_equal(config_size(CONFIG_COMM_SINGLE_COPY_MIN), 128ull << 10);
   assert_int_equal(config_ms(CONFIG_COMM_TIMEOUT_MS), 300000);
@@ -160,9 +161,9 @@ static void test_valid_values(void **state) {
   unsetenv("FLINT_EXCLUDE_FAILURES");
 
   setenv("FLINT_SHUFFLE_MEMORY", "2g", 1);
-  assert_int_equal(config_size(CONFIG_SHUFFLE_MEMORY), 2ull << 30);
-  setenv("FLINT_SHUFFLE_MEMORY", "1048576", 1);
-  assert_int_equal(config_size(CONFIG_SHUFFLE_MEMORY), 1048576);
+  assert_int_equal(config_memory(CONFIG_SHUFFLE_MEMORY), 2ull << 30);
+  setenv("FLINT_SHUFFLE_MEMORY", "1048576b", 1);
+  assert_int_equal(config_memory(CONFIG_SHUFFLE_MEMORY), 1048576);
   unsetenv("FLINT_SHUFFLE_MEMORY");
 
   setenv("FLINT_SPECULATION_QUANTILE", "0.5", 1);
@@ -255,6 +256,8 @@ static void test_invalid_values(void **state) {
       {"FLINT_SPIN_US", "10000000", CONFIG_SPIN_US},                   /* 10 s and more */
       {"FLINT_SHUFFLE_MEMORY", "lots", CONFIG_SHUFFLE_MEMORY},
       {"FLINT_SHUFFLE_MEMORY", "-64m", CONFIG_SHUFFLE_MEMORY},
+      {"FLINT_SHUFFLE_MEMORY", "1e3", CONFIG_SHUFFLE_MEMORY},
+      {"FLINT_SHUFFLE_MEMORY", "0.1b", CONFIG_SHUFFLE_MEMORY},
       {"FLINT_SPECULATION_MULTIPLIER", "1.5x", CONFIG_SPECULATION_MULTIPLIER},
       {"FLINT_SPECULATION_MULTIPLIER", "inf", CONFIG_SPECULATION_MULTIPLIER},
       {"FLINT_SPECULATION_MULTIPLIER", "nan", CONFIG_SPECULATION_MULTIPLIER},
@@ -271,7 +274,7 @@ static void test_invalid_values(void **state) {
     bool given = config_given(id);
     switch (s->type) {
     case CONFIG_TYPE_MS: assert_int_equal(config_ms(id), strtoull(s->default_text, NULL, 10)); break;
-    case CONFIG_TYPE_SIZE: assert_int_equal(config_size(id), 64ull << 20); break;
+    case CONFIG_TYPE_MEMORY: assert_int_equal(config_memory(id), 64ull << 20); break;
     case CONFIG_TYPE_REAL: assert_true(config_real(id) == 1.5); break;
     case CONFIG_TYPE_US: assert_int_equal(config_us(id), 0); break; /* computed: the reader's */
     default: fail();
@@ -298,10 +301,64 @@ static void test_check_names_the_variable(void **state) {
   setenv("FLINT_MEMORY", "64m", 1);
   assert_int_equal(config_check(CONFIG_MEMORY), FL_OK);
   assert_true(config_given(CONFIG_MEMORY));
-  assert_int_equal(config_size(CONFIG_MEMORY), 64ull << 20);
+  assert_int_equal(config_memory(CONFIG_MEMORY), 64ull << 20);
   unsetenv("FLINT_MEMORY");
   assert_false(config_given(CONFIG_MEMORY));
-  assert_int_equal(config_size(CONFIG_MEMORY), 0); /* computed: the reader's default */
+  assert_int_equal(config_memory(CONFIG_MEMORY), 0); /* computed: the reader's default */
+}
+
+/* The memory settings read sizes as `flint submit --memory` does (one parser,
+ * common_parse_memory): a bare number is MiB, wherever the value comes from; byte-sized
+ * settings keep bare numbers as bytes. */
+static void test_memory_bare_number_is_mib(void **state) {
+  (void)state;
+  setenv("FLINT_MEMORY", "2048", 1);
+  assert_int_equal(config_memory(CONFIG_MEMORY), 2048ull << 20);
+  setenv("FLINT_MEMORY", "1.5g", 1);
+  assert_int_equal(config_memory(CONFIG_MEMORY), 3ull << 29);
+  setenv("FLINT_MEMORY", "512MiB", 1);
+  assert_int_equal(config_memory(CONFIG_MEMORY), 512ull << 20);
+  unsetenv("FLINT_MEMORY");
+  setenv("FLINT_SHUFFLE_MEMORY", "16", 1);
+  assert_int_equal(config_memory(CONFIG_SHUFFLE_MEMORY), 16ull << 20);
+  setenv("FLINT_SHUFFLE_MEMORY", "0", 1); /* within the range: zero bytes */
+  assert_int_equal(config_memory(CONFIG_SHUFFLE_MEMORY), 0);
+  unsetenv("FLINT_SHUFFLE_MEMORY");
+  /* --conf takes the same rule */
+  assert_int_equal(config_set_command_line("shuffle_memory=32"), FL_OK);
+  assert_int_equal(config_memory(CONFIG_SHUFFLE_MEMORY), 32ull << 20);
+  assert_int_equal(config_set_command_line("FLINT_SHUFFLE_MEMORY="), FL_OK); /* undone */
+  unsetenv("FLINT_SHUFFLE_MEMORY");
+  assert_int_equal(config_memory(CONFIG_SHUFFLE_MEMORY), 64ull << 20);
+  /* and flint-defaults.conf */
+  char path[] = "/tmp/flint-test-memory-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  static const char line[] = "memory 3072\n";
+  assert_int_equal(write(fd, line, sizeof line - 1), (ssize_t)(sizeof line - 1));
+  close(fd);
+  assert_int_equal(config_file_use(path), FL_OK);
+  assert_int_equal(config_source_of(CONFIG_MEMORY), CONFIG_FROM_FILE);
+  assert_int_equal(config_memory(CONFIG_MEMORY), 3ull << 30);
+  assert_int_equal(config_file_use(NULL), FL_OK);
+  unlink(path);
+  /* a size setting in bytes is not a memory setting */
+  setenv("FLINT_COMM_SOCKBUF", "2048", 1);
+  assert_int_equal(config_size(CONFIG_COMM_SOCKBUF), 2048);
+  unsetenv("FLINT_COMM_SOCKBUF");
+  /* the parser itself */
+  uint64_t v = 42;
+  assert_true(common_parse_memory("0", &v));
+  assert_int_equal(v, 0);
+  assert_true(common_parse_memory("2048", &v));
+  assert_int_equal(v, 2048ull << 20);
+  assert_true(common_parse_memory("100b", &v));
+  assert_int_equal(v, 100);
+  v = 42;
+  assert_false(common_parse_memory(NULL, &v));
+  assert_false(common_parse_memory("0.1b", &v));
+  assert_false(common_parse_memory(" 1g", &v));
+  assert_int_equal(v, 42);
 }
 
 /* One warning per bad value: reading it again is quiet, a new bad value warns again. */
@@ -504,6 +561,8 @@ static void test_flint_config_table(void **state) {
   assert_true(line_starting(r->out, "FLINT_SHUFFLE_MEMORY ", row, sizeof row));
   assert_non_null(strstr(row, " 64m "));
   assert_non_null(strstr(row, " default "));
+  assert_non_null(strstr(row, " MiB ")); /* a bare number's unit */
+  assert_true(line_starting(r->out, "FLINT_COMM_SOCKBUF ", row, sizeof row));
   assert_non_null(strstr(row, " bytes "));
   /* a secret is never printed */
   assert_null(strstr(r->out, "do-not-print-me"));
@@ -941,6 +1000,7 @@ int main(void) {
       cmocka_unit_test(test_empty_and_zero),
       cmocka_unit_test(test_invalid_values),
       cmocka_unit_test(test_check_names_the_variable),
+      cmocka_unit_test(test_memory_bare_number_is_mib),
       cmocka_unit_test(test_warns_once_per_value),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_readme_table_matches_registry),

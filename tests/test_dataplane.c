@@ -1,13 +1,16 @@
 /* test_dataplane.c: unit tests of net/dataplane*.c: round trips, ranges, errors, concurrency and
  * connection reuse, authentication, hostile and dying peers, timeouts and shutdown, all on
- * 127.0.0.1 with servers on free ports. */
+ * 127.0.0.1 with servers on free ports; then TLS: the same fetches with FLINT_TLS on, and
+ * the handshakes that must fail. */
 #include "test_util.h"
+#include "tls_certs.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -873,6 +876,332 @@ static void test_connection_cap(void **state) {
   dp_server_stop(s);
 }
 
+
+/* ---- TLS -------------------------------------------------------------------------------- */
+/* certs: a CA and a certificate for 127.0.0.1 and localhost; other: another CA (and its own
+ * certificate); named: a certificate for flint.example only. Made once for the program. */
+static char certs[256], other[256], named[256];
+
+static int tls_certs_make(void **state) {
+  (void)state;
+  return tls_make_certs(certs, sizeof certs, NULL) && tls_make_certs(other, sizeof other, NULL) &&
+                 tls_make_certs(named, sizeof named, "flint.example")
+             ? 0
+             : -1;
+}
+
+static int tls_certs_remove(void **state) {
+  (void)state;
+  tls_env_off();
+  if (certs[0]) tls_remove_certs(certs);
+  if (other[0]) tls_remove_certs(other);
+  if (named[0]) tls_remove_certs(named);
+  return 0;
+}
+
+/* Runs after every TLS test, also a failed one, so that the next test starts in plaintext. */
+static int tls_off(void **state) {
+  (void)state;
+  tls_env_off();
+  return 0;
+}
+
+static void set_ca(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/ca.pem", dir);
+  setenv("FLINT_TLS_CA", path, 1);
+}
+
+/* The tests above, with every server and client of theirs on TLS: the behaviour they check
+ * (reuse, ranges, loans, errors, secrets, cut connections, timeouts, cancelling, the idle
+ * check and its retry) must not change. test_tls_one_end_only shows the setting is in force. */
+#define TLS_TOO(name)                                                                        \
+  static void tls_##name(void **state) {                                                     \
+    tls_env_on(certs);                                                                       \
+    test_##name(state);                                                                      \
+  }
+TLS_TOO(round_trip_sizes)
+TLS_TOO(ranged_reads)
+TLS_TOO(lent_payloads)
+TLS_TOO(server_errors_propagate)
+TLS_TOO(concurrent_fetches_reuse_connections)
+TLS_TOO(auth)
+TLS_TOO(unreachable_peer)
+TLS_TOO(peer_dies_mid_transfer)
+TLS_TOO(timeout_and_limit)
+TLS_TOO(client_destroy_cancels)
+TLS_TOO(idle_pooled_connection_reopens)
+
+/* Large blocks are streamed (sent before their checksum); over TLS they arrive whole and
+ * right, one after another on one connection. */
+static void test_tls_large_blocks(void **state) {
+  tls_env_on(certs);
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, "tls-secret", test_serve, NULL, &s));
+  assert_ok(dp_client_create("tls-secret", &c));
+  peer_of(s, peer, sizeof peer);
+  uint64_t sizes[] = {48u << 20, (20u << 20) + 12345};
+  for (size_t i = 0; i < 2; i++) {
+    fl_buf out = FL_BUF_INIT;
+    uint64_t total = 0;
+    dp_request r = block_req(sizes[i], 40 + i, 0, 0);
+    assert_ok(dp_fetch(c, peer, &r, 60000, &out, &total));
+    assert_int_equal(total, sizes[i]);
+    assert_int_equal(out.len, sizes[i]);
+    check_pattern(out.data, 40 + i, 0, sizes[i]);
+    fl_buf_free(&out);
+  }
+  assert_int_equal(dp_client_stats_get(c).connects, 1);
+  assert_int_equal(dp_server_stats_get(s).dropped, 0);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+/* Runs fn with stderr going to a file, whose text (at most cap - 1 bytes) ends in buf. */
+static void capture_stderr(void (*fn)(void *), void *arg, char *buf, size_t cap) {
+  char path[] = "/tmp/flint-test-stderr-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  int saved = dup(2);
+  assert_true(saved >= 0);
+  assert_int_equal(dup2(fd, 2), 2);
+  fn(arg);
+  assert_int_equal(dup2(saved, 2), 2);
+  close(saved);
+  ssize_t n = pread(fd, buf, cap - 1, 0);
+  buf[n > 0 ? n : 0] = '\0';
+  close(fd);
+  unlink(path);
+  fputs(buf, stderr); /* still shown */
+}
+
+typedef struct bad_handshake {
+  dp_server *s;
+  const char *peer;
+} bad_handshake;
+
+/* A client that trusts another CA: its fetch fails, and the server counts one drop. */
+static void wrong_ca_fetch(void *arg) {
+  bad_handshake *b = arg;
+  set_ca(other);
+  dp_client *c;
+  assert_ok(dp_client_create(NULL, &c));
+  set_ca(certs);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(100, 1, 0, 0);
+  uint64_t before = dp_server_stats_get(b->s).dropped;
+  char want[256];
+  snprintf(want, sizeof want, "data plane: TLS handshake with %s failed: certificate verify failed", b->peer);
+  assert_fails_with(dp_fetch(c, b->peer, &r, 10000, &out, NULL), FL_EAUTH, want);
+  assert_int_equal(out.len, 0);
+  WAIT_FOR_STATS(b->s, st, st.dropped == before + 1);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+}
+
+/* Certificates the CA does not vouch for, or for another name: FL_EAUTH, a message naming
+ * the peer and OpenSSL's reason, one warning on the server, and it keeps serving. */
+static void test_tls_bad_certificates(void **state) {
+  tls_env_on(certs);
+  dp_server *s;
+  dp_client *good;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &good));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(3000, 2, 0, 0);
+  assert_ok(dp_fetch(good, peer, &r, 10000, &out, NULL)); /* a pooled connection from before */
+
+  bad_handshake b = {s, peer};
+  char log[8192];
+  capture_stderr(wrong_ca_fetch, &b, log, sizeof log);
+  const char *warning = strstr(log, "TLS handshake failed");
+  assert_non_null(warning);
+  assert_null(strstr(warning + 1, "TLS handshake failed")); /* one warning */
+  assert_non_null(strstr(log, "closing connection from 127.0.0.1:"));
+  assert_non_null(strstr(log, "unknown ca")); /* OpenSSL's reason: the client's alert */
+
+  /* The certificate names 127.0.0.1 and localhost, not what FLINT_TLS_SERVER_NAME asks. */
+  setenv("FLINT_TLS_SERVER_NAME", "flint.example", 1);
+  dp_client *misnamed;
+  assert_ok(dp_client_create(NULL, &misnamed));
+  unsetenv("FLINT_TLS_SERVER_NAME");
+  assert_fails_with(dp_fetch(misnamed, peer, &r, 10000, &out, NULL), FL_EAUTH, "certificate verify failed");
+  assert_non_null(strstr(fl_last_error(), "mismatch"));
+  assert_non_null(strstr(fl_last_error(), peer));
+  dp_client_destroy(misnamed);
+
+  /* Good clients are still served, on the old connection and on new ones. */
+  out.len = 0;
+  assert_ok(dp_fetch(good, peer, &r, 10000, &out, NULL));
+  check_pattern(out.data, 2, 0, 3000);
+  dp_client *fresh;
+  assert_ok(dp_client_create(NULL, &fresh));
+  out.len = 0;
+  assert_ok(dp_fetch(fresh, peer, &r, 10000, &out, NULL));
+  check_pattern(out.data, 2, 0, 3000);
+  WAIT_FOR_STATS(s, st, st.dropped == 2);
+  fl_buf_free(&out);
+  dp_client_destroy(fresh);
+  dp_client_destroy(good);
+  dp_server_stop(s);
+}
+
+/* FLINT_TLS_SERVER_NAME lets one certificate (for flint.example) serve an address it does
+ * not name; without it the address dialled is checked, and fails. */
+static void test_tls_server_name(void **state) {
+  tls_env_on(named);
+  dp_server *s;
+  char peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  peer_of(s, peer, sizeof peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(500, 3, 0, 0);
+  dp_client *plain_name;
+  assert_ok(dp_client_create(NULL, &plain_name));
+  assert_fails_with(dp_fetch(plain_name, peer, &r, 10000, &out, NULL), FL_EAUTH, "certificate verify failed");
+  dp_client_destroy(plain_name);
+  setenv("FLINT_TLS_SERVER_NAME", "flint.example", 1);
+  dp_client *c;
+  assert_ok(dp_client_create(NULL, &c));
+  assert_ok(dp_fetch(c, peer, &r, 10000, &out, NULL));
+  check_pattern(out.data, 3, 0, 500);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+/* TLS at one end only fails both ways round with a message that says so, and neither server
+ * stops serving the clients that match it. */
+static void test_tls_one_end_only(void **state) {
+  dp_server *plain, *tls;
+  dp_client *plain_client, *tls_client;
+  char plain_peer[64], tls_peer[64];
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &plain));
+  assert_ok(dp_client_create(NULL, &plain_client));
+  tls_env_on(certs);
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &tls));
+  assert_ok(dp_client_create(NULL, &tls_client));
+  tls_env_off();
+  peer_of(plain, plain_peer, sizeof plain_peer);
+  peer_of(tls, tls_peer, sizeof tls_peer);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(800, 4, 0, 0);
+  for (int i = 0; i < 2; i++) { /* and again, on fresh connections */
+    assert_fails_with(dp_fetch(tls_client, plain_peer, &r, 10000, &out, NULL), FL_ENET,
+                      "TLS may be on at one end only");
+    assert_non_null(strstr(fl_last_error(), "TLS handshake with"));
+    assert_non_null(strstr(fl_last_error(), plain_peer));
+    /* The server answers in plaintext, naming itself by its port. */
+    char port_text[32];
+    snprintf(port_text, sizeof port_text, "port %d has TLS on", dp_server_port(tls));
+    assert_fails_with(dp_fetch(plain_client, tls_peer, &r, 10000, &out, NULL), FL_EPROTO,
+                      "TLS may be on at one end only");
+    assert_non_null(strstr(fl_last_error(), port_text));
+  }
+  assert_int_equal(out.len, 0);
+  /* A server may count a drop just after the client has read its end of it. */
+  WAIT_FOR_STATS(tls, st, st.dropped == 2);
+  WAIT_FOR_STATS(plain, st, st.dropped == 2);
+  assert_ok(dp_fetch(plain_client, plain_peer, &r, 10000, &out, NULL));
+  assert_ok(dp_fetch(tls_client, tls_peer, &r, 10000, &out, NULL));
+  assert_int_equal(out.len, 1600);
+  check_pattern(out.data + 800, 4, 0, 800);
+  fl_buf_free(&out);
+  dp_client_destroy(plain_client);
+  dp_client_destroy(tls_client);
+  dp_server_stop(plain);
+  dp_server_stop(tls);
+}
+
+/* Raw sockets against a TLS server: junk, a handshake that never finishes (the request
+ * timeout closes it) and a plaintext request; each is closed and the server keeps serving. */
+static void test_tls_hostile_clients(void **state) {
+  tls_env_on(certs);
+  dp_server *s;
+  dp_client *c;
+  char peer[64];
+  dp_server_limits lim = {.idle_timeout_ms = DP_UNLIMITED, .request_timeout_ms = 300,
+                          .max_connections = DP_UNLIMITED};
+  assert_ok(dp_server_start_with_limits("127.0.0.1", 0, NULL, test_serve, NULL, &lim, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  peer_of(s, peer, sizeof peer);
+  int port = dp_server_port(s);
+  int fd = raw_connect(port);
+  uint8_t junk[64];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
+  assert_int_equal(send(fd, junk, sizeof junk, 0), (ssize_t)sizeof junk);
+  assert_true(closed_within_bound(fd));
+  close(fd);
+  fd = raw_connect(port); /* the start of a TLS record, then nothing */
+  uint8_t record[3] = {0x16, 0x03, 0x01};
+  assert_int_equal(send(fd, record, sizeof record, 0), (ssize_t)sizeof record);
+  assert_true(closed_within_bound(fd));
+  close(fd);
+  fd = raw_connect(port); /* a plaintext request gets a plaintext refusal */
+  uint8_t frame[DP_FRAME_HEADER_SIZE + DP_REQUEST_WIRE_SIZE];
+  size_t n = raw_request(frame, block_req(100, 1, 0, 0));
+  assert_int_equal(send(fd, frame, n, MSG_NOSIGNAL), (ssize_t)n);
+  uint8_t reply[4096];
+  size_t reply_len = 0;
+  assert_true(closed_by_peer(fd, reply, &reply_len));
+  assert_true(reply_len > DP_FRAME_HEADER_SIZE);
+  uint16_t status;
+  memcpy(&status, reply + 6, 2);
+  assert_int_equal(status, FL_EPROTO);
+  close(fd);
+  WAIT_FOR_STATS(s, st, st.dropped == 2 && st.timed_out == 1);
+  assert_int_equal(dp_server_stats_get(s).requests, 0);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(70000, 4, 0, 0);
+  assert_ok(dp_fetch(c, peer, &r, 10000, &out, NULL));
+  check_pattern(out.data, 4, 0, 70000);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  dp_server_stop(s);
+}
+
+/* A bit flipped on the wire is TLS's to catch: the fetch fails, naming the peer and OpenSSL's
+ * reason, and delivers nothing. */
+static void test_tls_tampered_stream(void **state) {
+  tls_env_on(certs);
+  dp_server *s;
+  dp_client *c;
+  assert_ok(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s));
+  assert_ok(dp_client_create(NULL, &c));
+  proxy p;
+  proxy_start(&p, dp_server_port(s), 0, 20000); /* past the handshake, inside the payload */
+  char peer[64];
+  snprintf(peer, sizeof peer, "127.0.0.1:%d", p.port);
+  fl_buf out = FL_BUF_INIT;
+  dp_request r = block_req(60000, 3, 0, 0);
+  assert_fails_with(dp_fetch(c, peer, &r, 10000, &out, NULL), FL_ENET, peer);
+  assert_non_null(strstr(fl_last_error(), "bad record mac"));
+  assert_int_equal(out.len, 0);
+  fl_buf_free(&out);
+  dp_client_destroy(c);
+  proxy_stop(&p);
+  dp_server_stop(s);
+}
+
+/* Settings that cannot serve fail the start or the create, with the settings' message. */
+static void test_tls_bad_settings(void **state) {
+  tls_env_on(certs);
+  unsetenv("FLINT_TLS_CERT");
+  dp_server *s = (dp_server *)&s;
+  assert_fails_with(dp_server_start("127.0.0.1", 0, NULL, test_serve, NULL, &s), FL_EINVAL,
+                    "FLINT_TLS is on but FLINT_TLS_CERT is not set");
+  assert_null(s);
+  tls_env_on(certs);
+  setenv("FLINT_TLS_CA", "/nonexistent/ca.pem", 1);
+  dp_client *c = (dp_client *)&c;
+  assert_fails_with(dp_client_create(NULL, &c), FL_EINVAL, "FLINT_TLS_CA=/nonexistent/ca.pem");
+  assert_null(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_crc32c),
@@ -892,6 +1221,24 @@ int main(void) {
       cmocka_unit_test(test_stalled_connections_are_closed),
       cmocka_unit_test(test_idle_pooled_connection_reopens),
       cmocka_unit_test(test_connection_cap),
+      cmocka_unit_test_teardown(tls_round_trip_sizes, tls_off),
+      cmocka_unit_test_teardown(tls_ranged_reads, tls_off),
+      cmocka_unit_test_teardown(tls_lent_payloads, tls_off),
+      cmocka_unit_test_teardown(tls_server_errors_propagate, tls_off),
+      cmocka_unit_test_teardown(tls_concurrent_fetches_reuse_connections, tls_off),
+      cmocka_unit_test_teardown(tls_auth, tls_off),
+      cmocka_unit_test_teardown(tls_unreachable_peer, tls_off),
+      cmocka_unit_test_teardown(tls_peer_dies_mid_transfer, tls_off),
+      cmocka_unit_test_teardown(tls_timeout_and_limit, tls_off),
+      cmocka_unit_test_teardown(tls_client_destroy_cancels, tls_off),
+      cmocka_unit_test_teardown(tls_idle_pooled_connection_reopens, tls_off),
+      cmocka_unit_test_teardown(test_tls_large_blocks, tls_off),
+      cmocka_unit_test_teardown(test_tls_bad_certificates, tls_off),
+      cmocka_unit_test_teardown(test_tls_server_name, tls_off),
+      cmocka_unit_test_teardown(test_tls_one_end_only, tls_off),
+      cmocka_unit_test_teardown(test_tls_hostile_clients, tls_off),
+      cmocka_unit_test_teardown(test_tls_tampered_stream, tls_off),
+      cmocka_unit_test_teardown(test_tls_bad_settings, tls_off),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, tls_certs_make, tls_certs_remove);
 }

@@ -1,5 +1,7 @@
 /* test_faults.c: failing functions and retries, accumulators under retries, persistence at
  * every level, eviction under a tiny memory limit followed by recomputation, broadcasts. */
+#include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 
 #include "test_util.h"
@@ -32,6 +34,17 @@ fl_status add_then_fail(fl_bytes rec, fl_buf *out, const void *arg) {
   if (fl_i64(rec) == a->fail_at && atomic_exchange(&acc_fail_once, 0))
     return fl_set_error(FL_EUSER, "fail after adding");
   return fl_buf_put_i64(out, fl_i64(rec));
+}
+
+/* Crashes on record 7 (contain_task_crashes): a NULL dereference, or a division by zero
+ * with arg. Exported, so that the message can name them. */
+static volatile int *volatile nowhere;
+static volatile int zero;
+fl_status crash_on_seven(fl_bytes rec, fl_buf *out, const void *arg) {
+  int64_t v = fl_i64(rec);
+  if (v == 7 && !arg) v += *nowhere;
+  if (v == 7 && arg) v /= zero;
+  return fl_buf_put_i64(out, v);
 }
 
 /* 1 KB records, counting how many are computed. */
@@ -106,6 +119,63 @@ static void test_permanent_failure_fails_the_job_not_the_process(void **state) {
   fl_dataset_free(m);
   fl_dataset_free(src);
   fl_context_close(ctx);
+}
+
+/* A crash that no task raised: contain_task_crashes hands it to the handler before its own. */
+static sigjmp_buf before_jump;
+static volatile sig_atomic_t before_got;
+static void before_handler(int sig) {
+  before_got = sig;
+  siglongjmp(before_jump, 1);
+}
+
+/* contain_task_crashes: a task whose function crashes fails its job (once: no retry), with
+ * the signal, the function and the partition; the process and the context go on. First of
+ * the tests: its handler must be installed before the guard's (installed once per process). */
+static void test_contained_task_crash(void **state) {
+  (void)state;
+  struct sigaction sa = {.sa_handler = before_handler}, old;
+  sigemptyset(&sa.sa_mask);
+  assert_int_equal(sigaction(SIGSEGV, &sa, &old), 0);
+  fl_options opts = FL_OPTIONS_INIT;
+  opts.contain_task_crashes = true;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", &opts, &ctx));
+  fl_dataset *src, *m, *fpe, *ok;
+  assert_ok(fl_range(ctx, 0, 10, 1, 2, &src));
+  assert_ok(fl_map(src, crash_on_seven, NULL, 0, &m));
+  uint64_t n = 0;
+  assert_int_equal(fl_count(m, &n), FL_EJOB);
+  const char *msg = fl_last_error();
+  if (!strstr(msg, "task crashed: signal 11 (Segmentation fault) in function crash_on_seven of test_faults"))
+    fprintf(stderr, "the message: %s\n", msg);
+  assert_non_null(strstr(msg, "task crashed: signal 11 (Segmentation fault) in function crash_on_seven of test_faults"));
+  assert_non_null(strstr(msg, "running partition 1 of dataset"));
+  assert_non_null(strstr(msg, "failed 1 times")); /* not retried */
+  fl_context_stats st;
+  assert_ok(fl_context_stats_get(ctx, &st));
+  assert_int_equal(st.tasks_failed, 1);
+  assert_int_equal(st.jobs_failed, 1);
+  /* Another signal, and the context still runs jobs, on the same threads. */
+  assert_ok(fl_map(src, crash_on_seven, "divide", 7, &fpe));
+  assert_fails_with(fl_count(fpe, &n), FL_EJOB, "task crashed: signal 8 (Floating point exception)");
+  assert_ok(fl_map(src, fail_a_few_times, NULL, 0, &ok));
+  atomic_store(&failures_left, 0);
+  for (int i = 0; i < 3; i++) {
+    assert_ok(fl_count(ok, &n));
+    assert_int_equal(n, 10);
+  }
+  /* A SIGSEGV outside a task goes on to the handler that was there before. */
+  before_got = 0;
+  if (sigsetjmp(before_jump, 1) == 0) raise(SIGSEGV);
+  assert_int_equal(before_got, SIGSEGV);
+  fl_dataset_free(ok);
+  fl_dataset_free(fpe);
+  fl_dataset_free(m);
+  fl_dataset_free(src);
+  fl_context_close(ctx);
+  /* The guard's handler stays for the process (other tests' crashes get the default). */
+  assert_int_equal(sigaction(SIGSEGV, &old, NULL), 0);
 }
 
 static void test_max_attempts_option(void **state) {
@@ -331,6 +401,7 @@ static void test_broadcast(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_contained_task_crash), /* first: see there */
       cmocka_unit_test(test_transient_failures_are_retried),
       cmocka_unit_test(test_permanent_failure_fails_the_job_not_the_process),
       cmocka_unit_test(test_max_attempts_option),

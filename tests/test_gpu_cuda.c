@@ -513,6 +513,71 @@ static void test_sgd_step(void **state) {
     }
 }
 
+static void test_adam_step(void **state) {
+  (void)state;
+  for (size_t s = 0; s < NSIZES; s++)
+    for (int decoupled = 0; decoupled < 2; decoupled++) {
+      size_t n = sizes[s];
+      fpair w = fpair_rand(n), m = fpair_rand(n), v = fpair_rand_pos(n, 0.01f), g = fpair_rand(n);
+      for (int step = 1; step <= 3; step++) {
+        float b1 = 1 - powf(0.9f, (float)step), b2 = 1 - powf(0.999f, (float)step);
+        BOTH(adam_step, n, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, decoupled, b1, b2, P(g), P(m), P(v), P(w));
+        expect_close(&w, 1e-5, false, "adam_step w");
+        expect_close(&m, 1e-6, false, "adam_step m");
+        expect_close(&v, 1e-6, false, "adam_step v");
+      }
+      fpair_free(&w);
+      fpair_free(&m);
+      fpair_free(&v);
+      fpair_free(&g);
+    }
+}
+
+/* The layer-wise steps over segments of every kind: big and tiny, adapting or not, and more
+ * of them than a block's worth. */
+static void test_lars_lamb_steps(void **state) {
+  (void)state;
+  enum { TINY = 300 };
+  optim_segment segs[3 + TINY];
+  uint64_t off = 0;
+  segs[0] = (optim_segment){off, 7, 0.01f, 1};
+  off += 7;
+  segs[1] = (optim_segment){off, 1000, 0.0f, 0};
+  off += 1000;
+  segs[2] = (optim_segment){off, BIG, 5e-4f, 1};
+  off += BIG;
+  for (int i = 0; i < TINY; i++, off += 3) segs[3 + i] = (optim_segment){off, 3, i % 2 ? 0.1f : 0.0f, i % 3 != 0};
+  int nseg = 3 + TINY;
+  size_t n = (size_t)off;
+  optim_segment *segs_gpu = dev_alloc(gpu, sizeof segs);
+  assert_ok(gpu->ops->from_host(gpu, segs_gpu, segs, sizeof segs));
+  double *norms_cpu = dev_alloc(cpu, 2 * sizeof(double) * (size_t)nseg);
+  double *norms_gpu = dev_alloc(gpu, 2 * sizeof(double) * (size_t)nseg);
+#define SEGS (side ? segs_gpu : segs)
+#define NORMS (side ? norms_gpu : norms_cpu)
+  fpair w = fpair_rand(n), u = fpair_rand(n), g = fpair_rand(n);
+  for (int step = 0; step < 3; step++) {
+    BOTH(lars_step, nseg, SEGS, n, 0.5f, 0.9f, 0.001f, P(g), P(u), P(w), NORMS);
+    expect_close(&w, 1e-5, false, "lars_step w");
+    expect_close(&u, 1e-5, false, "lars_step velocity");
+  }
+  fpair m = fpair_rand(n), v = fpair_rand_pos(n, 0.01f);
+  for (int step = 1; step <= 3; step++) {
+    float b1 = 1 - powf(0.9f, (float)step), b2 = 1 - powf(0.999f, (float)step);
+    BOTH(lamb_step, nseg, SEGS, n, 0.01f, 0.9f, 0.999f, 1e-6f, b1, b2, P(g), P(m), P(v), P(w), NORMS);
+    expect_close(&w, 1e-5, false, "lamb_step w");
+    expect_close(&m, 1e-6, false, "lamb_step m");
+    expect_close(&v, 1e-6, false, "lamb_step v");
+  }
+#undef SEGS
+#undef NORMS
+  fpair *all[] = {&w, &u, &g, &m, &v};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fpair_free(all[i]);
+  gpu->ops->free(gpu, segs_gpu);
+  gpu->ops->free(gpu, norms_gpu);
+  cpu->ops->free(cpu, norms_cpu);
+}
+
 /* ---- the device itself ----------------------------------------------------------------- */
 
 #ifdef FLINT_HAVE_CUDA
@@ -618,6 +683,8 @@ int main(void) {
       cmocka_unit_test(test_pooling),
       cmocka_unit_test(test_batchnorm),
       cmocka_unit_test(test_sgd_step),
+      cmocka_unit_test(test_adam_step),
+      cmocka_unit_test(test_lars_lamb_steps),
 #ifdef FLINT_HAVE_CUDA
       cmocka_unit_test(test_allocator),
 #endif

@@ -1,6 +1,8 @@
 /*
  * test_gpu_optim.c: the training stack around the model, on the cpu device: SGD steps against
- * hand-computed values (momentum, Nesterov, weight decay), the schedules at chosen points,
+ * hand-computed values (momentum, Nesterov, weight decay), every optimizer (SGD, Adam, AdamW,
+ * LARS, LAMB) against a double-precision reference of the published formulas over two
+ * parameter groups, the no-decay rule, gradient clipping, the schedules at chosen points,
  * checkpoint round trips and every corrupt blob, the curves' CSV, SVG and progress line, the
  * image datasets (a tiny IDX pair written here, plain and gzip'd, and every bad input),
  * the rank's reader and synthetic-imagenet's determinism.
@@ -42,6 +44,17 @@ static void expect_values(const fl_tensor *t, const float *want, size_t n, float
 
 /* ---- SGD ------------------------------------------------------------------------------- */
 
+/* An optimizer of n values in one parameter of the decay group (the old single-group SGD). */
+static optim *sgd_of(fl_device *dev, size_t n, float momentum, bool nesterov, float wd) {
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.momentum = momentum;
+  o.nesterov = nesterov;
+  o.weight_decay = wd;
+  optim *opt = NULL;
+  assert_ok(optim_create(dev, &o, n, NULL, 0, &opt));
+  return opt;
+}
+
 /* w = 1, grad 0.5 twice, lr 0.1, momentum 0.9, weight decay 0.1, worked by hand:
  *   step 1: g = 0.5 + 0.1 * 1 = 0.6; v = 0.6; w = 1 - 0.06 = 0.94
  *   step 2: g = 0.5 + 0.094 = 0.594; v = 0.54 + 0.594 = 1.134; w = 0.94 - 0.1134 = 0.8266
@@ -50,24 +63,24 @@ static void expect_values(const fl_tensor *t, const float *want, size_t n, float
  *           w = 0.886 - 0.1 * (0.5886 + 1.01574) = 0.725566 */
 static void run_two_steps(bool nesterov, float w1, float w2, float v2) {
   fl_device *dev = open_cpu();
-  optim_sgd_options o = {.momentum = 0.9f, .nesterov = nesterov, .weight_decay = 0.1f};
   float w[3] = {1, 1, 1}, g[3] = {0.5f, 0.5f, 0.5f};
   fl_tensor *values = tensor_of(dev, w, 3), *grads = tensor_of(dev, g, 3);
-  optim_sgd *opt = NULL;
-  assert_ok(optim_sgd_create(dev, 3, &o, &opt));
-  assert_ok(optim_sgd_step(opt, 0.1f, grads, values));
+  optim *opt = sgd_of(dev, 3, 0.9f, nesterov, 0.1f);
+  assert_ok(optim_step(opt, 0.1f, grads, values));
   float want1[3] = {w1, w1, w1};
   expect_values(values, want1, 3, 1e-6f);
-  assert_ok(optim_sgd_step(opt, 0.1f, grads, values));
+  assert_ok(optim_step(opt, 0.1f, grads, values));
   float want2[3] = {w2, w2, w2}, vel[3];
   expect_values(values, want2, 3, 1e-6f);
-  assert_ok(dev->ops->to_host(dev, vel, optim_sgd_velocity(opt), sizeof vel));
+  assert_int_equal(optim_steps(opt), 2);
+  assert_ok(dev->ops->to_host(dev, vel, optim_state(opt), sizeof vel));
   for (int i = 0; i < 3; i++) assert_true(fabsf(vel[i] - v2) < 1e-6f);
   /* reset: a fresh start behaves as step 1 again from the current weights. */
-  assert_ok(optim_sgd_reset(opt));
-  assert_ok(dev->ops->to_host(dev, vel, optim_sgd_velocity(opt), sizeof vel));
+  assert_ok(optim_reset(opt));
+  assert_int_equal(optim_steps(opt), 0);
+  assert_ok(dev->ops->to_host(dev, vel, optim_state(opt), sizeof vel));
   for (int i = 0; i < 3; i++) assert_true(vel[i] == 0);
-  optim_sgd_destroy(opt);
+  optim_destroy(opt);
   fl_tensor_destroy(values);
   fl_tensor_destroy(grads);
   fl_device_close(dev);
@@ -87,42 +100,322 @@ static void test_sgd_nesterov(void **state) {
 static void test_sgd_plain(void **state) {
   (void)state;
   fl_device *dev = open_cpu();
-  optim_sgd_options o = {0};
   float w[4] = {1, -2, 3, 0}, g[4] = {1, 1, -2, 0.25f};
   fl_tensor *values = tensor_of(dev, w, 4), *grads = tensor_of(dev, g, 4);
-  optim_sgd *opt = NULL;
-  assert_ok(optim_sgd_create(dev, 4, &o, &opt));
-  assert_ok(optim_sgd_step(opt, 0.5f, grads, values));
+  optim *opt = sgd_of(dev, 4, 0, false, 0);
+  assert_ok(optim_step(opt, 0.5f, grads, values));
   float want[4] = {0.5f, -2.5f, 4, -0.125f};
   expect_values(values, want, 4, 1e-7f);
-  optim_sgd_destroy(opt);
+  optim_destroy(opt);
   fl_tensor_destroy(values);
   fl_tensor_destroy(grads);
   fl_device_close(dev);
 }
 
-static void test_sgd_bad_arguments(void **state) {
+static void test_optim_bad_arguments(void **state) {
   (void)state;
   fl_device *dev = open_cpu();
-  optim_sgd *opt = NULL;
-  optim_sgd_options o = {.momentum = 1.0f};
-  assert_fails_with(optim_sgd_create(dev, 3, &o, &opt), FL_EINVAL, "momentum");
-  o = (optim_sgd_options){.momentum = 0, .nesterov = true};
-  assert_fails_with(optim_sgd_create(dev, 3, &o, &opt), FL_EINVAL, "Nesterov");
-  o = (optim_sgd_options){.momentum = 0.9f, .weight_decay = -1};
-  assert_fails_with(optim_sgd_create(dev, 3, &o, &opt), FL_EINVAL, "weight decay");
-  o = (optim_sgd_options)OPTIM_SGD_OPTIONS_INIT;
-  assert_fails_with(optim_sgd_create(dev, 0, &o, &opt), FL_EINVAL, "no parameters");
-  assert_ok(optim_sgd_create(dev, 3, &o, &opt));
+  optim *opt = NULL;
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.momentum = 1.0f;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "momentum");
+  o = (optim_options)OPTIM_OPTIONS_INIT;
+  o.momentum = 0;
+  o.nesterov = true;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "Nesterov");
+  o.kind = OPTIM_ADAM;
+  o.momentum = 0.9f;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "Nesterov momentum is for sgd");
+  o = (optim_options)OPTIM_OPTIONS_INIT;
+  o.weight_decay = -1;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "weight decay");
+  o = (optim_options)OPTIM_OPTIONS_INIT;
+  o.kind = OPTIM_ADAMW;
+  o.beta2 = 1;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "adamw: beta1 0.9 and beta2 1");
+  o.beta2 = 0.999f;
+  o.eps = 0;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "eps");
+  o = (optim_options)OPTIM_OPTIONS_INIT;
+  o.kind = OPTIM_LARS;
+  o.trust_coef = 0;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "trust coefficient");
+  o = (optim_options)OPTIM_OPTIONS_INIT;
+  o.kind = (optim_kind)7;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "unknown optimizer 7");
+  o = (optim_options)OPTIM_OPTIONS_INIT;
+  assert_fails_with(optim_create(dev, &o, 0, NULL, 0, &opt), FL_EINVAL, "no parameters");
+  /* Parameters must tile the values in order. */
+  optim_param gap[2] = {{0, 2, false}, {3, 1, true}}, short_[1] = {{0, 2, false}}, over[1] = {{0, 5, false}};
+  assert_fails_with(optim_create(dev, &o, 4, gap, 2, &opt), FL_EINVAL, "parameter 1 covers [3, +1)");
+  assert_fails_with(optim_create(dev, &o, 4, short_, 1, &opt), FL_EINVAL, "cover 2 of the 4");
+  assert_fails_with(optim_create(dev, &o, 4, over, 1, &opt), FL_EINVAL, "parameter 0");
+  assert_null(opt);
+  optim_kind k;
+  assert_ok(optim_kind_parse("lamb", &k));
+  assert_int_equal(k, OPTIM_LAMB);
+  assert_fails_with(optim_kind_parse("adagrad", &k), FL_EINVAL, "'adagrad'");
+  assert_string_equal(optim_kind_name(OPTIM_ADAMW), "adamw");
+
+  opt = sgd_of(dev, 3, 0.9f, false, 1e-4f);
   float v[4] = {0};
   fl_tensor *three = tensor_of(dev, v, 3), *four = tensor_of(dev, v, 4);
-  assert_fails_with(optim_sgd_step(opt, 0.1f, four, three), FL_EINVAL, "4 gradients");
-  assert_fails_with(optim_sgd_step(opt, -0.1f, three, three), FL_EINVAL, "learning rate");
-  assert_fails_with(optim_sgd_step(opt, NAN, three, three), FL_EINVAL, "learning rate");
-  optim_sgd_destroy(opt);
-  optim_sgd_destroy(NULL);
+  assert_fails_with(optim_step(opt, 0.1f, four, three), FL_EINVAL, "4 gradients");
+  assert_fails_with(optim_step(opt, -0.1f, three, three), FL_EINVAL, "learning rate");
+  assert_fails_with(optim_step(opt, NAN, three, three), FL_EINVAL, "learning rate");
+  assert_int_equal(optim_steps(opt), 0); /* refused steps do not count */
+  optim_destroy(opt);
+  optim_destroy(NULL);
   fl_tensor_destroy(three);
   fl_tensor_destroy(four);
+  fl_device_close(dev);
+}
+
+/* ---- every optimizer against the published formulas ------------------------------------ */
+
+/* Four parameters in two groups: [0, 6) and [9, 17) decay, [6, 9) and [17, 19) do not (as a
+ * weight, bias, weight, bias would by the default rule). */
+#define REF_N 19
+static const optim_param ref_params[4] = {{0, 6, false}, {6, 3, true}, {9, 8, false}, {17, 2, true}};
+
+typedef struct ref_state {
+  double w[REF_N], s0[REF_N], s1[REF_N];
+  uint64_t t;
+} ref_state;
+
+static double ref_norm(const double *x, size_t o, size_t c) {
+  double s = 0;
+  for (size_t i = o; i < o + c; i++) s += x[i] * x[i];
+  return sqrt(s);
+}
+
+/* One step in double, written from the papers' and PyTorch's formulas, independently of the
+ * device code: PyTorch's SGD, Adam and AdamW; You et al. 2017 (LARS, Algorithm 2) and 2019
+ * (LAMB, Algorithm 2); excluded parameters take no decay and trust ratio 1. */
+static void ref_step(const optim_options *o, double lr, const double *g, ref_state *r) {
+  r->t++;
+  double bc1 = 1 - pow(o->beta1, (double)r->t), bc2 = 1 - pow(o->beta2, (double)r->t);
+  for (int p = 0; p < 4; p++) {
+    size_t off = ref_params[p].offset, c = ref_params[p].count;
+    bool excluded = ref_params[p].no_decay && !o->decay_all;
+    double wd = excluded ? 0 : o->weight_decay, mom = o->momentum;
+    double *w = r->w, *a = r->s0, *b = r->s1;
+    if (o->kind == OPTIM_LARS) {
+      double wn = ref_norm(w, off, c), gn = ref_norm(g, off, c);
+      double ratio = !excluded && wn > 0 && gn > 0 ? o->trust_coef * wn / (gn + wd * wn) : 1;
+      for (size_t i = off; i < off + c; i++) {
+        a[i] = mom * a[i] + lr * ratio * (g[i] + wd * w[i]);
+        w[i] -= a[i];
+      }
+      continue;
+    }
+    if (o->kind == OPTIM_LAMB) {
+      double rr[REF_N];
+      for (size_t i = off; i < off + c; i++) {
+        a[i] = o->beta1 * a[i] + (1 - o->beta1) * g[i];
+        b[i] = o->beta2 * b[i] + (1 - o->beta2) * g[i] * g[i];
+        rr[i] = (a[i] / bc1) / (sqrt(b[i] / bc2) + o->eps) + wd * w[i];
+      }
+      double wn = ref_norm(w, off, c), rn = ref_norm(rr, off, c);
+      double ratio = !excluded && wn > 0 && rn > 0 ? wn / rn : 1;
+      for (size_t i = off; i < off + c; i++) w[i] -= lr * ratio * rr[i];
+      continue;
+    }
+    for (size_t i = off; i < off + c; i++) {
+      if (o->kind == OPTIM_SGD) {
+        double gi = g[i] + wd * w[i];
+        a[i] = mom * a[i] + gi;
+        w[i] -= lr * (o->nesterov ? gi + mom * a[i] : a[i]);
+      } else {
+        double gi = g[i];
+        if (o->kind == OPTIM_ADAMW) w[i] *= 1 - lr * wd;
+        else gi += wd * w[i];
+        a[i] = o->beta1 * a[i] + (1 - o->beta1) * gi;
+        b[i] = o->beta2 * b[i] + (1 - o->beta2) * gi * gi;
+        w[i] -= lr * (a[i] / bc1) / (sqrt(b[i] / bc2) + o->eps);
+      }
+    }
+  }
+}
+
+/* Step t's gradient: varied in sign and size from element to element and step to step. */
+static void ref_grad(int t, double *g) {
+  for (int i = 0; i < REF_N; i++) g[i] = sin(0.7 * i + 1.3 * t) * (1 + i % 3) + (i == 4 ? 0.05 * t : 0);
+}
+
+/* Four steps of `o` at rate lr on the device against ref_step; the state too. */
+static void check_against_reference(optim_options o, double lr) {
+  fl_device *dev = open_cpu();
+  ref_state ref = {0};
+  float w[REF_N], gf[REF_N];
+  for (int i = 0; i < REF_N; i++) w[i] = (float)(0.5 * cos(1.1 * i) + (i % 4 == 0 ? 0.3 : -0.1));
+  for (int i = 0; i < REF_N; i++) ref.w[i] = w[i];
+  fl_tensor *values = tensor_of(dev, w, REF_N), *grads = tensor_of(dev, w, REF_N);
+  optim *opt = NULL;
+  assert_ok(optim_create(dev, &o, REF_N, ref_params, 4, &opt));
+  assert_int_equal(optim_param_count(opt), 4);
+  assert_int_equal(optim_param_no_decay(opt, 1), !o.decay_all);
+  assert_false(optim_param_no_decay(opt, 2));
+  for (int t = 1; t <= 4; t++) {
+    double g[REF_N];
+    ref_grad(t, g);
+    for (int i = 0; i < REF_N; i++) gf[i] = (float)g[i];
+    assert_ok(fl_tensor_write(grads, gf, REF_N));
+    assert_ok(optim_step(opt, (float)lr, grads, values));
+    ref_step(&o, lr, g, &ref);
+    float got[REF_N], st[2 * REF_N];
+    assert_ok(fl_tensor_read(values, got, REF_N));
+    size_t slots = optim_state_slots(o.kind);
+    assert_ok(dev->ops->to_host(dev, st, optim_state(opt), slots * REF_N * sizeof(float)));
+    for (int i = 0; i < REF_N; i++) {
+      double want[3] = {ref.w[i], ref.s0[i], ref.s1[i]}, have[3] = {got[i], st[i], slots == 2 ? st[REF_N + i] : 0};
+      for (int k = 0; k < (slots == 2 ? 3 : 2); k++) {
+        if (fabs(have[k] - want[k]) > 2e-5 * (1 + fabs(want[k])))
+          fprintf(stderr, "%s step %d [%d] %s: got %.8f want %.8f\n", optim_kind_name(o.kind), t, i,
+                  k == 0 ? "w" : k == 1 ? "state 0" : "state 1", have[k], want[k]);
+        assert_true(fabs(have[k] - want[k]) <= 2e-5 * (1 + fabs(want[k])));
+      }
+    }
+  }
+  assert_int_equal(optim_steps(opt), 4);
+  optim_destroy(opt);
+  fl_tensor_destroy(values);
+  fl_tensor_destroy(grads);
+  fl_device_close(dev);
+}
+
+static void test_sgd_against_reference(void **state) {
+  (void)state;
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.weight_decay = 0.1f;
+  check_against_reference(o, 0.1);
+  o.nesterov = true;
+  check_against_reference(o, 0.1);
+  o.nesterov = false;
+  o.decay_all = true;
+  check_against_reference(o, 0.1);
+}
+
+static void test_adam_adamw_against_reference(void **state) {
+  (void)state;
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.kind = OPTIM_ADAM;
+  o.weight_decay = 0.1f;
+  check_against_reference(o, 0.01);
+  o.kind = OPTIM_ADAMW;
+  check_against_reference(o, 0.01);
+  o.beta1 = 0.5f;
+  o.beta2 = 0.9f;
+  o.eps = 1e-3f;
+  o.weight_decay = 0.5f;
+  check_against_reference(o, 0.05);
+}
+
+static void test_lars_against_reference(void **state) {
+  (void)state;
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.kind = OPTIM_LARS;
+  o.weight_decay = 0.05f;
+  o.trust_coef = 0.02f;
+  check_against_reference(o, 2.0);
+  o.momentum = 0;
+  o.decay_all = true;
+  check_against_reference(o, 2.0);
+}
+
+static void test_lamb_against_reference(void **state) {
+  (void)state;
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.kind = OPTIM_LAMB;
+  o.weight_decay = 0.1f;
+  o.eps = 1e-6f;
+  check_against_reference(o, 0.01);
+  o.decay_all = true;
+  check_against_reference(o, 0.01);
+}
+
+/* The default rule on a real model: biases are 1-D (no decay), weights are not; decay_all puts
+ * them all in the decay group. With zero gradients and SGD without momentum, a step shrinks
+ * the decay group's weights by 1 - lr * wd and leaves the others as they were. */
+static void test_no_decay_rule(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  nn_model_spec spec = {.kind = NN_MLP, .channels = 1, .height = 4, .width = 4, .classes = 3, .hidden = 8, .seed = 5};
+  nn_model *m = NULL;
+  assert_ok(nn_model_create(dev, &spec, &m));
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.momentum = 0;
+  o.weight_decay = 0.5f;
+  optim *opt = NULL, *all = NULL;
+  assert_ok(optim_create_for_model(dev, &o, m, &opt));
+  o.decay_all = true;
+  assert_ok(optim_create_for_model(dev, &o, m, &all));
+  size_t np = nn_model_param_count(m), biases = 0;
+  assert_int_equal(optim_param_count(opt), np);
+  for (size_t i = 0; i < np; i++) {
+    nn_param *p = nn_model_param(m, i);
+    bool bias = strstr(p->name, "bias") != NULL;
+    assert_int_equal(p->value.ndim == 1, bias);
+    assert_int_equal(optim_param_no_decay(opt, i), bias);
+    assert_false(optim_param_no_decay(all, i));
+    biases += bias;
+  }
+  assert_true(biases >= 2);
+  size_t n = fl_tensor_numel(nn_model_values(m));
+  float *before = malloc(n * sizeof *before), *after = malloc(n * sizeof *after);
+  assert_non_null(before);
+  assert_non_null(after);
+  assert_ok(nn_model_zero_grad(m));
+  assert_ok(fl_tensor_read(nn_model_values(m), before, n));
+  assert_ok(optim_step(opt, 0.1f, nn_model_grads(m), nn_model_values(m)));
+  assert_ok(fl_tensor_read(nn_model_values(m), after, n));
+  for (size_t i = 0; i < np; i++) {
+    nn_param *p = nn_model_param(m, i);
+    float f = optim_param_no_decay(opt, i) ? 1.0f : 0.95f;
+    for (size_t k = p->offset; k < p->offset + p->value.numel; k++) assert_true(fabsf(after[k] - f * before[k]) <= 1e-7f);
+  }
+  free(before);
+  free(after);
+  optim_destroy(opt);
+  optim_destroy(all);
+  nn_model_destroy(m);
+  fl_device_close(dev);
+}
+
+/* clip_grad_norm_: the norm is returned; above max_norm the gradients are scaled by
+ * max_norm / (norm + 1e-6), at or below it they are left alone. */
+static void test_clip_grad_norm(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  float g[4] = {3, 0, -4, 0}; /* norm 5 */
+  fl_tensor *t = tensor_of(dev, g, 4);
+  double norm = 0;
+  assert_ok(optim_clip_grad_norm(t, 10, &norm));
+  assert_true(fabs(norm - 5) < 1e-12);
+  expect_values(t, g, 4, 0);
+  assert_ok(optim_clip_grad_norm(t, 5.5, NULL));
+  expect_values(t, g, 4, 0);
+  assert_ok(optim_clip_grad_norm(t, 1, &norm));
+  assert_true(fabs(norm - 5) < 1e-12);
+  double c = 1 / (5 + 1e-6);
+  float want[4] = {(float)(3 * c), 0, (float)(-4 * c), 0};
+  expect_values(t, want, 4, 1e-7f);
+  /* Now just below the bound (by the 1e-6): PyTorch's rule scales by a hair less than 1. */
+  assert_ok(optim_clip_grad_norm(t, 1, &norm));
+  assert_true(fabs(norm - 1) < 1e-6);
+  expect_values(t, want, 4, 1e-6f);
+  assert_fails_with(optim_clip_grad_norm(t, 0, NULL), FL_EINVAL, "max norm 0");
+  assert_fails_with(optim_clip_grad_norm(t, INFINITY, NULL), FL_EINVAL, "max norm");
+  assert_fails_with(optim_clip_grad_norm(NULL, 1, NULL), FL_EINVAL, "NULL");
+  /* A NaN gradient: the norm says so and nothing is scaled. */
+  float bad[4] = {1, NAN, 0, 2};
+  assert_ok(fl_tensor_write(t, bad, 4));
+  assert_ok(optim_clip_grad_norm(t, 1, &norm));
+  assert_true(isnan(norm));
+  float back[4];
+  assert_ok(fl_tensor_read(t, back, 4));
+  assert_true(back[0] == 1 && back[3] == 2);
+  fl_tensor_destroy(t);
   fl_device_close(dev);
 }
 
@@ -172,6 +465,20 @@ static void test_schedule_step_and_cosine(void **state) {
   assert_near(optim_lr_at(&c, 50), 0.0);
   assert_near(optim_lr_at(&c, 70), 0.0);  /* past the end: the end */
   assert_near(optim_lr_at(&c, 5), 0.1 + 0.3 * 0.5);
+
+  /* Polynomial decay (power 2 by default) from the peak at the end of warmup to 0. */
+  optim_schedule p = {.base_lr = 0.1, .global_batch = 1024, .warmup_epochs = 10, .epochs = 50,
+                      .decay = OPTIM_DECAY_POLY};
+  assert_ok(optim_schedule_validate(&p));
+  assert_near(optim_lr_at(&p, 10), 0.4);
+  assert_near(optim_lr_at(&p, 30), 0.4 * 0.25);
+  assert_near(optim_lr_at(&p, 40), 0.4 * 0.0625);
+  assert_near(optim_lr_at(&p, 50), 0.0);
+  assert_near(optim_lr_at(&p, 5), 0.1 + 0.3 * 0.5); /* warmup as before */
+  p.power = 1;
+  assert_near(optim_lr_at(&p, 30), 0.2);
+  p.power = -1;
+  assert_fails_with(optim_schedule_validate(&p), FL_EINVAL, "polynomial power -1");
 }
 
 static void test_schedule_validation(void **state) {
@@ -196,6 +503,8 @@ static void test_schedule_validation(void **state) {
   assert_ok(optim_decay_parse("cosine", &d));
   assert_int_equal(d, OPTIM_DECAY_COSINE);
   assert_fails_with(optim_decay_parse("linear", &d), FL_EINVAL, "'linear'");
+  assert_ok(optim_decay_parse("poly", &d));
+  assert_int_equal(d, OPTIM_DECAY_POLY);
   assert_string_equal(optim_decay_name(OPTIM_DECAY_STEP), "step");
 }
 
@@ -204,7 +513,7 @@ static void test_schedule_validation(void **state) {
 typedef struct ckpt_fixture {
   fl_device *dev;
   fl_tensor *values, *buffers;
-  optim_sgd *opt;
+  optim *opt;
   fl_buf blob;
 } ckpt_fixture;
 
@@ -215,20 +524,20 @@ static void ckpt_make(ckpt_fixture *f) {
   f->dev = open_cpu();
   f->values = tensor_of(f->dev, ck_values, 5);
   f->buffers = tensor_of(f->dev, ck_buffers, 2);
-  optim_sgd_options o = OPTIM_SGD_OPTIONS_INIT;
-  assert_ok(optim_sgd_create(f->dev, 5, &o, &f->opt));
+  f->opt = sgd_of(f->dev, 5, 0.9f, false, 1e-4f);
   float vel[5] = {1, 2, 3, 4, 5};
-  assert_ok(f->dev->ops->from_host(f->dev, optim_sgd_velocity(f->opt), vel, sizeof vel));
+  assert_ok(f->dev->ops->from_host(f->dev, optim_state(f->opt), vel, sizeof vel));
+  optim_set_steps(f->opt, 1234);
   checkpoint_state st = {.epoch = 3, .step = 1234, .position = 3.0, .lr = 0.4};
   f->blob = (fl_buf)FL_BUF_INIT;
   assert_ok(checkpoint_encode(f->values, f->buffers, f->opt, &st, &f->blob));
-  assert_int_equal(f->blob.len, 72 + 4 * (5 + 2 + 5) + 4);
+  assert_int_equal(f->blob.len, 88 + 4 * (5 + 2 + 5) + 4);
   assert_memory_equal(f->blob.data, CHECKPOINT_MAGIC, 8);
 }
 
 static void ckpt_free(ckpt_fixture *f) {
   fl_buf_free(&f->blob);
-  optim_sgd_destroy(f->opt);
+  optim_destroy(f->opt);
   fl_tensor_destroy(f->values);
   fl_tensor_destroy(f->buffers);
   fl_device_close(f->dev);
@@ -241,15 +550,14 @@ static void test_checkpoint_round_trip(void **state) {
   /* Into a second "model" of the same shape. */
   float zeros[5] = {0};
   fl_tensor *v2 = tensor_of(f.dev, zeros, 5), *b2 = tensor_of(f.dev, zeros, 2);
-  optim_sgd_options o = OPTIM_SGD_OPTIONS_INIT;
-  optim_sgd *opt2 = NULL;
-  assert_ok(optim_sgd_create(f.dev, 5, &o, &opt2));
+  optim *opt2 = sgd_of(f.dev, 5, 0.9f, false, 1e-4f);
   checkpoint_state st = {0};
   assert_ok(checkpoint_decode(fl_buf_bytes(&f.blob), v2, b2, opt2, &st));
   expect_values(v2, ck_values, 5, 0);
   expect_values(b2, ck_buffers, 2, 0);
   float vel[5];
-  assert_ok(f.dev->ops->to_host(f.dev, vel, optim_sgd_velocity(opt2), sizeof vel));
+  assert_ok(f.dev->ops->to_host(f.dev, vel, optim_state(opt2), sizeof vel));
+  assert_int_equal(optim_steps(opt2), 1234);
   for (int i = 0; i < 5; i++) assert_true(vel[i] == (float)(i + 1));
   assert_int_equal(st.epoch, 3);
   assert_int_equal(st.step, 1234);
@@ -271,7 +579,7 @@ static void test_checkpoint_round_trip(void **state) {
   snprintf(path, sizeof path, "%s/no/such/dir/x.ckpt", dir);
   assert_fails_with(checkpoint_save_file(path, fl_buf_bytes(&f.blob)), FL_EIO, "x.ckpt");
   test_rmtree(dir);
-  optim_sgd_destroy(opt2);
+  optim_destroy(opt2);
   fl_tensor_destroy(v2);
   fl_tensor_destroy(b2);
   ckpt_free(&f);
@@ -306,10 +614,13 @@ static void test_checkpoint_corrupt_blobs(void **state) {
   /* trailing bytes */
   memcpy(copy + n, "abcd", 4);
   expect_bad_blob(&f, copy, n + 4, FL_EFORMAT, "trailing");
-  /* an unknown version */
+  /* an unknown version, and a version 1 header size in a version 2 blob */
   copy[8] = 9;
   expect_bad_blob(&f, copy, n, FL_EFORMAT, "version 9");
-  copy[8] = 1;
+  copy[8] = 2;
+  copy[12] = 72;
+  expect_bad_blob(&f, copy, n, FL_EFORMAT, "header of 72 bytes, expected 88");
+  copy[12] = 88;
   /* a count that would overflow */
   memset(copy + 16, 0xff, 8);
   expect_bad_blob(&f, copy, n, FL_EFORMAT, "truncated");
@@ -328,15 +639,131 @@ static void test_checkpoint_corrupt_blobs(void **state) {
                     "weights of 5 floats does not match this model's 6");
   assert_fails_with(checkpoint_decode(fl_buf_bytes(&f.blob), f.values, NULL, f.opt, &st), FL_EINVAL,
                     "batch-norm buffers of 2");
-  optim_sgd *opt6 = NULL;
-  optim_sgd_options o = OPTIM_SGD_OPTIONS_INIT;
-  assert_ok(optim_sgd_create(f.dev, 6, &o, &opt6));
+  optim *opt6 = sgd_of(f.dev, 6, 0.9f, false, 1e-4f);
   assert_fails_with(checkpoint_decode(fl_buf_bytes(&f.blob), f.values, f.buffers, opt6, &st), FL_EINVAL,
-                    "optimizer velocity");
-  optim_sgd_destroy(opt6);
+                    "optimizer state of 5 floats does not match this model's 6");
+  optim_destroy(opt6);
+  /* state of another optimizer */
+  optim_options ao = OPTIM_OPTIONS_INIT;
+  ao.kind = OPTIM_ADAM;
+  optim *adam = NULL;
+  assert_ok(optim_create(f.dev, &ao, 5, NULL, 0, &adam));
+  assert_fails_with(checkpoint_decode(fl_buf_bytes(&f.blob), f.values, f.buffers, adam, &st), FL_EINVAL,
+                    "it holds sgd's optimizer state, but this run's optimizer is adam");
+  optim_destroy(adam);
+  /* an unknown optimizer kind, checksum made right */
+  memcpy(copy, f.blob.data, n);
+  copy[44] = 9;
+  uint32_t crc = (uint32_t)crc32(0L, copy, (uInt)(n - 4));
+  memcpy(copy + n - 4, &crc, 4);
+  expect_bad_blob(&f, copy, n, FL_EFORMAT, "unknown optimizer 9");
   fl_tensor_destroy(six);
   free(copy);
   ckpt_free(&f);
+}
+
+/* Every optimizer's state survives a round trip: two steps, a checkpoint, a fresh optimizer
+ * restored from it, then one more step on both gives the same weights bit for bit (Adam's
+ * bias correction needs the step count, LARS's momentum its velocity). */
+static void test_checkpoint_every_optimizer(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  for (int k = OPTIM_SGD; k <= OPTIM_LAMB; k++) {
+    optim_options o = OPTIM_OPTIONS_INIT;
+    o.kind = (optim_kind)k;
+    o.weight_decay = 0.01f;
+    float w[REF_N], gf[REF_N];
+    for (int i = 0; i < REF_N; i++) w[i] = (float)(0.3 + 0.1 * i);
+    fl_tensor *v1 = tensor_of(dev, w, REF_N), *v2 = tensor_of(dev, w, REF_N), *grads = tensor_of(dev, w, REF_N);
+    optim *a = NULL, *b = NULL;
+    assert_ok(optim_create(dev, &o, REF_N, ref_params, 4, &a));
+    assert_ok(optim_create(dev, &o, REF_N, ref_params, 4, &b));
+    for (int t = 1; t <= 2; t++) {
+      double g[REF_N];
+      ref_grad(t, g);
+      for (int i = 0; i < REF_N; i++) gf[i] = (float)g[i];
+      assert_ok(fl_tensor_write(grads, gf, REF_N));
+      assert_ok(optim_step(a, 0.01f, grads, v1));
+    }
+    fl_buf blob = FL_BUF_INIT;
+    checkpoint_state cs = {.epoch = 1, .step = 2, .position = 1, .lr = 0.01};
+    assert_ok(checkpoint_encode(v1, NULL, a, &cs, &blob));
+    size_t slots = optim_state_slots(o.kind);
+    assert_int_equal(blob.len, 88 + 4 * REF_N * (1 + slots) + 4);
+    checkpoint_state back;
+    assert_ok(checkpoint_decode(fl_buf_bytes(&blob), v2, NULL, b, &back));
+    assert_int_equal(optim_steps(b), 2);
+    float sa[2 * REF_N], sb[2 * REF_N];
+    assert_ok(dev->ops->to_host(dev, sa, optim_state(a), slots * REF_N * sizeof(float)));
+    assert_ok(dev->ops->to_host(dev, sb, optim_state(b), slots * REF_N * sizeof(float)));
+    assert_memory_equal(sa, sb, slots * REF_N * sizeof(float));
+    bool nonzero = false;
+    for (size_t i = 0; i < slots * REF_N; i++) nonzero |= sa[i] != 0;
+    assert_true(nonzero);
+    double g[REF_N];
+    ref_grad(3, g);
+    for (int i = 0; i < REF_N; i++) gf[i] = (float)g[i];
+    assert_ok(fl_tensor_write(grads, gf, REF_N));
+    assert_ok(optim_step(a, 0.01f, grads, v1));
+    assert_ok(optim_step(b, 0.01f, grads, v2));
+    float wa[REF_N], wb[REF_N];
+    assert_ok(fl_tensor_read(v1, wa, REF_N));
+    assert_ok(fl_tensor_read(v2, wb, REF_N));
+    assert_memory_equal(wa, wb, sizeof wa);
+    fl_buf_free(&blob);
+    optim_destroy(a);
+    optim_destroy(b);
+    fl_tensor_destroy(v1);
+    fl_tensor_destroy(v2);
+    fl_tensor_destroy(grads);
+  }
+  fl_device_close(dev);
+}
+
+/* A version 1 blob (72-byte header, SGD's velocity), as the last release wrote it, is read into
+ * an SGD optimizer, and refused, naming both, by any other. */
+static void test_checkpoint_reads_version_1(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  uint8_t blob[72 + 4 * (3 + 3) + 4] = {0};
+  memcpy(blob, CHECKPOINT_MAGIC, 8);
+  uint32_t u32[2] = {1, 72};
+  uint64_t counts[3] = {3, 0, 3}, step = 77;
+  uint32_t epoch = 2;
+  double position = 2, lr = 0.25;
+  memcpy(blob + 8, u32, 8);
+  memcpy(blob + 16, counts, 24);
+  memcpy(blob + 40, &epoch, 4);
+  memcpy(blob + 48, &step, 8);
+  memcpy(blob + 56, &position, 8);
+  memcpy(blob + 64, &lr, 8);
+  float data[6] = {1, 2, 3, 0.5f, 0.25f, 0.125f};
+  memcpy(blob + 72, data, sizeof data);
+  uint32_t crc = (uint32_t)crc32(0L, blob, (uInt)(sizeof blob - 4));
+  memcpy(blob + sizeof blob - 4, &crc, 4);
+  float zeros[3] = {0};
+  fl_tensor *values = tensor_of(dev, zeros, 3);
+  optim *sgd = sgd_of(dev, 3, 0.9f, false, 0);
+  checkpoint_state st = {0};
+  assert_ok(checkpoint_decode(fl_bytes_of(blob, sizeof blob), values, NULL, sgd, &st));
+  expect_values(values, data, 3, 0);
+  float vel[3];
+  assert_ok(dev->ops->to_host(dev, vel, optim_state(sgd), sizeof vel));
+  assert_memory_equal(vel, data + 3, sizeof vel);
+  assert_int_equal(st.epoch, 2);
+  assert_int_equal(st.step, 77);
+  assert_int_equal(optim_steps(sgd), 77);
+  assert_true(st.lr == 0.25);
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.kind = OPTIM_LARS;
+  optim *lars = NULL;
+  assert_ok(optim_create(dev, &o, 3, NULL, 0, &lars));
+  assert_fails_with(checkpoint_decode(fl_bytes_of(blob, sizeof blob), values, NULL, lars, &st), FL_EINVAL,
+                    "sgd's optimizer state (a version 1 file), but this run's optimizer is lars");
+  optim_destroy(lars);
+  optim_destroy(sgd);
+  fl_tensor_destroy(values);
+  fl_device_close(dev);
 }
 
 /* ---- curves -------------------------------------------------------------------------- */
@@ -753,11 +1180,10 @@ static void test_synthetic_imagenet_is_deterministic(void **state) {
 }
 
 
-/* The pieces together on a real model: the reader's batches, the loss, one sgd_step per step
- * (the loss falls), then a checkpoint restores the weights into a model of another seed,
- * which then gives the same logits. */
-static void test_model_steps_and_checkpoint(void **state) {
-  (void)state;
+/* The pieces together on a real model: the reader's batches, the loss, one optimizer step per
+ * step (the loss falls by half), then a checkpoint restores the weights into a model of
+ * another seed, which then gives the same logits. */
+static void model_steps_and_checkpoint(optim_options o, float lr) {
   fl_device *dev = open_cpu();
   data_reader *r = NULL;
   assert_ok(data_reader_create(8, &r));
@@ -775,9 +1201,8 @@ static void test_model_steps_and_checkpoint(void **state) {
   nn_model_spec spec = {.kind = NN_MLP, .channels = 1, .height = 4, .width = 4, .classes = 4, .hidden = 16, .seed = 3};
   nn_model *m = NULL;
   assert_ok(nn_model_create(dev, &spec, &m));
-  optim_sgd_options o = {.momentum = 0.9f, .weight_decay = 1e-4f};
-  optim_sgd *opt = NULL;
-  assert_ok(optim_sgd_create(dev, fl_tensor_numel(nn_model_values(m)), &o, &opt));
+  optim *opt = NULL;
+  assert_ok(optim_create_for_model(dev, &o, m, &opt));
   int64_t xs[4] = {8, 1, 4, 4};
   fl_tensor *x = NULL;
   assert_ok(fl_tensor_create(dev, 4, xs, &x));
@@ -798,13 +1223,14 @@ static void test_model_steps_and_checkpoint(void **state) {
       assert_ok(nn_model_forward(m, x, true, &logits));
       assert_ok(nn_model_loss(m, labels_d, 1.0f / 8, stats_d));
       assert_ok(nn_model_backward(m, NULL, NULL));
-      assert_ok(optim_sgd_step(opt, 0.1f, nn_model_grads(m), nn_model_values(m)));
+      assert_ok(optim_step(opt, lr, nn_model_grads(m), nn_model_values(m)));
     }
     float st[2];
     assert_ok(dev->ops->to_host(dev, st, stats_d, sizeof st));
     if (epoch == 0) first = st[0] / 32;
     last = st[0] / 32;
   }
+  if (!(last < 0.5f * first)) fprintf(stderr, "%s: loss %g -> %g\n", optim_kind_name(o.kind), first, last);
   assert_true(last < 0.5f * first);
 
   fl_buf blob = FL_BUF_INIT;
@@ -812,12 +1238,13 @@ static void test_model_steps_and_checkpoint(void **state) {
   assert_ok(checkpoint_encode(nn_model_values(m), nn_model_buffers(m), opt, &cs, &blob));
   spec.seed = 99;
   nn_model *m2 = NULL;
-  optim_sgd *opt2 = NULL;
+  optim *opt2 = NULL;
   assert_ok(nn_model_create(dev, &spec, &m2));
-  assert_ok(optim_sgd_create(dev, fl_tensor_numel(nn_model_values(m2)), &o, &opt2));
+  assert_ok(optim_create_for_model(dev, &o, m2, &opt2));
   checkpoint_state back;
   assert_ok(checkpoint_decode(fl_buf_bytes(&blob), nn_model_values(m2), nn_model_buffers(m2), opt2, &back));
   assert_int_equal(back.step, 60);
+  assert_int_equal(optim_steps(opt2), 60);
   const fl_tensor *l1, *l2;
   float a[32], b[32];
   assert_ok(nn_model_forward(m, x, false, &l1));
@@ -829,12 +1256,34 @@ static void test_model_steps_and_checkpoint(void **state) {
   dev->ops->free(dev, labels_d);
   dev->ops->free(dev, stats_d);
   fl_tensor_destroy(x);
-  optim_sgd_destroy(opt2);
-  optim_sgd_destroy(opt);
+  optim_destroy(opt2);
+  optim_destroy(opt);
   nn_model_destroy(m2);
   nn_model_destroy(m);
   data_reader_destroy(r);
   fl_device_close(dev);
+}
+
+static void test_model_steps_and_checkpoint(void **state) {
+  (void)state;
+  optim_options o = OPTIM_OPTIONS_INIT;
+  model_steps_and_checkpoint(o, 0.1f);
+}
+
+/* A short mlp training with AdamW (decoupled weight decay) lowers the loss as SGD does; so do
+ * LAMB and LARS with their trust ratios. */
+static void test_model_steps_adamw_lamb_lars(void **state) {
+  (void)state;
+  optim_options o = OPTIM_OPTIONS_INIT;
+  o.kind = OPTIM_ADAMW;
+  o.weight_decay = 0.01f;
+  model_steps_and_checkpoint(o, 0.01f);
+  o.kind = OPTIM_LAMB;
+  model_steps_and_checkpoint(o, 0.02f);
+  o.kind = OPTIM_LARS;
+  o.weight_decay = 1e-4f;
+  o.trust_coef = 0.02f;
+  model_steps_and_checkpoint(o, 1.0f);
 }
 
 /* ---- training options ------------------------------------------------------------------ */
@@ -870,9 +1319,37 @@ static void test_train_options(void **state) {
   assert_int_equal(s.num_milestones, 2);
   assert_near(s.milestones[0], 5);
   assert_near(s.milestones[1], 7.5);
-  o.sgd.nesterov = true;
-  o.sgd.momentum = 0;
+  o.optim.nesterov = true;
+  o.optim.momentum = 0;
   assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--nesterov");
+  o.optim.momentum = 0.9f;
+  o.optim.kind = OPTIM_ADAMW;
+  assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--nesterov is for --optimizer sgd");
+  o.optim.nesterov = false;
+  assert_ok(gpu_train_options_validate(&o));
+  o.optim.beta1 = 1;
+  assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--beta1 1");
+  o.optim.beta1 = 0.9f;
+  o.clip_grad_norm = -1;
+  assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--clip-grad-norm -1");
+  o.clip_grad_norm = 1;
+  o.decay_power = 2;
+  assert_fails_with(gpu_train_options_validate(&o), FL_EINVAL, "--power is for --decay poly");
+  o.decay = OPTIM_DECAY_POLY;
+  o.num_milestones = 0;
+  assert_ok(gpu_train_options_validate(&o));
+  gpu_train_schedule(&o, &s);
+  assert_near(s.power, 2);
+  /* The transformer: LARS and LAMB need whole weights, clipping the whole gradient. */
+  gpu_train_options t = GPU_TRAIN_OPTIONS_INIT;
+  t.model = NN_TRANSFORMER;
+  t.tp = 2;
+  t.optim.kind = OPTIM_LAMB;
+  assert_fails_with(gpu_train_options_validate(&t), FL_EINVAL, "--optimizer lamb needs each weight's whole norm");
+  t.optim.kind = OPTIM_ADAM;
+  assert_ok(gpu_train_options_validate(&t));
+  t.clip_grad_norm = 1;
+  assert_fails_with(gpu_train_options_validate(&t), FL_EINVAL, "--clip-grad-norm is for the data-parallel");
 }
 
 int main(void) {
@@ -880,16 +1357,25 @@ int main(void) {
       cmocka_unit_test(test_sgd_momentum_weight_decay),
       cmocka_unit_test(test_sgd_nesterov),
       cmocka_unit_test(test_sgd_plain),
-      cmocka_unit_test(test_sgd_bad_arguments),
+      cmocka_unit_test(test_optim_bad_arguments),
+      cmocka_unit_test(test_sgd_against_reference),
+      cmocka_unit_test(test_adam_adamw_against_reference),
+      cmocka_unit_test(test_lars_against_reference),
+      cmocka_unit_test(test_lamb_against_reference),
+      cmocka_unit_test(test_no_decay_rule),
+      cmocka_unit_test(test_clip_grad_norm),
       cmocka_unit_test(test_schedule_linear_scaling_and_warmup),
       cmocka_unit_test(test_schedule_step_and_cosine),
       cmocka_unit_test(test_schedule_validation),
       cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_checkpoint_corrupt_blobs),
+      cmocka_unit_test(test_checkpoint_every_optimizer),
+      cmocka_unit_test(test_checkpoint_reads_version_1),
       cmocka_unit_test(test_curves_csv_svg_progress),
       cmocka_unit_test(test_reader_shuffle_and_batches),
       cmocka_unit_test(test_train_options),
       cmocka_unit_test(test_model_steps_and_checkpoint),
+      cmocka_unit_test(test_model_steps_adamw_lamb_lars),
   };
   const struct CMUnitTest data_tests[] = {
       cmocka_unit_test(test_data_idx_plain_and_gz),

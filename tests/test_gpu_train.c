@@ -89,7 +89,7 @@ static char tmp_dir[128];
 typedef struct ckpt {
   uint32_t epoch;
   uint64_t step;
-  uint64_t values, buffers, velocity; /* float counts */
+  uint64_t values, buffers, velocity; /* float counts (velocity: the optimizer's state) */
   float *data;                        /* values, buffers, velocity back to back */
 } ckpt;
 
@@ -99,7 +99,7 @@ static void ckpt_load(const char *path, ckpt *c) {
   assert_non_null(f);
   assert_int_equal(fseek(f, 0, SEEK_END), 0);
   long len = ftell(f);
-  assert_true(len >= 76);
+  assert_true(len >= 92);
   rewind(f);
   uint8_t *blob = malloc((size_t)len);
   assert_non_null(blob);
@@ -109,18 +109,18 @@ static void ckpt_load(const char *path, ckpt *c) {
   uint32_t version, header;
   memcpy(&version, blob + 8, 4);
   memcpy(&header, blob + 12, 4);
-  assert_int_equal(version, 1);
-  assert_int_equal(header, 72);
+  assert_int_equal(version, 2);
+  assert_int_equal(header, 88);
   memcpy(&c->values, blob + 16, 8);
   memcpy(&c->buffers, blob + 24, 8);
   memcpy(&c->velocity, blob + 32, 8);
   memcpy(&c->epoch, blob + 40, 4);
   memcpy(&c->step, blob + 48, 8);
   uint64_t floats = c->values + c->buffers + c->velocity;
-  assert_int_equal((uint64_t)len, 72 + 4 * floats + 4);
+  assert_int_equal((uint64_t)len, 88 + 4 * floats + 4);
   c->data = malloc(floats * sizeof(float) + 1);
   assert_non_null(c->data);
-  memcpy(c->data, blob + 72, floats * sizeof(float));
+  memcpy(c->data, blob + 88, floats * sizeof(float));
   free(blob);
 }
 
@@ -159,8 +159,8 @@ static gpu_train_options eq_options(nn_model_kind model, uint32_t ranks, const c
   o.lr = 0.1;
   o.decay = OPTIM_DECAY_NONE;
   o.warmup_epochs = 0;
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 5e-4f;
+  o.optim.momentum = 0.9f;
+  o.optim.weight_decay = 5e-4f;
   o.seed = 7;
   o.shuffle = false;
   o.max_train_images = (uint64_t)EQ_STEPS * EQ_BATCH;
@@ -240,6 +240,28 @@ static void test_equivalence_mlp(void **state) {
       {"3 ranks tree, 64 KiB buckets", 3, FL_ALLREDUCE_TREE, 64 << 10, NULL},
   };
   check_equivalence(NN_MLP, cases, sizeof cases / sizeof *cases);
+}
+
+/* LARS's trust ratios and clipping by global norm read norms of the averaged gradients, which
+ * every rank holds alike: R ranks still reach 1 rank's weights. */
+static void test_equivalence_lars_clipped(void **state) {
+  (void)state;
+  NEED_DATA();
+  gpu_train_options o = eq_options(NN_MLP, 1, "local[3]");
+  o.optim.kind = OPTIM_LARS;
+  o.optim.trust_coef = 0.02f;
+  o.clip_grad_norm = 0.5;
+  o.lr = 1;
+  ckpt base = {0}, two = {0};
+  run_to_ckpt(&o, "1 rank, lars", &base);
+  o.ranks = 2;
+  run_to_ckpt(&o, "2 ranks, lars", &two);
+  double dv, d = ckpt_diff(&base, &two, &dv);
+  fprintf(stderr, "  lars, clipped: max |w_2 - w_1| / max(1, |w_1|) = %.3g (velocity %.3g)\n", d, dv);
+  assert_true(d <= EQ_TOL);
+  assert_true(dv <= EQ_TOL);
+  ckpt_free(&base);
+  ckpt_free(&two);
 }
 
 static void test_equivalence_local_cluster(void **state) {
@@ -579,6 +601,7 @@ int main(void) {
   const struct CMUnitTest cuda_tests[] = {
       T(test_cuda_matches_cpu),
       T(test_equivalence_mlp),
+      T(test_equivalence_lars_clipped),
       T(test_cuda_overlap_matches_synchronous),
   };
   int cuda_failed = cmocka_run_group_tests_name("gpu_train_cuda", cuda_tests, NULL, NULL);
@@ -588,6 +611,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_options),
       T(test_equivalence_mlp),
+      T(test_equivalence_lars_clipped),
       T(test_equivalence_detects_other_batches),
       T(test_equivalence_local_cluster),
       T(test_overlap_equals_synchronous),

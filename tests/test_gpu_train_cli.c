@@ -1,8 +1,9 @@
 /*
  * test_gpu_train_cli: `flint train` run as a child process the way a user runs it: every
  * usage error exits 2 with one line on stderr naming the cause and the hint, --help exits 0,
- * the top-level usage lists the command, a run that diverges exits 1 naming the step, and
- * --resume goes on from a --checkpoint file.
+ * the top-level usage lists the command, a run that diverges exits 1 naming the step (with
+ * every optimizer), short runs with each optimizer succeed, and --resume goes on from a
+ * --checkpoint file (with Adam's state too).
  * (Training runs are tested where the trainer's parts are: see test_gpu_optim and the
  * trainer's own tests.)
  *
@@ -41,6 +42,7 @@ static void expect_usage_error(run_result *r, const char *needle) {
 }
 
 #define BASE "--model", "mlp", "--data", "fashion-mnist"
+#define TFM_OPTS "--model", "transformer", "--data", "fashion-mnist"
 
 static void test_bad_options_exit_2(void **state) {
   (void)state;
@@ -77,6 +79,34 @@ static void test_bad_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", BASE, "--no-shuffle", "x"), "unexpected argument 'x'");
   expect_usage_error(RUN_FLINT("train", "--model", "cnn", "--data", "synthetic-imagenet", "--data-dir", "/tmp"),
                      "--data-dir is for --data fashion-mnist");
+}
+
+/* The optimizer's options: each bad value exits 2 naming it. */
+static void test_bad_optimizer_options_exit_2(void **state) {
+  (void)state;
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "adagrad"), "unknown optimizer 'adagrad'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer"), "--optimizer needs a value");
+  expect_usage_error(RUN_FLINT("train", BASE, "--beta1", "1"), "--beta1 '1' is not a number in [0, 1)");
+  expect_usage_error(RUN_FLINT("train", BASE, "--beta2", "-0.5"), "--beta2 '-0.5'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--eps", "0"), "--eps '0' is not a number > 0");
+  expect_usage_error(RUN_FLINT("train", BASE, "--eps", "1e-300"), "--eps '1e-300'"); /* 0 as a float */
+  expect_usage_error(RUN_FLINT("train", BASE, "--eps", "1e-6"), "--eps is for --optimizer adam, adamw or lamb (this run's is sgd)");
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "lars", "--beta2", "0.9"), "--beta2 is for --optimizer adam");
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "lamb", "--trust-coef", "0.01"),
+                     "--trust-coef is for --optimizer lars (this run's is lamb)");
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "adamw", "--momentum", "0.8"),
+                     "--momentum is for --optimizer sgd or lars (this run's is adamw)");
+  expect_usage_error(RUN_FLINT("train", BASE, "--trust-coef", "x"), "--trust-coef 'x'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--clip-grad-norm", "0"), "--clip-grad-norm '0' is not a number > 0");
+  expect_usage_error(RUN_FLINT("train", BASE, "--clip-grad-norm", "inf"), "--clip-grad-norm 'inf'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--power", "0"), "--power '0'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--power", "2"), "--power is for --decay poly");
+  expect_usage_error(RUN_FLINT("train", BASE, "--decay", "quadratic"), "(cosine, step, poly or none)");
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "adam", "--nesterov"),
+                     "--nesterov is for --optimizer sgd (this run's is adam)");
+  expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--tp", "2", "--optimizer", "lars"),
+                     "--optimizer lars needs each weight's whole norm");
+  expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--clip-grad-norm", "1"), "--clip-grad-norm is for the data-parallel");
 }
 
 #define TFM "--model", "transformer", "--data", "fashion-mnist"
@@ -139,8 +169,51 @@ static void test_transformer_run(void **state) {
 }
 
 /* A run that diverges (an absurd --lr) stops at the first non-finite loss: exit 1 and one
- * line naming the step, the loss and the rate, with the hint. */
+ * line naming the step, the epoch, the loss and the rate, with the hint; with every
+ * optimizer. SGD's loss is NaN within steps at --lr 1e6; Adam's steps are bounded by the rate
+ * (at 1e6 its loss stays a finite 1e19), and LARS's and LAMB's by the weights' norms, so they
+ * get a rate whose steps overflow float. */
+static void check_divergence_exits_1(const char *optimizer, const char *lr) {
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", csv[64], svg[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(csv, sizeof csv, "%s/c.csv", dir);
+  snprintf(svg, sizeof svg, "%s/c.svg", dir);
+  run_result *r = RUN_FLINT("train", BASE, "--batch", "64", "--lr", lr, "--epochs", "2", "--train-images", "640",
+                            "--test-images", "64", "--master", "local[1]", "--quiet", "--csv", csv, "--svg", svg,
+                            "--optimizer", optimizer);
+  if (r->status != 1 || !strstr(r->err, "diverged at step ")) {
+    fprintf(stderr, "--optimizer %s:\n", optimizer);
+    run_dump(r);
+  }
+  assert_int_equal(r->status, 1);
+  assert_non_null(strstr(r->err, "flint train: "));
+  assert_non_null(strstr(r->err, "training diverged at step "));
+  assert_non_null(strstr(r->err, "(epoch "));
+  assert_non_null(strstr(r->err, "learning rate"));
+  assert_non_null(strstr(r->err, "--lr"));
+  assert_null(strstr(r->out, "test         loss")); /* no result printed */
+  struct stat st;
+  assert_int_not_equal(stat(csv, &st), 0); /* no output file either */
+  free(r);
+  unlink(csv);
+  unlink(svg);
+  rmdir(dir);
+}
+
 static void test_divergence_exits_1(void **state) {
+  (void)state;
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    fprintf(stderr, "skipped: no Fashion-MNIST\n");
+    skip();
+  }
+  const char *optimizers[] = {"sgd", "adam", "adamw", "lars", "lamb"};
+  for (int i = 0; i < 5; i++) check_divergence_exits_1(optimizers[i], i == 0 ? "1e6" : "1e30");
+}
+
+/* A short run with each new optimizer, clipping and poly decay trains to the end (exit 0) and
+ * says which optimizer it used. */
+static void test_optimizers_run(void **state) {
   (void)state;
   struct stat st;
   if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
@@ -151,16 +224,21 @@ static void test_divergence_exits_1(void **state) {
   assert_non_null(mkdtemp(dir));
   snprintf(csv, sizeof csv, "%s/c.csv", dir);
   snprintf(svg, sizeof svg, "%s/c.svg", dir);
-  run_result *r = RUN_FLINT("train", BASE, "--batch", "64", "--lr", "1e6", "--epochs", "2", "--train-images", "640",
-                            "--test-images", "64", "--master", "local[1]", "--quiet", "--csv", csv, "--svg", svg);
-  if (r->status != 1 || !strstr(r->err, "diverged at step ")) run_dump(r);
-  assert_int_equal(r->status, 1);
-  assert_non_null(strstr(r->err, "flint train: "));
-  assert_non_null(strstr(r->err, "diverged at step "));
-  assert_non_null(strstr(r->err, "learning rate"));
-  assert_non_null(strstr(r->err, "--lr"));
-  assert_null(strstr(r->out, "test         loss")); /* no result printed */
-  free(r);
+  const char *optimizers[] = {"adam", "adamw", "lars", "lamb"};
+  for (int i = 0; i < 4; i++) {
+    run_result *r = RUN_FLINT("train", BASE, "--batch", "64", "--lr", "0.01", "--epochs", "2", "--train-images",
+                              "256", "--test-images", "64", "--master", "local[2]", "--ranks", "2", "--quiet",
+                              "--csv", csv, "--svg", svg, "--optimizer", optimizers[i], "--clip-grad-norm", "1",
+                              "--decay", "poly", "--power", "1", i % 2 ? "--decay-all" : "--no-decay-norm-bias");
+    if (r->status != 0) run_dump(r);
+    assert_int_equal(r->status, 0);
+    char want[64];
+    snprintf(want, sizeof want, "per rank), %s, lr 0.01", optimizers[i]);
+    assert_non_null(strstr(r->out, want));
+    assert_non_null(strstr(r->out, "poly decay"));
+    assert_non_null(strstr(r->out, "test         loss"));
+    free(r);
+  }
   unlink(csv);
   unlink(svg);
   rmdir(dir);
@@ -218,7 +296,7 @@ static void test_user_model_library(void **state) {
   snprintf(with_symbol, sizeof with_symbol, "%s:nope", lib);
   expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN), "exports no nope");
   snprintf(with_symbol, sizeof with_symbol, "%s:wrong_output", lib);
-  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN), "its model's output is [n, 7], expected [n, 10]");
+  expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN), "its model's output is [n, 1, 28, 7], expected [n, 10]");
   snprintf(with_symbol, sizeof with_symbol, "%s:gives_up", lib);
   expect_failure(RUN_FLINT("train", "--model", with_symbol, USER_RUN),
                  "its builder failed: this builder wants 10 classes to be 3");
@@ -373,6 +451,20 @@ static void test_resume(void **state) {
                  "does not match this model");
   expect_failure(RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "1", "--resume", ck),
                  "nothing to train");
+  /* Adam's moments and step count go with the weights; another optimizer cannot take them. */
+  r = RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "1", "--optimizer", "adamw", "--lr", "0.001",
+                "--checkpoint", ck);
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  free(r);
+  r = RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "2", "--optimizer", "adamw", "--lr", "0.001",
+                "--resume", ck);
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "epochs       2 (4 steps, 1 attempt)"));
+  free(r);
+  expect_failure(RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "2", "--resume", ck),
+                 "it holds adamw's optimizer state, but this run's optimizer is sgd");
   unlink(csv);
   unlink(svg);
   unlink(ck);
@@ -384,10 +476,13 @@ static void test_help(void **state) {
   (void)state;
   run_result *r = RUN_FLINT("train", "--help");
   assert_int_equal(r->status, 0);
-  assert_non_null(strstr(r->out, "usage: flint train --model mlp|cnn|resnet18|transformer"));
+  assert_non_null(strstr(r->out, "usage: flint train --model mlp|cnn|resnet18|resnet50|transformer|FILE.so[:SYMBOL]"));
   assert_non_null(strstr(r->out, "--microbatches M"));
   assert_non_null(strstr(r->out, "--warmup E"));
   assert_non_null(strstr(r->out, "--resume PATH"));
+  assert_non_null(strstr(r->out, "--optimizer O       sgd (default), adam, adamw"));
+  assert_non_null(strstr(r->out, "--clip-grad-norm X"));
+  assert_non_null(strstr(r->out, "--decay-all"));
   assert_non_null(strstr(r->out, "linear scaling"));
   /* The large-batch example uses a rate that converges at batch 8192 (docs/gpu.md: the cnn
    * diverges there from 0.05), and the 8-rank examples ask for 8 task slots whatever the
@@ -408,6 +503,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_options_exit_2),
       cmocka_unit_test(test_bad_transformer_options_exit_2),
+      cmocka_unit_test(test_bad_optimizer_options_exit_2),
+      cmocka_unit_test(test_optimizers_run),
       cmocka_unit_test(test_transformer_run),
       cmocka_unit_test(test_divergence_exits_1),
       cmocka_unit_test(test_user_model_library),

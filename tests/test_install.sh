@@ -102,7 +102,7 @@ examples=("$tmp"/readme*.c)
 for c in "${examples[@]}"; do
   mods=flint-dataflow
   grep -q '<flint/ml.h>' "$c" && mods="$mods flint-dataflow-ml"
-  grep -q '<flint/gpu.h>' "$c" && mods="$mods flint-dataflow-gpu"
+  grep -q '<flint/gpu.h>\|<flint/train.h>' "$c" && mods="$mods flint-dataflow-gpu"
   bin=${c%.c}
   # shellcheck disable=SC2046,SC2086
   "$cc" "${cflags[@]}" -Wall -Werror -o "$bin" "$c" $(pkg-config --cflags --libs $mods) ||

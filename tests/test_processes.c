@@ -15,6 +15,7 @@
 #include "proc_harness.h"
 #include "tls_certs.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -354,6 +355,55 @@ static void test_detached_status_logs_kill(void **state) {
     free(r);
   }
 
+  /* 6: --logs ID --follow prints the output as it comes and exits with the submission's
+   * status once it ends; a follower interrupted stops following, not the submission. */
+  const char *go = test_file("go6");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--detach", bin_file("job_echo.so"), "--until-file", go, "six");
+  expect_status(r, 0);
+  EXPECT_OUT(r, "submitted job binary 6\n");
+  free(r);
+  proc *follower = start_proc("follower", NULL,
+                              (const char *const[]){"submit", "--master", fx.master, "--logs", "6", "--follow", NULL});
+  proc *quitter = start_proc("quitter", NULL,
+                             (const char *const[]){"submit", "--master", fx.master, "--logs=6", "-f", NULL});
+  wait_log(follower, "job_echo args: six\n");
+  wait_log(quitter, "job_echo args: six\n");
+  assert_int_equal(kill(quitter->pid, SIGINT), 0);
+  assert_int_equal(wait_exit(quitter->pid, STOP_LIMIT_S), 130);
+  quitter->pid = 0;
+  wait_log(quitter, "stopped following job binary 6, which goes on (--kill 6 ends it)\n");
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "6");
+  EXPECT_OUT(r, "state: running\n");
+  free(r);
+  FILE *f = fopen(go, "w"); /* the job goes on to its end */
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(wait_exit(follower->pid, CMD_LIMIT_S), 3);
+  follower->pid = 0;
+  wait_log(follower, "job_echo count: 10\n");
+  char *log = slurp(follower->log);
+  assert_non_null(strstr(log, "job_echo: this line goes to stderr\n"));
+  const char *first = strstr(log, "job_echo args: six\n");
+  assert_null(strstr(first + 1, "job_echo args: six\n")); /* each line once */
+  free(log);
+  /* Ended already: its whole output at once, and its status. */
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "3", "-f");
+  expect_status(r, 3);
+  EXPECT_OUT(r, "job_echo args: two\njob_echo count: 10\n");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "2", "--follow");
+  expect_status(r, 128 + SIGKILL);
+  EXPECT_ERR(r, "killed by signal 9");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--logs", "99", "--follow");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "no job binary 99 on this driver");
+  free(r);
+  r = FLINT(NULL, "submit", "--master", fx.master, "--status", "1", "--follow");
+  expect_status(r, 2);
+  EXPECT_ERR(r, "--follow (-f) goes with --logs ID");
+  free(r);
+
   stop_all();
   fx.passed = true;
 }
@@ -667,6 +717,83 @@ static void test_local_cluster_killed_leaves_no_folder(void **state) {
   double deadline = now_s() + 30;
   while (count_prefixed(fx.dir, "flint-cluster-") != 0 && now_s() < deadline) sleep_ms(50);
   assert_int_equal(count_prefixed(fx.dir, "flint-cluster-"), 0);
+  fx.passed = true;
+}
+
+/* The pids of pid's descendants (from /proc), at most `max`; how many. */
+static int descendants(pid_t pid, pid_t *out, int max) {
+  int n = 0;
+  out[n++] = pid;
+  for (int i = 0; i < n; i++) { /* breadth first: out[i]'s children */
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+      pid_t p = (pid_t)atoi(e->d_name);
+      if (p <= 0) continue;
+      char path[64], stat[512];
+      snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+      FILE *f = fopen(path, "r");
+      if (!f) continue;
+      size_t len = fread(stat, 1, sizeof stat - 1, f);
+      fclose(f);
+      stat[len] = '\0';
+      const char *rp = strrchr(stat, ')'); /* the name may hold spaces */
+      int ppid = 0;
+      if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == out[i]) out[n++] = p;
+    }
+    closedir(d);
+  }
+  memmove(out, out + 1, (size_t)(n - 1) * sizeof *out);
+  return n - 1;
+}
+
+/* Whether pid runs (a zombie has ended). */
+static bool running(pid_t pid) {
+  char path[64], stat[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t len = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[len] = '\0';
+  const char *rp = strrchr(stat, ')');
+  return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* Ctrl-C at a terminal sends SIGINT to the whole foreground process group: a program on
+ * local-cluster[...] that handles it (as the shell does) keeps its cluster, whose processes
+ * lead groups of their own; they still end when the program does. */
+static void test_local_cluster_outlives_ctrl_c(void **state) {
+  (void)state;
+  fx.new_group = true; /* the program leads its group, as a shell's foreground job */
+  const char *go = test_file("go");
+  proc *program = start_proc("program", NULL,
+                             (const char *const[]){"submit", "--master", "local-cluster[1,1,64]",
+                                                   bin_file("job_echo.so"), "--handle-int", "--until-file", go,
+                                                   "waiting", NULL});
+  wait_log(program, "job_echo args: waiting\n"); /* the cluster runs: the job waits */
+  pid_t cluster[16];
+  int n = descendants(program->pid, cluster, 16);
+  assert_true(n >= 2); /* the driver and an executor (and its supervised child) */
+  assert_int_equal(kill(-program->pid, SIGINT), 0); /* the terminal's Ctrl-C */
+  wait_log(program, "job_echo: SIGINT handled\n");
+  for (int i = 0; i < n; i++) assert_true(running(cluster[i]));
+  /* The job's action runs on the cluster after the Ctrl-C: it would fail without it. */
+  FILE *f = fopen(go, "w");
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(wait_exit(program->pid, STOP_LIMIT_S + 30), 3);
+  program->pid = 0;
+  char *log = slurp(program->log);
+  if (!strstr(log, "job_echo count: 10\n")) fprintf(stderr, "%s", log);
+  assert_non_null(strstr(log, "job_echo count: 10\n"));
+  free(log);
+  /* 30 s: only a hang takes so long. */
+  double deadline = now_s() + 30;
+  for (int i = 0; i < n; i++)
+    while (running(cluster[i]) && now_s() < deadline) sleep_ms(20);
+  for (int i = 0; i < n; i++) assert_false(running(cluster[i]));
   fx.passed = true;
 }
 
@@ -1235,6 +1362,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_status_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_job_output_streams_and_driver_loss, setup, teardown),
       cmocka_unit_test_setup_teardown(test_local_cluster_killed_leaves_no_folder, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_local_cluster_outlives_ctrl_c, setup, teardown),
       cmocka_unit_test_setup_teardown(test_authentication, setup, teardown),
       cmocka_unit_test_setup_teardown(test_encryption, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_messages, setup, teardown),

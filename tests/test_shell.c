@@ -207,13 +207,73 @@ static void test_errors_and_crash(void **state) {
   finish(s);
 }
 
-/* Ctrl-C while an input's job runs cancels the job (its action returns FL_ECANCELLED) and
- * the session goes on. Local mode only: in local-cluster mode the terminal's SIGINT also
- * reaches the cluster's processes, which share the shell's process group. */
-static void test_interrupt(void **state) {
+/* A crash in user code on a task thread (a map function, local mode) ends only that input:
+ * its action fails naming the signal and the function, and the next inputs run jobs. */
+static void test_task_crash(void **state) {
   (void)state;
   session *s = &the_session;
   start(s, "local[2]");
+  type_line(s, "fl_status crashy(fl_bytes rec, fl_buf *out, const void *arg) { volatile int *p = (volatile int *)arg; if (fl_i64(rec) == 5) *p = 1; return fl_buf_append(out, rec.data, rec.len); }");
+  type_line(s, "fl_dataset *few = NULL, *bad = NULL;");
+  type_line(s, "fl_range(ctx, 0, 10, 1, 2, &few); fl_map(few, crashy, NULL, 0, &bad);");
+  type_line(s, "uint64_t k = 0;");
+  type_line(s, "fl_status ks = fl_count(bad, &k); printf(\"status: %s\\n\", fl_status_name(ks) + 0);");
+  EXPECT(s, "task crashed: signal 11 (Segmentation fault) in function crashy of ");
+  EXPECT(s, "status: FL_EJOB");
+  type_line(s, "fl_status again = fl_count(few, &k); printf(\"after: %d %s\\n\", (int)k * 10, fl_status_name(again));");
+  EXPECT(s, "after: 100 FL_OK");
+  finish(s);
+}
+
+/* Declarations as users write them: several declarators (each name a global of its own,
+ * assigned in order), const globals (any initializer; read-only afterwards) and static
+ * ones (usable by later inputs, which are other libraries). */
+static void test_declarations(void **state) {
+  (void)state;
+  session *s = &the_session;
+  start(s, "local[1]");
+  type_line(s, "int a, b;");
+  type_line(s, "a = 6; b = 7;");
+  type_line(s, "printf(\"ab=%d\\n\", a * b);");
+  EXPECT(s, "ab=42");
+  type_line(s, "int c = 1, d = c + 1, *p = &c;");
+  type_line(s, "printf(\"cdp=%d\\n\", c * 100 + d * 10 + *p);");
+  EXPECT(s, "cdp=121");
+  type_line(s, "fl_dataset *few = NULL, *none = NULL;");
+  type_line(s, "fl_range(ctx, 0, 10, 1, 2, &few); uint64_t k = 0; fl_count(few, &k); printf(\"few=%d none=%d\\n\", (int)k * 2, none == NULL);");
+  EXPECT(s, "few=20 none=1");
+  type_line(s, "int xs[3] = {1, 2, 3}, y = 4;");
+  type_line(s, "printf(\"xsy=%d\\n\", xs[2] * 10 + y);");
+  EXPECT(s, "xsy=34");
+  type_line(s, "const int n = 5;");
+  type_line(s, "printf(\"n=%d\\n\", n * 3);");
+  EXPECT(s, "n=15");
+  type_line(s, "n = 6;"); /* read-only, as in C */
+  EXPECT(s, "read-only variable");
+  type_line(s, "const int len = (int)strlen(\"abcdef\"), twice = len * 2;"); /* not constant */
+  type_line(s, "printf(\"len=%d\\n\", len * 100 + twice);");
+  EXPECT(s, "len=612");
+  type_line(s, "static int counter = 10;");
+  type_line(s, "counter++;");
+  type_line(s, "printf(\"counter=%d\\n\", counter + 0);");
+  EXPECT(s, "counter=11");
+  type_line(s, "static const char *const greeting = \"he\" \"llo\";");
+  type_line(s, "printf(\"g=%s!\\n\", greeting);");
+  EXPECT(s, "g=hello!");
+  /* Declaring a name again with its type assigns it, in a list as alone. */
+  type_line(s, "int a = 1, q = 2;");
+  type_line(s, "printf(\"aq=%d\\n\", a * 10 + q);");
+  EXPECT(s, "aq=12");
+  /* Not a declaration: a comma expression stays a statement. */
+  type_line(s, "a = 3, b = 4;");
+  type_line(s, "printf(\"ab=%d\\n\", a * 10 + b);");
+  EXPECT(s, "ab=34");
+  finish(s);
+}
+
+/* Ctrl-C while an input's job runs cancels the job (its action returns FL_ECANCELLED) and
+ * the session goes on. */
+static void interrupt_a_job(session *s) {
   type_line(s, "#include <unistd.h>");
   type_line(s, "fl_status slow(fl_bytes rec, fl_buf *out, const void *arg) { (void)arg; usleep(2000); return fl_buf_append(out, rec.data, rec.len); }");
   type_line(s, "fl_dataset *big = NULL;");
@@ -229,16 +289,28 @@ static void test_interrupt(void **state) {
   EXPECT(s, "count: FL_ECANCELLED");
   type_line(s, "printf(\"alive=%d\\n\", 6 * 7);");
   EXPECT(s, "alive=42");
+}
+
+static void test_interrupt(void **state) {
+  (void)state;
+  session *s = &the_session;
+  start(s, "local[2]");
+  interrupt_a_job(s);
   finish(s);
 }
 
 /* The same session through a driver and two executors: each input's library ships to the
- * executors, which run `square` from input 4's library. */
+ * executors, which run `square` from input 4's library. Then a Ctrl-C: the terminal sends it
+ * to its foreground process group, which the cluster's processes are not in, so the job is
+ * cancelled and the cluster runs the next one. */
 static void test_local_cluster_session(void **state) {
   (void)state;
   session *s = &the_session;
   start(s, "local-cluster[2,1,256]");
   build_map_count(s, false);
+  interrupt_a_job(s);
+  type_line(s, "st = fl_count(ten, &n); printf(\"still=%d status=%s\\n\", (int)n * 2, fl_status_name(st) + 0);");
+  EXPECT(s, "still=20 status=FL_OK");
   finish(s);
 }
 
@@ -297,6 +369,8 @@ int main(void) {
       cmocka_unit_test(test_command_line),
       cmocka_unit_test(test_local_session),
       cmocka_unit_test(test_errors_and_crash),
+      cmocka_unit_test(test_task_crash),
+      cmocka_unit_test(test_declarations),
       cmocka_unit_test(test_interrupt),
       cmocka_unit_test(test_local_cluster_session),
   };

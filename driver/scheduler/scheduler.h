@@ -138,8 +138,11 @@ struct backend {
   uint32_t slots;
 };
 
-/* The in-process backend: a pool of `threads` task threads. */
-FL_INTERNAL fl_status local_backend_create(scheduler *sched, uint32_t threads, backend **out);
+/* The in-process backend: a pool of `threads` task threads. contain_crashes: a crash of an
+ * attempt (SIGSEGV, SIGBUS, SIGFPE, SIGILL on its thread) fails it instead of ending the
+ * process (fl_options.contain_task_crashes; installs common_crash_guard's handler). */
+FL_INTERNAL fl_status local_backend_create(scheduler *sched, uint32_t threads, bool contain_crashes,
+                                           backend **out);
 
 /* ---- executors ------------------------------------------------------------------------- */
 

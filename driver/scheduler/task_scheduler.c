@@ -135,7 +135,7 @@ task_outcome task_scheduler_task_ended(scheduler *s, sched_task *t) {
     return TASK_OUTCOME_NONE;
   }
   t->failures++;
-  if (t->failures < s->max_attempts && rt->status != FL_ECANCELLED) {
+  if (t->failures < s->max_attempts && rt->status != FL_ECANCELLED && !rt->no_retry) {
     rdd_task_clear(rt);
     task_queue_push(s, t);
     return TASK_OUTCOME_NONE;

@@ -130,6 +130,11 @@ fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_fol
 typedef struct fl_ml_data fl_ml_data;
 fl_status data_rows_pair(const fl_ml_data *train, const fl_ml_data *test, uint32_t ranks, uint32_t *classes,
                          uint32_t *cols, fl_dataset **out);
+/* Datasets of example records (fl_example_put: a label in [0, classes), then c*h*w floats) as
+ * the same kind of input; a record of another size or a label out of range fails its task
+ * with FL_EINVAL naming it. */
+fl_status data_examples_pair(fl_dataset *train, fl_dataset *test, uint32_t ranks, uint32_t c, uint32_t h, uint32_t w,
+                             uint32_t classes, fl_dataset **out);
 
 /* One synthetic-imagenet image (3*224*224 floats into `image`) and its label, as the
  * generator makes them; for tests and for generating on the fly. */
@@ -216,7 +221,7 @@ FL_API fl_status gpu_data_image_partition(uint32_t partition, fl_iter *in, fl_em
                                           const void *arg);
 FL_API fl_status gpu_data_pair_partition(uint32_t partition, fl_iter *in, fl_emitter *out,
                                          const void *arg);
-FL_API fl_status gpu_data_rows_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
+FL_API fl_status gpu_data_deal_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 FL_API uint32_t gpu_data_rank_partition(fl_bytes key, uint32_t num_partitions, const void *arg);
 FL_API fl_status gpu_data_pair_value(fl_bytes rec, fl_buf *out, const void *arg);
 

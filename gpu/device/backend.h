@@ -51,6 +51,14 @@ typedef struct bn_saved {
   float *inv_std; /* [C] 1 / sqrt(var + eps) */
 } bn_saved;
 
+/* A range of an optimizer's flat buffers (one parameter, or a run of parameters of one
+ * group) and its group's settings: what the layer-wise optimizer steps take per segment. */
+typedef struct optim_segment {
+  uint64_t offset, count; /* in elements */
+  float weight_decay;
+  int32_t adapt;          /* 1: LARS/LAMB's trust ratio; 0: ratio 1 (excluded parameters) */
+} optim_segment;
+
 struct device_ops {
   const char *name; /* "cpu", "cuda" */
 
@@ -148,6 +156,30 @@ struct device_ops {
   fl_status (*sgd_step)(fl_device *dev, size_t n, float lr, float momentum,
                         float weight_decay, bool nesterov, const float *grad, float *velocity,
                         float *w);
+  /* Adam (Kingma and Ba; PyTorch's rule), one weight decay for the n elements:
+   *   decoupled (AdamW): w *= 1 - lr * weight_decay, g = grad;  else g = grad + weight_decay * w;
+   *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
+   *   w -= lr * (m / bias1) / (sqrt(v / bias2) + eps)
+   * where bias1 = 1 - beta1^t and bias2 = 1 - beta2^t for the t-th step (t >= 1). */
+  fl_status (*adam_step)(fl_device *dev, size_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, bool decoupled, float bias1,
+                         float bias2, const float *grad, float *m, float *v, float *w);
+  /* The layer-wise optimizers over nseg segments of the flat buffers (segs and norms in
+   * device memory; norms is scratch of 2 * nseg doubles). A segment whose adapt is 0 takes
+   * the trust ratio 1.
+   * LARS (You et al. 2017, with momentum), per segment with its weight decay wd:
+   *   ratio = trust_coef * ||w|| / (||g|| + wd * ||w||)  (1 when either norm is 0);
+   *   u = m * u + lr * ratio * (g + wd * w);  w -= u            (u: velocity)
+   * LAMB (You et al. 2019), per segment: m and v as adam_step's (not decoupled), then
+   *   r = (m / bias1) / (sqrt(v / bias2) + eps) + wd * w;
+   *   ratio = ||w|| / ||r||  (1 when either norm is 0);  w -= lr * ratio * r */
+  fl_status (*lars_step)(fl_device *dev, int nseg, const optim_segment *segs, size_t n,
+                         float lr, float momentum, float trust_coef, const float *grad,
+                         float *velocity, float *w, double *norms);
+  fl_status (*lamb_step)(fl_device *dev, int nseg, const optim_segment *segs, size_t n,
+                         float lr, float beta1, float beta2, float eps, float bias1,
+                         float bias2, const float *grad, float *m, float *v, float *w,
+                         double *norms);
 
   /* ---- transformer operations (tensor and pipeline parallelism) ---- */
 

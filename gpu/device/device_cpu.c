@@ -523,6 +523,88 @@ static fl_status cpu_sgd_step(fl_device *dev, size_t n, float lr, float momentum
   return FL_OK;
 }
 
+static fl_status cpu_adam_step(fl_device *dev, size_t n, float lr, float beta1, float beta2,
+                               float eps, float weight_decay, bool decoupled, float bias1,
+                               float bias2, const float *grad, float *m, float *v, float *w) {
+  (void)dev;
+  float l2 = decoupled ? 0.0f : weight_decay, shrink = decoupled ? 1.0f - lr * weight_decay : 1.0f;
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) {
+    float g = grad[i] + l2 * w[i];
+    float mi = beta1 * m[i] + (1 - beta1) * g, vi = beta2 * v[i] + (1 - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = w[i] * shrink - lr * (mi / bias1) / (sqrtf(vi / bias2) + eps);
+  }
+  return FL_OK;
+}
+
+static double sum_sq(const float *x, size_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+  return s;
+}
+
+static fl_status cpu_lars_step(fl_device *dev, int nseg, const optim_segment *segs, size_t n,
+                               float lr, float momentum, float trust_coef, const float *grad,
+                               float *velocity, float *w, double *norms) {
+  (void)dev;
+  (void)n;
+  (void)norms; /* the norms live on the stack here */
+  for (int s = 0; s < nseg; s++) {
+    size_t o = segs[s].offset, c = segs[s].count;
+    float wd = segs[s].weight_decay, ratio = 1.0f;
+    if (segs[s].adapt) {
+      /* 1 when either norm is 0: a zero-initialised parameter, or no gradient. */
+      double wn = sqrt(sum_sq(w + o, c)), gn = sqrt(sum_sq(grad + o, c));
+      if (wn > 0 && gn > 0) ratio = (float)(trust_coef * wn / (gn + wd * wn));
+    }
+    float scaled = lr * ratio;
+#pragma omp simd
+    for (size_t i = o; i < o + c; i++) {
+      float u = momentum * velocity[i] + scaled * (grad[i] + wd * w[i]);
+      velocity[i] = u;
+      w[i] -= u;
+    }
+  }
+  return FL_OK;
+}
+
+static fl_status cpu_lamb_step(fl_device *dev, int nseg, const optim_segment *segs, size_t n,
+                               float lr, float beta1, float beta2, float eps, float bias1,
+                               float bias2, const float *grad, float *m, float *v, float *w,
+                               double *norms) {
+  (void)dev;
+  (void)n;
+  (void)norms;
+  for (int s = 0; s < nseg; s++) {
+    size_t o = segs[s].offset, c = segs[s].count;
+    float wd = segs[s].weight_decay;
+    double wn2 = 0, rn2 = 0;
+    /* First pass: the moments, and the norms of w and of the update r (not stored: the
+     * second pass computes r again from the new moments). */
+#pragma omp simd reduction(+ : wn2, rn2)
+    for (size_t i = o; i < o + c; i++) {
+      float g = grad[i];
+      float mi = beta1 * m[i] + (1 - beta1) * g, vi = beta2 * v[i] + (1 - beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      float r = (mi / bias1) / (sqrtf(vi / bias2) + eps) + wd * w[i];
+      wn2 += (double)w[i] * w[i];
+      rn2 += (double)r * r;
+    }
+    double wn = sqrt(wn2), rn = sqrt(rn2);
+    float step = lr * (segs[s].adapt && wn > 0 && rn > 0 ? (float)(wn / rn) : 1.0f);
+#pragma omp simd
+    for (size_t i = o; i < o + c; i++) {
+      float r = (m[i] / bias1) / (sqrtf(v[i] / bias2) + eps) + wd * w[i];
+      w[i] -= step * r;
+    }
+  }
+  return FL_OK;
+}
+
 /* ---- transformer operations ------------------------------------------------------------ */
 
 static fl_status cpu_gemm_batched(fl_device *dev, bool trans_a, bool trans_b, int m, int n,
@@ -774,6 +856,9 @@ static const device_ops cpu_ops = {
     .batchnorm_forward = cpu_batchnorm_forward,
     .batchnorm_backward = cpu_batchnorm_backward,
     .sgd_step = cpu_sgd_step,
+    .adam_step = cpu_adam_step,
+    .lars_step = cpu_lars_step,
+    .lamb_step = cpu_lamb_step,
     .gemm_batched = cpu_gemm_batched,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,

@@ -1,29 +1,33 @@
 /*
  * gpu/nn/checkpoint.c: one byte blob holding a training run's state: the model's flat weights,
- * its batch-norm buffers, the optimizer's velocity and where training stands (epoch, step,
- * schedule position). The data-parallel trainer puts it in the barrier stage's checkpoint
- * each epoch (fl_barrier_checkpoint_put) and a retried attempt restores it; `flint train`
- * can also write it to a file.
+ * its batch-norm buffers, the optimizer's state (a velocity, or Adam's moments, and its step
+ * count) and where training stands (epoch, step, schedule position). The data-parallel
+ * trainer puts it in the barrier stage's checkpoint each epoch (fl_barrier_checkpoint_put)
+ * and a retried attempt restores it; `flint train` can also write it to a file.
  *
  * Layout (little-endian, the host order on every platform flint supports):
  *   off  size
  *     0     8  magic "FLNTCKPT"
- *     8     4  version (1)
- *    12     4  header bytes (72)
+ *     8     4  version (2)
+ *    12     4  header bytes (88)
  *    16     8  values: float count of the flat weights
  *    24     8  buffers: float count of the batch-norm buffers (0 for none)
- *    32     8  velocity: float count of the optimizer's velocity (0 for none)
+ *    32     8  state: float count of the optimizer's state (0 for none)
  *    40     4  epoch (epochs completed)
- *    44     4  reserved, 0
+ *    44     4  the optimizer's kind (optim_kind: 0 sgd, 1 adam, 2 adamw, 3 lars, 4 lamb)
  *    48     8  step (optimizer steps taken)
  *    56     8  position (f64, the schedule's position in epochs)
  *    64     8  lr (f64, the rate of the last step)
- *    72        values, buffers, velocity as float32, back to back
+ *    72     8  the optimizer's own step count (Adam's bias correction)
+ *    80     8  reserved, 0
+ *    88        values, buffers, state as float32, back to back
  *   end-4   4  CRC-32 (zlib's) of every byte before it
+ * Version 1 had a 72-byte header without the last two fields, 0 at offset 44, and SGD's
+ * velocity as its state: decode reads it as SGD state (its step count is the run's step).
  *
  * Everything from a blob is untrusted: decode checks the magic, version, header size, the
  * counts against the blob's length (with overflow checks), the checksum and the shapes of
- * the model before it writes a single byte.
+ * the model and optimizer before it writes a single byte.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -35,12 +39,15 @@
 #include "common/common.h"
 #include "gpu/nn/nn.h"
 
-#define HEADER_BYTES 72u
+#define HEADER_BYTES 88u
+#define V1_HEADER_BYTES 72u
 #define TRAILER_BYTES 4u
 
 typedef struct ckpt_header {
   uint32_t version, header_bytes;
-  uint64_t values, buffers, velocity;
+  uint64_t values, buffers, state;
+  uint32_t kind; /* optim_kind of the state */
+  uint64_t optim_steps;
   checkpoint_state st;
 } ckpt_header;
 
@@ -71,10 +78,11 @@ static uint32_t crc_of(const uint8_t *p, size_t len) {
 
 static size_t numel_of(const fl_tensor *t) { return t ? t->numel : 0; }
 
-fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, optim_sgd *opt,
+fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, optim *opt,
                             const checkpoint_state *st, fl_buf *out) {
   if (!values || !st || !out) return fl_set_error(FL_EINVAL, "checkpoint_encode: NULL argument");
-  size_t nv = values->numel, nb = numel_of(buffers), nvel = opt ? optim_sgd_size(opt) : 0;
+  size_t nv = values->numel, nb = numel_of(buffers);
+  size_t nvel = opt ? optim_size(opt) * optim_state_slots(optim_get_options(opt)->kind) : 0;
   size_t total = HEADER_BYTES + (nv + nb + nvel) * sizeof(float) + TRAILER_BYTES;
   out->len = 0;
   fl_status s = fl_buf_reserve(out, total);
@@ -87,10 +95,12 @@ fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, o
   put64(p + 24, nb);
   put64(p + 32, nvel);
   put32(p + 40, st->epoch);
-  put32(p + 44, 0);
+  put32(p + 44, opt ? (uint32_t)optim_get_options(opt)->kind : 0);
   put64(p + 48, st->step);
   memcpy(p + 56, &st->position, 8);
   memcpy(p + 64, &st->lr, 8);
+  put64(p + 72, opt ? optim_steps(opt) : 0);
+  put64(p + 80, 0);
   size_t off = HEADER_BYTES;
   /* to_host copies bytes (memcpy / cudaMemcpy): the blob's offsets need no alignment. */
   if (nv) {
@@ -104,8 +114,8 @@ fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, o
     off += nb * sizeof(float);
   }
   if (nvel) {
-    fl_device *dev = optim_sgd_device(opt);
-    s = dev->ops->to_host(dev, p + off, optim_sgd_velocity(opt), nvel * sizeof(float));
+    fl_device *dev = optim_device(opt);
+    s = dev->ops->to_host(dev, p + off, optim_state(opt), nvel * sizeof(float));
     if (s != FL_OK) return s;
     off += nvel * sizeof(float);
   }
@@ -119,31 +129,38 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (blob.len < 8 || memcmp(blob.data, CHECKPOINT_MAGIC, 8) != 0)
     return fl_set_error(FL_EFORMAT, "checkpoint: not a flint checkpoint (no \"%s\" magic at the start of "
                         "%zu bytes)", CHECKPOINT_MAGIC, blob.len);
-  if (blob.len < HEADER_BYTES + TRAILER_BYTES)
+  if (blob.len < V1_HEADER_BYTES + TRAILER_BYTES)
     return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes, shorter than its %u-byte header",
-                        blob.len, HEADER_BYTES + TRAILER_BYTES);
+                        blob.len, V1_HEADER_BYTES + TRAILER_BYTES);
   const uint8_t *p = blob.data;
   h->version = get32(p + 8);
   h->header_bytes = get32(p + 12);
-  if (h->version != CHECKPOINT_VERSION)
-    return fl_set_error(FL_EFORMAT, "checkpoint: version %u, this flint reads version %u", h->version,
+  if (h->version != CHECKPOINT_VERSION && h->version != 1)
+    return fl_set_error(FL_EFORMAT, "checkpoint: version %u, this flint reads versions 1 and %u", h->version,
                         CHECKPOINT_VERSION);
-  if (h->header_bytes != HEADER_BYTES)
-    return fl_set_error(FL_EFORMAT, "checkpoint: header of %u bytes, expected %u", h->header_bytes, HEADER_BYTES);
+  uint32_t want = h->version == 1 ? V1_HEADER_BYTES : HEADER_BYTES;
+  if (h->header_bytes != want)
+    return fl_set_error(FL_EFORMAT, "checkpoint: header of %u bytes, expected %u for version %u", h->header_bytes,
+                        want, h->version);
+  if (blob.len < want + TRAILER_BYTES)
+    return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes, shorter than its %u-byte header",
+                        blob.len, want + TRAILER_BYTES);
   h->values = get64(p + 16);
   h->buffers = get64(p + 24);
-  h->velocity = get64(p + 32);
+  h->state = get64(p + 32);
   h->st.epoch = get32(p + 40);
+  h->kind = get32(p + 44); /* version 1: 0, SGD */
   h->st.step = get64(p + 48);
   memcpy(&h->st.position, p + 56, 8);
   memcpy(&h->st.lr, p + 64, 8);
+  h->optim_steps = h->version == 1 ? h->st.step : get64(p + 72);
   /* Each count is checked against the length before the sum, so nothing overflows. */
-  uint64_t room = (blob.len - HEADER_BYTES - TRAILER_BYTES) / sizeof(float);
-  if (h->values > room || h->buffers > room - h->values || h->velocity > room - h->values - h->buffers)
+  uint64_t room = (blob.len - want - TRAILER_BYTES) / sizeof(float);
+  if (h->values > room || h->buffers > room - h->values || h->state > room - h->values - h->buffers)
     return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes hold fewer than the %llu + %llu + %llu "
                         "floats its header announces", blob.len, (unsigned long long)h->values,
-                        (unsigned long long)h->buffers, (unsigned long long)h->velocity);
-  size_t expected = HEADER_BYTES + (size_t)(h->values + h->buffers + h->velocity) * sizeof(float) + TRAILER_BYTES;
+                        (unsigned long long)h->buffers, (unsigned long long)h->state);
+  size_t expected = want + (size_t)(h->values + h->buffers + h->state) * sizeof(float) + TRAILER_BYTES;
   if (blob.len != expected)
     return fl_set_error(FL_EFORMAT, "checkpoint: %zu bytes, but its header makes it %zu (trailing bytes)",
                         blob.len, expected);
@@ -151,6 +168,8 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (stored != actual)
     return fl_set_error(FL_ECORRUPT, "checkpoint: checksum mismatch (stored %08x, computed %08x): the blob is "
                         "corrupt", stored, actual);
+  if (h->state && h->kind > OPTIM_LAMB)
+    return fl_set_error(FL_EFORMAT, "checkpoint: state of an unknown optimizer %u", h->kind);
   return FL_OK;
 }
 
@@ -160,7 +179,17 @@ static fl_status check_size(const char *what, uint64_t in_blob, size_t here) {
                       "model or options?)", what, (unsigned long long)in_blob, here);
 }
 
-fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers, optim_sgd *opt,
+/* The optimizer's state in the blob against opt's: the same kind, then the same size. */
+static fl_status check_state(const ckpt_header *h, optim *opt) {
+  optim_kind kind = optim_get_options(opt)->kind;
+  if (h->state && h->kind != (uint32_t)kind)
+    return fl_set_error(FL_EINVAL, "checkpoint: it holds %s's optimizer state%s, but this run's optimizer is %s",
+                        optim_kind_name((optim_kind)h->kind), h->version == 1 ? " (a version 1 file)" : "",
+                        optim_kind_name(kind));
+  return check_size("optimizer state", h->state, optim_size(opt) * optim_state_slots(kind));
+}
+
+fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers, optim *opt,
                             checkpoint_state *st) {
   if (!values || !st || (!blob.data && blob.len)) return fl_set_error(FL_EINVAL, "checkpoint_decode: NULL argument");
   ckpt_header h = {0};
@@ -169,9 +198,9 @@ fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers
   if ((s = check_size("weights", h.values, values->numel)) != FL_OK ||
       (s = check_size("batch-norm buffers", h.buffers, numel_of(buffers))) != FL_OK)
     return s;
-  /* Without an optimizer (evaluation only) the velocity is skipped. */
-  if (opt && (s = check_size("optimizer velocity", h.velocity, optim_sgd_size(opt))) != FL_OK) return s;
-  const uint8_t *p = blob.data + HEADER_BYTES;
+  /* Without an optimizer (evaluation only) the state is skipped. */
+  if (opt && (s = check_state(&h, opt)) != FL_OK) return s;
+  const uint8_t *p = blob.data + h.header_bytes;
   if (h.values) {
     s = values->dev->ops->from_host(values->dev, values->data, p, h.values * sizeof(float));
     if (s != FL_OK) return s;
@@ -182,11 +211,12 @@ fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers
     if (s != FL_OK) return s;
   }
   p += h.buffers * sizeof(float);
-  if (opt && h.velocity) {
-    fl_device *dev = optim_sgd_device(opt);
-    s = dev->ops->from_host(dev, optim_sgd_velocity(opt), p, h.velocity * sizeof(float));
+  if (opt && h.state) {
+    fl_device *dev = optim_device(opt);
+    s = dev->ops->from_host(dev, optim_state(opt), p, h.state * sizeof(float));
     if (s != FL_OK) return s;
   }
+  if (opt) optim_set_steps(opt, h.optim_steps);
   *st = h.st;
   return FL_OK;
 }

@@ -1,8 +1,8 @@
 /*
  * gpu/nn/nn.h: what the rest of gpu/ uses of gpu/nn/: models of layers with forward and
  * backward on any device (the layers are gpu/nn/layers.h, private to gpu/nn/), the flat
- * parameter store models are built on, the SGD optimizer, learning-rate schedules and
- * checkpoints.
+ * parameter store models are built on, the optimizers (SGD, Adam, AdamW, LARS, LAMB) and
+ * gradient clipping, learning-rate schedules and checkpoints.
  *
  * A model is a sequence of layers. All its parameters live in one flat device buffer and
  * their gradients in another, in parameter order (the order of the layers' forward pass),
@@ -171,48 +171,115 @@ void nn_model_set_init_style(nn_model *m, layer_init_style style);
 /* "[2, 3, 4]": t's shape for messages, cut to fit len. */
 void layer_shape_text(const fl_tensor *t, char *buf, size_t len);
 
-/* ---- SGD ------------------------------------------------------------------------------ */
-
-/* SGD keeps one velocity buffer on the device, as long as the model's flat parameter buffer,
- * and takes a step with ONE device_ops.sgd_step call over the whole buffer, so a step costs
- * one kernel however many layers the model has, and every rank that applies the same
- * averaged gradient to the same weights gets the same weights (data parallel).
+/* ---- optimizers -----------------------------------------------------------------------
+ * One handle for every optimizer: SGD (momentum, Nesterov), Adam, AdamW, LARS and LAMB. Each
+ * keeps its state on the device, as long as the model's flat parameter buffer (a velocity, or
+ * Adam's two moments), and takes a step as device work over the flat buffers: element-wise
+ * kernels for SGD and Adam, one call per run of parameters of one group; for LARS and LAMB,
+ * whose trust ratio needs each parameter's norms, one segmented call over every parameter's
+ * range (gpu/device/backend.h has the rules). A step reads nothing back to the host, and every
+ * rank that applies the same averaged gradient to the same weights gets the same weights
+ * (data parallel).
  *
- * Weight decay is one coefficient for every parameter, biases and batch-norm gamma/beta
- * included. Goyal et al. (2017) decay those too in their ResNet-50 runs; leaving them out
- * would need a per-parameter mask and a second kernel per step, for a gain that does not
- * matter at the sizes trained here. The rule is device_ops.sgd_step's (PyTorch's):
- *   g = grad + weight_decay * w;  v = momentum * v + g;  w -= lr * (nesterov ? g + momentum * v : v)
+ * Parameter groups. Parameters form two groups: the decay group, with the options' weight
+ * decay (and, for LARS and LAMB, the trust ratio), and the no-decay group, without either
+ * (LARS's then take plain SGD-momentum steps, LAMB's Adam steps: the usual implementations'
+ * exclusion). By default the 1-D parameters (biases, batch- and layer-norm gamma and beta)
+ * are in the no-decay group, as Goyal et al. and the LARS/LAMB recipes do; decay_all puts
+ * every parameter in the decay group.
+ *
+ * The rules (lr is the step's rate, wd the parameter's group's weight decay, t the step
+ * count from 1):
+ *   sgd:   g = grad + wd w;  v = momentum v + g;  w -= lr (nesterov ? g + momentum v : v)
+ *   adam:  g = grad + wd w;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+ *          w -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)         (PyTorch's Adam)
+ *   adamw: w *= 1 - lr wd, then adam's step with wd 0 (decoupled weight decay, PyTorch's)
+ *   lars:  ratio = trust_coef ||w|| / (||grad|| + wd ||w||) per parameter (1 when a norm is
+ *          0, and in the no-decay group);  v = momentum v + lr ratio (grad + wd w);  w -= v
+ *   lamb:  m, v as adam's with wd 0;  r = m-hat / (sqrt(v-hat) + eps) + wd w;
+ *          ratio = ||w|| / ||r|| per parameter (1 as lars's);  w -= lr ratio r
  *
  * Threading: an optimizer belongs to the thread that uses its device. */
 
-typedef struct optim_sgd_options {
-  float momentum;     /* 0 <= momentum < 1; 0: plain SGD (the velocity is then the gradient) */
-  bool nesterov;      /* Nesterov momentum (needs momentum > 0) */
-  float weight_decay; /* L2 coefficient >= 0, the same for every parameter (see above) */
-} optim_sgd_options;
-/* Goyal et al.'s ResNet settings: momentum 0.9, weight decay 1e-4, no Nesterov. */
-#define OPTIM_SGD_OPTIONS_INIT {0.9f, false, 1e-4f}
+typedef enum optim_kind {
+  OPTIM_SGD = 0,
+  OPTIM_ADAM,
+  OPTIM_ADAMW,
+  OPTIM_LARS,
+  OPTIM_LAMB,
+} optim_kind;
 
-typedef struct optim_sgd optim_sgd;
+typedef struct optim_options {
+  optim_kind kind;
+  float momentum;     /* sgd, lars: 0 <= momentum < 1 (sgd's 0: plain SGD) */
+  bool nesterov;      /* sgd: Nesterov momentum (needs momentum > 0) */
+  float beta1, beta2; /* adam, adamw, lamb: in [0, 1) */
+  float eps;          /* adam, adamw, lamb: > 0 */
+  float weight_decay; /* the decay group's coefficient, >= 0 */
+  float trust_coef;   /* lars: eta of the trust ratio, > 0 (You et al.: 0.001) */
+  bool decay_all;     /* every parameter in the decay group (default: not the 1-D ones) */
+} optim_options;
+/* Goyal et al.'s ResNet settings: SGD, momentum 0.9, weight decay 1e-4, none on biases and
+ * norms; Adam's defaults (PyTorch's) for the others. */
+#define OPTIM_OPTIONS_INIT {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 1e-4f, 0.001f, false}
 
-/* An optimizer for `n` parameters (n >= 1) on `dev`, with a zeroed velocity. FL_EINVAL names
- * a bad option; the device's error when the velocity cannot be allocated. */
-fl_status optim_sgd_create(fl_device *dev, size_t n, const optim_sgd_options *opts,
-                           optim_sgd **out);
-/* Frees the velocity; NULL does nothing. */
-void optim_sgd_destroy(optim_sgd *opt);
-/* One step over the flat buffers: values (n floats) is updated in place from grads (n
- * floats), both on the optimizer's device. FL_EINVAL for a size or device mismatch, or a lr
- * that is negative or not finite. Queued on the device stream (may return before it ends). */
-fl_status optim_sgd_step(optim_sgd *opt, float lr, const fl_tensor *grads, fl_tensor *values);
-/* Zeroes the velocity (a fresh start). */
-fl_status optim_sgd_reset(optim_sgd *opt);
-size_t optim_sgd_size(const optim_sgd *opt);
-const optim_sgd_options *optim_sgd_get_options(const optim_sgd *opt);
-/* The velocity buffer (device memory, optim_sgd_size floats), for checkpoints and tests. */
-float *optim_sgd_velocity(optim_sgd *opt);
-fl_device *optim_sgd_device(const optim_sgd *opt);
+/* A parameter as the optimizer sees it: its range of the flat buffers and its group. */
+typedef struct optim_param {
+  size_t offset, count; /* in elements */
+  bool no_decay;        /* in the no-decay group */
+} optim_param;
+
+typedef struct optim optim;
+
+/* "sgd", "adam", "adamw", "lars", "lamb"; FL_EINVAL otherwise. */
+FL_API fl_status optim_kind_parse(const char *text, optim_kind *out);
+FL_API const char *optim_kind_name(optim_kind kind);
+/* FL_EINVAL naming the first bad option (as optim_create would). Pure. */
+FL_API fl_status optim_options_validate(const optim_options *opts);
+/* p's group by the default rule: the no-decay group for a 1-D (or 0-D) parameter, unless
+ * opts->decay_all. */
+optim_param optim_param_of(const nn_param *p, const optim_options *opts);
+
+/* An optimizer for `n` flat parameters (n >= 1) on `dev`, with zeroed state. `params` (nparams
+ * of them, copied) must tile [0, n) in order; NULL (nparams 0) makes one parameter of all n
+ * in the decay group. opts->decay_all puts every parameter in the decay group, whatever its
+ * no_decay says. FL_EINVAL names a bad option or a range that does not tile; the
+ * device's error when the state cannot be allocated. */
+fl_status optim_create(fl_device *dev, const optim_options *opts, size_t n,
+                       const optim_param *params, size_t nparams, optim **out);
+/* The same for a model's parameters, grouped by optim_param_of. */
+fl_status optim_create_for_model(fl_device *dev, const optim_options *opts, nn_model *m,
+                                 optim **out);
+/* Frees the state; NULL does nothing. */
+void optim_destroy(optim *opt);
+/* One step at rate lr over the flat buffers: values (n floats) is updated in place from grads
+ * (n floats), both on the optimizer's device; the step count goes up by one. FL_EINVAL for a
+ * size or device mismatch, or a lr that is negative or not finite. Queued on the device
+ * stream (may return before it ends). */
+fl_status optim_step(optim *opt, float lr, const fl_tensor *grads, fl_tensor *values);
+/* Zeroes the state and the step count (a fresh start). */
+fl_status optim_reset(optim *opt);
+size_t optim_size(const optim *opt);
+const optim_options *optim_get_options(const optim *opt);
+fl_device *optim_device(const optim *opt);
+/* Whether parameter i (of optim_param_count) is in the no-decay group. */
+size_t optim_param_count(const optim *opt);
+bool optim_param_no_decay(const optim *opt, size_t i);
+/* The state, for checkpoints and tests: optim_state_slots(kind) buffers of optim_size floats
+ * back to back in device memory (sgd, lars: the velocity; adam, adamw, lamb: m then v), and
+ * the steps taken (Adam's bias correction counts them). */
+size_t optim_state_slots(optim_kind kind);
+float *optim_state(optim *opt);
+uint64_t optim_steps(const optim *opt);
+void optim_set_steps(optim *opt, uint64_t steps);
+
+/* Gradient clipping by global norm, as PyTorch's clip_grad_norm_: with norm the 2-norm of all
+ * of grads, scales grads by c = max_norm / (norm + 1e-6) when c < 1 (the norm is above
+ * max_norm, give or take the 1e-6). *norm (may be NULL)
+ * gets the norm before clipping. FL_EINVAL for a max_norm that is not a finite number > 0.
+ * Blocks (reads the norm back). A non-finite norm leaves the gradients as they are (the loss
+ * check then stops the run). */
+fl_status optim_clip_grad_norm(fl_tensor *grads, double max_norm, double *norm);
 
 /* ---- learning-rate schedules ---------------------------------------------------------- */
 
@@ -224,6 +291,7 @@ typedef enum optim_decay {
   OPTIM_DECAY_NONE = 0,
   OPTIM_DECAY_STEP,   /* times step_factor at each milestone epoch */
   OPTIM_DECAY_COSINE, /* half a cosine from the peak at the end of warmup to 0 at epochs */
+  OPTIM_DECAY_POLY,   /* peak * (1 - t)^power, t from 0 at the end of warmup to 1 at epochs */
 } optim_decay;
 
 #define OPTIM_MAX_MILESTONES 8
@@ -244,9 +312,10 @@ typedef struct optim_schedule {
   double milestones[OPTIM_MAX_MILESTONES];
   int num_milestones;
   double step_factor;
+  double power; /* polynomial decay's power (0: 2, as You et al.'s LARS runs) */
 } optim_schedule;
 
-/* "none", "step", "cosine"; FL_EINVAL otherwise. */
+/* "none", "step", "cosine", "poly"; FL_EINVAL otherwise. */
 FL_API fl_status optim_decay_parse(const char *text, optim_decay *out);
 FL_API const char *optim_decay_name(optim_decay decay);
 /* FL_EINVAL naming the first bad field (rates that are not finite or not positive, a zero
@@ -294,24 +363,27 @@ typedef struct checkpoint_state {
   double lr;       /* the rate of the last step, for the record */
 } checkpoint_state;
 
-/* The blob: a 72-byte header (magic "FLNTCKPT", version, the three float counts, epoch,
- * step, position, lr), the values, buffers and velocity as float32, and a CRC-32 of all of it;
- * the byte layout is at the top of gpu/nn/checkpoint.c. */
+/* The blob: an 88-byte header (magic "FLNTCKPT", version, the three float counts, epoch,
+ * the optimizer's kind, step, position, lr, the optimizer's own step count), the values,
+ * buffers and optimizer state as float32, and a CRC-32 of all of it; the byte layout is at
+ * the top of gpu/nn/checkpoint.c. Version 1 blobs (a 72-byte header, SGD's velocity) are
+ * still read. */
 #define CHECKPOINT_MAGIC "FLNTCKPT"
-#define CHECKPOINT_VERSION 1u
+#define CHECKPOINT_VERSION 2u
 
 /* Encodes values (the model's flat weights), buffers (batch-norm running statistics; NULL
- * or 0 elements for none) and the optimizer's velocity (opt may be NULL: no velocity) with
- * `st` into `out` (replacing its contents). Reads device memory (blocks). */
-fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers,
-                            optim_sgd *opt, const checkpoint_state *st, fl_buf *out);
-/* Validates `blob` completely, then writes it into values, buffers and the velocity (each
- * must have exactly the blob's size) and *st. Nothing is written unless all of it is valid.
+ * or 0 elements for none) and the optimizer's state and step count (opt may be NULL: no
+ * state) with `st` into `out` (replacing its contents). Reads device memory (blocks). */
+fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, optim *opt,
+                            const checkpoint_state *st, fl_buf *out);
+/* Validates `blob` completely, then writes it into values, buffers and the optimizer's state
+ * and step count (each must have exactly the blob's size) and *st. Nothing is written unless
+ * all of it is valid. Without an optimizer (opt NULL: evaluation) the state is skipped.
  * FL_EFORMAT: not a checkpoint (magic), an unknown version, a truncated or overlong blob,
- * or a checksum mismatch; FL_EINVAL: a shape that does not match this model or optimizer
- * (naming both sizes). */
-fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers,
-                            optim_sgd *opt, checkpoint_state *st);
+ * or a checksum mismatch; FL_EINVAL: a shape that does not match this model, or state of
+ * another optimizer (naming both kinds) or size (naming both sizes). */
+fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers, optim *opt,
+                            checkpoint_state *st);
 /* Writes the blob to `path` through a temporary file and a rename (so a crash leaves the old
  * file whole); FL_EIO names the file. */
 fl_status checkpoint_save_file(const char *path, fl_bytes blob);

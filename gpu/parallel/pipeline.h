@@ -97,7 +97,7 @@ typedef struct pp_options {
   bool recompute;   /* keep stage inputs only; forward again before each backward */
   /* pp x v + 1 unit boundaries (0 = b[0] < b[1] < ... = tfm_units), or NULL: balanced. */
   const int *bounds;
-  optim_sgd_options sgd;
+  optim_options optim; /* each chunk's optimizer (gpu/nn/nn.h) */
   /* Tests and benchmarks: each forward also sleeps this long and each backward twice as
    * long, so that stages have a known equal cost even with more ranks than cores. */
   double synthetic_forward_s;
@@ -148,8 +148,8 @@ fl_status pp_trainer_apply(pp_trainer *t, float lr, pp_step_stats *stats);
 pp_coords pp_trainer_coords(const pp_trainer *t);
 int pp_trainer_num_chunks(const pp_trainer *t);
 tfm_chunk *pp_trainer_chunk(pp_trainer *t, int chunk);
-/* The optimizer of local chunk c (its velocity, for checkpoints). */
-optim_sgd *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk);
+/* The optimizer of local chunk c (its state, for checkpoints). */
+optim *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk);
 /* The unit range [*first, *end) of local chunk c. */
 void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end);
 /* The stage boundaries in use (pp x v + 1 of them). */

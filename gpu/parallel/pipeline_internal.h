@@ -44,7 +44,7 @@ typedef struct slot {
 
 typedef struct chunk_state {
   tfm_chunk *chunk;
-  optim_sgd *opt;
+  optim *opt;
   int first_unit, end_unit, stage;
   slot *slots;
   int nslots;

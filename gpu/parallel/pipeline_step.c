@@ -280,7 +280,7 @@ fl_status pp_trainer_apply(pp_trainer *t, float lr, pp_step_stats *st) {
   double t0 = pp_timeline_now(t);
   for (int c = 0; c < t->nchunks; c++) {
     tfm_chunk *ch = t->chunks[c].chunk;
-    FL_CHECK(optim_sgd_step(t->chunks[c].opt, lr, tfm_chunk_grads(ch), tfm_chunk_values(ch)));
+    FL_CHECK(optim_step(t->chunks[c].opt, lr, tfm_chunk_grads(ch), tfm_chunk_values(ch)));
     FL_CHECK(tfm_chunk_zero_grad(ch));
   }
   FL_CHECK(t->dev->ops->synchronize(t->dev));

@@ -138,6 +138,10 @@ static fl_status check_options(const pp_options *o, int world) {
   if (v > 1 && o->schedule != PP_INTERLEAVED)
     return fl_set_error(FL_EINVAL, "%d chunks per pipeline rank need the interleaved schedule, not %s",
                         v, pp_schedule_name(o->schedule));
+  /* A tensor-parallel rank holds a slice of a weight, whose norm is not the weight's. */
+  if ((o->optim.kind == OPTIM_LARS || o->optim.kind == OPTIM_LAMB) && o->grid.tp > 1)
+    return fl_set_error(FL_EINVAL, "%s needs each weight's whole norm, but tp %d splits weights over ranks",
+                        optim_kind_name(o->optim.kind), o->grid.tp);
   if (o->synthetic_forward_s < 0 || o->synthetic_forward_s > 10)
     return fl_set_error(FL_EINVAL, "synthetic forward time %g s is outside [0, 10]", o->synthetic_forward_s);
   return tfm_spec_check(&o->spec, o->grid.tp);
@@ -156,7 +160,7 @@ void pp_trainer_destroy(pp_trainer *t) {
     }
     common_free(cs->slots);
     common_free(cs->slot_of);
-    optim_sgd_destroy(cs->opt);
+    optim_destroy(cs->opt);
     tfm_chunk_destroy(cs->chunk);
   }
   common_free(t->chunks);
@@ -169,6 +173,17 @@ void pp_trainer_destroy(pp_trainer *t) {
   fl_comm_destroy(t->pp);
   if (t->host.ops && t->host.ops->destroy) t->host.ops->destroy(&t->host);
   common_free(t);
+}
+
+/* A chunk's optimizer over its parameters, grouped by the default rule (gpu/nn/nn.h). */
+static fl_status chunk_optimizer(fl_device *dev, tfm_chunk *chunk, const optim_options *o, optim **out) {
+  size_t np = tfm_chunk_param_count(chunk);
+  optim_param *params = common_calloc(np ? np : 1, sizeof *params);
+  if (!params) return FL_ERR(FL_ENOMEM, "out of memory for a chunk's optimizer");
+  for (size_t i = 0; i < np; i++) params[i] = optim_param_of(tfm_chunk_param(chunk, i), o);
+  fl_status s = optim_create(dev, o, tfm_chunk_values(chunk)->numel, params, np, out);
+  common_free(params);
+  return s;
 }
 
 fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o, pp_trainer **out) {
@@ -213,7 +228,7 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
     cs->end_unit = t->bounds[cs->stage + 1];
     FL_CHECK(tfm_chunk_create(dev, &o->spec, cs->first_unit, cs->end_unit, g.tp > 1 ? t->tp : NULL,
                               me.tp, g.tp, &cs->chunk));
-    FL_CHECK(optim_sgd_create(dev, tfm_chunk_values(cs->chunk)->numel, &o->sgd, &cs->opt));
+    FL_CHECK(chunk_optimizer(dev, cs->chunk, &o->optim, &cs->opt));
   }
   int64_t two[1] = {2};
   FL_CHECK(tensor_ensure(&t->stats, dev, 1, two));
@@ -235,6 +250,6 @@ void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end
   *end = t->chunks[chunk].end_unit;
 }
 const int *pp_trainer_bounds(const pp_trainer *t) { return t->bounds; }
-optim_sgd *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk) {
+optim *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk) {
   return chunk >= 0 && chunk < t->nchunks ? t->chunks[chunk].opt : NULL;
 }

@@ -9,10 +9,11 @@
  *     full batches), each: forward, loss, backward whose grads-ready callback hands buckets
  *     of the flat gradient buffer, as they become final, to the rank's communication thread,
  *     which allreduces (averages) them in order while backward goes on (opts->overlap; else
- *     the callback allreduces each one itself); then, once every bucket is reduced, one SGD
- *     step at the schedule's rate for (epoch + step / steps_per_epoch);
+ *     the callback allreduces each one itself); then, once every bucket is reduced, clipping
+ *     to opts->clip_grad_norm when set and one optimizer step (opts->optim) at the schedule's
+ *     rate for (epoch + step / steps_per_epoch);
  *   - evaluates on the test set (each rank its share of the test blocks, sums allreduced);
- *   - puts a checkpoint of weights, batch-norm buffers, velocity and position
+ *   - puts a checkpoint of weights, batch-norm buffers, optimizer state and position
  *     (fl_barrier_checkpoint_put), then reports the epoch's row to the client
  *     (fl_barrier_report): an epoch the client has seen is one a retry will not redo.
  * A retried attempt (fl_barrier_attempt > 0) restores the last checkpoint
@@ -59,6 +60,7 @@
 #include <stdio.h>
 
 #include "flint/gpu.h"
+#include "flint/train.h"
 #include "gpu/nn/nn.h"
 #include "gpu/parallel/pipeline_schedule.h"
 
@@ -69,9 +71,10 @@ typedef enum gpu_train_dataset {
   GPU_TRAIN_LIBSVM = 2, /* rows of features, 1 x 1 x F (fl_ml_load), classes from the labels */
   GPU_TRAIN_CSV = 3,    /* the same from CSV: the label in the first column, no header */
   GPU_TRAIN_IDX = 4,    /* an IDX pair "IMAGES,LABELS": 1 x H x W images, 10 classes */
+  GPU_TRAIN_EXAMPLES = 5, /* flint datasets of example records (fl_train; options' examples) */
   /* "imagefolder:DIR": DIR/train and DIR/val, or DIR and test_path when given, each
    * CLASS/NAME.jpg|jpeg|png (include/flint/image.h): 3 x image_size^2 images */
-  GPU_TRAIN_IMAGE_FOLDER = 5,
+  GPU_TRAIN_IMAGE_FOLDER = 6,
 } gpu_train_dataset;
 
 /* One epoch as the ranks report it (to on_epoch). */
@@ -99,10 +102,12 @@ typedef struct gpu_train_options {
   double lr;             /* base rate for a batch of 256 (linear scaling), > 0 */
   double warmup_epochs;  /* gradual warmup, >= 0 and < epochs */
   uint32_t epochs;       /* >= 1 */
-  optim_decay decay;     /* after warmup: none, step (x0.1 at milestones) or cosine (to 0) */
+  optim_decay decay;     /* after warmup: none, step (x0.1 at milestones), cosine or poly (to 0) */
   double milestones[OPTIM_MAX_MILESTONES]; /* step decay's epochs (0 of them: 50% and 75%) */
   int num_milestones;
-  optim_sgd_options sgd; /* momentum, Nesterov, weight decay */
+  double decay_power;    /* poly decay's power (0: 2) */
+  optim_options optim;   /* the optimizer and its settings (gpu/nn/nn.h): sgd by default */
+  double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm each step */
   uint64_t seed;         /* weights, shuffles and synthetic data */
   fl_allreduce_algo allreduce; /* host backend's algorithm */
   size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
@@ -142,6 +147,13 @@ typedef struct gpu_train_options {
    * after "FORMAT:"; imagefolder's test_path may be NULL: data_path/val, training on
    * data_path/train) */
   const char *data_path, *test_path;
+  /* data examples: datasets of fl_example_put records, their samples' shape and classes */
+  fl_dataset *train_examples, *test_examples;
+  uint32_t sample_ndim;          /* 1 to 3: the shape the model is created for */
+  uint32_t sample_shape[3];      /* {C, H, W}: a 1-D sample is {1, 1, F} */
+  uint32_t classes;
+  /* model NN_LIBRARY from a program: the builder itself (no model_library) */
+  fl_model_builder builder;
   /* GPU_TRAIN_IMAGE_FOLDER: the side of the square images the model sees (0: 224). Both
    * folders are decoded on the executors once and cached with the shorter side at
    * image_size * 256 / 224. Training images get the standard augmentation anew each epoch
@@ -154,9 +166,9 @@ typedef struct gpu_train_options {
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
-   OPTIM_DECAY_COSINE, {0}, 0, {0.9f, false, 5e-4f}, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, \
-   NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1, false, 64, 4, 0, 2, 0.1, NULL, NULL,   \
-   NULL, NULL, NULL, NULL, 0, false}
+   OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
+   1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

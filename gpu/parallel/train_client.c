@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "gpu/data/data.h"
@@ -84,6 +85,12 @@ static fl_status train_diverged_error(const gpu_train_options *o, const train_re
                       optim_schedule_peak_lr(&sched));
 }
 
+/* The dimensions of the samples a user's model is built for: {F} for rows of features. */
+static uint32_t sample_ndim(const gpu_train_options *o) {
+  if (o->data == GPU_TRAIN_EXAMPLES) return o->sample_ndim;
+  return o->data == GPU_TRAIN_LIBSVM || o->data == GPU_TRAIN_CSV ? 1 : 3;
+}
+
 static const char *model_symbol(const gpu_train_options *o) {
   return o->model_symbol && *o->model_symbol ? o->model_symbol : FL_MODEL_BUILDER_SYMBOL;
 }
@@ -97,7 +104,8 @@ static fl_status ship_model_library(fl_context *ctx, const gpu_train_options *o,
     return fl_set_error(FL_EINVAL, "--model %s: the symbol %s is longer than %zu bytes", o->model_library, symbol,
                         sizeof a->model_symbol - 1);
   fl_buf bytes = FL_BUF_INIT;
-  fl_status s = train_model_library_read(o->model_library, symbol, train->channels, train->height, train->width,
+  fl_status s = train_model_library_read(o->model_library, symbol, sample_ndim(o), train->channels, train->height,
+                                         train->width,
                                          train->classes, o->seed, &bytes, NULL, NULL);
   if (s == FL_OK) s = fl_broadcast_create(ctx, bytes.data, bytes.len, out);
   fl_buf_free(&bytes);
@@ -221,9 +229,13 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
 
 /* The run's model on the client's cpu `dev`, for checks: a library's is built from its file. */
 static fl_status client_model(const gpu_train_options *o, const data_set *train, fl_device *dev, nn_model **out) {
+  if (o->model == NN_LIBRARY && !o->model_library)
+    return train_model_build_with(o->builder, "the model builder", dev, sample_ndim(o), train->channels, train->height,
+                                  train->width, train->classes, o->seed, out);
   if (o->model == NN_LIBRARY) {
     fl_buf bytes = FL_BUF_INIT;
-    fl_status s = train_model_library_read(o->model_library, model_symbol(o), train->channels, train->height,
+    fl_status s = train_model_library_read(o->model_library, model_symbol(o), sample_ndim(o), train->channels,
+                                           train->height,
                                            train->width, train->classes, o->seed, &bytes, dev, out);
     fl_buf_free(&bytes);
     return s;
@@ -235,6 +247,14 @@ static fl_status client_model(const gpu_train_options *o, const data_set *train,
 
 static fl_status load_pair(fl_context *ctx, const gpu_train_options *o, data_set *train, data_set *test,
                            fl_dataset **pair) {
+  if (o->data == GPU_TRAIN_EXAMPLES) {
+    const uint32_t *sh = o->sample_shape;
+    *train = (data_set){.channels = sh[0], .height = sh[1], .width = sh[2], .classes = o->classes,
+                        .partitions = train_world(o)};
+    *test = *train;
+    return data_examples_pair(o->train_examples, o->test_examples, train_world(o), sh[0], sh[1], sh[2], o->classes,
+                              pair);
+  }
   if (o->data == GPU_TRAIN_LIBSVM || o->data == GPU_TRAIN_CSV) return load_rows_pair(ctx, o, train, test, pair);
   fl_status s = load_data(ctx, o, train, test);
   return s == FL_OK ? data_pair(ctx, train, test, pair) : s;
@@ -247,12 +267,12 @@ static fl_status resume_load(const gpu_train_options *o, const data_set *train, 
   fl_status status = FL_OK;
   fl_device *dev = NULL;
   nn_model *model = NULL;
-  optim_sgd *opt = NULL;
+  optim *opt = NULL;
   checkpoint_state cs = {0};
   status = checkpoint_load_file(o->resume_path, blob);
   if (status == FL_OK) status = fl_device_open(FL_DEVICE_CPU, 0, &dev);
   if (status == FL_OK) status = client_model(o, train, dev, &model);
-  if (status == FL_OK) status = optim_sgd_create(dev, fl_tensor_numel(nn_model_values(model)), &o->sgd, &opt);
+  if (status == FL_OK) status = optim_create_for_model(dev, &o->optim, model, &opt);
   if (status == FL_OK)
     status = checkpoint_decode(fl_buf_bytes(blob), nn_model_values(model), nn_model_buffers(model), opt, &cs);
   if (status != FL_OK) {
@@ -268,7 +288,7 @@ static fl_status resume_load(const gpu_train_options *o, const data_set *train, 
   }
   *epoch = cs.epoch;
 cleanup:
-  optim_sgd_destroy(opt);
+  optim_destroy(opt);
   nn_model_destroy(model);
   fl_device_close(dev);
   return status;
@@ -289,7 +309,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   bool hybrid = o->model == NN_TRANSFORMER;
   train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
                  .epochs = o->epochs, .channels = train.channels, .height = train.height, .width = train.width,
-                 .classes = train.classes, .seed = o->seed, .sgd = o->sgd, .allreduce = o->allreduce,
+                 .classes = train.classes, .seed = o->seed, .optim = o->optim, .clip_grad_norm = o->clip_grad_norm, .allreduce = o->allreduce,
                  .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
                  .shuffle = o->shuffle, .overlap = o->overlap, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
@@ -302,7 +322,23 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     a.aug.size = train.height;
     a.aug.seed = o->seed;
   }
-  if (o->model == NN_LIBRARY) FL_CHECK(ship_model_library(ctx, o, &train, &a, &library));
+  a.sample_ndim = sample_ndim(o);
+  if (o->builder) {
+    nn_model *check = NULL;
+    fl_device *cpu = NULL;
+    a.builder_fn = (uint64_t)(uintptr_t)o->builder;
+    a.client_pid = (int64_t)getpid();
+    snprintf(a.model_library_name, sizeof a.model_library_name, "%s", "(the program's builder)");
+    /* Built once here, so that a builder that fails or makes the wrong output is refused before any rank starts. */
+    status = fl_device_open(FL_DEVICE_CPU, 0, &cpu);
+    if (status == FL_OK)
+      status = train_model_build_with(o->builder, "the model builder", cpu, a.sample_ndim, train.channels, train.height,
+                                      train.width, train.classes, o->seed, &check);
+    nn_model_destroy(check);
+    fl_device_close(cpu);
+    FL_CHECK(status);
+  }
+  if (o->model_library) FL_CHECK(ship_model_library(ctx, o, &train, &a, &library));
   if (o->resume_path) {
     uint32_t epoch = 0;
     FL_CHECK(resume_load(o, &train, &resume_blob, &epoch));

@@ -1,5 +1,5 @@
 /*
- * gpu/parallel/train_dp.c: synchronous data-parallel SGD, the ranks of the barrier stage that
+ * gpu/parallel/train_dp.c: synchronous data-parallel training, the ranks of the barrier stage that
  * gpu/parallel/train.h describes (gpu_train_rank; the client is gpu/parallel/train_client.c).
  *
  * Design. The client loads the training and test sets as one cached dataset with a
@@ -15,7 +15,7 @@
  *   4. on a retried attempt, restore the last checkpoint the stage put; else, with --resume,
  *      the checkpoint file's blob (a broadcast the client made);
  *   5. per epoch: steps of forward, loss, backward with buckets allreduced (averaged) as
- *      backward reports their gradients final, one SGD step; then evaluation on every rank's
+ *      backward reports their gradients final, clipping when asked, one optimizer step; then evaluation on every rank's
  *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row;
  *   6. a non-finite loss stops every rank at the same step (1 rank: that step; several: the
  *      next progress report, where the loss sums are allreduced) and the run fails with the
@@ -95,7 +95,7 @@ typedef struct rank_state {
   uint32_t rank, world, attempt;
   fl_device *dev;
   nn_model *model;
-  optim_sgd *opt;
+  optim *opt;
   fl_comm *comm;
   comm_worker *worker; /* with overlap and world > 1: the communication thread */
   data_reader *train, *test;
@@ -118,11 +118,19 @@ static fl_status rank_sum(rank_state *r, double in[3], double out[3]) {
   return s;
 }
 
-/* Copies a host batch of n images to the device and reshapes x to [n, c, h, w]. */
+/* The dimensions of a sample as the model takes it: a user's model its own ({F}, {H, W} or
+ * {C, H, W}), the built-in ones {C, H, W}. */
+static int sample_ndim(const train_arg *a) {
+  return a->model == NN_LIBRARY && a->sample_ndim >= 1 && a->sample_ndim <= 3 ? (int)a->sample_ndim : 3;
+}
+
+/* Copies a host batch of n images to the device and reshapes x to [n, sample shape]. */
 static fl_status rank_upload(rank_state *r, uint32_t n) {
   const train_arg *a = r->a;
+  int ndim = sample_ndim(a);
   int64_t shape[4] = {n, a->channels, a->height, a->width};
-  fl_status s = tensor_ensure(r->x, r->dev, 4, shape);
+  shape[3 - ndim] = n;
+  fl_status s = tensor_ensure(r->x, r->dev, ndim + 1, shape + 3 - ndim);
   if (s == FL_OK) s = fl_tensor_write(r->x, r->images_h, fl_tensor_numel(r->x));
   if (s == FL_OK) s = r->dev->ops->from_host(r->dev, r->labels_d, r->labels_h, (size_t)n * sizeof(int32_t));
   return s;
@@ -203,7 +211,7 @@ static void rank_free(rank_state *r) {
   fl_tensor_destroy(r->sums);
   fl_tensor_destroy(r->x);
   fl_comm_destroy(r->comm);
-  optim_sgd_destroy(r->opt);
+  optim_destroy(r->opt);
   nn_model_destroy(r->model);
   fl_device_close(dev);
   data_reader_destroy(r->train);
@@ -229,9 +237,11 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   }
   FL_CHECK(train_device_open(r->b, a->device, &r->dev));
   FL_CHECK(train_model_build(a, r->dev, &r->model));
-  FL_CHECK(optim_sgd_create(r->dev, fl_tensor_numel(nn_model_values(r->model)), &a->sgd, &r->opt));
+  FL_CHECK(optim_create_for_model(r->dev, &a->optim, r->model, &r->opt));
+  int ndim = sample_ndim(a);
   int64_t xshape[4] = {r->local_batch, a->channels, a->height, a->width}, three[1] = {3};
-  FL_CHECK(fl_tensor_create(r->dev, 4, xshape, &r->x));
+  xshape[3 - ndim] = r->local_batch;
+  FL_CHECK(fl_tensor_create(r->dev, ndim + 1, xshape + 3 - ndim, &r->x));
   FL_CHECK(fl_tensor_create(r->dev, 1, three, &r->sums));
   size_t per = data_reader_image_floats(r->train) ? data_reader_image_floats(r->train)
                                                   : (size_t)a->channels * a->height * a->width;
@@ -352,7 +362,9 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
         if (r.rank == 0) FL_CHECK(fl_emit(out, &bad, sizeof bad));
         goto cleanup;
       }
-      FL_CHECK(optim_sgd_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
+      /* Every rank clips the same averaged gradients: the weights stay the same everywhere. */
+      if (a.clip_grad_norm > 0) FL_CHECK(optim_clip_grad_norm(nn_model_grads(r.model), a.clip_grad_norm, NULL));
+      FL_CHECK(optim_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
       images += n;
       cs.step++;
       if (r.rank == 0 && at_report) {

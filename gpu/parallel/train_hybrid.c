@@ -331,7 +331,7 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                             .blocks = (int)a->blocks, .classes = (int)a->classes, .dropout = a->dropout,
                             .seed = a->seed},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
-                   .chunks = (int)a->chunks, .recompute = a->recompute, .sgd = a->sgd,
+                   .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
                    .bounds = bounds, .stage_world = r->stages};
   FL_CHECK(pp_trainer_create(r->dev, r->comm, &po, &r->trainer));
   /* After the trainer's splits, in the same order on every rank. */

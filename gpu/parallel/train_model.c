@@ -21,14 +21,16 @@
 #include "flint/train.h"
 #include "gpu/parallel/train_rank.h"
 
-/* Builds the model with `builder` for samples c x h x w and checks its output. `what` names
- * the library for messages. */
-static fl_status build_with(fl_model_builder builder, const char *what, fl_device *dev, uint32_t c, uint32_t h,
-                            uint32_t w, uint32_t classes, uint64_t seed, nn_model **out) {
+/* Builds the model with `builder` for samples c x h x w, given to the builder with `ndim`
+ * dimensions (the last ones: {w}, {h, w} or {c, h, w}; 0 reads as 3), and checks its output.
+ * `what` names the library or builder for messages. */
+static fl_status build_with(fl_model_builder builder, const char *what, fl_device *dev, uint32_t ndim, uint32_t c,
+                            uint32_t h, uint32_t w, uint32_t classes, uint64_t seed, nn_model **out) {
   int64_t shape[3] = {c, h, w};
+  if (ndim < 1 || ndim > 3) ndim = 3;
   fl_model *m = NULL;
   fl_status status = FL_OK;
-  FL_CHECK(fl_model_create(dev, 3, shape, &m));
+  FL_CHECK(fl_model_create(dev, (int)ndim, shape + 3 - ndim, &m));
   status = builder(m, classes);
   if (status != FL_OK) {
     char why[512];
@@ -64,9 +66,9 @@ static fl_status find_builder(void *handle, const char *symbol, const char *what
   return FL_OK;
 }
 
-fl_status train_model_library_read(const char *path, const char *symbol, uint32_t channels, uint32_t height,
-                                   uint32_t width, uint32_t classes, uint64_t seed, fl_buf *bytes, fl_device *dev,
-                                   nn_model **model) {
+fl_status train_model_library_read(const char *path, const char *symbol, uint32_t ndim, uint32_t channels,
+                                   uint32_t height, uint32_t width, uint32_t classes, uint64_t seed, fl_buf *bytes,
+                                   fl_device *dev, nn_model **model) {
   fl_status status = checkpoint_load_file(path, bytes); /* any whole file, naming it */
   if (status != FL_OK) return common_error_wrap(status, "--model: ");
   if (bytes->len == 0) return fl_set_error(FL_EINVAL, "--model %s: the file is empty", path);
@@ -80,7 +82,7 @@ fl_status train_model_library_read(const char *path, const char *symbol, uint32_
   nn_model *m = NULL;
   FL_CHECK(find_builder(handle, symbol, path, &builder));
   if (!dev) FL_CHECK(fl_device_open(FL_DEVICE_CPU, 0, &cpu));
-  FL_CHECK(build_with(builder, path, dev ? dev : cpu, channels, height, width, classes, seed, &m));
+  FL_CHECK(build_with(builder, path, dev ? dev : cpu, ndim, channels, height, width, classes, seed, &m));
   if (model) {
     *model = m; /* the builder only appended flint's layers: the model needs nothing of the library */
     m = NULL;
@@ -155,7 +157,21 @@ fl_status train_model_build(const train_arg *a, fl_device *dev, nn_model **out) 
     return nn_model_create(dev, &spec, out);
   }
   fl_model_builder builder = NULL;
-  fl_status status = shipped_builder(a, &builder);
+  fl_status status = FL_OK;
+  if (a->builder_fn && a->client_pid == (int64_t)getpid()) {
+    *(void **)&builder = (void *)(uintptr_t)a->builder_fn; /* local mode: the client's own function */
+  } else if (a->model_library_id) {
+    status = shipped_builder(a, &builder);
+  } else {
+    status = fl_set_error(FL_EINVAL, "the model builder %s is in the client's program, which this process is not: in "
+                          "cluster mode put it in a shared library (as a job's functions)", a->model_library_name);
+  }
   if (status != FL_OK) return status;
-  return build_with(builder, a->model_library_name, dev, a->channels, a->height, a->width, a->classes, a->seed, out);
+  return build_with(builder, a->model_library_name, dev, a->sample_ndim, a->channels, a->height, a->width, a->classes,
+                    a->seed, out);
+}
+
+fl_status train_model_build_with(fl_model_builder builder, const char *what, fl_device *dev, uint32_t ndim, uint32_t c,
+                                 uint32_t h, uint32_t w, uint32_t classes, uint64_t seed, nn_model **out) {
+  return build_with(builder, what, dev, ndim, c, h, w, classes, seed, out);
 }

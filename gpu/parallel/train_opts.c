@@ -8,7 +8,7 @@
 
 #include "gpu/parallel/train.h"
 
-static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx",
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx", "datasets",
                                             "imagefolder"};
 #define DATASETS (sizeof dataset_names / sizeof dataset_names[0])
 
@@ -23,6 +23,7 @@ fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
 fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path) {
   if (path) *path = NULL;
   for (size_t i = 0; text && i < DATASETS; i++) {
+    if (i == GPU_TRAIN_EXAMPLES) continue; /* datasets come from the API only */
     size_t n = strlen(dataset_names[i]);
     bool file = i >= GPU_TRAIN_LIBSVM;
     if (strncmp(text, dataset_names[i], n) != 0 || (file ? text[n] != ':' : text[n] != '\0')) continue;
@@ -68,6 +69,7 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
     }
   }
   s->step_factor = 0.1;
+  s->power = o->decay_power;
 }
 
 /* The grid's and the transformer's options (--model transformer), or their absence. */
@@ -129,15 +131,59 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   return FL_OK;
 }
 
+/* The optimizer's options as the CLI spells them (optim_options_validate's checks, named). */
+static fl_status validate_optimizer(const gpu_train_options *o) {
+  const optim_options *p = &o->optim;
+  if ((unsigned)p->kind > OPTIM_LAMB) return fl_set_error(FL_EINVAL, "--optimizer: unknown optimizer %d", (int)p->kind);
+  const char *name = optim_kind_name(p->kind);
+  if (!(p->momentum >= 0 && p->momentum < 1))
+    return fl_set_error(FL_EINVAL, "--momentum %g must be in [0, 1)", (double)p->momentum);
+  if (!(p->weight_decay >= 0) || !isfinite(p->weight_decay))
+    return fl_set_error(FL_EINVAL, "--weight-decay %g must be a number >= 0", (double)p->weight_decay);
+  if (p->nesterov && p->kind != OPTIM_SGD)
+    return fl_set_error(FL_EINVAL, "--nesterov is for --optimizer sgd (this run's is %s)", name);
+  if (p->nesterov && p->momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
+  if (p->kind == OPTIM_ADAM || p->kind == OPTIM_ADAMW || p->kind == OPTIM_LAMB) {
+    if (!(p->beta1 >= 0 && p->beta1 < 1)) return fl_set_error(FL_EINVAL, "--beta1 %g must be in [0, 1)", (double)p->beta1);
+    if (!(p->beta2 >= 0 && p->beta2 < 1)) return fl_set_error(FL_EINVAL, "--beta2 %g must be in [0, 1)", (double)p->beta2);
+    if (!(p->eps > 0) || !isfinite(p->eps)) return fl_set_error(FL_EINVAL, "--eps %g must be a number > 0", (double)p->eps);
+  }
+  if (p->kind == OPTIM_LARS && (!(p->trust_coef > 0) || !isfinite(p->trust_coef)))
+    return fl_set_error(FL_EINVAL, "--trust-coef %g must be a number > 0", (double)p->trust_coef);
+  if (!(o->clip_grad_norm >= 0) || !isfinite(o->clip_grad_norm))
+    return fl_set_error(FL_EINVAL, "--clip-grad-norm %g must be a number > 0 (0: no clipping)", o->clip_grad_norm);
+  if (o->decay_power != 0 && o->decay != OPTIM_DECAY_POLY) return fl_set_error(FL_EINVAL, "--power is for --decay poly");
+  if (!(o->decay_power >= 0 && o->decay_power <= 100))
+    return fl_set_error(FL_EINVAL, "--power %g must be in (0, 100]", o->decay_power);
+  if (o->model == NN_TRANSFORMER) {
+    /* A tensor-parallel rank holds a slice of a weight: its norm is not the weight's. */
+    if ((p->kind == OPTIM_LARS || p->kind == OPTIM_LAMB) && o->tp > 1)
+      return fl_set_error(FL_EINVAL, "--optimizer %s needs each weight's whole norm, but --tp %u splits weights "
+                          "over ranks: use --tp 1, or sgd, adam or adamw", name, o->tp);
+    if (o->clip_grad_norm > 0)
+      return fl_set_error(FL_EINVAL, "--clip-grad-norm is for the data-parallel models (the transformer's "
+                          "gradients are spread over its grid)");
+  }
+  return optim_options_validate(p);
+}
+
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
   if ((unsigned)o->model > NN_RESNET50) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
-  if ((o->model == NN_LIBRARY) != (o->model_library != NULL))
-    return fl_set_error(FL_EINVAL, o->model_library ? "gpu_train: a model library (%s) with a built-in model"
-                                                    : "gpu_train: a library model without its library%s",
-                        o->model_library ? o->model_library : "");
+  if ((o->model == NN_LIBRARY) != (o->model_library != NULL || o->builder != NULL))
+    return fl_set_error(FL_EINVAL, o->model == NN_LIBRARY ? "gpu_train: a library model without its library or builder"
+                                                         : "gpu_train: a model library or builder with a built-in model");
   if ((unsigned)o->data >= DATASETS) return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
-  bool files = o->data >= GPU_TRAIN_LIBSVM, folder = o->data == GPU_TRAIN_IMAGE_FOLDER;
+  if (o->data == GPU_TRAIN_EXAMPLES) {
+    if (!o->train_examples || !o->test_examples)
+      return fl_set_error(FL_EINVAL, "gpu_train: training on datasets needs a training and a test dataset");
+    if (o->sample_ndim < 1 || o->sample_ndim > 3 || !o->sample_shape[0] || !o->sample_shape[1] || !o->sample_shape[2])
+      return fl_set_error(FL_EINVAL, "gpu_train: a sample shape of %u dimensions (%u, %u, %u)", o->sample_ndim,
+                          o->sample_shape[0], o->sample_shape[1], o->sample_shape[2]);
+    if (o->classes < 1) return fl_set_error(FL_EINVAL, "gpu_train: training on datasets needs the classes (>= 1)");
+  }
+  bool folder = o->data == GPU_TRAIN_IMAGE_FOLDER;
+  bool files = (o->data >= GPU_TRAIN_LIBSVM && o->data <= GPU_TRAIN_IDX) || folder;
   if (folder && (!o->data_path || !*o->data_path))
     return fl_set_error(FL_EINVAL, "--data imagefolder:DIR needs its folder DIR (with DIR/train and DIR/val)");
   if (files && !folder && (!o->data_path || !o->test_path))
@@ -165,7 +211,7 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (o->epochs < 1 || o->epochs > 100000) return fl_set_error(FL_EINVAL, "--epochs %u must be 1 to 100000", o->epochs);
   if (!(o->warmup_epochs >= 0) || !(o->warmup_epochs < o->epochs))
     return fl_set_error(FL_EINVAL, "--warmup %g must be >= 0 and less than --epochs %u", o->warmup_epochs, o->epochs);
-  if ((unsigned)o->decay > OPTIM_DECAY_COSINE) return fl_set_error(FL_EINVAL, "--decay: unknown decay %d", (int)o->decay);
+  if ((unsigned)o->decay > OPTIM_DECAY_POLY) return fl_set_error(FL_EINVAL, "--decay: unknown decay %d", (int)o->decay);
   if (o->num_milestones < 0 || o->num_milestones > OPTIM_MAX_MILESTONES)
     return fl_set_error(FL_EINVAL, "--milestones: %d of them (at most %d)", o->num_milestones, OPTIM_MAX_MILESTONES);
   if (o->num_milestones && o->decay != OPTIM_DECAY_STEP)
@@ -174,11 +220,8 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
     if (!(o->milestones[i] > 0) || !(o->milestones[i] < o->epochs) || (i && !(o->milestones[i] > o->milestones[i - 1])))
       return fl_set_error(FL_EINVAL, "--milestones: %g must be inside (0, --epochs %u) and after the one before",
                           o->milestones[i], o->epochs);
-  if (!(o->sgd.momentum >= 0 && o->sgd.momentum < 1))
-    return fl_set_error(FL_EINVAL, "--momentum %g must be in [0, 1)", (double)o->sgd.momentum);
-  if (!(o->sgd.weight_decay >= 0) || !isfinite(o->sgd.weight_decay))
-    return fl_set_error(FL_EINVAL, "--weight-decay %g must be a number >= 0", (double)o->sgd.weight_decay);
-  if (o->sgd.nesterov && o->sgd.momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
+  fl_status os = validate_optimizer(o);
+  if (os != FL_OK) return os;
   if ((unsigned)o->allreduce > FL_ALLREDUCE_TREE)
     return fl_set_error(FL_EINVAL, "--allreduce: unknown algorithm %d", (int)o->allreduce);
   if (o->bucket_bytes && o->bucket_bytes < 4)

@@ -35,15 +35,19 @@ typedef struct train_arg {
   uint32_t ranks, batch, epochs; /* ranks: the world (dp x tp x pp for the transformer) */
   uint32_t channels, height, width, classes;
   uint64_t seed;
-  optim_sgd_options sgd;
+  optim_options optim;
+  double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm */
   optim_schedule schedule;
   fl_allreduce_algo allreduce;
   uint64_t bucket_bytes;
   bool emit_checkpoint; /* rank 0 emits the final checkpoint blob after its result */
   /* NN_LIBRARY: the library's bytes as a broadcast, its builder's symbol, its name */
-  uint64_t model_library_id;
+  uint64_t model_library_id; /* 0: none shipped (the builder below, in the client's process) */
   char model_symbol[64];
   char model_library_name[192];
+  uint64_t builder_fn; /* fl_train's builder, callable where the process is the client's */
+  int64_t client_pid;
+  uint32_t sample_ndim; /* the model's input: {F} (1), {H, W} (2) or {C, H, W} (3, and 0) */
   bool resume;          /* --resume: a first attempt starts from broadcast resume_id's blob */
   uint64_t resume_id;
   bool shuffle;
@@ -80,11 +84,16 @@ fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out);
  * model goes to *model when that is not NULL. Errors name the file: FL_ENOENT/FL_EIO (the
  * file), FL_EFORMAT (not a loadable library), FL_ENOENT (no such symbol), the builder's own
  * status, FL_EINVAL (an output that is not [n, classes]). */
-fl_status train_model_library_read(const char *path, const char *symbol, uint32_t channels, uint32_t height,
-                                   uint32_t width, uint32_t classes, uint64_t seed, fl_buf *bytes, fl_device *dev,
-                                   nn_model **model);
-/* The run's model on a rank's device: nn_model_create for the built-in kinds, the shipped
- * library's builder for NN_LIBRARY. */
+fl_status train_model_library_read(const char *path, const char *symbol, uint32_t ndim, uint32_t channels,
+                                   uint32_t height, uint32_t width, uint32_t classes, uint64_t seed, fl_buf *bytes,
+                                   fl_device *dev, nn_model **model);
+/* The model of `builder` (in this process) for samples of `ndim` dimensions (the last of
+ * c x h x w), checked as the library's are; `what` names it in messages. */
+fl_status train_model_build_with(fl_model_builder builder, const char *what, fl_device *dev, uint32_t ndim, uint32_t c,
+                                 uint32_t h, uint32_t w, uint32_t classes, uint64_t seed, nn_model **out);
+/* The run's model on a rank's device: nn_model_create for the built-in kinds; for NN_LIBRARY
+ * the client's builder itself in the client's process (local mode), else the shipped
+ * library's. */
 fl_status train_model_build(const train_arg *a, fl_device *dev, nn_model **out);
 
 /* The barrier tasks, shipped by symbol (exported for the flint command's executors). */

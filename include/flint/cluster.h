@@ -87,6 +87,15 @@ FL_API fl_status fl_submission_status(const char *master, uint64_t id, fl_submis
  * whether it still runs or not. FL_ENOENT as fl_submission_status. Blocks on one call. */
 FL_API fl_status fl_submission_logs(const char *master, uint64_t id, FILE *out, FILE *err);
 
+/* As fl_submission_logs, then what job binary `id` writes as it writes it, until it ends:
+ * returns FL_OK with its exit status in *exit_code (128 + N when signal N ended it; one that
+ * ended before the call returns at once). `stop` (may be NULL), set by a signal handler,
+ * ends the following early with FL_ECANCELLED: the job binary goes on. FL_ENOENT as
+ * fl_submission_status; a driver lost meanwhile, its error. Blocks until then, one call at a
+ * time, each waiting at most 5 s for output (250 ms with a stop). */
+FL_API fl_status fl_submission_follow(const char *master, uint64_t id, FILE *out, FILE *err,
+                                      volatile sig_atomic_t *stop, int *exit_code);
+
 /* Ends job binary `id` (SIGTERM, then SIGKILL after 5 s) and its application, and returns
  * once it has ended, with its state ("killed") in *info. *was_running is false when it had
  * ended before (then nothing was done). FL_ENOENT as fl_submission_status. Blocks for up to

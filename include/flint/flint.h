@@ -186,7 +186,7 @@ typedef enum fl_storage_level {
 
 typedef struct fl_options {
   /* Bytes of cached blocks kept in memory before the least recently used are evicted.
-   * 0: FLINT_MEMORY from the environment, else 60% of the machine's physical memory (of the
+   * 0: FLINT_MEMORY from the environment (a bare number there is MiB), else 60% of the machine's physical memory (of the
    * cgroup's memory limit where lower), as Spark's spark.memory.fraction. Local mode only:
    * cluster executors cache within their --memory. */
   uint64_t memory_limit;
@@ -195,7 +195,8 @@ typedef struct fl_options {
   /* Attempts of a task before its job fails. 0: 4 (as Spark's spark.task.maxFailures). */
   uint32_t max_task_attempts;
   /* Bytes that one task may hold while it sorts or aggregates shuffle data before it spills
-   * sorted runs to disk. 0: FLINT_SHUFFLE_MEMORY from the environment, else 64 MiB. */
+   * sorted runs to disk. 0: FLINT_SHUFFLE_MEMORY from the environment (a bare number there is
+   * MiB), else 64 MiB. */
   uint64_t shuffle_memory;
   /* Folder for disk blocks; a fresh folder under it is made and removed on close.
    * NULL: FLINT_WORK_DIR from the environment, else $TMPDIR or /tmp. */
@@ -204,8 +205,20 @@ typedef struct fl_options {
    * open). NULL: FLINT_APP_NAME from the environment, else the program's name. Local
    * contexts ignore it. */
   const char *app_name;
+  /* Local mode only (cluster executors have their supervisor): a SIGSEGV, SIGBUS, SIGFPE or
+   * SIGILL raised by a task's code on its task thread fails that task ("task crashed: signal
+   * 11 (Segmentation fault) in function FN of LIB, running partition P of dataset D") and its
+   * job at once (no retry: the code would crash again), instead of ending the process; the
+   * context stays usable. Caveat: what the task held when it crashed (memory, locks, half-
+   * written state of its own) stays as it was, so a later job touching that may misbehave.
+   * The guard's signal handler is installed once per process at the first such open and
+   * stays; those signals raised elsewhere (another thread, outside a task) go on to the handler
+   * installed before it, else get the default action; a handler installed after it replaces
+   * it. Functions are named when exported (dladdr). A stack overflow still ends the process.
+   * false: a crash ends the process, as in C. `flint shell` turns it on. */
+  bool contain_task_crashes;
 } fl_options;
-#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL}
+#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL, false}
 
 /* Opens a context. `master`: "local" (one task thread), "local[N]" (N threads) or
  * "local[*]" (one per core). `options` may be NULL (all defaults). */
@@ -216,6 +229,9 @@ FL_API fl_status fl_context_open(const char *master, const fl_options *options,
 FL_API void fl_context_close(fl_context *ctx);
 /* Number of task threads (the slots tasks run in). */
 FL_API uint32_t fl_context_cores(const fl_context *ctx);
+/* Whether the context's tasks run in this process (local mode; Spark's isLocal): functions of
+ * the program itself can run there, where a cluster needs them in a shared library. */
+FL_API bool fl_context_is_local(const fl_context *ctx);
 /* Cancels every job of ctx that is running now (as Spark's cancelAllJobs; Spark Connect's
  * interrupt): their actions return FL_ECANCELLED soon after, their running tasks are
  * stopped, and nothing the jobs finished is lost (cached blocks and shuffle output stay for

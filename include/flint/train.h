@@ -35,6 +35,8 @@
 #ifndef FLINT_TRAIN_H
 #define FLINT_TRAIN_H
 
+#include <stdio.h>
+
 #include "gpu.h"
 
 #ifdef __cplusplus
@@ -166,6 +168,58 @@ FL_API void fl_model_set_step(fl_model *m, uint64_t step);
  */
 typedef fl_status (*fl_model_builder)(fl_model *m, uint32_t classes);
 #define FL_MODEL_BUILDER_SYMBOL "flint_model"
+
+/* ---- training on flint datasets ----------------------------------------------------------
+ *
+ * fl_train runs synchronous data-parallel training (the engine of `flint train`) over any flint
+ * dataset of examples: each record is a label and one sample's floats (fl_example_put), what a
+ * map over your own data produces. The examples are dealt to `ranks` ranks by one shuffle and
+ * cached; each rank is a task of one barrier stage, builds the model with `build` from the
+ * same seed, and every step allreduces the gradients, so the ranks take identical steps (the
+ * global batch is `batch`, the rate lr x batch / 256 after warmup, then cosine decay). The
+ * test set is evaluated after every epoch. A lost rank reruns the stage from the last epoch's
+ * checkpoint. In local mode `build` may be any function of the program; in cluster mode it
+ * must be exported by a shared library, which is shipped to the executors (as a job's
+ * functions are). Blocks the calling thread until training ends. */
+
+/* An example record (replacing out's contents): the int32 label, then `count` floats. */
+FL_API fl_status fl_example_put(fl_buf *out, int32_t label, const float *x, size_t count);
+
+typedef struct fl_train_options {
+  uint32_t ranks;           /* data-parallel ranks, one barrier task each (0: 1) */
+  fl_device_kind device;    /* FL_DEVICE_CPU or FL_DEVICE_CUDA (a GPU per rank's executor) */
+  uint32_t batch;           /* the global batch, a multiple of ranks (0: 256) */
+  double lr;                /* the rate for a batch of 256, scaled linearly (0: 0.1) */
+  double warmup_epochs;     /* gradual warmup from lr to the scaled rate, < epochs */
+  uint32_t epochs;          /* 0: 1 */
+  const char *optimizer;    /* "sgd" (NULL), "adam", "adamw", "lars" or "lamb" */
+  double momentum;          /* sgd and lars */
+  double weight_decay;      /* not on biases and normalisation parameters */
+  double clip_grad_norm;    /* > 0: clip the averaged gradients to this global norm */
+  double label_smoothing;   /* reserved: must be 0 (the trainer's loss is plain cross-entropy) */
+  uint64_t seed;            /* weights and shuffles */
+  const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
+  FILE *progress;           /* a line per epoch (NULL: quiet) */
+} fl_train_options;
+#define FL_TRAIN_OPTIONS_INIT {1, FL_DEVICE_CPU, 256, 0.1, 0, 1, NULL, 0.9, 5e-4, 0, 0, 1, NULL, NULL}
+
+typedef struct fl_train_result {
+  uint32_t epochs;
+  uint64_t steps;
+  double train_loss, train_acc; /* of the last epoch */
+  double test_loss, test_acc;   /* of the last evaluation */
+  double images_per_s;          /* training samples a second over all ranks */
+  double seconds;
+} fl_train_result;
+
+/* Trains build's model on `train`, evaluating on `test` (both datasets of fl_example_put
+ * records whose samples have shape sample_shape[0 .. ndim), ndim 1 to 3, and labels in
+ * [0, classes)). opts NULL: FL_TRAIN_OPTIONS_INIT. FL_EINVAL names a bad option, a builder that
+ * fails or whose output is not [n, classes], and (from the tasks) an example of the wrong size
+ * or label; a training loss that turns non-finite fails with the step and rate. */
+FL_API fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndim, const int64_t *sample_shape,
+                          uint32_t classes, fl_model_builder build, const fl_train_options *opts,
+                          fl_train_result *result);
 
 /* ---- weights on disk ------------------------------------------------------------------- */
 

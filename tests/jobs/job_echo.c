@@ -4,10 +4,12 @@
  * which `flint submit` must pass on as its own exit status, with both streams, also when the
  * job runs on a driver (flint://).
  *
- *   job_echo [--ignore-term] [--sleep-ms N | --until-file PATH | --slow-until-file PATH] ARGS...
+ *   job_echo [--ignore-term] [--handle-int] [--sleep-ms N | --until-file PATH | --slow-until-file PATH] ARGS...
  *
  * --ignore-term: ignores SIGTERM, as a job that handles it and goes on would (so that a test
  * sees `flint submit --kill` end it with SIGKILL). *
+ * --handle-int: SIGINT writes "job_echo: SIGINT handled" on stderr and the job goes on, as an
+ * interactive program that catches Ctrl-C does.
  * --sleep-ms: sleeps N ms before the action, so that a test can see the job binary still
  * running; --until-file: waits before the action until PATH exists; --slow-until-file: the
  * action's map function waits on one record until PATH exists, so that a test can act while
@@ -47,12 +49,27 @@ __attribute__((visibility("default"))) fl_status job_echo_slow(fl_bytes rec, fl_
   return fl_buf_append(out, rec.data, rec.len);
 }
 
+/* --handle-int: a Ctrl-C that the program handles and goes on, as the shell does. */
+static void on_sigint(int sig) {
+  (void)sig;
+  static const char line[] = "job_echo: SIGINT handled\n";
+  ssize_t n = write(STDERR_FILENO, line, sizeof line - 1);
+  (void)n;
+}
+
 __attribute__((visibility("default"))) int flint_main(fl_context *ctx, int argc, char **argv) {
   int first = 1;
   long sleep_ms = 0;
   const char *until_file = NULL, *slow_until_file = NULL;
   if (argc > 1 && strcmp(argv[1], "--ignore-term") == 0) {
     signal(SIGTERM, SIG_IGN);
+    argc--;
+    argv++;
+  }
+  if (argc > 1 && strcmp(argv[1], "--handle-int") == 0) {
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     argc--;
     argv++;
   }

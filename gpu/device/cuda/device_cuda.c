@@ -393,6 +393,31 @@ static fl_status cuda_sgd_step(fl_device *dev, size_t n, float lr, float momentu
                                           nesterov, grad, velocity, w));
 }
 
+static fl_status cuda_adam_step(fl_device *dev, size_t n, float lr, float beta1, float beta2,
+                                float eps, float weight_decay, bool decoupled, float bias1,
+                                float bias2, const float *grad, float *m, float *v, float *w) {
+  ENTER(dev);
+  CUDA_RETURN(&impl->es, kernels_adam_step(impl->stream, n, lr, beta1, beta2, eps, weight_decay,
+                                           decoupled, bias1, bias2, grad, m, v, w));
+}
+
+static fl_status cuda_lars_step(fl_device *dev, int nseg, const optim_segment *segs, size_t n,
+                                float lr, float momentum, float trust_coef, const float *grad,
+                                float *velocity, float *w, double *norms) {
+  ENTER(dev);
+  CUDA_RETURN(&impl->es, kernels_lars_step(impl->stream, nseg, segs, n, lr, momentum, trust_coef,
+                                           grad, velocity, w, norms));
+}
+
+static fl_status cuda_lamb_step(fl_device *dev, int nseg, const optim_segment *segs, size_t n,
+                                float lr, float beta1, float beta2, float eps, float bias1,
+                                float bias2, const float *grad, float *m, float *v, float *w,
+                                double *norms) {
+  ENTER(dev);
+  CUDA_RETURN(&impl->es, kernels_lamb_step(impl->stream, nseg, segs, n, lr, beta1, beta2, eps,
+                                           bias1, bias2, grad, m, v, w, norms));
+}
+
 /* ---- transformer operations ------------------------------------------------------------ */
 
 static fl_status cuda_gemm_batched(fl_device *dev, bool trans_a, bool trans_b, int m, int n,
@@ -550,6 +575,9 @@ static const device_ops cuda_ops = {
     .batchnorm_forward = cuda_batchnorm_forward,
     .batchnorm_backward = cuda_batchnorm_backward,
     .sgd_step = cuda_sgd_step,
+    .adam_step = cuda_adam_step,
+    .lars_step = cuda_lars_step,
+    .lamb_step = cuda_lamb_step,
     .gemm_batched = cuda_gemm_batched,
     .gelu_forward = cuda_gelu_forward,
     .gelu_backward = cuda_gelu_backward,

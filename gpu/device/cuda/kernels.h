@@ -77,6 +77,18 @@ cudaError_t kernels_batchnorm_backward(cudaStream_t s, int n, int c, int hw, con
 cudaError_t kernels_sgd_step(cudaStream_t s, size_t n, float lr, float momentum,
                              float weight_decay, bool nesterov, const float *grad,
                              float *velocity, float *w);
+/* kernels_optim.cu. The layer-wise steps zero norms (2 * nseg doubles) and fill it. */
+struct optim_segment; /* gpu/device/backend.h */
+cudaError_t kernels_adam_step(cudaStream_t s, size_t n, float lr, float beta1, float beta2,
+                              float eps, float weight_decay, bool decoupled, float bias1,
+                              float bias2, const float *grad, float *m, float *v, float *w);
+cudaError_t kernels_lars_step(cudaStream_t s, int nseg, const struct optim_segment *segs,
+                              size_t n, float lr, float momentum, float trust_coef,
+                              const float *grad, float *velocity, float *w, double *norms);
+cudaError_t kernels_lamb_step(cudaStream_t s, int nseg, const struct optim_segment *segs,
+                              size_t n, float lr, float beta1, float beta2, float eps,
+                              float bias1, float bias2, const float *grad, float *m, float *v,
+                              float *w, double *norms);
 
 /* Transformer operations. The mean over tokens calls its token count `tokens` (the slot's s),
  * since `s` is the stream here. */

@@ -1,0 +1,141 @@
+/*
+ * test_gpu_train_api: fl_train (include/flint/train.h) as a program uses it: datasets of
+ * example records made on the client, a builder of the program's own in local mode, and a
+ * builder from a shared library (tests/jobs/model_user.c) on a local cluster, where a builder
+ * of the program is refused with a message that says what to do.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "flint/train.h"
+
+#define assert_ok(call)                                                                      \
+  do {                                                                                       \
+    fl_status s_ = (call);                                                                   \
+    if (s_ != FL_OK) fail_msg("%s: %s: %s", #call, fl_status_name(s_), fl_last_error());    \
+  } while (0)
+
+enum { FEATURES = 6, CLASSES = 3 };
+
+/* n examples of three separable classes as records on the client (no function to ship). */
+static fl_dataset *examples(fl_context *ctx, int n, uint64_t seed) {
+  fl_buf *bufs = calloc((size_t)n, sizeof *bufs);
+  fl_bytes *recs = calloc((size_t)n, sizeof *recs);
+  assert_non_null(bufs);
+  assert_non_null(recs);
+  uint64_t st = seed;
+  for (int i = 0; i < n; i++) {
+    float x[FEATURES];
+    int k = i % CLASSES;
+    for (int j = 0; j < FEATURES; j++) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      x[j] = (float)((double)(st >> 11) / 9007199254740992.0) - 0.5f + (j % CLASSES == k ? 2.0f : 0.0f);
+    }
+    assert_ok(fl_example_put(&bufs[i], k, x, FEATURES));
+    recs[i] = fl_buf_bytes(&bufs[i]);
+  }
+  fl_dataset *ds;
+  assert_ok(fl_parallelize(ctx, recs, (size_t)n, 3, &ds));
+  for (int i = 0; i < n; i++) fl_buf_free(&bufs[i]);
+  free(bufs);
+  free(recs);
+  return ds;
+}
+
+static int built;
+
+static fl_status my_model(fl_model *m, uint32_t classes) {
+  built++;
+  fl_status s = fl_model_linear(m, "fc1", 32, true);
+  if (s == FL_OK) s = fl_model_relu(m);
+  if (s == FL_OK) s = fl_model_linear(m, "fc2", (int)classes, true);
+  return s;
+}
+
+static fl_status wrong_classes(fl_model *m, uint32_t classes) {
+  return fl_model_linear(m, "fc", (int)classes + 1, true);
+}
+
+static void test_local_program_builder(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_dataset *train = examples(ctx, 600, 1), *test = examples(ctx, 150, 2);
+  fl_train_options o = FL_TRAIN_OPTIONS_INIT;
+  o.ranks = 2;
+  o.batch = 32;
+  o.lr = 0.4;
+  o.epochs = 3;
+  int64_t shape[1] = {FEATURES};
+  fl_train_result r;
+  built = 0;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  assert_true(built >= 3); /* the client's check and both ranks */
+  assert_int_equal(r.epochs, 3);
+  assert_true(r.steps >= 3 * (600 / 32) - 3);
+  assert_true(r.test_acc > 0.9);
+
+  /* Bad calls: named, nothing run. */
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, wrong_classes, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "output is [n, 4], expected [n, 3]"));
+  int64_t other[1] = {FEATURES + 1};
+  assert_int_not_equal(fl_train(ctx, train, test, 1, other, CLASSES, my_model, &o, &r), FL_OK);
+  assert_non_null(strstr(fl_last_error(), "an example of 28 bytes, but a label and 7 floats take 32"));
+  assert_int_not_equal(fl_train(ctx, train, test, 1, shape, 2, my_model, &o, &r), FL_OK); /* found by the tasks */
+  assert_non_null(strstr(fl_last_error(), "label 2 is not a class in [0, 2)"));
+  o.optimizer = "rmsprop";
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "rmsprop"));
+  fl_dataset_free(train);
+  fl_dataset_free(test);
+  fl_context_close(ctx);
+}
+
+static void test_cluster_library_builder(void **state) {
+  (void)state;
+  const char *bin = getenv("FLINT_BIN");
+  assert_non_null(bin);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model_user.so", bin);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  assert_non_null(lib);
+  fl_model_builder from_library = (fl_model_builder)(uintptr_t)dlsym(lib, "flint_model");
+  assert_non_null((void *)(uintptr_t)from_library);
+  fl_context *ctx;
+  assert_ok(fl_context_open("local-cluster[2,1,512]", NULL, &ctx));
+  /* model_user's flint_model flattens the sample first: images of 1 x 2 x 3. */
+  fl_dataset *train = examples(ctx, 300, 3), *test = examples(ctx, 90, 4);
+  fl_train_options o = FL_TRAIN_OPTIONS_INIT;
+  o.ranks = 2;
+  o.batch = 30;
+  o.lr = 0.3;
+  o.epochs = 2;
+  int64_t shape[3] = {1, 2, 3};
+  fl_train_result r;
+  assert_ok(fl_train(ctx, train, test, 3, shape, CLASSES, from_library, &o, &r));
+  assert_int_equal(r.epochs, 2);
+  /* A builder of this program cannot reach an executor. */
+  int64_t flat[1] = {FEATURES};
+  assert_int_equal(fl_train(ctx, train, test, 1, flat, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "is in the program itself: in cluster mode put it in a shared library"));
+  fl_dataset_free(train);
+  fl_dataset_free(test);
+  fl_context_close(ctx);
+  dlclose(lib);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_local_program_builder),
+      cmocka_unit_test(test_cluster_library_builder),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
