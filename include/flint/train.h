@@ -65,7 +65,7 @@ typedef struct fl_conv2d_options {
   int kernel;       /* square, >= 1 */
   int stride;       /* 0: 1 */
   int padding;      /* zeros on every side, >= 0 */
-  int groups;       /* 0: 1. Only 1 is supported so far (FL_EINVAL otherwise). */
+  int groups;       /* 0: 1; must divide both channel counts (input channels: depthwise) */
   bool bias;
 } fl_conv2d_options;
 /* A 2-D convolution over [n, C, H, W]. */
