@@ -196,7 +196,7 @@ typedef struct fl_train_options {
   double momentum;          /* sgd and lars */
   double weight_decay;      /* not on biases and normalisation parameters */
   double clip_grad_norm;    /* > 0: clip the averaged gradients to this global norm */
-  double label_smoothing;   /* reserved: must be 0 (the trainer's loss is plain cross-entropy) */
+  double label_smoothing;   /* the training loss's, in [0, 1) (PyTorch's CrossEntropyLoss's) */
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
