@@ -621,6 +621,70 @@ static void test_training_loop(void **state) {
   fl_model_destroy(m);
 }
 
+/* The public optimizers in a loop of one's own: each lowers the loss of a small classifier,
+ * with clipping on; a bad option is named. */
+static void test_optimizer_loop(void **state) {
+  (void)state;
+  enum { N = 48, D = 5 };
+  float xv[N * D];
+  int32_t labels[N];
+  for (int i = 0; i < N; i++) {
+    labels[i] = i % 3;
+    for (int j = 0; j < D; j++) xv[i * D + j] = 0.3f * test_urand_signed(&rng) + (j == labels[i] ? 1.5f : 0.0f);
+  }
+  int64_t in[1] = {D}, xs[2] = {N, D};
+  static const char *const kinds[] = {"sgd", "adam", "adamw", "lars", "lamb"};
+  static const double rates[] = {0.2, 0.02, 0.02, 2.0, 0.05};
+  for (size_t k = 0; k < 5; k++) {
+    fl_model *m;
+    assert_ok(fl_model_create(dev, 1, in, &m));
+    assert_ok(fl_model_linear(m, "fc1", 16, true));
+    assert_ok(fl_model_layernorm(m, "ln"));
+    assert_ok(fl_model_gelu(m));
+    assert_ok(fl_model_linear(m, "fc2", 3, true));
+    assert_ok(fl_model_finish(m, 5));
+    fl_optimizer_options oo = FL_OPTIMIZER_OPTIONS_INIT;
+    oo.kind = kinds[k];
+    oo.weight_decay = 1e-4;
+    fl_optimizer *opt;
+    assert_ok(fl_optimizer_create(m, &oo, &opt));
+    fl_tensor *x = tensor_of(2, xs, xv);
+    double first = 0, last = 0, norm = 0;
+    for (int step = 0; step < 40; step++) {
+      const fl_tensor *y;
+      double loss;
+      assert_ok(fl_model_zero_grad(m));
+      assert_ok(fl_model_forward(m, x, true, &y));
+      assert_ok(fl_model_cross_entropy(m, labels, N, 0.1, &loss, NULL));
+      assert_ok(fl_model_backward(m));
+      assert_ok(fl_model_clip_grad_norm(m, 5.0, &norm));
+      assert_true(isfinite(norm));
+      assert_ok(fl_optimizer_step(opt, rates[k]));
+      if (step == 0) first = loss;
+      last = loss;
+    }
+    if (!(last < first * 0.7)) fprintf(stderr, "%s: loss %g -> %g\n", kinds[k], first, last);
+    assert_true(last < first * 0.7);
+    fl_optimizer_destroy(opt);
+    fl_tensor_destroy(x);
+    fl_model_destroy(m);
+  }
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_ok(fl_model_linear(m, "fc", 3, true));
+  fl_optimizer *opt;
+  assert_fails_with(fl_optimizer_create(m, NULL, &opt), FL_ESTATE, "not finished");
+  assert_ok(fl_model_finish(m, 1));
+  fl_optimizer_options bad = FL_OPTIMIZER_OPTIONS_INIT;
+  bad.kind = "rmsprop";
+  assert_fails_with(fl_optimizer_create(m, &bad, &opt), FL_EINVAL, "rmsprop");
+  bad.kind = "sgd";
+  bad.momentum = 1.5;
+  assert_int_equal(fl_optimizer_create(m, &bad, &opt), FL_EINVAL);
+  fl_optimizer_destroy(NULL);
+  fl_model_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shapes_and_names),
@@ -634,6 +698,7 @@ int main(void) {
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_training_loop),
+      cmocka_unit_test(test_optimizer_loop),
   };
   return cmocka_run_group_tests(tests, open_device, close_device);
 }
