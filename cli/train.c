@@ -97,6 +97,8 @@ static const char train_usage_text[] =
     "  --no-decay-norm-bias  no weight decay (nor lars/lamb trust ratio) on biases and norm\n"
     "                      parameters, the 1-D ones (the default, as Goyal et al.)\n"
     "  --decay-all         weight decay (and trust ratio) on every parameter\n"
+    "  --label-smoothing E  mix the one-hot targets with the uniform one by E (PyTorch's\n"
+    "                      CrossEntropyLoss label_smoothing; training loss only; default 0)\n"
     "  --clip-grad-norm X  scale the averaged gradients to global norm X when it is larger\n"
     "                      (not the transformer)\n"
     "  --seed S            weights, shuffles and synthetic data (default 1)\n"
@@ -179,9 +181,10 @@ static const struct option train_longopts[] = {
     VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
-    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("power"), VALUED("image-size"),
-    SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"), SWITCH("no-overlap"), SWITCH("recompute"),
-    SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"), CLI_COMMON_LONG_OPTIONS, {0}};
+    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("power"),
+    VALUED("image-size"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"), SWITCH("no-overlap"),
+    SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
+    CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
 
@@ -330,6 +333,9 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       *(opt[2] == 'e' ? &o->optim.eps : &o->optim.trust_coef) = (float)d;
       if (opt[2] == 'e') adam_opt = "--eps";
       else lars_opt = "--trust-coef";
+    } else if (strcmp(opt, "--label-smoothing") == 0) {
+      if (!cli_parse_double(v, &o->label_smoothing) || !(o->label_smoothing >= 0 && o->label_smoothing < 1))
+        return train_usage_error("--label-smoothing '%s' is not a number in [0, 1)", v);
     } else if (strcmp(opt, "--clip-grad-norm") == 0) {
       if (!cli_parse_double(v, &o->clip_grad_norm) || !(o->clip_grad_norm > 0) || !isfinite(o->clip_grad_norm))
         return train_usage_error("--clip-grad-norm '%s' is not a number > 0", v);

@@ -118,7 +118,7 @@ static void test_building_errors(void **state) {
   assert_fails_with(fl_model_conv2d(m, "c", &(fl_conv2d_options){.out_channels = 4, .kernel = 9}), FL_EINVAL,
                     "its input would be [n, 3, 8, 8], expected [n, C, H, W] with H, W >= 9");
   assert_fails_with(fl_model_conv2d(m, "g", &(fl_conv2d_options){.out_channels = 4, .kernel = 3, .groups = 3}),
-                    FL_EINVAL, "grouped convolutions are not supported");
+                    FL_EINVAL, "3 groups must divide both 3 input and 4 output channels");
   assert_fails_with(fl_model_maxpool(m, 2, 0, 0), FL_EINVAL, "stride 0");
   assert_fails_with(fl_model_dropout(m, 1.0), FL_EINVAL, "must be in [0, 1)");
   assert_fails_with(fl_model_residual_end(m), FL_ESTATE, "no residual block is open");
@@ -336,6 +336,56 @@ static void test_sequence_layers(void **state) {
   const fl_tensor *y;
   assert_fails_with(fl_model_forward(m, x, true, &y), FL_EINVAL, "id 11 at 4 is not a whole number in [0, 11)");
   fl_tensor_destroy(x);
+  fl_model_destroy(m);
+}
+
+/* Grouped and depthwise convolutions: a depthwise output against a loop over its one input
+ * channel, and the gradients of a model of both kinds against finite differences. */
+static void test_grouped_convolutions(void **state) {
+  (void)state;
+  fl_model *m = image_model(4, 6, 6);
+  assert_ok(fl_model_conv2d(m, "g2", &(fl_conv2d_options){.out_channels = 8, .kernel = 3, .padding = 1, .groups = 2,
+                                                          .bias = true}));
+  assert_ok(fl_model_gelu(m)); /* smooth: no kink between the two sides of a difference */
+  assert_ok(fl_model_conv2d(m, "dw", &(fl_conv2d_options){.out_channels = 8, .kernel = 3, .stride = 2, .padding = 1,
+                                                          .groups = 8}));
+  assert_ok(fl_model_global_avgpool(m));
+  assert_ok(fl_model_linear(m, "fc", 3, true));
+  assert_ok(fl_model_finish(m, 8));
+  assert_int_equal(fl_tensor_dim(fl_model_param(m, 0), 1), 2); /* [8, 4 / 2, 3, 3] */
+  assert_int_equal(fl_tensor_dim(fl_model_param(m, 2), 1), 1); /* depthwise: [8, 1, 3, 3] */
+  int64_t xs[4] = {3, 4, 6, 6};
+  float *xv = rand_values(3 * 144);
+  fl_tensor *x = tensor_of(4, xs, xv);
+  int32_t labels[3] = {1, 0, 2};
+  assert_int_equal(check_gradients(m, x, labels, 3), 0);
+  free(xv);
+  fl_tensor_destroy(x);
+  fl_model_destroy(m);
+
+  /* Depthwise alone: output channel c of sample i is input channel c convolved with its own 3x3. */
+  m = image_model(2, 4, 4);
+  assert_ok(fl_model_conv2d(m, "dw", &(fl_conv2d_options){.out_channels = 2, .kernel = 3, .padding = 1, .groups = 2}));
+  assert_ok(fl_model_finish(m, 9));
+  int64_t ds[4] = {2, 2, 4, 4};
+  float *dv = rand_values(64);
+  fl_tensor *d = tensor_of(4, ds, dv);
+  const fl_tensor *y;
+  assert_ok(fl_model_forward(m, d, false, &y));
+  float *yv = read_all(y), *w = read_all(fl_model_param(m, 0));
+  for (int i = 0; i < 2; i++)
+    for (int c = 0; c < 2; c++)
+      for (int r = 0; r < 4; r++)
+        for (int q = 0; q < 4; q++) {
+          double want = 0;
+          for (int a = -1; a <= 1; a++)
+            for (int b = -1; b <= 1; b++)
+              if (r + a >= 0 && r + a < 4 && q + b >= 0 && q + b < 4)
+                want += (double)w[c * 9 + (a + 1) * 3 + (b + 1)] * dv[((i * 2 + c) * 4 + r + a) * 4 + q + b];
+          assert_true(fabs(yv[((i * 2 + c) * 4 + r) * 4 + q] - want) < 1e-5);
+        }
+  free(dv), free(yv), free(w);
+  fl_tensor_destroy(d);
   fl_model_destroy(m);
 }
 
@@ -571,6 +621,70 @@ static void test_training_loop(void **state) {
   fl_model_destroy(m);
 }
 
+/* The public optimizers in a loop of one's own: each lowers the loss of a small classifier,
+ * with clipping on; a bad option is named. */
+static void test_optimizer_loop(void **state) {
+  (void)state;
+  enum { N = 48, D = 5 };
+  float xv[N * D];
+  int32_t labels[N];
+  for (int i = 0; i < N; i++) {
+    labels[i] = i % 3;
+    for (int j = 0; j < D; j++) xv[i * D + j] = 0.3f * test_urand_signed(&rng) + (j == labels[i] ? 1.5f : 0.0f);
+  }
+  int64_t in[1] = {D}, xs[2] = {N, D};
+  static const char *const kinds[] = {"sgd", "adam", "adamw", "lars", "lamb"};
+  static const double rates[] = {0.2, 0.02, 0.02, 2.0, 0.05};
+  for (size_t k = 0; k < 5; k++) {
+    fl_model *m;
+    assert_ok(fl_model_create(dev, 1, in, &m));
+    assert_ok(fl_model_linear(m, "fc1", 16, true));
+    assert_ok(fl_model_layernorm(m, "ln"));
+    assert_ok(fl_model_gelu(m));
+    assert_ok(fl_model_linear(m, "fc2", 3, true));
+    assert_ok(fl_model_finish(m, 5));
+    fl_optimizer_options oo = FL_OPTIMIZER_OPTIONS_INIT;
+    oo.kind = kinds[k];
+    oo.weight_decay = 1e-4;
+    fl_optimizer *opt;
+    assert_ok(fl_optimizer_create(m, &oo, &opt));
+    fl_tensor *x = tensor_of(2, xs, xv);
+    double first = 0, last = 0, norm = 0;
+    for (int step = 0; step < 40; step++) {
+      const fl_tensor *y;
+      double loss;
+      assert_ok(fl_model_zero_grad(m));
+      assert_ok(fl_model_forward(m, x, true, &y));
+      assert_ok(fl_model_cross_entropy(m, labels, N, 0.1, &loss, NULL));
+      assert_ok(fl_model_backward(m));
+      assert_ok(fl_model_clip_grad_norm(m, 5.0, &norm));
+      assert_true(isfinite(norm));
+      assert_ok(fl_optimizer_step(opt, rates[k]));
+      if (step == 0) first = loss;
+      last = loss;
+    }
+    if (!(last < first * 0.7)) fprintf(stderr, "%s: loss %g -> %g\n", kinds[k], first, last);
+    assert_true(last < first * 0.7);
+    fl_optimizer_destroy(opt);
+    fl_tensor_destroy(x);
+    fl_model_destroy(m);
+  }
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_ok(fl_model_linear(m, "fc", 3, true));
+  fl_optimizer *opt;
+  assert_fails_with(fl_optimizer_create(m, NULL, &opt), FL_ESTATE, "not finished");
+  assert_ok(fl_model_finish(m, 1));
+  fl_optimizer_options bad = FL_OPTIMIZER_OPTIONS_INIT;
+  bad.kind = "rmsprop";
+  assert_fails_with(fl_optimizer_create(m, &bad, &opt), FL_EINVAL, "rmsprop");
+  bad.kind = "sgd";
+  bad.momentum = 1.5;
+  assert_int_equal(fl_optimizer_create(m, &bad, &opt), FL_EINVAL);
+  fl_optimizer_destroy(NULL);
+  fl_model_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shapes_and_names),
@@ -579,10 +693,12 @@ int main(void) {
       cmocka_unit_test(test_gradients_match_finite_differences),
       cmocka_unit_test(test_sequence_layers),
       cmocka_unit_test(test_layernorm_values),
+      cmocka_unit_test(test_grouped_convolutions),
       cmocka_unit_test(test_losses),
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_training_loop),
+      cmocka_unit_test(test_optimizer_loop),
   };
   return cmocka_run_group_tests(tests, open_device, close_device);
 }

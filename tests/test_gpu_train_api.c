@@ -74,6 +74,7 @@ static void test_local_program_builder(void **state) {
   o.batch = 32;
   o.lr = 0.4;
   o.epochs = 3;
+  o.label_smoothing = 0.05;
   int64_t shape[1] = {FEATURES};
   fl_train_result r;
   built = 0;

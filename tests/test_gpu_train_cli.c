@@ -367,7 +367,7 @@ static void test_file_data(void **state) {
   free(r);
   snprintf(d3, sizeof d3, "csv:%s", csv_train);
   snprintf(d4, sizeof d4, "csv:%s", csv_test);
-  r = RUN_FLINT("train", ROWS_RUN, "--data", d3, "--test-data", d4, "--master", "local[2]");
+  r = RUN_FLINT("train", ROWS_RUN, "--data", d3, "--test-data", d4, "--master", "local[2]", "--label-smoothing", "0.1");
   if (r->status != 0) run_dump(r);
   assert_int_equal(r->status, 0);
   acc = strstr(r->out, "test         loss");
@@ -378,6 +378,8 @@ static void test_file_data(void **state) {
 
   /* Usage errors exit 2; data that cannot be trained on exits 1 naming the cause. */
   expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", d1), "--data libsvm needs --test-data");
+  expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", d1, "--test-data", d2, "--label-smoothing", "1"),
+                     "--label-smoothing '1' is not a number in [0, 1)");
   expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", "libsvm:"), "needs its file: libsvm:PATH");
   expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", d1, "--test-data", d4), "is not in --data's format (libsvm:)");
   expect_usage_error(RUN_FLINT("train", ROWS_RUN, "--data", "fashion-mnist", "--test-data", d2),

@@ -77,6 +77,10 @@ fl_status layer_relu_create(layer_store *s, layer **out_l);
 /* k x k convolution, im2col + GEMM; bias only when asked (not before batch norm). */
 fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int out_c, int k,
                               int stride, int pad, bool bias, layer **out_l);
+/* The same in `groups` groups (PyTorch's groups; in_c groups: depthwise): group g's out_c /
+ * groups outputs see only its in_c / groups inputs; weight [out_c, in_c / groups, k, k]. */
+fl_status layer_conv2d_grouped_create(layer_store *s, const char *name, int in_c, int out_c, int k, int stride,
+                                      int pad, int groups, bool bias, layer **out_l);
 fl_status layer_maxpool_create(layer_store *s, int k, int stride, int pad, layer **out_l);
 /* Average pooling counts padding as zeros (count_include_pad). */
 fl_status layer_avgpool_create(layer_store *s, int k, int stride, int pad, layer **out_l);

@@ -14,9 +14,84 @@
 typedef struct conv_layer {
   layer base;
   int in_c, out_c, k, stride, pad;
+  int groups; /* > 1: each group of in_c / groups channels makes out_c / groups of the output */
   bool bias;
   int n, h, w, oh, ow; /* of the last forward */
 } conv_layer;
+
+/* Grouped convolutions (groups > 1: depthwise and the like) go a sample and a group at a time:
+ * a group's input channels of one sample are contiguous in NCHW, and so are its output
+ * channels, so each is one im2col and one GEMM straight into y, with no transpose. More calls
+ * than the batched path, which serves groups == 1. */
+typedef struct group_geom {
+  int cg, ocg, kk, p; /* channels in and out per group, a column's height, output pixels */
+} group_geom;
+
+static group_geom group_geom_of(const conv_layer *C) {
+  group_geom g = {.cg = C->in_c / C->groups, .ocg = C->out_c / C->groups, .p = C->oh * C->ow};
+  g.kk = g.cg * C->k * C->k;
+  return g;
+}
+
+static fl_status grouped_forward(conv_layer *C, const fl_tensor *x) {
+  layer *l = &C->base;
+  layer_store *s = l->store;
+  fl_device *dev = s->dev;
+  group_geom G = group_geom_of(C);
+  int64_t col_shape[2] = {G.kk, G.p}, y_shape[4] = {C->n, C->out_c, C->oh, C->ow};
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&s->work[0], dev, 2, col_shape));
+  FL_CHECK(tensor_ensure(&l->y, dev, 4, y_shape));
+  size_t plane = (size_t)C->h * C->w;
+  for (int i = 0; i < C->n; i++)
+    for (int g = 0; g < C->groups; g++) {
+      FL_CHECK(dev->ops->im2col(dev, 1, G.cg, C->h, C->w, C->k, C->k, C->stride, C->pad,
+                                x->data + ((size_t)i * C->in_c + (size_t)g * G.cg) * plane, s->work[0].data));
+      FL_CHECK(dev->ops->gemm(dev, false, false, G.ocg, G.p, G.kk, 1.0f,
+                              layer_param_value(l, 0) + (size_t)g * G.ocg * G.kk, G.kk, s->work[0].data, G.p, 0.0f,
+                              l->y.data + ((size_t)i * C->out_c + (size_t)g * G.ocg) * G.p, G.p));
+    }
+  if (C->bias)
+    FL_CHECK(dev->ops->bias_add_channels(dev, C->n, C->out_c, G.p, layer_param_value(l, 1), l->y.data));
+cleanup:
+  return status;
+}
+
+static fl_status grouped_backward(conv_layer *C, const fl_tensor *dy, bool need_dx) {
+  layer *l = &C->base;
+  layer_store *s = l->store;
+  fl_device *dev = s->dev;
+  group_geom G = group_geom_of(C);
+  int64_t col_shape[2] = {G.kk, G.p};
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&s->work[0], dev, 2, col_shape));
+  if (C->bias)
+    FL_CHECK(dev->ops->bias_grad_channels(dev, C->n, C->out_c, G.p, dy->data, layer_param_grad(l, 1)));
+  if (need_dx) {
+    FL_CHECK(layer_ensure_like(l, &l->dx, l->x));
+    FL_CHECK(dev->ops->memset0(dev, l->dx.data, l->dx.numel * sizeof(float)));
+  }
+  size_t plane = (size_t)C->h * C->w;
+  for (int i = 0; i < C->n; i++)
+    for (int g = 0; g < C->groups; g++) {
+      size_t in_at = ((size_t)i * C->in_c + (size_t)g * G.cg) * plane;
+      const float *dyg = dy->data + ((size_t)i * C->out_c + (size_t)g * G.ocg) * G.p;
+      const float *w = layer_param_value(l, 0) + (size_t)g * G.ocg * G.kk;
+      FL_CHECK(dev->ops->im2col(dev, 1, G.cg, C->h, C->w, C->k, C->k, C->stride, C->pad, l->x->data + in_at,
+                                s->work[0].data));
+      /* dW_g[ocg, kk] += dY_g[ocg, p] col[kk, p]^T */
+      FL_CHECK(dev->ops->gemm(dev, false, true, G.ocg, G.kk, G.p, 1.0f, dyg, G.p, s->work[0].data, G.p, 1.0f,
+                              layer_param_grad(l, 0) + (size_t)g * G.ocg * G.kk, G.kk));
+      if (!need_dx) continue;
+      /* dcol[kk, p] = W_g^T dY_g, folded back onto the group's channels (the columns are spent). */
+      FL_CHECK(dev->ops->gemm(dev, true, false, G.kk, G.p, G.ocg, 1.0f, w, G.kk, dyg, G.p, 0.0f, s->work[0].data,
+                              G.p));
+      FL_CHECK(dev->ops->col2im(dev, 1, G.cg, C->h, C->w, C->k, C->k, C->stride, C->pad, s->work[0].data,
+                                l->dx.data + in_at));
+    }
+cleanup:
+  return status;
+}
 
 static fl_status conv_forward(layer *l, const fl_tensor *x, bool train) {
   (void)train;
@@ -35,6 +110,7 @@ static fl_status conv_forward(layer *l, const fl_tensor *x, bool train) {
   C->w = (int)x->shape[3];
   C->oh = layer_out_size(C->h, C->k, C->stride, C->pad);
   C->ow = layer_out_size(C->w, C->k, C->stride, C->pad);
+  if (C->groups > 1) return grouped_forward(C, x);
   int kk = C->in_c * C->k * C->k, p = C->n * C->oh * C->ow;
   int64_t col_shape[2] = {kk, p}, yt_shape[2] = {C->out_c, p};
   int64_t y_shape[4] = {C->n, C->out_c, C->oh, C->ow};
@@ -59,6 +135,7 @@ static fl_status conv_backward(layer *l, const fl_tensor *dy, bool need_dx) {
   conv_layer *C = (conv_layer *)l;
   layer_store *s = l->store;
   fl_device *dev = s->dev;
+  if (C->groups > 1) return grouped_backward(C, dy, need_dx);
   int kk = C->in_c * C->k * C->k, p = C->n * C->oh * C->ow;
   int64_t col_shape[2] = {kk, p}, yt_shape[2] = {C->out_c, p};
   fl_status status = FL_OK;
@@ -90,11 +167,14 @@ cleanup:
 
 static const layer_ops conv_ops = {"conv2d", conv_forward, conv_backward, NULL};
 
-fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int out_c, int k,
-                              int stride, int pad, bool bias, layer **out_l) {
+fl_status layer_conv2d_grouped_create(layer_store *s, const char *name, int in_c, int out_c, int k, int stride,
+                                      int pad, int groups, bool bias, layer **out_l) {
   if (in_c < 1 || out_c < 1 || k < 1 || stride < 1 || pad < 0)
     return fl_set_error(FL_EINVAL, "conv2d %s: bad geometry (in %d, out %d, kernel %d, stride "
                         "%d, pad %d)", name, in_c, out_c, k, stride, pad);
+  if (groups < 1 || in_c % groups || out_c % groups)
+    return fl_set_error(FL_EINVAL, "conv2d %s: %d groups must divide both %d input and %d output channels", name,
+                        groups, in_c, out_c);
   layer *l = NULL;
   fl_status st = layer_new(s, &conv_ops, name, sizeof(conv_layer), &l);
   if (st != FL_OK) return st;
@@ -104,12 +184,14 @@ fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int ou
   C->k = k;
   C->stride = stride;
   C->pad = pad;
+  C->groups = groups;
   C->bias = bias;
   size_t idx;
-  int64_t wshape[4] = {out_c, in_c, k, k}, bshape[1] = {out_c};
-  st = layer_store_add_param(s, name, "weight", 4, wshape, LAYER_INIT_WEIGHT, in_c * k * k, &idx);
+  int fan_in = in_c / groups * k * k;
+  int64_t wshape[4] = {out_c, in_c / groups, k, k}, bshape[1] = {out_c};
+  st = layer_store_add_param(s, name, "weight", 4, wshape, LAYER_INIT_WEIGHT, fan_in, &idx);
   if (st == FL_OK && bias)
-    st = layer_store_add_param(s, name, "bias", 1, bshape, LAYER_INIT_BIAS, in_c * k * k, &idx);
+    st = layer_store_add_param(s, name, "bias", 1, bshape, LAYER_INIT_BIAS, fan_in, &idx);
   if (st != FL_OK) {
     layer_destroy(l);
     return st;
@@ -117,6 +199,11 @@ fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int ou
   layer_done(l);
   *out_l = l;
   return FL_OK;
+}
+
+fl_status layer_conv2d_create(layer_store *s, const char *name, int in_c, int out_c, int k, int stride, int pad,
+                              bool bias, layer **out_l) {
+  return layer_conv2d_grouped_create(s, name, in_c, out_c, k, stride, pad, 1, bias, out_l);
 }
 
 /* ---- pooling --------------------------------------------------------------------------- */

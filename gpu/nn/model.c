@@ -178,16 +178,14 @@ fl_status fl_model_conv2d(fl_model *m, const char *name, const fl_conv2d_options
   TRY(check_name(name, "fl_model_conv2d"));
   if (!o) return fl_set_error(FL_EINVAL, "conv2d %s: options are NULL", name);
   int stride = o->stride ? o->stride : 1, groups = o->groups ? o->groups : 1;
-  if (groups != 1)
-    return fl_set_error(FL_EINVAL, "conv2d %s: groups = %d: grouped convolutions are not supported yet", name, groups);
   char want[64];
   snprintf(want, sizeof want, "[n, C, H, W] with H, W >= %d", o->kernel - 2 * o->padding > 1 ? o->kernel - 2 * o->padding : 1);
   const sample_shape *s = &m->shape;
   TRY(need_shape(m, s->ndim == 3 && s->dims[1] + 2 * o->padding >= o->kernel &&
                                     s->dims[2] + 2 * o->padding >= o->kernel, name, want));
   layer *l;
-  TRY(layer_conv2d_create(&m->store, name, (int)s->dims[0], o->out_channels, o->kernel, stride,
-                                      o->padding, o->bias, &l));
+  TRY(layer_conv2d_grouped_create(&m->store, name, (int)s->dims[0], o->out_channels, o->kernel, stride, o->padding,
+                                  groups, o->bias, &l));
   sample_shape out = {3, {o->out_channels, layer_out_size((int)s->dims[1], o->kernel, stride, o->padding),
                           layer_out_size((int)s->dims[2], o->kernel, stride, o->padding)}};
   return place(m, l, &out);

@@ -108,6 +108,7 @@ typedef struct gpu_train_options {
   double decay_power;    /* poly decay's power (0: 2) */
   optim_options optim;   /* the optimizer and its settings (gpu/nn/nn.h): sgd by default */
   double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm each step */
+  double label_smoothing; /* the training loss's, in [0, 1): PyTorch's CrossEntropyLoss's */
   uint64_t seed;         /* weights, shuffles and synthetic data */
   fl_allreduce_algo allreduce; /* host backend's algorithm */
   size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
@@ -167,7 +168,7 @@ typedef struct gpu_train_options {
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
-   1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
+   0, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
    false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */

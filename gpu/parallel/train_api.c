@@ -14,7 +14,6 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   if (!ctx || !train || !test || !sample_shape || !build) return fl_set_error(FL_EINVAL, "fl_train: NULL argument");
   fl_train_options def = FL_TRAIN_OPTIONS_INIT, o = opts ? *opts : def;
   if (ndim < 1 || ndim > 3) return fl_set_error(FL_EINVAL, "fl_train: samples of %d dimensions (1 to 3)", ndim);
-  if (o.label_smoothing != 0) return fl_set_error(FL_EINVAL, "fl_train: label_smoothing is reserved and must be 0");
   gpu_train_options g = GPU_TRAIN_OPTIONS_INIT;
   g.model = NN_LIBRARY;
   g.builder = build;
@@ -42,6 +41,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.optim.momentum = (float)o.momentum;
   g.optim.weight_decay = (float)o.weight_decay;
   g.clip_grad_norm = o.clip_grad_norm;
+  g.label_smoothing = o.label_smoothing;
   g.seed = o.seed;
   g.checkpoint_path = o.checkpoint_path;
   g.progress = o.progress;

@@ -309,7 +309,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   bool hybrid = o->model == NN_TRANSFORMER;
   train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
                  .epochs = o->epochs, .channels = train.channels, .height = train.height, .width = train.width,
-                 .classes = train.classes, .seed = o->seed, .optim = o->optim, .clip_grad_norm = o->clip_grad_norm, .allreduce = o->allreduce,
+                 .classes = train.classes, .seed = o->seed, .optim = o->optim, .clip_grad_norm = o->clip_grad_norm,
+                 .label_smoothing = (float)o->label_smoothing, .allreduce = o->allreduce,
                  .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
                  .shuffle = o->shuffle, .overlap = o->overlap, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,

@@ -321,7 +321,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       FL_CHECK(nn_model_forward(r.model, r.x, true, &logits));
       /* The mean over the rank's batch; the allreduce's average over ranks makes it the mean
        * over the global batch. */
-      FL_CHECK(nn_model_loss(r.model, r.labels_d, 1.0f / (float)n, r.stats_d));
+      FL_CHECK(nn_model_loss_smoothed(r.model, r.labels_d, a.label_smoothing, 1.0f / (float)n, r.stats_d));
       bk.lo = bk.hi = total;
       bk.buckets = 0;
       FL_CHECK(nn_model_backward(r.model, bucket_ready, &bk));

@@ -173,6 +173,8 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if ((o->model == NN_LIBRARY) != (o->model_library != NULL || o->builder != NULL))
     return fl_set_error(FL_EINVAL, o->model == NN_LIBRARY ? "gpu_train: a library model without its library or builder"
                                                          : "gpu_train: a model library or builder with a built-in model");
+  if (!(o->label_smoothing >= 0 && o->label_smoothing < 1))
+    return fl_set_error(FL_EINVAL, "--label-smoothing %g must be in [0, 1)", o->label_smoothing);
   if ((unsigned)o->data >= DATASETS) return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
   if (o->data == GPU_TRAIN_EXAMPLES) {
     if (!o->train_examples || !o->test_examples)

@@ -37,6 +37,7 @@ typedef struct train_arg {
   uint64_t seed;
   optim_options optim;
   double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm */
+  float label_smoothing; /* the training loss's, in [0, 1) (evaluation: none) */
   optim_schedule schedule;
   fl_allreduce_algo allreduce;
   uint64_t bucket_bytes;

@@ -65,7 +65,7 @@ typedef struct fl_conv2d_options {
   int kernel;       /* square, >= 1 */
   int stride;       /* 0: 1 */
   int padding;      /* zeros on every side, >= 0 */
-  int groups;       /* 0: 1. Only 1 is supported so far (FL_EINVAL otherwise). */
+  int groups;       /* 0: 1; must divide both channel counts (input channels: depthwise) */
   bool bias;
 } fl_conv2d_options;
 /* A 2-D convolution over [n, C, H, W]. */
@@ -149,6 +149,33 @@ FL_API fl_status fl_model_zero_grad(fl_model *m);
 /* The optimizer step dropout masks are drawn for (0 until set). */
 FL_API void fl_model_set_step(fl_model *m, uint64_t step);
 
+/* ---- optimizers ----------------------------------------------------------------------------
+ * For a training loop of your own (fl_train has them built in): one step updates the model's
+ * flat weights from its gradients on the model's device. Parameters of one dimension (biases,
+ * normalisation gammas and betas) get no weight decay, and LARS and LAMB leave them out of
+ * their trust ratios, unless decay_all (Goyal et al.; You et al.). */
+typedef struct fl_optimizer fl_optimizer;
+typedef struct fl_optimizer_options {
+  const char *kind;   /* "sgd", "adam", "adamw", "lars", "lamb" */
+  double momentum;    /* sgd, lars: [0, 1) */
+  bool nesterov;      /* sgd */
+  double beta1, beta2, eps; /* adam, adamw, lamb */
+  double weight_decay;      /* >= 0 (adamw, lamb: decoupled) */
+  double trust_coef;        /* lars: eta */
+  bool decay_all;
+} fl_optimizer_options;
+#define FL_OPTIMIZER_OPTIONS_INIT {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 0, 0.001, false}
+
+/* An optimizer of a finished model's parameters, with zeroed state (opts NULL: the defaults).
+ * FL_EINVAL names a bad option. The model must outlive it. */
+FL_API fl_status fl_optimizer_create(fl_model *m, const fl_optimizer_options *opts, fl_optimizer **out);
+FL_API void fl_optimizer_destroy(fl_optimizer *opt);
+/* One step at rate lr (a finite number >= 0) from the model's gradients. */
+FL_API fl_status fl_optimizer_step(fl_optimizer *opt, double lr);
+/* Scales the model's gradients to global 2-norm max_norm when theirs is larger (PyTorch's
+ * clip_grad_norm_); *norm (may be NULL) gets the norm before. Blocks. */
+FL_API fl_status fl_model_clip_grad_norm(fl_model *m, double max_norm, double *norm);
+
 /* ---- models in libraries --------------------------------------------------------------- */
 
 /* A model of your own for `flint train --model FILE.so[:SYMBOL]` (and gpu training runs): a
@@ -196,7 +223,7 @@ typedef struct fl_train_options {
   double momentum;          /* sgd and lars */
   double weight_decay;      /* not on biases and normalisation parameters */
   double clip_grad_norm;    /* > 0: clip the averaged gradients to this global norm */
-  double label_smoothing;   /* reserved: must be 0 (the trainer's loss is plain cross-entropy) */
+  double label_smoothing;   /* the training loss's, in [0, 1) (PyTorch's CrossEntropyLoss's) */
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
