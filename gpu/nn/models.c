@@ -84,26 +84,35 @@ cleanup:
 
 static int conv_out(int in, int k, int stride, int pad) { return (in + 2 * pad - k) / stride + 1; }
 
-/* ResNet basic block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); the shortcut is
- * the identity, or a 1x1 convolution with `stride` and batch norm when stride != 1 or the
- * channels change. Parameters as torchvision names them. */
-static fl_status basic_block(nn_model *m, const char *name, int in_c, int out_c, int stride) {
+/* One convolution of a residual block's main path: its kernel, output channels and stride. */
+typedef struct block_conv {
+  int kernel, out_c, stride;
+} block_conv;
+
+/* A ResNet block: convK-bnK(-relu) for each of the convs (no relu after the last), plus the
+ * shortcut: the identity, or a 1x1 convolution with `stride` and batch norm (torchvision's
+ * downsample.0, .1) when the shape changes; then relu. zero_gamma: the last batch norm starts
+ * at gamma 0 (Goyal et al.: each block starts as the identity, which lets the large-batch
+ * recipe's high rates train from the start). Parameters as torchvision names them. */
+static fl_status resnet_block(nn_model *m, const char *name, int in_c, int stride, const block_conv *convs, int n,
+                              bool zero_gamma) {
   char sub[96];
-#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
+#define SUB(fmt, i) (snprintf(sub, sizeof sub, fmt, name, i), sub)
   fl_status status = FL_OK;
-  const fl_conv2d_options conv1 = {.out_channels = out_c, .kernel = 3, .stride = stride, .padding = 1};
-  const fl_conv2d_options conv2 = {.out_channels = out_c, .kernel = 3, .padding = 1};
-  const fl_conv2d_options down = {.out_channels = out_c, .kernel = 1, .stride = stride};
+  int out_c = convs[n - 1].out_c;
   ADD(fl_model_residual_begin(m, name));
-  ADD(fl_model_conv2d(m, SUB("conv1"), &conv1));
-  ADD(fl_model_batchnorm(m, SUB("bn1"), false));
-  ADD(fl_model_relu(m));
-  ADD(fl_model_conv2d(m, SUB("conv2"), &conv2));
-  ADD(fl_model_batchnorm(m, SUB("bn2"), false));
+  for (int i = 0; i < n; i++) {
+    const fl_conv2d_options conv = {.out_channels = convs[i].out_c, .kernel = convs[i].kernel,
+                                    .stride = convs[i].stride, .padding = convs[i].kernel / 2};
+    ADD(fl_model_conv2d(m, SUB("%s.conv%d", i + 1), &conv));
+    ADD(fl_model_batchnorm(m, SUB("%s.bn%d", i + 1), zero_gamma && i == n - 1));
+    if (i < n - 1) ADD(fl_model_relu(m));
+  }
   if (stride != 1 || in_c != out_c) {
+    const fl_conv2d_options down = {.out_channels = out_c, .kernel = 1, .stride = stride};
     ADD(fl_model_residual_shortcut(m));
-    ADD(fl_model_conv2d(m, SUB("downsample.0"), &down));
-    ADD(fl_model_batchnorm(m, SUB("downsample.1"), false));
+    ADD(fl_model_conv2d(m, SUB("%s.downsample.%d", 0), &down));
+    ADD(fl_model_batchnorm(m, SUB("%s.downsample.%d", 1), false));
   }
   ADD(fl_model_residual_end(m));
   ADD(fl_model_relu(m));
@@ -112,11 +121,26 @@ cleanup:
   return status;
 }
 
-/* ResNet-18: a stem, four stages of two basic blocks (widths w, 2w, 4w, 8w; the last three
- * halve the resolution), global average pooling and a linear classifier. Images up to 64
- * pixels a side (28x28 Fashion-MNIST, 32x32 CIFAR) get a 3x3 stride-1 stem without max
- * pooling, as is usual for them; larger ones the ImageNet stem (7x7/2 conv, 3x3/2 max pool).
- * Weights He-normal, as torchvision initialises its ResNets. */
+/* The stem of both ResNets: images up to 64 pixels a side (28x28 Fashion-MNIST, 32x32 CIFAR)
+ * get a 3x3 stride-1 convolution without max pooling, as is usual for them; larger ones the
+ * ImageNet stem (7x7/2 convolution, 3x3/2 max pool). Weights He-normal, as torchvision
+ * initialises its ResNets. */
+static fl_status resnet_stem(nn_model *m, const nn_model_spec *sp, int w) {
+  bool large = sp->height > 64 && sp->width > 64;
+  nn_model_set_init_style(m, LAYER_INIT_STYLE_HE);
+  fl_status status = FL_OK;
+  const fl_conv2d_options stem_large = {.out_channels = w, .kernel = 7, .stride = 2, .padding = 3};
+  const fl_conv2d_options stem_small = {.out_channels = w, .kernel = 3, .padding = 1};
+  ADD(fl_model_conv2d(m, "conv1", large ? &stem_large : &stem_small));
+  ADD(fl_model_batchnorm(m, "bn1", false));
+  ADD(fl_model_relu(m));
+  if (large) ADD(fl_model_maxpool(m, 3, 2, 1));
+cleanup:
+  return status;
+}
+
+/* ResNet-18: the stem, four stages of two basic blocks (3x3, 3x3; widths w, 2w, 4w, 8w; the
+ * last three halve the resolution), global average pooling and a linear classifier. */
 static fl_status build_resnet18(nn_model *m, const nn_model_spec *sp) {
   int w = sp->width_mult ? sp->width_mult : 64;
   if (w < 1) return fl_set_error(FL_EINVAL, "resnet18: width_mult %d must be positive", w);
@@ -133,21 +157,17 @@ static fl_status build_resnet18(nn_model *m, const nn_model_spec *sp) {
   if (sp->height < 8 || sp->width < 8 || h < 1 || wd < 1)
     return fl_set_error(FL_EINVAL, "resnet18: a %dx%d image is too small for its downsampling "
                         "(at least 8x8)", sp->height, sp->width);
-  nn_model_set_init_style(m, LAYER_INIT_STYLE_HE);
   fl_status status = FL_OK;
-  const fl_conv2d_options stem_large = {.out_channels = w, .kernel = 7, .stride = 2, .padding = 3};
-  const fl_conv2d_options stem_small = {.out_channels = w, .kernel = 3, .padding = 1};
-  ADD(fl_model_conv2d(m, "conv1", large ? &stem_large : &stem_small));
-  ADD(fl_model_batchnorm(m, "bn1", false));
-  ADD(fl_model_relu(m));
-  if (large) ADD(fl_model_maxpool(m, 3, 2, 1));
+  ADD(resnet_stem(m, sp, w));
   int in_c = w;
   for (int stage = 0; stage < 4; stage++) {
     int out_c = w << stage;
     for (int b = 0; b < 2; b++) {
       char name[32];
       snprintf(name, sizeof name, "layer%d.%d", stage + 1, b);
-      ADD(basic_block(m, name, in_c, out_c, stage > 0 && b == 0 ? 2 : 1));
+      int stride = stage > 0 && b == 0 ? 2 : 1;
+      const block_conv convs[2] = {{3, out_c, stride}, {3, out_c, 1}};
+      ADD(resnet_block(m, name, in_c, stride, convs, 2, false));
       in_c = out_c;
     }
   }
@@ -157,66 +177,29 @@ cleanup:
   return status;
 }
 
-/* ResNet bottleneck block (ResNet-50's): 1x1 reduce, 3x3 (with the stride, as torchvision's
- * "ResNet v1.5"), 1x1 expand to 4 x width, each with batch norm; the last batch norm's gamma
- * starts at zero (Goyal et al.: each block starts as the identity, which is what lets the
- * large-batch recipe's high rates train from the start); a projection shortcut when the
- * shape changes. */
-static fl_status bottleneck(nn_model *m, const char *name, int in_c, int width, int stride) {
-  char sub[96];
-#define SUB(suffix) (snprintf(sub, sizeof sub, "%s.%s", name, suffix), sub)
-  fl_status status = FL_OK;
-  int out_c = 4 * width;
-  const fl_conv2d_options reduce = {.out_channels = width, .kernel = 1};
-  const fl_conv2d_options spatial = {.out_channels = width, .kernel = 3, .stride = stride, .padding = 1};
-  const fl_conv2d_options expand = {.out_channels = out_c, .kernel = 1};
-  const fl_conv2d_options down = {.out_channels = out_c, .kernel = 1, .stride = stride};
-  ADD(fl_model_residual_begin(m, name));
-  ADD(fl_model_conv2d(m, SUB("conv1"), &reduce));
-  ADD(fl_model_batchnorm(m, SUB("bn1"), false));
-  ADD(fl_model_relu(m));
-  ADD(fl_model_conv2d(m, SUB("conv2"), &spatial));
-  ADD(fl_model_batchnorm(m, SUB("bn2"), false));
-  ADD(fl_model_relu(m));
-  ADD(fl_model_conv2d(m, SUB("conv3"), &expand));
-  ADD(fl_model_batchnorm(m, SUB("bn3"), true));
-  if (stride != 1 || in_c != out_c) {
-    ADD(fl_model_residual_shortcut(m));
-    ADD(fl_model_conv2d(m, SUB("downsample.0"), &down));
-    ADD(fl_model_batchnorm(m, SUB("downsample.1"), false));
-  }
-  ADD(fl_model_residual_end(m));
-  ADD(fl_model_relu(m));
-#undef SUB
-cleanup:
-  return status;
-}
-
-/* ResNet-50: the stem of ResNet-18, then stages of 3, 4, 6 and 3 bottleneck blocks of widths
- * w, 2w, 4w, 8w (outputs 4x that), global average pooling and a linear classifier. */
+/* ResNet-50: the stem, then stages of 3, 4, 6 and 3 bottleneck blocks (1x1 reduce to width,
+ * 3x3 with the stride as torchvision's "ResNet v1.5", 1x1 expand to 4 x width; widths w, 2w,
+ * 4w, 8w) whose last batch norm starts at gamma 0, global average pooling and a linear
+ * classifier. */
 static fl_status build_resnet50(nn_model *m, const nn_model_spec *sp) {
   int w = sp->width_mult ? sp->width_mult : 64;
   if (w < 1) return fl_set_error(FL_EINVAL, "resnet50: width_mult %d must be positive", w);
   if (sp->height < 8 || sp->width < 8)
     return fl_set_error(FL_EINVAL, "resnet50: a %dx%d image is too small for its downsampling (at least 8x8)",
                         sp->height, sp->width);
-  bool large = sp->height > 64 && sp->width > 64;
-  nn_model_set_init_style(m, LAYER_INIT_STYLE_HE);
   fl_status status = FL_OK;
-  const fl_conv2d_options stem_large = {.out_channels = w, .kernel = 7, .stride = 2, .padding = 3};
-  const fl_conv2d_options stem_small = {.out_channels = w, .kernel = 3, .padding = 1};
-  ADD(fl_model_conv2d(m, "conv1", large ? &stem_large : &stem_small));
-  ADD(fl_model_batchnorm(m, "bn1", false));
-  ADD(fl_model_relu(m));
-  if (large) ADD(fl_model_maxpool(m, 3, 2, 1));
+  ADD(resnet_stem(m, sp, w));
   static const int blocks[4] = {3, 4, 6, 3};
   int in_c = w;
   for (int stage = 0; stage < 4; stage++) {
+    int width = w << stage;
     for (int b = 0; b < blocks[stage]; b++) {
       char name[32];
       snprintf(name, sizeof name, "layer%d.%d", stage + 1, b);
-      ADD(bottleneck(m, name, in_c, w << stage, stage > 0 && b == 0 ? 2 : 1));
-      in_c = 4 * (w << stage);
+      int stride = stage > 0 && b == 0 ? 2 : 1;
+      const block_conv convs[3] = {{1, width, 1}, {3, width, stride}, {1, 4 * width, 1}};
+      ADD(resnet_block(m, name, in_c, stride, convs, 3, true));
+      in_c = 4 * width;
     }
   }
   ADD(fl_model_global_avgpool(m));
