@@ -184,7 +184,11 @@ fl_status image_list(const char *dir, bool allow_empty, image_listing *out) {
   for (uint32_t c = 0; c < l.classes; c++) {
     char **files;
     size_t n;
-    snprintf(sub, sizeof sub, "%s/%s", root, l.class_names[c]);
+    int len = snprintf(sub, sizeof sub, "%s/%s", root, l.class_names[c]);
+    if (len < 0 || (size_t)len >= sizeof sub) {
+      s = fl_set_error(FL_ELIMIT, "image folder %s: the path of class folder %s is too long", dir, l.class_names[c]);
+      goto fail;
+    }
     if ((s = list_names(sub, false, &files, &n)) != FL_OK) goto fail;
     if (n == 0 && !allow_empty) {
       free_names(files, n);
