@@ -24,6 +24,14 @@
 #include "cli/shell.h"
 #include "flint/flint.h"
 
+/* The shell contains task crashes (fl_options.contain_task_crashes), whose tasks' memory is
+ * leaked on purpose: LeakSanitizer (the sanitizer build) reads its default suppressions from
+ * this hook, in the program that links it. */
+const char *__lsan_default_suppressions(void);
+__attribute__((visibility("default"))) const char *__lsan_default_suppressions(void) {
+  return "leak:common_crash_guard_run\n";
+}
+
 #define PROMPT "flint> "
 #define PROMPT_MORE "   ...> "
 

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ucontext.h>
 
 #include "common/common.h"
 
@@ -42,6 +43,20 @@ static _Thread_local sigjmp_buf *volatile guard_jump; /* set while a guarded cal
 static _Thread_local volatile sig_atomic_t crash_signal;
 static _Thread_local void *crash_frames[CRASH_FRAMES];
 static _Thread_local int crash_num_frames;
+static _Thread_local void *crash_pc; /* the faulting instruction, from the signal's context; NULL: unknown */
+
+/* The interrupted instruction of a signal's context (NULL where this port does not know it). */
+static void *context_pc(void *context) {
+  const ucontext_t *uc = context;
+#if defined(__x86_64__)
+  return uc ? (void *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP] : NULL;
+#elif defined(__aarch64__)
+  return uc ? (void *)(uintptr_t)uc->uc_mcontext.pc : NULL;
+#else
+  (void)uc;
+  return NULL;
+#endif
+}
 
 /* The default action (or the handler before ours) for a signal that is not a guarded call's. */
 static void chain(int sig, siginfo_t *info, void *context) {
@@ -73,6 +88,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
   }
   guard_jump = NULL;
   crash_signal = sig;
+  crash_pc = context_pc(context);
   crash_num_frames = backtrace(crash_frames, CRASH_FRAMES);
   siglongjmp(*jump, 1);
 }
@@ -104,6 +120,13 @@ static const char *base_name(const char *path) {
   return slash ? slash + 1 : path;
 }
 
+/* The sanitizers' runtimes (libasan, libubsan, libtsan) pass signals through frames of their own
+ * on the way to the handler: they are no more the crash's place than the handler is. */
+static bool is_sanitizer_runtime(const char *path) {
+  const char *b = base_name(path);
+  return strncmp(b, "libasan", 7) == 0 || strncmp(b, "libubsan", 8) == 0 || strncmp(b, "libtsan", 7) == 0;
+}
+
 /* Names where the crash happened, from the stack the handler saw: past the handler's own
  * frames (this file's) and the C library's (the signal trampoline, and a libc function that
  * user code called with a bad pointer: strlen(NULL) names its caller), the innermost frame;
@@ -117,8 +140,23 @@ static void name_crash(common_crash *crash) {
   Dl_info info;
   /* A return address lies past its call; one byte back is inside the calling function. */
 #define FRAME_INFO(k) (dladdr((char *)crash_frames[k] - 1, &info) && info.dli_fname)
-  while (i < crash_num_frames && FRAME_INFO(i) && self_file && strcmp(info.dli_fname, self_file) == 0) i++;
-  while (i < crash_num_frames && FRAME_INFO(i) && libc_file && strcmp(info.dli_fname, libc_file) == 0) i++;
+  /* The faulting instruction, where the port knows it: the backtrace's frame at it is the
+   * crash's (the frames before it are the handler's and whatever runtime passed the signal
+   * on). Failing that, past the handler's frames, then the C library's and the sanitizers'
+   * (in either order); not the handler's file again: it may be the program that crashed. */
+  int at_pc = -1;
+  for (int k = 0; crash_pc && k < crash_num_frames; k++)
+    if (crash_frames[k] == crash_pc) at_pc = k;
+  if (at_pc >= 0) {
+    /* The faulting address is the instruction itself, not a return address past a call. */
+    crash_frames[at_pc] = (char *)crash_frames[at_pc] + 1;
+    i = at_pc;
+  } else {
+    while (i < crash_num_frames && FRAME_INFO(i) && self_file && strcmp(info.dli_fname, self_file) == 0) i++;
+    while (i < crash_num_frames && FRAME_INFO(i) &&
+           ((libc_file && strcmp(info.dli_fname, libc_file) == 0) || is_sanitizer_runtime(info.dli_fname)))
+      i++;
+  }
   if (i >= crash_num_frames || !FRAME_INFO(i)) return;
   const char *file = info.dli_fname; /* the loader's string: stays */
   snprintf(crash->library, sizeof crash->library, "%s", base_name(file));
