@@ -93,18 +93,6 @@ static result run_flint(const row *r) {
   return (result){res.images_per_s, res.test_acc, now_s() - t0, true};
 }
 
-/* The python3 whose torch imports: Debian's /usr/bin/python3 first (a pyenv python3 on PATH
- * does not see Debian's packages). NULL: none. */
-static const char *torch_python(void) {
-  static const char *const candidates[] = {"/usr/bin/python3", "python3"};
-  for (size_t i = 0; i < sizeof candidates / sizeof *candidates; i++) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "%s -c 'import torch' >/dev/null 2>&1", candidates[i]);
-    if (system(cmd) == 0) return candidates[i];
-  }
-  return NULL;
-}
-
 static result run_torch(const char *python, const row *r) {
   result out = {0};
   if (!python) return out;
@@ -112,21 +100,11 @@ static result run_torch(const char *python, const row *r) {
   snprintf(cmd, sizeof cmd, "%s %s/bench/peers/torch_fashion.py %s %u %u %llu %llu 256 0.05 1 %s", python,
            FLINT_SOURCE_DIR, r->model, r->threads, r->epochs, (unsigned long long)r->train_images,
            (unsigned long long)r->test_images, DATA_DIR);
-  FILE *p = popen(cmd, "r");
-  if (!p) return out;
-  char line[512] = "";
-  while (fgets(line, sizeof line, p) && !strstr(line, "images_per_s")) {
-  }
-  int rc = pclose(p);
-  const char *ips = strstr(line, "\"images_per_s\": "), *acc = strstr(line, "\"test_acc\": "),
-             *sec = strstr(line, "\"seconds\": ");
-  if (rc != 0 || !ips || !acc || !sec) {
-    fprintf(stderr, BENCH_NAME ": the PyTorch peer of %s failed (%s)\n", r->name, cmd);
-    return out;
-  }
-  out.images_per_s = atof(ips + 16);
-  out.test_acc = atof(acc + 12);
-  out.seconds = atof(sec + 11);
+  char line[1024];
+  if (!bench_peer_line(cmd, "images_per_s", line, sizeof line)) return out;
+  out.images_per_s = bench_json_number(line, "images_per_s");
+  out.test_acc = bench_json_number(line, "test_acc");
+  out.seconds = bench_json_number(line, "seconds");
   out.ok = true;
   return out;
 }
@@ -154,7 +132,7 @@ int main(int argc, char **argv) {
       {"mlp_accuracy", "mlp", "accuracy", 2, 5, full ? 60000 : 20480, 10000},
       {"cnn_accuracy", "cnn", "accuracy", 2, full ? 5 : 1, full ? 60000 : 10240, 10000},
   };
-  const char *python = torch_python();
+  const char *python = bench_torch_python();
   if (!json) {
     printf("%-18s %7s %6s %8s | %11s %11s %6s | %8s %8s %7s\n", "row", "threads", "epochs", "images", "flint img/s",
            "torch img/s", "ratio", "flint acc", "torch acc", "diff");

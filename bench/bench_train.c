@@ -3,6 +3,9 @@
  * softmax cross-entropy, backward, SGD with momentum) for each model and batch size, on the
  * cpu device and on GPU 0 when there is one.
  *
+ * Beside each cpu ResNet row, the same network in PyTorch on one thread (bench/peers/
+ * torch_resnet.py, when scripts/setup-peers installed it), back to back; "-" without it.
+ *
  * Besides throughput, a second pass measures where the step's time goes: every GEMM is
  * bracketed by a device synchronize and timed on the host, and the row reports the GEMM
  * (cuBLAS on cuda, OpenBLAS sgemm on cpu) share of that pass's step time. The
@@ -32,6 +35,8 @@ static const config cpu_configs[] = {
     {NN_MLP, 1, 28, 10, 64, "28x28"},      {NN_MLP, 1, 28, 10, 256, "28x28"},
     {NN_CNN, 1, 28, 10, 32, "28x28"},      {NN_CNN, 1, 28, 10, 128, "28x28"},
     {NN_RESNET18, 3, 32, 10, 16, "32x32"}, {NN_RESNET18, 3, 32, 10, 64, "32x32"},
+    {NN_RESNET50, 3, 32, 10, 16, "32x32"}, {NN_RESNET18, 3, 224, 1000, 8, "224x224"},
+    {NN_RESNET50, 3, 224, 1000, 4, "224x224"},
 };
 static const config quick_configs[] = {
     {NN_MLP, 1, 28, 10, 64, "28x28"},
@@ -63,7 +68,23 @@ static fl_status timed_gemm(fl_device *dev, bool ta, bool tb, int m, int n, int 
 typedef struct result {
   double images_per_s, step_ms, gemm_share;
   size_t params;
+  double torch_images_per_s; /* the PyTorch peer's, on cpu ResNet rows; 0: none */
 } result;
+
+/* The same ResNet step in PyTorch on one thread (bench/peers/torch_resnet.py); 0 without it. */
+static double torch_resnet_images_per_s(const config *c, int steps) {
+  static const char *python;
+  static bool looked;
+  if (!looked) {
+    python = bench_torch_python();
+    looked = true;
+  }
+  if (!python || (c->model != NN_RESNET18 && c->model != NN_RESNET50)) return 0;
+  char cmd[1024], line[1024];
+  snprintf(cmd, sizeof cmd, "%s %s/bench/peers/torch_resnet.py %s %d %d %d %d %d 1", python, FLINT_SOURCE_DIR,
+           nn_model_kind_name(c->model), c->size, c->channels, c->classes, c->batch, steps);
+  return bench_peer_line(cmd, "images_per_s", line, sizeof line) ? bench_json_number(line, "images_per_s") : 0;
+}
 
 typedef struct step_state {
   fl_device *dev;
@@ -165,24 +186,31 @@ static int run_device(fl_device_kind kind, bool json, int steps, bool quick) {
   int rc = 0;
   for (size_t i = 0; i < n; i++) {
     const config *c = &configs[i];
-    result r;
+    result r = {0};
     /* Large models on the cpu take a step or more a second: fewer steps keep it short. */
-    int k = kind == FL_DEVICE_CPU && c->model == NN_RESNET18 ? (steps + 3) / 4 : steps;
+    bool resnet = c->model == NN_RESNET18 || c->model == NN_RESNET50;
+    int k = kind == FL_DEVICE_CPU && resnet ? (steps + 3) / 4 : steps;
     if (run_config(dev, c, k, &r) != FL_OK) {
       fprintf(stderr, BENCH_NAME ": %s %s batch %d on %s: %s\n", nn_model_kind_name(c->model),
               c->input, c->batch, fl_device_name(dev), fl_last_error());
       rc = 1;
       continue;
     }
+    r.torch_images_per_s = kind == FL_DEVICE_CPU ? torch_resnet_images_per_s(c, k) : 0;
+    char torch[16] = "-", ratio[16] = "-";
+    if (r.torch_images_per_s > 0) {
+      snprintf(torch, sizeof torch, "%.1f", r.torch_images_per_s);
+      snprintf(ratio, sizeof ratio, "%.2f", r.images_per_s / r.torch_images_per_s);
+    }
     if (json)
       printf("{\"device\":\"%s\",\"model\":\"%s\",\"input\":\"%s\",\"batch\":%d,\"params\":%zu,"
-             "\"images_per_s\":%.1f,\"step_ms\":%.3f,\"gemm_share\":%.3f}\n",
+             "\"images_per_s\":%.1f,\"step_ms\":%.3f,\"gemm_share\":%.3f,\"torch_images_per_s\":%.1f}\n",
              kind == FL_DEVICE_CUDA ? "cuda" : "cpu", nn_model_kind_name(c->model), c->input,
-             c->batch, r.params, r.images_per_s, r.step_ms, r.gemm_share);
+             c->batch, r.params, r.images_per_s, r.step_ms, r.gemm_share, r.torch_images_per_s);
     else
-      printf("%-5s %-9s %-8s %6d %10zu %12.1f %10.2f %9.1f%%\n",
+      printf("%-5s %-9s %-8s %6d %10zu %12.1f %10.2f %9.1f%% %11s %6s\n",
              kind == FL_DEVICE_CUDA ? "cuda" : "cpu", nn_model_kind_name(c->model), c->input,
-             c->batch, r.params, r.images_per_s, r.step_ms, 100.0 * r.gemm_share);
+             c->batch, r.params, r.images_per_s, r.step_ms, 100.0 * r.gemm_share, torch, ratio);
     fflush(stdout);
   }
   if (!json) printf("(%s)\n", fl_device_name(dev));
@@ -197,8 +225,8 @@ int main(int argc, char **argv) {
   const char *which = args.which;
   uint64_t steps = args.steps;
   if (!json)
-    printf("%-5s %-9s %-8s %6s %10s %12s %10s %10s\n", "dev", "model", "input", "batch", "params",
-           "images/s", "step ms", "gemm");
+    printf("%-5s %-9s %-8s %6s %10s %12s %10s %10s %11s %6s\n", "dev", "model", "input", "batch", "params",
+           "images/s", "step ms", "gemm", "torch img/s", "ratio");
   int rc = 0;
   if (strcmp(which, "cuda") != 0) rc |= run_device(FL_DEVICE_CPU, json, (int)steps, quick);
   if (strcmp(which, "cpu") != 0) {

@@ -18,6 +18,44 @@
 /* flint's monotonic clock (common_now_s), under the name every benchmark uses. */
 static inline double now_s(void) { return common_now_s(); }
 
+/* The python3 whose torch imports, for the PyTorch peers (bench/peers/): Debian's
+ * /usr/bin/python3 first (a pyenv python3 on PATH does not see Debian's packages, which
+ * scripts/setup-peers installs). NULL: none. */
+static inline const char *bench_torch_python(void) {
+  static const char *const candidates[] = {"/usr/bin/python3", "python3"};
+  for (size_t i = 0; i < sizeof candidates / sizeof *candidates; i++) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "%s -c 'import torch' >/dev/null 2>&1", candidates[i]);
+    if (system(cmd) == 0) return candidates[i];
+  }
+  return NULL;
+}
+
+/* Runs a peer's command and keeps the last line it prints that holds `key` (its JSON line) in
+ * line; false (saying so on stderr) when it fails or prints none. */
+static inline bool bench_peer_line(const char *cmd, const char *key, char *line, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  if (!p) return false;
+  char buf[1024];
+  bool found = false;
+  while (fgets(buf, sizeof buf, p))
+    if (strstr(buf, key)) {
+      snprintf(line, cap, "%s", buf);
+      found = true;
+    }
+  int rc = pclose(p);
+  if (rc != 0 || !found) fprintf(stderr, "peer failed: %s\n", cmd);
+  return rc == 0 && found;
+}
+
+/* The number after "\"KEY\": " in a JSON line (0 when absent). */
+static inline double bench_json_number(const char *line, const char *key) {
+  char want[64];
+  snprintf(want, sizeof want, "\"%s\": ", key);
+  const char *at = strstr(line, want);
+  return at ? atof(at + strlen(want)) : 0;
+}
+
 static inline void fail_flint(const char *what) {
   fprintf(stderr, BENCH_NAME ": %s failed: %s\n", what, fl_last_error());
 }
