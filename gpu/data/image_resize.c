@@ -146,3 +146,15 @@ fl_status fl_image_resize(const uint8_t *src, uint32_t sw, uint32_t sh, double x
   common_free(f);
   return s;
 }
+
+void image_shorter_side(uint32_t w, uint32_t h, uint32_t side, uint32_t *ow, uint32_t *oh) {
+  if (w <= h) {
+    *ow = side;
+    *oh = (uint32_t)((uint64_t)side * h / w);
+  } else {
+    *oh = side;
+    *ow = (uint32_t)((uint64_t)side * w / h);
+  }
+  if (*ow == 0) *ow = 1;
+  if (*oh == 0) *oh = 1;
+}

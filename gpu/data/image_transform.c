@@ -55,18 +55,6 @@ void image_transform_copy(fl_image_transform *dst, const fl_image_transform *src
   dst->seed = src->seed;
 }
 
-void image_shorter_side(uint32_t w, uint32_t h, uint32_t side, uint32_t *ow, uint32_t *oh) {
-  if (w <= h) {
-    *ow = side;
-    *oh = (uint32_t)((uint64_t)side * h / w);
-  } else {
-    *oh = side;
-    *ow = (uint32_t)((uint64_t)side * w / h);
-  }
-  if (*ow == 0) *ow = 1;
-  if (*oh == 0) *oh = 1;
-}
-
 /* The image's draws: counter-based, from (seed, epoch, index). */
 typedef struct draws {
   uint64_t base, k;

@@ -37,6 +37,7 @@
 #include <zlib.h>
 
 #include "common/common.h"
+#include "flint/train.h"
 #include "gpu/nn/nn.h"
 
 #define HEADER_BYTES 88u
@@ -273,4 +274,35 @@ fl_status checkpoint_load_file(const char *path, fl_buf *out) {
   }
   fclose(f);
   return s;
+}
+
+/* ---- fl_model_save and fl_model_load (include/flint/train.h): weights on disk ------------------------------------------------------------------- */
+
+fl_status fl_model_save(fl_model *m, const char *path) {
+  common_error_clear();
+  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_model_save: NULL argument");
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_model_save: the model is not finished");
+  fl_buf blob = FL_BUF_INIT;
+  checkpoint_state st = {0};
+  fl_status status = checkpoint_encode(fl_model_weights(m), nn_model_buffers(m), NULL, &st, &blob);
+  if (status == FL_OK) status = checkpoint_save_file(path, fl_buf_bytes(&blob));
+  fl_buf_free(&blob);
+  return status;
+}
+
+fl_status fl_model_load(fl_model *m, const char *path) {
+  common_error_clear();
+  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_model_load: NULL argument");
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_model_load: the model is not finished");
+  fl_buf blob = FL_BUF_INIT;
+  checkpoint_state st;
+  fl_status status = checkpoint_load_file(path, &blob);
+  if (status == FL_OK) status = checkpoint_decode(fl_buf_bytes(&blob), fl_model_weights(m), nn_model_buffers(m), NULL, &st);
+  fl_buf_free(&blob);
+  if (status != FL_OK && status != FL_ENOENT && status != FL_EIO) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", fl_last_error());
+    return fl_set_error(status, "fl_model_load %s: %s", path, why);
+  }
+  return status;
 }

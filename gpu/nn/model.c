@@ -541,34 +541,3 @@ fl_status fl_model_zero_grad(fl_model *m) {
 }
 
 void fl_model_set_step(fl_model *m, uint64_t step) { m->store.step = step; }
-
-/* ---- weights on disk ------------------------------------------------------------------- */
-
-fl_status fl_model_save(fl_model *m, const char *path) {
-  common_error_clear();
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_model_save: NULL argument");
-  if (!m->finished) return fl_set_error(FL_ESTATE, "fl_model_save: the model is not finished");
-  fl_buf blob = FL_BUF_INIT;
-  checkpoint_state st = {0};
-  fl_status status = checkpoint_encode(&m->store.values, &m->store.buffers, NULL, &st, &blob);
-  if (status == FL_OK) status = checkpoint_save_file(path, fl_buf_bytes(&blob));
-  fl_buf_free(&blob);
-  return status;
-}
-
-fl_status fl_model_load(fl_model *m, const char *path) {
-  common_error_clear();
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_model_load: NULL argument");
-  if (!m->finished) return fl_set_error(FL_ESTATE, "fl_model_load: the model is not finished");
-  fl_buf blob = FL_BUF_INIT;
-  checkpoint_state st;
-  fl_status status = checkpoint_load_file(path, &blob);
-  if (status == FL_OK) status = checkpoint_decode(fl_buf_bytes(&blob), &m->store.values, &m->store.buffers, NULL, &st);
-  fl_buf_free(&blob);
-  if (status != FL_OK && status != FL_ENOENT && status != FL_EIO) {
-    char why[512];
-    snprintf(why, sizeof why, "%s", fl_last_error());
-    return fl_set_error(status, "fl_model_load %s: %s", path, why);
-  }
-  return status;
-}
