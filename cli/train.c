@@ -101,6 +101,9 @@ static const char train_usage_text[] =
     "                      CrossEntropyLoss label_smoothing; training loss only; default 0)\n"
     "  --clip-grad-norm X  scale the averaged gradients to global norm X when it is larger\n"
     "                      (not the transformer)\n"
+    "  --precision P       cuda: the precision of the matrix products, fp32 (default), tf32,\n"
+    "                      bf16 or fp16 (with dynamic loss scaling); weights, activations and\n"
+    "                      the rest stay fp32. The cpu device computes in fp32 only\n"
     "  --seed S            weights, shuffles and synthetic data (default 1)\n"
     "  --allreduce A       host backend: auto (default), ring, halving-doubling or tree\n"
     "  --bucket-mb MB      gradient bucket size in MiB, > 0 (default 4)\n"
@@ -181,7 +184,7 @@ static const struct option train_longopts[] = {
     VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
-    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("power"),
+    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"), VALUED("power"),
     VALUED("image-size"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
     CLI_COMMON_LONG_OPTIONS, {0}};
@@ -336,6 +339,9 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--label-smoothing") == 0) {
       if (!cli_parse_double(v, &o->label_smoothing) || !(o->label_smoothing >= 0 && o->label_smoothing < 1))
         return train_usage_error("--label-smoothing '%s' is not a number in [0, 1)", v);
+    } else if (strcmp(opt, "--precision") == 0) {
+      if (fl_precision_parse(v, &o->precision) != FL_OK)
+        return train_usage_error("--precision '%s' is not fp32, tf32, bf16 or fp16", v);
     } else if (strcmp(opt, "--clip-grad-norm") == 0) {
       if (!cli_parse_double(v, &o->clip_grad_norm) || !(o->clip_grad_norm > 0) || !isfinite(o->clip_grad_norm))
         return train_usage_error("--clip-grad-norm '%s' is not a number > 0", v);

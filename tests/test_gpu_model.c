@@ -488,6 +488,80 @@ static void test_losses(void **state) {
   fl_model_destroy(m);
 }
 
+/* fl_grad_scaler: backward under a scale gives scale x the gradients (cross-entropy's and
+ * MSE's), unscale gives them back exactly (a power of two), the losses are never scaled, and
+ * an overflowed gradient skips the step and halves the scale. Device-independent: the cpu
+ * runs it although only cuda multiplies in fp16. */
+static void test_grad_scaler(void **state) {
+  (void)state;
+  int64_t in[1] = {3};
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_ok(fl_model_linear(m, "fc", 4, true));
+  fl_grad_scaler *gs = NULL;
+  assert_fails_with(fl_grad_scaler_create(m, NULL, &gs), FL_ESTATE, "not finished");
+  assert_ok(fl_model_finish(m, 5));
+  int64_t xs[2] = {2, 3}, ts[2] = {2, 4};
+  float xv[6] = {0.5f, -1.0f, 2.0f, 1.5f, 0.25f, -0.75f}, tv[8] = {1, 2, 3, 4, -1, -2, -3, -4};
+  fl_tensor *x = tensor_of(2, xs, xv), *t = tensor_of(2, ts, tv);
+  int32_t labels[2] = {3, 1};
+  size_t nw = fl_model_num_weights(m);
+  const fl_tensor *y;
+  double plain_loss, scaled_loss;
+  for (int mse = 0; mse < 2; mse++) {
+    assert_ok(fl_model_zero_grad(m));
+    assert_ok(fl_model_forward(m, x, true, &y));
+    if (mse) assert_ok(fl_model_mse(m, t, &plain_loss));
+    else assert_ok(fl_model_cross_entropy(m, labels, 2, 0, &plain_loss, NULL));
+    assert_ok(fl_model_backward(m));
+    float *plain = read_all(fl_model_gradients(m));
+
+    fl_grad_scaler_options o = {1024, 2000};
+    assert_ok(fl_grad_scaler_create(m, &o, &gs));
+    assert_true(fl_grad_scaler_scale(gs) == 1024);
+    assert_ok(fl_model_zero_grad(m));
+    assert_ok(fl_model_forward(m, x, true, &y));
+    if (mse) assert_ok(fl_model_mse(m, t, &scaled_loss));
+    else assert_ok(fl_model_cross_entropy(m, labels, 2, 0, &scaled_loss, NULL));
+    assert_true(scaled_loss == plain_loss);
+    assert_ok(fl_model_backward(m));
+    float *scaled = read_all(fl_model_gradients(m));
+    for (size_t i = 0; i < nw; i++) assert_true(fabsf(scaled[i] - 1024 * plain[i]) <= 1e-4f * fabsf(1024 * plain[i]) + 1e-9f);
+    bool step = false;
+    assert_ok(fl_grad_scaler_unscale(gs, &step));
+    assert_true(step);
+    float *back = read_all(fl_model_gradients(m));
+    for (size_t i = 0; i < nw; i++) assert_true(back[i] == scaled[i] / 1024);
+    /* An overflowed gradient: no step, half the scale, one skipped. */
+    back[0] = INFINITY;
+    assert_ok(fl_tensor_write(fl_model_gradients(m), back, nw));
+    assert_ok(fl_grad_scaler_unscale(gs, &step));
+    assert_false(step);
+    assert_true(fl_grad_scaler_scale(gs) == 512);
+    assert_int_equal(fl_grad_scaler_skipped(gs), 1);
+    fl_grad_scaler_destroy(gs);
+    /* Destroyed: the gradients are unscaled again. */
+    assert_ok(fl_model_zero_grad(m));
+    assert_ok(fl_model_forward(m, x, true, &y));
+    if (mse) assert_ok(fl_model_mse(m, t, &plain_loss));
+    else assert_ok(fl_model_cross_entropy(m, labels, 2, 0, &plain_loss, NULL));
+    assert_ok(fl_model_backward(m));
+    float *again = read_all(fl_model_gradients(m));
+    for (size_t i = 0; i < nw; i++) assert_true(fabsf(again[i] - plain[i]) <= 1e-6f * fabsf(plain[i]) + 1e-9f);
+    free(plain), free(scaled), free(back), free(again);
+  }
+  fl_grad_scaler_options bad = {0.5, 2000};
+  assert_fails_with(fl_grad_scaler_create(m, &bad, &gs), FL_EINVAL, "init_scale 0.5");
+  bad = (fl_grad_scaler_options){1024, 0};
+  assert_fails_with(fl_grad_scaler_create(m, &bad, &gs), FL_EINVAL, "growth_interval 0");
+  bool step;
+  assert_fails_with(fl_grad_scaler_unscale(NULL, &step), FL_EINVAL, "NULL");
+  fl_grad_scaler_destroy(NULL);
+  fl_tensor_destroy(t);
+  fl_tensor_destroy(x);
+  fl_model_destroy(m);
+}
+
 static void test_dropout(void **state) {
   (void)state;
   int64_t in[1] = {1000};
@@ -695,6 +769,7 @@ int main(void) {
       cmocka_unit_test(test_layernorm_values),
       cmocka_unit_test(test_grouped_convolutions),
       cmocka_unit_test(test_losses),
+      cmocka_unit_test(test_grad_scaler),
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_training_loop),

@@ -419,6 +419,69 @@ static void test_clip_grad_norm(void **state) {
   fl_device_close(dev);
 }
 
+/* ---- loss scaling and precision ------------------------------------------------------- */
+
+static void test_loss_scaler(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  float g[3] = {1024, -512, 0.5f};
+  fl_tensor *t = tensor_of(dev, g, 3);
+  loss_scaler ls = LOSS_SCALER_INIT;
+  assert_true(ls.scale == 65536.0f);
+  ls.scale = 1024;
+  ls.growth_interval = 2;
+  bool step = false;
+  /* Finite: divided by the scale (exactly: a power of two), and one good step counted. */
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_true(step);
+  float want[3] = {1, -0.5f, 0.5f / 1024};
+  expect_values(t, want, 3, 0);
+  assert_true(ls.scale == 1024 && ls.good_steps == 1);
+  /* The second finite step in a row doubles the scale. */
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_true(step && ls.scale == 2048 && ls.good_steps == 0);
+  /* An inf or a NaN: skip, halve, and leave the gradients as they were. */
+  float bad[3] = {1, INFINITY, 2};
+  assert_ok(fl_tensor_write(t, bad, 3));
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_false(step);
+  assert_true(ls.scale == 1024 && ls.good_steps == 0 && ls.skipped == 1);
+  float back[3];
+  assert_ok(fl_tensor_read(t, back, 3));
+  assert_true(back[0] == 1 && isinf(back[1]) && back[2] == 2);
+  bad[1] = NAN;
+  assert_ok(fl_tensor_write(t, bad, 3));
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_false(step);
+  assert_true(ls.scale == 512 && ls.skipped == 2);
+  fl_tensor_destroy(t);
+  fl_device_close(dev);
+}
+
+static void test_precision_on_cpu(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  assert_int_equal(fl_device_precision(dev), FL_PRECISION_FP32);
+  assert_ok(fl_device_set_precision(dev, FL_PRECISION_FP32));
+  assert_fails_with(fl_device_set_precision(dev, FL_PRECISION_BF16), FL_EINVAL,
+                    "device cpu computes in fp32 only: precision bf16 needs a cuda device");
+  assert_fails_with(fl_device_set_precision(dev, FL_PRECISION_FP16), FL_EINVAL, "precision fp16");
+  assert_fails_with(fl_device_set_precision(dev, (fl_precision)9), FL_EINVAL, "unknown precision 9");
+  assert_fails_with(fl_device_set_precision(NULL, FL_PRECISION_FP32), FL_EINVAL, "NULL");
+  assert_int_equal(fl_device_precision(dev), FL_PRECISION_FP32);
+  static const char *names[] = {"fp32", "tf32", "bf16", "fp16"};
+  for (int i = 0; i < 4; i++) {
+    fl_precision p;
+    assert_ok(fl_precision_parse(names[i], &p));
+    assert_int_equal(p, i);
+    assert_string_equal(fl_precision_name(p), names[i]);
+  }
+  fl_precision p;
+  assert_fails_with(fl_precision_parse("fp8", &p), FL_EINVAL, "unknown precision 'fp8'");
+  assert_string_equal(fl_precision_name((fl_precision)7), "?");
+  fl_device_close(dev);
+}
+
 /* ---- schedules ----------------------------------------------------------------------- */
 
 #define assert_near(a, b) assert_true(fabs((double)(a) - (double)(b)) < 1e-9 * (1 + fabs((double)(b))))
@@ -528,7 +591,8 @@ static void ckpt_make(ckpt_fixture *f) {
   float vel[5] = {1, 2, 3, 4, 5};
   assert_ok(f->dev->ops->from_host(f->dev, optim_state(f->opt), vel, sizeof vel));
   optim_set_steps(f->opt, 1234);
-  checkpoint_state st = {.epoch = 3, .step = 1234, .position = 3.0, .lr = 0.4};
+  checkpoint_state st = {.epoch = 3, .step = 1234, .position = 3.0, .lr = 0.4, .loss_scale = 2048.0f,
+                         .loss_scale_good = 17};
   f->blob = (fl_buf)FL_BUF_INIT;
   assert_ok(checkpoint_encode(f->values, f->buffers, f->opt, &st, &f->blob));
   assert_int_equal(f->blob.len, 88 + 4 * (5 + 2 + 5) + 4);
@@ -562,6 +626,8 @@ static void test_checkpoint_round_trip(void **state) {
   assert_int_equal(st.epoch, 3);
   assert_int_equal(st.step, 1234);
   assert_true(st.position == 3.0 && st.lr == 0.4);
+  assert_true(st.loss_scale == 2048.0f);
+  assert_int_equal(st.loss_scale_good, 17);
   /* Without an optimizer (evaluation) the velocity is skipped. */
   assert_ok(checkpoint_decode(fl_buf_bytes(&f.blob), v2, b2, NULL, &st));
   /* And through a file. */
@@ -631,6 +697,13 @@ static void test_checkpoint_corrupt_blobs(void **state) {
   copy[80] ^= 0x10;
   copy[48] ^= 1;
   expect_bad_blob(&f, copy, n, FL_ECORRUPT, "checksum");
+  /* a loss scale that is not a number >= 0, under a valid checksum */
+  memcpy(copy, f.blob.data, n);
+  float nan = NAN;
+  memcpy(copy + 80, &nan, 4);
+  uint32_t nan_crc = (uint32_t)crc32(0L, copy, (uInt)(n - 4));
+  memcpy(copy + n - 4, &nan_crc, 4);
+  expect_bad_blob(&f, copy, n, FL_EFORMAT, "a loss scale of nan");
   /* a model of another shape */
   float zeros[6] = {0};
   fl_tensor *six = tensor_of(f.dev, zeros, 6);
@@ -1364,6 +1437,8 @@ int main(void) {
       cmocka_unit_test(test_lamb_against_reference),
       cmocka_unit_test(test_no_decay_rule),
       cmocka_unit_test(test_clip_grad_norm),
+      cmocka_unit_test(test_loss_scaler),
+      cmocka_unit_test(test_precision_on_cpu),
       cmocka_unit_test(test_schedule_linear_scaling_and_warmup),
       cmocka_unit_test(test_schedule_step_and_cosine),
       cmocka_unit_test(test_schedule_validation),

@@ -19,7 +19,8 @@
  *    56     8  position (f64, the schedule's position in epochs)
  *    64     8  lr (f64, the rate of the last step)
  *    72     8  the optimizer's own step count (Adam's bias correction)
- *    80     8  reserved, 0
+ *    80     4  the loss scale (f32; 0: no loss scaler, --precision fp16 only)
+ *    84     4  the loss scaler's finite steps in a row
  *    88        values, buffers, state as float32, back to back
  *   end-4   4  CRC-32 (zlib's) of every byte before it
  * Version 1 had a 72-byte header without the last two fields, 0 at offset 44, and SGD's
@@ -30,6 +31,7 @@
  * the model and optimizer before it writes a single byte.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +103,8 @@ fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, o
   memcpy(p + 56, &st->position, 8);
   memcpy(p + 64, &st->lr, 8);
   put64(p + 72, opt ? optim_steps(opt) : 0);
-  put64(p + 80, 0);
+  memcpy(p + 80, &st->loss_scale, 4);
+  put32(p + 84, st->loss_scale_good);
   size_t off = HEADER_BYTES;
   /* to_host copies bytes (memcpy / cudaMemcpy): the blob's offsets need no alignment. */
   if (nv) {
@@ -155,6 +158,10 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   memcpy(&h->st.position, p + 56, 8);
   memcpy(&h->st.lr, p + 64, 8);
   h->optim_steps = h->version == 1 ? h->st.step : get64(p + 72);
+  if (h->version != 1) {
+    memcpy(&h->st.loss_scale, p + 80, 4);
+    h->st.loss_scale_good = get32(p + 84);
+  }
   /* Each count is checked against the length before the sum, so nothing overflows. */
   uint64_t room = (blob.len - want - TRAILER_BYTES) / sizeof(float);
   if (h->values > room || h->buffers > room - h->values || h->state > room - h->values - h->buffers)
@@ -169,6 +176,8 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (stored != actual)
     return fl_set_error(FL_ECORRUPT, "checkpoint: checksum mismatch (stored %08x, computed %08x): the blob is "
                         "corrupt", stored, actual);
+  if (!(h->st.loss_scale >= 0) || !isfinite(h->st.loss_scale))
+    return fl_set_error(FL_EFORMAT, "checkpoint: a loss scale of %g", (double)h->st.loss_scale);
   if (h->state && h->kind > OPTIM_LAMB)
     return fl_set_error(FL_EFORMAT, "checkpoint: state of an unknown optimizer %u", h->kind);
   return FL_OK;

@@ -81,6 +81,9 @@ fl_status nn_model_forward(nn_model *m, const fl_tensor *x, bool train, const fl
 fl_status nn_model_loss(nn_model *m, const int32_t *labels, float grad_scale, float *stats);
 /* nn_model_loss against label-smoothed targets (smoothing in [0, 1)). */
 fl_status nn_model_loss_smoothed(nn_model *m, const int32_t *labels, float smoothing, float grad_scale, float *stats);
+/* From now on the losses' gradients (cross-entropy's and MSE's) are multiplied by `scale`
+ * as well (a loss scaler's; 1 at creation). The losses' values are not. */
+void nn_model_set_loss_scale(nn_model *m, float scale);
 
 /* Called during backward when the gradients of parameters [first, first + count) are final
  * (they are queued on the device stream; the callee orders its own work after them). */
@@ -281,6 +284,24 @@ void optim_set_steps(optim *opt, uint64_t steps);
  * check then stops the run). */
 fl_status optim_clip_grad_norm(fl_tensor *grads, double max_norm, double *norm);
 
+/* ---- dynamic loss scaling (gpu/nn/loss_scale.c) ----------------------------------------
+ * For fp16 products (fl_precision): the loss's gradient is multiplied by a large scale, so
+ * that small gradients survive half precision; after backward the gradients are checked and
+ * divided by it. A step whose gradients are not all finite is skipped and the scale halved;
+ * after `growth_interval` finite steps in a row it doubles. PyTorch's GradScaler's rule and
+ * defaults (2^16, x2 every 2000 steps, x0.5). */
+typedef struct loss_scaler {
+  float scale;
+  uint32_t good_steps;      /* finite steps in a row since the scale last changed */
+  uint32_t growth_interval;
+  uint64_t skipped;         /* steps skipped so far */
+} loss_scaler;
+#define LOSS_SCALER_INIT {65536.0f, 0, 2000, 0}
+/* After backward (and, in data parallelism, the allreduce: every rank then decides alike):
+ * *step is whether every gradient is finite; if so grads are divided by the scale. Either
+ * way the scale is updated for the next step (the caller gives it to the model). Blocks. */
+fl_status loss_scaler_unscale(loss_scaler *s, fl_tensor *grads, bool *step);
+
 /* ---- learning-rate schedules ---------------------------------------------------------- */
 
 /* Schedules are pure functions of (schedule, epoch as a real number): the trainer asks for
@@ -361,6 +382,8 @@ typedef struct checkpoint_state {
   uint64_t step;   /* optimizer steps taken since the start */
   double position; /* the schedule's position, in epochs (epoch + fraction) */
   double lr;       /* the rate of the last step, for the record */
+  float loss_scale; /* the loss scaler's scale and good steps (0: none; gpu/nn/loss_scale.c) */
+  uint32_t loss_scale_good;
 } checkpoint_state;
 
 /* The blob: an 88-byte header (magic "FLNTCKPT", version, the three float counts, epoch,

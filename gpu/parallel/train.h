@@ -86,6 +86,8 @@ typedef struct gpu_train_epoch {
   double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
   int64_t pid;             /* the process of the task running rank 0 (an executor's in
                             * cluster mode, this one's in local mode) */
+  double loss_scale;       /* --precision fp16: the loss scale after the epoch (0: none) */
+  uint64_t skipped_steps;  /* and the steps skipped for overflowed gradients so far */
 } gpu_train_epoch;
 
 typedef struct gpu_train_options {
@@ -109,6 +111,8 @@ typedef struct gpu_train_options {
   optim_options optim;   /* the optimizer and its settings (gpu/nn/nn.h): sgd by default */
   double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm each step */
   double label_smoothing; /* the training loss's, in [0, 1): PyTorch's CrossEntropyLoss's */
+  fl_precision precision; /* of the matrix products (flint/gpu.h); not fp32: cuda only; fp16
+                           * trains with dynamic loss scaling */
   uint64_t seed;         /* weights, shuffles and synthetic data */
   fl_allreduce_algo allreduce; /* host backend's algorithm */
   size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
@@ -168,7 +172,7 @@ typedef struct gpu_train_options {
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
-   0, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
+   0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
    false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */

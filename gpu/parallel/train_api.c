@@ -42,6 +42,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.optim.weight_decay = (float)o.weight_decay;
   g.clip_grad_norm = o.clip_grad_norm;
   g.label_smoothing = o.label_smoothing;
+  g.precision = o.precision;
   g.seed = o.seed;
   g.checkpoint_path = o.checkpoint_path;
   g.progress = o.progress;

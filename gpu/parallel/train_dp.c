@@ -20,6 +20,9 @@
  *   6. a non-finite loss stops every rank at the same step (1 rank: that step; several: the
  *      next progress report, where the loss sums are allreduced) and the run fails with the
  *      first such step, its loss and its rate (REPORT_DIVERGED), without a retry.
+ * Precision: each rank's device multiplies in train_arg.precision (flint/gpu.h); with fp16,
+ * a loss scaler (gpu/nn/nn.h) scales the loss gradient and, after the allreduce, unscales the
+ * gradients or skips the step when they overflowed; its scale is in the checkpoint.
  * Overlap (the default, as PyTorch DDP): buckets go to the rank's communication thread
  * (the comm worker, gpu/comm/comm.h), which allreduces them in order while backward goes on;
  * the rank waits for them all before the SGD step. Without it (train_arg.overlap false) each
@@ -235,7 +238,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
                           a->width, a->classes);
     goto cleanup;
   }
-  FL_CHECK(train_device_open(r->b, a->device, &r->dev));
+  FL_CHECK(train_device_open(r->b, a->device, a->precision, &r->dev));
   FL_CHECK(train_model_build(a, r->dev, &r->model));
   FL_CHECK(optim_create_for_model(r->dev, &a->optim, r->model, &r->opt));
   int ndim = sample_ndim(a);
@@ -293,6 +296,15 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   }
 
   const uint32_t resumed = cs.epoch;
+  /* fp16 products: dynamic loss scaling. Every rank unscales the same averaged gradients, so
+   * every rank skips the same steps and keeps the same scale. */
+  const bool scaling = a.precision == FL_PRECISION_FP16;
+  loss_scaler scaler = LOSS_SCALER_INIT;
+  if (scaling && cs.loss_scale > 0) {
+    scaler.scale = cs.loss_scale;
+    scaler.good_steps = cs.loss_scale_good;
+  }
+  if (scaling) nn_model_set_loss_scale(r.model, scaler.scale);
   bucketing bk = {.model = r.model, .comm = r.comm, .worker = r.worker,
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
@@ -362,9 +374,14 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
         if (r.rank == 0) FL_CHECK(fl_emit(out, &bad, sizeof bad));
         goto cleanup;
       }
+      bool take = true; /* false: fp16 gradients overflowed, the step is skipped */
+      if (scaling) {
+        FL_CHECK(loss_scaler_unscale(&scaler, nn_model_grads(r.model), &take));
+        nn_model_set_loss_scale(r.model, scaler.scale);
+      }
       /* Every rank clips the same averaged gradients: the weights stay the same everywhere. */
-      if (a.clip_grad_norm > 0) FL_CHECK(optim_clip_grad_norm(nn_model_grads(r.model), a.clip_grad_norm, NULL));
-      FL_CHECK(optim_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
+      if (take && a.clip_grad_norm > 0) FL_CHECK(optim_clip_grad_norm(nn_model_grads(r.model), a.clip_grad_norm, NULL));
+      if (take) FL_CHECK(optim_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
       images += n;
       cs.step++;
       if (r.rank == 0 && at_report) {
@@ -387,11 +404,14 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     cs.epoch = epoch + 1;
     cs.position = epoch + 1;
     cs.lr = lr;
+    cs.loss_scale = scaling ? scaler.scale : 0;
+    cs.loss_scale_good = scaler.good_steps;
     last = (train_report){.kind = REPORT_EPOCH, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                           .step = cs.step, .steps_per_epoch = steps, .done = steps, .loss = sum3[0] / sum3[2],
                           .acc = sum3[1] / sum3[2], .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
                           .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = common_now_s() - t0,
-                          .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid()};
+                          .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid(),
+                          .loss_scale = scaling ? scaler.scale : 0, .skipped_steps = scaler.skipped};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
        * so that an epoch the client has seen is never trained again. */

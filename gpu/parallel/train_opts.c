@@ -175,6 +175,14 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
                                                          : "gpu_train: a model library or builder with a built-in model");
   if (!(o->label_smoothing >= 0 && o->label_smoothing < 1))
     return fl_set_error(FL_EINVAL, "--label-smoothing %g must be in [0, 1)", o->label_smoothing);
+  if ((unsigned)o->precision > FL_PRECISION_FP16)
+    return fl_set_error(FL_EINVAL, "--precision: unknown precision %d", (int)o->precision);
+  if (o->precision != FL_PRECISION_FP32 && o->device != FL_DEVICE_CUDA)
+    return fl_set_error(FL_EINVAL, "--precision %s needs --device cuda: the cpu device computes in fp32 only",
+                        fl_precision_name(o->precision));
+  if (o->precision == FL_PRECISION_FP16 && o->model == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--precision fp16 is for the data-parallel models (its loss scaler checks all of "
+                        "the gradients, which the transformer spreads over its grid): use bf16");
   if ((unsigned)o->data >= DATASETS) return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
   if (o->data == GPU_TRAIN_EXAMPLES) {
     if (!o->train_examples || !o->test_examples)

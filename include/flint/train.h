@@ -176,6 +176,36 @@ FL_API fl_status fl_optimizer_step(fl_optimizer *opt, double lr);
  * clip_grad_norm_); *norm (may be NULL) gets the norm before. Blocks. */
 FL_API fl_status fl_model_clip_grad_norm(fl_model *m, double max_norm, double *norm);
 
+/* ---- loss scaling for fp16 (PyTorch's GradScaler) ---------------------------------------
+ * With fl_device_set_precision(dev, FL_PRECISION_FP16), gradients below 2^-24 vanish in the
+ * products. A grad scaler multiplies the model's loss gradients by a large scale; after
+ * backward, fl_grad_scaler_unscale divides the gradients by it, or, when some are inf or NaN
+ * (an fp16 overflow), tells you to skip the optimizer step and halves the scale:
+ *
+ *   fl_grad_scaler_create(m, NULL, &gs);
+ *   each step: zero_grad, forward, loss, backward;
+ *              fl_grad_scaler_unscale(gs, &ok);   (clip here, on true gradients)
+ *              if (ok) fl_optimizer_step(opt, lr);
+ *
+ * The losses' values are never scaled. One scaler per model; a thread at a time. */
+typedef struct fl_grad_scaler fl_grad_scaler;
+typedef struct fl_grad_scaler_options {
+  double init_scale;         /* in [1, 2^24] */
+  uint32_t growth_interval;  /* the scale doubles after this many finite steps in a row */
+} fl_grad_scaler_options;
+#define FL_GRAD_SCALER_OPTIONS_INIT {65536.0, 2000}
+/* opts NULL: FL_GRAD_SCALER_OPTIONS_INIT (PyTorch's defaults). FL_ESTATE for an unfinished
+ * model, FL_EINVAL for bad options. */
+FL_API fl_status fl_grad_scaler_create(fl_model *m, const fl_grad_scaler_options *opts, fl_grad_scaler **out);
+/* The model's loss gradients go back to unscaled. */
+FL_API void fl_grad_scaler_destroy(fl_grad_scaler *gs);
+/* After fl_model_backward: *step true, with the gradients unscaled, when all are finite;
+ * false (gradients untouched: skip the step) otherwise. Updates the scale. Blocks. */
+FL_API fl_status fl_grad_scaler_unscale(fl_grad_scaler *gs, bool *step);
+FL_API double fl_grad_scaler_scale(const fl_grad_scaler *gs);
+/* Steps skipped so far. */
+FL_API uint64_t fl_grad_scaler_skipped(const fl_grad_scaler *gs);
+
 /* ---- models in libraries --------------------------------------------------------------- */
 
 /* A model of your own for `flint train --model FILE.so[:SYMBOL]` (and gpu training runs): a
@@ -227,8 +257,10 @@ typedef struct fl_train_options {
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
+  fl_precision precision;   /* of the products (flint/gpu.h); cuda only unless FP32 (the
+                             * default); FP16 trains with a loss scaler */
 } fl_train_options;
-#define FL_TRAIN_OPTIONS_INIT {1, FL_DEVICE_CPU, 256, 0.1, 0, 1, NULL, 0.9, 5e-4, 0, 0, 1, NULL, NULL}
+#define FL_TRAIN_OPTIONS_INIT {1, FL_DEVICE_CPU, 256, 0.1, 0, 1, NULL, 0.9, 5e-4, 0, 0, 1, NULL, NULL, FL_PRECISION_FP32}
 
 typedef struct fl_train_result {
   uint32_t epochs;
