@@ -544,6 +544,56 @@ static void test_schedule_step_and_cosine(void **state) {
   assert_fails_with(optim_schedule_validate(&p), FL_EINVAL, "polynomial power -1");
 }
 
+/* The public schedule: the same rules through flint/train.h. */
+static void test_public_schedule(void **state) {
+  (void)state;
+  fl_lr_schedule s = FL_LR_SCHEDULE_INIT;
+  s.lr = 0.1;
+  s.batch = 1024;
+  s.warmup_epochs = 2;
+  s.epochs = 10;
+  double lr;
+  assert_ok(fl_lr_schedule_at(&s, 0, &lr));
+  assert_near(lr, 0.1); /* warmup starts at the small-batch rate */
+  assert_ok(fl_lr_schedule_at(&s, 1, &lr));
+  assert_near(lr, 0.25);
+  assert_ok(fl_lr_schedule_at(&s, 2, &lr));
+  assert_near(lr, 0.4); /* the peak: 0.1 x 1024 / 256, then cosine */
+  assert_ok(fl_lr_schedule_at(&s, 6, &lr));
+  assert_near(lr, 0.2);
+  assert_ok(fl_lr_schedule_at(&s, 10, &lr));
+  assert_near(lr, 0);
+  s.decay = "step"; /* default milestones: 5 and 7.5 */
+  assert_ok(fl_lr_schedule_at(&s, 4.9, &lr));
+  assert_near(lr, 0.4);
+  assert_ok(fl_lr_schedule_at(&s, 5, &lr));
+  assert_near(lr, 0.04);
+  assert_ok(fl_lr_schedule_at(&s, 8, &lr));
+  assert_near(lr, 0.004);
+  s.milestones[0] = 3;
+  s.num_milestones = 1;
+  assert_ok(fl_lr_schedule_at(&s, 8, &lr));
+  assert_near(lr, 0.04);
+  s.decay = "poly";
+  assert_fails_with(fl_lr_schedule_at(&s, 8, &lr), FL_EINVAL, "milestones are for the \"step\" decay");
+  s.num_milestones = 0;
+  assert_ok(fl_lr_schedule_at(&s, 6, &lr));
+  assert_near(lr, 0.4 * 0.25); /* (1 - 0.5)^2 */
+  s.decay = "none";
+  s.batch = 0;
+  assert_ok(fl_lr_schedule_at(&s, 9, &lr));
+  assert_near(lr, 0.1);
+  s.decay = "linear";
+  assert_fails_with(fl_lr_schedule_at(&s, 1, &lr), FL_EINVAL, "unknown decay 'linear'");
+  s.decay = NULL;
+  s.epochs = 0;
+  assert_fails_with(fl_lr_schedule_at(&s, 1, &lr), FL_EINVAL, "0 epochs");
+  s.epochs = 10;
+  s.lr = -1;
+  assert_fails_with(fl_lr_schedule_at(&s, 1, &lr), FL_EINVAL, "learning rate -1");
+  assert_fails_with(fl_lr_schedule_at(NULL, 1, &lr), FL_EINVAL, "NULL");
+}
+
 static void test_schedule_validation(void **state) {
   (void)state;
   optim_schedule s = {.base_lr = 0.1, .global_batch = 256, .epochs = 10};
@@ -1442,6 +1492,7 @@ int main(void) {
       cmocka_unit_test(test_schedule_linear_scaling_and_warmup),
       cmocka_unit_test(test_schedule_step_and_cosine),
       cmocka_unit_test(test_schedule_validation),
+      cmocka_unit_test(test_public_schedule),
       cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_checkpoint_corrupt_blobs),
       cmocka_unit_test(test_checkpoint_every_optimizer),

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "gpu/device/device.h"
+#include "flint/train.h"
 
 /* NN_TRANSFORMER names gpu/parallel/transformer.h's model for the trainer's options; it is built in
  * chunks (tfm_chunk_create), not by nn_model_create. */
@@ -239,6 +240,9 @@ FL_API fl_status optim_kind_parse(const char *text, optim_kind *out);
 FL_API const char *optim_kind_name(optim_kind kind);
 /* FL_EINVAL naming the first bad option (as optim_create would). Pure. */
 FL_API fl_status optim_options_validate(const optim_options *opts);
+/* The public options (flint/train.h) as these; FL_EINVAL names an unknown kind. Values are
+ * checked by optim_options_validate (optim_create calls it). */
+fl_status optim_options_of(const fl_optimizer_options *o, optim_options *out);
 /* p's group by the default rule: the no-decay group for a 1-D (or 0-D) parameter, unless
  * opts->decay_all. */
 optim_param optim_param_of(const nn_param *p, const optim_options *opts);
@@ -347,6 +351,11 @@ FL_API double optim_schedule_peak_lr(const optim_schedule *s);
 /* The rate at `epoch` (a real number: epoch e, step i of n is e + i / n). Epochs before 0
  * read as 0 and after the end as the end. Pure; the schedule must be valid. */
 double optim_lr_at(const optim_schedule *s, double epoch);
+/* Step decay without milestones: x0.1 at half and at three quarters of training. Fills
+ * s->milestones from s->epochs when s->num_milestones is 0. */
+void optim_schedule_default_milestones(optim_schedule *s);
+/* The public schedule (flint/train.h) as this one, validated (FL_EINVAL names a bad field). */
+fl_status optim_schedule_of(const fl_lr_schedule *in, optim_schedule *out);
 
 /* ---- attention (gpu/nn/attention.c) ---------------------------------------------------------
  * Scaled dot-product attention over a packed activation qkv [n * s, qkv_ld]: head h's q, k and

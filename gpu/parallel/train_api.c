@@ -31,15 +31,24 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.ranks = o.ranks ? o.ranks : 1;
   g.device = o.device;
   g.batch = o.batch ? o.batch : 256;
-  g.lr = o.lr ? o.lr : 0.1;
-  g.warmup_epochs = o.warmup_epochs;
   g.epochs = o.epochs ? o.epochs : 1;
-  if (o.optimizer) {
-    fl_status s = optim_kind_parse(o.optimizer, &g.optim.kind);
-    if (s != FL_OK) return s;
-  }
-  g.optim.momentum = (float)o.momentum;
-  g.optim.weight_decay = (float)o.weight_decay;
+  fl_lr_schedule sched = o.schedule;
+  if ((sched.batch && sched.batch != g.batch) || (sched.epochs != 0 && sched.epochs != g.epochs))
+    return fl_set_error(FL_EINVAL, "fl_train: schedule.batch %u and schedule.epochs %g must be 0 or the options' "
+                        "batch %u and epochs %u", sched.batch, sched.epochs, g.batch, g.epochs);
+  sched.batch = g.batch;
+  sched.epochs = g.epochs;
+  optim_schedule checked;
+  fl_status s = optim_schedule_of(&sched, &checked);
+  if (s != FL_OK) return s;
+  g.lr = sched.lr;
+  g.warmup_epochs = sched.warmup_epochs;
+  g.decay = checked.decay;
+  g.num_milestones = sched.num_milestones;
+  memcpy(g.milestones, sched.milestones, sizeof(double) * (size_t)sched.num_milestones);
+  g.decay_power = sched.power;
+  s = optim_options_of(&o.optimizer, &g.optim);
+  if (s != FL_OK) return s;
   g.clip_grad_norm = o.clip_grad_norm;
   g.label_smoothing = o.label_smoothing;
   g.precision = o.precision;
@@ -58,7 +67,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
                         "in a shared library (as a job's functions), which is shipped to the executors",
                         info.dli_sname ? " " : "", info.dli_sname ? info.dli_sname : "");
   gpu_train_result r;
-  fl_status s = gpu_train_run_in(ctx, &g, &r);
+  s = gpu_train_run_in(ctx, &g, &r);
   if (s != FL_OK) return s;
   if (result)
     *result = (fl_train_result){.epochs = r.epochs, .steps = r.steps, .train_loss = r.train_loss,

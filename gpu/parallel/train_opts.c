@@ -45,13 +45,6 @@ const char *gpu_train_dataset_name(gpu_train_dataset data) {
   return (unsigned)data < DATASETS ? dataset_names[data] : "unknown";
 }
 
-/* Step decay without milestones: x0.1 at half and at three quarters of training. */
-static int default_milestones(const gpu_train_options *o, double *m) {
-  m[0] = 0.5 * o->epochs;
-  m[1] = 0.75 * o->epochs;
-  return m[0] > 0 && m[1] > m[0] ? 2 : 0;
-}
-
 void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
   memset(s, 0, sizeof *s);
   s->base_lr = o->lr;
@@ -65,7 +58,7 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
       memcpy(s->milestones, o->milestones, sizeof(double) * (size_t)o->num_milestones);
       s->num_milestones = o->num_milestones;
     } else {
-      s->num_milestones = default_milestones(o, s->milestones);
+      optim_schedule_default_milestones(s);
     }
   }
   s->step_factor = 0.1;

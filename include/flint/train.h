@@ -176,6 +176,28 @@ FL_API fl_status fl_optimizer_step(fl_optimizer *opt, double lr);
  * clip_grad_norm_); *norm (may be NULL) gets the norm before. Blocks. */
 FL_API fl_status fl_model_clip_grad_norm(fl_model *m, double max_norm, double *norm);
 
+/* ---- learning-rate schedules ----------------------------------------------------------------
+ * Goyal et al.'s recipe: the linear scaling rule (the peak rate is lr x batch / 256), a
+ * gradual warmup from lr to the peak over warmup_epochs (per step), then a decay: "cosine"
+ * (half a cosine to 0 at `epochs`), "step" (x0.1 at each milestone epoch; none given: at 50%
+ * and 75% of the epochs), "poly" (peak x (1 - t)^power to 0, You et al.'s LARS runs) or
+ * "none". Plain data: any thread. */
+#define FL_LR_MAX_MILESTONES 8
+typedef struct fl_lr_schedule {
+  double lr;              /* the rate for a batch of 256, a finite number > 0 */
+  uint32_t batch;         /* the global batch (0: 256, no scaling) */
+  double warmup_epochs;   /* >= 0, shorter than epochs */
+  double epochs;          /* the length of training, > 0 */
+  const char *decay;      /* NULL: "cosine" */
+  double milestones[FL_LR_MAX_MILESTONES]; /* "step": ascending epochs */
+  int num_milestones;
+  double power;           /* "poly" (0: 2) */
+} fl_lr_schedule;
+#define FL_LR_SCHEDULE_INIT {0.1, 0, 0, 0, NULL, {0}, 0, 0}
+/* *lr = the rate at `epoch`, a real number (step i of n in epoch e is e + i / n; before 0
+ * reads as 0, past the end as the end). FL_EINVAL names a bad field. */
+FL_API fl_status fl_lr_schedule_at(const fl_lr_schedule *s, double epoch, double *lr);
+
 /* ---- loss scaling for fp16 (PyTorch's GradScaler) ---------------------------------------
  * With fl_device_set_precision(dev, FL_PRECISION_FP16), gradients below 2^-24 vanish in the
  * products. A grad scaler multiplies the model's loss gradients by a large scale; after
@@ -233,7 +255,7 @@ typedef fl_status (*fl_model_builder)(fl_model *m, uint32_t classes);
  * map over your own data produces. The examples are dealt to `ranks` ranks by one shuffle and
  * cached; each rank is a task of one barrier stage, builds the model with `build` from the
  * same seed, and every step allreduces the gradients, so the ranks take identical steps (the
- * global batch is `batch`, the rate lr x batch / 256 after warmup, then cosine decay). The
+ * global batch is `batch`; the rate follows `schedule`, the optimizer is `optimizer`). The
  * test set is evaluated after every epoch. A lost rank reruns the stage from the last epoch's
  * checkpoint. In local mode `build` may be any function of the program; in cluster mode it
  * must be exported by a shared library, which is shipped to the executors (as a job's
@@ -246,21 +268,21 @@ typedef struct fl_train_options {
   uint32_t ranks;           /* data-parallel ranks, one barrier task each (0: 1) */
   fl_device_kind device;    /* FL_DEVICE_CPU or FL_DEVICE_CUDA (a GPU per rank's executor) */
   uint32_t batch;           /* the global batch, a multiple of ranks (0: 256) */
-  double lr;                /* the rate for a batch of 256, scaled linearly (0: 0.1) */
-  double warmup_epochs;     /* gradual warmup from lr to the scaled rate, < epochs */
   uint32_t epochs;          /* 0: 1 */
-  const char *optimizer;    /* "sgd" (NULL), "adam", "adamw", "lars" or "lamb" */
-  double momentum;          /* sgd and lars */
-  double weight_decay;      /* not on biases and normalisation parameters */
+  fl_lr_schedule schedule;  /* its batch and epochs: 0 (fl_train's own above) */
+  fl_optimizer_options optimizer;
   double clip_grad_norm;    /* > 0: clip the averaged gradients to this global norm */
   double label_smoothing;   /* the training loss's, in [0, 1) (PyTorch's CrossEntropyLoss's) */
+  fl_precision precision;   /* of the products (flint/gpu.h); cuda only unless FP32 (the
+                             * default); FP16 trains with a loss scaler */
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
-  fl_precision precision;   /* of the products (flint/gpu.h); cuda only unless FP32 (the
-                             * default); FP16 trains with a loss scaler */
 } fl_train_options;
-#define FL_TRAIN_OPTIONS_INIT {1, FL_DEVICE_CPU, 256, 0.1, 0, 1, NULL, 0.9, 5e-4, 0, 0, 1, NULL, NULL, FL_PRECISION_FP32}
+/* SGD with momentum 0.9 and weight decay 5e-4 at 0.1 x batch / 256, cosine decay. */
+#define FL_TRAIN_OPTIONS_INIT                                                                         \
+  {1, FL_DEVICE_CPU, 256, 1, FL_LR_SCHEDULE_INIT, {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 5e-4, 0.001, false}, \
+   0, 0, FL_PRECISION_FP32, 1, NULL, NULL}
 
 typedef struct fl_train_result {
   uint32_t epochs;
