@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -118,6 +119,25 @@ static void test_local_program_builder(void **state) {
   o.label_smoothing = 0;
   assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
   assert_true(r.test_acc > 0.9);
+  assert_int_equal(r.resumed_epoch, 0);
+
+  /* Checkpoint after 2 epochs, then resume to 3: the run starts at epoch 2. */
+  char path[] = "/tmp/flint-test-train-api-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  o.epochs = 2;
+  o.schedule.milestones[0] = 1;
+  o.checkpoint_path = path;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  o.epochs = 3;
+  o.checkpoint_path = NULL;
+  o.resume_path = path;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  assert_int_equal(r.resumed_epoch, 2);
+  assert_int_equal(r.epochs, 3);
+  assert_true(r.test_acc > 0.9);
+  unlink(path);
   fl_dataset_free(train);
   fl_dataset_free(test);
   fl_context_close(ctx);

@@ -315,3 +315,44 @@ fl_status fl_model_load(fl_model *m, const char *path) {
   }
   return status;
 }
+
+/* ---- fl_checkpoint_save and fl_checkpoint_load: weights, optimizer state and position ---- */
+
+fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step, const char *path) {
+  common_error_clear();
+  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_checkpoint_save: NULL argument");
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_checkpoint_save: the model is not finished");
+  if (opt && optim_public_model(opt) != m)
+    return fl_set_error(FL_EINVAL, "fl_checkpoint_save: the optimizer steps another model");
+  fl_buf blob = FL_BUF_INIT;
+  checkpoint_state st = {.epoch = epoch, .step = step, .position = epoch};
+  fl_status status = checkpoint_encode(fl_model_weights(m), nn_model_buffers(m), optim_of_public(opt), &st, &blob);
+  if (status == FL_OK) status = checkpoint_save_file(path, fl_buf_bytes(&blob));
+  fl_buf_free(&blob);
+  return status;
+}
+
+fl_status fl_checkpoint_load(fl_model *m, fl_optimizer *opt, const char *path, uint32_t *epoch, uint64_t *step) {
+  common_error_clear();
+  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_checkpoint_load: NULL argument");
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_checkpoint_load: the model is not finished");
+  if (opt && optim_public_model(opt) != m)
+    return fl_set_error(FL_EINVAL, "fl_checkpoint_load: the optimizer steps another model");
+  fl_buf blob = FL_BUF_INIT;
+  checkpoint_state st;
+  fl_status status = checkpoint_load_file(path, &blob);
+  if (status == FL_OK)
+    status = checkpoint_decode(fl_buf_bytes(&blob), fl_model_weights(m), nn_model_buffers(m), optim_of_public(opt), &st);
+  fl_buf_free(&blob);
+  if (status != FL_OK && status != FL_ENOENT && status != FL_EIO) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", fl_last_error());
+    return fl_set_error(status, "fl_checkpoint_load %s: %s", path, why);
+  }
+  if (status == FL_OK) {
+    fl_model_set_step(m, st.step);
+    if (epoch) *epoch = st.epoch;
+    if (step) *step = st.step;
+  }
+  return status;
+}

@@ -243,6 +243,9 @@ FL_API fl_status optim_options_validate(const optim_options *opts);
 /* The public options (flint/train.h) as these; FL_EINVAL names an unknown kind. Values are
  * checked by optim_options_validate (optim_create calls it). */
 fl_status optim_options_of(const fl_optimizer_options *o, optim_options *out);
+/* The optimizer behind a public one (NULL for NULL), and the model it steps. */
+optim *optim_of_public(fl_optimizer *opt);
+fl_model *optim_public_model(fl_optimizer *opt);
 /* p's group by the default rule: the no-decay group for a 1-D (or 0-D) parameter, unless
  * opts->decay_all. */
 optim_param optim_param_of(const nn_param *p, const optim_options *opts);

@@ -46,6 +46,10 @@ fl_status fl_optimizer_create(fl_model *m, const fl_optimizer_options *opts, fl_
   return FL_OK;
 }
 
+optim *optim_of_public(fl_optimizer *opt) { return opt ? opt->opt : NULL; }
+
+fl_model *optim_public_model(fl_optimizer *opt) { return opt ? opt->model : NULL; }
+
 void fl_optimizer_destroy(fl_optimizer *opt) {
   if (!opt) return;
   optim_destroy(opt->opt);

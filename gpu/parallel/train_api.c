@@ -54,6 +54,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.precision = o.precision;
   g.seed = o.seed;
   g.checkpoint_path = o.checkpoint_path;
+  g.resume_path = o.resume_path;
   g.progress = o.progress;
   g.csv_path = g.svg_path = NULL;
   /* A builder in a shared library can travel to executors; one in the program serves local mode. */
@@ -72,6 +73,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   if (result)
     *result = (fl_train_result){.epochs = r.epochs, .steps = r.steps, .train_loss = r.train_loss,
                                 .train_acc = r.train_acc, .test_loss = r.test_loss, .test_acc = r.test_acc,
-                                .images_per_s = r.images_per_s, .seconds = r.seconds};
+                                .images_per_s = r.images_per_s, .seconds = r.seconds,
+                                .resumed_epoch = r.resumed_epoch};
   return FL_OK;
 }

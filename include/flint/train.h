@@ -277,12 +277,14 @@ typedef struct fl_train_options {
                              * default); FP16 trains with a loss scaler */
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
+  const char *resume_path;  /* start from this checkpoint (checkpoint_path's, or
+                             * fl_checkpoint_save's with the same optimizer) at its epoch */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
 } fl_train_options;
 /* SGD with momentum 0.9 and weight decay 5e-4 at 0.1 x batch / 256, cosine decay. */
 #define FL_TRAIN_OPTIONS_INIT                                                                         \
   {1, FL_DEVICE_CPU, 256, 1, FL_LR_SCHEDULE_INIT, {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 5e-4, 0.001, false}, \
-   0, 0, FL_PRECISION_FP32, 1, NULL, NULL}
+   0, 0, FL_PRECISION_FP32, 1, NULL, NULL, NULL}
 
 typedef struct fl_train_result {
   uint32_t epochs;
@@ -291,6 +293,7 @@ typedef struct fl_train_result {
   double test_loss, test_acc;   /* of the last evaluation */
   double images_per_s;          /* training samples a second over all ranks */
   double seconds;
+  uint32_t resumed_epoch;       /* the epoch resume_path's checkpoint stood at (0: none) */
 } fl_train_result;
 
 /* Trains build's model on `train`, evaluating on `test` (both datasets of fl_example_put
@@ -311,6 +314,17 @@ FL_API fl_status fl_model_save(fl_model *m, const char *path);
  * for a file that is not a checkpoint (or is damaged), FL_EINVAL when its sizes are not this
  * model's; nothing changes then. */
 FL_API fl_status fl_model_load(fl_model *m, const char *path);
+/* A training checkpoint: the weights, batch-norm statistics and, with opt (NULL: none), the
+ * optimizer's state (momenta, Adam's moments) and step count, with the epoch and step you
+ * stand at; the format of fl_train's checkpoint_path and `flint train --checkpoint`, so either
+ * side can resume the other's (torch.save of model and optimizer state_dicts). opt must step
+ * m. Written through a temporary file and a rename; FL_EIO names the file. */
+FL_API fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step, const char *path);
+/* Reads it back into a finished model of the same architecture and an optimizer of the same
+ * kind (NULL: weights only), and gives its epoch and step (each may be NULL). FL_ENOENT or
+ * FL_EIO for the file, FL_EFORMAT for a damaged one, FL_EINVAL naming a size or optimizer
+ * that differs; nothing changes then. */
+FL_API fl_status fl_checkpoint_load(fl_model *m, fl_optimizer *opt, const char *path, uint32_t *epoch, uint64_t *step);
 
 #ifdef __cplusplus
 }
