@@ -94,6 +94,40 @@ static void write_jpeg(const char *path, uint32_t w, uint32_t h, const uint8_t *
   assert_int_equal(fclose(f), 0);
 }
 
+/* A CMYK (or, ycck, YCCK) JPEG as Photoshop writes it: an Adobe marker (libjpeg writes one for
+ * these) and inverted inks, here (r, g, b, 255): no black, so it reads back as (r, g, b). */
+static void write_cmyk_jpeg(const char *path, uint32_t w, uint32_t h, const uint8_t *rgb, bool ycck) {
+  struct jpeg_compress_struct c;
+  struct jpeg_error_mgr err;
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  jpeg_stdio_dest(&c, f);
+  c.image_width = w;
+  c.image_height = h;
+  c.input_components = 4;
+  c.in_color_space = JCS_CMYK;
+  jpeg_set_defaults(&c);
+  if (ycck) jpeg_set_colorspace(&c, JCS_YCCK);
+  jpeg_set_quality(&c, 95, TRUE);
+  jpeg_start_compress(&c, TRUE);
+  uint8_t *row = malloc((size_t)w * 4);
+  assert_non_null(row);
+  while (c.next_scanline < h) {
+    for (uint32_t x = 0; x < w; x++) {
+      memcpy(row + 4 * x, rgb + ((size_t)c.next_scanline * w + x) * 3, 3);
+      row[4 * x + 3] = 255;
+    }
+    JSAMPROW r = row;
+    jpeg_write_scanlines(&c, &r, 1);
+  }
+  free(row);
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  assert_int_equal(fclose(f), 0);
+}
+
 static void path_of(char *buf, size_t len, const char *rel) {
   int n = snprintf(buf, len, "%s/%s", tmp_dir, rel);
   assert_true(n > 0 && (size_t)n < len);
@@ -268,6 +302,19 @@ static void test_decode_jpeg_close(void **state) {
     assert_true(abs((int)out[3 * i] - gray[i]) <= 8);
   }
   fl_free(out);
+  /* CMYK and YCCK JPEGs (Photoshop's, with inverted inks) come back as RGB. */
+  for (int ycck = 0; ycck < 2; ycck++) {
+    path_of(p, sizeof p, ycck ? "ycck.jpg" : "cmyk.jpg");
+    write_cmyk_jpeg(p, w, h, rgb, ycck);
+    assert_ok(fl_image_decode_file(p, 0, &out, &oh, &ow));
+    assert_int_equal(ow, w);
+    assert_int_equal(oh, h);
+    double csum = 0;
+    for (size_t i = 0; i < (size_t)w * h * 3; i++) csum += abs((int)out[i] - rgb[i]);
+    if (!(csum / (w * h * 3) < 3.0)) fprintf(stderr, "%s: mean error %.2f\n", p, csum / (w * h * 3));
+    assert_true(csum / (w * h * 3) < 3.0);
+    fl_free(out);
+  }
   /* DCT scaling: a shorter side of 48 decoded at 1/2 keeps it >= 20. */
   assert_ok(fl_image_decode_file(p, 20, &out, &oh, &ow));
   assert_int_equal(ow, 32);
