@@ -264,6 +264,79 @@ static void test_equivalence_lars_clipped(void **state) {
   ckpt_free(&two);
 }
 
+/* ---- local SGD and AdaComm ------------------------------------------------------------------ */
+
+/* Local SGD with tau 1 averages the weights after every step: with SGD, momentum and weight
+ * decay (all linear in the gradients) that is synchronous SGD, up to rounding. Tau 4 reduces
+ * the weights 5 times in 20 steps where synchronous SGD reduces the gradients 20 times. */
+static void test_local_sgd(void **state) {
+  (void)state;
+  NEED_DATA();
+  gpu_train_options o = eq_options(NN_MLP, 2, "local[3]");
+  o.lr = EQ_LR;
+  ckpt base = {0}, local1 = {0}, local4 = {0};
+  gpu_train_result res;
+  o.checkpoint_path = NULL;
+  assert_ok(gpu_train_run(&o, &res));
+  uint64_t bsp_bytes = res.reduced_bytes;
+  assert_int_equal(res.tau, 0);
+  run_to_ckpt(&o, "2 ranks bsp", &base);
+  o.sync = GPU_TRAIN_SYNC_LOCAL;
+  o.tau = 1;
+  run_to_ckpt(&o, "2 ranks local sgd tau 1", &local1);
+  double d = ckpt_diff(&base, &local1, NULL);
+  fprintf(stderr, "  local sgd tau 1 vs bsp: %.3g (tolerance %g)\n", d, EQ_TOL);
+  assert_true(d <= EQ_TOL);
+  /* The weights are what travels: as many bytes as the gradients when tau is 1. */
+  assert_int_equal(bsp_bytes, (uint64_t)EQ_STEPS * base.values * sizeof(float));
+  o.tau = 4;
+  o.checkpoint_path = NULL;
+  assert_ok(gpu_train_run(&o, &res));
+  assert_int_equal(res.tau, 4);
+  assert_int_equal(res.reduced_bytes, bsp_bytes / 4);
+  run_to_ckpt(&o, "2 ranks local sgd tau 4", &local4);
+  d = ckpt_diff(&base, &local4, NULL);
+  fprintf(stderr, "  local sgd tau 4 vs bsp: %.3g (moved, and trained: loss %.4f)\n", d, res.train_loss);
+  assert_true(d > EQ_TOL);
+  assert_true(res.train_loss < log(10.0)); /* below chance's: it learned */
+  ckpt_free(&base);
+  ckpt_free(&local1);
+  ckpt_free(&local4);
+}
+
+typedef struct tau_watch {
+  uint32_t tau[8];
+  uint32_t count;
+} tau_watch;
+
+static void watch_tau(const gpu_train_epoch *e, void *user) {
+  tau_watch *w = user;
+  if (w->count < 8) w->tau[w->count++] = e->tau;
+}
+
+/* AdaComm: the first epoch keeps tau0; after it the period follows sqrt(F / F0) down as the
+ * loss falls, never up. */
+static void test_adacomm(void **state) {
+  (void)state;
+  NEED_DATA();
+  gpu_train_options o = eq_options(NN_MLP, 2, "local[3]");
+  o.sync = GPU_TRAIN_SYNC_ADACOMM;
+  o.tau = 8;
+  o.epochs = 4;
+  o.lr = 0.05;
+  tau_watch w = {0};
+  o.on_epoch = watch_tau;
+  o.user = &w;
+  gpu_train_result res;
+  assert_ok(gpu_train_run(&o, &res));
+  assert_int_equal(w.count, 4);
+  fprintf(stderr, "  adacomm tau0 8: %u %u %u %u, loss %.4f\n", w.tau[0], w.tau[1], w.tau[2], w.tau[3], res.train_loss);
+  assert_int_equal(w.tau[0], 8);
+  for (uint32_t i = 1; i < 4; i++) assert_true(w.tau[i] >= 1 && w.tau[i] <= w.tau[i - 1]);
+  assert_true(w.tau[3] < 8);
+  assert_int_equal(res.tau, w.tau[3]);
+}
+
 static void test_equivalence_local_cluster(void **state) {
   (void)state;
   NEED_DATA();
@@ -657,6 +730,8 @@ int main(void) {
       T(test_equivalence_mlp),
       T(test_equivalence_lars_clipped),
       T(test_equivalence_detects_other_batches),
+      T(test_local_sgd),
+      T(test_adacomm),
       T(test_equivalence_local_cluster),
       T(test_overlap_equals_synchronous),
       T(test_default_bucket_is_one_allreduce),

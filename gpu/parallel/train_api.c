@@ -52,6 +52,10 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.clip_grad_norm = o.clip_grad_norm;
   g.label_smoothing = o.label_smoothing;
   g.precision = o.precision;
+  if (o.sync) {
+    s = gpu_train_sync_parse(o.sync, &g.sync, &g.tau);
+    if (s != FL_OK) return s;
+  }
   g.seed = o.seed;
   g.checkpoint_path = o.checkpoint_path;
   g.resume_path = o.resume_path;
@@ -74,6 +78,6 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
     *result = (fl_train_result){.epochs = r.epochs, .steps = r.steps, .train_loss = r.train_loss,
                                 .train_acc = r.train_acc, .test_loss = r.test_loss, .test_acc = r.test_acc,
                                 .images_per_s = r.images_per_s, .seconds = r.seconds,
-                                .resumed_epoch = r.resumed_epoch};
+                                .resumed_epoch = r.resumed_epoch, .reduced_bytes = r.reduced_bytes};
   return FL_OK;
 }

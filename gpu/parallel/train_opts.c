@@ -4,6 +4,7 @@
  * without running anything.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu/parallel/train.h"
@@ -18,6 +19,31 @@ fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
 
 fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
   return gpu_train_source_parse(text, out, NULL);
+}
+
+fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau) {
+  if (!text) return fl_set_error(FL_EINVAL, "--sync: NULL");
+  const char *arg = NULL;
+  if (strcmp(text, "bsp") == 0) {
+    *sync = GPU_TRAIN_SYNC_BSP;
+    *tau = 1;
+    return FL_OK;
+  }
+  if (strcmp(text, "adacomm") == 0) {
+    *sync = GPU_TRAIN_SYNC_ADACOMM;
+    *tau = 16;
+    return FL_OK;
+  }
+  if (strncmp(text, "local:", 6) == 0) arg = text + 6;
+  else if (strncmp(text, "adacomm:", 8) == 0) arg = text + 8;
+  char *end = NULL;
+  unsigned long v = arg && *arg >= '0' && *arg <= '9' ? strtoul(arg, &end, 10) : 0;
+  if (!arg || !end || *end || v < 1 || v > 100000)
+    return fl_set_error(FL_EINVAL, "--sync '%s': expected bsp, local:TAU or adacomm[:TAU0] (TAU: steps between "
+                        "averages, 1 to 100000)", text);
+  *sync = text[0] == 'l' ? GPU_TRAIN_SYNC_LOCAL : GPU_TRAIN_SYNC_ADACOMM;
+  *tau = (uint32_t)v;
+  return FL_OK;
 }
 
 fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path) {
@@ -168,6 +194,11 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
                                                          : "gpu_train: a model library or builder with a built-in model");
   if (!(o->label_smoothing >= 0 && o->label_smoothing < 1))
     return fl_set_error(FL_EINVAL, "--label-smoothing %g must be in [0, 1)", o->label_smoothing);
+  if ((unsigned)o->sync > GPU_TRAIN_SYNC_ADACOMM) return fl_set_error(FL_EINVAL, "--sync: unknown mode %d", (int)o->sync);
+  if (o->tau < 1 || o->tau > 100000) return fl_set_error(FL_EINVAL, "--sync: a period of %u steps (1 to 100000)", o->tau);
+  if (o->sync != GPU_TRAIN_SYNC_BSP && o->model == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--sync local and adacomm are for the data-parallel models (the transformer's "
+                        "tensor and pipeline ranks hold different weights)");
   if ((unsigned)o->precision > FL_PRECISION_FP16)
     return fl_set_error(FL_EINVAL, "--precision: unknown precision %d", (int)o->precision);
   if (o->precision != FL_PRECISION_FP32 && o->device != FL_DEVICE_CUDA)

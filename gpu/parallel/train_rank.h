@@ -26,6 +26,8 @@ typedef struct train_report {
   uint32_t buckets;                      /* allreduces of the last step's gradients */
   int64_t pid;                           /* rank 0's process */
   double bubble, bubble_theory;          /* transformer: the epoch's mean, and the theory */
+  uint32_t tau;                          /* local SGD, AdaComm: the period now (0: bsp) */
+  uint64_t reduced_bytes;                /* bytes this rank allreduced so far (payload) */
   double loss_scale;                     /* fp16: the loss scale now (0: no scaler) ... */
   uint64_t skipped_steps;                /* ... and the steps it skipped so far */
 } train_report;
@@ -56,6 +58,8 @@ typedef struct train_arg {
   uint64_t resume_id;
   bool shuffle;
   bool overlap; /* buckets allreduced on the communication thread during backward */
+  gpu_train_sync sync; /* bsp: gradients every step; local, adacomm: weights every tau steps */
+  uint32_t tau;
   /* the transformer (gpu/parallel/train_hybrid.c) */
   uint32_t dp, tp, pp, microbatches, chunks;
   pp_schedule pipeline;

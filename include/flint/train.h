@@ -275,6 +275,10 @@ typedef struct fl_train_options {
   double label_smoothing;   /* the training loss's, in [0, 1) (PyTorch's CrossEntropyLoss's) */
   fl_precision precision;   /* of the products (flint/gpu.h); cuda only unless FP32 (the
                              * default); FP16 trains with a loss scaler */
+  const char *sync;         /* NULL or "bsp": the gradients allreduced every step; "local:TAU":
+                             * local SGD, the weights averaged every TAU steps; "adacomm" or
+                             * "adacomm:TAU0": local SGD whose period shrinks from TAU0 (16)
+                             * as the training loss falls (Wang and Joshi) */
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
   const char *resume_path;  /* start from this checkpoint (checkpoint_path's, or
@@ -284,7 +288,7 @@ typedef struct fl_train_options {
 /* SGD with momentum 0.9 and weight decay 5e-4 at 0.1 x batch / 256, cosine decay. */
 #define FL_TRAIN_OPTIONS_INIT                                                                         \
   {1, FL_DEVICE_CPU, 256, 1, FL_LR_SCHEDULE_INIT, {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 5e-4, 0.001, false}, \
-   0, 0, FL_PRECISION_FP32, 1, NULL, NULL, NULL}
+   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL}
 
 typedef struct fl_train_result {
   uint32_t epochs;
@@ -294,6 +298,7 @@ typedef struct fl_train_result {
   double images_per_s;          /* training samples a second over all ranks */
   double seconds;
   uint32_t resumed_epoch;       /* the epoch resume_path's checkpoint stood at (0: none) */
+  uint64_t reduced_bytes;       /* a rank's bytes of gradients or weights allreduced */
 } fl_train_result;
 
 /* Trains build's model on `train`, evaluating on `test` (both datasets of fl_example_put
