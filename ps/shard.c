@@ -255,19 +255,6 @@ fl_status ps_shard_set(ps_shard *s, const uint64_t *keys, size_t n, const float 
 
 /* ---- the blob ----------------------------------------------------------------------------- */
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 static size_t row_bytes(const ps_shard *s) {
   size_t w = s->spec.width;
   return (s->spec.sparse ? 8 : 0) + w * (1 + s->slots) * sizeof(float) + (s->spec.update.kind == PS_UPDATE_ADAM ? 4 : 0);
@@ -282,27 +269,27 @@ fl_status ps_shard_encode(const ps_shard *s, fl_buf *out) {
   uint8_t *p = out->data;
   memset(p, 0, HEADER_BYTES);
   memcpy(p, MAGIC, 8);
-  put32(p + 8, VERSION);
-  put32(p + 12, HEADER_BYTES);
-  put32(p + 16, s->spec.sparse ? 1u : 0u);
-  put32(p + 20, s->spec.width);
-  put64(p + 24, s->spec.keys);
-  put32(p + 32, (uint32_t)s->spec.update.kind);
+  common_put_u32(p + 8, VERSION);
+  common_put_u32(p + 12, HEADER_BYTES);
+  common_put_u32(p + 16, s->spec.sparse ? 1u : 0u);
+  common_put_u32(p + 20, s->spec.width);
+  common_put_u64(p + 24, s->spec.keys);
+  common_put_u32(p + 32, (uint32_t)s->spec.update.kind);
   memcpy(p + 36, &s->spec.update.lr, 4);
   memcpy(p + 40, &s->spec.update.beta1, 4);
   memcpy(p + 44, &s->spec.update.beta2, 4);
   memcpy(p + 48, &s->spec.update.eps, 4);
-  put32(p + 52, s->shards);
-  put32(p + 56, s->index);
-  put64(p + 64, s->rows);
+  common_put_u32(p + 52, s->shards);
+  common_put_u32(p + 56, s->index);
+  common_put_u64(p + 64, s->rows);
   uint8_t *q = p + HEADER_BYTES;
   for (uint64_t r = 0; r < s->rows; r++) {
-    if (s->spec.sparse) put64(q, s->row_keys[r]), q += 8;
+    if (s->spec.sparse) common_put_u64(q, s->row_keys[r]), q += 8;
     memcpy(q, s->values + r * w, w * sizeof(float)), q += w * sizeof(float);
     if (s->slots) memcpy(q, s->state + r * w * s->slots, w * s->slots * sizeof(float)), q += w * s->slots * sizeof(float);
-    if (s->steps) put32(q, s->steps[r]), q += 4;
+    if (s->steps) common_put_u32(q, s->steps[r]), q += 4;
   }
-  put32(q, common_crc32c(0, p, (size_t)(q - p)));
+  common_put_u32(q, common_crc32c(0, p, (size_t)(q - p)));
   out->len = total;
   return FL_OK;
 }
@@ -314,16 +301,16 @@ fl_status ps_shard_decode(ps_shard *s, fl_bytes blob) {
     return fl_set_error(FL_EFORMAT, "parameter server shard blob: no \"%s\" magic in %zu bytes", MAGIC, blob.len);
   if (blob.len < HEADER_BYTES + 4)
     return fl_set_error(FL_EFORMAT, "parameter server shard blob: truncated: %zu bytes", blob.len);
-  if (get32(p + 8) != VERSION || get32(p + 12) != HEADER_BYTES)
+  if (common_get_u32(p + 8) != VERSION || common_get_u32(p + 12) != HEADER_BYTES)
     return fl_set_error(FL_EFORMAT, "parameter server shard blob: version %u with a %u-byte header (this flint: %u, %u)",
-                        get32(p + 8), get32(p + 12), VERSION, HEADER_BYTES);
-  ps_table_spec spec = {.sparse = get32(p + 16) & 1, .width = get32(p + 20), .keys = get64(p + 24)};
-  spec.update.kind = (ps_update_kind)get32(p + 32);
+                        common_get_u32(p + 8), common_get_u32(p + 12), VERSION, HEADER_BYTES);
+  ps_table_spec spec = {.sparse = common_get_u32(p + 16) & 1, .width = common_get_u32(p + 20), .keys = common_get_u64(p + 24)};
+  spec.update.kind = (ps_update_kind)common_get_u32(p + 32);
   memcpy(&spec.update.lr, p + 36, 4);
   memcpy(&spec.update.beta1, p + 40, 4);
   memcpy(&spec.update.beta2, p + 44, 4);
   memcpy(&spec.update.eps, p + 48, 4);
-  uint32_t shards = get32(p + 52), index = get32(p + 56);
+  uint32_t shards = common_get_u32(p + 52), index = common_get_u32(p + 56);
   if (spec.sparse != s->spec.sparse || spec.width != s->spec.width || spec.keys != s->spec.keys ||
       spec.update.kind != s->spec.update.kind || memcmp(&spec.update.lr, &s->spec.update.lr, 4) ||
       memcmp(&spec.update.beta1, &s->spec.update.beta1, 4) || memcmp(&spec.update.beta2, &s->spec.update.beta2, 4) ||
@@ -333,12 +320,12 @@ fl_status ps_shard_decode(ps_shard *s, fl_bytes blob) {
                         spec.sparse ? "sparse" : "dense", spec.width, ps_update_name(spec.update.kind), s->index,
                         s->shards, s->spec.sparse ? "sparse" : "dense", s->spec.width,
                         ps_update_name(s->spec.update.kind));
-  uint64_t rows = get64(p + 64);
+  uint64_t rows = common_get_u64(p + 64);
   size_t rb = row_bytes(s);
   if (rows > (blob.len - HEADER_BYTES - 4) / rb || blob.len != HEADER_BYTES + rows * rb + 4)
     return fl_set_error(FL_EFORMAT, "parameter server shard blob: %zu bytes do not hold its %llu rows of %zu bytes",
                         blob.len, (unsigned long long)rows, rb);
-  uint32_t stored = get32(p + blob.len - 4), actual = common_crc32c(0, p, blob.len - 4);
+  uint32_t stored = common_get_u32(p + blob.len - 4), actual = common_crc32c(0, p, blob.len - 4);
   if (stored != actual)
     return fl_set_error(FL_ECORRUPT, "parameter server shard blob: checksum mismatch (stored %08x, computed %08x)",
                         stored, actual);
@@ -354,7 +341,7 @@ fl_status ps_shard_decode(ps_shard *s, fl_bytes blob) {
   for (uint64_t i = 0; st == FL_OK && i < rows; i++) {
     uint64_t r = i;
     if (spec.sparse) {
-      uint64_t key = get64(q);
+      uint64_t key = common_get_u64(q);
       q += 8;
       st = check_keys(fresh, &key, 1, "shard blob");
       if (st == FL_OK && row_of(fresh, key, false) != UINT64_MAX)
@@ -365,7 +352,7 @@ fl_status ps_shard_decode(ps_shard *s, fl_bytes blob) {
     memcpy(fresh->values + r * w, q, w * sizeof(float)), q += w * sizeof(float);
     if (fresh->slots)
       memcpy(fresh->state + r * w * fresh->slots, q, w * fresh->slots * sizeof(float)), q += w * fresh->slots * sizeof(float);
-    if (fresh->steps) fresh->steps[r] = get32(q), q += 4;
+    if (fresh->steps) fresh->steps[r] = common_get_u32(q), q += 4;
   }
   if (st != FL_OK) {
     ps_shard_destroy(fresh);

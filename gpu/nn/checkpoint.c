@@ -54,19 +54,6 @@ typedef struct ckpt_header {
   checkpoint_state st;
 } ckpt_header;
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 /* zlib's crc32 takes a uInt length: feed it in pieces. */
 static uint32_t crc_of(const uint8_t *p, size_t len) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -92,19 +79,19 @@ fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, o
   if (s != FL_OK) return s;
   uint8_t *p = out->data;
   memcpy(p, CHECKPOINT_MAGIC, 8);
-  put32(p + 8, CHECKPOINT_VERSION);
-  put32(p + 12, HEADER_BYTES);
-  put64(p + 16, nv);
-  put64(p + 24, nb);
-  put64(p + 32, nvel);
-  put32(p + 40, st->epoch);
-  put32(p + 44, opt ? (uint32_t)optim_get_options(opt)->kind : 0);
-  put64(p + 48, st->step);
+  common_put_u32(p + 8, CHECKPOINT_VERSION);
+  common_put_u32(p + 12, HEADER_BYTES);
+  common_put_u64(p + 16, nv);
+  common_put_u64(p + 24, nb);
+  common_put_u64(p + 32, nvel);
+  common_put_u32(p + 40, st->epoch);
+  common_put_u32(p + 44, opt ? (uint32_t)optim_get_options(opt)->kind : 0);
+  common_put_u64(p + 48, st->step);
   memcpy(p + 56, &st->position, 8);
   memcpy(p + 64, &st->lr, 8);
-  put64(p + 72, opt ? optim_steps(opt) : 0);
+  common_put_u64(p + 72, opt ? optim_steps(opt) : 0);
   memcpy(p + 80, &st->loss_scale, 4);
-  put32(p + 84, st->loss_scale_good);
+  common_put_u32(p + 84, st->loss_scale_good);
   size_t off = HEADER_BYTES;
   /* to_host copies bytes (memcpy / cudaMemcpy): the blob's offsets need no alignment. */
   if (nv) {
@@ -123,7 +110,7 @@ fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, o
     if (s != FL_OK) return s;
     off += nvel * sizeof(float);
   }
-  put32(p + off, crc_of(p, off));
+  common_put_u32(p + off, crc_of(p, off));
   out->len = off + TRAILER_BYTES;
   return FL_OK;
 }
@@ -137,8 +124,8 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
     return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes, shorter than its %u-byte header",
                         blob.len, V1_HEADER_BYTES + TRAILER_BYTES);
   const uint8_t *p = blob.data;
-  h->version = get32(p + 8);
-  h->header_bytes = get32(p + 12);
+  h->version = common_get_u32(p + 8);
+  h->header_bytes = common_get_u32(p + 12);
   if (h->version != CHECKPOINT_VERSION && h->version != 1)
     return fl_set_error(FL_EFORMAT, "checkpoint: version %u, this flint reads versions 1 and %u", h->version,
                         CHECKPOINT_VERSION);
@@ -149,18 +136,18 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (blob.len < want + TRAILER_BYTES)
     return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes, shorter than its %u-byte header",
                         blob.len, want + TRAILER_BYTES);
-  h->values = get64(p + 16);
-  h->buffers = get64(p + 24);
-  h->state = get64(p + 32);
-  h->st.epoch = get32(p + 40);
-  h->kind = get32(p + 44); /* version 1: 0, SGD */
-  h->st.step = get64(p + 48);
+  h->values = common_get_u64(p + 16);
+  h->buffers = common_get_u64(p + 24);
+  h->state = common_get_u64(p + 32);
+  h->st.epoch = common_get_u32(p + 40);
+  h->kind = common_get_u32(p + 44); /* version 1: 0, SGD */
+  h->st.step = common_get_u64(p + 48);
   memcpy(&h->st.position, p + 56, 8);
   memcpy(&h->st.lr, p + 64, 8);
-  h->optim_steps = h->version == 1 ? h->st.step : get64(p + 72);
+  h->optim_steps = h->version == 1 ? h->st.step : common_get_u64(p + 72);
   if (h->version != 1) {
     memcpy(&h->st.loss_scale, p + 80, 4);
-    h->st.loss_scale_good = get32(p + 84);
+    h->st.loss_scale_good = common_get_u32(p + 84);
   }
   /* Each count is checked against the length before the sum, so nothing overflows. */
   uint64_t room = (blob.len - want - TRAILER_BYTES) / sizeof(float);
@@ -172,7 +159,7 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (blob.len != expected)
     return fl_set_error(FL_EFORMAT, "checkpoint: %zu bytes, but its header makes it %zu (trailing bytes)",
                         blob.len, expected);
-  uint32_t stored = get32(p + expected - TRAILER_BYTES), actual = crc_of(p, expected - TRAILER_BYTES);
+  uint32_t stored = common_get_u32(p + expected - TRAILER_BYTES), actual = crc_of(p, expected - TRAILER_BYTES);
   if (stored != actual)
     return fl_set_error(FL_ECORRUPT, "checkpoint: checksum mismatch (stored %08x, computed %08x): the blob is "
                         "corrupt", stored, actual);
