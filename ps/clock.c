@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <string.h>
 #include <time.h>
 
 #include "ps/ps.h"
@@ -29,11 +30,19 @@ fl_status ps_clocks_create(uint32_t workers, ps_clocks **out) {
   }
   c->workers = workers;
   pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC); /* timeouts immune to wall-clock steps */
-  pthread_cond_init(&c->changed, &attr);
-  pthread_condattr_destroy(&attr);
-  pthread_mutex_init(&c->mu, NULL);
+  int rc = pthread_condattr_init(&attr);
+  if (rc == 0) {
+    rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC); /* timeouts immune to wall-clock steps */
+    if (rc == 0) rc = pthread_cond_init(&c->changed, &attr);
+    pthread_condattr_destroy(&attr);
+  }
+  if (rc == 0 && (rc = pthread_mutex_init(&c->mu, NULL)) != 0) pthread_cond_destroy(&c->changed);
+  if (rc != 0) {
+    common_free(c->clock);
+    common_free(c->retired);
+    common_free(c);
+    return fl_set_error(FL_EINTERNAL, "parameter server clocks: pthread init: %s", strerror(rc));
+  }
   *out = c;
   return FL_OK;
 }

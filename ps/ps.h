@@ -14,8 +14,8 @@
  * This layer holds state and arithmetic only: who hosts a shard, and how pushes and pulls
  * reach it, sit above it. Everything that arrives from elsewhere (keys, blobs) is checked.
  *
- * Threading: a shard and a clock table are each used under their caller's lock, except
- * ps_clocks, which locks itself (workers wait on it from their own threads).
+ * Threading: a shard is used by one thread at a time (its host serializes the requests); a
+ * clock table locks itself, since workers wait on it from their own threads.
  */
 #ifndef FLINT_PS_PS_H
 #define FLINT_PS_PS_H
@@ -58,7 +58,8 @@ const char *ps_update_name(ps_update_kind kind);
 
 /* ---- partitioning ------------------------------------------------------------------------
  * Dense: shard s of S holds [ps_range_lo(s), ps_range_lo(s + 1)), ranges as equal as can be
- * (the first keys % S ranges one key longer). Sparse: the shard of common_hash64(key) % S. */
+ * (the first keys % S ranges one key longer). Sparse: the shard of common_hash64(key) % S.
+ * A dense key >= keys has no shard: the answer is then >= S (the shard calls refuse it). */
 uint32_t ps_shard_of(const ps_table_spec *spec, uint32_t shards, uint64_t key);
 uint64_t ps_range_lo(const ps_table_spec *spec, uint32_t shards, uint32_t shard);
 

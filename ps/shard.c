@@ -178,13 +178,27 @@ static uint64_t row_of(ps_shard *s, uint64_t key, bool make) {
   return r;
 }
 
-/* Room for n more sparse rows, so that nothing fails once a push or set starts changing rows. */
-static fl_status reserve_for(ps_shard *s, size_t n) {
+/* Room for the keys that are new (a new key repeated in the batch counts each time: at most
+ * n), so that nothing fails once a push or set starts changing rows. */
+static fl_status reserve_for(ps_shard *s, const uint64_t *keys, size_t n) {
   if (!s->spec.sparse || n == 0) return FL_OK;
-  uint64_t need = s->rows + n, cap = s->cap ? s->cap : 16;
+  uint64_t fresh = 0;
+  for (size_t i = 0; i < n; i++) fresh += row_of(s, keys[i], false) == UINT64_MAX;
+  if (fresh == 0) return FL_OK;
+  uint64_t need = s->rows + fresh, cap = s->cap ? s->cap : 16;
   while (cap < need) cap *= 2;
   fl_status st = rows_reserve(s, cap);
   if (st == FL_OK) st = index_reserve(s, need);
+  return st;
+}
+
+/* Room for `rows` more sparse rows, whatever their keys (a blob being decoded). */
+static fl_status reserve_rows(ps_shard *s, uint64_t rows) {
+  if (!s->spec.sparse || rows == 0) return FL_OK;
+  uint64_t cap = s->cap ? s->cap : 16;
+  while (cap < s->rows + rows) cap *= 2;
+  fl_status st = rows_reserve(s, cap);
+  if (st == FL_OK) st = index_reserve(s, s->rows + rows);
   return st;
 }
 
@@ -203,7 +217,7 @@ static void update_row(const ps_update *u, size_t w, float *x, float *st, uint32
     }
     break;
   case PS_UPDATE_ADAM: {
-    uint32_t t = ++*step;
+    uint32_t t = *step < UINT32_MAX ? ++*step : *step; /* by then beta^t is 0 anyway */
     float bias1 = (float)(1.0 - pow(u->beta1, t)), bias2 = (float)(1.0 - pow(u->beta2, t));
     float *m = st, *v = st + w;
     for (size_t j = 0; j < w; j++) {
@@ -219,7 +233,7 @@ static void update_row(const ps_update *u, size_t w, float *x, float *st, uint32
 fl_status ps_shard_push(ps_shard *s, const uint64_t *keys, size_t n, const float *grads) {
   if (!s || (n && (!keys || !grads))) return fl_set_error(FL_EINVAL, "parameter server push: NULL argument");
   fl_status st = check_keys(s, keys, n, "push");
-  if (st == FL_OK) st = reserve_for(s, n);
+  if (st == FL_OK) st = reserve_for(s, keys, n);
   if (st != FL_OK) return st;
   size_t w = s->spec.width;
   for (size_t i = 0; i < n; i++) {
@@ -246,7 +260,7 @@ fl_status ps_shard_pull(const ps_shard *s, const uint64_t *keys, size_t n, float
 fl_status ps_shard_set(ps_shard *s, const uint64_t *keys, size_t n, const float *values) {
   if (!s || (n && (!keys || !values))) return fl_set_error(FL_EINVAL, "parameter server set: NULL argument");
   fl_status st = check_keys(s, keys, n, "set");
-  if (st == FL_OK) st = reserve_for(s, n);
+  if (st == FL_OK) st = reserve_for(s, keys, n);
   if (st != FL_OK) return st;
   size_t w = s->spec.width;
   for (size_t i = 0; i < n; i++) memcpy(s->values + row_of(s, keys[i], true) * w, values + i * w, w * sizeof(float));
@@ -335,7 +349,7 @@ fl_status ps_shard_decode(ps_shard *s, fl_bytes blob) {
   /* Into a fresh shard, swapped in only once every row is in. */
   ps_shard *fresh = NULL;
   fl_status st = ps_shard_create(&s->spec, s->shards, s->index, &fresh);
-  if (st == FL_OK) st = reserve_for(fresh, rows);
+  if (st == FL_OK) st = reserve_rows(fresh, rows);
   size_t w = s->spec.width;
   const uint8_t *q = p + HEADER_BYTES;
   for (uint64_t i = 0; st == FL_OK && i < rows; i++) {

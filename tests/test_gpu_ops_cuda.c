@@ -200,7 +200,10 @@ static void test_gemm_precisions(void **state) {
   assert_ok(gpu->ops->to_host(gpu, &got, c, sizeof got));
   assert_true(got == one_plus);
   for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
-    assert_ok(fl_device_set_precision(gpu, ps[i]));
+    if (fl_device_set_precision(gpu, ps[i]) == FL_EDEVICE) { /* an older GPU: named, and refused */
+      fprintf(stderr, "  precision %s: not on this GPU (%s)\n", fl_precision_name(ps[i]), fl_last_error());
+      continue;
+    }
     assert_int_equal(fl_device_precision(gpu), ps[i]);
     assert_ok(gpu->ops->gemm(gpu, false, false, 1, 1, 1, 1.0f, a, 1, b, 1, 0.0f, c, 1));
     assert_ok(gpu->ops->to_host(gpu, &got, c, sizeof got));
@@ -244,7 +247,7 @@ static void test_gemm_precisions(void **state) {
     run_gemm_batched(false, false, 4, 6, 0, 3, 1, 0, false, 1.0f, 0.0f);
     gemm_tol = GEMM_TOL;
   }
-  assert_ok(fl_device_set_precision(gpu, FL_PRECISION_FP16));
+  assert_ok(fl_device_set_precision(gpu, FL_PRECISION_FP16)); /* compute capability 7.0: any GPU CUDA 13 runs on */
   float big = 70000.0f;
   assert_ok(gpu->ops->from_host(gpu, a, &big, sizeof big));
   assert_ok(gpu->ops->gemm(gpu, false, false, 1, 1, 1, 1.0f, a, 1, b, 1, 0.0f, c, 1));

@@ -113,6 +113,8 @@ static void test_bad_optimizer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", BASE, "--sync", "local:"), "--sync 'local:'");
   expect_usage_error(RUN_FLINT("train", BASE, "--sync", "adacomm:x"), "--sync 'adacomm:x'");
   expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--sync", "local:4"), "--sync local and adacomm are for the data-parallel");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "local:4", "--precision", "fp16", "--device", "cuda"),
+                     "--precision fp16 needs --sync bsp");
   /* Mixed precision: cuda only, refused clearly on the cpu before anything starts. */
   expect_usage_error(RUN_FLINT("train", BASE, "--precision", "fp8"), "--precision 'fp8' is not fp32, tf32, bf16 or fp16");
   expect_usage_error(RUN_FLINT("train", BASE, "--precision", "bf16"),

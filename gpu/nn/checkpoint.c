@@ -163,8 +163,9 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (stored != actual)
     return fl_set_error(FL_ECORRUPT, "checkpoint: checksum mismatch (stored %08x, computed %08x): the blob is "
                         "corrupt", stored, actual);
-  if (!(h->st.loss_scale >= 0) || !isfinite(h->st.loss_scale))
-    return fl_set_error(FL_EFORMAT, "checkpoint: a loss scale of %g", (double)h->st.loss_scale);
+  /* 0: no scaler; else what a loss scaler can hold, [2^-24, 2^24]. */
+  if (h->st.loss_scale != 0 && !(h->st.loss_scale >= 0x1p-24f && h->st.loss_scale <= 0x1p24f))
+    return fl_set_error(FL_EFORMAT, "checkpoint: a loss scale of %g (0, or 2^-24 to 2^24)", (double)h->st.loss_scale);
   if (h->state && h->kind > OPTIM_LAMB)
     return fl_set_error(FL_EFORMAT, "checkpoint: state of an unknown optimizer %u", h->kind);
   return FL_OK;
@@ -179,11 +180,15 @@ static fl_status check_size(const char *what, uint64_t in_blob, size_t here) {
 /* The optimizer's state in the blob against opt's: the same kind, then the same size. */
 static fl_status check_state(const ckpt_header *h, optim *opt) {
   optim_kind kind = optim_get_options(opt)->kind;
+  size_t want = optim_size(opt) * optim_state_slots(kind);
+  if (!h->state && want)
+    return fl_set_error(FL_EINVAL, "checkpoint: it holds weights only, no optimizer state (fl_model_save's, or "
+                        "written without an optimizer): load it without one");
   if (h->state && h->kind != (uint32_t)kind)
     return fl_set_error(FL_EINVAL, "checkpoint: it holds %s's optimizer state%s, but this run's optimizer is %s",
                         optim_kind_name((optim_kind)h->kind), h->version == 1 ? " (a version 1 file)" : "",
                         optim_kind_name(kind));
-  return check_size("optimizer state", h->state, optim_size(opt) * optim_state_slots(kind));
+  return check_size("optimizer state", h->state, want);
 }
 
 fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers, optim *opt,

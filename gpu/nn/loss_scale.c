@@ -9,8 +9,10 @@
 #include "gpu/nn/nn.h"
 
 /* Beyond 2^24 a float scale no longer helps fp16 (whose smallest subnormal is 2^-24) and
- * products of it with large gradients overflow fp32 itself. */
+ * products of it with large gradients overflow fp32 itself. Below 2^-24 halving would reach
+ * 0 after some 150 bad steps, and 1 / 0 would turn the next gradients into NaN. */
 #define MAX_SCALE 16777216.0f
+#define MIN_SCALE (1.0f / 16777216.0f)
 
 fl_status loss_scaler_unscale(loss_scaler *s, fl_tensor *grads, bool *step) {
   fl_device *dev = grads->dev;
@@ -21,7 +23,7 @@ fl_status loss_scaler_unscale(loss_scaler *s, fl_tensor *grads, bool *step) {
   if (st != FL_OK) return st;
   *step = isfinite(sum);
   if (!*step) {
-    s->scale *= 0.5f;
+    if (s->scale * 0.5f >= MIN_SCALE) s->scale *= 0.5f;
     s->good_steps = 0;
     s->skipped++;
     return FL_OK;

@@ -306,7 +306,8 @@ typedef struct loss_scaler {
 #define LOSS_SCALER_INIT {65536.0f, 0, 2000, 0}
 /* After backward (and, in data parallelism, the allreduce: every rank then decides alike):
  * *step is whether every gradient is finite; if so grads are divided by the scale. Either
- * way the scale is updated for the next step (the caller gives it to the model). Blocks. */
+ * way the scale is updated for the next step (the caller gives it to the model), within
+ * [2^-24, 2^24]. Blocks. */
 fl_status loss_scaler_unscale(loss_scaler *s, fl_tensor *grads, bool *step);
 
 /* ---- learning-rate schedules ---------------------------------------------------------- */

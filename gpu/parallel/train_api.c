@@ -38,6 +38,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
                         "batch %u and epochs %u", sched.batch, sched.epochs, g.batch, g.epochs);
   sched.batch = g.batch;
   sched.epochs = g.epochs;
+  if (sched.lr == 0) sched.lr = 0.1; /* as ranks, batch and epochs: 0 is the default */
   optim_schedule checked;
   fl_status s = optim_schedule_of(&sched, &checked);
   if (s != FL_OK) return s;

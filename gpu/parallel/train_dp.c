@@ -22,11 +22,14 @@
  *      first such step, its loss and its rate (REPORT_DIVERGED), without a retry.
  * Local SGD (train_arg.sync local or adacomm): no gradient is reduced; each rank steps on its
  * own gradients, and every tau steps (and at the end of each epoch, before evaluation and the
- * checkpoint) the ranks average their weights and batch-norm statistics. AdaComm shrinks tau
- * after each epoch as the training loss falls (adacomm_tau).
- * Precision: each rank's device multiplies in train_arg.precision (flint/gpu.h); with fp16,
- * a loss scaler (gpu/nn/nn.h) scales the loss gradient and, after the allreduce, unscales the
- * gradients or skips the step when they overflowed; its scale is in the checkpoint.
+ * checkpoint) the ranks average their weights and batch-norm statistics. AdaComm sets tau
+ * after each epoch from the training loss and the rate (adacomm_tau). The checkpoint holds
+ * rank 0's optimizer state and not AdaComm's reference: a retried attempt or --resume gives
+ * every rank rank 0's momenta and starts AdaComm again at tau0.
+ * Precision: each rank's device multiplies in train_arg.precision (flint/gpu.h); with fp16
+ * (synchronous only: the options refuse it with local SGD), a loss scaler (gpu/nn/nn.h)
+ * scales the loss gradient and, after the allreduce, unscales the averaged gradients or skips
+ * the step when they overflowed, alike on every rank; its scale is in the checkpoint.
  * Overlap (the default, as PyTorch DDP): buckets go to the rank's communication thread
  * (the comm worker, gpu/comm/comm.h), which allreduces them in order while backward goes on;
  * the rank waits for them all before the SGD step. Without it (train_arg.overlap false) each
@@ -188,14 +191,17 @@ static fl_status rank_average(rank_state *r, uint64_t *reduced) {
   return s;
 }
 
-/* AdaComm's period after an epoch (Wang and Joshi): tau0 x sqrt((lr / lr0) x (F / F0)),
- * rounded up, where F0 and lr0 are the first epoch's training loss and last rate and F and
- * lr this epoch's; it only shrinks (1 to tau0). Every rank has the same reduced loss and
- * rate, so every rank picks the same period. */
-static uint32_t adacomm_tau(uint32_t tau0, double f0, double lr0, double f, double lr) {
-  if (!(f0 > 0) || !(lr0 > 0) || !isfinite(f) || !(f >= 0)) return tau0;
-  double t = ceil(sqrt((lr / lr0) * (f / f0)) * tau0);
-  return t < 1 ? 1 : t > tau0 ? tau0 : (uint32_t)t;
+/* AdaComm's period after an epoch (Wang and Joshi): the error-runtime bound's best period
+ * goes as sqrt(F / lr^3), so tau = tau0 x sqrt((lr0 / lr)^3 x F / F0), rounded up, where F0
+ * is the first epoch's mean training loss, lr0 the schedule's peak rate, and F and lr the
+ * epoch just ended: averaging grows more frequent as the loss falls, and rarer again as the
+ * rate decays. Kept to [1, ADACOMM_MAX_TAU]; a rate of 0 keeps the period. Every rank has
+ * the same reduced loss and rate, so every rank picks the same period. */
+#define ADACOMM_MAX_TAU 100000u
+static uint32_t adacomm_tau(uint32_t tau0, uint32_t tau, double f0, double lr0, double f, double lr) {
+  if (!(f0 > 0) || !(lr0 > 0) || !(lr > 0) || !isfinite(f) || !(f >= 0)) return tau;
+  double r = lr0 / lr, t = ceil(sqrt(r * r * r * (f / f0)) * tau0);
+  return !(t >= 1) ? 1 : t > ADACOMM_MAX_TAU ? ADACOMM_MAX_TAU : (uint32_t)t;
 }
 
 static fl_status rank_report(rank_state *r, const train_report *rep) {
@@ -339,7 +345,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   /* Local SGD and AdaComm: no gradient allreduce; the weights are averaged every tau steps. */
   const bool local = a.sync != GPU_TRAIN_SYNC_BSP;
   uint32_t tau = a.tau ? a.tau : 1, since_average = 0;
-  double f0 = 0, lr0 = 0; /* AdaComm's reference: the first epoch's loss and rate */
+  double f0 = 0; /* AdaComm's reference: the first epoch's loss */
   bucketing bk = {.model = r.model, .comm = local ? NULL : r.comm, .worker = r.worker,
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
@@ -444,12 +450,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     double in3[3] = {st[0], st[1], (double)images}, sum3[3];
     FL_CHECK(rank_sum(&r, in3, sum3));
     if (a.sync == GPU_TRAIN_SYNC_ADACOMM && sum3[2] > 0) {
-      if (f0 == 0) {
-        f0 = sum3[0] / sum3[2];
-        lr0 = lr;
-      } else {
-        tau = adacomm_tau(a.tau ? a.tau : 1, f0, lr0, sum3[0] / sum3[2], lr);
-      }
+      if (f0 == 0) f0 = sum3[0] / sum3[2];
+      else tau = adacomm_tau(a.tau ? a.tau : 1, tau, f0, optim_schedule_peak_lr(&a.schedule), sum3[0] / sum3[2], lr);
     }
     double test_loss = NAN, test_acc = NAN;
     FL_CHECK(rank_evaluate(&r, epoch, &test_loss, &test_acc));

@@ -199,6 +199,9 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (o->sync != GPU_TRAIN_SYNC_BSP && o->model == NN_TRANSFORMER)
     return fl_set_error(FL_EINVAL, "--sync local and adacomm are for the data-parallel models (the transformer's "
                         "tensor and pipeline ranks hold different weights)");
+  if (o->sync != GPU_TRAIN_SYNC_BSP && o->precision == FL_PRECISION_FP16)
+    return fl_set_error(FL_EINVAL, "--precision fp16 needs --sync bsp: its loss scaler decides on the averaged "
+                        "gradients, which local SGD does not form (use bf16)");
   if ((unsigned)o->precision > FL_PRECISION_FP16)
     return fl_set_error(FL_EINVAL, "--precision: unknown precision %d", (int)o->precision);
   if (o->precision != FL_PRECISION_FP32 && o->device != FL_DEVICE_CUDA)

@@ -57,9 +57,10 @@ typedef enum fl_precision {
   FL_PRECISION_BF16 = 2,
   FL_PRECISION_FP16 = 3,
 } fl_precision;
-/* Sets dev's precision for the operations queued after it. FL_EINVAL for a value outside
- * the enum or for any but FP32 on the cpu device (naming both); FL_EDEVICE for a GPU too old
- * for it (naming its compute capability). */
+/* Sets dev's precision for the operations queued after it; call it from the thread using the
+ * device (as every device call). Does not block. FL_EINVAL for a value outside the enum or
+ * for any but FP32 on the cpu device (naming both); FL_EDEVICE for a GPU too old for it
+ * (naming its compute capability). */
 FL_API fl_status fl_device_set_precision(fl_device *dev, fl_precision precision);
 FL_API fl_precision fl_device_precision(const fl_device *dev);
 /* "fp32", "tf32", "bf16", "fp16" (and "?" for other values); never NULL. */

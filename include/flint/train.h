@@ -193,6 +193,7 @@ typedef struct fl_lr_schedule {
   int num_milestones;
   double power;           /* "poly" (0: 2) */
 } fl_lr_schedule;
+/* Set `epochs` before fl_lr_schedule_at (fl_train sets it, and batch, itself). */
 #define FL_LR_SCHEDULE_INIT {0.1, 0, 0, 0, NULL, {0}, 0, 0}
 /* *lr = the rate at `epoch`, a real number (step i of n in epoch e is e + i / n; before 0
  * reads as 0, past the end as the end). FL_EINVAL names a bad field. */
@@ -219,10 +220,12 @@ typedef struct fl_grad_scaler_options {
 /* opts NULL: FL_GRAD_SCALER_OPTIONS_INIT (PyTorch's defaults). FL_ESTATE for an unfinished
  * model, FL_EINVAL for bad options. */
 FL_API fl_status fl_grad_scaler_create(fl_model *m, const fl_grad_scaler_options *opts, fl_grad_scaler **out);
-/* The model's loss gradients go back to unscaled. */
+/* The model's loss gradients go back to unscaled: the model must outlive its scaler. */
 FL_API void fl_grad_scaler_destroy(fl_grad_scaler *gs);
 /* After fl_model_backward: *step true, with the gradients unscaled, when all are finite;
- * false (gradients untouched: skip the step) otherwise. Updates the scale. Blocks. */
+ * false (gradients untouched: skip the step) otherwise. Updates the scale, within [2^-24,
+ * 2^24]. Blocks (reads a norm back from the device). A scaler's state is not part of
+ * fl_checkpoint_save's file: a resumed loop starts again from the initial scale. */
 FL_API fl_status fl_grad_scaler_unscale(fl_grad_scaler *gs, bool *step);
 FL_API double fl_grad_scaler_scale(const fl_grad_scaler *gs);
 /* Steps skipped so far. */
@@ -269,7 +272,7 @@ typedef struct fl_train_options {
   fl_device_kind device;    /* FL_DEVICE_CPU or FL_DEVICE_CUDA (a GPU per rank's executor) */
   uint32_t batch;           /* the global batch, a multiple of ranks (0: 256) */
   uint32_t epochs;          /* 0: 1 */
-  fl_lr_schedule schedule;  /* its batch and epochs: 0 (fl_train's own above) */
+  fl_lr_schedule schedule;  /* its batch and epochs: 0 (fl_train's own above); lr 0: 0.1 */
   fl_optimizer_options optimizer;
   double clip_grad_norm;    /* > 0: clip the averaged gradients to this global norm */
   double label_smoothing;   /* the training loss's, in [0, 1) (PyTorch's CrossEntropyLoss's) */
@@ -323,12 +326,14 @@ FL_API fl_status fl_model_load(fl_model *m, const char *path);
  * optimizer's state (momenta, Adam's moments) and step count, with the epoch and step you
  * stand at; the format of fl_train's checkpoint_path and `flint train --checkpoint`, so either
  * side can resume the other's (torch.save of model and optimizer state_dicts). opt must step
- * m. Written through a temporary file and a rename; FL_EIO names the file. */
+ * m. Written through a temporary file and a rename; FL_EIO names the file. Blocks (reads the
+ * device). */
 FL_API fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step, const char *path);
 /* Reads it back into a finished model of the same architecture and an optimizer of the same
  * kind (NULL: weights only), and gives its epoch and step (each may be NULL). FL_ENOENT or
  * FL_EIO for the file, FL_EFORMAT for a damaged one, FL_EINVAL naming a size or optimizer
- * that differs; nothing changes then. */
+ * that differs, or an optimizer given for a file of weights only; nothing changes then.
+ * Blocks. */
 FL_API fl_status fl_checkpoint_load(fl_model *m, fl_optimizer *opt, const char *path, uint32_t *epoch, uint64_t *step);
 
 #ifdef __cplusplus

@@ -241,7 +241,9 @@ static fl_status gemm_in_precision(fl_device *dev, cuda_impl *impl, bool trans_a
     compute = CUBLAS_COMPUTE_32F;
     size_t span_a = k == 0 ? 0 : operand_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch);
     size_t span_b = k == 0 ? 0 : operand_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch);
-    size_t bytes = (span_a + span_b) * 2;
+    /* B starts 16-byte aligned, as the tensor cores' loads want. */
+    size_t a_room = (span_a + 7) & ~(size_t)7;
+    size_t bytes = (a_room + span_b) * 2;
     if (bytes > impl->half_bytes) {
       /* One stream: work queued on the old buffer runs before anything that reuses it. */
       cuda_allocator_free(impl->alloc, impl->half);
@@ -250,7 +252,7 @@ static fl_status gemm_in_precision(fl_device *dev, cuda_impl *impl, bool trans_a
       FL_CHECK(cuda_allocator_alloc(impl->alloc, bytes, &impl->half));
       impl->half_bytes = bytes;
     }
-    uint16_t *half_a = impl->half, *half_b = half_a + span_a;
+    uint16_t *half_a = impl->half, *half_b = half_a + a_room;
     CUDA_CHECK(&impl->es, kernels_to_16bit(impl->stream, span_a, a, bf16, half_a));
     CUDA_CHECK(&impl->es, kernels_to_16bit(impl->stream, span_b, b, bf16, half_b));
     in_a = half_a;
