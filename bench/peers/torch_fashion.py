@@ -15,6 +15,13 @@ import struct
 import sys
 import time
 
+# A row's thread count is the whole process's: Debian's torch does its linear layers' GEMMs in
+# OpenBLAS (pthreads), which otherwise starts a thread per core whatever torch.set_num_threads
+# says, so that the "1 thread" row ran its GEMMs on 2 cores. It reads the variable when it
+# loads, hence before torch is imported.
+if __name__ == "__main__" and len(sys.argv) > 2:
+    os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[2]
+
 import numpy as np
 import torch
 from torch import nn

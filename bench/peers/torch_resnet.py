@@ -10,8 +10,16 @@ cross-entropy, backward and SGD with momentum, timed over STEPS after two warm-u
 JSON line: {"images_per_s": ...}.
 """
 import json
+import os
 import sys
 import time
+
+# A row's thread count is the whole process's: Debian's torch does its linear layers' GEMMs in
+# OpenBLAS (pthreads), which otherwise starts a thread per core whatever torch.set_num_threads
+# says, so that the "1 thread" row ran its GEMMs on 2 cores. It reads the variable when it
+# loads, hence before torch is imported.
+if __name__ == "__main__" and len(sys.argv) > 7:
+    os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[7]
 
 import torch
 from torch import nn
