@@ -629,14 +629,15 @@ static void test_conv2d_gradients(void **state) {
   }
 }
 
-/* Batches whose columns outgrow the layer's cache-sized chunk (1 MB) go through im2col and the
- * GEMM a few images at a time: 5 images of 8x36x36 in chunks of 2, 2 and 1, and 3 of 8x64x64
- * one at a time. Output and gradients against a direct convolution in double. */
+/* Batches whose columns outgrow the layer's cache-sized chunk (256 KB) go through im2col and the
+ * GEMM a few images at a time: 5 images of 8x19x19 in chunks of 2, 2 and 1, 3 of 8x32x32 one
+ * at a time, 4 of 8x20x20 (5x5, stride 2) in chunks of 3 and 1. Output and gradients against a
+ * direct convolution in double. */
 static void test_conv2d_in_chunks_matches_direct_convolution(void **state) {
   (void)state;
   static const struct {
     int n, c, h, w, oc, k, stride, pad;
-  } cases[] = {{5, 8, 36, 36, 4, 3, 1, 1}, {3, 8, 64, 64, 3, 3, 1, 1}, {4, 8, 40, 40, 4, 5, 2, 2}};
+  } cases[] = {{5, 8, 19, 19, 4, 3, 1, 1}, {3, 8, 32, 32, 3, 3, 1, 1}, {4, 8, 20, 20, 4, 5, 2, 2}};
   for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
     int n = cases[t].n, c = cases[t].c, h = cases[t].h, w = cases[t].w, oc = cases[t].oc, k = cases[t].k,
         st = cases[t].stride, pad = cases[t].pad;
