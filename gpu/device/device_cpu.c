@@ -456,20 +456,29 @@ static fl_status cpu_batchnorm_forward(fl_device *dev, int n, int c, int hw, con
   for (int ch = 0; ch < c; ch++) {
     float mean, inv_std;
     if (train) {
-      /* Two passes in double: the one-pass E[x^2] - E[x]^2 loses the variance to
-       * cancellation when the mean is large against the spread. */
+      /* Two passes: the one-pass E[x^2] - E[x]^2 loses the variance to cancellation when
+       * the mean is large against the spread. Each plane sums in float lanes (twice as
+       * many to a vector as double), the planes in double. The first pass sums x - k, k
+       * one of the channel's values, so that a large mean costs the float sums no
+       * precision; the second sums squares around the mean. */
+      const float k = x[(size_t)ch * hw];
       double s = 0;
       for (int i = 0; i < n; i++) {
         const float *p = x + ((size_t)i * c + ch) * hw;
-#pragma omp simd reduction(+ : s)
-        for (int j = 0; j < hw; j++) s += p[j];
+        float a = 0;
+#pragma omp simd reduction(+ : a)
+        for (int j = 0; j < hw; j++) a += p[j] - k;
+        s += a;
       }
-      double mu = s / (double)m;
+      double mu = k + s / (double)m;
+      const float muf = (float)mu;
       double ss = 0;
       for (int i = 0; i < n; i++) {
         const float *p = x + ((size_t)i * c + ch) * hw;
-#pragma omp simd reduction(+ : ss)
-        for (int j = 0; j < hw; j++) ss += ((double)p[j] - mu) * ((double)p[j] - mu);
+        float b = 0;
+#pragma omp simd reduction(+ : b)
+        for (int j = 0; j < hw; j++) b += (p[j] - muf) * (p[j] - muf);
+        ss += b;
       }
       double var = ss / (double)m;
       mean = (float)mu;
