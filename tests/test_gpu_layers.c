@@ -410,6 +410,32 @@ static void test_batchnorm_forward_matches_reference(void **state) {
   free(y);
 }
 
+/* Batch statistics over long planes whose mean is large against their spread (100 +- 0.001):
+ * float sums of x itself would lose the variance (a few percent here); the device sums x minus
+ * one of the channel's values. */
+static void test_batchnorm_statistics_with_a_large_mean_over_long_planes(void **state) {
+  (void)state;
+  int n = 3, c = 2, hw = 4000;
+  size_t len = (size_t)n * c * hw;
+  float *x = rand_buf(len), *y = zero_buf(len);
+  for (size_t i = 0; i < len; i++) x[i] = 100.0f + 0.001f * x[i];
+  float gamma[2] = {1, 1}, beta[2] = {0, 0}, rmean[2] = {0, 0}, rvar[2] = {1, 1}, mean[2], inv_std[2];
+  assert_ok(dev->ops->batchnorm_forward(dev, n, c, hw, x, gamma, beta, rmean, rvar, 0.1f, 1e-12f, true,
+                                        (bn_saved){mean, inv_std}, y));
+  for (int ch = 0; ch < c; ch++) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < hw; j++) s += x[((size_t)i * c + ch) * hw + j];
+    double mu = s / ((double)n * hw);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < hw; j++) ss += pow(x[((size_t)i * c + ch) * hw + j] - mu, 2);
+    assert_close(mean[ch], mu, 1e-7, "saved mean", (size_t)ch);
+    assert_close(inv_std[ch], 1 / sqrt(ss / ((double)n * hw) + 1e-12), 1e-3, "saved inv_std", (size_t)ch);
+  }
+  free(x);
+  free(y);
+}
+
 /* ---- optimizer ------------------------------------------------------------------------- */
 
 static void test_sgd_step_matches_pytorch_rule(void **state) {
@@ -1336,8 +1362,9 @@ int main(void) {
       cmocka_unit_test(test_models_follow_batches_that_shrink_and_grow),
       cmocka_unit_test(test_models_are_seeded),
       cmocka_unit_test(test_model_bad_specs_and_calls),
-      /* Last: its random data would shift the inputs of the finite-difference checks after it. */
+      /* Last: their random data would shift the inputs of the finite-difference checks after them. */
       cmocka_unit_test(test_conv2d_in_chunks_matches_direct_convolution),
+      cmocka_unit_test(test_batchnorm_statistics_with_a_large_mean_over_long_planes),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);
 }
