@@ -410,9 +410,8 @@ static void test_batchnorm_forward_matches_reference(void **state) {
   free(y);
 }
 
-/* Batch statistics over long planes whose mean is large against their spread (100 +- 0.001):
- * float sums of x itself would lose the variance (a few percent here); the device sums x minus
- * one of the channel's values. */
+/* Batch statistics over long planes whose mean is large against their spread (100 +- 0.001),
+ * now that planes sum in float: a one-pass variance (E[x^2] - E[x]^2) would lose it entirely. */
 static void test_batchnorm_statistics_with_a_large_mean_over_long_planes(void **state) {
   (void)state;
   int n = 3, c = 2, hw = 4000;

@@ -459,8 +459,8 @@ static fl_status cpu_batchnorm_forward(fl_device *dev, int n, int c, int hw, con
       /* Two passes: the one-pass E[x^2] - E[x]^2 loses the variance to cancellation when
        * the mean is large against the spread. Each plane sums in float lanes (twice as
        * many to a vector as double), the planes in double. The first pass sums x - k, k
-       * one of the channel's values, so that a large mean costs the float sums no
-       * precision; the second sums squares around the mean. */
+       * one of the channel's values, so that a plane's float sum stays near the spread,
+       * not the mean times the plane's length; the second sums squares around the mean. */
       const float k = x[(size_t)ch * hw];
       double s = 0;
       for (int i = 0; i < n; i++) {
