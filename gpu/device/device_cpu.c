@@ -330,11 +330,13 @@ static fl_status maxpool_forward_inside(int planes, int h, int w, int k, int str
         float best = in[at];
         for (int ki = 0; ki < k; ki++) {
           int32_t row = corner + ki * w;
-          for (int kj = 0; kj < k; kj++)
-            if (in[row + kj] > best) {
-              best = in[row + kj];
-              at = row + kj;
-            }
+          for (int kj = 0; kj < k; kj++) {
+            /* Selects, not a branch: which input wins is a coin toss a window. */
+            float v = in[row + kj];
+            bool wins = v > best;
+            at = wins ? row + kj : at;
+            best = wins ? v : best;
+          }
         }
         out[oy * ow + ox] = best;
         am[oy * ow + ox] = at;
