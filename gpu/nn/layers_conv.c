@@ -93,17 +93,19 @@ cleanup:
   return status;
 }
 
-/* Ungrouped convolutions go through im2col and the GEMM a chunk of images at a time. The
- * whole batch's columns are kk times its input (160 MB for 5x5 from 32 channels over 256
- * images of 14x14): written by im2col and read back by the GEMM's packing, they cost memory
- * bandwidth that columns kept in cache do not. A chunk's columns are about CONV_COL_BYTES, a
- * quarter of a core's L2 (1 MB here; measured on the CNN, 256 KB to 4 MB: the smaller the
- * faster, by 1 to 5%), but at least the weights' size, since each GEMM call packs the weights
- * again (ResNet's 3x3 from 512 channels on 4x4 images would otherwise pay 9 MB of packing per
- * image). */
+/* Ungrouped convolutions on the cpu go through im2col and the GEMM a chunk of images at a
+ * time. The whole batch's columns are kk times its input (160 MB for 5x5 from 32 channels
+ * over 256 images of 14x14): written by im2col and read back by the GEMM's packing, they cost
+ * memory bandwidth that columns kept in cache do not. A chunk's columns are about
+ * CONV_COL_BYTES, a quarter of a core's L2 (1 MB here; on the CNN, 64 KB to 4 MB measured the
+ * smaller the faster, by a few percent), but at least the weights' size, since each GEMM call
+ * packs the weights again (ResNet's 3x3 from 512 channels on 4x4 images would otherwise pay
+ * 9 MB of packing per image). */
 #define CONV_COL_BYTES (256u << 10)
 
 static int conv_chunk(const conv_layer *C) {
+  /* A GPU has no such cache to fit and wants the one large GEMM. */
+  if (fl_device_kind_of(C->base.store->dev) != FL_DEVICE_CPU) return C->n;
   size_t kk = (size_t)C->in_c * C->k * C->k;
   size_t per_image = kk * (size_t)C->oh * C->ow * sizeof(float), weights = kk * (size_t)C->out_c * sizeof(float);
   size_t want = weights > CONV_COL_BYTES ? weights : CONV_COL_BYTES;
