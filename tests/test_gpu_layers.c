@@ -410,6 +410,31 @@ static void test_batchnorm_forward_matches_reference(void **state) {
   free(y);
 }
 
+/* Batch statistics over long planes whose mean is large against their spread (100 +- 0.001),
+ * now that planes sum in float: a one-pass variance (E[x^2] - E[x]^2) would lose it entirely. */
+static void test_batchnorm_statistics_with_a_large_mean_over_long_planes(void **state) {
+  (void)state;
+  int n = 3, c = 2, hw = 4000;
+  size_t len = (size_t)n * c * hw;
+  float *x = rand_buf(len), *y = zero_buf(len);
+  for (size_t i = 0; i < len; i++) x[i] = 100.0f + 0.001f * x[i];
+  float gamma[2] = {1, 1}, beta[2] = {0, 0}, rmean[2] = {0, 0}, rvar[2] = {1, 1}, mean[2], inv_std[2];
+  assert_ok(dev->ops->batchnorm_forward(dev, n, c, hw, x, gamma, beta, rmean, rvar, 0.1f, 1e-12f, true,
+                                        (bn_saved){mean, inv_std}, y));
+  for (int ch = 0; ch < c; ch++) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < hw; j++) s += x[((size_t)i * c + ch) * hw + j];
+    double mu = s / ((double)n * hw);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < hw; j++) ss += pow(x[((size_t)i * c + ch) * hw + j] - mu, 2);
+    assert_close(mean[ch], mu, 1e-7, "saved mean", (size_t)ch);
+    assert_close(inv_std[ch], 1 / sqrt(ss / ((double)n * hw) + 1e-12), 1e-3, "saved inv_std", (size_t)ch);
+  }
+  free(x);
+  free(y);
+}
+
 /* ---- optimizer ------------------------------------------------------------------------- */
 
 static void test_sgd_step_matches_pytorch_rule(void **state) {
@@ -624,6 +649,80 @@ static void test_conv2d_gradients(void **state) {
     assert_fails_with(layer_forward(l, &xt, true, NULL), FL_EINVAL, "conv2d conv: input [1,");
     tensor_release(&xt);
     free(x);
+    layer_destroy(l);
+    layer_store_release(&s);
+  }
+}
+
+/* Batches whose columns outgrow the layer's cache-sized chunk (256 KB) go through im2col and the
+ * GEMM a few images at a time: 5 images of 8x19x19 in chunks of 2, 2 and 1, 3 of 8x32x32 one
+ * at a time, 4 of 8x20x20 (5x5, stride 2) in chunks of 3 and 1. Output and gradients against a
+ * direct convolution in double. */
+static void test_conv2d_in_chunks_matches_direct_convolution(void **state) {
+  (void)state;
+  static const struct {
+    int n, c, h, w, oc, k, stride, pad;
+  } cases[] = {{5, 8, 19, 19, 4, 3, 1, 1}, {3, 8, 32, 32, 3, 3, 1, 1}, {4, 8, 20, 20, 4, 5, 2, 2}};
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+    int n = cases[t].n, c = cases[t].c, h = cases[t].h, w = cases[t].w, oc = cases[t].oc, k = cases[t].k,
+        st = cases[t].stride, pad = cases[t].pad;
+    int oh = osz(h, k, st, pad), ow = osz(w, k, st, pad);
+    layer_store s;
+    layer_store_init(&s, dev);
+    layer *l;
+    assert_ok(layer_conv2d_create(&s, "conv", c, oc, k, st, pad, true, &l));
+    finish(&s);
+    memset(s.grads.data, 0, s.grads.numel * sizeof(float));
+    size_t xn = (size_t)n * c * h * w, yn = (size_t)n * oc * oh * ow, wn = (size_t)oc * c * k * k;
+    const float *wt = layer_param_value(l, 0), *b = layer_param_value(l, 1);
+    float *x = rand_buf(xn), *dyv = rand_buf(yn);
+    double *y_want = calloc(yn, sizeof *y_want), *dw_want = calloc(wn, sizeof *dw_want);
+    double *db_want = calloc((size_t)oc, sizeof *db_want), *dx_want = calloc(xn, sizeof *dx_want);
+    assert_non_null(y_want);
+    assert_non_null(dw_want);
+    assert_non_null(db_want);
+    assert_non_null(dx_want);
+    for (int i = 0; i < n; i++)
+      for (int o = 0; o < oc; o++)
+        for (int oy = 0; oy < oh; oy++)
+          for (int ox = 0; ox < ow; ox++) {
+            size_t yi = (((size_t)i * oc + o) * oh + oy) * ow + ox;
+            double acc = b[o], g = dyv[yi];
+            db_want[o] += g;
+            for (int ci = 0; ci < c; ci++)
+              for (int ki = 0; ki < k; ki++)
+                for (int kj = 0; kj < k; kj++) {
+                  int iy = oy * st - pad + ki, ix = ox * st - pad + kj;
+                  if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                  size_t xi = (((size_t)i * c + ci) * h + iy) * w + ix, wi = (((size_t)o * c + ci) * k + ki) * k + kj;
+                  acc += (double)wt[wi] * x[xi];
+                  dw_want[wi] += g * x[xi];
+                  dx_want[xi] += g * wt[wi];
+                }
+            y_want[yi] = acc;
+          }
+    int64_t shape[4] = {n, c, h, w};
+    fl_tensor xt = {0}, dyt = {0};
+    assert_ok(tensor_ensure(&xt, dev, 4, shape));
+    memcpy(xt.data, x, xn * sizeof *x);
+    const fl_tensor *y, *dx;
+    assert_ok(layer_forward(l, &xt, true, &y));
+    assert_int_equal(y->numel, yn);
+    assert_ok(layer_ensure_like(l, &dyt, y));
+    memcpy(dyt.data, dyv, yn * sizeof *dyv);
+    assert_ok(layer_backward(l, &dyt, true, &dx));
+    for (size_t i = 0; i < yn; i++) assert_close(y->data[i], y_want[i], 1e-4, "y", i);
+    for (size_t i = 0; i < wn; i++) assert_close(layer_param_grad(l, 0)[i], dw_want[i], 1e-4, "dW", i);
+    for (int i = 0; i < oc; i++) assert_close(layer_param_grad(l, 1)[i], db_want[i], 1e-4, "db", (size_t)i);
+    for (size_t i = 0; i < xn; i++) assert_close(dx->data[i], dx_want[i], 1e-4, "dx", i);
+    tensor_release(&xt);
+    tensor_release(&dyt);
+    free(x);
+    free(dyv);
+    free(y_want);
+    free(dw_want);
+    free(db_want);
+    free(dx_want);
     layer_destroy(l);
     layer_store_release(&s);
   }
@@ -1262,6 +1361,9 @@ int main(void) {
       cmocka_unit_test(test_models_follow_batches_that_shrink_and_grow),
       cmocka_unit_test(test_models_are_seeded),
       cmocka_unit_test(test_model_bad_specs_and_calls),
+      /* Last: their random data would shift the inputs of the finite-difference checks after them. */
+      cmocka_unit_test(test_conv2d_in_chunks_matches_direct_convolution),
+      cmocka_unit_test(test_batchnorm_statistics_with_a_large_mean_over_long_planes),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);
 }

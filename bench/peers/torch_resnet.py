@@ -10,8 +10,19 @@ cross-entropy, backward and SGD with momentum, timed over STEPS after two warm-u
 JSON line: {"images_per_s": ...}.
 """
 import json
+import os
 import sys
 import time
+
+# A row's thread count is the whole process's: Debian's torch does its linear layers' GEMMs in
+# OpenBLAS (pthreads), which otherwise starts a thread per core whatever torch.set_num_threads
+# says, so that the "1 thread" row ran its GEMMs on 2 cores. Its OpenMP threads wait passively:
+# spinning, they fought OpenBLAS's threads and anything else on a shared machine, and the
+# 2-thread MLP row fell from about 9400 to 700-1000 images/s. Both variables are read when the
+# libraries load, hence before torch is imported.
+if __name__ == "__main__" and len(sys.argv) > 7:
+    os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[7]
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from torch import nn

@@ -115,7 +115,7 @@ typedef struct rank_state {
   fl_tensor *sums;    /* [3]: loss sum, correct, images: reduced over ranks */
   int32_t *labels_d;  /* device, batch */
   float *stats_d;     /* device, 2: loss sum and correct (softmax_xent's) */
-  float *images_h;    /* host (pinned on cuda), batch * image floats */
+  float *images_h;    /* host (pinned on cuda), batch * image floats; on cpu x's own memory */
   int32_t *labels_h;
   uint32_t local_batch;
 } rank_state;
@@ -143,7 +143,8 @@ static fl_status rank_upload(rank_state *r, uint32_t n) {
   int64_t shape[4] = {n, a->channels, a->height, a->width};
   shape[3 - ndim] = n;
   fl_status s = tensor_ensure(r->x, r->dev, ndim + 1, shape + 3 - ndim);
-  if (s == FL_OK) s = fl_tensor_write(r->x, r->images_h, fl_tensor_numel(r->x));
+  /* On cpu the reader gathered the batch into x itself: nothing to copy. */
+  if (s == FL_OK && r->images_h != r->x->data) s = fl_tensor_write(r->x, r->images_h, fl_tensor_numel(r->x));
   if (s == FL_OK) s = r->dev->ops->from_host(r->dev, r->labels_d, r->labels_h, (size_t)n * sizeof(int32_t));
   return s;
 }
@@ -242,7 +243,7 @@ static void rank_free(rank_state *r) {
   comm_worker_stop(r->worker);
   fl_device *dev = r->dev;
   if (dev) {
-    if (r->images_h) dev->ops->host_free(dev, r->images_h);
+    if (r->images_h && r->images_h != r->x->data) dev->ops->host_free(dev, r->images_h);
     if (r->labels_h) dev->ops->host_free(dev, r->labels_h);
     if (r->labels_d) dev->ops->free(dev, r->labels_d);
     if (r->stats_d) dev->ops->free(dev, r->stats_d);
@@ -286,7 +287,12 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
                                                   : (size_t)a->channels * a->height * a->width;
   FL_CHECK(r->dev->ops->alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_d));
   FL_CHECK(r->dev->ops->alloc(r->dev, 2 * sizeof(float), (void **)&r->stats_d));
-  FL_CHECK(r->dev->ops->host_alloc(r->dev, (size_t)r->local_batch * per * sizeof(float), (void **)&r->images_h));
+  /* On cpu "device" memory is host memory: the reader gathers each batch straight into x
+   * (which never grows past the local batch), rather than into a buffer copied into it. */
+  if (fl_device_kind_of(r->dev) == FL_DEVICE_CPU && (size_t)r->local_batch * per <= fl_tensor_numel(r->x))
+    r->images_h = r->x->data;
+  else
+    FL_CHECK(r->dev->ops->host_alloc(r->dev, (size_t)r->local_batch * per * sizeof(float), (void **)&r->images_h));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_h));
   if (r->world > 1) FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, -1, &r->comm));
   /* Local SGD reduces no gradients: nothing for a communication thread to overlap. */
