@@ -178,6 +178,8 @@ enum {
   /* training ranks */                                                                                              \
   X(TRAIN_COMM, STRING, TASKS, 0, 0, 0, "nccl",                                                                     \
     "host: ranks on cuda devices use the host (TCP) backend, not NCCL")                                             \
+  X(TRAIN_PREFETCH, BOOL, TASKS, 0, 0, CONFIG_MAX_I64, "1",                                                         \
+    "0: a training rank's reader makes each batch when asked, with no prefetch thread (to compare)")                \
   X(COMM_HOST, STRING, TASKS, 0, 0, 0, "127.0.0.1", "the address a rank's host-backend endpoint listens on")        \
   X(COMM_TIMEOUT_MS, MS, TASKS, 0, 0, CONFIG_MAX_U32, "300000",                                                     \
     "no byte moving for this long inside a host collective is a timeout")                                           \

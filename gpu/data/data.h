@@ -166,12 +166,24 @@ fl_status data_block_encode(uint32_t count, uint32_t channels, uint32_t height, 
 
 /* Holds the images of one partition in host memory (the blocks are copied: a barrier task
  * reads its partition once but trains many epochs) and hands out mini-batches. Not
- * thread-safe: one rank's thread. */
+ * thread-safe: one rank's thread calls it. With prefetch (the default) the reader has a
+ * thread of its own, started by the first epoch and joined by data_reader_destroy, that
+ * makes the next batch while the caller works on the last one (gpu/data/reader.c). */
 typedef struct data_reader data_reader;
 
-/* An empty reader for batches of `batch` images (>= 1). */
+/* An empty reader for batches of `batch` images (>= 1), prefetching. */
 fl_status data_reader_create(uint32_t batch, data_reader **out);
+/* Stops and joins the prefetch thread (a batch half made is dropped), then frees r. NULL: nothing. */
 void data_reader_destroy(data_reader *r);
+/* Prefetch on (the default) or off. With it, data_reader_start_epoch starts making the
+ * epoch's first batch on the reader's thread and each data_reader_next, having handed out a
+ * batch, starts the next one; the batches are the same as without (FLINT_TRAIN_PREFETCH
+ * turns it off in the trainer, to compare). Turning it off joins the thread; a batch made
+ * ahead is dropped and the epoch goes on from the batch after the last one handed out. When
+ * the thread or its buffer cannot be had, the reader stays synchronous (with a warning). */
+void data_reader_set_prefetch(data_reader *r, bool on);
+/* True while the prefetch thread runs (tests). */
+bool data_reader_prefetching(const data_reader *r);
 /* Makes r a reader of image records (flint/image.h) instead of blocks: each is kept as it
  * is (uint8 at the cache's resolution) and transformed by `t` with the epoch of
  * data_reader_start_epoch as data_reader_next hands it out (images of 3 x t->size x t->size,
@@ -180,7 +192,8 @@ fl_status data_reader_set_transform(data_reader *r, const fl_image_transform *t,
 /* Copies an image record into a reader with a transform (FL_ECORRUPT otherwise, or for a
  * label out of range). */
 fl_status data_reader_add_image(data_reader *r, fl_bytes rec);
-/* FL_OK, or the failure (out of memory) that made data_reader_next hand out nothing. */
+/* FL_OK, or the failure (out of memory) that made data_reader_next hand out nothing (kept:
+ * later epochs do not clear it). */
 fl_status data_reader_status(const data_reader *r);
 /* Copies a block into the reader (every block must have the first one's shape). */
 fl_status data_reader_add_block(data_reader *r, fl_bytes rec);
@@ -211,7 +224,8 @@ void data_reader_start_epoch(data_reader *r, uint64_t seed, uint32_t epoch, bool
                              uint64_t max_batches, bool partial);
 /* The next batch into host memory: images (batch * image_floats floats) and labels (batch
  * int32). Returns the images written, 0 at the end of the epoch (or after a transform's
- * failure: see data_reader_status). */
+ * failure: see data_reader_status; the thread's message is set as well). With prefetch it
+ * blocks until the reader's thread has made the batch, then copies it. */
 uint32_t data_reader_next(data_reader *r, float *images, int32_t *labels);
 
 /* Task functions (exported: they reach executors by symbol). */
