@@ -41,8 +41,8 @@ static const char train_usage_text[] =
     "Trains a network by synchronous data-parallel SGD (or Adam, AdamW, LARS, LAMB): R ranks (one barrier task each) read\n"
     "their share of the cached data set, allreduce gradients in buckets overlapped with the\n"
     "backward pass and take the same step; the test set is evaluated at each epoch's end.\n"
-    "Prints a progress line per epoch (loss, accuracy, images per second) and writes the\n"
-    "curves as CSV and SVG.\n"
+    "Prints a progress line per epoch (loss, accuracy, images per second, and the share of\n"
+    "the steps' time rank 0 waited for its input) and writes the curves as CSV and SVG.\n"
     "\n"
     "--model transformer trains a transformer encoder (an image's rows are its tokens) on a\n"
     "grid of D x T x P ranks: data, tensor (Megatron-LM) and pipeline parallel (GPipe, 1F1B,\n"
@@ -445,7 +445,9 @@ int cmd_train(int argc, char **argv) {
   if (o.resume_path) printf("resumed      %s after epoch %u\n", o.resume_path, res.resumed_epoch);
   printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
   printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
-  printf("throughput   %.0f images/s over %.1f s\n", res.images_per_s, res.seconds);
+  printf("throughput   %.0f images/s over %.1f s", res.images_per_s, res.seconds);
+  if (!hybrid) printf("; input wait %.1f%% of the steps' time", 100 * res.input_wait_share);
+  printf("\n");
   if (hybrid) {
     printf("bubble       %.3f measured (the last epoch's mean), %.3f in theory\n", res.bubble, res.bubble_theory);
     printf("activations  peak per stage:");

@@ -900,8 +900,8 @@ static size_t count_of(const char *hay, const char *needle) {
 static void test_curves_csv_svg_progress(void **state) {
   (void)state;
   curves c = CURVES_INIT;
-  curves_row r1 = {1, 0.9, 0.7, 0.8, 0.75, 0.1, 1234.5, 2.5};
-  curves_row r2 = {2, 0.5, 0.85, NAN, NAN, 0.05, 2000, 2.25};
+  curves_row r1 = {1, 0.9, 0.7, 0.8, 0.75, 0.1, 1234.5, 2.5, 0, 0, 0};
+  curves_row r2 = {2, 0.5, 0.85, NAN, NAN, 0.05, 2000, 2.25, 0, 0, 0};
   assert_ok(curves_append(&c, &r1));
   assert_ok(curves_append(&c, &r2));
   fl_buf b = FL_BUF_INIT;

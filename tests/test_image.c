@@ -716,6 +716,10 @@ static void test_train_on_image_folder(void **state) {
   assert_int_equal(r.steps, 3 * 2); /* 16 images, global batch 8 */
   assert_true(isfinite(r.train_loss) && isfinite(r.test_loss));
   assert_true(r.test_acc >= 0 && r.test_acc <= 1);
+  /* The input wait is measured: rank 0's seconds in its reader, and their share of the steps. */
+  assert_true(isfinite(r.input_wait_s) && r.input_wait_s >= 0);
+  assert_true(isfinite(r.upload_s) && r.upload_s >= 0);
+  assert_true(r.input_wait_share >= 0 && r.input_wait_share <= 1);
   /* Without shuffling, local-cluster (the ranks decode on executors) trains as local mode. */
   o.shuffle = false;
   gpu_train_result local, cluster;
@@ -726,6 +730,17 @@ static void test_train_on_image_folder(void **state) {
   assert_float_equal(cluster.train_loss, local.train_loss, 1e-4 * fmax(1, fabs(local.train_loss)));
   assert_float_equal(cluster.test_loss, local.test_loss, 1e-4 * fmax(1, fabs(local.test_loss)));
   o.master = "local[2]";
+  /* Without prefetch the ranks get the same augmented batches (made on their own threads):
+   * the same losses, to rounding. */
+  gpu_train_result sync;
+  assert_int_equal(setenv("FLINT_TRAIN_PREFETCH", "0", 1), 0);
+  fl_status st = gpu_train_run(&o, &sync);
+  assert_int_equal(unsetenv("FLINT_TRAIN_PREFETCH"), 0);
+  assert_ok(st);
+  assert_int_equal(sync.steps, local.steps);
+  assert_float_equal(sync.train_loss, local.train_loss, 1e-6 * fmax(1, fabs(local.train_loss)));
+  assert_float_equal(sync.test_loss, local.test_loss, 1e-6 * fmax(1, fabs(local.test_loss)));
+  assert_true(isfinite(sync.input_wait_s) && sync.input_wait_s >= 0);
   /* Training images get a new random crop each epoch by default: centre crops (no_augment)
    * train otherwise. */
   gpu_train_result plain;
@@ -798,6 +813,8 @@ static void test_flint_train_imagefolder(void **state) {
   assert_int_equal(r->status, 0);
   assert_non_null(strstr(r->out, "training cnn on imagefolder"));
   assert_non_null(strstr(r->out, "epochs       3 (6 steps"));
+  assert_non_null(strstr(r->out, "input wait ")); /* each epoch's row */
+  assert_non_null(strstr(r->out, "% of the steps' time"));
   free(r);
   struct stat st;
   path_of(csv, sizeof csv, "flint-train.csv");

@@ -22,6 +22,9 @@ typedef struct curves_row {
   double lr;           /* the rate at the end of the epoch */
   double images_per_s; /* training images per second over all ranks */
   double seconds;      /* wall time of the epoch (training and evaluation) */
+  /* Not in the CSV: rank 0's seconds waiting for its training batches, copying them to the
+   * device, and training (the steps, without evaluation); 0 where not measured. */
+  double input_wait_s, upload_s, train_s;
 } curves_row;
 
 typedef struct curves {

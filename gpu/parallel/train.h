@@ -90,6 +90,9 @@ typedef struct gpu_train_epoch {
   uint64_t reduced_bytes;  /* a rank's bytes of gradients or weights allreduced so far */
   double loss_scale;       /* --precision fp16: the loss scale after the epoch (0: none) */
   uint64_t skipped_steps;  /* and the steps skipped for overflowed gradients so far */
+  /* Data-parallel models (0 for the transformer): rank 0's seconds blocked in the reader for
+   * training batches, copying them to the device, and training (the steps, no evaluation). */
+  double input_wait_s, upload_s, train_seconds;
 } gpu_train_epoch;
 
 /* How the data-parallel ranks keep their replicas together (--sync). */
@@ -205,6 +208,10 @@ typedef struct gpu_train_result {
   uint32_t buckets;       /* gradient allreduces in the last step (0 with one rank) */
   uint32_t tau;           /* local SGD and AdaComm: the last period (0: bsp) */
   uint64_t reduced_bytes; /* a rank's bytes of gradients or weights allreduced (0 with one rank) */
+  /* Data-parallel models (0 for the transformer), over the epochs of the run's rows: rank
+   * 0's seconds blocked in its reader for training batches (the input wait), and copying them
+   * to the device; input_wait_share is the wait over the epochs' training time, in [0, 1]. */
+  double input_wait_s, upload_s, input_wait_share;
   /* --model transformer: the last epoch's mean measured bubble over its steps, the
    * theory's (p-1)/(m+p-1) [/ v], and each pipeline stage's (rank's) peak activation bytes
    * over the run, the most over its data- and tensor-parallel ranks. */

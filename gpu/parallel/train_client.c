@@ -52,7 +52,8 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   while (c->curves.count && c->curves.rows[c->curves.count - 1].epoch >= rep.epoch) c->curves.count--;
   curves_row row = {.epoch = rep.epoch, .train_loss = rep.loss, .train_acc = rep.acc, .test_loss = rep.test_loss,
                     .test_acc = rep.test_acc, .lr = rep.lr, .images_per_s = rep.images_per_s,
-                    .seconds = rep.seconds};
+                    .seconds = rep.seconds, .input_wait_s = rep.input_wait_s, .upload_s = rep.upload_s,
+                    .train_s = rep.train_s};
   if (curves_append(&c->curves, &row) != FL_OK && c->error == FL_OK) c->error = FL_ENOMEM;
   if (c->opts->on_epoch) {
     gpu_train_epoch e = {.epoch = rep.epoch, .epochs = rep.epochs, .attempt = rep.attempt,
@@ -60,7 +61,8 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
                          .train_acc = rep.acc, .test_loss = rep.test_loss, .test_acc = rep.test_acc, .lr = rep.lr,
                          .images_per_s = rep.images_per_s, .seconds = rep.seconds, .pid = rep.pid,
                          .loss_scale = rep.loss_scale, .skipped_steps = rep.skipped_steps, .tau = rep.tau,
-                         .reduced_bytes = rep.reduced_bytes};
+                         .reduced_bytes = rep.reduced_bytes,
+                         .input_wait_s = rep.input_wait_s, .upload_s = rep.upload_s, .train_seconds = rep.train_s};
     c->opts->on_epoch(&e, c->opts->user);
   }
   if (c->opts->progress) {
@@ -72,6 +74,9 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
     if (rep.loss_scale > 0)
       fprintf(c->opts->progress, "  loss scale %g (%llu steps skipped)", rep.loss_scale,
               (unsigned long long)rep.skipped_steps);
+    /* The share of the steps' time rank 0 waited for its batches (not measured by the transformer's ranks). */
+    if (c->opts->model != NN_TRANSFORMER && rep.train_s > 0)
+      fprintf(c->opts->progress, "  input wait %.1f%%", 100 * rep.input_wait_s / rep.train_s);
     fputc('\n', c->opts->progress);
     fflush(c->opts->progress);
   }
@@ -408,9 +413,12 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     FL_CHECK(checkpoint_save_file(o->checkpoint_path, fl_records_get(out, next)));
   }
   if (result) {
-    double images = 0, train_secs = 0;
+    double images = 0, train_secs = 0, wait = 0, upload = 0, stepping = 0;
     for (size_t i = 0; i < c.curves.count; i++) {
       const curves_row *row = &c.curves.rows[i];
+      wait += row->input_wait_s;
+      upload += row->upload_s;
+      stepping += row->train_s;
       if (row->images_per_s > 0) {
         images += (double)last.steps_per_epoch * o->batch;
         train_secs += (double)last.steps_per_epoch * o->batch / row->images_per_s;
@@ -423,7 +431,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .seconds = seconds, .final_lr = last.lr, .buckets = last.buckets,
                                  .tau = last.tau, .reduced_bytes = last.reduced_bytes,
                                  .bubble = last.bubble, .bubble_theory = last.bubble_theory,
-                                 .stages = res.stages};
+                                 .stages = res.stages, .input_wait_s = wait, .upload_s = upload,
+                                 .input_wait_share = stepping > 0 ? wait / stepping : 0};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:

@@ -34,7 +34,10 @@
  * (the comm worker, gpu/comm/comm.h), which allreduces them in order while backward goes on;
  * the rank waits for them all before the SGD step. Without it (train_arg.overlap false) each
  * bucket is allreduced in backward's callback, which holds backward up until it is done.
- * Ranks report progress (a few times an epoch) and each epoch's row to the client.
+ * Ranks report progress (a few times an epoch) and each epoch's row to the client, with the
+ * time rank 0's thread waited for its batches (data_reader_next: the reader prefetches the
+ * next batch on a thread of its own unless FLINT_TRAIN_PREFETCH=0) and copied them to the
+ * device.
  *
  * Threading: a rank is one task thread; its device, model, optimizer and communicator are its
  * own, plus (with overlap and more than one rank) its communication thread, which alone uses
@@ -47,6 +50,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/config.h"
 #include "gpu/comm/comm.h"
 #include "gpu/data/data.h"
 #include "gpu/parallel/train_rank.h"
@@ -264,6 +268,9 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   r->local_batch = a->batch / r->world;
   FL_CHECK(data_reader_create(r->local_batch, &r->train));
   FL_CHECK(data_reader_create(r->local_batch, &r->test));
+  bool prefetch = config_bool(CONFIG_TRAIN_PREFETCH);
+  data_reader_set_prefetch(r->train, prefetch);
+  data_reader_set_prefetch(r->test, prefetch);
   if (a->augment) FL_CHECK(data_reader_set_transform(r->train, &a->aug, a->classes));
   FL_CHECK(data_reader_add_all(in, r->train, r->test));
   if (data_reader_images(r->train) &&
@@ -366,8 +373,12 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
     FL_CHECK(r.dev->ops->memset0(r.dev, r.stats_d, 2 * sizeof(float)));
     uint64_t images = 0;
     float loss_before = 0; /* the epoch's loss sum before this step */
+    double wait_s = 0, upload_s = 0; /* the rank thread's, in data_reader_next and rank_upload */
     for (uint64_t i = 0; i < steps; i++) {
+      double w0 = common_now_s();
       uint32_t n = data_reader_next(r.train, r.images_h, r.labels_h);
+      double w1 = common_now_s();
+      wait_s += w1 - w0;
       if (n != r.local_batch) {
         FL_CHECK(data_reader_status(r.train)); /* a transform that failed */
         status = fl_set_error(FL_EINTERNAL, "rank %u: step %llu of epoch %u got %u images, not %u", r.rank,
@@ -376,6 +387,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       }
       const fl_tensor *logits;
       FL_CHECK(rank_upload(&r, n));
+      upload_s += common_now_s() - w1; /* on cuda, to pinned memory: the copy itself */
       FL_CHECK(nn_model_zero_grad(r.model));
       FL_CHECK(nn_model_forward(r.model, r.x, true, &logits));
       /* The mean over the rank's batch; the allreduce's average over ranks makes it the mean
@@ -441,7 +453,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                             .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = st[0] / images,
                             .acc = st[1] / images, .lr = lr,
                             .images_per_s = secs > 0 ? images * (double)r.world / secs : 0, .seconds = secs,
-                            .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid()};
+                            .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid(),
+                            .input_wait_s = wait_s, .upload_s = upload_s, .train_s = secs};
         FL_CHECK(rank_report(&r, &rep));
       }
     }
@@ -472,7 +485,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                           .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = common_now_s() - t0,
                           .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid(),
                           .loss_scale = scaling ? scaler.scale : 0, .skipped_steps = scaler.skipped,
-                          .tau = local ? tau : 0, .reduced_bytes = bk.reduced * sizeof(float)};
+                          .tau = local ? tau : 0, .reduced_bytes = bk.reduced * sizeof(float),
+                          .input_wait_s = wait_s, .upload_s = upload_s, .train_s = train_secs};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
        * so that an epoch the client has seen is never trained again. */

@@ -30,6 +30,10 @@ typedef struct train_report {
   uint64_t reduced_bytes;                /* bytes this rank allreduced so far (payload) */
   double loss_scale;                     /* fp16: the loss scale now (0: no scaler) ... */
   uint64_t skipped_steps;                /* ... and the steps it skipped so far */
+  /* The data-parallel models, rank 0's, this epoch so far: seconds its thread waited in
+   * data_reader_next for training batches, seconds it spent copying them to the device, and
+   * the training part of `seconds` (steps only, no evaluation). */
+  double input_wait_s, upload_s, train_s;
 } train_report;
 
 /* The stage's argument: plain values only (it travels to executors as bytes). */
