@@ -14,6 +14,17 @@
  *   folder[2]       fl_image_folder over the files in local[2], counted: decode+cache through
  *                   the engine on 2 task threads
  *
+ * Training rows (wall-clock, not CPU time): a model trained by the internal trainer
+ * (gpu_train_run_in, 1 rank on the cpu, local[2]) on an image folder of such JPEGs of its own
+ * (DIR/train: the row's images, DIR/val: 64; 2 classes), cached at 37 pixels and given the training augmentation
+ * (RandomResizedCrop 32, flip, normalise) each epoch, as `flint train --data imagefolder:DIR
+ * --image-size 32` does; with the reader's prefetch off (FLINT_TRAIN_PREFETCH=0), then on,
+ * back to back. Each prints the last epoch's input wait (the time rank 0's thread blocked in
+ * its reader) and upload as shares of the epoch's steps, and the images per second:
+ *
+ *   train cnn       the 3x3 CNN at 32x32, batch 32, 1024 images (32 steps an epoch)
+ *   train resnet18  ResNet-18 at 32x32, batch 32, 256 images (8 steps an epoch)
+ *
  * Baselines in the same run: decode alone against decode+augment (the share augmentation
  * adds), and PIL (Debian's python3-pil, with python3-numpy for the float conversion) doing
  * the same work on the same files, as torchvision's PIL path does it: Image.open().convert(
@@ -26,7 +37,7 @@
  * rates there move with the load). folder[2] counts every thread of the process: the task
  * threads' decoding and the engine's own work.
  *
- *   bench_input [--json] [--images N] [--seconds S]
+ *   bench_input [--json] [--images N] [--seconds S] [--rows pipeline|train|all]
  *
  * Output: a table, or with --json one JSON object per row. Exit 1 on an error, 2 on a bad
  * option.
@@ -42,6 +53,7 @@
 
 #include "bench_util.h"
 #include "flint/image.h"
+#include "gpu/parallel/train.h"
 
 #define W 500
 #define H 375
@@ -50,6 +62,7 @@
 typedef struct options {
   bool json;
   uint64_t images, seconds;
+  bool pipeline, train; /* --rows */
 } options;
 
 static char dir[256]; /* short: every path is built from it */
@@ -279,40 +292,143 @@ static bool run_pil(double min_s, double *pil, const char **note) {
   return true;
 }
 
+/* ---- training: the input wait with prefetch off and on -------------------------------------- */
+
+#define TRAIN_SIZE 32
+#define TRAIN_BATCH 32
+
+typedef struct train_row {
+  const char *name;
+  nn_model_kind model;
+  uint32_t images; /* training images: epochs of images / batch steps */
+} train_row;
+static const train_row train_rows[] = {
+    {"train cnn", NN_CNN, 1024},
+    {"train resnet18", NN_RESNET18, 256},
+};
+
+typedef struct train_figures {
+  double wait_share, upload_share, images_per_s;
+  bool have;
+} train_figures;
+
+/* gpu_train_options.on_epoch: keeps the last epoch's figures (the first pays for starting up). */
+static void on_train_epoch(const gpu_train_epoch *e, void *user) {
+  train_figures *f = user;
+  if (e->train_seconds <= 0) return;
+  *f = (train_figures){e->input_wait_s / e->train_seconds, e->upload_s / e->train_seconds, e->images_per_s, true};
+}
+
+/* DIR/NAME/{train,val}/c{0,1}/NNNNN.jpg: `train` and `val` images, classes alternating. */
+static bool write_tree(const char *name, uint64_t train, uint64_t val, uint8_t *px, char *tree, size_t len) {
+  snprintf(tree, len, "%s/%s", dir, name);
+  char path[PATH_MAX];
+  const char *splits[2] = {"train", "val"};
+  if (mkdir(tree, 0755) != 0) return false;
+  for (int s = 0; s < 2; s++) {
+    snprintf(path, sizeof path, "%s/%s/%s", dir, name, splits[s]);
+    if (mkdir(path, 0755) != 0) return false;
+    for (int c = 0; c < 2; c++) {
+      snprintf(path, sizeof path, "%s/%s/%s/c%d", dir, name, splits[s], c);
+      if (mkdir(path, 0755) != 0) return false;
+    }
+    for (uint64_t i = 0; i < (s ? val : train); i++) {
+      make_image((uint32_t)(i + (s ? train : 0)), px);
+      snprintf(path, sizeof path, "%s/%s/%s/c%d/%05llu.jpg", dir, name, splits[s], (int)(i % 2),
+               (unsigned long long)i);
+      if (write_jpeg(path, px) != 0) {
+        fprintf(stderr, BENCH_NAME ": cannot write %s\n", path);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* One row's two runs, prefetch off then on: fig[0], fig[1]. */
+static bool time_train(fl_context *ctx, const char *tree, const train_row *row, train_figures fig[2]) {
+  for (int on = 0; on < 2; on++) {
+    gpu_train_options o = GPU_TRAIN_OPTIONS_INIT;
+    o.model = row->model;
+    o.data = GPU_TRAIN_IMAGE_FOLDER;
+    o.data_path = tree;
+    o.image_size = TRAIN_SIZE;
+    o.ranks = 1;
+    o.batch = TRAIN_BATCH;
+    o.epochs = 2;
+    o.lr = 0.05;
+    o.warmup_epochs = 0;
+    o.on_epoch = on_train_epoch;
+    o.user = &fig[on];
+    fig[on].have = false;
+    setenv("FLINT_TRAIN_PREFETCH", on ? "1" : "0", 1); /* read by the rank, in this process */
+    gpu_train_result res;
+    fl_status s = gpu_train_run_in(ctx, &o, &res);
+    unsetenv("FLINT_TRAIN_PREFETCH");
+    if (s != FL_OK || !fig[on].have) {
+      fail_flint(row->name);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* The training rows: written, timed and printed. */
+static bool train_rows_run(const options *o, uint8_t *px) {
+  fl_context *ctx;
+  if (fl_context_open("local[2]", NULL, &ctx) != FL_OK) {
+    fail_flint("fl_context_open");
+    return false;
+  }
+  if (!o->json)
+    printf("training on image folders of JPEGs of %u x %u (cached at 37, augmented to %d x %d), 1 rank on the cpu, "
+           "batch %d; the last of 2 epochs, wall-clock; input wait and upload as shares of the steps' time\n"
+           "%-16s %7s %9s %11s %11s %12s\n",
+           W, H, TRAIN_SIZE, TRAIN_SIZE, TRAIN_BATCH, "row", "images", "prefetch", "input wait", "upload", "images/s");
+  bool ok = true;
+  for (size_t k = 0; k < sizeof train_rows / sizeof *train_rows && ok; k++) {
+    const train_row *row = &train_rows[k];
+    char tree[PATH_MAX], name[32];
+    snprintf(name, sizeof name, "tree%zu", k);
+    if (!(ok = write_tree(name, row->images, 64, px, tree, sizeof tree))) {
+      fprintf(stderr, BENCH_NAME ": cannot write the image folder %s\n", tree);
+      break;
+    }
+    train_figures fig[2];
+    if (!(ok = time_train(ctx, tree, row, fig))) break;
+    for (int on = 0; on < 2; on++) {
+      if (o->json)
+        printf("{\"bench\":\"input\",\"row\":\"%s\",\"images\":%u,\"prefetch\":%s,\"input_wait_share\":%.4f,"
+               "\"upload_share\":%.4f,\"images_per_s\":%.1f}\n",
+               row->name, row->images, on ? "true" : "false", fig[on].wait_share, fig[on].upload_share,
+               fig[on].images_per_s);
+      else
+        printf("%-16s %7u %9s %10.1f%% %10.1f%% %12.1f\n", row->name, row->images, on ? "on" : "off",
+               100 * fig[on].wait_share, 100 * fig[on].upload_share, fig[on].images_per_s);
+    }
+  }
+  fl_context_close(ctx);
+  return ok;
+}
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static int usage(void) {
-  fprintf(stderr, "usage: " BENCH_NAME " [--json] [--images N] [--seconds S]\n");
+  fprintf(stderr, "usage: " BENCH_NAME " [--json] [--images N] [--seconds S] [--rows pipeline|train|all]\n");
   return 2;
 }
 
-int main(int argc, char **argv) {
-  options o = {false, 64, 6};
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) o.json = true;
-    else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
-      if (!parse_count(argv[++i], 100000, &o.images)) return usage();
-    } else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
-      if (!parse_count(argv[++i], 3600, &o.seconds)) return usage();
-    } else
-      return usage();
-  }
-  const char *base = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/flint-bench-input-XXXXXX", base && *base ? base : "/tmp");
-  if (!mkdtemp(dir)) {
-    perror(BENCH_NAME ": mkdtemp");
-    return 1;
-  }
+/* The pipeline's rows (decode ... folder[2]) and PIL's, on o->images JPEGs in DIR/c. */
+static bool pipeline_rows(const options *o, uint8_t *px) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/c", dir);
-  int rc = 1;
-  uint8_t *px = malloc((size_t)W * H * 3);
-  workload w = {.n = o.images, .train = FL_IMAGE_TRAIN_INIT, .eval = FL_IMAGE_EVAL_INIT};
-  w.cached = calloc(o.images, sizeof *w.cached);
+  bool ok = false;
+  workload w = {.n = o->images, .train = FL_IMAGE_TRAIN_INIT, .eval = FL_IMAGE_EVAL_INIT};
+  w.cached = calloc(o->images, sizeof *w.cached);
   w.out = malloc(3 * 224 * 224 * sizeof *w.out);
-  if (!px || !w.cached || !w.out || mkdir(path, 0755) != 0) goto done;
+  if (!w.cached || !w.out || mkdir(path, 0755) != 0) goto done;
   uint64_t bytes = 0;
-  for (uint64_t i = 0; i < o.images; i++) {
+  for (uint64_t i = 0; i < o->images; i++) {
     make_image((uint32_t)i, px);
     file_path(path, sizeof path, i);
     struct stat st;
@@ -328,27 +444,28 @@ int main(int argc, char **argv) {
         fl_image_resize(rgb, wd, h, 0, 0, wd, h, 341, 256, small) != FL_OK ||
         fl_image_record_encode(0, i, 256, 341, small, &w.cached[i]) != FL_OK) {
       fail_flint("caching");
+      free(small);
       goto done;
     }
     fl_free(rgb);
     free(small);
   }
-  double min_s = (double)o.seconds / 3, flint[ROWS_LOCAL + 1], pil[ROWS_LOCAL] = {0};
+  double min_s = (double)o->seconds / 3, flint[ROWS_LOCAL + 1], pil[ROWS_LOCAL] = {0};
   for (int k = 0; k < ROWS_LOCAL; k++)
     if ((flint[k] = time_row(&w, (row_kind)k, min_s)) < 0) goto done;
-  if ((flint[ROWS_LOCAL] = time_folder(o.images, min_s)) < 0) goto done;
+  if ((flint[ROWS_LOCAL] = time_folder(o->images, min_s)) < 0) goto done;
   const char *note = NULL;
   bool have_pil = run_pil(min_s, pil, &note);
-  if (!o.json) {
+  if (!o->json) {
     printf("bench_input: %llu JPEGs of %u x %u, quality %d, %.0f KiB on average; one thread per row; images per "
            "CPU-second (per core), best of 3\n",
-           (unsigned long long)o.images, W, H, QUALITY, bytes / 1024.0 / o.images);
+           (unsigned long long)o->images, W, H, QUALITY, bytes / 1024.0 / o->images);
     printf("%-16s %12s %12s %10s\n", "row", "flint", "PIL", "flint/PIL");
   }
   for (int k = 0; k <= ROWS_LOCAL; k++) {
     const char *name = k < ROWS_LOCAL ? row_names[k] : "folder[2]";
     bool peer = have_pil && k < ROWS_LOCAL;
-    if (o.json) {
+    if (o->json) {
       printf("{\"bench\":\"input\",\"row\":\"%s\",\"images_per_s_per_core\":%.1f", name, flint[k]);
       if (peer) printf(",\"pil_images_per_s\":%.1f,\"ratio\":%.3f", pil[k], flint[k] / pil[k]);
       printf("}\n");
@@ -359,7 +476,7 @@ int main(int argc, char **argv) {
     }
   }
   double share = 1 - flint[ROW_DECODE_AUGMENT] / flint[ROW_DECODE];
-  if (o.json) {
+  if (o->json) {
     printf("{\"bench\":\"input\",\"row\":\"augment-share\",\"decode_augment_over_decode\":%.3f}\n",
            flint[ROW_DECODE_AUGMENT] / flint[ROW_DECODE]);
   } else {
@@ -368,14 +485,43 @@ int main(int argc, char **argv) {
            100 * flint[ROW_DECODE_AUGMENT] / flint[ROW_DECODE], 100 * share, flint[ROW_AUGMENT] / flint[ROW_DECODE_AUGMENT]);
     if (!have_pil) printf("(%s)\n", note);
   }
-  rc = 0;
+  ok = true;
 done:
   if (w.cached)
-    for (uint64_t i = 0; i < o.images; i++) fl_buf_free(&w.cached[i]);
+    for (uint64_t i = 0; i < o->images; i++) fl_buf_free(&w.cached[i]);
   free(w.cached);
   free(w.out);
+  return ok;
+}
+
+int main(int argc, char **argv) {
+  options o = {false, 64, 6, true, true};
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) o.json = true;
+    else if (strcmp(argv[i], "--images") == 0 && i + 1 < argc) {
+      if (!parse_count(argv[++i], 100000, &o.images)) return usage();
+    } else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
+      if (!parse_count(argv[++i], 3600, &o.seconds)) return usage();
+    } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+      const char *r = argv[++i];
+      if (strcmp(r, "pipeline") != 0 && strcmp(r, "train") != 0 && strcmp(r, "all") != 0) return usage();
+      o.pipeline = strcmp(r, "train") != 0;
+      o.train = strcmp(r, "pipeline") != 0;
+    } else
+      return usage();
+  }
+  const char *base = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/flint-bench-input-XXXXXX", base && *base ? base : "/tmp");
+  if (!mkdtemp(dir)) {
+    perror(BENCH_NAME ": mkdtemp");
+    return 1;
+  }
+  int rc = 1;
+  uint8_t *px = malloc((size_t)W * H * 3);
+  if (px && (!o.pipeline || pipeline_rows(&o, px)) && (!o.train || train_rows_run(&o, px))) rc = 0;
   free(px);
-  snprintf(path, sizeof path, "rm -rf '%s'", dir);
-  if (system(path) != 0) rc = 1;
+  char cmd[PATH_MAX];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) rc = 1;
   return rc;
 }
