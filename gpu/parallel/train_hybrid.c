@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/config.h"
 #include "gpu/data/data.h"
 #include "gpu/parallel/pipeline.h"
 #include "gpu/parallel/train_rank.h"
@@ -304,6 +305,8 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   r->local = a->batch / r->world;
   FL_CHECK(data_reader_create(r->local, &r->train));
   FL_CHECK(data_reader_create(r->local, &r->test));
+  data_reader_set_prefetch(r->train, config_bool(CONFIG_TRAIN_PREFETCH));
+  data_reader_set_prefetch(r->test, config_bool(CONFIG_TRAIN_PREFETCH));
   FL_CHECK(data_reader_add_all(in, r->train, r->test));
   if (data_reader_images(r->train) &&
       (data_reader_channels(r->train) != a->channels || data_reader_height(r->train) != a->height ||
