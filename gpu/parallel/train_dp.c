@@ -387,7 +387,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       }
       const fl_tensor *logits;
       FL_CHECK(rank_upload(&r, n));
-      upload_s += common_now_s() - w1; /* on cuda, to pinned memory: the copy itself */
+      upload_s += common_now_s() - w1; /* on cuda, a copy the stream may still be doing */
       FL_CHECK(nn_model_zero_grad(r.model));
       FL_CHECK(nn_model_forward(r.model, r.x, true, &logits));
       /* The mean over the rank's batch; the allreduce's average over ranks makes it the mean
