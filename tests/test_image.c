@@ -813,7 +813,7 @@ static void test_flint_train_imagefolder(void **state) {
   assert_int_equal(r->status, 0);
   assert_non_null(strstr(r->out, "training cnn on imagefolder"));
   assert_non_null(strstr(r->out, "epochs       3 (6 steps"));
-  assert_non_null(strstr(r->out, "input wait ")); /* each epoch's row */
+  assert_non_null(strstr(r->out, " s  input wait ")); /* each epoch's row */
   assert_non_null(strstr(r->out, "% of the steps' time"));
   free(r);
   struct stat st;
