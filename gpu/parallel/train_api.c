@@ -34,6 +34,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.lr = o.lr ? o.lr : 0.1;
   g.warmup_epochs = o.warmup_epochs;
   g.epochs = o.epochs ? o.epochs : 1;
+  g.accumulate = o.accumulate ? o.accumulate : 1;
   if (o.optimizer) {
     fl_status s = optim_kind_parse(o.optimizer, &g.optim.kind);
     if (s != FL_OK) return s;

@@ -53,6 +53,7 @@ typedef struct train_arg {
   uint64_t resume_id;
   bool shuffle;
   bool overlap; /* buckets allreduced on the communication thread during backward */
+  uint32_t accumulate; /* micro-batches per step, >= 1, dividing batch / ranks */
   /* the transformer (gpu/parallel/train_hybrid.c) */
   uint32_t dp, tp, pp, microbatches, chunks;
   pp_schedule pipeline;

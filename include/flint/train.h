@@ -227,8 +227,12 @@ typedef struct fl_train_options {
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
+  uint32_t accumulate;      /* gradient accumulation: each rank's batch / ranks images of a step
+                             * go through forward and backward as this many micro-batches, with
+                             * one allreduce after the last (the same step, in less memory);
+                             * batch must be a multiple of ranks x accumulate (0: 1, none) */
 } fl_train_options;
-#define FL_TRAIN_OPTIONS_INIT {1, FL_DEVICE_CPU, 256, 0.1, 0, 1, NULL, 0.9, 5e-4, 0, 0, 1, NULL, NULL}
+#define FL_TRAIN_OPTIONS_INIT {1, FL_DEVICE_CPU, 256, 0.1, 0, 1, NULL, 0.9, 5e-4, 0, 0, 1, NULL, NULL, 1}
 
 typedef struct fl_train_result {
   uint32_t epochs;
