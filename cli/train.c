@@ -151,7 +151,7 @@ static const char train_usage_text[] =
     "example (a global batch of 16384 with LARS on 2 cpu ranks, each running its 8192\n"
     "images as 32 micro-batches of 256):\n"
     "  flint train --model cnn --data fashion-mnist --ranks 2 --batch 16384 --accumulate 32 \\\n"
-    "      --optimizer lars --lr 0.5 --warmup 2 --decay poly --epochs 10 --master 'local[2]'\n"
+    "      --optimizer lars --lr 0.1 --warmup 2 --decay poly --epochs 10 --master 'local[2]'\n"
     "example (hybrid: 2 replicas of 2-way tensor x 2-stage pipeline parallelism):\n"
     "  flint train --model transformer --data fashion-mnist --dp 2 --tp 2 --pp 2 \\\n"
     "      --schedule 1f1b --microbatches 4 --batch 64 --epochs 1 --master 'local[8]' \\\n"
