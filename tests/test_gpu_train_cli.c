@@ -515,6 +515,8 @@ static void test_help(void **state) {
   assert_non_null(strstr(r->out, "--optimizer O       sgd (default), adam, adamw"));
   assert_non_null(strstr(r->out, "--clip-grad-norm X"));
   assert_non_null(strstr(r->out, "--decay-all"));
+  assert_non_null(strstr(r->out, "--accumulate K      gradient accumulation"));
+  assert_non_null(strstr(r->out, "--batch 16384 --accumulate 32"));
   assert_non_null(strstr(r->out, "linear scaling"));
   /* The large-batch example uses a rate that converges at batch 8192 (docs/gpu.md: the cnn
    * diverges there from 0.05), and the 8-rank examples ask for 8 task slots whatever the
