@@ -12,6 +12,9 @@
  * synchronizes slow that pass a little, so the share is a slight overestimate; the
  * throughput figures come from the first pass, which has none.
  *
+ * On cuda each row runs twice, with fp32 products and with bf16 ones (fl_device_set_precision:
+ * 16-bit inputs on the tensor cores, fp32 accumulation; the "prec" column), back to back.
+ *
  *   bench_train [--json] [--device cpu|cuda|all] [--steps N] [--quick]
  */
 #define BENCH_NAME "bench_train"
@@ -183,16 +186,24 @@ static int run_device(fl_device_kind kind, bool json, int steps, bool quick) {
   size_t n = kind == FL_DEVICE_CUDA ? sizeof cuda_configs / sizeof *cuda_configs
              : quick               ? sizeof quick_configs / sizeof *quick_configs
                                    : sizeof cpu_configs / sizeof *cpu_configs;
+  /* cuda: fp32, then bf16 on GPUs whose tensor cores take it. */
+  fl_precision precisions[2] = {FL_PRECISION_FP32, FL_PRECISION_BF16};
+  int nprec = kind == FL_DEVICE_CUDA && fl_device_set_precision(dev, FL_PRECISION_BF16) == FL_OK ? 2 : 1;
   int rc = 0;
-  for (size_t i = 0; i < n; i++) {
-    const config *c = &configs[i];
+  for (size_t i = 0; i < n * (size_t)nprec; i++) {
+    const config *c = &configs[i / (size_t)nprec];
+    fl_precision prec = precisions[i % (size_t)nprec];
+    if (fl_device_set_precision(dev, prec) != FL_OK) {
+      fail_flint("fl_device_set_precision");
+      return 1;
+    }
     result r = {0};
     /* Large models on the cpu take a step or more a second: fewer steps keep it short. */
     bool resnet = c->model == NN_RESNET18 || c->model == NN_RESNET50;
     int k = kind == FL_DEVICE_CPU && resnet ? (steps + 3) / 4 : steps;
     if (run_config(dev, c, k, &r) != FL_OK) {
-      fprintf(stderr, BENCH_NAME ": %s %s batch %d on %s: %s\n", nn_model_kind_name(c->model),
-              c->input, c->batch, fl_device_name(dev), fl_last_error());
+      fprintf(stderr, BENCH_NAME ": %s %s batch %d on %s (%s): %s\n", nn_model_kind_name(c->model),
+              c->input, c->batch, fl_device_name(dev), fl_precision_name(prec), fl_last_error());
       rc = 1;
       continue;
     }
@@ -203,14 +214,15 @@ static int run_device(fl_device_kind kind, bool json, int steps, bool quick) {
       snprintf(ratio, sizeof ratio, "%.2f", r.images_per_s / r.torch_images_per_s);
     }
     if (json)
-      printf("{\"device\":\"%s\",\"model\":\"%s\",\"input\":\"%s\",\"batch\":%d,\"params\":%zu,"
-             "\"images_per_s\":%.1f,\"step_ms\":%.3f,\"gemm_share\":%.3f,\"torch_images_per_s\":%.1f}\n",
-             kind == FL_DEVICE_CUDA ? "cuda" : "cpu", nn_model_kind_name(c->model), c->input,
-             c->batch, r.params, r.images_per_s, r.step_ms, r.gemm_share, r.torch_images_per_s);
+      printf("{\"device\":\"%s\",\"model\":\"%s\",\"input\":\"%s\",\"batch\":%d,\"precision\":\"%s\","
+             "\"params\":%zu,\"images_per_s\":%.1f,\"step_ms\":%.3f,\"gemm_share\":%.3f,"
+             "\"torch_images_per_s\":%.1f}\n",
+             kind == FL_DEVICE_CUDA ? "cuda" : "cpu", nn_model_kind_name(c->model), c->input, c->batch,
+             fl_precision_name(prec), r.params, r.images_per_s, r.step_ms, r.gemm_share, r.torch_images_per_s);
     else
-      printf("%-5s %-9s %-8s %6d %10zu %12.1f %10.2f %9.1f%% %11s %6s\n",
-             kind == FL_DEVICE_CUDA ? "cuda" : "cpu", nn_model_kind_name(c->model), c->input,
-             c->batch, r.params, r.images_per_s, r.step_ms, 100.0 * r.gemm_share, torch, ratio);
+      printf("%-5s %-9s %-8s %6d %-4s %10zu %12.1f %10.2f %9.1f%% %11s %6s\n",
+             kind == FL_DEVICE_CUDA ? "cuda" : "cpu", nn_model_kind_name(c->model), c->input, c->batch,
+             fl_precision_name(prec), r.params, r.images_per_s, r.step_ms, 100.0 * r.gemm_share, torch, ratio);
     fflush(stdout);
   }
   if (!json) printf("(%s)\n", fl_device_name(dev));
@@ -225,8 +237,8 @@ int main(int argc, char **argv) {
   const char *which = args.which;
   uint64_t steps = args.steps;
   if (!json)
-    printf("%-5s %-9s %-8s %6s %10s %12s %10s %10s %11s %6s\n", "dev", "model", "input", "batch", "params",
-           "images/s", "step ms", "gemm", "torch img/s", "ratio");
+    printf("%-5s %-9s %-8s %6s %-4s %10s %12s %10s %10s %11s %6s\n", "dev", "model", "input", "batch", "prec",
+           "params", "images/s", "step ms", "gemm", "torch img/s", "ratio");
   int rc = 0;
   if (strcmp(which, "cuda") != 0) rc |= run_device(FL_DEVICE_CPU, json, (int)steps, quick);
   if (strcmp(which, "cpu") != 0) {

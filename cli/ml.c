@@ -27,7 +27,7 @@
 #define NORMAL_MAX_FEATURES 4096
 
 static const char ml_usage_text[] =
-    "usage: flint ml linreg|logreg --data PATH --format libsvm|csv|idx [options]\n"
+    "usage: flint ml linreg|logreg --data PATH --format libsvm|csv|idx|text [options]\n"
     "       flint ml predict --model MODEL --data PATH --format F [--out PATH] [options]\n"
     "       flint ml evaluate --model MODEL --data PATH --format F [options]\n"
     "\n"
@@ -42,7 +42,11 @@ static const char ml_usage_text[] =
     "                      flint://HOST:PORT\n"
     "  --data PATH         the training data: a file, a folder or a glob (required)\n"
     "  --format F          libsvm (label idx:value ..., 1-based indices), csv (numbers only,\n"
-    "                      the label first) or idx (idx3-ubyte images, .gz too; with --labels)\n"
+    "                      the label first), idx (idx3-ubyte images, .gz too; with --labels)\n"
+    "                      or text (label token token ...: with --hash-bits)\n"
+    "  --hash-bits B       libsvm and text: hash the features into 2^B columns, B 1 to 31\n"
+    "                      (signed; the hashing trick, as scikit-learn's FeatureHasher); text\n"
+    "                      needs it, and predict and evaluate need the model's B again\n"
     "  --labels PATH       idx: the labels file (idx1-ubyte) of --data\n"
     "  --test PATH         data to evaluate the model on, in the same format\n"
     "  --test-labels PATH  idx: the labels file of --test\n"
@@ -104,6 +108,7 @@ typedef struct ml_args {
   fl_ml_format format;
   bool have_format, standardize;
   uint32_t partitions;
+  uint32_t hash_bits; /* 0: none */
   fl_ml_train_options train;
 } ml_args;
 
@@ -122,12 +127,14 @@ static int parse_penalty(const char *name, const char *text, double *out) {
 static int parse_args(int argc, char **argv, ml_args *a) {
   enum {
     OPT_MASTER = 256, OPT_DATA, OPT_FORMAT, OPT_LABELS, OPT_TEST, OPT_TEST_LABELS, OPT_LAMBDA, OPT_L1,
-    OPT_SOLVER, OPT_ITERATIONS, OPT_TOL, OPT_PARTITIONS, OPT_OUT, OPT_CLASSES, OPT_STANDARDIZE, OPT_MODEL
+    OPT_SOLVER, OPT_ITERATIONS, OPT_TOL, OPT_PARTITIONS, OPT_OUT, OPT_CLASSES, OPT_STANDARDIZE, OPT_MODEL,
+    OPT_HASH_BITS
   };
   static const struct option longopts[] = {
       {"master", required_argument, NULL, OPT_MASTER},
       {"data", required_argument, NULL, OPT_DATA},
       {"format", required_argument, NULL, OPT_FORMAT},
+      {"hash-bits", required_argument, NULL, OPT_HASH_BITS},
       {"labels", required_argument, NULL, OPT_LABELS},
       {"test", required_argument, NULL, OPT_TEST},
       {"test-labels", required_argument, NULL, OPT_TEST_LABELS},
@@ -167,9 +174,16 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     case OPT_MODEL: a->model = v; break;
     case OPT_FORMAT:
       if (fl_ml_format_parse(v, &a->format) != FL_OK)
-        return ml_usage_error("unknown format '%s' (libsvm, csv or idx)", v);
+        return ml_usage_error("unknown format '%s' (libsvm, csv, idx or text)", v);
       a->have_format = true;
       break;
+    case OPT_HASH_BITS: {
+      uint64_t bits;
+      if (!cli_parse_u64(v, 31, &bits) || bits < 1)
+        return ml_usage_error("--hash-bits '%s' is not a whole number from 1 to 31", v);
+      a->hash_bits = (uint32_t)bits;
+      break;
+    }
     case OPT_SOLVER:
       if (fl_ml_solver_parse(v, &a->train.solver) != FL_OK)
         return ml_usage_error("unknown solver '%s' (auto, normal, lbfgs or gd)", v);
@@ -214,7 +228,11 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     return ml_usage_error("--model is for predict and evaluate; training writes its model with --out");
   }
   if (!a->data) return ml_usage_error("--data PATH is required");
-  if (!a->have_format) return ml_usage_error("--format is required (libsvm, csv or idx)");
+  if (!a->have_format) return ml_usage_error("--format is required (libsvm, csv, idx or text)");
+  if (a->format == FL_ML_TEXT && !a->hash_bits)
+    return ml_usage_error("--format text needs --hash-bits B (its tokens become columns by hashing)");
+  if (a->hash_bits && a->format != FL_ML_LIBSVM && a->format != FL_ML_TEXT)
+    return ml_usage_error("--hash-bits is for --format libsvm and text");
   bool idx = a->format == FL_ML_IDX;
   if (idx && !a->labels) return ml_usage_error("--format idx needs --labels PATH (the idx1-ubyte labels of --data)");
   if (idx && a->test && !a->test_labels)
@@ -256,7 +274,8 @@ static const char *solver_name(const ml_args *a, const fl_ml_data *d) {
 /* Loads one data set; test data is read with the training data's width. */
 static fl_status load(fl_context *ctx, const ml_args *a, const char *path, const char *labels, uint32_t cols,
                       fl_ml_data **out) {
-  fl_ml_load_options o = {.partitions = a->partitions, .labels_path = labels, .num_features = cols};
+  fl_ml_load_options o = {.partitions = a->partitions, .labels_path = labels,
+                          .num_features = a->hash_bits ? 0 : cols, .hash_bits = a->hash_bits};
   double t0 = common_now_s();
   fl_status s = fl_ml_load(ctx, path, a->format, &o, out);
   if (s != FL_OK) return s;
@@ -297,9 +316,15 @@ static int apply_model(const ml_args *a) {
   int rc = 1;
   if (fl_ml_model_load(a->model, &model) != FL_OK) goto fail;
   if (fl_context_open(a->master, NULL, &ctx) != FL_OK) goto fail;
+  if (a->hash_bits && model->cols != 1u << a->hash_bits) {
+    fl_set_error(FL_EINVAL, "--hash-bits %u makes %u columns, but the model %s has %u features (train and apply "
+                 "with the same --hash-bits)", a->hash_bits, 1u << a->hash_bits, a->model, model->cols);
+    goto fail;
+  }
   fl_ml_load_options o = {.partitions = a->partitions,
                           .labels_path = a->labels,
-                          .num_features = a->format == FL_ML_LIBSVM ? model->cols : 0};
+                          .num_features = a->format == FL_ML_LIBSVM && !a->hash_bits ? model->cols : 0,
+                          .hash_bits = a->hash_bits};
   if (fl_ml_load(ctx, a->data, a->format, &o, &data) != FL_OK) goto fail;
   if (data->cols != model->cols && !data->sparse) {
     fl_set_error(FL_EINVAL, "%s has %u features, the model %s %u", a->data, data->cols, a->model, model->cols);

@@ -106,9 +106,17 @@ static const char train_usage_text[] =
     "                      CrossEntropyLoss label_smoothing; training loss only; default 0)\n"
     "  --clip-grad-norm X  scale the averaged gradients to global norm X when it is larger\n"
     "                      (not the transformer)\n"
+    "  --precision P       cuda: the precision of the matrix products, fp32 (default), tf32,\n"
+    "                      bf16 or fp16 (with dynamic loss scaling); weights, activations and\n"
+    "                      the rest stay fp32. The cpu device computes in fp32 only\n"
     "  --seed S            weights, shuffles and synthetic data (default 1)\n"
     "  --allreduce A       host backend: auto (default), ring, halving-doubling or tree\n"
     "  --bucket-mb MB      gradient bucket size in MiB, > 0 (default 4)\n"
+    "  --sync S            how the ranks keep their replicas together: bsp (default: the\n"
+    "                      gradients allreduced every step), local:TAU (local SGD: each rank\n"
+    "                      steps alone, the weights averaged every TAU steps) or adacomm[:TAU0]\n"
+    "                      (local SGD whose period shrinks from TAU0, default 16, as the loss\n"
+    "                      falls; Wang and Joshi's AdaComm)\n"
     "  --no-overlap        allreduce each bucket inside backward instead of on the rank's\n"
     "                      communication thread while backward goes on (for comparison)\n"
     "  --master M          local[*] (default), local[N], local-cluster[E,C,MB] or\n"
@@ -190,8 +198,9 @@ static const struct option train_longopts[] = {
     VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
-    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("power"),
-    VALUED("image-size"), VALUED("accumulate"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"), SWITCH("no-overlap"),
+    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
+    VALUED("sync"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), SWITCH("nesterov"), SWITCH("quiet"),
+    SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
     CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
@@ -348,6 +357,11 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--label-smoothing") == 0) {
       if (!cli_parse_double(v, &o->label_smoothing) || !(o->label_smoothing >= 0 && o->label_smoothing < 1))
         return train_usage_error("--label-smoothing '%s' is not a number in [0, 1)", v);
+    } else if (strcmp(opt, "--sync") == 0) {
+      if (gpu_train_sync_parse(v, &o->sync, &o->tau) != FL_OK) return train_usage_error("%s", fl_last_error());
+    } else if (strcmp(opt, "--precision") == 0) {
+      if (fl_precision_parse(v, &o->precision) != FL_OK)
+        return train_usage_error("--precision '%s' is not fp32, tf32, bf16 or fp16", v);
     } else if (strcmp(opt, "--clip-grad-norm") == 0) {
       if (!cli_parse_double(v, &o->clip_grad_norm) || !(o->clip_grad_norm > 0) || !isfinite(o->clip_grad_norm))
         return train_usage_error("--clip-grad-norm '%s' is not a number > 0", v);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "flint/flint.h"
@@ -167,6 +168,27 @@ static inline double common_now_s(void) { return (double)common_now_ns() * 1e-9;
 /* 64 unpredictable bits (getrandom; the clock and pid if the kernel has none to give), for
  * ids that must not repeat across processes and restarts. */
 FL_INTERNAL uint64_t common_random_u64(void);
+
+/* ---- little-endian fields of wire formats and files (the host order on every platform
+ * flint supports; memcpy keeps unaligned offsets legal) ---------------------------------- */
+static inline void common_put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void common_put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void common_put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline uint16_t common_get_u16(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return v;
+}
+static inline uint32_t common_get_u32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static inline uint64_t common_get_u64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
 
 /* ---- checksums (common/crc32c.c) ------------------------------------------------------- */
 /* CRC32C (Castagnoli) of data, continuing from crc (0 to start). Uses the SSE4.2 instruction

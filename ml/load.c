@@ -45,11 +45,12 @@
  * of the partition's first line), u32 file_of[num_parts], u32 name_at[num_files] (offsets
  * of NUL-terminated names in the bytes that follow), then the names. */
 typedef struct ml_load_text_arg {
-  uint32_t format;         /* FL_ML_LIBSVM or FL_ML_CSV */
+  uint32_t format;         /* FL_ML_LIBSVM, FL_ML_CSV or FL_ML_TEXT */
   uint32_t rows_per_block; /* 0: the builder's default */
   uint32_t num_features;   /* LIBSVM: 0 = unbounded */
   uint32_t fields;         /* CSV: fields per line */
   uint32_t label_field;    /* CSV: the label's field (0-based) */
+  uint32_t hash_bits;      /* LIBSVM, TEXT: features hashed into 2^hash_bits columns (0: not) */
   uint32_t num_parts, num_files;
   char delimiter;
   uint8_t zero_based, header, skip_bad_lines;
@@ -137,7 +138,7 @@ static fl_status parse_libsvm(parse_state *ps, char *line, double *label, uint32
       snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "index %llu is too large", written);
       return FL_EFORMAT;
     }
-    if (a->num_features && index >= a->num_features) {
+    if (!a->hash_bits && a->num_features && index >= a->num_features) {
       snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "index %llu beyond num_features %u", written, a->num_features);
       return FL_EFORMAT;
     }
@@ -164,6 +165,102 @@ static fl_status parse_libsvm(parse_state *ps, char *line, double *label, uint32
   }
   *nnz = n;
   return FL_OK;
+}
+
+/* ---- the hashing trick ------------------------------------------------------------------ */
+
+/* splitmix64's finalizer: every bit of x stirred into every bit of the result. */
+static uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* A token's hash: FNV-1a over its bytes, then mixed. */
+static uint64_t token_hash(const char *t) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *t; t++) h = (h ^ (unsigned char)*t) * 0x100000001b3ull;
+  return mix64(h);
+}
+
+typedef struct hashed_entry {
+  uint32_t col;
+  double value;
+} hashed_entry;
+
+static int entry_cmp(const void *x, const void *y) {
+  uint32_t a = ((const hashed_entry *)x)->col, b = ((const hashed_entry *)y)->col;
+  return a < b ? -1 : a > b;
+}
+
+/* Appends a feature of hash h and value v to the row being parsed (ps->idx, ps->values):
+ * column h mod 2^bits, signed by the top bit (so that collisions cancel on average). */
+static fl_status hashed_append(parse_state *ps, uint64_t h, double v) {
+  const ml_load_text_arg *a = ps->arg;
+  uint32_t col = (uint32_t)(h & (((uint64_t)1 << a->hash_bits) - 1));
+  double signed_v = (h >> 63) ? -v : v;
+  fl_status s = fl_buf_append(&ps->idx, &col, 4);
+  if (s == FL_OK) s = fl_buf_append(&ps->values, &signed_v, 8);
+  return s;
+}
+
+/* Sorts the hashed row by column and adds up the values that met in one (dropping sums of
+ * 0), as the builder wants strictly ascending columns. */
+static fl_status hashed_finish(parse_state *ps, uint32_t *nnz) {
+  size_t n = ps->idx.len / 4;
+  hashed_entry *e = malloc((n ? n : 1) * sizeof *e);
+  if (!e) return fl_set_error(FL_ENOMEM, "ml load: out of memory for a row of %zu features", n);
+  const uint32_t *cols = (const uint32_t *)ps->idx.data;
+  const double *vals = (const double *)ps->values.data;
+  for (size_t i = 0; i < n; i++) e[i] = (hashed_entry){cols[i], vals[i]};
+  qsort(e, n, sizeof *e, entry_cmp);
+  uint32_t *oc = (uint32_t *)ps->idx.data;
+  double *ov = (double *)ps->values.data;
+  size_t m = 0;
+  for (size_t i = 0; i < n;) {
+    uint32_t c = e[i].col;
+    double sum = 0;
+    for (; i < n && e[i].col == c; i++) sum += e[i].value;
+    if (sum != 0) oc[m] = c, ov[m] = sum, m++;
+  }
+  free(e);
+  ps->idx.len = m * 4;
+  ps->values.len = m * 8;
+  *nnz = (uint32_t)m;
+  return FL_OK;
+}
+
+/* LIBSVM with hash_bits: the parsed (index, value) pairs become hashed columns. */
+static fl_status hash_libsvm_row(parse_state *ps, uint32_t *nnz) {
+  size_t n = ps->idx.len / 4;
+  fl_buf idx = ps->idx, values = ps->values;
+  ps->idx = (fl_buf)FL_BUF_INIT;
+  ps->values = (fl_buf)FL_BUF_INIT;
+  fl_status s = FL_OK;
+  for (size_t i = 0; i < n && s == FL_OK; i++) {
+    uint32_t index;
+    double v;
+    memcpy(&index, idx.data + 4 * i, 4);
+    memcpy(&v, values.data + 8 * i, 8);
+    s = hashed_append(ps, mix64(index), v);
+  }
+  fl_buf_free(&idx);
+  fl_buf_free(&values);
+  return s == FL_OK ? hashed_finish(ps, nnz) : s;
+}
+
+/* TEXT: "LABEL TOKEN TOKEN ...", every token a feature of value 1. */
+static fl_status parse_text(parse_state *ps, char *line, double *label, uint32_t *nnz) {
+  ps->idx.len = ps->values.len = 0;
+  char *save = NULL, *tok = strtok_r(line, " \t", &save);
+  if (!parse_double(tok, label) || !isfinite(*label)) {
+    snprintf(ps->cause, ML_LOAD_CAUSE_MAX, "bad label '%.64s' (a text line is LABEL TOKEN TOKEN ...)", tok);
+    return FL_EFORMAT;
+  }
+  fl_status s = FL_OK;
+  while (s == FL_OK && (tok = strtok_r(NULL, " \t", &save))) s = hashed_append(ps, token_hash(tok), 1.0);
+  return s == FL_OK ? hashed_finish(ps, nnz) : s;
 }
 
 /* Splits a CSV line in place into fields (trimmed of blanks that are not the delimiter). */
@@ -244,9 +341,10 @@ FL_ML_KERNEL fl_status ml_load_parse_text(uint32_t partition, fl_iter *in, fl_em
   uint32_t file = arg_file_of(a, partition);
   const char *name = arg_name(a, file);
   uint64_t line_no = arg_first_line(a, partition);
-  bool libsvm = a->format == FL_ML_LIBSVM, noted = false;
+  bool libsvm = a->format == FL_ML_LIBSVM, text_format = a->format == FL_ML_TEXT, noted = false;
+  bool sparse = libsvm || text_format;
   fl_ml_block_builder *b = NULL;
-  fl_status s = fl_ml_block_builder_create(libsvm ? a->num_features : a->fields - 1, libsvm, false,
+  fl_status s = fl_ml_block_builder_create(sparse ? a->num_features : a->fields - 1, sparse, false,
                                            a->rows_per_block, &b);
   if (s != FL_OK) return s;
   parse_state ps = {.arg = a};
@@ -254,7 +352,7 @@ FL_ML_KERNEL fl_status ml_load_parse_text(uint32_t partition, fl_iter *in, fl_em
   fl_bytes line;
   while (s == FL_OK && fl_iter_next(in, &line)) {
     line_no++;
-    if (!libsvm && a->header && line_no == 1) continue;
+    if (a->format == FL_ML_CSV && a->header && line_no == 1) continue;
     text.len = 0;
     if ((s = fl_buf_append(&text, line.data, line.len)) != FL_OK || (s = fl_buf_append(&text, "", 1)) != FL_OK) break;
     char *t = (char *)text.data;
@@ -269,8 +367,10 @@ FL_ML_KERNEL fl_status ml_load_parse_text(uint32_t partition, fl_iter *in, fl_em
       if (is_blank(t)) continue;
       double label = 0;
       uint32_t nnz = 0;
-      s = libsvm ? parse_libsvm(&ps, t, &label, &nnz) : parse_csv(&ps, t, &label);
-      if (s == FL_OK && libsvm)
+      s = libsvm ? parse_libsvm(&ps, t, &label, &nnz) : text_format ? parse_text(&ps, t, &label, &nnz)
+                                                                 : parse_csv(&ps, t, &label);
+      if (s == FL_OK && libsvm && a->hash_bits) s = hash_libsvm_row(&ps, &nnz);
+      if (s == FL_OK && sparse)
         s = fl_ml_block_builder_add_sparse(b, label, 1, (const uint32_t *)ps.idx.data, (const double *)ps.values.data, nnz);
       else if (s == FL_OK)
         s = fl_ml_block_builder_add_dense(b, label, 1, (const double *)ps.values.data);
@@ -617,7 +717,9 @@ static fl_status load_text(fl_context *ctx, const char *path, fl_ml_format forma
   fl_accumulator *bad = NULL, *first = NULL;
   fl_buf arg = FL_BUF_INIT, first_value = FL_BUF_INIT;
   ml_load_text_arg head = {.format = (uint32_t)format, .rows_per_block = o->rows_per_block,
-                           .num_features = format == FL_ML_LIBSVM ? o->num_features : 0,
+                           .num_features = o->hash_bits ? 1u << o->hash_bits
+                                           : format == FL_ML_LIBSVM ? o->num_features : 0,
+                           .hash_bits = o->hash_bits,
                            .delimiter = o->delimiter ? o->delimiter : ',', .zero_based = o->zero_based,
                            .header = o->header, .skip_bad_lines = o->skip_bad_lines};
   fl_status s = list_files(path, &files);
@@ -686,22 +788,31 @@ fl_status fl_ml_format_parse(const char *name, fl_ml_format *out) {
   static const struct {
     const char *name;
     fl_ml_format format;
-  } formats[] = {{"libsvm", FL_ML_LIBSVM}, {"csv", FL_ML_CSV}, {"idx", FL_ML_IDX}};
+  } formats[] = {{"libsvm", FL_ML_LIBSVM}, {"csv", FL_ML_CSV}, {"idx", FL_ML_IDX}, {"text", FL_ML_TEXT}};
   for (size_t i = 0; name && i < sizeof formats / sizeof formats[0]; i++)
     if (strcmp(name, formats[i].name) == 0) {
       *out = formats[i].format;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown data format '%s' (choose libsvm, csv or idx)", name ? name : "(null)");
+  return fl_set_error(FL_EINVAL, "unknown data format '%s' (choose libsvm, csv, idx or text)", name ? name : "(null)");
 }
 
 fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format format, const fl_ml_load_options *opt,
                      fl_ml_data **out) {
   if (!ctx || !path || !out) return fl_set_error(FL_EINVAL, "fl_ml_load: NULL %s", !ctx ? "ctx" : !path ? "path" : "out");
-  if (format != FL_ML_LIBSVM && format != FL_ML_CSV && format != FL_ML_IDX)
-    return fl_set_error(FL_EINVAL, "fl_ml_load: unknown format %d (FL_ML_LIBSVM, FL_ML_CSV or FL_ML_IDX)", (int)format);
+  if (format != FL_ML_LIBSVM && format != FL_ML_CSV && format != FL_ML_IDX && format != FL_ML_TEXT)
+    return fl_set_error(FL_EINVAL, "fl_ml_load: unknown format %d (FL_ML_LIBSVM, FL_ML_CSV, FL_ML_IDX or FL_ML_TEXT)",
+                        (int)format);
   fl_ml_load_options o = {0};
   if (opt) o = *opt;
+  if (o.hash_bits > 31) return fl_set_error(FL_EINVAL, "fl_ml_load: hash_bits %u (1 to 31)", o.hash_bits);
+  if (o.hash_bits && format != FL_ML_LIBSVM && format != FL_ML_TEXT)
+    return fl_set_error(FL_EINVAL, "fl_ml_load: hash_bits is for libsvm and text data");
+  if (o.hash_bits && o.num_features)
+    return fl_set_error(FL_EINVAL, "fl_ml_load: num_features %u with hash_bits %u (hashed rows are 2^hash_bits wide)",
+                        o.num_features, o.hash_bits);
+  if (format == FL_ML_TEXT && !o.hash_bits)
+    return fl_set_error(FL_EINVAL, "fl_ml_load: text data needs hash_bits (its tokens become columns by hashing)");
   if (o.label_column < -1)
     return fl_set_error(FL_EINVAL, "fl_ml_load: label_column %d (a 0-based column, or -1 for the last)", o.label_column);
   if (o.delimiter && (isdigit((unsigned char)o.delimiter) || strchr(".+-\n\r", o.delimiter)))

@@ -296,7 +296,7 @@ static bool sconn_respond(dp_sconn *c, dp_job *job) {
   h.total = job->total;
   dp_header_encode(head, &h);
   uint8_t trailer[4];
-  put_u32(trailer, job->crc);
+  common_put_u32(trailer, job->crc);
   bool streamed = job->streamed; /* the job may be gone below */
   if (evbuffer_add(output, head, sizeof head) != 0) {
     job_unref(job);
@@ -336,7 +336,7 @@ static void server_wake_cb(evutil_socket_t fd, short what, void *arg) {
       if (finished) sconn_close(c); /* closed while the job was out: free it now */
     } else if (d->trailer) {
       uint8_t trailer[4];
-      put_u32(trailer, job->crc);
+      common_put_u32(trailer, job->crc);
       job_unref(job);
       if (evbuffer_add(bufferevent_get_output(c->bev), trailer, sizeof trailer) != 0)
         sconn_close(c);

@@ -327,7 +327,7 @@ static void cconn_start(dp_client *c, dp_cconn *k, dp_op *op) {
 static void cconn_complete(dp_client *c, dp_cconn *k) {
   dp_op *op = k->op;
   dp_peer *p = k->peer;
-  uint32_t want = k->h.status == FL_OK ? get_u32(k->trailer) : k->h.crc;
+  uint32_t want = k->h.status == FL_OK ? common_get_u32(k->trailer) : k->h.crc;
   if (k->crc != want) {
     cconn_fail(c, k, FL_ECORRUPT, "payload checksum mismatch");
     return;

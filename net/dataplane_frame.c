@@ -19,25 +19,25 @@ uint64_t dp_spin_ns(void) {
 }
 
 void dp_header_encode(uint8_t out[DP_FRAME_HEADER_SIZE], const dp_header *h) {
-  put_u32(out, DP_FRAME_MAGIC);
+  common_put_u32(out, DP_FRAME_MAGIC);
   out[4] = DP_FRAME_VERSION;
   out[5] = h->type;
-  put_u16(out + 6, h->status);
-  put_u64(out + 8, h->len);
-  put_u64(out + 16, h->total);
-  put_u32(out + 24, h->crc);
-  put_u32(out + 28, dp_crc32c(0, out, 28));
+  common_put_u16(out + 6, h->status);
+  common_put_u64(out + 8, h->len);
+  common_put_u64(out + 16, h->total);
+  common_put_u32(out + 24, h->crc);
+  common_put_u32(out + 28, dp_crc32c(0, out, 28));
 }
 
 const char *dp_header_decode(const uint8_t in[DP_FRAME_HEADER_SIZE], dp_header *h) {
-  if (get_u32(in) != DP_FRAME_MAGIC) return "bad magic (not a flint data-plane peer?)";
+  if (common_get_u32(in) != DP_FRAME_MAGIC) return "bad magic (not a flint data-plane peer?)";
   if (in[4] != DP_FRAME_VERSION) return "unsupported protocol version";
-  if (get_u32(in + 28) != dp_crc32c(0, in, 28)) return "header checksum mismatch";
+  if (common_get_u32(in + 28) != dp_crc32c(0, in, 28)) return "header checksum mismatch";
   h->type = in[5];
-  h->status = get_u16(in + 6);
-  h->len = get_u64(in + 8);
-  h->total = get_u64(in + 16);
-  h->crc = get_u32(in + 24);
+  h->status = common_get_u16(in + 6);
+  h->len = common_get_u64(in + 8);
+  h->total = common_get_u64(in + 16);
+  h->crc = common_get_u32(in + 24);
   if (h->type < DP_FRAME_HELLO || h->type > DP_FRAME_RESPONSE) return "unknown frame type";
   return NULL;
 }
@@ -45,10 +45,10 @@ const char *dp_header_decode(const uint8_t in[DP_FRAME_HEADER_SIZE], dp_header *
 void dp_request_encode(uint8_t out[DP_REQUEST_WIRE_SIZE], const dp_request *r, uint64_t max_len) {
   memset(out, 0, DP_REQUEST_WIRE_SIZE);
   out[0] = r->kind;
-  for (int i = 0; i < 4; i++) put_u64(out + 8 + 8 * i, r->key[i]);
-  put_u64(out + 40, r->offset);
-  put_u64(out + 48, r->len);
-  put_u64(out + 56, max_len);
+  for (int i = 0; i < 4; i++) common_put_u64(out + 8 + 8 * i, r->key[i]);
+  common_put_u64(out + 40, r->offset);
+  common_put_u64(out + 48, r->len);
+  common_put_u64(out + 56, max_len);
 }
 
 const char *dp_request_decode(const uint8_t in[DP_REQUEST_WIRE_SIZE], dp_request *r,
@@ -58,10 +58,10 @@ const char *dp_request_decode(const uint8_t in[DP_REQUEST_WIRE_SIZE], dp_request
   if (r->kind < DP_SHUFFLE || r->kind > DP_KIND_LAST) return "unknown request kind";
   for (int i = 1; i < 8; i++)
     if (in[i]) return "nonzero padding in request";
-  for (int i = 0; i < 4; i++) r->key[i] = get_u64(in + 8 + 8 * i);
-  r->offset = get_u64(in + 40);
-  r->len = get_u64(in + 48);
-  *max_len = get_u64(in + 56);
+  for (int i = 0; i < 4; i++) r->key[i] = common_get_u64(in + 8 + 8 * i);
+  r->offset = common_get_u64(in + 40);
+  r->len = common_get_u64(in + 48);
+  *max_len = common_get_u64(in + 56);
   return NULL;
 }
 

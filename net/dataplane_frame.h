@@ -19,26 +19,6 @@ typedef struct dp_header {
   uint32_t crc;
 } dp_header;
 
-/* Little-endian fields (the host order on every platform flint supports). */
-static inline void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static inline void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static inline uint16_t get_u16(const uint8_t *p) {
-  uint16_t v;
-  memcpy(&v, p, 2);
-  return v;
-}
-static inline uint32_t get_u32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static inline uint64_t get_u64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 FL_INTERNAL void dp_header_encode(uint8_t out[DP_FRAME_HEADER_SIZE], const dp_header *h);
 /* Checks what every frame must satisfy; the caller checks type-specific limits. Returns
  * NULL, or what is wrong. */

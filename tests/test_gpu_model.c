@@ -489,6 +489,166 @@ static void test_losses(void **state) {
   fl_model_destroy(m);
 }
 
+/* fl_grad_scaler: backward under a scale gives scale x the gradients (cross-entropy's and
+ * MSE's), unscale gives them back exactly (a power of two), the losses are never scaled, and
+ * an overflowed gradient skips the step and halves the scale. Device-independent: the cpu
+ * runs it although only cuda multiplies in fp16. */
+static void test_grad_scaler(void **state) {
+  (void)state;
+  int64_t in[1] = {3};
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_ok(fl_model_linear(m, "fc", 4, true));
+  fl_grad_scaler *gs = NULL;
+  assert_fails_with(fl_grad_scaler_create(m, NULL, &gs), FL_ESTATE, "not finished");
+  assert_ok(fl_model_finish(m, 5));
+  int64_t xs[2] = {2, 3}, ts[2] = {2, 4};
+  float xv[6] = {0.5f, -1.0f, 2.0f, 1.5f, 0.25f, -0.75f}, tv[8] = {1, 2, 3, 4, -1, -2, -3, -4};
+  fl_tensor *x = tensor_of(2, xs, xv), *t = tensor_of(2, ts, tv);
+  int32_t labels[2] = {3, 1};
+  size_t nw = fl_model_num_weights(m);
+  const fl_tensor *y;
+  double plain_loss, scaled_loss;
+  for (int mse = 0; mse < 2; mse++) {
+    assert_ok(fl_model_zero_grad(m));
+    assert_ok(fl_model_forward(m, x, true, &y));
+    if (mse) assert_ok(fl_model_mse(m, t, &plain_loss));
+    else assert_ok(fl_model_cross_entropy(m, labels, 2, 0, &plain_loss, NULL));
+    assert_ok(fl_model_backward(m));
+    float *plain = read_all(fl_model_gradients(m));
+
+    fl_grad_scaler_options o = {1024, 2000};
+    assert_ok(fl_grad_scaler_create(m, &o, &gs));
+    assert_true(fl_grad_scaler_scale(gs) == 1024);
+    assert_ok(fl_model_zero_grad(m));
+    assert_ok(fl_model_forward(m, x, true, &y));
+    if (mse) assert_ok(fl_model_mse(m, t, &scaled_loss));
+    else assert_ok(fl_model_cross_entropy(m, labels, 2, 0, &scaled_loss, NULL));
+    assert_true(scaled_loss == plain_loss);
+    assert_ok(fl_model_backward(m));
+    float *scaled = read_all(fl_model_gradients(m));
+    for (size_t i = 0; i < nw; i++) assert_true(fabsf(scaled[i] - 1024 * plain[i]) <= 1e-4f * fabsf(1024 * plain[i]) + 1e-9f);
+    bool step = false;
+    assert_ok(fl_grad_scaler_unscale(gs, &step));
+    assert_true(step);
+    float *back = read_all(fl_model_gradients(m));
+    for (size_t i = 0; i < nw; i++) assert_true(back[i] == scaled[i] / 1024);
+    /* An overflowed gradient: no step, half the scale, one skipped. */
+    back[0] = INFINITY;
+    assert_ok(fl_tensor_write(fl_model_gradients(m), back, nw));
+    assert_ok(fl_grad_scaler_unscale(gs, &step));
+    assert_false(step);
+    assert_true(fl_grad_scaler_scale(gs) == 512);
+    assert_int_equal(fl_grad_scaler_skipped(gs), 1);
+    fl_grad_scaler_destroy(gs);
+    /* Destroyed: the gradients are unscaled again. */
+    assert_ok(fl_model_zero_grad(m));
+    assert_ok(fl_model_forward(m, x, true, &y));
+    if (mse) assert_ok(fl_model_mse(m, t, &plain_loss));
+    else assert_ok(fl_model_cross_entropy(m, labels, 2, 0, &plain_loss, NULL));
+    assert_ok(fl_model_backward(m));
+    float *again = read_all(fl_model_gradients(m));
+    for (size_t i = 0; i < nw; i++) assert_true(fabsf(again[i] - plain[i]) <= 1e-6f * fabsf(plain[i]) + 1e-9f);
+    free(plain), free(scaled), free(back), free(again);
+  }
+  fl_grad_scaler_options bad = {0.5, 2000};
+  assert_fails_with(fl_grad_scaler_create(m, &bad, &gs), FL_EINVAL, "init_scale 0.5");
+  bad = (fl_grad_scaler_options){1024, 0};
+  assert_fails_with(fl_grad_scaler_create(m, &bad, &gs), FL_EINVAL, "growth_interval 0");
+  bool step;
+  assert_fails_with(fl_grad_scaler_unscale(NULL, &step), FL_EINVAL, "NULL");
+  fl_grad_scaler_destroy(NULL);
+  fl_tensor_destroy(t);
+  fl_tensor_destroy(x);
+  fl_model_destroy(m);
+}
+
+/* fl_checkpoint_save/load: a run stopped after 3 Adam steps and resumed in a fresh model and
+ * optimizer takes the same 4th step as the run that went on (Adam's moments and step count
+ * came back); mismatches are named and change nothing. */
+static fl_model *ckpt_model(uint64_t seed) {
+  int64_t in[1] = {4};
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_ok(fl_model_linear(m, "fc1", 6, true));
+  assert_ok(fl_model_relu(m));
+  assert_ok(fl_model_linear(m, "fc2", 3, true));
+  assert_ok(fl_model_finish(m, seed));
+  return m;
+}
+
+static void adam_step(fl_model *m, fl_optimizer *opt, fl_tensor *x, const int32_t *labels, int n) {
+  const fl_tensor *y;
+  assert_ok(fl_model_zero_grad(m));
+  assert_ok(fl_model_forward(m, x, true, &y));
+  assert_ok(fl_model_cross_entropy(m, labels, (size_t)n, 0, NULL, NULL));
+  assert_ok(fl_model_backward(m));
+  assert_ok(fl_optimizer_step(opt, 0.05));
+}
+
+static void test_checkpoint_resume(void **state) {
+  (void)state;
+  enum { N = 12 };
+  float *xv = rand_values(N * 4);
+  int32_t labels[N];
+  for (int i = 0; i < N; i++) labels[i] = i % 3;
+  int64_t xs[2] = {N, 4};
+  fl_tensor *x = tensor_of(2, xs, xv);
+  fl_optimizer_options adam = FL_OPTIMIZER_OPTIONS_INIT;
+  adam.kind = "adam";
+  fl_model *a = ckpt_model(1), *b = ckpt_model(2);
+  fl_optimizer *oa, *ob;
+  assert_ok(fl_optimizer_create(a, &adam, &oa));
+  assert_ok(fl_optimizer_create(b, &adam, &ob));
+  for (int i = 0; i < 3; i++) adam_step(a, oa, x, labels, N);
+  char path[] = "/tmp/flint-test-ckpt-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_ok(fl_checkpoint_save(a, oa, 1, 3, path));
+  uint32_t epoch = 0;
+  uint64_t step = 0;
+  assert_ok(fl_checkpoint_load(b, ob, path, &epoch, &step));
+  assert_int_equal(epoch, 1);
+  assert_int_equal(step, 3);
+  adam_step(a, oa, x, labels, N);
+  adam_step(b, ob, x, labels, N);
+  size_t nw = fl_model_num_weights(a);
+  float *wa = read_all(fl_model_weights(a)), *wb = read_all(fl_model_weights(b));
+  assert_memory_equal(wa, wb, nw * sizeof(float));
+  /* Weights only (no optimizer), and fl_model_load reads the same file. */
+  fl_model *c = ckpt_model(3);
+  assert_ok(fl_checkpoint_load(c, NULL, path, NULL, NULL));
+  assert_ok(fl_model_load(c, path));
+  /* Another optimizer's state, another architecture, another model's optimizer: named. */
+  fl_optimizer_options sgd = FL_OPTIMIZER_OPTIONS_INIT;
+  fl_optimizer *oc;
+  assert_ok(fl_optimizer_create(c, &sgd, &oc));
+  assert_fails_with(fl_checkpoint_load(c, oc, path, NULL, NULL), FL_EINVAL, "holds adam's optimizer state");
+  assert_fails_with(fl_checkpoint_load(c, oa, path, NULL, NULL), FL_EINVAL, "the optimizer steps another model");
+  int64_t in[1] = {4};
+  fl_model *d;
+  assert_ok(fl_model_create(dev, 1, in, &d));
+  assert_ok(fl_model_linear(d, "fc", 3, true));
+  assert_ok(fl_model_finish(d, 1));
+  float *wd = read_all(fl_model_weights(d));
+  assert_fails_with(fl_checkpoint_load(d, NULL, path, NULL, NULL), FL_EINVAL, "does not match this model");
+  float *wd2 = read_all(fl_model_weights(d));
+  assert_memory_equal(wd, wd2, fl_model_num_weights(d) * sizeof(float));
+  unlink(path);
+  assert_int_equal(fl_checkpoint_load(c, NULL, path, NULL, NULL), FL_ENOENT);
+  assert_fails_with(fl_checkpoint_save(a, oa, 1, 3, "/nonexistent/dir/x.ckpt"), FL_EIO, "x.ckpt");
+  free(wa), free(wb), free(wd), free(wd2), free(xv);
+  fl_optimizer_destroy(oa);
+  fl_optimizer_destroy(ob);
+  fl_optimizer_destroy(oc);
+  fl_tensor_destroy(x);
+  fl_model_destroy(a);
+  fl_model_destroy(b);
+  fl_model_destroy(c);
+  fl_model_destroy(d);
+}
+
 static void test_dropout(void **state) {
   (void)state;
   int64_t in[1] = {1000};
@@ -870,10 +1030,12 @@ int main(void) {
       cmocka_unit_test(test_layernorm_values),
       cmocka_unit_test(test_grouped_convolutions),
       cmocka_unit_test(test_losses),
+      cmocka_unit_test(test_grad_scaler),
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_backward_accumulates),
       cmocka_unit_test(test_micro_batches_match_one_batch),
       cmocka_unit_test(test_save_and_load),
+      cmocka_unit_test(test_checkpoint_resume),
       cmocka_unit_test(test_training_loop),
       cmocka_unit_test(test_optimizer_loop),
   };

@@ -104,6 +104,7 @@ static void expect_close(const float *dev, const double *ref, const double *mag,
 
 #define TOL 1e-5
 #define GEMM_TOL 1e-4
+static double gemm_tol = GEMM_TOL; /* test_gemm_precisions loosens it */
 
 /* ---- gemm_batched ---------------------------------------------------------------------- */
 
@@ -150,7 +151,7 @@ static void run_gemm_batched(bool ta, bool tb, int m, int n, int k, int batch, i
   for (size_t i = 0; i < nc; i++) {
     bool outside = mag[i] == 0 && isnan(ref[i]);
     double d = fabs((double)got[i] - ref[i]);
-    bool ok = outside ? isnan(got[i]) : (!isnan(got[i]) && d <= GEMM_TOL * mag[i] + 1e-30);
+    bool ok = outside ? isnan(got[i]) : (!isnan(got[i]) && d <= gemm_tol * mag[i] + 1e-30);
     if (!ok) {
       fprintf(stderr, "gemm_batched ta %d tb %d m %d n %d k %d batch %d pad %d gap %d "
                       "shared_b %d alpha %g beta %g: [%zu] cuda %.9g, reference %.9g\n",
@@ -183,6 +184,82 @@ static void test_gemm_batched(void **state) {
       run_gemm_batched(ta, tb, sh[0], sh[1], sh[2], sh[3], 3, 5, false, 0.5f, -0.75f);
       run_gemm_batched(ta, tb, sh[0], sh[1], sh[2], sh[3], 1, 0, true, -1.5f, 1.0f);
     }
+}
+
+/* fl_device_set_precision: both products round their inputs (1 + 2^-12 is 1 in bf16 and
+ * fp16, not in fp32), accumulate in fp32 to the precision's tolerance, and fp16 overflows
+ * to infinity above 65504 (what a loss scaler watches for). */
+static void test_gemm_precisions(void **state) {
+  (void)state;
+  static const fl_precision ps[] = {FL_PRECISION_TF32, FL_PRECISION_BF16, FL_PRECISION_FP16};
+  static const double tol[] = {4e-3, 1.6e-2, 4e-3};
+  float one_plus = 1.0f + 1.0f / 4096.0f, one = 1.0f;
+  float *a = dev_from(&one_plus, 1), *b = dev_from(&one, 1), *c = dev_alloc(1);
+  float got;
+  assert_ok(gpu->ops->gemm(gpu, false, false, 1, 1, 1, 1.0f, a, 1, b, 1, 0.0f, c, 1));
+  assert_ok(gpu->ops->to_host(gpu, &got, c, sizeof got));
+  assert_true(got == one_plus);
+  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+    if (fl_device_set_precision(gpu, ps[i]) == FL_EDEVICE) { /* an older GPU: named, and refused */
+      fprintf(stderr, "  precision %s: not on this GPU (%s)\n", fl_precision_name(ps[i]), fl_last_error());
+      continue;
+    }
+    assert_int_equal(fl_device_precision(gpu), ps[i]);
+    assert_ok(gpu->ops->gemm(gpu, false, false, 1, 1, 1, 1.0f, a, 1, b, 1, 0.0f, c, 1));
+    assert_ok(gpu->ops->to_host(gpu, &got, c, sizeof got));
+    /* tf32 is cuBLAS's to apply, and it may pick a kernel without tensor cores (exact) for
+     * a 1 x 1 product; bf16 and fp16 inputs are rounded by flint before cuBLAS sees them. */
+    if (ps[i] != FL_PRECISION_TF32) {
+      if (got != 1.0f)
+        fprintf(stderr, "precision %s: (1 + 2^-12) x 1 = %.9g, expected 1\n", fl_precision_name(ps[i]), got);
+      assert_true(got == 1.0f);
+    }
+    /* Large and strided products, single and batched, against the double reference. */
+    for (int t = 0; t < 4; t++) {
+      float *x = host_rand(64 * 300, 1.0f), *y = host_rand(300 * 48, 1.0f);
+      float *dx = dev_from(x, 64 * 300), *dy = dev_from(y, 300 * 48), *dz = dev_poison(64 * 48);
+      bool ta = t & 1, tb = t & 2;
+      assert_ok(gpu->ops->gemm(gpu, ta, tb, 64, 48, 300, 1.0f, dx, ta ? 64 : 300, dy, tb ? 300 : 48, 0.0f, dz, 48));
+      double *ref = xmalloc(64 * 48 * sizeof *ref), *mag = xmalloc(64 * 48 * sizeof *mag);
+      for (int r = 0; r < 64; r++)
+        for (int q = 0; q < 48; q++) {
+          double acc = 0, abs_acc = 0;
+          for (int z = 0; z < 300; z++) {
+            double av = ta ? x[z * 64 + r] : x[r * 300 + z], bv = tb ? y[q * 300 + z] : y[z * 48 + q];
+            acc += av * bv;
+            abs_acc += fabs(av * bv);
+          }
+          ref[r * 48 + q] = acc;
+          mag[r * 48 + q] = abs_acc;
+        }
+      expect_close(dz, ref, mag, 64 * 48, tol[i], fl_precision_name(ps[i]));
+      free(ref);
+      free(mag);
+      free(x);
+      free(y);
+      dev_free(dx);
+      dev_free(dy);
+      dev_free(dz);
+    }
+    gemm_tol = tol[i];
+    run_gemm_batched(true, false, 7, 5, 33, 3, 2, 3, false, 1.0f, 0.5f);
+    run_gemm_batched(false, true, 16, 24, 1000, 3, 0, 0, true, -1.5f, 1.0f);
+    run_gemm_batched(false, false, 4, 6, 0, 3, 1, 0, false, 1.0f, 0.0f);
+    gemm_tol = GEMM_TOL;
+  }
+  assert_ok(fl_device_set_precision(gpu, FL_PRECISION_FP16)); /* compute capability 7.0: any GPU CUDA 13 runs on */
+  float big = 70000.0f;
+  assert_ok(gpu->ops->from_host(gpu, a, &big, sizeof big));
+  assert_ok(gpu->ops->gemm(gpu, false, false, 1, 1, 1, 1.0f, a, 1, b, 1, 0.0f, c, 1));
+  assert_ok(gpu->ops->to_host(gpu, &got, c, sizeof got));
+  assert_true(isinf(got));
+  assert_ok(fl_device_set_precision(gpu, FL_PRECISION_FP32));
+  assert_ok(gpu->ops->gemm(gpu, false, false, 1, 1, 1, 1.0f, a, 1, b, 1, 0.0f, c, 1));
+  assert_ok(gpu->ops->to_host(gpu, &got, c, sizeof got));
+  assert_true(got == big);
+  dev_free(a);
+  dev_free(b);
+  dev_free(c);
 }
 
 static void test_gemm_batched_bad_arguments(void **state) {
@@ -493,6 +570,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_batched),
       cmocka_unit_test(test_gemm_batched_bad_arguments),
+      cmocka_unit_test(test_gemm_precisions),
       cmocka_unit_test(test_gelu),
       cmocka_unit_test(test_softmax_rows),
       cmocka_unit_test(test_dropout),

@@ -419,6 +419,69 @@ static void test_clip_grad_norm(void **state) {
   fl_device_close(dev);
 }
 
+/* ---- loss scaling and precision ------------------------------------------------------- */
+
+static void test_loss_scaler(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  float g[3] = {1024, -512, 0.5f};
+  fl_tensor *t = tensor_of(dev, g, 3);
+  loss_scaler ls = LOSS_SCALER_INIT;
+  assert_true(ls.scale == 65536.0f);
+  ls.scale = 1024;
+  ls.growth_interval = 2;
+  bool step = false;
+  /* Finite: divided by the scale (exactly: a power of two), and one good step counted. */
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_true(step);
+  float want[3] = {1, -0.5f, 0.5f / 1024};
+  expect_values(t, want, 3, 0);
+  assert_true(ls.scale == 1024 && ls.good_steps == 1);
+  /* The second finite step in a row doubles the scale. */
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_true(step && ls.scale == 2048 && ls.good_steps == 0);
+  /* An inf or a NaN: skip, halve, and leave the gradients as they were. */
+  float bad[3] = {1, INFINITY, 2};
+  assert_ok(fl_tensor_write(t, bad, 3));
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_false(step);
+  assert_true(ls.scale == 1024 && ls.good_steps == 0 && ls.skipped == 1);
+  float back[3];
+  assert_ok(fl_tensor_read(t, back, 3));
+  assert_true(back[0] == 1 && isinf(back[1]) && back[2] == 2);
+  bad[1] = NAN;
+  assert_ok(fl_tensor_write(t, bad, 3));
+  assert_ok(loss_scaler_unscale(&ls, t, &step));
+  assert_false(step);
+  assert_true(ls.scale == 512 && ls.skipped == 2);
+  fl_tensor_destroy(t);
+  fl_device_close(dev);
+}
+
+static void test_precision_on_cpu(void **state) {
+  (void)state;
+  fl_device *dev = open_cpu();
+  assert_int_equal(fl_device_precision(dev), FL_PRECISION_FP32);
+  assert_ok(fl_device_set_precision(dev, FL_PRECISION_FP32));
+  assert_fails_with(fl_device_set_precision(dev, FL_PRECISION_BF16), FL_EINVAL,
+                    "device cpu computes in fp32 only: precision bf16 needs a cuda device");
+  assert_fails_with(fl_device_set_precision(dev, FL_PRECISION_FP16), FL_EINVAL, "precision fp16");
+  assert_fails_with(fl_device_set_precision(dev, (fl_precision)9), FL_EINVAL, "unknown precision 9");
+  assert_fails_with(fl_device_set_precision(NULL, FL_PRECISION_FP32), FL_EINVAL, "NULL");
+  assert_int_equal(fl_device_precision(dev), FL_PRECISION_FP32);
+  static const char *names[] = {"fp32", "tf32", "bf16", "fp16"};
+  for (int i = 0; i < 4; i++) {
+    fl_precision p;
+    assert_ok(fl_precision_parse(names[i], &p));
+    assert_int_equal(p, i);
+    assert_string_equal(fl_precision_name(p), names[i]);
+  }
+  fl_precision p;
+  assert_fails_with(fl_precision_parse("fp8", &p), FL_EINVAL, "unknown precision 'fp8'");
+  assert_string_equal(fl_precision_name((fl_precision)7), "?");
+  fl_device_close(dev);
+}
+
 /* ---- schedules ----------------------------------------------------------------------- */
 
 #define assert_near(a, b) assert_true(fabs((double)(a) - (double)(b)) < 1e-9 * (1 + fabs((double)(b))))
@@ -481,6 +544,56 @@ static void test_schedule_step_and_cosine(void **state) {
   assert_fails_with(optim_schedule_validate(&p), FL_EINVAL, "polynomial power -1");
 }
 
+/* The public schedule: the same rules through flint/train.h. */
+static void test_public_schedule(void **state) {
+  (void)state;
+  fl_lr_schedule s = FL_LR_SCHEDULE_INIT;
+  s.lr = 0.1;
+  s.batch = 1024;
+  s.warmup_epochs = 2;
+  s.epochs = 10;
+  double lr;
+  assert_ok(fl_lr_schedule_at(&s, 0, &lr));
+  assert_near(lr, 0.1); /* warmup starts at the small-batch rate */
+  assert_ok(fl_lr_schedule_at(&s, 1, &lr));
+  assert_near(lr, 0.25);
+  assert_ok(fl_lr_schedule_at(&s, 2, &lr));
+  assert_near(lr, 0.4); /* the peak: 0.1 x 1024 / 256, then cosine */
+  assert_ok(fl_lr_schedule_at(&s, 6, &lr));
+  assert_near(lr, 0.2);
+  assert_ok(fl_lr_schedule_at(&s, 10, &lr));
+  assert_near(lr, 0);
+  s.decay = "step"; /* default milestones: 5 and 7.5 */
+  assert_ok(fl_lr_schedule_at(&s, 4.9, &lr));
+  assert_near(lr, 0.4);
+  assert_ok(fl_lr_schedule_at(&s, 5, &lr));
+  assert_near(lr, 0.04);
+  assert_ok(fl_lr_schedule_at(&s, 8, &lr));
+  assert_near(lr, 0.004);
+  s.milestones[0] = 3;
+  s.num_milestones = 1;
+  assert_ok(fl_lr_schedule_at(&s, 8, &lr));
+  assert_near(lr, 0.04);
+  s.decay = "poly";
+  assert_fails_with(fl_lr_schedule_at(&s, 8, &lr), FL_EINVAL, "milestones are for the \"step\" decay");
+  s.num_milestones = 0;
+  assert_ok(fl_lr_schedule_at(&s, 6, &lr));
+  assert_near(lr, 0.4 * 0.25); /* (1 - 0.5)^2 */
+  s.decay = "none";
+  s.batch = 0;
+  assert_ok(fl_lr_schedule_at(&s, 9, &lr));
+  assert_near(lr, 0.1);
+  s.decay = "linear";
+  assert_fails_with(fl_lr_schedule_at(&s, 1, &lr), FL_EINVAL, "unknown decay 'linear'");
+  s.decay = NULL;
+  s.epochs = 0;
+  assert_fails_with(fl_lr_schedule_at(&s, 1, &lr), FL_EINVAL, "0 epochs");
+  s.epochs = 10;
+  s.lr = -1;
+  assert_fails_with(fl_lr_schedule_at(&s, 1, &lr), FL_EINVAL, "learning rate -1");
+  assert_fails_with(fl_lr_schedule_at(NULL, 1, &lr), FL_EINVAL, "NULL");
+}
+
 static void test_schedule_validation(void **state) {
   (void)state;
   optim_schedule s = {.base_lr = 0.1, .global_batch = 256, .epochs = 10};
@@ -528,7 +641,8 @@ static void ckpt_make(ckpt_fixture *f) {
   float vel[5] = {1, 2, 3, 4, 5};
   assert_ok(f->dev->ops->from_host(f->dev, optim_state(f->opt), vel, sizeof vel));
   optim_set_steps(f->opt, 1234);
-  checkpoint_state st = {.epoch = 3, .step = 1234, .position = 3.0, .lr = 0.4};
+  checkpoint_state st = {.epoch = 3, .step = 1234, .position = 3.0, .lr = 0.4, .loss_scale = 2048.0f,
+                         .loss_scale_good = 17};
   f->blob = (fl_buf)FL_BUF_INIT;
   assert_ok(checkpoint_encode(f->values, f->buffers, f->opt, &st, &f->blob));
   assert_int_equal(f->blob.len, 88 + 4 * (5 + 2 + 5) + 4);
@@ -562,6 +676,8 @@ static void test_checkpoint_round_trip(void **state) {
   assert_int_equal(st.epoch, 3);
   assert_int_equal(st.step, 1234);
   assert_true(st.position == 3.0 && st.lr == 0.4);
+  assert_true(st.loss_scale == 2048.0f);
+  assert_int_equal(st.loss_scale_good, 17);
   /* Without an optimizer (evaluation) the velocity is skipped. */
   assert_ok(checkpoint_decode(fl_buf_bytes(&f.blob), v2, b2, NULL, &st));
   /* And through a file. */
@@ -631,6 +747,13 @@ static void test_checkpoint_corrupt_blobs(void **state) {
   copy[80] ^= 0x10;
   copy[48] ^= 1;
   expect_bad_blob(&f, copy, n, FL_ECORRUPT, "checksum");
+  /* a loss scale that is not a number >= 0, under a valid checksum */
+  memcpy(copy, f.blob.data, n);
+  float nan = NAN;
+  memcpy(copy + 80, &nan, 4);
+  uint32_t nan_crc = (uint32_t)crc32(0L, copy, (uInt)(n - 4));
+  memcpy(copy + n - 4, &nan_crc, 4);
+  expect_bad_blob(&f, copy, n, FL_EFORMAT, "a loss scale of nan");
   /* a model of another shape */
   float zeros[6] = {0};
   fl_tensor *six = tensor_of(f.dev, zeros, 6);
@@ -1364,9 +1487,12 @@ int main(void) {
       cmocka_unit_test(test_lamb_against_reference),
       cmocka_unit_test(test_no_decay_rule),
       cmocka_unit_test(test_clip_grad_norm),
+      cmocka_unit_test(test_loss_scaler),
+      cmocka_unit_test(test_precision_on_cpu),
       cmocka_unit_test(test_schedule_linear_scaling_and_warmup),
       cmocka_unit_test(test_schedule_step_and_cosine),
       cmocka_unit_test(test_schedule_validation),
+      cmocka_unit_test(test_public_schedule),
       cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_checkpoint_corrupt_blobs),
       cmocka_unit_test(test_checkpoint_every_optimizer),

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -72,7 +73,7 @@ static void test_local_program_builder(void **state) {
   fl_train_options o = FL_TRAIN_OPTIONS_INIT;
   o.ranks = 2;
   o.batch = 32;
-  o.lr = 0.4;
+  o.schedule.lr = 0.4;
   o.epochs = 3;
   o.label_smoothing = 0.05;
   int64_t shape[1] = {FEATURES};
@@ -92,18 +93,61 @@ static void test_local_program_builder(void **state) {
   assert_non_null(strstr(fl_last_error(), "an example of 28 bytes, but a label and 7 floats take 32"));
   assert_int_not_equal(fl_train(ctx, train, test, 1, shape, 2, my_model, &o, &r), FL_OK); /* found by the tasks */
   assert_non_null(strstr(fl_last_error(), "label 2 is not a class in [0, 2)"));
-  o.optimizer = "rmsprop";
+  o.optimizer.kind = "rmsprop";
   assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
   assert_non_null(strstr(fl_last_error(), "rmsprop"));
+  o.optimizer.kind = "sgd";
+  o.schedule.decay = "exponential";
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "unknown decay 'exponential'"));
+  o.schedule.decay = NULL;
+  o.schedule.epochs = 7;
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "schedule.epochs 7 must be 0 or the options' batch 32 and epochs 3"));
+  o.schedule.epochs = 0;
+  o.precision = FL_PRECISION_BF16;
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "needs --device cuda: the cpu device computes in fp32 only"));
+  o.precision = FL_PRECISION_FP32;
+  /* Adam with a step decay trains as well. */
+  o.optimizer = (fl_optimizer_options)FL_OPTIMIZER_OPTIONS_INIT;
+  o.optimizer.kind = "adam";
+  o.schedule.lr = 0.01;
+  o.schedule.decay = "step";
+  o.schedule.milestones[0] = 2;
+  o.schedule.num_milestones = 1;
+  o.label_smoothing = 0;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  assert_true(r.test_acc > 0.9);
+  assert_int_equal(r.resumed_epoch, 0);
+
+  /* Checkpoint after 2 epochs, then resume to 3: the run starts at epoch 2. */
+  char path[] = "/tmp/flint-test-train-api-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  o.epochs = 2;
+  o.schedule.milestones[0] = 1;
+  o.checkpoint_path = path;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  o.epochs = 3;
+  o.checkpoint_path = NULL;
+  o.resume_path = path;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  assert_int_equal(r.resumed_epoch, 2);
+  assert_int_equal(r.epochs, 3);
+  assert_true(r.test_acc > 0.9);
+  unlink(path);
+  o.resume_path = NULL;
   /* Gradient accumulation: 4 micro-batches of 4 per rank train as well; a batch that does not
    * split into ranks x accumulate equal parts is refused, naming both. */
-  o.optimizer = NULL;
   o.accumulate = 4;
   assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
   assert_true(r.test_acc > 0.9);
   o.accumulate = 3;
   assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
   assert_non_null(strstr(fl_last_error(), "--batch 32 is not a multiple of --ranks 2 x --accumulate 3"));
+  o.accumulate = 1;
   fl_dataset_free(train);
   fl_dataset_free(test);
   fl_context_close(ctx);
@@ -126,7 +170,7 @@ static void test_cluster_library_builder(void **state) {
   fl_train_options o = FL_TRAIN_OPTIONS_INIT;
   o.ranks = 2;
   o.batch = 30;
-  o.lr = 0.3;
+  o.schedule.lr = 0.3;
   o.epochs = 2;
   int64_t shape[3] = {1, 2, 3};
   fl_train_result r;

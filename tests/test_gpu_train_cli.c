@@ -113,6 +113,22 @@ static void test_bad_optimizer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--tp", "2", "--optimizer", "lars"),
                      "--optimizer lars needs each weight's whole norm");
   expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--clip-grad-norm", "1"), "--clip-grad-norm is for the data-parallel");
+  /* --sync: bsp, local:TAU, adacomm[:TAU0]; local SGD is for the data-parallel models. */
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "asp"), "--sync 'asp': expected bsp, local:TAU or adacomm[:TAU0]");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "local:0"), "--sync 'local:0'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "local:"), "--sync 'local:'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "adacomm:x"), "--sync 'adacomm:x'");
+  expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--sync", "local:4"), "--sync local and adacomm are for the data-parallel");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "local:4", "--precision", "fp16", "--device", "cuda"),
+                     "--precision fp16 needs --sync bsp");
+  /* Mixed precision: cuda only, refused clearly on the cpu before anything starts. */
+  expect_usage_error(RUN_FLINT("train", BASE, "--precision", "fp8"), "--precision 'fp8' is not fp32, tf32, bf16 or fp16");
+  expect_usage_error(RUN_FLINT("train", BASE, "--precision", "bf16"),
+                     "--precision bf16 needs --device cuda: the cpu device computes in fp32 only");
+  expect_usage_error(RUN_FLINT("train", BASE, "--precision", "fp16", "--device", "cpu"),
+                     "--precision fp16 needs --device cuda");
+  expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--precision", "fp16", "--device", "cuda"),
+                     "--precision fp16 is for the data-parallel models");
 }
 
 #define TFM "--model", "transformer", "--data", "fashion-mnist"

@@ -70,7 +70,12 @@ static void write_png(const char *path, uint32_t w, uint32_t h, uint32_t fmt, co
   assert_true(png_image_write_to_file(&img, path, 0, data, 0, NULL));
 }
 
-static void write_jpeg(const char *path, uint32_t w, uint32_t h, const uint8_t *data, int quality, bool gray) {
+/* The JPEG colour models the tests write: data has 1, 3 or 4 bytes a pixel. CMYK and YCCK
+ * get libjpeg's Adobe marker, as Photoshop's files have. */
+typedef enum jpeg_model { JPEG_GRAY, JPEG_RGB, JPEG_CMYK, JPEG_YCCK } jpeg_model;
+
+static void write_jpeg_as(const char *path, uint32_t w, uint32_t h, const uint8_t *data, int quality,
+                          jpeg_model model) {
   struct jpeg_compress_struct c;
   struct jpeg_error_mgr err;
   FILE *f = fopen(path, "wb");
@@ -80,18 +85,24 @@ static void write_jpeg(const char *path, uint32_t w, uint32_t h, const uint8_t *
   jpeg_stdio_dest(&c, f);
   c.image_width = w;
   c.image_height = h;
-  c.input_components = gray ? 1 : 3;
-  c.in_color_space = gray ? JCS_GRAYSCALE : JCS_RGB;
+  int bpp = model == JPEG_GRAY ? 1 : model == JPEG_RGB ? 3 : 4;
+  c.input_components = bpp;
+  c.in_color_space = model == JPEG_GRAY ? JCS_GRAYSCALE : model == JPEG_RGB ? JCS_RGB : JCS_CMYK;
   jpeg_set_defaults(&c);
+  if (model == JPEG_YCCK) jpeg_set_colorspace(&c, JCS_YCCK);
   jpeg_set_quality(&c, quality, TRUE);
   jpeg_start_compress(&c, TRUE);
   while (c.next_scanline < h) {
-    JSAMPROW row = (JSAMPROW)(data + (size_t)c.next_scanline * w * (gray ? 1 : 3));
+    JSAMPROW row = (JSAMPROW)(data + (size_t)c.next_scanline * w * bpp);
     jpeg_write_scanlines(&c, &row, 1);
   }
   jpeg_finish_compress(&c);
   jpeg_destroy_compress(&c);
   assert_int_equal(fclose(f), 0);
+}
+
+static void write_jpeg(const char *path, uint32_t w, uint32_t h, const uint8_t *data, int quality, bool gray) {
+  write_jpeg_as(path, w, h, data, quality, gray ? JPEG_GRAY : JPEG_RGB);
 }
 
 static void path_of(char *buf, size_t len, const char *rel) {
@@ -268,6 +279,27 @@ static void test_decode_jpeg_close(void **state) {
     assert_true(abs((int)out[3 * i] - gray[i]) <= 8);
   }
   fl_free(out);
+  /* CMYK and YCCK JPEGs as Photoshop writes them (inverted inks): (r, g, b, 255) is no black
+   * ink and reads back as (r, g, b). */
+  uint8_t *cmyk = malloc((size_t)w * h * 4);
+  assert_non_null(cmyk);
+  for (size_t i = 0; i < (size_t)w * h; i++) {
+    memcpy(cmyk + 4 * i, rgb + 3 * i, 3);
+    cmyk[4 * i + 3] = 255;
+  }
+  for (int ycck = 0; ycck < 2; ycck++) {
+    path_of(p, sizeof p, ycck ? "ycck.jpg" : "cmyk.jpg");
+    write_jpeg_as(p, w, h, cmyk, 95, ycck ? JPEG_YCCK : JPEG_CMYK);
+    assert_ok(fl_image_decode_file(p, 0, &out, &oh, &ow));
+    assert_int_equal(ow, w);
+    assert_int_equal(oh, h);
+    double csum = 0;
+    for (size_t i = 0; i < (size_t)w * h * 3; i++) csum += abs((int)out[i] - rgb[i]);
+    if (!(csum / (w * h * 3) < 3.0)) fprintf(stderr, "%s: mean error %.2f\n", p, csum / (w * h * 3));
+    assert_true(csum / (w * h * 3) < 3.0);
+    fl_free(out);
+  }
+  free(cmyk);
   /* DCT scaling: a shorter side of 48 decoded at 1/2 keeps it >= 20. */
   assert_ok(fl_image_decode_file(p, 20, &out, &oh, &ow));
   assert_int_equal(ow, 32);

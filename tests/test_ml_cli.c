@@ -290,6 +290,10 @@ static void test_usage_errors(void **state) {
       {{"linreg", "--model", "m.txt", "--data", "d.csv", "--format", "csv", NULL}, "--model is for predict and evaluate"},
       {{"predict", "evaluate", "--model", "m.txt", "--data", "d.csv", "--format", "csv", NULL},
        "unexpected argument 'evaluate'"},
+      {{"logreg", "--data", "d.txt", "--format", "text", NULL}, "--format text needs --hash-bits B"},
+      {{"logreg", "--data", "d.txt", "--format", "text", "--hash-bits", "0", NULL}, "--hash-bits '0' is not"},
+      {{"logreg", "--data", "d.txt", "--format", "text", "--hash-bits", "32", NULL}, "--hash-bits '32' is not"},
+      {{"logreg", "--data", "d.csv", "--format", "csv", "--hash-bits", "8", NULL}, "--hash-bits is for --format libsvm"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     const char *argv[16] = {"ml"};
@@ -426,6 +430,34 @@ static void test_predict_evaluate_logreg(void **state) {
   free(r);
 }
 
+/* Hashed text: train, then evaluate with the same --hash-bits; another --hash-bits is refused
+ * naming both widths. */
+static void test_logreg_hashed_text(void **state) {
+  (void)state;
+  const char *path = tmp_file("reviews.txt"), *model = tmp_file("text-model.txt");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  static const char *noise[] = {"movie", "plot", "actor", "scene", "ending"};
+  for (int i = 0; i < 200; i++)
+    fprintf(f, "%d %s %s %s\n", i % 2, noise[i % 5], i % 2 ? "great" : "dull", noise[(i / 3) % 5]);
+  assert_int_equal(fclose(f), 0);
+  run_result *r = RUN_FLINT("ml", "logreg", "--master", "local[2]", "--data", path, "--format", "text", "--hash-bits",
+                            "18", "--out", model);
+  expect_status(r, 0);
+  EXPECT_OUT(r, "262144 features, sparse");
+  assert_true(number_after(r, "train        accuracy ") == 1.0);
+  free(r);
+  r = RUN_FLINT("ml", "evaluate", "--model", model, "--data", path, "--format", "text", "--hash-bits", "18");
+  expect_status(r, 0);
+  assert_true(number_after(r, "data         accuracy ") == 1.0);
+  free(r);
+  r = RUN_FLINT("ml", "evaluate", "--model", model, "--data", path, "--format", "text", "--hash-bits", "12");
+  expect_status(r, 1);
+  EXPECT_ERR(r, "--hash-bits 12 makes 4096 columns, but the model");
+  EXPECT_ERR(r, "has 262144 features");
+  free(r);
+}
+
 /* A missing or bad model file, data that does not fit the model, an output that cannot be
  * written: exit 1, one error naming the cause, no predictions and no partial file. */
 static void test_predict_failures(void **state) {
@@ -513,6 +545,7 @@ int main(void) {
       cmocka_unit_test(test_predict_evaluate_linreg),
       cmocka_unit_test(test_predict_evaluate_logreg),
       cmocka_unit_test(test_predict_failures),
+      cmocka_unit_test(test_logreg_hashed_text),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -653,8 +653,11 @@ static void test_argument_errors(void **state) {
   assert_int_equal(f, FL_ML_CSV);
   assert_ok(fl_ml_format_parse("idx", &f));
   assert_int_equal(f, FL_ML_IDX);
-  assert_fails_with(fl_ml_format_parse("svmlight", &f), FL_EINVAL, "'svmlight' (choose libsvm, csv or idx)");
-  assert_fails_with(fl_ml_format_parse(NULL, &f), FL_EINVAL, "libsvm, csv or idx");
+  assert_ok(fl_ml_format_parse("text", &f));
+  assert_int_equal(f, FL_ML_TEXT);
+  assert_ok(fl_ml_format_parse("idx", &f));
+  assert_fails_with(fl_ml_format_parse("svmlight", &f), FL_EINVAL, "'svmlight' (choose libsvm, csv, idx or text)");
+  assert_fails_with(fl_ml_format_parse(NULL, &f), FL_EINVAL, "libsvm, csv, idx or text");
   assert_int_equal(f, FL_ML_IDX);
 
   fl_ml_data *data = NULL;
@@ -674,6 +677,115 @@ static void test_argument_errors(void **state) {
   snprintf(missing, sizeof missing, "%s/nothing-*.csv", dir);
   assert_fails_with(fl_ml_load(ctx, missing, FL_ML_CSV, NULL, &data), FL_ENOENT, "no files match");
   assert_null(data);
+}
+
+/* ---- the hashing trick ------------------------------------------------------------------- */
+
+/* Row i's (column, value) pairs as a multiset key: sorted columns and |values|. */
+static void row_columns(const table *t, size_t i, uint32_t *cols, size_t *n) {
+  *n = t->start[i + 1] - t->start[i];
+  for (size_t k = 0; k < *n; k++) cols[k] = t->col[t->start[i] + k];
+}
+
+/* LIBSVM hashed: 2^bits sparse columns; without collisions every feature keeps its value up
+ * to a sign that depends on the feature alone (so the same feature lands alike in every row,
+ * partition and load); with 1 bit, features meet and add up. */
+static void test_hashed_libsvm(void **state) {
+  (void)state;
+  const char *path = write_file("hash.libsvm", "1 1:0.5 7:2 1000000:3\n0 7:2 9:1\n1 1:0.5\n");
+  fl_ml_load_options o = {.hash_bits = 20, .partitions = 2};
+  fl_ml_data *data = load(path, FL_ML_LIBSVM, &o);
+  assert_int_equal(data->cols, 1u << 20);
+  assert_true(data->sparse);
+  table t;
+  read_table(data, &t);
+  assert_int_equal(t.rows, 3);
+  assert_int_equal(t.start[1] - t.start[0], 3);
+  assert_int_equal(t.start[2] - t.start[1], 2);
+  double abs_sum = 0;
+  for (size_t k = t.start[0]; k < t.start[1]; k++) abs_sum += fabs(t.val[k]);
+  assert_true(abs_sum == 5.5);
+  /* Feature 7 (value 2) is in rows 0 and 1, feature 1 (0.5) in rows 0 and 2: the same column
+   * and the same signed value each time. */
+  uint32_t c0[8], c1[8], c2[8];
+  size_t n0, n1, n2;
+  row_columns(&t, 0, c0, &n0);
+  row_columns(&t, 1, c1, &n1);
+  row_columns(&t, 2, c2, &n2);
+  assert_int_equal(n2, 1);
+  bool one_found = false;
+  for (size_t k = 0; k < n0; k++)
+    if (c0[k] == c2[0]) one_found = t.val[t.start[0] + k] == t.val[t.start[2]];
+  assert_true(one_found);
+  int shared = 0;
+  for (size_t a = 0; a < n0; a++)
+    for (size_t b = 0; b < n1; b++)
+      if (c0[a] == c1[b] && t.val[t.start[0] + a] == t.val[t.start[1] + b] && fabs(t.val[t.start[1] + b]) == 2) shared++;
+  assert_int_equal(shared, 1);
+  /* The same file at 1 partition hashes identically. */
+  fl_ml_load_options one = {.hash_bits = 20, .partitions = 1};
+  fl_ml_data *again = load(path, FL_ML_LIBSVM, &one);
+  table t2;
+  read_table(again, &t2);
+  assert_tables_equal(&t, &t2);
+  fl_ml_data_free(again);
+  fl_ml_data_free(data);
+  /* 1 bit: 2 columns, the three features of row 0 share them; the magnitudes add up. */
+  fl_ml_load_options tiny = {.hash_bits = 1};
+  data = load(path, FL_ML_LIBSVM, &tiny);
+  assert_int_equal(data->cols, 2);
+  read_table(data, &t);
+  assert_true(t.start[1] - t.start[0] <= 2);
+  for (size_t k = t.start[0]; k < t.start[1]; k++) assert_true(t.col[k] < 2);
+  fl_ml_data_free(data);
+}
+
+/* TEXT: tokens are features of value 1, repeats add up; errors name file and line; a
+ * classifier learns from the hashed words. */
+static void test_text_hashed(void **state) {
+  (void)state;
+  const char *path = write_file("words.txt", "1 the cat the\n0 a dog\n\n1 cat\n");
+  fl_ml_load_options o = {.hash_bits = 18};
+  fl_ml_data *data = load(path, FL_ML_TEXT, &o);
+  assert_int_equal(data->cols, 1u << 18);
+  assert_int_equal(data->rows, 3);
+  table t;
+  read_table(data, &t);
+  assert_int_equal(t.start[1] - t.start[0], 2); /* "the" twice, "cat" once */
+  double a = fabs(t.val[t.start[0]]), b = fabs(t.val[t.start[0] + 1]);
+  assert_true((a == 2 && b == 1) || (a == 1 && b == 2));
+  assert_int_equal(t.start[3] - t.start[2], 1); /* "cat" */
+  fl_ml_data_free(data);
+
+  expect_error("bad.txt", "1 a b\nx c d\n", FL_ML_TEXT, &o, FL_EFORMAT, 2, "bad label 'x'");
+  fl_ml_data *none = NULL;
+  assert_fails_with(fl_ml_load(ctx, path, FL_ML_TEXT, NULL, &none), FL_EINVAL, "text data needs hash_bits");
+  fl_ml_load_options wide = {.hash_bits = 32};
+  assert_fails_with(fl_ml_load(ctx, path, FL_ML_TEXT, &wide, &none), FL_EINVAL, "hash_bits 32");
+  fl_ml_load_options csv = {.hash_bits = 8};
+  assert_fails_with(fl_ml_load(ctx, path, FL_ML_CSV, &csv, &none), FL_EINVAL, "hash_bits is for libsvm and text");
+  fl_ml_load_options both = {.hash_bits = 8, .num_features = 10};
+  assert_fails_with(fl_ml_load(ctx, path, FL_ML_LIBSVM, &both, &none), FL_EINVAL, "num_features 10 with hash_bits 8");
+  assert_null(none);
+
+  /* Positive lines say "good", negative ones "bad", among shared noise words. */
+  char text[8192] = "";
+  static const char *noise[] = {"movie", "plot", "actor", "scene", "ending", "music"};
+  for (int i = 0; i < 120; i++) {
+    char line[128];
+    snprintf(line, sizeof line, "%d %s %s %s\n", i % 2, noise[i % 6], i % 2 ? "good" : "bad", noise[(i / 2) % 6]);
+    strcat(text, line);
+  }
+  fl_ml_load_options h = {.hash_bits = 16, .partitions = 3};
+  data = load(write_file("reviews.txt", text), FL_ML_TEXT, &h);
+  fl_ml_train_options to = {.max_iterations = 50};
+  fl_ml_model *m = NULL;
+  assert_ok(fl_ml_logreg(data, &to, &m));
+  fl_ml_metrics mt;
+  assert_ok(fl_ml_evaluate(m, data, &mt));
+  assert_true(mt.accuracy == 1.0);
+  fl_ml_model_free(m);
+  fl_ml_data_free(data);
 }
 
 /* ---- skip_bad_lines ---------------------------------------------------------------------- */
@@ -841,6 +953,7 @@ int main(void) {
       cmocka_unit_test(test_labels_and_empty_classes),
       cmocka_unit_test(test_skip_bad_lines),   cmocka_unit_test(test_spills_to_disk),
       cmocka_unit_test(test_libsvm_mostly_dense), cmocka_unit_test(test_cluster),
+      cmocka_unit_test(test_hashed_libsvm),    cmocka_unit_test(test_text_hashed),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -77,6 +77,7 @@ void data_set_free(data_set *d) {
   if (!d) return;
   fl_dataset_free(d->blocks);
   fl_buf_free(&d->source);
+  fl_broadcast_destroy(d->shared);
   memset(d, 0, sizeof *d);
 }
 

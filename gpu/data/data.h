@@ -89,8 +89,10 @@ typedef struct data_set {
   uint32_t channels, height, width, classes;
   uint32_t partitions;
   fl_buf source; /* how a task makes a partition (for data_pair); private */
+  fl_broadcast *shared; /* what every task reads (an image folder's listing), owned; NULL: none.
+                         * It must outlive every job over blocks or over a pair made of them. */
 } data_set;
-/* Frees the dataset handle and resets *d; a zeroed data_set is fine. */
+/* Frees the dataset handle and its broadcast and resets *d; a zeroed data_set is fine. */
 void data_set_free(data_set *d);
 
 /* One dataset of train.partitions partitions (test must have as many), partition r holding

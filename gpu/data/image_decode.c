@@ -76,6 +76,19 @@ static void jpeg_message(j_common_ptr cinfo, int level) {
   if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) jpeg_fail(cinfo);
 }
 
+/* In place, n pixels of 4 bytes into n of 3 (each write is at or before its read). Adobe's
+ * files (an Adobe marker, as Photoshop writes) store the inks inverted, 255 meaning none;
+ * others store them plainly. No colour profile: the naive conversion, as PIL's. */
+static void cmyk_to_rgb(uint8_t *p, size_t n, bool adobe_inverted) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned c = p[4 * i], m = p[4 * i + 1], y = p[4 * i + 2], k = p[4 * i + 3];
+    if (!adobe_inverted) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
+    p[3 * i] = (uint8_t)((c * k + 127) / 255);
+    p[3 * i + 1] = (uint8_t)((m * k + 127) / 255);
+    p[3 * i + 2] = (uint8_t)((y * k + 127) / 255);
+  }
+}
+
 static fl_status decode_jpeg(const char *path, const uint8_t *data, size_t len, uint32_t min_side, uint8_t **rgb,
                              uint32_t *height, uint32_t *width) {
   struct jpeg_decompress_struct cinfo;
@@ -93,11 +106,10 @@ static fl_status decode_jpeg(const char *path, const uint8_t *data, size_t len, 
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data, (unsigned long)len);
   jpeg_read_header(&cinfo, TRUE);
-  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-    jpeg_destroy_decompress(&cinfo);
-    return fl_set_error(FL_EFORMAT, "image %s: a CMYK JPEG (only grayscale and colour JPEGs are read)", path);
-  }
-  cinfo.out_color_space = JCS_RGB; /* libjpeg-turbo replicates grayscale */
+  /* CMYK and YCCK (ImageNet's training set has a few dozen, from Photoshop): libjpeg-turbo
+   * gives CMYK, turned into RGB below. Otherwise RGB; grayscale is replicated. */
+  bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   uint32_t short_side = cinfo.image_width < cinfo.image_height ? cinfo.image_width : cinfo.image_height;
   if (min_side) /* DCT scaling: decode at 1/2, 1/4 or 1/8 when the shorter side stays >= min_side */
     for (unsigned d = 8; d >= 2; d /= 2)
@@ -112,7 +124,7 @@ static fl_status decode_jpeg(const char *path, const uint8_t *data, size_t len, 
     jpeg_destroy_decompress(&cinfo);
     return s;
   }
-  size_t row = (size_t)cinfo.output_width * 3;
+  size_t row = (size_t)cinfo.output_width * (cmyk ? 4 : 3);
   pixels = common_malloc(row * cinfo.output_height);
   if (!pixels) {
     jpeg_destroy_decompress(&cinfo);
@@ -129,6 +141,7 @@ static fl_status decode_jpeg(const char *path, const uint8_t *data, size_t len, 
     jpeg_read_scanlines(&cinfo, rows, 4);
   }
   jpeg_finish_decompress(&cinfo);
+  if (cmyk) cmyk_to_rgb(pixels, (size_t)cinfo.output_width * cinfo.output_height, cinfo.saw_Adobe_marker);
   *height = cinfo.output_height;
   *width = cinfo.output_width;
   jpeg_destroy_decompress(&cinfo);

@@ -42,6 +42,7 @@ struct fl_device {
   int ordinal;
   char name[128];
   char pci_bus_id[32]; /* cuda: the GPU's PCI address, which tells when ranks share a GPU */
+  fl_precision precision; /* of gemm and gemm_batched (flint/gpu.h); set through set_precision */
   void *impl; /* the backend's state (cuda: stream, cuBLAS handle, allocator) */
 };
 
@@ -74,6 +75,9 @@ struct device_ops {
   fl_status (*memset0)(fl_device *dev, void *p, size_t bytes);
   fl_status (*synchronize)(fl_device *dev);
   void (*destroy)(fl_device *dev);
+  /* Checks that the device can multiply in `p` (fl_device_set_precision has checked the
+   * value; the caller stores it in dev->precision). NULL: fp32 only (the cpu). Does not block. */
+  fl_status (*check_precision)(fl_device *dev, fl_precision p);
 
   /* BLAS. C[m,n] = alpha * op(A) * op(B) + beta * C, row-major; op(A) is m x k. */
   fl_status (*gemm)(fl_device *dev, bool trans_a, bool trans_b, int m, int n, int k,

@@ -80,3 +80,37 @@ FL_API fl_status fl_device_synchronize(fl_device *dev) {
   if (!dev) return fl_set_error(FL_EINVAL, "fl_device_synchronize: dev is NULL");
   return dev->ops->synchronize(dev);
 }
+
+static const char *const precision_names[] = {"fp32", "tf32", "bf16", "fp16"};
+#define PRECISIONS (sizeof precision_names / sizeof precision_names[0])
+
+FL_API const char *fl_precision_name(fl_precision precision) {
+  return (unsigned)precision < PRECISIONS ? precision_names[precision] : "?";
+}
+
+FL_API fl_status fl_precision_parse(const char *text, fl_precision *out) {
+  if (!text || !out) return fl_set_error(FL_EINVAL, "fl_precision_parse: NULL argument");
+  for (unsigned i = 0; i < PRECISIONS; i++)
+    if (strcmp(text, precision_names[i]) == 0) {
+      *out = (fl_precision)i;
+      return FL_OK;
+    }
+  return fl_set_error(FL_EINVAL, "unknown precision '%s' (expected fp32, tf32, bf16 or fp16)", text);
+}
+
+FL_API fl_status fl_device_set_precision(fl_device *dev, fl_precision precision) {
+  if (!dev) return fl_set_error(FL_EINVAL, "fl_device_set_precision: dev is NULL");
+  if ((unsigned)precision >= PRECISIONS)
+    return fl_set_error(FL_EINVAL, "fl_device_set_precision: unknown precision %d", (int)precision);
+  if (precision != FL_PRECISION_FP32) {
+    if (!dev->ops->check_precision)
+      return fl_set_error(FL_EINVAL, "device %s computes in fp32 only: precision %s needs a cuda device", dev->name,
+                          fl_precision_name(precision));
+    fl_status st = dev->ops->check_precision(dev, precision);
+    if (st != FL_OK) return st;
+  }
+  dev->precision = precision;
+  return FL_OK;
+}
+
+FL_API fl_precision fl_device_precision(const fl_device *dev) { return dev ? dev->precision : FL_PRECISION_FP32; }

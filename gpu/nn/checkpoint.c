@@ -19,7 +19,8 @@
  *    56     8  position (f64, the schedule's position in epochs)
  *    64     8  lr (f64, the rate of the last step)
  *    72     8  the optimizer's own step count (Adam's bias correction)
- *    80     8  reserved, 0
+ *    80     4  the loss scale (f32; 0: no loss scaler, --precision fp16 only)
+ *    84     4  the loss scaler's finite steps in a row
  *    88        values, buffers, state as float32, back to back
  *   end-4   4  CRC-32 (zlib's) of every byte before it
  * Version 1 had a 72-byte header without the last two fields, 0 at offset 44, and SGD's
@@ -30,6 +31,7 @@
  * the model and optimizer before it writes a single byte.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,19 +53,6 @@ typedef struct ckpt_header {
   uint64_t optim_steps;
   checkpoint_state st;
 } ckpt_header;
-
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
 
 /* zlib's crc32 takes a uInt length: feed it in pieces. */
 static uint32_t crc_of(const uint8_t *p, size_t len) {
@@ -90,18 +79,19 @@ fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, o
   if (s != FL_OK) return s;
   uint8_t *p = out->data;
   memcpy(p, CHECKPOINT_MAGIC, 8);
-  put32(p + 8, CHECKPOINT_VERSION);
-  put32(p + 12, HEADER_BYTES);
-  put64(p + 16, nv);
-  put64(p + 24, nb);
-  put64(p + 32, nvel);
-  put32(p + 40, st->epoch);
-  put32(p + 44, opt ? (uint32_t)optim_get_options(opt)->kind : 0);
-  put64(p + 48, st->step);
+  common_put_u32(p + 8, CHECKPOINT_VERSION);
+  common_put_u32(p + 12, HEADER_BYTES);
+  common_put_u64(p + 16, nv);
+  common_put_u64(p + 24, nb);
+  common_put_u64(p + 32, nvel);
+  common_put_u32(p + 40, st->epoch);
+  common_put_u32(p + 44, opt ? (uint32_t)optim_get_options(opt)->kind : 0);
+  common_put_u64(p + 48, st->step);
   memcpy(p + 56, &st->position, 8);
   memcpy(p + 64, &st->lr, 8);
-  put64(p + 72, opt ? optim_steps(opt) : 0);
-  put64(p + 80, 0);
+  common_put_u64(p + 72, opt ? optim_steps(opt) : 0);
+  memcpy(p + 80, &st->loss_scale, 4);
+  common_put_u32(p + 84, st->loss_scale_good);
   size_t off = HEADER_BYTES;
   /* to_host copies bytes (memcpy / cudaMemcpy): the blob's offsets need no alignment. */
   if (nv) {
@@ -120,7 +110,7 @@ fl_status checkpoint_encode(const fl_tensor *values, const fl_tensor *buffers, o
     if (s != FL_OK) return s;
     off += nvel * sizeof(float);
   }
-  put32(p + off, crc_of(p, off));
+  common_put_u32(p + off, crc_of(p, off));
   out->len = off + TRAILER_BYTES;
   return FL_OK;
 }
@@ -134,8 +124,8 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
     return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes, shorter than its %u-byte header",
                         blob.len, V1_HEADER_BYTES + TRAILER_BYTES);
   const uint8_t *p = blob.data;
-  h->version = get32(p + 8);
-  h->header_bytes = get32(p + 12);
+  h->version = common_get_u32(p + 8);
+  h->header_bytes = common_get_u32(p + 12);
   if (h->version != CHECKPOINT_VERSION && h->version != 1)
     return fl_set_error(FL_EFORMAT, "checkpoint: version %u, this flint reads versions 1 and %u", h->version,
                         CHECKPOINT_VERSION);
@@ -146,15 +136,19 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (blob.len < want + TRAILER_BYTES)
     return fl_set_error(FL_EFORMAT, "checkpoint: truncated: %zu bytes, shorter than its %u-byte header",
                         blob.len, want + TRAILER_BYTES);
-  h->values = get64(p + 16);
-  h->buffers = get64(p + 24);
-  h->state = get64(p + 32);
-  h->st.epoch = get32(p + 40);
-  h->kind = get32(p + 44); /* version 1: 0, SGD */
-  h->st.step = get64(p + 48);
+  h->values = common_get_u64(p + 16);
+  h->buffers = common_get_u64(p + 24);
+  h->state = common_get_u64(p + 32);
+  h->st.epoch = common_get_u32(p + 40);
+  h->kind = common_get_u32(p + 44); /* version 1: 0, SGD */
+  h->st.step = common_get_u64(p + 48);
   memcpy(&h->st.position, p + 56, 8);
   memcpy(&h->st.lr, p + 64, 8);
-  h->optim_steps = h->version == 1 ? h->st.step : get64(p + 72);
+  h->optim_steps = h->version == 1 ? h->st.step : common_get_u64(p + 72);
+  if (h->version != 1) {
+    memcpy(&h->st.loss_scale, p + 80, 4);
+    h->st.loss_scale_good = common_get_u32(p + 84);
+  }
   /* Each count is checked against the length before the sum, so nothing overflows. */
   uint64_t room = (blob.len - want - TRAILER_BYTES) / sizeof(float);
   if (h->values > room || h->buffers > room - h->values || h->state > room - h->values - h->buffers)
@@ -165,10 +159,13 @@ static fl_status parse_header(fl_bytes blob, ckpt_header *h) {
   if (blob.len != expected)
     return fl_set_error(FL_EFORMAT, "checkpoint: %zu bytes, but its header makes it %zu (trailing bytes)",
                         blob.len, expected);
-  uint32_t stored = get32(p + expected - TRAILER_BYTES), actual = crc_of(p, expected - TRAILER_BYTES);
+  uint32_t stored = common_get_u32(p + expected - TRAILER_BYTES), actual = crc_of(p, expected - TRAILER_BYTES);
   if (stored != actual)
     return fl_set_error(FL_ECORRUPT, "checkpoint: checksum mismatch (stored %08x, computed %08x): the blob is "
                         "corrupt", stored, actual);
+  /* 0: no scaler; else what a loss scaler can hold, [2^-24, 2^24]. */
+  if (h->st.loss_scale != 0 && !(h->st.loss_scale >= 0x1p-24f && h->st.loss_scale <= 0x1p24f))
+    return fl_set_error(FL_EFORMAT, "checkpoint: a loss scale of %g (0, or 2^-24 to 2^24)", (double)h->st.loss_scale);
   if (h->state && h->kind > OPTIM_LAMB)
     return fl_set_error(FL_EFORMAT, "checkpoint: state of an unknown optimizer %u", h->kind);
   return FL_OK;
@@ -183,11 +180,15 @@ static fl_status check_size(const char *what, uint64_t in_blob, size_t here) {
 /* The optimizer's state in the blob against opt's: the same kind, then the same size. */
 static fl_status check_state(const ckpt_header *h, optim *opt) {
   optim_kind kind = optim_get_options(opt)->kind;
+  size_t want = optim_size(opt) * optim_state_slots(kind);
+  if (!h->state && want)
+    return fl_set_error(FL_EINVAL, "checkpoint: it holds weights only, no optimizer state (fl_model_save's, or "
+                        "written without an optimizer): load it without one");
   if (h->state && h->kind != (uint32_t)kind)
     return fl_set_error(FL_EINVAL, "checkpoint: it holds %s's optimizer state%s, but this run's optimizer is %s",
                         optim_kind_name((optim_kind)h->kind), h->version == 1 ? " (a version 1 file)" : "",
                         optim_kind_name(kind));
-  return check_size("optimizer state", h->state, optim_size(opt) * optim_state_slots(kind));
+  return check_size("optimizer state", h->state, want);
 }
 
 fl_status checkpoint_decode(fl_bytes blob, fl_tensor *values, fl_tensor *buffers, optim *opt,
@@ -303,6 +304,47 @@ fl_status fl_model_load(fl_model *m, const char *path) {
     char why[512];
     snprintf(why, sizeof why, "%s", fl_last_error());
     return fl_set_error(status, "fl_model_load %s: %s", path, why);
+  }
+  return status;
+}
+
+/* ---- fl_checkpoint_save and fl_checkpoint_load: weights, optimizer state and position ---- */
+
+fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step, const char *path) {
+  common_error_clear();
+  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_checkpoint_save: NULL argument");
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_checkpoint_save: the model is not finished");
+  if (opt && optim_public_model(opt) != m)
+    return fl_set_error(FL_EINVAL, "fl_checkpoint_save: the optimizer steps another model");
+  fl_buf blob = FL_BUF_INIT;
+  checkpoint_state st = {.epoch = epoch, .step = step, .position = epoch};
+  fl_status status = checkpoint_encode(fl_model_weights(m), nn_model_buffers(m), optim_of_public(opt), &st, &blob);
+  if (status == FL_OK) status = checkpoint_save_file(path, fl_buf_bytes(&blob));
+  fl_buf_free(&blob);
+  return status;
+}
+
+fl_status fl_checkpoint_load(fl_model *m, fl_optimizer *opt, const char *path, uint32_t *epoch, uint64_t *step) {
+  common_error_clear();
+  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_checkpoint_load: NULL argument");
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_checkpoint_load: the model is not finished");
+  if (opt && optim_public_model(opt) != m)
+    return fl_set_error(FL_EINVAL, "fl_checkpoint_load: the optimizer steps another model");
+  fl_buf blob = FL_BUF_INIT;
+  checkpoint_state st;
+  fl_status status = checkpoint_load_file(path, &blob);
+  if (status == FL_OK)
+    status = checkpoint_decode(fl_buf_bytes(&blob), fl_model_weights(m), nn_model_buffers(m), optim_of_public(opt), &st);
+  fl_buf_free(&blob);
+  if (status != FL_OK && status != FL_ENOENT && status != FL_EIO) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", fl_last_error());
+    return fl_set_error(status, "fl_checkpoint_load %s: %s", path, why);
+  }
+  if (status == FL_OK) {
+    fl_model_set_step(m, st.step);
+    if (epoch) *epoch = st.epoch;
+    if (step) *step = st.step;
   }
   return status;
 }

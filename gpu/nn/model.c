@@ -53,6 +53,7 @@ struct fl_model {
   int32_t *labels_d;   /* fl_model_cross_entropy's labels on the device */
   size_t labels_cap;
   float *stats_d;      /* 2 floats: loss sum and correct count */
+  float loss_scale;    /* the losses' gradients are multiplied by it (a loss scaler's; 1) */
 };
 
 static void shape_text(const sample_shape *s, char *buf, size_t len) {
@@ -137,6 +138,7 @@ fl_status fl_model_create(fl_device *dev, int ndim, const int64_t *shape, fl_mod
     if (shape[i] < 1 || shape[i] > INT32_MAX)
       return fl_set_error(FL_EINVAL, "fl_model_create: dimension %d of a sample is %lld", i, (long long)shape[i]);
   fl_model *m = common_calloc(1, sizeof *m);
+  if (m) m->loss_scale = 1.0f;
   if (!m) return FL_ERR(FL_ENOMEM, "fl_model_create: out of memory");
   m->dev = dev;
   layer_store_init(&m->store, dev);
@@ -432,7 +434,7 @@ fl_status nn_model_loss_smoothed(nn_model *m, const int32_t *labels, float smoot
   fl_status st = tensor_ensure(&m->dy, m->dev, m->y->ndim, m->y->shape);
   if (st != FL_OK) return st;
   st = m->dev->ops->softmax_xent(m->dev, (int)m->y->shape[0], (int)m->y->shape[1], m->y->data, labels, smoothing,
-                                 grad_scale, m->dy.data, stats);
+                                 grad_scale * m->loss_scale, m->dy.data, stats);
   if (st != FL_OK) return st;
   m->have_loss = true;
   return FL_OK;
@@ -496,7 +498,7 @@ fl_status fl_model_mse(fl_model *m, const fl_tensor *target, double *loss) {
   if (st == FL_OK) st = dev->ops->axpy(dev, n, -1.0f, target->data, m->dy.data);
   double sum = 0;
   if (st == FL_OK) st = dev->ops->sum_squares(dev, n, m->dy.data, &sum);
-  if (st == FL_OK) st = dev->ops->scale(dev, n, 2.0f / (float)n, m->dy.data);
+  if (st == FL_OK) st = dev->ops->scale(dev, n, 2.0f * m->loss_scale / (float)n, m->dy.data);
   if (st != FL_OK) return st;
   if (loss) *loss = sum / (double)n;
   m->have_loss = true;
@@ -541,3 +543,5 @@ fl_status fl_model_zero_grad(fl_model *m) {
 }
 
 void fl_model_set_step(fl_model *m, uint64_t step) { m->store.step = step; }
+
+void nn_model_set_loss_scale(nn_model *m, float scale) { m->loss_scale = scale; }

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "gpu/device/device.h"
+#include "flint/train.h"
 
 /* NN_TRANSFORMER names gpu/parallel/transformer.h's model for the trainer's options; it is built in
  * chunks (tfm_chunk_create), not by nn_model_create. */
@@ -81,6 +82,9 @@ fl_status nn_model_forward(nn_model *m, const fl_tensor *x, bool train, const fl
 fl_status nn_model_loss(nn_model *m, const int32_t *labels, float grad_scale, float *stats);
 /* nn_model_loss against label-smoothed targets (smoothing in [0, 1)). */
 fl_status nn_model_loss_smoothed(nn_model *m, const int32_t *labels, float smoothing, float grad_scale, float *stats);
+/* From now on the losses' gradients (cross-entropy's and MSE's) are multiplied by `scale`
+ * as well (a loss scaler's; 1 at creation). The losses' values are not. */
+void nn_model_set_loss_scale(nn_model *m, float scale);
 
 /* Called during backward when the gradients of parameters [first, first + count) are final
  * (they are queued on the device stream; the callee orders its own work after them). */
@@ -236,6 +240,12 @@ FL_API fl_status optim_kind_parse(const char *text, optim_kind *out);
 FL_API const char *optim_kind_name(optim_kind kind);
 /* FL_EINVAL naming the first bad option (as optim_create would). Pure. */
 FL_API fl_status optim_options_validate(const optim_options *opts);
+/* The public options (flint/train.h) as these; FL_EINVAL names an unknown kind. Values are
+ * checked by optim_options_validate (optim_create calls it). */
+fl_status optim_options_of(const fl_optimizer_options *o, optim_options *out);
+/* The optimizer behind a public one (NULL for NULL), and the model it steps. */
+optim *optim_of_public(fl_optimizer *opt);
+fl_model *optim_public_model(fl_optimizer *opt);
 /* p's group by the default rule: the no-decay group for a 1-D (or 0-D) parameter, unless
  * opts->decay_all. */
 optim_param optim_param_of(const nn_param *p, const optim_options *opts);
@@ -280,6 +290,25 @@ void optim_set_steps(optim *opt, uint64_t steps);
  * Blocks (reads the norm back). A non-finite norm leaves the gradients as they are (the loss
  * check then stops the run). */
 fl_status optim_clip_grad_norm(fl_tensor *grads, double max_norm, double *norm);
+
+/* ---- dynamic loss scaling (gpu/nn/loss_scale.c) ----------------------------------------
+ * For fp16 products (fl_precision): the loss's gradient is multiplied by a large scale, so
+ * that small gradients survive half precision; after backward the gradients are checked and
+ * divided by it. A step whose gradients are not all finite is skipped and the scale halved;
+ * after `growth_interval` finite steps in a row it doubles. PyTorch's GradScaler's rule and
+ * defaults (2^16, x2 every 2000 steps, x0.5). */
+typedef struct loss_scaler {
+  float scale;
+  uint32_t good_steps;      /* finite steps in a row since the scale last changed */
+  uint32_t growth_interval;
+  uint64_t skipped;         /* steps skipped so far */
+} loss_scaler;
+#define LOSS_SCALER_INIT {65536.0f, 0, 2000, 0}
+/* After backward (and, in data parallelism, the allreduce: every rank then decides alike):
+ * *step is whether every gradient is finite; if so grads are divided by the scale. Either
+ * way the scale is updated for the next step (the caller gives it to the model), within
+ * [2^-24, 2^24]. Blocks. */
+fl_status loss_scaler_unscale(loss_scaler *s, fl_tensor *grads, bool *step);
 
 /* ---- learning-rate schedules ---------------------------------------------------------- */
 
@@ -326,6 +355,11 @@ FL_API double optim_schedule_peak_lr(const optim_schedule *s);
 /* The rate at `epoch` (a real number: epoch e, step i of n is e + i / n). Epochs before 0
  * read as 0 and after the end as the end. Pure; the schedule must be valid. */
 double optim_lr_at(const optim_schedule *s, double epoch);
+/* Step decay without milestones: x0.1 at half and at three quarters of training. Fills
+ * s->milestones from s->epochs when s->num_milestones is 0. */
+void optim_schedule_default_milestones(optim_schedule *s);
+/* The public schedule (flint/train.h) as this one, validated (FL_EINVAL names a bad field). */
+fl_status optim_schedule_of(const fl_lr_schedule *in, optim_schedule *out);
 
 /* ---- attention (gpu/nn/attention.c) ---------------------------------------------------------
  * Scaled dot-product attention over a packed activation qkv [n * s, qkv_ld]: head h's q, k and
@@ -361,6 +395,8 @@ typedef struct checkpoint_state {
   uint64_t step;   /* optimizer steps taken since the start */
   double position; /* the schedule's position, in epochs (epoch + fraction) */
   double lr;       /* the rate of the last step, for the record */
+  float loss_scale; /* the loss scaler's scale and good steps (0: none; gpu/nn/loss_scale.c) */
+  uint32_t loss_scale_good;
 } checkpoint_state;
 
 /* The blob: an 88-byte header (magic "FLNTCKPT", version, the three float counts, epoch,

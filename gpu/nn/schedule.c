@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "flint/train.h"
 #include "gpu/nn/nn.h"
 
 static const char *const decay_names[] = {"none", "step", "cosine", "poly"};
@@ -83,4 +84,45 @@ double optim_lr_at(const optim_schedule *s, double epoch) {
   default:
     return peak;
   }
+}
+
+void optim_schedule_default_milestones(optim_schedule *s) {
+  if (s->num_milestones) return;
+  s->milestones[0] = 0.5 * s->epochs;
+  s->milestones[1] = 0.75 * s->epochs;
+  s->num_milestones = s->milestones[0] > 0 && s->milestones[1] > s->milestones[0] ? 2 : 0;
+}
+
+fl_status optim_schedule_of(const fl_lr_schedule *in, optim_schedule *out) {
+  if (!in) return fl_set_error(FL_EINVAL, "schedule: NULL");
+  memset(out, 0, sizeof *out);
+  fl_status s = in->decay ? optim_decay_parse(in->decay, &out->decay) : FL_OK;
+  if (!in->decay) out->decay = OPTIM_DECAY_COSINE;
+  if (s != FL_OK) return s;
+  if (in->num_milestones < 0 || in->num_milestones > FL_LR_MAX_MILESTONES)
+    return fl_set_error(FL_EINVAL, "schedule: %d milestones (at most %d)", in->num_milestones, FL_LR_MAX_MILESTONES);
+  if (in->num_milestones && out->decay != OPTIM_DECAY_STEP)
+    return fl_set_error(FL_EINVAL, "schedule: milestones are for the \"step\" decay, not \"%s\"",
+                        optim_decay_name(out->decay));
+  out->base_lr = in->lr;
+  out->global_batch = in->batch ? in->batch : 256;
+  out->reference_batch = 256;
+  out->warmup_epochs = in->warmup_epochs;
+  out->epochs = in->epochs;
+  memcpy(out->milestones, in->milestones, sizeof(double) * (size_t)in->num_milestones);
+  out->num_milestones = in->num_milestones;
+  if (out->decay == OPTIM_DECAY_STEP) optim_schedule_default_milestones(out);
+  out->step_factor = 0.1;
+  out->power = in->power;
+  return optim_schedule_validate(out);
+}
+
+fl_status fl_lr_schedule_at(const fl_lr_schedule *s, double epoch, double *lr) {
+  common_error_clear();
+  if (!lr) return fl_set_error(FL_EINVAL, "fl_lr_schedule_at: lr is NULL");
+  optim_schedule o;
+  fl_status st = optim_schedule_of(s, &o);
+  if (st != FL_OK) return st;
+  *lr = optim_lr_at(&o, epoch);
+  return FL_OK;
 }

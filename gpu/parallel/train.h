@@ -89,7 +89,20 @@ typedef struct gpu_train_epoch {
   double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
   int64_t pid;             /* the process of the task running rank 0 (an executor's in
                             * cluster mode, this one's in local mode) */
+  uint32_t tau;            /* local SGD and AdaComm: the period at the epoch's end (0: bsp) */
+  uint64_t reduced_bytes;  /* a rank's bytes of gradients or weights allreduced so far */
+  double loss_scale;       /* --precision fp16: the loss scale after the epoch (0: none) */
+  uint64_t skipped_steps;  /* and the steps skipped for overflowed gradients so far */
 } gpu_train_epoch;
+
+/* How the data-parallel ranks keep their replicas together (--sync). */
+typedef enum gpu_train_sync {
+  GPU_TRAIN_SYNC_BSP = 0,     /* every step allreduces the gradients: synchronous SGD */
+  GPU_TRAIN_SYNC_LOCAL = 1,   /* local SGD: each rank steps alone; the weights are averaged
+                               * every tau steps (and at each epoch's end) */
+  GPU_TRAIN_SYNC_ADACOMM = 2, /* local SGD whose period adapts (Wang and Joshi's AdaComm):
+                               * tau starts at tau and shrinks as the training loss falls */
+} gpu_train_sync;
 
 typedef struct gpu_train_options {
   const char *master;    /* the context's master (NULL: "local[*]") */
@@ -112,9 +125,13 @@ typedef struct gpu_train_options {
   optim_options optim;   /* the optimizer and its settings (gpu/nn/nn.h): sgd by default */
   double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm each step */
   double label_smoothing; /* the training loss's, in [0, 1): PyTorch's CrossEntropyLoss's */
+  fl_precision precision; /* of the matrix products (flint/gpu.h); not fp32: cuda only; fp16
+                           * trains with dynamic loss scaling */
   uint64_t seed;         /* weights, shuffles and synthetic data */
   fl_allreduce_algo allreduce; /* host backend's algorithm */
   size_t bucket_bytes;   /* gradient bytes per allreduce bucket (0: 4 MiB) */
+  gpu_train_sync sync;   /* bsp (default), local SGD or AdaComm: data-parallel models only */
+  uint32_t tau;          /* local SGD's period, AdaComm's first one, in steps (>= 1) */
   bool overlap;          /* allreduce buckets on a communication thread while backward goes
                           * on (default); false: in backward's callback, holding it up */
   const char *csv_path;  /* curves as CSV (NULL: not written) */
@@ -179,7 +196,7 @@ typedef struct gpu_train_options {
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
-   0, 1, FL_ALLREDUCE_AUTO, 0, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
+   0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
    false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
@@ -197,6 +214,8 @@ typedef struct gpu_train_result {
   double seconds;         /* wall time of the training stage */
   double final_lr;        /* the rate of the last step */
   uint32_t buckets;       /* gradient allreduces in the last step (0 with one rank) */
+  uint32_t tau;           /* local SGD and AdaComm: the last period (0: bsp) */
+  uint64_t reduced_bytes; /* a rank's bytes of gradients or weights allreduced (0 with one rank) */
   /* --model transformer: the last epoch's mean measured bubble over its steps, the
    * theory's (p-1)/(m+p-1) [/ v], and each pipeline stage's (rank's) peak activation bytes
    * over the run, the most over its data- and tensor-parallel ranks. */
@@ -216,6 +235,9 @@ FL_API fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *ou
  * "imagefolder:DIR":
  * *path points at PATH inside text (NULL for the first two). FL_EINVAL names the text. */
 FL_API fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path);
+/* --sync: "bsp", "local:TAU" or "adacomm" / "adacomm:TAU0" (TAU0 16 when not given), TAU
+ * 1 to 100000 steps; FL_EINVAL names the text otherwise. */
+FL_API fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau);
 FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch

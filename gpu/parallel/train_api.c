@@ -31,20 +31,36 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.ranks = o.ranks ? o.ranks : 1;
   g.device = o.device;
   g.batch = o.batch ? o.batch : 256;
-  g.lr = o.lr ? o.lr : 0.1;
-  g.warmup_epochs = o.warmup_epochs;
   g.epochs = o.epochs ? o.epochs : 1;
+  fl_lr_schedule sched = o.schedule;
+  if ((sched.batch && sched.batch != g.batch) || (sched.epochs != 0 && sched.epochs != g.epochs))
+    return fl_set_error(FL_EINVAL, "fl_train: schedule.batch %u and schedule.epochs %g must be 0 or the options' "
+                        "batch %u and epochs %u", sched.batch, sched.epochs, g.batch, g.epochs);
+  sched.batch = g.batch;
+  sched.epochs = g.epochs;
+  if (sched.lr == 0) sched.lr = 0.1; /* as ranks, batch and epochs: 0 is the default */
+  optim_schedule checked;
+  fl_status s = optim_schedule_of(&sched, &checked);
+  if (s != FL_OK) return s;
+  g.lr = sched.lr;
+  g.warmup_epochs = sched.warmup_epochs;
+  g.decay = checked.decay;
+  g.num_milestones = sched.num_milestones;
+  memcpy(g.milestones, sched.milestones, sizeof(double) * (size_t)sched.num_milestones);
+  g.decay_power = sched.power;
+  s = optim_options_of(&o.optimizer, &g.optim);
+  if (s != FL_OK) return s;
   g.accumulate = o.accumulate ? o.accumulate : 1;
-  if (o.optimizer) {
-    fl_status s = optim_kind_parse(o.optimizer, &g.optim.kind);
-    if (s != FL_OK) return s;
-  }
-  g.optim.momentum = (float)o.momentum;
-  g.optim.weight_decay = (float)o.weight_decay;
   g.clip_grad_norm = o.clip_grad_norm;
   g.label_smoothing = o.label_smoothing;
+  g.precision = o.precision;
+  if (o.sync) {
+    s = gpu_train_sync_parse(o.sync, &g.sync, &g.tau);
+    if (s != FL_OK) return s;
+  }
   g.seed = o.seed;
   g.checkpoint_path = o.checkpoint_path;
+  g.resume_path = o.resume_path;
   g.progress = o.progress;
   g.csv_path = g.svg_path = NULL;
   /* A builder in a shared library can travel to executors; one in the program serves local mode. */
@@ -58,11 +74,12 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
                         "in a shared library (as a job's functions), which is shipped to the executors",
                         info.dli_sname ? " " : "", info.dli_sname ? info.dli_sname : "");
   gpu_train_result r;
-  fl_status s = gpu_train_run_in(ctx, &g, &r);
+  s = gpu_train_run_in(ctx, &g, &r);
   if (s != FL_OK) return s;
   if (result)
     *result = (fl_train_result){.epochs = r.epochs, .steps = r.steps, .train_loss = r.train_loss,
                                 .train_acc = r.train_acc, .test_loss = r.test_loss, .test_acc = r.test_acc,
-                                .images_per_s = r.images_per_s, .seconds = r.seconds};
+                                .images_per_s = r.images_per_s, .seconds = r.seconds,
+                                .resumed_epoch = r.resumed_epoch, .reduced_bytes = r.reduced_bytes};
   return FL_OK;
 }

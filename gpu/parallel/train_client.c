@@ -58,14 +58,21 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
     gpu_train_epoch e = {.epoch = rep.epoch, .epochs = rep.epochs, .attempt = rep.attempt,
                          .resumed_epoch = rep.resumed_epoch, .step = rep.step, .train_loss = rep.loss,
                          .train_acc = rep.acc, .test_loss = rep.test_loss, .test_acc = rep.test_acc, .lr = rep.lr,
-                         .images_per_s = rep.images_per_s, .seconds = rep.seconds, .pid = rep.pid};
+                         .images_per_s = rep.images_per_s, .seconds = rep.seconds, .pid = rep.pid,
+                         .loss_scale = rep.loss_scale, .skipped_steps = rep.skipped_steps, .tau = rep.tau,
+                         .reduced_bytes = rep.reduced_bytes};
     c->opts->on_epoch(&e, c->opts->user);
   }
   if (c->opts->progress) {
     curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, 1.0, rep.loss, rep.acc, rep.images_per_s, true);
     c->line_open = false;
-    fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s\n", rep.test_loss, rep.test_acc, rep.lr,
+    fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s", rep.test_loss, rep.test_acc, rep.lr,
             rep.seconds);
+    if (rep.tau) fprintf(c->opts->progress, "  tau %u", rep.tau);
+    if (rep.loss_scale > 0)
+      fprintf(c->opts->progress, "  loss scale %g (%llu steps skipped)", rep.loss_scale,
+              (unsigned long long)rep.skipped_steps);
+    fputc('\n', c->opts->progress);
     fflush(c->opts->progress);
   }
 }
@@ -310,10 +317,10 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,
                  .epochs = o->epochs, .channels = train.channels, .height = train.height, .width = train.width,
                  .classes = train.classes, .seed = o->seed, .optim = o->optim, .clip_grad_norm = o->clip_grad_norm,
-                 .label_smoothing = (float)o->label_smoothing, .allreduce = o->allreduce,
+                 .label_smoothing = (float)o->label_smoothing, .precision = o->precision, .allreduce = o->allreduce,
                  .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
-                 .shuffle = o->shuffle, .overlap = o->overlap, .accumulate = o->accumulate ? o->accumulate : 1,
-                 .dp = o->ranks, .tp = o->tp, .pp = o->pp,
+                 .shuffle = o->shuffle, .overlap = o->overlap, .sync = o->sync, .tau = o->tau,
+                 .accumulate = o->accumulate ? o->accumulate : 1, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout};
@@ -415,6 +422,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .train_loss = last.loss, .train_acc = last.acc, .test_loss = last.test_loss,
                                  .test_acc = last.test_acc, .images_per_s = train_secs > 0 ? images / train_secs : 0,
                                  .seconds = seconds, .final_lr = last.lr, .buckets = last.buckets,
+                                 .tau = last.tau, .reduced_bytes = last.reduced_bytes,
                                  .bubble = last.bubble, .bubble_theory = last.bubble_theory,
                                  .stages = res.stages};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);

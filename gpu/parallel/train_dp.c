@@ -23,6 +23,16 @@
  *   6. a non-finite loss stops every rank at the same step (1 rank: that step; several: the
  *      next progress report, where the loss sums are allreduced) and the run fails with the
  *      first such step, its loss and its rate (REPORT_DIVERGED), without a retry.
+ * Local SGD (train_arg.sync local or adacomm): no gradient is reduced; each rank steps on its
+ * own gradients, and every tau steps (and at the end of each epoch, before evaluation and the
+ * checkpoint) the ranks average their weights and batch-norm statistics. AdaComm sets tau
+ * after each epoch from the training loss and the rate (adacomm_tau). The checkpoint holds
+ * rank 0's optimizer state and not AdaComm's reference: a retried attempt or --resume gives
+ * every rank rank 0's momenta and starts AdaComm again at tau0.
+ * Precision: each rank's device multiplies in train_arg.precision (flint/gpu.h); with fp16
+ * (synchronous only: the options refuse it with local SGD), a loss scaler (gpu/nn/nn.h)
+ * scales the loss gradient and, after the allreduce, unscales the averaged gradients or skips
+ * the step when they overflowed, alike on every rank; its scale is in the checkpoint.
  * Overlap (the default, as PyTorch DDP): buckets go to the rank's communication thread
  * (the comm worker, gpu/comm/comm.h), which allreduces them in order while backward goes on;
  * the rank waits for them all before the SGD step. Without it (train_arg.overlap false) each
@@ -59,6 +69,7 @@ typedef struct bucketing {
   size_t bucket_elems;
   size_t lo, hi;
   uint32_t buckets; /* allreduces issued this step */
+  uint64_t reduced; /* floats this rank allreduced so far: gradients, or local SGD's weights */
 } bucketing;
 
 static fl_status bucket_flush(bucketing *bk) {
@@ -72,6 +83,7 @@ static fl_status bucket_flush(bucketing *bk) {
   if (s == FL_OK)
     s = bk->worker ? comm_worker_post(bk->worker, &view, FL_REDUCE_AVG)
                    : fl_comm_allreduce(bk->comm, &view, FL_REDUCE_AVG);
+  bk->reduced += bk->hi - bk->lo;
   bk->hi = bk->lo;
   bk->buckets++;
   return s;
@@ -172,6 +184,33 @@ cleanup:
   return status;
 }
 
+/* Local SGD: every rank's weights and batch-norm statistics become their average (the
+ * optimizers' state stays each rank's own, as in Lin et al.'s local SGD). */
+static fl_status rank_average(rank_state *r, uint64_t *reduced) {
+  if (!r->comm) return FL_OK;
+  fl_tensor *values = nn_model_values(r->model), *buffers = nn_model_buffers(r->model);
+  fl_status s = fl_comm_allreduce(r->comm, values, FL_REDUCE_AVG);
+  *reduced += fl_tensor_numel(values);
+  if (s == FL_OK && buffers && fl_tensor_numel(buffers)) {
+    s = fl_comm_allreduce(r->comm, buffers, FL_REDUCE_AVG);
+    *reduced += fl_tensor_numel(buffers);
+  }
+  return s;
+}
+
+/* AdaComm's period after an epoch (Wang and Joshi): the error-runtime bound's best period
+ * goes as sqrt(F / lr^3), so tau = tau0 x sqrt((lr0 / lr)^3 x F / F0), rounded up, where F0
+ * is the first epoch's mean training loss, lr0 the schedule's peak rate, and F and lr the
+ * epoch just ended: averaging grows more frequent as the loss falls, and rarer again as the
+ * rate decays. Kept to [1, ADACOMM_MAX_TAU]; a rate of 0 keeps the period. Every rank has
+ * the same reduced loss and rate, so every rank picks the same period. */
+#define ADACOMM_MAX_TAU 100000u
+static uint32_t adacomm_tau(uint32_t tau0, uint32_t tau, double f0, double lr0, double f, double lr) {
+  if (!(f0 > 0) || !(lr0 > 0) || !(lr > 0) || !isfinite(f) || !(f >= 0)) return tau;
+  double r = lr0 / lr, t = ceil(sqrt(r * r * r * (f / f0)) * tau0);
+  return !(t >= 1) ? 1 : t > ADACOMM_MAX_TAU ? ADACOMM_MAX_TAU : (uint32_t)t;
+}
+
 static fl_status rank_report(rank_state *r, const train_report *rep) {
   return fl_barrier_report(r->b, fl_bytes_of(rep, sizeof *rep));
 }
@@ -244,7 +283,7 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
                           a->width, a->classes);
     goto cleanup;
   }
-  FL_CHECK(train_device_open(r->b, a->device, &r->dev));
+  FL_CHECK(train_device_open(r->b, a->device, a->precision, &r->dev));
   FL_CHECK(train_model_build(a, r->dev, &r->model));
   FL_CHECK(optim_create_for_model(r->dev, &a->optim, r->model, &r->opt));
   int ndim = sample_ndim(a);
@@ -259,7 +298,8 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   FL_CHECK(r->dev->ops->host_alloc(r->dev, (size_t)r->local_batch * per * sizeof(float), (void **)&r->images_h));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_h));
   if (r->world > 1) FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, -1, &r->comm));
-  if (r->comm && a->overlap) FL_CHECK(comm_worker_start(r->comm, &r->worker));
+  /* Local SGD reduces no gradients: nothing for a communication thread to overlap. */
+  if (r->comm && a->overlap && a->sync == GPU_TRAIN_SYNC_BSP) FL_CHECK(comm_worker_start(r->comm, &r->worker));
 cleanup:
   return status;
 }
@@ -303,7 +343,20 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   }
 
   const uint32_t resumed = cs.epoch;
-  bucketing bk = {.model = r.model, .comm = r.comm, .worker = r.worker,
+  /* fp16 products: dynamic loss scaling. Every rank unscales the same averaged gradients, so
+   * every rank skips the same steps and keeps the same scale. */
+  const bool scaling = a.precision == FL_PRECISION_FP16;
+  loss_scaler scaler = LOSS_SCALER_INIT;
+  if (scaling && cs.loss_scale > 0) {
+    scaler.scale = cs.loss_scale;
+    scaler.good_steps = cs.loss_scale_good;
+  }
+  if (scaling) nn_model_set_loss_scale(r.model, scaler.scale);
+  /* Local SGD and AdaComm: no gradient allreduce; the weights are averaged every tau steps. */
+  const bool local = a.sync != GPU_TRAIN_SYNC_BSP;
+  uint32_t tau = a.tau ? a.tau : 1, since_average = 0;
+  double f0 = 0; /* AdaComm's reference: the first epoch's loss */
+  bucketing bk = {.model = r.model, .comm = local ? NULL : r.comm, .worker = r.worker,
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
   size_t total = fl_tensor_numel(nn_model_grads(r.model));
@@ -379,9 +432,18 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
         if (r.rank == 0) FL_CHECK(fl_emit(out, &bad, sizeof bad));
         goto cleanup;
       }
+      bool take = true; /* false: fp16 gradients overflowed, the step is skipped */
+      if (scaling) {
+        FL_CHECK(loss_scaler_unscale(&scaler, nn_model_grads(r.model), &take));
+        nn_model_set_loss_scale(r.model, scaler.scale);
+      }
       /* Every rank clips the same averaged gradients: the weights stay the same everywhere. */
-      if (a.clip_grad_norm > 0) FL_CHECK(optim_clip_grad_norm(nn_model_grads(r.model), a.clip_grad_norm, NULL));
-      FL_CHECK(optim_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
+      if (take && a.clip_grad_norm > 0) FL_CHECK(optim_clip_grad_norm(nn_model_grads(r.model), a.clip_grad_norm, NULL));
+      if (take) FL_CHECK(optim_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
+      if (local && ++since_average >= tau) {
+        FL_CHECK(rank_average(&r, &bk.reduced));
+        since_average = 0;
+      }
       images += n;
       cs.step++;
       if (r.rank == 0 && at_report) {
@@ -394,21 +456,34 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
         FL_CHECK(rank_report(&r, &rep));
       }
     }
+    /* The replicas agree before they are evaluated and checkpointed. */
+    if (local && since_average) {
+      FL_CHECK(rank_average(&r, &bk.reduced));
+      since_average = 0;
+    }
     double train_secs = common_now_s() - t0;
     float st[2];
     FL_CHECK(read_stats(&r, st));
     double in3[3] = {st[0], st[1], (double)images}, sum3[3];
     FL_CHECK(rank_sum(&r, in3, sum3));
+    if (a.sync == GPU_TRAIN_SYNC_ADACOMM && sum3[2] > 0) {
+      if (f0 == 0) f0 = sum3[0] / sum3[2];
+      else tau = adacomm_tau(a.tau ? a.tau : 1, tau, f0, optim_schedule_peak_lr(&a.schedule), sum3[0] / sum3[2], lr);
+    }
     double test_loss = NAN, test_acc = NAN;
     FL_CHECK(rank_evaluate(&r, epoch, &test_loss, &test_acc));
     cs.epoch = epoch + 1;
     cs.position = epoch + 1;
     cs.lr = lr;
+    cs.loss_scale = scaling ? scaler.scale : 0;
+    cs.loss_scale_good = scaler.good_steps;
     last = (train_report){.kind = REPORT_EPOCH, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                           .step = cs.step, .steps_per_epoch = steps, .done = steps, .loss = sum3[0] / sum3[2],
                           .acc = sum3[1] / sum3[2], .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
                           .images_per_s = train_secs > 0 ? sum3[2] / train_secs : 0, .seconds = common_now_s() - t0,
-                          .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid()};
+                          .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid(),
+                          .loss_scale = scaling ? scaler.scale : 0, .skipped_steps = scaler.skipped,
+                          .tau = local ? tau : 0, .reduced_bytes = bk.reduced * sizeof(float)};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
        * so that an epoch the client has seen is never trained again. */

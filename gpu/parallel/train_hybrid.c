@@ -322,7 +322,7 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   r->y_h = common_malloc(rows * sizeof(int32_t));
   if (!r->images_h || !r->labels_h || !r->pack_h || !r->gathered_h || !r->x_h || !r->y_h)
     FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for batches of %zu rows", r->rank, rows));
-  FL_CHECK(train_device_open(r->b, a->device, &r->dev));
+  FL_CHECK(train_device_open(r->b, a->device, a->precision, &r->dev));
   FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, r->grid_rank, &r->comm));
   if (a->pp > 1 && strcmp(fl_comm_backend(r->comm), "host") != 0)
     FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, true, r->grid_rank, &r->stages));

@@ -4,6 +4,7 @@
  * without running anything.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu/parallel/train.h"
@@ -18,6 +19,31 @@ fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
 
 fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
   return gpu_train_source_parse(text, out, NULL);
+}
+
+fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau) {
+  if (!text) return fl_set_error(FL_EINVAL, "--sync: NULL");
+  const char *arg = NULL;
+  if (strcmp(text, "bsp") == 0) {
+    *sync = GPU_TRAIN_SYNC_BSP;
+    *tau = 1;
+    return FL_OK;
+  }
+  if (strcmp(text, "adacomm") == 0) {
+    *sync = GPU_TRAIN_SYNC_ADACOMM;
+    *tau = 16;
+    return FL_OK;
+  }
+  if (strncmp(text, "local:", 6) == 0) arg = text + 6;
+  else if (strncmp(text, "adacomm:", 8) == 0) arg = text + 8;
+  char *end = NULL;
+  unsigned long v = arg && *arg >= '0' && *arg <= '9' ? strtoul(arg, &end, 10) : 0;
+  if (!arg || !end || *end || v < 1 || v > 100000)
+    return fl_set_error(FL_EINVAL, "--sync '%s': expected bsp, local:TAU or adacomm[:TAU0] (TAU: steps between "
+                        "averages, 1 to 100000)", text);
+  *sync = text[0] == 'l' ? GPU_TRAIN_SYNC_LOCAL : GPU_TRAIN_SYNC_ADACOMM;
+  *tau = (uint32_t)v;
+  return FL_OK;
 }
 
 fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path) {
@@ -45,13 +71,6 @@ const char *gpu_train_dataset_name(gpu_train_dataset data) {
   return (unsigned)data < DATASETS ? dataset_names[data] : "unknown";
 }
 
-/* Step decay without milestones: x0.1 at half and at three quarters of training. */
-static int default_milestones(const gpu_train_options *o, double *m) {
-  m[0] = 0.5 * o->epochs;
-  m[1] = 0.75 * o->epochs;
-  return m[0] > 0 && m[1] > m[0] ? 2 : 0;
-}
-
 void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
   memset(s, 0, sizeof *s);
   s->base_lr = o->lr;
@@ -65,7 +84,7 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
       memcpy(s->milestones, o->milestones, sizeof(double) * (size_t)o->num_milestones);
       s->num_milestones = o->num_milestones;
     } else {
-      s->num_milestones = default_milestones(o, s->milestones);
+      optim_schedule_default_milestones(s);
     }
   }
   s->step_factor = 0.1;
@@ -175,6 +194,22 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
                                                          : "gpu_train: a model library or builder with a built-in model");
   if (!(o->label_smoothing >= 0 && o->label_smoothing < 1))
     return fl_set_error(FL_EINVAL, "--label-smoothing %g must be in [0, 1)", o->label_smoothing);
+  if ((unsigned)o->sync > GPU_TRAIN_SYNC_ADACOMM) return fl_set_error(FL_EINVAL, "--sync: unknown mode %d", (int)o->sync);
+  if (o->tau < 1 || o->tau > 100000) return fl_set_error(FL_EINVAL, "--sync: a period of %u steps (1 to 100000)", o->tau);
+  if (o->sync != GPU_TRAIN_SYNC_BSP && o->model == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--sync local and adacomm are for the data-parallel models (the transformer's "
+                        "tensor and pipeline ranks hold different weights)");
+  if (o->sync != GPU_TRAIN_SYNC_BSP && o->precision == FL_PRECISION_FP16)
+    return fl_set_error(FL_EINVAL, "--precision fp16 needs --sync bsp: its loss scaler decides on the averaged "
+                        "gradients, which local SGD does not form (use bf16)");
+  if ((unsigned)o->precision > FL_PRECISION_FP16)
+    return fl_set_error(FL_EINVAL, "--precision: unknown precision %d", (int)o->precision);
+  if (o->precision != FL_PRECISION_FP32 && o->device != FL_DEVICE_CUDA)
+    return fl_set_error(FL_EINVAL, "--precision %s needs --device cuda: the cpu device computes in fp32 only",
+                        fl_precision_name(o->precision));
+  if (o->precision == FL_PRECISION_FP16 && o->model == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--precision fp16 is for the data-parallel models (its loss scaler checks all of "
+                        "the gradients, which the transformer spreads over its grid): use bf16");
   if ((unsigned)o->data >= DATASETS) return fl_set_error(FL_EINVAL, "--data: unknown data set %d", (int)o->data);
   if (o->data == GPU_TRAIN_EXAMPLES) {
     if (!o->train_examples || !o->test_examples)

@@ -105,13 +105,21 @@ cleanup:
   return status;
 }
 
-fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out) {
+fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_precision precision, fl_device **out) {
   int ordinal = 0;
   if (kind == FL_DEVICE_CUDA) {
     int gpus = fl_cuda_device_count();
     ordinal = fl_barrier_gpu(b) >= 0 ? fl_barrier_gpu(b) : gpus > 0 ? (int)(fl_barrier_rank(b) % (uint32_t)gpus) : 0;
   }
-  return fl_device_open(kind, ordinal, out);
+  fl_device *dev = NULL;
+  fl_status s = fl_device_open(kind, ordinal, &dev);
+  if (s == FL_OK) s = fl_device_set_precision(dev, precision);
+  if (s != FL_OK) {
+    fl_device_close(dev);
+    return s;
+  }
+  *out = dev;
+  return FL_OK;
 }
 
 fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out) {

@@ -26,6 +26,10 @@ typedef struct train_report {
   uint32_t buckets;                      /* allreduces of the last step's gradients */
   int64_t pid;                           /* rank 0's process */
   double bubble, bubble_theory;          /* transformer: the epoch's mean, and the theory */
+  uint32_t tau;                          /* local SGD, AdaComm: the period now (0: bsp) */
+  uint64_t reduced_bytes;                /* bytes this rank allreduced so far (payload) */
+  double loss_scale;                     /* fp16: the loss scale now (0: no scaler) ... */
+  uint64_t skipped_steps;                /* ... and the steps it skipped so far */
 } train_report;
 
 /* The stage's argument: plain values only (it travels to executors as bytes). */
@@ -38,6 +42,7 @@ typedef struct train_arg {
   optim_options optim;
   double clip_grad_norm; /* > 0: clip the averaged gradients to this global norm */
   float label_smoothing; /* the training loss's, in [0, 1) (evaluation: none) */
+  fl_precision precision; /* every rank's device's (fp16: with a loss scaler) */
   optim_schedule schedule;
   fl_allreduce_algo allreduce;
   uint64_t bucket_bytes;
@@ -53,6 +58,8 @@ typedef struct train_arg {
   uint64_t resume_id;
   bool shuffle;
   bool overlap; /* buckets allreduced on the communication thread during backward */
+  gpu_train_sync sync; /* bsp: gradients every step; local, adacomm: weights every tau steps */
+  uint32_t tau;
   uint32_t accumulate; /* micro-batches per step, >= 1, dividing batch / ranks */
   /* the transformer (gpu/parallel/train_hybrid.c) */
   uint32_t dp, tp, pp, microbatches, chunks;
@@ -73,8 +80,9 @@ typedef struct train_arg {
  * stage. */
 fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_allreduce_algo algo,
                         bool host, int comm_rank, fl_comm **out);
-/* Opens the rank's device: cuda on its executor's GPU (else rank mod the GPUs), or the cpu. */
-fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_device **out);
+/* Opens the rank's device: cuda on its executor's GPU (else rank mod the GPUs), or the cpu;
+ * its products in `precision`. */
+fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_precision precision, fl_device **out);
 /* True when train_connect(host = false) makes a NCCL communicator. */
 bool train_uses_nccl(fl_device_kind kind);
 /* The smallest of every rank's `mine`, on every rank. */

@@ -39,6 +39,35 @@ FL_API const char *fl_device_name(const fl_device *dev);
 /* Blocks until the device has finished all work queued on it. */
 FL_API fl_status fl_device_synchronize(fl_device *dev);
 
+/* The precision of a device's matrix products: every linear layer, convolution (im2col and
+ * a GEMM) and attention product. Tensors, activations, weights (the fp32 "master" copy) and
+ * every other operation stay fp32; a product's inputs are rounded to the precision, it
+ * accumulates and writes fp32. As torch.set_float32_matmul_precision does (tf32: "high";
+ * bf16: "medium"), not as autocast, which also keeps activations in 16 bits: activation
+ * memory is not halved here.
+ * - FP32: cuBLAS's plain SGEMM, the default; the cpu device's only one.
+ * - TF32: tensor cores with 10-bit mantissas (GPUs of compute capability 8.0+).
+ * - BF16: inputs rounded to bfloat16 (8-bit mantissa, fp32's range), compute capability 8.0+.
+ * - FP16: inputs rounded to half (11-bit mantissa, largest 65504), 7.0+. Small gradients
+ *   underflow and large activations overflow: train with a loss scaler (fl_grad_scaler in
+ *   flint/train.h; fl_train and `flint train --precision fp16` use one). */
+typedef enum fl_precision {
+  FL_PRECISION_FP32 = 0,
+  FL_PRECISION_TF32 = 1,
+  FL_PRECISION_BF16 = 2,
+  FL_PRECISION_FP16 = 3,
+} fl_precision;
+/* Sets dev's precision for the operations queued after it; call it from the thread using the
+ * device (as every device call). Does not block. FL_EINVAL for a value outside the enum or
+ * for any but FP32 on the cpu device (naming both); FL_EDEVICE for a GPU too old for it
+ * (naming its compute capability). */
+FL_API fl_status fl_device_set_precision(fl_device *dev, fl_precision precision);
+FL_API fl_precision fl_device_precision(const fl_device *dev);
+/* "fp32", "tf32", "bf16", "fp16" (and "?" for other values); never NULL. */
+FL_API const char *fl_precision_name(fl_precision precision);
+/* The reverse of fl_precision_name; FL_EINVAL names the text otherwise. */
+FL_API fl_status fl_precision_parse(const char *text, fl_precision *out);
+
 /* ---------------------------------------------------------------------------------------
  * Tensors: dense, row-major fp32, 1 to 4 dimensions, on one device.
  * ------------------------------------------------------------------------------------- */

@@ -100,10 +100,11 @@ FL_API fl_status fl_image_record_encode(int32_t label, uint64_t index, uint32_t 
 
 /* Decodes one JPEG or PNG file (told by its first bytes) into RGB: *rgb (height * width * 3
  * bytes, HWC; free with fl_free). Grayscale is replicated, an alpha channel dropped (as
- * PIL's convert("RGB")), palettes expanded, 16-bit samples reduced. min_side > 0 lets the
- * JPEG decoder scale by 1/2, 1/4 or 1/8 while the shorter side stays >= min_side (0: full
- * size). FL_ENOENT / FL_EIO (missing, unreadable) and FL_EFORMAT (neither format, corrupt,
- * CMYK) name the file. */
+ * PIL's convert("RGB")), palettes expanded, 16-bit samples reduced, CMYK and YCCK JPEGs
+ * converted without a colour profile (Adobe's inverted inks recognised by their marker).
+ * min_side > 0 lets the JPEG decoder scale by 1/2, 1/4 or 1/8 while the shorter side stays
+ * >= min_side (0: full size). FL_ENOENT / FL_EIO (missing, unreadable) and FL_EFORMAT
+ * (neither format, corrupt) name the file. */
 FL_API fl_status fl_image_decode_file(const char *path, uint32_t min_side, uint8_t **rgb, uint32_t *height,
                                       uint32_t *width);
 

@@ -105,7 +105,9 @@ FL_ML_API void fl_ml_data_describe_labels(const fl_ml_data *data, char *buf, siz
 FL_ML_API fl_status fl_ml_data_from_blocks(fl_dataset *blocks, uint32_t cols, fl_ml_data **out);
 
 /* ---- loaders --------------------------------------------------------------------------- */
-typedef enum fl_ml_format { FL_ML_LIBSVM, FL_ML_CSV, FL_ML_IDX } fl_ml_format;
+/* TEXT: "LABEL TOKEN TOKEN ...", blank-separated; each token (a word, "field=value") is a
+ * feature of value 1, repeats adding up, hashed into 2^hash_bits columns (which it needs). */
+typedef enum fl_ml_format { FL_ML_LIBSVM, FL_ML_CSV, FL_ML_IDX, FL_ML_TEXT } fl_ml_format;
 
 typedef struct fl_ml_load_options {
   uint32_t partitions;     /* 0: 4 per core of the context */
@@ -128,6 +130,12 @@ typedef struct fl_ml_load_options {
   /* Bad lines are an error naming file, line and cause; with skip_bad_lines they are
    * counted in fl_ml_data.skipped (and the first one logged to stderr) instead. */
   bool skip_bad_lines;
+  /* LIBSVM and TEXT: the hashing trick (Weinberger et al.; scikit-learn's FeatureHasher,
+   * Vowpal Wabbit): each feature goes to column h(feature) mod 2^hash_bits with the sign of
+   * another bit of h, and features that meet in a column add up. The rows are sparse and
+   * 2^hash_bits wide whatever the input's indices; num_features must be 0. 0: no hashing
+   * (TEXT needs it); 1 to 31. */
+  uint32_t hash_bits;
 } fl_ml_load_options;
 
 /* Loads `path` into cached row blocks. opt may be NULL (defaults). On success *out is a
@@ -154,7 +162,7 @@ typedef struct fl_ml_load_options {
  * names their count and the first of them on stderr. */
 FL_ML_API fl_status fl_ml_load(fl_context *ctx, const char *path, fl_ml_format format,
                                const fl_ml_load_options *opt, fl_ml_data **out);
-/* Parses "libsvm", "csv" or "idx". */
+/* Parses "libsvm", "csv", "idx" or "text". */
 FL_ML_API fl_status fl_ml_format_parse(const char *name, fl_ml_format *out);
 
 /* ---- IDX files ---------------------------------------------------------------------------

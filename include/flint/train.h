@@ -176,6 +176,61 @@ FL_API fl_status fl_optimizer_step(fl_optimizer *opt, double lr);
  * clip_grad_norm_); *norm (may be NULL) gets the norm before. Blocks. */
 FL_API fl_status fl_model_clip_grad_norm(fl_model *m, double max_norm, double *norm);
 
+/* ---- learning-rate schedules ----------------------------------------------------------------
+ * Goyal et al.'s recipe: the linear scaling rule (the peak rate is lr x batch / 256), a
+ * gradual warmup from lr to the peak over warmup_epochs (per step), then a decay: "cosine"
+ * (half a cosine to 0 at `epochs`), "step" (x0.1 at each milestone epoch; none given: at 50%
+ * and 75% of the epochs), "poly" (peak x (1 - t)^power to 0, You et al.'s LARS runs) or
+ * "none". Plain data: any thread. */
+#define FL_LR_MAX_MILESTONES 8
+typedef struct fl_lr_schedule {
+  double lr;              /* the rate for a batch of 256, a finite number > 0 */
+  uint32_t batch;         /* the global batch (0: 256, no scaling) */
+  double warmup_epochs;   /* >= 0, shorter than epochs */
+  double epochs;          /* the length of training, > 0 */
+  const char *decay;      /* NULL: "cosine" */
+  double milestones[FL_LR_MAX_MILESTONES]; /* "step": ascending epochs */
+  int num_milestones;
+  double power;           /* "poly" (0: 2) */
+} fl_lr_schedule;
+/* Set `epochs` before fl_lr_schedule_at (fl_train sets it, and batch, itself). */
+#define FL_LR_SCHEDULE_INIT {0.1, 0, 0, 0, NULL, {0}, 0, 0}
+/* *lr = the rate at `epoch`, a real number (step i of n in epoch e is e + i / n; before 0
+ * reads as 0, past the end as the end). FL_EINVAL names a bad field. */
+FL_API fl_status fl_lr_schedule_at(const fl_lr_schedule *s, double epoch, double *lr);
+
+/* ---- loss scaling for fp16 (PyTorch's GradScaler) ---------------------------------------
+ * With fl_device_set_precision(dev, FL_PRECISION_FP16), gradients below 2^-24 vanish in the
+ * products. A grad scaler multiplies the model's loss gradients by a large scale; after
+ * backward, fl_grad_scaler_unscale divides the gradients by it, or, when some are inf or NaN
+ * (an fp16 overflow), tells you to skip the optimizer step and halves the scale:
+ *
+ *   fl_grad_scaler_create(m, NULL, &gs);
+ *   each step: zero_grad, forward, loss, backward;
+ *              fl_grad_scaler_unscale(gs, &ok);   (clip here, on true gradients)
+ *              if (ok) fl_optimizer_step(opt, lr);
+ *
+ * The losses' values are never scaled. One scaler per model; a thread at a time. */
+typedef struct fl_grad_scaler fl_grad_scaler;
+typedef struct fl_grad_scaler_options {
+  double init_scale;         /* in [1, 2^24] */
+  uint32_t growth_interval;  /* the scale doubles after this many finite steps in a row */
+} fl_grad_scaler_options;
+#define FL_GRAD_SCALER_OPTIONS_INIT {65536.0, 2000}
+/* opts NULL: FL_GRAD_SCALER_OPTIONS_INIT (PyTorch's defaults). FL_ESTATE for an unfinished
+ * model, FL_EINVAL for bad options. */
+FL_API fl_status fl_grad_scaler_create(fl_model *m, const fl_grad_scaler_options *opts, fl_grad_scaler **out);
+/* The model's loss gradients go back to unscaled: the model must outlive its scaler. */
+FL_API void fl_grad_scaler_destroy(fl_grad_scaler *gs);
+/* After fl_model_backward: *step true, with the gradients unscaled, when all are finite;
+ * false (gradients untouched: skip the step) otherwise. Updates the scale, within [2^-24,
+ * 2^24]. Blocks (reads a norm back from the device). A scaler's state is not part of
+ * fl_checkpoint_save's file: a resumed loop starts again from the initial scale. */
+FL_API fl_status fl_grad_scaler_unscale(fl_grad_scaler *gs, bool *step);
+FL_API double fl_grad_scaler_scale(const fl_grad_scaler *gs);
+/* Steps skipped so far. */
+FL_API uint64_t fl_grad_scaler_skipped(const fl_grad_scaler *gs);
+
 /* ---- models in libraries --------------------------------------------------------------- */
 
 /* A model of your own for `flint train --model FILE.so[:SYMBOL]` (and gpu training runs): a
@@ -203,7 +258,7 @@ typedef fl_status (*fl_model_builder)(fl_model *m, uint32_t classes);
  * map over your own data produces. The examples are dealt to `ranks` ranks by one shuffle and
  * cached; each rank is a task of one barrier stage, builds the model with `build` from the
  * same seed, and every step allreduces the gradients, so the ranks take identical steps (the
- * global batch is `batch`, the rate lr x batch / 256 after warmup, then cosine decay). The
+ * global batch is `batch`; the rate follows `schedule`, the optimizer is `optimizer`). The
  * test set is evaluated after every epoch. A lost rank reruns the stage from the last epoch's
  * checkpoint. In local mode `build` may be any function of the program; in cluster mode it
  * must be exported by a shared library, which is shipped to the executors (as a job's
@@ -216,23 +271,31 @@ typedef struct fl_train_options {
   uint32_t ranks;           /* data-parallel ranks, one barrier task each (0: 1) */
   fl_device_kind device;    /* FL_DEVICE_CPU or FL_DEVICE_CUDA (a GPU per rank's executor) */
   uint32_t batch;           /* the global batch, a multiple of ranks (0: 256) */
-  double lr;                /* the rate for a batch of 256, scaled linearly (0: 0.1) */
-  double warmup_epochs;     /* gradual warmup from lr to the scaled rate, < epochs */
   uint32_t epochs;          /* 0: 1 */
-  const char *optimizer;    /* "sgd" (NULL), "adam", "adamw", "lars" or "lamb" */
-  double momentum;          /* sgd and lars */
-  double weight_decay;      /* not on biases and normalisation parameters */
+  fl_lr_schedule schedule;  /* its batch and epochs: 0 (fl_train's own above); lr 0: 0.1 */
+  fl_optimizer_options optimizer;
   double clip_grad_norm;    /* > 0: clip the averaged gradients to this global norm */
   double label_smoothing;   /* the training loss's, in [0, 1) (PyTorch's CrossEntropyLoss's) */
+  fl_precision precision;   /* of the products (flint/gpu.h); cuda only unless FP32 (the
+                             * default); FP16 trains with a loss scaler */
+  const char *sync;         /* NULL or "bsp": the gradients allreduced every step; "local:TAU":
+                             * local SGD, the weights averaged every TAU steps; "adacomm" or
+                             * "adacomm:TAU0": local SGD whose period shrinks from TAU0 (16)
+                             * as the training loss falls (Wang and Joshi) */
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
+  const char *resume_path;  /* start from this checkpoint (checkpoint_path's, or
+                             * fl_checkpoint_save's with the same optimizer) at its epoch */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
   uint32_t accumulate;      /* gradient accumulation: each rank's batch / ranks images of a step
                              * go through forward and backward as this many micro-batches, with
                              * one allreduce after the last (the same step, in less memory);
                              * batch must be a multiple of ranks x accumulate (0: 1, none) */
 } fl_train_options;
-#define FL_TRAIN_OPTIONS_INIT {1, FL_DEVICE_CPU, 256, 0.1, 0, 1, NULL, 0.9, 5e-4, 0, 0, 1, NULL, NULL, 1}
+/* SGD with momentum 0.9 and weight decay 5e-4 at 0.1 x batch / 256, cosine decay. */
+#define FL_TRAIN_OPTIONS_INIT                                                                         \
+  {1, FL_DEVICE_CPU, 256, 1, FL_LR_SCHEDULE_INIT, {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 5e-4, 0.001, false}, \
+   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL, 1}
 
 typedef struct fl_train_result {
   uint32_t epochs;
@@ -241,6 +304,8 @@ typedef struct fl_train_result {
   double test_loss, test_acc;   /* of the last evaluation */
   double images_per_s;          /* training samples a second over all ranks */
   double seconds;
+  uint32_t resumed_epoch;       /* the epoch resume_path's checkpoint stood at (0: none) */
+  uint64_t reduced_bytes;       /* a rank's bytes of gradients or weights allreduced */
 } fl_train_result;
 
 /* Trains build's model on `train`, evaluating on `test` (both datasets of fl_example_put
@@ -261,6 +326,19 @@ FL_API fl_status fl_model_save(fl_model *m, const char *path);
  * for a file that is not a checkpoint (or is damaged), FL_EINVAL when its sizes are not this
  * model's; nothing changes then. */
 FL_API fl_status fl_model_load(fl_model *m, const char *path);
+/* A training checkpoint: the weights, batch-norm statistics and, with opt (NULL: none), the
+ * optimizer's state (momenta, Adam's moments) and step count, with the epoch and step you
+ * stand at; the format of fl_train's checkpoint_path and `flint train --checkpoint`, so either
+ * side can resume the other's (torch.save of model and optimizer state_dicts). opt must step
+ * m. Written through a temporary file and a rename; FL_EIO names the file. Blocks (reads the
+ * device). */
+FL_API fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step, const char *path);
+/* Reads it back into a finished model of the same architecture and an optimizer of the same
+ * kind (NULL: weights only), and gives its epoch and step (each may be NULL). FL_ENOENT or
+ * FL_EIO for the file, FL_EFORMAT for a damaged one, FL_EINVAL naming a size or optimizer
+ * that differs, or an optimizer given for a file of weights only; nothing changes then.
+ * Blocks. */
+FL_API fl_status fl_checkpoint_load(fl_model *m, fl_optimizer *opt, const char *path, uint32_t *epoch, uint64_t *step);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,9 @@ typedef struct cuda_impl {
   double *sumsq_host;  /* ... and its pinned landing place */
   int *bad_label_host; /* mapped pinned flag raised by softmax_xent */
   int *bad_label_dev;  /* the same flag as the kernels see it */
+  int cc_major, cc_minor; /* compute capability: which precisions the tensor cores take */
+  void *half;          /* bf16/fp16 copies of a GEMM's two inputs (allocator memory) */
+  size_t half_bytes;
 } cuda_impl;
 
 static const device_ops cuda_ops;
@@ -175,6 +178,7 @@ static void impl_destroy(cuda_impl *impl) {
   /* Best effort throughout: a failed device still gives back what it can. */
   (void)cudaSetDevice(impl->es.ordinal);
   if (impl->stream) (void)cudaStreamSynchronize(impl->stream);
+  if (impl->half) cuda_allocator_free(impl->alloc, impl->half);
   cuda_allocator_destroy(impl->alloc);
   if (impl->sumsq_dev) (void)cudaFree(impl->sumsq_dev);
   if (impl->sumsq_host) (void)cudaFreeHost(impl->sumsq_host);
@@ -189,22 +193,92 @@ static void cuda_destroy(fl_device *dev) {
   dev->impl = NULL;
 }
 
+/* ---- precision ------------------------------------------------------------------------ */
+
+static fl_status cuda_check_precision(fl_device *dev, fl_precision p) {
+  cuda_impl *impl = impl_of(dev);
+  int need = p == FL_PRECISION_FP16 ? 7 : 8; /* Volta's tensor cores take half; Ampere's tf32 and bf16 */
+  if (impl->cc_major < need)
+    return fl_set_error(FL_EDEVICE, "device %s: precision %s needs compute capability %d.0 or newer, this GPU has %d.%d",
+                        dev->name, fl_precision_name(p), need, impl->cc_major, impl->cc_minor);
+  return FL_OK;
+}
+
+/* Floats a row-major operand spans: `batch` matrices `stride` apart, each `rows` rows of `ld`
+ * of which the last is read up to `cols`. The gaps between rows are converted too: they are
+ * the caller's memory, and one contiguous pass is the cheapest conversion. */
+static size_t operand_span(int rows, int cols, int ld, size_t stride, int batch) {
+  return (size_t)(batch - 1) * stride + (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+}
+
+/* C_i = alpha op(A_i) op(B_i) + beta C_i (row-major; batch 1 for a single product) in the
+ * device's precision. fp32: SGEMM; tf32: cuBLAS rounds the fp32 inputs itself; bf16/fp16: the
+ * inputs are rounded into the scratch buffer first (explicitly, so the result is the same on
+ * every GPU and cuBLAS cannot fall back to tf32), then multiplied with fp32 accumulation. */
+static fl_status gemm_in_precision(fl_device *dev, cuda_impl *impl, bool trans_a, bool trans_b, int m, int n, int k,
+                                   float alpha, const float *a, int lda, size_t stride_a, const float *b, int ldb,
+                                   size_t stride_b, float beta, float *c, int ldc, size_t stride_c, int batch) {
+  fl_status status = FL_OK;
+  /* cuBLAS is column-major, and a row-major matrix read as column-major is its transpose:
+   * so compute C^T = op(B)^T op(A)^T, i.e. swap the operands and m with n. */
+  cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  fl_precision p = dev->precision;
+  if (p == FL_PRECISION_FP32) {
+    if (batch == 1)
+      CUBLAS_CHECK(&impl->es, cublasSgemm(impl->blas, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
+    else
+      CUBLAS_CHECK(&impl->es, cublasSgemmStridedBatched(impl->blas, op_b, op_a, n, m, k, &alpha, b, ldb,
+                                                        (long long)stride_b, a, lda, (long long)stride_a, &beta, c,
+                                                        ldc, (long long)stride_c, batch));
+    return FL_OK;
+  }
+  const void *in_a = a, *in_b = b;
+  cudaDataType_t type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (p != FL_PRECISION_TF32) {
+    bool bf16 = p == FL_PRECISION_BF16;
+    type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    compute = CUBLAS_COMPUTE_32F;
+    size_t span_a = k == 0 ? 0 : operand_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch);
+    size_t span_b = k == 0 ? 0 : operand_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch);
+    /* B starts 16-byte aligned, as the tensor cores' loads want. */
+    size_t a_room = (span_a + 7) & ~(size_t)7;
+    size_t bytes = (a_room + span_b) * 2;
+    if (bytes > impl->half_bytes) {
+      /* One stream: work queued on the old buffer runs before anything that reuses it. */
+      cuda_allocator_free(impl->alloc, impl->half);
+      impl->half = NULL;
+      impl->half_bytes = 0;
+      FL_CHECK(cuda_allocator_alloc(impl->alloc, bytes, &impl->half));
+      impl->half_bytes = bytes;
+    }
+    uint16_t *half_a = impl->half, *half_b = half_a + a_room;
+    CUDA_CHECK(&impl->es, kernels_to_16bit(impl->stream, span_a, a, bf16, half_a));
+    CUDA_CHECK(&impl->es, kernels_to_16bit(impl->stream, span_b, b, bf16, half_b));
+    in_a = half_a;
+    in_b = half_b;
+  }
+  if (batch == 1)
+    CUBLAS_CHECK(&impl->es, cublasGemmEx(impl->blas, op_b, op_a, n, m, k, &alpha, in_b, type, ldb, in_a, type, lda,
+                                         &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+  else
+    CUBLAS_CHECK(&impl->es, cublasGemmStridedBatchedEx(impl->blas, op_b, op_a, n, m, k, &alpha, in_b, type, ldb,
+                                                       (long long)stride_b, in_a, type, lda, (long long)stride_a,
+                                                       &beta, c, CUDA_R_32F, ldc, (long long)stride_c, batch,
+                                                       compute, CUBLAS_GEMM_DEFAULT));
+cleanup:
+  return status;
+}
+
 /* ---- BLAS ------------------------------------------------------------------------------ */
 
 static fl_status cuda_gemm(fl_device *dev, bool trans_a, bool trans_b, int m, int n, int k,
                            float alpha, const float *a, int lda, const float *b, int ldb,
                            float beta, float *c, int ldc) {
-  fl_status status = FL_OK;
   ENTER(dev);
   REQUIRE(m >= 0 && n >= 0 && k >= 0, "gemm");
   if (m == 0 || n == 0) return FL_OK;
-  /* cuBLAS is column-major, and a row-major matrix read as column-major is its transpose:
-   * so compute C^T = op(B)^T op(A)^T, i.e. swap the operands and m with n. */
-  CUBLAS_CHECK(&impl->es, cublasSgemm(impl->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                                      ldb, a, lda, &beta, c, ldc));
-cleanup:
-  return status;
+  return gemm_in_precision(dev, impl, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
 static fl_status cuda_axpy(fl_device *dev, size_t n, float a, const float *x, float *y) {
@@ -424,7 +498,6 @@ static fl_status cuda_gemm_batched(fl_device *dev, bool trans_a, bool trans_b, i
                                    int k, float alpha, const float *a, int lda,
                                    size_t stride_a, const float *b, int ldb, size_t stride_b,
                                    float beta, float *c, int ldc, size_t stride_c, int batch) {
-  fl_status status = FL_OK;
   ENTER(dev);
   /* The leading dimensions are checked here, not left to cuBLAS: its INVALID_VALUE would
    * fail the device for what is the caller's mistake. */
@@ -434,15 +507,8 @@ static fl_status cuda_gemm_batched(fl_device *dev, bool trans_a, bool trans_b, i
               stride_c <= (size_t)LLONG_MAX,
           "gemm_batched");
   if (m == 0 || n == 0 || batch == 0) return FL_OK;
-  /* Row-major as cuda_gemm does it (C^T = op(B)^T op(A)^T), batch by batch. */
-  CUBLAS_CHECK(&impl->es,
-               cublasSgemmStridedBatched(impl->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                         trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
-                                         b, ldb, (long long)stride_b, a, lda,
-                                         (long long)stride_a, &beta, c, ldc,
-                                         (long long)stride_c, batch));
-cleanup:
-  return status;
+  return gemm_in_precision(dev, impl, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                           ldc, stride_c, batch);
 }
 
 static fl_status cuda_gelu_forward(fl_device *dev, size_t n, const float *x, float *y) {
@@ -553,6 +619,7 @@ static const device_ops cuda_ops = {
     .memset0 = cuda_memset0,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
+    .check_precision = cuda_check_precision,
     .gemm = cuda_gemm,
     .axpy = cuda_axpy,
     .scale = cuda_scale,
@@ -630,13 +697,16 @@ fl_status cuda_device_init(fl_device *dev, int ordinal) {
   struct cudaDeviceProp prop;
   CUDA_CHECK(&impl->es, cudaSetDevice(ordinal));
   CUDA_CHECK(&impl->es, cudaGetDeviceProperties(&prop, ordinal));
+  impl->cc_major = prop.major;
+  impl->cc_minor = prop.minor;
   /* Non-blocking: the legacy default stream (used by libraries that pass 0) must not
    * serialize against the device's work. */
   CUDA_CHECK(&impl->es, cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(&impl->es, cublasCreate(&impl->blas));
   CUBLAS_CHECK(&impl->es, cublasSetStream(impl->blas, impl->stream));
-  /* Plain fp32 (no TF32 tensor cores): results must agree with the cpu device to about
-   * 1e-5, and TF32 keeps only 10 bits of mantissa. */
+  /* Plain fp32 (no TF32 tensor cores) unless fl_device_set_precision says otherwise:
+   * results must agree with the cpu device to about 1e-5, and TF32 keeps only 10 bits of
+   * mantissa. */
   CUBLAS_CHECK(&impl->es, cublasSetMathMode(impl->blas, CUBLAS_DEFAULT_MATH));
   FL_CHECK(cuda_allocator_create(&impl->es, &impl->alloc));
   CUDA_CHECK(&impl->es, cudaMalloc((void **)&impl->sumsq_dev, sizeof(double)));

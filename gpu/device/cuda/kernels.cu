@@ -15,6 +15,9 @@
  * This file: element-wise operations, bias gradients, softmax cross-entropy and the SGD step;
  * the image kernels are kernels_image.cu, the transformer's kernels_transformer.cu.
  */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "gpu/device/cuda/kernels_common.cuh"
 
 namespace {
@@ -23,6 +26,15 @@ namespace {
 
 __global__ void fill_kernel(size_t n, float value, float *x) {
   GRID_STRIDE(i, n) x[i] = value;
+}
+
+/* Round to nearest even; fp16 saturates to infinity above 65504 (what a loss scaler watches). */
+__global__ void to_bf16_kernel(size_t n, const float *x, __nv_bfloat16 *y) {
+  GRID_STRIDE(i, n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void to_fp16_kernel(size_t n, const float *x, __half *y) {
+  GRID_STRIDE(i, n) y[i] = __float2half_rn(x[i]);
 }
 
 __global__ void axpy_kernel(size_t n, float a, const float *x, float *y) {
@@ -189,6 +201,15 @@ extern "C" {
 cudaError_t kernels_fill(cudaStream_t s, size_t n, float value, float *x) {
   if (n == 0) return cudaSuccess;
   fill_kernel<<<grid_for(n), kThreads, 0, s>>>(n, value, x);
+  return cudaGetLastError();
+}
+
+cudaError_t kernels_to_16bit(cudaStream_t s, size_t n, const float *x, bool bf16, void *y) {
+  if (n == 0) return cudaSuccess;
+  if (bf16)
+    to_bf16_kernel<<<grid_for(n), kThreads, 0, s>>>(n, x, (__nv_bfloat16 *)y);
+  else
+    to_fp16_kernel<<<grid_for(n), kThreads, 0, s>>>(n, x, (__half *)y);
   return cudaGetLastError();
 }
 

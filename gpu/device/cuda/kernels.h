@@ -20,6 +20,8 @@ extern "C" {
 #endif
 
 cudaError_t kernels_fill(cudaStream_t s, size_t n, float value, float *x);
+/* y = x rounded to bfloat16 (bf16) or IEEE half, n elements of 2 bytes: a 16-bit GEMM's input. */
+cudaError_t kernels_to_16bit(cudaStream_t s, size_t n, const float *x, bool bf16, void *y);
 cudaError_t kernels_axpy(cudaStream_t s, size_t n, float a, const float *x, float *y);
 cudaError_t kernels_scale(cudaStream_t s, size_t n, float a, float *x);
 /* *out (device) = sum of x[i]^2 in double (out is overwritten). */
