@@ -4,8 +4,8 @@
  *     CNN, R = 1, 2, 3, every host allreduce algorithm, small buckets, and one run on a local
  *     cluster; a shuffled run shows the comparison can fail (every run here overlaps the
  *     allreduces with backward, the default);
- *   - accumulation: R ranks x K micro-batches reach 1 rank's weights, with as many allreduces
- *     a step as without (K of 2 to 4 on 1 to 3 ranks);
+ *   - accumulation: R ranks x K micro-batches (K of 2 to 4 on 1 to 3 ranks, and local SGD
+ *     with tau 1) reach 1 rank's weights, with as many allreduces a step as without;
  *   - overlap: with a bucket per layer, 2 and 3 ranks whose allreduces run on the
  *     communication thread end with the same bytes as runs that allreduce inside backward;
  *   - a killed rank: kill -9 of the executor running rank 0 during epoch 2 makes the stage
@@ -432,6 +432,19 @@ static void test_accumulation_equivalence(void **state) {
     assert_true(dv <= EQ_TOL);
     ckpt_free(&c);
   }
+  /* Local SGD with tau 1 is synchronous SGD: with micro-batches too, each rank's local step
+   * takes the gradients of its whole share. */
+  o = eq_options(NN_MLP, 2, "local[3]");
+  o.lr = EQ_LR;
+  o.sync = GPU_TRAIN_SYNC_LOCAL;
+  o.tau = 1;
+  o.accumulate = 3;
+  ckpt local = {0};
+  run_to_ckpt(&o, "2 ranks local tau 1, 3 micro", &local);
+  double dl = ckpt_diff(&base, &local, NULL);
+  fprintf(stderr, "  local sgd tau 1 with 3 micro-batches vs 1 rank: %.3g (tolerance %g)\n", dl, EQ_TOL);
+  assert_true(dl <= EQ_TOL);
+  ckpt_free(&local);
   /* Buckets: 64 KiB of a 1 MB gradient make several a step, whatever K is. */
   uint32_t plain = 0, accumulated = 0;
   ckpt c = {0};
