@@ -76,6 +76,11 @@ static const char train_usage_text[] =
     "  --ranks R           data-parallel ranks, 1 to 1024 (default 1)\n"
     "  --device D          cpu (default) or cuda (each rank on its executor's GPU)\n"
     "  --batch B           the GLOBAL mini-batch, a multiple of R (default 256)\n"
+    "  --accumulate K      gradient accumulation: each rank runs its B / R images of a step\n"
+    "                      as K micro-batches of B / (R x K), adding their gradients, and\n"
+    "                      allreduces once after the last: the same step as batch B in the\n"
+    "                      memory of a micro-batch (batch norm then sees micro-batches); B\n"
+    "                      must be a multiple of R x K (default 1; not the transformer)\n"
     "  --lr LR             base learning rate for a batch of 256 (default 0.1); the run uses\n"
     "                      LR x B / 256 (the linear scaling rule)\n"
     "  --warmup E          gradual warmup over E epochs, E >= 0 and < N (default 0)\n"
@@ -151,6 +156,10 @@ static const char train_usage_text[] =
     "--device cuda):\n"
     "  flint train --model cnn --data fashion-mnist --ranks 8 --batch 8192 --lr 0.01 \\\n"
     "      --warmup 5 --epochs 30 --master 'local[8]' --csv large.csv --svg large.svg\n"
+    "example (a global batch of 16384 with LARS on 2 cpu ranks, each running its 8192\n"
+    "images as 32 micro-batches of 256):\n"
+    "  flint train --model cnn --data fashion-mnist --ranks 2 --batch 16384 --accumulate 32 \\\n"
+    "      --optimizer lars --lr 0.1 --warmup 2 --decay poly --epochs 10 --master 'local[2]'\n"
     "example (hybrid: 2 replicas of 2-way tensor x 2-stage pipeline parallelism):\n"
     "  flint train --model transformer --data fashion-mnist --dp 2 --tp 2 --pp 2 \\\n"
     "      --schedule 1f1b --microbatches 4 --batch 64 --epochs 1 --master 'local[8]' \\\n"
@@ -189,8 +198,9 @@ static const struct option train_longopts[] = {
     VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
-    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"), VALUED("sync"), VALUED("power"),
-    VALUED("image-size"), SWITCH("nesterov"), SWITCH("quiet"), SWITCH("no-shuffle"), SWITCH("no-overlap"),
+    VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
+    VALUED("sync"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), SWITCH("nesterov"), SWITCH("quiet"),
+    SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
     CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
@@ -307,6 +317,9 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--batch") == 0) {
       if (!cli_parse_u32(v, &o->batch) || o->batch < 1 || o->batch > (1u << 20))
         return train_usage_error("--batch '%s' is not a whole number from 1 to 1048576", v);
+    } else if (strcmp(opt, "--accumulate") == 0) {
+      if (!cli_parse_u32(v, &o->accumulate) || o->accumulate < 1 || o->accumulate > (1u << 20))
+        return train_usage_error("--accumulate '%s' is not a whole number from 1 to 1048576", v);
     } else if (strcmp(opt, "--lr") == 0) {
       if (!cli_parse_double(v, &o->lr) || o->lr <= 0) return train_usage_error("--lr '%s' is not a number > 0", v);
     } else if (strcmp(opt, "--warmup") == 0) {
@@ -433,6 +446,9 @@ int cmd_train(int argc, char **argv) {
            o.ranks, o.tp, o.pp, pp_schedule_name(o.schedule), o.microbatches, o.microbatches == 1 ? "" : "es",
            o.batch / o.ranks / o.microbatches, o.chunks, o.chunks == 1 ? "" : "s", o.recompute ? ", recompute" : "",
            o.hidden, o.heads, o.blocks, o.dropout);
+  if (o.accumulate > 1)
+    printf("accumulate   %u micro-batches of %u per rank a step, one allreduce after the last\n", o.accumulate,
+           o.batch / world / o.accumulate);
   fflush(stdout);
   gpu_train_result res;
   if (gpu_train_run(&o, &res) != FL_OK) {

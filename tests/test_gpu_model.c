@@ -1,8 +1,9 @@
 /*
  * test_gpu_model: the public model API (include/flint/train.h) on the cpu device, used as a
  * user would: building with shape inference and its errors, residual blocks, PyTorch's
- * default initialisation, gradients against finite differences, the losses, dropout, saving
- * and loading, and a small training loop written against the API alone.
+ * default initialisation, gradients against finite differences, the losses, dropout, backward
+ * adding into the gradients (micro-batches against one batch), saving and loading, and a small
+ * training loop written against the API alone.
  */
 #include <math.h>
 #include <unistd.h>
@@ -683,6 +684,180 @@ static void test_dropout(void **state) {
   fl_model_destroy(m);
 }
 
+/* ---- gradient accumulation ----------------------------------------------------------------
+ * The trainer's --accumulate runs a step's batch as micro-batches whose backward passes add
+ * into the gradients (gpu/parallel/train_dp.c). That needs every layer's backward to add into
+ * its parameters' gradients, never overwrite them. */
+
+/* Forward, the mean cross-entropy over the n samples, and backward on x, adding into the
+ * gradients (zeroed first when `zero`). */
+static void grad_pass(fl_model *m, const fl_tensor *x, const int32_t *labels, size_t n, bool zero) {
+  const fl_tensor *y;
+  double loss;
+  if (zero) assert_ok(fl_model_zero_grad(m));
+  assert_ok(fl_model_forward(m, x, true, &y));
+  assert_ok(fl_model_cross_entropy(m, labels, n, 0.0, &loss, NULL));
+  assert_ok(fl_model_backward(m));
+}
+
+/* max_i |a[i] - b[i]| / max_i |b[i]|. */
+static double grad_diff(const float *a, const float *b, size_t n) {
+  double d = 0, scale = 0;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)a[i] - b[i]);
+    if (!(e <= d)) d = e; /* NaN propagates */
+    if (fabs(b[i]) > scale) scale = fabs(b[i]);
+  }
+  return scale > 0 ? d / scale : d;
+}
+
+/* Every parameter tensor got some gradient: the check covered each layer with parameters. */
+static void assert_every_param_has_grad(fl_model *m, const float *g) {
+  size_t offset = 0;
+  for (size_t p = 0; p < fl_model_num_params(m); p++) {
+    size_t count = fl_tensor_numel(fl_model_param(m, p)), nonzero = 0;
+    for (size_t k = 0; k < count; k++) nonzero += g[offset + k] != 0.0f;
+    if (!nonzero) fprintf(stderr, "%s has no gradient\n", fl_model_param_name(m, p));
+    assert_true(nonzero > 0);
+    offset += count;
+  }
+}
+
+/* Two passes over the same batch without zeroing give twice one pass's gradients. */
+static void check_backward_adds(fl_model *m, const fl_tensor *x, const int32_t *labels, size_t n) {
+  size_t nw = fl_model_num_weights(m);
+  grad_pass(m, x, labels, n, true);
+  float *once = read_all(fl_model_gradients(m));
+  assert_every_param_has_grad(m, once);
+  grad_pass(m, x, labels, n, false);
+  float *twice = read_all(fl_model_gradients(m));
+  for (size_t i = 0; i < nw; i++) once[i] *= 2.0f;
+  double d = grad_diff(twice, once, nw);
+  if (!(d < 1e-6)) fprintf(stderr, "two passes against twice one: %g\n", d);
+  assert_true(d < 1e-6);
+  free(once), free(twice);
+}
+
+/* Every image layer kind but batch norm and dropout (whose outputs depend on how the batch is
+ * split); with both, for the check that backward adds. */
+static fl_model *image_layers_model(bool bn_and_dropout) {
+  fl_model *m = image_model(4, 6, 6);
+  assert_ok(fl_model_conv2d(m, "conv", &(fl_conv2d_options){.out_channels = 6, .kernel = 3, .padding = 1, .bias = true}));
+  if (bn_and_dropout) assert_ok(fl_model_batchnorm(m, "bn", false));
+  assert_ok(fl_model_relu(m));
+  assert_ok(fl_model_maxpool(m, 2, 2, 0)); /* 3x3 */
+  assert_ok(fl_model_conv2d(m, "grouped", &(fl_conv2d_options){.out_channels = 6, .kernel = 3, .padding = 1,
+                                                               .groups = 3, .bias = true}));
+  assert_ok(fl_model_gelu(m));
+  assert_ok(fl_model_avgpool(m, 3, 1, 1));
+  if (bn_and_dropout) assert_ok(fl_model_dropout(m, 0.25));
+  assert_ok(fl_model_flatten(m));
+  assert_ok(fl_model_linear(m, "fc1", 8, false));
+  assert_ok(fl_model_layernorm(m, "ln"));
+  assert_ok(fl_model_linear(m, "fc2", 3, true));
+  assert_ok(fl_model_finish(m, 17));
+  return m;
+}
+
+enum { SEQ_TOKENS = 5, SEQ_VOCAB = 11, SEQ_DIM = 8 };
+
+/* An encoder block over token ids: embedding, layer norm, attention, residuals, mean over tokens. */
+static fl_model *sequence_model(void) {
+  int64_t in[1] = {SEQ_TOKENS};
+  fl_model *m;
+  assert_ok(fl_model_create(dev, 1, in, &m));
+  assert_ok(fl_model_embedding(m, "tok", SEQ_VOCAB, SEQ_DIM));
+  assert_ok(fl_model_residual_begin(m, "attn_block"));
+  assert_ok(fl_model_layernorm(m, "ln1"));
+  assert_ok(fl_model_attention(m, "attn", 2));
+  assert_ok(fl_model_residual_end(m));
+  assert_ok(fl_model_mean_tokens(m));
+  assert_ok(fl_model_linear(m, "head", 3, true));
+  assert_ok(fl_model_finish(m, 23));
+  return m;
+}
+
+static void test_backward_accumulates(void **state) {
+  (void)state;
+  int64_t xs[4] = {4, 2, 6, 6};
+  float *xv = rand_values(4 * 72);
+  fl_tensor *x = tensor_of(4, xs, xv);
+  int32_t labels[6] = {0, 2, 1, 2, 1, 0};
+  fl_model *m = small_resnet(3, false); /* batch norm, residual blocks with a projection */
+  check_backward_adds(m, x, labels, 4);
+  fl_model_destroy(m);
+  fl_tensor_destroy(x);
+  free(xv);
+
+  int64_t is[4] = {4, 4, 6, 6};
+  xv = rand_values(4 * 144);
+  x = tensor_of(4, is, xv);
+  m = image_layers_model(true);
+  check_backward_adds(m, x, labels, 4);
+  fl_model_destroy(m);
+  fl_tensor_destroy(x);
+  free(xv);
+
+  int64_t ss[2] = {3, SEQ_TOKENS};
+  float ids[3 * SEQ_TOKENS] = {1, 2, 3, 4, 5, 10, 0, 0, 7, 7, 9, 8, 6, 5, 4};
+  x = tensor_of(2, ss, ids);
+  m = sequence_model();
+  check_backward_adds(m, x, labels, 3);
+  fl_model_destroy(m);
+  fl_tensor_destroy(x);
+}
+
+/* k micro-batches of n / k samples, each with its own mean loss, add up to k times the
+ * gradients of the whole batch's mean loss: the same to float rounding. One micro-batch
+ * alone is far from it, so the comparison can fail. */
+static void check_micro_batches(fl_model *m, int ndim, const int64_t *shape, const float *xv, const int32_t *labels,
+                                size_t k) {
+  size_t n = (size_t)shape[0], mb = n / k, nw = fl_model_num_weights(m), per = 1;
+  for (int d = 1; d < ndim; d++) per *= (size_t)shape[d];
+  fl_tensor *x = tensor_of(ndim, shape, xv);
+  grad_pass(m, x, labels, n, true);
+  float *whole = read_all(fl_model_gradients(m));
+  assert_every_param_has_grad(m, whole);
+  int64_t ms[4];
+  memcpy(ms, shape, (size_t)ndim * sizeof *ms);
+  ms[0] = (int64_t)mb;
+  assert_ok(fl_model_zero_grad(m));
+  for (size_t j = 0; j < k; j++) {
+    fl_tensor *part = tensor_of(ndim, ms, xv + j * mb * per);
+    grad_pass(m, part, labels + j * mb, mb, false);
+    fl_tensor_destroy(part);
+  }
+  float *summed = read_all(fl_model_gradients(m));
+  for (size_t i = 0; i < nw; i++) summed[i] /= (float)k;
+  double d = grad_diff(summed, whole, nw);
+  fprintf(stderr, "  %zu micro-batches of %zu against one batch of %zu: %.3g\n", k, mb, n, d);
+  assert_true(d < 1e-5);
+  fl_tensor *last = tensor_of(ndim, ms, xv + (k - 1) * mb * per);
+  grad_pass(m, last, labels + (k - 1) * mb, mb, true);
+  float *one = read_all(fl_model_gradients(m));
+  assert_true(grad_diff(one, whole, nw) > 1e-3);
+  fl_tensor_destroy(last);
+  fl_tensor_destroy(x);
+  free(whole), free(summed), free(one);
+}
+
+static void test_micro_batches_match_one_batch(void **state) {
+  (void)state;
+  int32_t labels[6] = {0, 2, 1, 2, 1, 0};
+  int64_t is[4] = {6, 4, 6, 6};
+  float *xv = rand_values(6 * 144);
+  fl_model *m = image_layers_model(false);
+  check_micro_batches(m, 4, is, xv, labels, 3);
+  check_micro_batches(m, 4, is, xv, labels, 2);
+  fl_model_destroy(m);
+  free(xv);
+  int64_t ss[2] = {6, SEQ_TOKENS};
+  float ids[6 * SEQ_TOKENS] = {1, 2, 3, 4, 5, 10, 0, 0, 7, 7, 9, 8, 6, 5, 4, 3, 3, 1, 0, 2, 8, 8, 6, 4, 2, 10, 9, 1, 0, 5};
+  m = sequence_model();
+  check_micro_batches(m, 2, ss, ids, labels, 3);
+  fl_model_destroy(m);
+}
+
 static void test_save_and_load(void **state) {
   (void)state;
   char path[] = "/tmp/flint-model-XXXXXX";
@@ -857,6 +1032,8 @@ int main(void) {
       cmocka_unit_test(test_losses),
       cmocka_unit_test(test_grad_scaler),
       cmocka_unit_test(test_dropout),
+      cmocka_unit_test(test_backward_accumulates),
+      cmocka_unit_test(test_micro_batches_match_one_batch),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_checkpoint_resume),
       cmocka_unit_test(test_training_loop),

@@ -4,6 +4,8 @@
  *     CNN, R = 1, 2, 3, every host allreduce algorithm, small buckets, and one run on a local
  *     cluster; a shuffled run shows the comparison can fail (every run here overlaps the
  *     allreduces with backward, the default);
+ *   - accumulation: R ranks x K micro-batches (K of 2 to 4 on 1 to 3 ranks, and local SGD
+ *     with tau 1) reach 1 rank's weights, with as many allreduces a step as without;
  *   - overlap: with a bucket per layer, 2 and 3 ranks whose allreduces run on the
  *     communication thread end with the same bytes as runs that allreduce inside backward;
  *   - a killed rank: kill -9 of the executor running rank 0 during epoch 2 makes the stage
@@ -11,7 +13,8 @@
  *     resumed_epoch 1, one curve row per epoch); with no spare executor the run fails with
  *     FL_ESLOTS;
  *   - divergence: at an absurd rate the run stops at the first non-finite loss with FL_EINVAL
- *     naming the step and the rate, on 1, 2 and 3 ranks, without retrying the stage.
+ *     naming the step and the rate, on 1, 2 and 3 ranks (and 2 with accumulation), without
+ *     retrying the stage.
  * Built a second time as test_gpu_train_cuda (TEST_GPU_TRAIN_CUDA), where the ranks train on
  * the cuda device, every rank on GPU 0 with the host backend staging through pinned memory:
  *   - R ranks on cuda reach 1 rank on cuda's weights (every host algorithm, small buckets);
@@ -392,6 +395,72 @@ static void test_equivalence_detects_other_batches(void **state) {
   ckpt_free(&untrained);
 }
 
+/* ---- gradient accumulation ---------------------------------------------------------------- */
+
+/* --accumulate K runs each rank's batch as K micro-batches adding into the gradients, and
+ * allreduces once: R ranks x K micro-batches reach 1 rank's weights with the whole batch
+ * (the MLP has no batch norm), and the last step issued as many allreduces as without
+ * accumulation (none went out on the earlier micro-batches). */
+static void test_accumulation_equivalence(void **state) {
+  (void)state;
+  NEED_DATA();
+  gpu_train_options o = eq_options(NN_MLP, 1, "local[3]");
+  o.lr = EQ_LR;
+  ckpt base = {0};
+  run_to_ckpt(&o, "1 rank", &base);
+  static const struct {
+    const char *name;
+    uint32_t ranks, accumulate;
+    size_t bucket_bytes;
+  } cases[] = {
+      {"1 rank, 3 micro-batches", 1, 3, 0},
+      {"2 ranks, 2 micro-batches", 2, 2, 64 << 10},
+      {"3 ranks, 4 micro-batches", 3, 4, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    o = eq_options(NN_MLP, cases[i].ranks, "local[3]");
+    o.lr = EQ_LR;
+    o.accumulate = cases[i].accumulate;
+    o.bucket_bytes = cases[i].bucket_bytes;
+    ckpt c = {0};
+    run_to_ckpt(&o, cases[i].name, &c);
+    assert_int_equal(c.step, EQ_STEPS);
+    double dv, d = ckpt_diff(&base, &c, &dv);
+    fprintf(stderr, "  %-28s max |w - w_1| / max(1, |w_1|) = %.3g (velocity %.3g), tolerance %g\n", cases[i].name, d,
+            dv, EQ_TOL);
+    assert_true(d <= EQ_TOL);
+    assert_true(dv <= EQ_TOL);
+    ckpt_free(&c);
+  }
+  /* Local SGD with tau 1 is synchronous SGD: with micro-batches too, each rank's local step
+   * takes the gradients of its whole share. */
+  o = eq_options(NN_MLP, 2, "local[3]");
+  o.lr = EQ_LR;
+  o.sync = GPU_TRAIN_SYNC_LOCAL;
+  o.tau = 1;
+  o.accumulate = 3;
+  ckpt local = {0};
+  run_to_ckpt(&o, "2 ranks local tau 1, 3 micro", &local);
+  double dl = ckpt_diff(&base, &local, NULL);
+  fprintf(stderr, "  local sgd tau 1 with 3 micro-batches vs 1 rank: %.3g (tolerance %g)\n", dl, EQ_TOL);
+  assert_true(dl <= EQ_TOL);
+  ckpt_free(&local);
+  /* Buckets: 64 KiB of a 1 MB gradient make several a step, whatever K is. */
+  uint32_t plain = 0, accumulated = 0;
+  ckpt c = {0};
+  o = eq_options(NN_MLP, 2, "local[2]");
+  o.lr = EQ_LR;
+  o.bucket_bytes = 64 << 10;
+  run_to_ckpt_buckets(&o, "2 ranks, 64 KiB buckets", &c, &plain);
+  ckpt_free(&c);
+  o.accumulate = 4;
+  run_to_ckpt_buckets(&o, "the same, 4 micro-batches", &c, &accumulated);
+  ckpt_free(&c);
+  assert_true(plain > 1);
+  assert_int_equal(accumulated, plain);
+  ckpt_free(&base);
+}
+
 /* ---- overlap ------------------------------------------------------------------------------ */
 
 /* Overlap changes when each bucket is reduced, not what: the same buckets (one per layer with
@@ -673,16 +742,17 @@ static void test_killed_rank_too_few_executors(void **state) {
  * a NaN loss. With several ranks every rank must stop at the same step (one left waiting in
  * an allreduce would hang the run), and the failure is no reason to retry the stage. 80 steps
  * an epoch (batch 12 of 960 images), so that the ranks check between progress reports too. */
-static void check_diverges(uint32_t ranks, const char *master) {
+static void check_diverges(uint32_t ranks, const char *master, uint32_t accumulate) {
   gpu_train_options o = eq_options(NN_MLP, ranks, master);
   o.batch = 12;
+  o.accumulate = accumulate;
   o.lr = 1e6;
   o.epochs = 2;
   gpu_train_result res;
   fl_status s = gpu_train_run(&o, &res);
   const char *e = fl_last_error();
-  fprintf(stderr, "  %u rank%s at lr 1e6: %s: %s\n", ranks, ranks == 1 ? "" : "s", fl_status_name(s),
-          s == FL_OK ? "" : e);
+  fprintf(stderr, "  %u rank%s, %u micro-batch%s, at lr 1e6: %s: %s\n", ranks, ranks == 1 ? "" : "s", accumulate,
+          accumulate == 1 ? "" : "es", fl_status_name(s), s == FL_OK ? "" : e);
   if (s == FL_OK) fprintf(stderr, "  (finished: train loss %g, accuracy %g)\n", res.train_loss, res.train_acc);
   expect_divergence(s, e, 2ull * 80);
 }
@@ -690,9 +760,10 @@ static void check_diverges(uint32_t ranks, const char *master) {
 static void test_divergence_stops_the_run(void **state) {
   (void)state;
   NEED_DATA();
-  check_diverges(1, "local[1]");
-  check_diverges(2, "local[2]");
-  check_diverges(3, "local[3]");
+  check_diverges(1, "local[1]", 1);
+  check_diverges(2, "local[2]", 1);
+  check_diverges(3, "local[3]", 1);
+  check_diverges(2, "local[2]", 3); /* with accumulation too */
 }
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -716,6 +787,25 @@ static void test_options(void **state) {
   o.max_train_images = 1000;
   assert_int_equal(gpu_train_options_validate(&o), FL_EINVAL);
   assert_non_null(strstr(fl_last_error(), "fashion-mnist"));
+  /* --accumulate: the batch splits into ranks x K equal micro-batches, or it is refused. */
+  o = (gpu_train_options)GPU_TRAIN_OPTIONS_INIT;
+  assert_int_equal(o.accumulate, 1);
+  o.ranks = 2;
+  o.accumulate = 128; /* micro-batches of 1 */
+  assert_ok(gpu_train_options_validate(&o));
+  o.accumulate = 0; /* none */
+  assert_ok(gpu_train_options_validate(&o));
+  o.accumulate = 3;
+  assert_int_equal(gpu_train_options_validate(&o), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "--batch 256 is not a multiple of --ranks 2 x --accumulate 3 = 6"));
+  o.accumulate = 256; /* more micro-batches than images */
+  assert_int_equal(gpu_train_options_validate(&o), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "--accumulate 256"));
+  o = (gpu_train_options)GPU_TRAIN_OPTIONS_INIT;
+  o.model = NN_TRANSFORMER;
+  o.accumulate = 2;
+  assert_int_equal(gpu_train_options_validate(&o), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "--accumulate is for the data-parallel models"));
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, test_bound_arm, test_bound_disarm)
@@ -755,6 +845,7 @@ int main(void) {
       T(test_local_sgd),
       T(test_adacomm),
       T(test_equivalence_local_cluster),
+      T(test_accumulation_equivalence),
       T(test_overlap_equals_synchronous),
       T(test_default_bucket_is_one_allreduce),
       T(test_killed_rank_resumes_from_checkpoint),

@@ -138,6 +138,16 @@ static void test_local_program_builder(void **state) {
   assert_int_equal(r.epochs, 3);
   assert_true(r.test_acc > 0.9);
   unlink(path);
+  o.resume_path = NULL;
+  /* Gradient accumulation: 4 micro-batches of 4 per rank train as well; a batch that does not
+   * split into ranks x accumulate equal parts is refused, naming both. */
+  o.accumulate = 4;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  assert_true(r.test_acc > 0.9);
+  o.accumulate = 3;
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "--batch 32 is not a multiple of --ranks 2 x --accumulate 3"));
+  o.accumulate = 1;
   fl_dataset_free(train);
   fl_dataset_free(test);
   fl_context_close(ctx);

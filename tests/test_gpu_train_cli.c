@@ -61,6 +61,12 @@ static void test_bad_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", BASE, "--warmup", "-1"), "--warmup '-1'");
   expect_usage_error(RUN_FLINT("train", BASE, "--epochs", "5", "--warmup", "5"), "--warmup 5 must be >= 0 and less than --epochs 5");
   expect_usage_error(RUN_FLINT("train", BASE, "--ranks", "3", "--batch", "256"), "--batch 256 is not a multiple of --ranks 3");
+  expect_usage_error(RUN_FLINT("train", BASE, "--accumulate", "0"), "--accumulate '0'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--accumulate", "two"), "--accumulate 'two'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--ranks", "2", "--accumulate", "3"),
+                     "--batch 256 is not a multiple of --ranks 2 x --accumulate 3 = 6");
+  expect_usage_error(RUN_FLINT("train", "--model", "transformer", "--data", "fashion-mnist", "--accumulate", "2"),
+                     "--accumulate is for the data-parallel models");
   expect_usage_error(RUN_FLINT("train", BASE, "--decay", "linear"), "unknown decay 'linear'");
   expect_usage_error(RUN_FLINT("train", BASE, "--milestones", "5"), "--milestones is for --decay step");
   expect_usage_error(RUN_FLINT("train", BASE, "--decay", "step", "--milestones", "5,x"), "'x' is not a number");
@@ -227,8 +233,8 @@ static void test_divergence_exits_1(void **state) {
   for (int i = 0; i < 5; i++) check_divergence_exits_1(optimizers[i], i == 0 ? "1e6" : "1e30");
 }
 
-/* A short run with each new optimizer, clipping and poly decay trains to the end (exit 0) and
- * says which optimizer it used. */
+/* A short run with each new optimizer, clipping and poly decay (lars with --accumulate) trains
+ * to the end (exit 0) and says which optimizer it used. */
 static void test_optimizers_run(void **state) {
   (void)state;
   struct stat st;
@@ -245,7 +251,9 @@ static void test_optimizers_run(void **state) {
     run_result *r = RUN_FLINT("train", BASE, "--batch", "64", "--lr", "0.01", "--epochs", "2", "--train-images",
                               "256", "--test-images", "64", "--master", "local[2]", "--ranks", "2", "--quiet",
                               "--csv", csv, "--svg", svg, "--optimizer", optimizers[i], "--clip-grad-norm", "1",
-                              "--decay", "poly", "--power", "1", i % 2 ? "--decay-all" : "--no-decay-norm-bias");
+                              "--decay", "poly", "--power", "1", i % 2 ? "--decay-all" : "--no-decay-norm-bias",
+                              /* lars with gradient accumulation: 2 micro-batches of 16 per rank */
+                              i == 2 ? "--accumulate" : "--seed", i == 2 ? "2" : "1");
     if (r->status != 0) run_dump(r);
     assert_int_equal(r->status, 0);
     char want[64];
@@ -253,6 +261,7 @@ static void test_optimizers_run(void **state) {
     assert_non_null(strstr(r->out, want));
     assert_non_null(strstr(r->out, "poly decay"));
     assert_non_null(strstr(r->out, "test         loss"));
+    if (i == 2) assert_non_null(strstr(r->out, "accumulate   2 micro-batches of 16 per rank a step"));
     free(r);
   }
   unlink(csv);
@@ -522,6 +531,8 @@ static void test_help(void **state) {
   assert_non_null(strstr(r->out, "--optimizer O       sgd (default), adam, adamw"));
   assert_non_null(strstr(r->out, "--clip-grad-norm X"));
   assert_non_null(strstr(r->out, "--decay-all"));
+  assert_non_null(strstr(r->out, "--accumulate K      gradient accumulation"));
+  assert_non_null(strstr(r->out, "--batch 16384 --accumulate 32"));
   assert_non_null(strstr(r->out, "linear scaling"));
   /* The large-batch example uses a rate that converges at batch 8192 (docs/gpu.md: the cnn
    * diverges there from 0.05), and the 8-rank examples ask for 8 task slots whatever the

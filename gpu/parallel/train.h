@@ -28,7 +28,10 @@
  *
  * Batch semantics: `batch` is the GLOBAL mini-batch (all ranks together), as in Goyal et al.;
  * each rank takes b = batch / ranks images a step, so batch must be a multiple of ranks. The
- * rate follows the linear scaling rule: peak = lr * batch / 256.
+ * rate follows the linear scaling rule: peak = lr * batch / 256. With gradient accumulation
+ * (accumulate = K > 1) a rank's b images go through forward and backward as K micro-batches
+ * of b / K, each loss scaled by 1 / b so that the gradients add up to the mean over b, and
+ * the allreduce runs once, after the last: the step and the rate are the same.
  *
  * Which images a rank takes. Training images are assigned to ranks interleaved, as PyTorch's
  * DistributedSampler does: of R ranks, rank r holds images r, r + R, r + 2R, ... (of the
@@ -183,13 +186,21 @@ typedef struct gpu_train_options {
    * images with no_augment, are resized and centre-cropped once (the evaluation transform). */
   uint32_t image_size;
   bool no_augment;
+  /* Gradient accumulation (the data-parallel models): each rank splits its batch / ranks
+   * images of a step into `accumulate` micro-batches of batch / (ranks x accumulate), runs
+   * forward and backward on each, adding into the gradients, and allreduces once, after the
+   * last (its buckets go out during that last backward only). The step is the same as
+   * without it, up to float rounding, for models without batch norm (whose statistics are
+   * then a micro-batch's); it bounds the activations' memory by the micro-batch. batch must
+   * be a multiple of ranks x accumulate. 0 or 1: none. */
+  uint32_t accumulate;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

@@ -50,6 +50,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.decay_power = sched.power;
   s = optim_options_of(&o.optimizer, &g.optim);
   if (s != FL_OK) return s;
+  g.accumulate = o.accumulate ? o.accumulate : 1;
   g.clip_grad_norm = o.clip_grad_norm;
   g.label_smoothing = o.label_smoothing;
   g.precision = o.precision;

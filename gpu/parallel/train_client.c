@@ -324,7 +324,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .classes = train.classes, .seed = o->seed, .optim = o->optim, .clip_grad_norm = o->clip_grad_norm,
                  .label_smoothing = (float)o->label_smoothing, .precision = o->precision, .allreduce = o->allreduce,
                  .bucket_bytes = o->bucket_bytes, .emit_checkpoint = o->checkpoint_path != NULL,
-                 .shuffle = o->shuffle, .overlap = o->overlap, .sync = o->sync, .tau = o->tau, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
+                 .shuffle = o->shuffle, .overlap = o->overlap, .sync = o->sync, .tau = o->tau,
+                 .accumulate = o->accumulate ? o->accumulate : 1, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout};

@@ -16,7 +16,10 @@
  *      the checkpoint file's blob (a broadcast the client made);
  *   5. per epoch: steps of forward, loss, backward with buckets allreduced (averaged) as
  *      backward reports their gradients final, clipping when asked, one optimizer step; then evaluation on every rank's
- *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row;
+ *      test share with the sums allreduced; rank 0 puts a checkpoint and reports the row.
+ *      With accumulation (train_arg.accumulate K > 1) a step's batch goes through forward
+ *      and backward as K micro-batches adding into the gradients, and only the last
+ *      backward hands out buckets: one allreduce per step, as without it;
  *   6. a non-finite loss stops every rank at the same step (1 rank: that step; several: the
  *      next progress report, where the loss sums are allreduced) and the run fails with the
  *      first such step, its loss and its rate (REPORT_DIVERGED), without a retry.
@@ -122,6 +125,7 @@ typedef struct rank_state {
   float *images_h;    /* host (pinned on cuda), batch * image floats; on cpu x's own memory */
   int32_t *labels_h;
   uint32_t local_batch;
+  uint32_t micro_batch; /* local_batch / accumulate: what the device holds at once */
 } rank_state;
 
 /* sums[0..2] += over ranks (host in, host out). */
@@ -140,16 +144,20 @@ static int sample_ndim(const train_arg *a) {
   return a->model == NN_LIBRARY && a->sample_ndim >= 1 && a->sample_ndim <= 3 ? (int)a->sample_ndim : 3;
 }
 
-/* Copies a host batch of n images to the device and reshapes x to [n, sample shape]. */
-static fl_status rank_upload(rank_state *r, uint32_t n) {
+/* Copies images [first, first + n) of the host batch to the device and reshapes x to
+ * [n, sample shape]; n is at most the micro-batch. */
+static fl_status rank_upload(rank_state *r, uint32_t first, uint32_t n) {
   const train_arg *a = r->a;
   int ndim = sample_ndim(a);
   int64_t shape[4] = {n, a->channels, a->height, a->width};
   shape[3 - ndim] = n;
+  size_t per = (size_t)a->channels * a->height * a->width;
   fl_status s = tensor_ensure(r->x, r->dev, ndim + 1, shape + 3 - ndim);
-  /* On cpu the reader gathered the batch into x itself: nothing to copy. */
-  if (s == FL_OK && r->images_h != r->x->data) s = fl_tensor_write(r->x, r->images_h, fl_tensor_numel(r->x));
-  if (s == FL_OK) s = r->dev->ops->from_host(r->dev, r->labels_d, r->labels_h, (size_t)n * sizeof(int32_t));
+  /* On cpu the reader may have gathered the batch into x itself: nothing to copy. */
+  const float *from = r->images_h + (size_t)first * per;
+  if (s == FL_OK && from != r->x->data) s = fl_tensor_write(r->x, from, fl_tensor_numel(r->x));
+  if (s == FL_OK)
+    s = r->dev->ops->from_host(r->dev, r->labels_d, r->labels_h + first, (size_t)n * sizeof(int32_t));
   return s;
 }
 
@@ -167,7 +175,7 @@ static fl_status rank_evaluate(rank_state *r, uint32_t epoch, double *loss, doub
   uint32_t n;
   while ((n = data_reader_next(r->test, r->images_h, r->labels_h)) > 0) {
     const fl_tensor *logits;
-    FL_CHECK(rank_upload(r, n));
+    FL_CHECK(rank_upload(r, 0, n));
     FL_CHECK(nn_model_forward(r->model, r->x, false, &logits));
     FL_CHECK(nn_model_loss(r->model, r->labels_d, 0.0f, r->stats_d));
     images += n;
@@ -266,8 +274,10 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   const train_arg *a = r->a;
   fl_status status = FL_OK;
   r->local_batch = a->batch / r->world;
+  r->micro_batch = r->local_batch / (a->accumulate ? a->accumulate : 1);
   FL_CHECK(data_reader_create(r->local_batch, &r->train));
-  FL_CHECK(data_reader_create(r->local_batch, &r->test));
+  /* Evaluation's batches are micro-batches too: the device never holds more than one. */
+  FL_CHECK(data_reader_create(r->micro_batch, &r->test));
   bool prefetch = config_bool(CONFIG_TRAIN_PREFETCH);
   data_reader_set_prefetch(r->train, prefetch);
   data_reader_set_prefetch(r->test, prefetch);
@@ -286,13 +296,13 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   FL_CHECK(train_model_build(a, r->dev, &r->model));
   FL_CHECK(optim_create_for_model(r->dev, &a->optim, r->model, &r->opt));
   int ndim = sample_ndim(a);
-  int64_t xshape[4] = {r->local_batch, a->channels, a->height, a->width}, three[1] = {3};
-  xshape[3 - ndim] = r->local_batch;
+  int64_t xshape[4] = {r->micro_batch, a->channels, a->height, a->width}, three[1] = {3};
+  xshape[3 - ndim] = r->micro_batch;
   FL_CHECK(fl_tensor_create(r->dev, ndim + 1, xshape + 3 - ndim, &r->x));
   FL_CHECK(fl_tensor_create(r->dev, 1, three, &r->sums));
   size_t per = data_reader_image_floats(r->train) ? data_reader_image_floats(r->train)
                                                   : (size_t)a->channels * a->height * a->width;
-  FL_CHECK(r->dev->ops->alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_d));
+  FL_CHECK(r->dev->ops->alloc(r->dev, r->micro_batch * sizeof(int32_t), (void **)&r->labels_d));
   FL_CHECK(r->dev->ops->alloc(r->dev, 2 * sizeof(float), (void **)&r->stats_d));
   /* On cpu "device" memory is host memory: the reader gathers each batch straight into x
    * (which never grows past the local batch), rather than into a buffer copied into it. */
@@ -313,6 +323,7 @@ cleanup:
 FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg) {
   train_arg a;
   memcpy(&a, arg, sizeof a);
+  if (a.accumulate == 0) a.accumulate = 1;
   rank_state r = {.b = b, .a = &a, .rank = fl_barrier_rank(b), .world = fl_barrier_world(b),
                   .attempt = fl_barrier_attempt(b)};
   fl_status status = FL_OK;
@@ -385,17 +396,25 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                               (unsigned long long)i, epoch + 1, n, r.local_batch);
         goto cleanup;
       }
-      const fl_tensor *logits;
-      FL_CHECK(rank_upload(&r, n));
-      upload_s += common_now_s() - w1; /* on cuda, a copy the stream may still be doing */
       FL_CHECK(nn_model_zero_grad(r.model));
-      FL_CHECK(nn_model_forward(r.model, r.x, true, &logits));
-      /* The mean over the rank's batch; the allreduce's average over ranks makes it the mean
-       * over the global batch. */
-      FL_CHECK(nn_model_loss_smoothed(r.model, r.labels_d, a.label_smoothing, 1.0f / (float)n, r.stats_d));
       bk.lo = bk.hi = total;
       bk.buckets = 0;
-      FL_CHECK(nn_model_backward(r.model, bucket_ready, &bk));
+      for (uint32_t j = 0; j < a.accumulate; j++) {
+        const fl_tensor *logits;
+        bool last_micro = j + 1 == a.accumulate;
+        /* Dropout's masks are keyed by this: a fresh one for every step, rank and micro-batch. */
+        fl_model_set_step(r.model, (cs.step * r.world + r.rank) * a.accumulate + j);
+        double u0 = common_now_s();
+        FL_CHECK(rank_upload(&r, j * r.micro_batch, r.micro_batch));
+        upload_s += common_now_s() - u0; /* on cuda, a copy the stream may still be doing */
+        FL_CHECK(nn_model_forward(r.model, r.x, true, &logits));
+        /* Each micro-batch's loss is scaled by 1 / n, n the rank's whole batch, so that the
+         * gradients add up to those of the mean over it; the allreduce's average over ranks
+         * makes that the mean over the global batch. */
+        FL_CHECK(nn_model_loss_smoothed(r.model, r.labels_d, a.label_smoothing, 1.0f / (float)n, r.stats_d));
+        /* Only the last backward makes gradients final: buckets go out during it alone. */
+        FL_CHECK(nn_model_backward(r.model, last_micro ? bucket_ready : NULL, &bk));
+      }
       /* Whatever backward did not report ready is final now: [0, hi) goes out last. */
       bk.lo = 0;
       FL_CHECK(bucket_flush(&bk));

@@ -244,6 +244,14 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
     return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --ranks %u (each rank takes batch / ranks "
                         "images a step)", o->batch, o->ranks);
   if (o->batch > (1u << 20)) return fl_set_error(FL_EINVAL, "--batch %u is over 1048576", o->batch);
+  uint32_t k = o->accumulate ? o->accumulate : 1;
+  if (k > 1 && o->model == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--accumulate is for the data-parallel models (the transformer splits a "
+                        "replica's batch with --microbatches)");
+  if (o->batch % ((uint64_t)o->ranks * k))
+    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --ranks %u x --accumulate %u = %llu (each rank "
+                        "splits its batch / ranks images into --accumulate micro-batches of equal size)", o->batch,
+                        o->ranks, k, (unsigned long long)o->ranks * k);
   if (!(o->lr > 0) || !isfinite(o->lr)) return fl_set_error(FL_EINVAL, "--lr %g must be a number > 0", o->lr);
   if (o->epochs < 1 || o->epochs > 100000) return fl_set_error(FL_EINVAL, "--epochs %u must be 1 to 100000", o->epochs);
   if (!(o->warmup_epochs >= 0) || !(o->warmup_epochs < o->epochs))

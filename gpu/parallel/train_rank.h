@@ -64,6 +64,7 @@ typedef struct train_arg {
   bool overlap; /* buckets allreduced on the communication thread during backward */
   gpu_train_sync sync; /* bsp: gradients every step; local, adacomm: weights every tau steps */
   uint32_t tau;
+  uint32_t accumulate; /* micro-batches per step, >= 1, dividing batch / ranks */
   /* the transformer (gpu/parallel/train_hybrid.c) */
   uint32_t dp, tp, pp, microbatches, chunks;
   pp_schedule pipeline;

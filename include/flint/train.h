@@ -287,11 +287,15 @@ typedef struct fl_train_options {
   const char *resume_path;  /* start from this checkpoint (checkpoint_path's, or
                              * fl_checkpoint_save's with the same optimizer) at its epoch */
   FILE *progress;           /* a line per epoch (NULL: quiet) */
+  uint32_t accumulate;      /* gradient accumulation: each rank's batch / ranks images of a step
+                             * go through forward and backward as this many micro-batches, with
+                             * one allreduce after the last (the same step, in less memory);
+                             * batch must be a multiple of ranks x accumulate (0: 1, none) */
 } fl_train_options;
 /* SGD with momentum 0.9 and weight decay 5e-4 at 0.1 x batch / 256, cosine decay. */
 #define FL_TRAIN_OPTIONS_INIT                                                                         \
   {1, FL_DEVICE_CPU, 256, 1, FL_LR_SCHEDULE_INIT, {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 5e-4, 0.001, false}, \
-   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL}
+   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL, 1}
 
 typedef struct fl_train_result {
   uint32_t epochs;
