@@ -10,7 +10,13 @@
  * thread; PyTorch: intra-op threads) and report training images/s; accuracy rows train
  * longer and report test accuracy. Without PyTorch the peer columns read "-".
  *
- *   bench_model [--json] [--full]     (--full: the accuracy rows at 5 epochs of all 60000)
+ *   bench_model [--json] [--full] [--device cpu|cuda] [--precision P]
+ *     (--full: the accuracy rows at 5 epochs of all 60000)
+ *
+ * --device cuda (a lent GPU): the same rows on GPU 0, one rank (the 2-rank rows are left
+ * out: one GPU), beside PyTorch eager on the same GPU; --precision bf16 (or tf32, fp16) runs
+ * flint's products in it (flint/gpu.h) while PyTorch stays fp32, so that running the bench at
+ * fp32 and at bf16 gives the speed-up and the accuracy of bf16 against fp32.
  *
  * --large-batch: the issue's large-batch rows instead, flint alone: the CNN above on
  * Fashion-MNIST, 2 ranks in local[2], test accuracy after the same epochs at global batch 256
@@ -52,6 +58,10 @@
 #include "gpu/parallel/train.h"
 
 #define DATA_DIR "/usr/share/datasets/fashion-mnist"
+
+/* --device and --precision: every row's. */
+static fl_device_kind bench_device = FL_DEVICE_CPU;
+static fl_precision bench_precision = FL_PRECISION_FP32;
 
 static fl_status mlp(fl_model *m, uint32_t classes) {
   fl_status s = fl_model_flatten(m);
@@ -111,6 +121,8 @@ static result run_flint(const row *r) {
   o.seed = 1;
   o.csv_path = o.svg_path = NULL;
   o.progress = NULL;
+  o.device = bench_device;
+  o.precision = bench_precision;
   gpu_train_result res;
   result out = {0};
   double t0 = now_s();
@@ -266,9 +278,9 @@ static result run_torch(const char *python, const row *r) {
   result out = {0};
   if (!python) return out;
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s %s/bench/peers/torch_fashion.py %s %u %u %llu %llu 256 0.05 1 %s", python,
+  snprintf(cmd, sizeof cmd, "%s %s/bench/peers/torch_fashion.py %s %u %u %llu %llu 256 0.05 1 %s %s", python,
            FLINT_SOURCE_DIR, r->model, r->threads, r->epochs, (unsigned long long)r->train_images,
-           (unsigned long long)r->test_images, DATA_DIR);
+           (unsigned long long)r->test_images, DATA_DIR, bench_device == FL_DEVICE_CUDA ? "cuda" : "cpu");
   char line[1024];
   if (!bench_peer_line(cmd, "images_per_s", line, sizeof line)) return out;
   out.images_per_s = bench_json_number(line, "images_per_s");
@@ -279,7 +291,7 @@ static result run_torch(const char *python, const row *r) {
 }
 
 static const char usage_text[] =
-    "usage: " BENCH_NAME " [--json] [--full]\n"
+    "usage: " BENCH_NAME " [--json] [--full] [--device cpu|cuda] [--precision fp32|tf32|bf16|fp16]\n"
     "       " BENCH_NAME " --large-batch [--json] [--epochs N] [--train-images N] [--rows NAME,..]\n"
     "  --large-batch     the cnn at global batch 256, 8192 (SGD, warmup), 16384 and 32768 (LARS) on\n"
     "                    2 ranks, gradient accumulation in micro-batches of 128 per rank, and 8192 at\n"
@@ -301,10 +313,28 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--train-images") == 0 && i + 1 < argc && parse_count(argv[i + 1], 60000, &train_images))
       i++, sized = true;
     else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) only = argv[++i], sized = true;
+    else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc && (strcmp(argv[i + 1], "cpu") == 0 ||
+                                                                  strcmp(argv[i + 1], "cuda") == 0))
+      bench_device = strcmp(argv[++i], "cuda") == 0 ? FL_DEVICE_CUDA : FL_DEVICE_CPU;
+    else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc && fl_precision_parse(argv[i + 1], &bench_precision) == FL_OK)
+      i++;
     else {
       fputs(usage_text, stderr);
       return strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0 ? 0 : 2;
     }
+  }
+  if (bench_precision != FL_PRECISION_FP32 && bench_device != FL_DEVICE_CUDA) {
+    fprintf(stderr, BENCH_NAME ": --precision %s needs --device cuda (the cpu multiplies in fp32)\n",
+            fl_precision_name(bench_precision));
+    return 2;
+  }
+  if (bench_device == FL_DEVICE_CUDA && fl_cuda_device_count() == 0) {
+    fprintf(stderr, BENCH_NAME ": --device cuda: no usable GPU here\n");
+    return 1;
+  }
+  if (large && bench_device != FL_DEVICE_CPU) {
+    fprintf(stderr, BENCH_NAME ": --large-batch runs on the cpu (scripts/gpu-check has the GPU's large-batch runs)\n");
+    return 2;
   }
   if (sized && !large) {
     fprintf(stderr, BENCH_NAME ": --epochs, --train-images and --rows are for --large-batch\n%s", usage_text);
@@ -332,16 +362,23 @@ int main(int argc, char **argv) {
   }
   int rc = 0;
   for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-    const row *r = &rows[i];
+    row one = rows[i];
+    const row *r = &one;
+    if (bench_device == FL_DEVICE_CUDA) { /* one GPU: one rank */
+      if (one.threads > 1 && strcmp(one.what, "throughput") == 0) continue;
+      one.threads = 1;
+    }
     result f = run_flint(r), t = run_torch(python, r);
     if (!f.ok) rc = 1;
     double ratio = f.ok && t.ok && t.images_per_s > 0 ? f.images_per_s / t.images_per_s : 0;
     if (json) {
-      printf("{\"bench\": \"" BENCH_NAME "\", \"row\": \"%s\", \"threads\": %u, \"epochs\": %u, \"train_images\": %llu, "
+      printf("{\"bench\": \"" BENCH_NAME "\", \"row\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", "
+             "\"threads\": %u, \"epochs\": %u, \"train_images\": %llu, "
              "\"flint_images_per_s\": %.1f, \"flint_test_acc\": %.4f, \"torch_images_per_s\": %.1f, "
              "\"torch_test_acc\": %.4f, \"ratio\": %.3f}\n",
-             r->name, r->threads, r->epochs, (unsigned long long)r->train_images, f.images_per_s, f.test_acc,
-             t.images_per_s, t.test_acc, ratio);
+             r->name, bench_device == FL_DEVICE_CUDA ? "cuda" : "cpu", fl_precision_name(bench_precision), r->threads,
+             r->epochs, (unsigned long long)r->train_images, f.images_per_s, f.test_acc, t.images_per_s, t.test_acc,
+             ratio);
     } else {
       char tips[16] = "-", rat[16] = "-", tacc[16] = "-", diff[16] = "-";
       if (t.ok) {
