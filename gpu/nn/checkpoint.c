@@ -279,43 +279,13 @@ fl_status checkpoint_load_file(const char *path, fl_buf *out) {
 
 /* ---- fl_model_save and fl_model_load (include/flint/train.h): weights on disk ------------------------------------------------------------------- */
 
-fl_status fl_model_save(fl_model *m, const char *path) {
+/* The public calls' one body each: `who` names the call in messages. */
+static fl_status save_as(const char *who, fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step,
+                         const char *path) {
   common_error_clear();
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_model_save: NULL argument");
-  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_model_save: the model is not finished");
-  fl_buf blob = FL_BUF_INIT;
-  checkpoint_state st = {0};
-  fl_status status = checkpoint_encode(fl_model_weights(m), nn_model_buffers(m), NULL, &st, &blob);
-  if (status == FL_OK) status = checkpoint_save_file(path, fl_buf_bytes(&blob));
-  fl_buf_free(&blob);
-  return status;
-}
-
-fl_status fl_model_load(fl_model *m, const char *path) {
-  common_error_clear();
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_model_load: NULL argument");
-  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_model_load: the model is not finished");
-  fl_buf blob = FL_BUF_INIT;
-  checkpoint_state st;
-  fl_status status = checkpoint_load_file(path, &blob);
-  if (status == FL_OK) status = checkpoint_decode(fl_buf_bytes(&blob), fl_model_weights(m), nn_model_buffers(m), NULL, &st);
-  fl_buf_free(&blob);
-  if (status != FL_OK && status != FL_ENOENT && status != FL_EIO) {
-    char why[512];
-    snprintf(why, sizeof why, "%s", fl_last_error());
-    return fl_set_error(status, "fl_model_load %s: %s", path, why);
-  }
-  return status;
-}
-
-/* ---- fl_checkpoint_save and fl_checkpoint_load: weights, optimizer state and position ---- */
-
-fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step, const char *path) {
-  common_error_clear();
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_checkpoint_save: NULL argument");
-  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_checkpoint_save: the model is not finished");
-  if (opt && optim_public_model(opt) != m)
-    return fl_set_error(FL_EINVAL, "fl_checkpoint_save: the optimizer steps another model");
+  if (!m || !path) return fl_set_error(FL_EINVAL, "%s: NULL argument", who);
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "%s: the model is not finished", who);
+  if (opt && optim_public_model(opt) != m) return fl_set_error(FL_EINVAL, "%s: the optimizer steps another model", who);
   fl_buf blob = FL_BUF_INIT;
   checkpoint_state st = {.epoch = epoch, .step = step, .position = epoch};
   fl_status status = checkpoint_encode(fl_model_weights(m), nn_model_buffers(m), optim_of_public(opt), &st, &blob);
@@ -324,23 +294,40 @@ fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uin
   return status;
 }
 
-fl_status fl_checkpoint_load(fl_model *m, fl_optimizer *opt, const char *path, uint32_t *epoch, uint64_t *step) {
+static fl_status load_as(const char *who, fl_model *m, fl_optimizer *opt, const char *path, checkpoint_state *st) {
   common_error_clear();
-  if (!m || !path) return fl_set_error(FL_EINVAL, "fl_checkpoint_load: NULL argument");
-  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "fl_checkpoint_load: the model is not finished");
-  if (opt && optim_public_model(opt) != m)
-    return fl_set_error(FL_EINVAL, "fl_checkpoint_load: the optimizer steps another model");
+  if (!m || !path) return fl_set_error(FL_EINVAL, "%s: NULL argument", who);
+  if (!fl_model_weights(m)) return fl_set_error(FL_ESTATE, "%s: the model is not finished", who);
+  if (opt && optim_public_model(opt) != m) return fl_set_error(FL_EINVAL, "%s: the optimizer steps another model", who);
   fl_buf blob = FL_BUF_INIT;
-  checkpoint_state st;
   fl_status status = checkpoint_load_file(path, &blob);
   if (status == FL_OK)
-    status = checkpoint_decode(fl_buf_bytes(&blob), fl_model_weights(m), nn_model_buffers(m), optim_of_public(opt), &st);
+    status = checkpoint_decode(fl_buf_bytes(&blob), fl_model_weights(m), nn_model_buffers(m), optim_of_public(opt), st);
   fl_buf_free(&blob);
   if (status != FL_OK && status != FL_ENOENT && status != FL_EIO) {
     char why[512];
     snprintf(why, sizeof why, "%s", fl_last_error());
-    return fl_set_error(status, "fl_checkpoint_load %s: %s", path, why);
+    return fl_set_error(status, "%s %s: %s", who, path, why);
   }
+  return status;
+}
+
+fl_status fl_model_save(fl_model *m, const char *path) { return save_as("fl_model_save", m, NULL, 0, 0, path); }
+
+fl_status fl_model_load(fl_model *m, const char *path) {
+  checkpoint_state st;
+  return load_as("fl_model_load", m, NULL, path, &st);
+}
+
+/* ---- fl_checkpoint_save and fl_checkpoint_load: weights, optimizer state and position ---- */
+
+fl_status fl_checkpoint_save(fl_model *m, fl_optimizer *opt, uint32_t epoch, uint64_t step, const char *path) {
+  return save_as("fl_checkpoint_save", m, opt, epoch, step, path);
+}
+
+fl_status fl_checkpoint_load(fl_model *m, fl_optimizer *opt, const char *path, uint32_t *epoch, uint64_t *step) {
+  checkpoint_state st;
+  fl_status status = load_as("fl_checkpoint_load", m, opt, path, &st);
   if (status == FL_OK) {
     fl_model_set_step(m, st.step);
     if (epoch) *epoch = st.epoch;
