@@ -900,16 +900,16 @@ static size_t count_of(const char *hay, const char *needle) {
 static void test_curves_csv_svg_progress(void **state) {
   (void)state;
   curves c = CURVES_INIT;
-  curves_row r1 = {1, 0.9, 0.7, 0.8, 0.75, 0.1, 1234.5, 2.5, 0, 0, 0};
-  curves_row r2 = {2, 0.5, 0.85, NAN, NAN, 0.05, 2000, 2.25, 0, 0, 0};
+  curves_row r1 = {1, 0.9, 0.7, 0.8, 0.75, 0.1, 1234.5, 2.5, 1.5, 0, 0, 0};
+  curves_row r2 = {2, 0.5, 0.85, NAN, NAN, 0.05, 2000, 2.25, 3, 0, 0, 0};
   assert_ok(curves_append(&c, &r1));
   assert_ok(curves_append(&c, &r2));
   fl_buf b = FL_BUF_INIT;
   assert_ok(curves_csv(&c, &b));
   assert_ok(fl_buf_append(&b, "", 1));
   assert_string_equal((char *)b.data, CURVES_CSV_HEADER "\n"
-                                      "1,0.9,0.7,0.8,0.75,0.1,1234.5,2.5\n"
-                                      "2,0.5,0.85,,,0.05,2000,2.25\n");
+                                      "1,0.9,0.7,0.8,0.75,0.1,1234.5,2.5,2.5,1.5\n"
+                                      "2,0.5,0.85,,,0.05,2000,2.25,4.75,3\n");
   assert_ok(curves_svg(&c, "mlp <fashion-mnist> & more", &b));
   assert_ok(fl_buf_append(&b, "", 1));
   const char *svg = (const char *)b.data;

@@ -294,9 +294,25 @@ static void test_local_sgd(void **state) {
   assert_int_equal(bsp_bytes, (uint64_t)EQ_STEPS * base.values * sizeof(float));
   o.tau = 4;
   o.checkpoint_path = NULL;
+  char csv[256];
+  snprintf(csv, sizeof csv, "%s/local.csv", tmp_dir);
+  o.csv_path = csv;
   assert_ok(gpu_train_run(&o, &res));
+  o.csv_path = NULL;
   assert_int_equal(res.tau, 4);
   assert_int_equal(res.reduced_bytes, bsp_bytes / 4);
+  /* The curves carry the bytes: loss against MiB sent is the plot that compares the modes. */
+  FILE *f = fopen(csv, "r");
+  assert_non_null(f);
+  char line[512], last[512] = "";
+  assert_non_null(fgets(line, sizeof line, f));
+  assert_non_null(strstr(line, ",elapsed_s,reduced_mb"));
+  while (fgets(line, sizeof line, f)) snprintf(last, sizeof last, "%s", line);
+  fclose(f);
+  unlink(csv);
+  const char *mb = strrchr(last, ',');
+  assert_non_null(mb);
+  assert_true(fabs(strtod(mb + 1, NULL) - (double)res.reduced_bytes / (1 << 20)) < 1e-3);
   run_to_ckpt(&o, "2 ranks local sgd tau 4", &local4);
   d = ckpt_diff(&base, &local4, NULL);
   fprintf(stderr, "  local sgd tau 4 vs bsp: %.3g (moved, and trained: loss %.4f)\n", d, res.train_loss);

@@ -56,11 +56,15 @@ static fl_status csv_num(fl_buf *out, double v, bool last) {
 fl_status curves_csv(const curves *c, fl_buf *out) {
   out->len = 0;
   fl_status s = appendf(out, "%s\n", CURVES_CSV_HEADER);
+  double elapsed = 0;
   for (size_t i = 0; s == FL_OK && i < c->count; i++) {
     const curves_row *r = &c->rows[i];
+    elapsed += r->seconds;
     s = appendf(out, "%u,", r->epoch);
-    double v[] = {r->train_loss, r->train_acc, r->test_loss, r->test_acc, r->lr, r->images_per_s, r->seconds};
-    for (int k = 0; s == FL_OK && k < 7; k++) s = csv_num(out, v[k], k == 6);
+    double v[] = {r->train_loss, r->train_acc,    r->test_loss, r->test_acc, r->lr,
+                  r->images_per_s, r->seconds, elapsed,       r->reduced_mb};
+    enum { FIELDS = sizeof v / sizeof v[0] };
+    for (int k = 0; s == FL_OK && k < FIELDS; k++) s = csv_num(out, v[k], k == FIELDS - 1);
   }
   return s;
 }

@@ -22,6 +22,7 @@ typedef struct curves_row {
   double lr;           /* the rate at the end of the epoch */
   double images_per_s; /* training images per second over all ranks */
   double seconds;      /* wall time of the epoch (training and evaluation) */
+  double reduced_mb;   /* MiB of gradients or weights a rank has allreduced so far (0: one rank) */
   /* Not in the CSV: rank 0's seconds waiting for its training batches, copying them to the
    * device, and training (the steps, without evaluation); 0 where not measured. */
   double input_wait_s, upload_s, train_s;
@@ -38,9 +39,12 @@ fl_status curves_append(curves *c, const curves_row *row);
 /* Frees the rows and resets to empty. */
 void curves_free(curves *c);
 
-/* The CSV header line, then one line per row (%.6g numbers):
- *   epoch,train_loss,train_acc,test_loss,test_acc,lr,images_per_s,seconds */
-#define CURVES_CSV_HEADER "epoch,train_loss,train_acc,test_loss,test_acc,lr,images_per_s,seconds"
+/* The CSV header line, then one line per row (%.6g numbers): elapsed_s is the epochs'
+ * seconds so far and reduced_mb the row's, so that loss can be plotted against time and
+ * against bytes sent (local SGD against synchronous SGD):
+ *   epoch,train_loss,train_acc,test_loss,test_acc,lr,images_per_s,seconds,elapsed_s,reduced_mb */
+#define CURVES_CSV_HEADER \
+  "epoch,train_loss,train_acc,test_loss,test_acc,lr,images_per_s,seconds,elapsed_s,reduced_mb"
 /* Replace out's contents. */
 fl_status curves_csv(const curves *c, fl_buf *out);
 /* An SVG document of two panels side by side: loss (train, test) and accuracy (train, test,

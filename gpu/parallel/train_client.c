@@ -52,8 +52,8 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   while (c->curves.count && c->curves.rows[c->curves.count - 1].epoch >= rep.epoch) c->curves.count--;
   curves_row row = {.epoch = rep.epoch, .train_loss = rep.loss, .train_acc = rep.acc, .test_loss = rep.test_loss,
                     .test_acc = rep.test_acc, .lr = rep.lr, .images_per_s = rep.images_per_s,
-                    .seconds = rep.seconds, .input_wait_s = rep.input_wait_s, .upload_s = rep.upload_s,
-                    .train_s = rep.train_s};
+                    .seconds = rep.seconds, .reduced_mb = (double)rep.reduced_bytes / (1 << 20),
+                    .input_wait_s = rep.input_wait_s, .upload_s = rep.upload_s, .train_s = rep.train_s};
   if (curves_append(&c->curves, &row) != FL_OK && c->error == FL_OK) c->error = FL_ENOMEM;
   if (c->opts->on_epoch) {
     gpu_train_epoch e = {.epoch = rep.epoch, .epochs = rep.epochs, .attempt = rep.attempt,
