@@ -32,7 +32,8 @@
  * LB_EPOCHS (10) epochs of the first LB_TRAIN_IMAGES (32768) training images, a multiple of
  * 32768 so that every row takes whole steps over the same images each epoch (1280, 40, 20 and
  * 10 steps), and all 10000 test images: the batch-256 row trained at about 700 images/s on the
- * 2-core machine, so a row takes about 9 minutes and the rows about 40.
+ * 2-core machine while other work ran, which made a row about 9 minutes and the rows about 40;
+ * alone on it (2026-11-28) the rows ran at 1,100 to 1,450 images/s and took 19 minutes.
  *
  * The rates were tuned briefly (2026-11-28) on scaled-down runs of the same step counts (batch
  * 2048 or 4096 on 4096 or 8192 images, 10 epochs): SGD at the linear scaling rule's peak
@@ -297,7 +298,7 @@ static const char usage_text[] =
     "                    2 ranks, gradient accumulation in micro-batches of 128 per rank, and 8192 at\n"
     "                    the linear scaling rule's rate: test accuracy and its difference to batch\n"
     "                    256 after the same epochs (default 10 epochs of 32768 training images, all\n"
-    "                    10000 test images: about 40 minutes on 2 cores)\n"
+    "                    10000 test images: 20 to 40 minutes on 2 cores)\n"
     "  --epochs N, --train-images N, --rows batch_256,...  a smaller run (with --large-batch)\n";
 
 int main(int argc, char **argv) {
