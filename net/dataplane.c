@@ -837,6 +837,11 @@ void dp_server_stop(dp_server *s) {
   if (s->listener) evconnlistener_free(s->listener);
   if (s->relisten) event_free(s->relisten);
   if (s->wake) event_free(s->wake);
+  /* bufferevent_free only schedules a bufferevent's release (a finalizer run by the loop),
+   * and the loop ended with some scheduled (a TLS connection dropped as the server stopped
+   * leaked its SSL and buffers now and then): one more pass, with no listener or event of
+   * ours left to call, runs them. */
+  if (s->base) (void)event_base_loop(s->base, EVLOOP_NONBLOCK);
   if (s->base) event_base_free(s->base);
   common_queue_destroy(&s->jobs);
   pthread_mutex_destroy(&s->done_lock);
