@@ -16,6 +16,7 @@ struct ps_clocks {
   uint32_t workers;
   uint64_t *clock;
   bool *retired;
+  bool closed; /* ps_clocks_close: waits end with FL_ECANCELLED */
 };
 
 fl_status ps_clocks_create(uint32_t workers, ps_clocks **out) {
@@ -114,6 +115,11 @@ fl_status ps_clocks_wait(ps_clocks *c, uint64_t clock, uint32_t staleness, uint3
   uint32_t who = slowest(c, &m);
   fl_status st = FL_OK;
   while (m < need) {
+    if (c->closed) {
+      st = fl_set_error(FL_ECANCELLED, "parameter server: a read at clock %llu was cancelled: the server stops",
+                        (unsigned long long)clock);
+      break;
+    }
     int rc = timeout_ms ? pthread_cond_timedwait(&c->changed, &c->mu, &deadline) : pthread_cond_wait(&c->changed, &c->mu);
     who = slowest(c, &m);
     if (rc == ETIMEDOUT && m < need) {
@@ -126,4 +132,11 @@ fl_status ps_clocks_wait(ps_clocks *c, uint64_t clock, uint32_t staleness, uint3
   pthread_mutex_unlock(&c->mu);
   if (st == FL_OK && fresh) *fresh = m;
   return st;
+}
+
+void ps_clocks_close(ps_clocks *c) {
+  pthread_mutex_lock(&c->mu);
+  c->closed = true;
+  pthread_cond_broadcast(&c->changed);
+  pthread_mutex_unlock(&c->mu);
 }

@@ -115,5 +115,114 @@ uint64_t ps_clocks_min(ps_clocks *c);
  * timeout_ms (0: never): FL_ETIMEDOUT naming the slowest worker and its clock. */
 fl_status ps_clocks_wait(ps_clocks *c, uint64_t clock, uint32_t staleness, uint32_t timeout_ms,
                          uint64_t *fresh);
+/* Ends every wait, now and later, with FL_ECANCELLED (the host stops). Any thread. */
+void ps_clocks_close(ps_clocks *c);
+
+/* ---- the service: servers (ps/server.c) and clients (ps/client.c) ------------------------
+ * A server hosts shards of any number of tables and answers workers over TCP (the frames of
+ * ps/wire.h). A shard has a primary and, when the table asks for one, a backup on another
+ * server: the primary applies each push and clock, forwards it to the backup, and
+ * acknowledges it only once the backup has applied it too (primary-backup replication; with
+ * one backup this is also a chain of two). Every mutating request carries its worker's
+ * sequence number for that shard, and a shard applies a worker's requests once (the last
+ * number is part of the replicated state), so a client that lost the primary resends to the
+ * promoted backup without doubling an update. */
+
+/* Room for "HOST:PORT", the terminating zero included. */
+#define PS_ADDRESS_MAX 64
+/* The largest request or response a server accepts unless told otherwise (ps_server_options). */
+#define PS_MESSAGE_MAX_DEFAULT ((uint64_t)1 << 30)
+
+typedef struct ps_place {
+  char primary[PS_ADDRESS_MAX];
+  char backup[PS_ADDRESS_MAX]; /* "" when the table is not replicated */
+} ps_place;
+
+/* Where a table lives: its id (unique among the tables of the servers it uses), its spec,
+ * how many shards and workers, and each shard's place. The caller owns places[shards]. */
+typedef struct ps_map {
+  uint32_t table;
+  ps_table_spec spec;
+  uint32_t shards, workers;
+  ps_place *places;
+} ps_map;
+
+typedef struct ps_server_options {
+  const char *secret;   /* every connection opens with it (NULL or "": none) */
+  uint64_t max_message; /* 0: PS_MESSAGE_MAX_DEFAULT */
+  uint32_t timeout_ms;  /* a frame's bytes, a forward to a backup; 0: 30 s */
+} ps_server_options;
+#define PS_SERVER_OPTIONS_INIT {NULL, 0, 0}
+
+typedef struct ps_server ps_server;
+
+/* Listens on host:port (port 0: a free one) and serves on a thread per connection: a
+ * connection is one worker's (or one primary's) ordered stream of requests, and a pull
+ * under SSP may wait there for slower workers without holding anyone else up. options may
+ * be NULL. FL_ENET naming the address when it cannot listen, FL_ENOMEM. */
+fl_status ps_server_start(const char *host, int port, const ps_server_options *options, ps_server **out);
+int ps_server_port(const ps_server *s);
+/* Closes the listener and every connection, cancels waiting pulls, joins the threads and
+ * frees the server and its shards. Blocks. NULL: no-op. */
+void ps_server_stop(ps_server *s);
+
+typedef struct ps_server_stats {
+  uint64_t requests, pushes, pulls, forwards, duplicates; /* duplicates: resent pushes skipped */
+  uint64_t bytes_in, bytes_out;
+} ps_server_stats;
+ps_server_stats ps_server_stats_get(ps_server *s);
+
+/* Makes every shard of the map on its primary and backup servers (the HOST request; a shard
+ * already hosted there with the same spec is kept, so a retry is harmless). FL_ENET naming
+ * a server that cannot be reached, FL_EEXIST when the id is taken by another spec. */
+fl_status ps_table_create(const ps_map *map, const char *secret, uint32_t timeout_ms);
+
+typedef struct ps_client ps_client;
+
+/* A worker's client of one table: a connection and a sender thread per shard, so that a
+ * batch to several shards travels in parallel. worker: 0 .. map->workers - 1 (each live
+ * client of a table has its own). The map is copied. */
+fl_status ps_client_create(const ps_map *map, uint32_t worker, const char *secret, uint32_t timeout_ms,
+                           ps_client **out);
+/* Waits for every operation in flight, closes the connections and frees the client. NULL: no-op. */
+void ps_client_destroy(ps_client *c);
+
+/* The consistency of this worker's pulls: each pull carries the worker's clock (the number
+ * of ps_client_clock calls) and waits on every shard until the slowest worker is within
+ * `staleness` of it (0: BSP, PS_STALENESS_ASYNC: ASP, the default). */
+void ps_client_set_staleness(ps_client *c, uint32_t staleness);
+uint64_t ps_client_clock_now(const ps_client *c);
+
+/* The asynchronous calls of ps-lite's KVWorker: each splits its batch by shard, queues the
+ * parts and returns a ticket at once; ps_client_wait(ticket) blocks until every part is
+ * answered and returns the first failure. Buffers (keys, values, out) stay the caller's and
+ * must not change or be read until the wait returns. A call that fails returns the error
+ * and no ticket. Keys are checked before anything is sent (FL_EINVAL naming the first bad
+ * one); a batch larger than the servers accept is FL_ELIMIT. */
+fl_status ps_client_push(ps_client *c, const uint64_t *keys, size_t n, const float *grads, uint64_t *ticket);
+fl_status ps_client_pull(ps_client *c, const uint64_t *keys, size_t n, float *out, uint64_t *ticket);
+/* Dense tables: keys [lo, lo + count) with count x width floats. set overwrites (initial
+ * weights) without the update function. */
+fl_status ps_client_push_range(ps_client *c, uint64_t lo, uint64_t count, const float *grads, uint64_t *ticket);
+fl_status ps_client_pull_range(ps_client *c, uint64_t lo, uint64_t count, float *out, uint64_t *ticket);
+fl_status ps_client_set_range(ps_client *c, uint64_t lo, uint64_t count, const float *values, uint64_t *ticket);
+/* Ends this worker's iteration on every shard (after the pushes queued before it). */
+fl_status ps_client_clock(ps_client *c, uint64_t *ticket);
+/* This worker leaves: it no longer holds others' pulls back. */
+fl_status ps_client_retire(ps_client *c, uint64_t *ticket);
+/* Blocks until the ticket's operation is done; FL_EINVAL for an unknown ticket (each is
+ * waited once). For a pull, *fresh (may be NULL) is the smallest clock the shards had when
+ * they answered: the pull saw every update of iterations before it. */
+fl_status ps_client_wait(ps_client *c, uint64_t ticket, uint64_t *fresh);
+
+/* Every shard's state as one file (a header and each shard's blob, read back by
+ * ps_table_load through the same checks as a replica's); blocks. */
+fl_status ps_table_save(ps_client *c, const char *path);
+fl_status ps_table_load(ps_client *c, const char *path);
+
+typedef struct ps_client_stats {
+  uint64_t bytes_sent, bytes_received, failovers;
+} ps_client_stats;
+ps_client_stats ps_client_stats_get(ps_client *c);
 
 #endif /* FLINT_PS_PS_H */

@@ -1,0 +1,90 @@
+/*
+ * ps/wire.h: what the parameter server (ps/server.c) and its client (ps/client.c) share,
+ * private to ps/: the frames on the wire and blocking socket I/O with deadlines (ps/wire.c).
+ *
+ * Every frame is a 64-byte header and a payload (integers little-endian, the host order of
+ * every platform flint supports):
+ *    0 u32 magic PS_WIRE_MAGIC   4 u8 version   5 u8 op (ps_op, | PS_OP_REPLY in answers,
+ *    | PS_OP_FORWARDED from a primary)   6 u16 status (answers: an fl_status)
+ *    8 u32 table   12 u32 shard   16 u32 worker   20 u32 staleness (pulls)
+ *   24 u64 seq (the worker's request number on this shard; mutating requests)
+ *   32 u64 clock (pulls: the worker's clock; answers: the shard's smallest clock)
+ *   40 u64 arg (ranges: the first key; keyed requests: the number of keys)
+ *   48 u64 payload length   56 u32 CRC32C of the payload   60 u32 CRC32C of bytes 0..59
+ * Payloads: HELLO the secret; HOST the table (ps_wire_host_encode); PUSH n keys then n x width
+ * floats; PULL n keys; PUSH_RANGE / SET_RANGE count x width floats; PULL_RANGE a u64 count;
+ * LOAD a shard blob; PROMOTE nothing. Answers carry the values (pulls), the blob (SAVE), the
+ * new clock (CLOCK, in `clock`), or the error message when status != 0.
+ */
+#ifndef FLINT_PS_WIRE_H
+#define FLINT_PS_WIRE_H
+
+#include "ps/ps.h"
+
+#define PS_WIRE_MAGIC 0x53504c46u /* "FLPS" in memory */
+#define PS_WIRE_VERSION 1
+#define PS_WIRE_HEADER 64
+#define PS_WIRE_MESSAGE_MAX 1000 /* an error message's bytes at most */
+
+typedef enum ps_op {
+  PS_OP_HELLO = 1,
+  PS_OP_HOST,
+  PS_OP_PUSH,
+  PS_OP_PULL,
+  PS_OP_PUSH_RANGE,
+  PS_OP_PULL_RANGE,
+  PS_OP_SET_RANGE,
+  PS_OP_CLOCK,
+  PS_OP_RETIRE,
+  PS_OP_SAVE,
+  PS_OP_LOAD,
+  PS_OP_PROMOTE,
+} ps_op;
+#define PS_OP_LAST PS_OP_PROMOTE
+#define PS_OP_FORWARDED 0x40
+#define PS_OP_REPLY 0x80
+
+typedef struct ps_frame {
+  uint8_t op;
+  uint16_t status;
+  uint32_t table, shard, worker, staleness;
+  uint64_t seq, clock, arg, len;
+  uint32_t crc; /* of the payload */
+} ps_frame;
+
+void ps_wire_encode(uint8_t out[PS_WIRE_HEADER], const ps_frame *f);
+/* NULL, or what is wrong with the header (magic, version, checksum, op). */
+const char *ps_wire_decode(const uint8_t in[PS_WIRE_HEADER], ps_frame *f);
+const char *ps_op_name(uint8_t op);
+
+/* HOST's payload: the table's spec, shards, index, workers and the backup's address. */
+typedef struct ps_host_request {
+  ps_table_spec spec;
+  uint32_t shards, index, workers;
+  char backup[PS_ADDRESS_MAX];
+} ps_host_request;
+fl_status ps_wire_host_encode(const ps_host_request *h, fl_buf *out);
+fl_status ps_wire_host_decode(fl_bytes in, ps_host_request *h);
+
+/* ---- sockets: blocking, with deadlines (common_now_ns time; 0: none) ---- */
+/* "HOST:PORT" -> a connected TCP socket (TCP_NODELAY), within timeout_ms; FL_ENET naming the
+ * address and the cause. */
+fl_status ps_wire_connect(const char *address, uint32_t timeout_ms, int *fd);
+fl_status ps_wire_listen(const char *host, int port, int *fd, int *bound_port);
+/* Sends the header and up to two payload parts (the frame's len is their sum) as one frame.
+ * FL_ENET on a broken connection, FL_ETIMEDOUT at the deadline. */
+fl_status ps_wire_send(int fd, const ps_frame *f, const void *a, size_t alen, const void *b, size_t blen,
+                       uint64_t deadline_ns, const char *peer);
+/* Reads exactly len bytes. FL_ENET (peer closed or reset: `eof` says a clean close before the
+ * first byte), FL_ETIMEDOUT. */
+fl_status ps_wire_read(int fd, void *buf, size_t len, uint64_t deadline_ns, const char *peer, bool *eof);
+/* Reads a frame's header and its payload into *payload (replacing its contents; at most
+ * max_len bytes, else FL_EPROTO) and checks both checksums (FL_ECORRUPT). */
+fl_status ps_wire_recv(int fd, ps_frame *f, fl_buf *payload, uint64_t max_len, uint64_t first_deadline_ns,
+                       uint32_t timeout_ms, const char *peer, bool *eof);
+
+static inline uint64_t ps_wire_deadline(uint32_t timeout_ms) {
+  return common_now_ns() + (uint64_t)timeout_ms * 1000000u;
+}
+
+#endif /* FLINT_PS_WIRE_H */

@@ -1,0 +1,477 @@
+/*
+ * test_ps_service: the parameter server over the network (ps/server.c, ps/client.c).
+ *
+ * Servers run in this process on loopback ports, except where a primary must die as a
+ * process does (kill -9): that server runs in a forked child. Arithmetic through the
+ * service is checked bit for bit against one local shard holding the whole table (whose
+ * own arithmetic test_ps checks against a written reference), over 1 to 8 shards and 1 to 8
+ * workers, every update function, dense and sparse; consistency by worker threads that
+ * record the freshness of every pull; replication by killing a primary mid-run.
+ */
+#include "test_util.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ps/wire.h"
+
+#define MAX_SERVERS 8
+
+typedef struct cluster {
+  ps_server *servers[MAX_SERVERS];
+  uint32_t n;
+  ps_place places[MAX_SERVERS];
+  ps_map map;
+} cluster;
+
+/* n servers; shard s's primary on server s % n, its backup (replicated) on the next one. */
+static void cluster_start(cluster *c, uint32_t n, uint32_t table, const ps_table_spec *spec, uint32_t shards,
+                          uint32_t workers, bool replicated, const ps_server_options *opts) {
+  memset(c, 0, sizeof *c);
+  c->n = n;
+  for (uint32_t i = 0; i < n; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, opts, &c->servers[i]), FL_OK);
+  for (uint32_t s = 0; s < shards; s++) {
+    snprintf(c->places[s].primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(c->servers[s % n]));
+    if (replicated)
+      snprintf(c->places[s].backup, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(c->servers[(s + 1) % n]));
+  }
+  c->map = (ps_map){.table = table, .spec = *spec, .shards = shards, .workers = workers, .places = c->places};
+  assert_int_equal(ps_table_create(&c->map, opts ? opts->secret : NULL, 10000), FL_OK);
+}
+
+static void cluster_stop(cluster *c) {
+  for (uint32_t i = 0; i < c->n; i++) ps_server_stop(c->servers[i]);
+}
+
+static void wait_ok(ps_client *c, uint64_t ticket) {
+  fl_status st = ps_client_wait(c, ticket, NULL);
+  if (st != FL_OK) fail_msg("wait: %s", fl_last_error());
+}
+
+/* ---- arithmetic ---- */
+
+static void check_arithmetic(ps_update_kind kind, bool sparse, uint32_t shards, uint32_t workers, uint64_t seed) {
+  ps_table_spec spec = {.sparse = sparse, .keys = sparse ? 0 : 37, .width = 3, .update = PS_UPDATE_INIT};
+  spec.update.kind = kind;
+  spec.update.lr = 0.05f;
+  cluster cl;
+  cluster_start(&cl, shards < 3 ? shards : 3, 7, &spec, shards, workers, false, NULL);
+  ps_client *w[8];
+  for (uint32_t i = 0; i < workers; i++) assert_int_equal(ps_client_create(&cl.map, i, NULL, 10000, &w[i]), FL_OK);
+  ps_shard *ref;
+  assert_int_equal(ps_shard_create(&spec, 1, 0, &ref), FL_OK);
+  common_rng rng;
+  common_rng_seed(&rng, seed);
+  uint64_t keys[40];
+  float grads[40 * 3];
+  /* Rounds of pushes, worker after worker (each waited, so the order is the reference's),
+   * with skewed keys (a hot key in most pushes), duplicates and empty pushes. */
+  for (int round = 0; round < 6; round++) {
+    for (uint32_t i = 0; i < workers; i++) {
+      size_t n = common_rng_next(&rng) % 7 == 0 ? 0 : 1 + common_rng_next(&rng) % 40;
+      for (size_t k = 0; k < n; k++) {
+        uint64_t r = common_rng_next(&rng);
+        keys[k] = r % 3 == 0 ? 5 : sparse ? r % 1000 * 7919 : r % spec.keys;
+        for (int j = 0; j < 3; j++) grads[k * 3 + j] = (float)(common_rng_uniform(&rng) - 0.5);
+      }
+      uint64_t t;
+      assert_int_equal(ps_client_push(w[i], keys, n, grads, &t), FL_OK);
+      wait_ok(w[i], t);
+      assert_int_equal(ps_shard_push(ref, keys, n, grads), FL_OK);
+    }
+  }
+  if (!sparse) { /* a range push too */
+    float g[37 * 3];
+    for (int j = 0; j < 37 * 3; j++) g[j] = (float)j * 0.01f;
+    uint64_t t, all[37];
+    for (uint64_t k = 0; k < 37; k++) all[k] = k;
+    assert_int_equal(ps_client_push_range(w[0], 3, 30, g, &t), FL_OK);
+    wait_ok(w[0], t);
+    assert_int_equal(ps_shard_push(ref, all + 3, 30, g), FL_OK);
+  }
+  /* Every key the reference knows, pulled by each worker (keyed), equals it bit for bit. */
+  uint64_t probe[64];
+  size_t np = 0;
+  for (uint64_t k = 0; k < 1000 && np < 64; k++) {
+    uint64_t key = sparse ? k * 7919 : k;
+    if (!sparse && key >= spec.keys) break;
+    if (sparse && k % 17 != 5 && k != 0) continue;
+    probe[np++] = key;
+  }
+  probe[np++] = 5;
+  float got[64 * 3], want[64 * 3];
+  assert_int_equal(ps_shard_pull(ref, probe, np, want), FL_OK);
+  for (uint32_t i = 0; i < workers; i++) {
+    uint64_t t;
+    memset(got, 0xff, sizeof got);
+    assert_int_equal(ps_client_pull(w[i], probe, np, got, &t), FL_OK);
+    wait_ok(w[i], t);
+    assert_memory_equal(got, want, np * 3 * sizeof(float));
+  }
+  if (!sparse) {
+    float range[37 * 3];
+    uint64_t t;
+    assert_int_equal(ps_client_pull_range(w[workers - 1], 0, 37, range, &t), FL_OK);
+    wait_ok(w[workers - 1], t);
+    uint64_t all[37];
+    for (uint64_t k = 0; k < 37; k++) all[k] = k;
+    float ref_all[37 * 3];
+    assert_int_equal(ps_shard_pull(ref, all, 37, ref_all), FL_OK);
+    assert_memory_equal(range, ref_all, sizeof range);
+  }
+  for (uint32_t i = 0; i < workers; i++) ps_client_destroy(w[i]);
+  ps_shard_destroy(ref);
+  cluster_stop(&cl);
+}
+
+static void test_arithmetic_through_the_service(void **state) {
+  (void)state;
+  const uint32_t shard_counts[] = {1, 3, 8}, worker_counts[] = {1, 4, 8};
+  uint64_t seed = 1;
+  for (int kind = PS_UPDATE_ADD; kind <= PS_UPDATE_ADAM; kind++)
+    for (int sparse = 0; sparse < 2; sparse++)
+      for (int a = 0; a < 3; a++)
+        check_arithmetic((ps_update_kind)kind, sparse, shard_counts[a], worker_counts[(a + kind) % 3], seed++);
+}
+
+/* Workers push at once from their own threads: sums of small integers are exact in any order. */
+typedef struct adder {
+  ps_client *c;
+  uint32_t id;
+} adder;
+
+static void *adder_main(void *arg) {
+  adder *a = arg;
+  uint64_t keys[16];
+  float g[16];
+  for (int round = 0; round < 50; round++) {
+    for (int k = 0; k < 16; k++) keys[k] = (uint64_t)(k * 13 + round) % 100, g[k] = (float)(a->id + 1);
+    uint64_t t;
+    if (ps_client_push(a->c, keys, 16, g, &t) != FL_OK || ps_client_wait(a->c, t, NULL) != FL_OK) return (void *)1;
+  }
+  return NULL;
+}
+
+static void test_concurrent_pushes_add_up(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 100, .width = 1, .update = PS_UPDATE_INIT};
+  cluster cl;
+  cluster_start(&cl, 2, 1, &spec, 4, 4, true, NULL);
+  adder a[4];
+  pthread_t th[4];
+  for (uint32_t i = 0; i < 4; i++) {
+    a[i].id = i;
+    assert_int_equal(ps_client_create(&cl.map, i, NULL, 10000, &a[i].c), FL_OK);
+    assert_int_equal(pthread_create(&th[i], NULL, adder_main, &a[i]), 0);
+  }
+  for (uint32_t i = 0; i < 4; i++) {
+    void *rv;
+    pthread_join(th[i], &rv);
+    assert_null(rv);
+  }
+  float want[100] = {0}, got[100];
+  for (int round = 0; round < 50; round++)
+    for (int k = 0; k < 16; k++) want[(k * 13 + round) % 100] += 1 + 2 + 3 + 4;
+  uint64_t t;
+  assert_int_equal(ps_client_pull_range(a[0].c, 0, 100, got, &t), FL_OK);
+  wait_ok(a[0].c, t);
+  assert_memory_equal(got, want, sizeof want);
+  /* Every push was forwarded to its shard's backup before it was acknowledged. */
+  uint64_t forwards = 0;
+  for (uint32_t i = 0; i < cl.n; i++) forwards += ps_server_stats_get(cl.servers[i]).forwards;
+  assert_true(forwards >= 4 * 50);
+  for (uint32_t i = 0; i < 4; i++) ps_client_destroy(a[i].c);
+  cluster_stop(&cl);
+}
+
+/* ---- consistency: no pull is staler than its bound ---- */
+
+typedef struct sspw {
+  ps_client *c;
+  uint32_t id, staleness, iterations;
+  atomic_int violations;
+} sspw;
+
+static void *ssp_main(void *arg) {
+  sspw *w = arg;
+  float v[8];
+  float g[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  ps_client_set_staleness(w->c, w->staleness);
+  for (uint32_t it = 0; it < w->iterations; it++) {
+    uint64_t t, fresh = 0, clock = ps_client_clock_now(w->c);
+    if (ps_client_pull_range(w->c, 0, 8, v, &t) != FL_OK || ps_client_wait(w->c, t, &fresh) != FL_OK) return (void *)1;
+    /* The pull at clock c under staleness s must have seen every worker at c - s or later. */
+    if (w->staleness != PS_STALENESS_ASYNC && fresh + w->staleness < clock) atomic_fetch_add(&w->violations, 1);
+    if (w->id == 0) usleep(3000); /* the slow worker */
+    if (ps_client_push_range(w->c, 0, 8, g, &t) != FL_OK || ps_client_wait(w->c, t, NULL) != FL_OK) return (void *)1;
+    if (ps_client_clock(w->c, &t) != FL_OK || ps_client_wait(w->c, t, NULL) != FL_OK) return (void *)1;
+  }
+  return NULL;
+}
+
+static void test_ssp_bound_over_the_network(void **state) {
+  (void)state;
+  const uint32_t bounds[] = {0, 1, 3, PS_STALENESS_ASYNC};
+  for (int b = 0; b < 4; b++) {
+    ps_table_spec spec = {.keys = 8, .width = 1, .update = PS_UPDATE_INIT};
+    cluster cl;
+    cluster_start(&cl, 2, 3, &spec, 2, 4, false, NULL);
+    sspw w[4];
+    pthread_t th[4];
+    for (uint32_t i = 0; i < 4; i++) {
+      w[i] = (sspw){.id = i, .staleness = bounds[b], .iterations = 20};
+      assert_int_equal(ps_client_create(&cl.map, i, NULL, 20000, &w[i].c), FL_OK);
+      assert_int_equal(pthread_create(&th[i], NULL, ssp_main, &w[i]), 0);
+    }
+    for (uint32_t i = 0; i < 4; i++) {
+      void *rv;
+      pthread_join(th[i], &rv);
+      assert_null(rv);
+      assert_int_equal(atomic_load(&w[i].violations), 0);
+    }
+    float v[8];
+    uint64_t t;
+    assert_int_equal(ps_client_pull_range(w[0].c, 0, 8, v, &t), FL_OK);
+    wait_ok(w[0].c, t);
+    for (int k = 0; k < 8; k++) assert_true(v[k] == 80.0f);
+    for (uint32_t i = 0; i < 4; i++) ps_client_destroy(w[i].c);
+    cluster_stop(&cl);
+  }
+}
+
+/* ---- replication: kill -9 the process holding a primary ---- */
+
+static pid_t fork_server(int *port) {
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    ps_server *s;
+    if (ps_server_start("127.0.0.1", 0, NULL, &s) != FL_OK) _exit(1);
+    int p = ps_server_port(s);
+    if (write(fds[1], &p, sizeof p) != sizeof p) _exit(1);
+    for (;;) pause();
+  }
+  close(fds[1]);
+  assert_int_equal(read(fds[0], port, sizeof *port), (ssize_t)sizeof *port);
+  close(fds[0]);
+  return pid;
+}
+
+static void test_primary_killed_backup_takes_over(void **state) {
+  (void)state;
+  int child_port;
+  pid_t child = fork_server(&child_port); /* before this process has threads */
+  ps_server *backup;
+  assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &backup), FL_OK);
+  ps_place places[2];
+  memset(places, 0, sizeof places);
+  /* shard 0: primary in the child, backup here; shard 1: unreplicated, here */
+  snprintf(places[0].primary, PS_ADDRESS_MAX, "127.0.0.1:%d", child_port);
+  snprintf(places[0].backup, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(backup));
+  snprintf(places[1].primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(backup));
+  ps_table_spec spec = {.keys = 64, .width = 2, .update = PS_UPDATE_INIT};
+  spec.update.kind = PS_UPDATE_ADAGRAD;
+  ps_map map = {.table = 9, .spec = spec, .shards = 2, .workers = 2, .places = places};
+  assert_int_equal(ps_table_create(&map, NULL, 10000), FL_OK);
+  ps_client *w[2];
+  for (uint32_t i = 0; i < 2; i++) assert_int_equal(ps_client_create(&map, i, NULL, 10000, &w[i]), FL_OK);
+  ps_shard *ref;
+  assert_int_equal(ps_shard_create(&spec, 1, 0, &ref), FL_OK);
+  float g[64 * 2];
+  uint64_t all[64];
+  for (int k = 0; k < 64; k++) all[k] = (uint64_t)k;
+  for (int step = 0; step < 20; step++) {
+    if (step == 10) { /* mid-run: the primary of shard 0 dies as a crashed executor does */
+      kill(child, SIGKILL);
+      waitpid(child, NULL, 0);
+    }
+    for (uint32_t i = 0; i < 2; i++) {
+      for (int j = 0; j < 128; j++) g[j] = (float)((step * 7 + j * 3 + (int)i) % 11) * 0.1f - 0.5f;
+      uint64_t t;
+      assert_int_equal(ps_client_push_range(w[i], 0, 64, g, &t), FL_OK);
+      wait_ok(w[i], t); /* acknowledged: it must survive */
+      assert_int_equal(ps_shard_push(ref, all, 64, g), FL_OK);
+    }
+  }
+  float got[128], want[128];
+  uint64_t t;
+  assert_int_equal(ps_client_pull_range(w[1], 0, 64, got, &t), FL_OK);
+  wait_ok(w[1], t);
+  assert_int_equal(ps_shard_pull(ref, all, 64, want), FL_OK);
+  assert_memory_equal(got, want, sizeof want);
+  assert_int_equal(ps_client_stats_get(w[0]).failovers, 1);
+  assert_int_equal(ps_client_stats_get(w[1]).failovers, 1);
+  for (uint32_t i = 0; i < 2; i++) ps_client_destroy(w[i]);
+  ps_shard_destroy(ref);
+  ps_server_stop(backup);
+}
+
+/* A resent request (same worker and sequence number) is applied once. */
+static void test_resend_is_applied_once(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
+  cluster cl;
+  cluster_start(&cl, 1, 2, &spec, 1, 1, false, NULL);
+  int fd;
+  assert_int_equal(ps_wire_connect(cl.places[0].primary, 5000, &fd), FL_OK);
+  float g[4] = {1, 2, 3, 4};
+  fl_buf reply = FL_BUF_INIT;
+  for (int i = 0; i < 3; i++) {
+    ps_frame f = {.op = PS_OP_PUSH_RANGE, .table = 2, .worker = 0, .seq = i < 2 ? 1 : 2}, r;
+    assert_int_equal(ps_wire_send(fd, &f, g, sizeof g, NULL, 0, ps_wire_deadline(5000), "test"), FL_OK);
+    assert_int_equal(ps_wire_recv(fd, &r, &reply, 4096, ps_wire_deadline(5000), 5000, "test", NULL), FL_OK);
+    assert_int_equal(r.status, FL_OK);
+  }
+  close(fd);
+  fl_buf_free(&reply);
+  assert_int_equal(ps_server_stats_get(cl.servers[0]).duplicates, 1);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &c), FL_OK);
+  float v[4];
+  uint64_t t;
+  assert_int_equal(ps_client_pull_range(c, 0, 4, v, &t), FL_OK);
+  wait_ok(c, t);
+  for (int k = 0; k < 4; k++) assert_true(v[k] == 2 * g[k]);
+  ps_client_destroy(c);
+  cluster_stop(&cl);
+}
+
+/* ---- checkpoints ---- */
+
+static void test_save_and_load(void **state) {
+  (void)state;
+  ps_table_spec spec = {.sparse = true, .width = 2, .update = PS_UPDATE_INIT};
+  spec.update.kind = PS_UPDATE_ADAM;
+  cluster cl;
+  cluster_start(&cl, 2, 4, &spec, 3, 1, true, NULL);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &c), FL_OK);
+  uint64_t keys[5] = {1, 99, 1u << 30, 12345678901ull, 7};
+  float g[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, saved[10], later[10], back[10];
+  uint64_t t;
+  assert_int_equal(ps_client_push(c, keys, 5, g, &t), FL_OK);
+  wait_ok(c, t);
+  assert_int_equal(ps_client_pull(c, keys, 5, saved, &t), FL_OK);
+  wait_ok(c, t);
+  char path[] = "/tmp/flint-ps-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(ps_table_save(c, path), FL_OK);
+  assert_int_equal(ps_client_push(c, keys, 5, g, &t), FL_OK);
+  wait_ok(c, t);
+  assert_int_equal(ps_client_pull(c, keys, 5, later, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_not_equal(later, saved, sizeof saved);
+  assert_int_equal(ps_table_load(c, path), FL_OK);
+  assert_int_equal(ps_client_pull(c, keys, 5, back, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_equal(back, saved, sizeof saved);
+  /* A damaged checkpoint is refused by the shards' checks, and the table keeps its state. */
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  fseek(f, 24 + 8 + 74, SEEK_SET); /* inside shard 0's blob, past its header */
+  fputc(0x5a, f);
+  fclose(f);
+  assert_int_equal(ps_table_load(c, path), FL_ECORRUPT);
+  assert_non_null(strstr(fl_last_error(), path));
+  assert_int_equal(ps_client_pull(c, keys, 5, back, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_equal(back, saved, sizeof saved);
+  f = fopen(path, "wb");
+  fputs("not a checkpoint", f);
+  fclose(f);
+  assert_int_equal(ps_table_load(c, path), FL_EFORMAT);
+  unlink(path);
+  assert_int_equal(ps_table_load(c, path), FL_ENOENT);
+  ps_client_destroy(c);
+  cluster_stop(&cl);
+}
+
+/* ---- bad input ---- */
+
+static void test_bad_requests_get_clear_errors(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 10, .width = 4, .update = PS_UPDATE_INIT};
+  ps_server_options opts = PS_SERVER_OPTIONS_INIT;
+  opts.secret = "s3cret";
+  opts.max_message = 4096;
+  cluster cl;
+  cluster_start(&cl, 1, 5, &spec, 2, 2, false, &opts);
+  ps_client *c, *stranger;
+  assert_int_equal(ps_client_create(&cl.map, 1, "s3cret", 5000, &c), FL_OK);
+  uint64_t bad[2] = {3, 10}, t;
+  float g[8] = {0};
+  assert_int_equal(ps_client_push(c, bad, 2, g, &t), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "key 10"));
+  assert_int_equal(ps_client_pull_range(c, 8, 3, g, &t), FL_EINVAL);
+  assert_int_equal(ps_client_create(&cl.map, 2, "s3cret", 5000, &stranger), FL_EINVAL); /* worker 2 of 2 */
+  /* An oversized push: the server's limit, named. */
+  float *big = calloc(10 * 4 * 40, sizeof(float));
+  ps_table_spec wide = {.keys = 2000, .width = 4, .update = PS_UPDATE_INIT};
+  ps_place wide_place = cl.places[0];
+  ps_map wide_map = {.table = 6, .spec = wide, .shards = 1, .workers = 1, .places = &wide_place};
+  assert_int_equal(ps_table_create(&wide_map, "s3cret", 5000), FL_OK);
+  ps_client *wc;
+  assert_int_equal(ps_client_create(&wide_map, 0, "s3cret", 5000, &wc), FL_OK);
+  assert_int_equal(ps_client_push_range(wc, 0, 400, big, &t), FL_OK);
+  assert_int_equal(ps_client_wait(wc, t, NULL), FL_ELIMIT);
+  assert_non_null(strstr(fl_last_error(), "limit of 4096 bytes"));
+  /* The client goes on after the refusal (a new connection). */
+  assert_int_equal(ps_client_push_range(wc, 0, 10, big, &t), FL_OK);
+  wait_ok(wc, t);
+  ps_client_destroy(wc);
+  free(big);
+  /* A wrong secret. */
+  assert_int_equal(ps_client_create(&cl.map, 0, "wrong", 5000, &stranger), FL_OK);
+  assert_int_equal(ps_client_pull_range(stranger, 0, 1, g, &t), FL_OK);
+  assert_int_equal(ps_client_wait(stranger, t, NULL), FL_EAUTH);
+  ps_client_destroy(stranger);
+  /* An unknown table, a table's id taken by another spec. */
+  ps_map ghost = cl.map;
+  ghost.table = 77;
+  assert_int_equal(ps_client_create(&ghost, 0, "s3cret", 5000, &stranger), FL_OK);
+  assert_int_equal(ps_client_pull_range(stranger, 0, 1, g, &t), FL_OK);
+  assert_int_equal(ps_client_wait(stranger, t, NULL), FL_ENOENT);
+  assert_non_null(strstr(fl_last_error(), "table 77"));
+  ps_client_destroy(stranger);
+  ps_map clash = cl.map;
+  clash.spec.width = 5;
+  assert_int_equal(ps_table_create(&clash, "s3cret", 5000), FL_EEXIST);
+  /* Garbage on the wire: the server answers, closes that connection, and serves the rest. */
+  int fd;
+  assert_int_equal(ps_wire_connect(cl.places[0].primary, 5000, &fd), FL_OK);
+  char junk[PS_WIRE_HEADER];
+  memset(junk, 'x', sizeof junk);
+  assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  ps_frame r;
+  fl_buf reply = FL_BUF_INIT;
+  assert_int_equal(ps_wire_recv(fd, &r, &reply, 4096, ps_wire_deadline(5000), 5000, "test", NULL), FL_OK);
+  assert_int_equal(r.status, FL_EPROTO);
+  close(fd);
+  fl_buf_free(&reply);
+  assert_int_equal(ps_client_pull_range(c, 0, 2, g, &t), FL_OK);
+  wait_ok(c, t);
+  ps_client_destroy(c);
+  cluster_stop(&cl);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_primary_killed_backup_takes_over), /* first: it forks */
+      cmocka_unit_test(test_arithmetic_through_the_service),
+      cmocka_unit_test(test_concurrent_pushes_add_up),
+      cmocka_unit_test(test_ssp_bound_over_the_network),
+      cmocka_unit_test(test_resend_is_applied_once),
+      cmocka_unit_test(test_save_and_load),
+      cmocka_unit_test(test_bad_requests_get_clear_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
