@@ -112,6 +112,21 @@ static inline const char *client_work_base(const char *chosen) {
   return base;
 }
 
+/* ---- parameter-server tables (ps_tables.c) --------------------------------------------- */
+/* The servers a local context runs in its own process for its tables: started with the first
+ * table, stopped at close (client_ps_local_stop). Two, so that a shard's backup is on
+ * another server than its primary. */
+#define CLIENT_PS_LOCAL_SERVERS 2
+typedef struct client_ps_local {
+  pthread_mutex_t lock;
+  struct ps_server *servers[CLIENT_PS_LOCAL_SERVERS];
+  uint32_t next_table;
+} client_ps_local;
+FL_INTERNAL void client_ps_local_init(client_ps_local *p);
+FL_INTERNAL void client_ps_local_stop(client_ps_local *p);
+/* The local context's (local_context.c). */
+FL_INTERNAL client_ps_local *client_local_context_ps(fl_context *ctx);
+
 /* ---- contexts (local_context.c, remote_context.c) -------------------------------------- */
 /* A context for local, local[N] or local[*]: the scheduler runs in this process. */
 FL_INTERNAL fl_status client_local_context_open(const char *master, const fl_options *options,
@@ -121,8 +136,6 @@ FL_INTERNAL fl_status client_remote_context_open(const char *master, const fl_op
                                                  fl_context **out);
 
 /* ---- calls to a driver (rpc.c) --------------------------------------------------------- */
-/* The shared secret from FLINT_SECRET or FLINT_SECRET_FILE into *out (NULL when none). */
-FL_INTERNAL fl_status client_rpc_secret(char **out);
 /* Packs msg and calls `method` (reply->len is reset first). Blocks up to timeout_ms (0: no
  * limit). */
 FL_INTERNAL fl_status client_rpc_call(rpc_channel *ch, const char *method, const ProtobufCMessage *msg,

@@ -35,7 +35,10 @@ typedef struct context_impl {
   scheduler *sched;
   block_manager *blocks;
   char *work_dir;
+  client_ps_local ps; /* parameter servers of its tables (ps_tables.c) */
 } context_impl;
+
+client_ps_local *client_local_context_ps(fl_context *ctx) { return &((context_impl *)ctx)->ps; }
 
 /* Barrier reports reach the on_report of their dataset on the action's thread. */
 static void deliver_report(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes message) {
@@ -138,6 +141,7 @@ fl_status client_local_context_open(const char *master, const fl_options *option
 
   context_impl *c = common_calloc(1, sizeof *c);
   if (!c) return FL_ERR(FL_ENOMEM, "cannot allocate a context");
+  client_ps_local_init(&c->ps);
   backend *b = NULL;
   FL_CHECK(make_work_dir(options, &c->work_dir));
   FL_CHECK(block_manager_create(memory, c->work_dir, false, &c->blocks));
@@ -173,6 +177,7 @@ cleanup:
 static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
   scheduler_destroy(c->sched);
+  client_ps_local_stop(&c->ps); /* after the tasks, which may be its workers */
   block_manager_destroy(c->blocks);
   rdd_shared_destroy(c->pub.shared);
   map_output_table_destroy(c->pub.map_outputs);

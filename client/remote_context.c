@@ -195,7 +195,7 @@ fl_status client_remote_context_open(const char *master, const fl_options *optio
   uint32_t executors = 0;
   FL_CHECK(rdd_shared_create(&c->pub.shared));
   FL_CHECK(map_output_table_create(&c->pub.map_outputs));
-  FL_CHECK(client_rpc_secret(&c->secret));
+  FL_CHECK(config_secret(&c->secret));
   if (strncmp(master, "flint://", 8) == 0) {
     const char *hostport = master + 8;
     const char *colon = strrchr(hostport, ':');

@@ -13,7 +13,7 @@ fl_status fl_driver_serve(const fl_driver_options *o, volatile sig_atomic_t *sto
   common_error_clear();
   if (!o || !stop) return FL_ERR(FL_EINVAL, "fl_driver_serve: NULL argument");
   char *secret = NULL;
-  fl_status st = client_rpc_secret(&secret);
+  fl_status st = config_secret(&secret);
   if (st != FL_OK) return st;
   driver_config cfg = {.listen = o->listen, .secret = secret, .work_dir = o->work_dir, .port_file = o->port_file};
   st = driver_serve(&cfg, stop);
@@ -24,7 +24,7 @@ fl_status fl_driver_serve(const fl_driver_options *o, volatile sig_atomic_t *sto
 int fl_executor_supervise(char *const *argv, volatile sig_atomic_t *stop) {
   common_error_clear();
   char *secret = NULL;
-  if (client_rpc_secret(&secret) != FL_OK) {
+  if (config_secret(&secret) != FL_OK) {
     fprintf(stderr, "flint executor: %s\n", fl_last_error());
     return 1;
   }
@@ -37,7 +37,7 @@ fl_status fl_executor_serve(const fl_executor_options *o, volatile sig_atomic_t 
   common_error_clear();
   if (!o || !stop) return FL_ERR(FL_EINVAL, "fl_executor_serve: NULL argument");
   char *secret = NULL;
-  fl_status st = client_rpc_secret(&secret);
+  fl_status st = config_secret(&secret);
   if (st != FL_OK) return st;
   executor_config cfg = {.driver = o->driver, .host = o->host, .cores = o->cores, .memory = o->memory,
                          .work_dir = o->work_dir, .secret = secret, .gpu = o->has_gpu ? (int32_t)o->gpu : -1};

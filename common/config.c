@@ -7,6 +7,7 @@
  * a loop warns once per bad value rather than at every read.
  */
 #include <ctype.h>
+#include <stdio.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -234,4 +235,25 @@ int64_t config_limit(config_id id) {
   config_value v;
   lookup(id, true, &v);
   return v.number == 0 ? -1 : (int64_t)v.number;
+}
+
+fl_status config_secret(char **out) {
+  *out = NULL;
+  const char *env = config_string(CONFIG_SECRET);
+  if (env) {
+    if (!(*out = common_strdup(env))) return FL_ERR(FL_ENOMEM, "out of memory");
+    return FL_OK;
+  }
+  const char *file = config_string(CONFIG_SECRET_FILE);
+  if (!file) return FL_OK;
+  FILE *f = fopen(file, "r");
+  if (!f) return FL_ERR(FL_EAUTH, "cannot read the secret file %s: %s", file, strerror(errno));
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) n--;
+  buf[n] = 0;
+  if (n == 0) return FL_ERR(FL_EAUTH, "the secret file %s is empty", file);
+  if (!(*out = common_strdup(buf))) return FL_ERR(FL_ENOMEM, "out of memory");
+  return FL_OK;
 }

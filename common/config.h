@@ -302,6 +302,9 @@ FL_INTERNAL uint64_t config_size(config_id id);
 FL_INTERNAL uint64_t config_memory(config_id id); /* bytes */
 FL_INTERNAL double config_real(config_id id);
 FL_INTERNAL const char *config_string(config_id id);
+/* The shared secret from FLINT_SECRET or FLINT_SECRET_FILE into *out (NULL when none; the
+ * caller frees it). FL_EAUTH naming the file when it cannot be read or is empty. */
+FL_INTERNAL fl_status config_secret(char **out);
 /* A CONFIG_NO_LIMIT count or duration: its value, or -1 for "no limit" when it is 0. */
 FL_INTERNAL int64_t config_limit(config_id id);
 

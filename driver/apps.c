@@ -209,6 +209,7 @@ static fl_status app_close(driver_state *d, uint64_t id) {
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
   if (!app) return FL_ERR(FL_ENOENT, "no running application %llu", (unsigned long long)id);
   cluster_remove(d->cluster, id, NULL, 0, NULL, 0, true);
+  placement_app_closed(d, id);
   app_free(app);
   common_log(LOG_INFO, "application %llu closed", (unsigned long long)id);
   return FL_OK;
@@ -339,6 +340,7 @@ void apps_forget_executor(void *arg, uint64_t executor) {
   for (app_entry *e = d->apps; e; e = e->next)
     if (e->app) locations_forget_executor(e->app, executor);
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  placement_executor_lost(d, executor);
 }
 
 void apps_free_all(driver_state *d) {

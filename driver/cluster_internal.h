@@ -46,6 +46,7 @@ typedef struct executor_ref {
   uint32_t pid;
   bool supervised; /* run by `flint executor`'s supervisor, which reports its process's death */
   char rpc_address[96], data_address[96];
+  char ps_address[96]; /* its parameter server, "" when it has none */
   uint32_t cores, slots;
   int32_t gpu; /* --gpu, or -1 */
   uint64_t memory;

@@ -38,7 +38,7 @@ static void executor_joined(scheduler *s, void *arg) {
 }
 
 fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
-                           uint32_t data_port, uint32_t cores, uint64_t memory, int32_t gpu, const char *node,
+                           uint32_t data_port, uint32_t ps_port, uint32_t cores, uint64_t memory, int32_t gpu, const char *node,
                            uint32_t pid, bool supervised, uint64_t *id) {
   if (!host || !*host || strlen(host) > 60 || rpc_port == 0 || rpc_port > 65535 || data_port == 0 ||
       data_port > 65535 || cores == 0 || cores > 1024)
@@ -52,6 +52,7 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   e->supervised = supervised;
   snprintf(e->rpc_address, sizeof e->rpc_address, "%s:%u", host, rpc_port);
   snprintf(e->data_address, sizeof e->data_address, "%s:%u", host, data_port);
+  if (ps_port > 0 && ps_port <= 65535) snprintf(e->ps_address, sizeof e->ps_address, "%s:%u", host, ps_port);
   e->cores = cores;
   e->gpu = gpu;
   e->slots = cores * cb->cfg.slots_per_core;
@@ -143,6 +144,26 @@ bool cluster_executor_exited(cluster_backend *cb, uint64_t executor, uint64_t in
   e->num_swept = 0; /* charged once */
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));
   return true;
+}
+
+size_t cluster_ps_servers(cluster_backend *cb, cluster_ps_server *out, size_t max) {
+  size_t n = 0;
+  FL_PCHECK(pthread_mutex_lock(&cb->lock));
+  for (executor_ref *e = cb->executors; e; e = e->next)
+    if (!e->lost && e->ps_address[0]) {
+      if (n < max) out[n] = (cluster_ps_server){.executor = e->id};
+      if (n < max) snprintf(out[n].address, sizeof out[n].address, "%s", e->ps_address);
+      n++;
+    }
+  FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+  /* Oldest first (the list is newest first): placements do not depend on arrival order. */
+  size_t m = n < max ? n : max;
+  for (size_t i = 0; i < m / 2; i++) {
+    cluster_ps_server t = out[i];
+    out[i] = out[m - 1 - i];
+    out[m - 1 - i] = t;
+  }
+  return n;
 }
 
 uint32_t cluster_cores(cluster_backend *cb) {

@@ -91,6 +91,7 @@ typedef struct driver_state {
   struct library_name *library_names;
   uint64_t next_app_id, next_submission_id;
   struct submission *submissions;
+  struct driver_placement *placement; /* parameter-server tables (ps_placement.c) */
 } driver_state;
 
 /* In the driver, a job's action is the first member of this, so that the cluster backend
@@ -169,6 +170,8 @@ static inline fl_status driver_empty_reply(fl_buf *out) {
 #define Flint__BarrierReportRequest_descriptor_ flint__barrier_report_request__descriptor
 #define Flint__BarrierCheckpointRequest_descriptor_ flint__barrier_checkpoint_request__descriptor
 #define Flint__BarrierReportsRequest_descriptor_ flint__barrier_reports_request__descriptor
+#define Flint__CreatePsTableRequest_descriptor_ flint__create_ps_table_request__descriptor
+#define Flint__DropPsTableRequest_descriptor_ flint__drop_ps_table_request__descriptor
 
 /* ---- the RPC methods (handlers.c) -------------------------------------------------------- */
 /* The methods the rpc queue's thread takes itself (rpc_server_config.quick_methods). */
@@ -200,6 +203,22 @@ FL_INTERNAL void apps_close_of_pid(driver_state *d, pid_t pid);
 FL_INTERNAL void apps_forget_executor(void *arg, uint64_t executor);
 /* At the driver's end: frees every application. */
 FL_INTERNAL void apps_free_all(driver_state *d);
+
+/* ---- parameter-server tables (ps_placement.c) ---------------------------------------------- */
+typedef struct driver_placement driver_placement;
+/* At the driver's start and end: stop after the rpc server (which calls the handlers) and
+ * before the scheduler (whose backend the recovery thread asks); free after the scheduler
+ * (whose thread reports losses until then). */
+FL_INTERNAL fl_status placement_start(driver_state *d);
+FL_INTERNAL void placement_stop(driver_state *d);
+FL_INTERNAL void placement_free(driver_state *d);
+/* CreatePsTable and DropPsTable: rpc handler threads; block on the executors' servers. */
+FL_INTERNAL fl_status placement_handle_create(driver_state *d, fl_bytes body, fl_buf *response);
+FL_INTERNAL fl_status placement_handle_drop(driver_state *d, fl_bytes body, fl_buf *response);
+/* An application closed: its tables go. Blocks on the servers. */
+FL_INTERNAL void placement_app_closed(driver_state *d, uint64_t app);
+/* An executor was lost (the scheduler thread): queued for the recovery thread. Never blocks. */
+FL_INTERNAL void placement_executor_lost(driver_state *d, uint64_t executor);
 
 /* ---- jobs (jobs.c) ----------------------------------------------------------------------- */
 /* Starts a RunJob call (the rpc queue's thread): FL_OK when the call was taken for a reply at
@@ -276,9 +295,16 @@ FL_INTERNAL uint64_t cluster_input_at(void *arg, const sched_task *task);
 /* RPC handlers' entry points; any thread, may block briefly. */
 /* `node` and `pid` (either may be empty or 0) let executors of one node share cached blocks. */
 FL_INTERNAL fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_port,
-                                       uint32_t data_port, uint32_t cores, uint64_t memory,
+                                       uint32_t data_port, uint32_t ps_port, uint32_t cores, uint64_t memory,
                                        int32_t gpu, const char *node, uint32_t pid, bool supervised,
                                        uint64_t *id);
+/* The parameter servers of the live executors, oldest executor first: fills out[0, max) and
+ * returns how many there are. Any thread. */
+typedef struct cluster_ps_server {
+  uint64_t executor;
+  char address[96];
+} cluster_ps_server;
+FL_INTERNAL size_t cluster_ps_servers(cluster_backend *cb, cluster_ps_server *out, size_t max);
 /* The supervisor of executor `executor` says its process died (`why`, in words): the
  * executor is lost, and the tasks of the attempts charged[0, num_charged) (the one that ran
  * the code that killed it, or those that were running) are charged with a failure. False

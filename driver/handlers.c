@@ -23,7 +23,7 @@ static fl_status handle_register(driver_state *d, fl_bytes body, fl_buf *respons
   uint64_t id = 0;
   fl_status st = req->has_gpu && req->gpu > 1023
                      ? FL_ERR(FL_EPROTO, "RegisterExecutor: GPU %u", req->gpu)
-                     : cluster_register(d->cluster, req->host, req->rpc_port, req->data_port, req->cores,
+                     : cluster_register(d->cluster, req->host, req->rpc_port, req->data_port, req->ps_port, req->cores,
                                         req->memory, req->has_gpu ? (int32_t)req->gpu : -1, req->node, req->pid,
                                         req->supervised, &id);
   flint__register_executor_request__free_unpacked(req, NULL);
@@ -235,5 +235,7 @@ fl_status handlers_dispatch(void *arg, const rpc_request *call, fl_buf *response
   if (strcmp(m, "BarrierReport") == 0) return handle_barrier_report(d, b, response);
   if (strcmp(m, "BarrierCheckpoint") == 0) return handle_barrier_checkpoint(d, b, response);
   if (strcmp(m, "BarrierReports") == 0) return handle_barrier_reports(d, b, response, call);
+  if (strcmp(m, "CreatePsTable") == 0) return placement_handle_create(d, b, response);
+  if (strcmp(m, "DropPsTable") == 0) return placement_handle_drop(d, b, response);
   return FL_ERR(FL_EINVAL, "unknown method %s", call->method);
 }

@@ -101,6 +101,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   scheduler_set_placement(d.sched, &placement);
   scheduler_set_backend(d.sched, cluster_backend_base(d.cluster));
   FL_CHECK(dp_server_start(host, 0, cfg->secret, libraries_serve, &d, &d.blocks));
+  FL_CHECK(placement_start(&d));
   /* Results of a job come back to the client in one reply (collect), hence the size limit. */
   rpc_server_config rc = {.listen = cfg->listen, .secret = cfg->secret, .handler = handlers_dispatch,
                           .quick = handlers_quick, .quick_methods = handlers_quick_methods,
@@ -133,7 +134,9 @@ cleanup:
   dp_server_stop(d.blocks);
   libraries_free_names(&d);
   apps_free_all(&d);
+  placement_stop(&d);
   scheduler_destroy(d.sched); /* and the cluster backend */
+  placement_free(&d);
   if (d.work_dir[0]) common_remove_tree(d.work_dir);
   pthread_cond_destroy(&d.changed);
   pthread_mutex_destroy(&d.lock);

@@ -39,6 +39,7 @@ fl_status exec_driver_register(exec_service *svc, int64_t timeout_ms) {
   req.host = (char *)svc->cfg.host;
   req.rpc_port = (uint32_t)rpc_server_port(svc->server);
   req.data_port = (uint32_t)dp_server_port(svc->blocks_server);
+  req.ps_port = (uint32_t)ps_server_port(svc->ps);
   req.cores = svc->cfg.cores;
   req.memory = svc->cfg.memory;
   req.pid = svc->pid;

@@ -35,6 +35,7 @@
 
 #include "executor/executor.h"
 #include "net/net.h"
+#include "ps/ps.h"
 #include "proto/flint.pb-c.h"
 #include "proto/pack.h"
 
@@ -150,6 +151,7 @@ struct exec_service {
   rpc_channel *driver;
   rpc_server *server;
   dp_server *blocks_server;
+  ps_server *ps;      /* hosts the parameter-server shards the driver places here (ps/ps.h) */
   dp_client *fetcher;
   block_manager *blocks;
   task_pool *pool;

@@ -75,6 +75,7 @@ static void service_destroy(exec_service *svc) {
   }
   svc->done_tail = NULL;
   dp_server_stop(svc->blocks_server);
+  ps_server_stop(svc->ps);
   while (svc->apps) {
     exec_app *next = svc->apps->next;
     exec_app_destroy(svc->apps);
@@ -166,6 +167,9 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(task_pool_create(cfg->cores, "fl-task", &svc.pool));
   FL_CHECK(dp_client_create(cfg->secret, &svc.fetcher));
   FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, exec_handle_block, &svc, &svc.blocks_server));
+  ps_server_options pso = PS_SERVER_OPTIONS_INIT;
+  pso.secret = cfg->secret;
+  FL_CHECK(ps_server_start(svc.cfg.host, 0, &pso, &svc.ps));
   char listen[96];
   snprintf(listen, sizeof listen, "%s:0", svc.cfg.host);
   rpc_server_config rc = {.listen = listen, .secret = cfg->secret, .handler = exec_handle_rpc,
@@ -189,9 +193,9 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
     common_error_wrap(status, "cannot register with the driver at %s: ", cfg->driver);
     goto cleanup;
   }
-  common_log(LOG_INFO, "registered with the driver at %s: %u cores, %llu MiB, blocks on port %d",
+  common_log(LOG_INFO, "registered with the driver at %s: %u cores, %llu MiB, blocks on port %d, parameter server on %s:%d",
              cfg->driver, cfg->cores, (unsigned long long)(cfg->memory >> 20),
-             dp_server_port(svc.blocks_server));
+             dp_server_port(svc.blocks_server), svc.cfg.host, ps_server_port(svc.ps));
   if (pthread_create(&svc.status_thread, NULL, exec_task_status_main, &svc) != 0 ||
       pthread_create(&svc.heartbeat_thread, NULL, exec_driver_heartbeat_main, &svc) != 0) {
     status = FL_ERR(FL_ENOMEM, "cannot start the executor's threads");

@@ -204,9 +204,11 @@ static void *channel_main(void *arg) {
   common_qnode *n;
   while ((n = common_queue_pop(&ch->q, 0)) != NULL) {
     part *p = (part *)n;
-    bool mutating = p->f.op == PS_OP_PUSH || p->f.op == PS_OP_PUSH_RANGE || p->f.op == PS_OP_SET_RANGE ||
-                    p->f.op == PS_OP_CLOCK || p->f.op == PS_OP_RETIRE || p->f.op == PS_OP_LOAD;
-    if (mutating) p->f.seq = ++ch->seq;
+    /* A worker's changes are numbered so that a resend applies once; a load (a table's
+     * owner, not a worker) replaces the state wholesale, so a resend is harmless unnumbered. */
+    bool numbered = p->f.op == PS_OP_PUSH || p->f.op == PS_OP_PUSH_RANGE || p->f.op == PS_OP_SET_RANGE ||
+                    p->f.op == PS_OP_CLOCK || p->f.op == PS_OP_RETIRE;
+    if (numbered) p->f.seq = ++ch->seq;
     ps_frame r;
     fl_status st = exchange(ch, p, &r);
     if (st == FL_ENET && fail_over(ch) == FL_OK) st = exchange(ch, p, &r);
@@ -554,6 +556,25 @@ static fl_status one_request(const char *address, const char *secret, uint32_t t
   if (ch.fd >= 0) close(ch.fd);
   fl_buf_free(&ch.reply);
   return st;
+}
+
+fl_status ps_shard_promote(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms) {
+  ps_frame f = {.op = PS_OP_PROMOTE, .table = table, .shard = shard};
+  return one_request(server, secret && secret[0] ? secret : NULL, timeout_ms ? timeout_ms : DEFAULT_TIMEOUT_MS, &f,
+                     fl_bytes_of(NULL, 0));
+}
+
+fl_status ps_shard_replicate(const char *primary, const char *secret, uint32_t table, uint32_t shard,
+                             const char *backup, uint32_t timeout_ms) {
+  ps_frame f = {.op = PS_OP_REPLICATE, .table = table, .shard = shard};
+  return one_request(primary, secret && secret[0] ? secret : NULL, timeout_ms ? timeout_ms : DEFAULT_TIMEOUT_MS, &f,
+                     fl_bytes_str(backup));
+}
+
+fl_status ps_shard_drop(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms) {
+  ps_frame f = {.op = PS_OP_DROP, .table = table, .shard = shard};
+  return one_request(server, secret && secret[0] ? secret : NULL, timeout_ms ? timeout_ms : DEFAULT_TIMEOUT_MS, &f,
+                     fl_bytes_of(NULL, 0));
 }
 
 fl_status ps_table_create(const ps_map *map, const char *secret, uint32_t timeout_ms) {

@@ -140,3 +140,18 @@ void ps_clocks_close(ps_clocks *c) {
   pthread_cond_broadcast(&c->changed);
   pthread_mutex_unlock(&c->mu);
 }
+
+uint64_t ps_clocks_state(ps_clocks *c, uint32_t worker, bool *retired) {
+  pthread_mutex_lock(&c->mu);
+  uint64_t v = worker < c->workers ? c->clock[worker] : 0;
+  *retired = worker < c->workers && c->retired[worker];
+  pthread_mutex_unlock(&c->mu);
+  return v;
+}
+
+void ps_clocks_restore(ps_clocks *c, uint32_t worker, uint64_t clock, bool retired) {
+  pthread_mutex_lock(&c->mu);
+  if (worker < c->workers) c->clock[worker] = clock, c->retired[worker] = retired;
+  pthread_cond_broadcast(&c->changed);
+  pthread_mutex_unlock(&c->mu);
+}

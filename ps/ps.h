@@ -115,6 +115,10 @@ uint64_t ps_clocks_min(ps_clocks *c);
  * timeout_ms (0: never): FL_ETIMEDOUT naming the slowest worker and its clock. */
 fl_status ps_clocks_wait(ps_clocks *c, uint64_t clock, uint32_t staleness, uint32_t timeout_ms,
                          uint64_t *fresh);
+/* A worker's clock and whether it retired; and the same set wholesale (a backup adopting a
+ * primary's state). */
+uint64_t ps_clocks_state(ps_clocks *c, uint32_t worker, bool *retired);
+void ps_clocks_restore(ps_clocks *c, uint32_t worker, uint64_t clock, bool retired);
 /* Ends every wait, now and later, with FL_ECANCELLED (the host stops). Any thread. */
 void ps_clocks_close(ps_clocks *c);
 
@@ -129,7 +133,7 @@ void ps_clocks_close(ps_clocks *c);
  * promoted backup without doubling an update. */
 
 /* Room for "HOST:PORT", the terminating zero included. */
-#define PS_ADDRESS_MAX 64
+#define PS_ADDRESS_MAX 96
 /* The largest request or response a server accepts unless told otherwise (ps_server_options). */
 #define PS_MESSAGE_MAX_DEFAULT ((uint64_t)1 << 30)
 
@@ -146,6 +150,20 @@ typedef struct ps_map {
   uint32_t shards, workers;
   ps_place *places;
 } ps_map;
+
+/* A map as bytes (the handle of flint/ps.h that tasks open workers with), and back: decode
+ * checks it all and allocates out->places (ps_map_free). (ps/map.c) */
+fl_status ps_map_encode(const ps_map *map, fl_buf *out);
+fl_status ps_map_decode(fl_bytes in, ps_map *out);
+void ps_map_free(ps_map *map);
+
+/* Requests of the driver's placement and recovery to one server: the shard's backup becomes
+ * its primary (PROMOTE); a primary backs itself up on `backup` (REPLICATE: the new backup
+ * gets the whole state first); the server forgets the shard (DROP). Blocking. */
+fl_status ps_shard_promote(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms);
+fl_status ps_shard_replicate(const char *primary, const char *secret, uint32_t table, uint32_t shard,
+                             const char *backup, uint32_t timeout_ms);
+fl_status ps_shard_drop(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms);
 
 typedef struct ps_server_options {
   const char *secret;   /* every connection opens with it (NULL or "": none) */

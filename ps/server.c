@@ -132,6 +132,22 @@ static fl_status host_shard(ps_server *s, uint32_t table, const ps_host_request 
   return st;
 }
 
+static fl_status dropped(const ps_frame *f) {
+  return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u was dropped", f->table, f->shard);
+}
+
+/* One request to another server and its answer's status (a primary to its backup). */
+static fl_status exchange_with(int fd, ps_server *s, const ps_frame *f, const fl_buf *payload, const char *peer,
+                               fl_buf *reply) {
+  ps_frame r;
+  fl_status st = ps_wire_send(fd, f, payload->data, payload->len, NULL, 0, ps_wire_deadline(s->timeout_ms), peer);
+  if (st == FL_OK)
+    st = ps_wire_recv(fd, &r, reply, PS_WIRE_MESSAGE_MAX, ps_wire_deadline(s->timeout_ms), s->timeout_ms, peer, NULL);
+  if (st == FL_OK && r.status != FL_OK)
+    st = fl_set_error((fl_status)r.status, "%.*s", (int)reply->len, (const char *)reply->data);
+  return st;
+}
+
 /* ---- forwarding to the backup (under h->mu) ---- */
 
 static fl_status hello(int fd, const char *secret, uint32_t timeout_ms, const char *peer, fl_buf *scratch) {
@@ -161,20 +177,55 @@ static void forward(ps_server *s, hosted *h, const ps_frame *req, const fl_buf *
     st = ps_wire_connect(h->backup, s->timeout_ms, &h->backup_fd);
     if (st == FL_OK) st = hello(h->backup_fd, s->secret, s->timeout_ms, h->backup, &h->forward_reply);
   }
-  ps_frame f = *req, r;
+  ps_frame f = *req;
   f.op |= PS_OP_FORWARDED;
-  if (st == FL_OK)
-    st = ps_wire_send(h->backup_fd, &f, payload->data, payload->len, NULL, 0, ps_wire_deadline(s->timeout_ms), h->backup);
-  if (st == FL_OK)
-    st = ps_wire_recv(h->backup_fd, &r, &h->forward_reply, PS_WIRE_MESSAGE_MAX, ps_wire_deadline(s->timeout_ms),
-                      s->timeout_ms, h->backup, NULL);
-  if (st == FL_OK && r.status != FL_OK)
-    st = fl_set_error((fl_status)r.status, "%.*s", (int)h->forward_reply.len, (const char *)h->forward_reply.data);
+  if (st == FL_OK) st = exchange_with(h->backup_fd, s, &f, payload, h->backup, &h->forward_reply);
   if (st != FL_OK) {
     drop_backup(s, h, fl_last_error());
     return;
   }
   atomic_fetch_add(&s->forwards, 1);
+}
+
+/* A new backup for a primary (the driver's recovery after a loss): under the shard's mutex,
+ * so that no change slips between the copy and the first forward, the new backup is made
+ * (HOST as a backup) and adopts the whole replica state; then forwards go to it. */
+static fl_status replicate(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload) {
+  if (payload->len == 0 || payload->len >= PS_ADDRESS_MAX)
+    return fl_set_error(FL_EPROTO, "parameter server: a replicate request without a backup address");
+  char address[PS_ADDRESS_MAX];
+  memcpy(address, payload->data, payload->len);
+  address[payload->len] = 0;
+  fl_buf body = FL_BUF_INIT;
+  int fd = -1;
+  pthread_mutex_lock(&h->mu);
+  fl_status st = h->shard ? FL_OK : dropped(f);
+  ps_host_request req = {.shards = h->shards, .index = h->index, .workers = h->workers};
+  if (st == FL_OK) {
+    req.spec = *ps_shard_spec(h->shard);
+    st = ps_wire_host_encode(&req, &body);
+  }
+  if (st == FL_OK) st = ps_wire_connect(address, s->timeout_ms, &fd);
+  if (st == FL_OK) st = hello(fd, s->secret, s->timeout_ms, address, &h->forward_reply);
+  ps_frame host = {.op = PS_OP_HOST, .table = h->table, .shard = h->index, .arg = 1};
+  if (st == FL_OK) st = exchange_with(fd, s, &host, &body, address, &h->forward_reply);
+  if (st == FL_OK) {
+    body.len = 0;
+    st = ps_wire_replica_encode(h->shard, h->clocks, h->last_seq, h->workers, &body);
+  }
+  ps_frame adopt = {.op = PS_OP_ADOPT | PS_OP_FORWARDED, .table = h->table, .shard = h->index};
+  if (st == FL_OK) st = exchange_with(fd, s, &adopt, &body, address, &h->forward_reply);
+  if (st == FL_OK) {
+    if (h->backup_fd >= 0) close(h->backup_fd);
+    h->backup_fd = fd;
+    fd = -1;
+    snprintf(h->backup, sizeof h->backup, "%s", address);
+    common_log(LOG_INFO, "parameter server: table %u shard %u is backed up on %s again", h->table, h->index, address);
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (fd >= 0) close(fd);
+  fl_buf_free(&body);
+  return st;
 }
 
 /* ---- requests ---- */
@@ -221,9 +272,17 @@ static fl_status range_keys(const ps_shard *sh, uint64_t lo, uint64_t count, fl_
 static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload, fl_buf *keys,
                        uint64_t *clock) {
   uint8_t op = f->op & (uint8_t) ~PS_OP_FORWARDED;
-  ps_shard *sh = h->shard;
   fl_status st = FL_OK;
   pthread_mutex_lock(&h->mu);
+  if (!h->shard) {
+    pthread_mutex_unlock(&h->mu);
+    return dropped(f);
+  }
+  ps_shard *sh = h->shard;
+  if (!h->shard) {
+    pthread_mutex_unlock(&h->mu);
+    return dropped(f);
+  }
   if (f->seq && f->seq <= h->last_seq[f->worker]) { /* a resend of what this shard has applied */
     atomic_fetch_add(&s->duplicates, 1);
     *clock = ps_clocks_of(h->clocks, f->worker);
@@ -259,6 +318,7 @@ static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf 
   case PS_OP_CLOCK: st = ps_clocks_advance(h->clocks, f->worker, NULL); break;
   case PS_OP_RETIRE: st = ps_clocks_retire(h->clocks, f->worker); break;
   case PS_OP_LOAD: st = ps_shard_decode(sh, fl_buf_bytes(payload)); break;
+  case PS_OP_ADOPT: st = ps_wire_replica_adopt(fl_buf_bytes(payload), sh, h->clocks, h->last_seq, h->workers); break;
   default: st = fl_set_error(FL_EPROTO, "parameter server: %s is not a change", ps_op_name(f->op));
   }
   if (st == FL_OK) {
@@ -273,7 +333,10 @@ static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf 
 static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload, fl_buf *keys,
                              fl_buf *out, uint64_t *fresh) {
   uint8_t op = f->op;
-  ps_shard *sh = h->shard;
+  pthread_mutex_lock(&h->mu);
+  ps_shard *sh = h->shard; /* its spec stays while the reply is made: drops wait for the mutex */
+  pthread_mutex_unlock(&h->mu);
+  if (!sh) return dropped(f);
   uint64_t width = ps_shard_spec(sh)->width, n;
   fl_status st = FL_OK;
   const uint64_t *k;
@@ -298,7 +361,7 @@ static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const f
   out->len = 0;
   if (fl_buf_reserve(out, n * width * 4) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
   pthread_mutex_lock(&h->mu);
-  st = ps_shard_pull(sh, k, (size_t)n, (float *)out->data);
+  st = h->shard ? ps_shard_pull(sh, k, (size_t)n, (float *)out->data) : dropped(f);
   pthread_mutex_unlock(&h->mu);
   if (st == FL_OK) out->len = n * width * 4;
   atomic_fetch_add(&s->pulls, 1);
@@ -327,9 +390,22 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
   case PS_OP_SAVE:
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
     pthread_mutex_lock(&h->mu);
-    st = ps_shard_encode(h->shard, out);
+    st = h->shard ? ps_shard_encode(h->shard, out) : dropped(f);
     pthread_mutex_unlock(&h->mu);
     return st;
+  case PS_OP_DROP:
+    if ((h = hosted_find(s, f->table, f->shard)) == NULL) return FL_OK; /* never hosted or gone: done */
+    pthread_mutex_lock(&h->mu);
+    ps_clocks_close(h->clocks); /* pulls waiting on it end */
+    ps_shard_destroy(h->shard);
+    h->shard = NULL;
+    if (h->backup_fd >= 0) close(h->backup_fd);
+    h->backup_fd = -1;
+    pthread_mutex_unlock(&h->mu);
+    return FL_OK;
+  case PS_OP_REPLICATE:
+    if ((st = find(s, f, false, &h)) != FL_OK) return st;
+    return replicate(s, h, f, payload);
   case PS_OP_PROMOTE: {
     h = hosted_find(s, f->table, f->shard);
     if (!h) return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);

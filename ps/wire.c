@@ -18,7 +18,8 @@
 #include "ps/wire.h"
 
 static const char *const op_names[] = {"?", "hello", "host", "push", "pull", "push-range", "pull-range",
-                                       "set-range", "clock", "retire", "save", "load", "promote"};
+                                       "set-range", "clock", "retire", "save", "load", "promote", "drop",
+                                       "replicate", "adopt"};
 
 const char *ps_op_name(uint8_t op) {
   op &= (uint8_t) ~(PS_OP_REPLY | PS_OP_FORWARDED);
@@ -109,6 +110,38 @@ fl_status ps_wire_host_decode(fl_bytes in, ps_host_request *h) {
   h->index = common_get_u32(in.data + 40);
   h->workers = common_get_u32(in.data + 44);
   memcpy(h->backup, in.data + HOST_FIXED, alen);
+  return FL_OK;
+}
+
+/* ---- a replica's state ---- */
+
+fl_status ps_wire_replica_encode(const ps_shard *shard, ps_clocks *clocks, const uint64_t *last_seq, uint32_t workers,
+                                 fl_buf *out) {
+  uint8_t head[8] = {0};
+  common_put_u32(head, workers);
+  if (fl_buf_append(out, head, sizeof head) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  for (uint32_t w = 0; w < workers; w++) {
+    uint8_t row[24];
+    bool retired;
+    common_put_u64(row, ps_clocks_state(clocks, w, &retired));
+    common_put_u64(row + 8, last_seq[w]);
+    common_put_u64(row + 16, retired);
+    if (fl_buf_append(out, row, sizeof row) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  }
+  return ps_shard_encode(shard, out);
+}
+
+fl_status ps_wire_replica_adopt(fl_bytes in, ps_shard *shard, ps_clocks *clocks, uint64_t *last_seq, uint32_t workers) {
+  if (in.len < 8 || common_get_u32(in.data) != workers || in.len - 8 < (uint64_t)workers * 24)
+    return fl_set_error(FL_EPROTO, "parameter server: a replica's state is not for %u workers", workers);
+  size_t at = 8 + (size_t)workers * 24;
+  fl_status st = ps_shard_decode(shard, fl_bytes_of(in.data + at, in.len - at));
+  if (st != FL_OK) return st;
+  for (uint32_t w = 0; w < workers; w++) {
+    const uint8_t *row = in.data + 8 + (size_t)w * 24;
+    ps_clocks_restore(clocks, w, common_get_u64(row), common_get_u64(row + 16) != 0);
+    last_seq[w] = common_get_u64(row + 8);
+  }
   return FL_OK;
 }
 

@@ -13,7 +13,9 @@
  *   48 u64 payload length   56 u32 CRC32C of the payload   60 u32 CRC32C of bytes 0..59
  * Payloads: HELLO the secret; HOST the table (ps_wire_host_encode); PUSH n keys then n x width
  * floats; PULL n keys; PUSH_RANGE / SET_RANGE count x width floats; PULL_RANGE a u64 count;
- * LOAD a shard blob; PROMOTE nothing. Answers carry the values (pulls), the blob (SAVE), the
+ * LOAD a shard blob; PROMOTE and DROP nothing; REPLICATE (to a primary) the new backup's
+ * address, to which the primary sends HOST (arg 1: as a backup) and ADOPT, the shard's whole
+ * replica state (ps_wire_replica_*), before it forwards to it. Answers carry the values (pulls), the blob (SAVE), the
  * new clock (CLOCK, in `clock`), or the error message when status != 0.
  */
 #ifndef FLINT_PS_WIRE_H
@@ -39,8 +41,11 @@ typedef enum ps_op {
   PS_OP_SAVE,
   PS_OP_LOAD,
   PS_OP_PROMOTE,
+  PS_OP_DROP,
+  PS_OP_REPLICATE,
+  PS_OP_ADOPT,
 } ps_op;
-#define PS_OP_LAST PS_OP_PROMOTE
+#define PS_OP_LAST PS_OP_ADOPT
 #define PS_OP_FORWARDED 0x40
 #define PS_OP_REPLY 0x80
 
@@ -65,6 +70,15 @@ typedef struct ps_host_request {
 } ps_host_request;
 fl_status ps_wire_host_encode(const ps_host_request *h, fl_buf *out);
 fl_status ps_wire_host_decode(fl_bytes in, ps_host_request *h);
+
+/* A shard's replica state: what a new backup needs to take over from the primary: the
+ * workers' clocks, retirements and last sequence numbers, then the shard's blob.
+ *   0 u32 workers   4 u32 zero   8 per worker: u64 clock, u64 last seq, u64 retired (0/1)
+ *   then the blob (ps_shard_encode) */
+fl_status ps_wire_replica_encode(const ps_shard *shard, ps_clocks *clocks, const uint64_t *last_seq, uint32_t workers,
+                                 fl_buf *out);
+/* Checks everything, then replaces the shard, clocks and sequence numbers. */
+fl_status ps_wire_replica_adopt(fl_bytes in, ps_shard *shard, ps_clocks *clocks, uint64_t *last_seq, uint32_t workers);
 
 /* ---- sockets: blocking, with deadlines (common_now_ns time; 0: none) ---- */
 /* "HOST:PORT" -> a connected TCP socket (TCP_NODELAY), within timeout_ms; FL_ENET naming the

@@ -1,0 +1,342 @@
+/*
+ * ps_placement.c: the parameter-server tables of the applications (flint/ps.h): where their
+ * shards live, and what happens when an executor that holds one is lost.
+ *
+ * Every executor runs a parameter server (ps/ps.h) and says where at registration. A table's
+ * shard s goes to the live servers in turn, its primary on one executor and, replicated, its
+ * backup on the next, starting at a place that turns with the table's id so that tables
+ * spread. When an executor is lost, its primaries' backups are promoted, and every shard left
+ * without a backup is backed up again on another executor (the primary copies its whole
+ * state there under its lock, then forwards to it): training goes on, and a second loss
+ * loses nothing either, as long as it comes after the copy. A table goes with its
+ * application.
+ *
+ * Threading: the handlers run on rpc handler threads and block on the servers; a loss comes
+ * on the scheduler thread, which only queues it (under a lock of its own) for the recovery
+ * thread. The tables' lock is held across the servers' calls: recoveries and creations are
+ * rare and short, and must not interleave.
+ */
+#include <string.h>
+
+#include "driver/driver_internal.h"
+#include "ps/ps.h"
+
+#define CALL_TIMEOUT_MS 30000
+#define MAX_SERVERS 1024
+
+typedef struct placed_table {
+  uint64_t app;
+  bool replicate;
+  ps_map map; /* its places are this struct's */
+  uint64_t *primary, *backup; /* each shard's executors (0: none) */
+  struct placed_table *next;
+} placed_table;
+
+struct driver_placement {
+  pthread_mutex_t lock; /* the tables; held across the servers' calls */
+  placed_table *tables;
+  pthread_mutex_t queue_lock; /* what follows: the scheduler thread must never wait on a server */
+  pthread_cond_t wake;
+  uint64_t *lost;
+  size_t num_lost, cap_lost;
+  pthread_t thread;
+  bool started, stop;
+  uint32_t next_table;
+};
+
+static void table_free(placed_table *t) {
+  if (!t) return;
+  ps_map_free(&t->map);
+  common_free(t->primary);
+  common_free(t->backup);
+  common_free(t);
+}
+
+static void drop_everywhere(driver_state *d, placed_table *t) {
+  for (uint32_t s = 0; s < t->map.shards; s++) {
+    const ps_place *p = &t->map.places[s];
+    if (p->primary[0] && ps_shard_drop(p->primary, d->cfg.secret, t->map.table, s, CALL_TIMEOUT_MS) != FL_OK)
+      common_log(LOG_DEBUG, "dropping a shard: %s", fl_last_error());
+    if (p->backup[0] && ps_shard_drop(p->backup, d->cfg.secret, t->map.table, s, CALL_TIMEOUT_MS) != FL_OK)
+      common_log(LOG_DEBUG, "dropping a shard: %s", fl_last_error());
+  }
+}
+
+/* ---- recovery ---- */
+
+static const char *address_of(const cluster_ps_server *servers, size_t n, uint64_t executor) {
+  for (size_t i = 0; i < n; i++)
+    if (servers[i].executor == executor) return servers[i].address;
+  return NULL;
+}
+
+/* A live server other than `not`, after it in the list (so that backups spread). */
+static const cluster_ps_server *another(const cluster_ps_server *servers, size_t n, uint64_t not) {
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++)
+    if (servers[i].executor == not) at = i;
+  for (size_t k = 1; k <= n; k++)
+    if (servers[(at + k) % n].executor != not) return &servers[(at + k) % n];
+  return NULL;
+}
+
+static void recover_shard(driver_state *d, placed_table *t, uint32_t s, uint64_t lost, const cluster_ps_server *servers,
+                          size_t n) {
+  ps_place *p = &t->map.places[s];
+  uint32_t id = t->map.table;
+  if (t->primary[s] == lost) {
+    if (!t->backup[s]) {
+      common_log(LOG_ERROR, "parameter server: table %u lost shard %u with executor %llu (it had no backup)", id, s,
+                 (unsigned long long)lost);
+      t->primary[s] = 0;
+      return;
+    }
+    if (ps_shard_promote(p->backup, d->cfg.secret, id, s, CALL_TIMEOUT_MS) != FL_OK) {
+      common_log(LOG_ERROR, "parameter server: table %u shard %u: cannot promote its backup: %s", id, s,
+                 fl_last_error());
+      return;
+    }
+    common_log(LOG_INFO, "parameter server: table %u shard %u: executor %llu lost, its backup on executor %llu "
+               "is the primary", id, s, (unsigned long long)lost, (unsigned long long)t->backup[s]);
+    t->primary[s] = t->backup[s];
+    snprintf(p->primary, sizeof p->primary, "%s", p->backup);
+    t->backup[s] = 0;
+    p->backup[0] = 0;
+  } else if (t->backup[s] == lost) {
+    t->backup[s] = 0;
+    p->backup[0] = 0;
+  }
+  if (!t->replicate || t->backup[s] || !t->primary[s] || !address_of(servers, n, t->primary[s])) return;
+  const cluster_ps_server *b = another(servers, n, t->primary[s]);
+  if (!b) {
+    common_log(LOG_WARN, "parameter server: table %u shard %u has no backup: no other executor", id, s);
+    return;
+  }
+  if (ps_shard_replicate(p->primary, d->cfg.secret, id, s, b->address, CALL_TIMEOUT_MS) != FL_OK) {
+    common_log(LOG_WARN, "parameter server: table %u shard %u: cannot back it up on executor %llu: %s", id, s,
+               (unsigned long long)b->executor, fl_last_error());
+    return;
+  }
+  t->backup[s] = b->executor;
+  snprintf(p->backup, sizeof p->backup, "%s", b->address);
+}
+
+static void *recovery_main(void *arg) {
+  driver_state *d = arg;
+  driver_placement *pl = d->placement;
+  cluster_ps_server *servers = common_calloc(MAX_SERVERS, sizeof *servers);
+  FL_PCHECK(pthread_mutex_lock(&pl->queue_lock));
+  while (!pl->stop) {
+    if (pl->num_lost == 0) {
+      FL_PCHECK(pthread_cond_wait(&pl->wake, &pl->queue_lock));
+      continue;
+    }
+    uint64_t lost = pl->lost[--pl->num_lost];
+    FL_PCHECK(pthread_mutex_unlock(&pl->queue_lock));
+    FL_PCHECK(pthread_mutex_lock(&pl->lock));
+    size_t n = servers ? cluster_ps_servers(d->cluster, servers, MAX_SERVERS) : 0;
+    if (n > MAX_SERVERS) n = MAX_SERVERS;
+    for (placed_table *t = pl->tables; t; t = t->next)
+      for (uint32_t s = 0; s < t->map.shards; s++)
+        if (t->primary[s] == lost || t->backup[s] == lost) recover_shard(d, t, s, lost, servers, n);
+    FL_PCHECK(pthread_mutex_unlock(&pl->lock));
+    FL_PCHECK(pthread_mutex_lock(&pl->queue_lock));
+  }
+  FL_PCHECK(pthread_mutex_unlock(&pl->queue_lock));
+  common_free(servers);
+  return NULL;
+}
+
+void placement_executor_lost(driver_state *d, uint64_t executor) {
+  driver_placement *pl = d->placement;
+  if (!pl) return;
+  FL_PCHECK(pthread_mutex_lock(&pl->queue_lock));
+  uint64_t *grown = pl->stop ? NULL : common_grow(pl->lost, sizeof *pl->lost, pl->num_lost, &pl->cap_lost, 8);
+  if (pl->stop) {
+    /* the driver stops: nothing to recover */
+  } else if (grown) {
+    pl->lost = grown;
+    pl->lost[pl->num_lost++] = executor;
+    pthread_cond_signal(&pl->wake);
+  } else {
+    common_log(LOG_ERROR, "parameter server: out of memory: executor %llu's shards are not recovered",
+               (unsigned long long)executor);
+  }
+  FL_PCHECK(pthread_mutex_unlock(&pl->queue_lock));
+}
+
+/* ---- tables ---- */
+
+static fl_status spec_of(const Flint__PsTableSpec *in, ps_table_spec *out) {
+  if (!in) return FL_ERR(FL_EPROTO, "CreatePsTable: no spec");
+  if (in->update > PS_UPDATE_ADAM) return FL_ERR(FL_EINVAL, "parameter server: unknown update function %u", in->update);
+  *out = (ps_table_spec){.sparse = in->sparse, .keys = in->keys, .width = in->width,
+                         .update = {(ps_update_kind)in->update, in->lr, in->beta1, in->beta2, in->eps}};
+  return ps_table_spec_check(out);
+}
+
+static fl_status place(driver_state *d, uint64_t app, const ps_table_spec *spec, uint32_t shards, uint32_t workers,
+                       bool replicate, placed_table **out) {
+  driver_placement *pl = d->placement;
+  cluster_ps_server *servers = common_calloc(MAX_SERVERS, sizeof *servers);
+  if (!servers) return FL_ERR(FL_ENOMEM, "out of memory");
+  size_t n = cluster_ps_servers(d->cluster, servers, MAX_SERVERS);
+  if (n > MAX_SERVERS) n = MAX_SERVERS;
+  fl_status st = FL_OK;
+  if (n == 0) st = FL_ERR(FL_ESTATE, "parameter server: no executor to host a table (none has registered)");
+  else if (replicate && n < 2)
+    st = FL_ERR(FL_ESTATE, "parameter server: a replicated table needs two executors and the cluster has one "
+                "(ask for no replication, or add an executor)");
+  if (shards == 0) shards = (uint32_t)n;
+  if (st == FL_OK && (workers < 1 || shards > 4096))
+    st = FL_ERR(FL_EINVAL, "parameter server: %u shards and %u workers (1 to 4096 shards, 1 worker at least)",
+                shards, workers);
+  placed_table *t = st == FL_OK ? common_calloc(1, sizeof *t) : NULL;
+  if (st == FL_OK && t) {
+    t->map.places = common_calloc(shards, sizeof *t->map.places);
+    t->primary = common_calloc(shards, sizeof *t->primary);
+    t->backup = common_calloc(shards, sizeof *t->backup);
+  }
+  if (st == FL_OK && (!t || !t->map.places || !t->primary || !t->backup)) st = FL_ERR(FL_ENOMEM, "out of memory");
+  if (st == FL_OK) {
+    t->app = app;
+    t->replicate = replicate;
+    t->map.table = pl->next_table++;
+    t->map.spec = *spec;
+    t->map.shards = shards;
+    t->map.workers = workers;
+    for (uint32_t s = 0; s < shards; s++) {
+      const cluster_ps_server *p = &servers[(t->map.table + s) % n], *b = &servers[(t->map.table + s + 1) % n];
+      t->primary[s] = p->executor;
+      snprintf(t->map.places[s].primary, PS_ADDRESS_MAX, "%s", p->address);
+      if (replicate) {
+        t->backup[s] = b->executor;
+        snprintf(t->map.places[s].backup, PS_ADDRESS_MAX, "%s", b->address);
+      }
+    }
+    st = ps_table_create(&t->map, d->cfg.secret, CALL_TIMEOUT_MS);
+    if (st != FL_OK) drop_everywhere(d, t);
+  }
+  common_free(servers);
+  if (st != FL_OK) {
+    table_free(t);
+    return st;
+  }
+  *out = t;
+  return FL_OK;
+}
+
+fl_status placement_handle_create(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__CreatePsTableRequest, req, body, "CreatePsTable");
+  driver_app *app = NULL;
+  ps_table_spec spec;
+  fl_status st = apps_lookup(d, req->app_id, req->incarnation, &app);
+  if (st == FL_OK) st = spec_of(req->spec, &spec);
+  placed_table *t = NULL;
+  driver_placement *pl = d->placement;
+  if (st == FL_OK) {
+    FL_PCHECK(pthread_mutex_lock(&pl->lock));
+    st = place(d, req->app_id, &spec, req->shards, req->workers, req->replicate, &t);
+    if (st == FL_OK) {
+      t->next = pl->tables;
+      pl->tables = t;
+    }
+    Flint__CreatePsTableReply reply = FLINT__CREATE_PS_TABLE_REPLY__INIT;
+    fl_buf handle = FL_BUF_INIT;
+    if (st == FL_OK) st = ps_map_encode(&t->map, &handle);
+    if (st == FL_OK) {
+      reply.table = t->map.table;
+      reply.handle.data = handle.data;
+      reply.handle.len = handle.len;
+      st = proto_pack(&reply.base, response);
+      common_log(LOG_INFO, "parameter server: application %llu made table %u: %u shards%s", 
+                 (unsigned long long)req->app_id, t->map.table, t->map.shards, req->replicate ? ", replicated" : "");
+    }
+    fl_buf_free(&handle);
+    FL_PCHECK(pthread_mutex_unlock(&pl->lock));
+  }
+  apps_unpin(d, app);
+  flint__create_ps_table_request__free_unpacked(req, NULL);
+  return st;
+}
+
+/* Unlinks and drops the tables that match (one id of an app, or every table of the app). */
+static size_t drop_matching(driver_state *d, uint64_t app, bool all, uint32_t id) {
+  driver_placement *pl = d->placement;
+  size_t dropped = 0;
+  FL_PCHECK(pthread_mutex_lock(&pl->lock));
+  for (placed_table **p = &pl->tables; *p;) {
+    placed_table *t = *p;
+    if (t->app == app && (all || t->map.table == id)) {
+      *p = t->next;
+      drop_everywhere(d, t);
+      table_free(t);
+      dropped++;
+    } else {
+      p = &t->next;
+    }
+  }
+  FL_PCHECK(pthread_mutex_unlock(&pl->lock));
+  return dropped;
+}
+
+fl_status placement_handle_drop(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__DropPsTableRequest, req, body, "DropPsTable");
+  driver_app *app = NULL;
+  fl_status st = apps_lookup(d, req->app_id, req->incarnation, &app);
+  if (st == FL_OK && drop_matching(d, req->app_id, false, req->table) == 0)
+    st = FL_ERR(FL_ENOENT, "parameter server: application %llu has no table %u", (unsigned long long)req->app_id,
+                req->table);
+  apps_unpin(d, app);
+  flint__drop_ps_table_request__free_unpacked(req, NULL);
+  return st == FL_OK ? driver_empty_reply(response) : st;
+}
+
+void placement_app_closed(driver_state *d, uint64_t app) {
+  if (d->placement) drop_matching(d, app, true, 0);
+}
+
+fl_status placement_start(driver_state *d) {
+  driver_placement *pl = common_calloc(1, sizeof *pl);
+  if (!pl) return FL_ERR(FL_ENOMEM, "out of memory");
+  FL_PCHECK(pthread_mutex_init(&pl->lock, NULL));
+  FL_PCHECK(pthread_mutex_init(&pl->queue_lock, NULL));
+  FL_PCHECK(pthread_cond_init(&pl->wake, NULL));
+  /* Ids differ between driver processes: executors outlive a driver with their shards. */
+  pl->next_table = (uint32_t)(d->incarnation >> 32) | 1u;
+  d->placement = pl;
+  if (pthread_create(&pl->thread, NULL, recovery_main, d) != 0) {
+    placement_free(d);
+    return FL_ERR(FL_ENOMEM, "cannot start the parameter server's recovery thread");
+  }
+  pl->started = true;
+  return FL_OK;
+}
+
+void placement_stop(driver_state *d) {
+  driver_placement *pl = d->placement;
+  if (!pl) return;
+  FL_PCHECK(pthread_mutex_lock(&pl->queue_lock));
+  pl->stop = true;
+  pthread_cond_signal(&pl->wake);
+  FL_PCHECK(pthread_mutex_unlock(&pl->queue_lock));
+  if (pl->started) pthread_join(pl->thread, NULL);
+  pl->started = false;
+  while (pl->tables) {
+    placed_table *t = pl->tables;
+    pl->tables = t->next;
+    table_free(t);
+  }
+}
+
+void placement_free(driver_state *d) {
+  driver_placement *pl = d->placement;
+  if (!pl) return;
+  placement_stop(d);
+  common_free(pl->lost);
+  pthread_cond_destroy(&pl->wake);
+  pthread_mutex_destroy(&pl->queue_lock);
+  pthread_mutex_destroy(&pl->lock);
+  common_free(pl);
+  d->placement = NULL;
+}

@@ -1,0 +1,84 @@
+/*
+ * ps/api.c: the worker's side of flint/ps.h: a worker is a ps_client of the table whose
+ * handle (an encoded ps_map, ps/map.c) it was opened with. The tables themselves are made
+ * by the context (client/ps_tables.c) or the driver (driver/ps_tables.c).
+ *
+ * Threading: as ps_client (one thread at a time per worker).
+ */
+#include "common/config.h"
+#include "flint/ps.h"
+#include "ps/ps.h"
+
+struct fl_ps_worker {
+  ps_client *client;
+};
+
+fl_status fl_ps_worker_open(fl_bytes handle, uint32_t worker, fl_ps_worker **out) {
+  common_error_clear();
+  if (!out) return FL_ERR(FL_EINVAL, "fl_ps_worker_open: NULL out");
+  ps_map map;
+  fl_status st = ps_map_decode(handle, &map);
+  if (st != FL_OK) return st;
+  char *secret = NULL;
+  fl_ps_worker *w = NULL;
+  st = config_secret(&secret);
+  if (st == FL_OK && !(w = common_calloc(1, sizeof *w))) st = FL_ERR(FL_ENOMEM, "out of memory");
+  if (st == FL_OK) st = ps_client_create(&map, worker, secret, 0, &w->client);
+  common_free(secret);
+  ps_map_free(&map);
+  if (st != FL_OK) {
+    common_free(w);
+    return st;
+  }
+  *out = w;
+  return FL_OK;
+}
+
+void fl_ps_worker_close(fl_ps_worker *w) {
+  if (!w) return;
+  ps_client_destroy(w->client);
+  common_free(w);
+}
+
+void fl_ps_worker_set_staleness(fl_ps_worker *w, uint32_t staleness) {
+  if (w) ps_client_set_staleness(w->client, staleness);
+}
+
+#define WORKER_CALL(w, call)                                                                \
+  do {                                                                                      \
+    common_error_clear();                                                                   \
+    if (!(w)) return FL_ERR(FL_EINVAL, "parameter server: NULL worker");                   \
+    return (call);                                                                          \
+  } while (0)
+
+fl_status fl_ps_push(fl_ps_worker *w, const uint64_t *keys, size_t n, const float *grads, uint64_t *ticket) {
+  WORKER_CALL(w, ps_client_push(w->client, keys, n, grads, ticket));
+}
+fl_status fl_ps_pull(fl_ps_worker *w, const uint64_t *keys, size_t n, float *out, uint64_t *ticket) {
+  WORKER_CALL(w, ps_client_pull(w->client, keys, n, out, ticket));
+}
+fl_status fl_ps_push_range(fl_ps_worker *w, uint64_t lo, uint64_t count, const float *grads, uint64_t *ticket) {
+  WORKER_CALL(w, ps_client_push_range(w->client, lo, count, grads, ticket));
+}
+fl_status fl_ps_pull_range(fl_ps_worker *w, uint64_t lo, uint64_t count, float *out, uint64_t *ticket) {
+  WORKER_CALL(w, ps_client_pull_range(w->client, lo, count, out, ticket));
+}
+fl_status fl_ps_set_range(fl_ps_worker *w, uint64_t lo, uint64_t count, const float *values, uint64_t *ticket) {
+  WORKER_CALL(w, ps_client_set_range(w->client, lo, count, values, ticket));
+}
+fl_status fl_ps_clock(fl_ps_worker *w, uint64_t *ticket) { WORKER_CALL(w, ps_client_clock(w->client, ticket)); }
+fl_status fl_ps_retire(fl_ps_worker *w, uint64_t *ticket) { WORKER_CALL(w, ps_client_retire(w->client, ticket)); }
+fl_status fl_ps_wait(fl_ps_worker *w, uint64_t ticket, uint64_t *fresh) {
+  WORKER_CALL(w, ps_client_wait(w->client, ticket, fresh));
+}
+
+fl_ps_worker_stats fl_ps_worker_stats_get(fl_ps_worker *w) {
+  fl_ps_worker_stats out = {0};
+  if (!w) return out;
+  ps_client_stats s = ps_client_stats_get(w->client);
+  out.bytes_sent = s.bytes_sent;
+  out.bytes_received = s.bytes_received;
+  out.failovers = s.failovers;
+  out.clock = ps_client_clock_now(w->client);
+  return out;
+}
