@@ -193,6 +193,10 @@ static void take_answer(channel *ch, part *p, const ps_frame *r) {
     pthread_mutex_lock(&o->mu);
     if (r->clock < o->fresh) o->fresh = r->clock;
     pthread_mutex_unlock(&o->mu);
+  } else if (op == PS_OP_CLOCK_OF) {
+    pthread_mutex_lock(&o->mu);
+    if (r->clock < o->fresh) o->fresh = r->clock;
+    pthread_mutex_unlock(&o->mu);
   } else if (op == PS_OP_SAVE) {
     if (fl_buf_append(p->blob, ch->reply.data, ch->reply.len) != FL_OK)
       op_fail(o, FL_ENOMEM, "parameter server: out of memory for a shard's state");
@@ -646,6 +650,16 @@ fl_status ps_client_create(const ps_map *map, uint32_t worker, const char *secre
     ps_client_destroy(c);
     return FL_ERR(FL_EINTERNAL, "parameter server: cannot start a channel thread");
   }
+  /* A worker opened again (its task retried) goes on from the clock the shards have for it:
+   * the smallest, should a clock end have reached only some of them before it was lost. */
+  uint64_t ticket, clock = 0;
+  st = everywhere(c, PS_OP_CLOCK_OF, NULL, &ticket);
+  if (st == FL_OK) st = ps_client_wait(c, ticket, &clock);
+  if (st != FL_OK) {
+    ps_client_destroy(c);
+    return st;
+  }
+  c->clock = clock;
   *out = c;
   return FL_OK;
 }

@@ -199,7 +199,9 @@ typedef struct ps_client ps_client;
 
 /* A worker's client of one table: a connection and a sender thread per shard, so that a
  * batch to several shards travels in parallel. worker: 0 .. map->workers - 1 (each live
- * client of a table has its own). The map is copied. */
+ * client of a table has its own). The map is copied. Asks every shard for the worker's
+ * clock and starts from it (a retried task's worker goes on where the lost one was), so it
+ * blocks on the servers and fails as a pull would (unknown table, unreachable server). */
 fl_status ps_client_create(const ps_map *map, uint32_t worker, const char *secret, uint32_t timeout_ms,
                            ps_client **out);
 /* Waits for every operation in flight, closes the connections and frees the client. NULL: no-op. */

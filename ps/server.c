@@ -406,6 +406,12 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
   case PS_OP_REPLICATE:
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
     return replicate(s, h, f, payload);
+  case PS_OP_CLOCK_OF:
+    if ((st = find(s, f, false, &h)) != FL_OK) return st;
+    if (f->worker >= h->workers)
+      return fl_set_error(FL_EINVAL, "parameter server: worker %u of a table of %u workers", f->worker, h->workers);
+    *clock = ps_clocks_of(h->clocks, f->worker);
+    return FL_OK;
   case PS_OP_PROMOTE: {
     h = hosted_find(s, f->table, f->shard);
     if (!h) return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);

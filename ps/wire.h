@@ -15,7 +15,8 @@
  * floats; PULL n keys; PUSH_RANGE / SET_RANGE count x width floats; PULL_RANGE a u64 count;
  * LOAD a shard blob; PROMOTE and DROP nothing; REPLICATE (to a primary) the new backup's
  * address, to which the primary sends HOST (arg 1: as a backup) and ADOPT, the shard's whole
- * replica state (ps_wire_replica_*), before it forwards to it. Answers carry the values (pulls), the blob (SAVE), the
+ * replica state (ps_wire_replica_*), before it forwards to it; CLOCK_OF nothing (the answer's
+ * clock is the worker's). Answers carry the values (pulls), the blob (SAVE), the
  * new clock (CLOCK, in `clock`), or the error message when status != 0.
  */
 #ifndef FLINT_PS_WIRE_H
@@ -44,8 +45,9 @@ typedef enum ps_op {
   PS_OP_DROP,
   PS_OP_REPLICATE,
   PS_OP_ADOPT,
+  PS_OP_CLOCK_OF,
 } ps_op;
-#define PS_OP_LAST PS_OP_ADOPT
+#define PS_OP_LAST PS_OP_CLOCK_OF
 #define PS_OP_FORWARDED 0x40
 #define PS_OP_REPLY 0x80
 

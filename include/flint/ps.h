@@ -74,7 +74,10 @@ FL_API fl_status fl_ps_table_load(fl_ps_table *t, const char *path);
 typedef struct fl_ps_worker fl_ps_worker;
 
 /* Opens worker `worker` (0 .. workers - 1) of the table whose handle this is, in a task or
- * in the client. FL_EFORMAT or FL_ECORRUPT for bytes that are no handle. */
+ * in the client. The worker's clock starts where the servers have it: a retried task goes on
+ * at the clock its lost attempt reached (fl_ps_worker_stats_get's clock). Blocks on the
+ * servers. FL_EFORMAT or FL_ECORRUPT for bytes that are no handle, FL_ENOENT for a table
+ * that is gone, FL_ENET when its servers cannot be reached. */
 FL_API fl_status fl_ps_worker_open(fl_bytes handle, uint32_t worker, fl_ps_worker **out);
 /* Waits for what is in flight and closes. NULL: no-op. */
 FL_API void fl_ps_worker_close(fl_ps_worker *w);
