@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "client/client_internal.h"
+#include "common/config.h"
 #include "flint/ps.h"
 #include "proto/pack.h"
 #include "ps/ps.h"
@@ -51,7 +52,11 @@ static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_t
   fl_status st = FL_OK;
   FL_PCHECK(pthread_mutex_lock(&p->lock));
   for (int i = 0; st == FL_OK && i < CLIENT_PS_LOCAL_SERVERS; i++)
-    if (!p->servers[i]) st = ps_server_start("127.0.0.1", 0, NULL, &p->servers[i]);
+    if (!p->servers[i]) {
+      ps_server_options o = PS_SERVER_OPTIONS_INIT;
+      o.timeout_ms = (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS);
+      st = ps_server_start("127.0.0.1", 0, &o, &p->servers[i]);
+    }
   uint32_t id = p->next_table++;
   FL_PCHECK(pthread_mutex_unlock(&p->lock));
   if (st != FL_OK) return st;
@@ -63,7 +68,7 @@ static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_t
     if (o->replicate)
       snprintf(t->map.places[s].backup, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(p->servers[(s + 1) % 2]));
   }
-  return ps_table_create(&t->map, NULL, 0);
+  return ps_table_create(&t->map, NULL, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS));
 }
 
 static fl_status create_remote(fl_ps_table *t, const fl_ps_options *o, const ps_table_spec *spec) {
@@ -143,7 +148,7 @@ fl_bytes fl_ps_table_handle(const fl_ps_table *t) {
 
 static fl_status admin(fl_ps_table *t) {
   if (t->admin) return FL_OK;
-  return ps_client_create(&t->map, 0, t->secret, 0, &t->admin);
+  return ps_client_create(&t->map, 0, t->secret, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS), &t->admin);
 }
 
 fl_status fl_ps_table_save(fl_ps_table *t, const char *path) {

@@ -169,6 +169,7 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
   FL_CHECK(dp_server_start(svc.cfg.host, 0, cfg->secret, exec_handle_block, &svc, &svc.blocks_server));
   ps_server_options pso = PS_SERVER_OPTIONS_INIT;
   pso.secret = cfg->secret;
+  pso.timeout_ms = (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS);
   FL_CHECK(ps_server_start(svc.cfg.host, 0, &pso, &svc.ps));
   char listen[96];
   snprintf(listen, sizeof listen, "%s:0", svc.cfg.host);

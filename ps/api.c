@@ -5,13 +5,33 @@
  *
  * Threading: as ps_client (one thread at a time per worker).
  */
+#include <stdio.h>
+#include <time.h>
+
 #include "common/config.h"
 #include "flint/ps.h"
 #include "ps/ps.h"
 
 struct fl_ps_worker {
   ps_client *client;
+  double slowdown;       /* FLINT_PS_SLOW_WORKER names this worker: each clock takes this many times as long */
+  uint64_t last_clock_ns;
 };
+
+/* FLINT_PS_SLOW_WORKER=K:F: F when `worker` is K (F >= 1), else 1. A malformed value is
+ * warned about once per worker and ignored. */
+static double slowdown_of(uint32_t worker) {
+  const char *v = config_string(CONFIG_PS_SLOW_WORKER);
+  if (!v || !*v) return 1;
+  unsigned k;
+  double f;
+  char extra;
+  if (sscanf(v, "%u:%lf%c", &k, &f, &extra) != 2 || !(f >= 1 && f <= 1000)) {
+    common_log(LOG_WARN, "FLINT_PS_SLOW_WORKER=%s is not K:F (F from 1 to 1000): ignored", v);
+    return 1;
+  }
+  return k == worker ? f : 1;
+}
 
 fl_status fl_ps_worker_open(fl_bytes handle, uint32_t worker, fl_ps_worker **out) {
   common_error_clear();
@@ -23,7 +43,11 @@ fl_status fl_ps_worker_open(fl_bytes handle, uint32_t worker, fl_ps_worker **out
   fl_ps_worker *w = NULL;
   st = config_secret(&secret);
   if (st == FL_OK && !(w = common_calloc(1, sizeof *w))) st = FL_ERR(FL_ENOMEM, "out of memory");
-  if (st == FL_OK) st = ps_client_create(&map, worker, secret, 0, &w->client);
+  if (st == FL_OK) st = ps_client_create(&map, worker, secret, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS), &w->client);
+  if (st == FL_OK) {
+    w->slowdown = slowdown_of(worker);
+    w->last_clock_ns = common_now_ns();
+  }
   common_free(secret);
   ps_map_free(&map);
   if (st != FL_OK) {
@@ -66,7 +90,17 @@ fl_status fl_ps_pull_range(fl_ps_worker *w, uint64_t lo, uint64_t count, float *
 fl_status fl_ps_set_range(fl_ps_worker *w, uint64_t lo, uint64_t count, const float *values, uint64_t *ticket) {
   WORKER_CALL(w, ps_client_set_range(w->client, lo, count, values, ticket));
 }
-fl_status fl_ps_clock(fl_ps_worker *w, uint64_t *ticket) { WORKER_CALL(w, ps_client_clock(w->client, ticket)); }
+fl_status fl_ps_clock(fl_ps_worker *w, uint64_t *ticket) {
+  if (w && w->slowdown > 1) { /* the injected straggler: its iteration took slowdown times as long */
+    uint64_t now = common_now_ns();
+    uint64_t extra = (uint64_t)((double)(now - w->last_clock_ns) * (w->slowdown - 1));
+    struct timespec ts = {(time_t)(extra / 1000000000u), (long)(extra % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    w->last_clock_ns = common_now_ns();
+  }
+  WORKER_CALL(w, ps_client_clock(w->client, ticket));
+}
 fl_status fl_ps_retire(fl_ps_worker *w, uint64_t *ticket) { WORKER_CALL(w, ps_client_retire(w->client, ticket)); }
 fl_status fl_ps_wait(fl_ps_worker *w, uint64_t ticket, uint64_t *fresh) {
   WORKER_CALL(w, ps_client_wait(w->client, ticket, fresh));
