@@ -85,7 +85,8 @@ fl_status ps_shard_pull(const ps_shard *s, const uint64_t *keys, size_t n, float
 /* Overwrites n keys' values (initial weights, a restore); the update state is left alone. */
 fl_status ps_shard_set(ps_shard *s, const uint64_t *keys, size_t n, const float *values);
 
-/* The whole state (values, the update's slots, per-key steps) as one blob with a CRC-32C,
+/* The whole state (values, the update's slots, per-key steps) as one blob with a CRC-32C
+ * (encode replaces *out's contents),
  * and back: decode checks the blob completely (magic, version, the table, the counts, every
  * key) and replaces the shard's contents only when all of it is valid (FL_EFORMAT,
  * FL_ECORRUPT or FL_EINVAL naming what is wrong). Replication and checkpoints use it. */

@@ -128,7 +128,12 @@ fl_status ps_wire_replica_encode(const ps_shard *shard, ps_clocks *clocks, const
     common_put_u64(row + 16, retired);
     if (fl_buf_append(out, row, sizeof row) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
   }
-  return ps_shard_encode(shard, out);
+  fl_buf blob = FL_BUF_INIT; /* ps_shard_encode replaces its buffer's contents */
+  fl_status st = ps_shard_encode(shard, &blob);
+  if (st == FL_OK && fl_buf_append(out, blob.data, blob.len) != FL_OK)
+    st = FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  fl_buf_free(&blob);
+  return st;
 }
 
 fl_status ps_wire_replica_adopt(fl_bytes in, ps_shard *shard, ps_clocks *clocks, uint64_t *last_seq, uint32_t workers) {

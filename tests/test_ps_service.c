@@ -367,6 +367,54 @@ static void test_reopened_worker_keeps_its_clock(void **state) {
   cluster_stop(&cl);
 }
 
+/* A primary backs itself up on a new server (the driver's recovery): the copy carries the
+ * values, the clocks and the sequence numbers, and later pushes are forwarded to it. */
+static void test_replicate_to_a_new_backup(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 16, .width = 2, .update = PS_UPDATE_INIT};
+  spec.update.kind = PS_UPDATE_ADAM;
+  cluster cl;
+  cluster_start(&cl, 1, 11, &spec, 1, 2, false, NULL);
+  ps_server *fresh;
+  assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &fresh), FL_OK);
+  char fresh_addr[PS_ADDRESS_MAX];
+  snprintf(fresh_addr, sizeof fresh_addr, "127.0.0.1:%d", ps_server_port(fresh));
+  ps_client *c;
+  assert_int_equal(ps_client_create(&cl.map, 1, NULL, 5000, &c), FL_OK);
+  float g[32], want[32], got[32];
+  for (int i = 0; i < 32; i++) g[i] = (float)(i % 5) - 2;
+  uint64_t t;
+  for (int round = 0; round < 3; round++) {
+    assert_int_equal(ps_client_push_range(c, 0, 16, g, &t), FL_OK);
+    wait_ok(c, t);
+    assert_int_equal(ps_client_clock(c, &t), FL_OK);
+    wait_ok(c, t);
+  }
+  assert_int_equal(ps_shard_replicate(cl.places[0].primary, NULL, 11, 0, fresh_addr, 5000), FL_OK);
+  assert_int_equal(ps_client_push_range(c, 0, 16, g, &t), FL_OK); /* forwarded to the new backup */
+  wait_ok(c, t);
+  assert_int_equal(ps_client_pull_range(c, 0, 16, want, &t), FL_OK);
+  wait_ok(c, t);
+  ps_client_destroy(c);
+  /* The primary goes; the new backup, promoted, has everything. */
+  cluster_stop(&cl);
+  assert_int_equal(ps_shard_promote(fresh_addr, NULL, 11, 0, 5000), FL_OK);
+  ps_place moved;
+  memset(&moved, 0, sizeof moved);
+  snprintf(moved.primary, PS_ADDRESS_MAX, "%s", fresh_addr);
+  ps_map map = {.table = 11, .spec = spec, .shards = 1, .workers = 2, .places = &moved};
+  assert_int_equal(ps_client_create(&map, 1, NULL, 5000, &c), FL_OK);
+  assert_int_equal(ps_client_clock_now(c), 3);
+  assert_int_equal(ps_client_pull_range(c, 0, 16, got, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_equal(got, want, sizeof got);
+  ps_client_destroy(c);
+  /* A replicate to a server that is not there fails, naming it. */
+  ps_server_stop(fresh);
+  assert_int_equal(ps_shard_replicate(fresh_addr, NULL, 11, 0, "127.0.0.1:1", 2000), FL_ENET);
+  assert_non_null(strstr(fl_last_error(), fresh_addr));
+}
+
 /* ---- checkpoints ---- */
 
 static void test_save_and_load(void **state) {
@@ -489,6 +537,7 @@ int main(void) {
       cmocka_unit_test(test_ssp_bound_over_the_network),
       cmocka_unit_test(test_resend_is_applied_once),
       cmocka_unit_test(test_reopened_worker_keeps_its_clock),
+      cmocka_unit_test(test_replicate_to_a_new_backup),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_bad_requests_get_clear_errors),
   };
