@@ -114,9 +114,9 @@ static inline const char *client_work_base(const char *chosen) {
 
 /* ---- parameter-server tables (ps_tables.c) --------------------------------------------- */
 /* The servers a local context runs in its own process for its tables: started with the first
- * table, stopped at close (client_ps_local_stop). Two, so that a shard's backup is on
- * another server than its primary. */
-#define CLIENT_PS_LOCAL_SERVERS 2
+ * table, stopped at close (client_ps_local_stop). Four, so that a shard's primary and each of
+ * its backups (three at most) are on servers of their own. */
+#define CLIENT_PS_LOCAL_SERVERS 4
 typedef struct client_ps_local {
   pthread_mutex_t lock;
   struct ps_server *servers[CLIENT_PS_LOCAL_SERVERS];

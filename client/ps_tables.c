@@ -44,6 +44,10 @@ static fl_status spec_of(const fl_ps_options *o, ps_table_spec *out) {
   fl_status st = ps_table_spec_check(out);
   if (st == FL_OK && o->workers < 1) st = FL_ERR(FL_EINVAL, "fl_ps_table_create: a table needs 1 worker at least");
   if (st == FL_OK && o->shards > 4096) st = FL_ERR(FL_EINVAL, "fl_ps_table_create: %u shards (at most 4096)", o->shards);
+  if (st == FL_OK && o->replicate && o->backups > PS_MAX_BACKUPS)
+    st = FL_ERR(FL_EINVAL, "fl_ps_table_create: %u backups a shard (at most %d)", o->backups, PS_MAX_BACKUPS);
+  if (st == FL_OK && (unsigned)o->replication > FL_PS_CHAIN)
+    st = FL_ERR(FL_EINVAL, "fl_ps_table_create: unknown replication %d", (int)o->replication);
   return st == FL_OK ? st : common_error_wrap(st, "fl_ps_table_create: ");
 }
 
@@ -61,12 +65,16 @@ static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_t
   FL_PCHECK(pthread_mutex_unlock(&p->lock));
   if (st != FL_OK) return st;
   uint32_t shards = o->shards ? o->shards : LOCAL_DEFAULT_SHARDS;
-  t->map = (ps_map){.table = id, .spec = *spec, .shards = shards, .workers = o->workers};
+  uint32_t backups = o->replicate ? (o->backups ? o->backups : 1) : 0;
+  t->map = (ps_map){.table = id, .spec = *spec, .shards = shards, .workers = o->workers,
+                    .replication = (ps_replication)o->replication};
   if (!(t->map.places = common_calloc(shards, sizeof *t->map.places))) return FL_ERR(FL_ENOMEM, "out of memory");
   for (uint32_t s = 0; s < shards; s++) {
-    snprintf(t->map.places[s].primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(p->servers[s % 2]));
-    if (o->replicate)
-      snprintf(t->map.places[s].backup, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(p->servers[(s + 1) % 2]));
+    ps_place *pl = &t->map.places[s];
+    snprintf(pl->primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(p->servers[s % CLIENT_PS_LOCAL_SERVERS]));
+    for (uint32_t b = 0; b < backups; b++)
+      snprintf(pl->backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d",
+               ps_server_port(p->servers[(s + 1 + b) % CLIENT_PS_LOCAL_SERVERS]));
   }
   return ps_table_create(&t->map, NULL, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS));
 }
@@ -86,6 +94,8 @@ static fl_status create_remote(fl_ps_table *t, const fl_ps_options *o, const ps_
   req.shards = o->shards;
   req.workers = o->workers;
   req.replicate = o->replicate;
+  req.backups = o->backups;
+  req.replication = (uint32_t)o->replication;
   fl_buf reply = FL_BUF_INIT;
   fl_status st = client_rpc_call(c->driver, "/flint.Driver/CreatePsTable", &req.base, CLIENT_RPC_TIMEOUT_MS, &reply);
   Flint__CreatePsTableReply *r = NULL;
@@ -133,7 +143,8 @@ void fl_ps_table_destroy(fl_ps_table *t) {
   } else if (t->map.places) {
     for (uint32_t s = 0; s < t->map.shards; s++) {
       ps_shard_drop(t->map.places[s].primary, NULL, t->map.table, s, 0);
-      if (t->map.places[s].backup[0]) ps_shard_drop(t->map.places[s].backup, NULL, t->map.table, s, 0);
+      for (uint32_t b = 0; b < ps_place_backups(&t->map.places[s]); b++)
+        ps_shard_drop(t->map.places[s].backups[b], NULL, t->map.table, s, 0);
     }
   }
   ps_map_free(&t->map);

@@ -183,7 +183,7 @@ enum {
   X(COMM_HOST, STRING, TASKS, 0, 0, 0, "127.0.0.1", "the address a rank's host-backend endpoint listens on")        \
   X(PS_TIMEOUT_MS, MS, TASKS, 0, 1, CONFIG_MAX_U32, "60000",                                                         \
     "parameter servers: a pull waiting for slower workers, a frame, a call to a server or a backup")                 \
-  X(PS_SLOW_WORKER, STRING, TASKS, CONFIG_TEST_ONLY, 0, 0, "none",                                                  \
+  X(PS_SLOW_WORKER, STRING, TASKS, CONFIG_TEST_ONLY | CONFIG_COMPUTED, 0, 0, "none",                                                  \
     "test only: K:F, parameter-server worker K of every table takes F times as long per clock")                     \
   X(COMM_TIMEOUT_MS, MS, TASKS, 0, 0, CONFIG_MAX_U32, "300000",                                                     \
     "no byte moving for this long inside a host collective is a timeout")                                           \

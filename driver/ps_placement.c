@@ -3,13 +3,14 @@
  * shards live, and what happens when an executor that holds one is lost.
  *
  * Every executor runs a parameter server (ps/ps.h) and says where at registration. A table's
- * shard s goes to the live servers in turn, its primary on one executor and, replicated, its
- * backup on the next, starting at a place that turns with the table's id so that tables
- * spread. When an executor is lost, its primaries' backups are promoted, and every shard left
- * without a backup is backed up again on another executor (the primary copies its whole
- * state there under its lock, then forwards to it): training goes on, and a second loss
- * loses nothing either, as long as it comes after the copy. A table goes with its
- * application.
+ * shard s goes to the live servers in turn, its primary on one executor and its backups (as
+ * many as the table asks, chained or all fed by the primary) on the next ones, starting at a
+ * place that turns with the table's id so that tables spread. When an executor is lost, the
+ * shards it held close ranks: a lost primary's first backup is promoted, a lost backup's
+ * predecessor forwards past it; then every shard short of backups is backed up again on other
+ * executors (the replica that feeds the new one copies its whole state there under its lock,
+ * then forwards to it). Training goes on, and a later loss loses nothing either, as long as
+ * it comes after the copy. A table goes with its application.
  *
  * Threading: the handlers run on rpc handler threads and block on the servers; a loss comes
  * on the scheduler thread, which only queues it (under a lock of its own) for the recovery
@@ -24,11 +25,13 @@
 #define CALL_TIMEOUT_MS 30000
 #define MAX_SERVERS 1024
 
+#define MEMBERS (1 + PS_MAX_BACKUPS)
+
 typedef struct placed_table {
   uint64_t app;
-  bool replicate;
-  ps_map map; /* its places are this struct's */
-  uint64_t *primary, *backup; /* each shard's executors (0: none) */
+  uint32_t backups; /* asked for a shard */
+  ps_map map;       /* its places are this struct's */
+  uint64_t (*members)[MEMBERS]; /* each shard's executors: [0] the primary, then the backups; 0 after the last */
   struct placed_table *next;
 } placed_table;
 
@@ -47,78 +50,110 @@ struct driver_placement {
 static void table_free(placed_table *t) {
   if (!t) return;
   ps_map_free(&t->map);
-  common_free(t->primary);
-  common_free(t->backup);
+  common_free(t->members);
   common_free(t);
 }
 
+/* Member m's address: the primary's or a backup's. */
+static char *member_address(ps_place *p, uint32_t m) { return m == 0 ? p->primary : p->backups[m - 1]; }
+
+static uint32_t member_count(const uint64_t members[MEMBERS]) {
+  uint32_t n = 0;
+  while (n < MEMBERS && members[n]) n++;
+  return n;
+}
+
 static void drop_everywhere(driver_state *d, placed_table *t) {
-  for (uint32_t s = 0; s < t->map.shards; s++) {
-    const ps_place *p = &t->map.places[s];
-    if (p->primary[0] && ps_shard_drop(p->primary, d->cfg.secret, t->map.table, s, CALL_TIMEOUT_MS) != FL_OK)
-      common_log(LOG_DEBUG, "dropping a shard: %s", fl_last_error());
-    if (p->backup[0] && ps_shard_drop(p->backup, d->cfg.secret, t->map.table, s, CALL_TIMEOUT_MS) != FL_OK)
-      common_log(LOG_DEBUG, "dropping a shard: %s", fl_last_error());
-  }
+  for (uint32_t s = 0; s < t->map.shards; s++)
+    for (uint32_t m = 0; m < MEMBERS; m++) {
+      const char *a = member_address(&t->map.places[s], m);
+      if (a[0] && ps_shard_drop(a, d->cfg.secret, t->map.table, s, CALL_TIMEOUT_MS) != FL_OK)
+        common_log(LOG_DEBUG, "dropping a shard: %s", fl_last_error());
+    }
 }
 
 /* ---- recovery ---- */
 
-static const char *address_of(const cluster_ps_server *servers, size_t n, uint64_t executor) {
+/* A live server that holds no replica of the shard, after `after` in the list (so that
+ * replicas spread). */
+static const cluster_ps_server *another(const cluster_ps_server *servers, size_t n, const uint64_t members[MEMBERS],
+                                        uint64_t after) {
+  size_t at = 0;
   for (size_t i = 0; i < n; i++)
-    if (servers[i].executor == executor) return servers[i].address;
+    if (servers[i].executor == after) at = i;
+  for (size_t k = 1; k <= n; k++) {
+    const cluster_ps_server *c = &servers[(at + k) % n];
+    bool taken = false;
+    for (uint32_t m = 0; m < MEMBERS; m++) taken |= members[m] == c->executor;
+    if (!taken) return c;
+  }
   return NULL;
 }
 
-/* A live server other than `not`, after it in the list (so that backups spread). */
-static const cluster_ps_server *another(const cluster_ps_server *servers, size_t n, uint64_t not) {
-  size_t at = 0;
-  for (size_t i = 0; i < n; i++)
-    if (servers[i].executor == not) at = i;
-  for (size_t k = 1; k <= n; k++)
-    if (servers[(at + k) % n].executor != not) return &servers[(at + k) % n];
-  return NULL;
+/* Tells replica m whom it forwards to now (after a loss among its targets). */
+static void retarget(driver_state *d, placed_table *t, uint32_t s, uint32_t m) {
+  ps_place *p = &t->map.places[s];
+  char targets[PS_MAX_BACKUPS][PS_ADDRESS_MAX];
+  uint32_t n;
+  ps_place_targets(p, t->map.replication, m, targets, &n);
+  if (ps_shard_targets(member_address(p, m), d->cfg.secret, t->map.table, s, targets, n, CALL_TIMEOUT_MS) != FL_OK)
+    common_log(LOG_WARN, "parameter server: table %u shard %u: %s", t->map.table, s, fl_last_error());
 }
 
 static void recover_shard(driver_state *d, placed_table *t, uint32_t s, uint64_t lost, const cluster_ps_server *servers,
                           size_t n) {
   ps_place *p = &t->map.places[s];
-  uint32_t id = t->map.table;
-  if (t->primary[s] == lost) {
-    if (!t->backup[s]) {
-      common_log(LOG_ERROR, "parameter server: table %u lost shard %u with executor %llu (it had no backup)", id, s,
-                 (unsigned long long)lost);
-      t->primary[s] = 0;
-      return;
-    }
-    if (ps_shard_promote(p->backup, d->cfg.secret, id, s, CALL_TIMEOUT_MS) != FL_OK) {
+  uint64_t *mem = t->members[s];
+  uint32_t id = t->map.table, count = member_count(mem), at = 0;
+  while (at < count && mem[at] != lost) at++;
+  if (at == count) return;
+  /* The members close ranks over the lost one. */
+  for (uint32_t m = at; m + 1 < count; m++) {
+    mem[m] = mem[m + 1];
+    memcpy(member_address(p, m), member_address(p, m + 1), PS_ADDRESS_MAX);
+  }
+  count--;
+  mem[count] = 0;
+  member_address(p, count)[0] = 0;
+  if (count == 0) {
+    common_log(LOG_ERROR, "parameter server: table %u lost shard %u with executor %llu (it had no backup)", id, s,
+               (unsigned long long)lost);
+    return;
+  }
+  if (at == 0) {
+    char targets[PS_MAX_BACKUPS][PS_ADDRESS_MAX];
+    uint32_t nt;
+    ps_place_targets(p, t->map.replication, 0, targets, &nt);
+    if (ps_shard_promote(p->primary, d->cfg.secret, id, s, CALL_TIMEOUT_MS) != FL_OK) {
       common_log(LOG_ERROR, "parameter server: table %u shard %u: cannot promote its backup: %s", id, s,
                  fl_last_error());
       return;
     }
     common_log(LOG_INFO, "parameter server: table %u shard %u: executor %llu lost, its backup on executor %llu "
-               "is the primary", id, s, (unsigned long long)lost, (unsigned long long)t->backup[s]);
-    t->primary[s] = t->backup[s];
-    snprintf(p->primary, sizeof p->primary, "%s", p->backup);
-    t->backup[s] = 0;
-    p->backup[0] = 0;
-  } else if (t->backup[s] == lost) {
-    t->backup[s] = 0;
-    p->backup[0] = 0;
+               "is the primary", id, s, (unsigned long long)lost, (unsigned long long)mem[0]);
+    retarget(d, t, s, 0);
+  } else {
+    /* primary-backup: the primary feeds the rest; chain: the lost one's predecessor skips it */
+    retarget(d, t, s, t->map.replication == PS_REPLICATION_CHAIN ? at - 1 : 0);
   }
-  if (!t->replicate || t->backup[s] || !t->primary[s] || !address_of(servers, n, t->primary[s])) return;
-  const cluster_ps_server *b = another(servers, n, t->primary[s]);
-  if (!b) {
-    common_log(LOG_WARN, "parameter server: table %u shard %u has no backup: no other executor", id, s);
-    return;
+  /* Back up again: the new replica joins the end of the chain, or the primary's list. */
+  while (count < 1 + t->backups) {
+    uint32_t feeder = t->map.replication == PS_REPLICATION_CHAIN ? count - 1 : 0;
+    const cluster_ps_server *b = another(servers, n, mem, mem[count - 1]);
+    if (!b) {
+      common_log(LOG_WARN, "parameter server: table %u shard %u has %u backups of %u: no other executor", id, s,
+                 count - 1, t->backups);
+      return;
+    }
+    if (ps_shard_replicate(member_address(p, feeder), d->cfg.secret, id, s, b->address, CALL_TIMEOUT_MS) != FL_OK) {
+      common_log(LOG_WARN, "parameter server: table %u shard %u: cannot back it up on executor %llu: %s", id, s,
+                 (unsigned long long)b->executor, fl_last_error());
+      return;
+    }
+    mem[count] = b->executor;
+    snprintf(member_address(p, count), PS_ADDRESS_MAX, "%s", b->address);
+    count++;
   }
-  if (ps_shard_replicate(p->primary, d->cfg.secret, id, s, b->address, CALL_TIMEOUT_MS) != FL_OK) {
-    common_log(LOG_WARN, "parameter server: table %u shard %u: cannot back it up on executor %llu: %s", id, s,
-               (unsigned long long)b->executor, fl_last_error());
-    return;
-  }
-  t->backup[s] = b->executor;
-  snprintf(p->backup, sizeof p->backup, "%s", b->address);
 }
 
 static void *recovery_main(void *arg) {
@@ -138,7 +173,7 @@ static void *recovery_main(void *arg) {
     if (n > MAX_SERVERS) n = MAX_SERVERS;
     for (placed_table *t = pl->tables; t; t = t->next)
       for (uint32_t s = 0; s < t->map.shards; s++)
-        if (t->primary[s] == lost || t->backup[s] == lost) recover_shard(d, t, s, lost, servers, n);
+        recover_shard(d, t, s, lost, servers, n);
     FL_PCHECK(pthread_mutex_unlock(&pl->lock));
     FL_PCHECK(pthread_mutex_lock(&pl->queue_lock));
   }
@@ -176,17 +211,18 @@ static fl_status spec_of(const Flint__PsTableSpec *in, ps_table_spec *out) {
 }
 
 static fl_status place(driver_state *d, uint64_t app, const ps_table_spec *spec, uint32_t shards, uint32_t workers,
-                       bool replicate, placed_table **out) {
+                       uint32_t backups, ps_replication mode, placed_table **out) {
   driver_placement *pl = d->placement;
   cluster_ps_server *servers = common_calloc(MAX_SERVERS, sizeof *servers);
   if (!servers) return FL_ERR(FL_ENOMEM, "out of memory");
   size_t n = cluster_ps_servers(d->cluster, servers, MAX_SERVERS);
   if (n > MAX_SERVERS) n = MAX_SERVERS;
   fl_status st = FL_OK;
-  if (n == 0) st = FL_ERR(FL_ESTATE, "parameter server: no executor to host a table (none has registered)");
-  else if (replicate && n < 2)
-    st = FL_ERR(FL_ESTATE, "parameter server: a replicated table needs two executors and the cluster has one "
-                "(ask for no replication, or add an executor)");
+  if (backups > PS_MAX_BACKUPS) st = FL_ERR(FL_EINVAL, "parameter server: %u backups (at most %d)", backups, PS_MAX_BACKUPS);
+  else if (n == 0) st = FL_ERR(FL_ESTATE, "parameter server: no executor to host a table (none has registered)");
+  else if (n < 1 + backups)
+    st = FL_ERR(FL_ESTATE, "parameter server: a table with %u backup%s a shard needs %u executors and the cluster has "
+                "%zu (ask for fewer backups, or add executors)", backups, backups == 1 ? "" : "s", 1 + backups, n);
   if (shards == 0) shards = (uint32_t)n;
   if (st == FL_OK && (workers < 1 || shards > 4096))
     st = FL_ERR(FL_EINVAL, "parameter server: %u shards and %u workers (1 to 4096 shards, 1 worker at least)",
@@ -194,26 +230,23 @@ static fl_status place(driver_state *d, uint64_t app, const ps_table_spec *spec,
   placed_table *t = st == FL_OK ? common_calloc(1, sizeof *t) : NULL;
   if (st == FL_OK && t) {
     t->map.places = common_calloc(shards, sizeof *t->map.places);
-    t->primary = common_calloc(shards, sizeof *t->primary);
-    t->backup = common_calloc(shards, sizeof *t->backup);
+    t->members = common_calloc(shards, sizeof *t->members);
   }
-  if (st == FL_OK && (!t || !t->map.places || !t->primary || !t->backup)) st = FL_ERR(FL_ENOMEM, "out of memory");
+  if (st == FL_OK && (!t || !t->map.places || !t->members)) st = FL_ERR(FL_ENOMEM, "out of memory");
   if (st == FL_OK) {
     t->app = app;
-    t->replicate = replicate;
+    t->backups = backups;
+    t->map.replication = mode;
     t->map.table = pl->next_table++;
     t->map.spec = *spec;
     t->map.shards = shards;
     t->map.workers = workers;
-    for (uint32_t s = 0; s < shards; s++) {
-      const cluster_ps_server *p = &servers[(t->map.table + s) % n], *b = &servers[(t->map.table + s + 1) % n];
-      t->primary[s] = p->executor;
-      snprintf(t->map.places[s].primary, PS_ADDRESS_MAX, "%s", p->address);
-      if (replicate) {
-        t->backup[s] = b->executor;
-        snprintf(t->map.places[s].backup, PS_ADDRESS_MAX, "%s", b->address);
+    for (uint32_t s = 0; s < shards; s++)
+      for (uint32_t m = 0; m <= backups; m++) {
+        const cluster_ps_server *c = &servers[(t->map.table + s + m) % n];
+        t->members[s][m] = c->executor;
+        snprintf(member_address(&t->map.places[s], m), PS_ADDRESS_MAX, "%s", c->address);
       }
-    }
     st = ps_table_create(&t->map, d->cfg.secret, CALL_TIMEOUT_MS);
     if (st != FL_OK) drop_everywhere(d, t);
   }
@@ -236,7 +269,11 @@ fl_status placement_handle_create(driver_state *d, fl_bytes body, fl_buf *respon
   driver_placement *pl = d->placement;
   if (st == FL_OK) {
     FL_PCHECK(pthread_mutex_lock(&pl->lock));
-    st = place(d, req->app_id, &spec, req->shards, req->workers, req->replicate, &t);
+    uint32_t backups = req->replicate ? (req->backups ? req->backups : 1) : 0;
+    if (req->replication > PS_REPLICATION_CHAIN)
+      st = FL_ERR(FL_EINVAL, "parameter server: unknown replication %u", req->replication);
+    else
+      st = place(d, req->app_id, &spec, req->shards, req->workers, backups, (ps_replication)req->replication, &t);
     if (st == FL_OK) {
       t->next = pl->tables;
       pl->tables = t;
@@ -249,8 +286,9 @@ fl_status placement_handle_create(driver_state *d, fl_bytes body, fl_buf *respon
       reply.handle.data = handle.data;
       reply.handle.len = handle.len;
       st = proto_pack(&reply.base, response);
-      common_log(LOG_INFO, "parameter server: application %llu made table %u: %u shards%s", 
-                 (unsigned long long)req->app_id, t->map.table, t->map.shards, req->replicate ? ", replicated" : "");
+      common_log(LOG_INFO, "parameter server: application %llu made table %u: %u shards, %u backups each%s",
+                 (unsigned long long)req->app_id, t->map.table, t->map.shards, t->backups,
+                 t->backups > 1 && t->map.replication == PS_REPLICATION_CHAIN ? " (chain)" : "");
     }
     fl_buf_free(&handle);
     FL_PCHECK(pthread_mutex_unlock(&pl->lock));

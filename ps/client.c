@@ -10,7 +10,7 @@
  * are copied per shard into the operation's own buffer, ranges point into the caller's.
  *
  * Faults. A channel that loses its primary (the connection fails or closes) promotes the
- * shard's backup and sends the part again, with the same sequence number, so the backup
+ * shard's first backup that answers and sends the part again, with the same sequence number, so the backup
  * skips what it already applied as a forward.
  *
  * Threading: the calls may come from any one thread at a time (a worker); the channel
@@ -63,7 +63,7 @@ typedef struct channel {
   common_queue q;
   pthread_t thread;
   int fd;
-  bool failed_over;
+  uint32_t member; /* whom it talks to: 0 the primary, i the place's backup i - 1 */
   char address[PS_ADDRESS_MAX];
   uint64_t seq;
   fl_buf reply;
@@ -149,20 +149,32 @@ static fl_status exchange(channel *ch, part *p, ps_frame *r) {
   return FL_OK;
 }
 
-/* The backup takes over: PROMOTE, then this channel talks to it. */
+/* The next backup takes over: PROMOTE (primary-backup: with the backups after it as its
+ * targets; a chain's replica keeps its own), then this channel talks to it. FL_ENET when no
+ * backup is left. */
 static fl_status fail_over(channel *ch) {
   ps_client *c = ch->client;
   const ps_place *pl = &c->map.places[ch->shard];
-  if (ch->failed_over || !pl->backup[0]) return FL_ENET;
-  common_log(LOG_WARN, "parameter server: table %u shard %u: primary %s lost (%s); promoting backup %s",
-             c->map.table, ch->shard, pl->primary, fl_last_error(), pl->backup);
-  ch->failed_over = true;
-  snprintf(ch->address, sizeof ch->address, "%s", pl->backup);
-  part promote = {.f = {.op = PS_OP_PROMOTE, .table = c->map.table, .shard = ch->shard, .worker = c->worker}};
-  ps_frame r;
-  fl_status st = exchange(ch, &promote, &r);
-  if (st == FL_OK && r.status != FL_OK)
-    st = fl_set_error((fl_status)r.status, "%.*s", (int)ch->reply.len, (const char *)ch->reply.data);
+  uint32_t backups = ps_place_backups(pl);
+  fl_status st = FL_ENET;
+  while (st == FL_ENET && ch->member < backups) {
+    const char *next = pl->backups[ch->member];
+    common_log(LOG_WARN, "parameter server: table %u shard %u: %s lost (%s); promoting backup %s", c->map.table,
+               ch->shard, ch->address, fl_last_error(), next);
+    ch->member++;
+    snprintf(ch->address, sizeof ch->address, "%s", next);
+    fl_buf targets = FL_BUF_INIT;
+    st = c->map.replication == PS_REPLICATION_PRIMARY_BACKUP
+             ? ps_wire_targets_encode(pl->backups + ch->member, backups - ch->member, &targets)
+             : FL_OK;
+    part promote = {.f = {.op = PS_OP_PROMOTE, .table = c->map.table, .shard = ch->shard, .worker = c->worker},
+                    .a = targets.data, .alen = targets.len};
+    ps_frame r;
+    if (st == FL_OK) st = exchange(ch, &promote, &r);
+    if (st == FL_OK && r.status != FL_OK)
+      st = fl_set_error((fl_status)r.status, "%.*s", (int)ch->reply.len, (const char *)ch->reply.data);
+    fl_buf_free(&targets);
+  }
   if (st == FL_OK) atomic_fetch_add(&c->failovers, 1);
   return st;
 }
@@ -215,7 +227,7 @@ static void *channel_main(void *arg) {
     if (numbered) p->f.seq = ++ch->seq;
     ps_frame r;
     fl_status st = exchange(ch, p, &r);
-    if (st == FL_ENET && fail_over(ch) == FL_OK) st = exchange(ch, p, &r);
+    while (st == FL_ENET && fail_over(ch) == FL_OK) st = exchange(ch, p, &r);
     if (st != FL_OK)
       op_fail(p->op, st, fl_last_error());
     else
@@ -581,6 +593,18 @@ fl_status ps_shard_drop(const char *server, const char *secret, uint32_t table, 
                      fl_bytes_of(NULL, 0));
 }
 
+fl_status ps_shard_targets(const char *server, const char *secret, uint32_t table, uint32_t shard,
+                           const char (*targets)[PS_ADDRESS_MAX], uint32_t n, uint32_t timeout_ms) {
+  ps_frame f = {.op = PS_OP_TARGETS, .table = table, .shard = shard};
+  fl_buf body = FL_BUF_INIT;
+  fl_status st = ps_wire_targets_encode(targets, n, &body);
+  if (st == FL_OK)
+    st = one_request(server, secret && secret[0] ? secret : NULL, timeout_ms ? timeout_ms : DEFAULT_TIMEOUT_MS, &f,
+                     fl_buf_bytes(&body));
+  fl_buf_free(&body);
+  return st;
+}
+
 fl_status ps_table_create(const ps_map *map, const char *secret, uint32_t timeout_ms) {
   if (!map || !map->places || map->shards < 1 || map->workers < 1)
     return fl_set_error(FL_EINVAL, "parameter server: a table needs places, shards and workers");
@@ -591,17 +615,15 @@ fl_status ps_table_create(const ps_map *map, const char *secret, uint32_t timeou
   fl_buf body = FL_BUF_INIT;
   for (uint32_t s = 0; st == FL_OK && s < map->shards; s++) {
     const ps_place *pl = &map->places[s];
-    ps_host_request h = {.spec = map->spec, .shards = map->shards, .index = s, .workers = map->workers};
-    snprintf(h.backup, sizeof h.backup, "%s", pl->backup);
-    body.len = 0;
-    st = ps_wire_host_encode(&h, &body);
-    ps_frame f = {.op = PS_OP_HOST, .table = map->table, .shard = s};
-    if (st == FL_OK && pl->backup[0]) {
-      f.arg = 1; /* as the backup */
-      st = one_request(pl->backup, secret, timeout_ms, &f, fl_buf_bytes(&body));
-      f.arg = 0;
+    /* The last replica first: every replica's targets exist before anyone forwards. */
+    for (uint32_t m = ps_place_backups(pl) + 1; st == FL_OK && m-- > 0;) {
+      ps_host_request h = {.spec = map->spec, .shards = map->shards, .index = s, .workers = map->workers};
+      ps_place_targets(pl, map->replication, m, h.targets, &h.num_targets);
+      body.len = 0;
+      st = ps_wire_host_encode(&h, &body);
+      ps_frame f = {.op = PS_OP_HOST, .table = map->table, .shard = s, .arg = m > 0}; /* arg 1: a backup */
+      if (st == FL_OK) st = one_request(m ? pl->backups[m - 1] : pl->primary, secret, timeout_ms, &f, fl_buf_bytes(&body));
     }
-    if (st == FL_OK) st = one_request(pl->primary, secret, timeout_ms, &f, fl_buf_bytes(&body));
   }
   fl_buf_free(&body);
   return st;

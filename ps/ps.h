@@ -125,30 +125,46 @@ void ps_clocks_close(ps_clocks *c);
 
 /* ---- the service: servers (ps/server.c) and clients (ps/client.c) ------------------------
  * A server hosts shards of any number of tables and answers workers over TCP (the frames of
- * ps/wire.h). A shard has a primary and, when the table asks for one, a backup on another
- * server: the primary applies each push and clock, forwards it to the backup, and
- * acknowledges it only once the backup has applied it too (primary-backup replication; with
- * one backup this is also a chain of two). Every mutating request carries its worker's
+ * ps/wire.h). A shard has a primary and, when the table asks, up to PS_MAX_BACKUPS backups on
+ * other servers. Each replica applies a change and forwards it to its targets before it
+ * answers: primary-backup, the primary's targets are every backup; chain, each replica's
+ * target is the next one, and the last answers first. Either way a change is acknowledged
+ * only once every replica has applied it. Every mutating request carries its worker's
  * sequence number for that shard, and a shard applies a worker's requests once (the last
  * number is part of the replicated state), so a client that lost the primary resends to the
- * promoted backup without doubling an update. */
+ * promoted backup without doubling an update; a resend is forwarded even when it is skipped,
+ * so that a replica the dead primary had not reached yet gets it. */
 
 /* Room for "HOST:PORT", the terminating zero included. */
 #define PS_ADDRESS_MAX 96
 /* The largest request or response a server accepts unless told otherwise (ps_server_options). */
 #define PS_MESSAGE_MAX_DEFAULT ((uint64_t)1 << 30)
 
+#define PS_MAX_BACKUPS 3
+
+typedef enum ps_replication {
+  PS_REPLICATION_PRIMARY_BACKUP = 0, /* the primary forwards to every backup */
+  PS_REPLICATION_CHAIN = 1,          /* each replica forwards to the next */
+} ps_replication;
+
 typedef struct ps_place {
   char primary[PS_ADDRESS_MAX];
-  char backup[PS_ADDRESS_MAX]; /* "" when the table is not replicated */
+  char backups[PS_MAX_BACKUPS][PS_ADDRESS_MAX]; /* in order; "" after the last */
 } ps_place;
+static inline uint32_t ps_place_backups(const ps_place *p) {
+  uint32_t n = 0;
+  while (n < PS_MAX_BACKUPS && p->backups[n][0]) n++;
+  return n;
+}
 
 /* Where a table lives: its id (unique among the tables of the servers it uses), its spec,
- * how many shards and workers, and each shard's place. The caller owns places[shards]. */
+ * how many shards and workers, how its shards replicate, and each shard's place. The caller
+ * owns places[shards]. */
 typedef struct ps_map {
   uint32_t table;
   ps_table_spec spec;
   uint32_t shards, workers;
+  ps_replication replication;
   ps_place *places;
 } ps_map;
 
@@ -158,10 +174,19 @@ fl_status ps_map_encode(const ps_map *map, fl_buf *out);
 fl_status ps_map_decode(fl_bytes in, ps_map *out);
 void ps_map_free(ps_map *map);
 
-/* Requests of the driver's placement and recovery to one server: the shard's backup becomes
- * its primary (PROMOTE); a primary backs itself up on `backup` (REPLICATE: the new backup
- * gets the whole state first); the server forgets the shard (DROP). Blocking. */
+/* Requests of the driver's placement and recovery to one server. PROMOTE: the replica becomes
+ * the shard's primary (it takes workers' requests); TARGETS: the replicas it forwards to are
+ * now targets[0, n) (NULL, 0: none); REPLICATE: a replica copies its whole state to `backup`
+ * (made there first) and forwards to it from then on (appended to its targets); DROP: the
+ * server forgets the shard. Blocking. */
 fl_status ps_shard_promote(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms);
+fl_status ps_shard_targets(const char *server, const char *secret, uint32_t table, uint32_t shard,
+                           const char (*targets)[PS_ADDRESS_MAX], uint32_t n, uint32_t timeout_ms);
+/* The targets of each replica of a place: members [primary, backups...] in that order; *n
+ * receives how many targets member i forwards to (primary-backup: the primary all backups;
+ * chain: the next member). */
+void ps_place_targets(const ps_place *p, ps_replication mode, uint32_t member, char (*out)[PS_ADDRESS_MAX],
+                      uint32_t *n);
 fl_status ps_shard_replicate(const char *primary, const char *secret, uint32_t table, uint32_t shard,
                              const char *backup, uint32_t timeout_ms);
 fl_status ps_shard_drop(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms);

@@ -9,15 +9,17 @@
  * connections of a table are its workers and primaries, tens, not thousands. (The data
  * plane's event loop serves many short block fetches; this serves few long streams.)
  *
- * A hosted shard has a mutex held while it is read or changed. A primary with a backup
- * forwards each mutating request to it while it still holds that mutex, so the backup sees
- * the same order, and answers the worker only when the backup has answered: an
- * acknowledged update is on both. A backup that cannot be reached is dropped with a
- * warning and the primary goes on alone (degraded, as a driver would see it).
+ * A hosted shard has a mutex held while it is read or changed. A replica with targets (the
+ * primary: every backup, primary-backup; each replica of a chain: the next) forwards each
+ * mutating request to them while it still holds that mutex, so they see the same order,
+ * and answers only when they have answered: an acknowledged update is on every replica. A
+ * target that cannot be reached is dropped with a warning and the replica goes on without
+ * it (degraded, until the driver backs the shard up again).
  *
  * Duplicates. A mutating request carries (worker, seq); the shard applies seq only when it
- * is above the worker's last, which the backup keeps too. A client that lost the primary
- * after the backup applied its push resends it to the promoted backup, which skips it.
+ * is above the worker's last, which the replicas keep too. A client that lost the primary
+ * after a backup applied its push resends it to the promoted backup, which skips it but
+ * forwards it all the same: a replica that the dead primary had not reached gets it so.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -40,8 +42,9 @@ typedef struct hosted {
   ps_clocks *clocks;
   uint64_t *last_seq; /* per worker: the last mutating request applied */
   bool primary;
-  char backup[PS_ADDRESS_MAX]; /* "" : none (or dropped) */
-  int backup_fd;               /* -1 until the first forward */
+  uint32_t num_targets; /* the replicas it forwards to */
+  char targets[PS_MAX_BACKUPS][PS_ADDRESS_MAX];
+  int target_fd[PS_MAX_BACKUPS]; /* -1 until the first forward */
   fl_buf forward_reply;
   struct hosted *next;
 } hosted;
@@ -80,7 +83,8 @@ static hosted *hosted_find(ps_server *s, uint32_t table, uint32_t index) {
 
 static void hosted_free(hosted *h) {
   if (!h) return;
-  if (h->backup_fd >= 0) close(h->backup_fd);
+  for (uint32_t i = 0; i < h->num_targets; i++)
+    if (h->target_fd[i] >= 0) close(h->target_fd[i]);
   ps_shard_destroy(h->shard);
   ps_clocks_destroy(h->clocks);
   common_free(h->last_seq);
@@ -113,9 +117,12 @@ static fl_status host_shard(ps_server *s, uint32_t table, const ps_host_request 
   if (!h) st = FL_ERR(FL_ENOMEM, "parameter server: out of memory");
   if (st == FL_OK) {
     h->table = table, h->index = req->index, h->shards = req->shards, h->workers = req->workers;
-    h->backup_fd = -1;
     h->primary = !as_backup;
-    snprintf(h->backup, sizeof h->backup, "%s", as_backup ? "" : req->backup);
+    h->num_targets = req->num_targets;
+    for (uint32_t i = 0; i < PS_MAX_BACKUPS; i++) {
+      memcpy(h->targets[i], req->targets[i], PS_ADDRESS_MAX);
+      h->target_fd[i] = -1;
+    }
     pthread_mutex_init(&h->mu, NULL);
     st = ps_shard_create(&req->spec, req->shards, req->index, &h->shard);
   }
@@ -148,7 +155,7 @@ static fl_status exchange_with(int fd, ps_server *s, const ps_frame *f, const fl
   return st;
 }
 
-/* ---- forwarding to the backup (under h->mu) ---- */
+/* ---- forwarding to the targets (under h->mu) ---- */
 
 static fl_status hello(int fd, const char *secret, uint32_t timeout_ms, const char *peer, fl_buf *scratch) {
   ps_frame f = {.op = PS_OP_HELLO};
@@ -161,35 +168,49 @@ static fl_status hello(int fd, const char *secret, uint32_t timeout_ms, const ch
   return st;
 }
 
-static void drop_backup(ps_server *s, hosted *h, const char *why) {
-  (void)s;
-  common_log(LOG_WARN, "parameter server: table %u shard %u lost its backup %s (%s); going on without it",
-             h->table, h->index, h->backup, why);
-  if (h->backup_fd >= 0) close(h->backup_fd);
-  h->backup_fd = -1;
-  h->backup[0] = 0;
+static void close_targets(hosted *h) {
+  for (uint32_t i = 0; i < h->num_targets; i++) {
+    if (h->target_fd[i] >= 0) close(h->target_fd[i]);
+    h->target_fd[i] = -1;
+  }
+}
+
+static void drop_target(hosted *h, uint32_t i, const char *why) {
+  common_log(LOG_WARN, "parameter server: table %u shard %u lost its replica %s (%s); going on without it",
+             h->table, h->index, h->targets[i], why);
+  if (h->target_fd[i] >= 0) close(h->target_fd[i]);
+  for (uint32_t j = i; j + 1 < h->num_targets; j++) {
+    memcpy(h->targets[j], h->targets[j + 1], PS_ADDRESS_MAX);
+    h->target_fd[j] = h->target_fd[j + 1];
+  }
+  h->num_targets--;
+  h->targets[h->num_targets][0] = 0;
+  h->target_fd[h->num_targets] = -1;
 }
 
 static void forward(ps_server *s, hosted *h, const ps_frame *req, const fl_buf *payload) {
-  if (!h->primary || !h->backup[0]) return;
-  fl_status st = FL_OK;
-  if (h->backup_fd < 0) {
-    st = ps_wire_connect(h->backup, s->timeout_ms, &h->backup_fd);
-    if (st == FL_OK) st = hello(h->backup_fd, s->secret, s->timeout_ms, h->backup, &h->forward_reply);
-  }
   ps_frame f = *req;
   f.op |= PS_OP_FORWARDED;
-  if (st == FL_OK) st = exchange_with(h->backup_fd, s, &f, payload, h->backup, &h->forward_reply);
-  if (st != FL_OK) {
-    drop_backup(s, h, fl_last_error());
-    return;
+  for (uint32_t i = 0; i < h->num_targets;) {
+    fl_status st = FL_OK;
+    if (h->target_fd[i] < 0) {
+      st = ps_wire_connect(h->targets[i], s->timeout_ms, &h->target_fd[i]);
+      if (st == FL_OK) st = hello(h->target_fd[i], s->secret, s->timeout_ms, h->targets[i], &h->forward_reply);
+    }
+    if (st == FL_OK) st = exchange_with(h->target_fd[i], s, &f, payload, h->targets[i], &h->forward_reply);
+    if (st != FL_OK) {
+      drop_target(h, i, fl_last_error()); /* the next one moved to i */
+      continue;
+    }
+    atomic_fetch_add(&s->forwards, 1);
+    i++;
   }
-  atomic_fetch_add(&s->forwards, 1);
 }
 
-/* A new backup for a primary (the driver's recovery after a loss): under the shard's mutex,
- * so that no change slips between the copy and the first forward, the new backup is made
- * (HOST as a backup) and adopts the whole replica state; then forwards go to it. */
+/* A new replica after this one (the driver's recovery after a loss): under the shard's
+ * mutex, so that no change slips between the copy and the first forward, the new backup is
+ * made (HOST as a backup, with no targets) and adopts the whole replica state; then it is
+ * one of this replica's targets. */
 static fl_status replicate(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload) {
   if (payload->len == 0 || payload->len >= PS_ADDRESS_MAX)
     return fl_set_error(FL_EPROTO, "parameter server: a replicate request without a backup address");
@@ -200,6 +221,9 @@ static fl_status replicate(ps_server *s, hosted *h, const ps_frame *f, const fl_
   int fd = -1;
   pthread_mutex_lock(&h->mu);
   fl_status st = h->shard ? FL_OK : dropped(f);
+  if (st == FL_OK && h->num_targets == PS_MAX_BACKUPS)
+    st = fl_set_error(FL_ELIMIT, "parameter server: table %u shard %u has %d replicas after it already", h->table,
+                      h->index, PS_MAX_BACKUPS);
   ps_host_request req = {.shards = h->shards, .index = h->index, .workers = h->workers};
   if (st == FL_OK) {
     req.spec = *ps_shard_spec(h->shard);
@@ -216,10 +240,9 @@ static fl_status replicate(ps_server *s, hosted *h, const ps_frame *f, const fl_
   ps_frame adopt = {.op = PS_OP_ADOPT | PS_OP_FORWARDED, .table = h->table, .shard = h->index};
   if (st == FL_OK) st = exchange_with(fd, s, &adopt, &body, address, &h->forward_reply);
   if (st == FL_OK) {
-    if (h->backup_fd >= 0) close(h->backup_fd);
-    h->backup_fd = fd;
+    memcpy(h->targets[h->num_targets], address, PS_ADDRESS_MAX);
+    h->target_fd[h->num_targets++] = fd;
     fd = -1;
-    snprintf(h->backup, sizeof h->backup, "%s", address);
     common_log(LOG_INFO, "parameter server: table %u shard %u is backed up on %s again", h->table, h->index, address);
   }
   pthread_mutex_unlock(&h->mu);
@@ -285,6 +308,7 @@ static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf 
   }
   if (f->seq && f->seq <= h->last_seq[f->worker]) { /* a resend of what this shard has applied */
     atomic_fetch_add(&s->duplicates, 1);
+    forward(s, h, f, payload); /* a target the lost primary had not reached applies it now */
     *clock = ps_clocks_of(h->clocks, f->worker);
     pthread_mutex_unlock(&h->mu);
     return FL_OK;
@@ -399,12 +423,29 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
     ps_clocks_close(h->clocks); /* pulls waiting on it end */
     ps_shard_destroy(h->shard);
     h->shard = NULL;
-    if (h->backup_fd >= 0) close(h->backup_fd);
-    h->backup_fd = -1;
+    close_targets(h);
+    h->num_targets = 0;
     pthread_mutex_unlock(&h->mu);
     return FL_OK;
-  case PS_OP_REPLICATE:
-    if ((st = find(s, f, false, &h)) != FL_OK) return st;
+  case PS_OP_TARGETS: {
+    if ((h = hosted_find(s, f->table, f->shard)) == NULL)
+      return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);
+    char targets[PS_MAX_BACKUPS][PS_ADDRESS_MAX];
+    uint32_t n;
+    size_t used;
+    st = ps_wire_targets_decode(fl_buf_bytes(payload), targets, &n, &used);
+    if (st == FL_OK && used != payload->len) st = fl_set_error(FL_EPROTO, "parameter server: a target list has trailing bytes");
+    if (st != FL_OK) return st;
+    pthread_mutex_lock(&h->mu);
+    close_targets(h);
+    h->num_targets = n;
+    memcpy(h->targets, targets, sizeof targets);
+    pthread_mutex_unlock(&h->mu);
+    return FL_OK;
+  }
+  case PS_OP_REPLICATE: /* to a primary-backup's primary, or to a chain's last replica */
+    if ((h = hosted_find(s, f->table, f->shard)) == NULL)
+      return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);
     return replicate(s, h, f, payload);
   case PS_OP_CLOCK_OF:
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
@@ -415,11 +456,26 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
   case PS_OP_PROMOTE: {
     h = hosted_find(s, f->table, f->shard);
     if (!h) return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);
+    /* With a target list (primary-backup: the backups after it), it forwards to those. */
+    char targets[PS_MAX_BACKUPS][PS_ADDRESS_MAX];
+    uint32_t n = 0;
+    size_t used = 0;
+    if (payload->len) {
+      fl_status st2 = ps_wire_targets_decode(fl_buf_bytes(payload), targets, &n, &used);
+      if (st2 == FL_OK && used != payload->len)
+        st2 = fl_set_error(FL_EPROTO, "parameter server: a target list has trailing bytes");
+      if (st2 != FL_OK) return st2;
+    }
     pthread_mutex_lock(&h->mu);
     if (!h->primary)
       common_log(LOG_INFO, "parameter server: table %u shard %u: the backup becomes the primary", f->table,
                  f->shard);
     h->primary = true;
+    if (payload->len) {
+      close_targets(h);
+      h->num_targets = n;
+      memcpy(h->targets, targets, sizeof targets);
+    }
     pthread_mutex_unlock(&h->mu);
     return FL_OK;
   }

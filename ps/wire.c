@@ -19,7 +19,7 @@
 
 static const char *const op_names[] = {"?", "hello", "host", "push", "pull", "push-range", "pull-range",
                                        "set-range", "clock", "retire", "save", "load", "promote", "drop",
-                                       "replicate", "adopt", "clock-of"};
+                                       "replicate", "adopt", "clock-of", "targets"};
 
 const char *ps_op_name(uint8_t op) {
   op &= (uint8_t) ~(PS_OP_REPLY | PS_OP_FORWARDED);
@@ -64,15 +64,49 @@ const char *ps_wire_decode(const uint8_t in[PS_WIRE_HEADER], ps_frame *f) {
   return NULL;
 }
 
-/* ---- HOST's payload: 56 bytes and the backup's address ----
+fl_status ps_wire_targets_encode(const char (*targets)[PS_ADDRESS_MAX], uint32_t n, fl_buf *out) {
+  uint8_t head[4];
+  common_put_u32(head, n);
+  fl_status st = fl_buf_append(out, head, 4);
+  for (uint32_t i = 0; st == FL_OK && i < n; i++) {
+    size_t len = strnlen(targets[i], PS_ADDRESS_MAX - 1);
+    uint8_t l[2];
+    common_put_u16(l, (uint16_t)len);
+    st = fl_buf_append(out, l, 2);
+    if (st == FL_OK) st = fl_buf_append(out, targets[i], len);
+  }
+  return st == FL_OK ? st : FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+}
+
+fl_status ps_wire_targets_decode(fl_bytes in, char (*targets)[PS_ADDRESS_MAX], uint32_t *n, size_t *used) {
+  if (in.len < 4) return fl_set_error(FL_EPROTO, "parameter server: a target list without its count");
+  uint32_t count = common_get_u32(in.data);
+  if (count > PS_MAX_BACKUPS)
+    return fl_set_error(FL_EPROTO, "parameter server: %u targets (at most %d)", count, PS_MAX_BACKUPS);
+  size_t at = 4;
+  for (uint32_t i = 0; i < count; i++) {
+    if (in.len - at < 2) return fl_set_error(FL_EPROTO, "parameter server: a target list is cut short");
+    size_t len = common_get_u16(in.data + at);
+    at += 2;
+    if (len == 0 || len >= PS_ADDRESS_MAX || in.len - at < len)
+      return fl_set_error(FL_EPROTO, "parameter server: a target's address is malformed");
+    memcpy(targets[i], in.data + at, len);
+    targets[i][len] = 0;
+    at += len;
+  }
+  for (uint32_t i = count; i < PS_MAX_BACKUPS; i++) targets[i][0] = 0;
+  *n = count;
+  *used = at;
+  return FL_OK;
+}
+
+/* ---- HOST's payload: 48 bytes and the target list ----
  *  0 u8 sparse, 3 zero   4 u32 width   8 u64 keys   16 u32 update kind   20 f32 lr, beta1,
- *  beta2, eps (to 36)   36 u32 shards   40 u32 index   44 u32 workers   48 u32 backup length
- *  52 u32 zero   56 the backup's address */
-#define HOST_FIXED 56u
+ *  beta2, eps (to 36)   36 u32 shards   40 u32 index   44 u32 workers   48 the targets */
+#define HOST_FIXED 48u
 
 fl_status ps_wire_host_encode(const ps_host_request *h, fl_buf *out) {
   uint8_t b[HOST_FIXED] = {0};
-  size_t alen = strnlen(h->backup, PS_ADDRESS_MAX - 1);
   b[0] = h->spec.sparse;
   common_put_u32(b + 4, h->spec.width);
   common_put_u64(b + 8, h->spec.keys);
@@ -84,18 +118,18 @@ fl_status ps_wire_host_encode(const ps_host_request *h, fl_buf *out) {
   common_put_u32(b + 36, h->shards);
   common_put_u32(b + 40, h->index);
   common_put_u32(b + 44, h->workers);
-  common_put_u32(b + 48, (uint32_t)alen);
-  if (fl_buf_append(out, b, sizeof b) != FL_OK || fl_buf_append(out, h->backup, alen) != FL_OK)
-    return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
-  return FL_OK;
+  if (fl_buf_append(out, b, sizeof b) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  return ps_wire_targets_encode(h->targets, h->num_targets, out);
 }
 
 fl_status ps_wire_host_decode(fl_bytes in, ps_host_request *h) {
   if (in.len < HOST_FIXED) return fl_set_error(FL_EPROTO, "parameter server: a host request of %zu bytes", in.len);
-  uint32_t alen = common_get_u32(in.data + 48);
-  if (alen >= PS_ADDRESS_MAX || in.len != HOST_FIXED + alen)
-    return fl_set_error(FL_EPROTO, "parameter server: a host request's backup address is malformed");
   memset(h, 0, sizeof *h);
+  size_t used;
+  fl_status st = ps_wire_targets_decode(fl_bytes_of(in.data + HOST_FIXED, in.len - HOST_FIXED), h->targets,
+                                        &h->num_targets, &used);
+  if (st != FL_OK) return st;
+  if (HOST_FIXED + used != in.len) return fl_set_error(FL_EPROTO, "parameter server: a host request has trailing bytes");
   h->spec.sparse = in.data[0] != 0;
   h->spec.width = common_get_u32(in.data + 4);
   h->spec.keys = common_get_u64(in.data + 8);
@@ -109,7 +143,6 @@ fl_status ps_wire_host_decode(fl_bytes in, ps_host_request *h) {
   h->shards = common_get_u32(in.data + 36);
   h->index = common_get_u32(in.data + 40);
   h->workers = common_get_u32(in.data + 44);
-  memcpy(h->backup, in.data + HOST_FIXED, alen);
   return FL_OK;
 }
 

@@ -16,7 +16,7 @@
  * LOAD a shard blob; PROMOTE and DROP nothing; REPLICATE (to a primary) the new backup's
  * address, to which the primary sends HOST (arg 1: as a backup) and ADOPT, the shard's whole
  * replica state (ps_wire_replica_*), before it forwards to it; CLOCK_OF nothing (the answer's
- * clock is the worker's). Answers carry the values (pulls), the blob (SAVE), the
+ * clock is the worker's); TARGETS a target list (ps_wire_targets_encode). Answers carry the values (pulls), the blob (SAVE), the
  * new clock (CLOCK, in `clock`), or the error message when status != 0.
  */
 #ifndef FLINT_PS_WIRE_H
@@ -46,8 +46,9 @@ typedef enum ps_op {
   PS_OP_REPLICATE,
   PS_OP_ADOPT,
   PS_OP_CLOCK_OF,
+  PS_OP_TARGETS,
 } ps_op;
-#define PS_OP_LAST PS_OP_CLOCK_OF
+#define PS_OP_LAST PS_OP_TARGETS
 #define PS_OP_FORWARDED 0x40
 #define PS_OP_REPLY 0x80
 
@@ -64,12 +65,18 @@ void ps_wire_encode(uint8_t out[PS_WIRE_HEADER], const ps_frame *f);
 const char *ps_wire_decode(const uint8_t in[PS_WIRE_HEADER], ps_frame *f);
 const char *ps_op_name(uint8_t op);
 
-/* HOST's payload: the table's spec, shards, index, workers and the backup's address. */
+/* HOST's payload: the table's spec, shards, index, workers and the replicas this one forwards
+ * to (arg 1 in the frame: it is a backup, not the primary). */
 typedef struct ps_host_request {
   ps_table_spec spec;
   uint32_t shards, index, workers;
-  char backup[PS_ADDRESS_MAX];
+  uint32_t num_targets;
+  char targets[PS_MAX_BACKUPS][PS_ADDRESS_MAX];
 } ps_host_request;
+/* A list of addresses: u32 count (at most PS_MAX_BACKUPS), then each as u16 length and bytes.
+ * Decode checks it all and says how many bytes it took. */
+fl_status ps_wire_targets_encode(const char (*targets)[PS_ADDRESS_MAX], uint32_t n, fl_buf *out);
+fl_status ps_wire_targets_decode(fl_bytes in, char (*targets)[PS_ADDRESS_MAX], uint32_t *n, size_t *used);
 fl_status ps_wire_host_encode(const ps_host_request *h, fl_buf *out);
 fl_status ps_wire_host_decode(fl_bytes in, ps_host_request *h);
 

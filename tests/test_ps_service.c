@@ -37,7 +37,7 @@ static void cluster_start(cluster *c, uint32_t n, uint32_t table, const ps_table
   for (uint32_t s = 0; s < shards; s++) {
     snprintf(c->places[s].primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(c->servers[s % n]));
     if (replicated)
-      snprintf(c->places[s].backup, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(c->servers[(s + 1) % n]));
+      snprintf(c->places[s].backups[0], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(c->servers[(s + 1) % n]));
   }
   c->map = (ps_map){.table = table, .spec = *spec, .shards = shards, .workers = workers, .places = c->places};
   assert_int_equal(ps_table_create(&c->map, opts ? opts->secret : NULL, 10000), FL_OK);
@@ -274,7 +274,7 @@ static void test_primary_killed_backup_takes_over(void **state) {
   memset(places, 0, sizeof places);
   /* shard 0: primary in the child, backup here; shard 1: unreplicated, here */
   snprintf(places[0].primary, PS_ADDRESS_MAX, "127.0.0.1:%d", child_port);
-  snprintf(places[0].backup, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(backup));
+  snprintf(places[0].backups[0], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(backup));
   snprintf(places[1].primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(backup));
   ps_table_spec spec = {.keys = 64, .width = 2, .update = PS_UPDATE_INIT};
   spec.update.kind = PS_UPDATE_ADAGRAD;
@@ -415,6 +415,88 @@ static void test_replicate_to_a_new_backup(void **state) {
   assert_non_null(strstr(fl_last_error(), fresh_addr));
 }
 
+/* Three replicas of each shard, primary-backup and chain: the primary and then the first
+ * backup go, and the last replica serves everything that was acknowledged. */
+static void check_two_losses(ps_replication mode) {
+  ps_server *srv[3];
+  ps_place place;
+  memset(&place, 0, sizeof place);
+  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
+  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
+  for (int b = 0; b < 2; b++) snprintf(place.backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1 + b]));
+  ps_table_spec spec = {.keys = 8, .width = 1, .update = PS_UPDATE_INIT};
+  spec.update.kind = PS_UPDATE_ADAGRAD;
+  ps_map map = {.table = 21, .spec = spec, .shards = 1, .workers = 1, .replication = mode, .places = &place};
+  assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&map, 0, NULL, 5000, &c), FL_OK);
+  ps_shard *ref;
+  assert_int_equal(ps_shard_create(&spec, 1, 0, &ref), FL_OK);
+  uint64_t all[8] = {0, 1, 2, 3, 4, 5, 6, 7}, t;
+  float g[8], got[8], want[8];
+  for (int round = 0; round < 9; round++) {
+    if (round == 3 || round == 6) ps_server_stop(srv[round / 3 - 1]); /* the primary, then the first backup */
+    for (int k = 0; k < 8; k++) g[k] = (float)((round + k) % 5) - 2;
+    assert_int_equal(ps_client_push_range(c, 0, 8, g, &t), FL_OK);
+    wait_ok(c, t);
+    assert_int_equal(ps_shard_push(ref, all, 8, g), FL_OK);
+  }
+  assert_int_equal(ps_client_pull_range(c, 0, 8, got, &t), FL_OK);
+  wait_ok(c, t);
+  assert_int_equal(ps_shard_pull(ref, all, 8, want), FL_OK);
+  assert_memory_equal(got, want, sizeof got);
+  assert_int_equal(ps_client_stats_get(c).failovers, 2);
+  ps_client_destroy(c);
+  ps_shard_destroy(ref);
+  ps_server_stop(srv[2]);
+}
+
+static void test_three_replicas_survive_two_losses(void **state) {
+  (void)state;
+  check_two_losses(PS_REPLICATION_PRIMARY_BACKUP);
+  check_two_losses(PS_REPLICATION_CHAIN);
+}
+
+/* The primary died after its forward reached the first backup but not the second: the
+ * client's resend is a duplicate at the promoted backup, which forwards it all the same, so
+ * the second backup has it too. */
+static void test_resend_reaches_the_replica_the_primary_missed(void **state) {
+  (void)state;
+  ps_server *srv[3];
+  ps_place place;
+  memset(&place, 0, sizeof place);
+  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
+  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
+  for (int b = 0; b < 2; b++) snprintf(place.backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1 + b]));
+  ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
+  ps_map map = {.table = 22, .spec = spec, .shards = 1, .workers = 1, .places = &place};
+  assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
+  float g[4] = {1, 2, 3, 4}, got[4];
+  /* What the dying primary managed: the forward of worker 0's first push to backup 0 only. */
+  int fd;
+  fl_buf reply = FL_BUF_INIT;
+  assert_int_equal(ps_wire_connect(place.backups[0], 5000, &fd), FL_OK);
+  ps_frame f = {.op = PS_OP_PUSH_RANGE | PS_OP_FORWARDED, .table = 22, .worker = 0, .seq = 1}, r;
+  assert_int_equal(ps_wire_send(fd, &f, g, sizeof g, NULL, 0, ps_wire_deadline(5000), "test"), FL_OK);
+  assert_int_equal(ps_wire_recv(fd, &r, &reply, 4096, ps_wire_deadline(5000), 5000, "test", NULL), FL_OK);
+  assert_int_equal(r.status, FL_OK);
+  close(fd);
+  fl_buf_free(&reply);
+  ps_server_stop(srv[0]);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&map, 0, NULL, 5000, &c), FL_OK); /* fails over as it opens */
+  uint64_t t;
+  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK); /* seq 1 again */
+  wait_ok(c, t);
+  assert_int_equal(ps_server_stats_get(srv[1]).duplicates, 1);
+  ps_server_stop(srv[1]); /* the promoted backup goes too: the second backup has the push once */
+  assert_int_equal(ps_client_pull_range(c, 0, 4, got, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_equal(got, g, sizeof g);
+  ps_client_destroy(c);
+  ps_server_stop(srv[2]);
+}
+
 /* ---- checkpoints ---- */
 
 static void test_save_and_load(void **state) {
@@ -538,6 +620,8 @@ int main(void) {
       cmocka_unit_test(test_resend_is_applied_once),
       cmocka_unit_test(test_reopened_worker_keeps_its_clock),
       cmocka_unit_test(test_replicate_to_a_new_backup),
+      cmocka_unit_test(test_three_replicas_survive_two_losses),
+      cmocka_unit_test(test_resend_reaches_the_replica_the_primary_missed),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_bad_requests_get_clear_errors),
   };

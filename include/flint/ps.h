@@ -14,8 +14,9 @@
  * wait on the servers until the slowest worker is within `staleness` clocks (0: BSP;
  * FL_PS_ASYNC, the default: ASP, Downpour's never-waiting workers; s: SSP).
  *
- * Faults: with replication (the default in a cluster) a shard's primary forwards every push
- * and clock to its backup before it acknowledges it. When an executor is lost the driver
+ * Faults: with replication (the default) every push and clock reaches each of a shard's
+ * backups before it is acknowledged: the primary forwards it to all of them (primary-backup,
+ * the default) or to the first, which forwards it to the next (chain). When an executor is lost the driver
  * promotes the backups of its primaries and backs them up again elsewhere, and a worker that
  * lost a primary goes on with the backup: no acknowledged update is lost. A worker whose task
  * is lost for good should be retired (fl_ps_retire) by whoever runs it again, or it holds
@@ -41,6 +42,11 @@ typedef enum fl_ps_update {
 
 #define FL_PS_ASYNC UINT32_MAX
 
+typedef enum fl_ps_replication {
+  FL_PS_PRIMARY_BACKUP = 0, /* the primary forwards each change to every backup */
+  FL_PS_CHAIN = 1,          /* each replica forwards to the next; the last answers first */
+} fl_ps_replication;
+
 typedef struct fl_ps_options {
   bool sparse;
   uint64_t keys;  /* dense: the number of keys, >= 1; sparse: 0 */
@@ -49,15 +55,17 @@ typedef struct fl_ps_options {
   float lr, beta1, beta2, eps;
   uint32_t shards;  /* 0: one per executor (local mode: 2) */
   uint32_t workers; /* the workers that will open it, >= 1 (their clocks) */
-  bool replicate;   /* a backup for every shard on another server */
+  bool replicate;   /* backups for every shard, each on another server */
+  uint32_t backups; /* with replicate: how many a shard (0: 1), at most 3 */
+  fl_ps_replication replication;
 } fl_ps_options;
-#define FL_PS_OPTIONS_INIT {false, 0, 1, FL_PS_ADD, 0.01f, 0.9f, 0.999f, 1e-8f, 0, 1, true}
+#define FL_PS_OPTIONS_INIT {false, 0, 1, FL_PS_ADD, 0.01f, 0.9f, 0.999f, 1e-8f, 0, 1, true, 1, FL_PS_PRIMARY_BACKUP}
 
 typedef struct fl_ps_table fl_ps_table;
 
 /* Makes a table on the context's servers (a cluster's: asked of the driver, which places
- * it). FL_EINVAL naming a bad option; FL_ESTATE when a cluster has no executor to host it
- * (or only one while replicate asks for two); FL_ENET when a server cannot be reached. The
+ * it). FL_EINVAL naming a bad option; FL_ESTATE when a cluster has too few executors for a
+ * shard's primary and backups (each on its own); FL_ENET when a server cannot be reached. The
  * table lives until fl_ps_table_destroy or the context's close. Blocks. */
 FL_API fl_status fl_ps_table_create(fl_context *ctx, const fl_ps_options *options, fl_ps_table **out);
 /* Frees the table on its servers. NULL: no-op. Before the context closes. */
