@@ -64,6 +64,7 @@ typedef struct channel {
   pthread_t thread;
   int fd;
   uint32_t member; /* whom it talks to: 0 the primary, i the place's backup i - 1 */
+  uint64_t refreshed_ns; /* when the place was last asked of the replicas (refresh_place) */
   char address[PS_ADDRESS_MAX];
   uint64_t seq;
   fl_buf reply;
@@ -215,11 +216,50 @@ static void take_answer(channel *ch, part *p, const ps_frame *r) {
   }
 }
 
+static fl_status ask(const char *address, const char *secret, uint32_t timeout_ms, ps_frame *f, fl_bytes body,
+                     fl_buf *answer);
+
+/* The driver backs a shard up again after a loss, on replicas this client was not told of:
+ * every REFRESH_NS a channel asks the replica it talks to (and, along a chain, the next ones)
+ * whom they forward to, and takes that as its place, so that it survives later losses too.
+ * A failed refresh changes nothing (the request that follows finds out what is wrong). */
+#define REFRESH_NS 2000000000ull
+static void refresh_place(channel *ch) {
+  ps_client *c = ch->client;
+  ps_place fresh;
+  memset(&fresh, 0, sizeof fresh);
+  snprintf(fresh.primary, sizeof fresh.primary, "%s", ch->address);
+  const char *at = ch->address;
+  uint32_t have = 0;
+  fl_buf answer = FL_BUF_INIT;
+  fl_status st = FL_OK;
+  while (st == FL_OK && have < PS_MAX_BACKUPS) {
+    ps_frame f = {.op = PS_OP_WHERE, .table = c->map.table, .shard = ch->shard};
+    answer.len = 0;
+    char targets[PS_MAX_BACKUPS][PS_ADDRESS_MAX];
+    uint32_t n;
+    size_t used;
+    st = ask(at, c->secret, c->timeout_ms, &f, fl_bytes_of(NULL, 0), &answer);
+    if (st == FL_OK) st = ps_wire_targets_decode(fl_buf_bytes(&answer), targets, &n, &used);
+    if (st != FL_OK) break;
+    for (uint32_t i = 0; i < n && have < PS_MAX_BACKUPS; i++) memcpy(fresh.backups[have++], targets[i], PS_ADDRESS_MAX);
+    if (c->map.replication != PS_REPLICATION_CHAIN || n == 0) break;
+    at = fresh.backups[have - 1];
+  }
+  fl_buf_free(&answer);
+  if (st == FL_OK) {
+    c->map.places[ch->shard] = fresh;
+    ch->member = 0;
+  }
+  ch->refreshed_ns = common_now_ns();
+}
+
 static void *channel_main(void *arg) {
   channel *ch = arg;
   common_qnode *n;
   while ((n = common_queue_pop(&ch->q, 0)) != NULL) {
     part *p = (part *)n;
+    if (common_now_ns() - ch->refreshed_ns > REFRESH_NS) refresh_place(ch);
     /* A worker's changes are numbered so that a resend applies once; a load (a table's
      * owner, not a worker) replaces the state wholesale, so a resend is harmless unnumbered. */
     bool numbered = p->f.op == PS_OP_PUSH || p->f.op == PS_OP_PUSH_RANGE || p->f.op == PS_OP_SET_RANGE ||
@@ -559,7 +599,9 @@ fl_status ps_table_load(ps_client *c, const char *path) {
 
 /* ---- tables and clients ---- */
 
-static fl_status one_request(const char *address, const char *secret, uint32_t timeout_ms, ps_frame *f, fl_bytes body) {
+/* One request on a connection of its own; the answer's payload goes to *answer (may be NULL). */
+static fl_status ask(const char *address, const char *secret, uint32_t timeout_ms, ps_frame *f, fl_bytes body,
+                     fl_buf *answer) {
   channel ch = {.fd = -1};
   ps_client tmp = {.secret = (char *)secret, .timeout_ms = timeout_ms};
   ch.client = &tmp;
@@ -569,9 +611,15 @@ static fl_status one_request(const char *address, const char *secret, uint32_t t
   fl_status st = exchange(&ch, &p, &r);
   if (st == FL_OK && r.status != FL_OK)
     st = fl_set_error((fl_status)r.status, "%.*s", (int)ch.reply.len, (const char *)ch.reply.data);
+  if (st == FL_OK && answer && fl_buf_append(answer, ch.reply.data, ch.reply.len) != FL_OK)
+    st = FL_ERR(FL_ENOMEM, "parameter server: out of memory");
   if (ch.fd >= 0) close(ch.fd);
   fl_buf_free(&ch.reply);
   return st;
+}
+
+static fl_status one_request(const char *address, const char *secret, uint32_t timeout_ms, ps_frame *f, fl_bytes body) {
+  return ask(address, secret, timeout_ms, f, body, NULL);
 }
 
 fl_status ps_shard_promote(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms) {

@@ -447,6 +447,13 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
     if ((h = hosted_find(s, f->table, f->shard)) == NULL)
       return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);
     return replicate(s, h, f, payload);
+  case PS_OP_WHERE: /* the replicas this one forwards to: a client keeps its places current */
+    if ((h = hosted_find(s, f->table, f->shard)) == NULL)
+      return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);
+    pthread_mutex_lock(&h->mu);
+    st = ps_wire_targets_encode((const char(*)[PS_ADDRESS_MAX])h->targets, h->num_targets, out);
+    pthread_mutex_unlock(&h->mu);
+    return st;
   case PS_OP_CLOCK_OF:
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
     if (f->worker >= h->workers)

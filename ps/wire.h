@@ -16,7 +16,8 @@
  * LOAD a shard blob; PROMOTE and DROP nothing; REPLICATE (to a primary) the new backup's
  * address, to which the primary sends HOST (arg 1: as a backup) and ADOPT, the shard's whole
  * replica state (ps_wire_replica_*), before it forwards to it; CLOCK_OF nothing (the answer's
- * clock is the worker's); TARGETS a target list (ps_wire_targets_encode). Answers carry the values (pulls), the blob (SAVE), the
+ * clock is the worker's); TARGETS a target list (ps_wire_targets_encode); WHERE nothing (the
+ * answer is the replica's target list). Answers carry the values (pulls), the blob (SAVE), the
  * new clock (CLOCK, in `clock`), or the error message when status != 0.
  */
 #ifndef FLINT_PS_WIRE_H
@@ -47,8 +48,9 @@ typedef enum ps_op {
   PS_OP_ADOPT,
   PS_OP_CLOCK_OF,
   PS_OP_TARGETS,
+  PS_OP_WHERE,
 } ps_op;
-#define PS_OP_LAST PS_OP_TARGETS
+#define PS_OP_LAST PS_OP_WHERE
 #define PS_OP_FORWARDED 0x40
 #define PS_OP_REPLY 0x80
 

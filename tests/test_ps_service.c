@@ -497,6 +497,40 @@ static void test_resend_reaches_the_replica_the_primary_missed(void **state) {
   ps_server_stop(srv[2]);
 }
 
+/* A client learns the replicas the driver adds after it opened (it asks the replicas every
+ * two seconds), so it survives the loss of every replica it was told of. */
+static void test_client_learns_new_replicas(void **state) {
+  (void)state;
+  ps_server *srv[3];
+  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
+  char third[PS_ADDRESS_MAX];
+  snprintf(third, sizeof third, "127.0.0.1:%d", ps_server_port(srv[2]));
+  ps_place place;
+  memset(&place, 0, sizeof place);
+  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
+  snprintf(place.backups[0], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1]));
+  ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
+  ps_map map = {.table = 23, .spec = spec, .shards = 1, .workers = 1, .places = &place};
+  assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&map, 0, NULL, 5000, &c), FL_OK);
+  float g[4] = {1, 2, 3, 4}, got[4];
+  uint64_t t;
+  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK);
+  wait_ok(c, t);
+  assert_int_equal(ps_shard_replicate(place.primary, NULL, 23, 0, third, 5000), FL_OK); /* as the driver would */
+  usleep(2100 * 1000); /* past the client's refresh period */
+  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK); /* refreshes first */
+  wait_ok(c, t);
+  ps_server_stop(srv[0]);
+  ps_server_stop(srv[1]);
+  assert_int_equal(ps_client_pull_range(c, 0, 4, got, &t), FL_OK);
+  wait_ok(c, t);
+  for (int k = 0; k < 4; k++) assert_true(got[k] == 2 * g[k]);
+  ps_client_destroy(c);
+  ps_server_stop(srv[2]);
+}
+
 /* ---- checkpoints ---- */
 
 static void test_save_and_load(void **state) {
@@ -621,6 +655,7 @@ int main(void) {
       cmocka_unit_test(test_reopened_worker_keeps_its_clock),
       cmocka_unit_test(test_replicate_to_a_new_backup),
       cmocka_unit_test(test_three_replicas_survive_two_losses),
+      cmocka_unit_test(test_client_learns_new_replicas),
       cmocka_unit_test(test_resend_reaches_the_replica_the_primary_missed),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_bad_requests_get_clear_errors),
