@@ -26,6 +26,8 @@ int cmd_ml(int argc, char **argv);
  * libflint_gpu and with it CUDA's libraries, whose loading (0.4 s) would otherwise slow the
  * start of every flint process (drivers, executors, submit). */
 int cmd_train(int argc, char **argv);
+/* `flint train compare`: runs' curves in one SVG (cli/train_compare.c, in flint-train). */
+int cmd_train_compare(int argc, char **argv);
 
 /* flint shell [--master M] (cli/shell.c): a prompt where C typed by the user runs at once
  * against a live context. */

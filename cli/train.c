@@ -423,6 +423,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
 }
 
 int cmd_train(int argc, char **argv) {
+  if (argc >= 1 && strcmp(argv[0], "compare") == 0) return cmd_train_compare(argc - 1, argv + 1);
   gpu_train_options o;
   int rc = parse_args(argc, argv, &o);
   if (rc == -2) return cli_print_version();

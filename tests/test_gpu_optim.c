@@ -952,6 +952,61 @@ static void test_curves_csv_svg_progress(void **state) {
   assert_int_equal(c.count, 0);
 }
 
+/* Runs' curves read back by their columns' names and drawn together (flint train compare). */
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_curves_compare_runs(void **state) {
+  (void)state;
+  char dir[256], a[300], b[300], bad[300];
+  test_tmpdir(dir, sizeof dir);
+  snprintf(a, sizeof a, "%s/bsp.csv", dir);
+  snprintf(b, sizeof b, "%s/local.csv", dir);
+  snprintf(bad, sizeof bad, "%s/bad.csv", dir);
+  write_text(a, CURVES_CSV_HEADER "\n1,0.9,0.7,0.8,0.75,0.1,1234.5,2.5,2.5,1.5\n2,0.5,0.85,,,0.05,2000,2.25,4.75,3\n");
+  write_text(b, "epoch,loss,elapsed_s,sent_mb\n1,1.5,1,0.25\n2,,2,0.5\n3,0.7,3,0.75\n");
+  curves_run runs[2];
+  assert_ok(curves_run_read(a, NULL, &runs[0]));
+  assert_ok(curves_run_read(b, "local <8>", &runs[1]));
+  assert_string_equal(runs[0].label, "bsp.csv");
+  assert_int_equal(runs[0].n, 2);
+  assert_true(runs[0].elapsed[1] == 4.75 && runs[0].mb[1] == 3 && runs[0].loss[1] == 0.5);
+  assert_int_equal(runs[1].n, 3);
+  assert_true(isnan(runs[1].loss[1]));
+  fl_buf svg = FL_BUF_INIT;
+  assert_ok(curves_compare_svg(runs, 2, NULL, &svg));
+  assert_ok(fl_buf_append(&svg, "", 1));
+  const char *t = (const char *)svg.data;
+  assert_int_equal(count_of(t, "<polyline"), 4); /* a series per run in each panel */
+  assert_int_equal(count_of(t, "<text"), count_of(t, "</text>"));
+  assert_non_null(strstr(t, "local &lt;8&gt;"));
+  assert_non_null(strstr(t, ">MiB sent per worker</text>"));
+  assert_non_null(strstr(t, ">seconds</text>"));
+  assert_fails_with(curves_compare_svg(runs, 0, NULL, &svg), FL_EINVAL, "runs");
+  fl_buf_free(&svg);
+  curves_run_free(&runs[0]);
+  curves_run_free(&runs[1]);
+  /* Bad files name the file and the line. */
+  curves_run r;
+  write_text(bad, "epoch,train_loss,elapsed_s\n1,2,3\n");
+  assert_fails_with(curves_run_read(bad, NULL, &r), FL_EFORMAT, "bad.csv:1");
+  write_text(bad, "epoch,train_loss,elapsed_s,reduced_mb\n1,2,3,4\n2,x,3,4\n");
+  assert_fails_with(curves_run_read(bad, NULL, &r), FL_EFORMAT, "bad.csv:3");
+  write_text(bad, "epoch,train_loss,elapsed_s,reduced_mb\n1,2,3\n");
+  assert_fails_with(curves_run_read(bad, NULL, &r), FL_EFORMAT, "bad.csv:2");
+  write_text(bad, "epoch,train_loss,elapsed_s,reduced_mb\n");
+  assert_fails_with(curves_run_read(bad, NULL, &r), FL_EFORMAT, "no rows");
+  write_text(bad, "");
+  assert_fails_with(curves_run_read(bad, NULL, &r), FL_EFORMAT, "empty");
+  snprintf(bad, sizeof bad, "%s/missing.csv", dir);
+  assert_fails_with(curves_run_read(bad, NULL, &r), FL_ENOENT, "missing.csv");
+  test_rmtree(dir);
+}
+
 /* ---- data ------------------------------------------------------------------------------ */
 
 static char data_dir[256];
@@ -1498,6 +1553,7 @@ int main(void) {
       cmocka_unit_test(test_checkpoint_every_optimizer),
       cmocka_unit_test(test_checkpoint_reads_version_1),
       cmocka_unit_test(test_curves_csv_svg_progress),
+      cmocka_unit_test(test_curves_compare_runs),
       cmocka_unit_test(test_reader_shuffle_and_batches),
       cmocka_unit_test(test_train_options),
       cmocka_unit_test(test_model_steps_and_checkpoint),

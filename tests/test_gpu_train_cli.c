@@ -42,6 +42,40 @@ static void expect_usage_error(run_result *r, const char *needle) {
 }
 
 #define BASE "--model", "mlp", "--data", "fashion-mnist"
+
+/* flint train compare: runs' curves in one SVG; its usage errors and a file it cannot read. */
+static void test_compare_runs(void **state) {
+  (void)state;
+  char dir[256], a[300], svg[300];
+  test_tmpdir(dir, sizeof dir);
+  snprintf(a, sizeof a, "%s/run.csv", dir);
+  snprintf(svg, sizeof svg, "%s/cmp.svg", dir);
+  FILE *f = fopen(a, "w");
+  assert_non_null(f);
+  fputs("epoch,train_loss,elapsed_s,reduced_mb\n1,2,1,10\n2,1,2,20\n", f);
+  fclose(f);
+  char labelled[320];
+  snprintf(labelled, sizeof labelled, "%s=ssp:3", a);
+  run_result *r = RUN_FLINT("train", "compare", "--svg", svg, "--title", "modes", a, labelled);
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "compared 2 runs"));
+  free(r);
+  assert_int_equal(access(svg, R_OK), 0);
+  r = RUN_FLINT("train", "compare", a);
+  assert_int_equal(r->status, 2);
+  assert_non_null(strstr(r->err, "--svg OUT.svg is required"));
+  free(r);
+  r = RUN_FLINT("train", "compare", "--svg", svg);
+  assert_int_equal(r->status, 2);
+  assert_non_null(strstr(r->err, "no run to plot"));
+  free(r);
+  r = RUN_FLINT("train", "compare", "--svg", svg, "/nonexistent/run.csv");
+  assert_int_equal(r->status, 1);
+  assert_non_null(strstr(r->err, "/nonexistent/run.csv"));
+  free(r);
+  test_rmtree(dir);
+}
 #define TFM_OPTS "--model", "transformer", "--data", "fashion-mnist"
 
 static void test_bad_options_exit_2(void **state) {
@@ -552,6 +586,7 @@ int main(void) {
   snprintf(flint_path, sizeof flint_path, "%s/flint", bin && *bin ? bin : "bin");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_options_exit_2),
+      cmocka_unit_test(test_compare_runs),
       cmocka_unit_test(test_bad_transformer_options_exit_2),
       cmocka_unit_test(test_bad_optimizer_options_exit_2),
       cmocka_unit_test(test_optimizers_run),

@@ -94,15 +94,16 @@ typedef struct panel {
 static double px(const panel *p, double x) { return p->left + (x - p->x0) / (p->x1 - p->x0) * PANEL_W; }
 static double py(const panel *p, double y) { return p->top + PANEL_H - (y - p->y0) / (p->y1 - p->y0) * PANEL_H; }
 
-static fl_status svg_axes(fl_buf *out, const panel *p, const char *title, const char *ylabel, double ystep) {
+/* A panel's frame, ticks and axis titles; whole_x: x ticks at whole numbers only (epochs). */
+static fl_status svg_axes(fl_buf *out, const panel *p, const char *title, const char *xlabel, bool whole_x,
+                          const char *ylabel, double ystep) {
   fl_status s = appendf(out,
                         "<g class=\"panel\">\n"
                         "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n"
                         "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#000\"/>\n",
                         p->left + PANEL_W / 2, p->top - 12, title, p->left, p->top, PANEL_W, PANEL_H);
-  /* x ticks: whole epochs. */
   double xstep = nice_step(p->x1 - p->x0, 10);
-  if (xstep < 1) xstep = 1;
+  if (whole_x && xstep < 1) xstep = 1;
   for (double x = ceil(p->x0 / xstep) * xstep; s == FL_OK && x <= p->x1 + 1e-9; x += xstep)
     s = appendf(out,
                 "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#000\"/>"
@@ -117,31 +118,53 @@ static fl_status svg_axes(fl_buf *out, const panel *p, const char *title, const 
                 p->left - 8, py(p, y) + 4, fabs(y) < 1e-12 ? 0 : y);
   if (s == FL_OK)
     s = appendf(out,
-                "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"12\">epoch</text>\n"
+                "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"12\">%s</text>\n"
                 "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"12\" "
                 "transform=\"rotate(-90 %d %d)\">%s</text>\n",
-                p->left + PANEL_W / 2, p->top + PANEL_H + 36, p->left - 48, p->top + PANEL_H / 2, p->left - 48,
-                p->top + PANEL_H / 2, ylabel);
+                p->left + PANEL_W / 2, p->top + PANEL_H + 36, xlabel, p->left - 48, p->top + PANEL_H / 2,
+                p->left - 48, p->top + PANEL_H / 2, ylabel);
   return s;
 }
 
-/* One series as a polyline; `field` is the offset of a double in curves_row. */
-static fl_status svg_series(fl_buf *out, const panel *p, const curves *c, size_t field, const char *name,
-                            const char *color, bool dashed, int legend_row) {
-  fl_status s = appendf(out, "<polyline class=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"",
-                        name, color, dashed ? " stroke-dasharray=\"6 4\"" : "");
-  for (size_t i = 0; s == FL_OK && i < c->count; i++) {
-    double v;
-    memcpy(&v, (const char *)&c->rows[i] + field, sizeof v);
-    if (isnan(v)) continue;
-    s = appendf(out, "%s%.1f,%.1f", i ? " " : "", px(p, c->rows[i].epoch), py(p, v));
+/* One series as a polyline of the points (x[i], y[i]) whose y is a number, with its legend
+ * entry (the name, escaped). */
+static fl_status svg_text(fl_buf *out, const char *text);
+static fl_status svg_polyline(fl_buf *out, const panel *p, const double *x, const double *y, size_t n,
+                              const char *name, const char *color, bool dashed, int legend_row) {
+  fl_status s = appendf(out, "<polyline class=\"");
+  if (s == FL_OK) s = svg_text(out, name);
+  if (s == FL_OK)
+    s = appendf(out, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", color,
+                dashed ? " stroke-dasharray=\"6 4\"" : "");
+  bool first = true;
+  for (size_t i = 0; s == FL_OK && i < n; i++) {
+    if (isnan(y[i]) || isnan(x[i])) continue;
+    s = appendf(out, "%s%.1f,%.1f", first ? "" : " ", px(p, x[i]), py(p, y[i]));
+    first = false;
   }
-  int lx = p->left + PANEL_W - 110, ly = p->top + 16 + 16 * legend_row;
+  int lx = p->left + PANEL_W - 150, ly = p->top + 16 + 16 * legend_row;
   if (s == FL_OK)
     s = appendf(out,
                 "\"/>\n<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"%s/>"
-                "<text x=\"%d\" y=\"%d\" font-size=\"11\">%s</text>\n",
-                lx, ly, lx + 24, ly, color, dashed ? " stroke-dasharray=\"6 4\"" : "", lx + 30, ly + 4, name);
+                "<text x=\"%d\" y=\"%d\" font-size=\"11\">",
+                lx, ly, lx + 24, ly, color, dashed ? " stroke-dasharray=\"6 4\"" : "", lx + 30, ly + 4);
+  if (s == FL_OK) s = svg_text(out, name);
+  if (s == FL_OK) s = appendf(out, "</text>\n");
+  return s;
+}
+
+/* One series of the curves against the epoch; `field` is the offset of a double in curves_row. */
+static fl_status svg_series(fl_buf *out, const panel *p, const curves *c, size_t field, const char *name,
+                            const char *color, bool dashed, int legend_row) {
+  double *x = common_calloc(c->count + 1, sizeof *x), *y = common_calloc(c->count + 1, sizeof *y);
+  fl_status s = x && y ? FL_OK : fl_set_error(FL_ENOMEM, "curves: out of memory");
+  for (size_t i = 0; s == FL_OK && i < c->count; i++) {
+    x[i] = c->rows[i].epoch;
+    memcpy(&y[i], (const char *)&c->rows[i] + field, sizeof y[i]);
+  }
+  if (s == FL_OK) s = svg_polyline(out, p, x, y, c->count, name, color, dashed, legend_row);
+  common_free(x);
+  common_free(y);
   return s;
 }
 
@@ -181,11 +204,11 @@ fl_status curves_svg(const curves *c, const char *title, fl_buf *out) {
                         SVG_W, SVG_H, SVG_W, SVG_H, SVG_W / 2);
   if (s == FL_OK) s = svg_text(out, title ? title : "training curves");
   if (s == FL_OK) s = appendf(out, "</text>\n");
-  if (s == FL_OK) s = svg_axes(out, &loss, "loss", "cross-entropy loss", lstep);
+  if (s == FL_OK) s = svg_axes(out, &loss, "loss", "epoch", true, "cross-entropy loss", lstep);
   if (s == FL_OK) s = svg_series(out, &loss, c, offsetof(curves_row, train_loss), "train loss", "#1f77b4", false, 0);
   if (s == FL_OK) s = svg_series(out, &loss, c, offsetof(curves_row, test_loss), "test loss", "#ff7f0e", true, 1);
   if (s == FL_OK) s = appendf(out, "</g>\n");
-  if (s == FL_OK) s = svg_axes(out, &acc, "accuracy", "accuracy", 0.2);
+  if (s == FL_OK) s = svg_axes(out, &acc, "accuracy", "epoch", true, "accuracy", 0.2);
   if (s == FL_OK) s = svg_series(out, &acc, c, offsetof(curves_row, train_acc), "train accuracy", "#1f77b4", false, 0);
   if (s == FL_OK) s = svg_series(out, &acc, c, offsetof(curves_row, test_acc), "test accuracy", "#ff7f0e", true, 1);
   if (s == FL_OK) s = appendf(out, "</g>\n</svg>\n");
@@ -241,4 +264,155 @@ void curves_progress_print(FILE *f, uint32_t epoch, uint32_t epochs, double frac
   /* "\033[K" would clear the rest of the line; trailing blanks do that on any terminal. */
   fprintf(f, "\r%s   %s", line, done ? "\n" : "");
   fflush(f);
+}
+
+/* ---- comparing runs ---------------------------------------------------------------------- */
+
+void curves_run_free(curves_run *r) {
+  common_free(r->elapsed);
+  common_free(r->mb);
+  common_free(r->loss);
+  memset(r, 0, sizeof *r);
+}
+
+/* The index of the first of `names` (NULL-terminated) among the header's columns, or -1. */
+static int column_of(char *const *cols, int ncols, const char *const *names) {
+  for (const char *const *n = names; *n; n++)
+    for (int i = 0; i < ncols; i++)
+      if (strcmp(cols[i], *n) == 0) return i;
+  return -1;
+}
+
+#define RUN_MAX_COLUMNS 64
+
+/* Splits a CSV line in place at commas (no quoting: flint's curves have none). */
+static int split_csv(char *line, char **cols) {
+  int n = 0;
+  line[strcspn(line, "\r\n")] = 0;
+  for (char *p = line; n < RUN_MAX_COLUMNS;) {
+    cols[n++] = p;
+    char *comma = strchr(p, ',');
+    if (!comma) break;
+    *comma = 0;
+    p = comma + 1;
+  }
+  return n;
+}
+
+static bool parse_number(const char *text, double *out) {
+  if (!*text) {
+    *out = NAN; /* an empty field: not measured */
+    return true;
+  }
+  char *end;
+  errno = 0;
+  *out = strtod(text, &end);
+  return end != text && *end == 0 && errno == 0 && isfinite(*out);
+}
+
+fl_status curves_run_read(const char *path, const char *label, curves_run *out) {
+  memset(out, 0, sizeof *out);
+  FILE *f = fopen(path, "r");
+  if (!f) return fl_set_error(errno == ENOENT ? FL_ENOENT : FL_EIO, "cannot read %s: %s", path, strerror(errno));
+  static const char *const loss_names[] = {"train_loss", "loss", NULL};
+  static const char *const time_names[] = {"elapsed_s", NULL};
+  static const char *const mb_names[] = {"sent_mb", "reduced_mb", NULL};
+  char line[4096], *cols[RUN_MAX_COLUMNS];
+  fl_status st = FL_OK;
+  int iloss = -1, itime = -1, imb = -1, ncols = 0;
+  if (!fgets(line, sizeof line, f)) {
+    st = fl_set_error(FL_EFORMAT, "%s is empty: no header line", path);
+  } else {
+    ncols = split_csv(line, cols);
+    iloss = column_of(cols, ncols, loss_names);
+    itime = column_of(cols, ncols, time_names);
+    imb = column_of(cols, ncols, mb_names);
+    if (iloss < 0 || itime < 0 || imb < 0)
+      st = fl_set_error(FL_EFORMAT, "%s:1: the header lacks a column %s (curves need train_loss, elapsed_s and "
+                        "sent_mb or reduced_mb)", path, iloss < 0 ? "train_loss" : itime < 0 ? "elapsed_s" : "sent_mb");
+  }
+  size_t cap = 0;
+  for (unsigned lineno = 2; st == FL_OK && fgets(line, sizeof line, f); lineno++) {
+    if (line[0] == '\n' || line[0] == 0) continue;
+    int n = split_csv(line, cols);
+    double loss, t, mb;
+    if (n != ncols || !parse_number(cols[iloss], &loss) || !parse_number(cols[itime], &t) ||
+        !parse_number(cols[imb], &mb)) {
+      st = fl_set_error(FL_EFORMAT, "%s:%u: %s", path, lineno,
+                        n != ncols ? "a row of another number of columns than the header" : "a field is not a number");
+      break;
+    }
+    if (out->n == cap) {
+      cap = cap ? 2 * cap : 32;
+      double *a = common_realloc(out->elapsed, cap * sizeof *a), *b = a ? common_realloc(out->mb, cap * sizeof *b) : NULL,
+             *c = b ? common_realloc(out->loss, cap * sizeof *c) : NULL;
+      if (a) out->elapsed = a;
+      if (b) out->mb = b;
+      if (c) out->loss = c;
+      if (!a || !b || !c) {
+        st = fl_set_error(FL_ENOMEM, "curves: out of memory");
+        break;
+      }
+    }
+    out->elapsed[out->n] = t, out->mb[out->n] = mb, out->loss[out->n] = loss;
+    out->n++;
+  }
+  if (st == FL_OK && ferror(f)) st = fl_set_error(FL_EIO, "cannot read %s: %s", path, strerror(errno));
+  if (st == FL_OK && out->n == 0) st = fl_set_error(FL_EFORMAT, "%s has a header and no rows", path);
+  fclose(f);
+  if (st == FL_OK) {
+    const char *base = strrchr(path, '/');
+    snprintf(out->label, sizeof out->label, "%s", label && *label ? label : base ? base + 1 : path);
+  } else {
+    curves_run_free(out);
+  }
+  return st;
+}
+
+fl_status curves_compare_svg(const curves_run *runs, size_t n, const char *title, fl_buf *out) {
+  static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                        "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  out->len = 0;
+  if (n == 0 || n > CURVES_COMPARE_MAX)
+    return fl_set_error(FL_EINVAL, "curves: %zu runs to compare (1 to %d)", n, CURVES_COMPARE_MAX);
+  double tmax = 0, mbmax = 0, lmax = 0;
+  for (size_t r = 0; r < n; r++)
+    for (size_t i = 0; i < runs[r].n; i++) {
+      if (runs[r].elapsed[i] > tmax) tmax = runs[r].elapsed[i];
+      if (runs[r].mb[i] > mbmax) mbmax = runs[r].mb[i];
+      if (isfinite(runs[r].loss[i]) && runs[r].loss[i] > lmax) lmax = runs[r].loss[i];
+    }
+  if (!(tmax > 0)) tmax = 1;
+  if (!(mbmax > 0)) mbmax = 1;
+  if (!(lmax > 0)) lmax = 1;
+  double lstep = nice_step(lmax, 6);
+  panel by_time = {0, tmax, 0, ceil(lmax / lstep) * lstep, PANEL_LEFT0, PANEL_TOP};
+  panel by_bytes = {0, mbmax, 0, ceil(lmax / lstep) * lstep, PANEL_LEFT1, PANEL_TOP};
+  fl_status s = appendf(out,
+                        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                        "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
+                        "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n"
+                        "<text x=\"%d\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">",
+                        SVG_W, SVG_H, SVG_W, SVG_H, SVG_W / 2);
+  if (s == FL_OK) s = svg_text(out, title ? title : "training loss by run");
+  if (s == FL_OK) s = appendf(out, "</text>\n");
+  if (s == FL_OK) s = svg_axes(out, &by_time, "against time", "seconds", false, "training loss", lstep);
+  for (size_t r = 0; s == FL_OK && r < n; r++)
+    s = svg_polyline(out, &by_time, runs[r].elapsed, runs[r].loss, runs[r].n, runs[r].label, palette[r % 10], r >= 10,
+                     (int)r);
+  if (s == FL_OK) s = appendf(out, "</g>\n");
+  if (s == FL_OK) s = svg_axes(out, &by_bytes, "against bytes sent", "MiB sent per worker", false, "training loss", lstep);
+  for (size_t r = 0; s == FL_OK && r < n; r++)
+    s = svg_polyline(out, &by_bytes, runs[r].mb, runs[r].loss, runs[r].n, runs[r].label, palette[r % 10], r >= 10,
+                     (int)r);
+  if (s == FL_OK) s = appendf(out, "</g>\n</svg>\n");
+  return s;
+}
+
+fl_status curves_write_compare_svg(const curves_run *runs, size_t n, const char *title, const char *path) {
+  fl_buf b = FL_BUF_INIT;
+  fl_status s = curves_compare_svg(runs, n, title, &b);
+  if (s == FL_OK) s = write_file(path, &b);
+  fl_buf_free(&b);
+  return s;
 }
