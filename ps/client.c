@@ -207,6 +207,12 @@ static void take_answer(channel *ch, part *p, const ps_frame *r) {
     if (r->clock < o->fresh) o->fresh = r->clock;
     pthread_mutex_unlock(&o->mu);
   } else if (op == PS_OP_CLOCK_OF) {
+    if (ch->reply.len != 8) {
+      op_fail(o, FL_EPROTO, "parameter server: a clock-of answer of the wrong size");
+      return;
+    }
+    uint64_t last = common_get_u64(ch->reply.data); /* numbered on past a lost attempt's changes */
+    if (last > ch->seq) ch->seq = last;
     pthread_mutex_lock(&o->mu);
     if (r->clock < o->fresh) o->fresh = r->clock;
     pthread_mutex_unlock(&o->mu);

@@ -458,8 +458,14 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
     if (f->worker >= h->workers)
       return fl_set_error(FL_EINVAL, "parameter server: worker %u of a table of %u workers", f->worker, h->workers);
+    /* The clock, and the last change it applied of the worker: a worker opened again (its
+     * task retried) numbers its changes on from there, or they would read as resends. */
+    pthread_mutex_lock(&h->mu);
     *clock = ps_clocks_of(h->clocks, f->worker);
-    return FL_OK;
+    uint8_t last[8];
+    common_put_u64(last, h->last_seq[f->worker]);
+    pthread_mutex_unlock(&h->mu);
+    return fl_buf_append(out, last, 8) == FL_OK ? FL_OK : FL_ERR(FL_ENOMEM, "parameter server: out of memory");
   case PS_OP_PROMOTE: {
     h = hosted_find(s, f->table, f->shard);
     if (!h) return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);

@@ -16,7 +16,7 @@
  * LOAD a shard blob; PROMOTE and DROP nothing; REPLICATE (to a primary) the new backup's
  * address, to which the primary sends HOST (arg 1: as a backup) and ADOPT, the shard's whole
  * replica state (ps_wire_replica_*), before it forwards to it; CLOCK_OF nothing (the answer's
- * clock is the worker's); TARGETS a target list (ps_wire_targets_encode); WHERE nothing (the
+ * clock is the worker's, its payload the u64 sequence number of the worker's last change); TARGETS a target list (ps_wire_targets_encode); WHERE nothing (the
  * answer is the replica's target list). Answers carry the values (pulls), the blob (SAVE), the
  * new clock (CLOCK, in `clock`), or the error message when status != 0.
  */

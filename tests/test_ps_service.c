@@ -360,7 +360,21 @@ static void test_reopened_worker_keeps_its_clock(void **state) {
   ps_client_destroy(c);
   assert_int_equal(ps_client_create(&cl.map, 1, NULL, 5000, &c), FL_OK);
   assert_int_equal(ps_client_clock_now(c), 5);
+  /* Its changes are numbered on from the lost attempt's: they apply, none reads as a resend. */
+  float g[4] = {1, 1, 1, 1}, v[4];
+  uint64_t t;
+  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK);
+  wait_ok(c, t);
+  assert_int_equal(ps_client_clock(c, &t), FL_OK);
+  wait_ok(c, t);
+  assert_int_equal(ps_client_pull_range(c, 0, 4, v, &t), FL_OK);
+  wait_ok(c, t);
+  for (int k = 0; k < 4; k++) assert_true(v[k] == 1.0f);
   ps_client_destroy(c);
+  assert_int_equal(ps_client_create(&cl.map, 1, NULL, 5000, &c), FL_OK);
+  assert_int_equal(ps_client_clock_now(c), 6);
+  ps_client_destroy(c);
+  for (uint32_t i = 0; i < cl.n; i++) assert_int_equal(ps_server_stats_get(cl.servers[i]).duplicates, 0);
   assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &c), FL_OK);
   assert_int_equal(ps_client_clock_now(c), 0);
   ps_client_destroy(c);
@@ -472,7 +486,9 @@ static void test_resend_reaches_the_replica_the_primary_missed(void **state) {
   ps_map map = {.table = 22, .spec = spec, .shards = 1, .workers = 1, .places = &place};
   assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
   float g[4] = {1, 2, 3, 4}, got[4];
-  /* What the dying primary managed: the forward of worker 0's first push to backup 0 only. */
+  ps_client *c;
+  assert_int_equal(ps_client_create(&map, 0, NULL, 5000, &c), FL_OK);
+  /* What the dying primary managed of worker 0's first push: its forward to backup 0 only. */
   int fd;
   fl_buf reply = FL_BUF_INIT;
   assert_int_equal(ps_wire_connect(place.backups[0], 5000, &fd), FL_OK);
@@ -483,10 +499,8 @@ static void test_resend_reaches_the_replica_the_primary_missed(void **state) {
   close(fd);
   fl_buf_free(&reply);
   ps_server_stop(srv[0]);
-  ps_client *c;
-  assert_int_equal(ps_client_create(&map, 0, NULL, 5000, &c), FL_OK); /* fails over as it opens */
   uint64_t t;
-  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK); /* seq 1 again */
+  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK); /* seq 1: fails over, sent again */
   wait_ok(c, t);
   assert_int_equal(ps_server_stats_get(srv[1]).duplicates, 1);
   ps_server_stop(srv[1]); /* the promoted backup goes too: the second backup has the push once */
