@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "gpu/parallel/curves.h"
+#include "gpu/parallel/train.h"
 
 static const char compare_usage[] =
     "usage: flint train compare --svg OUT.svg [--title TEXT] RUN.csv[=LABEL]...\n"

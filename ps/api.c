@@ -58,6 +58,8 @@ fl_status fl_ps_worker_open(fl_bytes handle, uint32_t worker, fl_ps_worker **out
   return FL_OK;
 }
 
+size_t fl_ps_handle_size(const void *handle) { return ps_map_size(handle); }
+
 void fl_ps_worker_close(fl_ps_worker *w) {
   if (!w) return;
   ps_client_destroy(w->client);

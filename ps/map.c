@@ -58,6 +58,14 @@ fl_status ps_map_encode(const ps_map *map, fl_buf *out) {
   return st;
 }
 
+size_t ps_map_size(const void *p) {
+  const uint8_t *b = p;
+  if (!b || memcmp(b, MAGIC, 8) != 0 || common_get_u32(b + 8) != VERSION) return 0;
+  uint32_t shards = common_get_u32(b + 16);
+  if (shards < 1 || shards > (1u << 20)) return 0;
+  return FIXED + (size_t)shards * PLACE_BYTES + 4;
+}
+
 fl_status ps_map_decode(fl_bytes in, ps_map *out) {
   memset(out, 0, sizeof *out);
   if (in.len < FIXED + 4 || memcmp(in.data, MAGIC, 8) != 0)

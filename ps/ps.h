@@ -171,6 +171,8 @@ typedef struct ps_map {
 /* A map as bytes (the handle of flint/ps.h that tasks open workers with), and back: decode
  * checks it all and allocates out->places (ps_map_free). (ps/map.c) */
 fl_status ps_map_encode(const ps_map *map, fl_buf *out);
+/* The length of the encoded map at p, from its header; 0 when p does not start as one. */
+size_t ps_map_size(const void *p);
 fl_status ps_map_decode(fl_bytes in, ps_map *out);
 void ps_map_free(ps_map *map);
 

@@ -14,6 +14,7 @@
 
 #include "common/common.h"
 #include "gpu/parallel/curves.h"
+#include "gpu/parallel/train.h"
 
 fl_status curves_append(curves *c, const curves_row *row) {
   if (c->count == c->cap) {

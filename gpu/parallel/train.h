@@ -265,4 +265,23 @@ FL_API fl_status gpu_train_run(const gpu_train_options *opts, gpu_train_result *
 /* The same in a context the caller owns (tests, job binaries). */
 FL_API fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *opts, gpu_train_result *result);
 
+/* ---- comparing runs (`flint train compare`, gpu/parallel/curves.c): training loss against
+ * time and against bytes sent, one series per run (issue 35's comparison of sync modes). ---- */
+#define CURVES_COMPARE_MAX 20
+typedef struct curves_run {
+  char label[64];
+  double *elapsed, *mb, *loss; /* n of each; NaN where not measured */
+  size_t n;
+} curves_run;
+/* Reads a curves CSV by its header's names: train_loss (or loss), elapsed_s, and sent_mb (or
+ * reduced_mb); other columns are ignored. label NULL: the file's name. FL_ENOENT or FL_EIO
+ * naming the file; FL_EFORMAT naming file:line for a missing column, a ragged row or a field
+ * that is not a number, or no rows. */
+FL_API fl_status curves_run_read(const char *path, const char *label, curves_run *out);
+FL_API void curves_run_free(curves_run *r);
+/* An SVG of two panels: training loss against elapsed seconds and against MiB sent, a series
+ * (and legend entry) per run. 1 to CURVES_COMPARE_MAX runs, else FL_EINVAL. */
+FL_API fl_status curves_compare_svg(const curves_run *runs, size_t n, const char *title, fl_buf *out);
+FL_API fl_status curves_write_compare_svg(const curves_run *runs, size_t n, const char *title, const char *path);
+
 #endif /* FLINT_GPU_TRAIN_H */

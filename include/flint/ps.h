@@ -73,6 +73,10 @@ FL_API void fl_ps_table_destroy(fl_ps_table *t);
 /* The bytes a worker opens the table with (a few hundred): pass them to tasks as a
  * function's argument. Valid while the table lives. */
 FL_API fl_bytes fl_ps_table_handle(const fl_ps_table *t);
+/* A handle's length, read from its first bytes (a task's argument comes without its length):
+ * fl_ps_worker_open(fl_bytes_of(arg, fl_ps_handle_size(arg)), k, &w). 0 for bytes that do
+ * not start as a handle (the open then fails with FL_EFORMAT). */
+FL_API size_t fl_ps_handle_size(const void *handle);
 /* Every shard's state to one file, and back (a file of another table's shape is refused
  * with FL_EINVAL, a damaged one with FL_ECORRUPT or FL_EFORMAT naming it; the table is then
  * unchanged). Blocks. */
