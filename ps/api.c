@@ -92,6 +92,44 @@ fl_status fl_ps_pull_range(fl_ps_worker *w, uint64_t lo, uint64_t count, float *
 fl_status fl_ps_set_range(fl_ps_worker *w, uint64_t lo, uint64_t count, const float *values, uint64_t *ticket) {
   WORKER_CALL(w, ps_client_set_range(w->client, lo, count, values, ticket));
 }
+static fl_status column(fl_ps_worker *w, ps_column_kind kind, double alpha, uint32_t x, uint32_t y, uint64_t lo,
+                        uint64_t count, const float *in, float *out, double *dot, uint64_t *ticket) {
+  ps_column_op op = {.kind = kind, .x = x, .y = y, .alpha = alpha, .lo = lo, .count = count};
+  WORKER_CALL(w, ps_client_column(w->client, &op, in, out, dot, ticket));
+}
+fl_status fl_ps_push_column(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *grads,
+                            uint64_t *ticket) {
+  return column(w, PS_COLUMN_PUSH, 0, 0, y, lo, count, grads, NULL, NULL, ticket);
+}
+fl_status fl_ps_push_range_once(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *grads,
+                                uint64_t seq, uint64_t *ticket) {
+  WORKER_CALL(w, ps_client_push_column_once(w->client, y, lo, count, grads, seq, ticket));
+}
+fl_status fl_ps_set_column(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *values,
+                           uint64_t *ticket) {
+  return column(w, PS_COLUMN_SET, 0, 0, y, lo, count, values, NULL, NULL, ticket);
+}
+fl_status fl_ps_pull_column(fl_ps_worker *w, uint32_t x, uint64_t lo, uint64_t count, float *out, uint64_t *ticket) {
+  return column(w, PS_COLUMN_PULL, 0, x, 0, lo, count, NULL, out, NULL, ticket);
+}
+fl_status fl_ps_dot(fl_ps_worker *w, uint32_t x, uint32_t y, uint64_t lo, uint64_t count, double *out,
+                    uint64_t *ticket) {
+  return column(w, PS_COLUMN_DOT, 0, x, y, lo, count, NULL, NULL, out, ticket);
+}
+fl_status fl_ps_axpy(fl_ps_worker *w, double alpha, uint32_t x, uint32_t y, uint64_t lo, uint64_t count,
+                     uint64_t *ticket) {
+  return column(w, PS_COLUMN_AXPY, alpha, x, y, lo, count, NULL, NULL, NULL, ticket);
+}
+fl_status fl_ps_scale(fl_ps_worker *w, double alpha, uint32_t y, uint64_t lo, uint64_t count, uint64_t *ticket) {
+  return column(w, PS_COLUMN_SCALE, alpha, 0, y, lo, count, NULL, NULL, NULL, ticket);
+}
+fl_status fl_ps_copy(fl_ps_worker *w, uint32_t x, uint32_t y, uint64_t lo, uint64_t count, uint64_t *ticket) {
+  return column(w, PS_COLUMN_COPY, 0, x, y, lo, count, NULL, NULL, NULL, ticket);
+}
+fl_status fl_ps_fill(fl_ps_worker *w, double alpha, uint32_t y, uint64_t lo, uint64_t count, uint64_t *ticket) {
+  return column(w, PS_COLUMN_FILL, alpha, 0, y, lo, count, NULL, NULL, NULL, ticket);
+}
+
 fl_status fl_ps_clock(fl_ps_worker *w, uint64_t *ticket) {
   if (w && w->slowdown > 1) { /* the injected straggler: its iteration took slowdown times as long */
     uint64_t now = common_now_ns();

@@ -41,6 +41,10 @@ typedef struct part {
   const uint64_t *scatter;  /* keyed pulls: each answer row's row in the caller's out */
   size_t rows;              /* the rows the answer must carry */
   fl_buf *blob;             /* save: the answer's bytes */
+  uint8_t column;           /* COLUMN: its ps_column_kind */
+  bool fixed_seq;           /* the caller numbered it (a once-push): the channel does not */
+  double partial;           /* column DOT: this shard's sum */
+  uint8_t desc[PS_WIRE_COLUMN_BYTES]; /* COLUMN: the descriptor sent */
 } part;
 
 struct op {
@@ -50,6 +54,7 @@ struct op {
   fl_status status;
   char message[PS_WIRE_MESSAGE_MAX + 1];
   uint64_t fresh;
+  double *dot; /* column DOT: the caller's, written by the wait (the parts' sums, in shard order) */
   common_event done;
   fl_buf owned; /* keyed batches' per-shard copies */
   part *parts;
@@ -206,6 +211,17 @@ static void take_answer(channel *ch, part *p, const ps_frame *r) {
     pthread_mutex_lock(&o->mu);
     if (r->clock < o->fresh) o->fresh = r->clock;
     pthread_mutex_unlock(&o->mu);
+  } else if (op == PS_OP_COLUMN && (p->column == PS_COLUMN_PULL || p->column == PS_COLUMN_DOT)) {
+    size_t want = p->column == PS_COLUMN_PULL ? p->rows * 4 : 8;
+    if (ch->reply.len != want) {
+      op_fail(o, FL_EPROTO, "parameter server: a column answer has the wrong size");
+      return;
+    }
+    if (p->column == PS_COLUMN_PULL) memcpy(p->out, ch->reply.data, want);
+    else memcpy(&p->partial, ch->reply.data, 8);
+    pthread_mutex_lock(&o->mu);
+    if (r->clock < o->fresh) o->fresh = r->clock;
+    pthread_mutex_unlock(&o->mu);
   } else if (op == PS_OP_CLOCK_OF) {
     if (ch->reply.len != 8) {
       op_fail(o, FL_EPROTO, "parameter server: a clock-of answer of the wrong size");
@@ -269,8 +285,9 @@ static void *channel_main(void *arg) {
     /* A worker's changes are numbered so that a resend applies once; a load (a table's
      * owner, not a worker) replaces the state wholesale, so a resend is harmless unnumbered. */
     bool numbered = p->f.op == PS_OP_PUSH || p->f.op == PS_OP_PUSH_RANGE || p->f.op == PS_OP_SET_RANGE ||
-                    p->f.op == PS_OP_CLOCK || p->f.op == PS_OP_RETIRE;
-    if (numbered) p->f.seq = ++ch->seq;
+                    p->f.op == PS_OP_CLOCK || p->f.op == PS_OP_RETIRE ||
+                    (p->f.op == PS_OP_COLUMN && ps_column_mutates((ps_column_kind)p->column));
+    if (numbered && !p->fixed_seq) p->f.seq = ++ch->seq;
     ps_frame r;
     fl_status st = exchange(ch, p, &r);
     while (st == FL_ENET && fail_over(ch) == FL_OK) st = exchange(ch, p, &r);
@@ -340,6 +357,11 @@ fl_status ps_client_wait(ps_client *c, uint64_t ticket, uint64_t *fresh) {
   fl_status st = o->status;
   if (st != FL_OK) fl_set_error(st, "%s", o->message);
   if (st == FL_OK && fresh) *fresh = o->fresh;
+  if (st == FL_OK && o->dot) {
+    double sum = 0;
+    for (uint32_t i = 0; i < o->nparts; i++) sum += o->parts[i].partial;
+    *o->dot = sum;
+  }
   op_free(o);
   return st;
 }
@@ -501,6 +523,81 @@ fl_status ps_client_pull_range(ps_client *c, uint64_t lo, uint64_t count, float 
 }
 fl_status ps_client_set_range(ps_client *c, uint64_t lo, uint64_t count, const float *values, uint64_t *ticket) {
   return ranged(c, PS_OP_SET_RANGE, lo, count, values, NULL, ticket);
+}
+
+/* A column operation: one part per shard whose range meets [lo, lo + count), each with its
+ * own descriptor; pushed and set values point into the caller's buffer. */
+static fl_status columned(ps_client *c, const ps_column_op *req, const float *in, float *out, double *dot,
+                          bool fixed_seq, uint64_t seq, uint64_t *ticket) {
+  const ps_table_spec *spec = &c->map.spec;
+  if (!req) return fl_set_error(FL_EINVAL, "parameter server: NULL column operation");
+  fl_status st = ps_column_check(spec, req);
+  if (st != FL_OK) return st;
+  ps_column_op cop = *req;
+  const char *name = ps_column_name(cop.kind);
+  if (cop.count == PS_COLUMN_TO_END && cop.lo <= spec->keys) cop.count = spec->keys - cop.lo;
+  if (cop.count > spec->keys || cop.lo > spec->keys - cop.count)
+    return fl_set_error(FL_EINVAL, "parameter server column %s: keys [%llu, %llu) are outside table %u's %llu keys",
+                        name, (unsigned long long)cop.lo, (unsigned long long)(cop.lo + cop.count), c->map.table,
+                        (unsigned long long)spec->keys);
+  bool carries = cop.kind == PS_COLUMN_PUSH || cop.kind == PS_COLUMN_SET;
+  if (cop.count && ((carries && !in) || (cop.kind == PS_COLUMN_PULL && !out)))
+    return fl_set_error(FL_EINVAL, "parameter server column %s: NULL values", name);
+  if (cop.kind == PS_COLUMN_DOT && !dot) return fl_set_error(FL_EINVAL, "parameter server column dot: NULL result");
+  if (fixed_seq && seq == 0) return fl_set_error(FL_EINVAL, "parameter server: a once-push needs a sequence number >= 1");
+  uint32_t S = c->map.shards, first = cop.count ? ps_shard_of(spec, S, cop.lo) : 0;
+  uint32_t last = cop.count ? ps_shard_of(spec, S, cop.lo + cop.count - 1) : 0;
+  uint32_t nparts = cop.count ? last - first + 1 : 0;
+  for (uint32_t s = first; nparts && s <= last; s++) {
+    uint64_t a = ps_range_lo(spec, S, s), b = ps_range_lo(spec, S, s + 1);
+    uint64_t from = a > cop.lo ? a : cop.lo, to = b < cop.lo + cop.count ? b : cop.lo + cop.count;
+    if ((st = check_size((to - from) * 4 + PS_WIRE_COLUMN_BYTES, name)) != FL_OK) return st;
+  }
+  op *o = op_new(c, nparts);
+  if (!o) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  if (cop.kind == PS_COLUMN_DOT) {
+    o->dot = dot;
+    *dot = 0; /* an empty range's sum, and what an unwaited or failed dot leaves */
+  }
+  for (uint32_t j = 0; j < nparts; j++) {
+    uint32_t s = first + j;
+    uint64_t a = ps_range_lo(spec, S, s), b = ps_range_lo(spec, S, s + 1);
+    uint64_t from = a > cop.lo ? a : cop.lo, to = b < cop.lo + cop.count ? b : cop.lo + cop.count;
+    part *p = &o->parts[j];
+    ps_column_op piece = cop;
+    piece.lo = from;
+    piece.count = to - from;
+    ps_wire_column_encode(&piece, p->desc);
+    p->shard = s;
+    p->column = (uint8_t)cop.kind;
+    p->fixed_seq = fixed_seq;
+    p->f.op = PS_OP_COLUMN;
+    p->f.shard = s;
+    p->f.seq = fixed_seq ? seq : 0;
+    p->f.clock = c->clock;
+    p->f.staleness = c->staleness;
+    p->a = p->desc;
+    p->alen = PS_WIRE_COLUMN_BYTES;
+    if (carries) {
+      p->b = in + (from - cop.lo);
+      p->blen = (size_t)(to - from) * 4;
+    } else if (cop.kind == PS_COLUMN_PULL) {
+      p->out = out + (from - cop.lo);
+      p->rows = (size_t)(to - from);
+    }
+  }
+  return op_submit(c, o, ticket);
+}
+
+fl_status ps_client_column(ps_client *c, const ps_column_op *op, const float *in, float *out, double *dot,
+                           uint64_t *ticket) {
+  return columned(c, op, in, out, dot, false, 0, ticket);
+}
+
+fl_status ps_client_push_column_once(ps_client *c, uint32_t column, uint64_t lo, uint64_t count, const float *grads,
+                                     uint64_t seq, uint64_t *ticket) {
+  ps_column_op op = {.kind = PS_COLUMN_PUSH, .y = column, .lo = lo, .count = count};
+  return columned(c, &op, grads, NULL, NULL, true, seq, ticket);
 }
 
 /* One part on every shard, without a payload (clock, retire, save). */

@@ -85,6 +85,45 @@ fl_status ps_shard_pull(const ps_shard *s, const uint64_t *keys, size_t n, float
 /* Overwrites n keys' values (initial weights, a restore); the update state is left alone. */
 fl_status ps_shard_set(ps_shard *s, const uint64_t *keys, size_t n, const float *values);
 
+/* ---- columns: a dense table of width K holds K vectors over its keys ------------------------
+ * Column c of key k is the table's value k * K + c. These operations serve an algorithm whose
+ * vectors live on the servers (Sandblaster L-BFGS): each acts on the keys [lo, lo + count) of
+ * one or two columns, y the one written and x the one read:
+ *   PUSH  y += in      SET   y = in       PULL  out = x      DOT  sum of x y (in double)
+ *   AXPY  y += alpha x SCALE y *= alpha   COPY  y = x        FILL y = alpha
+ * Arithmetic is in double, stored as float. PUSH adds whatever the table's update function:
+ * it is refused on tables whose update is not `add` (their state is per value of a row, and
+ * a column push is no row's gradient). */
+typedef enum ps_column_kind {
+  PS_COLUMN_PUSH = 1,
+  PS_COLUMN_SET,
+  PS_COLUMN_PULL,
+  PS_COLUMN_DOT,
+  PS_COLUMN_AXPY,
+  PS_COLUMN_SCALE,
+  PS_COLUMN_COPY,
+  PS_COLUMN_FILL,
+} ps_column_kind;
+#define PS_COLUMN_LAST PS_COLUMN_FILL
+
+typedef struct ps_column_op {
+  ps_column_kind kind;
+  uint32_t x, y; /* columns: x read, y written (those the kind uses) */
+  double alpha;
+  uint64_t lo, count;
+} ps_column_op;
+
+/* Whether the kind changes the table (and so is numbered, forwarded and applied once). */
+bool ps_column_mutates(ps_column_kind kind);
+const char *ps_column_name(ps_column_kind kind);
+/* Checks the kind, the columns against the spec's width, and (for a non-add table) a push:
+ * FL_EINVAL naming the fault. The range is the caller's to check. */
+fl_status ps_column_check(const ps_table_spec *spec, const ps_column_op *op);
+/* Applies op to this shard: [lo, lo + count) must be inside the shard's range (FL_EINVAL
+ * naming it otherwise, and nothing changes). in: count floats (PUSH, SET); out: count floats
+ * (PULL); *dot: the partial sum (DOT). */
+fl_status ps_shard_column(ps_shard *s, const ps_column_op *op, const float *in, float *out, double *dot);
+
 /* The whole state (values, the update's slots, per-key steps) as one blob with a CRC-32C
  * (encode replaces *out's contents),
  * and back: decode checks the blob completely (magic, version, the table, the counts, every
@@ -254,6 +293,22 @@ fl_status ps_client_pull(ps_client *c, const uint64_t *keys, size_t n, float *ou
 fl_status ps_client_push_range(ps_client *c, uint64_t lo, uint64_t count, const float *grads, uint64_t *ticket);
 fl_status ps_client_pull_range(ps_client *c, uint64_t lo, uint64_t count, float *out, uint64_t *ticket);
 fl_status ps_client_set_range(ps_client *c, uint64_t lo, uint64_t count, const float *values, uint64_t *ticket);
+/* A column operation (ps_column_op) over [lo, lo + count) of a dense table, split by shard
+ * (count PS_COLUMN_TO_END: from lo to the last key). in: PUSH's and SET's count floats;
+ * out: PULL's; dot: DOT's result, written when the wait returns FL_OK (the shards' partial
+ * sums added in shard order, so the same state gives the same bits). The columns, the
+ * range and a push on a table that is not `add` are checked first (FL_EINVAL). Mutating
+ * kinds are numbered per shard as pushes are, forwarded to the backup and applied once. */
+#define PS_COLUMN_TO_END UINT64_MAX
+fl_status ps_client_column(ps_client *c, const ps_column_op *op, const float *in, float *out, double *dot,
+                           uint64_t *ticket);
+/* A column push numbered by the caller: the shards apply it only when seq (>= 1) is above
+ * the last number they applied for this worker, so that the same (worker, seq) pushed again,
+ * by a retried or speculative copy of a task opened as the same worker, counts once. A
+ * worker that pushes this way should change the table in no other way (its own numbers
+ * would mix with the caller's). */
+fl_status ps_client_push_column_once(ps_client *c, uint32_t column, uint64_t lo, uint64_t count, const float *grads,
+                                     uint64_t seq, uint64_t *ticket);
 /* Ends this worker's iteration on every shard (after the pushes queued before it). */
 fl_status ps_client_clock(ps_client *c, uint64_t *ticket);
 /* This worker leaves: it no longer holds others' pulls back. */

@@ -339,6 +339,21 @@ static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf 
     atomic_fetch_add(&s->pushes, 1);
     break;
   }
+  case PS_OP_COLUMN: {
+    ps_column_op c;
+    st = ps_wire_column_decode(fl_buf_bytes(payload), &c);
+    if (st != FL_OK) break;
+    bool carries = c.kind == PS_COLUMN_PUSH || c.kind == PS_COLUMN_SET;
+    size_t values = payload->len - PS_WIRE_COLUMN_BYTES;
+    if (!ps_column_mutates(c.kind) || (carries ? c.count > values / 4 || values != c.count * 4 : values != 0)) {
+      st = fl_set_error(FL_EPROTO, "parameter server: a column %s of %llu keys carries %zu bytes of values",
+                        ps_column_name(c.kind), (unsigned long long)c.count, values);
+      break;
+    }
+    st = ps_shard_column(sh, &c, carries ? (const float *)(payload->data + PS_WIRE_COLUMN_BYTES) : NULL, NULL, NULL);
+    atomic_fetch_add(&s->pushes, 1);
+    break;
+  }
   case PS_OP_CLOCK: st = ps_clocks_advance(h->clocks, f->worker, NULL); break;
   case PS_OP_RETIRE: st = ps_clocks_retire(h->clocks, f->worker); break;
   case PS_OP_LOAD: st = ps_shard_decode(sh, fl_buf_bytes(payload)); break;
@@ -392,6 +407,32 @@ static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const f
   return st;
 }
 
+/* A column read (PULL, DOT): waits on the clocks as a pull does, then answers the values or
+ * the partial sum (8 bytes). */
+static fl_status read_column(ps_server *s, hosted *h, const ps_frame *f, const ps_column_op *c, size_t extra,
+                             fl_buf *out, uint64_t *fresh) {
+  if (extra != 0)
+    return fl_set_error(FL_EPROTO, "parameter server: a column %s carries %zu bytes of values", ps_column_name(c->kind),
+                        extra);
+  if (c->kind == PS_COLUMN_PULL && c->count > s->max_message / 4)
+    return fl_set_error(FL_ELIMIT, "parameter server: a column pull of %llu keys would answer over the limit of %llu bytes",
+                        (unsigned long long)c->count, (unsigned long long)s->max_message);
+  fl_status st = ps_clocks_wait(h->clocks, f->clock, f->staleness, s->timeout_ms, fresh);
+  if (st != FL_OK) return st;
+  size_t bytes = c->kind == PS_COLUMN_PULL ? (size_t)c->count * 4 : 8;
+  out->len = 0;
+  if (fl_buf_reserve(out, bytes) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  double dot = 0;
+  pthread_mutex_lock(&h->mu);
+  st = h->shard ? ps_shard_column(h->shard, c, NULL, (float *)out->data, &dot) : dropped(f);
+  pthread_mutex_unlock(&h->mu);
+  if (st != FL_OK) return st;
+  if (c->kind == PS_COLUMN_DOT) memcpy(out->data, &dot, 8);
+  out->len = bytes;
+  atomic_fetch_add(&s->pulls, 1);
+  return FL_OK;
+}
+
 /* Serves one request; the answer's payload goes to *out, its clock to *clock. */
 static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, fl_buf *keys, fl_buf *out,
                        uint64_t *clock) {
@@ -411,6 +452,14 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
   case PS_OP_PULL_RANGE:
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
     return read_values(s, h, f, payload, keys, out, clock);
+  case PS_OP_COLUMN: {
+    ps_column_op c;
+    if ((st = ps_wire_column_decode(fl_buf_bytes(payload), &c)) != FL_OK) return st;
+    bool mutating = ps_column_mutates(c.kind);
+    if ((st = find(s, f, mutating, &h)) != FL_OK) return st;
+    if (mutating) return apply(s, h, f, payload, keys, clock);
+    return read_column(s, h, f, &c, payload->len - PS_WIRE_COLUMN_BYTES, out, clock);
+  }
   case PS_OP_SAVE:
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
     pthread_mutex_lock(&h->mu);

@@ -267,6 +267,74 @@ fl_status ps_shard_set(ps_shard *s, const uint64_t *keys, size_t n, const float 
   return FL_OK;
 }
 
+/* ---- columns ------------------------------------------------------------------------------ */
+
+static const char *const column_names[] = {"?", "push", "set", "pull", "dot", "axpy", "scale", "copy", "fill"};
+
+const char *ps_column_name(ps_column_kind kind) {
+  return kind >= 1 && kind <= PS_COLUMN_LAST ? column_names[kind] : "?";
+}
+
+bool ps_column_mutates(ps_column_kind kind) { return kind != PS_COLUMN_PULL && kind != PS_COLUMN_DOT; }
+
+fl_status ps_column_check(const ps_table_spec *spec, const ps_column_op *op) {
+  if (op->kind < 1 || op->kind > PS_COLUMN_LAST)
+    return fl_set_error(FL_EINVAL, "parameter server: unknown column operation %d", (int)op->kind);
+  const char *name = ps_column_name(op->kind);
+  if (spec->sparse) return fl_set_error(FL_EINVAL, "parameter server column %s: the table is sparse; columns are for dense tables", name);
+  bool reads = op->kind == PS_COLUMN_PULL || op->kind == PS_COLUMN_DOT || op->kind == PS_COLUMN_AXPY ||
+               op->kind == PS_COLUMN_COPY;
+  bool writes = op->kind != PS_COLUMN_PULL;
+  if (reads && op->x >= spec->width)
+    return fl_set_error(FL_EINVAL, "parameter server column %s: column %u of a table of %u columns", name, op->x,
+                        spec->width);
+  if (writes && op->y >= spec->width)
+    return fl_set_error(FL_EINVAL, "parameter server column %s: column %u of a table of %u columns", name, op->y,
+                        spec->width);
+  if (op->kind == PS_COLUMN_PUSH && spec->update.kind != PS_UPDATE_ADD)
+    return fl_set_error(FL_EINVAL, "parameter server column push: the table's update is %s; a column push adds, "
+                        "so it needs an add table", ps_update_name(spec->update.kind));
+  if (!isfinite(op->alpha))
+    return fl_set_error(FL_EINVAL, "parameter server column %s: alpha is not finite", name);
+  return FL_OK;
+}
+
+fl_status ps_shard_column(ps_shard *s, const ps_column_op *op, const float *in, float *out, double *dot) {
+  fl_status st = ps_column_check(&s->spec, op);
+  if (st != FL_OK) return st;
+  if (op->count > s->hi - s->lo || op->lo < s->lo || op->lo - s->lo > s->hi - s->lo - op->count)
+    return fl_set_error(FL_EINVAL, "parameter server column %s: keys [%llu, %llu) are not inside shard %u's [%llu, %llu)",
+                        ps_column_name(op->kind), (unsigned long long)op->lo,
+                        (unsigned long long)(op->lo + op->count), s->index, (unsigned long long)s->lo,
+                        (unsigned long long)s->hi);
+  if (op->count && (((op->kind == PS_COLUMN_PUSH || op->kind == PS_COLUMN_SET) && !in) ||
+                    (op->kind == PS_COLUMN_PULL && !out) || (op->kind == PS_COLUMN_DOT && !dot)))
+    return fl_set_error(FL_EINVAL, "parameter server column %s: NULL argument", ps_column_name(op->kind));
+  const size_t w = s->spec.width;
+  /* the columns the kind does not use may hold anything: point them at one that it does */
+  bool reads = op->kind == PS_COLUMN_PULL || op->kind == PS_COLUMN_DOT || op->kind == PS_COLUMN_AXPY ||
+               op->kind == PS_COLUMN_COPY;
+  uint32_t xc = reads ? op->x : op->y, yc = op->kind == PS_COLUMN_PULL ? op->x : op->y;
+  float *xv = s->values + (op->lo - s->lo) * w + xc, *yv = s->values + (op->lo - s->lo) * w + yc;
+  const double a = op->alpha;
+  double sum = 0;
+  for (uint64_t i = 0; i < op->count; i++) {
+    float *x = xv + i * w, *y = yv + i * w;
+    switch (op->kind) {
+    case PS_COLUMN_PUSH: *y = (float)((double)*y + in[i]); break;
+    case PS_COLUMN_SET: *y = in[i]; break;
+    case PS_COLUMN_PULL: out[i] = *x; break;
+    case PS_COLUMN_DOT: sum += (double)*x * *y; break;
+    case PS_COLUMN_AXPY: *y = (float)((double)*y + a * *x); break;
+    case PS_COLUMN_SCALE: *y = (float)(a * *y); break;
+    case PS_COLUMN_COPY: *y = *x; break;
+    case PS_COLUMN_FILL: *y = (float)a; break;
+    }
+  }
+  if (op->kind == PS_COLUMN_DOT) *dot = sum;
+  return FL_OK;
+}
+
 /* ---- the blob ----------------------------------------------------------------------------- */
 
 static size_t row_bytes(const ps_shard *s) {

@@ -19,7 +19,7 @@
 
 static const char *const op_names[] = {"?", "hello", "host", "push", "pull", "push-range", "pull-range",
                                        "set-range", "clock", "retire", "save", "load", "promote", "drop",
-                                       "replicate", "adopt", "clock-of", "targets", "where"};
+                                       "replicate", "adopt", "clock-of", "targets", "where", "column"};
 
 const char *ps_op_name(uint8_t op) {
   op &= (uint8_t) ~(PS_OP_REPLY | PS_OP_FORWARDED);
@@ -97,6 +97,31 @@ fl_status ps_wire_targets_decode(fl_bytes in, char (*targets)[PS_ADDRESS_MAX], u
   for (uint32_t i = count; i < PS_MAX_BACKUPS; i++) targets[i][0] = 0;
   *n = count;
   *used = at;
+  return FL_OK;
+}
+
+void ps_wire_column_encode(const ps_column_op *op, uint8_t out[PS_WIRE_COLUMN_BYTES]) {
+  memset(out, 0, PS_WIRE_COLUMN_BYTES);
+  out[0] = (uint8_t)op->kind;
+  common_put_u32(out + 4, op->x);
+  common_put_u32(out + 8, op->y);
+  memcpy(out + 16, &op->alpha, 8);
+  common_put_u64(out + 24, op->lo);
+  common_put_u64(out + 32, op->count);
+}
+
+fl_status ps_wire_column_decode(fl_bytes in, ps_column_op *op) {
+  static const uint8_t zero[4] = {0};
+  if (in.len < PS_WIRE_COLUMN_BYTES || memcmp(in.data + 1, zero, 3) != 0 || memcmp(in.data + 12, zero, 4) != 0)
+    return fl_set_error(FL_EPROTO, "parameter server: a column request without a valid descriptor (%zu bytes)", in.len);
+  if (in.data[0] < 1 || in.data[0] > PS_COLUMN_LAST)
+    return fl_set_error(FL_EINVAL, "parameter server: unknown column operation %u", in.data[0]);
+  op->kind = (ps_column_kind)in.data[0];
+  op->x = common_get_u32(in.data + 4);
+  op->y = common_get_u32(in.data + 8);
+  memcpy(&op->alpha, in.data + 16, 8);
+  op->lo = common_get_u64(in.data + 24);
+  op->count = common_get_u64(in.data + 32);
   return FL_OK;
 }
 

@@ -17,8 +17,10 @@
  * address, to which the primary sends HOST (arg 1: as a backup) and ADOPT, the shard's whole
  * replica state (ps_wire_replica_*), before it forwards to it; CLOCK_OF nothing (the answer's
  * clock is the worker's, its payload the u64 sequence number of the worker's last change); TARGETS a target list (ps_wire_targets_encode); WHERE nothing (the
- * answer is the replica's target list). Answers carry the values (pulls), the blob (SAVE), the
- * new clock (CLOCK, in `clock`), or the error message when status != 0.
+ * answer is the replica's target list); COLUMN a column operation's descriptor
+ * (ps_wire_column_*), then for PUSH and SET its count floats. Answers carry the values
+ * (pulls, column PULL), the partial sum as an f64 (column DOT), the blob (SAVE), the new
+ * clock (CLOCK, in `clock`), or the error message when status != 0.
  */
 #ifndef FLINT_PS_WIRE_H
 #define FLINT_PS_WIRE_H
@@ -49,8 +51,9 @@ typedef enum ps_op {
   PS_OP_CLOCK_OF,
   PS_OP_TARGETS,
   PS_OP_WHERE,
+  PS_OP_COLUMN,
 } ps_op;
-#define PS_OP_LAST PS_OP_WHERE
+#define PS_OP_LAST PS_OP_COLUMN
 #define PS_OP_FORWARDED 0x40
 #define PS_OP_REPLY 0x80
 
@@ -90,6 +93,15 @@ fl_status ps_wire_replica_encode(const ps_shard *shard, ps_clocks *clocks, const
                                  fl_buf *out);
 /* Checks everything, then replaces the shard, clocks and sequence numbers. */
 fl_status ps_wire_replica_adopt(fl_bytes in, ps_shard *shard, ps_clocks *clocks, uint64_t *last_seq, uint32_t workers);
+
+/* COLUMN's descriptor, 40 bytes:
+ *   0 u8 kind (ps_column_kind)   1 u8[3] zero   4 u32 x   8 u32 y   12 u32 zero   16 f64 alpha
+ *   24 u64 lo   32 u64 count */
+#define PS_WIRE_COLUMN_BYTES 40
+void ps_wire_column_encode(const ps_column_op *op, uint8_t out[PS_WIRE_COLUMN_BYTES]);
+/* FL_EPROTO when the payload is too short or its zero bytes are not, FL_EINVAL for an
+ * unknown kind. */
+fl_status ps_wire_column_decode(fl_bytes in, ps_column_op *op);
 
 /* ---- sockets: blocking, with deadlines (common_now_ns time; 0: none) ---- */
 /* "HOST:PORT" -> a connected TCP socket (TCP_NODELAY), within timeout_ms; FL_ENET naming the

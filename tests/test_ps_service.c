@@ -10,6 +10,7 @@
  */
 #include "test_util.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -659,6 +660,211 @@ static void test_bad_requests_get_clear_errors(void **state) {
   cluster_stop(&cl);
 }
 
+/* ---- columns: vectors on the servers ---- */
+
+#define COL_KEYS 37
+#define COL_WIDTH 4
+
+/* The reference: the whole table in one array, with the servers' arithmetic (double, then
+ * float) and their dot (each shard's part in double, added in shard order). */
+static double ref_column(float *ref, const ps_table_spec *spec, uint32_t shards, const ps_column_op *op,
+                         const float *in, float *out) {
+  double total = 0;
+  for (uint32_t s = 0; s < shards; s++) {
+    uint64_t a = ps_range_lo(spec, shards, s), b = ps_range_lo(spec, shards, s + 1), part = 0;
+    double sum = 0;
+    for (uint64_t k = a; k < b; k++) {
+      if (k < op->lo || k >= op->lo + op->count) continue;
+      float *x = ref + k * COL_WIDTH + op->x, *y = ref + k * COL_WIDTH + op->y;
+      uint64_t i = k - op->lo;
+      part++;
+      switch (op->kind) {
+      case PS_COLUMN_PUSH: *y = (float)((double)*y + in[i]); break;
+      case PS_COLUMN_SET: *y = in[i]; break;
+      case PS_COLUMN_PULL: out[i] = *x; break;
+      case PS_COLUMN_DOT: sum += (double)*x * *y; break;
+      case PS_COLUMN_AXPY: *y = (float)((double)*y + op->alpha * *x); break;
+      case PS_COLUMN_SCALE: *y = (float)(op->alpha * *y); break;
+      case PS_COLUMN_COPY: *y = *x; break;
+      case PS_COLUMN_FILL: *y = (float)op->alpha; break;
+      }
+    }
+    if (part) total += sum;
+  }
+  return total;
+}
+
+static void check_columns(uint32_t shards, uint64_t seed) {
+  ps_table_spec spec = {.keys = COL_KEYS, .width = COL_WIDTH, .update = PS_UPDATE_INIT};
+  uint32_t servers = shards < 3 ? shards + 1 : 3;
+  cluster cl;
+  cluster_start(&cl, servers, 20 + shards, &spec, shards, 1, true, NULL);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 10000, &c), FL_OK);
+  float ref[COL_KEYS * COL_WIDTH] = {0}, in[COL_KEYS], got[COL_KEYS], want[COL_KEYS];
+  uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int step = 0; step < 200; step++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    ps_column_op op = {.kind = (ps_column_kind)(1 + (rng >> 33) % PS_COLUMN_LAST), .x = (uint32_t)(rng >> 20) % COL_WIDTH,
+                       .y = (uint32_t)(rng >> 40) % COL_WIDTH, .alpha = (double)((int)(rng >> 50) % 17 - 8) / 3.0};
+    /* ranges: the whole column, empty, one key, and ones that straddle shards */
+    uint64_t r = (rng >> 12) % 5;
+    op.lo = r == 0 ? 0 : (rng >> 24) % COL_KEYS;
+    op.count = r == 0 ? COL_KEYS : r == 1 ? 0 : r == 2 ? 1 : (rng >> 44) % (COL_KEYS - op.lo + 1);
+    for (uint64_t i = 0; i < op.count; i++) in[i] = (float)((int)((rng >> (i % 40)) % 1000) - 500) / 64.0f;
+    double want_dot = ref_column(ref, &spec, shards, &op, in, want), dot = -1;
+    uint64_t t;
+    assert_int_equal(ps_client_column(c, &op, in, got, &dot, &t), FL_OK);
+    wait_ok(c, t);
+    if (op.kind == PS_COLUMN_DOT) assert_true(dot == want_dot); /* bit for bit */
+    if (op.kind == PS_COLUMN_PULL) assert_memory_equal(got, want, op.count * sizeof(float));
+  }
+  /* the whole table as rows, on the primaries and, after promotion, on the backups */
+  float all[COL_KEYS * COL_WIDTH];
+  uint64_t t;
+  assert_int_equal(ps_client_pull_range(c, 0, COL_KEYS, all, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_equal(all, ref, sizeof all);
+  ps_client_destroy(c);
+  ps_place backups[MAX_SERVERS];
+  for (uint32_t s = 0; s < shards; s++) {
+    assert_int_equal(ps_shard_promote(cl.places[s].backups[0], NULL, cl.map.table, s, 5000), FL_OK);
+    memset(&backups[s], 0, sizeof backups[s]);
+    snprintf(backups[s].primary, PS_ADDRESS_MAX, "%s", cl.places[s].backups[0]);
+  }
+  ps_map promoted = cl.map;
+  promoted.places = backups;
+  assert_int_equal(ps_client_create(&promoted, 0, NULL, 10000, &c), FL_OK);
+  memset(all, 0xff, sizeof all);
+  assert_int_equal(ps_client_pull_range(c, 0, COL_KEYS, all, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_equal(all, ref, sizeof all);
+  ps_client_destroy(c);
+  cluster_stop(&cl);
+}
+
+static void test_columns_match_a_local_reference(void **state) {
+  (void)state;
+  for (uint32_t shards = 1; shards <= 8; shards++) check_columns(shards, shards);
+}
+
+/* A once-push: the same (worker, seq) counts once, whichever client sends it (a task run
+ * twice opens the same worker twice); a later seq counts again. */
+static void test_push_once_counts_once(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 10, .width = 3, .update = PS_UPDATE_INIT};
+  cluster cl;
+  cluster_start(&cl, 2, 30, &spec, 3, 2, true, NULL);
+  ps_client *first, *second, *reader;
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &first), FL_OK);
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &second), FL_OK);
+  assert_int_equal(ps_client_create(&cl.map, 1, NULL, 5000, &reader), FL_OK);
+  float g[10], v[10];
+  for (int k = 0; k < 10; k++) g[k] = (float)(k + 1);
+  uint64_t t;
+  assert_int_equal(ps_client_push_column_once(first, 1, 0, 10, g, 1, &t), FL_OK);
+  wait_ok(first, t);
+  assert_int_equal(ps_client_push_column_once(second, 1, 0, 10, g, 1, &t), FL_OK); /* the duplicate */
+  wait_ok(second, t);
+  assert_int_equal(ps_client_push_column_once(first, 1, 2, 5, g, 1, &t), FL_OK); /* again, on part of it */
+  wait_ok(first, t);
+  ps_column_op pull = {.kind = PS_COLUMN_PULL, .x = 1, .lo = 0, .count = PS_COLUMN_TO_END};
+  assert_int_equal(ps_client_column(reader, &pull, NULL, v, NULL, &t), FL_OK);
+  wait_ok(reader, t);
+  for (int k = 0; k < 10; k++) assert_true(v[k] == g[k]);
+  uint64_t dups = 0;
+  for (uint32_t i = 0; i < cl.n; i++) dups += ps_server_stats_get(cl.servers[i]).duplicates;
+  assert_true(dups >= 2 * 3 - 1); /* every shard skipped the second; shards 0..1 of [2, 7) the third too */
+  assert_int_equal(ps_client_push_column_once(second, 1, 0, 10, g, 2, &t), FL_OK); /* the next iteration */
+  wait_ok(second, t);
+  assert_int_equal(ps_client_column(reader, &pull, NULL, v, NULL, &t), FL_OK);
+  wait_ok(reader, t);
+  for (int k = 0; k < 10; k++) assert_true(v[k] == 2 * g[k]);
+  /* other columns untouched */
+  pull.x = 0;
+  assert_int_equal(ps_client_column(reader, &pull, NULL, v, NULL, &t), FL_OK);
+  wait_ok(reader, t);
+  for (int k = 0; k < 10; k++) assert_true(v[k] == 0);
+  ps_client_destroy(first);
+  ps_client_destroy(second);
+  ps_client_destroy(reader);
+  cluster_stop(&cl);
+}
+
+static void test_bad_column_requests(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 10, .width = 4, .update = PS_UPDATE_INIT};
+  cluster cl;
+  cluster_start(&cl, 1, 31, &spec, 2, 1, false, NULL);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &c), FL_OK);
+  float v[16] = {0};
+  double dot;
+  uint64_t t;
+  ps_column_op op = {.kind = PS_COLUMN_AXPY, .x = 4, .y = 0, .alpha = 1, .lo = 0, .count = 10};
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, NULL, &t), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "column 4 of a table of 4 columns"));
+  op = (ps_column_op){.kind = PS_COLUMN_DOT, .x = 0, .y = 1, .lo = 8, .count = 3};
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, &dot, &t), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "keys [8, 11)"));
+  op.count = 2;
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, NULL, &t), FL_EINVAL); /* no result */
+  op = (ps_column_op){.kind = PS_COLUMN_SCALE, .y = 0, .alpha = NAN, .count = 1};
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, NULL, &t), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "not finite"));
+  op = (ps_column_op){.kind = (ps_column_kind)99};
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, NULL, &t), FL_EINVAL);
+  assert_int_equal(ps_client_push_column_once(c, 0, 0, 10, v, 0, &t), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "sequence number"));
+  /* the server checks too: a descriptor for another shard's keys, and a bad one */
+  int fd;
+  assert_int_equal(ps_wire_connect(cl.places[0].primary, 5000, &fd), FL_OK);
+  fl_buf reply = FL_BUF_INIT;
+  uint8_t desc[PS_WIRE_COLUMN_BYTES];
+  ps_column_op far = {.kind = PS_COLUMN_FILL, .y = 0, .alpha = 1, .lo = 7, .count = 2}; /* shard 1's keys */
+  ps_wire_column_encode(&far, desc);
+  ps_frame f = {.op = PS_OP_COLUMN, .table = 31, .shard = 0, .seq = 1}, r;
+  assert_int_equal(ps_wire_send(fd, &f, desc, sizeof desc, NULL, 0, ps_wire_deadline(5000), "test"), FL_OK);
+  assert_int_equal(ps_wire_recv(fd, &r, &reply, 4096, ps_wire_deadline(5000), 5000, "test", NULL), FL_OK);
+  assert_int_equal(r.status, FL_EINVAL);
+  assert_non_null(strstr((const char *)reply.data, "not inside shard 0's"));
+  desc[2] = 7; /* a reserved byte */
+  assert_int_equal(ps_wire_send(fd, &f, desc, sizeof desc, NULL, 0, ps_wire_deadline(5000), "test"), FL_OK);
+  assert_int_equal(ps_wire_recv(fd, &r, &reply, 4096, ps_wire_deadline(5000), 5000, "test", NULL), FL_OK);
+  assert_int_equal(r.status, FL_EPROTO);
+  close(fd);
+  fl_buf_free(&reply);
+  /* the client goes on */
+  op = (ps_column_op){.kind = PS_COLUMN_DOT, .x = 0, .y = 0, .lo = 0, .count = PS_COLUMN_TO_END};
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, &dot, &t), FL_OK);
+  wait_ok(c, t);
+  assert_true(dot == 0);
+  ps_client_destroy(c);
+  /* a sparse table has no columns; a table that is not `add` takes no column push */
+  ps_table_spec sparse = {.sparse = true, .width = 2, .update = PS_UPDATE_INIT};
+  cluster sp;
+  cluster_start(&sp, 1, 32, &sparse, 1, 1, false, NULL);
+  assert_int_equal(ps_client_create(&sp.map, 0, NULL, 5000, &c), FL_OK);
+  op = (ps_column_op){.kind = PS_COLUMN_FILL, .count = 1};
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, NULL, &t), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "sparse"));
+  ps_client_destroy(c);
+  cluster_stop(&sp);
+  ps_table_spec ada = {.keys = 4, .width = 2, .update = PS_UPDATE_INIT};
+  ada.update.kind = PS_UPDATE_ADAGRAD;
+  cluster ac;
+  cluster_start(&ac, 1, 33, &ada, 1, 1, false, NULL);
+  assert_int_equal(ps_client_create(&ac.map, 0, NULL, 5000, &c), FL_OK);
+  assert_int_equal(ps_client_push_column_once(c, 0, 0, 4, v, 1, &t), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "add table"));
+  op = (ps_column_op){.kind = PS_COLUMN_FILL, .y = 1, .alpha = 2, .count = 4};
+  assert_int_equal(ps_client_column(c, &op, NULL, NULL, NULL, &t), FL_OK); /* the rest is fine */
+  wait_ok(c, t);
+  ps_client_destroy(c);
+  cluster_stop(&ac);
+  cluster_stop(&cl);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_primary_killed_backup_takes_over), /* first: it forks */
@@ -673,6 +879,9 @@ int main(void) {
       cmocka_unit_test(test_resend_reaches_the_replica_the_primary_missed),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_bad_requests_get_clear_errors),
+      cmocka_unit_test(test_columns_match_a_local_reference),
+      cmocka_unit_test(test_push_once_counts_once),
+      cmocka_unit_test(test_bad_column_requests),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,6 +114,45 @@ FL_API fl_status fl_ps_retire(fl_ps_worker *w, uint64_t *ticket);
  * shards had: the pull saw every update of iterations before it. */
 FL_API fl_status fl_ps_wait(fl_ps_worker *w, uint64_t ticket, uint64_t *fresh);
 
+/* ---- vectors on the servers (Sandblaster) --------------------------------------------------
+ * A dense table of width K holds K vectors ("columns") over its keys: column c of key k is
+ * value k * K + c. These calls act on the keys [lo, lo + count) of a column (count
+ * FL_PS_TO_END: from lo to the last key), split by shard, so that an algorithm keeps its
+ * vectors on the servers and moves scalars only (docs/ps.md, "Columns": each call's bytes).
+ * They are asynchronous like the calls above: each returns a ticket for fl_ps_wait, and a
+ * worker's calls reach each shard in the order made, so a dot issued after an axpy sees it
+ * without waiting for the axpy first. Arithmetic is in double on the servers, stored as
+ * float. Errors before anything is sent (FL_EINVAL): a sparse table, a column >= the width,
+ * a range outside the table, a non-finite alpha, a push on a table whose update is not
+ * FL_PS_ADD. Changes are forwarded to the backup and numbered like pushes. */
+#define FL_PS_TO_END UINT64_MAX
+/* Column y of [lo, lo + count) += grads (count floats). */
+FL_API fl_status fl_ps_push_column(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *grads,
+                                   uint64_t *ticket);
+/* The same push numbered by the caller (seq >= 1) instead of the worker: each shard applies
+ * it only when seq is above the last number it applied for this worker, so a task retried
+ * or run twice by speculation, opened as the same worker and pushing the same (worker, seq),
+ * adds once; a later seq adds again. A worker that pushes this way should make no other
+ * change to the table (the worker's own numbering would mix with the caller's). */
+FL_API fl_status fl_ps_push_range_once(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *grads,
+                                       uint64_t seq, uint64_t *ticket);
+/* Column y of [lo, lo + count) = values; out = column x (count floats). */
+FL_API fl_status fl_ps_set_column(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *values,
+                                  uint64_t *ticket);
+FL_API fl_status fl_ps_pull_column(fl_ps_worker *w, uint32_t x, uint64_t lo, uint64_t count, float *out,
+                                   uint64_t *ticket);
+/* *out = sum of x_k y_k over the range: each shard answers its part as a double and the
+ * wait adds them in shard order (the same state gives the same bits); *out is written when
+ * fl_ps_wait returns FL_OK and must not be read before. */
+FL_API fl_status fl_ps_dot(fl_ps_worker *w, uint32_t x, uint32_t y, uint64_t lo, uint64_t count, double *out,
+                           uint64_t *ticket);
+/* y += alpha x; y *= alpha; y = x; y = alpha. */
+FL_API fl_status fl_ps_axpy(fl_ps_worker *w, double alpha, uint32_t x, uint32_t y, uint64_t lo, uint64_t count,
+                            uint64_t *ticket);
+FL_API fl_status fl_ps_scale(fl_ps_worker *w, double alpha, uint32_t y, uint64_t lo, uint64_t count, uint64_t *ticket);
+FL_API fl_status fl_ps_copy(fl_ps_worker *w, uint32_t x, uint32_t y, uint64_t lo, uint64_t count, uint64_t *ticket);
+FL_API fl_status fl_ps_fill(fl_ps_worker *w, double alpha, uint32_t y, uint64_t lo, uint64_t count, uint64_t *ticket);
+
 typedef struct fl_ps_worker_stats {
   uint64_t bytes_sent, bytes_received; /* frames, headers included */
   uint64_t clock;                      /* fl_ps_clock calls */
