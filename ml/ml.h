@@ -81,6 +81,16 @@ typedef struct ml_glm {
  * fraction < 1: over a mini-batch chosen by seed. */
 fl_status ml_glm_eval(ml_glm *p, const double *w, double fraction, uint64_t seed, double *loss, double *grad);
 
+/* One partition's sums at w (p's layout, n values): acc (n + 2 values, overwritten) gets
+ * [loss sum, weight sum, gradient sums], unscaled and without the L2 term: what a task of
+ * ml_glm_eval emits, for solvers that move the sums another way (sandblaster.c). Only p's
+ * loss, cols, outputs and intercept are read. */
+fl_status ml_glm_partition_sums(const ml_glm *p, uint32_t partition, fl_iter *in, const double *w, double *acc);
+
+/* Sandblaster L-BFGS (sandblaster.c): minimizes p's objective with the vectors on
+ * parameter-server shards; the parameters land in m. l1 must be 0. */
+fl_status ml_sandblaster_fit(ml_glm *p, const fl_ml_train_options *o, fl_ml_model *m);
+
 /* The partitions' vectors of n doubles, added up with fl_tree_aggregate. */
 fl_status ml_sum_partitions(fl_dataset *parts, size_t n, uint32_t depth, double *out);
 uint32_t ml_tree_depth(const fl_dataset *ds, uint32_t requested);

@@ -229,20 +229,11 @@ static fl_status block_softmax(const eval_arg *a, const fl_ml_block *b, const do
   return FL_OK;
 }
 
-FL_ML_KERNEL fl_status ml_eval_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
-  eval_arg a;
-  memcpy(&a, arg, sizeof a);
-  size_t n = (size_t)a.outputs * (a.cols + 1);
-  fl_bytes params;
-  fl_status s = fl_broadcast_value(a.params_id, &params);
-  if (s != FL_OK) return s;
-  if (params.len != n * sizeof(double))
-    return fl_set_error(FL_EINTERNAL, "parameters of %zu bytes, expected %zu", params.len, n * sizeof(double));
-  double *w = malloc((n + 2 + n) * sizeof *w); /* an aligned copy of the parameters, then acc */
-  if (!w) return fl_set_error(FL_ENOMEM, "out of memory");
-  memcpy(w, params.data, n * sizeof *w);
-  double *acc = w + n, *z = NULL;
-  memset(acc, 0, (n + 2) * sizeof *acc);
+/* A partition's [loss sum, weight sum, gradient sums] at w (aligned) into acc (n + 2, zeroed). */
+static fl_status partition_sums(const eval_arg *ap, uint32_t partition, fl_iter *in, const double *w, double *acc) {
+  const eval_arg a = *ap;
+  fl_status s = FL_OK;
+  double *z = NULL;
   size_t z_cap = 0;
   fl_buf scratch = FL_BUF_INIT;
   fl_bytes rec;
@@ -271,11 +262,35 @@ FL_ML_KERNEL fl_status ml_eval_partition(uint32_t partition, fl_iter *in, fl_emi
                                   : block_scalar(&a, &b, w, acc, z, partition, block);
     block++;
   }
-  if (s == FL_OK) s = fl_emit(out, acc, (n + 2) * sizeof *acc);
   fl_buf_free(&scratch);
   free(z);
+  return s;
+}
+
+FL_ML_KERNEL fl_status ml_eval_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg) {
+  eval_arg a;
+  memcpy(&a, arg, sizeof a);
+  size_t n = (size_t)a.outputs * (a.cols + 1);
+  fl_bytes params;
+  fl_status s = fl_broadcast_value(a.params_id, &params);
+  if (s != FL_OK) return s;
+  if (params.len != n * sizeof(double))
+    return fl_set_error(FL_EINTERNAL, "parameters of %zu bytes, expected %zu", params.len, n * sizeof(double));
+  double *w = malloc((n + 2 + n) * sizeof *w); /* an aligned copy of the parameters, then acc */
+  if (!w) return fl_set_error(FL_ENOMEM, "out of memory");
+  memcpy(w, params.data, n * sizeof *w);
+  double *acc = w + n;
+  memset(acc, 0, (n + 2) * sizeof *acc);
+  s = partition_sums(&a, partition, in, w, acc);
+  if (s == FL_OK) s = fl_emit(out, acc, (n + 2) * sizeof *acc);
   free(w);
   return s;
+}
+
+fl_status ml_glm_partition_sums(const ml_glm *p, uint32_t partition, fl_iter *in, const double *w, double *acc) {
+  eval_arg a = {.loss = p->loss, .cols = p->cols, .outputs = p->outputs, .intercept = p->intercept, .fraction = 1.0};
+  memset(acc, 0, ((size_t)p->outputs * (p->cols + 1) + 2) * sizeof *acc);
+  return partition_sums(&a, partition, in, w, acc);
 }
 
 /* Adds two vectors of doubles: the tree_aggregate of the partitions' records. */

@@ -18,13 +18,13 @@
 #define DEFAULT_NORMAL_MAX_FEATURES 4096
 
 fl_status fl_ml_solver_parse(const char *name, fl_ml_solver *out) {
-  static const char *const names[] = {"auto", "normal", "lbfgs", "gd"};
-  for (int i = 0; name && i < 4; i++)
+  static const char *const names[] = {"auto", "normal", "lbfgs", "gd", "sandblaster"};
+  for (int i = 0; name && i < 5; i++)
     if (strcmp(name, names[i]) == 0) {
       *out = (fl_ml_solver)i;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown solver '%s' (auto, normal, lbfgs or gd)", name ? name : "(null)");
+  return fl_set_error(FL_EINVAL, "unknown solver '%s' (auto, normal, lbfgs, gd or sandblaster)", name ? name : "(null)");
 }
 
 static fl_status check_options(const fl_ml_data *data, const fl_ml_train_options *o, const char *who) {
@@ -32,7 +32,11 @@ static fl_status check_options(const fl_ml_data *data, const fl_ml_train_options
   if (data->cols == 0) return fl_set_error(FL_EINVAL, "%s: the data has no features", who);
   if (!(o->l2 >= 0) || !(o->l1 >= 0) || !(o->tol >= 0) || !(o->fraction >= 0 && o->fraction <= 1) || !(o->step >= 0))
     return fl_set_error(FL_EINVAL, "%s: l2, l1, tol and step must be >= 0 and fraction in [0, 1]", who);
-  if ((unsigned)o->solver > FL_ML_SOLVER_GD) return fl_set_error(FL_EINVAL, "%s: unknown solver %d", who, (int)o->solver);
+  if ((unsigned)o->solver > FL_ML_SOLVER_SANDBLASTER)
+    return fl_set_error(FL_EINVAL, "%s: unknown solver %d", who, (int)o->solver);
+  if (o->solver == FL_ML_SOLVER_SANDBLASTER && o->l1 > 0)
+    return fl_set_error(FL_EINVAL, "%s: the sandblaster solver is L-BFGS for smooth objectives: no L1 penalty (use "
+                        "lbfgs, which runs OWL-QN)", who);
   return FL_OK;
 }
 
@@ -216,6 +220,7 @@ static fl_status glm_objective(void *arg, const double *w, double fraction, uint
 
 /* Minimizes p's objective; the parameters land in m (whose layout is p's). */
 static fl_status fit_glm(ml_glm *p, const fl_ml_train_options *o, fl_ml_model *m) {
+  if (o->solver == FL_ML_SOLVER_SANDBLASTER) return ml_sandblaster_fit(p, o, m);
   const size_t n = (size_t)p->outputs * (p->cols + 1), ncoef = (size_t)p->outputs * p->cols;
   bool *skip = calloc(n, sizeof *skip);
   if (!skip) return fl_set_error(FL_ENOMEM, "out of memory");

@@ -6,6 +6,7 @@
  * Threading: as ps_client (one thread at a time per worker).
  */
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "common/config.h"
@@ -22,7 +23,7 @@ struct fl_ps_worker {
  * warned about once per worker and ignored. */
 static double slowdown_of(uint32_t worker) {
   const char *v = config_string(CONFIG_PS_SLOW_WORKER);
-  if (!v || !*v) return 1;
+  if (!v || !*v || strcmp(v, "none") == 0) return 1; /* the default */
   unsigned k;
   double f;
   char extra;

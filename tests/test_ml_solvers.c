@@ -587,6 +587,57 @@ static void test_executor_killed_mid_optimization(void **state) {
   assert_true(diff < 1e-10);
 }
 
+/* ---- Sandblaster L-BFGS on parameter-server shards ---------------------------------------- */
+
+/* The vectors are float32 on the servers: the optimum agrees with lbfgs's to this much,
+ * relatively (docs/ml.md). */
+#define SANDBLASTER_TOL 1e-6
+
+static double sandblaster_vs_lbfgs(fl_ml_data *data, bool logistic, uint32_t params, fl_ml_model **out) {
+  fl_ml_train_options lb = {.solver = FL_ML_SOLVER_LBFGS, .l2 = 0.01, .tol = 1e-7, .max_iterations = 200};
+  fl_ml_train_options sb = lb;
+  sb.solver = FL_ML_SOLVER_SANDBLASTER;
+  fl_ml_model *a, *b;
+  assert_ok(logistic ? fl_ml_logreg(data, &lb, &a) : fl_ml_linreg(data, &lb, &a));
+  fl_status s = logistic ? fl_ml_logreg(data, &sb, &b) : fl_ml_linreg(data, &sb, &b);
+  if (s != FL_OK) fail_msg("sandblaster: %s", fl_last_error());
+  double diff = rel_diff(b->coef, a->coef, params);
+  fprintf(stderr, "sandblaster %s: %u iterations (lbfgs %u), loss %.10f (lbfgs %.10f), relative difference %.2e\n",
+          logistic ? "logistic" : "least squares", b->num_history, a->num_history,
+          b->history[b->num_history - 1].loss, a->history[a->num_history - 1].loss, diff);
+  for (uint32_t i = 1; i < b->num_history; i++) assert_true(b->history[i].loss <= b->history[i - 1].loss + 1e-12);
+  fl_ml_model_free(a);
+  *out = b;
+  return diff;
+}
+
+static void check_sandblaster(const char *master) {
+  fl_context *ctx;
+  assert_ok(fl_context_open(master, NULL, &ctx));
+  fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 2000, 5, 2, 4);
+  fl_ml_data *multi = synth(ctx, FL_ML_SYNTH_LOGISTIC, 2000, 4, 3, 5);
+  fl_ml_data *lin = synth(ctx, FL_ML_SYNTH_LINEAR, 1000, 6, 0, 3);
+  fl_ml_model *m;
+  assert_true(sandblaster_vs_lbfgs(bin, true, 6, &m) < SANDBLASTER_TOL);
+  assert_int_equal(m->kind, FL_ML_LOGISTIC_BINARY);
+  fl_ml_model_free(m);
+  assert_true(sandblaster_vs_lbfgs(multi, true, 15, &m) < SANDBLASTER_TOL);
+  assert_int_equal(m->outputs, 3);
+  fl_ml_model_free(m);
+  assert_true(sandblaster_vs_lbfgs(lin, false, 7, &m) < SANDBLASTER_TOL);
+  fl_ml_model_free(m);
+  fl_ml_data_free(bin);
+  fl_ml_data_free(multi);
+  fl_ml_data_free(lin);
+  fl_context_close(ctx);
+}
+
+static void test_sandblaster_matches_lbfgs(void **state) {
+  (void)state;
+  check_sandblaster("local[2]");
+  check_sandblaster(CLUSTER);
+}
+
 /* ---- bad input ---------------------------------------------------------------------------- */
 
 static void test_bad_labels_and_options(void **state) {
@@ -638,6 +689,7 @@ int main(void) {
       cmocka_unit_test(test_same_model_any_partitioning_and_mode),
       cmocka_unit_test(test_executor_killed_mid_optimization),
       cmocka_unit_test(test_bad_labels_and_options),
+      cmocka_unit_test(test_sandblaster_matches_lbfgs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -338,7 +338,20 @@ FL_ML_API fl_status fl_ml_loss_gradient(const fl_ml_model *m, const fl_ml_data *
                                         double *grad);
 
 /* ---- solvers --------------------------------------------------------------------------- */
-typedef enum fl_ml_solver { FL_ML_SOLVER_AUTO, FL_ML_SOLVER_NORMAL, FL_ML_SOLVER_LBFGS, FL_ML_SOLVER_GD } fl_ml_solver;
+/* SANDBLASTER: L-BFGS whose vectors (the weights, gradients, direction and the m history
+ * pairs) are columns of one parameter-server table (flint/ps.h) and whose vector work runs
+ * on its shards; each gradient evaluation is a job of one task per partition that pulls the
+ * trial weights and adds its partial gradient into the table, once per evaluation however
+ * often speculation or retries run it. Smooth objectives only (l1 must be 0); the vectors
+ * are float32 on the servers, so the optimum matches lbfgs's to about 1e-5, not to the last
+ * bit (docs/ml.md). */
+typedef enum fl_ml_solver {
+  FL_ML_SOLVER_AUTO,
+  FL_ML_SOLVER_NORMAL,
+  FL_ML_SOLVER_LBFGS,
+  FL_ML_SOLVER_GD,
+  FL_ML_SOLVER_SANDBLASTER,
+} fl_ml_solver;
 FL_ML_API fl_status fl_ml_solver_parse(const char *name, fl_ml_solver *out);
 
 typedef struct fl_ml_train_options {
