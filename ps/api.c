@@ -5,9 +5,12 @@
  *
  * Threading: as ps_client (one thread at a time per worker).
  */
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "flint/ps.h"
@@ -102,8 +105,52 @@ fl_status fl_ps_push_column(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t c
                             uint64_t *ticket) {
   return column(w, PS_COLUMN_PUSH, 0, 0, y, lo, count, grads, NULL, NULL, ticket);
 }
+/* FLINT_PS_STALL_PUSH=K:DIR: whether this once-push is the one to stall (worker K, and the
+ * first attempt anywhere to make DIR/stalled); *dir gets DIR. */
+static bool stall_this(uint32_t worker, char *dir, size_t len) {
+  const char *v = config_string(CONFIG_PS_STALL_PUSH);
+  if (!v || !*v || strcmp(v, "none") == 0) return false;
+  unsigned k;
+  int at = 0;
+  if (sscanf(v, "%u:%n", &k, &at) != 1 || at == 0 || !v[at]) {
+    common_log(LOG_WARN, "FLINT_PS_STALL_PUSH=%s is not K:DIR: ignored", v);
+    return false;
+  }
+  if (k != worker) return false;
+  snprintf(dir, len, "%s", v + at);
+  char path[PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/stalled", dir);
+  int fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) return false; /* another attempt stalled already (or no such folder) */
+  close(fd);
+  return true;
+}
+
+/* The stalled push: waits for DIR/release (bounded), pushes and waits for it, then makes
+ * DIR/pushed; the caller's ticket is an empty push's, done at once. */
+static fl_status stalled_push(fl_ps_worker *w, const char *dir, uint32_t y, uint64_t lo, uint64_t count,
+                              const float *grads, uint64_t seq, uint64_t *ticket) {
+  char path[PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/release", dir);
+  uint64_t until = common_now_ns() + (uint64_t)config_ms(CONFIG_PS_TIMEOUT_MS) * 1000000u;
+  while (access(path, F_OK) != 0 && common_now_ns() < until) usleep(10000);
+  uint64_t t;
+  fl_status st = ps_client_push_column_once(w->client, y, lo, count, grads, seq, &t);
+  if (st == FL_OK) st = ps_client_wait(w->client, t, NULL);
+  snprintf(path, sizeof path, "%s/pushed", dir);
+  int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd >= 0) close(fd);
+  if (st != FL_OK) return st;
+  return ps_client_push_column_once(w->client, y, lo, 0, grads, seq, ticket);
+}
+
 fl_status fl_ps_push_range_once(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *grads,
                                 uint64_t seq, uint64_t *ticket) {
+  char dir[PATH_MAX];
+  if (w && stall_this(ps_client_worker(w->client), dir, sizeof dir)) {
+    common_error_clear();
+    return stalled_push(w, dir, y, lo, count, grads, seq, ticket);
+  }
   WORKER_CALL(w, ps_client_push_column_once(w->client, y, lo, count, grads, seq, ticket));
 }
 fl_status fl_ps_set_column(fl_ps_worker *w, uint32_t y, uint64_t lo, uint64_t count, const float *values,

@@ -623,6 +623,7 @@ fl_status ps_client_retire(ps_client *c, uint64_t *ticket) { return everywhere(c
 
 void ps_client_set_staleness(ps_client *c, uint32_t staleness) { c->staleness = staleness; }
 uint64_t ps_client_clock_now(const ps_client *c) { return c->clock; }
+uint32_t ps_client_worker(const ps_client *c) { return c->worker; }
 
 ps_client_stats ps_client_stats_get(ps_client *c) {
   return (ps_client_stats){atomic_load(&c->bytes_sent), atomic_load(&c->bytes_received), atomic_load(&c->failovers)};

@@ -278,6 +278,7 @@ void ps_client_destroy(ps_client *c);
  * of ps_client_clock calls) and waits on every shard until the slowest worker is within
  * `staleness` of it (0: BSP, PS_STALENESS_ASYNC: ASP, the default). */
 void ps_client_set_staleness(ps_client *c, uint32_t staleness);
+uint32_t ps_client_worker(const ps_client *c);
 uint64_t ps_client_clock_now(const ps_client *c);
 
 /* The asynchronous calls of ps-lite's KVWorker: each splits its batch by shard, queues the

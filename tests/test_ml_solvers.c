@@ -638,6 +638,110 @@ static void test_sandblaster_matches_lbfgs(void **state) {
   check_sandblaster(CLUSTER);
 }
 
+/* A speculative duplicate: partition 0's first attempt stalls before its push
+ * (FLINT_PS_STALL_PUSH), speculation runs it again on the other executor, and the fit goes
+ * on; at iteration 2 the test lets the stalled attempt push its first-evaluation gradient,
+ * late, into a column that by then holds another vector. Its (worker, seq) was applied
+ * already, so the shards skip it: the run's history equals an undisturbed run's. */
+typedef struct stall_gate {
+  char dir[64];
+  int released, pushed;
+} stall_gate;
+
+static fl_status release_at_second(void *arg, const fl_ml_iteration *it) {
+  stall_gate *g = arg;
+  if (it->iteration != 2 || g->released) return FL_OK;
+  char path[128];
+  snprintf(path, sizeof path, "%s/release", g->dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fclose(f);
+  g->released = 1;
+  snprintf(path, sizeof path, "%s/pushed", g->dir);
+  for (int i = 0; i < 6000 && access(path, F_OK) != 0; i++) usleep(10000); /* at most 60 s */
+  g->pushed = access(path, F_OK) == 0;
+  return FL_OK;
+}
+
+static void test_sandblaster_speculative_duplicate(void **state) {
+  (void)state;
+  stall_gate gate = {0};
+  snprintf(gate.dir, sizeof gate.dir, "/tmp/flint-sb-XXXXXX");
+  assert_non_null(mkdtemp(gate.dir));
+  char stall[96];
+  snprintf(stall, sizeof stall, "0:%s", gate.dir);
+  setenv("FLINT_PS_STALL_PUSH", stall, 1);
+  setenv("FLINT_SPECULATION", "1", 1);
+  setenv("FLINT_SPECULATION_QUANTILE", "0.5", 1);
+  fl_context *ctx;
+  fl_status opened = fl_context_open(CLUSTER, NULL, &ctx);
+  unsetenv("FLINT_PS_STALL_PUSH");
+  unsetenv("FLINT_SPECULATION");
+  unsetenv("FLINT_SPECULATION_QUANTILE");
+  assert_ok(opened);
+  fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 4000, 6, 2, 6);
+  fl_ml_train_options o = {.solver = FL_ML_SOLVER_SANDBLASTER, .l2 = 0.01, .tol = 1e-7, .max_iterations = 100,
+                           .progress = release_at_second, .progress_arg = &gate};
+  fl_ml_model *disturbed, *plain;
+  fl_status s = fl_ml_logreg(bin, &o, &disturbed);
+  if (s != FL_OK) fail_msg("sandblaster: %s", fl_last_error());
+  assert_int_equal(gate.released, 1);
+  assert_int_equal(gate.pushed, 1); /* the duplicate really was pushed, mid-fit */
+  o.progress = NULL;
+  assert_ok(fl_ml_logreg(bin, &o, &plain)); /* the stall happens once: this run has none */
+  uint32_t n = disturbed->num_history < plain->num_history ? disturbed->num_history : plain->num_history;
+  assert_true(n >= 4);
+  double worst = 0;
+  for (uint32_t i = 0; i < n; i++)
+    worst = fmax(worst, fabs(disturbed->history[i].loss - plain->history[i].loss) / plain->history[i].loss);
+  double diff = rel_diff(disturbed->coef, plain->coef, 7);
+  fprintf(stderr, "speculative duplicate: %u and %u iterations, losses within %.2e, models within %.2e\n",
+          disturbed->num_history, plain->num_history, worst, diff);
+  assert_true(worst < 1e-6);
+  assert_true(diff < 1e-6);
+  fl_ml_model_free(disturbed);
+  fl_ml_model_free(plain);
+  fl_ml_data_free(bin);
+  fl_context_close(ctx);
+  const char *names[] = {"stalled", "release", "pushed"};
+  for (int i = 0; i < 3; i++) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", gate.dir, names[i]);
+    unlink(path);
+  }
+  assert_int_equal(rmdir(gate.dir), 0);
+}
+
+static void test_sandblaster_bad_options(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_ml_data *bin = synth(ctx, FL_ML_SYNTH_LOGISTIC, 200, 3, 2, 2);
+  fl_ml_model *m = NULL;
+  fl_ml_train_options l1 = {.solver = FL_ML_SOLVER_SANDBLASTER, .l1 = 0.1};
+  assert_int_equal(fl_ml_logreg(bin, &l1, &m), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "no L1 penalty"));
+  assert_int_equal(fl_ml_linreg(bin, &l1, &m), FL_EINVAL);
+  fl_ml_train_options deep = {.solver = FL_ML_SOLVER_SANDBLASTER, .history = 5000};
+  assert_int_equal(fl_ml_logreg(bin, &deep, &m), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "5000 pairs"));
+  fl_ml_train_options unknown = {.solver = (fl_ml_solver)(FL_ML_SOLVER_SANDBLASTER + 1)};
+  assert_int_equal(fl_ml_logreg(bin, &unknown, &m), FL_EINVAL);
+  assert_null(m);
+  fl_ml_solver solver;
+  assert_ok(fl_ml_solver_parse("sandblaster", &solver));
+  assert_int_equal(solver, FL_ML_SOLVER_SANDBLASTER);
+  assert_int_equal(fl_ml_solver_parse("sandblast", &solver), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "sandblaster"));
+  /* and after the refusals the solver runs */
+  fl_ml_train_options ok = {.solver = FL_ML_SOLVER_SANDBLASTER, .history = 3};
+  assert_ok(fl_ml_logreg(bin, &ok, &m));
+  assert_true(m->num_history >= 1);
+  fl_ml_model_free(m);
+  fl_ml_data_free(bin);
+  fl_context_close(ctx);
+}
+
 /* ---- bad input ---------------------------------------------------------------------------- */
 
 static void test_bad_labels_and_options(void **state) {
@@ -690,6 +794,8 @@ int main(void) {
       cmocka_unit_test(test_executor_killed_mid_optimization),
       cmocka_unit_test(test_bad_labels_and_options),
       cmocka_unit_test(test_sandblaster_matches_lbfgs),
+      cmocka_unit_test(test_sandblaster_speculative_duplicate),
+      cmocka_unit_test(test_sandblaster_bad_options),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
