@@ -56,7 +56,8 @@ static const char ml_usage_text[] =
     "  --l1 L              L1 penalty L |w|_1 on the mean loss, L >= 0 (default 0;\n"
     "                      OWL-QN with lbfgs, proximal steps with gd)\n"
     "  --solver S          auto (default: linreg normal equations up to 4096 features,\n"
-    "                      else lbfgs), normal (linreg only), lbfgs or gd\n"
+    "                      else lbfgs), normal (linreg only), lbfgs, gd, or sandblaster\n"
+    "                      (L-BFGS with its vectors on parameter-server shards; no --l1)\n"
     "  --iterations N      at most N iterations, N >= 1 (default 100)\n"
     "  --tol T             stop when the gradient norm is <= T, T > 0 (default 1e-6)\n"
     "  --partitions P      partitions of the data, P >= 1 (default 4 per core)\n"
@@ -186,7 +187,7 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     }
     case OPT_SOLVER:
       if (fl_ml_solver_parse(v, &a->train.solver) != FL_OK)
-        return ml_usage_error("unknown solver '%s' (auto, normal, lbfgs or gd)", v);
+        return ml_usage_error("unknown solver '%s' (auto, normal, lbfgs, gd or sandblaster)", v);
       break;
     case OPT_LAMBDA: rc = parse_penalty("--lambda", v, &a->train.l2); break;
     case OPT_L1: rc = parse_penalty("--l1", v, &a->train.l1); break;
@@ -245,6 +246,8 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     return ml_usage_error("--solver normal is for linreg only (logreg: lbfgs or gd)");
   if (!a->logistic && a->train.solver == FL_ML_SOLVER_NORMAL && a->train.l1 > 0)
     return ml_usage_error("--l1 has no normal equations: use --solver lbfgs or gd");
+  if (a->train.solver == FL_ML_SOLVER_SANDBLASTER && a->train.l1 > 0)
+    return ml_usage_error("--solver sandblaster takes no --l1 (smooth objectives only: use --solver lbfgs)");
   a->train.normal_max_features = NORMAL_MAX_FEATURES;
   return 0;
 }
@@ -267,6 +270,7 @@ static const char *solver_name(const ml_args *a, const fl_ml_data *d) {
   switch (s) {
   case FL_ML_SOLVER_NORMAL: return "normal equations (Cholesky)";
   case FL_ML_SOLVER_GD: return a->train.l1 > 0 ? "gd (proximal, L1)" : "gd";
+  case FL_ML_SOLVER_SANDBLASTER: return "sandblaster (L-BFGS on parameter-server shards)";
   default: return a->train.l1 > 0 ? "lbfgs (OWL-QN, L1)" : "lbfgs";
   }
 }

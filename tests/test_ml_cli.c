@@ -181,6 +181,25 @@ static void test_linreg_lbfgs_standardized(void **state) {
   free(r);
 }
 
+/* The Sandblaster solver from the command line: the same model as lbfgs's. */
+static void test_logreg_sandblaster(void **state) {
+  (void)state;
+  const char *svm = write_libsvm();
+  double acc[2];
+  const char *solvers[] = {"lbfgs", "sandblaster"};
+  for (int i = 0; i < 2; i++) {
+    run_result *r = RUN_FLINT("ml", "logreg", "--master", "local[2]", "--data", svm, "--format", "libsvm", "--lambda",
+                              "0.01", "--iterations", "50", "--solver", solvers[i]);
+    expect_status(r, 0);
+    EXPECT_OUT(r, "iter   1  loss ");
+    if (i == 1) EXPECT_OUT(r, "solver       sandblaster (L-BFGS on parameter-server shards)\n");
+    acc[i] = number_after(r, "accuracy ");
+    free(r);
+  }
+  assert_true(acc[0] > 0.5);
+  assert_true(fabs(acc[0] - acc[1]) < 1e-9);
+}
+
 static void test_logreg_libsvm_out(void **state) {
   (void)state;
   const char *svm = write_libsvm(), *model = tmp_file("model.txt");
@@ -277,6 +296,9 @@ static void test_usage_errors(void **state) {
       {{"linreg", "--data", "d.csv", "--format", "csv", "--labels", "l.gz", NULL}, "for --format idx only"},
       {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "normal", NULL}, "for linreg only"},
       {{"linreg", "--data", "d.csv", "--format", "csv", "--solver", "normal", "--l1", "0.1", NULL}, "--l1 has no normal"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblaster", "--l1", "0.1", NULL},
+       "--solver sandblaster takes no --l1"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblast", NULL}, "or sandblaster)"},
       {{"predict", "--data", "d.csv", "--format", "csv", NULL}, "predict needs --model MODEL"},
       {{"evaluate", "--data", "d.csv", "--format", "csv", NULL}, "evaluate needs --model MODEL"},
       {{"predict", "--model", "m.txt", "--format", "csv", NULL}, "--data PATH is required"},
@@ -538,6 +560,7 @@ int main(void) {
       cmocka_unit_test(test_memory_warning),
       cmocka_unit_test(test_linreg_lbfgs_standardized),
       cmocka_unit_test(test_logreg_libsvm_out),
+      cmocka_unit_test(test_logreg_sandblaster),
       cmocka_unit_test(test_logreg_empty_classes),
       cmocka_unit_test(test_usage_errors),
       cmocka_unit_test(test_missing_data_file),
