@@ -21,6 +21,11 @@
  *             slower kernel to the engine, but at the mercy of the machine's bandwidth drift
  *             (5% of an evaluation is 2 ms an iteration). The floor takes exp and log a row at
  *             a time; the engine four rows at a time (libmvec), so this figure runs low.
+ *   sandblaster  binary logistic regression by Sandblaster L-BFGS (vectors on parameter-server
+ *             shards, docs/ml.md) on the same data and options as lbfgs: seconds per iteration,
+ *             against today's client-driven lbfgs per iteration in the same run (fits
+ *             alternate, RUNS pairs, medians), and its per-iteration time in local-cluster
+ *             divided by local[2]'s. Target: at most 1.05.
  *   memory    the cached dataset's bytes (in cluster mode as the executors count them)
  *             against its raw bytes n x (d + 1) x 8. Target: at most 1.05x.
  *   fmnist    Fashion-MNIST (if installed) multinomial logistic regression by L-BFGS, local[2]:
@@ -31,6 +36,9 @@
  * 10-20% over seconds, so a floor timed at another moment than the engine would charge (or
  * credit) that drift to the engine. The L-BFGS share also prints its least and greatest fit,
  * the spread that the machine's drift gives one build.
+ *
+ * --sandblaster-only runs only the sandblaster rows (and their lbfgs fits): the rest takes
+ * most of the run on 2 cores.
  *
  * --partitions P splits each synthetic dataset into P partitions instead of the engine's
  * default (4 per core), to see how the figures move with the size of a task.
@@ -55,7 +63,7 @@ typedef struct options {
   uint64_t rows;
   uint32_t partitions; /* of each synthetic dataset (0: the engine's default, 4 per core) */
   bool json;
-  bool skip_cluster, skip_fmnist;
+  bool skip_cluster, skip_fmnist, sandblaster_only;
 } options;
 
 /* ---- floors: the same bytes without the engine -------------------------------------------- */
@@ -201,6 +209,11 @@ typedef struct mode_result {
   double memory_ratio;
   uint32_t iterations, evaluations;
   bool converged;
+  /* sandblaster: medians of seconds per iteration, its fits' and lbfgs's in the same pairs */
+  double sb_iter_s, sb_lbfgs_iter_s, sb_total_s;
+  uint32_t sb_iterations, sb_lbfgs_iterations;
+  bool sb_converged;
+  double sb_loss, sb_lbfgs_loss;
 } mode_result;
 
 static paired pair_medians(double *engine, double *floor, double *figure) {
@@ -258,6 +271,38 @@ static int bench_lbfgs(const options *o, floors *fl, const fl_ml_data *data, mod
   r->share_ms = median(sh, RUNS); /* sorts sh */
   r->share_min_ms = sh[0];
   r->share_max_ms = sh[RUNS - 1];
+  rc = 0;
+done:
+  fl_ml_model_free(model);
+  return rc;
+}
+
+/* Sandblaster against lbfgs: a warm-up fit of each, then RUNS pairs (lbfgs, sandblaster),
+ * each figure seconds per iteration. */
+static int bench_sandblaster(const fl_ml_data *data, mode_result *r) {
+  fl_ml_train_options lo = {.l2 = 1e-4, .tol = 1e-6, .max_iterations = 100};
+  fl_ml_train_options so = lo;
+  so.solver = FL_ML_SOLVER_SANDBLASTER;
+  fl_ml_model *model = NULL;
+  double sb[RUNS], lb[RUNS], tot[RUNS], secs;
+  int rc = 1;
+  if (fit_timed(fl_ml_logreg, data, &lo, &model, &secs) != 0 || fit_timed(fl_ml_logreg, data, &so, &model, &secs) != 0)
+    goto done;
+  for (int i = 0; i < RUNS; i++) {
+    if (fit_timed(fl_ml_logreg, data, &lo, &model, &secs) != 0) goto done;
+    r->sb_lbfgs_iterations = model->num_history;
+    r->sb_lbfgs_loss = model->num_history ? model->history[model->num_history - 1].loss : NAN;
+    lb[i] = model->num_history ? secs / model->num_history : NAN;
+    if (fit_timed(fl_ml_logreg, data, &so, &model, &secs) != 0) goto done;
+    r->sb_iterations = model->num_history;
+    r->sb_converged = model->converged;
+    r->sb_loss = model->num_history ? model->history[model->num_history - 1].loss : NAN;
+    sb[i] = model->num_history ? secs / model->num_history : NAN;
+    tot[i] = secs;
+  }
+  r->sb_iter_s = median(sb, RUNS);
+  r->sb_lbfgs_iter_s = median(lb, RUNS);
+  r->sb_total_s = median(tot, RUNS);
   rc = 0;
 done:
   fl_ml_model_free(model);
@@ -328,6 +373,11 @@ static int run_mode(const char *master, const options *o, floors *fl, mode_resul
     goto done;
   }
   r->memory_ratio = (double)si.memory_bytes / ((double)o->rows * (COLS + 1) * 8);
+  if (bench_sandblaster(data, r) != 0) goto done;
+  if (o->sandblaster_only) {
+    rc = 0;
+    goto done;
+  }
   if (bench_lbfgs(o, fl, data, r) != 0 || bench_gradient(fl, data, r) != 0) goto done;
   fl_ml_data_free(data);
   data = NULL;
@@ -400,15 +450,17 @@ int main(int argc, char **argv) {
       i++;
     } else if (strcmp(argv[i], "--skip-cluster") == 0) o.skip_cluster = true;
     else if (strcmp(argv[i], "--skip-fmnist") == 0) o.skip_fmnist = true;
+    else if (strcmp(argv[i], "--sandblaster-only") == 0) o.sandblaster_only = o.skip_fmnist = true;
     else {
-      fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_ml [--json] [--rows N] [--partitions P] [--skip-cluster] [--skip-fmnist]\n",
+      fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_ml [--json] [--rows N] [--partitions P] [--skip-cluster] [--skip-fmnist] "
+                      "[--sandblaster-only]\n",
               argv[i]);
       return 2;
     }
   }
   floors fl;
   memset(&fl, 0, sizeof fl);
-  if (!floor_data_make(2 * o.rows, NULL, &fl.linear)) {
+  if (!o.sandblaster_only && !floor_data_make(2 * o.rows, NULL, &fl.linear)) {
     fprintf(stderr, BENCH_NAME ": out of memory for the floors' rows\n");
     return 1;
   }
@@ -436,6 +488,25 @@ int main(int argc, char **argv) {
     const mode_result *r = &res[k];
     const paired *g = &r->gradient, *l = &r->lstsq, *b = &r->lbfgs;
     const char *name = masters[k];
+    double vs = r->sb_iter_s / r->sb_lbfgs_iter_s;
+    if (o.json)
+      printf("{\"bench\": \"sandblaster\", \"master\": \"%s\", \"rows\": %llu, \"cols\": %d, \"iterations\": %u, "
+             "\"converged\": %s, \"loss\": %.10f, \"total_s\": %.4f, \"s_per_iteration\": %.5f, "
+             "\"lbfgs_iterations\": %u, \"lbfgs_loss\": %.10f, \"lbfgs_s_per_iteration\": %.5f, \"vs_lbfgs\": %.3f}\n",
+             name, (unsigned long long)o.rows, COLS, r->sb_iterations, r->sb_converged ? "true" : "false", r->sb_loss,
+             r->sb_total_s, r->sb_iter_s, r->sb_lbfgs_iterations, r->sb_lbfgs_loss, r->sb_lbfgs_iter_s, vs);
+    else {
+      row(&o, &c, "sandblaster", name, r->sb_iter_s, "%.4f", "", "");
+      row(&o, &c, "", "s per iteration, lbfgs (same run)", r->sb_lbfgs_iter_s, "%.4f", "", "");
+      row(&o, &c, "", "sandblaster / lbfgs per iteration", vs, "%.3f", "", "");
+      char its[64];
+      snprintf(its, sizeof its, "%u / %u", r->sb_iterations, r->sb_lbfgs_iterations);
+      bench_print_row(&c, "", "iterations, sandblaster / lbfgs", its, "", "");
+      row(&o, &c, "", "final loss", r->sb_loss, "%.8f", "", "");
+      row(&o, &c, "", "final loss, lbfgs", r->sb_lbfgs_loss, "%.8f", "", "");
+      row(&o, &c, "", "total_s", r->sb_total_s, "%.3f", "", "");
+    }
+    if (o.sandblaster_only) continue;
     if (o.json) {
       printf("{\"bench\": \"gradient\", \"master\": \"%s\", \"rows\": %llu, \"cols\": %d, \"gradient_s\": %.5f, "
              "\"floor_s\": %.5f, \"ratio\": %.3f, \"target\": \"ratio <= 2\", \"met\": %s}\n",
@@ -475,6 +546,16 @@ int main(int argc, char **argv) {
     row(&o, &c, "", "fused floor s per evaluation", b->floor_s, "%.4f", "", "");
     row(&o, &c, "", "converged (|g| <= 1e-6)", r->converged, "%.0f", "", "");
     row(&o, &c, "memory", "cached / raw bytes", r->memory_ratio, "%.4f", "<= 1.05", r->memory_ratio <= 1.05 ? "yes" : "NO");
+  }
+  if (!o.skip_cluster) { /* the target: Sandblaster per iteration, local-cluster over local[2] */
+    double ratio = res[1].sb_iter_s / res[0].sb_iter_s;
+    if (o.json)
+      printf("{\"bench\": \"sandblaster_modes\", \"cluster_s_per_iteration\": %.5f, \"local_s_per_iteration\": %.5f, "
+             "\"ratio\": %.3f, \"target\": \"ratio <= 1.05\", \"met\": %s}\n",
+             res[1].sb_iter_s, res[0].sb_iter_s, ratio, ratio <= 1.05 ? "true" : "false");
+    else
+      row(&o, &c, "sandblaster", "local-cluster / local[2] per iteration", ratio, "%.3f", "<= 1.05",
+          ratio <= 1.05 ? "yes" : "NO");
   }
   if (fm) {
     if (o.json)

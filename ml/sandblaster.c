@@ -35,6 +35,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "flint/ps.h"
@@ -164,6 +165,81 @@ static void swap_roles(sb *b, int r1, int r2) {
 
 /* ---- the gradient job ---- */
 
+/* Workers kept open between a fit's evaluations, per process: opening one costs a thread and
+ * a connection per shard and a round trip, several times a task's own work on small data.
+ * A task takes the idle worker of its partition for its table's handle, or opens one, and
+ * gives it back when it succeeds (a failed one is closed: its connections may be broken).
+ * Workers of other handles (a table whose fit has ended) are closed when a task of another
+ * table comes, so at most a fit's partitions stay open, idle, once it is done. */
+enum { WORKER_CACHE = 64 };
+typedef struct cached_worker {
+  uint8_t *handle;
+  size_t handle_len;
+  uint32_t partition;
+  bool busy;
+  fl_ps_worker *w;
+} cached_worker;
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static cached_worker cache[WORKER_CACHE];
+
+static bool same_handle(const cached_worker *c, fl_bytes h) {
+  return c->handle && c->handle_len == h.len && memcmp(c->handle, h.data, h.len) == 0;
+}
+
+static void cache_drop(cached_worker *c) {
+  fl_ps_worker_close(c->w);
+  free(c->handle);
+  *c = (cached_worker){0};
+}
+
+static fl_status worker_take(fl_bytes h, uint32_t partition, fl_ps_worker **out) {
+  fl_ps_worker *stale[WORKER_CACHE];
+  int nstale = 0;
+  *out = NULL;
+  pthread_mutex_lock(&cache_mu);
+  for (int i = 0; i < WORKER_CACHE; i++) {
+    cached_worker *c = &cache[i];
+    if (!c->handle || c->busy) continue;
+    if (!same_handle(c, h)) {
+      stale[nstale++] = c->w; /* closed outside the lock: closing joins threads */
+      c->w = NULL;
+      cache_drop(c);
+    } else if (c->partition == partition && !*out) {
+      c->busy = true;
+      *out = c->w;
+    }
+  }
+  pthread_mutex_unlock(&cache_mu);
+  for (int i = 0; i < nstale; i++) fl_ps_worker_close(stale[i]);
+  return *out ? FL_OK : fl_ps_worker_open(h, partition, out);
+}
+
+/* Gives a worker back after a task: kept when ok (and there is room), else closed. */
+static void worker_give(fl_bytes h, uint32_t partition, fl_ps_worker *w, bool ok) {
+  if (!w) return;
+  pthread_mutex_lock(&cache_mu);
+  cached_worker *slot = NULL, *free_slot = NULL;
+  for (int i = 0; i < WORKER_CACHE && !slot; i++) {
+    if (cache[i].w == w) slot = &cache[i];
+    else if (!cache[i].handle && !free_slot) free_slot = &cache[i];
+  }
+  if (slot && ok) {
+    slot->busy = false;
+    w = NULL;
+  } else if (slot) {
+    free(slot->handle);
+    *slot = (cached_worker){0};
+  } else if (ok && free_slot && (free_slot->handle = malloc(h.len ? h.len : 1))) {
+    memcpy(free_slot->handle, h.data, h.len);
+    free_slot->handle_len = h.len;
+    free_slot->partition = partition;
+    free_slot->w = w;
+    w = NULL;
+  }
+  pthread_mutex_unlock(&cache_mu);
+  fl_ps_worker_close(w);
+}
+
 FL_ML_KERNEL fl_status ml_sandblaster_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *varg) {
   sb_task_arg a;
   memcpy(&a, varg, sizeof a);
@@ -175,7 +251,8 @@ FL_ML_KERNEL fl_status ml_sandblaster_partition(uint32_t partition, fl_iter *in,
   double *x = malloc((2 * n + 2) * sizeof *x), *acc = x ? x + n : NULL;
   fl_status s = f && x ? FL_OK : fl_set_error(FL_ENOMEM, "out of memory");
   uint64_t t;
-  if (s == FL_OK) s = fl_ps_worker_open(fl_bytes_of(handle, a.handle_len), partition, &w);
+  fl_bytes h = fl_bytes_of(handle, a.handle_len);
+  if (s == FL_OK) s = worker_take(h, partition, &w);
   if (s == FL_OK) s = fl_ps_pull_column(w, a.x, 0, n, f, &t);
   if (s == FL_OK) s = fl_ps_wait(w, t, NULL);
   for (size_t i = 0; s == FL_OK && i < n; i++) x[i] = f[i];
@@ -183,8 +260,8 @@ FL_ML_KERNEL fl_status ml_sandblaster_partition(uint32_t partition, fl_iter *in,
   for (size_t i = 0; s == FL_OK && i < n; i++) f[i] = (float)acc[2 + i];
   if (s == FL_OK) s = fl_ps_push_range_once(w, a.g, 0, n, f, a.seq, &t);
   if (s == FL_OK) s = fl_ps_wait(w, t, NULL);
+  worker_give(h, partition, w, s == FL_OK);
   if (s == FL_OK) s = fl_emit(out, acc, 2 * sizeof *acc);
-  fl_ps_worker_close(w);
   free(f);
   free(x);
   return s;
