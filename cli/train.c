@@ -90,7 +90,8 @@ static const char train_usage_text[] =
     "  --milestones E,E..  step decay: x0.1 at these epochs (default 50% and 75% of N)\n"
     "  --power P           poly decay's power, 0 < P <= 100 (default 2)\n"
     "  --optimizer O       sgd (default), adam, adamw (decoupled weight decay), lars or lamb\n"
-    "                      (layer-wise trust ratios, You et al.)\n"
+    "                      (layer-wise trust ratios, You et al.), or adagrad (Downpour's, on\n"
+    "                      the parameter servers: --sync asp or ssp:S)\n"
     "  --momentum M        sgd and lars, 0 <= M < 1 (default 0.9)\n"
     "  --nesterov          sgd: Nesterov momentum\n"
     "  --beta1 B, --beta2 B  adam, adamw and lamb: the moments' decay, in [0, 1)\n"
@@ -116,7 +117,15 @@ static const char train_usage_text[] =
     "                      gradients allreduced every step), local:TAU (local SGD: each rank\n"
     "                      steps alone, the weights averaged every TAU steps) or adacomm[:TAU0]\n"
     "                      (local SGD whose period shrinks from TAU0, default 16, as the loss\n"
-    "                      falls; Wang and Joshi's AdaComm)\n"
+    "                      falls; Wang and Joshi's AdaComm), asp or ssp:S (the weights on\n"
+    "                      parameter servers, the ranks their workers, Downpour SGD: asp never\n"
+    "                      waits; ssp:S lets a worker run at most S steps ahead of the\n"
+    "                      slowest, ssp:0 is synchronous SGD through the servers). asp and ssp\n"
+    "                      take --optimizer sgd (momentum 0, the default there), adagrad or\n"
+    "                      adam (the servers' updates, at a fixed rate), models without batch\n"
+    "                      norm, and R task slots at once (docs/gpu.md)\n"
+    "  --ps-fetch N        asp, ssp: a worker pulls the weights every N steps (default 1)\n"
+    "  --ps-push N         asp, ssp: and pushes the gradients of N steps at once (default 1)\n"
     "  --no-overlap        allreduce each bucket inside backward instead of on the rank's\n"
     "                      communication thread while backward goes on (for comparison)\n"
     "  --master M          local[*] (default), local[N], local-cluster[E,C,MB] or\n"
@@ -199,7 +208,8 @@ static const struct option train_longopts[] = {
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
     VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
-    VALUED("sync"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), SWITCH("nesterov"), SWITCH("quiet"),
+    VALUED("sync"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
+    VALUED("ps-push"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
     CLI_COMMON_LONG_OPTIONS, {0}};
@@ -217,6 +227,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   bool have_model = false, have_data = false;
   const char *test_data = NULL;
   const char *adam_opt = NULL, *lars_opt = NULL, *momentum_opt = NULL; /* given, for the checks at the end */
+  bool eps_given = false, decay_given = false;
   int c, index;
   optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
@@ -331,6 +342,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--decay") == 0) {
       if (optim_decay_parse(v, &o->decay) != FL_OK)
         return train_usage_error("unknown decay '%s' (cosine, step, poly or none)", v);
+      decay_given = true;
     } else if (strcmp(opt, "--milestones") == 0) {
       int rc = parse_milestones(v, o);
       if (rc) return rc;
@@ -343,7 +355,8 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->optim.weight_decay = (float)d;
     } else if (strcmp(opt, "--optimizer") == 0) {
       if (optim_kind_parse(v, &o->optim.kind) != FL_OK)
-        return train_usage_error("unknown optimizer '%s' (sgd, adam, adamw, lars or lamb)", v);
+        return train_usage_error("unknown optimizer '%s' (sgd, adam, adamw, lars, lamb, or adagrad with --sync asp "
+                                 "or ssp:S)", v);
     } else if (strcmp(opt, "--beta1") == 0 || strcmp(opt, "--beta2") == 0) {
       if (!cli_parse_double(v, &d) || d < 0 || d >= 1) return train_usage_error("%s '%s' is not a number in [0, 1)", opt, v);
       *(opt[6] == '1' ? &o->optim.beta1 : &o->optim.beta2) = (float)d;
@@ -352,13 +365,18 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       if (!cli_parse_double(v, &d) || !(d > 0) || !isfinite((float)d) || (float)d == 0)
         return train_usage_error("%s '%s' is not a number > 0", opt, v);
       *(opt[2] == 'e' ? &o->optim.eps : &o->optim.trust_coef) = (float)d;
-      if (opt[2] == 'e') adam_opt = "--eps";
+      if (opt[2] == 'e') eps_given = true;
       else lars_opt = "--trust-coef";
     } else if (strcmp(opt, "--label-smoothing") == 0) {
       if (!cli_parse_double(v, &o->label_smoothing) || !(o->label_smoothing >= 0 && o->label_smoothing < 1))
         return train_usage_error("--label-smoothing '%s' is not a number in [0, 1)", v);
     } else if (strcmp(opt, "--sync") == 0) {
-      if (gpu_train_sync_parse(v, &o->sync, &o->tau) != FL_OK) return train_usage_error("%s", fl_last_error());
+      if (gpu_train_sync_parse(v, &o->sync, &o->tau, &o->staleness) != FL_OK)
+        return train_usage_error("%s", fl_last_error());
+    } else if (strcmp(opt, "--ps-fetch") == 0 || strcmp(opt, "--ps-push") == 0) {
+      uint32_t *dst = opt[5] == 'f' ? &o->ps_fetch : &o->ps_push;
+      if (!cli_parse_u32(v, dst) || *dst < 1 || *dst > 100000)
+        return train_usage_error("%s '%s' is not a whole number of steps from 1 to 100000", opt, v);
     } else if (strcmp(opt, "--precision") == 0) {
       if (fl_precision_parse(v, &o->precision) != FL_OK)
         return train_usage_error("--precision '%s' is not fp32, tf32, bf16 or fp16", v);
@@ -416,6 +434,15 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   if (lars_opt && k != OPTIM_LARS) return train_usage_error("%s is for --optimizer lars (this run's is %s)", lars_opt, kind);
   if (momentum_opt && k != OPTIM_SGD && k != OPTIM_LARS)
     return train_usage_error("%s is for --optimizer sgd or lars (this run's is %s)", momentum_opt, kind);
+  if (eps_given && k != OPTIM_ADAM && k != OPTIM_ADAMW && k != OPTIM_LAMB && k != OPTIM_ADAGRAD)
+    return train_usage_error("--eps is for --optimizer adam, adamw, lamb or adagrad (this run's is %s)", kind);
+  bool ps = GPU_TRAIN_SYNC_IS_PS(o->sync);
+  if (!ps && (o->ps_fetch || o->ps_push)) return train_usage_error("--ps-fetch and --ps-push are for --sync asp and ssp:S");
+  /* The servers take plain SGD steps: without --momentum a parameter-server run has none
+   * (an explicit one is refused by the trainer's check, which says why); their adagrad and
+   * adam run at a fixed rate, so without --decay they have none. */
+  if (ps && !momentum_opt && k == OPTIM_SGD) o->optim.momentum = 0;
+  if (ps && !decay_given && k != OPTIM_SGD) o->decay = OPTIM_DECAY_NONE;
   /* The checks across options (batch and ranks, warmup and epochs, milestones) are the
    * trainer's own, so that C callers get the same ones. */
   if (gpu_train_options_validate(o) != FL_OK) return train_usage_error("%s", fl_last_error());

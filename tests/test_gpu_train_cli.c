@@ -130,7 +130,7 @@ static void test_bad_optimizer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", BASE, "--beta2", "-0.5"), "--beta2 '-0.5'");
   expect_usage_error(RUN_FLINT("train", BASE, "--eps", "0"), "--eps '0' is not a number > 0");
   expect_usage_error(RUN_FLINT("train", BASE, "--eps", "1e-300"), "--eps '1e-300'"); /* 0 as a float */
-  expect_usage_error(RUN_FLINT("train", BASE, "--eps", "1e-6"), "--eps is for --optimizer adam, adamw or lamb (this run's is sgd)");
+  expect_usage_error(RUN_FLINT("train", BASE, "--eps", "1e-6"), "--eps is for --optimizer adam, adamw, lamb or adagrad (this run's is sgd)");
   expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "lars", "--beta2", "0.9"), "--beta2 is for --optimizer adam");
   expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "lamb", "--trust-coef", "0.01"),
                      "--trust-coef is for --optimizer lars (this run's is lamb)");

@@ -211,6 +211,7 @@ typedef enum optim_kind {
   OPTIM_ADAMW,
   OPTIM_LARS,
   OPTIM_LAMB,
+  OPTIM_ADAGRAD, /* parameter servers only (train --sync asp|ssp:S): optim_create refuses it */
 } optim_kind;
 
 typedef struct optim_options {

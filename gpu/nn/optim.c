@@ -31,8 +31,8 @@ struct optim {
   double *norms_d;       /* device scratch: 2 doubles a segment */
 };
 
-static const char *const kind_names[] = {"sgd", "adam", "adamw", "lars", "lamb"};
-#define NUM_KINDS 5
+static const char *const kind_names[] = {"sgd", "adam", "adamw", "lars", "lamb", "adagrad"};
+#define NUM_KINDS 6
 
 fl_status optim_kind_parse(const char *text, optim_kind *out) {
   for (int i = 0; i < NUM_KINDS; i++)
@@ -40,7 +40,8 @@ fl_status optim_kind_parse(const char *text, optim_kind *out) {
       *out = (optim_kind)i;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown optimizer '%s' (sgd, adam, adamw, lars or lamb)", text ? text : "(null)");
+  return fl_set_error(FL_EINVAL, "unknown optimizer '%s' (sgd, adam, adamw, lars, lamb, or adagrad on parameter "
+                      "servers)", text ? text : "(null)");
 }
 
 const char *optim_kind_name(optim_kind kind) { return (unsigned)kind < NUM_KINDS ? kind_names[kind] : "unknown"; }
@@ -56,6 +57,10 @@ fl_status optim_options_validate(const optim_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "optimizer options are NULL");
   if ((unsigned)o->kind >= NUM_KINDS) return fl_set_error(FL_EINVAL, "unknown optimizer %d", (int)o->kind);
   const char *name = kind_names[o->kind];
+  /* Downpour's Adagrad is the parameter servers' update (flint/ps.h), not a device step. */
+  if (o->kind == OPTIM_ADAGRAD)
+    return fl_set_error(FL_EINVAL, "adagrad is an update the parameter servers apply (Downpour's): train with --sync "
+                        "asp or ssp:S");
   if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay))
     return fl_set_error(FL_EINVAL, "%s: weight decay %g must be a finite number >= 0", name, (double)o->weight_decay);
   if (o->kind == OPTIM_SGD || o->kind == OPTIM_LARS) {
@@ -212,6 +217,9 @@ fl_status optim_step(optim *opt, float lr, const fl_tensor *grads, fl_tensor *va
   case OPTIM_LAMB:
     s = dev->ops->lamb_step(dev, opt->nseg, opt->segs_d, opt->n, lr, o->beta1, o->beta2, o->eps, bias1, bias2, g,
                             s0, s1, w, opt->norms_d);
+    break;
+  case OPTIM_ADAGRAD: /* optim_create refused it: the parameter servers' update */
+    FL_ASSERT(false);
     break;
   }
   if (s == FL_OK) opt->steps = t;

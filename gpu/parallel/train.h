@@ -96,6 +96,7 @@ typedef struct gpu_train_epoch {
   /* Data-parallel models (0 for the transformer): rank 0's seconds blocked in the reader for
    * training batches, copying them to the device, and training (the steps, no evaluation). */
   double input_wait_s, upload_s, train_seconds;
+  uint64_t max_staleness;  /* asp and ssp: this epoch's (see gpu_train_result) */
 } gpu_train_epoch;
 
 /* How the data-parallel ranks keep their replicas together (--sync). */
@@ -105,7 +106,16 @@ typedef enum gpu_train_sync {
                                * every tau steps (and at each epoch's end) */
   GPU_TRAIN_SYNC_ADACOMM = 2, /* local SGD whose period adapts (Wang and Joshi's AdaComm):
                                * tau starts at tau and shrinks as the training loss falls */
+  /* Parameter-server modes (gpu/parallel/train_ps.c): the weights live in one table on the
+   * parameter servers (flint/ps.h) and the ranks are its workers, ordinary tasks that pull
+   * weights and push gradients (Downpour SGD, Dean et al.): */
+  GPU_TRAIN_SYNC_ASP = 3,     /* workers never wait for each other */
+  GPU_TRAIN_SYNC_SSP = 4,     /* a worker at most `staleness` steps ahead of the slowest
+                               * waits (Ho et al.); 0 is synchronous SGD through the servers */
 } gpu_train_sync;
+
+/* True for asp and ssp: the modes whose workers are parameter-server workers. */
+#define GPU_TRAIN_SYNC_IS_PS(s) ((s) == GPU_TRAIN_SYNC_ASP || (s) == GPU_TRAIN_SYNC_SSP)
 
 typedef struct gpu_train_options {
   const char *master;    /* the context's master (NULL: "local[*]") */
@@ -194,13 +204,18 @@ typedef struct gpu_train_options {
    * then a micro-batch's); it bounds the activations' memory by the micro-batch. batch must
    * be a multiple of ranks x accumulate. 0 or 1: none. */
   uint32_t accumulate;
+  /* --sync ssp:S: S, the steps a worker may run ahead of the slowest (0: every step waits) */
+  uint32_t staleness;
+  /* asp and ssp, Downpour's n_fetch and n_push: a worker pulls the weights every ps_fetch
+   * steps and pushes the gradients it accumulated over ps_push steps (0: 1, every step) */
+  uint32_t ps_fetch, ps_push;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -229,6 +244,11 @@ typedef struct gpu_train_result {
   double bubble, bubble_theory;
   uint32_t stages;
   uint64_t stage_peak_bytes[GPU_TRAIN_MAX_STAGES];
+  /* asp and ssp: the most steps a pull's weights were behind the pulling worker (its clock
+   * less the servers' freshness, over every pull of the run: at most S under ssp:S), and the
+   * workers whose task was retried and resumed at the servers' clock for it */
+  uint64_t max_staleness;
+  uint32_t resumed_workers;
 } gpu_train_result;
 
 /* "mlp", "cnn", "resnet18", "transformer" (the CLI's names, nn_model_kind_name's);
@@ -243,8 +263,9 @@ FL_API fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *ou
  * *path points at PATH inside text (NULL for the first two). FL_EINVAL names the text. */
 FL_API fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const char **path);
 /* --sync: "bsp", "local:TAU" or "adacomm" / "adacomm:TAU0" (TAU0 16 when not given), TAU
- * 1 to 100000 steps; FL_EINVAL names the text otherwise. */
-FL_API fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau);
+ * 1 to 100000 steps; "asp"; "ssp:S", S 0 to 100000 steps (*staleness; 0 otherwise). FL_EINVAL
+ * names the text otherwise. */
+FL_API fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau, uint32_t *staleness);
 FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch

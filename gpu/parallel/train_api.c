@@ -55,9 +55,11 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
   g.label_smoothing = o.label_smoothing;
   g.precision = o.precision;
   if (o.sync) {
-    s = gpu_train_sync_parse(o.sync, &g.sync, &g.tau);
+    s = gpu_train_sync_parse(o.sync, &g.sync, &g.tau, &g.staleness);
     if (s != FL_OK) return s;
   }
+  g.ps_fetch = o.ps_fetch;
+  g.ps_push = o.ps_push;
   g.seed = o.seed;
   g.checkpoint_path = o.checkpoint_path;
   g.resume_path = o.resume_path;

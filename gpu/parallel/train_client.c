@@ -62,7 +62,8 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
                          .images_per_s = rep.images_per_s, .seconds = rep.seconds, .pid = rep.pid,
                          .loss_scale = rep.loss_scale, .skipped_steps = rep.skipped_steps, .tau = rep.tau,
                          .reduced_bytes = rep.reduced_bytes,
-                         .input_wait_s = rep.input_wait_s, .upload_s = rep.upload_s, .train_seconds = rep.train_s};
+                         .input_wait_s = rep.input_wait_s, .upload_s = rep.upload_s, .train_seconds = rep.train_s,
+                         .max_staleness = rep.max_staleness};
     c->opts->on_epoch(&e, c->opts->user);
   }
   if (c->opts->progress) {
@@ -71,6 +72,9 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
     fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s", rep.test_loss, rep.test_acc, rep.lr,
             rep.seconds);
     if (rep.tau) fprintf(c->opts->progress, "  tau %u", rep.tau);
+    if (GPU_TRAIN_SYNC_IS_PS(c->opts->sync))
+      fprintf(c->opts->progress, "  %.1f MiB pushed+pulled a worker, staleness <= %llu",
+              (double)rep.reduced_bytes / (1 << 20), (unsigned long long)rep.max_staleness);
     if (rep.loss_scale > 0)
       fprintf(c->opts->progress, "  loss scale %g (%llu steps skipped)", rep.loss_scale,
               (unsigned long long)rep.skipped_steps);
@@ -316,6 +320,10 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   fl_broadcast *resume = NULL, *library = NULL;
   fl_buf resume_blob = FL_BUF_INIT;
   client_state c = {.opts = o, .curves = CURVES_INIT};
+  fl_device *ps_dev = NULL; /* asp, ssp: the client's copy of the model */
+  nn_model *ps_model = NULL;
+  fl_buf ps_checkpoint = FL_BUF_INIT;
+  train_ps_summary ps_sum = {0};
   FL_CHECK(load_pair(ctx, o, &train, &test, &pair));
 
   bool hybrid = o->model == NN_TRANSFORMER;
@@ -361,25 +369,33 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     a.resume = true;
     a.resume_id = fl_broadcast_id(resume);
   }
-  fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
-  bopts.gpu = o->device == FL_DEVICE_CUDA;
-  bopts.on_report = client_on_report;
-  bopts.user = &c;
   double t0 = common_now_s();
-  FL_CHECK(fl_barrier_map_partitions(pair, hybrid ? gpu_train_hybrid_rank : gpu_train_rank, &a, sizeof a, &bopts,
-                                     &trained));
-  FL_CHECK(fl_collect(trained, &out));
+  train_report last;
+  if (GPU_TRAIN_SYNC_IS_PS(o->sync)) {
+    /* asp, ssp: the workers are ordinary tasks on the parameter servers' table, which starts
+     * as the client's copy of the seeded model. */
+    FL_CHECK(fl_device_open(FL_DEVICE_CPU, 0, &ps_dev));
+    FL_CHECK(client_model(o, &train, ps_dev, &ps_model));
+    FL_CHECK(train_ps_run(ctx, o, &a, pair, ps_model, client_on_report, &c, &last, &ps_checkpoint, &ps_sum));
+  } else {
+    fl_barrier_options bopts = FL_BARRIER_OPTIONS_INIT;
+    bopts.gpu = o->device == FL_DEVICE_CUDA;
+    bopts.on_report = client_on_report;
+    bopts.user = &c;
+    FL_CHECK(fl_barrier_map_partitions(pair, hybrid ? gpu_train_hybrid_rank : gpu_train_rank, &a, sizeof a, &bopts,
+                                       &trained));
+    FL_CHECK(fl_collect(trained, &out));
+    if (fl_records_count(out) < 1 || fl_records_get(out, 0).len != sizeof(train_report)) {
+      status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no result");
+      goto cleanup;
+    }
+    memcpy(&last, fl_records_get(out, 0).data, sizeof last);
+  }
   double seconds = common_now_s() - t0;
   if (c.error != FL_OK) {
     status = fl_set_error(c.error, "gpu_train: out of memory for the curves");
     goto cleanup;
   }
-  if (fl_records_count(out) < 1 || fl_records_get(out, 0).len != sizeof(train_report)) {
-    status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no result");
-    goto cleanup;
-  }
-  train_report last;
-  memcpy(&last, fl_records_get(out, 0).data, sizeof last);
   if (last.kind == REPORT_DIVERGED) {
     status = train_diverged_error(o, &last);
     goto cleanup;
@@ -406,7 +422,9 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     }
     FL_CHECK(train_hybrid_finish(o, fl_records_get(out, next++), &res));
   }
-  if (o->checkpoint_path) {
+  if (o->checkpoint_path && GPU_TRAIN_SYNC_IS_PS(o->sync)) {
+    FL_CHECK(checkpoint_save_file(o->checkpoint_path, fl_buf_bytes(&ps_checkpoint)));
+  } else if (o->checkpoint_path) {
     if (fl_records_count(out) <= next) {
       status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no checkpoint");
       goto cleanup;
@@ -433,7 +451,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .tau = last.tau, .reduced_bytes = last.reduced_bytes,
                                  .bubble = last.bubble, .bubble_theory = last.bubble_theory,
                                  .stages = res.stages, .input_wait_s = wait, .upload_s = upload,
-                                 .input_wait_share = stepping > 0 ? wait / stepping : 0};
+                                 .input_wait_share = stepping > 0 ? wait / stepping : 0,
+                                 .max_staleness = ps_sum.max_staleness, .resumed_workers = ps_sum.resumed_workers};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:
@@ -443,6 +462,9 @@ cleanup:
   }
   fl_records_free(out);
   fl_dataset_free(trained);
+  fl_buf_free(&ps_checkpoint);
+  nn_model_destroy(ps_model);
+  fl_device_close(ps_dev);
   fl_broadcast_destroy(resume);
   fl_broadcast_destroy(library);
   fl_buf_free(&resume_blob);

@@ -21,11 +21,12 @@ fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out) {
   return gpu_train_source_parse(text, out, NULL);
 }
 
-fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau) {
+fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau, uint32_t *staleness) {
   if (!text) return fl_set_error(FL_EINVAL, "--sync: NULL");
   const char *arg = NULL;
-  if (strcmp(text, "bsp") == 0) {
-    *sync = GPU_TRAIN_SYNC_BSP;
+  *staleness = 0;
+  if (strcmp(text, "bsp") == 0 || strcmp(text, "asp") == 0) {
+    *sync = text[0] == 'b' ? GPU_TRAIN_SYNC_BSP : GPU_TRAIN_SYNC_ASP;
     *tau = 1;
     return FL_OK;
   }
@@ -36,11 +37,20 @@ fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t 
   }
   if (strncmp(text, "local:", 6) == 0) arg = text + 6;
   else if (strncmp(text, "adacomm:", 8) == 0) arg = text + 8;
+  else if (strncmp(text, "ssp:", 4) == 0) arg = text + 4;
+  bool ssp = text[0] == 's';
   char *end = NULL;
   unsigned long v = arg && *arg >= '0' && *arg <= '9' ? strtoul(arg, &end, 10) : 0;
-  if (!arg || !end || *end || v < 1 || v > 100000)
-    return fl_set_error(FL_EINVAL, "--sync '%s': expected bsp, local:TAU or adacomm[:TAU0] (TAU: steps between "
-                        "averages, 1 to 100000)", text);
+  if (!arg || !end || *end || v < (ssp ? 0u : 1u) || v > 100000)
+    return fl_set_error(FL_EINVAL, "--sync '%s': expected bsp, local:TAU, adacomm[:TAU0], asp or ssp:S (TAU: steps "
+                        "between averages, 1 to 100000; S: the steps a worker may run ahead of the slowest, 0 to "
+                        "100000)", text);
+  if (ssp) {
+    *sync = GPU_TRAIN_SYNC_SSP;
+    *tau = 1;
+    *staleness = (uint32_t)v;
+    return FL_OK;
+  }
   *sync = text[0] == 'l' ? GPU_TRAIN_SYNC_LOCAL : GPU_TRAIN_SYNC_ADACOMM;
   *tau = (uint32_t)v;
   return FL_OK;
@@ -153,7 +163,8 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
 /* The optimizer's options as the CLI spells them (optim_options_validate's checks, named). */
 static fl_status validate_optimizer(const gpu_train_options *o) {
   const optim_options *p = &o->optim;
-  if ((unsigned)p->kind > OPTIM_LAMB) return fl_set_error(FL_EINVAL, "--optimizer: unknown optimizer %d", (int)p->kind);
+  if ((unsigned)p->kind > OPTIM_ADAGRAD)
+    return fl_set_error(FL_EINVAL, "--optimizer: unknown optimizer %d", (int)p->kind);
   const char *name = optim_kind_name(p->kind);
   if (!(p->momentum >= 0 && p->momentum < 1))
     return fl_set_error(FL_EINVAL, "--momentum %g must be in [0, 1)", (double)p->momentum);
@@ -162,6 +173,8 @@ static fl_status validate_optimizer(const gpu_train_options *o) {
   if (p->nesterov && p->kind != OPTIM_SGD)
     return fl_set_error(FL_EINVAL, "--nesterov is for --optimizer sgd (this run's is %s)", name);
   if (p->nesterov && p->momentum == 0) return fl_set_error(FL_EINVAL, "--nesterov needs --momentum > 0");
+  if (p->kind == OPTIM_ADAGRAD && !(p->eps > 0 && isfinite(p->eps)))
+    return fl_set_error(FL_EINVAL, "--eps %g must be a number > 0", (double)p->eps);
   if (p->kind == OPTIM_ADAM || p->kind == OPTIM_ADAMW || p->kind == OPTIM_LAMB) {
     if (!(p->beta1 >= 0 && p->beta1 < 1)) return fl_set_error(FL_EINVAL, "--beta1 %g must be in [0, 1)", (double)p->beta1);
     if (!(p->beta2 >= 0 && p->beta2 < 1)) return fl_set_error(FL_EINVAL, "--beta2 %g must be in [0, 1)", (double)p->beta2);
@@ -183,7 +196,51 @@ static fl_status validate_optimizer(const gpu_train_options *o) {
       return fl_set_error(FL_EINVAL, "--clip-grad-norm is for the data-parallel models (the transformer's "
                           "gradients are spread over its grid)");
   }
+  /* Adagrad is the servers' update alone (validate_ps checks the rest of its options). */
+  if (p->kind == OPTIM_ADAGRAD && GPU_TRAIN_SYNC_IS_PS(o->sync)) return FL_OK;
   return optim_options_validate(p);
+}
+
+/* --sync asp and ssp:S (gpu/parallel/train_ps.c): what the parameter servers can train, and
+ * Downpour's --ps-fetch and --ps-push. */
+static fl_status validate_ps(const gpu_train_options *o) {
+  if (!GPU_TRAIN_SYNC_IS_PS(o->sync)) {
+    if (o->ps_fetch > 1 || o->ps_push > 1 || o->staleness)
+      return fl_set_error(FL_EINVAL, "--ps-fetch, --ps-push and a staleness are for --sync asp and ssp:S");
+    return FL_OK;
+  }
+  const char *mode = o->sync == GPU_TRAIN_SYNC_ASP ? "asp" : "ssp";
+  const optim_options *p = &o->optim;
+  if (o->staleness > 100000) return fl_set_error(FL_EINVAL, "--sync ssp:%u: S must be 0 to 100000", o->staleness);
+  if (o->sync == GPU_TRAIN_SYNC_ASP && o->staleness)
+    return fl_set_error(FL_EINVAL, "--sync asp has no staleness bound (use ssp:%u)", o->staleness);
+  if (o->ps_fetch > 100000 || o->ps_push > 100000)
+    return fl_set_error(FL_EINVAL, "--ps-fetch %u and --ps-push %u must be 1 to 100000", o->ps_fetch, o->ps_push);
+  if (o->model == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--sync %s is for the data-parallel models (the transformer's tensor and pipeline "
+                        "ranks hold different weights)", mode);
+  /* The servers apply each worker's push as it comes: SGD's momentum would need a velocity
+   * per worker or on the servers, whose stale mixes are not the momentum of synchronous SGD. */
+  if (p->kind == OPTIM_SGD && p->momentum != 0)
+    return fl_set_error(FL_EINVAL, "--momentum %g with --sync %s: the parameter servers apply plain SGD steps (each "
+                        "push w -= lr g / workers), with no velocity; give --momentum 0, or use --optimizer adagrad or "
+                        "adam (the servers' own updates)", (double)p->momentum, mode);
+  if (p->kind != OPTIM_SGD && p->kind != OPTIM_ADAGRAD && p->kind != OPTIM_ADAM)
+    return fl_set_error(FL_EINVAL, "--optimizer %s with --sync %s: the parameter servers update with sgd, adagrad or "
+                        "adam (%s needs whole-weight norms or decoupled decay on the servers)",
+                        optim_kind_name(p->kind), mode, optim_kind_name(p->kind));
+  if (p->kind != OPTIM_SGD && (o->warmup_epochs > 0 || o->decay != OPTIM_DECAY_NONE))
+    return fl_set_error(FL_EINVAL, "--optimizer %s with --sync %s runs on the servers at a fixed rate (--lr x --batch / "
+                        "256): give --decay none and no --warmup", optim_kind_name(p->kind), mode);
+  if (o->precision == FL_PRECISION_FP16)
+    return fl_set_error(FL_EINVAL, "--precision fp16 needs --sync bsp (its loss scaler decides on averaged gradients)");
+  if (o->accumulate > 1)
+    return fl_set_error(FL_EINVAL, "--accumulate is for --sync bsp, local and adacomm (a parameter-server worker "
+                        "pushes each step's gradients; see --ps-push)");
+  if (o->resume_path)
+    return fl_set_error(FL_EINVAL, "--resume with --sync %s: the servers' weights start from the seed (resume with "
+                        "--sync bsp)", mode);
+  return FL_OK;
 }
 
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
@@ -194,12 +251,12 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
                                                          : "gpu_train: a model library or builder with a built-in model");
   if (!(o->label_smoothing >= 0 && o->label_smoothing < 1))
     return fl_set_error(FL_EINVAL, "--label-smoothing %g must be in [0, 1)", o->label_smoothing);
-  if ((unsigned)o->sync > GPU_TRAIN_SYNC_ADACOMM) return fl_set_error(FL_EINVAL, "--sync: unknown mode %d", (int)o->sync);
+  if ((unsigned)o->sync > GPU_TRAIN_SYNC_SSP) return fl_set_error(FL_EINVAL, "--sync: unknown mode %d", (int)o->sync);
   if (o->tau < 1 || o->tau > 100000) return fl_set_error(FL_EINVAL, "--sync: a period of %u steps (1 to 100000)", o->tau);
-  if (o->sync != GPU_TRAIN_SYNC_BSP && o->model == NN_TRANSFORMER)
+  if ((o->sync == GPU_TRAIN_SYNC_LOCAL || o->sync == GPU_TRAIN_SYNC_ADACOMM) && o->model == NN_TRANSFORMER)
     return fl_set_error(FL_EINVAL, "--sync local and adacomm are for the data-parallel models (the transformer's "
                         "tensor and pipeline ranks hold different weights)");
-  if (o->sync != GPU_TRAIN_SYNC_BSP && o->precision == FL_PRECISION_FP16)
+  if ((o->sync == GPU_TRAIN_SYNC_LOCAL || o->sync == GPU_TRAIN_SYNC_ADACOMM) && o->precision == FL_PRECISION_FP16)
     return fl_set_error(FL_EINVAL, "--precision fp16 needs --sync bsp: its loss scaler decides on the averaged "
                         "gradients, which local SGD does not form (use bf16)");
   if ((unsigned)o->precision > FL_PRECISION_FP16)
@@ -266,6 +323,7 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
       return fl_set_error(FL_EINVAL, "--milestones: %g must be inside (0, --epochs %u) and after the one before",
                           o->milestones[i], o->epochs);
   fl_status os = validate_optimizer(o);
+  if (os == FL_OK) os = validate_ps(o);
   if (os != FL_OK) return os;
   if ((unsigned)o->allreduce > FL_ALLREDUCE_TREE)
     return fl_set_error(FL_EINVAL, "--allreduce: unknown algorithm %d", (int)o->allreduce);

@@ -34,7 +34,11 @@ typedef struct train_report {
    * data_reader_next for training batches, seconds it spent copying them to the device, and
    * the training part of `seconds` (steps only, no evaluation). */
   double input_wait_s, upload_s, train_s;
+  uint64_t max_staleness;                /* asp, ssp: the epoch's most steps a pull was behind */
 } train_report;
+
+/* The most bytes of a parameter-server table's handle (a few hundred) the argument carries. */
+#define TRAIN_PS_HANDLE_MAX 2048
 
 /* The stage's argument: plain values only (it travels to executors as bytes). */
 typedef struct train_arg {
@@ -75,6 +79,11 @@ typedef struct train_arg {
    * rank's reader hands them out (data_reader_set_transform). */
   bool augment;
   fl_image_transform aug;
+  /* --sync asp and ssp:S (gpu/parallel/train_ps.c): the table's handle and Downpour's periods */
+  uint32_t staleness, ps_fetch, ps_push;
+  double wall_t0; /* the client's wall clock (seconds) as the job started: rows' elapsed time */
+  uint32_t ps_handle_len;
+  uint8_t ps_handle[TRAIN_PS_HANDLE_MAX];
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
@@ -113,6 +122,25 @@ fl_status train_model_build(const train_arg *a, fl_device *dev, nn_model **out);
 /* The barrier tasks, shipped by symbol (exported for the flint command's executors). */
 FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);
 FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);
+
+/* ---- parameter-server modes (gpu/parallel/train_ps.c) ---- */
+/* --sync asp and ssp:S, run by the client: makes the model's table on the servers from
+ * `model` (the client's copy, built from the seed on a cpu device; one without batch-norm
+ * statistics), runs the workers (ordinary tasks, one per partition of `pair`, with `a`), then
+ * hands each epoch's row to `on_row` as a train_report's bytes (as the ranks' reports), in
+ * order. *last: the last row, or a REPORT_DIVERGED report; *sum: what the run's result adds
+ * (max_staleness, resumed_workers); with a->emit_checkpoint, *checkpoint: the servers' final
+ * weights as a checkpoint blob (no optimizer state). FL_ESLOTS with fewer task slots than
+ * workers; the job's and the servers' errors. */
+typedef struct train_ps_summary {
+  uint64_t max_staleness;
+  uint32_t resumed_workers;
+} train_ps_summary;
+fl_status train_ps_run(fl_context *ctx, const gpu_train_options *o, train_arg *a, fl_dataset *pair, nn_model *model,
+                       void (*on_row)(uint32_t rank, fl_bytes row, void *user), void *user, train_report *last,
+                       fl_buf *checkpoint, train_ps_summary *sum);
+/* The workers' task function, shipped by symbol. */
+FL_API fl_status gpu_train_ps_worker(uint32_t partition, fl_iter *in, fl_emitter *out, const void *arg);
 
 /* The client's side of a transformer run: `ranks` is rank 0's second output record (every
  * rank's peak activation bytes and its last step's timeline); fills res->stages and

@@ -281,7 +281,14 @@ typedef struct fl_train_options {
   const char *sync;         /* NULL or "bsp": the gradients allreduced every step; "local:TAU":
                              * local SGD, the weights averaged every TAU steps; "adacomm" or
                              * "adacomm:TAU0": local SGD whose period shrinks from TAU0 (16)
-                             * as the training loss falls (Wang and Joshi) */
+                             * as the training loss falls (Wang and Joshi); "asp" or "ssp:S":
+                             * the weights on parameter servers (flint/ps.h), the ranks their
+                             * workers (ordinary tasks, Downpour SGD): asp never waits, ssp:S
+                             * lets a worker run at most S steps ahead of the slowest (ssp:0:
+                             * synchronous SGD). They take the optimizer "sgd" with momentum 0
+                             * (the servers step w -= lr g / ranks per push), "adagrad" or "adam"
+                             * (the servers' own updates, at a fixed rate: no warmup or decay),
+                             * models without batch norm, and `ranks` task slots at once */
   uint64_t seed;            /* weights and shuffles */
   const char *checkpoint_path; /* the final weights and optimizer state (NULL: not written) */
   const char *resume_path;  /* start from this checkpoint (checkpoint_path's, or
@@ -291,11 +298,14 @@ typedef struct fl_train_options {
                              * go through forward and backward as this many micro-batches, with
                              * one allreduce after the last (the same step, in less memory);
                              * batch must be a multiple of ranks x accumulate (0: 1, none) */
+  uint32_t ps_fetch, ps_push; /* asp, ssp (Downpour's n_fetch, n_push): each worker pulls the
+                             * weights every ps_fetch steps and pushes the gradients of ps_push
+                             * steps at once (0: 1) */
 } fl_train_options;
 /* SGD with momentum 0.9 and weight decay 5e-4 at 0.1 x batch / 256, cosine decay. */
 #define FL_TRAIN_OPTIONS_INIT                                                                         \
   {1, FL_DEVICE_CPU, 256, 1, FL_LR_SCHEDULE_INIT, {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 5e-4, 0.001, false}, \
-   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL, 1}
+   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL, 1, 0, 0}
 
 typedef struct fl_train_result {
   uint32_t epochs;
