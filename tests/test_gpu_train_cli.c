@@ -124,7 +124,9 @@ static void test_bad_options_exit_2(void **state) {
 /* The optimizer's options: each bad value exits 2 naming it. */
 static void test_bad_optimizer_options_exit_2(void **state) {
   (void)state;
-  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "adagrad"), "unknown optimizer 'adagrad'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "adagrd"), "unknown optimizer 'adagrd'");
+  /* Downpour's adagrad is the parameter servers' update. */
+  expect_usage_error(RUN_FLINT("train", BASE, "--optimizer", "adagrad"), "adagrad is an update the parameter servers apply");
   expect_usage_error(RUN_FLINT("train", BASE, "--optimizer"), "--optimizer needs a value");
   expect_usage_error(RUN_FLINT("train", BASE, "--beta1", "1"), "--beta1 '1' is not a number in [0, 1)");
   expect_usage_error(RUN_FLINT("train", BASE, "--beta2", "-0.5"), "--beta2 '-0.5'");
@@ -148,7 +150,23 @@ static void test_bad_optimizer_options_exit_2(void **state) {
                      "--optimizer lars needs each weight's whole norm");
   expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--clip-grad-norm", "1"), "--clip-grad-norm is for the data-parallel");
   /* --sync: bsp, local:TAU, adacomm[:TAU0]; local SGD is for the data-parallel models. */
-  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "asp"), "--sync 'asp': expected bsp, local:TAU or adacomm[:TAU0]");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "bogus"),
+                     "--sync 'bogus': expected bsp, local:TAU, adacomm[:TAU0], asp or ssp:S");
+  /* asp and ssp:S: the parameter-server modes. */
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "ssp:-1"), "--sync 'ssp:-1'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "ssp:x"), "--sync 'ssp:x'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "ssp:"), "--sync 'ssp:'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "asp", "--ps-fetch", "0"),
+                     "--ps-fetch '0' is not a whole number of steps from 1 to 100000");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "asp", "--ps-push", "x"), "--ps-push 'x'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--ps-fetch", "2"), "--ps-fetch and --ps-push are for --sync asp and ssp:S");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "asp", "--momentum", "0.9"),
+                     "--momentum 0.9 with --sync asp: the parameter servers apply plain SGD steps");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "ssp:2", "--optimizer", "lars"),
+                     "--optimizer lars with --sync ssp: the parameter servers update with sgd, adagrad or adam");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sync", "asp", "--optimizer", "adam", "--decay", "cosine"),
+                     "runs on the servers at a fixed rate");
+  expect_usage_error(RUN_FLINT("train", TFM_OPTS, "--sync", "asp"), "--sync asp is for the data-parallel models");
   expect_usage_error(RUN_FLINT("train", BASE, "--sync", "local:0"), "--sync 'local:0'");
   expect_usage_error(RUN_FLINT("train", BASE, "--sync", "local:"), "--sync 'local:'");
   expect_usage_error(RUN_FLINT("train", BASE, "--sync", "adacomm:x"), "--sync 'adacomm:x'");

@@ -245,10 +245,13 @@ typedef struct gpu_train_result {
   uint32_t stages;
   uint64_t stage_peak_bytes[GPU_TRAIN_MAX_STAGES];
   /* asp and ssp: the most steps a pull's weights were behind the pulling worker (its clock
-   * less the servers' freshness, over every pull of the run: at most S under ssp:S), and the
-   * workers whose task was retried and resumed at the servers' clock for it */
+   * less the servers' freshness, over every pull of the run: at most S under ssp:S), the
+   * workers whose task was retried and resumed at the servers' clock for it, and the fewest
+   * steps the servers counted for one worker (epochs x its batches when all its data was
+   * trained on) */
   uint64_t max_staleness;
   uint32_t resumed_workers;
+  uint64_t worker_steps_min; /* the fewest steps the servers counted for one worker */
 } gpu_train_result;
 
 /* "mlp", "cnn", "resnet18", "transformer" (the CLI's names, nn_model_kind_name's);

@@ -452,7 +452,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .bubble = last.bubble, .bubble_theory = last.bubble_theory,
                                  .stages = res.stages, .input_wait_s = wait, .upload_s = upload,
                                  .input_wait_share = stepping > 0 ? wait / stepping : 0,
-                                 .max_staleness = ps_sum.max_staleness, .resumed_workers = ps_sum.resumed_workers};
+                                 .max_staleness = ps_sum.max_staleness, .resumed_workers = ps_sum.resumed_workers,
+                                 .worker_steps_min = ps_sum.worker_steps_min};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:

@@ -492,6 +492,22 @@ cleanup:
   return status;
 }
 
+/* The fewest steps the servers' clocks hold for a worker: every step of every worker's data
+ * was trained when it is the run's steps (a retried worker's too). */
+static fl_status steps_of_workers(fl_ps_table *t, const train_arg *a, train_ps_summary *sum) {
+  uint32_t per_step = a->sync == GPU_TRAIN_SYNC_SSP && a->staleness == 0 ? 2 : 1;
+  sum->worker_steps_min = UINT64_MAX;
+  for (uint32_t i = 0; i < a->ranks; i++) {
+    fl_ps_worker *w = NULL;
+    fl_status s = fl_ps_worker_open(fl_ps_table_handle(t), i, &w);
+    if (s != FL_OK) return s;
+    uint64_t steps = fl_ps_worker_stats_get(w).clock / per_step;
+    if (steps < sum->worker_steps_min) sum->worker_steps_min = steps;
+    fl_ps_worker_close(w);
+  }
+  return FL_OK;
+}
+
 fl_status train_ps_run(fl_context *ctx, const gpu_train_options *o, train_arg *a, fl_dataset *pair, nn_model *model,
                        void (*on_row)(uint32_t rank, fl_bytes row, void *user), void *user, train_report *last,
                        fl_buf *checkpoint, train_ps_summary *sum) {
@@ -536,6 +552,7 @@ fl_status train_ps_run(fl_context *ctx, const gpu_train_options *o, train_arg *a
   FL_CHECK(fl_map_partitions(pair, gpu_train_ps_worker, a, sizeof *a, &trained));
   FL_CHECK(fl_collect(trained, &recs));
   FL_CHECK(collect_rows(a, recs, on_row, user, last, sum));
+  FL_CHECK(steps_of_workers(table, a, sum));
   if (last->kind == REPORT_EPOCH && a->emit_checkpoint) {
     FL_CHECK(table_access(table, weights, n, false));
     FL_CHECK(fl_tensor_write(nn_model_values(model), weights, n));

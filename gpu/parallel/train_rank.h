@@ -128,13 +128,14 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
  * `model` (the client's copy, built from the seed on a cpu device; one without batch-norm
  * statistics), runs the workers (ordinary tasks, one per partition of `pair`, with `a`), then
  * hands each epoch's row to `on_row` as a train_report's bytes (as the ranks' reports), in
- * order. *last: the last row, or a REPORT_DIVERGED report; *sum: what the run's result adds
- * (max_staleness, resumed_workers); with a->emit_checkpoint, *checkpoint: the servers' final
+ * order. *last: the last row, or a REPORT_DIVERGED report; *sum: what the run's result adds;
+ * with a->emit_checkpoint, *checkpoint: the servers' final
  * weights as a checkpoint blob (no optimizer state). FL_ESLOTS with fewer task slots than
  * workers; the job's and the servers' errors. */
 typedef struct train_ps_summary {
   uint64_t max_staleness;
   uint32_t resumed_workers;
+  uint64_t worker_steps_min; /* the fewest steps the servers' clocks hold for a worker */
 } train_ps_summary;
 fl_status train_ps_run(fl_context *ctx, const gpu_train_options *o, train_arg *a, fl_dataset *pair, nn_model *model,
                        void (*on_row)(uint32_t rank, fl_bytes row, void *user), void *user, train_report *last,
