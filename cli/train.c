@@ -490,8 +490,13 @@ int cmd_train(int argc, char **argv) {
   printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
   printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
   printf("throughput   %.0f images/s over %.1f s", res.images_per_s, res.seconds);
-  if (!hybrid) printf("; input wait %.1f%% of the steps' time", 100 * res.input_wait_share);
+  bool ps = GPU_TRAIN_SYNC_IS_PS(o.sync);
+  if (!hybrid && !ps) printf("; input wait %.1f%% of the steps' time", 100 * res.input_wait_share);
   printf("\n");
+  if (ps)
+    printf("servers      %.1f MiB pushed and pulled by a worker; pulls at most %llu steps behind; %u worker%s "
+           "retried and resumed\n", (double)res.reduced_bytes / (1 << 20), (unsigned long long)res.max_staleness,
+           res.resumed_workers, res.resumed_workers == 1 ? "" : "s");
   if (hybrid) {
     printf("bubble       %.3f measured (the last epoch's mean), %.3f in theory\n", res.bubble, res.bubble_theory);
     printf("activations  peak per stage:");

@@ -208,9 +208,9 @@ static void test_asp_and_ssp_train(void **state) {
 
 /* A worker's task fails once at step 5: it alone is retried, opens the same worker and goes
  * on from the servers' clock for it, so that every worker's every step is trained. */
-static void check_fails_once(gpu_train_sync sync, const char *name) {
-  setenv("FLINT_TRAIN_PS_FAIL", "1:5", 1);
-  gpu_train_options o = ps_options(3, "local[3]");
+static void check_fails_once(gpu_train_sync sync, const char *name, const char *master) {
+  setenv("FLINT_TRAIN_PS_FAIL", "1:5", 1); /* local-cluster's executors inherit it */
+  gpu_train_options o = ps_options(3, master);
   o.epochs = 2;
   o.sync = sync;
   rows r = {0};
@@ -225,9 +225,18 @@ static void check_fails_once(gpu_train_sync sync, const char *name) {
 static void test_worker_fails_once(void **state) {
   (void)state;
   NEED_DATA();
-  check_fails_once(GPU_TRAIN_SYNC_ASP, "asp, worker 1 fails");
+  check_fails_once(GPU_TRAIN_SYNC_ASP, "asp, worker 1 fails", "local[3]");
   /* ssp:0: the others wait in their pulls until the retry catches up. */
-  check_fails_once(GPU_TRAIN_SYNC_SSP, "ssp:0, worker 1 fails");
+  check_fails_once(GPU_TRAIN_SYNC_SSP, "ssp:0, worker 1 fails", "local[3]");
+}
+
+/* The same on a local cluster: the workers are the executors' tasks (the function shipped
+ * from libflint_gpu.so), the table's shards are replicated on the two executors, and the
+ * retried task may run on the other executor. */
+static void test_local_cluster_worker_fails_once(void **state) {
+  (void)state;
+  NEED_DATA();
+  check_fails_once(GPU_TRAIN_SYNC_SSP, "local-cluster ssp:0, worker 1 fails", "local-cluster[2,2,1024]");
 }
 
 static void expect_invalid(const gpu_train_options *o, const char *needle) {
@@ -323,6 +332,7 @@ int main(void) {
       T(test_ssp0_equals_bsp),
       T(test_asp_and_ssp_train),
       T(test_worker_fails_once),
+      T(test_local_cluster_worker_fails_once),
       T(test_refusals_and_divergence),
   };
   if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
