@@ -188,7 +188,7 @@ enum {
   X(PS_STALL_PUSH, STRING, TASKS, CONFIG_TEST_ONLY, 0, 0, "none",                                                  \
     "test only: K:DIR, the first once-push of worker K (the attempt that makes DIR/stalled) waits for DIR/release")  \
   X(TRAIN_PS_FAIL, STRING, TASKS, CONFIG_TEST_ONLY, 0, 0, "none",                                                   \
-    "test only: K:S, training's parameter-server worker K fails once, as it reaches step S (its task is retried)")   \
+    "test only: K:S, training's parameter-server worker K fails once, at step S (its task is retried)")             \
   X(COMM_TIMEOUT_MS, MS, TASKS, 0, 0, CONFIG_MAX_U32, "300000",                                                     \
     "no byte moving for this long inside a host collective is a timeout")                                           \
   X(COMM_SOCKBUF, SIZE, TASKS, 0, 0, CONFIG_MAX_U32, "4m",                                                          \

@@ -378,6 +378,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   train_report last = {0};
   train_report bad = {0}; /* the first step whose loss this rank saw non-finite */
   double lr = cs.lr;
+  /* FLINT_PS_SLOW_WORKER's straggler (benchmarks): this rank's steps take F times as long. */
+  const double slowdown = train_slowdown_of(r.rank);
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
     double t0 = common_now_s();
     data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
@@ -466,6 +468,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       }
       images += n;
       cs.step++;
+      train_straggle(slowdown, w0);
       if (r.rank == 0 && at_report) {
         double secs = common_now_s() - t0;
         train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,

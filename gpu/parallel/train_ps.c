@@ -143,10 +143,21 @@ static fl_status worker_gate(worker_state *w) {
   return worker_wait(w, fl_ps_pull_range(w->ps, 0, 1, &one, &t), &t, NULL);
 }
 
-static fl_status worker_push(worker_state *w) {
-  uint64_t t = 0;
-  fl_status s = worker_wait(w, fl_ps_push_range(w->ps, 0, w->n, w->acc, &t), &t, NULL);
-  memset(w->acc, 0, w->n * sizeof(float));
+/* Pushes what was accumulated (when `push`) and ends the step's clock. The two go out
+ * together: each shard's channel sends its parts in order, so a shard applies the push
+ * before it counts the clock. */
+static fl_status worker_push_clock(worker_state *w, bool push) {
+  uint64_t tp = 0, tc = 0;
+  fl_status s = push ? fl_ps_push_range(w->ps, 0, w->n, w->acc, &tp) : FL_OK;
+  fl_status sc = s == FL_OK ? fl_ps_clock(w->ps, &tc) : s;
+  if (push && s == FL_OK) s = fl_ps_wait(w->ps, tp, NULL);
+  if (sc == FL_OK) {
+    fl_status s2 = fl_ps_wait(w->ps, tc, NULL);
+    if (s == FL_OK) s = s2;
+  } else if (s == FL_OK) {
+    s = sc;
+  }
+  if (push) memset(w->acc, 0, w->n * sizeof(float));
   return s;
 }
 
@@ -354,12 +365,12 @@ FL_API fl_status gpu_train_ps_worker(uint32_t partition, fl_iter *in, fl_emitter
       for (size_t j = 0; j < w.n; j++) w.acc[j] += scale * (w.grads[j] + w.decay[j] * w.weights[j]);
     else
       for (size_t j = 0; j < w.n; j++) w.acc[j] += scale * w.grads[j];
-    if (++pending >= push || g + 1 == total) {
+    bool pushing = ++pending >= push || g + 1 == total;
+    if (pushing) {
       if (w.per_step == 2) FL_CHECK(worker_gate(&w));
-      FL_CHECK(worker_push(&w));
       pending = 0;
     }
-    FL_CHECK(worker_clock(&w));
+    FL_CHECK(worker_push_clock(&w, pushing));
     images += n;
     if (i + 1 == steps) {
       double test[3];

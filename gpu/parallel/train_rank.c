@@ -8,6 +8,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -120,6 +121,27 @@ fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_precision pre
   }
   *out = dev;
   return FL_OK;
+}
+
+double train_slowdown_of(uint32_t rank) {
+  const char *v = config_string(CONFIG_PS_SLOW_WORKER);
+  unsigned k;
+  double f;
+  char extra;
+  if (!v || !*v || strcmp(v, "none") == 0) return 1;
+  if (sscanf(v, "%u:%lf%c", &k, &f, &extra) != 2 || !(f >= 1 && f <= 1000)) {
+    common_log(LOG_WARN, "FLINT_PS_SLOW_WORKER=%s is not K:F (F from 1 to 1000): ignored", v);
+    return 1;
+  }
+  return k == rank ? f : 1;
+}
+
+void train_straggle(double factor, double since) {
+  if (!(factor > 1)) return;
+  double extra = (common_now_s() - since) * (factor - 1);
+  struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
 }
 
 fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out) {

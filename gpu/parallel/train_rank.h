@@ -98,6 +98,13 @@ fl_status train_connect(fl_barrier *b, fl_device *dev, fl_device_kind kind, fl_a
 fl_status train_device_open(fl_barrier *b, fl_device_kind kind, fl_precision precision, fl_device **out);
 /* True when train_connect(host = false) makes a NCCL communicator. */
 bool train_uses_nccl(fl_device_kind kind);
+/* The test-only straggler of the consistency benchmarks, FLINT_PS_SLOW_WORKER=K:F (one
+ * setting for the parameter servers' workers, which fl_ps_clock slows, and the data-parallel
+ * ranks): F for rank K, else 1 (a malformed value is warned about and ignored). */
+double train_slowdown_of(uint32_t rank);
+/* Sleeps (factor - 1) times the time since `since` (common_now_s): a step that took factor
+ * times as long. factor <= 1: returns at once. */
+void train_straggle(double factor, double since);
 /* The smallest of every rank's `mine`, on every rank. */
 fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out);
 
