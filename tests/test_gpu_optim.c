@@ -154,7 +154,12 @@ static void test_optim_bad_arguments(void **state) {
   optim_kind k;
   assert_ok(optim_kind_parse("lamb", &k));
   assert_int_equal(k, OPTIM_LAMB);
-  assert_fails_with(optim_kind_parse("adagrad", &k), FL_EINVAL, "'adagrad'");
+  assert_fails_with(optim_kind_parse("adagrd", &k), FL_EINVAL, "'adagrd'");
+  /* Downpour's adagrad names the parameter servers' update (flint train --sync asp): no device step. */
+  assert_ok(optim_kind_parse("adagrad", &k));
+  o.kind = k;
+  assert_fails_with(optim_create(dev, &o, 3, NULL, 0, &opt), FL_EINVAL, "the parameter servers apply");
+  o = (optim_options)OPTIM_OPTIONS_INIT;
   assert_string_equal(optim_kind_name(OPTIM_ADAMW), "adamw");
 
   opt = sgd_of(dev, 3, 0.9f, false, 1e-4f);

@@ -148,6 +148,23 @@ static void test_local_program_builder(void **state) {
   assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
   assert_non_null(strstr(fl_last_error(), "--batch 32 is not a multiple of --ranks 2 x --accumulate 3"));
   o.accumulate = 1;
+  /* The parameter servers (sync "ssp:1", Downpour's periods): the servers' sgd has no
+   * momentum, and the default's 0.9 is refused saying so. The examples' partitions may differ
+   * in size: each worker takes its own steps and retires when done. */
+  o = (fl_train_options)FL_TRAIN_OPTIONS_INIT;
+  o.ranks = 2;
+  o.batch = 32;
+  o.schedule.lr = 0.4;
+  o.epochs = 3;
+  o.sync = "ssp:1";
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "--momentum 0.9 with --sync ssp"));
+  o.optimizer.momentum = 0;
+  o.ps_fetch = 2;
+  o.ps_push = 2;
+  assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+  assert_int_equal(r.epochs, 3);
+  assert_true(r.test_acc > 0.9);
   fl_dataset_free(train);
   fl_dataset_free(test);
   fl_context_close(ctx);
