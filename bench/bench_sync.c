@@ -44,9 +44,11 @@ static void on_epoch(const gpu_train_epoch *e, void *user) {
   c->n++;
 }
 
-/* Where the curve first reaches `target` (linear between epochs, from (0, +inf) at the
- * start: the first epoch's point stands for itself): time and MiB; false if never. */
+/* Where the curve first reaches `target` (linear between epochs; the first epoch's point
+ * stands for itself), within 0.1% (ssp:0 ends at bsp's loss up to rounding): time and MiB;
+ * false if never. */
 static bool reach(const curve *c, double target, double *secs, double *mib) {
+  target *= 1.001;
   for (uint32_t i = 0; i < c->n; i++) {
     if (c->loss[i] > target) continue;
     if (i == 0) {
