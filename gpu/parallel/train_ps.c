@@ -3,8 +3,9 @@
  * parameter servers of flint/ps.h, as Downpour SGD (Dean et al., NIPS 2012) trains, with Ho
  * et al.'s stale synchronous parallel between its workers.
  *
- * Design. The client (train_ps_run) makes ONE dense table of the model's flat weights (a
- * float a key; replicated in a cluster) and sets it to the seeded model's weights. The
+ * Design. The client (train_ps_run) makes ONE dense table of the model's flat weights
+ * (TABLE_WIDTH floats a key; replicated in a cluster) and sets it to the seeded model's
+ * weights. The
  * workers are ordinary tasks, one per partition of the cached training/test pair (a
  * map_partitions, not a barrier stage): a lost worker's task is retried alone while the
  * others go on. Each worker reads its partition and, every step:
@@ -53,6 +54,12 @@
 #include "gpu/parallel/train_rank.h"
 
 #define PS_RECORD_MAGIC 0x52545350u /* "PSTR" */
+/* Floats a key of the weights' table: the servers handle a key at a time, and keys of one
+ * float cost a call and a lookup per weight (3x the bytes' time on the MLP). The last key is
+ * padded with zeros, which no gradient moves. */
+#define TABLE_WIDTH 256u
+
+static uint64_t table_keys(size_t n) { return (n + TABLE_WIDTH - 1) / TABLE_WIDTH; }
 
 /* A worker's record, one per epoch it ended (REPORT_EPOCH), or one REPORT_DIVERGED. */
 typedef struct ps_record {
@@ -89,7 +96,8 @@ typedef struct worker_state {
   uint32_t batch;
   fl_ps_worker *ps;
   size_t n;            /* weights */
-  float *weights;      /* the last pull */
+  uint64_t keys;       /* the table's: n padded to TABLE_WIDTH */
+  float *weights;      /* the last pull (keys x TABLE_WIDTH) */
   float *grads;        /* one step's gradient */
   float *acc;          /* what the next push carries */
   float *decay;        /* each weight's decay coefficient (NULL: no weight decay) */
@@ -123,7 +131,7 @@ static fl_status worker_wait(worker_state *w, fl_status s, const uint64_t *ticke
  * clock they may be. */
 static fl_status worker_pull(worker_state *w) {
   uint64_t t = 0, fresh = 0, clock = fl_ps_worker_stats_get(w->ps).clock;
-  fl_status s = worker_wait(w, fl_ps_pull_range(w->ps, 0, w->n, w->weights, &t), &t, &fresh);
+  fl_status s = worker_wait(w, fl_ps_pull_range(w->ps, 0, w->keys, w->weights, &t), &t, &fresh);
   if (s != FL_OK) return s;
   uint64_t behind = clock > fresh ? (clock - fresh) / w->per_step : 0;
   if (behind > w->max_staleness) w->max_staleness = behind;
@@ -139,8 +147,8 @@ static fl_status worker_clock(worker_state *w) {
  * worker has pulled this step's weights, so that no push reaches a pull of the same step. */
 static fl_status worker_gate(worker_state *w) {
   uint64_t t = 0;
-  float one;
-  return worker_wait(w, fl_ps_pull_range(w->ps, 0, 1, &one, &t), &t, NULL);
+  float one[TABLE_WIDTH];
+  return worker_wait(w, fl_ps_pull_range(w->ps, 0, 1, one, &t), &t, NULL);
 }
 
 /* Pushes what was accumulated (when `push`) and ends the step's clock. The two go out
@@ -148,7 +156,7 @@ static fl_status worker_gate(worker_state *w) {
  * before it counts the clock. */
 static fl_status worker_push_clock(worker_state *w, bool push) {
   uint64_t tp = 0, tc = 0;
-  fl_status s = push ? fl_ps_push_range(w->ps, 0, w->n, w->acc, &tp) : FL_OK;
+  fl_status s = push ? fl_ps_push_range(w->ps, 0, w->keys, w->acc, &tp) : FL_OK;
   fl_status sc = s == FL_OK ? fl_ps_clock(w->ps, &tc) : s;
   if (push && s == FL_OK) s = fl_ps_wait(w->ps, tp, NULL);
   if (sc == FL_OK) {
@@ -226,6 +234,7 @@ static fl_status worker_setup(worker_state *w, fl_iter *in) {
   FL_CHECK(fl_device_set_precision(w->dev, a->precision));
   FL_CHECK(train_model_build(a, w->dev, &w->model));
   w->n = fl_tensor_numel(nn_model_values(w->model));
+  w->keys = table_keys(w->n);
   int ndim = sample_ndim(a);
   int64_t xshape[4] = {w->batch, a->channels, a->height, a->width};
   xshape[3 - ndim] = w->batch;
@@ -236,9 +245,9 @@ static fl_status worker_setup(worker_state *w, fl_iter *in) {
   FL_CHECK(w->dev->ops->alloc(w->dev, 2 * sizeof(float), (void **)&w->stats_d));
   FL_CHECK(w->dev->ops->host_alloc(w->dev, (size_t)w->batch * per * sizeof(float), (void **)&w->images_h));
   FL_CHECK(w->dev->ops->host_alloc(w->dev, w->batch * sizeof(int32_t), (void **)&w->labels_h));
-  w->weights = common_calloc(w->n, sizeof(float));
+  w->weights = common_calloc(w->keys * TABLE_WIDTH, sizeof(float));
   w->grads = common_calloc(w->n, sizeof(float));
-  w->acc = common_calloc(w->n, sizeof(float));
+  w->acc = common_calloc(w->keys * TABLE_WIDTH, sizeof(float));
   if (!w->weights || !w->grads || !w->acc) {
     status = fl_set_error(FL_ENOMEM, "worker %u: out of memory for %zu weights", w->id, w->n);
     goto cleanup;
@@ -398,8 +407,8 @@ cleanup:
 /* The servers' update for the run's optimizer (the options' check allowed only these). */
 static void table_options(const gpu_train_options *o, const train_arg *a, size_t n, fl_ps_options *po) {
   *po = (fl_ps_options)FL_PS_OPTIONS_INIT;
-  po->keys = n;
-  po->width = 1;
+  po->keys = table_keys(n);
+  po->width = TABLE_WIDTH;
   po->workers = a->ranks;
   po->lr = (float)optim_schedule_peak_lr(&a->schedule);
   po->beta1 = o->optim.beta1;
@@ -410,13 +419,13 @@ static void table_options(const gpu_train_options *o, const train_arg *a, size_t
 
 /* Reads or writes the whole table through a worker of the client's own (worker 0's id: the
  * tasks are not running then; its clock is not advanced, and its pulls never wait). */
-static fl_status table_access(fl_ps_table *t, float *values, size_t n, bool set) {
+static fl_status table_access(fl_ps_table *t, float *values, uint64_t keys, bool set) {
   fl_ps_worker *w = NULL;
   uint64_t ticket = 0;
   fl_status s = fl_ps_worker_open(fl_ps_table_handle(t), 0, &w);
   if (s == FL_OK) fl_ps_worker_set_staleness(w, FL_PS_ASYNC);
   if (s == FL_OK)
-    s = set ? fl_ps_set_range(w, 0, n, values, &ticket) : fl_ps_pull_range(w, 0, n, values, &ticket);
+    s = set ? fl_ps_set_range(w, 0, keys, values, &ticket) : fl_ps_pull_range(w, 0, keys, values, &ticket);
   if (s == FL_OK) s = fl_ps_wait(w, ticket, NULL);
   fl_ps_worker_close(w);
   return s;
@@ -540,7 +549,7 @@ fl_status train_ps_run(fl_context *ctx, const gpu_train_options *o, train_arg *a
     return fl_set_error(FL_ESLOTS, "--sync %s: %u workers need %u task slots at once, and the context has %u: give "
                         "fewer --ranks or a larger --master", mode, a->ranks, a->ranks, fl_context_cores(ctx));
   size_t n = fl_tensor_numel(nn_model_values(model));
-  weights = common_calloc(n, sizeof(float));
+  weights = common_calloc(table_keys(n) * TABLE_WIDTH, sizeof(float));
   if (!weights) return fl_set_error(FL_ENOMEM, "gpu_train: out of memory for %zu weights", n);
   FL_CHECK(fl_tensor_read(nn_model_values(model), weights, n));
   fl_ps_options po;
@@ -558,14 +567,14 @@ fl_status train_ps_run(fl_context *ctx, const gpu_train_options *o, train_arg *a
   a->staleness = o->staleness;
   a->ps_fetch = o->ps_fetch ? o->ps_fetch : 1;
   a->ps_push = o->ps_push ? o->ps_push : 1;
-  FL_CHECK(table_access(table, weights, n, true));
+  FL_CHECK(table_access(table, weights, table_keys(n), true));
   a->wall_t0 = wall_now_s();
   FL_CHECK(fl_map_partitions(pair, gpu_train_ps_worker, a, sizeof *a, &trained));
   FL_CHECK(fl_collect(trained, &recs));
   FL_CHECK(collect_rows(a, recs, on_row, user, last, sum));
   FL_CHECK(steps_of_workers(table, a, sum));
   if (last->kind == REPORT_EPOCH && a->emit_checkpoint) {
-    FL_CHECK(table_access(table, weights, n, false));
+    FL_CHECK(table_access(table, weights, table_keys(n), false));
     FL_CHECK(fl_tensor_write(nn_model_values(model), weights, n));
     checkpoint_state cs = {.epoch = last->epoch, .step = last->step, .position = last->epoch, .lr = last->lr};
     FL_CHECK(checkpoint_encode(nn_model_values(model), NULL, NULL, &cs, checkpoint));
