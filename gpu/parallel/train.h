@@ -125,7 +125,8 @@ typedef struct gpu_train_options {
   uint64_t synthetic_train_images; /* synthetic-imagenet images per epoch (0: 4 * batch) */
                                    /* (an image is 588 KiB: cached, and copied by its rank) */
   uint64_t synthetic_test_images;  /* (0: batch) */
-  uint32_t ranks;        /* data-parallel ranks, >= 1: one barrier task each */
+  uint32_t ranks;        /* data-parallel ranks, >= 1: one barrier task each (asp, ssp: one
+                          * ordinary task each, the parameter servers' workers) */
   fl_device_kind device; /* cpu, or cuda (rank r uses the GPU of its executor, else r mod GPUs) */
   uint32_t batch;        /* the global batch, a multiple of ranks */
   double lr;             /* base rate for a batch of 256 (linear scaling), > 0 */

@@ -5,7 +5,9 @@
  * (gpu/parallel/train_dp.c) or, for the transformer, the grid's ranks
  * (gpu/parallel/train_hybrid.c); the ranks' reports draw the progress line and fill the
  * curves (client_on_report), and at the end it writes the curves, the timelines and the
- * final checkpoint that the options ask for.
+ * final checkpoint that the options ask for. --sync asp and ssp:S run instead through the
+ * parameter servers (train_ps_run, gpu/parallel/train_ps.c: ordinary tasks, whose epoch rows
+ * come to client_on_report at the job's end).
  *
  * Threading: client_on_report runs on the client's thread inside the action; everything else
  * on the caller's.
