@@ -217,11 +217,6 @@ typedef struct task_arg {
   double l2;
 } task_arg;
 
-/* What a worker task emits when it ends: its totals. */
-typedef struct task_result {
-  uint64_t steps, bytes_sent, bytes_received;
-} task_result;
-
 typedef struct worker_state {
   csr c;
   float *w;              /* nkeys + 1: the intercept last */
@@ -416,7 +411,7 @@ FL_ML_KERNEL fl_status ml_ps_worker_partition(uint32_t partition, fl_iter *in, f
   const uint64_t start = s == FL_OK ? fl_ps_worker_stats_get(w).clock : 0;
   if (s == FL_OK && start > 0) s = skip_used_numbers(w, pw, start);
   fl_ps_worker_stats last = s == FL_OK ? fl_ps_worker_stats_get(w) : (fl_ps_worker_stats){0};
-  uint64_t unreported = 0, done = 0;
+  uint64_t unreported = 0;
   for (uint64_t t = start; s == FL_OK && t < total; t++) {
     if (a.fail_worker == partition + 1 && t == a.fail_step && start < a.fail_step) {
       s = fl_set_error(FL_EIO, "ps solver: worker %u fails at step %llu (fail_worker, a test's fault)", partition,
@@ -437,13 +432,8 @@ FL_ML_KERNEL fl_status ml_ps_worker_partition(uint32_t partition, fl_iter *in, f
     uint64_t tk;
     s = fl_ps_clock(w, &tk);
     if (s == FL_OK) s = fl_ps_wait(w, tk, NULL);
-    done++;
   }
-  if (s == FL_OK) {
-    fl_ps_worker_stats ws = fl_ps_worker_stats_get(w);
-    task_result r = {done, ws.bytes_sent, ws.bytes_received};
-    s = fl_emit(out, &r, sizeof r);
-  }
+  (void)out; /* what a worker did is on the servers: it emits nothing */
   fl_ps_worker_close(pw);
   fl_ps_worker_close(w);
   worker_state_free(&st);
@@ -548,31 +538,17 @@ typedef struct trainer {
   size_t arg_len;
   fl_status status;
   char error[512];
-  uint64_t steps, bytes_sent, bytes_received; /* the tasks' totals */
   atomic_bool done;
 } trainer;
 
 static void *train_thread(void *p) {
   trainer *t = p;
   fl_dataset *ds = NULL;
-  fl_records *recs = NULL;
+  uint64_t n = 0;
   fl_status s = fl_map_partitions(t->work, ml_ps_worker_partition, t->arg, t->arg_len, &ds);
-  if (s == FL_OK) s = fl_collect(ds, &recs);
-  for (size_t i = 0; s == FL_OK && i < fl_records_count(recs); i++) {
-    task_result r;
-    fl_bytes b = fl_records_get(recs, i);
-    if (b.len != sizeof r) {
-      s = fl_set_error(FL_EINTERNAL, "ps solver: a worker's result of %zu bytes", b.len);
-      break;
-    }
-    memcpy(&r, b.data, sizeof r);
-    t->steps += r.steps;
-    t->bytes_sent += r.bytes_sent;
-    t->bytes_received += r.bytes_received;
-  }
+  if (s == FL_OK) s = fl_count(ds, &n);
   if (s != FL_OK) snprintf(t->error, sizeof t->error, "%s", fl_last_error());
   t->status = s;
-  fl_records_free(recs);
   fl_dataset_free(ds);
   atomic_store(&t->done, true);
   return NULL;
@@ -792,8 +768,11 @@ fl_status ml_ps_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
   }
   if (started) pthread_join(thread, NULL);
   if (s == FL_OK && started && tr.status != FL_OK) s = fl_set_error(tr.status, "%s", tr.error);
-  if (s == FL_OK && epoch < p->epochs) /* the last epoch's row, when the watch had not seen it yet */
-    s = take_row(&wa, p->epochs, tr.steps, (double)tr.bytes_sent / 1024.0, (double)tr.bytes_received / 1024.0);
+  if (s == FL_OK && epoch < p->epochs) { /* the last epoch's row, when the watch had not seen it yet */
+    uint64_t key = 0;
+    s = pull_wait(wa.pw, &key, 1, counters);
+    if (s == FL_OK) s = take_row(&wa, p->epochs, (uint64_t)counters[0], counters[1], counters[2]);
+  }
   if (s == FL_OK) s = pull_model(wa.w, m);
   if (s == FL_OK && wa.nrows) {
     m->history = calloc(wa.nrows, sizeof *m->history);

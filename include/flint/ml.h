@@ -397,7 +397,8 @@ typedef struct fl_ml_ps_options {
   double lr;               /* the update's learning rate (0: 0.1) */
   uint32_t eval_rows;      /* rows the curves are measured on (0: 20000) */
   /* Called on the calling thread for each curve row; a non-FL_OK return stops training
-   * with that status (the workers are cancelled). */
+   * with that status (the workers are stopped by fl_cancel_jobs, which cancels every job
+   * of the context). */
   fl_status (*on_epoch)(void *arg, const fl_ml_ps_epoch *e);
   void *on_epoch_arg;
   /* Test only: worker fail_worker - 1 fails its task (FL_EIO) as it reaches step fail_step,
