@@ -342,41 +342,6 @@ static fl_status report(fl_ps_worker *pw, fl_ps_worker *w, uint64_t steps, fl_ps
   return s == FL_OK ? fl_ps_wait(pw, tk, NULL) : s;
 }
 
-/* Works around the parameter server's duplicate check for a retried task. A shard applies a
- * worker's push or clock only when its sequence number is above the last it applied for
- * that worker, and a reopened worker numbers from 1 again (ps/client.c), so the retried
- * task's first pushes and clocks would be taken for resends and skipped: its clocks would
- * then never advance, and BSP and SSP would wait for it forever. Before its first step, a
- * task that resumes at clock c > 0 sends enough zero pushes, on keys far above any
- * feature's (never read; a pool of SPARE_KEYS, so few rows), that every shard's number is
- * past what the lost attempts used: at most 2 a step (a push and a clock), so 4c + 64 (an
- * attempt that resumed at c and sent its own 4c + 64 is covered when it got further). Only
- * a push in flight as an attempt died at the very step it began at can be lost. */
-#define SPARE_KEY_BASE (1ull << 62)
-#define SPARE_KEYS 4096u
-#define SPARE_BATCH 64u
-static fl_status skip_used_numbers(fl_ps_worker *w, fl_ps_worker *pw, uint64_t clock) {
-  const uint64_t n = 4 * clock + 64;
-  /* windows of one unchanging array: a push's buffers stay as they are until its wait */
-  static const float zeros[SPARE_BATCH] = {0};
-  uint64_t *keys = malloc(SPARE_KEYS * sizeof *keys), *tickets = malloc(2 * n * sizeof *tickets), zero_key = 0;
-  fl_status s = keys && tickets ? FL_OK : fl_set_error(FL_ENOMEM, "out of memory");
-  for (uint32_t j = 0; s == FL_OK && j < SPARE_KEYS; j++) keys[j] = SPARE_KEY_BASE + j;
-  uint64_t sent = 0;
-  for (uint64_t i = 0; s == FL_OK && i < n; i++) {
-    const uint64_t *window = keys + (i * SPARE_BATCH) % SPARE_KEYS; /* SPARE_KEYS is a multiple of the batch */
-    if ((s = fl_ps_push(w, window, SPARE_BATCH, zeros, &tickets[sent])) == FL_OK) sent++;
-    if (s == FL_OK && (s = fl_ps_push(pw, &zero_key, 1, zeros, &tickets[sent])) == FL_OK) sent++;
-  }
-  for (uint64_t i = 0; i < sent; i++) {
-    fl_status t = fl_ps_wait(i % 2 ? pw : w, tickets[i], NULL);
-    if (s == FL_OK) s = t;
-  }
-  free(tickets);
-  free(keys);
-  return s;
-}
-
 FL_ML_KERNEL fl_status ml_ps_worker_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *varg) {
   task_arg a;
   memcpy(&a, varg, sizeof a);
@@ -409,7 +374,6 @@ FL_ML_KERNEL fl_status ml_ps_worker_partition(uint32_t partition, fl_iter *in, f
   const uint64_t total = (uint64_t)a.epochs * a.steps_per_epoch;
   /* A retried task goes on at the step its lost attempt reached. */
   const uint64_t start = s == FL_OK ? fl_ps_worker_stats_get(w).clock : 0;
-  if (s == FL_OK && start > 0) s = skip_used_numbers(w, pw, start);
   fl_ps_worker_stats last = s == FL_OK ? fl_ps_worker_stats_get(w) : (fl_ps_worker_stats){0};
   uint64_t unreported = 0;
   for (uint64_t t = start; s == FL_OK && t < total; t++) {
