@@ -510,8 +510,12 @@ int cmd_ml(int argc, char **argv) {
   if (model->kind == FL_ML_LINEAR) printf("classes      - (regression)\n");
   else printf("classes      %u%s\n", model->classes, model->classes == 2 ? " (binary)" : " (multinomial)");
   printf("solver       %s\n", solver_name(&a, train));
-  printf("iterations   %u\n", model->num_history);
-  printf("converged    %s\n", model->converged ? "yes" : "no");
+  if (a.train.solver == FL_ML_SOLVER_PS) { /* a fixed number of epochs, no convergence test */
+    printf("epochs       %u\n", model->num_history ? model->history[model->num_history - 1].iteration : 0);
+  } else {
+    printf("iterations   %u\n", model->num_history);
+    printf("converged    %s\n", model->converged ? "yes" : "no");
+  }
   printf("train time   %.2f s\n", model->train_seconds);
   if (fl_ml_evaluate(model, train, &metrics) != FL_OK) goto fail;
   print_metrics("train", model, &metrics);

@@ -523,6 +523,7 @@ static void test_logreg_ps_cluster_curves(void **state) {
   EXPECT_OUT(r, "1048576 features, sparse");
   EXPECT_OUT(r, "solver       ps");
   EXPECT_OUT(r, "epoch   4  loss ");
+  EXPECT_OUT(r, "epochs       4\n");
   assert_true(number_after(r, "train        accuracy ") >= 0.85);
   free(r);
   const char *csv = slurp_file(curves); /* a static buffer */
