@@ -298,7 +298,7 @@ static void test_usage_errors(void **state) {
       {{"linreg", "--data", "d.csv", "--format", "csv", "--solver", "normal", "--l1", "0.1", NULL}, "--l1 has no normal"},
       {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblaster", "--l1", "0.1", NULL},
        "--solver sandblaster takes no --l1"},
-      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblast", NULL}, "or sandblaster)"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblast", NULL}, "gd, sandblaster or ps)"},
       {{"predict", "--data", "d.csv", "--format", "csv", NULL}, "predict needs --model MODEL"},
       {{"evaluate", "--data", "d.csv", "--format", "csv", NULL}, "evaluate needs --model MODEL"},
       {{"predict", "--model", "m.txt", "--format", "csv", NULL}, "--data PATH is required"},
