@@ -56,8 +56,10 @@ static const char ml_usage_text[] =
     "  --l1 L              L1 penalty L |w|_1 on the mean loss, L >= 0 (default 0;\n"
     "                      OWL-QN with lbfgs, proximal steps with gd)\n"
     "  --solver S          auto (default: linreg normal equations up to 4096 features,\n"
-    "                      else lbfgs), normal (linreg only), lbfgs, gd, or sandblaster\n"
+    "                      else lbfgs), normal (linreg only), lbfgs, gd, sandblaster\n"
     "                      (L-BFGS with its vectors on parameter-server shards; no --l1)\n"
+    "                      or ps (logreg with two classes: minibatch SGD through\n"
+    "                      parameter servers; see below)\n"
     "  --iterations N      at most N iterations, N >= 1 (default 100)\n"
     "  --tol T             stop when the gradient norm is <= T, T > 0 (default 1e-6)\n"
     "  --partitions P      partitions of the data, P >= 1 (default 4 per core)\n"
@@ -68,6 +70,22 @@ static const char ml_usage_text[] =
     "                      before training: the model's coefficients are then in\n"
     "                      standardized units, and --test data is scaled the same way\n"
     "  --out MODEL         write the model to the file MODEL (text; docs/ml.md)\n"
+    "\n"
+    "--solver ps (sparse logistic regression as the OSDI'14 parameter server trains it:\n"
+    "the weights live on parameter servers, one worker task per partition pulls its\n"
+    "minibatches' weights and pushes their gradients; --l1, --tol and --iterations are\n"
+    "the batch solvers' and are refused):\n"
+    "  --sync bsp|asp|ssp:S  bsp (default): every worker waits for the others each step;\n"
+    "                      ssp:S: a worker more than S steps ahead of the slowest waits;\n"
+    "                      asp: nobody waits (Downpour)\n"
+    "  --epochs E          passes over the data, E >= 1 (default 10)\n"
+    "  --batch B           rows a worker's step takes, B >= 1 (default 100)\n"
+    "  --lr X              the servers' learning rate, X > 0 (default 0.1)\n"
+    "  --update U          the servers' rule: adagrad (default), sgd or adam\n"
+    "  --ps-fetch N        pull the weights every N steps, N >= 1 (default 1)\n"
+    "  --ps-push N         push the gradients summed over N steps, N >= 1 (default 1)\n"
+    "  --curves FILE       write a CSV row per epoch: epoch, seconds, loss, accuracy,\n"
+    "                      steps, bytes sent and received by the workers\n"
     "  --conf KEY=VALUE    a setting ('flint config' lists them), e.g. log=debug\n"
     "  -h, --help          this text\n"
     "  --version           the version\n"
@@ -110,6 +128,9 @@ typedef struct ml_args {
   bool have_format, standardize;
   uint32_t partitions;
   uint32_t hash_bits; /* 0: none */
+  const char *ps_only; /* the first option only --solver ps takes */
+  const char *batch_only; /* the first option the ps solver refuses */
+  const char *curves;
   fl_ml_train_options train;
 } ml_args;
 
@@ -129,7 +150,7 @@ static int parse_args(int argc, char **argv, ml_args *a) {
   enum {
     OPT_MASTER = 256, OPT_DATA, OPT_FORMAT, OPT_LABELS, OPT_TEST, OPT_TEST_LABELS, OPT_LAMBDA, OPT_L1,
     OPT_SOLVER, OPT_ITERATIONS, OPT_TOL, OPT_PARTITIONS, OPT_OUT, OPT_CLASSES, OPT_STANDARDIZE, OPT_MODEL,
-    OPT_HASH_BITS
+    OPT_HASH_BITS, OPT_SYNC, OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_UPDATE, OPT_PS_FETCH, OPT_PS_PUSH, OPT_CURVES
   };
   static const struct option longopts[] = {
       {"master", required_argument, NULL, OPT_MASTER},
@@ -149,6 +170,14 @@ static int parse_args(int argc, char **argv, ml_args *a) {
       {"classes", required_argument, NULL, OPT_CLASSES},
       {"standardize", no_argument, NULL, OPT_STANDARDIZE},
       {"model", required_argument, NULL, OPT_MODEL},
+      {"sync", required_argument, NULL, OPT_SYNC},
+      {"epochs", required_argument, NULL, OPT_EPOCHS},
+      {"batch", required_argument, NULL, OPT_BATCH},
+      {"lr", required_argument, NULL, OPT_LR},
+      {"update", required_argument, NULL, OPT_UPDATE},
+      {"ps-fetch", required_argument, NULL, OPT_PS_FETCH},
+      {"ps-push", required_argument, NULL, OPT_PS_PUSH},
+      {"curves", required_argument, NULL, OPT_CURVES},
       CLI_COMMON_LONG_OPTIONS,
       {0}};
   *a = (ml_args){.master = "local[*]"};
@@ -158,10 +187,14 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     const char *v = optarg;
     int rc = 0;
     /* The options that only training takes, in the table's order from --test on. */
-    if (!a->train_only && ((c >= OPT_TEST && c <= OPT_TOL) || c == OPT_CLASSES || c == OPT_STANDARDIZE)) {
-      for (const struct option *o = longopts; o->name; o++)
-        if (o->val == c) a->train_only = o->name;
-    }
+    const char *name = NULL;
+    for (const struct option *o = longopts; o->name; o++)
+      if (o->val == c) name = o->name;
+    bool ps_option = c >= OPT_SYNC && c <= OPT_CURVES;
+    if (!a->train_only && ((c >= OPT_TEST && c <= OPT_TOL) || c == OPT_CLASSES || c == OPT_STANDARDIZE || ps_option))
+      a->train_only = name;
+    if (!a->ps_only && ps_option) a->ps_only = name;
+    if (!a->batch_only && (c == OPT_L1 || c == OPT_TOL || c == OPT_ITERATIONS)) a->batch_only = name;
     switch (c) {
     case CLI_OPT_HELP: return -1;
     case CLI_OPT_VERSION: return -2;
@@ -187,8 +220,31 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     }
     case OPT_SOLVER:
       if (fl_ml_solver_parse(v, &a->train.solver) != FL_OK)
-        return ml_usage_error("unknown solver '%s' (auto, normal, lbfgs, gd or sandblaster)", v);
+        return ml_usage_error("unknown solver '%s' (auto, normal, lbfgs, gd, sandblaster or ps)", v);
       break;
+    case OPT_SYNC:
+      if (fl_ml_sync_parse(v, &a->train.ps.sync, &a->train.ps.staleness) != FL_OK)
+        return ml_usage_error("--sync: %s", fl_last_error());
+      break;
+    case OPT_UPDATE:
+      if (fl_ml_ps_update_parse(v, &a->train.ps.update) != FL_OK) return ml_usage_error("--update: %s", fl_last_error());
+      break;
+    case OPT_EPOCHS:
+    case OPT_BATCH:
+    case OPT_PS_FETCH:
+    case OPT_PS_PUSH: {
+      uint32_t n;
+      if (!cli_parse_u32(v, &n) || n < 1 || n > 100000000)
+        return ml_usage_error("--%s '%s' is not a whole number from 1 to 100000000", name, v);
+      *(c == OPT_EPOCHS ? &a->train.ps.epochs : c == OPT_BATCH ? &a->train.ps.batch
+        : c == OPT_PS_FETCH ? &a->train.ps.fetch_every : &a->train.ps.push_every) = n;
+      break;
+    }
+    case OPT_LR:
+      if (!cli_parse_double(v, &a->train.ps.lr) || !(a->train.ps.lr > 0) || !isfinite(a->train.ps.lr))
+        return ml_usage_error("--lr '%s' is not a number > 0", v);
+      break;
+    case OPT_CURVES: a->curves = v; break;
     case OPT_LAMBDA: rc = parse_penalty("--lambda", v, &a->train.l2); break;
     case OPT_L1: rc = parse_penalty("--l1", v, &a->train.l1); break;
     case OPT_TOL:
@@ -242,6 +298,15 @@ static int parse_args(int argc, char **argv, ml_args *a) {
     return ml_usage_error("--labels and --test-labels are for --format idx only (libsvm and csv hold the labels)");
   if (a->test_labels && !a->test) return ml_usage_error("--test-labels needs --test PATH");
   if (!a->logistic && a->train.classes) return ml_usage_error("--classes is for logreg only");
+  if (a->train.solver == FL_ML_SOLVER_PS) {
+    if (!a->logistic) return ml_usage_error("--solver ps is for logreg only");
+    if (a->batch_only)
+      return ml_usage_error("--%s is for the batch solvers (lbfgs, gd), not --solver ps (which takes --epochs, "
+                            "--batch and --lr)", a->batch_only);
+    if (a->train.classes > 2) return ml_usage_error("--solver ps trains two classes, not --classes %u", a->train.classes);
+  } else if (a->ps_only && a->command == ML_TRAIN) {
+    return ml_usage_error("--%s is for --solver ps", a->ps_only);
+  }
   if (a->logistic && a->train.solver == FL_ML_SOLVER_NORMAL)
     return ml_usage_error("--solver normal is for linreg only (logreg: lbfgs or gd)");
   if (!a->logistic && a->train.solver == FL_ML_SOLVER_NORMAL && a->train.l1 > 0)
@@ -261,6 +326,21 @@ static fl_status print_iteration(void *arg, const fl_ml_iteration *it) {
   return FL_OK;
 }
 
+/* The ps solver's curve row: a line on stdout and, with --curves, a CSV row (flushed, so
+ * that the file can be watched while training runs). */
+static fl_status print_epoch(void *arg, const fl_ml_ps_epoch *e) {
+  FILE *csv = arg;
+  printf("epoch %3u  loss %.10f  accuracy %.4f  %.2f s  %.2f MiB sent  %.2f MiB received\n", e->epoch, e->loss,
+         e->accuracy, e->seconds, (double)e->bytes_sent / 1048576.0, (double)e->bytes_received / 1048576.0);
+  fflush(stdout);
+  if (csv) {
+    fprintf(csv, "%u,%.6f,%.10f,%.6f,%llu,%llu,%llu\n", e->epoch, e->seconds, e->loss, e->accuracy,
+            (unsigned long long)e->steps, (unsigned long long)e->bytes_sent, (unsigned long long)e->bytes_received);
+    if (fflush(csv) != 0) return fl_set_error(FL_EIO, "cannot write the curves: %s", strerror(errno));
+  }
+  return FL_OK;
+}
+
 /* The solver that fl_ml_linreg / fl_ml_logreg run for these options (their AUTO rule). */
 static const char *solver_name(const ml_args *a, const fl_ml_data *d) {
   fl_ml_solver s = a->train.solver;
@@ -268,6 +348,7 @@ static const char *solver_name(const ml_args *a, const fl_ml_data *d) {
     s = !a->logistic && a->train.l1 == 0 && d->cols <= a->train.normal_max_features ? FL_ML_SOLVER_NORMAL
                                                                                      : FL_ML_SOLVER_LBFGS;
   switch (s) {
+  case FL_ML_SOLVER_PS: return "ps (minibatch SGD through parameter servers)";
   case FL_ML_SOLVER_NORMAL: return "normal equations (Cholesky)";
   case FL_ML_SOLVER_GD: return a->train.l1 > 0 ? "gd (proximal, L1)" : "gd";
   case FL_ML_SOLVER_SANDBLASTER: return "sandblaster (L-BFGS on parameter-server shards)";
@@ -383,6 +464,11 @@ int cmd_ml(int argc, char **argv) {
   if (rc) return rc;
   if (a.command != ML_TRAIN) return apply_model(&a);
   a.train.progress = print_iteration;
+  FILE *curves = NULL;
+  if (a.train.solver == FL_ML_SOLVER_PS) { /* one line per epoch instead of per iteration */
+    a.train.progress = NULL;
+    a.train.ps.on_epoch = print_epoch;
+  }
 
   fl_context *ctx = NULL;
   fl_ml_data *data = NULL, *scaled = NULL, *test = NULL, *test_scaled = NULL;
@@ -407,6 +493,14 @@ int cmd_ml(int argc, char **argv) {
     printf("standardized %u features (%s), %.2f s; the model is in standardized units\n", data->cols,
            data->sparse ? "unit variance; sparse data is not centred" : "zero mean, unit variance", common_now_s() - t0);
   }
+  if (a.curves) { /* opened before training, so that a bad path fails before the long part */
+    if (!(curves = fopen(a.curves, "w"))) {
+      fl_set_error(FL_EIO, "cannot write the curves to %s: %s", a.curves, strerror(errno));
+      goto fail;
+    }
+    fputs("epoch,seconds,loss,accuracy,steps,bytes_sent,bytes_received\n", curves);
+    a.train.ps.on_epoch_arg = curves;
+  }
   printf("training %s: %s\n", a.logistic ? "logistic regression" : "least squares", solver_name(&a, train));
   fflush(stdout);
   if ((a.logistic ? fl_ml_logreg : fl_ml_linreg)(train, &a.train, &model) != FL_OK) goto fail;
@@ -416,14 +510,27 @@ int cmd_ml(int argc, char **argv) {
   if (model->kind == FL_ML_LINEAR) printf("classes      - (regression)\n");
   else printf("classes      %u%s\n", model->classes, model->classes == 2 ? " (binary)" : " (multinomial)");
   printf("solver       %s\n", solver_name(&a, train));
-  printf("iterations   %u\n", model->num_history);
-  printf("converged    %s\n", model->converged ? "yes" : "no");
+  if (a.train.solver == FL_ML_SOLVER_PS) { /* a fixed number of epochs, no convergence test */
+    printf("epochs       %u\n", model->num_history ? model->history[model->num_history - 1].iteration : 0);
+  } else {
+    printf("iterations   %u\n", model->num_history);
+    printf("converged    %s\n", model->converged ? "yes" : "no");
+  }
   printf("train time   %.2f s\n", model->train_seconds);
   if (fl_ml_evaluate(model, train, &metrics) != FL_OK) goto fail;
   print_metrics("train", model, &metrics);
   if (test) {
     if (fl_ml_evaluate(model, test_scaled ? test_scaled : test, &metrics) != FL_OK) goto fail;
     print_metrics("test", model, &metrics);
+  }
+  if (curves) {
+    bool ok = fclose(curves) == 0;
+    curves = NULL;
+    if (!ok) {
+      fl_set_error(FL_EIO, "cannot write the curves to %s: %s", a.curves, strerror(errno));
+      goto fail;
+    }
+    printf("curves       written to %s\n", a.curves);
   }
   if (a.out) {
     if (fl_ml_model_save(model, a.out) != FL_OK) goto fail;
@@ -433,6 +540,7 @@ int cmd_ml(int argc, char **argv) {
   rc = 0;
 fail:
   if (rc) ml_failure();
+  if (curves) fclose(curves);
   fl_ml_model_free(model);
   fl_ml_data_free(test_scaled);
   fl_ml_data_free(test);

@@ -95,4 +95,11 @@ fl_status ml_sandblaster_fit(ml_glm *p, const fl_ml_train_options *o, fl_ml_mode
 fl_status ml_sum_partitions(fl_dataset *parts, size_t n, uint32_t depth, double *out);
 uint32_t ml_tree_depth(const fl_dataset *ds, uint32_t requested);
 
+/* ---- the parameter-server solver (ps_logreg.c) ------------------------------------------ */
+/* FL_EINVAL naming an option the ps solver does not take or a bad value of its own. */
+fl_status ml_ps_check_options(const fl_ml_train_options *o);
+/* Binary logistic regression through parameter servers into m (a zeroed binary model of
+ * data->cols features): fills its weights, history and converged. */
+fl_status ml_ps_logreg(const fl_ml_data *data, const fl_ml_train_options *o, fl_ml_model *m);
+
 #endif

@@ -18,13 +18,14 @@
 #define DEFAULT_NORMAL_MAX_FEATURES 4096
 
 fl_status fl_ml_solver_parse(const char *name, fl_ml_solver *out) {
-  static const char *const names[] = {"auto", "normal", "lbfgs", "gd", "sandblaster"};
-  for (int i = 0; name && i < 5; i++)
+  static const char *const names[] = {"auto", "normal", "lbfgs", "gd", "sandblaster", "ps"};
+  for (int i = 0; name && i < 6; i++)
     if (strcmp(name, names[i]) == 0) {
       *out = (fl_ml_solver)i;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown solver '%s' (auto, normal, lbfgs, gd or sandblaster)", name ? name : "(null)");
+  return fl_set_error(FL_EINVAL, "unknown solver '%s' (auto, normal, lbfgs, gd, sandblaster or ps)",
+                      name ? name : "(null)");
 }
 
 static fl_status check_options(const fl_ml_data *data, const fl_ml_train_options *o, const char *who) {
@@ -32,7 +33,7 @@ static fl_status check_options(const fl_ml_data *data, const fl_ml_train_options
   if (data->cols == 0) return fl_set_error(FL_EINVAL, "%s: the data has no features", who);
   if (!(o->l2 >= 0) || !(o->l1 >= 0) || !(o->tol >= 0) || !(o->fraction >= 0 && o->fraction <= 1) || !(o->step >= 0))
     return fl_set_error(FL_EINVAL, "%s: l2, l1, tol and step must be >= 0 and fraction in [0, 1]", who);
-  if ((unsigned)o->solver > FL_ML_SOLVER_SANDBLASTER)
+  if ((unsigned)o->solver > FL_ML_SOLVER_PS)
     return fl_set_error(FL_EINVAL, "%s: unknown solver %d", who, (int)o->solver);
   if (o->solver == FL_ML_SOLVER_SANDBLASTER && o->l1 > 0)
     return fl_set_error(FL_EINVAL, "%s: the sandblaster solver is L-BFGS for smooth objectives: no L1 penalty (use "
@@ -256,6 +257,8 @@ fl_status fl_ml_linreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
   if (!out) return fl_set_error(FL_EINVAL, "fl_ml_linreg: out is NULL");
   if (o.solver == FL_ML_SOLVER_NORMAL && o.l1 > 0)
     return fl_set_error(FL_EINVAL, "least squares with an L1 penalty has no normal equations: use lbfgs or gd");
+  if (o.solver == FL_ML_SOLVER_PS)
+    return fl_set_error(FL_EINVAL, "the ps solver trains logistic regression only: use normal, lbfgs or gd");
   fl_ml_model *m = ml_model_new(FL_ML_LINEAR, data->cols, 1, !o.no_intercept);
   if (!m) return fl_set_error(FL_ENOMEM, "out of memory");
   double t0 = ml_now_s();
@@ -310,6 +313,7 @@ fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
   if (!out) return fl_set_error(FL_EINVAL, "fl_ml_logreg: out is NULL");
   if (o.solver == FL_ML_SOLVER_NORMAL)
     return fl_set_error(FL_EINVAL, "logistic regression has no normal equations: use lbfgs or gd");
+  if (o.solver == FL_ML_SOLVER_PS && (s = ml_ps_check_options(&o)) != FL_OK) return s;
   double t0 = ml_now_s();
   uint32_t classes = o.classes;
   if (!classes) {
@@ -336,12 +340,14 @@ fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, f
                           data->labels_integer ? "" : " and are not all integers");
   }
   bool binary = classes == 2;
+  if (o.solver == FL_ML_SOLVER_PS && !binary)
+    return fl_set_error(FL_EINVAL, "the ps solver trains binary logistic regression; the data has %u classes", classes);
   fl_ml_model *m = ml_model_new(binary ? FL_ML_LOGISTIC_BINARY : FL_ML_LOGISTIC_MULTINOMIAL, data->cols, classes,
                                 !o.no_intercept);
   if (!m) return fl_set_error(FL_ENOMEM, "out of memory");
   ml_glm p = {.data = data, .loss = binary ? ML_LOSS_LOGISTIC : ML_LOSS_SOFTMAX, .cols = data->cols,
               .outputs = m->outputs, .intercept = !o.no_intercept, .l2 = o.l2, .tree_depth = o.tree_depth};
-  s = fit_glm(&p, &o, m);
+  s = o.solver == FL_ML_SOLVER_PS ? ml_ps_logreg(data, &o, m) : fit_glm(&p, &o, m);
   m->train_seconds = ml_now_s() - t0;
   if (s != FL_OK) {
     fl_ml_model_free(m);

@@ -298,7 +298,7 @@ static void test_usage_errors(void **state) {
       {{"linreg", "--data", "d.csv", "--format", "csv", "--solver", "normal", "--l1", "0.1", NULL}, "--l1 has no normal"},
       {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblaster", "--l1", "0.1", NULL},
        "--solver sandblaster takes no --l1"},
-      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblast", NULL}, "or sandblaster)"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "sandblast", NULL}, "gd, sandblaster or ps)"},
       {{"predict", "--data", "d.csv", "--format", "csv", NULL}, "predict needs --model MODEL"},
       {{"evaluate", "--data", "d.csv", "--format", "csv", NULL}, "evaluate needs --model MODEL"},
       {{"predict", "--model", "m.txt", "--format", "csv", NULL}, "--data PATH is required"},
@@ -316,6 +316,29 @@ static void test_usage_errors(void **state) {
       {{"logreg", "--data", "d.txt", "--format", "text", "--hash-bits", "0", NULL}, "--hash-bits '0' is not"},
       {{"logreg", "--data", "d.txt", "--format", "text", "--hash-bits", "32", NULL}, "--hash-bits '32' is not"},
       {{"logreg", "--data", "d.csv", "--format", "csv", "--hash-bits", "8", NULL}, "--hash-bits is for --format libsvm"},
+      /* the ps solver's options */
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--sync", "x", NULL}, "unknown sync 'x'"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--sync", "ssp:-2", NULL},
+       "sync 'ssp:-2': the staleness after ssp: must be a whole number"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--sync", "ssp:", NULL}, "sync 'ssp:'"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--l1", "0.1", NULL},
+       "--l1 is for the batch solvers (lbfgs, gd), not --solver ps"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--iterations", "5", NULL},
+       "--iterations is for the batch solvers"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--batch", "0", NULL}, "--batch '0' is not"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--epochs", "0", NULL}, "--epochs '0' is not"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--ps-fetch", "x", NULL}, "--ps-fetch 'x'"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--ps-push", "-1", NULL}, "--ps-push '-1'"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--lr", "0", NULL}, "--lr '0' is not a number > 0"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--update", "rmsprop", NULL},
+       "unknown update 'rmsprop'"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "ps", "--classes", "3", NULL}, "two classes"},
+      {{"linreg", "--data", "d.csv", "--format", "csv", "--solver", "ps", NULL}, "--solver ps is for logreg only"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--sync", "asp", NULL}, "--sync is for --solver ps"},
+      {{"logreg", "--data", "d.svm", "--format", "libsvm", "--solver", "lbfgs", "--curves", "c.csv", NULL},
+       "--curves is for --solver ps"},
+      {{"evaluate", "--model", "m.txt", "--data", "d.csv", "--format", "csv", "--epochs", "3", NULL},
+       "--epochs is for training (linreg, logreg), not evaluate"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     const char *argv[16] = {"ml"};
@@ -480,6 +503,38 @@ static void test_logreg_hashed_text(void **state) {
   free(r);
 }
 
+/* --solver ps on hashed text tokens at 2^20 columns, in a local cluster (the worker tasks run
+ * in executors, the tables on their servers): one line and one --curves row per epoch, and a
+ * model that separates the classes. */
+static void test_logreg_ps_cluster_curves(void **state) {
+  (void)state;
+  const char *path = tmp_file("clicks.txt"), *curves = tmp_file("curves.csv");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 2000; i++) {
+    int ad = (i * 7919) % 37, site = (i * 104729) % 23, y = (ad % 3 == 0) ^ (i % 11 == 0);
+    fprintf(f, "%d ad=%d site=%d hour=%d\n", y, ad, site, i % 24);
+  }
+  assert_int_equal(fclose(f), 0);
+  run_result *r = RUN_FLINT("ml", "logreg", "--master", "local-cluster[2,2,512]", "--data", path, "--format", "text",
+                            "--hash-bits", "20", "--partitions", "4", "--solver", "ps", "--sync", "ssp:1", "--epochs",
+                            "4", "--batch", "25", "--lr", "0.3", "--curves", curves);
+  expect_status(r, 0);
+  EXPECT_OUT(r, "1048576 features, sparse");
+  EXPECT_OUT(r, "solver       ps");
+  EXPECT_OUT(r, "epoch   4  loss ");
+  EXPECT_OUT(r, "epochs       4\n");
+  assert_true(number_after(r, "train        accuracy ") >= 0.85);
+  free(r);
+  const char *csv = slurp_file(curves); /* a static buffer */
+  static const char header[] = "epoch,seconds,loss,accuracy,steps,bytes_sent,bytes_received\n";
+  assert_true(strncmp(csv, header, sizeof header - 1) == 0);
+  int lines = 0;
+  for (const char *p = csv; *p; p++) lines += *p == '\n';
+  assert_true(lines >= 2 && lines <= 5); /* the header and up to one row an epoch, the 4th last */
+  assert_non_null(strstr(csv, "\n4,"));
+}
+
 /* A missing or bad model file, data that does not fit the model, an output that cannot be
  * written: exit 1, one error naming the cause, no predictions and no partial file. */
 static void test_predict_failures(void **state) {
@@ -569,6 +624,7 @@ int main(void) {
       cmocka_unit_test(test_predict_evaluate_logreg),
       cmocka_unit_test(test_predict_failures),
       cmocka_unit_test(test_logreg_hashed_text),
+      cmocka_unit_test(test_logreg_ps_cluster_curves),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

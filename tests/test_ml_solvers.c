@@ -725,7 +725,7 @@ static void test_sandblaster_bad_options(void **state) {
   fl_ml_train_options deep = {.solver = FL_ML_SOLVER_SANDBLASTER, .history = 5000};
   assert_int_equal(fl_ml_logreg(bin, &deep, &m), FL_EINVAL);
   assert_non_null(strstr(fl_last_error(), "5000 pairs"));
-  fl_ml_train_options unknown = {.solver = (fl_ml_solver)(FL_ML_SOLVER_SANDBLASTER + 1)};
+  fl_ml_train_options unknown = {.solver = (fl_ml_solver)(FL_ML_SOLVER_PS + 1)};
   assert_int_equal(fl_ml_logreg(bin, &unknown, &m), FL_EINVAL);
   assert_null(m);
   fl_ml_solver solver;

@@ -344,15 +344,67 @@ FL_ML_API fl_status fl_ml_loss_gradient(const fl_ml_model *m, const fl_ml_data *
  * trial weights and adds its partial gradient into the table, once per evaluation however
  * often speculation or retries run it. Smooth objectives only (l1 must be 0); the vectors
  * are float32 on the servers, so the optimum matches lbfgs's to about 1e-5, not to the last
- * bit (docs/ml.md). */
+ * bit (docs/ml.md).
+ * PS: binary logistic regression by asynchronous minibatch SGD through parameter-server
+ * tables (flint/ps.h), as Li et al.'s OSDI'14 sparse logistic regression; see
+ * fl_ml_ps_options and docs/ml.md. */
 typedef enum fl_ml_solver {
   FL_ML_SOLVER_AUTO,
   FL_ML_SOLVER_NORMAL,
   FL_ML_SOLVER_LBFGS,
   FL_ML_SOLVER_GD,
   FL_ML_SOLVER_SANDBLASTER,
+  FL_ML_SOLVER_PS,
 } fl_ml_solver;
 FL_ML_API fl_status fl_ml_solver_parse(const char *name, fl_ml_solver *out);
+
+/* The consistency model of the ps solver's workers: BSP (every worker waits for the others
+ * each step: SSP with staleness 0, waited on the servers), SSP (a worker more than
+ * `staleness` steps ahead of the slowest waits) or ASP (Downpour: nobody waits). */
+typedef enum fl_ml_sync { FL_ML_SYNC_BSP = 0, FL_ML_SYNC_SSP, FL_ML_SYNC_ASP } fl_ml_sync;
+/* Parses "bsp", "asp" or "ssp:S" (S a whole number from 0 to 1000000; ssp:0 is BSP). */
+FL_ML_API fl_status fl_ml_sync_parse(const char *text, fl_ml_sync *sync, uint32_t *staleness);
+/* The servers' update rule for the pushed gradients (flint/ps.h's): Adagrad (the default,
+ * Downpour's), plain SGD or Adam. */
+typedef enum fl_ml_ps_update { FL_ML_PS_ADAGRAD = 0, FL_ML_PS_SGD, FL_ML_PS_ADAM } fl_ml_ps_update;
+/* Parses "adagrad", "sgd" or "adam". */
+FL_ML_API fl_status fl_ml_ps_update_parse(const char *name, fl_ml_ps_update *out);
+
+/* One row of the ps solver's curves, taken each time the workers together have done another
+ * epoch's worth of steps (every partition's rows once): the objective and accuracy of the
+ * weights on the servers at that moment over the evaluation rows (all training rows up to
+ * eval_rows, else a sample of about eval_rows spread over the partitions), the seconds since
+ * training began and the workers' bytes to and from the servers so far. */
+typedef struct fl_ml_ps_epoch {
+  uint32_t epoch;
+  double loss, accuracy; /* mean log-loss + (l2 / 2)|w|^2 over the evaluation rows' keys */
+  double seconds;
+  uint64_t steps;        /* minibatch steps of all workers so far */
+  uint64_t bytes_sent, bytes_received;
+} fl_ml_ps_epoch;
+
+/* The ps solver's options; zero is each one's default. */
+typedef struct fl_ml_ps_options {
+  fl_ml_sync sync;         /* BSP by default */
+  uint32_t staleness;      /* SSP's bound */
+  uint32_t epochs;         /* passes over the data (0: 10) */
+  uint32_t batch;          /* rows a worker's step takes (0: 100): each worker splits its
+                              partition into ceil(rows / (workers x batch)) steps an epoch */
+  uint32_t fetch_every;    /* n_fetch: pull every this many steps the keys of that many
+                              minibatches (0: 1) */
+  uint32_t push_every;     /* n_push: push the gradients summed over this many steps (0: 1) */
+  fl_ml_ps_update update;
+  double lr;               /* the update's learning rate (0: 0.1) */
+  uint32_t eval_rows;      /* rows the curves are measured on (0: 20000) */
+  /* Called on the calling thread for each curve row; a non-FL_OK return stops training
+   * with that status (the workers are stopped by fl_cancel_jobs, which cancels every job
+   * of the context). */
+  fl_status (*on_epoch)(void *arg, const fl_ml_ps_epoch *e);
+  void *on_epoch_arg;
+  /* Test only: worker fail_worker - 1 fails its task (FL_EIO) as it reaches step fail_step,
+   * unless its attempt began at that step or later (a retried task goes on). 0: never. */
+  uint32_t fail_worker, fail_step;
+} fl_ml_ps_options;
 
 typedef struct fl_ml_train_options {
   fl_ml_solver solver;     /* AUTO: linreg normal equations up to normal_max_features, else
@@ -374,6 +426,9 @@ typedef struct fl_ml_train_options {
   uint32_t tree_depth;     /* gradients' fl_tree_aggregate depth (0: 1 up to 32 partitions, else 2) */
   fl_status (*progress)(void *arg, const fl_ml_iteration *it);
   void *progress_arg;
+  /* solver PS: the workers' options (ignored by the other solvers). The PS solver refuses
+   * l1, fraction, step, history and max_iterations, which are the batch solvers'. */
+  fl_ml_ps_options ps;
 } fl_ml_train_options;
 
 /* Least squares. solver NORMAL: one pass of sufficient statistics (X'X by dsyrk per block,
@@ -381,7 +436,15 @@ typedef struct fl_ml_train_options {
  * singular system is FL_EINVAL naming the cause. The loss minimized by L-BFGS/GD is
  * (1 / 2W) sum w_i (y_i - x_i.w - b)^2 + (l2 / 2) |w|^2, whose optimum is the same. */
 FL_ML_API fl_status fl_ml_linreg(const fl_ml_data *data, const fl_ml_train_options *opt, fl_ml_model **out);
-/* Logistic regression: (1 / W) sum w_i logloss_i + (l2 / 2) |w|^2 + l1 |w|_1. */
+/* Logistic regression: (1 / W) sum w_i logloss_i + (l2 / 2) |w|^2 + l1 |w|_1.
+ * Solver PS (two classes only): the weights (key j for feature j, key cols for the
+ * intercept) live in a sparse parameter-server table made on the data's context; one worker
+ * task per partition (the data is coalesced to the context's task slots first, since every
+ * worker must run at once) runs all epochs, pulling its minibatches' keys and pushing their
+ * gradients, and the calling thread takes a curve row (fl_ml_ps_options.on_epoch, and one
+ * history entry, whose iteration is the epoch) each epoch. The returned model holds every
+ * weight, pulled from the servers at the end (keys never pushed are 0); its
+ * num_history rows are the curve's. Sample weights are honoured in the gradients. */
 FL_ML_API fl_status fl_ml_logreg(const fl_ml_data *data, const fl_ml_train_options *opt, fl_ml_model **out);
 
 #ifdef __cplusplus
