@@ -84,6 +84,12 @@ fl_status ps_shard_push(ps_shard *s, const uint64_t *keys, size_t n, const float
 fl_status ps_shard_pull(const ps_shard *s, const uint64_t *keys, size_t n, float *out);
 /* Overwrites n keys' values (initial weights, a restore); the update state is left alone. */
 fl_status ps_shard_set(ps_shard *s, const uint64_t *keys, size_t n, const float *values);
+/* Dense shards: the keys [lo, lo + count), all this shard's (else FL_EINVAL naming the range),
+ * bit for bit as push, pull and set of those keys, in one pass without a key array (a model's
+ * weights go to the servers as ranges). */
+fl_status ps_shard_push_range(ps_shard *s, uint64_t lo, uint64_t count, const float *grads);
+fl_status ps_shard_pull_range(const ps_shard *s, uint64_t lo, uint64_t count, float *out);
+fl_status ps_shard_set_range(ps_shard *s, uint64_t lo, uint64_t count, const float *values);
 
 /* ---- columns: a dense table of width K holds K vectors over its keys ------------------------
  * Column c of key k is the table's value k * K + c. These operations serve an algorithm whose

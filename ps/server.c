@@ -276,23 +276,8 @@ static fl_status check_values(const ps_shard *sh, uint64_t count, size_t have, c
   return FL_OK;
 }
 
-/* The dense range [lo, lo + count) as keys (the shard's calls take keys). */
-static fl_status range_keys(const ps_shard *sh, uint64_t lo, uint64_t count, fl_buf *keys) {
-  if (ps_shard_spec(sh)->sparse) return fl_set_error(FL_EINVAL, "parameter server: a range of a sparse table");
-  if (count > ps_shard_spec(sh)->keys || lo > ps_shard_spec(sh)->keys - count)
-    return fl_set_error(FL_EINVAL, "parameter server: keys [%llu, %llu) are outside the table's %llu keys",
-                        (unsigned long long)lo, (unsigned long long)(lo + count),
-                        (unsigned long long)ps_shard_spec(sh)->keys);
-  keys->len = 0;
-  if (fl_buf_reserve(keys, count * 8) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
-  uint64_t *k = (uint64_t *)keys->data;
-  for (uint64_t i = 0; i < count; i++) k[i] = lo + i;
-  keys->len = count * 8;
-  return FL_OK;
-}
-
 /* A mutating request: apply once, forward, remember the seq. */
-static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload, fl_buf *keys,
+static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload,
                        uint64_t *clock) {
   uint8_t op = f->op & (uint8_t) ~PS_OP_FORWARDED;
   fl_status st = FL_OK;
@@ -331,11 +316,10 @@ static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf 
   case PS_OP_SET_RANGE: {
     uint64_t count = payload->len / 4 / width;
     st = check_values(sh, count, payload->len, op == PS_OP_PUSH_RANGE ? "push" : "set");
-    if (st == FL_OK) st = range_keys(sh, f->arg, count, keys);
     if (st == FL_OK && op == PS_OP_PUSH_RANGE)
-      st = ps_shard_push(sh, (const uint64_t *)keys->data, (size_t)count, (const float *)payload->data);
+      st = ps_shard_push_range(sh, f->arg, count, (const float *)payload->data);
     else if (st == FL_OK)
-      st = ps_shard_set(sh, (const uint64_t *)keys->data, (size_t)count, (const float *)payload->data);
+      st = ps_shard_set_range(sh, f->arg, count, (const float *)payload->data);
     atomic_fetch_add(&s->pushes, 1);
     break;
   }
@@ -369,7 +353,7 @@ static fl_status apply(ps_server *s, hosted *h, const ps_frame *f, const fl_buf 
   return st;
 }
 
-static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload, fl_buf *keys,
+static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const fl_buf *payload,
                              fl_buf *out, uint64_t *fresh) {
   uint8_t op = f->op;
   pthread_mutex_lock(&h->mu);
@@ -378,7 +362,7 @@ static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const f
   if (!sh) return dropped(f);
   uint64_t width = ps_shard_spec(sh)->width, n;
   fl_status st = FL_OK;
-  const uint64_t *k;
+  const uint64_t *k = NULL; /* NULL: the range [f->arg, f->arg + n) */
   if (op == PS_OP_PULL) {
     n = payload->len / 8;
     if (payload->len % 8 || n != f->arg)
@@ -388,8 +372,7 @@ static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const f
   } else {
     if (payload->len != 8) return fl_set_error(FL_EPROTO, "parameter server: a range pull without its count");
     n = common_get_u64(payload->data);
-    if ((st = range_keys(sh, f->arg, n, keys)) != FL_OK) return st;
-    k = (const uint64_t *)keys->data;
+    if (ps_shard_spec(sh)->sparse) return fl_set_error(FL_EINVAL, "parameter server: a range of a sparse table");
   }
   if (n > (s->max_message / 4) / width)
     return fl_set_error(FL_ELIMIT, "parameter server: a pull of %llu keys would answer over the limit of %llu bytes",
@@ -400,7 +383,9 @@ static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const f
   out->len = 0;
   if (fl_buf_reserve(out, n * width * 4) != FL_OK) return FL_ERR(FL_ENOMEM, "parameter server: out of memory");
   pthread_mutex_lock(&h->mu);
-  st = h->shard ? ps_shard_pull(sh, k, (size_t)n, (float *)out->data) : dropped(f);
+  st = !h->shard ? dropped(f)
+       : k        ? ps_shard_pull(sh, k, (size_t)n, (float *)out->data)
+                  : ps_shard_pull_range(sh, f->arg, n, (float *)out->data);
   pthread_mutex_unlock(&h->mu);
   if (st == FL_OK) out->len = n * width * 4;
   atomic_fetch_add(&s->pulls, 1);
@@ -434,7 +419,7 @@ static fl_status read_column(ps_server *s, hosted *h, const ps_frame *f, const p
 }
 
 /* Serves one request; the answer's payload goes to *out, its clock to *clock. */
-static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, fl_buf *keys, fl_buf *out,
+static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, fl_buf *out,
                        uint64_t *clock) {
   uint8_t op = f->op & (uint8_t) ~PS_OP_FORWARDED;
   hosted *h = NULL;
@@ -451,13 +436,13 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
   case PS_OP_PULL:
   case PS_OP_PULL_RANGE:
     if ((st = find(s, f, false, &h)) != FL_OK) return st;
-    return read_values(s, h, f, payload, keys, out, clock);
+    return read_values(s, h, f, payload, out, clock);
   case PS_OP_COLUMN: {
     ps_column_op c;
     if ((st = ps_wire_column_decode(fl_buf_bytes(payload), &c)) != FL_OK) return st;
     bool mutating = ps_column_mutates(c.kind);
     if ((st = find(s, f, mutating, &h)) != FL_OK) return st;
-    if (mutating) return apply(s, h, f, payload, keys, clock);
+    if (mutating) return apply(s, h, f, payload, clock);
     return read_column(s, h, f, &c, payload->len - PS_WIRE_COLUMN_BYTES, out, clock);
   }
   case PS_OP_SAVE:
@@ -543,14 +528,14 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
   }
   default:
     if ((st = find(s, f, true, &h)) != FL_OK) return st;
-    return apply(s, h, f, payload, keys, clock);
+    return apply(s, h, f, payload, clock);
   }
 }
 
 static void *conn_main(void *arg) {
   conn *c = arg;
   ps_server *s = c->server;
-  fl_buf payload = FL_BUF_INIT, out = FL_BUF_INIT, keys = FL_BUF_INIT;
+  fl_buf payload = FL_BUF_INIT, out = FL_BUF_INIT;
   bool authed = !s->secret;
   for (;;) {
     ps_frame f;
@@ -573,7 +558,7 @@ static void *conn_main(void *arg) {
         if (!authed) st = fl_set_error(FL_EAUTH, "parameter server: the connection's secret is missing or wrong");
         close_after = !authed;
       } else if (f.op != PS_OP_HELLO) {
-        st = serve(s, &f, &payload, &keys, &out, &clock);
+        st = serve(s, &f, &payload, &out, &clock);
       }
     }
     ps_frame r = {.op = (uint8_t)(f.op | PS_OP_REPLY), .status = (uint16_t)st, .table = f.table, .shard = f.shard,
@@ -592,7 +577,6 @@ static void *conn_main(void *arg) {
   }
   fl_buf_free(&payload);
   fl_buf_free(&out);
-  fl_buf_free(&keys);
   shutdown(c->fd, SHUT_RDWR);
   atomic_store(&c->done, true);
   return NULL;

@@ -267,6 +267,46 @@ fl_status ps_shard_set(ps_shard *s, const uint64_t *keys, size_t n, const float 
   return FL_OK;
 }
 
+/* ---- dense ranges: the same arithmetic in one pass, with no key array ---- */
+
+static fl_status check_range(const ps_shard *s, uint64_t lo, uint64_t count, const char *op) {
+  if (s->spec.sparse) return fl_set_error(FL_EINVAL, "parameter server %s: a key range of a sparse table", op);
+  if (count > s->hi - s->lo || lo < s->lo || lo - s->lo > s->hi - s->lo - count)
+    return fl_set_error(FL_EINVAL, "parameter server %s: keys [%llu, %llu) are not within this shard's [%llu, %llu)",
+                        op, (unsigned long long)lo, (unsigned long long)(lo + count), (unsigned long long)s->lo,
+                        (unsigned long long)s->hi);
+  return FL_OK;
+}
+
+fl_status ps_shard_push_range(ps_shard *s, uint64_t lo, uint64_t count, const float *grads) {
+  if (!s || (count && !grads)) return fl_set_error(FL_EINVAL, "parameter server push: NULL argument");
+  fl_status st = check_range(s, lo, count, "push");
+  if (st != FL_OK || count == 0) return st;
+  size_t w = s->spec.width, r0 = lo - s->lo;
+  float *state = s->slots ? s->state + r0 * w * s->slots : NULL;
+  if (s->spec.update.kind != PS_UPDATE_ADAM) { /* elementwise: the range is one long row */
+    update_row(&s->spec.update, count * w, s->values + r0 * w, state, NULL, grads);
+    return FL_OK;
+  }
+  for (uint64_t i = 0; i < count; i++) /* Adam counts its steps per key */
+    update_row(&s->spec.update, w, s->values + (r0 + i) * w, state + i * w * s->slots, s->steps + r0 + i, grads + i * w);
+  return FL_OK;
+}
+
+fl_status ps_shard_pull_range(const ps_shard *s, uint64_t lo, uint64_t count, float *out) {
+  if (!s || (count && !out)) return fl_set_error(FL_EINVAL, "parameter server pull: NULL argument");
+  fl_status st = check_range(s, lo, count, "pull");
+  if (st == FL_OK && count) memcpy(out, s->values + (lo - s->lo) * s->spec.width, count * s->spec.width * sizeof(float));
+  return st;
+}
+
+fl_status ps_shard_set_range(ps_shard *s, uint64_t lo, uint64_t count, const float *values) {
+  if (!s || (count && !values)) return fl_set_error(FL_EINVAL, "parameter server set: NULL argument");
+  fl_status st = check_range(s, lo, count, "set");
+  if (st == FL_OK && count) memcpy(s->values + (lo - s->lo) * s->spec.width, values, count * s->spec.width * sizeof(float));
+  return st;
+}
+
 /* ---- columns ------------------------------------------------------------------------------ */
 
 static const char *const column_names[] = {"?", "push", "set", "pull", "dot", "axpy", "scale", "copy", "fill"};

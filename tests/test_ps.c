@@ -238,6 +238,59 @@ static void test_specs_and_partitions(void **state) {
 }
 
 /* Keys that are not the shard's are refused, naming the key, and nothing changes. */
+/* A dense range pushed, set and pulled in one pass equals the same keys one by one, bit for
+ * bit, for every update function; a range outside the shard, or of a sparse table, is refused. */
+static void test_ranges_equal_keys(void **state) {
+  (void)state;
+  for (int kind = PS_UPDATE_ADD; kind <= PS_UPDATE_ADAM; kind++) {
+    ps_table_spec spec = {.keys = 101, .width = 3, .update = PS_UPDATE_INIT};
+    spec.update.kind = (ps_update_kind)kind;
+    ps_shard *by_keys, *by_range;
+    assert_int_equal(ps_shard_create(&spec, 2, 1, &by_keys), FL_OK); /* keys [51, 101) */
+    assert_int_equal(ps_shard_create(&spec, 2, 1, &by_range), FL_OK);
+    common_rng rng;
+    common_rng_seed(&rng, 7 + (uint64_t)kind);
+    float g[50 * 3], a[50 * 3], b[50 * 3];
+    uint64_t keys[50];
+    for (int round = 0; round < 20; round++) {
+      uint64_t lo = 51 + common_rng_next(&rng) % 50, count = common_rng_next(&rng) % (101 - lo + 1);
+      for (uint64_t i = 0; i < count; i++) keys[i] = lo + i;
+      for (size_t j = 0; j < count * 3; j++) g[j] = (float)(common_rng_uniform(&rng) - 0.5);
+      if (round == 5) {
+        assert_int_equal(ps_shard_set(by_keys, keys, count, g), FL_OK);
+        assert_int_equal(ps_shard_set_range(by_range, lo, count, g), FL_OK);
+      } else {
+        assert_int_equal(ps_shard_push(by_keys, keys, count, g), FL_OK);
+        assert_int_equal(ps_shard_push_range(by_range, lo, count, g), FL_OK);
+      }
+    }
+    for (uint64_t i = 0; i < 50; i++) keys[i] = 51 + i;
+    assert_int_equal(ps_shard_pull(by_keys, keys, 50, a), FL_OK);
+    assert_int_equal(ps_shard_pull_range(by_range, 51, 50, b), FL_OK);
+    assert_memory_equal(a, b, sizeof a);
+    fl_buf ba = FL_BUF_INIT, bb = FL_BUF_INIT; /* the update state too */
+    assert_int_equal(ps_shard_encode(by_keys, &ba), FL_OK);
+    assert_int_equal(ps_shard_encode(by_range, &bb), FL_OK);
+    assert_int_equal(ba.len, bb.len);
+    assert_memory_equal(ba.data, bb.data, ba.len);
+    fl_buf_free(&ba);
+    fl_buf_free(&bb);
+    assert_int_equal(ps_shard_push_range(by_range, 50, 2, g), FL_EINVAL); /* key 50 is shard 0's */
+    assert_non_null(strstr(fl_last_error(), "[50, 52)"));
+    assert_int_equal(ps_shard_pull_range(by_range, 100, 2, a), FL_EINVAL); /* key 101 is outside */
+    assert_int_equal(ps_shard_set_range(by_range, UINT64_MAX, 1, g), FL_EINVAL);
+    ps_shard_destroy(by_keys);
+    ps_shard_destroy(by_range);
+  }
+  ps_table_spec sparse = {.sparse = true, .width = 1, .update = PS_UPDATE_INIT};
+  ps_shard *sp;
+  float v = 0;
+  assert_int_equal(ps_shard_create(&sparse, 1, 0, &sp), FL_OK);
+  assert_int_equal(ps_shard_pull_range(sp, 0, 1, &v), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "sparse"));
+  ps_shard_destroy(sp);
+}
+
 static void test_bad_keys(void **state) {
   (void)state;
   ps_table_spec spec = {.keys = 10, .width = 2, .update = PS_UPDATE_INIT};
@@ -524,6 +577,7 @@ int main(void) {
       cmocka_unit_test(test_specs_and_partitions),
       cmocka_unit_test(test_arithmetic_matches_reference),
       cmocka_unit_test(test_bad_keys),
+      cmocka_unit_test(test_ranges_equal_keys),
       cmocka_unit_test(test_sparse_growth_and_set),
       cmocka_unit_test(test_blob_round_trip_and_damage),
       cmocka_unit_test(test_ssp_bound_holds),
