@@ -102,4 +102,19 @@ fl_status ml_ps_check_options(const fl_ml_train_options *o);
  * data->cols features): fills its weights, history and converged. */
 fl_status ml_ps_logreg(const fl_ml_data *data, const fl_ml_train_options *o, fl_ml_model *m);
 
+/* ---- the strong Wolfe line search (ml/line_search.c) ---- */
+typedef struct ml_ls_point {
+  double step, phi, dphi; /* phi(step) = f(w + step d), phi'(step) = g(w + step d)'d */
+} ml_ls_point;
+/* Evaluates phi and phi' at `step` into *out; a non-finite value must come back as phi = +inf,
+ * which the search reads as "too far". */
+typedef fl_status (*ml_ls_eval_fn)(void *ctx, double step, ml_ls_point *out);
+#define ML_LS_MAX_EVALS 20 /* evaluations a search makes at most */
+/* From phi(0) = phi0 and phi'(0) = dphi0 < 0 and a first trial `step`: on success
+ * found->step > 0 is a step meeting the strong Wolfe conditions (c1 1e-4, c2 0.9), the last
+ * point eval was asked for or, after a zoom, an earlier one (see the callers); found->step 0
+ * when none was found within ML_LS_MAX_EVALS evaluations. eval's failure is returned. */
+fl_status ml_line_search_wolfe(void *ctx, ml_ls_eval_fn eval, double phi0, double dphi0, double step,
+                               ml_ls_point *found);
+
 #endif

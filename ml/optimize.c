@@ -6,7 +6,8 @@
  * scaled identity gamma = s'y / y'y. A pair with s'y <= 1e-10 |s||y| is skipped, so the
  * implied inverse Hessian stays positive definite. The step satisfies the strong Wolfe
  * conditions (c1 1e-4, c2 0.9), found by bracketing and zoom (Algorithms 3.5 and 3.6) with
- * safeguarded cubic interpolation, in at most LS_MAX_EVALS evaluations. The first trial
+ * safeguarded cubic interpolation, in at most ML_LS_MAX_EVALS evaluations (ml/line_search.c,
+ * shared with Sandblaster). The first trial
  * step is 1/|d| while the memory is empty (the first iteration: a unit move along -g), 1
  * afterwards.
  *
@@ -47,7 +48,6 @@ enum {
   HISTORY_FIRST = 16,   /* initial room in out->history */
 };
 #define C1 1e-4             /* sufficient decrease */
-#define C2 0.9              /* curvature (strong Wolfe) */
 #define CURVATURE_EPS 1e-10 /* pairs with s'y below this times |s||y| are skipped */
 #define GD_MAX_GROWTH 1e6   /* GD: the step never exceeds this times opt->step */
 
@@ -238,96 +238,17 @@ static void remember_pair(optim *o) {
 
 /* ---- strong Wolfe line search (smooth L-BFGS) ----------------------------------------------- */
 
-/* phi(step) = f(w + step d) and phi'(step) = g(w + step d)'d. A non-finite value is +inf,
- * which every test below reads as "too far". */
-typedef struct ls_point {
-  double step, phi, dphi;
-} ls_point;
-
-static fl_status ls_eval(optim *o, double step, ls_point *p) {
+/* phi(step) = f(w + step d) and phi'(step) = g(w + step d)'d, the point left in xt, gt. A
+ * non-finite value is +inf, which the search reads as "too far". */
+static fl_status ls_eval(void *ctx, double step, ml_ls_point *p) {
+  optim *o = ctx;
   for (uint32_t i = 0; i < o->n; i++) o->xt[i] = o->w[i] + step * o->d[i];
   double loss;
   fl_status s = evaluate(o, o->xt, 1.0, 0, &loss, o->gt);
   if (s != FL_OK) return s;
-  *p = (ls_point){step, loss, dot(o->gt, o->d, o->n)};
+  *p = (ml_ls_point){step, loss, dot(o->gt, o->d, o->n)};
   if (!isfinite(p->phi) || !isfinite(p->dphi)) p->phi = INFINITY;
   else keep_if_best(o, loss, loss, step);
-  return FL_OK;
-}
-
-/* The minimizer of the cubic that matches phi and phi' at a and b (N&W (3.59)); NaN when
- * the cubic has none. */
-static double cubic_min(ls_point a, ls_point b) {
-  double d1 = a.dphi + b.dphi - 3 * (a.phi - b.phi) / (a.step - b.step);
-  double disc = d1 * d1 - a.dphi * b.dphi;
-  if (!(disc >= 0)) return NAN;
-  double d2 = copysign(sqrt(disc), b.step - a.step);
-  double denom = b.dphi - a.dphi + 2 * d2;
-  if (denom == 0) return NAN;
-  return b.step - (b.step - a.step) * (b.dphi + d2 - d1) / denom;
-}
-
-static bool sufficient_decrease(ls_point p0, ls_point p) { return p.phi <= p0.phi + C1 * p.step * p0.dphi; }
-
-static bool curvature(ls_point p0, ls_point p) { return fabs(p.dphi) <= -C2 * p0.dphi; }
-
-/* Algorithm 3.6. lo has sufficient decrease and the lowest phi so far, and phi'(lo) points
- * towards hi, so an acceptable step lies between them. Trials come from the cubic through
- * both ends, kept 10% of the interval away from either end (else the midpoint); when hi
- * was not finite, from a tenth of the way to it, to get back into the domain quickly. */
-static fl_status zoom(optim *o, ls_point p0, ls_point lo, ls_point hi, int *evals, ls_point *found) {
-  while (*evals < LS_MAX_EVALS) {
-    double left = fmin(lo.step, hi.step), right = fmax(lo.step, hi.step), width = right - left;
-    if (width <= DBL_EPSILON * right) break;
-    double t;
-    if (!isfinite(hi.phi)) {
-      t = lo.step + 0.1 * (hi.step - lo.step);
-    } else {
-      t = cubic_min(lo, hi);
-      if (!(t >= left + 0.1 * width && t <= right - 0.1 * width)) t = left + 0.5 * width;
-    }
-    ls_point p;
-    fl_status s = ls_eval(o, t, &p);
-    if (s != FL_OK) return s;
-    ++*evals;
-    if (!sufficient_decrease(p0, p) || p.phi >= lo.phi) {
-      hi = p;
-      continue;
-    }
-    if (curvature(p0, p)) {
-      *found = p;
-      return FL_OK;
-    }
-    if (p.dphi * (hi.step - lo.step) >= 0) hi = lo;
-    lo = p;
-  }
-  found->step = 0;
-  return FL_OK;
-}
-
-/* Algorithm 3.5: steps grow from `step` until one is acceptable or brackets acceptable
- * ones. On success found->step > 0 and the point is in xt, gt; found->step 0: none. */
-static fl_status line_search_wolfe(optim *o, double step, double dphi0, ls_point *found) {
-  ls_point p0 = {0, o->smooth, dphi0}, prev = p0;
-  int evals = 0;
-  while (evals < LS_MAX_EVALS) {
-    ls_point p;
-    fl_status s = ls_eval(o, step, &p);
-    if (s != FL_OK) return s;
-    evals++;
-    if (!sufficient_decrease(p0, p) || (evals > 1 && p.phi >= prev.phi)) return zoom(o, p0, prev, p, &evals, found);
-    if (curvature(p0, p)) {
-      *found = p;
-      return FL_OK;
-    }
-    if (p.dphi >= 0) return zoom(o, p0, p, prev, &evals, found);
-    /* Still going down: extrapolate by the cubic, by 1.1 to 4 times the step. */
-    double t = cubic_min(prev, p);
-    if (!(t > step)) t = 4 * step;
-    prev = p;
-    step = fmin(fmax(t, 1.1 * step), 4 * step);
-  }
-  found->step = 0;
   return FL_OK;
 }
 
@@ -344,8 +265,8 @@ static fl_status run_lbfgs(optim *o) {
     double step = o->count == 0 ? 1 / norm2(o->d, n) : 1;
     o->best = o->smooth;
     o->best_step = 0;
-    ls_point found;
-    fl_status s = line_search_wolfe(o, step, dphi0, &found);
+    ml_ls_point found;
+    fl_status s = ml_line_search_wolfe(o, ls_eval, o->smooth, dphi0, step, &found);
     if (s != FL_OK) return s;
     if (found.step == 0) return give_up(o);
     remember_pair(o);

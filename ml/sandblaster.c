@@ -33,7 +33,6 @@
  * exactly than optimize.c's double L-BFGS, by a line search that can no longer improve on
  * float steps when tol is tighter than that allows.
  */
-#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -42,12 +41,9 @@
 #include "ml/ml.h"
 
 enum {
-  LS_MAX_EVALS = 20, /* as optimize.c */
   PENDING_MAX = 64,  /* column calls in flight before the coordinator waits for them */
   HISTORY_FIRST = 16,
 };
-#define C1 1e-4
-#define C2 0.9
 #define CURVATURE_EPS 1e-10
 
 /* The roles; pairs start at column ROLES. */
@@ -388,90 +384,19 @@ static fl_status remember_pair(sb *b) {
   return FL_OK;
 }
 
-typedef struct ls_point {
-  double step, phi, dphi;
-} ls_point;
-
-/* XT = W + step D and its loss and gradient. */
-static fl_status ls_eval(sb *b, double step, ls_point *p) {
+/* XT = W + step D and its loss and gradient (ml_line_search_wolfe's callback). */
+static fl_status ls_eval(void *ctx, double step, ml_ls_point *p) {
+  sb *b = ctx;
   fl_status s = copy(b, b->col[W], b->col[XT]);
   if (s == FL_OK) s = axpy(b, step, b->col[D], b->col[XT]);
   double loss = 0, dphi = 0;
   if (s == FL_OK) s = evaluate(b, b->col[XT], b->col[GT], &loss);
   if (s == FL_OK) s = dot1(b, b->col[GT], b->col[D], &dphi);
   if (s != FL_OK) return s;
-  *p = (ls_point){step, loss, dphi};
+  *p = (ml_ls_point){step, loss, dphi};
   if (!isfinite(p->phi) || !isfinite(p->dphi)) p->phi = INFINITY;
   else s = keep_if_best(b, loss, step);
   return s;
-}
-
-static double cubic_min(ls_point a, ls_point c) {
-  double d1 = a.dphi + c.dphi - 3 * (a.phi - c.phi) / (a.step - c.step);
-  double disc = d1 * d1 - a.dphi * c.dphi;
-  if (!(disc >= 0)) return NAN;
-  double d2 = copysign(sqrt(disc), c.step - a.step);
-  double denom = c.dphi - a.dphi + 2 * d2;
-  if (denom == 0) return NAN;
-  return c.step - (c.step - a.step) * (c.dphi + d2 - d1) / denom;
-}
-
-static bool sufficient_decrease(ls_point p0, ls_point p) { return p.phi <= p0.phi + C1 * p.step * p0.dphi; }
-static bool curvature(ls_point p0, ls_point p) { return fabs(p.dphi) <= -C2 * p0.dphi; }
-
-/* found->step 0: none acceptable. An accepted trial is left in XT and GT; zoom may end on an
- * earlier trial, which is then in XB and GB (the best so far, as it had the lowest phi). */
-static fl_status zoom(sb *b, ls_point p0, ls_point lo, ls_point hi, int *evals, ls_point *found) {
-  while (*evals < LS_MAX_EVALS) {
-    double left = fmin(lo.step, hi.step), right = fmax(lo.step, hi.step), width = right - left;
-    if (width <= DBL_EPSILON * right) break;
-    double t;
-    if (!isfinite(hi.phi)) {
-      t = lo.step + 0.1 * (hi.step - lo.step);
-    } else {
-      t = cubic_min(lo, hi);
-      if (!(t >= left + 0.1 * width && t <= right - 0.1 * width)) t = left + 0.5 * width;
-    }
-    ls_point p;
-    fl_status s = ls_eval(b, t, &p);
-    if (s != FL_OK) return s;
-    ++*evals;
-    if (!sufficient_decrease(p0, p) || p.phi >= lo.phi) {
-      hi = p;
-      continue;
-    }
-    if (curvature(p0, p)) {
-      *found = p;
-      return FL_OK;
-    }
-    if (p.dphi * (hi.step - lo.step) >= 0) hi = lo;
-    lo = p;
-  }
-  found->step = 0;
-  return FL_OK;
-}
-
-static fl_status line_search(sb *b, double step, double dphi0, ls_point *found) {
-  ls_point p0 = {0, b->smooth, dphi0}, prev = p0;
-  int evals = 0;
-  while (evals < LS_MAX_EVALS) {
-    ls_point p;
-    fl_status s = ls_eval(b, step, &p);
-    if (s != FL_OK) return s;
-    evals++;
-    if (!sufficient_decrease(p0, p) || (evals > 1 && p.phi >= prev.phi)) return zoom(b, p0, prev, p, &evals, found);
-    if (curvature(p0, p)) {
-      *found = p;
-      return FL_OK;
-    }
-    if (p.dphi >= 0) return zoom(b, p0, p, prev, &evals, found);
-    double t = cubic_min(prev, p);
-    if (!(t > step)) t = 4 * step;
-    prev = p;
-    step = fmin(fmax(t, 1.1 * step), 4 * step);
-  }
-  found->step = 0;
-  return FL_OK;
 }
 
 static fl_status run(sb *b) {
@@ -500,8 +425,8 @@ static fl_status run(sb *b) {
     double step = b->count == 0 ? 1 / sqrt(dd) : 1;
     b->best = b->smooth;
     b->best_step = 0;
-    ls_point found;
-    if ((s = line_search(b, step, dphi0, &found)) != FL_OK) return s;
+    ml_ls_point found;
+    if ((s = ml_line_search_wolfe(b, ls_eval, b->smooth, dphi0, step, &found)) != FL_OK) return s;
     if (found.step == 0) { /* none acceptable: end at the best trial, which is in XB and GB */
       if (b->best_step == 0) return FL_OK;
       swap_roles(b, XT, XB);
