@@ -67,38 +67,6 @@ typedef struct rank_times {
   int picked[MAX_SIZES]; /* the algorithm auto chose */
 } rank_times;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    c += w, n -= (size_t)w;
-  }
-  return 0;
-}
-
-static int read_all(int fd, void *p, size_t n) {
-  char *c = p;
-  while (n) {
-    ssize_t r = read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    c += r, n -= (size_t)r;
-  }
-  return 0;
-}
-
 /* ---- one rank (a child process) ---------------------------------------------------------- */
 
 static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, const char **addrs,
@@ -151,7 +119,7 @@ static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, con
           if (pass == 1) rt->t[a][s][i] = now_s() - t0;
         }
       }
-  rc = write_all(out_fd, rt, sizeof *rt) == 0 ? 0 : 1;
+  rc = bench_write_all(out_fd, rt, sizeof *rt) == 0 ? 0 : 1;
 done:
   fl_tensor_destroy(t);
   fl_comm_destroy(comm);
@@ -195,7 +163,7 @@ static int run_group(const options *o, int p, double med[NALGOS][MAX_SIZES], int
   rank_times *all = calloc((size_t)p, sizeof *all);
   int rc = 0;
   for (int r = 0; r < p; r++)
-    if (!all || read_all(fds[r], &all[r], sizeof *all) != 0) rc = 1;
+    if (!all || bench_read_all(fds[r], &all[r], sizeof *all) != 0) rc = 1;
   for (int r = 0; r < p; r++) {
     int status;
     close(fds[r]);
@@ -215,7 +183,7 @@ static int run_group(const options *o, int p, double med[NALGOS][MAX_SIZES], int
         for (int r = 0; r < p; r++)
           if (all[r].t[a][s][i] > v[i]) v[i] = all[r].t[a][s][i];
       }
-      med[a][s] = median(v, ns);
+      med[a][s] = bench_median(v, ns);
     }
   for (int s = 0; s < nsizes; s++) picked[s] = all[0].picked[s];
   free(all);
@@ -233,7 +201,7 @@ typedef struct sender_arg {
 
 static void *sender_main(void *p) {
   sender_arg *a = p;
-  a->rc = write_all(a->fd, a->buf, a->len);
+  a->rc = bench_write_all(a->fd, a->buf, a->len);
   return NULL;
 }
 
@@ -270,16 +238,16 @@ static int p2p_child(int lfd, bool first, bool duplex, const options *o, int out
         sender_arg a = {fd, buf, sizes[s], 0};
         pthread_t th;
         if (pthread_create(&th, NULL, sender_main, &a) != 0) return 1;
-        int r = read_all(fd, rbuf, sizes[s]);
+        int r = bench_read_all(fd, rbuf, sizes[s]);
         pthread_join(th, NULL);
         if (r != 0 || a.rc != 0) return 1;
         /* a one-byte handshake so that both ends start the next sample together */
-        if (first ? (write_all(fd, &ack, 1) || read_all(fd, &ack, 1)) : (read_all(fd, &ack, 1) || write_all(fd, &ack, 1)))
+        if (first ? (bench_write_all(fd, &ack, 1) || bench_read_all(fd, &ack, 1)) : (bench_read_all(fd, &ack, 1) || bench_write_all(fd, &ack, 1)))
           return 1;
       } else if (first) {
-        if (write_all(fd, buf, sizes[s]) != 0 || read_all(fd, &ack, 1) != 0) return 1;
+        if (bench_write_all(fd, buf, sizes[s]) != 0 || bench_read_all(fd, &ack, 1) != 0) return 1;
       } else {
-        if (read_all(fd, rbuf, sizes[s]) != 0 || write_all(fd, &ack, 1) != 0) return 1;
+        if (bench_read_all(fd, rbuf, sizes[s]) != 0 || bench_write_all(fd, &ack, 1) != 0) return 1;
       }
       if (i >= 0) t[s][i] = now_s() - t0;
     }
@@ -287,7 +255,7 @@ static int p2p_child(int lfd, bool first, bool duplex, const options *o, int out
   close(fd);
   free(buf);
   free(rbuf);
-  if (first && write_all(out_fd, t, sizeof t) != 0) return 1;
+  if (first && bench_write_all(out_fd, t, sizeof t) != 0) return 1;
   return 0;
 }
 
@@ -314,7 +282,7 @@ static int run_p2p(const options *o, bool duplex, double *med) {
   close(pp[1]);
   close(lfd);
   static double t[MAX_SIZES][MAX_SAMPLES];
-  int rc = read_all(pp[0], t, sizeof t) == 0 ? 0 : 1;
+  int rc = bench_read_all(pp[0], t, sizeof t) == 0 ? 0 : 1;
   close(pp[0]);
   for (int k = 0; k < 2; k++) {
     int status;
@@ -324,7 +292,7 @@ static int run_p2p(const options *o, bool duplex, double *med) {
     fprintf(stderr, BENCH_NAME ": the p2p baseline failed\n");
     return 1;
   }
-  for (int s = 0; s < nsizes; s++) med[s] = median(t[s], samples_for(sizes[s], o->scale));
+  for (int s = 0; s < nsizes; s++) med[s] = bench_median(t[s], samples_for(sizes[s], o->scale));
   return 0;
 }
 

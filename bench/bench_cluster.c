@@ -134,22 +134,12 @@ typedef struct options {
   bool skip[NUM_ROWS];
 } options;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* The value at quantile q (0..1) of sorted samples, nearest rank. */
 static double quantile(const double *sorted, size_t n, double q) {
   size_t rank = (size_t)(q * (double)n + 0.999999999);
   if (rank < 1) rank = 1;
   if (rank > n) rank = n;
   return sorted[rank - 1];
-}
-
-static double median_of(double *v, size_t n) {
-  qsort(v, n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* ---- count_cached_16 -------------------------------------------------------------------- */
@@ -201,7 +191,7 @@ static int count_latency(const char *master, count_result *res) {
       sum += (b - a) * 1e3;
     }
   }
-  qsort(samples, COUNTS, sizeof *samples, cmp_double);
+  qsort(samples, COUNTS, sizeof *samples, bench_cmp_double);
   res->p50_ms = quantile(samples, COUNTS, 0.50);
   res->p99_ms = quantile(samples, COUNTS, 0.99);
   res->mean_ms = sum / COUNTS;
@@ -545,7 +535,7 @@ static int bench_bcast(const options *o, bcast_result *res) {
   res->upload_s = res->create_big_s - res->create_tiny_s;
   res->fetch_s = res->job_big_s - res->job_tiny_s;
   res->transfer_s = res->upload_s + res->fetch_s;
-  res->transfer_median_s = median_of(transfers, o->runs);
+  res->transfer_median_s = bench_median(transfers, o->runs);
   double delivered = (double)len * EXECUTORS;
   res->transfer_mbps = delivered / res->transfer_s / 1e6;
   res->upload_mbps = (double)len / res->upload_s / 1e6;

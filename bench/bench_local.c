@@ -87,11 +87,6 @@ typedef struct latency_result {
   bool met;
 } latency_result;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* The value at quantile q (0..1) of sorted samples: the smallest sample with at least a
  * fraction q of the samples at or below it (nearest rank). */
 static double quantile(const double *sorted, size_t n, double q) {
@@ -145,7 +140,7 @@ static int bench_count_latency(const options *o, latency_result *res) {
     samples[i] = (t1 - t0) * 1e6;
     sum += samples[i];
   }
-  qsort(samples, o->iterations, sizeof *samples, cmp_double);
+  qsort(samples, o->iterations, sizeof *samples, bench_cmp_double);
   res->iterations = o->iterations;
   res->p50_us = quantile(samples, o->iterations, 0.50);
   res->p99_us = quantile(samples, o->iterations, 0.99);

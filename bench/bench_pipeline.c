@@ -195,16 +195,6 @@ static fl_status train_rank(void *arg, int rank, fl_comm *comm) {
   return st;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The step time (slowest rank per step, median over steps) and rank 0's median bubble. */
 static void summarize(run *ru, int ranks, double *step_s, double *bubble) {
   double slowest[MAX_STEPS], b[MAX_STEPS];
@@ -213,8 +203,8 @@ static void summarize(run *ru, int ranks, double *step_s, double *bubble) {
     for (int r = 0; r < ranks; r++) slowest[i] = fmax(slowest[i], ru->step_s[r][i]);
     b[i] = ru->bubble[0][i];
   }
-  *step_s = median(slowest, ru->steps);
-  *bubble = median(b, ru->steps);
+  *step_s = bench_median(slowest, ru->steps);
+  *bubble = bench_median(b, ru->steps);
 }
 
 /* Seeded inputs in [-1, 1) and labels for a batch of the spec. */

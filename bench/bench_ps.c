@@ -74,38 +74,6 @@ typedef struct options {
   int samples;
 } options;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    c += w, n -= (size_t)w;
-  }
-  return 0;
-}
-
-static int read_all(int fd, void *p, size_t n) {
-  char *c = p;
-  while (n) {
-    ssize_t r = read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    c += r, n -= (size_t)r;
-  }
-  return 0;
-}
-
 /* ---- children: every process the parent forks is listed, so that any exit kills and reaps
  * them all, and a child closes the parent's pipe ends it inherited (so that closing one in
  * the parent is an end of file to the one child meant) ---- */
@@ -200,7 +168,7 @@ static int server_main(int port_fd, int ctl_fd) {
     return 1;
   }
   int port = ps_server_port(s);
-  int rc = write_all(port_fd, &port, sizeof port) == 0 ? 0 : 1;
+  int rc = bench_write_all(port_fd, &port, sizeof port) == 0 ? 0 : 1;
   close(port_fd);
   char c;
   while (rc == 0 && read(ctl_fd, &c, 1) < 0 && errno == EINTR) {
@@ -242,7 +210,7 @@ static int worker_main(const options *o, ps_map maps[2], uint32_t w, int cmd_fd,
     }
   for (;;) {
     worker_cmd cmd;
-    if (read_all(cmd_fd, &cmd, sizeof cmd) != 0) goto done; /* the parent went away */
+    if (bench_read_all(cmd_fd, &cmd, sizeof cmd) != 0) goto done; /* the parent went away */
     if (cmd.op == CMD_QUIT) break;
     ps_client *pc = c[cmd.table == TABLE_REPLICATED];
     worker_reply r = {.rc = 1};
@@ -277,7 +245,7 @@ static int worker_main(const options *o, ps_map maps[2], uint32_t w, int cmd_fd,
         r.rc = bad < n;
       }
     }
-    if (write_all(reply_fd, &r, sizeof r) != 0 || r.rc != 0) goto done;
+    if (bench_write_all(reply_fd, &r, sizeof r) != 0 || r.rc != 0) goto done;
   }
   rc = 0;
 done:
@@ -360,7 +328,7 @@ static int ps_group_start(const options *o, ps_group *g) {
 /* Sends cmd to the given workers (all: -1) and collects their answers. */
 static int ps_command(ps_group *g, int only, worker_cmd cmd, worker_reply out[WORKERS]) {
   for (int w = 0; w < WORKERS; w++)
-    if ((only < 0 || w == only) && write_all(g->cmd[w], &cmd, sizeof cmd) != 0) {
+    if ((only < 0 || w == only) && bench_write_all(g->cmd[w], &cmd, sizeof cmd) != 0) {
       fprintf(stderr, BENCH_NAME ": worker %d is gone: %s\n", w, strerror(errno));
       return 1;
     }
@@ -380,7 +348,7 @@ static int ps_group_stop(ps_group *g) {
   int rc = 0;
   worker_cmd quit = {.op = CMD_QUIT};
   for (int w = 0; w < WORKERS; w++) {
-    if (write_all(g->cmd[w], &quit, sizeof quit) != 0) rc = 1;
+    if (bench_write_all(g->cmd[w], &quit, sizeof quit) != 0) rc = 1;
     close_fd(g->cmd[w]);
     close_fd(g->reply[w]);
   }
@@ -425,8 +393,8 @@ static int run_ps(const options *o, row *plain, row *replicated) {
     if (ps_command(&g, 0, cmd, r) != 0) return 1;
   }
   if (ps_group_stop(&g) != 0) return 1;
-  *plain = (row){median(t[0], o->samples), bytes[0], WORKERS, 0};
-  *replicated = (row){median(t[1], o->samples), bytes[1], WORKERS, 0};
+  *plain = (row){bench_median(t[0], o->samples), bytes[0], WORKERS, 0};
+  *replicated = (row){bench_median(t[1], o->samples), bytes[1], WORKERS, 0};
   return 0;
 }
 
@@ -474,7 +442,7 @@ static int rank_main(const options *o, fl_comm_endpoint *ep, int rank, const cha
     }
     if (i >= 0) rt.t[i] = now_s() - t0;
   }
-  rc = write_all(out_fd, &rt, sizeof rt) == 0 ? 0 : 1;
+  rc = bench_write_all(out_fd, &rt, sizeof rt) == 0 ? 0 : 1;
 done:
   fl_tensor_destroy(t);
   fl_comm_destroy(comm);
@@ -537,7 +505,7 @@ static int run_ring(const options *o, bool sockets, row *out) {
       if (all[r].t[i] > v[i]) v[i] = all[r].t[i];
   }
   double model = (double)o->floats * sizeof(float);
-  *out = (row){median(v, o->samples), 2.0 * 2.0 * (WORKERS - 1) / WORKERS * model, WORKERS, all[0].single_copy};
+  *out = (row){bench_median(v, o->samples), 2.0 * 2.0 * (WORKERS - 1) / WORKERS * model, WORKERS, all[0].single_copy};
   return 0;
 }
 
@@ -571,15 +539,15 @@ static int tcp_child(const options *o, int lfd, bool worker_side, int out_fd) {
     double t0 = now_s();
     for (int w = 0; w < WORKERS && rc == 0; w++) {
       if (worker_side)
-        rc = write_all(fd, buf, bytes) || read_all(fd, buf, bytes);
+        rc = bench_write_all(fd, buf, bytes) || bench_read_all(fd, buf, bytes);
       else
-        rc = read_all(fd, buf, bytes) || write_all(fd, buf, bytes);
+        rc = bench_read_all(fd, buf, bytes) || bench_write_all(fd, buf, bytes);
     }
     if (i >= 0) t[i] = now_s() - t0;
   }
   close(fd);
   free(buf);
-  if (rc == 0 && worker_side) rc = write_all(out_fd, t, sizeof t);
+  if (rc == 0 && worker_side) rc = bench_write_all(out_fd, t, sizeof t);
   return rc ? 1 : 0;
 }
 
@@ -622,7 +590,7 @@ static int run_tcp(const options *o, row *out) {
     fprintf(stderr, BENCH_NAME ": the loopback tcp baseline failed\n");
     return 1;
   }
-  *out = (row){median(t, o->samples), 2.0 * (double)o->floats * sizeof(float), WORKERS, 0};
+  *out = (row){bench_median(t, o->samples), 2.0 * (double)o->floats * sizeof(float), WORKERS, 0};
   return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "flint/flint.h"
@@ -54,6 +55,40 @@ static inline double bench_json_number(const char *line, const char *key) {
   snprintf(want, sizeof want, "\"%s\": ", key);
   const char *at = strstr(line, want);
   return at ? atof(at + strlen(want)) : 0;
+}
+
+/* qsort's comparison of doubles; the median of v[0, n) (sorted in place; the mean of the two
+ * middle values for an even n). */
+static inline int bench_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static inline double bench_median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, bench_cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* All of n bytes to or from a pipe or socket (retrying EINTR and short transfers): 0, or -1
+ * when it fails or the peer closed. */
+static inline int bench_write_all(int fd, const void *p, size_t n) {
+  const char *c = (const char *)p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    c += w, n -= (size_t)w;
+  }
+  return 0;
+}
+static inline int bench_read_all(int fd, void *p, size_t n) {
+  char *c = (char *)p;
+  while (n) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    c += r, n -= (size_t)r;
+  }
+  return 0;
 }
 
 static inline void fail_flint(const char *what) {

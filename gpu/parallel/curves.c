@@ -184,6 +184,19 @@ static fl_status svg_text(fl_buf *out, const char *text) {
   return s;
 }
 
+/* The document's start: its size, a white background and the title above the panels. */
+static fl_status svg_begin(fl_buf *out, const char *title) {
+  fl_status s = appendf(out,
+                        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                        "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
+                        "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n"
+                        "<text x=\"%d\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">",
+                        SVG_W, SVG_H, SVG_W, SVG_H, SVG_W / 2);
+  if (s == FL_OK) s = svg_text(out, title);
+  if (s == FL_OK) s = appendf(out, "</text>\n");
+  return s;
+}
+
 fl_status curves_svg(const curves *c, const char *title, fl_buf *out) {
   out->len = 0;
   double x1 = 1, lmax = 0;
@@ -197,14 +210,7 @@ fl_status curves_svg(const curves *c, const char *title, fl_buf *out) {
   double lstep = nice_step(lmax, 6);
   panel loss = {0, x1, 0, ceil(lmax / lstep) * lstep, PANEL_LEFT0, PANEL_TOP};
   panel acc = {0, x1, 0, 1, PANEL_LEFT1, PANEL_TOP};
-  fl_status s = appendf(out,
-                        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-                        "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
-                        "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n"
-                        "<text x=\"%d\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">",
-                        SVG_W, SVG_H, SVG_W, SVG_H, SVG_W / 2);
-  if (s == FL_OK) s = svg_text(out, title ? title : "training curves");
-  if (s == FL_OK) s = appendf(out, "</text>\n");
+  fl_status s = svg_begin(out, title ? title : "training curves");
   if (s == FL_OK) s = svg_axes(out, &loss, "loss", "epoch", true, "cross-entropy loss", lstep);
   if (s == FL_OK) s = svg_series(out, &loss, c, offsetof(curves_row, train_loss), "train loss", "#1f77b4", false, 0);
   if (s == FL_OK) s = svg_series(out, &loss, c, offsetof(curves_row, test_loss), "test loss", "#ff7f0e", true, 1);
@@ -389,14 +395,7 @@ fl_status curves_compare_svg(const curves_run *runs, size_t n, const char *title
   double lstep = nice_step(lmax, 6);
   panel by_time = {0, tmax, 0, ceil(lmax / lstep) * lstep, PANEL_LEFT0, PANEL_TOP};
   panel by_bytes = {0, mbmax, 0, ceil(lmax / lstep) * lstep, PANEL_LEFT1, PANEL_TOP};
-  fl_status s = appendf(out,
-                        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-                        "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
-                        "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n"
-                        "<text x=\"%d\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">",
-                        SVG_W, SVG_H, SVG_W, SVG_H, SVG_W / 2);
-  if (s == FL_OK) s = svg_text(out, title ? title : "training loss by run");
-  if (s == FL_OK) s = appendf(out, "</text>\n");
+  fl_status s = svg_begin(out, title ? title : "training loss by run");
   if (s == FL_OK) s = svg_axes(out, &by_time, "against time", "seconds", false, "training loss", lstep);
   for (size_t r = 0; s == FL_OK && r < n; r++)
     s = svg_polyline(out, &by_time, runs[r].elapsed, runs[r].loss, runs[r].n, runs[r].label, palette[r % 10], r >= 10,
