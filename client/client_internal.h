@@ -182,6 +182,8 @@ FL_INTERNAL void client_plan_send_free(remote_context *c);
 /* rdd_runtime_ops.run_job: a RunJob on the driver. Blocks until the job ends. */
 FL_INTERNAL fl_status client_job_run(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                                      const rdd_action *action, fl_buf *results);
+/* rdd_runtime_ops.call_service: one RunJob that the driver answers with the service's reply. */
+FL_INTERNAL fl_status client_call_service(void *impl, rdd *job, const char *name, fl_bytes request, fl_buf *reply);
 
 /* ---- broadcasts (broadcast.c, broadcast_server.c) -------------------------------------- */
 /* What a RunJob tells of the small broadcasts: the ones the driver does not have yet (their

@@ -155,9 +155,9 @@ static fl_status take_reply(remote_context *c, rdd *r, uint64_t operation_id, bo
   return st;
 }
 
-fl_status client_job_run(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
-                         const rdd_action *action, fl_buf *results) {
-  remote_context *c = impl;
+/* A RunJob: the job, or (service not NULL) a service call on r. */
+static fl_status run_on_driver(remote_context *c, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                               const rdd_action *action, const char *service, fl_bytes request, fl_buf *results) {
   client_plan plan;
   fl_status st = client_plan_send_encode(c, r, action, &plan);
   if (st != FL_OK) {
@@ -183,7 +183,11 @@ fl_status client_job_run(void *impl, rdd *r, const uint32_t *parts, uint32_t num
   req.broadcasts = bcasts.ptrs;
   req.n_removed_broadcasts = bcasts.num_removed;
   req.removed_broadcasts = bcasts.removed;
-  bool reports = rdd_barrier_reports_wanted(r);
+  if (service) {
+    req.service = (char *)service;
+    req.service_request = (ProtobufCBinaryData){request.len, (uint8_t *)request.data};
+  }
+  bool reports = !service && rdd_barrier_reports_wanted(r);
   fl_buf reply = FL_BUF_INIT;
   if (reports) st = run_job_with_reports(c, r, &req, &reply);
   else st = client_rpc_call(c->driver, "/flint.Driver/RunJob", &req.base, 0, &reply);
@@ -197,5 +201,22 @@ fl_status client_job_run(void *impl, rdd *r, const uint32_t *parts, uint32_t num
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   if (st == FL_OK) st = take_reply(c, r, req.operation_id, reports, &reply, num_parts, results);
   fl_buf_free(&reply);
+  return st;
+}
+
+fl_status client_job_run(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                         const rdd_action *action, fl_buf *results) {
+  return run_on_driver(impl, r, parts, num_parts, action, NULL, fl_bytes_of(NULL, 0), results);
+}
+
+/* rdd_runtime_ops.call_service: the driver runs the service; its reply is the one result. */
+fl_status client_call_service(void *impl, rdd *job, const char *name, fl_bytes request, fl_buf *reply) {
+  if (job->num_partitions == 0) return FL_ERR(FL_EEMPTY, "fl_service_call: a dataset of no partitions");
+  rdd_action collect = {.kind = RDD_ACTION_COLLECT}; /* carried, not run */
+  uint32_t first = 0;
+  fl_buf result = FL_BUF_INIT;
+  fl_status st = run_on_driver(impl, job, &first, 1, &collect, name, request, &result);
+  if (st == FL_OK && fl_buf_append(reply, result.data, result.len) != FL_OK) st = FL_ERR(FL_ENOMEM, "out of memory");
+  fl_buf_free(&result);
   return st;
 }

@@ -110,6 +110,7 @@ static const rdd_cache_ops remote_cache = {rc_get,        rc_put,          rc_re
                                            rc_shuffle_fetch, rc_shuffle_remove};
 
 static const rdd_runtime_ops remote_runtime = {.run_job = client_job_run,
+                                               .call_service = client_call_service,
                                                .broadcast_created = client_broadcast_created,
                                                .broadcast_destroyed = client_broadcast_destroyed,
                                                .rdd_destroyed = client_plan_send_forget};

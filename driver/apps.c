@@ -21,9 +21,25 @@
 
 /* ---- an application's context in the driver -------------------------------------------- */
 
+/* A job of a service the application's client called (fl_service_call): on the service's
+ * thread, through the scheduler, as a RunJob of the client's would run. The cluster backend
+ * sends executors the action's encoding, so it is encoded here (the services' actions name
+ * no user function). */
 static fl_status app_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t n,
                              const rdd_action *action, fl_buf *results) {
-  return FL_ERR(FL_ESTATE, "the driver runs jobs only for clients");
+  driver_app *app = impl;
+  if (atomic_load(&app->closing))
+    return FL_ERR(FL_ECANCELLED, "application %llu is closing: its service starts no more jobs",
+                  (unsigned long long)app->id);
+  rdd_fn_codec none = {0};
+  fl_buf encoded = FL_BUF_INIT;
+  fl_status st = rdd_action_encode(action, &none, &encoded);
+  if (st != FL_OK) return st;
+  driver_action da = {.action = *action, .encoded = fl_buf_bytes(&encoded)};
+  sched_job_opts opts = {.group = app->id};
+  st = scheduler_run_job(app->sched, r, parts, n, &da.action, &opts, results);
+  fl_buf_free(&encoded);
+  return st;
 }
 static const rdd_runtime_ops app_runtime = {.run_job = app_run_job};
 
@@ -100,6 +116,7 @@ static fl_status app_new(driver_state *d, uint64_t id, const char *name, driver_
   app->id = id;
   snprintf(app->name, sizeof app->name, "%s", name && *name ? name : "unnamed");
   app->cluster = d->cluster;
+  app->sched = d->sched;
   fl_status status = FL_OK;
   FL_CHECK(locations_create(&app->maps));
   FL_CHECK(locations_create(&app->blocks));
@@ -204,6 +221,7 @@ static fl_status app_close(driver_state *d, uint64_t id) {
   app_entry *e = apps_find(d, id);
   driver_app *app = e ? e->app : NULL;
   if (e) e->app = NULL; /* no call finds it any more */
+  if (app) atomic_store(&app->closing, true); /* its services start no more jobs */
   if (app) scheduler_cancel(d->sched, id, 0); /* its running jobs end now */
   while (app && e->users > 0) FL_PCHECK(pthread_cond_wait(&d->changed, &d->lock));
   FL_PCHECK(pthread_mutex_unlock(&d->lock));

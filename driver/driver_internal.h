@@ -92,6 +92,7 @@ typedef struct driver_state {
   uint64_t next_app_id, next_submission_id;
   struct submission *submissions;
   struct driver_placement *placement; /* parameter-server tables (ps_placement.c) */
+  uint32_t services_running;          /* service calls on threads of their own (jobs.c), d->lock */
 } driver_state;
 
 /* In the driver, a job's action is the first member of this, so that the cluster backend
@@ -107,6 +108,8 @@ typedef struct driver_app {
   uint64_t id;
   char name[128];
   cluster_backend *cluster;
+  scheduler *sched;    /* runs the jobs of the services it calls (jobs.c) */
+  atomic_bool closing; /* set as it closes: its services start no more jobs */
   pthread_mutex_t lock; /* everything below */
   rdd_plan *plan;
   char **libraries; /* content ids of its libraries */
@@ -226,6 +229,9 @@ FL_INTERNAL void placement_executor_lost(driver_state *d, uint64_t executor);
 FL_INTERNAL fl_status jobs_run_start(driver_state *d, const rpc_request *call);
 FL_INTERNAL fl_status jobs_handle_fetch_result(driver_state *d, fl_bytes body, fl_buf *response);
 FL_INTERNAL fl_status jobs_handle_cancel(driver_state *d, fl_bytes body, fl_buf *response);
+/* At the driver's end, before the applications go: every application closes to its services
+ * (their jobs are cancelled) and this waits for the service calls to end. */
+FL_INTERNAL void jobs_services_stop(driver_state *d);
 
 /* ---- job binaries (submissions.c) -------------------------------------------------------- */
 FL_INTERNAL fl_status submissions_handle_submit(driver_state *d, fl_bytes body, fl_buf *response);

@@ -232,6 +232,56 @@ static void run_job_ended(void *arg, fl_status status, const char *error) {
   run_job_answer(j, status, error);
 }
 
+/* ---- service calls (fl_service_call) ---- */
+
+/* A service runs on a thread of its own: it runs jobs one after another (each blocks this
+ * thread, not the scheduler's), and the call is answered when it returns. */
+static void *service_main(void *arg) {
+  run_job *j = arg;
+  driver_state *d = j->d;
+  const char *name = j->req->service;
+  fl_service_fn fn = rdd_service_find(name);
+  fl_status st = fn ? fn(j->r, (fl_bytes){j->req->service_request.data, j->req->service_request.len}, &j->results[0])
+                    : FL_ERR(FL_ENOENT, "the driver has no service '%s' (services are registered by the libraries "
+                             "that provide them, and the flint command's driver loads flint's own)", name);
+  run_job_answer(j, st, st == FL_OK ? NULL : fl_last_error());
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  d->services_running--;
+  pthread_cond_broadcast(&d->changed);
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  return NULL;
+}
+
+static fl_status service_start(run_job *j) {
+  driver_state *d = j->d;
+  if (j->req->n_partitions != 1) return FL_ERR(FL_EPROTO, "RunJob: a service call with %zu partitions", j->req->n_partitions);
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  d->services_running++;
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &attr, service_main, j);
+  pthread_attr_destroy(&attr);
+  if (rc == 0) return FL_OK;
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  d->services_running--;
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  return FL_ERR(FL_ENOMEM, "cannot start a thread for service '%s'", j->req->service);
+}
+
+void jobs_services_stop(driver_state *d) {
+  FL_PCHECK(pthread_mutex_lock(&d->lock));
+  for (app_entry *e = d->apps; e; e = e->next)
+    if (e->app) {
+      atomic_store(&e->app->closing, true);
+      scheduler_cancel(d->sched, e->app->id, 0);
+    }
+  while (d->services_running > 0) FL_PCHECK(pthread_cond_wait(&d->changed, &d->lock));
+  FL_PCHECK(pthread_mutex_unlock(&d->lock));
+}
+
 /* Checks and records the request (plan, broadcasts, storage levels, released datasets) and
  * submits its job. */
 fl_status jobs_run_start(driver_state *d, const rpc_request *call) {
@@ -281,6 +331,11 @@ fl_status jobs_run_start(driver_state *d, const rpc_request *call) {
   }
   j->job_id = job_note_start(d, app->id, (uint32_t)req->n_partitions);
   j->call = rpc_defer(call);
+  if (req->service && req->service[0]) {
+    status = service_start(j);
+    if (status != FL_OK) run_job_answer(j, status, fl_last_error());
+    return FL_OK;
+  }
   /* The client's going away (its connection drops) cancels the job, as does CancelJobs. */
   sched_job_opts opts = {.group = app->id, .tag = req->operation_id, .abandoned = rpc_deferred_cancelled(j->call),
                          .reports_left = &j->reports_left, .stats = &j->stats};

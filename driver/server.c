@@ -127,6 +127,7 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   common_log(LOG_INFO, "stopping");
 cleanup:
   atomic_store(&d.leases_stop, true);
+  jobs_services_stop(&d); /* their calls answered while the rpc server can still send */
   rpc_server_stop(d.server); /* every RunJob call answered: the reply pool is idle */
   if (d.lease_started) pthread_join(d.lease_thread, NULL); /* no call holds an application now */
   task_pool_destroy(d.replies);

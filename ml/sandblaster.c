@@ -15,14 +15,24 @@
  * change columns are not waited for: a worker's calls reach each shard in order, so the next
  * dot, whose value the coordinator needs, sees them; pending tickets are waited together.
  *
- * A gradient evaluation at column X into column Gc: the coordinator zeroes Gc, then runs one
- * job over the cached row blocks, a task per partition (ml_sandblaster_partition). Task p
- * opens the table as worker p, pulls column X, computes its partial loss and gradient sums
- * (objective.c's fused kernel) and adds the gradient sums into Gc with
+ * Where the coordinator runs: the fit is one call, fl_service_call of the service
+ * "ml.sandblaster" (registered when libflint_ml loads) on the evaluation job. In local mode it
+ * runs in the caller's process; in cluster mode in the driver, which then runs every
+ * evaluation's job itself, with no round trip to the client (DESIGN: "the fit is one call
+ * from the client, driven by the driver"). The client makes the tables and the job, sends the
+ * coordinator's settings and the tables' handles as the request, gets the history and the
+ * column that holds the weights as the reply, and pulls the weights.
+ *
+ * A gradient evaluation at column X into column Gc: the coordinator zeroes Gc, writes (the
+ * evaluation's number, X, Gc) into a small control table, then runs the one evaluation job
+ * (fl_collect of it) over the cached row blocks, a task per partition
+ * (ml_sandblaster_partition): the job never changes, so that the driver can run it again and
+ * again. Task p reads the control table, pulls column X, computes its partial loss and
+ * gradient sums (objective.c's fused kernel) and adds the gradient sums into Gc with
  * fl_ps_push_range_once(worker p, seq = the evaluation's number): a task run twice (a
  * speculative backup, a retry) pushes the same (worker, seq), which every shard applies
- * once. The task emits its loss and weight sums (16 bytes), which the job adds up; the
- * coordinator then scales Gc by 1 / W and adds the L2 term on the shards.
+ * once. The task emits its loss and weight sums (16 bytes), which the coordinator adds up in
+ * partition order; it then scales Gc by 1 / W and adds the L2 term on the shards.
  *
  * What crosses the network per evaluation: the column X to each task (4n bytes), each task's
  * gradient (4n bytes), 16 bytes per task back through the job, and per vector operation a
@@ -49,27 +59,40 @@ enum {
 /* The roles; pairs start at column ROLES. */
 enum { W, G, XT, GT, D, XB, GB, ROLES };
 
+/* The control table: the evaluation's number (from 1), the column read and the one added to,
+ * as floats (exact far beyond any fit's evaluations and columns). */
+enum { CONTROL_SEQ, CONTROL_X, CONTROL_G, CONTROL_KEYS };
+
 typedef struct sb_task_arg {
   uint32_t loss, cols, outputs, intercept;
-  uint32_t x, g;      /* the columns read and added to */
-  uint64_t seq;       /* the evaluation's number, from 1 */
-  uint32_t handle_len;
-  uint32_t pad;
-  /* then handle_len bytes of the table's handle */
+  uint32_t handle_len, control_len;
+  /* then handle_len bytes of the table's handle, control_len of the control table's */
 } sb_task_arg;
+
+/* The service's request: the coordinator's settings and the two handles after it. */
+typedef struct sb_request {
+  uint32_t version; /* SB_VERSION */
+  uint32_t loss, cols, outputs, intercept, l2_in_sum_units;
+  double l2, tol;
+  uint32_t m, max_iterations, partitions, handle_len, control_len, pad;
+} sb_request;
+/* The reply: these, then num_history fl_ml_iteration rows. */
+typedef struct sb_reply {
+  uint32_t version, converged, w_col, num_history;
+  uint64_t evaluations;
+  double weight_sum;
+} sb_reply;
+#define SB_VERSION 1u
 
 typedef struct sb {
   ml_glm *p;
-  const fl_ml_train_options *o;
-  fl_context *ctx;
-  fl_ps_table *table;
-  fl_ps_worker *w; /* the coordinator: worker `partitions` */
+  fl_dataset *job;  /* the evaluation job */
+  fl_ps_worker *w;  /* the coordinator: worker `partitions` of the table */
+  fl_ps_worker *cw; /* and of the control table */
   uint32_t partitions;
   uint64_t n, ncoef;
   uint32_t m, max_iterations;
   double tol;
-  uint8_t *task_arg; /* sb_task_arg and the handle */
-  size_t task_arg_len;
   uint64_t evaluations;
   uint64_t pending[PENDING_MAX];
   uint32_t npending;
@@ -239,7 +262,7 @@ static void worker_give(fl_bytes h, uint32_t partition, fl_ps_worker *w, bool ok
 FL_ML_KERNEL fl_status ml_sandblaster_partition(uint32_t partition, fl_iter *in, fl_emitter *out, const void *varg) {
   sb_task_arg a;
   memcpy(&a, varg, sizeof a);
-  const uint8_t *handle = (const uint8_t *)varg + sizeof a;
+  const uint8_t *handle = (const uint8_t *)varg + sizeof a, *control = handle + a.handle_len;
   ml_glm p = {.loss = (ml_loss)a.loss, .cols = a.cols, .outputs = a.outputs, .intercept = a.intercept != 0};
   size_t n = (size_t)a.outputs * (a.cols + 1);
   fl_ps_worker *w = NULL;
@@ -247,14 +270,23 @@ FL_ML_KERNEL fl_status ml_sandblaster_partition(uint32_t partition, fl_iter *in,
   double *x = malloc((2 * n + 2) * sizeof *x), *acc = x ? x + n : NULL;
   fl_status s = f && x ? FL_OK : fl_set_error(FL_ENOMEM, "out of memory");
   uint64_t t;
-  fl_bytes h = fl_bytes_of(handle, a.handle_len);
+  fl_bytes h = fl_bytes_of(handle, a.handle_len), ch = fl_bytes_of(control, a.control_len);
+  fl_ps_worker *cw = NULL;
+  float ctl[CONTROL_KEYS];
+  if (s == FL_OK) s = worker_take(ch, partition, &cw); /* which evaluation this is */
+  if (s == FL_OK) s = fl_ps_pull_range(cw, 0, CONTROL_KEYS, ctl, &t);
+  if (s == FL_OK) s = fl_ps_wait(cw, t, NULL);
+  worker_give(ch, partition, cw, s == FL_OK);
+  uint32_t ax = (uint32_t)ctl[CONTROL_X], ag = (uint32_t)ctl[CONTROL_G];
+  uint64_t seq = (uint64_t)ctl[CONTROL_SEQ];
+  if (s == FL_OK && seq == 0) s = fl_set_error(FL_ESTATE, "sandblaster: a task ran before its evaluation was set");
   if (s == FL_OK) s = worker_take(h, partition, &w);
-  if (s == FL_OK) s = fl_ps_pull_column(w, a.x, 0, n, f, &t);
+  if (s == FL_OK) s = fl_ps_pull_column(w, ax, 0, n, f, &t);
   if (s == FL_OK) s = fl_ps_wait(w, t, NULL);
   for (size_t i = 0; s == FL_OK && i < n; i++) x[i] = f[i];
   if (s == FL_OK) s = ml_glm_partition_sums(&p, partition, in, x, acc);
   for (size_t i = 0; s == FL_OK && i < n; i++) f[i] = (float)acc[2 + i];
-  if (s == FL_OK) s = fl_ps_push_range_once(w, a.g, 0, n, f, a.seq, &t);
+  if (s == FL_OK) s = fl_ps_push_range_once(w, ag, 0, n, f, seq, &t);
   if (s == FL_OK) s = fl_ps_wait(w, t, NULL);
   worker_give(h, partition, w, s == FL_OK);
   if (s == FL_OK) s = fl_emit(out, acc, 2 * sizeof *acc);
@@ -271,15 +303,24 @@ static fl_status evaluate(sb *b, uint32_t x, uint32_t g, double *loss) {
   fl_status f = flush(b); /* the zeros are in before any task adds to them */
   if (s == FL_OK) s = f;
   if (s != FL_OK) return s;
-  sb_task_arg *a = (sb_task_arg *)b->task_arg;
-  a->x = x;
-  a->g = g;
-  a->seq = ++b->evaluations;
-  fl_dataset *parts = NULL;
-  double sums[2];
-  s = fl_map_partitions(p->data->blocks, ml_sandblaster_partition, b->task_arg, b->task_arg_len, &parts);
-  if (s == FL_OK) s = ml_sum_partitions(parts, 2, p->tree_depth, sums);
-  fl_dataset_free(parts);
+  float ctl[CONTROL_KEYS] = {(float)++b->evaluations, (float)x, (float)g};
+  s = fl_ps_set_range(b->cw, 0, CONTROL_KEYS, ctl, &t);
+  if (s == FL_OK) s = fl_ps_wait(b->cw, t, NULL); /* set before any task reads it */
+  fl_records *recs = NULL;
+  double sums[2] = {0, 0};
+  if (s == FL_OK) s = fl_collect(b->job, &recs);
+  for (size_t i = 0; s == FL_OK && i < fl_records_count(recs); i++) { /* partition order: the same sums each time */
+    fl_bytes r = fl_records_get(recs, i);
+    double v[2];
+    if (r.len != sizeof v) {
+      s = fl_set_error(FL_EINTERNAL, "sandblaster: a task's sums of %zu bytes", r.len);
+      break;
+    }
+    memcpy(v, r.data, sizeof v);
+    sums[0] += v[0];
+    sums[1] += v[1];
+  }
+  fl_records_free(recs);
   if (s == FL_OK && !(sums[1] > 0)) s = fl_set_error(FL_EEMPTY, "no rows (or only rows of weight 0) to fit");
   if (s != FL_OK) return s;
   double W = sums[1], reg = p->l2_in_sum_units ? p->l2 / W : p->l2, sq = 0;
@@ -309,7 +350,7 @@ static fl_status record(sb *b, double step, uint32_t evaluations) {
                         .step = step, .evaluations = evaluations, .seconds = ml_now_s() - b->start};
   b->history[b->num_history++] = it;
   b->converged = b->grad_norm <= b->tol;
-  return b->o->progress ? b->o->progress(b->o->progress_arg, &it) : FL_OK;
+  return FL_OK; /* the caller reports the rows when the fit returns (the coordinator may be in the driver) */
 }
 
 /* Makes the trial (XT, GT) the current point. */
@@ -442,72 +483,144 @@ static fl_status run(sb *b) {
   return FL_OK;
 }
 
-/* ---- set-up ---- */
+/* ---- the service: the coordinator, where the scheduler is ---- */
 
-fl_status ml_sandblaster_fit(ml_glm *p, const fl_ml_train_options *o, fl_ml_model *m) {
-  sb b = {.p = p, .o = o, .ctx = fl_dataset_context(p->data->blocks)};
-  b.n = (uint64_t)p->outputs * (p->cols + 1);
-  b.ncoef = (uint64_t)p->outputs * p->cols;
-  b.m = o->history ? o->history : 10;
-  b.tol = o->tol ? o->tol : 1e-6;
-  b.max_iterations = o->max_iterations ? o->max_iterations : 100;
-  b.partitions = fl_dataset_partitions(p->data->blocks);
-  if (b.m > 1000) return fl_set_error(FL_EINVAL, "sandblaster: a history of %u pairs (at most 1000)", b.m);
-  if (b.partitions == 0) return fl_set_error(FL_EEMPTY, "sandblaster: the data has no partitions");
-  uint32_t width = ROLES + 2 * (b.m + 1);
-  fl_ps_options po = FL_PS_OPTIONS_INIT;
-  po.keys = b.n;
-  po.width = width;
-  po.update = FL_PS_ADD;
-  po.workers = b.partitions + 1;
-  po.shards = b.n < 64 ? 1 : 0; /* small models on one shard: each call is one round trip */
-  fl_status s = fl_ps_table_create(b.ctx, &po, &b.table);
-  if (s != FL_OK) return s;
-  fl_bytes h = fl_ps_table_handle(b.table);
-  b.task_arg_len = sizeof(sb_task_arg) + h.len;
-  b.task_arg = calloc(1, b.task_arg_len);
+static fl_status reply_put(sb *b, fl_buf *reply) {
+  sb_reply r = {.version = SB_VERSION, .converged = b->converged, .w_col = b->col[W], .num_history = b->num_history,
+                .evaluations = b->p->evaluations, .weight_sum = b->p->weight_sum};
+  if (fl_buf_append(reply, &r, sizeof r) != FL_OK ||
+      fl_buf_append(reply, b->history, (size_t)b->num_history * sizeof *b->history) != FL_OK)
+    return fl_set_error(FL_ENOMEM, "out of memory");
+  return FL_OK;
+}
+
+static fl_status sandblaster_service(fl_dataset *job, fl_bytes request, fl_buf *reply) {
+  sb_request q;
+  if (request.len < sizeof q) return fl_set_error(FL_EINVAL, "ml.sandblaster: a request of %zu bytes", request.len);
+  memcpy(&q, request.data, sizeof q);
+  if (q.version != SB_VERSION || request.len != sizeof q + (size_t)q.handle_len + q.control_len || q.m < 1 ||
+      q.m > 1000 || q.partitions == 0 || q.partitions != fl_dataset_partitions(job))
+    return fl_set_error(FL_EINVAL, "ml.sandblaster: a malformed request (another version, or another job)");
+  ml_glm p = {.loss = (ml_loss)q.loss, .cols = q.cols, .outputs = q.outputs, .intercept = q.intercept != 0,
+              .l2 = q.l2, .l2_in_sum_units = q.l2_in_sum_units != 0};
+  sb b = {.p = &p, .job = job, .partitions = q.partitions, .m = q.m, .tol = q.tol, .max_iterations = q.max_iterations};
+  b.n = (uint64_t)p.outputs * (p.cols + 1);
+  b.ncoef = (uint64_t)p.outputs * p.cols;
   b.s_col = calloc(b.m + 1, sizeof *b.s_col);
   b.y_col = calloc(b.m + 1, sizeof *b.y_col);
   b.ring = calloc(b.m, sizeof *b.ring);
   b.rho = calloc(3 * (size_t)(b.m + 1), sizeof *b.rho);
-  if (!b.task_arg || !b.s_col || !b.y_col || !b.ring || !b.rho) s = fl_set_error(FL_ENOMEM, "out of memory");
+  fl_status s = b.s_col && b.y_col && b.ring && b.rho ? FL_OK : fl_set_error(FL_ENOMEM, "out of memory");
   if (s == FL_OK) {
     b.a = b.rho + b.m + 1;
     b.yy = b.a + b.m + 1;
-    sb_task_arg a = {.loss = p->loss, .cols = p->cols, .outputs = p->outputs, .intercept = p->intercept,
-                     .handle_len = (uint32_t)h.len};
-    memcpy(b.task_arg, &a, sizeof a);
-    memcpy(b.task_arg + sizeof a, h.data, h.len);
     for (uint32_t r = 0; r < ROLES; r++) b.col[r] = r;
     for (uint32_t k = 0; k <= b.m; k++) b.s_col[k] = ROLES + 2 * k, b.y_col[k] = ROLES + 2 * k + 1;
-    b.spare = 0;
-    s = fl_ps_worker_open(h, b.partitions, &b.w);
+    const uint8_t *h = request.data + sizeof q;
+    s = fl_ps_worker_open(fl_bytes_of(h, q.handle_len), b.partitions, &b.w);
+    if (s == FL_OK) s = fl_ps_worker_open(fl_bytes_of(h + q.handle_len, q.control_len), b.partitions, &b.cw);
   }
   b.start = ml_now_s();
   if (s == FL_OK) s = run(&b);
-  if (s == FL_OK) { /* the weights leave the servers once, at the end */
-    float *f = malloc(b.n * sizeof *f);
-    uint64_t t;
-    if (!f) s = fl_set_error(FL_ENOMEM, "out of memory");
-    if (s == FL_OK) s = fl_ps_pull_column(b.w, b.col[W], 0, b.n, f, &t);
-    if (s == FL_OK) s = fl_ps_wait(b.w, t, NULL);
-    for (uint64_t i = 0; s == FL_OK && i < b.n; i++) m->coef[i] = f[i];
-    free(f);
-  }
-  flush(&b);
-  if (s == FL_OK) {
-    m->history = b.history;
-    m->num_history = b.num_history;
-    m->converged = b.converged;
-    b.history = NULL;
-  }
+  fl_status f = flush(&b);
+  if (s == FL_OK) s = f;
+  if (s == FL_OK) s = reply_put(&b, reply);
   fl_ps_worker_close(b.w);
-  fl_ps_table_destroy(b.table);
+  fl_ps_worker_close(b.cw);
   free(b.history);
-  free(b.task_arg);
   free(b.s_col);
   free(b.y_col);
   free(b.ring);
   free(b.rho);
+  return s;
+}
+
+__attribute__((constructor)) static void sandblaster_register(void) {
+  fl_service_register("ml.sandblaster", sandblaster_service);
+}
+
+/* ---- the client's side: tables, the job, one call ---- */
+
+fl_status ml_sandblaster_fit(ml_glm *p, const fl_ml_train_options *o, fl_ml_model *m) {
+  fl_context *ctx = fl_dataset_context(p->data->blocks);
+  uint64_t n = (uint64_t)p->outputs * (p->cols + 1);
+  uint32_t hist = o->history ? o->history : 10, partitions = fl_dataset_partitions(p->data->blocks);
+  if (hist > 1000) return fl_set_error(FL_EINVAL, "sandblaster: a history of %u pairs (at most 1000)", hist);
+  if (partitions == 0) return fl_set_error(FL_EEMPTY, "sandblaster: the data has no partitions");
+  fl_ps_options po = FL_PS_OPTIONS_INIT;
+  po.keys = n;
+  po.width = ROLES + 2 * (hist + 1);
+  po.update = FL_PS_ADD;
+  po.workers = partitions + 1;
+  po.shards = n < 64 ? 1 : 0; /* small models on one shard: each call is one round trip */
+  fl_ps_options co = FL_PS_OPTIONS_INIT;
+  co.keys = CONTROL_KEYS;
+  co.workers = partitions + 1;
+  co.shards = 1;
+  fl_ps_table *table = NULL, *control = NULL;
+  fl_dataset *job = NULL;
+  uint8_t *arg = NULL, *req = NULL;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status s = fl_ps_table_create(ctx, &po, &table);
+  if (s == FL_OK) s = fl_ps_table_create(ctx, &co, &control);
+  fl_bytes h = fl_ps_table_handle(table), ch = fl_ps_table_handle(control);
+  size_t arg_len = sizeof(sb_task_arg) + h.len + ch.len, req_len = sizeof(sb_request) + h.len + ch.len;
+  if (s == FL_OK && (!(arg = calloc(1, arg_len)) || !(req = calloc(1, req_len))))
+    s = fl_set_error(FL_ENOMEM, "out of memory");
+  if (s == FL_OK) {
+    sb_task_arg a = {.loss = p->loss, .cols = p->cols, .outputs = p->outputs, .intercept = p->intercept,
+                     .handle_len = (uint32_t)h.len, .control_len = (uint32_t)ch.len};
+    memcpy(arg, &a, sizeof a);
+    memcpy(arg + sizeof a, h.data, h.len);
+    memcpy(arg + sizeof a + h.len, ch.data, ch.len);
+    sb_request q = {.version = SB_VERSION, .loss = p->loss, .cols = p->cols, .outputs = p->outputs,
+                    .intercept = p->intercept, .l2_in_sum_units = p->l2_in_sum_units, .l2 = p->l2,
+                    .tol = o->tol ? o->tol : 1e-6, .m = hist, .max_iterations = o->max_iterations ? o->max_iterations : 100,
+                    .partitions = partitions, .handle_len = (uint32_t)h.len, .control_len = (uint32_t)ch.len};
+    memcpy(req, &q, sizeof q);
+    memcpy(req + sizeof q, h.data, h.len);
+    memcpy(req + sizeof q + h.len, ch.data, ch.len);
+    s = fl_map_partitions(p->data->blocks, ml_sandblaster_partition, arg, arg_len, &job);
+  }
+  if (s == FL_OK) s = fl_service_call(job, "ml.sandblaster", fl_bytes_of(req, req_len), &reply);
+  sb_reply r = {0};
+  if (s == FL_OK) {
+    if (reply.len >= sizeof r) memcpy(&r, reply.data, sizeof r);
+    if (reply.len < sizeof r || r.version != SB_VERSION ||
+        reply.len != sizeof r + (size_t)r.num_history * sizeof(fl_ml_iteration) || r.w_col >= po.width)
+      s = fl_set_error(FL_EPROTO, "sandblaster: a malformed reply from the coordinator");
+  }
+  if (s == FL_OK) { /* the weights leave the servers once, at the end */
+    fl_ps_worker *w = NULL;
+    float *f = malloc(n * sizeof *f);
+    uint64_t t;
+    if (!f) s = fl_set_error(FL_ENOMEM, "out of memory");
+    if (s == FL_OK) s = fl_ps_worker_open(h, partitions, &w);
+    if (s == FL_OK) s = fl_ps_pull_column(w, r.w_col, 0, n, f, &t);
+    if (s == FL_OK) s = fl_ps_wait(w, t, NULL);
+    for (uint64_t i = 0; s == FL_OK && i < n; i++) m->coef[i] = f[i];
+    fl_ps_worker_close(w);
+    free(f);
+  }
+  if (s == FL_OK && r.num_history && !(m->history = malloc((size_t)r.num_history * sizeof *m->history)))
+    s = fl_set_error(FL_ENOMEM, "out of memory");
+  if (s == FL_OK) {
+    memcpy(m->history, reply.data + sizeof r, (size_t)r.num_history * sizeof *m->history);
+    m->num_history = r.num_history;
+    m->converged = r.converged != 0;
+    p->evaluations = r.evaluations;
+    p->weight_sum = r.weight_sum;
+    /* Progress comes after the fit: the coordinator may have run in the driver. */
+    for (uint32_t i = 0; o->progress && i < r.num_history; i++) {
+      fl_status ps = o->progress(o->progress_arg, &m->history[i]);
+      if (ps != FL_OK) break;
+    }
+  }
+  fl_buf_free(&reply);
+  fl_dataset_free(job);
+  fl_ps_table_destroy(control);
+  fl_ps_table_destroy(table);
+  free(arg);
+  free(req);
   return s;
 }

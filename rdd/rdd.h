@@ -340,7 +340,13 @@ typedef struct rdd_runtime_ops {
   fl_status (*broadcast_created)(void *impl, uint64_t id, uint64_t len);
   void (*broadcast_destroyed)(void *impl, uint64_t id);
   void (*rdd_destroyed)(void *impl, uint64_t id);
+  /* Optional: runs service `name` (fl_service_call) where the scheduler lives; NULL: here,
+   * in this process (rdd/service.c). Blocks until the service returns. */
+  fl_status (*call_service)(void *impl, rdd *job, const char *name, fl_bytes request, fl_buf *reply);
 } rdd_runtime_ops;
+
+/* The service registered under name (rdd/service.c), or NULL. Any thread. */
+FL_INTERNAL fl_service_fn rdd_service_find(const char *name);
 
 typedef struct rdd_block_key {
   uint64_t rdd_id;

@@ -622,6 +622,24 @@ FL_API fl_status fl_accumulator_value(fl_accumulator *acc, fl_buf *out);
 FL_API void fl_accumulator_destroy(fl_accumulator *acc);
 
 /* ---------------------------------------------------------------------------------------
+ * Services: code that drives a job from where the scheduler lives. A service runs actions on
+ * the dataset it is given as often as it needs (an iterative solver's evaluations), so that a
+ * whole computation is one call from the client: in local mode it runs in this process, in
+ * cluster mode in the driver, which then runs each of its jobs without a round trip to the
+ * client. A service may run actions on `job` only (it makes no datasets of its own), and must
+ * be registered in the process that runs it: flint's own libraries register theirs when they
+ * load (libflint-dataflow-ml: "ml.sandblaster"; the flint command's driver has them).
+ * ------------------------------------------------------------------------------------- */
+typedef fl_status (*fl_service_fn)(fl_dataset *job, fl_bytes request, fl_buf *reply);
+/* Registers fn under name (at most 63 bytes; a second registration of a name replaces the
+ * first). FL_EINVAL for a bad name, FL_ELIMIT past 32 services. Any thread. */
+FL_API fl_status fl_service_register(const char *name, fl_service_fn fn);
+/* Runs service `name` on `job` where the context's scheduler is and appends its reply to
+ * *reply. Blocks until the service returns; its status and message are the call's. FL_ENOENT
+ * when no service of that name is registered there (in cluster mode: in the driver). */
+FL_API fl_status fl_service_call(fl_dataset *job, const char *name, fl_bytes request, fl_buf *reply);
+
+/* ---------------------------------------------------------------------------------------
  * Job binaries: a shared library exporting this symbol, run by `flint submit`.
  * ------------------------------------------------------------------------------------- */
 typedef int (*fl_main_fn)(fl_context *ctx, int argc, char **argv);
