@@ -114,16 +114,14 @@ static inline const char *client_work_base(const char *chosen) {
 
 /* ---- parameter-server tables (ps_tables.c) --------------------------------------------- */
 /* The servers a local context runs in its own process for its tables: started with the first
- * table, stopped at close (client_ps_local_stop). Four, so that a shard's primary and each of
- * its backups (three at most) are on servers of their own. */
+ * table (ps_tables.c), stopped when the context closes (local_context.c). Four, so that a
+ * shard's primary and each of its backups (three at most) are on servers of their own. */
 #define CLIENT_PS_LOCAL_SERVERS 4
 typedef struct client_ps_local {
   pthread_mutex_t lock;
   struct ps_server *servers[CLIENT_PS_LOCAL_SERVERS];
   uint32_t next_table;
 } client_ps_local;
-FL_INTERNAL void client_ps_local_init(client_ps_local *p);
-FL_INTERNAL void client_ps_local_stop(client_ps_local *p);
 /* The local context's (local_context.c). */
 FL_INTERNAL client_ps_local *client_local_context_ps(fl_context *ctx);
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "client/client_internal.h"
+#include "ps/ps.h"
 #include "driver/driver.h"
 #include "shuffle/shuffle.h"
 
@@ -39,6 +40,19 @@ typedef struct context_impl {
 } context_impl;
 
 client_ps_local *client_local_context_ps(fl_context *ctx) { return &((context_impl *)ctx)->ps; }
+
+/* The parameter servers' lock and ids; the servers start with the first table (ps_tables.c) and
+ * stop with the context. */
+static void ps_local_init(client_ps_local *p) {
+  memset(p, 0, sizeof *p);
+  FL_PCHECK(pthread_mutex_init(&p->lock, NULL));
+  p->next_table = 1;
+}
+
+static void ps_local_stop(client_ps_local *p) {
+  for (int i = 0; i < CLIENT_PS_LOCAL_SERVERS; i++) ps_server_stop(p->servers[i]);
+  pthread_mutex_destroy(&p->lock);
+}
 
 /* Barrier reports reach the on_report of their dataset on the action's thread. */
 static void deliver_report(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes message) {
@@ -141,7 +155,7 @@ fl_status client_local_context_open(const char *master, const fl_options *option
 
   context_impl *c = common_calloc(1, sizeof *c);
   if (!c) return FL_ERR(FL_ENOMEM, "cannot allocate a context");
-  client_ps_local_init(&c->ps);
+  ps_local_init(&c->ps);
   backend *b = NULL;
   FL_CHECK(make_work_dir(options, &c->work_dir));
   FL_CHECK(block_manager_create(memory, c->work_dir, false, &c->blocks));
@@ -177,7 +191,7 @@ cleanup:
 static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
   scheduler_destroy(c->sched);
-  client_ps_local_stop(&c->ps); /* after the tasks, which may be its workers */
+  ps_local_stop(&c->ps); /* after the tasks, which may be its workers */
   block_manager_destroy(c->blocks);
   rdd_shared_destroy(c->pub.shared);
   map_output_table_destroy(c->pub.map_outputs);

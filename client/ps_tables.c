@@ -26,17 +26,6 @@ struct fl_ps_table {
   ps_client *admin; /* save and load, made on first use */
 };
 
-void client_ps_local_init(client_ps_local *p) {
-  memset(p, 0, sizeof *p);
-  FL_PCHECK(pthread_mutex_init(&p->lock, NULL));
-  p->next_table = 1;
-}
-
-void client_ps_local_stop(client_ps_local *p) {
-  for (int i = 0; i < CLIENT_PS_LOCAL_SERVERS; i++) ps_server_stop(p->servers[i]);
-  pthread_mutex_destroy(&p->lock);
-}
-
 static fl_status spec_of(const fl_ps_options *o, ps_table_spec *out) {
   if ((unsigned)o->update > FL_PS_ADAM) return FL_ERR(FL_EINVAL, "fl_ps_table_create: unknown update function %d", (int)o->update);
   *out = (ps_table_spec){.sparse = o->sparse, .keys = o->keys, .width = o->width,

@@ -215,9 +215,11 @@ typedef struct driver_placement driver_placement;
 FL_INTERNAL fl_status placement_start(driver_state *d);
 FL_INTERNAL void placement_stop(driver_state *d);
 FL_INTERNAL void placement_free(driver_state *d);
-/* CreatePsTable and DropPsTable: rpc handler threads; block on the executors' servers. */
-FL_INTERNAL fl_status placement_handle_create(driver_state *d, fl_bytes body, fl_buf *response);
-FL_INTERNAL fl_status placement_handle_drop(driver_state *d, fl_bytes body, fl_buf *response);
+/* CreatePsTable and DropPsTable for application `app` (handlers.c looked it up): rpc handler
+ * threads; block on the executors' servers. create packs its reply into *response. */
+FL_INTERNAL fl_status placement_create(driver_state *d, uint64_t app, const Flint__CreatePsTableRequest *req,
+                                       fl_buf *response);
+FL_INTERNAL fl_status placement_drop(driver_state *d, uint64_t app, uint32_t table);
 /* An application closed: its tables go. Blocks on the servers. */
 FL_INTERNAL void placement_app_closed(driver_state *d, uint64_t app);
 /* An executor was lost (the scheduler thread): queued for the recovery thread. Never blocks. */

@@ -173,6 +173,28 @@ static fl_status handle_barrier_reports(driver_state *d, fl_bytes body, fl_buf *
   return st;
 }
 
+/* ---- parameter-server tables (ps_placement.c) ---------------------------------------------- */
+
+static fl_status handle_create_ps_table(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__CreatePsTableRequest, req, body, "CreatePsTable");
+  driver_app *app = NULL;
+  fl_status st = apps_lookup(d, req->app_id, req->incarnation, &app);
+  if (st == FL_OK) st = placement_create(d, req->app_id, req, response);
+  apps_unpin(d, app);
+  flint__create_ps_table_request__free_unpacked(req, NULL);
+  return st;
+}
+
+static fl_status handle_drop_ps_table(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__DropPsTableRequest, req, body, "DropPsTable");
+  driver_app *app = NULL;
+  fl_status st = apps_lookup(d, req->app_id, req->incarnation, &app);
+  if (st == FL_OK) st = placement_drop(d, req->app_id, req->table);
+  apps_unpin(d, app);
+  flint__drop_ps_table_request__free_unpacked(req, NULL);
+  return st == FL_OK ? driver_empty_reply(response) : st;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
 /* Task statuses, heartbeats and jobs come all the time and only decode and post to the
@@ -235,7 +257,7 @@ fl_status handlers_dispatch(void *arg, const rpc_request *call, fl_buf *response
   if (strcmp(m, "BarrierReport") == 0) return handle_barrier_report(d, b, response);
   if (strcmp(m, "BarrierCheckpoint") == 0) return handle_barrier_checkpoint(d, b, response);
   if (strcmp(m, "BarrierReports") == 0) return handle_barrier_reports(d, b, response, call);
-  if (strcmp(m, "CreatePsTable") == 0) return placement_handle_create(d, b, response);
-  if (strcmp(m, "DropPsTable") == 0) return placement_handle_drop(d, b, response);
+  if (strcmp(m, "CreatePsTable") == 0) return handle_create_ps_table(d, b, response);
+  if (strcmp(m, "DropPsTable") == 0) return handle_drop_ps_table(d, b, response);
   return FL_ERR(FL_EINVAL, "unknown method %s", call->method);
 }

@@ -259,42 +259,36 @@ static fl_status place(driver_state *d, uint64_t app, const ps_table_spec *spec,
   return FL_OK;
 }
 
-fl_status placement_handle_create(driver_state *d, fl_bytes body, fl_buf *response) {
-  UNPACK(Flint__CreatePsTableRequest, req, body, "CreatePsTable");
-  driver_app *app = NULL;
+fl_status placement_create(driver_state *d, uint64_t app, const Flint__CreatePsTableRequest *req, fl_buf *response) {
   ps_table_spec spec;
-  fl_status st = apps_lookup(d, req->app_id, req->incarnation, &app);
-  if (st == FL_OK) st = spec_of(req->spec, &spec);
+  fl_status st = spec_of(req->spec, &spec);
+  if (st != FL_OK) return st;
   placed_table *t = NULL;
   driver_placement *pl = d->placement;
+  FL_PCHECK(pthread_mutex_lock(&pl->lock));
+  uint32_t backups = req->replicate ? (req->backups ? req->backups : 1) : 0;
+  if (req->replication > PS_REPLICATION_CHAIN)
+    st = FL_ERR(FL_EINVAL, "parameter server: unknown replication %u", req->replication);
+  else
+    st = place(d, app, &spec, req->shards, req->workers, backups, (ps_replication)req->replication, &t);
   if (st == FL_OK) {
-    FL_PCHECK(pthread_mutex_lock(&pl->lock));
-    uint32_t backups = req->replicate ? (req->backups ? req->backups : 1) : 0;
-    if (req->replication > PS_REPLICATION_CHAIN)
-      st = FL_ERR(FL_EINVAL, "parameter server: unknown replication %u", req->replication);
-    else
-      st = place(d, req->app_id, &spec, req->shards, req->workers, backups, (ps_replication)req->replication, &t);
-    if (st == FL_OK) {
-      t->next = pl->tables;
-      pl->tables = t;
-    }
-    Flint__CreatePsTableReply reply = FLINT__CREATE_PS_TABLE_REPLY__INIT;
-    fl_buf handle = FL_BUF_INIT;
-    if (st == FL_OK) st = ps_map_encode(&t->map, &handle);
-    if (st == FL_OK) {
-      reply.table = t->map.table;
-      reply.handle.data = handle.data;
-      reply.handle.len = handle.len;
-      st = proto_pack(&reply.base, response);
-      common_log(LOG_INFO, "parameter server: application %llu made table %u: %u shards, %u backups each%s",
-                 (unsigned long long)req->app_id, t->map.table, t->map.shards, t->backups,
-                 t->backups > 1 && t->map.replication == PS_REPLICATION_CHAIN ? " (chain)" : "");
-    }
-    fl_buf_free(&handle);
-    FL_PCHECK(pthread_mutex_unlock(&pl->lock));
+    t->next = pl->tables;
+    pl->tables = t;
   }
-  apps_unpin(d, app);
-  flint__create_ps_table_request__free_unpacked(req, NULL);
+  Flint__CreatePsTableReply reply = FLINT__CREATE_PS_TABLE_REPLY__INIT;
+  fl_buf handle = FL_BUF_INIT;
+  if (st == FL_OK) st = ps_map_encode(&t->map, &handle);
+  if (st == FL_OK) {
+    reply.table = t->map.table;
+    reply.handle.data = handle.data;
+    reply.handle.len = handle.len;
+    st = proto_pack(&reply.base, response);
+    common_log(LOG_INFO, "parameter server: application %llu made table %u: %u shards, %u backups each%s",
+               (unsigned long long)app, t->map.table, t->map.shards, t->backups,
+               t->backups > 1 && t->map.replication == PS_REPLICATION_CHAIN ? " (chain)" : "");
+  }
+  fl_buf_free(&handle);
+  FL_PCHECK(pthread_mutex_unlock(&pl->lock));
   return st;
 }
 
@@ -318,16 +312,10 @@ static size_t drop_matching(driver_state *d, uint64_t app, bool all, uint32_t id
   return dropped;
 }
 
-fl_status placement_handle_drop(driver_state *d, fl_bytes body, fl_buf *response) {
-  UNPACK(Flint__DropPsTableRequest, req, body, "DropPsTable");
-  driver_app *app = NULL;
-  fl_status st = apps_lookup(d, req->app_id, req->incarnation, &app);
-  if (st == FL_OK && drop_matching(d, req->app_id, false, req->table) == 0)
-    st = FL_ERR(FL_ENOENT, "parameter server: application %llu has no table %u", (unsigned long long)req->app_id,
-                req->table);
-  apps_unpin(d, app);
-  flint__drop_ps_table_request__free_unpacked(req, NULL);
-  return st == FL_OK ? driver_empty_reply(response) : st;
+fl_status placement_drop(driver_state *d, uint64_t app, uint32_t table) {
+  if (drop_matching(d, app, false, table) == 0)
+    return FL_ERR(FL_ENOENT, "parameter server: application %llu has no table %u", (unsigned long long)app, table);
+  return FL_OK;
 }
 
 void placement_app_closed(driver_state *d, uint64_t app) {
