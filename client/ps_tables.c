@@ -1,6 +1,6 @@
 /*
  * ps_tables.c: flint/ps.h's tables as the user's process makes them. A local context hosts
- * them on servers of its own (client_ps_local: two ps_servers on 127.0.0.1, started with the
+ * them on servers of its own (client_ps_local: four ps_servers on 127.0.0.1, started with the
  * first table); a remote context asks its driver (CreatePsTable), which places the shards on
  * the executors' servers (driver/ps_placement.c). Either way the table's handle is its map
  * (ps/map.c), which workers open anywhere (ps/api.c).

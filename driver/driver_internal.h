@@ -93,6 +93,7 @@ typedef struct driver_state {
   struct submission *submissions;
   struct driver_placement *placement; /* parameter-server tables (ps_placement.c) */
   uint32_t services_running;          /* service calls on threads of their own (jobs.c), d->lock */
+  bool services_stopped;              /* jobs_services_stop ran: no service starts (d->lock) */
 } driver_state;
 
 /* In the driver, a job's action is the first member of this, so that the cluster backend

@@ -256,8 +256,10 @@ static fl_status service_start(run_job *j) {
   driver_state *d = j->d;
   if (j->req->n_partitions != 1) return FL_ERR(FL_EPROTO, "RunJob: a service call with %zu partitions", j->req->n_partitions);
   FL_PCHECK(pthread_mutex_lock(&d->lock));
-  d->services_running++;
+  bool stopped = d->services_stopped;
+  if (!stopped) d->services_running++;
   FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  if (stopped) return FL_ERR(FL_ECANCELLED, "the driver is stopping: service '%s' does not start", j->req->service);
   pthread_t t;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -273,6 +275,7 @@ static fl_status service_start(run_job *j) {
 
 void jobs_services_stop(driver_state *d) {
   FL_PCHECK(pthread_mutex_lock(&d->lock));
+  d->services_stopped = true;
   for (app_entry *e = d->apps; e; e = e->next)
     if (e->app) {
       atomic_store(&e->app->closing, true);

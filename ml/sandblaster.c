@@ -211,7 +211,9 @@ static void cache_drop(cached_worker *c) {
   *c = (cached_worker){0};
 }
 
-static fl_status worker_take(fl_bytes h, uint32_t partition, fl_ps_worker **out) {
+/* A fit's tasks use two tables (the vectors and the control): a worker of either is this
+ * fit's (`sibling` is the other handle), and only other fits' idle workers are closed. */
+static fl_status worker_take(fl_bytes h, fl_bytes sibling, uint32_t partition, fl_ps_worker **out) {
   fl_ps_worker *stale[WORKER_CACHE];
   int nstale = 0;
   *out = NULL;
@@ -219,11 +221,11 @@ static fl_status worker_take(fl_bytes h, uint32_t partition, fl_ps_worker **out)
   for (int i = 0; i < WORKER_CACHE; i++) {
     cached_worker *c = &cache[i];
     if (!c->handle || c->busy) continue;
-    if (!same_handle(c, h)) {
+    if (!same_handle(c, h) && !same_handle(c, sibling)) {
       stale[nstale++] = c->w; /* closed outside the lock: closing joins threads */
       c->w = NULL;
       cache_drop(c);
-    } else if (c->partition == partition && !*out) {
+    } else if (same_handle(c, h) && c->partition == partition && !*out) {
       c->busy = true;
       *out = c->w;
     }
@@ -273,14 +275,14 @@ FL_ML_KERNEL fl_status ml_sandblaster_partition(uint32_t partition, fl_iter *in,
   fl_bytes h = fl_bytes_of(handle, a.handle_len), ch = fl_bytes_of(control, a.control_len);
   fl_ps_worker *cw = NULL;
   float ctl[CONTROL_KEYS];
-  if (s == FL_OK) s = worker_take(ch, partition, &cw); /* which evaluation this is */
+  if (s == FL_OK) s = worker_take(ch, h, partition, &cw); /* which evaluation this is */
   if (s == FL_OK) s = fl_ps_pull_range(cw, 0, CONTROL_KEYS, ctl, &t);
   if (s == FL_OK) s = fl_ps_wait(cw, t, NULL);
   worker_give(ch, partition, cw, s == FL_OK);
   uint32_t ax = (uint32_t)ctl[CONTROL_X], ag = (uint32_t)ctl[CONTROL_G];
   uint64_t seq = (uint64_t)ctl[CONTROL_SEQ];
   if (s == FL_OK && seq == 0) s = fl_set_error(FL_ESTATE, "sandblaster: a task ran before its evaluation was set");
-  if (s == FL_OK) s = worker_take(h, partition, &w);
+  if (s == FL_OK) s = worker_take(h, ch, partition, &w);
   if (s == FL_OK) s = fl_ps_pull_column(w, ax, 0, n, f, &t);
   if (s == FL_OK) s = fl_ps_wait(w, t, NULL);
   for (size_t i = 0; s == FL_OK && i < n; i++) x[i] = f[i];

@@ -106,10 +106,18 @@ static fl_status host_shard(ps_server *s, uint32_t table, const ps_host_request 
   hosted *h = s->tables;
   while (h && (h->table != table || h->index != req->index)) h = h->next;
   fl_status st = FL_OK;
+  bool dropped_here = false;
   if (h) {
-    if (!spec_equal(ps_shard_spec(h->shard), &req->spec) || h->shards != req->shards || h->workers != req->workers)
+    pthread_mutex_lock(&h->mu);
+    dropped_here = h->shard == NULL;
+    bool same = !dropped_here && spec_equal(ps_shard_spec(h->shard), &req->spec);
+    pthread_mutex_unlock(&h->mu);
+    if (dropped_here) h = NULL; /* a new entry goes in front of the dropped one: finds see the new one */
+    else if (!same || h->shards != req->shards || h->workers != req->workers)
       st = fl_set_error(FL_EEXIST, "parameter server: table %u shard %u is already hosted here with another spec",
                         table, req->index);
+  }
+  if (h) {
     pthread_mutex_unlock(&s->mu);
     return st;
   }
@@ -357,10 +365,11 @@ static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const f
                              fl_buf *out, uint64_t *fresh) {
   uint8_t op = f->op;
   pthread_mutex_lock(&h->mu);
-  ps_shard *sh = h->shard; /* its spec stays while the reply is made: drops wait for the mutex */
+  ps_shard *sh = h->shard; /* read under the lock only: a drop may free it once it is released */
+  uint64_t width = sh ? ps_shard_spec(sh)->width : 1, n;
+  bool sparse = sh && ps_shard_spec(sh)->sparse;
   pthread_mutex_unlock(&h->mu);
   if (!sh) return dropped(f);
-  uint64_t width = ps_shard_spec(sh)->width, n;
   fl_status st = FL_OK;
   const uint64_t *k = NULL; /* NULL: the range [f->arg, f->arg + n) */
   if (op == PS_OP_PULL) {
@@ -372,7 +381,7 @@ static fl_status read_values(ps_server *s, hosted *h, const ps_frame *f, const f
   } else {
     if (payload->len != 8) return fl_set_error(FL_EPROTO, "parameter server: a range pull without its count");
     n = common_get_u64(payload->data);
-    if (ps_shard_spec(sh)->sparse) return fl_set_error(FL_EINVAL, "parameter server: a range of a sparse table");
+    if (sparse) return fl_set_error(FL_EINVAL, "parameter server: a range of a sparse table");
   }
   if (n > (s->max_message / 4) / width)
     return fl_set_error(FL_ELIMIT, "parameter server: a pull of %llu keys would answer over the limit of %llu bytes",
@@ -514,11 +523,14 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
       if (st2 != FL_OK) return st2;
     }
     pthread_mutex_lock(&h->mu);
-    if (!h->primary)
+    bool first = !h->primary;
+    if (first)
       common_log(LOG_INFO, "parameter server: table %u shard %u: the backup becomes the primary", f->table,
                  f->shard);
     h->primary = true;
-    if (payload->len) {
+    /* Only the promotion that makes it primary sets its targets: a client with an older map
+     * must not undo the backups the driver has given it since (TARGETS does that). */
+    if (payload->len && first) {
       close_targets(h);
       h->num_targets = n;
       memcpy(h->targets, targets, sizeof targets);

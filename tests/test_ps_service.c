@@ -546,6 +546,69 @@ static void test_client_learns_new_replicas(void **state) {
   ps_server_stop(srv[2]);
 }
 
+/* A worker opened with an old map (primary A, backup B) after the driver promoted B and
+ * backed it up on C: its own failover's PROMOTE must not undo B's forwarding to C. */
+static void test_stale_promote_keeps_new_backups(void **state) {
+  (void)state;
+  ps_server *srv[3];
+  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
+  char c_addr[PS_ADDRESS_MAX];
+  snprintf(c_addr, sizeof c_addr, "127.0.0.1:%d", ps_server_port(srv[2]));
+  ps_place place;
+  memset(&place, 0, sizeof place);
+  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
+  snprintf(place.backups[0], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1]));
+  ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
+  ps_map map = {.table = 24, .spec = spec, .shards = 1, .workers = 1, .places = &place};
+  assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
+  ps_server_stop(srv[0]); /* A is lost; the driver promotes B and backs it up on C */
+  assert_int_equal(ps_shard_promote(place.backups[0], NULL, 24, 0, 5000), FL_OK);
+  assert_int_equal(ps_shard_replicate(place.backups[0], NULL, 24, 0, c_addr, 5000), FL_OK);
+  ps_client *c;
+  assert_int_equal(ps_client_create(&map, 0, NULL, 5000, &c), FL_OK); /* fails over to B by itself */
+  float g[4] = {1, 2, 3, 4}, got[4];
+  uint64_t t;
+  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK);
+  wait_ok(c, t);
+  ps_client_destroy(c);
+  ps_server_stop(srv[1]); /* B is lost too: C has the acknowledged push */
+  ps_place at_c;
+  memset(&at_c, 0, sizeof at_c);
+  snprintf(at_c.primary, PS_ADDRESS_MAX, "%s", c_addr);
+  assert_int_equal(ps_shard_promote(c_addr, NULL, 24, 0, 5000), FL_OK);
+  ps_map map_c = {.table = 24, .spec = spec, .shards = 1, .workers = 1, .places = &at_c};
+  assert_int_equal(ps_client_create(&map_c, 0, NULL, 5000, &c), FL_OK);
+  assert_int_equal(ps_client_pull_range(c, 0, 4, got, &t), FL_OK);
+  wait_ok(c, t);
+  assert_memory_equal(got, g, sizeof g);
+  ps_client_destroy(c);
+  ps_server_stop(srv[2]);
+}
+
+/* A table dropped and hosted again under the same id (a retried create) is made afresh: the
+ * dropped entry neither crashes the host nor answers. */
+static void test_host_after_drop(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
+  cluster cl;
+  cluster_start(&cl, 1, 25, &spec, 1, 1, false, NULL);
+  ps_client *c;
+  float g[4] = {1, 1, 1, 1}, got[4];
+  uint64_t t;
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &c), FL_OK);
+  assert_int_equal(ps_client_push_range(c, 0, 4, g, &t), FL_OK);
+  wait_ok(c, t);
+  ps_client_destroy(c);
+  assert_int_equal(ps_shard_drop(cl.places[0].primary, NULL, 25, 0, 5000), FL_OK);
+  assert_int_equal(ps_table_create(&cl.map, NULL, 5000), FL_OK);
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &c), FL_OK);
+  assert_int_equal(ps_client_pull_range(c, 0, 4, got, &t), FL_OK);
+  wait_ok(c, t);
+  for (int k = 0; k < 4; k++) assert_true(got[k] == 0.0f); /* a fresh shard */
+  ps_client_destroy(c);
+  cluster_stop(&cl);
+}
+
 /* ---- checkpoints ---- */
 
 static void test_save_and_load(void **state) {
@@ -876,6 +939,8 @@ int main(void) {
       cmocka_unit_test(test_replicate_to_a_new_backup),
       cmocka_unit_test(test_three_replicas_survive_two_losses),
       cmocka_unit_test(test_client_learns_new_replicas),
+      cmocka_unit_test(test_stale_promote_keeps_new_backups),
+      cmocka_unit_test(test_host_after_drop),
       cmocka_unit_test(test_resend_reaches_the_replica_the_primary_missed),
       cmocka_unit_test(test_save_and_load),
       cmocka_unit_test(test_bad_requests_get_clear_errors),

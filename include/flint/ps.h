@@ -6,7 +6,7 @@
  * sparse (any 64-bit key: hashed features). It is split into shards, dense keys by ranges
  * and sparse keys by a hash, and the shards live on servers: in a cluster every executor
  * runs one and the driver places the shards (primary on one executor, backup on the next);
- * in local mode the context runs two in its own process. A push carries gradients and the
+ * in local mode the context runs four in its own process. A push carries gradients and the
  * shard applies the table's update function to them (add, SGD, Adagrad as Downpour's, Adam);
  * a pull reads values. Workers (tasks, or the client itself) open the table's handle.
  *
