@@ -55,6 +55,12 @@ fl_status ps_table_spec_check(const ps_table_spec *spec);
 /* "add", "sgd", "adagrad", "adam"; FL_EINVAL otherwise. */
 fl_status ps_update_parse(const char *text, ps_update_kind *out);
 const char *ps_update_name(ps_update_kind kind);
+/* An update function as the shard blob and the HOST frame carry it: u32 kind, then lr, beta1,
+ * beta2 and eps as f32 (PS_UPDATE_BYTES, little-endian). get returns the kind as read: the
+ * caller checks it. */
+#define PS_UPDATE_BYTES 20
+void ps_update_put(uint8_t out[PS_UPDATE_BYTES], const ps_update *u);
+uint32_t ps_update_get(const uint8_t in[PS_UPDATE_BYTES], ps_update *u);
 
 /* ---- partitioning ------------------------------------------------------------------------
  * Dense: shard s of S holds [ps_range_lo(s), ps_range_lo(s + 1)), ranges as equal as can be

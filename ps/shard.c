@@ -396,11 +396,7 @@ fl_status ps_shard_encode(const ps_shard *s, fl_buf *out) {
   common_put_u32(p + 16, s->spec.sparse ? 1u : 0u);
   common_put_u32(p + 20, s->spec.width);
   common_put_u64(p + 24, s->spec.keys);
-  common_put_u32(p + 32, (uint32_t)s->spec.update.kind);
-  memcpy(p + 36, &s->spec.update.lr, 4);
-  memcpy(p + 40, &s->spec.update.beta1, 4);
-  memcpy(p + 44, &s->spec.update.beta2, 4);
-  memcpy(p + 48, &s->spec.update.eps, 4);
+  ps_update_put(p + 32, &s->spec.update);
   common_put_u32(p + 52, s->shards);
   common_put_u32(p + 56, s->index);
   common_put_u64(p + 64, s->rows);
@@ -427,11 +423,7 @@ fl_status ps_shard_decode(ps_shard *s, fl_bytes blob) {
     return fl_set_error(FL_EFORMAT, "parameter server shard blob: version %u with a %u-byte header (this flint: %u, %u)",
                         common_get_u32(p + 8), common_get_u32(p + 12), VERSION, HEADER_BYTES);
   ps_table_spec spec = {.sparse = common_get_u32(p + 16) & 1, .width = common_get_u32(p + 20), .keys = common_get_u64(p + 24)};
-  spec.update.kind = (ps_update_kind)common_get_u32(p + 32);
-  memcpy(&spec.update.lr, p + 36, 4);
-  memcpy(&spec.update.beta1, p + 40, 4);
-  memcpy(&spec.update.beta2, p + 44, 4);
-  memcpy(&spec.update.eps, p + 48, 4);
+  ps_update_get(p + 32, &spec.update);
   uint32_t shards = common_get_u32(p + 52), index = common_get_u32(p + 56);
   if (spec.sparse != s->spec.sparse || spec.width != s->spec.width || spec.keys != s->spec.keys ||
       spec.update.kind != s->spec.update.kind || memcmp(&spec.update.lr, &s->spec.update.lr, 4) ||

@@ -10,6 +10,24 @@
 static const char *const update_names[] = {"add", "sgd", "adagrad", "adam"};
 #define UPDATES (sizeof update_names / sizeof update_names[0])
 
+void ps_update_put(uint8_t out[PS_UPDATE_BYTES], const ps_update *u) {
+  common_put_u32(out, (uint32_t)u->kind);
+  memcpy(out + 4, &u->lr, 4);
+  memcpy(out + 8, &u->beta1, 4);
+  memcpy(out + 12, &u->beta2, 4);
+  memcpy(out + 16, &u->eps, 4);
+}
+
+uint32_t ps_update_get(const uint8_t in[PS_UPDATE_BYTES], ps_update *u) {
+  uint32_t kind = common_get_u32(in);
+  u->kind = (ps_update_kind)kind;
+  memcpy(&u->lr, in + 4, 4);
+  memcpy(&u->beta1, in + 8, 4);
+  memcpy(&u->beta2, in + 12, 4);
+  memcpy(&u->eps, in + 16, 4);
+  return kind;
+}
+
 fl_status ps_update_parse(const char *text, ps_update_kind *out) {
   for (unsigned i = 0; text && i < UPDATES; i++)
     if (strcmp(text, update_names[i]) == 0) {

@@ -135,11 +135,7 @@ fl_status ps_wire_host_encode(const ps_host_request *h, fl_buf *out) {
   b[0] = h->spec.sparse;
   common_put_u32(b + 4, h->spec.width);
   common_put_u64(b + 8, h->spec.keys);
-  common_put_u32(b + 16, (uint32_t)h->spec.update.kind);
-  memcpy(b + 20, &h->spec.update.lr, 4);
-  memcpy(b + 24, &h->spec.update.beta1, 4);
-  memcpy(b + 28, &h->spec.update.beta2, 4);
-  memcpy(b + 32, &h->spec.update.eps, 4);
+  ps_update_put(b + 16, &h->spec.update);
   common_put_u32(b + 36, h->shards);
   common_put_u32(b + 40, h->index);
   common_put_u32(b + 44, h->workers);
@@ -158,13 +154,8 @@ fl_status ps_wire_host_decode(fl_bytes in, ps_host_request *h) {
   h->spec.sparse = in.data[0] != 0;
   h->spec.width = common_get_u32(in.data + 4);
   h->spec.keys = common_get_u64(in.data + 8);
-  uint32_t kind = common_get_u32(in.data + 16);
+  uint32_t kind = ps_update_get(in.data + 16, &h->spec.update);
   if (kind > PS_UPDATE_ADAM) return fl_set_error(FL_EPROTO, "parameter server: unknown update function %u", kind);
-  h->spec.update.kind = (ps_update_kind)kind;
-  memcpy(&h->spec.update.lr, in.data + 20, 4);
-  memcpy(&h->spec.update.beta1, in.data + 24, 4);
-  memcpy(&h->spec.update.beta2, in.data + 28, 4);
-  memcpy(&h->spec.update.eps, in.data + 32, 4);
   h->shards = common_get_u32(in.data + 36);
   h->index = common_get_u32(in.data + 40);
   h->workers = common_get_u32(in.data + 44);

@@ -430,15 +430,23 @@ static void test_replicate_to_a_new_backup(void **state) {
   assert_non_null(strstr(fl_last_error(), fresh_addr));
 }
 
+/* Three servers on loopback: a place with its primary on the first and `backups` backups on
+ * the next; *spare (may be NULL) gets the third's address. */
+static void three_servers(ps_server *srv[3], ps_place *place, int backups, char spare[PS_ADDRESS_MAX]) {
+  memset(place, 0, sizeof *place);
+  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
+  snprintf(place->primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
+  for (int b = 0; b < backups; b++)
+    snprintf(place->backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1 + b]));
+  if (spare) snprintf(spare, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[2]));
+}
+
 /* Three replicas of each shard, primary-backup and chain: the primary and then the first
  * backup go, and the last replica serves everything that was acknowledged. */
 static void check_two_losses(ps_replication mode) {
   ps_server *srv[3];
   ps_place place;
-  memset(&place, 0, sizeof place);
-  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
-  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
-  for (int b = 0; b < 2; b++) snprintf(place.backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1 + b]));
+  three_servers(srv, &place, 2, NULL);
   ps_table_spec spec = {.keys = 8, .width = 1, .update = PS_UPDATE_INIT};
   spec.update.kind = PS_UPDATE_ADAGRAD;
   ps_map map = {.table = 21, .spec = spec, .shards = 1, .workers = 1, .replication = mode, .places = &place};
@@ -479,10 +487,7 @@ static void test_resend_reaches_the_replica_the_primary_missed(void **state) {
   (void)state;
   ps_server *srv[3];
   ps_place place;
-  memset(&place, 0, sizeof place);
-  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
-  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
-  for (int b = 0; b < 2; b++) snprintf(place.backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1 + b]));
+  three_servers(srv, &place, 2, NULL);
   ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
   ps_map map = {.table = 22, .spec = spec, .shards = 1, .workers = 1, .places = &place};
   assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
@@ -517,13 +522,9 @@ static void test_resend_reaches_the_replica_the_primary_missed(void **state) {
 static void test_client_learns_new_replicas(void **state) {
   (void)state;
   ps_server *srv[3];
-  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
   char third[PS_ADDRESS_MAX];
-  snprintf(third, sizeof third, "127.0.0.1:%d", ps_server_port(srv[2]));
   ps_place place;
-  memset(&place, 0, sizeof place);
-  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
-  snprintf(place.backups[0], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1]));
+  three_servers(srv, &place, 1, third);
   ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
   ps_map map = {.table = 23, .spec = spec, .shards = 1, .workers = 1, .places = &place};
   assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
@@ -551,13 +552,9 @@ static void test_client_learns_new_replicas(void **state) {
 static void test_stale_promote_keeps_new_backups(void **state) {
   (void)state;
   ps_server *srv[3];
-  for (int i = 0; i < 3; i++) assert_int_equal(ps_server_start("127.0.0.1", 0, NULL, &srv[i]), FL_OK);
   char c_addr[PS_ADDRESS_MAX];
-  snprintf(c_addr, sizeof c_addr, "127.0.0.1:%d", ps_server_port(srv[2]));
   ps_place place;
-  memset(&place, 0, sizeof place);
-  snprintf(place.primary, PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[0]));
-  snprintf(place.backups[0], PS_ADDRESS_MAX, "127.0.0.1:%d", ps_server_port(srv[1]));
+  three_servers(srv, &place, 1, c_addr);
   ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
   ps_map map = {.table = 24, .spec = spec, .shards = 1, .workers = 1, .places = &place};
   assert_int_equal(ps_table_create(&map, NULL, 5000), FL_OK);
