@@ -371,4 +371,29 @@ static inline uint32_t dp_crc32c(uint32_t crc, const void *data, size_t len) {
   return common_crc32c(crc, data, len);
 }
 
+/* ---- http (http.c) ---- */
+/*
+ * A small read-only HTTP server for the web UI (driver/ui/): GET and HEAD (others: 405),
+ * requests larger than max_request refused with 413, and with a shared secret every request
+ * must carry it (a bearer token, basic auth's password, or ?token=, which sets a cookie):
+ * else 401. With FLINT_TLS on it speaks HTTPS with FLINT_TLS_CERT. One thread of its own.
+ */
+typedef struct http_server http_server;
+/* The answer to GET `path` (decoded) with `query` (raw, or NULL): returns the status and fills
+ * *body and *content_type (a static string). Runs on the server's thread. */
+typedef int (*http_get_fn)(void *arg, const char *path, const char *query, fl_buf *body, const char **content_type);
+#define HTTP_MAX_REQUEST ((size_t)64 << 10)
+typedef struct http_server_config {
+  const char *host; /* NULL: 127.0.0.1 */
+  int port;         /* 0: a free one */
+  const char *secret;
+  size_t max_request; /* 0: HTTP_MAX_REQUEST */
+  http_get_fn get;
+  void *arg;
+} http_server_config;
+FL_INTERNAL fl_status http_server_start(const http_server_config *cfg, http_server **out);
+FL_INTERNAL int http_server_port(const http_server *s);
+/* Stops serving (connections in progress are dropped) and frees the server. NULL: nothing. */
+FL_INTERNAL void http_server_stop(http_server *s);
+
 #endif /* FLINT_NET_H */

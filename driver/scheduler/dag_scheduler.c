@@ -29,6 +29,7 @@ static sched_stage *stage_new(sched_job *job, rdd *r, const rdd_shuffle_dep *dep
   sched_stage *st = common_calloc(1, sizeof *st);
   if (!st) return NULL;
   st->id = job->next_stage_id++;
+  st->uid = job->sched->next_stage_uid++;
   st->rdd = r;
   st->dep = dep;
   st->next = job->stages;

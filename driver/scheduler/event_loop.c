@@ -66,6 +66,11 @@ static void complete_ended(scheduler *s);
 
 void scheduler_set_speculation(scheduler *s, const sched_speculation *spec) { s->speculation = *spec; }
 
+void scheduler_set_listener(scheduler *s, void (*fn)(void *arg, const sched_note *note), void *arg) {
+  s->listener = fn;
+  s->listener_arg = arg;
+}
+
 /* Timed work due now: lost map output to run again, a look for slow tasks. */
 static void run_timers(scheduler *s) {
   uint64_t now = common_now_ns();

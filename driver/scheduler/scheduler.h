@@ -195,6 +195,55 @@ typedef struct sched_speculation {
   uint64_t min_ns;
 } sched_speculation;
 
+/* ---- listener: what the scheduler does, as Spark's SparkListener ---------------------- */
+/* The web UI, the event log and progress bars are built from these notes (driver/ui/). */
+typedef enum sched_note_kind {
+  SCHED_JOB_STARTED,
+  SCHED_JOB_ENDED,
+  SCHED_STAGE_SUBMITTED,
+  SCHED_STAGE_COMPLETED,
+  SCHED_TASK_STARTED,
+  SCHED_TASK_ENDED,
+} sched_note_kind;
+
+typedef enum sched_locality { SCHED_PROCESS_LOCAL, SCHED_NODE_LOCAL, SCHED_ANY } sched_locality;
+
+/* A stage as a job's start describes it: its dataset's narrow lineage, newest first (rdds[0]
+ * is the stage's dataset), and the stages it reads the shuffles of. */
+typedef struct sched_stage_desc {
+  uint32_t id, num_tasks;
+  const char *name; /* the action for the result stage ("collect"), else "shuffle map" */
+  const rdd *const *rdds;
+  uint32_t num_rdds;
+  const uint32_t *parents;
+  uint32_t num_parents;
+} sched_stage_desc;
+
+typedef struct sched_note {
+  sched_note_kind kind;
+  uint64_t job, group; /* group: sched_job_opts.group (the driver's application) */
+  /* JOB_STARTED: every stage of the job, the result stage first */
+  const sched_stage_desc *stages;
+  uint32_t num_stages;
+  /* stages' and tasks' notes */
+  uint32_t stage, stage_attempt, num_tasks;
+  /* tasks' notes: the task's index in its stage, its attempt (backups count on), its
+   * sequence number within the job (unique), where it runs and how it was placed */
+  uint32_t index, attempt, seq;
+  uint64_t executor;
+  sched_locality locality;
+  bool speculative;
+  /* TASK_ENDED: how it ended and its figures (rdd_task's) */
+  uint64_t duration_ns, run_ns, input_bytes, shuffle_read_bytes, shuffle_write_bytes;
+  /* JOB_ENDED, STAGE_COMPLETED, TASK_ENDED */
+  fl_status status; /* FL_ECANCELLED for a killed task */
+  const char *error;
+} sched_note;
+
+/* Before any job: fn(arg, note) is called on the scheduler thread for every note; it must
+ * copy what it keeps and never block. */
+FL_INTERNAL void scheduler_set_listener(scheduler *s, void (*fn)(void *arg, const sched_note *note), void *arg);
+
 /* Starts the event loop. max_attempts: tries of a task before its job fails. */
 FL_INTERNAL fl_status scheduler_create(uint32_t max_attempts, scheduler **out);
 /* Before any job: turns speculation on (see sched_speculation). */

@@ -26,7 +26,8 @@
 /* A stage: tasks that each compute one partition of `rdd` through its narrow lineage. A map
  * stage writes the output of shuffle `dep`; the result stage runs the job's action. */
 struct sched_stage {
-  uint32_t id;
+  uint32_t id;  /* within its job (barrier tables, tasks' stage numbers) */
+  uint32_t uid; /* within the scheduler: the stage's number in notes (the UI, progress bars) */
   rdd *rdd;
   const rdd_shuffle_dep *dep; /* NULL for the result stage */
   const rdd_action *action;
@@ -134,6 +135,10 @@ struct scheduler {
   sched_stage *gangs_head;                 /* barrier stages waiting for slots, in order */
   struct barrier_table *barriers;          /* barrier stages' rendezvous (any thread) */
   atomic_uint_fast64_t next_job_id;
+  uint32_t next_stage_uid;
+  /* scheduler_set_listener's */
+  void (*listener)(void *arg, const sched_note *note);
+  void *listener_arg;
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
 };
 
