@@ -109,7 +109,21 @@ static const rdd_cache_ops remote_cache = {rc_get,        rc_put,          rc_re
                                            rc_remove_rdd, rc_info,         rc_shuffle_path,
                                            rc_shuffle_fetch, rc_shuffle_remove};
 
+/* fl_context_post_event: the driver checks the event and adds it to the application's UI. */
+static fl_status remote_post_event(void *impl, const char *json) {
+  remote_context *c = impl;
+  Flint__PostEventRequest req = FLINT__POST_EVENT_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
+  req.json = (char *)json;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = client_rpc_call(c->driver, "/flint.Driver/PostEvent", &req.base, CLIENT_RPC_TIMEOUT_MS, &reply);
+  fl_buf_free(&reply);
+  return st;
+}
+
 static const rdd_runtime_ops remote_runtime = {.run_job = client_job_run,
+                                               .post_event = remote_post_event,
                                                .call_service = client_call_service,
                                                .broadcast_created = client_broadcast_created,
                                                .broadcast_destroyed = client_broadcast_destroyed,
@@ -234,6 +248,12 @@ fl_status client_remote_context_open(const char *master, const fl_options *optio
   c->incarnation = r->incarnation;
   c->keepalive_ms = r->keepalive_ms;
   uint32_t cores = r->cores ? r->cores : 1;
+  if (r->ui_port) { /* the driver's web UI, on the host dialled */
+    const char *colon = strrchr(addr, ':');
+    int host_len = colon ? (int)(colon - addr) : (int)strlen(addr);
+    snprintf(c->pub.ui_url, sizeof c->pub.ui_url, "%s://%.*s:%u", r->ui_https ? "https" : "http", host_len, addr,
+             r->ui_port);
+  }
   flint__open_application_reply__free_unpacked(r, NULL);
 
   c->pub.runtime = &remote_runtime;

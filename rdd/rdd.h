@@ -343,6 +343,8 @@ typedef struct rdd_runtime_ops {
   /* Optional: runs service `name` (fl_service_call) where the scheduler lives; NULL: here,
    * in this process (rdd/service.c). Blocks until the service returns. */
   fl_status (*call_service)(void *impl, rdd *job, const char *name, fl_bytes request, fl_buf *reply);
+  /* fl_context_post_event: adds an event to the application's web UI and event log. */
+  fl_status (*post_event)(void *impl, const char *json);
 } rdd_runtime_ops;
 
 /* The service registered under name (rdd/service.c), or NULL. Any thread. */
@@ -440,6 +442,8 @@ struct fl_context {
   /* The context's folder name under checkpoint folders ("ctx-<pid>-<random>"), made by the
    * first fl_checkpoint (rdd/checkpoint.c); empty until then. */
   char checkpoint_name[48];
+  /* fl_context_ui_url: the web UI's address ("http://127.0.0.1:4040"), empty when none. */
+  char ui_url[128];
 };
 
 FL_INTERNAL fl_status rdd_shared_create(rdd_shared **out);

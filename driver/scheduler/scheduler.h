@@ -32,6 +32,10 @@ typedef struct sched_event {
   sched_event_type type;
 } sched_event;
 
+/* How an attempt was placed: where its input is cached, on another executor of that one's
+ * node, or anywhere (Spark's locality levels). */
+typedef enum sched_locality { SCHED_PROCESS_LOCAL, SCHED_NODE_LOCAL, SCHED_ANY } sched_locality;
+
 /* One task of a stage: a partition of the stage's dataset. Reused across attempts. Backends
  * read what an attempt runs through the sched_task_* functions below, and fill rt (status,
  * error, figures, accumulator updates) and result when it ends. */
@@ -57,6 +61,8 @@ typedef struct sched_task {
   uint64_t launched_ns, duration_ns; /* the attempt's launch; the successful one's run time */
   struct sched_task *original, *backup;
   struct sched_task *next_copy; /* the job's backups, freed with it */
+  uint32_t seq;                 /* the current attempt's number within the job (notes) */
+  uint8_t locality;             /* how the current attempt was placed (sched_locality) */
 } sched_task;
 
 /* What an attempt of `task` runs: the dataset whose partition it computes, the shuffle it
@@ -205,8 +211,6 @@ typedef enum sched_note_kind {
   SCHED_TASK_STARTED,
   SCHED_TASK_ENDED,
 } sched_note_kind;
-
-typedef enum sched_locality { SCHED_PROCESS_LOCAL, SCHED_NODE_LOCAL, SCHED_ANY } sched_locality;
 
 /* A stage as a job's start describes it: its dataset's narrow lineage, newest first (rdds[0]
  * is the stage's dataset), and the stages it reads the shuffles of. */

@@ -102,6 +102,7 @@ task_outcome task_scheduler_task_ended(scheduler *s, sched_task *t) {
   bool counts = t->rt.status == FL_OK && job->status == FL_OK;
   if (s->backend->ops->ended) ran = s->backend->ops->ended(s->backend, t, counts);
   executors_attempt_ended(s, t, ran);
+  notes_task_ended(s, t, ran);
   s->free_slots++;
   job->running--;
   rdd_task *rt = &t->rt;
