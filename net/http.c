@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/queue.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -201,6 +204,8 @@ static struct bufferevent *tls_bufferevent(struct event_base *base, void *arg) {
 static void *loop_main(void *arg) {
   http_server *s = arg;
   pthread_setname_np(pthread_self(), "fl-http");
+  /* the lowest priority: a page never takes a core from the scheduler or the tasks */
+  setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
   event_base_dispatch(s->base);
   return NULL;
 }
