@@ -252,5 +252,8 @@ static fl_status local_stats(fl_context *ctx, fl_context_stats *out) {
   out->blocks_evicted = bs.evictions;
   out->memory_used = bs.memory_used;
   out->blocks_read_mapped = out->blocks_read_fetched = 0; /* one process: every read is its own */
+  out->input_bytes = ss.input_bytes;
+  out->shuffle_read_bytes = ss.shuffle_read_bytes;
+  out->shuffle_write_bytes = ss.shuffle_write_bytes;
   return FL_OK;
 }

@@ -183,6 +183,9 @@ static fl_status remote_stats(fl_context *ctx, fl_context_stats *out) {
   out->task_seconds = (double)c->task_ns * 1e-9;
   out->blocks_read_mapped = c->blocks_mapped;
   out->blocks_read_fetched = c->blocks_fetched;
+  out->input_bytes = c->input_bytes;
+  out->shuffle_read_bytes = c->shuffle_read_bytes;
+  out->shuffle_write_bytes = c->shuffle_write_bytes;
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   /* The cached blocks are the executors': the driver asks the live ones (dataset 0: the
    * whole application). */

@@ -292,6 +292,12 @@ struct rdd_task {
   /* Cached partitions it read from another executor: mapped in place on its node, or
    * fetched over the network (set by the executor's cache). */
   uint32_t blocks_mapped, blocks_fetched;
+  /* Bytes the task read and wrote (Spark's task metrics), added where the bytes move, by the
+   * task's own thread (no task reads on another): input_bytes, read from its source files
+   * (compressed size for .gz) or from cached blocks (the block's size where it was found);
+   * shuffle_read_bytes, of the shuffle blocks it read, local or fetched; shuffle_write_bytes,
+   * of the map output it committed (the data file). */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 };
 
 /* Whether the task's job was abandoned (checked once per batch by the terminal loops). */

@@ -189,6 +189,8 @@ typedef struct sched_placement {
 typedef struct scheduler_stats {
   uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated;
   uint64_t task_ns; /* every attempt's run time, summed */
+  /* rdd_task's bytes, summed over the attempts that counted (as sched_job_stats) */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 } scheduler_stats;
 
 /* Speculation (Spark's settings): once `quantile` of a stage's tasks succeeded, a task
@@ -264,6 +266,9 @@ typedef struct sched_job_stats {
   uint64_t attempts, attempts_failed;
   uint64_t task_ns; /* the attempts' run time, summed (rdd_task.run_ns) */
   uint64_t blocks_mapped, blocks_fetched; /* rdd_task's, summed */
+  /* rdd_task's bytes, summed over the successful attempts whose outcome counted (the first
+   * of a task and its backup to succeed), so that each partition's are counted once. */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 } sched_job_stats;
 
 /* How a job may be cancelled. group: jobs that scheduler_cancel ends together (the driver's

@@ -143,6 +143,7 @@ struct scheduler {
   void (*listener)(void *arg, const sched_note *note);
   void *listener_arg;
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
+  _Atomic uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes; /* scheduler_stats */
 };
 
 /* What an attempt's end means for the DAG scheduler: task_scheduler_task_ended's answer,

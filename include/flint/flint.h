@@ -260,6 +260,12 @@ typedef struct fl_context_stats {
    * place from one on the same node (a node-local read, no copy) or fetched over the network
    * (Spark's remote block reads). 0 in local mode, where every read is in-process. */
   uint64_t blocks_read_mapped, blocks_read_fetched;
+  /* Bytes that the successful tasks of the jobs read and wrote (Spark's task metrics,
+   * summed): input_bytes from their source files (compressed size for .gz) or cached blocks
+   * (each block's size where it was found); shuffle_read_bytes of shuffle blocks, local or
+   * fetched; shuffle_write_bytes of map output. A job whose shuffle is read whole reads what
+   * its maps wrote. */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 } fl_context_stats;
 FL_API fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out);
 /* The address of the web UI that shows this context's jobs (docs/ui.md), as Spark's
