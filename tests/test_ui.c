@@ -153,7 +153,7 @@ static void check_jobs(const char *base) {
   json_int_t map_id = json_integer_value(json_array_get(json_object_get(shuffle, "stageIds"), 1));
   char path[160];
   snprintf(path, sizeof path, "/api/v1/applications/current/stages/%lld", (long long)map_id);
-  json_t *map = json_array_get(get_json(base, path), 0);
+  json_t *maps = get_json(base, path), *map = json_array_get(maps, 0);
   assert_string_equal(str_of(map, "status"), "COMPLETE");
   assert_int_equal(int_of(map, "numTasks"), 4);
   assert_int_equal(int_of(map, "numCompleteTasks"), 4);
@@ -167,11 +167,18 @@ static void check_jobs(const char *base) {
     assert_true(json_number_value(json_object_get(t, "duration")) >= 0);
   }
   snprintf(path, sizeof path, "/api/v1/applications/current/stages/%lld", (long long)result_id);
-  json_t *result = json_array_get(get_json(base, path), 0);
+  json_t *results = get_json(base, path), *result = json_array_get(results, 0);
   assert_int_equal(int_of(result, "numTasks"), 3);
   assert_int_equal(json_integer_value(json_array_get(json_object_get(result, "parentIds"), 0)), map_id);
+  /* the shuffle's bytes: what the map tasks wrote, the reduce tasks read */
+  assert_true(int_of(map, "shuffleWriteBytes") > 0);
+  assert_int_equal(int_of(result, "shuffleReadBytes"), int_of(map, "shuffleWriteBytes"));
   snprintf(path, sizeof path, "/api/v1/applications/current/stages/%lld/0/taskList", (long long)result_id);
-  assert_int_equal(json_array_size(get_json(base, path)), 3);
+  json_t *list = get_json(base, path);
+  assert_int_equal(json_array_size(list), 3);
+  json_decref(list);
+  json_decref(maps);
+  json_decref(results);
   /* every task ran on an executor the API lists, which counts them */
   json_t *execs = get_json(base, "/api/v1/applications/current/executors");
   json_int_t completed = 0;

@@ -129,6 +129,9 @@ void notes_task_ended(scheduler *s, const sched_task *t, uint64_t ran) {
   if (ran) n.executor = ran;
   n.duration_ns = common_now_ns() - t->launched_ns;
   n.run_ns = t->rt.run_ns;
+  n.input_bytes = t->rt.input_bytes;
+  n.shuffle_read_bytes = t->rt.shuffle_read_bytes;
+  n.shuffle_write_bytes = t->rt.shuffle_write_bytes;
   n.status = t->rt.status;
   n.error = t->rt.error;
   emit(s, &n);
