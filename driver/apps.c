@@ -381,6 +381,8 @@ void apps_free_all(driver_state *d) {
   while (d->apps) {
     app_entry *a = d->apps;
     d->apps = a->next;
+    /* open at the driver's stop: its event log ends here */
+    if (a->app) ui_postf(d->ui, "{\"Event\":\"ApplicationEnd\",\"App\":%llu}", (unsigned long long)a->id);
     app_free(a->app);
     common_free(a);
   }

@@ -26,6 +26,7 @@
 
 #define TEST_TIME_BOUND_S 240
 #include "test_util.h"
+#include "tls_certs.h"
 
 fl_status ui_key_mod10(fl_bytes rec, fl_buf *out, const void *arg);
 fl_status ui_sum(fl_bytes a, fl_bytes b, fl_buf *out, const void *arg);
@@ -442,6 +443,54 @@ static void test_secret(void **state) {
   test_rmtree(dir);
 }
 
+/* With TLS, the UI speaks HTTPS with the cluster's certificate (and still wants the secret). */
+static void test_https(void **state) {
+  (void)state;
+  char certs[256], dir[PATH_MAX];
+  assert_true(tls_make_certs(certs, sizeof certs, "127.0.0.1"));
+  test_tmpdir(dir, sizeof dir);
+  tls_env_on(certs);
+  history h = history_start(dir, "s3cret");
+  tls_env_off();
+  char url[256], ca[300];
+  snprintf(ca, sizeof ca, "%s/ca.pem", certs);
+  int port = atoi(strrchr(h.base, ':') + 1);
+  snprintf(url, sizeof url, "https://127.0.0.1:%d/api/v1/applications", port);
+  CURL *c = curl_easy_init();
+  reply r = {0};
+  struct curl_slist *headers = curl_slist_append(NULL, "Authorization: Bearer s3cret");
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_CAINFO, ca);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+  CURLcode rc = curl_easy_perform(c);
+  if (rc != CURLE_OK) fail_msg("GET %s: %s", url, curl_easy_strerror(rc));
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
+  assert_int_equal(r.code, 200);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(c);
+  fl_buf_free(&r.body);
+  /* plain HTTP gets no answer from it */
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/api/v1/applications", port);
+  c = curl_easy_init();
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  reply r2 = {0};
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r2);
+  rc = curl_easy_perform(c);
+  long code = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  assert_true(rc != CURLE_OK || code != 200);
+  curl_easy_cleanup(c);
+  fl_buf_free(&r2.body);
+  history_stop(&h);
+  test_rmtree(dir);
+  test_rmtree(certs);
+}
+
 /* flint history on a folder it cannot read fails with a message that names it. */
 static void test_history_bad_dir(void **state) {
   (void)state;
@@ -464,6 +513,7 @@ int main(void) {
       cmocka_unit_test_setup(test_local_ui_while_and_after, test_bound_arm),
       cmocka_unit_test_setup(test_cluster_ui_and_history, test_bound_arm),
       cmocka_unit_test_setup(test_secret, test_bound_arm),
+      cmocka_unit_test_setup(test_https, test_bound_arm),
       cmocka_unit_test_setup(test_history_bad_dir, test_bound_arm),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
