@@ -200,11 +200,13 @@ typedef struct waiting_job {
 
 static void *run_waiting(void *arg) {
   waiting_job *w = arg;
-  fl_dataset *nums, *held;
+  fl_dataset *nums = NULL, *held = NULL;
   w->status = fl_range(w->ctx, 0, 8, 1, 2, &nums);
   if (w->status == FL_OK) w->status = fl_map(nums, ui_wait_file, w->flag, strlen(w->flag) + 1, &held);
   uint64_t n = 0;
   if (w->status == FL_OK) w->status = fl_count(held, &n);
+  fl_dataset_free(held);
+  fl_dataset_free(nums);
   return NULL;
 }
 
