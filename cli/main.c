@@ -26,7 +26,7 @@
 /* submit's options that take no value: its options end at JOB.so, the first word that is
  * neither an option nor an option's value, and what follows is the job's (--conf too). */
 static bool takes_no_value(const char *arg) {
-  static const char *const flags[] = {"--detach", "--in-process", "--help", "-h", "--version", "-V", NULL};
+  static const char *const flags[] = {"--detach", "--in-process", "--help", "-h", "--version", "-V", "--ui", NULL};
   if (arg[0] == '-' && arg[1] != '-') return true; /* -h, -V: submit's short options take none */
   if (strchr(arg, '=')) return true;               /* --opt=value */
   for (int i = 0; flags[i]; i++)
@@ -48,6 +48,8 @@ static int take_conf_options(const char *cmd, int *argc, char **args) {
       assignment = args[++i];
     } else if (strncmp(arg, "--conf=", 7) == 0) {
       assignment = arg + 7;
+    } else if (strcmp(arg, "--ui") == 0) { /* a local master serves the web UI */
+      assignment = "ui=1";
     }
     if (!assignment) {
       args[out++] = args[i];

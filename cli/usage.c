@@ -62,6 +62,7 @@ const char cli_usage_text[] =
     "  -h, --help  this text; after a command, that command's usage ('flint submit --help')\n"
     "  --version   the version (also after a command)\n"
     "  --conf KEY=VALUE  after any command: set a setting (FLINT_LOG=debug, or log=debug)\n"
+    "  --ui              after any command: a local master serves the web UI (FLINT_UI=1)\n"
     "              for this process and those it starts, over the environment and the file\n"
     "\n"
     "Options take their value as --opt VALUE or --opt=VALUE. Exit status: 0 for --help and\n"

@@ -154,7 +154,7 @@ static fl_status make_work_dir(const fl_options *opts, char **out) {
 static fl_status start_ui(context_impl *c, const char *master, const fl_options *options, uint32_t threads,
                           uint64_t memory) {
   const char *log_dir = config_string(CONFIG_EVENT_LOG_DIR);
-  bool serve = config_bool(CONFIG_UI);
+  bool serve = (options && options->web_ui) || config_bool(CONFIG_UI);
   if (!serve && !(log_dir && *log_dir)) return FL_OK;
   ui_config uc = {.host = "127.0.0.1",
                   .port = serve ? (int)config_count(CONFIG_UI_PORT) : -1,

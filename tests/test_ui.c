@@ -493,6 +493,33 @@ static void test_https(void **state) {
   test_rmtree(certs);
 }
 
+/* The command line's flag: `flint submit --ui` serves a local master's UI; fl_options too. */
+static void test_ui_flag_and_option(void **state) {
+  (void)state;
+  char cmd[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd, "%s/flint submit --ui --conf ui_port=0 --master 'local[1]' %s/pi.so 1000 2>&1",
+           getenv("FLINT_BIN"), getenv("FLINT_BIN"));
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char out[8192] = {0};
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) fail_msg("%s: %s", cmd, out);
+  assert_non_null(strstr(out, "web UI available at http://127.0.0.1:"));
+  fl_options o = FL_OPTIONS_INIT;
+  o.web_ui = true;
+  setenv("FLINT_UI_PORT", "0", 1);
+  fl_context *ctx;
+  must_ok(fl_context_open("local[1]", &o, &ctx));
+  assert_non_null(fl_context_ui_url(ctx));
+  json_t *apps = get_json(fl_context_ui_url(ctx), "/api/v1/applications");
+  assert_int_equal(json_array_size(apps), 1);
+  json_decref(apps);
+  fl_context_close(ctx);
+  unsetenv("FLINT_UI_PORT");
+}
+
 /* flint history on a folder it cannot read fails with a message that names it. */
 static void test_history_bad_dir(void **state) {
   (void)state;
@@ -516,6 +543,7 @@ int main(void) {
       cmocka_unit_test_setup(test_cluster_ui_and_history, test_bound_arm),
       cmocka_unit_test_setup(test_secret, test_bound_arm),
       cmocka_unit_test_setup(test_https, test_bound_arm),
+      cmocka_unit_test_setup(test_ui_flag_and_option, test_bound_arm),
       cmocka_unit_test_setup(test_history_bad_dir, test_bound_arm),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

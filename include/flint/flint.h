@@ -217,8 +217,11 @@ typedef struct fl_options {
    * it. Functions are named when exported (dladdr). A stack overflow still ends the process.
    * false: a crash ends the process, as in C. `flint shell` turns it on. */
   bool contain_task_crashes;
+  /* A local context serves the web UI (as FLINT_UI=1; fl_context_ui_url says where). A
+   * cluster's driver serves one anyway. */
+  bool web_ui;
 } fl_options;
-#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL, false}
+#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL, false, false}
 
 /* Opens a context. `master`: "local" (one task thread), "local[N]" (N threads) or
  * "local[*]" (one per core). `options` may be NULL (all defaults). */
