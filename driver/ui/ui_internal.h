@@ -55,6 +55,64 @@ FL_INTERNAL json_t *api_answer(ui_store *s, char *(*live)(void *, const char *, 
 FL_INTERNAL int pages_render(ui_api_fn api, void *arg, const char *title, const char *path, const char *query,
                              fl_buf *html);
 
+/* The pages' output: HTML (and its inline SVG) appended to `buf`. The first failure (out of
+ * memory) is kept in `st` and every later write does nothing, so a page is written straight
+ * through and checked once at the end. `ids` numbers the SVG definitions of one page. */
+typedef struct ui_out {
+  fl_buf *buf;
+  fl_status st;
+  unsigned ids;
+} ui_out;
+/* Appends `s` as is: markup of the pages' own, never text from the API. */
+FL_INTERNAL void pages_put(ui_out *o, const char *s);
+/* Appends formatted markup as is: numbers and the pages' own strings only (no %s of text
+ * from the API: that goes through pages_escape). No length limit. */
+FL_INTERNAL void pages_printf(ui_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends text escaped for HTML content and quoted attribute values (& < > " '). NULL: "". The
+ * one escaping helper of pages.c and svg.c: every name, error and value from the API goes
+ * through it. */
+FL_INTERNAL void pages_escape(ui_out *o, const char *s);
+
+/* ---- charts (svg.c): inline SVG, sized in pixels, with <title> tooltips ------------------ */
+/* A line chart: one polyline per series with one point per finite (x, y) pair, axes with
+ * about five "nice" ticks each and their labels. No points at all: the axes and "no data". */
+typedef struct svg_series {
+  const char *name;  /* the legend's text */
+  const char *color; /* a CSS colour */
+  const double *x, *y;
+  size_t n;
+} svg_series;
+FL_INTERNAL void svg_line_chart(ui_out *o, const char *title, const char *x_label, const char *y_label,
+                                const svg_series *series, size_t n_series);
+
+/* A timeline (Gantt chart): labelled rows, bars on them from start to end (same unit as the
+ * axis: milliseconds; the axis counts from t0). A bar's label is drawn inside it when it
+ * fits; its tip is the tooltip; href (optional) makes it a link. */
+typedef struct svg_bar {
+  size_t row;
+  double start, end;
+  const char *color;
+  const char *label; /* NULL: none */
+  const char *tip;   /* NULL: none */
+  const char *href;  /* NULL: none */
+} svg_bar;
+FL_INTERNAL void svg_timeline(ui_out *o, const char *title, const char *const *rows, size_t n_rows,
+                              const svg_bar *bars, size_t n_bars, double t0, double t1);
+
+/* A DAG drawn top to bottom: nodes are boxes placed by layer (0 at the top), left to right in
+ * their order within a layer; each edge an arrow from node `from` to node `to`. */
+typedef struct svg_node {
+  int layer;
+  const char *label;
+  const char *sub;   /* a second, smaller line; NULL: none */
+  const char *href;  /* NULL: none */
+  const char *color; /* the box's fill; NULL: a default */
+} svg_node;
+typedef struct svg_edge {
+  size_t from, to;
+} svg_edge;
+FL_INTERNAL void svg_dag(ui_out *o, const svg_node *nodes, size_t n_nodes, const svg_edge *edges, size_t n_edges);
+
 /* ---- the event log (event_log.c) --------------------------------------------------------- */
 typedef struct event_log event_log;
 /* Makes the folder when missing. */
