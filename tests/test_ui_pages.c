@@ -57,9 +57,10 @@ static void route(fake *f, const char *path, json_t *v) {
   assert_int_equal(json_object_set_new(f->routes, path, v), 0);
 }
 
-#define TASK(id, index, attempt, exec, status, err, spec)                                                            \
-  "'" #id "': {'taskId': " #id ", 'index': " #index ", 'attempt': " #attempt ", 'launchTime': 1764353113000, "    \
-  "'duration': 400, 'executorId': '" exec "', 'host': 'h" exec "', 'status': '" status "', "                         \
+#define TASK(id, index, attempt, exec, status, err, spec) TASK_OF(id, index, attempt, 0, 400, exec, status, err, spec)
+#define TASK_OF(id, index, attempt, stage_attempt, duration, exec, status, err, spec)                                \
+  "'" #id "': {'taskId': " #id ", 'index': " #index ", 'attempt': " #attempt ", 'stageAttemptId': " #stage_attempt \
+  ", 'launchTime': 1764353113000, 'duration': " #duration ", 'executorId': '" exec "', 'host': 'h" exec "', 'status': '" status "', "                         \
   "'taskLocality': 'PROCESS_LOCAL', 'speculative': " spec ", 'errorMessage': '" err "', "                           \
   "'taskMetrics': {'executorRunTime': 350, 'inputMetrics': {'bytesRead': 2048}, "                                  \
   "'shuffleReadMetrics': {'remoteBytesRead': 1024}, 'shuffleWriteMetrics': {'bytesWritten': 512}}}"
@@ -77,10 +78,17 @@ static void route(fake *f, const char *path, json_t *v) {
   "'executorRunTime': 900, 'inputBytes': 0, 'shuffleReadBytes': 2048, 'shuffleWriteBytes': 0, "                    \
   "'rddInfos': [{'id': 1, 'name': 'shuffled', 'op': 'shuffle'}, {'id': 2, 'name': 'mapValues <x>', 'op': 'map'}, " \
   "{'id': 3, 'name': 'collect', 'op': 'action'}]"
-#define STAGE2(attempt, status)                                                                                      \
-  "'stageId': 2, 'attemptId': " #attempt ", 'name': 'count', 'status': '" status "', 'jobIds': [1], "              \
-  "'parentIds': [], 'numTasks': 4, 'numActiveTasks': 0, 'numCompleteTasks': 0, 'numFailedTasks': 0, "              \
-  "'numKilledTasks': 0, 'submissionTime': 1764353115000, 'rddInfos': []"
+/* Stage 2 as the store keeps it: one entry (the newest attempt) with the tasks of all. */
+#define STAGE2                                                                                                       \
+  "'stageId': 2, 'attemptId': 1, 'name': 'count', 'status': 'ACTIVE', 'jobIds': [1], 'parentIds': [], "            \
+  "'numTasks': 4, 'numActiveTasks': 1, 'numCompleteTasks': 0, 'numFailedTasks': 0, 'numKilledTasks': 0, "          \
+  "'submissionTime': 1764353115000, 'completionTime': -1, 'failureReason': 'fetch <failed>', "                     \
+  "'rddInfos': [{'id': 4, 'name': 'words', 'numPartitions': 4, 'cached': true}]"
+/* Stage 3 in Spark's shape: an entry per attempt; no tasks. */
+#define STAGE3(attempt, status)                                                                                      \
+  "'stageId': 3, 'attemptId': " #attempt ", 'name': 'count', 'status': '" status "', 'jobIds': [1], "              \
+  "'parentIds': [2], 'numTasks': 4, 'numActiveTasks': 0, 'numCompleteTasks': 0, 'numFailedTasks': 0, "             \
+  "'numKilledTasks': 0, 'submissionTime': -1, 'completionTime': -1, 'rddInfos': []"
 
 /* Five steps; the test accuracy only at steps 3 and 5. */
 #define STEP(i, test) \
@@ -100,7 +108,7 @@ static fake *fixture(void) {
   route(f, "/applications/" EMPTY, J("{'id': '" EMPTY "', 'name': 'empty', 'attempts': []}"));
 
   const char *job1 = "{'jobId': 1, 'name': 'count <i>words</i> & more', 'submissionTime': 1764353115000, "
-                     "'stageIds': [2], 'status': 'RUNNING', 'numTasks': 4, 'numActiveTasks': 2, "
+                     "'completionTime': -1, 'stageIds': [2, 3], 'status': 'RUNNING', 'numTasks': 4, 'numActiveTasks': 2, "
                      "'numCompletedTasks': 1, 'numFailedTasks': 1, 'numKilledTasks': 0, 'errorMessage': ''}";
   const char *job0 = "{'jobId': 0, 'name': 'collect', 'submissionTime': 1764353112000, "
                      "'completionTime': 1764353114000, 'stageIds': [0, 1], 'status': 'SUCCEEDED', 'numTasks': 5, "
@@ -112,7 +120,7 @@ static fake *fixture(void) {
   route(f, "/applications/" APP "/jobs/1", J(job1));
   route(f, "/applications/" APP "/jobs/0", J(job0));
   route(f, "/applications/" APP "/stages",
-        J("[{" STAGE0 "}, {" STAGE1 "}, {" STAGE2(0, "FAILED") "}, {" STAGE2(1, "ACTIVE") "}]"));
+        J("[{" STAGE0 "}, {" STAGE1 "}, {" STAGE2 "}, {" STAGE3(1, "PENDING") "}, {" STAGE3(0, "FAILED") "}]"));
   route(f, "/applications/" APP "/stages/0",
         J("[{" STAGE0 ", 'tasks': {" TASK(0, 0, 0, "1", "SUCCESS", "", "false") ", " TASK(1, 1, 0, "2", "SUCCESS", "",
                                                                                            "false") "}}]"));
@@ -121,7 +129,10 @@ static fake *fixture(void) {
             3, 1, 0, "2", "FAILED", "boom <oops> & \\u0027quote\\u0027", "false") ", " TASK(4, 1, 1, "10", "SUCCESS", "",
                                                                                          "true") "}}]"));
   route(f, "/applications/" APP "/stages/2",
-        J("[{" STAGE2(0, "FAILED") ", 'failureReason': 'fetch <failed>', 'tasks': {}}, {" STAGE2(1, "ACTIVE") ", "
+        J("[{" STAGE2 ", 'tasks': {" TASK_OF(5, 0, 0, 0, 100, "1", "FAILED", "fetch failed", "false") ", " TASK_OF(
+            6, 0, 0, 1, -1, "2", "RUNNING", "", "false") "}}]"));
+  route(f, "/applications/" APP "/stages/3",
+        J("[{" STAGE3(0, "FAILED") ", 'failureReason': 'lost <map> output', 'tasks': {}}, {" STAGE3(1, "PENDING") ", "
           "'tasks': {}}]"));
   route(f, "/applications/" APP "/storage/rdd",
         J("[{'id': 3, 'name': 'cached <rdd>', 'numPartitions': 4, 'numCachedPartitions': 2, 'storageLevel': "
@@ -141,8 +152,8 @@ static fake *fixture(void) {
   route(f, "/applications/" APP "/environment",
         J("{'flintProperties': [['flint.master', 'local[2]'], ['weird', '<a href=\\u0027x\\u0027>&']]}"));
   route(f, "/applications/" APP "/ps",
-        J("[{'table': 'weights', 'shards': [{'shard': 0, 'primary': '1', 'backups': ['2'], "
-          "'clocks': {'w0': 5, 'w1': 4}}, {'shard': 1, 'primary': '2', 'backups': [], 'clocks': {}}]}]"));
+        J("[{'table': 0, 'name': 'weights <w>', 'shards': [{'shard': 0, 'primary': 1, 'backups': [2], "
+          "'clocks': {'w0': 5, 'w1': 4}}, {'shard': 1, 'primary': 2, 'backups': []}]}]"));
   route(f, "/applications/" APP "/training",
         J("[{'run': 1, 'name': 'resnet <tiny>', 'status': 'RUNNING', 'config': {'model': 'tiny_resnet', "
           "'ranks': 2, 'dp': 1, 'tp': 1, 'pp': 2, 'schedule': '1f1b', 'allreduce': 'ring'}, 'steps': [" STEP(1, "") ", " STEP(
@@ -201,6 +212,9 @@ static void assert_escaped(const char *html) {
   assert_null(strstr(html, "<tiny>"));
   assert_null(strstr(html, "<a href='x'>"));
   assert_null(strstr(html, "<stdin>"));
+  assert_null(strstr(html, "<w>"));
+  assert_null(strstr(html, "<map>"));
+  assert_null(strstr(html, "<failed>"));
 }
 
 /* The number of points of the n-th (from 0) polyline of the page. */
@@ -259,7 +273,7 @@ static void test_jobs_page_has_table_progress_and_timeline(void **state) {
   assert_contains(h, " 5/5");
   assert_contains(h, " 1/4 (2 running) ");
   assert_contains(h, "2/2</td>"); /* job 0's stages, both complete */
-  assert_contains(h, "0/1</td>");
+  assert_contains(h, "0/2</td>");
   /* The timeline: a bar per job. */
   assert_int_equal(count(h, "<svg class=\"chart\""), 1);
   assert_int_equal(count(h, "<rect class=\"bar\""), 2);
@@ -292,12 +306,14 @@ static void test_job_page_lists_its_stages_with_dag(void **state) {
   assert_int_equal(count(h, "<line class=\"edge\""), 1);
   assert_escaped(h);
 
-  /* Job 1: its stage's newest attempt (1, ACTIVE) only. */
+  /* Job 1: stage 3's newest attempt (1, PENDING) only, after stage 2. */
   assert_int_equal(render(f, "driver", "/job/", "app=" APP "&id=1", &html), 200);
   h = (const char *)html.data;
-  assert_int_equal(count(h, "<tr class=\"stage\">"), 1);
+  assert_int_equal(count(h, "<tr class=\"stage\">"), 2);
   assert_contains(h, ">ACTIVE<");
+  assert_contains(h, ">PENDING<");
   assert_null(strstr(h, ">FAILED<"));
+  assert_int_equal(count(h, "<line class=\"edge\""), 1);
   fl_buf_free(&html);
   fake_free(f);
 }
@@ -340,22 +356,44 @@ static void test_stage_page_has_dag_tasks_and_timeline(void **state) {
   fake_free(f);
 }
 
-static void test_stage_with_no_tasks_and_attempts(void **state) {
+static void test_stage_attempts_and_no_tasks(void **state) {
   (void)state;
   fake *f = fixture();
   fl_buf html = FL_BUF_INIT;
-  /* The newest attempt by default; links to both. */
+  /* The store's shape: the newest attempt's figures, its own tasks, a link to the older. */
   assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=2", &html), 200);
   const char *h = (const char *)html.data;
   assert_contains(h, "Stage 2 (attempt 1)");
-  assert_int_equal(count(h, "<tr class=\"task\">"), 0);
-  assert_contains(h, "No tasks yet.");
+  assert_int_equal(count(h, "<tr class=\"task\">"), 1);
+  assert_contains(h, ">RUNNING<");
   assert_contains(h, "href=\"/stage/?app=" APP "&amp;id=2&amp;attempt=0\"");
-  assert_int_equal(count(h, "<g class=\"node\">"), 1); /* no datasets: the stage's own box */
+  assert_contains(h, "words");
+  assert_contains(h, "[4], 4 partitions, cached");
+  assert_int_equal(count(h, "<rect class=\"bar\""), 1); /* the running task, up to now */
   assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=2&attempt=0", &html), 200);
   h = (const char *)html.data;
   assert_contains(h, "Stage 2 (attempt 0)");
+  assert_contains(h, "the tasks are attempt 0's");
+  assert_int_equal(count(h, "<tr class=\"task\">"), 1);
+  assert_contains(h, "fetch failed");
   assert_contains(h, "fetch &lt;failed&gt;");
+  assert_contains(h, "href=\"/stage/?app=" APP "&amp;id=2&amp;attempt=1\"");
+  /* Spark's shape: an entry per attempt; the newest by default. No tasks at all. */
+  assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=3", &html), 200);
+  h = (const char *)html.data;
+  assert_contains(h, "Stage 3 (attempt 1)");
+  assert_contains(h, ">PENDING<");
+  assert_int_equal(count(h, "<tr class=\"task\">"), 0);
+  assert_contains(h, "No tasks yet.");
+  assert_contains(h, "href=\"/stage/?app=" APP "&amp;id=3&amp;attempt=0\"");
+  /* The parent stage and the stage's own box (no datasets), one arrow. */
+  assert_int_equal(count(h, "<g class=\"node\">"), 2);
+  assert_int_equal(count(h, "<line class=\"edge\""), 1);
+  assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=3&attempt=0", &html), 200);
+  h = (const char *)html.data;
+  assert_contains(h, "Stage 3 (attempt 0)");
+  assert_contains(h, "lost &lt;map&gt; output");
+  assert_null(strstr(h, "the tasks are"));
   fl_buf_free(&html);
   fake_free(f);
 }
@@ -394,7 +432,7 @@ static void test_storage_executors_environment_ps_pages(void **state) {
 
   assert_int_equal(render(f, "driver", "/ps/", "app=" APP, &html), 200);
   h = (const char *)html.data;
-  assert_contains(h, "Table weights (2 shards)");
+  assert_contains(h, "Table 0: weights &lt;w&gt; (2 shards)");
   assert_int_equal(count(h, "<tr class=\"shard\">"), 2);
   assert_contains(h, "w0: 5, w1: 4");
   assert_contains(h, ">none<"); /* shard 1 has no backups */
@@ -504,6 +542,8 @@ static void test_unknown_page_app_job_stage_are_404(void **state) {
       {"/job/", "app=app-unknown&id=0", "No job"},
       {"/stage/", "app=" APP "&id=9", "No stage <code>9</code>"},
       {"/stage/", "app=" APP "&id=1&attempt=5", "No stage <code>1, attempt 5</code>"},
+      {"/stage/", "app=" APP "&id=2&attempt=2", "No stage <code>2, attempt 2</code>"},
+      {"/stage/", "app=" APP "&id=3&attempt=2", "No stage"},
       {"/stage/", "app=" APP "&id=1&attempt=x", "No stage"},
       {"/stage/", "app=app-unknown&id=1", "No stage"},
   };
@@ -518,6 +558,62 @@ static void test_unknown_page_app_job_stage_are_404(void **state) {
     /* A malformed application never reaches the API. */
     for (int k = 0; k < f->n_paths; k++) assert_null(strstr(f->paths[k], ".."));
   }
+  fl_buf_free(&html);
+  fake_free(f);
+}
+
+/* ---- long tables -------------------------------------------------------------------------- */
+
+static void test_long_tables_come_a_page_at_a_time(void **state) {
+  (void)state;
+  fake *f = fixture();
+  /* A stage of 1203 tasks and an application of 1201 jobs. */
+  json_t *tasks = json_object(), *jobs = json_array();
+  for (int i = 0; i < 1203; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "%d", i);
+    json_object_set_new(tasks, key,
+                        json_pack("{s:i, s:i, s:i, s:i, s:I, s:i, s:s, s:s, s:s}", "taskId", i, "index", i, "attempt", 0,
+                                  "stageAttemptId", 0, "launchTime", (json_int_t)1764353113000 + i, "duration", 10,
+                                  "executorId", i % 2 ? "1" : "2", "status", "SUCCESS", "host", "h"));
+  }
+  for (int i = 1200; i >= 0; i--)
+    json_array_append_new(jobs, json_pack("{s:i, s:s, s:I, s:I, s:[], s:s}", "jobId", i, "name", "j", "submissionTime",
+                                          (json_int_t)1764353113000 + i, "completionTime",
+                                          (json_int_t)1764353113010 + i, "stageIds", "status", "SUCCEEDED"));
+  route(f, "/applications/" APP "/stages/5",
+        json_pack("[{s:i, s:i, s:s, s:s, s:[i], s:[], s:o}]", "stageId", 5, "attemptId", 0, "name", "big", "status",
+                  "COMPLETE", "jobIds", 0, "parentIds", "tasks", tasks));
+  route(f, "/applications/" APP "/jobs", jobs);
+  fl_buf html = FL_BUF_INIT;
+  assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=5", &html), 200);
+  const char *h = (const char *)html.data;
+  assert_int_equal(count(h, "<tr class=\"task\">"), 500);
+  assert_contains(h, "Rows 1 to 500 of 1203 (page 1 of 3).");
+  assert_contains(h, "href=\"/stage/?app=" APP "&amp;id=5&amp;page=2\">next</a>");
+  assert_contains(h, "href=\"/stage/?app=" APP "&amp;id=5&amp;page=3\">last</a>");
+  assert_null(strstr(h, ">previous</a>"));
+  assert_int_equal(count(h, "<rect class=\"bar\""), 1000); /* the timeline's first 1000 */
+  assert_contains(h, "Summary of 1203 finished tasks");
+  assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=5&page=3", &html), 200);
+  assert_int_equal(count((char *)html.data, "<tr class=\"task\">"), 203);
+  assert_contains((char *)html.data, "Rows 1001 to 1203 of 1203 (page 3 of 3).");
+  assert_contains((char *)html.data, ">previous</a>");
+  /* Past the end: the last page; not a number: the first. */
+  assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=5&page=99", &html), 200);
+  assert_int_equal(count((char *)html.data, "<tr class=\"task\">"), 203);
+  assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=5&page=x", &html), 200);
+  assert_int_equal(count((char *)html.data, "<tr class=\"task\">"), 500);
+  assert_int_equal(render(f, "driver", "/stage/", "app=" APP "&id=5&page=0", &html), 200);
+  assert_int_equal(count((char *)html.data, "<tr class=\"task\">"), 500);
+
+  assert_int_equal(render(f, "driver", "/jobs/", "app=" APP "&page=3", &html), 200);
+  h = (const char *)html.data;
+  assert_int_equal(count(h, "<tr class=\"job\">"), 201);
+  assert_int_equal(count(h, "<rect class=\"bar\""), 200); /* the timeline's newest 200 */
+  assert_contains(h, "href=\"/jobs/?app=" APP "&amp;page=1\">first</a>");
+  assert_contains(h, "\">200</a>");  /* the last page's first row: job 200 */
+  assert_null(strstr(h, "\">201</a>"));
   fl_buf_free(&html);
   fake_free(f);
 }
@@ -648,12 +744,13 @@ int main(void) {
       cmocka_unit_test(test_jobs_page_has_table_progress_and_timeline),
       cmocka_unit_test(test_job_page_lists_its_stages_with_dag),
       cmocka_unit_test(test_stage_page_has_dag_tasks_and_timeline),
-      cmocka_unit_test(test_stage_with_no_tasks_and_attempts),
+      cmocka_unit_test(test_stage_attempts_and_no_tasks),
       cmocka_unit_test(test_storage_executors_environment_ps_pages),
       cmocka_unit_test(test_training_page_curves_and_pipeline),
       cmocka_unit_test(test_empty_application_renders_every_page),
       cmocka_unit_test(test_current_is_passed_to_the_api_and_resolved_for_links),
       cmocka_unit_test(test_unknown_page_app_job_stage_are_404),
+      cmocka_unit_test(test_long_tables_come_a_page_at_a_time),
       cmocka_unit_test(test_huge_values_render),
       cmocka_unit_test(test_out_of_memory_fails_cleanly),
   };

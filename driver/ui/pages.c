@@ -24,6 +24,8 @@
 /* Past these, a chart shows the newest only (the tables still list everything). */
 #define TIMELINE_MAX_JOBS 200
 #define TIMELINE_MAX_TASKS 1000
+/* Rows of a jobs' or tasks' table per page (?page=N). */
+#define TABLE_ROWS 500
 
 /* ---- the output --------------------------------------------------------------------------- */
 
@@ -238,10 +240,10 @@ static long long jint(const json_t *o, const char *key, long long dflt) {
 static bool jbool(const json_t *o, const char *key) { return json_is_true(json_object_get(o, key)); }
 
 /* A time field in milliseconds since the epoch: a number, or Spark's text
- * ("2026-11-28T18:05:12.345GMT"); NaN when absent. */
+ * ("2026-11-28T18:05:12.345GMT"); NaN when absent or negative (the store's -1: not yet). */
 static double jtime(const json_t *o, const char *key) {
   json_t *v = json_object_get(o, key);
-  if (json_is_number(v)) return json_number_value(v);
+  if (json_is_number(v)) return json_number_value(v) >= 0 ? json_number_value(v) : NAN; /* -1: not yet */
   const char *s = json_string_value(v);
   if (!s) return NAN;
   struct tm tm = {0};
@@ -358,7 +360,7 @@ static const char *status_class(const char *s) {
     const char *status, *cls;
   } map[] = {{"RUNNING", "run"}, {"ACTIVE", "run"},     {"SUCCEEDED", "ok"},  {"SUCCESS", "ok"},
              {"COMPLETE", "ok"}, {"FINISHED", "ok"},    {"FAILED", "bad"},    {"KILLED", "kill"},
-             {"PENDING", "pend"}};
+             {"PENDING", "pend"}, {"SKIPPED", "pend"}};
   for (size_t i = 0; s && i < sizeof map / sizeof map[0]; i++)
     if (!strcmp(s, map[i].status)) return map[i].cls;
   return "pend";
@@ -425,8 +427,9 @@ static void url_encode(ui_out *o, const char *s) {
   }
 }
 
-/* "/stage/?app=A&id=3[&attempt=1]" for the page's application (or `app`), as a page string. */
-static char *link_to(page *p, const char *app, const char *path, long long id, long long attempt) {
+/* "/stage/?app=A&id=3[&attempt=1][&page=2]" for the page's application (or `app`), as a page
+ * string; -1: no such parameter. */
+static char *link_full(page *p, const char *app, const char *path, long long id, long long attempt, long long pg) {
   fl_buf b = FL_BUF_INIT;
   ui_out o = {&b, FL_OK, 0};
   pages_put(&o, path);
@@ -434,6 +437,7 @@ static char *link_to(page *p, const char *app, const char *path, long long id, l
   url_encode(&o, app ? app : p->app_id);
   if (id >= 0) pages_printf(&o, "&id=%lld", id);
   if (attempt >= 0) pages_printf(&o, "&attempt=%lld", attempt);
+  if (pg >= 0) pages_printf(&o, "&page=%lld", pg);
   out_append(&o, "", 1);
   char *s = o.st == FL_OK ? page_strf(p, "%s", (char *)b.data) : NULL;
   if (o.st != FL_OK && p->o.st == FL_OK) p->o.st = o.st;
@@ -441,10 +445,46 @@ static char *link_to(page *p, const char *app, const char *path, long long id, l
   return s;
 }
 
+static char *link_to(page *p, const char *app, const char *path, long long id, long long attempt) {
+  return link_full(p, app, path, id, attempt, -1);
+}
+
 static void put_a(page *p, const char *href) {
   pages_put(&p->o, "<a href=\"");
   pages_escape(&p->o, href);
   pages_put(&p->o, "\">");
+}
+
+/* ---- long tables, a page at a time (?page=N, from 1) -------------------------------------- */
+
+/* The rows [*from, *to) of n that the query's page shows (the last page past the end). */
+static void pager_range(page *p, size_t n, size_t *from, size_t *to) {
+  char *text = query_get(p, "page");
+  long long k = 1;
+  if (!id_ok(text, &k) || k < 1) k = 1;
+  fl_free(text);
+  size_t pages = n ? (n + TABLE_ROWS - 1) / TABLE_ROWS : 1;
+  if ((unsigned long long)k > pages) k = (long long)pages;
+  *from = ((size_t)k - 1) * TABLE_ROWS;
+  *to = n - *from < TABLE_ROWS ? n : *from + TABLE_ROWS;
+}
+
+/* "Rows a to b of n" and links to the first, previous, next and last pages. */
+static void put_pager(page *p, const char *path, long long id, long long attempt, size_t n, size_t from, size_t to) {
+  if (n <= TABLE_ROWS) return;
+  size_t pages = (n + TABLE_ROWS - 1) / TABLE_ROWS, cur = from / TABLE_ROWS + 1;
+  pages_printf(&p->o, "<p class=\"pager\">Rows %zu to %zu of %zu (page %zu of %zu).", from + 1, to, n, cur, pages);
+  const struct {
+    const char *name;
+    size_t to;
+  } links[] = {{"first", 1}, {"previous", cur - 1}, {"next", cur + 1}, {"last", pages}};
+  for (size_t i = 0; i < 4; i++) {
+    if (links[i].to < 1 || links[i].to > pages || links[i].to == cur) continue;
+    pages_put(&p->o, " ");
+    put_a(p, link_full(p, NULL, path, id, attempt, (long long)links[i].to));
+    pages_printf(&p->o, "%s</a>", links[i].name);
+  }
+  pages_put(&p->o, "</p>\n");
 }
 
 /* ---- the frame of every page -------------------------------------------------------------- */
@@ -603,7 +643,11 @@ static int page_applications(page *p) {
     else
       pages_put(o, "<span class=\"st run\">running</span>");
     pages_put(o, "</td><td class=\"n\">");
-    put_duration(o, jnum(att, "duration"));
+    double start = jtime(att, "startTime");
+    if (jbool(att, "completed"))
+      put_duration(o, jnum(att, "duration"));
+    else /* a running application's: so far (the history server's killed drivers: unknown) */
+      put_duration(o, p->live && ok(start) && start > 0 ? now_ms(p, start) - start : NAN);
     pages_put(o, "</td></tr>\n");
   }
   pages_put(o, "</table>\n");
@@ -751,9 +795,14 @@ static int page_jobs(page *p) {
 
   jobs_timeline(p, jobs);
 
-  pages_put(o, "<h2>All jobs</h2>\n<table><tr><th>Job</th><th>Description</th><th>Status</th><th>Submitted</th>"
+  size_t from, to;
+  pager_range(p, n, &from, &to);
+  pages_put(o, "<h2>All jobs</h2>\n");
+  put_pager(p, "/jobs/", -1, -1, n, from, to);
+  pages_put(o, "<table><tr><th>Job</th><th>Description</th><th>Status</th><th>Submitted</th>"
                "<th>Duration</th><th>Stages</th><th>Tasks</th></tr>\n");
-  json_array_foreach(jobs, i, j) {
+  for (i = from; i < to; i++) {
+    j = json_array_get(jobs, i);
     long long id = jint(j, "jobId", -1);
     double s = jtime(j, "submissionTime"), e = jtime(j, "completionTime");
     char *href = link_to(p, NULL, "/job/", id, -1);
@@ -965,9 +1014,14 @@ static void stage_dag(page *p, json_t *stage, stage_ref *refs, size_t n_refs) {
   }
   for (size_t i = 0; i < nr; i++) {
     json_t *r = json_array_get(rdds, i);
-    const char *op = jstr(r, "op");
-    nodes[np + i] = (svg_node){top + (int)i, jstr(r, "name") ? jstr(r, "name") : op,
-                               page_strf(p, "[%s] %s", jid(r, "id", idbuf, sizeof idbuf), op ? op : ""), NULL, NULL};
+    const char *op = jstr(r, "op"), *id = jid(r, "id", idbuf, sizeof idbuf);
+    long long parts = jint(r, "numPartitions", -1);
+    char nparts[48] = "";
+    if (parts >= 0) snprintf(nparts, sizeof nparts, ", %lld partitions", parts);
+    bool cached = jbool(r, "cached");
+    nodes[np + i] = (svg_node){top + (int)i, jstr(r, "name") ? jstr(r, "name") : op ? op : page_strf(p, "RDD %s", id),
+                               page_strf(p, "[%s]%s%s%s%s", id, op ? " " : "", op ? op : "", nparts, cached ? ", cached" : ""),
+                               NULL, cached ? "#d8f0d8" : NULL};
   }
   size_t ne = 0;
   for (size_t i = 0; i < np; i++) edges[ne++] = (svg_edge){i, np};
@@ -1097,65 +1151,106 @@ static void task_row(page *p, json_t *t) {
   pages_put(o, "</td></tr>\n");
 }
 
+static int cmp_ll(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Adds v to the set arr[0..*n) (grown as needed); false when out of memory. */
+static bool add_attempt(long long **arr, size_t *n, size_t *cap, long long v) {
+  for (size_t i = 0; i < *n; i++)
+    if ((*arr)[i] == v) return true;
+  if (!grow((void **)arr, cap, *n, sizeof **arr)) return false;
+  (*arr)[(*n)++] = v;
+  return true;
+}
+
+/* The stage page. The API answers one entry per attempt it keeps (the store keeps the newest),
+ * each with the tasks of every attempt; a task's stageAttemptId says whose it is. So attempt k
+ * is shown when an entry or a task names it, with the entry's figures (the newest's when k
+ * has none) and k's tasks. */
 static int page_stage(page *p) {
   ui_out *o = &p->o;
   char *id_text = query_get(p, "id"), *att_text = query_get(p, "attempt");
   long long id = -1, want = -1;
   bool valid = id_ok(id_text, &id) && (!att_text || id_ok(att_text, &want));
   json_t *attempts = valid ? get(p, "/applications/%s/stages/%lld", p->app, id) : NULL;
-  json_t *stage = NULL;
+  json_t *newest = NULL, *exact = NULL, *a;
   size_t i;
-  json_t *a;
+  long long *atts = NULL;
+  size_t n_atts = 0, cap_atts = 0;
+  bool mem = true;
   json_array_foreach(attempts, i, a) {
+    if (!json_is_object(a)) continue;
     long long at = jint(a, "attemptId", 0);
-    if (want >= 0 ? at == want : (!stage || at >= jint(stage, "attemptId", 0))) stage = a;
+    if (!newest || at >= jint(newest, "attemptId", 0)) newest = a;
+    if (at == want) exact = a;
+    mem = mem && add_attempt(&atts, &n_atts, &cap_atts, at);
   }
-  if (!json_is_object(stage)) {
+  json_t *stage = exact ? exact : newest;
+  long long shown = want >= 0 ? want : jint(stage, "attemptId", 0);
+
+  /* Its tasks: the entry's "tasks" map, else the attempt's taskList; only the shown attempt's. */
+  json_t *map = json_object_get(stage, "tasks");
+  if (stage && !json_is_object(map)) map = get(p, "/applications/%s/stages/%lld/%lld/taskList", p->app, id, shown);
+  size_t n = json_is_object(map) ? json_object_size(map) : json_array_size(map), n_tasks = 0;
+  json_t **tasks = fl_calloc(n ? n : 1, sizeof *tasks);
+  mem = mem && tasks;
+  if (tasks && json_is_object(map)) {
+    const char *key;
+    json_t *t;
+    json_object_foreach(map, key, t) if (json_is_object(t)) tasks[n_tasks++] = t;
+  } else if (tasks) {
+    json_t *t;
+    json_array_foreach(map, i, t) if (json_is_object(t)) tasks[n_tasks++] = t;
+  }
+  size_t kept = 0;
+  for (size_t k = 0; k < n_tasks; k++) {
+    json_t *sa = json_object_get(tasks[k], "stageAttemptId");
+    if (sa) mem = mem && add_attempt(&atts, &n_atts, &cap_atts, json_integer_value(sa));
+    if (!sa || json_integer_value(sa) == shown) tasks[kept++] = tasks[k];
+  }
+  n_tasks = kept;
+  if (!mem) o->st = FL_ENOMEM;
+  bool known = false;
+  for (size_t k = 0; k < n_atts; k++) known |= atts[k] == shown;
+  if (!stage || !known) {
     const char *what = !id_text ? "(none given)" : att_text ? page_strf(p, "%s, attempt %s", id_text, att_text) : id_text;
     int status = not_found(p, "stage", what);
     fl_free(id_text);
     fl_free(att_text);
+    fl_free(tasks);
+    fl_free(atts);
     return status;
   }
   fl_free(id_text);
   fl_free(att_text);
+  qsort(tasks, n_tasks, sizeof *tasks, cmp_task);
+  qsort(atts, n_atts, sizeof *atts, cmp_ll);
   resolve_app(p);
-  long long attempt = jint(stage, "attemptId", 0);
   size_t n_refs = 0;
   stage_ref *refs = stage_index(p, get(p, "/applications/%s/stages", p->app), &n_refs);
 
-  /* Its tasks: the attempt's "tasks" map, else its taskList. */
-  json_t *map = json_object_get(stage, "tasks");
-  if (!json_is_object(map)) map = get(p, "/applications/%s/stages/%lld/%lld/taskList", p->app, id, attempt);
-  size_t n = json_is_object(map) ? json_object_size(map) : json_array_size(map), n_tasks = 0;
-  json_t **tasks = fl_calloc(n ? n : 1, sizeof *tasks);
-  if (!tasks) {
-    o->st = FL_ENOMEM;
-    n = 0;
-  } else if (json_is_object(map)) {
-    const char *key;
-    json_t *t;
-    json_object_foreach(map, key, t) if (json_is_object(t)) tasks[n_tasks++] = t;
-  } else {
-    json_t *t;
-    json_array_foreach(map, i, t) if (json_is_object(t)) tasks[n_tasks++] = t;
-  }
-  if (tasks) qsort(tasks, n_tasks, sizeof *tasks, cmp_task);
-
   head(p, "stage", "/jobs/", true);
-  pages_printf(o, "<h1>Stage %lld (attempt %lld): ", id, attempt);
+  pages_printf(o, "<h1>Stage %lld (attempt %lld): ", id, shown);
   pages_escape(o, jstr(stage, "name"));
   pages_put(o, "</h1>\n");
-  if (json_array_size(attempts) > 1) {
+  if (n_atts > 1) {
     pages_put(o, "<p>Attempts:");
-    json_array_foreach(attempts, i, a) {
-      long long at = jint(a, "attemptId", 0);
+    for (size_t k = 0; k < n_atts; k++) {
       pages_put(o, " ");
-      put_a(p, link_to(p, NULL, "/stage/", id, at));
-      pages_printf(o, "%lld</a>", at);
+      if (atts[k] == shown) {
+        pages_printf(o, "<b>%lld</b>", atts[k]);
+        continue;
+      }
+      put_a(p, link_to(p, NULL, "/stage/", id, atts[k]));
+      pages_printf(o, "%lld</a>", atts[k]);
     }
     pages_put(o, "</p>\n");
   }
+  if (!exact && want >= 0)
+    pages_printf(o, "<p>The figures are attempt %lld's (the newest); the tasks are attempt %lld's.</p>\n",
+                 jint(stage, "attemptId", 0), shown);
   double s = jtime(stage, "submissionTime"), e = jtime(stage, "completionTime");
   pages_put(o, "<dl class=\"sum\">");
   summary_item(o, "Status");
@@ -1205,13 +1300,17 @@ static int page_stage(page *p) {
   else
     pages_put(o, "<p>No tasks yet.</p>\n");
   task_quantiles(p, tasks, n_tasks);
+  size_t from, to;
+  pager_range(p, n_tasks, &from, &to);
   pages_printf(o, "<h2>Tasks (%zu)</h2>\n", n_tasks);
+  put_pager(p, "/stage/", id, want, n_tasks, from, to);
   pages_put(o, "<table><tr><th>Task ID</th><th>Index</th><th>Attempt</th><th>Executor</th><th>Host</th>"
                "<th>Status</th><th>Locality</th><th>Launch time</th><th>Duration</th><th>Input</th>"
                "<th>Shuffle read</th><th>Shuffle write</th><th>Speculative</th><th>Error</th></tr>\n");
-  for (size_t k = 0; k < n_tasks; k++) task_row(p, tasks[k]);
+  for (size_t k = from; k < to; k++) task_row(p, tasks[k]);
   pages_put(o, "</table>\n");
   fl_free(tasks);
+  fl_free(atts);
   fl_free(refs);
   foot(p);
   return 200;
@@ -1246,8 +1345,9 @@ static int page_storage(page *p) {
     pages_escape(o, jid(r, "id", idbuf, sizeof idbuf));
     pages_put(o, "]</a></td><td>");
     put_field(o, r, "storageLevel");
-    pages_printf(o, "</td><td class=\"n\">%.0f of %.0f</td><td class=\"n\">", ok(cached) ? cached : 0,
-                 ok(total) ? total : 0);
+    pages_printf(o, "</td><td class=\"n\">%.0f", ok(cached) ? cached : 0);
+    if (ok(total)) pages_printf(o, " of %.0f", total);
+    pages_put(o, "</td><td class=\"n\">");
     if (total > 0 && ok(cached))
       pages_printf(o, "%.0f%%", cached / total * 100);
     else
@@ -1434,6 +1534,10 @@ static int page_ps(page *p) {
     json_t *shards = json_object_get(t, "shards");
     pages_put(o, "<h2>Table ");
     put_field(o, t, "table");
+    if (jstr(t, "name") && *jstr(t, "name")) {
+      pages_put(o, ": ");
+      pages_escape(o, jstr(t, "name"));
+    }
     pages_printf(o, " (%zu shards)</h2>\n<table><tr><th>Shard</th><th>Primary</th><th>Backups</th>"
                     "<th>Workers' clocks</th></tr>\n",
                  json_array_size(shards));
