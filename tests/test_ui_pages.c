@@ -562,6 +562,114 @@ static void test_unknown_page_app_job_stage_are_404(void **state) {
   fake_free(f);
 }
 
+/* ---- over the real store and API ----------------------------------------------------------- */
+
+static json_t *store_api(void *arg, const char *path, int *status) { return api_answer(arg, NULL, NULL, path, status); }
+
+static void test_pages_over_the_store_and_api(void **state) {
+  (void)state;
+  static const char *const events[] = {
+      "{'Event': 'ApplicationStart', 'App': 'app-t-0001', 'Time': 1764353112000, 'Name': 'word <count>', "
+      "'User': 'ann', 'Master': 'local[2]'}",
+      "{'Event': 'Environment', 'App': 'app-t-0001', 'Properties': [['flint.master', 'local[2]']]}",
+      "{'Event': 'ExecutorAdded', 'App': 'app-t-0001', 'Executor': 1, 'Host': 'h1:7078', 'Cores': 4, "
+      "'Memory': 1073741824, 'GPU': -1}",
+      "{'Event': 'JobStart', 'App': 'app-t-0001', 'Time': 1764353112100, 'Job': 0, 'Name': 'collect & <go>', "
+      "'Stages': [{'Stage': 0, 'Name': 'map', 'Tasks': 2, 'Parents': [], 'RDDs': [{'RDD': 0, 'Name': 'text', "
+      "'Op': 'source'}]}, {'Stage': 1, 'Name': 'reduce', 'Tasks': 2, 'Parents': [0], 'RDDs': [{'RDD': 1, "
+      "'Name': 'shuffled', 'Op': 'shuffle'}, {'RDD': 2, 'Name': 'out', 'Op': 'map'}]}]}",
+      "{'Event': 'StageSubmitted', 'App': 'app-t-0001', 'Time': 1764353112100, 'Job': 0, 'Stage': 0, "
+      "'Attempt': 0, 'Tasks': 2}",
+      "{'Event': 'TaskStart', 'App': 'app-t-0001', 'Time': 1764353112200, 'Job': 0, 'Stage': 0, 'Task': 0, "
+      "'Index': 0, 'Attempt': 0, 'Executor': 1, 'Locality': 'PROCESS_LOCAL', 'Speculative': false}",
+      "{'Event': 'TaskStart', 'App': 'app-t-0001', 'Time': 1764353112200, 'Job': 0, 'Stage': 0, 'Task': 1, "
+      "'Index': 1, 'Attempt': 0, 'Executor': 1, 'Locality': 'ANY', 'Speculative': false}",
+      "{'Event': 'TaskEnd', 'App': 'app-t-0001', 'Time': 1764353112300, 'Job': 0, 'Stage': 0, 'Task': 0, "
+      "'Index': 0, 'Attempt': 0, 'Executor': 1, 'Status': 'SUCCESS', 'Duration': 100, 'RunTime': 90, "
+      "'InputBytes': 2048, 'ShuffleReadBytes': 0, 'ShuffleWriteBytes': 512}",
+      "{'Event': 'TaskEnd', 'App': 'app-t-0001', 'Time': 1764353112400, 'Job': 0, 'Stage': 0, 'Task': 1, "
+      "'Index': 1, 'Attempt': 0, 'Executor': 1, 'Status': 'FAILED', 'Duration': 200, 'RunTime': 190, "
+      "'InputBytes': 0, 'ShuffleReadBytes': 0, 'ShuffleWriteBytes': 0, 'Error': 'bad <input>'}",
+      "{'Event': 'StageCompleted', 'App': 'app-t-0001', 'Time': 1764353112500, 'Job': 0, 'Stage': 0, "
+      "'Attempt': 0, 'Failed': false}",
+      "{'Event': 'StageSubmitted', 'App': 'app-t-0001', 'Time': 1764353112500, 'Job': 0, 'Stage': 1, "
+      "'Attempt': 0, 'Tasks': 2}",
+      "{'Event': 'TaskStart', 'App': 'app-t-0001', 'Time': 1764353112600, 'Job': 0, 'Stage': 1, 'Task': 2, "
+      "'Index': 0, 'Attempt': 0, 'Executor': 1, 'Locality': 'NODE_LOCAL', 'Speculative': true}",
+      "{'Event': 'BlockUpdated', 'App': 'app-t-0001', 'RDD': 2, 'Name': 'out <cached>', 'Partition': 0, "
+      "'Executor': 1, 'Memory': 4096, 'Disk': 0, 'Level': 'MEMORY_ONLY'}",
+      "{'Event': 'PsTable', 'App': 'app-t-0001', 'Table': 0, 'Name': 'w', 'Shards': [{'Shard': 0, "
+      "'Replicas': [1]}]}",
+      "{'Event': 'TrainStart', 'App': 'app-t-0001', 'Run': 1, 'Name': 'mlp', 'Config': {'allreduce': 'ring'}}",
+      "{'Event': 'TrainStep', 'App': 'app-t-0001', 'Run': 1, 'Epoch': 0, 'Step': 1, 'Loss': 2.0, "
+      "'Accuracy': 0.1, 'ImagesPerSecond': 10.0, 'BytesSent': 10}",
+      "{'Event': 'TrainStep', 'App': 'app-t-0001', 'Run': 1, 'Epoch': 0, 'Step': 2, 'Loss': 1.5, "
+      "'Accuracy': 0.2, 'ImagesPerSecond': 11.0, 'BytesSent': 10}",
+      "{'Event': 'TrainStep', 'App': 'app-t-0001', 'Run': 1, 'Epoch': 0, 'Step': 3, 'Loss': 1.0, "
+      "'Accuracy': 0.4, 'TestAccuracy': 0.3, 'ImagesPerSecond': 12.0, 'BytesSent': 10}",
+      "{'Event': 'TrainPipeline', 'App': 'app-t-0001', 'Run': 1, 'Stages': [[{'Op': 'F', 'MicroBatch': 0, "
+      "'Start': 0, 'End': 5}, {'Op': 'B', 'MicroBatch': 0, 'Start': 6, 'End': 12}], [{'Op': 'F', "
+      "'MicroBatch': 0, 'Start': 5, 'End': 6}]]}",
+  };
+  ui_store *store = NULL;
+  assert_int_equal(store_create(&store), FL_OK);
+  for (size_t i = 0; i < sizeof events / sizeof events[0]; i++) {
+    json_t *ev = J(events[i]);
+    store_apply(store, ev);
+    json_decref(ev);
+  }
+  fl_buf html = FL_BUF_INIT;
+  const char *h;
+#define RENDER(path, query) \
+  (html.len = 0, pages_render(store_api, store, "local", path, query, &html))
+  assert_int_equal(RENDER("/", NULL), 200);
+  h = (const char *)html.data;
+  assert_contains(h, "href=\"/jobs/?app=app-t-0001\"");
+  assert_contains(h, "word &lt;count&gt;");
+  assert_int_equal(RENDER("/jobs/", "app=current"), 200);
+  h = (const char *)html.data;
+  assert_int_equal(count(h, "<tr class=\"job\">"), 1);
+  assert_contains(h, "collect &amp; &lt;go&gt;");
+  assert_contains(h, "word &lt;count&gt; (app-t-0001)");
+  assert_contains(h, "href=\"/job/?app=app-t-0001&amp;id=0\"");
+  assert_int_equal(RENDER("/job/", "app=app-t-0001&id=0"), 200);
+  h = (const char *)html.data;
+  assert_int_equal(count(h, "<tr class=\"stage\">"), 2);
+  assert_int_equal(count(h, "<line class=\"edge\""), 1);
+  assert_int_equal(RENDER("/stage/", "app=app-t-0001&id=0"), 200);
+  h = (const char *)html.data;
+  assert_int_equal(count(h, "<tr class=\"task\">"), 2);
+  assert_int_equal(count(h, "<rect class=\"bar\""), 2);
+  assert_contains(h, "bad &lt;input&gt;");
+  assert_int_equal(RENDER("/stage/", "app=app-t-0001&id=1"), 200);
+  h = (const char *)html.data;
+  assert_int_equal(count(h, "<tr class=\"task\">"), 1);
+  assert_contains(h, ">RUNNING<");
+  assert_contains(h, "NODE_LOCAL");
+  assert_int_equal(count(h, "<g class=\"node\">"), 3); /* stage 0, then shuffled and out */
+  assert_int_equal(RENDER("/storage/", "app=app-t-0001"), 200);
+  assert_contains((char *)html.data, "out &lt;cached&gt; [2]");
+  assert_contains((char *)html.data, "4.0 KiB");
+  assert_int_equal(RENDER("/executors/", "app=app-t-0001"), 200);
+  assert_contains((char *)html.data, "h1:7078");
+  assert_int_equal(RENDER("/environment/", "app=app-t-0001"), 200);
+  assert_int_equal(count((char *)html.data, "<tr class=\"prop\">"), 1);
+  assert_int_equal(RENDER("/ps/", "app=app-t-0001"), 200);
+  assert_contains((char *)html.data, "Table 0: w (1 shards)");
+  assert_int_equal(RENDER("/training/", "app=app-t-0001"), 200);
+  h = (const char *)html.data;
+  assert_int_equal(polyline_points(h, 0), 3);
+  assert_int_equal(polyline_points(h, 2), 1); /* the one test accuracy */
+  assert_contains(h, "<tr class=\"hl\"><td>allreduce</td><td>ring</td></tr>");
+  assert_int_equal(count(h, "<rect class=\"bar\""), 3); /* the pipeline's passes */
+  assert_int_equal(RENDER("/job/", "app=app-t-0001&id=9"), 404);
+  assert_int_equal(RENDER("/stage/", "app=app-t-0001&id=9"), 404);
+  assert_int_equal(RENDER("/jobs/", "app=app-t-0002"), 404);
+#undef RENDER
+  fl_buf_free(&html);
+  store_destroy(store);
+}
+
 /* ---- long tables -------------------------------------------------------------------------- */
 
 static void test_long_tables_come_a_page_at_a_time(void **state) {
@@ -750,6 +858,7 @@ int main(void) {
       cmocka_unit_test(test_empty_application_renders_every_page),
       cmocka_unit_test(test_current_is_passed_to_the_api_and_resolved_for_links),
       cmocka_unit_test(test_unknown_page_app_job_stage_are_404),
+      cmocka_unit_test(test_pages_over_the_store_and_api),
       cmocka_unit_test(test_long_tables_come_a_page_at_a_time),
       cmocka_unit_test(test_huge_values_render),
       cmocka_unit_test(test_out_of_memory_fails_cleanly),
