@@ -670,6 +670,32 @@ static void test_pages_over_the_store_and_api(void **state) {
   store_destroy(store);
 }
 
+/* A run of 5000 steps: its curves are thinned to at most SVG_MAX_POINTS points (and the last). */
+static void test_long_runs_are_thinned(void **state) {
+  (void)state;
+  fake *f = fixture();
+  json_t *steps = json_array();
+  for (int i = 0; i < 5000; i++)
+    json_array_append_new(steps, json_pack("{s:i, s:i, s:f, s:f}", "epoch", 0, "step", i, "loss", 1.0 / (i + 1),
+                                           "accuracy", i / 5000.0));
+  route(f, "/applications/" APP "/training",
+        json_pack("[{s:i, s:s, s:s, s:{}, s:o}]", "run", 1, "name", "long", "status", "FINISHED", "config", "steps",
+                  steps));
+  fl_buf html = FL_BUF_INIT;
+  assert_int_equal(render(f, "driver", "/training/", "app=" APP, &html), 200);
+  size_t points = polyline_points((char *)html.data, 0);
+  assert_true(points >= SVG_MAX_POINTS / 2 && points <= SVG_MAX_POINTS + 1);
+  assert_contains((char *)html.data, "<dd>5000</dd>");
+  /* The last step is drawn: the loss line's last point is at the plot's right edge (x 544). */
+  const char *line = strstr((char *)html.data, "<polyline");
+  const char *end = strchr(strstr(line, "points=\"") + 8, '"');
+  const char *last = end;
+  while (last[-1] != ' ') last--;
+  assert_int_equal(strncmp(last, "544.0,", 6), 0);
+  fl_buf_free(&html);
+  fake_free(f);
+}
+
 /* ---- long tables -------------------------------------------------------------------------- */
 
 static void test_long_tables_come_a_page_at_a_time(void **state) {
@@ -859,6 +885,7 @@ int main(void) {
       cmocka_unit_test(test_current_is_passed_to_the_api_and_resolved_for_links),
       cmocka_unit_test(test_unknown_page_app_job_stage_are_404),
       cmocka_unit_test(test_pages_over_the_store_and_api),
+      cmocka_unit_test(test_long_runs_are_thinned),
       cmocka_unit_test(test_long_tables_come_a_page_at_a_time),
       cmocka_unit_test(test_huge_values_render),
       cmocka_unit_test(test_out_of_memory_fails_cleanly),

@@ -21,7 +21,7 @@
 
 #include "driver/ui/ui_internal.h"
 
-/* Past these, a chart shows the newest only (the tables still list everything). */
+/* Past these, a timeline shows only the newest jobs or the first tasks. */
 #define TIMELINE_MAX_JOBS 200
 #define TIMELINE_MAX_TASKS 1000
 /* Rows of a jobs' or tasks' table per page (?page=N). */
@@ -94,14 +94,14 @@ typedef struct page {
   size_t n_strs, cap_strs;
 } page;
 
-static bool grow(void **arr, size_t *cap, size_t n, size_t size) {
-  if (n < *cap) return true;
+/* The array `arr` of n items of `size` bytes with room for one more: arr itself, or a larger
+ * copy (*cap updated); NULL when out of memory (arr stays valid). */
+static void *grow(void *arr, size_t *cap, size_t n, size_t size) {
+  if (n < *cap) return arr;
   size_t c = *cap ? *cap * 2 : 16;
-  void *a = fl_realloc(*arr, c * size);
-  if (!a) return false;
-  *arr = a;
-  *cap = c;
-  return true;
+  void *a = fl_realloc(arr, c * size);
+  if (a) *cap = c;
+  return a;
 }
 
 /* A string that lives until the page is done; NULL (and the page fails) when out of memory. */
@@ -112,11 +112,13 @@ static char *page_strf(page *p, const char *fmt, ...) {
   int n = vsnprintf(NULL, 0, fmt, ap);
   va_end(ap);
   char *s = n < 0 ? NULL : fl_malloc((size_t)n + 1);
-  if (!s || !grow((void **)&p->strs, &p->cap_strs, p->n_strs, sizeof *p->strs)) {
+  char **strs = s ? grow(p->strs, &p->cap_strs, p->n_strs, sizeof *p->strs) : NULL;
+  if (!strs) {
     fl_free(s);
     if (p->o.st == FL_OK) p->o.st = FL_ENOMEM;
     return NULL;
   }
+  p->strs = strs;
   va_start(ap, fmt);
   vsnprintf(s, (size_t)n + 1, fmt, ap);
   va_end(ap);
@@ -136,11 +138,13 @@ static json_t *get(page *p, const char *fmt, ...) {
   int status = 0;
   json_t *v = p->api(p->arg, path, &status);
   if (!v) return NULL;
-  if (!grow((void **)&p->held, &p->cap_held, p->n_held, sizeof *p->held)) {
+  json_t **held = grow(p->held, &p->cap_held, p->n_held, sizeof *p->held);
+  if (!held) {
     json_decref(v);
     if (p->o.st == FL_OK) p->o.st = FL_ENOMEM;
     return NULL;
   }
+  p->held = held;
   p->held[p->n_held++] = v;
   return v;
 }
@@ -174,7 +178,8 @@ static char *query_get(page *p, const char *key) {
       }
       while (v < end) {
         if (*v == '%' && end - v >= 3 && hex_digit(v[1]) >= 0 && hex_digit(v[2]) >= 0) {
-          *w++ = (char)(hex_digit(v[1]) * 16 + hex_digit(v[2]));
+          char c = (char)(hex_digit(v[1]) * 16 + hex_digit(v[2]));
+          *w++ = c ? c : '?'; /* a NUL would cut the value short */
           v += 3;
         } else {
           *w++ = *v == '+' ? ' ' : *v;
@@ -862,10 +867,12 @@ static void stages_dag(page *p, json_t **stages, size_t n) {
     json_array_foreach(json_object_get(stages[i], "parentIds"), k, par) {
       for (size_t f = 0; f < n; f++) {
         if (jint(stages[f], "stageId", -2) != json_integer_value(par) || !json_is_integer(par)) continue;
-        if (!grow((void **)&edges, &cap_edges, n_edges, sizeof *edges)) {
+        svg_edge *more = grow(edges, &cap_edges, n_edges, sizeof *edges);
+        if (!more) {
           p->o.st = FL_ENOMEM;
           break;
         }
+        edges = more;
         edges[n_edges++] = (svg_edge){f, i};
       }
     }
@@ -1160,7 +1167,9 @@ static int cmp_ll(const void *a, const void *b) {
 static bool add_attempt(long long **arr, size_t *n, size_t *cap, long long v) {
   for (size_t i = 0; i < *n; i++)
     if ((*arr)[i] == v) return true;
-  if (!grow((void **)arr, cap, *n, sizeof **arr)) return false;
+  long long *more = grow(*arr, cap, *n, sizeof **arr);
+  if (!more) return false;
+  *arr = more;
   (*arr)[(*n)++] = v;
   return true;
 }
@@ -1225,7 +1234,7 @@ static int page_stage(page *p) {
   }
   fl_free(id_text);
   fl_free(att_text);
-  qsort(tasks, n_tasks, sizeof *tasks, cmp_task);
+  if (tasks) qsort(tasks, n_tasks, sizeof *tasks, cmp_task);
   qsort(atts, n_atts, sizeof *atts, cmp_ll);
   resolve_app(p);
   size_t n_refs = 0;

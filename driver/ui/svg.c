@@ -109,6 +109,7 @@ void svg_line_chart(ui_out *o, const char *title, const char *x_label, const cha
       any = true;
     }
   }
+  if (!any) xhi = yhi = 1; /* empty axes from 0 to 1 */
   widen(&xlo, &xhi);
   widen(&ylo, &yhi);
   const double pw = LC_W - LC_L - LC_R, ph = LC_H - LC_T - LC_B;
@@ -152,9 +153,10 @@ void svg_line_chart(ui_out *o, const char *title, const char *x_label, const cha
     lx -= 10;
   }
   for (size_t s = 0; s < n_series; s++) {
-    size_t points = 0;
+    size_t points = 0, stride = (series[s].n + SVG_MAX_POINTS - 1) / SVG_MAX_POINTS;
     double px = 0, py = 0;
     for (size_t i = 0; i < series[s].n; i++) {
+      if (i % stride && i + 1 < series[s].n) continue;
       double x = series[s].x[i], y = series[s].y[i];
       if (!isfinite(x) || !isfinite(y)) continue;
       px = LC_L + frac(x, xlo, xhi) * pw;

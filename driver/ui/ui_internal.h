@@ -75,7 +75,9 @@ FL_INTERNAL void pages_escape(ui_out *o, const char *s);
 
 /* ---- charts (svg.c): inline SVG, sized in pixels, with <title> tooltips ------------------ */
 /* A line chart: one polyline per series with one point per finite (x, y) pair, axes with
- * about five "nice" ticks each and their labels. No points at all: the axes and "no data". */
+ * about five "nice" ticks each and their labels. No points at all: the axes and "no data".
+ * A series longer than SVG_MAX_POINTS is thinned to every k-th point (and its last). */
+#define SVG_MAX_POINTS 2000
 typedef struct svg_series {
   const char *name;  /* the legend's text */
   const char *color; /* a CSS colour */
