@@ -513,9 +513,15 @@ static void test_ui_flag_and_option(void **state) {
   fl_context *ctx;
   must_ok(fl_context_open("local[1]", &o, &ctx));
   assert_non_null(fl_context_ui_url(ctx));
-  json_t *apps = get_json(fl_context_ui_url(ctx), "/api/v1/applications");
-  assert_int_equal(json_array_size(apps), 1);
-  json_decref(apps);
+  /* the UI applies events on its own thread, a moment after they happen */
+  size_t seen = 0;
+  for (int i = 0; i < 3000 && seen == 0; i++) {
+    json_t *apps = get_json(fl_context_ui_url(ctx), "/api/v1/applications");
+    seen = json_array_size(apps);
+    json_decref(apps);
+    if (!seen) usleep(10000);
+  }
+  assert_int_equal(seen, 1);
   fl_context_close(ctx);
   unsetenv("FLINT_UI_PORT");
 }
