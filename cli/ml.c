@@ -317,13 +317,34 @@ static int parse_args(int argc, char **argv, ml_args *a) {
   return 0;
 }
 
+/* The iterations' progress: on a terminal one line redrawn in place, with an ETA (from
+ * max_iterations: training that converges ends sooner); elsewhere a whole line each. */
+typedef struct iteration_line {
+  bool in_place, open; /* open: a line without its newline yet */
+  uint32_t max_iterations;
+} iteration_line;
+
 /* One line per iteration, flushed so that it shows at once through a pipe. */
 static fl_status print_iteration(void *arg, const fl_ml_iteration *it) {
-  (void)arg;
-  printf("iter %3u  loss %.10f  |grad| %.3e  step %.2e  evals %u  %.2f s\n", it->iteration, it->loss,
-         it->grad_norm, it->step, it->evaluations, it->seconds);
+  iteration_line *l = arg;
+  if (!l->in_place) {
+    printf("iter %3u  loss %.10f  |grad| %.3e  step %.2e  evals %u  %.2f s\n", it->iteration, it->loss,
+           it->grad_norm, it->step, it->evaluations, it->seconds);
+  } else {
+    char eta[32];
+    common_progress_eta(eta, sizeof eta, it->seconds, (double)it->iteration / l->max_iterations);
+    /* Trailing blanks clear what a longer last line left. */
+    printf("\riter %3u/%u  loss %.10f  |grad| %.3e  step %.2e  evals %u  %.2f s  %s   ", it->iteration,
+           l->max_iterations, it->loss, it->grad_norm, it->step, it->evaluations, it->seconds, eta);
+    l->open = true;
+  }
   fflush(stdout);
   return FL_OK;
+}
+
+static void end_iteration_line(iteration_line *l) {
+  if (l->open) putchar('\n');
+  l->open = false;
 }
 
 /* The ps solver's curve row: a line on stdout and, with --curves, a CSV row (flushed, so
@@ -463,7 +484,10 @@ int cmd_ml(int argc, char **argv) {
   }
   if (rc) return rc;
   if (a.command != ML_TRAIN) return apply_model(&a);
+  iteration_line line = {.in_place = common_progress_on_terminal(STDOUT_FILENO),
+                         .max_iterations = a.train.max_iterations ? a.train.max_iterations : 100};
   a.train.progress = print_iteration;
+  a.train.progress_arg = &line;
   FILE *curves = NULL;
   if (a.train.solver == FL_ML_SOLVER_PS) { /* one line per epoch instead of per iteration */
     a.train.progress = NULL;
@@ -476,7 +500,10 @@ int cmd_ml(int argc, char **argv) {
   fl_ml_model *model = NULL;
   fl_ml_metrics metrics;
   rc = 1;
-  if (fl_context_open(a.master, NULL, &ctx) != FL_OK) goto fail;
+  /* The iteration line redrawn on a terminal stands for the stage bar, which would fight it. */
+  fl_options fo = FL_OPTIONS_INIT;
+  fo.no_console_progress = line.in_place;
+  if (fl_context_open(a.master, &fo, &ctx) != FL_OK) goto fail;
   if (load(ctx, &a, a.data, a.labels, 0, &data) != FL_OK) goto fail;
   /* Test data is loaded before training, so that a bad file fails before the long part.
    * libsvm test data gets the training width, so that it fits the model and the summary. */
@@ -503,7 +530,10 @@ int cmd_ml(int argc, char **argv) {
   }
   printf("training %s: %s\n", a.logistic ? "logistic regression" : "least squares", solver_name(&a, train));
   fflush(stdout);
-  if ((a.logistic ? fl_ml_logreg : fl_ml_linreg)(train, &a.train, &model) != FL_OK) goto fail;
+  if (strstr(solver_name(&a, train), "normal")) line.max_iterations = 1; /* one solve */
+  fl_status trained = (a.logistic ? fl_ml_logreg : fl_ml_linreg)(train, &a.train, &model);
+  end_iteration_line(&line);
+  if (trained != FL_OK) goto fail;
 
   printf("rows         %llu\n", (unsigned long long)train->rows);
   printf("features     %u\n", model->cols);
