@@ -5,6 +5,7 @@
  * stage is left or an action ends); scheduler_progress with nothing running; and the flint
  * command run as a user runs it: with stdout and stderr on a pseudo-terminal, a slow job's
  * bar is drawn (local[2], and local-cluster[2,1,512] through the driver's StageProgress) and
+ * `flint submit` to a driver shows its job binary's bar (StageProgress by submission id);
  * `flint ml` and `flint train` redraw their lines with an ETA; into a file, none of them
  * writes a "\r". No assertion is on elapsed time.
  *
@@ -438,6 +439,39 @@ static void test_cluster_bar_on_terminal(void **state) {
   output_free(o);
 }
 
+/* flint submit to a driver: the job binary runs on the driver, and the submitter asks for
+ * the stages of its application (StageProgress by submission id). */
+static void test_submit_bar_on_terminal(void **state) {
+  (void)state;
+  client_local_cluster lc = {0};
+  char addr[256], master[300];
+  uint32_t executors = 0;
+  rpc_channel *ch = NULL;
+  assert_ok(client_local_cluster_start(&lc, "local-cluster[2,1,512]", addr, sizeof addr, &executors));
+  snprintf(master, sizeof master, "flint://%s", addr);
+  assert_ok(client_rpc_connect(master, &ch));
+  assert_ok(client_local_cluster_wait(&lc, ch, executors));
+  output *o = run_on_pty(NULL, (const char *const[]){SLOW_JOB(master)});
+  expect_bar(o);
+  output_free(o);
+  /* Into a file: the job's output, no bar. */
+  o = run_into_file(NULL, (const char *const[]){SLOW_JOB(master)});
+  expect(o, 0, "job_slow count: 4");
+  expect_absent(o, "\r");
+  output_free(o);
+  /* A StageProgress of nothing running, and of an unknown job binary: no stage. */
+  client_progress_driver src = {ch, 0, 12345};
+  sched_stage_progress stages[4];
+  uint32_t count = 99;
+  assert_ok(client_progress_ask_driver(&src, stages, 4, &count));
+  assert_int_equal(count, 0);
+  src = (client_progress_driver){ch, 1, 0};
+  assert_ok(client_progress_ask_driver(&src, stages, 4, &count));
+  assert_int_equal(count, 0);
+  rpc_channel_destroy(ch);
+  client_local_cluster_stop(&lc);
+}
+
 /* y = 1 + 2 x1 - 3 x2 + a little noise, the label first. */
 static const char *write_csv(void) {
   static char path[PATH_MAX + 32];
@@ -520,6 +554,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_local_no_bar_into_file, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_progress_off_on_terminal, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_cluster_bar_on_terminal, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_submit_bar_on_terminal, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_ml_lines, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_train_lines, test_bound_arm, test_bound_disarm),
   };

@@ -313,7 +313,9 @@ FL_INTERNAL fl_status scheduler_post_call(scheduler *s, void (*fn)(scheduler *, 
 /* A submitted, unfinished stage of a running job, as a progress bar shows it (progress.c). */
 typedef struct sched_stage_progress {
   uint32_t stage;                    /* sched_stage.uid: the stage's number in notes and the UI */
-  uint32_t tasks, completed, running; /* running: tasks with an attempt out, not yet succeeded */
+  /* running: tasks not yet succeeded with an attempt out, handed to the backend (the local
+   * backend and executors queue a few beyond their cores, so it may exceed the cores) */
+  uint32_t tasks, completed, running;
 } sched_stage_progress;
 /* From any thread but the scheduler's: the submitted, unfinished stages of the running jobs
  * of `group` (a local context's: 0), oldest stage first, at most cap of them into out[], and
