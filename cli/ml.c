@@ -317,11 +317,13 @@ static int parse_args(int argc, char **argv, ml_args *a) {
   return 0;
 }
 
-/* The iterations' progress: on a terminal one line redrawn in place, with an ETA (from
- * max_iterations: training that converges ends sooner); elsewhere a whole line each. */
+/* The iterations' (the ps solver: epochs') progress: on a terminal one line redrawn in
+ * place, with an ETA (from max_iterations: training that converges ends sooner); elsewhere a
+ * whole line each. */
 typedef struct iteration_line {
-  bool in_place, open; /* open: a line without its newline yet */
-  uint32_t max_iterations;
+  bool in_place, open;     /* open: a line without its newline yet */
+  uint32_t max_iterations; /* the ps solver: its epochs */
+  FILE *csv;               /* the ps solver's --curves */
 } iteration_line;
 
 /* One line per iteration, flushed so that it shows at once through a pipe. */
@@ -350,9 +352,19 @@ static void end_iteration_line(iteration_line *l) {
 /* The ps solver's curve row: a line on stdout and, with --curves, a CSV row (flushed, so
  * that the file can be watched while training runs). */
 static fl_status print_epoch(void *arg, const fl_ml_ps_epoch *e) {
-  FILE *csv = arg;
-  printf("epoch %3u  loss %.10f  accuracy %.4f  %.2f s  %.2f MiB sent  %.2f MiB received\n", e->epoch, e->loss,
-         e->accuracy, e->seconds, (double)e->bytes_sent / 1048576.0, (double)e->bytes_received / 1048576.0);
+  iteration_line *l = arg;
+  FILE *csv = l->csv;
+  if (!l->in_place) {
+    printf("epoch %3u  loss %.10f  accuracy %.4f  %.2f s  %.2f MiB sent  %.2f MiB received\n", e->epoch, e->loss,
+           e->accuracy, e->seconds, (double)e->bytes_sent / 1048576.0, (double)e->bytes_received / 1048576.0);
+  } else {
+    char eta[32];
+    common_progress_eta(eta, sizeof eta, e->seconds, (double)e->epoch / l->max_iterations);
+    printf("\repoch %3u/%u  loss %.10f  accuracy %.4f  %.2f s  %.2f MiB sent  %.2f MiB received  %s   ", e->epoch,
+           l->max_iterations, e->loss, e->accuracy, e->seconds, (double)e->bytes_sent / 1048576.0,
+           (double)e->bytes_received / 1048576.0, eta);
+    l->open = true;
+  }
   fflush(stdout);
   if (csv) {
     fprintf(csv, "%u,%.6f,%.10f,%.6f,%llu,%llu,%llu\n", e->epoch, e->seconds, e->loss, e->accuracy,
@@ -492,6 +504,8 @@ int cmd_ml(int argc, char **argv) {
   if (a.train.solver == FL_ML_SOLVER_PS) { /* one line per epoch instead of per iteration */
     a.train.progress = NULL;
     a.train.ps.on_epoch = print_epoch;
+    a.train.ps.on_epoch_arg = &line;
+    line.max_iterations = a.train.ps.epochs ? a.train.ps.epochs : 10;
   }
 
   fl_context *ctx = NULL;
@@ -526,7 +540,7 @@ int cmd_ml(int argc, char **argv) {
       goto fail;
     }
     fputs("epoch,seconds,loss,accuracy,steps,bytes_sent,bytes_received\n", curves);
-    a.train.ps.on_epoch_arg = curves;
+    line.csv = curves;
   }
   printf("training %s: %s\n", a.logistic ? "logistic regression" : "least squares", solver_name(&a, train));
   fflush(stdout);

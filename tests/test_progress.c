@@ -506,6 +506,41 @@ static void test_ml_lines(void **state) {
   unlink(csv);
 }
 
+/* Two overlapping classes in 2 features. */
+static const char *write_libsvm(void) {
+  static char path[PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/tiny.svm", tmp_dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 300; i++) {
+    int y = i % 2;
+    fprintf(f, "%d 1:%.4f 3:%.4f\n", y, (i % 23) / 11.0 - 1 + (y ? 0.6 : -0.6), (i % 19) / 9.0 - 1);
+  }
+  assert_int_equal(fclose(f), 0);
+  return path;
+}
+
+#define ML_PS_RUN(svm)                                                                                          \
+  flint_path, "ml", "logreg", "--master", "local[2]", "--data", svm, "--format", "libsvm", "--solver", "ps",   \
+      "--epochs", "3", "--batch", "25", "--lr", "0.3", "--partitions", "2", NULL
+
+/* The ps solver's epochs likewise. */
+static void test_ml_ps_lines(void **state) {
+  (void)state;
+  const char *svm = write_libsvm();
+  output *o = run_on_pty(NULL, (const char *const[]){ML_PS_RUN(svm)});
+  expect(o, 0, "\repoch ");
+  expect(o, 0, "/3  loss ");
+  expect(o, 0, "ETA ");
+  output_free(o);
+  o = run_into_file(NULL, (const char *const[]){ML_PS_RUN(svm)});
+  expect(o, 0, "\nepoch   3  loss ");
+  expect_absent(o, "\r");
+  expect_absent(o, "ETA");
+  output_free(o);
+  unlink(svm);
+}
+
 #define TRAIN_RUN(csv, svg)                                                                                       \
   flint_path, "train", "--model", "mlp", "--data", "fashion-mnist", "--batch", "64", "--epochs", "2",            \
       "--train-images", "640", "--test-images", "64", "--master", "local[2]", "--csv", csv, "--svg", svg, NULL
@@ -556,6 +591,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cluster_bar_on_terminal, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_submit_bar_on_terminal, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_ml_lines, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_ml_ps_lines, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_train_lines, test_bound_arm, test_bound_disarm),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
