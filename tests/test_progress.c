@@ -468,6 +468,12 @@ static void test_submit_bar_on_terminal(void **state) {
   src = (client_progress_driver){ch, 1, 0};
   assert_ok(client_progress_ask_driver(&src, stages, 4, &count));
   assert_int_equal(count, 0);
+  /* Bytes no message decodes from: refused, naming the call. */
+  static const uint8_t garbage[] = {0x0f, 0x0f, 0x0f};
+  fl_buf reply = FL_BUF_INIT;
+  assert_fails_with(rpc_call(ch, "/flint.Driver/StageProgress", (fl_bytes){garbage, sizeof garbage}, 5000, &reply),
+                    FL_EPROTO, "StageProgress: malformed");
+  fl_buf_free(&reply);
   rpc_channel_destroy(ch);
   client_local_cluster_stop(&lc);
 }
