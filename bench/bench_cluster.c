@@ -62,9 +62,15 @@
  *    pre-faulted, as in bench_dataplane). Executors never drop a fetched broadcast before
  *    their application ends, so the executors' resident memory after the row is printed.
  *
+ * 4. ui_overhead: what the web UI costs the scheduler (issue 36). Row 1's cluster count p50
+ *    with the driver's UI off (FLINT_UI=0) and on (FLINT_UI=1) while a client thread polls
+ *    its REST API every 100 ms (the application's jobs, stages and executors, one HTTP/1.0
+ *    GET each), back to back, --runs pairs alternating; the median p50 of each and their
+ *    ratio, on / off (target <= 1.05). The UI is on by default, so row 1 runs with it too.
+ *
  * Output: a table on stdout, or with --json one JSON object per row (the same figures) and
- * nothing else on stdout. --skip ROW (count_cached_16, reduce_by_key or broadcast_100MB; may
- * be repeated) leaves a row out. Exit status: 0 when the rows ran and their results are
+ * nothing else on stdout. --skip ROW (count_cached_16, reduce_by_key, broadcast_100MB or
+ * ui_overhead; may be repeated) leaves a row out. Exit status: 0 when the rows ran and their results are
  * right (a missed target is reported, not an error); 1 on an engine error or a wrong
  * result; 2 on a bad option.
  */
@@ -77,6 +83,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,8 +132,8 @@ uint64_t bcf_sample_digest(const uint8_t *data, size_t len);
 
 /* ---- options ---------------------------------------------------------------------------- */
 
-enum { ROW_COUNT, ROW_RBK, ROW_BCAST, NUM_ROWS };
-static const char *const row_names[NUM_ROWS] = {"count_cached_16", "reduce_by_key", "broadcast_100MB"};
+enum { ROW_COUNT, ROW_RBK, ROW_BCAST, ROW_UI, NUM_ROWS };
+static const char *const row_names[NUM_ROWS] = {"count_cached_16", "reduce_by_key", "broadcast_100MB", "ui_overhead"};
 
 typedef struct options {
   bool json;
@@ -150,7 +157,60 @@ typedef struct count_result {
   bool met;
 } count_result;
 
-static int count_latency(const char *master, count_result *res) {
+/* ---- ui_overhead: a client polling the driver's REST API ----------------------------------- */
+#define UI_POLL_MS 100
+#define UI_TARGET_RATIO 1.05
+
+typedef struct ui_poller {
+  char host[64];
+  int port;
+  atomic_bool stop;
+  uint64_t polls, bytes, failures;
+  pthread_t thread;
+} ui_poller;
+
+/* One GET over HTTP/1.0 (the server closes the connection after the answer): bytes read, or -1. */
+static long http_get(const char *host, int port, const char *path) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  long got = -1;
+  char req[256], buf[65536];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, host);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && bench_write_all(fd, req, (size_t)n) == 0) {
+    got = 0;
+    ssize_t r;
+    while ((r = read(fd, buf, sizeof buf)) > 0) got += r;
+    if (r < 0) got = -1;
+  }
+  close(fd);
+  return got;
+}
+
+/* Every UI_POLL_MS: the application's jobs, its stages and its executors, as a dashboard would. */
+static void *poller_main(void *arg) {
+  ui_poller *p = arg;
+  static const char *const paths[] = {"/api/v1/applications/current/jobs", "/api/v1/applications/current/stages",
+                                      "/api/v1/applications/current/executors"};
+  while (!atomic_load(&p->stop)) {
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+      long got = http_get(p->host, p->port, paths[i]);
+      if (got > 0) p->bytes += (uint64_t)got;
+      else p->failures++;
+    }
+    p->polls++;
+    usleep(UI_POLL_MS * 1000);
+  }
+  return NULL;
+}
+
+static int count_latency_polled(const char *master, ui_poller *poller, count_result *res);
+
+static int count_latency(const char *master, count_result *res) { return count_latency_polled(master, NULL, res); }
+
+/* poller: when not NULL, polls the context's web UI while the counts run. */
+static int count_latency_polled(const char *master, ui_poller *poller, count_result *res) {
   fl_context *ctx = NULL;
   fl_dataset *ds = NULL;
   double samples[COUNTS], sum = 0;
@@ -164,6 +224,19 @@ static int count_latency(const char *master, count_result *res) {
     return 1;
   }
   res->open_s = now_s() - t0;
+  if (poller) {
+    const char *url = fl_context_ui_url(ctx);
+    if (!url || sscanf(url, "http://%63[^:]:%d", poller->host, &poller->port) != 2) {
+      fprintf(stderr, BENCH_NAME ": %s serves no web UI (%s)\n", master, url ? url : "none");
+      fl_context_close(ctx);
+      return 1;
+    }
+    atomic_init(&poller->stop, false);
+    if (pthread_create(&poller->thread, NULL, poller_main, poller) != 0) {
+      fl_context_close(ctx);
+      return 1;
+    }
+  }
   if (fl_range(ctx, 0, COUNT_RECORDS, 1, COUNT_PARTITIONS, &ds) != FL_OK || fl_cache(ds) != FL_OK) {
     fail_flint("fl_range/fl_cache");
     goto done;
@@ -200,10 +273,54 @@ static int count_latency(const char *master, count_result *res) {
   res->met = res->p50_ms <= COUNT_TARGET_P50_MS;
   rc = 0;
 done:
+  if (poller) {
+    atomic_store(&poller->stop, true);
+    pthread_join(poller->thread, NULL);
+  }
   fl_dataset_free(ds);
   fl_context_close(ctx);
   return rc;
 }
+
+typedef struct ui_result {
+  int runs;
+  double off_p50_ms, on_p50_ms, ratio; /* medians over the runs */
+  uint64_t polls, bytes, failures;
+} ui_result;
+
+/* The cluster's count p50 with the UI off (FLINT_UI=0) and on with a client polling it,
+ * back to back, --runs pairs alternating; the medians and their ratio. */
+static int bench_ui(const options *o, ui_result *res) {
+  memset(res, 0, sizeof *res);
+  int runs = (int)(o->runs < 1 ? 1 : o->runs > 15 ? 15 : o->runs);
+  double off[15], on[15];
+  for (int i = 0; i < runs; i++) {
+    count_result r;
+    setenv("FLINT_UI", "0", 1);
+    if (count_latency(CLUSTER, &r) != 0) return 1;
+    off[i] = r.p50_ms;
+    setenv("FLINT_UI", "1", 1);
+    setenv("FLINT_UI_PORT", "0", 1);
+    ui_poller p = {0};
+    int rc = count_latency_polled(CLUSTER, &p, &r);
+    unsetenv("FLINT_UI");
+    unsetenv("FLINT_UI_PORT");
+    if (rc != 0) return 1;
+    on[i] = r.p50_ms;
+    res->polls += p.polls;
+    res->bytes += p.bytes;
+    res->failures += p.failures;
+  }
+  qsort(off, (size_t)runs, sizeof *off, bench_cmp_double);
+  qsort(on, (size_t)runs, sizeof *on, bench_cmp_double);
+  res->runs = runs;
+  res->off_p50_ms = off[runs / 2];
+  res->on_p50_ms = on[runs / 2];
+  res->ratio = res->on_p50_ms / res->off_p50_ms;
+  return 0;
+}
+
+static void print_ui(const options *o, const ui_result *r);
 
 /* ---- reduce_by_key ---------------------------------------------------------------------- */
 
@@ -619,6 +736,28 @@ static void print_count(const options *o, const count_result *r, bool reference)
   print_row("", m, v, "", "");
 }
 
+static void print_ui(const options *o, const ui_result *r) {
+  bool met = r->ratio <= UI_TARGET_RATIO && r->failures == 0;
+  if (o->json) {
+    printf("{\"bench\": \"ui_overhead\", \"master\": \"%s\", \"runs\": %d, \"poll_ms\": %d, \"ui_off_p50_ms\": %.4f"
+           ", \"ui_on_polled_p50_ms\": %.4f, \"ratio\": %.4f, \"polls\": %" PRIu64 ", \"bytes\": %" PRIu64
+           ", \"failed_requests\": %" PRIu64 ", \"target\": \"ratio <= %.2f\", \"met\": %s}\n",
+           CLUSTER, r->runs, UI_POLL_MS, r->off_p50_ms, r->on_p50_ms, r->ratio, r->polls, r->bytes, r->failures,
+           UI_TARGET_RATIO, met ? "true" : "false");
+    return;
+  }
+  char v[64], t[32];
+  snprintf(v, sizeof v, "%.4f", r->ratio);
+  snprintf(t, sizeof t, "<= %.2f", UI_TARGET_RATIO);
+  print_row("ui_overhead", "p50_on_polled/p50_off", v, t, met ? "yes" : "NO");
+  snprintf(v, sizeof v, "%.3f", r->off_p50_ms);
+  print_row("", "ui_off_p50_ms (median)", v, "", "");
+  snprintf(v, sizeof v, "%.3f", r->on_p50_ms);
+  print_row("", "ui_on_polled_p50_ms", v, "", "");
+  snprintf(v, sizeof v, "%" PRIu64 " / %" PRIu64, r->polls, r->failures);
+  print_row("", "polls / failed requests", v, "", "");
+}
+
 static void print_rbk(const options *o, const rbk_result *r) {
   if (o->json) {
     printf("{\"bench\": \"reduce_by_key\", \"master\": \"%s\", \"baseline_master\": \"%s\", \"records\": %" PRIu64
@@ -709,7 +848,7 @@ static const char usage_text[] =
     "  --json        one JSON object per row instead of a table\n"
     "  --pairs N     pairs for reduce_by_key (default 10000000; N/50 keys)\n"
     "  --runs N      timed runs of each side of reduce_by_key and broadcast_100MB (default 3)\n"
-    "  --skip ROW    leave out a row: count_cached_16, reduce_by_key or broadcast_100MB\n"
+    "  --skip ROW    leave out a row: count_cached_16, reduce_by_key, broadcast_100MB or ui_overhead\n"
     "  --help        this text\n";
 
 int main(int argc, char **argv) {
@@ -757,6 +896,8 @@ int main(int argc, char **argv) {
   if (!o.skip[ROW_COUNT] && (count_latency(CLUSTER, &cc) != 0 || count_latency(LOCAL, &cl) != 0)) return 1;
   if (!o.skip[ROW_RBK] && bench_rbk(&o, &rr) != 0) return 1;
   if (!o.skip[ROW_BCAST] && bench_bcast(&o, &br) != 0) return 1;
+  ui_result ur;
+  if (!o.skip[ROW_UI] && bench_ui(&o, &ur) != 0) return 1;
 
   if (!o.json) print_header(&o);
   if (!o.skip[ROW_COUNT]) {
@@ -765,6 +906,7 @@ int main(int argc, char **argv) {
   }
   if (!o.skip[ROW_RBK]) print_rbk(&o, &rr);
   if (!o.skip[ROW_BCAST]) print_bcast(&o, &br);
+  if (!o.skip[ROW_UI]) print_ui(&o, &ur);
   fflush(stdout);
   if (!o.skip[ROW_RBK] && !rr.equal) {
     fprintf(stderr, BENCH_NAME ": reduce_by_key: results differ between runs or modes, or the sum is not %" PRIu64

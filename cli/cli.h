@@ -17,6 +17,7 @@ int cmd_submit(int argc, char **argv);
 int cmd_driver(int argc, char **argv);
 int cmd_executor(int argc, char **argv, char **whole);
 int cmd_status(int argc, char **argv);
+int cmd_history(int argc, char **argv);
 /* flint config [--json] (cli/config.c): every setting with its value and its source. */
 int cmd_config(int argc, char **argv);
 /* flint ml linreg|logreg ... (cli/ml.c): trains a model with libflint_ml. */
@@ -38,6 +39,7 @@ int cmd_shell(int argc, char **argv);
 extern const char cli_usage_text[];
 extern const char cli_submit_usage[];
 extern const char cli_driver_usage[];
+extern const char cli_history_usage[];
 extern const char cli_executor_usage[];
 extern const char cli_status_usage[];
 extern const char cli_config_usage[];

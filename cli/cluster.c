@@ -233,6 +233,34 @@ int cmd_driver(int argc, char **argv) {
   return st == FL_OK ? 0 : 1;
 }
 
+int cmd_history(int argc, char **argv) {
+  enum { OPT_DIR = 256, OPT_LISTEN, OPT_PORT_FILE };
+  static const struct option longopts[] = {{"dir", required_argument, NULL, OPT_DIR},
+                                           {"listen", required_argument, NULL, OPT_LISTEN},
+                                           {"port-file", required_argument, NULL, OPT_PORT_FILE},
+                                           CLI_COMMON_LONG_OPTIONS,
+                                           {0}};
+  fl_history_options o = {0};
+  int c;
+  optind = 0;
+  while ((c = GETOPT(argc, argv, ":hV", longopts)) != -1) {
+    switch (c) {
+    case CLI_OPT_HELP: fputs(cli_history_usage, stdout); return 0;
+    case CLI_OPT_VERSION: return cli_print_version();
+    case OPT_DIR: o.dir = optarg; break;
+    case OPT_LISTEN: o.listen = optarg; break;
+    case OPT_PORT_FILE: o.port_file = optarg; break;
+    default: return cli_option_error("history", c, argv - 1, longopts);
+    }
+  }
+  if (optind - 1 < argc) return cli_usage_error("history", "unexpected argument '%s'", argv[optind - 1]);
+  if (!o.dir) return cli_usage_error("history", "--dir DIR is required (the drivers' FLINT_EVENT_LOG_DIR)");
+  handle_stop_signals();
+  fl_status st = fl_history_serve(&o, &stop_requested);
+  if (st != FL_OK) cli_error("history", "%s", fl_last_error());
+  return st == FL_OK ? 0 : 1;
+}
+
 int cmd_executor(int argc, char **argv, char **whole) {
   enum { OPT_DRIVER = 256, OPT_CORES, OPT_MEMORY, OPT_WORK_DIR, OPT_HOST, OPT_GPU };
   static const struct option longopts[] = {{"driver", required_argument, NULL, OPT_DRIVER},

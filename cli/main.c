@@ -112,6 +112,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "driver") == 0) return cmd_driver(argc - 2, argv + 2);
   if (strcmp(argv[1], "executor") == 0) return cmd_executor(argc - 2, argv + 2, argv);
   if (strcmp(argv[1], "status") == 0) return cmd_status(argc - 2, argv + 2);
+  if (strcmp(argv[1], "history") == 0) return cmd_history(argc - 2, argv + 2);
   if (strcmp(argv[1], "config") == 0) return cmd_config(argc - 2, argv + 2);
   if (strcmp(argv[1], "shell") == 0) return cmd_shell(argc - 2, argv + 2);
   if (strcmp(argv[1], "ml") == 0) return cmd_ml(argc - 2, argv + 2);

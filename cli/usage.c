@@ -31,6 +31,8 @@ const char cli_usage_text[] =
     "      Runs an executor for that driver until SIGINT or SIGTERM.\n"
     "  status --master flint://HOST:PORT\n"
     "      Lists the driver's executors, applications and jobs, and its submissions.\n"
+    "  history --dir DIR [--listen HOST:PORT] [--port-file FILE]\n"
+    "      Serves the web UI of the applications whose event logs are in DIR.\n"
     "  ml linreg|logreg --data PATH --format libsvm|csv|idx [--master MASTER]\n"
     "      [--labels PATH] [--test PATH [--test-labels PATH]] [--lambda L] [--l1 L]\n"
     "      [--solver auto|normal|lbfgs|gd] [--iterations N] [--tol T] [--partitions P]\n"
@@ -114,6 +116,20 @@ const char cli_submit_usage[] =
     "  flint submit --master flint://127.0.0.1:7077 --logs 1\n"
     "  flint submit --master flint://127.0.0.1:7077 --logs 1 --follow\n"
     "  flint submit --master flint://127.0.0.1:7077 --kill 1\n";
+
+const char cli_history_usage[] =
+    "usage: flint history --dir DIR [options]\n"
+    "\n"
+    "Serves the web UI and REST API (/api/v1) of finished and running applications from the\n"
+    "event logs that drivers write to FLINT_EVENT_LOG_DIR, until SIGINT or SIGTERM.\n"
+    "\n"
+    "options:\n"
+    "  --dir DIR           the event logs' folder (required)\n"
+    "  --listen HOST:PORT  the address to serve on (default: 127.0.0.1 and FLINT_UI_PORT; port 0: any)\n"
+    "  --port-file FILE    write the port it listens on to FILE once it listens\n"
+    "  --conf KEY=VALUE    a setting ('flint config' lists them)\n"
+    "  -h, --help          this text\n"
+    "  --version           the version\n";
 
 const char cli_driver_usage[] =
     "usage: flint driver --listen HOST:PORT [options]\n"

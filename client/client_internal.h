@@ -92,6 +92,7 @@ typedef struct remote_context {
   client_broadcasts broadcasts;
   uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, task_ns; /* fl_context_stats */
   uint64_t blocks_mapped, blocks_fetched;
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
   atomic_uint_fast64_t next_operation; /* RunJob's operation ids, from 1 */
   /* The lease: a thread says the client is alive every keepalive_ms (OpenApplicationReply),
    * so that the driver closes the application of a client that died. */

@@ -33,6 +33,15 @@ fl_status fl_cancel_jobs(fl_context *ctx) {
   return ctx->cancel(ctx);
 }
 
+const char *fl_context_ui_url(fl_context *ctx) { return ctx && ctx->ui_url[0] ? ctx->ui_url : NULL; }
+
+fl_status fl_context_post_event(fl_context *ctx, const char *json) {
+  common_error_clear();
+  if (!ctx || !json) return FL_ERR(FL_EINVAL, "fl_context_post_event: NULL argument");
+  if (!ctx->runtime->post_event) return FL_OK;
+  return ctx->runtime->post_event(ctx->runtime_impl, json);
+}
+
 fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out) {
   common_error_clear();
   if (!ctx || !out) return FL_ERR(FL_EINVAL, "fl_context_stats_get: NULL argument");

@@ -142,6 +142,9 @@ static fl_status take_reply(remote_context *c, rdd *r, uint64_t operation_id, bo
   c->task_ns += rep->task_ns;
   c->blocks_mapped += rep->blocks_mapped;
   c->blocks_fetched += rep->blocks_fetched;
+  c->input_bytes += rep->input_bytes;
+  c->shuffle_read_bytes += rep->shuffle_read_bytes;
+  c->shuffle_write_bytes += rep->shuffle_write_bytes;
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   for (size_t i = 0; reports && i < rep->n_barrier_reports; i++)
     deliver_report(r, (fl_bytes){rep->barrier_reports[i].data, rep->barrier_reports[i].len});

@@ -19,6 +19,7 @@
 #include "client/client_internal.h"
 #include "ps/ps.h"
 #include "driver/driver.h"
+#include "driver/ui/ui.h"
 #include "shuffle/shuffle.h"
 
 /* A local context caches in at most this share of the machine's memory when neither the
@@ -37,6 +38,7 @@ typedef struct context_impl {
   block_manager *blocks;
   char *work_dir;
   client_ps_local ps; /* parameter servers of its tables (ps_tables.c) */
+  ui *ui;             /* FLINT_UI=1 or FLINT_EVENT_LOG_DIR: the web UI and event log; else NULL */
   client_progress *progress; /* the console bar, when stderr is a terminal (progress.c) */
 } context_impl;
 
@@ -80,7 +82,12 @@ static void local_close(fl_context *ctx);
 static fl_status local_stats(fl_context *ctx, fl_context_stats *out);
 static fl_status local_cancel(fl_context *ctx) { return scheduler_cancel(((context_impl *)ctx)->sched, 0, 0); }
 
-static const rdd_runtime_ops local_runtime = {.run_job = context_run_job};
+static fl_status local_post_event(void *impl, const char *json) {
+  context_impl *c = impl;
+  return c->ui ? ui_post_program_event(c->ui, 0, json) : FL_OK;
+}
+
+static const rdd_runtime_ops local_runtime = {.run_job = context_run_job, .post_event = local_post_event};
 
 /* "local" -> 1, "local[N]" -> N, "local[*]" -> cores. */
 static fl_status parse_master(const char *master, uint32_t *threads) {
@@ -151,6 +158,34 @@ static fl_status make_work_dir(const fl_options *opts, char **out) {
   return FL_OK;
 }
 
+/* The web UI and the event log, when asked for (docs/ui.md): one application (number 0)
+ * whose tasks run on the "driver" executor, this process. */
+static fl_status start_ui(context_impl *c, const char *master, const fl_options *options, uint32_t threads,
+                          uint64_t memory) {
+  const char *log_dir = config_string(CONFIG_EVENT_LOG_DIR);
+  bool serve = config_bool(CONFIG_UI);
+  if (!serve && !(log_dir && *log_dir)) return FL_OK;
+  ui_config uc = {.host = "127.0.0.1",
+                  .port = serve ? (int)config_count(CONFIG_UI_PORT) : -1,
+                  .port_retries = !config_given(CONFIG_UI_PORT),
+                  .log_dir = log_dir,
+                  .title = "local"};
+  fl_status st = ui_create(&uc, &c->ui);
+  if (st != FL_OK) return st;
+  scheduler_set_listener(c->sched, ui_scheduler_note, c->ui);
+  const char *name = options && options->app_name && *options->app_name ? options->app_name
+                                                                         : config_string(CONFIG_APP_NAME);
+  ui_post_application(c->ui, 0, name && *name ? name : program_invocation_short_name, master);
+  ui_postf(c->ui, "{\"Event\":\"ExecutorAdded\",\"App\":0,\"Executor\":0,\"Host\":\"localhost\",\"Cores\":%u,"
+                  "\"Memory\":%llu,\"GPU\":-1}",
+           threads, (unsigned long long)memory);
+  if (serve) {
+    snprintf(c->pub.ui_url, sizeof c->pub.ui_url, "http://127.0.0.1:%d", ui_port(c->ui));
+    common_log(LOG_INFO, "web UI available at %s", c->pub.ui_url);
+  }
+  return FL_OK;
+}
+
 fl_status client_local_context_open(const char *master, const fl_options *options, fl_context **out) {
   uint32_t threads = 0;
   uint64_t memory = 0, shuffle_memory = 0;
@@ -175,6 +210,7 @@ fl_status client_local_context_open(const char *master, const fl_options *option
                             &c->sched));
   FL_CHECK(local_backend_create(c->sched, threads, options && options->contain_task_crashes, &b));
   scheduler_set_backend(c->sched, b);
+  FL_CHECK(start_ui(c, master, options, threads, memory));
   if (!(options && options->no_console_progress) && common_progress_on_terminal(STDERR_FILENO))
     FL_CHECK(client_progress_create(STDERR_FILENO, 0, progress_source, c, &c->progress));
   c->pub.barrier = &barrier_local_ops;
@@ -203,6 +239,8 @@ static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
   client_progress_destroy(c->progress); /* before the scheduler it asks */
   scheduler_destroy(c->sched);
+  ui_postf(c->ui, "{\"Event\":\"ApplicationEnd\",\"App\":0}");
+  ui_destroy(c->ui); /* after the scheduler's last note */
   ps_local_stop(&c->ps); /* after the tasks, which may be its workers */
   block_manager_destroy(c->blocks);
   rdd_shared_destroy(c->pub.shared);
@@ -226,5 +264,8 @@ static fl_status local_stats(fl_context *ctx, fl_context_stats *out) {
   out->blocks_evicted = bs.evictions;
   out->memory_used = bs.memory_used;
   out->blocks_read_mapped = out->blocks_read_fetched = 0; /* one process: every read is its own */
+  out->input_bytes = ss.input_bytes;
+  out->shuffle_read_bytes = ss.shuffle_read_bytes;
+  out->shuffle_write_bytes = ss.shuffle_write_bytes;
   return FL_OK;
 }

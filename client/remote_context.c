@@ -127,7 +127,21 @@ static fl_status remote_call_service(void *impl, rdd *job, const char *name, fl_
   return st;
 }
 
+/* fl_context_post_event: the driver checks the event and adds it to the application's UI. */
+static fl_status remote_post_event(void *impl, const char *json) {
+  remote_context *c = impl;
+  Flint__PostEventRequest req = FLINT__POST_EVENT_REQUEST__INIT;
+  req.app_id = c->app_id;
+  req.incarnation = c->incarnation;
+  req.json = (char *)json;
+  fl_buf reply = FL_BUF_INIT;
+  fl_status st = client_rpc_call(c->driver, "/flint.Driver/PostEvent", &req.base, CLIENT_RPC_TIMEOUT_MS, &reply);
+  fl_buf_free(&reply);
+  return st;
+}
+
 static const rdd_runtime_ops remote_runtime = {.run_job = remote_run_job,
+                                               .post_event = remote_post_event,
                                                .call_service = remote_call_service,
                                                .broadcast_created = client_broadcast_created,
                                                .broadcast_destroyed = client_broadcast_destroyed,
@@ -188,6 +202,9 @@ static fl_status remote_stats(fl_context *ctx, fl_context_stats *out) {
   out->task_seconds = (double)c->task_ns * 1e-9;
   out->blocks_read_mapped = c->blocks_mapped;
   out->blocks_read_fetched = c->blocks_fetched;
+  out->input_bytes = c->input_bytes;
+  out->shuffle_read_bytes = c->shuffle_read_bytes;
+  out->shuffle_write_bytes = c->shuffle_write_bytes;
   FL_PCHECK(pthread_mutex_unlock(&c->lock));
   /* The cached blocks are the executors': the driver asks the live ones (dataset 0: the
    * whole application). */
@@ -253,6 +270,12 @@ fl_status client_remote_context_open(const char *master, const fl_options *optio
   c->incarnation = r->incarnation;
   c->keepalive_ms = r->keepalive_ms;
   uint32_t cores = r->cores ? r->cores : 1;
+  if (r->ui_port) { /* the driver's web UI, on the host dialled */
+    const char *colon = strrchr(addr, ':');
+    int host_len = colon ? (int)(colon - addr) : (int)strlen(addr);
+    snprintf(c->pub.ui_url, sizeof c->pub.ui_url, "%s://%.*s:%u", r->ui_https ? "https" : "http", host_len, addr,
+             r->ui_port);
+  }
   flint__open_application_reply__free_unpacked(r, NULL);
 
   c->pub.runtime = &remote_runtime;

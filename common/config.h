@@ -158,6 +158,12 @@ enum {
   X(NO_CRC32C_HW, BOOL, ANY, 0, 0, CONFIG_MAX_I64, "0",                                                             \
     "1: compute CRC32C checksums without the SSE4.2 instruction")                                                   \
   /* diagnostics */                                                                                                 \
+  X(UI, BOOL, ANY, CONFIG_COMPUTED, 0, CONFIG_MAX_I64, "1 in a driver, 0 in a local context",                         \
+    "the web UI and REST API (docs/ui.md): 0 turns a driver's off; 1 makes a local context serve one")              \
+  X(UI_PORT, COUNT, ANY, 0, 0, 65535, "4040",                                                                      \
+    "the web UI's port, on the driver's host (taken: the next of 16 is tried; 0: a free port)")                    \
+  X(EVENT_LOG_DIR, PATH, ANY, CONFIG_COMPUTED, 0, 0, "unset (no event log)",                                        \
+    "a folder where the driver writes each application's events (flint history --dir serves them)")                \
   X(LOG, STRING, ANY, 0, 0, 0, "info", "log level: error, warn, info or debug")                                     \
   X(LOG_FILE, PATH, ANY, CONFIG_COMPUTED, 0, 0, "unset (stderr)",                                                   \
     "a file to which the log's lines are appended instead of stderr")                                               \

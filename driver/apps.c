@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "driver/driver_internal.h"
 #include "shuffle/shuffle.h"
 
@@ -201,11 +202,14 @@ fl_status apps_handle_open(driver_state *d, fl_bytes body, fl_buf *response) {
     }
     FL_PCHECK(pthread_mutex_unlock(&d->lock));
     common_log(LOG_INFO, "application %llu (%s) opened", (unsigned long long)id, e->name);
+    ui_post_application(d->ui, id, e->name, d->address);
     Flint__OpenApplicationReply reply = FLINT__OPEN_APPLICATION_REPLY__INIT;
     reply.app_id = id;
     reply.incarnation = d->incarnation;
     reply.keepalive_ms = (uint32_t)(d->client_timeout_ns / 3000000u);
     reply.cores = cluster_cores(d->cluster);
+    reply.ui_port = ui_port(d->ui) > 0 ? (uint32_t)ui_port(d->ui) : 0;
+    reply.ui_https = config_bool(CONFIG_TLS);
     status = proto_pack(&reply.base, response);
   } else {
     common_free(e);
@@ -230,6 +234,7 @@ static fl_status app_close(driver_state *d, uint64_t id) {
   placement_app_closed(d, id);
   app_free(app);
   common_log(LOG_INFO, "application %llu closed", (unsigned long long)id);
+  ui_postf(d->ui, "{\"Event\":\"ApplicationEnd\",\"App\":%llu}", (unsigned long long)id);
   return FL_OK;
 }
 
@@ -245,6 +250,17 @@ fl_status apps_handle_close(driver_state *d, fl_bytes body, fl_buf *response) {
 }
 
 /* A client says it is alive (its lease). */
+fl_status apps_handle_post_event(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__PostEventRequest, req, body, "PostEvent");
+  fl_status st = FL_OK;
+  if (req->incarnation != d->incarnation || !apps_find(d, req->app_id))
+    st = FL_ERR(FL_ENOENT, "PostEvent: no running application %llu", (unsigned long long)req->app_id);
+  else if (d->ui)
+    st = ui_post_program_event(d->ui, req->app_id, req->json);
+  flint__post_event_request__free_unpacked(req, NULL);
+  return st == FL_OK ? driver_empty_reply(response) : st;
+}
+
 fl_status apps_handle_keepalive(driver_state *d, fl_bytes body, fl_buf *response) {
   UNPACK(Flint__AppRequest, req, body, "KeepAlive");
   driver_app *app;
@@ -365,6 +381,8 @@ void apps_free_all(driver_state *d) {
   while (d->apps) {
     app_entry *a = d->apps;
     d->apps = a->next;
+    /* open at the driver's stop: its event log ends here */
+    if (a->app) ui_postf(d->ui, "{\"Event\":\"ApplicationEnd\",\"App\":%llu}", (unsigned long long)a->id);
     app_free(a->app);
     common_free(a);
   }

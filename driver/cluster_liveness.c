@@ -191,6 +191,13 @@ bool cluster_executor_lose(cluster_backend *cb, executor_ref *e, const char *why
   }
   e->lost = true;
   e->stopping = true;
+  if (cb->cfg.ui) {
+    fl_buf reason = FL_BUF_INIT;
+    if (ui_json_string(&reason, why) == FL_OK)
+      ui_postf(cb->cfg.ui, "{\"Event\":\"ExecutorRemoved\",\"Executor\":%llu,\"Reason\":%.*s}",
+               (unsigned long long)e->id, (int)reason.len, (const char *)reason.data);
+    fl_buf_free(&reason);
+  }
   uint64_t now = common_now_ns();
   for (executor_ref *x = cb->executors; x; x = x->next)
     if (x != e && x->node[0] && strcmp(x->node, e->node) == 0) x->peer_lost_ns = now;

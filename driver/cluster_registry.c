@@ -87,6 +87,8 @@ fl_status cluster_register(cluster_backend *cb, const char *host, uint32_t rpc_p
   if (gpu >= 0) snprintf(gpu_s, sizeof gpu_s, ", GPU %d", (int)gpu);
   common_log(LOG_INFO, "executor %llu registered: %s, %u cores, %llu MiB%s", (unsigned long long)e->id,
              e->rpc_address, cores, (unsigned long long)(memory >> 20), gpu_s);
+  ui_postf(cb->cfg.ui, "{\"Event\":\"ExecutorAdded\",\"Executor\":%llu,\"Host\":\"%s\",\"Cores\":%u,\"Memory\":%llu,\"GPU\":%d}",
+           (unsigned long long)e->id, e->rpc_address, cores, (unsigned long long)memory, (int)gpu);
   return scheduler_post_call(cb->base.sched, executor_joined, e);
 }
 
@@ -195,6 +197,7 @@ fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count) {
     x->alive = !e->lost;
     x->has_gpu = e->gpu >= 0;
     x->gpu = e->gpu >= 0 ? (uint32_t)e->gpu : 0;
+    x->heartbeat_age_ms = (common_now_ns() - e->last_heartbeat_ns) / 1000000u;
     out[k++] = x;
   }
   FL_PCHECK(pthread_mutex_unlock(&cb->lock));

@@ -122,6 +122,9 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
     t->rt.run_ns = s->run_ns;
     t->rt.blocks_mapped = s->blocks_mapped;
     t->rt.blocks_fetched = s->blocks_fetched;
+    t->rt.input_bytes = s->input_bytes;
+    t->rt.shuffle_read_bytes = s->shuffle_read_bytes;
+    t->rt.shuffle_write_bytes = s->shuffle_write_bytes;
     if (t->rt.status != FL_OK) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s (on executor %llu)", s->error && *s->error ? s->error : fl_strerror(t->rt.status),

@@ -29,6 +29,7 @@
 #include <limits.h>
 
 #include "driver/driver.h"
+#include "driver/ui/ui.h"
 #include "proto/flint.pb-c.h"
 #include "proto/pack.h"
 
@@ -67,6 +68,7 @@ typedef struct app_entry {
 
 typedef struct driver_state {
   driver_config cfg;
+  ui *ui; /* the web UI and event log (ui.c); NULL when off */
   char address[96]; /* HOST:PORT of the control plane, as clients reach it */
   char work_dir[PATH_MAX];
   /* Drawn at random at the start: executors and clients send it back with every call, so
@@ -155,6 +157,7 @@ static inline fl_status driver_empty_reply(fl_buf *out) {
 #define Flint__RegisterExecutorRequest_descriptor_ flint__register_executor_request__descriptor
 #define Flint__HeartbeatRequest_descriptor_ flint__heartbeat_request__descriptor
 #define Flint__ExecutorExitedRequest_descriptor_ flint__executor_exited_request__descriptor
+#define Flint__PostEventRequest_descriptor_ flint__post_event_request__descriptor
 #define Flint__OpenApplicationRequest_descriptor_ flint__open_application_request__descriptor
 #define Flint__AppRequest_descriptor_ flint__app_request__descriptor
 #define Flint__HasLibraryRequest_descriptor_ flint__has_library_request__descriptor
@@ -195,6 +198,8 @@ FL_INTERNAL fl_status apps_lookup(driver_state *d, uint64_t id, uint64_t incarna
 FL_INTERNAL void apps_unpin(driver_state *d, driver_app *app);
 FL_INTERNAL fl_status apps_handle_open(driver_state *d, fl_bytes body, fl_buf *response);
 FL_INTERNAL fl_status apps_handle_close(driver_state *d, fl_bytes body, fl_buf *response);
+/* PostEvent: a client program's event (fl_context_post_event) for its application's UI. */
+FL_INTERNAL fl_status apps_handle_post_event(driver_state *d, fl_bytes body, fl_buf *response);
 FL_INTERNAL fl_status apps_handle_keepalive(driver_state *d, fl_bytes body, fl_buf *response);
 FL_INTERNAL fl_status apps_handle_storage_info(driver_state *d, fl_bytes body, fl_buf *response);
 FL_INTERNAL fl_status apps_handle_unpersist(driver_state *d, fl_bytes body, fl_buf *response);
@@ -295,6 +300,7 @@ typedef struct cluster_config {
   /* On the scheduler thread, when an executor is lost: the driver forgets what it held. */
   void (*executor_lost)(void *arg, uint64_t executor);
   void *executor_lost_arg;
+  ui *ui; /* executors added and lost are posted to it (may be NULL) */
 } cluster_config;
 
 FL_INTERNAL fl_status cluster_backend_create(scheduler *sched, const cluster_config *cfg,
@@ -344,6 +350,9 @@ FL_INTERNAL bool cluster_storage_info(cluster_backend *cb, uint64_t app, uint64_
                                       uint64_t *evictions);
 /* Fills a StatusReply's executors (Flint__ExecutorInfo, allocated with common_calloc). */
 FL_INTERNAL fl_status cluster_describe(cluster_backend *cb, void ***infos, size_t *count);
+
+/* ---- the web UI's live figures (ui_live.c): ui_config.live, arg the driver_state --------- */
+FL_INTERNAL char *driver_ui_live(void *arg, const char *what, uint64_t app);
 /* The cores of the live executors. */
 FL_INTERNAL uint32_t cluster_cores(cluster_backend *cb);
 

@@ -282,6 +282,7 @@ fl_status handlers_dispatch(void *arg, const rpc_request *call, fl_buf *response
   if (strcmp(m, "OpenApplication") == 0) return apps_handle_open(d, b, response);
   if (strcmp(m, "CloseApplication") == 0) return apps_handle_close(d, b, response);
   if (strcmp(m, "KeepAlive") == 0) return apps_handle_keepalive(d, b, response);
+  if (strcmp(m, "PostEvent") == 0) return apps_handle_post_event(d, b, response);
   if (strcmp(m, "CancelSubmission") == 0) return submissions_handle_cancel(d, b, response);
   if (strcmp(m, "HasLibrary") == 0) return libraries_handle_has(d, b, response);
   if (strcmp(m, "UploadLibrary") == 0) return libraries_handle_upload(d, b, response);

@@ -177,6 +177,9 @@ static fl_status run_job_reply(run_job *j, fl_buf *response) {
     reply.task_ns = j->stats.task_ns;
     reply.blocks_mapped = j->stats.blocks_mapped;
     reply.blocks_fetched = j->stats.blocks_fetched;
+    reply.input_bytes = j->stats.input_bytes;
+    reply.shuffle_read_bytes = j->stats.shuffle_read_bytes;
+    reply.shuffle_write_bytes = j->stats.shuffle_write_bytes;
     if (j->reports_left.count && (report_bins = common_calloc(j->reports_left.count, sizeof *report_bins))) {
       rdd_cursor rc = {j->reports_left.buf.data, j->reports_left.buf.data + j->reports_left.buf.len};
       fl_bytes rec;

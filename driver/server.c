@@ -27,6 +27,28 @@
 /* A setting of milliseconds (common/config.h), in nanoseconds. */
 static uint64_t setting_ns(config_id id) { return config_ms(id) * 1000000ull; }
 
+/* The web UI and the event log (docs/ui.md): on unless FLINT_UI=0, on the RPC's host. It
+ * takes the scheduler's notes from before the first job. */
+static fl_status start_ui(driver_state *d, const char *host) {
+  const char *log_dir = config_string(CONFIG_EVENT_LOG_DIR);
+  bool serve = !config_given(CONFIG_UI) || config_bool(CONFIG_UI);
+  if (!serve && !(log_dir && *log_dir)) return FL_OK;
+  ui_config uc = {.host = host,
+                  .port = serve ? (int)config_count(CONFIG_UI_PORT) : -1,
+                  .port_retries = !config_given(CONFIG_UI_PORT),
+                  .secret = d->cfg.secret,
+                  .log_dir = log_dir,
+                  .title = "driver",
+                  .live = driver_ui_live,
+                  .live_arg = d};
+  fl_status st = ui_create(&uc, &d->ui);
+  if (st != FL_OK) return st;
+  scheduler_set_listener(d->sched, ui_scheduler_note, d->ui);
+  if (serve) common_log(LOG_INFO, "web UI available at %s://%s:%d", config_bool(CONFIG_TLS) ? "https" : "http", host,
+                        ui_port(d->ui));
+  return FL_OK;
+}
+
 fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
   driver_state d;
   memset(&d, 0, sizeof d);
@@ -92,6 +114,8 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
                        .no_executor_warn_ns = setting_ns(CONFIG_NO_EXECUTOR_WARN_MS),
                        .executor_lost = apps_forget_executor,
                        .executor_lost_arg = &d};
+  FL_CHECK(start_ui(&d, host));
+  cc.ui = d.ui;
   FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));
   sched_placement placement = {.locality_wait_ns = setting_ns(CONFIG_LOCALITY_WAIT_MS),
                                .exclude_failures = (uint32_t)config_count(CONFIG_EXCLUDE_FAILURES),
@@ -137,6 +161,7 @@ cleanup:
   apps_free_all(&d);
   placement_stop(&d);
   scheduler_destroy(d.sched); /* and the cluster backend */
+  ui_destroy(d.ui);            /* after the scheduler's last note */
   placement_free(&d);
   if (d.work_dir[0]) common_remove_tree(d.work_dir);
   pthread_cond_destroy(&d.changed);

@@ -103,6 +103,8 @@ static bool fetch_remote_block(exec_app *a, const peer_location *loc, rdd_block_
   fl_buf bytes = FL_BUF_INIT;
   fl_status st = dp_fetch(a->svc->fetcher, peer, &req, a->svc->fetch_timeout_ms, &bytes, NULL);
   if (st == FL_OK) st = rdd_batch_decode(fl_buf_bytes(&bytes), "a remote cached block", out);
+  rdd_task *task = rdd_task_current();
+  if (st == FL_OK && task) task->input_bytes += bytes.len; /* the encoded block, as fetched */
   fl_buf_free(&bytes);
   /* Not fatal: the partition is computed from its lineage instead. */
   if (st != FL_OK)

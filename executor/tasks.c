@@ -416,6 +416,9 @@ void *exec_task_status_main(void *arg) {
         s->run_ns = t->rt.run_ns;
         s->blocks_mapped = t->rt.blocks_mapped;
         s->blocks_fetched = t->rt.blocks_fetched;
+        s->input_bytes = t->rt.input_bytes;
+        s->shuffle_read_bytes = t->rt.shuffle_read_bytes;
+        s->shuffle_write_bytes = t->rt.shuffle_write_bytes;
         s->claimed = t->claimed;
         if (t->result.len > INLINE_RESULT_MAX) {
           result_block *rb = common_calloc(1, sizeof *rb);

@@ -214,6 +214,7 @@ static fl_status next_chunk(ckpt_iter *it) {
   if ((s = rdd_batch_decode(fl_buf_bytes(&it->enc), it->path, &it->chunk)) != FL_OK)
     return common_error_wrap(s, "checkpoint file is corrupt: ");
   it->pos += 4 + (uint64_t)len;
+  it->base.task->input_bytes += 4 + (uint64_t)len;
   it->cursor = (rdd_cursor){it->chunk.buf.data, it->chunk.buf.data + it->chunk.buf.len};
   return FL_OK;
 }
@@ -288,6 +289,7 @@ static fl_status ckpt_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
   }
   it->pos = CKPT_HEADER;
   it->end = (uint64_t)sb.st_size;
+  task->input_bytes += CKPT_HEADER;
   *out = &it->base;
   return FL_OK;
 }

@@ -175,6 +175,11 @@ typedef struct line_iter {
   uint64_t file_pos; /* file offset of buf[0] */
   uint64_t end;      /* lines starting at or after this offset belong to the next split */
   uint64_t line_no;  /* for messages: lines read so far in this split */
+  /* Plain files: the offset of the split's first line, once open; the task's input is the
+   * bytes of the lines it consumed (from here to where it stopped), so that the splits of a
+   * file read whole add up to its size although each reads ahead past its end. */
+  uint64_t first_line;
+  bool opened;
   char *buf;
   size_t len, off, cap;
   bool eof;
@@ -255,6 +260,12 @@ static uint32_t line_next(fl_iter *base, fl_bytes *out, uint32_t max) {
 
 static void line_close(fl_iter *base) {
   line_iter *it = (line_iter *)base;
+  if (it->gz) {
+    z_off_t read = gzoffset(it->gz); /* compressed bytes consumed, as in the file */
+    if (read > 0) base->task->input_bytes += (uint64_t)read;
+  } else if (it->opened) {
+    base->task->input_bytes += it->file_pos + it->off - it->first_line;
+  }
   if (it->gz) gzclose(it->gz);
   if (it->fd >= 0) close(it->fd);
   common_free(it->buf);
@@ -317,6 +328,8 @@ static fl_status text_open(rdd *r, uint32_t p, rdd_task *task, fl_iter **out) {
       it->off = it->len;
     }
   }
+  it->first_line = it->file_pos + it->off;
+  it->opened = true;
   *out = &it->base;
   return FL_OK;
 }
@@ -397,6 +410,7 @@ static uint32_t binary_next(fl_iter *base, fl_bytes *out, uint32_t max) {
       return 0;
     }
     it->pos += want;
+    base->task->input_bytes += want;
     it->len = (size_t)want;
     it->off = 0;
   }

@@ -292,6 +292,12 @@ struct rdd_task {
   /* Cached partitions it read from another executor: mapped in place on its node, or
    * fetched over the network (set by the executor's cache). */
   uint32_t blocks_mapped, blocks_fetched;
+  /* Bytes the task read and wrote (Spark's task metrics), added where the bytes move, by the
+   * task's own thread (no task reads on another): input_bytes, read from its source files
+   * (compressed size for .gz) or from cached blocks (the block's size where it was found);
+   * shuffle_read_bytes, of the shuffle blocks it read, local or fetched; shuffle_write_bytes,
+   * of the map output it committed (the data file). */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 };
 
 /* Whether the task's job was abandoned (checked once per batch by the terminal loops). */
@@ -343,6 +349,8 @@ typedef struct rdd_runtime_ops {
   /* Optional: runs service `name` (fl_service_call) where the scheduler lives; NULL: here,
    * in this process (rdd/service.c). Blocks until the service returns. */
   fl_status (*call_service)(void *impl, rdd *job, const char *name, fl_bytes request, fl_buf *reply);
+  /* fl_context_post_event: adds an event to the application's web UI and event log. */
+  fl_status (*post_event)(void *impl, const char *json);
 } rdd_runtime_ops;
 
 /* The service registered under name (rdd/service.c), or NULL. Any thread. */
@@ -440,6 +448,8 @@ struct fl_context {
   /* The context's folder name under checkpoint folders ("ctx-<pid>-<random>"), made by the
    * first fl_checkpoint (rdd/checkpoint.c); empty until then. */
   char checkpoint_name[48];
+  /* fl_context_ui_url: the web UI's address ("http://127.0.0.1:4040"), empty when none. */
+  char ui_url[128];
 };
 
 FL_INTERNAL fl_status rdd_shared_create(rdd_shared **out);

@@ -32,6 +32,7 @@ void rdd_task_clear(rdd_task *task) {
   task->no_retry = false;
   task->run_ns = 0;
   task->blocks_mapped = task->blocks_fetched = 0;
+  task->input_bytes = task->shuffle_read_bytes = task->shuffle_write_bytes = 0;
 }
 
 void rdd_task_crashed(rdd_task *task, rdd_task *outer, const char *message) {
@@ -245,6 +246,7 @@ fl_status rdd_task_run(rdd_task *task, rdd *r, const rdd_action *action, fl_buf 
   current_task = task;
   uint64_t start = common_now_ns();
   result->len = 0;
+  task->input_bytes = task->shuffle_read_bytes = task->shuffle_write_bytes = 0; /* this attempt's */
   fl_iter *in = NULL;
   fl_status status = rdd_task_cancelled(task) ? cancelled(task)
                                               : rdd_iterate(r, task->partition, task, &in);

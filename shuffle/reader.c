@@ -77,6 +77,7 @@ static fl_status block_stream_next(rdd_task *task, block_stream *b, rdd_batch *c
   if ((st = rdd_batch_decode(fl_buf_bytes(&b->enc), what, chunk)) != FL_OK)
     return fetch_failed(task, b, common_error_wrap(FL_EFETCH, "fetch failed: "));
   b->pos += 4 + (uint64_t)chunk_len;
+  task->shuffle_read_bytes += 4 + (uint64_t)chunk_len; /* the block's bytes, as written */
   *got = true;
   return FL_OK;
 }

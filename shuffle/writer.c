@@ -126,6 +126,7 @@ fl_status shuffle_write(rdd_task *task, fl_iter *in, const rdd_shuffle_dep *dep,
     st = FL_ERR(FL_EIO, "cannot commit shuffle output %s: %s", data_path, strerror(errno));
     goto cleanup;
   }
+  task->shuffle_write_bytes += offset; /* the data file; spilled runs are not output */
   /* The map status: bytes per reduce partition. */
   status->len = 0;
   for (uint32_t r = 0; r < reduces && st == FL_OK; r++) {

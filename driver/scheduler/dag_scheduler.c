@@ -30,6 +30,7 @@ static sched_stage *stage_new(sched_job *job, rdd *r, const rdd_shuffle_dep *dep
   if (!st) return NULL;
   st->id = job->next_stage_id++;
   st->uid = job->sched->next_stage_uid++;
+  st->job = job;
   st->rdd = r;
   st->dep = dep;
   st->next = job->stages;
@@ -150,6 +151,7 @@ static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
     }
   if (!ready) return;
   st->submitted = true;
+  notes_stage_submitted(s, st);
   if (common_log_enabled(sched_event_level(s)))
     common_log(sched_event_level(s), "job %llu: stage %u (%s of dataset %llu%s) starts: %u tasks",
                (unsigned long long)job->id, st->id, st->dep ? "shuffle map" : "result", (unsigned long long)st->rdd->id,
@@ -157,6 +159,7 @@ static void submit_stage(scheduler *s, sched_job *job, sched_stage *st) {
   if (st->num_tasks == 0) {
     st->finished = true;
     common_log(sched_event_level(s), "job %llu: stage %u ends: nothing to run", (unsigned long long)job->id, st->id);
+    notes_stage_completed(s, st, FL_OK, NULL);
     return;
   }
   if (st->barrier) gang_submit(s, st);
@@ -291,6 +294,7 @@ void dag_scheduler_job_submitted(scheduler *s, sched_job *job) {
     job_end_fail(s, job, st, "job %llu: %s", (unsigned long long)job->id, fl_last_error());
     return;
   }
+  notes_job_started(s, job);
   submit_stage(s, job, result);
   /* Stages with nothing to run finish at once; their children may be ready now. */
   submit_waiting(s, job);
@@ -313,6 +317,7 @@ static void task_succeeded(scheduler *s, sched_task *task) {
       st->finished = true;
       common_log(sched_event_level(s), "job %llu: stage %u ends: %u tasks done", (unsigned long long)job->id, st->id,
                  st->num_tasks);
+      notes_stage_completed(s, st, FL_OK, NULL);
       /* Output lost while the stage ran (its executor went): those maps run again first. */
       if (!map_output_complete(job->rdd->ctx->map_outputs, st->dep->shuffle_id)) {
         if (!s->resubmit_at_ns) s->resubmit_at_ns = common_now_ns() + DAG_RESUBMIT_DELAY_NS;
@@ -325,9 +330,12 @@ static void task_succeeded(scheduler *s, sched_task *task) {
   fl_buf t = job->results[task->index];
   job->results[task->index] = task->result;
   task->result = t;
-  if (--job->remaining == 0)
+  if (--job->remaining == 0) {
     common_log(sched_event_level(s), "job %llu: stage %u ends: %u tasks done", (unsigned long long)job->id, st->id,
                st->num_tasks);
+    st->finished = true;
+    notes_stage_completed(s, st, FL_OK, NULL);
+  }
   job_end_maybe_finish(s, job);
 }
 

@@ -366,6 +366,9 @@ void scheduler_stats_get(scheduler *s, scheduler_stats *out) {
   out->tasks_failed = atomic_load(&s->tasks_failed);
   out->tasks_speculated = atomic_load(&s->tasks_speculated);
   out->task_ns = atomic_load(&s->task_ns);
+  out->input_bytes = atomic_load(&s->input_bytes);
+  out->shuffle_read_bytes = atomic_load(&s->shuffle_read_bytes);
+  out->shuffle_write_bytes = atomic_load(&s->shuffle_write_bytes);
 }
 
 barrier_table *scheduler_barriers(scheduler *s) { return s->barriers; }

@@ -32,6 +32,7 @@ void job_end_maybe_finish(scheduler *s, sched_job *job) {
   /* Handed back by the loop once this event is through (complete_ended), not here: the
    * code that finished the job may still read it (a barrier stage that fails for want of
    * slots inside dag_scheduler_job_submitted, say), and a waiting caller frees it. */
+  notes_job_ended(s, job);
   job->ended_next = s->ended;
   s->ended = job;
 }

@@ -25,11 +25,13 @@ bool locality_place(scheduler *s, sched_task *t, uint64_t now, uint64_t *retry_a
   uint64_t avoid = t->original ? t->original->executor : 0, to;
   if (t->original && speculation_place_backup(s, t, now, &to, &avoid)) {
     t->executor = to;
+    t->locality = SCHED_ANY;
     return true;
   }
   preferred = holder && !executors_excluded(holder, now) && holder->id != avoid ? holder : NULL;
   if (preferred && preferred->running < preferred->slots) {
     t->executor = preferred->id;
+    t->locality = SCHED_PROCESS_LOCAL;
     t->stage->local_launch_ns = now;
     return true;
   }
@@ -45,6 +47,7 @@ bool locality_place(scheduler *s, sched_task *t, uint64_t now, uint64_t *retry_a
         best = x;
     if (best) {
       t->executor = best->id;
+      t->locality = SCHED_NODE_LOCAL;
       return true;
     }
   }
@@ -65,5 +68,6 @@ bool locality_place(scheduler *s, sched_task *t, uint64_t now, uint64_t *retry_a
       best = x;
   if (!best) return false;
   t->executor = best->id;
+  t->locality = SCHED_ANY;
   return true;
 }

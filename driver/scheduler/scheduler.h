@@ -32,6 +32,10 @@ typedef struct sched_event {
   sched_event_type type;
 } sched_event;
 
+/* How an attempt was placed: where its input is cached, on another executor of that one's
+ * node, or anywhere (Spark's locality levels). */
+typedef enum sched_locality { SCHED_PROCESS_LOCAL, SCHED_NODE_LOCAL, SCHED_ANY } sched_locality;
+
 /* One task of a stage: a partition of the stage's dataset. Reused across attempts. Backends
  * read what an attempt runs through the sched_task_* functions below, and fill rt (status,
  * error, figures, accumulator updates) and result when it ends. */
@@ -57,6 +61,8 @@ typedef struct sched_task {
   uint64_t launched_ns, duration_ns; /* the attempt's launch; the successful one's run time */
   struct sched_task *original, *backup;
   struct sched_task *next_copy; /* the job's backups, freed with it */
+  uint32_t seq;                 /* the current attempt's number within the job (notes) */
+  uint8_t locality;             /* how the current attempt was placed (sched_locality) */
 } sched_task;
 
 /* What an attempt of `task` runs: the dataset whose partition it computes, the shuffle it
@@ -183,6 +189,8 @@ typedef struct sched_placement {
 typedef struct scheduler_stats {
   uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated;
   uint64_t task_ns; /* every attempt's run time, summed */
+  /* rdd_task's bytes, summed over the attempts that counted (as sched_job_stats) */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 } scheduler_stats;
 
 /* Speculation (Spark's settings): once `quantile` of a stage's tasks succeeded, a task
@@ -205,8 +213,6 @@ typedef enum sched_note_kind {
   SCHED_TASK_STARTED,
   SCHED_TASK_ENDED,
 } sched_note_kind;
-
-typedef enum sched_locality { SCHED_PROCESS_LOCAL, SCHED_NODE_LOCAL, SCHED_ANY } sched_locality;
 
 /* A stage as a job's start describes it: its dataset's narrow lineage, newest first (rdds[0]
  * is the stage's dataset), and the stages it reads the shuffles of. */
@@ -260,6 +266,9 @@ typedef struct sched_job_stats {
   uint64_t attempts, attempts_failed;
   uint64_t task_ns; /* the attempts' run time, summed (rdd_task.run_ns) */
   uint64_t blocks_mapped, blocks_fetched; /* rdd_task's, summed */
+  /* rdd_task's bytes, summed over the successful attempts whose outcome counted (the first
+   * of a task and its backup to succeed), so that each partition's are counted once. */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 } sched_job_stats;
 
 /* How a job may be cancelled. group: jobs that scheduler_cancel ends together (the driver's

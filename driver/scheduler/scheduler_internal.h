@@ -15,6 +15,7 @@
  *   job_end.c         a job fails or finishes
  *   task_queue.c      the pending FIFO; launching an attempt
  *   executors.c       the executors, their slots and exclusion
+ *   notes.c           the listener's notes of jobs, stages and attempts
  *   barrier.c         barrier stages' rendezvous (the coordinator)
  * The local backend (local_backend.c) is a backend like any other: it uses scheduler.h only.
  */
@@ -28,6 +29,7 @@
 struct sched_stage {
   uint32_t id;  /* within its job (barrier tables, tasks' stage numbers) */
   uint32_t uid; /* within the scheduler: the stage's number in notes (the UI, progress bars) */
+  sched_job *job;
   rdd *rdd;
   const rdd_shuffle_dep *dep; /* NULL for the result stage */
   const rdd_action *action;
@@ -70,6 +72,7 @@ struct sched_job {
   sched_task *tasks;  /* of the result stage */
   sched_stage *stages; /* every stage of the job, the result stage first */
   uint32_t next_stage_id;
+  uint32_t next_task_seq; /* the attempts' numbers in notes */
   uint32_t remaining; /* result tasks not yet succeeded */
   uint32_t running;   /* attempts launched and not ended */
   sched_task *copies; /* backups made for its tasks */
@@ -140,6 +143,7 @@ struct scheduler {
   void (*listener)(void *arg, const sched_note *note);
   void *listener_arg;
   _Atomic uint64_t jobs_run, jobs_failed, tasks_run, tasks_failed, tasks_speculated, task_ns;
+  _Atomic uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes; /* scheduler_stats */
 };
 
 /* What an attempt's end means for the DAG scheduler: task_scheduler_task_ended's answer,
@@ -224,6 +228,16 @@ FL_INTERNAL bool executors_excluded(const sched_executor *x, uint64_t now);
 /* An attempt placed on t->executor and run by `ran` ended, before the scheduler handles it:
  * its slot is free, and the executor that ran it is charged (exclusion, no usable GPU). */
 FL_INTERNAL void executors_attempt_ended(scheduler *s, const sched_task *t, uint64_t ran);
+
+/* ---- the listener's notes (notes.c); nothing without a listener ------------------------ */
+FL_INTERNAL void notes_job_started(scheduler *s, const sched_job *job);
+/* Also ends the job's stages that were submitted and did not finish. */
+FL_INTERNAL void notes_job_ended(scheduler *s, const sched_job *job);
+FL_INTERNAL void notes_stage_submitted(scheduler *s, const sched_stage *st);
+FL_INTERNAL void notes_stage_completed(scheduler *s, const sched_stage *st, fl_status status, const char *error);
+FL_INTERNAL void notes_task_started(scheduler *s, const sched_task *t);
+/* ran: the executor that ran the attempt (0: where it was placed). */
+FL_INTERNAL void notes_task_ended(scheduler *s, const sched_task *t, uint64_t ran);
 
 /* The level of job and stage start/end lines (tasks': always debug): info on a cluster's
  * driver; debug in a local context, whose stderr is the job's own (the lines of an iterative

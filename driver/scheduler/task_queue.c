@@ -23,6 +23,7 @@ void task_queue_launch(scheduler *s, sched_task *t) {
   t->rt.attempt++;
   t->running = true;
   t->launched_ns = common_now_ns();
+  t->seq = t->job->next_task_seq++;
   if (t->executor) {
     sched_executor *x = executors_find(s, t->executor);
     if (x) x->running++;
@@ -33,6 +34,7 @@ void task_queue_launch(scheduler *s, sched_task *t) {
     common_log(LOG_DEBUG, "job %llu: stage %u: task %u (partition %u, attempt %u%s) starts%s%.0llu",
                (unsigned long long)t->job->id, t->stage->id, t->index, t->rt.partition, t->rt.attempt,
                t->original ? ", a backup" : "", t->executor ? " on executor " : "", (unsigned long long)t->executor);
+  notes_task_started(s, t);
   s->backend->ops->launch(s->backend, t);
 }
 

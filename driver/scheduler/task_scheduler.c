@@ -102,6 +102,7 @@ task_outcome task_scheduler_task_ended(scheduler *s, sched_task *t) {
   bool counts = t->rt.status == FL_OK && job->status == FL_OK;
   if (s->backend->ops->ended) ran = s->backend->ops->ended(s->backend, t, counts);
   executors_attempt_ended(s, t, ran);
+  notes_task_ended(s, t, ran);
   s->free_slots++;
   job->running--;
   rdd_task *rt = &t->rt;
@@ -109,6 +110,14 @@ task_outcome task_scheduler_task_ended(scheduler *s, sched_task *t) {
     rdd_task_clear(rt);
     job_end_maybe_finish(s, job);
     return TASK_OUTCOME_NONE;
+  }
+  if (rt->status == FL_OK) { /* before a backup's outcome is adopted: its bytes are its own */
+    job->stats.input_bytes += rt->input_bytes;
+    job->stats.shuffle_read_bytes += rt->shuffle_read_bytes;
+    job->stats.shuffle_write_bytes += rt->shuffle_write_bytes;
+    atomic_fetch_add(&s->input_bytes, rt->input_bytes);
+    atomic_fetch_add(&s->shuffle_read_bytes, rt->shuffle_read_bytes);
+    atomic_fetch_add(&s->shuffle_write_bytes, rt->shuffle_write_bytes);
   }
   if (t->stage->barrier) return gang_task_ended(s, t); /* no backups run for barrier stages */
   if (rt->status == FL_OK && other_running && s->backend->ops->kill_attempt)

@@ -21,6 +21,7 @@ typedef struct ui ui;
 typedef struct ui_config {
   const char *host;    /* where the HTTP server binds (the driver's RPC host) */
   int port;            /* 0: a free port; -1: no HTTP server (store and log only) */
+  bool port_retries;   /* port is a default: when taken, the next 16 are tried, then a free one */
   const char *secret;  /* requests must carry it (docs/ui.md); NULL or "": none */
   const char *log_dir; /* the event log's folder; NULL or "": no log */
   const char *title;   /* "driver", "local", "history": the pages' heading */
@@ -48,6 +49,13 @@ FL_INTERNAL const char *ui_app_id(const ui *u, uint64_t app, char *buf, size_t c
  * Copied; never blocks. Malformed text is logged and dropped. */
 FL_INTERNAL void ui_post(ui *u, const char *json);
 FL_INTERNAL void ui_postf(ui *u, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Posts an application's start and its environment (the settings in force, secrets hidden). */
+FL_INTERNAL void ui_post_application(ui *u, uint64_t app, const char *name, const char *master);
+/* A program's event (fl_context_post_event) for application `app`: checked (a JSON object
+ * of at most UI_PROGRAM_EVENT_MAX bytes whose Event is a Train* event; FL_EINVAL naming what
+ * is wrong), then posted with "App" set to `app`. */
+#define UI_PROGRAM_EVENT_MAX ((size_t)64 << 10)
+FL_INTERNAL fl_status ui_post_program_event(ui *u, uint64_t app, const char *json);
 /* Blocks until everything posted before the call is applied (tests, the history server). */
 FL_INTERNAL void ui_sync(ui *u);
 /* The scheduler's listener (scheduler_set_listener's fn; arg: the ui). */

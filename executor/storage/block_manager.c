@@ -303,6 +303,13 @@ static void forget_warned(block_manager *bm, uint64_t lo, uint64_t hi) {
 
 /* ---- the cache interface --------------------------------------------------------------- */
 
+/* A cached block read by a task is its input (Spark's bytes read from the block manager):
+ * the block's bytes as they were kept, records in memory or encoded in memory or on disk. */
+static void count_block_read(uint64_t bytes) {
+  rdd_task *task = rdd_task_current();
+  if (task) task->input_bytes += bytes;
+}
+
 static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void **handle) {
   block_manager *bm = impl;
   read_handle *h = common_calloc(1, sizeof *h);
@@ -317,11 +324,14 @@ static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void 
     h->pinned = b;
     *batch = &b->batch;
     *handle = h;
+    uint64_t bytes = b->batch.buf.len;
     FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+    count_block_read(bytes);
     return true;
   }
   fl_buf file = FL_BUF_INIT;
   fl_bytes encoded;
+  uint64_t bytes;
   char what[4096];
   disk_path(bm, key, what, sizeof what);
   fl_status s;
@@ -330,9 +340,11 @@ static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void 
     lru_push_front(bm, b);
     encoded = fl_buf_bytes(&b->ser);
     snprintf(what, sizeof what, "cached block rdd_%llu_%u", (unsigned long long)key.rdd_id, key.partition);
+    bytes = encoded.len;
     s = rdd_batch_decode(encoded, what, &h->priv);
   } else {
     s = common_read_file(what, &file);
+    bytes = file.len;
     if (s == FL_OK) s = rdd_batch_decode(fl_buf_bytes(&file), what, &h->priv);
     fl_buf_free(&file);
   }
@@ -345,6 +357,7 @@ static bool bm_get(void *impl, rdd_block_key key, const rdd_batch **batch, void 
   *batch = &h->priv;
   *handle = h;
   FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+  count_block_read(bytes);
   return true;
 miss:
   FL_PCHECK(pthread_mutex_unlock(&bm->lock));
@@ -549,6 +562,7 @@ fl_status block_manager_get_peer(block_manager *bm, rdd_block_key key, uint32_t 
   h->peer = p;
   *batch = shared_block_batch(p->sb);
   *handle = h;
+  count_block_read((*batch)->buf.len);
   return FL_OK;
 }
 

@@ -29,6 +29,17 @@ typedef struct fl_driver_options {
  * stops its job binaries and threads and deletes its folder. Blocks. */
 FL_API fl_status fl_driver_serve(const fl_driver_options *options, volatile sig_atomic_t *stop);
 
+typedef struct fl_history_options {
+  const char *dir;       /* the event logs' folder (FLINT_EVENT_LOG_DIR of the drivers) */
+  const char *listen;    /* HOST:PORT; NULL: 127.0.0.1 and FLINT_UI_PORT's port; port 0 picks one */
+  const char *port_file; /* NULL, or a file to write the chosen port to once listening */
+} fl_history_options;
+
+/* The history server (`flint history`, Spark's): reads every application's event log in
+ * options->dir and serves the same web UI and REST API for them as the live driver did, until
+ * *stop becomes nonzero. FL_EIO naming the folder when it cannot be read. Blocks. */
+FL_API fl_status fl_history_serve(const fl_history_options *options, volatile sig_atomic_t *stop);
+
 typedef struct fl_executor_options {
   const char *driver;   /* HOST:PORT of the driver */
   const char *host;     /* the address peers reach it at; NULL: 127.0.0.1 */

@@ -265,8 +265,24 @@ typedef struct fl_context_stats {
    * place from one on the same node (a node-local read, no copy) or fetched over the network
    * (Spark's remote block reads). 0 in local mode, where every read is in-process. */
   uint64_t blocks_read_mapped, blocks_read_fetched;
+  /* Bytes that the successful tasks of the jobs read and wrote (Spark's task metrics,
+   * summed): input_bytes from their source files (compressed size for .gz) or cached blocks
+   * (each block's size where it was found); shuffle_read_bytes of shuffle blocks, local or
+   * fetched; shuffle_write_bytes of map output. A job whose shuffle is read whole reads what
+   * its maps wrote. */
+  uint64_t input_bytes, shuffle_read_bytes, shuffle_write_bytes;
 } fl_context_stats;
 FL_API fl_status fl_context_stats_get(fl_context *ctx, fl_context_stats *out);
+/* The address of the web UI that shows this context's jobs (docs/ui.md), as Spark's
+ * uiWebUrl: a cluster's driver's ("http://HOST:4040"; its REST API is under /api/v1), or a
+ * local context's own when FLINT_UI=1. NULL when there is none. Valid until the context closes. */
+FL_API const char *fl_context_ui_url(fl_context *ctx);
+/* Adds an event of the program's to its application in the web UI and the event log
+ * (docs/ui.md): a JSON object of at most 64 KiB whose "Event" is one of TrainStart, TrainStep,
+ * TrainPipeline and TrainEnd (libflint_gpu's trainer posts them; the UI draws the curves).
+ * "App" and "Time" are filled in. FL_EINVAL naming what is wrong with `json`; FL_OK and
+ * nothing done when the context has no UI or event log. */
+FL_API fl_status fl_context_post_event(fl_context *ctx, const char *json);
 
 /* How long flint's threads spin before they sleep when they hand work to each other or wait
  * for a peer, in nanoseconds: FLINT_SPIN_US, else 200 us, or 0 in driver and executor
