@@ -32,8 +32,9 @@ static const char ml_usage_text[] =
     "       flint ml evaluate --model MODEL --data PATH --format F [options]\n"
     "\n"
     "Trains a least-squares (linreg) or logistic regression (logreg; two classes or more,\n"
-    "labels 0..K-1, or -1/+1 for two) model with libflint_ml. Prints one line per iteration,\n"
-    "then rows, features, classes, solver, iterations, convergence, training time and the\n"
+    "labels 0..K-1, or -1/+1 for two) model with libflint_ml. Prints one line per iteration\n"
+    "(on a terminal, one line redrawn in place, with an ETA; FLINT_PROGRESS=0: lines), then\n"
+    "rows, features, classes, solver, iterations, convergence, training time and the\n"
     "metrics on the training data (and on --test data): RMSE and R^2 for linreg; accuracy,\n"
     "log-loss and, for two classes, AUC for logreg.\n"
     "\n"
@@ -317,21 +318,54 @@ static int parse_args(int argc, char **argv, ml_args *a) {
   return 0;
 }
 
+/* The iterations' (the ps solver: epochs') progress: on a terminal one line redrawn in
+ * place, with an ETA (from max_iterations: training that converges ends sooner); elsewhere a
+ * whole line each. */
+typedef struct iteration_line {
+  bool in_place, open;     /* open: a line without its newline yet */
+  uint32_t max_iterations; /* the ps solver: its epochs */
+  FILE *csv;               /* the ps solver's --curves */
+} iteration_line;
+
 /* One line per iteration, flushed so that it shows at once through a pipe. */
 static fl_status print_iteration(void *arg, const fl_ml_iteration *it) {
-  (void)arg;
-  printf("iter %3u  loss %.10f  |grad| %.3e  step %.2e  evals %u  %.2f s\n", it->iteration, it->loss,
-         it->grad_norm, it->step, it->evaluations, it->seconds);
+  iteration_line *l = arg;
+  if (!l->in_place) {
+    printf("iter %3u  loss %.10f  |grad| %.3e  step %.2e  evals %u  %.2f s\n", it->iteration, it->loss,
+           it->grad_norm, it->step, it->evaluations, it->seconds);
+  } else {
+    char eta[32];
+    common_progress_eta(eta, sizeof eta, it->seconds, (double)it->iteration / l->max_iterations);
+    /* Trailing blanks clear what a longer last line left. */
+    printf("\riter %3u/%u  loss %.10f  |grad| %.3e  step %.2e  evals %u  %.2f s  %s   ", it->iteration,
+           l->max_iterations, it->loss, it->grad_norm, it->step, it->evaluations, it->seconds, eta);
+    l->open = true;
+  }
   fflush(stdout);
   return FL_OK;
+}
+
+static void end_iteration_line(iteration_line *l) {
+  if (l->open) putchar('\n');
+  l->open = false;
 }
 
 /* The ps solver's curve row: a line on stdout and, with --curves, a CSV row (flushed, so
  * that the file can be watched while training runs). */
 static fl_status print_epoch(void *arg, const fl_ml_ps_epoch *e) {
-  FILE *csv = arg;
-  printf("epoch %3u  loss %.10f  accuracy %.4f  %.2f s  %.2f MiB sent  %.2f MiB received\n", e->epoch, e->loss,
-         e->accuracy, e->seconds, (double)e->bytes_sent / 1048576.0, (double)e->bytes_received / 1048576.0);
+  iteration_line *l = arg;
+  FILE *csv = l->csv;
+  if (!l->in_place) {
+    printf("epoch %3u  loss %.10f  accuracy %.4f  %.2f s  %.2f MiB sent  %.2f MiB received\n", e->epoch, e->loss,
+           e->accuracy, e->seconds, (double)e->bytes_sent / 1048576.0, (double)e->bytes_received / 1048576.0);
+  } else {
+    char eta[32];
+    common_progress_eta(eta, sizeof eta, e->seconds, (double)e->epoch / l->max_iterations);
+    printf("\repoch %3u/%u  loss %.10f  accuracy %.4f  %.2f s  %.2f MiB sent  %.2f MiB received  %s   ", e->epoch,
+           l->max_iterations, e->loss, e->accuracy, e->seconds, (double)e->bytes_sent / 1048576.0,
+           (double)e->bytes_received / 1048576.0, eta);
+    l->open = true;
+  }
   fflush(stdout);
   if (csv) {
     fprintf(csv, "%u,%.6f,%.10f,%.6f,%llu,%llu,%llu\n", e->epoch, e->seconds, e->loss, e->accuracy,
@@ -463,11 +497,16 @@ int cmd_ml(int argc, char **argv) {
   }
   if (rc) return rc;
   if (a.command != ML_TRAIN) return apply_model(&a);
+  iteration_line line = {.in_place = common_progress_on_terminal(STDOUT_FILENO),
+                         .max_iterations = a.train.max_iterations ? a.train.max_iterations : 100};
   a.train.progress = print_iteration;
+  a.train.progress_arg = &line;
   FILE *curves = NULL;
   if (a.train.solver == FL_ML_SOLVER_PS) { /* one line per epoch instead of per iteration */
     a.train.progress = NULL;
     a.train.ps.on_epoch = print_epoch;
+    a.train.ps.on_epoch_arg = &line;
+    line.max_iterations = a.train.ps.epochs ? a.train.ps.epochs : 10;
   }
 
   fl_context *ctx = NULL;
@@ -476,7 +515,10 @@ int cmd_ml(int argc, char **argv) {
   fl_ml_model *model = NULL;
   fl_ml_metrics metrics;
   rc = 1;
-  if (fl_context_open(a.master, NULL, &ctx) != FL_OK) goto fail;
+  /* The iteration line redrawn on a terminal stands for the stage bar, which would fight it. */
+  fl_options fo = FL_OPTIONS_INIT;
+  fo.no_console_progress = line.in_place;
+  if (fl_context_open(a.master, &fo, &ctx) != FL_OK) goto fail;
   if (load(ctx, &a, a.data, a.labels, 0, &data) != FL_OK) goto fail;
   /* Test data is loaded before training, so that a bad file fails before the long part.
    * libsvm test data gets the training width, so that it fits the model and the summary. */
@@ -499,11 +541,14 @@ int cmd_ml(int argc, char **argv) {
       goto fail;
     }
     fputs("epoch,seconds,loss,accuracy,steps,bytes_sent,bytes_received\n", curves);
-    a.train.ps.on_epoch_arg = curves;
+    line.csv = curves;
   }
   printf("training %s: %s\n", a.logistic ? "logistic regression" : "least squares", solver_name(&a, train));
   fflush(stdout);
-  if ((a.logistic ? fl_ml_logreg : fl_ml_linreg)(train, &a.train, &model) != FL_OK) goto fail;
+  if (strstr(solver_name(&a, train), "normal")) line.max_iterations = 1; /* one solve */
+  fl_status trained = (a.logistic ? fl_ml_logreg : fl_ml_linreg)(train, &a.train, &model);
+  end_iteration_line(&line);
+  if (trained != FL_OK) goto fail;
 
   printf("rows         %llu\n", (unsigned long long)train->rows);
   printf("features     %u\n", model->cols);

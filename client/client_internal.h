@@ -72,6 +72,14 @@ typedef struct client_local_cluster {
   char *dir; /* the cluster's folder, holding the children's */
 } client_local_cluster;
 
+/* A drawer's source on a driver (StageProgress): an application's stages, or those of job
+ * binary submission_id when not 0. */
+typedef struct client_progress_driver {
+  rpc_channel *driver;
+  uint64_t app_id, submission_id;
+} client_progress_driver;
+struct client_progress;
+
 typedef struct remote_context {
   fl_context pub; /* first, so the rdd layer's fl_context * is this struct */
   rpc_channel *driver;
@@ -93,6 +101,8 @@ typedef struct remote_context {
   bool keepalive_started, keepalive_stop; /* under lock */
   pthread_cond_t keepalive_wake;
   client_local_cluster cluster;
+  client_progress_driver progress_source;
+  struct client_progress *progress; /* the console bar, when stderr is a terminal (progress.c) */
 } remote_context;
 
 /* Appends x to a growing list of ids; false when out of memory. */
@@ -218,5 +228,38 @@ FL_INTERNAL fl_status client_local_cluster_start(client_local_cluster *lc, const
 FL_INTERNAL fl_status client_local_cluster_wait(client_local_cluster *lc, rpc_channel *driver, uint32_t want);
 /* Stops the processes, removes the folder and frees lc's fields. */
 FL_INTERNAL void client_local_cluster_stop(client_local_cluster *lc);
+
+/* ---- console progress bars (progress.c) ------------------------------------------------ */
+/* Spark's console bar of stages[0..n), side by side, each in width / n columns:
+ * "[Stage 3:=====>      (12 + 4) / 40]" ('=' for the share of tasks completed, '>' at its head;
+ * no bar where the text alone fills the columns). Writes a NUL-terminated line into buf (the
+ * stages that fit in cap) and returns its length. */
+FL_INTERNAL size_t client_progress_render(const sched_stage_progress *stages, uint32_t n, uint32_t width, char *buf,
+                                          size_t cap);
+/* Where a drawer reads the active stages (scheduler_progress's contract: at most cap into
+ * out, their number into *count). Called on the drawer's thread; may block a second or so. */
+typedef fl_status (*client_progress_source)(void *arg, sched_stage_progress *out, uint32_t cap, uint32_t *count);
+typedef struct client_progress client_progress;
+/* A drawer of the bar on fd, width columns wide (0: the terminal's, TIOCGWINSZ, else
+ * $COLUMNS, else 80). Its caller decides that fd is a terminal (common_progress_on_terminal).
+ * The thread starts with the first action. */
+FL_INTERNAL fl_status client_progress_create(int fd, uint32_t width, client_progress_source source, void *arg,
+                                             client_progress **out);
+/* An action starts and ends (any thread; several may run at once): the bar is drawn while
+ * any runs; each end erases it. NULL p: nothing. */
+FL_INTERNAL void client_progress_begin(client_progress *p);
+FL_INTERNAL void client_progress_end(client_progress *p);
+/* Erases the bar now, before other output to its terminal (it comes back with the next
+ * poll). NULL p: nothing. */
+FL_INTERNAL void client_progress_clear(client_progress *p);
+/* One poll and redraw at now_ns, as the thread does every 200 ms: shows the stages first
+ * seen at least 500 ms before, redrawn at most every 200 ms and only when changed (or after a
+ * minute); erases the line when none is left. For tests, with a clock of their own. */
+FL_INTERNAL void client_progress_tick(client_progress *p, uint64_t now_ns);
+/* client_progress_source for a driver: arg is a client_progress_driver. Waits at most 2 s. */
+FL_INTERNAL fl_status client_progress_ask_driver(void *arg, sched_stage_progress *out, uint32_t cap,
+                                                 uint32_t *count);
+/* Stops the thread, erases the bar and frees p (NULL: nothing). No action may be running. */
+FL_INTERNAL void client_progress_destroy(client_progress *p);
 
 #endif /* FLINT_CLIENT_INTERNAL_H */

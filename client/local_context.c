@@ -39,6 +39,7 @@ typedef struct context_impl {
   char *work_dir;
   client_ps_local ps; /* parameter servers of its tables (ps_tables.c) */
   ui *ui;             /* FLINT_UI=1 or FLINT_EVENT_LOG_DIR: the web UI and event log; else NULL */
+  client_progress *progress; /* the console bar, when stderr is a terminal (progress.c) */
 } context_impl;
 
 client_ps_local *client_local_context_ps(fl_context *ctx) { return &((context_impl *)ctx)->ps; }
@@ -63,10 +64,18 @@ static void deliver_report(void *arg, uint64_t rdd_id, uint32_t rank, fl_bytes m
 
 static fl_status context_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
                                  const rdd_action *action, fl_buf *results) {
-  if (!rdd_barrier_reports_wanted(r))
-    return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, NULL, results);
+  context_impl *c = impl;
   sched_job_opts opts = {.on_report = deliver_report, .report_arg = r};
-  return scheduler_run_job(((context_impl *)impl)->sched, r, parts, num_parts, action, &opts, results);
+  client_progress_begin(c->progress);
+  fl_status st = scheduler_run_job(c->sched, r, parts, num_parts, action,
+                                   rdd_barrier_reports_wanted(r) ? &opts : NULL, results);
+  client_progress_end(c->progress);
+  return st;
+}
+
+/* The bar's source: the stages of this context's jobs (group 0). */
+static fl_status progress_source(void *arg, sched_stage_progress *out, uint32_t cap, uint32_t *count) {
+  return scheduler_progress(((context_impl *)arg)->sched, 0, out, cap, count);
 }
 
 static void local_close(fl_context *ctx);
@@ -202,6 +211,8 @@ fl_status client_local_context_open(const char *master, const fl_options *option
   FL_CHECK(local_backend_create(c->sched, threads, options && options->contain_task_crashes, &b));
   scheduler_set_backend(c->sched, b);
   FL_CHECK(start_ui(c, master, options, threads, memory));
+  if (!(options && options->no_console_progress) && common_progress_on_terminal(STDERR_FILENO))
+    FL_CHECK(client_progress_create(STDERR_FILENO, 0, progress_source, c, &c->progress));
   c->pub.barrier = &barrier_local_ops;
   c->pub.barrier_impl = scheduler_barriers(c->sched);
   c->pub.runtime = &local_runtime;
@@ -226,6 +237,7 @@ cleanup:
 
 static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
+  client_progress_destroy(c->progress); /* before the scheduler it asks */
   scheduler_destroy(c->sched);
   ui_postf(c->ui, "{\"Event\":\"ApplicationEnd\",\"App\":0}");
   ui_destroy(c->ui); /* after the scheduler's last note */

@@ -109,6 +109,24 @@ static const rdd_cache_ops remote_cache = {rc_get,        rc_put,          rc_re
                                            rc_remove_rdd, rc_info,         rc_shuffle_path,
                                            rc_shuffle_fetch, rc_shuffle_remove};
 
+/* Jobs and service calls draw the console bar while they run. */
+static fl_status remote_run_job(void *impl, rdd *r, const uint32_t *parts, uint32_t num_parts,
+                                const rdd_action *action, fl_buf *results) {
+  remote_context *c = impl;
+  client_progress_begin(c->progress);
+  fl_status st = client_job_run(impl, r, parts, num_parts, action, results);
+  client_progress_end(c->progress);
+  return st;
+}
+
+static fl_status remote_call_service(void *impl, rdd *job, const char *name, fl_bytes request, fl_buf *reply) {
+  remote_context *c = impl;
+  client_progress_begin(c->progress);
+  fl_status st = client_call_service(impl, job, name, request, reply);
+  client_progress_end(c->progress);
+  return st;
+}
+
 /* fl_context_post_event: the driver checks the event and adds it to the application's UI. */
 static fl_status remote_post_event(void *impl, const char *json) {
   remote_context *c = impl;
@@ -122,9 +140,9 @@ static fl_status remote_post_event(void *impl, const char *json) {
   return st;
 }
 
-static const rdd_runtime_ops remote_runtime = {.run_job = client_job_run,
+static const rdd_runtime_ops remote_runtime = {.run_job = remote_run_job,
                                                .post_event = remote_post_event,
-                                               .call_service = client_call_service,
+                                               .call_service = remote_call_service,
                                                .broadcast_created = client_broadcast_created,
                                                .broadcast_destroyed = client_broadcast_destroyed,
                                                .rdd_destroyed = client_plan_send_forget};
@@ -133,6 +151,7 @@ static const rdd_runtime_ops remote_runtime = {.run_job = client_job_run,
 
 static void remote_close(fl_context *ctx) {
   remote_context *c = (remote_context *)ctx;
+  client_progress_destroy(c->progress); /* before the channel it calls */
   if (c->keepalive_started) {
     FL_PCHECK(pthread_mutex_lock(&c->lock));
     c->keepalive_stop = true;
@@ -273,6 +292,9 @@ fl_status client_remote_context_open(const char *master, const fl_options *optio
   c->pub.cancel = remote_cancel;
   atomic_init(&c->pub.next_rdd_id, 1);
   atomic_init(&c->next_operation, 1);
+  c->progress_source = (client_progress_driver){c->driver, c->app_id, 0};
+  if (!(options && options->no_console_progress) && common_progress_on_terminal(STDERR_FILENO))
+    FL_CHECK(client_progress_create(STDERR_FILENO, 0, client_progress_ask_driver, &c->progress_source, &c->progress));
   if (c->keepalive_ms) {
     if (pthread_create(&c->keepalive, NULL, keepalive_main, c) != 0) {
       status = FL_ERR(FL_ENOMEM, "cannot start the client's keep-alive thread");

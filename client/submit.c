@@ -22,6 +22,12 @@ static fl_status stream_output(rpc_channel *ch, uint64_t id, FILE *out, FILE *er
   fl_status st = FL_OK;
   uint64_t out_off = 0, err_off = 0;
   bool cancel_sent = false;
+  /* The console bar of the job's stages, under its output, while it runs. */
+  client_progress *bar = NULL;
+  client_progress_driver source = {ch, 0, id};
+  if (common_progress_on_terminal(fileno(err)) &&
+      client_progress_create(fileno(err), 0, client_progress_ask_driver, &source, &bar) == FL_OK)
+    client_progress_begin(bar);
   for (;;) {
     if (stop && *stop && !cancel) {
       st = FL_ERR(FL_ECANCELLED, "stopped following job binary %llu, which goes on", (unsigned long long)id);
@@ -48,6 +54,7 @@ static fl_status stream_output(rpc_channel *ch, uint64_t id, FILE *out, FILE *er
       st = FL_ERR(FL_EPROTO, "Output: malformed reply");
       break;
     }
+    if (o->stdout_data.len || o->stderr_data.len) client_progress_clear(bar);
     /* An empty bytes field has NULL data, which fwrite must not get (UBSan). */
     if (o->stdout_data.len) fwrite(o->stdout_data.data, 1, o->stdout_data.len, out);
     if (o->stderr_data.len) fwrite(o->stderr_data.data, 1, o->stderr_data.len, err);
@@ -60,11 +67,14 @@ static fl_status stream_output(rpc_channel *ch, uint64_t id, FILE *out, FILE *er
     int sig = o->signal;
     flint__output_reply__free_unpacked(o, NULL);
     if (exited) {
+      client_progress_clear(bar);
       if (sig) fprintf(err, "flint: the job was killed by signal %d (%s)\n", sig, strsignal(sig));
       if (exit_code) *exit_code = code;
       break;
     }
   }
+  client_progress_end(bar);
+  client_progress_destroy(bar);
   fl_buf_free(&reply);
   return st;
 }

@@ -316,4 +316,13 @@ FL_INTERNAL fl_status common_write_all(int fd, const void *data, size_t len, con
 FL_INTERNAL void common_advise_huge(void *p, size_t len);
 FL_INTERNAL void common_remove_tree(const char *path);
 
+/* ---- progress lines (progress.c) ------------------------------------------------------- */
+/* Whether progress may be redrawn in place on fd: fd is a terminal and FLINT_PROGRESS is on.
+ * Elsewhere (a file, a pipe) progress goes as whole lines, without "\r". */
+FL_INTERNAL bool common_progress_on_terminal(int fd);
+/* "ETA 1:02:03", "ETA 02:05" (minutes and seconds) for what is left of a task `fraction`
+ * (0..1) done after elapsed_s seconds; "ETA --:--" before anything is done. Returns what
+ * snprintf returns. */
+FL_INTERNAL int common_progress_eta(char *buf, size_t cap, double elapsed_s, double fraction);
+
 #endif /* FLINT_COMMON_H */

@@ -92,6 +92,8 @@ enum {
     "where a context makes its folder for disk blocks (and local-cluster its cluster's)")                           \
   X(APP_NAME, STRING, CLIENT, CONFIG_COMPUTED, 0, 0, "the program's name",                                          \
     "the application's name on a cluster's driver (flint status) when the options give none")                       \
+  X(PROGRESS, BOOL, CLIENT, 0, 0, CONFIG_MAX_I64, "1",                                                             \
+    "0: no console progress bars (actions' stages, flint train and flint ml), even on a terminal")                 \
   X(SPIN_US, US, ANY, CONFIG_COMPUTED, 0, 9999999, "200 (servers: 0 on <= 4 cores)",                                \
     "how long hot thread hand-offs spin before they sleep")                                                         \
   /* security */                                                                                                    \

@@ -179,6 +179,7 @@ static inline fl_status driver_empty_reply(fl_buf *out) {
 #define Flint__BarrierReportsRequest_descriptor_ flint__barrier_reports_request__descriptor
 #define Flint__CreatePsTableRequest_descriptor_ flint__create_ps_table_request__descriptor
 #define Flint__DropPsTableRequest_descriptor_ flint__drop_ps_table_request__descriptor
+#define Flint__StageProgressRequest_descriptor_ flint__stage_progress_request__descriptor
 
 /* ---- the RPC methods (handlers.c) -------------------------------------------------------- */
 /* The methods the rpc queue's thread takes itself (rpc_server_config.quick_methods). */
@@ -255,6 +256,8 @@ FL_INTERNAL fl_status submissions_handle_output(driver_state *d, fl_bytes body, 
  * until d->lock is released. */
 FL_INTERNAL size_t submissions_count(driver_state *d);
 FL_INTERNAL void submissions_describe(driver_state *d, Flint__SubmissionInfo *infos, Flint__SubmissionInfo **ptrs);
+/* The process of running job binary `id` (d->lock held); 0 when unknown or ended. */
+FL_INTERNAL pid_t submissions_pid(driver_state *d, uint64_t id);
 /* At the driver's end: job binaries end with it (SIGTERM), and their records go. */
 FL_INTERNAL void submissions_stop(driver_state *d);
 

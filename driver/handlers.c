@@ -195,6 +195,50 @@ static fl_status handle_drop_ps_table(driver_state *d, fl_bytes body, fl_buf *re
   return st == FL_OK ? driver_empty_reply(response) : st;
 }
 
+/* ---- progress bars ---------------------------------------------------------------------------- */
+
+#define PROGRESS_MAX_APPS 8    /* of one job binary */
+#define PROGRESS_MAX_STAGES 64 /* in one reply */
+
+/* StageProgress: the active stages of an application, or of a job binary's applications
+ * (client/progress.c draws them). Blocks up to a second per application on the scheduler. */
+static fl_status handle_stage_progress(driver_state *d, fl_bytes body, fl_buf *response) {
+  UNPACK(Flint__StageProgressRequest, req, body, "StageProgress");
+  uint64_t apps[PROGRESS_MAX_APPS];
+  size_t num_apps = 0;
+  if (req->submission_id) {
+    FL_PCHECK(pthread_mutex_lock(&d->lock));
+    pid_t pid = submissions_pid(d, req->submission_id);
+    for (app_entry *a = d->apps; pid && a && num_apps < PROGRESS_MAX_APPS; a = a->next)
+      if (a->app && a->pid == (uint32_t)pid) apps[num_apps++] = a->id;
+    FL_PCHECK(pthread_mutex_unlock(&d->lock));
+  } else if (req->app_id) {
+    apps[num_apps++] = req->app_id;
+  }
+  flint__stage_progress_request__free_unpacked(req, NULL);
+  sched_stage_progress stages[PROGRESS_MAX_STAGES];
+  uint32_t n = 0;
+  for (size_t i = 0; i < num_apps && n < PROGRESS_MAX_STAGES; i++) {
+    uint32_t count;
+    fl_status st = scheduler_progress(d->sched, apps[i], stages + n, PROGRESS_MAX_STAGES - n, &count);
+    if (st != FL_OK) return st;
+    n += count < PROGRESS_MAX_STAGES - n ? count : PROGRESS_MAX_STAGES - n;
+  }
+  Flint__StageProgress items[PROGRESS_MAX_STAGES], *ptrs[PROGRESS_MAX_STAGES];
+  for (uint32_t i = 0; i < n; i++) {
+    flint__stage_progress__init(&items[i]);
+    items[i].stage = stages[i].stage;
+    items[i].tasks = stages[i].tasks;
+    items[i].completed = stages[i].completed;
+    items[i].running = stages[i].running;
+    ptrs[i] = &items[i];
+  }
+  Flint__StageProgressReply reply = FLINT__STAGE_PROGRESS_REPLY__INIT;
+  reply.n_stages = n;
+  reply.stages = ptrs;
+  return proto_pack(&reply.base, response);
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
 /* Task statuses, heartbeats and jobs come all the time and only decode and post to the
@@ -254,6 +298,7 @@ fl_status handlers_dispatch(void *arg, const rpc_request *call, fl_buf *response
   if (strcmp(m, "SubmissionStatus") == 0) return submissions_handle_status(d, b, response);
   if (strcmp(m, "KillSubmission") == 0) return submissions_handle_kill(d, b, response, call);
   if (strcmp(m, "Status") == 0) return status_reply(d, response);
+  if (strcmp(m, "StageProgress") == 0) return handle_stage_progress(d, b, response);
   if (strcmp(m, "BarrierGather") == 0) return handle_barrier_gather(d, b, response, call);
   if (strcmp(m, "BarrierReport") == 0) return handle_barrier_report(d, b, response);
   if (strcmp(m, "BarrierCheckpoint") == 0) return handle_barrier_checkpoint(d, b, response);

@@ -268,6 +268,11 @@ static submission *find_submission(driver_state *d, uint64_t id) {
   return s;
 }
 
+pid_t submissions_pid(driver_state *d, uint64_t id) {
+  submission *s = find_submission(d, id);
+  return s && !s->exited ? s->pid : 0;
+}
+
 /* Fills info from s (d->lock held); info points into s. */
 static void describe(const submission *s, Flint__SubmissionInfo *info) {
   info->submission_id = s->id;

@@ -319,6 +319,20 @@ FL_INTERNAL void scheduler_stats_get(scheduler *s, scheduler_stats *out);
  * checks of waiting jobs). Never blocks. */
 FL_INTERNAL fl_status scheduler_post_call(scheduler *s, void (*fn)(scheduler *, void *), void *arg);
 
+/* A submitted, unfinished stage of a running job, as a progress bar shows it (progress.c). */
+typedef struct sched_stage_progress {
+  uint32_t stage;                    /* sched_stage.uid: the stage's number in notes and the UI */
+  /* running: tasks not yet succeeded with an attempt out, handed to the backend (the local
+   * backend and executors queue a few beyond their cores, so it may exceed the cores) */
+  uint32_t tasks, completed, running;
+} sched_stage_progress;
+/* From any thread but the scheduler's: the submitted, unfinished stages of the running jobs
+ * of `group` (a local context's: 0), oldest stage first, at most cap of them into out[], and
+ * their number (all of them, which may exceed cap) into *count. Blocks until the scheduler
+ * thread answers, at most 1 s: FL_ETIMEDOUT then, with *count 0. */
+FL_INTERNAL fl_status scheduler_progress(scheduler *s, uint64_t group, sched_stage_progress *out, uint32_t cap,
+                                         uint32_t *count);
+
 /* Scheduler thread: calls fn(arg, job, submitted_ns) for every running job that has not
  * failed, `job` being its number; fn may fail it (scheduler_fail_job). */
 FL_INTERNAL void scheduler_each_job(scheduler *s, void (*fn)(void *arg, uint64_t job, uint64_t submitted_ns),

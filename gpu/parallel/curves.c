@@ -264,12 +264,14 @@ int curves_progress_format(char *buf, size_t cap, uint32_t epoch, uint32_t epoch
                   (int)(fraction * 100 + 1e-9), loss, acc, images_per_s);
 }
 
-void curves_progress_print(FILE *f, uint32_t epoch, uint32_t epochs, double fraction, double loss, double acc,
-                           double images_per_s, bool done) {
+void curves_progress_print(FILE *f, bool in_place, uint32_t epoch, uint32_t epochs, double fraction, double loss,
+                           double acc, double images_per_s, const char *eta, bool done) {
+  if (!in_place && !done) return;
   char line[160];
   curves_progress_format(line, sizeof line, epoch, epochs, fraction, loss, acc, images_per_s);
   /* "\033[K" would clear the rest of the line; trailing blanks do that on any terminal. */
-  fprintf(f, "\r%s   %s", line, done ? "\n" : "");
+  fprintf(f, "%s%s%s%s%s", in_place ? "\r" : "", line, eta ? "  " : "", eta ? eta : "",
+          done ? "\n" : "   ");
   fflush(f);
 }
 

@@ -60,9 +60,10 @@ fl_status curves_write_svg(const curves *c, const char *title, const char *path)
  * Returns what snprintf returns. */
 int curves_progress_format(char *buf, size_t cap, uint32_t epoch, uint32_t epochs, double fraction,
                            double loss, double acc, double images_per_s);
-/* Writes "\r" + the line to f (a terminal: each call overwrites the last) and flushes;
- * `done` ends the line with "\n". */
-void curves_progress_print(FILE *f, uint32_t epoch, uint32_t epochs, double fraction, double loss,
-                           double acc, double images_per_s, bool done);
+/* Writes the line and `eta` (may be NULL) to f and flushes. in_place (f is a terminal):
+ * "\r" first, so that each call overwrites the last, and `done` ends the line with "\n".
+ * Else (a file, a pipe) only `done` calls write, a whole line each. */
+void curves_progress_print(FILE *f, bool in_place, uint32_t epoch, uint32_t epochs, double fraction, double loss,
+                           double acc, double images_per_s, const char *eta, bool done);
 
 #endif /* FLINT_GPU_CURVES_H */

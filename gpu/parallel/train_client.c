@@ -32,7 +32,26 @@ typedef struct client_state {
   fl_status error; /* the first failure to keep a row (ENOMEM) */
   uint32_t attempts;
   bool line_open; /* a progress line without its newline yet */
+  bool in_place;  /* opts->progress is a terminal: the line is redrawn with "\r" */
+  /* The ETA: the share of the run done at its first report, and when. */
+  double first_s, first_done;
+  bool first_seen;
 } client_state;
+
+/* The ETA at (epoch, fraction of it): the run's share done since its first report (a
+ * resumed run starts late; the first report comes after the data was cached) and the time
+ * that took. */
+static void run_eta(client_state *c, const train_report *rep, double fraction, char *eta, size_t cap) {
+  double done = rep->epochs ? ((double)rep->epoch - 1 + fraction) / (double)rep->epochs : 0;
+  double now = common_now_s();
+  if (!c->first_seen) {
+    c->first_seen = true;
+    c->first_s = now;
+    c->first_done = done;
+  }
+  double share = c->first_done < 1 ? (done - c->first_done) / (1 - c->first_done) : 0;
+  common_progress_eta(eta, cap, now - c->first_s, share);
+}
 
 static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   client_state *c = user;
@@ -43,9 +62,12 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   if (rep.attempt + 1 > c->attempts) c->attempts = rep.attempt + 1;
   if (rep.kind == REPORT_PROGRESS) {
     if (c->opts->progress && rep.steps_per_epoch) {
-      curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, (double)rep.done / (double)rep.steps_per_epoch,
-                            rep.loss, rep.acc, rep.images_per_s, false);
-      c->line_open = true;
+      double fraction = (double)rep.done / (double)rep.steps_per_epoch;
+      char eta[32];
+      run_eta(c, &rep, fraction, eta, sizeof eta);
+      curves_progress_print(c->opts->progress, c->in_place, rep.epoch, rep.epochs, fraction, rep.loss, rep.acc,
+                            rep.images_per_s, eta, false);
+      c->line_open = c->in_place;
     }
     return;
   }
@@ -69,7 +91,10 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
     c->opts->on_epoch(&e, c->opts->user);
   }
   if (c->opts->progress) {
-    curves_progress_print(c->opts->progress, rep.epoch, rep.epochs, 1.0, rep.loss, rep.acc, rep.images_per_s, true);
+    char eta[32];
+    run_eta(c, &rep, 1.0, eta, sizeof eta);
+    curves_progress_print(c->opts->progress, c->in_place, rep.epoch, rep.epochs, 1.0, rep.loss, rep.acc,
+                          rep.images_per_s, rep.epoch < rep.epochs ? eta : NULL, true);
     c->line_open = false;
     fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s", rep.test_loss, rep.test_acc, rep.lr,
             rep.seconds);
@@ -321,7 +346,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   fl_records *out = NULL;
   fl_broadcast *resume = NULL, *library = NULL;
   fl_buf resume_blob = FL_BUF_INIT;
-  client_state c = {.opts = o, .curves = CURVES_INIT};
+  client_state c = {.opts = o, .curves = CURVES_INIT,
+                    .in_place = o->progress && common_progress_on_terminal(fileno(o->progress))};
   fl_device *ps_dev = NULL; /* asp, ssp: the client's copy of the model */
   nn_model *ps_model = NULL;
   fl_buf ps_checkpoint = FL_BUF_INIT;
@@ -482,7 +508,10 @@ fl_status gpu_train_run(const gpu_train_options *o, gpu_train_result *result) {
   fl_status s = gpu_train_options_validate(o);
   if (s != FL_OK) return s;
   fl_context *ctx = NULL;
-  if ((s = fl_context_open(o->master ? o->master : "local[*]", NULL, &ctx)) != FL_OK) return s;
+  /* The epoch line redrawn on a terminal stands for the stage bar, which would fight it. */
+  fl_options fo = FL_OPTIONS_INIT;
+  fo.no_console_progress = o->progress && common_progress_on_terminal(fileno(o->progress));
+  if ((s = fl_context_open(o->master ? o->master : "local[*]", &fo, &ctx)) != FL_OK) return s;
   s = gpu_train_run_in(ctx, o, result);
   fl_context_close(ctx);
   return s;

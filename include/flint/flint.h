@@ -220,8 +220,13 @@ typedef struct fl_options {
   /* A local context serves the web UI (as FLINT_UI=1; fl_context_ui_url says where). A
    * cluster's driver serves one anyway. */
   bool web_ui;
+  /* true: no console progress bar while actions run, for a program that draws progress of
+   * its own on the terminal (flint train, flint ml). false: Spark's bar of the running
+   * stages, "[Stage 3:=====>   (12 + 4) / 40]", on stderr when it is a terminal and
+   * FLINT_PROGRESS is on. */
+  bool no_console_progress;
 } fl_options;
-#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL, false, false}
+#define FL_OPTIONS_INIT {0, 0, 0, 0, NULL, NULL, false, false, false}
 
 /* Opens a context. `master`: "local" (one task thread), "local[N]" (N threads) or
  * "local[*]" (one per core). `options` may be NULL (all defaults). */
