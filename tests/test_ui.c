@@ -98,6 +98,43 @@ static long get_code(const char *base, const char *path) {
 static json_int_t int_of(const json_t *o, const char *key) { return json_integer_value(json_object_get(o, key)); }
 static const char *str_of(const json_t *o, const char *key) { return json_string_value(json_object_get(o, key)); }
 
+/* Every page answers 200 with HTML, the page of `stage` with its DAG and task timeline (two
+ * SVGs); an unknown stage or page 404. */
+static void check_pages(const char *base, json_int_t job, json_int_t stage) {
+  char pages[9][64];
+  snprintf(pages[0], 64, "/");
+  snprintf(pages[1], 64, "/jobs/");
+  snprintf(pages[2], 64, "/job/?id=%lld", (long long)job);
+  snprintf(pages[3], 64, "/stage/?id=%lld", (long long)stage);
+  snprintf(pages[4], 64, "/storage/");
+  snprintf(pages[5], 64, "/executors/");
+  snprintf(pages[6], 64, "/environment/");
+  snprintf(pages[7], 64, "/ps/");
+  snprintf(pages[8], 64, "/training/");
+  for (int i = 0; i < 9; i++) {
+    char url[256];
+    snprintf(url, sizeof url, "%s%s", base, pages[i]);
+    reply r = http(NULL, url, NULL);
+    if (r.code != 200) fail_msg("GET %s: %ld", url, r.code);
+    assert_non_null(strstr((char *)r.body.data, "<html"));
+    if (i == 3) {
+      const char *svg = strstr((char *)r.body.data, "<svg");
+      assert_non_null(svg);
+      assert_non_null(strstr(svg + 4, "<svg"));
+    }
+    fl_buf_free(&r.body);
+  }
+  char url[256];
+  snprintf(url, sizeof url, "%s/stage/?id=99999", base);
+  reply r = http(NULL, url, NULL);
+  assert_int_equal(r.code, 404);
+  fl_buf_free(&r.body);
+  snprintf(url, sizeof url, "%s/no-such-page", base);
+  r = http(NULL, url, NULL);
+  assert_int_equal(r.code, 404);
+  fl_buf_free(&r.body);
+}
+
 /* Polls until the application's job `job` has `status` (the UI applies events on its own
  * thread, a moment after they happen). */
 static json_t *wait_job(const char *base, json_int_t job, const char *status) {
@@ -234,12 +271,14 @@ static void test_local_ui_while_and_after(void **state) {
   assert_int_equal(int_of(running, "numActiveTasks"), 2);
   json_t *stages = get_json(base, "/api/v1/applications/current/stages");
   assert_string_equal(str_of(json_array_get(stages, 0), "status"), "ACTIVE");
+  check_pages(base, 1, int_of(json_array_get(stages, 0), "stageId"));
   json_decref(stages);
   json_decref(running);
   test_write_file(w.flag, "", 0);
   assert_int_equal(pthread_join(t, NULL), 0);
   must_ok(w.status);
   json_decref(wait_job(base, 1, "SUCCEEDED"));
+  check_pages(base, 1, 0);
   /* the application, its executor ("driver") and environment */
   json_t *apps = get_json(base, "/api/v1/applications");
   assert_int_equal(json_array_size(apps), 1);
@@ -366,6 +405,7 @@ static void test_cluster_ui_and_history(void **state) {
   run_jobs(ctx);
   json_decref(wait_job(base, 3, "SUCCEEDED"));
   check_jobs(base);
+  check_pages(base, 1, 1);
   json_t *apps = get_json(base, "/api/v1/applications");
   char app[96];
   snprintf(app, sizeof app, "%s", str_of(json_array_get(apps, 0), "id"));
@@ -382,6 +422,7 @@ static void test_cluster_ui_and_history(void **state) {
     char *a = json_dumps(live, JSON_COMPACT), *b = json_dumps(replayed, JSON_COMPACT);
     fail_msg("the history server differs from the live UI:\nlive:     %.3000s\nreplayed: %.3000s", a, b);
   }
+  check_pages(h.base, 1, 1);
   json_t *happs = get_json(h.base, "/api/v1/applications");
   assert_true(json_is_true(json_object_get(json_array_get(json_object_get(json_array_get(happs, 0), "attempts"), 0),
                                            "completed")));
