@@ -109,7 +109,7 @@ static void task_note(sched_note *n, const sched_task *t) {
   n->stage_attempt = t->stage->attempts;
   n->index = t->index;
   n->attempt = t->rt.attempt;
-  n->seq = t->seq;
+  n->task_id = t->task_id;
   n->executor = t->executor;
   n->locality = t->locality;
   n->speculative = t->original != NULL;

@@ -61,7 +61,7 @@ typedef struct sched_task {
   uint64_t launched_ns, duration_ns; /* the attempt's launch; the successful one's run time */
   struct sched_task *original, *backup;
   struct sched_task *next_copy; /* the job's backups, freed with it */
-  uint32_t seq;                 /* the current attempt's number within the job (notes) */
+  uint64_t task_id;             /* the current attempt's number within the scheduler (notes) */
   uint8_t locality;             /* how the current attempt was placed (sched_locality) */
 } sched_task;
 
@@ -233,9 +233,11 @@ typedef struct sched_note {
   uint32_t num_stages;
   /* stages' and tasks' notes */
   uint32_t stage, stage_attempt, num_tasks;
-  /* tasks' notes: the task's index in its stage, its attempt (backups count on), its
-   * sequence number within the job (unique), where it runs and how it was placed */
-  uint32_t index, attempt, seq;
+  /* tasks' notes: the task's index in its stage, its attempt (backups count on), the
+   * attempt's number within the scheduler (Spark's task id), where it runs and how it was
+   * placed */
+  uint32_t index, attempt;
+  uint64_t task_id;
   uint64_t executor;
   sched_locality locality;
   bool speculative;

@@ -72,7 +72,6 @@ struct sched_job {
   sched_task *tasks;  /* of the result stage */
   sched_stage *stages; /* every stage of the job, the result stage first */
   uint32_t next_stage_id;
-  uint32_t next_task_seq; /* the attempts' numbers in notes */
   uint32_t remaining; /* result tasks not yet succeeded */
   uint32_t running;   /* attempts launched and not ended */
   sched_task *copies; /* backups made for its tasks */
@@ -139,6 +138,7 @@ struct scheduler {
   struct barrier_table *barriers;          /* barrier stages' rendezvous (any thread) */
   atomic_uint_fast64_t next_job_id;
   uint32_t next_stage_uid;
+  uint64_t next_task_id; /* attempts' numbers in notes */
   /* scheduler_set_listener's */
   void (*listener)(void *arg, const sched_note *note);
   void *listener_arg;

@@ -23,7 +23,7 @@ void task_queue_launch(scheduler *s, sched_task *t) {
   t->rt.attempt++;
   t->running = true;
   t->launched_ns = common_now_ns();
-  t->seq = t->job->next_task_seq++;
+  t->task_id = s->next_task_id++;
   if (t->executor) {
     sched_executor *x = executors_find(s, t->executor);
     if (x) x->running++;

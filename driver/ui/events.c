@@ -96,7 +96,7 @@ static bool job_started_line(fl_buf *b, const sched_note *n) {
 
 bool ui_note_line(const sched_note *n, fl_buf *b) {
   unsigned long long app = (unsigned long long)n->group, job = (unsigned long long)n->job;
-  unsigned long long task = (unsigned long long)(n->job << 32 | n->seq);
+  unsigned long long task = (unsigned long long)n->task_id;
   switch (n->kind) {
   case SCHED_JOB_STARTED: return job_started_line(b, n);
   case SCHED_JOB_ENDED:

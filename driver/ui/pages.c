@@ -998,7 +998,8 @@ static int cmp_executor(const void *a, const void *b) {
   return strcmp(x, y);
 }
 
-/* The stage's DAG: its parent stages on top, then its datasets' chain, each an arrow on. */
+/* The stage's DAG: its parent stages on top, then its datasets' chain from the oldest down
+ * to the stage's own (rddInfos lists the stage's own first), each an arrow on. */
 static void stage_dag(page *p, json_t *stage, stage_ref *refs, size_t n_refs) {
   json_t *parents = json_object_get(stage, "parentIds"), *rdds = json_object_get(stage, "rddInfos");
   size_t np = json_array_size(parents), nr = json_array_size(rdds);
@@ -1020,7 +1021,7 @@ static void stage_dag(page *p, json_t *stage, stage_ref *refs, size_t n_refs) {
     nodes[np] = (svg_node){top, page_strf(p, "Stage %lld", jint(stage, "stageId", -1)), jstr(stage, "name"), NULL, NULL};
   }
   for (size_t i = 0; i < nr; i++) {
-    json_t *r = json_array_get(rdds, i);
+    json_t *r = json_array_get(rdds, nr - 1 - i);
     const char *op = jstr(r, "op"), *id = jid(r, "id", idbuf, sizeof idbuf);
     long long parts = jint(r, "numPartitions", -1);
     char nparts[48] = "";
