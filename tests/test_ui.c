@@ -472,19 +472,24 @@ static void test_https(void **state) {
   test_rmtree(certs);
 }
 
+/* Runs a shell command, its output into out; its exit status (-1: no normal exit). */
+static int run_shell(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* The command line's flag: `flint submit --ui` serves a local master's UI; fl_options too. */
 static void test_ui_flag_and_option(void **state) {
   (void)state;
   char cmd[PATH_MAX * 2];
   snprintf(cmd, sizeof cmd, "%s/flint submit --ui --conf ui_port=0 --master 'local[1]' %s/pi.so 1000 2>&1",
            getenv("FLINT_BIN"), getenv("FLINT_BIN"));
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  char out[8192] = {0};
-  size_t n = fread(out, 1, sizeof out - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) fail_msg("%s: %s", cmd, out);
+  char out[8192];
+  if (run_shell(cmd, out, sizeof out) != 0) fail_msg("%s: %s", cmd, out);
   assert_non_null(strstr(out, "web UI available at http://127.0.0.1:"));
   fl_options o = FL_OPTIONS_INIT;
   o.web_ui = true;
@@ -510,13 +515,8 @@ static void test_history_bad_dir(void **state) {
   (void)state;
   char cmd[PATH_MAX + 128];
   snprintf(cmd, sizeof cmd, "%s/flint history --dir /nonexistent/flint-logs 2>&1", getenv("FLINT_BIN"));
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  char out[1024] = {0};
-  size_t n = fread(out, 1, sizeof out - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  char out[1024];
+  assert_int_equal(run_shell(cmd, out, sizeof out), 1);
   assert_non_null(strstr(out, "/nonexistent/flint-logs"));
 }
 
