@@ -21,6 +21,12 @@ fl_status fl_print_status(const char *master, FILE *out) {
     st = FL_ERR(FL_EPROTO, "Status: malformed reply");
     goto done;
   }
+  if (r->ui_port) { /* on the host dialled */
+    const char *host = strstr(master, "://") ? strstr(master, "://") + 3 : master;
+    const char *colon = strrchr(host, ':');
+    fprintf(out, "web UI: %s://%.*s:%u\n", r->ui_https ? "https" : "http",
+            (int)(colon ? colon - host : (ptrdiff_t)strlen(host)), host, r->ui_port);
+  }
   fprintf(out, "executors: %zu\n", r->n_executors);
   fprintf(out, "  %-4s %-22s %5s %10s %12s %10s %8s %4s %s\n", "id", "address", "cores", "memory",
           "cached", "tasks", "failed", "gpu", "state");

@@ -3,6 +3,7 @@
  * lately lost, with their figures from heartbeats), its applications, running or finished,
  * and their last jobs, and the job binaries it keeps. Any handler thread; reads under d->lock and the backend's lock.
  */
+#include "common/config.h"
 #include "driver/driver_internal.h"
 
 fl_status status_reply(driver_state *d, fl_buf *response) {
@@ -12,6 +13,8 @@ fl_status status_reply(driver_state *d, fl_buf *response) {
   fl_status st = cluster_describe(d->cluster, &execs, &num_execs);
   if (st != FL_OK) return st;
   reply.incarnation = d->incarnation;
+  reply.ui_port = ui_port(d->ui) > 0 ? (uint32_t)ui_port(d->ui) : 0;
+  reply.ui_https = config_bool(CONFIG_TLS);
   reply.n_executors = num_execs;
   reply.executors = (Flint__ExecutorInfo **)execs;
   FL_PCHECK(pthread_mutex_lock(&d->lock));

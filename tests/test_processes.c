@@ -605,6 +605,7 @@ static void test_status_output(void **state) {
 
   run_result *r = FLINT(NULL, "status", "--master", fx.master);
   expect_status(r, 0);
+  EXPECT_OUT(r, "web UI: http://127.0.0.1:"); /* the driver's, on the host dialled */
   EXPECT_OUT(r, "executors: 2\n");
   EXPECT_OUT(r, "applications: 0\n");
   free(r);
