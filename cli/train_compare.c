@@ -42,7 +42,7 @@ int cmd_train_compare(int argc, char **argv) {
   }
   if (!svg) return cli_usage_error("train compare", "--svg OUT.svg is required");
   if (nfiles == 0) return cli_usage_error("train compare", "no run to plot: give one CSV file or more");
-  curves_run runs[CURVES_COMPARE_MAX];
+  curves_run runs[CURVES_COMPARE_MAX] = {0};
   int read = 0;
   fl_status st = FL_OK;
   for (; st == FL_OK && read < nfiles; read++) {
