@@ -158,6 +158,13 @@ static fl_status make_work_dir(const fl_options *opts, char **out) {
   return FL_OK;
 }
 
+/* The block manager's listener (arg: the context): its blocks' changes for the storage page
+ * (their datasets' names come with the jobs' JobStart). Under the block manager's lock;
+ * ui_post never blocks. */
+static void block_changed(void *arg, rdd_block_key key, fl_storage_level level, uint64_t memory, uint64_t disk) {
+  driver_ui_block(((context_impl *)arg)->ui, 0, 0, key.rdd_id, key.partition, level, memory, disk, NULL, 0);
+}
+
 /* The web UI and the event log, when asked for (docs/ui.md): one application (number 0)
  * whose tasks run on the "driver" executor, this process. */
 static fl_status start_ui(context_impl *c, const char *master, const fl_options *options, uint32_t threads,
@@ -173,6 +180,7 @@ static fl_status start_ui(context_impl *c, const char *master, const fl_options 
   fl_status st = ui_create(&uc, &c->ui);
   if (st != FL_OK) return st;
   scheduler_set_listener(c->sched, ui_scheduler_note, c->ui);
+  block_manager_set_listener(c->blocks, block_changed, c);
   const char *name = options && options->app_name && *options->app_name ? options->app_name
                                                                          : config_string(CONFIG_APP_NAME);
   ui_post_application(c->ui, 0, name && *name ? name : program_invocation_short_name, master);
@@ -239,6 +247,10 @@ static void local_close(fl_context *ctx) {
   context_impl *c = (context_impl *)ctx;
   client_progress_destroy(c->progress); /* before the scheduler it asks */
   scheduler_destroy(c->sched);
+  if (c->ui) { /* its blocks go with it, as a cluster's executors drop an application's */
+    block_manager_remove_range(c->blocks, 0, UINT64_MAX);
+    block_manager_set_listener(c->blocks, NULL, NULL);
+  }
   ui_postf(c->ui, "{\"Event\":\"ApplicationEnd\",\"App\":0}");
   ui_destroy(c->ui); /* after the scheduler's last note */
   ps_local_stop(&c->ps); /* after the tasks, which may be its workers */

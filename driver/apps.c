@@ -358,6 +358,9 @@ fl_status apps_handle_unpersist(driver_state *d, fl_bytes body, fl_buf *response
     if (r) atomic_store(&r->level, FL_STORAGE_NONE);
     FL_PCHECK(pthread_mutex_unlock(&app->lock));
     app_cache_remove_rdd(app, req->rdd_id);
+    /* gone from the storage page now, whether or not the executors' reports follow */
+    ui_postf(d->ui, "{\"Event\":\"RDDUnpersisted\",\"App\":%llu,\"RDD\":%llu}", (unsigned long long)app->id,
+             (unsigned long long)req->rdd_id);
     st = driver_empty_reply(response);
   }
   apps_unpin(d, app);

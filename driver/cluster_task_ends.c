@@ -87,6 +87,14 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
     flint__status_update_request__free_unpacked(req, NULL);
     return FL_OK;
   }
+  if ((req->n_blocks || req->blocks_dropped) && cb->cfg.blocks_reported) {
+    FL_PCHECK(pthread_mutex_lock(&cb->lock));
+    bool live = cluster_find_executor(cb, req->executor_id) != NULL; /* a lost one's blocks are gone */
+    FL_PCHECK(pthread_mutex_unlock(&cb->lock));
+    if (live)
+      cb->cfg.blocks_reported(cb->cfg.executor_lost_arg, req->executor_id, req->blocks, req->n_blocks,
+                              req->blocks_dropped);
+  }
   /* The ends go to the scheduler together: posted one by one, each would wake the scheduler
    * thread, which on a busy core takes the CPU back and forth with this one. */
   sched_task *ended[64];

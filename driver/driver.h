@@ -34,6 +34,16 @@ typedef struct driver_config {
   const char *port_file; /* when set, the chosen port is written there once listening */
 } driver_config;
 
+/* One BlockUpdated event (docs/ui.md) for web UI `u` (NULL: nothing), as the driver posts
+ * its executors' reports and a local context its own block manager's changes: block
+ * (rdd_id, partition) of application `app` on executor `executor` (0: a local context's)
+ * holds `memory` and `disk` bytes now (both 0: gone). `name` (NULL: unknown) and `partitions`
+ * (0: unknown) describe its dataset. Any thread; never blocks (ui_post). */
+struct ui;
+FL_INTERNAL void driver_ui_block(struct ui *u, uint64_t app, uint64_t executor, uint64_t rdd_id, uint32_t partition,
+                                 fl_storage_level level, uint64_t memory, uint64_t disk, const char *name,
+                                 uint32_t partitions);
+
 /* Serves as the driver until *stop becomes nonzero. Blocks. */
 FL_INTERNAL fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop);
 

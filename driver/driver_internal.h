@@ -214,6 +214,16 @@ FL_INTERNAL void apps_forget_executor(void *arg, uint64_t executor);
 /* At the driver's end: frees every application. */
 FL_INTERNAL void apps_free_all(driver_state *d);
 
+/* ---- cached blocks in the web UI (ui_blocks.c) ------------------------------------------- */
+/* cluster_config.blocks_reported and the Heartbeat handler's (arg: the driver_state): live
+ * executor `executor` reports changes of its cached blocks (proto BlockUpdate, oldest first;
+ * `dropped`: changes it could not keep for telling), posted as BlockUpdated events with their
+ * datasets' names and partition counts from the applications' plans. Blocks of applications
+ * this driver does not know are ignored. Rpc threads; takes d->lock and an application's
+ * lock briefly. */
+FL_INTERNAL void apps_blocks_reported(void *arg, uint64_t executor, Flint__BlockUpdate *const *blocks, size_t n,
+                                      uint64_t dropped);
+
 /* ---- parameter-server tables (ps_placement.c) ---------------------------------------------- */
 typedef struct driver_placement driver_placement;
 /* At the driver's start and end: stop after the rpc server (which calls the handlers) and
@@ -300,6 +310,10 @@ typedef struct cluster_config {
   /* On the scheduler thread, when an executor is lost: the driver forgets what it held. */
   void (*executor_lost)(void *arg, uint64_t executor);
   void *executor_lost_arg;
+  /* On an rpc thread, with the status update of a live executor: the changes of its cached
+   * blocks it reports (apps_blocks_reported; arg: executor_lost_arg). May be NULL. */
+  void (*blocks_reported)(void *arg, uint64_t executor, Flint__BlockUpdate *const *blocks, size_t n,
+                          uint64_t dropped);
   ui *ui; /* executors added and lost are posted to it (may be NULL) */
 } cluster_config;
 

@@ -41,6 +41,8 @@ static fl_status handle_heartbeat(driver_state *d, fl_bytes body, fl_buf *respon
   Flint__HeartbeatReply reply = FLINT__HEARTBEAT_REPLY__INIT;
   reply.unknown = !cluster_heartbeat(d->cluster, req->executor_id, req->incarnation, req->cached_bytes,
                                      req->tasks_run, req->tasks_failed);
+  if (!reply.unknown && (req->n_blocks || req->blocks_dropped))
+    apps_blocks_reported(d, req->executor_id, req->blocks, req->n_blocks, req->blocks_dropped);
   flint__heartbeat_request__free_unpacked(req, NULL);
   return proto_pack(&reply.base, response);
 }

@@ -113,7 +113,8 @@ fl_status driver_serve(const driver_config *cfg, volatile sig_atomic_t *stop) {
                        .no_executor_timeout_ns = setting_ns(CONFIG_NO_EXECUTOR_TIMEOUT_MS),
                        .no_executor_warn_ns = setting_ns(CONFIG_NO_EXECUTOR_WARN_MS),
                        .executor_lost = apps_forget_executor,
-                       .executor_lost_arg = &d};
+                       .executor_lost_arg = &d,
+                       .blocks_reported = apps_blocks_reported};
   FL_CHECK(start_ui(&d, host));
   cc.ui = d.ui;
   FL_CHECK(cluster_backend_create(d.sched, &cc, &d.cluster));

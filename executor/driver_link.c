@@ -51,6 +51,7 @@ fl_status exec_driver_register(exec_service *svc, int64_t timeout_ms) {
   fl_status status = proto_pack(&req.base, &body);
   /* A new driver's keys may repeat an earlier one's: no claim of those may stand. */
   if (svc->claims) claim_table_clear(svc->claims);
+  exec_block_reports_clear(svc->block_reports); /* the earlier driver's applications' */
   atomic_store(&svc->incarnation, 0); /* the first call of a driver says which */
   atomic_store(&svc->driver_known, false);
   if (status == FL_OK)
@@ -225,6 +226,8 @@ void *exec_driver_heartbeat_main(void *arg) {
     req.cached_bytes = bs.memory_used + bs.disk_used;
     req.tasks_run = atomic_load(&svc->tasks_run);
     req.tasks_failed = atomic_load(&svc->tasks_failed);
+    /* block changes outside tasks (an unpersist, an application's end) */
+    bool blocks = exec_block_reports_begin(svc->block_reports, &req.blocks, &req.n_blocks, &req.blocks_dropped);
     fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
     uint64_t wait_ms = svc->driver_timeout_ns / 1000000u;
     bool unknown = false, answered = proto_pack(&req.base, &body) == FL_OK &&
@@ -236,6 +239,7 @@ void *exec_driver_heartbeat_main(void *arg) {
       unknown = r && r->unknown;
       if (r) flint__heartbeat_reply__free_unpacked(r, NULL);
     }
+    if (blocks) exec_block_reports_end(svc->block_reports, answered && !unknown);
     char error[200];
     snprintf(error, sizeof error, "%s", answered ? "" : fl_last_error());
     fl_buf_free(&body);

@@ -27,6 +27,7 @@
  *   tasks.c        task attempts on the pool, status updates (exec_task_*)
  *   applications.c per-application contexts, their cache view, libraries (exec_app_*)
  *   barrier.c      barrier tasks' calls to the driver's coordinator (exec_barrier_ops)
+ *   block_reports.c the changes of cached blocks told to the driver (exec_block_reports_*)
  */
 #ifndef FLINT_EXECUTOR_INTERNAL_H
 #define FLINT_EXECUTOR_INTERNAL_H
@@ -52,6 +53,7 @@
 #define INCARNATION_NONE UINT64_MAX
 
 typedef struct exec_service exec_service;
+typedef struct exec_block_reports exec_block_reports;
 
 /* A library this executor has loaded. */
 typedef struct exec_library {
@@ -154,6 +156,7 @@ struct exec_service {
   ps_server *ps;      /* hosts the parameter-server shards the driver places here (ps/ps.h) */
   dp_client *fetcher;
   block_manager *blocks;
+  exec_block_reports *block_reports; /* its blocks' changes, for the driver (block_reports.c) */
   task_pool *pool;
   char work_dir[PATH_MAX];
   bool own_work_dir;
@@ -249,6 +252,30 @@ FL_INTERNAL fl_status exec_driver_check_incarnation(exec_service *svc, uint64_t 
 FL_INTERNAL fl_status exec_driver_register(exec_service *svc, int64_t timeout_ms);
 /* The heartbeat thread: heartbeats, and a lost driver forgotten, until the executor stops. */
 FL_INTERNAL void *exec_driver_heartbeat_main(void *arg);
+
+/* ---- block_reports.c ------------------------------------------------------------------- */
+
+/* Changes of cached blocks held for telling the driver (beyond, the oldest are dropped and
+ * counted), and at most this many in one message. */
+#define EXEC_BLOCK_UPDATES_MAX 4096
+#define EXEC_BLOCK_UPDATES_PER_CALL 512
+
+FL_INTERNAL fl_status exec_block_reports_create(exec_block_reports **out);
+FL_INTERNAL void exec_block_reports_destroy(exec_block_reports *r); /* NULL: nothing */
+/* The block manager's listener (arg: the exec_block_reports): queues one change. Never blocks
+ * beyond a short lock. */
+FL_INTERNAL void exec_block_reports_changed(void *arg, rdd_block_key key, fl_storage_level level, uint64_t memory,
+                                            uint64_t disk);
+/* Forgets every queued change (registering with a driver: they were the earlier one's). */
+FL_INTERNAL void exec_block_reports_clear(exec_block_reports *r);
+/* For a message about to be sent (status update or heartbeat): true when it carries changes,
+ * pointed to by *blocks (*n of them, owned by `r`) with the count of dropped ones; the caller
+ * then calls exec_block_reports_end once the call is answered (told: the driver took it), and
+ * no other message carries changes until then. False: none to tell, or the other thread's
+ * message is carrying them. */
+FL_INTERNAL bool exec_block_reports_begin(exec_block_reports *r, Flint__BlockUpdate ***blocks, size_t *n,
+                                          uint64_t *dropped);
+FL_INTERNAL void exec_block_reports_end(exec_block_reports *r, bool told);
 
 /* ---- handlers.c ------------------------------------------------------------------------ */
 

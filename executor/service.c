@@ -82,6 +82,7 @@ static void service_destroy(exec_service *svc) {
     svc->apps = next;
   }
   block_manager_destroy(svc->blocks);
+  exec_block_reports_destroy(svc->block_reports);
   claim_table_free(svc->claims);
   for (size_t i = 0; i < svc->num_peers; i++) claim_table_free(svc->peers[i].table);
   while (svc->results) {
@@ -160,6 +161,8 @@ fl_status executor_serve(const executor_config *cfg, volatile sig_atomic_t *stop
     setrlimit(RLIMIT_NOFILE, &files);
   }
   FL_CHECK(block_manager_create(cfg->memory, sub, true, &svc.blocks));
+  FL_CHECK(exec_block_reports_create(&svc.block_reports));
+  block_manager_set_listener(svc.blocks, exec_block_reports_changed, svc.block_reports);
   shared_block_node(svc.node);
   svc.pid = (uint32_t)getpid();
   if (claim_table_create(&svc.claims) != FL_OK) /* then its tasks are its own: none is offered */

@@ -455,13 +455,17 @@ void *exec_task_status_main(void *arg) {
       req.incarnation = incarnation;
       req.n_statuses = n;
       req.statuses = ptrs;
+      /* the blocks these tasks stored, and the evictions that made room for them */
+      bool blocks = exec_block_reports_begin(svc->block_reports, &req.blocks, &req.n_blocks, &req.blocks_dropped);
+      bool told = false;
       fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
       if (proto_pack(&req.base, &body) == FL_OK) {
-        if (exec_driver_call(svc, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
-                             &svc->abandon_statuses, &reply) != FL_OK &&
-            !atomic_load(&svc->abandon_statuses))
+        told = exec_driver_call(svc, "/flint.Driver/StatusUpdate", fl_buf_bytes(&body), RPC_TIMEOUT_MS,
+                                &svc->abandon_statuses, &reply) == FL_OK;
+        if (!told && !atomic_load(&svc->abandon_statuses))
           common_log(LOG_WARN, "status update of %zu tasks failed: %s", n, fl_last_error());
       }
+      if (blocks) exec_block_reports_end(svc->block_reports, told);
       fl_buf_free(&body);
       fl_buf_free(&reply);
     } else {

@@ -1211,6 +1211,87 @@ static void test_shared_block_peer_limit(void **state) {
   close_bm(f);
 }
 
+/* ---- block manager: its listener (the web UI's storage page) ---------------------------- */
+
+typedef struct told {
+  rdd_block_key key;
+  fl_storage_level level;
+  uint64_t memory, disk;
+} told;
+
+typedef struct told_list {
+  told items[32];
+  size_t n;
+} told_list;
+
+static void on_change(void *arg, rdd_block_key key, fl_storage_level level, uint64_t memory, uint64_t disk) {
+  told_list *l = arg;
+  assert_true(l->n < 32);
+  l->items[l->n++] = (told){key, level, memory, disk};
+}
+
+static void assert_told(const told_list *l, size_t i, uint64_t rdd_id, fl_storage_level level, bool memory,
+                        bool disk) {
+  assert_true(i < l->n);
+  assert_int_equal(l->items[i].key.rdd_id, rdd_id);
+  assert_int_equal(l->items[i].key.partition, 0);
+  assert_int_equal(l->items[i].level, level);
+  assert_int_equal(l->items[i].memory != 0, memory);
+  assert_int_equal(l->items[i].disk != 0, disk);
+}
+
+/* Every change of a block is told, in order, with the bytes it holds: stored in memory,
+ * evicted to disk or dropped, stored on disk, removed; a block kept by another task's copy,
+ * one that does not fit, and the blocks freed with the block manager are not. */
+static void test_bm_listener_told_each_change(void **state) {
+  fixture *f = *state;
+  block_manager *bm = open_bm(f, 2500);
+  told_list l = {.n = 0};
+  block_manager_set_listener(bm, on_change, &l);
+  rdd_batch a, b, c, d, big;
+  make_sized_batch(&a, 1000, 1);
+  make_sized_batch(&b, 1000, 2);
+  make_sized_batch(&c, 1000, 3);
+  make_sized_batch(&d, 1000, 4);
+  make_sized_batch(&big, 5000, 5);
+  put_release(bm, key_of(1, 0), FL_MEMORY_AND_DISK, &a);
+  assert_int_equal(l.n, 1);
+  assert_told(&l, 0, 1, FL_MEMORY_AND_DISK, true, false);
+  assert_int_equal(l.items[0].memory, 1000);
+  put_release(bm, key_of(2, 0), FL_MEMORY_ONLY, &b);
+  put_release(bm, key_of(2, 0), FL_MEMORY_ONLY, &b); /* cached already: no change */
+  assert_int_equal(l.n, 2);
+  put_release(bm, key_of(3, 0), FL_MEMORY_ONLY, &c); /* evicts 1 to disk */
+  assert_int_equal(l.n, 4);
+  assert_told(&l, 2, 1, FL_MEMORY_AND_DISK, false, true);
+  block_manager_stats s = stats_of(bm);
+  assert_int_equal(l.items[2].disk, s.disk_used);
+  assert_told(&l, 3, 3, FL_MEMORY_ONLY, true, false);
+  put_release(bm, key_of(4, 0), FL_MEMORY_ONLY, &d); /* evicts 2: dropped */
+  assert_int_equal(l.n, 6);
+  assert_told(&l, 4, 2, FL_MEMORY_ONLY, false, false);
+  assert_told(&l, 5, 4, FL_MEMORY_ONLY, true, false);
+  put_release(bm, key_of(5, 0), FL_MEMORY_ONLY, &big); /* does not fit: not cached */
+  assert_int_equal(l.n, 6);
+  put_release(bm, key_of(6, 0), FL_DISK_ONLY, &a);
+  assert_int_equal(l.n, 7);
+  assert_told(&l, 6, 6, FL_DISK_ONLY, false, true);
+  block_manager_cache_ops.remove_rdd(bm, 1);
+  assert_int_equal(l.n, 8);
+  assert_told(&l, 7, 1, FL_MEMORY_AND_DISK, false, false);
+  block_manager_set_listener(bm, NULL, NULL);
+  block_manager_cache_ops.remove_rdd(bm, 3);
+  assert_int_equal(l.n, 8);
+  block_manager_set_listener(bm, on_change, &l);
+  close_bm(f); /* the blocks left go untold */
+  assert_int_equal(l.n, 8);
+  rdd_batch_free(&a);
+  rdd_batch_free(&b);
+  rdd_batch_free(&c);
+  rdd_batch_free(&d);
+  rdd_batch_free(&big);
+}
+
 #define BM_TEST(fn) cmocka_unit_test_setup_teardown(fn, fixture_setup, fixture_teardown)
 
 int main(void) {
@@ -1257,6 +1338,7 @@ int main(void) {
       BM_TEST(test_bm_many_blocks_survive_table_growth),
       BM_TEST(test_bm_destroy_removes_files),
       BM_TEST(test_bm_concurrent_get_put_remove),
+      BM_TEST(test_bm_listener_told_each_change),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

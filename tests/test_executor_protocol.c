@@ -137,7 +137,14 @@ static void scripted_start(const char *held) {
 }
 
 /* As an executor: registers with the driver at fx.target, with 1 core. */
+static void scripted_register_as(uint64_t *id, uint64_t *incarnation);
 static void scripted_register(void) {
+  uint64_t id, incarnation;
+  scripted_register_as(&id, &incarnation);
+}
+
+/* The same, saying the id and the driver's incarnation that the driver answered. */
+static void scripted_register_as(uint64_t *id, uint64_t *incarnation) {
   Flint__RegisterExecutorRequest rq = FLINT__REGISTER_EXECUTOR_REQUEST__INIT;
   rq.host = "127.0.0.1";
   rq.rpc_port = (uint32_t)rpc_server_port(peer.server);
@@ -154,10 +161,48 @@ static void scripted_register(void) {
   Flint__RegisterExecutorReply *m = flint__register_executor_reply__unpack(NULL, reply.len, reply.data);
   assert_non_null(m);
   assert_true(m->executor_id > 0);
+  *id = m->executor_id;
+  *incarnation = m->incarnation;
   flint__register_executor_reply__free_unpacked(m, NULL);
   rpc_channel_destroy(driver);
   fl_buf_free(&body);
   fl_buf_free(&reply);
+}
+
+/* As the executor registered with the driver (id, incarnation): sends `method` (Heartbeat or
+ * StatusUpdate) carrying block changes blocks[0, n) and `dropped`; FL_OK when the driver took it. */
+static fl_status send_block_reports(uint64_t id, uint64_t incarnation, const char *method, Flint__BlockUpdate *blocks,
+                                    size_t n, uint64_t dropped) {
+  Flint__BlockUpdate *ptrs[8];
+  assert_true(n <= 8);
+  for (size_t i = 0; i < n; i++) ptrs[i] = &blocks[i];
+  fl_buf body = FL_BUF_INIT, reply = FL_BUF_INIT;
+  if (strcmp(method, "Heartbeat") == 0) {
+    Flint__HeartbeatRequest rq = FLINT__HEARTBEAT_REQUEST__INIT;
+    rq.executor_id = id;
+    rq.incarnation = incarnation;
+    rq.blocks = ptrs;
+    rq.n_blocks = n;
+    rq.blocks_dropped = dropped;
+    assert_ok(proto_pack(&rq.base, &body));
+  } else {
+    Flint__StatusUpdateRequest rq = FLINT__STATUS_UPDATE_REQUEST__INIT;
+    rq.executor_id = id;
+    rq.incarnation = incarnation;
+    rq.blocks = ptrs;
+    rq.n_blocks = n;
+    rq.blocks_dropped = dropped;
+    assert_ok(proto_pack(&rq.base, &body));
+  }
+  char full[64];
+  snprintf(full, sizeof full, "/flint.Driver/%s", method);
+  rpc_channel *driver;
+  assert_ok(rpc_channel_create(fx.target, NULL, 0, &driver));
+  fl_status st = rpc_call(driver, full, fl_buf_bytes(&body), 10000, &reply);
+  rpc_channel_destroy(driver);
+  fl_buf_free(&body);
+  fl_buf_free(&reply);
+  return st;
 }
 
 static void scripted_release(void) {
@@ -427,6 +472,69 @@ static void test_executor_stops_while_registering(void **state) {
   fx.passed = true;
 }
 
+/* Whether a line of the event logs in `dir` holds `needle`. */
+static bool logs_hold(const char *dir, const char *needle) {
+  char cmd[PATH_MAX + 200];
+  snprintf(cmd, sizeof cmd, "cat %s/*.jsonl 2>/dev/null", dir);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char line[4096];
+  bool found = false;
+  while (fgets(line, sizeof line, p)) found |= strstr(line, needle) != NULL;
+  pclose(p);
+  return found;
+}
+
+/* An executor's reports of cached blocks that the driver cannot place do no harm: blocks of an
+ * application it does not know are ignored (in heartbeats and status updates alike), a level
+ * out of range reads as none, and a count of dropped reports is only logged; the driver goes on
+ * serving. */
+static void test_block_reports_the_driver_cannot_place(void **state) {
+  (void)state;
+  char events[PATH_MAX + 16], env[PATH_MAX + 48];
+  snprintf(events, sizeof events, "%s/events", fx.dir);
+  make_dir(events);
+  snprintf(env, sizeof env, "FLINT_EVENT_LOG_DIR=%s", events);
+  proc *driver = start_driver((const char *const[]){env, "FLINT_EXECUTOR_TIMEOUT_MS=60000", NULL});
+  scripted_start(NULL);
+  uint64_t id, incarnation;
+  scripted_register_as(&id, &incarnation);
+  fl_context *ctx;
+  fl_options opts = FL_OPTIONS_INIT;
+  opts.work_dir = fx.dir;
+  assert_ok(fl_context_open(fx.master, &opts, &ctx)); /* application 1 */
+
+  Flint__BlockUpdate unknown = FLINT__BLOCK_UPDATE__INIT, odd = FLINT__BLOCK_UPDATE__INIT;
+  unknown.app_id = 999;
+  unknown.rdd_id = 4242;
+  unknown.memory = 100;
+  unknown.level = FL_MEMORY_ONLY;
+  odd.app_id = 1;
+  odd.rdd_id = 4243;
+  odd.memory = 100;
+  odd.level = 77;
+  assert_ok(send_block_reports(id, incarnation, "StatusUpdate", &unknown, 1, 0));
+  assert_ok(send_block_reports(id, incarnation, "Heartbeat", (Flint__BlockUpdate[]){unknown, odd}, 2, 3));
+  /* of another driver process: refused, and nothing posted */
+  odd.rdd_id = 4244;
+  assert_int_equal(send_block_reports(id, incarnation ^ 1, "StatusUpdate", &odd, 1, 0), FL_ESTATE);
+  double deadline = now_s() + WAIT_LIMIT_S;
+  while (!logs_hold(events, "\"RDD\":4243") && now_s() < deadline) sleep_ms(20);
+  assert_true(logs_hold(events, "\"RDD\":4243,\"Partition\":0,\"Executor\":"));
+  assert_true(logs_hold(events, "\"Level\":\"NONE\""));
+  assert_false(logs_hold(events, "\"RDD\":4242"));
+  assert_false(logs_hold(events, "\"RDD\":4244"));
+  expect_running(driver);
+  char *log = slurp(driver->log);
+  assert_non_null(strstr(log, "could not keep 3 changes of its cached blocks"));
+  free(log);
+
+  fl_context_close(ctx);
+  scripted_stop();
+  stop_all();
+  fx.passed = true;
+}
+
 int main(void) {
   find_binaries((const char *const[]){NULL});
   const struct CMUnitTest tests[] = {
@@ -436,6 +544,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_driver_stops_with_a_launch_unanswered, harness_setup, peer_teardown),
       cmocka_unit_test_setup_teardown(test_executor_stops_with_a_heartbeat_unanswered, harness_setup, peer_teardown),
       cmocka_unit_test_setup_teardown(test_executor_stops_while_registering, harness_setup, peer_teardown),
+      cmocka_unit_test_setup_teardown(test_block_reports_the_driver_cannot_place, harness_setup, peer_teardown),
   };
   const char *filter = getenv("TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);

@@ -130,17 +130,35 @@ static json_t *executor_of(json_t *app, json_int_t id) {
   return json_object_get(json_object_get(app, "executors"), key);
 }
 
+static void drop_blocks(json_t *app, json_t *r, const char *exec);
+
 static void executor_removed(json_t *app, const json_t *ev) {
   char key[32];
   executor_key(key, sizeof key, geti(ev, "Executor"));
   json_t *x = json_object_get(json_object_get(app, "executors"), key);
   if (!x) return;
+  /* its cached blocks went with it */
+  const char *id;
+  json_t *r;
+  json_object_foreach(json_object_get(app, "rdds"), id, r) drop_blocks(app, r, key);
   setb(x, "isActive", false);
   seti(x, "removeTime", geti(ev, "Time"));
   sets(x, "removeReason", gets(ev, "Reason", "lost"));
 }
 
 /* ---- jobs and stages --------------------------------------------------------------------- */
+/* A persisted dataset a job uses ({RDD, Name, Partitions} of JobStart): the storage page's
+ * name and partition count for it, unless its blocks' events gave them (a local context's
+ * block manager knows no names). */
+static void cached_dataset(json_t *app, const json_t *r) {
+  char key[32];
+  key_of(key, sizeof key, geti(r, "RDD"));
+  json_t *c = child(child(app, "rdds"), key);
+  seti(c, "id", geti(r, "RDD"));
+  if (!*gets(c, "name", "")) sets(c, "name", gets(r, "Name", ""));
+  if (!geti(c, "numPartitions")) seti(c, "numPartitions", geti(r, "Partitions"));
+}
+
 static void forget_oldest_job(json_t *app) {
   json_t *jobs = json_object_get(app, "jobs"), *stages = json_object_get(app, "stages");
   void *it = json_object_iter(jobs);
@@ -174,6 +192,7 @@ static void job_start(json_t *app, const json_t *ev) {
       json_array_append_new(rdds, json_pack("{s:I, s:s, s:I, s:b}", "id", geti(r, "RDD"), "name",
                                             gets(r, "Name", ""), "numPartitions", geti(r, "Partitions"), "cached",
                                             json_is_true(json_object_get(r, "Cached"))));
+      if (json_is_true(json_object_get(r, "Cached"))) cached_dataset(app, r);
     }
     json_t *parents = json_object_get(d, "Parents");
     json_t *st = json_pack("{s:I, s:I, s:s, s:s, s:[I], s:O, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, "
@@ -355,6 +374,33 @@ static void block_updated(json_t *app, const json_t *ev) {
     json_object_del(blocks, block);
 }
 
+/* Drops the blocks of dataset `r` whose executor is `exec` (NULL: every one), with their
+ * executors' figures. */
+static void drop_blocks(json_t *app, json_t *r, const char *exec) {
+  json_t *blocks = json_object_get(r, "_blocks"), *b;
+  const char *k;
+  void *tmp;
+  json_object_foreach_safe(blocks, tmp, k, b) {
+    const char *owner = gets(b, "executor", "");
+    if (exec && strcmp(owner, exec) != 0) continue;
+    json_t *x = json_object_get(json_object_get(app, "executors"), owner);
+    if (x) {
+      addi(x, "memoryUsed", -geti(b, "memoryUsed"));
+      addi(x, "diskUsed", -geti(b, "diskUsed"));
+      addi(x, "rddBlocks", -1);
+    }
+    json_object_del(blocks, k);
+  }
+}
+
+/* RDDUnpersisted: every block of the dataset is gone. */
+static void rdd_unpersisted(json_t *app, const json_t *ev) {
+  char key[32];
+  key_of(key, sizeof key, geti(ev, "RDD"));
+  json_t *r = json_object_get(json_object_get(app, "rdds"), key);
+  if (r) drop_blocks(app, r, NULL);
+}
+
 /* ---- parameter servers and training runs ------------------------------------------------- */
 static void ps_table(json_t *app, const json_t *ev) {
   char key[32];
@@ -474,6 +520,8 @@ void store_apply(ui_store *s, json_t *ev) {
     task_end(app, ev);
   } else if (strcmp(kind, "BlockUpdated") == 0) {
     block_updated(app, ev);
+  } else if (strcmp(kind, "RDDUnpersisted") == 0) {
+    rdd_unpersisted(app, ev);
   } else if (strcmp(kind, "PsTable") == 0) {
     ps_table(app, ev);
   } else if (strncmp(kind, "Train", 5) == 0) {

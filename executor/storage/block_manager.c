@@ -50,6 +50,8 @@ struct block_manager {
   uint64_t peer_blocks, peer_bytes;
   /* Datasets already warned about (not enough memory to cache a block of theirs): one line
    * per dataset, not one per block (a large data set would print thousands). */
+  block_manager_listener listener; /* block_manager_set_listener */
+  void *listener_arg;
   uint64_t *warned;
   size_t num_warned, cap_warned;
   /* Evictions by dataset (block_manager_range_stats), dropped with their range. */
@@ -128,6 +130,17 @@ static void disk_path(const block_manager *bm, rdd_block_key key, char *buf, siz
   snprintf(buf, len, "%s/rdd_%llu_%u.blk", bm->dir, (unsigned long long)key.rdd_id, key.partition);
 }
 
+/* Tells the listener what block `b` holds now (lock held). */
+static void tell(block_manager *bm, const block *b) {
+  if (bm->listener)
+    bm->listener(bm->listener_arg, b->key, b->level, b->mem_bytes, b->where == ON_DISK ? b->disk_bytes : 0);
+}
+
+/* Tells the listener that block `key` is gone (lock held). */
+static void tell_gone(block_manager *bm, rdd_block_key key, fl_storage_level level) {
+  if (bm->listener) bm->listener(bm->listener_arg, key, level, 0, 0);
+}
+
 /* Gives up a block's memory (it stays in the tables if it went to disk). */
 static void release_memory(block_manager *bm, block *b) {
   if (b->where == IN_MEMORY || b->where == IN_MEMORY_SER) {
@@ -167,6 +180,7 @@ static void drop_block(block_manager *bm, block *b) {
     bm->blocks_on_disk--;
   }
   hash_remove(bm, b);
+  tell_gone(bm, b->key, b->level);
   if (b->pins > 0)
     b->removed = true;
   else
@@ -250,7 +264,10 @@ static bool make_room(block_manager *bm, uint64_t need, uint64_t for_rdd) {
           /* Its memory is already given back and it has no file: only unlink it. */
           fprintf(stderr, "flint: dropping cached block instead of spilling it: %s\n", fl_last_error());
           hash_remove(bm, b);
+          tell_gone(bm, b->key, b->level);
           block_free(b); /* unpinned: eviction only takes unpinned blocks */
+        } else {
+          tell(bm, b);
         }
       } else {
         drop_block(bm, b);
@@ -451,11 +468,13 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
       bm->blocks_in_memory++;
       lru_push_front(bm, b);
       hash_insert(bm, b);
+      tell(bm, b);
     } else if (level == FL_MEMORY_AND_DISK) {
       warn_no_room(bm, key, level, need);
       free_records(b);
       s = spill(bm, b, batch);
       if (s == FL_OK) hash_insert(bm, b);
+      if (s == FL_OK) tell(bm, b);
     } else {
       warn_no_room(bm, key, level, need);
       block_free(b); /* does not fit: not cached, recomputed next time (as Spark) */
@@ -463,6 +482,7 @@ static fl_status bm_put(void *impl, rdd_block_key key, fl_storage_level level,
   } else { /* FL_DISK_ONLY */
     s = spill(bm, b, batch);
     if (s == FL_OK) hash_insert(bm, b);
+    if (s == FL_OK) tell(bm, b);
   }
   FL_PCHECK(pthread_mutex_unlock(&bm->lock));
   if (s != FL_OK) {
@@ -725,8 +745,16 @@ fl_status block_manager_create(uint64_t memory_limit, const char *dir, bool shar
   return FL_OK;
 }
 
+void block_manager_set_listener(block_manager *bm, block_manager_listener fn, void *arg) {
+  FL_PCHECK(pthread_mutex_lock(&bm->lock));
+  bm->listener = fn;
+  bm->listener_arg = arg;
+  FL_PCHECK(pthread_mutex_unlock(&bm->lock));
+}
+
 void block_manager_destroy(block_manager *bm) {
   if (!bm) return;
+  bm->listener = NULL; /* the blocks go with the process or context, not one by one */
   for (size_t i = 0; i < bm->num_buckets; i++) {
     block *b = bm->buckets[i];
     while (b) {

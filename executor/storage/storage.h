@@ -51,6 +51,15 @@ FL_INTERNAL void block_manager_remove_range(block_manager *bm, uint64_t lo, uint
  * error of a block that fails its checks. */
 FL_INTERNAL fl_status block_manager_get_peer(block_manager *bm, rdd_block_key key, uint32_t pid,
                                              const rdd_batch **batch, void **handle);
+/* Told of every change of a block of this block manager: stored (in memory, serialized, or
+ * on disk), moved to disk, or gone (evicted, damaged, removed; memory and disk both 0), with
+ * the bytes it holds now. Peer blocks are not its own and are not told. Called with the
+ * block manager's lock held, in the order of the changes: it must not block nor call the
+ * block manager. block_manager_destroy tells nothing. */
+typedef void (*block_manager_listener)(void *arg, rdd_block_key key, fl_storage_level level, uint64_t memory,
+                                       uint64_t disk);
+/* Sets the listener (NULL: none), before or between uses: it is read under the lock. */
+FL_INTERNAL void block_manager_set_listener(block_manager *bm, block_manager_listener fn, void *arg);
 /* The rdd_cache_ops over a block manager (impl is the block_manager). */
 FL_INTERNAL extern const rdd_cache_ops block_manager_cache_ops;
 
