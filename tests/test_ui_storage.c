@@ -6,8 +6,8 @@
  * the UI applies events on its own thread, so each check polls up to a generous bound. The
  * user functions live in the cluster_pipelines library, as cluster mode requires. */
 #include "test_util.h"
+#include "ui_client.h"
 
-#include <curl/curl.h>
 #include <glob.h>
 #include <jansson.h>
 #include <signal.h>
@@ -59,47 +59,30 @@ static double now_s(void) {
 
 /* ---- the REST API ------------------------------------------------------------------------- */
 
-static size_t on_body(char *data, size_t size, size_t n, void *arg) {
-  return fl_buf_append(arg, data, size * n) == FL_OK ? size * n : 0;
-}
-
-/* GET ctx's UI + path into *body (NUL-terminated); true on a 200. */
-static bool http_get(fl_context *ctx, const char *path, fl_buf *body) {
+/* GET ctx's UI + path (tests/ui_client.h); the reply's body is NUL-terminated. */
+static reply get_page(fl_context *ctx, const char *path) {
   const char *base = fl_context_ui_url(ctx);
   assert_non_null(base);
   char url[512];
   snprintf(url, sizeof url, "%s%s", base, path);
-  CURL *c = curl_easy_init();
-  assert_non_null(c);
-  body->len = 0;
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, body);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
-  long code = 0;
-  CURLcode rc = curl_easy_perform(c);
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-  curl_easy_cleanup(c);
-  assert_int_equal(fl_buf_append(body, "", 1), FL_OK);
-  body->len--;
-  return rc == CURLE_OK && code == 200;
+  return http(NULL, url, NULL);
 }
 
 /* GET the current application's API path as JSON; NULL when the request or the parse fails. */
 static json_t *api_get(fl_context *ctx, const char *path) {
   char full[256];
   snprintf(full, sizeof full, "/api/v1/applications/current/%s", path);
-  fl_buf body = FL_BUF_INIT;
-  json_t *v = http_get(ctx, full, &body) ? json_loadb((const char *)body.data, body.len, 0, NULL) : NULL;
-  fl_buf_free(&body);
+  reply r = get_page(ctx, full);
+  json_t *v = r.code == 200 ? json_loads((const char *)r.body.data, 0, NULL) : NULL;
+  fl_buf_free(&r.body);
   return v;
 }
 
 /* The storage page (HTML) holds `needle`. */
 static bool page_holds(fl_context *ctx, const char *needle) {
-  fl_buf body = FL_BUF_INIT;
-  bool found = http_get(ctx, "/storage/?app=current", &body) && strstr((const char *)body.data, needle);
-  fl_buf_free(&body);
+  reply r = get_page(ctx, "/storage/?app=current");
+  bool found = r.code == 200 && strstr((const char *)r.body.data, needle);
+  fl_buf_free(&r.body);
   return found;
 }
 
