@@ -36,6 +36,7 @@ typedef struct client_state {
   /* The ETA: the share of the run done at its first report, and when. */
   double first_s, first_done;
   bool first_seen;
+  train_events events; /* the run in the web UI */
 } client_state;
 
 /* The ETA at (epoch, fraction of it): the run's share done since its first report (a
@@ -60,6 +61,7 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   if (message.len != sizeof rep) return; /* not ours: ignore */
   memcpy(&rep, message.data, sizeof rep);
   if (rep.attempt + 1 > c->attempts) c->attempts = rep.attempt + 1;
+  train_events_report(&c->events, c->opts, &rep);
   if (rep.kind == REPORT_PROGRESS) {
     if (c->opts->progress && rep.steps_per_epoch) {
       double fraction = (double)rep.done / (double)rep.steps_per_epoch;
@@ -352,6 +354,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   nn_model *ps_model = NULL;
   fl_buf ps_checkpoint = FL_BUF_INIT;
   train_ps_summary ps_sum = {0};
+  fl_buf pipeline = FL_BUF_INIT;
+  train_events_start(&c.events, ctx, o);
   FL_CHECK(load_pair(ctx, o, &train, &test, &pair));
 
   bool hybrid = o->model == NN_TRANSFORMER;
@@ -448,6 +452,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
       status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no timelines");
       goto cleanup;
     }
+    train_hybrid_pipeline_json(o, fl_records_get(out, next), &pipeline);
+    train_events_pipeline(&c.events, &pipeline);
     FL_CHECK(train_hybrid_finish(o, fl_records_get(out, next++), &res));
   }
   if (o->checkpoint_path && GPU_TRAIN_SYNC_IS_PS(o->sync)) {
@@ -485,6 +491,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:
+  train_events_end(&c.events, status);
+  fl_buf_free(&pipeline);
   if (c.line_open && o->progress) { /* a run that stopped mid-epoch: its error goes on a line of its own */
     fputc('\n', o->progress);
     fflush(o->progress);

@@ -74,6 +74,8 @@ typedef struct bucketing {
   size_t lo, hi;
   uint32_t buckets; /* allreduces issued this step */
   uint64_t reduced; /* floats this rank allreduced so far: gradients, or local SGD's weights */
+  fl_allreduce_algo algo;
+  uint32_t algos;   /* the algorithms that ran (train_allreduce_bit), for the client's UI */
 } bucketing;
 
 static fl_status bucket_flush(bucketing *bk) {
@@ -88,6 +90,7 @@ static fl_status bucket_flush(bucketing *bk) {
     s = bk->worker ? comm_worker_post(bk->worker, &view, FL_REDUCE_AVG)
                    : fl_comm_allreduce(bk->comm, &view, FL_REDUCE_AVG);
   bk->reduced += bk->hi - bk->lo;
+  bk->algos |= train_allreduce_bit(bk->comm, bk->algo, (bk->hi - bk->lo) * sizeof(float));
   bk->hi = bk->lo;
   bk->buckets++;
   return s;
@@ -192,14 +195,16 @@ cleanup:
 
 /* Local SGD: every rank's weights and batch-norm statistics become their average (the
  * optimizers' state stays each rank's own, as in Lin et al.'s local SGD). */
-static fl_status rank_average(rank_state *r, uint64_t *reduced) {
+static fl_status rank_average(rank_state *r, bucketing *bk) {
   if (!r->comm) return FL_OK;
   fl_tensor *values = nn_model_values(r->model), *buffers = nn_model_buffers(r->model);
   fl_status s = fl_comm_allreduce(r->comm, values, FL_REDUCE_AVG);
-  *reduced += fl_tensor_numel(values);
+  bk->reduced += fl_tensor_numel(values);
+  bk->algos |= train_allreduce_bit(r->comm, bk->algo, fl_tensor_numel(values) * sizeof(float));
   if (s == FL_OK && buffers && fl_tensor_numel(buffers)) {
     s = fl_comm_allreduce(r->comm, buffers, FL_REDUCE_AVG);
-    *reduced += fl_tensor_numel(buffers);
+    bk->reduced += fl_tensor_numel(buffers);
+    bk->algos |= train_allreduce_bit(r->comm, bk->algo, fl_tensor_numel(buffers) * sizeof(float));
   }
   return s;
 }
@@ -370,7 +375,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   const bool local = a.sync != GPU_TRAIN_SYNC_BSP;
   uint32_t tau = a.tau ? a.tau : 1, since_average = 0;
   double f0 = 0; /* AdaComm's reference: the first epoch's loss */
-  bucketing bk = {.model = r.model, .comm = local ? NULL : r.comm, .worker = r.worker,
+  bucketing bk = {.model = r.model, .comm = local ? NULL : r.comm, .worker = r.worker, .algo = a.allreduce,
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
   size_t total = fl_tensor_numel(nn_model_grads(r.model));
@@ -463,7 +468,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
       if (take && a.clip_grad_norm > 0) FL_CHECK(optim_clip_grad_norm(nn_model_grads(r.model), a.clip_grad_norm, NULL));
       if (take) FL_CHECK(optim_step(r.opt, (float)lr, nn_model_grads(r.model), nn_model_values(r.model)));
       if (local && ++since_average >= tau) {
-        FL_CHECK(rank_average(&r, &bk.reduced));
+        FL_CHECK(rank_average(&r, &bk));
         since_average = 0;
       }
       images += n;
@@ -476,13 +481,14 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                             .acc = st[1] / images, .lr = lr,
                             .images_per_s = secs > 0 ? images * (double)r.world / secs : 0, .seconds = secs,
                             .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid(),
-                            .input_wait_s = wait_s, .upload_s = upload_s, .train_s = secs};
+                            .input_wait_s = wait_s, .upload_s = upload_s, .train_s = secs,
+                            .reduced_bytes = bk.reduced * sizeof(float), .allreduce_algos = bk.algos};
         FL_CHECK(rank_report(&r, &rep));
       }
     }
     /* The replicas agree before they are evaluated and checkpointed. */
     if (local && since_average) {
-      FL_CHECK(rank_average(&r, &bk.reduced));
+      FL_CHECK(rank_average(&r, &bk));
       since_average = 0;
     }
     double train_secs = common_now_s() - t0;
@@ -508,7 +514,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                           .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid(),
                           .loss_scale = scaling ? scaler.scale : 0, .skipped_steps = scaler.skipped,
                           .tau = local ? tau : 0, .reduced_bytes = bk.reduced * sizeof(float),
-                          .input_wait_s = wait_s, .upload_s = upload_s, .train_s = train_secs};
+                          .input_wait_s = wait_s, .upload_s = upload_s, .train_s = train_secs,
+                          .allreduce_algos = bk.algos};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
        * so that an epoch the client has seen is never trained again. */

@@ -578,3 +578,48 @@ cleanup:
   common_free(counts);
   return status;
 }
+
+void train_hybrid_pipeline_json(const gpu_train_options *o, fl_bytes ranks, fl_buf *out) {
+  out->len = 0;
+  pp_grid grid = {(int)o->ranks, (int)o->tp, (int)o->pp};
+  cursor c = {ranks.data, ranks.data + ranks.len};
+  uint32_t world;
+  if (!cursor_take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp) return;
+  /* Stage s's row is grid rank (0, 0, s)'s timeline; the records come in task order. */
+  fl_buf *rows = common_calloc(o->pp, sizeof *rows);
+  bool ok = rows != NULL;
+  for (uint32_t i = 0; ok && i < world; i++) {
+    cursor rec;
+    uint32_t head[2] = {0, 0};
+    uint64_t peak = 0, n = 0;
+    ok = cursor_take_piece(&c, &rec) && cursor_take(&rec, head, sizeof head) && cursor_take(&rec, &peak, 8) &&
+         cursor_take(&rec, &n, 8) && head[0] < world && n <= (uint64_t)(rec.end - rec.p) / EVENT_BYTES;
+    pp_coords at = ok ? pp_grid_coords(grid, (int)head[0]) : (pp_coords){0};
+    if (!ok || at.dp != 0 || at.tp != 0 || at.pp < 0 || at.pp >= (int)o->pp || rows[at.pp].len) continue;
+    fl_buf *row = &rows[at.pp];
+    ok = fl_buf_append(row, "[", 1) == FL_OK;
+    bool first = true;
+    for (uint64_t k = 0; ok && k < n; k++) {
+      int32_t ints[4];
+      double ts[2];
+      ok = cursor_take(&rec, ints, sizeof ints) && cursor_take(&rec, ts, sizeof ts);
+      if (!ok || (ints[0] != PP_EV_FORWARD && ints[0] != PP_EV_BACKWARD)) continue;
+      char item[128];
+      int len = snprintf(item, sizeof item, "%s{\"Op\":\"%s\",\"MicroBatch\":%d,\"Start\":%.4f,\"End\":%.4f}",
+                         first ? "" : ",", ints[0] == PP_EV_FORWARD ? "F" : "B", ints[1], ts[0] * 1e3, ts[1] * 1e3);
+      ok = fl_buf_append(row, item, (size_t)len) == FL_OK && row->len < TRAIN_PIPELINE_JSON_MAX;
+      first = false;
+    }
+    ok = ok && fl_buf_append(row, "]", 1) == FL_OK;
+  }
+  ok = ok && fl_buf_append(out, "[", 1) == FL_OK;
+  for (uint32_t s = 0; ok && s < o->pp; s++)
+    ok = fl_buf_append(out, s ? "," : "", s ? 1 : 0) == FL_OK &&
+         fl_buf_append(out, rows[s].len ? (const char *)rows[s].data : "[]", rows[s].len ? rows[s].len : 2) == FL_OK &&
+         out->len < TRAIN_PIPELINE_JSON_MAX;
+  ok = ok && fl_buf_append(out, "]", 2) == FL_OK; /* with its NUL, not counted in len */
+  if (ok) out->len--;
+  if (!ok) out->len = 0;
+  for (uint32_t s = 0; rows && s < o->pp; s++) fl_buf_free(&rows[s]);
+  common_free(rows);
+}

@@ -13,10 +13,18 @@
 
 #include "common/common.h"
 #include "common/config.h"
+#include "gpu/comm/comm.h"
 #include "gpu/parallel/train_rank.h"
 
 bool train_uses_nccl(fl_device_kind kind) {
   return kind == FL_DEVICE_CUDA && strcmp(config_string(CONFIG_TRAIN_COMM), "host") != 0;
+}
+
+uint32_t train_allreduce_bit(const fl_comm *comm, fl_allreduce_algo algo, size_t bytes) {
+  if (!comm) return 0;
+  if (strcmp(fl_comm_backend(comm), "nccl") == 0) return TRAIN_ALLREDUCE_NCCL;
+  if (algo == FL_ALLREDUCE_AUTO) algo = comm_auto_algo(bytes, fl_comm_size(comm), comm_host_single_copy_peers(comm) > 0);
+  return 1u << (unsigned)algo;
 }
 
 /* Whether two ranks of the barrier train on one GPU (the same host and PCI address), which

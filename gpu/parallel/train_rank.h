@@ -35,7 +35,16 @@ typedef struct train_report {
    * the training part of `seconds` (steps only, no evaluation). */
   double input_wait_s, upload_s, train_s;
   uint64_t max_staleness;                /* asp, ssp: the epoch's most steps a pull was behind */
+  uint32_t allreduce_algos;              /* what this rank's allreduces ran so far: bits
+                                          * train_allreduce_bit (0: none yet, or not counted) */
 } train_report;
+
+/* train_report.allreduce_algos: bit (1u << algo) for each host algorithm that ran (what AUTO
+ * picked for each size), or TRAIN_ALLREDUCE_NCCL (NCCL picks its own). */
+#define TRAIN_ALLREDUCE_NCCL (1u << 31)
+/* The bit of one allreduce of `bytes` over `comm` with `algo` (0 for a NULL comm). Reads only
+ * what the communicator fixed when it was made, so any thread may call it. */
+uint32_t train_allreduce_bit(const fl_comm *comm, fl_allreduce_algo algo, size_t bytes);
 
 /* The most bytes of a parameter-server table's handle (a few hundred) the argument carries. */
 #define TRAIN_PS_HANDLE_MAX 2048
@@ -155,5 +164,29 @@ FL_API fl_status gpu_train_ps_worker(uint32_t partition, fl_iter *in, fl_emitter
  * res->stage_peak_bytes and writes the timeline files the options name. FL_EFORMAT for a
  * malformed record, FL_EIO for the files. */
 fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_train_result *res);
+/* The same record's forwards and backwards of one data-parallel, tensor-parallel replica (dp
+ * and tp index 0), a stage a row, as TrainPipeline's Stages (docs/ui.md): a JSON array into
+ * *out, times in ms since the step's start (the measured last step). Left empty when the
+ * record is malformed or the text would pass TRAIN_PIPELINE_JSON_MAX (the UI's limit on an
+ * event is 64 KiB). */
+#define TRAIN_PIPELINE_JSON_MAX (60u << 10)
+void train_hybrid_pipeline_json(const gpu_train_options *o, fl_bytes ranks, fl_buf *out);
+
+/* ---- the run's events for the web UI (gpu/parallel/train_events.c) ---- */
+typedef struct train_events {
+  fl_context *ctx;
+  uint64_t run;     /* TrainStart's Run: unique within the process */
+  int64_t start_ms; /* its Time, kept when it is posted again */
+  uint32_t algos;   /* the allreduce algorithms its configuration names (train_allreduce_bit) */
+} train_events;
+/* Posts TrainStart (the options as its Config). */
+void train_events_start(train_events *ev, fl_context *ctx, const gpu_train_options *o);
+/* A TrainStep for a REPORT_PROGRESS or REPORT_EPOCH report (others: nothing); TrainStart
+ * again first when the report names allreduce algorithms the configuration did not. */
+void train_events_report(train_events *ev, const gpu_train_options *o, const train_report *rep);
+/* TrainPipeline with `stages` (train_hybrid_pipeline_json's; empty: nothing). */
+void train_events_pipeline(train_events *ev, const fl_buf *stages);
+/* TrainEnd: FINISHED, or FAILED with the thread's message, which it leaves as it found it. */
+void train_events_end(train_events *ev, fl_status status);
 
 #endif /* FLINT_GPU_TRAIN_RANK_H */
