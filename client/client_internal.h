@@ -135,6 +135,8 @@ typedef struct client_ps_local {
 } client_ps_local;
 /* The local context's (local_context.c). */
 FL_INTERNAL client_ps_local *client_local_context_ps(fl_context *ctx);
+/* Its web UI (NULL when off), for the events of its tables. */
+FL_INTERNAL struct ui *client_local_context_ui(fl_context *ctx);
 
 /* ---- contexts (local_context.c, remote_context.c) -------------------------------------- */
 /* A context for local, local[N] or local[*]: the scheduler runs in this process. */

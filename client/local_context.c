@@ -43,6 +43,7 @@ typedef struct context_impl {
 } context_impl;
 
 client_ps_local *client_local_context_ps(fl_context *ctx) { return &((context_impl *)ctx)->ps; }
+ui *client_local_context_ui(fl_context *ctx) { return ((context_impl *)ctx)->ui; }
 
 /* The parameter servers' lock and ids; the servers start with the first table (ps_tables.c) and
  * stop with the context. */

@@ -11,6 +11,7 @@
 
 #include "client/client_internal.h"
 #include "common/config.h"
+#include "driver/ui/ui.h"
 #include "flint/ps.h"
 #include "proto/pack.h"
 #include "ps/ps.h"
@@ -40,6 +41,28 @@ static fl_status spec_of(const fl_ps_options *o, ps_table_spec *out) {
   return st == FL_OK ? st : common_error_wrap(st, "fl_ps_table_create: ");
 }
 
+/* PsTable (docs/ui.md) for a local context's web UI: every replica is in this process, the
+ * local context's one executor (0), on one of its four servers. */
+static void post_local_table(ui *u, const ps_map *m, uint32_t backups) {
+  if (!u) return;
+  fl_buf b = FL_BUF_INIT;
+  char item[160];
+  int len = m->spec.sparse
+                ? snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":0,\"Table\":%u,\"Name\":\"sparse, %u floats "
+                           "a key\",\"Shards\":[", m->table, m->spec.width)
+                : snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":0,\"Table\":%u,\"Name\":\"dense, %llu keys x "
+                           "%u floats\",\"Shards\":[", m->table, (unsigned long long)m->spec.keys, m->spec.width);
+  bool ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
+  for (uint32_t s = 0; ok && s < m->shards; s++) {
+    len = snprintf(item, sizeof item, "%s{\"Shard\":%u,\"Replicas\":[0", s ? "," : "", s);
+    ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
+    for (uint32_t k = 0; ok && k < backups; k++) ok = fl_buf_append(&b, ",0", 2) == FL_OK;
+    ok = ok && fl_buf_append(&b, "]}", 2) == FL_OK;
+  }
+  if (ok && fl_buf_append(&b, "]}", 3) == FL_OK) ui_post(u, (const char *)b.data);
+  fl_buf_free(&b);
+}
+
 static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_table_spec *spec) {
   client_ps_local *p = client_local_context_ps(t->ctx);
   fl_status st = FL_OK;
@@ -65,7 +88,9 @@ static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_t
       snprintf(pl->backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d",
                ps_server_port(p->servers[(s + 1 + b) % CLIENT_PS_LOCAL_SERVERS]));
   }
-  return ps_table_create(&t->map, NULL, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS));
+  fl_status st2 = ps_table_create(&t->map, NULL, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS));
+  if (st2 == FL_OK) post_local_table(client_local_context_ui(t->ctx), &t->map, backups);
+  return st2;
 }
 
 static fl_status create_remote(fl_ps_table *t, const fl_ps_options *o, const ps_table_spec *spec) {

@@ -241,6 +241,11 @@ FL_INTERNAL fl_status placement_drop(driver_state *d, uint64_t app, uint32_t tab
 FL_INTERNAL void placement_app_closed(driver_state *d, uint64_t app);
 /* An executor was lost (the scheduler thread): queued for the recovery thread. Never blocks. */
 FL_INTERNAL void placement_executor_lost(driver_state *d, uint64_t executor);
+/* The web UI's live view of application `app`'s tables (ui_config.live's "ps"): {"<table>":
+ * {"shards": [{"shard", "primary", "backups", "clocks": {"<worker>": clock}}]}}, each shard's
+ * clocks asked of its primary with a short timeout (none where it does not answer in time).
+ * NULL when the tables are busy (a recovery holds them) or memory is short. Malloc'd. */
+FL_INTERNAL char *placement_live_json(driver_state *d, uint64_t app);
 
 /* ---- jobs (jobs.c) ----------------------------------------------------------------------- */
 /* Starts a RunJob call (the rpc queue's thread): FL_OK when the call was taken for a reply at

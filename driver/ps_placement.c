@@ -18,12 +18,20 @@
  * rare and short, and must not interleave.
  */
 #include <string.h>
+#include <time.h>
 
 #include "driver/driver_internal.h"
+#include "driver/ui/ui.h"
 #include "ps/ps.h"
 
 #define CALL_TIMEOUT_MS 30000
 #define MAX_SERVERS 1024
+/* The web UI's live clocks (placement_live_json) run on its HTTP thread: they wait this long
+ * for the tables' lock (held across recoveries' server calls), this long for each primary,
+ * and stop asking after this long in all (the shards left show no clocks). */
+#define LIVE_LOCK_WAIT_MS 200
+#define LIVE_CALL_TIMEOUT_MS 500
+#define LIVE_TOTAL_MS 2000
 
 #define MEMBERS (1 + PS_MAX_BACKUPS)
 
@@ -46,6 +54,8 @@ struct driver_placement {
   bool started, stop;
   uint32_t next_table;
 };
+
+static void post_table(driver_state *d, const placed_table *t);
 
 static void table_free(placed_table *t) {
   if (!t) return;
@@ -171,9 +181,16 @@ static void *recovery_main(void *arg) {
     FL_PCHECK(pthread_mutex_lock(&pl->lock));
     size_t n = servers ? cluster_ps_servers(d->cluster, servers, MAX_SERVERS) : 0;
     if (n > MAX_SERVERS) n = MAX_SERVERS;
-    for (placed_table *t = pl->tables; t; t = t->next)
-      for (uint32_t s = 0; s < t->map.shards; s++)
+    for (placed_table *t = pl->tables; t; t = t->next) {
+      bool changed = false;
+      for (uint32_t s = 0; s < t->map.shards; s++) {
+        uint64_t before[MEMBERS];
+        memcpy(before, t->members[s], sizeof before);
         recover_shard(d, t, s, lost, servers, n);
+        changed = changed || memcmp(before, t->members[s], sizeof before) != 0;
+      }
+      if (changed) post_table(d, t); /* the UI shows the replicas now */
+    }
     FL_PCHECK(pthread_mutex_unlock(&pl->lock));
     FL_PCHECK(pthread_mutex_lock(&pl->queue_lock));
   }
@@ -198,6 +215,109 @@ void placement_executor_lost(driver_state *d, uint64_t executor) {
                (unsigned long long)executor);
   }
   FL_PCHECK(pthread_mutex_unlock(&pl->queue_lock));
+}
+
+/* ---- the web UI ---- */
+
+/* "dense, 1000 keys x 4 floats" and the like: a table's name in the UI (tables have none). */
+static void table_name(const ps_map *m, char *out, size_t cap) {
+  if (m->spec.sparse) snprintf(out, cap, "sparse, %u floats a key", m->spec.width);
+  else snprintf(out, cap, "dense, %llu keys x %u floats", (unsigned long long)m->spec.keys, m->spec.width);
+}
+
+/* PsTable (docs/ui.md): the table's shards and their executors, primary first. Under lock. */
+static void post_table(driver_state *d, const placed_table *t) {
+  if (!d->ui) return;
+  char name[96], item[160];
+  table_name(&t->map, name, sizeof name);
+  fl_buf b = FL_BUF_INIT;
+  int len = snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":%llu,\"Table\":%u,\"Name\":\"%s\",\"Shards\":[",
+                     (unsigned long long)t->app, t->map.table, name);
+  bool ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
+  for (uint32_t s = 0; ok && s < t->map.shards; s++) {
+    len = snprintf(item, sizeof item, "%s{\"Shard\":%u,\"Replicas\":[", s ? "," : "", s);
+    ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
+    for (uint32_t m = 0; ok && m < member_count(t->members[s]); m++) {
+      len = snprintf(item, sizeof item, "%s%llu", m ? "," : "", (unsigned long long)t->members[s][m]);
+      ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
+    }
+    ok = ok && fl_buf_append(&b, "]}", 2) == FL_OK;
+  }
+  ok = ok && fl_buf_append(&b, "]}", 3) == FL_OK; /* with the NUL */
+  if (ok) ui_post(d->ui, (const char *)b.data);
+  else common_log(LOG_DEBUG, "parameter server: table %u: out of memory for the web UI's event", t->map.table);
+  fl_buf_free(&b);
+}
+
+static bool lock_within(pthread_mutex_t *mu, uint32_t ms) {
+  for (uint32_t waited = 0;; waited += 10) {
+    if (pthread_mutex_trylock(mu) == 0) return true;
+    if (waited >= ms) return false;
+    nanosleep(&(struct timespec){0, 10 * 1000000}, NULL);
+  }
+}
+
+typedef struct live_shard {
+  uint32_t table, shard, members;
+  uint64_t member[MEMBERS];
+  char primary[PS_ADDRESS_MAX];
+} live_shard;
+
+char *placement_live_json(driver_state *d, uint64_t app) {
+  driver_placement *pl = d->placement;
+  if (!pl || !lock_within(&pl->lock, LIVE_LOCK_WAIT_MS)) return NULL;
+  /* The places, copied: the servers are asked without the lock. */
+  size_t n = 0, cap = 0;
+  live_shard *shards = NULL;
+  bool ok = true;
+  for (placed_table *t = pl->tables; ok && t; t = t->next)
+    for (uint32_t s = 0; ok && t->app == app && s < t->map.shards; s++) {
+      live_shard *grown = common_grow(shards, sizeof *shards, n, &cap, 16);
+      if (!(ok = grown != NULL)) break;
+      shards = grown;
+      live_shard *l = &shards[n++];
+      *l = (live_shard){.table = t->map.table, .shard = s, .members = member_count(t->members[s])};
+      memcpy(l->member, t->members[s], sizeof l->member);
+      snprintf(l->primary, sizeof l->primary, "%s", t->map.places[s].primary);
+    }
+  FL_PCHECK(pthread_mutex_unlock(&pl->lock));
+  fl_buf b = FL_BUF_INIT;
+  ok = ok && fl_buf_append(&b, "{", 1) == FL_OK;
+  uint64_t deadline = common_now_ns() + (uint64_t)LIVE_TOTAL_MS * 1000000u;
+  char item[160];
+  for (size_t i = 0; ok && i < n; i++) {
+    const live_shard *l = &shards[i];
+    bool first_of_table = i == 0 || shards[i - 1].table != l->table;
+    bool last_of_table = i + 1 == n || shards[i + 1].table != l->table;
+    int len = 0;
+    if (first_of_table) len = snprintf(item, sizeof item, "%s\"%u\":{\"shards\":[", i ? "," : "", l->table);
+    else len = snprintf(item, sizeof item, ",");
+    len += snprintf(item + len, sizeof item - (size_t)len, "{\"shard\":%u,\"primary\":%llu,\"backups\":[", l->shard,
+                    (unsigned long long)(l->members ? l->member[0] : 0));
+    for (uint32_t m = 1; m < l->members; m++)
+      len += snprintf(item + len, sizeof item - (size_t)len, "%s%llu", m > 1 ? "," : "", (unsigned long long)l->member[m]);
+    len += snprintf(item + len, sizeof item - (size_t)len, "],\"clocks\":{");
+    ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
+    uint64_t *clocks = NULL;
+    uint32_t workers = 0;
+    if (ok && l->members && common_now_ns() < deadline &&
+        ps_shard_clocks(l->primary, d->cfg.secret, l->table, l->shard, LIVE_CALL_TIMEOUT_MS, &clocks, &workers) != FL_OK)
+      common_log(LOG_DEBUG, "web UI: table %u shard %u's clocks: %s", l->table, l->shard, fl_last_error());
+    bool first = true;
+    for (uint32_t w = 0; ok && w < workers; w++) {
+      if (clocks[w] == UINT64_MAX) continue; /* retired */
+      len = snprintf(item, sizeof item, "%s\"%u\":%llu", first ? "" : ",", w, (unsigned long long)clocks[w]);
+      ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
+      first = false;
+    }
+    common_free(clocks);
+    ok = ok && fl_buf_append(&b, last_of_table ? "}}]}" : "}}", last_of_table ? 4 : 2) == FL_OK;
+  }
+  ok = ok && fl_buf_append(&b, "}", 2) == FL_OK;
+  common_free(shards);
+  char *text = ok ? strdup((const char *)b.data) : NULL;
+  fl_buf_free(&b);
+  return text;
 }
 
 /* ---- tables ---- */
@@ -274,6 +394,7 @@ fl_status placement_create(driver_state *d, uint64_t app, const Flint__CreatePsT
   if (st == FL_OK) {
     t->next = pl->tables;
     pl->tables = t;
+    post_table(d, t);
   }
   Flint__CreatePsTableReply reply = FLINT__CREATE_PS_TABLE_REPLY__INIT;
   fl_buf handle = FL_BUF_INIT;

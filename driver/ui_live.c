@@ -1,7 +1,9 @@
 /*
  * ui_live.c: what the driver's web UI shows beyond its events (ui_config.live): the
  * executors' last heartbeats, from the cluster backend's registry, as the API merges them
- * into /executors. Runs on the UI's HTTP thread; takes the backend's lock briefly.
+ * into /executors, and the parameter servers' workers' clocks (ps_placement.c), into /ps.
+ * Runs on the UI's HTTP thread; takes the backend's lock briefly, and asks the servers with a
+ * short timeout.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,8 +44,8 @@ static char *executors_live(driver_state *d) {
 }
 
 char *driver_ui_live(void *arg, const char *what, uint64_t app) {
-  (void)app;
   driver_state *d = arg;
   if (strcmp(what, "executors") == 0) return executors_live(d);
+  if (strcmp(what, "ps") == 0) return placement_live_json(d, app);
   return NULL;
 }

@@ -745,6 +745,25 @@ fl_status ps_shard_drop(const char *server, const char *secret, uint32_t table, 
                      fl_bytes_of(NULL, 0));
 }
 
+fl_status ps_shard_clocks(const char *server, const char *secret, uint32_t table, uint32_t shard,
+                          uint32_t timeout_ms, uint64_t **clocks, uint32_t *n) {
+  ps_frame f = {.op = PS_OP_CLOCKS, .table = table, .shard = shard};
+  fl_buf answer = FL_BUF_INIT;
+  *clocks = NULL;
+  *n = 0;
+  fl_status st = ask(server, secret && secret[0] ? secret : NULL, timeout_ms ? timeout_ms : DEFAULT_TIMEOUT_MS, &f,
+                     fl_bytes_of(NULL, 0), &answer);
+  uint32_t count = answer.len >= 8 ? common_get_u32(answer.data) : 0;
+  if (st == FL_OK && (answer.len < 8 || count > PS_WIRE_CLOCKS_MAX || answer.len != 8 + (size_t)count * 8))
+    st = fl_set_error(FL_EPROTO, "parameter server %s: a malformed clocks answer of %zu bytes", server, answer.len);
+  if (st == FL_OK && !(*clocks = common_calloc(count ? count : 1, sizeof **clocks)))
+    st = FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  for (uint32_t w = 0; st == FL_OK && w < count; w++) (*clocks)[w] = common_get_u64(answer.data + 8 + (size_t)w * 8);
+  if (st == FL_OK) *n = count;
+  fl_buf_free(&answer);
+  return st;
+}
+
 fl_status ps_shard_targets(const char *server, const char *secret, uint32_t table, uint32_t shard,
                            const char (*targets)[PS_ADDRESS_MAX], uint32_t n, uint32_t timeout_ms) {
   ps_frame f = {.op = PS_OP_TARGETS, .table = table, .shard = shard};

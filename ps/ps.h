@@ -243,6 +243,11 @@ void ps_place_targets(const ps_place *p, ps_replication mode, uint32_t member, c
 fl_status ps_shard_replicate(const char *primary, const char *secret, uint32_t table, uint32_t shard,
                              const char *backup, uint32_t timeout_ms);
 fl_status ps_shard_drop(const char *server, const char *secret, uint32_t table, uint32_t shard, uint32_t timeout_ms);
+/* CLOCKS: the clocks of the shard's workers on `server` (its primary), for the web UI: *n
+ * (at most PS_WIRE_CLOCKS_MAX, 4096) into *clocks (malloc'd, common_free), UINT64_MAX for a
+ * retired worker. FL_ENOENT when the shard is not there, FL_EPROTO for a malformed answer. */
+fl_status ps_shard_clocks(const char *server, const char *secret, uint32_t table, uint32_t shard,
+                          uint32_t timeout_ms, uint64_t **clocks, uint32_t *n);
 
 typedef struct ps_server_options {
   const char *secret;   /* every connection opens with it (NULL or "": none) */

@@ -509,6 +509,24 @@ static fl_status serve(ps_server *s, const ps_frame *f, const fl_buf *payload, f
     common_put_u64(last, h->last_seq[f->worker]);
     pthread_mutex_unlock(&h->mu);
     return fl_buf_append(out, last, 8) == FL_OK ? FL_OK : FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  case PS_OP_CLOCKS: { /* every worker's clock (the web UI's live view), bounded */
+    if ((st = find(s, f, false, &h)) != FL_OK) return st;
+    pthread_mutex_lock(&h->mu);
+    uint32_t n = h->workers < PS_WIRE_CLOCKS_MAX ? h->workers : PS_WIRE_CLOCKS_MAX;
+    st = fl_buf_reserve(out, 8 + (size_t)n * 8);
+    if (st == FL_OK) {
+      common_put_u32(out->data + out->len, n);
+      common_put_u32(out->data + out->len + 4, 0);
+      for (uint32_t w = 0; w < n; w++) {
+        bool retired = false;
+        uint64_t c = ps_clocks_state(h->clocks, w, &retired);
+        common_put_u64(out->data + out->len + 8 + (size_t)w * 8, retired ? UINT64_MAX : c);
+      }
+      out->len += 8 + (size_t)n * 8;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return st == FL_OK ? FL_OK : FL_ERR(FL_ENOMEM, "parameter server: out of memory");
+  }
   case PS_OP_PROMOTE: {
     h = hosted_find(s, f->table, f->shard);
     if (!h) return fl_set_error(FL_ENOENT, "parameter server: table %u shard %u is not hosted here", f->table, f->shard);

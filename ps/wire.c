@@ -19,7 +19,7 @@
 
 static const char *const op_names[] = {"?", "hello", "host", "push", "pull", "push-range", "pull-range",
                                        "set-range", "clock", "retire", "save", "load", "promote", "drop",
-                                       "replicate", "adopt", "clock-of", "targets", "where", "column"};
+                                       "replicate", "adopt", "clock-of", "targets", "where", "column", "clocks"};
 
 const char *ps_op_name(uint8_t op) {
   op &= (uint8_t) ~(PS_OP_REPLY | PS_OP_FORWARDED);

@@ -18,7 +18,9 @@
  * replica state (ps_wire_replica_*), before it forwards to it; CLOCK_OF nothing (the answer's
  * clock is the worker's, its payload the u64 sequence number of the worker's last change); TARGETS a target list (ps_wire_targets_encode); WHERE nothing (the
  * answer is the replica's target list); COLUMN a column operation's descriptor
- * (ps_wire_column_*), then for PUSH and SET its count floats. Answers carry the values
+ * (ps_wire_column_*), then for PUSH and SET its count floats; CLOCKS nothing (the answer: u32
+ * n, u32 zero, then n u64 clocks, worker by worker, UINT64_MAX for a retired one; n is the
+ * table's workers, at most PS_WIRE_CLOCKS_MAX: the web UI's view of a shard). Answers carry the values
  * (pulls, column PULL), the partial sum as an f64 (column DOT), the blob (SAVE), the new
  * clock (CLOCK, in `clock`), or the error message when status != 0.
  */
@@ -31,6 +33,7 @@
 #define PS_WIRE_VERSION 1
 #define PS_WIRE_HEADER 64
 #define PS_WIRE_MESSAGE_MAX 1000 /* an error message's bytes at most */
+#define PS_WIRE_CLOCKS_MAX 4096  /* workers whose clocks a CLOCKS answer carries */
 
 typedef enum ps_op {
   PS_OP_HELLO = 1,
@@ -52,8 +55,9 @@ typedef enum ps_op {
   PS_OP_TARGETS,
   PS_OP_WHERE,
   PS_OP_COLUMN,
+  PS_OP_CLOCKS,
 } ps_op;
-#define PS_OP_LAST PS_OP_COLUMN
+#define PS_OP_LAST PS_OP_CLOCKS
 #define PS_OP_FORWARDED 0x40
 #define PS_OP_REPLY 0x80
 
