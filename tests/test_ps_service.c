@@ -382,6 +382,44 @@ static void test_reopened_worker_keeps_its_clock(void **state) {
   cluster_stop(&cl);
 }
 
+/* CLOCKS (the web UI's view): every worker's clock on a shard's primary, a retired worker's
+ * as UINT64_MAX; a shard that is not there is FL_ENOENT naming it. */
+static void test_clocks_of_a_shard(void **state) {
+  (void)state;
+  ps_table_spec spec = {.keys = 4, .width = 1, .update = PS_UPDATE_INIT};
+  cluster cl;
+  cluster_start(&cl, 2, 9, &spec, 2, 3, true, NULL);
+  ps_client *c0, *c2;
+  assert_int_equal(ps_client_create(&cl.map, 0, NULL, 5000, &c0), FL_OK);
+  assert_int_equal(ps_client_create(&cl.map, 2, NULL, 5000, &c2), FL_OK);
+  uint64_t t;
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(ps_client_clock(c0, &t), FL_OK);
+    wait_ok(c0, t);
+  }
+  assert_int_equal(ps_client_retire(c2, &t), FL_OK);
+  wait_ok(c2, t);
+  for (uint32_t s = 0; s < 2; s++) {
+    uint64_t *clocks = NULL;
+    uint32_t n = 0;
+    assert_int_equal(ps_shard_clocks(cl.places[s].primary, NULL, 9, s, 5000, &clocks, &n), FL_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(clocks[0], 3);
+    assert_int_equal(clocks[1], 0);
+    assert_true(clocks[2] == UINT64_MAX);
+    common_free(clocks);
+  }
+  uint64_t *clocks = NULL;
+  uint32_t n = 7;
+  assert_int_equal(ps_shard_clocks(cl.places[0].primary, NULL, 9, 5, 5000, &clocks, &n), FL_ENOENT);
+  assert_non_null(strstr(fl_last_error(), "table 9 shard 5 is not hosted here"));
+  assert_null(clocks);
+  assert_int_equal(n, 0);
+  ps_client_destroy(c0);
+  ps_client_destroy(c2);
+  cluster_stop(&cl);
+}
+
 /* A primary backs itself up on a new server (the driver's recovery): the copy carries the
  * values, the clocks and the sequence numbers, and later pushes are forwarded to it. */
 static void test_replicate_to_a_new_backup(void **state) {
@@ -933,6 +971,7 @@ int main(void) {
       cmocka_unit_test(test_ssp_bound_over_the_network),
       cmocka_unit_test(test_resend_is_applied_once),
       cmocka_unit_test(test_reopened_worker_keeps_its_clock),
+      cmocka_unit_test(test_clocks_of_a_shard),
       cmocka_unit_test(test_replicate_to_a_new_backup),
       cmocka_unit_test(test_three_replicas_survive_two_losses),
       cmocka_unit_test(test_client_learns_new_replicas),

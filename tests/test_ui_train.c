@@ -233,6 +233,52 @@ static void test_ps_table(void **state) {
   fl_context_close(ctx);
 }
 
+/* On a local cluster the driver places the table on its executors, posts it, and its live
+ * source adds each shard's workers' clocks, asked of the primaries. */
+static void test_cluster_ps_clocks(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local-cluster[2,1,256]", NULL, &ctx));
+  fl_ps_options po = FL_PS_OPTIONS_INIT;
+  po.keys = 10;
+  po.shards = 2;
+  po.workers = 2;
+  fl_ps_table *t;
+  assert_ok(fl_ps_table_create(ctx, &po, &t));
+  fl_ps_worker *w;
+  assert_ok(fl_ps_worker_open(fl_ps_table_handle(t), 1, &w));
+  for (int i = 0; i < 2; i++) {
+    uint64_t ticket;
+    assert_ok(fl_ps_clock(w, &ticket));
+    assert_ok(fl_ps_wait(w, ticket, NULL));
+  }
+  json_t *table = NULL;
+  for (int i = 0; i < 400 && !table; i++) {
+    json_t *all = get_json(ctx, "/api/v1/applications/current/ps");
+    if (json_array_size(all) == 1) table = json_incref(json_array_get(all, 0));
+    json_decref(all);
+    if (!table) sleep_ms(50);
+  }
+  assert_non_null(table);
+  json_t *shards = json_object_get(table, "shards");
+  assert_int_equal(json_array_size(shards), 2);
+  size_t k;
+  json_t *s;
+  json_array_foreach(shards, k, s) {
+    json_int_t primary = json_integer_value(json_object_get(s, "primary"));
+    json_t *backups = json_object_get(s, "backups");
+    assert_int_equal(json_array_size(backups), 1);
+    assert_true(primary >= 1 && json_integer_value(json_array_get(backups, 0)) != primary);
+    json_t *clocks = json_object_get(s, "clocks");
+    assert_int_equal(json_integer_value(json_object_get(clocks, "0")), 0);
+    assert_int_equal(json_integer_value(json_object_get(clocks, "1")), 2);
+  }
+  json_decref(table);
+  fl_ps_worker_close(w);
+  fl_ps_table_destroy(t);
+  fl_context_close(ctx);
+}
+
 static void test_post_event_refused(void **state) {
   (void)state;
   fl_context *ctx;
@@ -281,6 +327,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_training_run),
       cmocka_unit_test(test_ps_table),
+      cmocka_unit_test(test_cluster_ps_clocks),
       cmocka_unit_test(test_post_event_refused),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
