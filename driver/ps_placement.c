@@ -228,7 +228,7 @@ static void table_name(const ps_map *m, char *out, size_t cap) {
 /* PsTable (docs/ui.md): the table's shards and their executors, primary first. Under lock. */
 static void post_table(driver_state *d, const placed_table *t) {
   if (!d->ui) return;
-  char name[96], item[160];
+  char name[96], item[256];
   table_name(&t->map, name, sizeof name);
   fl_buf b = FL_BUF_INIT;
   int len = snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":%llu,\"Table\":%u,\"Name\":\"%s\",\"Shards\":[",
@@ -284,7 +284,7 @@ char *placement_live_json(driver_state *d, uint64_t app) {
   fl_buf b = FL_BUF_INIT;
   ok = ok && fl_buf_append(&b, "{", 1) == FL_OK;
   uint64_t deadline = common_now_ns() + (uint64_t)LIVE_TOTAL_MS * 1000000u;
-  char item[160];
+  char item[256];
   for (size_t i = 0; ok && i < n; i++) {
     const live_shard *l = &shards[i];
     bool first_of_table = i == 0 || shards[i - 1].table != l->table;

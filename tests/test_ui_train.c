@@ -20,6 +20,7 @@
 
 #include "flint/ps.h"
 #include "flint/train.h"
+#include "gpu/parallel/train.h"
 
 #define assert_ok(call)                                                                      \
   do {                                                                                       \
@@ -199,6 +200,60 @@ static void test_training_run(void **state) {
   fl_context_close(ctx);
 }
 
+/* The transformer on two pipeline stages: its configuration names the schedule and the
+ * measured last step's forwards and backwards come as TrainPipeline, a row per stage. */
+static void test_pipeline_timeline(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  gpu_train_options o = GPU_TRAIN_OPTIONS_INIT;
+  o.model = NN_TRANSFORMER;
+  o.ranks = 1;
+  o.tp = 1;
+  o.pp = 2;
+  o.schedule = PP_1F1B;
+  o.microbatches = 4;
+  o.hidden = 32;
+  o.heads = 4;
+  o.blocks = 2;
+  o.dropout = 0;
+  o.batch = 32;
+  o.epochs = 1;
+  o.lr = 0.5;
+  o.shuffle = false;
+  o.max_train_images = 2 * 32;
+  o.max_test_images = 32;
+  o.csv_path = o.svg_path = NULL;
+  gpu_train_result r;
+  assert_ok(gpu_train_run_in(ctx, &o, &r));
+  json_t *run = ended_run(ctx, first_run(ctx));
+  json_t *cfg = json_object_get(run, "config");
+  assert_string_equal(json_string_value(json_object_get(cfg, "schedule")), "1f1b");
+  assert_int_equal(json_integer_value(json_object_get(cfg, "pp")), 2);
+  assert_int_equal(json_integer_value(json_object_get(cfg, "microBatches")), 4);
+  json_t *stages = json_object_get(run, "pipeline");
+  assert_int_equal(json_array_size(stages), 2);
+  size_t i, k;
+  json_t *stage, *op;
+  json_array_foreach(stages, i, stage) {
+    int forwards = 0, backwards = 0;
+    json_array_foreach(stage, k, op) {
+      const char *kind = json_string_value(json_object_get(op, "Op"));
+      assert_non_null(kind);
+      forwards += strcmp(kind, "F") == 0;
+      backwards += strcmp(kind, "B") == 0;
+      json_int_t mb = json_integer_value(json_object_get(op, "MicroBatch"));
+      assert_true(mb >= 0 && mb < 4);
+      assert_true(json_number_value(json_object_get(op, "Start")) <=
+                  json_number_value(json_object_get(op, "End")));
+    }
+    assert_int_equal(forwards, 4);
+    assert_int_equal(backwards, 4);
+  }
+  json_decref(run);
+  fl_context_close(ctx);
+}
+
 static void test_ps_table(void **state) {
   (void)state;
   fl_context *ctx;
@@ -326,6 +381,7 @@ int main(void) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_training_run),
+      cmocka_unit_test(test_pipeline_timeline),
       cmocka_unit_test(test_ps_table),
       cmocka_unit_test(test_cluster_ps_clocks),
       cmocka_unit_test(test_post_event_refused),
