@@ -117,6 +117,7 @@ static void post_start(train_events *ev, const gpu_train_options *o) {
   case GPU_TRAIN_SYNC_SSP: snprintf(sync, sizeof sync, "ssp:%u", o->staleness); break;
   default: snprintf(sync, sizeof sync, "bsp"); break;
   }
+  snprintf(lr, sizeof lr, "%.15g", o->lr); /* as given: 0.4, not 0.40000000000000002 */
   bool hybrid = o->model == NN_TRANSFORMER;
   uint32_t tp = hybrid ? o->tp : 1, pp = hybrid ? o->pp : 1;
   char line[2048];
@@ -128,7 +129,7 @@ static void post_start(train_events *ev, const gpu_train_options *o) {
            o->device == FL_DEVICE_CUDA ? "cuda" : "cpu", o->ranks * tp * pp, o->ranks, tp, pp, hybrid ? "\"" : "",
            hybrid ? pp_schedule_name(o->schedule) : "null", hybrid ? "\"" : "",
            hybrid ? o->microbatches : (o->accumulate > 1 ? o->accumulate : 1), sync, algo_json, o->batch,
-           json_num(lr, sizeof lr, o->lr), o->epochs);
+           isfinite(o->lr) ? lr : "null", o->epochs);
   post(ev, line);
 }
 
