@@ -46,7 +46,7 @@ static fl_status spec_of(const fl_ps_options *o, ps_table_spec *out) {
 static void post_local_table(ui *u, const ps_map *m, uint32_t backups) {
   if (!u) return;
   fl_buf b = FL_BUF_INIT;
-  char item[160];
+  char item[256];
   int len = m->spec.sparse
                 ? snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":0,\"Table\":%u,\"Name\":\"sparse, %u floats "
                            "a key\",\"Shards\":[", m->table, m->spec.width)
@@ -88,9 +88,9 @@ static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_t
       snprintf(pl->backups[b], PS_ADDRESS_MAX, "127.0.0.1:%d",
                ps_server_port(p->servers[(s + 1 + b) % CLIENT_PS_LOCAL_SERVERS]));
   }
-  fl_status st2 = ps_table_create(&t->map, NULL, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS));
-  if (st2 == FL_OK) post_local_table(client_local_context_ui(t->ctx), &t->map, backups);
-  return st2;
+  st = ps_table_create(&t->map, NULL, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS));
+  if (st == FL_OK) post_local_table(client_local_context_ui(t->ctx), &t->map, backups);
+  return st;
 }
 
 static fl_status create_remote(fl_ps_table *t, const fl_ps_options *o, const ps_table_spec *spec) {
