@@ -72,7 +72,8 @@ static const char *model_name(const gpu_train_options *o) {
 
 /* What the ranks' gradient (or weight) allreduces run: the algorithms the reports name
  * (`algos`, train_allreduce_bit's bits) when they named some, else what the options make of
- * them before any ran (the forced algorithm, "auto", "nccl"). */
+ * them (the forced algorithm, "auto", "nccl"): before any ran, and always for the
+ * transformer, whose ranks do not report them. */
 static void allreduce_text(const gpu_train_options *o, uint32_t algos, char *out, size_t cap) {
   out[0] = 0;
   if (GPU_TRAIN_SYNC_IS_PS(o->sync)) {
@@ -88,9 +89,7 @@ static void allreduce_text(const gpu_train_options *o, uint32_t algos, char *out
     return;
   }
   if (!algos) {
-    snprintf(out, cap, "%s", train_uses_nccl(o->device) && o->model != NN_TRANSFORMER
-                                 ? "nccl"
-                                 : fl_allreduce_algo_name(o->allreduce));
+    snprintf(out, cap, "%s", train_uses_nccl(o->device) ? "nccl" : fl_allreduce_algo_name(o->allreduce));
     return;
   }
   /* AUTO picks by size, so buckets of different sizes may run different algorithms. */
