@@ -166,6 +166,12 @@ static void block_changed(void *arg, rdd_block_key key, fl_storage_level level, 
   driver_ui_block(((context_impl *)arg)->ui, 0, 0, key.rdd_id, key.partition, level, memory, disk, NULL, 0);
 }
 
+/* The UI's live figures: the tables' clocks (the UI stops before the servers do). */
+static char *local_ui_live(void *arg, const char *what, uint64_t app) {
+  (void)app;
+  return strcmp(what, "ps") == 0 ? client_ps_local_live_json(&((context_impl *)arg)->ps) : NULL;
+}
+
 /* The web UI and the event log, when asked for (docs/ui.md): one application (number 0)
  * whose tasks run on the "driver" executor, this process. */
 static fl_status start_ui(context_impl *c, const char *master, const fl_options *options, uint32_t threads,
@@ -177,7 +183,9 @@ static fl_status start_ui(context_impl *c, const char *master, const fl_options 
                   .port = serve ? (int)config_count(CONFIG_UI_PORT) : -1,
                   .port_retries = !config_given(CONFIG_UI_PORT),
                   .log_dir = log_dir,
-                  .title = "local"};
+                  .title = "local",
+                  .live = local_ui_live,
+                  .live_arg = c};
   fl_status st = ui_create(&uc, &c->ui);
   if (st != FL_OK) return st;
   scheduler_set_listener(c->sched, ui_scheduler_note, c->ui);

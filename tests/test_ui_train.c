@@ -265,6 +265,13 @@ static void test_ps_table(void **state) {
   po.workers = 2;
   fl_ps_table *t;
   assert_ok(fl_ps_table_create(ctx, &po, &t));
+  fl_ps_worker *w;
+  assert_ok(fl_ps_worker_open(fl_ps_table_handle(t), 0, &w));
+  for (int i = 0; i < 3; i++) {
+    uint64_t ticket;
+    assert_ok(fl_ps_clock(w, &ticket));
+    assert_ok(fl_ps_wait(w, ticket, NULL));
+  }
   json_t *table = NULL;
   for (int i = 0; i < 400 && !table; i++) {
     json_t *all = get_json(ctx, "/api/v1/applications/current/ps");
@@ -282,9 +289,21 @@ static void test_ps_table(void **state) {
     assert_int_equal(json_integer_value(json_object_get(s, "shard")), k);
     assert_int_equal(json_integer_value(json_object_get(s, "primary")), 0); /* the local executor */
     assert_int_equal(json_array_size(json_object_get(s, "backups")), 1);
+    /* the live clocks, from the primaries: worker 0 ended 3 iterations, worker 1 none */
+    json_t *clocks = json_object_get(s, "clocks");
+    assert_int_equal(json_object_size(clocks), 2);
+    assert_int_equal(json_integer_value(json_object_get(clocks, "0")), 3);
+    assert_int_equal(json_integer_value(json_object_get(clocks, "1")), 0);
   }
   json_decref(table);
+  fl_ps_worker_close(w);
   fl_ps_table_destroy(t);
+  /* A dropped table is asked no more: its clocks are gone, its shards stay as posted. */
+  json_t *all = get_json(ctx, "/api/v1/applications/current/ps");
+  assert_int_equal(json_array_size(all), 1);
+  json_array_foreach(json_object_get(json_array_get(all, 0), "shards"), k, s)
+      assert_null(json_object_get(s, "clocks"));
+  json_decref(all);
   fl_context_close(ctx);
 }
 
