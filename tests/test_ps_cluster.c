@@ -5,13 +5,21 @@
  * SIGKILL mid-run (with a chain of three replicas, then the new primary's too). Every
  * acknowledged push must survive (checked bit for bit against one local shard doing the
  * same arithmetic), training must go on without a call failing, and the driver must promote
- * the backup and back the shard up again on another executor.
+ * the backup and back the shard up again on another executor; its web UI (/ps) then shows the
+ * shard's new replicas and the clocks of the new primary, and its event log has the table's
+ * PsTable again with them.
  */
 #include "proc_harness.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
 
 #include "flint/cluster.h"
 #include "flint/ps.h"
@@ -58,6 +66,84 @@ static void expect_table_equals(fl_ps_worker *w, ps_shard *ref) {
   assert_memory_equal(got, want, sizeof got);
 }
 
+static size_t on_body(char *data, size_t size, size_t n, void *user) {
+  return fl_buf_append(user, data, size * n) == FL_OK ? size * n : 0;
+}
+
+/* Shard `shard` of the application's only table in the driver's web UI (/ps), or NULL while
+ * the UI has none. */
+static json_t *ui_shard(fl_context *ctx, uint32_t shard) {
+  const char *base = fl_context_ui_url(ctx);
+  assert_non_null(base);
+  char url[512];
+  snprintf(url, sizeof url, "%s/api/v1/applications/current/ps", base);
+  CURL *curl = curl_easy_init();
+  assert_non_null(curl);
+  fl_buf body = FL_BUF_INIT;
+  curl_easy_setopt(curl, CURLOPT_URL, url);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
+  CURLcode rc = curl_easy_perform(curl);
+  curl_easy_cleanup(curl);
+  json_t *all = rc == CURLE_OK ? json_loadb((const char *)body.data, body.len, 0, NULL) : NULL;
+  fl_buf_free(&body);
+  json_t *s = json_array_size(all) == 1
+                  ? json_array_get(json_object_get(json_array_get(all, 0), "shards"), shard)
+                  : NULL;
+  json_incref(s);
+  json_decref(all);
+  return s;
+}
+
+/* Waits (20 s at most) until the UI shows shard `shard` with `replicas` replicas, none of them
+ * executor `not` (0: any); returns it. */
+static json_t *ui_shard_wait(fl_context *ctx, uint32_t shard, size_t replicas, json_int_t not) {
+  for (int i = 0; i < 400; i++) {
+    json_t *s = ui_shard(ctx, shard);
+    json_t *backups = json_object_get(s, "backups");
+    bool ok = s && json_array_size(backups) + 1 == replicas &&
+              json_integer_value(json_object_get(s, "primary")) != not;
+    for (size_t b = 0; ok && b < json_array_size(backups); b++)
+      ok = json_integer_value(json_array_get(backups, b)) != not;
+    if (ok) return s;
+    json_decref(s);
+    nanosleep(&(struct timespec){0, 50 * 1000000}, NULL);
+  }
+  fail_msg("the web UI did not show shard %u with %zu replicas, none executor %lld, within 20 s", shard, replicas,
+           (long long)not);
+  return NULL;
+}
+
+/* The PsTable events in the event logs of `dir`: how many, and the last one's shard 0
+ * replicas (primary first) into replicas[0 .. *n). */
+static int ps_table_events(const char *dir, json_int_t *replicas, size_t *n) {
+  int count = 0;
+  *n = 0;
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (!strstr(e->d_name, ".jsonl")) continue;
+    char path[PATH_MAX + 300];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    char *text = slurp(path);
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+      json_t *ev = json_loads(line, 0, NULL);
+      const char *kind = json_string_value(json_object_get(ev, "Event"));
+      if (kind && strcmp(kind, "PsTable") == 0) {
+        count++;
+        json_t *r = json_object_get(json_array_get(json_object_get(ev, "Shards"), 0), "Replicas");
+        *n = json_array_size(r) < 4 ? json_array_size(r) : 4;
+        for (size_t i = 0; i < *n; i++) replicas[i] = json_integer_value(json_array_get(r, i));
+      }
+      json_decref(ev);
+    }
+    free(text);
+  }
+  closedir(d);
+  return count;
+}
+
 /* Kills the executor whose server is `address`, as a crash would (SIGKILL). */
 static proc *kill_serving(proc **execs, int n, const char *address) {
   proc *victim = executor_serving(execs, n, address);
@@ -72,7 +158,11 @@ static proc *kill_serving(proc **execs, int n, const char *address) {
  * shard 0's primary is killed mid-run, and with two backups, once the driver has backed the
  * shard up again, the executor of its new primary too. */
 static void run_losses(int executors, uint32_t backups, fl_ps_replication mode) {
-  start_driver(NULL);
+  char log_dir[PATH_MAX + 16], log_env[PATH_MAX + 48];
+  snprintf(log_dir, sizeof log_dir, "%s/events", fx.dir);
+  assert_int_equal(mkdir(log_dir, 0700), 0);
+  snprintf(log_env, sizeof log_env, "FLINT_EVENT_LOG_DIR=%s", log_dir);
+  start_driver((const char *const[]){log_env, "FLINT_UI_PORT=0", NULL});
   proc *execs[4];
   for (int i = 0; i < executors; i++) {
     char name[16];
@@ -106,6 +196,9 @@ static void run_losses(int executors, uint32_t backups, fl_ps_replication mode) 
   fl_ps_worker *w;
   assert_int_equal(fl_ps_worker_open(fl_ps_table_handle(t), 0, &w), FL_OK);
   for (int round = 0; round < 10; round++) push_round(w, ref, round);
+  json_t *shown = ui_shard_wait(ctx, 0, 1 + backups, 0);
+  json_int_t lost = json_integer_value(json_object_get(shown, "primary"));
+  json_decref(shown);
 
   proc *heir = executor_serving(execs, executors, map.places[0].backups[0]);
   assert_non_null(heir);
@@ -122,6 +215,22 @@ static void run_losses(int executors, uint32_t backups, fl_ps_replication mode) 
            again);
   for (int round = 20; round < 25; round++) push_round(w, ref, round);
   expect_table_equals(w, ref);
+  /* The UI shows the replicas the recovery made, and the new primary's clock of worker 0. */
+  shown = ui_shard_wait(ctx, 0, 1 + backups, lost);
+  json_t *clock0 = json_object_get(json_object_get(shown, "clocks"), "0");
+  assert_non_null(clock0);
+  assert_int_equal(json_integer_value(clock0), 0);
+  json_decref(shown);
+  /* The recovery posted the table again: its last PsTable has shard 0 without the lost one. */
+  json_int_t replicas[4];
+  size_t nr = 0;
+  bool reposted = false;
+  for (int i = 0; i < 400 && !reposted; i++) {
+    reposted = ps_table_events(log_dir, replicas, &nr) >= 2 && nr == 1 + backups;
+    for (size_t r = 0; reposted && r < nr; r++) reposted = replicas[r] != lost;
+    if (!reposted) nanosleep(&(struct timespec){0, 50 * 1000000}, NULL);
+  }
+  assert_true(reposted);
   if (backups >= 2) { /* a second loss: the promoted primary's executor */
     kill_serving(execs, executors, map.places[0].backups[0]);
     for (int round = 25; round < 35; round++) push_round(w, ref, round);
@@ -171,10 +280,13 @@ static void test_replication_needs_two_executors(void **state) {
 
 int main(void) {
   find_binaries((const char *const[]){NULL});
+  curl_global_init(CURL_GLOBAL_DEFAULT);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_executor_killed_no_update_lost, setup, teardown),
       cmocka_unit_test_setup_teardown(test_chain_survives_two_losses, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replication_needs_two_executors, setup, teardown),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  curl_global_cleanup();
+  return rc;
 }
