@@ -1691,7 +1691,7 @@ static void training_run(page *p, json_t *run) {
     test[i] = jnum(s, "testAccuracy");
     ips[i] = jnum(s, "imagesPerSecond");
     sent[i] = jnum(s, "bytesSent");
-    if (ok(sent[i]) && sent[i] > 0) bytes += sent[i];
+    if (ok(sent[i]) && sent[i] > bytes) bytes = sent[i]; /* a rank's bytes so far (docs/ui.md) */
   }
   json_t *last = json_array_get(steps, n ? n - 1 : 0);
   pages_printf(o, "<dl class=\"sum\"><dt>Steps</dt><dd>%zu</dd>", n);
