@@ -259,10 +259,20 @@ cleanup:
 
 int http_server_port(const http_server *s) { return s ? s->port : -1; }
 
+/* Runs on the loop's thread. */
+static void on_stop(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  event_base_loopbreak(arg);
+}
+
 void http_server_stop(http_server *s) {
   if (!s) return;
   if (s->started) {
-    event_base_loopbreak(s->base);
+    /* An event, not event_base_loopbreak from here: the loop clears its break flag as it
+     * starts, so a stop that came before the thread (at the lowest priority) reached the loop
+     * was lost and the join waited for ever. A queued event runs whenever the loop does. */
+    if (event_base_once(s->base, -1, EV_TIMEOUT, on_stop, s->base, &(struct timeval){0, 0}) != 0)
+      event_base_loopbreak(s->base); /* out of memory: the old way */
     FL_PCHECK(pthread_join(s->thread, NULL));
   }
   if (s->http) evhttp_free(s->http);

@@ -150,6 +150,20 @@ static void test_program_events_are_checked(void **state) {
   ui_destroy(u);
 }
 
+/* A UI whose HTTP server stops as soon as it started (a short program with --ui): every
+ * stop returns, also when it comes before the server's thread (at the lowest priority) has
+ * entered its loop. Before the fix the stop could be lost there and the join hang. */
+static void test_server_stopped_at_once(void **state) {
+  (void)state;
+  for (int i = 0; i < 200; i++) {
+    ui_config cfg = {.port = 0, .title = "test", .app_prefix = "test"};
+    ui *u = NULL;
+    must_ok(ui_create(&cfg, &u));
+    assert_true(ui_port(u) > 0);
+    ui_destroy(u);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_malformed_events_are_dropped, test_bound_arm),
@@ -157,6 +171,7 @@ int main(void) {
       cmocka_unit_test_setup(test_replay_skips_damaged_lines, test_bound_arm),
       cmocka_unit_test_setup(test_log_round_trip, test_bound_arm),
       cmocka_unit_test_setup(test_program_events_are_checked, test_bound_arm),
+      cmocka_unit_test_setup(test_server_stopped_at_once, test_bound_arm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
