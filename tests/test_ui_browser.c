@@ -3,7 +3,8 @@
  * shuffles (examples/pagerank) and a training run (flint train, cpu); Debian's chromium,
  * headless, loads each page, dumps its DOM and takes a screenshot. The DOM must show the
  * job's stages and the training run's curves (SVG polylines with one point per step).
- * Skipped without chromium (scripts/setup installs it); labelled `browser`.
+ * Skipped without chromium (scripts/setup installs it); labelled `browser`. FLINT_TEST_KEEP=1
+ * keeps the screenshots and prints where.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -219,7 +220,9 @@ static void test_pages_in_chromium(void **state) {
   }
   num_children = 0;
   unsetenv("FLINT_UI_PORT");
-  test_rmtree(dir);
+  /* FLINT_TEST_KEEP=1 keeps the pages' DOMs and screenshots to look at */
+  if (getenv("FLINT_TEST_KEEP")) printf("screenshots kept in %s\n", dir);
+  else test_rmtree(dir);
 }
 
 int main(void) {
