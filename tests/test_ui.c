@@ -93,6 +93,8 @@ static json_t *wait_job(const char *base, json_int_t job, const char *status) {
 /* ---- the jobs ----------------------------------------------------------------------------- */
 /* A shuffle job (range -> key by residue -> reduce by key, 4 map and 3 reduce partitions)
  * and a count of a cached dataset twice: jobs 1, 2 and 3. */
+static fl_dataset *cached_ds; /* run_jobs' cached dataset, left to its caller */
+
 static void run_jobs(fl_context *ctx) {
   fl_dataset *nums, *keyed, *sums, *cached;
   must_ok(fl_range(ctx, 0, 1000, 1, 4, &nums));
@@ -108,7 +110,7 @@ static void run_jobs(fl_context *ctx) {
   must_ok(fl_count(cached, &n));
   must_ok(fl_count(cached, &n));
   assert_int_equal(n, 100);
-  fl_dataset_free(cached);
+  cached_ds = cached;
   fl_dataset_free(sums);
   fl_dataset_free(keyed);
   fl_dataset_free(nums);
@@ -267,6 +269,19 @@ typedef struct history {
   char base[64];
 } history;
 
+/* History servers a failed test left running (their stderr is ctest's pipe). */
+static pid_t running_history;
+
+static int stop_leftovers(void **state) {
+  (void)state;
+  if (running_history > 0) {
+    kill(running_history, SIGKILL);
+    waitpid(running_history, NULL, 0);
+    running_history = 0;
+  }
+  return 0;
+}
+
 static history history_start(const char *dir, const char *secret) {
   char port_file[PATH_MAX + 16], bin[PATH_MAX];
   snprintf(port_file, sizeof port_file, "%s.port", dir);
@@ -282,6 +297,7 @@ static history history_start(const char *dir, const char *secret) {
     execl(bin, "flint", "history", "--dir", dir, "--listen", "127.0.0.1:0", "--port-file", port_file, (char *)NULL);
     _exit(127);
   }
+  running_history = h.pid;
   for (int i = 0; i < 3000; i++) {
     FILE *f = fopen(port_file, "r");
     int port = 0;
@@ -302,6 +318,7 @@ static void history_stop(history *h) {
   kill(h->pid, SIGTERM);
   int st;
   waitpid(h->pid, &st, 0);
+  running_history = 0;
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
@@ -348,6 +365,20 @@ static void test_cluster_ui_and_history(void **state) {
   char app[96];
   snprintf(app, sizeof app, "%s", str_of(json_array_get(apps, 0), "id"));
   json_decref(apps);
+  /* The log goes on to the application's end, when its blocks go: compare the live UI once
+   * they went (unpersisted; the executors report it with their next heartbeats). */
+  must_ok(fl_unpersist(cached_ds));
+  fl_dataset_free(cached_ds);
+  for (int i = 0; i < 3000; i++) {
+    json_t *execs = get_json(base, "/api/v1/applications/current/executors");
+    json_int_t blocks = 0;
+    size_t k;
+    json_t *x;
+    json_array_foreach(execs, k, x) blocks += int_of(x, "rddBlocks");
+    json_decref(execs);
+    if (blocks == 0) break;
+    usleep(10000);
+  }
   json_t *live = snapshot(base, app);
   fl_context_close(ctx);
   unsetenv("FLINT_EVENT_LOG_DIR");
@@ -357,8 +388,14 @@ static void test_cluster_ui_and_history(void **state) {
   history h = history_start(dir, NULL);
   json_t *replayed = snapshot(h.base, app);
   if (!json_equal(live, replayed)) {
-    char *a = json_dumps(live, JSON_COMPACT), *b = json_dumps(replayed, JSON_COMPACT);
-    fail_msg("the history server differs from the live UI:\nlive:     %.3000s\nreplayed: %.3000s", a, b);
+    char *a = json_dumps(live, JSON_INDENT(1)), *b = json_dumps(replayed, JSON_INDENT(1));
+    char pa[PATH_MAX + 32], pb[PATH_MAX + 32];
+    snprintf(pa, sizeof pa, "%s/live.json", dir);
+    snprintf(pb, sizeof pb, "%s/replayed.json", dir);
+    test_write_file(pa, a, strlen(a));
+    test_write_file(pb, b, strlen(b));
+    history_stop(&h);
+    fail_msg("the history server differs from the live UI: diff %s %s", pa, pb);
   }
   check_pages(h.base, 1, 1);
   json_t *happs = get_json(h.base, "/api/v1/applications");
@@ -525,9 +562,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_local_ui_off_by_default, test_bound_arm),
       cmocka_unit_test_setup(test_local_ui_while_and_after, test_bound_arm),
-      cmocka_unit_test_setup(test_cluster_ui_and_history, test_bound_arm),
-      cmocka_unit_test_setup(test_secret, test_bound_arm),
-      cmocka_unit_test_setup(test_https, test_bound_arm),
+      cmocka_unit_test_setup_teardown(test_cluster_ui_and_history, test_bound_arm, stop_leftovers),
+      cmocka_unit_test_setup_teardown(test_secret, test_bound_arm, stop_leftovers),
+      cmocka_unit_test_setup_teardown(test_https, test_bound_arm, stop_leftovers),
       cmocka_unit_test_setup(test_ui_flag_and_option, test_bound_arm),
       cmocka_unit_test_setup(test_history_bad_dir, test_bound_arm),
   };
