@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/queue.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -205,7 +206,8 @@ static void *loop_main(void *arg) {
   http_server *s = arg;
   pthread_setname_np(pthread_self(), "fl-http");
   /* the lowest priority: a page never takes a core from the scheduler or the tasks */
-  setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+  struct sched_param none = {0};
+  if (sched_setscheduler(0, SCHED_IDLE, &none) != 0) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
   event_base_dispatch(s->base);
   return NULL;
 }

@@ -564,7 +564,7 @@ static void test_unknown_page_app_job_stage_are_404(void **state) {
 
 /* ---- over the real store and API ----------------------------------------------------------- */
 
-static json_t *store_api(void *arg, const char *path, int *status) { return api_answer(arg, NULL, NULL, path, status); }
+static json_t *store_api(void *arg, const char *path, int *status) { return api_answer(arg, NULL, NULL, path, status, NULL); }
 
 static void test_pages_over_the_store_and_api(void **state) {
   (void)state;

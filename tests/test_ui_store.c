@@ -128,6 +128,59 @@ static void test_log_round_trip(void **state) {
   test_rmtree(dir);
 }
 
+/* Tasks' notes go straight into the store when no log is kept, and through their events when
+ * one is: both ways give the same answers. */
+static void feed_notes(ui *u) {
+  ui_post_application(u, 1, "notes", "local[2]");
+  ui_post(u, "{\"Event\":\"JobStart\",\"App\":1,\"Job\":1,\"Name\":\"count\",\"Stages\":[{\"Stage\":4,\"Tasks\":3}]}");
+  for (uint32_t i = 0; i < 3; i++) {
+    sched_note n = {.kind = SCHED_TASK_STARTED, .job = 1, .group = 1, .stage = 4, .index = i, .attempt = 1,
+                    .task_id = 10 + i, .executor = 1 + i % 2, .locality = SCHED_NODE_LOCAL, .speculative = i == 2};
+    ui_scheduler_note(u, &n);
+    n.kind = SCHED_TASK_ENDED;
+    n.duration_ns = 1500000 * (i + 1);
+    n.run_ns = 1000000;
+    n.input_bytes = 100 * i;
+    n.shuffle_write_bytes = 7;
+    n.status = i == 1 ? FL_EIO : i == 2 ? FL_ECANCELLED : FL_OK;
+    n.error = i == 1 ? "disk gone" : NULL;
+    ui_scheduler_note(u, &n);
+  }
+  ui_sync(u);
+}
+
+static void test_note_paths_agree(void **state) {
+  (void)state;
+  char dir[PATH_MAX];
+  test_tmpdir(dir, sizeof dir);
+  ui *direct = make_ui(NULL), *logged = make_ui(dir);
+  feed_notes(direct);
+  feed_notes(logged);
+  static const char *const paths[] = {"/api/v1/applications/current/jobs", "/api/v1/applications/current/stages/4",
+                                      "/api/v1/applications/current/executors"};
+  for (int i = 0; i < 3; i++) {
+    json_t *a = api(direct, paths[i]), *b = api(logged, paths[i]);
+    if (!json_equal(a, b)) {
+      char *ta = json_dumps(a, 0), *tb = json_dumps(b, 0);
+      fail_msg("%s differs:\n%s\n%s", paths[i], ta, tb);
+    }
+    json_decref(a);
+    json_decref(b);
+  }
+  json_t *st = api(direct, "/api/v1/applications/current/stages/4");
+  json_t *stage = json_array_get(st, 0);
+  assert_int_equal(json_integer_value(json_object_get(stage, "numCompleteTasks")), 1);
+  assert_int_equal(json_integer_value(json_object_get(stage, "numFailedTasks")), 1);
+  assert_int_equal(json_integer_value(json_object_get(stage, "numKilledTasks")), 1);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(stage, "tasks"), "11"),
+                                                        "errorMessage")),
+                      "disk gone");
+  json_decref(st);
+  ui_destroy(direct);
+  ui_destroy(logged);
+  test_rmtree(dir);
+}
+
 static void test_program_events_are_checked(void **state) {
   (void)state;
   ui *u = make_ui(NULL);
@@ -171,6 +224,7 @@ int main(void) {
       cmocka_unit_test_setup(test_replay_skips_damaged_lines, test_bound_arm),
       cmocka_unit_test_setup(test_log_round_trip, test_bound_arm),
       cmocka_unit_test_setup(test_program_events_are_checked, test_bound_arm),
+      cmocka_unit_test_setup(test_note_paths_agree, test_bound_arm),
       cmocka_unit_test_setup(test_server_stopped_at_once, test_bound_arm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,15 +33,15 @@ static json_t *public_copy(const json_t *v) {
   return json_deep_copy(v);
 }
 
-/* The values of an object as an array, newest (last inserted) first; `drop`: a field left out. */
-static json_t *values_newest_first(const json_t *obj, const char *drop) {
+/* The values of an object as an array, newest (last inserted) first: copies, or (borrow) the
+ * store's own values, for an answer written out before the store is unlocked. */
+static json_t *values_newest_first(const json_t *obj, bool borrow) {
   json_t *out = json_array();
   const char *k;
   json_t *x;
   json_object_foreach((json_t *)obj, k, x) {
-    json_t *c = public_copy(x);
-    if (drop) json_object_del(c, drop);
-    json_array_insert_new(out, 0, c);
+    if (borrow) json_array_insert(out, 0, x);
+    else json_array_insert_new(out, 0, public_copy(x));
   }
   return out;
 }
@@ -145,12 +145,13 @@ typedef struct live_want {
   uint64_t app;
 } live_want;
 
-static json_t *app_answer(const json_t *app, char **seg, int n, live_want *want, int *status) {
+/* borrow: the lists of jobs and stages may hold the store's own values (see api_answer). */
+static json_t *app_answer(const json_t *app, char **seg, int n, bool borrow, live_want *want, int *status) {
   const char *what = seg[0];
   char *end;
   if (strcmp(what, "jobs") == 0) {
     const json_t *jobs = json_object_get(app, "jobs");
-    if (n == 1) return values_newest_first(jobs, NULL);
+    if (n == 1) return values_newest_first(jobs, borrow);
     if (n != 2) return not_found(status);
     strtoull(seg[1], &end, 10);
     const json_t *job = *end ? NULL : json_object_get(jobs, seg[1]);
@@ -158,18 +159,23 @@ static json_t *app_answer(const json_t *app, char **seg, int n, live_want *want,
   }
   if (strcmp(what, "stages") == 0) {
     const json_t *stages = json_object_get(app, "stages");
-    if (n == 1) return values_newest_first(stages, "tasks");
+    if (n == 1) return values_newest_first(stages, borrow);
     strtoull(seg[1], &end, 10);
     const json_t *st = *end ? NULL : json_object_get(stages, seg[1]);
     if (!st) return not_found(status);
-    if (n == 2) return json_pack("[o]", public_copy(st));
+    const json_t *tasks = json_object_get(json_object_get(app, "_tasks"), seg[1]);
+    if (n == 2) {
+      json_t *one = public_copy(st);
+      json_object_set_new(one, "tasks", tasks ? public_copy(tasks) : json_object());
+      return json_pack("[o]", one);
+    }
     if (n == 4 && strcmp(seg[3], "taskList") == 0) {
       json_int_t attempt = strtoll(seg[2], &end, 10);
       if (*end) return not_found(status);
       json_t *out = json_array();
       const char *k;
       json_t *t;
-      json_object_foreach(json_object_get(st, "tasks"), k, t) {
+      json_object_foreach((json_t *)tasks, k, t) {
         if (json_integer_value(json_object_get(t, "stageAttemptId")) == attempt)
           json_array_append_new(out, public_copy(t));
       }
@@ -221,7 +227,7 @@ static json_t *app_answer(const json_t *app, char **seg, int n, live_want *want,
 }
 
 json_t *api_answer(ui_store *s, char *(*live)(void *, const char *, uint64_t), void *live_arg, const char *path,
-                   int *status) {
+                   int *status, fl_buf *text) {
   *status = 200;
   char copy[512];
   if (strlen(path) >= sizeof copy) return not_found(status);
@@ -250,13 +256,32 @@ json_t *api_answer(ui_store *s, char *(*live)(void *, const char *, uint64_t), v
     }
     if (!app) out = not_found(status);
     else if (n == 2) out = application_summary(app);
-    else out = app_answer(app, seg + 2, n - 2, &want, status);
+    else out = app_answer(app, seg + 2, n - 2, text != NULL, &want, status);
+  }
+  /* Written out now, under the lock, the answer may hold the store's values uncopied: a
+   * dashboard polling a thousand jobs costs the UI a pass over them, not a copy of them. */
+  if (text && out && !want.what) {
+    size_t len = json_dumpb(out, NULL, 0, JSON_COMPACT);
+    if (len == 0 || fl_buf_reserve(text, len + 1) != FL_OK || json_dumpb(out, (char *)text->data + text->len, len,
+                                                                         JSON_COMPACT) != len)
+      *status = 500;
+    else text->len += len;
+    json_decref(out);
+    store_unlock(s);
+    return NULL;
   }
   store_unlock(s);
   if (out && want.what && live) {
-    char *text = live(live_arg, want.what, want.app);
-    merge_live(out, want.key, text);
-    free(text);
+    char *figures = live(live_arg, want.what, want.app);
+    merge_live(out, want.key, figures);
+    free(figures);
+  }
+  if (text && out) { /* live figures merged into copies */
+    char *dumped = json_dumps(out, JSON_COMPACT);
+    if (!dumped || fl_buf_append(text, dumped, strlen(dumped)) != FL_OK) *status = 500;
+    free(dumped);
+    json_decref(out);
+    return NULL;
   }
   return out;
 }

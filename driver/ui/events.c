@@ -1,8 +1,8 @@
 /*
- * events.c: the scheduler's notes as event lines (docs/ui.md), and the JSON text helper the
- * driver's producers use. A note becomes text on the scheduler thread (a few hundred bytes of
- * snprintf, no JSON tree): the UI thread parses it like any posted event, so the scheduler
- * pays for no store update and no disk write.
+ * events.c: the scheduler's notes as events (docs/ui.md), and the JSON text helpers of the
+ * driver's producers. A job's start, whose stages the note only borrows, becomes a line of
+ * text on the scheduler's thread; every other note is copied as it is and becomes a JSON
+ * object on the UI thread (ui_note_event), with no text to format or parse in between.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,11 +44,11 @@ uint64_t ui_wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static const char *locality_name(uint8_t l) {
+const char *ui_locality_name(uint8_t l) {
   return l == SCHED_PROCESS_LOCAL ? "PROCESS_LOCAL" : l == SCHED_NODE_LOCAL ? "NODE_LOCAL" : "ANY";
 }
 
-static const char *task_status(fl_status st) {
+const char *ui_task_status(fl_status st) {
   return st == FL_OK ? "SUCCESS" : st == FL_ECANCELLED ? "KILLED" : "FAILED";
 }
 
@@ -65,11 +65,6 @@ static bool append(fl_buf *b, const char *fmt, ...) {
   va_end(ap);
   b->len += (size_t)n;
   return true;
-}
-
-static bool append_error(fl_buf *b, fl_status status, const char *error) {
-  if (status == FL_OK) return true;
-  return append(b, ",\"Error\":") && ui_json_string(b, error && *error ? error : fl_strerror(status)) == FL_OK;
 }
 
 static bool job_started_line(fl_buf *b, const sched_note *n) {
@@ -94,41 +89,7 @@ static bool job_started_line(fl_buf *b, const sched_note *n) {
   return ok && append(b, "]}");
 }
 
-bool ui_note_line(const sched_note *n, fl_buf *b) {
-  unsigned long long app = (unsigned long long)n->group, job = (unsigned long long)n->job;
-  unsigned long long task = (unsigned long long)n->task_id;
-  switch (n->kind) {
-  case SCHED_JOB_STARTED: return job_started_line(b, n);
-  case SCHED_JOB_ENDED:
-    return append(b, "{\"Event\":\"JobEnd\",\"App\":%llu,\"Job\":%llu,\"Result\":\"%s\"", app, job,
-                  n->status == FL_OK ? "SUCCEEDED" : "FAILED") &&
-           append_error(b, n->status, n->error) && append(b, "}");
-  case SCHED_STAGE_SUBMITTED:
-    return append(b, "{\"Event\":\"StageSubmitted\",\"App\":%llu,\"Job\":%llu,\"Stage\":%u,\"Attempt\":%u,\"Tasks\":%u}",
-                  app, job, n->stage, n->stage_attempt, n->num_tasks);
-  case SCHED_STAGE_COMPLETED:
-    return append(b, "{\"Event\":\"StageCompleted\",\"App\":%llu,\"Job\":%llu,\"Stage\":%u,\"Attempt\":%u,\"Failed\":%s",
-                  app, job, n->stage, n->stage_attempt, n->status == FL_OK ? "false" : "true") &&
-           append_error(b, n->status, n->error) && append(b, "}");
-  case SCHED_TASK_STARTED:
-    return append(b,
-                  "{\"Event\":\"TaskStart\",\"App\":%llu,\"Job\":%llu,\"Stage\":%u,\"StageAttempt\":%u,\"Task\":%llu,"
-                  "\"Index\":%u,\"Attempt\":%u,\"Executor\":%llu,\"Locality\":\"%s\",\"Speculative\":%s}",
-                  app, job, n->stage, n->stage_attempt, task, n->index, n->attempt, (unsigned long long)n->executor,
-                  locality_name(n->locality), n->speculative ? "true" : "false");
-  case SCHED_TASK_ENDED:
-    return append(b,
-                  "{\"Event\":\"TaskEnd\",\"App\":%llu,\"Job\":%llu,\"Stage\":%u,\"StageAttempt\":%u,\"Task\":%llu,"
-                  "\"Index\":%u,\"Attempt\":%u,\"Executor\":%llu,\"Status\":\"%s\",\"Duration\":%.3f,"
-                  "\"RunTime\":%.3f,\"InputBytes\":%llu,\"ShuffleReadBytes\":%llu,\"ShuffleWriteBytes\":%llu",
-                  app, job, n->stage, n->stage_attempt, task, n->index, n->attempt, (unsigned long long)n->executor,
-                  task_status(n->status), (double)n->duration_ns / 1e6, (double)n->run_ns / 1e6,
-                  (unsigned long long)n->input_bytes, (unsigned long long)n->shuffle_read_bytes,
-                  (unsigned long long)n->shuffle_write_bytes) &&
-           append_error(b, n->status, n->error) && append(b, "}");
-  }
-  return false;
-}
+bool ui_job_started_line(const sched_note *n, fl_buf *b) { return job_started_line(b, n); }
 
 void ui_post_application(ui *u, uint64_t app, const char *name, const char *master) {
   if (!u) return;
@@ -153,4 +114,65 @@ void ui_post_application(ui *u, uint64_t app, const char *name, const char *mast
   }
   if (ok && append(&b, "]}")) ui_post(u, (const char *)b.data);
   fl_buf_free(&b);
+}
+
+/* json_object_set_new for the hot path: the keys are literals, so no copy is needed. */
+static void put_int(json_t *o, const char *key, json_int_t v) { json_object_set_new_nocheck(o, key, json_integer(v)); }
+static void put_str(json_t *o, const char *key, const char *v) {
+  json_object_set_new_nocheck(o, key, json_string(v));
+}
+static void put_error(json_t *o, fl_status status, const char *error) {
+  if (status != FL_OK) put_str(o, "Error", error && *error ? error : fl_strerror(status));
+}
+
+json_t *ui_note_event(const sched_note *n) {
+  json_t *ev = json_object();
+  if (!ev) return NULL;
+  static const char *const names[] = {[SCHED_JOB_STARTED] = "JobStart", [SCHED_JOB_ENDED] = "JobEnd",         [SCHED_STAGE_SUBMITTED] = "StageSubmitted",
+                                      [SCHED_STAGE_COMPLETED] = "StageCompleted", [SCHED_TASK_STARTED] = "TaskStart",
+                                      [SCHED_TASK_ENDED] = "TaskEnd"};
+  put_str(ev, "Event", names[n->kind]);
+  put_int(ev, "App", (json_int_t)n->group);
+  put_int(ev, "Job", (json_int_t)n->job);
+  switch (n->kind) {
+  case SCHED_JOB_STARTED: /* ui_job_started_line's: its stages are borrowed */
+    break;
+  case SCHED_JOB_ENDED:
+    put_str(ev, "Result", n->status == FL_OK ? "SUCCEEDED" : "FAILED");
+    put_error(ev, n->status, n->error);
+    break;
+  case SCHED_STAGE_SUBMITTED:
+  case SCHED_STAGE_COMPLETED:
+    put_int(ev, "Stage", n->stage);
+    put_int(ev, "Attempt", n->stage_attempt);
+    if (n->kind == SCHED_STAGE_SUBMITTED) {
+      put_int(ev, "Tasks", n->num_tasks);
+    } else {
+      json_object_set_new_nocheck(ev, "Failed", json_boolean(n->status != FL_OK));
+      put_error(ev, n->status, n->error);
+    }
+    break;
+  case SCHED_TASK_STARTED:
+  case SCHED_TASK_ENDED:
+    put_int(ev, "Stage", n->stage);
+    put_int(ev, "StageAttempt", n->stage_attempt);
+    put_int(ev, "Task", (json_int_t)n->task_id);
+    put_int(ev, "Index", n->index);
+    put_int(ev, "Attempt", n->attempt);
+    put_int(ev, "Executor", (json_int_t)n->executor);
+    if (n->kind == SCHED_TASK_STARTED) {
+      put_str(ev, "Locality", ui_locality_name(n->locality));
+      json_object_set_new_nocheck(ev, "Speculative", json_boolean(n->speculative));
+    } else {
+      put_str(ev, "Status", ui_task_status(n->status));
+      json_object_set_new_nocheck(ev, "Duration", json_real((double)n->duration_ns / 1e6));
+      json_object_set_new_nocheck(ev, "RunTime", json_real((double)n->run_ns / 1e6));
+      put_int(ev, "InputBytes", (json_int_t)n->input_bytes);
+      put_int(ev, "ShuffleReadBytes", (json_int_t)n->shuffle_read_bytes);
+      put_int(ev, "ShuffleWriteBytes", (json_int_t)n->shuffle_write_bytes);
+      put_error(ev, n->status, n->error);
+    }
+    break;
+  }
+  return ev;
 }

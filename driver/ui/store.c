@@ -2,7 +2,8 @@
  * store.c: the model the events build (docs/ui.md): per application its jobs, stages and their
  * tasks, executors, cached datasets, environment, parameter-server tables and training runs.
  * The model is JSON values in the REST API's shapes, so that api.c hands out copies of them;
- * fields that start with '_' are the store's own and never leave it.
+ * fields that start with '_' are the store's own and never leave it. An application's tasks
+ * are kept by stage in its "_tasks" (stage id -> task id -> task), apart from the stages.
  *
  * Retention, as Spark's spark.ui.retainedJobs and retainedTasks: an application keeps its
  * STORE_RETAINED_JOBS newest jobs (with their stages) and a stage its STORE_RETAINED_TASKS
@@ -61,10 +62,24 @@ static const char *gets(const json_t *o, const char *key, const char *dflt) {
   const char *v = json_string_value(json_object_get(o, key));
   return v ? v : dflt;
 }
-static void seti(json_t *o, const char *key, json_int_t v) { json_object_set_new(o, key, json_integer(v)); }
+/* The setters change a value of the same type in place: a task's counters change at every
+ * event, and a new value each time would cost an allocation and a free. */
+static void seti(json_t *o, const char *key, json_int_t v) {
+  json_t *old = json_object_get(o, key);
+  if (json_is_integer(old)) json_integer_set(old, v);
+  else json_object_set_new(o, key, json_integer(v));
+}
 static void addi(json_t *o, const char *key, json_int_t d) { seti(o, key, geti(o, key) + d); }
-static void addd(json_t *o, const char *key, double d) { json_object_set_new(o, key, json_real(getd(o, key) + d)); }
-static void sets(json_t *o, const char *key, const char *v) { json_object_set_new(o, key, json_string(v ? v : "")); }
+static void addd(json_t *o, const char *key, double d) {
+  json_t *old = json_object_get(o, key);
+  if (json_is_real(old)) json_real_set(old, json_real_value(old) + d);
+  else json_object_set_new(o, key, json_real(getd(o, key) + d));
+}
+static void sets(json_t *o, const char *key, const char *v) {
+  json_t *old = json_object_get(o, key);
+  if (json_is_string(old)) json_string_set(old, v ? v : "");
+  else json_object_set_new(o, key, json_string(v ? v : ""));
+}
 static void setb(json_t *o, const char *key, bool v) { json_object_set_new(o, key, json_boolean(v)); }
 /* o[key] as an object, made when absent. */
 static json_t *child(json_t *o, const char *key) {
@@ -170,6 +185,7 @@ static void forget_oldest_job(json_t *app) {
     char key[32];
     key_of(key, sizeof key, json_integer_value(id));
     json_object_del(stages, key);
+    json_object_del(json_object_get(app, "_tasks"), key);
   }
   json_object_del(jobs, json_object_iter_key(it));
 }
@@ -196,14 +212,14 @@ static void job_start(json_t *app, const json_t *ev) {
     }
     json_t *parents = json_object_get(d, "Parents");
     json_t *st = json_pack("{s:I, s:I, s:s, s:s, s:[I], s:O, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, "
-                           "s:o, s:o}",
+                           "s:o}",
                            "stageId", sid, "attemptId", (json_int_t)0, "name", gets(d, "Name", "stage"), "status",
                            "PENDING", "jobIds", id, "parentIds", parents ? parents : json_null(), "numTasks",
                            geti(d, "Tasks"), "numActiveTasks", (json_int_t)0, "numCompleteTasks", (json_int_t)0,
                            "numFailedTasks", (json_int_t)0, "numKilledTasks", (json_int_t)0, "submissionTime",
                            (json_int_t)-1, "completionTime", (json_int_t)-1, "executorRunTime", 0.0, "inputBytes",
                            (json_int_t)0, "shuffleReadBytes", (json_int_t)0, "shuffleWriteBytes", (json_int_t)0,
-                           "rddInfos", rdds, "tasks", json_object());
+                           "rddInfos", rdds);
     if (st) json_object_set_new(stages, key, st);
   }
   json_t *job = json_pack("{s:I, s:s, s:I, s:I, s:o, s:s, s:I, s:I, s:I, s:I, s:I}", "jobId", id, "name",
@@ -282,20 +298,59 @@ static void forget_oldest_task(json_t *tasks) {
   else json_object_del(tasks, json_object_iter_key(json_object_iter(tasks)));
 }
 
-static void task_start(json_t *app, const json_t *ev) {
-  json_t *st = stage_of(app, ev), *job = job_of(app, ev);
-  json_int_t exec = geti(ev, "Executor");
-  json_t *x = executor_of(app, exec);
+/* A task event's fields, read from the event (a log's line) or from the scheduler's note
+ * itself (store_apply_task: the live path, with no event made). */
+typedef struct task_fields {
+  json_int_t job, stage, stage_attempt, task, index, attempt, executor, time;
+  const char *locality, *status, *error;
+  bool speculative;
+  double duration, run_ms;
+  json_int_t in, rd, wr;
+} task_fields;
+
+static task_fields fields_of_event(const json_t *ev) {
+  return (task_fields){.job = geti(ev, "Job"),
+                       .stage = geti(ev, "Stage"),
+                       .stage_attempt = geti(ev, "StageAttempt"),
+                       .task = geti(ev, "Task"),
+                       .index = geti(ev, "Index"),
+                       .attempt = geti(ev, "Attempt"),
+                       .executor = geti(ev, "Executor"),
+                       .time = geti(ev, "Time"),
+                       .locality = gets(ev, "Locality", "ANY"),
+                       .status = gets(ev, "Status", "FAILED"),
+                       .error = gets(ev, "Error", NULL),
+                       .speculative = json_is_true(json_object_get(ev, "Speculative")),
+                       .duration = getd(ev, "Duration"),
+                       .run_ms = getd(ev, "RunTime"),
+                       .in = geti(ev, "InputBytes"),
+                       .rd = geti(ev, "ShuffleReadBytes"),
+                       .wr = geti(ev, "ShuffleWriteBytes")};
+}
+
+static json_t *by_number(json_t *app, const char *what, json_int_t n) {
+  char key[32];
+  key_of(key, sizeof key, n);
+  return json_object_get(json_object_get(app, what), key);
+}
+
+static json_t *stage_tasks(json_t *app, json_int_t stage) {
+  char key[32];
+  key_of(key, sizeof key, stage);
+  return child(child(app, "_tasks"), key);
+}
+
+static void task_start(json_t *app, const task_fields *f) {
+  json_t *st = by_number(app, "stages", f->stage), *job = by_number(app, "jobs", f->job);
+  json_t *x = executor_of(app, f->executor);
   if (st) {
-    json_t *tasks = child(st, "tasks");
+    json_t *tasks = stage_tasks(app, f->stage);
     char key[32];
-    key_of(key, sizeof key, geti(ev, "Task"));
-    json_t *t = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, s:s, s:b}", "taskId", geti(ev, "Task"),
-                          "index", geti(ev, "Index"), "attempt", geti(ev, "Attempt"), "stageAttemptId",
-                          geti(ev, "StageAttempt"), "launchTime", geti(ev, "Time"), "duration", (json_int_t)-1,
-                          "executorId", gets(x, "id", ""), "host", gets(x, "hostPort", ""), "status", "RUNNING",
-                          "taskLocality", gets(ev, "Locality", "ANY"), "speculative",
-                          json_is_true(json_object_get(ev, "Speculative")));
+    key_of(key, sizeof key, f->task);
+    json_t *t = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, s:s, s:b}", "taskId", f->task, "index",
+                          f->index, "attempt", f->attempt, "stageAttemptId", f->stage_attempt, "launchTime", f->time,
+                          "duration", (json_int_t)-1, "executorId", gets(x, "id", ""), "host", gets(x, "hostPort", ""),
+                          "status", "RUNNING", "taskLocality", f->locality, "speculative", f->speculative);
     if (t) json_object_set_new(tasks, key, t);
     while (json_object_size(tasks) > STORE_RETAINED_TASKS) forget_oldest_task(tasks);
     addi(st, "numActiveTasks", 1);
@@ -304,35 +359,32 @@ static void task_start(json_t *app, const json_t *ev) {
   if (x) addi(x, "activeTasks", 1);
 }
 
-static void task_end(json_t *app, const json_t *ev) {
-  json_t *st = stage_of(app, ev), *job = job_of(app, ev);
-  json_t *x = executor_of(app, geti(ev, "Executor"));
-  const char *status = gets(ev, "Status", "FAILED");
-  bool ok = strcmp(status, "SUCCESS") == 0, killed = strcmp(status, "KILLED") == 0;
-  double run_ms = getd(ev, "RunTime"), duration = getd(ev, "Duration");
-  json_int_t in = geti(ev, "InputBytes"), rd = geti(ev, "ShuffleReadBytes"), wr = geti(ev, "ShuffleWriteBytes");
+static void task_end(json_t *app, const task_fields *f) {
+  json_t *st = by_number(app, "stages", f->stage), *job = by_number(app, "jobs", f->job);
+  json_t *x = executor_of(app, f->executor);
+  bool ok = strcmp(f->status, "SUCCESS") == 0, killed = strcmp(f->status, "KILLED") == 0;
   if (st) {
     char key[32];
-    key_of(key, sizeof key, geti(ev, "Task"));
-    json_t *t = json_object_get(child(st, "tasks"), key);
+    key_of(key, sizeof key, f->task);
+    json_t *t = json_object_get(stage_tasks(app, f->stage), key);
     if (t) {
-      sets(t, "status", status);
-      json_object_set_new(t, "duration", json_real(duration));
+      sets(t, "status", f->status);
+      json_object_set_new(t, "duration", json_real(f->duration));
       /* the executor that ran it (a node peer may run what was placed elsewhere) */
       sets(t, "executorId", gets(x, "id", ""));
       sets(t, "host", gets(x, "hostPort", ""));
-      if (json_object_get(ev, "Error")) sets(t, "errorMessage", gets(ev, "Error", ""));
+      if (f->error) sets(t, "errorMessage", f->error);
       json_object_set_new(t, "taskMetrics",
-                          json_pack("{s:f, s:{s:I}, s:{s:I}, s:{s:I}}", "executorRunTime", run_ms, "inputMetrics",
-                                    "bytesRead", in, "shuffleReadMetrics", "remoteBytesRead", rd,
-                                    "shuffleWriteMetrics", "bytesWritten", wr));
+                          json_pack("{s:f, s:{s:I}, s:{s:I}, s:{s:I}}", "executorRunTime", f->run_ms, "inputMetrics",
+                                    "bytesRead", f->in, "shuffleReadMetrics", "remoteBytesRead", f->rd,
+                                    "shuffleWriteMetrics", "bytesWritten", f->wr));
     }
     addi(st, "numActiveTasks", -1);
     addi(st, ok ? "numCompleteTasks" : killed ? "numKilledTasks" : "numFailedTasks", 1);
-    addd(st, "executorRunTime", run_ms);
-    addi(st, "inputBytes", in);
-    addi(st, "shuffleReadBytes", rd);
-    addi(st, "shuffleWriteBytes", wr);
+    addd(st, "executorRunTime", f->run_ms);
+    addi(st, "inputBytes", f->in);
+    addi(st, "shuffleReadBytes", f->rd);
+    addi(st, "shuffleWriteBytes", f->wr);
   }
   if (job) {
     addi(job, "numActiveTasks", -1);
@@ -342,8 +394,33 @@ static void task_end(json_t *app, const json_t *ev) {
     addi(x, "activeTasks", -1);
     addi(x, ok ? "completedTasks" : "failedTasks", 1);
     addi(x, "totalTasks", 1);
-    addd(x, "totalDuration", duration);
+    addd(x, "totalDuration", f->duration);
   }
+}
+
+void store_apply_task(ui_store *s, const char *app_id, const sched_note *n, uint64_t time_ms) {
+  task_fields f = {.job = (json_int_t)n->job,
+                   .stage = n->stage,
+                   .stage_attempt = n->stage_attempt,
+                   .task = (json_int_t)n->task_id,
+                   .index = n->index,
+                   .attempt = n->attempt,
+                   .executor = (json_int_t)n->executor,
+                   .time = (json_int_t)time_ms,
+                   .locality = ui_locality_name(n->locality),
+                   .status = ui_task_status(n->status),
+                   .error = n->status == FL_OK ? NULL : n->error && *n->error ? n->error : fl_strerror(n->status),
+                   .speculative = n->speculative,
+                   .duration = (double)n->duration_ns / 1e6,
+                   .run_ms = (double)n->run_ns / 1e6,
+                   .in = (json_int_t)n->input_bytes,
+                   .rd = (json_int_t)n->shuffle_read_bytes,
+                   .wr = (json_int_t)n->shuffle_write_bytes};
+  store_lock(s);
+  json_t *app = app_get(s, app_id);
+  if (app && n->kind == SCHED_TASK_STARTED) task_start(app, &f);
+  else if (app) task_end(app, &f);
+  store_unlock(s);
 }
 
 /* ---- cached datasets --------------------------------------------------------------------- */
@@ -515,9 +592,11 @@ void store_apply(ui_store *s, json_t *ev) {
   } else if (strcmp(kind, "StageCompleted") == 0) {
     stage_completed(app, ev);
   } else if (strcmp(kind, "TaskStart") == 0) {
-    task_start(app, ev);
+    task_fields f = fields_of_event(ev);
+    task_start(app, &f);
   } else if (strcmp(kind, "TaskEnd") == 0) {
-    task_end(app, ev);
+    task_fields f = fields_of_event(ev);
+    task_end(app, &f);
   } else if (strcmp(kind, "BlockUpdated") == 0) {
     block_updated(app, ev);
   } else if (strcmp(kind, "RDDUnpersisted") == 0) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -25,6 +26,10 @@
 #define UI_DRAIN_MS 10
 /* The most of a task's error message that its note keeps. */
 #define UI_NOTE_ERROR_MAX 1024
+/* Task notes waiting for the UI thread beyond which new ones are dropped (counted, and said
+ * once a drain): the UI thread runs only on a spare core, and a machine kept busy for long must
+ * not grow the queue without bound (Spark's listener bus drops events the same way). */
+#define UI_QUEUE_MAX 200000
 
 typedef struct ui_node {
   struct ui_node *next;
@@ -43,23 +48,31 @@ struct ui {
   void *live_arg;
   pthread_mutex_t lock; /* posted: head..tail, oldest first */
   ui_node *head, *tail;
+  size_t queued;    /* nodes on the list */
+  uint64_t dropped; /* task notes dropped for a full list, not yet said */
   atomic_bool stopping;
   pthread_t thread;
   bool started;
   ui_store *store;
   event_log *log;
   http_server *http;
-  /* the UI thread's: a note as an event line */
-  fl_buf note_line;
 };
 
 static void enqueue(ui *u, ui_node *n) {
   n->next = NULL;
   FL_PCHECK(pthread_mutex_lock(&u->lock));
-  if (u->tail) u->tail->next = n;
-  else u->head = n;
-  u->tail = n;
+  bool drop = n->is_note && u->queued >= UI_QUEUE_MAX &&
+              (n->note.kind == SCHED_TASK_STARTED || n->note.kind == SCHED_TASK_ENDED);
+  if (drop) {
+    u->dropped++;
+  } else {
+    if (u->tail) u->tail->next = n;
+    else u->head = n;
+    u->tail = n;
+    u->queued++;
+  }
   FL_PCHECK(pthread_mutex_unlock(&u->lock));
+  if (drop) common_free(n);
 }
 
 const char *ui_app_id(const ui *u, uint64_t app, char *buf, size_t cap) {
@@ -102,7 +115,7 @@ void ui_scheduler_note(void *arg, const sched_note *note) {
   ui *u = arg;
   if (note->kind == SCHED_JOB_STARTED) { /* rare, and its stages are borrowed: formatted now */
     fl_buf line = FL_BUF_INIT;
-    if (ui_note_line(note, &line)) post_text(u, (const char *)line.data, line.len);
+    if (ui_job_started_line(note, &line)) post_text(u, (const char *)line.data, line.len);
     fl_buf_free(&line);
     return;
   }
@@ -174,20 +187,25 @@ static void take(ui *u, ui_node *n) {
     common_event_set(n->sync);
     return;
   }
-  const char *text = n->text;
-  size_t len = n->len;
+  if (n->is_note && !u->log &&
+      (n->note.kind == SCHED_TASK_STARTED || n->note.kind == SCHED_TASK_ENDED)) {
+    /* the most frequent notes, with no log to write: straight into the store */
+    char id[96];
+    store_apply_task(u->store, ui_app_id(u, n->note.group, id, sizeof id), &n->note, n->time_ms);
+    return;
+  }
   if (n->is_note) {
-    u->note_line.len = 0;
-    if (!ui_note_line(&n->note, &u->note_line)) return;
-    text = (const char *)u->note_line.data;
-    len = u->note_line.len;
+    json_t *ev = ui_note_event(&n->note);
+    if (ev) apply_event(u, ev, n->time_ms);
+    json_decref(ev);
+    return;
   }
   json_error_t err;
-  json_t *ev = json_loadb(text, len, 0, &err);
+  json_t *ev = json_loadb(n->text, n->len, 0, &err);
   if (json_is_object(ev) && json_is_string(json_object_get(ev, "Event")))
     apply_event(u, ev, n->time_ms);
   else
-    common_log(LOG_WARN, "web UI: a malformed event is dropped (%s): %.80s", err.text, text);
+    common_log(LOG_WARN, "web UI: a malformed event is dropped (%s): %.80s", err.text, n->text);
   json_decref(ev);
 }
 
@@ -195,13 +213,20 @@ static void *ui_main(void *arg) {
   ui *u = arg;
   pthread_setname_np(pthread_self(), "fl-ui");
   /* the lowest priority: the UI waits for a spare core, never the scheduler for it */
-  setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+  struct sched_param none = {0};
+  if (sched_setscheduler(0, SCHED_IDLE, &none) != 0) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
   for (;;) {
     bool stopping = atomic_load(&u->stopping);
     FL_PCHECK(pthread_mutex_lock(&u->lock));
     ui_node *n = u->head;
     u->head = u->tail = NULL;
+    u->queued = 0;
+    uint64_t dropped = u->dropped;
+    u->dropped = 0;
     FL_PCHECK(pthread_mutex_unlock(&u->lock));
+    if (dropped)
+      common_log(LOG_WARN, "web UI: %llu task events dropped: the UI thread had no spare core to take them "
+                 "(the pages miss those tasks)", (unsigned long long)dropped);
     while (n) {
       ui_node *next = n->next;
       take(u, n);
@@ -215,7 +240,7 @@ static void *ui_main(void *arg) {
 
 json_t *api_get(void *arg, const char *path, int *status) {
   ui *u = arg;
-  return api_answer(u->store, u->live, u->live_arg, path, status);
+  return api_answer(u->store, u->live, u->live_arg, path, status, NULL);
 }
 
 int ui_get(ui *u, const char *path, const char *query, fl_buf *body, const char **content_type) {
@@ -223,24 +248,17 @@ int ui_get(ui *u, const char *path, const char *query, fl_buf *body, const char 
   if (strncmp(path, api_prefix, sizeof api_prefix - 1) == 0 &&
       (path[sizeof api_prefix - 1] == '/' || path[sizeof api_prefix - 1] == 0)) {
     int status = 200;
-    json_t *v = api_get(u, path + sizeof api_prefix - 1, &status);
+    api_answer(u->store, u->live, u->live_arg, path + sizeof api_prefix - 1, &status, body);
     *content_type = "application/json";
-    if (!v) {
+    if (status != 200) {
       char msg[600];
       snprintf(msg, sizeof msg, "{\"error\":\"no such resource: %.500s\"}", path);
       for (char *c = msg + 28; *c; c++)
         if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '_';
+      body->len = 0;
       fl_buf_append(body, msg, strlen(msg));
-      return status == 200 ? 404 : status;
     }
-    char *text = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    if (!text || fl_buf_append(body, text, strlen(text)) != FL_OK) {
-      free(text);
-      return 500;
-    }
-    free(text);
-    return 200;
+    return status;
   }
   *content_type = "text/html; charset=utf-8";
   return pages_render(api_get, u, u->title, path, query, body);
@@ -313,7 +331,6 @@ void ui_destroy(ui *u) {
   pthread_mutex_destroy(&u->lock);
   event_log_close(u->log);
   store_destroy(u->store);
-  fl_buf_free(&u->note_line);
   common_free(u->title);
   common_free(u);
 }

@@ -20,8 +20,15 @@
 /* ---- events (events.c) ------------------------------------------------------------------- */
 /* The wall clock in ms since the epoch (events' "Time"). */
 FL_INTERNAL uint64_t ui_wall_ms(void);
-/* A note as an event line (with "App" the application's number), appended to *b. */
-FL_INTERNAL bool ui_note_line(const sched_note *n, fl_buf *b);
+/* A job's start (SCHED_JOB_STARTED) as an event line, with "App" the application's number,
+ * appended to *b: on the scheduler's thread, as the note's stages are borrowed. */
+FL_INTERNAL bool ui_job_started_line(const sched_note *n, fl_buf *b);
+/* Any other note as its event (a new JSON object, "App" the application's number; NULL when
+ * out of memory): on the UI thread. */
+FL_INTERNAL json_t *ui_note_event(const sched_note *n);
+/* "PROCESS_LOCAL", "NODE_LOCAL", "ANY"; "SUCCESS", "KILLED" (FL_ECANCELLED), "FAILED". */
+FL_INTERNAL const char *ui_locality_name(uint8_t locality);
+FL_INTERNAL const char *ui_task_status(fl_status status);
 
 /* ---- the store (store.c) ----------------------------------------------------------------- */
 typedef struct ui_store ui_store;
@@ -30,6 +37,9 @@ FL_INTERNAL void store_destroy(ui_store *s);
 /* Applies one event (its "App" already the application's id). Unknown events are ignored;
  * events of unknown applications make them. Locks the store. */
 FL_INTERNAL void store_apply(ui_store *s, json_t *event);
+/* A task's start or end as its note says (the live path: the same as store_apply of the
+ * note's event, without making the event). */
+FL_INTERNAL void store_apply_task(ui_store *s, const char *app_id, const sched_note *n, uint64_t time_ms);
 FL_INTERNAL void store_lock(ui_store *s);
 FL_INTERNAL void store_unlock(ui_store *s);
 /* The applications, id -> the store's record (under the store's lock; borrowed). */
@@ -44,8 +54,10 @@ FL_INTERNAL json_t *store_live_executors(ui_store *s);
 typedef json_t *(*ui_api_fn)(void *arg, const char *path, int *status);
 /* arg: the ui. live: its ui_config.live (NULL: none). */
 FL_INTERNAL json_t *api_get(void *ui, const char *path, int *status);
+/* The same; with `text`, the answer is appended to *text as compact JSON instead (NULL is
+ * returned, *status 200 when it was written). */
 FL_INTERNAL json_t *api_answer(ui_store *s, char *(*live)(void *, const char *, uint64_t), void *live_arg,
-                               const char *path, int *status);
+                               const char *path, int *status, fl_buf *text);
 
 /* ---- pages (pages.c, svg.c) -------------------------------------------------------------- */
 /* Renders page `path` ("/", "/jobs/", "/stage/", ...; docs/ui.md) with its query string
