@@ -133,16 +133,17 @@ typedef struct client_ps_local {
   struct ps_server *servers[CLIENT_PS_LOCAL_SERVERS];
   uint32_t next_table;
   struct fl_ps_table *tables; /* the live ones, for the web UI's clocks */
+  /* The web UI's live view of them (ui_config.live's "ps", as the driver's
+   * placement_live_json): {"<table>": {"shards": [{"shard", "primary", "backups", "clocks":
+   * {"<worker>": clock}}]}}, the clocks asked of each primary with a short timeout; malloc'd,
+   * NULL when out of memory; any thread. Set by ps_tables.c with its first table, so that the
+   * context asks through it without knowing ps_tables.c. */
+  char *(*live_json)(struct client_ps_local *p);
 } client_ps_local;
 /* The local context's (local_context.c). */
 FL_INTERNAL client_ps_local *client_local_context_ps(fl_context *ctx);
 /* Its web UI (NULL when off), for the events of its tables. */
 FL_INTERNAL struct ui *client_local_context_ui(fl_context *ctx);
-/* The web UI's live view of the local tables (ui_config.live's "ps", as the driver's
- * placement_live_json): {"<table>": {"shards": [{"shard", "primary", "backups", "clocks":
- * {"<worker>": clock}}]}}, the clocks asked of each primary with a short timeout. Malloc'd;
- * NULL when out of memory. Any thread. */
-FL_INTERNAL char *client_ps_local_live_json(client_ps_local *p);
 
 /* ---- contexts (local_context.c, remote_context.c) -------------------------------------- */
 /* A context for local, local[N] or local[*]: the scheduler runs in this process. */

@@ -169,7 +169,12 @@ static void block_changed(void *arg, rdd_block_key key, fl_storage_level level, 
 /* The UI's live figures: the tables' clocks (the UI stops before the servers do). */
 static char *local_ui_live(void *arg, const char *what, uint64_t app) {
   (void)app;
-  return strcmp(what, "ps") == 0 ? client_ps_local_live_json(&((context_impl *)arg)->ps) : NULL;
+  client_ps_local *p = &((context_impl *)arg)->ps;
+  if (strcmp(what, "ps") != 0) return NULL;
+  FL_PCHECK(pthread_mutex_lock(&p->lock));
+  char *(*live_json)(client_ps_local *) = p->live_json;
+  FL_PCHECK(pthread_mutex_unlock(&p->lock));
+  return live_json ? live_json(p) : NULL;
 }
 
 /* The web UI and the event log, when asked for (docs/ui.md): one application (number 0)

@@ -73,7 +73,7 @@ typedef struct live_shard {
   char primary[PS_ADDRESS_MAX];
 } live_shard;
 
-char *client_ps_local_live_json(client_ps_local *p) {
+static char *client_ps_local_live_json(client_ps_local *p) {
   size_t n = 0, cap = 0;
   live_shard *shards = NULL;
   bool ok = true;
@@ -132,6 +132,7 @@ static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_t
       st = ps_server_start("127.0.0.1", 0, &o, &p->servers[i]);
     }
   uint32_t id = p->next_table++;
+  p->live_json = client_ps_local_live_json; /* the context's web UI asks through it */
   FL_PCHECK(pthread_mutex_unlock(&p->lock));
   if (st != FL_OK) return st;
   uint32_t shards = o->shards ? o->shards : LOCAL_DEFAULT_SHARDS;

@@ -44,14 +44,6 @@ uint64_t ui_wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-const char *ui_locality_name(uint8_t l) {
-  return l == SCHED_PROCESS_LOCAL ? "PROCESS_LOCAL" : l == SCHED_NODE_LOCAL ? "NODE_LOCAL" : "ANY";
-}
-
-const char *ui_task_status(fl_status st) {
-  return st == FL_OK ? "SUCCESS" : st == FL_ECANCELLED ? "KILLED" : "FAILED";
-}
-
 /* Appends printf-formatted text; false when out of memory. */
 static bool append(fl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool append(fl_buf *b, const char *fmt, ...) {
@@ -91,29 +83,27 @@ static bool job_started_line(fl_buf *b, const sched_note *n) {
 
 bool ui_job_started_line(const sched_note *n, fl_buf *b) { return job_started_line(b, n); }
 
-void ui_post_application(ui *u, uint64_t app, const char *name, const char *master) {
-  if (!u) return;
-  fl_buf b = FL_BUF_INIT;
+bool ui_application_start_line(uint64_t app, const char *name, const char *master, fl_buf *b) {
   const char *user = getenv("USER");
-  bool ok = append(&b, "{\"Event\":\"ApplicationStart\",\"App\":%llu,\"Name\":", (unsigned long long)app) &&
-            ui_json_string(&b, name) == FL_OK && append(&b, ",\"User\":") &&
-            ui_json_string(&b, user ? user : "") == FL_OK && append(&b, ",\"Master\":") &&
-            ui_json_string(&b, master) == FL_OK && append(&b, "}");
-  if (ok) ui_post(u, (const char *)b.data);
-  /* Environment: every setting with its value where one is given (secrets hidden). */
-  b.len = 0;
-  ok = append(&b, "{\"Event\":\"Environment\",\"App\":%llu,\"Properties\":[", (unsigned long long)app);
+  return append(b, "{\"Event\":\"ApplicationStart\",\"App\":%llu,\"Name\":", (unsigned long long)app) &&
+         ui_json_string(b, name) == FL_OK && append(b, ",\"User\":") &&
+         ui_json_string(b, user ? user : "") == FL_OK && append(b, ",\"Master\":") &&
+         ui_json_string(b, master) == FL_OK && append(b, "}");
+}
+
+bool ui_environment_line(uint64_t app, fl_buf *b) {
+  /* every setting with its value where one is given (secrets hidden) */
+  bool ok = append(b, "{\"Event\":\"Environment\",\"App\":%llu,\"Properties\":[", (unsigned long long)app);
   bool first = true;
   for (int id = 0; ok && id < CONFIG_SETTINGS; id++) {
     const config_setting *row = config_setting_of((config_id)id);
     const char *given = config_text((config_id)id);
     const char *value = !given ? row->default_text : row->flags & CONFIG_HIDDEN ? "(hidden)" : given;
-    ok = append(&b, "%s[", first ? "" : ",") && ui_json_string(&b, row->name) == FL_OK && append(&b, ",") &&
-         ui_json_string(&b, value) == FL_OK && append(&b, "]");
+    ok = append(b, "%s[", first ? "" : ",") && ui_json_string(b, row->name) == FL_OK && append(b, ",") &&
+         ui_json_string(b, value) == FL_OK && append(b, "]");
     first = false;
   }
-  if (ok && append(&b, "]}")) ui_post(u, (const char *)b.data);
-  fl_buf_free(&b);
+  return ok && append(b, "]}");
 }
 
 /* json_object_set_new for the hot path: the keys are literals, so no copy is needed. */

@@ -27,54 +27,6 @@
 /* Rows of a jobs' or tasks' table per page (?page=N). */
 #define TABLE_ROWS 500
 
-/* ---- the output --------------------------------------------------------------------------- */
-
-static void out_append(ui_out *o, const char *s, size_t n) {
-  if (o->st != FL_OK) return;
-  o->st = fl_buf_append(o->buf, s, n);
-}
-
-void pages_put(ui_out *o, const char *s) {
-  if (s) out_append(o, s, strlen(s));
-}
-
-void pages_printf(ui_out *o, const char *fmt, ...) {
-  if (o->st != FL_OK) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0) {
-    o->st = FL_ERR(FL_EFORMAT, "pages: cannot format '%s'", fmt);
-    return;
-  }
-  if ((o->st = fl_buf_reserve(o->buf, (size_t)n + 1)) != FL_OK) return;
-  va_start(ap, fmt);
-  vsnprintf((char *)o->buf->data + o->buf->len, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  o->buf->len += (size_t)n;
-}
-
-void pages_escape(ui_out *o, const char *s) {
-  if (!s) return;
-  const char *run = s;
-  for (; *s; s++) {
-    const char *rep;
-    switch (*s) {
-    case '&': rep = "&amp;"; break;
-    case '<': rep = "&lt;"; break;
-    case '>': rep = "&gt;"; break;
-    case '"': rep = "&quot;"; break;
-    case '\'': rep = "&#39;"; break;
-    default: continue;
-    }
-    out_append(o, run, (size_t)(s - run));
-    pages_put(o, rep);
-    run = s + 1;
-  }
-  out_append(o, run, (size_t)(s - run));
-}
-
 /* ---- one request -------------------------------------------------------------------------- */
 
 typedef struct page {
@@ -424,10 +376,10 @@ static void url_encode(ui_out *o, const char *s) {
   static const char hex[] = "0123456789ABCDEF";
   for (; s && *s; s++) {
     if (unreserved(*s)) {
-      out_append(o, s, 1);
+      pages_append(o, s, 1);
     } else {
       char e[3] = {'%', hex[(unsigned char)*s >> 4], hex[*s & 15]};
-      out_append(o, e, 3);
+      pages_append(o, e, 3);
     }
   }
 }
@@ -443,7 +395,7 @@ static char *link_full(page *p, const char *app, const char *path, long long id,
   if (id >= 0) pages_printf(&o, "&id=%lld", id);
   if (attempt >= 0) pages_printf(&o, "&attempt=%lld", attempt);
   if (pg >= 0) pages_printf(&o, "&page=%lld", pg);
-  out_append(&o, "", 1);
+  pages_append(&o, "", 1);
   char *s = o.st == FL_OK ? page_strf(p, "%s", (char *)b.data) : NULL;
   if (o.st != FL_OK && p->o.st == FL_OK) p->o.st = o.st;
   fl_buf_free(&b);

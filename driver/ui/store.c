@@ -98,6 +98,15 @@ static void executor_key(char *buf, size_t cap, json_int_t id) {
   else key_of(buf, cap, id);
 }
 
+/* ---- the vocabulary of notes' fields ---------------------------------------------------- */
+const char *ui_locality_name(uint8_t l) {
+  return l == SCHED_PROCESS_LOCAL ? "PROCESS_LOCAL" : l == SCHED_NODE_LOCAL ? "NODE_LOCAL" : "ANY";
+}
+
+const char *ui_task_status(fl_status st) {
+  return st == FL_OK ? "SUCCESS" : st == FL_ECANCELLED ? "KILLED" : "FAILED";
+}
+
 /* ---- applications and executors ---------------------------------------------------------- */
 static json_t *app_get(ui_store *s, const char *id) {
   json_t *a = json_object_get(s->apps, id);

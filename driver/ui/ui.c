@@ -134,6 +134,15 @@ void ui_scheduler_note(void *arg, const sched_note *note) {
   enqueue(u, n);
 }
 
+void ui_post_application(ui *u, uint64_t app, const char *name, const char *master) {
+  if (!u) return;
+  fl_buf b = FL_BUF_INIT;
+  if (ui_application_start_line(app, name, master, &b)) ui_post(u, (const char *)b.data);
+  b.len = 0;
+  if (ui_environment_line(app, &b)) ui_post(u, (const char *)b.data);
+  fl_buf_free(&b);
+}
+
 void ui_sync(ui *u) {
   common_event done;
   common_event_init(&done);

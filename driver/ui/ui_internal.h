@@ -8,6 +8,7 @@
  *   api.c        the REST API (/api/v1) over the store, as JSON values
  *   pages.c      the HTML pages, read from the API's values
  *   svg.c        the pages' inline charts: timelines, curves, the stages' DAG
+ *   html.c       the pages' output: a growing buffer and the one escaping
  *   event_log.c  the event log: one file per application; replay for the history server
  */
 #ifndef FLINT_DRIVER_UI_INTERNAL_H
@@ -23,6 +24,10 @@ FL_INTERNAL uint64_t ui_wall_ms(void);
 /* A job's start (SCHED_JOB_STARTED) as an event line, with "App" the application's number,
  * appended to *b: on the scheduler's thread, as the note's stages are borrowed. */
 FL_INTERNAL bool ui_job_started_line(const sched_note *n, fl_buf *b);
+/* An application's start, and its environment (the settings in force, secrets hidden), as
+ * event lines appended to *b (NUL-terminated). */
+FL_INTERNAL bool ui_application_start_line(uint64_t app, const char *name, const char *master, fl_buf *b);
+FL_INTERNAL bool ui_environment_line(uint64_t app, fl_buf *b);
 /* Any other note as its event (a new JSON object, "App" the application's number; NULL when
  * out of memory): on the UI thread. */
 FL_INTERNAL json_t *ui_note_event(const sched_note *n);
@@ -77,6 +82,8 @@ typedef struct ui_out {
 } ui_out;
 /* Appends `s` as is: markup of the pages' own, never text from the API. */
 FL_INTERNAL void pages_put(ui_out *o, const char *s);
+/* The same, n bytes. */
+FL_INTERNAL void pages_append(ui_out *o, const char *s, size_t n);
 /* Appends formatted markup as is: numbers and the pages' own strings only (no %s of text
  * from the API: that goes through pages_escape). No length limit. */
 FL_INTERNAL void pages_printf(ui_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

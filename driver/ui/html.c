@@ -1,0 +1,56 @@
+/*
+ * html.c: the pages' output (ui_internal.h: ui_out): text appended to a growing buffer, and
+ * the one escaping of text that came from the API. pages.c and svg.c both write through it.
+ * An allocation failure is kept in the ui_out (the answer becomes a 500).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "driver/ui/ui_internal.h"
+
+void pages_append(ui_out *o, const char *s, size_t n) {
+  if (o->st != FL_OK) return;
+  o->st = fl_buf_append(o->buf, s, n);
+}
+
+void pages_put(ui_out *o, const char *s) {
+  if (s) pages_append(o, s, strlen(s));
+}
+
+void pages_printf(ui_out *o, const char *fmt, ...) {
+  if (o->st != FL_OK) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) {
+    o->st = FL_ERR(FL_EFORMAT, "pages: cannot format '%s'", fmt);
+    return;
+  }
+  if ((o->st = fl_buf_reserve(o->buf, (size_t)n + 1)) != FL_OK) return;
+  va_start(ap, fmt);
+  vsnprintf((char *)o->buf->data + o->buf->len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  o->buf->len += (size_t)n;
+}
+
+void pages_escape(ui_out *o, const char *s) {
+  if (!s) return;
+  const char *run = s;
+  for (; *s; s++) {
+    const char *rep;
+    switch (*s) {
+    case '&': rep = "&amp;"; break;
+    case '<': rep = "&lt;"; break;
+    case '>': rep = "&gt;"; break;
+    case '"': rep = "&quot;"; break;
+    case '\'': rep = "&#39;"; break;
+    default: continue;
+    }
+    pages_append(o, run, (size_t)(s - run));
+    pages_put(o, rep);
+    run = s + 1;
+  }
+  pages_append(o, run, (size_t)(s - run));
+}
