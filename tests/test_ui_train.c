@@ -15,12 +15,13 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <curl/curl.h>
 #include <jansson.h>
 
 #include "flint/ps.h"
 #include "flint/train.h"
 #include "gpu/parallel/train.h"
+#include "fashion_data.h"
+#include "ui_client.h"
 
 #define assert_ok(call)                                                                      \
   do {                                                                                       \
@@ -30,30 +31,15 @@
 
 enum { FEATURES = 6, CLASSES = 3 };
 
-static size_t on_body(char *data, size_t size, size_t n, void *user) {
-  fl_buf *b = user;
-  return fl_buf_append(b, data, size * n) == FL_OK ? size * n : 0;
-}
-
-/* GET url + path as JSON (NULL unless 200 and JSON). */
-static json_t *get_json(fl_context *ctx, const char *path) {
+/* GET the context's UI + path as JSON (NULL unless 200 and JSON), with tests/ui_client.h. */
+static json_t *api_json(fl_context *ctx, const char *path) {
   const char *base = fl_context_ui_url(ctx);
   assert_non_null(base);
   char url[512];
   snprintf(url, sizeof url, "%s%s", base, path);
-  CURL *curl = curl_easy_init();
-  assert_non_null(curl);
-  fl_buf body = FL_BUF_INIT;
-  curl_easy_setopt(curl, CURLOPT_URL, url);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
-  CURLcode rc = curl_easy_perform(curl);
-  long status = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-  curl_easy_cleanup(curl);
-  json_t *j = rc == CURLE_OK && status == 200 ? json_loadb((const char *)body.data, body.len, 0, NULL) : NULL;
-  fl_buf_free(&body);
+  reply r = http(NULL, url, NULL);
+  json_t *j = r.code == 200 ? json_loads((const char *)r.body.data, 0, NULL) : NULL;
+  fl_buf_free(&r.body);
   return j;
 }
 
@@ -63,7 +49,7 @@ static void sleep_ms(long ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 10
  * moment after they are posted): polls for up to 20 s. */
 static json_t *ended_run(fl_context *ctx, json_int_t run) {
   for (int i = 0; i < 400; i++) {
-    json_t *runs = get_json(ctx, "/api/v1/applications/current/training");
+    json_t *runs = api_json(ctx, "/api/v1/applications/current/training");
     size_t k;
     json_t *r;
     json_array_foreach(runs, k, r) {
@@ -120,7 +106,7 @@ static fl_status wrong_classes(fl_model *m, uint32_t classes) {
 /* The number of the context's first run, once the UI shows it (polls for up to 20 s). */
 static json_int_t first_run(fl_context *ctx) {
   for (int i = 0; i < 400; i++) {
-    json_t *runs = get_json(ctx, "/api/v1/applications/current/training");
+    json_t *runs = api_json(ctx, "/api/v1/applications/current/training");
     json_int_t run = json_integer_value(json_object_get(json_array_get(runs, 0), "run"));
     json_decref(runs);
     if (run > 0) return run;
@@ -204,6 +190,7 @@ static void test_training_run(void **state) {
  * measured last step's forwards and backwards come as TrainPipeline, a row per stage. */
 static void test_pipeline_timeline(void **state) {
   (void)state;
+  NEED_DATA(); /* the transformer reads Fashion-MNIST */
   fl_context *ctx;
   assert_ok(fl_context_open("local[2]", NULL, &ctx));
   gpu_train_options o = GPU_TRAIN_OPTIONS_INIT;
@@ -274,7 +261,7 @@ static void test_ps_table(void **state) {
   }
   json_t *table = NULL;
   for (int i = 0; i < 400 && !table; i++) {
-    json_t *all = get_json(ctx, "/api/v1/applications/current/ps");
+    json_t *all = api_json(ctx, "/api/v1/applications/current/ps");
     if (json_array_size(all) == 1) table = json_incref(json_array_get(all, 0));
     json_decref(all);
     if (!table) sleep_ms(50);
@@ -299,7 +286,7 @@ static void test_ps_table(void **state) {
   fl_ps_worker_close(w);
   fl_ps_table_destroy(t);
   /* A dropped table is asked no more: its clocks are gone, its shards stay as posted. */
-  json_t *all = get_json(ctx, "/api/v1/applications/current/ps");
+  json_t *all = api_json(ctx, "/api/v1/applications/current/ps");
   assert_int_equal(json_array_size(all), 1);
   json_array_foreach(json_object_get(json_array_get(all, 0), "shards"), k, s)
       assert_null(json_object_get(s, "clocks"));
@@ -328,7 +315,7 @@ static void test_cluster_ps_clocks(void **state) {
   }
   json_t *table = NULL;
   for (int i = 0; i < 400 && !table; i++) {
-    json_t *all = get_json(ctx, "/api/v1/applications/current/ps");
+    json_t *all = api_json(ctx, "/api/v1/applications/current/ps");
     if (json_array_size(all) == 1) table = json_incref(json_array_get(all, 0));
     json_decref(all);
     if (!table) sleep_ms(50);
@@ -379,7 +366,7 @@ static void test_post_event_refused(void **state) {
   assert_ok(fl_context_post_event(ctx, "{\"Event\":\"TrainStart\",\"Run\":9,\"Name\":\"mine\",\"Config\":{}}"));
   json_t *run = NULL;
   for (int i = 0; i < 400 && !run; i++) {
-    json_t *runs = get_json(ctx, "/api/v1/applications/current/training");
+    json_t *runs = api_json(ctx, "/api/v1/applications/current/training");
     assert_true(json_array_size(runs) <= 1);
     if (json_array_size(runs) == 1) run = json_incref(json_array_get(runs, 0));
     json_decref(runs);
