@@ -78,9 +78,10 @@ fl_status cluster_status_update(cluster_backend *cb, fl_bytes body, bool may_blo
   Flint__StatusUpdateRequest *req = flint__status_update_request__unpack(NULL, body.len, body.data);
   if (!req) return FL_ERR(FL_EPROTO, "StatusUpdate: malformed message");
   if (req->incarnation != cb->cfg.incarnation) { /* tasks of an earlier driver process */
+    unsigned long long theirs = (unsigned long long)req->incarnation;
     flint__status_update_request__free_unpacked(req, NULL);
-    return FL_ERR(FL_ESTATE, "StatusUpdate: tasks of driver incarnation %016llx; this is %016llx",
-                  (unsigned long long)req->incarnation, (unsigned long long)cb->cfg.incarnation);
+    return FL_ERR(FL_ESTATE, "StatusUpdate: tasks of driver incarnation %016llx; this is %016llx", theirs,
+                  (unsigned long long)cb->cfg.incarnation);
   }
   for (size_t i = 0; i < req->n_statuses && !may_block; i++) *declined |= req->statuses[i]->result_block_size != 0;
   if (*declined) {
