@@ -84,8 +84,10 @@ fl_status scheduler_progress(scheduler *s, uint64_t group, sched_stage_progress 
     return FL_ERR(FL_ETIMEDOUT, "the scheduler did not say within 1 s which stages run");
   }
   uint32_t shown = r->count < cap ? r->count : cap;
-  memcpy(out, r->items, shown * sizeof *out);
-  qsort(out, shown, sizeof *out, by_stage);
+  if (shown) { /* out and r->items may be NULL when there is nothing */
+    memcpy(out, r->items, shown * sizeof *out);
+    qsort(out, shown, sizeof *out, by_stage);
+  }
   *count = r->count;
   request_release(r);
   return FL_OK;
