@@ -64,60 +64,25 @@ static void post_local_table(ui *u, const ps_map *m, uint32_t backups) {
   fl_buf_free(&b);
 }
 
-/* The web UI asks each primary for its clocks this long at most, and all of them this long. */
-#define LIVE_CALL_TIMEOUT_MS 500
-#define LIVE_TOTAL_MS 2000
-
-typedef struct live_shard {
-  uint32_t table, shard, backups;
-  char primary[PS_ADDRESS_MAX];
-} live_shard;
-
+/* The tables' live view for the context's web UI (client_ps_local.live_json): every replica
+ * is the one executor, 0. */
 static char *client_ps_local_live_json(client_ps_local *p) {
   size_t n = 0, cap = 0;
-  live_shard *shards = NULL;
+  ps_live_shard *shards = NULL;
   bool ok = true;
   FL_PCHECK(pthread_mutex_lock(&p->lock)); /* held briefly: creations hold it only to link */
   for (fl_ps_table *t = p->tables; ok && t; t = t->next_local)
     for (uint32_t s = 0; ok && s < t->map.shards; s++) {
-      live_shard *grown = common_grow(shards, sizeof *shards, n, &cap, 16);
+      ps_live_shard *grown = common_grow(shards, sizeof *shards, n, &cap, 16);
       if (!(ok = grown != NULL)) break;
       shards = grown;
-      shards[n] = (live_shard){.table = t->map.table, .shard = s, .backups = ps_place_backups(&t->map.places[s])};
+      shards[n] = (ps_live_shard){.table = t->map.table, .shard = s,
+                                  .members = 1 + ps_place_backups(&t->map.places[s])};
       snprintf(shards[n++].primary, PS_ADDRESS_MAX, "%s", t->map.places[s].primary);
     }
   FL_PCHECK(pthread_mutex_unlock(&p->lock));
-  fl_buf b = FL_BUF_INIT;
-  ok = ok && fl_buf_append(&b, "{", 1) == FL_OK;
-  uint64_t deadline = common_now_ns() + (uint64_t)LIVE_TOTAL_MS * 1000000u;
-  char item[128];
-  for (size_t i = 0; ok && i < n; i++) {
-    const live_shard *l = &shards[i];
-    bool first_of_table = i == 0 || shards[i - 1].table != l->table;
-    bool last_of_table = i + 1 == n || shards[i + 1].table != l->table;
-    int len = first_of_table ? snprintf(item, sizeof item, "%s\"%u\":{\"shards\":[", i ? "," : "", l->table)
-                             : snprintf(item, sizeof item, ",");
-    len += snprintf(item + len, sizeof item - (size_t)len, "{\"shard\":%u,\"primary\":0,\"backups\":[", l->shard);
-    for (uint32_t k = 0; k < l->backups; k++) len += snprintf(item + len, sizeof item - (size_t)len, "%s0", k ? "," : "");
-    len += snprintf(item + len, sizeof item - (size_t)len, "],\"clocks\":{");
-    ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-    uint64_t *clocks = NULL;
-    uint32_t workers = 0;
-    if (ok && common_now_ns() < deadline &&
-        ps_shard_clocks(l->primary, NULL, l->table, l->shard, LIVE_CALL_TIMEOUT_MS, &clocks, &workers) != FL_OK)
-      common_log(LOG_DEBUG, "web UI: table %u shard %u's clocks: %s", l->table, l->shard, fl_last_error());
-    for (uint32_t w = 0, shown = 0; ok && w < workers; w++) {
-      if (clocks[w] == UINT64_MAX) continue; /* retired */
-      len = snprintf(item, sizeof item, "%s\"%u\":%llu", shown++ ? "," : "", w, (unsigned long long)clocks[w]);
-      ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-    }
-    common_free(clocks);
-    ok = ok && fl_buf_append(&b, last_of_table ? "}}]}" : "}}", last_of_table ? 4 : 2) == FL_OK;
-  }
-  ok = ok && fl_buf_append(&b, "}", 2) == FL_OK;
+  char *text = ok ? ps_live_json(shards, n, NULL) : NULL;
   common_free(shards);
-  char *text = ok ? strdup((const char *)b.data) : NULL;
-  fl_buf_free(&b);
   return text;
 }
 

@@ -30,8 +30,6 @@
  * for the tables' lock (held across recoveries' server calls), this long for each primary,
  * and stop asking after this long in all (the shards left show no clocks). */
 #define LIVE_LOCK_WAIT_MS 200
-#define LIVE_CALL_TIMEOUT_MS 500
-#define LIVE_TOTAL_MS 2000
 
 #define MEMBERS (1 + PS_MAX_BACKUPS)
 
@@ -257,66 +255,26 @@ static bool lock_within(pthread_mutex_t *mu, uint32_t ms) {
   }
 }
 
-typedef struct live_shard {
-  uint32_t table, shard, members;
-  uint64_t member[MEMBERS];
-  char primary[PS_ADDRESS_MAX];
-} live_shard;
-
 char *placement_live_json(driver_state *d, uint64_t app) {
   driver_placement *pl = d->placement;
   if (!pl || !lock_within(&pl->lock, LIVE_LOCK_WAIT_MS)) return NULL;
   /* The places, copied: the servers are asked without the lock. */
   size_t n = 0, cap = 0;
-  live_shard *shards = NULL;
+  ps_live_shard *shards = NULL;
   bool ok = true;
   for (placed_table *t = pl->tables; ok && t; t = t->next)
     for (uint32_t s = 0; ok && t->app == app && s < t->map.shards; s++) {
-      live_shard *grown = common_grow(shards, sizeof *shards, n, &cap, 16);
+      ps_live_shard *grown = common_grow(shards, sizeof *shards, n, &cap, 16);
       if (!(ok = grown != NULL)) break;
       shards = grown;
-      live_shard *l = &shards[n++];
-      *l = (live_shard){.table = t->map.table, .shard = s, .members = member_count(t->members[s])};
+      ps_live_shard *l = &shards[n++];
+      *l = (ps_live_shard){.table = t->map.table, .shard = s, .members = member_count(t->members[s])};
       memcpy(l->member, t->members[s], sizeof l->member);
       snprintf(l->primary, sizeof l->primary, "%s", t->map.places[s].primary);
     }
   FL_PCHECK(pthread_mutex_unlock(&pl->lock));
-  fl_buf b = FL_BUF_INIT;
-  ok = ok && fl_buf_append(&b, "{", 1) == FL_OK;
-  uint64_t deadline = common_now_ns() + (uint64_t)LIVE_TOTAL_MS * 1000000u;
-  char item[256];
-  for (size_t i = 0; ok && i < n; i++) {
-    const live_shard *l = &shards[i];
-    bool first_of_table = i == 0 || shards[i - 1].table != l->table;
-    bool last_of_table = i + 1 == n || shards[i + 1].table != l->table;
-    int len = 0;
-    if (first_of_table) len = snprintf(item, sizeof item, "%s\"%u\":{\"shards\":[", i ? "," : "", l->table);
-    else len = snprintf(item, sizeof item, ",");
-    len += snprintf(item + len, sizeof item - (size_t)len, "{\"shard\":%u,\"primary\":%llu,\"backups\":[", l->shard,
-                    (unsigned long long)(l->members ? l->member[0] : 0));
-    for (uint32_t m = 1; m < l->members; m++)
-      len += snprintf(item + len, sizeof item - (size_t)len, "%s%llu", m > 1 ? "," : "", (unsigned long long)l->member[m]);
-    len += snprintf(item + len, sizeof item - (size_t)len, "],\"clocks\":{");
-    ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-    uint64_t *clocks = NULL;
-    uint32_t workers = 0;
-    if (ok && l->members && common_now_ns() < deadline &&
-        ps_shard_clocks(l->primary, d->cfg.secret, l->table, l->shard, LIVE_CALL_TIMEOUT_MS, &clocks, &workers) != FL_OK)
-      common_log(LOG_DEBUG, "web UI: table %u shard %u's clocks: %s", l->table, l->shard, fl_last_error());
-    bool first = true;
-    for (uint32_t w = 0; ok && w < workers; w++) {
-      if (clocks[w] == UINT64_MAX) continue; /* retired */
-      len = snprintf(item, sizeof item, "%s\"%u\":%llu", first ? "" : ",", w, (unsigned long long)clocks[w]);
-      ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-      first = false;
-    }
-    common_free(clocks);
-    ok = ok && fl_buf_append(&b, last_of_table ? "}}]}" : "}}", last_of_table ? 4 : 2) == FL_OK;
-  }
-  ok = ok && fl_buf_append(&b, "}", 2) == FL_OK;
+  char *text = ok ? ps_live_json(shards, n, d->cfg.secret) : NULL;
   common_free(shards);
-  char *text = ok ? strdup((const char *)b.data) : NULL;
-  fl_buf_free(&b);
   return text;
 }
 

@@ -249,6 +249,19 @@ fl_status ps_shard_drop(const char *server, const char *secret, uint32_t table, 
 fl_status ps_shard_clocks(const char *server, const char *secret, uint32_t table, uint32_t shard,
                           uint32_t timeout_ms, uint64_t **clocks, uint32_t *n);
 
+/* A shard as the web UI shows it live (live.c): its replicas' executors, primary first, and
+ * its primary's address. */
+typedef struct ps_live_shard {
+  uint32_t table, shard, members;
+  uint64_t member[1 + PS_MAX_BACKUPS];
+  char primary[PS_ADDRESS_MAX];
+} ps_live_shard;
+/* /ps's live figures for the shards (sorted by table): {"<table>": {"shards": [{"shard",
+ * "primary", "backups", "clocks": {"<worker>": clock}}]}}, the clocks asked of each primary
+ * (500 ms at most each, 2 s in all; a shard not asked in time shows none). Malloc'd; NULL
+ * when out of memory. Blocks on the servers. */
+char *ps_live_json(const ps_live_shard *shards, size_t n, const char *secret);
+
 typedef struct ps_server_options {
   const char *secret;   /* every connection opens with it (NULL or "": none) */
   uint64_t max_message; /* 0: PS_MESSAGE_MAX_DEFAULT */
