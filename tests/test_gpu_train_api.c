@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "flint/train.h"
+#include "train_examples.h"
 
 #define assert_ok(call)                                                                      \
   do {                                                                                       \
@@ -24,32 +25,7 @@
     if (s_ != FL_OK) fail_msg("%s: %s: %s", #call, fl_status_name(s_), fl_last_error());    \
   } while (0)
 
-enum { FEATURES = 6, CLASSES = 3 };
 
-/* n examples of three separable classes as records on the client (no function to ship). */
-static fl_dataset *examples(fl_context *ctx, int n, uint64_t seed) {
-  fl_buf *bufs = calloc((size_t)n, sizeof *bufs);
-  fl_bytes *recs = calloc((size_t)n, sizeof *recs);
-  assert_non_null(bufs);
-  assert_non_null(recs);
-  uint64_t st = seed;
-  for (int i = 0; i < n; i++) {
-    float x[FEATURES];
-    int k = i % CLASSES;
-    for (int j = 0; j < FEATURES; j++) {
-      st = st * 6364136223846793005ull + 1442695040888963407ull;
-      x[j] = (float)((double)(st >> 11) / 9007199254740992.0) - 0.5f + (j % CLASSES == k ? 2.0f : 0.0f);
-    }
-    assert_ok(fl_example_put(&bufs[i], k, x, FEATURES));
-    recs[i] = fl_buf_bytes(&bufs[i]);
-  }
-  fl_dataset *ds;
-  assert_ok(fl_parallelize(ctx, recs, (size_t)n, 3, &ds));
-  for (int i = 0; i < n; i++) fl_buf_free(&bufs[i]);
-  free(bufs);
-  free(recs);
-  return ds;
-}
 
 static int built;
 
