@@ -44,23 +44,10 @@ static fl_status spec_of(const fl_ps_options *o, ps_table_spec *out) {
 
 /* PsTable (docs/ui.md) for a local context's web UI: every replica is in this process, the
  * local context's one executor (0), on one of its four servers. */
-static void post_local_table(ui *u, const ps_map *m, uint32_t backups) {
+static void post_local_table(ui *u, const ps_map *m) {
   if (!u) return;
   fl_buf b = FL_BUF_INIT;
-  char item[256];
-  int len = m->spec.sparse
-                ? snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":0,\"Table\":%u,\"Name\":\"sparse, %u floats "
-                           "a key\",\"Shards\":[", m->table, m->spec.width)
-                : snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":0,\"Table\":%u,\"Name\":\"dense, %llu keys x "
-                           "%u floats\",\"Shards\":[", m->table, (unsigned long long)m->spec.keys, m->spec.width);
-  bool ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-  for (uint32_t s = 0; ok && s < m->shards; s++) {
-    len = snprintf(item, sizeof item, "%s{\"Shard\":%u,\"Replicas\":[0", s ? "," : "", s);
-    ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-    for (uint32_t k = 0; ok && k < backups; k++) ok = fl_buf_append(&b, ",0", 2) == FL_OK;
-    ok = ok && fl_buf_append(&b, "]}", 2) == FL_OK;
-  }
-  if (ok && fl_buf_append(&b, "]}", 3) == FL_OK) ui_post(u, (const char *)b.data);
+  if (ps_table_event(&b, 0, m, NULL) == FL_OK) ui_post(u, (const char *)b.data);
   fl_buf_free(&b);
 }
 
@@ -114,7 +101,7 @@ static fl_status create_local(fl_ps_table *t, const fl_ps_options *o, const ps_t
   }
   st = ps_table_create(&t->map, NULL, (uint32_t)config_ms(CONFIG_PS_TIMEOUT_MS));
   if (st != FL_OK) return st;
-  post_local_table(client_local_context_ui(t->ctx), &t->map, backups);
+  post_local_table(client_local_context_ui(t->ctx), &t->map);
   FL_PCHECK(pthread_mutex_lock(&p->lock));
   t->next_local = p->tables;
   p->tables = t;

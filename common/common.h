@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -307,6 +308,10 @@ FL_INTERNAL fl_status common_mkdirs(const char *path);
 /* Appends a whole file to *out. FL_ENOENT when it is missing, FL_EIO naming it otherwise.
  * Blocks on disk. */
 FL_INTERNAL fl_status common_read_file(const char *path, fl_buf *out);
+/* Appends printf-formatted text to *b, with a NUL after it that b->len does not count (so
+ * b->data is a string). FL_ENOMEM, or FL_EFORMAT for a format vsnprintf refuses. */
+FL_INTERNAL fl_status common_buf_printf(fl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+FL_INTERNAL fl_status common_buf_vprintf(fl_buf *b, const char *fmt, va_list ap);
 /* Writes all of data to fd (retrying short writes and EINTR); FL_EIO naming `what` and the
  * cause otherwise. */
 FL_INTERNAL fl_status common_write_all(int fd, const void *data, size_t len, const char *what);

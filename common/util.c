@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -202,6 +203,27 @@ fl_status common_write_all(int fd, const void *data, size_t len, const char *wha
     len -= (size_t)n;
   }
   return FL_OK;
+}
+
+fl_status common_buf_vprintf(fl_buf *b, const char *fmt, va_list ap) {
+  va_list again;
+  va_copy(again, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  fl_status st = n < 0 ? FL_ERR(FL_EFORMAT, "cannot format '%s'", fmt) : fl_buf_reserve(b, (size_t)n + 1);
+  if (st == FL_OK) {
+    vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, again);
+    b->len += (size_t)n;
+  }
+  va_end(again);
+  return st;
+}
+
+fl_status common_buf_printf(fl_buf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fl_status st = common_buf_vprintf(b, fmt, ap);
+  va_end(ap);
+  return st;
 }
 
 fl_status common_read_file(const char *path, fl_buf *out) {

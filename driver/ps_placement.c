@@ -217,32 +217,12 @@ void placement_executor_lost(driver_state *d, uint64_t executor) {
 
 /* ---- the web UI ---- */
 
-/* "dense, 1000 keys x 4 floats" and the like: a table's name in the UI (tables have none). */
-static void table_name(const ps_map *m, char *out, size_t cap) {
-  if (m->spec.sparse) snprintf(out, cap, "sparse, %u floats a key", m->spec.width);
-  else snprintf(out, cap, "dense, %llu keys x %u floats", (unsigned long long)m->spec.keys, m->spec.width);
-}
-
 /* PsTable (docs/ui.md): the table's shards and their executors, primary first. Under lock. */
 static void post_table(driver_state *d, const placed_table *t) {
   if (!d->ui) return;
-  char name[96], item[256];
-  table_name(&t->map, name, sizeof name);
   fl_buf b = FL_BUF_INIT;
-  int len = snprintf(item, sizeof item, "{\"Event\":\"PsTable\",\"App\":%llu,\"Table\":%u,\"Name\":\"%s\",\"Shards\":[",
-                     (unsigned long long)t->app, t->map.table, name);
-  bool ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-  for (uint32_t s = 0; ok && s < t->map.shards; s++) {
-    len = snprintf(item, sizeof item, "%s{\"Shard\":%u,\"Replicas\":[", s ? "," : "", s);
-    ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-    for (uint32_t m = 0; ok && m < member_count(t->members[s]); m++) {
-      len = snprintf(item, sizeof item, "%s%llu", m ? "," : "", (unsigned long long)t->members[s][m]);
-      ok = fl_buf_append(&b, item, (size_t)len) == FL_OK;
-    }
-    ok = ok && fl_buf_append(&b, "]}", 2) == FL_OK;
-  }
-  ok = ok && fl_buf_append(&b, "]}", 3) == FL_OK; /* with the NUL */
-  if (ok) ui_post(d->ui, (const char *)b.data);
+  if (ps_table_event(&b, t->app, &t->map, (const uint64_t(*)[MEMBERS])t->members) == FL_OK)
+    ui_post(d->ui, (const char *)b.data);
   else common_log(LOG_DEBUG, "parameter server: table %u: out of memory for the web UI's event", t->map.table);
   fl_buf_free(&b);
 }

@@ -21,19 +21,17 @@ static char *executors_live(driver_state *d) {
   clock_gettime(CLOCK_REALTIME, &ts);
   uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
   fl_buf b = FL_BUF_INIT;
-  bool ok = fl_buf_append(&b, "{", 1) == FL_OK;
+  bool ok = common_buf_printf(&b, "{") == FL_OK;
   for (size_t i = 0; i < n; i++) {
     Flint__ExecutorInfo *x = infos[i];
-    char item[160];
-    int len = snprintf(item, sizeof item, "%s\"%llu\":{\"lastHeartbeat\":%llu,\"cachedBytes\":%llu}", i ? "," : "",
-                       (unsigned long long)x->id, (unsigned long long)(now_ms - x->heartbeat_age_ms),
-                       (unsigned long long)x->cached_bytes);
-    ok = ok && fl_buf_append(&b, item, (size_t)len) == FL_OK;
+    ok = ok && common_buf_printf(&b, "%s\"%llu\":{\"lastHeartbeat\":%llu,\"cachedBytes\":%llu}", i ? "," : "",
+                                 (unsigned long long)x->id, (unsigned long long)(now_ms - x->heartbeat_age_ms),
+                                 (unsigned long long)x->cached_bytes) == FL_OK;
     common_free(x->address);
     common_free(x);
   }
   common_free(infos);
-  ok = ok && fl_buf_append(&b, "}", 2) == FL_OK;
+  ok = ok && common_buf_printf(&b, "}") == FL_OK;
   if (!ok) {
     fl_buf_free(&b);
     return NULL;

@@ -4,7 +4,6 @@
  * and all within a bound, so that a page never waits long on a slow or lost server. The
  * driver (its placed tables) and a local context (its own servers) both answer /ps with it.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,15 +14,8 @@
 #define LIVE_CALL_TIMEOUT_MS 500
 #define LIVE_TOTAL_MS 2000
 
-static bool put(fl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool put(fl_buf *b, const char *fmt, ...) {
-  char item[160];
-  va_list ap;
-  va_start(ap, fmt);
-  int len = vsnprintf(item, sizeof item, fmt, ap);
-  va_end(ap);
-  return len >= 0 && (size_t)len < sizeof item && fl_buf_append(b, item, (size_t)len) == FL_OK;
-}
+/* Appends printf-formatted text; false when out of memory. */
+#define put(b, ...) (common_buf_printf((b), __VA_ARGS__) == FL_OK)
 
 char *ps_live_json(const ps_live_shard *shards, size_t n, const char *secret) {
   fl_buf b = FL_BUF_INIT;
@@ -54,8 +46,26 @@ char *ps_live_json(const ps_live_shard *shards, size_t n, const char *secret) {
     common_free(clocks);
     ok = ok && put(&b, last_of_table ? "}}]}" : "}}");
   }
-  ok = ok && fl_buf_append(&b, "}", 2) == FL_OK; /* with the NUL */
+  ok = ok && put(&b, "}");
   char *text = ok ? strdup((const char *)b.data) : NULL;
   fl_buf_free(&b);
   return text;
+}
+
+fl_status ps_table_event(fl_buf *b, uint64_t app, const ps_map *m, const uint64_t (*members)[1 + PS_MAX_BACKUPS]) {
+  bool ok = m->spec.sparse ? put(b, "{\"Event\":\"PsTable\",\"App\":%llu,\"Table\":%u,\"Name\":\"sparse, %u floats a key\"",
+                                 (unsigned long long)app, m->table, m->spec.width)
+                           : put(b, "{\"Event\":\"PsTable\",\"App\":%llu,\"Table\":%u,\"Name\":\"dense, %llu keys x %u "
+                                 "floats\"", (unsigned long long)app, m->table, (unsigned long long)m->spec.keys,
+                                 m->spec.width);
+  ok = ok && put(b, ",\"Shards\":[");
+  for (uint32_t s = 0; ok && s < m->shards; s++) {
+    ok = put(b, "%s{\"Shard\":%u,\"Replicas\":[", s ? "," : "", s);
+    /* without members: the primary and its backups, all on executor 0 */
+    uint32_t n = 1 + ps_place_backups(&m->places[s]);
+    for (uint32_t r = 0; ok && r < 1 + PS_MAX_BACKUPS && (members ? members[s][r] != 0 : r < n); r++)
+      ok = put(b, "%s%llu", r ? "," : "", (unsigned long long)(members ? members[s][r] : 0));
+    ok = ok && put(b, "]}");
+  }
+  return ok && put(b, "]}") ? FL_OK : FL_ERR(FL_ENOMEM, "out of memory");
 }

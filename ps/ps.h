@@ -261,6 +261,11 @@ typedef struct ps_live_shard {
  * (500 ms at most each, 2 s in all; a shard not asked in time shows none). Malloc'd; NULL
  * when out of memory. Blocks on the servers. */
 char *ps_live_json(const ps_live_shard *shards, size_t n, const char *secret);
+/* The table's PsTable event (docs/ui.md) of application `app`, appended to *b (a string):
+ * its name ("dense, 1000 keys x 4 floats"), and each shard's replicas' executors, primary
+ * first, from members (0 after the last); members NULL: every replica on executor 0 (a local
+ * context's). */
+fl_status ps_table_event(fl_buf *b, uint64_t app, const ps_map *m, const uint64_t (*members)[1 + PS_MAX_BACKUPS]);
 
 typedef struct ps_server_options {
   const char *secret;   /* every connection opens with it (NULL or "": none) */

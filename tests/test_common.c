@@ -931,6 +931,24 @@ static void test_symbol_name_truncates_to_buffer(void **state) {
   assert_string_equal(buf, "test_co");
 }
 
+/* common_buf_printf appends, grows the buffer past any size, and keeps a NUL after. */
+static void test_buf_printf(void **state) {
+  (void)state;
+  fl_buf b = FL_BUF_INIT;
+  assert_int_equal(common_buf_printf(&b, "%s=%d", "a", 1), FL_OK);
+  assert_int_equal(b.len, 3);
+  assert_string_equal((const char *)b.data, "a=1");
+  char big[5000];
+  memset(big, 'x', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  assert_int_equal(common_buf_printf(&b, ",%s", big), FL_OK);
+  assert_int_equal(b.len, 3 + 1 + sizeof big - 1);
+  assert_int_equal(strlen((const char *)b.data), b.len);
+  assert_int_equal(common_buf_printf(&b, "%s", ""), FL_OK);
+  assert_int_equal(b.len, 3 + sizeof big);
+  fl_buf_free(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_strerror_matches_table_for_every_code),
@@ -982,6 +1000,7 @@ int main(void) {
       cmocka_unit_test(test_symbol_name_of_static_function_is_library_offset),
       cmocka_unit_test(test_symbol_name_of_random_pointer_is_address),
       cmocka_unit_test(test_symbol_name_truncates_to_buffer),
+      cmocka_unit_test(test_buf_printf),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -217,6 +217,28 @@ static void test_pipeline_timeline(void **state) {
   fl_context_close(ctx);
 }
 
+/* Worker w ends n iterations (its clock at the servers goes to n). */
+static void clock_n(fl_ps_worker *w, int n) {
+  for (int i = 0; i < n; i++) {
+    uint64_t ticket;
+    assert_ok(fl_ps_clock(w, &ticket));
+    assert_ok(fl_ps_wait(w, ticket, NULL));
+  }
+}
+
+/* The context's one parameter-server table as /ps shows it, once the UI has it (up to 20 s). */
+static json_t *wait_table(fl_context *ctx) {
+  json_t *table = NULL;
+  for (int i = 0; i < 400 && !table; i++) {
+    json_t *all = api_json(ctx, "/api/v1/applications/current/ps");
+    if (json_array_size(all) == 1) table = json_incref(json_array_get(all, 0));
+    json_decref(all);
+    if (!table) sleep_ms(50);
+  }
+  assert_non_null(table);
+  return table;
+}
+
 static void test_ps_table(void **state) {
   (void)state;
   fl_context *ctx;
@@ -230,19 +252,8 @@ static void test_ps_table(void **state) {
   assert_ok(fl_ps_table_create(ctx, &po, &t));
   fl_ps_worker *w;
   assert_ok(fl_ps_worker_open(fl_ps_table_handle(t), 0, &w));
-  for (int i = 0; i < 3; i++) {
-    uint64_t ticket;
-    assert_ok(fl_ps_clock(w, &ticket));
-    assert_ok(fl_ps_wait(w, ticket, NULL));
-  }
-  json_t *table = NULL;
-  for (int i = 0; i < 400 && !table; i++) {
-    json_t *all = api_json(ctx, "/api/v1/applications/current/ps");
-    if (json_array_size(all) == 1) table = json_incref(json_array_get(all, 0));
-    json_decref(all);
-    if (!table) sleep_ms(50);
-  }
-  assert_non_null(table);
+  clock_n(w, 3);
+  json_t *table = wait_table(ctx);
   assert_string_equal(json_string_value(json_object_get(table, "name")), "dense, 100 keys x 2 floats");
   json_t *shards = json_object_get(table, "shards");
   assert_int_equal(json_array_size(shards), 3);
@@ -284,19 +295,8 @@ static void test_cluster_ps_clocks(void **state) {
   assert_ok(fl_ps_table_create(ctx, &po, &t));
   fl_ps_worker *w;
   assert_ok(fl_ps_worker_open(fl_ps_table_handle(t), 1, &w));
-  for (int i = 0; i < 2; i++) {
-    uint64_t ticket;
-    assert_ok(fl_ps_clock(w, &ticket));
-    assert_ok(fl_ps_wait(w, ticket, NULL));
-  }
-  json_t *table = NULL;
-  for (int i = 0; i < 400 && !table; i++) {
-    json_t *all = api_json(ctx, "/api/v1/applications/current/ps");
-    if (json_array_size(all) == 1) table = json_incref(json_array_get(all, 0));
-    json_decref(all);
-    if (!table) sleep_ms(50);
-  }
-  assert_non_null(table);
+  clock_n(w, 2);
+  json_t *table = wait_table(ctx);
   json_t *shards = json_object_get(table, "shards");
   assert_int_equal(json_array_size(shards), 2);
   size_t k;

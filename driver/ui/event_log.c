@@ -147,11 +147,8 @@ fl_status event_log_replay(const char *path, void (*apply)(void *arg, json_t *ev
 fl_status event_log_replay_dir(const char *dir, void (*apply)(void *arg, json_t *event), void *arg,
                                uint32_t *files) {
   *files = 0;
-  DIR *d = opendir(dir);
-  if (!d) return FL_ERR(FL_EIO, "cannot read the event log folder %s: %s", dir, strerror(errno));
   /* In name order: an application's id carries its driver's start time. */
   struct dirent **names = NULL;
-  closedir(d);
   int n = scandir(dir, &names, NULL, alphasort);
   if (n < 0) return FL_ERR(FL_EIO, "cannot read the event log folder %s: %s", dir, strerror(errno));
   fl_status st = FL_OK;

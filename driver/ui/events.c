@@ -4,7 +4,6 @@
  * text on the scheduler's thread; every other note is copied as it is and becomes a JSON
  * object on the UI thread (ui_note_event), with no text to format or parse in between.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,20 +43,8 @@ uint64_t ui_wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* Appends printf-formatted text; false when out of memory. */
-static bool append(fl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool append(fl_buf *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0 || fl_buf_reserve(b, (size_t)n + 1) != FL_OK) return false;
-  va_start(ap, fmt);
-  vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  b->len += (size_t)n;
-  return true;
-}
+/* Appends printf-formatted text (common_buf_printf); false when out of memory. */
+#define append(b, ...) (common_buf_printf((b), __VA_ARGS__) == FL_OK)
 
 static bool job_started_line(fl_buf *b, const sched_note *n) {
   bool ok = append(b, "{\"Event\":\"JobStart\",\"App\":%llu,\"Job\":%llu,\"Name\":", (unsigned long long)n->group,

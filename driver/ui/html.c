@@ -22,17 +22,8 @@ void pages_printf(ui_out *o, const char *fmt, ...) {
   if (o->st != FL_OK) return;
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
+  o->st = common_buf_vprintf(o->buf, fmt, ap);
   va_end(ap);
-  if (n < 0) {
-    o->st = FL_ERR(FL_EFORMAT, "pages: cannot format '%s'", fmt);
-    return;
-  }
-  if ((o->st = fl_buf_reserve(o->buf, (size_t)n + 1)) != FL_OK) return;
-  va_start(ap, fmt);
-  vsnprintf((char *)o->buf->data + o->buf->len, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  o->buf->len += (size_t)n;
 }
 
 void pages_escape(ui_out *o, const char *s) {

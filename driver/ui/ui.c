@@ -260,12 +260,12 @@ int ui_get(ui *u, const char *path, const char *query, fl_buf *body, const char 
     api_answer(u->store, u->live, u->live_arg, path + sizeof api_prefix - 1, &status, body);
     *content_type = "application/json";
     if (status != 200) {
-      char msg[600];
-      snprintf(msg, sizeof msg, "{\"error\":\"no such resource: %.500s\"}", path);
-      for (char *c = msg + 28; *c; c++)
-        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '_';
+      char what[600];
+      snprintf(what, sizeof what, "no such resource: %.500s", path);
       body->len = 0;
-      fl_buf_append(body, msg, strlen(msg));
+      if (common_buf_printf(body, "{\"error\":") != FL_OK || ui_json_string(body, what) != FL_OK ||
+          common_buf_printf(body, "}") != FL_OK)
+        body->len = 0;
     }
     return status;
   }
