@@ -105,7 +105,7 @@ static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, con
         }
         int ns = pass == 0 ? 1 : samples_for(sizes[s], o->scale);
         if (algos[a] == FL_ALLREDUCE_AUTO)
-          rt->picked[s] = comm_auto_algo(sizes[s], p, comm_host_single_copy_peers(comm) > 0);
+          rt->picked[s] = comm_pick_algo(comm, sizes[s]);
         for (int i = 0; i < ns; i++) {
           if (fl_comm_barrier(comm) != FL_OK) {
             fail_flint("fl_comm_barrier");

@@ -17,7 +17,8 @@ typedef struct comm_backend_ops {
   const char *name; /* "host", "nccl" */
   /* Each slot gets arguments already checked by gpu/comm/comm.c (sizes match, ranks in range,
    * peer != self, every tensor on the communicator's kind of device). All block. */
-  fl_status (*allreduce)(fl_comm *comm, fl_tensor *t, fl_reduce_op op, fl_allreduce_algo algo);
+  /* The host backend runs comm_pick_algo(comm, bytes); NCCL picks its own. */
+  fl_status (*allreduce)(fl_comm *comm, fl_tensor *t, fl_reduce_op op);
   fl_status (*broadcast)(fl_comm *comm, fl_tensor *t, int root);
   fl_status (*allgather)(fl_comm *comm, const fl_tensor *in, fl_tensor *out);
   fl_status (*reduce_scatter)(fl_comm *comm, const fl_tensor *in, fl_tensor *out,

@@ -62,7 +62,14 @@ fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy) {
   return FL_ALLREDUCE_RING;
 }
 
-static const char *const algo_names[] = {"auto", "ring", "halving-doubling", "tree"};
+fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes) {
+  if (c->algo != FL_ALLREDUCE_AUTO) return c->algo;
+  return comm_auto_algo(bytes, c->size, comm_host_single_copy_peers(c) > 0);
+}
+
+static const char *const algo_names[FL_ALLREDUCE_ALGO_COUNT] = {
+    "auto", "ring", "halving-doubling", "tree", "naive", "parameter-server", "double-tree",
+    "butterfly", "hierarchical"};
 
 FL_API fl_status fl_allreduce_algo_parse(const char *text, fl_allreduce_algo *out) {
   if (!text || !out) return fl_set_error(FL_EINVAL, "fl_allreduce_algo_parse: NULL argument");
@@ -72,7 +79,8 @@ FL_API fl_status fl_allreduce_algo_parse(const char *text, fl_allreduce_algo *ou
       return FL_OK;
     }
   return fl_set_error(FL_EINVAL, "unknown allreduce algorithm '%s' (expected auto, ring, "
-                      "halving-doubling or tree)", text);
+                      "halving-doubling, tree, naive, parameter-server, double-tree, butterfly "
+                      "or hierarchical)", text);
 }
 
 FL_API const char *fl_allreduce_algo_name(fl_allreduce_algo algo) {
@@ -106,7 +114,7 @@ FL_API const char *fl_comm_backend(const fl_comm *comm) { return comm ? comm->op
 
 FL_API fl_status fl_comm_set_allreduce_algo(fl_comm *comm, fl_allreduce_algo algo) {
   if (!comm) return fl_set_error(FL_EINVAL, "fl_comm_set_allreduce_algo: comm is NULL");
-  if ((int)algo < FL_ALLREDUCE_AUTO || (int)algo > FL_ALLREDUCE_TREE)
+  if ((int)algo < FL_ALLREDUCE_AUTO || (int)algo >= FL_ALLREDUCE_ALGO_COUNT)
     return fl_set_error(FL_EINVAL, "fl_comm_set_allreduce_algo: unknown algorithm %d", (int)algo);
   comm->algo = algo;
   return FL_OK;
@@ -162,7 +170,7 @@ FL_API fl_status fl_comm_allreduce(fl_comm *comm, fl_tensor *t, fl_reduce_op op)
   CHECK_RET(check_comm(comm, fn));
   CHECK_RET(check_tensor(comm, t, fn, "tensor"));
   CHECK_RET(check_op(op, fn));
-  return finish(comm, comm->ops->allreduce(comm, t, op, comm->algo), fn);
+  return finish(comm, comm->ops->allreduce(comm, t, op), fn);
 }
 
 FL_API fl_status fl_comm_broadcast(fl_comm *comm, fl_tensor *t, int root) {

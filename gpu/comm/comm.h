@@ -25,6 +25,9 @@
 
 /* The AUTO rule (gpu/comm/comm.c): which host algorithm serves `bytes` over `size` ranks. */
 fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy);
+/* The algorithm an allreduce of `bytes` runs on c: the one set with fl_comm_set_allreduce_algo,
+ * or AUTO's choice for this communicator. Every rank of a group gets the same answer. */
+fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes);
 
 /* The uneven block rule of reduce_scatter: block r of n over p is n/p elements, plus one
  * when r < n % p. */

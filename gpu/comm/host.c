@@ -93,14 +93,13 @@ static fl_status stage_out(fl_tensor *t, const float *host) {
 
 /* ---- the backend's slots ----------------------------------------------------------------- */
 
-static fl_status host_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op, fl_allreduce_algo algo) {
+static fl_status host_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op) {
   comm_host *h = c->impl;
   float *data;
   fl_status st = stage_in(h, 0, t, true, &data);
   if (st != FL_OK) return st;
   size_t n = t->numel;
-  if (algo == FL_ALLREDUCE_AUTO)
-    algo = comm_auto_algo(n * sizeof(float), c->size, comm_host_single_copy_peers(c) > 0);
+  fl_allreduce_algo algo = comm_pick_algo(c, n * sizeof(float));
   if (c->size > 1 && n > 0) {
     switch (algo) {
     case FL_ALLREDUCE_RING: st = allreduce_ring(h, c->rank, c->size, data, n); break;

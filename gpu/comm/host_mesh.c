@@ -6,7 +6,7 @@
  * version, rank, size), answered by the same from the acceptor; a connection with a bad hello
  * is closed and the endpoint keeps waiting for the real peer. Once the mesh is up, the ranks
  * probe which pairs may move ring steps by a single copy (single_copy_probe; the scheme is in
- * gpu/comm/host_transport.h).
+ * gpu/comm/host_transport.h), and learn which ranks share a host (host_topology).
  *
  * Threading: a mesh forms on its rank's thread; endpoints are used by one thread at a time.
  */
@@ -27,10 +27,11 @@
 #include "gpu/comm/host_transport.h"
 
 #define HOST_MAGIC 0x544e4c46u /* "FLNT" little-endian */
-#define HOST_VERSION 2u /* 2: the single-copy probe follows the hello */
+#define HOST_VERSION 3u /* 2: the single-copy probe follows the hello; 3: then host keys */
 #define HOST_HELLO_BYTES 16
 #define HOST_MAX_PENDING 32
 #define HOST_DEFAULT_CONNECT_MS 30000u
+#define HOST_KEY_BYTES 96
 
 /* Settings (declared with every other in common/config.h, which bounds these to 32 bits). */
 /* No byte moving for this long inside a collective is FL_ETIMEDOUT. */
@@ -316,6 +317,7 @@ void comm_host_free(comm_host *h) {
   common_free(h->fds);
   common_free(h->peer_pid);
   common_free(h->single_copy_min);
+  common_free(h->host_of);
   for (int i = 0; i < 2; i++) {
     common_free(h->scratch[i]);
     if (h->stage[i]) h->stage_dev[i]->ops->host_free(h->stage_dev[i], h->stage[i]);
@@ -395,6 +397,62 @@ cleanup:
   return status;
 }
 
+/* ---- topology -------------------------------------------------------------------------------- */
+
+/* This process's host key: the kernel's boot id and the network namespace, so that ranks in
+ * other namespaces of one machine count as other hosts (as they do for addresses). */
+static void host_key(char key[HOST_KEY_BYTES]) {
+  char boot[64] = "", ns[64] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = '\0';
+  ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+  ns[n > 0 ? n : 0] = '\0';
+  memset(key, 0, HOST_KEY_BYTES);
+  snprintf(key, HOST_KEY_BYTES, "%s/%s", boot, ns);
+}
+
+/* Every rank sends its host key to every peer (all sends before any read: the keys fit in
+ * the socket buffers) and numbers the hosts in the order of their lowest rank, so every
+ * rank computes the same host_of[]. */
+static fl_status host_topology(comm_host *h, uint64_t deadline_ns) {
+  size_t n = (size_t)h->size;
+  char(*keys)[HOST_KEY_BYTES] = common_calloc(n, sizeof *keys);
+  h->host_of = common_malloc(n * sizeof *h->host_of);
+  fl_status status = FL_OK;
+  if (!keys || !h->host_of) {
+    status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
+    goto cleanup;
+  }
+  host_key(keys[h->rank]);
+  int peer;
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && io_until(h->fds[peer], keys[h->rank], HOST_KEY_BYTES, true, deadline_ns) != 0)
+      goto io_failed;
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && io_until(h->fds[peer], keys[peer], HOST_KEY_BYTES, false, deadline_ns) != 0)
+      goto io_failed;
+  h->nhosts = 0;
+  for (int r = 0; r < h->size; r++) {
+    keys[r][HOST_KEY_BYTES - 1] = '\0';
+    int same = -1;
+    for (int q = 0; q < r && same < 0; q++)
+      if (strcmp(keys[q], keys[r]) == 0) same = h->host_of[q];
+    h->host_of[r] = same >= 0 ? same : h->nhosts++;
+  }
+  goto cleanup;
+io_failed:
+  status = fl_set_error(errno == ETIMEDOUT ? FL_ETIMEDOUT : FL_EPEER,
+                        "rank %d: exchanging host keys with rank %d failed: %s", h->rank, peer,
+                        strerror(errno));
+cleanup:
+  common_free(keys);
+  return status;
+}
+
 fl_status comm_host_connect(fl_comm_endpoint *ep, int rank, int size, const char *const *addresses,
                             uint32_t timeout_ms, comm_host **out) {
   fl_status status = FL_OK;
@@ -415,6 +473,7 @@ fl_status comm_host_connect(fl_comm_endpoint *ep, int rank, int size, const char
   for (int j = 0; j < rank; j++) FL_CHECK(connect_peer(rank, size, j, addresses[j], deadline, &h->fds[j]));
   FL_CHECK(accept_peers(ep, rank, size, h->fds, deadline, timeout_ms));
   FL_CHECK(single_copy_probe(h, deadline));
+  FL_CHECK(host_topology(h, deadline));
   *out = h;
   h = NULL;
 cleanup:

@@ -59,6 +59,11 @@ struct comm_host {
    * with it (0: never, TCP only). */
   pid_t *peer_pid;
   size_t *single_copy_min;
+  /* Topology: host_of[r] is the host of rank r, numbered 0..nhosts-1 in the order of each
+   * host's lowest rank. Ranks share a host when they share the kernel (boot id) and the
+   * network namespace, so namespaces stand for hosts in tests (host_topology). */
+  int *host_of;
+  int nhosts;
 };
 
 /* ---- the mesh (gpu/comm/host_mesh.c) ---------------------------------------------------- */

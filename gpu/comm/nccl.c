@@ -78,8 +78,7 @@ static fl_status end(fl_comm *c) {
   return FL_OK;
 }
 
-static fl_status nccl_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op, fl_allreduce_algo algo) {
-  (void)algo; /* NCCL picks its own */
+static fl_status nccl_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op) {
   nccl_impl *impl = impl_of(c);
   fl_status st = begin(c);
   if (st != FL_OK) return st;

@@ -95,7 +95,7 @@ static void allreduce_text(const gpu_train_options *o, uint32_t algos, char *out
   /* AUTO picks by size, so buckets of different sizes may run different algorithms. */
   size_t n = (size_t)snprintf(out, cap, "%s", o->allreduce == FL_ALLREDUCE_AUTO ? "auto: " : "");
   int named = 0;
-  for (int a = FL_ALLREDUCE_RING; a <= FL_ALLREDUCE_TREE && n < cap; a++)
+  for (int a = FL_ALLREDUCE_RING; a < FL_ALLREDUCE_ALGO_COUNT && n < cap; a++)
     if (algos & (1u << a))
       n += (size_t)snprintf(out + n, cap - n, "%s%s", named++ ? " and " : "", fl_allreduce_algo_name((fl_allreduce_algo)a));
 }

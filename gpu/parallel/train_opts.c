@@ -325,7 +325,7 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
   fl_status os = validate_optimizer(o);
   if (os == FL_OK) os = validate_ps(o);
   if (os != FL_OK) return os;
-  if ((unsigned)o->allreduce > FL_ALLREDUCE_TREE)
+  if ((unsigned)o->allreduce >= FL_ALLREDUCE_ALGO_COUNT)
     return fl_set_error(FL_EINVAL, "--allreduce: unknown algorithm %d", (int)o->allreduce);
   if (o->bucket_bytes && o->bucket_bytes < 4)
     return fl_set_error(FL_EINVAL, "--bucket-mb: a bucket must hold at least one float");

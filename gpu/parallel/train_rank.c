@@ -23,8 +23,8 @@ bool train_uses_nccl(fl_device_kind kind) {
 uint32_t train_allreduce_bit(const fl_comm *comm, fl_allreduce_algo algo, size_t bytes) {
   if (!comm) return 0;
   if (strcmp(fl_comm_backend(comm), "nccl") == 0) return TRAIN_ALLREDUCE_NCCL;
-  if (algo == FL_ALLREDUCE_AUTO) algo = comm_auto_algo(bytes, fl_comm_size(comm), comm_host_single_copy_peers(comm) > 0);
-  return 1u << (unsigned)algo;
+  (void)algo; /* the communicator's own, set by train_connect */
+  return 1u << (unsigned)comm_pick_algo(comm, bytes);
 }
 
 /* Whether two ranks of the barrier train on one GPU (the same host and PCI address), which

@@ -101,14 +101,23 @@ typedef struct fl_comm fl_comm;
 typedef struct fl_comm_endpoint fl_comm_endpoint;
 
 typedef enum fl_reduce_op { FL_REDUCE_SUM = 0, FL_REDUCE_AVG = 1 } fl_reduce_op;
-/* Allreduce algorithms of the host backend. AUTO picks by message size and rank count. */
+/* Allreduce algorithms of the host backend (docs/collectives.md gives each one's steps and
+ * bytes). AUTO picks the one a cost model calibrated when the communicator formed predicts
+ * fastest for the message size and rank count. */
 typedef enum fl_allreduce_algo {
   FL_ALLREDUCE_AUTO = 0,
   FL_ALLREDUCE_RING,             /* reduce-scatter then allgather around a ring */
   FL_ALLREDUCE_HALVING_DOUBLING, /* recursive halving (reduce-scatter), doubling (allgather) */
   FL_ALLREDUCE_TREE,             /* reduce up a binary tree, broadcast down it */
+  FL_ALLREDUCE_NAIVE,            /* every rank sends its whole vector to every other one */
+  FL_ALLREDUCE_PARAMETER_SERVER, /* reduce-scatter to each block's owner, then gather from it */
+  FL_ALLREDUCE_DOUBLE_TREE,      /* two complementary binary trees, each carrying half */
+  FL_ALLREDUCE_BUTTERFLY,        /* recursive doubling: whole vectors exchanged log2(p) times */
+  FL_ALLREDUCE_HIERARCHICAL,     /* reduce within each host, ring across hosts, broadcast within */
 } fl_allreduce_algo;
-/* "auto", "ring", "halving-doubling", "tree"; FL_EINVAL otherwise. */
+#define FL_ALLREDUCE_ALGO_COUNT 9
+/* "auto", "ring", "halving-doubling", "tree", "naive", "parameter-server", "double-tree",
+ * "butterfly", "hierarchical"; FL_EINVAL otherwise. */
 FL_API fl_status fl_allreduce_algo_parse(const char *text, fl_allreduce_algo *out);
 FL_API const char *fl_allreduce_algo_name(fl_allreduce_algo algo);
 
