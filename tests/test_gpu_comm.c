@@ -150,6 +150,61 @@ static void test_allreduce_matrix(void **state) {
 
 static void coll_case_sizes_check(group *g);
 
+/* ---- 16-bit allreduce (the compression hooks' fp16/bf16) ------------------------------------
+ * Small integers are exact in both formats, and so are their sums over up to 16 ranks. */
+typedef struct half_case {
+  size_t n;
+  comm_half_kind kind;
+  int size;
+  long bad[MAX_RANKS];
+} half_case;
+
+static fl_status half_rank(rank_job *job) {
+  half_case *c = job->arg;
+  uint16_t *x = malloc(c->n * 2 + 2);
+  for (size_t i = 0; i < c->n; i++) {
+    float v = value(job->rank, i, 7);
+    x[i] = c->kind == COMM_HALF_FP16 ? comm_f32_to_f16(v) : comm_f32_to_bf16(v);
+  }
+  fl_status st = comm_allreduce_half(job->comm, x, c->n, c->kind);
+  c->bad[job->rank] = -1;
+  for (size_t i = 0; st == FL_OK && i < c->n && c->bad[job->rank] < 0; i++) {
+    float got = c->kind == COMM_HALF_FP16 ? comm_f16_to_f32(x[i]) : comm_bf16_to_f32(x[i]);
+    if (got != sum_value(c->size, i, 7)) c->bad[job->rank] = (long)i;
+  }
+  free(x);
+  return st;
+}
+
+static void test_allreduce_half(void **state) {
+  (void)state;
+  static const size_t sizes[] = {0, 1, 7, 65537, 300001};
+  static const int ranks[] = {1, 2, 3, 5};
+  for (size_t k = 0; k < sizeof ranks / sizeof *ranks; k++) {
+    group g;
+    group_create(&g, ranks[k]);
+    for (int kind = COMM_HALF_FP16; kind <= COMM_HALF_BF16; kind++)
+      for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        half_case c = {.n = sizes[s], .kind = (comm_half_kind)kind, .size = g.size};
+        rank_job jobs[MAX_RANKS];
+        run_ranks(g.size, g.comms, half_rank, &c, jobs);
+        expect_all_ok(g.size, jobs);
+        for (int r = 0; r < g.size; r++) assert_int_equal(c.bad[r], -1);
+      }
+    if (ranks[k] == 1) {
+      uint16_t x = 0;
+      assert_fails_with(comm_allreduce_half(g.comms[0], &x, 1, (comm_half_kind)9), FL_EINVAL, "16-bit");
+      assert_fails_with(comm_allreduce_half(g.comms[0], NULL, 1, COMM_HALF_FP16), FL_EINVAL, "NULL");
+    }
+    group_destroy(&g);
+  }
+  /* Rounding: bf16 keeps 8 bits of mantissa, fp16 11; both round to nearest even. */
+  assert_true(comm_bf16_to_f32(comm_f32_to_bf16(1.00390625f)) == 1.0f);
+  assert_true(comm_bf16_to_f32(comm_f32_to_bf16(1.01171875f)) == 1.015625f);
+  assert_true(comm_f16_to_f32(comm_f32_to_f16(0.1f)) == (float)(_Float16)0.1f);
+  assert_true(comm_bf16_to_f32(comm_f32_to_bf16(__builtin_nanf(""))) != comm_bf16_to_f32(comm_f32_to_bf16(__builtin_nanf(""))));
+}
+
 /* More ranks than the issue asks, as STYLE.md's matrix does: 8 (a power of two) and 13
  * (halving-doubling folds 5 pairs), smaller sizes. */
 static void test_allreduce_many_ranks(void **state) {
@@ -1000,6 +1055,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_algo_names),
+      cmocka_unit_test(test_allreduce_half),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_allreduce_matrix),
       cmocka_unit_test(test_allreduce_many_ranks),

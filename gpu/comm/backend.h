@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "flint/gpu.h"
+#include "gpu/comm/comm.h"
 
 typedef struct comm_backend_ops {
   const char *name; /* "host", "nccl" */
@@ -19,6 +20,8 @@ typedef struct comm_backend_ops {
    * peer != self, every tensor on the communicator's kind of device). All block. */
   /* The host backend runs comm_pick_algo(comm, bytes); NCCL picks its own. */
   fl_status (*allreduce)(fl_comm *comm, fl_tensor *t, fl_reduce_op op);
+  /* comm_allreduce_half: 16-bit floats in host memory; NULL where unsupported. */
+  fl_status (*allreduce_half)(fl_comm *comm, uint16_t *data, size_t n, comm_dtype type);
   fl_status (*broadcast)(fl_comm *comm, fl_tensor *t, int root);
   fl_status (*allgather)(fl_comm *comm, const fl_tensor *in, fl_tensor *out);
   fl_status (*reduce_scatter)(fl_comm *comm, const fl_tensor *in, fl_tensor *out,

@@ -173,6 +173,18 @@ FL_API fl_status fl_comm_allreduce(fl_comm *comm, fl_tensor *t, fl_reduce_op op)
   return finish(comm, comm->ops->allreduce(comm, t, op), fn);
 }
 
+fl_status comm_allreduce_half(fl_comm *comm, uint16_t *data, size_t n, comm_half_kind kind) {
+  static const char fn[] = "comm_allreduce_half";
+  CHECK_RET(check_comm(comm, fn));
+  if (n && !data) return fl_set_error(FL_EINVAL, "%s: data is NULL", fn);
+  if (kind != COMM_HALF_FP16 && kind != COMM_HALF_BF16)
+    return fl_set_error(FL_EINVAL, "%s: unknown 16-bit format %d", fn, (int)kind);
+  if (!comm->ops->allreduce_half)
+    return fl_set_error(FL_EINVAL, "%s: the %s backend does not allreduce 16-bit host buffers "
+                        "(use the host backend)", fn, comm->ops->name);
+  return finish(comm, comm->ops->allreduce_half(comm, data, n, (comm_dtype)kind), fn);
+}
+
 FL_API fl_status fl_comm_broadcast(fl_comm *comm, fl_tensor *t, int root) {
   static const char fn[] = "fl_comm_broadcast";
   CHECK_RET(check_comm(comm, fn));

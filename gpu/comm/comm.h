@@ -29,6 +29,43 @@ fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy);
  * or AUTO's choice for this communicator. Every rank of a group gets the same answer. */
 fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes);
 
+/* Element types a collective may carry on the wire: the public calls move fp32; the
+ * gradient-compression hooks (gpu/parallel/) also allreduce 16-bit floats. */
+typedef enum comm_dtype { COMM_F32 = 0, COMM_F16, COMM_BF16 } comm_dtype;
+typedef enum comm_half_kind { COMM_HALF_FP16 = COMM_F16, COMM_HALF_BF16 = COMM_BF16 } comm_half_kind;
+
+/* IEEE half and bfloat16 from and to fp32, rounding to nearest even (NaN stays NaN). */
+static inline float comm_f16_to_f32(uint16_t h) {
+  _Float16 x;
+  __builtin_memcpy(&x, &h, 2);
+  return (float)x;
+}
+static inline uint16_t comm_f32_to_f16(float f) {
+  _Float16 x = (_Float16)f;
+  uint16_t h;
+  __builtin_memcpy(&h, &x, 2);
+  return h;
+}
+static inline float comm_bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t comm_f32_to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* Allreduce (sum) of n 16-bit floats in host memory at `data`, in place: each step sums in
+ * fp32 and rounds back, so the result is within the format's rounding of the fp32 sum. The
+ * host backend runs its ring (half the bytes of an fp32 allreduce); other backends
+ * FL_EINVAL. Blocks; a failure is sticky as for the public calls. */
+fl_status comm_allreduce_half(fl_comm *c, uint16_t *data, size_t n, comm_half_kind kind);
+
 /* The uneven block rule of reduce_scatter: block r of n over p is n/p elements, plus one
  * when r < n % p. */
 static inline size_t comm_block_count(size_t n, int p, int r) {

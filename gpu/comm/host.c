@@ -112,6 +112,11 @@ static fl_status host_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op) {
   return stage_out(t, data);
 }
 
+static fl_status host_allreduce_half(fl_comm *c, uint16_t *data, size_t n, comm_dtype type) {
+  if (c->size == 1 || n == 0) return FL_OK;
+  return allreduce_ring_dtype(c->impl, c->rank, c->size, data, n, type);
+}
+
 static fl_status host_broadcast(fl_comm *c, fl_tensor *t, int root) {
   comm_host *h = c->impl;
   float *data;
@@ -153,7 +158,7 @@ static fl_status host_reduce_scatter(fl_comm *c, const fl_tensor *in, fl_tensor 
   if (st != FL_OK) return st;
   work = w;
   if (n) memcpy(work, src, n * sizeof(float));
-  st = ring_reduce_scatter(h, c->rank, c->size, work, n);
+  st = ring_reduce_scatter(h, c->rank, c->size, work, n, COMM_F32);
   if (st != FL_OK) return st;
   st = stage_in(h, 1, out, false, &dst);
   if (st != FL_OK) return st;
@@ -258,6 +263,7 @@ static void host_destroy(fl_comm *c) { comm_host_free(c->impl); }
 static const comm_backend_ops host_ops = {
     .name = "host",
     .allreduce = host_allreduce,
+    .allreduce_half = host_allreduce_half,
     .broadcast = host_broadcast,
     .allgather = host_allgather,
     .reduce_scatter = host_reduce_scatter,

@@ -14,7 +14,9 @@ fl_status allreduce_ring(comm_host *h, int rank, int size, float *data, size_t n
 /* The halves of the ring: after ring_reduce_scatter rank r holds block r of the sum (blocks
  * by comm_block_*); ring_allgather_bytes passes every rank's block [off[r], off[r]+len[r])
  * of `data` around the ring. */
-fl_status ring_reduce_scatter(comm_host *h, int rank, int size, float *data, size_t n);
+fl_status ring_reduce_scatter(comm_host *h, int rank, int size, void *data, size_t n, comm_dtype type);
+/* The ring over elements of any comm_dtype (comm_allreduce_half). */
+fl_status allreduce_ring_dtype(comm_host *h, int rank, int size, void *data, size_t n, comm_dtype type);
 fl_status ring_allgather_bytes(comm_host *h, int rank, int size, uint8_t *data,
                                const size_t *off, const size_t *len);
 /* gpu/comm/allreduce_halving_doubling.c */

@@ -70,7 +70,7 @@ static fl_status check_fd(comm_host *h, int peer) {
 /* Reads the sender's buffer described by desc ({address, length}) from recv_peer's process:
  * into rbuf, or with `sum` a piece at a time through rbuf (piece_bytes long) into sum. */
 static fl_status single_copy_read(comm_host *h, int recv_peer, const uint64_t desc[2], void *rbuf,
-                                  size_t rbytes, float *sum, size_t piece_bytes) {
+                                  size_t rbytes, uint8_t *sum, comm_dtype type, size_t piece_bytes) {
   if (desc[1] != rbytes)
     return fl_set_error(FL_EPROTO, "rank %d: rank %d offered %llu bytes where the ring step expects %zu",
                         h->rank, recv_peer, (unsigned long long)desc[1], rbytes);
@@ -85,8 +85,8 @@ static fl_status single_copy_read(comm_host *h, int recv_peer, const uint64_t de
                           "rank %d: reading rank %d's buffer (single copy, pid %d) failed: %s", h->rank,
                           recv_peer, (int)pid, strerror(errno));
     if (sum) {
-      comm_reduce_add(sum, rbuf, n / sizeof(float));
-      sum += n / sizeof(float);
+      comm_reduce_add_dtype(type, sum, rbuf, n / comm_dtype_size(type));
+      sum += n;
     }
   }
   return FL_OK;
@@ -118,15 +118,15 @@ static bool io_failed(ssize_t r, int err, bool write) {
 
 /* The one transfer loop: sbytes to send_peer while rbytes come from recv_peer. With `sum`
  * set, received bytes land in the piece buffer `rbuf` (piece_bytes long) and each full piece
- * is added into sum, so that the sends keep flowing while the received data is reduced.
+ * is added into sum (elements of `type`), so that the sends keep flowing while the received data is reduced.
  * With `ring` (comm_host_ring_step), a half of at least the pair's threshold moves by a
  * single copy (top comment): on the socket, the send half is then a descriptor out and an
  * ack in, the receive half a descriptor in, the read, and an ack out. When both peers are
  * one rank, its socket carries each direction in order (descriptor or data, then the ack),
  * so the ack out waits for the send half's bytes and the ack in for the receive half's. */
 static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                          int recv_peer, void *rbuf, size_t rbytes, float *sum, size_t piece_bytes,
-                          bool ring) {
+                          int recv_peer, void *rbuf, size_t rbytes, uint8_t *sum, comm_dtype type,
+                          size_t piece_bytes, bool ring) {
   if (sbytes) {
     fl_status st = check_fd(h, send_peer);
     if (st) return st;
@@ -172,9 +172,9 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
         if (sum && !r_copy) {
           in_piece += got;
           if (in_piece == piece_bytes || rleft == 0) {
-            /* whole floats only: pieces are float-aligned and so is the total */
-            comm_reduce_add(sum, rbuf, in_piece / sizeof(float));
-            sum += in_piece / sizeof(float);
+            /* whole elements only: pieces are element-aligned and so is the total */
+            comm_reduce_add_dtype(type, sum, rbuf, in_piece / comm_dtype_size(type));
+            sum += in_piece;
             in_piece = 0;
           }
         }
@@ -183,7 +183,7 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
       }
     }
     if (read_pending && rleft == 0) {
-      fl_status st = single_copy_read(h, recv_peer, rdesc, rbuf, rbytes, sum, piece_bytes);
+      fl_status st = single_copy_read(h, recv_peer, rdesc, rbuf, rbytes, sum, type, piece_bytes);
       if (st != FL_OK) return st;
       /* A sender whose step fails while its descriptor is out shuts its sockets before its
        * caller may write the buffer again: a hang-up seen now means the read may have raced
@@ -249,27 +249,28 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
 
 fl_status comm_host_exchange(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                              int recv_peer, void *rbuf, size_t rbytes) {
-  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, 0, false);
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, COMM_F32, 0, false);
 }
 
 fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                                     int recv_peer, float *sum, size_t rcount, float *tmp,
                                     size_t piece_floats) {
-  return transfer(h, send_peer, sbuf, sbytes, recv_peer, tmp, rcount * sizeof(float), sum,
-                  piece_floats * sizeof(float), false);
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, tmp, rcount * sizeof(float), (uint8_t *)sum,
+                  COMM_F32, piece_floats * sizeof(float), false);
 }
 
 
 fl_status comm_host_ring_step(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                               int recv_peer, void *rbuf, size_t rbytes) {
-  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, 0, true);
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, rbuf, rbytes, NULL, COMM_F32, 0, true);
 }
 
 fl_status comm_host_ring_step_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                                     int recv_peer, float *sum, size_t rcount, float *tmp,
-                                     size_t piece_floats) {
-  return transfer(h, send_peer, sbuf, sbytes, recv_peer, tmp, rcount * sizeof(float), sum,
-                  piece_floats * sizeof(float), true);
+                                     int recv_peer, void *sum, comm_dtype type, size_t rcount,
+                                     void *tmp, size_t piece_elems) {
+  size_t es = comm_dtype_size(type);
+  return transfer(h, send_peer, sbuf, sbytes, recv_peer, tmp, rcount * es, sum, type,
+                  piece_elems * es, true);
 }
 
 fl_status comm_host_send(comm_host *h, int peer, const void *buf, size_t bytes) {
@@ -297,6 +298,27 @@ void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n) {
 #pragma omp simd
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
+
+/* 16-bit elements are summed in fp32 and rounded back (to nearest even), as NCCL does. */
+static void reduce_add_f16(uint16_t *restrict dst, const uint16_t *restrict src, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = comm_f32_to_f16(comm_f16_to_f32(dst[i]) + comm_f16_to_f32(src[i]));
+}
+
+static void reduce_add_bf16(uint16_t *restrict dst, const uint16_t *restrict src, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = comm_f32_to_bf16(comm_bf16_to_f32(dst[i]) + comm_bf16_to_f32(src[i]));
+}
+
+void comm_reduce_add_dtype(comm_dtype type, void *dst, const void *src, size_t n) {
+  switch (type) {
+  case COMM_F16: reduce_add_f16(dst, src, n); break;
+  case COMM_BF16: reduce_add_bf16(dst, src, n); break;
+  default: comm_reduce_add(dst, src, n); break;
+  }
+}
+
+size_t comm_dtype_size(comm_dtype type) { return type == COMM_F32 ? 4 : 2; }
 
 void comm_reduce_scale(float *dst, float a, size_t n) {
 #pragma omp simd

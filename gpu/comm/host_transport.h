@@ -101,9 +101,10 @@ fl_status comm_host_exchange_reduce(comm_host *h, int send_peer, const void *sbu
  * the receiving end must expect the sender's descriptor instead of the data. */
 fl_status comm_host_ring_step(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
                               int recv_peer, void *rbuf, size_t rbytes);
+/* rcount elements of `type` are added into sum, piece_elems at a time through tmp. */
 fl_status comm_host_ring_step_reduce(comm_host *h, int send_peer, const void *sbuf, size_t sbytes,
-                                     int recv_peer, float *sum, size_t rcount, float *tmp,
-                                     size_t piece_floats);
+                                     int recv_peer, void *sum, comm_dtype type, size_t rcount,
+                                     void *tmp, size_t piece_elems);
 /* A scratch buffer of at least `bytes` owned by the transport (grown on demand, kept for
  * the communicator's life). Slot 0 and 1 are separate buffers. */
 fl_status comm_host_scratch(comm_host *h, int slot, size_t bytes, void **out);
@@ -111,6 +112,9 @@ fl_status comm_host_scratch(comm_host *h, int slot, size_t bytes, void **out);
 /* ---- reduction kernels (gpu/comm/host_transport.c), vectorized -------------------------- */
 void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n);
 void comm_reduce_scale(float *dst, float a, size_t n);
+/* dst += src over n elements of `type` (16-bit ones summed in fp32, rounded back). */
+void comm_reduce_add_dtype(comm_dtype type, void *dst, const void *src, size_t n);
+size_t comm_dtype_size(comm_dtype type);
 
 /* Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv); -1 with errno. */
 int comm_host_read_peer(pid_t pid, void *local, uint64_t remote, size_t bytes);
