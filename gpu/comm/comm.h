@@ -129,6 +129,13 @@ fl_status comm_worker_start(fl_comm *comm, comm_worker **out);
  * queue is full. An error return (the worker's kept failure, or the device's) means t was not
  * queued. A tensor of 0 elements is accepted and skipped. */
 fl_status comm_worker_post(comm_worker *w, const fl_tensor *t, fl_reduce_op op);
+/* A job the worker runs in place of an allreduce: fn(comm, t, user) on the worker's thread,
+ * in posting order among the allreduces (the trainer's gradient compression hooks, which
+ * reduce a bucket their own way). fn may call any collective on comm; its failure is kept as
+ * an allreduce's. */
+typedef fl_status (*comm_worker_fn)(fl_comm *comm, fl_tensor *t, void *user);
+/* As comm_worker_post, with fn run instead of the allreduce; user must outlive the wait. */
+fl_status comm_worker_post_fn(comm_worker *w, const fl_tensor *t, comm_worker_fn fn, void *user);
 /* Blocks until every posted tensor is reduced. FL_OK, or the first failure since the worker
  * started, with its message (fl_last_error). */
 fl_status comm_worker_wait(comm_worker *w);

@@ -21,6 +21,8 @@
 typedef struct worker_job {
   fl_tensor t; /* a copy of the posted tensor's header (a view of its memory) */
   fl_reduce_op op;
+  comm_worker_fn fn; /* NULL: an allreduce with op */
+  void *user;
 } worker_job;
 
 struct comm_worker {
@@ -47,7 +49,8 @@ static void *worker_main(void *arg) {
     /* After a failure (kept) or a stop (cancelled) the queued jobs are dropped unrun. */
     bool run = w->error == FL_OK && !w->stopping && job.t.numel > 0;
     FL_PCHECK(pthread_mutex_unlock(&w->lock));
-    fl_status st = run ? fl_comm_allreduce(w->comm, &job.t, job.op) : FL_OK;
+    fl_status st = FL_OK;
+    if (run) st = job.fn ? job.fn(w->comm, &job.t, job.user) : fl_comm_allreduce(w->comm, &job.t, job.op);
     char msg[sizeof w->error_msg] = "";
     if (st != FL_OK) snprintf(msg, sizeof msg, "%s", fl_last_error());
     FL_PCHECK(pthread_mutex_lock(&w->lock));
@@ -88,7 +91,7 @@ static fl_status worker_failure(comm_worker *w) {
   return fl_set_error(w->error, "a gradient allreduce on the communication thread failed: %s", w->error_msg);
 }
 
-fl_status comm_worker_post(comm_worker *w, const fl_tensor *t, fl_reduce_op op) {
+static fl_status worker_post(comm_worker *w, const fl_tensor *t, fl_reduce_op op, comm_worker_fn fn, void *user) {
   if (!w || !t) return fl_set_error(FL_EINVAL, "comm_worker_post: NULL argument");
   /* The worker must read what the device's queued work produces, not what was there. */
   fl_status st = t->dev->ops->synchronize(t->dev);
@@ -100,13 +103,22 @@ fl_status comm_worker_post(comm_worker *w, const fl_tensor *t, fl_reduce_op op) 
     st = worker_failure(w);
   } else {
     FL_ASSERT(!w->stopping);
-    w->ring[w->tail % COMM_WORKER_DEPTH] = (worker_job){.t = *t, .op = op};
+    w->ring[w->tail % COMM_WORKER_DEPTH] = (worker_job){.t = *t, .op = op, .fn = fn, .user = user};
     w->ring[w->tail % COMM_WORKER_DEPTH].t.owns = false;
     w->tail++;
     FL_PCHECK(pthread_cond_signal(&w->posted));
   }
   FL_PCHECK(pthread_mutex_unlock(&w->lock));
   return st;
+}
+
+fl_status comm_worker_post(comm_worker *w, const fl_tensor *t, fl_reduce_op op) {
+  return worker_post(w, t, op, NULL, NULL);
+}
+
+fl_status comm_worker_post_fn(comm_worker *w, const fl_tensor *t, comm_worker_fn fn, void *user) {
+  if (!fn) return fl_set_error(FL_EINVAL, "comm_worker_post_fn: fn is NULL");
+  return worker_post(w, t, FL_REDUCE_SUM, fn, user);
 }
 
 fl_status comm_worker_wait(comm_worker *w) {
