@@ -127,6 +127,11 @@ static const char train_usage_text[] =
     "                      norm, and R task slots at once (docs/gpu.md)\n"
     "  --ps-fetch N        asp, ssp: a worker pulls the weights every N steps (default 1)\n"
     "  --ps-push N         asp, ssp: and pushes the gradients of N steps at once (default 1)\n"
+    "  --compress C        gradient compression with --sync bsp (PyTorch DDP's comm hooks):\n"
+    "                      none (default), fp16 or bf16 (16-bit allreduce), topk:RATIO (the\n"
+    "                      largest RATIO in (0, 1] of each bucket, with error feedback),\n"
+    "                      powersgd:R (rank-R PowerSGD, error feedback) or onebit (signs and\n"
+    "                      a scale, error feedback); ranks join over the host backend\n"
     "  --no-overlap        allreduce each bucket inside backward instead of on the rank's\n"
     "                      communication thread while backward goes on (for comparison)\n"
     "  --master M          local[*] (default), local[N], local-cluster[E,C,MB] or\n"
@@ -209,7 +214,7 @@ static const struct option train_longopts[] = {
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
     VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
-    VALUED("sync"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
+    VALUED("sync"), VALUED("compress"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
     VALUED("ps-push"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
@@ -389,6 +394,8 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
         return train_usage_error("--power '%s' is not a number in (0, 100]", v);
     } else if (strcmp(opt, "--seed") == 0) {
       if (!cli_parse_u64(v, UINT64_MAX, &o->seed)) return train_usage_error("--seed '%s' is not a whole number", v);
+    } else if (strcmp(opt, "--compress") == 0) {
+      o->compress = v; /* checked with the other options, by the trainer */
     } else if (strcmp(opt, "--allreduce") == 0) {
       if (fl_allreduce_algo_parse(v, &o->allreduce) != FL_OK)
         return train_usage_error("unknown allreduce algorithm '%s' (auto, ring, halving-doubling or tree)", v);
@@ -494,6 +501,10 @@ int cmd_train(int argc, char **argv) {
   bool ps = GPU_TRAIN_SYNC_IS_PS(o.sync);
   if (!hybrid && !ps) printf("; input wait %.1f%% of the steps' time", 100 * res.input_wait_share);
   printf("\n");
+  if (o.compress && res.steps)
+    printf("compress     %s: %.1f KiB sent a step by a rank (%.1f KiB of gradients, %.1fx less)\n", o.compress,
+           (double)res.sent_bytes / res.steps / 1024, (double)res.reduced_bytes / res.steps / 1024,
+           res.sent_bytes ? (double)res.reduced_bytes / res.sent_bytes : 0.0);
   if (ps)
     printf("servers      %.1f MiB pushed and pulled by a worker; pulls at most %llu steps behind; %u worker%s "
            "retried and resumed\n", (double)res.reduced_bytes / (1 << 20), (unsigned long long)res.max_staleness,

@@ -7,7 +7,8 @@
  *   - accumulation: R ranks x K micro-batches (K of 2 to 4 on 1 to 3 ranks, and local SGD
  *     with tau 1) reach 1 rank's weights, with as many allreduces a step as without;
  *   - overlap: with a bucket per layer, 2 and 3 ranks whose allreduces run on the
- *     communication thread end with the same bytes as runs that allreduce inside backward;
+ *     communication thread end with the same bytes as runs that allreduce inside backward,
+ *     and so do runs whose buckets go through a compression hook (--compress);
  *   - a killed rank: kill -9 of the executor running rank 0 during epoch 2 makes the stage
  *     retry once, on the live executors, from the epoch-1 checkpoint (attempts 2,
  *     resumed_epoch 1, one curve row per epoch); with no spare executor the run fails with
@@ -22,7 +23,8 @@
  *     and plain C, at fp32 tolerance);
  *   - overlap on cuda: a bucket per layer reduced on the communication thread while backward
  *     still queues kernels ends where allreducing inside backward does. Within EQ_TOL, not
- *     byte for byte: the bias gradients meet by atomicAdd, whose order varies from run to run.
+ *     byte for byte: the bias gradients meet by atomicAdd, whose order varies from run to run;
+ *   - every --compress hook trains on cuda (buckets staged through host memory).
  * It exits 77 (skipped) without a usable GPU.
  * It links the shared libflint and libflint_gpu: on a local cluster the trainer's barrier
  * function reaches the executors by (library, symbol). Needs Fashion-MNIST in
@@ -485,12 +487,14 @@ static void test_accumulation_equivalence(void **state) {
  * CNN is included (batch norm does not matter here: both runs have the same ranks). A
  * worker that read a bucket before backward finished it, or reduced the wrong range, or
  * wrote a result while backward still accumulated there, would change bytes. */
-static void check_overlap_bitwise(nn_model_kind model, uint32_t ranks, fl_allreduce_algo algo, uint32_t min_buckets) {
+static void check_overlap_compressed(nn_model_kind model, uint32_t ranks, fl_allreduce_algo algo, uint32_t min_buckets,
+                                     const char *compress) {
   ckpt on = {0}, off = {0};
   uint32_t buckets_on = 0, buckets_off = 0;
   gpu_train_options o = eq_options(model, ranks, "local[3]");
   o.lr = EQ_LR;
   o.allreduce = algo;
+  o.compress = compress;
   o.bucket_bytes = 4; /* one float: every layer's callback sends its own bucket */
   o.overlap = false;
   run_to_ckpt_buckets(&o, "no overlap, 4-byte buckets", &off, &buckets_off);
@@ -505,11 +509,15 @@ static void check_overlap_bitwise(nn_model_kind model, uint32_t ranks, fl_allred
   size_t floats = on.values + on.buffers + on.velocity;
   size_t differ = 0;
   for (size_t i = 0; i < floats; i++) differ += memcmp(&on.data[i], &off.data[i], sizeof(float)) != 0;
-  fprintf(stderr, "  %s, %u ranks, %u buckets a step: %zu of %zu floats differ\n", nn_model_kind_name(model), ranks,
-          buckets_on, differ, floats);
+  fprintf(stderr, "  %s, %u ranks, %u buckets a step%s%s: %zu of %zu floats differ\n", nn_model_kind_name(model), ranks,
+          buckets_on, compress ? ", --compress " : "", compress ? compress : "", differ, floats);
   assert_int_equal(differ, 0);
   ckpt_free(&on);
   ckpt_free(&off);
+}
+
+static void check_overlap_bitwise(nn_model_kind model, uint32_t ranks, fl_allreduce_algo algo, uint32_t min_buckets) {
+  check_overlap_compressed(model, ranks, algo, min_buckets, NULL);
 }
 
 static void test_overlap_equals_synchronous(void **state) {
@@ -518,6 +526,18 @@ static void test_overlap_equals_synchronous(void **state) {
   /* MLP: 3 linear layers; CNN: conv, bn, conv, bn, fc, fc. */
   check_overlap_bitwise(NN_MLP, 3, FL_ALLREDUCE_RING, 3);
   check_overlap_bitwise(NN_CNN, 2, FL_ALLREDUCE_AUTO, 6);
+}
+
+/* Gradient compression hooks (gpu/parallel/compress.h) run on the communication thread as
+ * they do in backward's callback: a bucket per layer through top-k, PowerSGD (its warm-start
+ * Q and residuals per bucket) and 1-bit, the same bytes at the end. */
+static void test_compress_overlap_equals_synchronous(void **state) {
+  (void)state;
+  NEED_DATA();
+  check_overlap_compressed(NN_MLP, 2, FL_ALLREDUCE_AUTO, 3, "topk:0.05");
+  check_overlap_compressed(NN_MLP, 3, FL_ALLREDUCE_RING, 3, "powersgd:2");
+  check_overlap_compressed(NN_CNN, 2, FL_ALLREDUCE_AUTO, 6, "onebit");
+  check_overlap_compressed(NN_MLP, 2, FL_ALLREDUCE_AUTO, 3, "bf16");
 }
 
 /* The default 4 MiB holds the whole MLP: one allreduce a step, after backward. */
@@ -588,6 +608,27 @@ static void test_cuda_overlap_matches_synchronous(void **state) {
   NEED_DATA();
   check_overlap_cuda(NN_MLP, 3, 3);
   check_overlap_cuda(NN_CNN, 2, 6);
+}
+
+/* --compress on cuda: each bucket copied to host memory, through the hook, and back, on the
+ * communication thread while backward queues kernels; every hook trains (finite loss, the
+ * bytes it reports under the gradients'). Not compared bit for bit: the bias gradients meet by
+ * atomicAdd, and top-k's and 1-bit's choices follow any difference. */
+static void test_cuda_compress(void **state) {
+  (void)state;
+  NEED_DATA();
+  const char *specs[] = {"fp16", "bf16", "topk:0.01", "powersgd:2", "onebit"};
+  for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+    gpu_train_options o = eq_options(NN_CNN, 2, "local[2]");
+    o.bucket_bytes = 4; /* a bucket per layer */
+    o.compress = specs[i];
+    gpu_train_result res;
+    assert_ok(gpu_train_run(&o, &res));
+    fprintf(stderr, "  cuda, 2 ranks, --compress %-10s loss %.4f, %llu of %llu bytes sent\n", specs[i], res.train_loss,
+            (unsigned long long)res.sent_bytes, (unsigned long long)res.reduced_bytes);
+    assert_true(isfinite(res.train_loss));
+    assert_true(res.sent_bytes > 0 && res.sent_bytes < res.reduced_bytes);
+  }
 }
 
 static void note_loss_scale(const gpu_train_epoch *e, void *user) { *(double *)user = e->loss_scale; }
@@ -848,6 +889,7 @@ int main(void) {
       T(test_equivalence_lars_clipped),
       T(test_cuda_overlap_matches_synchronous),
       T(test_cuda_mixed_precision),
+      T(test_cuda_compress),
   };
   int cuda_failed = cmocka_run_group_tests_name("gpu_train_cuda", cuda_tests, NULL, NULL);
   rmdir(tmp_dir);
@@ -863,6 +905,7 @@ int main(void) {
       T(test_equivalence_local_cluster),
       T(test_accumulation_equivalence),
       T(test_overlap_equals_synchronous),
+      T(test_compress_overlap_equals_synchronous),
       T(test_default_bucket_is_one_allreduce),
       T(test_killed_rank_resumes_from_checkpoint),
       T(test_killed_rank_too_few_executors),

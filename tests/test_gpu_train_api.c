@@ -2,7 +2,8 @@
  * test_gpu_train_api: fl_train (include/flint/train.h) as a program uses it: datasets of
  * example records made on the client, a builder of the program's own in local mode, and a
  * builder from a shared library (tests/jobs/model_user.c) on a local cluster, where a builder
- * of the program is refused with a message that says what to do.
+ * of the program is refused with a message that says what to do; and every gradient
+ * compression hook (the options' compress) trains.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -146,6 +147,53 @@ static void test_local_program_builder(void **state) {
   fl_context_close(ctx);
 }
 
+/* Gradient compression (the options' compress): every hook trains the examples at 2 ranks to a
+ * finite loss and well above chance (3 classes), sending fewer bytes than the gradients hold;
+ * bad specs and local SGD are refused, naming the cause. */
+static void test_compress(void **state) {
+  (void)state;
+  fl_context *ctx;
+  assert_ok(fl_context_open("local[2]", NULL, &ctx));
+  fl_dataset *train = examples(ctx, 600, 1), *test = examples(ctx, 150, 2);
+  fl_train_options o = FL_TRAIN_OPTIONS_INIT;
+  o.ranks = 2;
+  o.batch = 32;
+  o.schedule.lr = 0.4;
+  o.epochs = 3;
+  int64_t shape[1] = {FEATURES};
+  fl_train_result r;
+  const char *specs[] = {"none", "fp16", "bf16", "topk:0.1", "powersgd:2", "onebit"};
+  for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+    o.compress = specs[i];
+    assert_ok(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r));
+    fprintf(stderr, "  --compress %-10s loss %.4f, test accuracy %.3f, %llu of %llu bytes sent\n", specs[i],
+            r.train_loss, r.test_acc, (unsigned long long)r.sent_bytes, (unsigned long long)r.reduced_bytes);
+    assert_int_equal(r.epochs, 3);
+    assert_true(isfinite(r.train_loss));
+    assert_true(r.test_acc > 0.6);
+    assert_true(r.reduced_bytes > 0);
+    if (i == 0) assert_int_equal(r.sent_bytes, r.reduced_bytes);
+    else if (i <= 2) assert_int_equal(r.sent_bytes, r.reduced_bytes / 2);
+    else assert_true(r.sent_bytes < r.reduced_bytes);
+  }
+  o.compress = "topk:0";
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "--compress 'topk:0': the ratio is outside (0, 1]"));
+  o.compress = "powersgd:0";
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "the rank is less than 1"));
+  o.compress = "gzip";
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "unknown method"));
+  o.compress = "fp16";
+  o.sync = "local:4";
+  assert_int_equal(fl_train(ctx, train, test, 1, shape, CLASSES, my_model, &o, &r), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "needs --sync bsp: local SGD and AdaComm allreduce no gradients"));
+  fl_dataset_free(train);
+  fl_dataset_free(test);
+  fl_context_close(ctx);
+}
+
 static void test_cluster_library_builder(void **state) {
   (void)state;
   const char *bin = getenv("FLINT_BIN");
@@ -182,6 +230,7 @@ static void test_cluster_library_builder(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_local_program_builder),
+      cmocka_unit_test(test_compress),
       cmocka_unit_test(test_cluster_library_builder),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

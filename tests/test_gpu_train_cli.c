@@ -93,6 +93,10 @@ static void test_bad_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", BASE, "--lr", "abc"), "--lr 'abc'");
   expect_usage_error(RUN_FLINT("train", BASE, "--epochs", "0"), "--epochs '0'");
   expect_usage_error(RUN_FLINT("train", BASE, "--warmup", "-1"), "--warmup '-1'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--compress", "topk:2"), "--compress 'topk:2': the ratio is outside (0, 1]");
+  expect_usage_error(RUN_FLINT("train", BASE, "--compress", "powersgd:0"), "the rank is less than 1");
+  expect_usage_error(RUN_FLINT("train", BASE, "--compress", "onebit", "--sync", "local:4"),
+                     "--compress onebit needs --sync bsp");
   expect_usage_error(RUN_FLINT("train", BASE, "--epochs", "5", "--warmup", "5"), "--warmup 5 must be >= 0 and less than --epochs 5");
   expect_usage_error(RUN_FLINT("train", BASE, "--ranks", "3", "--batch", "256"), "--batch 256 is not a multiple of --ranks 3");
   expect_usage_error(RUN_FLINT("train", BASE, "--accumulate", "0"), "--accumulate '0'");

@@ -97,6 +97,8 @@ typedef struct gpu_train_epoch {
    * training batches, copying them to the device, and training (the steps, no evaluation). */
   double input_wait_s, upload_s, train_seconds;
   uint64_t max_staleness;  /* asp and ssp: this epoch's (see gpu_train_result) */
+  uint64_t sent_bytes;     /* a rank's bytes handed to collectives so far: reduced_bytes, or
+                            * less with --compress (compress.h's measure) */
 } gpu_train_epoch;
 
 /* How the data-parallel ranks keep their replicas together (--sync). */
@@ -210,13 +212,17 @@ typedef struct gpu_train_options {
   /* asp and ssp, Downpour's n_fetch and n_push: a worker pulls the weights every ps_fetch
    * steps and pushes the gradients it accumulated over ps_push steps (0: 1, every step) */
   uint32_t ps_fetch, ps_push;
+  /* Gradient compression (gpu/parallel/compress.h), --sync bsp with several ranks: NULL or
+   * "none", "fp16", "bf16", "topk:RATIO", "powersgd:R", "onebit" (compress_spec_parse's
+   * text). The hooks run on host memory over the host backend: not with NCCL. */
+  const char *compress;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -253,6 +259,9 @@ typedef struct gpu_train_result {
   uint64_t max_staleness;
   uint32_t resumed_workers;
   uint64_t worker_steps_min; /* the fewest steps the servers counted for one worker */
+  /* A rank's bytes handed to collectives over the run: reduced_bytes without --compress, the
+   * compressed payload with it (divide by steps for a step's) */
+  uint64_t sent_bytes;
 } gpu_train_result;
 
 /* "mlp", "cnn", "resnet18", "transformer" (the CLI's names, nn_model_kind_name's);

@@ -58,6 +58,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
     s = gpu_train_sync_parse(o.sync, &g.sync, &g.tau, &g.staleness);
     if (s != FL_OK) return s;
   }
+  g.compress = o.compress;
   g.ps_fetch = o.ps_fetch;
   g.ps_push = o.ps_push;
   g.seed = o.seed;
@@ -82,6 +83,7 @@ fl_status fl_train(fl_context *ctx, fl_dataset *train, fl_dataset *test, int ndi
     *result = (fl_train_result){.epochs = r.epochs, .steps = r.steps, .train_loss = r.train_loss,
                                 .train_acc = r.train_acc, .test_loss = r.test_loss, .test_acc = r.test_acc,
                                 .images_per_s = r.images_per_s, .seconds = r.seconds,
-                                .resumed_epoch = r.resumed_epoch, .reduced_bytes = r.reduced_bytes};
+                                .resumed_epoch = r.resumed_epoch, .reduced_bytes = r.reduced_bytes,
+                                .sent_bytes = r.sent_bytes};
   return FL_OK;
 }

@@ -60,6 +60,8 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
   (void)rank;
   if (message.len != sizeof rep) return; /* not ours: ignore */
   memcpy(&rep, message.data, sizeof rep);
+  /* The trainers that do not count it sent what they reduced. */
+  if (!rep.sent_bytes) rep.sent_bytes = rep.reduced_bytes;
   if (rep.attempt + 1 > c->attempts) c->attempts = rep.attempt + 1;
   train_events_report(&c->events, c->opts, &rep);
   if (rep.kind == REPORT_PROGRESS) {
@@ -89,7 +91,7 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
                          .loss_scale = rep.loss_scale, .skipped_steps = rep.skipped_steps, .tau = rep.tau,
                          .reduced_bytes = rep.reduced_bytes,
                          .input_wait_s = rep.input_wait_s, .upload_s = rep.upload_s, .train_seconds = rep.train_s,
-                         .max_staleness = rep.max_staleness};
+                         .max_staleness = rep.max_staleness, .sent_bytes = rep.sent_bytes};
     c->opts->on_epoch(&e, c->opts->user);
   }
   if (c->opts->progress) {
@@ -101,6 +103,9 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
     fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s", rep.test_loss, rep.test_acc, rep.lr,
             rep.seconds);
     if (rep.tau) fprintf(c->opts->progress, "  tau %u", rep.tau);
+    if (c->opts->compress && rep.step)
+      fprintf(c->opts->progress, "  %s: %.1f KiB sent a step (of %.1f)", c->opts->compress,
+              (double)rep.sent_bytes / rep.step / 1024, (double)rep.reduced_bytes / rep.step / 1024);
     if (GPU_TRAIN_SYNC_IS_PS(c->opts->sync))
       fprintf(c->opts->progress, "  %.1f MiB pushed+pulled a worker, staleness <= %llu",
               (double)rep.reduced_bytes / (1 << 20), (unsigned long long)rep.max_staleness);
@@ -370,6 +375,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout};
   gpu_train_schedule(o, &a.schedule);
+  FL_CHECK(compress_spec_parse(o->compress, &a.compress)); /* checked by validate */
   if (o->data == GPU_TRAIN_IMAGE_FOLDER && !o->no_augment) {
     a.augment = true;
     a.aug = (fl_image_transform)FL_IMAGE_TRAIN_INIT;
@@ -487,7 +493,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .stages = res.stages, .input_wait_s = wait, .upload_s = upload,
                                  .input_wait_share = stepping > 0 ? wait / stepping : 0,
                                  .max_staleness = ps_sum.max_staleness, .resumed_workers = ps_sum.resumed_workers,
-                                 .worker_steps_min = ps_sum.worker_steps_min};
+                                 .worker_steps_min = ps_sum.worker_steps_min, .sent_bytes = last.sent_bytes ? last.sent_bytes : last.reduced_bytes};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:

@@ -56,6 +56,7 @@
 #include "common/config.h"
 #include "gpu/comm/comm.h"
 #include "gpu/data/data.h"
+#include "gpu/parallel/compress.h"
 #include "gpu/parallel/train_rank.h"
 
 #define DEFAULT_BUCKET_BYTES (4u << 20)
@@ -76,7 +77,20 @@ typedef struct bucketing {
   uint64_t reduced; /* floats this rank allreduced so far: gradients, or local SGD's weights */
   fl_allreduce_algo algo;
   uint32_t algos;   /* the algorithms that ran (train_allreduce_bit), for the client's UI */
+  compressor *comp; /* --compress: the hook that reduces each bucket instead (NULL: none) */
 } bucketing;
+
+/* comm_worker_fn: a bucket through the compression hook, on the communication thread. */
+static fl_status bucket_compress(fl_comm *comm, fl_tensor *t, void *user) {
+  bucketing *bk = user;
+  return compressor_run(bk->comp, comm, nn_model_grads(bk->model), t);
+}
+
+/* Bytes this rank handed to collectives: the hook's payload, or the floats reduced. Read
+ * after the worker's wait (or without a worker). */
+static uint64_t bucket_sent_bytes(const bucketing *bk) {
+  return bk->comp ? compressor_sent(bk->comp) : bk->reduced * sizeof(float);
+}
 
 static fl_status bucket_flush(bucketing *bk) {
   if (!bk->comm || bk->hi <= bk->lo) {
@@ -86,7 +100,10 @@ static fl_status bucket_flush(bucketing *bk) {
   fl_tensor view;
   int64_t shape[1] = {(int64_t)(bk->hi - bk->lo)};
   fl_status s = tensor_view(nn_model_grads(bk->model), bk->lo, 1, shape, &view);
-  if (s == FL_OK)
+  if (s == FL_OK && bk->comp)
+    s = bk->worker ? comm_worker_post_fn(bk->worker, &view, bucket_compress, bk)
+                   : compressor_run(bk->comp, bk->comm, nn_model_grads(bk->model), &view);
+  else if (s == FL_OK)
     s = bk->worker ? comm_worker_post(bk->worker, &view, FL_REDUCE_AVG)
                    : fl_comm_allreduce(bk->comm, &view, FL_REDUCE_AVG);
   bk->reduced += bk->hi - bk->lo;
@@ -275,6 +292,22 @@ static void rank_free(rank_state *r) {
   data_reader_destroy(r->test);
 }
 
+/* --compress: the rank's compressor over the model's flat gradients, each parameter a rows x
+ * cols matrix (its first dimension by the rest; a vector is n x 1). */
+static fl_status rank_compressor(rank_state *r, const compress_spec *spec, compressor **out) {
+  size_t n = nn_model_param_count(r->model);
+  compress_param *params = common_malloc((n ? n : 1) * sizeof *params);
+  if (!params) return FL_ERR(FL_ENOMEM, "out of memory for the compressor's parameters");
+  for (size_t i = 0; i < n; i++) {
+    const nn_param *p = nn_model_param(r->model, i);
+    size_t numel = p->value.numel, rows = p->value.ndim >= 2 ? (size_t)p->value.shape[0] : numel;
+    params[i] = (compress_param){.offset = p->offset, .rows = rows, .cols = rows ? numel / rows : 0};
+  }
+  fl_status s = compressor_create(spec, params, n, fl_tensor_numel(nn_model_grads(r->model)), (int)r->world, out);
+  common_free(params);
+  return s;
+}
+
 static fl_status rank_setup(rank_state *r, fl_iter *in) {
   const train_arg *a = r->a;
   fl_status status = FL_OK;
@@ -316,7 +349,11 @@ static fl_status rank_setup(rank_state *r, fl_iter *in) {
   else
     FL_CHECK(r->dev->ops->host_alloc(r->dev, (size_t)r->local_batch * per * sizeof(float), (void **)&r->images_h));
   FL_CHECK(r->dev->ops->host_alloc(r->dev, r->local_batch * sizeof(int32_t), (void **)&r->labels_h));
-  if (r->world > 1) FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, -1, &r->comm));
+  /* The compression hooks work on host memory over the host backend's collectives: cuda ranks
+   * that compress join over it rather than NCCL (it stages their buckets in host memory, as
+   * the hooks would anyway). */
+  bool host = a->compress.kind != COMPRESS_NONE;
+  if (r->world > 1) FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, host, -1, &r->comm));
   /* Local SGD reduces no gradients: nothing for a communication thread to overlap. */
   if (r->comm && a->overlap && a->sync == GPU_TRAIN_SYNC_BSP) FL_CHECK(comm_worker_start(r->comm, &r->worker));
 cleanup:
@@ -333,6 +370,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                   .attempt = fl_barrier_attempt(b)};
   fl_status status = FL_OK;
   fl_buf blob = FL_BUF_INIT;
+  compressor *comp = NULL; /* --compress: the bucketing's hook */
   FL_CHECK(rank_setup(&r, in));
 
   uint64_t steps = 0;
@@ -379,6 +417,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                   .bucket_elems = (a.bucket_bytes ? a.bucket_bytes : DEFAULT_BUCKET_BYTES) / sizeof(float)};
   if (bk.bucket_elems == 0) bk.bucket_elems = 1;
   size_t total = fl_tensor_numel(nn_model_grads(r.model));
+  if (bk.comm && a.compress.kind != COMPRESS_NONE) FL_CHECK(rank_compressor(&r, &a.compress, &comp));
+  bk.comp = comp;
   uint64_t report_every = steps / TRAIN_PROGRESS_REPORTS_PER_EPOCH ? steps / TRAIN_PROGRESS_REPORTS_PER_EPOCH : 1;
   train_report last = {0};
   train_report bad = {0}; /* the first step whose loss this rank saw non-finite */
@@ -482,7 +522,8 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                             .images_per_s = secs > 0 ? images * (double)r.world / secs : 0, .seconds = secs,
                             .resumed_epoch = resumed, .buckets = bk.buckets, .pid = (int64_t)getpid(),
                             .input_wait_s = wait_s, .upload_s = upload_s, .train_s = secs,
-                            .reduced_bytes = bk.reduced * sizeof(float), .allreduce_algos = bk.algos};
+                            .reduced_bytes = bk.reduced * sizeof(float), .allreduce_algos = bk.algos,
+                            .sent_bytes = bucket_sent_bytes(&bk)};
         FL_CHECK(rank_report(&r, &rep));
       }
     }
@@ -515,7 +556,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
                           .loss_scale = scaling ? scaler.scale : 0, .skipped_steps = scaler.skipped,
                           .tau = local ? tau : 0, .reduced_bytes = bk.reduced * sizeof(float),
                           .input_wait_s = wait_s, .upload_s = upload_s, .train_s = train_secs,
-                          .allreduce_algos = bk.algos};
+                          .allreduce_algos = bk.algos, .sent_bytes = bucket_sent_bytes(&bk)};
     if (r.rank == 0) {
       /* Every rank holds the same weights: rank 0's checkpoint stands for all. It goes first,
        * so that an epoch the client has seen is never trained again. */
@@ -532,6 +573,7 @@ FL_API fl_status gpu_train_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, con
   }
 cleanup:
   fl_buf_free(&blob);
-  rank_free(&r);
+  rank_free(&r); /* first: its worker may be running the compressor */
+  compressor_destroy(comp);
   return status;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/parallel/compress.h"
 #include "gpu/parallel/train.h"
 
 static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx", "datasets",
@@ -243,6 +244,23 @@ static fl_status validate_ps(const gpu_train_options *o) {
   return FL_OK;
 }
 
+/* --compress (gpu/parallel/compress.h): a spec that parses, on gradients that are allreduced. */
+static fl_status validate_compress(const gpu_train_options *o) {
+  compress_spec spec;
+  fl_status s = compress_spec_parse(o->compress, &spec);
+  if (s != FL_OK || spec.kind == COMPRESS_NONE) return s;
+  if (o->model == NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--compress %s is for the data-parallel models (the transformer averages each "
+                        "chunk's gradients over its grid after backward)", o->compress);
+  if (o->sync == GPU_TRAIN_SYNC_LOCAL || o->sync == GPU_TRAIN_SYNC_ADACOMM)
+    return fl_set_error(FL_EINVAL, "--compress %s needs --sync bsp: local SGD and AdaComm allreduce no gradients "
+                        "(each rank steps on its own and the weights are averaged every tau steps)", o->compress);
+  if (GPU_TRAIN_SYNC_IS_PS(o->sync))
+    return fl_set_error(FL_EINVAL, "--compress %s needs --sync bsp: with asp and ssp the workers push their "
+                        "gradients to the parameter servers, with no allreduce to hook", o->compress);
+  return FL_OK;
+}
+
 fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
   if ((unsigned)o->model > NN_RESNET50) return fl_set_error(FL_EINVAL, "--model: unknown model %d", (int)o->model);
@@ -339,6 +357,7 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
     return fl_set_error(FL_EINVAL, "--test-images %llu is less than --ranks %u (each rank evaluates a share)",
                         (unsigned long long)o->max_test_images, o->ranks);
   fl_status hs = validate_hybrid(o);
+  if (hs == FL_OK) hs = validate_compress(o);
   if (hs != FL_OK) return hs;
   optim_schedule s;
   gpu_train_schedule(o, &s);

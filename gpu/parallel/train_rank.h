@@ -9,6 +9,7 @@
 #define FLINT_GPU_TRAIN_RANK_H
 
 #include "flint/image.h"
+#include "gpu/parallel/compress.h"
 #include "gpu/parallel/train.h"
 
 /* Reports from a rank to the client, as fl_barrier_report messages. REPORT_DIVERGED is
@@ -37,6 +38,8 @@ typedef struct train_report {
   uint64_t max_staleness;                /* asp, ssp: the epoch's most steps a pull was behind */
   uint32_t allreduce_algos;              /* what this rank's allreduces ran so far: bits
                                           * train_allreduce_bit (0: none yet, or not counted) */
+  uint64_t sent_bytes;                   /* bytes this rank handed to collectives so far:
+                                          * reduced_bytes, or the compressed payload */
 } train_report;
 
 /* train_report.allreduce_algos: bit (1u << algo) for each host algorithm that ran (what AUTO
@@ -78,6 +81,7 @@ typedef struct train_arg {
   gpu_train_sync sync; /* bsp: gradients every step; local, adacomm: weights every tau steps */
   uint32_t tau;
   uint32_t accumulate; /* micro-batches per step, >= 1, dividing batch / ranks */
+  compress_spec compress; /* bsp's gradient compression hook (kind none: plain allreduces) */
   /* the transformer (gpu/parallel/train_hybrid.c) */
   uint32_t dp, tp, pp, microbatches, chunks;
   pp_schedule pipeline;

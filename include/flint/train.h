@@ -301,11 +301,17 @@ typedef struct fl_train_options {
   uint32_t ps_fetch, ps_push; /* asp, ssp (Downpour's n_fetch, n_push): each worker pulls the
                              * weights every ps_fetch steps and pushes the gradients of ps_push
                              * steps at once (0: 1) */
+  const char *compress;     /* gradient compression with sync bsp, as PyTorch DDP's comm hooks
+                             * (NULL or "none": plain averaging): "fp16" or "bf16" (16-bit
+                             * allreduce), "topk:RATIO" (the largest RATIO of each bucket, RATIO in
+                             * (0, 1], with error feedback), "powersgd:R" (rank-R PowerSGD with
+                             * error feedback), "onebit" (signs and a scale, error feedback).
+                             * Ranks join over the host backend (the hooks run on host memory) */
 } fl_train_options;
 /* SGD with momentum 0.9 and weight decay 5e-4 at 0.1 x batch / 256, cosine decay. */
 #define FL_TRAIN_OPTIONS_INIT                                                                         \
   {1, FL_DEVICE_CPU, 256, 1, FL_LR_SCHEDULE_INIT, {"sgd", 0.9, false, 0.9, 0.999, 1e-8, 5e-4, 0.001, false}, \
-   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL, 1, 0, 0}
+   0, 0, FL_PRECISION_FP32, NULL, 1, NULL, NULL, NULL, 1, 0, 0, NULL}
 
 typedef struct fl_train_result {
   uint32_t epochs;
@@ -316,6 +322,8 @@ typedef struct fl_train_result {
   double seconds;
   uint32_t resumed_epoch;       /* the epoch resume_path's checkpoint stood at (0: none) */
   uint64_t reduced_bytes;       /* a rank's bytes of gradients or weights allreduced */
+  uint64_t sent_bytes;          /* the bytes a rank handed to collectives for them: reduced_bytes,
+                                 * or the compressed payload with `compress` */
 } fl_train_result;
 
 /* Trains build's model on `train`, evaluating on `test` (both datasets of fl_example_put
