@@ -10,14 +10,15 @@
  *      from the step before (the warm start; at first seeded normal values, the same on every
  *      rank); all the bucket's P in one allreduce (summed);
  *   3. each P orthonormalised (Gram-Schmidt; a column that vanishes stays zero);
- *   4. Q = M^T P, this rank's own; e = M - P Q^T, what of M the projection P P^T drops: the
- *      rank's contribution is P Q^T, so the error feedback is exact per rank (Vogels et al.
- *      take the residual against the average, which mixes the ranks' errors);
- *   5. all the bucket's Q in one allreduce (averaged): M becomes P Q^T, and Q is kept for the
- *      next step.
+ *   4. Q = M^T P, all the bucket's in one allreduce (averaged): the estimate is P Q^T, the
+ *      mean of the ranks' projections P P^T M, and Q is kept for the next step;
+ *   5. e = M - P Q^T, against the averaged estimate, as Vogels et al. and PyTorch take it: what
+ *      this rank was given and the update did not carry. A residual against the rank's own
+ *      projection (M - P P^T M) keeps the same sum over ranks, but trained the MLP at rank 1
+ *      and lr 0.1 into a dead network within an epoch, where this one trains.
  * Bytes: 4 x (the uncompressed elements + the sum of (rows + cols) x r'). With r' = min(rows,
- * cols) the projection is the identity on M's span and the result is the exact average (the
- * test's check; min_rate 0 forces compression there). Products by OpenBLAS's cblas_sgemm.
+ * cols) P spans the sum of the ranks' M and the result is the exact average (the test's
+ * check; min_rate 0 forces compression there); the residuals then add up to zero. Products by OpenBLAS's cblas_sgemm.
  */
 #include <cblas.h>
 #include <math.h>
@@ -173,15 +174,13 @@ static fl_status psgd_run(void *vs, compress_io *io, compress_bucket *b) {
   for (size_t m = 0; m < s->nmats; m++) {
     const psgd_matrix *x = &s->mats[m];
     float *mm = v + x->at, *e = s->residual + x->at, *p = s->p + x->p_at, *q = s->qnew + x->q_at;
-    /* 3, 4. P orthonormal; this rank's Q = M^T P and residual e = M - P Q^T. */
+    /* 3, 4. P orthonormal; this rank's Q = M^T P; e holds M until the estimate is known. */
     orthonormalize(p, x->rows, x->r);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)x->cols, (int)x->r, (int)x->rows, 1.0f, mm,
                 (int)x->cols, p, (int)x->r, 0.0f, q, (int)x->r);
     memcpy(e, mm, x->rows * x->cols * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->rows, (int)x->cols, (int)x->r, -1.0f, p, (int)x->r,
-                q, (int)x->r, 1.0f, e, (int)x->cols);
   }
-  /* 5. The average of the ranks' P Q^T is P (mean Q)^T. */
+  /* The average of the ranks' P Q^T is P (mean Q)^T. */
   if ((st = compress_allreduce(io, s->qnew, s->q_total, FL_REDUCE_AVG)) != FL_OK) return st;
   memcpy(s->q, s->qnew, s->q_total * sizeof(float));
   s->steps++;
@@ -189,6 +188,9 @@ static fl_status psgd_run(void *vs, compress_io *io, compress_bucket *b) {
     const psgd_matrix *x = &s->mats[m];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->rows, (int)x->cols, (int)x->r, 1.0f, s->p + x->p_at,
                 (int)x->r, s->q + x->q_at, (int)x->r, 0.0f, v + x->at, (int)x->cols);
+    /* 5. e = M - P Q^T. */
+    float *e = s->residual + x->at;
+    for (size_t i = 0; i < x->rows * x->cols; i++) e[i] -= v[x->at + i];
     reseed_zero_columns(s->q + x->q_at, x->cols, x->r, (b->offset + x->at + 1) ^ (s->steps << 40));
   }
   return FL_OK;
