@@ -112,7 +112,8 @@ static const char train_usage_text[] =
     "                      bf16 or fp16 (with dynamic loss scaling); weights, activations and\n"
     "                      the rest stay fp32. The cpu device computes in fp32 only\n"
     "  --seed S            weights, shuffles and synthetic data (default 1)\n"
-    "  --allreduce A       host backend: auto (default), ring, halving-doubling or tree\n"
+    "  --allreduce A       host backend: auto (default), ring, halving-doubling, tree,\n"
+    "                      naive, parameter-server, double-tree, butterfly or hierarchical\n"
     "  --bucket-mb MB      gradient bucket size in MiB, > 0 (default 4)\n"
     "  --sync S            how the ranks keep their replicas together: bsp (default: the\n"
     "                      gradients allreduced every step), local:TAU (local SGD: each rank\n"
@@ -398,7 +399,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->compress = v; /* checked with the other options, by the trainer */
     } else if (strcmp(opt, "--allreduce") == 0) {
       if (fl_allreduce_algo_parse(v, &o->allreduce) != FL_OK)
-        return train_usage_error("unknown allreduce algorithm '%s' (auto, ring, halving-doubling or tree)", v);
+        return train_usage_error("%s", fl_last_error());
     } else if (strcmp(opt, "--bucket-mb") == 0) {
       if (!cli_parse_double(v, &d) || d <= 0 || d > 4096) return train_usage_error("--bucket-mb '%s' is not a number in (0, 4096]", v);
       o->bucket_bytes = (size_t)(d * 1048576);

@@ -93,6 +93,23 @@ static fl_status check_all(fl_comm *comm, fl_device *dev, size_t n) {
   free(got);
   fl_tensor_destroy(in);
   fl_tensor_destroy(out);
+  /* all-to-all: this rank's block for rank q is value(r*p + q, i) */
+  float *buf = malloc(n * (size_t)p * sizeof(float) + 4);
+  for (int q = 0; q < p; q++)
+    for (size_t i = 0; i < n; i++) buf[(size_t)q * n + i] = value(r * p + q, i);
+  in = make(dev, n * (size_t)p, -1);
+  out = make(dev, n * (size_t)p, -1);
+  if (n) must_ok(fl_tensor_write(in, buf, n * (size_t)p));
+  free(buf);
+  if ((st = fl_comm_alltoall(comm, in, out)) != FL_OK) return st;
+  got = readback(out);
+  for (int q = 0; q < p; q++)
+    for (size_t i = 0; i < n; i++)
+      if (got[(size_t)q * n + i] != value(q * p + r, i))
+        return fl_set_error(FL_EINTERNAL, "alltoall rank %d: block %d [%zu]", r, q, i);
+  free(got);
+  fl_tensor_destroy(in);
+  fl_tensor_destroy(out);
   return fl_comm_barrier(comm);
 }
 
@@ -181,7 +198,7 @@ static void *host_main(void *arg) {
   if (st == FL_OK) st = fl_comm_host_create(hr->ep, hr->rank, hr->size, hr->addrs, 10000, &comm);
   else fl_comm_endpoint_destroy(hr->ep);
   static const size_t sizes[] = {1, 3, 1000, 65537, 1u << 20};
-  for (int a = FL_ALLREDUCE_AUTO; a <= FL_ALLREDUCE_TREE && st == FL_OK; a++) {
+  for (int a = FL_ALLREDUCE_AUTO; a < FL_ALLREDUCE_ALGO_COUNT && st == FL_OK; a++) {
     st = fl_comm_set_allreduce_algo(comm, (fl_allreduce_algo)a);
     for (size_t s = 0; s < 5 && st == FL_OK; s++) st = check_all(comm, dev, sizes[s]);
   }

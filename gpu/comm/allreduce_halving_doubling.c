@@ -13,19 +13,18 @@
 #include "common/common.h"
 #include "gpu/comm/host_algorithms.h"
 
-/* Received halves are summed in pieces of this many bytes as they arrive (see the ring). */
-#define COMM_HD_PIECE (256u << 10)
+/* The group member numbered `v` among the p' that take part. */
+static int member(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
 
-/* The real rank of the participant numbered `v` among the p' that take part. */
-static int real_rank(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
-
-fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *data, size_t n) {
+fl_status allreduce_halving_doubling(const comm_group *g, float *data, size_t n) {
+  comm_host *h = g->h;
+  int rank = g->rank, size = g->size;
   if (size == 1 || n == 0) return FL_OK;
   int pof2 = 1, steps = 0;
   while (pof2 * 2 <= size) pof2 *= 2, steps++;
   int rem = size - pof2;
   void *scratch = NULL;
-  size_t piece = COMM_HD_PIECE / sizeof(float);
+  size_t piece = COMM_PIECE_BYTES / sizeof(float);
   fl_status st = comm_host_scratch(h, 1, piece * sizeof(float), &scratch);
   if (st != FL_OK) return st;
   float *tmp = scratch;
@@ -37,9 +36,9 @@ fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *da
 
   if (rank < 2 * rem) {
     if (v < 0) {
-      st = comm_host_send(h, rank + 1, data, n * sizeof(float));
+      st = comm_host_send(h, comm_group_peer(g, rank + 1), data, n * sizeof(float));
     } else {
-      st = comm_host_exchange_reduce(h, rank - 1, NULL, 0, rank - 1, data, n, tmp, piece);
+      st = comm_host_exchange_reduce(h, comm_group_peer(g, rank - 1), NULL, 0, comm_group_peer(g, rank - 1), data, n, tmp, piece);
     }
     if (st != FL_OK) return st;
   }
@@ -49,7 +48,7 @@ fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *da
     size_t lo = 0, hi = n;
     int step = 0;
     for (int mask = pof2 / 2; mask >= 1; mask >>= 1, step++) {
-      int partner = real_rank(v ^ mask, rem);
+      int partner = comm_group_peer(g, member(v ^ mask, rem));
       size_t mid = lo + (hi - lo) / 2;
       size_t klo = v & mask ? mid : lo, khi = v & mask ? hi : mid; /* the half kept */
       size_t slo = v & mask ? lo : mid, shi = v & mask ? mid : hi; /* the half given */
@@ -62,7 +61,7 @@ fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *da
     /* Doubling: undo the steps in reverse, trading the finished range for the partner's. */
     for (int mask = 1; mask < pof2; mask <<= 1) {
       step--;
-      int partner = real_rank(v ^ mask, rem);
+      int partner = comm_group_peer(g, member(v ^ mask, rem));
       size_t plo = lo == lo_at[step] ? hi : lo_at[step];
       size_t phi = lo == lo_at[step] ? hi_at[step] : lo;
       st = comm_host_exchange(h, partner, data + lo, (hi - lo) * sizeof(float), partner,
@@ -74,8 +73,8 @@ fl_status allreduce_halving_doubling(comm_host *h, int rank, int size, float *da
   }
 
   if (rank < 2 * rem) {
-    if (v < 0) st = comm_host_recv(h, rank + 1, data, n * sizeof(float));
-    else st = comm_host_send(h, rank - 1, data, n * sizeof(float));
+    if (v < 0) st = comm_host_recv(h, comm_group_peer(g, rank + 1), data, n * sizeof(float));
+    else st = comm_host_send(h, comm_group_peer(g, rank - 1), data, n * sizeof(float));
   }
   return st;
 }

@@ -26,6 +26,7 @@ typedef struct comm_backend_ops {
   fl_status (*allgather)(fl_comm *comm, const fl_tensor *in, fl_tensor *out);
   fl_status (*reduce_scatter)(fl_comm *comm, const fl_tensor *in, fl_tensor *out,
                               fl_reduce_op op);
+  fl_status (*alltoall)(fl_comm *comm, const fl_tensor *in, fl_tensor *out);
   fl_status (*send)(fl_comm *comm, const fl_tensor *t, int peer);
   fl_status (*recv)(fl_comm *comm, fl_tensor *t, int peer);
   fl_status (*barrier)(fl_comm *comm);

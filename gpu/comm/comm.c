@@ -223,6 +223,23 @@ FL_API fl_status fl_comm_reduce_scatter(fl_comm *comm, const fl_tensor *in, fl_t
   return finish(comm, comm->ops->reduce_scatter(comm, in, out, op), fn);
 }
 
+FL_API fl_status fl_comm_alltoall(fl_comm *comm, const fl_tensor *in, fl_tensor *out) {
+  static const char fn[] = "fl_comm_alltoall";
+  CHECK_RET(check_comm(comm, fn));
+  CHECK_RET(check_tensor(comm, in, fn, "in"));
+  CHECK_RET(check_tensor(comm, out, fn, "out"));
+  if (in->dev != out->dev)
+    return fl_set_error(FL_EINVAL, "%s: in is on %s but out on %s", fn, in->dev->name, out->dev->name);
+  if (in == out || (in->numel && in->data == out->data))
+    return fl_set_error(FL_EINVAL, "%s: in and out are the same memory (use two tensors)", fn);
+  if (in->numel % (size_t)comm->size)
+    return fl_set_error(FL_EINVAL, "%s: in has %zu elements, not a multiple of the %d ranks", fn,
+                        in->numel, comm->size);
+  if (out->numel != in->numel)
+    return fl_set_error(FL_EINVAL, "%s: out has %zu elements but in has %zu", fn, out->numel, in->numel);
+  return finish(comm, comm->ops->alltoall(comm, in, out), fn);
+}
+
 static fl_status check_peer(const fl_comm *comm, int peer, const char *fn) {
   if (peer < 0 || peer >= comm->size)
     return fl_set_error(FL_EINVAL, "%s: peer %d is outside 0..%d", fn, peer, comm->size - 1);

@@ -20,6 +20,18 @@
 
 static const comm_backend_ops host_ops;
 
+/* One file each (gpu/comm/host_algorithms.h); AUTO is resolved before the lookup. */
+static fl_status (*const allreduce_algorithms[FL_ALLREDUCE_ALGO_COUNT])(const comm_group *, float *, size_t) = {
+    [FL_ALLREDUCE_RING] = allreduce_ring,
+    [FL_ALLREDUCE_HALVING_DOUBLING] = allreduce_halving_doubling,
+    [FL_ALLREDUCE_TREE] = allreduce_tree,
+    [FL_ALLREDUCE_NAIVE] = allreduce_naive,
+    [FL_ALLREDUCE_PARAMETER_SERVER] = allreduce_parameter_server,
+    [FL_ALLREDUCE_DOUBLE_TREE] = allreduce_double_tree,
+    [FL_ALLREDUCE_BUTTERFLY] = allreduce_butterfly,
+    [FL_ALLREDUCE_HIERARCHICAL] = allreduce_hierarchical,
+};
+
 FL_API fl_status fl_comm_host_create(fl_comm_endpoint *ep, int rank, int size,
                                      const char *const *addresses, uint32_t timeout_ms,
                                      fl_comm **out) {
@@ -99,13 +111,9 @@ static fl_status host_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op) {
   fl_status st = stage_in(h, 0, t, true, &data);
   if (st != FL_OK) return st;
   size_t n = t->numel;
-  fl_allreduce_algo algo = comm_pick_algo(c, n * sizeof(float));
   if (c->size > 1 && n > 0) {
-    switch (algo) {
-    case FL_ALLREDUCE_RING: st = allreduce_ring(h, c->rank, c->size, data, n); break;
-    case FL_ALLREDUCE_HALVING_DOUBLING: st = allreduce_halving_doubling(h, c->rank, c->size, data, n); break;
-    default: st = allreduce_tree(h, c->rank, c->size, data, n); break;
-    }
+    comm_group g = comm_group_all(h);
+    st = allreduce_algorithms[comm_pick_algo(c, n * sizeof(float))](&g, data, n);
     if (st != FL_OK) return st;
   }
   if (op == FL_REDUCE_AVG) comm_reduce_scale(data, 1.0f / (float)c->size, n);
@@ -114,7 +122,8 @@ static fl_status host_allreduce(fl_comm *c, fl_tensor *t, fl_reduce_op op) {
 
 static fl_status host_allreduce_half(fl_comm *c, uint16_t *data, size_t n, comm_dtype type) {
   if (c->size == 1 || n == 0) return FL_OK;
-  return allreduce_ring_dtype(c->impl, c->rank, c->size, data, n, type);
+  comm_group g = comm_group_all(c->impl);
+  return allreduce_ring_dtype(&g, data, n, type);
 }
 
 static fl_status host_broadcast(fl_comm *c, fl_tensor *t, int root) {
@@ -122,7 +131,8 @@ static fl_status host_broadcast(fl_comm *c, fl_tensor *t, int root) {
   float *data;
   fl_status st = stage_in(h, 0, t, c->rank == root, &data);
   if (st != FL_OK) return st;
-  st = tree_broadcast_bytes(h, c->rank, c->size, root, (uint8_t *)data, t->numel * sizeof(float));
+  comm_group g = comm_group_all(h);
+  st = tree_broadcast_bytes(&g, root, (uint8_t *)data, t->numel * sizeof(float));
   if (st != FL_OK || c->rank == root) return st;
   return stage_out(t, data);
 }
@@ -139,7 +149,8 @@ static fl_status host_allgather(fl_comm *c, const fl_tensor *in, fl_tensor *out)
   size_t *len = off + c->size;
   for (int r = 0; r < c->size; r++) off[r] = (size_t)r * bytes, len[r] = bytes;
   if (bytes) memmove((uint8_t *)dst + off[c->rank], src, bytes);
-  st = ring_allgather_bytes(h, c->rank, c->size, (uint8_t *)dst, off, len);
+  comm_group g = comm_group_all(h);
+  st = ring_allgather_bytes(&g, (uint8_t *)dst, off, len);
   common_free(off);
   if (st != FL_OK) return st;
   return stage_out(out, dst);
@@ -158,13 +169,26 @@ static fl_status host_reduce_scatter(fl_comm *c, const fl_tensor *in, fl_tensor 
   if (st != FL_OK) return st;
   work = w;
   if (n) memcpy(work, src, n * sizeof(float));
-  st = ring_reduce_scatter(h, c->rank, c->size, work, n, COMM_F32);
+  comm_group g = comm_group_all(h);
+  st = ring_reduce_scatter(&g, work, n, COMM_F32);
   if (st != FL_OK) return st;
   st = stage_in(h, 1, out, false, &dst);
   if (st != FL_OK) return st;
   size_t cnt = comm_block_count(n, c->size, c->rank);
   if (cnt) memcpy(dst, work + comm_block_offset(n, c->size, c->rank), cnt * sizeof(float));
   if (op == FL_REDUCE_AVG) comm_reduce_scale(dst, 1.0f / (float)c->size, cnt);
+  return stage_out(out, dst);
+}
+
+static fl_status host_alltoall(fl_comm *c, const fl_tensor *in, fl_tensor *out) {
+  comm_host *h = c->impl;
+  float *src, *dst;
+  fl_status st = stage_in(h, 0, in, true, &src);
+  if (st == FL_OK) st = stage_in(h, 1, out, false, &dst);
+  if (st != FL_OK) return st;
+  comm_group g = comm_group_all(h);
+  st = host_alltoall_bytes(&g, (const uint8_t *)src, (uint8_t *)dst, in->numel / (size_t)c->size * sizeof(float));
+  if (st != FL_OK) return st;
   return stage_out(out, dst);
 }
 
@@ -187,8 +211,8 @@ static fl_status host_recv(fl_comm *c, fl_tensor *t, int peer) {
 }
 
 static fl_status host_barrier_slot(fl_comm *c) {
-  comm_host *h = c->impl;
-  return host_barrier(h, c->rank, c->size);
+  comm_group g = comm_group_all(c->impl);
+  return host_barrier(&g);
 }
 
 /* Split: every member listens on a fresh endpoint; (color, key, rank, address) records go
@@ -225,7 +249,8 @@ static fl_status host_split(fl_comm *c, int color, int key, fl_comm **out) {
   if (ep) snprintf(mine->address, sizeof mine->address, "%s", fl_comm_endpoint_address(ep));
   size_t *len = off + c->size;
   for (int r = 0; r < c->size; r++) off[r] = (size_t)r * sizeof *all, len[r] = sizeof *all;
-  FL_CHECK(ring_allgather_bytes(h, c->rank, c->size, (uint8_t *)all, off, len));
+  comm_group g = comm_group_all(h);
+  FL_CHECK(ring_allgather_bytes(&g, (uint8_t *)all, off, len));
   if (color < 0) goto cleanup;
   int n = 0;
   for (int r = 0; r < c->size; r++)
@@ -267,6 +292,7 @@ static const comm_backend_ops host_ops = {
     .broadcast = host_broadcast,
     .allgather = host_allgather,
     .reduce_scatter = host_reduce_scatter,
+    .alltoall = host_alltoall,
     .send = host_send,
     .recv = host_recv,
     .barrier = host_barrier_slot,

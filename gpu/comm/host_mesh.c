@@ -402,7 +402,7 @@ cleanup:
 /* This process's host key: the kernel's boot id and the network namespace, so that ranks in
  * other namespaces of one machine count as other hosts (as they do for addresses). */
 static void host_key(char key[HOST_KEY_BYTES]) {
-  char boot[64] = "", ns[64] = "";
+  char boot[40] = "", ns[40] = ""; /* a boot id is 36 characters, "net:[4026531840]" 16 */
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
   if (f) {
     if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';

@@ -151,6 +151,30 @@ static fl_status nccl_reduce_scatter(fl_comm *c, const fl_tensor *in, fl_tensor 
   return end(c);
 }
 
+/* All-to-all: one NCCL group of a send and a receive per peer (NCCL's own recipe), and the
+ * block for this rank copied on the stream. A failure inside the group still ends it. */
+static fl_status nccl_alltoall(fl_comm *c, const fl_tensor *in, fl_tensor *out) {
+  nccl_impl *impl = impl_of(c);
+  fl_status st = begin(c);
+  if (st != FL_OK) return st;
+  size_t m = in->numel / (size_t)c->size;
+  if (m == 0) return end(c);
+  const float *src = in->data;
+  float *dst = out->data;
+  CUDA_TRY(cudaMemcpyAsync(dst + (size_t)c->rank * m, src + (size_t)c->rank * m, m * sizeof(float),
+                           cudaMemcpyDeviceToDevice, impl->stream));
+  NCCL_TRY(ncclGroupStart());
+  ncclResult_t r = ncclSuccess;
+  for (int peer = 0; peer < c->size && r == ncclSuccess; peer++) {
+    if (peer == c->rank) continue;
+    r = ncclSend(src + (size_t)peer * m, m, ncclFloat32, peer, impl->comm, impl->stream);
+    if (r == ncclSuccess) r = ncclRecv(dst + (size_t)peer * m, m, ncclFloat32, peer, impl->comm, impl->stream);
+  }
+  ncclResult_t e = ncclGroupEnd();
+  NCCL_TRY(r != ncclSuccess ? r : e);
+  return end(c);
+}
+
 static fl_status nccl_send(fl_comm *c, const fl_tensor *t, int peer) {
   nccl_impl *impl = impl_of(c);
   fl_status st = begin(c);
@@ -248,6 +272,7 @@ static const comm_backend_ops nccl_ops = {
     .broadcast = nccl_broadcast,
     .allgather = nccl_allgather,
     .reduce_scatter = nccl_reduce_scatter,
+    .alltoall = nccl_alltoall,
     .send = nccl_send,
     .recv = nccl_recv,
     .barrier = nccl_barrier,

@@ -158,6 +158,10 @@ FL_API fl_status fl_comm_allgather(fl_comm *comm, const fl_tensor *in, fl_tensor
  * possible: rank r gets n/size elements, plus one when r < n % size. */
 FL_API fl_status fl_comm_reduce_scatter(fl_comm *comm, const fl_tensor *in, fl_tensor *out,
                                         fl_reduce_op op);
+/* in and out: size x m elements each (distinct tensors); block j of `in` (elements
+ * [j*m, (j+1)*m)) goes to rank j, and block j of `out` is what rank j sent this rank (the
+ * dispatch and combine of expert parallelism). */
+FL_API fl_status fl_comm_alltoall(fl_comm *comm, const fl_tensor *in, fl_tensor *out);
 FL_API fl_status fl_comm_send(fl_comm *comm, const fl_tensor *t, int peer);
 FL_API fl_status fl_comm_recv(fl_comm *comm, fl_tensor *t, int peer);
 FL_API fl_status fl_comm_barrier(fl_comm *comm);
