@@ -37,6 +37,11 @@
  * (the comm worker, gpu/comm/comm.h), which allreduces them in order while backward goes on;
  * the rank waits for them all before the SGD step. Without it (train_arg.overlap false) each
  * bucket is allreduced in backward's callback, which holds backward up until it is done.
+ * Compression (train_arg.compress, --compress): each bucket goes through the rank's compressor
+ * (gpu/parallel/compress.h: a hook that compresses, communicates and leaves the averaged
+ * estimate) instead of the allreduce, on the thread that would have allreduced it (the comm
+ * worker runs it as a posted function); its residuals and PowerSGD's Q live in the compressor,
+ * per bucket, for the attempt (not in the checkpoint).
  * Ranks report progress (a few times an epoch) and each epoch's row to the client, with the
  * time rank 0's thread waited for its batches (data_reader_next: the reader prefetches the
  * next batch on a thread of its own unless FLINT_TRAIN_PREFETCH=0) and copied them to the
