@@ -27,7 +27,7 @@
 #include "gpu/comm/host_transport.h"
 
 #define HOST_MAGIC 0x544e4c46u /* "FLNT" little-endian */
-#define HOST_VERSION 3u /* 2: the single-copy probe follows the hello; 3: then host keys */
+#define HOST_VERSION 4u /* 2: the single-copy probe follows the hello; 3: then host keys; 4: then shm */
 #define HOST_HELLO_BYTES 16
 #define HOST_MAX_PENDING 32
 #define HOST_DEFAULT_CONNECT_MS 30000u
@@ -41,6 +41,8 @@ static uint32_t sockbuf_bytes(void) { return (uint32_t)config_size(CONFIG_COMM_S
 /* Single copy (gpu/comm/host_transport.h): off with 0; ring steps of at least _MIN bytes use it. */
 static bool single_copy_enabled(void) { return config_bool(CONFIG_COMM_SINGLE_COPY); }
 static uint32_t single_copy_min(void) { return (uint32_t)config_size(CONFIG_COMM_SINGLE_COPY_MIN); }
+/* Shared memory between ranks on one host (gpu/comm/host_transport.h): off with 0. */
+static bool shm_enabled(void) { return config_bool(CONFIG_COMM_SHM); }
 
 struct fl_comm_endpoint {
   int fd;
@@ -311,12 +313,14 @@ static fl_status accept_peers(fl_comm_endpoint *ep, int rank, int size, int *fds
 
 void comm_host_free(comm_host *h) {
   if (!h) return;
+  comm_host_shm_close(h);
   if (h->fds)
     for (int i = 0; i < h->size; i++)
       if (h->fds[i] >= 0) close(h->fds[i]);
   common_free(h->fds);
   common_free(h->peer_pid);
   common_free(h->single_copy_min);
+  comm_host_shm_free(h); /* before the sockets' peers see them close: the rings first */
   common_free(h->host_of);
   for (int i = 0; i < 2; i++) {
     common_free(h->scratch[i]);
@@ -453,6 +457,66 @@ cleanup:
   return status;
 }
 
+/* ---- shared memory -------------------------------------------------------------------------- */
+
+/* Pairs of ranks on one host agree on shared memory in two rounds on idle sockets (all sends
+ * of a round before its reads, as in the probe):
+ *   1. offer: to each same-host peer, {pid, memfd number, segment bytes, nonce} of this
+ *      rank's segment ({0, -1, 0, 0} when it has none: off, or no memfd);
+ *   2. verdict: one byte each way, whether this rank mapped the peer's segment.
+ * A pair uses shared memory when both verdicts are yes; the memfd is closed after the
+ * verdicts (the mappings keep the memory), so nothing is left to unlink, whoever dies. Any
+ * other failure leaves the pair on TCP; only a socket failure fails the mesh. */
+static fl_status shm_setup(comm_host *h, uint64_t deadline_ns) {
+  size_t n = (size_t)h->size;
+  int fd = -1, peer = 0;
+  uint64_t bytes = 0, nonce = 0;
+  const char *what = "offer";
+  uint8_t *verdict = common_calloc(n, 1), *use = common_calloc(n, 1);
+  fl_status status = FL_OK;
+  if (!verdict || !use) {
+    status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
+    goto cleanup;
+  }
+  int nlocal = 0;
+  for (int r = 0; r < h->size; r++) nlocal += h->host_of[r] == h->host_of[h->rank];
+  if (nlocal < 2) goto cleanup;
+  if (shm_enabled()) FL_CHECK(comm_host_shm_create(h, &fd, &bytes, &nonce));
+  uint64_t offer[4] = {fd >= 0 ? (uint64_t)getpid() : 0, (uint64_t)(int64_t)fd, bytes, nonce};
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && h->host_of[peer] == h->host_of[h->rank] &&
+        io_until(h->fds[peer], offer, sizeof offer, true, deadline_ns) != 0)
+      goto io_failed;
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank || h->host_of[peer] != h->host_of[h->rank]) continue;
+    uint64_t theirs[4];
+    if (io_until(h->fds[peer], theirs, sizeof theirs, false, deadline_ns) != 0) goto io_failed;
+    verdict[peer] = fd >= 0 && comm_host_shm_attach(h, peer, theirs);
+  }
+  what = "verdict";
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && h->host_of[peer] == h->host_of[h->rank] &&
+        io_until(h->fds[peer], &verdict[peer], 1, true, deadline_ns) != 0)
+      goto io_failed;
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank || h->host_of[peer] != h->host_of[h->rank]) continue;
+    uint8_t back = 0;
+    if (io_until(h->fds[peer], &back, 1, false, deadline_ns) != 0) goto io_failed;
+    use[peer] = verdict[peer] && back == 1;
+  }
+  comm_host_shm_finish(h, use);
+  goto cleanup;
+io_failed:
+  status = fl_set_error(errno == ETIMEDOUT ? FL_ETIMEDOUT : FL_EPEER,
+                        "rank %d: the shared-memory %s with rank %d failed: %s", h->rank, what, peer,
+                        strerror(errno));
+cleanup:
+  if (fd >= 0) close(fd);
+  common_free(verdict);
+  common_free(use);
+  return status;
+}
+
 fl_status comm_host_connect(fl_comm_endpoint *ep, int rank, int size, const char *const *addresses,
                             uint32_t timeout_ms, comm_host **out) {
   fl_status status = FL_OK;
@@ -474,6 +538,7 @@ fl_status comm_host_connect(fl_comm_endpoint *ep, int rank, int size, const char
   FL_CHECK(accept_peers(ep, rank, size, h->fds, deadline, timeout_ms));
   FL_CHECK(single_copy_probe(h, deadline));
   FL_CHECK(host_topology(h, deadline));
+  FL_CHECK(shm_setup(h, deadline));
   *out = h;
   h = NULL;
 cleanup:

@@ -43,6 +43,30 @@
 
 typedef struct comm_host comm_host;
 
+/* Shared memory (gpu/comm/host_shm.c). A doorbell: the futex word that peers bump when they
+ * make progress possible for its owner, and whether the owner sleeps (or is about to). */
+typedef struct comm_shm_bell {
+  _Atomic uint32_t seq;
+  _Atomic uint32_t waiting;
+} comm_shm_bell;
+
+/* One direction of a pair: a ring of bytes, its counters on lines of their own (head written
+ * by the sender, tail by the receiver, each only ever grows), then the bytes. */
+typedef struct comm_shm_ring {
+  _Alignas(64) _Atomic uint64_t head;
+  _Alignas(64) _Atomic uint64_t tail;
+  _Alignas(64) _Atomic uint32_t closed; /* set by either end on abort or free */
+} comm_shm_ring;
+
+/* This rank's view of a same-host peer: the ring into the peer's segment (out), the peer's
+ * ring in this rank's segment (in), the peer's doorbell, and local copies of the counters. */
+typedef struct comm_shm_peer {
+  void *seg; /* the peer's segment, mapped here; NULL: the pair talks TCP */
+  comm_shm_ring *out, *in;
+  comm_shm_bell *bell;
+  uint64_t out_head, out_tail_seen, in_tail, in_head_seen;
+} comm_shm_peer;
+
 struct comm_host {
   int rank, size;
   int *fds; /* fds[peer]; fds[rank] is -1 */
@@ -64,6 +88,17 @@ struct comm_host {
    * network namespace, so namespaces stand for hosts in tests (host_topology). */
   int *host_of;
   int nhosts;
+  /* Shared memory: shm[peer] (NULL when no pair uses it); shm_index[r] is rank r's index
+   * among the ranks of this host (-1 elsewhere), which is where its ring lies in each
+   * segment; this rank's own segment and doorbell; how many pairs use it; how many times
+   * this rank slept on its doorbell (tests). */
+  comm_shm_peer *shm;
+  int *shm_index;
+  void *shm_seg;
+  size_t shm_seg_bytes;
+  comm_shm_bell *shm_bell;
+  int shm_peers;
+  uint64_t shm_sleeps;
 };
 
 /* ---- the mesh (gpu/comm/host_mesh.c) ---------------------------------------------------- */
@@ -108,6 +143,38 @@ fl_status comm_host_ring_step_reduce(comm_host *h, int send_peer, const void *sb
 /* A scratch buffer of at least `bytes` owned by the transport (grown on demand, kept for
  * the communicator's life). Slot 0 and 1 are separate buffers. */
 fl_status comm_host_scratch(comm_host *h, int slot, size_t bytes, void **out);
+
+/* ---- shared memory (gpu/comm/host_shm.c) ------------------------------------------------ */
+
+/* Whether bytes to and from `peer` go through shared memory. */
+static inline bool comm_host_is_shm(const comm_host *h, int peer) {
+  return h->shm && h->shm[peer].seg;
+}
+/* Non-blocking: copies up to n bytes into the ring to `peer` (out of the ring from `peer`)
+ * and publishes them, waking the peer if it sleeps. Returns the bytes moved, 0 when the ring
+ * is full (empty), -1 when the pair was closed (a read first drains what was sent). */
+ssize_t comm_shm_write(comm_host *h, int peer, const void *buf, size_t n);
+ssize_t comm_shm_read(comm_host *h, int peer, void *buf, size_t n);
+/* Whether a write (read) would move a byte or fail now; and whether the pair was closed. */
+bool comm_shm_writable(comm_host *h, int peer);
+bool comm_shm_readable(comm_host *h, int peer);
+bool comm_shm_closed(comm_host *h, int peer);
+/* Sleeping on this rank's doorbell: begin (returns the word to sleep on), re-check the rings,
+ * sleep at most ms unless a peer rang since begin (false when the time ran out), end. */
+uint32_t comm_shm_wait_begin(comm_host *h);
+bool comm_shm_sleep(comm_host *h, uint32_t seq, uint32_t ms);
+void comm_shm_wait_end(comm_host *h);
+/* Whether rank `peer` sleeps on its doorbell now (tests). */
+bool comm_host_shm_peer_sleeping(const comm_host *h, int peer);
+/* Setup (the mesh's shm_setup): this rank's segment as a memfd (*fd -1 when none could be
+ * made: its pairs then talk TCP); mapping a peer's offer {pid, fd, bytes, nonce}, false when
+ * it cannot be; keeping the pairs in use[]. Close marks every pair closed and wakes the peers
+ * (abort); free closes and unmaps. */
+fl_status comm_host_shm_create(comm_host *h, int *fd, uint64_t *bytes, uint64_t *nonce);
+bool comm_host_shm_attach(comm_host *h, int peer, const uint64_t offer[4]);
+void comm_host_shm_finish(comm_host *h, const uint8_t *use);
+void comm_host_shm_close(comm_host *h);
+void comm_host_shm_free(comm_host *h);
 
 /* ---- reduction kernels (gpu/comm/host_transport.c), vectorized -------------------------- */
 void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n);
