@@ -1,30 +1,46 @@
 /*
  * gpu/comm/host_transport.h: the host backend's transport, private to gpu/comm/: the mesh of
- * TCP connections between the ranks (gpu/comm/host_mesh.c) and the transfers over it
- * (gpu/comm/host_transport.c), on which the algorithms (gpu/comm/host_algorithms.h) and the
+ * TCP connections between the ranks (gpu/comm/host_mesh.c), shared memory between ranks on
+ * one host (gpu/comm/host_shm.c) and the transfers over them (gpu/comm/host_transport.c), on which the algorithms (gpu/comm/host_algorithms.h) and the
  * backend's slots (gpu/comm/host.c) are written. Blocking send and receive of bytes to one
  * peer, and a full-duplex exchange that sends to one peer while it receives from another (what
  * a ring step needs).
  *
- * Design: sockets are non-blocking once the mesh is up. Transfers loop on send/recv and
- * poll() when the socket has no room or no data; the full-duplex exchange polls both
- * sockets at once, which is what lets every rank of a ring send to its next while it
- * receives from its previous. Every wait is bounded: no byte moving for the operation
- * timeout (FLINT_COMM_TIMEOUT_MS, default 300 s) is FL_ETIMEDOUT naming the peer. A peer
- * that closes is FL_EPEER, a socket error FL_ENET.
+ * Design: every pair of ranks has a channel, one byte stream each way: the pair's
+ * shared-memory rings when both ranks are on one host (below), else its TCP socket,
+ * non-blocking once the mesh is up. One loop, transfer() in gpu/comm/host_transport.c, moves
+ * the bytes of every call, trying each half in turn; the full-duplex exchange is what lets
+ * every rank of a ring send to its next while it receives from its previous. When nothing
+ * moves it spins, then sleeps: in poll() on the sockets, or on its doorbell for rings. Every
+ * wait is bounded: no byte moving for the operation timeout (FLINT_COMM_TIMEOUT_MS, default
+ * 300 s) is FL_ETIMEDOUT naming the peer. A peer that closes is FL_EPEER, a socket error
+ * FL_ENET.
  *
- * Single copy between ranks on one host. Over loopback TCP every byte is copied twice (into
- * the kernel by send, out of it by recv), and past the caches that is what bounds a
- * collective. So when the mesh is up, each rank challenges every peer to show it a random
+ * Shared memory between ranks on one host (gpu/comm/host_shm.c; docs/collectives.md has the
+ * details and figures). Each rank owns a segment (a memfd that its same-host peers map
+ * through /proc/PID/fd, checked by a nonce; the mesh's shm_setup) with its doorbell (a futex
+ * word and a waiting flag) and one ring of bytes from each same-host peer: head and tail
+ * counters on cache lines of their own, published with release stores and read with acquire
+ * loads. A writer copies at most a chunk, publishes, and wakes the owner only when its
+ * waiting flag is set, so the fast path has no system call. A waiting rank spins (pause,
+ * then sched_yield every 64 polls until FLINT_SPIN_US), then sleeps on its doorbell in
+ * slices, checking between slices whether a peer's socket hung up (a process that died
+ * closes no ring). Abort and free mark the pair's rings closed and wake the peers; a reader
+ * drains what was sent before failing with FL_EPEER. Pairs where any step of the setup
+ * fails, and FLINT_COMM_SHM=0, stay on TCP.
+ *
+ * Single copy between ranks on one host. Copying through a ring or over loopback TCP costs
+ * two copies a byte, and past the caches that is what bounds a collective. So when the mesh
+ * is up, each rank challenges every peer to show it a random
  * nonce through process_vm_readv(2) (which needs the same host and pid namespace, and
  * ptrace permission: Linux's cross-memory attach, as MPI libraries use it; see
  * single_copy_probe), and a pair where both directions work moves ring steps of
  * FLINT_COMM_SINGLE_COPY_MIN bytes or more (default 128 KiB; the pair takes the larger of
  * its two settings) by a single copy: the sender puts a 16-byte descriptor (address,
- * length) on the socket, the receiver reads the sender's buffer straight into its own (or
+ * length) on the channel, the receiver reads the sender's buffer straight into its own (or
  * a piece at a time into the reduction), then answers with a 1-byte ack, after which the
  * sender may reuse the buffer. Everything else, and every pair that failed the probe,
- * stays on TCP. FLINT_COMM_SINGLE_COPY=0 turns it off. Only ring steps use it
+ * stays on the channel. FLINT_COMM_SINGLE_COPY=0 turns it off. Only ring steps use it
  * (comm_host_ring_step): both ends of a step run the same call, so the receiver knows to
  * expect a descriptor, and neither end waits on an ack the other cannot send.
  *
