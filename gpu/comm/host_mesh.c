@@ -43,6 +43,12 @@ static bool single_copy_enabled(void) { return config_bool(CONFIG_COMM_SINGLE_CO
 static uint32_t single_copy_min(void) { return (uint32_t)config_size(CONFIG_COMM_SINGLE_COPY_MIN); }
 /* Shared memory between ranks on one host (gpu/comm/host_transport.h): off with 0. */
 static bool shm_enabled(void) { return config_bool(CONFIG_COMM_SHM); }
+/* The single-copy threshold of a pair that talks through shared memory: never, unless
+ * FLINT_COMM_SINGLE_COPY_MIN is set. Here two copies through a ring (which stays in cache)
+ * beat one process_vm_readv at every size from 256 KiB to 64 MiB (docs/collectives.md). */
+static uint64_t shm_single_copy_min(void) {
+  return single_copy_enabled() && config_given(CONFIG_COMM_SINGLE_COPY_MIN) ? single_copy_min() : 0;
+}
 
 struct fl_comm_endpoint {
   int fd;
@@ -462,15 +468,19 @@ cleanup:
 /* Pairs of ranks on one host agree on shared memory in two rounds on idle sockets (all sends
  * of a round before its reads, as in the probe):
  *   1. offer: to each same-host peer, {pid, memfd number, segment bytes, nonce} of this
- *      rank's segment ({0, -1, 0, 0} when it has none: off, or no memfd);
+ *      rank's segment ({0, -1, 0, 0} when it has none: off, or no memfd), and its
+ *      single-copy threshold for shared-memory pairs (shm_single_copy_min);
  *   2. verdict: one byte each way, whether this rank mapped the peer's segment.
  * A pair uses shared memory when both verdicts are yes; the memfd is closed after the
  * verdicts (the mappings keep the memory), so nothing is left to unlink, whoever dies. Any
- * other failure leaves the pair on TCP; only a socket failure fails the mesh. */
+ * other failure leaves the pair on TCP; only a socket failure fails the mesh. A pair on
+ * shared memory keeps single copy only when both ends' thresholds for it are set (then the
+ * larger), computed alike on both ends, since the receiver of a ring step must know whether
+ * a descriptor comes. */
 static fl_status shm_setup(comm_host *h, uint64_t deadline_ns) {
   size_t n = (size_t)h->size;
   int fd = -1, peer = 0;
-  uint64_t bytes = 0, nonce = 0;
+  uint64_t bytes = 0, nonce = 0, *their_min = NULL;
   const char *what = "offer";
   uint8_t *verdict = common_calloc(n, 1), *use = common_calloc(n, 1);
   fl_status status = FL_OK;
@@ -482,16 +492,23 @@ static fl_status shm_setup(comm_host *h, uint64_t deadline_ns) {
   for (int r = 0; r < h->size; r++) nlocal += h->host_of[r] == h->host_of[h->rank];
   if (nlocal < 2) goto cleanup;
   if (shm_enabled()) FL_CHECK(comm_host_shm_create(h, &fd, &bytes, &nonce));
-  uint64_t offer[4] = {fd >= 0 ? (uint64_t)getpid() : 0, (uint64_t)(int64_t)fd, bytes, nonce};
+  uint64_t mine = shm_single_copy_min();
+  their_min = common_calloc(n, sizeof *their_min);
+  if (!their_min) {
+    status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
+    goto cleanup;
+  }
+  uint64_t offer[5] = {fd >= 0 ? (uint64_t)getpid() : 0, (uint64_t)(int64_t)fd, bytes, nonce, mine};
   for (peer = 0; peer < h->size; peer++)
     if (peer != h->rank && h->host_of[peer] == h->host_of[h->rank] &&
         io_until(h->fds[peer], offer, sizeof offer, true, deadline_ns) != 0)
       goto io_failed;
   for (peer = 0; peer < h->size; peer++) {
     if (peer == h->rank || h->host_of[peer] != h->host_of[h->rank]) continue;
-    uint64_t theirs[4];
+    uint64_t theirs[5];
     if (io_until(h->fds[peer], theirs, sizeof theirs, false, deadline_ns) != 0) goto io_failed;
     verdict[peer] = fd >= 0 && comm_host_shm_attach(h, peer, theirs);
+    their_min[peer] = theirs[4];
   }
   what = "verdict";
   for (peer = 0; peer < h->size; peer++)
@@ -503,6 +520,8 @@ static fl_status shm_setup(comm_host *h, uint64_t deadline_ns) {
     uint8_t back = 0;
     if (io_until(h->fds[peer], &back, 1, false, deadline_ns) != 0) goto io_failed;
     use[peer] = verdict[peer] && back == 1;
+    if (use[peer] && h->single_copy_min[peer])
+      h->single_copy_min[peer] = mine && their_min[peer] ? (mine > their_min[peer] ? mine : their_min[peer]) : 0;
   }
   comm_host_shm_finish(h, use);
   goto cleanup;
@@ -512,6 +531,7 @@ io_failed:
                         strerror(errno));
 cleanup:
   if (fd >= 0) close(fd);
+  common_free(their_min);
   common_free(verdict);
   common_free(use);
   return status;
