@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -155,6 +156,16 @@ bool comm_shm_sleep(comm_host *h, uint32_t seq, uint32_t ms) {
 
 void comm_shm_wait_end(comm_host *h) {
   atomic_store_explicit(&h->shm_bell->waiting, 0, memory_order_relaxed);
+}
+
+bool comm_shm_same_cpu(comm_host *h, int peer_a, int peer_b) {
+  int cpu = sched_getcpu();
+  if (cpu < 0) return false;
+  uint32_t me = (uint32_t)cpu + 1;
+  if (atomic_load_explicit(&h->shm_bell->cpu, memory_order_relaxed) != me)
+    atomic_store_explicit(&h->shm_bell->cpu, me, memory_order_relaxed);
+  return (peer_a >= 0 && atomic_load_explicit(&h->shm[peer_a].bell->cpu, memory_order_relaxed) == me) ||
+         (peer_b >= 0 && atomic_load_explicit(&h->shm[peer_b].bell->cpu, memory_order_relaxed) == me);
 }
 
 bool comm_host_shm_peer_sleeping(const comm_host *h, int peer) {

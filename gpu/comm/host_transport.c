@@ -292,7 +292,12 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
     bool s_wait = w.send || w.ack_in, r_wait = w.recv || w.ack_out;
     bool all_shm = (!s_wait || s_shm) && (!r_wait || r_shm);
     if (all_shm) {
-      /* No system call until the pure spin is over (the fast path: data already there). */
+      /* No system call until the pure spin is over (the fast path: data already there),
+       * unless the peer waited last on this CPU: then it needs the CPU, not our spin. */
+      if (polls == 0 && comm_shm_same_cpu(h, s_wait ? send_peer : -1, r_wait ? recv_peer : -1)) {
+        sched_yield();
+        continue;
+      }
       if (++polls < SHM_SPIN_POLLS || polls % SHM_SPIN_POLLS) {
         cpu_relax();
         continue;

@@ -64,6 +64,7 @@ typedef struct comm_host comm_host;
 typedef struct comm_shm_bell {
   _Atomic uint32_t seq;
   _Atomic uint32_t waiting;
+  _Atomic uint32_t cpu; /* the CPU the owner last started waiting on (+1; 0: unknown) */
 } comm_shm_bell;
 
 /* One direction of a pair: a ring of bytes, its counters on lines of their own (head written
@@ -180,6 +181,9 @@ bool comm_shm_closed(comm_host *h, int peer);
 uint32_t comm_shm_wait_begin(comm_host *h);
 bool comm_shm_sleep(comm_host *h, uint32_t seq, uint32_t ms);
 void comm_shm_wait_end(comm_host *h);
+/* Notes the CPU this rank waits on and says whether a peer it waits for (-1: none) last
+ * waited on the same one: spinning there only delays that peer, so the waiter yields at once. */
+bool comm_shm_same_cpu(comm_host *h, int peer_a, int peer_b);
 /* Whether rank `peer` sleeps on its doorbell now (tests). */
 bool comm_host_shm_peer_sleeping(const comm_host *h, int peer);
 /* Setup (the mesh's shm_setup): this rank's segment as a memfd (*fd -1 when none could be
