@@ -4,7 +4,8 @@
  * use between every same-host pair (and not with FLINT_COMM_SHM=0, where TCP gives the same
  * results); sends, receives and full-duplex exchanges of 0, 1 and odd bytes, of more than a
  * ring holds (both ranks sending at once) and of 1 MiB + 3 floats; every allreduce algorithm
- * on both; a peer process that exits (without closing its rings) while this rank waits on
+ * and the 16-bit one on both, after transfers of odd lengths (so that elements are summed
+ * straight from the ring at every misalignment, and across its end); a peer process that exits (without closing its rings) while this rank waits on
  * them fails with FL_EPEER naming it, receiving and sending; abort wakes a peer asleep on its
  * doorbell; and offers that cannot be mapped leave the pair on TCP.
  *
@@ -97,6 +98,22 @@ static fl_status pair_checks(fl_comm *c, int me) {
                             fl_allreduce_algo_name((fl_allreduce_algo)a), n, i, (double)x[i]);
       fl_tensor_destroy(t);
     }
+  /* 16-bit elements after one more odd byte, so that they too lie across the ring's
+   * element boundaries. */
+  if (st == FL_OK) st = comm_host_exchange(h, peer, out, 1, peer, in, 1);
+  for (int kind = COMM_HALF_FP16; st == FL_OK && kind <= COMM_HALF_BF16; kind++) {
+    size_t n = 300001;
+    uint16_t *x = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+      x[i] = kind == COMM_HALF_FP16 ? comm_f32_to_f16(value(me, i)) : comm_f32_to_bf16(value(me, i));
+    st = comm_allreduce_half(c, x, n, (comm_half_kind)kind);
+    for (size_t i = 0; st == FL_OK && i < n; i++) {
+      float got = kind == COMM_HALF_FP16 ? comm_f16_to_f32(x[i]) : comm_bf16_to_f32(x[i]);
+      if (got != value(0, i) + value(1, i))
+        st = fl_set_error(FL_EINTERNAL, "16-bit allreduce (kind %d): element %zu is %g", kind, i, (double)got);
+    }
+    free(x);
+  }
   free(out);
   free(in);
   return st;

@@ -120,6 +120,38 @@ ssize_t comm_shm_read(comm_host *h, int peer, void *buf, size_t n) {
   return (ssize_t)k;
 }
 
+ssize_t comm_shm_read_reduce(comm_host *h, int peer, void *sum, comm_dtype type, size_t n) {
+  comm_shm_peer *p = &h->shm[peer];
+  size_t es = comm_dtype_size(type);
+  uint64_t cap = SHM_RING_BYTES, avail = p->in_head_seen - p->in_tail;
+  if (avail < n) {
+    p->in_head_seen = atomic_load_explicit(&p->in->head, memory_order_acquire);
+    avail = p->in_head_seen - p->in_tail;
+  }
+  size_t k = n < avail ? n : (size_t)avail;
+  if (k > SHM_CHUNK_BYTES) k = SHM_CHUNK_BYTES;
+  k -= k % es;
+  if (k == 0) return 0;
+  uint8_t *data = ring_data(p->in), *to = sum;
+  for (size_t done = 0; done < k;) {
+    size_t at = (size_t)((p->in_tail + done) & (cap - 1)), seg = cap - at < k - done ? cap - at : k - done;
+    size_t whole = seg - seg % es;
+    if (whole) comm_reduce_add_unaligned(type, to + done, data + at, whole / es);
+    done += whole;
+    if (whole < seg) { /* one element across the end of the ring */
+      _Alignas(4) uint8_t el[4];
+      memcpy(el, data + at + whole, seg - whole);
+      memcpy(el + (seg - whole), data, es - (seg - whole));
+      comm_reduce_add_dtype(type, to + done, el, 1);
+      done += es;
+    }
+  }
+  p->in_tail += k;
+  atomic_store_explicit(&p->in->tail, p->in_tail, memory_order_release);
+  bell_ring(p->bell);
+  return (ssize_t)k;
+}
+
 bool comm_shm_writable(comm_host *h, int peer) {
   comm_shm_peer *p = &h->shm[peer];
   return atomic_load_explicit(&p->out->tail, memory_order_acquire) + SHM_RING_BYTES != p->out_head ||

@@ -220,7 +220,7 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
   const uint8_t *ackp_out = &ack_out, *ackp_in = &ack_in;
   size_t ack_out_left = 0, ack_in_left = s_copy ? 1 : 0;
   bool read_pending = r_copy, same = send_peer == recv_peer;
-  size_t in_piece = 0; /* bytes of the current piece received (sum mode) */
+  size_t in_piece = 0, es = comm_dtype_size(type); /* bytes of the current piece received (sum mode) */
   int sfd = sbytes ? h->fds[send_peer] : -1, rfd = rbytes ? h->fds[recv_peer] : -1;
   bool s_shm = sbytes && comm_host_is_shm(h, send_peer), r_shm = rbytes && comm_host_is_shm(h, recv_peer);
   uint64_t timeout_ns = (uint64_t)h->op_timeout_ms * 1000000u;
@@ -234,11 +234,20 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
       if (chan_step(h, send_peer, sfd, &sp, &sleft, true, &r, &err)) progress = true;
       else if (io_failed(r, err, true)) return io_error(h, send_peer, r, err, "send");
     }
-    if (rleft) {
+    bool direct = false;
+    if (rleft && sum && r_shm && !r_copy && in_piece == 0) {
+      /* Summed straight from the ring, whole elements at a time: one copy fewer. */
+      ssize_t k = comm_shm_read_reduce(h, recv_peer, sum, type, rleft);
+      if (k > 0) sum += k, rleft -= (size_t)k, progress = direct = true;
+    }
+    if (rleft && !direct) {
       size_t want = rleft;
       if (sum && !r_copy) { /* receive into the piece buffer, a piece at a time */
         size_t room = piece_bytes - in_piece;
         if (want > room) want = room;
+        /* Over shared memory only an element split across the sender's chunks comes this
+         * way; it is summed as soon as it is whole. */
+        if (r_shm && want > es - in_piece) want = es - in_piece;
         rp = (uint8_t *)rbuf + in_piece;
       }
       size_t left = want;
@@ -247,9 +256,9 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
         rleft -= got, progress = true;
         if (sum && !r_copy) {
           in_piece += got;
-          if (in_piece == piece_bytes || rleft == 0) {
+          if (in_piece == piece_bytes || rleft == 0 || (r_shm && in_piece == es)) {
             /* whole elements only: pieces are element-aligned and so is the total */
-            comm_reduce_add_dtype(type, sum, rbuf, in_piece / comm_dtype_size(type));
+            comm_reduce_add_dtype(type, sum, rbuf, in_piece / es);
             sum += in_piece;
             in_piece = 0;
           }
@@ -420,6 +429,31 @@ void comm_reduce_add_dtype(comm_dtype type, void *dst, const void *src, size_t n
   case COMM_F16: reduce_add_f16(dst, src, n); break;
   case COMM_BF16: reduce_add_bf16(dst, src, n); break;
   default: comm_reduce_add(dst, src, n); break;
+  }
+}
+
+/* src may start at any byte (a shared-memory ring after messages of odd lengths): loads go
+ * through memcpy, which the compiler turns into unaligned vector loads. */
+void comm_reduce_add_unaligned(comm_dtype type, void *dst, const uint8_t *src, size_t n) {
+  if ((uintptr_t)src % comm_dtype_size(type) == 0) {
+    comm_reduce_add_dtype(type, dst, src, n);
+    return;
+  }
+  if (type == COMM_F32) {
+    float *restrict d = dst;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+      float v;
+      memcpy(&v, src + 4 * i, sizeof v);
+      d[i] += v;
+    }
+    return;
+  }
+  uint16_t *d = dst;
+  for (size_t i = 0; i < n; i++) {
+    uint16_t v;
+    memcpy(&v, src + 2 * i, sizeof v);
+    comm_reduce_add_dtype(type, &d[i], &v, 1);
   }
 }
 

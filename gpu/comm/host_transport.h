@@ -172,6 +172,10 @@ static inline bool comm_host_is_shm(const comm_host *h, int peer) {
  * is full (empty), -1 when the pair was closed (a read first drains what was sent). */
 ssize_t comm_shm_write(comm_host *h, int peer, const void *buf, size_t n);
 ssize_t comm_shm_read(comm_host *h, int peer, void *buf, size_t n);
+/* As comm_shm_read, but adds whole elements of `type` from the ring into sum (at most n
+ * bytes) instead of copying them out; 0 when less than an element is there (or closed: a
+ * plain read then says which). */
+ssize_t comm_shm_read_reduce(comm_host *h, int peer, void *sum, comm_dtype type, size_t n);
 /* Whether a write (read) would move a byte or fail now; and whether the pair was closed. */
 bool comm_shm_writable(comm_host *h, int peer);
 bool comm_shm_readable(comm_host *h, int peer);
@@ -201,6 +205,8 @@ void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n);
 void comm_reduce_scale(float *dst, float a, size_t n);
 /* dst += src over n elements of `type` (16-bit ones summed in fp32, rounded back). */
 void comm_reduce_add_dtype(comm_dtype type, void *dst, const void *src, size_t n);
+/* The same where src may be misaligned for its type. */
+void comm_reduce_add_unaligned(comm_dtype type, void *dst, const uint8_t *src, size_t n);
 size_t comm_dtype_size(comm_dtype type);
 
 /* Reads `bytes` at `remote` in process `pid` into `local` (process_vm_readv); -1 with errno. */
