@@ -5,9 +5,11 @@
  * results); sends, receives and full-duplex exchanges of 0, 1 and odd bytes, of more than a
  * ring holds (both ranks sending at once) and of 1 MiB + 3 floats; every allreduce algorithm
  * and the 16-bit one on both, after transfers of odd lengths (so that elements are summed
- * straight from the ring at every misalignment, and across its end); a peer process that exits (without closing its rings) while this rank waits on
- * them fails with FL_EPEER naming it, receiving and sending; abort wakes a peer asleep on its
- * doorbell; and offers that cannot be mapped leave the pair on TCP.
+ * straight from the ring at every misalignment, and across its end); three processes where
+ * one pair talks through rings and the others over TCP (mixed waits); a peer process that
+ * exits (without closing its rings) while this rank waits on them fails with FL_EPEER naming
+ * it, receiving and sending; abort wakes a peer asleep on its doorbell; a leaver's bytes are
+ * delivered before its close; and offers that cannot be mapped leave the pair on TCP.
  *
  * No time is asserted on: every wait is bounded by FLINT_COMM_TIMEOUT_MS (30 s here) and the
  * loops that wait for a state by 10 s.
@@ -204,6 +206,64 @@ static void test_processes(void **state) {
   }
 }
 
+/* Three processes where rank 2 turns shared memory off: the pair 0-1 talks through rings,
+ * the pairs with rank 2 over TCP, so ring steps wait on a ring on one side and a socket on
+ * the other (the mixed wait, as across hosts). Every algorithm gives the exact sum. */
+static fl_status mixed_checks(fl_comm *c, int me) {
+  fl_status st = FL_OK;
+  static const size_t counts[] = {(1u << 20) + 3, 1001, 1};
+  for (int a = FL_ALLREDUCE_AUTO; st == FL_OK && a <= FL_ALLREDUCE_TREE; a++)
+    for (size_t k = 0; st == FL_OK && k < sizeof counts / sizeof *counts; k++) {
+      size_t n = counts[k];
+      int64_t shape[1] = {(int64_t)n};
+      fl_tensor *t;
+      must_ok(fl_tensor_create(cpu, 1, shape, &t));
+      float *x = t->data;
+      for (size_t i = 0; i < n; i++) x[i] = value(me, i);
+      st = fl_comm_set_allreduce_algo(c, (fl_allreduce_algo)a);
+      if (st == FL_OK) st = fl_comm_allreduce(c, t, FL_REDUCE_SUM);
+      for (size_t i = 0; st == FL_OK && i < n; i++)
+        if (x[i] != value(0, i) + value(1, i) + value(2, i))
+          st = fl_set_error(FL_EINTERNAL, "allreduce %s of %zu floats: element %zu is %g",
+                            fl_allreduce_algo_name((fl_allreduce_algo)a), n, i, (double)x[i]);
+      fl_tensor_destroy(t);
+    }
+  return st;
+}
+
+static void test_mixed_pairs(void **state) {
+  (void)state;
+  fl_comm_endpoint *eps[3];
+  char addrs[3][96];
+  const char *ptrs[3];
+  for (int r = 0; r < 3; r++) {
+    must_ok(fl_comm_listen("127.0.0.1", &eps[r]));
+    snprintf(addrs[r], sizeof addrs[r], "%s", fl_comm_endpoint_address(eps[r]));
+    ptrs[r] = addrs[r];
+  }
+  fflush(NULL);
+  pid_t kids[3] = {0, 0, 0};
+  int me = 0;
+  for (int r = 1; r < 3 && me == 0; r++) {
+    kids[r] = fork();
+    assert_true(kids[r] >= 0);
+    if (kids[r] == 0) me = r;
+  }
+  for (int r = 0; r < 3; r++)
+    if (r != me) fl_comm_endpoint_destroy(eps[r]);
+  if (me == 2) setenv("FLINT_COMM_SHM", "0", 1);
+  fl_comm *c = NULL;
+  fl_status st = fl_comm_host_create(eps[me], me, 3, ptrs, 20000, &c);
+  int peers = st == FL_OK ? comm_host_shm_peers(c) : -1;
+  if (st == FL_OK) st = mixed_checks(c, me);
+  if (st != FL_OK) fprintf(stderr, "rank %d: %s\n", me, fl_last_error());
+  fl_comm_destroy(c);
+  if (me != 0) _exit(st != FL_OK ? 1 : peers != (me == 2 ? 0 : 1) ? 2 : 0);
+  assert_int_equal(st, FL_OK);
+  assert_int_equal(peers, 1);
+  for (int r = 1; r < 3; r++) assert_int_equal(wait_child(kids[r]), 0);
+}
+
 /* Rank 1 (the child) exits without closing anything, once rank 0 sleeps waiting for it
  * (receiving a message it never sends, or sending more than the ring holds): the exit closes
  * only its socket, and rank 0 must notice that between its sleeps and fail with FL_EPEER
@@ -354,6 +414,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_threads_use_shm),
       cmocka_unit_test(test_processes),
+      cmocka_unit_test(test_mixed_pairs),
       cmocka_unit_test(test_peer_process_exits),
       cmocka_unit_test(test_abort_wakes_sleeper),
       cmocka_unit_test(test_leaver_drains_then_closes),
