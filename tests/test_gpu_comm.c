@@ -873,16 +873,16 @@ static int stranger(const char *address, const void *bytes, size_t len) {
 /* ---- single copy ------------------------------------------------------------------------ */
 
 /* Ranks that are threads of one process pass the probe with every peer. Over TCP
- * (FLINT_COMM_SHM=0) the matrix above then runs its large ring steps by single copy; over
- * shared memory only when FLINT_COMM_SINGLE_COPY_MIN is set (two copies through a ring beat
- * one process_vm_readv here, docs/collectives.md), with the descriptors and acks on the
- * rings. Off by FLINT_COMM_SINGLE_COPY=0, and the ring gives the same sums every way. */
+ * (FLINT_COMM_SHM=0) the matrix above then runs its ring steps from 128 KiB by single copy;
+ * over shared memory those from 512 KiB to 4 MiB, or from FLINT_COMM_SINGLE_COPY_MIN when it
+ * is set (docs/collectives.md), with the descriptors and acks on the rings. Off by
+ * FLINT_COMM_SINGLE_COPY=0, and the ring gives the same sums every way. */
 static void test_single_copy_probe(void **state) {
   (void)state;
   static const struct {
     const char *shm, *single_copy, *min;
     int peers;
-  } modes[] = {{"0", NULL, NULL, 2}, {"0", "0", NULL, 0}, {NULL, NULL, NULL, 0}, {NULL, NULL, "128k", 2},
+  } modes[] = {{"0", NULL, NULL, 2}, {"0", "0", NULL, 0}, {NULL, NULL, NULL, 2}, {NULL, NULL, "128k", 2},
                {NULL, "0", "128k", 0}};
   for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
     if (modes[m].shm) setenv("FLINT_COMM_SHM", modes[m].shm, 1);

@@ -209,8 +209,10 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
     fl_status st = check_fd(h, recv_peer);
     if (st) return st;
   }
-  bool s_copy = ring && sbytes && h->single_copy_min[send_peer] && sbytes >= h->single_copy_min[send_peer];
-  bool r_copy = ring && rbytes && h->single_copy_min[recv_peer] && rbytes >= h->single_copy_min[recv_peer];
+  bool s_copy = ring && sbytes && h->single_copy_min[send_peer] && sbytes >= h->single_copy_min[send_peer] &&
+                sbytes <= h->single_copy_max[send_peer];
+  bool r_copy = ring && rbytes && h->single_copy_min[recv_peer] && rbytes >= h->single_copy_min[recv_peer] &&
+                rbytes <= h->single_copy_max[recv_peer];
   uint64_t sdesc[2] = {(uint64_t)(uintptr_t)sbuf, sbytes}, rdesc[2] = {0, 0};
   uint8_t ack_out = 1, ack_in = 0;
   const uint8_t *sp = s_copy ? (const uint8_t *)sdesc : sbuf;

@@ -97,9 +97,10 @@ struct comm_host {
   void *stage[2];
   size_t stage_cap[2];
   /* Single copy, per peer: its pid, and the least bytes a ring step moves by a single copy
-   * with it (0: never, TCP only). */
+   * with it (0: never, its channel only). */
   pid_t *peer_pid;
   size_t *single_copy_min;
+  size_t *single_copy_max; /* and the most (SIZE_MAX: no limit) */
   /* Topology: host_of[r] is the host of rank r, numbered 0..nhosts-1 in the order of each
    * host's lowest rank. Ranks share a host when they share the kernel (boot id) and the
    * network namespace, so namespaces stand for hosts in tests (host_topology). */
