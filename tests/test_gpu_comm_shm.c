@@ -8,14 +8,16 @@
  * straight from the ring at every misalignment, and across its end); three processes where
  * one pair talks through rings and the others over TCP (mixed waits); a peer process that
  * exits (without closing its rings) while this rank waits on them fails with FL_EPEER naming
- * it, receiving and sending; abort wakes a peer asleep on its doorbell; a leaver's bytes are
- * delivered before its close; and offers that cannot be mapped leave the pair on TCP.
+ * it, receiving, sending, and with both ranks on one CPU; abort wakes a peer asleep on its
+ * doorbell; a leaver's bytes are delivered before its close; and offers that cannot be
+ * mapped leave the pair on TCP.
  *
  * No time is asserted on: every wait is bounded by FLINT_COMM_TIMEOUT_MS (30 s here) and the
  * loops that wait for a state by 10 s.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -271,7 +273,22 @@ static void test_mixed_pairs(void **state) {
 static void test_peer_process_exits(void **state) {
   (void)state;
   setenv("FLINT_COMM_TIMEOUT_MS", "30000", 1);
-  for (int sending = 0; sending <= 1; sending++) {
+  cpu_set_t all;
+  assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+  /* The third time both ranks run on one CPU, where a waiter yields instead of spinning:
+   * it must still get to its sleeps and their checks. */
+  for (int variant = 0; variant < 3; variant++) {
+    int sending = variant == 1;
+    if (variant == 2) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &all)) {
+          CPU_SET(i, &one);
+          break;
+        }
+      assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    }
     pair p;
     pair_listen(&p);
     fl_comm *c;
@@ -280,11 +297,16 @@ static void test_peer_process_exits(void **state) {
     if (child == 0) {
       if (st != FL_OK) _exit(1);
       int rc = comm_host_shm_peers(c) == 1 ? 0 : 2;
+      uint8_t go = 0; /* waited for: the child's CPU is then on record in its doorbell */
+      if (comm_host_recv(c->impl, 0, &go, 1) != FL_OK) rc = 4;
       for (int i = 0; i < 10000 && !comm_host_shm_peer_sleeping(c->impl, 0); i++) usleep(1000);
       if (!comm_host_shm_peer_sleeping(c->impl, 0)) rc = 3;
       _exit(rc); /* no fl_comm_destroy: as a crash */
     }
     assert_ok(st);
+    usleep(20000);
+    uint8_t go = 1;
+    assert_ok(comm_host_send(c->impl, 1, &go, 1));
     size_t n = sending ? (4u << 20) : 64;
     uint8_t *buf = calloc(n, 1);
     st = sending ? comm_host_send(c->impl, 1, buf, n) : comm_host_recv(c->impl, 1, buf, n);
@@ -295,6 +317,7 @@ static void test_peer_process_exits(void **state) {
     fl_comm_destroy(c);
     assert_int_equal(wait_child(child), 0);
   }
+  assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
   unsetenv("FLINT_COMM_TIMEOUT_MS");
 }
 

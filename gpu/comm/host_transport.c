@@ -228,6 +228,7 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
   uint64_t timeout_ns = (uint64_t)h->op_timeout_ms * 1000000u;
   uint64_t spin_until = 0, wait_since = 0, next_check = 0;
   unsigned polls = 0;
+  bool colocated = false;
   ssize_t r;
   int err;
   while (sleft || rleft || read_pending || ack_out_left || ack_in_left) {
@@ -304,12 +305,10 @@ static fl_status transfer(comm_host *h, int send_peer, const void *sbuf, size_t 
     bool all_shm = (!s_wait || s_shm) && (!r_wait || r_shm);
     if (all_shm) {
       /* No system call until the pure spin is over (the fast path: data already there),
-       * unless the peer waited last on this CPU: then it needs the CPU, not our spin. */
-      if (polls == 0 && comm_shm_same_cpu(h, s_wait ? send_peer : -1, r_wait ? recv_peer : -1)) {
-        sched_yield();
-        continue;
-      }
-      if (++polls < SHM_SPIN_POLLS || polls % SHM_SPIN_POLLS) {
+       * unless the peer waited last on this CPU: then it needs the CPU, not our spin, and
+       * every poll yields (still bounded by the clock below). */
+      if (polls++ == 0) colocated = comm_shm_same_cpu(h, s_wait ? send_peer : -1, r_wait ? recv_peer : -1);
+      if (!colocated && (polls < SHM_SPIN_POLLS || polls % SHM_SPIN_POLLS)) {
         cpu_relax();
         continue;
       }
