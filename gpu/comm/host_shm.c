@@ -12,7 +12,10 @@
  * `waiting`, fences, re-checks its rings, then futex-waits on `seq` as it read it before;
  * the waker publishes, fences, and only when it sees `waiting` bumps `seq` and wakes. One of
  * the two always sees the other's store, so no wake-up is lost, and the fast path (the peer
- * awake) costs a fence and a load, no system call.
+ * awake) costs a fence and a load, no system call. `waiting` counts sleepers and a wake-up
+ * wakes them all: a rank may wait on two threads at once (the pipeline trainer receives on
+ * its thread while its sender thread sends, gpu/parallel/pipeline_transfer.c), and each
+ * must see the other's progress.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -68,7 +71,7 @@ static inline void bell_ring(comm_shm_bell *bell) {
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&bell->waiting, memory_order_relaxed)) {
     atomic_fetch_add_explicit(&bell->seq, 1, memory_order_seq_cst);
-    (void)futex(&bell->seq, FUTEX_WAKE, 1, NULL);
+    (void)futex(&bell->seq, FUTEX_WAKE, INT32_MAX, NULL);
   }
 }
 
@@ -174,7 +177,7 @@ bool comm_shm_closed(comm_host *h, int peer) {
 
 uint32_t comm_shm_wait_begin(comm_host *h) {
   uint32_t seq = atomic_load_explicit(&h->shm_bell->seq, memory_order_acquire);
-  atomic_store_explicit(&h->shm_bell->waiting, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&h->shm_bell->waiting, 1, memory_order_relaxed);
   atomic_thread_fence(memory_order_seq_cst);
   return seq;
 }
@@ -182,12 +185,12 @@ uint32_t comm_shm_wait_begin(comm_host *h) {
 bool comm_shm_sleep(comm_host *h, uint32_t seq, uint32_t ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
   long r = futex(&h->shm_bell->seq, FUTEX_WAIT, seq, &ts);
-  h->shm_sleeps++;
+  __atomic_fetch_add(&h->shm_sleeps, 1, __ATOMIC_RELAXED);
   return !(r < 0 && errno == ETIMEDOUT);
 }
 
 void comm_shm_wait_end(comm_host *h) {
-  atomic_store_explicit(&h->shm_bell->waiting, 0, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&h->shm_bell->waiting, 1, memory_order_relaxed);
 }
 
 bool comm_shm_same_cpu(comm_host *h, int peer_a, int peer_b) {
@@ -302,7 +305,7 @@ void comm_host_shm_close(comm_host *h) {
     atomic_store_explicit(&p->in->closed, 1, memory_order_release);
     /* Always wake: the peer may sleep on either ring of the pair. */
     atomic_fetch_add_explicit(&p->bell->seq, 1, memory_order_seq_cst);
-    (void)futex(&p->bell->seq, FUTEX_WAKE, 1, NULL);
+    (void)futex(&p->bell->seq, FUTEX_WAKE, INT32_MAX, NULL);
   }
 }
 

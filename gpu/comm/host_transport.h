@@ -44,7 +44,10 @@
  * (comm_host_ring_step): both ends of a step run the same call, so the receiver knows to
  * expect a descriptor, and neither end waits on an ack the other cannot send.
  *
- * Threading: one thread at a time per communicator (its rank's thread).
+ * Threading: one thread at a time per communicator (its rank's thread), except that one
+ * thread may send (comm_host_send) while another receives (comm_host_recv), as the pipeline
+ * trainer's sender thread does: the two halves touch separate sockets' directions and
+ * separate rings, and sleepers on the rank's doorbell are counted and all woken.
  */
 #ifndef FLINT_GPU_COMM_HOST_TRANSPORT_H
 #define FLINT_GPU_COMM_HOST_TRANSPORT_H
@@ -63,7 +66,7 @@ typedef struct comm_host comm_host;
  * make progress possible for its owner, and whether the owner sleeps (or is about to). */
 typedef struct comm_shm_bell {
   _Atomic uint32_t seq;
-  _Atomic uint32_t waiting;
+  _Atomic uint32_t waiting; /* threads of the owner that sleep or are about to */
   _Atomic uint32_t cpu; /* the CPU the owner last started waiting on (+1; 0: unknown) */
 } comm_shm_bell;
 
