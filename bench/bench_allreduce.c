@@ -21,6 +21,10 @@
  * ranks x 2 the kernel's copies, not the algorithm, bound every rank count above one pair.
  * Both baselines run before and after the groups and keep the faster median.
  *
+ * --bind pins rank r to CPU r mod the CPUs, as mpirun binds its ranks to cores by default
+ * (without it, on a busy machine, two ranks often share one CPU and small messages then
+ * cost a context switch each way).
+ *
  * Output: a table, or with --json one JSON object per row. Exit 1 on an engine error, 2 on a
  * bad option; a missed target is reported, not an error.
  */
@@ -28,6 +32,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -49,6 +54,7 @@ typedef struct options {
   bool json;
   uint64_t min_bytes, max_bytes;
   double scale; /* sample counts x scale (--quick: fewer) */
+  bool bind;    /* --bind: rank r on CPU r mod ncpu */
 } options;
 
 static size_t sizes[MAX_SIZES];
@@ -152,6 +158,12 @@ static int run_group(const options *o, int p, double med[NALGOS][MAX_SIZES], int
     if (pids[r] < 0) return 1;
     if (pids[r] == 0) {
       close(pp[0]);
+      if (o->bind) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(r % (int)sysconf(_SC_NPROCESSORS_ONLN), &set);
+        (void)sched_setaffinity(0, sizeof set, &set);
+      }
       for (int q = 0; q < p; q++)
         if (q != r) fl_comm_endpoint_destroy(eps[q]);
       _exit(run_rank(o, eps[r], r, p, addrs, pp[1]));
@@ -309,6 +321,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) o.json = true;
     else if (strcmp(argv[i], "--quick") == 0) o.scale = 0.3;
+    else if (strcmp(argv[i], "--bind") == 0) o.bind = true;
     else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc &&
              parse_count(argv[i + 1], 1u << 30, &o.max_bytes) && o.max_bytes >= 8)
       i++;
@@ -317,7 +330,7 @@ int main(int argc, char **argv) {
       i++;
     else {
       fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_allreduce [--json] [--quick] "
-              "[--min-bytes N] [--max-bytes N]\n", argv[i]);
+              "[--min-bytes N] [--max-bytes N] [--bind]\n", argv[i]);
       return 2;
     }
   }

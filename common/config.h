@@ -205,6 +205,8 @@ enum {
     "0: ring steps between ranks on one host stay on loopback TCP (no process_vm_readv)")                           \
   X(COMM_SINGLE_COPY_MIN, SIZE, TASKS, 0, 0, CONFIG_MAX_U32, "128k",                                                \
     "the smallest ring step that moves by one process_vm_readv copy (0: none)")                                     \
+  X(COMM_SHM, BOOL, TASKS, 0, 0, CONFIG_MAX_I64, "1",                                                               \
+    "0: ranks on one host talk over loopback TCP instead of shared-memory rings")                                   \
   /* set by flint for the processes it starts */                                                                    \
   X(EXECUTOR_REPORT_FD, STRING, EXECUTOR, CONFIG_COMPUTED | CONFIG_INTERNAL, 0, 0, "unset",                         \
     "set by flint executor for the executor it supervises: the descriptor its reports go to")                       \

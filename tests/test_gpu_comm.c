@@ -872,20 +872,48 @@ static int stranger(const char *address, const void *bytes, size_t len) {
 
 /* ---- single copy ------------------------------------------------------------------------ */
 
-/* Ranks that are threads of one process pass the probe with every peer; the matrix above
- * then runs its large ring steps by single copy. Off by FLINT_COMM_SINGLE_COPY=0, and the
- * ring gives the same sums either way. */
+/* Ranks that are threads of one process pass the probe with every peer. Over TCP
+ * (FLINT_COMM_SHM=0) the matrix above then runs its ring steps from 128 KiB by single copy;
+ * over shared memory those from 512 KiB to 4 MiB, or from FLINT_COMM_SINGLE_COPY_MIN when it
+ * is set (docs/collectives.md), with the descriptors and acks on the rings. Off by
+ * FLINT_COMM_SINGLE_COPY=0, and the ring gives the same sums every way. */
 static void test_single_copy_probe(void **state) {
   (void)state;
-  for (int off = 0; off <= 1; off++) {
-    if (off) setenv("FLINT_COMM_SINGLE_COPY", "0", 1);
+  static const struct {
+    const char *shm, *single_copy, *min;
+    int peers;
+  } modes[] = {{"0", NULL, NULL, 2}, {"0", "0", NULL, 0}, {NULL, NULL, NULL, 2}, {NULL, NULL, "128k", 2},
+               {NULL, "0", "128k", 0}};
+  for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+    if (modes[m].shm) setenv("FLINT_COMM_SHM", modes[m].shm, 1);
+    if (modes[m].single_copy) setenv("FLINT_COMM_SINGLE_COPY", modes[m].single_copy, 1);
+    if (modes[m].min) setenv("FLINT_COMM_SINGLE_COPY_MIN", modes[m].min, 1);
     group g;
     group_create(&g, 3);
+    unsetenv("FLINT_COMM_SHM");
     unsetenv("FLINT_COMM_SINGLE_COPY");
-    for (int r = 0; r < 3; r++) assert_int_equal(comm_host_single_copy_peers(g.comms[r]), off ? 0 : 2);
+    unsetenv("FLINT_COMM_SINGLE_COPY_MIN");
+    for (int r = 0; r < 3; r++) {
+      assert_int_equal(comm_host_single_copy_peers(g.comms[r]), modes[m].peers);
+      assert_int_equal(comm_host_shm_peers(g.comms[r]), modes[m].shm ? 0 : 2);
+    }
     check_allreduce(&g, cpu, FL_ALLREDUCE_RING, (1u << 20) + 3, FL_REDUCE_SUM);
     check_allreduce(&g, cpu, FL_ALLREDUCE_RING, 1000, FL_REDUCE_SUM); /* under the threshold */
     group_destroy(&g);
+  }
+}
+
+/* The single-copy failure tests run over TCP and over shared memory (with the threshold
+ * set, so that shared-memory pairs use single copy). */
+static void single_copy_group(group *g, int size, bool shm) {
+  if (!shm) setenv("FLINT_COMM_SHM", "0", 1);
+  setenv("FLINT_COMM_SINGLE_COPY_MIN", "128k", 1);
+  group_create(g, size);
+  unsetenv("FLINT_COMM_SHM");
+  unsetenv("FLINT_COMM_SINGLE_COPY_MIN");
+  for (int r = 0; r < size; r++) {
+    assert_int_equal(comm_host_single_copy_peers(g->comms[r]), size - 1);
+    assert_int_equal(comm_host_shm_peers(g->comms[r]), shm ? size - 1 : 0);
   }
 }
 
@@ -910,13 +938,15 @@ static fl_status bad_descriptor(rank_job *job) {
 
 static void test_single_copy_bad_descriptor(void **state) {
   (void)state;
-  group g;
-  group_create(&g, 2);
-  rank_job jobs[MAX_RANKS];
-  run_ranks(2, g.comms, bad_descriptor, NULL, jobs);
-  assert_int_equal(jobs[1].status, FL_EPROTO);
-  assert_non_null(strstr(jobs[1].msg, "rank 0 offered 12345 bytes where the ring step expects 2097152"));
-  group_destroy(&g);
+  for (int shm = 0; shm <= 1; shm++) {
+    group g;
+    single_copy_group(&g, 2, shm);
+    rank_job jobs[MAX_RANKS];
+    run_ranks(2, g.comms, bad_descriptor, NULL, jobs);
+    assert_int_equal(jobs[1].status, FL_EPROTO);
+    assert_non_null(strstr(jobs[1].msg, "rank 0 offered 12345 bytes where the ring step expects 2097152"));
+    group_destroy(&g);
+  }
 }
 
 /* A sender whose step fails while its descriptor is out (its other peer left) aborts and
@@ -951,22 +981,25 @@ static fl_status torn_read(rank_job *job) {
 
 static void test_single_copy_sender_gives_up(void **state) {
   (void)state;
-  group g;
-  group_create(&g, 3);
-  atomic_store(&sender_gave_up, 0);
-  rank_job jobs[MAX_RANKS];
-  run_ranks(3, g.comms, torn_read, NULL, jobs);
-  g.comms[2] = NULL; /* destroyed by its rank */
-  assert_int_equal(jobs[0].status, FL_OK);
-  assert_int_equal(jobs[1].status, FL_EPEER);
-  assert_non_null(strstr(jobs[1].msg, "rank 1: rank 0 gave up while this rank read its buffer"));
-  group_destroy(&g);
+  for (int shm = 0; shm <= 1; shm++) {
+    group g;
+    single_copy_group(&g, 3, shm);
+    atomic_store(&sender_gave_up, 0);
+    rank_job jobs[MAX_RANKS];
+    run_ranks(3, g.comms, torn_read, NULL, jobs);
+    g.comms[2] = NULL; /* destroyed by its rank */
+    assert_int_equal(jobs[0].status, FL_OK);
+    assert_int_equal(jobs[1].status, FL_EPEER);
+    assert_non_null(strstr(jobs[1].msg, "rank 1: rank 0 gave up while this rank read its buffer"));
+    group_destroy(&g);
+  }
 }
 
 /* Ranks as processes: rank 1 a forked child, so the probe reads another process's memory
  * (process_vm_readv), and the ring's result is checked on both sides. Where the kernel
  * refuses cross-memory reads (ptrace policy, seccomp), the probe must fail over to TCP and
- * the sums be the same. */
+ * the sums be the same. The threshold is set, so the pair uses single copy over its
+ * shared-memory rings too. */
 static void test_single_copy_processes(void **state) {
   (void)state;
   const size_t n = (1u << 20) + 5;
@@ -978,12 +1011,14 @@ static void test_single_copy_processes(void **state) {
     snprintf(addrs[r], sizeof addrs[r], "%s", fl_comm_endpoint_address(eps[r]));
   }
   fflush(NULL);
+  setenv("FLINT_COMM_SINGLE_COPY_MIN", "128k", 1); /* over shared memory too */
   pid_t child = fork();
   assert_true(child >= 0);
   int me = child == 0 ? 1 : 0;
   fl_comm_endpoint_destroy(eps[1 - me]);
   fl_comm *c = NULL;
   fl_status st = fl_comm_host_create(eps[me], me, 2, ptrs, 20000, &c);
+  unsetenv("FLINT_COMM_SINGLE_COPY_MIN");
   int peers = st == FL_OK ? comm_host_single_copy_peers(c) : -1;
   long bad = -2;
   if (st == FL_OK) {

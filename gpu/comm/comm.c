@@ -64,7 +64,8 @@ fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy) {
 
 fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes) {
   if (c->algo != FL_ALLREDUCE_AUTO) return c->algo;
-  return comm_auto_algo(bytes, c->size, comm_host_single_copy_peers(c) > 0);
+  /* Shared memory counts as single copy does: the ring beats the tree there too. */
+  return comm_auto_algo(bytes, c->size, comm_host_single_copy_peers(c) > 0 || comm_host_shm_peers(c) > 0);
 }
 
 static const char *const algo_names[FL_ALLREDUCE_ALGO_COUNT] = {

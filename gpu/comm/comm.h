@@ -82,6 +82,8 @@ static inline size_t comm_block_offset(size_t n, int p, int r) {
 void comm_host_socket_options(int fd);
 /* How many peers this rank's ring steps reach by a single copy (0 on other backends). */
 int comm_host_single_copy_peers(const fl_comm *c);
+/* How many peers this rank talks to through shared-memory rings (0 on other backends). */
+int comm_host_shm_peers(const fl_comm *c);
 
 /* ---- the comm worker (gpu/comm/worker.c) --------------------------------------------------
  * A communication thread that allreduces tensors in the order they are posted, so that the

@@ -70,6 +70,12 @@ int comm_host_single_copy_peers(const fl_comm *c) {
   return n;
 }
 
+int comm_host_shm_peers(const fl_comm *c) {
+  if (!c || c->ops != &host_ops) return 0;
+  const comm_host *h = c->impl;
+  return h->shm_peers;
+}
+
 /* ---- staging: a host view of a tensor ---------------------------------------------------- */
 
 /* Host memory holding t's elements: t's own for the cpu device, else a pinned buffer of the
@@ -279,6 +285,7 @@ cleanup:
 
 static void host_abort(fl_comm *c) {
   comm_host *h = c->impl;
+  comm_host_shm_close(h); /* peers sleeping on a ring wake at once */
   for (int i = 0; i < h->size; i++)
     if (h->fds[i] >= 0) shutdown(h->fds[i], SHUT_RDWR);
 }

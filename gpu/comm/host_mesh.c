@@ -27,7 +27,7 @@
 #include "gpu/comm/host_transport.h"
 
 #define HOST_MAGIC 0x544e4c46u /* "FLNT" little-endian */
-#define HOST_VERSION 3u /* 2: the single-copy probe follows the hello; 3: then host keys */
+#define HOST_VERSION 4u /* 2: the single-copy probe follows the hello; 3: then host keys; 4: then shm */
 #define HOST_HELLO_BYTES 16
 #define HOST_MAX_PENDING 32
 #define HOST_DEFAULT_CONNECT_MS 30000u
@@ -41,6 +41,20 @@ static uint32_t sockbuf_bytes(void) { return (uint32_t)config_size(CONFIG_COMM_S
 /* Single copy (gpu/comm/host_transport.h): off with 0; ring steps of at least _MIN bytes use it. */
 static bool single_copy_enabled(void) { return config_bool(CONFIG_COMM_SINGLE_COPY); }
 static uint32_t single_copy_min(void) { return (uint32_t)config_size(CONFIG_COMM_SINGLE_COPY_MIN); }
+/* Shared memory between ranks on one host (gpu/comm/host_transport.h): off with 0. */
+static bool shm_enabled(void) { return config_bool(CONFIG_COMM_SHM); }
+/* The ring steps that a pair talking through shared memory moves by single copy: [min, max]
+ * bytes (min 0: none). By default 512 KiB to 4 MiB, where one process_vm_readv beat two
+ * copies through a ring on this machine; below, the call's cost, and above, its slower
+ * copy (it pins pages, and streams past the caches where the ring stays in them) lost
+ * (docs/collectives.md). FLINT_COMM_SINGLE_COPY_MIN, when set, gives min and no max. */
+#define SHM_SINGLE_COPY_MIN (512u << 10)
+#define SHM_SINGLE_COPY_MAX (4u << 20)
+static void shm_single_copy_range(uint64_t range[2]) {
+  range[0] = SHM_SINGLE_COPY_MIN, range[1] = SHM_SINGLE_COPY_MAX;
+  if (config_given(CONFIG_COMM_SINGLE_COPY_MIN)) range[0] = single_copy_min(), range[1] = UINT64_MAX;
+  if (!single_copy_enabled()) range[0] = 0;
+}
 
 struct fl_comm_endpoint {
   int fd;
@@ -311,12 +325,15 @@ static fl_status accept_peers(fl_comm_endpoint *ep, int rank, int size, int *fds
 
 void comm_host_free(comm_host *h) {
   if (!h) return;
+  comm_host_shm_close(h);
   if (h->fds)
     for (int i = 0; i < h->size; i++)
       if (h->fds[i] >= 0) close(h->fds[i]);
   common_free(h->fds);
   common_free(h->peer_pid);
   common_free(h->single_copy_min);
+  common_free(h->single_copy_max);
+  comm_host_shm_free(h); /* before the sockets' peers see them close: the rings first */
   common_free(h->host_of);
   for (int i = 0; i < 2; i++) {
     common_free(h->scratch[i]);
@@ -340,14 +357,16 @@ static fl_status single_copy_probe(comm_host *h, uint64_t deadline_ns) {
   size_t n = (size_t)h->size;
   h->peer_pid = common_calloc(n, sizeof *h->peer_pid);
   h->single_copy_min = common_calloc(n, sizeof *h->single_copy_min);
+  h->single_copy_max = common_malloc(n * sizeof *h->single_copy_max);
   uint64_t(*theirs)[4] = common_calloc(n, sizeof *theirs);
   uint64_t *nonce = common_calloc(n, sizeof *nonce), *cookies = common_calloc(n, sizeof *cookies);
   uint8_t *verdict = common_calloc(n, 1);
   fl_status status = FL_OK;
-  if (!h->peer_pid || !h->single_copy_min || !theirs || !nonce || !cookies || !verdict) {
+  if (!h->peer_pid || !h->single_copy_min || !h->single_copy_max || !theirs || !nonce || !cookies || !verdict) {
     status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
     goto cleanup;
   }
+  for (size_t i = 0; i < n; i++) h->single_copy_max[i] = SIZE_MAX;
   uint64_t threshold = single_copy_enabled() ? single_copy_min() : 0;
   const char *what = "offer";
   int peer = 0;
@@ -453,6 +472,85 @@ cleanup:
   return status;
 }
 
+/* ---- shared memory -------------------------------------------------------------------------- */
+
+/* Pairs of ranks on one host agree on shared memory in two rounds on idle sockets (all sends
+ * of a round before its reads, as in the probe):
+ *   1. offer: to each same-host peer, {pid, memfd number, segment bytes, nonce} of this
+ *      rank's segment ({0, -1, 0, 0} when it has none: off, or no memfd), and the ring
+ *      steps it would move by single copy over shared memory (shm_single_copy_range);
+ *   2. verdict: one byte each way, whether this rank mapped the peer's segment.
+ * A pair uses shared memory when both verdicts are yes; the memfd is closed after the
+ * verdicts (the mappings keep the memory), so nothing is left to unlink, whoever dies. Any
+ * other failure leaves the pair on TCP; only a socket failure fails the mesh. A pair on
+ * shared memory keeps single copy for the steps both ends' ranges hold, computed alike on
+ * both ends, since the receiver of a ring step must know whether a descriptor comes. */
+static fl_status shm_setup(comm_host *h, uint64_t deadline_ns) {
+  size_t n = (size_t)h->size;
+  int fd = -1, peer = 0;
+  uint64_t bytes = 0, nonce = 0, (*their_range)[2] = NULL;
+  const char *what = "offer";
+  uint8_t *verdict = common_calloc(n, 1), *use = common_calloc(n, 1);
+  fl_status status = FL_OK;
+  if (!verdict || !use) {
+    status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
+    goto cleanup;
+  }
+  int nlocal = 0;
+  for (int r = 0; r < h->size; r++) nlocal += h->host_of[r] == h->host_of[h->rank];
+  if (nlocal < 2) goto cleanup;
+  if (shm_enabled()) FL_CHECK(comm_host_shm_create(h, &fd, &bytes, &nonce));
+  uint64_t mine[2];
+  shm_single_copy_range(mine);
+  their_range = common_calloc(n, sizeof *their_range);
+  if (!their_range) {
+    status = FL_ERR(FL_ENOMEM, "out of memory for a communicator of %d ranks", h->size);
+    goto cleanup;
+  }
+  uint64_t offer[6] = {fd >= 0 ? (uint64_t)getpid() : 0, (uint64_t)(int64_t)fd, bytes, nonce, mine[0], mine[1]};
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && h->host_of[peer] == h->host_of[h->rank] &&
+        io_until(h->fds[peer], offer, sizeof offer, true, deadline_ns) != 0)
+      goto io_failed;
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank || h->host_of[peer] != h->host_of[h->rank]) continue;
+    uint64_t theirs[6];
+    if (io_until(h->fds[peer], theirs, sizeof theirs, false, deadline_ns) != 0) goto io_failed;
+    verdict[peer] = fd >= 0 && comm_host_shm_attach(h, peer, theirs);
+    their_range[peer][0] = theirs[4], their_range[peer][1] = theirs[5];
+  }
+  what = "verdict";
+  for (peer = 0; peer < h->size; peer++)
+    if (peer != h->rank && h->host_of[peer] == h->host_of[h->rank] &&
+        io_until(h->fds[peer], &verdict[peer], 1, true, deadline_ns) != 0)
+      goto io_failed;
+  for (peer = 0; peer < h->size; peer++) {
+    if (peer == h->rank || h->host_of[peer] != h->host_of[h->rank]) continue;
+    uint8_t back = 0;
+    if (io_until(h->fds[peer], &back, 1, false, deadline_ns) != 0) goto io_failed;
+    use[peer] = verdict[peer] && back == 1;
+    if (use[peer] && h->single_copy_min[peer]) {
+      uint64_t lo = mine[0] > their_range[peer][0] ? mine[0] : their_range[peer][0];
+      uint64_t hi = mine[1] < their_range[peer][1] ? mine[1] : their_range[peer][1];
+      bool any = mine[0] && their_range[peer][0] && lo <= hi;
+      h->single_copy_min[peer] = any ? (size_t)lo : 0;
+      h->single_copy_max[peer] = any && hi < SIZE_MAX ? (size_t)hi : SIZE_MAX;
+    }
+  }
+  comm_host_shm_finish(h, use);
+  goto cleanup;
+io_failed:
+  status = fl_set_error(errno == ETIMEDOUT ? FL_ETIMEDOUT : FL_EPEER,
+                        "rank %d: the shared-memory %s with rank %d failed: %s", h->rank, what, peer,
+                        strerror(errno));
+cleanup:
+  if (fd >= 0) close(fd);
+  common_free(their_range);
+  common_free(verdict);
+  common_free(use);
+  return status;
+}
+
 fl_status comm_host_connect(fl_comm_endpoint *ep, int rank, int size, const char *const *addresses,
                             uint32_t timeout_ms, comm_host **out) {
   fl_status status = FL_OK;
@@ -474,6 +572,7 @@ fl_status comm_host_connect(fl_comm_endpoint *ep, int rank, int size, const char
   FL_CHECK(accept_peers(ep, rank, size, h->fds, deadline, timeout_ms));
   FL_CHECK(single_copy_probe(h, deadline));
   FL_CHECK(host_topology(h, deadline));
+  FL_CHECK(shm_setup(h, deadline));
   *out = h;
   h = NULL;
 cleanup:
