@@ -198,6 +198,30 @@ static void test_allreduce_half(void **state) {
     }
     group_destroy(&g);
   }
+  /* The bulk conversions (F16C where the CPU has it) give the scalar casts' bits, over every
+   * fp16 value and fp32 bit patterns of every kind: ties, subnormals, infinities, NaN. */
+  enum { N = 1 << 16 };
+  uint16_t *h = malloc(N * 2), *h2 = malloc(N * 2);
+  float *f = malloc(N * 4);
+  for (uint32_t i = 0; i < N; i++) h[i] = (uint16_t)i;
+  comm_half_to_f32(COMM_HALF_FP16, f, h, N);
+  for (uint32_t i = 0; i < N; i++) {
+    float want = comm_f16_to_f32((uint16_t)i);
+    assert_true(memcmp(&f[i], &want, 4) == 0 || (f[i] != f[i] && want != want));
+  }
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (uint32_t i = 0; i < N; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    uint32_t bits = i < 4096 ? 0x33000000u + i * 0x1000u : (uint32_t)x; /* near fp16's subnormals, then random */
+    memcpy(&f[i], &bits, 4);
+  }
+  for (int kind = COMM_HALF_FP16; kind <= COMM_HALF_BF16; kind++) {
+    comm_half_from_f32((comm_half_kind)kind, h, f, N - 3); /* a ragged tail */
+    for (uint32_t i = 0; i < N - 3; i++)
+      h2[i] = kind == COMM_HALF_FP16 ? comm_f32_to_f16(f[i]) : comm_f32_to_bf16(f[i]);
+    assert_memory_equal(h, h2, (N - 3) * 2);
+  }
+  free(h), free(h2), free(f);
   /* Rounding: bf16 keeps 8 bits of mantissa, fp16 11; both round to nearest even. */
   assert_true(comm_bf16_to_f32(comm_f32_to_bf16(1.00390625f)) == 1.0f);
   assert_true(comm_bf16_to_f32(comm_f32_to_bf16(1.01171875f)) == 1.015625f);

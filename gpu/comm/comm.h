@@ -60,6 +60,13 @@ static inline uint16_t comm_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* The same over n elements (gpu/comm/half.c: fp16 by the F16C instructions where the CPU
+ * has them, the same bits as the scalar casts). */
+void comm_half_from_f32(comm_half_kind kind, uint16_t *dst, const float *src, size_t n);
+void comm_half_to_f32(comm_half_kind kind, float *dst, const uint16_t *src, size_t n);
+/* dst += src over n 16-bit elements, summed in fp32 and rounded back. */
+void comm_reduce_add_half(comm_half_kind kind, uint16_t *dst, const uint16_t *src, size_t n);
+
 /* Allreduce (sum) of n 16-bit floats in host memory at `data`, in place: each step sums in
  * fp32 and rounds back, so the result is within the format's rounding of the fp32 sum. The
  * host backend runs its ring (half the bytes of an fp32 allreduce); other backends

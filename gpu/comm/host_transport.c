@@ -414,21 +414,10 @@ void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
-/* 16-bit elements are summed in fp32 and rounded back (to nearest even), as NCCL does. */
-static void reduce_add_f16(uint16_t *restrict dst, const uint16_t *restrict src, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    dst[i] = comm_f32_to_f16(comm_f16_to_f32(dst[i]) + comm_f16_to_f32(src[i]));
-}
-
-static void reduce_add_bf16(uint16_t *restrict dst, const uint16_t *restrict src, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    dst[i] = comm_f32_to_bf16(comm_bf16_to_f32(dst[i]) + comm_bf16_to_f32(src[i]));
-}
-
 void comm_reduce_add_dtype(comm_dtype type, void *dst, const void *src, size_t n) {
   switch (type) {
-  case COMM_F16: reduce_add_f16(dst, src, n); break;
-  case COMM_BF16: reduce_add_bf16(dst, src, n); break;
+  case COMM_F16: comm_reduce_add_half(COMM_HALF_FP16, dst, src, n); break; /* gpu/comm/half.c */
+  case COMM_BF16: comm_reduce_add_half(COMM_HALF_BF16, dst, src, n); break;
   default: comm_reduce_add(dst, src, n); break;
   }
 }

@@ -44,13 +44,13 @@ static fl_status half_create(const compress_spec *spec, const compress_bucket *b
 static fl_status half_run(void *p, compress_io *io, compress_bucket *b) {
   half_state *s = p;
   float *v = b->data;
-  bool bf16 = s->kind == COMM_HALF_BF16;
-  for (size_t i = 0; i < s->n; i++) s->wire[i] = bf16 ? comm_f32_to_bf16(v[i]) : comm_f32_to_f16(v[i]);
+  comm_half_from_f32(s->kind, s->wire, v, s->n);
   io->sent += s->n * sizeof(uint16_t);
   fl_status st = comm_allreduce_half(io->comm, s->wire, s->n, s->kind);
   if (st != FL_OK) return st;
   float mean = 1.0f / (float)fl_comm_size(io->comm);
-  for (size_t i = 0; i < s->n; i++) v[i] = (bf16 ? comm_bf16_to_f32(s->wire[i]) : comm_f16_to_f32(s->wire[i])) * mean;
+  comm_half_to_f32(s->kind, v, s->wire, s->n);
+  for (size_t i = 0; i < s->n; i++) v[i] *= mean;
   return FL_OK;
 }
 
