@@ -155,6 +155,66 @@ static void check_error_feedback(const hook_case *hc, int ranks, const char *wha
   if (worst > 1e-4) fail_msg("%s at %d ranks: the estimates are %g from gradients less residuals", what, ranks, worst);
 }
 
+/* Momentum correction (DGC): every rank accumulates velocities u = m u + g into v, sends the
+ * top k of v per bucket and zeroes u and v there; the step is the averaged sparse velocity
+ * s_t, and the hook hands the optimizer s_t - m s_{t-1} so that SGD's own velocity
+ * (m velocity + g) is s_t. A reference in the test against the hook's output, and the
+ * optimizer's velocity against s_t. */
+static void test_topk_momentum_correction(void **state) {
+  (void)state;
+  static hook_case hc;
+  const float m = 0.9f;
+  const double ratio = 0.1;
+  for (int ranks = 1; ranks <= 3; ranks += 2) {
+    memset(&hc, 0, sizeof hc);
+    hc.spec = (compress_spec){.kind = COMPRESS_TOPK, .ratio = ratio, .rank = 1, .min_rate = 1, .momentum = m};
+    run_case(&hc, ranks);
+    static float u[MAX_RANKS][TOTAL], v[MAX_RANKS][TOTAL];
+    float last[TOTAL] = {0}, vel[TOTAL] = {0};
+    memset(u, 0, sizeof u), memset(v, 0, sizeof v);
+    const size_t lo[2] = {0, SPLIT}, hi[2] = {SPLIT, TOTAL};
+    double worst_out = 0, worst_vel = 0;
+    for (int t = 0; t < STEPS; t++) {
+      float sum[TOTAL] = {0};
+      for (int r = 0; r < ranks; r++)
+        for (int b = 0; b < 2; b++) {
+          size_t n = hi[b] - lo[b], k = (size_t)ceil(ratio * (double)n);
+          float mag[TOTAL];
+          for (size_t i = lo[b]; i < hi[b]; i++) {
+            u[r][i] = m * u[r][i] + grad(r, t, i);
+            v[r][i] = u[r][i] + v[r][i];
+            mag[i - lo[b]] = fabsf(v[r][i]);
+          }
+          /* The k-th largest magnitude, by a partial selection sort (n is small). */
+          for (size_t j = 0; j < k; j++)
+            for (size_t q = j + 1; q < n; q++)
+              if (mag[q] > mag[j]) {
+                float x = mag[j];
+                mag[j] = mag[q], mag[q] = x;
+              }
+          for (size_t i = lo[b]; i < hi[b]; i++)
+            if (fabsf(v[r][i]) >= mag[k - 1]) {
+              sum[i] += v[r][i];
+              v[r][i] = 0, u[r][i] = 0;
+            }
+        }
+      for (size_t i = 0; i < TOTAL; i++) {
+        float st = sum[i] * (1.0f / (float)ranks);
+        double e = fabs((double)hc.out[0][t][i] - ((double)st - (double)m * last[i]));
+        if (e > worst_out) worst_out = e;
+        vel[i] = m * vel[i] + hc.out[0][t][i];
+        if (fabs((double)vel[i] - st) > worst_vel) worst_vel = fabs((double)vel[i] - st);
+        last[i] = st;
+      }
+    }
+    if (worst_out > 1e-5 || worst_vel > 1e-4)
+      fail_msg("momentum correction at %d ranks: output %g, optimizer velocity %g from the reference", ranks,
+               worst_out, worst_vel);
+    for (int r = 0; r < ranks; r++)
+      for (size_t i = 0; i < TOTAL; i++) assert_true(fabs((double)hc.residual[r][i] - v[r][i]) < 1e-5);
+  }
+}
+
 static void test_error_feedback(void **state) {
   (void)state;
   static hook_case hc;
@@ -371,6 +431,7 @@ int main(void) {
       cmocka_unit_test(test_specs),
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_error_feedback),
+      cmocka_unit_test(test_topk_momentum_correction),
       cmocka_unit_test(test_bytes_sent),
       cmocka_unit_test(test_powersgd_full_rank),
       cmocka_unit_test(test_half),

@@ -8,7 +8,8 @@
  *   - topk:RATIO (compress_topk.c): Deep Gradient Compression's sparsification (Lin et al.
  *     2018) with error feedback: the k = ceil(RATIO x n) largest magnitudes of gradient plus
  *     residual go to every rank as (index, value) pairs (an allgather), are added up and
- *     averaged; the residual keeps what was not sent;
+ *     averaged; the residual keeps what was not sent; under SGD with momentum, DGC's momentum
+ *     correction (the velocity is accumulated and sparsified, not the gradient);
  *   - powersgd:R (compress_powersgd.c): Vogels et al. 2019, as PyTorch's powerSGD_hook: each
  *     weight of a bucket as a rows x cols matrix M (plus residual), P = M Q allreduced,
  *     orthonormalised, Q = M^T P allreduced, the estimate P Q^T averaged; Q persists across
@@ -61,6 +62,9 @@ typedef struct compress_spec {
    * + cols), as PyTorch's min_compression_rate (parsing sets 1: when it saves bytes); 0
    * compresses every matrix (tests: full rank must give the exact average). */
   double min_rate;
+  /* topk: the optimizer's SGD momentum, for DGC's momentum correction (0: error feedback on
+   * the gradients alone). Not parsed: the trainer sets it from its optimizer. */
+  double momentum;
 } compress_spec;
 
 /* "none" (or NULL), "fp16", "bf16", "topk:RATIO" (RATIO in (0, 1]; "topk" alone: 0.01),

@@ -10,7 +10,16 @@
  *   4. the bucket becomes the sum of the pairs over the ranks, in rank order (so that every
  *      rank adds in the same order and gets the same floats), divided by the ranks;
  *   5. e = v with the sent elements zeroed: what this rank did not send waits for later steps.
- * DGC's momentum correction, local clipping and warm-up of the ratio are left out.
+ *
+ * Momentum correction (DGC's, with momentum factor masking), when the trainer's optimizer is
+ * SGD with momentum m (spec->momentum): sparsifying gradients delays each coordinate's
+ * updates until it is sent, and momentum then acts on bursts, which costs accuracy. DGC
+ * instead keeps the momentum locally and accumulates velocities: u = m u + g, v = v + u
+ * (step 1's v), sends the top k of v, and zeroes both u and v where it sent. The step is then
+ * lr x the averaged sparse velocity s_t, with no further momentum; but the optimizer applies
+ * its own (velocity = m velocity + g). So the hook hands it g = s_t - m s_{t-1}, under which
+ * the optimizer's velocity is s_t (plus its weight decay's share): the same step, without
+ * reaching into the optimizer. Local clipping and warm-up of the ratio are left out.
  */
 #include <math.h>
 #include <string.h>
@@ -21,7 +30,10 @@
 typedef struct topk_state {
   size_t n, k;
   int world;
-  float *residual; /* n */
+  float momentum;
+  float *residual; /* n: v */
+  float *velocity; /* n, with momentum correction: u */
+  float *last;     /* n, with momentum correction: s_{t-1}, the previous step's average */
   float *mag;      /* n: quickselect's scratch */
   float *send;     /* 2k: (index bits, value) pairs */
   float *recv;     /* world x 2k */
@@ -31,6 +43,8 @@ static void topk_destroy(void *p) {
   topk_state *s = p;
   if (!s) return;
   common_free(s->residual);
+  common_free(s->velocity);
+  common_free(s->last);
   common_free(s->mag);
   common_free(s->send);
   common_free(s->recv);
@@ -44,11 +58,16 @@ static fl_status topk_create(const compress_spec *spec, const compress_bucket *b
   s->n = b->n;
   s->k = k < 1 ? 1 : k > (double)b->n ? b->n : (size_t)k;
   s->world = world;
+  s->momentum = (float)spec->momentum;
   s->residual = common_calloc(s->n, sizeof(float));
+  if (s->momentum > 0) {
+    s->velocity = common_calloc(s->n, sizeof(float));
+    s->last = common_calloc(s->n, sizeof(float));
+  }
   s->mag = common_malloc(s->n * sizeof(float));
   s->send = common_malloc(2 * s->k * sizeof(float));
   s->recv = common_malloc(2 * s->k * (size_t)world * sizeof(float));
-  if (!s->residual || !s->mag || !s->send || !s->recv) {
+  if (!s->residual || !s->mag || !s->send || !s->recv || (s->momentum > 0 && (!s->velocity || !s->last))) {
     topk_destroy(s);
     return FL_ERR(FL_ENOMEM, "out of memory for top-k's state (%zu elements)", b->n);
   }
@@ -87,7 +106,9 @@ static float kth_largest(float *a, size_t n, size_t k) {
 
 static fl_status topk_run(void *p, compress_io *io, compress_bucket *b) {
   topk_state *s = p;
-  float *v = b->data;
+  float *v = b->data, m = s->momentum;
+  if (m > 0)
+    for (size_t i = 0; i < s->n; i++) v[i] = s->velocity[i] = m * s->velocity[i] + v[i];
   for (size_t i = 0; i < s->n; i++) {
     v[i] += s->residual[i];
     s->mag[i] = magnitude(v[i]);
@@ -100,13 +121,14 @@ static fl_status topk_run(void *p, compress_io *io, compress_bucket *b) {
   size_t ties = s->k - taken, sent = 0;
   memcpy(s->residual, v, s->n * sizeof(float));
   for (size_t i = 0; i < s->n && sent < s->k; i++) {
-    float m = magnitude(v[i]);
-    if (!(m > t) && !(m == t && ties > 0)) continue;
-    if (!(m > t)) ties--;
+    float mag = magnitude(v[i]);
+    if (!(mag > t) && !(mag == t && ties > 0)) continue;
+    if (!(mag > t)) ties--;
     uint32_t index = (uint32_t)i;
     memcpy(&s->send[2 * sent], &index, sizeof index);
     s->send[2 * sent + 1] = v[i];
     s->residual[i] = 0;
+    if (m > 0) s->velocity[i] = 0;
     sent++;
   }
   FL_ASSERT(sent == s->k);
@@ -126,6 +148,12 @@ static fl_status topk_run(void *p, compress_io *io, compress_bucket *b) {
   }
   float scale = 1.0f / (float)s->world;
   for (size_t i = 0; i < s->n; i++) v[i] *= scale;
+  if (m > 0)
+    for (size_t i = 0; i < s->n; i++) {
+      float avg = v[i];
+      v[i] = avg - m * s->last[i];
+      s->last[i] = avg;
+    }
   return FL_OK;
 }
 

@@ -308,7 +308,11 @@ static fl_status rank_compressor(rank_state *r, const compress_spec *spec, compr
     size_t numel = p->value.numel, rows = p->value.ndim >= 2 ? (size_t)p->value.shape[0] : numel;
     params[i] = (compress_param){.offset = p->offset, .rows = rows, .cols = rows ? numel / rows : 0};
   }
-  fl_status s = compressor_create(spec, params, n, fl_tensor_numel(nn_model_grads(r->model)), (int)r->world, out);
+  /* Top-k's momentum correction takes over SGD's momentum (gpu/parallel/compress_topk.c). */
+  compress_spec with = *spec;
+  const optim_options *o = &r->a->optim;
+  with.momentum = o->kind == OPTIM_SGD && !o->nesterov ? o->momentum : 0;
+  fl_status s = compressor_create(&with, params, n, fl_tensor_numel(nn_model_grads(r->model)), (int)r->world, out);
   common_free(params);
   return s;
 }
