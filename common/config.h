@@ -207,6 +207,8 @@ enum {
     "the smallest ring step that moves by one process_vm_readv copy (0: none)")                                     \
   X(COMM_SHM, BOOL, TASKS, 0, 0, CONFIG_MAX_I64, "1",                                                               \
     "0: ranks on one host talk over loopback TCP instead of shared-memory rings")                                   \
+  X(COMM_CALIBRATE, BOOL, TASKS, 0, 0, CONFIG_MAX_I64, "1",                                                        \
+    "0: host communicators skip measuring their links and pick algorithms from fixed parameters")                   \
   /* set by flint for the processes it starts */                                                                    \
   X(EXECUTOR_REPORT_FD, STRING, EXECUTOR, CONFIG_COMPUTED | CONFIG_INTERNAL, 0, 0, "unset",                         \
     "set by flint executor for the executor it supervises: the descriptor its reports go to")                       \

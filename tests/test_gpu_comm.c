@@ -253,21 +253,221 @@ static void test_algo_names(void **state) {
   fl_allreduce_algo x;
   assert_fails_with(fl_allreduce_algo_parse("bitonic", &x), FL_EINVAL, "bitonic");
   assert_string_equal(fl_allreduce_algo_name(FL_ALLREDUCE_HALVING_DOUBLING), "halving-doubling");
-  /* AUTO: the tree for small messages at every rank count; the ring for large ones from 3
-   * ranks, halving-doubling between; with 2 ranks the ring in the middle, and above it too
-   * when the pair moves ring steps by a single copy (else the tree). */
-  for (int p = 1; p <= 16; p++)
-    for (int one_copy = 0; one_copy <= 1; one_copy++) {
-      assert_int_equal(comm_auto_algo(64, p, one_copy), FL_ALLREDUCE_TREE);
-      if (p >= 3) {
-        assert_int_equal(comm_auto_algo(128u << 10, p, one_copy), FL_ALLREDUCE_HALVING_DOUBLING);
-        assert_int_equal(comm_auto_algo(64u << 20, p, one_copy), FL_ALLREDUCE_RING);
+}
+
+/* ---- the cost model and the calibration ------------------------------------------------- */
+
+/* Fixed parameters: a one-host link of 5 us and 2 GB/s, single copy at 4 GB/s from 128 KiB,
+ * another host 30 us away at 1.1 GB/s, sums at 8 GB/s. */
+static comm_cost_model fixed_model(int size, int nhosts, int max_local, bool single_copy) {
+  comm_cost_model m;
+  comm_cost_model_init(&m, size);
+  m.params.intra = (comm_link){5e-6, 1 / 2e9, single_copy ? 1 / 4e9 : 1 / 2e9};
+  m.params.inter = (comm_link){30e-6, 1 / 1.1e9, 1 / 1.1e9};
+  m.params.gamma = 1 / 8e9;
+  m.params.copy_min = single_copy ? 128u << 10 : 0;
+  m.shape = (comm_cost_shape){size, nhosts, max_local};
+  return m;
+}
+
+static void test_cost_model(void **state) {
+  (void)state;
+  /* 8 ranks, one host, single copy: the ring (bandwidth-optimal, its steps by one copy) wins
+   * 64 MiB; 8 B goes to the fewest latencies, the butterfly's log2 8 = 3. */
+  comm_cost_model m = fixed_model(8, 1, 8, true);
+  assert_int_equal(comm_cost_best(&m, 64u << 20), FL_ALLREDUCE_RING);
+  assert_int_equal(comm_cost_best(&m, 8), FL_ALLREDUCE_BUTTERFLY);
+  double ring = comm_cost_predict(&m, FL_ALLREDUCE_RING, 8);
+  double fly = comm_cost_predict(&m, FL_ALLREDUCE_BUTTERFLY, 8);
+  assert_true(fly > 0 && fly * 4 < ring); /* 3 latencies against 14 */
+  /* Without single copy, 6 ranks (not a power of two): halving-doubling's fold costs two whole
+   * vectors, so the ring wins large messages; a log-step algorithm small ones. */
+  m = fixed_model(6, 1, 6, false);
+  assert_int_equal(comm_cost_best(&m, 64u << 20), FL_ALLREDUCE_RING);
+  fl_allreduce_algo small = comm_cost_best(&m, 8);
+  assert_true(small == FL_ALLREDUCE_BUTTERFLY || small == FL_ALLREDUCE_HALVING_DOUBLING ||
+              small == FL_ALLREDUCE_TREE || small == FL_ALLREDUCE_DOUBLE_TREE);
+  /* The naive exchange of whole vectors loses large messages by its (p-1) n bytes. */
+  assert_true(comm_cost_predict(&m, FL_ALLREDUCE_NAIVE, 64u << 20) >
+              2 * comm_cost_predict(&m, FL_ALLREDUCE_RING, 64u << 20));
+  /* Predictions grow with the size; nothing to move costs nothing, and one rank nothing. */
+  for (int a = FL_ALLREDUCE_RING; a < FL_ALLREDUCE_HIERARCHICAL; a++) {
+    double t1 = comm_cost_predict(&m, (fl_allreduce_algo)a, 1u << 20);
+    assert_true(t1 > 0 && comm_cost_predict(&m, (fl_allreduce_algo)a, 4u << 20) > t1);
+    assert_true(comm_cost_predict(&m, (fl_allreduce_algo)a, 0) == 0);
+  }
+  comm_cost_model one = fixed_model(1, 1, 1, false);
+  assert_true(comm_cost_predict(&one, FL_ALLREDUCE_RING, 1u << 20) == 0);
+  /* AUTO, hierarchical on one host, and numbers outside the enum have no prediction. */
+  assert_true(comm_cost_predict(&m, FL_ALLREDUCE_AUTO, 64) < 0);
+  assert_false(comm_cost_applies(&m, FL_ALLREDUCE_HIERARCHICAL));
+  assert_true(comm_cost_predict(&m, FL_ALLREDUCE_HIERARCHICAL, 64) < 0);
+  assert_true(comm_cost_predict(&m, (fl_allreduce_algo)FL_ALLREDUCE_ALGO_COUNT, 64) < 0);
+  assert_true(comm_cost_predict(&m, (fl_allreduce_algo)-1, 64) < 0);
+  /* Two hosts of 4 ranks behind a slow link (1 Gb/s): reducing within the hosts first sends
+   * each byte across once instead of a flat algorithm's 1.75 times, so hierarchical wins
+   * large messages; it never applies to hosts of one rank each. */
+  m = fixed_model(8, 2, 4, false);
+  m.params.inter.beta = m.params.inter.beta_ring = 1 / 0.125e9;
+  assert_true(comm_cost_applies(&m, FL_ALLREDUCE_HIERARCHICAL));
+  assert_int_equal(comm_cost_best(&m, 64u << 20), FL_ALLREDUCE_HIERARCHICAL);
+  m = fixed_model(4, 4, 1, false);
+  assert_false(comm_cost_applies(&m, FL_ALLREDUCE_HIERARCHICAL));
+  assert_int_not_equal(comm_cost_best(&m, 64u << 20), FL_ALLREDUCE_HIERARCHICAL);
+  /* comm_pick_algo: a forced algorithm stays forced; AUTO is the model's choice. */
+  group g;
+  group_create(&g, 2);
+  for (size_t b = 8; b <= (64u << 20); b *= 8)
+    assert_int_equal(comm_pick_algo(g.comms[0], b), comm_cost_best(comm_cost_of(g.comms[0]), b));
+  assert_ok(fl_comm_set_allreduce_algo(g.comms[0], FL_ALLREDUCE_NAIVE));
+  assert_int_equal(comm_pick_algo(g.comms[0], 8), FL_ALLREDUCE_NAIVE);
+  assert_true(comm_predict_seconds(g.comms[0], FL_ALLREDUCE_AUTO, 1u << 20) ==
+              comm_predict_seconds(g.comms[0], FL_ALLREDUCE_NAIVE, 1u << 20));
+  group_destroy(&g);
+}
+
+/* Every rank holds the same figures, bit for bit, measured ones that make sense. */
+static void expect_same_models(group *g, bool calibrated) {
+  const comm_cost_model *m0 = comm_cost_of(g->comms[0]);
+  assert_true(m0->params.calibrated == calibrated);
+  for (int r = 1; r < g->size; r++) {
+    const comm_cost_model *m = comm_cost_of(g->comms[r]);
+    assert_true(m->params.calibrated == m0->params.calibrated);
+    assert_memory_equal(&m->params.intra, &m0->params.intra, sizeof m->params.intra);
+    assert_memory_equal(&m->params.inter, &m0->params.inter, sizeof m->params.inter);
+    assert_memory_equal(&m->params.gamma, &m0->params.gamma, sizeof m->params.gamma);
+    assert_int_equal(m->params.copy_min, m0->params.copy_min);
+    assert_memory_equal(&m->shape, &m0->shape, sizeof m->shape);
+  }
+  const comm_link *links[2] = {&m0->params.intra, &m0->params.inter};
+  for (int i = 0; i < 2; i++) {
+    assert_true(links[i]->alpha > 0 && links[i]->alpha < 10);
+    assert_true(links[i]->beta > 0 && links[i]->beta < 1e-3);
+    assert_true(links[i]->beta_ring > 0 && links[i]->beta_ring < 1e-3);
+  }
+  assert_true(m0->params.gamma > 0 && m0->params.gamma < 1e-3);
+  assert_int_equal(m0->shape.size, g->size);
+}
+
+/* Ranks as threads on different sizes (odd ones leave a rank without a same-host partner);
+ * a split's sub-communicators calibrate too; FLINT_COMM_CALIBRATE=0 keeps the defaults. */
+static fl_status split_halves(rank_job *job) {
+  group *subs = job->arg;
+  return fl_comm_split(job->comm, job->rank % 2, job->rank, &subs[job->rank % 2].comms[job->rank / 2]);
+}
+
+static void test_calibration_agrees(void **state) {
+  (void)state;
+  static const int ranks[] = {2, 3, 5};
+  for (size_t k = 0; k < sizeof ranks / sizeof *ranks; k++) {
+    group g;
+    group_create(&g, ranks[k]);
+    expect_same_models(&g, true);
+    const comm_cost_model *m = comm_cost_of(g.comms[0]);
+    assert_int_equal(m->shape.nhosts, 1);
+    assert_int_equal(m->shape.max_local, ranks[k]);
+    /* Threads of one process pass the single-copy probe: ring steps from its threshold. */
+    assert_int_equal(m->params.copy_min, 128u << 10);
+    for (int r = 0; r < ranks[k]; r++)
+      assert_int_equal(comm_pick_algo(g.comms[r], 1000), comm_pick_algo(g.comms[0], 1000));
+    check_allreduce(&g, cpu, FL_ALLREDUCE_AUTO, 1001, FL_REDUCE_SUM);
+    if (ranks[k] == 5) {
+      group subs[2];
+      memset(subs, 0, sizeof subs);
+      subs[0].size = 3, subs[1].size = 2;
+      rank_job jobs[MAX_RANKS];
+      run_ranks(5, g.comms, split_halves, subs, jobs);
+      expect_all_ok(5, jobs);
+      for (int c = 0; c < 2; c++) {
+        expect_same_models(&subs[c], true);
+        group_destroy(&subs[c]);
       }
     }
-  assert_int_equal(comm_auto_algo(32u << 10, 2, false), FL_ALLREDUCE_RING);
-  assert_int_equal(comm_auto_algo(1u << 20, 2, false), FL_ALLREDUCE_RING);
-  assert_int_equal(comm_auto_algo(64u << 20, 2, false), FL_ALLREDUCE_TREE);
-  assert_int_equal(comm_auto_algo(64u << 20, 2, true), FL_ALLREDUCE_RING);
+    group_destroy(&g);
+  }
+  setenv("FLINT_COMM_CALIBRATE", "0", 1);
+  group g;
+  group_create(&g, 3);
+  unsetenv("FLINT_COMM_CALIBRATE");
+  expect_same_models(&g, false);
+  comm_cost_params def;
+  comm_cost_defaults(&def);
+  const comm_cost_params *q = &comm_cost_of(g.comms[1])->params;
+  assert_memory_equal(&q->intra, &def.intra, sizeof def.intra);
+  assert_memory_equal(&q->inter, &def.inter, sizeof def.inter);
+  assert_true(q->gamma == def.gamma && q->copy_min == def.copy_min);
+  group_destroy(&g);
+}
+
+/* Two hosts of two ranks (the mesh's topology set by hand on every rank, then calibrated
+ * again): the other-host pair is measured by the hosts' first ranks, and every rank still
+ * ends with the same figures and a shape where hierarchical applies. */
+static fl_status recalibrate_two_hosts(rank_job *job) {
+  comm_host *h = job->comm->impl;
+  for (int r = 0; r < h->size; r++) h->host_of[r] = r / 2;
+  h->nhosts = 2;
+  comm_cost_model m;
+  fl_status st = comm_host_calibrate(h, &m);
+  if (st == FL_OK) job->comm->cost = m;
+  return st;
+}
+
+static void test_calibration_two_hosts(void **state) {
+  (void)state;
+  group g;
+  group_create(&g, 4);
+  rank_job jobs[MAX_RANKS];
+  run_ranks(4, g.comms, recalibrate_two_hosts, NULL, jobs);
+  expect_all_ok(4, jobs);
+  expect_same_models(&g, true);
+  const comm_cost_model *m = comm_cost_of(g.comms[0]);
+  assert_int_equal(m->shape.nhosts, 2);
+  assert_int_equal(m->shape.max_local, 2);
+  assert_true(comm_cost_applies(m, FL_ALLREDUCE_HIERARCHICAL));
+  check_allreduce(&g, cpu, FL_ALLREDUCE_AUTO, 4099, FL_REDUCE_SUM);
+  group_destroy(&g);
+}
+
+/* A rank with FLINT_COMM_CALIBRATE=0 among ranks with 1 (rank 1 a forked child with its own
+ * environment): nobody waits on an exchange that rank never starts; both keep the defaults
+ * and the communicator works. */
+static void test_calibration_one_rank_off(void **state) {
+  (void)state;
+  fl_comm_endpoint *eps[2];
+  char addrs[2][96];
+  const char *ptrs[2] = {addrs[0], addrs[1]};
+  for (int r = 0; r < 2; r++) {
+    must_ok(fl_comm_listen("127.0.0.1", &eps[r]));
+    snprintf(addrs[r], sizeof addrs[r], "%s", fl_comm_endpoint_address(eps[r]));
+  }
+  fflush(NULL);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  int me = child == 0 ? 1 : 0;
+  if (me == 1) setenv("FLINT_COMM_CALIBRATE", "0", 1);
+  fl_comm_endpoint_destroy(eps[1 - me]);
+  fl_comm *c = NULL;
+  fl_status st = fl_comm_host_create(eps[me], me, 2, ptrs, 20000, &c);
+  bool calibrated = st == FL_OK && comm_cost_of(c)->params.calibrated;
+  long bad = -2;
+  if (st == FL_OK) {
+    fl_tensor *t = tensor_on(cpu, 1000);
+    fill(t, me, 5);
+    st = fl_comm_allreduce(c, t, FL_REDUCE_SUM);
+    ar_case want = {.n = 1000, .op = FL_REDUCE_SUM, .seed = 5, .size = 2};
+    if (st == FL_OK) bad = first_mismatch(t, want_allreduce, &want);
+    fl_tensor_destroy(t);
+  }
+  fl_comm_destroy(c);
+  if (child == 0) _exit(st == FL_OK && bad == -1 && !calibrated ? 0 : 1);
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  if (st != FL_OK) fprintf(stderr, "rank 0: %s\n", fl_last_error());
+  assert_int_equal(st, FL_OK);
+  assert_int_equal(bad, -1);
+  assert_false(calibrated);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 /* ---- broadcast, allgather, reduce-scatter, send/recv, barrier ---------------------------- */
@@ -1112,6 +1312,10 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_algo_names),
       cmocka_unit_test(test_allreduce_half),
+      cmocka_unit_test(test_cost_model),
+      cmocka_unit_test(test_calibration_agrees),
+      cmocka_unit_test(test_calibration_two_hosts),
+      cmocka_unit_test(test_calibration_one_rank_off),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_allreduce_matrix),
       cmocka_unit_test(test_allreduce_many_ranks),

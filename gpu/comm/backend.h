@@ -13,6 +13,7 @@
 
 #include "flint/gpu.h"
 #include "gpu/comm/comm.h"
+#include "gpu/comm/cost_model.h"
 
 typedef struct comm_backend_ops {
   const char *name; /* "host", "nccl" */
@@ -43,6 +44,9 @@ struct fl_comm {
   const comm_backend_ops *ops;
   int rank, size;
   fl_allreduce_algo algo;
+  /* AUTO's cost model: the defaults from comm_alloc, the measured figures for host groups
+   * (gpu/comm/calibrate.c); the same on every rank. */
+  comm_cost_model cost;
   fl_device *dev; /* nccl: the rank's GPU, every tensor must be on it; host: NULL (any) */
   /* Sticky failure: once a collective fails for a reason other than bad arguments, every
    * later call returns `error` with `error_msg`. */

@@ -12,6 +12,7 @@
 #include "common/common.h"
 #include "gpu/comm/backend.h"
 #include "gpu/comm/comm.h"
+#include "gpu/comm/cost_model.h"
 
 #ifndef FLINT_HAVE_CUDA
 /* Built without nvcc: the NCCL backend exists in the API and says why it cannot be used. */
@@ -30,42 +31,13 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
 }
 #endif
 
-/* ---- the AUTO rule ----------------------------------------------------------------------
- * From bench/bench_allreduce (docs/collectives.md has the figures) on two machines: the
- * 2-core development machine, where 4 ranks oversubscribe the cores and figures move by 30%
- * or more from run to run, and the 16-core host of an H100, where every rank has cores of
- * its own, as it will in production (one rank per GPU). Where the two disagree the 16-core
- * figures decide; the thresholds are round because the noise is large.
- * - Small messages are latency-bound: the binary tree (2 log2(p) hops, each rank waiting on
- *   one peer at a time) was fastest or tied up to 8-32 KB on both machines (16 cores, 4
- *   ranks: 54-68 us against 56-64 for halving-doubling and 116-215 for the ring).
- * - Mid sizes with 3 or more ranks: halving-doubling, the ring's bytes (2(p-1)/p x n per rank)
- *   in 2 log2(p) steps instead of 2(p-1); on 16 cores at 4 ranks it beat the ring at 32 and
- *   128 KB (73 and 118 us against 126 and 157) and lost from 512 KB (330 against 270 us).
- * - Large messages: the ring, bandwidth-bound, each step a neighbour exchange; on 16 cores
- *   at 4 ranks it led from 512 KB to 64 MB.
- * - 2 ranks: ring and halving-doubling are the same two exchanges, and the tree sends the
- *   same bytes (n each way) one direction at a time. Over loopback TCP the tree's one-way
- *   flows won above 4 MB on both machines (16 cores, 8-64 MB: 2.1 GB/s busbw against 1.5-1.7
- *   for the ring), so a pair without single copy keeps the tree there. A pair whose ring
- *   steps move by a single copy (gpu/comm/host_transport.h; `single_copy`, the same on both
- *   ends) takes the ring: 2.6x faster than the tree at 8 MB and 2.2x at 64 MB on 16 cores. */
-#define COMM_AUTO_TREE_MAX_BYTES (16u << 10)
-#define COMM_AUTO_HD_MAX_BYTES (256u << 10)
-#define COMM_AUTO_PAIR_TREE_MIN_BYTES (4u << 20)
-
-fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy) {
-  if (bytes <= COMM_AUTO_TREE_MAX_BYTES) return FL_ALLREDUCE_TREE;
-  if (size <= 2)
-    return single_copy || bytes <= COMM_AUTO_PAIR_TREE_MIN_BYTES ? FL_ALLREDUCE_RING : FL_ALLREDUCE_TREE;
-  if (bytes <= COMM_AUTO_HD_MAX_BYTES) return FL_ALLREDUCE_HALVING_DOUBLING;
-  return FL_ALLREDUCE_RING;
-}
-
+/* ---- AUTO -------------------------------------------------------------------------------
+ * The argmin of the cost model (gpu/comm/cost_model.c) over the algorithms that apply, with
+ * the parameters that the communicator measured when it formed (gpu/comm/calibrate.c). Every
+ * rank of a group holds the same parameters and shape, so every rank picks the same one. */
 fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes) {
   if (c->algo != FL_ALLREDUCE_AUTO) return c->algo;
-  /* Shared memory counts as single copy does: the ring beats the tree there too. */
-  return comm_auto_algo(bytes, c->size, comm_host_single_copy_peers(c) > 0 || comm_host_shm_peers(c) > 0);
+  return comm_cost_best(&c->cost, bytes);
 }
 
 static const char *const algo_names[FL_ALLREDUCE_ALGO_COUNT] = {
@@ -98,6 +70,7 @@ fl_status comm_alloc(const comm_backend_ops *ops, int rank, int size, void *impl
   c->rank = rank;
   c->size = size;
   c->algo = FL_ALLREDUCE_AUTO;
+  comm_cost_model_init(&c->cost, size);
   c->impl = impl;
   *out = c;
   return FL_OK;

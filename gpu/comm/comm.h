@@ -23,10 +23,10 @@
 #include "flint/gpu.h"
 #include "gpu/device/device.h"
 
-/* The AUTO rule (gpu/comm/comm.c): which host algorithm serves `bytes` over `size` ranks. */
-fl_allreduce_algo comm_auto_algo(size_t bytes, int size, bool single_copy);
 /* The algorithm an allreduce of `bytes` runs on c: the one set with fl_comm_set_allreduce_algo,
- * or AUTO's choice for this communicator. Every rank of a group gets the same answer. */
+ * or AUTO's choice for this communicator, the least predicted time of the cost model
+ * (gpu/comm/cost_model.h) with the parameters measured when c formed. Every rank of a group
+ * gets the same answer. */
 fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes);
 
 /* Element types a collective may carry on the wire: the public calls move fp32; the

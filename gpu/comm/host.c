@@ -52,8 +52,11 @@ FL_API fl_status fl_comm_host_create(fl_comm_endpoint *ep, int rank, int size,
       goto cleanup;
     }
   FL_CHECK(comm_host_connect(ep, rank, size, addresses, timeout_ms, &h));
+  comm_cost_model cost;
+  FL_CHECK(comm_host_calibrate(h, &cost));
   fl_comm *c;
   FL_CHECK(comm_alloc(&host_ops, rank, size, h, &c));
+  c->cost = cost;
   h = NULL;
   *out = c;
 cleanup:

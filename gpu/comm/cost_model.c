@@ -1,0 +1,202 @@
+/*
+ * gpu/comm/cost_model.c: the alpha-beta-gamma model of every allreduce algorithm, one function
+ * each, from its rounds and bytes (docs/collectives.md, "The cost model", has the table), and
+ * AUTO as the argmin over the algorithms that apply. The parameters come from the
+ * calibration at formation (gpu/comm/calibrate.c) or comm_cost_defaults.
+ *
+ * Notation: p ranks, n bytes, p' the largest power of two <= p, L the link the algorithm's
+ * steps cross: the same-host link when the group is on one host, else the slower of the two
+ * (a flat algorithm's steps wait on its slowest pair). Bytes count in a rank's busier
+ * direction, in units of beta (an exchange: both directions at once).
+ */
+#include <math.h>
+
+#include "common/common.h"
+#include "gpu/comm/backend.h"
+#include "gpu/comm/comm.h"
+#include "gpu/comm/cost_model.h"
+
+/* The tree's and the broadcast's pipeline chunk (gpu/comm/allreduce_tree.c). */
+#define COST_TREE_CHUNK (256.0 * 1024.0)
+
+void comm_cost_defaults(comm_cost_params *out) {
+  /* Loopback TCP on a small VM (bench_allreduce: 2-rank 8 B exchanges take a few us, large
+   * ones move about 2 GB/s each way); 10 GbE between hosts; an fp32 sum at 8 GB/s. */
+  *out = (comm_cost_params){
+      .intra = {.alpha = 5e-6, .beta = 1.0 / 2e9, .beta_ring = 1.0 / 2e9},
+      .inter = {.alpha = 30e-6, .beta = 1.0 / 1.1e9, .beta_ring = 1.0 / 1.1e9},
+      .gamma = 1.0 / 8e9,
+      .copy_min = 0,
+      .calibrated = false,
+  };
+}
+
+void comm_cost_model_init(comm_cost_model *m, int size) {
+  comm_cost_defaults(&m->params);
+  m->shape = (comm_cost_shape){.size = size, .nhosts = 1, .max_local = size};
+}
+
+static int pow2_floor(int p) {
+  int q = 1;
+  while (q * 2 <= p) q *= 2;
+  return q;
+}
+
+static double log2i(int p) {
+  int k = 0;
+  while ((1 << (k + 1)) <= p) k++;
+  return k;
+}
+
+static comm_link link_max(comm_link a, comm_link b) {
+  return (comm_link){fmax(a.alpha, b.alpha), fmax(a.beta, b.beta), fmax(a.beta_ring, b.beta_ring)};
+}
+
+/* What every algorithm's function gets: the ranks, the link its steps cross, gamma, and the
+ * single-copy threshold of ring steps. */
+typedef struct cost_in {
+  int p;
+  comm_link l;
+  double gamma;
+  uint64_t copy_min;
+} cost_in;
+
+/* ring: 2(p-1) steps of a block n/p; each rank sends and receives 2(p-1)/p n and sums
+ * (p-1)/p n. A block of copy_min bytes or more moves by a single copy (beta_ring). */
+static double cost_ring(const cost_in *c, double n) {
+  double p = c->p, block = n / p;
+  double beta = c->copy_min && block >= (double)c->copy_min ? c->l.beta_ring : c->l.beta;
+  return 2 * (p - 1) * c->l.alpha + 2 * (p - 1) * block * beta + (p - 1) * block * c->gamma;
+}
+
+/* halving-doubling: 2 log2 p' steps moving 2(p'-1)/p' n; when p != p' the folded pairs add
+ * a whole vector each way and its sum. */
+static double cost_halving_doubling(const cost_in *c, double n) {
+  int q = pow2_floor(c->p);
+  double t = 2 * log2i(q) * c->l.alpha + 2.0 * (q - 1) / q * n * c->l.beta + (double)(q - 1) / q * n * c->gamma;
+  if (q != c->p) t += 2 * (c->l.alpha + n * c->l.beta) + n * c->gamma;
+  return t;
+}
+
+/* binary tree (children 2r+1, 2r+2), reduce up then broadcast down, pipelined in 256 KB
+ * chunks: 2d hops of latency (d = floor(log2 p)); the busiest rank moves (children + parent)
+ * x n in each direction (3n for an inner rank with two children) and sums children x n; the
+ * pipeline's fill adds 2d-1 chunks. */
+static double cost_tree(const cost_in *c, double n) {
+  int p = c->p, v = 0, g = 0;
+  for (int r = 0; r < p; r++) {
+    int kids = (2 * r + 1 < p) + (2 * r + 2 < p);
+    if (kids + (r > 0) > v) v = kids + (r > 0);
+    if (kids > g) g = kids;
+  }
+  double d = log2i(p), chunk = fmin(n, COST_TREE_CHUNK);
+  return 2 * d * c->l.alpha + (v * n + (2 * d - 1) * chunk) * c->l.beta + g * n * c->gamma;
+}
+
+/* naive: every rank exchanges its whole vector with each of the p-1 others and sums p-1
+ * vectors. */
+static double cost_naive(const cost_in *c, double n) {
+  return (c->p - 1) * (c->l.alpha + n * c->l.beta + n * c->gamma);
+}
+
+/* parameter server: a reduce-scatter to the block owners by direct sends, then each owner
+ * sends its block to everyone: 2(p-1) messages and 2(p-1)/p n bytes a rank, as the ring.
+ * Each step is an all-to-all, so an owner's p-1 incoming blocks arrive at once (fan-in) and
+ * share its link: the bytes cost the same, and the messages do not overlap (one alpha each),
+ * the ring's figure without its single copy. */
+static double cost_parameter_server(const cost_in *c, double n) {
+  double p = c->p, block = n / p;
+  return 2 * (p - 1) * c->l.alpha + 2 * (p - 1) * block * c->l.beta + (p - 1) * block * c->gamma;
+}
+
+/* double binary tree (NCCL 2.4): two complementary trees, each carrying n/2, so a rank is
+ * inner (two children) in at most one and a leaf in the other: 2d hops (d = ceil(log2 p));
+ * a direction carries 1.5n in the inner tree and n/2 in the leaf's, 2n in all (about the
+ * ring's 2(p-1)/p n: the point of the two trees), and n is summed; with 2 ranks the two trees
+ * are one exchange of n/2 each way, twice. */
+static double cost_double_tree(const cost_in *c, double n) {
+  int p = c->p;
+  double d = log2i(p) + (pow2_floor(p) != p ? 1 : 0);
+  double v = p <= 2 ? 1.0 : 2.0, g = p <= 2 ? 0.5 : 1.0;
+  double chunk = fmin(n / 2, COST_TREE_CHUNK);
+  return 2 * d * c->l.alpha + (v * n + (2 * d - 1) * chunk) * c->l.beta + g * n * c->gamma;
+}
+
+/* butterfly (recursive doubling of whole vectors): log2 p' exchanges of n, each summed; the
+ * fold and unfold of halving-doubling when p != p'. */
+static double cost_butterfly(const cost_in *c, double n) {
+  int q = pow2_floor(c->p);
+  double k = log2i(q);
+  double t = k * (c->l.alpha + n * c->l.beta + n * c->gamma);
+  if (q != c->p) t += 2 * (c->l.alpha + n * c->l.beta) + n * c->gamma;
+  return t;
+}
+
+typedef double (*cost_fn)(const cost_in *c, double n);
+
+/* The table AUTO scans, in order of preference on ties. Hierarchical is not here: it is two
+ * of these (below). */
+static const struct {
+  fl_allreduce_algo algo;
+  cost_fn cost;
+} cost_table[] = {
+    {FL_ALLREDUCE_RING, cost_ring},
+    {FL_ALLREDUCE_HALVING_DOUBLING, cost_halving_doubling},
+    {FL_ALLREDUCE_TREE, cost_tree},
+    {FL_ALLREDUCE_BUTTERFLY, cost_butterfly},
+    {FL_ALLREDUCE_DOUBLE_TREE, cost_double_tree},
+    {FL_ALLREDUCE_PARAMETER_SERVER, cost_parameter_server},
+    {FL_ALLREDUCE_NAIVE, cost_naive},
+};
+#define COST_TABLE_LEN ((int)(sizeof cost_table / sizeof *cost_table))
+
+/* hierarchical (gpu/comm/allreduce_hierarchical.c): a tree's reduce and broadcast within
+ * each host over the same-host link (the largest host decides), and between them an
+ * allreduce across the hosts' leaders over the other-host link: the ring with two hosts or
+ * from 256 KiB, else the tree. */
+#define COST_HIER_RING_MIN_BYTES (256.0 * 1024.0)
+static double cost_hierarchical(const comm_cost_model *m, double n) {
+  const comm_cost_params *q = &m->params;
+  cost_in local = {m->shape.max_local, q->intra, q->gamma, q->copy_min};
+  cost_in across = {m->shape.nhosts, q->inter, q->gamma, 0};
+  bool ring = across.p == 2 || n >= COST_HIER_RING_MIN_BYTES;
+  return (local.p > 1 ? cost_tree(&local, n) : 0) + (ring ? cost_ring(&across, n) : cost_tree(&across, n));
+}
+
+bool comm_cost_applies(const comm_cost_model *m, fl_allreduce_algo algo) {
+  if (algo == FL_ALLREDUCE_HIERARCHICAL) return m->shape.nhosts > 1 && m->shape.max_local > 1;
+  return algo > FL_ALLREDUCE_AUTO && algo < FL_ALLREDUCE_ALGO_COUNT;
+}
+
+double comm_cost_predict(const comm_cost_model *m, fl_allreduce_algo algo, size_t bytes) {
+  if (!comm_cost_applies(m, algo)) return -1;
+  if (m->shape.size <= 1 || bytes == 0) return 0;
+  if (algo == FL_ALLREDUCE_HIERARCHICAL) return cost_hierarchical(m, (double)bytes);
+  const comm_cost_params *q = &m->params;
+  cost_in c = {m->shape.size, m->shape.nhosts > 1 ? link_max(q->intra, q->inter) : q->intra, q->gamma,
+               m->shape.nhosts > 1 ? 0 : q->copy_min};
+  for (int i = 0; i < COST_TABLE_LEN; i++)
+    if (cost_table[i].algo == algo) return cost_table[i].cost(&c, (double)bytes);
+  FL_ASSERT(!"every algorithm has a cost");
+  return -1;
+}
+
+fl_allreduce_algo comm_cost_best(const comm_cost_model *m, size_t bytes) {
+  fl_allreduce_algo best = cost_table[0].algo;
+  double best_t = comm_cost_predict(m, best, bytes);
+  for (int i = 1; i <= COST_TABLE_LEN; i++) {
+    fl_allreduce_algo a = i < COST_TABLE_LEN ? cost_table[i].algo : FL_ALLREDUCE_HIERARCHICAL;
+    if (!comm_cost_applies(m, a)) continue;
+    double t = comm_cost_predict(m, a, bytes);
+    if (t < best_t) best = a, best_t = t;
+  }
+  return best;
+}
+
+const comm_cost_model *comm_cost_of(const fl_comm *c) { return c ? &c->cost : NULL; }
+
+double comm_predict_seconds(const fl_comm *c, fl_allreduce_algo algo, size_t bytes) {
+  if (!c) return -1;
+  if (algo == FL_ALLREDUCE_AUTO) algo = comm_pick_algo(c, bytes);
+  return comm_cost_predict(&c->cost, algo, bytes);
+}
