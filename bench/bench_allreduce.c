@@ -1,32 +1,46 @@
 /*
- * bench_allreduce: the host backend's allreduce algorithms against plain TCP in the same run
- * (issue 7). Ranks are processes on this machine, joined over loopback: the parent listens
- * on one endpoint per rank, forks the ranks, each builds its communicator on the cpu device
- * and times every algorithm (ring, halving-doubling, tree, and what auto picks) at every
- * size from 8 B to 64 MB (steps of 4x, and 64 MB), with 2 and 4 ranks. One sample is
- * barrier, allreduce (sum) on each rank; the sample's time is the slowest rank's, and a row
- * reports the median sample:
+ * bench_allreduce: the host backend's allreduce algorithms beside their cost model, plain TCP,
+ * Open MPI and gloo, in the same run (issues 7 and 37). Ranks are processes on this machine,
+ * joined over loopback: the parent listens on one endpoint per rank, forks the ranks, each
+ * builds its communicator on the cpu device (which calibrates its links) and times every
+ * algorithm (ring, halving-doubling, tree, naive, parameter-server, double-tree, butterfly,
+ * hierarchical where it applies, and what auto picks) at every size (8 B, 64 B, 512 B, 4 KB,
+ * 32 KB, 256 KB, 1 MB, 4 MB, 16 MB, 64 MB), with 2 and 4 ranks. One sample is barrier,
+ * allreduce (sum) on each rank; the sample's time is the slowest rank's, and a row reports
+ * the median sample:
  *
  *   latency   median time of one allreduce, in microseconds
+ *   model     the cost model's prediction for this communicator (gpu/comm/cost_model.h,
+ *             with the parameters it measured when it formed), and measured / model
  *   algbw     bytes / latency
  *   busbw     2(p-1)/p x bytes / latency: what each rank's link carried per second (the
  *             figure NCCL's tests report; comparable across rank counts)
  *
+ * Peers, the same sizes and samples, barrier + allreduce, slowest rank, median: Open MPI
+ * (bench/peers/mpi_allreduce.c, built when CMake finds MPI, run by mpirun with the shared-
+ * memory transport, vader, and with TCP over loopback) and gloo (bench/peers/gloo_allreduce.py
+ * through torch.distributed); each is skipped with a note when it is not installed
+ * (scripts/setup-peers installs both). With more ranks than cores, rows say
+ * "oversubscribed".
+ *
+ * Targets (issue 37), printed after the tables: at 2 ranks, auto's 8 B latency <= 2x Open MPI
+ * shm, 4 KB <= 1.5x, every size from 256 KB at most Open MPI shm's time; at 4 ranks auto
+ * <= 1.1x the best algorithm at every size; every algorithm's time within 25% of the model.
+ *
  * The baseline, p2p, is one TCP connection over loopback between two processes with the
  * same socket options as the communicator's (TCP_NODELAY, FLINT_COMM_SOCKBUF buffers): one
  * process sends the bytes, the other receives them all and answers one byte; its bandwidth
- * is bytes / time. Target: ring busbw at 64 MB at least 0.8x the p2p bandwidth at 64 MB.
- * A second baseline, duplex, sends the bytes both ways at once (what each step of a
- * two-rank ring does); it is printed for reference: on a machine with fewer cores than
- * ranks x 2 the kernel's copies, not the algorithm, bound every rank count above one pair.
- * Both baselines run before and after the groups and keep the faster median.
+ * is bytes / time. Target (issue 7): ring busbw at 64 MB at least 0.8x the p2p bandwidth at
+ * 64 MB. A second baseline, duplex, sends the bytes both ways at once (what each step of a
+ * two-rank ring does); it is printed for reference. Both baselines run before and after the
+ * groups and keep the faster median.
  *
  * --bind pins rank r to CPU r mod the CPUs, as mpirun binds its ranks to cores by default
  * (without it, on a busy machine, two ranks often share one CPU and small messages then
  * cost a context switch each way).
  *
  * Output: a table, or with --json one JSON object per row. Exit 1 on an engine error, 2 on a
- * bad option; a missed target is reported, not an error.
+ * bad option; a missed target or a missing peer is reported, not an error.
  */
 #define BENCH_NAME "bench_allreduce"
 #include <netinet/in.h>
@@ -40,15 +54,25 @@
 
 #include "bench_util.h"
 #include "flint/gpu.h"
+#include "gpu/comm/backend.h"
 #include "gpu/comm/comm.h"
+#include "gpu/comm/cost_model.h"
 #include "gpu/device/device.h"
 
 #define MAX_SIZES 16
 #define MAX_SAMPLES 64
-#define NALGOS 4
+#define NALGOS 9
 
-static const fl_allreduce_algo algos[NALGOS] = {FL_ALLREDUCE_RING, FL_ALLREDUCE_HALVING_DOUBLING,
-                                                FL_ALLREDUCE_TREE, FL_ALLREDUCE_AUTO};
+static const fl_allreduce_algo algos[NALGOS] = {
+    FL_ALLREDUCE_RING,        FL_ALLREDUCE_HALVING_DOUBLING, FL_ALLREDUCE_TREE,
+    FL_ALLREDUCE_NAIVE,       FL_ALLREDUCE_PARAMETER_SERVER, FL_ALLREDUCE_DOUBLE_TREE,
+    FL_ALLREDUCE_BUTTERFLY,   FL_ALLREDUCE_HIERARCHICAL,     FL_ALLREDUCE_AUTO};
+#define AUTO_ROW (NALGOS - 1)
+
+/* The sizes of a full run; --min-bytes and --max-bytes keep those in range (and add
+ * --max-bytes itself when it is not one of them). */
+static const size_t default_sizes[] = {8,         64,        512,       4u << 10,  32u << 10,
+                                       256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
 
 typedef struct options {
   bool json;
@@ -67,11 +91,24 @@ static int samples_for(size_t bytes, double scale) {
   return s < 3 ? 3 : s > MAX_SAMPLES ? MAX_SAMPLES : s;
 }
 
-/* What a rank reports: its time for every sample of every (algo, size). */
+/* What a rank reports: its time for every sample of every (algo, size), the model's
+ * predictions, and its communicator's parameters. */
 typedef struct rank_times {
   double t[NALGOS][MAX_SIZES][MAX_SAMPLES];
-  int picked[MAX_SIZES]; /* the algorithm auto chose */
+  double pred[NALGOS][MAX_SIZES]; /* seconds; negative: the algorithm does not apply */
+  int picked[MAX_SIZES];          /* the algorithm auto chose */
+  comm_cost_model model;
+  double calibrate_s; /* one more calibration, timed */
 } rank_times;
+
+/* What a group reports: the medians (negative: not run) and rank 0's predictions. */
+typedef struct group_result {
+  double med[NALGOS][MAX_SIZES];
+  double pred[NALGOS][MAX_SIZES];
+  int picked[MAX_SIZES];
+  comm_cost_model model;
+  double calibrate_s; /* the slowest rank's */
+} group_result;
 
 /* ---- one rank (a child process) ---------------------------------------------------------- */
 
@@ -91,16 +128,33 @@ static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, con
     fail_flint("fl_device_open");
     goto done;
   }
+  rt->model = *comm_cost_of(comm);
+  /* What calibration costs: once more, timed between barriers (the communicator keeps the
+   * figures it formed with). */
+  comm_cost_model again;
+  if (fl_comm_barrier(comm) != FL_OK) {
+    fail_flint("fl_comm_barrier");
+    goto done;
+  }
+  double c0 = now_s();
+  if (comm_host_calibrate(comm->impl, &again) != FL_OK) {
+    fail_flint("comm_host_calibrate");
+    goto done;
+  }
+  rt->calibrate_s = now_s() - c0;
   int64_t maxn = (int64_t)(sizes[nsizes - 1] / sizeof(float));
   if (fl_tensor_create(dev, 1, &maxn, &t) != FL_OK) {
     fail_flint("fl_tensor_create");
     goto done;
   }
+  for (int a = 0; a < NALGOS; a++)
+    for (int s = 0; s < nsizes; s++) rt->pred[a][s] = comm_predict_seconds(comm, algos[a], sizes[s]);
   /* Algorithms interleaved per size, so that a slow spell of this shared machine hits them
    * alike; one untimed pass over every size first warms the connections and the memory. */
   for (int pass = 0; pass < 2; pass++)
     for (int s = 0; s < nsizes; s++)
       for (int a = 0; a < NALGOS; a++) {
+        if (algos[a] != FL_ALLREDUCE_AUTO && !comm_cost_applies(comm_cost_of(comm), algos[a])) continue;
         if (fl_comm_set_allreduce_algo(comm, algos[a]) != FL_OK) goto done;
         /* A view of the first n elements: the same memory at every size. */
         fl_tensor view;
@@ -134,8 +188,8 @@ done:
   return rc;
 }
 
-/* Forks p ranks; fills med[a][s] with the median over samples of the slowest rank. */
-static int run_group(const options *o, int p, double med[NALGOS][MAX_SIZES], int *picked) {
+/* Forks p ranks; fills g with the median over samples of the slowest rank. */
+static int run_group(const options *o, int p, group_result *g) {
   if (p < 1 || p > 8) return 1;
   fl_comm_endpoint *eps[8];
   char addr[8][96];
@@ -188,6 +242,11 @@ static int run_group(const options *o, int p, double med[NALGOS][MAX_SIZES], int
   }
   for (int a = 0; a < NALGOS; a++)
     for (int s = 0; s < nsizes; s++) {
+      g->pred[a][s] = all[0].pred[a][s];
+      if (algos[a] != FL_ALLREDUCE_AUTO && all[0].pred[a][s] < 0) {
+        g->med[a][s] = -1; /* not run: does not apply */
+        continue;
+      }
       int ns = samples_for(sizes[s], o->scale);
       double v[MAX_SAMPLES];
       for (int i = 0; i < ns; i++) {
@@ -195,11 +254,86 @@ static int run_group(const options *o, int p, double med[NALGOS][MAX_SIZES], int
         for (int r = 0; r < p; r++)
           if (all[r].t[a][s][i] > v[i]) v[i] = all[r].t[a][s][i];
       }
-      med[a][s] = bench_median(v, ns);
+      g->med[a][s] = bench_median(v, ns);
     }
-  for (int s = 0; s < nsizes; s++) picked[s] = all[0].picked[s];
+  for (int s = 0; s < nsizes; s++) g->picked[s] = all[0].picked[s];
+  g->model = all[0].model;
+  g->calibrate_s = 0;
+  for (int r = 0; r < p; r++)
+    if (all[r].calibrate_s > g->calibrate_s) g->calibrate_s = all[r].calibrate_s;
   free(all);
   return 0;
+}
+
+/* ---- the peers: Open MPI and gloo, the same sizes and samples ---------------------------- */
+
+#define NPEERS 3
+static const char *const peer_names[NPEERS] = {"openmpi shm", "openmpi tcp", "gloo"};
+
+/* The peers' "BYTES:SAMPLES" arguments for every size. */
+static void peer_size_args(const options *o, char *out, size_t cap) {
+  size_t at = 0;
+  out[0] = '\0';
+  for (int s = 0; s < nsizes && at < cap; s++)
+    at += (size_t)snprintf(out + at, cap - at, " %zu:%d", sizes[s], samples_for(sizes[s], o->scale));
+}
+
+/* Runs one peer's command; each JSON line it prints fills med[s] for its size (negative:
+ * none). False, with the reason in why, when it cannot run or fails. */
+static bool run_peer(const char *cmd, double *med, char *why, size_t cap) {
+  for (int s = 0; s < nsizes; s++) med[s] = -1;
+  fflush(stdout);
+  FILE *f = popen(cmd, "r");
+  if (!f) {
+    snprintf(why, cap, "could not start: %s", strerror(errno));
+    return false;
+  }
+  char line[512];
+  int got = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!strstr(line, "\"peer\"")) continue;
+    size_t b = (size_t)bench_json_number(line, "bytes");
+    for (int s = 0; s < nsizes; s++)
+      if (sizes[s] == b) {
+        med[s] = bench_json_number(line, "latency_us") * 1e-6;
+        got++;
+      }
+  }
+  int rc = pclose(f);
+  if (rc != 0 || got < nsizes) {
+    snprintf(why, cap, "failed (exit status %d, %d of %d sizes): %s", rc, got, nsizes, cmd);
+    return got > 0;
+  }
+  return true;
+}
+
+/* med[k][s] for peer k at p ranks; a note per peer that is missing or failed. */
+static void run_peers(const options *o, int p, double med[NPEERS][MAX_SIZES], char notes[NPEERS][600]) {
+  static char args[MAX_SIZES * 24];
+  peer_size_args(o, args, sizeof args);
+  char cmd[2048];
+  for (int k = 0; k < NPEERS; k++) {
+    notes[k][0] = '\0';
+    for (int s = 0; s < nsizes; s++) med[k][s] = -1;
+  }
+#ifdef FLINT_MPI_PEER
+  static const char *const btl[2] = {"--mca btl self,vader", "--mca btl self,tcp --mca btl_tcp_if_include lo"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(cmd, sizeof cmd, "mpirun -np %d --oversubscribe --allow-run-as-root --bind-to none --mca pml ob1 "
+             "%s '%s' %s%s", p, btl[k], FLINT_MPI_PEER, k == 0 ? "shm" : "tcp", args);
+    run_peer(cmd, med[k], notes[k], sizeof notes[k]);
+  }
+#else
+  snprintf(notes[0], sizeof notes[0], "skipped: CMake found no MPI (scripts/setup-peers installs Open MPI)");
+  snprintf(notes[1], sizeof notes[1], "%s", notes[0]);
+#endif
+  const char *python = bench_torch_python();
+  if (!python) {
+    snprintf(notes[2], sizeof notes[2], "skipped: python3 cannot import torch (scripts/setup-peers installs it)");
+    return;
+  }
+  snprintf(cmd, sizeof cmd, "%s '%s/bench/peers/gloo_allreduce.py' --ranks %d%s", python, FLINT_SOURCE_DIR, p, args);
+  run_peer(cmd, med[2], notes[2], sizeof notes[2]);
 }
 
 /* ---- the baseline: one TCP stream between two processes ---------------------------------- */
@@ -316,12 +450,41 @@ static void human_bytes(size_t b, char *out, size_t len) {
   else snprintf(out, len, "%zu B", b);
 }
 
+static const char *size_name(size_t b) {
+  static char buf[4][32];
+  static int k;
+  char *out = buf[k++ % 4];
+  human_bytes(b, out, sizeof buf[0]);
+  return out;
+}
+
+static int size_index(size_t b) {
+  for (int s = 0; s < nsizes; s++)
+    if (sizes[s] == b) return s;
+  return -1;
+}
+
+/* One target row, in the table or as JSON. */
+static void target_row(const options *o, const char *metric, double value, const char *target, bool met) {
+  if (o->json) {
+    printf("{\"bench\": \"target\", \"metric\": \"%s\", \"value\": %.3f, \"target\": \"%s\", \"met\": %s}\n",
+           metric, value, target, met ? "true" : "false");
+    return;
+  }
+  bench_columns c = {8, 58, 8, 10};
+  char v[32];
+  snprintf(v, sizeof v, "%.3f", value);
+  bench_print_row(&c, "target", metric, v, target, met ? "yes" : "NO");
+}
+
 int main(int argc, char **argv) {
   options o = {.min_bytes = 8, .max_bytes = 64u << 20, .scale = 1.0};
+  bool peers = true;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) o.json = true;
     else if (strcmp(argv[i], "--quick") == 0) o.scale = 0.3;
     else if (strcmp(argv[i], "--bind") == 0) o.bind = true;
+    else if (strcmp(argv[i], "--no-peers") == 0) peers = false;
     else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc &&
              parse_count(argv[i + 1], 1u << 30, &o.max_bytes) && o.max_bytes >= 8)
       i++;
@@ -330,24 +493,36 @@ int main(int argc, char **argv) {
       i++;
     else {
       fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_allreduce [--json] [--quick] "
-              "[--min-bytes N] [--max-bytes N] [--bind]\n", argv[i]);
+              "[--no-peers] [--min-bytes N] [--max-bytes N] [--bind]\n", argv[i]);
       return 2;
     }
   }
   signal(SIGPIPE, SIG_IGN);
   if (o.min_bytes > o.max_bytes) o.min_bytes = o.max_bytes;
-  for (size_t b = (size_t)o.min_bytes; b <= o.max_bytes && nsizes < MAX_SIZES - 1; b *= 4) sizes[nsizes++] = b;
-  if (sizes[nsizes - 1] != o.max_bytes) sizes[nsizes++] = (size_t)o.max_bytes;
+  for (size_t i = 0; i < sizeof default_sizes / sizeof *default_sizes; i++)
+    if (default_sizes[i] >= o.min_bytes && default_sizes[i] <= o.max_bytes) sizes[nsizes++] = default_sizes[i];
+  if (nsizes == 0 || sizes[nsizes - 1] != o.max_bytes) sizes[nsizes++] = (size_t)o.max_bytes;
+  int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
 
   /* The baselines run before and after the groups; each keeps its faster median per size,
    * so a slow spell of this shared machine cannot flatter the ratio. */
   double p2p[MAX_SIZES], p2p2[MAX_SIZES], dup[MAX_SIZES], dup2[MAX_SIZES];
   if (run_p2p(&o, false, p2p) != 0 || run_p2p(&o, true, dup) != 0) return 1;
   static const int ranks[2] = {2, 4};
-  static double med[2][NALGOS][MAX_SIZES];
-  int picked[2][MAX_SIZES];
-  for (int k = 0; k < 2; k++)
-    if (run_group(&o, ranks[k], med[k], picked[k]) != 0) return 1;
+  static group_result res[2];
+  static double peer_med[2][NPEERS][MAX_SIZES];
+  static char notes[2][NPEERS][600];
+  for (int k = 0; k < 2; k++) {
+    if (run_group(&o, ranks[k], &res[k]) != 0) return 1;
+    if (peers) {
+      run_peers(&o, ranks[k], peer_med[k], notes[k]);
+    } else {
+      for (int j = 0; j < NPEERS; j++) {
+        snprintf(notes[k][j], sizeof notes[k][j], "skipped: --no-peers");
+        for (int s = 0; s < nsizes; s++) peer_med[k][j][s] = -1;
+      }
+    }
+  }
   if (run_p2p(&o, false, p2p2) != 0 || run_p2p(&o, true, dup2) != 0) return 1;
   for (int s = 0; s < nsizes; s++) {
     if (p2p2[s] < p2p[s]) p2p[s] = p2p2[s];
@@ -358,60 +533,168 @@ int main(int argc, char **argv) {
   double p2p_bw = (double)sizes[last] / p2p[last];
   if (!o.json) {
     printf("flint bench_allreduce: host backend, ranks as processes over loopback, %d cores; "
-           "median of 7-41 samples (slowest rank each)\n\n", (int)sysconf(_SC_NPROCESSORS_ONLN));
-    printf("%-5s %-16s %8s %12s %10s %10s\n", "ranks", "algorithm", "bytes", "latency_us",
-           "algbw_GB/s", "busbw_GB/s");
-    puts("----- ---------------- -------- ------------ ---------- ----------");
-    for (int s = 0; s < nsizes; s++) {
-      char hb[32];
-      human_bytes(sizes[s], hb, sizeof hb);
-      printf("%-5s %-16s %8s %12.1f %10.3f %10s\n", "p2p", "tcp one-way", hb, p2p[s] * 1e6,
-             (double)sizes[s] / p2p[s] / 1e9, "-");
+           "median of 7-41 samples (slowest rank each)%s\n\n", cores, o.scale < 1 ? ", --quick" : "");
+    for (int k = 0; k < 2; k++) {
+      const comm_cost_params *q = &res[k].model.params;
+      printf("cost model, %d ranks (%s, %.2f ms to measure): same host alpha %.2f us, beta %.3f GB/s, "
+             "ring steps from %llu B %.3f GB/s; gamma %.2f GB/s\n", ranks[k],
+             q->calibrated ? "calibrated" : "defaults", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
+             1e-9 / q->intra.beta, (unsigned long long)q->copy_min, 1e-9 / q->intra.beta_ring, 1e-9 / q->gamma);
     }
+    puts("");
+    printf("%-5s %-26s %8s %12s %10s %8s %10s %10s\n", "ranks", "algorithm", "bytes", "latency_us",
+           "model_us", "meas/mdl", "algbw_GB/s", "busbw_GB/s");
+    puts("----- -------------------------- -------- ------------ ---------- -------- ---------- ----------");
+    for (int s = 0; s < nsizes; s++)
+      printf("%-5s %-26s %8s %12.1f %10s %8s %10.3f %10s\n", "p2p", "tcp one-way", size_name(sizes[s]),
+             p2p[s] * 1e6, "-", "-", (double)sizes[s] / p2p[s] / 1e9, "-");
+    for (int s = 0; s < nsizes; s++)
+      printf("%-5s %-26s %8s %12.1f %10s %8s %10.3f %10s\n", "p2p", "tcp duplex", size_name(sizes[s]),
+             dup[s] * 1e6, "-", "-", (double)sizes[s] / dup[s] / 1e9, "-");
+  } else {
     for (int s = 0; s < nsizes; s++) {
-      char hb[32];
-      human_bytes(sizes[s], hb, sizeof hb);
-      printf("%-5s %-16s %8s %12.1f %10.3f %10s\n", "p2p", "tcp duplex", hb, dup[s] * 1e6,
-             (double)sizes[s] / dup[s] / 1e9, "-");
+      printf("{\"bench\": \"p2p\", \"algorithm\": \"tcp one-way\", \"ranks\": 2, \"bytes\": %zu, "
+             "\"latency_us\": %.2f, \"algbw_gbps\": %.4f}\n",
+             sizes[s], p2p[s] * 1e6, (double)sizes[s] / p2p[s] / 1e9);
+      printf("{\"bench\": \"p2p\", \"algorithm\": \"tcp duplex\", \"ranks\": 2, \"bytes\": %zu, "
+             "\"latency_us\": %.2f, \"algbw_gbps\": %.4f}\n",
+             sizes[s], dup[s] * 1e6, (double)sizes[s] / dup[s] / 1e9);
     }
-  }
-  for (int s = 0; s < nsizes && o.json; s++) {
-    printf("{\"bench\": \"p2p\", \"algorithm\": \"tcp one-way\", \"ranks\": 2, \"bytes\": %zu, "
-           "\"latency_us\": %.2f, \"algbw_gbps\": %.4f}\n",
-           sizes[s], p2p[s] * 1e6, (double)sizes[s] / p2p[s] / 1e9);
-    printf("{\"bench\": \"p2p\", \"algorithm\": \"tcp duplex\", \"ranks\": 2, \"bytes\": %zu, "
-           "\"latency_us\": %.2f, \"algbw_gbps\": %.4f}\n",
-           sizes[s], dup[s] * 1e6, (double)sizes[s] / dup[s] / 1e9);
+    for (int k = 0; k < 2; k++) {
+      const comm_cost_params *q = &res[k].model.params;
+      printf("{\"bench\": \"calibration\", \"ranks\": %d, \"calibrated\": %s, \"ms\": %.3f, "
+             "\"intra_alpha_us\": %.3f, \"intra_beta_gbps\": %.4f, \"intra_beta_ring_gbps\": %.4f, "
+             "\"copy_min\": %llu, \"inter_alpha_us\": %.3f, \"inter_beta_gbps\": %.4f, \"gamma_gbps\": %.4f}\n",
+             ranks[k], q->calibrated ? "true" : "false", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
+             1e-9 / q->intra.beta, 1e-9 / q->intra.beta_ring, (unsigned long long)q->copy_min,
+             q->inter.alpha * 1e6, 1e-9 / q->inter.beta, 1e-9 / q->gamma);
+    }
   }
   for (int k = 0; k < 2; k++) {
     int p = ranks[k];
+    bool over = p > cores;
     for (int a = 0; a < NALGOS; a++)
       for (int s = 0; s < nsizes; s++) {
-        double lat = med[k][a][s], alg = (double)sizes[s] / lat;
-        double bus = alg * 2.0 * (p - 1) / p;
-        char name[40];
-        if (algos[a] == FL_ALLREDUCE_AUTO)
-          snprintf(name, sizeof name, "auto(%s)", fl_allreduce_algo_name(picked[k][s]) );
-        else
-          snprintf(name, sizeof name, "%s", fl_allreduce_algo_name(algos[a]));
+        double lat = res[k].med[a][s], pred = res[k].pred[a][s];
+        if (lat < 0) continue;
+        double alg = (double)sizes[s] / lat, bus = alg * 2.0 * (p - 1) / p;
+        fl_allreduce_algo ran = algos[a] == FL_ALLREDUCE_AUTO ? (fl_allreduce_algo)res[k].picked[s] : algos[a];
         if (o.json) {
           printf("{\"bench\": \"allreduce\", \"algorithm\": \"%s\", \"picked\": \"%s\", \"ranks\": %d, "
-                 "\"bytes\": %zu, \"latency_us\": %.2f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f}\n",
-                 fl_allreduce_algo_name(algos[a]), fl_allreduce_algo_name(algos[a] == FL_ALLREDUCE_AUTO ? (fl_allreduce_algo)picked[k][s] : algos[a]),
-                 p, sizes[s], lat * 1e6, alg / 1e9, bus / 1e9);
+                 "\"oversubscribed\": %s, \"bytes\": %zu, \"latency_us\": %.2f, \"predicted_us\": %.2f, "
+                 "\"ratio\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f}\n",
+                 fl_allreduce_algo_name(algos[a]), fl_allreduce_algo_name(ran), p, over ? "true" : "false",
+                 sizes[s], lat * 1e6, pred * 1e6, pred > 0 ? lat / pred : 0, alg / 1e9, bus / 1e9);
         } else {
-          char hb[32];
-          human_bytes(sizes[s], hb, sizeof hb);
-          printf("%-5d %-16s %8s %12.1f %10.3f %10.3f\n", p, name, hb, lat * 1e6, alg / 1e9, bus / 1e9);
+          char name[64], ranks_s[16], ratio[16];
+          if (algos[a] == FL_ALLREDUCE_AUTO) snprintf(name, sizeof name, "auto(%s)", fl_allreduce_algo_name(ran));
+          else snprintf(name, sizeof name, "%s", fl_allreduce_algo_name(algos[a]));
+          snprintf(ranks_s, sizeof ranks_s, "%d%s", p, over ? "*" : "");
+          snprintf(ratio, sizeof ratio, pred > 0 ? "%.2f" : "-", pred > 0 ? lat / pred : 0);
+          printf("%-5s %-26s %8s %12.1f %10.1f %8s %10.3f %10.3f\n", ranks_s, name, size_name(sizes[s]),
+                 lat * 1e6, pred * 1e6, ratio, alg / 1e9, bus / 1e9);
         }
       }
   }
+  if (!o.json && cores < 4) printf("* oversubscribed: 4 ranks on %d cores\n", cores);
+
+  /* Beside the peers: auto and each peer per size. */
   for (int k = 0; k < 2; k++) {
     int p = ranks[k];
-    double bus = (double)sizes[last] / med[k][0][last] * 2.0 * (p - 1) / p;
+    for (int j = 0; j < NPEERS; j++) {
+      for (int s = 0; s < nsizes; s++) {
+        if (peer_med[k][j][s] < 0 || !o.json) continue;
+        printf("{\"bench\": \"peer\", \"peer\": \"%s\", \"ranks\": %d, \"oversubscribed\": %s, \"bytes\": %zu, "
+               "\"latency_us\": %.2f, \"flint_auto_us\": %.2f}\n", peer_names[j], p, p > cores ? "true" : "false",
+               sizes[s], peer_med[k][j][s] * 1e6, res[k].med[AUTO_ROW][s] * 1e6);
+      }
+      if (notes[k][j][0]) {
+        if (o.json)
+          printf("{\"bench\": \"peer\", \"peer\": \"%s\", \"ranks\": %d, \"note\": \"%s\"}\n", peer_names[j], p,
+                 strchr(notes[k][j], '"') ? "failed (see stderr)" : notes[k][j]);
+        else
+          fprintf(stderr, BENCH_NAME ": %d ranks, %s: %s\n", p, peer_names[j], notes[k][j]);
+      }
+    }
+    if (o.json) continue;
+    printf("\n%d ranks%s, latency in us    %12s %14s %14s %14s %10s\n", p, p > cores ? " (oversubscribed)" : "",
+           "flint auto", peer_names[0], peer_names[1], peer_names[2], "auto/shm");
+    for (int s = 0; s < nsizes; s++) {
+      char cells[NPEERS][24], ratio[16] = "-";
+      for (int j = 0; j < NPEERS; j++) {
+        if (peer_med[k][j][s] < 0) snprintf(cells[j], sizeof cells[j], "-");
+        else snprintf(cells[j], sizeof cells[j], "%.1f", peer_med[k][j][s] * 1e6);
+      }
+      if (peer_med[k][0][s] > 0) snprintf(ratio, sizeof ratio, "%.2f", res[k].med[AUTO_ROW][s] / peer_med[k][0][s]);
+      char autoc[48];
+      snprintf(autoc, sizeof autoc, "%.1f %s", res[k].med[AUTO_ROW][s] * 1e6,
+               fl_allreduce_algo_name((fl_allreduce_algo)res[k].picked[s]));
+      printf("  %-8s %41s %14s %14s %14s %10s\n", size_name(sizes[s]), autoc, cells[0], cells[1], cells[2], ratio);
+    }
+  }
+
+  /* The targets. */
+  if (!o.json) {
+    puts("");
+    bench_columns c = {8, 58, 8, 10};
+    bench_print_row(&c, "bench", "metric", "value", "target", "met");
+    puts("-------- ---------------------------------------------------------- --------  ---------- ---");
+  }
+  char metric[160];
+  static const struct {
+    size_t bytes;
+    double limit;
+    const char *target;
+  } vs_mpi[] = {{8, 2.0, "<= 2"}, {4u << 10, 1.5, "<= 1.5"}};
+  for (size_t i = 0; i < sizeof vs_mpi / sizeof *vs_mpi; i++) {
+    int s = size_index(vs_mpi[i].bytes);
+    if (s < 0 || peer_med[0][0][s] <= 0) continue;
+    double r = res[0].med[AUTO_ROW][s] / peer_med[0][0][s];
+    snprintf(metric, sizeof metric, "2 ranks, %s: flint auto / Open MPI shm", size_name(sizes[s]));
+    target_row(&o, metric, r, vs_mpi[i].target, r <= vs_mpi[i].limit);
+  }
+  for (int s = 0; s < nsizes; s++) {
+    if (sizes[s] < (256u << 10) || peer_med[0][0][s] <= 0) continue;
+    double r = res[0].med[AUTO_ROW][s] / peer_med[0][0][s];
+    snprintf(metric, sizeof metric, "2 ranks, %s: flint auto / Open MPI shm", size_name(sizes[s]));
+    target_row(&o, metric, r, "<= 1", r <= 1.0);
+  }
+  for (int k = 0; k < 2; k++) {
+    int p = ranks[k];
+    for (int s = 0; s < nsizes; s++) {
+      double best = -1;
+      int besta = 0;
+      for (int a = 0; a < AUTO_ROW; a++)
+        if (res[k].med[a][s] > 0 && (best < 0 || res[k].med[a][s] < best)) best = res[k].med[a][s], besta = a;
+      if (best <= 0 || p != 4) continue;
+      double r = res[k].med[AUTO_ROW][s] / best;
+      snprintf(metric, sizeof metric, "%d ranks%s, %s: auto (%s) / best (%s)", p, p > cores ? " (oversub.)" : "",
+               size_name(sizes[s]), fl_allreduce_algo_name((fl_allreduce_algo)res[k].picked[s]),
+               fl_allreduce_algo_name(algos[besta]));
+      target_row(&o, metric, r, "<= 1.1", r <= 1.1);
+    }
+  }
+  for (int k = 0; k < 2; k++) {
+    int within = 0, rows = 0;
+    double worst = 0;
+    for (int a = 0; a < AUTO_ROW; a++)
+      for (int s = 0; s < nsizes; s++) {
+        double lat = res[k].med[a][s], pred = res[k].pred[a][s];
+        if (lat <= 0 || pred <= 0) continue;
+        double r = lat / pred;
+        rows++;
+        within += r >= 0.75 && r <= 1.25;
+        double off = r > 1 ? r : 1 / r;
+        if (off > worst) worst = off;
+      }
+    snprintf(metric, sizeof metric, "%d ranks: share of algorithm x size within 25%% of the model (worst %.1fx)",
+             ranks[k], worst);
+    target_row(&o, metric, rows ? (double)within / rows : 0, "1.000", rows && within == rows);
+  }
+  for (int k = 0; k < 2; k++) {
+    int p = ranks[k];
+    double bus = (double)sizes[last] / res[k].med[0][last] * 2.0 * (p - 1) / p;
     double ratio = bus / p2p_bw, dratio = bus / ((double)sizes[last] / dup[last]);
-    char hb[32];
-    human_bytes(sizes[last], hb, sizeof hb);
     if (o.json) {
       printf("{\"bench\": \"ring_vs_p2p\", \"ranks\": %d, \"bytes\": %zu, \"ring_busbw_gbps\": %.4f, "
              "\"p2p_gbps\": %.4f, \"ratio\": %.3f, \"duplex_gbps\": %.4f, \"duplex_ratio\": %.3f, "
@@ -419,20 +702,8 @@ int main(int argc, char **argv) {
              p, sizes[last], bus / 1e9, p2p_bw / 1e9, ratio, (double)sizes[last] / dup[last] / 1e9, dratio,
              ratio >= 0.8 ? "true" : "false");
     } else {
-      if (k == 0) {
-        puts("");
-        bench_columns c = {12, 34, 8, 8};
-        bench_print_row(&c, "bench", "metric", "value", "target", "met");
-        puts("------------ ---------------------------------- --------  -------- ---");
-      }
-      bench_columns c = {12, 34, 8, 8};
-      char metric[64], v[32];
-      snprintf(metric, sizeof metric, "ring busbw / p2p, %d ranks, %s", p, hb);
-      snprintf(v, sizeof v, "%.3f", ratio);
-      bench_print_row(&c, "ring_vs_p2p", metric, v, ">= 0.8", ratio >= 0.8 ? "yes" : "NO");
-      snprintf(metric, sizeof metric, "ring busbw / duplex, %d ranks, %s", p, hb);
-      snprintf(v, sizeof v, "%.3f", dratio);
-      bench_print_row(&c, "", metric, v, "(ref)", "-");
+      snprintf(metric, sizeof metric, "ring busbw / p2p one-way, %d ranks, %s", p, size_name(sizes[last]));
+      target_row(&o, metric, ratio, ">= 0.8", ratio >= 0.8);
     }
   }
   return 0;

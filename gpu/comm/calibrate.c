@@ -2,26 +2,31 @@
  * gpu/comm/calibrate.c: the cost model's parameters (gpu/comm/cost_model.h), measured when a
  * host communicator forms (fl_comm_host_create, and so every sub-communicator of a split).
  *
- * Design. Four steps, all over the transport's own calls, so that each pair is measured on
+ * Design. Four steps, all over the transport's own calls, so that each link is measured on
  * whatever carries its bytes (TCP, shared memory, single copy):
- *   1. Agree to calibrate: an allgather of one flag per rank (FLINT_COMM_CALIBRATE). One rank
- *      at 0 and every rank keeps comm_cost_defaults, so a rank configured apart from the
- *      others cannot leave them waiting on an exchange it never starts.
- *   2. Same-host pairs: the ranks of each host, in rank order, pair up (1st with 2nd, 3rd
- *      with 4th, ...; an odd one out sits out) and time, at once on every pair: small
- *      exchanges (alpha: the median of CAL_SMALL_REPS), exchanges of CAL_BETA_BYTES (beta:
- *      (median - alpha) / bytes) and, where the pair moves ring steps by a single copy, ring
- *      steps of max(CAL_BETA_BYTES, the pair's threshold) (beta_ring).
- *   3. Other-host pairs: the lowest rank of host 2k with that of host 2k+1, the same way.
- *   4. gamma: every rank times comm_reduce_add over CAL_BETA_BYTES.
+ *   1. Hello: an allgather of a record per rank: whether it calibrates
+ *      (FLINT_COMM_CALIBRATE) and the single-copy threshold of its step in its host's ring.
+ *      One rank at 0 and every rank keeps comm_cost_defaults, so a rank configured apart
+ *      from the others cannot leave them waiting on an exchange it never starts.
+ *   2. The same-host ring: the ranks of each host, in rank order, time steps of a ring
+ *      among them (send to the next, receive from the previous, all at once, as the
+ *      algorithms' steps run; with 2 ranks a pair's exchange): small ones (alpha: the mean
+ *      of CAL_SMALL_REPS but the slowest), CAL_BETA_BYTES ones (beta: (mean - alpha) /
+ *      bytes) and, when every step of the host's ring moves by a single copy (from the
+ *      hellos, so that every member decides alike), ring steps of max(CAL_BETA_BYTES, the
+ *      threshold) (beta_ring). A ring rather than pairs, because with more ranks than cores
+ *      a step waits on a chain of ranks to be scheduled, which pairs would not see.
+ *   3. The other-host ring: the lowest rank of every host, the same way (no single copy).
+ *   4. gamma: every rank times comm_reduce_add over its buffers.
  * Then an allgather of every rank's figures, and each rank combines them alike (the median
- * over the ranks that measured; single copy only when every measured same-host pair has
- * it): identical inputs and code give identical parameters on every rank, which AUTO needs,
- * since ranks that picked different algorithms would deadlock.
+ * over the ranks that measured; single copy only when every host has it): identical inputs
+ * and code give identical parameters on every rank, which AUTO needs, since ranks that
+ * picked different algorithms would deadlock.
  *
- * Cost: about 30 small exchanges and 8 of 256 KiB-1 MiB per pair and link class, a few ms
- * on one host. Each pair waits on itself only (its first exchange absorbs the skew of
- * arrival), so no barrier is needed between the steps.
+ * Cost: two allgathers of a few bytes, then about 20 small steps and 8 of 1 MiB per link
+ * class: a few milliseconds on one host (bench_allreduce prints it). Each rank waits on its
+ * ring neighbours only (the first, untimed, step absorbs the skew of arrival), so no
+ * barrier is needed between the steps.
  */
 #include <math.h>
 #include <stddef.h>
@@ -34,17 +39,24 @@
 
 #define CAL_SMALL_BYTES 8
 #define CAL_SMALL_REPS 9
-#define CAL_BETA_BYTES (256u << 10)
+#define CAL_BETA_BYTES (1u << 20)
 #define CAL_BIG_REPS 3
-/* A pair whose single-copy threshold is above this keeps beta for its ring steps (timing
+/* A ring whose single-copy threshold is above this keeps beta for its ring steps (timing
  * larger steps would cost more than the model gains). */
 #define CAL_RING_MAX_BYTES (1u << 20)
+
+/* What every rank says first: whether it calibrates, and the single-copy threshold of the
+ * step to the next rank of its host's ring (0: none, or above CAL_RING_MAX_BYTES). */
+typedef struct cal_hello {
+  uint32_t enabled;
+  uint32_t next_copy_min;
+} cal_hello;
 
 /* One rank's measurements; a negative figure: not measured. */
 typedef struct cal_record {
   double intra[3], inter[3]; /* alpha, beta, beta_ring */
   double gamma;
-  double copy_min; /* the same-host pair's single-copy threshold, 0: none */
+  double copy_min; /* the same-host ring's single-copy threshold, 0: none */
 } cal_record;
 
 static double median(double *v, int n) {
@@ -56,73 +68,53 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Times `reps` exchanges (ring steps when `ring`) of `bytes` each way with `peer` after one
- * untimed; the median in *out. */
-static fl_status time_exchange(comm_host *h, int peer, uint8_t *sbuf, uint8_t *rbuf, size_t bytes,
+/* Times `reps` exchanges (ring steps when `ring`) of `bytes`, sending to `next` while
+ * receiving from `prev`, after one untimed; in *out the mean without the slowest one. Not
+ * the median: an allreduce is a chain of steps, so its time is their sum, which slow steps
+ * (a rank descheduled when ranks outnumber cores) enter in proportion; without the slowest,
+ * so that one stall of this machine does not set the figure for the communicator's life. */
+static fl_status time_exchange(comm_host *h, int next, int prev, uint8_t *sbuf, uint8_t *rbuf, size_t bytes,
                                int reps, bool ring, double *out) {
   double t[CAL_SMALL_REPS];
   for (int i = -1; i < reps; i++) {
     double t0 = common_now_s();
-    fl_status st = ring ? comm_host_ring_step(h, peer, sbuf, bytes, peer, rbuf, bytes)
-                        : comm_host_exchange(h, peer, sbuf, bytes, peer, rbuf, bytes);
+    fl_status st = ring ? comm_host_ring_step(h, next, sbuf, bytes, prev, rbuf, bytes)
+                        : comm_host_exchange(h, next, sbuf, bytes, prev, rbuf, bytes);
     if (st != FL_OK) return st;
     if (i >= 0) t[i] = common_now_s() - t0;
   }
-  *out = median(t, reps);
+  median(t, reps); /* sorts */
+  double sum = 0;
+  for (int i = 0; i < reps - 1; i++) sum += t[i];
+  *out = sum / (reps - 1);
   return FL_OK;
 }
 
-/* alpha, beta, beta_ring of the link to `peer` (fig[0..2]), and the pair's single-copy
- * threshold (0: none) when `copy_min` is not NULL. */
-static fl_status measure_link(comm_host *h, int peer, uint8_t *sbuf, uint8_t *rbuf, double fig[3],
-                              double *copy_min) {
+/* alpha, beta, beta_ring (fig[0..2]) of the steps of a ring through `count` ranks (this one
+ * at `idx` of members[]); when `copy_min` is not NULL and every step of the ring moves by
+ * a single copy from ring_copy_min bytes (0: not every one), ring steps of that size for
+ * beta_ring, and the threshold in *copy_min. */
+static fl_status measure_ring(comm_host *h, const int *members, int count, int idx, uint8_t *sbuf,
+                              uint8_t *rbuf, size_t ring_copy_min, double fig[3], double *copy_min) {
+  size_t ring_bytes = ring_copy_min > CAL_BETA_BYTES ? ring_copy_min : ring_copy_min ? CAL_BETA_BYTES : 0;
+  int next = members[(idx + 1) % count], prev = members[(idx + count - 1) % count];
   double alpha, big;
-  fl_status st = time_exchange(h, peer, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, &alpha);
-  if (st == FL_OK) st = time_exchange(h, peer, sbuf, rbuf, CAL_BETA_BYTES, CAL_BIG_REPS, false, &big);
+  fl_status st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, &alpha);
+  if (st == FL_OK) st = time_exchange(h, next, prev, sbuf, rbuf, CAL_BETA_BYTES, CAL_BIG_REPS, false, &big);
   if (st != FL_OK) return st;
   /* A slow spell during the small exchanges must not make beta negative. */
   double beta = fmax(big - alpha, 0.5 * big) / CAL_BETA_BYTES, beta_ring = beta;
-  size_t thr = h->single_copy_min ? h->single_copy_min[peer] : 0;
-  if (thr > 0 && thr <= CAL_RING_MAX_BYTES) {
-    size_t bytes = thr > CAL_BETA_BYTES ? thr : CAL_BETA_BYTES;
+  /* ring_bytes: the same on every member (from the hellos), or a step would wait on a
+   * descriptor that never comes. */
+  if (ring_bytes && copy_min) {
     double ring;
-    st = time_exchange(h, peer, sbuf, rbuf, bytes, CAL_BIG_REPS, true, &ring);
+    st = time_exchange(h, next, prev, sbuf, rbuf, ring_bytes, CAL_BIG_REPS, true, &ring);
     if (st != FL_OK) return st;
-    beta_ring = fmax(ring - alpha, 0.5 * ring) / (double)bytes;
-  } else {
-    thr = 0;
+    beta_ring = fmax(ring - alpha, 0.5 * ring) / (double)ring_bytes;
   }
   fig[0] = alpha, fig[1] = beta, fig[2] = beta_ring;
-  if (copy_min) *copy_min = (double)thr;
+  if (copy_min) *copy_min = (double)ring_copy_min;
   return FL_OK;
-}
-
-/* This rank's same-host partner (the ranks of its host in rank order, paired 1st-2nd,
- * 3rd-4th, ...) and other-host partner (the lowest ranks of hosts 2k and 2k+1); -1: none. */
-static int intra_partner(const comm_host *h) {
-  int idx = 0, count = 0, me = h->host_of[h->rank];
-  for (int r = 0; r < h->size; r++)
-    if (h->host_of[r] == me) {
-      if (r < h->rank) idx++;
-      count++;
-    }
-  int want = idx ^ 1;
-  if (want >= count) return -1;
-  for (int r = 0, i = 0; r < h->size; r++)
-    if (h->host_of[r] == me && i++ == want) return r;
-  return -1;
-}
-
-static int host_leader(const comm_host *h, int host) {
-  for (int r = 0; r < h->size; r++)
-    if (h->host_of[r] == host) return r;
-  return -1;
-}
-
-static int inter_partner(const comm_host *h) {
-  int me = h->host_of[h->rank];
-  if (host_leader(h, me) != h->rank || (me ^ 1) >= h->nhosts) return -1;
-  return host_leader(h, me ^ 1);
 }
 
 /* Every rank's `bytes`-long record at all + rank * bytes (its own already there). */
@@ -159,11 +151,33 @@ static void shape_of(const comm_host *h, comm_cost_shape *s) {
   }
 }
 
-static fl_status measure(comm_host *h, cal_record *mine) {
-  int peer = intra_partner(h);
-  /* Buffers for the largest exchange: a ring step of the pair's threshold, at most 1 MiB. */
-  size_t thr = peer >= 0 && h->single_copy_min ? h->single_copy_min[peer] : 0;
-  size_t cap = thr > CAL_BETA_BYTES && thr <= CAL_RING_MAX_BYTES ? thr : CAL_BETA_BYTES;
+/* The ranks of this rank's host in rank order (the same-host ring), or the lowest rank of
+ * every host in host order (the other-host ring); this rank's place in it, -1 when absent. */
+static int ring_members(const comm_host *h, bool hosts, int *members, int *count) {
+  int me = h->host_of[h->rank], idx = -1, n = 0;
+  for (int r = 0; r < h->size; r++) {
+    bool in = hosts ? n == h->host_of[r] : h->host_of[r] == me;
+    if (!in) continue;
+    if (r == h->rank) idx = n;
+    members[n++] = r;
+  }
+  *count = n;
+  return idx;
+}
+
+static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal_hello *hello) {
+  int count, idx = ring_members(h, false, members, &count);
+  /* Single copy on the host's ring when every step has it; the largest threshold. */
+  size_t thr = 0;
+  for (int i = 0; i < count; i++) {
+    uint32_t t = hello[members[i]].next_copy_min;
+    if (t == 0) {
+      thr = 0;
+      break;
+    }
+    if (t > thr) thr = t;
+  }
+  size_t cap = thr > CAL_BETA_BYTES ? thr : CAL_BETA_BYTES;
   void *s = NULL, *r = NULL;
   fl_status st = comm_host_scratch(h, 0, cap, &s);
   if (st == FL_OK) st = comm_host_scratch(h, 1, cap, &r);
@@ -172,39 +186,47 @@ static fl_status measure(comm_host *h, cal_record *mine) {
   memset(r, 0, cap);
   for (int i = 0; i < 3; i++) mine->intra[i] = mine->inter[i] = -1;
   mine->copy_min = -1;
-  if (peer >= 0 && (st = measure_link(h, peer, s, r, mine->intra, &mine->copy_min)) != FL_OK) return st;
-  peer = inter_partner(h);
-  if (peer >= 0 && (st = measure_link(h, peer, s, r, mine->inter, NULL)) != FL_OK) return st;
+  if (count > 1 && (st = measure_ring(h, members, count, idx, s, r, thr, mine->intra, &mine->copy_min)) != FL_OK)
+    return st;
+  idx = ring_members(h, true, members, &count);
+  if (idx >= 0 && count > 1 && (st = measure_ring(h, members, count, idx, s, r, 0, mine->inter, NULL)) != FL_OK)
+    return st;
   double t[CAL_BIG_REPS];
-  size_t n = CAL_BETA_BYTES / sizeof(float);
+  size_t n = cap / sizeof(float);
   for (int i = -1; i < CAL_BIG_REPS; i++) {
     double t0 = common_now_s();
     comm_reduce_add(r, s, n);
     if (i >= 0) t[i] = common_now_s() - t0;
   }
-  mine->gamma = median(t, CAL_BIG_REPS) / CAL_BETA_BYTES;
+  mine->gamma = median(t, CAL_BIG_REPS) / (double)cap;
   return FL_OK;
 }
 
 fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
   fl_status status = FL_OK;
-  uint8_t *flags = NULL;
+  cal_hello *hello = NULL;
   cal_record *all = NULL;
+  int *members = NULL;
   comm_cost_model m;
   comm_cost_model_init(&m, h->size);
   shape_of(h, &m.shape);
   if (h->size == 1) goto done;
-  flags = common_calloc((size_t)h->size, 1);
+  hello = common_calloc((size_t)h->size, sizeof *hello);
   all = common_calloc((size_t)h->size, sizeof *all);
-  if (!flags || !all) {
+  members = common_calloc((size_t)h->size, sizeof *members);
+  if (!hello || !all || !members) {
     status = FL_ERR(FL_ENOMEM, "out of memory for calibrating %d ranks", h->size);
     goto cleanup;
   }
-  flags[h->rank] = config_bool(CONFIG_COMM_CALIBRATE) ? 1 : 0;
-  FL_CHECK(allgather(h, flags, 1));
+  int count, idx = ring_members(h, false, members, &count);
+  int next = members[(idx + 1) % count];
+  size_t thr = next != h->rank && h->single_copy_min ? h->single_copy_min[next] : 0;
+  hello[h->rank].enabled = config_bool(CONFIG_COMM_CALIBRATE) ? 1 : 0;
+  hello[h->rank].next_copy_min = thr <= CAL_RING_MAX_BYTES ? (uint32_t)thr : 0;
+  FL_CHECK(allgather(h, (uint8_t *)hello, sizeof *hello));
   for (int r = 0; r < h->size; r++)
-    if (!flags[r]) goto done;
-  FL_CHECK(measure(h, &all[h->rank]));
+    if (!hello[r].enabled) goto done;
+  FL_CHECK(measure(h, &all[h->rank], members, hello));
   FL_CHECK(allgather(h, (uint8_t *)all, sizeof *all));
 
   comm_cost_params *q = &m.params;
@@ -231,8 +253,9 @@ fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
 done:
   *out = m;
 cleanup:
+  common_free(members);
   common_free(all);
-  common_free(flags);
+  common_free(hello);
   if (status != FL_OK)
     return common_error_wrap(status, "rank %d: calibrating the links of %d ranks: ", h->rank, h->size);
   return status;
