@@ -471,7 +471,7 @@ static void target_row(const options *o, const char *metric, double value, const
            metric, value, target, met ? "true" : "false");
     return;
   }
-  bench_columns c = {8, 58, 8, 10};
+  bench_columns c = {8, 66, 8, 8};
   char v[32];
   snprintf(v, sizeof v, "%.3f", value);
   bench_print_row(&c, "target", metric, v, target, met ? "yes" : "NO");
@@ -636,9 +636,9 @@ int main(int argc, char **argv) {
   /* The targets. */
   if (!o.json) {
     puts("");
-    bench_columns c = {8, 58, 8, 10};
+    bench_columns c = {8, 66, 8, 8};
     bench_print_row(&c, "bench", "metric", "value", "target", "met");
-    puts("-------- ---------------------------------------------------------- --------  ---------- ---");
+    puts("-------- ------------------------------------------------------------------ --------  -------- ---");
   }
   char metric[160];
   static const struct {
