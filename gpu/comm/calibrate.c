@@ -11,7 +11,7 @@
  *   2. The same-host ring: the ranks of each host, in rank order, time steps of a ring
  *      among them (send to the next, receive from the previous, all at once, as the
  *      algorithms' steps run; with 2 ranks a pair's exchange): small ones (alpha: the mean
- *      of CAL_SMALL_REPS but the slowest), CAL_BETA_BYTES ones (beta: (mean - alpha) /
+ *      of CAL_SMALL_REPS but the slowest fifth), CAL_BETA_BYTES ones (beta: (mean - alpha) /
  *      bytes) and, when every step of the host's ring moves by a single copy (from the
  *      hellos, so that every member decides alike), ring steps of max(CAL_BETA_BYTES, the
  *      threshold) (beta_ring). A ring rather than pairs, because with more ranks than cores
@@ -23,7 +23,7 @@
  * and code give identical parameters on every rank, which AUTO needs, since ranks that
  * picked different algorithms would deadlock.
  *
- * Cost: two allgathers of a few bytes, then about 20 small steps and 8 of 1 MiB per link
+ * Cost: two allgathers of a few bytes, then about 25 small steps and 12 of 1 MiB per link
  * class: a few milliseconds on one host (bench_allreduce prints it). Each rank waits on its
  * ring neighbours only (the first, untimed, step absorbs the skew of arrival), so no
  * barrier is needed between the steps.
@@ -38,9 +38,9 @@
 #include "gpu/comm/host_algorithms.h"
 
 #define CAL_SMALL_BYTES 8
-#define CAL_SMALL_REPS 9
+#define CAL_SMALL_REPS 25
 #define CAL_BETA_BYTES (1u << 20)
-#define CAL_BIG_REPS 3
+#define CAL_BIG_REPS 5
 /* A ring whose single-copy threshold is above this keeps beta for its ring steps (timing
  * larger steps would cost more than the model gains). */
 #define CAL_RING_MAX_BYTES (1u << 20)
@@ -69,10 +69,11 @@ static double median(double *v, int n) {
 }
 
 /* Times `reps` exchanges (ring steps when `ring`) of `bytes`, sending to `next` while
- * receiving from `prev`, after one untimed; in *out the mean without the slowest one. Not
- * the median: an allreduce is a chain of steps, so its time is their sum, which slow steps
- * (a rank descheduled when ranks outnumber cores) enter in proportion; without the slowest,
- * so that one stall of this machine does not set the figure for the communicator's life. */
+ * receiving from `prev`, after one untimed; in *out the mean without the slowest fifth (at
+ * least one). Not the median: an allreduce is a chain of steps, so its time is their sum,
+ * which slow steps (a rank descheduled when ranks outnumber cores) enter in proportion;
+ * without the slowest, so that a stall of this machine does not set the figure for the
+ * communicator's life. */
 static fl_status time_exchange(comm_host *h, int next, int prev, uint8_t *sbuf, uint8_t *rbuf, size_t bytes,
                                int reps, bool ring, double *out) {
   double t[CAL_SMALL_REPS];
@@ -84,9 +85,10 @@ static fl_status time_exchange(comm_host *h, int next, int prev, uint8_t *sbuf, 
     if (i >= 0) t[i] = common_now_s() - t0;
   }
   median(t, reps); /* sorts */
+  int keep = reps - (reps / 5 > 1 ? reps / 5 : 1);
   double sum = 0;
-  for (int i = 0; i < reps - 1; i++) sum += t[i];
-  *out = sum / (reps - 1);
+  for (int i = 0; i < keep; i++) sum += t[i];
+  *out = sum / keep;
   return FL_OK;
 }
 
