@@ -17,6 +17,7 @@
  * after a wait; a peer that leaves fails the survivor's wait at once with the allreduce's
  * message, and later posts with it.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -259,11 +260,17 @@ static void test_algo_names(void **state) {
 
 /* Fixed parameters: a one-host link of 5 us and 2 GB/s, single copy at 4 GB/s from 128 KiB,
  * another host 30 us away at 1.1 GB/s, sums at 8 GB/s. */
+static comm_link fixed_link(double alpha, double bytes_per_s, double ring_bytes_per_s) {
+  comm_link l = {.alpha = alpha};
+  for (int i = 0; i < COMM_COST_SIZES; i++) l.beta[i] = 1 / bytes_per_s, l.beta_ring[i] = 1 / ring_bytes_per_s;
+  return l;
+}
+
 static comm_cost_model fixed_model(int size, int nhosts, int max_local, bool single_copy) {
   comm_cost_model m;
   comm_cost_model_init(&m, size);
-  m.params.intra = (comm_link){5e-6, 1 / 2e9, single_copy ? 1 / 4e9 : 1 / 2e9};
-  m.params.inter = (comm_link){30e-6, 1 / 1.1e9, 1 / 1.1e9};
+  m.params.intra = fixed_link(5e-6, 2e9, single_copy ? 4e9 : 2e9);
+  m.params.inter = fixed_link(30e-6, 1.1e9, 1.1e9);
   m.params.gamma = 1 / 8e9;
   m.params.copy_min = single_copy ? 128u << 10 : 0;
   m.shape = (comm_cost_shape){size, nhosts, max_local};
@@ -296,6 +303,14 @@ static void test_cost_model(void **state) {
     assert_true(t1 > 0 && comm_cost_predict(&m, (fl_allreduce_algo)a, 4u << 20) > t1);
     assert_true(comm_cost_predict(&m, (fl_allreduce_algo)a, 0) == 0);
   }
+  /* beta by size: the measured figure at each size, log-linear between, flat outside. */
+  double b[COMM_COST_SIZES];
+  for (int i = 0; i < COMM_COST_SIZES; i++) b[i] = (i + 1) * 1e-9;
+  assert_true(comm_link_beta(b, 8) == b[0]);
+  assert_true(comm_link_beta(b, comm_cost_sizes[1]) == b[1]);
+  assert_true(comm_link_beta(b, 1e12) == b[COMM_COST_SIZES - 1]);
+  double mid = comm_link_beta(b, sqrt(comm_cost_sizes[0] * comm_cost_sizes[1]));
+  assert_true(fabs(mid - 0.5 * (b[0] + b[1])) < 1e-15);
   comm_cost_model one = fixed_model(1, 1, 1, false);
   assert_true(comm_cost_predict(&one, FL_ALLREDUCE_RING, 1u << 20) == 0);
   /* AUTO, hierarchical on one host, and numbers outside the enum have no prediction. */
@@ -308,7 +323,7 @@ static void test_cost_model(void **state) {
    * each byte across once instead of a flat algorithm's 1.75 times, so hierarchical wins
    * large messages; it never applies to hosts of one rank each. */
   m = fixed_model(8, 2, 4, false);
-  m.params.inter.beta = m.params.inter.beta_ring = 1 / 0.125e9;
+  m.params.inter = fixed_link(30e-6, 0.125e9, 0.125e9);
   assert_true(comm_cost_applies(&m, FL_ALLREDUCE_HIERARCHICAL));
   assert_int_equal(comm_cost_best(&m, 64u << 20), FL_ALLREDUCE_HIERARCHICAL);
   m = fixed_model(4, 4, 1, false);
@@ -342,8 +357,10 @@ static void expect_same_models(group *g, bool calibrated) {
   const comm_link *links[2] = {&m0->params.intra, &m0->params.inter};
   for (int i = 0; i < 2; i++) {
     assert_true(links[i]->alpha > 0 && links[i]->alpha < 10);
-    assert_true(links[i]->beta > 0 && links[i]->beta < 1e-3);
-    assert_true(links[i]->beta_ring > 0 && links[i]->beta_ring < 1e-3);
+    for (int k = 0; k < COMM_COST_SIZES; k++) {
+      assert_true(links[i]->beta[k] > 0 && links[i]->beta[k] < 1e-3);
+      assert_true(links[i]->beta_ring[k] > 0 && links[i]->beta_ring[k] < 1e-3);
+    }
   }
   assert_true(m0->params.gamma > 0 && m0->params.gamma < 1e-3);
   assert_int_equal(m0->shape.size, g->size);

@@ -11,22 +11,23 @@
  *   2. The same-host ring: the ranks of each host, in rank order, time steps of a ring
  *      among them (send to the next, receive from the previous, all at once, as the
  *      algorithms' steps run; with 2 ranks a pair's exchange): small ones (alpha: the mean
- *      of CAL_SMALL_REPS but the slowest fifth), CAL_BETA_BYTES ones (beta: (mean - alpha) /
- *      bytes) and, when every step of the host's ring moves by a single copy (from the
- *      hellos, so that every member decides alike), ring steps of max(CAL_BETA_BYTES, the
- *      threshold) (beta_ring). A ring rather than pairs, because with more ranks than cores
+ *      of CAL_SMALL_REPS but the slowest fifth), then exchanges of 32 KiB, 1 MiB and 4 MiB
+ *      (beta at each: (mean - alpha) / bytes) and, when every step of the host's ring moves
+ *      by a single copy (from the hellos, so that every member decides alike), ring steps of
+ *      1 and 4 MiB (beta_ring). A ring rather than pairs, because with more ranks than cores
  *      a step waits on a chain of ranks to be scheduled, which pairs would not see.
  *   3. The other-host ring: the lowest rank of every host, the same way (no single copy).
- *   4. gamma: every rank times comm_reduce_add over its buffers.
+ *   4. gamma: every rank times comm_reduce_add over 4 MiB.
  * Then an allgather of every rank's figures, and each rank combines them alike (the median
  * over the ranks that measured; single copy only when every host has it): identical inputs
  * and code give identical parameters on every rank, which AUTO needs, since ranks that
  * picked different algorithms would deadlock.
  *
- * Cost: two allgathers of a few bytes, then about 25 small steps and 12 of 1 MiB per link
- * class: a few milliseconds on one host (bench_allreduce prints it). Each rank waits on its
- * ring neighbours only (the first, untimed, step absorbs the skew of arrival), so no
- * barrier is needed between the steps.
+ * Cost: two allgathers of a few bytes, then per link class 26 small steps, 9 of 32 KiB, 3
+ * of 1 MiB and 2 of 4 MiB (and 4 + 2 ring steps with single copy), a few ms for 2 ranks on
+ * one idle host, mostly the 4 MiB exchanges (bench_allreduce prints it). Each rank waits on
+ * its ring neighbours only (the first, untimed, step absorbs the skew of arrival; the sizes
+ * after it run on warm connections), so no barrier is needed between the steps.
  */
 #include <math.h>
 #include <stddef.h>
@@ -39,10 +40,11 @@
 
 #define CAL_SMALL_BYTES 8
 #define CAL_SMALL_REPS 25
-#define CAL_BETA_BYTES (1u << 20)
-#define CAL_BIG_REPS 5
-/* A ring whose single-copy threshold is above this keeps beta for its ring steps (timing
- * larger steps would cost more than the model gains). */
+#define CAL_BIG_REPS 3
+/* Timed exchanges at each of comm_cost_sizes (32 KiB, 1 MiB, 4 MiB): fewer where they cost. */
+static const int cal_reps[COMM_COST_SIZES] = {9, 3, 2};
+/* A ring whose single-copy threshold is above this keeps beta for its ring steps (its
+ * steps of the measured sizes would not move by single copy). */
 #define CAL_RING_MAX_BYTES (1u << 20)
 
 /* What every rank says first: whether it calibrates, and the single-copy threshold of the
@@ -52,9 +54,11 @@ typedef struct cal_hello {
   uint32_t next_copy_min;
 } cal_hello;
 
-/* One rank's measurements; a negative figure: not measured. */
+/* One rank's measurements; a negative figure: not measured. A link's figures: alpha, beta at
+ * each of comm_cost_sizes, beta_ring at each. */
+#define CAL_FIGS (1 + 2 * COMM_COST_SIZES)
 typedef struct cal_record {
-  double intra[3], inter[3]; /* alpha, beta, beta_ring */
+  double intra[CAL_FIGS], inter[CAL_FIGS];
   double gamma;
   double copy_min; /* the same-host ring's single-copy threshold, 0: none */
 } cal_record;
@@ -69,15 +73,15 @@ static double median(double *v, int n) {
 }
 
 /* Times `reps` exchanges (ring steps when `ring`) of `bytes`, sending to `next` while
- * receiving from `prev`, after one untimed; in *out the mean without the slowest fifth (at
+ * receiving from `prev`, after one untimed when `warm`; in *out the mean without the slowest fifth (at
  * least one). Not the median: an allreduce is a chain of steps, so its time is their sum,
  * which slow steps (a rank descheduled when ranks outnumber cores) enter in proportion;
  * without the slowest, so that a stall of this machine does not set the figure for the
  * communicator's life. */
 static fl_status time_exchange(comm_host *h, int next, int prev, uint8_t *sbuf, uint8_t *rbuf, size_t bytes,
-                               int reps, bool ring, double *out) {
+                               int reps, bool ring, bool warm, double *out) {
   double t[CAL_SMALL_REPS];
-  for (int i = -1; i < reps; i++) {
+  for (int i = warm ? -1 : 0; i < reps; i++) {
     double t0 = common_now_s();
     fl_status st = ring ? comm_host_ring_step(h, next, sbuf, bytes, prev, rbuf, bytes)
                         : comm_host_exchange(h, next, sbuf, bytes, prev, rbuf, bytes);
@@ -92,29 +96,37 @@ static fl_status time_exchange(comm_host *h, int next, int prev, uint8_t *sbuf, 
   return FL_OK;
 }
 
-/* alpha, beta, beta_ring (fig[0..2]) of the steps of a ring through `count` ranks (this one
- * at `idx` of members[]); when `copy_min` is not NULL and every step of the ring moves by
- * a single copy from ring_copy_min bytes (0: not every one), ring steps of that size for
- * beta_ring, and the threshold in *copy_min. */
+/* The figures of a link (alpha, beta at each size, beta_ring at each) from the steps of a
+ * ring through `count` ranks (this one at `idx` of members[]); when `copy_min` is not NULL and
+ * every step of the ring moves by a single copy from ring_copy_min bytes (0: not every one),
+ * ring steps for beta_ring, and the threshold in *copy_min. sbuf and rbuf hold the largest
+ * size. */
 static fl_status measure_ring(comm_host *h, const int *members, int count, int idx, uint8_t *sbuf,
-                              uint8_t *rbuf, size_t ring_copy_min, double fig[3], double *copy_min) {
-  size_t ring_bytes = ring_copy_min > CAL_BETA_BYTES ? ring_copy_min : ring_copy_min ? CAL_BETA_BYTES : 0;
+                              uint8_t *rbuf, size_t ring_copy_min, double fig[CAL_FIGS], double *copy_min) {
   int next = members[(idx + 1) % count], prev = members[(idx + count - 1) % count];
-  double alpha, big;
-  fl_status st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, &alpha);
-  if (st == FL_OK) st = time_exchange(h, next, prev, sbuf, rbuf, CAL_BETA_BYTES, CAL_BIG_REPS, false, &big);
-  if (st != FL_OK) return st;
-  /* A slow spell during the small exchanges must not make beta negative. */
-  double beta = fmax(big - alpha, 0.5 * big) / CAL_BETA_BYTES, beta_ring = beta;
-  /* ring_bytes: the same on every member (from the hellos), or a step would wait on a
-   * descriptor that never comes. */
-  if (ring_bytes && copy_min) {
-    double ring;
-    st = time_exchange(h, next, prev, sbuf, rbuf, ring_bytes, CAL_BIG_REPS, true, &ring);
-    if (st != FL_OK) return st;
-    beta_ring = fmax(ring - alpha, 0.5 * ring) / (double)ring_bytes;
+  double alpha, *beta = fig + 1, *beta_ring = fig + 1 + COMM_COST_SIZES;
+  fl_status st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, true, &alpha);
+  for (int i = 0; i < COMM_COST_SIZES && st == FL_OK; i++) {
+    size_t bytes = (size_t)comm_cost_sizes[i];
+    double t;
+    st = time_exchange(h, next, prev, sbuf, rbuf, bytes, cal_reps[i], false, false, &t);
+    /* A slow spell during the small exchanges must not make beta negative. */
+    beta[i] = beta_ring[i] = fmax(t - alpha, 0.5 * t) / (double)bytes;
   }
-  fig[0] = alpha, fig[1] = beta, fig[2] = beta_ring;
+  if (st != FL_OK) return st;
+  /* ring_copy_min: the same on every member (from the hellos), or a step would wait on a
+   * descriptor that never comes. Ring steps below the threshold are the exchanges above;
+   * the smallest size stays below every threshold, and takes the next size's figure. */
+  for (int i = 1; i < COMM_COST_SIZES && ring_copy_min && copy_min && st == FL_OK; i++) {
+    size_t bytes = (size_t)comm_cost_sizes[i];
+    if (bytes < ring_copy_min) bytes = ring_copy_min;
+    double t;
+    st = time_exchange(h, next, prev, sbuf, rbuf, bytes, cal_reps[i], true, i == 1, &t);
+    beta_ring[i] = fmax(t - alpha, 0.5 * t) / (double)bytes;
+    if (i == 1) beta_ring[0] = beta_ring[1];
+  }
+  if (st != FL_OK) return st;
+  fig[0] = alpha;
   if (copy_min) *copy_min = (double)ring_copy_min;
   return FL_OK;
 }
@@ -179,29 +191,28 @@ static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal
     }
     if (t > thr) thr = t;
   }
-  size_t cap = thr > CAL_BETA_BYTES ? thr : CAL_BETA_BYTES;
-  void *s = NULL, *r = NULL;
-  fl_status st = comm_host_scratch(h, 0, cap, &s);
-  if (st == FL_OK) st = comm_host_scratch(h, 1, cap, &r);
-  if (st != FL_OK) return st;
-  memset(s, 0, cap);
-  memset(r, 0, cap);
-  for (int i = 0; i < 3; i++) mine->intra[i] = mine->inter[i] = -1;
+  /* Buffers of the largest size, freed after: the communicator keeps no memory for this.
+   * Written first, so that no timed step pays the page faults of fresh memory. */
+  size_t cap = (size_t)comm_cost_sizes[COMM_COST_SIZES - 1];
+  uint8_t *s = common_malloc(2 * cap), *r = s + cap;
+  if (!s) return FL_ERR(FL_ENOMEM, "out of memory for calibrating: %zu bytes", 2 * cap);
+  memset(s, 0, 2 * cap);
+  for (int i = 0; i < CAL_FIGS; i++) mine->intra[i] = mine->inter[i] = -1;
   mine->copy_min = -1;
-  if (count > 1 && (st = measure_ring(h, members, count, idx, s, r, thr, mine->intra, &mine->copy_min)) != FL_OK)
-    return st;
+  fl_status st = FL_OK;
+  if (count > 1) st = measure_ring(h, members, count, idx, s, r, thr, mine->intra, &mine->copy_min);
   idx = ring_members(h, true, members, &count);
-  if (idx >= 0 && count > 1 && (st = measure_ring(h, members, count, idx, s, r, 0, mine->inter, NULL)) != FL_OK)
-    return st;
+  if (st == FL_OK && idx >= 0 && count > 1) st = measure_ring(h, members, count, idx, s, r, 0, mine->inter, NULL);
   double t[CAL_BIG_REPS];
   size_t n = cap / sizeof(float);
-  for (int i = -1; i < CAL_BIG_REPS; i++) {
+  for (int i = -1; i < CAL_BIG_REPS && st == FL_OK; i++) {
     double t0 = common_now_s();
-    comm_reduce_add(r, s, n);
+    comm_reduce_add((float *)r, (const float *)s, n);
     if (i >= 0) t[i] = common_now_s() - t0;
   }
-  mine->gamma = median(t, CAL_BIG_REPS) / (double)cap;
-  return FL_OK;
+  if (st == FL_OK) mine->gamma = median(t, CAL_BIG_REPS) / (double)cap;
+  common_free(s);
+  return st;
 }
 
 fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
@@ -232,14 +243,20 @@ fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
   FL_CHECK(allgather(h, (uint8_t *)all, sizeof *all));
 
   comm_cost_params *q = &m.params;
-  double intra[3], inter[3], fallback[3] = {q->inter.alpha, q->inter.beta, q->inter.beta_ring};
-  for (int i = 0; i < 3; i++) {
+  double intra[CAL_FIGS], inter[CAL_FIGS], fallback[CAL_FIGS];
+  fallback[0] = q->inter.alpha;
+  for (int i = 0; i < COMM_COST_SIZES; i++)
+    fallback[1 + i] = q->inter.beta[i], fallback[1 + COMM_COST_SIZES + i] = q->inter.beta_ring[i];
+  for (int i = 0; i < CAL_FIGS; i++) {
     inter[i] = combine(all, h->size, offsetof(cal_record, inter) + (size_t)i * sizeof(double), fallback[i]);
     /* No host with two ranks: the same-host link is never used alone; let it be the other. */
     intra[i] = combine(all, h->size, offsetof(cal_record, intra) + (size_t)i * sizeof(double), inter[i]);
   }
-  q->intra = (comm_link){intra[0], intra[1], intra[2]};
-  q->inter = (comm_link){inter[0], inter[1], inter[2]};
+  q->intra.alpha = intra[0], q->inter.alpha = inter[0];
+  for (int i = 0; i < COMM_COST_SIZES; i++) {
+    q->intra.beta[i] = intra[1 + i], q->intra.beta_ring[i] = intra[1 + COMM_COST_SIZES + i];
+    q->inter.beta[i] = inter[1 + i], q->inter.beta_ring[i] = inter[1 + COMM_COST_SIZES + i];
+  }
   q->gamma = combine(all, h->size, offsetof(cal_record, gamma), q->gamma);
   q->copy_min = 0;
   for (int r = 0; r < h->size; r++) {
@@ -250,7 +267,7 @@ fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
     }
     if ((uint64_t)all[r].copy_min > q->copy_min) q->copy_min = (uint64_t)all[r].copy_min;
   }
-  if (!q->copy_min) q->intra.beta_ring = q->intra.beta;
+  if (!q->copy_min) memcpy(q->intra.beta_ring, q->intra.beta, sizeof q->intra.beta);
   q->calibrated = true;
 done:
   *out = m;

@@ -7,7 +7,9 @@
  * Notation: p ranks, n bytes, p' the largest power of two <= p, L the link the algorithm's
  * steps cross: the same-host link when the group is on one host, else the slower of the two
  * (a flat algorithm's steps wait on its slowest pair). Bytes count in a rank's busier
- * direction, in units of beta (an exchange: both directions at once).
+ * direction, in units of beta (an exchange: both directions at once), taken for the
+ * message's size n: what decides it is mostly where n bytes live (caches or memory), which
+ * every algorithm shares, more than the size of each step.
  */
 #include <math.h>
 
@@ -19,16 +21,34 @@
 /* The tree's and the broadcast's pipeline chunk (gpu/comm/allreduce_tree.c). */
 #define COST_TREE_CHUNK (256.0 * 1024.0)
 
+const double comm_cost_sizes[COMM_COST_SIZES] = {32.0 * 1024, 1024.0 * 1024, 4096.0 * 1024};
+
+static comm_link flat_link(double alpha, double bytes_per_s) {
+  comm_link l = {.alpha = alpha};
+  for (int i = 0; i < COMM_COST_SIZES; i++) l.beta[i] = l.beta_ring[i] = 1.0 / bytes_per_s;
+  return l;
+}
+
 void comm_cost_defaults(comm_cost_params *out) {
   /* Loopback TCP on a small VM (bench_allreduce: 2-rank 8 B exchanges take a few us, large
    * ones move about 2 GB/s each way); 10 GbE between hosts; an fp32 sum at 8 GB/s. */
   *out = (comm_cost_params){
-      .intra = {.alpha = 5e-6, .beta = 1.0 / 2e9, .beta_ring = 1.0 / 2e9},
-      .inter = {.alpha = 30e-6, .beta = 1.0 / 1.1e9, .beta_ring = 1.0 / 1.1e9},
+      .intra = flat_link(5e-6, 2e9),
+      .inter = flat_link(30e-6, 1.1e9),
       .gamma = 1.0 / 8e9,
       .copy_min = 0,
       .calibrated = false,
   };
+}
+
+double comm_link_beta(const double beta[COMM_COST_SIZES], double bytes) {
+  if (bytes <= comm_cost_sizes[0]) return beta[0];
+  for (int i = 1; i < COMM_COST_SIZES; i++)
+    if (bytes <= comm_cost_sizes[i]) {
+      double f = log2(bytes / comm_cost_sizes[i - 1]) / log2(comm_cost_sizes[i] / comm_cost_sizes[i - 1]);
+      return beta[i - 1] + f * (beta[i] - beta[i - 1]);
+    }
+  return beta[COMM_COST_SIZES - 1];
 }
 
 void comm_cost_model_init(comm_cost_model *m, int size) {
@@ -49,32 +69,41 @@ static double log2i(int p) {
 }
 
 static comm_link link_max(comm_link a, comm_link b) {
-  return (comm_link){fmax(a.alpha, b.alpha), fmax(a.beta, b.beta), fmax(a.beta_ring, b.beta_ring)};
+  comm_link m = {.alpha = fmax(a.alpha, b.alpha)};
+  for (int i = 0; i < COMM_COST_SIZES; i++) {
+    m.beta[i] = fmax(a.beta[i], b.beta[i]);
+    m.beta_ring[i] = fmax(a.beta_ring[i], b.beta_ring[i]);
+  }
+  return m;
 }
 
-/* What every algorithm's function gets: the ranks, the link its steps cross, gamma, and the
- * single-copy threshold of ring steps. */
+/* What every algorithm's function gets: the ranks, the link its steps cross with beta for
+ * this message's size, gamma, and the single-copy threshold of ring steps. */
 typedef struct cost_in {
   int p;
-  comm_link l;
+  double alpha, beta, beta_ring;
   double gamma;
   uint64_t copy_min;
 } cost_in;
+
+static cost_in cost_for(int p, const comm_link *l, double gamma, uint64_t copy_min, double n) {
+  return (cost_in){p, l->alpha, comm_link_beta(l->beta, n), comm_link_beta(l->beta_ring, n), gamma, copy_min};
+}
 
 /* ring: 2(p-1) steps of a block n/p; each rank sends and receives 2(p-1)/p n and sums
  * (p-1)/p n. A block of copy_min bytes or more moves by a single copy (beta_ring). */
 static double cost_ring(const cost_in *c, double n) {
   double p = c->p, block = n / p;
-  double beta = c->copy_min && block >= (double)c->copy_min ? c->l.beta_ring : c->l.beta;
-  return 2 * (p - 1) * c->l.alpha + 2 * (p - 1) * block * beta + (p - 1) * block * c->gamma;
+  double beta = c->copy_min && block >= (double)c->copy_min ? c->beta_ring : c->beta;
+  return 2 * (p - 1) * c->alpha + 2 * (p - 1) * block * beta + (p - 1) * block * c->gamma;
 }
 
 /* halving-doubling: 2 log2 p' steps moving 2(p'-1)/p' n; when p != p' the folded pairs add
  * a whole vector each way and its sum. */
 static double cost_halving_doubling(const cost_in *c, double n) {
   int q = pow2_floor(c->p);
-  double t = 2 * log2i(q) * c->l.alpha + 2.0 * (q - 1) / q * n * c->l.beta + (double)(q - 1) / q * n * c->gamma;
-  if (q != c->p) t += 2 * (c->l.alpha + n * c->l.beta) + n * c->gamma;
+  double t = 2 * log2i(q) * c->alpha + 2.0 * (q - 1) / q * n * c->beta + (double)(q - 1) / q * n * c->gamma;
+  if (q != c->p) t += 2 * (c->alpha + n * c->beta) + n * c->gamma;
   return t;
 }
 
@@ -90,13 +119,14 @@ static double cost_tree(const cost_in *c, double n) {
     if (kids > g) g = kids;
   }
   double d = log2i(p), chunk = fmin(n, COST_TREE_CHUNK);
-  return 2 * d * c->l.alpha + (v * n + (2 * d - 1) * chunk) * c->l.beta + g * n * c->gamma;
+  return 2 * d * c->alpha + (v * n + (2 * d - 1) * chunk) * c->beta + g * n * c->gamma;
 }
 
-/* naive: every rank exchanges its whole vector with each of the p-1 others and sums p-1
- * vectors. */
+/* naive: every rank exchanges its whole vector with each of the p-1 others, then sums p-1
+ * vectors; it also copies its own vector into the scratch that holds all p and the first
+ * back (two more passes over n, counted as sums). */
 static double cost_naive(const cost_in *c, double n) {
-  return (c->p - 1) * (c->l.alpha + n * c->l.beta + n * c->gamma);
+  return (c->p - 1) * (c->alpha + n * c->beta) + (c->p + 1) * n * c->gamma;
 }
 
 /* parameter server: a reduce-scatter to the block owners by direct sends, then each owner
@@ -106,7 +136,7 @@ static double cost_naive(const cost_in *c, double n) {
  * the ring's figure without its single copy. */
 static double cost_parameter_server(const cost_in *c, double n) {
   double p = c->p, block = n / p;
-  return 2 * (p - 1) * c->l.alpha + 2 * (p - 1) * block * c->l.beta + (p - 1) * block * c->gamma;
+  return 2 * (p - 1) * c->alpha + 2 * (p - 1) * block * c->beta + (p - 1) * block * c->gamma;
 }
 
 /* double binary tree (NCCL 2.4): two complementary trees, each carrying n/2, so a rank is
@@ -119,7 +149,7 @@ static double cost_double_tree(const cost_in *c, double n) {
   double d = log2i(p) + (pow2_floor(p) != p ? 1 : 0);
   double v = p <= 2 ? 1.0 : 2.0, g = p <= 2 ? 0.5 : 1.0;
   double chunk = fmin(n / 2, COST_TREE_CHUNK);
-  return 2 * d * c->l.alpha + (v * n + (2 * d - 1) * chunk) * c->l.beta + g * n * c->gamma;
+  return 2 * d * c->alpha + (v * n + (2 * d - 1) * chunk) * c->beta + g * n * c->gamma;
 }
 
 /* butterfly (recursive doubling of whole vectors): log2 p' exchanges of n, each summed; the
@@ -127,8 +157,8 @@ static double cost_double_tree(const cost_in *c, double n) {
 static double cost_butterfly(const cost_in *c, double n) {
   int q = pow2_floor(c->p);
   double k = log2i(q);
-  double t = k * (c->l.alpha + n * c->l.beta + n * c->gamma);
-  if (q != c->p) t += 2 * (c->l.alpha + n * c->l.beta) + n * c->gamma;
+  double t = k * (c->alpha + n * c->beta + n * c->gamma);
+  if (q != c->p) t += 2 * (c->alpha + n * c->beta) + n * c->gamma;
   return t;
 }
 
@@ -157,8 +187,8 @@ static const struct {
 #define COST_HIER_RING_MIN_BYTES (256.0 * 1024.0)
 static double cost_hierarchical(const comm_cost_model *m, double n) {
   const comm_cost_params *q = &m->params;
-  cost_in local = {m->shape.max_local, q->intra, q->gamma, q->copy_min};
-  cost_in across = {m->shape.nhosts, q->inter, q->gamma, 0};
+  cost_in local = cost_for(m->shape.max_local, &q->intra, q->gamma, q->copy_min, n);
+  cost_in across = cost_for(m->shape.nhosts, &q->inter, q->gamma, 0, n);
   bool ring = across.p == 2 || n >= COST_HIER_RING_MIN_BYTES;
   return (local.p > 1 ? cost_tree(&local, n) : 0) + (ring ? cost_ring(&across, n) : cost_tree(&across, n));
 }
@@ -173,8 +203,8 @@ double comm_cost_predict(const comm_cost_model *m, fl_allreduce_algo algo, size_
   if (m->shape.size <= 1 || bytes == 0) return 0;
   if (algo == FL_ALLREDUCE_HIERARCHICAL) return cost_hierarchical(m, (double)bytes);
   const comm_cost_params *q = &m->params;
-  cost_in c = {m->shape.size, m->shape.nhosts > 1 ? link_max(q->intra, q->inter) : q->intra, q->gamma,
-               m->shape.nhosts > 1 ? 0 : q->copy_min};
+  comm_link l = m->shape.nhosts > 1 ? link_max(q->intra, q->inter) : q->intra;
+  cost_in c = cost_for(m->shape.size, &l, q->gamma, m->shape.nhosts > 1 ? 0 : q->copy_min, (double)bytes);
   for (int i = 0; i < COST_TABLE_LEN; i++)
     if (cost_table[i].algo == algo) return cost_table[i].cost(&c, (double)bytes);
   FL_ASSERT(!"every algorithm has a cost");

@@ -7,9 +7,10 @@
  *
  * A link class (ranks on one host, ranks on different hosts) has a latency alpha (seconds
  * per message) and a cost per byte beta (seconds per byte, a full-duplex exchange: both ends
- * send and receive the bytes at once, as in most steps of the algorithms); gamma is seconds
- * per byte summed into a vector. Ring steps whose block is at least copy_min bytes move by a
- * single copy (gpu/comm/host_transport.h) and cost beta_ring per byte instead.
+ * send and receive the bytes at once, as in most steps of the algorithms), which depends on
+ * the message's size (measured at three); gamma is seconds per byte summed into a vector.
+ * Ring steps whose block is at least copy_min bytes move by a single copy
+ * (gpu/comm/host_transport.h) and cost beta_ring per byte instead.
  */
 #ifndef FLINT_GPU_COMM_COST_MODEL_H
 #define FLINT_GPU_COMM_COST_MODEL_H
@@ -20,11 +21,22 @@
 
 #include "flint/gpu.h"
 
+/* The message sizes at which beta is measured: per byte, a 32 KiB exchange costs more than a
+ * 1 MiB one (per-message work), and one of several MiB more again (past the caches and the
+ * socket buffers); between them beta is interpolated on log2 of the size. */
+#define COMM_COST_SIZES 3
+extern const double comm_cost_sizes[COMM_COST_SIZES];
+
 typedef struct comm_link {
-  double alpha;     /* seconds per message */
-  double beta;      /* seconds per byte of an exchange (both directions at once) */
-  double beta_ring; /* seconds per byte of a ring step of >= copy_min bytes */
+  double alpha;                        /* seconds per message */
+  double beta[COMM_COST_SIZES];        /* seconds per byte of an exchange (both directions at
+                                        * once) of comm_cost_sizes[i] bytes */
+  double beta_ring[COMM_COST_SIZES];   /* the same for ring steps of >= copy_min bytes */
 } comm_link;
+
+/* beta (or beta_ring) for a message of `bytes`: interpolated between the measured sizes on
+ * log2 of the size, the end values outside them. */
+double comm_link_beta(const double beta[COMM_COST_SIZES], double bytes);
 
 typedef struct comm_cost_params {
   comm_link intra, inter; /* ranks on one host; ranks on different hosts */
