@@ -139,17 +139,19 @@ static double cost_parameter_server(const cost_in *c, double n) {
   return 2 * (p - 1) * c->alpha + 2 * (p - 1) * block * c->beta + (p - 1) * block * c->gamma;
 }
 
-/* double binary tree (NCCL 2.4): two complementary trees, each carrying n/2, so a rank is
- * inner (two children) in at most one and a leaf in the other: 2d hops (d = ceil(log2 p));
- * a direction carries 1.5n in the inner tree and n/2 in the leaf's, 2n in all (about the
- * ring's 2(p-1)/p n: the point of the two trees), and n is summed; with 2 ranks the two trees
- * are one exchange of n/2 each way, twice. */
+/* double binary tree (NCCL 2.4; gpu/comm/allreduce_double_tree.c): two complementary trees,
+ * each carrying n/2, so a rank is inner (two children) in at most one and a leaf in the
+ * other. Every member runs tree A's step of a chunk and then tree B's, so a chunk's hops do
+ * not overlap: 4d of them (d = ceil(log2 p), up and down in each tree). A direction carries
+ * 1.5n in the inner tree and n/2 in the leaf's, 2n in all (about the ring's 2(p-1)/p n: the
+ * point of the two trees), and n is summed; with 2 ranks each tree moves n/2 up and down,
+ * n a direction. */
 static double cost_double_tree(const cost_in *c, double n) {
   int p = c->p;
   double d = log2i(p) + (pow2_floor(p) != p ? 1 : 0);
   double v = p <= 2 ? 1.0 : 2.0, g = p <= 2 ? 0.5 : 1.0;
   double chunk = fmin(n / 2, COST_TREE_CHUNK);
-  return 2 * d * c->alpha + (v * n + (2 * d - 1) * chunk) * c->beta + g * n * c->gamma;
+  return 4 * d * c->alpha + (v * n + (2 * d - 1) * chunk) * c->beta + g * n * c->gamma;
 }
 
 /* butterfly (recursive doubling of whole vectors): log2 p' exchanges of n, each summed; the
