@@ -458,6 +458,13 @@ static const char *size_name(size_t b) {
   return out;
 }
 
+static const char *copy_max_text(uint64_t b) {
+  static char buf[32];
+  if (b == UINT64_MAX) return "any";
+  snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
+  return buf;
+}
+
 static int size_index(size_t b) {
   for (int s = 0; s < nsizes; s++)
     if (sizes[s] == b) return s;
@@ -537,11 +544,11 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
       const comm_cost_params *q = &res[k].model.params;
       printf("cost model, %d ranks (%s, %.2f ms to measure): same host alpha %.2f us; beta at 32 KB, 1 MB, "
-             "4 MB: %.2f, %.2f, %.2f GB/s; ring steps from %llu B: %.2f, %.2f GB/s; gamma %.2f GB/s\n", ranks[k],
+             "4 MB: %.2f, %.2f, %.2f GB/s; single-copy ring steps (%llu B..%s): %.2f, %.2f GB/s; gamma %.2f GB/s\n", ranks[k],
              q->calibrated ? "calibrated" : "defaults", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
              1e-9 / q->intra.beta[0], 1e-9 / q->intra.beta[1], 1e-9 / q->intra.beta[2],
-             (unsigned long long)q->copy_min, 1e-9 / q->intra.beta_ring[1], 1e-9 / q->intra.beta_ring[2],
-             1e-9 / q->gamma);
+             (unsigned long long)q->copy_min, copy_max_text(q->copy_max), 1e-9 / q->intra.beta_ring[1],
+             1e-9 / q->intra.beta_ring[2], 1e-9 / q->gamma);
     }
     puts("");
     printf("%-5s %-26s %8s %12s %10s %8s %10s %10s\n", "ranks", "algorithm", "bytes", "latency_us",
@@ -567,11 +574,12 @@ int main(int argc, char **argv) {
       printf("{\"bench\": \"calibration\", \"ranks\": %d, \"calibrated\": %s, \"ms\": %.3f, "
              "\"intra_alpha_us\": %.3f, \"intra_beta_gbps\": [%.4f, %.4f, %.4f], "
              "\"intra_beta_ring_gbps\": [%.4f, %.4f, %.4f], \"beta_sizes\": [%.0f, %.0f, %.0f], "
-             "\"copy_min\": %llu, \"inter_alpha_us\": %.3f, \"gamma_gbps\": %.4f}\n",
+             "\"copy_min\": %llu, \"copy_max\": %.0f, \"inter_alpha_us\": %.3f, \"gamma_gbps\": %.4f}\n",
              ranks[k], q->calibrated ? "true" : "false", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
              1e-9 / q->intra.beta[0], 1e-9 / q->intra.beta[1], 1e-9 / q->intra.beta[2],
              1e-9 / q->intra.beta_ring[0], 1e-9 / q->intra.beta_ring[1], 1e-9 / q->intra.beta_ring[2],
              comm_cost_sizes[0], comm_cost_sizes[1], comm_cost_sizes[2], (unsigned long long)q->copy_min,
+             q->copy_max == UINT64_MAX ? -1.0 : (double)q->copy_max,
              q->inter.alpha * 1e6, 1e-9 / q->gamma);
     }
   }

@@ -46,13 +46,14 @@
 static const int cal_reps[COMM_COST_SIZES] = {9, 3, 2};
 /* A ring whose single-copy threshold is above this keeps beta for its ring steps (its
  * steps of the measured sizes would not move by single copy). */
-#define CAL_RING_MAX_BYTES (1u << 20)
+#define CAL_RING_MAX_BYTES (4u << 20)
 
-/* What every rank says first: whether it calibrates, and the single-copy threshold of the
- * step to the next rank of its host's ring (0: none, or above CAL_RING_MAX_BYTES). */
+/* What every rank says first: whether it calibrates, and the single-copy range of the step
+ * to the next rank of its host's ring (min 0: none, or none of the measured sizes in it). */
 typedef struct cal_hello {
   uint32_t enabled;
   uint32_t next_copy_min;
+  uint64_t next_copy_max;
 } cal_hello;
 
 /* One rank's measurements; a negative figure: not measured. A link's figures: alpha, beta at
@@ -61,7 +62,7 @@ typedef struct cal_hello {
 typedef struct cal_record {
   double intra[CAL_FIGS], inter[CAL_FIGS];
   double gamma;
-  double copy_min; /* the same-host ring's single-copy threshold, 0: none */
+  double copy_min, copy_max; /* the same-host ring's single-copy range, min 0: none */
 } cal_record;
 
 static double median(double *v, int n) {
@@ -184,6 +185,7 @@ static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal
   int count, idx = ring_members(h, false, members, &count);
   /* Single copy on the host's ring when every step has it; the largest threshold. */
   size_t thr = 0;
+  uint64_t most = UINT64_MAX;
   for (int i = 0; i < count; i++) {
     uint32_t t = hello[members[i]].next_copy_min;
     if (t == 0) {
@@ -191,6 +193,7 @@ static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal
       break;
     }
     if (t > thr) thr = t;
+    if (hello[members[i]].next_copy_max < most) most = hello[members[i]].next_copy_max;
   }
   /* Buffers of the largest size, freed after: the communicator keeps no memory for this.
    * Written first, so that no timed step pays the page faults of fresh memory. */
@@ -199,8 +202,9 @@ static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal
   if (!s) return FL_ERR(FL_ENOMEM, "out of memory for calibrating: %zu bytes", 2 * cap);
   memset(s, 0, 2 * cap);
   for (int i = 0; i < CAL_FIGS; i++) mine->intra[i] = mine->inter[i] = -1;
-  mine->copy_min = -1;
+  mine->copy_min = mine->copy_max = -1;
   fl_status st = FL_OK;
+  mine->copy_max = (double)most;
   if (count > 1) st = measure_ring(h, members, count, idx, s, r, thr, mine->intra, &mine->copy_min);
   idx = ring_members(h, true, members, &count);
   if (st == FL_OK && idx >= 0 && count > 1) st = measure_ring(h, members, count, idx, s, r, 0, mine->inter, NULL);
@@ -235,8 +239,12 @@ fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
   int count, idx = ring_members(h, false, members, &count);
   int next = members[(idx + 1) % count];
   size_t thr = next != h->rank && h->single_copy_min ? h->single_copy_min[next] : 0;
+  size_t most = next != h->rank && h->single_copy_max ? h->single_copy_max[next] : SIZE_MAX;
   hello[h->rank].enabled = config_bool(CONFIG_COMM_CALIBRATE) ? 1 : 0;
-  hello[h->rank].next_copy_min = thr <= CAL_RING_MAX_BYTES ? (uint32_t)thr : 0;
+  /* Ring steps are timed at 1 and 4 MiB: a range that holds neither is no single copy. */
+  bool in_range = thr && thr <= CAL_RING_MAX_BYTES && most >= (1u << 20);
+  hello[h->rank].next_copy_min = in_range ? (uint32_t)thr : 0;
+  hello[h->rank].next_copy_max = in_range ? (uint64_t)most : 0;
   FL_CHECK(allgather(h, (uint8_t *)hello, sizeof *hello));
   for (int r = 0; r < h->size; r++)
     if (!hello[r].enabled) goto done;
@@ -259,14 +267,17 @@ fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
     q->inter.beta[i] = inter[1 + i], q->inter.beta_ring[i] = inter[1 + COMM_COST_SIZES + i];
   }
   q->gamma = combine(all, h->size, offsetof(cal_record, gamma), q->gamma);
-  q->copy_min = 0;
+  q->copy_min = 0, q->copy_max = UINT64_MAX;
   for (int r = 0; r < h->size; r++) {
     if (all[r].copy_min < 0) continue; /* no same-host partner */
     if (all[r].copy_min == 0) {
-      q->copy_min = 0;
+      q->copy_min = 0, q->copy_max = UINT64_MAX;
       break;
     }
     if ((uint64_t)all[r].copy_min > q->copy_min) q->copy_min = (uint64_t)all[r].copy_min;
+    /* A double holds UINT64_MAX only rounded up, past the range of uint64_t. */
+    uint64_t most = all[r].copy_max >= 1.8e19 ? UINT64_MAX : (uint64_t)all[r].copy_max;
+    if (most < q->copy_max) q->copy_max = most;
   }
   if (!q->copy_min) memcpy(q->intra.beta_ring, q->intra.beta, sizeof q->intra.beta);
   q->calibrated = true;

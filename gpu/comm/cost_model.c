@@ -37,6 +37,7 @@ void comm_cost_defaults(comm_cost_params *out) {
       .inter = flat_link(30e-6, 1.1e9),
       .gamma = 1.0 / 8e9,
       .copy_min = 0,
+      .copy_max = UINT64_MAX,
       .calibrated = false,
   };
 }
@@ -83,18 +84,19 @@ typedef struct cost_in {
   int p;
   double alpha, beta, beta_ring;
   double gamma;
-  uint64_t copy_min;
+  uint64_t copy_min, copy_max; /* copy_min 0: no single copy */
 } cost_in;
 
-static cost_in cost_for(int p, const comm_link *l, double gamma, uint64_t copy_min, double n) {
-  return (cost_in){p, l->alpha, comm_link_beta(l->beta, n), comm_link_beta(l->beta_ring, n), gamma, copy_min};
+static cost_in cost_for(int p, const comm_link *l, double gamma, uint64_t copy_min, uint64_t copy_max, double n) {
+  return (cost_in){p, l->alpha, comm_link_beta(l->beta, n), comm_link_beta(l->beta_ring, n), gamma, copy_min, copy_max};
 }
 
 /* ring: 2(p-1) steps of a block n/p; each rank sends and receives 2(p-1)/p n and sums
- * (p-1)/p n. A block of copy_min bytes or more moves by a single copy (beta_ring). */
+ * (p-1)/p n. A block of copy_min..copy_max bytes moves by a single copy (beta_ring). */
 static double cost_ring(const cost_in *c, double n) {
   double p = c->p, block = n / p;
-  double beta = c->copy_min && block >= (double)c->copy_min ? c->beta_ring : c->beta;
+  bool copy = c->copy_min && block >= (double)c->copy_min && block <= (double)c->copy_max;
+  double beta = copy ? c->beta_ring : c->beta;
   return 2 * (p - 1) * c->alpha + 2 * (p - 1) * block * beta + (p - 1) * block * c->gamma;
 }
 
@@ -189,8 +191,8 @@ static const struct {
 #define COST_HIER_RING_MIN_BYTES (256.0 * 1024.0)
 static double cost_hierarchical(const comm_cost_model *m, double n) {
   const comm_cost_params *q = &m->params;
-  cost_in local = cost_for(m->shape.max_local, &q->intra, q->gamma, q->copy_min, n);
-  cost_in across = cost_for(m->shape.nhosts, &q->inter, q->gamma, 0, n);
+  cost_in local = cost_for(m->shape.max_local, &q->intra, q->gamma, q->copy_min, q->copy_max, n);
+  cost_in across = cost_for(m->shape.nhosts, &q->inter, q->gamma, 0, 0, n);
   bool ring = across.p == 2 || n >= COST_HIER_RING_MIN_BYTES;
   return (local.p > 1 ? cost_tree(&local, n) : 0) + (ring ? cost_ring(&across, n) : cost_tree(&across, n));
 }
@@ -206,7 +208,7 @@ double comm_cost_predict(const comm_cost_model *m, fl_allreduce_algo algo, size_
   if (algo == FL_ALLREDUCE_HIERARCHICAL) return cost_hierarchical(m, (double)bytes);
   const comm_cost_params *q = &m->params;
   comm_link l = m->shape.nhosts > 1 ? link_max(q->intra, q->inter) : q->intra;
-  cost_in c = cost_for(m->shape.size, &l, q->gamma, m->shape.nhosts > 1 ? 0 : q->copy_min, (double)bytes);
+  cost_in c = cost_for(m->shape.size, &l, q->gamma, m->shape.nhosts > 1 ? 0 : q->copy_min, q->copy_max, (double)bytes);
   for (int i = 0; i < COST_TABLE_LEN; i++)
     if (cost_table[i].algo == algo) return cost_table[i].cost(&c, (double)bytes);
   FL_ASSERT(!"every algorithm has a cost");

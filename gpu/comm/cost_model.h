@@ -9,7 +9,7 @@
  * per message) and a cost per byte beta (seconds per byte, a full-duplex exchange: both ends
  * send and receive the bytes at once, as in most steps of the algorithms), which depends on
  * the message's size (measured at three); gamma is seconds per byte summed into a vector.
- * Ring steps whose block is at least copy_min bytes move by a single copy
+ * Ring steps whose block is within [copy_min, copy_max] bytes move by a single copy
  * (gpu/comm/host_transport.h) and cost beta_ring per byte instead.
  */
 #ifndef FLINT_GPU_COMM_COST_MODEL_H
@@ -31,7 +31,7 @@ typedef struct comm_link {
   double alpha;                        /* seconds per message */
   double beta[COMM_COST_SIZES];        /* seconds per byte of an exchange (both directions at
                                         * once) of comm_cost_sizes[i] bytes */
-  double beta_ring[COMM_COST_SIZES];   /* the same for ring steps of >= copy_min bytes */
+  double beta_ring[COMM_COST_SIZES];   /* the same for ring steps that move by single copy */
 } comm_link;
 
 /* beta (or beta_ring) for a message of `bytes`: interpolated between the measured sizes on
@@ -41,7 +41,8 @@ double comm_link_beta(const double beta[COMM_COST_SIZES], double bytes);
 typedef struct comm_cost_params {
   comm_link intra, inter; /* ranks on one host; ranks on different hosts */
   double gamma;           /* seconds per byte reduced (dst += src over fp32) */
-  uint64_t copy_min;      /* ring steps of at least this many bytes cost beta_ring; 0: none */
+  uint64_t copy_min;      /* ring steps of copy_min..copy_max bytes cost beta_ring; 0: none */
+  uint64_t copy_max;      /* UINT64_MAX: no limit */
   bool calibrated;        /* measured (false: comm_cost_defaults) */
 } comm_cost_params;
 
