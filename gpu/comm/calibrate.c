@@ -23,12 +23,13 @@
  * and code give identical parameters on every rank, which AUTO needs, since ranks that
  * picked different algorithms would deadlock.
  *
- * Cost: two allgathers of a few bytes, then per link class 26 small steps, 9 of 32 KiB, 3
- * of 1 MiB and 2 of 4 MiB (and 4 + 2 ring steps with single copy): 14 ms for 2 ranks on the
- * idle 2-core machine, 39 ms for 4 (bench_allreduce prints it), mostly the 4 MiB exchanges,
- * which a model of large messages needs (the cost per byte rises past the caches). Each rank waits on
- * its ring neighbours only (the first, untimed, step absorbs the skew of arrival; the sizes
- * after it run on warm connections), so no barrier is needed between the steps.
+ * Cost: two allgathers of a few bytes, then per link class one untimed step of 1 MiB (it
+ * faults in a shared-memory ring's pages), 26 small steps, 9 of 32 KiB, 3 of 1 MiB and 2 of
+ * 4 MiB (and 4 + 2 ring steps with single copy): about 10 ms for 2 ranks on the idle 2-core
+ * machine, 25-40 ms for 4 (bench_allreduce prints it), mostly the 4 MiB exchanges, which a
+ * model of large messages needs (the cost per byte rises past the caches). Each rank waits
+ * on its ring neighbours only (the first, untimed, step absorbs the skew of arrival; the
+ * sizes after it run on warm connections), so no barrier is needed between the steps.
  */
 #include <math.h>
 #include <stddef.h>
@@ -41,6 +42,7 @@
 
 #define CAL_SMALL_BYTES 8
 #define CAL_SMALL_REPS 25
+#define CAL_WARM_BYTES (1u << 20)
 #define CAL_BIG_REPS 3
 /* Timed exchanges at each of comm_cost_sizes (32 KiB, 1 MiB, 4 MiB): fewer where they cost. */
 static const int cal_reps[COMM_COST_SIZES] = {9, 3, 2};
@@ -107,7 +109,11 @@ static fl_status measure_ring(comm_host *h, const int *members, int count, int i
                               uint8_t *rbuf, size_t ring_copy_min, double fig[CAL_FIGS], double *copy_min) {
   int next = members[(idx + 1) % count], prev = members[(idx + count - 1) % count];
   double alpha, *beta = fig + 1, *beta_ring = fig + 1 + COMM_COST_SIZES;
-  fl_status st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, true, &alpha);
+  /* First one untimed exchange of 1 MiB: it touches every page of the pair's channel (a
+   * shared-memory ring faults its pages in on first use, which 32 KiB steps would time). */
+  fl_status st = comm_host_exchange(h, next, sbuf, CAL_WARM_BYTES, prev, rbuf, CAL_WARM_BYTES);
+  if (st == FL_OK)
+    st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, true, &alpha);
   for (int i = 0; i < COMM_COST_SIZES && st == FL_OK; i++) {
     size_t bytes = (size_t)comm_cost_sizes[i];
     double t;
