@@ -31,15 +31,6 @@ FL_API fl_status fl_comm_nccl_create(fl_device *dev, int rank, int size,
 }
 #endif
 
-/* ---- AUTO -------------------------------------------------------------------------------
- * The argmin of the cost model (gpu/comm/cost_model.c) over the algorithms that apply, with
- * the parameters that the communicator measured when it formed (gpu/comm/calibrate.c). Every
- * rank of a group holds the same parameters and shape, so every rank picks the same one. */
-fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes) {
-  if (c->algo != FL_ALLREDUCE_AUTO) return c->algo;
-  return comm_cost_best(&c->cost, bytes);
-}
-
 static const char *const algo_names[FL_ALLREDUCE_ALGO_COUNT] = {
     "auto", "ring", "halving-doubling", "tree", "naive", "parameter-server", "double-tree",
     "butterfly", "hierarchical"};

@@ -60,7 +60,7 @@ static inline uint16_t comm_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
-/* The same over n elements (gpu/comm/half.c: fp16 by the F16C instructions where the CPU
+/* The same over n elements (gpu/comm/reduce.c: fp16 by the F16C instructions where the CPU
  * has them, the same bits as the scalar casts). */
 void comm_half_from_f32(comm_half_kind kind, uint16_t *dst, const float *src, size_t n);
 void comm_half_to_f32(comm_half_kind kind, float *dst, const uint16_t *src, size_t n);

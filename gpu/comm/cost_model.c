@@ -227,6 +227,15 @@ fl_allreduce_algo comm_cost_best(const comm_cost_model *m, size_t bytes) {
   return best;
 }
 
+/* ---- AUTO -------------------------------------------------------------------------------
+ * The argmin of the cost model (above) over the algorithms that apply, with
+ * the parameters that the communicator measured when it formed (gpu/comm/calibrate.c). Every
+ * rank of a group holds the same parameters and shape, so every rank picks the same one. */
+fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes) {
+  if (c->algo != FL_ALLREDUCE_AUTO) return c->algo;
+  return comm_cost_best(&c->cost, bytes);
+}
+
 const comm_cost_model *comm_cost_of(const fl_comm *c) { return c ? &c->cost : NULL; }
 
 double comm_predict_seconds(const fl_comm *c, fl_allreduce_algo algo, size_t bytes) {

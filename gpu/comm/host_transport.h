@@ -204,7 +204,7 @@ void comm_host_shm_finish(comm_host *h, const uint8_t *use);
 void comm_host_shm_close(comm_host *h);
 void comm_host_shm_free(comm_host *h);
 
-/* ---- reduction kernels (gpu/comm/host_transport.c), vectorized -------------------------- */
+/* ---- reduction kernels (gpu/comm/reduce.c), vectorized ------------------------------------- */
 void comm_reduce_add(float *restrict dst, const float *restrict src, size_t n);
 void comm_reduce_scale(float *dst, float a, size_t n);
 /* dst += src over n elements of `type` (16-bit ones summed in fp32, rounded back). */
