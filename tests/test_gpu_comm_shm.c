@@ -57,6 +57,33 @@ static float value(int r, size_t i) { return (float)((int)((i * 7u + (size_t)r *
  * 1 MiB + 3 floats. */
 static const size_t byte_sizes[] = {0, 1, 1001, (600u << 10) + 7, (1u << 20) + 12};
 
+/* AUTO, the ring, halving-doubling and the tree (test_gpu_comm_algorithms runs every
+ * algorithm, over shared memory too) over counts[] floats on `ranks` ranks: rank r's element
+ * i is value(r, i), and the sum must be exact. */
+static fl_status allreduce_checks(fl_comm *c, int me, int ranks, const size_t *counts, size_t ncounts) {
+  fl_status st = FL_OK;
+  for (int a = FL_ALLREDUCE_AUTO; st == FL_OK && a <= FL_ALLREDUCE_TREE; a++)
+    for (size_t k = 0; st == FL_OK && k < ncounts; k++) {
+      size_t n = counts[k];
+      int64_t shape[1] = {(int64_t)n};
+      fl_tensor *t;
+      must_ok(fl_tensor_create(cpu, 1, shape, &t));
+      float *x = t->data;
+      for (size_t i = 0; i < n; i++) x[i] = value(me, i);
+      st = fl_comm_set_allreduce_algo(c, (fl_allreduce_algo)a);
+      if (st == FL_OK) st = fl_comm_allreduce(c, t, FL_REDUCE_SUM);
+      for (size_t i = 0; st == FL_OK && i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < ranks; r++) want += value(r, i);
+        if (x[i] != want)
+          st = fl_set_error(FL_EINTERNAL, "allreduce %s of %zu floats: element %zu is %g",
+                            fl_allreduce_algo_name((fl_allreduce_algo)a), n, i, (double)x[i]);
+      }
+      fl_tensor_destroy(t);
+    }
+  return st;
+}
+
 /* Rank `me` of 2 (peer 1 - me): a send then a receive in rank order, then an exchange where
  * both send at once, then every allreduce algorithm over 1 MiB + 3 floats and 3 floats.
  * Returns the first failure as a status, with its message. */
@@ -86,22 +113,7 @@ static fl_status pair_checks(fl_comm *c, int me) {
       st = fl_set_error(FL_EINTERNAL, "exchange of %zu bytes: byte %ld differs", n, first_bad_byte(in, n, peer));
   }
   static const size_t counts[] = {(1u << 20) + 3, 3};
-  for (int a = FL_ALLREDUCE_AUTO; st == FL_OK && a <= FL_ALLREDUCE_TREE; a++)
-    for (size_t k = 0; st == FL_OK && k < 2; k++) {
-      size_t n = counts[k];
-      int64_t shape[1] = {(int64_t)n};
-      fl_tensor *t;
-      must_ok(fl_tensor_create(cpu, 1, shape, &t));
-      float *x = t->data;
-      for (size_t i = 0; i < n; i++) x[i] = value(me, i);
-      st = fl_comm_set_allreduce_algo(c, (fl_allreduce_algo)a);
-      if (st == FL_OK) st = fl_comm_allreduce(c, t, FL_REDUCE_SUM);
-      for (size_t i = 0; st == FL_OK && i < n; i++)
-        if (x[i] != value(0, i) + value(1, i))
-          st = fl_set_error(FL_EINTERNAL, "allreduce %s of %zu floats: element %zu is %g",
-                            fl_allreduce_algo_name((fl_allreduce_algo)a), n, i, (double)x[i]);
-      fl_tensor_destroy(t);
-    }
+  if (st == FL_OK) st = allreduce_checks(c, me, 2, counts, 2);
   /* 16-bit elements after one more odd byte, so that they too lie across the ring's
    * element boundaries. */
   if (st == FL_OK) st = comm_host_exchange(h, peer, out, 1, peer, in, 1);
@@ -212,25 +224,8 @@ static void test_processes(void **state) {
  * the pairs with rank 2 over TCP, so ring steps wait on a ring on one side and a socket on
  * the other (the mixed wait, as across hosts). Every algorithm gives the exact sum. */
 static fl_status mixed_checks(fl_comm *c, int me) {
-  fl_status st = FL_OK;
   static const size_t counts[] = {(1u << 20) + 3, 1001, 1};
-  for (int a = FL_ALLREDUCE_AUTO; st == FL_OK && a <= FL_ALLREDUCE_TREE; a++)
-    for (size_t k = 0; st == FL_OK && k < sizeof counts / sizeof *counts; k++) {
-      size_t n = counts[k];
-      int64_t shape[1] = {(int64_t)n};
-      fl_tensor *t;
-      must_ok(fl_tensor_create(cpu, 1, shape, &t));
-      float *x = t->data;
-      for (size_t i = 0; i < n; i++) x[i] = value(me, i);
-      st = fl_comm_set_allreduce_algo(c, (fl_allreduce_algo)a);
-      if (st == FL_OK) st = fl_comm_allreduce(c, t, FL_REDUCE_SUM);
-      for (size_t i = 0; st == FL_OK && i < n; i++)
-        if (x[i] != value(0, i) + value(1, i) + value(2, i))
-          st = fl_set_error(FL_EINTERNAL, "allreduce %s of %zu floats: element %zu is %g",
-                            fl_allreduce_algo_name((fl_allreduce_algo)a), n, i, (double)x[i]);
-      fl_tensor_destroy(t);
-    }
-  return st;
+  return allreduce_checks(c, me, 3, counts, sizeof counts / sizeof *counts);
 }
 
 static void test_mixed_pairs(void **state) {
