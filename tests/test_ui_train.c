@@ -115,10 +115,22 @@ static void test_training_run(void **state) {
   assert_int_equal(json_integer_value(json_object_get(cfg, "ranks")), 2);
   assert_int_equal(json_integer_value(json_object_get(cfg, "batch")), 32);
   assert_string_equal(json_string_value(json_object_get(cfg, "sync")), "bsp");
-  /* The host backend's AUTO (the cost model, gpu/comm/cost_model.h) picks the butterfly for
-   * buckets this small (the model's 323 floats) at 2 ranks whatever the calibration measured:
-   * one exchange, the fewest latencies. */
-  assert_string_equal(json_string_value(json_object_get(cfg, "allreduce")), "auto: butterfly");
+  /* The host backend's AUTO names what it ran: the cost model's pick (gpu/comm/cost_model.h),
+   * which depends on the links the communicator measured, so any algorithm it names. */
+  const char *picked = json_string_value(json_object_get(cfg, "allreduce"));
+  assert_non_null(picked);
+  assert_true(strncmp(picked, "auto: ", 6) == 0);
+  char names[128];
+  snprintf(names, sizeof names, "%s", picked + 6);
+  int named = 0;
+  for (char *save = NULL, *name = strtok_r(names, " ", &save); name; name = strtok_r(NULL, " ", &save)) {
+    if (strcmp(name, "and") == 0) continue;
+    fl_allreduce_algo algo;
+    assert_ok(fl_allreduce_algo_parse(name, &algo));
+    assert_true(algo != FL_ALLREDUCE_AUTO);
+    named++;
+  }
+  assert_true(named >= 1);
 
   /* A step per report: rank 0 reports every step of an epoch shorter than 40 steps, and the
    * epoch's row; the rows carry the test accuracy, the last one the run's result. */
