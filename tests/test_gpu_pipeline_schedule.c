@@ -88,8 +88,8 @@ static void expect_same_ops(const pp_op *a, const pp_op *b, size_t n) {
 
 static void test_parse_and_names(void **state) {
   (void)state;
-  const char *names[] = {"gpipe", "1f1b", "interleaved"};
-  for (int i = 0; i < 3; i++) {
+  const char *names[] = {"gpipe", "1f1b", "interleaved", "pipedream", "2bw"};
+  for (int i = 0; i < 5; i++) {
     pp_schedule s = (pp_schedule)-1;
     assert_ok(pp_schedule_parse(names[i], &s));
     assert_int_equal(s, i);
@@ -97,13 +97,13 @@ static void test_parse_and_names(void **state) {
   }
   pp_schedule s = PP_1F1B;
   assert_fails_with(pp_schedule_parse("gpip", &s), FL_EINVAL, "'gpip'");
-  assert_fails_with(pp_schedule_parse("gpip", &s), FL_EINVAL, "gpipe, 1f1b or interleaved");
+  assert_fails_with(pp_schedule_parse("gpip", &s), FL_EINVAL, "gpipe, 1f1b, interleaved, pipedream or 2bw");
   assert_fails_with(pp_schedule_parse("GPipe", &s), FL_EINVAL, "'GPipe'");
   assert_fails_with(pp_schedule_parse("", &s), FL_EINVAL, "expected");
   assert_int_equal(s, PP_1F1B); /* untouched on failure */
   assert_fails_with(pp_schedule_parse(NULL, &s), FL_EINVAL, "NULL");
   assert_fails_with(pp_schedule_parse("gpipe", NULL), FL_EINVAL, "NULL");
-  assert_string_equal(pp_schedule_name((pp_schedule)3), "unknown");
+  assert_string_equal(pp_schedule_name((pp_schedule)5), "unknown");
   assert_string_equal(pp_schedule_name((pp_schedule)-1), "unknown");
 }
 
@@ -176,11 +176,11 @@ static void test_small_orders_by_hand(void **state) {
 }
 
 /* Every schedule, p 1..8, m 1..32, v 1..4: ops once each, simulated without deadlock, the
- * bubble of the closed forms. */
+ * bubble of the closed forms (pipedream and 2bw: m is their window's micro-batches). */
 static void test_schedules_matrix(void **state) {
   (void)state;
   pp_op megatron[2 * MAX_M * MAX_V];
-  for (int si = 0; si < 3; si++) {
+  for (int si = 0; si <= PP_2BW; si++) {
     pp_schedule s = (pp_schedule)si;
     for (int p = 1; p <= MAX_P; p++)
       for (int m = 1; m <= MAX_M; m++)

@@ -106,6 +106,16 @@ typedef struct pp_options {
    * caller passes a host communicator over the same ranks here; borrowed, it must outlive
    * the trainer. Collective like world: every rank passes one or none. */
   fl_comm *stage_world;
+  /* PP_PIPEDREAM only: every stage uses, for a micro-batch, the weight version that was the
+   * first stage's newest when the micro-batch entered it (pipeline_schedule.h). */
+  bool vertical_sync;
+  /* Stage replication (PipeDream's 1F1B-RR): replicas[s] ranks run stage s, taking its
+   * micro-batches round robin (pp_replica_of) and summing their gradients after the flush;
+   * grid.pp entries, NULL: one each. Only with dp 1, tp 1, one chunk and a flushing schedule
+   * (gpipe, 1f1b); the world then has
+   * sum(replicas) ranks, stage s on the ranks after those of stages 0..s-1. Borrowed during
+   * pp_trainer_create. */
+  const int *replicas;
 } pp_options;
 
 typedef struct pp_step_stats {
@@ -120,6 +130,20 @@ typedef struct pp_step_stats {
   const pp_event *events;       /* this rank's timeline (owned by the trainer, valid until the next step) */
   size_t num_events;
 } pp_step_stats;
+
+/* What pp_trainer_train_window reports. The arrays are the trainer's, valid until its next
+ * call. */
+typedef struct pp_window_stats {
+  pp_step_stats step;  /* the window as one step: loss and accuracy its mean, the bubble, the
+                        * timeline */
+  int minibatches, microbatches; /* K and M = m x K */
+  const double *loss, *accuracy; /* [K]: each mini-batch's over the global batch */
+  /* [c * M + i]: the weight version that micro-batch i's forward and backward used on this
+   * rank's local chunk c (version j: the chunk's weights after j of the window's updates) */
+  const int *forward_version, *backward_version;
+  int peak_versions; /* the most weight versions one chunk kept at once */
+  int updates;       /* updates applied per chunk (K) */
+} pp_window_stats;
 
 typedef struct pp_trainer pp_trainer;
 
@@ -142,6 +166,26 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
  * when m divides batch: the loss sum and the correct count over the world's batches. */
 fl_status pp_trainer_evaluate(pp_trainer *t, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, double *correct);
+/* PipeDream (o->schedule PP_PIPEDREAM or PP_2BW; collective over world): trains K =
+ * minibatches mini-batches of `batch` rows back to back without a flush between them (see
+ * "Asynchronous schedules" in pipeline_schedule.h): x holds this replica's K batches one after
+ * another ([K x batch, seq, features], host), labels likewise, lr[k] is mini-batch k's rate and
+ * step0 + k its step (dropout keys). Each chunk applies mini-batch k's update right after its
+ * backward of the mini-batch's last micro-batch (the data-parallel group averaging the
+ * gradients first), keeping one weight version per
+ * micro-batch in flight so that each backward uses its forward's weights. The pipeline drains
+ * at the window's end, when every chunk holds its newest weights. A window of one mini-batch
+ * with vertical sync is exactly GPipe's step and update. FL_EINVAL for another schedule, K < 1,
+ * a batch m does not divide or a NULL argument. */
+fl_status pp_trainer_train_window(pp_trainer *t, const float *x, const int32_t *labels, int batch,
+                                  int minibatches, uint64_t step0, const float *lr,
+                                  pp_window_stats *stats);
+
+/* The bandwidth between pipeline stages that the partitioner used, in bytes per second:
+ * measured at creation by timed transfers between world rank 0 and the next stage's first
+ * rank (0 with one stage or a given cut). */
+double pp_trainer_link_bytes_per_s(const pp_trainer *t);
+
 /* One SGD step of every chunk at rate lr, then zeroes the gradients. */
 fl_status pp_trainer_apply(pp_trainer *t, float lr, pp_step_stats *stats);
 

@@ -42,6 +42,12 @@ typedef struct slot {
   bool busy;
 } slot;
 
+/* A stashed copy of a chunk's weights (PipeDream, gpu/parallel/pipeline_versions.c). */
+typedef struct weight_version {
+  int version; /* -1: free */
+  fl_tensor w;
+} weight_version;
+
 typedef struct chunk_state {
   tfm_chunk *chunk;
   optim *opt;
@@ -50,7 +56,19 @@ typedef struct chunk_state {
   int nslots;
   int *slot_of; /* micro-batch -> slot */
   int slot_of_cap;
+  /* PipeDream's weight versions: the stash, the newest, the one in the chunk's values */
+  weight_version *versions;
+  int nversions, newest, loaded;
 } chunk_state;
+
+/* What one run of a schedule reads (pipeline_step.c). */
+typedef struct step_ctx {
+  const float *x;
+  const int32_t *labels;
+  int batch, mbs;
+  uint64_t step;
+  int total; /* micro-batches in the run: m, or m x K in a PipeDream window */
+} step_ctx;
 
 struct pp_trainer {
   fl_device *dev;
@@ -82,6 +100,19 @@ struct pp_trainer {
   fl_status send_error;  /* the first failure of the sender thread */
   char send_msg[384];
   message *mailbox; /* received ahead of their turn */
+  /* PipeDream's window (gpu/parallel/pipeline_versions.c), while async is set */
+  bool async;
+  int win_k, win_total;
+  const float *win_lr;
+  int *plan_version;             /* [win_total]: the version each micro-batch uses here */
+  int *fwd_version, *bwd_version; /* [nchunks * win_total], what was used */
+  float *win_sums;               /* [2 K]: loss sum and correct count per mini-batch */
+  double *win_loss, *win_acc;    /* [K] */
+  fl_tensor win_dev;             /* [2 K] on dev, for a non-host world */
+  int peak_versions;
+  /* stage replication: my replica and each stage's first rank and count (pipeline ranks) */
+  int replica, *stage_rank0, *stage_replicas;
+  double link_bytes_per_s;
 };
 
 
@@ -103,6 +134,26 @@ fl_status pp_transfer_recv(pp_trainer *t, int peer, int kind, int stage, int mb,
 fl_status pp_transfer_drain(pp_trainer *t);
 /* A host buffer as a tensor of the trainer's cpu device, for the host communicator. */
 fl_tensor pp_host_tensor(pp_trainer *t, float *data, size_t count);
+
+/* ---- PipeDream's weight versions (gpu/parallel/pipeline_versions.c) --------------------- */
+
+/* Starts a window of K mini-batches of m micro-batches: plans the versions, stashes every
+ * chunk's weights as version 0, zeroes the gradients and the records. */
+fl_status pp_versions_begin(pp_trainer *t, int minibatches, const float *lr);
+/* Loads the version micro-batch mb uses into chunk c's values, recording it for the forward
+ * or backward. */
+fl_status pp_versions_load(pp_trainer *t, int c, int mb, pp_op_kind kind);
+/* After chunk c's backward of mini-batch k's last micro-batch: averages the gradients over
+ * the data-parallel group, one optimizer step on the newest
+ * weights, drops the versions no micro-batch may still use and stashes the new one. */
+fl_status pp_versions_update(pp_trainer *t, int c, int k);
+/* The last stage, after mini-batch k's last forward: keeps its loss sum and correct count. */
+fl_status pp_versions_take_sums(pp_trainer *t, int k);
+/* Ends the window: every chunk's values hold its newest weights; the mini-batches' sums over
+ * the world into the stats. */
+fl_status pp_versions_end(pp_trainer *t, pp_window_stats *st);
+/* Frees the stash and the window's arrays. */
+void pp_versions_free(pp_trainer *t);
 
 /* ---- the step's timeline (gpu/parallel/pipeline_timeline.c) ----------------------------- */
 

@@ -27,7 +27,7 @@
 #include "common/common.h"
 #include "gpu/parallel/pipeline_schedule.h"
 
-static const char *const schedule_names[] = {"gpipe", "1f1b", "interleaved"};
+static const char *const schedule_names[] = {"gpipe", "1f1b", "interleaved", "pipedream", "2bw"};
 #define SCHEDULE_COUNT ((int)(sizeof schedule_names / sizeof *schedule_names))
 
 /* Bounds (m + p) * v so that the (padded) 2*m*v ops and every index fit an int with room. */
@@ -40,8 +40,8 @@ fl_status pp_schedule_parse(const char *text, pp_schedule *out) {
       *out = (pp_schedule)i;
       return FL_OK;
     }
-  return fl_set_error(FL_EINVAL, "unknown pipeline schedule '%s' (expected gpipe, 1f1b or "
-                      "interleaved)", text);
+  return fl_set_error(FL_EINVAL, "unknown pipeline schedule '%s' (expected gpipe, 1f1b, "
+                      "interleaved, pipedream or 2bw)", text);
 }
 
 const char *pp_schedule_name(pp_schedule s) {
@@ -106,8 +106,9 @@ fl_status pp_schedule_ops(pp_schedule s, int p, int m, int v, int rank, pp_op **
       out[i] = (pp_op){PP_FORWARD, i, 0};
       out[m + i] = (pp_op){PP_BACKWARD, i, 0};
     }
-  } else if (s == PP_1F1B || v == 1) {
-    /* With one chunk the virtual order is the micro-batch order. */
+  } else if (s == PP_1F1B || s == PP_PIPEDREAM || s == PP_2BW || v == 1) {
+    /* With one chunk the virtual order is the micro-batch order; the asynchronous schedules
+     * are 1F1B over the whole window. */
     one_f_one_b(p, m, 1, m, min_int(p - rank - 1, m), out);
   } else {
     int warmup = min_int((p - rank - 1) * 2 + (v - 1) * p, padded * v);
@@ -418,5 +419,210 @@ cleanup:
   common_free(cut);
   common_free(best);
   common_free(prefix);
+  return status;
+}
+
+/* ---- asynchronous schedules: weight versions ------------------------------------------- */
+
+static fl_status check_async(pp_schedule s, int p, int m, int minibatches, int rank) {
+  if (s != PP_PIPEDREAM && s != PP_2BW)
+    return fl_set_error(FL_EINVAL, "weight versions are for the pipedream and 2bw schedules, not %s",
+                        pp_schedule_name(s));
+  if (minibatches < 1)
+    return fl_set_error(FL_EINVAL, "a window of %d mini-batches (needs at least 1)", minibatches);
+  if (m < 1) return fl_set_error(FL_EINVAL, "%d micro-batches (needs at least 1)", m);
+  if ((long long)m * minibatches + p > PP_MAX_VIRTUAL)
+    return fl_set_error(FL_EINVAL, "window too large: %d mini-batches of %d micro-batches",
+                        minibatches, m);
+  if (s == PP_2BW && m < p)
+    return fl_set_error(FL_EINVAL, "2bw needs at least as many micro-batches per mini-batch as "
+                        "stages (m %d < p %d), or a device would need a third weight version", m, p);
+  return check_shape(s, p, m * minibatches, 1, rank);
+}
+
+/* The newest version on `rank` at each of its forwards: the updates (one after each
+ * mini-batch's last backward) listed before the forward. */
+static fl_status newest_at_forward(int p, int m, int total, int rank, int *version) {
+  pp_op *ops = NULL;
+  size_t n = 0;
+  fl_status st = pp_schedule_ops(PP_PIPEDREAM, p, total, 1, rank, &ops, &n);
+  if (st != FL_OK) return st;
+  int updates = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ops[i].kind == PP_FORWARD) version[ops[i].microbatch] = updates;
+    else if ((ops[i].microbatch + 1) % m == 0) updates++;
+  }
+  common_free(ops);
+  return FL_OK;
+}
+
+fl_status pp_weight_versions(pp_schedule s, bool vertical_sync, int p, int m, int minibatches,
+                             int rank, int *version) {
+  if (!version) return fl_set_error(FL_EINVAL, "pp_weight_versions: NULL version array");
+  fl_status st = check_async(s, p, m, minibatches, rank);
+  if (st != FL_OK) return st;
+  int total = m * minibatches;
+  if (s == PP_2BW) {
+    for (int i = 0; i < total; i++) version[i] = i / m > 0 ? i / m - 1 : 0;
+    return FL_OK;
+  }
+  return newest_at_forward(p, m, total, vertical_sync ? 0 : rank, version);
+}
+
+int pp_weight_versions_peak(pp_schedule s, bool vertical_sync, int p, int m, int minibatches,
+                            int rank) {
+  fl_status st = check_async(s, p, m, minibatches, rank);
+  if (st != FL_OK) return -1;
+  int total = m * minibatches, *version = common_malloc((size_t)total * sizeof *version);
+  pp_op *ops = NULL;
+  size_t n = 0;
+  if (!version) {
+    FL_ERR(FL_ENOMEM, "out of memory for %d weight versions", total);
+    return -1;
+  }
+  int peak = -1;
+  if (pp_weight_versions(s, vertical_sync, p, m, minibatches, rank, version) != FL_OK ||
+      pp_schedule_ops(s, p, total, 1, rank, &ops, &n) != FL_OK)
+    goto cleanup;
+  /* Backwards run in micro-batch order, so the oldest in flight is the count done. */
+  int newest = 0, backwards = 0;
+  peak = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (ops[i].kind == PP_FORWARD || (ops[i].microbatch + 1) % m != 0) {
+      backwards += ops[i].kind == PP_BACKWARD;
+      continue;
+    }
+    backwards++;
+    int oldest = backwards < total ? version[backwards] : newest + 1;
+    if (oldest > newest + 1) oldest = newest + 1;
+    newest++; /* the update stores version newest after dropping those below oldest */
+    if (newest - oldest + 1 > peak) peak = newest - oldest + 1;
+  }
+cleanup:
+  common_free(ops);
+  common_free(version);
+  return peak;
+}
+
+/* ---- the partitioner with replicated stages ----------------------------------------------- */
+
+typedef struct repl_ctx {
+  const double *time_prefix, *weight_prefix, *out_bytes;
+  double bytes_per_s;
+} repl_ctx;
+
+/* Layers [i, j) on r replicas: compute shared by the replicas, their weights' ring allreduce
+ * and, when the stage sends, its output. */
+static double replicated_stage(const repl_ctx *c, size_t i, size_t j, int r, bool sends) {
+  double t = (c->time_prefix[j] - c->time_prefix[i]) / r;
+  if (c->bytes_per_s > 0) {
+    if (r > 1) t += 2.0 * (r - 1) / r * (c->weight_prefix[j] - c->weight_prefix[i]) / c->bytes_per_s;
+    if (sends) t += c->out_bytes[j - 1] / c->bytes_per_s;
+  }
+  return t;
+}
+
+fl_status pp_partition_replicated(const double *layer_time, const double *out_bytes,
+                                  const double *weight_bytes, size_t n, int world,
+                                  int max_stages, double bytes_per_s, pp_stage_plan *stages,
+                                  int *nstages, double *bottleneck) {
+  bool comm = bytes_per_s > 0;
+  if (!layer_time || !stages || !nstages || !bottleneck || (comm && (!out_bytes || !weight_bytes)))
+    return fl_set_error(FL_EINVAL, "pp_partition_replicated: NULL array (out_bytes and "
+                        "weight_bytes may be NULL only when bytes_per_s <= 0)");
+  if (n < 1) return fl_set_error(FL_EINVAL, "pp_partition_replicated: no layers to cut");
+  if (world < 1 || max_stages < 1)
+    return fl_set_error(FL_EINVAL, "cannot place layers on %d ranks in at most %d stages", world,
+                        max_stages);
+  if (!isfinite(bytes_per_s))
+    return fl_set_error(FL_EINVAL, "pp_partition_replicated: bandwidth %g bytes/s is not finite",
+                        bytes_per_s);
+  for (size_t i = 0; i < n; i++) {
+    if (!(layer_time[i] >= 0) || !isfinite(layer_time[i]))
+      return fl_set_error(FL_EINVAL, "layer %zu has time %g (needs a finite time >= 0)", i,
+                          layer_time[i]);
+    if (comm && (!(out_bytes[i] >= 0) || !isfinite(out_bytes[i]) || !(weight_bytes[i] >= 0) ||
+                 !isfinite(weight_bytes[i])))
+      return fl_set_error(FL_EINVAL, "layer %zu has output %g and weights %g bytes (need finite "
+                          "sizes >= 0)", i, out_bytes[i], weight_bytes[i]);
+  }
+  int smax = max_stages;
+  if (smax > world) smax = world;
+  if ((size_t)smax > n) smax = (int)n;
+  fl_status status = FL_OK;
+  size_t nj = n + 1, nw = (size_t)world + 1, cells = (size_t)(smax + 1) * nj * nw;
+  double *tp = common_malloc(nj * sizeof *tp), *wp = common_malloc(nj * sizeof *wp);
+  double *best = common_malloc(cells * sizeof *best);
+  size_t *cut = common_malloc(cells * sizeof *cut);
+  int *reps = common_malloc(cells * sizeof *reps);
+  if (!tp || !wp || !best || !cut || !reps) {
+    status = FL_ERR(FL_ENOMEM, "out of memory partitioning %zu layers over %d ranks", n, world);
+    goto cleanup;
+  }
+  tp[0] = wp[0] = 0;
+  for (size_t i = 0; i < n; i++) {
+    tp[i + 1] = tp[i] + layer_time[i];
+    wp[i + 1] = wp[i] + (comm ? weight_bytes[i] : 0);
+  }
+  repl_ctx c = {tp, wp, out_bytes, bytes_per_s};
+#define AT(k, j, w) (((size_t)(k) * nj + (j)) * nw + (size_t)(w))
+  for (size_t x = 0; x < cells; x++) best[x] = INFINITY;
+  /* best[k][j][w]: the least slowest stage placing layers [0, j) as k stages on exactly w
+   * ranks, every stage sending its output; cut/reps: where its last stage starts, and on how
+   * many replicas. */
+  for (size_t j = 1; j <= n; j++)
+    for (int w = 1; w <= world; w++) {
+      best[AT(1, j, w)] = replicated_stage(&c, 0, j, w, true);
+      cut[AT(1, j, w)] = 0;
+      reps[AT(1, j, w)] = w;
+    }
+  for (int k = 2; k < smax; k++)
+    for (size_t j = (size_t)k; j <= n; j++)
+      for (int w = k; w <= world; w++)
+        for (size_t i = (size_t)k - 1; i < j; i++)
+          for (int r = 1; r <= w - (k - 1); r++) {
+            double worst = fmax(best[AT(k - 1, i, w - r)], replicated_stage(&c, i, j, r, true));
+            if (worst < best[AT(k, j, w)]) {
+              best[AT(k, j, w)] = worst;
+              cut[AT(k, j, w)] = i;
+              reps[AT(k, j, w)] = r;
+            }
+          }
+  /* The last stage sends nothing; fewer stages win ties. */
+  double lowest = replicated_stage(&c, 0, n, world, false);
+  int kbest = 1, rlast = world;
+  size_t ilast = 0;
+  for (int k = 2; k <= smax; k++)
+    for (size_t i = (size_t)k - 1; i < n; i++)
+      for (int r = 1; r <= world - (k - 1); r++) {
+        double worst = fmax(best[AT(k - 1, i, world - r)], replicated_stage(&c, i, n, r, false));
+        if (worst < lowest) {
+          lowest = worst;
+          kbest = k;
+          ilast = i;
+          rlast = r;
+        }
+      }
+  stages[kbest - 1] = (pp_stage_plan){ilast, n, rlast};
+  size_t j = ilast;
+  int w = world - rlast;
+  for (int k = kbest - 1; k >= 1; k--) {
+    size_t i = cut[AT(k, j, w)];
+    int r = reps[AT(k, j, w)];
+    stages[k - 1] = (pp_stage_plan){i, j, r};
+    j = i;
+    w -= r;
+  }
+  FL_ASSERT(j == 0 && w == 0);
+#undef AT
+  *nstages = kbest;
+  *bottleneck = lowest;
+
+cleanup:
+  common_free(reps);
+  common_free(cut);
+  common_free(best);
+  common_free(wp);
+  common_free(tp);
   return status;
 }

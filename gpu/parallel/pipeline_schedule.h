@@ -31,14 +31,23 @@
 #ifndef FLINT_GPU_PIPELINE_SCHEDULE_H
 #define FLINT_GPU_PIPELINE_SCHEDULE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "flint/flint.h"
 
-typedef enum pp_schedule { PP_GPIPE = 0, PP_1F1B = 1, PP_INTERLEAVED = 2 } pp_schedule;
+/* PP_PIPEDREAM and PP_2BW (see "Asynchronous schedules" below) run 1F1B's order over a window
+ * of several mini-batches without a flush between them. */
+typedef enum pp_schedule {
+  PP_GPIPE = 0,
+  PP_1F1B = 1,
+  PP_INTERLEAVED = 2,
+  PP_PIPEDREAM = 3,
+  PP_2BW = 4
+} pp_schedule;
 
-/* "gpipe", "1f1b" or "interleaved" (exact, lower case) into *out. FL_EINVAL naming the text
- * and the choices for anything else or a NULL argument. */
+/* "gpipe", "1f1b", "interleaved", "pipedream" or "2bw" (exact, lower case) into *out.
+ * FL_EINVAL naming the text and the choices for anything else or a NULL argument. */
 FL_API fl_status pp_schedule_parse(const char *text, pp_schedule *out);
 /* The name pp_schedule_parse reads back; "unknown" for a value outside the enum. */
 FL_API const char *pp_schedule_name(pp_schedule s);
@@ -114,5 +123,73 @@ int pp_schedule_peak_inflight(pp_schedule s, int p, int m, int v, int rank);
  * time or size, a non-finite bytes_per_s, or a NULL array; FL_ENOMEM. */
 fl_status pp_partition(const double *layer_time, const double *out_bytes, size_t n, int p,
                        double bytes_per_s, size_t *bounds, double *bottleneck);
+
+/* ---- asynchronous schedules (PipeDream, PipeDream-2BW) ---------------------------------- *
+ *
+ * A window is `minibatches` mini-batches of m micro-batches each, M = m x minibatches
+ * micro-batches numbered across the window (mini-batch k is micro-batches [k m, (k+1) m)).
+ * pp_schedule_ops(PP_PIPEDREAM or PP_2BW, p, M, 1, rank) is 1F1B's order over all M: after
+ * the warm-up every device alternates one forward and one backward across mini-batch
+ * boundaries, and the pipeline drains only at the window's end, so the bubble is
+ * (p-1)/(M+p-1) and goes to 0 as the window grows (pp_schedule_simulate measures it).
+ *
+ * Updates: a device applies mini-batch k's update right after its backward of micro-batch
+ * k m + m - 1 (the mini-batch's last): the gradients of the mini-batch's m micro-batches,
+ * accumulated, one optimizer step. With m = 1 that is PipeDream's update after every
+ * micro-batch; m > 1 adds gradient accumulation, which is what lets a flush every mini-batch
+ * (a window of one) reproduce GPipe exactly. Version j of a device's weights is the weights
+ * after j of the window's updates (0: as the window found them).
+ *
+ * Which version a micro-batch uses (its backward always uses its forward's version: weight
+ * stashing):
+ * - PP_PIPEDREAM: the newest version on the device when the forward starts;
+ * - PP_PIPEDREAM with vertical sync: the newest version on device 0 when the micro-batch
+ *   entered the pipeline, on every device (every device has made that version by then:
+ *   device r's forward of micro-batch i follows its backward of i - p + r, device 0's
+ *   follows that of i - p);
+ * - PP_2BW: mini-batch k uses version max(0, k - 1), so update k + 1 is
+ *   W(k+1) = W(k) - lr grad(W(k-1)) (1-stale, Narayanan et al. 2021); needs m >= p, and then
+ *   a device holds at most 2 versions. */
+
+/* The version each of the window's M = m x minibatches micro-batches uses on device `rank`,
+ * into version[0..M-1] (non-decreasing). vertical_sync applies to PP_PIPEDREAM only.
+ * FL_EINVAL for a schedule other than PP_PIPEDREAM or PP_2BW, p < 1, m < 1,
+ * minibatches < 1, rank out of range, M above 2^28, PP_2BW with m < p, or a NULL version;
+ * FL_ENOMEM. */
+fl_status pp_weight_versions(pp_schedule s, bool vertical_sync, int p, int m, int minibatches,
+                             int rank, int *version);
+
+/* The most weight versions device `rank` keeps at once when it keeps exactly those it may
+ * still need: from the version of its oldest micro-batch not yet backwarded (the next
+ * forward's when none is in flight) to its newest, dropping the old ones before each update
+ * stores the new one. -1, with fl_last_error(), for what pp_weight_versions refuses. */
+int pp_weight_versions_peak(pp_schedule s, bool vertical_sync, int p, int m, int minibatches,
+                            int rank);
+
+/* 1F1B-RR (PipeDream): the replica, of `replicas`, of a replicated stage that runs
+ * micro-batch mb: round robin, mb % replicas. */
+static inline int pp_replica_of(int mb, int replicas) { return mb % replicas; }
+
+/* ---- the partitioner with replicated stages ---------------------------------------------- */
+
+typedef struct pp_stage_plan {
+  size_t first, end; /* layers [first, end) */
+  int replicas;      /* ranks that run the stage, round robin (pp_replica_of) */
+} pp_stage_plan;
+
+/* PipeDream's partitioner with stage replication (Narayanan et al. 2019, section 3.1): cuts n
+ * layers into contiguous stages over exactly `world` ranks, stage k replicated r_k times
+ * (sum r_k = world), minimising the slowest stage. A stage of layers [i, j) on r replicas
+ * takes  sum(layer_time[i..j)) / r  +  2 (r - 1) / r x sum(weight_bytes[i..j)) / bytes_per_s
+ * (a ring allreduce of its weights among the replicas)  +  out_bytes[j-1] / bytes_per_s (sending
+ * its output; not for the last stage). bytes_per_s <= 0: communication is free, and
+ * out_bytes and weight_bytes may be NULL. max_stages (>= 1) bounds the number of stages.
+ * stages has room for min(world, max_stages, n) entries; *nstages and *bottleneck (the slowest
+ * stage's time) are set. O(n^2 world^2). FL_EINVAL for n < 1, world < 1, max_stages < 1, a
+ * negative or non-finite time or size, a non-finite bandwidth or a NULL array; FL_ENOMEM. */
+fl_status pp_partition_replicated(const double *layer_time, const double *out_bytes,
+                                  const double *weight_bytes, size_t n, int world,
+                                  int max_stages, double bytes_per_s, pp_stage_plan *stages,
+                                  int *nstages, double *bottleneck);
 
 #endif

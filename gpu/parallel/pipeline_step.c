@@ -52,24 +52,27 @@ static void sleep_s(double s) {
   }
 }
 
-typedef struct step_ctx {
-  const float *x;
-  const int32_t *labels;
-  int batch, mbs;
-  uint64_t step;
-} step_ctx;
-
 /* A micro-batch's dropout key: its rows' place in the global batch (this replica's rows come
- * after the earlier replicas'), so that masks do not depend on dp, pp or m. */
+ * after the earlier replicas'), so that masks do not depend on dp, pp or m. In a PipeDream
+ * window micro-batch mb is number mb % m of mini-batch mb / m, whose step is sc->step + that. */
 static tfm_batch batch_key(const pp_trainer *t, const step_ctx *sc, int mb) {
-  return (tfm_batch){.row0 = (int64_t)t->me.dp * sc->batch + (int64_t)mb * sc->mbs, .step = sc->step};
+  int m = t->o.microbatches;
+  return (tfm_batch){.row0 = (int64_t)t->me.dp * sc->batch + (int64_t)(mb % m) * sc->mbs,
+                     .step = sc->step + (uint64_t)(mb / m)};
+}
+
+/* The pipeline rank that runs stage `stage` for micro-batch mb (its replica, round robin). */
+static int stage_peer(const pp_trainer *t, int stage, int mb) {
+  int pp = t->o.grid.pp;
+  if (!t->stage_replicas) return stage % pp;
+  return t->stage_rank0[stage] + pp_replica_of(mb, t->stage_replicas[stage]);
 }
 
 static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, bool train) {
   const tfm_spec *sp = &t->o.spec;
   chunk_state *cs = &t->chunks[op->chunk];
   int stage = cs->stage, last = t->nstages - 1, mb = op->microbatch, k = 0;
-  fl_status status = slot_acquire(cs, mb, t->o.microbatches, &k);
+  fl_status status = slot_acquire(cs, mb, sc->total, &k);
   if (status != FL_OK) return status;
   slot *sl = &cs->slots[k];
   int64_t in_shape[3] = {sc->mbs, sp->seq, stage == 0 ? sp->features : sp->hidden};
@@ -80,12 +83,13 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
     FL_CHECK(t->dev->ops->from_host(t->dev, sl->input.data, rows, sl->input.numel * sizeof(float)));
   } else {
     double t0 = pp_timeline_now(t);
-    FL_CHECK(pp_transfer_recv(t, (stage - 1) % t->o.grid.pp, MSG_ACTIVATION, stage, mb, &sl->input));
+    FL_CHECK(pp_transfer_recv(t, stage_peer(t, stage - 1, mb), MSG_ACTIVATION, stage, mb, &sl->input));
     FL_CHECK(pp_timeline_add(t, PP_EV_RECV, mb, op->chunk, t0));
   }
   double t0 = pp_timeline_now(t);
   tfm_batch b = batch_key(t, sc, mb);
   const fl_tensor *y;
+  if (t->async) FL_CHECK(pp_versions_load(t, op->chunk, mb, PP_FORWARD));
   FL_CHECK(tfm_chunk_forward(cs->chunk, t->o.recompute || !train ? 0 : k, &sl->input, &b, train, &y));
   if (stage == last) {
     if (sl->labels_cap < sc->mbs) {
@@ -101,6 +105,8 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
     FL_CHECK(t->dev->ops->softmax_xent(t->dev, sc->mbs, sp->classes, y->data, sl->labels, 0.0f,
                                        train ? 1.0f / (float)sc->batch : 0.0f, sl->dlogits.data,
                                        t->stats.data));
+    if (t->async && (mb + 1) % t->o.microbatches == 0)
+      FL_CHECK(pp_versions_take_sums(t, mb / t->o.microbatches));
   }
   FL_CHECK(t->dev->ops->synchronize(t->dev));
   sleep_s(t->o.synthetic_forward_s);
@@ -109,7 +115,7 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
   note_peak(t);
   if (stage != last) {
     double s0 = pp_timeline_now(t);
-    FL_CHECK(pp_transfer_send(t, (stage + 1) % t->o.grid.pp, MSG_ACTIVATION, stage + 1, mb, y));
+    FL_CHECK(pp_transfer_send(t, stage_peer(t, stage + 1, mb), MSG_ACTIVATION, stage + 1, mb, y));
     FL_CHECK(pp_timeline_add(t, PP_EV_SEND, mb, op->chunk, s0));
   }
 cleanup:
@@ -128,11 +134,12 @@ static fl_status backward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op)
     int64_t shape[3] = {sc->mbs, sp->seq, sp->hidden};
     FL_CHECK(tensor_ensure(&sl->grad_in, t->dev, 3, shape));
     double t0 = pp_timeline_now(t);
-    FL_CHECK(pp_transfer_recv(t, (stage + 1) % t->o.grid.pp, MSG_GRADIENT, stage, mb, &sl->grad_in));
+    FL_CHECK(pp_transfer_recv(t, stage_peer(t, stage + 1, mb), MSG_GRADIENT, stage, mb, &sl->grad_in));
     FL_CHECK(pp_timeline_add(t, PP_EV_RECV, mb, op->chunk, t0));
     dy = &sl->grad_in;
   }
   double t0 = pp_timeline_now(t);
+  if (t->async) FL_CHECK(pp_versions_load(t, op->chunk, mb, PP_BACKWARD));
   if (t->o.recompute) {
     tfm_batch b = batch_key(t, sc, mb);
     const fl_tensor *y;
@@ -147,20 +154,22 @@ static fl_status backward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op)
   t->last_backward_end = t->events[t->nevents - 1].t1;
   if (stage != 0) {
     double s0 = pp_timeline_now(t);
-    FL_CHECK(pp_transfer_send(t, (stage - 1) % t->o.grid.pp, MSG_GRADIENT, stage - 1, mb, dx));
+    FL_CHECK(pp_transfer_send(t, stage_peer(t, stage - 1, mb), MSG_GRADIENT, stage - 1, mb, dx));
     FL_CHECK(pp_timeline_add(t, PP_EV_SEND, mb, op->chunk, s0));
   }
   sl->busy = false;
   t->inputs_held -= sl->input.numel * sizeof(float);
+  if (t->async && (mb + 1) % t->o.microbatches == 0)
+    FL_CHECK(pp_versions_update(t, op->chunk, mb / t->o.microbatches));
 cleanup:
   return status;
 }
 
 /* The pipeline group's bubble from every member's busy time and last backward. */
 static fl_status measure_bubble(pp_trainer *t, pp_step_stats *st) {
-  int p = t->o.grid.pp;
+  int p = fl_comm_size(t->pp); /* with replicated stages, more than grid.pp */
   float mine[2] = {(float)t->busy_s, (float)t->last_backward_end}, all[2 * 64];
-  if (p > 64) return fl_set_error(FL_EINVAL, "pipeline depth %d is above 64", p);
+  if (p > 64) return fl_set_error(FL_EINVAL, "pipeline group of %d ranks is above 64", p);
   fl_tensor in = pp_host_tensor(t, mine, 2), out = pp_host_tensor(t, all, 2 * (size_t)p);
   fl_status s = p > 1 ? fl_comm_allgather(t->pp, &in, &out) : FL_OK;
   if (s != FL_OK) return s;
@@ -193,20 +202,34 @@ cleanup:
   return status;
 }
 
-fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int32_t *labels,
-                                       int batch, uint64_t step, pp_step_stats *st) {
-  if (!t || !x || !labels || !st) return fl_set_error(FL_EINVAL, "pp_trainer_compute_gradients: NULL argument");
-  int m = t->o.microbatches;
-  if (batch < m || batch % m != 0)
-    return fl_set_error(FL_EINVAL, "a batch of %d rows cannot be cut into %d equal micro-batches", batch, m);
-  fl_status status = FL_OK;
-  if (t->ops_m != m || !t->ops) {
-    common_free(t->ops);
-    t->ops = NULL;
-    FL_CHECK(pp_schedule_ops(t->o.schedule, t->o.grid.pp, m, t->nchunks, t->me.pp, &t->ops, &t->nops));
-    t->ops_m = m;
+/* This rank's op list for `total` micro-batches (cached): the schedule's, and on a replicated
+ * stage only this replica's micro-batches. A replica's list is a subsequence of the
+ * unreplicated stage's, so any run of the unreplicated lists orders the replicated ones too:
+ * they cannot deadlock where the schedule does not. */
+static fl_status rank_ops(pp_trainer *t, int total) {
+  if (t->ops && t->ops_m == total) return FL_OK;
+  common_free(t->ops);
+  t->ops = NULL;
+  t->ops_m = 0;
+  int stage = t->chunks[0].stage, p = t->stage_replicas ? t->nstages : t->o.grid.pp;
+  fl_status status = pp_schedule_ops(t->o.schedule, p, total, t->nchunks, t->stage_replicas ? stage : t->me.pp,
+                                     &t->ops, &t->nops);
+  if (status != FL_OK) return status;
+  if (t->stage_replicas) {
+    size_t kept = 0;
+    for (size_t i = 0; i < t->nops; i++)
+      if (pp_replica_of(t->ops[i].microbatch, t->stage_replicas[stage]) == t->replica) t->ops[kept++] = t->ops[i];
+    t->nops = kept;
   }
-  step_ctx sc = {x, labels, batch, batch / m, step};
+  t->ops_m = total;
+  return FL_OK;
+}
+
+/* Runs this rank's ops from a start that a barrier aligns, drains the sends and measures the
+ * bubble. */
+static fl_status run_schedule(pp_trainer *t, const step_ctx *sc, pp_step_stats *st) {
+  fl_status status = FL_OK;
+  FL_CHECK(rank_ops(t, sc->total));
   memset(st, 0, sizeof *st);
   for (int c = 0; c < t->nchunks; c++) tfm_chunk_reset_peak(t->chunks[c].chunk);
   FL_CHECK(t->dev->ops->memset0(t->dev, t->stats.data, 2 * sizeof(float)));
@@ -217,11 +240,34 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
   t->peak_bytes = t->inputs_held = 0;
   for (size_t i = 0; i < t->nops; i++) {
     const pp_op *op = &t->ops[i];
-    FL_CHECK(op->kind == PP_FORWARD ? forward_op(t, &sc, op, true) : backward_op(t, &sc, op));
+    FL_CHECK(op->kind == PP_FORWARD ? forward_op(t, sc, op, true) : backward_op(t, sc, op));
   }
   FL_CHECK(pp_transfer_drain(t));
   FL_CHECK(measure_bubble(t, st));
-  if (t->o.grid.dp > 1) {
+cleanup:
+  return status;
+}
+
+static bool async_schedule(pp_schedule s) { return s == PP_PIPEDREAM || s == PP_2BW; }
+
+fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int32_t *labels,
+                                       int batch, uint64_t step, pp_step_stats *st) {
+  if (!t || !x || !labels || !st) return fl_set_error(FL_EINVAL, "pp_trainer_compute_gradients: NULL argument");
+  int m = t->o.microbatches;
+  if (async_schedule(t->o.schedule))
+    return fl_set_error(FL_EINVAL, "the %s schedule updates weights inside the pipeline: train it with "
+                        "pp_trainer_train_window, not a step at a time", pp_schedule_name(t->o.schedule));
+  if (batch < m || batch % m != 0)
+    return fl_set_error(FL_EINVAL, "a batch of %d rows cannot be cut into %d equal micro-batches", batch, m);
+  fl_status status = FL_OK;
+  step_ctx sc = {x, labels, batch, batch / m, step, m};
+  FL_CHECK(run_schedule(t, &sc, st));
+  if (t->stage_replicas && t->stage_replicas[t->chunks[0].stage] > 1) {
+    /* Each replica holds its micro-batches' share of the mini-batch's mean gradient. */
+    double t0 = pp_timeline_now(t);
+    FL_CHECK(fl_comm_allreduce(t->dp, tfm_chunk_grads(t->chunks[0].chunk), FL_REDUCE_SUM));
+    FL_CHECK(pp_timeline_add(t, PP_EV_ALLREDUCE, -1, -1, t0));
+  } else if (t->o.grid.dp > 1) {
     double t0 = pp_timeline_now(t);
     for (int c = 0; c < t->nchunks; c++)
       FL_CHECK(fl_comm_allreduce(t->dp, tfm_chunk_grads(t->chunks[c].chunk), FL_REDUCE_AVG));
@@ -244,6 +290,48 @@ cleanup:
   return status;
 }
 
+fl_status pp_trainer_train_window(pp_trainer *t, const float *x, const int32_t *labels, int batch,
+                                  int minibatches, uint64_t step0, const float *lr,
+                                  pp_window_stats *st) {
+  if (!t || !x || !labels || !lr || !st) return fl_set_error(FL_EINVAL, "pp_trainer_train_window: NULL argument");
+  int m = t->o.microbatches;
+  if (!async_schedule(t->o.schedule))
+    return fl_set_error(FL_EINVAL, "pp_trainer_train_window runs the pipedream and 2bw schedules, not %s "
+                        "(which flushes every step: use pp_trainer_compute_gradients)", pp_schedule_name(t->o.schedule));
+  if (minibatches < 1) return fl_set_error(FL_EINVAL, "a window of %d mini-batches (needs at least 1)", minibatches);
+  if (batch < m || batch % m != 0)
+    return fl_set_error(FL_EINVAL, "a batch of %d rows cannot be cut into %d equal micro-batches", batch, m);
+  if ((long long)m * minibatches > (1 << 24))
+    return fl_set_error(FL_EINVAL, "a window of %d mini-batches of %d micro-batches is above 2^24 micro-batches",
+                        minibatches, m);
+  fl_status status = FL_OK;
+  memset(st, 0, sizeof *st);
+  step_ctx sc = {x, labels, batch, batch / m, step0, m * minibatches};
+  FL_CHECK(pp_versions_begin(t, minibatches, lr));
+  t->async = true;
+  status = run_schedule(t, &sc, &st->step);
+  t->async = false;
+  FL_CHECK(status);
+  FL_CHECK(pp_versions_end(t, st));
+  double global = (double)batch * t->o.grid.dp, loss = 0, acc = 0;
+  for (int k = 0; k < minibatches; k++) {
+    t->win_loss[k] = t->win_sums[2 * k] / global;
+    t->win_acc[k] = t->win_sums[2 * k + 1] / global;
+    loss += t->win_loss[k];
+    acc += t->win_acc[k];
+  }
+  st->step.loss = loss / minibatches;
+  st->step.accuracy = acc / minibatches;
+  st->step.busy_s = t->busy_s;
+  st->step.bubble_theory = pp_bubble_theory(t->o.schedule, t->o.grid.pp, m * minibatches, 1);
+  st->step.peak_activation_bytes = t->peak_bytes;
+  st->step.seconds = pp_timeline_now(t);
+  st->step.events = t->events;
+  st->step.num_events = t->nevents;
+cleanup:
+  return status;
+}
+
 /* Forward only: every device runs its chunks' forwards micro-batch by micro-batch in stage
  * order, which needs no schedule (each forward waits only on earlier stages). */
 fl_status pp_trainer_evaluate(pp_trainer *t, const float *x, const int32_t *labels, int batch,
@@ -252,7 +340,7 @@ fl_status pp_trainer_evaluate(pp_trainer *t, const float *x, const int32_t *labe
     return fl_set_error(FL_EINVAL, "pp_trainer_evaluate: NULL argument");
   if (batch < 1) return fl_set_error(FL_EINVAL, "pp_trainer_evaluate: a batch of %d rows", batch);
   int m = batch % t->o.microbatches == 0 && batch >= t->o.microbatches ? t->o.microbatches : 1;
-  step_ctx sc = {x, labels, batch, batch / m, 0};
+  step_ctx sc = {x, labels, batch, batch / m, 0, m};
   fl_status status = FL_OK;
   FL_CHECK(t->dev->ops->memset0(t->dev, t->stats.data, 2 * sizeof(float)));
   t->step_start_ns = common_now_ns();
@@ -260,6 +348,7 @@ fl_status pp_trainer_evaluate(pp_trainer *t, const float *x, const int32_t *labe
   for (int mb = 0; mb < m; mb++)
     for (int c = 0; c < t->nchunks; c++) {
       pp_op op = {PP_FORWARD, mb, c};
+      if (t->stage_replicas && pp_replica_of(mb, t->stage_replicas[t->chunks[c].stage]) != t->replica) continue;
       FL_CHECK(forward_op(t, &sc, &op, false));
       chunk_state *cs = &t->chunks[c];
       cs->slots[cs->slot_of[mb]].busy = false;

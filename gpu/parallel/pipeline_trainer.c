@@ -79,8 +79,43 @@ cleanup:
 }
 
 #define PROFILE_ROWS 8
-/* The host backend's bandwidth on one machine, for the partitioner's transfer term. */
-#define ASSUMED_LINK_BYTES_PER_S 2e9
+/* The link measurement: round trips of this many bytes between two stages, the fastest of
+ * LINK_TRIPS after one to warm the connection up. Large enough that the per-message cost is
+ * small beside the bytes, small enough to take milliseconds. */
+#define LINK_BYTES (4u << 20)
+#define LINK_TRIPS 3
+
+/* The bandwidth between this pipeline group's first two stages: pipeline rank 0 sends
+ * LINK_BYTES to the first rank of stage 1, which sends them back; bytes per second of the
+ * fastest round trip (2 x LINK_BYTES moved). Collective over the pipeline group (ranks of
+ * other stages return 0 at once). */
+static fl_status measure_link(pp_trainer *t, double *bytes_per_s) {
+  int me = fl_comm_rank(t->pp), peer = t->stage_replicas ? t->stage_rank0[1] : 1;
+  *bytes_per_s = 0;
+  if (me != 0 && me != peer) return FL_OK;
+  size_t count = LINK_BYTES / sizeof(float);
+  float *buf = common_calloc(count, sizeof *buf);
+  if (!buf) return FL_ERR(FL_ENOMEM, "out of memory measuring the link between stages");
+  fl_status status = FL_OK;
+  fl_tensor msg = pp_host_tensor(t, buf, count);
+  double best = INFINITY;
+  for (int trip = 0; trip <= LINK_TRIPS; trip++) {
+    uint64_t t0 = common_now_ns();
+    if (me == 0) {
+      FL_CHECK(fl_comm_send(t->pp, &msg, peer));
+      FL_CHECK(fl_comm_recv(t->pp, &msg, peer));
+    } else {
+      FL_CHECK(fl_comm_recv(t->pp, &msg, 0));
+      FL_CHECK(fl_comm_send(t->pp, &msg, 0));
+    }
+    double secs = (double)(common_now_ns() - t0) * 1e-9;
+    if (trip > 0 && secs < best) best = secs;
+  }
+  *bytes_per_s = best > 0 ? 2.0 * LINK_BYTES / best : 0;
+cleanup:
+  common_free(buf);
+  return status;
+}
 
 static fl_status choose_bounds(pp_trainer *t, const int *given) {
   int units = tfm_units(&t->o.spec), n = t->nstages;
@@ -102,22 +137,28 @@ static fl_status choose_bounds(pp_trainer *t, const int *given) {
   double *secs = common_calloc((size_t)units, sizeof *secs), *bytes = common_calloc((size_t)units, sizeof *bytes);
   size_t *cut = common_calloc((size_t)n + 1, sizeof *cut);
   fl_tensor share = {0};
-  int64_t shape[1] = {n + 1};
+  int64_t shape[1] = {n + 2}; /* the cut, then the measured link */
+  double link = 0;
   if (!secs || !bytes || !cut) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for the profile"));
   FL_CHECK(tensor_ensure(&share, t->dev, 1, shape));
+  /* The partitioner's transfer term uses the bandwidth measured between rank 0's first two
+   * stages, not a guess (the host backend's over loopback varies with the machine). */
+  if (t->o.grid.pp > 1) FL_CHECK(measure_link(t, &link));
   if (fl_comm_rank(t->world) == 0) {
-    float host[n + 1];
+    float host[n + 2];
     double bottleneck;
     FL_CHECK(profile_units(t, PROFILE_ROWS, secs, bytes));
-    FL_CHECK(pp_partition(secs, bytes, (size_t)units, n, ASSUMED_LINK_BYTES_PER_S, cut, &bottleneck));
+    FL_CHECK(pp_partition(secs, bytes, (size_t)units, n, link, cut, &bottleneck));
     for (int s = 0; s <= n; s++) host[s] = (float)cut[s];
+    host[n + 1] = (float)link;
     FL_CHECK(t->dev->ops->from_host(t->dev, share.data, host, sizeof host));
   }
   FL_CHECK(fl_comm_broadcast(t->world, &share, 0));
   {
-    float host[n + 1];
+    float host[n + 2];
     FL_CHECK(t->dev->ops->to_host(t->dev, host, share.data, sizeof host));
     for (int s = 0; s <= n; s++) t->bounds[s] = (int)host[s];
+    t->link_bytes_per_s = host[n + 1];
   }
 cleanup:
   common_free(secs);
@@ -129,9 +170,34 @@ cleanup:
 
 /* ---- create and destroy --------------------------------------------------------------------- */
 
+/* Replicated stages: dp 1, tp 1, one chunk, a flushing 1F1B-like schedule, world = sum. */
+static fl_status check_replicas(const pp_options *o, int world) {
+  if (o->grid.dp != 1 || o->grid.tp != 1 || o->grid.pp < 1 || (o->chunks != 0 && o->chunks != 1))
+    return fl_set_error(FL_EINVAL, "replicated stages need dp 1, tp 1 and one chunk per stage (got %dx%dx%d, %d "
+                        "chunks)", o->grid.dp, o->grid.tp, o->grid.pp, o->chunks);
+  if (o->schedule != PP_GPIPE && o->schedule != PP_1F1B)
+    return fl_set_error(FL_EINVAL, "replicated stages run gpipe or 1f1b (1F1B-RR), not %s",
+                        pp_schedule_name(o->schedule));
+  long sum = 0;
+  for (int s = 0; s < o->grid.pp; s++) {
+    if (o->replicas[s] < 1 || o->replicas[s] > 64)
+      return fl_set_error(FL_EINVAL, "stage %d has %d replicas (needs 1..64)", s, o->replicas[s]);
+    sum += o->replicas[s];
+  }
+  if (sum != world)
+    return fl_set_error(FL_EINVAL, "the stages' replicas add up to %ld ranks, but the world has %d", sum, world);
+  return FL_OK;
+}
+
 static fl_status check_options(const pp_options *o, int world) {
-  fl_status s = pp_grid_check(o->grid, world);
+  fl_status s = o->replicas ? check_replicas(o, world) : pp_grid_check(o->grid, world);
   if (s != FL_OK) return s;
+  if (o->vertical_sync && o->schedule != PP_PIPEDREAM)
+    return fl_set_error(FL_EINVAL, "vertical sync is an option of the pipedream schedule, not %s",
+                        pp_schedule_name(o->schedule));
+  if (o->schedule == PP_2BW && o->microbatches < o->grid.pp)
+    return fl_set_error(FL_EINVAL, "2bw needs at least as many micro-batches as stages (m %d < pp %d): a stage "
+                        "would need a third weight version", o->microbatches, o->grid.pp);
   if (o->microbatches < 1) return fl_set_error(FL_EINVAL, "micro-batches must be >= 1 (got %d)", o->microbatches);
   int v = o->chunks ? o->chunks : 1;
   if (v < 1) return fl_set_error(FL_EINVAL, "chunks per pipeline rank must be >= 1 (got %d)", o->chunks);
@@ -150,6 +216,9 @@ static fl_status check_options(const pp_options *o, int world) {
 void pp_trainer_destroy(pp_trainer *t) {
   if (!t) return;
   pp_transfer_stop(t);
+  pp_versions_free(t);
+  common_free(t->stage_rank0);
+  common_free(t->stage_replicas);
   for (int c = 0; c < t->nchunks; c++) {
     chunk_state *cs = &t->chunks[c];
     for (int k = 0; k < cs->nslots; k++) {
@@ -201,19 +270,38 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   t->o.chunks = o->chunks ? o->chunks : 1;
   t->nchunks = t->o.chunks;
   t->nstages = o->grid.pp * t->nchunks;
+  t->o.replicas = NULL;
   t->me = pp_grid_coords(o->grid, fl_comm_rank(world));
   pp_transfer_init(t);
   FL_CHECK(cpu_device_init(&t->host));
   pp_grid g = o->grid;
+  if (o->replicas) {
+    /* Stage s on ranks [stage_rank0[s], + replicas[s]): the world's order is the pipeline's. */
+    t->stage_rank0 = common_calloc((size_t)g.pp, sizeof *t->stage_rank0);
+    t->stage_replicas = common_calloc((size_t)g.pp, sizeof *t->stage_replicas);
+    if (!t->stage_rank0 || !t->stage_replicas) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for a trainer"));
+    int rank = fl_comm_rank(world);
+    for (int s = 0, base = 0; s < g.pp; base += o->replicas[s], s++) {
+      t->stage_rank0[s] = base;
+      t->stage_replicas[s] = o->replicas[s];
+      if (rank >= base && rank < base + o->replicas[s]) {
+        t->me = (pp_coords){.dp = 0, .tp = 0, .pp = s};
+        t->replica = rank - base;
+      }
+    }
+  }
   pp_coords me = t->me;
-  /* The three splits, in the same order on every rank (each is collective over world). */
-  FL_CHECK(fl_comm_split(world, me.pp * g.dp + me.dp, me.tp, &t->tp));
-  FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, me.dp, &t->dp));
+  /* The three splits, in the same order on every rank (each is collective over world). With
+   * replicated stages the tensor group is the rank alone, the data-parallel group the stage's
+   * replicas and the pipeline group the world. */
+  int rank = fl_comm_rank(world);
+  FL_CHECK(fl_comm_split(world, o->replicas ? rank : me.pp * g.dp + me.dp, me.tp, &t->tp));
+  FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, o->replicas ? t->replica : me.dp, &t->dp));
   fl_comm *stages = o->stage_world ? o->stage_world : world;
   if (fl_comm_size(stages) != fl_comm_size(world) || fl_comm_rank(stages) != fl_comm_rank(world))
     FL_CHECK(fl_set_error(FL_EINVAL, "the stage communicator is rank %d of %d, the world rank %d of %d",
                           fl_comm_rank(stages), fl_comm_size(stages), fl_comm_rank(world), fl_comm_size(world)));
-  FL_CHECK(fl_comm_split(stages, me.dp * g.tp + me.tp, me.pp, &t->pp));
+  FL_CHECK(fl_comm_split(stages, o->replicas ? 0 : me.dp * g.tp + me.tp, o->replicas ? rank : me.pp, &t->pp));
   if (g.pp > 1 && strcmp(fl_comm_backend(t->pp), "host") != 0)
     FL_CHECK(fl_set_error(FL_EINVAL, "pipeline stages exchange activations over the host backend, "
                           "but the world communicator is %s", fl_comm_backend(t->pp)));
@@ -232,7 +320,7 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   }
   int64_t two[1] = {2};
   FL_CHECK(tensor_ensure(&t->stats, dev, 1, two));
-  if (g.pp > 1) FL_CHECK(pp_transfer_start(t));
+  if (fl_comm_size(t->pp) > 1) FL_CHECK(pp_transfer_start(t));
   *out = t;
   return FL_OK;
 cleanup:
@@ -250,6 +338,7 @@ void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end
   *end = t->chunks[chunk].end_unit;
 }
 const int *pp_trainer_bounds(const pp_trainer *t) { return t->bounds; }
+double pp_trainer_link_bytes_per_s(const pp_trainer *t) { return t->link_bytes_per_s; }
 optim *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk) {
   return chunk >= 0 && chunk < t->nchunks ? t->chunks[chunk].opt : NULL;
 }
