@@ -45,6 +45,16 @@
  * cores, so ratios above 1/tp (and above 1 at tp 4) say as much about this host as about
  * the method.
  *
+ * Rows of the third table, "pipedream" (cpu only, skipped with --quick or without the data in
+ * /usr/share/datasets/fashion-mnist): the image transformer (hidden 64, 4 heads, 2 blocks;
+ * an image is 28 tokens of 28) trained by gpu_train_run as `flint train --model transformer
+ * --data fashion-mnist` does, on the first PD_TRAIN_IMAGES training images for PD_EPOCHS
+ * epochs, batch 64, m 4, --lr 0.1, no shuffle, with 1f1b (a flush every mini-batch),
+ * pipedream (no flush for a window of 8 mini-batches, weight stashing), pipedream with
+ * vertical sync and 2bw, on p = 2 and 4 stages: images/s over the training, the measured and
+ * theoretical bubble, and the test accuracy on the first PD_TEST_IMAGES test images beside
+ * 1f1b's.
+ *
  *   bench_pipeline [--json] [--device cpu|cuda|all] [--steps N] [--quick]
  *
  * --device: the tables for the cpu device, the cuda device, or both (default all: cuda rows
@@ -59,10 +69,12 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "flint/gpu.h"
 #include "gpu/parallel/pipeline.h"
+#include "gpu/parallel/train.h"
 
 #define MAX_RANKS 4
 #define MAX_STEPS 50
@@ -386,6 +398,81 @@ static int run_device(fl_device_kind kind, bool json, bool quick, int steps, int
   return 0;
 }
 
+/* ---- pipedream against 1f1b with flushes ----------------------------------------------- */
+
+#define PD_TRAIN_IMAGES 8192
+#define PD_TEST_IMAGES 2000
+#define PD_EPOCHS 2
+#define PD_WINDOW 8
+
+static int pipedream_rows(bool json) {
+  struct stat sb;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &sb) != 0 &&
+      stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte", &sb) != 0) {
+    if (!json) printf("pipedream: Fashion-MNIST is not in /usr/share/datasets/fashion-mnist; rows skipped\n");
+    return 0;
+  }
+  if (!json) {
+    printf("pipedream against 1f1b with flushes: cpu, Fashion-MNIST (first %d training, %d test images), "
+           "transformer hidden 64, 4 heads, 2 blocks, batch 64, m 4, lr 0.1, %d epochs, no shuffle, local[p]\n",
+           PD_TRAIN_IMAGES, PD_TEST_IMAGES, PD_EPOCHS);
+    printf("window: mini-batches between flushes; bubble measured (mean of the last epoch's steps) and in theory, "
+           "(p-1)/(window m + p-1)\n");
+    printf("%-4s %-14s %2s %2s %6s %10s %7s %7s %9s %9s\n", "dev", "schedule", "p", "m", "window", "images/s",
+           "bubble", "theory", "test acc", "vs 1f1b");
+  }
+  const pp_schedule kinds[] = {PP_1F1B, PP_PIPEDREAM, PP_PIPEDREAM, PP_2BW};
+  const bool vsync[] = {false, false, true, false};
+  const uint32_t ps[] = {2, 4};
+  for (int pi = 0; pi < 2; pi++) {
+    double ref_acc = NAN;
+    for (int k = 0; k < 4; k++) {
+      gpu_train_options o = GPU_TRAIN_OPTIONS_INIT;
+      char master[32];
+      snprintf(master, sizeof master, "local[%u]", ps[pi]);
+      o.master = master;
+      o.model = NN_TRANSFORMER;
+      o.ranks = 1;
+      o.pp = ps[pi];
+      o.schedule = kinds[k];
+      o.vertical_sync = vsync[k];
+      o.window = kinds[k] == PP_1F1B ? 0 : PD_WINDOW;
+      o.microbatches = 4;
+      o.batch = 64;
+      o.lr = 0.1; /* 0.2 diverged with 2bw, whose every gradient is a whole update stale */
+      o.epochs = PD_EPOCHS;
+      o.shuffle = false;
+      o.seed = 1;
+      o.max_train_images = PD_TRAIN_IMAGES;
+      o.max_test_images = PD_TEST_IMAGES;
+      o.csv_path = o.svg_path = NULL;
+      o.progress = NULL;
+      gpu_train_result res;
+      if (gpu_train_run(&o, &res) != FL_OK) {
+        fail_flint(pp_schedule_name(kinds[k]));
+        return 1;
+      }
+      if (k == 0) ref_acc = res.test_acc;
+      char name[32];
+      snprintf(name, sizeof name, "%s%s", pp_schedule_name(kinds[k]), vsync[k] ? "+vsync" : "");
+      if (json)
+        printf("{\"table\":\"pipedream\",\"device\":\"cpu\",\"schedule\":\"%s\",\"vertical_sync\":%s,"
+               "\"p\":%u,\"m\":4,\"window\":%d,\"epochs\":%d,\"train_images\":%d,\"images_per_s\":%.1f,"
+               "\"bubble\":%.4f,\"bubble_theory\":%.4f,\"test_acc\":%.4f,\"test_acc_1f1b\":%.4f,"
+               "\"link_bytes_per_s\":%.4g}\n",
+               pp_schedule_name(kinds[k]), vsync[k] ? "true" : "false", ps[pi], k ? PD_WINDOW : 1, PD_EPOCHS,
+               PD_TRAIN_IMAGES, res.images_per_s, res.bubble, res.bubble_theory, res.test_acc, ref_acc,
+               res.link_bytes_per_s);
+      else
+        printf("%-4s %-14s %2u %2d %6d %10.1f %7.3f %7.3f %9.4f %+9.4f\n", "cpu", name, ps[pi], 4, k ? PD_WINDOW : 1,
+               res.images_per_s, res.bubble, res.bubble_theory, res.test_acc, res.test_acc - ref_acc);
+      fflush(stdout);
+    }
+  }
+  if (!json) printf("\n");
+  return 0;
+}
+
 /* ---- main -------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -405,6 +492,7 @@ int main(int argc, char **argv) {
   int cores = online > 0 ? (int)online : 1;
   int rc = 0;
   if (strcmp(which, "cuda") != 0) rc = run_device(FL_DEVICE_CPU, json, quick, (int)steps, cores);
+  if (rc == 0 && !quick && strcmp(which, "cuda") != 0) rc = pipedream_rows(json);
   if (rc == 0 && cuda) rc = run_device(FL_DEVICE_CUDA, json, quick, (int)steps, cores);
   if (rc == 0 && !cuda && !json && strcmp(which, "all") == 0) printf("(cuda: no GPU here; rows skipped)\n");
   return rc;

@@ -148,7 +148,10 @@ static const char train_usage_text[] =
     "  --tp T              tensor-parallel ranks per stage, dividing --heads and --ffn (default 1)\n"
     "  --pp P              pipeline stages (default 1); D x T x P barrier tasks in all, and\n"
     "                      --batch must be a multiple of D x T x P\n"
-    "  --schedule S        gpipe, 1f1b (default) or interleaved\n"
+    "  --schedule S        gpipe, 1f1b (default), interleaved, pipedream (asynchronous\n"
+    "                      1F1B with weight stashing) or 2bw (PipeDream-2BW)\n"
+    "  --window K          pipedream, 2bw: mini-batches between flushes (default 8)\n"
+    "  --vertical-sync     pipedream: every stage uses the version the first stage used\n"
     "  --microbatches M    micro-batches per replica's batch, dividing --batch / D (default 1)\n"
     "  --chunks V          model chunks per pipeline rank, for interleaved (default 1)\n"
     "  --recompute         keep only stage inputs; run forward again before backward\n"
@@ -211,14 +214,14 @@ static const struct option train_longopts[] = {
     VALUED("test-images"), VALUED("ranks"), VALUED("device"), VALUED("batch"), VALUED("lr"), VALUED("warmup"),
     VALUED("epochs"), VALUED("decay"), VALUED("milestones"), VALUED("momentum"), VALUED("weight-decay"),
     VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
-    VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("microbatches"),
+    VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("window"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
     VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
     VALUED("sync"), VALUED("compress"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
     VALUED("ps-push"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
-    SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
+    SWITCH("recompute"), SWITCH("vertical-sync"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
     CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
@@ -272,6 +275,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->recompute = true;
       continue;
     }
+    if (strcmp(opt, "--vertical-sync") == 0) {
+      o->vertical_sync = true;
+      continue;
+    }
     const char *v = optarg;
     double d;
     if (strcmp(opt, "--model") == 0) {
@@ -310,7 +317,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
         return train_usage_error("%s '%s' is not a whole number from 1 to 1024", opt, v);
     } else if (strcmp(opt, "--schedule") == 0) {
       if (pp_schedule_parse(v, &o->schedule) != FL_OK)
-        return train_usage_error("unknown schedule '%s' (gpipe, 1f1b or interleaved)", v);
+        return train_usage_error("unknown schedule '%s' (gpipe, 1f1b, interleaved, pipedream or 2bw)", v);
+    } else if (strcmp(opt, "--window") == 0) {
+      if (!cli_parse_u32(v, &o->window) || o->window < 1 || o->window > 4096)
+        return train_usage_error("%s '%s' is not a whole number from 1 to 4096", opt, v);
     } else if (strcmp(opt, "--microbatches") == 0 || strcmp(opt, "--chunks") == 0 || strcmp(opt, "--hidden") == 0 ||
                strcmp(opt, "--heads") == 0 || strcmp(opt, "--blocks") == 0) {
       uint32_t *dst = strcmp(opt, "--microbatches") == 0 ? &o->microbatches
@@ -512,6 +522,8 @@ int cmd_train(int argc, char **argv) {
            res.resumed_workers, res.resumed_workers == 1 ? "" : "s");
   if (hybrid) {
     printf("bubble       %.3f measured (the last epoch's mean), %.3f in theory\n", res.bubble, res.bubble_theory);
+    if (res.link_bytes_per_s > 0)
+      printf("link         %.2f GB/s between stages, measured for the partitioner\n", res.link_bytes_per_s / 1e9);
     printf("activations  peak per stage:");
     for (uint32_t p = 0; p < res.stages && p < GPU_TRAIN_MAX_STAGES; p++)
       printf(" %.1f KiB", (double)res.stage_peak_bytes[p] / 1024.0);

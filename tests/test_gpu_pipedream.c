@@ -458,7 +458,9 @@ static void test_weight_stashing_records(void **state) {
     }
 }
 
-/* The single rank's 1-stale run: mini-batch k's gradient at W(max(0, k - 1)), applied to W(k). */
+/* The single rank's 1-stale run: mini-batch k's gradient at W(max(0, k - 1)), applied to W(k);
+ * with windows (rs->window) the staleness restarts at each window's first mini-batch k0:
+ * W(k0 + max(0, k - k0 - 1)). */
 static fl_status stale_rank(rank_job *job) {
   run *rs = job->arg;
   pp_trainer *t = NULL;
@@ -471,7 +473,8 @@ static fl_status stale_rank(rank_job *job) {
   else memcpy(versions, w->data, bytes);
   for (int k = 0; k < rs->steps && s == FL_OK; k++) {
     pp_step_stats st;
-    memcpy(w->data, (char *)versions + (size_t)(k > 0 ? k - 1 : 0) * bytes, bytes);
+    int k0 = rs->window ? k / rs->window * rs->window : 0;
+    memcpy(w->data, (char *)versions + (size_t)(k > k0 ? k - 1 : k0) * bytes, bytes);
     s = pp_trainer_compute_gradients(t, xs + (size_t)k * rs->batch * SEQ * FEATURES, ys + (size_t)k * rs->batch,
                                      rs->batch, (uint64_t)k, &st);
     rs->loss[0][k] = st.loss;
@@ -487,35 +490,37 @@ static fl_status stale_rank(rank_job *job) {
 
 static void test_2bw_one_stale(void **state) {
   (void)state;
-  run ref = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, 6, 0);
   if (!made[1]) {
     group_create(&worlds[1], 1);
     made[1] = true;
   }
-  rank_job job[1];
-  run_ranks(1, worlds[1].comms, stale_rank, &ref, job);
-  expect_all_ok(1, job);
-  run sync = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, 6, 0);
+  run sync = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, 8, 0);
   run_on(&sync);
-  const pp_grid grids[] = {{1, 1, 2}, {1, 1, 4}, {2, 1, 2}};
-  const int ms[] = {2, 4, 2};
-  for (int g = 0; g < 3; g++) {
-    run rs = run_of(grids[g], PP_2BW, ms[g], 6, 6);
+  const pp_grid grids[] = {{1, 1, 2}, {1, 1, 4}, {2, 1, 2}, {1, 1, 2}};
+  const int ms[] = {2, 4, 2, 2}, windows[] = {8, 8, 8, 3};
+  for (int g = 0; g < 4; g++) {
+    /* the reference's window is only where its staleness restarts */
+    run ref = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, 8, 0);
+    ref.window = windows[g];
+    rank_job job[1];
+    run_ranks(1, worlds[1].comms, stale_rank, &ref, job);
+    expect_all_ok(1, job);
+    run rs = run_of(grids[g], PP_2BW, ms[g], 8, windows[g]);
     run_on(&rs);
     for (int r = 0; r < ranks_of(&rs); r++) {
       assert_true(rs.peak[r] <= 2);
       for (int i = 0; i < rs.total; i++) assert_int_equal(rs.fwd[r][i], rs.bwd[r][i]);
     }
     double stale = values_difference(&rs, &ref), fresh = values_difference(&rs, &sync);
-    fprintf(stderr, "  2bw %dx%dx%d m %d, 6 steps: weights within %.3g of the 1-stale formula (%.3g from "
-            "synchronous SGD)\n", grids[g].dp, grids[g].tp, grids[g].pp, ms[g], stale, fresh);
+    fprintf(stderr, "  2bw %dx%dx%d m %d, 8 steps, windows of %d: weights within %.3g of the 1-stale formula "
+            "(%.3g from synchronous SGD)\n", grids[g].dp, grids[g].tp, grids[g].pp, ms[g], windows[g], stale, fresh);
     assert_true(stale <= 1e-5);
     assert_true(fresh > 1e-4); /* the staleness is real */
     /* the losses are those of the stale weights */
     expect_same_losses(&rs, &ref, 1e-5);
     run_free(&rs);
+    run_free(&ref);
   }
-  run_free(&ref);
   run_free(&sync);
 }
 

@@ -168,6 +168,35 @@ static void test_grids_equal_one_rank(void **state) {
   assert_true(rows_diff(&one, &shuffled).loss > 10 * EQ_TOL);
 }
 
+/* --schedule pipedream with --vertical-sync and --window 1 (a flush every mini-batch) trains
+ * exactly as one rank; without flushes (a window of 8) the weights are stale inside the window
+ * and the run differs, as 2bw's does, while both learn; the link between stages is measured. */
+static void test_pipedream_schedules(void **state) {
+  (void)state;
+  NEED_DATA();
+  rows one = {0}, flushed = {0}, dream = {0}, twobw = {0};
+  gpu_train_result res;
+  gpu_train_options o = small_options(1, 1, 1, PP_1F1B, 1, &one);
+  run_ok(&o, "1x1x1", &res);
+  o = small_options(1, 1, 2, PP_PIPEDREAM, 4, &flushed);
+  o.vertical_sync = true;
+  o.window = 1;
+  run_ok(&o, "1x1x2 pipedream vsync window 1", &res);
+  assert_true(rows_agree(&one, &flushed, "against 1 rank"));
+  assert_true(res.link_bytes_per_s > 0);
+  o = small_options(1, 1, 2, PP_PIPEDREAM, 4, &dream);
+  o.window = 8;
+  run_ok(&o, "1x1x2 pipedream window 8", &res);
+  assert_true(fabs(res.bubble_theory - 1.0 / 33) < 1e-9);
+  assert_true(dream.seen[1].train_loss < dream.seen[0].train_loss);
+  assert_true(rows_diff(&one, &dream).loss > 10 * EQ_TOL);
+  o = small_options(1, 1, 2, PP_2BW, 2, &twobw);
+  o.lr = 0.1; /* every gradient a whole update stale: with momentum 0.9, --lr 0.5 diverges */
+  run_ok(&o, "1x1x2 2bw m2 window 8 (default), lr 0.1", &res);
+  assert_true(twobw.seen[1].train_loss < twobw.seen[0].train_loss);
+  assert_true(rows_diff(&one, &twobw).loss > 10 * EQ_TOL);
+}
+
 static void test_dropout_does_not_depend_on_the_grid(void **state) {
   (void)state;
   NEED_DATA();
@@ -423,6 +452,14 @@ static void test_options(void **state) {
   o.model = NN_MLP;
   o.pp = 2;
   expect_invalid(&o, "are for --model transformer");
+  o = small_options(1, 1, 2, PP_1F1B, 2, &r);
+  o.vertical_sync = true;
+  expect_invalid(&o, "--vertical-sync is for --schedule pipedream, not 1f1b");
+  o = small_options(1, 1, 2, PP_GPIPE, 2, &r);
+  o.window = 4;
+  expect_invalid(&o, "--window is for --schedule pipedream or 2bw, not gpipe");
+  o = small_options(1, 1, 4, PP_2BW, 2, &r);
+  expect_invalid(&o, "--schedule 2bw needs --microbatches >= --pp (2 < 4)");
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, test_bound_arm, test_bound_disarm)
@@ -436,6 +473,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_options),
       T(test_grids_equal_one_rank),
+      T(test_pipedream_schedules),
       T(test_dropout_does_not_depend_on_the_grid),
       T(test_timeline_bubble_and_memory),
       T(test_checkpoint_file_has_a_shard_per_rank),

@@ -9,7 +9,7 @@
  * asynchronous sends, blocking receives), so a schedule that passes it cannot hang the
  * runtime.
  *
- * Three schedules (p devices, m micro-batches, v model chunks per device):
+ * The schedules (p devices, m micro-batches, v model chunks per device):
  * - PP_GPIPE (Huang et al. 2019): all m forwards in micro-batch order, then all m backwards
  *   in the same order (first in, first out). Holds m micro-batches' activations at once.
  * - PP_1F1B (PipeDream-flush, Megatron-LM's non-interleaved schedule): device r runs
@@ -25,6 +25,8 @@
  *   which runs to the end, and every dependency is between ops of one micro-batch, so the same
  *   run restricted to the real micro-batches is a valid run of the reduced lists. (Shrinking
  *   the last group instead deadlocks, e.g. p = 8, m = 18, v = 2.) v == 1 is PP_1F1B.
+ * - PP_PIPEDREAM and PP_2BW (Narayanan et al. 2019, 2021): 1F1B's order over a window of
+ *   several mini-batches with weight updates inside it; see "Asynchronous schedules" below.
  *
  * Threading: plain functions of their arguments; usable from any thread.
  */

@@ -216,13 +216,17 @@ typedef struct gpu_train_options {
    * "none", "fp16", "bf16", "topk:RATIO", "powersgd:R", "onebit" (compress_spec_parse's
    * text). The hooks run on host memory over the host backend: not with NCCL. */
   const char *compress;
+  /* --schedule pipedream and 2bw: the mini-batches trained back to back between two flushes
+   * (0: 8), and pipedream's vertical sync (gpu/parallel/pipeline_schedule.h) */
+  uint32_t window;
+  bool vertical_sync;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, 0, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -262,6 +266,9 @@ typedef struct gpu_train_result {
   /* A rank's bytes handed to collectives over the run: reduced_bytes without --compress, the
    * compressed payload with it (divide by steps for a step's) */
   uint64_t sent_bytes;
+  /* --model transformer: the bandwidth between pipeline stages measured for the partitioner
+   * (bytes/s; 0 with one stage or a given cut) */
+  double link_bytes_per_s;
 } gpu_train_result;
 
 /* "mlp", "cnn", "resnet18", "transformer" (the CLI's names, nn_model_kind_name's);

@@ -375,6 +375,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout};
   gpu_train_schedule(o, &a.schedule);
+  a.window = o->window ? o->window : 8;
+  a.vertical_sync = o->vertical_sync;
   FL_CHECK(compress_spec_parse(o->compress, &a.compress)); /* checked by validate */
   if (o->data == GPU_TRAIN_IMAGE_FOLDER && !o->no_augment) {
     a.augment = true;
@@ -493,7 +495,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .stages = res.stages, .input_wait_s = wait, .upload_s = upload,
                                  .input_wait_share = stepping > 0 ? wait / stepping : 0,
                                  .max_staleness = ps_sum.max_staleness, .resumed_workers = ps_sum.resumed_workers,
-                                 .worker_steps_min = ps_sum.worker_steps_min, .sent_bytes = last.sent_bytes ? last.sent_bytes : last.reduced_bytes};
+                                 .worker_steps_min = ps_sum.worker_steps_min, .sent_bytes = last.sent_bytes ? last.sent_bytes : last.reduced_bytes,
+                                 .link_bytes_per_s = last.link_bytes_per_s};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:

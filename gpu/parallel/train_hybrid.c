@@ -81,6 +81,9 @@ typedef struct hybrid_rank {
   float *gathered_h;   /* replica size x the same */
   float *x_h;          /* the replica's batch */
   int32_t *y_h;
+  float *xw_h;         /* pipedream, 2bw: a window of the replica's batches, and their rates */
+  int32_t *yw_h;
+  float *lr_h;
   fl_tensor pack_t, gathered_t; /* the same on the device, for the replica's allgather */
   pp_event *events;    /* the last training step's timeline */
   size_t nevents;
@@ -285,6 +288,9 @@ static void hybrid_free(hybrid_rank *r) {
   common_free(r->gathered_h);
   common_free(r->x_h);
   common_free(r->y_h);
+  common_free(r->xw_h);
+  common_free(r->yw_h);
+  common_free(r->lr_h);
   common_free(r->events);
   fl_device_close(r->dev);
   data_reader_destroy(r->train);
@@ -325,6 +331,14 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   r->y_h = common_malloc(rows * sizeof(int32_t));
   if (!r->images_h || !r->labels_h || !r->pack_h || !r->gathered_h || !r->x_h || !r->y_h)
     FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for batches of %zu rows", r->rank, rows));
+  if (a->pipeline == PP_PIPEDREAM || a->pipeline == PP_2BW) {
+    r->xw_h = common_malloc(a->window * rows * r->image_floats * sizeof(float));
+    r->yw_h = common_malloc(a->window * rows * sizeof(int32_t));
+    r->lr_h = common_malloc(a->window * sizeof(float));
+    if (!r->xw_h || !r->yw_h || !r->lr_h)
+      FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for a window of %u batches of %zu rows", r->rank,
+                            a->window, rows));
+  }
   FL_CHECK(train_device_open(r->b, a->device, a->precision, &r->dev));
   FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, r->grid_rank, &r->comm));
   if (a->pp > 1 && strcmp(fl_comm_backend(r->comm), "host") != 0)
@@ -335,7 +349,7 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                             .seed = a->seed},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
-                   .bounds = bounds, .stage_world = r->stages};
+                   .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync};
   FL_CHECK(pp_trainer_create(r->dev, r->comm, &po, &r->trainer));
   /* After the trainer's splits, in the same order on every rank. */
   FL_CHECK(fl_comm_split(r->comm, r->me.dp, (int)r->rank, &r->replica));
@@ -461,40 +475,60 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
     double t0 = common_now_s(), loss = 0, acc = 0, bubble = 0, theory = 0;
     data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
-    for (uint64_t i = 0; i < steps; i++) {
-      uint32_t n = data_reader_next(r.train, r.images_h, r.labels_h);
-      if (n != r.local)
-        FL_CHECK(fl_set_error(FL_EINTERNAL, "rank %u: step %llu of epoch %u got %u images, not %u", r.rank,
-                              (unsigned long long)i, epoch + 1, n, r.local));
-      FL_CHECK(gather_batch(&r, n));
+    /* pipedream and 2bw train a window of batches at once (the weights change inside it);
+     * the other schedules one batch a step. */
+    const bool async = a.pipeline == PP_PIPEDREAM || a.pipeline == PP_2BW;
+    for (uint64_t i = 0; i < steps;) {
+      uint64_t count = async && steps - i > a.window ? a.window : async ? steps - i : 1;
       pp_step_stats st;
-      FL_CHECK(pp_trainer_compute_gradients(r.trainer, r.x_h, r.y_h, (int)rows, cs.step, &st));
-      lr = optim_lr_at(&a.schedule, epoch + (double)i / (double)steps);
-      /* st.loss is the world's (allreduced): every rank sees it non-finite at the same step
-       * and stops there, returning FL_OK (a retry would only diverge again); the client fails
-       * the run with rank 0's report. */
-      if (!isfinite(st.loss)) {
-        train_report bad = {.kind = REPORT_DIVERGED, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
-                            .step = cs.step + 1, .steps_per_epoch = steps, .done = i + 1, .loss = st.loss, .lr = lr,
-                            .pid = (int64_t)getpid()};
-        if (r.rank == 0) FL_CHECK(fl_emit(out, &bad, sizeof bad));
-        goto cleanup;
+      pp_window_stats ws = {0};
+      for (uint64_t j = 0; j < count; j++) {
+        uint32_t n = data_reader_next(r.train, r.images_h, r.labels_h);
+        if (n != r.local)
+          FL_CHECK(fl_set_error(FL_EINTERNAL, "rank %u: step %llu of epoch %u got %u images, not %u", r.rank,
+                                (unsigned long long)(i + j), epoch + 1, n, r.local));
+        FL_CHECK(gather_batch(&r, n));
+        if (async) {
+          memcpy(r.xw_h + j * rows * r.image_floats, r.x_h, (size_t)rows * r.image_floats * sizeof(float));
+          memcpy(r.yw_h + j * rows, r.y_h, (size_t)rows * sizeof(int32_t));
+          r.lr_h[j] = (float)optim_lr_at(&a.schedule, epoch + (double)(i + j) / (double)steps);
+        }
       }
-      FL_CHECK(pp_trainer_apply(r.trainer, (float)lr, &st));
-      FL_CHECK(keep_timeline(&r, &st));
-      loss += st.loss;
-      acc += st.accuracy;
-      bubble += st.bubble;
-      theory = st.bubble_theory;
-      cs.step++;
-      if (r.rank == 0 && ((i + 1) % report_every == 0 || i + 1 == steps)) {
-        double secs = common_now_s() - t0;
-        train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
-                            .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = loss / (double)(i + 1),
-                            .acc = acc / (double)(i + 1), .lr = lr,
-                            .images_per_s = secs > 0 ? (double)(i + 1) * a.batch / secs : 0, .seconds = secs,
-                            .resumed_epoch = resumed, .pid = (int64_t)getpid()};
-        FL_CHECK(fl_barrier_report(b, fl_bytes_of(&rep, sizeof rep)));
+      if (async) {
+        FL_CHECK(pp_trainer_train_window(r.trainer, r.xw_h, r.yw_h, (int)rows, (int)count, cs.step, r.lr_h, &ws));
+        st = ws.step;
+      } else {
+        FL_CHECK(pp_trainer_compute_gradients(r.trainer, r.x_h, r.y_h, (int)rows, cs.step, &st));
+      }
+      for (uint64_t j = 0; j < count; j++, i++) {
+        double step_loss = async ? ws.loss[j] : st.loss, step_acc = async ? ws.accuracy[j] : st.accuracy;
+        lr = async ? r.lr_h[j] : optim_lr_at(&a.schedule, epoch + (double)i / (double)steps);
+        /* The loss is the world's (allreduced): every rank sees it non-finite at the same step
+         * and stops there, returning FL_OK (a retry would only diverge again); the client fails
+         * the run with rank 0's report. */
+        if (!isfinite(step_loss)) {
+          train_report bad = {.kind = REPORT_DIVERGED, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
+                              .step = cs.step + 1, .steps_per_epoch = steps, .done = i + 1, .loss = step_loss,
+                              .lr = lr, .pid = (int64_t)getpid()};
+          if (r.rank == 0) FL_CHECK(fl_emit(out, &bad, sizeof bad));
+          goto cleanup;
+        }
+        if (!async) FL_CHECK(pp_trainer_apply(r.trainer, (float)lr, &st));
+        if (j + 1 == count) FL_CHECK(keep_timeline(&r, &st));
+        loss += step_loss;
+        acc += step_acc;
+        bubble += st.bubble; /* a window's bubble counts for each of its steps */
+        theory = st.bubble_theory;
+        cs.step++;
+        if (r.rank == 0 && ((i + 1) % report_every == 0 || i + 1 == steps)) {
+          double secs = common_now_s() - t0;
+          train_report rep = {.kind = REPORT_PROGRESS, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
+                              .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = loss / (double)(i + 1),
+                              .acc = acc / (double)(i + 1), .lr = lr,
+                              .images_per_s = secs > 0 ? (double)(i + 1) * a.batch / secs : 0, .seconds = secs,
+                              .resumed_epoch = resumed, .pid = (int64_t)getpid()};
+          FL_CHECK(fl_barrier_report(b, fl_bytes_of(&rep, sizeof rep)));
+        }
       }
     }
     double train_secs = common_now_s() - t0;
@@ -508,7 +542,8 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
                           .acc = acc / (double)steps, .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
                           .images_per_s = train_secs > 0 ? (double)steps * a.batch / train_secs : 0,
                           .seconds = common_now_s() - t0, .resumed_epoch = resumed, .pid = (int64_t)getpid(),
-                          .bubble = bubble / (double)steps, .bubble_theory = theory};
+                          .bubble = bubble / (double)steps, .bubble_theory = theory,
+                          .link_bytes_per_s = pp_trainer_link_bytes_per_s(r.trainer)};
     /* The checkpoint goes first, so that an epoch the client has seen is never trained again. */
     FL_CHECK(put_checkpoint(&r, &cs, &blob));
     if (r.rank == 0) FL_CHECK(fl_barrier_report(b, fl_bytes_of(&last, sizeof last)));

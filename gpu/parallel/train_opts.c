@@ -105,10 +105,10 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
 /* The grid's and the transformer's options (--model transformer), or their absence. */
 static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->model != NN_TRANSFORMER) {
-    if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute ||
+    if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute || o->window || o->vertical_sync ||
         o->timeline_csv_path || o->timeline_svg_path)
-      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute and "
-                          "--timeline-* are for --model transformer");
+      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, "
+                          "--window, --vertical-sync and --timeline-* are for --model transformer");
     return FL_OK;
   }
   if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
@@ -121,8 +121,16 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->batch % world)
     return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --dp x --tp x --pp = %llu (each rank reads "
                         "batch / ranks images a step)", o->batch, (unsigned long long)world);
-  if ((unsigned)o->schedule > PP_INTERLEAVED)
+  if ((unsigned)o->schedule > PP_2BW)
     return fl_set_error(FL_EINVAL, "--schedule: unknown schedule %d", (int)o->schedule);
+  if (o->vertical_sync && o->schedule != PP_PIPEDREAM)
+    return fl_set_error(FL_EINVAL, "--vertical-sync is for --schedule pipedream, not %s", pp_schedule_name(o->schedule));
+  if (o->window && o->schedule != PP_PIPEDREAM && o->schedule != PP_2BW)
+    return fl_set_error(FL_EINVAL, "--window is for --schedule pipedream or 2bw, not %s", pp_schedule_name(o->schedule));
+  if (o->window > 4096) return fl_set_error(FL_EINVAL, "--window %u is above 4096", o->window);
+  if (o->schedule == PP_2BW && o->microbatches < o->pp)
+    return fl_set_error(FL_EINVAL, "--schedule 2bw needs --microbatches >= --pp (%u < %u): a stage would need a "
+                        "third weight version", o->microbatches, o->pp);
   uint32_t replica = o->batch / o->ranks;
   if (o->microbatches < 1 || replica % o->microbatches)
     return fl_set_error(FL_EINVAL, "--microbatches %u must divide the replica's batch, --batch %u / --dp %u = %u",

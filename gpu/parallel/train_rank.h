@@ -40,6 +40,7 @@ typedef struct train_report {
                                           * train_allreduce_bit (0: none yet, or not counted) */
   uint64_t sent_bytes;                   /* bytes this rank handed to collectives so far:
                                           * reduced_bytes, or the compressed payload */
+  double link_bytes_per_s;               /* transformer: the link between stages, measured */
 } train_report;
 
 /* train_report.allreduce_algos: bit (1u << algo) for each host algorithm that ran (what AUTO
@@ -97,6 +98,9 @@ typedef struct train_arg {
   double wall_t0; /* the client's wall clock (seconds) as the job started: rows' elapsed time */
   uint32_t ps_handle_len;
   uint8_t ps_handle[TRAIN_PS_HANDLE_MAX];
+  /* the transformer's pipedream and 2bw schedules: mini-batches per window, vertical sync */
+  uint32_t window;
+  bool vertical_sync;
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
