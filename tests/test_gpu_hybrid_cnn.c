@@ -39,6 +39,7 @@ static hcnn_spec small_spec(void) {
 
 typedef struct rank_out {
   double loss[STEPS];
+  double eval_loss, eval_correct; /* hcnn_evaluate of the first step's batch, after training */
   hcnn_bytes bytes;
   size_t np;
   char name[MAX_PARAMS][32];
@@ -97,6 +98,8 @@ static fl_status train_rank(rank_job *job) {
     FL_CHECK(hcnn_apply(h, 0.05f));
   }
   for (size_t i = 0; i < o->np; i++) FL_CHECK(copy_out(d, &hcnn_param(h, i)->value, &o->value[i]));
+  size_t mine = (size_t)job->rank * (size_t)cfg->b;
+  FL_CHECK(hcnn_evaluate(h, cfg->x + mine * img, cfg->labels + mine, cfg->b, &o->eval_loss, &o->eval_correct));
 cleanup:
   hcnn_destroy(h);
   fl_device_close(d);
@@ -255,6 +258,8 @@ static void expect_matches_one_rank(hcnn_mode mode, int ranks, hcnn_bytes *bytes
                            ranks, r, s, o->loss[s], ref->loss[s]);
       assert_true(e <= TOL);
     }
+    assert_true(fabs(o->eval_loss - ref->eval_loss) <= TOL * fabs(ref->eval_loss));
+    assert_true(o->eval_correct == ref->eval_correct);
     for (size_t i = 0; i < o->np; i++) {
       assert_string_equal(o->name[i], ref->name[i]);
       assert_int_equal(o->place[i].rows * o->place[i].cols, ref->numel[i]);

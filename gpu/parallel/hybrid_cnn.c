@@ -429,8 +429,11 @@ static fl_status blocked_backward(fl_device *dev, int rows, int nblocks, int wid
   return FL_OK;
 }
 
-fl_status hcnn_compute_gradients(hcnn *h, const float *x, const int32_t *labels, int b, hcnn_stats *stats) {
-  if (!h || !x || !labels) return fl_set_error(FL_EINVAL, "hcnn_compute_gradients: NULL argument");
+/* The step's forward to the loss: the global batch's loss sum and correct count in st2 (every
+ * rank's the same), the logits' gradient in h->dlogits; *feat_out: the FC layers' input. */
+static fl_status step_forward(hcnn *h, const float *x, const int32_t *labels, int b, float st2[2],
+                              const fl_tensor **feat_out) {
+  if (!h || !x || !labels) return fl_set_error(FL_EINVAL, "hybrid CNN: NULL argument");
   if (b < 1) return fl_set_error(FL_EINVAL, "hybrid CNN: a batch of %d examples per rank, must be at least 1", b);
   const hcnn_spec *sp = &h->spec;
   fl_device *dev = h->dev;
@@ -490,15 +493,27 @@ fl_status hcnn_compute_gradients(hcnn *h, const float *x, const int32_t *labels,
   FL_CHECK(dev->ops->memset0(dev, h->stats_dev, 2 * sizeof(float)));
   FL_CHECK(dev->ops->softmax_xent(dev, R, C, h->logits.data, h->labels_dev, 0.0f, 1.0f / ((float)b * (float)K),
                                   h->dlogits.data, h->stats_dev));
-  float st2[2];
-  FL_CHECK(dev->ops->to_host(dev, st2, h->stats_dev, sizeof st2));
+  FL_CHECK(dev->ops->to_host(dev, st2, h->stats_dev, 2 * sizeof *st2));
   if (!split && K > 1) {
     int64_t sshape[1] = {2};
     FL_CHECK(tensor_ensure(&h->stats_t, dev, 1, sshape));
-    FL_CHECK(dev->ops->from_host(dev, h->stats_t.data, st2, sizeof st2));
+    FL_CHECK(dev->ops->from_host(dev, h->stats_t.data, st2, 2 * sizeof *st2));
     FL_CHECK(allreduce_sum(h, &h->stats_t, &h->bytes.activations));
-    FL_CHECK(dev->ops->to_host(dev, st2, h->stats_t.data, sizeof st2));
+    FL_CHECK(dev->ops->to_host(dev, st2, h->stats_t.data, 2 * sizeof *st2));
   }
+  *feat_out = feat;
+cleanup:
+  return status;
+}
+
+/* The step's backward from h->dlogits, after step_forward of b examples per rank. */
+static fl_status step_backward(hcnn *h, int b, const fl_tensor *feat) {
+  const hcnn_spec *sp = &h->spec;
+  fl_device *dev = h->dev;
+  int P = h->parts, nfc = sp->nfc, C = sp->classes, K = h->ranks;
+  bool split = P > 1;
+  int R = split ? b * K : b, F = (int)h->features, last = sp->fc[nfc - 1] / P;
+  fl_status status = FL_OK;
 
   /* Backward through the classifier and the hidden layers. */
   int64_t dshape[2] = {R, last};
@@ -535,13 +550,33 @@ fl_status hcnn_compute_gradients(hcnn *h, const float *x, const int32_t *labels,
     FL_CHECK(allreduce_sum(h, nn_model_grads(h->conv), &h->bytes.gradients));
     if (!split) FL_CHECK(allreduce_sum(h, &h->fc.grads, &h->bytes.gradients));
   }
+cleanup:
+  return status;
+}
+
+fl_status hcnn_compute_gradients(hcnn *h, const float *x, const int32_t *labels, int b, hcnn_stats *stats) {
+  float st2[2];
+  const fl_tensor *feat = NULL;
+  fl_status status = FL_OK;
+  FL_CHECK(step_forward(h, x, labels, b, st2, &feat));
+  FL_CHECK(step_backward(h, b, feat));
   if (stats) {
-    stats->loss = (double)st2[0] / ((double)b * K);
-    stats->accuracy = (double)st2[1] / ((double)b * K);
+    stats->loss = (double)st2[0] / ((double)b * h->ranks);
+    stats->accuracy = (double)st2[1] / ((double)b * h->ranks);
     stats->bytes = h->bytes;
   }
 cleanup:
   return status;
+}
+
+fl_status hcnn_evaluate(hcnn *h, const float *x, const int32_t *labels, int b, double *loss_sum, double *correct) {
+  float st2[2];
+  const fl_tensor *feat = NULL;
+  fl_status status = step_forward(h, x, labels, b, st2, &feat);
+  if (status != FL_OK) return status;
+  if (loss_sum) *loss_sum = st2[0];
+  if (correct) *correct = st2[1];
+  return FL_OK;
 }
 
 fl_status hcnn_apply(hcnn *h, float lr) {

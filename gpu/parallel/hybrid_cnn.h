@@ -115,6 +115,11 @@ void hcnn_destroy(hcnn *h);
  * (conv: summed over the ranks; FC: this rank's slice). FL_EINVAL names a bad batch or label. */
 fl_status hcnn_compute_gradients(hcnn *h, const float *x, const int32_t *labels, int batch,
                                  hcnn_stats *stats);
+/* Forward only (no gradients; the network has no dropout or batch norm, so evaluation is
+ * the training forward): the loss sum and correct count over the global batch, the same on
+ * every rank. Collective as hcnn_compute_gradients. */
+fl_status hcnn_evaluate(hcnn *h, const float *x, const int32_t *labels, int batch, double *loss_sum,
+                        double *correct);
 /* One optimizer step at rate lr on every parameter this rank holds, then zeroes the
  * gradients. */
 fl_status hcnn_apply(hcnn *h, float lr);
