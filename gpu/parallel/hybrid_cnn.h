@@ -58,7 +58,7 @@
 typedef struct hcnn_spec {
   int channels, height, width; /* input images, NCHW */
   int conv[HCNN_MAX_CONV];     /* output channels of each conv block */
-  int nconv;                   /* 0 to HCNN_MAX_CONV */
+  int nconv;                   /* 1 to HCNN_MAX_CONV */
   int fc[HCNN_MAX_FC];         /* widths of the hidden FC layers; K must divide each */
   int nfc;                     /* 1 to HCNN_MAX_FC */
   int classes;
@@ -124,7 +124,7 @@ fl_status hcnn_evaluate(hcnn *h, const float *x, const int32_t *labels, int batc
  * gradients. */
 fl_status hcnn_apply(hcnn *h, float lr);
 
-/* The parameters this rank holds: the conv stack's ("conv<i>.weight", "conv<i>.bias"; always
+/* The parameters this rank holds: the conv stack's ("conv<i>.weight", "conv<i>.bias", i from 1; always
  * whole), then the FC layers' ("fc<i>.weight", "fc<i>.bias", "classifier.weight",
  * "classifier.bias"). */
 size_t hcnn_param_count(const hcnn *h);
