@@ -186,6 +186,11 @@ static void test_one_rank_equals_plain_model(void **state) {
   }
   assert_ok(fl_model_linear(m, "classifier", sp.classes, true));
   assert_ok(fl_model_finish(m, 1));
+  /* The backward from a given output gradient wants a forward and the output's shape. */
+  int64_t dshape[2] = {n, sp.classes + 1};
+  fl_tensor *bad_dy;
+  assert_ok(fl_tensor_create(d, 2, dshape, &bad_dy));
+  assert_fails_with(nn_model_backward_from(m, bad_dy, NULL, NULL), FL_ESTATE, "no forward");
   assert_int_equal(nn_model_param_count(m), hcnn_param_count(h));
   assert_int_equal((int64_t)fl_model_num_weights(m), hcnn_weights(&sp));
   for (size_t i = 0; i < hcnn_param_count(h); i++) {
@@ -204,6 +209,8 @@ static void test_one_rank_equals_plain_model(void **state) {
   const fl_tensor *y;
   double loss;
   assert_ok(fl_model_forward(m, xt, true, &y));
+  assert_fails_with(nn_model_backward_from(m, bad_dy, NULL, NULL), FL_EINVAL, "gradient [8, 6], the output is [8, 5]");
+  fl_tensor_destroy(bad_dy);
   assert_ok(fl_model_cross_entropy(m, labels, (size_t)n, 0.0, &loss, NULL));
   assert_ok(fl_model_backward(m));
   assert_true(fabs(st.loss - loss) <= TOL * fabs(loss));
