@@ -10,6 +10,7 @@
  *   communicators), top-1 and top-2, equals one rank holding every expert that routes each
  *   rank's rows as its own groups: outputs, losses (with the balancing loss), drops, every
  *   gradient and the weights, to 1e-6 relative.
+ * - With a GPU: the layer's forward and backward on cuda against the cpu (skipped without).
  * - Bad configs and calls.
  *
  * Whole tensors compare with err = max_i |got_i - want_i| / max_i |want_i| (as
@@ -90,6 +91,9 @@ static void test_top1_capacity_and_dropping(void **state) {
   double want = 0.5 * 3 * (f[0] * P[0] + f[1] * P[1] + f[2] * P[2]);
   assert_float_equal(r.balance, want, 1e-6);
   for (int e = 0; e < 3; e++) assert_float_equal(r.frac[e], f[e], 1e-7);
+  /* Four exchanges of the 3 x 2 slots of 4 floats, two thirds of them to other ranks. */
+  assert_int_equal(moe_alltoall_bytes(&cfg, 3, 4, 1), 4 * 6 * 4 * sizeof(float) * 2 / 3);
+  assert_int_equal(moe_alltoall_bytes(&cfg, 1, 4, 1), 0);
   moe_route_release(&r);
   moe_route_release(&r); /* twice is harmless */
 }
@@ -468,6 +472,73 @@ static void test_expert_parallel_matches_one_rank(void **state) {
   assert_true(total_dropped > 0); /* capacity dropping took part */
 }
 
+/* ---- the cuda device against the cpu ------------------------------------------------------ */
+
+/* One forward and backward of a fresh layer on d; y, dx and the flat gradients to the host. */
+static fl_status layer_on(fl_device *d, const moe_config *cfg, const float *xv, int T, int groups,
+                          const float *dyv, float *y, float *dx, float *grads, size_t *nvalues) {
+  layer_store s;
+  moe_scratch scratch = {0};
+  moe_acts acts = {0};
+  fl_tensor x = {0}, dy = {0}, dxt = {0};
+  size_t first;
+  fl_status status = FL_OK;
+  layer_store_init(&s, d);
+  int64_t shape[2] = {T, cfg->hidden};
+  FL_CHECK(moe_params_add(&s, "moe", cfg, 0, 1, &first));
+  FL_CHECK(layer_store_finish(&s, 3));
+  FL_CHECK(moe_params_init(&s, first, moe_param_count(cfg, 1), 3));
+  moe_layer k = {d, NULL, *cfg, 0, 1, &s.params[first], &scratch};
+  FL_CHECK(tensor_ensure(&x, d, 2, shape));
+  FL_CHECK(tensor_ensure(&dy, d, 2, shape));
+  FL_CHECK(fl_tensor_write(&x, xv, x.numel));
+  FL_CHECK(fl_tensor_write(&dy, dyv, dy.numel));
+  FL_CHECK(moe_forward(&k, &x, groups, 0.25f, &acts));
+  FL_CHECK(moe_backward(&k, &x, &acts, &dy, &dxt));
+  FL_CHECK(fl_tensor_read(&acts.y, y, x.numel));
+  FL_CHECK(fl_tensor_read(&dxt, dx, x.numel));
+  *nvalues = s.nvalues;
+  FL_CHECK(fl_tensor_read(&s.grads, grads, s.nvalues));
+cleanup:
+  moe_acts_release(&acts);
+  moe_scratch_release(&scratch);
+  tensor_release(&x);
+  tensor_release(&dy);
+  tensor_release(&dxt);
+  layer_store_release(&s);
+  return status;
+}
+
+static void test_cuda_matches_cpu(void **state) {
+  (void)state;
+  fl_device *gpu = NULL;
+  if (fl_cuda_device_count() < 1 || fl_device_open(FL_DEVICE_CUDA, 0, &gpu) != FL_OK) {
+    skip(); /* no GPU here */
+    return;
+  }
+  for (int k = 1; k <= 2; k++) {
+    moe_config cfg = {.hidden = 16, .ffn = 24, .experts = 4, .top_k = k, .capacity_factor = 1.0f,
+                      .balance_alpha = 0.1f};
+    const int T = 32, groups = 2;
+    float *x = rand_buf((size_t)T * 16), *dy = rand_buf((size_t)T * 16);
+    float y[2][32 * 16], dx[2][32 * 16];
+    size_t n[2], want = (size_t)4 * 16 + 4 * (2 * 24 * 16 + 24 + 16);
+    float *g[2] = {malloc(want * sizeof(float)), malloc(want * sizeof(float))};
+    assert_ok(layer_on(dev, &cfg, x, T, groups, dy, y[0], dx[0], g[0], &n[0]));
+    assert_ok(layer_on(gpu, &cfg, x, T, groups, dy, y[1], dx[1], g[1], &n[1]));
+    assert_int_equal(n[0], want);
+    assert_int_equal(n[1], want);
+    expect_close(y[1], y[0], (size_t)T * 16, 1e-4, "cuda y");
+    expect_close(dx[1], dx[0], (size_t)T * 16, 1e-4, "cuda dx");
+    expect_close(g[1], g[0], n[0], 1e-4, "cuda gradients");
+    free(g[0]);
+    free(g[1]);
+    free(x);
+    free(dy);
+  }
+  fl_device_close(gpu);
+}
+
 /* ---- bad configs and calls ----------------------------------------------------------------- */
 
 static void test_bad_configs_and_calls(void **state) {
@@ -566,6 +637,7 @@ int main(void) {
       cmocka_unit_test(test_router_backward_by_finite_differences),
       cmocka_unit_test(test_layer_gradients_by_finite_differences),
       cmocka_unit_test(test_expert_parallel_matches_one_rank),
+      cmocka_unit_test(test_cuda_matches_cpu),
       cmocka_unit_test(test_bad_configs_and_calls),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);

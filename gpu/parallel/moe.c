@@ -175,8 +175,11 @@ static fl_status check_x(const moe_layer *k, const fl_tensor *x, int groups, int
   if (!x || x->dev != k->dev || x->numel == 0 || x->numel % (size_t)k->cfg.hidden)
     return fl_set_error(FL_EINVAL, "moe: the input must be rows of hidden (%d) floats on the "
                         "layer's device", k->cfg.hidden);
-  if (x->numel / (size_t)k->cfg.hidden > INT32_MAX / 2)
-    return fl_set_error(FL_EINVAL, "moe: %zu rows are too many", x->numel / (size_t)k->cfg.hidden);
+  /* The slot tables hold row indices as floats (the embedding operations' ids): exact
+   * below 2^24. */
+  if (x->numel / (size_t)k->cfg.hidden >= (1u << 24))
+    return fl_set_error(FL_EINVAL, "moe: %zu rows are too many for one call (at most %u)",
+                        x->numel / (size_t)k->cfg.hidden, (1u << 24) - 1);
   *T = (int)(x->numel / (size_t)k->cfg.hidden);
   if (groups < 1 || *T % groups)
     return fl_set_error(FL_EINVAL, "moe: %d rows cannot be cut into %d equal routing groups",
@@ -203,6 +206,10 @@ fl_status moe_forward(const moe_layer *k, const fl_tensor *x, int groups, float 
   FL_CHECK(ensure_host(S, (size_t)T * E));
   FL_CHECK(op->to_host(dev, S->host, S->logits.data, (size_t)T * E * sizeof(float)));
   FL_CHECK(moe_route_compute(&k->cfg, S->host, T, groups, &a->route));
+  /* The slots and each expert's rows are GEMM dimensions: they must be ints. */
+  if ((int64_t)E * groups * a->route.capacity > INT32_MAX / 2)
+    FL_CHECK(fl_set_error(FL_EINVAL, "moe: %d experts x %d groups x capacity %d slots are too "
+                          "many", E, groups, a->route.capacity));
   a->aux_weight = aux_weight;
   a->aux_loss = a->route.balance * aux_weight;
   const geom G = geom_of(k, T, &a->route);
