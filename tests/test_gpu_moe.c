@@ -276,6 +276,10 @@ static void test_layer_gradients_by_finite_differences(void **state) {
       if (fi == 0) assert_true(dropped > 0);
       if (fi == 1) assert_int_equal(dropped, 0);
       assert_ok(moe_backward(&f.layer, &f.x, &f.acts, &f.dy, &f.dx));
+      /* ids, gates, expert_in, h1, act, back, y at 3 experts x groups x capacity slots. */
+      size_t slots = (size_t)3 * f.groups * f.acts.route.capacity;
+      assert_int_equal(moe_acts_bytes(&f.acts),
+                       sizeof(float) * (2 * slots + 2 * slots * 4 + 2 * slots * 6 + f.x.numel));
       float *dx = malloc(f.x.numel * sizeof *dx);
       memcpy(dx, f.dx.data, f.x.numel * sizeof *dx);
       check_fd(&f, f.x.data, dx, f.x.numel, "dx");

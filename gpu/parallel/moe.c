@@ -347,6 +347,13 @@ void moe_acts_release(moe_acts *a) {
   tensor_release(&a->y);
 }
 
+size_t moe_acts_bytes(const moe_acts *a) {
+  const fl_tensor *t[] = {&a->ids, &a->gates, &a->expert_in, &a->h1, &a->act, &a->back, &a->y};
+  size_t bytes = 0;
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) bytes += t[i]->numel * sizeof(float);
+  return bytes;
+}
+
 void moe_scratch_release(moe_scratch *s) {
   tensor_release(&s->ext);
   tensor_release(&s->buf_a);

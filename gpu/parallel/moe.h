@@ -153,6 +153,9 @@ fl_status moe_forward(const moe_layer *k, const fl_tensor *x, int groups, float 
 fl_status moe_backward(const moe_layer *k, const fl_tensor *x, const moe_acts *a,
                        const fl_tensor *dy, fl_tensor *dx);
 void moe_acts_release(moe_acts *a);
+/* Device bytes a holds for the backward (its tensors; the host routing tables not counted),
+ * as tp_block_acts_bytes, for a chunk's activation accounting. */
+size_t moe_acts_bytes(const moe_acts *a);
 void moe_scratch_release(moe_scratch *s);
 /* All-to-all bytes this rank sends to other ranks in one forward and backward (four
  * exchanges of its [slots, hidden] buffer, minus the 1 / ep that stays). */
