@@ -36,6 +36,15 @@
  * group must call forward and backward in the same order with the same rows and groups (the
  * all-to-all buffers have a fixed size).
  *
+ * In a transformer block (for the integration with gpu/parallel/tensor_parallel.c): the MLP
+ * becomes y = x1 + dropout(moe(x1)) on the [n * seq, hidden] rows, with groups = n (one
+ * routing group per sample): capacity is then per sample, so neither micro-batching nor a
+ * data-parallel split of the batch changes which tokens are dropped, and the balancing loss
+ * with aux_weight 1 / (samples of the mini-batch) is the mean over samples. The router and
+ * the experts would be replicated over a tensor-parallel group (the expert-parallel group
+ * being another axis, like data parallelism); the moe_acts join the slot's saved
+ * activations (moe_acts_bytes).
+ *
  * Threading: a layer and its scratch are used by one thread at a time.
  */
 #ifndef FLINT_GPU_MOE_H
