@@ -42,10 +42,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,10 +293,16 @@ void shell_guard_install(void) {
 
 /* Ctrl-C while an input runs: the handler (which may only do async-signal-safe things)
  * writes a byte to a pipe, and a watcher thread cancels the context's running jobs, whose
- * actions then return FL_ECANCELLED to the input. The handler gives SIGINT back its default
- * action, so a second Ctrl-C (an input looping in its own code) ends the shell. At the
- * prompt Ctrl-C keeps its default action. */
+ * actions then return FL_ECANCELLED to the input. Until that input ends the watcher also
+ * cancels every job it starts later (polling), so a Ctrl-C that lands before the input's
+ * first job (still building its data sets, or between two jobs) is not lost. The handler
+ * gives SIGINT back its default action, so a second Ctrl-C (an input looping in its own code)
+ * ends the shell. At the prompt Ctrl-C keeps its default action. */
 static int interrupt_pipe[2] = {-1, -1};
+static atomic_uint input_number;  /* run_guarded's inputs so far */
+static atomic_bool input_running; /* run_guarded is inside one */
+
+enum { RECANCEL_MS = 50 };
 
 static void interrupt_handler(int sig) {
   char one = 1;
@@ -303,16 +311,32 @@ static void interrupt_handler(int sig) {
   signal(sig, SIG_DFL);
 }
 
+static void cancel_jobs(shell_session *s) {
+  if (fl_cancel_jobs(s->ctx) != FL_OK) fprintf(stderr, "flint shell: cannot cancel the jobs: %s\n", fl_last_error());
+}
+
 static void *interrupt_watch(void *arg) {
   shell_session *s = arg;
+  bool interrupted = false;
+  unsigned interrupted_input = 0;
   for (;;) {
+    if (interrupted && (!atomic_load(&input_running) || atomic_load(&input_number) != interrupted_input))
+      interrupted = false;
+    struct pollfd p = {.fd = interrupt_pipe[0], .events = POLLIN};
+    int ready = poll(&p, 1, interrupted ? RECANCEL_MS : -1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      cancel_jobs(s); /* the interrupted input's later jobs */
+      continue;
+    }
     char b;
     ssize_t n = read(interrupt_pipe[0], &b, 1);
     if (n < 0 && errno == EINTR) continue;
     if (n != 1 || b == 0) return NULL; /* 0: the session ends */
     fprintf(stderr, "\nflint shell: Ctrl-C: cancelling the running jobs (Ctrl-C again ends the shell)\n");
-    fl_status st = fl_cancel_jobs(s->ctx);
-    if (st != FL_OK) fprintf(stderr, "flint shell: cannot cancel the jobs: %s\n", fl_last_error());
+    interrupted = atomic_load(&input_running);
+    interrupted_input = atomic_load(&input_number);
+    cancel_jobs(s);
   }
 }
 
@@ -322,15 +346,19 @@ static bool run_guarded(void (*fn)(fl_context *), fl_context *ctx, unsigned inpu
   sigemptyset(&on_interrupt.sa_mask);
   bool interruptible = interrupt_pipe[1] >= 0 && sigaction(SIGINT, &on_interrupt, &before) == 0;
   guard_thread = pthread_self();
+  atomic_fetch_add(&input_number, 1);
+  atomic_store(&input_running, true);
   int sig = sigsetjmp(guard_jump, 1);
   if (sig == 0) {
     guard_armed = 1;
     fn(ctx);
     guard_armed = 0;
+    atomic_store(&input_running, false);
     if (interruptible) sigaction(SIGINT, &before, NULL);
     fflush(stdout);
     return true;
   }
+  atomic_store(&input_running, false);
   if (interruptible) sigaction(SIGINT, &before, NULL);
   fflush(stdout);
   fprintf(stderr, "flint shell: input %u crashed (%s); the session goes on, but what it held "

@@ -143,6 +143,11 @@ static const char train_usage_text[] =
     "  --resume PATH       start from a checkpoint that --checkpoint wrote (same model and\n"
     "                      data shape; not the transformer): train from its epoch to --epochs\n"
     "  --quiet             no progress line\n"
+    "  --trick             --model cnn only: Krizhevsky's \"one weird trick\": the convolutions\n"
+    "                      data parallel (each rank its B / R images), the fully connected\n"
+    "                      layers split over the R ranks by units, on the whole batch (the\n"
+    "                      cnn without batch norm, two FC layers of 512: R must divide 512;\n"
+    "                      --sync bsp, no --checkpoint; docs/parallelism.md)\n"
     "transformer options:\n"
     "  --dp D              data-parallel replicas (the same as --ranks; default 1)\n"
     "  --tp T              tensor-parallel ranks per stage, dividing --heads and --ffn (default 1)\n"
@@ -222,6 +227,7 @@ static const struct option train_longopts[] = {
     VALUED("ps-push"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("vertical-sync"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
+    SWITCH("trick"),
     CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
@@ -273,6 +279,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     }
     if (strcmp(opt, "--recompute") == 0) {
       o->recompute = true;
+      continue;
+    }
+    if (strcmp(opt, "--trick") == 0) {
+      o->trick = true;
       continue;
     }
     if (strcmp(opt, "--vertical-sync") == 0) {
@@ -493,6 +503,9 @@ int cmd_train(int argc, char **argv) {
            o.ranks, o.tp, o.pp, pp_schedule_name(o.schedule), o.microbatches, o.microbatches == 1 ? "" : "es",
            o.batch / o.ranks / o.microbatches, o.chunks, o.chunks == 1 ? "" : "s", o.recompute ? ", recompute" : "",
            o.hidden, o.heads, o.blocks, o.dropout);
+  if (o.trick)
+    printf("trick        convolutions data parallel on %u images a rank; FC layers split %u ways over the "
+           "global batch\n", o.batch / world, world);
   if (o.accumulate > 1)
     printf("accumulate   %u micro-batches of %u per rank a step, one allreduce after the last\n", o.accumulate,
            o.batch / world / o.accumulate);
@@ -510,12 +523,16 @@ int cmd_train(int argc, char **argv) {
   printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
   printf("throughput   %.0f images/s over %.1f s", res.images_per_s, res.seconds);
   bool ps = GPU_TRAIN_SYNC_IS_PS(o.sync);
-  if (!hybrid && !ps) printf("; input wait %.1f%% of the steps' time", 100 * res.input_wait_share);
+  if (!hybrid && !ps && !o.trick) printf("; input wait %.1f%% of the steps' time", 100 * res.input_wait_share);
   printf("\n");
   if (o.compress && res.steps)
     printf("compress     %s: %.1f KiB sent a step by a rank (%.1f KiB of gradients, %.1fx less)\n", o.compress,
            (double)res.sent_bytes / res.steps / 1024, (double)res.reduced_bytes / res.steps / 1024,
            res.sent_bytes ? (double)res.reduced_bytes / res.sent_bytes : 0.0);
+  if (o.trick && res.steps)
+    printf("trick        %.1f KiB sent a step by a rank, %.1f KiB of them the convolutions' gradients (ring "
+           "counts; bench_trick compares data parallelism)\n",
+           (double)res.sent_bytes / res.steps / 1024, (double)res.reduced_bytes / res.steps / 1024);
   if (ps)
     printf("servers      %.1f MiB pushed and pulled by a worker; pulls at most %llu steps behind; %u worker%s "
            "retried and resumed\n", (double)res.reduced_bytes / (1 << 20), (unsigned long long)res.max_staleness,

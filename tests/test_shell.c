@@ -292,6 +292,16 @@ static void interrupt_a_job(session *s) {
   EXPECT(s, "count: FL_ECANCELLED");
   type_line(s, "printf(\"alive=%d\\n\", 6 * 7);");
   EXPECT(s, "alive=42");
+  /* A Ctrl-C before the input's first job (here while it sleeps) cancels the jobs it starts
+   * afterwards; it is not lost for want of a running job. */
+  type_line(s, "fprintf(stderr, \"before %s\\n\", \"the job\"); sleep(3); fl_status late = fl_count(slowed, &m); printf(\"late: %s\\n\", fl_status_name(late) + 0);");
+  EXPECT(s, "before the job");
+  assert_int_equal(write(s->fd, "\x03", 1), 1);
+  EXPECT(s, "cancelling the running jobs");
+  EXPECT(s, "late: FL_ECANCELLED");
+  /* The next input's jobs run. */
+  type_line(s, "fl_dataset *few = NULL; fl_range(ctx, 0, 7, 1, 1, &few); fl_count(few, &m); printf(\"after=%d\\n\", (int)m + 0);");
+  EXPECT(s, "after=7");
 }
 
 static void test_interrupt(void **state) {

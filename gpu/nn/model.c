@@ -526,6 +526,24 @@ fl_status nn_model_backward(nn_model *m, nn_grads_ready_fn ready, void *user) {
   return FL_OK;
 }
 
+fl_status nn_model_backward_from(nn_model *m, const fl_tensor *dy, nn_grads_ready_fn ready, void *user) {
+  if (!m || !dy) return fl_set_error(FL_EINVAL, "nn_model_backward_from: NULL argument");
+  if (!m->y) return fl_set_error(FL_ESTATE, "nn_model_backward_from: no forward to take the gradient of");
+  bool same = dy->ndim == m->y->ndim;
+  for (int i = 0; same && i < dy->ndim; i++) same = dy->shape[i] == m->y->shape[i];
+  if (!same) {
+    char got[96], want[96];
+    layer_shape_text(dy, got, sizeof got);
+    layer_shape_text(m->y, want, sizeof want);
+    return fl_set_error(FL_EINVAL, "nn_model_backward_from: gradient %s, the output is %s", got, want);
+  }
+  fl_status st = tensor_ensure(&m->dy, m->dev, m->y->ndim, m->y->shape);
+  if (st == FL_OK) st = m->dev->ops->copy(m->dev, m->dy.data, dy->data, dy->numel * sizeof(float));
+  if (st != FL_OK) return st;
+  m->have_loss = true;
+  return nn_model_backward(m, ready, user);
+}
+
 fl_status fl_model_backward(fl_model *m) {
   common_error_clear();
   return nn_model_backward(m, NULL, NULL);

@@ -92,6 +92,10 @@ typedef fl_status (*nn_grads_ready_fn)(size_t first, size_t count, void *user);
 /* Backward from the loss's logit gradient, ACCUMULATING parameter gradients. `ready` may be
  * NULL. */
 fl_status nn_model_backward(nn_model *m, nn_grads_ready_fn ready, void *user);
+/* The same from a given gradient of the last forward's output (dy shaped as it; copied), for
+ * a model that is one part of a larger one (gpu/parallel/hybrid_cnn.c). FL_ESTATE without a
+ * forward; FL_EINVAL for a dy of another shape. */
+fl_status nn_model_backward_from(nn_model *m, const fl_tensor *dy, nn_grads_ready_fn ready, void *user);
 fl_status nn_model_zero_grad(nn_model *m);
 
 /* ---- the parameter store --------------------------------------------------------------

@@ -216,6 +216,9 @@ typedef struct gpu_train_options {
    * "none", "fp16", "bf16", "topk:RATIO", "powersgd:R", "onebit" (compress_spec_parse's
    * text). The hooks run on host memory over the host backend: not with NCCL. */
   const char *compress;
+  /* --model cnn --trick (gpu/parallel/train_trick.c): Krizhevsky's data-parallel
+   * convolutions and model-parallel FC layers over the ranks (gpu/parallel/hybrid_cnn.h) */
+  bool trick;
   /* --schedule pipedream and 2bw: the mini-batches trained back to back between two flushes
    * (0: 8), and pipedream's vertical sync (gpu/parallel/pipeline_schedule.h) */
   uint32_t window;
@@ -226,7 +229,7 @@ typedef struct gpu_train_options {
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, 0, false}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, false, 0, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

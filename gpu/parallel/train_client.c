@@ -373,7 +373,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .accumulate = o->accumulate ? o->accumulate : 1, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
-                 .blocks = o->blocks, .dropout = (float)o->dropout};
+                 .blocks = o->blocks, .dropout = (float)o->dropout, .trick = o->trick};
   gpu_train_schedule(o, &a.schedule);
   a.window = o->window ? o->window : 8;
   a.vertical_sync = o->vertical_sync;
@@ -422,8 +422,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     bopts.gpu = o->device == FL_DEVICE_CUDA;
     bopts.on_report = client_on_report;
     bopts.user = &c;
-    FL_CHECK(fl_barrier_map_partitions(pair, hybrid ? gpu_train_hybrid_rank : gpu_train_rank, &a, sizeof a, &bopts,
-                                       &trained));
+    fl_barrier_fn rank_fn = hybrid ? gpu_train_hybrid_rank : o->trick ? gpu_train_trick_rank : gpu_train_rank;
+    FL_CHECK(fl_barrier_map_partitions(pair, rank_fn, &a, sizeof a, &bopts, &trained));
     FL_CHECK(fl_collect(trained, &out));
     if (fl_records_count(out) < 1 || fl_records_get(out, 0).len != sizeof(train_report)) {
       status = fl_set_error(FL_EINTERNAL, "gpu_train: rank 0 returned no result");

@@ -9,6 +9,7 @@
 
 #include "gpu/parallel/compress.h"
 #include "gpu/parallel/train.h"
+#include "gpu/parallel/train_rank.h"
 
 static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx", "datasets",
                                             "imagefolder"};
@@ -166,6 +167,38 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->bucket_bytes)
     return fl_set_error(FL_EINVAL, "--bucket-mb is for the data-parallel models (the transformer averages each "
                         "chunk's gradients after backward)");
+  return FL_OK;
+}
+
+/* --trick (gpu/parallel/train_trick.c): the cnn, synchronous, with what a rank holding a
+ * shard of the FC layers can do. */
+static fl_status validate_trick(const gpu_train_options *o) {
+  if (!o->trick) return FL_OK;
+  if (o->model != NN_CNN)
+    return fl_set_error(FL_EINVAL, "--trick is for --model cnn (its convolutions data parallel, its fully connected "
+                        "layers split over the ranks), not %s", nn_model_kind_name(o->model));
+  if (TRICK_FC % o->ranks)
+    return fl_set_error(FL_EINVAL, "--trick: --ranks %u must divide the FC layers' %d units (each rank holds an "
+                        "equal share): use 1, 2, 4, 8, ...", o->ranks, TRICK_FC);
+  if (o->sync != GPU_TRAIN_SYNC_BSP)
+    return fl_set_error(FL_EINVAL, "--trick needs --sync bsp (a rank's FC shard is the only copy: there is nothing "
+                        "to average or push)");
+  if (o->checkpoint_path || o->resume_path)
+    return fl_set_error(FL_EINVAL, "--checkpoint and --resume are not available with --trick (each rank holds a shard "
+                        "of the FC layers)");
+  if (o->clip_grad_norm > 0 || o->label_smoothing > 0 || (o->accumulate && o->accumulate > 1) || o->bucket_bytes)
+    return fl_set_error(FL_EINVAL, "--clip-grad-norm, --label-smoothing, --accumulate and --bucket-mb are not "
+                        "available with --trick");
+  compress_spec spec;
+  if (compress_spec_parse(o->compress, &spec) == FL_OK && spec.kind != COMPRESS_NONE)
+    return fl_set_error(FL_EINVAL, "--compress is not available with --trick (it allreduces only the convolutions' "
+                        "gradients, uncompressed)");
+  if (o->precision == FL_PRECISION_FP16)
+    return fl_set_error(FL_EINVAL, "--precision fp16 is not available with --trick (its loss scaler checks all of the "
+                        "gradients): use bf16");
+  if ((o->optim.kind == OPTIM_LARS || o->optim.kind == OPTIM_LAMB) && o->ranks > 1)
+    return fl_set_error(FL_EINVAL, "--optimizer %s needs each weight's whole norm, but --trick splits the FC weights "
+                        "over ranks: use sgd, adam or adamw", optim_kind_name(o->optim.kind));
   return FL_OK;
 }
 
@@ -364,7 +397,8 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
   if (o->max_test_images && o->max_test_images < o->ranks)
     return fl_set_error(FL_EINVAL, "--test-images %llu is less than --ranks %u (each rank evaluates a share)",
                         (unsigned long long)o->max_test_images, o->ranks);
-  fl_status hs = validate_hybrid(o);
+  fl_status hs = validate_trick(o);
+  if (hs == FL_OK) hs = validate_hybrid(o);
   if (hs == FL_OK) hs = validate_compress(o);
   if (hs != FL_OK) return hs;
   optim_schedule s;

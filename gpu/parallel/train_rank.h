@@ -10,6 +10,7 @@
 
 #include "flint/image.h"
 #include "gpu/parallel/compress.h"
+#include "gpu/parallel/hybrid_cnn.h"
 #include "gpu/parallel/train.h"
 
 /* Reports from a rank to the client, as fl_barrier_report messages. REPORT_DIVERGED is
@@ -98,6 +99,7 @@ typedef struct train_arg {
   double wall_t0; /* the client's wall clock (seconds) as the job started: rows' elapsed time */
   uint32_t ps_handle_len;
   uint8_t ps_handle[TRAIN_PS_HANDLE_MAX];
+  bool trick; /* --model cnn --trick (gpu/parallel/train_trick.c) */
   /* the transformer's pipedream and 2bw schedules: mini-batches per window, vertical sync */
   uint32_t window;
   bool vertical_sync;
@@ -196,5 +198,12 @@ void train_events_report(train_events *ev, const gpu_train_options *o, const tra
 void train_events_pipeline(train_events *ev, const fl_buf *stages);
 /* TrainEnd: FINISHED, or FAILED with the thread's message, which it leaves as it found it. */
 void train_events_end(train_events *ev, fl_status status);
+
+/* ---- --model cnn --trick (gpu/parallel/train_trick.c) ---- */
+/* The width of its two hidden FC layers: --ranks must divide it. */
+#define TRICK_FC 512
+/* Its network (gpu/parallel/hybrid_cnn.h) for the data's images. */
+hcnn_spec train_trick_spec(uint32_t channels, uint32_t height, uint32_t width, uint32_t classes, uint64_t seed);
+FL_API fl_status gpu_train_trick_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg);
 
 #endif /* FLINT_GPU_TRAIN_RANK_H */
