@@ -549,55 +549,59 @@ static fl_status dream_rank(rank_job *job) {
 /* The weights PipeDream reaches without flushes are those of its version plans: each stage's
  * updates chain on its newest weights, every micro-batch's gradient taken on the versions
  * its forwards used, on both stages (a backward on other weights than its forward's would
- * not match). Vertical sync and not, m 2 and PipeDream's classic m 1. */
+ * not match). Vertical sync and not, m 2 and PipeDream's classic m 1, and with recomputation
+ * (whose second forward must use the stashed version too). */
 static void test_pipedream_updates_follow_the_plan(void **state) {
   (void)state;
   if (!made[1]) {
     group_create(&worlds[1], 1);
     made[1] = true;
   }
-  const int ms[] = {2, 1};
-  for (int mi = 0; mi < 2; mi++)
-    for (int vs = 0; vs <= 1; vs++) {
-      int m = ms[mi], k = 6, v0[64], v1[64];
-      run rs = run_of((pp_grid){1, 1, 2}, PP_PIPEDREAM, m, k, k);
-      rs.o.spec.dropout = 0;
-      rs.o.vertical_sync = vs;
-      run_on(&rs);
-      assert_ok(pp_weight_versions(PP_PIPEDREAM, vs, 2, m, k, 0, v0));
-      assert_ok(pp_weight_versions(PP_PIPEDREAM, vs, 2, m, k, 1, v1));
-      run ref = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, k, 0);
-      ref.o.spec.dropout = 0;
-      dream_ref d = {&ref, m, k, v0, v1};
-      rank_job job[1];
-      run_ranks(1, worlds[1].comms, dream_rank, &d, job);
+  const struct {
+    int m;
+    bool vs, recompute;
+  } cases[] = {{2, false, false}, {2, true, false}, {1, false, false}, {1, true, false}, {2, false, true}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    int m = cases[c].m, vs = cases[c].vs, k = 6, v0[64], v1[64];
+    run rs = run_of((pp_grid){1, 1, 2}, PP_PIPEDREAM, m, k, k);
+    rs.o.spec.dropout = 0;
+    rs.o.vertical_sync = vs;
+    rs.o.recompute = cases[c].recompute;
+    run_on(&rs);
+    assert_ok(pp_weight_versions(PP_PIPEDREAM, vs, 2, m, k, 0, v0));
+    assert_ok(pp_weight_versions(PP_PIPEDREAM, vs, 2, m, k, 1, v1));
+    run ref = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, k, 0);
+    ref.o.spec.dropout = 0;
+    dream_ref d = {&ref, m, k, v0, v1};
+    rank_job job[1];
+    run_ranks(1, worlds[1].comms, dream_rank, &d, job);
+    expect_all_ok(1, job);
+    expect_same_losses(&rs, &ref, 1e-5);
+    double worst = values_difference(&rs, &ref);
+    fprintf(stderr, "  pipedream pp 2 m %d%s%s, 6 mini-batches unflushed: weights within %.3g of the plan's\n", m,
+            vs ? " vertical sync" : "", cases[c].recompute ? " recompute" : "", worst);
+    assert_true(worst <= 1e-5);
+    if (c == 0) {
+      /* The comparison tells the plans apart: vertical sync's reference is another run. */
+      run other = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, k, 0);
+      other.o.spec.dropout = 0;
+      dream_ref dv = {&other, m, k, v0, v0};
+      run_ranks(1, worlds[1].comms, dream_rank, &dv, job);
       expect_all_ok(1, job);
-      expect_same_losses(&rs, &ref, 1e-5);
-      double worst = values_difference(&rs, &ref);
-      fprintf(stderr, "  pipedream pp 2 m %d%s, 6 mini-batches unflushed: weights within %.3g of the plan's\n", m,
-              vs ? " vertical sync" : "", worst);
-      assert_true(worst <= 1e-5);
-      if (!vs && m == 2) {
-        /* The comparison tells the plans apart: vertical sync's reference is another run. */
-        run other = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, k, 0);
-        other.o.spec.dropout = 0;
-        dream_ref dv = {&other, m, k, v0, v0};
-        run_ranks(1, worlds[1].comms, dream_rank, &dv, job);
-        expect_all_ok(1, job);
-        double apart = values_difference(&rs, &other);
-        fprintf(stderr, "    (%.3g from vertical sync's plan)\n", apart);
-        assert_true(apart > 1e-4);
-        run_free(&other);
-      }
-      /* and the plan is not the synchronous one: the staleness is real */
-      run sync = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, k, 0);
-      sync.o.spec.dropout = 0;
-      run_on(&sync);
-      assert_true(values_difference(&rs, &sync) > 1e-4);
-      run_free(&rs);
-      run_free(&ref);
-      run_free(&sync);
+      double apart = values_difference(&rs, &other);
+      fprintf(stderr, "    (%.3g from vertical sync's plan)\n", apart);
+      assert_true(apart > 1e-4);
+      run_free(&other);
     }
+    /* and the plan is not the synchronous one: the staleness is real */
+    run sync = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, k, 0);
+    sync.o.spec.dropout = 0;
+    run_on(&sync);
+    assert_true(values_difference(&rs, &sync) > 1e-4);
+    run_free(&rs);
+    run_free(&ref);
+    run_free(&sync);
+  }
 }
 
 static void test_2bw_one_stale(void **state) {
