@@ -11,6 +11,11 @@
  * Backward mirrors it; the input gradients of the two column-parallel layers are partial
  * sums over the group's heads or inner width and are allreduced (Megatron's f).
  *
+ * The GPT form (dims.gpt) is pre-LN with causal attention: the column-parallel layers read
+ * ln1(x) and ln2(x1) instead of x and x1, and the scores are masked above the diagonal before
+ * the softmax. The layer norms are replicated: their input gradient is allreduced first (f),
+ * so every rank computes the same parameter gradients for them.
+ *
  * Per head, the products run batched over the samples: head h of sample b starts at
  * b * seq * hl*3d + h*3d in qkv, a constant stride between samples. The scores are laid out
  * [n, hl, seq, seq], so the probabilities' dropout key (sample, head * seq + query row) is
@@ -86,10 +91,23 @@ static geom geom_of(const tp_dims *D, int n) {
 }
 
 /* This rank's heads in the [heads, 3, d] packing of qkv. */
-static attn_layout layout_of(const geom *G) {
+static attn_layout layout_of(const tp_block *k, const geom *G) {
   return (attn_layout){.n = G->n, .s = G->s, .d = G->d, .heads = G->hl, .qkv_ld = G->q3,
-                       .part_offset = {0, G->d, 2 * G->d}, .head_step = 3 * G->d};
+                       .part_offset = {0, G->d, 2 * G->d}, .head_step = 3 * G->d,
+                       .causal = k->dims.gpt};
 }
+
+/* GPT form: a layer norm's output and statistics, shaped for T tokens. */
+static fl_status ensure_norm(fl_device *dev, const geom *G, fl_tensor *xn, fl_tensor *mean,
+                             fl_tensor *rstd) {
+  int64_t t[1] = {G->T};
+  fl_status s = tensor_ensure(xn, dev, 3, G->h_shape);
+  if (s == FL_OK) s = tensor_ensure(mean, dev, 1, t);
+  if (s == FL_OK) s = tensor_ensure(rstd, dev, 1, t);
+  return s;
+}
+
+#define TP_LN_EPS 1e-5f
 
 static float *val(const tp_block *k, int i) { return k->p[i]->value.data; }
 static float *grad(const tp_block *k, int i) { return k->p[i]->grad.data; }
@@ -111,12 +129,23 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
   FL_CHECK(tensor_ensure(&a->y, dev, 3, G.h_shape));
   FL_CHECK(tensor_ensure(&S->scores, dev, 4, G.p_shape));
   FL_CHECK(tensor_ensure(&S->dropped, dev, 4, G.p_shape));
+  const bool gpt = k->dims.gpt;
+  if (gpt) {
+    FL_CHECK(ensure_norm(dev, &G, &a->xn1, &a->mean1, &a->rstd1));
+    FL_CHECK(ensure_norm(dev, &G, &a->xn2, &a->mean2, &a->rstd2));
+  }
 
-  /* Attention. */
-  FL_CHECK(op->gemm(dev, false, true, T, q3, H, 1.0f, x->data, H, val(k, TP_QKV_W), H, 0.0f,
+  /* Attention (GPT: of ln1(x)). */
+  const float *attn_in = x->data;
+  if (gpt) {
+    FL_CHECK(op->layernorm_forward(dev, T, H, TP_LN_EPS, x->data, val(k, TP_LN1_G), val(k, TP_LN1_B),
+                                   a->xn1.data, a->mean1.data, a->rstd1.data));
+    attn_in = a->xn1.data;
+  }
+  FL_CHECK(op->gemm(dev, false, true, T, q3, H, 1.0f, attn_in, H, val(k, TP_QKV_W), H, 0.0f,
                     a->qkv.data, q3));
   FL_CHECK(op->bias_add_rows(dev, T, q3, val(k, TP_QKV_B), a->qkv.data));
-  const attn_layout L = layout_of(&G);
+  const attn_layout L = layout_of(k, &G);
   FL_CHECK(attn_probs_forward(dev, &L, a->qkv.data, S->scores.data, a->probs.data));
   const float *pd;
   FL_CHECK(dropped_probs(k, keys, n, a, &pd));
@@ -128,8 +157,14 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
   FL_CHECK(drop_hidden(k, keys, TP_SITE_ATTN_OUT, n, a->x1.data, false));
   FL_CHECK(op->axpy(dev, (size_t)T * H, 1.0f, x->data, a->x1.data));
 
-  /* MLP. */
-  FL_CHECK(op->gemm(dev, false, true, T, F, H, 1.0f, a->x1.data, H, val(k, TP_FC1_W), H, 0.0f,
+  /* MLP (GPT: of ln2(x1)). */
+  const float *mlp_in = a->x1.data;
+  if (gpt) {
+    FL_CHECK(op->layernorm_forward(dev, T, H, TP_LN_EPS, a->x1.data, val(k, TP_LN2_G), val(k, TP_LN2_B),
+                                   a->xn2.data, a->mean2.data, a->rstd2.data));
+    mlp_in = a->xn2.data;
+  }
+  FL_CHECK(op->gemm(dev, false, true, T, F, H, 1.0f, mlp_in, H, val(k, TP_FC1_W), H, 0.0f,
                     a->h1.data, F));
   FL_CHECK(op->bias_add_rows(dev, T, F, val(k, TP_FC1_B), a->h1.data));
   FL_CHECK(op->gelu_forward(dev, (size_t)T * F, a->h1.data, a->act.data));
@@ -161,6 +196,9 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   FL_CHECK(tensor_ensure(&S->d_qkv, dev, 2, G.qkv_shape));
   FL_CHECK(tensor_ensure(&S->dropped, dev, 4, G.p_shape));
   FL_CHECK(tensor_ensure(&S->d_probs, dev, 4, G.p_shape));
+  const bool gpt = k->dims.gpt;
+  if (gpt) FL_CHECK(tensor_ensure(&S->d_norm, dev, 3, G.h_shape));
+  const float *attn_in = gpt ? a->xn1.data : x->data, *mlp_in = gpt ? a->xn2.data : a->x1.data;
 
   /* MLP: the gradient at fc2's output is dropout's backward of dy (g is the identity). */
   const float *d_out = dy->data;
@@ -175,13 +213,23 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   FL_CHECK(op->gemm(dev, false, false, T, F, H, 1.0f, d_out, H, val(k, TP_FC2_W), F, 0.0f,
                     S->d_ffn.data, F));
   FL_CHECK(op->gelu_backward(dev, (size_t)T * F, a->h1.data, S->d_ffn.data, S->d_ffn.data));
-  FL_CHECK(op->gemm(dev, true, false, F, H, T, 1.0f, S->d_ffn.data, F, a->x1.data, H, 1.0f,
+  FL_CHECK(op->gemm(dev, true, false, F, H, T, 1.0f, S->d_ffn.data, F, mlp_in, H, 1.0f,
                     grad(k, TP_FC1_W), H));
   FL_CHECK(op->bias_grad_rows(dev, T, F, S->d_ffn.data, grad(k, TP_FC1_B)));
-  /* dx1 = dy (the residual) + allreduce(this rank's part of fc1's input gradient). */
-  FL_CHECK(op->gemm(dev, false, false, T, H, F, 1.0f, S->d_ffn.data, F, val(k, TP_FC1_W), H,
-                    0.0f, dx->data, H));
-  FL_CHECK(reduce_partial(k, dx));
+  /* dx1 = dy (the residual) + allreduce(this rank's part of fc1's input gradient), through
+   * ln2's backward in the GPT form. */
+  if (gpt) {
+    FL_CHECK(op->gemm(dev, false, false, T, H, F, 1.0f, S->d_ffn.data, F, val(k, TP_FC1_W), H,
+                      0.0f, S->d_norm.data, H));
+    FL_CHECK(reduce_partial(k, &S->d_norm));
+    FL_CHECK(op->layernorm_backward(dev, T, H, a->x1.data, S->d_norm.data, val(k, TP_LN2_G),
+                                    a->mean2.data, a->rstd2.data, dx->data, grad(k, TP_LN2_G),
+                                    grad(k, TP_LN2_B)));
+  } else {
+    FL_CHECK(op->gemm(dev, false, false, T, H, F, 1.0f, S->d_ffn.data, F, val(k, TP_FC1_W), H,
+                      0.0f, dx->data, H));
+    FL_CHECK(reduce_partial(k, dx));
+  }
   FL_CHECK(op->axpy(dev, th, 1.0f, dy->data, dx->data));
 
   /* Attention, from dx1 (in dx) through the out projection's dropout. */
@@ -199,14 +247,24 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   /* The dropped probabilities are recomputed from their keys rather than kept in the slot. */
   const float *pd;
   FL_CHECK(dropped_probs(k, keys, n, a, &pd));
-  const attn_layout L = layout_of(&G);
+  const attn_layout L = layout_of(k, &G);
   FL_CHECK(attn_context_backward(dev, &L, pd, a->qkv.data, S->d_ctx.data, S->d_probs.data, S->d_qkv.data));
   if (keys->active) FL_CHECK(drop_probs(k, keys, n, S->d_probs.data, S->d_probs.data, true));
   /* The score gradient goes where the dropped probabilities were (no longer needed). */
   FL_CHECK(attn_probs_backward(dev, &L, a->probs.data, S->d_probs.data, a->qkv.data, S->dropped.data, S->d_qkv.data));
-  FL_CHECK(op->gemm(dev, true, false, q3, H, T, 1.0f, S->d_qkv.data, q3, x->data, H, 1.0f,
+  FL_CHECK(op->gemm(dev, true, false, q3, H, T, 1.0f, S->d_qkv.data, q3, attn_in, H, 1.0f,
                     grad(k, TP_QKV_W), H));
   FL_CHECK(op->bias_grad_rows(dev, T, q3, S->d_qkv.data, grad(k, TP_QKV_B)));
+  if (gpt) { /* ln1's parameters need its input gradient even when dx is not wanted */
+    FL_CHECK(op->gemm(dev, false, false, T, H, q3, 1.0f, S->d_qkv.data, q3, val(k, TP_QKV_W), H,
+                      0.0f, S->d_norm.data, H));
+    FL_CHECK(reduce_partial(k, &S->d_norm));
+    FL_CHECK(op->layernorm_backward(dev, T, H, x->data, S->d_norm.data, val(k, TP_LN1_G),
+                                    a->mean1.data, a->rstd1.data, S->d_partial.data,
+                                    grad(k, TP_LN1_G), grad(k, TP_LN1_B)));
+    if (need_dx) FL_CHECK(op->axpy(dev, th, 1.0f, S->d_partial.data, dx->data));
+    goto cleanup;
+  }
   if (!need_dx) goto cleanup;
   FL_CHECK(op->gemm(dev, false, false, T, H, q3, 1.0f, S->d_qkv.data, q3, val(k, TP_QKV_W), H,
                     0.0f, S->d_partial.data, H));
@@ -218,8 +276,9 @@ cleanup:
 
 /* The saved tensors of a block, for release and accounting. */
 static void acts_list(const tp_block_acts *a, const fl_tensor *out[TP_BLOCK_ACTS]) {
-  const fl_tensor *list[TP_BLOCK_ACTS] = {&a->qkv, &a->probs, &a->ctx, &a->x1,
-                                          &a->h1,  &a->act,   &a->y};
+  const fl_tensor *list[TP_BLOCK_ACTS] = {&a->qkv, &a->probs, &a->ctx,   &a->x1,    &a->h1,
+                                          &a->act, &a->y,     &a->xn1,   &a->xn2,   &a->mean1,
+                                          &a->rstd1, &a->mean2, &a->rstd2};
   for (int i = 0; i < TP_BLOCK_ACTS; i++) out[i] = list[i];
 }
 
@@ -246,4 +305,5 @@ void tp_scratch_release(tp_scratch *s) {
   tensor_release(&s->d_ffn);
   tensor_release(&s->d_ctx);
   tensor_release(&s->d_qkv);
+  tensor_release(&s->d_norm);
 }

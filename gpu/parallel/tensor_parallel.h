@@ -15,6 +15,7 @@ typedef struct tp_dims {
   int local_heads, head0; /* this rank's heads: [head0, head0 + local_heads) */
   int local_ffn;          /* this rank's share of the MLP's inner width */
   float dropout;
+  bool gpt; /* pre-LN block with causal attention (transformer.h's TFM_GPT) */
 } tp_dims;
 
 /* The block's parameters in order (views into the chunk's flat buffers). */
@@ -27,6 +28,10 @@ enum {
   TP_FC1_B,
   TP_FC2_W,
   TP_FC2_B,
+  TP_LN1_G, /* the GPT form's layer norms (NULL in the encoder's blocks); replicated */
+  TP_LN1_B,
+  TP_LN2_G,
+  TP_LN2_B,
   TP_NPARAMS
 };
 
@@ -50,8 +55,11 @@ typedef struct tp_block_acts {
   fl_tensor h1;    /* [n*seq, local_ffn], before GELU */
   fl_tensor act;   /* [n*seq, local_ffn], after GELU */
   fl_tensor y;     /* [n, seq, hidden] */
+  /* GPT form only (empty otherwise): the layer norms' outputs [n*seq, hidden] and their
+   * per-token mean and 1 / std [n*seq]. */
+  fl_tensor xn1, xn2, mean1, rstd1, mean2, rstd2;
 } tp_block_acts;
-#define TP_BLOCK_ACTS 7
+#define TP_BLOCK_ACTS 13
 
 /* Scratch shared by every block of a chunk: one forward or backward runs at a time. */
 typedef struct tp_scratch {
@@ -60,6 +68,7 @@ typedef struct tp_scratch {
   fl_tensor d_ffn;                      /* [n*seq, local_ffn] */
   fl_tensor d_ctx;                      /* [n*seq, local_heads * head_dim] */
   fl_tensor d_qkv;                      /* [n*seq, local_heads * 3 * head_dim] */
+  fl_tensor d_norm;                     /* [n*seq, hidden]: a layer norm's input gradient */
 } tp_scratch;
 
 typedef struct tp_block {
