@@ -97,6 +97,9 @@ typedef struct train_arg {
   double wall_t0; /* the client's wall clock (seconds) as the job started: rows' elapsed time */
   uint32_t ps_handle_len;
   uint8_t ps_handle[TRAIN_PS_HANDLE_MAX];
+  /* --model gpt: the transformer's GPT form on windows of seq bytes (width seq + 1) */
+  bool gpt;
+  uint32_t seq;
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
