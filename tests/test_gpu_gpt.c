@@ -235,6 +235,8 @@ typedef struct kept_param {
 
 typedef struct run_spec {
   pp_options o;
+  const float *x;     /* the global batch (NULL: the text's xs and ys) */
+  const int32_t *y;
   int global_batch;
   int steps; /* 0: gradients of one step; else values after that many steps */
   float lr;
@@ -277,8 +279,9 @@ static fl_status trainer_rank(rank_job *job) {
   if (s != FL_OK) return s;
   pp_coords me = pp_trainer_coords(t);
   int batch = rs->global_batch / rs->o.grid.dp;
-  const float *x = xs + (size_t)me.dp * batch * SEQ;
-  const int32_t *y = ys + (size_t)me.dp * batch * SEQ;
+  const tfm_spec *sp = &rs->o.spec;
+  const float *x = (rs->x ? rs->x : xs) + (size_t)me.dp * batch * SEQ * tfm_input_width(sp);
+  const int32_t *y = (rs->y ? rs->y : ys) + (size_t)me.dp * batch * tfm_targets_per_sample(sp);
   pp_step_stats st;
   int steps = rs->steps ? rs->steps : 1;
   for (int i = 0; i < steps && s == FL_OK; i++) {
@@ -415,6 +418,130 @@ static void test_weights_after_steps_match_one_rank(void **state) {
   run_free(&ref, 1);
 }
 
+/* ---- sequence parallelism and selective recomputation ------------------------------------ */
+
+/* The encoder's batch: [MAX_BATCH, SEQ, 3] features and a class per sample. */
+static float xe[MAX_BATCH * SEQ * 3];
+static int32_t ye[MAX_BATCH];
+
+static tfm_spec encoder_spec(void) {
+  return (tfm_spec){.seq = SEQ, .features = 3, .hidden = 16, .heads = 4, .ffn = 32, .blocks = BLOCKS,
+                    .classes = 3, .dropout = 0.1f, .seed = 29};
+}
+
+/* One run of `spec` on a grid: the first step's loss and gradients (steps 0) or the weights
+ * after `steps` SGD steps. */
+static void run_grid(run_spec *rs, tfm_spec spec, pp_grid grid, int steps) {
+  memset(rs, 0, sizeof *rs);
+  bool gpt = spec.kind == TFM_GPT;
+  rs->o = (pp_options){.spec = spec, .grid = grid, .schedule = PP_1F1B, .microbatches = grid.pp > 1 ? 4 : 2,
+                       .optim = OPTIM_OPTIONS_INIT, .bounds = grid.pp > 1 ? bounds_pp2 : NULL};
+  rs->x = gpt ? xs : xe;
+  rs->y = gpt ? ys : ye;
+  rs->global_batch = MAX_BATCH;
+  rs->steps = steps;
+  rs->lr = 0.1f;
+  run_on(grid.dp * grid.tp * grid.pp, rs);
+}
+
+/* b against a (the same grid): every rank's loss and every tensor within tol of a's. */
+static void expect_same_run(const run_spec *a, const run_spec *b, double tol, const char *what) {
+  int ranks = a->o.grid.dp * a->o.grid.tp * a->o.grid.pp;
+  for (int r = 0; r < ranks; r++) {
+    double rel = fabs(b->loss[r] - a->loss[r]) / fabs(a->loss[r]);
+    if (rel > tol) fail_msg("%s: rank %d loss %.9g, against %.9g", what, r, b->loss[r], a->loss[r]);
+    assert_int_equal(a->nkept[r], b->nkept[r]);
+    for (size_t i = 0; i < a->nkept[r]; i++) {
+      const kept_param *p = &a->kept[r][i], *q = &b->kept[r][i];
+      assert_string_equal(p->name, q->name);
+      double scale = 0, diff = 0;
+      for (size_t j = 0; j < p->n; j++) {
+        scale = fmax(scale, fabs(p->data[j]));
+        diff = fmax(diff, fabs(p->data[j] - q->data[j]));
+      }
+      if (diff > tol * fmax(scale, 1e-30)) fail_msg("%s: rank %d '%s' differs by %.3g of %.3g", what, r, p->name, diff, scale);
+    }
+  }
+}
+
+/* Sequence parallel = plain tensor parallel, to 1e-6 relative: the first step's loss and
+ * gradients and the weights after 3 steps, tp 2 and 4, the encoder and the GPT form, and
+ * with a pipeline too; sequence parallelism holds less activation memory. */
+static void test_sequence_parallel_matches_tensor_parallel(void **state) {
+  (void)state;
+  const pp_grid grids[] = {{1, 2, 1}, {1, 4, 1}, {1, 2, 2}};
+  for (int kind = 0; kind < 2; kind++)
+    for (size_t g = 0; g < sizeof grids / sizeof grids[0]; g++)
+      for (int steps = 0; steps <= 3; steps += 3) {
+        tfm_spec spec = kind ? gpt_spec() : encoder_spec();
+        run_spec tp, sp;
+        run_grid(&tp, spec, grids[g], steps);
+        spec.sequence_parallel = true;
+        run_grid(&sp, spec, grids[g], steps);
+        char what[128];
+        snprintf(what, sizeof what, "%s tp %d pp %d sequence parallel %s", kind ? "gpt" : "encoder", grids[g].tp,
+                 grids[g].pp, steps ? "weights after 3 steps" : "gradients");
+        expect_same_run(&tp, &sp, 1e-6, what);
+        /* A run of blocks also keeps its input slice and its gathered output (1 + 1/tp of the
+         * stream): a stage of one encoder block saves less than that, so only whole models. */
+        if (!steps && grids[g].pp == 1)
+          for (int r = 0; r < grids[g].tp * grids[g].pp; r++) {
+            if (!(sp.peak[r] < tp.peak[r])) fprintf(stderr, "%s rank %d: peak %zu, tensor parallel %zu\n", what, r, sp.peak[r], tp.peak[r]);
+            assert_true(sp.peak[r] < tp.peak[r]);
+          }
+        run_free(&tp, grids[g].tp * grids[g].pp);
+        run_free(&sp, grids[g].tp * grids[g].pp);
+      }
+}
+
+/* Selective recomputation gives the same bits as keeping the probabilities, with and without
+ * sequence parallelism, and holds less. */
+static void test_selective_recompute_is_exact(void **state) {
+  (void)state;
+  for (int with_sp = 0; with_sp < 2; with_sp++) {
+    tfm_spec spec = gpt_spec();
+    spec.sequence_parallel = with_sp;
+    run_spec keep, again;
+    pp_grid grid = {1, 2, 2};
+    run_grid(&keep, spec, grid, 0);
+    spec.selective_recompute = true;
+    run_grid(&again, spec, grid, 0);
+    expect_same_run(&keep, &again, 0.0, with_sp ? "selective recompute, sequence parallel" : "selective recompute");
+    for (int r = 0; r < 4; r++) assert_true(again.peak[r] < keep.peak[r]);
+    run_free(&keep, 4);
+    run_free(&again, 4);
+  }
+}
+
+static fl_status create_fails_rank(rank_job *job) {
+  pp_trainer *t = NULL;
+  fl_status s = pp_trainer_create(cpu, job->comm, job->arg, &t);
+  pp_trainer_destroy(t);
+  return s;
+}
+
+static void expect_create_error(const pp_options *o, const char *needle) {
+  int ranks = o->grid.dp * o->grid.tp * o->grid.pp;
+  rank_job jobs[MAX_RANKS];
+  group *g = world(ranks);
+  run_ranks(g->size, g->comms, create_fails_rank, (void *)o, jobs);
+  for (int r = 0; r < ranks; r++) {
+    assert_int_equal(jobs[r].status, FL_EINVAL);
+    if (!strstr(jobs[r].msg, needle)) fail_msg("rank %d: '%s' does not say '%s'", r, jobs[r].msg, needle);
+  }
+}
+
+static void test_bad_sequence_parallel_options(void **state) {
+  (void)state;
+  pp_options o = {.spec = gpt_spec(), .grid = {1, 1, 1}, .schedule = PP_1F1B, .microbatches = 1,
+                  .optim = OPTIM_OPTIONS_INIT};
+  o.spec.sequence_parallel = true;
+  expect_create_error(&o, "sequence parallel needs a tensor-parallel group of at least 2 ranks");
+  o.grid = (pp_grid){1, 4, 1};
+  o.spec.seq = 6; /* not a multiple of 4 */
+  expect_create_error(&o, "sequence parallel needs seq (6) to be a multiple of the tensor-parallel size 4");
+}
+
 /* ---- bad input ----------------------------------------------------------------------------- */
 
 static void test_bad_specs_and_ids(void **state) {
@@ -449,6 +576,9 @@ static int setup(void **state) {
   (void)state;
   setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1);
   make_batch();
+  uint64_t z = 31;
+  for (size_t i = 0; i < sizeof xe / sizeof xe[0]; i++) xe[i] = urand_pm1(&z);
+  for (int i = 0; i < MAX_BATCH; i++) ye[i] = (int32_t)((i * 5 + 1) % 3);
   return fl_device_open(FL_DEVICE_CPU, 0, &cpu) == FL_OK ? 0 : -1;
 }
 
@@ -468,6 +598,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_gradients_by_finite_differences, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_trainer_matches_one_rank, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_weights_after_steps_match_one_rank, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_sequence_parallel_matches_tensor_parallel, test_bound_arm,
+                                      test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_selective_recompute_is_exact, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_bad_sequence_parallel_options, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_bad_specs_and_ids, test_bound_arm, test_bound_disarm),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -44,7 +44,9 @@ fl_status pp_grid_parse(const char *text, pp_grid *out) {
 /* Rank 0's profile: each unit alone (tensor parallel 1) forward and backward on `rows`
  * random samples, the median of 3 timings, and its output's bytes. */
 static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *bytes) {
-  const tfm_spec *sp = &t->o.spec;
+  tfm_spec one = t->o.spec;
+  one.sequence_parallel = false; /* a unit alone, on one rank */
+  const tfm_spec *sp = &one;
   int units = tfm_units(sp);
   fl_status status = FL_OK;
   fl_tensor x = {0}, dy = {0};

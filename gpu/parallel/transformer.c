@@ -53,6 +53,10 @@ typedef struct unit_acts {
   fl_tensor mean;      /* UNIT_HEAD: [n, hidden] (GPT: the final layer norm's output
                         * [n, seq, hidden]) */
   fl_tensor ln_mean, ln_rstd; /* UNIT_HEAD, GPT: the final layer norm's statistics [n * seq] */
+  /* Sequence parallel, UNIT_BLOCK: this rank's slice of the input of the chunk's first block
+   * after a whole tensor (in_slice), and the all-gathered output of a block before one
+   * (out_full): the chunk's ends, the embedding and the head see whole tensors. */
+  fl_tensor in_slice, out_full;
 } unit_acts;
 
 typedef struct tfm_slot {
@@ -81,6 +85,7 @@ struct tfm_chunk {
   fl_tensor grad_a, grad_b; /* ping-pong input gradients between units in backward */
   fl_tensor d_mean;         /* the head's gradient at the token mean (GPT: at the layer norm) */
   fl_tensor head_dx;        /* GPT: the head's input gradient when the caller wants none */
+  fl_tensor g_slice, dx_slice; /* sequence parallel: gradients at the blocks' slices */
   size_t bytes, peak;
 };
 
@@ -126,6 +131,12 @@ fl_status tfm_spec_check(const tfm_spec *spec, int tp_size) {
   if (spec->heads % tp_size)
     return fl_set_error(FL_EINVAL, "transformer spec: heads (%d) must be a multiple of the "
                         "tensor-parallel size %d", spec->heads, tp_size);
+  if (spec->sequence_parallel && tp_size < 2)
+    return fl_set_error(FL_EINVAL, "transformer spec: sequence parallel needs a tensor-parallel group of at least "
+                        "2 ranks (tp is %d)", tp_size);
+  if (spec->sequence_parallel && spec->seq % tp_size)
+    return fl_set_error(FL_EINVAL, "transformer spec: sequence parallel needs seq (%d) to be a multiple of the "
+                        "tensor-parallel size %d", spec->seq, tp_size);
   if (spec_ffn(spec) % tp_size)
     return fl_set_error(FL_EINVAL, "transformer spec: ffn (%d) must be a multiple of the "
                         "tensor-parallel size %d", spec_ffn(spec), tp_size);
@@ -316,7 +327,10 @@ fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit,
   int local_heads = spec->heads / tp_size;
   c->dims = (tp_dims){spec->seq, spec->hidden, spec->heads, spec->hidden / spec->heads,
                       local_heads, tp_rank * local_heads, spec_ffn(spec) / tp_size, spec->dropout,
-                      spec->kind == TFM_GPT};
+                      spec->kind == TFM_GPT, spec->sequence_parallel, tp_size,
+                      spec->sequence_parallel ? spec->seq / tp_size : spec->seq,
+                      spec->sequence_parallel ? tp_rank * (spec->seq / tp_size) : 0,
+                      spec->selective_recompute};
   layer_store_init(&c->store, dev);
   size_t most = (size_t)c->nunits * TP_NPARAMS;
   c->places = common_calloc(most, sizeof *c->places);
@@ -357,6 +371,8 @@ static void slot_release(tfm_chunk *c, tfm_slot *s) {
     tensor_release(&s->units[i].mean);
     tensor_release(&s->units[i].ln_mean);
     tensor_release(&s->units[i].ln_rstd);
+    tensor_release(&s->units[i].in_slice);
+    tensor_release(&s->units[i].out_full);
   }
   common_free(s->units);
 }
@@ -370,6 +386,8 @@ void tfm_chunk_destroy(tfm_chunk *c) {
   tensor_release(&c->grad_b);
   tensor_release(&c->d_mean);
   tensor_release(&c->head_dx);
+  tensor_release(&c->g_slice);
+  tensor_release(&c->dx_slice);
   layer_store_release(&c->store);
   common_free(c->places);
   common_free(c->units);
@@ -539,8 +557,50 @@ static tp_keys unit_keys(const tfm_chunk *c, const tfm_slot *s, int unit) {
   return k;
 }
 
-static const fl_tensor *unit_output(const tfm_unit *u, const unit_acts *a) {
-  return u->kind == UNIT_BLOCK ? &a->block.y : &a->out;
+/* Sequence parallel: blocks pass slices between them; a run of blocks takes a whole tensor in
+ * (the chunk's input or the embedding's output) and gives one out. */
+static bool sp_first_of_run(const tfm_chunk *c, int i) {
+  return c->spec.sequence_parallel && c->units[i].kind == UNIT_BLOCK && (i == 0 || c->units[i - 1].kind != UNIT_BLOCK);
+}
+static bool sp_last_of_run(const tfm_chunk *c, int i) {
+  return c->spec.sequence_parallel && c->units[i].kind == UNIT_BLOCK &&
+         (i == c->nunits - 1 || c->units[i + 1].kind != UNIT_BLOCK);
+}
+
+static const fl_tensor *unit_output(const tfm_chunk *c, int i, const unit_acts *a) {
+  if (c->units[i].kind != UNIT_BLOCK) return &a->out;
+  return sp_last_of_run(c, i) ? &a->out_full : &a->block.y;
+}
+
+/* Sequence parallel: this rank's slice [n, seq/tp, hidden] of a whole [n, seq, hidden] (the
+ * samples' slices into rank order, then rank tp_rank's block; see tensor_parallel.c). */
+static fl_status sp_to_slice(tfm_chunk *c, const fl_tensor *whole, fl_tensor *slice) {
+  fl_device *dev = c->dev;
+  int n = (int)whole->shape[0], sl = c->dims.local_seq, H = c->spec.hidden, t = c->tp_size;
+  int64_t shape[3] = {n, sl, H};
+  size_t local = (size_t)n * sl * H;
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&c->scratch.gathered, dev, 3, whole->shape));
+  FL_CHECK(tensor_ensure(slice, dev, 3, shape));
+  FL_CHECK(dev->ops->swap01(dev, n, t, sl * H, whole->data, c->scratch.gathered.data));
+  FL_CHECK(dev->ops->copy(dev, slice->data, c->scratch.gathered.data + (size_t)c->tp_rank * local,
+                          local * sizeof(float)));
+cleanup:
+  return status;
+}
+
+/* Sequence parallel: the whole [n, seq, hidden] from every rank's slice (all-gather). */
+static fl_status sp_to_whole(tfm_chunk *c, const fl_tensor *slice, fl_tensor *whole) {
+  fl_device *dev = c->dev;
+  int n = (int)slice->shape[0], sl = c->dims.local_seq, H = c->spec.hidden, t = c->tp_size;
+  int64_t shape[3] = {n, c->spec.seq, H};
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&c->scratch.gathered, dev, 3, shape));
+  FL_CHECK(tensor_ensure(whole, dev, 3, shape));
+  FL_CHECK(fl_comm_allgather(c->comm, slice, &c->scratch.gathered));
+  FL_CHECK(dev->ops->swap01(dev, t, n, sl * H, c->scratch.gathered.data, whole->data));
+cleanup:
+  return status;
 }
 
 static size_t slot_bytes(const tfm_chunk *c, const tfm_slot *s) {
@@ -548,7 +608,7 @@ static size_t slot_bytes(const tfm_chunk *c, const tfm_slot *s) {
   for (int i = 0; i < c->nunits; i++) {
     const unit_acts *a = &s->units[i];
     bytes += c->units[i].kind == UNIT_BLOCK
-                 ? tp_block_acts_bytes(&a->block)
+                 ? tp_block_acts_bytes(&a->block) + (a->in_slice.numel + a->out_full.numel) * sizeof(float)
                  : (a->out.numel + a->mean.numel + a->ln_mean.numel + a->ln_rstd.numel) * sizeof(float);
   }
   return bytes;
@@ -586,9 +646,14 @@ fl_status tfm_chunk_forward(tfm_chunk *c, int slot, const fl_tensor *x, const tf
       FL_CHECK(gpt ? gpt_head_forward(c, u, in, a) : head_forward(c, u, in, a));
     } else {
       tp_keys keys = unit_keys(c, s, u->index);
+      if (sp_first_of_run(c, i)) {
+        FL_CHECK(sp_to_slice(c, in, &a->in_slice));
+        in = &a->in_slice;
+      }
       FL_CHECK(tp_block_forward(&u->block, in, &keys, &a->block));
+      if (sp_last_of_run(c, i)) FL_CHECK(sp_to_whole(c, &a->block.y, &a->out_full));
     }
-    in = unit_output(u, a);
+    in = unit_output(c, i, a);
   }
   s->in_flight = true;
   s->bytes = slot_bytes(c, s);
@@ -605,7 +670,7 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
     return fl_set_error(FL_ESTATE, "transformer units [%d, %d): backward of slot %d, which holds "
                         "no forward", c->first, c->end, slot);
   tfm_slot *s = &c->slots[slot];
-  const fl_tensor *y = unit_output(&c->units[c->nunits - 1], &s->units[c->nunits - 1]);
+  const fl_tensor *y = unit_output(c, c->nunits - 1, &s->units[c->nunits - 1]);
   if (dy->ndim != y->ndim || memcmp(dy->shape, y->shape, (size_t)y->ndim * sizeof y->shape[0])) {
     char got[96], want[96];
     layer_shape_text(dy, got, sizeof got);
@@ -619,7 +684,7 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
   for (int i = c->nunits - 1; i >= 0; i--) {
     const tfm_unit *u = &c->units[i];
     const unit_acts *a = &s->units[i];
-    const fl_tensor *in = i ? unit_output(&c->units[i - 1], &s->units[i - 1]) : &s->x;
+    const fl_tensor *in = i ? unit_output(c, i - 1, &s->units[i - 1]) : &s->x;
     /* The first unit writes the slot's dx; the others alternate between two buffers, so
      * that a unit never writes the gradient it reads. */
     fl_tensor *out = i == 0 ? &s->dx : (i % 2 ? &c->grad_a : &c->grad_b);
@@ -631,7 +696,16 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
       FL_CHECK(gpt ? gpt_head_backward(c, u, in, a, g, need ? out : NULL) : head_backward(c, u, a, g, need ? out : NULL));
     } else {
       tp_keys keys = unit_keys(c, s, u->index);
-      FL_CHECK(tp_block_backward(&u->block, in, &keys, &a->block, g, need, out));
+      bool first = sp_first_of_run(c, i);
+      if (first) in = &a->in_slice;
+      /* A whole gradient comes in at a run's end (the chunk's dy, the head's dx): each rank
+       * computed all of it, so its slice is this rank's share. */
+      if (sp_last_of_run(c, i)) {
+        FL_CHECK(sp_to_slice(c, g, &c->g_slice));
+        g = &c->g_slice;
+      }
+      FL_CHECK(tp_block_backward(&u->block, in, &keys, &a->block, g, need, first ? &c->dx_slice : out));
+      if (first && need) FL_CHECK(sp_to_whole(c, &c->dx_slice, out));
     }
     g = out;
   }

@@ -67,6 +67,14 @@ typedef struct tfm_spec {
   uint64_t seed; /* weights and dropout masks */
   tfm_kind kind; /* TFM_ENCODER (0) or TFM_GPT, which ignores features and classes */
   int vocab;     /* TFM_GPT: token ids in [0, vocab) (bytes: 256) */
+  /* Sequence parallelism (Korthikanti et al. 2022; gpu/parallel/tensor_parallel.c): between
+   * the tensor-parallel regions each rank of the group keeps seq / tp of the tokens. Needs a
+   * group of tp > 1 dividing seq. A chunk's input and output stay whole: it slices its input
+   * before its first block and all-gathers after its last. */
+  bool sequence_parallel;
+  /* Selective activation recomputation (the same paper): no [n, heads, seq, seq] tensor is
+   * kept; backward recomputes the attention probabilities from the kept q, k and v. */
+  bool selective_recompute;
 } tfm_spec;
 
 /* The number of units: blocks + 2. */
@@ -78,7 +86,8 @@ int tfm_input_width(const tfm_spec *spec);
 int tfm_output_classes(const tfm_spec *spec);
 int tfm_targets_per_sample(const tfm_spec *spec);
 /* FL_OK when the spec can be built and split over tp_size ranks; FL_EINVAL with
- * fl_last_error() naming the field ("heads", "ffn", "dropout", ...) otherwise. */
+ * fl_last_error() naming the field ("heads", "ffn", "dropout", "sequence parallel", ...)
+ * otherwise. */
 fl_status tfm_spec_check(const tfm_spec *spec, int tp_size);
 
 /* What one micro-batch is, for dropout keys: */
