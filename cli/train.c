@@ -154,7 +154,13 @@ static const char train_usage_text[] =
     "  --schedule S        gpipe, 1f1b (default) or interleaved\n"
     "  --microbatches M    micro-batches per replica's batch, dividing --batch / D (default 1)\n"
     "  --chunks V          model chunks per pipeline rank, for interleaved (default 1)\n"
-    "  --recompute         keep only stage inputs; run forward again before backward\n"
+    "  --recompute [full|selective]\n"
+    "                      full (the default): keep only stage inputs and run forward again\n"
+    "                      before backward; selective: keep all but the attention's [seq, seq]\n"
+    "                      scores and probabilities, recomputed in backward (Korthikanti et al.)\n"
+    "  --sequence-parallel between the tensor-parallel regions, each of the --tp ranks keeps\n"
+    "                      seq / tp of the tokens (layer norm, dropout, residuals; needs --tp > 1\n"
+    "                      dividing the sequence)\n"
     "  --hidden H          model width (default 64)\n"
     "  --heads N           attention heads, dividing --hidden (default 4)\n"
     "  --ffn F             MLP inner width (default 4 x hidden)\n"
@@ -226,7 +232,7 @@ static const struct option train_longopts[] = {
     VALUED("sync"), VALUED("compress"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
     VALUED("ps-push"), VALUED("seq"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
-    SWITCH("recompute"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
+    SWITCH("recompute"), SWITCH("sequence-parallel"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
     CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
@@ -277,7 +283,21 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       continue;
     }
     if (strcmp(opt, "--recompute") == 0) {
+      /* --recompute [full|selective]: an optional word after it (full, the default, keeps
+       * only stage inputs; selective only drops the attention's [seq, seq] tensors). */
+      const char *next = optind < argc + 1 ? (argv - 1)[optind] : NULL;
+      if (next && (strcmp(next, "selective") == 0 || strcmp(next, "full") == 0)) {
+        optind++;
+        if (next[0] == 's') {
+          o->recompute_selective = true;
+          continue;
+        }
+      }
       o->recompute = true;
+      continue;
+    }
+    if (strcmp(opt, "--sequence-parallel") == 0) {
+      o->sequence_parallel = true;
       continue;
     }
     const char *v = optarg;
@@ -497,6 +517,10 @@ int cmd_train(int argc, char **argv) {
            o.ranks, o.tp, o.pp, pp_schedule_name(o.schedule), o.microbatches, o.microbatches == 1 ? "" : "es",
            o.batch / o.ranks / o.microbatches, o.chunks, o.chunks == 1 ? "" : "s", o.recompute ? ", recompute" : "",
            o.hidden, o.heads, o.blocks, o.dropout);
+  if (hybrid && (o.sequence_parallel || o.recompute_selective))
+    printf("activations  %s%s%s\n", o.sequence_parallel ? "sequence parallel" : "",
+           o.sequence_parallel && o.recompute_selective ? ", " : "",
+           o.recompute_selective ? "selective recomputation" : "");
   if (o.accumulate > 1)
     printf("accumulate   %u micro-batches of %u per rank a step, one allreduce after the last\n", o.accumulate,
            o.batch / world / o.accumulate);

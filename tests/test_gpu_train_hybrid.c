@@ -482,6 +482,14 @@ static void test_gpt_on_text(void **state) {
   assert_true(res_one.test_loss < 0.75 * log(256.0));
   assert_true(res_one.test_acc > 0.2 && res_one.test_acc <= 1.0);
   assert_true(rows_agree(&one, &grid, "gpt tp 2 x pp 2 vs one rank"));
+  /* The same grid with sequence parallelism and selective recomputation. */
+  rows sp = {0};
+  gpu_train_result res_sp;
+  o = gpt_options(path, 2, 2, &sp);
+  o.sequence_parallel = true;
+  o.recompute_selective = true;
+  run_ok(&o, "gpt 1x2x2 sequence parallel", &res_sp);
+  assert_true(rows_agree(&one, &sp, "gpt tp 2 x pp 2 sequence parallel, selective, vs one rank"));
   unlink(path);
 }
 
@@ -519,6 +527,14 @@ static void test_gpt_bad_text(void **state) {
   o = gpt_options(path, 1, 1, &r);
   o.test_path = path;
   expect_invalid(&o, "--test-data is not for --data text:");
+  /* Sequence parallelism needs a tensor-parallel group that divides the sequence. */
+  o = gpt_options(path, 1, 1, &r);
+  o.sequence_parallel = true;
+  expect_invalid(&o, "--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2");
+  o = gpt_options(path, 2, 1, &r);
+  o.sequence_parallel = true;
+  o.seq = 15;
+  expect_invalid(&o, "--sequence-parallel needs --seq 15 to be a multiple of --tp 2");
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, test_bound_arm, test_bound_disarm)

@@ -224,6 +224,10 @@ typedef struct gpu_train_options {
    * per byte (the next byte's cross-entropy and argmax). */
   bool gpt;
   uint32_t seq;
+  /* --model transformer and gpt: --sequence-parallel (tp > 1 dividing the sequence) and
+   * --recompute selective (transformer.h's tfm_spec) */
+  bool sequence_parallel;
+  bool recompute_selective;
 } gpu_train_options;
 #define GPU_TRAIN_DEFAULT_SEQ 64u
 
@@ -232,7 +236,7 @@ typedef struct gpu_train_options {
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
    false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, \
-   false, 0}
+   false, 0, false, false}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64

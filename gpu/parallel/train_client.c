@@ -385,7 +385,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
                  .blocks = o->blocks, .dropout = (float)o->dropout, .gpt = o->gpt,
-                 .seq = o->gpt ? (o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ) : 0};
+                 .seq = o->gpt ? (o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ) : 0,
+                 .sequence_parallel = o->sequence_parallel, .recompute_selective = o->recompute_selective};
   gpu_train_schedule(o, &a.schedule);
   FL_CHECK(compress_spec_parse(o->compress, &a.compress)); /* checked by validate */
   if (o->data == GPU_TRAIN_IMAGE_FOLDER && !o->no_augment) {

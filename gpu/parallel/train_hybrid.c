@@ -346,7 +346,8 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                             .hidden = (int)a->hidden, .heads = (int)a->heads, .ffn = (int)a->ffn,
                             .blocks = (int)a->blocks, .classes = (int)a->classes, .dropout = a->dropout,
                             .seed = a->seed, .kind = a->gpt ? TFM_GPT : TFM_ENCODER,
-                            .vocab = a->gpt ? (int)a->classes : 0},
+                            .vocab = a->gpt ? (int)a->classes : 0, .sequence_parallel = a->sequence_parallel,
+                            .selective_recompute = a->recompute_selective},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
                    .bounds = bounds, .stage_world = r->stages};

@@ -106,11 +106,17 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
 static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->model != NN_TRANSFORMER) {
     if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute ||
-        o->timeline_csv_path || o->timeline_svg_path)
-      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute and "
-                          "--timeline-* are for --model transformer");
+        o->timeline_csv_path || o->timeline_svg_path || o->sequence_parallel || o->recompute_selective)
+      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, "
+                          "--sequence-parallel and --timeline-* are for --model transformer");
     return FL_OK;
   }
+  if (o->sequence_parallel && o->tp < 2)
+    return fl_set_error(FL_EINVAL, "--sequence-parallel splits the sequence over the tensor-parallel ranks: it "
+                        "needs --tp 2 or more (this run's is %u)", o->tp);
+  uint32_t seq = o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ;
+  if (o->sequence_parallel && o->gpt && seq % o->tp)
+    return fl_set_error(FL_EINVAL, "--sequence-parallel needs --seq %u to be a multiple of --tp %u", seq, o->tp);
   if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
   if (o->pp < 1 || o->pp > GPU_TRAIN_MAX_STAGES)
     return fl_set_error(FL_EINVAL, "--pp %u must be 1 to %d", o->pp, GPU_TRAIN_MAX_STAGES);

@@ -100,6 +100,7 @@ typedef struct train_arg {
   /* --model gpt: the transformer's GPT form on windows of seq bytes (width seq + 1) */
   bool gpt;
   uint32_t seq;
+  bool sequence_parallel, recompute_selective;
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
