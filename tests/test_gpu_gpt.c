@@ -513,6 +513,59 @@ static void test_selective_recompute_is_exact(void **state) {
   }
 }
 
+/* The activation bytes a chunk of two GPT blocks holds for one micro-batch follow
+ * bench_pipeline's formula for our storage exactly, for tp 1, 2 and 4, with and without
+ * sequence parallelism and selective recomputation. */
+typedef struct act_case {
+  tfm_spec spec;
+  int tp, n;
+  size_t peak[MAX_RANKS];
+} act_case;
+
+static fl_status act_rank(rank_job *job) {
+  act_case *ac = job->arg;
+  tfm_chunk *c = NULL;
+  fl_tensor x = {0};
+  int64_t shape[3] = {ac->n, ac->spec.seq, ac->spec.hidden};
+  fl_status s = tfm_chunk_create(cpu, &ac->spec, 1, 3, ac->tp > 1 ? job->comm : NULL, job->rank, ac->tp, &c);
+  if (s == FL_OK) s = tensor_ensure(&x, cpu, 3, shape);
+  for (size_t i = 0; s == FL_OK && i < x.numel; i++) x.data[i] = (float)(i % 7) * 0.1f;
+  const fl_tensor *y;
+  tfm_batch b = {0, 1};
+  if (s == FL_OK) s = tfm_chunk_forward(c, 0, &x, &b, true, &y);
+  if (s == FL_OK) ac->peak[job->rank] = tfm_chunk_peak_activation_bytes(c);
+  tensor_release(&x);
+  tfm_chunk_destroy(c);
+  return s;
+}
+
+static void test_activation_bytes_follow_the_formula(void **state) {
+  (void)state;
+  const int tps[] = {1, 2, 4};
+  for (size_t i = 0; i < 3; i++)
+    for (int mode = 0; mode < 3; mode++) {
+      int t = tps[i];
+      bool sp = mode >= 1, sel = mode == 2;
+      if (sp && t == 1) continue;
+      act_case ac = {.spec = gpt_spec(), .tp = t, .n = 3};
+      ac.spec.ffn = 4 * ac.spec.hidden;
+      ac.spec.sequence_parallel = sp;
+      ac.spec.selective_recompute = sel;
+      rank_job jobs[MAX_RANKS];
+      group *g = world(t);
+      run_ranks(g->size, g->comms, act_rank, &ac, jobs);
+      expect_all_ok(t, jobs);
+      double s = SEQ, b = ac.n, h = ac.spec.hidden, a = ac.spec.heads, sbh = s * b * h;
+      double probs = sel ? 0 : 4 * a * s / h;
+      double block = sp ? sbh / t * (64 + 16 / h + probs) : sbh * (16 + 16 / h + (48 + probs) / t);
+      double want = 2 * block + 4 * sbh + (sp ? 4 * sbh * (1.0 / t + 1) : 0);
+      for (int r = 0; r < t; r++)
+        if (fabs((double)ac.peak[r] - want) > 0.5)
+          fail_msg("tp %d%s%s rank %d: %zu activation bytes, the formula %.0f", t, sp ? " sp" : "",
+                   sel ? " selective" : "", r, ac.peak[r], want);
+    }
+}
+
 static fl_status create_fails_rank(rank_job *job) {
   pp_trainer *t = NULL;
   fl_status s = pp_trainer_create(cpu, job->comm, job->arg, &t);
@@ -601,6 +654,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sequence_parallel_matches_tensor_parallel, test_bound_arm,
                                       test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_selective_recompute_is_exact, test_bound_arm, test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_activation_bytes_follow_the_formula, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_bad_sequence_parallel_options, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_bad_specs_and_ids, test_bound_arm, test_bound_disarm),
   };
