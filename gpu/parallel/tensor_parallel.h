@@ -70,7 +70,8 @@ typedef struct tp_block_acts {
 /* Scratch shared by every block of a chunk: one forward or backward runs at a time. */
 typedef struct tp_scratch {
   fl_tensor scores, dropped, d_probs;   /* [n, local_heads, seq, seq] */
-  fl_tensor d_hidden, d_partial;        /* [n*seq, hidden] */
+  fl_tensor d_hidden;                   /* [n*local_seq, hidden] */
+  fl_tensor d_partial;                  /* [n*seq, hidden] */
   fl_tensor d_ffn;                      /* [n*seq, local_ffn] */
   fl_tensor d_ctx;                      /* [n*seq, local_heads * head_dim] */
   fl_tensor d_qkv;                      /* [n*seq, local_heads * 3 * head_dim] */
