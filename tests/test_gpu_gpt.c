@@ -10,6 +10,10 @@
  *   - the hybrid trainer: the per-token loss and every gradient of one step on tp 2 x pp 2
  *     (every schedule), tp 4, dp 2 and dp 2 x tp 2 x pp 2 equal one rank's within 1e-5 of
  *     each parameter's scale, dropout on; weights after a few steps too;
+ *   - sequence parallelism equals plain tensor parallelism within 1e-6 (tp 2 and 4, the
+ *     encoder and the GPT form, with a pipeline, data parallelism and every schedule), and
+ *     holds less; selective recomputation is exact; the activation bytes follow the formula
+ *     of bench_pipeline's third table; bad sequence-parallel options are errors;
  *   - bad specs and token ids are errors that name the cause.
  */
 #define TEST_TIME_BOUND_S 300
@@ -431,17 +435,23 @@ static tfm_spec encoder_spec(void) {
 
 /* One run of `spec` on a grid: the first step's loss and gradients (steps 0) or the weights
  * after `steps` SGD steps. */
-static void run_grid(run_spec *rs, tfm_spec spec, pp_grid grid, int steps) {
+static void run_grid_with(run_spec *rs, tfm_spec spec, pp_grid grid, pp_schedule sched, int steps) {
   memset(rs, 0, sizeof *rs);
   bool gpt = spec.kind == TFM_GPT;
-  rs->o = (pp_options){.spec = spec, .grid = grid, .schedule = PP_1F1B, .microbatches = grid.pp > 1 ? 4 : 2,
-                       .optim = OPTIM_OPTIONS_INIT, .bounds = grid.pp > 1 ? bounds_pp2 : NULL};
+  int v = sched == PP_INTERLEAVED ? 2 : 1;
+  rs->o = (pp_options){.spec = spec, .grid = grid, .schedule = sched, .microbatches = grid.pp > 1 ? 4 : 2,
+                       .chunks = v, .optim = OPTIM_OPTIONS_INIT,
+                       .bounds = grid.pp == 1 ? NULL : v == 2 ? bounds_pp2x2 : bounds_pp2};
   rs->x = gpt ? xs : xe;
   rs->y = gpt ? ys : ye;
   rs->global_batch = MAX_BATCH;
   rs->steps = steps;
   rs->lr = 0.1f;
   run_on(grid.dp * grid.tp * grid.pp, rs);
+}
+
+static void run_grid(run_spec *rs, tfm_spec spec, pp_grid grid, int steps) {
+  run_grid_with(rs, spec, grid, PP_1F1B, steps);
 }
 
 /* b against a (the same grid): every rank's loss and every tensor within tol of a's. */
@@ -492,6 +502,29 @@ static void test_sequence_parallel_matches_tensor_parallel(void **state) {
         run_free(&tp, grids[g].tp * grids[g].pp);
         run_free(&sp, grids[g].tp * grids[g].pp);
       }
+}
+
+/* The same with data parallelism and under the other schedules (GPT form, gradients). */
+static void test_sequence_parallel_on_other_grids(void **state) {
+  (void)state;
+  const struct {
+    pp_grid grid;
+    pp_schedule sched;
+  } cases[] = {{{2, 2, 1}, PP_GPIPE}, {{1, 2, 2}, PP_GPIPE}, {{1, 2, 2}, PP_INTERLEAVED}, {{2, 2, 2}, PP_1F1B}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tfm_spec spec = gpt_spec();
+    run_spec tp, sp;
+    int ranks = cases[i].grid.dp * cases[i].grid.tp * cases[i].grid.pp;
+    run_grid_with(&tp, spec, cases[i].grid, cases[i].sched, 0);
+    spec.sequence_parallel = true;
+    run_grid_with(&sp, spec, cases[i].grid, cases[i].sched, 0);
+    char what[128];
+    snprintf(what, sizeof what, "gpt dp %d tp %d pp %d %s sequence parallel", cases[i].grid.dp, cases[i].grid.tp,
+             cases[i].grid.pp, pp_schedule_name(cases[i].sched));
+    expect_same_run(&tp, &sp, 1e-6, what);
+    run_free(&tp, ranks);
+    run_free(&sp, ranks);
+  }
 }
 
 /* Selective recomputation gives the same bits as keeping the probabilities, with and without
@@ -653,6 +686,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_weights_after_steps_match_one_rank, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_sequence_parallel_matches_tensor_parallel, test_bound_arm,
                                       test_bound_disarm),
+      cmocka_unit_test_setup_teardown(test_sequence_parallel_on_other_grids, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_selective_recompute_is_exact, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_activation_bytes_follow_the_formula, test_bound_arm, test_bound_disarm),
       cmocka_unit_test_setup_teardown(test_bad_sequence_parallel_options, test_bound_arm, test_bound_disarm),
