@@ -15,6 +15,7 @@
 
 #include "common/common.h"
 #include "gpu/comm/comm.h"
+#include "gpu/parallel/keyed.h"
 #include "gpu/parallel/hybrid_cnn.h"
 
 /* ---- the spec ---------------------------------------------------------------------------- */
@@ -127,21 +128,9 @@ hcnn_bytes hcnn_predict_bytes(const hcnn_spec *sp, hcnn_mode mode, int k, int b)
 
 /* ---- keyed weights ----------------------------------------------------------------------- */
 
-/* Element g of parameter `name`: uniform in (-1, 1) from splitmix64 of the seed, the name's
- * FNV-1a hash and g, so any slice of a tensor is drawn alike on any rank. */
-static uint64_t name_hash(const char *name) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
-  return h;
-}
-
-static double keyed_symmetric(uint64_t key, uint64_t g) {
-  uint64_t z = dropout_mix(key ^ dropout_mix(g));
-  return 2.0 * ((double)(z >> 11) / 9007199254740992.0) - 1.0;
-}
-
-/* Writes p's keyed values: element (i, j) of the slice is element (row0 + i, col0 + j) of
- * the unsplit [rows, cols] tensor, uniform in +-1 / sqrt(fan_in). */
+/* Writes p's keyed values (gpu/parallel/keyed.h, so any slice of a tensor is drawn alike on
+ * any rank): element (i, j) of the slice is element (row0 + i, col0 + j) of the unsplit
+ * [rows, cols] tensor, uniform in +-1 / sqrt(fan_in). */
 static fl_status fill_keyed(fl_device *dev, uint64_t seed, const nn_param *p, hcnn_param_place pl, int64_t fan_in) {
   size_t n = p->value.numel;
   if (!n) return FL_OK;
@@ -149,7 +138,7 @@ static fl_status fill_keyed(fl_device *dev, uint64_t seed, const nn_param *p, hc
   if (!host) return FL_ERR(FL_ENOMEM, "hybrid CNN: out of memory for %zu weights of %s", n, p->name);
   int64_t cols = (int64_t)n / (p->value.ndim == 1 ? 1 : p->value.shape[0]); /* the slice's */
   double bound = 1.0 / sqrt((double)fan_in);
-  uint64_t key = seed ^ name_hash(p->name);
+  uint64_t key = seed ^ keyed_name_hash(p->name);
   for (size_t e = 0; e < n; e++) {
     int64_t r = (int64_t)e / cols, j = (int64_t)e % cols;
     uint64_t g = (uint64_t)((pl.row0 + r) * pl.cols + pl.col0 + j);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "gpu/parallel/keyed.h"
 #include "gpu/parallel/moe.h"
 
 /* ---- parameters ------------------------------------------------------------------------- */
@@ -54,25 +55,6 @@ fl_status moe_params_add(layer_store *s, const char *prefix, const moe_config *c
   return st;
 }
 
-/* The keyed draw of gpu/parallel/transformer.c (a copy: that file keeps it static): N(0, 1)
- * for element g of parameter `name` from two counter-based uniforms (splitmix64 of the seed,
- * the name's FNV-1a hash and the index) through Box-Muller. */
-static uint64_t name_hash(const char *name) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
-  return h;
-}
-
-static double keyed_uniform(uint64_t key, uint64_t counter) {
-  uint64_t z = dropout_mix(key ^ dropout_mix(counter));
-  return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double keyed_normal(uint64_t key, uint64_t g) {
-  double u1 = keyed_uniform(key, 2 * g), u2 = keyed_uniform(key, 2 * g + 1);
-  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
-
 fl_status moe_params_init(layer_store *s, size_t first, size_t count, uint64_t seed) {
   if (!s->finished || count == 0 || first + count > s->nparams)
     return fl_set_error(FL_EINVAL, "moe: parameters [%zu, %zu) are not in a finished store",
@@ -89,7 +71,7 @@ fl_status moe_params_init(layer_store *s, size_t first, size_t count, uint64_t s
       continue;
     }
     double std = 1.0 / sqrt((double)p->value.shape[1]);
-    uint64_t key = seed ^ name_hash(p->name);
+    uint64_t key = seed ^ keyed_name_hash(p->name);
     for (size_t j = 0; j < p->value.numel; j++) v[j] = (float)(std * keyed_normal(key, j));
   }
   fl_status st = s->dev->ops->from_host(s->dev, s->values.data + base, host, n * sizeof *host);

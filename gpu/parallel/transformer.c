@@ -16,6 +16,7 @@
 
 #include "common/common.h"
 #include "gpu/nn/nn.h"
+#include "gpu/parallel/keyed.h"
 #include "gpu/parallel/tensor_parallel.h"
 #include "gpu/parallel/transformer.h"
 
@@ -150,24 +151,6 @@ fl_status tfm_spec_check(const tfm_spec *spec, int tp_size) {
 
 /* ---- parameters ------------------------------------------------------------------------- */
 
-/* The keyed draw: N(0, 1) for element g of parameter `name`, from two counter-based uniforms
- * (splitmix64 of the seed, the name's FNV-1a hash and the index) through Box-Muller. */
-static uint64_t name_hash(const char *name) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
-  return h;
-}
-
-static double keyed_uniform(uint64_t key, uint64_t counter) {
-  uint64_t z = dropout_mix(key ^ dropout_mix(counter));
-  return ((double)(z >> 11) + 0.5) / 9007199254740992.0; /* in (0, 1): log() stays finite */
-}
-
-static double keyed_normal(uint64_t key, uint64_t g) {
-  double u1 = keyed_uniform(key, 2 * g), u2 = keyed_uniform(key, 2 * g + 1);
-  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
-
 typedef struct param_def {
   const char *suffix;
   int64_t rows, cols;   /* the unsplit shape (rows 1 for a vector) */
@@ -272,7 +255,7 @@ static fl_status fill_keyed(tfm_chunk *c, const double *stds) {
     tfm_param_place pl = c->places[i];
     int64_t cols = p->value.ndim == 2 ? p->value.shape[1] : p->value.shape[0];
     int64_t rows = (int64_t)p->value.numel / cols;
-    uint64_t key = c->spec.seed ^ name_hash(p->name);
+    uint64_t key = c->spec.seed ^ keyed_name_hash(p->name);
     for (int64_t r = 0; r < rows; r++)
       for (int64_t j = 0; j < cols; j++) {
         uint64_t g = (uint64_t)((pl.row0 + r) * pl.cols + pl.col0 + j);
