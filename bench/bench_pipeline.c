@@ -386,7 +386,7 @@ static fl_status act_rank(void *arg, int rank, fl_comm *comm) {
   if (st == FL_OK) st = fl_tensor_write(x, host, n);
   if (st == FL_OK) st = fl_tensor_write(dy, host, n);
   const fl_tensor *y, *dx;
-  tfm_batch b = {0, 0};
+  tfm_batch b = {0};
   if (st == FL_OK) st = tfm_chunk_forward(c, 0, x, &b, true, &y);
   if (st == FL_OK) st = tfm_chunk_backward(c, 0, dy, &dx);
   if (st == FL_OK) ar->peak[rank] = tfm_chunk_peak_activation_bytes(c);

@@ -564,7 +564,7 @@ static fl_status act_rank(rank_job *job) {
   if (s == FL_OK) s = tensor_ensure(&x, cpu, 3, shape);
   for (size_t i = 0; s == FL_OK && i < x.numel; i++) x.data[i] = (float)(i % 7) * 0.1f;
   const fl_tensor *y;
-  tfm_batch b = {0, 1};
+  tfm_batch b = {.row0 = 0, .step = 1};
   if (s == FL_OK) s = tfm_chunk_forward(c, 0, &x, &b, true, &y);
   if (s == FL_OK) ac->peak[job->rank] = tfm_chunk_peak_activation_bytes(c);
   tensor_release(&x);

@@ -129,6 +129,11 @@ typedef struct pp_step_stats {
   size_t peak_activation_bytes; /* this rank's chunks and stashed inputs, most at once */
   const pp_event *events;       /* this rank's timeline (owned by the trainer, valid until the next step) */
   size_t num_events;
+  /* Mixture of experts (spec.experts > 0; else 0): the balancing loss of the step (weighted,
+   * a mean over the global batch's samples; not in loss) and the fraction of the expert
+   * choices dropped over capacity. */
+  double aux_loss;
+  double dropped_fraction;
 } pp_step_stats;
 
 /* What pp_trainer_train_window reports. The arrays are the trainer's, valid until its next

@@ -113,6 +113,7 @@ struct pp_trainer {
   /* stage replication: my replica and each stage's first rank and count (pipeline ranks) */
   int replica, *stage_rank0, *stage_replicas;
   double link_bytes_per_s;
+  fl_tensor moe_sums; /* [3] on dev, for a non-host world: aux loss, choices, dropped */
 };
 
 

@@ -58,7 +58,8 @@ static void sleep_s(double s) {
 static tfm_batch batch_key(const pp_trainer *t, const step_ctx *sc, int mb) {
   int m = t->o.microbatches;
   return (tfm_batch){.row0 = (int64_t)t->me.dp * sc->batch + (int64_t)(mb % m) * sc->mbs,
-                     .step = sc->step + (uint64_t)(mb / m)};
+                     .step = sc->step + (uint64_t)(mb / m),
+                     .aux_weight = 1.0f / (float)sc->batch};
 }
 
 /* The pipeline rank that runs stage `stage` for micro-batch mb (its replica, round robin). */
@@ -183,6 +184,35 @@ static fl_status measure_bubble(pp_trainer *t, pp_step_stats *st) {
   return FL_OK;
 }
 
+/* Mixture of experts: the step's balancing loss (each replica's is a mean over its samples:
+ * their mean) and the fraction of expert choices dropped, over the world (once per
+ * tensor-parallel group, which replicates the experts). */
+static fl_status world_moe(pp_trainer *t, pp_step_stats *st) {
+  fl_status status = FL_OK;
+  float host[3] = {0, 0, 0};
+  for (int c = 0; c < t->nchunks; c++) {
+    tfm_moe_stats m = tfm_chunk_take_moe_stats(t->chunks[c].chunk);
+    if (t->me.tp != 0) continue;
+    host[0] += (float)m.aux_loss;
+    host[1] += (float)m.choices;
+    host[2] += (float)m.dropped;
+  }
+  fl_tensor sums = pp_host_tensor(t, host, 3);
+  if (strcmp(fl_comm_backend(t->world), "host") == 0) {
+    FL_CHECK(fl_comm_allreduce(t->world, &sums, FL_REDUCE_SUM));
+  } else {
+    int64_t three[1] = {3};
+    FL_CHECK(tensor_ensure(&t->moe_sums, t->dev, 1, three));
+    FL_CHECK(t->dev->ops->from_host(t->dev, t->moe_sums.data, host, sizeof host));
+    FL_CHECK(fl_comm_allreduce(t->world, &t->moe_sums, FL_REDUCE_SUM));
+    FL_CHECK(t->dev->ops->to_host(t->dev, host, t->moe_sums.data, sizeof host));
+  }
+  st->aux_loss = host[0] / t->o.grid.dp;
+  st->dropped_fraction = host[1] > 0 ? host[2] / host[1] : 0;
+cleanup:
+  return status;
+}
+
 /* The loss sum and correct count of the step over the world: the last stage's (once per
  * tensor-parallel group, every data-parallel replica's). */
 static fl_status world_sums(pp_trainer *t, double out[2]) {
@@ -272,7 +302,7 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
   } else if (t->o.grid.dp > 1) {
     double t0 = pp_timeline_now(t);
     for (int c = 0; c < t->nchunks; c++)
-      FL_CHECK(fl_comm_allreduce(t->dp, tfm_chunk_grads(t->chunks[c].chunk), FL_REDUCE_AVG));
+      FL_CHECK(tfm_chunk_average_grads(t->chunks[c].chunk, t->dp));
     FL_CHECK(pp_timeline_add(t, PP_EV_ALLREDUCE, -1, -1, t0));
   }
   {
@@ -282,6 +312,7 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
     st->loss = sums[0] / global;
     st->accuracy = sums[1] / global;
   }
+  if (t->o.spec.experts > 0) FL_CHECK(world_moe(t, st));
   st->busy_s = t->busy_s;
   st->bubble_theory = pp_bubble_theory(t->o.schedule, t->o.grid.pp, m, t->nchunks);
   st->peak_activation_bytes = t->peak_bytes;

@@ -58,7 +58,7 @@ static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *by
     FL_CHECK(t->dev->ops->fill(t->dev, x.numel, u == 0 && sp->kind == TFM_GPT ? 1.0f : 0.5f, x.data));
     FL_CHECK(tfm_chunk_create(t->dev, sp, u, u + 1, NULL, 0, 1, &c));
     double best[3];
-    tfm_batch b = {0, 0};
+    tfm_batch b = {0};
     for (int r = 0; r < 3; r++) {
       uint64_t t0 = common_now_ns();
       const fl_tensor *y, *dx;
@@ -195,6 +195,9 @@ static fl_status check_replicas(const pp_options *o, int world) {
 static fl_status check_options(const pp_options *o, int world) {
   fl_status s = o->replicas ? check_replicas(o, world) : pp_grid_check(o->grid, world);
   if (s != FL_OK) return s;
+  if (o->replicas && o->spec.experts > 0)
+    return fl_set_error(FL_EINVAL, "stage replication does not run with experts (they are spread over the "
+                        "data-parallel group)");
   if (o->vertical_sync && o->schedule != PP_PIPEDREAM)
     return fl_set_error(FL_EINVAL, "vertical sync is an option of the pipedream schedule, not %s",
                         pp_schedule_name(o->schedule));
@@ -240,6 +243,7 @@ void pp_trainer_destroy(pp_trainer *t) {
   common_free(t->ops);
   common_free(t->events);
   tensor_release(&t->stats);
+  tensor_release(&t->moe_sums);
   fl_comm_destroy(t->tp);
   fl_comm_destroy(t->dp);
   fl_comm_destroy(t->pp);
@@ -317,8 +321,9 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
     cs->stage = pp_stage_of(g.pp, me.pp, c);
     cs->first_unit = t->bounds[cs->stage];
     cs->end_unit = t->bounds[cs->stage + 1];
-    FL_CHECK(tfm_chunk_create(dev, &o->spec, cs->first_unit, cs->end_unit, g.tp > 1 ? t->tp : NULL,
-                              me.tp, g.tp, &cs->chunk));
+    /* Experts spread over the data-parallel group (GShard's ep = dp). */
+    FL_CHECK(tfm_chunk_create_ep(dev, &o->spec, cs->first_unit, cs->end_unit, g.tp > 1 ? t->tp : NULL, me.tp,
+                                 g.tp, o->spec.experts > 0 && g.dp > 1 ? t->dp : NULL, &cs->chunk));
     FL_CHECK(chunk_optimizer(dev, cs->chunk, &o->optim, &cs->opt));
   }
   int64_t two[1] = {2};

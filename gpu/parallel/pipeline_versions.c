@@ -132,7 +132,7 @@ fl_status pp_versions_update(pp_trainer *t, int c, int k) {
   fl_tensor *grads = tfm_chunk_grads(cs->chunk);
   double t0 = pp_timeline_now(t);
   if (t->o.grid.dp > 1) {
-    FL_CHECK(fl_comm_allreduce(t->dp, grads, FL_REDUCE_AVG));
+    FL_CHECK(tfm_chunk_average_grads(cs->chunk, t->dp));
     FL_CHECK(pp_timeline_add(t, PP_EV_ALLREDUCE, -1, c, t0));
   }
   t0 = pp_timeline_now(t);

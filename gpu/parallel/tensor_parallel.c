@@ -187,6 +187,40 @@ static fl_status enter_full(const tp_block *k, const geom *G, const float *mine,
   return sp_gather(k, G, mine, buf->data);
 }
 
+/* The MLP as a mixture of experts: y = x1 + dropout(moe(in)), one routing group per sample.
+ * Without sequence parallelism every rank of the group holds the whole in and computes the
+ * same y (the experts are replicated over the group). */
+static fl_status moe_mlp_forward(const tp_block *k, const geom *G, const tp_keys *keys, const fl_tensor *in,
+                                 tp_block_acts *a) {
+  fl_device *dev = k->dev;
+  size_t th = (size_t)G->Tl * G->H;
+  fl_status status = FL_OK;
+  FL_CHECK(moe_forward(k->moe, in, G->n, keys->aux_weight, &a->moe));
+  FL_CHECK(dev->ops->copy(dev, a->y.data, a->moe.y.data, th * sizeof(float)));
+  FL_CHECK(drop_hidden(k, keys, TP_SITE_MLP_OUT, G->n, a->y.data, false));
+  FL_CHECK(dev->ops->axpy(dev, th, 1.0f, a->x1.data, a->y.data));
+cleanup:
+  return status;
+}
+
+/* Its backward into `to` (the gradient at in; d_hidden is scratch): the experts' and the
+ * router's gradients, the balancing loss's included. */
+static fl_status moe_mlp_backward(const tp_block *k, const geom *G, const tp_keys *keys, const fl_tensor *in,
+                                  const tp_block_acts *a, const fl_tensor *dy, fl_tensor *to) {
+  fl_device *dev = k->dev;
+  tp_scratch *S = k->scratch;
+  fl_status status = FL_OK;
+  const fl_tensor *d_out = dy;
+  if (keys->active) {
+    FL_CHECK(dev->ops->copy(dev, S->d_hidden.data, dy->data, (size_t)G->Tl * G->H * sizeof(float)));
+    FL_CHECK(drop_hidden(k, keys, TP_SITE_MLP_OUT, G->n, S->d_hidden.data, true));
+    d_out = &S->d_hidden;
+  }
+  FL_CHECK(moe_backward(k->moe, in, &a->moe, d_out, to));
+cleanup:
+  return status;
+}
+
 fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys *keys,
                            tp_block_acts *a) {
   fl_device *dev = k->dev;
@@ -200,8 +234,10 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
   FL_CHECK(tensor_ensure(selective ? &S->probs : &a->probs, dev, 4, G.p_shape));
   FL_CHECK(tensor_ensure(&a->ctx, dev, 2, G.ctx_shape));
   FL_CHECK(tensor_ensure(&a->x1, dev, 3, G.hl_shape));
-  FL_CHECK(tensor_ensure(&a->h1, dev, 2, G.f_shape));
-  FL_CHECK(tensor_ensure(&a->act, dev, 2, G.f_shape));
+  if (!k->moe) {
+    FL_CHECK(tensor_ensure(&a->h1, dev, 2, G.f_shape));
+    FL_CHECK(tensor_ensure(&a->act, dev, 2, G.f_shape));
+  }
   FL_CHECK(tensor_ensure(&a->y, dev, 3, G.hl_shape));
   FL_CHECK(tensor_ensure(&S->scores, dev, 4, G.p_shape));
   FL_CHECK(tensor_ensure(&S->dropped, dev, 4, G.p_shape));
@@ -250,6 +286,10 @@ fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys 
     FL_CHECK(op->layernorm_forward(dev, Tl, H, TP_LN_EPS, a->x1.data, val(k, TP_LN2_G), val(k, TP_LN2_B),
                                    a->xn2.data, a->mean2.data, a->rstd2.data));
     mlp_in = a->xn2.data;
+  }
+  if (k->moe) {
+    FL_CHECK(moe_mlp_forward(k, &G, keys, gpt ? &a->xn2 : &a->x1, a));
+    goto cleanup;
   }
   FL_CHECK(enter_full(k, &G, mlp_in, &S->full, &in_full));
   FL_CHECK(op->gemm(dev, false, true, T, F, H, 1.0f, in_full, H, val(k, TP_FC1_W), H, 0.0f,
@@ -303,34 +343,38 @@ fl_status tp_block_backward(const tp_block *k, const fl_tensor *x, const tp_keys
   const float *attn_in = gpt ? a->xn1.data : x->data, *mlp_in = gpt ? a->xn2.data : a->x1.data;
   const float *full;
 
-  /* MLP: the gradient at fc2's output is dropout's backward of dy (g's backward: the identity,
-   * or sequence parallel an all-gather). */
-  const float *d_out = dy->data;
-  if (keys->active) {
-    FL_CHECK(op->copy(dev, S->d_hidden.data, dy->data, th * sizeof(float)));
-    FL_CHECK(drop_hidden(k, keys, TP_SITE_MLP_OUT, n, S->d_hidden.data, true));
-    d_out = S->d_hidden.data;
-  }
-  FL_CHECK(op->bias_grad_rows(dev, Tl, H, d_out, grad_at(k, TP_FC2_B)));
-  FL_CHECK(enter_full(k, &G, d_out, &S->full_grad, &d_out));
-  FL_CHECK(op->gemm(dev, true, false, H, F, T, 1.0f, d_out, H, a->act.data, F, 1.0f,
-                    grad(k, TP_FC2_W), F));
-  FL_CHECK(op->gemm(dev, false, false, T, F, H, 1.0f, d_out, H, val(k, TP_FC2_W), F, 0.0f,
-                    S->d_ffn.data, F));
-  FL_CHECK(op->gelu_backward(dev, (size_t)T * F, a->h1.data, S->d_ffn.data, S->d_ffn.data));
-  /* fc1's input again: sequence parallel keeps only the slice (as Megatron, which gathers it
-   * again in backward rather than keep the full sequence). */
-  FL_CHECK(enter_full(k, &G, mlp_in, &S->full, &full));
-  FL_CHECK(op->gemm(dev, true, false, F, H, T, 1.0f, S->d_ffn.data, F, full, H, 1.0f,
-                    grad(k, TP_FC1_W), H));
-  FL_CHECK(op->bias_grad_rows(dev, T, F, S->d_ffn.data, grad(k, TP_FC1_B)));
-  /* dx1 = dy (the residual) + the group's sum of fc1's input gradient (f's backward: an
-   * allreduce, or a reduce-scatter), through ln2's backward in the GPT form. */
-  {
-    fl_tensor *to = gpt ? &S->d_norm : dx;
-    FL_CHECK(op->gemm(dev, false, false, T, H, F, 1.0f, S->d_ffn.data, F, val(k, TP_FC1_W), H,
-                      0.0f, sp ? S->d_partial.data : to->data, H));
-    FL_CHECK(reduce_out(k, &G, S->d_partial.data, to));
+  if (k->moe) {
+    FL_CHECK(moe_mlp_backward(k, &G, keys, gpt ? &a->xn2 : &a->x1, a, dy, gpt ? &S->d_norm : dx));
+  } else {
+    /* MLP: the gradient at fc2's output is dropout's backward of dy (g's backward: the identity,
+     * or sequence parallel an all-gather). */
+    const float *d_out = dy->data;
+    if (keys->active) {
+      FL_CHECK(op->copy(dev, S->d_hidden.data, dy->data, th * sizeof(float)));
+      FL_CHECK(drop_hidden(k, keys, TP_SITE_MLP_OUT, n, S->d_hidden.data, true));
+      d_out = S->d_hidden.data;
+    }
+    FL_CHECK(op->bias_grad_rows(dev, Tl, H, d_out, grad_at(k, TP_FC2_B)));
+    FL_CHECK(enter_full(k, &G, d_out, &S->full_grad, &d_out));
+    FL_CHECK(op->gemm(dev, true, false, H, F, T, 1.0f, d_out, H, a->act.data, F, 1.0f,
+                      grad(k, TP_FC2_W), F));
+    FL_CHECK(op->gemm(dev, false, false, T, F, H, 1.0f, d_out, H, val(k, TP_FC2_W), F, 0.0f,
+                      S->d_ffn.data, F));
+    FL_CHECK(op->gelu_backward(dev, (size_t)T * F, a->h1.data, S->d_ffn.data, S->d_ffn.data));
+    /* fc1's input again: sequence parallel keeps only the slice (as Megatron, which gathers it
+     * again in backward rather than keep the full sequence). */
+    FL_CHECK(enter_full(k, &G, mlp_in, &S->full, &full));
+    FL_CHECK(op->gemm(dev, true, false, F, H, T, 1.0f, S->d_ffn.data, F, full, H, 1.0f,
+                      grad(k, TP_FC1_W), H));
+    FL_CHECK(op->bias_grad_rows(dev, T, F, S->d_ffn.data, grad(k, TP_FC1_B)));
+    /* dx1 = dy (the residual) + the group's sum of fc1's input gradient (f's backward: an
+     * allreduce, or a reduce-scatter), through ln2's backward in the GPT form. */
+    {
+      fl_tensor *to = gpt ? &S->d_norm : dx;
+      FL_CHECK(op->gemm(dev, false, false, T, H, F, 1.0f, S->d_ffn.data, F, val(k, TP_FC1_W), H,
+                        0.0f, sp ? S->d_partial.data : to->data, H));
+      FL_CHECK(reduce_out(k, &G, S->d_partial.data, to));
+    }
   }
   if (gpt)
     FL_CHECK(op->layernorm_backward(dev, Tl, H, a->x1.data, S->d_norm.data, val(k, TP_LN2_G),
@@ -409,6 +453,7 @@ void tp_block_acts_release(tp_block_acts *a) {
   const fl_tensor *t[TP_BLOCK_ACTS];
   acts_list(a, t);
   for (int i = 0; i < TP_BLOCK_ACTS; i++) tensor_release((fl_tensor *)t[i]);
+  moe_acts_release(&a->moe);
 }
 
 size_t tp_block_acts_bytes(const tp_block_acts *a) {
@@ -416,7 +461,7 @@ size_t tp_block_acts_bytes(const tp_block_acts *a) {
   acts_list(a, t);
   size_t bytes = 0;
   for (int i = 0; i < TP_BLOCK_ACTS; i++) bytes += t[i]->numel * sizeof(float);
-  return bytes;
+  return bytes + moe_acts_bytes(&a->moe);
 }
 
 void tp_scratch_release(tp_scratch *s) {

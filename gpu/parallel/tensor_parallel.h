@@ -7,6 +7,7 @@
 #define FLINT_GPU_TENSOR_PARALLEL_H
 
 #include "gpu/nn/nn.h"
+#include "gpu/parallel/moe.h"
 
 /* A block's sizes on this rank. */
 typedef struct tp_dims {
@@ -49,6 +50,7 @@ typedef struct tp_keys {
   bool active;
   int64_t row0; /* global index of the micro-batch's first sample */
   uint64_t seed[TP_NSITES];
+  float aux_weight; /* mixture of experts: each sample's balancing loss weight */
 } tp_keys;
 
 /* What a block saves in a slot from its forward for its backward (the input is the slot's
@@ -64,6 +66,7 @@ typedef struct tp_block_acts {
   /* GPT form only (empty otherwise): the layer norms' outputs [n*local_seq, hidden] and
    * their per-token mean and 1 / std [n*local_seq]. */
   fl_tensor xn1, xn2, mean1, rstd1, mean2, rstd2;
+  moe_acts moe; /* a block with experts: the layer's (h1 and act stay empty) */
 } tp_block_acts;
 #define TP_BLOCK_ACTS 13
 
@@ -89,6 +92,10 @@ typedef struct tp_block {
   tp_dims dims;
   nn_param *p[TP_NPARAMS];
   tp_scratch *scratch;
+  /* Experts in place of the MLP (fc1 and fc2 then NULL): y = x1 + dropout(moe(x1 or
+   * ln2(x1))), one routing group per sample, replicated over the tensor-parallel group
+   * (no sequence parallelism). NULL: the dense MLP. */
+  const moe_layer *moe;
 } tp_block;
 
 /* Forward of x [n, local_seq, hidden] into a->y, saving what backward needs in a. */

@@ -17,6 +17,7 @@
 #include "common/common.h"
 #include "gpu/nn/nn.h"
 #include "gpu/parallel/keyed.h"
+#include "gpu/parallel/moe.h"
 #include "gpu/parallel/tensor_parallel.h"
 #include "gpu/parallel/transformer.h"
 
@@ -44,6 +45,8 @@ typedef struct tfm_unit {
   size_t first_param; /* into the store */
   int block_param[TP_NPARAMS]; /* UNIT_BLOCK: the store index of each TP_* parameter, or -1 */
   tp_block block;     /* UNIT_BLOCK only */
+  bool has_moe;       /* UNIT_BLOCK with experts: moe's parameters follow the block's */
+  moe_layer moe;
 } tfm_unit;
 
 /* One unit's saved activations in a slot. */
@@ -88,6 +91,14 @@ struct tfm_chunk {
   fl_tensor head_dx;        /* GPT: the head's input gradient when the caller wants none */
   fl_tensor g_slice, dx_slice; /* sequence parallel: gradients at the blocks' slices */
   size_t bytes, peak;
+  /* Mixture of experts: the expert-parallel group (NULL: every expert here), the layers'
+   * shared scratch, the expert gradients kept aside while the rest is averaged, and the
+   * counters of tfm_chunk_take_moe_stats. */
+  fl_comm *ep_comm;
+  int ep_rank, ep_size;
+  moe_scratch moe_scratch;
+  fl_tensor expert_stash;
+  tfm_moe_stats moe_stats;
 };
 
 /* ---- the spec ---------------------------------------------------------------------------- */
@@ -98,6 +109,38 @@ int tfm_output_classes(const tfm_spec *spec) { return spec->kind == TFM_GPT ? sp
 int tfm_targets_per_sample(const tfm_spec *spec) { return spec->kind == TFM_GPT ? spec->seq : 1; }
 
 static int spec_ffn(const tfm_spec *spec) { return spec->ffn ? spec->ffn : 4 * spec->hidden; }
+
+bool tfm_block_has_moe(const tfm_spec *spec, int b) {
+  return spec->experts > 0 && spec->moe_every > 0 && (b + 1) % spec->moe_every == 0;
+}
+
+static moe_config spec_moe(const tfm_spec *spec) {
+  return (moe_config){spec->hidden, spec_ffn(spec), spec->experts, spec->top_k, spec->capacity_factor,
+                      spec->moe_alpha};
+}
+
+/* The experts' fields, when there are experts: moe_config_check's, over ep_size ranks. */
+static fl_status check_moe(const tfm_spec *spec, int ep_size) {
+  if (spec->experts < 0)
+    return fl_set_error(FL_EINVAL, "transformer spec: experts is %d, must be at least 0", spec->experts);
+  if (spec->experts == 0) return FL_OK;
+  if (spec->moe_every < 1)
+    return fl_set_error(FL_EINVAL, "transformer spec: moe_every is %d, must be at least 1 (1: every block has "
+                        "experts, 2: every other one)", spec->moe_every);
+  if (spec->moe_every > spec->blocks)
+    return fl_set_error(FL_EINVAL, "transformer spec: moe_every (%d) is more than the %d blocks: no block would "
+                        "have experts", spec->moe_every, spec->blocks);
+  if (spec->sequence_parallel)
+    return fl_set_error(FL_EINVAL, "transformer spec: experts do not run with sequence parallelism (they are "
+                        "replicated over the tensor-parallel group)");
+  moe_config cfg = spec_moe(spec);
+  if (moe_config_check(&cfg, ep_size) != FL_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", fl_last_error());
+    return fl_set_error(FL_EINVAL, "transformer spec: %s", why);
+  }
+  return FL_OK;
+}
 
 fl_status tfm_spec_check(const tfm_spec *spec, int tp_size) {
   if (!spec) return fl_set_error(FL_EINVAL, "transformer spec: NULL");
@@ -138,6 +181,7 @@ fl_status tfm_spec_check(const tfm_spec *spec, int tp_size) {
   if (spec->sequence_parallel && spec->seq % tp_size)
     return fl_set_error(FL_EINVAL, "transformer spec: sequence parallel needs seq (%d) to be a multiple of the "
                         "tensor-parallel size %d", spec->seq, tp_size);
+  if (check_moe(spec, 1) != FL_OK) return FL_EINVAL;
   if (spec_ffn(spec) % tp_size)
     return fl_set_error(FL_EINVAL, "transformer spec: ffn (%d) must be a multiple of the "
                         "tensor-parallel size %d", spec_ffn(spec), tp_size);
@@ -161,7 +205,7 @@ typedef struct param_def {
 
 static fl_status add_param(tfm_chunk *c, const char *prefix, param_def def) {
   /* A group of one holds every tensor whole: replicated, as the place promises. */
-  tfm_param_place place = {def.rows, def.cols, 0, 0, def.split == 0 || c->tp_size == 1};
+  tfm_param_place place = {def.rows, def.cols, 0, 0, def.split == 0 || c->tp_size == 1, false};
   int64_t rows = def.rows, cols = def.cols;
   if (def.split == 1) {
     place.row0 = def.start;
@@ -177,6 +221,28 @@ static fl_status add_param(tfm_chunk *c, const char *prefix, param_def def) {
                                        vector ? shape + 1 : shape, LAYER_INIT_ZERO, 0, &idx);
   if (st != FL_OK) return st;
   c->places[idx] = place;
+  return FL_OK;
+}
+
+/* A block's experts after its attention: this rank's (moe_params_add), replicated over the
+ * tensor-parallel group, drawn as moe_params_init draws them (N(0, 1 / fan_in) keyed by the
+ * name, which carries the global expert index; biases 0). */
+static fl_status add_moe_params(tfm_chunk *c, tfm_unit *u, const char *block_prefix, double *stds, size_t *nstd) {
+  char prefix[80];
+  snprintf(prefix, sizeof prefix, "%s.moe", block_prefix);
+  moe_config cfg = spec_moe(&c->spec);
+  size_t first;
+  fl_status st = moe_params_add(&c->store, prefix, &cfg, c->ep_rank, c->ep_size, &first);
+  if (st != FL_OK) return st;
+  u->moe = (moe_layer){c->dev, c->ep_size > 1 ? c->ep_comm : NULL, cfg, c->ep_rank, c->ep_size, NULL,
+                       &c->moe_scratch};
+  for (size_t i = first; i < c->store.nparams; i++) {
+    const nn_param *p = &c->store.params[i];
+    bool vector = p->value.ndim == 1;
+    int64_t cols = vector ? p->value.shape[0] : p->value.shape[1];
+    c->places[i] = (tfm_param_place){vector ? 1 : p->value.shape[0], cols, 0, 0, true, i > first};
+    stds[(*nstd)++] = vector ? 0.0 : fan_in_std(cols);
+  }
   return FL_OK;
 }
 
@@ -229,10 +295,12 @@ static fl_status add_unit_params(tfm_chunk *c, tfm_unit *u, double *stds, size_t
       tp_of[ndefs] = TP_LN2_G, defs[ndefs++] = (param_def){"ln2.weight", 1, H, 0, 0, 0, TFM_ONES};
       tp_of[ndefs] = TP_LN2_B, defs[ndefs++] = (param_def){"ln2.bias", 1, H, 0, 0, 0, 0};
     }
-    tp_of[ndefs] = TP_FC1_W, defs[ndefs++] = (param_def){"mlp.fc1.weight", F, H, 1, f0, fn, fan_in_std(H)};
-    tp_of[ndefs] = TP_FC1_B, defs[ndefs++] = (param_def){"mlp.fc1.bias", 1, F, 2, f0, fn, 0};
-    tp_of[ndefs] = TP_FC2_W, defs[ndefs++] = (param_def){"mlp.fc2.weight", H, F, 2, f0, fn, fan_in_std(F) * residual};
-    tp_of[ndefs] = TP_FC2_B, defs[ndefs++] = (param_def){"mlp.fc2.bias", 1, H, 0, 0, 0, 0};
+    if (!u->has_moe) {
+      tp_of[ndefs] = TP_FC1_W, defs[ndefs++] = (param_def){"mlp.fc1.weight", F, H, 1, f0, fn, fan_in_std(H)};
+      tp_of[ndefs] = TP_FC1_B, defs[ndefs++] = (param_def){"mlp.fc1.bias", 1, F, 2, f0, fn, 0};
+      tp_of[ndefs] = TP_FC2_W, defs[ndefs++] = (param_def){"mlp.fc2.weight", H, F, 2, f0, fn, fan_in_std(F) * residual};
+      tp_of[ndefs] = TP_FC2_B, defs[ndefs++] = (param_def){"mlp.fc2.bias", 1, H, 0, 0, 0, 0};
+    }
   }
   for (int i = 0; i < ndefs; i++) {
     if (u->kind == UNIT_BLOCK) u->block_param[tp_of[i]] = (int)c->store.nparams;
@@ -240,7 +308,7 @@ static fl_status add_unit_params(tfm_chunk *c, tfm_unit *u, double *stds, size_t
     if (st != FL_OK) return st;
     stds[(*nstd)++] = defs[i].std;
   }
-  return FL_OK;
+  return u->has_moe ? add_moe_params(c, u, prefix, stds, nstd) : FL_OK;
 }
 
 /* Overwrites every parameter with its keyed draw: element (i, j) of a shard is element
@@ -288,9 +356,17 @@ static fl_status check_group(fl_comm *comm, int tp_rank, int tp_size) {
 
 fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit, int end_unit,
                            fl_comm *tp_comm, int tp_rank, int tp_size, tfm_chunk **out) {
+  return tfm_chunk_create_ep(dev, spec, first_unit, end_unit, tp_comm, tp_rank, tp_size, NULL, out);
+}
+
+fl_status tfm_chunk_create_ep(fl_device *dev, const tfm_spec *spec, int first_unit, int end_unit,
+                              fl_comm *tp_comm, int tp_rank, int tp_size, fl_comm *ep_comm,
+                              tfm_chunk **out) {
   if (!dev || !out) return fl_set_error(FL_EINVAL, "tfm_chunk_create: NULL argument");
   fl_status status = tfm_spec_check(spec, tp_size);
   if (status != FL_OK) return status;
+  int ep_size = ep_comm ? fl_comm_size(ep_comm) : 1;
+  if (spec->experts > 0 && (status = check_moe(spec, ep_size)) != FL_OK) return status;
   if (first_unit < 0 || end_unit <= first_unit || end_unit > tfm_units(spec))
     return fl_set_error(FL_EINVAL, "transformer: units [%d, %d) are not a non-empty range of "
                         "the model's %d", first_unit, end_unit, tfm_units(spec));
@@ -307,6 +383,9 @@ fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit,
   c->comm = tp_size > 1 ? tp_comm : NULL;
   c->tp_rank = tp_rank;
   c->tp_size = tp_size;
+  c->ep_comm = ep_comm;
+  c->ep_size = ep_size;
+  c->ep_rank = ep_comm ? fl_comm_rank(ep_comm) : 0;
   int local_heads = spec->heads / tp_size;
   c->dims = (tp_dims){spec->seq, spec->hidden, spec->heads, spec->hidden / spec->heads,
                       local_heads, tp_rank * local_heads, spec_ffn(spec) / tp_size, spec->dropout,
@@ -316,6 +395,10 @@ fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit,
                       spec->selective_recompute};
   layer_store_init(&c->store, dev);
   size_t most = (size_t)c->nunits * TP_NPARAMS;
+  if (spec->experts > 0) {
+    moe_config cfg = spec_moe(spec);
+    most += (size_t)c->nunits * moe_param_count(&cfg, ep_size);
+  }
   c->places = common_calloc(most, sizeof *c->places);
   c->units = common_calloc((size_t)c->nunits, sizeof *c->units);
   stds = common_calloc(most, sizeof *stds);
@@ -325,6 +408,7 @@ fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit,
     tfm_unit *u = &c->units[i];
     u->index = first_unit + i;
     u->kind = u->index == 0 ? UNIT_EMBED : u->index == spec->blocks + 1 ? UNIT_HEAD : UNIT_BLOCK;
+    u->has_moe = u->kind == UNIT_BLOCK && tfm_block_has_moe(spec, u->index - 1);
     FL_CHECK(add_unit_params(c, u, stds, &nstd));
   }
   FL_CHECK(layer_store_finish(&c->store, spec->seed));
@@ -332,9 +416,17 @@ fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit,
   for (int i = 0; i < c->nunits; i++) {
     tfm_unit *u = &c->units[i];
     if (u->kind != UNIT_BLOCK) continue;
-    u->block = (tp_block){dev, c->comm, c->dims, {0}, &c->scratch};
+    u->block = (tp_block){dev, c->comm, c->dims, {0}, &c->scratch, NULL};
     for (int j = 0; j < TP_NPARAMS; j++)
       u->block.p[j] = u->block_param[j] >= 0 ? &c->store.params[u->block_param[j]] : NULL;
+    if (u->has_moe) {
+      /* The router follows the block's last parameter. */
+      int last = -1;
+      for (int j = 0; j < TP_NPARAMS; j++)
+        if (u->block_param[j] > last) last = u->block_param[j];
+      u->moe.params = &c->store.params[last + 1];
+      u->block.moe = &u->moe;
+    }
   }
   common_free(stds);
   *out = c;
@@ -371,6 +463,8 @@ void tfm_chunk_destroy(tfm_chunk *c) {
   tensor_release(&c->head_dx);
   tensor_release(&c->g_slice);
   tensor_release(&c->dx_slice);
+  moe_scratch_release(&c->moe_scratch);
+  tensor_release(&c->expert_stash);
   layer_store_release(&c->store);
   common_free(c->places);
   common_free(c->units);
@@ -533,7 +627,9 @@ static fl_status get_slot(tfm_chunk *c, int slot, tfm_slot **out) {
 
 /* The dropout keys of one unit: seeds from (spec seed, step, unit, site), never the rank. */
 static tp_keys unit_keys(const tfm_chunk *c, const tfm_slot *s, int unit) {
-  tp_keys k = {s->train && c->spec.dropout > 0.0f, s->batch.row0, {0}};
+  int n = (int)s->x.shape[0];
+  tp_keys k = {s->train && c->spec.dropout > 0.0f, s->batch.row0, {0},
+               s->batch.aux_weight > 0.0f ? s->batch.aux_weight : 1.0f / (float)(n > 0 ? n : 1)};
   uint64_t base = dropout_mix(dropout_mix(c->spec.seed ^ 0x74666d64726f7000ull /* "tfmdrop" */) ^ s->batch.step);
   for (int site = 0; site < TP_NSITES; site++)
     k.seed[site] = dropout_mix(base ^ dropout_mix(((uint64_t)unit << 8) | (uint64_t)site));
@@ -688,6 +784,12 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
         g = &c->g_slice;
       }
       FL_CHECK(tp_block_backward(&u->block, in, &keys, &a->block, g, need, first ? &c->dx_slice : out));
+      if (u->has_moe) {
+        /* Counted once per micro-batch here, not in forward, which recomputation repeats. */
+        c->moe_stats.aux_loss += a->block.moe.aux_loss;
+        c->moe_stats.choices += (double)a->block.moe.route.tokens * a->block.moe.route.top_k;
+        c->moe_stats.dropped += a->block.moe.route.dropped;
+      }
       if (first && need) FL_CHECK(sp_to_whole(c, &c->dx_slice, out));
     }
     g = out;
@@ -720,6 +822,44 @@ nn_param *tfm_chunk_param(tfm_chunk *c, size_t i) {
 tfm_param_place tfm_chunk_param_place(const tfm_chunk *c, size_t i) {
   FL_ASSERT(i < c->store.nparams);
   return c->places[i];
+}
+
+fl_status tfm_chunk_average_grads(tfm_chunk *c, fl_comm *dp) {
+  if (!c || !dp) return fl_set_error(FL_EINVAL, "tfm_chunk_average_grads: NULL argument");
+  fl_device *dev = c->dev;
+  int size = fl_comm_size(dp);
+  size_t experts = 0;
+  fl_status status = FL_OK;
+  for (size_t i = 0; i < c->store.nparams; i++)
+    if (c->places[i].expert) experts += c->store.params[i].grad.numel;
+  if (experts) {
+    int64_t shape[1] = {(int64_t)experts};
+    FL_CHECK(tensor_ensure(&c->expert_stash, dev, 1, shape));
+    for (size_t i = 0, at = 0; i < c->store.nparams; i++) {
+      const fl_tensor *g = &c->store.params[i].grad;
+      if (!c->places[i].expert) continue;
+      FL_CHECK(dev->ops->copy(dev, c->expert_stash.data + at, g->data, g->numel * sizeof(float)));
+      at += g->numel;
+    }
+  }
+  FL_CHECK(fl_comm_allreduce(dp, &c->store.grads, FL_REDUCE_AVG));
+  /* An expert's gradient holds every rank's tokens already: the mean over the group's
+   * batches is it over the group's size. */
+  for (size_t i = 0, at = 0; experts && i < c->store.nparams; i++) {
+    const fl_tensor *g = &c->store.params[i].grad;
+    if (!c->places[i].expert) continue;
+    FL_CHECK(dev->ops->copy(dev, g->data, c->expert_stash.data + at, g->numel * sizeof(float)));
+    FL_CHECK(dev->ops->scale(dev, g->numel, 1.0f / (float)size, g->data));
+    at += g->numel;
+  }
+cleanup:
+  return status;
+}
+
+tfm_moe_stats tfm_chunk_take_moe_stats(tfm_chunk *c) {
+  tfm_moe_stats st = c->moe_stats;
+  c->moe_stats = (tfm_moe_stats){0};
+  return st;
 }
 
 size_t tfm_chunk_activation_bytes(const tfm_chunk *c) { return c->bytes; }

@@ -75,7 +75,26 @@ typedef struct tfm_spec {
   /* Selective activation recomputation (the same paper): no [n, heads, seq, seq] tensor is
    * kept; backward recomputes the attention probabilities from the kept q, k and v. */
   bool selective_recompute;
+  /* Mixture of experts (gpu/parallel/moe.h; GShard, Switch): experts > 0 makes the MLP of
+   * every moe_every-th block (blocks moe_every - 1, 2 moe_every - 1, ...: 1 every block, 2
+   * every other one as GShard and Switch) a layer of `experts` GELU MLPs of width ffn,
+   *   y = x1 + dropout(moe(x1))   (GPT: moe(ln2(x1))),
+   * routed to top_k experts per token with one routing group per sample (so neither
+   * micro-batching nor the data-parallel split changes which tokens are dropped), capacity
+   * capacity_factor and Switch's balancing loss weighted by moe_alpha. The experts are spread
+   * over the chunk's expert-parallel group (tfm_chunk_create_ep: the data-parallel group of
+   * a trainer, GShard's ep = dp) and replicated over the tensor-parallel group; no sequence
+   * parallelism. The balancing loss's gradient enters each block's backward (it does not
+   * depend on dy), weighted per sample by tfm_batch.aux_weight. */
+  int experts;
+  int top_k;
+  float capacity_factor;
+  float moe_alpha;
+  int moe_every;
 } tfm_spec;
+
+/* True when block b (0-based) of the spec has experts in place of its MLP. */
+bool tfm_block_has_moe(const tfm_spec *spec, int b);
 
 /* The number of units: blocks + 2. */
 int tfm_units(const tfm_spec *spec);
@@ -94,6 +113,10 @@ fl_status tfm_spec_check(const tfm_spec *spec, int tp_size);
 typedef struct tfm_batch {
   int64_t row0;  /* global index of this micro-batch's first sample within the mini-batch */
   uint64_t step; /* optimizer step */
+  /* Mixture of experts: the weight of each sample's balancing loss (a trainer: 1 / the
+   * replica's samples, making the loss their mean, as the cross-entropy's); 0: 1 / the
+   * micro-batch's samples. */
+  float aux_weight;
 } tfm_batch;
 
 typedef struct tfm_chunk tfm_chunk;
@@ -104,6 +127,15 @@ typedef struct tfm_chunk tfm_chunk;
  * gradients zeroed. FL_EINVAL names a bad spec, unit range or group. */
 fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit, int end_unit,
                            fl_comm *tp_comm, int tp_rank, int tp_size, tfm_chunk **out);
+/* The same with the experts (spec.experts > 0) spread over ep_comm (borrowed; NULL: this rank
+ * holds every expert): rank r of its ep ranks holds experts [r E/ep, (r+1) E/ep), and every
+ * rank of the group must run the same forwards and backwards in the same order with
+ * micro-batches of the same size (the all-to-all exchanges have a fixed size). A chunk of
+ * one rank given the samples of all ep ranks computes the same function. FL_EINVAL when
+ * experts % ep != 0. */
+fl_status tfm_chunk_create_ep(fl_device *dev, const tfm_spec *spec, int first_unit, int end_unit,
+                              fl_comm *tp_comm, int tp_rank, int tp_size, fl_comm *ep_comm,
+                              tfm_chunk **out);
 /* Frees the chunk and every slot. NULL does nothing. */
 void tfm_chunk_destroy(tfm_chunk *c);
 
@@ -129,7 +161,10 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
  * blocks.<b>.attn.out.{weight, bias}, blocks.<b>.mlp.fc1.{weight, bias},
  * blocks.<b>.mlp.fc2.{weight, bias} (b = unit - 1); head.{weight, bias}. GPT: embed.{token,
  * position}; blocks.<b>.ln1.{weight, bias}, the attention's four, blocks.<b>.ln2.{weight,
- * bias}, the MLP's four; head.ln.{weight, bias}, head.{weight, bias}. Owned by the chunk. */
+ * bias}, the MLP's four; head.ln.{weight, bias}, head.{weight, bias}. A block with experts
+ * has, in place of the MLP's four, blocks.<b>.moe.router.weight and this rank's experts
+ * blocks.<b>.moe.experts.<e>.{fc1.weight, fc1.bias, fc2.weight, fc2.bias} (e global; see
+ * moe_params_add). Owned by the chunk. */
 fl_tensor *tfm_chunk_values(tfm_chunk *c);
 fl_tensor *tfm_chunk_grads(tfm_chunk *c);
 fl_status tfm_chunk_zero_grad(tfm_chunk *c);
@@ -142,8 +177,25 @@ nn_param *tfm_chunk_param(tfm_chunk *c, size_t i);
 typedef struct tfm_param_place {
   int64_t rows, cols, row0, col0;
   bool replicated;
+  /* An expert's parameter: held by one rank of the expert-parallel group, so NOT averaged
+   * over it (tfm_chunk_average_grads); its name carries the global expert index. */
+  bool expert;
 } tfm_param_place;
 tfm_param_place tfm_chunk_param_place(const tfm_chunk *c, size_t i);
+
+/* The data-parallel gradient average of a chunk over dp (the chunk's expert-parallel group
+ * when it has experts): FL_REDUCE_AVG of every gradient, except that an expert's gradient,
+ * which already holds every rank's tokens, is divided by the group's size instead. */
+fl_status tfm_chunk_average_grads(tfm_chunk *c, fl_comm *dp);
+
+/* Mixture of experts: the balancing loss (weighted as the batches asked) of the backwards
+ * since the last call, and the expert choices made and dropped over capacity in their
+ * forwards; the counters are then reset. All 0 without experts. */
+typedef struct tfm_moe_stats {
+  double aux_loss;
+  double choices, dropped;
+} tfm_moe_stats;
+tfm_moe_stats tfm_chunk_take_moe_stats(tfm_chunk *c);
 
 /* Activation memory: bytes held by slots between their forward and their backward now (the
  * slot's copy of x and every saved activation, at the micro-batch's size), and the most held
