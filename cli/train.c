@@ -175,6 +175,12 @@ static const char train_usage_text[] =
     "  --blocks K          transformer blocks (default 2)\n"
     "  --dropout P         dropout probability, 0 <= P < 1 (default 0.1)\n"
     "  --seq S             --model gpt: bytes per sample (default 64)\n"
+    "  --experts E         mixture of experts: E expert MLPs in place of a block's MLP, spread\n"
+    "                      over the --dp ranks (E a multiple of D; default 0: none)\n"
+    "  --top-k K           experts per token, 1 (Switch) to E (default 2, GShard)\n"
+    "  --capacity-factor C slots per expert and sample: C x seq x K / E, rounded up (default 1.25)\n"
+    "  --aux-alpha A       the balancing loss's weight (default 0.01)\n"
+    "  --moe-every N       experts in every N-th block: 1 every block (default), 2 every other\n"
     "  --timeline-csv PATH every rank's last-step timeline as CSV\n"
     "  --timeline-svg PATH the same drawn as a chart\n"
     "  --conf KEY=VALUE    a setting ('flint config' lists them), e.g. log=debug\n"
@@ -238,7 +244,8 @@ static const struct option train_longopts[] = {
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
     VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
     VALUED("sync"), VALUED("compress"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
-    VALUED("ps-push"), VALUED("seq"), SWITCH("nesterov"), SWITCH("quiet"),
+    VALUED("ps-push"), VALUED("seq"), VALUED("experts"), VALUED("top-k"), VALUED("capacity-factor"),
+    VALUED("aux-alpha"), VALUED("moe-every"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("vertical-sync"), SWITCH("sequence-parallel"), SWITCH("no-decay-norm-bias"),
     SWITCH("decay-all"), SWITCH("no-augment"), SWITCH("trick"),
@@ -373,6 +380,16 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     } else if (strcmp(opt, "--seq") == 0) {
       if (!cli_parse_u32(v, &o->seq) || o->seq < 1 || o->seq > 4096)
         return train_usage_error("--seq '%s' is not a whole number from 1 to 4096", v);
+    } else if (strcmp(opt, "--experts") == 0 || strcmp(opt, "--top-k") == 0 || strcmp(opt, "--moe-every") == 0) {
+      uint32_t *dst = opt[2] == 'e' ? &o->experts : opt[2] == 't' ? &o->top_k : &o->moe_every;
+      if (!cli_parse_u32(v, dst) || *dst < 1 || *dst > 4096)
+        return train_usage_error("%s '%s' is not a whole number from 1 to 4096", opt, v);
+    } else if (strcmp(opt, "--capacity-factor") == 0) {
+      if (!cli_parse_double(v, &o->capacity_factor) || !(o->capacity_factor > 0) || o->capacity_factor > 1000)
+        return train_usage_error("--capacity-factor '%s' is not a number above 0 (at most 1000)", v);
+    } else if (strcmp(opt, "--aux-alpha") == 0) {
+      if (!cli_parse_double(v, &o->moe_alpha) || !(o->moe_alpha >= 0) || o->moe_alpha > 1000)
+        return train_usage_error("--aux-alpha '%s' is not a number from 0 to 1000", v);
     } else if (strcmp(opt, "--ffn") == 0) {
       if (!cli_parse_u32(v, &o->ffn) || o->ffn < 1) return train_usage_error("--ffn '%s' is not a whole number >= 1", v);
     } else if (strcmp(opt, "--dropout") == 0) {
@@ -540,6 +557,17 @@ int cmd_train(int argc, char **argv) {
   if (o.trick)
     printf("trick        convolutions data parallel on %u images a rank; FC layers split %u ways over the "
            "global batch\n", o.batch / world, world);
+  if (hybrid && o.experts) {
+    uint32_t top_k, every;
+    float cf, alpha;
+    gpu_train_experts(&o, &top_k, &every, &cf, &alpha);
+    char which[48];
+    if (every == 1) snprintf(which, sizeof which, "every block");
+    else if (every == 2) snprintf(which, sizeof which, "every other block");
+    else snprintf(which, sizeof which, "every %u-th block", every);
+    printf("experts      %u in %s (%u a data-parallel rank), top-%u, capacity factor %g, balancing loss alpha "
+           "%g\n", o.experts, which, o.experts / o.ranks, top_k, cf, alpha);
+  }
   if (hybrid && (o.sequence_parallel || o.recompute_selective))
     printf("activations  %s%s%s\n", o.sequence_parallel ? "sequence parallel" : "",
            o.sequence_parallel && o.recompute_selective ? ", " : "",
@@ -582,6 +610,9 @@ int cmd_train(int argc, char **argv) {
     printf("servers      %.1f MiB pushed and pulled by a worker; pulls at most %llu steps behind; %u worker%s "
            "retried and resumed\n", (double)res.reduced_bytes / (1 << 20), (unsigned long long)res.max_staleness,
            res.resumed_workers, res.resumed_workers == 1 ? "" : "s");
+  if (hybrid && o.experts)
+    printf("moe          balancing loss %.4g (not in the loss above), %.2f%% of the expert choices dropped over "
+           "capacity (the last epoch's means)\n", res.aux_loss, 100 * res.dropped_fraction);
   if (hybrid) {
     printf("bubble       %.3f measured (the last epoch's mean), %.3f in theory\n", res.bubble, res.bubble_theory);
     if (res.link_bytes_per_s > 0)

@@ -235,6 +235,12 @@ typedef struct gpu_train_options {
    * --recompute selective (transformer.h's tfm_spec) */
   bool sequence_parallel;
   bool recompute_selective;
+  /* --model transformer and gpt: --experts E makes the MLP of every --moe-every-th block
+   * (0: 1, every block) a mixture of E experts (transformer.h's spec.experts), spread over
+   * the --dp ranks (E a multiple of dp), routed to --top-k experts a token (0: 2) with
+   * --capacity-factor (0: 1.25) and the balancing loss weighted by --aux-alpha (< 0: 0.01). */
+  uint32_t experts, top_k, moe_every;
+  double capacity_factor, moe_alpha;
 } gpu_train_options;
 #define GPU_TRAIN_DEFAULT_SEQ 64u
 
@@ -243,7 +249,7 @@ typedef struct gpu_train_options {
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
    false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, \
-   false, 0, false, false, 0, false, false}
+   false, 0, false, false, 0, false, false, 0, 0, 0, 0, -1}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -286,6 +292,9 @@ typedef struct gpu_train_result {
   /* --model transformer: the bandwidth between pipeline stages measured for the partitioner
    * (bytes/s; 0 with one stage or a given cut) */
   double link_bytes_per_s;
+  /* --experts: the last epoch's mean balancing loss (weighted, not in train_loss) and the
+   * fraction of expert choices dropped over capacity */
+  double aux_loss, dropped_fraction;
 } gpu_train_result;
 
 /* "mlp", "cnn", "resnet18", "transformer" (the CLI's names, nn_model_kind_name's);
@@ -293,6 +302,10 @@ typedef struct gpu_train_result {
 /* The calls marked FL_API are exported from libflint_gpu for the flint command, which must
  * reach the trainer through the shared library (its barrier function ships by symbol). */
 FL_API fl_status gpu_train_model_parse(const char *text, nn_model_kind *out);
+/* --experts' settings with their defaults applied (top-k 2, every block, capacity factor
+ * 1.25, alpha 0.01 where the options leave them 0, or alpha < 0). */
+FL_API void gpu_train_experts(const gpu_train_options *o, uint32_t *top_k, uint32_t *every, float *capacity_factor,
+                              float *alpha);
 /* "fashion-mnist", "synthetic-imagenet"; FL_EINVAL otherwise. */
 FL_API fl_status gpu_train_dataset_parse(const char *text, gpu_train_dataset *out);
 /* "fashion-mnist", "synthetic-imagenet", or "libsvm:PATH", "csv:PATH", "idx:IMAGES,LABELS",

@@ -103,6 +103,8 @@ static void client_on_report(uint32_t rank, fl_bytes message, void *user) {
     fprintf(c->opts->progress, "  test loss %.4f acc %.4f  lr %.4g  %.1f s", rep.test_loss, rep.test_acc, rep.lr,
             rep.seconds);
     if (rep.tau) fprintf(c->opts->progress, "  tau %u", rep.tau);
+    if (c->opts->experts)
+      fprintf(c->opts->progress, "  aux %.4g dropped %.1f%%", rep.aux_loss, 100 * rep.dropped_fraction);
     if (c->opts->compress && rep.step)
       fprintf(c->opts->progress, "  %s: %.1f KiB sent a step (of %.1f)", c->opts->compress,
               (double)rep.sent_bytes / rep.step / 1024, (double)rep.reduced_bytes / rep.step / 1024);
@@ -388,6 +390,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .seq = o->gpt ? (o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ) : 0,
                  .sequence_parallel = o->sequence_parallel, .recompute_selective = o->recompute_selective};
   gpu_train_schedule(o, &a.schedule);
+  a.experts = o->experts;
+  gpu_train_experts(o, &a.top_k, &a.moe_every, &a.capacity_factor, &a.moe_alpha);
   a.window = o->window ? o->window : 8;
   a.vertical_sync = o->vertical_sync;
   FL_CHECK(compress_spec_parse(o->compress, &a.compress)); /* checked by validate */
@@ -509,7 +513,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .input_wait_share = stepping > 0 ? wait / stepping : 0,
                                  .max_staleness = ps_sum.max_staleness, .resumed_workers = ps_sum.resumed_workers,
                                  .worker_steps_min = ps_sum.worker_steps_min, .sent_bytes = last.sent_bytes ? last.sent_bytes : last.reduced_bytes,
-                                 .link_bytes_per_s = last.link_bytes_per_s};
+                                 .link_bytes_per_s = last.link_bytes_per_s, .aux_loss = last.aux_loss,
+                                 .dropped_fraction = last.dropped_fraction};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
   }
 cleanup:

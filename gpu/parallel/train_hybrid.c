@@ -361,7 +361,9 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                             .blocks = (int)a->blocks, .classes = (int)a->classes, .dropout = a->dropout,
                             .seed = a->seed, .kind = a->gpt ? TFM_GPT : TFM_ENCODER,
                             .vocab = a->gpt ? (int)a->classes : 0, .sequence_parallel = a->sequence_parallel,
-                            .selective_recompute = a->recompute_selective},
+                            .selective_recompute = a->recompute_selective, .experts = (int)a->experts,
+                            .top_k = (int)a->top_k, .capacity_factor = a->capacity_factor, .moe_alpha = a->moe_alpha,
+                            .moe_every = (int)a->moe_every},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
                    .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync};
@@ -488,7 +490,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
   train_report last = {0};
   double lr = cs.lr;
   for (uint32_t epoch = cs.epoch; epoch < a.epochs; epoch++) {
-    double t0 = common_now_s(), loss = 0, acc = 0, bubble = 0, theory = 0;
+    double t0 = common_now_s(), loss = 0, acc = 0, bubble = 0, theory = 0, aux = 0, dropped = 0;
     data_reader_start_epoch(r.train, a.seed, epoch, a.shuffle, steps, false);
     /* pipedream and 2bw train a window of batches at once (the weights change inside it);
      * the other schedules one batch a step. */
@@ -533,6 +535,8 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
         loss += step_loss;
         acc += step_acc;
         bubble += st.bubble; /* a window's bubble counts for each of its steps */
+        aux += st.aux_loss;
+        dropped += st.dropped_fraction;
         theory = st.bubble_theory;
         cs.step++;
         if (r.rank == 0 && ((i + 1) % report_every == 0 || i + 1 == steps)) {
@@ -541,7 +545,8 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
                               .step = cs.step, .steps_per_epoch = steps, .done = i + 1, .loss = loss / (double)(i + 1),
                               .acc = acc / (double)(i + 1), .lr = lr,
                               .images_per_s = secs > 0 ? (double)(i + 1) * a.batch / secs : 0, .seconds = secs,
-                              .resumed_epoch = resumed, .pid = (int64_t)getpid()};
+                              .resumed_epoch = resumed, .pid = (int64_t)getpid(), .aux_loss = aux / (double)(i + 1),
+                              .dropped_fraction = dropped / (double)(i + 1)};
           FL_CHECK(fl_barrier_report(b, fl_bytes_of(&rep, sizeof rep)));
         }
       }
@@ -558,6 +563,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
                           .images_per_s = train_secs > 0 ? (double)steps * a.batch / train_secs : 0,
                           .seconds = common_now_s() - t0, .resumed_epoch = resumed, .pid = (int64_t)getpid(),
                           .bubble = bubble / (double)steps, .bubble_theory = theory,
+                          .aux_loss = aux / (double)steps, .dropped_fraction = dropped / (double)steps,
                           .link_bytes_per_s = pp_trainer_link_bytes_per_s(r.trainer)};
     /* The checkpoint goes first, so that an epoch the client has seen is never trained again. */
     FL_CHECK(put_checkpoint(&r, &cs, &blob));

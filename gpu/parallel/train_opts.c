@@ -103,6 +103,45 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
   s->power = o->decay_power;
 }
 
+void gpu_train_experts(const gpu_train_options *o, uint32_t *top_k, uint32_t *every, float *capacity_factor,
+                       float *alpha) {
+  *top_k = o->top_k ? o->top_k : 2;
+  *every = o->moe_every ? o->moe_every : 1;
+  *capacity_factor = o->capacity_factor > 0 ? (float)o->capacity_factor : 1.25f;
+  *alpha = o->moe_alpha >= 0 ? (float)o->moe_alpha : 0.01f;
+}
+
+/* --experts and its settings: only with the transformer, experts spread over --dp. */
+static fl_status validate_experts(const gpu_train_options *o) {
+  if (!o->experts) {
+    if (o->top_k || o->moe_every || o->capacity_factor != 0 || o->moe_alpha >= 0)
+      return fl_set_error(FL_EINVAL, "--top-k, --capacity-factor, --aux-alpha and --moe-every need --experts");
+    return FL_OK;
+  }
+  if (o->model != NN_TRANSFORMER)
+    return fl_set_error(FL_EINVAL, "--experts is for --model transformer or gpt");
+  uint32_t top_k, every;
+  float cf, alpha;
+  gpu_train_experts(o, &top_k, &every, &cf, &alpha);
+  if (o->experts > 4096) return fl_set_error(FL_EINVAL, "--experts %u is above 4096", o->experts);
+  if (o->experts % o->ranks)
+    return fl_set_error(FL_EINVAL, "--experts %u must be a multiple of --dp %u (each data-parallel rank holds "
+                        "experts / dp of them)", o->experts, o->ranks);
+  if (top_k > o->experts) return fl_set_error(FL_EINVAL, "--top-k %u is more than --experts %u", top_k, o->experts);
+  if (every > o->blocks)
+    return fl_set_error(FL_EINVAL, "--moe-every %u is more than --blocks %u: no block would have experts", every,
+                        o->blocks);
+  if (!(cf > 0) || !(alpha >= 0))
+    return fl_set_error(FL_EINVAL, "--capacity-factor must be above 0 and --aux-alpha at least 0");
+  if (o->sequence_parallel)
+    return fl_set_error(FL_EINVAL, "--experts does not run with --sequence-parallel (the experts are replicated "
+                        "over the tensor-parallel ranks)");
+  if (o->schedule == PP_PIPEDREAM || o->schedule == PP_2BW)
+    return fl_set_error(FL_EINVAL, "--experts runs with the gpipe, 1f1b and interleaved schedules, not %s",
+                        pp_schedule_name(o->schedule));
+  return FL_OK;
+}
+
 /* The grid's and the transformer's options (--model transformer), or their absence. */
 static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->model != NN_TRANSFORMER) {
@@ -414,6 +453,7 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
                         (unsigned long long)o->max_test_images, o->ranks);
   fl_status hs = validate_trick(o);
   if (hs == FL_OK) hs = validate_hybrid(o);
+  if (hs == FL_OK) hs = validate_experts(o);
   if (hs == FL_OK) hs = validate_compress(o);
   if (hs != FL_OK) return hs;
   optim_schedule s;

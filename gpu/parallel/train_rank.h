@@ -42,6 +42,7 @@ typedef struct train_report {
   uint64_t sent_bytes;                   /* bytes this rank handed to collectives so far:
                                           * reduced_bytes, or the compressed payload */
   double link_bytes_per_s;               /* transformer: the link between stages, measured */
+  double aux_loss, dropped_fraction;     /* transformer with experts: means so far this epoch */
 } train_report;
 
 /* train_report.allreduce_algos: bit (1u << algo) for each host algorithm that ran (what AUTO
@@ -107,6 +108,9 @@ typedef struct train_arg {
   bool gpt;
   uint32_t seq;
   bool sequence_parallel, recompute_selective;
+  /* --experts (0: none) and the rest with their defaults applied */
+  uint32_t experts, top_k, moe_every;
+  float capacity_factor, moe_alpha;
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
