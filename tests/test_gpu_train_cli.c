@@ -217,6 +217,41 @@ static void test_bad_transformer_options_exit_2(void **state) {
                      "--model gpt trains on --data text:PATH");
   expect_usage_error(RUN_FLINT("train", "--model", "gpt", "--data", "text:"), "needs its file");
   expect_usage_error(RUN_FLINT("train", TFM, "--seq", "16"), "--seq is for --model gpt");
+  expect_usage_error(RUN_FLINT("train", TFM, "--experts", "3", "--dp", "2"), "--experts 3 must be a multiple of --dp 2");
+  expect_usage_error(RUN_FLINT("train", TFM, "--top-k", "2"), "need --experts");
+  expect_usage_error(RUN_FLINT("train", TFM, "--experts", "4", "--top-k", "0"), "--top-k '0'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--experts", "4", "--top-k", "8"), "--top-k 8 is more than --experts 4");
+  expect_usage_error(RUN_FLINT("train", TFM, "--experts", "4", "--capacity-factor", "0"), "--capacity-factor '0'");
+  expect_usage_error(RUN_FLINT("train", TFM, "--experts", "4", "--aux-alpha", "-1"), "--aux-alpha '-1'");
+  expect_usage_error(RUN_FLINT("train", BASE, "--experts", "4"), "--experts is for --model transformer or gpt");
+}
+
+/* A short run with experts prints their settings, the balancing loss and the dropped share. */
+static void test_experts_run(void **state) {
+  (void)state;
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    fprintf(stderr, "skipped: no Fashion-MNIST\n");
+    skip();
+  }
+  char dir[] = "/tmp/flint-train-cli-XXXXXX", csv[64], svg[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(csv, sizeof csv, "%s/c.csv", dir);
+  snprintf(svg, sizeof svg, "%s/c.svg", dir);
+  run_result *r = RUN_FLINT("train", TFM, "--dp", "2", "--experts", "4", "--top-k", "1", "--capacity-factor", "1",
+                            "--moe-every", "2", "--batch", "32", "--epochs", "1", "--train-images", "256",
+                            "--test-images", "64", "--hidden", "32", "--master", "local[2]", "--csv", csv, "--svg",
+                            svg);
+  if (r->status != 0) run_dump(r);
+  assert_int_equal(r->status, 0);
+  assert_non_null(strstr(r->out, "experts      4 in every other block (2 a data-parallel rank), top-1, capacity "
+                                 "factor 1, balancing loss alpha 0.01"));
+  assert_non_null(strstr(r->out, "moe          balancing loss "));
+  assert_non_null(strstr(r->out, " aux ")); /* the epoch line */
+  unlink(csv);
+  unlink(svg);
+  free(r);
+  rmdir(dir);
 }
 
 /* A short run of the hybrid trainer prints the grid, the bubble beside the theory and each
@@ -622,6 +657,7 @@ int main(void) {
       cmocka_unit_test(test_bad_optimizer_options_exit_2),
       cmocka_unit_test(test_optimizers_run),
       cmocka_unit_test(test_transformer_run),
+      cmocka_unit_test(test_experts_run),
       cmocka_unit_test(test_divergence_exits_1),
       cmocka_unit_test(test_user_model_library),
       cmocka_unit_test(test_file_data),
