@@ -36,14 +36,14 @@
  * group must call forward and backward in the same order with the same rows and groups (the
  * all-to-all buffers have a fixed size).
  *
- * In a transformer block (for the integration with gpu/parallel/tensor_parallel.c): the MLP
- * becomes y = x1 + dropout(moe(x1)) on the [n * seq, hidden] rows, with groups = n (one
+ * In a transformer block (gpu/parallel/tensor_parallel.c, transformer.h's spec.experts): the
+ * MLP becomes y = x1 + dropout(moe(x1)) on the [n * seq, hidden] rows, with groups = n (one
  * routing group per sample): capacity is then per sample, so neither micro-batching nor a
  * data-parallel split of the batch changes which tokens are dropped, and the balancing loss
- * with aux_weight 1 / (samples of the mini-batch) is the mean over samples. The router and
- * the experts would be replicated over a tensor-parallel group (the expert-parallel group
- * being another axis, like data parallelism); the moe_acts join the slot's saved
- * activations (moe_acts_bytes).
+ * with aux_weight 1 / (samples of the replica's batch) is, after the data-parallel average,
+ * the mean over samples. The router and the experts are replicated over a tensor-parallel
+ * group, the expert-parallel group being the data-parallel one; the moe_acts join the
+ * slot's saved activations (moe_acts_bytes).
  *
  * Threading: a layer and its scratch are used by one thread at a time.
  */
