@@ -5,8 +5,8 @@
  *
  *   - gradients of one step (loss, balancing loss, dropped fraction, every parameter's
  *     gradient) equal the single rank's within 1e-6 of the parameter's scale, with the experts
- *     spread over dp 2, over pp 2 stages, over dp 2 x pp 2, replicated over tp 2, and with
- *     dp 2 x tp 2; dropout on, capacity low enough that tokens are dropped;
+ *     spread over dp 2, over pp 2 stages, over dp 2 x pp 2 (1F1B and interleaved with 2 chunks),
+ *     replicated over tp 2, and with dp 2 x tp 2; dropout on, capacity low enough that tokens are dropped;
  *   - weights after a few SGD steps equal the single rank's (the encoder and the GPT form with
  *     experts in every other block, dp 2 x pp 2);
  *   - the balancing loss's gradient reaches the routers of a first stage (it changes them);
@@ -213,12 +213,14 @@ static void reference(run_spec *ref, tfm_spec spec, int global_batch, int steps)
   run_on(1, ref);
 }
 
-static const int bounds_pp2[] = {0, 2, 4};
+static const int bounds_pp2[] = {0, 2, 4}, bounds_pp2x2[] = {0, 1, 2, 3, 4};
 
 static void check_grid(const run_spec *ref, pp_grid grid, pp_schedule s, int m, double tol) {
   run_spec rs = {0};
-  rs.o = (pp_options){.spec = ref->o.spec, .grid = grid, .schedule = s, .microbatches = m,
-                      .bounds = grid.pp == 2 ? bounds_pp2 : NULL, .optim = OPTIM_OPTIONS_INIT};
+  bool interleaved = s == PP_INTERLEAVED;
+  rs.o = (pp_options){.spec = ref->o.spec, .grid = grid, .schedule = s, .microbatches = m, .chunks = interleaved ? 2 : 1,
+                      .bounds = grid.pp == 2 ? (interleaved ? bounds_pp2x2 : bounds_pp2) : NULL,
+                      .optim = OPTIM_OPTIONS_INIT};
   rs.global_batch = ref->global_batch;
   rs.steps = ref->steps;
   int ranks = grid.dp * grid.tp * grid.pp;
@@ -252,6 +254,7 @@ static void test_gradients_equal_one_rank(void **state) {
   check_grid(&ref, (pp_grid){2, 1, 1}, PP_1F1B, 2, 1e-6);
   check_grid(&ref, (pp_grid){1, 1, 2}, PP_1F1B, 2, 1e-6);
   check_grid(&ref, (pp_grid){2, 1, 2}, PP_1F1B, 2, 1e-6);
+  check_grid(&ref, (pp_grid){2, 1, 2}, PP_INTERLEAVED, 2, 1e-6);
   check_grid(&ref, (pp_grid){1, 2, 1}, PP_GPIPE, 1, 1e-6);
   check_grid(&ref, (pp_grid){2, 2, 1}, PP_GPIPE, 2, 1e-6);
   run_free(&ref, 1);
