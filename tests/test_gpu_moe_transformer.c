@@ -358,6 +358,8 @@ static void test_bad_specs(void **state) {
   o = (pp_options){.spec = spec_encoder(), .grid = {1, 1, 2}, .schedule = PP_GPIPE, .microbatches = 2,
                    .replicas = replicas};
   expect_create_error(&o, 3, "stage replication does not run with experts");
+  o = (pp_options){.spec = spec_encoder(), .grid = {1, 1, 2}, .schedule = PP_PIPEDREAM, .microbatches = 2};
+  expect_create_error(&o, 2, "experts run with the gpipe, 1f1b and interleaved schedules, not pipedream");
   /* without experts the other fields are ignored */
   s = spec_encoder();
   s.experts = 0;

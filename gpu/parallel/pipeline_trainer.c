@@ -198,6 +198,9 @@ static fl_status check_options(const pp_options *o, int world) {
   if (o->replicas && o->spec.experts > 0)
     return fl_set_error(FL_EINVAL, "stage replication does not run with experts (they are spread over the "
                         "data-parallel group)");
+  if (o->spec.experts > 0 && (o->schedule == PP_PIPEDREAM || o->schedule == PP_2BW))
+    return fl_set_error(FL_EINVAL, "experts run with the gpipe, 1f1b and interleaved schedules, not %s",
+                        pp_schedule_name(o->schedule));
   if (o->vertical_sync && o->schedule != PP_PIPEDREAM)
     return fl_set_error(FL_EINVAL, "vertical sync is an option of the pipedream schedule, not %s",
                         pp_schedule_name(o->schedule));
