@@ -218,7 +218,8 @@ static const int bounds_pp2[] = {0, 2, 4}, bounds_pp2x2[] = {0, 1, 2, 3, 4};
 static void check_grid(const run_spec *ref, pp_grid grid, pp_schedule s, int m, double tol) {
   run_spec rs = {0};
   bool interleaved = s == PP_INTERLEAVED;
-  rs.o = (pp_options){.spec = ref->o.spec, .grid = grid, .schedule = s, .microbatches = m, .chunks = interleaved ? 2 : 1,
+  rs.o = (pp_options){.spec = ref->o.spec, .grid = grid, .schedule = s, .microbatches = m,
+                      .chunks = interleaved ? 2 : 1,
                       .bounds = grid.pp == 2 ? (interleaved ? bounds_pp2x2 : bounds_pp2) : NULL,
                       .optim = OPTIM_OPTIONS_INIT};
   rs.global_batch = ref->global_batch;

@@ -5,7 +5,7 @@
  */
 #include <math.h>
 
-#include "gpu/device/backend.h"
+#include "gpu/device/device.h"
 #include "gpu/parallel/keyed.h"
 
 uint64_t keyed_name_hash(const char *name) {

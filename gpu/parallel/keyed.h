@@ -2,7 +2,7 @@
  * gpu/parallel/keyed.h: the keyed draw of initial weights shared by the model-parallel models
  * (transformer.c, moe.c, hybrid_cnn.c): element g of parameter `name` depends only on the
  * seed, the name and g, so a shard drawn on any rank holds its slice of the unsplit tensor.
- * The counters go through splitmix64 (backend.h's dropout_mix), the name through FNV-1a.
+ * The counters go through splitmix64 (dropout_mix of gpu/device/device.h), the name through FNV-1a.
  */
 #ifndef FLINT_GPU_KEYED_H
 #define FLINT_GPU_KEYED_H
