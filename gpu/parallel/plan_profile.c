@@ -1,0 +1,279 @@
+/*
+ * gpu/parallel/plan_profile.c: the automatic plan's profile (see gpu/parallel/plan_profile.h
+ * for what is measured and how the times are made one rank's compute).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "gpu/device/device.h"
+#include "gpu/parallel/plan_profile.h"
+
+#define PROFILE_REPEATS 3
+#define PROFILE_TIMEOUT_MS 30000
+#define PROFILE_MAX_RANKS 1024
+
+/* What the threads of one tensor-parallel degree share. */
+typedef struct prof_group {
+  fl_device_kind kind;
+  const tfm_spec *spec;
+  const optim_options *optim;
+  int size, k;   /* t ranks; index k of the degree in the profile */
+  int rows[2];
+  const char **addrs;
+  fl_comm_endpoint **eps;
+  plan_profile *out; /* rank 0 writes its measurements here */
+  double wall[2][2]; /* scratch of rank 0: [rows][fwd, bwd] per unit */
+  comm_cost_params calibrated; /* rank 0's communicator's */
+  bool calibrate_only;
+} prof_group;
+
+typedef struct prof_rank {
+  prof_group *g;
+  int rank;
+  fl_status status;
+  char msg[384];
+} prof_rank;
+
+static double median3(const double *v) {
+  return fmax(fmin(v[0], v[1]), fmin(fmax(v[0], v[1]), v[2]));
+}
+
+/* Seconds of the allreduces a unit's forward (or backward) makes at t ranks and `rows`. */
+static double unit_comm(const plan_profile *pr, const plan_unit *u, int t, double rows) {
+  if (t < 2 || !u->tp_allreduces) return 0;
+  comm_cost_model m;
+  comm_cost_model_init(&m, t);
+  m.params = pr->comm;
+  size_t bytes = (size_t)(rows * u->out_row_bytes);
+  double s = comm_cost_predict(&m, comm_cost_best(&m, bytes), bytes);
+  return s > 0 ? u->tp_allreduces * s : 0;
+}
+
+/* Line through (lo, a) and (hi, b), kept >= 0 in both terms. */
+static plan_cost fit(double lo, double a, double hi, double b) {
+  if (hi <= lo) return (plan_cost){0, a / lo};
+  double row = fmax(0, (b - a) / (hi - lo));
+  return (plan_cost){fmax(0, a - lo * row), row};
+}
+
+/* One unit on this rank: forward and backward at both sizes, rank 0 keeping the medians. */
+static fl_status time_unit(prof_rank *me, fl_device *dev, fl_comm *comm, int u) {
+  prof_group *g = me->g;
+  const tfm_spec *sp = g->spec;
+  fl_status status = FL_OK;
+  fl_tensor x = {0}, dy = {0};
+  tfm_chunk *c = NULL;
+  optim *opt = NULL;
+  plan_unit *pu = &g->out->unit[u];
+  FL_CHECK(tfm_chunk_create(dev, sp, u, u + 1, comm, me->rank, g->size, &c));
+  for (int ri = 0; ri < 2; ri++) {
+    int rows = g->rows[ri];
+    int64_t shape[3] = {rows, sp->seq, u == 0 ? sp->features : sp->hidden};
+    FL_CHECK(tensor_ensure(&x, dev, 3, shape));
+    FL_CHECK(dev->ops->fill(dev, x.numel, 0.5f, x.data));
+    double fwd[PROFILE_REPEATS], bwd[PROFILE_REPEATS];
+    size_t act = 0, out_numel = 0;
+    /* One untimed round first: slots, workspaces and caches are made on first use. */
+    for (int r = -1; r < PROFILE_REPEATS; r++) {
+      tfm_batch b = {0, (uint64_t)(r + 1)};
+      const fl_tensor *y, *dx;
+      uint64_t t0 = common_now_ns();
+      FL_CHECK(tfm_chunk_forward(c, 0, &x, &b, true, &y));
+      FL_CHECK(dev->ops->synchronize(dev));
+      uint64_t t1 = common_now_ns();
+      act = tfm_chunk_activation_bytes(c);
+      out_numel = y->numel;
+      FL_CHECK(tensor_ensure(&dy, dev, y->ndim, y->shape));
+      FL_CHECK(dev->ops->fill(dev, dy.numel, 1e-3f, dy.data));
+      FL_CHECK(tfm_chunk_backward(c, 0, &dy, u == 0 ? NULL : &dx));
+      FL_CHECK(dev->ops->synchronize(dev));
+      uint64_t t2 = common_now_ns();
+      if (r >= 0) {
+        fwd[r] = (double)(t1 - t0) * 1e-9;
+        bwd[r] = (double)(t2 - t1) * 1e-9;
+      }
+    }
+    if (me->rank == 0) {
+      g->wall[ri][0] = median3(fwd);
+      g->wall[ri][1] = median3(bwd);
+      if (ri == 1) {
+        pu->act_row_bytes[g->k] = (double)act / rows;
+        pu->param_bytes[g->k] = (double)tfm_chunk_values(c)->numel * sizeof(float);
+        if (g->k == 0) pu->out_row_bytes = (double)out_numel * sizeof(float) / rows;
+      }
+    }
+  }
+  if (me->rank == 0) {
+    pu->tp_allreduces = u >= 1 && u <= sp->blocks ? 2 : 0; /* attention's out and fc2 (g; f backward) */
+    /* Take the allreduces off and the sharing of cores by the group's threads. */
+    double share = g->out->cores > 0 && g->size > g->out->cores ? (double)g->out->cores / g->size : 1;
+    double w[2][2];
+    for (int ri = 0; ri < 2; ri++)
+      for (int d = 0; d < 2; d++)
+        w[ri][d] = fmax(0, g->wall[ri][d] - unit_comm(g->out, pu, g->size, g->rows[ri])) * share;
+    pu->fwd[g->k] = fit(g->rows[0], w[0][0], g->rows[1], w[1][0]);
+    pu->bwd[g->k] = fit(g->rows[0], w[0][1], g->rows[1], w[1][1]);
+    if (g->k == 0) {
+      /* The optimizer's step over this unit's parameters, per byte (added up over units). */
+      optim_param one = {0, tfm_chunk_values(c)->numel, false};
+      FL_CHECK(optim_create(dev, g->optim, tfm_chunk_values(c)->numel, &one, 1, &opt));
+      double t[PROFILE_REPEATS];
+      for (int r = 0; r < PROFILE_REPEATS; r++) {
+        uint64_t t0 = common_now_ns();
+        FL_CHECK(optim_step(opt, 1e-6f, tfm_chunk_grads(c), tfm_chunk_values(c)));
+        FL_CHECK(dev->ops->synchronize(dev));
+        t[r] = (double)(common_now_ns() - t0) * 1e-9;
+      }
+      g->out->optimizer_s_per_byte += median3(t); /* divided by the bytes at the end */
+    }
+  }
+cleanup:
+  optim_destroy(opt);
+  tfm_chunk_destroy(c);
+  tensor_release(&x);
+  tensor_release(&dy);
+  return status;
+}
+
+static void *prof_main(void *arg) {
+  prof_rank *me = arg;
+  prof_group *g = me->g;
+  fl_status status = FL_OK;
+  fl_comm *comm = NULL;
+  fl_device *dev = NULL;
+  if (g->size > 1) {
+    fl_comm_endpoint *ep = g->eps[me->rank];
+    g->eps[me->rank] = NULL; /* taken by create, even on failure */
+    FL_CHECK(fl_comm_host_create(ep, me->rank, g->size, g->addrs, PROFILE_TIMEOUT_MS, &comm));
+    if (me->rank == 0) g->calibrated = comm_cost_of(comm)->params;
+  }
+  if (g->calibrate_only) goto cleanup;
+  FL_CHECK(fl_device_open(g->kind, 0, &dev));
+  for (int u = 0; u < tfm_units(g->spec); u++) FL_CHECK(time_unit(me, dev, comm, u));
+cleanup:
+  me->status = status;
+  snprintf(me->msg, sizeof me->msg, "%s", status ? fl_last_error() : "");
+  fl_device_close(dev);
+  fl_comm_destroy(comm);
+  return NULL;
+}
+
+/* Runs a group of `size` threads (calibrate_only: form the communicator and stop). */
+static fl_status run_group(prof_group *g) {
+  int n = g->size;
+  fl_status status = FL_OK;
+  char (*addr)[96] = common_calloc((size_t)n, sizeof *addr);
+  const char **addrs = common_calloc((size_t)n, sizeof *addrs);
+  fl_comm_endpoint **eps = common_calloc((size_t)n, sizeof *eps);
+  prof_rank *ranks = common_calloc((size_t)n, sizeof *ranks);
+  pthread_t *th = common_calloc((size_t)n, sizeof *th);
+  int started = 0;
+  if (!addr || !addrs || !eps || !ranks || !th) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for %d profiling ranks", n));
+  for (int r = 0; n > 1 && r < n; r++) {
+    FL_CHECK(fl_comm_listen("127.0.0.1", &eps[r]));
+    snprintf(addr[r], sizeof addr[r], "%s", fl_comm_endpoint_address(eps[r]));
+    addrs[r] = addr[r];
+  }
+  g->addrs = addrs;
+  g->eps = eps;
+  for (; started < n; started++) {
+    ranks[started] = (prof_rank){.g = g, .rank = started};
+    if (pthread_create(&th[started], NULL, prof_main, &ranks[started]) != 0) {
+      status = FL_ERR(FL_EINTERNAL, "cannot start profiling thread %d of %d", started, n);
+      /* The started ones time out waiting for the rest and end with an error. */
+      break;
+    }
+  }
+  for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < started && status == FL_OK; r++)
+    if (ranks[r].status != FL_OK)
+      status = fl_set_error(ranks[r].status, "profiling rank %d of %d: %s", r, n, ranks[r].msg);
+cleanup:
+  for (int r = 0; eps && r < n; r++) fl_comm_endpoint_destroy(eps[r]);
+  common_free(th);
+  common_free(ranks);
+  common_free(eps);
+  common_free(addrs);
+  common_free(addr);
+  return status;
+}
+
+void plan_profile_free(plan_profile *pr) {
+  if (!pr) return;
+  common_free(pr->unit);
+  pr->unit = NULL;
+}
+
+fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const optim_options *o, int world,
+                               int rows_lo, int rows_hi, plan_profile *out) {
+  if (!spec || !o || !out) return fl_set_error(FL_EINVAL, "plan_profile_measure: NULL argument");
+  if (world < 1 || world > PROFILE_MAX_RANKS)
+    return fl_set_error(FL_EINVAL, "plan profile: world of %d ranks (1 to %d)", world, PROFILE_MAX_RANKS);
+  if (rows_lo < 1 || rows_hi < rows_lo)
+    return fl_set_error(FL_EINVAL, "plan profile: micro-batches of %d to %d samples", rows_lo, rows_hi);
+  fl_status status = tfm_spec_check(spec, 1);
+  if (status != FL_OK) return status;
+  plan_profile pr = {.units = tfm_units(spec), .state_copies = 1.0 + (double)optim_state_slots(o->kind)};
+  if (kind == FL_DEVICE_CPU) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    pr.cores = n > 0 ? (int)n : 1;
+  }
+  comm_cost_defaults(&pr.comm);
+  pr.unit = common_calloc((size_t)pr.units, sizeof *pr.unit);
+  if (!pr.unit) return FL_ERR(FL_ENOMEM, "out of memory for a profile of %d units", pr.units);
+  for (int t = 1; t <= world && pr.ntp < PLAN_MAX_TPS; t++)
+    if (world % t == 0 && tfm_spec_check(spec, t) == FL_OK) pr.tp[pr.ntp++] = t;
+  /* The calibration first: the tensor-parallel groups' times lose their allreduces by it. */
+  if (world > 1) {
+    prof_group cal = {.kind = kind, .spec = spec, .optim = o, .size = world, .out = &pr, .calibrate_only = true};
+    FL_CHECK(run_group(&cal));
+    pr.comm = cal.calibrated;
+  }
+  for (int k = 0; k < pr.ntp; k++) {
+    prof_group g = {.kind = kind, .spec = spec, .optim = o, .size = pr.tp[k], .k = k, .rows = {rows_lo, rows_hi},
+                    .out = &pr};
+    FL_CHECK(run_group(&g));
+  }
+  double bytes = 0;
+  for (int u = 0; u < pr.units; u++) bytes += pr.unit[u].param_bytes[0];
+  pr.optimizer_s_per_byte = bytes > 0 ? pr.optimizer_s_per_byte / bytes : 0;
+  *out = pr;
+  return FL_OK;
+cleanup:
+  plan_profile_free(&pr);
+  return status;
+}
+
+static double allreduce_model(void *user, int ranks, double bytes) {
+  const plan_profile *pr = user;
+  if (ranks < 2 || bytes <= 0) return 0;
+  comm_cost_model m;
+  comm_cost_model_init(&m, ranks);
+  m.params = pr->comm;
+  double s = comm_cost_predict(&m, comm_cost_best(&m, (size_t)bytes), (size_t)bytes);
+  return s > 0 ? s : 0;
+}
+
+/* A stage's message: one message's latency and its bytes at the same-host link's rate. */
+static double send_model(void *user, double bytes) {
+  const plan_profile *pr = user;
+  if (bytes <= 0) return 0;
+  return pr->comm.intra.alpha + comm_link_beta(pr->comm.intra.beta, bytes) * bytes;
+}
+
+void plan_profile_problem(const plan_profile *pr, plan_problem *p) {
+  p->units = pr->units;
+  p->unit = pr->unit;
+  p->ntp = pr->ntp;
+  memcpy(p->tp, pr->tp, sizeof p->tp);
+  p->state_copies = pr->state_copies;
+  p->optimizer_s_per_byte = pr->optimizer_s_per_byte;
+  p->cores = pr->cores;
+  p->allreduce_s = allreduce_model;
+  p->send_s = send_model;
+  p->user = (void *)pr;
+}
