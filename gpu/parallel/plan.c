@@ -37,9 +37,11 @@ fl_status plan_problem_check(const plan_problem *p) {
       return fl_set_error(FL_EINVAL, "plan: tensor-parallel degrees must increase (%d after %d)", p->tp[k], p->tp[k - 1]);
   if (p->max_microbatches < 0)
     return fl_set_error(FL_EINVAL, "plan: max_microbatches %d is negative", p->max_microbatches);
-  if (bad_number(p->memory_bytes) || bad_number(p->state_copies) || bad_number(p->optimizer_s_per_byte))
-    return fl_set_error(FL_EINVAL, "plan: memory %g bytes, state copies %g and optimizer %g s/byte must be finite "
-                        "and >= 0", p->memory_bytes, p->state_copies, p->optimizer_s_per_byte);
+  if (bad_number(p->memory_bytes) || bad_number(p->state_copies) || bad_number(p->optimizer_s_per_byte) ||
+      bad_number(p->step_fixed_s))
+    return fl_set_error(FL_EINVAL, "plan: memory %g bytes, state copies %g, optimizer %g s/byte and step %g s must "
+                        "be finite and >= 0", p->memory_bytes, p->state_copies, p->optimizer_s_per_byte,
+                        p->step_fixed_s);
   if (p->cores < 0) return fl_set_error(FL_EINVAL, "plan: %d cores", p->cores);
   if (!p->allreduce_s || !p->send_s)
     return fl_set_error(FL_EINVAL, "plan: the communication model (allreduce_s, send_s) is missing");
@@ -227,7 +229,7 @@ static fl_status predict(const grid_model *gm, const int *bounds, plan_choice *o
   }
   out->allreduce_s = gm->g.dp > 1 ? p->allreduce_s(p->user, gm->g.dp, params) : 0;
   out->optimizer_s = p->optimizer_s_per_byte * params * share;
-  out->step_s = out->pipeline_s + out->allreduce_s + out->optimizer_s;
+  out->step_s = out->pipeline_s + out->allreduce_s + out->optimizer_s + p->step_fixed_s;
   out->memory_bytes = mem;
   if (!fit)
     return fl_set_error(FL_ELIMIT, "plan: dp %d x tp %d x pp %d needs %.1f MiB a rank, above the %.1f MiB limit",

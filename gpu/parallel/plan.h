@@ -28,7 +28,7 @@
  *     pipeline = max(the above, dp x tp x m x sum of the units' compute / cores);
  *   - then the data-parallel gradient allreduce of the largest stage's parameters over dp
  *     ranks, and the optimizer over them (optimizer_s_per_byte; x world / cores when the
- *     ranks share cores).
+ *     ranks share cores), and step_fixed_s, what the runtime spends a step whatever the plan.
  * Memory of the rank holding stage s at pipeline position k: its parameters x (1 +
  * state_copies) plus min(m, pp - k) micro-batches of activations (1F1B's most in flight).
  *
@@ -80,6 +80,7 @@ typedef struct plan_problem {
   double state_copies;    /* parameter-sized buffers besides the values: gradients and optimizer state */
   double optimizer_s_per_byte; /* the optimizer step per parameter byte of a rank */
   int cores;              /* ranks share this many cores (threads on one host); 0: each its own */
+  double step_fixed_s;    /* the runtime's own cost a step, whatever the plan (its barrier, the loss's allreduce) */
   /* The communication model: seconds of an allreduce of `bytes` over `ranks` (> 1) ranks,
    * and of sending `bytes` to the next pipeline stage. Must be >= 0 and finite. */
   double (*allreduce_s)(void *user, int ranks, double bytes);
@@ -92,7 +93,7 @@ typedef struct plan_choice {
   pp_schedule schedule; /* PP_1F1B */
   int microbatches;
   int bounds[PLAN_MAX_STAGES + 1]; /* pp + 1 unit boundaries */
-  double step_s;      /* predicted: pipeline_s + allreduce_s + optimizer_s */
+  double step_s;      /* predicted: pipeline_s + allreduce_s + optimizer_s + the step's fixed cost */
   double pipeline_s;  /* forwards and backwards of the m micro-batches */
   double path_s;      /* the pipeline's critical path (sum + (m - 1) max) */
   double allreduce_s; /* the data-parallel gradient average */

@@ -217,7 +217,7 @@ fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const 
     return fl_set_error(FL_EINVAL, "plan profile: micro-batches of %d to %d samples", rows_lo, rows_hi);
   fl_status status = tfm_spec_check(spec, 1);
   if (status != FL_OK) return status;
-  plan_profile pr = {.units = tfm_units(spec), .state_copies = 1.0 + (double)optim_state_slots(o->kind)};
+  plan_profile pr = {.world = world, .units = tfm_units(spec), .state_copies = 1.0 + (double)optim_state_slots(o->kind)};
   if (kind == FL_DEVICE_CPU) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     pr.cores = n > 0 ? (int)n : 1;
@@ -276,4 +276,5 @@ void plan_profile_problem(const plan_profile *pr, plan_problem *p) {
   p->allreduce_s = allreduce_model;
   p->send_s = send_model;
   p->user = (void *)pr;
+  p->step_fixed_s = 3 * allreduce_model((void *)pr, pr->world, 2 * sizeof(float));
 }

@@ -25,6 +25,7 @@
 #include "gpu/parallel/plan.h"
 
 typedef struct plan_profile {
+  int world;
   int units;
   plan_unit *unit; /* units of them (owned) */
   int ntp, tp[PLAN_MAX_TPS];
@@ -44,7 +45,9 @@ fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const 
 void plan_profile_free(plan_profile *pr);
 
 /* Points p's profile, tp degrees, state copies, optimizer cost, cores and communication model
- * at pr (borrowed: it must outlive p's use). The rest of p is left as it is. */
+ * at pr (borrowed: it must outlive p's use), and sets the step's fixed cost to the runtime's
+ * three small collectives over the world a step (its barrier, the pipeline's bubble
+ * measurement, the loss's allreduce) by the model. The rest of p is left as it is. */
 void plan_profile_problem(const plan_profile *pr, plan_problem *p);
 
 #endif /* FLINT_GPU_PLAN_PROFILE_H */

@@ -1,0 +1,265 @@
+/*
+ * bench_plan: the automatic plan (gpu/parallel/plan.h) against every hand plan (issue 38). For
+ * the transformer on 4 and 8 ranks (threads of this program joined by host communicators over
+ * loopback, as bench_pipeline runs them), the profile is taken and the search run
+ * (plan_profile_measure, plan_search), then every grid dp x tp x pp of the world that the
+ * model allows is trained for a few steps with the m and the stage cut the search found best
+ * for that grid (1F1B), and measured: one warm-up step, then --steps steps of
+ * compute_gradients + apply; a step's time is the slowest rank's, the row's the median.
+ *
+ * Rows: world, grid, m, cut, predicted and measured ms a step, predicted / measured; the
+ * planner's choice is marked. A summary line per world: the chosen plan's measured time over
+ * the best measured one (the issue's target: within 10%), and the worst predicted / measured
+ * (target: every plan within 25%).
+ *
+ * The model: seq 16, features 16, hidden 64, 4 heads, ffn 256, 6 blocks (8 units), 10
+ * classes, dropout 0.1; global batch 32; m up to 16.
+ *
+ *   bench_plan [--json] [--device cpu|cuda|all] [--steps N] [--quick]
+ *
+ * --device: cpu, cuda (every rank on GPU 0) or all (default: cuda rows only when a GPU is
+ * usable). --steps: measured steps a plan (default 5). --quick: 4 ranks only. With --json,
+ * one JSON object per row and per summary. Exit 2 on a bad option, 1 when the engine fails.
+ */
+#define BENCH_NAME "bench_plan"
+#include "bench_util.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "flint/gpu.h"
+#include "gpu/parallel/plan_profile.h"
+
+#define MAX_RANKS 8
+#define MAX_STEPS 50
+#define MAX_PLANS 64
+#define BATCH 32
+#define MAX_M 16
+
+static const tfm_spec SPEC = {.seq = 16, .features = 16, .hidden = 64, .heads = 4, .ffn = 256, .blocks = 6,
+                              .classes = 10, .dropout = 0.1f, .seed = 3};
+
+/* ---- ranks as threads over loopback --------------------------------------------------- */
+
+typedef fl_status (*rank_fn)(void *arg, int rank, fl_comm *comm);
+
+typedef struct rank_job {
+  rank_fn fn;
+  void *arg;
+  int rank;
+  fl_comm *comm;
+  fl_status status;
+  char msg[512];
+} rank_job;
+
+static void *rank_main(void *p) {
+  rank_job *job = p;
+  job->status = job->fn(job->arg, job->rank, job->comm);
+  snprintf(job->msg, sizeof job->msg, "%s", job->status != FL_OK ? fl_last_error() : "");
+  return NULL;
+}
+
+static fl_status run_ranks(int size, fl_comm **comms, rank_fn fn, void *arg) {
+  pthread_t th[MAX_RANKS];
+  rank_job jobs[MAX_RANKS];
+  int started = 0;
+  fl_status st = FL_OK;
+  for (int r = 0; r < size; r++) {
+    jobs[r] = (rank_job){.fn = fn, .arg = arg, .rank = r, .comm = comms ? comms[r] : NULL};
+    if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
+      st = fl_set_error(FL_EINTERNAL, "cannot start the thread of rank %d", r);
+      break;
+    }
+    started++;
+  }
+  for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+  for (int r = 0; st == FL_OK && r < started; r++)
+    if (jobs[r].status != FL_OK) st = fl_set_error(jobs[r].status, "rank %d of %d: %s", r, size, jobs[r].msg);
+  return st;
+}
+
+typedef struct world {
+  int size;
+  fl_comm_endpoint *eps[MAX_RANKS];
+  const char *addrs[MAX_RANKS];
+  fl_comm *comms[MAX_RANKS];
+} world;
+
+static fl_status connect_rank(void *arg, int rank, fl_comm *comm) {
+  (void)comm;
+  world *w = arg;
+  fl_comm_endpoint *ep = w->eps[rank];
+  w->eps[rank] = NULL; /* taken by create, even on failure */
+  return fl_comm_host_create(ep, rank, w->size, w->addrs, 20000, &w->comms[rank]);
+}
+
+static void world_destroy(world *w) {
+  for (int r = 0; r < w->size; r++) {
+    fl_comm_destroy(w->comms[r]);
+    fl_comm_endpoint_destroy(w->eps[r]);
+  }
+  memset(w, 0, sizeof *w);
+}
+
+static fl_status world_create(int size, world *w) {
+  char addrs[MAX_RANKS][96];
+  memset(w, 0, sizeof *w);
+  w->size = size;
+  fl_status st = FL_OK;
+  for (int r = 0; st == FL_OK && r < size; r++) {
+    st = fl_comm_listen("127.0.0.1", &w->eps[r]);
+    if (st == FL_OK) {
+      snprintf(addrs[r], sizeof addrs[r], "%s", fl_comm_endpoint_address(w->eps[r]));
+      w->addrs[r] = addrs[r];
+    }
+  }
+  if (st == FL_OK) st = run_ranks(size, NULL, connect_rank, w);
+  for (int r = 0; r < size; r++) w->addrs[r] = NULL; /* they pointed at this frame */
+  if (st != FL_OK) world_destroy(w);
+  return st;
+}
+
+/* ---- one plan on every rank ------------------------------------------------------------- */
+
+typedef struct run {
+  fl_device_kind kind;
+  pp_options o;
+  int replica_batch;
+  const float *x;
+  const int32_t *y;
+  int steps;
+  double step_s[MAX_RANKS][MAX_STEPS];
+} run;
+
+static fl_status train_rank(void *arg, int rank, fl_comm *comm) {
+  run *ru = arg;
+  fl_device *dev = NULL;
+  pp_trainer *t = NULL;
+  fl_status st = fl_device_open(ru->kind, 0, &dev);
+  if (st == FL_OK) st = pp_trainer_create(dev, comm, &ru->o, &t);
+  for (int i = 0; st == FL_OK && i <= ru->steps; i++) {
+    pp_step_stats s;
+    double t0 = now_s();
+    st = pp_trainer_compute_gradients(t, ru->x, ru->y, ru->replica_batch, (uint64_t)i, &s);
+    if (st == FL_OK) st = pp_trainer_apply(t, 0.01f, &s);
+    if (st == FL_OK && i > 0) ru->step_s[rank][i - 1] = now_s() - t0; /* step 0 warms up */
+  }
+  pp_trainer_destroy(t);
+  fl_device_close(dev);
+  return st;
+}
+
+/* The slowest rank's step, median over the steps. */
+static double measured_step(const run *ru, int ranks) {
+  double slowest[MAX_STEPS];
+  for (int i = 0; i < ru->steps; i++) {
+    slowest[i] = 0;
+    for (int r = 0; r < ranks; r++) slowest[i] = fmax(slowest[i], ru->step_s[r][i]);
+  }
+  return bench_median(slowest, (size_t)ru->steps);
+}
+
+static void cut_text(const plan_choice *c, char *buf, size_t size) {
+  int len = 0;
+  for (int k = 0; k <= c->grid.pp && (size_t)len < size; k++)
+    len += snprintf(buf + len, size - (size_t)len, "%s%d", k ? "|" : "", c->bounds[k]);
+}
+
+static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
+  const char *dev = kind == FL_DEVICE_CPU ? "cpu" : "cuda";
+  optim_options opt = {.kind = OPTIM_SGD, .momentum = 0.9f};
+  plan_profile pr;
+  int lo = BATCH / W / MAX_M > 0 ? BATCH / W / MAX_M : 1;
+  double t0 = now_s();
+  if (plan_profile_measure(kind, &SPEC, &opt, W, lo < 1 ? 1 : lo, BATCH, &pr) != FL_OK) {
+    fail_flint("plan_profile_measure");
+    return 1;
+  }
+  double profile_s = now_s() - t0;
+  plan_problem p = {.world = W, .batch = BATCH, .max_microbatches = MAX_M};
+  plan_profile_problem(&pr, &p);
+  static plan_choice plans[MAX_PLANS];
+  size_t n = 0;
+  world w;
+  if (plan_search(&p, plans, MAX_PLANS, &n) != FL_OK || world_create(W, &w) != FL_OK) {
+    fail_flint("plan_search or world_create");
+    plan_profile_free(&pr);
+    return 1;
+  }
+  size_t features = (size_t)SPEC.seq * SPEC.features;
+  float *x = malloc(BATCH * features * sizeof *x);
+  int32_t *y = malloc(BATCH * sizeof *y);
+  static run ru;
+  int rc = 0;
+  uint64_t seed = 1;
+  for (size_t i = 0; x && i < BATCH * features; i++) x[i] = (float)((seed = seed * 6364136223846793005ull + 1) >> 40) / 16777216.0f - 0.5f;
+  for (int i = 0; y && i < BATCH; i++) y[i] = i % SPEC.classes;
+  if (!x || !y) {
+    fprintf(stderr, BENCH_NAME ": out of memory\n");
+    rc = 1;
+  }
+  if (!json && rc == 0)
+    printf("\n%d ranks on %s (%d cores), profile %.1f s: seq %d, hidden %d, %d heads, ffn %d, %d blocks, batch %d\n"
+           "%-14s %4s %-16s %12s %12s %10s\n", W, dev, pr.cores, profile_s, SPEC.seq, SPEC.hidden, SPEC.heads,
+           SPEC.ffn, SPEC.blocks, BATCH, "dp x tp x pp", "m", "cut", "predicted ms", "measured ms", "pred/meas");
+  double best_measured = INFINITY, chosen_measured = 0, worst_ratio = 1;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const plan_choice *c = &plans[i];
+    ru = (run){.kind = kind, .x = x, .y = y, .steps = steps, .replica_batch = BATCH / c->grid.dp};
+    ru.o = (pp_options){.spec = SPEC, .grid = c->grid, .schedule = c->schedule, .microbatches = c->microbatches,
+                        .chunks = 1, .bounds = c->bounds, .optim = opt};
+    if (run_ranks(W, w.comms, train_rank, &ru) != FL_OK) {
+      fail_flint("training a plan");
+      rc = 1;
+      break;
+    }
+    double meas = measured_step(&ru, W), ratio = c->step_s / meas;
+    if (i == 0) chosen_measured = meas;
+    best_measured = fmin(best_measured, meas);
+    if (fabs(log(ratio)) > fabs(log(worst_ratio))) worst_ratio = ratio;
+    char cut[128], grid[32];
+    cut_text(c, cut, sizeof cut);
+    snprintf(grid, sizeof grid, "%dx%dx%d", c->grid.dp, c->grid.tp, c->grid.pp);
+    if (json)
+      printf("{\"bench\":\"plan\",\"device\":\"%s\",\"world\":%d,\"grid\":\"%s\",\"m\":%d,\"cut\":\"%s\","
+             "\"chosen\":%s,\"predicted_ms\":%.3f,\"measured_ms\":%.3f,\"predicted_over_measured\":%.3f}\n",
+             dev, W, grid, c->microbatches, cut, i == 0 ? "true" : "false", c->step_s * 1e3, meas * 1e3, ratio);
+    else
+      printf("%-14s %4d %-16s %12.2f %12.2f %10.2f%s\n", grid, c->microbatches, cut, c->step_s * 1e3, meas * 1e3,
+             ratio, i == 0 ? "  <- chosen" : "");
+    fflush(stdout);
+  }
+  if (rc == 0) {
+    if (json)
+      printf("{\"bench\":\"plan_summary\",\"device\":\"%s\",\"world\":%d,\"plans\":%zu,\"chosen_over_best\":%.3f,"
+             "\"worst_predicted_over_measured\":%.3f}\n", dev, W, n, chosen_measured / best_measured, worst_ratio);
+    else
+      printf("chosen / best measured: %.3f (target <= 1.10); worst predicted / measured: %.2f (target 0.75..1.25)\n",
+             chosen_measured / best_measured, worst_ratio);
+  }
+  free(x);
+  free(y);
+  world_destroy(&w);
+  plan_profile_free(&pr);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  bench_device_args args = {.which = "all", .steps = 5};
+  if (!bench_device_args_parse(argc, argv, MAX_STEPS, &args)) return 2;
+  bool cuda = strcmp(args.which, "cpu") != 0 && fl_cuda_device_count() > 0;
+  if (strcmp(args.which, "cuda") == 0 && !cuda) {
+    fprintf(stderr, BENCH_NAME ": --device cuda: no usable GPU (none found, or flint built without CUDA)\n");
+    return 1;
+  }
+  setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1); /* a lost peer fails instead of hanging */
+  int worlds[2] = {4, 8}, nw = args.quick ? 1 : 2, rc = 0;
+  for (int k = 0; k < 2 && rc == 0; k++) {
+    fl_device_kind kind = k == 0 ? FL_DEVICE_CPU : FL_DEVICE_CUDA;
+    if ((kind == FL_DEVICE_CPU && strcmp(args.which, "cuda") == 0) || (kind == FL_DEVICE_CUDA && !cuda)) continue;
+    for (int i = 0; i < nw && rc == 0; i++) rc = bench_world(kind, worlds[i], (int)args.steps, args.json);
+  }
+  if (rc == 0 && !cuda && !args.json && strcmp(args.which, "all") == 0) printf("(cuda: no GPU here; rows skipped)\n");
+  return rc;
+}
