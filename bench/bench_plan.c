@@ -170,9 +170,9 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
   const char *dev = kind == FL_DEVICE_CPU ? "cpu" : "cuda";
   optim_options opt = {.kind = OPTIM_SGD, .momentum = 0.9f};
   plan_profile pr;
-  int lo = BATCH / W / MAX_M > 0 ? BATCH / W / MAX_M : 1;
+  int rows[PLAN_MAX_ROWS], nrows = plan_microbatch_sizes(W, BATCH, MAX_M, rows);
   double t0 = now_s();
-  if (plan_profile_measure(kind, &SPEC, &opt, W, lo < 1 ? 1 : lo, BATCH, &pr) != FL_OK) {
+  if (plan_profile_measure(kind, &SPEC, &opt, W, rows, nrows, &pr) != FL_OK) {
     fail_flint("plan_profile_measure");
     return 1;
   }

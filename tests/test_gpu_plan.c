@@ -296,7 +296,12 @@ static void test_profile_of_a_tiny_model(void **state) {
                    .seed = 7};
   optim_options o = {.kind = OPTIM_SGD, .momentum = 0.9f};
   plan_profile pr;
-  assert_ok(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 2, 1, 4, &pr));
+  int rows[PLAN_MAX_ROWS];
+  assert_int_equal(plan_microbatch_sizes(2, 8, 0, rows), 4); /* 1, 2, 4, 8 */
+  assert_int_equal(rows[0], 1);
+  assert_int_equal(rows[3], 8);
+  assert_ok(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 2, rows, 4, &pr));
+  assert_int_equal(pr.nrows, 4);
   assert_int_equal(pr.units, 3);
   assert_int_equal(pr.ntp, 2);
   assert_int_equal(pr.tp[1], 2);
@@ -325,10 +330,17 @@ static void test_profile_of_a_tiny_model(void **state) {
   assert_int_equal(n, 3); /* dp 2, tp 2, pp 2 */
   assert_true(c[0].step_s > 0 && isfinite(c[0].step_s));
   plan_profile_free(&pr);
-  assert_fails_with(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 0, 1, 4, &pr), FL_EINVAL, "world of 0");
-  assert_fails_with(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 2, 4, 1, &pr), FL_EINVAL, "micro-batches of 4 to 1");
+  assert_fails_with(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 0, rows, 4, &pr), FL_EINVAL, "world of 0");
+  int down[2] = {4, 1};
+  assert_fails_with(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 2, down, 2, &pr), FL_EINVAL, "increasing (1 at 1)");
+  assert_fails_with(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 2, rows, 0, &pr), FL_EINVAL, "0 micro-batch sizes");
   spec.heads = 3;
-  assert_fails_with(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 2, 1, 4, &pr), FL_EINVAL, "heads");
+  assert_fails_with(plan_profile_measure(FL_DEVICE_CPU, &spec, &o, 2, rows, 4, &pr), FL_EINVAL, "heads");
+  /* Many sizes: at most PLAN_MAX_ROWS of them, the smallest and the largest kept. */
+  assert_int_equal(plan_microbatch_sizes(1, 720720, 1 << 20, rows), PLAN_MAX_ROWS);
+  assert_int_equal(rows[0], 1);
+  assert_int_equal(rows[PLAN_MAX_ROWS - 1], 720720);
+  for (int i = 1; i < PLAN_MAX_ROWS; i++) assert_true(rows[i] > rows[i - 1]);
 }
 
 /* ---- flint train --plan auto ----------------------------------------------------------- */

@@ -20,6 +20,14 @@ static double cost_at(plan_cost c, double rows) { return c.fixed_s + rows * c.ro
 
 static bool bad_number(double x) { return !(x >= 0) || !isfinite(x); }
 
+/* Forward and backward of unit u at tp index k and `rows` samples: measured when the profile
+ * has that size, else the fitted line. */
+static double unit_compute(const plan_problem *p, const plan_unit *un, int k, double rows) {
+  for (int i = 0; i < p->nrows; i++)
+    if (p->rows[i] == rows) return un->fwd_at[k][i] + un->bwd_at[k][i];
+  return cost_at(un->fwd[k], rows) + cost_at(un->bwd[k], rows);
+}
+
 fl_status plan_problem_check(const plan_problem *p) {
   if (!p) return fl_set_error(FL_EINVAL, "plan: NULL problem");
   if (p->world < 1) return fl_set_error(FL_EINVAL, "plan: world of %d ranks (needs at least 1)", p->world);
@@ -43,6 +51,8 @@ fl_status plan_problem_check(const plan_problem *p) {
                         "be finite and >= 0", p->memory_bytes, p->state_copies, p->optimizer_s_per_byte,
                         p->step_fixed_s);
   if (p->cores < 0) return fl_set_error(FL_EINVAL, "plan: %d cores", p->cores);
+  if (p->nrows < 0 || p->nrows > PLAN_MAX_ROWS)
+    return fl_set_error(FL_EINVAL, "plan: %d measured micro-batch sizes (0 to %d)", p->nrows, PLAN_MAX_ROWS);
   if (!p->allreduce_s || !p->send_s)
     return fl_set_error(FL_EINVAL, "plan: the communication model (allreduce_s, send_s) is missing");
   for (int u = 0; u < p->units; u++) {
@@ -55,6 +65,11 @@ fl_status plan_problem_check(const plan_problem *p) {
           bad_number(un->bwd[k].row_s) || bad_number(un->param_bytes[k]) || bad_number(un->act_row_bytes[k]))
         return fl_set_error(FL_EINVAL, "plan: unit %d at tp %d has a negative or non-finite time or size", u,
                             p->tp[k]);
+    for (int k = 0; k < p->ntp; k++)
+      for (int i = 0; i < p->nrows; i++)
+        if (bad_number(un->fwd_at[k][i]) || bad_number(un->bwd_at[k][i]))
+          return fl_set_error(FL_EINVAL, "plan: unit %d at tp %d and %d samples has a negative or non-finite time",
+                              u, p->tp[k], p->rows[i]);
   }
   return FL_OK;
 }
@@ -105,7 +120,7 @@ static fl_status grid_model_init(const plan_problem *p, pp_grid g, int m, grid_m
   int k = tp_index(p, g.tp);
   for (int u = 0; u < p->units; u++) {
     const plan_unit *un = &p->unit[u];
-    double c = cost_at(un->fwd[k], gm->rows) + cost_at(un->bwd[k], gm->rows);
+    double c = unit_compute(p, un, k, gm->rows);
     /* Megatron's g in forward and f in backward: the same allreduces both ways. */
     double tc = g.tp > 1 && un->tp_allreduces
                     ? 2.0 * un->tp_allreduces * p->allreduce_s(p->user, g.tp, gm->rows * un->out_row_bytes)
@@ -331,6 +346,26 @@ fl_status plan_search(const plan_problem *p, plan_choice *out, size_t max_out, s
 cleanup:
   common_free(all);
   return status;
+}
+
+int plan_microbatch_sizes(int world, int batch, int max_microbatches, int rows[PLAN_MAX_ROWS]) {
+  int max_m = max_microbatches ? max_microbatches : DEFAULT_MAX_MICROBATCHES, n = 0;
+  if (world < 1 || batch < 1) return 0;
+  /* Every size is a divisor of batch: walk them in order and keep those some (dp, m) makes. */
+  int all[1024];
+  for (int r = 1; r <= batch && n < 1024; r++) {
+    if (batch % r) continue;
+    bool made = false;
+    for (int dp = 1; dp <= world && !made; dp++)
+      if (world % dp == 0 && batch % dp == 0 && (batch / dp) % r == 0 && (batch / dp) / r <= max_m) made = true;
+    if (made) all[n++] = r;
+  }
+  if (n <= PLAN_MAX_ROWS) {
+    memcpy(rows, all, (size_t)n * sizeof *rows);
+    return n;
+  }
+  for (int i = 0; i < PLAN_MAX_ROWS; i++) rows[i] = all[(int)((double)i * (n - 1) / (PLAN_MAX_ROWS - 1) + 0.5)];
+  return PLAN_MAX_ROWS;
 }
 
 void plan_choice_format(const plan_choice *c, char *buf, size_t size) {

@@ -52,6 +52,7 @@
 #define PLAN_MAX_TPS 8     /* tensor-parallel degrees a profile may hold */
 #define PLAN_MAX_STAGES 64 /* pipeline stages of a plan */
 #define PLAN_MAX_UNITS 1024
+#define PLAN_MAX_ROWS 16   /* micro-batch sizes a profile may have measured */
 
 /* A time linear in the micro-batch's samples r: fixed_s + r x row_s. */
 typedef struct plan_cost {
@@ -62,6 +63,9 @@ typedef struct plan_cost {
  * plan_problem.tp[k]); times and bytes are one rank's. */
 typedef struct plan_unit {
   plan_cost fwd[PLAN_MAX_TPS], bwd[PLAN_MAX_TPS]; /* compute only, no communication */
+  /* Measured at plan_problem.rows[i] samples, when the problem lists them (used instead of
+   * the line above at exactly those sizes): */
+  double fwd_at[PLAN_MAX_TPS][PLAN_MAX_ROWS], bwd_at[PLAN_MAX_TPS][PLAN_MAX_ROWS];
   double param_bytes[PLAN_MAX_TPS];   /* this rank's share of the unit's parameters */
   double act_row_bytes[PLAN_MAX_TPS]; /* activations held from forward to backward, per sample */
   double out_row_bytes;               /* the unit's output per sample (sent between stages) */
@@ -76,6 +80,8 @@ typedef struct plan_problem {
   int ntp;                /* tensor-parallel degrees profiled, 1..PLAN_MAX_TPS */
   int tp[PLAN_MAX_TPS];   /* increasing, tp[0] = 1; only those dividing world are tried */
   int max_microbatches;   /* largest m tried (0: 32) */
+  int nrows;              /* micro-batch sizes with measured times in the units (0: none) */
+  int rows[PLAN_MAX_ROWS];
   double memory_bytes;    /* per rank (0: no limit) */
   double state_copies;    /* parameter-sized buffers besides the values: gradients and optimizer state */
   double optimizer_s_per_byte; /* the optimizer step per parameter byte of a rank */
@@ -123,6 +129,11 @@ fl_status plan_evaluate(const plan_problem *p, pp_grid grid, int microbatches, c
  * sum_s (f_s + b_s) + (m - 1) max_s (f_s + b_s) with every stage within memory, and that
  * value. FL_ELIMIT when no cut fits; FL_EINVAL as plan_evaluate. */
 fl_status plan_cut(const plan_problem *p, pp_grid grid, int microbatches, int *bounds, double *path_s);
+
+/* The micro-batch sizes the search meets for world, batch and max_microbatches (0: 32):
+ * batch / (dp m), distinct, increasing, into rows (at most PLAN_MAX_ROWS; when there are more,
+ * that many spread over them, the smallest and the largest kept). Returns how many. */
+int plan_microbatch_sizes(int world, int batch, int max_microbatches, int rows[PLAN_MAX_ROWS]);
 
 /* One line for a printout: "dp 2 x tp 1 x pp 2, 1f1b, m 4, cut 0|2|4: 12.3 ms (pipeline 10.1,
  * allreduce 1.2, optimizer 1.0), 3.4 MiB a rank". */

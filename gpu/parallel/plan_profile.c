@@ -22,11 +22,12 @@ typedef struct prof_group {
   const tfm_spec *spec;
   const optim_options *optim;
   int size, k;   /* t ranks; index k of the degree in the profile */
-  int rows[2];
+  int nrows;
+  const int *rows; /* increasing */
   const char **addrs;
   fl_comm_endpoint **eps;
   plan_profile *out; /* rank 0 writes its measurements here */
-  double wall[2][2]; /* scratch of rank 0: [rows][fwd, bwd] per unit */
+  double wall[PLAN_MAX_ROWS][2]; /* scratch of rank 0: [rows][fwd, bwd] per unit */
   comm_cost_params calibrated; /* rank 0's communicator's */
   bool calibrate_only;
 } prof_group;
@@ -60,7 +61,7 @@ static plan_cost fit(double lo, double a, double hi, double b) {
   return (plan_cost){fmax(0, a - lo * row), row};
 }
 
-/* One unit on this rank: forward and backward at both sizes, rank 0 keeping the medians. */
+/* One unit on this rank: forward and backward at every size, rank 0 keeping the medians. */
 static fl_status time_unit(prof_rank *me, fl_device *dev, fl_comm *comm, int u) {
   prof_group *g = me->g;
   const tfm_spec *sp = g->spec;
@@ -70,7 +71,7 @@ static fl_status time_unit(prof_rank *me, fl_device *dev, fl_comm *comm, int u) 
   optim *opt = NULL;
   plan_unit *pu = &g->out->unit[u];
   FL_CHECK(tfm_chunk_create(dev, sp, u, u + 1, comm, me->rank, g->size, &c));
-  for (int ri = 0; ri < 2; ri++) {
+  for (int ri = 0; ri < g->nrows; ri++) {
     int rows = g->rows[ri];
     int64_t shape[3] = {rows, sp->seq, u == 0 ? sp->features : sp->hidden};
     FL_CHECK(tensor_ensure(&x, dev, 3, shape));
@@ -100,7 +101,7 @@ static fl_status time_unit(prof_rank *me, fl_device *dev, fl_comm *comm, int u) 
     if (me->rank == 0) {
       g->wall[ri][0] = median3(fwd);
       g->wall[ri][1] = median3(bwd);
-      if (ri == 1) {
+      if (ri == g->nrows - 1) {
         pu->act_row_bytes[g->k] = (double)act / rows;
         pu->param_bytes[g->k] = (double)tfm_chunk_values(c)->numel * sizeof(float);
         if (g->k == 0) pu->out_row_bytes = (double)out_numel * sizeof(float) / rows;
@@ -111,12 +112,14 @@ static fl_status time_unit(prof_rank *me, fl_device *dev, fl_comm *comm, int u) 
     pu->tp_allreduces = u >= 1 && u <= sp->blocks ? 2 : 0; /* attention's out and fc2 (g; f backward) */
     /* Take the allreduces off and the sharing of cores by the group's threads. */
     double share = g->out->cores > 0 && g->size > g->out->cores ? (double)g->out->cores / g->size : 1;
-    double w[2][2];
-    for (int ri = 0; ri < 2; ri++)
-      for (int d = 0; d < 2; d++)
-        w[ri][d] = fmax(0, g->wall[ri][d] - unit_comm(g->out, pu, g->size, g->rows[ri])) * share;
-    pu->fwd[g->k] = fit(g->rows[0], w[0][0], g->rows[1], w[1][0]);
-    pu->bwd[g->k] = fit(g->rows[0], w[0][1], g->rows[1], w[1][1]);
+    for (int ri = 0; ri < g->nrows; ri++) {
+      double comm = unit_comm(g->out, pu, g->size, g->rows[ri]);
+      pu->fwd_at[g->k][ri] = fmax(0, g->wall[ri][0] - comm) * share;
+      pu->bwd_at[g->k][ri] = fmax(0, g->wall[ri][1] - comm) * share;
+    }
+    int last = g->nrows - 1;
+    pu->fwd[g->k] = fit(g->rows[0], pu->fwd_at[g->k][0], g->rows[last], pu->fwd_at[g->k][last]);
+    pu->bwd[g->k] = fit(g->rows[0], pu->bwd_at[g->k][0], g->rows[last], pu->bwd_at[g->k][last]);
     if (g->k == 0) {
       /* The optimizer's step over this unit's parameters, per byte (added up over units). */
       optim_param one = {0, tfm_chunk_values(c)->numel, false};
@@ -209,20 +212,25 @@ void plan_profile_free(plan_profile *pr) {
 }
 
 fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const optim_options *o, int world,
-                               int rows_lo, int rows_hi, plan_profile *out) {
+                               const int *rows, int nrows, plan_profile *out) {
   if (!spec || !o || !out) return fl_set_error(FL_EINVAL, "plan_profile_measure: NULL argument");
   if (world < 1 || world > PROFILE_MAX_RANKS)
     return fl_set_error(FL_EINVAL, "plan profile: world of %d ranks (1 to %d)", world, PROFILE_MAX_RANKS);
-  if (rows_lo < 1 || rows_hi < rows_lo)
-    return fl_set_error(FL_EINVAL, "plan profile: micro-batches of %d to %d samples", rows_lo, rows_hi);
+  if (!rows || nrows < 1 || nrows > PLAN_MAX_ROWS)
+    return fl_set_error(FL_EINVAL, "plan profile: %d micro-batch sizes (1 to %d)", nrows, PLAN_MAX_ROWS);
+  for (int i = 0; i < nrows; i++)
+    if (rows[i] < 1 || (i > 0 && rows[i] <= rows[i - 1]))
+      return fl_set_error(FL_EINVAL, "plan profile: micro-batch sizes must be >= 1 and increasing (%d at %d)",
+                          rows[i], i);
   fl_status status = tfm_spec_check(spec, 1);
   if (status != FL_OK) return status;
-  plan_profile pr = {.world = world, .units = tfm_units(spec), .state_copies = 1.0 + (double)optim_state_slots(o->kind)};
+  plan_profile pr = {.world = world, .nrows = nrows, .units = tfm_units(spec), .state_copies = 1.0 + (double)optim_state_slots(o->kind)};
   if (kind == FL_DEVICE_CPU) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     pr.cores = n > 0 ? (int)n : 1;
   }
   comm_cost_defaults(&pr.comm);
+  memcpy(pr.rows, rows, (size_t)nrows * sizeof *rows);
   pr.unit = common_calloc((size_t)pr.units, sizeof *pr.unit);
   if (!pr.unit) return FL_ERR(FL_ENOMEM, "out of memory for a profile of %d units", pr.units);
   for (int t = 1; t <= world && pr.ntp < PLAN_MAX_TPS; t++)
@@ -234,7 +242,7 @@ fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const 
     pr.comm = cal.calibrated;
   }
   for (int k = 0; k < pr.ntp; k++) {
-    prof_group g = {.kind = kind, .spec = spec, .optim = o, .size = pr.tp[k], .k = k, .rows = {rows_lo, rows_hi},
+    prof_group g = {.kind = kind, .spec = spec, .optim = o, .size = pr.tp[k], .k = k, .nrows = nrows, .rows = rows,
                     .out = &pr};
     FL_CHECK(run_group(&g));
   }
@@ -269,6 +277,8 @@ void plan_profile_problem(const plan_profile *pr, plan_problem *p) {
   p->units = pr->units;
   p->unit = pr->unit;
   p->ntp = pr->ntp;
+  p->nrows = pr->nrows;
+  memcpy(p->rows, pr->rows, sizeof p->rows);
   memcpy(p->tp, pr->tp, sizeof p->tp);
   p->state_copies = pr->state_copies;
   p->optimizer_s_per_byte = pr->optimizer_s_per_byte;

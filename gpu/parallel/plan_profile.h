@@ -13,7 +13,8 @@
  * only cores / t of one, so the time is scaled by that: what is left is one rank's compute
  * alone. The plan then adds the contention of the whole world back (plan_problem.cores: the
  * pipeline cannot be faster than all ranks' compute spread over the cores). Times are taken
- * at two micro-batch sizes and fitted as fixed + per-sample cost.
+ * at every micro-batch size the search can meet (small matrices are not linear in their
+ * rows), and a line through the smallest and largest is kept for any other size.
  *
  * Threading: plan_profile_measure blocks (it starts and joins its threads); a profile is
  * read-only afterwards and may be shared.
@@ -26,6 +27,7 @@
 
 typedef struct plan_profile {
   int world;
+  int nrows, rows[PLAN_MAX_ROWS]; /* the micro-batch sizes measured */
   int units;
   plan_unit *unit; /* units of them (owned) */
   int ntp, tp[PLAN_MAX_TPS];
@@ -36,12 +38,13 @@ typedef struct plan_profile {
 } plan_profile;
 
 /* Measures spec on a device of `kind` (cuda: device 0 for every thread) for a world of
- * `world` ranks, at micro-batches of rows_lo and rows_hi samples (1 <= rows_lo <= rows_hi),
- * with optimizer o. tp degrees: the divisors of world that divide the heads and the MLP (at
+ * `world` ranks, at micro-batches of rows[0] < rows[1] < ... (nrows of them, 1 to
+ * PLAN_MAX_ROWS; the plan uses these times at exactly these sizes, and between them the line
+ * through the first and the last), with optimizer o. tp degrees: the divisors of world that divide the heads and the MLP (at
  * most PLAN_MAX_TPS, smallest first). FL_EINVAL for a bad spec or argument; the device's,
  * the communicator's or FL_ENOMEM otherwise. *out is filled only on FL_OK. */
 fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const optim_options *o, int world,
-                               int rows_lo, int rows_hi, plan_profile *out);
+                               const int *rows, int nrows, plan_profile *out);
 void plan_profile_free(plan_profile *pr);
 
 /* Points p's profile, tp degrees, state copies, optimizer cost, cores and communication model

@@ -23,22 +23,13 @@ fl_status train_plan_choose(gpu_train_options *o, uint32_t channels, uint32_t he
   tfm_spec spec = {.seq = (int)(channels * height), .features = (int)width, .hidden = (int)o->hidden,
                    .heads = (int)o->heads, .ffn = (int)o->ffn, .blocks = (int)o->blocks, .classes = (int)classes,
                    .dropout = (float)o->dropout, .seed = o->seed};
-  /* The micro-batch sizes the search can meet: batch / (dp m) over its grids. */
-  int lo = batch, hi = 1;
-  for (int dp = 1; dp <= world; dp++) {
-    if (world % dp) continue;
-    for (int m = 1; m <= max_m && m <= batch / dp; m++)
-      if ((batch / dp) % m == 0) {
-        int rows = batch / dp / m;
-        lo = rows < lo ? rows : lo;
-        hi = rows > hi ? rows : hi;
-      }
-  }
+  int rows[PLAN_MAX_ROWS];
+  int nrows = plan_microbatch_sizes(world, batch, max_m, rows);
   plan_profile pr = {0};
   plan_choice best[PLAN_PRINTED];
   size_t n = 0;
   double t0 = common_now_s();
-  fl_status status = plan_profile_measure(o->device, &spec, &o->optim, world, lo, hi, &pr);
+  fl_status status = plan_profile_measure(o->device, &spec, &o->optim, world, rows, nrows, &pr);
   if (status != FL_OK) return status;
   double profile_s = common_now_s() - t0;
   plan_problem p = {.world = world, .batch = batch, .max_microbatches = max_m,
@@ -50,7 +41,7 @@ fl_status train_plan_choose(gpu_train_options *o, uint32_t channels, uint32_t he
     char line[512];
     fprintf(f, "plan         profiled %d units at tp", pr.units);
     for (int k = 0; k < pr.ntp; k++) fprintf(f, "%s%d", k ? "," : " ", pr.tp[k]);
-    fprintf(f, " and micro-batches of %d..%d in %.1f s; %s", lo, hi, profile_s,
+    fprintf(f, " and micro-batches of %d..%d in %.1f s; %s", rows[0], rows[nrows - 1], profile_s,
             pr.cores ? "" : "a device per rank");
     if (pr.cores) fprintf(f, "%d ranks share %d cores", world, pr.cores);
     if (p.memory_bytes > 0) fprintf(f, "; %.1f MiB a rank", o->plan_memory_mb);
