@@ -177,6 +177,14 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
     return 1;
   }
   double profile_s = now_s() - t0;
+  if (getenv("BENCH_PLAN_PROFILE"))
+    for (int u = 0; u < pr.units; u++)
+      for (int k = 0; k < pr.ntp; k++) {
+        fprintf(stderr, "unit %d tp %d:", u, pr.tp[k]);
+        for (int i = 0; i < pr.nrows; i++)
+          fprintf(stderr, " %d:%.3f+%.3f", pr.rows[i], pr.unit[u].fwd_at[k][i] * 1e3, pr.unit[u].bwd_at[k][i] * 1e3);
+        fprintf(stderr, " ms\n");
+      }
   plan_problem p = {.world = W, .batch = BATCH, .max_microbatches = MAX_M};
   plan_profile_problem(&pr, &p);
   static plan_choice plans[MAX_PLANS];
@@ -200,8 +208,8 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
     rc = 1;
   }
   if (!json && rc == 0)
-    printf("\n%d ranks on %s (%d cores), profile %.1f s: seq %d, hidden %d, %d heads, ffn %d, %d blocks, batch %d\n"
-           "%-14s %4s %-16s %12s %12s %10s\n", W, dev, pr.cores, profile_s, SPEC.seq, SPEC.hidden, SPEC.heads,
+    printf("\n%d ranks on %s (%d cores, %.2f measured), profile %.1f s: seq %d, hidden %d, %d heads, ffn %d, %d blocks, batch %d\n"
+           "%-14s %4s %-16s %12s %12s %10s\n", W, dev, pr.cores, p.cores, profile_s, SPEC.seq, SPEC.hidden, SPEC.heads,
            SPEC.ffn, SPEC.blocks, BATCH, "dp x tp x pp", "m", "cut", "predicted ms", "measured ms", "pred/meas");
   double best_measured = INFINITY, chosen_measured = 0, worst_ratio = 1;
   for (size_t i = 0; rc == 0 && i < n; i++) {
@@ -226,8 +234,8 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
              "\"chosen\":%s,\"predicted_ms\":%.3f,\"measured_ms\":%.3f,\"predicted_over_measured\":%.3f}\n",
              dev, W, grid, c->microbatches, cut, i == 0 ? "true" : "false", c->step_s * 1e3, meas * 1e3, ratio);
     else
-      printf("%-14s %4d %-16s %12.2f %12.2f %10.2f%s\n", grid, c->microbatches, cut, c->step_s * 1e3, meas * 1e3,
-             ratio, i == 0 ? "  <- chosen" : "");
+      printf("%-14s %4d %-16s %12.2f %12.2f %10.2f%s   [path %.2f spread %.2f ar %.2f]\n", grid, c->microbatches, cut, c->step_s * 1e3, meas * 1e3,
+             ratio, i == 0 ? "  <- chosen" : "", c->path_s*1e3, c->pipeline_s*1e3, c->allreduce_s*1e3);
     fflush(stdout);
   }
   if (rc == 0) {

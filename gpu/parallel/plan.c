@@ -50,7 +50,7 @@ fl_status plan_problem_check(const plan_problem *p) {
     return fl_set_error(FL_EINVAL, "plan: memory %g bytes, state copies %g, optimizer %g s/byte and step %g s must "
                         "be finite and >= 0", p->memory_bytes, p->state_copies, p->optimizer_s_per_byte,
                         p->step_fixed_s);
-  if (p->cores < 0) return fl_set_error(FL_EINVAL, "plan: %d cores", p->cores);
+  if (bad_number(p->cores)) return fl_set_error(FL_EINVAL, "plan: %g cores", p->cores);
   if (p->nrows < 0 || p->nrows > PLAN_MAX_ROWS)
     return fl_set_error(FL_EINVAL, "plan: %d measured micro-batch sizes (0 to %d)", p->nrows, PLAN_MAX_ROWS);
   if (!p->allreduce_s || !p->send_s)

@@ -85,7 +85,7 @@ typedef struct plan_problem {
   double memory_bytes;    /* per rank (0: no limit) */
   double state_copies;    /* parameter-sized buffers besides the values: gradients and optimizer state */
   double optimizer_s_per_byte; /* the optimizer step per parameter byte of a rank */
-  int cores;              /* ranks share this many cores (threads on one host); 0: each its own */
+  double cores;           /* ranks share this many cores (threads on one host); 0: each its own */
   double step_fixed_s;    /* the runtime's own cost a step, whatever the plan (its barrier, the loss's allreduce) */
   /* The communication model: seconds of an allreduce of `bytes` over `ranks` (> 1) ranks,
    * and of sending `bytes` to the next pipeline stage. Must be >= 0 and finite. */

@@ -16,6 +16,32 @@
 #define PROFILE_TIMEOUT_MS 30000
 #define PROFILE_MAX_RANKS 1024
 
+/* The cores test's start: threads wait until all have arrived, or until the gate is opened
+ * (a thread that could not be started never arrives). */
+typedef struct start_gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int arrived, needed;
+  bool open;
+} start_gate;
+
+static void gate_wait(start_gate *g) {
+  pthread_mutex_lock(&g->mu);
+  if (++g->arrived >= g->needed) {
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+  }
+  while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(start_gate *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
 /* What the threads of one tensor-parallel degree share. */
 typedef struct prof_group {
   fl_device_kind kind;
@@ -30,6 +56,11 @@ typedef struct prof_group {
   double wall[PLAN_MAX_ROWS][2]; /* scratch of rank 0: [rows][fwd, bwd] per unit */
   comm_cost_params calibrated; /* rank 0's communicator's */
   bool calibrate_only;
+  /* The cores test: every thread times one block at the largest size at once, no
+   * communicator; per_op[r] is thread r's mean time of a forward and backward. */
+  bool cores_test;
+  start_gate start;
+  double per_op[PROFILE_MAX_RANKS];
 } prof_group;
 
 typedef struct prof_rank {
@@ -59,6 +90,43 @@ static plan_cost fit(double lo, double a, double hi, double b) {
   if (hi <= lo) return (plan_cost){0, a / lo};
   double row = fmax(0, (b - a) / (hi - lo));
   return (plan_cost){fmax(0, a - lo * row), row};
+}
+
+/* The cores test on this thread (dev NULL: it could not open one): one block's forward and
+ * backward at the largest size, the threads starting together. Every thread arrives at the
+ * start, even one that failed to get ready, so that the others never wait for it forever. */
+static fl_status time_together(prof_rank *me, fl_device *dev) {
+  prof_group *g = me->g;
+  const tfm_spec *sp = g->spec;
+  fl_status status = FL_OK;
+  fl_tensor x = {0}, dy = {0};
+  tfm_chunk *c = NULL;
+  const fl_tensor *y, *dx;
+  tfm_batch b = {0, 0};
+  int rows = g->rows[g->nrows - 1];
+  int64_t shape[3] = {rows, sp->seq, sp->hidden};
+  if (!dev) status = fl_set_error(FL_EDEVICE, "the cores test has no device");
+  if (status == FL_OK) status = tfm_chunk_create(dev, sp, 1, 2, NULL, 0, 1, &c);
+  if (status == FL_OK) status = tensor_ensure(&x, dev, 3, shape);
+  if (status == FL_OK) status = dev->ops->fill(dev, x.numel, 0.5f, x.data);
+  if (status == FL_OK) status = tensor_ensure(&dy, dev, 3, shape);
+  if (status == FL_OK) status = dev->ops->fill(dev, dy.numel, 1e-3f, dy.data);
+  if (status == FL_OK) status = tfm_chunk_forward(c, 0, &x, &b, true, &y); /* warm-up */
+  if (status == FL_OK) status = tfm_chunk_backward(c, 0, &dy, &dx);
+  gate_wait(&g->start);
+  FL_CHECK(status);
+  uint64_t t0 = common_now_ns();
+  for (int r = 0; r < PROFILE_REPEATS; r++) {
+    FL_CHECK(tfm_chunk_forward(c, 0, &x, &b, true, &y));
+    FL_CHECK(tfm_chunk_backward(c, 0, &dy, &dx));
+  }
+  FL_CHECK(dev->ops->synchronize(dev));
+  g->per_op[me->rank] = (double)(common_now_ns() - t0) * 1e-9 / PROFILE_REPEATS;
+cleanup:
+  tfm_chunk_destroy(c);
+  tensor_release(&x);
+  tensor_release(&dy);
+  return status;
 }
 
 /* One unit on this rank: forward and backward at every size, rank 0 keeping the medians. */
@@ -111,7 +179,8 @@ static fl_status time_unit(prof_rank *me, fl_device *dev, fl_comm *comm, int u) 
   if (me->rank == 0) {
     pu->tp_allreduces = u >= 1 && u <= sp->blocks ? 2 : 0; /* attention's out and fc2 (g; f backward) */
     /* Take the allreduces off and the sharing of cores by the group's threads. */
-    double share = g->out->cores > 0 && g->size > g->out->cores ? (double)g->out->cores / g->size : 1;
+    double cores = g->out->cores_measured > 0 ? g->out->cores_measured : g->out->cores;
+    double share = cores > 0 && g->size > cores ? cores / g->size : 1;
     for (int ri = 0; ri < g->nrows; ri++) {
       double comm = unit_comm(g->out, pu, g->size, g->rows[ri]);
       pu->fwd_at[g->k][ri] = fmax(0, g->wall[ri][0] - comm) * share;
@@ -148,13 +217,19 @@ static void *prof_main(void *arg) {
   fl_status status = FL_OK;
   fl_comm *comm = NULL;
   fl_device *dev = NULL;
-  if (g->size > 1) {
+  if (g->size > 1 && !g->cores_test) {
     fl_comm_endpoint *ep = g->eps[me->rank];
     g->eps[me->rank] = NULL; /* taken by create, even on failure */
     FL_CHECK(fl_comm_host_create(ep, me->rank, g->size, g->addrs, PROFILE_TIMEOUT_MS, &comm));
     if (me->rank == 0) g->calibrated = comm_cost_of(comm)->params;
   }
   if (g->calibrate_only) goto cleanup;
+  if (g->cores_test) {
+    fl_status opened = fl_device_open(g->kind, 0, &dev);
+    status = time_together(me, opened == FL_OK ? dev : NULL);
+    if (opened != FL_OK) status = opened;
+    goto cleanup;
+  }
   FL_CHECK(fl_device_open(g->kind, 0, &dev));
   for (int u = 0; u < tfm_units(g->spec); u++) FL_CHECK(time_unit(me, dev, comm, u));
 cleanup:
@@ -176,7 +251,7 @@ static fl_status run_group(prof_group *g) {
   pthread_t *th = common_calloc((size_t)n, sizeof *th);
   int started = 0;
   if (!addr || !addrs || !eps || !ranks || !th) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for %d profiling ranks", n));
-  for (int r = 0; n > 1 && r < n; r++) {
+  for (int r = 0; n > 1 && !g->cores_test && r < n; r++) {
     FL_CHECK(fl_comm_listen("127.0.0.1", &eps[r]));
     snprintf(addr[r], sizeof addr[r], "%s", fl_comm_endpoint_address(eps[r]));
     addrs[r] = addr[r];
@@ -187,7 +262,9 @@ static fl_status run_group(prof_group *g) {
     ranks[started] = (prof_rank){.g = g, .rank = started};
     if (pthread_create(&th[started], NULL, prof_main, &ranks[started]) != 0) {
       status = FL_ERR(FL_EINTERNAL, "cannot start profiling thread %d of %d", started, n);
-      /* The started ones time out waiting for the rest and end with an error. */
+      /* The started ones time out waiting for the rest and end with an error; the cores
+       * test's wait for them at its start. */
+      gate_open(&g->start);
       break;
     }
   }
@@ -241,6 +318,23 @@ fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const 
     FL_CHECK(run_group(&cal));
     pr.comm = cal.calibrated;
   }
+  /* The cores the ranks really get (the host's, less what else runs on it): the same block
+   * timed by one thread and by `world` threads at once. */
+  if (pr.cores > 0 && world > 1) {
+    double alone = 0, together = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      int size = pass == 0 ? 1 : world;
+      prof_group g = {.kind = kind, .spec = spec, .optim = o, .size = size, .nrows = nrows, .rows = rows, .out = &pr,
+                      .cores_test = true,
+                      .start = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, size, false}};
+      FL_CHECK(run_group(&g));
+      double mean = 0;
+      for (int r = 0; r < size; r++) mean += g.per_op[r] / size;
+      *(pass == 0 ? &alone : &together) = mean;
+    }
+    double effective = together > 0 ? world * alone / together : pr.cores;
+    pr.cores_measured = fmax(1.0, fmin(effective, (double)pr.cores));
+  }
   for (int k = 0; k < pr.ntp; k++) {
     prof_group g = {.kind = kind, .spec = spec, .optim = o, .size = pr.tp[k], .k = k, .nrows = nrows, .rows = rows,
                     .out = &pr};
@@ -282,7 +376,7 @@ void plan_profile_problem(const plan_profile *pr, plan_problem *p) {
   memcpy(p->tp, pr->tp, sizeof p->tp);
   p->state_copies = pr->state_copies;
   p->optimizer_s_per_byte = pr->optimizer_s_per_byte;
-  p->cores = pr->cores;
+  p->cores = pr->cores_measured > 0 ? pr->cores_measured : pr->cores;
   p->allreduce_s = allreduce_model;
   p->send_s = send_model;
   p->user = (void *)pr;

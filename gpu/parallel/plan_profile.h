@@ -12,7 +12,10 @@
  * adds it back from the same model), and when the t threads outnumber the cores, each had
  * only cores / t of one, so the time is scaled by that: what is left is one rank's compute
  * alone. The plan then adds the contention of the whole world back (plan_problem.cores: the
- * pipeline cannot be faster than all ranks' compute spread over the cores). Times are taken
+ * pipeline cannot be faster than all ranks' compute spread over the cores). "The cores" are
+ * measured, not counted: one block timed by one thread and by `world` threads at once gives
+ * the cores the world really gets (fewer than the host's when something else runs there, or
+ * when the cores are hyper-threads). Times are taken
  * at every micro-batch size the search can meet (small matrices are not linear in their
  * rows), and a line through the smallest and largest is kept for any other size.
  *
@@ -35,6 +38,7 @@ typedef struct plan_profile {
   double optimizer_s_per_byte;
   double state_copies;        /* gradients + the optimizer's state slots */
   int cores;                  /* online CPUs on cpu; 0 on cuda (a GPU each) */
+  double cores_measured;      /* the cores `world` threads really got at once (0: not measured) */
 } plan_profile;
 
 /* Measures spec on a device of `kind` (cuda: device 0 for every thread) for a world of

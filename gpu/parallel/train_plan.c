@@ -43,7 +43,7 @@ fl_status train_plan_choose(gpu_train_options *o, uint32_t channels, uint32_t he
     for (int k = 0; k < pr.ntp; k++) fprintf(f, "%s%d", k ? "," : " ", pr.tp[k]);
     fprintf(f, " and micro-batches of %d..%d in %.1f s; %s", rows[0], rows[nrows - 1], profile_s,
             pr.cores ? "" : "a device per rank");
-    if (pr.cores) fprintf(f, "%d ranks share %d cores", world, pr.cores);
+    if (pr.cores) fprintf(f, "%d ranks share %d cores (measured: they get %.2f)", world, pr.cores, p.cores);
     if (p.memory_bytes > 0) fprintf(f, "; %.1f MiB a rank", o->plan_memory_mb);
     fprintf(f, "\n");
     for (size_t i = 0; i < n; i++) {
