@@ -7,8 +7,11 @@
  * for that grid (1F1B), and measured: one warm-up step, then --steps steps of
  * compute_gradients + apply; a step's time is the slowest rank's, the row's the median.
  *
- * Rows: world, grid, m, cut, predicted and measured ms a step, predicted / measured; the
- * planner's choice is marked. A summary line per world: the chosen plan's measured time over
+ * Rows: world, grid, m, cut; the prediction's parts: the pipeline's critical path with every
+ * rank on its own core ("path"), the pipeline term once the ranks share the cores ("pipe":
+ * max(path, all compute / the cores measured)), the data-parallel gradient allreduce; the
+ * predicted and measured ms a step, predicted / measured; the planner's choice is marked.
+ * BENCH_PLAN_PROFILE=1 prints the profile on stderr; BENCH_PLAN_WORLD=N runs that world alone. A summary line per world: the chosen plan's measured time over
  * the best measured one (the issue's target: within 10%), and the worst predicted / measured
  * (target: every plan within 25%).
  *
@@ -177,6 +180,7 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
     return 1;
   }
   double profile_s = now_s() - t0;
+  if (getenv("BENCH_PLAN_PROFILE")) fprintf(stderr, "micro-batch overhead %.3f ms\n", pr.microbatch_s * 1e3);
   if (getenv("BENCH_PLAN_PROFILE"))
     for (int u = 0; u < pr.units; u++)
       for (int k = 0; k < pr.ntp; k++) {
@@ -209,8 +213,9 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
   }
   if (!json && rc == 0)
     printf("\n%d ranks on %s (%d cores, %.2f measured), profile %.1f s: seq %d, hidden %d, %d heads, ffn %d, %d blocks, batch %d\n"
-           "%-14s %4s %-16s %12s %12s %10s\n", W, dev, pr.cores, p.cores, profile_s, SPEC.seq, SPEC.hidden, SPEC.heads,
-           SPEC.ffn, SPEC.blocks, BATCH, "dp x tp x pp", "m", "cut", "predicted ms", "measured ms", "pred/meas");
+           "%-14s %4s %-16s %9s %9s %9s %12s %12s %10s\n", W, dev, pr.cores, p.cores, profile_s, SPEC.seq, SPEC.hidden,
+           SPEC.heads, SPEC.ffn, SPEC.blocks, BATCH, "dp x tp x pp", "m", "cut", "path ms", "pipe ms", "dp ar ms",
+           "predicted ms", "measured ms", "pred/meas");
   double best_measured = INFINITY, chosen_measured = 0, worst_ratio = 1;
   for (size_t i = 0; rc == 0 && i < n; i++) {
     const plan_choice *c = &plans[i];
@@ -231,11 +236,13 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
     snprintf(grid, sizeof grid, "%dx%dx%d", c->grid.dp, c->grid.tp, c->grid.pp);
     if (json)
       printf("{\"bench\":\"plan\",\"device\":\"%s\",\"world\":%d,\"grid\":\"%s\",\"m\":%d,\"cut\":\"%s\","
-             "\"chosen\":%s,\"predicted_ms\":%.3f,\"measured_ms\":%.3f,\"predicted_over_measured\":%.3f}\n",
-             dev, W, grid, c->microbatches, cut, i == 0 ? "true" : "false", c->step_s * 1e3, meas * 1e3, ratio);
+             "\"chosen\":%s,\"path_ms\":%.3f,\"pipeline_ms\":%.3f,\"allreduce_ms\":%.3f,\"predicted_ms\":%.3f,"
+             "\"measured_ms\":%.3f,\"predicted_over_measured\":%.3f}\n",
+             dev, W, grid, c->microbatches, cut, i == 0 ? "true" : "false", c->path_s * 1e3, c->pipeline_s * 1e3,
+             c->allreduce_s * 1e3, c->step_s * 1e3, meas * 1e3, ratio);
     else
-      printf("%-14s %4d %-16s %12.2f %12.2f %10.2f%s   [path %.2f spread %.2f ar %.2f]\n", grid, c->microbatches, cut, c->step_s * 1e3, meas * 1e3,
-             ratio, i == 0 ? "  <- chosen" : "", c->path_s*1e3, c->pipeline_s*1e3, c->allreduce_s*1e3);
+      printf("%-14s %4d %-16s %9.2f %9.2f %9.2f %12.2f %12.2f %10.2f%s\n", grid, c->microbatches, cut, c->path_s * 1e3,
+             c->pipeline_s * 1e3, c->allreduce_s * 1e3, c->step_s * 1e3, meas * 1e3, ratio, i == 0 ? "  <- chosen" : "");
     fflush(stdout);
   }
   if (rc == 0) {
@@ -263,6 +270,9 @@ int main(int argc, char **argv) {
   }
   setenv("FLINT_COMM_TIMEOUT_MS", "20000", 1); /* a lost peer fails instead of hanging */
   int worlds[2] = {4, 8}, nw = args.quick ? 1 : 2, rc = 0;
+  /* BENCH_PLAN_WORLD=N: that world alone (1 to 8), for looking at the model's parts. */
+  const char *only = getenv("BENCH_PLAN_WORLD");
+  if (only && atoi(only) >= 1 && atoi(only) <= MAX_RANKS) worlds[0] = atoi(only), nw = 1;
   for (int k = 0; k < 2 && rc == 0; k++) {
     fl_device_kind kind = k == 0 ? FL_DEVICE_CPU : FL_DEVICE_CUDA;
     if ((kind == FL_DEVICE_CPU && strcmp(args.which, "cuda") == 0) || (kind == FL_DEVICE_CUDA && !cuda)) continue;

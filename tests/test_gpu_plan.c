@@ -307,6 +307,8 @@ static void test_profile_of_a_tiny_model(void **state) {
   assert_int_equal(pr.tp[1], 2);
   assert_true(pr.cores >= 1);
   assert_true(pr.state_copies == 2); /* gradients and momentum */
+  assert_true(pr.microbatch_s >= 0 && isfinite(pr.microbatch_s));
+  assert_true(pr.cores_measured >= 1 && pr.cores_measured <= pr.cores);
   for (int u = 0; u < 3; u++) {
     for (int k = 0; k < 2; k++) {
       assert_true(pr.unit[u].fwd[k].fixed_s + 4 * pr.unit[u].fwd[k].row_s > 0);

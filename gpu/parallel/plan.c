@@ -46,7 +46,7 @@ fl_status plan_problem_check(const plan_problem *p) {
   if (p->max_microbatches < 0)
     return fl_set_error(FL_EINVAL, "plan: max_microbatches %d is negative", p->max_microbatches);
   if (bad_number(p->memory_bytes) || bad_number(p->state_copies) || bad_number(p->optimizer_s_per_byte) ||
-      bad_number(p->step_fixed_s))
+      bad_number(p->step_fixed_s) || bad_number(p->microbatch_s))
     return fl_set_error(FL_EINVAL, "plan: memory %g bytes, state copies %g, optimizer %g s/byte and step %g s must "
                         "be finite and >= 0", p->memory_bytes, p->state_copies, p->optimizer_s_per_byte,
                         p->step_fixed_s);
@@ -138,7 +138,7 @@ static fl_status grid_model_init(const plan_problem *p, pp_grid g, int m, grid_m
  * last stage) and the input gradient sent back (not by the first). */
 static double range_cost(const grid_model *gm, int i, int j) {
   const plan_problem *p = gm->p;
-  double c = gm->compute[j] - gm->compute[i] + gm->comm[j] - gm->comm[i];
+  double c = gm->compute[j] - gm->compute[i] + gm->comm[j] - gm->comm[i] + p->microbatch_s;
   if (j < gm->n) c += p->send_s(p->user, gm->rows * p->unit[j - 1].out_row_bytes);
   if (i > 0) c += p->send_s(p->user, gm->rows * p->unit[i - 1].out_row_bytes);
   return c;
@@ -238,7 +238,8 @@ static fl_status predict(const grid_model *gm, const int *bounds, plan_choice *o
   out->pipeline_s = out->path_s;
   double share = 1;
   if (p->cores > 0) {
-    double spread = (double)gm->g.dp * gm->g.tp * gm->m * gm->compute_total / p->cores;
+    double work = gm->compute_total + gm->g.pp * p->microbatch_s; /* a micro-batch through every stage */
+    double spread = (double)gm->g.dp * gm->g.tp * gm->m * work / p->cores;
     out->pipeline_s = fmax(out->path_s, spread);
     share = fmax(1.0, (double)p->world / p->cores);
   }

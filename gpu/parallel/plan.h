@@ -15,7 +15,8 @@
  *
  * The model of one step of a plan (dp, tp, pp, m, cut), micro-batches of r = batch / (dp m)
  * samples:
- *   - stage s's forward f_s: the sum of its units' forward time at tp and r samples, plus the
+ *   - stage s's forward f_s: the sum of its units' forward time at tp and r samples (plus
+ *     the runtime's own cost of a micro-batch on a stage, microbatch_s, with backward), plus the
  *     tensor-parallel allreduces of its blocks (tp_allreduces per unit, each of the unit's
  *     output, r x out_row_bytes, over tp ranks), plus sending its output to the next stage;
  *     its backward b_s likewise (the same allreduces, Megatron's f, and the input gradient
@@ -87,6 +88,7 @@ typedef struct plan_problem {
   double optimizer_s_per_byte; /* the optimizer step per parameter byte of a rank */
   double cores;           /* ranks share this many cores (threads on one host); 0: each its own */
   double step_fixed_s;    /* the runtime's own cost a step, whatever the plan (its barrier, the loss's allreduce) */
+  double microbatch_s;    /* the runtime's own cost of a micro-batch's forward and backward on a stage */
   /* The communication model: seconds of an allreduce of `bytes` over `ranks` (> 1) ranks,
    * and of sending `bytes` to the next pipeline stage. Must be >= 0 and finite. */
   double (*allreduce_s)(void *user, int ranks, double bytes);

@@ -282,6 +282,86 @@ cleanup:
   return status;
 }
 
+/* One rank's forward and backward of every unit at tp 1 and `rows` samples, by the profile. */
+static double model_compute(const plan_profile *pr, int rows) {
+  double s = 0;
+  for (int u = 0; u < pr->units; u++) {
+    const plan_unit *un = &pr->unit[u];
+    int i = 0;
+    while (i < pr->nrows && pr->rows[i] != rows) i++;
+    s += i < pr->nrows ? un->fwd_at[0][i] + un->bwd_at[0][i]
+                       : un->fwd[0].fixed_s + un->bwd[0].fixed_s + rows * (un->fwd[0].row_s + un->bwd[0].row_s);
+  }
+  return s;
+}
+
+/* The median step (compute_gradients + apply) of a one-rank trainer of the whole model with
+ * m micro-batches of `rows` samples, after a warm-up step. */
+static fl_status time_trainer(fl_device *dev, fl_comm *one, const tfm_spec *spec, const optim_options *o, int m,
+                              int rows, const float *x, const int32_t *y, double *out) {
+  int bounds[2] = {0, tfm_units(spec)};
+  pp_options po = {.spec = *spec, .grid = {1, 1, 1}, .schedule = PP_1F1B, .microbatches = m, .chunks = 1,
+                   .bounds = bounds, .optim = *o};
+  pp_trainer *t = NULL;
+  fl_status status = FL_OK;
+  double secs[PROFILE_REPEATS];
+  FL_CHECK(pp_trainer_create(dev, one, &po, &t));
+  for (int r = -1; r < PROFILE_REPEATS; r++) {
+    pp_step_stats st;
+    uint64_t t0 = common_now_ns();
+    FL_CHECK(pp_trainer_compute_gradients(t, x, y, m * rows, (uint64_t)(r + 1), &st));
+    FL_CHECK(pp_trainer_apply(t, 1e-6f, &st));
+    if (r >= 0) secs[r] = (double)(common_now_ns() - t0) * 1e-9;
+  }
+  *out = median3(secs);
+cleanup:
+  pp_trainer_destroy(t);
+  return status;
+}
+
+/* The runtime's own cost of a micro-batch (its slots, input copies, the loss), beyond the
+ * units' compute: a one-rank trainer's step with one micro-batch of the largest size and with
+ * many of the smallest, less the profile's compute of each, per extra micro-batch. */
+static fl_status measure_microbatch(plan_profile *pr, fl_device_kind kind, const tfm_spec *spec,
+                                    const optim_options *o) {
+  int big = pr->rows[pr->nrows - 1], m = big / pr->rows[0];
+  while (m > 1 && big % m) m--;
+  if (m < 2) return FL_OK;
+  fl_status status = FL_OK;
+  fl_device *dev = NULL;
+  fl_comm_endpoint *ep = NULL;
+  fl_comm *one = NULL;
+  size_t n = (size_t)big * spec->seq * spec->features;
+  float *x = common_malloc(n * sizeof *x);
+  int32_t *y = common_malloc((size_t)big * sizeof *y);
+  if (!x || !y) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for the profile's batch"));
+  for (size_t i = 0; i < n; i++) x[i] = (float)(i % 13) / 13.0f - 0.5f;
+  for (int i = 0; i < big; i++) y[i] = i % spec->classes;
+  FL_CHECK(fl_device_open(kind, 0, &dev));
+  FL_CHECK(fl_comm_listen("127.0.0.1", &ep));
+  {
+    const char *addr[1] = {fl_comm_endpoint_address(ep)};
+    char copy[96];
+    snprintf(copy, sizeof copy, "%s", addr[0]);
+    addr[0] = copy;
+    fl_comm_endpoint *taken = ep;
+    ep = NULL; /* taken by create, even on failure */
+    FL_CHECK(fl_comm_host_create(taken, 0, 1, addr, PROFILE_TIMEOUT_MS, &one));
+  }
+  double whole, split;
+  FL_CHECK(time_trainer(dev, one, spec, o, 1, big, x, y, &whole));
+  FL_CHECK(time_trainer(dev, one, spec, o, m, big / m, x, y, &split));
+  double extra = (split - m * model_compute(pr, big / m)) - (whole - model_compute(pr, big));
+  pr->microbatch_s = fmax(0, extra / (m - 1));
+cleanup:
+  fl_comm_destroy(one);
+  fl_comm_endpoint_destroy(ep);
+  fl_device_close(dev);
+  common_free(x);
+  common_free(y);
+  return status;
+}
+
 void plan_profile_free(plan_profile *pr) {
   if (!pr) return;
   common_free(pr->unit);
@@ -340,6 +420,7 @@ fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const 
                     .out = &pr};
     FL_CHECK(run_group(&g));
   }
+  FL_CHECK(measure_microbatch(&pr, kind, spec, o));
   double bytes = 0;
   for (int u = 0; u < pr.units; u++) bytes += pr.unit[u].param_bytes[0];
   pr.optimizer_s_per_byte = bytes > 0 ? pr.optimizer_s_per_byte / bytes : 0;
@@ -381,4 +462,5 @@ void plan_profile_problem(const plan_profile *pr, plan_problem *p) {
   p->send_s = send_model;
   p->user = (void *)pr;
   p->step_fixed_s = 3 * allreduce_model((void *)pr, pr->world, 2 * sizeof(float));
+  p->microbatch_s = pr->microbatch_s;
 }

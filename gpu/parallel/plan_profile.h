@@ -15,7 +15,9 @@
  * pipeline cannot be faster than all ranks' compute spread over the cores). "The cores" are
  * measured, not counted: one block timed by one thread and by `world` threads at once gives
  * the cores the world really gets (fewer than the host's when something else runs there, or
- * when the cores are hyper-threads). Times are taken
+ * when the cores are hyper-threads). And the runtime's own cost of a micro-batch is measured
+ * on a one-rank trainer (pipeline.h): its step with one micro-batch and with many, less the
+ * profile's compute of each. Times are taken
  * at every micro-batch size the search can meet (small matrices are not linear in their
  * rows), and a line through the smallest and largest is kept for any other size.
  *
@@ -38,6 +40,7 @@ typedef struct plan_profile {
   double optimizer_s_per_byte;
   double state_copies;        /* gradients + the optimizer's state slots */
   int cores;                  /* online CPUs on cpu; 0 on cuda (a GPU each) */
+  double microbatch_s;        /* the runtime's own cost of a micro-batch on a stage (plan_problem's) */
   double cores_measured;      /* the cores `world` threads really got at once (0: not measured) */
 } plan_profile;
 
