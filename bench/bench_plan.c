@@ -21,7 +21,7 @@
  *   bench_plan [--json] [--device cpu|cuda|all] [--steps N] [--quick]
  *
  * --device: cpu, cuda (every rank on GPU 0) or all (default: cuda rows only when a GPU is
- * usable). --steps: measured steps a plan (default 5). --quick: 4 ranks only. With --json,
+ * usable). --steps: measured steps a plan (default 10). --quick: 4 ranks only. With --json,
  * one JSON object per row and per summary. Exit 2 on a bad option, 1 when the engine fails.
  */
 #define BENCH_NAME "bench_plan"
@@ -261,7 +261,7 @@ static int bench_world(fl_device_kind kind, int W, int steps, bool json) {
 }
 
 int main(int argc, char **argv) {
-  bench_device_args args = {.which = "all", .steps = 5};
+  bench_device_args args = {.which = "all", .steps = 10};
   if (!bench_device_args_parse(argc, argv, MAX_STEPS, &args)) return 2;
   bool cuda = strcmp(args.which, "cpu") != 0 && fl_cuda_device_count() > 0;
   if (strcmp(args.which, "cuda") == 0 && !cuda) {
