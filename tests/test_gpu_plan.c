@@ -240,6 +240,16 @@ static void test_cut_is_optimal_against_brute_force(void **state) {
     assert_true(near(c.path_s, got));
     checked++;
   }
+  /* Units that cost nothing make ranges of equal cost, the largest among them (m = 1 looks at
+   * the largest only). */
+  for (int i = 0; i < 3; i++) u[i] = (plan_unit){0};
+  u[0].fwd[0].row_s = 1e-3;
+  test_link free_link = {0, 0};
+  plan_problem z = problem(2, 2, u, 3, tps, 1, &free_link);
+  int zb[3];
+  double zp;
+  assert_ok(plan_cut(&z, (pp_grid){1, 1, 2}, 1, zb, &zp));
+  assert_true(near(zp, 2e-3)); /* 2 samples of 1 ms */
   fprintf(stderr, "    %d cuts equal to brute force, %d cases where nothing fits\n", checked, limited);
   assert_true(checked > 150);
   assert_true(limited > 0);

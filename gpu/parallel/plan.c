@@ -172,9 +172,10 @@ static fl_status best_cut(const grid_model *gm, int *bounds, double *path) {
   qsort(cand, ncand, sizeof *cand, compare_double);
   double best_obj = INFINITY;
   /* With one micro-batch the objective is the sum alone: only the loosest bound matters. */
-  for (size_t c = gm->m == 1 ? ncand - 1 : 0; c < ncand; c++) {
+  size_t first = gm->m == 1 ? ncand - 1 : 0;
+  for (size_t c = first; c < ncand; c++) {
     double T = cand[c];
-    if (c > 0 && cand[c - 1] == T) continue;
+    if (c > first && cand[c - 1] == T) continue;
     if ((gm->m - 1) * T >= best_obj) break;
     for (size_t x = 0; x < (size_t)(P + 1) * w; x++) best[x] = INFINITY;
     best[0] = 0; /* no stage covers no unit */
