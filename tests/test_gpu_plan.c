@@ -27,6 +27,7 @@
 #include "run_child.h"
 #include "fashion_data.h"
 
+#include "common/common.h"
 #include "gpu/parallel/plan_profile.h"
 
 /* ---- made-up profiles ------------------------------------------------------------------- */
@@ -300,6 +301,21 @@ static void test_bad_problems_are_clear_errors(void **state) {
 
 /* ---- the profiler ------------------------------------------------------------------------ */
 
+/* The cost model as planners see it (gpu/comm/comm.h): the defaults without a communicator. */
+static void test_cost_model_for_planners(void **state) {
+  (void)state;
+  comm_cost_params *p = comm_cost_params_of(NULL);
+  assert_non_null(p);
+  assert_true(comm_cost_predict_allreduce(p, 1, 1 << 20) == 0);
+  assert_true(comm_cost_predict_allreduce(p, 4, 0) == 0);
+  double small = comm_cost_predict_allreduce(p, 4, 1 << 10), big = comm_cost_predict_allreduce(p, 4, 1 << 24);
+  assert_true(small > 0 && big > small && isfinite(big));
+  assert_true(comm_cost_predict_allreduce(p, 8, 1 << 24) >= comm_cost_predict_allreduce(p, 2, 1 << 24));
+  assert_true(comm_cost_predict_message(p, 0) == 0);
+  assert_true(comm_cost_predict_message(p, 1 << 20) > comm_cost_predict_message(p, 1 << 10));
+  common_free(p);
+}
+
 static void test_profile_of_a_tiny_model(void **state) {
   (void)state;
   tfm_spec spec = {.seq = 4, .features = 4, .hidden = 8, .heads = 2, .blocks = 1, .classes = 3, .dropout = 0.1f,
@@ -425,6 +441,7 @@ int main(void) {
       T(test_tensor_parallel_only_when_it_pays),
       T(test_cut_is_optimal_against_brute_force),
       T(test_bad_problems_are_clear_errors),
+      T(test_cost_model_for_planners),
       T(test_profile_of_a_tiny_model),
       T(test_plan_auto_end_to_end),
   };

@@ -55,7 +55,7 @@ typedef struct prof_group {
   fl_comm_endpoint **eps;
   plan_profile *out; /* rank 0 writes its measurements here */
   double wall[PLAN_MAX_ROWS][2]; /* scratch of rank 0: [rows][fwd, bwd] per unit */
-  comm_cost_params calibrated; /* rank 0's communicator's */
+  comm_cost_params *calibrated; /* rank 0's communicator's (owned by the group's caller) */
   bool calibrate_only;
   /* The cores test: every thread times one block at the largest size at once, no
    * communicator; per_op[r] is thread r's mean time of a forward and backward. */
@@ -78,12 +78,7 @@ static double median3(const double *v) {
 /* Seconds of the allreduces a unit's forward (or backward) makes at t ranks and `rows`. */
 static double unit_comm(const plan_profile *pr, const plan_unit *u, int t, double rows) {
   if (t < 2 || !u->tp_allreduces) return 0;
-  comm_cost_model m;
-  comm_cost_model_init(&m, t);
-  m.params = pr->comm;
-  size_t bytes = (size_t)(rows * u->out_row_bytes);
-  double s = comm_cost_predict(&m, comm_cost_best(&m, bytes), bytes);
-  return s > 0 ? u->tp_allreduces * s : 0;
+  return u->tp_allreduces * comm_cost_predict_allreduce(pr->comm, t, (size_t)(rows * u->out_row_bytes));
 }
 
 /* Line through (lo, a) and (hi, b), kept >= 0 in both terms. */
@@ -222,7 +217,8 @@ static void *prof_main(void *arg) {
     fl_comm_endpoint *ep = g->eps[me->rank];
     g->eps[me->rank] = NULL; /* taken by create, even on failure */
     FL_CHECK(fl_comm_host_create(ep, me->rank, g->size, g->addrs, PROFILE_TIMEOUT_MS, &comm));
-    if (me->rank == 0) g->calibrated = comm_cost_of(comm)->params;
+    if (me->rank == 0 && g->calibrate_only && !(g->calibrated = comm_cost_params_of(comm)))
+      FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for the cost model"));
   }
   if (g->calibrate_only) goto cleanup;
   if (g->cores_test) {
@@ -366,7 +362,9 @@ cleanup:
 void plan_profile_free(plan_profile *pr) {
   if (!pr) return;
   common_free(pr->unit);
+  common_free(pr->comm);
   pr->unit = NULL;
+  pr->comm = NULL;
 }
 
 fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const optim_options *o, int world,
@@ -387,17 +385,21 @@ fl_status plan_profile_measure(fl_device_kind kind, const tfm_spec *spec, const 
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     pr.cores = n > 0 ? (int)n : 1;
   }
-  comm_cost_defaults(&pr.comm);
+  if (!(pr.comm = comm_cost_params_of(NULL))) return FL_ERR(FL_ENOMEM, "out of memory for the cost model");
   memcpy(pr.rows, rows, (size_t)nrows * sizeof *rows);
   pr.unit = common_calloc((size_t)pr.units, sizeof *pr.unit);
-  if (!pr.unit) return FL_ERR(FL_ENOMEM, "out of memory for a profile of %d units", pr.units);
+  if (!pr.unit) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for a profile of %d units", pr.units));
   for (int t = 1; t <= world && pr.ntp < PLAN_MAX_TPS; t++)
     if (world % t == 0 && tfm_spec_check(spec, t) == FL_OK) pr.tp[pr.ntp++] = t;
   /* The calibration first: the tensor-parallel groups' times lose their allreduces by it. */
   if (world > 1) {
     prof_group cal = {.kind = kind, .spec = spec, .optim = o, .size = world, .out = &pr, .calibrate_only = true};
-    FL_CHECK(run_group(&cal));
-    pr.comm = cal.calibrated;
+    status = run_group(&cal);
+    if (cal.calibrated) {
+      common_free(pr.comm);
+      pr.comm = cal.calibrated;
+    }
+    FL_CHECK(status);
   }
   /* The cores the ranks really get (the host's, less what else runs on it): the same block
    * timed by one thread and by `world` threads at once. */
@@ -434,19 +436,13 @@ cleanup:
 
 static double allreduce_model(void *user, int ranks, double bytes) {
   const plan_profile *pr = user;
-  if (ranks < 2 || bytes <= 0) return 0;
-  comm_cost_model m;
-  comm_cost_model_init(&m, ranks);
-  m.params = pr->comm;
-  double s = comm_cost_predict(&m, comm_cost_best(&m, (size_t)bytes), (size_t)bytes);
-  return s > 0 ? s : 0;
+  return bytes > 0 ? comm_cost_predict_allreduce(pr->comm, ranks, (size_t)bytes) : 0;
 }
 
 /* A stage's message: one message's latency and its bytes at the same-host link's rate. */
 static double send_model(void *user, double bytes) {
   const plan_profile *pr = user;
-  if (bytes <= 0) return 0;
-  return pr->comm.intra.alpha + comm_link_beta(pr->comm.intra.beta, bytes) * bytes;
+  return bytes > 0 ? comm_cost_predict_message(pr->comm, (size_t)bytes) : 0;
 }
 
 void plan_profile_problem(const plan_profile *pr, plan_problem *p) {

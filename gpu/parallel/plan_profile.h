@@ -27,7 +27,7 @@
 #ifndef FLINT_GPU_PLAN_PROFILE_H
 #define FLINT_GPU_PLAN_PROFILE_H
 
-#include "gpu/comm/cost_model.h"
+#include "gpu/comm/comm.h"
 #include "gpu/parallel/plan.h"
 
 typedef struct plan_profile {
@@ -36,7 +36,7 @@ typedef struct plan_profile {
   int units;
   plan_unit *unit; /* units of them (owned) */
   int ntp, tp[PLAN_MAX_TPS];
-  comm_cost_params comm;      /* calibrated on `world` host ranks (the defaults for 1) */
+  comm_cost_params *comm;     /* calibrated on `world` host ranks (the defaults for 1); owned */
   double optimizer_s_per_byte;
   double state_copies;        /* gradients + the optimizer's state slots */
   int cores;                  /* online CPUs on cpu; 0 on cuda (a GPU each) */
