@@ -122,8 +122,8 @@ fl_status plan_search(const plan_problem *p, plan_choice *out, size_t max_out, s
 
 /* The prediction of one given plan (grid, m, bounds: NULL for the best cut of that grid and
  * m). FL_EINVAL for a grid that is not the world, a tp not in the profile, an m that does not
- * divide the replica's batch, or bad bounds; FL_ELIMIT when it does not fit the memory (out
- * still filled when the plan is otherwise valid). */
+ * divide the replica's batch, or bad bounds; FL_ELIMIT when it does not fit the memory (with
+ * bounds given, out is still filled, its memory_bytes saying how much it needs). */
 fl_status plan_evaluate(const plan_problem *p, pp_grid grid, int microbatches, const int *bounds,
                         plan_choice *out);
 
