@@ -397,6 +397,8 @@ static void test_plan_auto_end_to_end(void **state) {
                                                               "for --plan auto");
   expect_usage_error(RUN_FLINT("train", "--model", "mlp", "--data", "fashion-mnist", "--plan", "auto", "--world", "2"),
                      "--plan auto is for --model transformer");
+  expect_usage_error(RUN_FLINT("train", TFM, "--plan", "auto", "--world", "2", "--sequence-parallel"),
+                     "--plan auto plans --model transformer without --sequence-parallel");
   expect_usage_error(RUN_FLINT("train", TFM, "--plan", "auto", "--world", "3", "--batch", "32"),
                      "--batch 32 is not a multiple of --world 3");
   NEED_DATA();
