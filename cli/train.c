@@ -175,6 +175,13 @@ static const char train_usage_text[] =
     "  --blocks K          transformer blocks (default 2)\n"
     "  --dropout P         dropout probability, 0 <= P < 1 (default 0.1)\n"
     "  --seq S             --model gpt: bytes per sample (default 64)\n"
+    "  --plan auto         choose the grid, micro-batches and stage cut (Alpa-style: a profile of\n"
+    "                      the units, the calibrated links, a search): prints the plan and its\n"
+    "                      predicted step time, trains it and prints the measured one; --dp,\n"
+    "                      --tp, --pp, --microbatches, --schedule and --chunks are then errors\n"
+    "  --world W           the ranks --plan auto plans for (required with it)\n"
+    "  --plan-memory MB    a rank's memory for --plan auto (default: no limit)\n"
+    "  --plan-max-microbatches M  the most micro-batches --plan auto tries (default 32)\n"
     "  --experts E         mixture of experts: E expert MLPs in place of a block's MLP, spread\n"
     "                      over the --dp ranks (E a multiple of D; default 0: none)\n"
     "  --top-k K           experts per token, 1 (Switch) to E (default 2, GShard)\n"
@@ -244,7 +251,8 @@ static const struct option train_longopts[] = {
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
     VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
     VALUED("sync"), VALUED("compress"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
-    VALUED("ps-push"), VALUED("seq"), VALUED("experts"), VALUED("top-k"), VALUED("capacity-factor"),
+    VALUED("ps-push"), VALUED("seq"), VALUED("plan"), VALUED("world"), VALUED("plan-memory"),
+    VALUED("plan-max-microbatches"), VALUED("experts"), VALUED("top-k"), VALUED("capacity-factor"),
     VALUED("aux-alpha"), VALUED("moe-every"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
     SWITCH("recompute"), SWITCH("vertical-sync"), SWITCH("sequence-parallel"), SWITCH("no-decay-norm-bias"),
@@ -261,10 +269,12 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->csv_path = "flint-train.csv";
   o->svg_path = "flint-train.svg";
   o->progress = stdout;
+  o->plan_report = stdout;
   bool have_model = false, have_data = false;
   const char *test_data = NULL;
   const char *adam_opt = NULL, *lars_opt = NULL, *momentum_opt = NULL; /* given, for the checks at the end */
   bool eps_given = false, decay_given = false;
+  const char *grid_opt = NULL; /* the first of --dp/--ranks/--tp/--pp/--microbatches/--schedule/--chunks given */
   int c, index;
   optind = 0; /* afresh; argv - 1 is the command's name, getopt's argv[0] */
   while ((c = getopt_long(argc + 1, argv - 1, ":hV", train_longopts, &index)) != -1) {
@@ -485,8 +495,25 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->checkpoint_path = v;
     } else if (strcmp(opt, "--resume") == 0) {
       o->resume_path = v;
+    } else if (strcmp(opt, "--plan") == 0) {
+      if (strcmp(v, "auto") != 0) return train_usage_error("--plan '%s': the only plan is auto", v);
+      o->plan_auto = true;
+    } else if (strcmp(opt, "--world") == 0 || strcmp(opt, "--plan-max-microbatches") == 0) {
+      uint32_t *dst = opt[2] == 'w' ? &o->plan_world : &o->plan_max_microbatches;
+      if (!cli_parse_u32(v, dst) || *dst < 1 || *dst > 1024)
+        return train_usage_error("%s '%s' is not a whole number from 1 to 1024", opt, v);
+    } else if (strcmp(opt, "--plan-memory") == 0) {
+      if (!cli_parse_double(v, &o->plan_memory_mb) || !(o->plan_memory_mb > 0) || o->plan_memory_mb > 1e9)
+        return train_usage_error("--plan-memory '%s' is not a number of MiB in (0, 1e9]", v);
     }
+    if (!grid_opt && (strcmp(opt, "--dp") == 0 || strcmp(opt, "--ranks") == 0 || strcmp(opt, "--tp") == 0 ||
+                      strcmp(opt, "--pp") == 0 || strcmp(opt, "--microbatches") == 0 ||
+                      strcmp(opt, "--schedule") == 0 || strcmp(opt, "--chunks") == 0))
+      grid_opt = train_longopts[index].name;
   }
+  if (o->plan_auto && grid_opt)
+    return train_usage_error("--plan auto chooses --dp, --tp, --pp and --microbatches itself (1f1b, no --chunks, no "
+                             "--recompute), but --%s was given: leave it out, or drop --plan auto", grid_opt);
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
   if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer, gpt or FILE.so)");
   if (!have_data)
@@ -542,13 +569,16 @@ int cmd_train(int argc, char **argv) {
   optim_schedule sched;
   gpu_train_schedule(&o, &sched);
   bool hybrid = o.model == NN_TRANSFORMER;
-  uint32_t world = hybrid ? o.ranks * o.tp * o.pp : o.ranks;
+  uint32_t world = o.plan_auto ? o.plan_world : hybrid ? o.ranks * o.tp * o.pp : o.ranks;
   printf("training %s on %s: %u rank%s on %s, global batch %u (%u per rank), %s, lr %g x %u / 256 = %g, warmup %g "
          "epochs, %s decay, %u epochs\n",
          o.gpt ? "gpt" : nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), world, world == 1 ? "" : "s",
          o.device == FL_DEVICE_CPU ? "cpu" : "cuda", o.batch, o.batch / world, optim_kind_name(o.optim.kind), o.lr,
          o.batch, optim_schedule_peak_lr(&sched), o.warmup_epochs, optim_decay_name(o.decay), o.epochs);
-  if (hybrid)
+  if (o.plan_auto)
+    printf("grid         chosen by --plan auto for %u ranks (below); hidden %u, %u heads, %u blocks, dropout %g\n", world,
+           o.hidden, o.heads, o.blocks, o.dropout);
+  else if (hybrid)
     printf("grid         dp %u x tp %u x pp %u, %s schedule, %u micro-batch%s of %u, %u chunk%s per stage rank%s; "
            "hidden %u, %u heads, %u blocks, dropout %g\n",
            o.ranks, o.tp, o.pp, pp_schedule_name(o.schedule), o.microbatches, o.microbatches == 1 ? "" : "es",
@@ -621,6 +651,12 @@ int cmd_train(int argc, char **argv) {
     for (uint32_t p = 0; p < res.stages && p < GPU_TRAIN_MAX_STAGES; p++)
       printf(" %.1f KiB", (double)res.stage_peak_bytes[p] / 1024.0);
     printf("\n");
+    if (o.plan_auto && res.images_per_s > 0) {
+      double measured = o.batch / res.images_per_s;
+      printf("plan         dp %u x tp %u x pp %u, m %u: predicted %.2f ms a step, measured %.2f ms (%.2fx the "
+             "prediction)\n", res.plan_dp, res.plan_tp, res.plan_pp, res.plan_microbatches, res.plan_step_s * 1e3,
+             measured * 1e3, res.plan_step_s > 0 ? measured / res.plan_step_s : 0.0);
+    }
     if (o.timeline_csv_path) printf("timeline     %s\n", o.timeline_csv_path);
     if (o.timeline_svg_path) printf("timeline     %s\n", o.timeline_svg_path);
   }

@@ -275,6 +275,14 @@ static void test_options(void **state) {
   o.microbatches = 2;
   expect_invalid(&o, "--experts runs with the gpipe, 1f1b and interleaved schedules, not pipedream");
   o = gpt_options("unused.txt", 1, 1, 1, &r);
+  o.gpt = false; /* --plan auto plans the encoder only */
+  o.data = GPU_TRAIN_FASHION_MNIST;
+  o.data_path = NULL;
+  o.seq = 0;
+  o.plan_auto = true;
+  o.plan_world = 2;
+  expect_invalid(&o, "--experts does not run with --plan auto");
+  o = gpt_options("unused.txt", 1, 1, 1, &r);
   o.experts = 0;
   expect_invalid(&o, "need --experts");
   o = (gpu_train_options)GPU_TRAIN_OPTIONS_INIT;

@@ -29,6 +29,18 @@
  * gets the same answer. */
 fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes);
 
+/* The cost model for planners that predict groups they have not formed (gpu/parallel/plan.h).
+ * Its parameters (gpu/comm/cost_model.h) are opaque here: a copy of those c measured when it
+ * formed (c NULL: the defaults used without calibration), to be released with common_free;
+ * NULL when out of memory. */
+typedef struct comm_cost_params comm_cost_params;
+comm_cost_params *comm_cost_params_of(const fl_comm *c);
+/* Predicted seconds, by p, of an allreduce of `bytes` over `ranks` ranks on one host (by
+ * AUTO's algorithm, the least predicted), and of one message of `bytes` between two of them
+ * (latency plus the bytes at the link's rate). 0 for no bytes or fewer than 2 ranks. */
+double comm_cost_predict_allreduce(const comm_cost_params *p, int ranks, size_t bytes);
+double comm_cost_predict_message(const comm_cost_params *p, size_t bytes);
+
 /* Element types a collective may carry on the wire: the public calls move fp32; the
  * gradient-compression hooks (gpu/parallel/) also allreduce 16-bit floats. */
 typedef enum comm_dtype { COMM_F32 = 0, COMM_F16, COMM_BF16 } comm_dtype;

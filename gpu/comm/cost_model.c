@@ -243,3 +243,30 @@ double comm_predict_seconds(const fl_comm *c, fl_allreduce_algo algo, size_t byt
   if (algo == FL_ALLREDUCE_AUTO) algo = comm_pick_algo(c, bytes);
   return comm_cost_predict(&c->cost, algo, bytes);
 }
+
+/* ---- for planners (gpu/comm/comm.h) ------------------------------------------------------ */
+
+comm_cost_params *comm_cost_params_of(const fl_comm *c) {
+  comm_cost_params *p = common_malloc(sizeof *p);
+  if (!p) return NULL;
+  const comm_cost_model *m = c ? comm_cost_of(c) : NULL;
+  if (m)
+    *p = m->params;
+  else
+    comm_cost_defaults(p);
+  return p;
+}
+
+double comm_cost_predict_allreduce(const comm_cost_params *p, int ranks, size_t bytes) {
+  if (!p || ranks < 2 || bytes == 0) return 0;
+  comm_cost_model m;
+  comm_cost_model_init(&m, ranks);
+  m.params = *p;
+  double s = comm_cost_predict(&m, comm_cost_best(&m, bytes), bytes);
+  return s > 0 ? s : 0;
+}
+
+double comm_cost_predict_message(const comm_cost_params *p, size_t bytes) {
+  if (!p || bytes == 0) return 0;
+  return p->intra.alpha + comm_link_beta(p->intra.beta, (double)bytes) * (double)bytes;
+}

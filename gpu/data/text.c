@@ -113,20 +113,12 @@ fl_status data_load_text(fl_context *ctx, const char *path, uint32_t seq, data_s
                 .block_images = o.block_images ? o.block_images : DEFAULT_BLOCK_WINDOWS,
                 .interleave = data_layout_run(&o)};
   fl_buf arg = FL_BUF_INIT, source = FL_BUF_INIT;
-  fl_dataset *seeds = NULL, *blocks = NULL;
+  fl_dataset *blocks = NULL;
   fl_status s = fl_buf_append(&arg, &a, sizeof a);
   if (s == FL_OK) s = fl_buf_append(&arg, abs, strlen(abs) + 1);
-  if (s == FL_OK) s = fl_range(ctx, 0, parts, 1, parts, &seeds);
-  if (s == FL_OK) s = fl_map_partitions(seeds, gpu_data_text_partition, arg.data, arg.len, &blocks);
-  if (s == FL_OK) s = fl_persist(blocks, FL_MEMORY_ONLY);
-  if (s == FL_OK) s = data_source_encode(SOURCE_TEXT, arg.data, arg.len, &source);
-  fl_dataset_free(seeds);
+  if (s == FL_OK) s = data_source_load(ctx, SOURCE_TEXT, parts, gpu_data_text_partition, arg.data, arg.len, &blocks, &source);
   fl_buf_free(&arg);
-  if (s != FL_OK) {
-    fl_dataset_free(blocks);
-    fl_buf_free(&source);
-    return s;
-  }
+  if (s != FL_OK) return s;
   *out = (data_set){.blocks = blocks, .images = windows, .channels = 1, .height = 1, .width = seq + 1,
                     .classes = DATA_TEXT_VOCAB, .partitions = parts, .source = source};
   return FL_OK;

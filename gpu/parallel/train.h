@@ -235,6 +235,16 @@ typedef struct gpu_train_options {
    * --recompute selective (transformer.h's tfm_spec) */
   bool sequence_parallel;
   bool recompute_selective;
+  /* --plan auto (--model transformer, gpu/parallel/plan.h): the grid, the micro-batches and
+   * the stage cut are chosen for plan_world ranks from a profile this process takes after
+   * loading the data; ranks, tp, pp, microbatches, chunks, schedule and recompute must then be
+   * left at their defaults (the plan sets them: 1F1B, no interleaving, no recompute). The plan,
+   * its runner-ups and its predicted step time are printed on plan_report (NULL: not). */
+  bool plan_auto;
+  uint32_t plan_world;
+  double plan_memory_mb;          /* a rank's memory for the plan (0: no limit) */
+  uint32_t plan_max_microbatches; /* largest m tried (0: 32) */
+  FILE *plan_report;
   /* --model transformer and gpt: --experts E makes the MLP of every --moe-every-th block
    * (0: 1, every block) a mixture of E experts (transformer.h's spec.experts), spread over
    * the --dp ranks (E a multiple of dp), routed to --top-k experts a token (0: 2) with
@@ -249,7 +259,8 @@ typedef struct gpu_train_options {
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
    false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, \
-   false, 0, false, false, 0, false, false, 0, 0, 0, 0, -1}
+   false, 0, false, false, 0, false, false, \
+   false, 0, 0, 0, NULL, 0, 0, 0, 0, -1}
 
 /* Most pipeline stages whose peak activation memory a result reports. */
 #define GPU_TRAIN_MAX_STAGES 64
@@ -292,6 +303,10 @@ typedef struct gpu_train_result {
   /* --model transformer: the bandwidth between pipeline stages measured for the partitioner
    * (bytes/s; 0 with one stage or a given cut) */
   double link_bytes_per_s;
+  /* --plan auto: the plan run (its grid is dp x tp x pp) and its predicted step time; the
+   * measured one is batch / images_per_s */
+  uint32_t plan_dp, plan_tp, plan_pp, plan_microbatches;
+  double plan_step_s;
   /* --experts: the last epoch's mean balancing loss (weighted, not in train_loss) and the
    * fraction of expert choices dropped over capacity */
   double aux_loss, dropped_fraction;

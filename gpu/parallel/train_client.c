@@ -361,6 +361,15 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   if (!ctx) return fl_set_error(FL_EINVAL, "gpu_train_run_in: ctx is NULL");
   fl_status status = gpu_train_options_validate(o);
   if (status != FL_OK) return status;
+  /* --plan auto: the data is laid out for the world (any grid of it reads the same), the
+   * plan is chosen once its shape is known, below; until then the world is data parallel. */
+  gpu_train_options planned;
+  gpu_train_result plan_res = {0};
+  if (o->plan_auto) {
+    planned = *o;
+    planned.ranks = o->plan_world;
+    o = &planned;
+  }
   data_set train = {0}, test = {0};
   fl_dataset *pair = NULL, *trained = NULL;
   fl_records *out = NULL;
@@ -389,6 +398,16 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .blocks = o->blocks, .dropout = (float)o->dropout, .trick = o->trick, .gpt = o->gpt,
                  .seq = o->gpt ? (o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ) : 0,
                  .sequence_parallel = o->sequence_parallel, .recompute_selective = o->recompute_selective};
+  if (o->plan_auto) {
+    FL_CHECK(train_plan_choose(&planned, train.channels, train.height, train.width, train.classes, &a, &plan_res));
+    /* The plan's grid passes the checks a given one would. */
+    gpu_train_options check = planned;
+    check.plan_auto = false;
+    check.plan_world = 0;
+    check.plan_memory_mb = 0;
+    check.plan_max_microbatches = 0;
+    FL_CHECK(gpu_train_options_validate(&check));
+  }
   gpu_train_schedule(o, &a.schedule);
   a.experts = o->experts;
   gpu_train_experts(o, &a.top_k, &a.moe_every, &a.capacity_factor, &a.moe_alpha);
@@ -516,6 +535,11 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .link_bytes_per_s = last.link_bytes_per_s, .aux_loss = last.aux_loss,
                                  .dropped_fraction = last.dropped_fraction};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
+    result->plan_dp = plan_res.plan_dp;
+    result->plan_tp = plan_res.plan_tp;
+    result->plan_pp = plan_res.plan_pp;
+    result->plan_microbatches = plan_res.plan_microbatches;
+    result->plan_step_s = plan_res.plan_step_s;
   }
 cleanup:
   train_events_end(&c.events, status);

@@ -476,7 +476,8 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
       FL_CHECK(got);
     }
   }
-  FL_CHECK(hybrid_setup(&r, in, restore ? bounds : NULL));
+  /* The checkpoint's cut, else --plan auto's, else the partitioner's. */
+  FL_CHECK(hybrid_setup(&r, in, restore ? bounds : a.plan_cut ? (const int *)a.plan_bounds : NULL));
   if (restore) FL_CHECK(restore_checkpoint(&r, shards, &cs));
 
   uint64_t steps = 0;

@@ -139,11 +139,47 @@ static fl_status validate_experts(const gpu_train_options *o) {
   if (o->schedule == PP_PIPEDREAM || o->schedule == PP_2BW)
     return fl_set_error(FL_EINVAL, "--experts runs with the gpipe, 1f1b and interleaved schedules, not %s",
                         pp_schedule_name(o->schedule));
+  if (o->plan_auto)
+    return fl_set_error(FL_EINVAL, "--experts does not run with --plan auto (the plan's profile and cost model "
+                        "have no experts)");
   return FL_OK;
 }
 
 /* The grid's and the transformer's options (--model transformer), or their absence. */
+/* --plan auto and its options; the grid it chooses is checked as a given one would be. */
+static fl_status validate_plan(const gpu_train_options *o) {
+  if (!o->plan_auto) {
+    if (o->plan_world || o->plan_memory_mb != 0 || o->plan_max_microbatches)
+      return fl_set_error(FL_EINVAL, "--world, --plan-memory and --plan-max-microbatches are for --plan auto");
+    return FL_OK;
+  }
+  if (o->model != NN_TRANSFORMER) return fl_set_error(FL_EINVAL, "--plan auto is for --model transformer");
+  /* The profile and the model are the image transformer's, without the 2022 options. */
+  if (o->gpt || o->sequence_parallel || o->recompute_selective)
+    return fl_set_error(FL_EINVAL, "--plan auto plans --model transformer without --sequence-parallel or selective "
+                        "recomputation (not --model gpt)");
+  if (o->ranks != 1 || o->tp != 1 || o->pp != 1 || o->microbatches != 1 || o->chunks != 1 ||
+      o->schedule != PP_1F1B || o->recompute)
+    return fl_set_error(FL_EINVAL, "--plan auto chooses --dp, --tp, --pp and --microbatches itself (1f1b, no "
+                        "--chunks, no --recompute): leave them out and give --world");
+  if (o->plan_world < 1 || o->plan_world > 1024)
+    return fl_set_error(FL_EINVAL, "--plan auto needs --world W, the ranks to plan for (1 to 1024)");
+  if (o->batch % o->plan_world)
+    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --world %u (each rank reads batch / world "
+                        "images a step)", o->batch, o->plan_world);
+  if (!(o->plan_memory_mb >= 0) || !isfinite(o->plan_memory_mb))
+    return fl_set_error(FL_EINVAL, "--plan-memory %g MiB must be a number >= 0 (0: no limit)", o->plan_memory_mb);
+  if (o->plan_max_microbatches > 1024)
+    return fl_set_error(FL_EINVAL, "--plan-max-microbatches %u is over 1024", o->plan_max_microbatches);
+  if (o->max_test_images && o->max_test_images < o->plan_world)
+    return fl_set_error(FL_EINVAL, "--test-images %llu is less than the %u ranks (each rank evaluates a share)",
+                        (unsigned long long)o->max_test_images, o->plan_world);
+  return FL_OK;
+}
+
 static fl_status validate_hybrid(const gpu_train_options *o) {
+  fl_status ps = validate_plan(o);
+  if (ps != FL_OK) return ps;
   if (o->model != NN_TRANSFORMER) {
     if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute || o->window || o->vertical_sync ||
         o->timeline_csv_path || o->timeline_svg_path || o->sequence_parallel || o->recompute_selective)

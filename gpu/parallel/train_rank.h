@@ -108,6 +108,10 @@ typedef struct train_arg {
   bool gpt;
   uint32_t seq;
   bool sequence_parallel, recompute_selective;
+  /* --plan auto: the plan's stage cut (pp + 1 unit boundaries) when plan_cut; else the
+   * partitioner's */
+  bool plan_cut;
+  int32_t plan_bounds[GPU_TRAIN_MAX_STAGES + 1];
   /* --experts (0: none) and the rest with their defaults applied */
   uint32_t experts, top_k, moe_every;
   float capacity_factor, moe_alpha;
@@ -182,6 +186,12 @@ FL_API fl_status gpu_train_ps_worker(uint32_t partition, fl_iter *in, fl_emitter
  * res->stage_peak_bytes and writes the timeline files the options name. FL_EFORMAT for a
  * malformed record, FL_EIO for the files. */
 fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_train_result *res);
+/* --plan auto: profiles the transformer of o (its images channels x height x width of
+ * `classes`), searches the plan for o->plan_world ranks, prints it on o->plan_report and sets
+ * o's ranks, tp, pp and microbatches and a's stage cut to it; res gets its grid and
+ * prediction. FL_EINVAL or FL_ELIMIT (nothing fits --plan-memory) naming the cause. */
+fl_status train_plan_choose(gpu_train_options *o, uint32_t channels, uint32_t height, uint32_t width,
+                            uint32_t classes, train_arg *a, gpu_train_result *res);
 /* The same record's forwards and backwards of one data-parallel, tensor-parallel replica (dp
  * and tp index 0), a stage a row, as TrainPipeline's Stages (docs/ui.md): a JSON array into
  * *out, times in ms since the step's start (the measured last step). Left empty when the
