@@ -30,7 +30,7 @@ static fl_device *cpu;
 
 #define SEQ 4
 #define FEATURES 3
-#define MAX_ROWS 64
+#define MAX_ROWS 128
 #define MAX_STEPS 8
 
 static tfm_spec spec_small(void) {
@@ -256,6 +256,8 @@ static fl_status keep_values(pp_trainer *t, run *rs, int rank) {
   return FL_OK;
 }
 
+static int ranks_of(const run *rs);
+
 static fl_status trainer_rank(rank_job *job) {
   run *rs = job->arg;
   pp_trainer *t = NULL;
@@ -272,9 +274,9 @@ static fl_status trainer_rank(rank_job *job) {
   rs->stage[job->rank] = me.pp;
   rs->dp_index[job->rank] = me.dp;
   rs->tp_index[job->rank] = me.tp;
-  if (rs->o.replicas) /* ranks of a stage are consecutive: its replica is the offset */
-    for (int s2 = 0, base = 0; s2 < rs->o.grid.pp; base += rs->o.replicas[s2], s2++)
-      if (s2 == me.pp) rs->replica[job->rank] = job->rank - base;
+  if (rs->o.replicas) /* ranks of a stage are consecutive in each pipeline: its replica is the offset */
+    for (int s2 = 0, base = 0, per = ranks_of(rs) / rs->o.grid.dp; s2 < rs->o.grid.pp; base += rs->o.replicas[s2], s2++)
+      if (s2 == me.pp) rs->replica[job->rank] = job->rank % per - base;
   for (int k = 0; k < rs->steps && s == FL_OK;) {
     int count = rs->window ? rs->window : 1;
     if (count > rs->steps - k) count = rs->steps - k;
@@ -316,7 +318,7 @@ static int ranks_of(const run *rs) {
   if (rs->o.replicas) {
     int n = 0;
     for (int s = 0; s < rs->o.grid.pp; s++) n += rs->o.replicas[s];
-    return n;
+    return n * rs->o.grid.dp;
   }
   return rs->o.grid.dp * rs->o.grid.tp * rs->o.grid.pp;
 }
@@ -640,23 +642,26 @@ static void test_2bw_one_stale(void **state) {
   run_free(&sync);
 }
 
-/* Stage replication (1F1B-RR): the replicated pipeline trains as the unreplicated one. */
+/* Stage replication (1F1B-RR): the replicated pipeline trains as the unreplicated one, and
+ * dp replicated pipelines as one unreplicated pipeline on the global batch. */
 static void test_replicated_stages(void **state) {
   (void)state;
   static const int reps_a[] = {1, 2}, reps_b[] = {2, 1}, reps_c[] = {1, 3, 1, 1};
-  const int *reps[] = {reps_a, reps_b, reps_c};
-  const int pps[] = {2, 2, 4};
-  const pp_schedule kinds[] = {PP_1F1B, PP_GPIPE, PP_1F1B};
-  for (int i = 0; i < 3; i++) {
+  const int *reps[] = {reps_a, reps_b, reps_c, reps_a, reps_b};
+  const int pps[] = {2, 2, 4, 2, 2}, dps[] = {1, 1, 1, 2, 3};
+  const pp_schedule kinds[] = {PP_1F1B, PP_GPIPE, PP_1F1B, PP_1F1B, PP_GPIPE};
+  for (int i = 0; i < 5; i++) {
     run plain = run_of((pp_grid){1, 1, pps[i]}, kinds[i], 4, 4, 0);
-    run rr = run_of((pp_grid){1, 1, pps[i]}, kinds[i], 4, 4, 0);
+    run rr = run_of((pp_grid){dps[i], 1, pps[i]}, kinds[i], 4, 4, 0);
+    rr.batch = plain.batch = 8 * dps[i]; /* m 4 on each replica's batch of 8 */
+    plain.o.microbatches = 4 * dps[i];
     rr.o.replicas = reps[i];
     run_on(&plain);
     run_on(&rr);
     expect_same_losses(&rr, &plain, 1e-6);
     double worst = values_difference(&rr, &plain);
-    fprintf(stderr, "  %s, %d stages, replicas %d,%d,...: 4 steps within %.3g of the unreplicated run\n",
-            pp_schedule_name(kinds[i]), pps[i], reps[i][0], reps[i][1], worst);
+    fprintf(stderr, "  %s, dp %d x %d stages, replicas %d,%d,...: 4 steps within %.3g of the unreplicated run\n",
+            pp_schedule_name(kinds[i]), dps[i], pps[i], reps[i][0], reps[i][1], worst);
     assert_true(worst <= 1e-6);
     /* every replica of a stage holds the same weights */
     int n = ranks_of(&rr);

@@ -68,6 +68,12 @@ static int stage_peer(const pp_trainer *t, int stage, int mb) {
   return t->stage_rank0[stage] + pp_replica_of(mb, t->stage_replicas[stage]);
 }
 
+/* The loss gradient's scale: the mean over the replica's batch; with replicated stages, over
+ * the global batch, as the stage's replicas in every pipeline then SUM their gradients. */
+static float grad_scale(const pp_trainer *t, const step_ctx *sc) {
+  return 1.0f / ((float)sc->batch * (float)(t->stage_replicas ? t->o.grid.dp : 1));
+}
+
 static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, bool train) {
   const tfm_spec *sp = &t->o.spec;
   chunk_state *cs = &t->chunks[op->chunk];
@@ -103,7 +109,7 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
                                     (size_t)sc->mbs * sizeof(int32_t)));
     FL_CHECK(tensor_ensure(&sl->dlogits, t->dev, y->ndim, y->shape));
     FL_CHECK(t->dev->ops->softmax_xent(t->dev, sc->mbs, sp->classes, y->data, sl->labels, 0.0f,
-                                       train ? 1.0f / (float)sc->batch : 0.0f, sl->dlogits.data,
+                                       train ? grad_scale(t, sc) : 0.0f, sl->dlogits.data,
                                        t->stats.data));
     if (t->async && (mb + 1) % t->o.microbatches == 0)
       FL_CHECK(pp_versions_take_sums(t, mb / t->o.microbatches));
@@ -262,8 +268,9 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
   fl_status status = FL_OK;
   step_ctx sc = {x, labels, batch, batch / m, step, m};
   FL_CHECK(run_schedule(t, &sc, st));
-  if (t->stage_replicas && t->stage_replicas[t->chunks[0].stage] > 1) {
-    /* Each replica holds its micro-batches' share of the mini-batch's mean gradient. */
+  if (t->stage_replicas && fl_comm_size(t->dp) > 1) {
+    /* Each replica holds its micro-batches' share of the global batch's mean gradient (every
+     * pipeline's replicas of the stage are in the group). */
     double t0 = pp_timeline_now(t);
     FL_CHECK(fl_comm_allreduce(t->dp, tfm_chunk_grads(t->chunks[0].chunk), FL_REDUCE_SUM));
     FL_CHECK(pp_timeline_add(t, PP_EV_ALLREDUCE, -1, -1, t0));

@@ -170,10 +170,10 @@ cleanup:
 
 /* ---- create and destroy --------------------------------------------------------------------- */
 
-/* Replicated stages: dp 1, tp 1, one chunk, a flushing 1F1B-like schedule, world = sum. */
+/* Replicated stages: tp 1, one chunk, a flushing 1F1B-like schedule, world = dp x sum. */
 static fl_status check_replicas(const pp_options *o, int world) {
-  if (o->grid.dp != 1 || o->grid.tp != 1 || o->grid.pp < 1 || (o->chunks != 0 && o->chunks != 1))
-    return fl_set_error(FL_EINVAL, "replicated stages need dp 1, tp 1 and one chunk per stage (got %dx%dx%d, %d "
+  if (o->grid.dp < 1 || o->grid.tp != 1 || o->grid.pp < 1 || (o->chunks != 0 && o->chunks != 1))
+    return fl_set_error(FL_EINVAL, "replicated stages need tp 1 and one chunk per stage (got %dx%dx%d, %d "
                         "chunks)", o->grid.dp, o->grid.tp, o->grid.pp, o->chunks);
   if (o->schedule != PP_GPIPE && o->schedule != PP_1F1B)
     return fl_set_error(FL_EINVAL, "replicated stages run gpipe or 1f1b (1F1B-RR), not %s",
@@ -184,8 +184,9 @@ static fl_status check_replicas(const pp_options *o, int world) {
       return fl_set_error(FL_EINVAL, "stage %d has %d replicas (needs 1..64)", s, o->replicas[s]);
     sum += o->replicas[s];
   }
-  if (sum != world)
-    return fl_set_error(FL_EINVAL, "the stages' replicas add up to %ld ranks, but the world has %d", sum, world);
+  if (sum * o->grid.dp != world)
+    return fl_set_error(FL_EINVAL, "the stages' replicas add up to %ld ranks a pipeline, x dp %d = %ld, but the "
+                        "world has %d", sum, o->grid.dp, sum * o->grid.dp, world);
   return FL_OK;
 }
 
@@ -276,32 +277,35 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   FL_CHECK(cpu_device_init(&t->host));
   pp_grid g = o->grid;
   if (o->replicas) {
-    /* Stage s on ranks [stage_rank0[s], + replicas[s]): the world's order is the pipeline's. */
+    /* Pipeline d is world ranks [d S, (d + 1) S) (S = the sum of the replicas), its stage s
+     * ranks [stage_rank0[s], + replicas[s]) of them: the world's order is the pipelines'. */
     t->stage_rank0 = common_calloc((size_t)g.pp, sizeof *t->stage_rank0);
     t->stage_replicas = common_calloc((size_t)g.pp, sizeof *t->stage_replicas);
     if (!t->stage_rank0 || !t->stage_replicas) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for a trainer"));
-    int rank = fl_comm_rank(world);
+    int rank = fl_comm_rank(world), per = fl_comm_size(world) / g.dp, q = rank % per;
     for (int s = 0, base = 0; s < g.pp; base += o->replicas[s], s++) {
       t->stage_rank0[s] = base;
       t->stage_replicas[s] = o->replicas[s];
-      if (rank >= base && rank < base + o->replicas[s]) {
-        t->me = (pp_coords){.dp = 0, .tp = 0, .pp = s};
-        t->replica = rank - base;
+      if (q >= base && q < base + o->replicas[s]) {
+        t->me = (pp_coords){.dp = rank / per, .tp = 0, .pp = s};
+        t->replica = q - base;
       }
     }
   }
   pp_coords me = t->me;
   /* The three splits, in the same order on every rank (each is collective over world). With
-   * replicated stages the tensor group is the rank alone, the data-parallel group the stage's
-   * replicas and the pipeline group the world. */
+   * replicated stages the tensor group is the rank alone, the data-parallel group every
+   * replica of the rank's stage in every pipeline (their gradients are summed) and the
+   * pipeline group the rank's pipeline. */
   int rank = fl_comm_rank(world);
+  int dp_key = o->replicas ? me.dp * o->replicas[me.pp] + t->replica : me.dp;
   FL_CHECK(fl_comm_split(world, o->replicas ? rank : me.pp * g.dp + me.dp, me.tp, &t->tp));
-  FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, o->replicas ? t->replica : me.dp, &t->dp));
+  FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, dp_key, &t->dp));
   fl_comm *stages = o->stage_world ? o->stage_world : world;
   if (fl_comm_size(stages) != fl_comm_size(world) || fl_comm_rank(stages) != fl_comm_rank(world))
     FL_CHECK(fl_set_error(FL_EINVAL, "the stage communicator is rank %d of %d, the world rank %d of %d",
                           fl_comm_rank(stages), fl_comm_size(stages), fl_comm_rank(world), fl_comm_size(world)));
-  FL_CHECK(fl_comm_split(stages, o->replicas ? 0 : me.dp * g.tp + me.tp, o->replicas ? rank : me.pp, &t->pp));
+  FL_CHECK(fl_comm_split(stages, o->replicas ? me.dp : me.dp * g.tp + me.tp, o->replicas ? rank : me.pp, &t->pp));
   if (g.pp > 1 && strcmp(fl_comm_backend(t->pp), "host") != 0)
     FL_CHECK(fl_set_error(FL_EINVAL, "pipeline stages exchange activations over the host backend, "
                           "but the world communicator is %s", fl_comm_backend(t->pp)));
