@@ -210,6 +210,11 @@ static void test_bad_transformer_options_exit_2(void **state) {
                      "8 stages, but the model has only 4 units");
   expect_usage_error(RUN_FLINT("train", TFM, "--bucket-mb", "1"), "--bucket-mb is for the data-parallel models");
   expect_usage_error(RUN_FLINT("train", TFM, "--resume", "x.ckpt"), "--resume is for the data-parallel models");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,x"), "--replicas '1,x' is not a list of replica counts");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,2", "--pp", "3"), "--replicas names 2 stages but --pp is 3");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,3", "--schedule", "pipedream"),
+                     "--replicas runs --schedule gpipe or 1f1b");
+  expect_usage_error(RUN_FLINT("train", BASE, "--replicas", "2"), "are for --model transformer");
 }
 
 /* A short run of the hybrid trainer prints the grid, the bubble beside the theory and each

@@ -119,6 +119,9 @@ typedef enum gpu_train_sync {
 /* True for asp and ssp: the modes whose workers are parameter-server workers. */
 #define GPU_TRAIN_SYNC_IS_PS(s) ((s) == GPU_TRAIN_SYNC_ASP || (s) == GPU_TRAIN_SYNC_SSP)
 
+/* Most pipeline stages (--pp), whose peak activation memory a result reports. */
+#define GPU_TRAIN_MAX_STAGES 64
+
 typedef struct gpu_train_options {
   const char *master;    /* the context's master (NULL: "local[*]") */
   nn_model_kind model;   /* mlp, cnn, resnet18 */
@@ -223,16 +226,20 @@ typedef struct gpu_train_options {
    * (0: 8), and pipedream's vertical sync (gpu/parallel/pipeline_schedule.h) */
   uint32_t window;
   bool vertical_sync;
+  /* --replicas R0,R1,...: stage s of the pipeline runs on replicas[s] ranks that take its
+   * micro-batches round robin (PipeDream's 1F1B-RR, pp_options.replicas); pp entries, the rest
+   * 0 (all 0: one rank a stage). Then the world is ranks x sum(replicas) barrier tasks, pipeline
+   * d being tasks [d S, (d + 1) S) (S the sum), stage by stage; --tp 1, --chunks 1, gpipe or
+   * 1f1b. */
+  uint32_t replicas[GPU_TRAIN_MAX_STAGES];
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, false, 0, false}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, false, 0, false, {0}}
 
-/* Most pipeline stages whose peak activation memory a result reports. */
-#define GPU_TRAIN_MAX_STAGES 64
 
 typedef struct gpu_train_result {
   uint32_t epochs;        /* epochs completed */
@@ -290,6 +297,12 @@ FL_API fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out
  * names the text otherwise. */
 FL_API fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau, uint32_t *staleness);
 FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
+/* The barrier tasks a run has: --ranks for the data-parallel models; for the transformer
+ * dp x tp x pp, or dp x sum(replicas) with replicated stages. */
+FL_API uint32_t gpu_train_world(const gpu_train_options *opts);
+/* --replicas "R0,R1,...": 1 to GPU_TRAIN_MAX_STAGES counts, each 1 to 64, into out (the rest
+ * zeroed) and their number into *stages. FL_EINVAL names the text. */
+FL_API fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch
  * 100 is not a multiple of --ranks 3"). Pure; gpu_train_run calls it first. */

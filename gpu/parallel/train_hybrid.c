@@ -29,10 +29,11 @@
  * pieces: its messages are at most 1 MiB), which puts:
  *   off  size
  *     0     8  magic "FLNTSHRD"
- *     8     4  version (1)
+ *     8     4  version (1; 2 with replicated stages)
  *    12    16  dp, tp, pp, chunks (u32 each)
  *    28     4  n = pp x chunks + 1, then n u32: the stage cut (unit boundaries), which a
  *              retry builds its trainer with (the partitioner's profile might cut otherwise)
+ *   ..         version 2 (replicated stages) only: pp u32, each stage's replicas
  *   ..         per task in task order: u64 bytes, then per chunk: u64 bytes, a checkpoint blob
  * A retried attempt restores its own shard after checking the grid; `--checkpoint` writes the
  * same blob to the file.
@@ -57,6 +58,7 @@
 
 #define SHARD_MAGIC "FLNTSHRD"
 #define SHARD_VERSION 1u
+#define SHARD_VERSION_REPLICATED 2u /* version 1 and the stages' replica counts */
 #define GATHER_PIECE (1u << 20) /* fl_barrier_all_gather's limit per message */
 #define EVENT_BYTES 32u
 
@@ -207,7 +209,7 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
   if (r->rank == 0) {
     joined->len = 0;
     FL_CHECK(fl_buf_append(joined, SHARD_MAGIC, 8));
-    put_u32(joined, SHARD_VERSION, &status);
+    put_u32(joined, r->a->replicas[0] ? SHARD_VERSION_REPLICATED : SHARD_VERSION, &status);
     put_u32(joined, (uint32_t)r->grid.dp, &status);
     put_u32(joined, (uint32_t)r->grid.tp, &status);
     put_u32(joined, (uint32_t)r->grid.pp, &status);
@@ -217,6 +219,8 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
     uint32_t nb = (uint32_t)(r->grid.pp * pp_trainer_num_chunks(r->trainer)) + 1;
     put_u32(joined, nb, &status);
     for (uint32_t i = 0; i < nb; i++) put_u32(joined, (uint32_t)pp_trainer_bounds(r->trainer)[i], &status);
+    if (r->a->replicas[0])
+      for (int s = 0; s < r->grid.pp; s++) put_u32(joined, r->a->replicas[s], &status);
     for (uint32_t i = 0; i < r->world && status == FL_OK; i++) {
       put_u64(joined, all[i].len, &status);
       if (status == FL_OK) status = fl_buf_append(joined, all[i].data, all[i].len);
@@ -231,17 +235,20 @@ cleanup:
   return status;
 }
 
-/* Reads a joined checkpoint's header: checks it against the run's grid and v chunks and
- * copies the stage cut into bounds (pp x v + 1 of them); *c is left at rank 0's shard.
- * FL_EFORMAT names what is wrong. */
-static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, int *bounds, cursor *c) {
+/* Reads a joined checkpoint's header: checks it against the run's grid, v chunks and replicas
+ * (all 0: none) and copies the stage cut into bounds (pp x v + 1 of them); *c is left at rank
+ * 0's shard. FL_EFORMAT names what is wrong. */
+static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, const uint32_t *replicas, int *bounds,
+                             cursor *c) {
   *c = (cursor){blob.data, blob.data + blob.len};
   char magic[8];
   uint32_t head[6];
   if (!cursor_take(c, magic, 8) || memcmp(magic, SHARD_MAGIC, 8) != 0 || !cursor_take(c, head, sizeof head))
     return fl_set_error(FL_EFORMAT, "the stage's checkpoint is not a sharded one (magic %s)", SHARD_MAGIC);
-  if (head[0] != SHARD_VERSION)
-    return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u (this is %u)", head[0], SHARD_VERSION);
+  uint32_t want = replicas[0] ? SHARD_VERSION_REPLICATED : SHARD_VERSION;
+  if (head[0] != want)
+    return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u, but this run's is %u (%s)", head[0], want,
+                        replicas[0] ? "replicated stages" : "no replicated stage");
   uint32_t nb = (uint32_t)g.pp * chunks + 1;
   if (head[1] != (uint32_t)g.dp || head[2] != (uint32_t)g.tp || head[3] != (uint32_t)g.pp || head[4] != chunks ||
       head[5] != nb)
@@ -252,6 +259,11 @@ static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, int *bou
     if (!cursor_take(c, &b, sizeof b) || b > (1u << 20) || (i > 0 && (int)b <= bounds[i - 1]))
       return fl_set_error(FL_EFORMAT, "the checkpoint's stage cut is malformed at boundary %u", i);
     bounds[i] = (int)b;
+  }
+  for (int s = 0; replicas[0] && s < g.pp; s++) {
+    uint32_t n;
+    if (!cursor_take(c, &n, sizeof n) || n != replicas[s])
+      return fl_set_error(FL_EFORMAT, "the checkpoint's stage %d has other replicas than this run's %u", s, replicas[s]);
   }
   return FL_OK;
 }
@@ -302,12 +314,31 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   const train_arg *a = r->a;
   fl_status status = FL_OK;
   r->grid = (pp_grid){(int)a->dp, (int)a->tp, (int)a->pp};
-  FL_CHECK(pp_grid_check(r->grid, (int)r->world));
-  /* Tasks are numbered replica by replica (their partitions hold the replicas' rows in
-   * order); the grid's rank order puts tensor-parallel ranks innermost, then replicas. */
-  uint32_t replica_size = a->tp * a->pp, q = r->rank % replica_size;
-  r->me = (pp_coords){.dp = (int)(r->rank / replica_size), .tp = (int)(q % a->tp), .pp = (int)(q / a->tp)};
-  r->grid_rank = pp_grid_rank(r->grid, r->me);
+  int replicas[GPU_TRAIN_MAX_STAGES];
+  uint32_t replica_size = a->tp * a->pp, q;
+  if (a->replicas[0]) {
+    /* Replicated stages: a replica is a pipeline of sum(replicas) ranks, stage by stage, and
+     * the communicators' order is the tasks'. */
+    replica_size = 0;
+    for (uint32_t s = 0; s < a->pp; s++) replica_size += a->replicas[s];
+    if (replica_size * a->dp != r->world)
+      FL_CHECK(fl_set_error(FL_EINVAL, "rank %u: --dp %u x the replicas' %u ranks is not the stage's %u tasks", r->rank,
+                            a->dp, replica_size, r->world));
+    q = r->rank % replica_size;
+    r->me = (pp_coords){.dp = (int)(r->rank / replica_size)};
+    for (uint32_t s = 0, base = 0; s < a->pp; base += a->replicas[s], s++) {
+      replicas[s] = (int)a->replicas[s];
+      if (q >= base) r->me.pp = (int)s;
+    }
+    r->grid_rank = (int)r->rank;
+  } else {
+    FL_CHECK(pp_grid_check(r->grid, (int)r->world));
+    /* Tasks are numbered replica by replica (their partitions hold the replicas' rows in
+     * order); the grid's rank order puts tensor-parallel ranks innermost, then replicas. */
+    q = r->rank % replica_size;
+    r->me = (pp_coords){.dp = (int)(r->rank / replica_size), .tp = (int)(q % a->tp), .pp = (int)(q / a->tp)};
+    r->grid_rank = pp_grid_rank(r->grid, r->me);
+  }
   r->local = a->batch / r->world;
   FL_CHECK(data_reader_create(r->local, &r->train));
   FL_CHECK(data_reader_create(r->local, &r->test));
@@ -349,7 +380,8 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                             .seed = a->seed},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
-                   .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync};
+                   .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync,
+                   .replicas = a->replicas[0] ? replicas : NULL};
   FL_CHECK(pp_trainer_create(r->dev, r->comm, &po, &r->trainer));
   /* After the trainer's splits, in the same order on every rank. */
   FL_CHECK(fl_comm_split(r->comm, r->me.dp, (int)r->rank, &r->replica));
@@ -453,7 +485,7 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
     if (got == FL_OK) {
       if (!(bounds = common_malloc(((size_t)a.pp * a.chunks + 1) * sizeof *bounds)))
         FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for the stage cut", r.rank));
-      FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, bounds, &shards));
+      FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, a.replicas, bounds, &shards));
       restore = true;
     } else if (got != FL_ENOENT) {
       FL_CHECK(got);
@@ -566,8 +598,8 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   fl_status status = FL_OK;
   cursor c = {ranks.data, ranks.data + ranks.len};
   uint32_t world;
-  if (!cursor_take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp)
-    return fl_set_error(FL_EFORMAT, "rank 0's timelines are not of %u ranks", o->ranks * o->tp * o->pp);
+  if (!cursor_take(&c, &world, sizeof world) || world != gpu_train_world(o))
+    return fl_set_error(FL_EFORMAT, "rank 0's timelines are not of %u ranks", gpu_train_world(o));
   pp_event **events = common_calloc(world, sizeof *events);
   size_t *counts = common_calloc(world, sizeof *counts);
   if (!events || !counts) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for %u timelines", world));
@@ -600,9 +632,12 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   if (o->timeline_csv_path)
     FL_CHECK(pp_timeline_write_csv(o->timeline_csv_path, (int)world, (const pp_event *const *)events, counts));
   if (o->timeline_svg_path) {
-    char title[200];
-    snprintf(title, sizeof title, "transformer, dp %u x tp %u x pp %u, %s, m %u%s: the last step", o->ranks, o->tp,
-             o->pp, pp_schedule_name(o->schedule), o->microbatches, o->recompute ? ", recompute" : "");
+    char title[200], reps[96] = "";
+    for (uint32_t s = 0, at = 0; o->replicas[0] && s < o->pp && at < sizeof reps; s++)
+      at += (uint32_t)snprintf(reps + at, sizeof reps - at, "%s%u", s ? "," : " (replicas ", o->replicas[s]);
+    if (o->replicas[0] && strlen(reps) + 2 < sizeof reps) strcat(reps, ")");
+    snprintf(title, sizeof title, "transformer, dp %u x tp %u x pp %u%s, %s, m %u%s: the last step", o->ranks, o->tp,
+             o->pp, reps, pp_schedule_name(o->schedule), o->microbatches, o->recompute ? ", recompute" : "");
     FL_CHECK(pp_timeline_write_svg(o->timeline_svg_path, (int)world, (const pp_event *const *)events, counts, end,
                                    title));
   }
@@ -616,11 +651,11 @@ cleanup:
 
 void train_hybrid_pipeline_json(const gpu_train_options *o, fl_bytes ranks, fl_buf *out) {
   out->len = 0;
-  pp_grid grid = {(int)o->ranks, (int)o->tp, (int)o->pp};
   cursor c = {ranks.data, ranks.data + ranks.len};
   uint32_t world;
-  if (!cursor_take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp) return;
-  /* Stage s's row is grid rank (0, 0, s)'s timeline; the records come in task order. */
+  if (!cursor_take(&c, &world, sizeof world) || world != gpu_train_world(o)) return;
+  /* Stage s's row is the first record of stage s in task order: grid rank (0, 0, s)'s
+   * timeline, or with replicated stages its first replica's in the first pipeline. */
   fl_buf *rows = common_calloc(o->pp, sizeof *rows);
   bool ok = rows != NULL;
   for (uint32_t i = 0; ok && i < world; i++) {
@@ -629,9 +664,8 @@ void train_hybrid_pipeline_json(const gpu_train_options *o, fl_bytes ranks, fl_b
     uint64_t peak = 0, n = 0;
     ok = cursor_take_piece(&c, &rec) && cursor_take(&rec, head, sizeof head) && cursor_take(&rec, &peak, 8) &&
          cursor_take(&rec, &n, 8) && head[0] < world && n <= (uint64_t)(rec.end - rec.p) / EVENT_BYTES;
-    pp_coords at = ok ? pp_grid_coords(grid, (int)head[0]) : (pp_coords){0};
-    if (!ok || at.dp != 0 || at.tp != 0 || at.pp < 0 || at.pp >= (int)o->pp || rows[at.pp].len) continue;
-    fl_buf *row = &rows[at.pp];
+    if (!ok || head[1] >= o->pp || rows[head[1]].len) continue;
+    fl_buf *row = &rows[head[1]];
     ok = fl_buf_append(row, "[", 1) == FL_OK;
     bool first = true;
     for (uint64_t k = 0; ok && k < n; k++) {

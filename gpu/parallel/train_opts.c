@@ -103,25 +103,82 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
   s->power = o->decay_power;
 }
 
+static uint64_t replicas_sum(const gpu_train_options *o) {
+  uint64_t sum = 0;
+  for (int s = 0; s < GPU_TRAIN_MAX_STAGES; s++) sum += o->replicas[s];
+  return sum;
+}
+
+uint32_t gpu_train_world(const gpu_train_options *o) {
+  if (o->model != NN_TRANSFORMER) return o->ranks;
+  return o->replicas[0] ? o->ranks * (uint32_t)replicas_sum(o) : o->ranks * o->tp * o->pp;
+}
+
+fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages) {
+  if (!text || !out || !stages) return fl_set_error(FL_EINVAL, "gpu_train_replicas_parse: NULL argument");
+  memset(out, 0, GPU_TRAIN_MAX_STAGES * sizeof *out);
+  uint32_t n = 0;
+  for (const char *p = text;; p++) {
+    char *end = NULL;
+    if (*p < '0' || *p > '9') break; /* strtoul would take a sign or blanks */
+    unsigned long v = strtoul(p, &end, 10);
+    if (end == p || v < 1 || v > 64 || n == GPU_TRAIN_MAX_STAGES) break;
+    out[n++] = (uint32_t)v;
+    if (*end == '\0') {
+      *stages = n;
+      return FL_OK;
+    }
+    if (*end != ',') break;
+    p = end;
+  }
+  memset(out, 0, GPU_TRAIN_MAX_STAGES * sizeof *out);
+  return fl_set_error(FL_EINVAL, "--replicas '%s' is not a list of replica counts, one per stage, each 1 to 64 "
+                      "(e.g. 1,2; at most %d stages)", text, GPU_TRAIN_MAX_STAGES);
+}
+
+/* --replicas: a count per stage, with what the replicated runtime supports. */
+static fl_status validate_replicas(const gpu_train_options *o) {
+  uint32_t n = 0;
+  while (n < GPU_TRAIN_MAX_STAGES && o->replicas[n]) n++;
+  for (uint32_t s = n; s < GPU_TRAIN_MAX_STAGES; s++)
+    if (o->replicas[s]) return fl_set_error(FL_EINVAL, "--replicas: stage %u has 0 replicas", n);
+  for (uint32_t s = 0; s < n; s++)
+    if (o->replicas[s] > 64) return fl_set_error(FL_EINVAL, "--replicas: stage %u has %u replicas (1 to 64)", s, o->replicas[s]);
+  if (n != o->pp)
+    return fl_set_error(FL_EINVAL, "--replicas names %u stages but --pp is %u", n, o->pp);
+  if (o->tp != 1 || o->chunks != 1)
+    return fl_set_error(FL_EINVAL, "--replicas needs --tp 1 and --chunks 1 (a replicated stage is one whole rank; "
+                        "got --tp %u, --chunks %u)", o->tp, o->chunks);
+  if (o->schedule != PP_GPIPE && o->schedule != PP_1F1B)
+    return fl_set_error(FL_EINVAL, "--replicas runs --schedule gpipe or 1f1b (1F1B-RR, a flush every step), not %s",
+                        pp_schedule_name(o->schedule));
+  return FL_OK;
+}
+
 /* The grid's and the transformer's options (--model transformer), or their absence. */
 static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->model != NN_TRANSFORMER) {
     if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute || o->window || o->vertical_sync ||
-        o->timeline_csv_path || o->timeline_svg_path)
+        o->timeline_csv_path || o->timeline_svg_path || replicas_sum(o))
       return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, "
-                          "--window, --vertical-sync and --timeline-* are for --model transformer");
+                          "--window, --vertical-sync, --replicas and --timeline-* are for --model transformer");
     return FL_OK;
   }
   if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
   if (o->pp < 1 || o->pp > GPU_TRAIN_MAX_STAGES)
     return fl_set_error(FL_EINVAL, "--pp %u must be 1 to %d", o->pp, GPU_TRAIN_MAX_STAGES);
-  uint64_t world = (uint64_t)o->ranks * o->tp * o->pp;
+  if (replicas_sum(o)) {
+    fl_status s = validate_replicas(o);
+    if (s != FL_OK) return s;
+  }
+  uint64_t world = replicas_sum(o) ? (uint64_t)o->ranks * replicas_sum(o) : (uint64_t)o->ranks * o->tp * o->pp;
   if (world > 1024)
-    return fl_set_error(FL_EINVAL, "--dp %u x --tp %u x --pp %u = %llu ranks, over 1024", o->ranks, o->tp, o->pp,
-                        (unsigned long long)world);
+    return fl_set_error(FL_EINVAL, "--dp %u x %s = %llu ranks, over 1024", o->ranks,
+                        replicas_sum(o) ? "the sum of --replicas" : "--tp x --pp", (unsigned long long)world);
   if (o->batch % world)
-    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --dp x --tp x --pp = %llu (each rank reads "
-                        "batch / ranks images a step)", o->batch, (unsigned long long)world);
+    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of %s = %llu (each rank reads batch / ranks "
+                        "images a step)", o->batch, replicas_sum(o) ? "--dp x the sum of --replicas" : "--dp x --tp x --pp",
+                        (unsigned long long)world);
   if ((unsigned)o->schedule > PP_2BW)
     return fl_set_error(FL_EINVAL, "--schedule: unknown schedule %d", (int)o->schedule);
   if (o->vertical_sync && o->schedule != PP_PIPEDREAM)

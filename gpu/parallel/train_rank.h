@@ -103,6 +103,8 @@ typedef struct train_arg {
   /* the transformer's pipedream and 2bw schedules: mini-batches per window, vertical sync */
   uint32_t window;
   bool vertical_sync;
+  /* the transformer's replicated stages (gpu_train_options.replicas; all 0: none) */
+  uint32_t replicas[GPU_TRAIN_MAX_STAGES];
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
