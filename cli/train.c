@@ -158,7 +158,7 @@ static const char train_usage_text[] =
     "  --window K          pipedream, 2bw: mini-batches between flushes (default 8)\n"
     "  --replicas R0,R1,.. stage s on Rs ranks taking its micro-batches round robin\n"
     "                      (PipeDream's 1F1B-RR; sets --pp); D x (R0 + R1 + ...) tasks in\n"
-    "                      all; --tp 1, --chunks 1, --schedule gpipe or 1f1b\n"
+    "                      all; --tp 1, --chunks 1, not interleaved\n"
     "  --vertical-sync     pipedream: every stage uses the version the first stage used\n"
     "  --microbatches M    micro-batches per replica's batch, dividing --batch / D (default 1)\n"
     "  --chunks V          model chunks per pipeline rank, for interleaved (default 1)\n"

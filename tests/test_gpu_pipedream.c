@@ -23,6 +23,7 @@
 
 #include "rank_threads.h"
 
+#include "common/common.h"
 #include "gpu/device/device.h"
 #include "gpu/parallel/pipeline.h"
 
@@ -674,6 +675,110 @@ static void test_replicated_stages(void **state) {
   }
 }
 
+/* Replicated stages under every schedule but interleaved: the replicas' lists (with the
+ * updates of pipedream and 2bw as barriers of a stage's replicas) never deadlock; with one
+ * replica a stage they are the schedule's (the same makespan); every replica runs its
+ * micro-batches and each update once. */
+static void test_replicated_lists_simulate(void **state) {
+  (void)state;
+  const pp_schedule kinds[] = {PP_GPIPE, PP_1F1B, PP_PIPEDREAM, PP_2BW};
+  static const int reps[][4] = {{1, 1, 1, 1}, {1, 2, 1, 1}, {2, 1, 3, 1}, {3, 3, 1, 2}, {1, 1, 1, 4}, {4, 1, 2, 1}};
+  int cases = 0;
+  for (int k = 0; k < 4; k++)
+    for (int p = 1; p <= 4; p++)
+      for (int m = 1; m <= 6; m++)
+        for (int mb = 1; mb <= 5; mb += 2)
+          for (size_t r = 0; r < sizeof reps / sizeof *reps; r++) {
+            if (kinds[k] == PP_2BW && m < p) continue;
+            int total = kinds[k] == PP_GPIPE || kinds[k] == PP_1F1B ? m : m * mb;
+            double span, bubble;
+            fl_status st = pp_simulate_replicated(kinds[k], p, total, m, reps[r], 1, 2, &span, &bubble);
+            if (st != FL_OK)
+              fprintf(stderr, "%s p %d m %d total %d replicas %d,%d,...: %s\n", pp_schedule_name(kinds[k]), p, m, total,
+                      reps[r][0], reps[r][1], fl_last_error());
+            assert_ok(st);
+            if (r == 0) {
+              double span1, bubble1;
+              assert_ok(pp_schedule_simulate(kinds[k], p, total, 1, 1, 2, &span1, &bubble1));
+              assert_true(fabs(span - span1) < 1e-9);
+            }
+            for (int stage = 0; stage < p; stage++) {
+              int fwd = 0, upd = 0;
+              for (int j = 0; j < reps[r][stage]; j++) {
+                pp_op *ops;
+                size_t n;
+                assert_ok(pp_replicated_ops(kinds[k], p, total, m, stage, reps[r][stage], j, &ops, &n));
+                for (size_t i = 0; i < n; i++) {
+                  if (ops[i].kind == PP_FORWARD) {
+                    assert_int_equal(pp_replica_of(ops[i].microbatch, reps[r][stage]), j);
+                    fwd++;
+                  }
+                  upd += ops[i].kind == PP_UPDATE;
+                }
+                common_free(ops);
+              }
+              assert_int_equal(fwd, total);
+              assert_int_equal(upd, kinds[k] == PP_PIPEDREAM || kinds[k] == PP_2BW ? reps[r][stage] * (total / m) : 0);
+            }
+            cases++;
+          }
+  fprintf(stderr, "  %d replicated schedules simulated without deadlock\n", cases);
+  pp_op *ops;
+  size_t n;
+  double span, bubble;
+  assert_fails_with(pp_replicated_ops(PP_1F1B, 2, 4, 4, 0, 2, 2, &ops, &n), FL_EINVAL, "replica 2 of 2");
+  assert_fails_with(pp_replicated_ops(PP_PIPEDREAM, 2, 6, 4, 0, 1, 0, &ops, &n), FL_EINVAL, "not whole mini-batches");
+  assert_fails_with(pp_replicated_ops(PP_INTERLEAVED, 2, 4, 4, 0, 1, 0, &ops, &n), FL_EINVAL, "interleaved");
+  static const int zero[] = {1, 0};
+  assert_fails_with(pp_simulate_replicated(PP_1F1B, 2, 4, 4, zero, 1, 2, &span, &bubble), FL_EINVAL, "0 replicas");
+}
+
+/* Replicated stages under pipedream and 2bw (1F1B-RR, updates summed over the replicas) train
+ * exactly as the unreplicated pipeline over unflushed windows, with the same versions. */
+static void test_replicated_pipedream(void **state) {
+  (void)state;
+  static const int reps_a[] = {1, 2}, reps_b[] = {2, 1}, reps_c[] = {1, 3};
+  const struct {
+    const int *reps;
+    int dp, m;
+    pp_schedule kind;
+    bool vs;
+  } cases[] = {{reps_a, 1, 4, PP_PIPEDREAM, false}, {reps_b, 1, 2, PP_PIPEDREAM, true},
+               {reps_c, 1, 4, PP_PIPEDREAM, false}, {reps_a, 2, 4, PP_PIPEDREAM, false},
+               {reps_a, 1, 2, PP_2BW, false}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    int dp = cases[c].dp, m = cases[c].m;
+    /* (the plan depends on m: dp unreplicated pipelines are the reference) */
+    run plain = run_of((pp_grid){dp, 1, 2}, cases[c].kind, m, 6, 3);
+    run rr = run_of((pp_grid){dp, 1, 2}, cases[c].kind, m, 6, 3);
+    plain.o.vertical_sync = rr.o.vertical_sync = cases[c].vs;
+    plain.batch = rr.batch = 8 * dp;
+    rr.o.replicas = cases[c].reps;
+    run_on(&plain);
+    run_on(&rr);
+    expect_same_losses(&rr, &plain, 1e-6);
+    double worst = values_difference(&rr, &plain);
+    fprintf(stderr, "  %s%s, dp %d, replicas %d,%d, m %d, 6 mini-batches in windows of 3: within %.3g of unreplicated\n",
+            pp_schedule_name(cases[c].kind), cases[c].vs ? " vertical sync" : "", dp, cases[c].reps[0], cases[c].reps[1],
+            m, worst);
+    assert_true(worst <= 1e-6);
+    /* weight stashing on every replica: each of its micro-batches at the plan's version */
+    int n = ranks_of(&rr), plan[64];
+    for (int r = 0; r < n; r++) {
+      int stage = rr.stage[r], reps = cases[c].reps[stage], j = rr.replica[r];
+      assert_ok(pp_weight_versions(cases[c].kind, cases[c].vs, 2, m, 3, stage, plan));
+      for (int i = 0; i < rr.total; i++) {
+        bool mine = pp_replica_of(i, reps) == j;
+        assert_int_equal(rr.fwd[r][i], mine ? plan[i] : -1);
+        assert_int_equal(rr.bwd[r][i], rr.fwd[r][i]);
+      }
+      if (cases[c].kind == PP_2BW) assert_true(rr.peak[r] <= 2);
+    }
+    run_free(&plain);
+    run_free(&rr);
+  }
+}
+
 /* The partitioner's link is measured when it cuts, and only then. */
 static void test_link_measured(void **state) {
   (void)state;
@@ -742,9 +847,9 @@ static void test_bad_options(void **state) {
   rs = run_of((pp_grid){1, 1, 4}, PP_2BW, 2, 1, 1);
   expect_create_error(&rs, "2bw needs");
   static const int two[] = {1, 2}, zero[] = {0, 3};
-  rs = run_of((pp_grid){1, 1, 2}, PP_PIPEDREAM, 2, 1, 1);
+  rs = run_of((pp_grid){1, 1, 2}, PP_INTERLEAVED, 2, 1, 0);
   rs.o.replicas = two;
-  expect_create_error(&rs, "gpipe or 1f1b");
+  expect_create_error(&rs, "gpipe, 1f1b, pipedream or 2bw");
   rs = run_of((pp_grid){1, 1, 2}, PP_1F1B, 2, 1, 0);
   rs.o.replicas = zero;
   expect_create_error(&rs, "stage 0 has 0 replicas");
@@ -805,6 +910,8 @@ int main(void) {
       BOUNDED(test_pipedream_updates_follow_the_plan),
       BOUNDED(test_2bw_one_stale),
       BOUNDED(test_replicated_stages),
+      BOUNDED(test_replicated_lists_simulate),
+      BOUNDED(test_replicated_pipedream),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

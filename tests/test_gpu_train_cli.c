@@ -212,8 +212,8 @@ static void test_bad_transformer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", TFM, "--resume", "x.ckpt"), "--resume is for the data-parallel models");
   expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,x"), "--replicas '1,x' is not a list of replica counts");
   expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,2", "--pp", "3"), "--replicas names 2 stages but --pp is 3");
-  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,3", "--schedule", "pipedream"),
-                     "--replicas runs --schedule gpipe or 1f1b");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,3", "--schedule", "interleaved"),
+                     "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved");
   expect_usage_error(RUN_FLINT("train", BASE, "--replicas", "2"), "are for --model transformer");
 }
 

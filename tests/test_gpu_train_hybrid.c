@@ -200,7 +200,7 @@ static void test_pipedream_schedules(void **state) {
 static void timeline_counts(const char *path, int rank, int *forwards, int *backwards);
 
 /* --replicas (1F1B-RR through gpu_train_run): a replicated stage trains as one rank, with dp 1
- * and 2; the timeline has every rank's row, each replica of stage 1 running its micro-batches
+ * and 2, and under pipedream flushed every step with vertical sync; the timeline has every rank's row, each replica of stage 1 running its micro-batches
  * (i mod r), and the sharded checkpoint (version 2) names the replicas and holds a shard per
  * task. */
 static void test_replicated_stages_equal_one_rank(void **state) {
@@ -262,6 +262,16 @@ static void test_replicated_stages_equal_one_rank(void **state) {
   o.replicas[1] = 1;
   run_ok(&o, "dp 2, pp 2, replicas 3,1, gpipe m4", &res);
   assert_true(rows_agree(&one, &b, "against 1 rank"));
+  /* pipedream's replicas (updates summed over them): flushed every step with vertical sync,
+   * one rank's training too */
+  rows c = {0};
+  o = small_options(1, 1, 2, PP_PIPEDREAM, 4, &c);
+  o.vertical_sync = true;
+  o.window = 1;
+  o.replicas[0] = 1;
+  o.replicas[1] = 3;
+  run_ok(&o, "replicas 1,3, pipedream vsync window 1", &res);
+  assert_true(rows_agree(&one, &c, "against 1 rank"));
 }
 
 static void test_dropout_does_not_depend_on_the_grid(void **state) {
@@ -550,8 +560,8 @@ static void test_options(void **state) {
   o.replicas[1] = 2; /* 3 ranks */
   expect_invalid(&o, "--batch 32 is not a multiple of --dp x the sum of --replicas = 3");
   o.replicas[1] = 3;
-  o.schedule = PP_PIPEDREAM;
-  expect_invalid(&o, "--replicas runs --schedule gpipe or 1f1b");
+  o.schedule = PP_INTERLEAVED;
+  expect_invalid(&o, "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved");
   o = small_options(1, 2, 2, PP_1F1B, 2, &r);
   o.replicas[0] = o.replicas[1] = 1;
   expect_invalid(&o, "--replicas needs --tp 1 and --chunks 1");

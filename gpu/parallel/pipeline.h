@@ -110,12 +110,13 @@ typedef struct pp_options {
    * first stage's newest when the micro-batch entered it (pipeline_schedule.h). */
   bool vertical_sync;
   /* Stage replication (PipeDream's 1F1B-RR): replicas[s] ranks run stage s, taking its
-   * micro-batches round robin (pp_replica_of), and after the flush the stage's replicas of
-   * every data-parallel pipeline sum their gradients (each took its micro-batches' share of
-   * the global batch's mean); grid.pp entries, NULL: one each. Only with tp 1, one chunk and
-   * a flushing schedule (gpipe, 1f1b); the world then has dp x S ranks (S = sum(replicas)):
-   * pipeline d is ranks [d S, (d + 1) S), its stage s on the ranks after those of stages
-   * 0..s-1. Borrowed during pp_trainer_create. */
+   * micro-batches round robin (pp_replica_of); the stage's replicas of every data-parallel
+   * pipeline sum their gradients (each took its micro-batches' share of the global batch's
+   * mean) after the flush, or under pipedream and 2bw at each update (pp_replicated_ops).
+   * grid.pp entries, NULL: one each. Only with tp 1, one chunk and any schedule but
+   * interleaved; the world then has dp x S ranks (S = sum(replicas)): pipeline d is ranks
+   * [d S, (d + 1) S), its stage s on the ranks after those of stages 0..s-1. Borrowed during
+   * pp_trainer_create. */
   const int *replicas;
 } pp_options;
 

@@ -111,7 +111,8 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
     FL_CHECK(t->dev->ops->softmax_xent(t->dev, sc->mbs, sp->classes, y->data, sl->labels, 0.0f,
                                        train ? grad_scale(t, sc) : 0.0f, sl->dlogits.data,
                                        t->stats.data));
-    if (t->async && (mb + 1) % t->o.microbatches == 0)
+    /* a replica of the last stage runs only some of the mini-batch's forwards: it adds each */
+    if (t->async && ((mb + 1) % t->o.microbatches == 0 || t->stage_replicas))
       FL_CHECK(pp_versions_take_sums(t, mb / t->o.microbatches));
   }
   FL_CHECK(t->dev->ops->synchronize(t->dev));
@@ -165,7 +166,8 @@ static fl_status backward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op)
   }
   sl->busy = false;
   t->inputs_held -= sl->input.numel * sizeof(float);
-  if (t->async && (mb + 1) % t->o.microbatches == 0)
+  /* (a replicated stage's replicas update at their PP_UPDATE ops instead, rank_ops) */
+  if (t->async && !t->stage_replicas && (mb + 1) % t->o.microbatches == 0)
     FL_CHECK(pp_versions_update(t, op->chunk, mb / t->o.microbatches));
 cleanup:
   return status;
@@ -211,22 +213,25 @@ cleanup:
 /* This rank's op list for `total` micro-batches (cached): the schedule's, and on a replicated
  * stage only this replica's micro-batches. A replica's list is a subsequence of the
  * unreplicated stage's, so any run of the unreplicated lists orders the replicated ones too:
- * they cannot deadlock where the schedule does not. */
+ * they cannot deadlock where the schedule does not. Under pipedream and 2bw a replica's list
+ * also holds mini-batch k's update (PP_UPDATE, which sums the gradients over the stage's
+ * replicas, a collective) where the unreplicated stage updates: right after its backward of
+ * the mini-batch's last micro-batch, whichever replica runs that. So every replica updates
+ * between the same ops of the unreplicated order, and its forwards see the versions of the
+ * unreplicated plan (pp_replicated_ops proves the lists deadlock-free with the simulator). */
 static fl_status rank_ops(pp_trainer *t, int total) {
   if (t->ops && t->ops_m == total) return FL_OK;
   common_free(t->ops);
   t->ops = NULL;
   t->ops_m = 0;
   int stage = t->chunks[0].stage, p = t->stage_replicas ? t->nstages : t->o.grid.pp;
-  fl_status status = pp_schedule_ops(t->o.schedule, p, total, t->nchunks, t->stage_replicas ? stage : t->me.pp,
-                                     &t->ops, &t->nops);
+  fl_status status;
+  if (t->stage_replicas)
+    status = pp_replicated_ops(t->o.schedule, p, total, t->o.microbatches, stage, t->stage_replicas[stage], t->replica,
+                               &t->ops, &t->nops);
+  else
+    status = pp_schedule_ops(t->o.schedule, p, total, t->nchunks, t->me.pp, &t->ops, &t->nops);
   if (status != FL_OK) return status;
-  if (t->stage_replicas) {
-    size_t kept = 0;
-    for (size_t i = 0; i < t->nops; i++)
-      if (pp_replica_of(t->ops[i].microbatch, t->stage_replicas[stage]) == t->replica) t->ops[kept++] = t->ops[i];
-    t->nops = kept;
-  }
   t->ops_m = total;
   return FL_OK;
 }
@@ -246,7 +251,8 @@ static fl_status run_schedule(pp_trainer *t, const step_ctx *sc, pp_step_stats *
   t->peak_bytes = t->inputs_held = 0;
   for (size_t i = 0; i < t->nops; i++) {
     const pp_op *op = &t->ops[i];
-    FL_CHECK(op->kind == PP_FORWARD ? forward_op(t, sc, op, true) : backward_op(t, sc, op));
+    if (op->kind == PP_UPDATE) FL_CHECK(pp_versions_update(t, op->chunk, op->microbatch));
+    else FL_CHECK(op->kind == PP_FORWARD ? forward_op(t, sc, op, true) : backward_op(t, sc, op));
   }
   FL_CHECK(pp_transfer_drain(t));
   FL_CHECK(measure_bubble(t, st));

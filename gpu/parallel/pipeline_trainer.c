@@ -170,13 +170,13 @@ cleanup:
 
 /* ---- create and destroy --------------------------------------------------------------------- */
 
-/* Replicated stages: tp 1, one chunk, a flushing 1F1B-like schedule, world = dp x sum. */
+/* Replicated stages: tp 1, one chunk, not interleaved, world = dp x sum. */
 static fl_status check_replicas(const pp_options *o, int world) {
   if (o->grid.dp < 1 || o->grid.tp != 1 || o->grid.pp < 1 || (o->chunks != 0 && o->chunks != 1))
     return fl_set_error(FL_EINVAL, "replicated stages need tp 1 and one chunk per stage (got %dx%dx%d, %d "
                         "chunks)", o->grid.dp, o->grid.tp, o->grid.pp, o->chunks);
-  if (o->schedule != PP_GPIPE && o->schedule != PP_1F1B)
-    return fl_set_error(FL_EINVAL, "replicated stages run gpipe or 1f1b (1F1B-RR), not %s",
+  if (o->schedule == PP_INTERLEAVED)
+    return fl_set_error(FL_EINVAL, "replicated stages run gpipe, 1f1b, pipedream or 2bw (1F1B-RR), not %s",
                         pp_schedule_name(o->schedule));
   long sum = 0;
   for (int s = 0; s < o->grid.pp; s++) {

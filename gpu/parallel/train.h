@@ -229,8 +229,8 @@ typedef struct gpu_train_options {
   /* --replicas R0,R1,...: stage s of the pipeline runs on replicas[s] ranks that take its
    * micro-batches round robin (PipeDream's 1F1B-RR, pp_options.replicas); pp entries, the rest
    * 0 (all 0: one rank a stage). Then the world is ranks x sum(replicas) barrier tasks, pipeline
-   * d being tasks [d S, (d + 1) S) (S the sum), stage by stage; --tp 1, --chunks 1, gpipe or
-   * 1f1b. */
+   * d being tasks [d S, (d + 1) S) (S the sum), stage by stage; --tp 1, --chunks 1, any
+   * schedule but interleaved. */
   uint32_t replicas[GPU_TRAIN_MAX_STAGES];
 } gpu_train_options;
 

@@ -149,9 +149,9 @@ static fl_status validate_replicas(const gpu_train_options *o) {
   if (o->tp != 1 || o->chunks != 1)
     return fl_set_error(FL_EINVAL, "--replicas needs --tp 1 and --chunks 1 (a replicated stage is one whole rank; "
                         "got --tp %u, --chunks %u)", o->tp, o->chunks);
-  if (o->schedule != PP_GPIPE && o->schedule != PP_1F1B)
-    return fl_set_error(FL_EINVAL, "--replicas runs --schedule gpipe or 1f1b (1F1B-RR, a flush every step), not %s",
-                        pp_schedule_name(o->schedule));
+  if (o->schedule == PP_INTERLEAVED)
+    return fl_set_error(FL_EINVAL, "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved (a "
+                        "replicated stage is one chunk)");
   return FL_OK;
 }
 
