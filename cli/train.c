@@ -515,7 +515,7 @@ int cmd_train(int argc, char **argv) {
            o.hidden, o.heads, o.blocks, o.dropout);
   if (hybrid && o.replicas[0]) {
     printf("replicas    ");
-    for (uint32_t s = 0; s < o.pp; s++) printf(" stage %u: %u", s, o.replicas[s]);
+    for (uint32_t s = 0; s < o.pp; s++) printf(" stage %u: %u%s", s, o.replicas[s], s + 1 < o.pp ? "," : "");
     printf(" (1F1B-RR: micro-batch i on replica i mod r; %u ranks a pipeline)\n", world / o.ranks);
   }
   if (o.trick)

@@ -227,6 +227,7 @@ typedef struct run {
   float *values[MAX_RANKS]; /* every chunk's values after the run, concatenated */
   size_t nvalues[MAX_RANKS];
   int first_unit[MAX_RANKS], dp_index[MAX_RANKS], tp_index[MAX_RANKS], replica[MAX_RANKS];
+  int nstages[MAX_RANKS], reps[MAX_RANKS][4], cut[MAX_RANKS][5]; /* the plan each rank built */
 } run;
 
 /* The replica's rows of mini-batch k: rows [k B + d b, k B + (d + 1) b) of the data. */
@@ -272,6 +273,11 @@ static fl_status trainer_rank(rank_job *job) {
   for (int k = 0; k < MAX_STEPS; k++) lr[k] = rs->lr;
   if (!x || !y) s = FL_ENOMEM;
   rs->link[job->rank] = pp_trainer_link_bytes_per_s(t);
+  rs->nstages[job->rank] = pp_trainer_num_stages(t);
+  for (int st = 0; st < rs->nstages[job->rank] && st < 4; st++) {
+    rs->reps[job->rank][st] = pp_trainer_stage_replicas(t, st);
+    rs->cut[job->rank][st + 1] = pp_trainer_bounds(t)[st + 1];
+  }
   rs->stage[job->rank] = me.pp;
   rs->dp_index[job->rank] = me.dp;
   rs->tp_index[job->rank] = me.tp;
@@ -316,6 +322,7 @@ static fl_status trainer_rank(rank_job *job) {
 }
 
 static int ranks_of(const run *rs) {
+  if (rs->o.replicas_auto) return rs->o.grid.dp * rs->o.replicas_auto;
   if (rs->o.replicas) {
     int n = 0;
     for (int s = 0; s < rs->o.grid.pp; s++) n += rs->o.replicas[s];
@@ -779,6 +786,50 @@ static void test_replicated_pipedream(void **state) {
   }
 }
 
+static void expect_create_error(run *rs, const char *needle);
+
+/* replicas_auto: the partitioner's plan over 3 ranks a pipeline (at most 2 stages), the same on
+ * every rank, replica counts adding up to 3, the link measured; whatever it chose, a flushing
+ * schedule trains as one rank (as dp 2 pipelines of it on the global batch). */
+static void test_replicas_auto(void **state) {
+  (void)state;
+  for (int dp = 1; dp <= 2; dp++) {
+    run one = run_of((pp_grid){1, 1, 1}, PP_1F1B, 4 * dp, 4, 0);
+    run rs = run_of((pp_grid){dp, 1, 2}, PP_1F1B, 4, 4, 0);
+    one.batch = rs.batch = 8 * dp;
+    rs.o.bounds = NULL;
+    rs.o.replicas_auto = 3;
+    run_on(&one);
+    run_on(&rs);
+    int n = ranks_of(&rs), stages = rs.nstages[0], sum = 0;
+    assert_true(stages >= 1 && stages <= 2);
+    for (int st = 0; st < stages; st++) sum += rs.reps[0][st];
+    assert_int_equal(sum, 3);
+    for (int r = 1; r < n; r++) {
+      assert_int_equal(rs.nstages[r], stages);
+      for (int st = 0; st < stages; st++) {
+        assert_int_equal(rs.reps[r][st], rs.reps[0][st]);
+        assert_int_equal(rs.cut[r][st + 1], rs.cut[0][st + 1]);
+      }
+      assert_true(rs.link[r] == rs.link[0]);
+    }
+    assert_true(rs.link[0] > 0);
+    expect_same_losses(&rs, &one, 1e-6);
+    double worst = values_difference(&rs, &one);
+    fprintf(stderr, "  auto over dp %d x 3 ranks: %d stage%s, replicas %d", dp, stages, stages == 1 ? "" : "s",
+            rs.reps[0][0]);
+    if (stages > 1) fprintf(stderr, ",%d", rs.reps[0][1]);
+    fprintf(stderr, ", link %.3g GB/s; within %.3g of one rank\n", rs.link[0] / 1e9, worst);
+    assert_true(worst <= 1e-6);
+    run_free(&one);
+    run_free(&rs);
+  }
+  run bad = run_of((pp_grid){1, 2, 2}, PP_1F1B, 2, 1, 0);
+  bad.o.bounds = NULL;
+  bad.o.replicas_auto = 2;
+  expect_create_error(&bad, "automatic replication needs tp 1");
+}
+
 /* The partitioner's link is measured when it cuts, and only then. */
 static void test_link_measured(void **state) {
   (void)state;
@@ -912,6 +963,7 @@ int main(void) {
       BOUNDED(test_replicated_stages),
       BOUNDED(test_replicated_lists_simulate),
       BOUNDED(test_replicated_pipedream),
+      BOUNDED(test_replicas_auto),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
