@@ -159,6 +159,9 @@ static const char train_usage_text[] =
     "  --replicas R0,R1,.. stage s on Rs ranks taking its micro-batches round robin\n"
     "                      (PipeDream's 1F1B-RR; sets --pp); D x (R0 + R1 + ...) tasks in\n"
     "                      all; --tp 1, --chunks 1, not interleaved\n"
+    "  --replicas auto:W   the stages and their replicas chosen by PipeDream's partitioner\n"
+    "                      over pipelines of W ranks (at most --pp stages; default W), from\n"
+    "                      a profile and the measured link; D x W tasks\n"
     "  --vertical-sync     pipedream: every stage uses the version the first stage used\n"
     "  --microbatches M    micro-batches per replica's batch, dividing --batch / D (default 1)\n"
     "  --chunks V          model chunks per pipeline rank, for interleaved (default 1)\n"
@@ -334,7 +337,7 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       if (pp_schedule_parse(v, &o->schedule) != FL_OK)
         return train_usage_error("unknown schedule '%s' (gpipe, 1f1b, interleaved, pipedream or 2bw)", v);
     } else if (strcmp(opt, "--replicas") == 0) {
-      if (gpu_train_replicas_parse(v, o->replicas, &replica_stages) != FL_OK)
+      if (gpu_train_replicas_parse(v, o->replicas, &replica_stages, &o->replicas_auto) != FL_OK)
         return train_usage_error("%s", fl_last_error());
     } else if (strcmp(opt, "--window") == 0) {
       if (!cli_parse_u32(v, &o->window) || o->window < 1 || o->window > 4096)
@@ -447,6 +450,8 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
   /* --replicas names the stages: --pp need not repeat their number. */
   if (replica_stages && !pp_given) o->pp = replica_stages;
+  /* auto:W: at most --pp stages, by default as many as the ranks and the model allow */
+  if (o->replicas_auto && !pp_given) o->pp = o->replicas_auto < o->blocks + 2 ? o->replicas_auto : o->blocks + 2;
   if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer or FILE.so)");
   if (!have_data)
     return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH, "
@@ -513,6 +518,9 @@ int cmd_train(int argc, char **argv) {
            o.ranks, o.tp, o.pp, pp_schedule_name(o.schedule), o.microbatches, o.microbatches == 1 ? "" : "es",
            o.batch / o.ranks / o.microbatches, o.chunks, o.chunks == 1 ? "" : "s", o.recompute ? ", recompute" : "",
            o.hidden, o.heads, o.blocks, o.dropout);
+  if (hybrid && o.replicas_auto)
+    printf("replicas     auto: PipeDream's partitioner over %u ranks a pipeline, at most %u stages\n", o.replicas_auto,
+           o.pp);
   if (hybrid && o.replicas[0]) {
     printf("replicas    ");
     for (uint32_t s = 0; s < o.pp; s++) printf(" stage %u: %u%s", s, o.replicas[s], s + 1 < o.pp ? "," : "");
@@ -553,6 +561,12 @@ int cmd_train(int argc, char **argv) {
            "retried and resumed\n", (double)res.reduced_bytes / (1 << 20), (unsigned long long)res.max_staleness,
            res.resumed_workers, res.resumed_workers == 1 ? "" : "s");
   if (hybrid) {
+    if (o.replicas_auto) {
+      printf("replicas    ");
+      for (uint32_t s = 0; s < res.stages && s < GPU_TRAIN_MAX_STAGES; s++)
+        printf(" stage %u: %u%s", s, res.stage_replicas[s], s + 1 < res.stages ? "," : "");
+      printf(" (the partitioner's choice)\n");
+    }
     printf("bubble       %.3f measured (the last epoch's mean), %.3f in theory\n", res.bubble, res.bubble_theory);
     if (res.link_bytes_per_s > 0)
       printf("link         %.2f GB/s between stages, measured for the partitioner\n", res.link_bytes_per_s / 1e9);

@@ -272,6 +272,21 @@ static void test_replicated_stages_equal_one_rank(void **state) {
   o.replicas[1] = 3;
   run_ok(&o, "replicas 1,3, pipedream vsync window 1", &res);
   assert_true(rows_agree(&one, &c, "against 1 rank"));
+  /* --replicas auto:4 (at most 2 stages): whatever the partitioner chose, 1f1b trains as one
+   * rank; the result says the choice */
+  rows d = {0};
+  o = small_options(1, 1, 2, PP_1F1B, 4, &d);
+  o.replicas_auto = 4;
+  assert_int_equal(gpu_train_world(&o), 4);
+  run_ok(&o, "replicas auto:4, at most 2 stages", &res);
+  assert_true(rows_agree(&one, &d, "against 1 rank"));
+  assert_true(res.stages >= 1 && res.stages <= 2);
+  uint32_t sum = 0;
+  for (uint32_t s = 0; s < res.stages; s++) sum += res.stage_replicas[s];
+  fprintf(stderr, "    the partitioner's plan: %u stage%s, replicas %u%s\n", res.stages, res.stages == 1 ? "" : "s",
+          res.stage_replicas[0], res.stages > 1 ? ",..." : "");
+  assert_int_equal(sum, 4);
+  assert_true(res.link_bytes_per_s > 0);
 }
 
 static void test_dropout_does_not_depend_on_the_grid(void **state) {
@@ -429,17 +444,19 @@ static void kill_at_epoch_1(const gpu_train_epoch *e, void *user) {
   }
 }
 
-/* With replicated stages (replicated = true: --replicas 1,2, 3 tasks) the retry checks the
- * checkpoint's replicas and every replica restores its own shard. */
-static void killed_rank_resumes(bool replicated) {
+/* With replicated stages (replicated: --replicas 1,2, or with automatic: auto:3; 3 tasks)
+ * the retry checks (or, auto, takes) the checkpoint's replicas and cut, and every replica
+ * restores its own shard. */
+static void killed_rank_resumes(bool replicated, bool automatic) {
   NEED_DATA();
   rows r = {0};
   gpu_train_result res;
   gpu_train_options o = small_options(1, 1, 2, PP_1F1B, 4, &r);
   o.master = replicated ? "local-cluster[4,1,512]" : "local-cluster[3,1,512]";
   if (replicated) { /* 3 tasks: a batch they divide */
-    o.replicas[0] = 1;
-    o.replicas[1] = 2;
+    o.replicas[0] = automatic ? 0 : 1;
+    o.replicas[1] = automatic ? 0 : 2;
+    o.replicas_auto = automatic ? 3 : 0;
     o.batch = 36;
   }
   o.epochs = 3;
@@ -447,7 +464,7 @@ static void killed_rank_resumes(bool replicated) {
   o.on_epoch = kill_at_epoch_1;
   time_t t0 = time(NULL);
   fl_status s = gpu_train_run(&o, &res);
-  fprintf(stderr, "  killed rank%s: %s in %ld s %s\n", replicated ? " (replicas 1,2)" : "", fl_status_name(s),
+  fprintf(stderr, "  killed rank%s: %s in %ld s %s\n", automatic ? " (replicas auto:3)" : replicated ? " (replicas 1,2)" : "", fl_status_name(s),
           (long)(time(NULL) - t0), s ? fl_last_error() : "");
   if (r.killed > 0) waitpid(r.killed, NULL, WNOHANG);
   assert_false(r.kill_failed);
@@ -472,8 +489,9 @@ static void killed_rank_resumes(bool replicated) {
 
 static void test_killed_rank_resumes_from_sharded_checkpoint(void **state) {
   (void)state;
-  killed_rank_resumes(false);
-  killed_rank_resumes(true);
+  killed_rank_resumes(false, false);
+  killed_rank_resumes(true, false);
+  killed_rank_resumes(true, true);
 }
 
 /* A rate far too high: the loss of the world (every rank holds the same value) turns
@@ -573,14 +591,28 @@ static void test_options(void **state) {
   o.model = NN_MLP;
   o.replicas[0] = 2;
   expect_invalid(&o, "are for --model transformer");
-  uint32_t reps[GPU_TRAIN_MAX_STAGES], n = 0;
-  assert_ok(gpu_train_replicas_parse("1,2,1", reps, &n));
+  o = small_options(1, 1, 2, PP_1F1B, 2, &r);
+  o.replicas_auto = 4;
+  assert_ok(gpu_train_options_validate(&o));
+  o.replicas[0] = 2;
+  expect_invalid(&o, "--replicas is either counts or auto:W");
+  o.replicas[0] = 0;
+  o.replicas_auto = 3;
+  expect_invalid(&o, "--batch 32 is not a multiple of --dp x W of --replicas auto:W = 3");
+  uint32_t reps[GPU_TRAIN_MAX_STAGES], n = 0, w = 0;
+  assert_ok(gpu_train_replicas_parse("auto:6", reps, &n, &w));
+  assert_int_equal(w, 6);
+  assert_int_equal(n, 0);
+  assert_fails_with(gpu_train_replicas_parse("auto:0", reps, &n, &w), FL_EINVAL, "auto:W takes W");
+  assert_fails_with(gpu_train_replicas_parse("auto:", reps, &n, &w), FL_EINVAL, "auto:W takes W");
+  assert_ok(gpu_train_replicas_parse("1,2,1", reps, &n, &w));
+  assert_int_equal(w, 0);
   assert_int_equal(n, 3);
   assert_int_equal(reps[1], 2);
   assert_int_equal(reps[3], 0);
   const char *bad[] = {"", "1,", "0,2", "1,,2", "2,x", "-1", " 1", "65", "1,2 "};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-    fl_status st = gpu_train_replicas_parse(bad[i], reps, &n);
+    fl_status st = gpu_train_replicas_parse(bad[i], reps, &n, &w);
     assert_int_equal(st, FL_EINVAL);
     assert_non_null(strstr(fl_last_error(), "is not a list of replica counts"));
   }

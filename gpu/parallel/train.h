@@ -232,13 +232,17 @@ typedef struct gpu_train_options {
    * d being tasks [d S, (d + 1) S) (S the sum), stage by stage; --tp 1, --chunks 1, any
    * schedule but interleaved. */
   uint32_t replicas[GPU_TRAIN_MAX_STAGES];
+  /* --replicas auto:W: the stages and their replicas chosen by PipeDream's partitioner
+   * (pp_options.replicas_auto) over pipelines of W ranks, at most pp stages; ranks x W tasks
+   * (0: off) */
+  uint32_t replicas_auto;
 } gpu_train_options;
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, false, 0, false, {0}}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, false, 0, false, {0}, 0}
 
 
 typedef struct gpu_train_result {
@@ -265,6 +269,9 @@ typedef struct gpu_train_result {
   double bubble, bubble_theory;
   uint32_t stages;
   uint64_t stage_peak_bytes[GPU_TRAIN_MAX_STAGES];
+  /* --model transformer: each stage's ranks a pipeline (1 each unreplicated; with --replicas
+   * auto:W, the partitioner's choice; `stages` of them) */
+  uint32_t stage_replicas[GPU_TRAIN_MAX_STAGES];
   /* asp and ssp: the most steps a pull's weights were behind the pulling worker (its clock
    * less the servers' freshness, over every pull of the run: at most S under ssp:S), the
    * workers whose task was retried and resumed at the servers' clock for it, and the fewest
@@ -301,8 +308,10 @@ FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
  * dp x tp x pp, or dp x sum(replicas) with replicated stages. */
 FL_API uint32_t gpu_train_world(const gpu_train_options *opts);
 /* --replicas "R0,R1,...": 1 to GPU_TRAIN_MAX_STAGES counts, each 1 to 64, into out (the rest
- * zeroed) and their number into *stages. FL_EINVAL names the text. */
-FL_API fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages);
+ * zeroed) and their number into *stages, *auto_ranks 0; or "auto:W", W 1 to 1024: out and
+ * *stages zeroed, *auto_ranks W. FL_EINVAL names the text. */
+FL_API fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages,
+                                          uint32_t *auto_ranks);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch
  * 100 is not a multiple of --ranks 3"). Pure; gpu_train_run calls it first. */

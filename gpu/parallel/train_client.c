@@ -376,6 +376,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   a.window = o->window ? o->window : 8;
   a.vertical_sync = o->vertical_sync;
   memcpy(a.replicas, o->replicas, sizeof a.replicas);
+  a.replicas_auto = o->replicas_auto;
   FL_CHECK(compress_spec_parse(o->compress, &a.compress)); /* checked by validate */
   if (o->data == GPU_TRAIN_IMAGE_FOLDER && !o->no_augment) {
     a.augment = true;
@@ -497,6 +498,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                                  .worker_steps_min = ps_sum.worker_steps_min, .sent_bytes = last.sent_bytes ? last.sent_bytes : last.reduced_bytes,
                                  .link_bytes_per_s = last.link_bytes_per_s};
     memcpy(result->stage_peak_bytes, res.stage_peak_bytes, sizeof res.stage_peak_bytes);
+    memcpy(result->stage_replicas, res.stage_replicas, sizeof res.stage_replicas);
   }
 cleanup:
   train_events_end(&c.events, status);

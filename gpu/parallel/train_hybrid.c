@@ -90,6 +90,9 @@ typedef struct hybrid_rank {
   pp_event *events;    /* the last training step's timeline */
   size_t nevents;
   uint64_t peak_bytes; /* the most activation bytes this rank held in a step */
+  /* replicated stages: each stage's replicas (--replicas, or a retry's checkpoint, or after
+   * the trainer's creation the partitioner's with auto:W); all 0: not replicated */
+  uint32_t plan[GPU_TRAIN_MAX_STAGES];
 } hybrid_rank;
 
 static void put_u32(fl_buf *b, uint32_t v, fl_status *s) {
@@ -209,7 +212,7 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
   if (r->rank == 0) {
     joined->len = 0;
     FL_CHECK(fl_buf_append(joined, SHARD_MAGIC, 8));
-    put_u32(joined, r->a->replicas[0] ? SHARD_VERSION_REPLICATED : SHARD_VERSION, &status);
+    put_u32(joined, r->plan[0] ? SHARD_VERSION_REPLICATED : SHARD_VERSION, &status);
     put_u32(joined, (uint32_t)r->grid.dp, &status);
     put_u32(joined, (uint32_t)r->grid.tp, &status);
     put_u32(joined, (uint32_t)r->grid.pp, &status);
@@ -219,8 +222,8 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
     uint32_t nb = (uint32_t)(r->grid.pp * pp_trainer_num_chunks(r->trainer)) + 1;
     put_u32(joined, nb, &status);
     for (uint32_t i = 0; i < nb; i++) put_u32(joined, (uint32_t)pp_trainer_bounds(r->trainer)[i], &status);
-    if (r->a->replicas[0])
-      for (int s = 0; s < r->grid.pp; s++) put_u32(joined, r->a->replicas[s], &status);
+    if (r->plan[0])
+      for (int s = 0; s < r->grid.pp; s++) put_u32(joined, r->plan[s], &status);
     for (uint32_t i = 0; i < r->world && status == FL_OK; i++) {
       put_u64(joined, all[i].len, &status);
       if (status == FL_OK) status = fl_buf_append(joined, all[i].data, all[i].len);
@@ -236,19 +239,23 @@ cleanup:
 }
 
 /* Reads a joined checkpoint's header: checks it against the run's grid, v chunks and replicas
- * (all 0: none) and copies the stage cut into bounds (pp x v + 1 of them); *c is left at rank
- * 0's shard. FL_EFORMAT names what is wrong. */
-static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, const uint32_t *replicas, int *bounds,
-                             cursor *c) {
+ * (all 0: none; with auto_w, W of --replicas auto:W, g.pp is the most stages and the
+ * checkpoint's plan is taken) and copies the stage cut into bounds (pp x v + 1 of them) and
+ * the replicas into plan, their stages into *pp; *c is left at rank 0's shard. FL_EFORMAT
+ * names what is wrong. */
+static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, const uint32_t *replicas, uint32_t auto_w,
+                             int *bounds, uint32_t *plan, int *pp, cursor *c) {
   *c = (cursor){blob.data, blob.data + blob.len};
   char magic[8];
   uint32_t head[6];
   if (!cursor_take(c, magic, 8) || memcmp(magic, SHARD_MAGIC, 8) != 0 || !cursor_take(c, head, sizeof head))
     return fl_set_error(FL_EFORMAT, "the stage's checkpoint is not a sharded one (magic %s)", SHARD_MAGIC);
-  uint32_t want = replicas[0] ? SHARD_VERSION_REPLICATED : SHARD_VERSION;
+  bool replicated = replicas[0] || auto_w;
+  uint32_t want = replicated ? SHARD_VERSION_REPLICATED : SHARD_VERSION;
   if (head[0] != want)
     return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u, but this run's is %u (%s)", head[0], want,
-                        replicas[0] ? "replicated stages" : "no replicated stage");
+                        replicated ? "replicated stages" : "no replicated stage");
+  if (auto_w && head[3] >= 1 && head[3] <= (uint32_t)g.pp) g.pp = (int)head[3]; /* the partitioner's */
   uint32_t nb = (uint32_t)g.pp * chunks + 1;
   if (head[1] != (uint32_t)g.dp || head[2] != (uint32_t)g.tp || head[3] != (uint32_t)g.pp || head[4] != chunks ||
       head[5] != nb)
@@ -260,11 +267,18 @@ static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, const ui
       return fl_set_error(FL_EFORMAT, "the checkpoint's stage cut is malformed at boundary %u", i);
     bounds[i] = (int)b;
   }
-  for (int s = 0; replicas[0] && s < g.pp; s++) {
+  uint32_t sum = 0;
+  memset(plan, 0, GPU_TRAIN_MAX_STAGES * sizeof *plan);
+  for (int s = 0; replicated && s < g.pp; s++) {
     uint32_t n;
-    if (!cursor_take(c, &n, sizeof n) || n != replicas[s])
-      return fl_set_error(FL_EFORMAT, "the checkpoint's stage %d has other replicas than this run's %u", s, replicas[s]);
+    if (!cursor_take(c, &n, sizeof n) || n < 1 || n > 64 || (!auto_w && n != replicas[s]))
+      return fl_set_error(FL_EFORMAT, "the checkpoint's stage %d has other replicas than this run's", s);
+    plan[s] = n;
+    sum += n;
   }
+  if (auto_w && sum != auto_w)
+    return fl_set_error(FL_EFORMAT, "the checkpoint's replicas add up to %u ranks, --replicas auto:%u", sum, auto_w);
+  *pp = g.pp;
   return FL_OK;
 }
 
@@ -313,23 +327,30 @@ static void hybrid_free(hybrid_rank *r) {
 static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   const train_arg *a = r->a;
   fl_status status = FL_OK;
-  r->grid = (pp_grid){(int)a->dp, (int)a->tp, (int)a->pp};
   int replicas[GPU_TRAIN_MAX_STAGES];
   uint32_t replica_size = a->tp * a->pp, q;
-  if (a->replicas[0]) {
-    /* Replicated stages: a replica is a pipeline of sum(replicas) ranks, stage by stage, and
-     * the communicators' order is the tasks'. */
+  if (r->plan[0]) {
+    /* Replicated stages (r->grid.pp of them): a replica is a pipeline of sum(replicas) ranks,
+     * stage by stage, and the communicators' order is the tasks'. */
     replica_size = 0;
-    for (uint32_t s = 0; s < a->pp; s++) replica_size += a->replicas[s];
+    for (int s = 0; s < r->grid.pp; s++) replica_size += r->plan[s];
     if (replica_size * a->dp != r->world)
       FL_CHECK(fl_set_error(FL_EINVAL, "rank %u: --dp %u x the replicas' %u ranks is not the stage's %u tasks", r->rank,
                             a->dp, replica_size, r->world));
     q = r->rank % replica_size;
     r->me = (pp_coords){.dp = (int)(r->rank / replica_size)};
-    for (uint32_t s = 0, base = 0; s < a->pp; base += a->replicas[s], s++) {
-      replicas[s] = (int)a->replicas[s];
+    for (uint32_t s = 0, base = 0; s < (uint32_t)r->grid.pp; base += r->plan[s], s++) {
+      replicas[s] = (int)r->plan[s];
       if (q >= base) r->me.pp = (int)s;
     }
+    r->grid_rank = (int)r->rank;
+  } else if (a->replicas_auto) {
+    /* The partitioner places this rank (its stage is known once the trainer is made). */
+    replica_size = a->replicas_auto;
+    if (replica_size * a->dp != r->world)
+      FL_CHECK(fl_set_error(FL_EINVAL, "rank %u: --dp %u x auto:%u ranks is not the stage's %u tasks", r->rank, a->dp,
+                            replica_size, r->world));
+    r->me = (pp_coords){.dp = (int)(r->rank / replica_size)};
     r->grid_rank = (int)r->rank;
   } else {
     FL_CHECK(pp_grid_check(r->grid, (int)r->world));
@@ -381,8 +402,14 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
                    .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync,
-                   .replicas = a->replicas[0] ? replicas : NULL};
+                   .replicas = r->plan[0] ? replicas : NULL,
+                   .replicas_auto = r->plan[0] ? 0 : (int)a->replicas_auto};
   FL_CHECK(pp_trainer_create(r->dev, r->comm, &po, &r->trainer));
+  if (po.replicas_auto) { /* the partitioner's plan, from here on as if given */
+    r->grid.pp = pp_trainer_num_stages(r->trainer);
+    r->me.pp = pp_trainer_coords(r->trainer).pp;
+    for (int s = 0; s < r->grid.pp; s++) r->plan[s] = (uint32_t)pp_trainer_stage_replicas(r->trainer, s);
+  }
   /* After the trainer's splits, in the same order on every rank. */
   FL_CHECK(fl_comm_split(r->comm, r->me.dp, (int)r->rank, &r->replica));
 cleanup:
@@ -480,12 +507,14 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
   int *bounds = NULL;
   bool restore = false;
   r.grid = (pp_grid){(int)a.dp, (int)a.tp, (int)a.pp};
+  memcpy(r.plan, a.replicas, sizeof r.plan);
   if (r.attempt > 0) {
     fl_status got = fl_barrier_checkpoint_get(b, &blob);
     if (got == FL_OK) {
       if (!(bounds = common_malloc(((size_t)a.pp * a.chunks + 1) * sizeof *bounds)))
         FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for the stage cut", r.rank));
-      FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, a.replicas, bounds, &shards));
+      FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, a.replicas, a.replicas_auto, bounds, r.plan,
+                           &r.grid.pp, &shards));
       restore = true;
     } else if (got != FL_ENOENT) {
       FL_CHECK(got);
@@ -604,8 +633,9 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   size_t *counts = common_calloc(world, sizeof *counts);
   if (!events || !counts) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for %u timelines", world));
   double end = 0;
-  res->stages = o->pp;
+  res->stages = 0; /* (with --replicas auto:W the partitioner's count, at most o->pp) */
   memset(res->stage_peak_bytes, 0, sizeof res->stage_peak_bytes);
+  memset(res->stage_replicas, 0, sizeof res->stage_replicas);
   for (uint32_t i = 0; i < world; i++) { /* task i's record, of grid rank g */
     cursor rec;
     uint32_t head[2] = {0, 0};
@@ -616,6 +646,10 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
       FL_CHECK(fl_set_error(FL_EFORMAT, "task %u's timeline record is malformed", i));
     uint32_t g = head[0];
     if (peak > res->stage_peak_bytes[head[1]]) res->stage_peak_bytes[head[1]] = peak;
+    if (head[1] + 1 > res->stages) res->stages = head[1] + 1;
+    /* the first pipeline's tasks (the first world / dp) count each stage's ranks */
+    if (i < world / o->ranks && (o->replicas[0] || o->replicas_auto)) res->stage_replicas[head[1]]++;
+    else if (!o->replicas[0] && !o->replicas_auto) res->stage_replicas[head[1]] = 1;
     events[g] = common_calloc(n ? n : 1, sizeof **events);
     if (!events[g]) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for rank %u's timeline", g));
     for (uint64_t k = 0; k < n; k++) {

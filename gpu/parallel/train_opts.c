@@ -111,12 +111,24 @@ static uint64_t replicas_sum(const gpu_train_options *o) {
 
 uint32_t gpu_train_world(const gpu_train_options *o) {
   if (o->model != NN_TRANSFORMER) return o->ranks;
+  if (o->replicas_auto) return o->ranks * o->replicas_auto;
   return o->replicas[0] ? o->ranks * (uint32_t)replicas_sum(o) : o->ranks * o->tp * o->pp;
 }
 
-fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages) {
-  if (!text || !out || !stages) return fl_set_error(FL_EINVAL, "gpu_train_replicas_parse: NULL argument");
+fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages,
+                                   uint32_t *auto_ranks) {
+  if (!text || !out || !stages || !auto_ranks) return fl_set_error(FL_EINVAL, "gpu_train_replicas_parse: NULL argument");
   memset(out, 0, GPU_TRAIN_MAX_STAGES * sizeof *out);
+  *stages = *auto_ranks = 0;
+  if (strncmp(text, "auto:", 5) == 0) {
+    char *end = NULL;
+    unsigned long w = text[5] >= '0' && text[5] <= '9' ? strtoul(text + 5, &end, 10) : 0;
+    if (end && *end == '\0' && w >= 1 && w <= 1024) {
+      *auto_ranks = (uint32_t)w;
+      return FL_OK;
+    }
+    return fl_set_error(FL_EINVAL, "--replicas '%s': auto:W takes W, the ranks of a pipeline, 1 to 1024", text);
+  }
   uint32_t n = 0;
   for (const char *p = text;; p++) {
     char *end = NULL;
@@ -136,8 +148,19 @@ fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_
                       "(e.g. 1,2; at most %d stages)", text, GPU_TRAIN_MAX_STAGES);
 }
 
-/* --replicas: a count per stage, with what the replicated runtime supports. */
+/* --replicas: a count per stage or auto:W, with what the replicated runtime supports. */
 static fl_status validate_replicas(const gpu_train_options *o) {
+  if (o->replicas_auto) {
+    if (replicas_sum(o)) return fl_set_error(FL_EINVAL, "--replicas is either counts or auto:W, not both");
+    if (o->replicas_auto > 1024) return fl_set_error(FL_EINVAL, "--replicas auto:%u is above 1024 ranks", o->replicas_auto);
+    if (o->tp != 1 || o->chunks != 1)
+      return fl_set_error(FL_EINVAL, "--replicas needs --tp 1 and --chunks 1 (a replicated stage is one whole rank; "
+                          "got --tp %u, --chunks %u)", o->tp, o->chunks);
+    if (o->schedule == PP_INTERLEAVED)
+      return fl_set_error(FL_EINVAL, "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved (a "
+                          "replicated stage is one chunk)");
+    return FL_OK;
+  }
   uint32_t n = 0;
   while (n < GPU_TRAIN_MAX_STAGES && o->replicas[n]) n++;
   for (uint32_t s = n; s < GPU_TRAIN_MAX_STAGES; s++)
@@ -159,7 +182,7 @@ static fl_status validate_replicas(const gpu_train_options *o) {
 static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->model != NN_TRANSFORMER) {
     if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute || o->window || o->vertical_sync ||
-        o->timeline_csv_path || o->timeline_svg_path || replicas_sum(o))
+        o->timeline_csv_path || o->timeline_svg_path || replicas_sum(o) || o->replicas_auto)
       return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, "
                           "--window, --vertical-sync, --replicas and --timeline-* are for --model transformer");
     return FL_OK;
@@ -167,17 +190,21 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
   if (o->pp < 1 || o->pp > GPU_TRAIN_MAX_STAGES)
     return fl_set_error(FL_EINVAL, "--pp %u must be 1 to %d", o->pp, GPU_TRAIN_MAX_STAGES);
-  if (replicas_sum(o)) {
+  bool replicated = replicas_sum(o) || o->replicas_auto;
+  if (replicated) {
     fl_status s = validate_replicas(o);
     if (s != FL_OK) return s;
   }
-  uint64_t world = replicas_sum(o) ? (uint64_t)o->ranks * replicas_sum(o) : (uint64_t)o->ranks * o->tp * o->pp;
+  uint64_t world = replicated ? (uint64_t)o->ranks * (o->replicas_auto ? o->replicas_auto : replicas_sum(o))
+                              : (uint64_t)o->ranks * o->tp * o->pp;
+  const char *per = o->replicas_auto ? "W of --replicas auto:W" : replicated ? "the sum of --replicas" : "--tp x --pp";
   if (world > 1024)
-    return fl_set_error(FL_EINVAL, "--dp %u x %s = %llu ranks, over 1024", o->ranks,
-                        replicas_sum(o) ? "the sum of --replicas" : "--tp x --pp", (unsigned long long)world);
+    return fl_set_error(FL_EINVAL, "--dp %u x %s = %llu ranks, over 1024", o->ranks, per, (unsigned long long)world);
   if (o->batch % world)
     return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of %s = %llu (each rank reads batch / ranks "
-                        "images a step)", o->batch, replicas_sum(o) ? "--dp x the sum of --replicas" : "--dp x --tp x --pp",
+                        "images a step)", o->batch, replicated ? (o->replicas_auto ? "--dp x W of --replicas auto:W"
+                                                                                : "--dp x the sum of --replicas")
+                                                               : "--dp x --tp x --pp",
                         (unsigned long long)world);
   if ((unsigned)o->schedule > PP_2BW)
     return fl_set_error(FL_EINVAL, "--schedule: unknown schedule %d", (int)o->schedule);
