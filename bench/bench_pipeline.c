@@ -59,6 +59,23 @@
  * momentum 0.9 diverge (they did, at --lr 0.2 and 0.1); without momentum the bound is 1
  * against 2. A row that diverges says so and the table goes on.
  *
+ * Rows of the fourth table, "activation memory" (Korthikanti et al. 2022): the bytes one rank
+ * holds for one micro-batch between forward and backward in a chunk of L = 2 GPT blocks
+ * (tfm_chunk_peak_activation_bytes; s = 64 tokens, b = 4 samples, h = 64, a = 8 heads,
+ * ffn 4h), for t = 1, 2, 4 tensor-parallel ranks: tensor parallel alone, with sequence
+ * parallelism, and with selective recomputation too; beside the formula for our storage
+ * (fp32 values; dropout masks are recomputed from their keys, never kept):
+ *   per block, tp only:       sbh (16 + 16/h + 48/t + 4as/(ht)) bytes
+ *             tp + sp:        sbh/t (64 + 16/h + 4as/h)
+ *             + selective:    sbh/t (64 + 16/h)
+ * The block keeps qkv (3sbh/t floats), the probabilities (as^2 b/t), the context (sbh/t), the
+ * MLP's input and output of GELU (4sbh/t each) and, outside the tensor-parallel regions, x1,
+ * y and the two layer norms' outputs (sbh each, /t with sequence parallelism) and their mean
+ * and 1/std (4sb, /t). (Megatron's mixed-precision count is sbh (10 + 24/t + 5as/(ht)), and
+ * sbh/t (34 + 5as/h) and 34 sbh/t: half the bytes a value, masks of a byte kept.) The chunk
+ * adds its copy of the whole input (4sbh) and, sequence parallel, the input's slice and the
+ * last block's gathered output (4sbh (1/t + 1)); the formula column includes them.
+ *
  *   bench_pipeline [--json] [--device cpu|cuda|all] [--steps N] [--quick] [--pipedream]
  *                  [--pipedream-seeds N [--pd-m M] [--pd-momentum X]]
  *
@@ -86,95 +103,12 @@
 #include "flint/gpu.h"
 #include "gpu/parallel/pipeline.h"
 #include "gpu/parallel/train.h"
+#include "bench_ranks.h"
 
 #define MAX_RANKS 4
 #define MAX_STEPS 50
 #define MICROBATCH 2          /* samples per micro-batch in the schedule rows */
 #define SYNTHETIC_FWD_S 0.008 /* per forward of a whole stage's units, before dividing by v */
-
-/* ---- ranks as threads over loopback --------------------------------------------------- */
-
-typedef fl_status (*rank_fn)(void *arg, int rank, fl_comm *comm);
-
-typedef struct rank_job {
-  rank_fn fn;
-  void *arg;
-  int rank;
-  fl_comm *comm;
-  fl_status status;
-  char msg[512];
-} rank_job;
-
-static void *rank_main(void *p) {
-  rank_job *job = p;
-  job->status = job->fn(job->arg, job->rank, job->comm);
-  snprintf(job->msg, sizeof job->msg, "%s", job->status != FL_OK ? fl_last_error() : "");
-  return NULL;
-}
-
-/* Runs fn on `size` threads at once, one per rank; the first failure becomes this thread's
- * error, naming the rank. */
-static fl_status run_ranks(int size, fl_comm **comms, rank_fn fn, void *arg) {
-  pthread_t th[MAX_RANKS];
-  rank_job jobs[MAX_RANKS];
-  int started = 0;
-  fl_status st = FL_OK;
-  for (int r = 0; r < size; r++) {
-    jobs[r] = (rank_job){.fn = fn, .arg = arg, .rank = r, .comm = comms ? comms[r] : NULL};
-    if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
-      st = fl_set_error(FL_EINTERNAL, "cannot start the thread of rank %d", r);
-      break;
-    }
-    started++;
-  }
-  for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
-  for (int r = 0; st == FL_OK && r < started; r++)
-    if (jobs[r].status != FL_OK)
-      st = fl_set_error(jobs[r].status, "rank %d of %d: %s", r, size, jobs[r].msg);
-  return st;
-}
-
-typedef struct world {
-  int size;
-  fl_comm_endpoint *eps[MAX_RANKS];
-  const char *addrs[MAX_RANKS];
-  fl_comm *comms[MAX_RANKS];
-} world;
-
-static fl_status connect_rank(void *arg, int rank, fl_comm *comm) {
-  (void)comm;
-  world *w = arg;
-  fl_comm_endpoint *ep = w->eps[rank];
-  w->eps[rank] = NULL; /* taken by create, even on failure */
-  return fl_comm_host_create(ep, rank, w->size, w->addrs, 20000, &w->comms[rank]);
-}
-
-static void world_destroy(world *w) {
-  for (int r = 0; r < w->size; r++) {
-    fl_comm_destroy(w->comms[r]);
-    fl_comm_endpoint_destroy(w->eps[r]);
-  }
-  memset(w, 0, sizeof *w);
-}
-
-/* `size` host communicators over 127.0.0.1, one per rank. */
-static fl_status world_create(int size, world *w) {
-  char addrs[MAX_RANKS][96];
-  memset(w, 0, sizeof *w);
-  w->size = size;
-  fl_status st = FL_OK;
-  for (int r = 0; st == FL_OK && r < size; r++) {
-    st = fl_comm_listen("127.0.0.1", &w->eps[r]);
-    if (st == FL_OK) {
-      snprintf(addrs[r], sizeof addrs[r], "%s", fl_comm_endpoint_address(w->eps[r]));
-      w->addrs[r] = addrs[r];
-    }
-  }
-  if (st == FL_OK) st = run_ranks(size, NULL, connect_rank, w);
-  for (int r = 0; r < size; r++) w->addrs[r] = NULL; /* they pointed at this frame */
-  if (st != FL_OK) world_destroy(w);
-  return st;
-}
 
 /* ---- one configuration on every rank --------------------------------------------------- */
 
@@ -342,6 +276,91 @@ static fl_status tensor_rows(world *worlds, int steps, int cores, bool json) {
   return st;
 }
 
+/* ---- activation memory ------------------------------------------------------------------ */
+
+#define ACT_SEQ 64
+#define ACT_BATCH 4
+#define ACT_HIDDEN 64
+#define ACT_HEADS 8
+#define ACT_BLOCKS 2
+
+typedef struct act_run {
+  tfm_spec spec;
+  int tp;
+  size_t peak[MAX_RANKS];
+} act_run;
+
+/* One forward and backward of chunk [1, 1 + ACT_BLOCKS) on this rank; its peak bytes. */
+static fl_status act_rank(void *arg, int rank, fl_comm *comm) {
+  act_run *ar = arg;
+  fl_device *dev = rank_dev[rank];
+  tfm_chunk *c = NULL;
+  fl_tensor *x = NULL, *dy = NULL;
+  int64_t shape[3] = {ACT_BATCH, ACT_SEQ, ACT_HIDDEN};
+  size_t n = (size_t)ACT_BATCH * ACT_SEQ * ACT_HIDDEN;
+  float *host = malloc(n * sizeof *host);
+  fl_status st = host ? FL_OK : fl_set_error(FL_ENOMEM, "an input of %zu floats", n);
+  for (size_t i = 0; host && i < n; i++) host[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+  if (st == FL_OK)
+    st = tfm_chunk_create(dev, &ar->spec, 1, 1 + ACT_BLOCKS, ar->tp > 1 ? comm : NULL, rank, ar->tp, &c);
+  if (st == FL_OK) st = fl_tensor_create(dev, 3, shape, &x);
+  if (st == FL_OK) st = fl_tensor_create(dev, 3, shape, &dy);
+  if (st == FL_OK) st = fl_tensor_write(x, host, n);
+  if (st == FL_OK) st = fl_tensor_write(dy, host, n);
+  const fl_tensor *y, *dx;
+  tfm_batch b = {0, 0};
+  if (st == FL_OK) st = tfm_chunk_forward(c, 0, x, &b, true, &y);
+  if (st == FL_OK) st = tfm_chunk_backward(c, 0, dy, &dx);
+  if (st == FL_OK) ar->peak[rank] = tfm_chunk_peak_activation_bytes(c);
+  fl_tensor_destroy(x);
+  fl_tensor_destroy(dy);
+  tfm_chunk_destroy(c);
+  free(host);
+  return st;
+}
+
+/* The formula of the table's comment, in bytes per rank for the chunk. */
+static double act_formula(int t, bool sp, bool selective) {
+  double s = ACT_SEQ, b = ACT_BATCH, h = ACT_HIDDEN, a = ACT_HEADS, sbh = s * b * h;
+  double probs = selective ? 0 : 4 * a * s / h;
+  double block = sp ? sbh / t * (64 + 16 / h + probs) : sbh * (16 + 16 / h + (48 + probs) / t);
+  double ends = 4 * sbh + (sp ? 4 * sbh * (1.0 / t + 1) : 0);
+  return ACT_BLOCKS * block + ends;
+}
+
+static fl_status activation_rows(world *worlds, bool json) {
+  static const int tps[] = {1, 2, 4};
+  static const char *const modes[] = {"tp", "tp+sp", "tp+sp+selective"};
+  act_run ar;
+  fl_status st = FL_OK;
+  for (size_t i = 0; st == FL_OK && i < sizeof tps / sizeof *tps; i++)
+    for (int m = 0; st == FL_OK && m < 3; m++) {
+      int t = tps[i];
+      bool sp = m >= 1, sel = m == 2;
+      if (sp && t == 1) continue; /* sequence parallelism splits over t > 1 ranks */
+      memset(&ar, 0, sizeof ar);
+      ar.spec = (tfm_spec){.seq = ACT_SEQ, .hidden = ACT_HIDDEN, .heads = ACT_HEADS, .blocks = ACT_BLOCKS,
+                           .dropout = 0.1f, .seed = 7, .kind = TFM_GPT, .vocab = 256, .sequence_parallel = sp,
+                           .selective_recompute = sel};
+      ar.tp = t;
+      st = run_ranks(t, worlds[t].comms, act_rank, &ar);
+      if (st != FL_OK) break;
+      double formula = act_formula(t, sp, sel), measured = (double)ar.peak[0];
+      for (int r = 1; r < t; r++)
+        if (ar.peak[r] != ar.peak[0]) st = fl_set_error(FL_EINTERNAL, "tp ranks hold different activation bytes");
+      if (json)
+        printf("{\"table\":\"activation_memory\",\"device\":\"%s\",\"t\":%d,\"mode\":\"%s\",\"s\":%d,\"b\":%d,"
+               "\"h\":%d,\"a\":%d,\"blocks\":%d,\"measured_bytes\":%.0f,\"formula_bytes\":%.0f,\"ratio\":%.4f}\n",
+               dev_name, t, modes[m], ACT_SEQ, ACT_BATCH, ACT_HIDDEN, ACT_HEADS, ACT_BLOCKS, measured, formula,
+               measured / formula);
+      else
+        printf("%-4s %2d %-16s %12.1f %12.1f %7.4f\n", dev_name, t, modes[m], measured / 1024, formula / 1024,
+               measured / formula);
+      fflush(stdout);
+    }
+  return st;
+}
+
 /* ---- one device kind: both tables ------------------------------------------------------ */
 
 static void close_rank_devices(void) {
@@ -399,6 +418,14 @@ static int run_device(fl_device_kind kind, bool json, bool quick, int steps, int
   }
   if (st == FL_OK) what = "a tensor-parallel row";
   if (st == FL_OK) st = tensor_rows(worlds, steps, cores, json);
+  if (st == FL_OK && !json) {
+    printf("\nactivation memory: %s; a chunk of %d GPT blocks, s %d, b %d, h %d, a %d, ffn 4h; bytes one rank "
+           "holds for a micro-batch (tfm_chunk_peak_activation_bytes) beside the formula (bench_pipeline.c's "
+           "comment)\n", dev_name, ACT_BLOCKS, ACT_SEQ, ACT_BATCH, ACT_HIDDEN, ACT_HEADS);
+    printf("%-4s %2s %-16s %12s %12s %7s\n", "dev", "t", "mode", "KiB/rank", "formula KiB", "ratio");
+  }
+  if (st == FL_OK) what = "an activation-memory row";
+  if (st == FL_OK) st = activation_rows(worlds, json);
   for (int size = 1; size <= MAX_RANKS; size *= 2) world_destroy(&worlds[size]);
   close_rank_devices();
   if (st != FL_OK) {

@@ -47,7 +47,6 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,8 +298,11 @@ void shell_guard_install(void) {
  * gives SIGINT back its default action, so a second Ctrl-C (an input looping in its own code)
  * ends the shell. At the prompt Ctrl-C keeps its default action. */
 static int interrupt_pipe[2] = {-1, -1};
-static atomic_uint input_number;  /* run_guarded's inputs so far */
-static atomic_bool input_running; /* run_guarded is inside one */
+/* run_guarded's inputs so far and whether one runs; the watcher checks them and cancels
+ * under the lock, so an input cannot end and the next one start between the two. */
+static pthread_mutex_t input_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned input_number;
+static bool input_running;
 
 enum { RECANCEL_MS = 50 };
 
@@ -315,18 +317,26 @@ static void cancel_jobs(shell_session *s) {
   if (fl_cancel_jobs(s->ctx) != FL_OK) fprintf(stderr, "flint shell: cannot cancel the jobs: %s\n", fl_last_error());
 }
 
+static void set_input_running(bool running) {
+  pthread_mutex_lock(&input_lock);
+  if (running) input_number++;
+  input_running = running;
+  pthread_mutex_unlock(&input_lock);
+}
+
 static void *interrupt_watch(void *arg) {
   shell_session *s = arg;
   bool interrupted = false;
   unsigned interrupted_input = 0;
   for (;;) {
-    if (interrupted && (!atomic_load(&input_running) || atomic_load(&input_number) != interrupted_input))
-      interrupted = false;
     struct pollfd p = {.fd = interrupt_pipe[0], .events = POLLIN};
     int ready = poll(&p, 1, interrupted ? RECANCEL_MS : -1);
     if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) {
-      cancel_jobs(s); /* the interrupted input's later jobs */
+    if (ready == 0) { /* the interrupted input's later jobs, while it runs */
+      pthread_mutex_lock(&input_lock);
+      interrupted = input_running && input_number == interrupted_input;
+      if (interrupted) cancel_jobs(s);
+      pthread_mutex_unlock(&input_lock);
       continue;
     }
     char b;
@@ -334,9 +344,11 @@ static void *interrupt_watch(void *arg) {
     if (n < 0 && errno == EINTR) continue;
     if (n != 1 || b == 0) return NULL; /* 0: the session ends */
     fprintf(stderr, "\nflint shell: Ctrl-C: cancelling the running jobs (Ctrl-C again ends the shell)\n");
-    interrupted = atomic_load(&input_running);
-    interrupted_input = atomic_load(&input_number);
+    pthread_mutex_lock(&input_lock);
+    interrupted = input_running;
+    interrupted_input = input_number;
     cancel_jobs(s);
+    pthread_mutex_unlock(&input_lock);
   }
 }
 
@@ -346,19 +358,18 @@ static bool run_guarded(void (*fn)(fl_context *), fl_context *ctx, unsigned inpu
   sigemptyset(&on_interrupt.sa_mask);
   bool interruptible = interrupt_pipe[1] >= 0 && sigaction(SIGINT, &on_interrupt, &before) == 0;
   guard_thread = pthread_self();
-  atomic_fetch_add(&input_number, 1);
-  atomic_store(&input_running, true);
+  set_input_running(true);
   int sig = sigsetjmp(guard_jump, 1);
   if (sig == 0) {
     guard_armed = 1;
     fn(ctx);
     guard_armed = 0;
-    atomic_store(&input_running, false);
+    set_input_running(false);
     if (interruptible) sigaction(SIGINT, &before, NULL);
     fflush(stdout);
     return true;
   }
-  atomic_store(&input_running, false);
+  set_input_running(false);
   if (interruptible) sigaction(SIGINT, &before, NULL);
   fflush(stdout);
   fprintf(stderr, "flint shell: input %u crashed (%s); the session goes on, but what it held "

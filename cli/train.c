@@ -34,9 +34,9 @@ static bool model_library_parse(const char *v, gpu_train_options *o) {
 }
 
 static const char train_usage_text[] =
-    "usage: flint train --model mlp|cnn|resnet18|resnet50|transformer|FILE.so[:SYMBOL]\n"
+    "usage: flint train --model mlp|cnn|resnet18|resnet50|transformer|gpt|FILE.so[:SYMBOL]\n"
     "                   --data fashion-mnist|synthetic-imagenet|libsvm:PATH|csv:PATH|idx:IMAGES,LABELS\n"
-    "                          |imagefolder:DIR [options]\n"
+    "                          |imagefolder:DIR|text:PATH [options]\n"
     "\n"
     "Trains a network by synchronous data-parallel SGD (or Adam, AdamW, LARS, LAMB): R ranks (one barrier task each) read\n"
     "their share of the cached data set, allreduce gradients in buckets overlapped with the\n"
@@ -48,6 +48,9 @@ static const char train_usage_text[] =
     "--model transformer trains a transformer encoder (an image's rows are its tokens) on a\n"
     "grid of D x T x P ranks: data, tensor (Megatron-LM) and pipeline parallel (GPipe, 1F1B,\n"
     "interleaved 1F1B), and reports the pipeline's bubble and each stage's peak activations.\n"
+    "--model gpt trains its GPT form (pre-LN blocks, causal attention) on the bytes of\n"
+    "--data text:PATH, any text file, predicting each byte from those before it; the file's\n"
+    "last tenth is the test set; loss (per byte, also in bits) and accuracy are the next byte's.\n"
     "\n"
     "options:\n"
     "  --model M           mlp, cnn, resnet18, resnet50 (Goyal et al.'s zero-gamma blocks) or\n"
@@ -165,12 +168,19 @@ static const char train_usage_text[] =
     "  --vertical-sync     pipedream: every stage uses the version the first stage used\n"
     "  --microbatches M    micro-batches per replica's batch, dividing --batch / D (default 1)\n"
     "  --chunks V          model chunks per pipeline rank, for interleaved (default 1)\n"
-    "  --recompute         keep only stage inputs; run forward again before backward\n"
+    "  --recompute [full|selective]\n"
+    "                      full (the default): keep only stage inputs and run forward again\n"
+    "                      before backward; selective: keep all but the attention's [seq, seq]\n"
+    "                      scores and probabilities, recomputed in backward (Korthikanti et al.)\n"
+    "  --sequence-parallel between the tensor-parallel regions, each of the --tp ranks keeps\n"
+    "                      seq / tp of the tokens (layer norm, dropout, residuals; needs --tp > 1\n"
+    "                      dividing the sequence)\n"
     "  --hidden H          model width (default 64)\n"
     "  --heads N           attention heads, dividing --hidden (default 4)\n"
     "  --ffn F             MLP inner width (default 4 x hidden)\n"
     "  --blocks K          transformer blocks (default 2)\n"
     "  --dropout P         dropout probability, 0 <= P < 1 (default 0.1)\n"
+    "  --seq S             --model gpt: bytes per sample (default 64)\n"
     "  --timeline-csv PATH every rank's last-step timeline as CSV\n"
     "  --timeline-svg PATH the same drawn as a chart\n"
     "  --conf KEY=VALUE    a setting ('flint config' lists them), e.g. log=debug\n"
@@ -193,7 +203,11 @@ static const char train_usage_text[] =
     "example (hybrid: 2 replicas of 2-way tensor x 2-stage pipeline parallelism):\n"
     "  flint train --model transformer --data fashion-mnist --dp 2 --tp 2 --pp 2 \\\n"
     "      --schedule 1f1b --microbatches 4 --batch 64 --epochs 1 --master 'local[8]' \\\n"
-    "      --timeline-svg tl.svg\n";
+    "      --timeline-svg tl.svg\n"
+    "example (a byte-level GPT on a text file, tensor x pipeline parallel):\n"
+    "  flint train --model gpt --data text:docs/parallelism.md --seq 64 --hidden 64 --heads 4 \\\n"
+    "      --blocks 2 --tp 2 --pp 2 --microbatches 4 --batch 32 --optimizer adam --lr 0.01 \\\n"
+    "      --epochs 4 --master 'local[4]'\n";
 
 #define train_usage_error(...) cli_usage_error("train", __VA_ARGS__)
 
@@ -230,10 +244,10 @@ static const struct option train_longopts[] = {
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
     VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
     VALUED("sync"), VALUED("compress"), VALUED("power"), VALUED("image-size"), VALUED("accumulate"), VALUED("ps-fetch"),
-    VALUED("ps-push"), SWITCH("nesterov"), SWITCH("quiet"),
+    VALUED("ps-push"), VALUED("seq"), SWITCH("nesterov"), SWITCH("quiet"),
     SWITCH("no-shuffle"), SWITCH("no-overlap"),
-    SWITCH("recompute"), SWITCH("vertical-sync"), SWITCH("no-decay-norm-bias"), SWITCH("decay-all"), SWITCH("no-augment"),
-    SWITCH("trick"),
+    SWITCH("recompute"), SWITCH("vertical-sync"), SWITCH("sequence-parallel"), SWITCH("no-decay-norm-bias"),
+    SWITCH("decay-all"), SWITCH("no-augment"), SWITCH("trick"),
     CLI_COMMON_LONG_OPTIONS, {0}};
 #undef VALUED
 #undef SWITCH
@@ -285,6 +299,16 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       continue;
     }
     if (strcmp(opt, "--recompute") == 0) {
+      /* --recompute [full|selective]: an optional word after it (full, the default, keeps
+       * only stage inputs; selective only drops the attention's [seq, seq] tensors). */
+      const char *next = optind < argc + 1 ? (argv - 1)[optind] : NULL;
+      if (next && (strcmp(next, "selective") == 0 || strcmp(next, "full") == 0)) {
+        optind++;
+        if (next[0] == 's') {
+          o->recompute_selective = true;
+          continue;
+        }
+      }
       o->recompute = true;
       continue;
     }
@@ -296,13 +320,20 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
       o->vertical_sync = true;
       continue;
     }
+    if (strcmp(opt, "--sequence-parallel") == 0) {
+      o->sequence_parallel = true;
+      continue;
+    }
     const char *v = optarg;
     double d;
     if (strcmp(opt, "--model") == 0) {
-      if (model_library_parse(v, o)) {
+      o->gpt = strcmp(v, "gpt") == 0; /* the transformer in its GPT form */
+      if (o->gpt) {
+        o->model = NN_TRANSFORMER;
+      } else if (model_library_parse(v, o)) {
         o->model = NN_LIBRARY;
       } else if (gpu_train_model_parse(v, &o->model) != FL_OK) {
-        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18, resnet50 or transformer, or a FILE.so that exports "
+        return train_usage_error("unknown model '%s' (mlp, cnn, resnet18, resnet50, transformer or gpt, or a FILE.so that exports "
                                  "a model builder)", v);
       }
       have_model = true;
@@ -350,6 +381,9 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
                       : strcmp(opt, "--heads") == 0      ? &o->heads
                                                          : &o->blocks;
       if (!cli_parse_u32(v, dst) || *dst < 1) return train_usage_error("%s '%s' is not a whole number >= 1", opt, v);
+    } else if (strcmp(opt, "--seq") == 0) {
+      if (!cli_parse_u32(v, &o->seq) || o->seq < 1 || o->seq > 4096)
+        return train_usage_error("--seq '%s' is not a whole number from 1 to 4096", v);
     } else if (strcmp(opt, "--ffn") == 0) {
       if (!cli_parse_u32(v, &o->ffn) || o->ffn < 1) return train_usage_error("--ffn '%s' is not a whole number >= 1", v);
     } else if (strcmp(opt, "--dropout") == 0) {
@@ -452,10 +486,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   if (replica_stages && !pp_given) o->pp = replica_stages;
   /* auto:W: at most --pp stages, by default as many as the ranks and the model allow */
   if (o->replicas_auto && !pp_given) o->pp = o->replicas_auto < o->blocks + 2 ? o->replicas_auto : o->blocks + 2;
-  if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer or FILE.so)");
+  if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer, gpt or FILE.so)");
   if (!have_data)
     return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH, "
-                             "idx:IMAGES,LABELS or imagefolder:DIR)");
+                             "idx:IMAGES,LABELS, imagefolder:DIR or text:PATH)");
   if (test_data && o->data < GPU_TRAIN_LIBSVM)
     return train_usage_error("--test-data is for --data libsvm:, csv: and idx: (and imagefolder:; %s has its own "
                              "test set)", gpu_train_dataset_name(o->data));
@@ -509,7 +543,7 @@ int cmd_train(int argc, char **argv) {
   uint32_t world = gpu_train_world(&o);
   printf("training %s on %s: %u rank%s on %s, global batch %u (%u per rank), %s, lr %g x %u / 256 = %g, warmup %g "
          "epochs, %s decay, %u epochs\n",
-         nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), world, world == 1 ? "" : "s",
+         o.gpt ? "gpt" : nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), world, world == 1 ? "" : "s",
          o.device == FL_DEVICE_CPU ? "cpu" : "cuda", o.batch, o.batch / world, optim_kind_name(o.optim.kind), o.lr,
          o.batch, optim_schedule_peak_lr(&sched), o.warmup_epochs, optim_decay_name(o.decay), o.epochs);
   if (hybrid)
@@ -529,6 +563,10 @@ int cmd_train(int argc, char **argv) {
   if (o.trick)
     printf("trick        convolutions data parallel on %u images a rank; FC layers split %u ways over the "
            "global batch\n", o.batch / world, world);
+  if (hybrid && (o.sequence_parallel || o.recompute_selective))
+    printf("activations  %s%s%s\n", o.sequence_parallel ? "sequence parallel" : "",
+           o.sequence_parallel && o.recompute_selective ? ", " : "",
+           o.recompute_selective ? "selective recomputation" : "");
   if (o.accumulate > 1)
     printf("accumulate   %u micro-batches of %u per rank a step, one allreduce after the last\n", o.accumulate,
            o.batch / world / o.accumulate);
@@ -542,8 +580,15 @@ int cmd_train(int argc, char **argv) {
   if (res.resumed_epoch && !o.resume_path) printf(", the last resumed after epoch %u", res.resumed_epoch);
   printf(")\n");
   if (o.resume_path) printf("resumed      %s after epoch %u\n", o.resume_path, res.resumed_epoch);
-  printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
-  printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
+  if (o.gpt) { /* per byte: the loss in nats and in bits, and the next byte's accuracy */
+    printf("train        loss %.4f per byte (%.3f bits per byte)  next-byte accuracy %.4f\n", res.train_loss,
+           res.train_loss / M_LN2, res.train_acc);
+    printf("test         loss %.4f per byte (%.3f bits per byte)  next-byte accuracy %.4f\n", res.test_loss,
+           res.test_loss / M_LN2, res.test_acc);
+  } else {
+    printf("train        loss %.4f  accuracy %.4f\n", res.train_loss, res.train_acc);
+    printf("test         loss %.4f  accuracy %.4f\n", res.test_loss, res.test_acc);
+  }
   printf("throughput   %.0f images/s over %.1f s", res.images_per_s, res.seconds);
   bool ps = GPU_TRAIN_SYNC_IS_PS(o.sync);
   if (!hybrid && !ps && !o.trick) printf("; input wait %.1f%% of the steps' time", 100 * res.input_wait_share);

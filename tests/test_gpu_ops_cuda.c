@@ -562,6 +562,31 @@ static void test_mean_tokens(void **state) {
   dev_free(y);
 }
 
+/* causal_mask: -inf strictly above each [s, s] matrix's diagonal, the rest untouched, as the
+ * cpu device's (one odd size and one above a block of threads). */
+static void test_causal_mask(void **state) {
+  (void)state;
+  const int shapes[][2] = {{1, 1}, {3, 5}, {2, 37}, {4, 130}};
+  for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++) {
+    int batch = shapes[q][0], s = shapes[q][1];
+    size_t n = (size_t)batch * s * s;
+    float *hx = host_rand(n, 1.0f);
+    float *x = dev_from(hx, n);
+    assert_ok(gpu->ops->causal_mask(gpu, batch, s, x));
+    float *got = host_from(x, n);
+    for (int b = 0; b < batch; b++)
+      for (int i = 0; i < s; i++)
+        for (int j = 0; j < s; j++) {
+          size_t at = ((size_t)b * s + i) * s + j;
+          if (j > i) assert_true(isinf(got[at]) && got[at] < 0);
+          else assert_true(got[at] == hx[at]);
+        }
+    dev_free(x);
+    free(hx);
+    free(got);
+  }
+}
+
 int main(void) {
   if (fl_cuda_device_count() == 0) {
     printf("test_gpu_ops_cuda: skipped: no usable CUDA GPU (fl_cuda_device_count() == 0)\n");
@@ -576,6 +601,7 @@ int main(void) {
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_dropout_shards_agree),
       cmocka_unit_test(test_mean_tokens),
+      cmocka_unit_test(test_causal_mask),
   };
   return cmocka_run_group_tests(tests, setup_device, teardown_device);
 }

@@ -210,6 +210,13 @@ static void test_bad_transformer_options_exit_2(void **state) {
                      "8 stages, but the model has only 4 units");
   expect_usage_error(RUN_FLINT("train", TFM, "--bucket-mb", "1"), "--bucket-mb is for the data-parallel models");
   expect_usage_error(RUN_FLINT("train", TFM, "--resume", "x.ckpt"), "--resume is for the data-parallel models");
+  expect_usage_error(RUN_FLINT("train", BASE, "--sequence-parallel"), "are for --model transformer");
+  expect_usage_error(RUN_FLINT("train", TFM, "--sequence-parallel"), "--sequence-parallel splits the sequence");
+  expect_usage_error(RUN_FLINT("train", TFM, "--recompute", "sometimes"), "unexpected argument 'sometimes'");
+  expect_usage_error(RUN_FLINT("train", "--model", "gpt", "--data", "fashion-mnist"),
+                     "--model gpt trains on --data text:PATH");
+  expect_usage_error(RUN_FLINT("train", "--model", "gpt", "--data", "text:"), "needs its file");
+  expect_usage_error(RUN_FLINT("train", TFM, "--seq", "16"), "--seq is for --model gpt");
   expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,x"), "--replicas '1,x' is not a list of replica counts");
   expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,2", "--pp", "3"), "--replicas names 2 stages but --pp is 3");
   expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,3", "--schedule", "interleaved"),
@@ -588,7 +595,9 @@ static void test_help(void **state) {
   (void)state;
   run_result *r = RUN_FLINT("train", "--help");
   assert_int_equal(r->status, 0);
-  assert_non_null(strstr(r->out, "usage: flint train --model mlp|cnn|resnet18|resnet50|transformer|FILE.so[:SYMBOL]"));
+  assert_non_null(strstr(r->out, "usage: flint train --model mlp|cnn|resnet18|resnet50|transformer|gpt|FILE.so[:SYMBOL]"));
+  assert_non_null(strstr(r->out, "--sequence-parallel"));
+  assert_non_null(strstr(r->out, "--recompute [full|selective]"));
   assert_non_null(strstr(r->out, "--microbatches M"));
   assert_non_null(strstr(r->out, "--warmup E"));
   assert_non_null(strstr(r->out, "--resume PATH"));

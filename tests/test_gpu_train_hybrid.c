@@ -618,6 +618,118 @@ static void test_options(void **state) {
   }
 }
 
+/* ---- --model gpt on --data text:PATH ---------------------------------------------------- */
+
+/* A text file of `bytes` bytes in tmp_dir: sentences from a small vocabulary, seeded, so that
+ * a byte-level model can learn something in a few steps. */
+static void write_text(const char *path, size_t bytes) {
+  static const char *const words[] = {"the ", "pipeline ", "sends ", "a ", "tensor ", "to ", "each ", "rank ",
+                                      "and ", "waits. ", "layer ", "norm "};
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  uint64_t z = 17;
+  size_t n = 0;
+  while (n < bytes) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    const char *w = words[(z >> 33) % (sizeof words / sizeof words[0])];
+    for (const char *p = w; *p && n < bytes; p++, n++) fputc(*p, f);
+  }
+  assert_int_equal(fclose(f), 0);
+}
+
+static gpu_train_options gpt_options(const char *path, uint32_t tp, uint32_t pp, rows *r) {
+  gpu_train_options o = small_options(1, tp, pp, PP_1F1B, pp > 1 ? 2 : 1, r);
+  o.gpt = true;
+  o.data = GPU_TRAIN_TEXT;
+  o.data_path = path;
+  o.seq = 16;
+  o.hidden = 32;
+  o.heads = 4;
+  o.blocks = 2;
+  o.batch = 16;
+  o.dropout = 0.1;
+  o.optim.kind = OPTIM_ADAM;
+  o.optim.weight_decay = 0;
+  o.lr = 0.2; /* x 16 / 256: a peak of 0.0125 */
+  o.max_train_images = 0;
+  o.max_test_images = 0;
+  return o;
+}
+
+/* The GPT form trains on a text file: the per-byte loss falls clearly below ln 256 (a
+ * uniform guess), and a tp 2 x pp 2 grid trains as one rank does, dropout on. */
+static void test_gpt_on_text(void **state) {
+  (void)state;
+  char path[256];
+  snprintf(path, sizeof path, "%s/text.txt", tmp_dir);
+  write_text(path, 5200); /* a test part of 520 bytes: 32 windows, two batches, as every grid evaluates */
+  rows one = {0}, grid = {0};
+  gpu_train_result res_one, res_grid;
+  gpu_train_options o = gpt_options(path, 1, 1, &one);
+  run_ok(&o, "gpt 1x1x1", &res_one);
+  o = gpt_options(path, 2, 2, &grid);
+  run_ok(&o, "gpt 1x2x2 1f1b", &res_grid);
+  assert_int_equal(one.count, 2);
+  assert_true(one.seen[0].train_loss < log(256.0));
+  assert_true(res_one.train_loss < one.seen[0].train_loss);
+  assert_true(res_one.test_loss < 0.75 * log(256.0));
+  assert_true(res_one.test_acc > 0.2 && res_one.test_acc <= 1.0);
+  assert_true(rows_agree(&one, &grid, "gpt tp 2 x pp 2 vs one rank"));
+  /* The same grid with sequence parallelism and selective recomputation. */
+  rows sp = {0};
+  gpu_train_result res_sp;
+  o = gpt_options(path, 2, 2, &sp);
+  o.sequence_parallel = true;
+  o.recompute_selective = true;
+  run_ok(&o, "gpt 1x2x2 sequence parallel", &res_sp);
+  assert_true(rows_agree(&one, &sp, "gpt tp 2 x pp 2 sequence parallel, selective, vs one rank"));
+  unlink(path);
+}
+
+/* A missing, empty or short file, and text without gpt (or gpt without text), are errors
+ * that name the cause. */
+static void test_gpt_bad_text(void **state) {
+  (void)state;
+  char path[256];
+  rows r = {0};
+  gpu_train_result res;
+  snprintf(path, sizeof path, "%s/missing.txt", tmp_dir);
+  gpu_train_options o = gpt_options(path, 1, 1, &r);
+  assert_int_equal(gpu_train_run(&o, &res), FL_ENOENT);
+  assert_non_null(strstr(fl_last_error(), "missing.txt"));
+  snprintf(path, sizeof path, "%s/empty.txt", tmp_dir);
+  write_text(path, 0);
+  assert_int_equal(gpu_train_run(&o, &res), FL_EEMPTY);
+  assert_non_null(strstr(fl_last_error(), "empty.txt: the file is empty"));
+  unlink(path);
+  snprintf(path, sizeof path, "%s/short.txt", tmp_dir);
+  write_text(path, 20); /* not a window of 17 bytes in each part */
+  assert_int_equal(gpu_train_run(&o, &res), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "too few for --seq 16"));
+  write_text(path, 400); /* windows in both parts, but fewer than a batch in the test part */
+  assert_int_equal(gpu_train_run(&o, &res), FL_EINVAL);
+  assert_non_null(strstr(fl_last_error(), "each needs at least --batch 16"));
+  unlink(path);
+  o = gpt_options(path, 1, 1, &r);
+  o.gpt = false;
+  expect_invalid(&o, "--data text:PATH is for --model gpt");
+  o = gpt_options(path, 1, 1, &r);
+  o.data = GPU_TRAIN_FASHION_MNIST;
+  o.data_path = NULL;
+  expect_invalid(&o, "--model gpt trains on --data text:PATH");
+  o = gpt_options(path, 1, 1, &r);
+  o.test_path = path;
+  expect_invalid(&o, "--test-data is not for --data text:");
+  /* Sequence parallelism needs a tensor-parallel group that divides the sequence. */
+  o = gpt_options(path, 1, 1, &r);
+  o.sequence_parallel = true;
+  expect_invalid(&o, "--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2");
+  o = gpt_options(path, 2, 1, &r);
+  o.sequence_parallel = true;
+  o.seq = 15;
+  expect_invalid(&o, "--sequence-parallel needs --seq 15 to be a multiple of --tp 2");
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, test_bound_arm, test_bound_disarm)
 
 int main(void) {
@@ -628,6 +740,8 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       T(test_options),
+      T(test_gpt_bad_text),
+      T(test_gpt_on_text),
       T(test_grids_equal_one_rank),
       T(test_pipedream_schedules),
       T(test_replicated_stages_equal_one_rank),

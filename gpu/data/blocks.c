@@ -149,3 +149,22 @@ fl_status data_source_encode(uint32_t kind, const void *arg, size_t len, fl_buf 
   fl_status s = fl_buf_append(out, head, sizeof head);
   return s == FL_OK ? fl_buf_append(out, arg, len) : s;
 }
+
+fl_status data_source_load(fl_context *ctx, uint32_t kind, uint32_t parts, fl_map_partitions_fn fn, const void *arg,
+                           size_t len, fl_dataset **blocks, fl_buf *source) {
+  fl_dataset *seeds = NULL, *made = NULL;
+  fl_buf encoded = FL_BUF_INIT;
+  fl_status s = fl_range(ctx, 0, parts, 1, parts, &seeds);
+  if (s == FL_OK) s = fl_map_partitions(seeds, fn, arg, len, &made);
+  if (s == FL_OK) s = fl_persist(made, FL_MEMORY_ONLY);
+  if (s == FL_OK) s = data_source_encode(kind, arg, len, &encoded);
+  fl_dataset_free(seeds);
+  if (s != FL_OK) {
+    fl_dataset_free(made);
+    fl_buf_free(&encoded);
+    return s;
+  }
+  *blocks = made;
+  *source = encoded;
+  return FL_OK;
+}

@@ -138,6 +138,19 @@ fl_status data_rows_pair(const fl_ml_data *train, const fl_ml_data *test, uint32
 fl_status data_examples_pair(fl_dataset *train, fl_dataset *test, uint32_t ranks, uint32_t c, uint32_t h, uint32_t w,
                              uint32_t classes, fl_dataset **out);
 
+/* Byte-level text (gpu/data/text.c): split `split` of the file at `path` as windows of
+ * seq + 1 bytes (1 x 1 x (seq + 1) samples of DATA_TEXT_VOCAB classes, label 0), window i
+ * starting at byte i x seq of the split; the test split is the file's last tenth. FL_ENOENT
+ * for a missing file, FL_EEMPTY for an empty one, FL_EINVAL for one too short to give each
+ * split a window (or a bad seq); each names the file. */
+#define DATA_TEXT_VOCAB 256u
+#define DATA_TEXT_TEST_SHARE 10u /* the test split is 1 / this of the file */
+#define DATA_TEXT_MAX_SEQ 65536u
+fl_status data_load_text(fl_context *ctx, const char *path, uint32_t seq, data_split split, const data_options *opts,
+                         data_set *out);
+/* Where split `split` of a file of `bytes` bytes starts and how many windows it holds. */
+fl_status data_text_split(uint64_t bytes, uint32_t seq, data_split split, uint64_t *first, uint64_t *windows);
+
 /* One synthetic-imagenet image (3*224*224 floats into `image`) and its label, as the
  * generator makes them; for tests and for generating on the fly. */
 void data_synthetic_image(uint64_t seed, uint64_t index, float *image, int32_t *label);

@@ -167,22 +167,13 @@ fl_status data_load_idx(fl_context *ctx, const char *images_path, const char *la
     a.scale = (float)(1.0 / (255 * DATA_FASHION_MNIST_STD));
     a.offset = (float)(-DATA_FASHION_MNIST_MEAN / DATA_FASHION_MNIST_STD);
   }
-  fl_buf arg = FL_BUF_INIT;
-  fl_dataset *seeds = NULL, *blocks = NULL;
+  fl_buf arg = FL_BUF_INIT, source = FL_BUF_INIT;
+  fl_dataset *blocks = NULL;
   if ((s = fl_buf_append(&arg, &a, sizeof a)) == FL_OK && (s = fl_buf_append(&arg, images_abs, strlen(images_abs) + 1)) == FL_OK)
     s = fl_buf_append(&arg, labels_abs, strlen(labels_abs) + 1);
-  if (s == FL_OK) s = fl_range(ctx, 0, parts, 1, parts, &seeds);
-  if (s == FL_OK) s = fl_map_partitions(seeds, gpu_data_idx_partition, arg.data, arg.len, &blocks);
-  if (s == FL_OK) s = fl_persist(blocks, FL_MEMORY_ONLY);
-  fl_buf source = FL_BUF_INIT;
-  if (s == FL_OK) s = data_source_encode(SOURCE_IDX, arg.data, arg.len, &source);
-  fl_dataset_free(seeds);
+  if (s == FL_OK) s = data_source_load(ctx, SOURCE_IDX, parts, gpu_data_idx_partition, arg.data, arg.len, &blocks, &source);
   fl_buf_free(&arg);
-  if (s != FL_OK) {
-    fl_dataset_free(blocks);
-    fl_buf_free(&source);
-    return s;
-  }
+  if (s != FL_OK) return s;
   *out = (data_set){.blocks = blocks, .images = used, .channels = 1, .height = dims[1], .width = dims[2],
                     .classes = classes, .partitions = parts, .source = source};
   return FL_OK;

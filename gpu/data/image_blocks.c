@@ -140,7 +140,7 @@ fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_fol
   image_listing l = {0};
   fl_buf listing = FL_BUF_INIT, source = FL_BUF_INIT;
   fl_broadcast *shared = NULL;
-  fl_dataset *seeds = NULL, *blocks = NULL;
+  fl_dataset *blocks = NULL;
   fl_image_classes *c = NULL;
   FL_CHECK(image_list(dir, f.allow_empty, &l));
   a.images = l.images;
@@ -153,10 +153,7 @@ fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_fol
   }
   FL_CHECK(fl_broadcast_create(ctx, listing.data, listing.len, &shared));
   a.listing = fl_broadcast_id(shared);
-  FL_CHECK(fl_range(ctx, 0, a.parts, 1, a.parts, &seeds));
-  FL_CHECK(fl_map_partitions(seeds, gpu_data_image_partition, &a, sizeof a, &blocks));
-  FL_CHECK(fl_persist(blocks, FL_MEMORY_ONLY));
-  FL_CHECK(data_source_encode(SOURCE_IMAGES, &a, sizeof a, &source));
+  FL_CHECK(data_source_load(ctx, SOURCE_IMAGES, a.parts, gpu_data_image_partition, &a, sizeof a, &blocks, &source));
   if (classes) FL_CHECK(image_classes_take(&l, &c));
   *out = (data_set){.blocks = blocks, .images = l.images, .channels = 3, .height = t->size, .width = t->size,
                     .classes = a.classes, .partitions = a.parts, .source = source, .shared = shared};
@@ -166,7 +163,6 @@ fl_status data_image_folder(fl_context *ctx, const char *dir, const fl_image_fol
   if (classes) *classes = c;
 cleanup:
   fl_dataset_free(blocks);
-  fl_dataset_free(seeds);
   fl_broadcast_destroy(shared);
   fl_buf_free(&source);
   fl_buf_free(&listing);

@@ -18,6 +18,7 @@ static fl_status source_emit(uint32_t partition, fl_emitter *out, const uint8_t 
   case SOURCE_IDX: return data_idx_emit(partition, out, arg, split);
   case SOURCE_SYNTHETIC: return data_synthetic_emit(partition, out, arg, split);
   case SOURCE_IMAGES: return data_image_emit(partition, out, arg, split);
+  case SOURCE_TEXT: return data_text_emit(partition, out, arg, split);
   default: return fl_set_error(FL_EINTERNAL, "image blocks: unknown source %u", head[0]);
   }
 }

@@ -50,8 +50,13 @@ uint32_t data_layout_run(const data_options *o);
 uint32_t data_partitions_for(fl_context *ctx, const data_options *o, uint64_t images);
 
 /* A data set's source, for data_pair: u32 kind, u32 arg bytes, the partition task's arg. */
-enum { SOURCE_IDX = 1, SOURCE_SYNTHETIC = 2, SOURCE_IMAGES = 3 };
+enum { SOURCE_IDX = 1, SOURCE_SYNTHETIC = 2, SOURCE_IMAGES = 3, SOURCE_TEXT = 4 };
 fl_status data_source_encode(uint32_t kind, const void *arg, size_t len, fl_buf *out);
+/* A source's cached blocks: `parts` partitions, one task each running fn(partition, the
+ * partition's seed, arg), persisted in memory; *source is (kind, arg), encoded for data_pair.
+ * On failure nothing is kept and the outputs are untouched. */
+fl_status data_source_load(fl_context *ctx, uint32_t kind, uint32_t parts, fl_map_partitions_fn fn, const void *arg,
+                           size_t len, fl_dataset **blocks, fl_buf *source);
 
 /* ---- the sources' partitions, for the pair ------------------------------------------------ */
 
@@ -60,5 +65,7 @@ fl_status data_source_encode(uint32_t kind, const void *arg, size_t len, fl_buf 
 fl_status data_idx_emit(uint32_t partition, fl_emitter *out, const void *arg, data_split split);
 /* The same for synthetic-imagenet (gpu/data/synthetic.c). */
 fl_status data_synthetic_emit(uint32_t partition, fl_emitter *out, const void *arg, data_split split);
+/* The same for byte-level text (gpu/data/text.c). */
+fl_status data_text_emit(uint32_t partition, fl_emitter *out, const void *arg, data_split split);
 
 #endif /* FLINT_GPU_DATA_SOURCES_H */

@@ -78,18 +78,10 @@ fl_status data_synthetic_imagenet(fl_context *ctx, uint64_t seed, uint64_t first
   /* An image is 588 KiB: blocks of 16 keep a record near 10 MiB. */
   synth_arg a = {.seed = seed, .first = first, .count = count, .parts = parts,
                  .block_images = o.block_images ? o.block_images : 16, .interleave = data_layout_run(&o)};
-  fl_dataset *seeds = NULL, *blocks = NULL;
+  fl_dataset *blocks = NULL;
   fl_buf source = FL_BUF_INIT;
-  fl_status s = fl_range(ctx, 0, parts, 1, parts, &seeds);
-  if (s == FL_OK) s = fl_map_partitions(seeds, gpu_data_synthetic_partition, &a, sizeof a, &blocks);
-  if (s == FL_OK) s = fl_persist(blocks, FL_MEMORY_ONLY);
-  if (s == FL_OK) s = data_source_encode(SOURCE_SYNTHETIC, &a, sizeof a, &source);
-  fl_dataset_free(seeds);
-  if (s != FL_OK) {
-    fl_dataset_free(blocks);
-    fl_buf_free(&source);
-    return s;
-  }
+  fl_status s = data_source_load(ctx, SOURCE_SYNTHETIC, parts, gpu_data_synthetic_partition, &a, sizeof a, &blocks, &source);
+  if (s != FL_OK) return s;
   *out = (data_set){.blocks = blocks, .images = count, .channels = IMNET_C, .height = IMNET_S, .width = IMNET_S,
                     .classes = DATA_IMAGENET_CLASSES, .partitions = parts, .source = source};
   return FL_OK;

@@ -239,6 +239,10 @@ struct device_ops {
                                  const float *ids, const float *table, float *y);
   fl_status (*embedding_backward)(fl_device *dev, size_t count, int dim, int vocab,
                                   const float *ids, const float *dy, float *dtable);
+  /* Causal attention: sets the strictly upper triangle (column > row) of each of `batch`
+   * [s, s] score matrices to -inf, so that a query attends to its own and earlier positions
+   * only; softmax_rows then gives 0 there, and its backward a zero gradient. In place. */
+  fl_status (*causal_mask)(fl_device *dev, int batch, int s, float *scores);
 };
 
 /* The dropout mask (both devices use this exact function; the cuda kernels include this

@@ -726,6 +726,16 @@ static fl_status cpu_softmax_rows_backward(fl_device *dev, int rows, int cols, f
   return FL_OK;
 }
 
+static fl_status cpu_causal_mask(fl_device *dev, int batch, int s, float *scores) {
+  (void)dev;
+  for (int b = 0; b < batch; b++)
+    for (int i = 0; i < s; i++) {
+      float *row = scores + ((size_t)b * s + (size_t)i) * s;
+      for (int j = i + 1; j < s; j++) row[j] = -INFINITY;
+    }
+  return FL_OK;
+}
+
 /* Forward and backward are the same map (mask and scale), so one loop serves both. */
 static fl_status cpu_dropout_apply(int outer, int inner, int cols, int64_t outer0, int64_t inner0,
                                    int64_t inner_total, float p, uint64_t seed, const float *x,
@@ -912,6 +922,7 @@ static const device_ops cpu_ops = {
     .dropout_backward = cpu_dropout_backward,
     .mean_tokens_forward = cpu_mean_tokens_forward,
     .mean_tokens_backward = cpu_mean_tokens_backward,
+    .causal_mask = cpu_causal_mask,
     .layernorm_forward = cpu_layernorm_forward,
     .layernorm_backward = cpu_layernorm_backward,
     .embedding_forward = cpu_embedding_forward,

@@ -31,6 +31,10 @@ fl_status attn_probs_forward(fl_device *dev, const attn_layout *L, const float *
                                     scores + (size_t)h * s * s, s, probs_stride(L), L->n);
     if (st != FL_OK) return st;
   }
+  if (L->causal) {
+    fl_status st = op->causal_mask(dev, L->n * L->heads, s, scores);
+    if (st != FL_OK) return st;
+  }
   return op->softmax_rows_forward(dev, L->n * L->heads * s, s, 1.0f / sqrtf((float)d), scores, probs);
 }
 

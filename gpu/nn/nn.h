@@ -379,9 +379,11 @@ typedef struct attn_layout {
   int qkv_ld;
   int part_offset[3];
   int head_step;
+  bool causal; /* a query attends to its own and earlier positions only (GPT) */
 } attn_layout;
 
-/* probs = softmax(q k^T / sqrt(d)) per head; scores is scratch of probs' size. */
+/* probs = softmax(q k^T / sqrt(d)) per head (causal: -inf above the diagonal first); scores
+ * is scratch of probs' size. */
 fl_status attn_probs_forward(fl_device *dev, const attn_layout *L, const float *qkv, float *scores, float *probs);
 /* ctx = probs v per head. */
 fl_status attn_context_forward(fl_device *dev, const attn_layout *L, const float *probs, const float *qkv, float *ctx);

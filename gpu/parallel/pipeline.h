@@ -164,14 +164,16 @@ void pp_trainer_destroy(pp_trainer *t);
 
 /* Forward and backward of one mini-batch: afterwards every chunk's gradients are the mean
  * gradient over the global batch (averaged over the data-parallel group). x: this replica's
- * batch rows [batch, seq, features] and labels [batch], host memory (every rank of the
+ * batch rows [batch, seq, features] and labels [batch] (GPT: token ids [batch, seq, 1] and
+ * the next tokens [batch, seq]; loss and accuracy are then per token), host memory (every rank of the
  * replica passes the same; the first stage reads x, the last the labels); m must divide
  * batch. The replica's rows are rows [dp_index x batch, ...) of the global batch (dropout
  * keys), as a single rank with batch x dp would take them. */
 fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int32_t *labels,
                                        int batch, uint64_t step, pp_step_stats *stats);
 /* Evaluation (no dropout, no gradients) of a replica's batch, micro-batched as training is
- * when m divides batch: the loss sum and the correct count over the world's batches. */
+ * when m divides batch: the loss sum and the correct count over the world's batches (GPT:
+ * over their tokens). */
 fl_status pp_trainer_evaluate(pp_trainer *t, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, double *correct);
 /* PipeDream (o->schedule PP_PIPEDREAM or PP_2BW; collective over world): trains K =

@@ -68,10 +68,11 @@ static int stage_peer(const pp_trainer *t, int stage, int mb) {
   return t->stage_rank0[stage] + pp_replica_of(mb, t->stage_replicas[stage]);
 }
 
-/* The loss gradient's scale: the mean over the replica's batch; with replicated stages, over
- * the global batch, as the stage's replicas in every pipeline then SUM their gradients. */
-static float grad_scale(const pp_trainer *t, const step_ctx *sc) {
-  return 1.0f / ((float)sc->batch * (float)(t->stage_replicas ? t->o.grid.dp : 1));
+/* The loss gradient's scale: the mean over the replica's batch (of `per` predictions a
+ * sample); with replicated stages, over the global batch, as the stage's replicas in every
+ * pipeline then SUM their gradients. */
+static float grad_scale(const pp_trainer *t, const step_ctx *sc, int per) {
+  return 1.0f / ((float)sc->batch * (float)per * (float)(t->stage_replicas ? t->o.grid.dp : 1));
 }
 
 static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, bool train) {
@@ -81,11 +82,11 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
   fl_status status = slot_acquire(cs, mb, sc->total, &k);
   if (status != FL_OK) return status;
   slot *sl = &cs->slots[k];
-  int64_t in_shape[3] = {sc->mbs, sp->seq, stage == 0 ? sp->features : sp->hidden};
+  int64_t in_shape[3] = {sc->mbs, sp->seq, stage == 0 ? tfm_input_width(sp) : sp->hidden};
   FL_CHECK(tensor_ensure(&sl->input, t->dev, 3, in_shape));
   t->inputs_held += sl->input.numel * sizeof(float);
   if (stage == 0) {
-    const float *rows = sc->x + (size_t)mb * sc->mbs * sp->seq * sp->features;
+    const float *rows = sc->x + (size_t)mb * sc->mbs * sp->seq * tfm_input_width(sp);
     FL_CHECK(t->dev->ops->from_host(t->dev, sl->input.data, rows, sl->input.numel * sizeof(float)));
   } else {
     double t0 = pp_timeline_now(t);
@@ -98,18 +99,20 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
   if (t->async) FL_CHECK(pp_versions_load(t, op->chunk, mb, PP_FORWARD));
   FL_CHECK(tfm_chunk_forward(cs->chunk, t->o.recompute || !train ? 0 : k, &sl->input, &b, train, &y));
   if (stage == last) {
-    if (sl->labels_cap < sc->mbs) {
+    /* One prediction per sample (the encoder) or per token (GPT: the next token's id). */
+    int per = tfm_targets_per_sample(sp), rows = sc->mbs * per;
+    if (sl->labels_cap < rows) {
       if (sl->labels) t->dev->ops->free(t->dev, sl->labels);
       sl->labels = NULL;
       sl->labels_cap = 0;
-      FL_CHECK(t->dev->ops->alloc(t->dev, (size_t)sc->mbs * sizeof(int32_t), (void **)&sl->labels));
-      sl->labels_cap = sc->mbs;
+      FL_CHECK(t->dev->ops->alloc(t->dev, (size_t)rows * sizeof(int32_t), (void **)&sl->labels));
+      sl->labels_cap = rows;
     }
-    FL_CHECK(t->dev->ops->from_host(t->dev, sl->labels, sc->labels + (size_t)mb * sc->mbs,
-                                    (size_t)sc->mbs * sizeof(int32_t)));
+    FL_CHECK(t->dev->ops->from_host(t->dev, sl->labels, sc->labels + (size_t)mb * rows,
+                                    (size_t)rows * sizeof(int32_t)));
     FL_CHECK(tensor_ensure(&sl->dlogits, t->dev, y->ndim, y->shape));
-    FL_CHECK(t->dev->ops->softmax_xent(t->dev, sc->mbs, sp->classes, y->data, sl->labels, 0.0f,
-                                       train ? grad_scale(t, sc) : 0.0f, sl->dlogits.data,
+    FL_CHECK(t->dev->ops->softmax_xent(t->dev, rows, tfm_output_classes(sp), y->data, sl->labels, 0.0f,
+                                       train ? grad_scale(t, sc, per) : 0.0f, sl->dlogits.data,
                                        t->stats.data));
     /* a replica of the last stage runs only some of the mini-batch's forwards: it adds each */
     if (t->async && ((mb + 1) % t->o.microbatches == 0 || t->stage_replicas))
@@ -289,7 +292,7 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
   {
     double sums[2];
     FL_CHECK(world_sums(t, sums));
-    double global = (double)batch * t->o.grid.dp;
+    double global = (double)batch * t->o.grid.dp * tfm_targets_per_sample(&t->o.spec);
     st->loss = sums[0] / global;
     st->accuracy = sums[1] / global;
   }

@@ -45,15 +45,18 @@ fl_status pp_grid_parse(const char *text, pp_grid *out) {
  * random samples, the median of 3 timings, its output's bytes and (weights not NULL) its
  * weights' bytes. */
 static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *bytes, double *weights) {
-  const tfm_spec *sp = &t->o.spec;
+  tfm_spec one = t->o.spec;
+  one.sequence_parallel = false; /* a unit alone, on one rank */
+  const tfm_spec *sp = &one;
   int units = tfm_units(sp);
   fl_status status = FL_OK;
   fl_tensor x = {0}, dy = {0};
   tfm_chunk *c = NULL;
   for (int u = 0; u < units && status == FL_OK; u++) {
-    int64_t shape[3] = {rows, sp->seq, u == 0 ? sp->features : sp->hidden};
+    int64_t shape[3] = {rows, sp->seq, u == 0 ? tfm_input_width(sp) : sp->hidden};
     FL_CHECK(tensor_ensure(&x, t->dev, 3, shape));
-    FL_CHECK(t->dev->ops->fill(t->dev, x.numel, 0.5f, x.data));
+    /* GPT's first unit reads token ids: 1 is one. */
+    FL_CHECK(t->dev->ops->fill(t->dev, x.numel, u == 0 && sp->kind == TFM_GPT ? 1.0f : 0.5f, x.data));
     FL_CHECK(tfm_chunk_create(t->dev, sp, u, u + 1, NULL, 0, 1, &c));
     if (weights) weights[u] = (double)tfm_chunk_values(c)->numel * sizeof(float);
     double best[3];

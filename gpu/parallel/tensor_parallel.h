@@ -15,6 +15,13 @@ typedef struct tp_dims {
   int local_heads, head0; /* this rank's heads: [head0, head0 + local_heads) */
   int local_ffn;          /* this rank's share of the MLP's inner width */
   float dropout;
+  bool gpt; /* pre-LN block with causal attention (transformer.h's TFM_GPT) */
+  /* Sequence parallelism (Korthikanti et al.): the block's input and output, its residual
+   * adds, dropouts and layer norms are this rank's slice [n, local_seq, hidden] of the
+   * sequence, tokens [seq0, seq0 + local_seq); else local_seq = seq, seq0 = 0. */
+  bool sp;
+  int tp_size, local_seq, seq0;
+  bool selective; /* keep no [n, heads, seq, seq] tensor: recompute the probabilities in backward */
 } tp_dims;
 
 /* The block's parameters in order (views into the chunk's flat buffers). */
@@ -27,6 +34,10 @@ enum {
   TP_FC1_B,
   TP_FC2_W,
   TP_FC2_B,
+  TP_LN1_G, /* the GPT form's layer norms (NULL in the encoder's blocks); replicated */
+  TP_LN1_B,
+  TP_LN2_G,
+  TP_LN2_B,
   TP_NPARAMS
 };
 
@@ -44,22 +55,32 @@ typedef struct tp_keys {
  * previous activation, kept there). */
 typedef struct tp_block_acts {
   fl_tensor qkv;   /* [n*seq, local_heads * 3 * head_dim] */
-  fl_tensor probs; /* [n, local_heads, seq, seq], before dropout */
+  fl_tensor probs; /* [n, local_heads, seq, seq], before dropout (empty when selective) */
   fl_tensor ctx;   /* [n*seq, local_heads * head_dim] */
-  fl_tensor x1;    /* [n, seq, hidden] */
+  fl_tensor x1;    /* [n, local_seq, hidden] */
   fl_tensor h1;    /* [n*seq, local_ffn], before GELU */
   fl_tensor act;   /* [n*seq, local_ffn], after GELU */
-  fl_tensor y;     /* [n, seq, hidden] */
+  fl_tensor y;     /* [n, local_seq, hidden] */
+  /* GPT form only (empty otherwise): the layer norms' outputs [n*local_seq, hidden] and
+   * their per-token mean and 1 / std [n*local_seq]. */
+  fl_tensor xn1, xn2, mean1, rstd1, mean2, rstd2;
 } tp_block_acts;
-#define TP_BLOCK_ACTS 7
+#define TP_BLOCK_ACTS 13
 
 /* Scratch shared by every block of a chunk: one forward or backward runs at a time. */
 typedef struct tp_scratch {
   fl_tensor scores, dropped, d_probs;   /* [n, local_heads, seq, seq] */
-  fl_tensor d_hidden, d_partial;        /* [n*seq, hidden] */
+  fl_tensor d_hidden;                   /* [n*local_seq, hidden] */
+  fl_tensor d_partial;                  /* [n*seq, hidden] */
   fl_tensor d_ffn;                      /* [n*seq, local_ffn] */
   fl_tensor d_ctx;                      /* [n*seq, local_heads * head_dim] */
   fl_tensor d_qkv;                      /* [n*seq, local_heads * 3 * head_dim] */
+  fl_tensor d_norm, d_local;            /* [n*local_seq, hidden] */
+  fl_tensor probs;                      /* selective: [n, local_heads, seq, seq] */
+  /* sequence parallel: [n, seq, hidden] each; `gathered` holds the group's slices in rank
+   * order ([tp, n, local_seq, hidden]) on their way in and out of the collectives */
+  fl_tensor full, full_grad, partial, gathered;
+  fl_tensor rep; /* sequence parallel: the replicated parameters' gradients of one backward */
 } tp_scratch;
 
 typedef struct tp_block {
@@ -70,10 +91,10 @@ typedef struct tp_block {
   tp_scratch *scratch;
 } tp_block;
 
-/* Forward of x [n, seq, hidden] into a->y, saving what backward needs in a. */
+/* Forward of x [n, local_seq, hidden] into a->y, saving what backward needs in a. */
 fl_status tp_block_forward(const tp_block *k, const fl_tensor *x, const tp_keys *keys,
                            tp_block_acts *a);
-/* Backward from dy [n, seq, hidden] after the forward that filled a from x: ACCUMULATES the
+/* Backward from dy [n, local_seq, hidden] after the forward that filled a from x: ACCUMULATES the
  * parameter gradients and overwrites dx (shaped as x, not aliasing dy) with the input
  * gradient. need_dx false skips the input gradient's last GEMM and allreduce, leaving dx
  * undefined (it is still used as scratch); every rank of the group must pass the same. */

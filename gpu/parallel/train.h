@@ -78,6 +78,9 @@ typedef enum gpu_train_dataset {
   /* "imagefolder:DIR": DIR/train and DIR/val, or DIR and test_path when given, each
    * CLASS/NAME.jpg|jpeg|png (include/flint/image.h): 3 x image_size^2 images */
   GPU_TRAIN_IMAGE_FOLDER = 6,
+  /* "text:PATH": byte-level text (gpu/data/text.c), windows of seq + 1 bytes, the last tenth
+   * of the file held out as the test set; for --model gpt only */
+  GPU_TRAIN_TEXT = 7,
 } gpu_train_dataset;
 
 /* One epoch as the ranks report it (to on_epoch). */
@@ -226,6 +229,15 @@ typedef struct gpu_train_options {
    * (0: 8), and pipedream's vertical sync (gpu/parallel/pipeline_schedule.h) */
   uint32_t window;
   bool vertical_sync;
+  /* --model gpt: model NN_TRANSFORMER in its GPT form (transformer.h's TFM_GPT) on --data
+   * text:PATH, windows of seq bytes (0: GPU_TRAIN_DEFAULT_SEQ); loss and accuracy are then
+   * per byte (the next byte's cross-entropy and argmax). */
+  bool gpt;
+  uint32_t seq;
+  /* --model transformer and gpt: --sequence-parallel (tp > 1 dividing the sequence) and
+   * --recompute selective (transformer.h's tfm_spec) */
+  bool sequence_parallel;
+  bool recompute_selective;
   /* --replicas R0,R1,...: stage s of the pipeline runs on replicas[s] ranks that take its
    * micro-batches round robin (PipeDream's 1F1B-RR, pp_options.replicas); pp entries, the rest
    * 0 (all 0: one rank a stage). Then the world is ranks x sum(replicas) barrier tasks, pipeline
@@ -237,12 +249,14 @@ typedef struct gpu_train_options {
    * (0: off) */
   uint32_t replicas_auto;
 } gpu_train_options;
+#define GPU_TRAIN_DEFAULT_SEQ 64u
 
 #define GPU_TRAIN_OPTIONS_INIT                                                                \
   {NULL, NN_MLP, GPU_TRAIN_FASHION_MNIST, NULL, 0, 0, 1, FL_DEVICE_CPU, 256, 0.1, 0, 10,        \
    OPTIM_DECAY_COSINE, {0}, 0, 0, {OPTIM_SGD, 0.9f, false, 0.9f, 0.999f, 1e-8f, 5e-4f, 0.001f, false}, 0, \
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
-   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, false, 0, false, {0}, 0}
+   false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, \
+   false, 0, false, false, 0, false, false, {0}, 0}
 
 
 typedef struct gpu_train_result {

@@ -262,6 +262,17 @@ static fl_status load_data(fl_context *ctx, const gpu_train_options *o, data_set
     if (s == FL_OK) s = data_fashion_mnist(ctx, o->data_dir, false, &dopts, test);
   } else if (o->data == GPU_TRAIN_IMAGE_FOLDER) {
     s = load_image_folder(ctx, o, &dopts, train, test);
+  } else if (o->data == GPU_TRAIN_TEXT) {
+    uint32_t seq = o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ;
+    s = data_load_text(ctx, o->data_path, seq, DATA_SPLIT_TRAIN, &dopts, train);
+    if (s == FL_OK) s = data_load_text(ctx, o->data_path, seq, DATA_SPLIT_TEST, &dopts, test);
+    /* Each rank reads runs of batch / ranks windows: fewer than a batch would leave a rank's
+     * test share empty (and the test loss undefined). */
+    if (s == FL_OK && (train->images < o->batch || test->images < o->batch))
+      s = fl_set_error(FL_EINVAL, "text %s: %llu training and %llu test windows of %u bytes (the test ones from "
+                       "the file's last tenth); each needs at least --batch %u: use a smaller --batch or --seq, or "
+                       "a longer file", o->data_path, (unsigned long long)train->images,
+                       (unsigned long long)test->images, seq + 1, o->batch);
   } else {
     uint64_t n_train = o->synthetic_train_images ? o->synthetic_train_images : 4ull * o->batch;
     uint64_t n_test = o->synthetic_test_images ? o->synthetic_test_images : o->batch;
@@ -371,7 +382,9 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
                  .accumulate = o->accumulate ? o->accumulate : 1, .dp = o->ranks, .tp = o->tp, .pp = o->pp,
                  .microbatches = o->microbatches, .chunks = o->chunks, .pipeline = o->schedule,
                  .recompute = o->recompute, .hidden = o->hidden, .heads = o->heads, .ffn = o->ffn,
-                 .blocks = o->blocks, .dropout = (float)o->dropout, .trick = o->trick};
+                 .blocks = o->blocks, .dropout = (float)o->dropout, .trick = o->trick, .gpt = o->gpt,
+                 .seq = o->gpt ? (o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ) : 0,
+                 .sequence_parallel = o->sequence_parallel, .recompute_selective = o->recompute_selective};
   gpu_train_schedule(o, &a.schedule);
   a.window = o->window ? o->window : 8;
   a.vertical_sync = o->vertical_sync;

@@ -5,7 +5,9 @@
  * data, schedule, reports and retries (gpu/parallel/train_dp.c).
  *
  * The model reads an image as a sequence: its channels x height rows are the tokens and its
- * width the features of a token (Fashion-MNIST: 28 tokens of 28 features).
+ * width the features of a token (Fashion-MNIST: 28 tokens of 28 features). `--model gpt`
+ * reads windows of seq + 1 bytes of text (gpu/data/text.c) instead: the first seq bytes are
+ * the tokens, the last seq the targets (text_tokens).
  *
  * The data. There is one barrier task per grid rank, numbered replica by replica (task
  * t = d x tp x pp + q is replica d's q-th rank; its rank in the communicators is the grid's,
@@ -155,6 +157,16 @@ cleanup:
 
 /* ---- the replica's batch ------------------------------------------------------------------ */
 
+/* GPT: each row of x_h is a window of seq + 1 bytes; the model reads the first seq
+ * ([rows, seq, 1], compacted in place: a row never moves past its own window) and predicts
+ * the last seq (y_h, [rows, seq]). */
+static void text_tokens(hybrid_rank *r, uint32_t rows) {
+  size_t seq = r->a->seq, w = seq + 1;
+  for (size_t i = 0; i < rows; i++)
+    for (size_t t = 0; t < seq; t++) r->y_h[i * seq + t] = (int32_t)r->x_h[i * w + t + 1];
+  for (size_t i = 0; i < rows; i++) memmove(r->x_h + i * seq, r->x_h + i * w, seq * sizeof(float));
+}
+
 /* The replica's batch from each of its ranks' n images (images_h, labels_h): rows in the
  * order of the replica's ranks, into x_h and y_h. */
 static fl_status gather_batch(hybrid_rank *r, uint32_t n) {
@@ -178,6 +190,7 @@ static fl_status gather_batch(hybrid_rank *r, uint32_t n) {
     memcpy(r->x_h + (size_t)q * n * F, block, (size_t)n * F * sizeof(float));
     for (uint32_t i = 0; i < n; i++) r->y_h[(size_t)q * n + i] = (int32_t)block[(size_t)n * F + i];
   }
+  if (r->a->gpt) text_tokens(r, n * (uint32_t)size);
 cleanup:
   return status;
 }
@@ -380,7 +393,7 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   r->pack_h = common_malloc((size_t)r->local * (r->image_floats + 1) * sizeof(float));
   r->gathered_h = common_malloc(replica_size * r->local * (r->image_floats + 1) * sizeof(float));
   r->x_h = common_malloc(rows * r->image_floats * sizeof(float));
-  r->y_h = common_malloc(rows * sizeof(int32_t));
+  r->y_h = common_malloc(rows * (a->gpt ? a->seq : 1) * sizeof(int32_t)); /* GPT: a target per byte */
   if (!r->images_h || !r->labels_h || !r->pack_h || !r->gathered_h || !r->x_h || !r->y_h)
     FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for batches of %zu rows", r->rank, rows));
   if (a->pipeline == PP_PIPEDREAM || a->pipeline == PP_2BW) {
@@ -395,10 +408,12 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, false, r->grid_rank, &r->comm));
   if (a->pp > 1 && strcmp(fl_comm_backend(r->comm), "host") != 0)
     FL_CHECK(train_connect(r->b, r->dev, a->device, a->allreduce, true, r->grid_rank, &r->stages));
-  pp_options po = {.spec = {.seq = (int)(a->channels * a->height), .features = (int)a->width,
+  pp_options po = {.spec = {.seq = a->gpt ? (int)a->seq : (int)(a->channels * a->height), .features = (int)a->width,
                             .hidden = (int)a->hidden, .heads = (int)a->heads, .ffn = (int)a->ffn,
                             .blocks = (int)a->blocks, .classes = (int)a->classes, .dropout = a->dropout,
-                            .seed = a->seed},
+                            .seed = a->seed, .kind = a->gpt ? TFM_GPT : TFM_ENCODER,
+                            .vocab = a->gpt ? (int)a->classes : 0, .sequence_parallel = a->sequence_parallel,
+                            .selective_recompute = a->recompute_selective},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
                    .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync,
@@ -446,7 +461,7 @@ static fl_status hybrid_evaluate(hybrid_rank *r, uint32_t epoch, double *loss, d
     correct += c;
     done += n;
   }
-  double images = (double)share * r->world;
+  double images = (double)share * r->world * (r->a->gpt ? r->a->seq : 1); /* GPT: bytes predicted */
   *loss = images > 0 ? loss_sum / images : NAN;
   *acc = images > 0 ? correct / images : NAN;
 cleanup:

@@ -12,7 +12,7 @@
 #include "gpu/parallel/train_rank.h"
 
 static const char *const dataset_names[] = {"fashion-mnist", "synthetic-imagenet", "libsvm", "csv", "idx", "datasets",
-                                            "imagefolder"};
+                                            "imagefolder", "text"};
 #define DATASETS (sizeof dataset_names / sizeof dataset_names[0])
 
 fl_status gpu_train_model_parse(const char *text, nn_model_kind *out) {
@@ -76,7 +76,7 @@ fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out, const
     return FL_OK;
   }
   return fl_set_error(FL_EINVAL, "unknown data set '%s' (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH, "
-                      "idx:IMAGES,LABELS or imagefolder:DIR)", text ? text : "(null)");
+                      "idx:IMAGES,LABELS, imagefolder:DIR or text:PATH)", text ? text : "(null)");
 }
 
 const char *gpu_train_dataset_name(gpu_train_dataset data) {
@@ -182,11 +182,18 @@ static fl_status validate_replicas(const gpu_train_options *o) {
 static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->model != NN_TRANSFORMER) {
     if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute || o->window || o->vertical_sync ||
-        o->timeline_csv_path || o->timeline_svg_path || replicas_sum(o) || o->replicas_auto)
-      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, "
-                          "--window, --vertical-sync, --replicas and --timeline-* are for --model transformer");
+        o->timeline_csv_path || o->timeline_svg_path || o->sequence_parallel || o->recompute_selective ||
+        replicas_sum(o) || o->replicas_auto)
+      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, --window, "
+                          "--vertical-sync, --sequence-parallel, --replicas and --timeline-* are for --model transformer");
     return FL_OK;
   }
+  if (o->sequence_parallel && o->tp < 2)
+    return fl_set_error(FL_EINVAL, "--sequence-parallel splits the sequence over the tensor-parallel ranks: it "
+                        "needs --tp 2 or more (this run's is %u)", o->tp);
+  uint32_t seq = o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ;
+  if (o->sequence_parallel && o->gpt && seq % o->tp)
+    return fl_set_error(FL_EINVAL, "--sequence-parallel needs --seq %u to be a multiple of --tp %u", seq, o->tp);
   if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
   if (o->pp < 1 || o->pp > GPU_TRAIN_MAX_STAGES)
     return fl_set_error(FL_EINVAL, "--pp %u must be 1 to %d", o->pp, GPU_TRAIN_MAX_STAGES);
@@ -419,7 +426,16 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
                           o->sample_shape[0], o->sample_shape[1], o->sample_shape[2]);
     if (o->classes < 1) return fl_set_error(FL_EINVAL, "gpu_train: training on datasets needs the classes (>= 1)");
   }
-  bool folder = o->data == GPU_TRAIN_IMAGE_FOLDER;
+  bool folder = o->data == GPU_TRAIN_IMAGE_FOLDER, text = o->data == GPU_TRAIN_TEXT;
+  if (o->gpt && (o->model != NN_TRANSFORMER || !text))
+    return fl_set_error(FL_EINVAL, "--model gpt trains on --data text:PATH (this run's data is %s)",
+                        gpu_train_dataset_name(o->data));
+  if (text && !o->gpt) return fl_set_error(FL_EINVAL, "--data text:PATH is for --model gpt");
+  if (text && (!o->data_path || !*o->data_path)) return fl_set_error(FL_EINVAL, "--data text:PATH needs its file");
+  if (text && o->test_path)
+    return fl_set_error(FL_EINVAL, "--test-data is not for --data text: (its test set is the file's last tenth)");
+  if (o->seq && !o->gpt) return fl_set_error(FL_EINVAL, "--seq is for --model gpt");
+  if (o->seq > 4096) return fl_set_error(FL_EINVAL, "--seq %u must be 1 to 4096", o->seq);
   bool files = (o->data >= GPU_TRAIN_LIBSVM && o->data <= GPU_TRAIN_IDX) || folder;
   if (folder && (!o->data_path || !*o->data_path))
     return fl_set_error(FL_EINVAL, "--data imagefolder:DIR needs its folder DIR (with DIR/train and DIR/val)");
@@ -427,7 +443,7 @@ fl_status gpu_train_options_validate(const gpu_train_options *o) {
     return fl_set_error(FL_EINVAL, "--data %s needs %s", gpu_train_dataset_name(o->data),
                         o->data_path ? "--test-data (the set each epoch is evaluated on, in the same format)"
                                      : "its training file");
-  if (!files && (o->data_path || o->test_path))
+  if (!files && !text && (o->data_path || o->test_path))
     return fl_set_error(FL_EINVAL, "--test-data is for --data libsvm:, csv: and idx: (and imagefolder:; %s has its "
                         "own test set)", gpu_train_dataset_name(o->data));
   if (o->image_size && !folder) return fl_set_error(FL_EINVAL, "--image-size is for --data imagefolder:DIR");

@@ -103,6 +103,10 @@ typedef struct train_arg {
   /* the transformer's pipedream and 2bw schedules: mini-batches per window, vertical sync */
   uint32_t window;
   bool vertical_sync;
+  /* --model gpt: the transformer's GPT form on windows of seq bytes (width seq + 1) */
+  bool gpt;
+  uint32_t seq;
+  bool sequence_parallel, recompute_selective;
   /* the transformer's replicated stages (gpu_train_options.replicas; all 0: none) */
   uint32_t replicas[GPU_TRAIN_MAX_STAGES];
   uint32_t replicas_auto; /* --replicas auto:W: W (0: off) */

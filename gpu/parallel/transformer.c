@@ -27,6 +27,13 @@
  * embedding starts small beside the token embedding. */
 static double fan_in_std(int64_t fan_in) { return 1.0 / sqrt((double)fan_in); }
 #define TFM_POSITION_STD 0.02
+/* GPT: a token's embedding starts at unit scale, as the blocks' branches do after their
+ * layer norms (PyTorch's nn.Embedding draws N(0, 1)); positions start smaller. Layer norms
+ * start as the identity: gain 1 (TFM_ONES, below), bias 0. */
+#define TFM_TOKEN_STD 1.0
+#define TFM_GPT_POSITION_STD 0.1
+#define TFM_ONES (-1.0)
+#define TFM_LN_EPS 1e-5f
 
 typedef enum unit_kind { UNIT_EMBED, UNIT_BLOCK, UNIT_HEAD } unit_kind;
 
@@ -34,14 +41,22 @@ typedef struct tfm_unit {
   unit_kind kind;
   int index;          /* the unit's global index */
   size_t first_param; /* into the store */
+  int block_param[TP_NPARAMS]; /* UNIT_BLOCK: the store index of each TP_* parameter, or -1 */
   tp_block block;     /* UNIT_BLOCK only */
 } tfm_unit;
 
 /* One unit's saved activations in a slot. */
 typedef struct unit_acts {
   tp_block_acts block; /* UNIT_BLOCK */
-  fl_tensor out;       /* UNIT_EMBED: [n, seq, hidden]; UNIT_HEAD: logits [n, classes] */
-  fl_tensor mean;      /* UNIT_HEAD: [n, hidden] */
+  fl_tensor out;       /* UNIT_EMBED: [n, seq, hidden]; UNIT_HEAD: logits [n, classes] (GPT:
+                        * [n, seq, vocab]) */
+  fl_tensor mean;      /* UNIT_HEAD: [n, hidden] (GPT: the final layer norm's output
+                        * [n, seq, hidden]) */
+  fl_tensor ln_mean, ln_rstd; /* UNIT_HEAD, GPT: the final layer norm's statistics [n * seq] */
+  /* Sequence parallel, UNIT_BLOCK: this rank's slice of the input of the chunk's first block
+   * after a whole tensor (in_slice), and the all-gathered output of a block before one
+   * (out_full): the chunk's ends, the embedding and the head see whole tensors. */
+  fl_tensor in_slice, out_full;
 } unit_acts;
 
 typedef struct tfm_slot {
@@ -68,24 +83,35 @@ struct tfm_chunk {
   int nslots;
   tp_scratch scratch;
   fl_tensor grad_a, grad_b; /* ping-pong input gradients between units in backward */
-  fl_tensor d_mean;         /* the head's gradient at the token mean */
+  fl_tensor d_mean;         /* the head's gradient at the token mean (GPT: at the layer norm) */
+  fl_tensor head_dx;        /* GPT: the head's input gradient when the caller wants none */
+  fl_tensor g_slice, dx_slice; /* sequence parallel: gradients at the blocks' slices */
   size_t bytes, peak;
 };
 
 /* ---- the spec ---------------------------------------------------------------------------- */
 
 int tfm_units(const tfm_spec *spec) { return spec->blocks + 2; }
+int tfm_input_width(const tfm_spec *spec) { return spec->kind == TFM_GPT ? 1 : spec->features; }
+int tfm_output_classes(const tfm_spec *spec) { return spec->kind == TFM_GPT ? spec->vocab : spec->classes; }
+int tfm_targets_per_sample(const tfm_spec *spec) { return spec->kind == TFM_GPT ? spec->seq : 1; }
 
 static int spec_ffn(const tfm_spec *spec) { return spec->ffn ? spec->ffn : 4 * spec->hidden; }
 
 fl_status tfm_spec_check(const tfm_spec *spec, int tp_size) {
   if (!spec) return fl_set_error(FL_EINVAL, "transformer spec: NULL");
+  if (spec->kind != TFM_ENCODER && spec->kind != TFM_GPT)
+    return fl_set_error(FL_EINVAL, "transformer spec: kind %d is neither the encoder nor GPT", (int)spec->kind);
+  bool gpt = spec->kind == TFM_GPT;
   const struct {
     const char *name;
     int value;
-  } positive[] = {{"seq", spec->seq},         {"features", spec->features},
-                  {"hidden", spec->hidden},   {"heads", spec->heads},
-                  {"blocks", spec->blocks},   {"classes", spec->classes}};
+  } positive[] = {{"seq", spec->seq},
+                  {gpt ? "vocab" : "features", gpt ? spec->vocab : spec->features},
+                  {"hidden", spec->hidden},
+                  {"heads", spec->heads},
+                  {"blocks", spec->blocks},
+                  {gpt ? "vocab" : "classes", gpt ? spec->vocab : spec->classes}};
   for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
     if (positive[i].value < 1)
       return fl_set_error(FL_EINVAL, "transformer spec: %s is %d, must be at least 1",
@@ -105,6 +131,12 @@ fl_status tfm_spec_check(const tfm_spec *spec, int tp_size) {
   if (spec->heads % tp_size)
     return fl_set_error(FL_EINVAL, "transformer spec: heads (%d) must be a multiple of the "
                         "tensor-parallel size %d", spec->heads, tp_size);
+  if (spec->sequence_parallel && tp_size < 2)
+    return fl_set_error(FL_EINVAL, "transformer spec: sequence parallel needs a tensor-parallel group of at least "
+                        "2 ranks (tp is %d)", tp_size);
+  if (spec->sequence_parallel && spec->seq % tp_size)
+    return fl_set_error(FL_EINVAL, "transformer spec: sequence parallel needs seq (%d) to be a multiple of the "
+                        "tensor-parallel size %d", spec->seq, tp_size);
   if (spec_ffn(spec) % tp_size)
     return fl_set_error(FL_EINVAL, "transformer spec: ffn (%d) must be a multiple of the "
                         "tensor-parallel size %d", spec_ffn(spec), tp_size);
@@ -171,11 +203,24 @@ static fl_status add_unit_params(tfm_chunk *c, tfm_unit *u, double *stds, size_t
   const tp_dims *D = &c->dims;
   int64_t H = sp->hidden, F = spec_ffn(sp), d = D->head_dim;
   double residual = 1.0 / sqrt(2.0 * sp->blocks);
+  bool gpt = sp->kind == TFM_GPT;
   param_def defs[TP_NPARAMS];
+  int tp_of[TP_NPARAMS]; /* blocks: each def's TP_* index */
   int ndefs = 0;
   char prefix[64];
   u->first_param = c->store.nparams;
-  if (u->kind == UNIT_EMBED) {
+  for (int i = 0; i < TP_NPARAMS; i++) u->block_param[i] = -1;
+  if (u->kind == UNIT_EMBED && gpt) {
+    snprintf(prefix, sizeof prefix, "embed");
+    defs[ndefs++] = (param_def){"token", sp->vocab, H, 0, 0, 0, TFM_TOKEN_STD};
+    defs[ndefs++] = (param_def){"position", sp->seq, H, 0, 0, 0, TFM_GPT_POSITION_STD};
+  } else if (u->kind == UNIT_HEAD && gpt) {
+    snprintf(prefix, sizeof prefix, "head");
+    defs[ndefs++] = (param_def){"ln.weight", 1, H, 0, 0, 0, TFM_ONES};
+    defs[ndefs++] = (param_def){"ln.bias", 1, H, 0, 0, 0, 0};
+    defs[ndefs++] = (param_def){"weight", sp->vocab, H, 0, 0, 0, fan_in_std(H)};
+    defs[ndefs++] = (param_def){"bias", 1, sp->vocab, 0, 0, 0, 0};
+  } else if (u->kind == UNIT_EMBED) {
     snprintf(prefix, sizeof prefix, "embed");
     defs[ndefs++] = (param_def){"weight", H, sp->features, 0, 0, 0, fan_in_std(sp->features)};
     defs[ndefs++] = (param_def){"bias", 1, H, 0, 0, 0, 0};
@@ -189,16 +234,25 @@ static fl_status add_unit_params(tfm_chunk *c, tfm_unit *u, double *stds, size_t
     int64_t q0 = (int64_t)D->head0 * 3 * d, qn = (int64_t)D->local_heads * 3 * d;
     int64_t c0 = (int64_t)D->head0 * d, cn = (int64_t)D->local_heads * d;
     int64_t f0 = (int64_t)c->tp_rank * D->local_ffn, fn = D->local_ffn;
-    defs[ndefs++] = (param_def){"attn.qkv.weight", 3 * H, H, 1, q0, qn, fan_in_std(H)};
-    defs[ndefs++] = (param_def){"attn.qkv.bias", 1, 3 * H, 2, q0, qn, 0};
-    defs[ndefs++] = (param_def){"attn.out.weight", H, H, 2, c0, cn, fan_in_std(H) * residual};
-    defs[ndefs++] = (param_def){"attn.out.bias", 1, H, 0, 0, 0, 0};
-    defs[ndefs++] = (param_def){"mlp.fc1.weight", F, H, 1, f0, fn, fan_in_std(H)};
-    defs[ndefs++] = (param_def){"mlp.fc1.bias", 1, F, 2, f0, fn, 0};
-    defs[ndefs++] = (param_def){"mlp.fc2.weight", H, F, 2, f0, fn, fan_in_std(F) * residual};
-    defs[ndefs++] = (param_def){"mlp.fc2.bias", 1, H, 0, 0, 0, 0};
+    if (gpt) {
+      tp_of[ndefs] = TP_LN1_G, defs[ndefs++] = (param_def){"ln1.weight", 1, H, 0, 0, 0, TFM_ONES};
+      tp_of[ndefs] = TP_LN1_B, defs[ndefs++] = (param_def){"ln1.bias", 1, H, 0, 0, 0, 0};
+    }
+    tp_of[ndefs] = TP_QKV_W, defs[ndefs++] = (param_def){"attn.qkv.weight", 3 * H, H, 1, q0, qn, fan_in_std(H)};
+    tp_of[ndefs] = TP_QKV_B, defs[ndefs++] = (param_def){"attn.qkv.bias", 1, 3 * H, 2, q0, qn, 0};
+    tp_of[ndefs] = TP_OUT_W, defs[ndefs++] = (param_def){"attn.out.weight", H, H, 2, c0, cn, fan_in_std(H) * residual};
+    tp_of[ndefs] = TP_OUT_B, defs[ndefs++] = (param_def){"attn.out.bias", 1, H, 0, 0, 0, 0};
+    if (gpt) {
+      tp_of[ndefs] = TP_LN2_G, defs[ndefs++] = (param_def){"ln2.weight", 1, H, 0, 0, 0, TFM_ONES};
+      tp_of[ndefs] = TP_LN2_B, defs[ndefs++] = (param_def){"ln2.bias", 1, H, 0, 0, 0, 0};
+    }
+    tp_of[ndefs] = TP_FC1_W, defs[ndefs++] = (param_def){"mlp.fc1.weight", F, H, 1, f0, fn, fan_in_std(H)};
+    tp_of[ndefs] = TP_FC1_B, defs[ndefs++] = (param_def){"mlp.fc1.bias", 1, F, 2, f0, fn, 0};
+    tp_of[ndefs] = TP_FC2_W, defs[ndefs++] = (param_def){"mlp.fc2.weight", H, F, 2, f0, fn, fan_in_std(F) * residual};
+    tp_of[ndefs] = TP_FC2_B, defs[ndefs++] = (param_def){"mlp.fc2.bias", 1, H, 0, 0, 0, 0};
   }
   for (int i = 0; i < ndefs; i++) {
+    if (u->kind == UNIT_BLOCK) u->block_param[tp_of[i]] = (int)c->store.nparams;
     fl_status st = add_param(c, prefix, defs[i]);
     if (st != FL_OK) return st;
     stds[(*nstd)++] = defs[i].std;
@@ -223,7 +277,7 @@ static fl_status fill_keyed(tfm_chunk *c, const double *stds) {
       for (int64_t j = 0; j < cols; j++) {
         uint64_t g = (uint64_t)((pl.row0 + r) * pl.cols + pl.col0 + j);
         host[p->offset + (size_t)(r * cols + j)] =
-            stds[i] > 0 ? (float)(stds[i] * keyed_normal(key, g)) : 0.0f;
+            stds[i] == TFM_ONES ? 1.0f : stds[i] > 0 ? (float)(stds[i] * keyed_normal(key, g)) : 0.0f;
       }
   }
   fl_status st = c->dev->ops->from_host(c->dev, s->values.data, host, s->nvalues * sizeof *host);
@@ -272,7 +326,11 @@ fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit,
   c->tp_size = tp_size;
   int local_heads = spec->heads / tp_size;
   c->dims = (tp_dims){spec->seq, spec->hidden, spec->heads, spec->hidden / spec->heads,
-                      local_heads, tp_rank * local_heads, spec_ffn(spec) / tp_size, spec->dropout};
+                      local_heads, tp_rank * local_heads, spec_ffn(spec) / tp_size, spec->dropout,
+                      spec->kind == TFM_GPT, spec->sequence_parallel, tp_size,
+                      spec->sequence_parallel ? spec->seq / tp_size : spec->seq,
+                      spec->sequence_parallel ? tp_rank * (spec->seq / tp_size) : 0,
+                      spec->selective_recompute};
   layer_store_init(&c->store, dev);
   size_t most = (size_t)c->nunits * TP_NPARAMS;
   c->places = common_calloc(most, sizeof *c->places);
@@ -292,7 +350,8 @@ fl_status tfm_chunk_create(fl_device *dev, const tfm_spec *spec, int first_unit,
     tfm_unit *u = &c->units[i];
     if (u->kind != UNIT_BLOCK) continue;
     u->block = (tp_block){dev, c->comm, c->dims, {0}, &c->scratch};
-    for (int j = 0; j < TP_NPARAMS; j++) u->block.p[j] = &c->store.params[u->first_param + j];
+    for (int j = 0; j < TP_NPARAMS; j++)
+      u->block.p[j] = u->block_param[j] >= 0 ? &c->store.params[u->block_param[j]] : NULL;
   }
   common_free(stds);
   *out = c;
@@ -310,6 +369,10 @@ static void slot_release(tfm_chunk *c, tfm_slot *s) {
     tp_block_acts_release(&s->units[i].block);
     tensor_release(&s->units[i].out);
     tensor_release(&s->units[i].mean);
+    tensor_release(&s->units[i].ln_mean);
+    tensor_release(&s->units[i].ln_rstd);
+    tensor_release(&s->units[i].in_slice);
+    tensor_release(&s->units[i].out_full);
   }
   common_free(s->units);
 }
@@ -322,6 +385,9 @@ void tfm_chunk_destroy(tfm_chunk *c) {
   tensor_release(&c->grad_a);
   tensor_release(&c->grad_b);
   tensor_release(&c->d_mean);
+  tensor_release(&c->head_dx);
+  tensor_release(&c->g_slice);
+  tensor_release(&c->dx_slice);
   layer_store_release(&c->store);
   common_free(c->places);
   common_free(c->units);
@@ -362,6 +428,66 @@ static fl_status embed_backward(tfm_chunk *c, const tfm_unit *u, const fl_tensor
                           pgrad(c, u, 0), f));
   FL_CHECK(dev->ops->bias_grad_rows(dev, n * s, H, dy->data, pgrad(c, u, 1)));
   FL_CHECK(dev->ops->bias_grad_rows(dev, n, s * H, dy->data, pgrad(c, u, 2)));
+cleanup:
+  return status;
+}
+
+/* GPT: out[n, seq, hidden] = token[ids] + position. */
+static fl_status gpt_embed_forward(tfm_chunk *c, const tfm_unit *u, const fl_tensor *x, unit_acts *a) {
+  fl_device *dev = c->dev;
+  int n = (int)x->shape[0], s = c->spec.seq, H = c->spec.hidden;
+  int64_t shape[3] = {n, s, H};
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&a->out, dev, 3, shape));
+  FL_CHECK(dev->ops->embedding_forward(dev, (size_t)n * s, H, c->spec.vocab, x->data, pval(c, u, 0), a->out.data));
+  FL_CHECK(dev->ops->bias_add_rows(dev, n, s * H, pval(c, u, 1), a->out.data));
+cleanup:
+  return status;
+}
+
+static fl_status gpt_embed_backward(tfm_chunk *c, const tfm_unit *u, const fl_tensor *x, const fl_tensor *dy) {
+  fl_device *dev = c->dev;
+  int n = (int)x->shape[0], s = c->spec.seq, H = c->spec.hidden;
+  fl_status status = FL_OK;
+  FL_CHECK(dev->ops->embedding_backward(dev, (size_t)n * s, H, c->spec.vocab, x->data, dy->data, pgrad(c, u, 0)));
+  FL_CHECK(dev->ops->bias_grad_rows(dev, n, s * H, dy->data, pgrad(c, u, 1)));
+cleanup:
+  return status;
+}
+
+/* GPT: logits[n, seq, vocab] = ln(x) W^T + b (parameters: ln gain, ln bias, W, b). */
+static fl_status gpt_head_forward(tfm_chunk *c, const tfm_unit *u, const fl_tensor *x, unit_acts *a) {
+  fl_device *dev = c->dev;
+  int n = (int)x->shape[0], s = c->spec.seq, H = c->spec.hidden, V = c->spec.vocab, T = n * s;
+  int64_t xshape[3] = {n, s, H}, lshape[3] = {n, s, V}, tshape[1] = {T};
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&a->mean, dev, 3, xshape));
+  FL_CHECK(tensor_ensure(&a->ln_mean, dev, 1, tshape));
+  FL_CHECK(tensor_ensure(&a->ln_rstd, dev, 1, tshape));
+  FL_CHECK(tensor_ensure(&a->out, dev, 3, lshape));
+  FL_CHECK(dev->ops->layernorm_forward(dev, T, H, TFM_LN_EPS, x->data, pval(c, u, 0), pval(c, u, 1), a->mean.data,
+                                       a->ln_mean.data, a->ln_rstd.data));
+  FL_CHECK(dev->ops->gemm(dev, false, true, T, V, H, 1.0f, a->mean.data, H, pval(c, u, 2), H, 0.0f, a->out.data, V));
+  FL_CHECK(dev->ops->bias_add_rows(dev, T, V, pval(c, u, 3), a->out.data));
+cleanup:
+  return status;
+}
+
+/* The layer norm's parameters need its input gradient even when the caller wants no dx. */
+static fl_status gpt_head_backward(tfm_chunk *c, const tfm_unit *u, const fl_tensor *x, const unit_acts *a,
+                                   const fl_tensor *dy, fl_tensor *dx) {
+  fl_device *dev = c->dev;
+  int n = (int)x->shape[0], s = c->spec.seq, H = c->spec.hidden, V = c->spec.vocab, T = n * s;
+  int64_t xshape[3] = {n, s, H};
+  fl_status status = FL_OK;
+  if (!dx) dx = &c->head_dx;
+  FL_CHECK(tensor_ensure(&c->d_mean, dev, 3, xshape));
+  FL_CHECK(tensor_ensure(dx, dev, 3, xshape));
+  FL_CHECK(dev->ops->gemm(dev, true, false, V, H, T, 1.0f, dy->data, V, a->mean.data, H, 1.0f, pgrad(c, u, 2), H));
+  FL_CHECK(dev->ops->bias_grad_rows(dev, T, V, dy->data, pgrad(c, u, 3)));
+  FL_CHECK(dev->ops->gemm(dev, false, false, T, H, V, 1.0f, dy->data, V, pval(c, u, 2), H, 0.0f, c->d_mean.data, H));
+  FL_CHECK(dev->ops->layernorm_backward(dev, T, H, x->data, c->d_mean.data, pval(c, u, 0), a->ln_mean.data,
+                                        a->ln_rstd.data, dx->data, pgrad(c, u, 0), pgrad(c, u, 1)));
 cleanup:
   return status;
 }
@@ -431,16 +557,59 @@ static tp_keys unit_keys(const tfm_chunk *c, const tfm_slot *s, int unit) {
   return k;
 }
 
-static const fl_tensor *unit_output(const tfm_unit *u, const unit_acts *a) {
-  return u->kind == UNIT_BLOCK ? &a->block.y : &a->out;
+/* Sequence parallel: blocks pass slices between them; a run of blocks takes a whole tensor in
+ * (the chunk's input or the embedding's output) and gives one out. */
+static bool sp_first_of_run(const tfm_chunk *c, int i) {
+  return c->spec.sequence_parallel && c->units[i].kind == UNIT_BLOCK && (i == 0 || c->units[i - 1].kind != UNIT_BLOCK);
+}
+static bool sp_last_of_run(const tfm_chunk *c, int i) {
+  return c->spec.sequence_parallel && c->units[i].kind == UNIT_BLOCK &&
+         (i == c->nunits - 1 || c->units[i + 1].kind != UNIT_BLOCK);
+}
+
+static const fl_tensor *unit_output(const tfm_chunk *c, int i, const unit_acts *a) {
+  if (c->units[i].kind != UNIT_BLOCK) return &a->out;
+  return sp_last_of_run(c, i) ? &a->out_full : &a->block.y;
+}
+
+/* Sequence parallel: this rank's slice [n, seq/tp, hidden] of a whole [n, seq, hidden] (the
+ * samples' slices into rank order, then rank tp_rank's block; see tensor_parallel.c). */
+static fl_status sp_to_slice(tfm_chunk *c, const fl_tensor *whole, fl_tensor *slice) {
+  fl_device *dev = c->dev;
+  int n = (int)whole->shape[0], sl = c->dims.local_seq, H = c->spec.hidden, t = c->tp_size;
+  int64_t shape[3] = {n, sl, H};
+  size_t local = (size_t)n * sl * H;
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&c->scratch.gathered, dev, 3, whole->shape));
+  FL_CHECK(tensor_ensure(slice, dev, 3, shape));
+  FL_CHECK(dev->ops->swap01(dev, n, t, sl * H, whole->data, c->scratch.gathered.data));
+  FL_CHECK(dev->ops->copy(dev, slice->data, c->scratch.gathered.data + (size_t)c->tp_rank * local,
+                          local * sizeof(float)));
+cleanup:
+  return status;
+}
+
+/* Sequence parallel: the whole [n, seq, hidden] from every rank's slice (all-gather). */
+static fl_status sp_to_whole(tfm_chunk *c, const fl_tensor *slice, fl_tensor *whole) {
+  fl_device *dev = c->dev;
+  int n = (int)slice->shape[0], sl = c->dims.local_seq, H = c->spec.hidden, t = c->tp_size;
+  int64_t shape[3] = {n, c->spec.seq, H};
+  fl_status status = FL_OK;
+  FL_CHECK(tensor_ensure(&c->scratch.gathered, dev, 3, shape));
+  FL_CHECK(tensor_ensure(whole, dev, 3, shape));
+  FL_CHECK(fl_comm_allgather(c->comm, slice, &c->scratch.gathered));
+  FL_CHECK(dev->ops->swap01(dev, t, n, sl * H, c->scratch.gathered.data, whole->data));
+cleanup:
+  return status;
 }
 
 static size_t slot_bytes(const tfm_chunk *c, const tfm_slot *s) {
   size_t bytes = s->x.numel * sizeof(float);
   for (int i = 0; i < c->nunits; i++) {
     const unit_acts *a = &s->units[i];
-    bytes += c->units[i].kind == UNIT_BLOCK ? tp_block_acts_bytes(&a->block)
-                                            : (a->out.numel + a->mean.numel) * sizeof(float);
+    bytes += c->units[i].kind == UNIT_BLOCK
+                 ? tp_block_acts_bytes(&a->block) + (a->in_slice.numel + a->out_full.numel) * sizeof(float)
+                 : (a->out.numel + a->mean.numel + a->ln_mean.numel + a->ln_rstd.numel) * sizeof(float);
   }
   return bytes;
 }
@@ -448,7 +617,7 @@ static size_t slot_bytes(const tfm_chunk *c, const tfm_slot *s) {
 fl_status tfm_chunk_forward(tfm_chunk *c, int slot, const fl_tensor *x, const tfm_batch *b,
                             bool train, const fl_tensor **y) {
   if (!c || !x || !y) return fl_set_error(FL_EINVAL, "tfm_chunk_forward: NULL argument");
-  int width = c->first == 0 ? c->spec.features : c->spec.hidden;
+  int width = c->first == 0 ? tfm_input_width(&c->spec) : c->spec.hidden;
   if (x->ndim != 3 || x->shape[0] < 1 || x->shape[1] != c->spec.seq || x->shape[2] != width) {
     char got[96];
     layer_shape_text(x, got, sizeof got);
@@ -470,15 +639,21 @@ fl_status tfm_chunk_forward(tfm_chunk *c, int slot, const fl_tensor *x, const tf
   for (int i = 0; i < c->nunits; i++) {
     const tfm_unit *u = &c->units[i];
     unit_acts *a = &s->units[i];
+    bool gpt = c->spec.kind == TFM_GPT;
     if (u->kind == UNIT_EMBED) {
-      FL_CHECK(embed_forward(c, u, in, a));
+      FL_CHECK(gpt ? gpt_embed_forward(c, u, in, a) : embed_forward(c, u, in, a));
     } else if (u->kind == UNIT_HEAD) {
-      FL_CHECK(head_forward(c, u, in, a));
+      FL_CHECK(gpt ? gpt_head_forward(c, u, in, a) : head_forward(c, u, in, a));
     } else {
       tp_keys keys = unit_keys(c, s, u->index);
+      if (sp_first_of_run(c, i)) {
+        FL_CHECK(sp_to_slice(c, in, &a->in_slice));
+        in = &a->in_slice;
+      }
       FL_CHECK(tp_block_forward(&u->block, in, &keys, &a->block));
+      if (sp_last_of_run(c, i)) FL_CHECK(sp_to_whole(c, &a->block.y, &a->out_full));
     }
-    in = unit_output(u, a);
+    in = unit_output(c, i, a);
   }
   s->in_flight = true;
   s->bytes = slot_bytes(c, s);
@@ -495,7 +670,7 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
     return fl_set_error(FL_ESTATE, "transformer units [%d, %d): backward of slot %d, which holds "
                         "no forward", c->first, c->end, slot);
   tfm_slot *s = &c->slots[slot];
-  const fl_tensor *y = unit_output(&c->units[c->nunits - 1], &s->units[c->nunits - 1]);
+  const fl_tensor *y = unit_output(c, c->nunits - 1, &s->units[c->nunits - 1]);
   if (dy->ndim != y->ndim || memcmp(dy->shape, y->shape, (size_t)y->ndim * sizeof y->shape[0])) {
     char got[96], want[96];
     layer_shape_text(dy, got, sizeof got);
@@ -509,18 +684,28 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
   for (int i = c->nunits - 1; i >= 0; i--) {
     const tfm_unit *u = &c->units[i];
     const unit_acts *a = &s->units[i];
-    const fl_tensor *in = i ? unit_output(&c->units[i - 1], &s->units[i - 1]) : &s->x;
+    const fl_tensor *in = i ? unit_output(c, i - 1, &s->units[i - 1]) : &s->x;
     /* The first unit writes the slot's dx; the others alternate between two buffers, so
      * that a unit never writes the gradient it reads. */
     fl_tensor *out = i == 0 ? &s->dx : (i % 2 ? &c->grad_a : &c->grad_b);
     bool need = i > 0 || want_dx;
+    bool gpt = c->spec.kind == TFM_GPT;
     if (u->kind == UNIT_EMBED) {
-      FL_CHECK(embed_backward(c, u, in, g));
+      FL_CHECK(gpt ? gpt_embed_backward(c, u, in, g) : embed_backward(c, u, in, g));
     } else if (u->kind == UNIT_HEAD) {
-      FL_CHECK(head_backward(c, u, a, g, need ? out : NULL));
+      FL_CHECK(gpt ? gpt_head_backward(c, u, in, a, g, need ? out : NULL) : head_backward(c, u, a, g, need ? out : NULL));
     } else {
       tp_keys keys = unit_keys(c, s, u->index);
-      FL_CHECK(tp_block_backward(&u->block, in, &keys, &a->block, g, need, out));
+      bool first = sp_first_of_run(c, i);
+      if (first) in = &a->in_slice;
+      /* A whole gradient comes in at a run's end (the chunk's dy, the head's dx): each rank
+       * computed all of it, so its slice is this rank's share. */
+      if (sp_last_of_run(c, i)) {
+        FL_CHECK(sp_to_slice(c, g, &c->g_slice));
+        g = &c->g_slice;
+      }
+      FL_CHECK(tp_block_backward(&u->block, in, &keys, &a->block, g, need, first ? &c->dx_slice : out));
+      if (first && need) FL_CHECK(sp_to_whole(c, &c->dx_slice, out));
     }
     g = out;
   }

@@ -32,6 +32,15 @@
  * The qkv projection's rows are ordered by head, q, k and v of head 0 first: [heads, 3, d]
  * (d = hidden / heads), so that a rank's heads are one contiguous block of rows.
  *
+ * The GPT form (spec.kind TFM_GPT), a byte-level language model: each token is an id in
+ * [0, vocab) (x [n, seq, 1], the ids as floats); unit 0 looks up a token embedding
+ * [vocab, hidden] and adds the learned positions [seq, hidden]; blocks are pre-LN,
+ *   x1 = x + dropout(attn(ln1(x)));  y = x1 + dropout(mlp(ln2(x1))),
+ * with causal attention (a position attends to itself and earlier ones); the head is a final
+ * layer norm and a linear map to vocab per token -> logits [n, seq, vocab], trained on the
+ * mean cross-entropy of every token's next one. Layer norms, like the embedding and the head,
+ * are replicated over the tensor-parallel group.
+ *
  * Threading: a chunk is used by one thread at a time. Every rank of a tensor-parallel group
  * calls forward and backward on its chunk in the same order with the same arguments (x and dy
  * are full, replicated tensors on every rank), since both run collectives.
@@ -40,6 +49,11 @@
 #define FLINT_GPU_TRANSFORMER_H
 
 #include "gpu/nn/nn.h"
+
+typedef enum tfm_kind {
+  TFM_ENCODER = 0, /* the classifier above: features in, classes out (the default) */
+  TFM_GPT,         /* the causal language model: token ids in, next-token logits out */
+} tfm_kind;
 
 typedef struct tfm_spec {
   int seq;       /* tokens per sample */
@@ -51,12 +65,29 @@ typedef struct tfm_spec {
   int classes;
   float dropout; /* probability in [0, 1) for every dropout site */
   uint64_t seed; /* weights and dropout masks */
+  tfm_kind kind; /* TFM_ENCODER (0) or TFM_GPT, which ignores features and classes */
+  int vocab;     /* TFM_GPT: token ids in [0, vocab) (bytes: 256) */
+  /* Sequence parallelism (Korthikanti et al. 2022; gpu/parallel/tensor_parallel.c): between
+   * the tensor-parallel regions each rank of the group keeps seq / tp of the tokens. Needs a
+   * group of tp > 1 dividing seq. A chunk's input and output stay whole: it slices its input
+   * before its first block and all-gathers after its last. */
+  bool sequence_parallel;
+  /* Selective activation recomputation (the same paper): no [n, heads, seq, seq] tensor is
+   * kept; backward recomputes the attention probabilities from the kept q, k and v. */
+  bool selective_recompute;
 } tfm_spec;
 
 /* The number of units: blocks + 2. */
 int tfm_units(const tfm_spec *spec);
+/* Floats per input token: features (encoder) or 1 (GPT, the token id). */
+int tfm_input_width(const tfm_spec *spec);
+/* Logits per prediction (classes or vocab) and predictions per sample (1, or seq for GPT:
+ * one per token, against the next token). */
+int tfm_output_classes(const tfm_spec *spec);
+int tfm_targets_per_sample(const tfm_spec *spec);
 /* FL_OK when the spec can be built and split over tp_size ranks; FL_EINVAL with
- * fl_last_error() naming the field ("heads", "ffn", "dropout", ...) otherwise. */
+ * fl_last_error() naming the field ("heads", "ffn", "dropout", "sequence parallel", ...)
+ * otherwise. */
 fl_status tfm_spec_check(const tfm_spec *spec, int tp_size);
 
 /* What one micro-batch is, for dropout keys: */
@@ -79,10 +110,10 @@ void tfm_chunk_destroy(tfm_chunk *c);
 /* Forward of one micro-batch in activation slot `slot` (>= 0; slots are created on first use,
  * each holds the activations of one micro-batch from its forward until its backward, so that
  * several micro-batches can be in flight, as pipeline schedules need). x: [n, seq, features]
- * if the chunk starts at unit 0, else [n, seq, hidden]; it is copied into the slot, so the
+ * ([n, seq, 1] for GPT) if the chunk starts at unit 0, else [n, seq, hidden]; it is copied into the slot, so the
  * caller may reuse it at once. b: the micro-batch's keys (NULL: row0 0, step 0). train
  * selects dropout. *y (owned by the slot, valid until the slot's next forward):
- * [n, seq, hidden], or [n, classes] when the chunk ends with the head. A forward into a slot
+ * [n, seq, hidden], or [n, classes] ([n, seq, vocab] for GPT) when the chunk ends with the head. A forward into a slot
  * still in flight replaces its activations (inference needs no backward).
  * FL_EINVAL names a bad slot or shape; collective failures come back as the comm's codes. */
 fl_status tfm_chunk_forward(tfm_chunk *c, int slot, const fl_tensor *x, const tfm_batch *b,
@@ -96,7 +127,9 @@ fl_status tfm_chunk_backward(tfm_chunk *c, int slot, const fl_tensor *dy, const 
 /* Parameters: one flat value buffer and one flat gradient buffer (as nn_model), in order:
  * per unit, embed.{weight, bias, position}; blocks.<b>.attn.qkv.{weight, bias},
  * blocks.<b>.attn.out.{weight, bias}, blocks.<b>.mlp.fc1.{weight, bias},
- * blocks.<b>.mlp.fc2.{weight, bias} (b = unit - 1); head.{weight, bias}. Owned by the chunk. */
+ * blocks.<b>.mlp.fc2.{weight, bias} (b = unit - 1); head.{weight, bias}. GPT: embed.{token,
+ * position}; blocks.<b>.ln1.{weight, bias}, the attention's four, blocks.<b>.ln2.{weight,
+ * bias}, the MLP's four; head.ln.{weight, bias}, head.{weight, bias}. Owned by the chunk. */
 fl_tensor *tfm_chunk_values(tfm_chunk *c);
 fl_tensor *tfm_chunk_grads(tfm_chunk *c);
 fl_status tfm_chunk_zero_grad(tfm_chunk *c);

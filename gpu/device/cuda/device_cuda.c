@@ -575,6 +575,12 @@ static fl_status cuda_mean_tokens_backward(fl_device *dev, int n, int s, int h,
   CUDA_RETURN(&impl->es, kernels_mean_tokens_backward(impl->stream, n, s, h, dy, dx));
 }
 
+static fl_status cuda_causal_mask(fl_device *dev, int batch, int s, float *scores) {
+  ENTER(dev);
+  REQUIRE(batch >= 0 && s >= 0, "causal_mask");
+  CUDA_RETURN(&impl->es, kernels_causal_mask(impl->stream, batch, s, scores));
+}
+
 static fl_status cuda_layernorm_forward(fl_device *dev, int rows, int cols, float eps, const float *x,
                                         const float *gamma, const float *beta, float *y, float *mean, float *rstd) {
   ENTER(dev);
@@ -654,6 +660,7 @@ static const device_ops cuda_ops = {
     .dropout_backward = cuda_dropout_backward,
     .mean_tokens_forward = cuda_mean_tokens_forward,
     .mean_tokens_backward = cuda_mean_tokens_backward,
+    .causal_mask = cuda_causal_mask,
     .layernorm_forward = cuda_layernorm_forward,
     .layernorm_backward = cuda_layernorm_backward,
     .embedding_forward = cuda_embedding_forward,

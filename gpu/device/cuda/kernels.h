@@ -109,6 +109,8 @@ cudaError_t kernels_mean_tokens_forward(cudaStream_t s, int n, int tokens, int h
                                         const float *x, float *y);
 cudaError_t kernels_mean_tokens_backward(cudaStream_t s, int n, int tokens, int h,
                                          const float *dy, float *dx);
+/* -inf above the diagonal of each of `batch` [tokens, tokens] score matrices. */
+cudaError_t kernels_causal_mask(cudaStream_t s, int batch, int tokens, float *scores);
 
 /* gpu/device/cuda/kernels_norm.cu: layer norm (a warp per row; dgamma and dbeta by atomics)
  * and embeddings (an id outside [0, vocab) writes zeros and sets *bad_id). */

@@ -138,6 +138,13 @@ __global__ void mean_tokens_backward_kernel(size_t total, int s, int h, const fl
 
 extern "C" {
 
+__global__ void causal_mask_kernel(size_t total, int s, float *scores) {
+  GRID_STRIDE(i, total) {
+    size_t within = i % ((size_t)s * s);
+    if ((int)(within % s) > (int)(within / s)) scores[i] = -INFINITY;
+  }
+}
+
 cudaError_t kernels_gelu_forward(cudaStream_t s, size_t n, const float *x, float *y) {
   if (n == 0) return cudaSuccess;
   gelu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(n, x, y);
@@ -206,3 +213,10 @@ cudaError_t kernels_mean_tokens_backward(cudaStream_t s, int n, int tokens, int 
 }
 
 } // extern "C"
+
+cudaError_t kernels_causal_mask(cudaStream_t s, int batch, int tokens, float *scores) {
+  size_t total = (size_t)batch * tokens * tokens;
+  if (total == 0) return cudaSuccess;
+  causal_mask_kernel<<<grid_for(total), kThreads, 0, s>>>(total, tokens, scores);
+  return cudaGetLastError();
+}
