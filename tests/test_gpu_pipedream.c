@@ -786,6 +786,30 @@ static void test_replicated_pipedream(void **state) {
   }
 }
 
+/* What the accuracy study in docs/parallelism.md rests on: under pipedream, every mini-batch
+ * k >= 1 of a window has its first p - r - 1 micro-batches (of m >= p - r - 1) take their
+ * forward on stage r at version k - 1, one update stale, the rest at k; with vertical sync
+ * every stage has stage 0's p - 1 stale ones. */
+static void test_stale_micro_batches(void **state) {
+  (void)state;
+  for (int p = 1; p <= 4; p++)
+    for (int m = p; m <= 8; m++)
+      for (int vs = 0; vs <= 1; vs++)
+        for (int r = 0; r < p; r++) {
+          int k = 4, v[64];
+          assert_ok(pp_weight_versions(PP_PIPEDREAM, vs, p, m, k, r, v));
+          int want = vs ? p - 1 : p - r - 1;
+          for (int b = 1; b < k; b++) {
+            int stale = 0;
+            for (int i = 0; i < m; i++) {
+              assert_true(v[b * m + i] == b || v[b * m + i] == b - 1);
+              stale += v[b * m + i] == b - 1;
+            }
+            assert_int_equal(stale, want);
+          }
+        }
+}
+
 static void expect_create_error(run *rs, const char *needle);
 
 /* replicas_auto: the partitioner's plan over 3 ranks a pipeline (at most 2 stages), the same on
@@ -964,6 +988,7 @@ int main(void) {
       BOUNDED(test_replicated_lists_simulate),
       BOUNDED(test_replicated_pipedream),
       BOUNDED(test_replicas_auto),
+      BOUNDED(test_stale_micro_batches),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
