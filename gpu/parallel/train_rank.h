@@ -111,6 +111,9 @@ typedef struct train_arg {
    * partitioner's */
   bool plan_cut;
   int32_t plan_bounds[GPU_TRAIN_MAX_STAGES + 1];
+  /* the transformer's replicated stages (gpu_train_options.replicas; all 0: none) */
+  uint32_t replicas[GPU_TRAIN_MAX_STAGES];
+  uint32_t replicas_auto; /* --replicas auto:W: W (0: off) */
 } train_arg;
 
 /* Joins the stage's ranks into one communicator: NCCL for cuda unless `host` is set or
