@@ -77,8 +77,13 @@
  * last block's gathered output (4sbh (1/t + 1)); the formula column includes them.
  *
  *   bench_pipeline [--json] [--device cpu|cuda|all] [--steps N] [--quick] [--pipedream]
+ *                  [--pipedream-seeds N [--pd-m M] [--pd-momentum X]]
  *
- * --pipedream: only the third table.
+ * --pipedream: only the third table. --pipedream-seeds N: only the accuracy part of the third
+ * table (1f1b, pipedream, pipedream with vertical sync) repeated over seeds 1..N on all 10000
+ * test images, with each schedule's mean and its spread against 1f1b (pipedream_seed_rows);
+ * with it, --pd-m M sets every row's micro-batches and --pd-momentum X the pipedream rows'
+ * momentum (at a rate that keeps lr / (1 - momentum)).
  *
  * --device: the tables for the cpu device, the cuda device, or both (default all: cuda rows
  * only when a GPU is usable, else a line saying they were skipped; naming cuda without one
@@ -519,15 +524,153 @@ static int pipedream_rows(bool json) {
   return 0;
 }
 
+/* ---- pipedream's accuracy over seeds ------------------------------------------------------ */
+
+/* --pd-m and --pd-momentum: the seeds study's micro-batches (every row) and the pipedream
+ * rows' momentum; 1f1b keeps momentum 0.9. A pipedream row at momentum mu runs at
+ * --lr 0.1 x (1 - mu) / 0.1, so that the step a constant gradient settles to,
+ * lr / (1 - mu), stays 1f1b's. */
+static uint32_t pd_m = 4;
+static double pd_momentum = 0.9;
+
+/* One run of the pipedream table's setup (1f1b, pipedream with or without vertical sync) at
+ * `seed` on p stages, evaluated on `test_images`. */
+static fl_status pipedream_run(pp_schedule kind, bool vsync, uint32_t p, uint64_t seed, uint64_t test_images,
+                               gpu_train_result *res) {
+  gpu_train_options o = GPU_TRAIN_OPTIONS_INIT;
+  char master[32];
+  snprintf(master, sizeof master, "local[%u]", p);
+  o.master = master;
+  o.model = NN_TRANSFORMER;
+  o.ranks = 1;
+  o.pp = p;
+  o.schedule = kind;
+  o.vertical_sync = vsync;
+  o.window = kind == PP_1F1B ? 0 : PD_WINDOW;
+  o.microbatches = pd_m;
+  o.batch = 64;
+  o.lr = 0.1;
+  if (kind != PP_1F1B) {
+    o.optim.momentum = (float)pd_momentum;
+    o.lr = 0.1 * (1 - pd_momentum) / 0.1;
+  }
+  o.epochs = PD_EPOCHS;
+  o.shuffle = false;
+  o.seed = seed;
+  o.max_train_images = PD_TRAIN_IMAGES;
+  o.max_test_images = test_images;
+  o.csv_path = o.svg_path = NULL;
+  o.progress = NULL;
+  return gpu_train_run(&o, res);
+}
+
+/* --pipedream-seeds N: the pipedream table's accuracy comparison repeated over seeds 1..N (the
+ * initial weights and dropout masks; no shuffle, so the batches are the same), on all 10000
+ * test images. One training run is one sample of a noisy process: a gap of half a point
+ * between two schedules on one seed says little unless the seed-to-seed spread of one schedule
+ * is well below it. 1f1b runs at p 2 only: it trains as one rank does whatever p is. */
+static int pipedream_seed_rows(bool json, int seeds) {
+  struct stat sb;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &sb) != 0 &&
+      stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte", &sb) != 0) {
+    if (!json) printf("pipedream seeds: Fashion-MNIST is not in /usr/share/datasets/fashion-mnist; rows skipped\n");
+    return 0;
+  }
+  enum { KINDS = 5 };
+  const pp_schedule kinds[KINDS] = {PP_1F1B, PP_PIPEDREAM, PP_PIPEDREAM, PP_PIPEDREAM, PP_PIPEDREAM};
+  const bool vsync[KINDS] = {false, false, true, false, true};
+  const uint32_t ps[KINDS] = {2, 2, 2, 4, 4};
+  const uint64_t test_images = 10000;
+  double acc[KINDS][16];
+  if (!json)
+    printf("pipedream against 1f1b over seeds 1..%d: the pipedream table's setup (%d epochs, %d training "
+           "images, batch 64, m %u, window %d, sgd lr 0.1 momentum 0.9; pipedream: momentum %g at lr %g), all "
+           "%llu test images\n%-4s %-16s %2s %4s %10s %9s %9s\n", seeds, PD_EPOCHS, PD_TRAIN_IMAGES, pd_m, PD_WINDOW,
+           pd_momentum, 0.1 * (1 - pd_momentum) / 0.1, (unsigned long long)test_images, "dev", "schedule", "p", "seed", "images/s", "test acc", "vs 1f1b");
+  for (int s = 0; s < seeds; s++)
+    for (int k = 0; k < KINDS; k++) {
+      gpu_train_result res;
+      char name[32];
+      snprintf(name, sizeof name, "%s%s", pp_schedule_name(kinds[k]), vsync[k] ? "+vsync" : "");
+      fl_status st = pipedream_run(kinds[k], vsync[k], ps[k], (uint64_t)s + 1, test_images, &res);
+      if (st != FL_OK && !strstr(fl_last_error(), "diverged")) {
+        fail_flint(name);
+        return 1;
+      }
+      if (st != FL_OK) { /* a diverged row says so; its accuracy counts as NaN in the means */
+        acc[k][s] = NAN;
+        if (json)
+          printf("{\"table\":\"pipedream_seeds\",\"device\":\"cpu\",\"schedule\":\"%s\",\"vertical_sync\":%s,"
+                 "\"p\":%u,\"seed\":%d,\"diverged\":true}\n", pp_schedule_name(kinds[k]), vsync[k] ? "true" : "false",
+                 ps[k], s + 1);
+        else
+          printf("%-4s %-16s %2u %4d  diverged: %s\n", "cpu", name, ps[k], s + 1, fl_last_error());
+        fflush(stdout);
+        continue;
+      }
+      acc[k][s] = res.test_acc;
+      if (json)
+        printf("{\"table\":\"pipedream_seeds\",\"device\":\"cpu\",\"schedule\":\"%s\",\"vertical_sync\":%s,"
+               "\"p\":%u,\"m\":%u,\"momentum\":%g,\"seed\":%d,\"epochs\":%d,\"train_images\":%d,\"test_images\":%llu,"
+               "\"images_per_s\":%.1f,\"test_acc\":%.4f,\"test_acc_1f1b\":%.4f}\n",
+               pp_schedule_name(kinds[k]), vsync[k] ? "true" : "false", ps[k], pd_m, k ? pd_momentum : 0.9, s + 1,
+               PD_EPOCHS, PD_TRAIN_IMAGES,
+               (unsigned long long)test_images, res.images_per_s, res.test_acc, acc[0][s]);
+      else
+        printf("%-4s %-16s %2u %4d %10.1f %9.4f %+9.4f\n", "cpu", name, ps[k], s + 1, res.images_per_s, res.test_acc,
+               res.test_acc - acc[0][s]);
+      fflush(stdout);
+    }
+  if (!json) {
+    printf("over the %d seeds: mean test acc, and the difference from 1f1b on the same seed (mean, min, max)\n",
+           seeds);
+    for (int k = 0; k < KINDS; k++) {
+      double mean = 0, dmean = 0, dmin = INFINITY, dmax = -INFINITY;
+      for (int s = 0; s < seeds; s++) {
+        double d = acc[k][s] - acc[0][s];
+        mean += acc[k][s] / seeds;
+        dmean += d / seeds;
+        dmin = fmin(dmin, d);
+        dmax = fmax(dmax, d);
+      }
+      printf("%-16s p %u  mean %.4f  vs 1f1b %+.4f (%+.4f .. %+.4f)\n",
+             k == 0 ? "1f1b" : vsync[k] ? "pipedream+vsync" : "pipedream", ps[k], mean, dmean, dmin, dmax);
+    }
+    printf("\n");
+  }
+  return 0;
+}
+
 /* ---- main -------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
   /* --pipedream (ours, not bench_util's): only the third table. */
   bool only_pipedream = false;
-  int kept = 1;
+  int kept = 1, seeds = 0;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--pipedream") == 0) only_pipedream = true;
-    else argv[kept++] = argv[i];
+    if (strcmp(argv[i], "--pipedream") == 0) {
+      only_pipedream = true;
+    } else if (strcmp(argv[i], "--pd-m") == 0 || strcmp(argv[i], "--pd-momentum") == 0) {
+      char *end = NULL;
+      double v = i + 1 < argc ? strtod(argv[i + 1], &end) : NAN;
+      bool m = strcmp(argv[i], "--pd-m") == 0;
+      i++;
+      if (!end || *end || (m ? !(v >= 1 && v <= 64 && v == floor(v) && 64 / (int)v * (int)v == 64) : !(v >= 0 && v < 1))) {
+        fprintf(stderr, BENCH_NAME ": --pd-m takes a divisor of 64, --pd-momentum a number in [0, 1)\n");
+        return 2;
+      }
+      if (m) pd_m = (uint32_t)v;
+      else pd_momentum = v;
+    } else if (strcmp(argv[i], "--pipedream-seeds") == 0) {
+      char *end = NULL;
+      seeds = i + 1 < argc ? (int)strtol(argv[++i], &end, 10) : 0;
+      if (!end || *end || seeds < 1 || seeds > 16) {
+        fprintf(stderr, BENCH_NAME ": --pipedream-seeds takes a count of seeds, 1 to 16\n");
+        return 2;
+      }
+    } else {
+      argv[kept++] = argv[i];
+    }
   }
   argc = kept;
   bench_device_args args = {.which = "all", .steps = 3};
@@ -545,6 +688,7 @@ int main(int argc, char **argv) {
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   int cores = online > 0 ? (int)online : 1;
   int rc = 0;
+  if (seeds) return pipedream_seed_rows(json, seeds);
   if (only_pipedream) return pipedream_rows(json);
   if (strcmp(which, "cuda") != 0) rc = run_device(FL_DEVICE_CPU, json, quick, (int)steps, cores);
   if (rc == 0 && !quick && strcmp(which, "cuda") != 0) rc = pipedream_rows(json);

@@ -159,6 +159,12 @@ static const char train_usage_text[] =
     "  --schedule S        gpipe, 1f1b (default), interleaved, pipedream (asynchronous\n"
     "                      1F1B with weight stashing) or 2bw (PipeDream-2BW)\n"
     "  --window K          pipedream, 2bw: mini-batches between flushes (default 8)\n"
+    "  --replicas R0,R1,.. stage s on Rs ranks taking its micro-batches round robin\n"
+    "                      (PipeDream's 1F1B-RR; sets --pp); D x (R0 + R1 + ...) tasks in\n"
+    "                      all; --tp 1, --chunks 1, not interleaved\n"
+    "  --replicas auto:W   the stages and their replicas chosen by PipeDream's partitioner\n"
+    "                      over pipelines of W ranks (at most --pp stages; default W), from\n"
+    "                      a profile and the measured link; D x W tasks\n"
     "  --vertical-sync     pipedream: every stage uses the version the first stage used\n"
     "  --microbatches M    micro-batches per replica's batch, dividing --batch / D (default 1)\n"
     "  --chunks V          model chunks per pipeline rank, for interleaved (default 1)\n"
@@ -246,7 +252,7 @@ static const struct option train_longopts[] = {
     VALUED("test-images"), VALUED("ranks"), VALUED("device"), VALUED("batch"), VALUED("lr"), VALUED("warmup"),
     VALUED("epochs"), VALUED("decay"), VALUED("milestones"), VALUED("momentum"), VALUED("weight-decay"),
     VALUED("seed"), VALUED("allreduce"), VALUED("bucket-mb"), VALUED("master"), VALUED("csv"), VALUED("svg"),
-    VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("window"), VALUED("microbatches"),
+    VALUED("checkpoint"), VALUED("resume"), VALUED("dp"), VALUED("tp"), VALUED("pp"), VALUED("schedule"), VALUED("window"), VALUED("replicas"), VALUED("microbatches"),
     VALUED("chunks"), VALUED("hidden"), VALUED("heads"), VALUED("ffn"), VALUED("blocks"), VALUED("dropout"),
     VALUED("timeline-csv"), VALUED("timeline-svg"), VALUED("optimizer"), VALUED("beta1"), VALUED("beta2"),
     VALUED("eps"), VALUED("trust-coef"), VALUED("clip-grad-norm"), VALUED("label-smoothing"), VALUED("precision"),
@@ -270,7 +276,8 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   o->svg_path = "flint-train.svg";
   o->progress = stdout;
   o->plan_report = stdout;
-  bool have_model = false, have_data = false;
+  bool have_model = false, have_data = false, pp_given = false;
+  uint32_t replica_stages = 0;
   const char *test_data = NULL;
   const char *adam_opt = NULL, *lars_opt = NULL, *momentum_opt = NULL; /* given, for the checks at the end */
   bool eps_given = false, decay_given = false;
@@ -371,11 +378,15 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
         return train_usage_error("%s '%s' is not a whole number from 1 to 1024", opt, v);
     } else if (strcmp(opt, "--tp") == 0 || strcmp(opt, "--pp") == 0) {
       uint32_t *dst = opt[2] == 't' ? &o->tp : &o->pp;
+      pp_given |= opt[2] == 'p';
       if (!cli_parse_u32(v, dst) || *dst < 1 || *dst > 1024)
         return train_usage_error("%s '%s' is not a whole number from 1 to 1024", opt, v);
     } else if (strcmp(opt, "--schedule") == 0) {
       if (pp_schedule_parse(v, &o->schedule) != FL_OK)
         return train_usage_error("unknown schedule '%s' (gpipe, 1f1b, interleaved, pipedream or 2bw)", v);
+    } else if (strcmp(opt, "--replicas") == 0) {
+      if (gpu_train_replicas_parse(v, o->replicas, &replica_stages, &o->replicas_auto) != FL_OK)
+        return train_usage_error("%s", fl_last_error());
     } else if (strcmp(opt, "--window") == 0) {
       if (!cli_parse_u32(v, &o->window) || o->window < 1 || o->window > 4096)
         return train_usage_error("%s '%s' is not a whole number from 1 to 4096", opt, v);
@@ -515,6 +526,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
     return train_usage_error("--plan auto chooses --dp, --tp, --pp and --microbatches itself (1f1b, no --chunks, no "
                              "--recompute), but --%s was given: leave it out, or drop --plan auto", grid_opt);
   if (optind - 1 < argc) return train_usage_error("unexpected argument '%s'", argv[optind - 1]);
+  /* --replicas names the stages: --pp need not repeat their number. */
+  if (replica_stages && !pp_given) o->pp = replica_stages;
+  /* auto:W: at most --pp stages, by default as many as the ranks and the model allow */
+  if (o->replicas_auto && !pp_given) o->pp = o->replicas_auto < o->blocks + 2 ? o->replicas_auto : o->blocks + 2;
   if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer, gpt or FILE.so)");
   if (!have_data)
     return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH, "
@@ -569,7 +584,7 @@ int cmd_train(int argc, char **argv) {
   optim_schedule sched;
   gpu_train_schedule(&o, &sched);
   bool hybrid = o.model == NN_TRANSFORMER;
-  uint32_t world = o.plan_auto ? o.plan_world : hybrid ? o.ranks * o.tp * o.pp : o.ranks;
+  uint32_t world = gpu_train_world(&o);
   printf("training %s on %s: %u rank%s on %s, global batch %u (%u per rank), %s, lr %g x %u / 256 = %g, warmup %g "
          "epochs, %s decay, %u epochs\n",
          o.gpt ? "gpt" : nn_model_kind_name(o.model), gpu_train_dataset_name(o.data), world, world == 1 ? "" : "s",
@@ -584,6 +599,14 @@ int cmd_train(int argc, char **argv) {
            o.ranks, o.tp, o.pp, pp_schedule_name(o.schedule), o.microbatches, o.microbatches == 1 ? "" : "es",
            o.batch / o.ranks / o.microbatches, o.chunks, o.chunks == 1 ? "" : "s", o.recompute ? ", recompute" : "",
            o.hidden, o.heads, o.blocks, o.dropout);
+  if (hybrid && o.replicas_auto)
+    printf("replicas     auto: PipeDream's partitioner over %u ranks a pipeline, at most %u stages\n", o.replicas_auto,
+           o.pp);
+  if (hybrid && o.replicas[0]) {
+    printf("replicas    ");
+    for (uint32_t s = 0; s < o.pp; s++) printf(" stage %u: %u%s", s, o.replicas[s], s + 1 < o.pp ? "," : "");
+    printf(" (1F1B-RR: micro-batch i on replica i mod r; %u ranks a pipeline)\n", world / o.ranks);
+  }
   if (o.trick)
     printf("trick        convolutions data parallel on %u images a rank; FC layers split %u ways over the "
            "global batch\n", o.batch / world, world);
@@ -644,6 +667,12 @@ int cmd_train(int argc, char **argv) {
     printf("moe          balancing loss %.4g (not in the loss above), %.2f%% of the expert choices dropped over "
            "capacity (the last epoch's means)\n", res.aux_loss, 100 * res.dropped_fraction);
   if (hybrid) {
+    if (o.replicas_auto) {
+      printf("replicas    ");
+      for (uint32_t s = 0; s < res.stages && s < GPU_TRAIN_MAX_STAGES; s++)
+        printf(" stage %u: %u%s", s, res.stage_replicas[s], s + 1 < res.stages ? "," : "");
+      printf(" (the partitioner's choice)\n");
+    }
     printf("bubble       %.3f measured (the last epoch's mean), %.3f in theory\n", res.bubble, res.bubble_theory);
     if (res.link_bytes_per_s > 0)
       printf("link         %.2f GB/s between stages, measured for the partitioner\n", res.link_bytes_per_s / 1e9);

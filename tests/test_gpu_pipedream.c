@@ -23,6 +23,7 @@
 
 #include "rank_threads.h"
 
+#include "common/common.h"
 #include "gpu/device/device.h"
 #include "gpu/parallel/pipeline.h"
 
@@ -30,7 +31,7 @@ static fl_device *cpu;
 
 #define SEQ 4
 #define FEATURES 3
-#define MAX_ROWS 64
+#define MAX_ROWS 128
 #define MAX_STEPS 8
 
 static tfm_spec spec_small(void) {
@@ -226,6 +227,7 @@ typedef struct run {
   float *values[MAX_RANKS]; /* every chunk's values after the run, concatenated */
   size_t nvalues[MAX_RANKS];
   int first_unit[MAX_RANKS], dp_index[MAX_RANKS], tp_index[MAX_RANKS], replica[MAX_RANKS];
+  int nstages[MAX_RANKS], reps[MAX_RANKS][4], cut[MAX_RANKS][5]; /* the plan each rank built */
 } run;
 
 /* The replica's rows of mini-batch k: rows [k B + d b, k B + (d + 1) b) of the data. */
@@ -256,6 +258,8 @@ static fl_status keep_values(pp_trainer *t, run *rs, int rank) {
   return FL_OK;
 }
 
+static int ranks_of(const run *rs);
+
 static fl_status trainer_rank(rank_job *job) {
   run *rs = job->arg;
   pp_trainer *t = NULL;
@@ -269,12 +273,17 @@ static fl_status trainer_rank(rank_job *job) {
   for (int k = 0; k < MAX_STEPS; k++) lr[k] = rs->lr;
   if (!x || !y) s = FL_ENOMEM;
   rs->link[job->rank] = pp_trainer_link_bytes_per_s(t);
+  rs->nstages[job->rank] = pp_trainer_num_stages(t);
+  for (int st = 0; st < rs->nstages[job->rank] && st < 4; st++) {
+    rs->reps[job->rank][st] = pp_trainer_stage_replicas(t, st);
+    rs->cut[job->rank][st + 1] = pp_trainer_bounds(t)[st + 1];
+  }
   rs->stage[job->rank] = me.pp;
   rs->dp_index[job->rank] = me.dp;
   rs->tp_index[job->rank] = me.tp;
-  if (rs->o.replicas) /* ranks of a stage are consecutive: its replica is the offset */
-    for (int s2 = 0, base = 0; s2 < rs->o.grid.pp; base += rs->o.replicas[s2], s2++)
-      if (s2 == me.pp) rs->replica[job->rank] = job->rank - base;
+  if (rs->o.replicas) /* ranks of a stage are consecutive in each pipeline: its replica is the offset */
+    for (int s2 = 0, base = 0, per = ranks_of(rs) / rs->o.grid.dp; s2 < rs->o.grid.pp; base += rs->o.replicas[s2], s2++)
+      if (s2 == me.pp) rs->replica[job->rank] = job->rank % per - base;
   for (int k = 0; k < rs->steps && s == FL_OK;) {
     int count = rs->window ? rs->window : 1;
     if (count > rs->steps - k) count = rs->steps - k;
@@ -313,10 +322,11 @@ static fl_status trainer_rank(rank_job *job) {
 }
 
 static int ranks_of(const run *rs) {
+  if (rs->o.replicas_auto) return rs->o.grid.dp * rs->o.replicas_auto;
   if (rs->o.replicas) {
     int n = 0;
     for (int s = 0; s < rs->o.grid.pp; s++) n += rs->o.replicas[s];
-    return n;
+    return n * rs->o.grid.dp;
   }
   return rs->o.grid.dp * rs->o.grid.tp * rs->o.grid.pp;
 }
@@ -640,23 +650,26 @@ static void test_2bw_one_stale(void **state) {
   run_free(&sync);
 }
 
-/* Stage replication (1F1B-RR): the replicated pipeline trains as the unreplicated one. */
+/* Stage replication (1F1B-RR): the replicated pipeline trains as the unreplicated one, and
+ * dp replicated pipelines as one unreplicated pipeline on the global batch. */
 static void test_replicated_stages(void **state) {
   (void)state;
   static const int reps_a[] = {1, 2}, reps_b[] = {2, 1}, reps_c[] = {1, 3, 1, 1};
-  const int *reps[] = {reps_a, reps_b, reps_c};
-  const int pps[] = {2, 2, 4};
-  const pp_schedule kinds[] = {PP_1F1B, PP_GPIPE, PP_1F1B};
-  for (int i = 0; i < 3; i++) {
+  const int *reps[] = {reps_a, reps_b, reps_c, reps_a, reps_b};
+  const int pps[] = {2, 2, 4, 2, 2}, dps[] = {1, 1, 1, 2, 3};
+  const pp_schedule kinds[] = {PP_1F1B, PP_GPIPE, PP_1F1B, PP_1F1B, PP_GPIPE};
+  for (int i = 0; i < 5; i++) {
     run plain = run_of((pp_grid){1, 1, pps[i]}, kinds[i], 4, 4, 0);
-    run rr = run_of((pp_grid){1, 1, pps[i]}, kinds[i], 4, 4, 0);
+    run rr = run_of((pp_grid){dps[i], 1, pps[i]}, kinds[i], 4, 4, 0);
+    rr.batch = plain.batch = 8 * dps[i]; /* m 4 on each replica's batch of 8 */
+    plain.o.microbatches = 4 * dps[i];
     rr.o.replicas = reps[i];
     run_on(&plain);
     run_on(&rr);
     expect_same_losses(&rr, &plain, 1e-6);
     double worst = values_difference(&rr, &plain);
-    fprintf(stderr, "  %s, %d stages, replicas %d,%d,...: 4 steps within %.3g of the unreplicated run\n",
-            pp_schedule_name(kinds[i]), pps[i], reps[i][0], reps[i][1], worst);
+    fprintf(stderr, "  %s, dp %d x %d stages, replicas %d,%d,...: 4 steps within %.3g of the unreplicated run\n",
+            pp_schedule_name(kinds[i]), dps[i], pps[i], reps[i][0], reps[i][1], worst);
     assert_true(worst <= 1e-6);
     /* every replica of a stage holds the same weights */
     int n = ranks_of(&rr);
@@ -667,6 +680,178 @@ static void test_replicated_stages(void **state) {
     run_free(&plain);
     run_free(&rr);
   }
+}
+
+/* Replicated stages under every schedule but interleaved: the replicas' lists (with the
+ * updates of pipedream and 2bw as barriers of a stage's replicas) never deadlock; with one
+ * replica a stage they are the schedule's (the same makespan); every replica runs its
+ * micro-batches and each update once. */
+static void test_replicated_lists_simulate(void **state) {
+  (void)state;
+  const pp_schedule kinds[] = {PP_GPIPE, PP_1F1B, PP_PIPEDREAM, PP_2BW};
+  static const int reps[][4] = {{1, 1, 1, 1}, {1, 2, 1, 1}, {2, 1, 3, 1}, {3, 3, 1, 2}, {1, 1, 1, 4}, {4, 1, 2, 1}};
+  int cases = 0;
+  for (int k = 0; k < 4; k++)
+    for (int p = 1; p <= 4; p++)
+      for (int m = 1; m <= 6; m++)
+        for (int mb = 1; mb <= 5; mb += 2)
+          for (size_t r = 0; r < sizeof reps / sizeof *reps; r++) {
+            if (kinds[k] == PP_2BW && m < p) continue;
+            int total = kinds[k] == PP_GPIPE || kinds[k] == PP_1F1B ? m : m * mb;
+            double span, bubble;
+            fl_status st = pp_simulate_replicated(kinds[k], p, total, m, reps[r], 1, 2, &span, &bubble);
+            if (st != FL_OK)
+              fprintf(stderr, "%s p %d m %d total %d replicas %d,%d,...: %s\n", pp_schedule_name(kinds[k]), p, m, total,
+                      reps[r][0], reps[r][1], fl_last_error());
+            assert_ok(st);
+            if (r == 0) {
+              double span1, bubble1;
+              assert_ok(pp_schedule_simulate(kinds[k], p, total, 1, 1, 2, &span1, &bubble1));
+              assert_true(fabs(span - span1) < 1e-9);
+            }
+            for (int stage = 0; stage < p; stage++) {
+              int fwd = 0, upd = 0;
+              for (int j = 0; j < reps[r][stage]; j++) {
+                pp_op *ops;
+                size_t n;
+                assert_ok(pp_replicated_ops(kinds[k], p, total, m, stage, reps[r][stage], j, &ops, &n));
+                for (size_t i = 0; i < n; i++) {
+                  if (ops[i].kind == PP_FORWARD) {
+                    assert_int_equal(pp_replica_of(ops[i].microbatch, reps[r][stage]), j);
+                    fwd++;
+                  }
+                  upd += ops[i].kind == PP_UPDATE;
+                }
+                common_free(ops);
+              }
+              assert_int_equal(fwd, total);
+              assert_int_equal(upd, kinds[k] == PP_PIPEDREAM || kinds[k] == PP_2BW ? reps[r][stage] * (total / m) : 0);
+            }
+            cases++;
+          }
+  fprintf(stderr, "  %d replicated schedules simulated without deadlock\n", cases);
+  pp_op *ops;
+  size_t n;
+  double span, bubble;
+  assert_fails_with(pp_replicated_ops(PP_1F1B, 2, 4, 4, 0, 2, 2, &ops, &n), FL_EINVAL, "replica 2 of 2");
+  assert_fails_with(pp_replicated_ops(PP_PIPEDREAM, 2, 6, 4, 0, 1, 0, &ops, &n), FL_EINVAL, "not whole mini-batches");
+  assert_fails_with(pp_replicated_ops(PP_INTERLEAVED, 2, 4, 4, 0, 1, 0, &ops, &n), FL_EINVAL, "interleaved");
+  static const int zero[] = {1, 0};
+  assert_fails_with(pp_simulate_replicated(PP_1F1B, 2, 4, 4, zero, 1, 2, &span, &bubble), FL_EINVAL, "0 replicas");
+}
+
+/* Replicated stages under pipedream and 2bw (1F1B-RR, updates summed over the replicas) train
+ * exactly as the unreplicated pipeline over unflushed windows, with the same versions. */
+static void test_replicated_pipedream(void **state) {
+  (void)state;
+  static const int reps_a[] = {1, 2}, reps_b[] = {2, 1}, reps_c[] = {1, 3};
+  const struct {
+    const int *reps;
+    int dp, m;
+    pp_schedule kind;
+    bool vs;
+  } cases[] = {{reps_a, 1, 4, PP_PIPEDREAM, false}, {reps_b, 1, 2, PP_PIPEDREAM, true},
+               {reps_c, 1, 4, PP_PIPEDREAM, false}, {reps_a, 2, 4, PP_PIPEDREAM, false},
+               {reps_a, 1, 2, PP_2BW, false}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    int dp = cases[c].dp, m = cases[c].m;
+    /* (the plan depends on m: dp unreplicated pipelines are the reference) */
+    run plain = run_of((pp_grid){dp, 1, 2}, cases[c].kind, m, 6, 3);
+    run rr = run_of((pp_grid){dp, 1, 2}, cases[c].kind, m, 6, 3);
+    plain.o.vertical_sync = rr.o.vertical_sync = cases[c].vs;
+    plain.batch = rr.batch = 8 * dp;
+    rr.o.replicas = cases[c].reps;
+    run_on(&plain);
+    run_on(&rr);
+    expect_same_losses(&rr, &plain, 1e-6);
+    double worst = values_difference(&rr, &plain);
+    fprintf(stderr, "  %s%s, dp %d, replicas %d,%d, m %d, 6 mini-batches in windows of 3: within %.3g of unreplicated\n",
+            pp_schedule_name(cases[c].kind), cases[c].vs ? " vertical sync" : "", dp, cases[c].reps[0], cases[c].reps[1],
+            m, worst);
+    assert_true(worst <= 1e-6);
+    /* weight stashing on every replica: each of its micro-batches at the plan's version */
+    int n = ranks_of(&rr), plan[64];
+    for (int r = 0; r < n; r++) {
+      int stage = rr.stage[r], reps = cases[c].reps[stage], j = rr.replica[r];
+      assert_ok(pp_weight_versions(cases[c].kind, cases[c].vs, 2, m, 3, stage, plan));
+      for (int i = 0; i < rr.total; i++) {
+        bool mine = pp_replica_of(i, reps) == j;
+        assert_int_equal(rr.fwd[r][i], mine ? plan[i] : -1);
+        assert_int_equal(rr.bwd[r][i], rr.fwd[r][i]);
+      }
+      if (cases[c].kind == PP_2BW) assert_true(rr.peak[r] <= 2);
+    }
+    run_free(&plain);
+    run_free(&rr);
+  }
+}
+
+/* What the accuracy study in docs/parallelism.md rests on: under pipedream, every mini-batch
+ * k >= 1 of a window has its first p - r - 1 micro-batches (of m >= p - r - 1) take their
+ * forward on stage r at version k - 1, one update stale, the rest at k; with vertical sync
+ * every stage has stage 0's p - 1 stale ones. */
+static void test_stale_micro_batches(void **state) {
+  (void)state;
+  for (int p = 1; p <= 4; p++)
+    for (int m = p; m <= 8; m++)
+      for (int vs = 0; vs <= 1; vs++)
+        for (int r = 0; r < p; r++) {
+          int k = 4, v[64];
+          assert_ok(pp_weight_versions(PP_PIPEDREAM, vs, p, m, k, r, v));
+          int want = vs ? p - 1 : p - r - 1;
+          for (int b = 1; b < k; b++) {
+            int stale = 0;
+            for (int i = 0; i < m; i++) {
+              assert_true(v[b * m + i] == b || v[b * m + i] == b - 1);
+              stale += v[b * m + i] == b - 1;
+            }
+            assert_int_equal(stale, want);
+          }
+        }
+}
+
+static void expect_create_error(run *rs, const char *needle);
+
+/* replicas_auto: the partitioner's plan over 3 ranks a pipeline (at most 2 stages), the same on
+ * every rank, replica counts adding up to 3, the link measured; whatever it chose, a flushing
+ * schedule trains as one rank (as dp 2 pipelines of it on the global batch). */
+static void test_replicas_auto(void **state) {
+  (void)state;
+  for (int dp = 1; dp <= 2; dp++) {
+    run one = run_of((pp_grid){1, 1, 1}, PP_1F1B, 4 * dp, 4, 0);
+    run rs = run_of((pp_grid){dp, 1, 2}, PP_1F1B, 4, 4, 0);
+    one.batch = rs.batch = 8 * dp;
+    rs.o.bounds = NULL;
+    rs.o.replicas_auto = 3;
+    run_on(&one);
+    run_on(&rs);
+    int n = ranks_of(&rs), stages = rs.nstages[0], sum = 0;
+    assert_true(stages >= 1 && stages <= 2);
+    for (int st = 0; st < stages; st++) sum += rs.reps[0][st];
+    assert_int_equal(sum, 3);
+    for (int r = 1; r < n; r++) {
+      assert_int_equal(rs.nstages[r], stages);
+      for (int st = 0; st < stages; st++) {
+        assert_int_equal(rs.reps[r][st], rs.reps[0][st]);
+        assert_int_equal(rs.cut[r][st + 1], rs.cut[0][st + 1]);
+      }
+      assert_true(rs.link[r] == rs.link[0]);
+    }
+    assert_true(rs.link[0] > 0);
+    expect_same_losses(&rs, &one, 1e-6);
+    double worst = values_difference(&rs, &one);
+    fprintf(stderr, "  auto over dp %d x 3 ranks: %d stage%s, replicas %d", dp, stages, stages == 1 ? "" : "s",
+            rs.reps[0][0]);
+    if (stages > 1) fprintf(stderr, ",%d", rs.reps[0][1]);
+    fprintf(stderr, ", link %.3g GB/s; within %.3g of one rank\n", rs.link[0] / 1e9, worst);
+    assert_true(worst <= 1e-6);
+    run_free(&one);
+    run_free(&rs);
+  }
+  run bad = run_of((pp_grid){1, 2, 2}, PP_1F1B, 2, 1, 0);
+  bad.o.bounds = NULL;
+  bad.o.replicas_auto = 2;
+  expect_create_error(&bad, "automatic replication needs tp 1");
 }
 
 /* The partitioner's link is measured when it cuts, and only then. */
@@ -737,9 +922,9 @@ static void test_bad_options(void **state) {
   rs = run_of((pp_grid){1, 1, 4}, PP_2BW, 2, 1, 1);
   expect_create_error(&rs, "2bw needs");
   static const int two[] = {1, 2}, zero[] = {0, 3};
-  rs = run_of((pp_grid){1, 1, 2}, PP_PIPEDREAM, 2, 1, 1);
+  rs = run_of((pp_grid){1, 1, 2}, PP_INTERLEAVED, 2, 1, 0);
   rs.o.replicas = two;
-  expect_create_error(&rs, "gpipe or 1f1b");
+  expect_create_error(&rs, "gpipe, 1f1b, pipedream or 2bw");
   rs = run_of((pp_grid){1, 1, 2}, PP_1F1B, 2, 1, 0);
   rs.o.replicas = zero;
   expect_create_error(&rs, "stage 0 has 0 replicas");
@@ -800,6 +985,10 @@ int main(void) {
       BOUNDED(test_pipedream_updates_follow_the_plan),
       BOUNDED(test_2bw_one_stale),
       BOUNDED(test_replicated_stages),
+      BOUNDED(test_replicated_lists_simulate),
+      BOUNDED(test_replicated_pipedream),
+      BOUNDED(test_replicas_auto),
+      BOUNDED(test_stale_micro_batches),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

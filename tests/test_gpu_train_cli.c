@@ -217,6 +217,14 @@ static void test_bad_transformer_options_exit_2(void **state) {
                      "--model gpt trains on --data text:PATH");
   expect_usage_error(RUN_FLINT("train", "--model", "gpt", "--data", "text:"), "needs its file");
   expect_usage_error(RUN_FLINT("train", TFM, "--seq", "16"), "--seq is for --model gpt");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,x"), "--replicas '1,x' is not a list of replica counts");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,2", "--pp", "3"), "--replicas names 2 stages but --pp is 3");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "1,3", "--schedule", "interleaved"),
+                     "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved");
+  expect_usage_error(RUN_FLINT("train", BASE, "--replicas", "2"), "are for --model transformer");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "auto:0"), "auto:W takes W, the ranks of a pipeline");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "auto:3", "--batch", "256"),
+                     "--batch 256 is not a multiple of --dp x W of --replicas auto:W = 3");
   expect_usage_error(RUN_FLINT("train", TFM, "--experts", "3", "--dp", "2"), "--experts 3 must be a multiple of --dp 2");
   expect_usage_error(RUN_FLINT("train", TFM, "--top-k", "2"), "need --experts");
   expect_usage_error(RUN_FLINT("train", TFM, "--experts", "4", "--top-k", "0"), "--top-k '0'");

@@ -197,6 +197,98 @@ static void test_pipedream_schedules(void **state) {
   assert_true(rows_diff(&one, &twobw).loss > 10 * EQ_TOL);
 }
 
+static void timeline_counts(const char *path, int rank, int *forwards, int *backwards);
+
+/* --replicas (1F1B-RR through gpu_train_run): a replicated stage trains as one rank, with dp 1
+ * and 2, and under pipedream flushed every step with vertical sync; the timeline has every rank's row, each replica of stage 1 running its micro-batches
+ * (i mod r), and the sharded checkpoint (version 2) names the replicas and holds a shard per
+ * task. */
+static void test_replicated_stages_equal_one_rank(void **state) {
+  (void)state;
+  NEED_DATA();
+  char csv[256], ckpt[256];
+  snprintf(csv, sizeof csv, "%s/replicated.csv", tmp_dir);
+  snprintf(ckpt, sizeof ckpt, "%s/replicated.ckpt", tmp_dir);
+  rows one = {0}, a = {0}, b = {0};
+  gpu_train_result res;
+  gpu_train_options o = small_options(1, 1, 1, PP_1F1B, 1, &one);
+  run_ok(&o, "1x1x1", &res);
+  o = small_options(1, 1, 2, PP_1F1B, 4, &a);
+  o.replicas[0] = 1;
+  o.replicas[1] = 3;
+  o.timeline_csv_path = csv;
+  o.checkpoint_path = ckpt;
+  assert_int_equal(gpu_train_world(&o), 4);
+  run_ok(&o, "pp 2, replicas 1,3, 1f1b m4", &res);
+  assert_true(rows_agree(&one, &a, "against 1 rank"));
+  assert_int_equal(res.stages, 2);
+  assert_int_equal(res.steps, 2 * 16);
+  /* ranks 1, 2, 3 are stage 1's replicas: micro-batches {0, 3}, {1}, {2} of the last step */
+  int fwd[4], bwd[4];
+  const int want[4] = {4, 2, 1, 1};
+  for (int rank = 0; rank < 4; rank++) {
+    timeline_counts(csv, rank, &fwd[rank], &bwd[rank]);
+    assert_int_equal(fwd[rank], want[rank]);
+    assert_int_equal(bwd[rank], want[rank]);
+  }
+  FILE *f = fopen(ckpt, "rb");
+  assert_non_null(f);
+  static uint8_t blob[4 << 20];
+  size_t len = fread(blob, 1, sizeof blob, f);
+  fclose(f);
+  assert_true(len > 64);
+  uint32_t head[6], tail[5];
+  memcpy(head, blob + 8, sizeof head);
+  assert_int_equal(head[0], 2); /* version 2: replicated stages */
+  assert_int_equal(head[3], 2);
+  assert_int_equal(head[5], 3);
+  memcpy(tail, blob + 32, sizeof tail); /* the cut, then the replicas */
+  assert_int_equal(tail[3], 1);
+  assert_int_equal(tail[4], 3);
+  size_t off = 52;
+  for (int rank = 0; rank < 4; rank++) {
+    uint64_t shard;
+    assert_true(off + 8 <= len);
+    memcpy(&shard, blob + off, 8);
+    off += 8 + shard;
+    assert_true(off <= len);
+  }
+  assert_int_equal(off, len);
+  unlink(csv);
+  unlink(ckpt);
+  /* two data-parallel pipelines of a replicated first stage: 8 tasks */
+  o = small_options(2, 1, 2, PP_GPIPE, 4, &b);
+  o.replicas[0] = 3;
+  o.replicas[1] = 1;
+  run_ok(&o, "dp 2, pp 2, replicas 3,1, gpipe m4", &res);
+  assert_true(rows_agree(&one, &b, "against 1 rank"));
+  /* pipedream's replicas (updates summed over them): flushed every step with vertical sync,
+   * one rank's training too */
+  rows c = {0};
+  o = small_options(1, 1, 2, PP_PIPEDREAM, 4, &c);
+  o.vertical_sync = true;
+  o.window = 1;
+  o.replicas[0] = 1;
+  o.replicas[1] = 3;
+  run_ok(&o, "replicas 1,3, pipedream vsync window 1", &res);
+  assert_true(rows_agree(&one, &c, "against 1 rank"));
+  /* --replicas auto:4 (at most 2 stages): whatever the partitioner chose, 1f1b trains as one
+   * rank; the result says the choice */
+  rows d = {0};
+  o = small_options(1, 1, 2, PP_1F1B, 4, &d);
+  o.replicas_auto = 4;
+  assert_int_equal(gpu_train_world(&o), 4);
+  run_ok(&o, "replicas auto:4, at most 2 stages", &res);
+  assert_true(rows_agree(&one, &d, "against 1 rank"));
+  assert_true(res.stages >= 1 && res.stages <= 2);
+  uint32_t sum = 0;
+  for (uint32_t s = 0; s < res.stages; s++) sum += res.stage_replicas[s];
+  fprintf(stderr, "    the partitioner's plan: %u stage%s, replicas %u%s\n", res.stages, res.stages == 1 ? "" : "s",
+          res.stage_replicas[0], res.stages > 1 ? ",..." : "");
+  assert_int_equal(sum, 4);
+  assert_true(res.link_bytes_per_s > 0);
+}
+
 static void test_dropout_does_not_depend_on_the_grid(void **state) {
   (void)state;
   NEED_DATA();
@@ -352,20 +444,28 @@ static void kill_at_epoch_1(const gpu_train_epoch *e, void *user) {
   }
 }
 
-static void test_killed_rank_resumes_from_sharded_checkpoint(void **state) {
-  (void)state;
+/* With replicated stages (replicated: --replicas 1,2, or with automatic: auto:3; 3 tasks)
+ * the retry checks (or, auto, takes) the checkpoint's replicas and cut, and every replica
+ * restores its own shard. */
+static void killed_rank_resumes(bool replicated, bool automatic) {
   NEED_DATA();
   rows r = {0};
   gpu_train_result res;
   gpu_train_options o = small_options(1, 1, 2, PP_1F1B, 4, &r);
-  o.master = "local-cluster[3,1,512]";
+  o.master = replicated ? "local-cluster[4,1,512]" : "local-cluster[3,1,512]";
+  if (replicated) { /* 3 tasks: a batch they divide */
+    o.replicas[0] = automatic ? 0 : 1;
+    o.replicas[1] = automatic ? 0 : 2;
+    o.replicas_auto = automatic ? 3 : 0;
+    o.batch = 36;
+  }
   o.epochs = 3;
-  o.max_train_images = 48 * 32; /* long enough that epoch 2 is running when the kill lands */
+  o.max_train_images = 48 * o.batch; /* long enough that epoch 2 is running when the kill lands */
   o.on_epoch = kill_at_epoch_1;
   time_t t0 = time(NULL);
   fl_status s = gpu_train_run(&o, &res);
-  fprintf(stderr, "  killed rank: %s in %ld s %s\n", fl_status_name(s), (long)(time(NULL) - t0),
-          s ? fl_last_error() : "");
+  fprintf(stderr, "  killed rank%s: %s in %ld s %s\n", automatic ? " (replicas auto:3)" : replicated ? " (replicas 1,2)" : "", fl_status_name(s),
+          (long)(time(NULL) - t0), s ? fl_last_error() : "");
   if (r.killed > 0) waitpid(r.killed, NULL, WNOHANG);
   assert_false(r.kill_failed);
   assert_true(r.killed > 0);
@@ -385,6 +485,13 @@ static void test_killed_rank_resumes_from_sharded_checkpoint(void **state) {
   }
   /* Resumed, not restarted: epoch 2 goes on from epoch 1's weights. */
   assert_true(r.seen[1].train_loss < r.seen[0].train_loss);
+}
+
+static void test_killed_rank_resumes_from_sharded_checkpoint(void **state) {
+  (void)state;
+  killed_rank_resumes(false, false);
+  killed_rank_resumes(true, false);
+  killed_rank_resumes(true, true);
 }
 
 /* A rate far too high: the loss of the world (every rank holds the same value) turns
@@ -460,6 +567,55 @@ static void test_options(void **state) {
   expect_invalid(&o, "--window is for --schedule pipedream or 2bw, not gpipe");
   o = small_options(1, 1, 4, PP_2BW, 2, &r);
   expect_invalid(&o, "--schedule 2bw needs --microbatches >= --pp (2 < 4)");
+  /* --replicas: what the replicated runtime supports */
+  o = small_options(1, 1, 2, PP_1F1B, 2, &r);
+  o.replicas[0] = 1;
+  o.replicas[1] = 3;
+  assert_ok(gpu_train_options_validate(&o));
+  o.pp = 3;
+  expect_invalid(&o, "--replicas names 2 stages but --pp is 3");
+  o.pp = 2;
+  o.replicas[1] = 2; /* 3 ranks */
+  expect_invalid(&o, "--batch 32 is not a multiple of --dp x the sum of --replicas = 3");
+  o.replicas[1] = 3;
+  o.schedule = PP_INTERLEAVED;
+  expect_invalid(&o, "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved");
+  o = small_options(1, 2, 2, PP_1F1B, 2, &r);
+  o.replicas[0] = o.replicas[1] = 1;
+  expect_invalid(&o, "--replicas needs --tp 1 and --chunks 1");
+  o = small_options(1, 1, 2, PP_1F1B, 2, &r);
+  o.replicas[0] = 1;
+  o.replicas[2] = 1;
+  expect_invalid(&o, "--replicas: stage 1 has 0 replicas");
+  o = small_options(1, 1, 1, PP_1F1B, 1, &r);
+  o.model = NN_MLP;
+  o.replicas[0] = 2;
+  expect_invalid(&o, "are for --model transformer");
+  o = small_options(1, 1, 2, PP_1F1B, 2, &r);
+  o.replicas_auto = 4;
+  assert_ok(gpu_train_options_validate(&o));
+  o.replicas[0] = 2;
+  expect_invalid(&o, "--replicas is either counts or auto:W");
+  o.replicas[0] = 0;
+  o.replicas_auto = 3;
+  expect_invalid(&o, "--batch 32 is not a multiple of --dp x W of --replicas auto:W = 3");
+  uint32_t reps[GPU_TRAIN_MAX_STAGES], n = 0, w = 0;
+  assert_ok(gpu_train_replicas_parse("auto:6", reps, &n, &w));
+  assert_int_equal(w, 6);
+  assert_int_equal(n, 0);
+  assert_fails_with(gpu_train_replicas_parse("auto:0", reps, &n, &w), FL_EINVAL, "auto:W takes W");
+  assert_fails_with(gpu_train_replicas_parse("auto:", reps, &n, &w), FL_EINVAL, "auto:W takes W");
+  assert_ok(gpu_train_replicas_parse("1,2,1", reps, &n, &w));
+  assert_int_equal(w, 0);
+  assert_int_equal(n, 3);
+  assert_int_equal(reps[1], 2);
+  assert_int_equal(reps[3], 0);
+  const char *bad[] = {"", "1,", "0,2", "1,,2", "2,x", "-1", " 1", "65", "1,2 "};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    fl_status st = gpu_train_replicas_parse(bad[i], reps, &n, &w);
+    assert_int_equal(st, FL_EINVAL);
+    assert_non_null(strstr(fl_last_error(), "is not a list of replica counts"));
+  }
 }
 
 /* ---- --model gpt on --data text:PATH ---------------------------------------------------- */
@@ -588,6 +744,7 @@ int main(void) {
       T(test_gpt_on_text),
       T(test_grids_equal_one_rank),
       T(test_pipedream_schedules),
+      T(test_replicated_stages_equal_one_rank),
       T(test_dropout_does_not_depend_on_the_grid),
       T(test_timeline_bubble_and_memory),
       T(test_checkpoint_file_has_a_shard_per_rank),

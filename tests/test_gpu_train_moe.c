@@ -282,6 +282,10 @@ static void test_options(void **state) {
   o.plan_auto = true;
   o.plan_world = 2;
   expect_invalid(&o, "--experts does not run with --plan auto");
+  o = gpt_options("unused.txt", 1, 1, 2, &r);
+  o.replicas[0] = 1;
+  o.replicas[1] = 3; /* 4 ranks: the batch of 16 splits */
+  expect_invalid(&o, "--experts does not run with --replicas");
   o = gpt_options("unused.txt", 1, 1, 1, &r);
   o.experts = 0;
   expect_invalid(&o, "need --experts");

@@ -110,12 +110,20 @@ typedef struct pp_options {
    * first stage's newest when the micro-batch entered it (pipeline_schedule.h). */
   bool vertical_sync;
   /* Stage replication (PipeDream's 1F1B-RR): replicas[s] ranks run stage s, taking its
-   * micro-batches round robin (pp_replica_of) and summing their gradients after the flush;
-   * grid.pp entries, NULL: one each. Only with dp 1, tp 1, one chunk and a flushing schedule
-   * (gpipe, 1f1b); the world then has
-   * sum(replicas) ranks, stage s on the ranks after those of stages 0..s-1. Borrowed during
+   * micro-batches round robin (pp_replica_of); the stage's replicas of every data-parallel
+   * pipeline sum their gradients (each took its micro-batches' share of the global batch's
+   * mean) after the flush, or under pipedream and 2bw at each update (pp_replicated_ops).
+   * grid.pp entries, NULL: one each. Only with tp 1, one chunk and any schedule but
+   * interleaved; the world then has dp x S ranks (S = sum(replicas)): pipeline d is ranks
+   * [d S, (d + 1) S), its stage s on the ranks after those of stages 0..s-1. Borrowed during
    * pp_trainer_create. */
   const int *replicas;
+  /* > 0: replicated stages chosen by PipeDream's partitioner (pp_partition_replicated) over a
+   * pipeline of this many ranks, at most grid.pp stages: world rank 0 profiles the units and
+   * the link to world rank 1 and broadcasts the cut and the replica counts (then read them
+   * with pp_trainer_num_stages, pp_trainer_stage_replicas, pp_trainer_bounds). The world is
+   * dp x replicas_auto ranks; tp 1, one chunk, not interleaved, replicas and bounds NULL. */
+  int replicas_auto;
 } pp_options;
 
 typedef struct pp_step_stats {
@@ -205,6 +213,10 @@ optim *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk);
 void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end);
 /* The stage boundaries in use (pp x v + 1 of them). */
 const int *pp_trainer_bounds(const pp_trainer *t);
+/* The pipeline's stages (pp x v; with replicas_auto, the partitioner's count) and stage s's
+ * replicas (1 unreplicated; 0 for a stage out of range). */
+int pp_trainer_num_stages(const pp_trainer *t);
+int pp_trainer_stage_replicas(const pp_trainer *t, int stage);
 
 /* The timelines of a step as an SVG chart, one row per rank (events[r], n[r]), coloured by
  * kind, with the measured and theoretical bubble in the title. */

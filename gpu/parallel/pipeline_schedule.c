@@ -626,3 +626,135 @@ cleanup:
   common_free(tp);
   return status;
 }
+
+/* ---- replicated stages --------------------------------------------------------------------- */
+
+fl_status pp_replicated_ops(pp_schedule s, int p, int total, int m, int stage, int replicas, int replica,
+                            pp_op **ops, size_t *n) {
+  if (!ops || !n) return fl_set_error(FL_EINVAL, "pp_replicated_ops: NULL out-parameter");
+  if (s == PP_INTERLEAVED) return fl_set_error(FL_EINVAL, "replicated stages run one chunk per device, not interleaved");
+  if (replicas < 1 || replica < 0 || replica >= replicas)
+    return fl_set_error(FL_EINVAL, "replica %d of %d is out of range", replica, replicas);
+  if (m < 1 || total % m != 0)
+    return fl_set_error(FL_EINVAL, "%d micro-batches are not whole mini-batches of %d", total, m);
+  pp_op *all = NULL;
+  size_t na = 0;
+  fl_status status = pp_schedule_ops(s, p, total, 1, stage, &all, &na);
+  if (status != FL_OK) return status;
+  bool async = s == PP_PIPEDREAM || s == PP_2BW;
+  pp_op *out = common_malloc((na + (size_t)(total / m)) * sizeof *out);
+  if (!out) {
+    common_free(all);
+    return FL_ERR(FL_ENOMEM, "out of memory for a replica's %zu ops", na);
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < na; i++) {
+    if (pp_replica_of(all[i].microbatch, replicas) == replica) out[k++] = all[i];
+    if (async && all[i].kind == PP_BACKWARD && (all[i].microbatch + 1) % m == 0)
+      out[k++] = (pp_op){PP_UPDATE, all[i].microbatch / m, 0};
+  }
+  common_free(all);
+  *ops = out;
+  *n = k;
+  return FL_OK;
+}
+
+fl_status pp_simulate_replicated(pp_schedule s, int p, int total, int m, const int *replicas, double t_fwd,
+                                 double t_bwd, double *makespan, double *bubble) {
+  if (!replicas || !makespan || !bubble) return fl_set_error(FL_EINVAL, "pp_simulate_replicated: NULL argument");
+  if (p < 1 || p > 1024) return fl_set_error(FL_EINVAL, "pipeline of %d stages", p);
+  if (total < 1 || (long long)total * p > PP_MAX_VIRTUAL)
+    return fl_set_error(FL_EINVAL, "%d micro-batches on %d stages", total, p);
+  if (!(t_fwd >= 0) || !(t_bwd >= 0) || !isfinite(t_fwd) || !isfinite(t_bwd))
+    return fl_set_error(FL_EINVAL, "op times must be finite and >= 0 (forward %g, backward %g)", t_fwd, t_bwd);
+  int devices = 0;
+  for (int st = 0; st < p; st++) {
+    if (replicas[st] < 1 || replicas[st] > 64)
+      return fl_set_error(FL_EINVAL, "stage %d has %d replicas (needs 1..64)", st, replicas[st]);
+    devices += replicas[st];
+  }
+  fl_status status = FL_OK;
+  pp_op **ops = common_calloc((size_t)devices, sizeof *ops);
+  size_t *n = common_calloc((size_t)devices, sizeof *n), *next = common_calloc((size_t)devices, sizeof *next);
+  int *stage_of = common_calloc((size_t)devices, sizeof *stage_of), *first = common_calloc((size_t)p, sizeof *first);
+  double *clock = common_calloc((size_t)devices, sizeof *clock);
+  double *done[2] = {common_malloc((size_t)p * total * sizeof(double)), common_malloc((size_t)p * total * sizeof(double))};
+  if (!ops || !n || !next || !stage_of || !first || !clock || !done[0] || !done[1])
+    FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory simulating %d devices", devices));
+  for (size_t i = 0; i < (size_t)p * total; i++) done[0][i] = done[1][i] = -1;
+  for (int st = 0, d = 0; st < p; st++) {
+    first[st] = d;
+    for (int j = 0; j < replicas[st]; j++, d++) {
+      stage_of[d] = st;
+      FL_CHECK(pp_replicated_ops(s, p, total, m, st, replicas[st], j, &ops[d], &n[d]));
+    }
+  }
+  double busy = 0, end = 0;
+  for (;;) {
+    size_t ran = 0, left = 0;
+    for (int d = 0; d < devices; d++)
+      while (next[d] < n[d]) {
+        pp_op op = ops[d][next[d]];
+        int st = stage_of[d];
+        if (op.kind == PP_UPDATE) {
+          /* a barrier of the stage's replicas: all at this update, then all past it */
+          double at = 0;
+          bool all = true;
+          for (int e = first[st]; e < first[st] + replicas[st] && all; e++) {
+            all = next[e] < n[e] && ops[e][next[e]].kind == PP_UPDATE && ops[e][next[e]].microbatch == op.microbatch;
+            if (all && clock[e] > at) at = clock[e];
+          }
+          if (!all) break;
+          for (int e = first[st]; e < first[st] + replicas[st]; e++) {
+            clock[e] = at;
+            next[e]++;
+          }
+          ran++;
+          continue;
+        }
+        size_t at = (size_t)st * total + (size_t)op.microbatch;
+        double ready = 0;
+        if (op.kind == PP_FORWARD) {
+          if (st > 0) ready = done[0][at - (size_t)total];
+        } else {
+          ready = done[0][at];
+          if (ready >= 0 && st < p - 1) {
+            double grad = done[1][at + (size_t)total];
+            ready = grad < 0 ? -1 : fmax(ready, grad);
+          }
+        }
+        if (ready < 0) break;
+        double t = op.kind == PP_FORWARD ? t_fwd : t_bwd, start = fmax(ready, clock[d]);
+        clock[d] = start + t;
+        done[op.kind][at] = clock[d];
+        busy += t;
+        end = fmax(end, clock[d]);
+        next[d]++;
+        ran++;
+      }
+    for (int d = 0; d < devices; d++) left += n[d] - next[d];
+    if (left == 0) break;
+    if (ran == 0) {
+      int d = 0;
+      while (next[d] == n[d]) d++;
+      pp_op op = ops[d][next[d]];
+      FL_CHECK(fl_set_error(FL_ESTATE, "replicated pipeline deadlocks: replica %d of stage %d is blocked at op %zu "
+                            "(%s of %s %d)", d - first[stage_of[d]], stage_of[d], next[d],
+                            op.kind == PP_UPDATE ? "update" : kind_name(op.kind),
+                            op.kind == PP_UPDATE ? "mini-batch" : "micro-batch", op.microbatch));
+    }
+  }
+  *makespan = end;
+  *bubble = end > 0 ? 1 - busy / (devices * end) : 0;
+cleanup:
+  for (int d = 0; ops && d < devices; d++) common_free(ops[d]);
+  common_free(ops);
+  common_free(n);
+  common_free(next);
+  common_free(stage_of);
+  common_free(first);
+  common_free(clock);
+  common_free(done[0]);
+  common_free(done[1]);
+  return status;
+}

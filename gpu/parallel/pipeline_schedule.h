@@ -54,10 +54,12 @@ FL_API fl_status pp_schedule_parse(const char *text, pp_schedule *out);
 /* The name pp_schedule_parse reads back; "unknown" for a value outside the enum. */
 FL_API const char *pp_schedule_name(pp_schedule s);
 
-typedef enum pp_op_kind { PP_FORWARD = 0, PP_BACKWARD = 1 } pp_op_kind;
+/* PP_UPDATE appears only in pp_replicated_ops's lists (replicated stages under pipedream and
+ * 2bw): mini-batch `microbatch`'s update, a collective over the stage's replicas. */
+typedef enum pp_op_kind { PP_FORWARD = 0, PP_BACKWARD = 1, PP_UPDATE = 2 } pp_op_kind;
 typedef struct pp_op {
   pp_op_kind kind;
-  int microbatch; /* 0..m-1 */
+  int microbatch; /* 0..m-1 (PP_UPDATE: the mini-batch) */
   int chunk;      /* the device's local model chunk, 0..v-1 (always 0 unless interleaved) */
 } pp_op;
 
@@ -193,5 +195,33 @@ fl_status pp_partition_replicated(const double *layer_time, const double *out_by
                                   const double *weight_bytes, size_t n, int world,
                                   int max_stages, double bytes_per_s, pp_stage_plan *stages,
                                   int *nstages, double *bottleneck);
+
+/* ---- replicated stages under every schedule (PipeDream's 1F1B-RR) ------------------------ *
+ *
+ * Stage s on r_s replicas: replica j runs the unreplicated stage's op list restricted to its
+ * micro-batches (pp_replica_of(mb, r_s) == j), in the same order. Under pipedream and 2bw the
+ * list also holds, for every mini-batch k, PP_UPDATE k where the unreplicated stage updates:
+ * right after its backward of micro-batch k m + m - 1, whichever replica runs that. The update
+ * sums the mini-batch's gradients over the stage's replicas (a collective: every replica must
+ * reach it), so all replicas apply the same updates between the same ops of the unreplicated
+ * order and a micro-batch's forward sees the version of the unreplicated plan
+ * (pp_weight_versions). */
+
+/* Replica `replica` of `replicas` of stage `stage` (0..p-1) of schedule s (gpipe, 1f1b,
+ * pipedream or 2bw; one chunk) over `total` micro-batches of mini-batches of m (m divides
+ * total; m matters only for the updates of pipedream and 2bw). *ops is allocated (release it
+ * with common_free()). FL_EINVAL as pp_schedule_ops, for interleaved, replicas < 1, a replica
+ * out of range, or m < 1 or not dividing total; FL_ENOMEM. */
+fl_status pp_replicated_ops(pp_schedule s, int p, int total, int m, int stage, int replicas, int replica,
+                            pp_op **ops, size_t *n);
+
+/* The simulator of pp_schedule_simulate over replicated stages: stage s on replicas[s] devices
+ * running pp_replicated_ops's lists, with PP_UPDATE a barrier of the stage's replicas that
+ * takes no time (it starts when the last replica reaches it). Forwards and backwards depend on
+ * the same ops as unreplicated, whichever replica runs them. *bubble counts every device.
+ * FL_ESTATE naming a blocked replica when the lists deadlock; FL_EINVAL as pp_replicated_ops or
+ * for a replica count above 64 or a NULL argument; FL_ENOMEM. */
+fl_status pp_simulate_replicated(pp_schedule s, int p, int total, int m, const int *replicas, double t_fwd,
+                                 double t_bwd, double *makespan, double *bubble);
 
 #endif

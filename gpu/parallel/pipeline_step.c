@@ -69,6 +69,13 @@ static int stage_peer(const pp_trainer *t, int stage, int mb) {
   return t->stage_rank0[stage] + pp_replica_of(mb, t->stage_replicas[stage]);
 }
 
+/* The loss gradient's scale: the mean over the replica's batch (of `per` predictions a
+ * sample); with replicated stages, over the global batch, as the stage's replicas in every
+ * pipeline then SUM their gradients. */
+static float grad_scale(const pp_trainer *t, const step_ctx *sc, int per) {
+  return 1.0f / ((float)sc->batch * (float)per * (float)(t->stage_replicas ? t->o.grid.dp : 1));
+}
+
 static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, bool train) {
   const tfm_spec *sp = &t->o.spec;
   chunk_state *cs = &t->chunks[op->chunk];
@@ -106,9 +113,10 @@ static fl_status forward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op, 
                                     (size_t)rows * sizeof(int32_t)));
     FL_CHECK(tensor_ensure(&sl->dlogits, t->dev, y->ndim, y->shape));
     FL_CHECK(t->dev->ops->softmax_xent(t->dev, rows, tfm_output_classes(sp), y->data, sl->labels, 0.0f,
-                                       train ? 1.0f / ((float)sc->batch * (float)per) : 0.0f, sl->dlogits.data,
+                                       train ? grad_scale(t, sc, per) : 0.0f, sl->dlogits.data,
                                        t->stats.data));
-    if (t->async && (mb + 1) % t->o.microbatches == 0)
+    /* a replica of the last stage runs only some of the mini-batch's forwards: it adds each */
+    if (t->async && ((mb + 1) % t->o.microbatches == 0 || t->stage_replicas))
       FL_CHECK(pp_versions_take_sums(t, mb / t->o.microbatches));
   }
   FL_CHECK(t->dev->ops->synchronize(t->dev));
@@ -162,7 +170,8 @@ static fl_status backward_op(pp_trainer *t, const step_ctx *sc, const pp_op *op)
   }
   sl->busy = false;
   t->inputs_held -= sl->input.numel * sizeof(float);
-  if (t->async && (mb + 1) % t->o.microbatches == 0)
+  /* (a replicated stage's replicas update at their PP_UPDATE ops instead, rank_ops) */
+  if (t->async && !t->stage_replicas && (mb + 1) % t->o.microbatches == 0)
     FL_CHECK(pp_versions_update(t, op->chunk, mb / t->o.microbatches));
 cleanup:
   return status;
@@ -237,22 +246,25 @@ cleanup:
 /* This rank's op list for `total` micro-batches (cached): the schedule's, and on a replicated
  * stage only this replica's micro-batches. A replica's list is a subsequence of the
  * unreplicated stage's, so any run of the unreplicated lists orders the replicated ones too:
- * they cannot deadlock where the schedule does not. */
+ * they cannot deadlock where the schedule does not. Under pipedream and 2bw a replica's list
+ * also holds mini-batch k's update (PP_UPDATE, which sums the gradients over the stage's
+ * replicas, a collective) where the unreplicated stage updates: right after its backward of
+ * the mini-batch's last micro-batch, whichever replica runs that. So every replica updates
+ * between the same ops of the unreplicated order, and its forwards see the versions of the
+ * unreplicated plan (pp_replicated_ops proves the lists deadlock-free with the simulator). */
 static fl_status rank_ops(pp_trainer *t, int total) {
   if (t->ops && t->ops_m == total) return FL_OK;
   common_free(t->ops);
   t->ops = NULL;
   t->ops_m = 0;
   int stage = t->chunks[0].stage, p = t->stage_replicas ? t->nstages : t->o.grid.pp;
-  fl_status status = pp_schedule_ops(t->o.schedule, p, total, t->nchunks, t->stage_replicas ? stage : t->me.pp,
-                                     &t->ops, &t->nops);
+  fl_status status;
+  if (t->stage_replicas)
+    status = pp_replicated_ops(t->o.schedule, p, total, t->o.microbatches, stage, t->stage_replicas[stage], t->replica,
+                               &t->ops, &t->nops);
+  else
+    status = pp_schedule_ops(t->o.schedule, p, total, t->nchunks, t->me.pp, &t->ops, &t->nops);
   if (status != FL_OK) return status;
-  if (t->stage_replicas) {
-    size_t kept = 0;
-    for (size_t i = 0; i < t->nops; i++)
-      if (pp_replica_of(t->ops[i].microbatch, t->stage_replicas[stage]) == t->replica) t->ops[kept++] = t->ops[i];
-    t->nops = kept;
-  }
   t->ops_m = total;
   return FL_OK;
 }
@@ -272,7 +284,8 @@ static fl_status run_schedule(pp_trainer *t, const step_ctx *sc, pp_step_stats *
   t->peak_bytes = t->inputs_held = 0;
   for (size_t i = 0; i < t->nops; i++) {
     const pp_op *op = &t->ops[i];
-    FL_CHECK(op->kind == PP_FORWARD ? forward_op(t, sc, op, true) : backward_op(t, sc, op));
+    if (op->kind == PP_UPDATE) FL_CHECK(pp_versions_update(t, op->chunk, op->microbatch));
+    else FL_CHECK(op->kind == PP_FORWARD ? forward_op(t, sc, op, true) : backward_op(t, sc, op));
   }
   FL_CHECK(pp_transfer_drain(t));
   FL_CHECK(measure_bubble(t, st));
@@ -294,8 +307,9 @@ fl_status pp_trainer_compute_gradients(pp_trainer *t, const float *x, const int3
   fl_status status = FL_OK;
   step_ctx sc = {x, labels, batch, batch / m, step, m};
   FL_CHECK(run_schedule(t, &sc, st));
-  if (t->stage_replicas && t->stage_replicas[t->chunks[0].stage] > 1) {
-    /* Each replica holds its micro-batches' share of the mini-batch's mean gradient. */
+  if (t->stage_replicas && fl_comm_size(t->dp) > 1) {
+    /* Each replica holds its micro-batches' share of the global batch's mean gradient (every
+     * pipeline's replicas of the stage are in the group). */
     double t0 = pp_timeline_now(t);
     FL_CHECK(fl_comm_allreduce(t->dp, tfm_chunk_grads(t->chunks[0].chunk), FL_REDUCE_SUM));
     FL_CHECK(pp_timeline_add(t, PP_EV_ALLREDUCE, -1, -1, t0));

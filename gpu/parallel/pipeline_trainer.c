@@ -42,8 +42,9 @@ fl_status pp_grid_parse(const char *text, pp_grid *out) {
 /* ---- the stage cut ------------------------------------------------------------------------ */
 
 /* Rank 0's profile: each unit alone (tensor parallel 1) forward and backward on `rows`
- * random samples, the median of 3 timings, and its output's bytes. */
-static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *bytes) {
+ * random samples, the median of 3 timings, its output's bytes and (weights not NULL) its
+ * weights' bytes. */
+static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *bytes, double *weights) {
   tfm_spec one = t->o.spec;
   one.sequence_parallel = false; /* a unit alone, on one rank */
   const tfm_spec *sp = &one;
@@ -57,6 +58,7 @@ static fl_status profile_units(pp_trainer *t, int rows, double *secs, double *by
     /* GPT's first unit reads token ids: 1 is one. */
     FL_CHECK(t->dev->ops->fill(t->dev, x.numel, u == 0 && sp->kind == TFM_GPT ? 1.0f : 0.5f, x.data));
     FL_CHECK(tfm_chunk_create(t->dev, sp, u, u + 1, NULL, 0, 1, &c));
+    if (weights) weights[u] = (double)tfm_chunk_values(c)->numel * sizeof(float);
     double best[3];
     tfm_batch b = {0};
     for (int r = 0; r < 3; r++) {
@@ -150,7 +152,7 @@ static fl_status choose_bounds(pp_trainer *t, const int *given) {
   if (fl_comm_rank(t->world) == 0) {
     float host[n + 2];
     double bottleneck;
-    FL_CHECK(profile_units(t, PROFILE_ROWS, secs, bytes));
+    FL_CHECK(profile_units(t, PROFILE_ROWS, secs, bytes, NULL));
     FL_CHECK(pp_partition(secs, bytes, (size_t)units, n, link, cut, &bottleneck));
     for (int s = 0; s <= n; s++) host[s] = (float)cut[s];
     host[n + 1] = (float)link;
@@ -171,15 +173,76 @@ cleanup:
   return status;
 }
 
+/* ---- the replicated plan (replicas_auto) ------------------------------------------------------ */
+
+#define AUTO_MAX_STAGES 64
+
+/* PipeDream's partitioner with replication over the pipeline's W = o->replicas_auto ranks, at
+ * most o->grid.pp stages: world rank 0 profiles the units (with their weights' bytes, which
+ * the replicas allreduce) and, with the link measured between world ranks 0 and 1, runs
+ * pp_partition_replicated; the plan is broadcast. Collective over world. */
+static fl_status auto_plan(fl_device *dev, fl_comm *world, const pp_options *o, int *reps, int *bounds, int *nstages,
+                           double *link) {
+  int w = o->replicas_auto, units = tfm_units(&o->spec);
+  int most = o->grid.pp < AUTO_MAX_STAGES ? o->grid.pp : AUTO_MAX_STAGES;
+  if (w < 1 || w > 1024 || o->grid.dp < 1 || (long)o->grid.dp * w != fl_comm_size(world))
+    return fl_set_error(FL_EINVAL, "automatic replication over %d ranks a pipeline x dp %d, but the world has %d", w,
+                        o->grid.dp, fl_comm_size(world));
+  if (o->grid.tp != 1 || (o->chunks != 0 && o->chunks != 1) || o->schedule == PP_INTERLEAVED || o->bounds || o->replicas)
+    return fl_set_error(FL_EINVAL, "automatic replication needs tp 1, one chunk, no given cut or replicas and a "
+                        "schedule other than interleaved");
+  fl_status status = FL_OK;
+  pp_trainer probe = {.dev = dev, .o = *o, .pp = o->stage_world ? o->stage_world : world};
+  double *secs = common_calloc((size_t)units, sizeof *secs), *bytes = common_calloc((size_t)units, sizeof *bytes);
+  double *weights = common_calloc((size_t)units, sizeof *weights);
+  pp_stage_plan *plan = common_calloc((size_t)units, sizeof *plan);
+  float host[2 + AUTO_MAX_STAGES + AUTO_MAX_STAGES + 1] = {0}; /* stages, link, replicas, cut */
+  fl_tensor share = {0};
+  int64_t shape[1] = {(int64_t)(sizeof host / sizeof *host)};
+  if (!secs || !bytes || !weights || !plan) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for the profile"));
+  FL_CHECK(cpu_device_init(&probe.host));
+  *link = 0;
+  if (w > 1) FL_CHECK(measure_link(&probe, link));
+  FL_CHECK(tensor_ensure(&share, dev, 1, shape));
+  if (fl_comm_rank(world) == 0) {
+    int n = 0;
+    double bottleneck;
+    FL_CHECK(profile_units(&probe, PROFILE_ROWS, secs, bytes, weights));
+    FL_CHECK(pp_partition_replicated(secs, bytes, weights, (size_t)units, w, most, *link, plan, &n, &bottleneck));
+    host[0] = (float)n;
+    host[1] = (float)*link;
+    for (int s = 0; s < n; s++) {
+      host[2 + s] = (float)plan[s].replicas;
+      host[2 + AUTO_MAX_STAGES + s] = (float)plan[s].first;
+    }
+    host[2 + AUTO_MAX_STAGES + n] = (float)units;
+    FL_CHECK(dev->ops->from_host(dev, share.data, host, sizeof host));
+  }
+  FL_CHECK(fl_comm_broadcast(world, &share, 0));
+  FL_CHECK(dev->ops->to_host(dev, host, share.data, sizeof host));
+  *nstages = (int)host[0];
+  *link = host[1];
+  for (int s = 0; s < *nstages; s++) reps[s] = (int)host[2 + s];
+  for (int s = 0; s <= *nstages; s++) bounds[s] = (int)host[2 + AUTO_MAX_STAGES + s];
+cleanup:
+  if (probe.host.ops && probe.host.ops->destroy) probe.host.ops->destroy(&probe.host);
+  tensor_release(&share);
+  common_free(secs);
+  common_free(bytes);
+  common_free(weights);
+  common_free(plan);
+  return status;
+}
+
 /* ---- create and destroy --------------------------------------------------------------------- */
 
-/* Replicated stages: dp 1, tp 1, one chunk, a flushing 1F1B-like schedule, world = sum. */
+/* Replicated stages: tp 1, one chunk, not interleaved, world = dp x sum. */
 static fl_status check_replicas(const pp_options *o, int world) {
-  if (o->grid.dp != 1 || o->grid.tp != 1 || o->grid.pp < 1 || (o->chunks != 0 && o->chunks != 1))
-    return fl_set_error(FL_EINVAL, "replicated stages need dp 1, tp 1 and one chunk per stage (got %dx%dx%d, %d "
+  if (o->grid.dp < 1 || o->grid.tp != 1 || o->grid.pp < 1 || (o->chunks != 0 && o->chunks != 1))
+    return fl_set_error(FL_EINVAL, "replicated stages need tp 1 and one chunk per stage (got %dx%dx%d, %d "
                         "chunks)", o->grid.dp, o->grid.tp, o->grid.pp, o->chunks);
-  if (o->schedule != PP_GPIPE && o->schedule != PP_1F1B)
-    return fl_set_error(FL_EINVAL, "replicated stages run gpipe or 1f1b (1F1B-RR), not %s",
+  if (o->schedule == PP_INTERLEAVED)
+    return fl_set_error(FL_EINVAL, "replicated stages run gpipe, 1f1b, pipedream or 2bw (1F1B-RR), not %s",
                         pp_schedule_name(o->schedule));
   long sum = 0;
   for (int s = 0; s < o->grid.pp; s++) {
@@ -187,15 +250,16 @@ static fl_status check_replicas(const pp_options *o, int world) {
       return fl_set_error(FL_EINVAL, "stage %d has %d replicas (needs 1..64)", s, o->replicas[s]);
     sum += o->replicas[s];
   }
-  if (sum != world)
-    return fl_set_error(FL_EINVAL, "the stages' replicas add up to %ld ranks, but the world has %d", sum, world);
+  if (sum * o->grid.dp != world)
+    return fl_set_error(FL_EINVAL, "the stages' replicas add up to %ld ranks a pipeline, x dp %d = %ld, but the "
+                        "world has %d", sum, o->grid.dp, sum * o->grid.dp, world);
   return FL_OK;
 }
 
 static fl_status check_options(const pp_options *o, int world) {
   fl_status s = o->replicas ? check_replicas(o, world) : pp_grid_check(o->grid, world);
   if (s != FL_OK) return s;
-  if (o->replicas && o->spec.experts > 0)
+  if ((o->replicas || o->replicas_auto) && o->spec.experts > 0)
     return fl_set_error(FL_EINVAL, "stage replication does not run with experts (they are spread over the "
                         "data-parallel group)");
   if (o->spec.experts > 0 && (o->schedule == PP_PIPEDREAM || o->schedule == PP_2BW))
@@ -268,6 +332,21 @@ static fl_status chunk_optimizer(fl_device *dev, tfm_chunk *chunk, const optim_o
 fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o, pp_trainer **out) {
   if (!dev || !world || !o || !out) return fl_set_error(FL_EINVAL, "pp_trainer_create: NULL argument");
   *out = NULL;
+  if (o->replicas_auto) {
+    /* The partitioner's plan, then a trainer with that cut and those replicas. */
+    int reps[AUTO_MAX_STAGES], bounds[AUTO_MAX_STAGES + 1], n = 0;
+    double link = 0;
+    fl_status s = auto_plan(dev, world, o, reps, bounds, &n, &link);
+    if (s != FL_OK) return s;
+    pp_options planned = *o;
+    planned.replicas_auto = 0;
+    planned.grid.pp = n;
+    planned.replicas = reps;
+    planned.bounds = bounds;
+    s = pp_trainer_create(dev, world, &planned, out);
+    if (s == FL_OK) (*out)->link_bytes_per_s = link;
+    return s;
+  }
   fl_status status = check_options(o, fl_comm_size(world));
   if (status != FL_OK) return status;
   pp_trainer *t = common_calloc(1, sizeof *t);
@@ -286,32 +365,35 @@ fl_status pp_trainer_create(fl_device *dev, fl_comm *world, const pp_options *o,
   FL_CHECK(cpu_device_init(&t->host));
   pp_grid g = o->grid;
   if (o->replicas) {
-    /* Stage s on ranks [stage_rank0[s], + replicas[s]): the world's order is the pipeline's. */
+    /* Pipeline d is world ranks [d S, (d + 1) S) (S = the sum of the replicas), its stage s
+     * ranks [stage_rank0[s], + replicas[s]) of them: the world's order is the pipelines'. */
     t->stage_rank0 = common_calloc((size_t)g.pp, sizeof *t->stage_rank0);
     t->stage_replicas = common_calloc((size_t)g.pp, sizeof *t->stage_replicas);
     if (!t->stage_rank0 || !t->stage_replicas) FL_CHECK(FL_ERR(FL_ENOMEM, "out of memory for a trainer"));
-    int rank = fl_comm_rank(world);
+    int rank = fl_comm_rank(world), per = fl_comm_size(world) / g.dp, q = rank % per;
     for (int s = 0, base = 0; s < g.pp; base += o->replicas[s], s++) {
       t->stage_rank0[s] = base;
       t->stage_replicas[s] = o->replicas[s];
-      if (rank >= base && rank < base + o->replicas[s]) {
-        t->me = (pp_coords){.dp = 0, .tp = 0, .pp = s};
-        t->replica = rank - base;
+      if (q >= base && q < base + o->replicas[s]) {
+        t->me = (pp_coords){.dp = rank / per, .tp = 0, .pp = s};
+        t->replica = q - base;
       }
     }
   }
   pp_coords me = t->me;
   /* The three splits, in the same order on every rank (each is collective over world). With
-   * replicated stages the tensor group is the rank alone, the data-parallel group the stage's
-   * replicas and the pipeline group the world. */
+   * replicated stages the tensor group is the rank alone, the data-parallel group every
+   * replica of the rank's stage in every pipeline (their gradients are summed) and the
+   * pipeline group the rank's pipeline. */
   int rank = fl_comm_rank(world);
+  int dp_key = o->replicas ? me.dp * o->replicas[me.pp] + t->replica : me.dp;
   FL_CHECK(fl_comm_split(world, o->replicas ? rank : me.pp * g.dp + me.dp, me.tp, &t->tp));
-  FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, o->replicas ? t->replica : me.dp, &t->dp));
+  FL_CHECK(fl_comm_split(world, me.pp * g.tp + me.tp, dp_key, &t->dp));
   fl_comm *stages = o->stage_world ? o->stage_world : world;
   if (fl_comm_size(stages) != fl_comm_size(world) || fl_comm_rank(stages) != fl_comm_rank(world))
     FL_CHECK(fl_set_error(FL_EINVAL, "the stage communicator is rank %d of %d, the world rank %d of %d",
                           fl_comm_rank(stages), fl_comm_size(stages), fl_comm_rank(world), fl_comm_size(world)));
-  FL_CHECK(fl_comm_split(stages, o->replicas ? 0 : me.dp * g.tp + me.tp, o->replicas ? rank : me.pp, &t->pp));
+  FL_CHECK(fl_comm_split(stages, o->replicas ? me.dp : me.dp * g.tp + me.tp, o->replicas ? rank : me.pp, &t->pp));
   if (g.pp > 1 && strcmp(fl_comm_backend(t->pp), "host") != 0)
     FL_CHECK(fl_set_error(FL_EINVAL, "pipeline stages exchange activations over the host backend, "
                           "but the world communicator is %s", fl_comm_backend(t->pp)));
@@ -349,6 +431,11 @@ void pp_trainer_chunk_units(const pp_trainer *t, int chunk, int *first, int *end
   *end = t->chunks[chunk].end_unit;
 }
 const int *pp_trainer_bounds(const pp_trainer *t) { return t->bounds; }
+int pp_trainer_num_stages(const pp_trainer *t) { return t->nstages; }
+int pp_trainer_stage_replicas(const pp_trainer *t, int stage) {
+  if (stage < 0 || stage >= t->nstages) return 0;
+  return t->stage_replicas ? t->stage_replicas[stage] : 1;
+}
 double pp_trainer_link_bytes_per_s(const pp_trainer *t) { return t->link_bytes_per_s; }
 optim *pp_trainer_chunk_optimizer(pp_trainer *t, int chunk) {
   return chunk >= 0 && chunk < t->nchunks ? t->chunks[chunk].opt : NULL;

@@ -131,7 +131,11 @@ fl_status pp_versions_update(pp_trainer *t, int c, int k) {
   fl_status status = FL_OK;
   fl_tensor *grads = tfm_chunk_grads(cs->chunk);
   double t0 = pp_timeline_now(t);
-  if (t->o.grid.dp > 1) {
+  if (t->stage_replicas && fl_comm_size(t->dp) > 1) {
+    /* every replica of the stage in every pipeline holds its share of the global mean */
+    FL_CHECK(fl_comm_allreduce(t->dp, grads, FL_REDUCE_SUM));
+    FL_CHECK(pp_timeline_add(t, PP_EV_ALLREDUCE, -1, c, t0));
+  } else if (!t->stage_replicas && t->o.grid.dp > 1) {
     FL_CHECK(tfm_chunk_average_grads(cs->chunk, t->dp));
     FL_CHECK(pp_timeline_add(t, PP_EV_ALLREDUCE, -1, c, t0));
   }
@@ -159,7 +163,12 @@ cleanup:
 fl_status pp_versions_take_sums(pp_trainer *t, int k) {
   fl_status status = FL_OK;
   /* Counted once per tensor-parallel group, as world_sums counts them. */
-  if (t->me.tp == 0) FL_CHECK(t->dev->ops->to_host(t->dev, &t->win_sums[2 * k], t->stats.data, 2 * sizeof(float)));
+  float sums[2];
+  if (t->me.tp == 0) {
+    FL_CHECK(t->dev->ops->to_host(t->dev, sums, t->stats.data, sizeof sums));
+    t->win_sums[2 * k] += sums[0]; /* a replica adds each of its forwards */
+    t->win_sums[2 * k + 1] += sums[1];
+  }
   FL_CHECK(t->dev->ops->memset0(t->dev, t->stats.data, 2 * sizeof(float)));
 cleanup:
   return status;

@@ -122,6 +122,9 @@ typedef enum gpu_train_sync {
 /* True for asp and ssp: the modes whose workers are parameter-server workers. */
 #define GPU_TRAIN_SYNC_IS_PS(s) ((s) == GPU_TRAIN_SYNC_ASP || (s) == GPU_TRAIN_SYNC_SSP)
 
+/* Most pipeline stages (--pp), whose peak activation memory a result reports. */
+#define GPU_TRAIN_MAX_STAGES 64
+
 typedef struct gpu_train_options {
   const char *master;    /* the context's master (NULL: "local[*]") */
   nn_model_kind model;   /* mlp, cnn, resnet18 */
@@ -245,6 +248,16 @@ typedef struct gpu_train_options {
   double plan_memory_mb;          /* a rank's memory for the plan (0: no limit) */
   uint32_t plan_max_microbatches; /* largest m tried (0: 32) */
   FILE *plan_report;
+  /* --replicas R0,R1,...: stage s of the pipeline runs on replicas[s] ranks that take its
+   * micro-batches round robin (PipeDream's 1F1B-RR, pp_options.replicas); pp entries, the rest
+   * 0 (all 0: one rank a stage). Then the world is ranks x sum(replicas) barrier tasks, pipeline
+   * d being tasks [d S, (d + 1) S) (S the sum), stage by stage; --tp 1, --chunks 1, any
+   * schedule but interleaved. */
+  uint32_t replicas[GPU_TRAIN_MAX_STAGES];
+  /* --replicas auto:W: the stages and their replicas chosen by PipeDream's partitioner
+   * (pp_options.replicas_auto) over pipelines of W ranks, at most pp stages; ranks x W tasks
+   * (0: off) */
+  uint32_t replicas_auto;
   /* --model transformer and gpt: --experts E makes the MLP of every --moe-every-th block
    * (0: 1, every block) a mixture of E experts (transformer.h's spec.experts), spread over
    * the --dp ranks (E a multiple of dp), routed to --top-k experts a token (0: 2) with
@@ -260,10 +273,8 @@ typedef struct gpu_train_options {
    0, FL_PRECISION_FP32, 1, FL_ALLREDUCE_AUTO, 0, GPU_TRAIN_SYNC_BSP, 1, true, NULL, NULL, NULL, NULL, NULL, true, 0, 0, NULL, NULL, 1, 1, PP_1F1B, 1, 1,  \
    false, 64, 4, 0, 2, 0.1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, {0}, 0, NULL, 0, false, 1, 0, 0, 0, NULL, \
    false, 0, false, false, 0, false, false, \
-   false, 0, 0, 0, NULL, 0, 0, 0, 0, -1}
+   false, 0, 0, 0, NULL, {0}, 0, 0, 0, 0, 0, -1}
 
-/* Most pipeline stages whose peak activation memory a result reports. */
-#define GPU_TRAIN_MAX_STAGES 64
 
 typedef struct gpu_train_result {
   uint32_t epochs;        /* epochs completed */
@@ -289,6 +300,9 @@ typedef struct gpu_train_result {
   double bubble, bubble_theory;
   uint32_t stages;
   uint64_t stage_peak_bytes[GPU_TRAIN_MAX_STAGES];
+  /* --model transformer: each stage's ranks a pipeline (1 each unreplicated; with --replicas
+   * auto:W, the partitioner's choice; `stages` of them) */
+  uint32_t stage_replicas[GPU_TRAIN_MAX_STAGES];
   /* asp and ssp: the most steps a pull's weights were behind the pulling worker (its clock
    * less the servers' freshness, over every pull of the run: at most S under ssp:S), the
    * workers whose task was retried and resumed at the servers' clock for it, and the fewest
@@ -332,6 +346,14 @@ FL_API fl_status gpu_train_source_parse(const char *text, gpu_train_dataset *out
  * names the text otherwise. */
 FL_API fl_status gpu_train_sync_parse(const char *text, gpu_train_sync *sync, uint32_t *tau, uint32_t *staleness);
 FL_API const char *gpu_train_dataset_name(gpu_train_dataset data);
+/* The barrier tasks a run has: --ranks for the data-parallel models; for the transformer
+ * dp x tp x pp, or dp x sum(replicas) with replicated stages. */
+FL_API uint32_t gpu_train_world(const gpu_train_options *opts);
+/* --replicas "R0,R1,...": 1 to GPU_TRAIN_MAX_STAGES counts, each 1 to 64, into out (the rest
+ * zeroed) and their number into *stages, *auto_ranks 0; or "auto:W", W 1 to 1024: out and
+ * *stages zeroed, *auto_ranks W. FL_EINVAL names the text. */
+FL_API fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages,
+                                          uint32_t *auto_ranks);
 /* Checks every field and their combinations (batch a multiple of ranks, warmup shorter than
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch
  * 100 is not a multiple of --ranks 3"). Pure; gpu_train_run calls it first. */

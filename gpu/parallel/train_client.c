@@ -170,9 +170,7 @@ static fl_status ship_model_library(fl_context *ctx, const gpu_train_options *o,
 }
 
 /* Barrier tasks: one per data-parallel rank, or per grid rank for the transformer. */
-static uint32_t train_world(const gpu_train_options *o) {
-  return o->model == NN_TRANSFORMER ? o->ranks * o->tp * o->pp : o->ranks;
-}
+static uint32_t train_world(const gpu_train_options *o) { return gpu_train_world(o); }
 
 /* --data imagefolder:DIR: DIR/train and DIR/val (ImageNet's layout), or DIR and --test-data
  * imagefolder:TEST, the same classes in both, each image cached with its shorter side at
@@ -413,6 +411,8 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   gpu_train_experts(o, &a.top_k, &a.moe_every, &a.capacity_factor, &a.moe_alpha);
   a.window = o->window ? o->window : 8;
   a.vertical_sync = o->vertical_sync;
+  memcpy(a.replicas, o->replicas, sizeof a.replicas);
+  a.replicas_auto = o->replicas_auto;
   FL_CHECK(compress_spec_parse(o->compress, &a.compress)); /* checked by validate */
   if (o->data == GPU_TRAIN_IMAGE_FOLDER && !o->no_augment) {
     a.augment = true;
@@ -540,6 +540,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
     result->plan_pp = plan_res.plan_pp;
     result->plan_microbatches = plan_res.plan_microbatches;
     result->plan_step_s = plan_res.plan_step_s;
+    memcpy(result->stage_replicas, res.stage_replicas, sizeof res.stage_replicas);
   }
 cleanup:
   train_events_end(&c.events, status);

@@ -125,7 +125,7 @@ static void post_start(train_events *ev, const gpu_train_options *o) {
            "\"device\":\"%s\",\"ranks\":%u,\"dp\":%u,\"tp\":%u,\"pp\":%u,\"schedule\":%s%s%s,\"microBatches\":%u,"
            "\"sync\":\"%s\",\"allreduce\":%s,\"batch\":%u,\"lr\":%s,\"epochs\":%u}}",
            (long long)ev->start_ms, (unsigned long long)ev->run, name, model, data,
-           o->device == FL_DEVICE_CUDA ? "cuda" : "cpu", o->ranks * tp * pp, o->ranks, tp, pp, hybrid ? "\"" : "",
+           o->device == FL_DEVICE_CUDA ? "cuda" : "cpu", gpu_train_world(o), o->ranks, tp, pp, hybrid ? "\"" : "",
            hybrid ? pp_schedule_name(o->schedule) : "null", hybrid ? "\"" : "",
            hybrid ? o->microbatches : (o->accumulate > 1 ? o->accumulate : 1), sync, algo_json, o->batch,
            isfinite(o->lr) ? lr : "null", o->epochs);

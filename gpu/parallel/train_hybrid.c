@@ -31,10 +31,11 @@
  * pieces: its messages are at most 1 MiB), which puts:
  *   off  size
  *     0     8  magic "FLNTSHRD"
- *     8     4  version (1)
+ *     8     4  version (1; 2 with replicated stages)
  *    12    16  dp, tp, pp, chunks (u32 each)
  *    28     4  n = pp x chunks + 1, then n u32: the stage cut (unit boundaries), which a
  *              retry builds its trainer with (the partitioner's profile might cut otherwise)
+ *   ..         version 2 (replicated stages) only: pp u32, each stage's replicas
  *   ..         per task in task order: u64 bytes, then per chunk: u64 bytes, a checkpoint blob
  * A retried attempt restores its own shard after checking the grid; `--checkpoint` writes the
  * same blob to the file.
@@ -59,6 +60,7 @@
 
 #define SHARD_MAGIC "FLNTSHRD"
 #define SHARD_VERSION 1u
+#define SHARD_VERSION_REPLICATED 2u /* version 1 and the stages' replica counts */
 #define GATHER_PIECE (1u << 20) /* fl_barrier_all_gather's limit per message */
 #define EVENT_BYTES 32u
 
@@ -90,6 +92,9 @@ typedef struct hybrid_rank {
   pp_event *events;    /* the last training step's timeline */
   size_t nevents;
   uint64_t peak_bytes; /* the most activation bytes this rank held in a step */
+  /* replicated stages: each stage's replicas (--replicas, or a retry's checkpoint, or after
+   * the trainer's creation the partitioner's with auto:W); all 0: not replicated */
+  uint32_t plan[GPU_TRAIN_MAX_STAGES];
 } hybrid_rank;
 
 static void put_u32(fl_buf *b, uint32_t v, fl_status *s) {
@@ -220,7 +225,7 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
   if (r->rank == 0) {
     joined->len = 0;
     FL_CHECK(fl_buf_append(joined, SHARD_MAGIC, 8));
-    put_u32(joined, SHARD_VERSION, &status);
+    put_u32(joined, r->plan[0] ? SHARD_VERSION_REPLICATED : SHARD_VERSION, &status);
     put_u32(joined, (uint32_t)r->grid.dp, &status);
     put_u32(joined, (uint32_t)r->grid.tp, &status);
     put_u32(joined, (uint32_t)r->grid.pp, &status);
@@ -230,6 +235,8 @@ static fl_status put_checkpoint(hybrid_rank *r, const checkpoint_state *cs, fl_b
     uint32_t nb = (uint32_t)(r->grid.pp * pp_trainer_num_chunks(r->trainer)) + 1;
     put_u32(joined, nb, &status);
     for (uint32_t i = 0; i < nb; i++) put_u32(joined, (uint32_t)pp_trainer_bounds(r->trainer)[i], &status);
+    if (r->plan[0])
+      for (int s = 0; s < r->grid.pp; s++) put_u32(joined, r->plan[s], &status);
     for (uint32_t i = 0; i < r->world && status == FL_OK; i++) {
       put_u64(joined, all[i].len, &status);
       if (status == FL_OK) status = fl_buf_append(joined, all[i].data, all[i].len);
@@ -244,17 +251,24 @@ cleanup:
   return status;
 }
 
-/* Reads a joined checkpoint's header: checks it against the run's grid and v chunks and
- * copies the stage cut into bounds (pp x v + 1 of them); *c is left at rank 0's shard.
- * FL_EFORMAT names what is wrong. */
-static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, int *bounds, cursor *c) {
+/* Reads a joined checkpoint's header: checks it against the run's grid, v chunks and replicas
+ * (all 0: none; with auto_w, W of --replicas auto:W, g.pp is the most stages and the
+ * checkpoint's plan is taken) and copies the stage cut into bounds (pp x v + 1 of them) and
+ * the replicas into plan, their stages into *pp; *c is left at rank 0's shard. FL_EFORMAT
+ * names what is wrong. */
+static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, const uint32_t *replicas, uint32_t auto_w,
+                             int *bounds, uint32_t *plan, int *pp, cursor *c) {
   *c = (cursor){blob.data, blob.data + blob.len};
   char magic[8];
   uint32_t head[6];
   if (!cursor_take(c, magic, 8) || memcmp(magic, SHARD_MAGIC, 8) != 0 || !cursor_take(c, head, sizeof head))
     return fl_set_error(FL_EFORMAT, "the stage's checkpoint is not a sharded one (magic %s)", SHARD_MAGIC);
-  if (head[0] != SHARD_VERSION)
-    return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u (this is %u)", head[0], SHARD_VERSION);
+  bool replicated = replicas[0] || auto_w;
+  uint32_t want = replicated ? SHARD_VERSION_REPLICATED : SHARD_VERSION;
+  if (head[0] != want)
+    return fl_set_error(FL_EFORMAT, "sharded checkpoint version %u, but this run's is %u (%s)", head[0], want,
+                        replicated ? "replicated stages" : "no replicated stage");
+  if (auto_w && head[3] >= 1 && head[3] <= (uint32_t)g.pp) g.pp = (int)head[3]; /* the partitioner's */
   uint32_t nb = (uint32_t)g.pp * chunks + 1;
   if (head[1] != (uint32_t)g.dp || head[2] != (uint32_t)g.tp || head[3] != (uint32_t)g.pp || head[4] != chunks ||
       head[5] != nb)
@@ -266,6 +280,18 @@ static fl_status read_header(fl_bytes blob, pp_grid g, uint32_t chunks, int *bou
       return fl_set_error(FL_EFORMAT, "the checkpoint's stage cut is malformed at boundary %u", i);
     bounds[i] = (int)b;
   }
+  uint32_t sum = 0;
+  memset(plan, 0, GPU_TRAIN_MAX_STAGES * sizeof *plan);
+  for (int s = 0; replicated && s < g.pp; s++) {
+    uint32_t n;
+    if (!cursor_take(c, &n, sizeof n) || n < 1 || n > 64 || (!auto_w && n != replicas[s]))
+      return fl_set_error(FL_EFORMAT, "the checkpoint's stage %d has other replicas than this run's", s);
+    plan[s] = n;
+    sum += n;
+  }
+  if (auto_w && sum != auto_w)
+    return fl_set_error(FL_EFORMAT, "the checkpoint's replicas add up to %u ranks, --replicas auto:%u", sum, auto_w);
+  *pp = g.pp;
   return FL_OK;
 }
 
@@ -314,13 +340,39 @@ static void hybrid_free(hybrid_rank *r) {
 static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   const train_arg *a = r->a;
   fl_status status = FL_OK;
-  r->grid = (pp_grid){(int)a->dp, (int)a->tp, (int)a->pp};
-  FL_CHECK(pp_grid_check(r->grid, (int)r->world));
-  /* Tasks are numbered replica by replica (their partitions hold the replicas' rows in
-   * order); the grid's rank order puts tensor-parallel ranks innermost, then replicas. */
-  uint32_t replica_size = a->tp * a->pp, q = r->rank % replica_size;
-  r->me = (pp_coords){.dp = (int)(r->rank / replica_size), .tp = (int)(q % a->tp), .pp = (int)(q / a->tp)};
-  r->grid_rank = pp_grid_rank(r->grid, r->me);
+  int replicas[GPU_TRAIN_MAX_STAGES];
+  uint32_t replica_size = a->tp * a->pp, q;
+  if (r->plan[0]) {
+    /* Replicated stages (r->grid.pp of them): a replica is a pipeline of sum(replicas) ranks,
+     * stage by stage, and the communicators' order is the tasks'. */
+    replica_size = 0;
+    for (int s = 0; s < r->grid.pp; s++) replica_size += r->plan[s];
+    if (replica_size * a->dp != r->world)
+      FL_CHECK(fl_set_error(FL_EINVAL, "rank %u: --dp %u x the replicas' %u ranks is not the stage's %u tasks", r->rank,
+                            a->dp, replica_size, r->world));
+    q = r->rank % replica_size;
+    r->me = (pp_coords){.dp = (int)(r->rank / replica_size)};
+    for (uint32_t s = 0, base = 0; s < (uint32_t)r->grid.pp; base += r->plan[s], s++) {
+      replicas[s] = (int)r->plan[s];
+      if (q >= base) r->me.pp = (int)s;
+    }
+    r->grid_rank = (int)r->rank;
+  } else if (a->replicas_auto) {
+    /* The partitioner places this rank (its stage is known once the trainer is made). */
+    replica_size = a->replicas_auto;
+    if (replica_size * a->dp != r->world)
+      FL_CHECK(fl_set_error(FL_EINVAL, "rank %u: --dp %u x auto:%u ranks is not the stage's %u tasks", r->rank, a->dp,
+                            replica_size, r->world));
+    r->me = (pp_coords){.dp = (int)(r->rank / replica_size)};
+    r->grid_rank = (int)r->rank;
+  } else {
+    FL_CHECK(pp_grid_check(r->grid, (int)r->world));
+    /* Tasks are numbered replica by replica (their partitions hold the replicas' rows in
+     * order); the grid's rank order puts tensor-parallel ranks innermost, then replicas. */
+    q = r->rank % replica_size;
+    r->me = (pp_coords){.dp = (int)(r->rank / replica_size), .tp = (int)(q % a->tp), .pp = (int)(q / a->tp)};
+    r->grid_rank = pp_grid_rank(r->grid, r->me);
+  }
   r->local = a->batch / r->world;
   FL_CHECK(data_reader_create(r->local, &r->train));
   FL_CHECK(data_reader_create(r->local, &r->test));
@@ -366,8 +418,15 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
                             .moe_every = (int)a->moe_every},
                    .grid = r->grid, .schedule = a->pipeline, .microbatches = (int)a->microbatches,
                    .chunks = (int)a->chunks, .recompute = a->recompute, .optim = a->optim,
-                   .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync};
+                   .bounds = bounds, .stage_world = r->stages, .vertical_sync = a->vertical_sync,
+                   .replicas = r->plan[0] ? replicas : NULL,
+                   .replicas_auto = r->plan[0] ? 0 : (int)a->replicas_auto};
   FL_CHECK(pp_trainer_create(r->dev, r->comm, &po, &r->trainer));
+  if (po.replicas_auto) { /* the partitioner's plan, from here on as if given */
+    r->grid.pp = pp_trainer_num_stages(r->trainer);
+    r->me.pp = pp_trainer_coords(r->trainer).pp;
+    for (int s = 0; s < r->grid.pp; s++) r->plan[s] = (uint32_t)pp_trainer_stage_replicas(r->trainer, s);
+  }
   /* After the trainer's splits, in the same order on every rank. */
   FL_CHECK(fl_comm_split(r->comm, r->me.dp, (int)r->rank, &r->replica));
 cleanup:
@@ -465,12 +524,14 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
   int *bounds = NULL;
   bool restore = false;
   r.grid = (pp_grid){(int)a.dp, (int)a.tp, (int)a.pp};
+  memcpy(r.plan, a.replicas, sizeof r.plan);
   if (r.attempt > 0) {
     fl_status got = fl_barrier_checkpoint_get(b, &blob);
     if (got == FL_OK) {
       if (!(bounds = common_malloc(((size_t)a.pp * a.chunks + 1) * sizeof *bounds)))
         FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for the stage cut", r.rank));
-      FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, bounds, &shards));
+      FL_CHECK(read_header(fl_buf_bytes(&blob), r.grid, a.chunks, a.replicas, a.replicas_auto, bounds, r.plan,
+                           &r.grid.pp, &shards));
       restore = true;
     } else if (got != FL_ENOENT) {
       FL_CHECK(got);
@@ -588,14 +649,15 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   fl_status status = FL_OK;
   cursor c = {ranks.data, ranks.data + ranks.len};
   uint32_t world;
-  if (!cursor_take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp)
-    return fl_set_error(FL_EFORMAT, "rank 0's timelines are not of %u ranks", o->ranks * o->tp * o->pp);
+  if (!cursor_take(&c, &world, sizeof world) || world != gpu_train_world(o))
+    return fl_set_error(FL_EFORMAT, "rank 0's timelines are not of %u ranks", gpu_train_world(o));
   pp_event **events = common_calloc(world, sizeof *events);
   size_t *counts = common_calloc(world, sizeof *counts);
   if (!events || !counts) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for %u timelines", world));
   double end = 0;
-  res->stages = o->pp;
+  res->stages = 0; /* (with --replicas auto:W the partitioner's count, at most o->pp) */
   memset(res->stage_peak_bytes, 0, sizeof res->stage_peak_bytes);
+  memset(res->stage_replicas, 0, sizeof res->stage_replicas);
   for (uint32_t i = 0; i < world; i++) { /* task i's record, of grid rank g */
     cursor rec;
     uint32_t head[2] = {0, 0};
@@ -606,6 +668,10 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
       FL_CHECK(fl_set_error(FL_EFORMAT, "task %u's timeline record is malformed", i));
     uint32_t g = head[0];
     if (peak > res->stage_peak_bytes[head[1]]) res->stage_peak_bytes[head[1]] = peak;
+    if (head[1] + 1 > res->stages) res->stages = head[1] + 1;
+    /* the first pipeline's tasks (the first world / dp) count each stage's ranks */
+    if (i < world / o->ranks && (o->replicas[0] || o->replicas_auto)) res->stage_replicas[head[1]]++;
+    else if (!o->replicas[0] && !o->replicas_auto) res->stage_replicas[head[1]] = 1;
     events[g] = common_calloc(n ? n : 1, sizeof **events);
     if (!events[g]) FL_CHECK(fl_set_error(FL_ENOMEM, "out of memory for rank %u's timeline", g));
     for (uint64_t k = 0; k < n; k++) {
@@ -622,9 +688,12 @@ fl_status train_hybrid_finish(const gpu_train_options *o, fl_bytes ranks, gpu_tr
   if (o->timeline_csv_path)
     FL_CHECK(pp_timeline_write_csv(o->timeline_csv_path, (int)world, (const pp_event *const *)events, counts));
   if (o->timeline_svg_path) {
-    char title[200];
-    snprintf(title, sizeof title, "transformer, dp %u x tp %u x pp %u, %s, m %u%s: the last step", o->ranks, o->tp,
-             o->pp, pp_schedule_name(o->schedule), o->microbatches, o->recompute ? ", recompute" : "");
+    char title[200], reps[96] = "";
+    for (uint32_t s = 0, at = 0; o->replicas[0] && s < o->pp && at < sizeof reps; s++)
+      at += (uint32_t)snprintf(reps + at, sizeof reps - at, "%s%u", s ? "," : " (replicas ", o->replicas[s]);
+    if (o->replicas[0] && strlen(reps) + 2 < sizeof reps) strcat(reps, ")");
+    snprintf(title, sizeof title, "transformer, dp %u x tp %u x pp %u%s, %s, m %u%s: the last step", o->ranks, o->tp,
+             o->pp, reps, pp_schedule_name(o->schedule), o->microbatches, o->recompute ? ", recompute" : "");
     FL_CHECK(pp_timeline_write_svg(o->timeline_svg_path, (int)world, (const pp_event *const *)events, counts, end,
                                    title));
   }
@@ -638,11 +707,11 @@ cleanup:
 
 void train_hybrid_pipeline_json(const gpu_train_options *o, fl_bytes ranks, fl_buf *out) {
   out->len = 0;
-  pp_grid grid = {(int)o->ranks, (int)o->tp, (int)o->pp};
   cursor c = {ranks.data, ranks.data + ranks.len};
   uint32_t world;
-  if (!cursor_take(&c, &world, sizeof world) || world != o->ranks * o->tp * o->pp) return;
-  /* Stage s's row is grid rank (0, 0, s)'s timeline; the records come in task order. */
+  if (!cursor_take(&c, &world, sizeof world) || world != gpu_train_world(o)) return;
+  /* Stage s's row is the first record of stage s in task order: grid rank (0, 0, s)'s
+   * timeline, or with replicated stages its first replica's in the first pipeline. */
   fl_buf *rows = common_calloc(o->pp, sizeof *rows);
   bool ok = rows != NULL;
   for (uint32_t i = 0; ok && i < world; i++) {
@@ -651,9 +720,8 @@ void train_hybrid_pipeline_json(const gpu_train_options *o, fl_bytes ranks, fl_b
     uint64_t peak = 0, n = 0;
     ok = cursor_take_piece(&c, &rec) && cursor_take(&rec, head, sizeof head) && cursor_take(&rec, &peak, 8) &&
          cursor_take(&rec, &n, 8) && head[0] < world && n <= (uint64_t)(rec.end - rec.p) / EVENT_BYTES;
-    pp_coords at = ok ? pp_grid_coords(grid, (int)head[0]) : (pp_coords){0};
-    if (!ok || at.dp != 0 || at.tp != 0 || at.pp < 0 || at.pp >= (int)o->pp || rows[at.pp].len) continue;
-    fl_buf *row = &rows[at.pp];
+    if (!ok || head[1] >= o->pp || rows[head[1]].len) continue;
+    fl_buf *row = &rows[head[1]];
     ok = fl_buf_append(row, "[", 1) == FL_OK;
     bool first = true;
     for (uint64_t k = 0; ok && k < n; k++) {

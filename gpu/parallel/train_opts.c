@@ -103,6 +103,82 @@ void gpu_train_schedule(const gpu_train_options *o, optim_schedule *s) {
   s->power = o->decay_power;
 }
 
+static uint64_t replicas_sum(const gpu_train_options *o) {
+  uint64_t sum = 0;
+  for (int s = 0; s < GPU_TRAIN_MAX_STAGES; s++) sum += o->replicas[s];
+  return sum;
+}
+
+uint32_t gpu_train_world(const gpu_train_options *o) {
+  if (o->model != NN_TRANSFORMER) return o->ranks;
+  if (o->plan_auto) return o->plan_world;
+  if (o->replicas_auto) return o->ranks * o->replicas_auto;
+  return o->replicas[0] ? o->ranks * (uint32_t)replicas_sum(o) : o->ranks * o->tp * o->pp;
+}
+
+fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRAIN_MAX_STAGES], uint32_t *stages,
+                                   uint32_t *auto_ranks) {
+  if (!text || !out || !stages || !auto_ranks) return fl_set_error(FL_EINVAL, "gpu_train_replicas_parse: NULL argument");
+  memset(out, 0, GPU_TRAIN_MAX_STAGES * sizeof *out);
+  *stages = *auto_ranks = 0;
+  if (strncmp(text, "auto:", 5) == 0) {
+    char *end = NULL;
+    unsigned long w = text[5] >= '0' && text[5] <= '9' ? strtoul(text + 5, &end, 10) : 0;
+    if (end && *end == '\0' && w >= 1 && w <= 1024) {
+      *auto_ranks = (uint32_t)w;
+      return FL_OK;
+    }
+    return fl_set_error(FL_EINVAL, "--replicas '%s': auto:W takes W, the ranks of a pipeline, 1 to 1024", text);
+  }
+  uint32_t n = 0;
+  for (const char *p = text;; p++) {
+    char *end = NULL;
+    if (*p < '0' || *p > '9') break; /* strtoul would take a sign or blanks */
+    unsigned long v = strtoul(p, &end, 10);
+    if (end == p || v < 1 || v > 64 || n == GPU_TRAIN_MAX_STAGES) break;
+    out[n++] = (uint32_t)v;
+    if (*end == '\0') {
+      *stages = n;
+      return FL_OK;
+    }
+    if (*end != ',') break;
+    p = end;
+  }
+  memset(out, 0, GPU_TRAIN_MAX_STAGES * sizeof *out);
+  return fl_set_error(FL_EINVAL, "--replicas '%s' is not a list of replica counts, one per stage, each 1 to 64 "
+                      "(e.g. 1,2; at most %d stages)", text, GPU_TRAIN_MAX_STAGES);
+}
+
+/* --replicas: a count per stage or auto:W, with what the replicated runtime supports. */
+static fl_status validate_replicas(const gpu_train_options *o) {
+  if (o->replicas_auto) {
+    if (replicas_sum(o)) return fl_set_error(FL_EINVAL, "--replicas is either counts or auto:W, not both");
+    if (o->replicas_auto > 1024) return fl_set_error(FL_EINVAL, "--replicas auto:%u is above 1024 ranks", o->replicas_auto);
+    if (o->tp != 1 || o->chunks != 1)
+      return fl_set_error(FL_EINVAL, "--replicas needs --tp 1 and --chunks 1 (a replicated stage is one whole rank; "
+                          "got --tp %u, --chunks %u)", o->tp, o->chunks);
+    if (o->schedule == PP_INTERLEAVED)
+      return fl_set_error(FL_EINVAL, "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved (a "
+                          "replicated stage is one chunk)");
+    return FL_OK;
+  }
+  uint32_t n = 0;
+  while (n < GPU_TRAIN_MAX_STAGES && o->replicas[n]) n++;
+  for (uint32_t s = n; s < GPU_TRAIN_MAX_STAGES; s++)
+    if (o->replicas[s]) return fl_set_error(FL_EINVAL, "--replicas: stage %u has 0 replicas", n);
+  for (uint32_t s = 0; s < n; s++)
+    if (o->replicas[s] > 64) return fl_set_error(FL_EINVAL, "--replicas: stage %u has %u replicas (1 to 64)", s, o->replicas[s]);
+  if (n != o->pp)
+    return fl_set_error(FL_EINVAL, "--replicas names %u stages but --pp is %u", n, o->pp);
+  if (o->tp != 1 || o->chunks != 1)
+    return fl_set_error(FL_EINVAL, "--replicas needs --tp 1 and --chunks 1 (a replicated stage is one whole rank; "
+                        "got --tp %u, --chunks %u)", o->tp, o->chunks);
+  if (o->schedule == PP_INTERLEAVED)
+    return fl_set_error(FL_EINVAL, "--replicas runs --schedule gpipe, 1f1b, pipedream or 2bw, not interleaved (a "
+                        "replicated stage is one chunk)");
+  return FL_OK;
+}
+
 void gpu_train_experts(const gpu_train_options *o, uint32_t *top_k, uint32_t *every, float *capacity_factor,
                        float *alpha) {
   *top_k = o->top_k ? o->top_k : 2;
@@ -142,6 +218,9 @@ static fl_status validate_experts(const gpu_train_options *o) {
   if (o->plan_auto)
     return fl_set_error(FL_EINVAL, "--experts does not run with --plan auto (the plan's profile and cost model "
                         "have no experts)");
+  if (o->replicas[0] || o->replicas_auto)
+    return fl_set_error(FL_EINVAL, "--experts does not run with --replicas (the experts are spread over the "
+                        "data-parallel ranks)");
   return FL_OK;
 }
 
@@ -159,9 +238,9 @@ static fl_status validate_plan(const gpu_train_options *o) {
     return fl_set_error(FL_EINVAL, "--plan auto plans --model transformer without --sequence-parallel or selective "
                         "recomputation (not --model gpt)");
   if (o->ranks != 1 || o->tp != 1 || o->pp != 1 || o->microbatches != 1 || o->chunks != 1 ||
-      o->schedule != PP_1F1B || o->recompute)
+      o->schedule != PP_1F1B || o->recompute || o->replicas[0] || o->replicas_auto)
     return fl_set_error(FL_EINVAL, "--plan auto chooses --dp, --tp, --pp and --microbatches itself (1f1b, no "
-                        "--chunks, no --recompute): leave them out and give --world");
+                        "--chunks, --recompute or --replicas): leave them out and give --world");
   if (o->plan_world < 1 || o->plan_world > 1024)
     return fl_set_error(FL_EINVAL, "--plan auto needs --world W, the ranks to plan for (1 to 1024)");
   if (o->batch % o->plan_world)
@@ -182,9 +261,10 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   if (ps != FL_OK) return ps;
   if (o->model != NN_TRANSFORMER) {
     if (o->tp != 1 || o->pp != 1 || o->chunks != 1 || o->microbatches != 1 || o->recompute || o->window || o->vertical_sync ||
-        o->timeline_csv_path || o->timeline_svg_path || o->sequence_parallel || o->recompute_selective)
-      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, "
-                          "--window, --vertical-sync, --sequence-parallel and --timeline-* are for --model transformer");
+        o->timeline_csv_path || o->timeline_svg_path || o->sequence_parallel || o->recompute_selective ||
+        replicas_sum(o) || o->replicas_auto)
+      return fl_set_error(FL_EINVAL, "--tp, --pp, --schedule, --microbatches, --chunks, --recompute, --window, "
+                          "--vertical-sync, --sequence-parallel, --replicas and --timeline-* are for --model transformer");
     return FL_OK;
   }
   if (o->sequence_parallel && o->tp < 2)
@@ -196,13 +276,22 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
   if (o->pp < 1 || o->pp > GPU_TRAIN_MAX_STAGES)
     return fl_set_error(FL_EINVAL, "--pp %u must be 1 to %d", o->pp, GPU_TRAIN_MAX_STAGES);
-  uint64_t world = (uint64_t)o->ranks * o->tp * o->pp;
+  bool replicated = replicas_sum(o) || o->replicas_auto;
+  if (replicated) {
+    fl_status s = validate_replicas(o);
+    if (s != FL_OK) return s;
+  }
+  uint64_t world = replicated ? (uint64_t)o->ranks * (o->replicas_auto ? o->replicas_auto : replicas_sum(o))
+                              : (uint64_t)o->ranks * o->tp * o->pp;
+  const char *per = o->replicas_auto ? "W of --replicas auto:W" : replicated ? "the sum of --replicas" : "--tp x --pp";
   if (world > 1024)
-    return fl_set_error(FL_EINVAL, "--dp %u x --tp %u x --pp %u = %llu ranks, over 1024", o->ranks, o->tp, o->pp,
-                        (unsigned long long)world);
+    return fl_set_error(FL_EINVAL, "--dp %u x %s = %llu ranks, over 1024", o->ranks, per, (unsigned long long)world);
   if (o->batch % world)
-    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of --dp x --tp x --pp = %llu (each rank reads "
-                        "batch / ranks images a step)", o->batch, (unsigned long long)world);
+    return fl_set_error(FL_EINVAL, "--batch %u is not a multiple of %s = %llu (each rank reads batch / ranks "
+                        "images a step)", o->batch, replicated ? (o->replicas_auto ? "--dp x W of --replicas auto:W"
+                                                                                : "--dp x the sum of --replicas")
+                                                               : "--dp x --tp x --pp",
+                        (unsigned long long)world);
   if ((unsigned)o->schedule > PP_2BW)
     return fl_set_error(FL_EINVAL, "--schedule: unknown schedule %d", (int)o->schedule);
   if (o->vertical_sync && o->schedule != PP_PIPEDREAM)

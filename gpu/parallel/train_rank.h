@@ -112,6 +112,9 @@ typedef struct train_arg {
    * partitioner's */
   bool plan_cut;
   int32_t plan_bounds[GPU_TRAIN_MAX_STAGES + 1];
+  /* the transformer's replicated stages (gpu_train_options.replicas; all 0: none) */
+  uint32_t replicas[GPU_TRAIN_MAX_STAGES];
+  uint32_t replicas_auto; /* --replicas auto:W: W (0: off) */
   /* --experts (0: none) and the rest with their defaults applied */
   uint32_t experts, top_k, moe_every;
   float capacity_factor, moe_alpha;
