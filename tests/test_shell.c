@@ -300,7 +300,7 @@ static void interrupt_a_job(session *s) {
   EXPECT(s, "cancelling the running jobs");
   EXPECT(s, "late: FL_ECANCELLED");
   /* The next input's jobs run. */
-  type_line(s, "fl_dataset *few = NULL; fl_range(ctx, 0, 7, 1, 1, &few); fl_count(few, &m); printf(\"after=%d\\n\", (int)m + 0);");
+  type_line(s, "fl_dataset *few = NULL; fl_range(ctx, 0, 7, 1, 1, &few); fl_count(few, &m); fl_dataset_free(few); printf(\"after=%d\\n\", (int)m + 0);");
   EXPECT(s, "after=7");
 }
 
