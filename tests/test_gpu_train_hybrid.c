@@ -683,6 +683,22 @@ static void test_gpt_on_text(void **state) {
   o.recompute_selective = true;
   run_ok(&o, "gpt 1x2x2 sequence parallel", &res_sp);
   assert_true(rows_agree(&one, &sp, "gpt tp 2 x pp 2 sequence parallel, selective, vs one rank"));
+  /* PipeDream's windows hold a GPT batch as seq tokens and seq targets a row: one stage (no
+   * stale micro-batch) over windows of 4, and 2 stages flushed every step with vertical sync,
+   * train as one rank does. */
+  rows pd1 = {0}, pd2 = {0};
+  gpu_train_result res_pd;
+  o = gpt_options(path, 1, 1, &pd1);
+  o.schedule = PP_PIPEDREAM;
+  o.window = 4;
+  run_ok(&o, "gpt 1x1x1 pipedream window 4", &res_pd);
+  assert_true(rows_agree(&one, &pd1, "gpt pipedream on one stage, windows of 4, vs one rank"));
+  o = gpt_options(path, 1, 2, &pd2);
+  o.schedule = PP_PIPEDREAM;
+  o.vertical_sync = true;
+  o.window = 1;
+  run_ok(&o, "gpt 1x1x2 pipedream vsync window 1", &res_pd);
+  assert_true(rows_agree(&one, &pd2, "gpt pipedream flushed every step, vs one rank"));
   unlink(path);
 }
 

@@ -360,7 +360,7 @@ fl_status pp_trainer_train_window(pp_trainer *t, const float *x, const int32_t *
   t->async = false;
   FL_CHECK(status);
   FL_CHECK(pp_versions_end(t, st));
-  double global = (double)batch * t->o.grid.dp, loss = 0, acc = 0;
+  double global = (double)batch * t->o.grid.dp * tfm_targets_per_sample(&t->o.spec), loss = 0, acc = 0;
   for (int k = 0; k < minibatches; k++) {
     t->win_loss[k] = t->win_sums[2 * k] / global;
     t->win_acc[k] = t->win_sums[2 * k + 1] / global;

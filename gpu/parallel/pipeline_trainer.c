@@ -122,6 +122,24 @@ cleanup:
   return status;
 }
 
+/* World rank 0 plans alone and broadcasts the plan; when it fails it still broadcasts (a
+ * marker instead of the plan), so that every rank returns an error instead of waiting in the
+ * broadcast. Its own message is kept across the broadcast, which clears the last error. */
+typedef struct rank0_failure {
+  fl_status status;
+  char message[512];
+} rank0_failure;
+
+static void rank0_failure_keep(rank0_failure *f, fl_status st) {
+  f->status = st;
+  if (st != FL_OK) snprintf(f->message, sizeof f->message, "%s", fl_last_error());
+}
+
+static fl_status rank0_failure_status(const rank0_failure *f, const char *what) {
+  if (f->status != FL_OK) return fl_set_error(f->status, "%s", f->message);
+  return fl_set_error(FL_EINTERNAL, "world rank 0 could not %s (its error is in its log)", what);
+}
+
 static fl_status choose_bounds(pp_trainer *t, const int *given) {
   int units = tfm_units(&t->o.spec), n = t->nstages;
   if (n > units)
@@ -149,19 +167,22 @@ static fl_status choose_bounds(pp_trainer *t, const int *given) {
   /* The partitioner's transfer term uses the bandwidth measured between rank 0's first two
    * stages, not a guess (the host backend's over loopback varies with the machine). */
   if (t->o.grid.pp > 1) FL_CHECK(measure_link(t, &link));
+  rank0_failure failed = {FL_OK, ""};
   if (fl_comm_rank(t->world) == 0) {
     float host[n + 2];
     double bottleneck;
-    FL_CHECK(profile_units(t, PROFILE_ROWS, secs, bytes, NULL));
-    FL_CHECK(pp_partition(secs, bytes, (size_t)units, n, link, cut, &bottleneck));
-    for (int s = 0; s <= n; s++) host[s] = (float)cut[s];
-    host[n + 1] = (float)link;
+    fl_status planned = profile_units(t, PROFILE_ROWS, secs, bytes, NULL);
+    if (planned == FL_OK) planned = pp_partition(secs, bytes, (size_t)units, n, link, cut, &bottleneck);
+    for (int s = 0; s <= n; s++) host[s] = planned == FL_OK ? (float)cut[s] : 0;
+    host[n + 1] = planned == FL_OK ? (float)link : -1; /* -1: the others fail too, not wait */
+    rank0_failure_keep(&failed, planned);
     FL_CHECK(t->dev->ops->from_host(t->dev, share.data, host, sizeof host));
   }
   FL_CHECK(fl_comm_broadcast(t->world, &share, 0));
   {
     float host[n + 2];
     FL_CHECK(t->dev->ops->to_host(t->dev, host, share.data, sizeof host));
+    if (host[n + 1] < 0) FL_CHECK(rank0_failure_status(&failed, "cut the model into stages"));
     for (int s = 0; s <= n; s++) t->bounds[s] = (int)host[s];
     t->link_bytes_per_s = host[n + 1];
   }
@@ -204,22 +225,28 @@ static fl_status auto_plan(fl_device *dev, fl_comm *world, const pp_options *o, 
   *link = 0;
   if (w > 1) FL_CHECK(measure_link(&probe, link));
   FL_CHECK(tensor_ensure(&share, dev, 1, shape));
+  rank0_failure failed = {FL_OK, ""};
   if (fl_comm_rank(world) == 0) {
     int n = 0;
     double bottleneck;
-    FL_CHECK(profile_units(&probe, PROFILE_ROWS, secs, bytes, weights));
-    FL_CHECK(pp_partition_replicated(secs, bytes, weights, (size_t)units, w, most, *link, plan, &n, &bottleneck));
-    host[0] = (float)n;
-    host[1] = (float)*link;
-    for (int s = 0; s < n; s++) {
-      host[2 + s] = (float)plan[s].replicas;
-      host[2 + AUTO_MAX_STAGES + s] = (float)plan[s].first;
-    }
-    host[2 + AUTO_MAX_STAGES + n] = (float)units;
+    fl_status planned = profile_units(&probe, PROFILE_ROWS, secs, bytes, weights);
+    if (planned == FL_OK)
+      planned = pp_partition_replicated(secs, bytes, weights, (size_t)units, w, most, *link, plan, &n, &bottleneck);
+    if (planned == FL_OK) {
+      host[0] = (float)n;
+      host[1] = (float)*link;
+      for (int s = 0; s < n; s++) {
+        host[2 + s] = (float)plan[s].replicas;
+        host[2 + AUTO_MAX_STAGES + s] = (float)plan[s].first;
+      }
+      host[2 + AUTO_MAX_STAGES + n] = (float)units;
+    } /* else 0 stages: the others fail too, not wait */
+    rank0_failure_keep(&failed, planned);
     FL_CHECK(dev->ops->from_host(dev, share.data, host, sizeof host));
   }
   FL_CHECK(fl_comm_broadcast(world, &share, 0));
   FL_CHECK(dev->ops->to_host(dev, host, share.data, sizeof host));
+  if (host[0] < 1) FL_CHECK(rank0_failure_status(&failed, "plan the replicated stages"));
   *nstages = (int)host[0];
   *link = host[1];
   for (int s = 0; s < *nstages; s++) reps[s] = (int)host[2 + s];

@@ -160,6 +160,10 @@ cleanup:
 /* GPT: each row of x_h is a window of seq + 1 bytes; the model reads the first seq
  * ([rows, seq, 1], compacted in place: a row never moves past its own window) and predicts
  * the last seq (y_h, [rows, seq]). */
+/* What the trainer takes of a gathered row: its input floats and its targets. */
+static size_t row_inputs(const hybrid_rank *r) { return r->a->gpt ? r->a->seq : r->image_floats; }
+static size_t row_targets(const hybrid_rank *r) { return r->a->gpt ? r->a->seq : 1; }
+
 static void text_tokens(hybrid_rank *r, uint32_t rows) {
   size_t seq = r->a->seq, w = seq + 1;
   for (size_t i = 0; i < rows; i++)
@@ -397,8 +401,10 @@ static fl_status hybrid_setup(hybrid_rank *r, fl_iter *in, const int *bounds) {
   if (!r->images_h || !r->labels_h || !r->pack_h || !r->gathered_h || !r->x_h || !r->y_h)
     FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for batches of %zu rows", r->rank, rows));
   if (a->pipeline == PP_PIPEDREAM || a->pipeline == PP_2BW) {
-    r->xw_h = common_malloc(a->window * rows * r->image_floats * sizeof(float));
-    r->yw_h = common_malloc(a->window * rows * sizeof(int32_t));
+    /* A window keeps each batch as the trainer takes it: GPT rows are seq tokens (text_tokens
+     * packed them) with seq targets, image rows image_floats with one label. */
+    r->xw_h = common_malloc(a->window * rows * row_inputs(r) * sizeof(float));
+    r->yw_h = common_malloc(a->window * rows * row_targets(r) * sizeof(int32_t));
     r->lr_h = common_malloc(a->window * sizeof(float));
     if (!r->xw_h || !r->yw_h || !r->lr_h)
       FL_CHECK(fl_set_error(FL_ENOMEM, "rank %u: out of memory for a window of %u batches of %zu rows", r->rank,
@@ -568,8 +574,9 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
                                 (unsigned long long)(i + j), epoch + 1, n, r.local));
         FL_CHECK(gather_batch(&r, n));
         if (async) {
-          memcpy(r.xw_h + j * rows * r.image_floats, r.x_h, (size_t)rows * r.image_floats * sizeof(float));
-          memcpy(r.yw_h + j * rows, r.y_h, (size_t)rows * sizeof(int32_t));
+          size_t xs = (size_t)rows * row_inputs(&r), ys = (size_t)rows * row_targets(&r);
+          memcpy(r.xw_h + j * xs, r.x_h, xs * sizeof(float));
+          memcpy(r.yw_h + j * ys, r.y_h, ys * sizeof(int32_t));
           r.lr_h[j] = (float)optim_lr_at(&a.schedule, epoch + (double)(i + j) / (double)steps);
         }
       }
