@@ -529,7 +529,10 @@ static int parse_args(int argc, char **argv, gpu_train_options *o) {
   /* --replicas names the stages: --pp need not repeat their number. */
   if (replica_stages && !pp_given) o->pp = replica_stages;
   /* auto:W: at most --pp stages, by default as many as the ranks and the model allow */
-  if (o->replicas_auto && !pp_given) o->pp = o->replicas_auto < o->blocks + 2 ? o->replicas_auto : o->blocks + 2;
+  if (o->replicas_auto && !pp_given) {
+    uint32_t most = o->replicas_auto < o->blocks + 2 ? o->replicas_auto : o->blocks + 2;
+    o->pp = most < GPU_TRAIN_MAX_STAGES ? most : GPU_TRAIN_MAX_STAGES;
+  }
   if (!have_model) return train_usage_error("--model is required (mlp, cnn, resnet18, resnet50, transformer, gpt or FILE.so)");
   if (!have_data)
     return train_usage_error("--data is required (fashion-mnist, synthetic-imagenet, libsvm:PATH, csv:PATH, "

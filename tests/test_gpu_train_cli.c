@@ -225,6 +225,8 @@ static void test_bad_transformer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "auto:0"), "auto:W takes W, the ranks of a pipeline");
   expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "auto:3", "--batch", "256"),
                      "--batch 256 is not a multiple of --dp x W of --replicas auto:W = 3");
+  expect_usage_error(RUN_FLINT("train", TFM, "--replicas", "auto:512", "--blocks", "200", "--batch", "512"),
+                     "too large for the replicated partitioner");
   expect_usage_error(RUN_FLINT("train", TFM, "--experts", "3", "--dp", "2"), "--experts 3 must be a multiple of --dp 2");
   expect_usage_error(RUN_FLINT("train", TFM, "--top-k", "2"), "need --experts");
   expect_usage_error(RUN_FLINT("train", TFM, "--experts", "4", "--top-k", "0"), "--top-k '0'");

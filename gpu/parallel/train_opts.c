@@ -154,6 +154,13 @@ static fl_status validate_replicas(const gpu_train_options *o) {
   if (o->replicas_auto) {
     if (replicas_sum(o)) return fl_set_error(FL_EINVAL, "--replicas is either counts or auto:W, not both");
     if (o->replicas_auto > 1024) return fl_set_error(FL_EINVAL, "--replicas auto:%u is above 1024 ranks", o->replicas_auto);
+    /* PipeDream's replicated partitioner takes stages x units^2 x W^2 steps on one rank while
+     * the others wait: refuse what would take minutes rather than hang a stage start. */
+    double units = (double)o->blocks + 2, work = (double)o->pp * units * units * o->replicas_auto * o->replicas_auto;
+    if (work > 2e9)
+      return fl_set_error(FL_EINVAL, "--replicas auto:%u over %u blocks with at most %u stages is too large for the "
+                          "replicated partitioner (stages x units^2 x W^2 = %.2g steps, above 2e9): give the "
+                          "replicas per stage, or fewer ranks or stages", o->replicas_auto, o->blocks, o->pp, work);
     if (o->tp != 1 || o->chunks != 1)
       return fl_set_error(FL_EINVAL, "--replicas needs --tp 1 and --chunks 1 (a replicated stage is one whole rank; "
                           "got --tp %u, --chunks %u)", o->tp, o->chunks);
