@@ -166,7 +166,9 @@ static fl_status choose_bounds(pp_trainer *t, const int *given) {
   FL_CHECK(tensor_ensure(&share, t->dev, 1, shape));
   /* The partitioner's transfer term uses the bandwidth measured between rank 0's first two
    * stages, not a guess (the host backend's over loopback varies with the machine). */
-  if (t->o.grid.pp > 1) FL_CHECK(measure_link(t, &link));
+  /* Only world rank 0's pipeline measures (its figure is the one broadcast): the others'
+   * round trips at the same time would share the host's links and skew it. */
+  if (t->o.grid.pp > 1 && t->me.dp == 0 && t->me.tp == 0) FL_CHECK(measure_link(t, &link));
   rank0_failure failed = {FL_OK, ""};
   if (fl_comm_rank(t->world) == 0) {
     float host[n + 2];
