@@ -9,6 +9,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,7 @@
 
 
 
-static int built;
+static atomic_int built; /* the ranks are threads that build at once */
 
 static fl_status my_model(fl_model *m, uint32_t classes) {
   built++;
