@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "splitmix.h"
 #include "flint/gpu.h"
 #include "gpu/comm/backend.h"
 #include "gpu/comm/comm.h"
@@ -89,6 +90,16 @@ static int samples_for(size_t bytes, double scale) {
   int s = bytes <= (32u << 10) ? 41 : bytes <= (512u << 10) ? 21 : bytes <= (8u << 20) ? 11 : 7;
   s = (int)(s * scale);
   return s < 3 ? 3 : s > MAX_SAMPLES ? MAX_SAMPLES : s;
+}
+
+/* 0..NALGOS-1 in an order drawn from `seed` (Fisher-Yates). */
+static void shuffled_order(int order[NALGOS], uint64_t seed) {
+  for (int a = 0; a < NALGOS; a++) order[a] = a;
+  for (int a = NALGOS - 1; a > 0; a--) {
+    int j = (int)(splitmix(seed * NALGOS + (uint64_t)a) % (uint64_t)(a + 1));
+    int t = order[a];
+    order[a] = order[j], order[j] = t;
+  }
 }
 
 /* What a rank reports: its time for every sample of every (algo, size), the model's
@@ -149,24 +160,29 @@ static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, con
   }
   for (int a = 0; a < NALGOS; a++)
     for (int s = 0; s < nsizes; s++) rt->pred[a][s] = comm_predict_seconds(comm, algos[a], sizes[s]);
-  /* Algorithms interleaved per size, so that a slow spell of this shared machine hits them
-   * alike; one untimed pass over every size first warms the connections and the memory. */
+  /* Algorithms interleaved sample by sample, in a fresh order each round (the same on every
+   * rank: a shuffle seeded by the size and the sample), so that a slow spell of this shared
+   * machine, and whatever one algorithm leaves behind for the next (caches, ranks still
+   * waking up), fall on every row alike; one untimed pass over every size first warms the
+   * connections and the memory. */
+  for (int s = 0; s < nsizes; s++) rt->picked[s] = comm_pick_algo(comm, sizes[s]);
   for (int pass = 0; pass < 2; pass++)
-    for (int s = 0; s < nsizes; s++)
-      for (int a = 0; a < NALGOS; a++) {
-        if (algos[a] != FL_ALLREDUCE_AUTO && !comm_cost_applies(comm_cost_of(comm), algos[a])) continue;
-        if (fl_comm_set_allreduce_algo(comm, algos[a]) != FL_OK) goto done;
-        /* A view of the first n elements: the same memory at every size. */
-        fl_tensor view;
-        int64_t n = (int64_t)(sizes[s] / sizeof(float));
-        if (tensor_view(t, 0, 1, &n, &view) != FL_OK) {
-          fail_flint("tensor_view");
-          goto done;
-        }
-        int ns = pass == 0 ? 1 : samples_for(sizes[s], o->scale);
-        if (algos[a] == FL_ALLREDUCE_AUTO)
-          rt->picked[s] = comm_pick_algo(comm, sizes[s]);
-        for (int i = 0; i < ns; i++) {
+    for (int s = 0; s < nsizes; s++) {
+      /* A view of the first n elements: the same memory at every size. */
+      fl_tensor view;
+      int64_t n = (int64_t)(sizes[s] / sizeof(float));
+      if (tensor_view(t, 0, 1, &n, &view) != FL_OK) {
+        fail_flint("tensor_view");
+        goto done;
+      }
+      int ns = pass == 0 ? 1 : samples_for(sizes[s], o->scale);
+      for (int i = 0; i < ns; i++) {
+        int order[NALGOS];
+        shuffled_order(order, (uint64_t)s * MAX_SAMPLES + (uint64_t)i);
+        for (int k = 0; k < NALGOS; k++) {
+          int a = order[k];
+          if (algos[a] != FL_ALLREDUCE_AUTO && !comm_cost_applies(comm_cost_of(comm), algos[a])) continue;
+          if (fl_comm_set_allreduce_algo(comm, algos[a]) != FL_OK) goto done;
           if (fl_comm_barrier(comm) != FL_OK) {
             fail_flint("fl_comm_barrier");
             goto done;
@@ -179,6 +195,7 @@ static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, con
           if (pass == 1) rt->t[a][s][i] = now_s() - t0;
         }
       }
+    }
   rc = bench_write_all(out_fd, rt, sizeof *rt) == 0 ? 0 : 1;
 done:
   fl_tensor_destroy(t);
