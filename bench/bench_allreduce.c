@@ -35,6 +35,11 @@
  * two-rank ring does); it is printed for reference. Both baselines run before and after the
  * groups and keep the faster median.
  *
+ * --device cuda adds, after the cpu groups, the same sizes on cuda tensors at 2 and 4 ranks:
+ * the host backend (every rank on GPU 0, tensors staged through pinned host memory; AUTO's
+ * pick) beside NCCL (GPU r for rank r), as latency and busbw. NCCL needs a GPU per rank, so
+ * on a machine of one GPU its rows say so and only the host backend runs.
+ *
  * --bind pins rank r to CPU r mod the CPUs, as mpirun binds its ranks to cores by default
  * (without it, on a busy machine, two ranks often share one CPU and small messages then
  * cost a context switch each way).
@@ -80,7 +85,13 @@ typedef struct options {
   uint64_t min_bytes, max_bytes;
   double scale; /* sample counts x scale (--quick: fewer) */
   bool bind;    /* --bind: rank r on CPU r mod ncpu */
+  bool cuda;    /* --device cuda: cuda tensors too (host backend staged, and NCCL) */
 } options;
+
+/* What a group's ranks run on: the host backend over cpu tensors (every algorithm), the host
+ * backend over cuda tensors (every rank on GPU 0, staged through pinned memory; AUTO only),
+ * or NCCL (GPU r for rank r; it picks its own algorithm). */
+typedef enum backend { BACKEND_HOST_CPU, BACKEND_HOST_CUDA, BACKEND_NCCL } backend;
 
 static size_t sizes[MAX_SIZES];
 static int nsizes;
@@ -123,43 +134,69 @@ typedef struct group_result {
 
 /* ---- one rank (a child process) ---------------------------------------------------------- */
 
-static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, const char **addrs,
-                    int out_fd) {
+/* The rank's communicator: over the host mesh, or NCCL with the unique id that rank 0 made
+ * and wrote to id_fd once for every other rank. */
+static fl_status rank_comm(backend b, fl_comm_endpoint *ep, int rank, int p, const char **addrs, int id_fd,
+                           fl_device *dev, fl_comm **comm) {
+  if (b != BACKEND_NCCL) return fl_comm_host_create(ep, rank, p, addrs, 30000, comm);
+  fl_comm_endpoint_destroy(ep);
+  uint8_t id[FL_NCCL_ID_BYTES];
+  if (rank == 0) {
+    fl_status st = fl_comm_nccl_unique_id(id);
+    if (st != FL_OK) return st;
+    for (int r = 1; r < p; r++)
+      if (bench_write_all(id_fd, id, sizeof id) != 0) return fl_set_error(FL_EINTERNAL, "writing the NCCL id");
+  } else if (bench_read_all(id_fd, id, sizeof id) != 0) {
+    return fl_set_error(FL_EINTERNAL, "reading the NCCL id");
+  }
+  return fl_comm_nccl_create(dev, rank, p, id, comm);
+}
+
+static int run_rank(const options *o, backend b, fl_comm_endpoint *ep, int rank, int p, const char **addrs,
+                    int id_fd, int out_fd) {
   fl_comm *comm = NULL;
   fl_device *dev = NULL;
   fl_tensor *t = NULL;
   rank_times *rt = calloc(1, sizeof *rt);
   int rc = 1;
   if (!rt) return 1;
-  if (fl_comm_host_create(ep, rank, p, addrs, 30000, &comm) != FL_OK) {
-    fail_flint("fl_comm_host_create");
+  if (fl_device_open(b == BACKEND_HOST_CPU ? FL_DEVICE_CPU : FL_DEVICE_CUDA, b == BACKEND_NCCL ? rank : 0, &dev) !=
+      FL_OK) {
+    fail_flint("fl_device_open");
+    fl_comm_endpoint_destroy(ep);
     goto done;
   }
-  if (fl_device_open(FL_DEVICE_CPU, 0, &dev) != FL_OK) {
-    fail_flint("fl_device_open");
+  if (rank_comm(b, ep, rank, p, addrs, id_fd, dev, &comm) != FL_OK) {
+    fail_flint(b == BACKEND_NCCL ? "fl_comm_nccl_create" : "fl_comm_host_create");
     goto done;
   }
   rt->model = *comm_cost_of(comm);
   /* What calibration costs: once more, timed between barriers (the communicator keeps the
    * figures it formed with). */
-  comm_cost_model again;
-  if (fl_comm_barrier(comm) != FL_OK) {
-    fail_flint("fl_comm_barrier");
-    goto done;
+  if (b == BACKEND_HOST_CPU) {
+    comm_cost_model again;
+    if (fl_comm_barrier(comm) != FL_OK) {
+      fail_flint("fl_comm_barrier");
+      goto done;
+    }
+    double c0 = now_s();
+    if (comm_host_calibrate(comm->impl, &again) != FL_OK) {
+      fail_flint("comm_host_calibrate");
+      goto done;
+    }
+    rt->calibrate_s = now_s() - c0;
   }
-  double c0 = now_s();
-  if (comm_host_calibrate(comm->impl, &again) != FL_OK) {
-    fail_flint("comm_host_calibrate");
-    goto done;
-  }
-  rt->calibrate_s = now_s() - c0;
   int64_t maxn = (int64_t)(sizes[nsizes - 1] / sizeof(float));
   if (fl_tensor_create(dev, 1, &maxn, &t) != FL_OK) {
     fail_flint("fl_tensor_create");
     goto done;
   }
+  /* Cuda tensors time AUTO alone, and NCCL has no model. */
   for (int a = 0; a < NALGOS; a++)
-    for (int s = 0; s < nsizes; s++) rt->pred[a][s] = comm_predict_seconds(comm, algos[a], sizes[s]);
+    for (int s = 0; s < nsizes; s++)
+      rt->pred[a][s] = b == BACKEND_NCCL || (b == BACKEND_HOST_CUDA && algos[a] != FL_ALLREDUCE_AUTO)
+                           ? -1
+                           : comm_predict_seconds(comm, algos[a], sizes[s]);
   /* Algorithms interleaved sample by sample, in a fresh order each round (the same on every
    * rank: a shuffle seeded by the size and the sample), so that a slow spell of this shared
    * machine, and whatever one algorithm leaves behind for the next (caches, ranks still
@@ -181,7 +218,9 @@ static int run_rank(const options *o, fl_comm_endpoint *ep, int rank, int p, con
         shuffled_order(order, (uint64_t)s * MAX_SAMPLES + (uint64_t)i);
         for (int k = 0; k < NALGOS; k++) {
           int a = order[k];
-          if (algos[a] != FL_ALLREDUCE_AUTO && !comm_cost_applies(comm_cost_of(comm), algos[a])) continue;
+          if (algos[a] != FL_ALLREDUCE_AUTO &&
+              (b != BACKEND_HOST_CPU || !comm_cost_applies(comm_cost_of(comm), algos[a])))
+            continue;
           if (fl_comm_set_allreduce_algo(comm, algos[a]) != FL_OK) goto done;
           if (fl_comm_barrier(comm) != FL_OK) {
             fail_flint("fl_comm_barrier");
@@ -205,9 +244,11 @@ done:
   return rc;
 }
 
-/* Forks p ranks; fills g with the median over samples of the slowest rank. */
-static int run_group(const options *o, int p, group_result *g) {
+/* Forks p ranks on backend b; fills g with the median over samples of the slowest rank. */
+static int run_group(const options *o, backend b, int p, group_result *g) {
   if (p < 1 || p > 8) return 1;
+  int id_pipe[2];
+  if (pipe(id_pipe) != 0) return 1;
   fl_comm_endpoint *eps[8];
   char addr[8][96];
   const char *addrs[8];
@@ -237,11 +278,14 @@ static int run_group(const options *o, int p, group_result *g) {
       }
       for (int q = 0; q < p; q++)
         if (q != r) fl_comm_endpoint_destroy(eps[q]);
-      _exit(run_rank(o, eps[r], r, p, addrs, pp[1]));
+      close(r == 0 ? id_pipe[0] : id_pipe[1]);
+      _exit(run_rank(o, b, eps[r], r, p, addrs, r == 0 ? id_pipe[1] : id_pipe[0], pp[1]));
     }
     close(pp[1]);
     fds[r] = pp[0];
   }
+  close(id_pipe[0]);
+  close(id_pipe[1]);
   for (int r = 0; r < p; r++) fl_comm_endpoint_destroy(eps[r]);
   rank_times *all = calloc((size_t)p, sizeof *all);
   int rc = 0;
@@ -260,7 +304,7 @@ static int run_group(const options *o, int p, group_result *g) {
   for (int a = 0; a < NALGOS; a++)
     for (int s = 0; s < nsizes; s++) {
       g->pred[a][s] = all[0].pred[a][s];
-      if (algos[a] != FL_ALLREDUCE_AUTO && all[0].pred[a][s] < 0) {
+      if (algos[a] != FL_ALLREDUCE_AUTO && (b != BACKEND_HOST_CPU || all[0].pred[a][s] < 0)) {
         g->med[a][s] = -1; /* not run: does not apply */
         continue;
       }
@@ -279,6 +323,42 @@ static int run_group(const options *o, int p, group_result *g) {
   for (int r = 0; r < p; r++)
     if (all[r].calibrate_s > g->calibrate_s) g->calibrate_s = all[r].calibrate_s;
   free(all);
+  return 0;
+}
+
+/* ---- cuda tensors: the host backend beside NCCL ------------------------------------------ */
+
+typedef struct cuda_result {
+  group_result host, nccl;
+  bool have_nccl;
+  char note[160]; /* why NCCL did not run */
+} cuda_result;
+
+/* The GPUs this machine has, counted in a child: a parent that touched CUDA could not fork
+ * ranks that use it. */
+static int count_gpus(void) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = fl_cuda_device_count();
+    _exit(n < 0 ? 0 : n > 100 ? 100 : n);
+  }
+  int status;
+  if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status)) return 0;
+  return WEXITSTATUS(status);
+}
+
+/* For each rank count: the host backend over cuda tensors (every rank on GPU 0), and NCCL
+ * when there is a GPU per rank (NCCL refuses two ranks on one GPU). */
+static int run_cuda(const options *o, int gpus, const int ranks[2], cuda_result res[2]) {
+  for (int k = 0; k < 2; k++) {
+    if (run_group(o, BACKEND_HOST_CUDA, ranks[k], &res[k].host) != 0) return 1;
+    res[k].have_nccl = gpus >= ranks[k];
+    if (!res[k].have_nccl)
+      snprintf(res[k].note, sizeof res[k].note, "skipped: NCCL needs a GPU per rank, %d visible", gpus);
+    else if (run_group(o, BACKEND_NCCL, ranks[k], &res[k].nccl) != 0)
+      return 1;
+  }
   return 0;
 }
 
@@ -488,6 +568,37 @@ static int size_index(size_t b) {
   return -1;
 }
 
+static void print_cuda(const options *o, const int ranks[2], const cuda_result res[2]) {
+  for (int k = 0; k < 2; k++) {
+    int p = ranks[k];
+    const cuda_result *c = &res[k];
+    if (!o->json)
+      printf("\n%d ranks, cuda tensors, latency in us   %22s %10s %12s %12s\n", p, "host (staged) auto", "nccl",
+             "host busbw", "nccl busbw");
+    for (int s = 0; s < nsizes; s++) {
+      double host = c->host.med[AUTO_ROW][s], nccl = c->have_nccl ? c->nccl.med[AUTO_ROW][s] : -1;
+      double f = 2.0 * (p - 1) / p * (double)sizes[s] / 1e9;
+      if (o->json) {
+        printf("{\"bench\": \"allreduce_cuda\", \"ranks\": %d, \"bytes\": %zu, \"host_algorithm\": \"%s\", "
+               "\"host_us\": %.2f, \"host_busbw_gbps\": %.4f, \"nccl_us\": %.2f, \"nccl_busbw_gbps\": %.4f%s%s%s}\n",
+               p, sizes[s], fl_allreduce_algo_name((fl_allreduce_algo)c->host.picked[s]), host * 1e6, f / host,
+               nccl * 1e6, nccl > 0 ? f / nccl : 0, c->have_nccl ? "" : ", \"nccl_note\": \"", c->have_nccl ? "" : c->note,
+               c->have_nccl ? "" : "\"");
+        continue;
+      }
+      char n_lat[24] = "-", n_bus[24] = "-";
+      if (nccl > 0) {
+        snprintf(n_lat, sizeof n_lat, "%.1f", nccl * 1e6);
+        snprintf(n_bus, sizeof n_bus, "%.3f", f / nccl);
+      }
+      char h[48];
+      snprintf(h, sizeof h, "%.1f %s", host * 1e6, fl_allreduce_algo_name((fl_allreduce_algo)c->host.picked[s]));
+      printf("  %-8s %52s %10s %12.3f %12s\n", size_name(sizes[s]), h, n_lat, f / host, n_bus);
+    }
+    if (!o->json && !c->have_nccl) printf("  nccl: %s\n", c->note);
+  }
+}
+
 /* One target row, in the table or as JSON. */
 static void target_row(const options *o, const char *metric, double value, const char *target, bool met) {
   if (o->json) {
@@ -509,6 +620,9 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--quick") == 0) o.scale = 0.3;
     else if (strcmp(argv[i], "--bind") == 0) o.bind = true;
     else if (strcmp(argv[i], "--no-peers") == 0) peers = false;
+    else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc &&
+             (strcmp(argv[i + 1], "cpu") == 0 || strcmp(argv[i + 1], "cuda") == 0))
+      o.cuda = strcmp(argv[++i], "cuda") == 0;
     else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc &&
              parse_count(argv[i + 1], 1u << 30, &o.max_bytes) && o.max_bytes >= 8)
       i++;
@@ -517,7 +631,7 @@ int main(int argc, char **argv) {
       i++;
     else {
       fprintf(stderr, BENCH_NAME ": bad option '%s'\nusage: bench_allreduce [--json] [--quick] "
-              "[--no-peers] [--min-bytes N] [--max-bytes N] [--bind]\n", argv[i]);
+              "[--no-peers] [--min-bytes N] [--max-bytes N] [--bind] [--device cpu|cuda]\n", argv[i]);
       return 2;
     }
   }
@@ -527,6 +641,11 @@ int main(int argc, char **argv) {
     if (default_sizes[i] >= o.min_bytes && default_sizes[i] <= o.max_bytes) sizes[nsizes++] = default_sizes[i];
   if (nsizes == 0 || sizes[nsizes - 1] != o.max_bytes) sizes[nsizes++] = (size_t)o.max_bytes;
   int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  int gpus = o.cuda ? count_gpus() : 0;
+  if (o.cuda && gpus == 0) {
+    fprintf(stderr, BENCH_NAME ": --device cuda: no GPU is visible (or flint was built without CUDA)\n");
+    return 1;
+  }
 
   /* The baselines run before and after the groups; each keeps its faster median per size,
    * so a slow spell of this shared machine cannot flatter the ratio. */
@@ -537,7 +656,7 @@ int main(int argc, char **argv) {
   static double peer_med[2][NPEERS][MAX_SIZES];
   static char notes[2][NPEERS][600];
   for (int k = 0; k < 2; k++) {
-    if (run_group(&o, ranks[k], &res[k]) != 0) return 1;
+    if (run_group(&o, BACKEND_HOST_CPU, ranks[k], &res[k]) != 0) return 1;
     if (peers) {
       run_peers(&o, ranks[k], peer_med[k], notes[k]);
     } else {
@@ -547,6 +666,8 @@ int main(int argc, char **argv) {
       }
     }
   }
+  static cuda_result cuda_res[2];
+  if (o.cuda && run_cuda(&o, gpus, ranks, cuda_res) != 0) return 1;
   if (run_p2p(&o, false, p2p2) != 0 || run_p2p(&o, true, dup2) != 0) return 1;
   for (int s = 0; s < nsizes; s++) {
     if (p2p2[s] < p2p[s]) p2p[s] = p2p2[s];
@@ -561,11 +682,12 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
       const comm_cost_params *q = &res[k].model.params;
       printf("cost model, %d ranks (%s, %.2f ms to measure): same host alpha %.2f us; beta at 32 KB, 1 MB, "
-             "4 MB: %.2f, %.2f, %.2f GB/s; single-copy ring steps (%llu B..%s): %.2f, %.2f GB/s; gamma %.2f GB/s\n", ranks[k],
+             "4 MB: %.2f, %.2f, %.2f GB/s; single-copy ring steps (%llu B..%s): %.2f, %.2f GB/s; gamma at 4 MB, 32 MB: "
+             "%.2f, %.2f GB/s\n", ranks[k],
              q->calibrated ? "calibrated" : "defaults", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
              1e-9 / q->intra.beta[0], 1e-9 / q->intra.beta[1], 1e-9 / q->intra.beta[2],
              (unsigned long long)q->copy_min, copy_max_text(q->copy_max), 1e-9 / q->intra.beta_ring[1],
-             1e-9 / q->intra.beta_ring[2], 1e-9 / q->gamma);
+             1e-9 / q->intra.beta_ring[2], 1e-9 / q->gamma[0], 1e-9 / q->gamma[1]);
     }
     puts("");
     printf("%-5s %-26s %8s %12s %10s %8s %10s %10s\n", "ranks", "algorithm", "bytes", "latency_us",
@@ -591,13 +713,13 @@ int main(int argc, char **argv) {
       printf("{\"bench\": \"calibration\", \"ranks\": %d, \"calibrated\": %s, \"ms\": %.3f, "
              "\"intra_alpha_us\": %.3f, \"intra_beta_gbps\": [%.4f, %.4f, %.4f], "
              "\"intra_beta_ring_gbps\": [%.4f, %.4f, %.4f], \"beta_sizes\": [%.0f, %.0f, %.0f], "
-             "\"copy_min\": %llu, \"copy_max\": %.0f, \"inter_alpha_us\": %.3f, \"gamma_gbps\": %.4f}\n",
+             "\"copy_min\": %llu, \"copy_max\": %.0f, \"inter_alpha_us\": %.3f, \"gamma_gbps\": [%.4f, %.4f]}\n",
              ranks[k], q->calibrated ? "true" : "false", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
              1e-9 / q->intra.beta[0], 1e-9 / q->intra.beta[1], 1e-9 / q->intra.beta[2],
              1e-9 / q->intra.beta_ring[0], 1e-9 / q->intra.beta_ring[1], 1e-9 / q->intra.beta_ring[2],
              comm_cost_sizes[0], comm_cost_sizes[1], comm_cost_sizes[2], (unsigned long long)q->copy_min,
              q->copy_max == UINT64_MAX ? -1.0 : (double)q->copy_max,
-             q->inter.alpha * 1e6, 1e-9 / q->gamma);
+             q->inter.alpha * 1e6, 1e-9 / q->gamma[0], 1e-9 / q->gamma[1]);
     }
   }
   for (int k = 0; k < 2; k++) {
@@ -627,6 +749,7 @@ int main(int argc, char **argv) {
       }
   }
   if (!o.json && cores < 4) printf("* oversubscribed: 4 ranks on %d cores\n", cores);
+  if (o.cuda) print_cuda(&o, ranks, cuda_res);
 
   /* Beside the peers: auto and each peer per size. */
   for (int k = 0; k < 2; k++) {

@@ -32,6 +32,7 @@
  * sizes after it run on warm connections), so no barrier is needed between the steps.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -41,11 +42,16 @@
 #include "gpu/comm/host_algorithms.h"
 
 #define CAL_SMALL_BYTES 8
-#define CAL_SMALL_REPS 25
+/* Many small steps, back to back, so that alpha is what a chain of steps costs in the steady
+ * state: with more ranks than cores, a step often waits for its peer to be scheduled, and
+ * that wait belongs in alpha (a short burst measured 0.5-0.75 us where steady steps took
+ * 2.6 us at 4 ranks on 2 cores). */
+#define CAL_SMALL_REPS 64
+#define CAL_MAX_REPS CAL_SMALL_REPS
 #define CAL_WARM_BYTES (1u << 20)
 #define CAL_BIG_REPS 3
 /* Timed exchanges at each of comm_cost_sizes (32 KiB, 1 MiB, 4 MiB): fewer where they cost. */
-static const int cal_reps[COMM_COST_SIZES] = {9, 3, 2};
+static const int cal_reps[COMM_COST_SIZES] = {9, 3, 4};
 /* A ring whose single-copy threshold is above this keeps beta for its ring steps (its
  * steps of the measured sizes would not move by single copy). */
 #define CAL_RING_MAX_BYTES (4u << 20)
@@ -63,7 +69,7 @@ typedef struct cal_hello {
 #define CAL_FIGS (1 + 2 * COMM_COST_SIZES)
 typedef struct cal_record {
   double intra[CAL_FIGS], inter[CAL_FIGS];
-  double gamma;
+  double gamma[COMM_GAMMA_SIZES];
   double copy_min, copy_max; /* the same-host ring's single-copy range, min 0: none */
 } cal_record;
 
@@ -84,7 +90,7 @@ static double median(double *v, int n) {
  * communicator's life. */
 static fl_status time_exchange(comm_host *h, int next, int prev, uint8_t *sbuf, uint8_t *rbuf, size_t bytes,
                                int reps, bool ring, bool warm, double *out) {
-  double t[CAL_SMALL_REPS];
+  double t[CAL_MAX_REPS];
   for (int i = warm ? -1 : 0; i < reps; i++) {
     double t0 = common_now_s();
     fl_status st = ring ? comm_host_ring_step(h, next, sbuf, bytes, prev, rbuf, bytes)
@@ -93,7 +99,10 @@ static fl_status time_exchange(comm_host *h, int next, int prev, uint8_t *sbuf, 
     if (i >= 0) t[i] = common_now_s() - t0;
   }
   median(t, reps); /* sorts */
-  int keep = reps - (reps / 5 > 1 ? reps / 5 : 1);
+  /* Without the slowest fifth of a few large steps, the slowest sixteenth of many small
+   * ones: a stall, not the scheduling waits of the steady state. */
+  int drop = reps >= CAL_SMALL_REPS ? reps / 16 : reps / 5;
+  int keep = reps - (drop > 1 ? drop : 1);
   double sum = 0;
   for (int i = 0; i < keep; i++) sum += t[i];
   *out = sum / keep;
@@ -187,6 +196,35 @@ static int ring_members(const comm_host *h, bool hosts, int *members, int *count
   return idx;
 }
 
+/* Seconds per byte of comm_reduce_add over `bytes` of buf (2 x bytes, written already, so
+ * that no timed sum pays page faults): the median of CAL_BIG_REPS after one untimed. */
+static double time_sum(uint8_t *buf, size_t bytes) {
+  double t[CAL_BIG_REPS];
+  size_t n = bytes / sizeof(float);
+  for (int i = -1; i < CAL_BIG_REPS; i++) {
+    double t0 = common_now_s();
+    comm_reduce_add((float *)(buf + bytes), (const float *)buf, n);
+    if (i >= 0) t[i] = common_now_s() - t0;
+  }
+  return median(t, CAL_BIG_REPS) / (double)bytes;
+}
+
+/* gamma past the caches, measured once per process (the memory's speed does not change
+ * between communicators, and 2 x 32 MiB of fresh pages cost tens of milliseconds): the
+ * first calibration measures it, later ones and the other threads' ranks reuse it; -1 when
+ * out of memory. */
+static pthread_once_t memory_gamma_once = PTHREAD_ONCE_INIT;
+static double memory_gamma = -1;
+
+static void measure_memory_gamma(void) {
+  size_t bytes = (size_t)comm_gamma_sizes[COMM_GAMMA_SIZES - 1];
+  uint8_t *buf = common_malloc(2 * bytes);
+  if (!buf) return;
+  memset(buf, 0, 2 * bytes);
+  memory_gamma = time_sum(buf, bytes);
+  common_free(buf);
+}
+
 static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal_hello *hello) {
   int count, idx = ring_members(h, false, members, &count);
   /* Single copy on the host's ring when every step has it; the largest threshold. */
@@ -214,16 +252,13 @@ static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal
   if (count > 1) st = measure_ring(h, members, count, idx, s, r, thr, mine->intra, &mine->copy_min);
   idx = ring_members(h, true, members, &count);
   if (st == FL_OK && idx >= 0 && count > 1) st = measure_ring(h, members, count, idx, s, r, 0, mine->inter, NULL);
-  double t[CAL_BIG_REPS];
-  size_t n = cap / sizeof(float);
-  for (int i = -1; i < CAL_BIG_REPS && st == FL_OK; i++) {
-    double t0 = common_now_s();
-    comm_reduce_add((float *)r, (const float *)s, n);
-    if (i >= 0) t[i] = common_now_s() - t0;
-  }
-  if (st == FL_OK) mine->gamma = median(t, CAL_BIG_REPS) / (double)cap;
+  /* gamma in the caches over the same buffers (cap is comm_gamma_sizes[0]). */
+  if (st == FL_OK) mine->gamma[0] = time_sum(s, cap);
   common_free(s);
-  return st;
+  if (st != FL_OK) return st;
+  pthread_once(&memory_gamma_once, measure_memory_gamma);
+  mine->gamma[1] = memory_gamma;
+  return FL_OK;
 }
 
 fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
@@ -272,7 +307,9 @@ fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {
     q->intra.beta[i] = intra[1 + i], q->intra.beta_ring[i] = intra[1 + COMM_COST_SIZES + i];
     q->inter.beta[i] = inter[1 + i], q->inter.beta_ring[i] = inter[1 + COMM_COST_SIZES + i];
   }
-  q->gamma = combine(all, h->size, offsetof(cal_record, gamma), q->gamma);
+  q->gamma[0] = combine(all, h->size, offsetof(cal_record, gamma), q->gamma[0]);
+  /* No rank could measure past the caches: no penalty there rather than a guessed one. */
+  q->gamma[1] = combine(all, h->size, offsetof(cal_record, gamma) + sizeof(double), q->gamma[0]);
   q->copy_min = 0, q->copy_max = UINT64_MAX;
   for (int r = 0; r < h->size; r++) {
     if (all[r].copy_min < 0) continue; /* no same-host partner */

@@ -22,6 +22,7 @@
 #define COST_TREE_CHUNK (256.0 * 1024.0)
 
 const double comm_cost_sizes[COMM_COST_SIZES] = {32.0 * 1024, 1024.0 * 1024, 4096.0 * 1024};
+const double comm_gamma_sizes[COMM_GAMMA_SIZES] = {4096.0 * 1024, 32768.0 * 1024};
 
 static comm_link flat_link(double alpha, double bytes_per_s) {
   comm_link l = {.alpha = alpha};
@@ -35,21 +36,30 @@ void comm_cost_defaults(comm_cost_params *out) {
   *out = (comm_cost_params){
       .intra = flat_link(5e-6, 2e9),
       .inter = flat_link(30e-6, 1.1e9),
-      .gamma = 1.0 / 8e9,
+      .gamma = {1.0 / 8e9, 1.0 / 4e9},
       .copy_min = 0,
       .copy_max = UINT64_MAX,
       .calibrated = false,
   };
 }
 
-double comm_link_beta(const double beta[COMM_COST_SIZES], double bytes) {
-  if (bytes <= comm_cost_sizes[0]) return beta[0];
-  for (int i = 1; i < COMM_COST_SIZES; i++)
-    if (bytes <= comm_cost_sizes[i]) {
-      double f = log2(bytes / comm_cost_sizes[i - 1]) / log2(comm_cost_sizes[i] / comm_cost_sizes[i - 1]);
-      return beta[i - 1] + f * (beta[i] - beta[i - 1]);
+/* v measured at sizes[0..k-1], interpolated on log2 of `bytes`; the end values outside. */
+static double interpolate(const double *sizes, const double *v, int k, double bytes) {
+  if (bytes <= sizes[0]) return v[0];
+  for (int i = 1; i < k; i++)
+    if (bytes <= sizes[i]) {
+      double f = log2(bytes / sizes[i - 1]) / log2(sizes[i] / sizes[i - 1]);
+      return v[i - 1] + f * (v[i] - v[i - 1]);
     }
-  return beta[COMM_COST_SIZES - 1];
+  return v[k - 1];
+}
+
+double comm_link_beta(const double beta[COMM_COST_SIZES], double bytes) {
+  return interpolate(comm_cost_sizes, beta, COMM_COST_SIZES, bytes);
+}
+
+double comm_cost_gamma(const comm_cost_params *q, double bytes) {
+  return interpolate(comm_gamma_sizes, q->gamma, COMM_GAMMA_SIZES, bytes);
 }
 
 void comm_cost_model_init(comm_cost_model *m, int size) {
@@ -79,7 +89,7 @@ static comm_link link_max(comm_link a, comm_link b) {
 }
 
 /* What every algorithm's function gets: the ranks, the link its steps cross with beta for
- * this message's size, gamma, and the single-copy threshold of ring steps. */
+ * this message's size, gamma for it, and the single-copy threshold of ring steps. */
 typedef struct cost_in {
   int p;
   double alpha, beta, beta_ring;
@@ -87,8 +97,10 @@ typedef struct cost_in {
   uint64_t copy_min, copy_max; /* copy_min 0: no single copy */
 } cost_in;
 
-static cost_in cost_for(int p, const comm_link *l, double gamma, uint64_t copy_min, uint64_t copy_max, double n) {
-  return (cost_in){p, l->alpha, comm_link_beta(l->beta, n), comm_link_beta(l->beta_ring, n), gamma, copy_min, copy_max};
+static cost_in cost_for(int p, const comm_link *l, const comm_cost_params *q, uint64_t copy_min, uint64_t copy_max,
+                        double n) {
+  return (cost_in){p, l->alpha, comm_link_beta(l->beta, n), comm_link_beta(l->beta_ring, n), comm_cost_gamma(q, n),
+                   copy_min, copy_max};
 }
 
 /* ring: 2(p-1) steps of a block n/p; each rank sends and receives 2(p-1)/p n and sums
@@ -191,8 +203,8 @@ static const struct {
 #define COST_HIER_RING_MIN_BYTES (256.0 * 1024.0)
 static double cost_hierarchical(const comm_cost_model *m, double n) {
   const comm_cost_params *q = &m->params;
-  cost_in local = cost_for(m->shape.max_local, &q->intra, q->gamma, q->copy_min, q->copy_max, n);
-  cost_in across = cost_for(m->shape.nhosts, &q->inter, q->gamma, 0, 0, n);
+  cost_in local = cost_for(m->shape.max_local, &q->intra, q, q->copy_min, q->copy_max, n);
+  cost_in across = cost_for(m->shape.nhosts, &q->inter, q, 0, 0, n);
   bool ring = across.p == 2 || n >= COST_HIER_RING_MIN_BYTES;
   return (local.p > 1 ? cost_tree(&local, n) : 0) + (ring ? cost_ring(&across, n) : cost_tree(&across, n));
 }
@@ -208,7 +220,7 @@ double comm_cost_predict(const comm_cost_model *m, fl_allreduce_algo algo, size_
   if (algo == FL_ALLREDUCE_HIERARCHICAL) return cost_hierarchical(m, (double)bytes);
   const comm_cost_params *q = &m->params;
   comm_link l = m->shape.nhosts > 1 ? link_max(q->intra, q->inter) : q->intra;
-  cost_in c = cost_for(m->shape.size, &l, q->gamma, m->shape.nhosts > 1 ? 0 : q->copy_min, q->copy_max, (double)bytes);
+  cost_in c = cost_for(m->shape.size, &l, q, m->shape.nhosts > 1 ? 0 : q->copy_min, q->copy_max, (double)bytes);
   for (int i = 0; i < COST_TABLE_LEN; i++)
     if (cost_table[i].algo == algo) return cost_table[i].cost(&c, (double)bytes);
   FL_ASSERT(!"every algorithm has a cost");

@@ -38,13 +38,23 @@ typedef struct comm_link {
  * log2 of the size, the end values outside them. */
 double comm_link_beta(const double beta[COMM_COST_SIZES], double bytes);
 
+/* The vector sizes at which gamma is measured: in the caches, and past them (where a sum
+ * reads and writes memory: 4-5x slower per byte on the 2-core machine). Between them gamma
+ * is interpolated on log2 of the size, the end values outside them. */
+#define COMM_GAMMA_SIZES 2
+extern const double comm_gamma_sizes[COMM_GAMMA_SIZES];
+
 typedef struct comm_cost_params {
   comm_link intra, inter; /* ranks on one host; ranks on different hosts */
-  double gamma;           /* seconds per byte reduced (dst += src over fp32) */
+  double gamma[COMM_GAMMA_SIZES]; /* seconds per byte reduced (dst += src over fp32) at each
+                                   * of comm_gamma_sizes */
   uint64_t copy_min;      /* ring steps of copy_min..copy_max bytes cost beta_ring; 0: none */
   uint64_t copy_max;      /* UINT64_MAX: no limit */
   bool calibrated;        /* measured (false: comm_cost_defaults) */
 } comm_cost_params;
+
+/* gamma for summing vectors of `bytes`, interpolated the same way. */
+double comm_cost_gamma(const comm_cost_params *q, double bytes);
 
 /* Where the ranks are: the model needs the count, the hosts and the most ranks on one host
  * (hierarchical). Every rank of a group computes the same shape. */
