@@ -11,23 +11,25 @@
  *   2. The same-host ring: the ranks of each host, in rank order, time steps of a ring
  *      among them (send to the next, receive from the previous, all at once, as the
  *      algorithms' steps run; with 2 ranks a pair's exchange): small ones (alpha: the mean
- *      of CAL_SMALL_REPS but the slowest fifth), then exchanges of 32 KiB, 1 MiB and 4 MiB
+ *      of CAL_SMALL_REPS but the slowest sixteenth), then exchanges of 32 KiB, 1 MiB and 4 MiB
  *      (beta at each: (mean - alpha) / bytes) and, when every step of the host's ring moves
  *      by a single copy (from the hellos, so that every member decides alike), ring steps of
  *      1 and 4 MiB (beta_ring). A ring rather than pairs, because with more ranks than cores
  *      a step waits on a chain of ranks to be scheduled, which pairs would not see.
  *   3. The other-host ring: the lowest rank of every host, the same way (no single copy).
- *   4. gamma: every rank times comm_reduce_add over 4 MiB.
+ *   4. gamma: every rank times comm_reduce_add over 4 MiB, and once per process over
+ *      32 MiB (past the caches).
  * Then an allgather of every rank's figures, and each rank combines them alike (the median
  * over the ranks that measured; single copy only when every host has it): identical inputs
  * and code give identical parameters on every rank, which AUTO needs, since ranks that
  * picked different algorithms would deadlock.
  *
  * Cost: two allgathers of a few bytes, then per link class one untimed step of 1 MiB (it
- * faults in a shared-memory ring's pages), 26 small steps, 9 of 32 KiB, 3 of 1 MiB and 2 of
- * 4 MiB (and 4 + 2 ring steps with single copy): about 10 ms for 2 ranks on the idle 2-core
- * machine, 25-40 ms for 4 (bench_allreduce prints it), mostly the 4 MiB exchanges, which a
- * model of large messages needs (the cost per byte rises past the caches). Each rank waits
+ * faults in a shared-memory ring's pages), 65 small steps, 9 of 32 KiB, 3 of 1 MiB and 4 of
+ * 4 MiB (and 4 + 4 ring steps with single copy), and the sums: about 10 ms for 2 ranks on the
+ * idle 2-core machine, 25-40 ms for 4 (bench_allreduce prints it), mostly the 4 MiB
+ * exchanges, which a model of large messages needs (the cost per byte rises past the
+ * caches); the first communicator of a process adds the 32 MiB sums. Each rank waits
  * on its ring neighbours only (the first, untimed, step absorbs the skew of arrival; the
  * sizes after it run on warm connections), so no barrier is needed between the steps.
  */
