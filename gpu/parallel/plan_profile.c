@@ -81,6 +81,14 @@ static double unit_comm(const plan_profile *pr, const plan_unit *u, int t, doubl
   return u->tp_allreduces * comm_cost_predict_allreduce(pr->comm, t, (size_t)(rows * u->out_row_bytes));
 }
 
+/* The compute in a measured wall time that includes allreduces predicted at `comm`: the
+ * rest, but never less than a tenth of the wall. A prediction that leaves nothing is too
+ * high (a loaded machine's calibration, small messages), and a unit's math is never free:
+ * with nothing left, the fit lost the unit's whole cost and the plan took it for free. */
+static double compute_of(double wall, double comm) {
+  return fmax(0.1 * wall, wall - comm);
+}
+
 /* Line through (lo, a) and (hi, b), kept >= 0 in both terms. */
 static plan_cost fit(double lo, double a, double hi, double b) {
   if (hi <= lo) return (plan_cost){0, a / lo};
@@ -179,8 +187,8 @@ static fl_status time_unit(prof_rank *me, fl_device *dev, fl_comm *comm, int u) 
     double share = cores > 0 && g->size > cores ? cores / g->size : 1;
     for (int ri = 0; ri < g->nrows; ri++) {
       double comm = unit_comm(g->out, pu, g->size, g->rows[ri]);
-      pu->fwd_at[g->k][ri] = fmax(0, g->wall[ri][0] - comm) * share;
-      pu->bwd_at[g->k][ri] = fmax(0, g->wall[ri][1] - comm) * share;
+      pu->fwd_at[g->k][ri] = compute_of(g->wall[ri][0], comm) * share;
+      pu->bwd_at[g->k][ri] = compute_of(g->wall[ri][1], comm) * share;
     }
     int last = g->nrows - 1;
     pu->fwd[g->k] = fit(g->rows[0], pu->fwd_at[g->k][0], g->rows[last], pu->fwd_at[g->k][last]);
