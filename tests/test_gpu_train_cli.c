@@ -212,6 +212,9 @@ static void test_bad_transformer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", TFM, "--resume", "x.ckpt"), "--resume is for the data-parallel models");
   expect_usage_error(RUN_FLINT("train", BASE, "--sequence-parallel"), "are for --model transformer");
   expect_usage_error(RUN_FLINT("train", TFM, "--sequence-parallel"), "--sequence-parallel splits the sequence");
+  expect_usage_error(RUN_FLINT("train", TFM, "--tp", "8", "--heads", "8", "--batch", "256", "--sequence-parallel"),
+                     "--sequence-parallel needs the sequence to be a multiple of --tp 8, but the encoder's is 28 "
+                     "tokens (an image's rows: channels x height = 1 x 28)");
   expect_usage_error(RUN_FLINT("train", TFM, "--recompute", "sometimes"), "unexpected argument 'sometimes'");
   expect_usage_error(RUN_FLINT("train", "--model", "gpt", "--data", "fashion-mnist"),
                      "--model gpt trains on --data text:PATH");
@@ -557,6 +560,13 @@ static void test_file_data(void **state) {
   assert_int_equal(r->status, 0);
   assert_non_null(strstr(r->out, "training cnn on idx"));
   free(r);
+  /* The encoder's sequence is the images' rows, known once the files are read: 8, which
+   * --sequence-parallel cannot split over --tp 3; refused before any rank starts. */
+  expect_failure(RUN_FLINT("train", "--model", "transformer", "--data", idx, "--test-data", idx, "--tp", "3",
+                           "--heads", "3", "--hidden", "48", "--batch", "48", "--sequence-parallel", "--quiet",
+                           "--csv", "/dev/null", "--svg", "/dev/null", "--master", "local[2]"),
+                 "--sequence-parallel needs the sequence to be a multiple of --tp 3, but the encoder's is 8 tokens "
+                 "(an image's rows: channels x height = 1 x 8)");
   unlink(images), unlink(labels);
 #undef ROWS_RUN
   unlink(train), unlink(test), unlink(csv_train), unlink(csv_test), unlink(bad);
