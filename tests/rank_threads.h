@@ -109,4 +109,28 @@ static inline void group_destroy(group *g) {
   }
 }
 
+/* ---- groups kept for a whole test program, one per size -------------------------------- */
+
+/* Connecting a group costs more than most runs on it: a program's tests share one a size,
+ * made on first use and destroyed by its teardown. */
+typedef struct group_cache {
+  group of[MAX_RANKS + 1];
+  bool made[MAX_RANKS + 1];
+} group_cache;
+
+static inline group *group_cache_get(group_cache *c, int size) {
+  assert_true(size >= 1 && size <= MAX_RANKS);
+  if (!c->made[size]) {
+    group_create(&c->of[size], size);
+    c->made[size] = true;
+  }
+  return &c->of[size];
+}
+
+static inline void group_cache_destroy(group_cache *c) {
+  for (int i = 0; i <= MAX_RANKS; i++)
+    if (c->made[i]) group_destroy(&c->of[i]);
+  memset(c, 0, sizeof *c);
+}
+
 #endif /* FLINT_TEST_RANK_THREADS_H */

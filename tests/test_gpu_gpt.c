@@ -20,6 +20,7 @@
 #include <math.h>
 
 #include "rank_threads.h"
+#include "kept_params.h"
 
 #include "gpu/device/device.h"
 #include "gpu/parallel/pipeline.h"
@@ -229,14 +230,6 @@ static void test_gradients_by_finite_differences(void **state) {
 
 /* ---- the hybrid trainer against one rank ------------------------------------------------- */
 
-typedef struct kept_param {
-  char name[96];
-  tfm_param_place place;
-  int64_t lrows, lcols;
-  float *data;
-  size_t n;
-} kept_param;
-
 typedef struct run_spec {
   pp_options o;
   const float *x;     /* the global batch (NULL: the text's xs and ys) */
@@ -249,32 +242,6 @@ typedef struct run_spec {
   kept_param *kept[MAX_RANKS];
   size_t nkept[MAX_RANKS];
 } run_spec;
-
-static fl_status keep_params(pp_trainer *t, bool values, kept_param **out, size_t *nout) {
-  size_t total = 0;
-  for (int c = 0; c < pp_trainer_num_chunks(t); c++) total += tfm_chunk_param_count(pp_trainer_chunk(t, c));
-  kept_param *k = calloc(total ? total : 1, sizeof *k);
-  if (!k) return FL_ENOMEM;
-  size_t n = 0;
-  for (int c = 0; c < pp_trainer_num_chunks(t); c++) {
-    tfm_chunk *ch = pp_trainer_chunk(t, c);
-    for (size_t i = 0; i < tfm_chunk_param_count(ch); i++, n++) {
-      nn_param *p = tfm_chunk_param(ch, i);
-      kept_param *q = &k[n];
-      snprintf(q->name, sizeof q->name, "%s", p->name);
-      q->place = tfm_chunk_param_place(ch, i);
-      q->lcols = p->value.ndim == 2 ? p->value.shape[1] : p->value.shape[0];
-      q->lrows = (int64_t)p->value.numel / q->lcols;
-      q->n = p->value.numel;
-      q->data = malloc(q->n * sizeof(float));
-      if (!q->data) return FL_ENOMEM;
-      memcpy(q->data, (values ? p->value.data : p->grad.data), q->n * sizeof(float));
-    }
-  }
-  *out = k;
-  *nout = n;
-  return FL_OK;
-}
 
 static fl_status trainer_rank(rank_job *job) {
   run_spec *rs = job->arg;
@@ -297,30 +264,22 @@ static fl_status trainer_rank(rank_job *job) {
     }
     if (s == FL_OK && rs->steps) s = pp_trainer_apply(t, rs->lr, &st);
   }
-  if (s == FL_OK) s = keep_params(t, rs->steps > 0, &rs->kept[job->rank], &rs->nkept[job->rank]);
+  if (s == FL_OK) s = kept_take(t, rs->steps > 0, &rs->kept[job->rank], &rs->nkept[job->rank]);
   pp_trainer_destroy(t);
   return s;
 }
 
 static void run_free(run_spec *rs, int ranks) {
   for (int r = 0; r < ranks; r++) {
-    for (size_t i = 0; i < rs->nkept[r]; i++) free(rs->kept[r][i].data);
-    free(rs->kept[r]);
+    kept_free(rs->kept[r], rs->nkept[r]);
     rs->kept[r] = NULL;
     rs->nkept[r] = 0;
   }
 }
 
-static group world_of[MAX_RANKS + 1];
-static bool world_made[MAX_RANKS + 1];
+static group_cache worlds;
 
-static group *world(int size) {
-  if (!world_made[size]) {
-    group_create(&world_of[size], size);
-    world_made[size] = true;
-  }
-  return &world_of[size];
-}
+static group *world(int size) { return group_cache_get(&worlds, size); }
 
 static void run_on(int ranks, run_spec *rs) {
   rank_job jobs[MAX_RANKS];
@@ -329,38 +288,10 @@ static void run_on(int ranks, run_spec *rs) {
   expect_all_ok(g->size, jobs);
 }
 
-static const kept_param *find_param(const run_spec *ref, const char *name) {
-  for (size_t i = 0; i < ref->nkept[0]; i++)
-    if (strcmp(ref->kept[0][i].name, name) == 0) return &ref->kept[0][i];
-  return NULL;
-}
-
-/* The largest difference of any shard from the slice of the single rank's tensor, relative to
- * that tensor's largest magnitude (floored at a hundredth of the model's largest, as
- * test_gpu_pipeline does: sums that cancel carry their terms' rounding). */
+/* The largest difference of any shard from its slice of the single rank's tensor
+ * (kept_worst_difference, floored as test_gpu_pipeline's). */
 static double worst_difference(const run_spec *ref, const run_spec *rs, int ranks, const char *what) {
-  double worst = 0, floor_scale = 0;
-  for (size_t i = 0; i < ref->nkept[0]; i++)
-    for (size_t j = 0; j < ref->kept[0][i].n; j++) floor_scale = fmax(floor_scale, fabs(ref->kept[0][i].data[j]));
-  floor_scale *= 1e-2;
-  size_t covered = 0;
-  for (int r = 0; r < ranks; r++)
-    for (size_t i = 0; i < rs->nkept[r]; i++, covered++) {
-      const kept_param *k = &rs->kept[r][i], *w = find_param(ref, k->name);
-      if (!w) fail_msg("%s: rank %d holds '%s', which the single rank does not", what, r, k->name);
-      double scale = floor_scale, diff = 0;
-      for (size_t j = 0; j < w->n; j++) scale = fmax(scale, fabs(w->data[j]));
-      for (int64_t a = 0; a < k->lrows; a++)
-        for (int64_t b = 0; b < k->lcols; b++) {
-          double want = w->data[(k->place.row0 + a) * k->place.cols + k->place.col0 + b];
-          diff = fmax(diff, fabs(k->data[a * k->lcols + b] - want));
-        }
-      double rel = scale > 0 ? diff / scale : diff;
-      worst = fmax(worst, rel);
-      if (rel > 1e-5) fprintf(stderr, "  %s: rank %d '%s' differs by %.3g of %.3g\n", what, r, k->name, rel, scale);
-    }
-  assert_true(covered >= ref->nkept[0]);
-  return worst;
+  return kept_worst_difference(rs->kept, rs->nkept, ranks, ref->kept[0], ref->nkept[0], 1e-5, what, NULL);
 }
 
 static const int bounds_pp2[] = {0, 2, 4};
@@ -670,8 +601,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  for (int i = 0; i <= MAX_RANKS; i++)
-    if (world_made[i]) group_destroy(&world_of[i]);
+  group_cache_destroy(&worlds);
   fl_device_close(cpu);
   return 0;
 }

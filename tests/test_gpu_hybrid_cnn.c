@@ -331,14 +331,16 @@ static void test_bytes_at_alexnet_scale(void **state) {
 
 typedef struct bad_cfg {
   hcnn_spec spec;
+  hcnn_mode mode;
   int b;
+  int bad_rank; /* the rank whose second label is bad_label */
   int32_t bad_label;
   fl_status got[MAX_RANKS];
   char msg[MAX_RANKS][256];
 } bad_cfg;
 
-/* Every rank gets a batch with one label out of range on rank 0 only: all of them fail
- * alike, naming it, and none hangs (the labels are checked after their all-gather). */
+/* Every rank gets a batch with one label out of range on bad_rank only: all of them fail
+ * alike, naming it, and none waits for the others (the ranks agree on the check). */
 static fl_status bad_label_rank(rank_job *job) {
   bad_cfg *cfg = job->arg;
   fl_device *d = NULL;
@@ -347,9 +349,9 @@ static fl_status bad_label_rank(rank_job *job) {
   size_t img = image_floats(&cfg->spec);
   float *x = calloc((size_t)cfg->b * img, sizeof *x);
   int32_t labels[4] = {0, 1, 2, 3};
-  if (job->rank == 0) labels[1] = cfg->bad_label;
+  if (job->rank == cfg->bad_rank) labels[1] = cfg->bad_label;
   FL_CHECK(x ? fl_device_open(FL_DEVICE_CPU, 0, &d) : FL_ENOMEM);
-  FL_CHECK(hcnn_create(d, job->comm, &cfg->spec, HCNN_TRICK, NULL, &h));
+  FL_CHECK(hcnn_create(d, job->comm, &cfg->spec, cfg->mode, NULL, &h));
   cfg->got[job->rank] = hcnn_compute_gradients(h, x, labels, cfg->b, NULL);
   snprintf(cfg->msg[job->rank], sizeof cfg->msg[job->rank], "%s", fl_last_error());
   /* The trainer is still usable. */
@@ -428,6 +430,33 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(cfg.got[r], FL_EINVAL);
     assert_non_null(strstr(cfg.msg[r], "label -1 of example 1 (rank 0's 1)"));
   }
+  /* In data parallelism no rank sees the others' labels: rank 1's bad one still fails
+   * every rank at once (a short collective timeout: a rank left waiting in the next
+   * collective would fail with it instead, or, once the others move on, mismatch steps). */
+  setenv("FLINT_COMM_TIMEOUT_MS", "3000", 1);
+  static const int32_t bad_labels[] = {7, INT32_MIN, 16777217};
+  for (size_t i = 0; i < sizeof bad_labels / sizeof *bad_labels; i++) {
+    for (int mode = HCNN_TRICK; mode <= HCNN_DATA_PARALLEL; mode++) {
+      cfg = (bad_cfg){.spec = small_spec(), .mode = (hcnn_mode)mode, .b = 4, .bad_rank = 1,
+                      .bad_label = bad_labels[i]};
+      group_listen(&g, 2);
+      group_connect(&g, jobs);
+      expect_all_ok(2, jobs);
+      run_ranks(2, g.comms, bad_label_rank, &cfg, jobs);
+      expect_all_ok(2, jobs);
+      group_destroy(&g);
+      char want[96];
+      snprintf(want, sizeof want, "label %d of example 5 (rank 1's 1) is outside [0, 5)", (int)bad_labels[i]);
+      for (int r = 0; r < 2; r++) {
+        if (cfg.got[r] != FL_EINVAL || !strstr(cfg.msg[r], want))
+          fprintf(stderr, "%s, rank %d: %s: %s\n", hcnn_mode_name((hcnn_mode)mode), r,
+                  fl_status_name(cfg.got[r]), cfg.msg[r]);
+        assert_int_equal(cfg.got[r], FL_EINVAL);
+        assert_non_null(strstr(cfg.msg[r], want));
+      }
+    }
+  }
+  unsetenv("FLINT_COMM_TIMEOUT_MS");
   /* K must divide the FC widths when the trainer is made on a group. */
   cfg = (bad_cfg){.spec = small_spec(), .b = 4, .bad_label = 0};
   cfg.spec.fc[0] = 15;

@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "rank_threads.h"
+#include "kept_params.h"
 
 #include "gpu/device/device.h"
 #include "gpu/parallel/pipeline.h"
@@ -56,14 +57,6 @@ static void make_batch(void) {
 
 /* ---- one run of the trainer on every rank ------------------------------------------------ */
 
-typedef struct kept_param {
-  char name[96];
-  tfm_param_place place;
-  int64_t lrows, lcols; /* the shard's shape (vectors: one row) */
-  float *data;
-  size_t n;
-} kept_param;
-
 typedef struct run_spec {
   pp_options o;
   int global_batch;
@@ -72,32 +65,6 @@ typedef struct run_spec {
   kept_param *kept[MAX_RANKS];
   size_t nkept[MAX_RANKS];
 } run_spec;
-
-static fl_status keep_params(pp_trainer *t, bool values, kept_param **out, size_t *nout) {
-  size_t total = 0;
-  for (int c = 0; c < pp_trainer_num_chunks(t); c++) total += tfm_chunk_param_count(pp_trainer_chunk(t, c));
-  kept_param *k = calloc(total ? total : 1, sizeof *k);
-  if (!k) return FL_ENOMEM;
-  *out = k;
-  *nout = total;
-  size_t i = 0;
-  for (int c = 0; c < pp_trainer_num_chunks(t); c++) {
-    tfm_chunk *ch = pp_trainer_chunk(t, c);
-    for (size_t p = 0; p < tfm_chunk_param_count(ch); p++, i++) {
-      nn_param *np = tfm_chunk_param(ch, p);
-      const fl_tensor *src = values ? &np->value : &np->grad;
-      snprintf(k[i].name, sizeof k[i].name, "%s", np->name);
-      k[i].place = tfm_chunk_param_place(ch, p);
-      k[i].n = src->numel;
-      k[i].lrows = src->ndim == 1 ? 1 : src->shape[0];
-      k[i].lcols = (int64_t)src->numel / k[i].lrows;
-      k[i].data = malloc(src->numel * sizeof(float));
-      if (!k[i].data) return FL_ENOMEM;
-      memcpy(k[i].data, src->data, src->numel * sizeof(float));
-    }
-  }
-  return FL_OK;
-}
 
 static fl_status trainer_rank(rank_job *job) {
   run_spec *rs = job->arg;
@@ -120,30 +87,22 @@ static fl_status trainer_rank(rank_job *job) {
     }
     if (s == FL_OK && rs->steps) s = pp_trainer_apply(t, 0.1f, &st);
   }
-  if (s == FL_OK) s = keep_params(t, rs->steps > 0, &rs->kept[job->rank], &rs->nkept[job->rank]);
+  if (s == FL_OK) s = kept_take(t, rs->steps > 0, &rs->kept[job->rank], &rs->nkept[job->rank]);
   pp_trainer_destroy(t);
   return s;
 }
 
 static void run_free(run_spec *rs, int ranks) {
   for (int r = 0; r < ranks; r++) {
-    for (size_t i = 0; i < rs->nkept[r]; i++) free(rs->kept[r][i].data);
-    free(rs->kept[r]);
+    kept_free(rs->kept[r], rs->nkept[r]);
     rs->kept[r] = NULL;
     rs->nkept[r] = 0;
   }
 }
 
-static group world_of[MAX_RANKS + 1];
-static bool world_made[MAX_RANKS + 1];
+static group_cache worlds;
 
-static group *world(int size) {
-  if (!world_made[size]) {
-    group_create(&world_of[size], size);
-    world_made[size] = true;
-  }
-  return &world_of[size];
-}
+static group *world(int size) { return group_cache_get(&worlds, size); }
 
 static void run_on(int ranks, run_spec *rs) {
   rank_job jobs[MAX_RANKS];
@@ -153,47 +112,22 @@ static void run_on(int ranks, run_spec *rs) {
 
 /* ---- comparing with the single rank ------------------------------------------------------- */
 
-static const kept_param *find_param(const run_spec *ref, const char *name) {
-  for (size_t i = 0; i < ref->nkept[0]; i++)
-    if (strcmp(ref->kept[0][i].name, name) == 0) return &ref->kept[0][i];
-  return NULL;
-}
-
 /* The largest difference of any rank's parameter from the reference's, relative to the
  * reference parameter's largest magnitude (at least a hundredth of the model's largest, as
  * test_gpu_pipeline.c: a sum that cancels to near zero carries its terms' rounding). Every
  * reference parameter, each expert included, must be held by some rank, and no expert by
  * two ranks of one tensor-parallel index. */
 static double worst_difference(const run_spec *ref, const run_spec *rs, int ranks, int tp, const char *what) {
-  double worst = 0, floor_scale = 0;
-  for (size_t i = 0; i < ref->nkept[0]; i++)
-    for (size_t j = 0; j < ref->kept[0][i].n; j++) floor_scale = fmax(floor_scale, fabs(ref->kept[0][i].data[j]));
-  floor_scale *= 1e-2;
   int *held = calloc(ref->nkept[0], sizeof *held);
   assert_non_null(held);
-  for (int r = 0; r < ranks; r++) {
+  double worst = kept_worst_difference(rs->kept, rs->nkept, ranks, ref->kept[0], ref->nkept[0], 1e-6, what, held);
+  for (int r = 0; r < ranks; r++)
     for (size_t i = 0; i < rs->nkept[r]; i++) {
-      const kept_param *k = &rs->kept[r][i], *w = find_param(ref, k->name);
-      if (!w) fail_msg("%s: rank %d holds '%s', which the single rank does not", what, r, k->name);
-      held[w - ref->kept[0]]++;
+      const kept_param *k = &rs->kept[r][i];
       assert_true(k->place.replicated || tp > 1);
       if (k->place.expert != (strstr(k->name, ".experts.") != NULL))
         fail_msg("%s: '%s' is%s marked an expert's", what, k->name, k->place.expert ? "" : " not");
-      double scale = floor_scale, diff = 0;
-      for (size_t j = 0; j < w->n; j++) scale = fmax(scale, fabs(w->data[j]));
-      int64_t lrows = k->lrows, lcols = k->lcols;
-      for (int64_t a = 0; a < lrows; a++)
-        for (int64_t b = 0; b < lcols; b++) {
-          double want = w->data[(k->place.row0 + a) * k->place.cols + k->place.col0 + b];
-          diff = fmax(diff, fabs(k->data[a * lcols + b] - want));
-        }
-      double rel = scale > 0 ? diff / scale : diff;
-      if (rel > worst) worst = rel;
-      if (rel > 1e-6)
-        fprintf(stderr, "  %s: rank %d '%s' differs by %.3g of its largest magnitude %.3g\n", what, r, k->name, rel,
-                scale);
     }
-  }
   for (size_t i = 0; i < ref->nkept[0]; i++) {
     const char *name = ref->kept[0][i].name;
     if (!held[i]) fail_msg("%s: no rank holds '%s'", what, name);
@@ -378,8 +312,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  for (int i = 0; i <= MAX_RANKS; i++)
-    if (world_made[i]) group_destroy(&world_of[i]);
+  group_cache_destroy(&worlds);
   fl_device_close(cpu);
   return 0;
 }

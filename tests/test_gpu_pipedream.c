@@ -341,17 +341,13 @@ static void run_free(run *rs) {
   }
 }
 
-static group worlds[MAX_RANKS + 1];
-static bool made[MAX_RANKS + 1];
+static group_cache worlds;
 
 static void run_on(run *rs) {
   int n = ranks_of(rs);
-  if (!made[n]) {
-    group_create(&worlds[n], n);
-    made[n] = true;
-  }
+  group *g = group_cache_get(&worlds, n);
   rank_job jobs[MAX_RANKS];
-  run_ranks(n, worlds[n].comms, trainer_rank, rs, jobs);
+  run_ranks(n, g->comms, trainer_rank, rs, jobs);
   expect_all_ok(n, jobs);
 }
 
@@ -563,10 +559,7 @@ static fl_status dream_rank(rank_job *job) {
  * (whose second forward must use the stashed version too). */
 static void test_pipedream_updates_follow_the_plan(void **state) {
   (void)state;
-  if (!made[1]) {
-    group_create(&worlds[1], 1);
-    made[1] = true;
-  }
+  group *g = group_cache_get(&worlds, 1);
   const struct {
     int m;
     bool vs, recompute;
@@ -584,7 +577,7 @@ static void test_pipedream_updates_follow_the_plan(void **state) {
     ref.o.spec.dropout = 0;
     dream_ref d = {&ref, m, k, v0, v1};
     rank_job job[1];
-    run_ranks(1, worlds[1].comms, dream_rank, &d, job);
+    run_ranks(1, g->comms, dream_rank, &d, job);
     expect_all_ok(1, job);
     expect_same_losses(&rs, &ref, 1e-5);
     double worst = values_difference(&rs, &ref);
@@ -596,7 +589,7 @@ static void test_pipedream_updates_follow_the_plan(void **state) {
       run other = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, k, 0);
       other.o.spec.dropout = 0;
       dream_ref dv = {&other, m, k, v0, v0};
-      run_ranks(1, worlds[1].comms, dream_rank, &dv, job);
+      run_ranks(1, g->comms, dream_rank, &dv, job);
       expect_all_ok(1, job);
       double apart = values_difference(&rs, &other);
       fprintf(stderr, "    (%.3g from vertical sync's plan)\n", apart);
@@ -616,10 +609,7 @@ static void test_pipedream_updates_follow_the_plan(void **state) {
 
 static void test_2bw_one_stale(void **state) {
   (void)state;
-  if (!made[1]) {
-    group_create(&worlds[1], 1);
-    made[1] = true;
-  }
+  group *one = group_cache_get(&worlds, 1);
   run sync = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, 8, 0);
   run_on(&sync);
   const pp_grid grids[] = {{1, 1, 2}, {1, 1, 4}, {2, 1, 2}, {1, 1, 2}};
@@ -629,7 +619,7 @@ static void test_2bw_one_stale(void **state) {
     run ref = run_of((pp_grid){1, 1, 1}, PP_GPIPE, 1, 8, 0);
     ref.window = windows[g];
     rank_job job[1];
-    run_ranks(1, worlds[1].comms, stale_rank, &ref, job);
+    run_ranks(1, one->comms, stale_rank, &ref, job);
     expect_all_ok(1, job);
     run rs = run_of(grids[g], PP_2BW, ms[g], 8, windows[g]);
     run_on(&rs);
@@ -880,12 +870,9 @@ static fl_status expect_refused(rank_job *job) {
 
 static void expect_create_error(run *rs, const char *needle) {
   int n = ranks_of(rs);
-  if (!made[n]) {
-    group_create(&worlds[n], n);
-    made[n] = true;
-  }
+  group *g = group_cache_get(&worlds, n);
   rank_job jobs[MAX_RANKS];
-  run_ranks(n, worlds[n].comms, expect_refused, rs, jobs);
+  run_ranks(n, g->comms, expect_refused, rs, jobs);
   for (int r = 0; r < n; r++) {
     assert_int_equal(jobs[r].status, FL_EINVAL);
     if (!strstr(jobs[r].msg, needle)) fprintf(stderr, "'%s' lacks '%s'\n", jobs[r].msg, needle);
@@ -933,12 +920,9 @@ static void test_bad_options(void **state) {
   rs.o.grid.pp = 2;
   {
     /* three ranks named by replicas {1, 2}, but a world of two */
-    if (!made[2]) {
-      group_create(&worlds[2], 2);
-      made[2] = true;
-    }
+    group *g = group_cache_get(&worlds, 2);
     rank_job jobs[MAX_RANKS];
-    run_ranks(2, worlds[2].comms, expect_refused, &rs, jobs);
+    run_ranks(2, g->comms, expect_refused, &rs, jobs);
     for (int r = 0; r < 2; r++) {
       assert_int_equal(jobs[r].status, FL_EINVAL);
       assert_non_null(strstr(jobs[r].msg, "add up to 3 ranks"));
@@ -947,11 +931,8 @@ static void test_bad_options(void **state) {
   for (int i = 0; i < 2; i++) {
     rs = run_of((pp_grid){1, 1, 1}, i ? PP_PIPEDREAM : PP_1F1B, 2, 1, 0);
     rank_job job[1];
-    if (!made[1]) {
-      group_create(&worlds[1], 1);
-      made[1] = true;
-    }
-    run_ranks(1, worlds[1].comms, wrong_calls, &rs, job);
+    group *g = group_cache_get(&worlds, 1);
+    run_ranks(1, g->comms, wrong_calls, &rs, job);
     expect_all_ok(1, job);
   }
 }
@@ -965,8 +946,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  for (int n = 0; n <= MAX_RANKS; n++)
-    if (made[n]) group_destroy(&worlds[n]);
+  group_cache_destroy(&worlds);
   fl_device_close(cpu);
   return 0;
 }

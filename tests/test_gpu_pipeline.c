@@ -23,6 +23,7 @@
 #include <math.h>
 
 #include "rank_threads.h"
+#include "kept_params.h"
 
 #include "gpu/device/device.h"
 #include "gpu/parallel/pipeline.h"
@@ -51,15 +52,6 @@ static void make_batch(void) {
 
 /* ---- one run of the trainer on every rank ------------------------------------------------ */
 
-/* What a run keeps per parameter: its name, place and gradient (or value) after the run. */
-typedef struct kept_param {
-  char name[96];
-  tfm_param_place place;
-  int64_t lrows, lcols; /* the shard's shape (vectors: one row) */
-  float *data;
-  size_t n;
-} kept_param;
-
 typedef struct run_spec {
   pp_options o;
   int global_batch; /* split over dp replicas */
@@ -73,32 +65,6 @@ typedef struct run_spec {
   kept_param *kept[MAX_RANKS];
   size_t nkept[MAX_RANKS];
 } run_spec;
-
-static fl_status keep_params(pp_trainer *t, bool values, kept_param **out, size_t *nout) {
-  size_t total = 0;
-  for (int c = 0; c < pp_trainer_num_chunks(t); c++) total += tfm_chunk_param_count(pp_trainer_chunk(t, c));
-  kept_param *k = calloc(total ? total : 1, sizeof *k);
-  if (!k) return FL_ENOMEM;
-  size_t i = 0;
-  for (int c = 0; c < pp_trainer_num_chunks(t); c++) {
-    tfm_chunk *ch = pp_trainer_chunk(t, c);
-    for (size_t p = 0; p < tfm_chunk_param_count(ch); p++, i++) {
-      nn_param *np = tfm_chunk_param(ch, p);
-      const fl_tensor *src = values ? &np->value : &np->grad;
-      snprintf(k[i].name, sizeof k[i].name, "%s", np->name);
-      k[i].place = tfm_chunk_param_place(ch, p);
-      k[i].n = src->numel;
-      k[i].lrows = src->ndim == 1 ? 1 : src->shape[0];
-      k[i].lcols = k[i].lrows ? (int64_t)src->numel / k[i].lrows : 0;
-      k[i].data = malloc(src->numel * sizeof(float));
-      if (!k[i].data) return FL_ENOMEM;
-      memcpy(k[i].data, src->data, src->numel * sizeof(float));
-    }
-  }
-  *out = k;
-  *nout = total;
-  return FL_OK;
-}
 
 /* The forwards and backwards of a step's timeline, in the order they ran. */
 static fl_status keep_ops(const pp_step_stats *st, pp_op **out, size_t *nout) {
@@ -137,15 +103,14 @@ static fl_status trainer_rank(rank_job *job) {
     }
     if (s == FL_OK && rs->steps) s = pp_trainer_apply(t, rs->lr, &st);
   }
-  if (s == FL_OK) s = keep_params(t, rs->steps > 0, &rs->kept[job->rank], &rs->nkept[job->rank]);
+  if (s == FL_OK) s = kept_take(t, rs->steps > 0, &rs->kept[job->rank], &rs->nkept[job->rank]);
   pp_trainer_destroy(t);
   return s;
 }
 
 static void run_free(run_spec *rs, int ranks) {
   for (int r = 0; r < ranks; r++) {
-    for (size_t i = 0; i < rs->nkept[r]; i++) free(rs->kept[r][i].data);
-    free(rs->kept[r]);
+    kept_free(rs->kept[r], rs->nkept[r]);
     rs->kept[r] = NULL;
     rs->nkept[r] = 0;
     free(rs->ops[r]);
@@ -162,60 +127,15 @@ static void run_on(group *g, run_spec *rs) {
 
 /* ---- comparing with the single rank ------------------------------------------------------- */
 
-static const kept_param *find_param(const run_spec *ref, const char *name) {
-  for (size_t i = 0; i < ref->nkept[0]; i++)
-    if (strcmp(ref->kept[0][i].name, name) == 0) return &ref->kept[0][i];
-  return NULL;
-}
-
-/* The largest difference between every rank's shard and the slice of the reference, relative
- * to the reference parameter's largest magnitude (so a near-zero element does not fail on
- * rounding), but never to less than a hundredth of the model's largest: a gradient that is a
- * sum of terms cancelling to near zero (the position embedding's over a batch) carries the
- * rounding of its terms, not of its result. Also checks that every reference parameter is
- * held somewhere. */
+/* The largest difference of any rank's shard from its slice of the reference
+ * (kept_worst_difference, which also checks that every reference parameter is held). */
 static double worst_difference(const run_spec *ref, const run_spec *rs, int ranks, const char *what) {
-  double worst = 0, floor_scale = 0;
-  for (size_t i = 0; i < ref->nkept[0]; i++)
-    for (size_t j = 0; j < ref->kept[0][i].n; j++) floor_scale = fmax(floor_scale, fabs(ref->kept[0][i].data[j]));
-  floor_scale *= 1e-2;
-  size_t covered = 0;
-  for (int r = 0; r < ranks; r++) {
-    for (size_t i = 0; i < rs->nkept[r]; i++) {
-      const kept_param *k = &rs->kept[r][i], *w = find_param(ref, k->name);
-      if (!w) fail_msg("%s: rank %d holds '%s', which the single rank does not", what, r, k->name);
-      double scale = floor_scale, diff = 0;
-      for (size_t j = 0; j < w->n; j++) scale = fmax(scale, fabs(w->data[j]));
-      /* The shard is [lrows, lcols] at (row0, col0) of the full [rows, cols]. */
-      int64_t lrows = k->lrows, lcols = k->lcols;
-      assert_int_equal(lrows * lcols, (int64_t)k->n);
-      for (int64_t a = 0; a < lrows; a++)
-        for (int64_t b = 0; b < lcols; b++) {
-          double want = w->data[(k->place.row0 + a) * k->place.cols + k->place.col0 + b];
-          diff = fmax(diff, fabs(k->data[a * lcols + b] - want));
-        }
-      double rel = scale > 0 ? diff / scale : diff;
-      if (rel > worst) worst = rel;
-      if (rel > 1e-5)
-        fprintf(stderr, "  %s: rank %d '%s' differs by %.3g of its largest magnitude %.3g\n", what, r,
-                k->name, rel, scale);
-      covered++;
-    }
-  }
-  assert_true(covered >= ref->nkept[0]);
-  return worst;
+  return kept_worst_difference(rs->kept, rs->nkept, ranks, ref->kept[0], ref->nkept[0], 1e-5, what, NULL);
 }
 
-static group world_of[MAX_RANKS + 1];
-static bool world_made[MAX_RANKS + 1];
+static group_cache worlds;
 
-static group *world(int size) {
-  if (!world_made[size]) {
-    group_create(&world_of[size], size);
-    world_made[size] = true;
-  }
-  return &world_of[size];
-}
+static group *world(int size) { return group_cache_get(&worlds, size); }
 
 /* The single rank's gradients (steps 0) or weights after `steps`, for a global batch, with
  * `optim` (NULL: SGD's defaults). */
@@ -565,8 +485,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  for (int i = 0; i <= MAX_RANKS; i++)
-    if (world_made[i]) group_destroy(&world_of[i]);
+  group_cache_destroy(&worlds);
   fl_device_close(cpu);
   return 0;
 }

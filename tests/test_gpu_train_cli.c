@@ -212,6 +212,9 @@ static void test_bad_transformer_options_exit_2(void **state) {
   expect_usage_error(RUN_FLINT("train", TFM, "--resume", "x.ckpt"), "--resume is for the data-parallel models");
   expect_usage_error(RUN_FLINT("train", BASE, "--sequence-parallel"), "are for --model transformer");
   expect_usage_error(RUN_FLINT("train", TFM, "--sequence-parallel"), "--sequence-parallel splits the sequence");
+  expect_usage_error(RUN_FLINT("train", TFM, "--tp", "8", "--heads", "8", "--batch", "256", "--sequence-parallel"),
+                     "--sequence-parallel needs the sequence to be a multiple of --tp 8, but the encoder's is 28 "
+                     "tokens (an image's rows: channels x height = 1 x 28)");
   expect_usage_error(RUN_FLINT("train", TFM, "--recompute", "sometimes"), "unexpected argument 'sometimes'");
   expect_usage_error(RUN_FLINT("train", "--model", "gpt", "--data", "fashion-mnist"),
                      "--model gpt trains on --data text:PATH");
@@ -557,6 +560,13 @@ static void test_file_data(void **state) {
   assert_int_equal(r->status, 0);
   assert_non_null(strstr(r->out, "training cnn on idx"));
   free(r);
+  /* The encoder's sequence is the images' rows, known once the files are read: 8, which
+   * --sequence-parallel cannot split over --tp 3; refused before any rank starts. */
+  expect_failure(RUN_FLINT("train", "--model", "transformer", "--data", idx, "--test-data", idx, "--tp", "3",
+                           "--heads", "3", "--hidden", "48", "--batch", "48", "--sequence-parallel", "--quiet",
+                           "--csv", "/dev/null", "--svg", "/dev/null", "--master", "local[2]"),
+                 "--sequence-parallel needs the sequence to be a multiple of --tp 3, but the encoder's is 8 tokens "
+                 "(an image's rows: channels x height = 1 x 8)");
   unlink(images), unlink(labels);
 #undef ROWS_RUN
   unlink(train), unlink(test), unlink(csv_train), unlink(csv_test), unlink(bad);
@@ -566,8 +576,10 @@ static void test_file_data(void **state) {
 /* --resume: a run of 1 epoch writes a checkpoint, and a run of 2 started from it trains epoch
  * 2 only (its curves hold that row alone, and the steps go on from the checkpoint's). A file
  * that is missing, truncated, of another model or already at --epochs is exit 1 naming it. */
-#define RESUME_BASE "--data", "synthetic-imagenet", "--batch", "4", "--synthetic-images", "8", "--device", "cpu", \
-                    "--master", "local[1]", "--quiet", "--csv", csv, "--svg", svg
+/* On 8 small IDX images (2 steps an epoch): what is checked is the file and the steps, and
+ * synthetic-imagenet's 224x224 images made each run take a second. */
+#define RESUME_BASE "--data", idx, "--test-data", idx, "--batch", "4", "--device", "cpu", "--master", "local[1]", \
+                    "--quiet", "--csv", csv, "--svg", svg
 
 static void test_resume(void **state) {
   (void)state;
@@ -578,6 +590,11 @@ static void test_resume(void **state) {
   snprintf(ck, sizeof ck, "%s/run.ckpt", dir);
   snprintf(bad, sizeof bad, "%s/bad.ckpt", dir);
   snprintf(missing, sizeof missing, "%s/missing.ckpt", dir);
+  char images[64], labels[64], idx[160];
+  snprintf(images, sizeof images, "%s/images.idx", dir);
+  snprintf(labels, sizeof labels, "%s/labels.idx", dir);
+  write_idx_pair(images, labels, 8);
+  snprintf(idx, sizeof idx, "idx:%s,%s", images, labels);
   run_result *r = RUN_FLINT("train", "--model", "cnn", RESUME_BASE, "--epochs", "1", "--checkpoint", ck);
   if (r->status != 0) run_dump(r);
   assert_int_equal(r->status, 0);
@@ -625,6 +642,7 @@ static void test_resume(void **state) {
   unlink(svg);
   unlink(ck);
   unlink(bad);
+  unlink(images), unlink(labels);
   rmdir(dir);
 }
 

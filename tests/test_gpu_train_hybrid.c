@@ -567,6 +567,25 @@ static void test_options(void **state) {
   expect_invalid(&o, "--window is for --schedule pipedream or 2bw, not gpipe");
   o = small_options(1, 1, 4, PP_2BW, 2, &r);
   expect_invalid(&o, "--schedule 2bw needs --microbatches >= --pp (2 < 4)");
+  /* --sequence-parallel splits the encoder's sequence, an image's rows (Fashion-MNIST's 28),
+   * over --tp; data from files is checked once read, with the same function. */
+  o = small_options(1, 8, 1, PP_1F1B, 1, &r);
+  o.heads = 8;
+  o.sequence_parallel = true;
+  expect_invalid(&o, "--sequence-parallel needs the sequence to be a multiple of --tp 8, but the encoder's is 28 "
+                     "tokens (an image's rows: channels x height = 1 x 28)");
+  o.tp = 4;
+  assert_ok(gpu_train_options_validate(&o));
+  o.data = GPU_TRAIN_IDX;
+  o.data_path = o.test_path = "images,labels";
+  o.max_train_images = o.max_test_images = 0;
+  assert_ok(gpu_train_options_validate(&o)); /* the shape is in the files */
+  assert_fails_with(gpu_train_options_validate_shape(&o, 1, 30, 30), FL_EINVAL,
+                    "a multiple of --tp 4, but the encoder's is 30 tokens (an image's rows: channels x height = "
+                    "1 x 30)");
+  assert_ok(gpu_train_options_validate_shape(&o, 3, 4, 30));
+  o.sequence_parallel = false;
+  assert_ok(gpu_train_options_validate_shape(&o, 1, 30, 30));
   /* --replicas: what the replicated runtime supports */
   o = small_options(1, 1, 2, PP_1F1B, 2, &r);
   o.replicas[0] = 1;

@@ -92,6 +92,11 @@ fl_status hcnn_spec_check(const hcnn_spec *sp, hcnn_mode mode, int ranks) {
 
 /* ---- bytes ------------------------------------------------------------------------------- */
 
+/* A rank's verdict on its own b labels, sent to the others before any rank may fail: a bad
+ * flag (1, or -1: none), its first bad example and that label, each in two 16-bit halves
+ * (exact in a float, whatever the int32). */
+#define LABEL_CHECK 5
+
 static uint64_t ring_allgather(int k, uint64_t per_rank) { return (uint64_t)(k - 1) * per_rank * 4; }
 static uint64_t ring_reduce_scatter(int k, uint64_t total) { return (uint64_t)(k - 1) * total / (uint64_t)k * 4; }
 static uint64_t ring_allreduce(int k, uint64_t total) { return 2 * (uint64_t)(k - 1) * total / (uint64_t)k * 4; }
@@ -110,12 +115,13 @@ hcnn_bytes hcnn_predict_bytes(const hcnn_spec *sp, hcnn_mode mode, int k, int b)
   hcnn_bytes out = {0, 0};
   if (k < 2) return out;
   if (mode == HCNN_DATA_PARALLEL) {
-    out.activations = ring_allreduce(k, 2); /* the loss statistics */
+    out.activations = ring_allgather(k, LABEL_CHECK) /* the labels' check */
+                      + ring_allreduce(k, 2);          /* the loss statistics */
     out.gradients = ring_allreduce(k, (uint64_t)hcnn_weights(sp));
     return out;
   }
   uint64_t rows = (uint64_t)k * (uint64_t)b, f = (uint64_t)hcnn_features(sp);
-  out.activations = ring_allgather(k, (uint64_t)b) /* labels */
+  out.activations = ring_allgather(k, (uint64_t)b + LABEL_CHECK) /* labels and their check */
                     + ring_allgather(k, (uint64_t)b * f) + ring_reduce_scatter(k, rows * f);
   for (int i = 0; i + 1 < sp->nfc; i++) {
     uint64_t local = rows * (uint64_t)(sp->fc[i] / k);
@@ -348,12 +354,43 @@ static fl_status allreduce_sum(hcnn *h, fl_tensor *t, uint64_t *bytes) {
 static float *fc_value(hcnn *h, int layer, int which) { return h->fc.params[2 * layer + which].value.data; }
 static float *fc_grad(hcnn *h, int layer, int which) { return h->fc.params[2 * layer + which].grad.data; }
 
-/* The labels of the step's R rows on the device: in trick mode every rank's, all-gathered
- * (as floats: class indices are exact in them), then checked, so every rank sees the same
- * bad label and fails alike. */
+static void label_check_fill(const int32_t *labels, int b, int classes, float out[LABEL_CHECK]) {
+  out[0] = -1;
+  out[1] = out[2] = out[3] = out[4] = 0;
+  for (int i = 0; i < b; i++)
+    if (labels[i] < 0 || labels[i] >= classes) {
+      uint32_t u = (uint32_t)labels[i];
+      out[0] = 1;
+      out[1] = (float)((uint32_t)i >> 16);
+      out[2] = (float)((uint32_t)i & 0xffffu);
+      out[3] = (float)(u >> 16);
+      out[4] = (float)(u & 0xffffu);
+      return;
+    }
+}
+
+/* FL_EINVAL naming the first bad label of the lowest rank with one, when any has one: the
+ * same verdict on every rank. checks: rank r's LABEL_CHECK floats at r stride. */
+static fl_status label_check_read(const float *checks, size_t stride, int ranks, int b, int classes) {
+  for (int r = 0; r < ranks; r++) {
+    const float *c = checks + (size_t)r * stride;
+    if (c[0] < 0) continue;
+    int i = (int)(((uint32_t)c[1] << 16) | (uint32_t)c[2]);
+    int32_t label = (int32_t)(((uint32_t)c[3] << 16) | (uint32_t)c[4]);
+    return fl_set_error(FL_EINVAL, "hybrid CNN: label %d of example %lld (rank %d's %d) is outside [0, %d)",
+                        (int)label, (long long)r * b + i, r, i, classes);
+  }
+  return FL_OK;
+}
+
+/* The labels of the step's R rows on the device, checked. With K > 1 ranks every rank's
+ * verdict on its own labels is all-gathered first (in trick mode together with the labels
+ * themselves, as floats: class indices are exact in them), so that a bad label anywhere
+ * fails every rank alike, at once, and none waits in a later collective. */
 static fl_status load_labels(hcnn *h, const int32_t *labels, int b, int rows) {
   fl_device *dev = h->dev;
   fl_status status = FL_OK;
+  int K = h->ranks, C = h->spec.classes;
   if (h->labels_cap < (size_t)rows) {
     if (h->labels_dev) dev->ops->free(dev, h->labels_dev);
     h->labels_dev = NULL;
@@ -364,26 +401,31 @@ static fl_status load_labels(hcnn *h, const int32_t *labels, int b, int rows) {
     FL_CHECK(dev->ops->alloc(dev, (size_t)rows * sizeof(int32_t), (void **)&h->labels_dev));
     h->labels_cap = (size_t)rows;
   }
-  if (rows == b) {
-    memcpy(h->labels_host, labels, (size_t)b * sizeof *labels);
+  if (K == 1) {
+    float check[LABEL_CHECK];
+    label_check_fill(labels, b, C, check);
+    FL_CHECK(label_check_read(check, LABEL_CHECK, 1, b, C));
   } else {
-    int64_t ls[1] = {b}, as[1] = {rows};
-    float *host = common_malloc((size_t)rows * sizeof *host);
+    /* Each rank's record: (trick mode) its b labels, a bad one sent as 0; then its check. */
+    int lab = rows == b ? 0 : b, width = lab + LABEL_CHECK;
+    int64_t ls[1] = {width}, as[1] = {(int64_t)K * width};
+    float *host = common_malloc((size_t)K * width * sizeof *host);
     if (!host) return FL_ERR(FL_ENOMEM, "hybrid CNN: out of memory for %d labels", rows);
-    for (int i = 0; i < b; i++) host[i] = (float)labels[i];
+    for (int i = 0; i < lab; i++) host[i] = labels[i] >= 0 && labels[i] < C ? (float)labels[i] : 0;
+    label_check_fill(labels, b, C, host + lab);
     status = tensor_ensure(&h->labels_f, dev, 1, ls);
     if (status == FL_OK) status = tensor_ensure(&h->labels_all_f, dev, 1, as);
-    if (status == FL_OK) status = dev->ops->from_host(dev, h->labels_f.data, host, (size_t)b * sizeof *host);
+    if (status == FL_OK) status = dev->ops->from_host(dev, h->labels_f.data, host, (size_t)width * sizeof *host);
     if (status == FL_OK) status = gather(h, &h->labels_f, &h->labels_all_f, &h->bytes.activations);
-    if (status == FL_OK) status = dev->ops->to_host(dev, host, h->labels_all_f.data, (size_t)rows * sizeof *host);
-    for (int i = 0; status == FL_OK && i < rows; i++) h->labels_host[i] = (int32_t)host[i];
+    if (status == FL_OK)
+      status = dev->ops->to_host(dev, host, h->labels_all_f.data, (size_t)K * width * sizeof *host);
+    if (status == FL_OK) status = label_check_read(host + lab, (size_t)width, K, b, C);
+    for (int r = 0; status == FL_OK && r < K && lab; r++)
+      for (int i = 0; i < b; i++) h->labels_host[r * b + i] = (int32_t)host[(size_t)r * width + i];
     common_free(host);
     if (status != FL_OK) return status;
   }
-  for (int i = 0; i < rows; i++)
-    if (h->labels_host[i] < 0 || h->labels_host[i] >= h->spec.classes)
-      return fl_set_error(FL_EINVAL, "hybrid CNN: label %d of example %d (rank %d's %d) is outside [0, %d)",
-                          (int)h->labels_host[i], i, i / b, i % b, h->spec.classes);
+  if (rows == b) memcpy(h->labels_host, labels, (size_t)b * sizeof *labels);
   FL_CHECK(dev->ops->from_host(dev, h->labels_dev, h->labels_host, (size_t)rows * sizeof(int32_t)));
 cleanup:
   return status;

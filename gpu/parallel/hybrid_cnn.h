@@ -85,7 +85,8 @@ int64_t hcnn_weights(const hcnn_spec *spec);
 /* Bytes one step sends per rank, by kind (ring counts; see the top). */
 typedef struct hcnn_bytes {
   uint64_t activations; /* the switch and the FC layers: all-gathers, reduce-scatters,
-                           * the logits' allreduce, the labels' all-gather */
+                           * the logits' allreduce, the labels' all-gather and
+                           * the ranks' agreement on them (5 floats a rank) */
   uint64_t gradients;   /* the allreduce of replicated parameters' gradients */
 } hcnn_bytes;
 

@@ -135,6 +135,10 @@ fl_status pp_transfer_recv(pp_trainer *t, int peer, int kind, int stage, int mb,
 fl_status pp_transfer_drain(pp_trainer *t);
 /* A host buffer as a tensor of the trainer's cpu device, for the host communicator. */
 fl_tensor pp_host_tensor(pp_trainer *t, float *data, size_t count);
+/* Sums `count` floats at `host` over the world, in place. The host backend reduces host
+ * memory itself; another (NCCL) reduces device memory: dev_buf, made [count] floats here (a
+ * trainer tensor it may overwrite). */
+fl_status pp_world_sum(pp_trainer *t, float *host, size_t count, fl_tensor *dev_buf);
 
 /* ---- PipeDream's weight versions (gpu/parallel/pipeline_versions.c) --------------------- */
 

@@ -206,16 +206,7 @@ static fl_status world_moe(pp_trainer *t, pp_step_stats *st) {
     host[1] += (float)m.choices;
     host[2] += (float)m.dropped;
   }
-  fl_tensor sums = pp_host_tensor(t, host, 3);
-  if (strcmp(fl_comm_backend(t->world), "host") == 0) {
-    FL_CHECK(fl_comm_allreduce(t->world, &sums, FL_REDUCE_SUM));
-  } else {
-    int64_t three[1] = {3};
-    FL_CHECK(tensor_ensure(&t->moe_sums, t->dev, 1, three));
-    FL_CHECK(t->dev->ops->from_host(t->dev, t->moe_sums.data, host, sizeof host));
-    FL_CHECK(fl_comm_allreduce(t->world, &t->moe_sums, FL_REDUCE_SUM));
-    FL_CHECK(t->dev->ops->to_host(t->dev, host, t->moe_sums.data, sizeof host));
-  }
+  FL_CHECK(pp_world_sum(t, host, 3, &t->moe_sums));
   st->aux_loss = host[0] / t->o.grid.dp;
   st->dropped_fraction = host[1] > 0 ? host[2] / host[1] : 0;
 cleanup:
@@ -229,14 +220,7 @@ static fl_status world_sums(pp_trainer *t, double out[2]) {
   float host[2] = {0, 0};
   bool counts = t->chunks[t->nchunks - 1].stage == t->nstages - 1 && t->me.tp == 0;
   if (counts) FL_CHECK(t->dev->ops->to_host(t->dev, host, t->stats.data, sizeof host));
-  if (strcmp(fl_comm_backend(t->world), "host") == 0) {
-    fl_tensor sums = pp_host_tensor(t, host, 2);
-    FL_CHECK(fl_comm_allreduce(t->world, &sums, FL_REDUCE_SUM));
-  } else {
-    FL_CHECK(t->dev->ops->from_host(t->dev, t->stats.data, host, sizeof host));
-    FL_CHECK(fl_comm_allreduce(t->world, &t->stats, FL_REDUCE_SUM));
-    FL_CHECK(t->dev->ops->to_host(t->dev, host, t->stats.data, sizeof host));
-  }
+  FL_CHECK(pp_world_sum(t, host, 2, &t->stats));
   out[0] = host[0];
   out[1] = host[1];
 cleanup:

@@ -3,7 +3,8 @@
  * (gpu/parallel/pipeline.h): sends go through the rank's own sender thread (a queue of
  * copies), so that they never block the schedule; a receive blocks, and keeps the messages that
  * arrive ahead of the one it waits for in a mailbox. Each message is a header (kind, stage,
- * micro-batch, floats) and the floats, over the pipeline group's host communicator.
+ * micro-batch, floats) and the floats, over the pipeline group's host communicator. Also the
+ * host buffers of the trainer's small collectives (pp_host_tensor, pp_world_sum).
  *
  * Threading: the sender thread and the rank's thread share the outbox, the pending count and
  * the first send failure under t->lock; the mailbox is the rank thread's.
@@ -27,6 +28,21 @@ fl_tensor pp_host_tensor(pp_trainer *t, float *data, size_t count) {
   fl_tensor v = {.dev = &t->host, .ndim = 1, .numel = count, .data = data, .owns = false};
   v.shape[0] = (int64_t)count;
   return v;
+}
+
+fl_status pp_world_sum(pp_trainer *t, float *host, size_t count, fl_tensor *dev_buf) {
+  if (strcmp(fl_comm_backend(t->world), "host") == 0) {
+    fl_tensor sums = pp_host_tensor(t, host, count);
+    return fl_comm_allreduce(t->world, &sums, FL_REDUCE_SUM);
+  }
+  fl_status status = FL_OK;
+  int64_t shape[1] = {(int64_t)count};
+  FL_CHECK(tensor_ensure(dev_buf, t->dev, 1, shape));
+  FL_CHECK(t->dev->ops->from_host(t->dev, dev_buf->data, host, count * sizeof *host));
+  FL_CHECK(fl_comm_allreduce(t->world, dev_buf, FL_REDUCE_SUM));
+  FL_CHECK(t->dev->ops->to_host(t->dev, host, dev_buf->data, count * sizeof *host));
+cleanup:
+  return status;
 }
 
 static void *sender_main(void *arg) {

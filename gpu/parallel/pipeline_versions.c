@@ -178,16 +178,7 @@ fl_status pp_versions_end(pp_trainer *t, pp_window_stats *st) {
   fl_status status = FL_OK;
   int k = t->win_k;
   for (int c = 0; c < t->nchunks; c++) FL_CHECK(load(t, &t->chunks[c], t->chunks[c].newest));
-  int64_t shape[1] = {2 * (int64_t)k};
-  if (strcmp(fl_comm_backend(t->world), "host") == 0) {
-    fl_tensor sums = pp_host_tensor(t, t->win_sums, 2 * (size_t)k);
-    FL_CHECK(fl_comm_allreduce(t->world, &sums, FL_REDUCE_SUM));
-  } else {
-    FL_CHECK(tensor_ensure(&t->win_dev, t->dev, 1, shape));
-    FL_CHECK(t->dev->ops->from_host(t->dev, t->win_dev.data, t->win_sums, 2 * (size_t)k * sizeof(float)));
-    FL_CHECK(fl_comm_allreduce(t->world, &t->win_dev, FL_REDUCE_SUM));
-    FL_CHECK(t->dev->ops->to_host(t->dev, t->win_sums, t->win_dev.data, 2 * (size_t)k * sizeof(float)));
-  }
+  FL_CHECK(pp_world_sum(t, t->win_sums, 2 * (size_t)k, &t->win_dev));
   st->minibatches = k;
   st->microbatches = t->win_total;
   st->loss = t->win_loss;

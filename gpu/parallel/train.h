@@ -358,6 +358,12 @@ FL_API fl_status gpu_train_replicas_parse(const char *text, uint32_t out[GPU_TRA
  * training, ...): FL_EINVAL with a message naming the option as the CLI spells it ("--batch
  * 100 is not a multiple of --ranks 3"). Pure; gpu_train_run calls it first. */
 FL_API fl_status gpu_train_options_validate(const gpu_train_options *opts);
+/* The checks that need the data's sample shape (C x H x W): --sequence-parallel with the
+ * encoder, whose sequence is its C x H rows. gpu_train_options_validate makes them where the
+ * options fix the shape; gpu_train_run, for data read from files, once it has read them and
+ * before any rank starts. FL_EINVAL as gpu_train_options_validate's. */
+FL_API fl_status gpu_train_options_validate_shape(const gpu_train_options *opts, uint32_t channels, uint32_t height,
+                                                  uint32_t width);
 /* The schedule the options make (base rate, global batch, warmup, decay, milestones). */
 FL_API void gpu_train_schedule(const gpu_train_options *opts, optim_schedule *out);
 

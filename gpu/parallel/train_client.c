@@ -382,6 +382,7 @@ fl_status gpu_train_run_in(fl_context *ctx, const gpu_train_options *o, gpu_trai
   fl_buf pipeline = FL_BUF_INIT;
   train_events_start(&c.events, ctx, o);
   FL_CHECK(load_pair(ctx, o, &train, &test, &pair));
+  FL_CHECK(gpu_train_options_validate_shape(o, train.channels, train.height, train.width));
 
   bool hybrid = o->model == NN_TRANSFORMER;
   train_arg a = {.model = o->model, .device = o->device, .ranks = train_world(o), .batch = o->batch,

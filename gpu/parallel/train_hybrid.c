@@ -451,29 +451,13 @@ static fl_status keep_timeline(hybrid_rank *r, const pp_step_stats *st) {
   return FL_OK;
 }
 
-/* The test set's loss and accuracy: every rank its smallest common share. */
-static fl_status hybrid_evaluate(hybrid_rank *r, uint32_t epoch, double *loss, double *acc) {
-  fl_status status = FL_OK;
-  uint64_t share = 0, done = 0;
-  double loss_sum = 0, correct = 0;
-  FL_CHECK(train_agree_min(r->b, data_reader_images(r->test), &share));
-  data_reader_start_epoch(r->test, r->a->seed, epoch, false, 0, true);
-  while (done < share) {
-    uint32_t n = data_reader_next(r->test, r->images_h, r->labels_h);
-    if (n == 0) FL_CHECK(fl_set_error(FL_EINTERNAL, "rank %u: its test share ended early", r->rank));
-    if (done + n > share) n = (uint32_t)(share - done);
-    FL_CHECK(gather_batch(r, n));
-    double ls, c;
-    FL_CHECK(pp_trainer_evaluate(r->trainer, r->x_h, r->y_h, (int)(n * (uint32_t)fl_comm_size(r->replica)), &ls, &c));
-    loss_sum += ls;
-    correct += c;
-    done += n;
-  }
-  double images = (double)share * r->world * (r->a->gpt ? r->a->seq : 1); /* GPT: bytes predicted */
-  *loss = images > 0 ? loss_sum / images : NAN;
-  *acc = images > 0 ? correct / images : NAN;
-cleanup:
-  return status;
+/* One test batch (train_evaluate_share's): the replica's rows gathered, then its forward. */
+static fl_status hybrid_eval_batch(void *user, uint32_t n, double *loss_sum, double *correct) {
+  hybrid_rank *r = user;
+  fl_status status = gather_batch(r, n);
+  if (status != FL_OK) return status;
+  return pp_trainer_evaluate(r->trainer, r->x_h, r->y_h, (int)(n * (uint32_t)fl_comm_size(r->replica)), loss_sum,
+                             correct);
 }
 
 /* This rank's peak and timeline, as in the record described at the top. */
@@ -622,7 +606,9 @@ FL_API fl_status gpu_train_hybrid_rank(fl_barrier *b, fl_iter *in, fl_emitter *o
     }
     double train_secs = common_now_s() - t0;
     double test_loss = NAN, test_acc = NAN;
-    FL_CHECK(hybrid_evaluate(&r, epoch, &test_loss, &test_acc));
+    /* GPT: the loss and accuracy are per byte predicted. */
+    FL_CHECK(train_evaluate_share(b, r.test, a.seed, epoch, r.images_h, r.labels_h, a.gpt ? a.seq : 1,
+                                  hybrid_eval_batch, &r, &test_loss, &test_acc));
     cs.epoch = epoch + 1;
     cs.position = epoch + 1;
     cs.lr = lr;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/data/data.h"
 #include "gpu/parallel/compress.h"
 #include "gpu/parallel/train.h"
 #include "gpu/parallel/train_rank.h"
@@ -263,6 +264,31 @@ static fl_status validate_plan(const gpu_train_options *o) {
   return FL_OK;
 }
 
+/* The sample shape {C, H, W} when the options alone fix it; false when it is in the data's
+ * files (libsvm, csv, idx), known once they are read. */
+static bool known_shape(const gpu_train_options *o, uint32_t sh[3]) {
+  switch (o->data) {
+  case GPU_TRAIN_FASHION_MNIST: sh[0] = 1, sh[1] = sh[2] = 28; return true;
+  case GPU_TRAIN_SYNTHETIC_IMAGENET: sh[0] = DATA_IMAGENET_CHANNELS, sh[1] = sh[2] = DATA_IMAGENET_SIZE; return true;
+  case GPU_TRAIN_IMAGE_FOLDER: sh[0] = 3, sh[1] = sh[2] = o->image_size ? o->image_size : 224; return true;
+  case GPU_TRAIN_EXAMPLES: memcpy(sh, o->sample_shape, 3 * sizeof *sh); return true;
+  default: return false;
+  }
+}
+
+fl_status gpu_train_options_validate_shape(const gpu_train_options *o, uint32_t channels, uint32_t height,
+                                           uint32_t width) {
+  (void)width;
+  if (!o) return fl_set_error(FL_EINVAL, "gpu_train: options are NULL");
+  /* The encoder's tokens are the image's rows, channel after channel (gpu/parallel/train_hybrid.c). */
+  uint64_t seq = (uint64_t)channels * height;
+  if (o->model == NN_TRANSFORMER && !o->gpt && o->sequence_parallel && o->tp && seq % o->tp)
+    return fl_set_error(FL_EINVAL, "--sequence-parallel needs the sequence to be a multiple of --tp %u, but the "
+                        "encoder's is %llu tokens (an image's rows: channels x height = %u x %u)", o->tp,
+                        (unsigned long long)seq, channels, height);
+  return FL_OK;
+}
+
 static fl_status validate_hybrid(const gpu_train_options *o) {
   fl_status ps = validate_plan(o);
   if (ps != FL_OK) return ps;
@@ -280,6 +306,11 @@ static fl_status validate_hybrid(const gpu_train_options *o) {
   uint32_t seq = o->seq ? o->seq : GPU_TRAIN_DEFAULT_SEQ;
   if (o->sequence_parallel && o->gpt && seq % o->tp)
     return fl_set_error(FL_EINVAL, "--sequence-parallel needs --seq %u to be a multiple of --tp %u", seq, o->tp);
+  uint32_t sh[3];
+  if (o->tp >= 1 && known_shape(o, sh)) {
+    fl_status s = gpu_train_options_validate_shape(o, sh[0], sh[1], sh[2]);
+    if (s != FL_OK) return s;
+  }
   if (o->tp < 1 || o->tp > 1024) return fl_set_error(FL_EINVAL, "--tp %u must be 1 to 1024", o->tp);
   if (o->pp < 1 || o->pp > GPU_TRAIN_MAX_STAGES)
     return fl_set_error(FL_EINVAL, "--pp %u must be 1 to %d", o->pp, GPU_TRAIN_MAX_STAGES);

@@ -1,11 +1,13 @@
 /*
  * gpu/parallel/train_rank.c: what the trainers' barrier tasks share
  * (gpu/parallel/train_rank.h): opening the rank's device, joining the stage's ranks into one
- * communicator through the barrier (host backend or NCCL), and agreeing on a count.
+ * communicator through the barrier (host backend or NCCL), agreeing on a count, and the
+ * evaluation loop over the ranks' common test share.
  *
  * Threading: every call runs on the rank's task thread; the collective ones block until every
  * rank of the stage has made the same call.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -175,4 +177,29 @@ fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out) {
   fl_records_free(all);
   *out = m;
   return FL_OK;
+}
+
+fl_status train_evaluate_share(fl_barrier *b, data_reader *test, uint64_t seed, uint32_t epoch, float *images,
+                               int32_t *labels, uint32_t units, train_eval_batch_fn batch, void *user, double *loss,
+                               double *acc) {
+  fl_status status = FL_OK;
+  uint64_t share = 0, done = 0;
+  double loss_sum = 0, correct = 0;
+  FL_CHECK(train_agree_min(b, data_reader_images(test), &share));
+  data_reader_start_epoch(test, seed, epoch, false, 0, true);
+  while (done < share) {
+    uint32_t n = data_reader_next(test, images, labels);
+    if (n == 0) FL_CHECK(fl_set_error(FL_EINTERNAL, "rank %u: its test share ended early", fl_barrier_rank(b)));
+    if (done + n > share) n = (uint32_t)(share - done);
+    double ls, c;
+    FL_CHECK(batch(user, n, &ls, &c));
+    loss_sum += ls;
+    correct += c;
+    done += n;
+  }
+  double predicted = (double)share * fl_barrier_world(b) * units;
+  *loss = predicted > 0 ? loss_sum / predicted : NAN;
+  *acc = predicted > 0 ? correct / predicted : NAN;
+cleanup:
+  return status;
 }

@@ -9,6 +9,7 @@
 #define FLINT_GPU_TRAIN_RANK_H
 
 #include "flint/image.h"
+#include "gpu/data/data.h"
 #include "gpu/parallel/compress.h"
 #include "gpu/parallel/hybrid_cnn.h"
 #include "gpu/parallel/train.h"
@@ -141,6 +142,17 @@ double train_slowdown_of(uint32_t rank);
 void train_straggle(double factor, double since);
 /* The smallest of every rank's `mine`, on every rank. */
 fl_status train_agree_min(fl_barrier *b, uint64_t mine, uint64_t *out);
+/* One test batch of n images, read into the buffers the caller gave train_evaluate_share:
+ * its loss sum and correct count (the trainer's, whose forward may be collective). */
+typedef fl_status (*train_eval_batch_fn)(void *user, uint32_t n, double *loss_sum, double *correct);
+/* The test set's loss and accuracy over every rank's smallest common share (so that every rank
+ * runs as many batches: a batch's forward may be a collective): starts `test`'s epoch
+ * (unshuffled), reads its batches into images and labels, cuts the last to the share and
+ * hands each to `batch`; the sums are divided by share x world x `units` (what one image
+ * predicts: 1, or a GPT window's bytes). Collective over the barrier. */
+fl_status train_evaluate_share(fl_barrier *b, data_reader *test, uint64_t seed, uint32_t epoch, float *images,
+                               int32_t *labels, uint32_t units, train_eval_batch_fn batch, void *user, double *loss,
+                               double *acc);
 
 /* ---- the model (gpu/parallel/train_model.c) ---- */
 /* The client's check of a model library: reads `path` into *bytes, loads it, finds `symbol`

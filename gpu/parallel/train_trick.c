@@ -78,28 +78,10 @@ cleanup:
   return status;
 }
 
-/* The test set's loss and accuracy over every rank's common share. */
-static fl_status trick_evaluate(trick_rank *r, uint32_t epoch, double *loss, double *acc) {
-  fl_status status = FL_OK;
-  uint64_t share = 0, done = 0;
-  double loss_sum = 0, correct = 0;
-  FL_CHECK(train_agree_min(r->b, data_reader_images(r->test), &share));
-  data_reader_start_epoch(r->test, r->a->seed, epoch, false, 0, true);
-  while (done < share) {
-    uint32_t n = data_reader_next(r->test, r->images_h, r->labels_h);
-    if (n == 0) FL_CHECK(fl_set_error(FL_EINTERNAL, "rank %u: its test share ended early", r->rank));
-    if (done + n > share) n = (uint32_t)(share - done);
-    double ls, c;
-    FL_CHECK(hcnn_evaluate(r->model, r->images_h, r->labels_h, (int)n, &ls, &c));
-    loss_sum += ls;
-    correct += c;
-    done += n;
-  }
-  double images = (double)share * r->world;
-  *loss = images > 0 ? loss_sum / images : NAN;
-  *acc = images > 0 ? correct / images : NAN;
-cleanup:
-  return status;
+/* One test batch (train_evaluate_share's). */
+static fl_status trick_eval_batch(void *user, uint32_t n, double *loss_sum, double *correct) {
+  trick_rank *r = user;
+  return hcnn_evaluate(r->model, r->images_h, r->labels_h, (int)n, loss_sum, correct);
 }
 
 FL_API fl_status gpu_train_trick_rank(fl_barrier *b, fl_iter *in, fl_emitter *out, const void *arg) {
@@ -155,7 +137,8 @@ FL_API fl_status gpu_train_trick_rank(fl_barrier *b, fl_iter *in, fl_emitter *ou
     }
     double train_secs = common_now_s() - t0;
     double test_loss = NAN, test_acc = NAN;
-    FL_CHECK(trick_evaluate(&r, epoch, &test_loss, &test_acc));
+    FL_CHECK(train_evaluate_share(b, r.test, a.seed, epoch, r.images_h, r.labels_h, 1, trick_eval_batch, &r,
+                                  &test_loss, &test_acc));
     last = (train_report){.kind = REPORT_EPOCH, .epoch = epoch + 1, .epochs = a.epochs, .attempt = r.attempt,
                           .step = step, .steps_per_epoch = steps, .done = steps, .loss = loss / (double)steps,
                           .acc = acc / (double)steps, .test_loss = test_loss, .test_acc = test_acc, .lr = lr,
