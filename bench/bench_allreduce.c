@@ -120,6 +120,7 @@ typedef struct rank_times {
   double pred[NALGOS][MAX_SIZES]; /* seconds; negative: the algorithm does not apply */
   int picked[MAX_SIZES];          /* the algorithm auto chose */
   comm_cost_model model;
+  double form_s;      /* fl_comm_host_create: the mesh, and the process's first calibration */
   double calibrate_s; /* one more calibration, timed */
 } rank_times;
 
@@ -129,7 +130,7 @@ typedef struct group_result {
   double pred[NALGOS][MAX_SIZES];
   int picked[MAX_SIZES];
   comm_cost_model model;
-  double calibrate_s; /* the slowest rank's */
+  double form_s, calibrate_s; /* the slowest rank's */
 } group_result;
 
 /* ---- one rank (a child process) ---------------------------------------------------------- */
@@ -166,7 +167,10 @@ static int run_rank(const options *o, backend b, fl_comm_endpoint *ep, int rank,
     fl_comm_endpoint_destroy(ep);
     goto done;
   }
-  if (rank_comm(b, ep, rank, p, addrs, id_fd, dev, &comm) != FL_OK) {
+  double f0 = now_s();
+  fl_status formed = rank_comm(b, ep, rank, p, addrs, id_fd, dev, &comm);
+  rt->form_s = now_s() - f0;
+  if (formed != FL_OK) {
     fail_flint(b == BACKEND_NCCL ? "fl_comm_nccl_create" : "fl_comm_host_create");
     goto done;
   }
@@ -319,9 +323,11 @@ static int run_group(const options *o, backend b, int p, group_result *g) {
     }
   for (int s = 0; s < nsizes; s++) g->picked[s] = all[0].picked[s];
   g->model = all[0].model;
-  g->calibrate_s = 0;
-  for (int r = 0; r < p; r++)
+  g->form_s = g->calibrate_s = 0;
+  for (int r = 0; r < p; r++) {
     if (all[r].calibrate_s > g->calibrate_s) g->calibrate_s = all[r].calibrate_s;
+    if (all[r].form_s > g->form_s) g->form_s = all[r].form_s;
+  }
   free(all);
   return 0;
 }
@@ -681,10 +687,10 @@ int main(int argc, char **argv) {
            "median of 7-41 samples (slowest rank each)%s\n\n", cores, o.scale < 1 ? ", --quick" : "");
     for (int k = 0; k < 2; k++) {
       const comm_cost_params *q = &res[k].model.params;
-      printf("cost model, %d ranks (%s, %.2f ms to measure): same host alpha %.2f us; beta at 32 KB, 1 MB, "
+      printf("cost model, %d ranks (%s, %.2f ms to measure; formed in %.2f ms, the first communicator of its processes): same host alpha %.2f us; beta at 32 KB, 1 MB, "
              "4 MB: %.2f, %.2f, %.2f GB/s; single-copy ring steps (%llu B..%s): %.2f, %.2f GB/s; gamma at 4 MB, 32 MB: "
              "%.2f, %.2f GB/s\n", ranks[k],
-             q->calibrated ? "calibrated" : "defaults", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
+             q->calibrated ? "calibrated" : "defaults", res[k].calibrate_s * 1e3, res[k].form_s * 1e3, q->intra.alpha * 1e6,
              1e-9 / q->intra.beta[0], 1e-9 / q->intra.beta[1], 1e-9 / q->intra.beta[2],
              (unsigned long long)q->copy_min, copy_max_text(q->copy_max), 1e-9 / q->intra.beta_ring[1],
              1e-9 / q->intra.beta_ring[2], 1e-9 / q->gamma[0], 1e-9 / q->gamma[1]);
@@ -710,11 +716,11 @@ int main(int argc, char **argv) {
     }
     for (int k = 0; k < 2; k++) {
       const comm_cost_params *q = &res[k].model.params;
-      printf("{\"bench\": \"calibration\", \"ranks\": %d, \"calibrated\": %s, \"ms\": %.3f, "
+      printf("{\"bench\": \"calibration\", \"ranks\": %d, \"calibrated\": %s, \"ms\": %.3f, \"form_ms\": %.3f, "
              "\"intra_alpha_us\": %.3f, \"intra_beta_gbps\": [%.4f, %.4f, %.4f], "
              "\"intra_beta_ring_gbps\": [%.4f, %.4f, %.4f], \"beta_sizes\": [%.0f, %.0f, %.0f], "
              "\"copy_min\": %llu, \"copy_max\": %.0f, \"inter_alpha_us\": %.3f, \"gamma_gbps\": [%.4f, %.4f]}\n",
-             ranks[k], q->calibrated ? "true" : "false", res[k].calibrate_s * 1e3, q->intra.alpha * 1e6,
+             ranks[k], q->calibrated ? "true" : "false", res[k].calibrate_s * 1e3, res[k].form_s * 1e3, q->intra.alpha * 1e6,
              1e-9 / q->intra.beta[0], 1e-9 / q->intra.beta[1], 1e-9 / q->intra.beta[2],
              1e-9 / q->intra.beta_ring[0], 1e-9 / q->intra.beta_ring[1], 1e-9 / q->intra.beta_ring[2],
              comm_cost_sizes[0], comm_cost_sizes[1], comm_cost_sizes[2], (unsigned long long)q->copy_min,
