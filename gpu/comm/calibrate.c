@@ -48,8 +48,7 @@
  * state: with more ranks than cores, a step often waits for its peer to be scheduled, and
  * that wait belongs in alpha (at 4 ranks on 2 cores every other step takes a 5 us context
  * switch and the rest 0.05 us; 25 steps without their slowest fifth gave 0.5-0.75 us where
- * the steady state costs 2.6). Two rounds, and the lower of their means: a transient load
- * slows one round, oversubscription both alike. */
+ * the steady state costs 2.6). Two rounds (measure_ring), and the lower of their means. */
 #define CAL_SMALL_REPS 32
 #define CAL_SMALL_ROUNDS 2
 #define CAL_MAX_REPS CAL_SMALL_REPS
@@ -126,33 +125,40 @@ static fl_status measure_ring(comm_host *h, const int *members, int count, int i
   /* First one untimed exchange of 1 MiB: it touches every page of the pair's channel (a
    * shared-memory ring faults its pages in on first use, which 32 KiB steps would time). */
   fl_status st = comm_host_exchange(h, next, sbuf, CAL_WARM_BYTES, prev, rbuf, CAL_WARM_BYTES);
+  /* The small steps in two rounds, one first and one last, and alpha the lower: ranks that
+   * have just started often share a CPU until the scheduler spreads them, a few milliseconds
+   * on, and then every step is a context switch (2 us a step at 2 ranks, 25x the steady
+   * state), while oversubscription slows both rounds alike. */
+  double again = 0, t_exch[COMM_COST_SIZES], t_ring[COMM_COST_SIZES];
+  size_t ring_bytes[COMM_COST_SIZES];
   if (st == FL_OK)
     st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, true, &alpha);
-  for (int round = 1; round < CAL_SMALL_ROUNDS && st == FL_OK; round++) {
-    double again;
-    st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, false, &again);
-    alpha = fmin(alpha, again);
-  }
-  for (int i = 0; i < COMM_COST_SIZES && st == FL_OK; i++) {
-    size_t bytes = (size_t)comm_cost_sizes[i];
-    double t;
-    st = time_exchange(h, next, prev, sbuf, rbuf, bytes, cal_reps[i], false, false, &t);
-    /* A slow spell during the small exchanges must not make beta negative. */
-    beta[i] = beta_ring[i] = fmax(t - alpha, 0.5 * t) / (double)bytes;
-  }
-  if (st != FL_OK) return st;
+  for (int i = 0; i < COMM_COST_SIZES && st == FL_OK; i++)
+    st = time_exchange(h, next, prev, sbuf, rbuf, (size_t)comm_cost_sizes[i], cal_reps[i], false, false, &t_exch[i]);
   /* ring_copy_min: the same on every member (from the hellos), or a step would wait on a
    * descriptor that never comes. Ring steps below the threshold are the exchanges above;
    * the smallest size stays below every threshold, and takes the next size's figure. */
-  for (int i = 1; i < COMM_COST_SIZES && ring_copy_min && copy_min && st == FL_OK; i++) {
+  bool ring = ring_copy_min && copy_min;
+  for (int i = 1; i < COMM_COST_SIZES && ring && st == FL_OK; i++) {
     size_t bytes = (size_t)comm_cost_sizes[i];
     if (bytes < ring_copy_min) bytes = ring_copy_min;
-    double t;
-    st = time_exchange(h, next, prev, sbuf, rbuf, bytes, cal_reps[i], true, i == 1, &t);
-    beta_ring[i] = fmax(t - alpha, 0.5 * t) / (double)bytes;
+    ring_bytes[i] = bytes;
+    st = time_exchange(h, next, prev, sbuf, rbuf, bytes, cal_reps[i], true, i == 1, &t_ring[i]);
+  }
+  if (st == FL_OK)
+    st = time_exchange(h, next, prev, sbuf, rbuf, CAL_SMALL_BYTES, CAL_SMALL_REPS, false, false, &again);
+  if (st != FL_OK) return st;
+  alpha = fmin(alpha, again);
+  /* A slow spell during the small steps must not make beta negative. */
+  for (int i = 0; i < COMM_COST_SIZES; i++) {
+    double t = t_exch[i];
+    beta[i] = beta_ring[i] = fmax(t - alpha, 0.5 * t) / comm_cost_sizes[i];
+  }
+  for (int i = 1; i < COMM_COST_SIZES && ring; i++) {
+    double t = t_ring[i];
+    beta_ring[i] = fmax(t - alpha, 0.5 * t) / (double)ring_bytes[i];
     if (i == 1) beta_ring[0] = beta_ring[1];
   }
-  if (st != FL_OK) return st;
   fig[0] = alpha;
   if (copy_min) *copy_min = (double)ring_copy_min;
   return FL_OK;
