@@ -345,6 +345,30 @@ static void test_cost_model(void **state) {
   group_create(&g, 2);
   for (size_t b = 8; b <= (64u << 20); b *= 8)
     assert_int_equal(comm_pick_algo(g.comms[0], b), comm_cost_best(comm_cost_of(g.comms[0]), b));
+  /* AUTO keeps its recent picks by size: asked again (many sizes, so that entries of the
+   * cache are replaced) and after a new model, it answers what the model it holds says. */
+  comm_cost_model slow_links = fixed_model(2, 1, 2, false), fast_links = fixed_model(2, 1, 2, true);
+  slow_links.params.intra = fixed_link(1e-3, 1e12, 1e12); /* latency all that counts */
+  slow_links.params.gamma[0] = slow_links.params.gamma[1] = 1e-15;
+  const comm_cost_model *models[2] = {&slow_links, &fast_links};
+  int differ = 0;
+  for (int k = 0; k < 4; k++) {
+    comm_set_cost_model(g.comms[0], models[k % 2]);
+    for (int rep = 0; rep < 2; rep++)
+      for (size_t b = 0; b <= (64u << 20); b = b * 3 + 1) {
+        fl_allreduce_algo want = comm_cost_best(models[k % 2], b);
+        assert_int_equal(comm_pick_algo(g.comms[0], b), want);
+        differ += want != comm_cost_best(models[(k + 1) % 2], b);
+      }
+  }
+  assert_true(differ > 0);
+  /* One size the two models disagree on, asked right after the other model answered it. */
+  size_t big = 64u << 20;
+  assert_int_not_equal(comm_cost_best(&slow_links, big), comm_cost_best(&fast_links, big));
+  for (int k = 0; k < 4; k++) {
+    comm_set_cost_model(g.comms[0], models[k % 2]);
+    assert_int_equal(comm_pick_algo(g.comms[0], big), comm_cost_best(models[k % 2], big));
+  }
   assert_ok(fl_comm_set_allreduce_algo(g.comms[0], FL_ALLREDUCE_NAIVE));
   assert_int_equal(comm_pick_algo(g.comms[0], 8), FL_ALLREDUCE_NAIVE);
   assert_true(comm_predict_seconds(g.comms[0], FL_ALLREDUCE_AUTO, 1u << 20) ==
@@ -439,7 +463,7 @@ static fl_status recalibrate_two_hosts(rank_job *job) {
   h->nhosts = 2;
   comm_cost_model m;
   fl_status st = comm_host_calibrate(h, &m);
-  if (st == FL_OK) job->comm->cost = m;
+  if (st == FL_OK) comm_set_cost_model(job->comm, &m);
   return st;
 }
 

@@ -9,11 +9,15 @@
 #ifndef FLINT_GPU_COMM_BACKEND_H
 #define FLINT_GPU_COMM_BACKEND_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "flint/gpu.h"
 #include "gpu/comm/comm.h"
 #include "gpu/comm/cost_model.h"
+
+#define COMM_AUTO_PICKS 8
 
 typedef struct comm_backend_ops {
   const char *name; /* "host", "nccl" */
@@ -47,6 +51,12 @@ struct fl_comm {
   /* AUTO's cost model: the defaults from comm_alloc, the measured figures for host groups
    * (gpu/comm/calibrate.c); the same on every rank. */
   comm_cost_model cost;
+  /* AUTO's recent picks by size (comm_pick_algo): the model's argmin costs 60-110 ns, a third
+   * of an 8-byte allreduce of 2 ranks, and trainers ask for the same few bucket sizes every
+   * step. An entry is one word, (bytes + 1) << 8 | algorithm, so that a thread reading it
+   * while another writes sees a whole entry, old or new; 0 is empty. Cleared whenever `cost`
+   * changes (comm_set_cost_model). */
+  _Atomic uint64_t auto_picks[COMM_AUTO_PICKS];
   fl_device *dev; /* nccl: the rank's GPU, every tensor must be on it; host: NULL (any) */
   /* Sticky failure: once a collective fails for a reason other than bad arguments, every
    * later call returns `error` with `error_msg`. */

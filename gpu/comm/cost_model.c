@@ -12,6 +12,7 @@
  * every algorithm shares, more than the size of each step.
  */
 #include <math.h>
+#include <stdatomic.h>
 
 #include "common/common.h"
 #include "gpu/comm/backend.h"
@@ -245,7 +246,20 @@ fl_allreduce_algo comm_cost_best(const comm_cost_model *m, size_t bytes) {
  * rank of a group holds the same parameters and shape, so every rank picks the same one. */
 fl_allreduce_algo comm_pick_algo(const fl_comm *c, size_t bytes) {
   if (c->algo != FL_ALLREDUCE_AUTO) return c->algo;
-  return comm_cost_best(&c->cost, bytes);
+  uint64_t key = (uint64_t)bytes + 1;
+  if (key >= (UINT64_C(1) << 56)) return comm_cost_best(&c->cost, bytes);
+  /* The cache is not the communicator's state: a pick is the same with or without it. */
+  _Atomic uint64_t *slot = (_Atomic uint64_t *)&c->auto_picks[(key * UINT64_C(0x9e3779b97f4a7c15)) >> 61];
+  uint64_t entry = atomic_load_explicit(slot, memory_order_relaxed);
+  if (entry >> 8 == key) return (fl_allreduce_algo)(entry & 0xff);
+  fl_allreduce_algo algo = comm_cost_best(&c->cost, bytes);
+  atomic_store_explicit(slot, key << 8 | (uint64_t)algo, memory_order_relaxed);
+  return algo;
+}
+
+void comm_set_cost_model(fl_comm *c, const comm_cost_model *m) {
+  c->cost = *m;
+  for (int i = 0; i < COMM_AUTO_PICKS; i++) atomic_store_explicit(&c->auto_picks[i], 0, memory_order_relaxed);
 }
 
 const comm_cost_model *comm_cost_of(const fl_comm *c) { return c ? &c->cost : NULL; }

@@ -56,7 +56,7 @@ FL_API fl_status fl_comm_host_create(fl_comm_endpoint *ep, int rank, int size,
   FL_CHECK(comm_host_calibrate(h, &cost));
   fl_comm *c;
   FL_CHECK(comm_alloc(&host_ops, rank, size, h, &c));
-  c->cost = cost;
+  comm_set_cost_model(c, &cost);
   h = NULL;
   *out = c;
 cleanup:
