@@ -126,9 +126,10 @@ static fl_status measure_ring(comm_host *h, const int *members, int count, int i
    * shared-memory ring faults its pages in on first use, which 32 KiB steps would time). */
   fl_status st = comm_host_exchange(h, next, sbuf, CAL_WARM_BYTES, prev, rbuf, CAL_WARM_BYTES);
   /* The small steps in two rounds, one first and one last, and alpha the lower: ranks that
-   * have just started often share a CPU until the scheduler spreads them, a few milliseconds
-   * on, and then every step is a context switch (2 us a step at 2 ranks, 25x the steady
-   * state), while oversubscription slows both rounds alike. */
+   * share a CPU for a while (the scheduler often puts a rank woken from its futex beside the
+   * rank that woke it) make every step a context switch (1.5-2.2 us a step at 2 ranks, 15-20x
+   * the steady state), and one round may see it where the other does not, while
+   * oversubscription slows both rounds alike. */
   double again = 0, t_exch[COMM_COST_SIZES], t_ring[COMM_COST_SIZES];
   size_t ring_bytes[COMM_COST_SIZES];
   if (st == FL_OK)
