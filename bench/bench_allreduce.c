@@ -153,8 +153,13 @@ static fl_status rank_comm(backend b, fl_comm_endpoint *ep, int rank, int p, con
   return fl_comm_nccl_create(dev, rank, p, id, comm);
 }
 
+/* NCCL waits without a timeout for a rank that failed: a rank of an NCCL group that has not
+ * finished in this many seconds is ended (its group then fails instead of hanging). */
+#define NCCL_RANK_LIMIT_S 300
+
 static int run_rank(const options *o, backend b, fl_comm_endpoint *ep, int rank, int p, const char **addrs,
                     int id_fd, int out_fd) {
+  if (b == BACKEND_NCCL) alarm(NCCL_RANK_LIMIT_S);
   fl_comm *comm = NULL;
   fl_device *dev = NULL;
   fl_tensor *t = NULL;
@@ -259,6 +264,9 @@ static int run_group(const options *o, backend b, int p, group_result *g) {
   for (int r = 0; r < p; r++) {
     if (fl_comm_listen("127.0.0.1", &eps[r]) != FL_OK) {
       fail_flint("fl_comm_listen");
+      for (int q = 0; q < r; q++) fl_comm_endpoint_destroy(eps[q]);
+      close(id_pipe[0]);
+      close(id_pipe[1]);
       return 1;
     }
     snprintf(addr[r], sizeof addr[r], "%s", fl_comm_endpoint_address(eps[r]));
@@ -336,8 +344,8 @@ static int run_group(const options *o, backend b, int p, group_result *g) {
 
 typedef struct cuda_result {
   group_result host, nccl;
-  bool have_nccl;
-  char note[160]; /* why NCCL did not run */
+  bool have_host, have_nccl; /* false: failed (host) or failed or skipped (nccl) */
+  char note[160];            /* why NCCL did not run */
 } cuda_result;
 
 /* The GPUs this machine has, counted in a child: a parent that touched CUDA could not fork
@@ -356,16 +364,19 @@ static int count_gpus(void) {
 
 /* For each rank count: the host backend over cuda tensors (every rank on GPU 0), and NCCL
  * when there is a GPU per rank (NCCL refuses two ranks on one GPU). */
-static int run_cuda(const options *o, int gpus, const int ranks[2], cuda_result res[2]) {
+/* A group that fails is noted in its result and the others still run: the cpu groups and
+ * the peers before it took minutes. */
+static void run_cuda(const options *o, int gpus, const int ranks[2], cuda_result res[2]) {
   for (int k = 0; k < 2; k++) {
-    if (run_group(o, BACKEND_HOST_CUDA, ranks[k], &res[k].host) != 0) return 1;
-    res[k].have_nccl = gpus >= ranks[k];
-    if (!res[k].have_nccl)
+    res[k].have_host = run_group(o, BACKEND_HOST_CUDA, ranks[k], &res[k].host) == 0;
+    res[k].have_nccl = false;
+    if (gpus < ranks[k])
       snprintf(res[k].note, sizeof res[k].note, "skipped: NCCL needs a GPU per rank, %d visible", gpus);
     else if (run_group(o, BACKEND_NCCL, ranks[k], &res[k].nccl) != 0)
-      return 1;
+      snprintf(res[k].note, sizeof res[k].note, "failed (see stderr)");
+    else
+      res[k].have_nccl = true;
   }
-  return 0;
 }
 
 /* ---- the peers: Open MPI and gloo, the same sizes and samples ---------------------------- */
@@ -574,32 +585,43 @@ static int size_index(size_t b) {
   return -1;
 }
 
+/* A latency (seconds) as JSON: null when it was not measured. */
+static const char *json_us(double seconds, char *buf, size_t cap) {
+  if (seconds > 0) snprintf(buf, cap, "%.2f", seconds * 1e6);
+  else snprintf(buf, cap, "null");
+  return buf;
+}
+
 static void print_cuda(const options *o, const int ranks[2], const cuda_result res[2]) {
   for (int k = 0; k < 2; k++) {
     int p = ranks[k];
     const cuda_result *c = &res[k];
     if (!o->json)
-      printf("\n%d ranks, cuda tensors, latency in us   %22s %10s %12s %12s\n", p, "host (staged) auto", "nccl",
-             "host busbw", "nccl busbw");
+      printf("\n%d ranks, cuda tensors, latency in us: %-8s %28s %10s %12s %12s\n", p, "size", "host (staged) auto",
+             "nccl", "host busbw", "nccl busbw");
     for (int s = 0; s < nsizes; s++) {
-      double host = c->host.med[AUTO_ROW][s], nccl = c->have_nccl ? c->nccl.med[AUTO_ROW][s] : -1;
-      double f = 2.0 * (p - 1) / p * (double)sizes[s] / 1e9;
+      double host = c->have_host ? c->host.med[AUTO_ROW][s] : -1, nccl = c->have_nccl ? c->nccl.med[AUTO_ROW][s] : -1;
+      double f = 2.0 * (p - 1) / p * (double)sizes[s] / 1e9; /* busbw's GB, over seconds */
+      const char *algo = fl_allreduce_algo_name((fl_allreduce_algo)c->host.picked[s]);
       if (o->json) {
+        char h[32], n[32];
         printf("{\"bench\": \"allreduce_cuda\", \"ranks\": %d, \"bytes\": %zu, \"host_algorithm\": \"%s\", "
-               "\"host_us\": %.2f, \"host_busbw_gbps\": %.4f, \"nccl_us\": %.2f, \"nccl_busbw_gbps\": %.4f%s%s%s}\n",
-               p, sizes[s], fl_allreduce_algo_name((fl_allreduce_algo)c->host.picked[s]), host * 1e6, f / host,
-               nccl * 1e6, nccl > 0 ? f / nccl : 0, c->have_nccl ? "" : ", \"nccl_note\": \"", c->have_nccl ? "" : c->note,
-               c->have_nccl ? "" : "\"");
+               "\"host_us\": %s, \"host_busbw_gbps\": %.4f, \"nccl_us\": %s, \"nccl_busbw_gbps\": %.4f%s%s%s}\n",
+               p, sizes[s], c->have_host ? algo : "", json_us(host, h, sizeof h), host > 0 ? f / host : 0,
+               json_us(nccl, n, sizeof n), nccl > 0 ? f / nccl : 0, c->have_nccl ? "" : ", \"nccl_note\": \"",
+               c->have_nccl ? "" : c->note, c->have_nccl ? "" : "\"");
         continue;
       }
-      char n_lat[24] = "-", n_bus[24] = "-";
+      char h_lat[48] = "failed", h_bus[24] = "-", n_lat[24] = "-", n_bus[24] = "-";
+      if (host > 0) {
+        snprintf(h_lat, sizeof h_lat, "%.1f %s", host * 1e6, algo);
+        snprintf(h_bus, sizeof h_bus, "%.3f", f / host);
+      }
       if (nccl > 0) {
         snprintf(n_lat, sizeof n_lat, "%.1f", nccl * 1e6);
         snprintf(n_bus, sizeof n_bus, "%.3f", f / nccl);
       }
-      char h[48];
-      snprintf(h, sizeof h, "%.1f %s", host * 1e6, fl_allreduce_algo_name((fl_allreduce_algo)c->host.picked[s]));
-      printf("  %-8s %52s %10s %12.3f %12s\n", size_name(sizes[s]), h, n_lat, f / host, n_bus);
+      printf("%36s %-8s %28s %10s %12s %12s\n", "", size_name(sizes[s]), h_lat, n_lat, h_bus, n_bus);
     }
     if (!o->json && !c->have_nccl) printf("  nccl: %s\n", c->note);
   }
@@ -673,7 +695,7 @@ int main(int argc, char **argv) {
     }
   }
   static cuda_result cuda_res[2];
-  if (o.cuda && run_cuda(&o, gpus, ranks, cuda_res) != 0) return 1;
+  if (o.cuda) run_cuda(&o, gpus, ranks, cuda_res);
   if (run_p2p(&o, false, p2p2) != 0 || run_p2p(&o, true, dup2) != 0) return 1;
   for (int s = 0; s < nsizes; s++) {
     if (p2p2[s] < p2p[s]) p2p[s] = p2p2[s];

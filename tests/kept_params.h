@@ -8,6 +8,7 @@
 #define FLINT_TEST_KEPT_PARAMS_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,21 +73,23 @@ static inline const kept_param *kept_find(const kept_param *ref, size_t nref, co
  * sum of terms cancelling to near zero (the position embedding's over a batch) carries the
  * rounding of its terms, not of its result. Shards above report_above are printed. Every
  * shard must be of a reference parameter; held (NULL: not wanted; else nref counts, zeroed
- * by the caller) counts the ranks holding each, and without it every reference parameter
- * must be held somewhere (by count). */
+ * by the caller) counts the shards held of each, and without it every reference parameter
+ * must be held by some rank. A NaN anywhere makes the result NaN. */
 static inline double kept_worst_difference(kept_param *const *kept, const size_t *nkept, int ranks,
                                            const kept_param *ref, size_t nref, double report_above,
                                            const char *what, int *held) {
   double worst = 0, floor_scale = 0;
+  bool nan = false; /* sticky: a comparison with NaN is false, so a max alone would lose it */
   for (size_t i = 0; i < nref; i++)
     for (size_t j = 0; j < ref[i].n; j++) floor_scale = fmax(floor_scale, fabs(ref[i].data[j]));
   floor_scale *= 1e-2;
-  size_t covered = 0;
+  int *count = held ? held : calloc(nref ? nref : 1, sizeof *count);
+  assert_non_null(count);
   for (int r = 0; r < ranks; r++)
-    for (size_t i = 0; i < nkept[r]; i++, covered++) {
+    for (size_t i = 0; i < nkept[r]; i++) {
       const kept_param *k = &kept[r][i], *w = kept_find(ref, nref, k->name);
       if (!w) fail_msg("%s: rank %d holds '%s', which the single rank does not", what, r, k->name);
-      if (held) held[w - ref]++;
+      count[w - ref]++;
       double scale = floor_scale, diff = 0;
       for (size_t j = 0; j < w->n; j++) scale = fmax(scale, fabs(w->data[j]));
       /* The shard is [lrows, lcols] at (row0, col0) of the full [rows, cols]. */
@@ -95,16 +98,21 @@ static inline double kept_worst_difference(kept_param *const *kept, const size_t
         for (int64_t b = 0; b < k->lcols; b++) {
           double want = w->data[(k->place.row0 + a) * k->place.cols + k->place.col0 + b];
           double d = fabs(k->data[a * k->lcols + b] - want);
-          if (!(d <= diff)) diff = d; /* NaN included: it fails the caller's bound */
+          if (isnan(d)) nan = true;
+          else if (d > diff) diff = d;
         }
       double rel = scale > 0 ? diff / scale : diff;
-      if (!(rel <= worst)) worst = rel;
+      if (rel > worst) worst = rel;
       if (rel > report_above)
         fprintf(stderr, "  %s: rank %d '%s' differs by %.3g of its largest magnitude %.3g\n", what, r, k->name,
                 rel, scale);
     }
-  if (!held) assert_true(covered >= nref);
-  return worst;
+  if (!held) {
+    for (size_t i = 0; i < nref; i++)
+      if (count[i] == 0) fail_msg("%s: no rank holds '%s'", what, ref[i].name);
+    free(count);
+  }
+  return nan ? NAN : worst; /* NaN fails every caller's bound */
 }
 
 #endif /* FLINT_TEST_KEPT_PARAMS_H */

@@ -18,7 +18,8 @@
  *      a step waits on a chain of ranks to be scheduled, which pairs would not see.
  *   3. The other-host ring: the lowest rank of every host, the same way (no single copy).
  *   4. gamma: every rank times comm_reduce_add over 4 MiB, and once per process over
- *      32 MiB (past the caches).
+ *      32 MiB (past the caches), before the rings, so that no rank sums while another
+ *      times an exchange.
  * Then an allgather of every rank's figures, and each rank combines them alike (the median
  * over the ranks that measured; single copy only when every host has it): identical inputs
  * and code give identical parameters on every rank, which AUTO needs, since ranks that
@@ -48,9 +49,9 @@
  * state: with more ranks than cores, a step often waits for its peer to be scheduled, and
  * that wait belongs in alpha (at 4 ranks on 2 cores every other step takes a 5 us context
  * switch and the rest 0.05 us; 25 steps without their slowest fifth gave 0.5-0.75 us where
- * the steady state costs 2.6). Two rounds (measure_ring), and the lower of their means. */
+ * the steady state costs 2.6). Two rounds, the first and the last (measure_ring), and the
+ * lower of their means. */
 #define CAL_SMALL_REPS 32
-#define CAL_SMALL_ROUNDS 2
 #define CAL_MAX_REPS CAL_SMALL_REPS
 #define CAL_WARM_BYTES (1u << 20)
 #define CAL_BIG_REPS 3
@@ -87,8 +88,8 @@ static double median(double *v, int n) {
 }
 
 /* Times `reps` exchanges (ring steps when `ring`) of `bytes`, sending to `next` while
- * receiving from `prev`, after one untimed when `warm`; in *out the mean without the slowest fifth (at
- * least one). Not the median: an allreduce is a chain of steps, so its time is their sum,
+ * receiving from `prev`, after one untimed when `warm`; in *out the mean without the slowest
+ * (a sixteenth of CAL_SMALL_REPS small steps, else a fifth; at least one). Not the median: an allreduce is a chain of steps, so its time is their sum,
  * which slow steps (a rank descheduled when ranks outnumber cores) enter in proportion;
  * without the slowest, so that a stall of this machine does not set the figure for the
  * communicator's life. */
@@ -266,16 +267,17 @@ static fl_status measure(comm_host *h, cal_record *mine, int *members, const cal
   mine->copy_min = mine->copy_max = -1;
   fl_status st = FL_OK;
   mine->copy_max = (double)most;
+  /* gamma first, in the caches over the same buffers (cap is comm_gamma_sizes[0]) and past
+   * them: the sums run while no other rank of the host is timing an exchange (the rings'
+   * untimed first step absorbs the ranks' skew). */
+  mine->gamma[0] = time_sum(s, cap);
+  pthread_once(&memory_gamma_once, measure_memory_gamma);
+  mine->gamma[1] = memory_gamma;
   if (count > 1) st = measure_ring(h, members, count, idx, s, r, thr, mine->intra, &mine->copy_min);
   idx = ring_members(h, true, members, &count);
   if (st == FL_OK && idx >= 0 && count > 1) st = measure_ring(h, members, count, idx, s, r, 0, mine->inter, NULL);
-  /* gamma in the caches over the same buffers (cap is comm_gamma_sizes[0]). */
-  if (st == FL_OK) mine->gamma[0] = time_sum(s, cap);
   common_free(s);
-  if (st != FL_OK) return st;
-  pthread_once(&memory_gamma_once, measure_memory_gamma);
-  mine->gamma[1] = memory_gamma;
-  return FL_OK;
+  return st;
 }
 
 fl_status comm_host_calibrate(comm_host *h, comm_cost_model *out) {

@@ -88,7 +88,9 @@ fl_allreduce_algo comm_cost_best(const comm_cost_model *m, size_t bytes);
 typedef struct fl_comm fl_comm;
 /* c's model (its calibrated parameters and shape); NULL for a NULL c. */
 const comm_cost_model *comm_cost_of(const fl_comm *c);
-/* Gives c the model m (and forgets AUTO's picks made with the old one). */
+/* Gives c the model m (and forgets AUTO's picks made with the old one). Only while no other
+ * thread uses c: a pick made with the old model at the same time could be stored after the
+ * clearing, and a rank whose pick differs from its peers' deadlocks them. */
 void comm_set_cost_model(fl_comm *c, const comm_cost_model *m);
 /* Predicted seconds of an allreduce of `bytes` on c by `algo` (AUTO: by what AUTO picks);
  * negative when algo does not apply to c. */
